@@ -1,0 +1,1 @@
+//! Criterion micro-benchmarks of gpu-ipc live in `benches/`.

@@ -1,0 +1,2 @@
+//! The `gpu-ipc` command line.
+fn main() {}
