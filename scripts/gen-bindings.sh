@@ -41,6 +41,7 @@ FUNCTIONS=(
 )
 ALLOW_FN="^($(IFS='|'; echo "${FUNCTIONS[*]}"))\$"
 
+cd "$ROOT"  # bindgen formats with rustfmt, which reads ./rustfmt.toml
 TMP="$(mktemp)"
 trap 'rm -f "$TMP"' EXIT
 {
@@ -49,11 +50,11 @@ trap 'rm -f "$TMP"' EXIT
     bindgen "$CUDA_INCLUDE/cuda.h" \
         --dynamic-loading CudaDriverApi \
         --allowlist-function "$ALLOW_FN" \
-        --allowlist-type '^(CU.*|cuuint.*)$' \
-        --allowlist-var '^(CU_.*)$' \
+        --allowlist-type '^(CUstreamWaitValue_flags|CUstreamWriteValue_flags|CUevent_flags|CUstream_flags|CUipcMem_flags|CUcomputemode|CUmemAllocationHandleType|CUmemLocationType|CUmemAllocationType|CUmemAllocationGranularity_flags|CUmemAccess_flags|CUpointer_attribute|CUdevice_attribute|CUfunction_attribute)(_enum)?$' \
+        --allowlist-var '^(CU_IPC_HANDLE_SIZE|CU_MEMHOSTREGISTER_.*|CU_MEMHOSTALLOC_.*|CU_TRSF_.*)$' \
         --newtype-enum 'cudaError_enum' \
-        --rustified-non-exhaustive-enum '^$' \
         --default-enum-style consts \
+        --no-prepend-enum-name \
         --no-layout-tests \
         --no-doc-comments \
         --use-core \

@@ -1,0 +1,161 @@
+//! Page-locked host memory: allocations from the driver, and registration of memory we mapped ourselves.
+
+use std::sync::Arc;
+
+use super::context::Context;
+use super::error::{DriverError, Result};
+use super::loader::{Driver, entry};
+use super::memory::DevicePtr;
+use super::sys;
+
+/// Page-locked host memory from `cuMemAllocHost`, mapped for the device; freed on drop.
+///
+/// Used for staging copies (the pinned-memory baselines) and for host-visible flags.
+pub struct PinnedHostBuffer {
+    ctx: Context,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain host memory exclusively owned by this value; access goes through &self/&mut self.
+unsafe impl Send for PinnedHostBuffer {}
+// SAFETY: shared references only give out `&[u8]`, which is Sync.
+unsafe impl Sync for PinnedHostBuffer {}
+
+impl PinnedHostBuffer {
+    /// Allocates `len` bytes of page-locked host memory, zero-filled.
+    ///
+    /// # Errors
+    /// A failing `cuMemAllocHost`; zero bytes is rejected.
+    pub fn alloc(ctx: &Context, len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(DriverError::InvalidArgument { function: "cuMemAllocHost", problem: "zero bytes".into() });
+        }
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemAllocHost_v2, "cuMemAllocHost")?;
+        let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a valid local; the context is current.
+        d.check("cuMemAllocHost", unsafe { f(&mut ptr, len) })?;
+        let ptr = ptr.cast::<u8>();
+        // SAFETY: the driver returned `len` writable bytes at `ptr`; zeroing makes every byte initialised.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(Self { ctx: ctx.clone(), ptr, len })
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialised bytes for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`, and `&mut self` guarantees exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// The address kernels and copies use for this memory (equal to the host address under unified addressing).
+    pub fn device_ptr(&self) -> DevicePtr {
+        DevicePtr(self.ptr as u64)
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: zero-byte allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for PinnedHostBuffer {
+    fn drop(&mut self) {
+        let Ok(d) = Driver::get() else { return };
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        if let Ok(f) = entry!(d, cuMemFreeHost, "cuMemFreeHost") {
+            // SAFETY: `ptr` came from cuMemAllocHost and is freed exactly once, here.
+            if let Err(e) = d.check("cuMemFreeHost", unsafe { f(self.ptr.cast()) }) {
+                tracing::warn!(error = %e, "freeing pinned host memory failed");
+            }
+        }
+    }
+}
+
+/// Host memory that may be page-locked and mapped for the device by [`HostRegistration`].
+///
+/// # Safety
+/// `as_ptr()..as_ptr()+len()` must be a page-aligned, mapped range that stays mapped, at the same address, for as
+/// long as the implementing value lives, and that Rust code only accesses through atomics or raw pointers (the
+/// device may write it at any time).
+pub unsafe trait RegistrableHostMemory: Send + Sync {
+    /// Start of the range.
+    fn as_ptr(&self) -> *mut u8;
+    /// Length of the range in bytes.
+    fn len(&self) -> usize;
+    /// True for an empty range (which cannot be registered).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A range of our own host memory (e.g. a shared-memory control block), registered with `cuMemHostRegister` so
+/// the GPU can read and write it (stream memory operations, kernels); unregistered on drop.
+pub struct HostRegistration<M: RegistrableHostMemory> {
+    ctx: Context,
+    memory: Arc<M>,
+    device_ptr: DevicePtr,
+}
+
+impl<M: RegistrableHostMemory> HostRegistration<M> {
+    /// Page-locks and maps `memory` for the device (`CU_MEMHOSTREGISTER_DEVICEMAP | PORTABLE`).
+    ///
+    /// # Errors
+    /// A failing `cuMemHostRegister` (e.g. `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, or
+    /// `CUDA_ERROR_NOT_PERMITTED` where locking memory is not allowed) or `cuMemHostGetDevicePointer`.
+    pub fn new(ctx: &Context, memory: Arc<M>) -> Result<Self> {
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let register = entry!(d, cuMemHostRegister_v2, "cuMemHostRegister")?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: the trait's contract keeps the range mapped while `memory` (kept in `self`) lives.
+        d.check("cuMemHostRegister", unsafe { register(memory.as_ptr().cast(), memory.len(), flags) })?;
+        let mut registration = Self { ctx: ctx.clone(), memory, device_ptr: DevicePtr(0) };
+        let get = entry!(d, cuMemHostGetDevicePointer_v2, "cuMemHostGetDevicePointer")?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: the out-pointer is a valid local; the range is registered (dropping `registration` on error
+        // unregisters it).
+        d.check("cuMemHostGetDevicePointer", unsafe { get(&mut dptr, registration.memory.as_ptr().cast(), 0) })?;
+        registration.device_ptr = DevicePtr(dptr);
+        Ok(registration)
+    }
+
+    /// The device address of the start of the range.
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.device_ptr
+    }
+
+    /// The registered memory.
+    pub fn memory(&self) -> &Arc<M> {
+        &self.memory
+    }
+}
+
+impl<M: RegistrableHostMemory> Drop for HostRegistration<M> {
+    fn drop(&mut self) {
+        let Ok(d) = Driver::get() else { return };
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        if let Ok(f) = entry!(d, cuMemHostUnregister, "cuMemHostUnregister") {
+            // SAFETY: the range was registered in `new` and is unregistered exactly once, before `memory` drops.
+            if let Err(e) = d.check("cuMemHostUnregister", unsafe { f(self.memory.as_ptr().cast()) }) {
+                tracing::warn!(error = %e, "unregistering host memory failed");
+            }
+        }
+    }
+}

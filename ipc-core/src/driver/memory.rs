@@ -1,0 +1,202 @@
+//! Device memory: addresses, owned allocations, copies and fills.
+
+use super::context::Context;
+use super::error::{DriverError, Result};
+use super::loader::{Driver, entry};
+use super::stream::Stream;
+use super::sys;
+
+/// A device virtual address (unified with host addresses on 64-bit Linux).
+///
+/// A `DevicePtr` is only a number: holding one keeps nothing alive. Copies through it are bounded on the host
+/// side by the slice given; a bad device address is reported by the driver as an error, not undefined behaviour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The address `bytes` further on.
+    #[must_use]
+    pub fn offset(self, bytes: u64) -> Self {
+        Self(self.0 + bytes)
+    }
+
+    /// The raw address.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Plain element types that may be copied bytewise between host and device.
+pub trait DeviceCopy: Copy + Default + sealed::Sealed + 'static {}
+macro_rules! device_copy {
+    ($($t:ty),*) => { $(impl sealed::Sealed for $t {} impl DeviceCopy for $t {})* };
+}
+device_copy!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
+
+fn byte_len<T: DeviceCopy>(items: &[T]) -> usize {
+    std::mem::size_of_val(items)
+}
+
+/// An owned device allocation from `cuMemAlloc`; freed on drop.
+pub struct DeviceBuffer {
+    ctx: Context,
+    ptr: DevicePtr,
+    len: u64,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+impl DeviceBuffer {
+    /// Allocates `len` bytes of device memory (uninitialised).
+    ///
+    /// # Errors
+    /// A failing `cuMemAlloc` (e.g. `CUDA_ERROR_OUT_OF_MEMORY`); zero bytes is rejected.
+    pub fn alloc(ctx: &Context, len: u64) -> Result<Self> {
+        if len == 0 {
+            return Err(DriverError::InvalidArgument { function: "cuMemAlloc", problem: "zero bytes".into() });
+        }
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemAlloc_v2, "cuMemAlloc")?;
+        let mut raw: sys::CUdeviceptr = 0;
+        // SAFETY: the out-pointer is a valid local; the context is current.
+        d.check("cuMemAlloc", unsafe { f(&mut raw, len as usize) })?;
+        Ok(Self { ctx: ctx.clone(), ptr: DevicePtr(raw), len })
+    }
+
+    /// The allocation's device address.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Always false: zero-byte allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The context it was allocated in.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn check_fits(&self, function: &'static str, offset: u64, bytes: usize) -> Result<()> {
+        if offset.checked_add(bytes as u64).is_none_or(|end| end > self.len) {
+            return Err(DriverError::InvalidArgument {
+                function,
+                problem: format!("{bytes} bytes at offset {offset} exceed the {}-byte buffer", self.len),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into the buffer at byte `offset` (synchronous).
+    ///
+    /// # Errors
+    /// Out of bounds, or a failing `cuMemcpyHtoD`.
+    pub fn write<T: DeviceCopy>(&self, offset: u64, src: &[T]) -> Result<()> {
+        self.check_fits("cuMemcpyHtoD", offset, byte_len(src))?;
+        copy_to_device(self.ptr.offset(offset), src)
+    }
+
+    /// Copies from the buffer at byte `offset` into `dst` (synchronous).
+    ///
+    /// # Errors
+    /// Out of bounds, or a failing `cuMemcpyDtoH`.
+    pub fn read<T: DeviceCopy>(&self, offset: u64, dst: &mut [T]) -> Result<()> {
+        self.check_fits("cuMemcpyDtoH", offset, byte_len(dst))?;
+        copy_from_device(dst, self.ptr.offset(offset))
+    }
+
+    /// Fills the whole buffer with a 32-bit value on `stream` (the size must be a multiple of 4).
+    ///
+    /// # Errors
+    /// A size not a multiple of 4, or a failing `cuMemsetD32Async`.
+    pub fn fill_u32_async(&self, value: u32, stream: &Stream) -> Result<()> {
+        fill_u32_async(self.ptr, self.len, value, stream)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let Ok(d) = Driver::get() else { return };
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        if let Ok(f) = entry!(d, cuMemFree_v2, "cuMemFree") {
+            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed exactly once, here.
+            if let Err(e) = d.check("cuMemFree", unsafe { f(self.ptr.0) }) {
+                tracing::warn!(error = %e, ptr = %self.ptr, "freeing device memory failed");
+            }
+        }
+    }
+}
+
+/// Copies host data to any device address (owned, imported or mapped memory). Synchronous.
+///
+/// # Errors
+/// A failing `cuMemcpyHtoD` (e.g. an address not mapped in this context).
+pub fn copy_to_device<T: DeviceCopy>(dst: DevicePtr, src: &[T]) -> Result<()> {
+    let d = Driver::get()?;
+    let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
+    // SAFETY: the source is a live slice readable for its byte length; the device side is checked by the driver.
+    d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().cast(), byte_len(src)) })
+}
+
+/// Copies from any device address into host memory. Synchronous.
+///
+/// # Errors
+/// A failing `cuMemcpyDtoH`.
+pub fn copy_from_device<T: DeviceCopy>(dst: &mut [T], src: DevicePtr) -> Result<()> {
+    let d = Driver::get()?;
+    let f = entry!(d, cuMemcpyDtoH_v2, "cuMemcpyDtoH")?;
+    // SAFETY: the destination is a live, exclusively borrowed slice writable for its byte length, and every bit
+    // pattern is a valid `T` (DeviceCopy is sealed to plain numbers).
+    d.check("cuMemcpyDtoH", unsafe { f(dst.as_mut_ptr().cast(), src.0, byte_len(dst)) })
+}
+
+/// Copies `bytes` between device addresses on `stream` (asynchronous).
+///
+/// # Errors
+/// A failing `cuMemcpyDtoDAsync`.
+pub fn copy_device_async(dst: DevicePtr, src: DevicePtr, bytes: u64, stream: &Stream) -> Result<()> {
+    let d = Driver::get()?;
+    let f = entry!(d, cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync")?;
+    // SAFETY: only device addresses are involved; the driver validates them; the stream is alive.
+    d.check("cuMemcpyDtoDAsync", unsafe { f(dst.0, src.0, bytes as usize, stream.raw()) })
+}
+
+/// Fills `bytes` (a multiple of 4) at `dst` with a 32-bit value on `stream`.
+///
+/// # Errors
+/// A size not a multiple of 4, or a failing `cuMemsetD32Async`.
+pub fn fill_u32_async(dst: DevicePtr, bytes: u64, value: u32, stream: &Stream) -> Result<()> {
+    if bytes % 4 != 0 {
+        return Err(DriverError::InvalidArgument {
+            function: "cuMemsetD32Async",
+            problem: format!("{bytes} bytes is not a whole number of 32-bit words"),
+        });
+    }
+    let d = Driver::get()?;
+    let f = entry!(d, cuMemsetD32Async, "cuMemsetD32Async")?;
+    // SAFETY: only device memory is written; the driver validates the range; the stream is alive.
+    d.check("cuMemsetD32Async", unsafe { f(dst.0, value, (bytes / 4) as usize, stream.raw()) })
+}

@@ -1,0 +1,147 @@
+//! Streams, including the stream memory operations that let the GPU wait on and write 64-bit counters.
+
+use super::context::Context;
+use super::error::Result;
+use super::event::Event;
+use super::loader::{Driver, entry};
+use super::memory::DevicePtr;
+use super::sys;
+
+/// A CUDA stream; destroyed on drop (after its queued work completes, as the driver does).
+pub struct Stream {
+    ctx: Context,
+    raw: sys::CUstream,
+}
+
+// SAFETY: a CUstream handle may be used from any thread whose current context owns it; the driver serialises it.
+unsafe impl Send for Stream {}
+// SAFETY: every method passes the handle to thread-safe driver calls only.
+unsafe impl Sync for Stream {}
+
+/// The comparison of a GPU-side wait ([`Stream::wait_value_u64`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitCondition {
+    /// Until `(int64)(*addr - value) >= 0`: wrap-safe "at least", the one a sequence counter needs.
+    AtLeast,
+    /// Until `*addr == value`.
+    Equal,
+    /// Until `(*addr & value) != 0`.
+    AnyBit,
+}
+
+impl WaitCondition {
+    fn flags(self) -> u32 {
+        match self {
+            Self::AtLeast => sys::CU_STREAM_WAIT_VALUE_GEQ,
+            Self::Equal => sys::CU_STREAM_WAIT_VALUE_EQ,
+            Self::AnyBit => sys::CU_STREAM_WAIT_VALUE_AND,
+        }
+    }
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("raw", &self.raw).finish()
+    }
+}
+
+impl Stream {
+    /// Creates a stream that does not synchronise with the legacy default stream.
+    ///
+    /// # Errors
+    /// A failing `cuStreamCreate`.
+    pub fn new(ctx: &Context) -> Result<Self> {
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let f = entry!(d, cuStreamCreate, "cuStreamCreate")?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a valid local; the context is current.
+        d.check("cuStreamCreate", unsafe { f(&mut raw, sys::CU_STREAM_NON_BLOCKING) })?;
+        Ok(Self { ctx: ctx.clone(), raw })
+    }
+
+    pub(crate) fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
+    /// The stream's context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Blocks until all queued work is done.
+    ///
+    /// # Errors
+    /// A failing `cuStreamSynchronize`, including errors of kernels queued earlier.
+    pub fn synchronize(&self) -> Result<()> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuStreamSynchronize, "cuStreamSynchronize")?;
+        // SAFETY: the stream is alive for the borrow of `self`.
+        d.check("cuStreamSynchronize", unsafe { f(self.raw) })
+    }
+
+    /// True when all queued work is done (non-blocking).
+    ///
+    /// # Errors
+    /// Any result of `cuStreamQuery` other than success and `CUDA_ERROR_NOT_READY`.
+    pub fn is_idle(&self) -> Result<bool> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuStreamQuery, "cuStreamQuery")?;
+        // SAFETY: the stream is alive for the borrow of `self`.
+        let rc = unsafe { f(self.raw) };
+        if rc == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        d.check("cuStreamQuery", rc).map(|()| true)
+    }
+
+    /// Makes later work on this stream wait for `event` (which may come from another process).
+    ///
+    /// # Errors
+    /// A failing `cuStreamWaitEvent`.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuStreamWaitEvent, "cuStreamWaitEvent")?;
+        // SAFETY: both handles are alive for the borrows; flags must be 0.
+        d.check("cuStreamWaitEvent", unsafe { f(self.raw, event.raw(), 0) })
+    }
+
+    /// Queues a GPU-side wait until the 64-bit word at `addr` satisfies `condition` against `value`.
+    ///
+    /// `addr` must be device-accessible: device memory (owned or imported) or host memory registered with
+    /// [`HostRegistration`](super::HostRegistration). No CPU takes part; a wait that is never satisfied blocks the
+    /// stream, so whoever depends on it must be able to write the word itself (see the ring's poison value).
+    ///
+    /// # Errors
+    /// A failing `cuStreamWaitValue64` (e.g. `CUDA_ERROR_NOT_SUPPORTED` on devices without 64-bit stream memory
+    /// operations).
+    pub fn wait_value_u64(&self, addr: DevicePtr, value: u64, condition: WaitCondition) -> Result<()> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuStreamWaitValue64_v2, "cuStreamWaitValue64")?;
+        // SAFETY: the stream is alive; the address is only dereferenced by the GPU, which the driver validates.
+        d.check("cuStreamWaitValue64", unsafe { f(self.raw, addr.0, value, condition.flags()) })
+    }
+
+    /// Queues a GPU-side write of a 64-bit `value` to `addr` after the stream's earlier work.
+    ///
+    /// # Errors
+    /// A failing `cuStreamWriteValue64`.
+    pub fn write_value_u64(&self, addr: DevicePtr, value: u64) -> Result<()> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuStreamWriteValue64_v2, "cuStreamWriteValue64")?;
+        // SAFETY: as for `wait_value_u64`; the write is performed by the GPU.
+        d.check("cuStreamWriteValue64", unsafe { f(self.raw, addr.0, value, sys::CU_STREAM_WRITE_VALUE_DEFAULT) })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let Ok(d) = Driver::get() else { return };
+        if let Ok(f) = entry!(d, cuStreamDestroy_v2, "cuStreamDestroy") {
+            // SAFETY: the stream was created by us and is destroyed exactly once, here.
+            if let Err(e) = d.check("cuStreamDestroy", unsafe { f(self.raw) }) {
+                tracing::warn!(error = %e, "destroying a stream failed");
+            }
+        }
+    }
+}

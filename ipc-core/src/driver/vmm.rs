@@ -1,0 +1,258 @@
+//! Virtual memory management (VMM): physical allocations exportable as POSIX file descriptors, and their
+//! mappings into this process's device address space.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use super::context::Context;
+use super::device::Device;
+use super::error::{DriverError, Result};
+use super::loader::{Driver, entry};
+use super::memory::DevicePtr;
+use super::sys;
+
+fn posix_fd_props(device: Device) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        location: sys::CUmemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device.ordinal() },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// The sizes VMM allocations and mappings must be multiples of, for POSIX-fd-exportable memory on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmmGranularity {
+    /// The minimum granularity (2 MiB on current GPUs).
+    pub minimum: u64,
+    /// The granularity the driver recommends for performance.
+    pub recommended: u64,
+}
+
+impl VmmGranularity {
+    /// Queries both granularities.
+    ///
+    /// # Errors
+    /// A failing `cuMemGetAllocationGranularity` (e.g. `CUDA_ERROR_NOT_SUPPORTED` without VMM support).
+    pub fn for_device(device: Device) -> Result<Self> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity")?;
+        let prop = posix_fd_props(device);
+        let (mut minimum, mut recommended) = (0usize, 0usize);
+        // SAFETY: out-pointers are valid locals; `prop` is a fully initialised property struct.
+        d.check("cuMemGetAllocationGranularity", unsafe {
+            f(&mut minimum, &prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        })?;
+        // SAFETY: as above.
+        d.check("cuMemGetAllocationGranularity", unsafe {
+            f(&mut recommended, &prop, sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        })?;
+        Ok(Self { minimum: minimum as u64, recommended: recommended as u64 })
+    }
+
+    /// `bytes` rounded up to a multiple of the minimum granularity.
+    pub fn round_up(&self, bytes: u64) -> u64 {
+        bytes.div_ceil(self.minimum.max(1)) * self.minimum.max(1)
+    }
+}
+
+/// A physical VMM allocation (`cuMemCreate`, POSIX-fd exportable) or an imported one; released on drop.
+///
+/// The memory itself lives until every process has released its handle and unmapped it: that is what keeps
+/// shared memory alive after the exporter exits.
+pub struct VmmAllocation {
+    ctx: Context,
+    handle: sys::CUmemGenericAllocationHandle,
+    size: u64,
+}
+
+impl std::fmt::Debug for VmmAllocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmmAllocation").field("handle", &self.handle).field("size", &self.size).finish()
+    }
+}
+
+impl VmmAllocation {
+    /// Creates `size` bytes (a multiple of the minimum [`VmmGranularity`]) on the context's device.
+    ///
+    /// # Errors
+    /// A size that is not a multiple of the granularity; a failing `cuMemCreate`.
+    pub fn create(ctx: &Context, size: u64) -> Result<Self> {
+        let granularity = VmmGranularity::for_device(ctx.device())?;
+        if size == 0 || size % granularity.minimum != 0 {
+            return Err(DriverError::InvalidArgument {
+                function: "cuMemCreate",
+                problem: format!(
+                    "{size} bytes is not a positive multiple of the {}-byte VMM granularity",
+                    granularity.minimum
+                ),
+            });
+        }
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemCreate, "cuMemCreate")?;
+        let prop = posix_fd_props(ctx.device());
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: the out-pointer is a valid local; `prop` is fully initialised; flags must be 0.
+        d.check("cuMemCreate", unsafe { f(&mut handle, size as usize, &prop, 0) })?;
+        Ok(Self { ctx: ctx.clone(), handle, size })
+    }
+
+    /// Exports the allocation as a new POSIX file descriptor (close-on-exec, owned by the caller).
+    ///
+    /// Make one only when a peer asks for it and close it right after sending (the wire layer does).
+    ///
+    /// # Errors
+    /// A failing `cuMemExportToShareableHandle` (e.g. for an allocation made without the POSIX-fd handle type).
+    pub fn export_fd(&self) -> Result<OwnedFd> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemExportToShareableHandle, "cuMemExportToShareableHandle")?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: for the POSIX-fd handle type the driver writes one int (a new fd) into the valid local.
+        d.check("cuMemExportToShareableHandle", unsafe {
+            f((&mut fd as *mut std::ffi::c_int).cast(), self.handle, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+        })?;
+        if fd < 0 {
+            return Err(DriverError::InvalidArgument {
+                function: "cuMemExportToShareableHandle",
+                problem: format!("the driver returned fd {fd}"),
+            });
+        }
+        // SAFETY: the driver created this descriptor for us and nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Imports an allocation from a file descriptor another process exported (`size` as that process said).
+    /// The fd is only borrowed: the caller may close it afterwards.
+    ///
+    /// # Errors
+    /// A failing `cuMemImportFromShareableHandle` (e.g. `CUDA_ERROR_INVALID_VALUE` for an fd that is not a CUDA
+    /// allocation).
+    pub fn import_fd(ctx: &Context, fd: BorrowedFd<'_>, size: u64) -> Result<Self> {
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle")?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: for the POSIX-fd handle type the "OS handle" argument is the fd's value cast to a pointer; the fd
+        // is open for the duration of the call (borrowed); the out-pointer is a valid local.
+        d.check("cuMemImportFromShareableHandle", unsafe {
+            f(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        Ok(Self { ctx: ctx.clone(), handle, size })
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl Drop for VmmAllocation {
+    fn drop(&mut self) {
+        let Ok(d) = Driver::get() else { return };
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        if let Ok(f) = entry!(d, cuMemRelease, "cuMemRelease") {
+            // SAFETY: the handle came from cuMemCreate/cuMemImportFromShareableHandle and is released once, here.
+            if let Err(e) = d.check("cuMemRelease", unsafe { f(self.handle) }) {
+                tracing::warn!(error = %e, "releasing a VMM allocation failed");
+            }
+        }
+    }
+}
+
+/// A [`VmmAllocation`] mapped at a reserved device address and made readable and writable by the context's
+/// device; unmapped, unreserved and released on drop.
+pub struct VmmMapping {
+    allocation: VmmAllocation,
+    base: DevicePtr,
+    mapped: bool,
+}
+
+impl std::fmt::Debug for VmmMapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmmMapping").field("base", &self.base).field("size", &self.allocation.size).finish()
+    }
+}
+
+impl VmmMapping {
+    /// Reserves an address range, maps the allocation there and grants the device read-write access.
+    ///
+    /// # Errors
+    /// A failing `cuMemAddressReserve`, `cuMemMap` or `cuMemSetAccess`; whatever was done is undone.
+    pub fn map(allocation: VmmAllocation) -> Result<Self> {
+        let ctx = allocation.ctx.clone();
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let granularity = VmmGranularity::for_device(ctx.device())?;
+        let reserve = entry!(d, cuMemAddressReserve, "cuMemAddressReserve")?;
+        let mut base: sys::CUdeviceptr = 0;
+        let size = allocation.size as usize;
+        // SAFETY: the out-pointer is a valid local; no fixed address is requested (addr 0); flags 0.
+        d.check("cuMemAddressReserve", unsafe { reserve(&mut base, size, granularity.minimum as usize, 0, 0) })?;
+        // From here on Drop undoes what was done.
+        let mut mapping = Self { allocation, base: DevicePtr(base), mapped: false };
+        let map = entry!(d, cuMemMap, "cuMemMap")?;
+        // SAFETY: the range [base, base+size) was just reserved by us and the handle is alive; offset 0, flags 0.
+        d.check("cuMemMap", unsafe { map(base, size, 0, mapping.allocation.handle, 0) })?;
+        mapping.mapped = true;
+        let set_access = entry!(d, cuMemSetAccess, "cuMemSetAccess")?;
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: ctx.device().ordinal() },
+            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range is mapped; one descriptor is passed, by pointer to a valid local.
+        d.check("cuMemSetAccess", unsafe { set_access(base, size, &access, 1) })?;
+        Ok(mapping)
+    }
+
+    /// The device address of the mapping.
+    pub fn ptr(&self) -> DevicePtr {
+        self.base
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.allocation.size
+    }
+
+    /// The allocation behind the mapping (to export it).
+    pub fn allocation(&self) -> &VmmAllocation {
+        &self.allocation
+    }
+}
+
+impl Drop for VmmMapping {
+    fn drop(&mut self) {
+        let Ok(d) = Driver::get() else { return };
+        if self.allocation.ctx.bind().is_err() {
+            return;
+        }
+        let size = self.allocation.size as usize;
+        if self.mapped
+            && let Ok(f) = entry!(d, cuMemUnmap, "cuMemUnmap")
+        {
+            // SAFETY: the range was mapped by `map` and is unmapped exactly once, here.
+            if let Err(e) = d.check("cuMemUnmap", unsafe { f(self.base.0, size) }) {
+                tracing::warn!(error = %e, "unmapping a VMM range failed");
+            }
+        }
+        if let Ok(f) = entry!(d, cuMemAddressFree, "cuMemAddressFree") {
+            // SAFETY: the range was reserved by `map` and is freed exactly once, after unmapping.
+            if let Err(e) = d.check("cuMemAddressFree", unsafe { f(self.base.0, size) }) {
+                tracing::warn!(error = %e, "freeing a VMM address range failed");
+            }
+        }
+        // `allocation` drops after this, releasing the physical handle.
+    }
+}
