@@ -1,1 +1,123 @@
-//! Placeholder; filled in by the foundation issue.
+//! The legacy CUDA IPC backend: memory from `cuMemAlloc`, exported with `cuIpcGetMemHandle` as 64 opaque bytes
+//! and opened in another process with `cuIpcOpenMemHandle`.
+//!
+//! ```no_run
+//! use ipc_core::backend::Backend;
+//! use ipc_core::driver::Context;
+//! use ipc_legacy::Legacy;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = Context::for_ordinal(0)?;
+//! let region = Legacy::allocate(&ctx, 24_883_200)?;
+//! let handle = Legacy::export(&region)?; // 64 bytes: send them to the consumer
+//! assert_eq!(handle.bytes.len(), 64);
+//! # Ok(()) }
+//! ```
+
+use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
+use ipc_core::driver::{
+    Context, Device, DeviceBuffer, DevicePtr, IpcMapping, IpcMemHandle, pointer_allowed_handle_types,
+    pointer_is_legacy_ipc_capable, sys,
+};
+
+/// The legacy IPC backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Legacy;
+
+/// A `cuMemAlloc` allocation the producer owns.
+#[derive(Debug)]
+pub struct LegacyAllocation {
+    buffer: DeviceBuffer,
+}
+
+impl SharedRegion for LegacyAllocation {
+    fn ptr(&self) -> DevicePtr {
+        self.buffer.ptr()
+    }
+    fn len(&self) -> u64 {
+        self.buffer.len()
+    }
+}
+
+/// A consumer's mapping of a legacy allocation.
+#[derive(Debug)]
+pub struct LegacyImport {
+    mapping: IpcMapping,
+    len: u64,
+}
+
+impl SharedRegion for LegacyImport {
+    fn ptr(&self) -> DevicePtr {
+        self.mapping.ptr()
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl Legacy {
+    /// Exports any device address with a legacy handle, after checking that its allocation allows it.
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] for memory that is not legacy-IPC capable (VMM memory names the vmm
+    /// backend as the fix), or the driver's error.
+    pub fn export_ptr(ptr: DevicePtr) -> Result<[u8; 64], BackendError> {
+        if !pointer_is_legacy_ipc_capable(ptr)? {
+            let vmm = pointer_allowed_handle_types(ptr).unwrap_or(0) != 0;
+            return Err(BackendError::Unsupported {
+                backend: Self::NAME,
+                reason: if vmm {
+                    format!(
+                        "memory at {ptr} is a VMM (cuMemCreate) allocation, which cannot be exported as a legacy handle"
+                    )
+                } else {
+                    format!("memory at {ptr} is not legacy-IPC capable (not from cuMemAlloc)")
+                },
+                fix: if vmm { "use the vmm backend".into() } else { "allocate it with cuMemAlloc".into() },
+            });
+        }
+        Ok(IpcMemHandle::of(ptr)?.0)
+    }
+}
+
+impl Backend for Legacy {
+    type Exported = LegacyAllocation;
+    type Imported = LegacyImport;
+    const NAME: &'static str = "legacy";
+
+    fn check_support(device: Device) -> Result<(), BackendError> {
+        if !device.flag(sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? {
+            return Err(BackendError::Unsupported {
+                backend: Self::NAME,
+                reason: format!("device {} has no unified addressing, which legacy IPC requires", device.ordinal()),
+                fix: "use a 64-bit Linux system with a supported GPU".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn allocate(ctx: &Context, min_bytes: u64) -> Result<Self::Exported, BackendError> {
+        Self::check_support(ctx.device())?;
+        Ok(LegacyAllocation { buffer: DeviceBuffer::alloc(ctx, min_bytes)? })
+    }
+
+    fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError> {
+        let bytes = Self::export_ptr(region.ptr())?;
+        Ok(ExportedHandle { bytes: bytes.to_vec(), fd: None, size: region.len() })
+    }
+
+    fn import(ctx: &Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError> {
+        let bytes: [u8; 64] = handle.bytes.as_slice().try_into().map_err(|_| BackendError::MalformedHandle {
+            backend: Self::NAME,
+            problem: format!("a legacy handle is 64 bytes, got {}", handle.bytes.len()),
+        })?;
+        if handle.fd.is_some() {
+            return Err(BackendError::MalformedHandle {
+                backend: Self::NAME,
+                problem: "a file descriptor came with a legacy handle; the producer uses the vmm backend".into(),
+            });
+        }
+        let mapping = IpcMapping::open(ctx, IpcMemHandle(bytes))?;
+        Ok(LegacyImport { mapping, len: handle.size })
+    }
+}

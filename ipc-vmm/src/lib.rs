@@ -1,1 +1,87 @@
-//! Placeholder; filled in by the foundation issue.
+//! The VMM backend: memory from `cuMemCreate` with the POSIX-fd handle type, exported as a file descriptor
+//! (`cuMemExportToShareableHandle`) that travels with `SCM_RIGHTS`, imported with
+//! `cuMemImportFromShareableHandle`, then reserved, mapped and made accessible.
+//!
+//! ```no_run
+//! use ipc_core::backend::Backend;
+//! use ipc_core::driver::Context;
+//! use ipc_vmm::Vmm;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = Context::for_ordinal(0)?;
+//! let region = Vmm::allocate(&ctx, 24_883_200)?; // rounded up to the 2 MiB granularity
+//! let handle = Vmm::export(&region)?; // a new fd: send it with SCM_RIGHTS, then drop it
+//! assert!(handle.fd.is_some());
+//! # Ok(()) }
+//! ```
+
+use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
+use ipc_core::driver::{Context, Device, DevicePtr, VmmAllocation, VmmGranularity, VmmMapping, sys};
+
+/// The VMM backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Vmm;
+
+/// A mapped VMM allocation, in the producer or in a consumer.
+#[derive(Debug)]
+pub struct VmmRegion {
+    mapping: VmmMapping,
+}
+
+impl SharedRegion for VmmRegion {
+    fn ptr(&self) -> DevicePtr {
+        self.mapping.ptr()
+    }
+    fn len(&self) -> u64 {
+        self.mapping.size()
+    }
+}
+
+impl Backend for Vmm {
+    type Exported = VmmRegion;
+    type Imported = VmmRegion;
+    const NAME: &'static str = "vmm";
+
+    fn check_support(device: Device) -> Result<(), BackendError> {
+        let unsupported = |reason: String| BackendError::Unsupported {
+            backend: Self::NAME,
+            reason,
+            fix: "use the legacy backend, or a driver and GPU with VMM POSIX-fd support".into(),
+        };
+        if !device.flag(sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)? {
+            return Err(unsupported(format!("device {} does not support virtual memory management", device.ordinal())));
+        }
+        if !device.flag(sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)? {
+            return Err(unsupported(format!(
+                "device {} cannot export memory as POSIX file descriptors",
+                device.ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    fn allocate(ctx: &Context, min_bytes: u64) -> Result<Self::Exported, BackendError> {
+        Self::check_support(ctx.device())?;
+        let size = VmmGranularity::for_device(ctx.device())?.round_up(min_bytes.max(1));
+        let mapping = VmmMapping::map(VmmAllocation::create(ctx, size)?)?;
+        Ok(VmmRegion { mapping })
+    }
+
+    fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError> {
+        let fd = region.mapping.allocation().export_fd()?;
+        Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd), size: region.len() })
+    }
+
+    fn import(ctx: &Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError> {
+        let Some(fd) = handle.fd else {
+            return Err(BackendError::MalformedHandle {
+                backend: Self::NAME,
+                problem: "no file descriptor came with the handle; the producer uses the legacy backend".into(),
+            });
+        };
+        let allocation = VmmAllocation::import_fd(ctx, std::os::fd::AsFd::as_fd(&fd), handle.size)?;
+        // The imported handle keeps the memory alive; our copy of the fd is no longer needed.
+        drop(fd);
+        Ok(VmmRegion { mapping: VmmMapping::map(allocation)? })
+    }
+}

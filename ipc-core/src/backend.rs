@@ -1,0 +1,91 @@
+//! The backend trait: how one allocation of GPU memory is made exportable, exported, and imported in another
+//! process. `ipc-legacy` and `ipc-vmm` implement it; the ring and everything above are generic over it.
+
+use std::os::fd::OwnedFd;
+
+use crate::driver::{Context, Device, DevicePtr, DriverError};
+
+/// What travels from the exporting process to an importer for one allocation.
+#[derive(Debug)]
+pub struct ExportedHandle {
+    /// Opaque handle bytes (the 64-byte `CUipcMemHandle` for legacy IPC; empty for fd-based backends).
+    pub bytes: Vec<u8>,
+    /// The file descriptor, for fd-based backends (sent with `SCM_RIGHTS`, then closed by the sender).
+    pub fd: Option<OwnedFd>,
+    /// The allocation's size in bytes, as the importer must map it.
+    pub size: u64,
+}
+
+/// Memory a backend allocated or imported: a device address range that stays valid while the value lives.
+pub trait SharedRegion: Send {
+    /// Start of the range, as kernels in this process address it.
+    fn ptr(&self) -> DevicePtr;
+    /// Size in bytes.
+    fn len(&self) -> u64;
+    /// True for an empty range (backends never make one).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A way of sharing device memory between processes.
+pub trait Backend: Send + Sync + 'static {
+    /// The producer's allocation.
+    type Exported: SharedRegion;
+    /// A consumer's mapping of it.
+    type Imported: SharedRegion;
+
+    /// Short name, as the `--backend` flag spells it.
+    const NAME: &'static str;
+
+    /// Checks, without allocating, that `device` supports this backend; the error names the missing capability.
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] with the reason and the fix.
+    fn check_support(device: Device) -> Result<(), BackendError>;
+
+    /// Allocates at least `min_bytes` of exportable memory (rounded up as the backend requires).
+    ///
+    /// # Errors
+    /// Unsupported device, or the driver's allocation error.
+    fn allocate(ctx: &Context, min_bytes: u64) -> Result<Self::Exported, BackendError>;
+
+    /// Makes what an importer needs. Fd-based backends create a new fd on each call: send it, then drop it.
+    ///
+    /// # Errors
+    /// The driver's export error, mapped to a typed error where the cause is known.
+    fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError>;
+
+    /// Maps memory exported by another process.
+    ///
+    /// # Errors
+    /// A handle of the wrong shape, or the driver's import error.
+    fn import(ctx: &Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError>;
+}
+
+/// Why a backend could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The device (or driver, or this memory) does not support the operation.
+    #[error("{backend} backend: {reason}; {fix}")]
+    Unsupported {
+        /// The backend's name.
+        backend: &'static str,
+        /// What is missing.
+        reason: String,
+        /// What to do instead.
+        fix: String,
+    },
+    /// The handle received does not fit this backend.
+    #[error("{backend} backend: malformed handle: {problem}")]
+    MalformedHandle {
+        /// The backend's name.
+        backend: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A driver call failed.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+}
