@@ -3,7 +3,7 @@
 
 use std::os::fd::OwnedFd;
 
-use crate::driver::{Context, Device, DevicePtr, DriverError};
+use crate::driver::{DevicePtr, DriverError};
 
 /// What travels from the exporting process to an importer for one allocation.
 #[derive(Debug)]
@@ -30,6 +30,9 @@ pub trait SharedRegion: Send {
 
 /// A way of sharing device memory between processes.
 pub trait Backend: Send + Sync + 'static {
+    /// What allocations are made in: a CUDA [`Context`](crate::driver::Context) for the GPU backends, nothing
+    /// for the host-memory fake.
+    type Context: Clone + Send + Sync;
     /// The producer's allocation.
     type Exported: SharedRegion;
     /// A consumer's mapping of it.
@@ -38,17 +41,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Short name, as the `--backend` flag spells it.
     const NAME: &'static str;
 
-    /// Checks, without allocating, that `device` supports this backend; the error names the missing capability.
+    /// Checks, without allocating, that the context's device supports this backend; the error names the missing
+    /// capability.
     ///
     /// # Errors
     /// [`BackendError::Unsupported`] with the reason and the fix.
-    fn check_support(device: Device) -> Result<(), BackendError>;
+    fn check_support(ctx: &Self::Context) -> Result<(), BackendError>;
 
     /// Allocates at least `min_bytes` of exportable memory (rounded up as the backend requires).
     ///
     /// # Errors
     /// Unsupported device, or the driver's allocation error.
-    fn allocate(ctx: &Context, min_bytes: u64) -> Result<Self::Exported, BackendError>;
+    fn allocate(ctx: &Self::Context, min_bytes: u64) -> Result<Self::Exported, BackendError>;
 
     /// Makes what an importer needs. Fd-based backends create a new fd on each call: send it, then drop it.
     ///
@@ -60,7 +64,7 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     /// A handle of the wrong shape, or the driver's import error.
-    fn import(ctx: &Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError>;
+    fn import(ctx: &Self::Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError>;
 }
 
 /// Why a backend could not do what was asked.
@@ -88,4 +92,12 @@ pub enum BackendError {
     /// A driver call failed.
     #[error(transparent)]
     Driver(#[from] DriverError),
+    /// An operating-system call failed (shared memory of the host fake).
+    #[error("{operation}: {source}")]
+    Os {
+        /// What was being done.
+        operation: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
 }

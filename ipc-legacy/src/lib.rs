@@ -16,7 +16,7 @@
 
 use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
 use ipc_core::driver::{
-    Context, Device, DeviceBuffer, DevicePtr, IpcMapping, IpcMemHandle, pointer_allowed_handle_types,
+    Context, DeviceBuffer, DevicePtr, IpcMapping, IpcMemHandle, pointer_allowed_handle_types,
     pointer_is_legacy_ipc_capable, sys,
 };
 
@@ -83,9 +83,11 @@ impl Legacy {
 impl Backend for Legacy {
     type Exported = LegacyAllocation;
     type Imported = LegacyImport;
+    type Context = Context;
     const NAME: &'static str = "legacy";
 
-    fn check_support(device: Device) -> Result<(), BackendError> {
+    fn check_support(ctx: &Context) -> Result<(), BackendError> {
+        let device = ctx.device();
         if !device.flag(sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? {
             return Err(BackendError::Unsupported {
                 backend: Self::NAME,
@@ -97,7 +99,7 @@ impl Backend for Legacy {
     }
 
     fn allocate(ctx: &Context, min_bytes: u64) -> Result<Self::Exported, BackendError> {
-        Self::check_support(ctx.device())?;
+        Self::check_support(ctx)?;
         Ok(LegacyAllocation { buffer: DeviceBuffer::alloc(ctx, min_bytes)? })
     }
 

@@ -16,7 +16,7 @@
 //! ```
 
 use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
-use ipc_core::driver::{Context, Device, DevicePtr, VmmAllocation, VmmGranularity, VmmMapping, sys};
+use ipc_core::driver::{Context, DevicePtr, VmmAllocation, VmmGranularity, VmmMapping, sys};
 
 /// The VMM backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -40,9 +40,11 @@ impl SharedRegion for VmmRegion {
 impl Backend for Vmm {
     type Exported = VmmRegion;
     type Imported = VmmRegion;
+    type Context = Context;
     const NAME: &'static str = "vmm";
 
-    fn check_support(device: Device) -> Result<(), BackendError> {
+    fn check_support(ctx: &Context) -> Result<(), BackendError> {
+        let device = ctx.device();
         let unsupported = |reason: String| BackendError::Unsupported {
             backend: Self::NAME,
             reason,
@@ -61,7 +63,7 @@ impl Backend for Vmm {
     }
 
     fn allocate(ctx: &Context, min_bytes: u64) -> Result<Self::Exported, BackendError> {
-        Self::check_support(ctx.device())?;
+        Self::check_support(ctx)?;
         let size = VmmGranularity::for_device(ctx.device())?.round_up(min_bytes.max(1));
         let mapping = VmmMapping::map(VmmAllocation::create(ctx, size)?)?;
         Ok(VmmRegion { mapping })

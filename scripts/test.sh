@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The project's test command (README, CI): formatting, lints, every test (GPU tests show as ignored on a machine
+# without a GPU), doc tests, and the generated-file checks (bindings and kernels regenerate byte for byte).
+#   scripts/test.sh            everything
+#   scripts/test.sh --quick    skip the generated-file checks (no bindgen / NVRTC download needed)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+step() { printf '\n== %s\n' "$*" >&2; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, -D warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "tests (cargo nextest; GPU tests are listed as ignored here)"
+cargo nextest run --workspace --locked --no-fail-fast
+
+step "doc tests"
+cargo test --workspace --doc --locked
+
+step "docs build without warnings"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
+
+if [ "${1:-}" != "--quick" ]; then
+    step "generated bindings are up to date"
+    scripts/gen-bindings.sh --check
+    step "generated kernel images are up to date"
+    scripts/gen-kernels.sh --check
+fi
+step "all checks passed"
