@@ -1,0 +1,258 @@
+//! Errors of the rendezvous and wire layer.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rustix::io::Errno;
+
+use super::message::RefusalCode;
+
+/// Everything that can go wrong while encoding, decoding, sending or receiving a message, or
+/// while setting up the rendezvous socket. Each variant carries what a user needs to act on it.
+///
+/// Decoding is total: every malformed input maps to one of these variants, never to a panic.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    // ---- decoding -------------------------------------------------------------------------
+    /// The first 8 bytes are not the protocol magic: the peer does not speak this protocol.
+    #[error("bad magic {found:02x?}: the peer does not speak the gpu-ipc wire protocol")]
+    BadMagic {
+        /// The 8 bytes received.
+        found: [u8; 8],
+    },
+    /// The header names a protocol version this build does not implement.
+    #[error(
+        "peer speaks wire protocol version {found}, this build speaks {supported}: \
+         build producer and consumers from the same gpu-ipc release"
+    )]
+    UnsupportedVersion {
+        /// Version in the received header.
+        found: u16,
+        /// The version this build implements.
+        supported: u16,
+    },
+    /// The header names a message type this version does not define.
+    #[error("unknown message type code {code}")]
+    UnknownMessageType {
+        /// The type code received.
+        code: u16,
+    },
+    /// The header announces a payload above the protocol cap; nothing was allocated for it.
+    #[error("payload of {len} bytes announced, the protocol allows at most {max}")]
+    PayloadTooLarge {
+        /// Announced payload length.
+        len: u32,
+        /// The cap ([`super::message::MAX_PAYLOAD_BYTES`]).
+        max: u32,
+    },
+    /// Fewer bytes than the layout needs.
+    #[error("{what} truncated: needs {needed} bytes, got {available}")]
+    Truncated {
+        /// What was being decoded.
+        what: &'static str,
+        /// Bytes the layout needs.
+        needed: usize,
+        /// Bytes present.
+        available: usize,
+    },
+    /// Bytes left over after the layout of the message was fully decoded.
+    #[error("{message} has {extra} trailing bytes after its payload")]
+    TrailingBytes {
+        /// Message type name.
+        message: &'static str,
+        /// Number of unexpected bytes.
+        extra: usize,
+    },
+    /// A reserved field is not zero (a newer peer using it must bump the protocol version).
+    #[error("reserved field {field} is not zero")]
+    ReservedNotZero {
+        /// Which field.
+        field: &'static str,
+    },
+    /// An enum field holds a code this version does not define.
+    #[error("field {field} holds unknown code {code}")]
+    UnknownCode {
+        /// Which field.
+        field: &'static str,
+        /// The code received.
+        code: u32,
+    },
+    /// A field holds a value that is out of range or inconsistent with another field.
+    #[error("invalid {field}: {reason}")]
+    InvalidField {
+        /// Which field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A text field is not valid UTF-8.
+    #[error("field {field} is not valid UTF-8")]
+    InvalidUtf8 {
+        /// Which field.
+        field: &'static str,
+    },
+    /// Text that should be a GPU UUID in `nvidia-smi` form is not.
+    #[error("{text:?} is not a GPU UUID of the form GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")]
+    InvalidUuid {
+        /// The text given.
+        text: String,
+    },
+    /// The number of file descriptors is not what the message type requires, or not what the
+    /// header announced.
+    #[error("{message}: expected {expected} file descriptors, got {received}")]
+    FdCountMismatch {
+        /// Message type name.
+        message: &'static str,
+        /// Count required.
+        expected: usize,
+        /// Count present.
+        received: usize,
+    },
+
+    // ---- transfer -------------------------------------------------------------------------
+    /// The kernel dropped file descriptors because the receive buffer had no room for them
+    /// (`MSG_CTRUNC`); those that did arrive have been closed.
+    #[error(
+        "file descriptors truncated on receive (room for {room}): the peer sent more than the \
+         protocol allows"
+    )]
+    FdsTruncated {
+        /// How many fds the receiver made room for.
+        room: usize,
+    },
+    /// The kernel truncated the data of a datagram (`MSG_TRUNC`); not expected on stream sockets.
+    #[error("message data truncated on receive")]
+    DataTruncated,
+    /// A received file descriptor is not of the kind the protocol specifies at that position.
+    #[error("file descriptor #{index} should be {expected}, but is {found}")]
+    WrongFdType {
+        /// Position in the message's fd list.
+        index: usize,
+        /// What the protocol specifies.
+        expected: &'static str,
+        /// What it is.
+        found: String,
+    },
+    /// A received memfd is smaller than the size the message announces for it.
+    #[error("file descriptor #{index} is {size} bytes, the message announces {needed}")]
+    FdTooSmall {
+        /// Position in the message's fd list.
+        index: usize,
+        /// Its size (`fstat`).
+        size: u64,
+        /// The size announced.
+        needed: u64,
+    },
+    /// The peer closed the connection. `transferred` bytes of the current message had gone
+    /// through; 0 on receive means it hung up between messages (the normal way a peer leaves).
+    #[error("peer hung up during {op} ({transferred} bytes of the message had gone through)")]
+    PeerHungUp {
+        /// The operation that saw the hang-up.
+        op: &'static str,
+        /// Bytes of the current message sent or received before the hang-up.
+        transferred: usize,
+    },
+    /// A blocking operation did not finish in time.
+    #[error("{op} timed out after {after:?}")]
+    Timeout {
+        /// The operation.
+        op: &'static str,
+        /// The time limit that ran out.
+        after: Duration,
+    },
+    /// A system call failed.
+    #[error("{op} failed: {source}")]
+    Os {
+        /// The operation, e.g. `"sendmsg"`.
+        op: &'static str,
+        /// The error code.
+        #[source]
+        source: Errno,
+    },
+    /// A message arrived that the protocol does not allow at this point.
+    #[error("expected {expected}, received {received}")]
+    UnexpectedMessage {
+        /// What the protocol expects now.
+        expected: &'static str,
+        /// What arrived.
+        received: &'static str,
+    },
+    /// The producer refused the consumer.
+    #[error("producer refused: {code}: {message}")]
+    Refused {
+        /// Why, as a code.
+        code: RefusalCode,
+        /// Why, in words from the producer.
+        message: String,
+    },
+
+    // ---- rendezvous -----------------------------------------------------------------------
+    /// Nothing listens at the socket path.
+    #[error("no producer is listening at {}: start the producer first", path.display())]
+    NoProducer {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The socket file or its directory does not let us in.
+    #[error(
+        "permission denied for {op} on {}: the socket is mode 0600, run as the user who \
+         started the producer",
+        path.display()
+    )]
+    PermissionDenied {
+        /// The operation.
+        op: &'static str,
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The path exists and is not a socket; it is left alone.
+    #[error("{} exists and is not a socket; refusing to replace it: choose another path", path.display())]
+    PathNotSocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A live producer already listens at the path.
+    #[error("a producer is already listening at {}: stop it or choose another path", path.display())]
+    PathInUse {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The path does not fit in `sockaddr_un` (107 bytes).
+    #[error("socket path {} is too long for a Unix socket (at most 107 bytes)", path.display())]
+    PathTooLong {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A socket operation on a path failed for another reason.
+    #[error("{op} on {} failed: {source}", path.display())]
+    PathOs {
+        /// The operation.
+        op: &'static str,
+        /// The socket path.
+        path: PathBuf,
+        /// The error code.
+        #[source]
+        source: Errno,
+    },
+    /// The peer runs as another user, and the peer policy requires the same user.
+    #[error(
+        "peer pid {pid} runs as uid {peer_uid}, we run as uid {our_uid}: only the same user may \
+         attach; run both as one user"
+    )]
+    PeerUidMismatch {
+        /// Peer's pid (`SO_PEERCRED`).
+        pid: u32,
+        /// Peer's uid.
+        peer_uid: u32,
+        /// Our effective uid.
+        our_uid: u32,
+    },
+}
+
+impl WireError {
+    /// Wraps a bare OS error with the name of the call.
+    pub(crate) fn os(op: &'static str) -> impl FnOnce(Errno) -> Self {
+        move |source| Self::Os { op, source }
+    }
+}

@@ -1,0 +1,25 @@
+//! Rendezvous and wire protocol (layer 3): how a consumer process finds a producer, learns the
+//! ring's layout and receives the handles and fds to import it.
+//!
+//! The producer listens on a Unix stream socket ([`RendezvousListener`], mode 0600, peers
+//! checked with `SO_PEERCRED`); a consumer connects ([`PeerConnection::connect`]), sends a
+//! [`ClientHello`], receives a [`RingOffer`] with its fds, imports, answers [`Attached`], and
+//! stays connected: a hang-up means the peer is gone. The bytes are specified in
+//! `docs/protocol.md`.
+
+mod error;
+mod fdpass;
+mod message;
+mod rendezvous;
+mod types;
+
+pub use error::WireError;
+pub use fdpass::{OfferFds, ReceivedMessage, recv_message, send_bytes, send_message};
+pub use message::{
+    Attached, ClientHello, Detach, DetachReason, HEADER_BYTES, Header, IPC_HANDLE_BYTES,
+    IpcHandleBytes, MAGIC, MAX_CONSUMER_NAME_BYTES, MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES,
+    MAX_REFUSAL_MESSAGE_BYTES, Message, MessageType, PROTOCOL_VERSION, RING_OFFER_FIXED_BYTES,
+    RefusalCode, Refused, RingOffer,
+};
+pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener};
+pub use types::{BackendKind, DeviceUuid, FrameGeometry, HandleType, PixelFormat, SyncStrategy};

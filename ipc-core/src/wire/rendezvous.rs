@@ -1,0 +1,352 @@
+//! The rendezvous socket: where a producer listens and consumers connect.
+//!
+//! Permissions: the socket file is made mode 0600 with `chmod` between `bind` and `listen`.
+//! Changing the umask instead would race with every other thread of the process (it is
+//! process-wide), and `fchmod` on a socket fd changes the socket inode, not the file `bind`
+//! created. The window between `bind` and `chmod` is harmless: `connect` to a socket that is
+//! not yet listening fails with `ECONNREFUSED`, so nobody can get in before the mode is 0600.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::fs::{FileType, Mode, chmod, lstat, unlink};
+use rustix::io::Errno;
+use rustix::net::sockopt::{Timeout, set_socket_timeout, socket_peercred};
+use rustix::net::{
+    AddressFamily, SocketAddrUnix, SocketFlags, SocketType, accept_with, bind, connect, listen,
+    socket_with, socketpair,
+};
+use rustix::process::geteuid;
+
+use super::error::WireError;
+use super::fdpass::{Deadline, ReceivedMessage, recv_message, send_message};
+use super::message::{Message, RefusalCode, Refused};
+
+/// Longest path `sockaddr_un` holds, without its terminating NUL.
+const MAX_SOCKET_PATH_BYTES: usize = 107;
+/// Pending connections the kernel queues before `connect` blocks.
+const LISTEN_BACKLOG: i32 = 64;
+/// How long the producer spends telling a rejected peer why, before hanging up.
+const REFUSAL_SEND_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Who is at the other end of a connection, from `SO_PEERCRED` (the kernel's record of the
+/// peer at `connect`/`socketpair` time, not something the peer claims).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// Peer's pid, in our PID namespace (0 if the peer is in a namespace we cannot see).
+    pub pid: u32,
+    /// Peer's effective uid.
+    pub uid: u32,
+    /// Peer's effective gid.
+    pub gid: u32,
+}
+
+/// Which peers a connection accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PeerPolicy {
+    /// Only processes running as our effective uid (the default): GPU memory of one user is not
+    /// shared with another by accident.
+    #[default]
+    SameUser,
+    /// Any peer that can open the socket file (widen its mode yourself to make this useful).
+    AnyUser,
+}
+
+/// The producer's listening socket. Unlinks its path on drop (only if the path still names
+/// this socket, so a successor's socket is never removed).
+#[derive(Debug)]
+pub struct RendezvousListener {
+    socket: OwnedFd,
+    path: PathBuf,
+    /// `(st_dev, st_ino)` of the socket file we created.
+    identity: (u64, u64),
+    policy: PeerPolicy,
+}
+
+impl RendezvousListener {
+    /// Creates the socket file at `path` (mode 0600) and listens on it.
+    ///
+    /// If `path` exists: a socket nobody listens on (connect fails with `ECONNREFUSED`, left by
+    /// a crashed producer) is replaced; a live one is [`WireError::PathInUse`]; anything that is
+    /// not a socket is left alone and reported as [`WireError::PathNotSocket`].
+    pub fn bind(path: impl AsRef<Path>) -> Result<Self, WireError> {
+        let path = path.as_ref().to_path_buf();
+        let addr = socket_addr(&path)?;
+        remove_stale_socket(&path, &addr)?;
+
+        let socket = socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            // Non-blocking so that `accept` after a spurious `poll` wake-up cannot hang.
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(WireError::os("socket"))?;
+        bind(&socket, &addr).map_err(|source| path_error("bind", &path, source))?;
+        let stat = lstat(&path).map_err(|source| path_error("lstat", &path, source))?;
+        // From here on, `Drop` removes the file if a later step fails.
+        let listener = Self {
+            socket,
+            path,
+            identity: (stat.st_dev, stat.st_ino),
+            policy: PeerPolicy::SameUser,
+        };
+        chmod(&listener.path, Mode::from_raw_mode(0o600))
+            .map_err(|source| path_error("chmod", &listener.path, source))?;
+        listen(&listener.socket, LISTEN_BACKLOG)
+            .map_err(|source| path_error("listen", &listener.path, source))?;
+        tracing::info!(path = %listener.path.display(), "rendezvous socket listening");
+        Ok(listener)
+    }
+
+    /// Replaces the peer policy (default [`PeerPolicy::SameUser`]).
+    pub fn with_peer_policy(mut self, policy: PeerPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits at most `timeout` for a consumer to connect.
+    ///
+    /// A peer the policy rejects is sent a [`Refused`] (`PeerNotAllowed`), disconnected, and
+    /// reported as [`WireError::PeerUidMismatch`]; the listener stays usable.
+    pub fn accept(&self, timeout: Duration) -> Result<PeerConnection, WireError> {
+        let deadline = Deadline::after(timeout);
+        let socket = loop {
+            deadline.wait(self.socket.as_fd(), PollFlags::IN, "accept")?;
+            match accept_with(&self.socket, SocketFlags::CLOEXEC) {
+                Ok(socket) => break socket,
+                // Another thread took the connection, or the peer gave up before we got to it.
+                Err(Errno::AGAIN | Errno::INTR | Errno::CONNABORTED) => {}
+                Err(source) => return Err(path_error("accept", &self.path, source)),
+            }
+        };
+        let connection = PeerConnection::from_socket(socket)?;
+        if let Err(error) = check_policy(self.policy, connection.peer) {
+            tracing::warn!(%error, path = %self.path.display(), "refusing peer");
+            let refusal = Message::Refused(Refused {
+                code: RefusalCode::PeerNotAllowed,
+                message: error.to_string(),
+            });
+            // Best effort: the peer may already be gone, and the error we return matters more.
+            let _ = connection.send(&refusal, Vec::new(), REFUSAL_SEND_TIMEOUT);
+            return Err(error);
+        }
+        tracing::info!(
+            pid = connection.peer.pid,
+            uid = connection.peer.uid,
+            path = %self.path.display(),
+            "consumer connected"
+        );
+        Ok(connection)
+    }
+}
+
+impl AsFd for RendezvousListener {
+    /// The listening socket, for an event loop to poll for readability (= a pending connection).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+impl Drop for RendezvousListener {
+    fn drop(&mut self) {
+        // Remove the file only if it is still ours: a newer producer may have replaced a socket
+        // it found stale. Errors are ignored: there is nobody to report them to.
+        let still_ours =
+            lstat(&self.path).is_ok_and(|stat| (stat.st_dev, stat.st_ino) == self.identity);
+        if still_ours {
+            let _ = unlink(&self.path);
+        }
+    }
+}
+
+/// One end of a producer-consumer connection. Dropping it closes the socket, which the peer
+/// sees as a hang-up.
+#[derive(Debug)]
+pub struct PeerConnection {
+    socket: OwnedFd,
+    peer: PeerCredentials,
+}
+
+impl PeerConnection {
+    /// Connects to the producer listening at `path`, waiting at most `timeout` (a full listen
+    /// backlog makes `connect` wait). The producer must run as our user.
+    pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<Self, WireError> {
+        let path = path.as_ref();
+        let addr = socket_addr(path)?;
+        let socket = socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(WireError::os("socket"))?;
+        // A Unix-socket `connect` waits for backlog room for up to SO_SNDTIMEO, then fails with
+        // EAGAIN; zero would mean "forever", so the floor is a millisecond.
+        let limit = timeout.max(Duration::from_millis(1));
+        set_socket_timeout(&socket, Timeout::Send, Some(limit))
+            .map_err(WireError::os("setsockopt(SO_SNDTIMEO)"))?;
+        match connect(&socket, &addr) {
+            Ok(()) => {}
+            Err(Errno::AGAIN | Errno::INPROGRESS) => {
+                return Err(WireError::Timeout {
+                    op: "connect",
+                    after: timeout,
+                });
+            }
+            Err(source) => return Err(path_error("connect", path, source)),
+        }
+        let connection = Self::from_socket(socket)?;
+        // The same check the producer makes: a socket planted by another user must not feed us
+        // memory handles.
+        check_policy(PeerPolicy::SameUser, connection.peer)?;
+        tracing::info!(pid = connection.peer.pid, path = %path.display(), "connected to producer");
+        Ok(connection)
+    }
+
+    /// Two connected ends in this process (`socketpair`), for tests and in-process use.
+    pub fn pair() -> Result<(Self, Self), WireError> {
+        let (a, b) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(WireError::os("socketpair"))?;
+        Ok((Self::from_socket(a)?, Self::from_socket(b)?))
+    }
+
+    fn from_socket(socket: OwnedFd) -> Result<Self, WireError> {
+        let cred = socket_peercred(&socket).map_err(WireError::os("getsockopt(SO_PEERCRED)"))?;
+        let peer = PeerCredentials {
+            pid: u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0),
+            uid: cred.uid.as_raw(),
+            gid: cred.gid.as_raw(),
+        };
+        Ok(Self { socket, peer })
+    }
+
+    /// The peer's credentials, from `SO_PEERCRED`.
+    pub fn peer(&self) -> PeerCredentials {
+        self.peer
+    }
+
+    /// Sends `message` with `fds` (closed on return; see [`super::send_message`]).
+    pub fn send(
+        &self,
+        message: &Message,
+        fds: Vec<OwnedFd>,
+        timeout: Duration,
+    ) -> Result<(), WireError> {
+        send_message(self.socket.as_fd(), message, fds, timeout)
+    }
+
+    /// Receives one message and its fds (see [`super::recv_message`]).
+    pub fn recv(&self, timeout: Duration) -> Result<ReceivedMessage, WireError> {
+        recv_message(self.socket.as_fd(), timeout)
+    }
+
+    /// Whether the peer has closed its end (or the connection failed), without blocking.
+    ///
+    /// True once the peer has hung up even if it left unread messages (e.g. a final
+    /// `Detach`), which [`PeerConnection::recv`] still returns.
+    pub fn is_peer_gone(&self) -> Result<bool, WireError> {
+        let mut fds = [PollFd::new(&self.socket, PollFlags::IN | PollFlags::RDHUP)];
+        loop {
+            match poll(
+                &mut fds,
+                Some(&rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                }),
+            ) {
+                Ok(_) => break,
+                Err(Errno::INTR) => {}
+                Err(source) => return Err(WireError::Os { op: "poll", source }),
+            }
+        }
+        let gone = PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::NVAL;
+        Ok(fds[0].revents().intersects(gone))
+    }
+}
+
+impl AsFd for PeerConnection {
+    /// The connected socket, for an event loop to poll (readable = a message or a hang-up).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+fn check_policy(policy: PeerPolicy, peer: PeerCredentials) -> Result<(), WireError> {
+    let our_uid = geteuid().as_raw();
+    match policy {
+        PeerPolicy::SameUser if peer.uid != our_uid => Err(WireError::PeerUidMismatch {
+            pid: peer.pid,
+            peer_uid: peer.uid,
+            our_uid,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn socket_addr(path: &Path) -> Result<SocketAddrUnix, WireError> {
+    if path.as_os_str().as_bytes().len() > MAX_SOCKET_PATH_BYTES {
+        return Err(WireError::PathTooLong {
+            path: path.to_path_buf(),
+        });
+    }
+    SocketAddrUnix::new(path).map_err(|source| path_error("sockaddr_un", path, source))
+}
+
+/// Removes `path` if it is a socket nobody listens on; see [`RendezvousListener::bind`].
+fn remove_stale_socket(path: &Path, addr: &SocketAddrUnix) -> Result<(), WireError> {
+    let stat = match lstat(path) {
+        Ok(stat) => stat,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(source) => return Err(path_error("lstat", path, source)),
+    };
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
+        return Err(WireError::PathNotSocket {
+            path: path.to_path_buf(),
+        });
+    }
+    let probe = socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        // Non-blocking: a live producer with a full backlog answers EAGAIN instead of stalling us.
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(WireError::os("socket"))?;
+    match connect(&probe, addr) {
+        Err(Errno::CONNREFUSED) => {
+            tracing::warn!(path = %path.display(), "removing stale rendezvous socket");
+            unlink(path).map_err(|source| path_error("unlink", path, source))
+        }
+        Ok(()) | Err(Errno::AGAIN) => Err(WireError::PathInUse {
+            path: path.to_path_buf(),
+        }),
+        Err(source) => Err(path_error("connect", path, source)),
+    }
+}
+
+/// Maps an errno on a socket path to the error that tells the user what to do.
+fn path_error(op: &'static str, path: &Path, source: Errno) -> WireError {
+    let path = path.to_path_buf();
+    match source {
+        Errno::ACCESS | Errno::PERM => WireError::PermissionDenied { op, path },
+        Errno::NOENT | Errno::CONNREFUSED if op == "connect" => WireError::NoProducer { path },
+        Errno::ADDRINUSE => WireError::PathInUse { path },
+        Errno::NAMETOOLONG => WireError::PathTooLong { path },
+        source => WireError::PathOs { op, path, source },
+    }
+}

@@ -1,0 +1,471 @@
+//! Vocabulary shared by the wire protocol, the ring and the backends.
+//!
+//! Every enum here has a stable numeric wire code (`code()` / `from_code()`); the codes are
+//! part of the protocol (see `docs/protocol.md`) and never change meaning. Code 0 is never
+//! assigned, so an all-zero field is always recognisably "unset".
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::WireError;
+
+/// Which backend shares the frame memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// `cuMemAlloc` + `cuIpcGetMemHandle` / `cuIpcOpenMemHandle`.
+    Legacy,
+    /// `cuMemCreate` exported as a POSIX file descriptor.
+    Vmm,
+    /// Host memory in a memfd: lets the ring and protocol run without a GPU.
+    HostFake,
+}
+
+impl BackendKind {
+    /// Stable wire code.
+    pub const fn code(self) -> u16 {
+        match self {
+            Self::Legacy => 1,
+            Self::Vmm => 2,
+            Self::HostFake => 3,
+        }
+    }
+
+    /// Decodes a wire code; `field` names the message field for the error.
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
+        match code {
+            1 => Ok(Self::Legacy),
+            2 => Ok(Self::Vmm),
+            3 => Ok(Self::HostFake),
+            _ => Err(WireError::UnknownCode {
+                field,
+                code: u32::from(code),
+            }),
+        }
+    }
+
+    /// The handle type this backend exports its frame memory with.
+    pub const fn handle_type(self) -> HandleType {
+        match self {
+            Self::Legacy => HandleType::LegacyIpc,
+            Self::Vmm => HandleType::PosixFd,
+            Self::HostFake => HandleType::HostMemfd,
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Legacy => "legacy",
+            Self::Vmm => "vmm",
+            Self::HostFake => "host-fake",
+        })
+    }
+}
+
+/// How the frame allocation travels to a consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum HandleType {
+    /// A 64-byte `CUipcMemHandle` inside the message; no fd for the data.
+    LegacyIpc,
+    /// A POSIX fd from `cuMemExportToShareableHandle`, passed with `SCM_RIGHTS`.
+    PosixFd,
+    /// A memfd holding host memory, passed with `SCM_RIGHTS`.
+    HostMemfd,
+}
+
+impl HandleType {
+    /// Stable wire code.
+    pub const fn code(self) -> u16 {
+        match self {
+            Self::LegacyIpc => 1,
+            Self::PosixFd => 2,
+            Self::HostMemfd => 3,
+        }
+    }
+
+    /// Decodes a wire code; `field` names the message field for the error.
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
+        match code {
+            1 => Ok(Self::LegacyIpc),
+            2 => Ok(Self::PosixFd),
+            3 => Ok(Self::HostMemfd),
+            _ => Err(WireError::UnknownCode {
+                field,
+                code: u32::from(code),
+            }),
+        }
+    }
+
+    /// Whether the data allocation travels as a file descriptor (rather than inside the message).
+    pub const fn carries_data_fd(self) -> bool {
+        match self {
+            Self::LegacyIpc => false,
+            Self::PosixFd | Self::HostMemfd => true,
+        }
+    }
+}
+
+impl fmt::Display for HandleType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::LegacyIpc => "legacy-ipc",
+            Self::PosixFd => "posix-fd",
+            Self::HostMemfd => "host-memfd",
+        })
+    }
+}
+
+/// How producer and consumers wait for each other, chosen per ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum SyncStrategy {
+    /// CPU busy-polls the control block.
+    CpuSpin,
+    /// CPU polls the control block with sleeps in between.
+    CpuSleep,
+    /// CUDA IPC events (`cuIpcGetEventHandle`), one or two per slot.
+    IpcEvent,
+    /// `cuStreamWaitValue64` / `cuStreamWriteValue64` on the control block: no CPU per frame.
+    GpuStreamOps,
+}
+
+impl SyncStrategy {
+    /// Stable wire code.
+    pub const fn code(self) -> u16 {
+        match self {
+            Self::CpuSpin => 1,
+            Self::CpuSleep => 2,
+            Self::IpcEvent => 3,
+            Self::GpuStreamOps => 4,
+        }
+    }
+
+    /// Decodes a wire code; `field` names the message field for the error.
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
+        match code {
+            1 => Ok(Self::CpuSpin),
+            2 => Ok(Self::CpuSleep),
+            3 => Ok(Self::IpcEvent),
+            4 => Ok(Self::GpuStreamOps),
+            _ => Err(WireError::UnknownCode {
+                field,
+                code: u32::from(code),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for SyncStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::CpuSpin => "cpu-spin",
+            Self::CpuSleep => "cpu-sleep",
+            Self::IpcEvent => "ipc-event",
+            Self::GpuStreamOps => "gpu-stream-ops",
+        })
+    }
+}
+
+/// Layout of one pixel in a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum PixelFormat {
+    /// 8-bit R, G, B.
+    Rgb8,
+    /// 8-bit R, G, B, A.
+    Rgba8,
+    /// 8-bit B, G, R, A.
+    Bgra8,
+    /// One 8-bit channel.
+    Gray8,
+    /// One 16-bit channel.
+    Gray16,
+    /// Four 16-bit floats.
+    RgbaF16,
+    /// Four 32-bit floats.
+    RgbaF32,
+}
+
+impl PixelFormat {
+    /// Stable wire code.
+    pub const fn code(self) -> u16 {
+        match self {
+            Self::Rgb8 => 1,
+            Self::Rgba8 => 2,
+            Self::Bgra8 => 3,
+            Self::Gray8 => 4,
+            Self::Gray16 => 5,
+            Self::RgbaF16 => 6,
+            Self::RgbaF32 => 7,
+        }
+    }
+
+    /// Decodes a wire code; `field` names the message field for the error.
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
+        match code {
+            1 => Ok(Self::Rgb8),
+            2 => Ok(Self::Rgba8),
+            3 => Ok(Self::Bgra8),
+            4 => Ok(Self::Gray8),
+            5 => Ok(Self::Gray16),
+            6 => Ok(Self::RgbaF16),
+            7 => Ok(Self::RgbaF32),
+            _ => Err(WireError::UnknownCode {
+                field,
+                code: u32::from(code),
+            }),
+        }
+    }
+
+    /// Bytes one pixel occupies.
+    pub const fn bytes_per_pixel(self) -> u32 {
+        match self {
+            Self::Gray8 => 1,
+            Self::Gray16 => 2,
+            Self::Rgb8 => 3,
+            Self::Rgba8 | Self::Bgra8 => 4,
+            Self::RgbaF16 => 8,
+            Self::RgbaF32 => 16,
+        }
+    }
+}
+
+/// Size and layout of one frame; always valid once constructed.
+///
+/// Invariants (checked by [`FrameGeometry::with_pitch`] and on deserialisation): width and height
+/// are non-zero, `pitch_bytes >= width * bytes_per_pixel`, and `pitch_bytes` is a multiple of 4,
+/// so a frame (`pitch_bytes * height`) is a whole number of 32-bit words, which the verify
+/// kernels read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawFrameGeometry")]
+pub struct FrameGeometry {
+    width: u32,
+    height: u32,
+    pitch_bytes: u32,
+    pixel_format: PixelFormat,
+}
+
+/// Unvalidated mirror of [`FrameGeometry`] so that deserialisation goes through validation.
+#[derive(Deserialize)]
+struct RawFrameGeometry {
+    width: u32,
+    height: u32,
+    pitch_bytes: u32,
+    pixel_format: PixelFormat,
+}
+
+impl TryFrom<RawFrameGeometry> for FrameGeometry {
+    type Error = WireError;
+
+    fn try_from(raw: RawFrameGeometry) -> Result<Self, Self::Error> {
+        Self::with_pitch(raw.width, raw.height, raw.pitch_bytes, raw.pixel_format)
+    }
+}
+
+impl FrameGeometry {
+    /// A tightly packed frame: the pitch is the row size rounded up to a multiple of 4.
+    pub fn new(width: u32, height: u32, pixel_format: PixelFormat) -> Result<Self, WireError> {
+        let row = u64::from(width) * u64::from(pixel_format.bytes_per_pixel());
+        let pitch = row.div_ceil(4) * 4;
+        let pitch = u32::try_from(pitch).map_err(|_| invalid_geometry("row of more than 4 GiB"))?;
+        Self::with_pitch(width, height, pitch, pixel_format)
+    }
+
+    /// A frame whose rows are `pitch_bytes` apart (e.g. a pitch from `cuMemAllocPitch`).
+    pub fn with_pitch(
+        width: u32,
+        height: u32,
+        pitch_bytes: u32,
+        pixel_format: PixelFormat,
+    ) -> Result<Self, WireError> {
+        if width == 0 || height == 0 {
+            return Err(invalid_geometry("width and height must be non-zero"));
+        }
+        let row = u64::from(width) * u64::from(pixel_format.bytes_per_pixel());
+        if u64::from(pitch_bytes) < row {
+            return Err(WireError::InvalidField {
+                field: "geometry.pitch_bytes",
+                reason: format!("pitch {pitch_bytes} is less than width * bytes per pixel = {row}"),
+            });
+        }
+        if pitch_bytes % 4 != 0 {
+            return Err(WireError::InvalidField {
+                field: "geometry.pitch_bytes",
+                reason: format!("pitch {pitch_bytes} is not a multiple of 4"),
+            });
+        }
+        Ok(Self {
+            width,
+            height,
+            pitch_bytes,
+            pixel_format,
+        })
+    }
+
+    /// Pixels per row.
+    pub const fn width(&self) -> u32 {
+        self.width
+    }
+
+    /// Rows per frame.
+    pub const fn height(&self) -> u32 {
+        self.height
+    }
+
+    /// Bytes from the start of one row to the start of the next.
+    pub const fn pitch_bytes(&self) -> u32 {
+        self.pitch_bytes
+    }
+
+    /// Layout of one pixel.
+    pub const fn pixel_format(&self) -> PixelFormat {
+        self.pixel_format
+    }
+
+    /// Bytes one frame occupies: `pitch_bytes * height`, a multiple of 4.
+    pub const fn frame_bytes(&self) -> u64 {
+        self.pitch_bytes as u64 * self.height as u64
+    }
+}
+
+fn invalid_geometry(reason: &str) -> WireError {
+    WireError::InvalidField {
+        field: "geometry",
+        reason: reason.to_owned(),
+    }
+}
+
+/// A GPU's 16-byte UUID, as `cuDeviceGetUuid_v2` returns it.
+///
+/// Displays and parses in the form `nvidia-smi -L` prints: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`,
+/// so a user can match it against `nvidia-smi` output and `CUDA_VISIBLE_DEVICES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct DeviceUuid(pub [u8; 16]);
+
+impl fmt::Display for DeviceUuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("GPU-")?;
+        for (i, byte) in self.0.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                f.write_str("-")?;
+            }
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for DeviceUuid {
+    type Err = WireError;
+
+    /// Parses `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex digits in either case).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || WireError::InvalidUuid {
+            text: text.to_owned(),
+        };
+        let rest = text.strip_prefix("GPU-").ok_or_else(bad)?;
+        let groups: Vec<&str> = rest.split('-').collect();
+        let lengths: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+        if lengths != [8, 4, 4, 4, 12] {
+            return Err(bad());
+        }
+        let hex: String = groups.concat();
+        let mut bytes = [0u8; 16];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            let pair = hex.get(2 * i..2 * i + 2).ok_or_else(bad)?;
+            *byte = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
+        }
+        Ok(Self(bytes))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_displays_like_nvidia_smi_and_parses_back() {
+        let uuid = DeviceUuid([
+            0x5d, 0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6,
+            0xe7, 0xf8,
+        ]);
+        let text = uuid.to_string();
+        assert_eq!(text, "GPU-5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8");
+        assert_eq!(text.parse::<DeviceUuid>().unwrap(), uuid);
+        assert_eq!(
+            "GPU-5D1A2B3C-4D5E-6F70-8192-A3B4C5D6E7F8"
+                .parse::<DeviceUuid>()
+                .unwrap(),
+            uuid
+        );
+        for bad in [
+            "5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8",
+            "GPU-5d1a",
+            "GPU-zz1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8",
+        ] {
+            assert!(
+                matches!(
+                    bad.parse::<DeviceUuid>(),
+                    Err(WireError::InvalidUuid { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn geometry_packs_pitch_and_validates() {
+        let g = FrameGeometry::new(3, 2, PixelFormat::Rgb8).unwrap();
+        assert_eq!(g.pitch_bytes(), 12);
+        assert_eq!(g.frame_bytes(), 24);
+        let g = FrameGeometry::new(3840, 2160, PixelFormat::Rgba8).unwrap();
+        assert_eq!(g.frame_bytes(), 3840 * 4 * 2160);
+        assert!(FrameGeometry::with_pitch(4, 4, 15, PixelFormat::Rgba8).is_err());
+        assert!(FrameGeometry::with_pitch(4, 4, 18, PixelFormat::Rgba8).is_err());
+        assert!(FrameGeometry::with_pitch(0, 4, 16, PixelFormat::Rgba8).is_err());
+        assert_eq!(
+            FrameGeometry::with_pitch(4, 4, 32, PixelFormat::Rgba8)
+                .unwrap()
+                .frame_bytes(),
+            128
+        );
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        for b in [BackendKind::Legacy, BackendKind::Vmm, BackendKind::HostFake] {
+            assert_eq!(BackendKind::from_code(b.code(), "b").unwrap(), b);
+        }
+        for h in [
+            HandleType::LegacyIpc,
+            HandleType::PosixFd,
+            HandleType::HostMemfd,
+        ] {
+            assert_eq!(HandleType::from_code(h.code(), "h").unwrap(), h);
+        }
+        for s in [
+            SyncStrategy::CpuSpin,
+            SyncStrategy::CpuSleep,
+            SyncStrategy::IpcEvent,
+            SyncStrategy::GpuStreamOps,
+        ] {
+            assert_eq!(SyncStrategy::from_code(s.code(), "s").unwrap(), s);
+        }
+        for code in 1..=7 {
+            assert_eq!(PixelFormat::from_code(code, "p").unwrap().code(), code);
+        }
+        assert!(matches!(
+            PixelFormat::from_code(0, "p"),
+            Err(WireError::UnknownCode {
+                field: "p",
+                code: 0
+            })
+        ));
+    }
+}
