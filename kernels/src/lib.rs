@@ -1,1 +1,44 @@
-//! Placeholder; filled in by the foundation issue.
+//! The CUDA kernels of gpu-ipc, compiled ahead of time and embedded in the crate.
+//!
+//! `cargo build` needs no CUDA toolkit: `scripts/gen-kernels.sh` compiles `kernels/cuda/*.cu` with a pinned
+//! NVRTC into `kernels/generated/` (one cubin per architecture and one PTX), the outputs are committed, and
+//! [`image`] embeds them and picks the one to load for a device. [`pattern`] is the host reference of the frame
+//! check pattern the kernels write and verify. See `docs/kernels.md`.
+//!
+//! The kernels, by the names to pass to `cuModuleGetFunction`:
+//! - [`FILL_PATTERN`]`(unsigned int* dst, unsigned long long n_words, unsigned long long seq)`
+//! - [`VERIFY_PATTERN`]`(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
+//!   unsigned long long* mismatches)`
+
+pub mod image;
+pub mod pattern;
+
+/// `gpu_ipc_fill_pattern(unsigned int* dst, unsigned long long n_words, unsigned long long seq)`: writes
+/// [`pattern::pattern_word`]`(seq, i)` into word `i` of `dst` for every `i < n_words`.
+pub const FILL_PATTERN: &str = "gpu_ipc_fill_pattern";
+
+/// `gpu_ipc_verify_pattern(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
+/// unsigned long long* mismatches)`: adds to `*mismatches` the number of words `i < n_words` of `src` that differ
+/// from [`pattern::pattern_word`]`(seq, i)`; the caller zeroes `*mismatches` first.
+pub const VERIFY_PATTERN: &str = "gpu_ipc_verify_pattern";
+
+/// Every kernel of the embedded images, in the order the manifest lists them.
+pub const KERNELS: [&str; 2] = [FILL_PATTERN, VERIFY_PATTERN];
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_match_the_manifest() {
+        let manifest: serde_json::Value = serde_json::from_str(image::MANIFEST).unwrap();
+        let listed: Vec<&str> = manifest["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|name| name.as_str().unwrap())
+            .collect();
+        assert_eq!(listed, KERNELS);
+    }
+}

@@ -1,0 +1,162 @@
+// Frame check kernels of gpu-ipc: fill a frame with a pattern that depends on its sequence number, and count the
+// words of a frame that do not hold the pattern of the sequence the reader expects.
+//
+// No #include at all: NVRTC (scripts/gen_kernels.py) and nvcc both compile this file as it is, and the only
+// names used beyond the language are the ones both compilers predefine (uint4, make_uint4, __shfl_down_sync,
+// atomicAdd, threadIdx and friends).
+//
+// The pattern (docs/kernels.md; the Rust host reference is kernels/src/pattern.rs and must match bit for bit):
+//
+//     x = (u32)index * 0x9E3779B1 ^ (u32)seq * 0x85EBCA6B ^ 0xA5A5A5A5      (32-bit wrapping products)
+//     pattern(seq, index) = x ^ (x >> 16)
+//
+// Why this shape:
+// - index and seq each go through an odd multiplier, a bijection on u32, so two words of one frame (fewer than
+//   2^32 words) never hold the same value: a shifted or misplaced copy is caught, and neighbours always differ.
+// - for a fixed index, seq -> pattern is a bijection of seq mod 2^32, so two sequences closer than 2^32 give a
+//   different value in *every* word: a stale or torn frame is caught word by word. Only the low 32 bits of seq
+//   may take part: a u32 word cannot tell apart more than 2^32 sequences, and mixing in seq >> 32 makes some
+//   pair of sequences across a 2^32 boundary collide in every word.
+// - x ^ (x >> 16) is a bijection too (it keeps both properties) and lets the high bits reach the low ones.
+//
+// Known vectors (also asserted by kernels/src/pattern.rs):
+//     pattern(0, 0)                         = 0xA5A50000
+//     pattern(0, 1)                         = 0x3B92E786
+//     pattern(1, 0)                         = 0x204E4F80
+//     pattern(1, 1)                         = 0xBE79A806
+//     pattern(0xffffffff, 7)                = 0x8C354FD2
+//     pattern(0x100000000, 7)               = 0xF6210053
+//     pattern(0x123456789abcdef0, 0xbc614e) = 0x3970366B
+//     pattern(0x2a, 0xffffffff)             = 0x3CC22AA6
+//     pattern(0x2a, 0x100000000)            = 0x5D0ACD21
+// (pattern(0x100000000, i) == pattern(0, i) by design: the window of distinct sequences is 2^32 wide.)
+//
+// Launch contract (the typed launchers follow it): 1-D grid and 1-D blocks of any size (a partial last warp is
+// handled). No thread returns early, so the warp reduction of the verify kernel always sees every live lane.
+// Any grid size is correct (grid-stride loops); about 4 resident blocks per SM is enough for memory bandwidth.
+// `dst` / `src` must be 4-byte aligned; 16-byte alignment is not required (a scalar head and tail take the
+// words outside the aligned bulk, which moves 16 bytes per access).
+
+#define GPU_IPC_INDEX_MUL 0x9E3779B1u
+#define GPU_IPC_SEQ_MUL 0x85EBCA6Bu
+#define GPU_IPC_SALT 0xA5A5A5A5u
+
+// The part of the pattern that depends only on the sequence, computed once per thread.
+static __device__ __forceinline__ unsigned int gpu_ipc_seq_term(unsigned long long seq)
+{
+    return ((unsigned int)seq * GPU_IPC_SEQ_MUL) ^ GPU_IPC_SALT;
+}
+
+// The pattern from the sequence term and the index term (unsigned int)index * GPU_IPC_INDEX_MUL.
+static __device__ __forceinline__ unsigned int gpu_ipc_mix(unsigned int seq_term, unsigned int index_term)
+{
+    unsigned int x = seq_term ^ index_term;
+    return x ^ (x >> 16);
+}
+
+static __device__ __forceinline__ unsigned int gpu_ipc_pattern(unsigned int seq_term, unsigned long long index)
+{
+    return gpu_ipc_mix(seq_term, (unsigned int)index * GPU_IPC_INDEX_MUL);
+}
+
+// Splits [0, n_words) of a 4-byte aligned buffer into a scalar head (words before the first 16-byte boundary),
+// an aligned bulk of n_vec uint4 starting at word `head`, and a scalar tail; head + tail <= 6 words.
+static __device__ __forceinline__ void gpu_ipc_split(const void* base, unsigned long long n_words,
+                                                    unsigned long long* head, unsigned long long* n_vec)
+{
+    unsigned long long h = ((16ull - ((unsigned long long)base & 15ull)) & 15ull) / 4ull;
+    if (h > n_words) {
+        h = n_words;
+    }
+    *head = h;
+    *n_vec = (n_words - h) / 4ull;
+}
+
+// The index of the k-th word outside the bulk: the head first, then the tail.
+static __device__ __forceinline__ unsigned long long gpu_ipc_edge_index(unsigned long long k, unsigned long long head,
+                                                                       unsigned long long n_vec)
+{
+    return k < head ? k : k + 4ull * n_vec;
+}
+
+static __device__ __forceinline__ unsigned long long gpu_ipc_thread_index()
+{
+    return (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+static __device__ __forceinline__ unsigned long long gpu_ipc_thread_count()
+{
+    return (unsigned long long)gridDim.x * blockDim.x;
+}
+
+// Word i of dst := pattern(seq, i), for i in [0, n_words).
+extern "C" __global__ void gpu_ipc_fill_pattern(unsigned int* dst, unsigned long long n_words, unsigned long long seq)
+{
+    const unsigned int seq_term = gpu_ipc_seq_term(seq);
+    const unsigned long long first = gpu_ipc_thread_index();
+    const unsigned long long stride = gpu_ipc_thread_count();
+    unsigned long long head;
+    unsigned long long n_vec;
+    gpu_ipc_split(dst, n_words, &head, &n_vec);
+
+    uint4* bulk = (uint4*)(dst + head);
+    for (unsigned long long v = first; v < n_vec; v += stride) {
+        // Consecutive index terms differ by the multiplier: one multiply per 4 words.
+        const unsigned int t0 = (unsigned int)(head + 4ull * v) * GPU_IPC_INDEX_MUL;
+        bulk[v] = make_uint4(gpu_ipc_mix(seq_term, t0), gpu_ipc_mix(seq_term, t0 + GPU_IPC_INDEX_MUL),
+                             gpu_ipc_mix(seq_term, t0 + 2u * GPU_IPC_INDEX_MUL),
+                             gpu_ipc_mix(seq_term, t0 + 3u * GPU_IPC_INDEX_MUL));
+    }
+
+    const unsigned long long n_edge = n_words - 4ull * n_vec;
+    for (unsigned long long k = first; k < n_edge; k += stride) {
+        const unsigned long long i = gpu_ipc_edge_index(k, head, n_vec);
+        dst[i] = gpu_ipc_pattern(seq_term, i);
+    }
+}
+
+// *mismatches += the number of words i in [0, n_words) of src with src[i] != pattern(seq, i).
+extern "C" __global__ void gpu_ipc_verify_pattern(const unsigned int* src, unsigned long long n_words,
+                                                  unsigned long long seq, unsigned long long* mismatches)
+{
+    const unsigned int seq_term = gpu_ipc_seq_term(seq);
+    const unsigned long long first = gpu_ipc_thread_index();
+    const unsigned long long stride = gpu_ipc_thread_count();
+    unsigned long long head;
+    unsigned long long n_vec;
+    gpu_ipc_split(src, n_words, &head, &n_vec);
+
+    // Counted in 32 bits per 4-word step, summed in 64: a thread may see more than 2^32 words in a small grid.
+    unsigned long long bad = 0;
+    const uint4* bulk = (const uint4*)(src + head);
+    for (unsigned long long v = first; v < n_vec; v += stride) {
+        const unsigned int t0 = (unsigned int)(head + 4ull * v) * GPU_IPC_INDEX_MUL;
+        const uint4 w = bulk[v];
+        bad += (unsigned int)(w.x != gpu_ipc_mix(seq_term, t0)) +
+               (unsigned int)(w.y != gpu_ipc_mix(seq_term, t0 + GPU_IPC_INDEX_MUL)) +
+               (unsigned int)(w.z != gpu_ipc_mix(seq_term, t0 + 2u * GPU_IPC_INDEX_MUL)) +
+               (unsigned int)(w.w != gpu_ipc_mix(seq_term, t0 + 3u * GPU_IPC_INDEX_MUL));
+    }
+
+    const unsigned long long n_edge = n_words - 4ull * n_vec;
+    for (unsigned long long k = first; k < n_edge; k += stride) {
+        const unsigned long long i = gpu_ipc_edge_index(k, head, n_vec);
+        bad += (unsigned long long)(src[i] != gpu_ipc_pattern(seq_term, i));
+    }
+
+    // Warp sum. The last warp of a block whose size is not a multiple of 32 is partial: the mask names only its
+    // live lanes, and a lane never adds a value shuffled from a lane that does not exist.
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warp_first = threadIdx.x - lane;
+    const unsigned int live = blockDim.x - warp_first < 32u ? blockDim.x - warp_first : 32u;
+    const unsigned int mask = live == 32u ? 0xFFFFFFFFu : (1u << live) - 1u;
+    for (unsigned int offset = 16; offset > 0; offset >>= 1) {
+        const unsigned long long other = __shfl_down_sync(mask, bad, offset);
+        if (lane + offset < live) {
+            bad += other;
+        }
+    }
+    if (lane == 0 && bad != 0) {
+        atomicAdd(mismatches, bad);
+    }
+}

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Compiles kernels/cuda/*.cu with NVRTC (through ctypes) into the images gpu-ipc embeds.
+
+Called by scripts/gen-kernels.sh, which fetches the pinned NVRTC wheel and passes its library path. Writes into
+--out: one cubin per architecture in CUBIN_ARCHS, one PTX for PTX_ARCH, and manifest.json describing them.
+Python 3.11 standard library only. The output is byte-for-byte deterministic: no paths, times or host names go
+into the program or the manifest.
+"""
+
+import argparse
+import ctypes
+import hashlib
+import json
+import pathlib
+import re
+import sys
+
+CUBIN_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"]
+PTX_ARCH = "compute_75"
+# NVRTC's defaults already optimise fully (the equivalent of nvcc -O3); --dopt=on says so explicitly. No
+# -lineinfo and no -G: the images carry no source paths or debug sections.
+COMMON_FLAGS = ["--std=c++17", "--dopt=on"]
+# The name NVRTC records for the translation unit; fixed so the output does not depend on the checkout path.
+PROGRAM_NAME = "gpu_ipc_kernels.cu"
+KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
+
+NVRTC_SUCCESS = 0
+
+
+class NvrtcError(Exception):
+    """An NVRTC call failed; the message names the call, the result and, for compiles, the log."""
+
+
+class Nvrtc:
+    """The few NVRTC entry points the generator calls, loaded from one library file."""
+
+    def __init__(self, path: str):
+        try:
+            self.lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise NvrtcError(f"cannot load NVRTC from {path}: {e}") from e
+        lib = self.lib
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        lib.nvrtcGetErrorString.argtypes = [ctypes.c_int]
+        lib.nvrtcVersion.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+        lib.nvrtcCreateProgram.argtypes = [
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.POINTER(ctypes.c_char_p),
+        ]
+        lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        lib.nvrtcCompileProgram.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        for size_fn, get_fn in [
+            ("nvrtcGetProgramLogSize", "nvrtcGetProgramLog"),
+            ("nvrtcGetCUBINSize", "nvrtcGetCUBIN"),
+            ("nvrtcGetPTXSize", "nvrtcGetPTX"),
+        ]:
+            getattr(lib, size_fn).argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+            getattr(lib, get_fn).argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+    def check(self, call: str, result: int) -> None:
+        if result != NVRTC_SUCCESS:
+            name = self.lib.nvrtcGetErrorString(result)
+            raise NvrtcError(f"{call} failed: {name.decode() if name else 'unknown'} ({result})")
+
+    def version(self) -> str:
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self.check("nvrtcVersion", self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)))
+        return f"{major.value}.{minor.value}"
+
+    def _read(self, prog, size_fn: str, get_fn: str) -> bytes:
+        size = ctypes.c_size_t()
+        self.check(size_fn, getattr(self.lib, size_fn)(prog, ctypes.byref(size)))
+        buf = ctypes.create_string_buffer(size.value)
+        self.check(get_fn, getattr(self.lib, get_fn)(prog, buf))
+        return buf.raw
+
+    def compile(self, source: bytes, flags: list[str], kind: str) -> bytes:
+        """Compiles one program; returns the cubin, or the PTX without its terminating NUL."""
+        prog = ctypes.c_void_p()
+        self.check(
+            "nvrtcCreateProgram",
+            self.lib.nvrtcCreateProgram(ctypes.byref(prog), source, PROGRAM_NAME.encode(), 0, None, None),
+        )
+        try:
+            argv = (ctypes.c_char_p * len(flags))(*[f.encode() for f in flags])
+            result = self.lib.nvrtcCompileProgram(prog, len(flags), argv)
+            if result != NVRTC_SUCCESS:
+                log = self._read(prog, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog").rstrip(b"\0")
+                name = self.lib.nvrtcGetErrorString(result).decode()
+                raise NvrtcError(
+                    f"nvrtcCompileProgram failed with {name} for flags {' '.join(flags)}:\n{log.decode(errors='replace')}"
+                )
+            if kind == "cubin":
+                return self._read(prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN")
+            return self._read(prog, "nvrtcGetPTXSize", "nvrtcGetPTX").rstrip(b"\0")
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def translation_unit(root: pathlib.Path, sources: list[pathlib.Path]) -> bytes:
+    """All sources in one program, so each architecture is one module; #line keeps compiler messages exact."""
+    parts = []
+    for src in sources:
+        rel = src.relative_to(root).as_posix()
+        parts.append(f'#line 1 "{rel}"\n'.encode() + src.read_bytes() + b"\n")
+    return b"".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nvrtc", required=True, help="path of libnvrtc.so.12")
+    parser.add_argument("--package", required=True, help="pip spec of the NVRTC wheel, for the manifest")
+    parser.add_argument("--wheel", required=True, help="file name of the NVRTC wheel, for the manifest")
+    parser.add_argument("--wheel-sha256", required=True, help="sha256 of the NVRTC wheel, for the manifest")
+    parser.add_argument("--root", required=True, type=pathlib.Path, help="repository root")
+    parser.add_argument("--out", required=True, type=pathlib.Path, help="directory to write the images into")
+    args = parser.parse_args()
+
+    root = args.root.resolve()
+    sources = sorted((root / "kernels" / "cuda").glob("*.cu"))
+    if not sources:
+        print(f"gen_kernels: no .cu sources under {root / 'kernels' / 'cuda'}", file=sys.stderr)
+        return 1
+    program = translation_unit(root, sources)
+    kernels = sorted(k for src in sources for k in KERNEL_RE.findall(src.read_text()))
+
+    try:
+        nvrtc = Nvrtc(args.nvrtc)
+        nvrtc_version = nvrtc.version()
+        jobs = [(arch, "cubin", f"{arch}.cubin") for arch in CUBIN_ARCHS]
+        jobs.append((PTX_ARCH, "ptx", f"{PTX_ARCH}.ptx"))
+        images = []
+        args.out.mkdir(parents=True, exist_ok=True)
+        for arch, kind, file in jobs:
+            flags = [f"--gpu-architecture={arch}", *COMMON_FLAGS]
+            data = nvrtc.compile(program, flags, kind)
+            (args.out / file).write_bytes(data)
+            images.append(
+                {"file": file, "kind": kind, "arch": arch, "flags": flags, "size": len(data), "sha256": sha256(data)}
+            )
+    except NvrtcError as e:
+        print(f"gen_kernels: {e}", file=sys.stderr)
+        return 1
+
+    manifest = {
+        "generator": "scripts/gen-kernels.sh",
+        "toolchain": {
+            "compiler": "NVRTC",
+            "package": args.package,
+            "wheel": args.wheel,
+            "wheel_sha256": args.wheel_sha256,
+            "nvrtc_version": nvrtc_version,
+        },
+        "program_name": PROGRAM_NAME,
+        "common_flags": COMMON_FLAGS,
+        "sources": [
+            {"file": src.relative_to(root).as_posix(), "sha256": sha256(src.read_bytes())} for src in sources
+        ],
+        "kernels": kernels,
+        "images": images,
+    }
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    for image in images:
+        print(f"gen_kernels: {image['file']:<16} {image['size']:>7} bytes", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
