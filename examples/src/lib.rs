@@ -1,1 +1,82 @@
-//! Shared helpers of the example programs.
+//! What the `producer` and `consumer` example programs share: their command-line vocabulary and the summary
+//! each prints (one JSON object with `--json`).
+
+use std::time::Duration;
+
+use gpu_ipc::core::wire::{PixelFormat, SyncStrategy};
+
+/// Parses a sync strategy as the flags spell it: `cpu-spin`, `cpu-sleep`, `ipc-event`, `gpu-stream-ops`.
+///
+/// # Errors
+/// The list of valid names.
+pub fn parse_sync(s: &str) -> Result<SyncStrategy, String> {
+    SYNC_NAMES
+        .iter()
+        .find(|(name, _)| *name == s)
+        .map(|(_, sync)| *sync)
+        .ok_or_else(|| format!("unknown sync strategy `{s}`; use one of: {}", sync_names().join(", ")))
+}
+
+/// The flag spelling of a sync strategy.
+pub fn sync_name(sync: SyncStrategy) -> &'static str {
+    SYNC_NAMES.iter().find(|(_, s)| *s == sync).map_or("unknown", |(name, _)| name)
+}
+
+const SYNC_NAMES: &[(&str, SyncStrategy)] = &[
+    ("cpu-spin", SyncStrategy::CpuSpin),
+    ("cpu-sleep", SyncStrategy::CpuSleep),
+    ("ipc-event", SyncStrategy::IpcEvent),
+    ("gpu-stream-ops", SyncStrategy::GpuStreamOps),
+];
+
+fn sync_names() -> Vec<&'static str> {
+    SYNC_NAMES.iter().map(|(n, _)| *n).collect()
+}
+
+/// Parses a pixel format: `rgb8`, `rgba8`, `gray8`.
+///
+/// # Errors
+/// The list of valid names.
+pub fn parse_pixel_format(s: &str) -> Result<PixelFormat, String> {
+    match s {
+        "rgb8" => Ok(PixelFormat::Rgb8),
+        "rgba8" => Ok(PixelFormat::Rgba8),
+        "gray8" => Ok(PixelFormat::Gray8),
+        _ => Err(format!("unknown pixel format `{s}`; use rgb8, rgba8 or gray8")),
+    }
+}
+
+/// Frames per second over `elapsed`.
+pub fn fps(frames: u64, elapsed: Duration) -> f64 {
+    if elapsed.is_zero() { 0.0 } else { frames as f64 / elapsed.as_secs_f64() }
+}
+
+/// CPU time (user + system) this process has used so far.
+pub fn cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32)
+}
+
+/// Exit status of a consumer whose producer went away.
+pub const EXIT_PRODUCER_GONE: u8 = 4;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn sync_names_round_trip() {
+        for (name, sync) in SYNC_NAMES {
+            assert_eq!(parse_sync(name).unwrap(), *sync);
+            assert_eq!(sync_name(*sync), *name);
+        }
+        assert!(parse_sync("spin").unwrap_err().contains("cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops"));
+    }
+
+    #[test]
+    fn fps_is_frames_over_seconds() {
+        assert_eq!(fps(1000, Duration::from_millis(500)), 2000.0);
+        assert_eq!(fps(5, Duration::ZERO), 0.0);
+    }
+}

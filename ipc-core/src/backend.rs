@@ -3,7 +3,8 @@
 
 use std::os::fd::OwnedFd;
 
-use crate::driver::{DevicePtr, DriverError};
+use crate::driver::{Context, DevicePtr, DriverError};
+use crate::wire::BackendKind;
 
 /// What travels from the exporting process to an importer for one allocation.
 #[derive(Debug)]
@@ -30,7 +31,7 @@ pub trait SharedRegion: Send {
 
 /// A way of sharing device memory between processes.
 pub trait Backend: Send + Sync + 'static {
-    /// What allocations are made in: a CUDA [`Context`](crate::driver::Context) for the GPU backends, nothing
+    /// What allocations are made in: a CUDA [`Context`] for the GPU backends, nothing
     /// for the host-memory fake.
     type Context: Clone + Send + Sync;
     /// The producer's allocation.
@@ -40,6 +41,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Short name, as the `--backend` flag spells it.
     const NAME: &'static str;
+
+    /// The backend's code on the wire.
+    const KIND: BackendKind;
+
+    /// The CUDA context behind `ctx`; `None` for the host fake, which therefore runs only the CPU sync strategies.
+    fn cuda_context(ctx: &Self::Context) -> Option<&Context>;
 
     /// Checks, without allocating, that the context's device supports this backend; the error names the missing
     /// capability.

@@ -13,9 +13,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ipc_core::wire::{
-    Attached, BackendKind, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds,
-    PeerConnection, PixelFormat, RingOffer, SyncStrategy, WireError, recv_message, send_bytes,
-    send_message,
+    Attached, BackendKind, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds, PeerConnection, PixelFormat,
+    RingOffer, SyncStrategy, WireError, recv_message, send_bytes, send_message,
 };
 use rustix::fs::{MemfdFlags, memfd_create};
 use rustix::io::{FdFlags, fcntl_getfd};
@@ -24,9 +23,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const T: Duration = Duration::from_secs(5);
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn open_fds() -> usize {
@@ -79,17 +76,7 @@ fn memfds_arrive_with_their_bytes_close_on_exec_and_the_senders_copies_close() {
     let observer = File::from(data.try_clone().unwrap());
     let sent_numbers = [control.as_raw_fd(), data.as_raw_fd()];
     let offer = host_offer();
-    producer
-        .send(
-            &Message::RingOffer(offer.clone()),
-            OfferFds {
-                control,
-                data: Some(data),
-            }
-            .into_vec(),
-            T,
-        )
-        .unwrap();
+    producer.send(&Message::RingOffer(offer.clone()), OfferFds { control, data: Some(data) }.into_vec(), T).unwrap();
     // Nothing in this process can have reused the numbers yet (tests are serial), so their
     // absence from /proc/self/fd means `send` closed them.
     for number in sent_numbers {
@@ -107,9 +94,7 @@ fn memfds_arrive_with_their_bytes_close_on_exec_and_the_senders_copies_close() {
     for fd in [&fds.control, &data] {
         assert!(fcntl_getfd(fd).unwrap().contains(FdFlags::CLOEXEC));
     }
-    File::from(data)
-        .write_all_at(b"written by consumer", 100)
-        .unwrap();
+    File::from(data).write_all_at(b"written by consumer", 100).unwrap();
     let mut seen = [0u8; 19];
     observer.read_exact_at(&mut seen, 100).unwrap();
     assert_eq!(&seen, b"written by consumer");
@@ -126,13 +111,7 @@ fn legacy_offer_carries_one_fd_and_the_handle_inline() {
         granularity: 1,
         ..host_offer()
     };
-    producer
-        .send(
-            &Message::RingOffer(offer.clone()),
-            vec![memfd_with(b"c", 512)],
-            T,
-        )
-        .unwrap();
+    producer.send(&Message::RingOffer(offer.clone()), vec![memfd_with(b"c", 512)], T).unwrap();
     let (received, fds) = consumer.recv(T).unwrap().into_ring_offer().unwrap();
     assert_eq!(received.legacy_mem_handle, Some([0x5a; 64]));
     assert!(fds.data.is_none());
@@ -144,16 +123,11 @@ fn more_fds_than_the_receiver_has_room_for_is_an_error_and_leaks_nothing() {
     let _serial = serial();
     let (a, b) = PeerConnection::pair().unwrap();
     let before = open_fds();
-    let bytes = Message::Attached(Attached { consumer_id: 1 })
-        .encode()
-        .unwrap();
+    let bytes = Message::Attached(Attached { consumer_id: 1 }).encode().unwrap();
     let fds = (0..3).map(|_| memfd_with(b"x", 1)).collect();
     send_bytes(a.as_fd(), &bytes, fds, T).unwrap();
     let error = recv_message(b.as_fd(), T).unwrap_err();
-    assert!(
-        matches!(error, WireError::FdsTruncated { room: 2 }),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::FdsTruncated { room: 2 }), "{error:?}");
     assert_eq!(open_fds(), before);
 }
 
@@ -162,22 +136,10 @@ fn fds_on_a_message_that_announces_none_are_an_error_and_closed() {
     let _serial = serial();
     let (a, b) = PeerConnection::pair().unwrap();
     let before = open_fds();
-    let bytes = Message::Attached(Attached { consumer_id: 1 })
-        .encode()
-        .unwrap();
+    let bytes = Message::Attached(Attached { consumer_id: 1 }).encode().unwrap();
     send_bytes(a.as_fd(), &bytes, vec![memfd_with(b"x", 1)], T).unwrap();
     let error = b.recv(T).unwrap_err();
-    assert!(
-        matches!(
-            error,
-            WireError::FdCountMismatch {
-                message: "Attached",
-                expected: 0,
-                received: 1
-            }
-        ),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::FdCountMismatch { message: "Attached", expected: 0, received: 1 }), "{error:?}");
     assert_eq!(open_fds(), before);
 }
 
@@ -186,22 +148,9 @@ fn sender_refuses_the_wrong_number_of_fds_and_closes_them() {
     let _serial = serial();
     let (a, _b) = PeerConnection::pair().unwrap();
     let before = open_fds();
-    let error = send_message(
-        a.as_fd(),
-        &Message::RingOffer(host_offer()),
-        vec![memfd_with(b"c", 512)],
-        T,
-    )
-    .unwrap_err();
+    let error = send_message(a.as_fd(), &Message::RingOffer(host_offer()), vec![memfd_with(b"c", 512)], T).unwrap_err();
     assert!(
-        matches!(
-            error,
-            WireError::FdCountMismatch {
-                message: "RingOffer",
-                expected: 2,
-                received: 1
-            }
-        ),
+        matches!(error, WireError::FdCountMismatch { message: "RingOffer", expected: 2, received: 1 }),
         "{error:?}"
     );
     assert_eq!(open_fds(), before);
@@ -214,13 +163,7 @@ fn an_fd_of_the_wrong_kind_is_rejected_by_type() {
     // A socket where the control memfd belongs.
     let (stray, _other) = PeerConnection::pair().unwrap();
     let stray: OwnedFd = stray.as_fd().try_clone_to_owned().unwrap();
-    producer
-        .send(
-            &Message::RingOffer(host_offer()),
-            vec![stray, memfd_with(b"d", 4096)],
-            T,
-        )
-        .unwrap();
+    producer.send(&Message::RingOffer(host_offer()), vec![stray, memfd_with(b"d", 4096)], T).unwrap();
     let error = consumer.recv(T).unwrap_err();
     assert!(
         matches!(error, WireError::WrongFdType { index: 0, ref found, .. } if found.contains("Socket")),
@@ -233,13 +176,7 @@ fn an_fd_of_the_wrong_kind_is_rejected_by_type() {
     let path = dir.join("plain");
     let mut plain = File::create(&path).unwrap();
     plain.write_all(&[0; 4096]).unwrap();
-    producer
-        .send(
-            &Message::RingOffer(host_offer()),
-            vec![memfd_with(b"c", 512), OwnedFd::from(plain)],
-            T,
-        )
-        .unwrap();
+    producer.send(&Message::RingOffer(host_offer()), vec![memfd_with(b"c", 512), OwnedFd::from(plain)], T).unwrap();
     let error = consumer.recv(T).unwrap_err();
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(
@@ -252,25 +189,9 @@ fn an_fd_of_the_wrong_kind_is_rejected_by_type() {
 fn a_memfd_smaller_than_announced_is_rejected() {
     let _serial = serial();
     let (producer, consumer) = PeerConnection::pair().unwrap();
-    producer
-        .send(
-            &Message::RingOffer(host_offer()),
-            vec![memfd_with(b"c", 100), memfd_with(b"d", 4096)],
-            T,
-        )
-        .unwrap();
+    producer.send(&Message::RingOffer(host_offer()), vec![memfd_with(b"c", 100), memfd_with(b"d", 4096)], T).unwrap();
     let error = consumer.recv(T).unwrap_err();
-    assert!(
-        matches!(
-            error,
-            WireError::FdTooSmall {
-                index: 0,
-                size: 100,
-                needed: 512
-            }
-        ),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::FdTooSmall { index: 0, size: 100, needed: 512 }), "{error:?}");
 }
 
 #[test]
@@ -301,10 +222,7 @@ fn waiting_for_a_silent_peer_times_out_naming_the_operation() {
     let started = Instant::now();
     let error = b.recv(Duration::from_millis(50)).unwrap_err();
     assert!(started.elapsed() >= Duration::from_millis(50));
-    assert!(
-        matches!(error, WireError::Timeout { op: "recv", .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::Timeout { op: "recv", .. }), "{error:?}");
     assert!(error.to_string().contains("recv timed out"));
 }
 
@@ -313,76 +231,33 @@ fn hang_up_between_and_inside_messages() {
     let _serial = serial();
     let (a, b) = PeerConnection::pair().unwrap();
     assert!(!b.is_peer_gone().unwrap());
-    a.send(
-        &Message::Attached(Attached { consumer_id: 4 }),
-        Vec::new(),
-        T,
-    )
-    .unwrap();
+    a.send(&Message::Attached(Attached { consumer_id: 4 }), Vec::new(), T).unwrap();
     drop(a);
     // Gone, but the message it left is still delivered, then the hang-up.
     assert!(b.is_peer_gone().unwrap());
-    assert!(matches!(
-        b.recv(T).unwrap().message,
-        Message::Attached(Attached { consumer_id: 4 })
-    ));
+    assert!(matches!(b.recv(T).unwrap().message, Message::Attached(Attached { consumer_id: 4 })));
     let error = b.recv(T).unwrap_err();
-    assert!(
-        matches!(
-            error,
-            WireError::PeerHungUp {
-                op: "recv",
-                transferred: 0
-            }
-        ),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::PeerHungUp { op: "recv", transferred: 0 }), "{error:?}");
 
     let (a, b) = PeerConnection::pair().unwrap();
-    let bytes = Message::Attached(Attached { consumer_id: 4 })
-        .encode()
-        .unwrap();
+    let bytes = Message::Attached(Attached { consumer_id: 4 }).encode().unwrap();
     send_bytes(a.as_fd(), &bytes[..26], Vec::new(), T).unwrap();
     drop(a);
     let error = b.recv(T).unwrap_err();
-    assert!(
-        matches!(
-            error,
-            WireError::PeerHungUp {
-                op: "recv",
-                transferred: 26
-            }
-        ),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::PeerHungUp { op: "recv", transferred: 26 }), "{error:?}");
 
     // Sending to a vanished peer is an error, not SIGPIPE.
     let (a, b) = PeerConnection::pair().unwrap();
     drop(b);
-    let error = a
-        .send(
-            &Message::Attached(Attached { consumer_id: 4 }),
-            Vec::new(),
-            T,
-        )
-        .unwrap_err();
-    assert!(
-        matches!(error, WireError::PeerHungUp { op: "send", .. }),
-        "{error:?}"
-    );
+    let error = a.send(&Message::Attached(Attached { consumer_id: 4 }), Vec::new(), T).unwrap_err();
+    assert!(matches!(error, WireError::PeerHungUp { op: "send", .. }), "{error:?}");
 }
 
 #[test]
 fn garbage_on_the_stream_is_a_typed_error() {
     let _serial = serial();
     let (a, b) = PeerConnection::pair().unwrap();
-    send_bytes(
-        a.as_fd(),
-        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-        Vec::new(),
-        T,
-    )
-    .unwrap();
+    send_bytes(a.as_fd(), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", Vec::new(), T).unwrap();
     let error = b.recv(T).unwrap_err();
     assert!(matches!(error, WireError::BadMagic { .. }), "{error:?}");
 }

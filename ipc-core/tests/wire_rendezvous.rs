@@ -14,9 +14,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use ipc_core::wire::{
-    Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry,
-    HandleType, Message, OfferFds, PROTOCOL_VERSION, PeerConnection, PixelFormat, RefusalCode,
-    RendezvousListener, RingOffer, SyncStrategy, WireError,
+    Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds,
+    PROTOCOL_VERSION, PeerConnection, PixelFormat, RefusalCode, RendezvousListener, RingOffer, SyncStrategy, WireError,
 };
 use rustix::fs::{MemfdFlags, memfd_create};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType, bind, socket_with};
@@ -98,34 +97,18 @@ fn consume(path: &Path, name: &str) -> u64 {
     let mut frame = [0u8; 5];
     data.read_exact_at(&mut frame, 256).unwrap();
     assert_eq!(&frame, b"slot1");
-    File::from(fds.control)
-        .write_all_at(&u64::from(offer.consumer_id + 1000).to_le_bytes(), 0)
-        .unwrap();
-    connection
-        .send(
-            &Message::Attached(Attached {
-                consumer_id: offer.consumer_id,
-            }),
-            Vec::new(),
-            T,
-        )
-        .unwrap();
+    File::from(fds.control).write_all_at(&u64::from(offer.consumer_id + 1000).to_le_bytes(), 0).unwrap();
+    connection.send(&Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), T).unwrap();
     let detach = connection.recv(T).unwrap().message;
     assert_eq!(
         detach,
-        Message::Detach(Detach {
-            consumer_id: offer.consumer_id,
-            reason: DetachReason::ProducerShutdown
-        })
+        Message::Detach(Detach { consumer_id: offer.consumer_id, reason: DetachReason::ProducerShutdown })
     );
     offer.generation
 }
 
 /// The producer side for one consumer; returns the consumer's hello and the u64 it wrote.
-fn serve_one(
-    listener: &RendezvousListener,
-    consumer_id: u32,
-) -> (PeerConnection, ClientHello, u64) {
+fn serve_one(listener: &RendezvousListener, consumer_id: u32) -> (PeerConnection, ClientHello, u64) {
     let connection = listener.accept(T).unwrap();
     let hello = match connection.recv(T).unwrap().message {
         Message::ClientHello(hello) => hello,
@@ -138,29 +121,15 @@ fn serve_one(
     connection
         .send(
             &Message::RingOffer(offer_for(consumer_id)),
-            OfferFds {
-                control,
-                data: Some(memfd_with(&frames, 4096)),
-            }
-            .into_vec(),
+            OfferFds { control, data: Some(memfd_with(&frames, 4096)) }.into_vec(),
             T,
         )
         .unwrap();
-    assert_eq!(
-        connection.recv(T).unwrap().message,
-        Message::Attached(Attached { consumer_id })
-    );
+    assert_eq!(connection.recv(T).unwrap().message, Message::Attached(Attached { consumer_id }));
     let mut written = [0u8; 8];
     reader.read_exact_at(&mut written, 0).unwrap();
     connection
-        .send(
-            &Message::Detach(Detach {
-                consumer_id,
-                reason: DetachReason::ProducerShutdown,
-            }),
-            Vec::new(),
-            T,
-        )
+        .send(&Message::Detach(Detach { consumer_id, reason: DetachReason::ProducerShutdown }), Vec::new(), T)
         .unwrap();
     (connection, hello, u64::from_le_bytes(written))
 }
@@ -188,13 +157,7 @@ fn producer_and_consumer_threads_complete_the_handshake() {
 fn spawn_child(role: &str, path: &Path, uid: Option<u32>) -> std::process::Child {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args([
-            "--exact",
-            "child_consumer",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "child_consumer", "--ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD_ROLE, role)
         .env(CHILD_SOCKET, path)
         .stdout(std::process::Stdio::piped())
@@ -232,10 +195,7 @@ fn producer_and_consumer_processes_complete_the_handshake() {
     assert_eq!(written, 1002);
     assert!(connection.is_peer_gone().unwrap());
     let error = connection.recv(T).unwrap_err();
-    assert!(
-        matches!(error, WireError::PeerHungUp { transferred: 0, .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::PeerHungUp { transferred: 0, .. }), "{error:?}");
 }
 
 /// Runs only as a child of the tests above (see the module comment).
@@ -253,29 +213,12 @@ fn child_consumer() {
         }
         "expect-permission-denied" => {
             let error = PeerConnection::connect(&path, T).unwrap_err();
-            assert!(
-                matches!(error, WireError::PermissionDenied { op: "connect", .. }),
-                "{error:?}"
-            );
-            assert!(
-                error
-                    .to_string()
-                    .contains("run as the user who started the producer")
-            );
+            assert!(matches!(error, WireError::PermissionDenied { op: "connect", .. }), "{error:?}");
+            assert!(error.to_string().contains("run as the user who started the producer"));
         }
         "expect-uid-mismatch" => {
             let error = PeerConnection::connect(&path, T).unwrap_err();
-            assert!(
-                matches!(
-                    error,
-                    WireError::PeerUidMismatch {
-                        peer_uid: 0,
-                        our_uid: NOBODY,
-                        ..
-                    }
-                ),
-                "{error:?}"
-            );
+            assert!(matches!(error, WireError::PeerUidMismatch { peer_uid: 0, our_uid: NOBODY, .. }), "{error:?}");
         }
         other => panic!("unknown child role {other}"),
     }
@@ -290,13 +233,9 @@ fn another_user_is_kept_out() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    let readable =
-        |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o005 == 0o005);
+    let readable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o005 == 0o005);
     if !exe.ancestors().skip(1).all(readable) || !readable(&exe) {
-        println!(
-            "SKIPPED another_user_is_kept_out: {} is not reachable by other users",
-            exe.display()
-        );
+        println!("SKIPPED another_user_is_kept_out: {} is not reachable by other users", exe.display());
         return;
     }
     let dir = TempDir::new("other-user");
@@ -309,17 +248,7 @@ fn another_user_is_kept_out() {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
     let child = spawn_child("expect-uid-mismatch", &path, Some(NOBODY));
     let error = listener.accept(T).unwrap_err();
-    assert!(
-        matches!(
-            error,
-            WireError::PeerUidMismatch {
-                peer_uid: NOBODY,
-                our_uid: 0,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::PeerUidMismatch { peer_uid: NOBODY, our_uid: 0, .. }), "{error:?}");
     assert_child_passed(&child.wait_with_output().unwrap());
 }
 
@@ -338,19 +267,10 @@ fn a_stale_socket_is_replaced() {
     let dir = TempDir::new("stale");
     let path = dir.join("producer.sock");
     // A socket file nobody listens on, as a crashed producer leaves behind.
-    let orphan = socket_with(
-        AddressFamily::UNIX,
-        SocketType::STREAM,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .unwrap();
+    let orphan = socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).unwrap();
     bind(&orphan, &SocketAddrUnix::new(&path).unwrap()).unwrap();
     drop(orphan);
-    assert!(matches!(
-        PeerConnection::connect(&path, T).unwrap_err(),
-        WireError::NoProducer { .. }
-    ));
+    assert!(matches!(PeerConnection::connect(&path, T).unwrap_err(), WireError::NoProducer { .. }));
 
     let listener = RendezvousListener::bind(&path).unwrap();
     let client = std::thread::spawn({
@@ -381,10 +301,7 @@ fn a_path_that_is_not_a_socket_is_left_alone() {
     let path = dir.join("precious.txt");
     std::fs::write(&path, b"keep me").unwrap();
     let error = RendezvousListener::bind(&path).unwrap_err();
-    assert!(
-        matches!(error, WireError::PathNotSocket { ref path } if path.ends_with("precious.txt")),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::PathNotSocket { ref path } if path.ends_with("precious.txt")), "{error:?}");
     assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
 }
 
@@ -409,21 +326,12 @@ fn connect_errors_tell_the_user_what_to_do() {
     assert!(matches!(error, WireError::NoProducer { .. }), "{error:?}");
     assert_eq!(
         error.to_string(),
-        format!(
-            "no producer is listening at {}: start the producer first",
-            missing.display()
-        )
+        format!("no producer is listening at {}: start the producer first", missing.display())
     );
 
     let long = dir.join(&"x".repeat(120));
-    assert!(matches!(
-        RendezvousListener::bind(&long).unwrap_err(),
-        WireError::PathTooLong { .. }
-    ));
-    assert!(matches!(
-        PeerConnection::connect(&long, T).unwrap_err(),
-        WireError::PathTooLong { .. }
-    ));
+    assert!(matches!(RendezvousListener::bind(&long).unwrap_err(), WireError::PathTooLong { .. }));
+    assert!(matches!(PeerConnection::connect(&long, T).unwrap_err(), WireError::PathTooLong { .. }));
 }
 
 #[test]
@@ -431,10 +339,7 @@ fn accept_without_a_consumer_times_out() {
     let dir = TempDir::new("accept-timeout");
     let listener = RendezvousListener::bind(dir.join("producer.sock")).unwrap();
     let error = listener.accept(Duration::from_millis(30)).unwrap_err();
-    assert!(
-        matches!(error, WireError::Timeout { op: "accept", .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, WireError::Timeout { op: "accept", .. }), "{error:?}");
 }
 
 #[test]

@@ -19,6 +19,7 @@ use ipc_core::driver::{
     Context, DeviceBuffer, DevicePtr, IpcMapping, IpcMemHandle, pointer_allowed_handle_types,
     pointer_is_legacy_ipc_capable, sys,
 };
+use ipc_core::wire::BackendKind;
 
 /// The legacy IPC backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -85,6 +86,11 @@ impl Backend for Legacy {
     type Imported = LegacyImport;
     type Context = Context;
     const NAME: &'static str = "legacy";
+    const KIND: BackendKind = BackendKind::Legacy;
+
+    fn cuda_context(ctx: &Context) -> Option<&Context> {
+        Some(ctx)
+    }
 
     fn check_support(ctx: &Context) -> Result<(), BackendError> {
         let device = ctx.device();

@@ -17,6 +17,7 @@
 
 use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
 use ipc_core::driver::{Context, DevicePtr, VmmAllocation, VmmGranularity, VmmMapping, sys};
+use ipc_core::wire::BackendKind;
 
 /// The VMM backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -42,6 +43,11 @@ impl Backend for Vmm {
     type Imported = VmmRegion;
     type Context = Context;
     const NAME: &'static str = "vmm";
+    const KIND: BackendKind = BackendKind::Vmm;
+
+    fn cuda_context(ctx: &Context) -> Option<&Context> {
+        Some(ctx)
+    }
 
     fn check_support(ctx: &Context) -> Result<(), BackendError> {
         let device = ctx.device();

@@ -86,58 +86,18 @@ impl fmt::Debug for KernelImage {
 }
 
 const fn cubin(major: u32, minor: u32, file: &'static str, bytes: &'static [u8]) -> KernelImage {
-    KernelImage {
-        arch: ComputeCapability::new(major, minor),
-        kind: ImageKind::Cubin,
-        file,
-        bytes,
-    }
+    KernelImage { arch: ComputeCapability::new(major, minor), kind: ImageKind::Cubin, file, bytes }
 }
 
 /// Every embedded image: the cubins in ascending architecture order, then the PTX (the last resort).
 pub static IMAGES: [KernelImage; 8] = [
-    cubin(
-        7,
-        5,
-        "sm_75.cubin",
-        include_bytes!("../generated/sm_75.cubin"),
-    ),
-    cubin(
-        8,
-        0,
-        "sm_80.cubin",
-        include_bytes!("../generated/sm_80.cubin"),
-    ),
-    cubin(
-        8,
-        6,
-        "sm_86.cubin",
-        include_bytes!("../generated/sm_86.cubin"),
-    ),
-    cubin(
-        8,
-        9,
-        "sm_89.cubin",
-        include_bytes!("../generated/sm_89.cubin"),
-    ),
-    cubin(
-        9,
-        0,
-        "sm_90.cubin",
-        include_bytes!("../generated/sm_90.cubin"),
-    ),
-    cubin(
-        10,
-        0,
-        "sm_100.cubin",
-        include_bytes!("../generated/sm_100.cubin"),
-    ),
-    cubin(
-        12,
-        0,
-        "sm_120.cubin",
-        include_bytes!("../generated/sm_120.cubin"),
-    ),
+    cubin(7, 5, "sm_75.cubin", include_bytes!("../generated/sm_75.cubin")),
+    cubin(8, 0, "sm_80.cubin", include_bytes!("../generated/sm_80.cubin")),
+    cubin(8, 6, "sm_86.cubin", include_bytes!("../generated/sm_86.cubin")),
+    cubin(8, 9, "sm_89.cubin", include_bytes!("../generated/sm_89.cubin")),
+    cubin(9, 0, "sm_90.cubin", include_bytes!("../generated/sm_90.cubin")),
+    cubin(10, 0, "sm_100.cubin", include_bytes!("../generated/sm_100.cubin")),
+    cubin(12, 0, "sm_120.cubin", include_bytes!("../generated/sm_120.cubin")),
     KernelImage {
         arch: ComputeCapability::new(7, 5),
         kind: ImageKind::Ptx,
@@ -178,25 +138,14 @@ fn shipped_list(images: &[KernelImage]) -> String {
 ///
 /// # Errors
 /// [`NoImageForDevice`] when the device is older than 7.5, for which nothing is compiled.
-pub fn select_image(
-    device: ComputeCapability,
-    force_ptx: bool,
-) -> Result<&'static KernelImage, NoImageForDevice> {
+pub fn select_image(device: ComputeCapability, force_ptx: bool) -> Result<&'static KernelImage, NoImageForDevice> {
     let cubin = IMAGES
         .iter()
         .filter(|image| image.kind == ImageKind::Cubin && !force_ptx)
         .filter(|image| image.arch.major == device.major && image.arch.minor <= device.minor)
         .max_by_key(|image| image.arch.minor);
-    let ptx = || {
-        IMAGES
-            .iter()
-            .find(|image| image.kind == ImageKind::Ptx && image.arch <= device)
-    };
-    cubin.or_else(ptx).ok_or(NoImageForDevice {
-        device,
-        ptx_forced: force_ptx,
-        shipped: &IMAGES,
-    })
+    let ptx = || IMAGES.iter().find(|image| image.kind == ImageKind::Ptx && image.arch <= device);
+    cubin.or_else(ptx).ok_or(NoImageForDevice { device, ptx_forced: force_ptx, shipped: &IMAGES })
 }
 
 /// The environment variable that forces the PTX image: set to `1` to skip the cubins.
@@ -221,9 +170,7 @@ mod tests {
     use super::*;
 
     fn pick(major: u32, minor: u32) -> &'static str {
-        select_image(ComputeCapability::new(major, minor), false)
-            .unwrap()
-            .file
+        select_image(ComputeCapability::new(major, minor), false).unwrap().file
     }
 
     #[test]
@@ -276,10 +223,7 @@ mod tests {
             assert!(!err.ptx_forced);
             assert_eq!(err.shipped.len(), IMAGES.len());
             let message = err.to_string();
-            assert!(
-                message.contains(&format!("compute capability {major}.{minor}:")),
-                "{message}"
-            );
+            assert!(message.contains(&format!("compute capability {major}.{minor}:")), "{message}");
             assert!(message.contains("sm_75.cubin, sm_80.cubin"), "{message}");
             assert!(message.contains("compute_75.ptx"), "{message}");
         }
@@ -301,19 +245,7 @@ mod tests {
     #[test]
     fn arch_names_follow_compiler_spelling() {
         let names: Vec<String> = IMAGES.iter().map(KernelImage::arch_name).collect();
-        assert_eq!(
-            names,
-            [
-                "sm_75",
-                "sm_80",
-                "sm_86",
-                "sm_89",
-                "sm_90",
-                "sm_100",
-                "sm_120",
-                "compute_75"
-            ]
-        );
+        assert_eq!(names, ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "compute_75"]);
         for image in &IMAGES {
             let stem = image.file.split('.').next().unwrap();
             assert_eq!(stem, image.arch_name());
@@ -340,15 +272,9 @@ mod tests {
             };
             assert_eq!(entry["size"].as_u64().unwrap(), file_len as u64, "{image}");
             let flags = entry["flags"].as_array().unwrap();
-            assert_eq!(
-                flags[0],
-                format!("--gpu-architecture={}", image.arch_name())
-            );
+            assert_eq!(flags[0], format!("--gpu-architecture={}", image.arch_name()));
         }
-        assert_eq!(
-            manifest["toolchain"]["package"],
-            "nvidia-cuda-nvrtc-cu12==12.9.86"
-        );
+        assert_eq!(manifest["toolchain"]["package"], "nvidia-cuda-nvrtc-cu12==12.9.86");
     }
 
     /// The CUDA ELF header names the architecture in `e_flags`: in its low byte for ELF ABI version 7 (up to
@@ -374,10 +300,7 @@ mod tests {
         let image = IMAGES.iter().find(|i| i.kind == ImageKind::Ptx).unwrap();
         assert_eq!(image.bytes.last(), Some(&0));
         let text = std::str::from_utf8(&image.bytes[..image.bytes.len() - 1]).unwrap();
-        assert!(
-            text.contains("\n.version 8.8\n"),
-            "NVRTC 12.9 writes PTX ISA 8.8"
-        );
+        assert!(text.contains("\n.version 8.8\n"), "NVRTC 12.9 writes PTX ISA 8.8");
         assert!(text.contains("\n.target sm_75\n"));
         for kernel in [crate::FILL_PATTERN, crate::VERIFY_PATTERN] {
             assert!(text.contains(&format!(".entry {kernel}(")), "{kernel}");

@@ -11,6 +11,7 @@
 //!   unsigned long long* mismatches)`
 
 pub mod image;
+pub mod launch;
 pub mod pattern;
 
 /// `gpu_ipc_fill_pattern(unsigned int* dst, unsigned long long n_words, unsigned long long seq)`: writes
@@ -33,12 +34,8 @@ mod tests {
     #[test]
     fn kernel_names_match_the_manifest() {
         let manifest: serde_json::Value = serde_json::from_str(image::MANIFEST).unwrap();
-        let listed: Vec<&str> = manifest["kernels"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|name| name.as_str().unwrap())
-            .collect();
+        let listed: Vec<&str> =
+            manifest["kernels"].as_array().unwrap().iter().map(|name| name.as_str().unwrap()).collect();
         assert_eq!(listed, KERNELS);
     }
 }

@@ -41,10 +41,7 @@ pub fn fill_pattern_host(words: &mut [u32], seq: u64) {
 
 /// Counts the words of `words` that differ from the pattern of `seq`, as `gpu_ipc_verify_pattern` does.
 pub fn count_mismatches_host(words: &[u32], seq: u64) -> u64 {
-    (0u64..)
-        .zip(words)
-        .map(|(index, &word)| u64::from(word != pattern_word(seq, index)))
-        .sum()
+    (0u64..).zip(words).map(|(index, &word)| u64::from(word != pattern_word(seq, index))).sum()
 }
 
 #[cfg(test)]
@@ -67,32 +64,18 @@ mod tests {
             (0x2A, 0x1_0000_0000, 0x5D0A_CD21),
         ];
         for (seq, index, expected) in vectors {
-            assert_eq!(
-                pattern_word(seq, index),
-                expected,
-                "pattern({seq:#x}, {index:#x})"
-            );
+            assert_eq!(pattern_word(seq, index), expected, "pattern({seq:#x}, {index:#x})");
         }
     }
 
     /// Sequences around 0, 2^32 and 2^64: every pair closer than 2^32 differs in every word of a frame.
     #[test]
     fn different_sequences_differ_in_every_word() {
-        let bases = [
-            0u64,
-            1 << 32,
-            (1 << 33) - 3,
-            u64::MAX - 40,
-            0x1234_5678_9ABC_DEF0,
-        ];
-        let seqs: Vec<u64> = bases
-            .iter()
-            .flat_map(|&base| (0..24u64).map(move |k| base.wrapping_sub(12).wrapping_add(k)))
-            .collect();
-        let indices: Vec<u64> = (0..512u64)
-            .chain((1 << 32) - 256..(1 << 32) + 256)
-            .chain([u64::MAX - 1, u64::MAX])
-            .collect();
+        let bases = [0u64, 1 << 32, (1 << 33) - 3, u64::MAX - 40, 0x1234_5678_9ABC_DEF0];
+        let seqs: Vec<u64> =
+            bases.iter().flat_map(|&base| (0..24u64).map(move |k| base.wrapping_sub(12).wrapping_add(k))).collect();
+        let indices: Vec<u64> =
+            (0..512u64).chain((1 << 32) - 256..(1 << 32) + 256).chain([u64::MAX - 1, u64::MAX]).collect();
         for &a in &seqs {
             for &b in &seqs {
                 let distance = a.wrapping_sub(b).min(b.wrapping_sub(a));

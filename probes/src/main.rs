@@ -1,7 +1,149 @@
-//! The `gpu-ipc` command line.
+//! The `gpu-ipc` command line: `gpu-ipc doctor` checks whether CUDA IPC works on this machine and says why not.
 
-// Not called from `main` until the doctor subcommand is wired in; its tests use every item.
-#[allow(dead_code)]
 mod doctor;
 
-fn main() {}
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use gpu_ipc::BackendChoice;
+
+use doctor::render::{self, EXIT_NO_CUDA, EXIT_USAGE};
+use doctor::report::{self, DoctorReport, Overall, SelfTestResult, SelfTestVerdict};
+
+/// Share GPU memory between processes through the CUDA driver API: diagnostics, probes and benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "gpu-ipc", version, propagate_version = true)]
+struct Cli {
+    /// More log output on stderr (-v: debug, -vv: trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check whether CUDA IPC works on this machine, and why not.
+    ///
+    /// Exit status: 0 every built backend passed its self-test; 1 a backend failed (the report says why and what
+    /// to do); 2 usage error; 3 no usable CUDA driver or no GPU.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+struct DoctorArgs {
+    /// Print the report as JSON (stable field names; see docs/doctor.md).
+    #[arg(long)]
+    json: bool,
+    /// The device the self-tests run on.
+    #[arg(long, default_value_t = 0)]
+    device: i32,
+    /// Self-test only this backend (default: every backend built in: legacy, vmm).
+    #[arg(long)]
+    backend: Option<BackendChoice>,
+    /// Skip the end-to-end self-tests (facts and findings only).
+    #[arg(long)]
+    no_self_test: bool,
+    /// Time limit of each self-test, in seconds.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// Internal: the child process of a self-test.
+    #[arg(long, hide = true, value_name = "BACKEND")]
+    self_test_child: Option<BackendChoice>,
+    /// Internal: the rendezvous socket of a self-test.
+    #[arg(long, hide = true)]
+    socket: Option<std::path::PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are not errors; everything else is a usage error.
+            return if e.use_stderr() { ExitCode::from(EXIT_USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
+    init_logging(cli.verbose);
+    match cli.command {
+        Command::Doctor(args) => ExitCode::from(doctor(&args)),
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn doctor(args: &DoctorArgs) -> u8 {
+    if let Some(backend) = args.self_test_child {
+        return doctor::selftest::child_main(backend, args.device, args.socket.as_deref());
+    }
+    let progress = !args.json && std::io::stderr().is_terminal();
+    let system = doctor::system::collect(&doctor::system::SystemRoot::real());
+    let driver = doctor::cuda::driver_section();
+    let devices = doctor::cuda::devices();
+    let built: Vec<report::Backend> = BackendChoice::ALL.iter().map(|b| report_backend(*b)).collect();
+    let mut self_tests = Vec::new();
+    let cuda_usable = driver.error.is_none() && !devices.is_empty();
+    if cuda_usable && !args.no_self_test {
+        let chosen: Vec<BackendChoice> = args.backend.map_or_else(|| BackendChoice::ALL.to_vec(), |b| vec![b]);
+        for backend in chosen {
+            if progress {
+                eprintln!("gpu-ipc doctor: self-test of the {backend} backend on device {}...", args.device);
+            }
+            let outcome = doctor::selftest::run(backend, args.device, Duration::from_secs(args.timeout));
+            self_tests.push(SelfTestResult {
+                backend: report_backend(backend),
+                device_ordinal: u32::try_from(args.device).ok(),
+                verdict: if outcome.passed { SelfTestVerdict::Pass } else { SelfTestVerdict::Fail },
+                duration_ms: outcome.duration.as_secs_f64() * 1e3,
+                detail: outcome.detail,
+                reason: outcome.reason,
+                fix: outcome.fix,
+            });
+        }
+    }
+    let report = DoctorReport::new(env!("CARGO_PKG_VERSION").to_owned(), built, driver, devices, system, self_tests);
+    emit(&report, args.json)
+}
+
+fn emit(report: &DoctorReport, json: bool) -> u8 {
+    let code = render::exit_code(report.verdict);
+    if json {
+        match render::render_json(report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("gpu-ipc doctor: could not encode the report as JSON: {e}");
+                return 1;
+            }
+        }
+    } else if report.verdict == Overall::NoCuda {
+        // The one-line explanation; the full report would be a table of unknowns.
+        eprintln!("{}", render::summary_line(report));
+        return EXIT_NO_CUDA;
+    } else {
+        print!("{}", render::render_human(report));
+    }
+    if json && code != 0 {
+        eprintln!("{}", render::summary_line(report));
+    }
+    code
+}
+
+fn report_backend(b: BackendChoice) -> report::Backend {
+    match b {
+        #[cfg(feature = "legacy")]
+        BackendChoice::Legacy => report::Backend::Legacy,
+        #[cfg(feature = "vmm")]
+        BackendChoice::Vmm => report::Backend::Vmm,
+    }
+}

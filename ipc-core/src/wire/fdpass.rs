@@ -21,8 +21,8 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::fs::{FileType, fcntl_get_seals, fstat};
 use rustix::io::Errno;
 use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags, recvmsg, sendmsg,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags, recvmsg, sendmsg,
 };
 
 use super::error::WireError;
@@ -67,24 +67,12 @@ impl ReceivedMessage {
                 let control = fds.next();
                 let data = fds.next();
                 match control {
-                    Some(control) if received == offer.fd_count() => {
-                        Ok((offer, OfferFds { control, data }))
-                    }
-                    _ => Err(WireError::FdCountMismatch {
-                        message: "RingOffer",
-                        expected: offer.fd_count(),
-                        received,
-                    }),
+                    Some(control) if received == offer.fd_count() => Ok((offer, OfferFds { control, data })),
+                    _ => Err(WireError::FdCountMismatch { message: "RingOffer", expected: offer.fd_count(), received }),
                 }
             }
-            Message::Refused(refused) => Err(WireError::Refused {
-                code: refused.code,
-                message: refused.message,
-            }),
-            other => Err(WireError::UnexpectedMessage {
-                expected: "RingOffer",
-                received: other.message_type().name(),
-            }),
+            Message::Refused(refused) => Err(WireError::Refused { code: refused.code, message: refused.message }),
+            other => Err(WireError::UnexpectedMessage { expected: "RingOffer", received: other.message_type().name() }),
         }
     }
 }
@@ -110,28 +98,17 @@ pub fn send_message(
         });
     }
     let bytes = message.encode()?;
-    tracing::debug!(
-        message = message.message_type().name(),
-        bytes = bytes.len(),
-        fds = fds.len(),
-        "sending"
-    );
+    tracing::debug!(message = message.message_type().name(), bytes = bytes.len(), fds = fds.len(), "sending");
     send_bytes(socket, &bytes, fds, timeout)
 }
 
 /// Sends `bytes` as they are, with `fds` attached to the first byte; the raw layer under
 /// [`send_message`], public for conformance tests and tools. Closes `fds` on return like
 /// [`send_message`].
-pub fn send_bytes(
-    socket: BorrowedFd<'_>,
-    bytes: &[u8],
-    fds: Vec<OwnedFd>,
-    timeout: Duration,
-) -> Result<(), WireError> {
+pub fn send_bytes(socket: BorrowedFd<'_>, bytes: &[u8], fds: Vec<OwnedFd>, timeout: Duration) -> Result<(), WireError> {
     let deadline = Deadline::after(timeout);
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-    let mut space =
-        vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(borrowed.len()))];
+    let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(borrowed.len()))];
     let mut sent = 0;
     // NOSIGNAL: a vanished peer must be an error here, not a SIGPIPE that kills the process.
     let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
@@ -148,27 +125,16 @@ pub fn send_bytes(
             }
             sendmsg(socket, &[IoSlice::new(rest)], &mut control, flags)
         } else {
-            sendmsg(
-                socket,
-                &[IoSlice::new(rest)],
-                &mut SendAncillaryBuffer::default(),
-                flags,
-            )
+            sendmsg(socket, &[IoSlice::new(rest)], &mut SendAncillaryBuffer::default(), flags)
         };
         match result {
             Ok(n) => sent += n,
             Err(Errno::INTR | Errno::AGAIN) => {}
             Err(Errno::PIPE | Errno::CONNRESET) => {
-                return Err(WireError::PeerHungUp {
-                    op: "send",
-                    transferred: sent,
-                });
+                return Err(WireError::PeerHungUp { op: "send", transferred: sent });
             }
             Err(source) => {
-                return Err(WireError::Os {
-                    op: "sendmsg",
-                    source,
-                });
+                return Err(WireError::Os { op: "sendmsg", source });
             }
         }
     }
@@ -185,10 +151,7 @@ pub fn send_bytes(
 /// as [`WireError::FdsTruncated`]); fds arrive close-on-exec (`MSG_CMSG_CLOEXEC`); for a
 /// [`RingOffer`], the control fd (and the data fd of the host fake) is a memfd at least as large
 /// as the offer says. On any error, every fd that did arrive is closed.
-pub fn recv_message(
-    socket: BorrowedFd<'_>,
-    timeout: Duration,
-) -> Result<ReceivedMessage, WireError> {
+pub fn recv_message(socket: BorrowedFd<'_>, timeout: Duration) -> Result<ReceivedMessage, WireError> {
     let deadline = Deadline::after(timeout);
     let mut fds = Vec::new();
     let mut header_bytes = [0u8; HEADER_BYTES];
@@ -222,16 +185,11 @@ fn read_exact(
     let mut got = 0;
     while got < buf.len() {
         deadline.wait(socket, PollFlags::IN, "recv")?;
-        let mut space =
-            [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_MESSAGE))];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_MESSAGE))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let rest = buf.get_mut(got..).unwrap_or_default();
-        let result = recvmsg(
-            socket,
-            &mut [IoSliceMut::new(rest)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
-        );
+        let result =
+            recvmsg(socket, &mut [IoSliceMut::new(rest)], &mut control, RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT);
         // Take ownership of whatever fds arrived before looking at anything else, so that every
         // error path below closes them (by dropping `fds` in the caller).
         for message in control.drain() {
@@ -242,38 +200,25 @@ fn read_exact(
         match result {
             Ok(msg) => {
                 if msg.flags.contains(ReturnFlags::CTRUNC) {
-                    return Err(WireError::FdsTruncated {
-                        room: MAX_FDS_PER_MESSAGE,
-                    });
+                    return Err(WireError::FdsTruncated { room: MAX_FDS_PER_MESSAGE });
                 }
                 if msg.flags.contains(ReturnFlags::TRUNC) {
                     return Err(WireError::DataTruncated);
                 }
                 if msg.bytes == 0 {
-                    return Err(WireError::PeerHungUp {
-                        op: "recv",
-                        transferred: already + got,
-                    });
+                    return Err(WireError::PeerHungUp { op: "recv", transferred: already + got });
                 }
                 if fds.len() > MAX_FDS_PER_MESSAGE {
-                    return Err(WireError::FdsTruncated {
-                        room: MAX_FDS_PER_MESSAGE,
-                    });
+                    return Err(WireError::FdsTruncated { room: MAX_FDS_PER_MESSAGE });
                 }
                 got += msg.bytes;
             }
             Err(Errno::INTR | Errno::AGAIN) => {}
             Err(Errno::CONNRESET) => {
-                return Err(WireError::PeerHungUp {
-                    op: "recv",
-                    transferred: already + got,
-                });
+                return Err(WireError::PeerHungUp { op: "recv", transferred: already + got });
             }
             Err(source) => {
-                return Err(WireError::Os {
-                    op: "recvmsg",
-                    source,
-                });
+                return Err(WireError::Os { op: "recvmsg", source });
             }
         }
     }
@@ -285,44 +230,23 @@ fn check_fd_types(message: &Message, fds: &[OwnedFd]) -> Result<(), WireError> {
         return Ok(());
     };
     if let Some(control) = fds.get(RingOffer::CONTROL_FD_INDEX) {
-        check_memfd(
-            control.as_fd(),
-            RingOffer::CONTROL_FD_INDEX,
-            "a memfd (control block)",
-            offer.control_bytes,
-        )?;
+        check_memfd(control.as_fd(), RingOffer::CONTROL_FD_INDEX, "a memfd (control block)", offer.control_bytes)?;
     }
     // A VMM fd is the driver's own kind of file and a legacy offer has no data fd: only the host
     // fake's data fd has a type the protocol can check.
-    let host_data = fds
-        .get(RingOffer::DATA_FD_INDEX)
-        .filter(|_| offer.handle_type == HandleType::HostMemfd);
+    let host_data = fds.get(RingOffer::DATA_FD_INDEX).filter(|_| offer.handle_type == HandleType::HostMemfd);
     if let Some(data) = host_data {
-        check_memfd(
-            data.as_fd(),
-            RingOffer::DATA_FD_INDEX,
-            "a memfd (host frame data)",
-            offer.allocation_bytes,
-        )?;
+        check_memfd(data.as_fd(), RingOffer::DATA_FD_INDEX, "a memfd (host frame data)", offer.allocation_bytes)?;
     }
     Ok(())
 }
 
 /// A memfd is a regular file on which `F_GET_SEALS` works (it fails with `EINVAL` on any other
 /// file); it must also be at least `min_bytes` long, or mapping it would fault.
-fn check_memfd(
-    fd: BorrowedFd<'_>,
-    index: usize,
-    expected: &'static str,
-    min_bytes: u64,
-) -> Result<(), WireError> {
+fn check_memfd(fd: BorrowedFd<'_>, index: usize, expected: &'static str, min_bytes: u64) -> Result<(), WireError> {
     let stat = fstat(fd).map_err(WireError::os("fstat"))?;
     let file_type = FileType::from_raw_mode(stat.st_mode);
-    let wrong = |found: String| WireError::WrongFdType {
-        index,
-        expected,
-        found,
-    };
+    let wrong = |found: String| WireError::WrongFdType { index, expected, found };
     if file_type != FileType::RegularFile {
         return Err(wrong(format!("a {file_type:?}")));
     }
@@ -331,11 +255,7 @@ fn check_memfd(
     }
     let size = u64::try_from(stat.st_size).unwrap_or(0);
     if size < min_bytes {
-        return Err(WireError::FdTooSmall {
-            index,
-            size,
-            needed: min_bytes,
-        });
+        return Err(WireError::FdTooSmall { index, size, needed: min_bytes });
     }
     Ok(())
 }
@@ -350,33 +270,19 @@ impl Deadline {
     pub(crate) fn after(timeout: Duration) -> Self {
         // A timeout too large for `Instant` is treated as a day: nothing here should wait longer.
         let timeout = timeout.min(Duration::from_secs(86_400));
-        Self {
-            at: Instant::now() + timeout,
-            timeout,
-        }
+        Self { at: Instant::now() + timeout, timeout }
     }
 
     /// Waits until `fd` is ready for `events` (or has an error or hang-up pending, which the
     /// next syscall reports), or fails with `Timeout { op }` once the deadline passes.
-    pub(crate) fn wait(
-        &self,
-        fd: BorrowedFd<'_>,
-        events: PollFlags,
-        op: &'static str,
-    ) -> Result<(), WireError> {
+    pub(crate) fn wait(&self, fd: BorrowedFd<'_>, events: PollFlags, op: &'static str) -> Result<(), WireError> {
         loop {
             let remaining = self.at.saturating_duration_since(Instant::now());
-            let limit = Timespec::try_from(remaining).unwrap_or(Timespec {
-                tv_sec: 86_400,
-                tv_nsec: 0,
-            });
+            let limit = Timespec::try_from(remaining).unwrap_or(Timespec { tv_sec: 86_400, tv_nsec: 0 });
             let mut poll_fds = [PollFd::from_borrowed_fd(fd, events)];
             match poll(&mut poll_fds, Some(&limit)) {
                 Ok(0) => {
-                    return Err(WireError::Timeout {
-                        op,
-                        after: self.timeout,
-                    });
+                    return Err(WireError::Timeout { op, after: self.timeout });
                 }
                 Ok(_) => return Ok(()),
                 Err(Errno::INTR) => {}

@@ -119,10 +119,7 @@ impl DetachReason {
             3 => Ok(Self::ImportFailed),
             4 => Ok(Self::TooSlow),
             5 => Ok(Self::ProtocolError),
-            _ => Err(WireError::UnknownCode {
-                field: "Detach.reason",
-                code: u32::from(code),
-            }),
+            _ => Err(WireError::UnknownCode { field: "Detach.reason", code: u32::from(code) }),
         }
     }
 }
@@ -167,10 +164,7 @@ impl RefusalCode {
             4 => Ok(Self::PeerNotAllowed),
             5 => Ok(Self::ShuttingDown),
             6 => Ok(Self::MalformedHello),
-            _ => Err(WireError::UnknownCode {
-                field: "Refused.code",
-                code: u32::from(code),
-            }),
+            _ => Err(WireError::UnknownCode { field: "Refused.code", code: u32::from(code) }),
         }
     }
 }
@@ -217,29 +211,16 @@ impl Header {
         let fd_count = r.u32()?;
         let reserved = r.u32()?;
         if version != PROTOCOL_VERSION {
-            return Err(WireError::UnsupportedVersion {
-                found: version,
-                supported: PROTOCOL_VERSION,
-            });
+            return Err(WireError::UnsupportedVersion { found: version, supported: PROTOCOL_VERSION });
         }
         if reserved != 0 {
-            return Err(WireError::ReservedNotZero {
-                field: "header.reserved",
-            });
+            return Err(WireError::ReservedNotZero { field: "header.reserved" });
         }
         let message_type = MessageType::from_code(type_code)?;
         if payload_len > MAX_PAYLOAD_BYTES {
-            return Err(WireError::PayloadTooLarge {
-                len: payload_len,
-                max: MAX_PAYLOAD_BYTES,
-            });
+            return Err(WireError::PayloadTooLarge { len: payload_len, max: MAX_PAYLOAD_BYTES });
         }
-        Ok(Self {
-            version,
-            message_type,
-            payload_len,
-            fd_count,
-        })
+        Ok(Self { version, message_type, payload_len, fd_count })
     }
 
     fn encode_into(&self, out: &mut Vec<u8>) {
@@ -317,17 +298,12 @@ impl RingOffer {
 
     /// Number of fds this offer travels with: 1, or 2 when the data travels as an fd.
     pub const fn fd_count(&self) -> usize {
-        if self.handle_type.carries_data_fd() {
-            2
-        } else {
-            1
-        }
+        if self.handle_type.carries_data_fd() { 2 } else { 1 }
     }
 
     /// Checks the fields against each other (called by both encode and decode).
     pub fn validate(&self) -> Result<(), WireError> {
-        let invalid =
-            |field: &'static str, reason: String| WireError::InvalidField { field, reason };
+        let invalid = |field: &'static str, reason: String| WireError::InvalidField { field, reason };
         if self.handle_type != self.backend.handle_type() {
             return Err(invalid(
                 "RingOffer.handle_type",
@@ -346,26 +322,16 @@ impl RingOffer {
             ));
         }
         if self.slot_count == 0 {
-            return Err(invalid(
-                "RingOffer.slot_count",
-                "must be at least 1".to_owned(),
-            ));
+            return Err(invalid("RingOffer.slot_count", "must be at least 1".to_owned()));
         }
         let max_events = 2 * u64::from(self.slot_count);
         if self.sync != SyncStrategy::IpcEvent && !self.event_handles.is_empty() {
-            return Err(invalid(
-                "RingOffer.event_handles",
-                format!("must be empty with sync {}", self.sync),
-            ));
+            return Err(invalid("RingOffer.event_handles", format!("must be empty with sync {}", self.sync)));
         }
         if self.event_handles.len() as u64 > max_events {
             return Err(invalid(
                 "RingOffer.event_handles",
-                format!(
-                    "{} handles for {} slots (at most 2 per slot)",
-                    self.event_handles.len(),
-                    self.slot_count
-                ),
+                format!("{} handles for {} slots (at most 2 per slot)", self.event_handles.len(), self.slot_count),
             ));
         }
         if self.slot_stride_bytes < self.geometry.frame_bytes() || self.slot_stride_bytes % 4 != 0 {
@@ -379,24 +345,15 @@ impl RingOffer {
             ));
         }
         if self.data_offset % 4 != 0 {
-            return Err(invalid(
-                "RingOffer.data_offset",
-                format!("{} is not a multiple of 4", self.data_offset),
-            ));
+            return Err(invalid("RingOffer.data_offset", format!("{} is not a multiple of 4", self.data_offset)));
         }
         if !self.granularity.is_power_of_two() {
-            return Err(invalid(
-                "RingOffer.granularity",
-                format!("{} is not a power of two", self.granularity),
-            ));
+            return Err(invalid("RingOffer.granularity", format!("{} is not a power of two", self.granularity)));
         }
         if self.allocation_bytes % self.granularity != 0 {
             return Err(invalid(
                 "RingOffer.allocation_bytes",
-                format!(
-                    "{} is not a multiple of the granularity {}",
-                    self.allocation_bytes, self.granularity
-                ),
+                format!("{} is not a multiple of the granularity {}", self.allocation_bytes, self.granularity),
             ));
         }
         let end = self
@@ -410,19 +367,13 @@ impl RingOffer {
                     "RingOffer.allocation_bytes",
                     format!(
                         "{} cannot hold {} slots of {} bytes from offset {}",
-                        self.allocation_bytes,
-                        self.slot_count,
-                        self.slot_stride_bytes,
-                        self.data_offset
+                        self.allocation_bytes, self.slot_count, self.slot_stride_bytes, self.data_offset
                     ),
                 ));
             }
         }
         if self.control_bytes == 0 {
-            return Err(invalid(
-                "RingOffer.control_bytes",
-                "must be non-zero".to_owned(),
-            ));
+            return Err(invalid("RingOffer.control_bytes", "must be non-zero".to_owned()));
         }
         Ok(())
     }
@@ -507,11 +458,7 @@ impl Message {
                 put_u16(&mut payload, 0);
             }
             Self::Refused(refused) => {
-                check_text(
-                    &refused.message,
-                    MAX_REFUSAL_MESSAGE_BYTES,
-                    "Refused.message",
-                )?;
+                check_text(&refused.message, MAX_REFUSAL_MESSAGE_BYTES, "Refused.message")?;
                 put_u16(&mut payload, refused.code.code());
                 put_u16(&mut payload, 0);
                 put_u32(&mut payload, len_u32(refused.message.len()));
@@ -521,10 +468,7 @@ impl Message {
         let payload_len = u32::try_from(payload.len())
             .ok()
             .filter(|len| *len <= MAX_PAYLOAD_BYTES)
-            .ok_or(WireError::PayloadTooLarge {
-                len: len_u32(payload.len()),
-                max: MAX_PAYLOAD_BYTES,
-            })?;
+            .ok_or(WireError::PayloadTooLarge { len: len_u32(payload.len()), max: MAX_PAYLOAD_BYTES })?;
         let header = Header {
             version: PROTOCOL_VERSION,
             message_type: self.message_type(),
@@ -543,17 +487,10 @@ impl Message {
         let payload = bytes.get(HEADER_BYTES..).unwrap_or_default();
         let len = header.payload_len as usize;
         if payload.len() < len {
-            return Err(WireError::Truncated {
-                what: "payload",
-                needed: len,
-                available: payload.len(),
-            });
+            return Err(WireError::Truncated { what: "payload", needed: len, available: payload.len() });
         }
         if payload.len() > len {
-            return Err(WireError::TrailingBytes {
-                message: header.message_type.name(),
-                extra: payload.len() - len,
-            });
+            return Err(WireError::TrailingBytes { message: header.message_type.name(), extra: payload.len() - len });
         }
         Self::decode_payload(&header, payload)
     }
@@ -581,10 +518,7 @@ impl Message {
                 let consumer_id = r.u32()?;
                 let reason = DetachReason::from_code(r.u16()?)?;
                 r.reserved_u16("Detach.reserved")?;
-                Self::Detach(Detach {
-                    consumer_id,
-                    reason,
-                })
+                Self::Detach(Detach { consumer_id, reason })
             }
             MessageType::Refused => {
                 let code = RefusalCode::from_code(r.u16()?)?;
@@ -603,11 +537,7 @@ impl Message {
         r.finish()?;
         let expected = message.fd_count();
         if header.fd_count as usize != expected {
-            return Err(WireError::FdCountMismatch {
-                message: name,
-                expected,
-                received: header.fd_count as usize,
-            });
+            return Err(WireError::FdCountMismatch { message: name, expected, received: header.fd_count as usize });
         }
         Ok(message)
     }
@@ -620,11 +550,7 @@ fn encode_hello(hello: &ClientHello, out: &mut Vec<u8>) -> Result<(), WireError>
             reason: "must be at least 1".to_owned(),
         });
     }
-    check_text(
-        &hello.consumer_name,
-        MAX_CONSUMER_NAME_BYTES,
-        "ClientHello.consumer_name",
-    )?;
+    check_text(&hello.consumer_name, MAX_CONSUMER_NAME_BYTES, "ClientHello.consumer_name")?;
     put_u16(out, hello.protocol_version);
     put_u16(out, hello.wanted_backend.map_or(0, BackendKind::code));
     put_u32(out, hello.client_pid);
@@ -656,12 +582,7 @@ fn decode_hello(r: &mut Reader<'_>) -> Result<ClientHello, WireError> {
         });
     }
     let consumer_name = r.text(name_len, "ClientHello.consumer_name")?;
-    Ok(ClientHello {
-        protocol_version,
-        client_pid,
-        wanted_backend,
-        consumer_name,
-    })
+    Ok(ClientHello { protocol_version, client_pid, wanted_backend, consumer_name })
 }
 
 fn encode_offer(offer: &RingOffer, out: &mut Vec<u8>) -> Result<(), WireError> {
@@ -713,9 +634,7 @@ fn decode_offer(r: &mut Reader<'_>) -> Result<RingOffer, WireError> {
     let control_bytes = r.u64()?;
     let flags = r.u32()?;
     if flags & !1 != 0 {
-        return Err(WireError::ReservedNotZero {
-            field: "RingOffer.flags",
-        });
+        return Err(WireError::ReservedNotZero { field: "RingOffer.flags" });
     }
     let event_count = r.u32()? as usize;
     let legacy = r.array::<IPC_HANDLE_BYTES>()?;
@@ -723,11 +642,7 @@ fn decode_offer(r: &mut Reader<'_>) -> Result<RingOffer, WireError> {
     // Bound the count by the bytes actually present before allocating for it.
     let needed = event_count.saturating_mul(IPC_HANDLE_BYTES);
     if needed > r.remaining() {
-        return Err(WireError::Truncated {
-            what: "RingOffer.event_handles",
-            needed,
-            available: r.remaining(),
-        });
+        return Err(WireError::Truncated { what: "RingOffer.event_handles", needed, available: r.remaining() });
     }
     let mut event_handles = Vec::with_capacity(event_count);
     for _ in 0..event_count {
@@ -757,10 +672,7 @@ fn decode_offer(r: &mut Reader<'_>) -> Result<RingOffer, WireError> {
 
 fn check_text(text: &str, max: usize, field: &'static str) -> Result<(), WireError> {
     if text.len() > max {
-        return Err(WireError::InvalidField {
-            field,
-            reason: format!("{} bytes, at most {max}", text.len()),
-        });
+        return Err(WireError::InvalidField { field, reason: format!("{} bytes, at most {max}", text.len()) });
     }
     Ok(())
 }
@@ -796,11 +708,7 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn new(bytes: &'a [u8], what: &'static str) -> Self {
-        Self {
-            bytes,
-            pos: 0,
-            what,
-        }
+        Self { bytes, pos: 0, what }
     }
 
     fn remaining(&self) -> usize {
@@ -808,11 +716,8 @@ impl<'a> Reader<'a> {
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        let slice = self
-            .pos
-            .checked_add(n)
-            .and_then(|end| self.bytes.get(self.pos..end))
-            .ok_or(WireError::Truncated {
+        let slice =
+            self.pos.checked_add(n).and_then(|end| self.bytes.get(self.pos..end)).ok_or(WireError::Truncated {
                 what: self.what,
                 needed: self.pos.saturating_add(n),
                 available: self.bytes.len(),
@@ -855,18 +760,13 @@ impl<'a> Reader<'a> {
 
     fn text(&mut self, len: usize, field: &'static str) -> Result<String, WireError> {
         let bytes = self.take(len)?;
-        std::str::from_utf8(bytes)
-            .map(str::to_owned)
-            .map_err(|_| WireError::InvalidUtf8 { field })
+        std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| WireError::InvalidUtf8 { field })
     }
 
     fn finish(&self) -> Result<(), WireError> {
         match self.remaining() {
             0 => Ok(()),
-            extra => Err(WireError::TrailingBytes {
-                message: self.what,
-                extra,
-            }),
+            extra => Err(WireError::TrailingBytes { message: self.what, extra }),
         }
     }
 }

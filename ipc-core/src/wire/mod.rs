@@ -16,10 +16,9 @@ mod types;
 pub use error::WireError;
 pub use fdpass::{OfferFds, ReceivedMessage, recv_message, send_bytes, send_message};
 pub use message::{
-    Attached, ClientHello, Detach, DetachReason, HEADER_BYTES, Header, IPC_HANDLE_BYTES,
-    IpcHandleBytes, MAGIC, MAX_CONSUMER_NAME_BYTES, MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES,
-    MAX_REFUSAL_MESSAGE_BYTES, Message, MessageType, PROTOCOL_VERSION, RING_OFFER_FIXED_BYTES,
-    RefusalCode, Refused, RingOffer,
+    Attached, ClientHello, Detach, DetachReason, HEADER_BYTES, Header, IPC_HANDLE_BYTES, IpcHandleBytes, MAGIC,
+    MAX_CONSUMER_NAME_BYTES, MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES, MAX_REFUSAL_MESSAGE_BYTES, Message, MessageType,
+    PROTOCOL_VERSION, RING_OFFER_FIXED_BYTES, RefusalCode, Refused, RingOffer,
 };
 pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener};
 pub use types::{BackendKind, DeviceUuid, FrameGeometry, HandleType, PixelFormat, SyncStrategy};

@@ -16,8 +16,7 @@ use rustix::fs::{FileType, Mode, chmod, lstat, unlink};
 use rustix::io::Errno;
 use rustix::net::sockopt::{Timeout, set_socket_timeout, socket_peercred};
 use rustix::net::{
-    AddressFamily, SocketAddrUnix, SocketFlags, SocketType, accept_with, bind, connect, listen,
-    socket_with, socketpair,
+    AddressFamily, SocketAddrUnix, SocketFlags, SocketType, accept_with, bind, connect, listen, socket_with, socketpair,
 };
 use rustix::process::geteuid;
 
@@ -89,16 +88,10 @@ impl RendezvousListener {
         bind(&socket, &addr).map_err(|source| path_error("bind", &path, source))?;
         let stat = lstat(&path).map_err(|source| path_error("lstat", &path, source))?;
         // From here on, `Drop` removes the file if a later step fails.
-        let listener = Self {
-            socket,
-            path,
-            identity: (stat.st_dev, stat.st_ino),
-            policy: PeerPolicy::SameUser,
-        };
+        let listener = Self { socket, path, identity: (stat.st_dev, stat.st_ino), policy: PeerPolicy::SameUser };
         chmod(&listener.path, Mode::from_raw_mode(0o600))
             .map_err(|source| path_error("chmod", &listener.path, source))?;
-        listen(&listener.socket, LISTEN_BACKLOG)
-            .map_err(|source| path_error("listen", &listener.path, source))?;
+        listen(&listener.socket, LISTEN_BACKLOG).map_err(|source| path_error("listen", &listener.path, source))?;
         tracing::info!(path = %listener.path.display(), "rendezvous socket listening");
         Ok(listener)
     }
@@ -132,10 +125,7 @@ impl RendezvousListener {
         let connection = PeerConnection::from_socket(socket)?;
         if let Err(error) = check_policy(self.policy, connection.peer) {
             tracing::warn!(%error, path = %self.path.display(), "refusing peer");
-            let refusal = Message::Refused(Refused {
-                code: RefusalCode::PeerNotAllowed,
-                message: error.to_string(),
-            });
+            let refusal = Message::Refused(Refused { code: RefusalCode::PeerNotAllowed, message: error.to_string() });
             // Best effort: the peer may already be gone, and the error we return matters more.
             let _ = connection.send(&refusal, Vec::new(), REFUSAL_SEND_TIMEOUT);
             return Err(error);
@@ -161,8 +151,7 @@ impl Drop for RendezvousListener {
     fn drop(&mut self) {
         // Remove the file only if it is still ours: a newer producer may have replaced a socket
         // it found stale. Errors are ignored: there is nobody to report them to.
-        let still_ours =
-            lstat(&self.path).is_ok_and(|stat| (stat.st_dev, stat.st_ino) == self.identity);
+        let still_ours = lstat(&self.path).is_ok_and(|stat| (stat.st_dev, stat.st_ino) == self.identity);
         if still_ours {
             let _ = unlink(&self.path);
         }
@@ -183,25 +172,16 @@ impl PeerConnection {
     pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<Self, WireError> {
         let path = path.as_ref();
         let addr = socket_addr(path)?;
-        let socket = socket_with(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(WireError::os("socket"))?;
+        let socket = socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+            .map_err(WireError::os("socket"))?;
         // A Unix-socket `connect` waits for backlog room for up to SO_SNDTIMEO, then fails with
         // EAGAIN; zero would mean "forever", so the floor is a millisecond.
         let limit = timeout.max(Duration::from_millis(1));
-        set_socket_timeout(&socket, Timeout::Send, Some(limit))
-            .map_err(WireError::os("setsockopt(SO_SNDTIMEO)"))?;
+        set_socket_timeout(&socket, Timeout::Send, Some(limit)).map_err(WireError::os("setsockopt(SO_SNDTIMEO)"))?;
         match connect(&socket, &addr) {
             Ok(()) => {}
             Err(Errno::AGAIN | Errno::INPROGRESS) => {
-                return Err(WireError::Timeout {
-                    op: "connect",
-                    after: timeout,
-                });
+                return Err(WireError::Timeout { op: "connect", after: timeout });
             }
             Err(source) => return Err(path_error("connect", path, source)),
         }
@@ -215,13 +195,8 @@ impl PeerConnection {
 
     /// Two connected ends in this process (`socketpair`), for tests and in-process use.
     pub fn pair() -> Result<(Self, Self), WireError> {
-        let (a, b) = socketpair(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(WireError::os("socketpair"))?;
+        let (a, b) = socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+            .map_err(WireError::os("socketpair"))?;
         Ok((Self::from_socket(a)?, Self::from_socket(b)?))
     }
 
@@ -241,12 +216,7 @@ impl PeerConnection {
     }
 
     /// Sends `message` with `fds` (closed on return; see [`super::send_message`]).
-    pub fn send(
-        &self,
-        message: &Message,
-        fds: Vec<OwnedFd>,
-        timeout: Duration,
-    ) -> Result<(), WireError> {
+    pub fn send(&self, message: &Message, fds: Vec<OwnedFd>, timeout: Duration) -> Result<(), WireError> {
         send_message(self.socket.as_fd(), message, fds, timeout)
     }
 
@@ -262,13 +232,7 @@ impl PeerConnection {
     pub fn is_peer_gone(&self) -> Result<bool, WireError> {
         let mut fds = [PollFd::new(&self.socket, PollFlags::IN | PollFlags::RDHUP)];
         loop {
-            match poll(
-                &mut fds,
-                Some(&rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                }),
-            ) {
+            match poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })) {
                 Ok(_) => break,
                 Err(Errno::INTR) => {}
                 Err(source) => return Err(WireError::Os { op: "poll", source }),
@@ -289,20 +253,16 @@ impl AsFd for PeerConnection {
 fn check_policy(policy: PeerPolicy, peer: PeerCredentials) -> Result<(), WireError> {
     let our_uid = geteuid().as_raw();
     match policy {
-        PeerPolicy::SameUser if peer.uid != our_uid => Err(WireError::PeerUidMismatch {
-            pid: peer.pid,
-            peer_uid: peer.uid,
-            our_uid,
-        }),
+        PeerPolicy::SameUser if peer.uid != our_uid => {
+            Err(WireError::PeerUidMismatch { pid: peer.pid, peer_uid: peer.uid, our_uid })
+        }
         _ => Ok(()),
     }
 }
 
 fn socket_addr(path: &Path) -> Result<SocketAddrUnix, WireError> {
     if path.as_os_str().as_bytes().len() > MAX_SOCKET_PATH_BYTES {
-        return Err(WireError::PathTooLong {
-            path: path.to_path_buf(),
-        });
+        return Err(WireError::PathTooLong { path: path.to_path_buf() });
     }
     SocketAddrUnix::new(path).map_err(|source| path_error("sockaddr_un", path, source))
 }
@@ -315,9 +275,7 @@ fn remove_stale_socket(path: &Path, addr: &SocketAddrUnix) -> Result<(), WireErr
         Err(source) => return Err(path_error("lstat", path, source)),
     };
     if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
-        return Err(WireError::PathNotSocket {
-            path: path.to_path_buf(),
-        });
+        return Err(WireError::PathNotSocket { path: path.to_path_buf() });
     }
     let probe = socket_with(
         AddressFamily::UNIX,
@@ -332,9 +290,7 @@ fn remove_stale_socket(path: &Path, addr: &SocketAddrUnix) -> Result<(), WireErr
             tracing::warn!(path = %path.display(), "removing stale rendezvous socket");
             unlink(path).map_err(|source| path_error("unlink", path, source))
         }
-        Ok(()) | Err(Errno::AGAIN) => Err(WireError::PathInUse {
-            path: path.to_path_buf(),
-        }),
+        Ok(()) | Err(Errno::AGAIN) => Err(WireError::PathInUse { path: path.to_path_buf() }),
         Err(source) => Err(path_error("connect", path, source)),
     }
 }

@@ -39,10 +39,7 @@ impl BackendKind {
             1 => Ok(Self::Legacy),
             2 => Ok(Self::Vmm),
             3 => Ok(Self::HostFake),
-            _ => Err(WireError::UnknownCode {
-                field,
-                code: u32::from(code),
-            }),
+            _ => Err(WireError::UnknownCode { field, code: u32::from(code) }),
         }
     }
 
@@ -94,10 +91,7 @@ impl HandleType {
             1 => Ok(Self::LegacyIpc),
             2 => Ok(Self::PosixFd),
             3 => Ok(Self::HostMemfd),
-            _ => Err(WireError::UnknownCode {
-                field,
-                code: u32::from(code),
-            }),
+            _ => Err(WireError::UnknownCode { field, code: u32::from(code) }),
         }
     }
 
@@ -152,10 +146,7 @@ impl SyncStrategy {
             2 => Ok(Self::CpuSleep),
             3 => Ok(Self::IpcEvent),
             4 => Ok(Self::GpuStreamOps),
-            _ => Err(WireError::UnknownCode {
-                field,
-                code: u32::from(code),
-            }),
+            _ => Err(WireError::UnknownCode { field, code: u32::from(code) }),
         }
     }
 }
@@ -215,10 +206,7 @@ impl PixelFormat {
             5 => Ok(Self::Gray16),
             6 => Ok(Self::RgbaF16),
             7 => Ok(Self::RgbaF32),
-            _ => Err(WireError::UnknownCode {
-                field,
-                code: u32::from(code),
-            }),
+            _ => Err(WireError::UnknownCode { field, code: u32::from(code) }),
         }
     }
 
@@ -277,12 +265,7 @@ impl FrameGeometry {
     }
 
     /// A frame whose rows are `pitch_bytes` apart (e.g. a pitch from `cuMemAllocPitch`).
-    pub fn with_pitch(
-        width: u32,
-        height: u32,
-        pitch_bytes: u32,
-        pixel_format: PixelFormat,
-    ) -> Result<Self, WireError> {
+    pub fn with_pitch(width: u32, height: u32, pitch_bytes: u32, pixel_format: PixelFormat) -> Result<Self, WireError> {
         if width == 0 || height == 0 {
             return Err(invalid_geometry("width and height must be non-zero"));
         }
@@ -299,12 +282,7 @@ impl FrameGeometry {
                 reason: format!("pitch {pitch_bytes} is not a multiple of 4"),
             });
         }
-        Ok(Self {
-            width,
-            height,
-            pitch_bytes,
-            pixel_format,
-        })
+        Ok(Self { width, height, pitch_bytes, pixel_format })
     }
 
     /// Pixels per row.
@@ -334,10 +312,7 @@ impl FrameGeometry {
 }
 
 fn invalid_geometry(reason: &str) -> WireError {
-    WireError::InvalidField {
-        field: "geometry",
-        reason: reason.to_owned(),
-    }
+    WireError::InvalidField { field: "geometry", reason: reason.to_owned() }
 }
 
 /// A GPU's 16-byte UUID, as `cuDeviceGetUuid_v2` returns it.
@@ -365,9 +340,7 @@ impl FromStr for DeviceUuid {
 
     /// Parses `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex digits in either case).
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = || WireError::InvalidUuid {
-            text: text.to_owned(),
-        };
+        let bad = || WireError::InvalidUuid { text: text.to_owned() };
         let rest = text.strip_prefix("GPU-").ok_or_else(bad)?;
         let groups: Vec<&str> = rest.split('-').collect();
         let lengths: Vec<usize> = groups.iter().map(|g| g.len()).collect();
@@ -392,30 +365,14 @@ mod tests {
     #[test]
     fn uuid_displays_like_nvidia_smi_and_parses_back() {
         let uuid = DeviceUuid([
-            0x5d, 0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6,
-            0xe7, 0xf8,
+            0x5d, 0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6, 0xe7, 0xf8,
         ]);
         let text = uuid.to_string();
         assert_eq!(text, "GPU-5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8");
         assert_eq!(text.parse::<DeviceUuid>().unwrap(), uuid);
-        assert_eq!(
-            "GPU-5D1A2B3C-4D5E-6F70-8192-A3B4C5D6E7F8"
-                .parse::<DeviceUuid>()
-                .unwrap(),
-            uuid
-        );
-        for bad in [
-            "5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8",
-            "GPU-5d1a",
-            "GPU-zz1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8",
-        ] {
-            assert!(
-                matches!(
-                    bad.parse::<DeviceUuid>(),
-                    Err(WireError::InvalidUuid { .. })
-                ),
-                "{bad}"
-            );
+        assert_eq!("GPU-5D1A2B3C-4D5E-6F70-8192-A3B4C5D6E7F8".parse::<DeviceUuid>().unwrap(), uuid);
+        for bad in ["5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8", "GPU-5d1a", "GPU-zz1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"] {
+            assert!(matches!(bad.parse::<DeviceUuid>(), Err(WireError::InvalidUuid { .. })), "{bad}");
         }
     }
 
@@ -429,12 +386,7 @@ mod tests {
         assert!(FrameGeometry::with_pitch(4, 4, 15, PixelFormat::Rgba8).is_err());
         assert!(FrameGeometry::with_pitch(4, 4, 18, PixelFormat::Rgba8).is_err());
         assert!(FrameGeometry::with_pitch(0, 4, 16, PixelFormat::Rgba8).is_err());
-        assert_eq!(
-            FrameGeometry::with_pitch(4, 4, 32, PixelFormat::Rgba8)
-                .unwrap()
-                .frame_bytes(),
-            128
-        );
+        assert_eq!(FrameGeometry::with_pitch(4, 4, 32, PixelFormat::Rgba8).unwrap().frame_bytes(), 128);
     }
 
     #[test]
@@ -442,30 +394,15 @@ mod tests {
         for b in [BackendKind::Legacy, BackendKind::Vmm, BackendKind::HostFake] {
             assert_eq!(BackendKind::from_code(b.code(), "b").unwrap(), b);
         }
-        for h in [
-            HandleType::LegacyIpc,
-            HandleType::PosixFd,
-            HandleType::HostMemfd,
-        ] {
+        for h in [HandleType::LegacyIpc, HandleType::PosixFd, HandleType::HostMemfd] {
             assert_eq!(HandleType::from_code(h.code(), "h").unwrap(), h);
         }
-        for s in [
-            SyncStrategy::CpuSpin,
-            SyncStrategy::CpuSleep,
-            SyncStrategy::IpcEvent,
-            SyncStrategy::GpuStreamOps,
-        ] {
+        for s in [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps] {
             assert_eq!(SyncStrategy::from_code(s.code(), "s").unwrap(), s);
         }
         for code in 1..=7 {
             assert_eq!(PixelFormat::from_code(code, "p").unwrap().code(), code);
         }
-        assert!(matches!(
-            PixelFormat::from_code(0, "p"),
-            Err(WireError::UnknownCode {
-                field: "p",
-                code: 0
-            })
-        ));
+        assert!(matches!(PixelFormat::from_code(0, "p"), Err(WireError::UnknownCode { field: "p", code: 0 })));
     }
 }

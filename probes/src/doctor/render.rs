@@ -6,8 +6,7 @@
 use std::fmt::Write as _;
 
 use super::report::{
-    ComputeMode, DeviceReport, DoctorReport, Finding, Overall, SelfTestResult, SelfTestVerdict,
-    Severity, human_bytes,
+    ComputeMode, DeviceReport, DoctorReport, Finding, Overall, SelfTestResult, SelfTestVerdict, Severity, human_bytes,
 };
 use super::system::{NamespaceInfo, Probe, SystemReport};
 
@@ -49,8 +48,7 @@ pub fn summary_line(report: &DoctorReport) -> String {
                 "no usable CUDA driver: {} loaded but {error}. Run nvidia-smi to check the driver and the GPUs.",
                 driver.library_name
             ),
-            None => "no GPU: the CUDA driver reports no device. Check CUDA_VISIBLE_DEVICES and nvidia-smi."
-                .to_owned(),
+            None => "no GPU: the CUDA driver reports no device. Check CUDA_VISIBLE_DEVICES and nvidia-smi.".to_owned(),
         },
         Overall::Pass if report.self_tests.is_empty() => {
             "ready as far as the device attributes show (self-tests not run).".to_owned()
@@ -119,11 +117,7 @@ pub fn render_human(report: &DoctorReport) -> String {
         section(&mut out, "Devices", &device_table(&report.devices));
         section(&mut out, "Capabilities", &capability_table(&report.devices));
     }
-    section(
-        &mut out,
-        "System",
-        &key_values(&system_rows(&report.system)),
-    );
+    section(&mut out, "System", &key_values(&system_rows(&report.system)));
     if !report.self_tests.is_empty() {
         section(&mut out, "Self-tests", &self_test_table(&report.self_tests));
     }
@@ -144,13 +138,7 @@ fn section(out: &mut String, title: &str, body: &str) {
 fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
-        .map(|column| {
-            rows.iter()
-                .filter_map(|row| row.get(column))
-                .map(|cell| cell.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
+        .map(|column| rows.iter().filter_map(|row| row.get(column)).map(|cell| cell.chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
     for row in rows {
@@ -168,10 +156,7 @@ fn table(rows: &[Vec<String>]) -> String {
 }
 
 fn key_values(rows: &[(&str, String)]) -> String {
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|(key, value)| vec![(*key).to_owned(), value.clone()])
-        .collect();
+    let rows: Vec<Vec<String>> = rows.iter().map(|(key, value)| vec![(*key).to_owned(), value.clone()]).collect();
     table(&rows)
 }
 
@@ -195,50 +180,29 @@ fn driver_rows(report: &DoctorReport) -> Vec<(&'static str, String)> {
     let library = if driver.library_found {
         driver.library_path_or_error.clone()
     } else {
-        format!(
-            "{} not loaded ({})",
-            driver.library_name, driver.library_path_or_error
-        )
+        format!("{} not loaded ({})", driver.library_name, driver.library_path_or_error)
     };
     let mut rows = vec![("library", library)];
     if let Some(version) = driver.driver_version {
-        rows.push((
-            "CUDA version",
-            format!("{}.{}", version.major, version.minor),
-        ));
+        rows.push(("CUDA version", format!("{}.{}", version.major, version.minor)));
     }
     if let Some(error) = &driver.error {
         rows.push(("error", error.clone()));
     }
     let module = probe_text(&report.system.nvidia_kernel_module, |module| {
-        format!(
-            "{}{}",
-            module.version,
-            if module.open {
-                " (open)"
-            } else {
-                " (proprietary)"
-            }
-        )
+        format!("{}{}", module.version, if module.open { " (open)" } else { " (proprietary)" })
     });
     rows.push(("kernel module", module));
     rows
 }
 
 fn device_table(devices: &[DeviceReport]) -> String {
-    let mut rows = vec![
-        ["GPU", "name", "cc", "memory", "PCI bus", "UUID"]
-            .map(str::to_owned)
-            .to_vec(),
-    ];
+    let mut rows = vec![["GPU", "name", "cc", "memory", "PCI bus", "UUID"].map(str::to_owned).to_vec()];
     for device in devices {
         rows.push(vec![
             device.ordinal.to_string(),
             device.name.clone(),
-            format!(
-                "{}.{}",
-                device.compute_capability.major, device.compute_capability.minor
-            ),
+            format!("{}.{}", device.compute_capability.major, device.compute_capability.minor),
             human_bytes(device.total_memory_bytes),
             device.pci_bus_id.clone(),
             device.uuid.clone(),
@@ -257,40 +221,26 @@ fn capability_table(devices: &[DeviceReport]) -> String {
             ComputeMode::ExclusiveProcess => "EXCLUSIVE_PROCESS".to_owned(),
             ComputeMode::Unknown(code) => format!("unknown ({code})"),
         }),
-        ("unified addressing (legacy)", |d| {
-            flag(d.unified_addressing)
-        }),
+        ("unified addressing (legacy)", |d| flag(d.unified_addressing)),
         ("virtual memory mgmt (vmm)", |d| flag(d.vmm_supported)),
         ("POSIX fd handles (vmm)", |d| flag(d.posix_fd_handles)),
         ("fabric handles", |d| flag(d.fabric_handles)),
         ("IPC events", |d| flag(d.ipc_events)),
-        ("64-bit stream mem ops", |d| {
-            flag(d.stream_mem_ops.ops_64_bit)
-        }),
+        ("64-bit stream mem ops", |d| flag(d.stream_mem_ops.ops_64_bit)),
         ("stream wait NOR", |d| flag(d.stream_mem_ops.wait_value_nor)),
-        ("flush remote writes", |d| {
-            flag(d.stream_mem_ops.flush_remote_writes)
-        }),
+        ("flush remote writes", |d| flag(d.stream_mem_ops.flush_remote_writes)),
         ("memory pools", |d| flag(d.memory_pools)),
         ("VMM granularity", |d| match d.vmm_granularity_bytes {
             Some(g) if g.minimum_bytes == g.recommended_bytes => human_bytes(g.minimum_bytes),
-            Some(g) => format!(
-                "{} min, {} recommended",
-                human_bytes(g.minimum_bytes),
-                human_bytes(g.recommended_bytes)
-            ),
+            Some(g) => {
+                format!("{} min, {} recommended", human_bytes(g.minimum_bytes), human_bytes(g.recommended_bytes))
+            }
             None => "unknown".to_owned(),
         }),
-        ("host ptr for registered mem", |d| {
-            flag(d.can_use_host_pointer_for_registered_mem)
-        }),
+        ("host ptr for registered mem", |d| flag(d.can_use_host_pointer_for_registered_mem)),
     ];
     let mut header = vec![String::new()];
-    header.extend(
-        devices
-            .iter()
-            .map(|device| format!("GPU {}", device.ordinal)),
-    );
+    header.extend(devices.iter().map(|device| format!("GPU {}", device.ordinal)));
     let mut rows = vec![header];
     for (name, cell) in capabilities {
         let mut row = vec![name.to_owned()];
@@ -308,11 +258,7 @@ fn capability_table(devices: &[DeviceReport]) -> String {
 
 fn namespace_text(probe: &Probe<NamespaceInfo>) -> String {
     probe_text(probe, |ns| {
-        let place = if ns.initial {
-            "initial (host)"
-        } else {
-            "private"
-        };
+        let place = if ns.initial { "initial (host)" } else { "private" };
         let pid1 = match ns.same_as_pid1 {
             Some(true) => ", shared with PID 1",
             Some(false) => ", not PID 1's",
@@ -328,24 +274,14 @@ fn system_rows(system: &SystemReport) -> Vec<(&'static str, String)> {
         if processes.is_empty() {
             "no MPS process visible".to_owned()
         } else {
-            let listed: Vec<String> = processes
-                .iter()
-                .map(|process| format!("{:?} pid {}", process.role, process.pid))
-                .collect();
+            let listed: Vec<String> =
+                processes.iter().map(|process| format!("{:?} pid {}", process.role, process.pid)).collect();
             listed.join(", ")
         }
     });
     let pipe = probe_text(&mps.control_pipe, |present| {
-        let source = if mps.pipe_directory_from_env {
-            " (CUDA_MPS_PIPE_DIRECTORY)"
-        } else {
-            ""
-        };
-        let state = if *present {
-            "control pipe in"
-        } else {
-            "no control pipe in"
-        };
+        let source = if mps.pipe_directory_from_env { " (CUDA_MPS_PIPE_DIRECTORY)" } else { "" };
+        let state = if *present { "control pipe in" } else { "no control pipe in" };
         format!("{state} {}{source}", mps.pipe_directory)
     });
     let container = if system.container.detected {
@@ -357,55 +293,29 @@ fn system_rows(system: &SystemReport) -> Vec<(&'static str, String)> {
     };
     vec![
         ("kernel", system.kernel_release.clone()),
-        (
-            "WSL",
-            probe_text(&system.wsl, |wsl| {
-                if *wsl { "yes" } else { "no" }.to_owned()
-            }),
-        ),
+        ("WSL", probe_text(&system.wsl, |wsl| if *wsl { "yes" } else { "no" }.to_owned())),
         ("container", container),
         ("PID namespace", namespace_text(&system.pid_namespace)),
         ("IPC namespace", namespace_text(&system.ipc_namespace)),
-        (
-            "Yama ptrace_scope",
-            probe_text(&system.ptrace_scope, u8::to_string),
-        ),
+        ("Yama ptrace_scope", probe_text(&system.ptrace_scope, u8::to_string)),
         (
             "/dev/shm",
             probe_text(&system.dev_shm, |shm| {
-                format!(
-                    "{} total, {} free",
-                    human_bytes(shm.total_bytes),
-                    human_bytes(shm.free_bytes)
-                )
+                format!("{} total, {} free", human_bytes(shm.total_bytes), human_bytes(shm.free_bytes))
             }),
         ),
-        (
-            "MPS",
-            format!(
-                "{}; {processes}; {pipe}",
-                if mps.active() { "active" } else { "inactive" }
-            ),
-        ),
+        ("MPS", format!("{}; {processes}; {pipe}", if mps.active() { "active" } else { "inactive" })),
         (
             "device nodes",
             probe_text(&system.device_nodes, |nodes| {
-                if nodes.is_empty() {
-                    "no /dev/nvidia* nodes".to_owned()
-                } else {
-                    nodes.join(" ")
-                }
+                if nodes.is_empty() { "no /dev/nvidia* nodes".to_owned() } else { nodes.join(" ") }
             }),
         ),
     ]
 }
 
 fn self_test_table(tests: &[SelfTestResult]) -> String {
-    let mut rows = vec![
-        ["backend", "GPU", "result", "time", "detail"]
-            .map(str::to_owned)
-            .to_vec(),
-    ];
+    let mut rows = vec![["backend", "GPU", "result", "time", "detail"].map(str::to_owned).to_vec()];
     let mut notes: Vec<(usize, String)> = Vec::new();
     for test in tests {
         let result = match test.verdict {
@@ -415,8 +325,7 @@ fn self_test_table(tests: &[SelfTestResult]) -> String {
         };
         rows.push(vec![
             test.backend.name().to_owned(),
-            test.device_ordinal
-                .map_or_else(|| "-".to_owned(), |ordinal| ordinal.to_string()),
+            test.device_ordinal.map_or_else(|| "-".to_owned(), |ordinal| ordinal.to_string()),
             result.to_owned(),
             format!("{:.1} ms", test.duration_ms),
             test.detail.clone(),
@@ -520,69 +429,31 @@ mod tests {
             lines[1],
             "gpu-ipc doctor: not ready: vmm failed (cuMemImportFromShareableHandle: CUDA_ERROR_INVALID_VALUE)."
         );
-        for title in [
-            "Driver",
-            "Devices",
-            "Capabilities",
-            "System",
-            "Self-tests",
-            "Findings",
-        ] {
+        for title in ["Driver", "Devices", "Capabilities", "System", "Self-tests", "Findings"] {
             assert!(lines.contains(&title), "missing section {title}\n{text}");
         }
         assert!(lines.contains(&"  CUDA version   13.0"), "{text}");
-        assert!(
-            lines.contains(&"  kernel module  580.65.06 (open)"),
-            "{text}"
-        );
-        assert!(
-            lines.contains(&"  0    NVIDIA H100 80GB HBM3  9.0  79.2 GiB  0000:19:00.0  GPU-5a1c9e20-1102-4c3d-8e7f-000102030400"),
-            "{text}"
-        );
-        assert!(
-            lines.contains(&"                               GPU 0    GPU 1"),
-            "{text}"
-        );
-        assert!(
-            lines.contains(&"  compute mode                 default  default"),
-            "{text}"
-        );
-        assert!(
-            lines.contains(&"  VMM granularity              2.0 MiB  2.0 MiB"),
-            "{text}"
-        );
-        assert!(lines.contains(
-            &"  legacy   0    pass    412.5 ms  child imported 4 MiB and read the pattern back"
-        ));
-        assert!(
-            lines.contains(&"  vmm      0    FAIL    388.0 ms  child failed to import the fd"),
-            "{text}"
-        );
+        assert!(lines.contains(&"  kernel module  580.65.06 (open)"), "{text}");
         assert!(
             lines.contains(
-                &"      reason: cuMemImportFromShareableHandle: CUDA_ERROR_INVALID_VALUE"
-            )
-        );
-        assert!(lines.contains(&"      fix:    Update the NVIDIA driver."));
-        assert!(
-            lines.contains(&"  info  MPS is not active [mps-inactive]"),
+                &"  0    NVIDIA H100 80GB HBM3  9.0  79.2 GiB  0000:19:00.0  GPU-5a1c9e20-1102-4c3d-8e7f-000102030400"
+            ),
             "{text}"
         );
+        assert!(lines.contains(&"                               GPU 0    GPU 1"), "{text}");
+        assert!(lines.contains(&"  compute mode                 default  default"), "{text}");
+        assert!(lines.contains(&"  VMM granularity              2.0 MiB  2.0 MiB"), "{text}");
+        assert!(lines.contains(&"  legacy   0    pass    412.5 ms  child imported 4 MiB and read the pattern back"));
+        assert!(lines.contains(&"  vmm      0    FAIL    388.0 ms  child failed to import the fd"), "{text}");
+        assert!(lines.contains(&"      reason: cuMemImportFromShareableHandle: CUDA_ERROR_INVALID_VALUE"));
+        assert!(lines.contains(&"      fix:    Update the NVIDIA driver."));
+        assert!(lines.contains(&"  info  MPS is not active [mps-inactive]"), "{text}");
         assert!(lines.contains(&"  Yama ptrace_scope  1"), "{text}");
-        let why = lines
-            .iter()
-            .position(|line| line.starts_with("        why: kernels"))
-            .unwrap();
+        let why = lines.iter().position(|line| line.starts_with("        why: kernels")).unwrap();
         assert!(lines[why].chars().count() <= TEXT_WIDTH, "{text}");
-        assert!(
-            lines[why + 1].starts_with("             "),
-            "wrapped under the text\n{text}"
-        );
+        assert!(lines[why + 1].starts_with("             "), "wrapped under the text\n{text}");
         assert_eq!(lines.last(), Some(&"exit code 1"));
-        assert!(
-            lines.iter().all(|line| !line.ends_with(' ')),
-            "no trailing spaces\n{text}"
-        );
+        assert!(lines.iter().all(|line| !line.ends_with(' ')), "no trailing spaces\n{text}");
         assert!(!text.contains('\u{1b}'), "never coloured");
     }
 
@@ -590,10 +461,7 @@ mod tests {
     fn docs_example_is_the_real_rendering_of_the_sample() {
         let docs = include_str!("../../../docs/doctor.md");
         let rendered = render_human(&sample_report());
-        assert!(
-            docs.contains(&rendered),
-            "update the example in docs/doctor.md to:\n{rendered}"
-        );
+        assert!(docs.contains(&rendered), "update the example in docs/doctor.md to:\n{rendered}");
     }
 
     #[test]
@@ -602,8 +470,7 @@ mod tests {
         report.driver = DriverSection {
             library_name: "libcuda.so.1".to_owned(),
             library_found: false,
-            library_path_or_error:
-                "libcuda.so.1: cannot open shared object file: No such file or directory".to_owned(),
+            library_path_or_error: "libcuda.so.1: cannot open shared object file: No such file or directory".to_owned(),
             driver_version: None,
             error: None,
         };
@@ -625,10 +492,7 @@ mod tests {
         );
         let text = render_human(&report);
         assert!(!text.contains("\nDevices\n"), "{text}");
-        assert!(
-            text.contains("  library        libcuda.so.1 not loaded (libcuda.so.1: cannot open"),
-            "{text}"
-        );
+        assert!(text.contains("  library        libcuda.so.1 not loaded (libcuda.so.1: cannot open"), "{text}");
         assert!(text.contains("[driver-library-missing]"), "{text}");
         assert!(text.ends_with("exit code 3\n"), "{text}");
     }
@@ -651,12 +515,7 @@ mod tests {
         let json = render_json(&report).unwrap();
         let value: serde_json::Value = serde_json::from_str(&json).unwrap();
 
-        let top: Vec<&str> = value
-            .as_object()
-            .unwrap()
-            .keys()
-            .map(String::as_str)
-            .collect();
+        let top: Vec<&str> = value.as_object().unwrap().keys().map(String::as_str).collect();
         for key in [
             "schema_version",
             "tool_version",
@@ -671,39 +530,18 @@ mod tests {
             assert!(top.contains(&key), "missing {key}");
         }
         assert_eq!(value["schema_version"], 1);
-        assert_eq!(
-            value["built_backends"],
-            serde_json::json!(["legacy", "vmm"])
-        );
-        assert_eq!(
-            value["driver"]["driver_version"],
-            serde_json::json!({"major": 13, "minor": 0})
-        );
+        assert_eq!(value["built_backends"], serde_json::json!(["legacy", "vmm"]));
+        assert_eq!(value["driver"]["driver_version"], serde_json::json!({"major": 13, "minor": 0}));
         assert_eq!(value["driver"]["library_found"], true);
         let device = &value["devices"][1];
         assert_eq!(device["ordinal"], 1);
-        assert_eq!(
-            device["compute_capability"],
-            serde_json::json!({"major": 9, "minor": 0})
-        );
-        assert_eq!(
-            device["compute_mode"],
-            serde_json::json!({"mode": "default"})
-        );
+        assert_eq!(device["compute_capability"], serde_json::json!({"major": 9, "minor": 0}));
+        assert_eq!(device["compute_mode"], serde_json::json!({"mode": "default"}));
         assert_eq!(device["stream_mem_ops"]["ops_64_bit"], true);
         assert_eq!(device["vmm_granularity_bytes"]["minimum_bytes"], 2_097_152);
-        assert_eq!(
-            value["system"]["ptrace_scope"],
-            serde_json::json!({"known": 1})
-        );
-        assert_eq!(
-            value["system"]["dev_shm"]["known"]["total_bytes"],
-            68_719_476_736_u64
-        );
-        assert_eq!(
-            value["system"]["mps"]["control_pipe"],
-            serde_json::json!({"known": false})
-        );
+        assert_eq!(value["system"]["ptrace_scope"], serde_json::json!({"known": 1}));
+        assert_eq!(value["system"]["dev_shm"]["known"]["total_bytes"], 68_719_476_736_u64);
+        assert_eq!(value["system"]["mps"]["control_pipe"], serde_json::json!({"known": false}));
         assert_eq!(value["self_tests"][1]["backend"], "vmm");
         assert_eq!(value["self_tests"][1]["verdict"], "fail");
         assert_eq!(value["self_tests"][0]["reason"], serde_json::Value::Null);
@@ -712,12 +550,8 @@ mod tests {
         assert_eq!(value["verdict"], "fail");
 
         let unknown_mode = serde_json::to_value(super::ComputeMode::Unknown(1)).unwrap();
-        assert_eq!(
-            unknown_mode,
-            serde_json::json!({"mode": "unknown", "code": 1})
-        );
-        let unknown_probe =
-            serde_json::to_value(Probe::<u8>::Unknown("no Yama".to_owned())).unwrap();
+        assert_eq!(unknown_mode, serde_json::json!({"mode": "unknown", "code": 1}));
+        let unknown_probe = serde_json::to_value(Probe::<u8>::Unknown("no Yama".to_owned())).unwrap();
         assert_eq!(unknown_probe, serde_json::json!({"unknown": "no Yama"}));
 
         let back: DoctorReport = serde_json::from_value(value).unwrap();

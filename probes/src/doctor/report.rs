@@ -108,17 +108,6 @@ pub struct DriverVersion {
     pub minor: u32,
 }
 
-impl DriverVersion {
-    /// Decodes `cuDriverGetVersion`'s `1000 * major + 10 * minor` (13000 is 13.0, 12090 is 12.9).
-    pub fn from_cuda(encoded: i32) -> Self {
-        let encoded = encoded.unsigned_abs();
-        Self {
-            major: encoded / 1000,
-            minor: (encoded % 1000) / 10,
-        }
-    }
-}
-
 /// What one CUDA device can do, as its attributes say.
 ///
 /// `Option<bool>` fields are `None` when the attribute query failed (typically a driver too old to know it); the
@@ -129,7 +118,7 @@ pub struct DeviceReport {
     pub ordinal: u32,
     /// `cuDeviceGetName`.
     pub name: String,
-    /// `cuDeviceGetUuid`, formatted by [`format_gpu_uuid`] as `nvidia-smi` prints it.
+    /// `cuDeviceGetUuid`, formatted as `nvidia-smi` prints it (`GPU-xxxxxxxx-xxxx-...`).
     pub uuid: String,
     /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` / `_MINOR`.
     pub compute_capability: ComputeCapability,
@@ -184,18 +173,6 @@ pub enum ComputeMode {
     ExclusiveProcess,
     /// A code this tool does not know (1 was the long-removed exclusive-thread mode).
     Unknown(i32),
-}
-
-impl ComputeMode {
-    /// Decodes the value of `CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`.
-    pub fn from_cuda(code: i32) -> Self {
-        match code {
-            0 => ComputeMode::Default,
-            2 => ComputeMode::Prohibited,
-            3 => ComputeMode::ExclusiveProcess,
-            other => ComputeMode::Unknown(other),
-        }
-    }
 }
 
 /// Stream memory operation support (`cuStreamWaitValue*` / `cuStreamWriteValue*`).
@@ -288,27 +265,8 @@ pub enum Severity {
     Fail,
 }
 
-/// Formats a 16-byte `CUuuid` as `nvidia-smi` does: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn format_gpu_uuid(bytes: &[u8; 16]) -> String {
-    let hex: Vec<String> = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        hex[..4].concat(),
-        hex[4..6].concat(),
-        hex[6..8].concat(),
-        hex[8..10].concat(),
-        hex[10..].concat()
-    )
-}
-
 fn finding(id: &str, severity: Severity, what: String, why: &str, fix: Option<&str>) -> Finding {
-    Finding {
-        id: id.to_owned(),
-        severity,
-        what,
-        why: why.to_owned(),
-        fix: fix.map(str::to_owned),
-    }
+    Finding { id: id.to_owned(), severity, what, why: why.to_owned(), fix: fix.map(str::to_owned) }
 }
 
 /// Derives the findings from the facts in `report` (its own `findings` and `verdict` fields are ignored), most
@@ -328,20 +286,13 @@ pub fn findings(report: &DoctorReport) -> Vec<Finding> {
 /// Severity of a fact that stops `backend`: a failure when the backend is built into this binary, otherwise only
 /// worth knowing.
 fn backend_severity(report: &DoctorReport, backend: Backend) -> Severity {
-    if report.built_backends.contains(&backend) {
-        Severity::Fail
-    } else {
-        Severity::Info
-    }
+    if report.built_backends.contains(&backend) { Severity::Fail } else { Severity::Info }
 }
 
 fn driver_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
     let driver = &report.driver;
     let system = &report.system;
-    let no_device_nodes = system
-        .device_nodes
-        .known()
-        .is_some_and(|nodes| nodes.is_empty());
+    let no_device_nodes = system.device_nodes.known().is_some_and(|nodes| nodes.is_empty());
     if !driver.library_found {
         let fix = if system.wsl == Probe::Known(true) {
             "On WSL the driver comes from Windows: install the NVIDIA Windows driver, and check that \
@@ -355,10 +306,7 @@ fn driver_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
         found.push(finding(
             "driver-library-missing",
             Severity::Fail,
-            format!(
-                "the CUDA driver library {} could not be loaded",
-                driver.library_name
-            ),
+            format!("the CUDA driver library {} could not be loaded", driver.library_name),
             "every CUDA call goes through the driver library; without it nothing can be shared",
             Some(fix),
         ));
@@ -374,8 +322,7 @@ fn driver_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
             id: "driver-init-failed".to_owned(),
             severity: Severity::Fail,
             what: format!("the CUDA driver loaded but failed: {error}"),
-            why: "a driver that cannot initialise cannot create contexts or share memory"
-                .to_owned(),
+            why: "a driver that cannot initialise cannot create contexts or share memory".to_owned(),
             fix: Some(fix.to_owned()),
         });
     } else if report.devices.is_empty() {
@@ -519,12 +466,7 @@ fn system_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
             Some("Use the vmm backend if its self-test passes here, or run on native Linux."),
         ));
     }
-    if let Some(scope) = system
-        .ptrace_scope
-        .known()
-        .copied()
-        .filter(|scope| *scope >= 2)
-    {
+    if let Some(scope) = system.ptrace_scope.known().copied().filter(|scope| *scope >= 2) {
         found.push(finding(
             "ptrace-scope-restrictive",
             Severity::Info,
@@ -534,11 +476,7 @@ fn system_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
             None,
         ));
     }
-    if let Some(shm) = system
-        .dev_shm
-        .known()
-        .filter(|shm| shm.total_bytes < SMALL_DEV_SHM_BYTES)
-    {
+    if let Some(shm) = system.dev_shm.known().filter(|shm| shm.total_bytes < SMALL_DEV_SHM_BYTES) {
         found.push(Finding {
             id: "dev-shm-small".to_owned(),
             severity: Severity::Warn,
@@ -558,11 +496,7 @@ fn system_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
             .into_iter()
             .filter_map(|(private, name)| private.then_some(name))
             .collect();
-        let place = if system.container.detected {
-            "this container has"
-        } else {
-            "this process runs in"
-        };
+        let place = if system.container.detected { "this container has" } else { "this process runs in" };
         found.push(Finding {
             id: "private-namespaces".to_owned(),
             severity: Severity::Info,
@@ -612,11 +546,7 @@ pub fn human_bytes(bytes: u64) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
 /// Decides the overall outcome from the facts in `report` and its `findings`:
@@ -629,33 +559,18 @@ pub fn overall(report: &DoctorReport, findings: &[Finding]) -> Overall {
         return Overall::NoCuda;
     }
     if report.self_tests.is_empty() {
-        return if findings
-            .iter()
-            .any(|finding| finding.severity == Severity::Fail)
-        {
+        return if findings.iter().any(|finding| finding.severity == Severity::Fail) {
             Overall::Fail
         } else {
             Overall::Pass
         };
     }
     let backend_passed = |backend: Backend| {
-        let mut tests = report
-            .self_tests
-            .iter()
-            .filter(|test| test.backend == backend)
-            .peekable();
+        let mut tests = report.self_tests.iter().filter(|test| test.backend == backend).peekable();
         tests.peek().is_some() && tests.all(|test| test.verdict == SelfTestVerdict::Pass)
     };
-    let any_failed = report
-        .self_tests
-        .iter()
-        .any(|test| test.verdict == SelfTestVerdict::Fail);
-    if any_failed
-        || !report
-            .built_backends
-            .iter()
-            .all(|backend| backend_passed(*backend))
-    {
+    let any_failed = report.self_tests.iter().any(|test| test.verdict == SelfTestVerdict::Fail);
+    if any_failed || !report.built_backends.iter().all(|backend| backend_passed(*backend)) {
         Overall::Fail
     } else {
         Overall::Pass
@@ -670,7 +585,7 @@ pub(crate) fn sample_report() -> DoctorReport {
     let device = |ordinal: u32| DeviceReport {
         ordinal,
         name: "NVIDIA H100 80GB HBM3".to_owned(),
-        uuid: format_gpu_uuid(&[
+        uuid: gpu_ipc::core::driver::DeviceUuid([
             0x5a,
             0x1c,
             0x9e,
@@ -687,7 +602,8 @@ pub(crate) fn sample_report() -> DoctorReport {
             3,
             4,
             ordinal as u8,
-        ]),
+        ])
+        .to_string(),
         compute_capability: ComputeCapability { major: 9, minor: 0 },
         total_memory_bytes: 85_045_346_304,
         pci_bus_id: format!("0000:{:02X}:00.0", 0x19 + ordinal),
@@ -703,35 +619,18 @@ pub(crate) fn sample_report() -> DoctorReport {
             flush_remote_writes: Some(false),
         },
         memory_pools: Some(true),
-        vmm_granularity_bytes: Some(Granularity {
-            minimum_bytes: 2 << 20,
-            recommended_bytes: 2 << 20,
-        }),
+        vmm_granularity_bytes: Some(Granularity { minimum_bytes: 2 << 20, recommended_bytes: 2 << 20 }),
         can_use_host_pointer_for_registered_mem: Some(true),
         query_errors: Vec::new(),
     };
     let system = SystemReport {
         kernel_release: "6.8.0-60-generic".to_owned(),
-        pid_namespace: Probe::Known(NamespaceInfo {
-            inode: 0xEFFF_FFFC,
-            initial: true,
-            same_as_pid1: None,
-        }),
-        ipc_namespace: Probe::Known(NamespaceInfo {
-            inode: 0xEFFF_FFFF,
-            initial: true,
-            same_as_pid1: None,
-        }),
+        pid_namespace: Probe::Known(NamespaceInfo { inode: 0xEFFF_FFFC, initial: true, same_as_pid1: None }),
+        ipc_namespace: Probe::Known(NamespaceInfo { inode: 0xEFFF_FFFF, initial: true, same_as_pid1: None }),
         ptrace_scope: Probe::Known(1),
-        dev_shm: Probe::Known(ShmSpace {
-            total_bytes: 64 << 30,
-            free_bytes: 63 << 30,
-        }),
+        dev_shm: Probe::Known(ShmSpace { total_bytes: 64 << 30, free_bytes: 63 << 30 }),
         wsl: Probe::Known(false),
-        container: ContainerHints {
-            detected: false,
-            evidence: Vec::new(),
-        },
+        container: ContainerHints { detected: false, evidence: Vec::new() },
         mps: MpsStatus {
             processes: Probe::Known(Vec::new()),
             pipe_directory: "/tmp/nvidia-mps".to_owned(),
@@ -741,9 +640,7 @@ pub(crate) fn sample_report() -> DoctorReport {
         nvidia_kernel_module: Probe::Known(NvidiaKernelModule {
             version: "580.65.06".to_owned(),
             open: true,
-            description:
-                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build"
-                    .to_owned(),
+            description: "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build".to_owned(),
         }),
         device_nodes: Probe::Known(vec![
             "nvidia-uvm".to_owned(),
@@ -779,7 +676,7 @@ pub(crate) fn sample_report() -> DoctorReport {
             library_name: "libcuda.so.1".to_owned(),
             library_found: true,
             library_path_or_error: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".to_owned(),
-            driver_version: Some(DriverVersion::from_cuda(13000)),
+            driver_version: Some(DriverVersion { major: 13, minor: 0 }),
             error: None,
         },
         vec![device(0), device(1)],
@@ -795,10 +692,7 @@ mod tests {
     use super::*;
 
     fn ids(report: &DoctorReport) -> Vec<(String, Severity)> {
-        findings(report)
-            .into_iter()
-            .map(|finding| (finding.id, finding.severity))
-            .collect()
+        findings(report).into_iter().map(|finding| (finding.id, finding.severity)).collect()
     }
 
     fn has(report: &DoctorReport, id: &str, severity: Severity) -> bool {
@@ -817,44 +711,8 @@ mod tests {
     #[test]
     fn healthy_machine_only_has_the_mps_note_and_passes() {
         let report = healthy();
-        assert_eq!(
-            ids(&report),
-            vec![("mps-inactive".to_owned(), Severity::Info)]
-        );
+        assert_eq!(ids(&report), vec![("mps-inactive".to_owned(), Severity::Info)]);
         assert_eq!(overall(&report, &findings(&report)), Overall::Pass);
-    }
-
-    #[test]
-    fn versions_decode_like_cuda() {
-        assert_eq!(
-            DriverVersion::from_cuda(13000),
-            DriverVersion {
-                major: 13,
-                minor: 0
-            }
-        );
-        assert_eq!(
-            DriverVersion::from_cuda(12090),
-            DriverVersion {
-                major: 12,
-                minor: 9
-            }
-        );
-        assert_eq!(ComputeMode::from_cuda(0), ComputeMode::Default);
-        assert_eq!(ComputeMode::from_cuda(2), ComputeMode::Prohibited);
-        assert_eq!(ComputeMode::from_cuda(3), ComputeMode::ExclusiveProcess);
-        assert_eq!(ComputeMode::from_cuda(1), ComputeMode::Unknown(1));
-    }
-
-    #[test]
-    fn uuid_formats_like_nvidia_smi() {
-        let bytes = [
-            0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0xa, 0xb,
-        ];
-        assert_eq!(
-            format_gpu_uuid(&bytes),
-            "GPU-deadbeef-0001-0203-0405-060708090a0b"
-        );
     }
 
     #[test]
@@ -869,30 +727,13 @@ mod tests {
         let mut report = healthy();
         report.devices[1].compute_mode = ComputeMode::Prohibited;
         assert!(has(&report, "compute-mode-prohibited", Severity::Fail));
-        let prohibited = findings(&report)
-            .into_iter()
-            .find(|f| f.id == "compute-mode-prohibited")
-            .unwrap();
-        assert_eq!(
-            prohibited.fix.as_deref(),
-            Some("As root: nvidia-smi -i 1 -c DEFAULT")
-        );
+        let prohibited = findings(&report).into_iter().find(|f| f.id == "compute-mode-prohibited").unwrap();
+        assert_eq!(prohibited.fix.as_deref(), Some("As root: nvidia-smi -i 1 -c DEFAULT"));
 
         report.devices[1].compute_mode = ComputeMode::ExclusiveProcess;
-        assert!(has(
-            &report,
-            "compute-mode-exclusive-process",
-            Severity::Fail
-        ));
-        report.system.mps.processes = Probe::Known(vec![MpsProcess {
-            pid: 7,
-            role: MpsRole::Control,
-        }]);
-        assert!(has(
-            &report,
-            "compute-mode-exclusive-process",
-            Severity::Info
-        ));
+        assert!(has(&report, "compute-mode-exclusive-process", Severity::Fail));
+        report.system.mps.processes = Probe::Known(vec![MpsProcess { pid: 7, role: MpsRole::Control }]);
+        assert!(has(&report, "compute-mode-exclusive-process", Severity::Info));
         assert!(has(&report, "mps-active", Severity::Info));
 
         report.devices[1].compute_mode = ComputeMode::Unknown(1);
@@ -904,11 +745,7 @@ mod tests {
         let mut report = healthy();
         report.devices[0].unified_addressing = Some(false);
         report.devices[0].posix_fd_handles = Some(false);
-        assert!(has(
-            &report,
-            "legacy-needs-unified-addressing",
-            Severity::Fail
-        ));
+        assert!(has(&report, "legacy-needs-unified-addressing", Severity::Fail));
         assert!(has(&report, "vmm-unsupported", Severity::Fail));
         report.built_backends = vec![Backend::Legacy];
         assert!(has(&report, "vmm-unsupported", Severity::Info));
@@ -922,11 +759,7 @@ mod tests {
         report.devices[0].ipc_events = Some(false);
         report.devices[0].stream_mem_ops.ops_64_bit = Some(false);
         assert!(has(&report, "ipc-events-unsupported", Severity::Warn));
-        assert!(has(
-            &report,
-            "stream-mem-ops-64-unsupported",
-            Severity::Warn
-        ));
+        assert!(has(&report, "stream-mem-ops-64-unsupported", Severity::Warn));
     }
 
     #[test]
@@ -934,39 +767,20 @@ mod tests {
         let mut report = healthy();
         report.system.wsl = Probe::Known(true);
         report.system.ptrace_scope = Probe::Known(2);
-        report.system.dev_shm = Probe::Known(ShmSpace {
-            total_bytes: 32 << 20,
-            free_bytes: 30 << 20,
-        });
-        report.system.container = ContainerHints {
-            detected: true,
-            evidence: vec!["/.dockerenv exists".to_owned()],
-        };
-        report.system.pid_namespace = Probe::Known(NamespaceInfo {
-            inode: 4_026_532_301,
-            initial: false,
-            same_as_pid1: Some(true),
-        });
+        report.system.dev_shm = Probe::Known(ShmSpace { total_bytes: 32 << 20, free_bytes: 30 << 20 });
+        report.system.container = ContainerHints { detected: true, evidence: vec!["/.dockerenv exists".to_owned()] };
+        report.system.pid_namespace =
+            Probe::Known(NamespaceInfo { inode: 4_026_532_301, initial: false, same_as_pid1: Some(true) });
         assert!(has(&report, "wsl-legacy-unsupported", Severity::Fail));
         assert!(has(&report, "ptrace-scope-restrictive", Severity::Info));
         assert!(has(&report, "dev-shm-small", Severity::Warn));
-        let namespaces = findings(&report)
-            .into_iter()
-            .find(|f| f.id == "private-namespaces")
-            .unwrap();
+        let namespaces = findings(&report).into_iter().find(|f| f.id == "private-namespaces").unwrap();
         assert_eq!(namespaces.severity, Severity::Info);
         assert_eq!(namespaces.what, "this container has its own PID namespace");
 
         report.system.ptrace_scope = Probe::Known(1);
-        report.system.dev_shm = Probe::Known(ShmSpace {
-            total_bytes: 64 << 20,
-            free_bytes: 64 << 20,
-        });
-        assert!(
-            !ids(&report)
-                .iter()
-                .any(|(id, _)| id == "ptrace-scope-restrictive" || id == "dev-shm-small")
-        );
+        report.system.dev_shm = Probe::Known(ShmSpace { total_bytes: 64 << 20, free_bytes: 64 << 20 });
+        assert!(!ids(&report).iter().any(|(id, _)| id == "ptrace-scope-restrictive" || id == "dev-shm-small"));
     }
 
     #[test]
@@ -975,13 +789,9 @@ mod tests {
         report.devices.clear();
         report.self_tests.clear();
         report.driver.library_found = false;
-        report.driver.library_path_or_error =
-            "libcuda.so.1: cannot open shared object file".to_owned();
+        report.driver.library_path_or_error = "libcuda.so.1: cannot open shared object file".to_owned();
         report.system.container.detected = true;
-        let missing = findings(&report)
-            .into_iter()
-            .find(|f| f.id == "driver-library-missing")
-            .unwrap();
+        let missing = findings(&report).into_iter().find(|f| f.id == "driver-library-missing").unwrap();
         assert_eq!(missing.severity, Severity::Fail);
         assert!(missing.fix.unwrap().contains("--gpus all"));
         assert_eq!(overall(&report, &findings(&report)), Overall::NoCuda);
@@ -989,18 +799,14 @@ mod tests {
         report.driver.library_found = true;
         report.driver.error = Some("cuInit: CUDA_ERROR_NO_DEVICE".to_owned());
         report.system.device_nodes = Probe::Known(Vec::new());
-        let init = findings(&report)
-            .into_iter()
-            .find(|f| f.id == "driver-init-failed")
-            .unwrap();
+        let init = findings(&report).into_iter().find(|f| f.id == "driver-init-failed").unwrap();
         assert!(init.fix.unwrap().contains("no /dev/nvidia* device nodes"));
         assert_eq!(overall(&report, &findings(&report)), Overall::NoCuda);
 
         report.driver.error = None;
         assert!(has(&report, "no-device", Severity::Fail));
 
-        report.system.device_nodes =
-            Probe::Known(vec!["nvidia0".to_owned(), "nvidiactl".to_owned()]);
+        report.system.device_nodes = Probe::Known(vec!["nvidia0".to_owned(), "nvidiactl".to_owned()]);
         assert!(has(&report, "uvm-node-missing", Severity::Warn));
     }
 
@@ -1011,49 +817,25 @@ mod tests {
         report.devices[0].ipc_events = Some(false);
         report.devices[1].compute_mode = ComputeMode::Prohibited;
         let severities: Vec<Severity> = findings(&report).into_iter().map(|f| f.severity).collect();
-        assert_eq!(
-            severities,
-            vec![
-                Severity::Fail,
-                Severity::Warn,
-                Severity::Info,
-                Severity::Info
-            ]
-        );
+        assert_eq!(severities, vec![Severity::Fail, Severity::Warn, Severity::Info, Severity::Info]);
     }
 
     #[test]
     fn overall_follows_self_tests_of_built_backends() {
         let sample = sample_report();
-        assert_eq!(
-            sample.verdict,
-            Overall::Fail,
-            "the sample's vmm self-test fails"
-        );
+        assert_eq!(sample.verdict, Overall::Fail, "the sample's vmm self-test fails");
 
         let mut report = healthy();
         report.self_tests[1].verdict = SelfTestVerdict::Skipped;
-        assert_eq!(
-            overall(&report, &findings(&report)),
-            Overall::Fail,
-            "skipped is not a pass"
-        );
+        assert_eq!(overall(&report, &findings(&report)), Overall::Fail, "skipped is not a pass");
 
         report.self_tests.truncate(1);
-        assert_eq!(
-            overall(&report, &[]),
-            Overall::Fail,
-            "vmm is built but has no self-test"
-        );
+        assert_eq!(overall(&report, &[]), Overall::Fail, "vmm is built but has no self-test");
         report.built_backends = vec![Backend::Legacy];
         assert_eq!(overall(&report, &[]), Overall::Pass);
 
         report.self_tests.clear();
         report.devices[0].compute_mode = ComputeMode::Prohibited;
-        assert_eq!(
-            overall(&report, &findings(&report)),
-            Overall::Fail,
-            "no self-tests: fail findings decide"
-        );
+        assert_eq!(overall(&report, &findings(&report)), Overall::Fail, "no self-tests: fail findings decide");
     }
 }

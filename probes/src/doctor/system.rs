@@ -48,7 +48,7 @@ impl<T> Probe<T> {
     }
 }
 
-/// Where the probes read from. [`SystemRoot::real`] is this machine; [`SystemRoot::under`] is a fake tree for tests.
+/// Where the probes read from. [`SystemRoot::real`] is this machine; `SystemRoot::under` (tests only) is a fake tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SystemRoot {
     /// The procfs mount, normally `/proc`.
@@ -76,17 +76,15 @@ impl SystemRoot {
             dev_dir: PathBuf::from("/dev"),
             dev_shm: PathBuf::from("/dev/shm"),
             fs_root: PathBuf::from("/"),
-            container_env: std::env::var("container")
-                .ok()
-                .filter(|value| !value.is_empty()),
+            container_env: std::env::var("container").ok().filter(|value| !value.is_empty()),
             mps_pipe_directory_from_env: pipe_env.is_some(),
-            mps_pipe_directory: pipe_env
-                .map_or_else(|| PathBuf::from(DEFAULT_MPS_PIPE_DIRECTORY), PathBuf::from),
+            mps_pipe_directory: pipe_env.map_or_else(|| PathBuf::from(DEFAULT_MPS_PIPE_DIRECTORY), PathBuf::from),
         }
     }
 
     /// A fake machine whose `/proc`, `/dev`, `/dev/shm`, `/` and `/tmp/nvidia-mps` all lie under `root`, with no
     /// environment variables set.
+    #[cfg(test)]
     pub fn under(root: &Path) -> Self {
         Self {
             proc_dir: root.join("proc"),
@@ -179,10 +177,7 @@ pub struct MpsStatus {
 impl MpsStatus {
     /// Whether MPS looks active: an MPS process is running, or the control pipe exists.
     pub fn active(&self) -> bool {
-        let running = self
-            .processes
-            .known()
-            .is_some_and(|processes| !processes.is_empty());
+        let running = self.processes.known().is_some_and(|processes| !processes.is_empty());
         running || self.control_pipe == Probe::Known(true)
     }
 }
@@ -239,10 +234,7 @@ pub fn collect(root: &SystemRoot) -> SystemReport {
 
 /// The running kernel's release, from `uname(2)` (which cannot fail).
 pub fn kernel_release() -> String {
-    rustix::system::uname()
-        .release()
-        .to_string_lossy()
-        .into_owned()
+    rustix::system::uname().release().to_string_lossy().into_owned()
 }
 
 /// Reads the namespace of `kind` (`pid`, `ipc`, ...) from `<proc>/self/ns/<kind>` and compares it with
@@ -253,36 +245,21 @@ pub fn probe_namespace(proc_dir: &Path, kind: &str, initial_inode: u64) -> Probe
         Ok(inode) => inode,
         Err(why) => return Probe::Unknown(why),
     };
-    let same_as_pid1 = read_namespace_inode(&proc_dir.join("1/ns").join(kind), kind)
-        .ok()
-        .map(|pid1_inode| pid1_inode == inode);
-    Probe::Known(NamespaceInfo {
-        inode,
-        initial: inode == initial_inode,
-        same_as_pid1,
-    })
+    let same_as_pid1 =
+        read_namespace_inode(&proc_dir.join("1/ns").join(kind), kind).ok().map(|pid1_inode| pid1_inode == inode);
+    Probe::Known(NamespaceInfo { inode, initial: inode == initial_inode, same_as_pid1 })
 }
 
 fn read_namespace_inode(link: &Path, kind: &str) -> Result<u64, String> {
-    let target = std::fs::read_link(link)
-        .map_err(|err| format!("cannot read link {}: {err}", link.display()))?;
+    let target = std::fs::read_link(link).map_err(|err| format!("cannot read link {}: {err}", link.display()))?;
     let text = target.to_string_lossy();
-    parse_namespace_link(&text, kind).ok_or_else(|| {
-        format!(
-            "{} points to {text:?}, not {kind}:[<inode>]",
-            link.display()
-        )
-    })
+    parse_namespace_link(&text, kind)
+        .ok_or_else(|| format!("{} points to {text:?}, not {kind}:[<inode>]", link.display()))
 }
 
 /// Parses a namespace link target such as `pid:[4026531836]` into its inode; `None` if it is not of `kind`.
 pub fn parse_namespace_link(target: &str, kind: &str) -> Option<u64> {
-    target
-        .strip_prefix(kind)?
-        .strip_prefix(":[")?
-        .strip_suffix(']')?
-        .parse()
-        .ok()
+    target.strip_prefix(kind)?.strip_prefix(":[")?.strip_suffix(']')?.parse().ok()
 }
 
 /// Reads Yama's `ptrace_scope` from `<proc>/sys/kernel/yama/ptrace_scope`.
@@ -352,10 +329,7 @@ pub fn probe_container(root: &SystemRoot) -> ContainerHints {
         Ok(cgroups) => {
             for line in container_cgroup_lines(&cgroups) {
                 detected = true;
-                evidence.push(format!(
-                    "{} mentions a container runtime: {line}",
-                    cgroup_path.display()
-                ));
+                evidence.push(format!("{} mentions a container runtime: {line}", cgroup_path.display()));
             }
         }
         Err(err) => evidence.push(format!("cannot read {}: {err}", cgroup_path.display())),
@@ -374,9 +348,7 @@ pub fn container_cgroup_lines(cgroups: &str) -> Vec<&str> {
         .filter(|line| {
             // Format: hierarchy-id:controllers:path; only the path says anything about containers.
             let path = line.splitn(3, ':').nth(2).unwrap_or("");
-            CONTAINER_CGROUP_WORDS
-                .iter()
-                .any(|word| path.contains(word))
+            CONTAINER_CGROUP_WORDS.iter().any(|word| path.contains(word))
         })
         .collect()
 }
@@ -398,11 +370,7 @@ fn probe_mps_processes(proc_dir: &Path) -> Probe<Vec<MpsProcess>> {
     };
     let mut processes = Vec::new();
     for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<u32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
             continue;
         };
         // A process may exit between listing and reading; that is not an error worth reporting.
@@ -450,10 +418,8 @@ fn probe_mps_control_pipe(pipe_directory: &Path) -> Probe<bool> {
 pub fn probe_nvidia_kernel_module(proc_dir: &Path) -> Probe<NvidiaKernelModule> {
     let path = proc_dir.join("driver/nvidia/version");
     match std::fs::read_to_string(&path) {
-        Ok(text) => parse_nvidia_version(&text).map_or_else(
-            || Probe::Unknown(format!("{}: no NVRM version line", path.display())),
-            Probe::Known,
-        ),
+        Ok(text) => parse_nvidia_version(&text)
+            .map_or_else(|| Probe::Unknown(format!("{}: no NVRM version line", path.display())), Probe::Known),
         Err(err) if err.kind() == io::ErrorKind::NotFound => Probe::Unknown(format!(
             "{} does not exist: the NVIDIA kernel module is not loaded here (normal inside WSL, and in containers \
              that do not mount it)",
@@ -466,12 +432,8 @@ pub fn probe_nvidia_kernel_module(proc_dir: &Path) -> Probe<NvidiaKernelModule> 
 /// Parses `/proc/driver/nvidia/version`, e.g.
 /// `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (...)`.
 pub fn parse_nvidia_version(text: &str) -> Option<NvidiaKernelModule> {
-    let line = text
-        .lines()
-        .find(|line| line.starts_with("NVRM version:"))?;
-    let version = line
-        .split_whitespace()
-        .find(|word| looks_like_driver_version(word))?;
+    let line = text.lines().find(|line| line.starts_with("NVRM version:"))?;
+    let version = line.split_whitespace().find(|word| looks_like_driver_version(word))?;
     Some(NvidiaKernelModule {
         version: version.to_owned(),
         open: line.contains("Open Kernel Module"),
@@ -481,10 +443,7 @@ pub fn parse_nvidia_version(text: &str) -> Option<NvidiaKernelModule> {
 
 /// A driver version is dotted digits with at least one dot (`580.65.06`, `535.104`); `x86_64` is not one.
 fn looks_like_driver_version(word: &str) -> bool {
-    word.contains('.')
-        && word
-            .split('.')
-            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+    word.contains('.') && word.split('.').all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Lists the `nvidia*` device nodes in `dev_dir`.
@@ -563,14 +522,8 @@ mod tests {
 
     #[test]
     fn namespace_link_parses_only_its_kind() {
-        assert_eq!(
-            parse_namespace_link("pid:[4026531836]", "pid"),
-            Some(4_026_531_836)
-        );
-        assert_eq!(
-            parse_namespace_link("ipc:[4026532200]", "ipc"),
-            Some(4_026_532_200)
-        );
+        assert_eq!(parse_namespace_link("pid:[4026531836]", "pid"), Some(4_026_531_836));
+        assert_eq!(parse_namespace_link("ipc:[4026532200]", "ipc"), Some(4_026_532_200));
         assert_eq!(parse_namespace_link("ipc:[4026532200]", "pid"), None);
         assert_eq!(parse_namespace_link("pid:[abc]", "pid"), None);
         assert_eq!(parse_namespace_link("pid:4026531836", "pid"), None);
@@ -595,34 +548,20 @@ mod tests {
     #[test]
     fn cgroup_lines_naming_runtimes_are_container_evidence() {
         let docker = "12:memory:/docker/0123abcd\n0::/system.slice/ssh.service\n";
-        assert_eq!(
-            container_cgroup_lines(docker),
-            vec!["12:memory:/docker/0123abcd"]
-        );
+        assert_eq!(container_cgroup_lines(docker), vec!["12:memory:/docker/0123abcd"]);
         let kube = "0::/kubepods.slice/kubepods-burstable.slice/cri-containerd-ab.scope\n";
         assert_eq!(container_cgroup_lines(kube).len(), 1);
         assert!(container_cgroup_lines("0::/\n").is_empty());
-        assert!(
-            container_cgroup_lines("0::/user.slice/user-1000.slice/session-2.scope\n").is_empty()
-        );
+        assert!(container_cgroup_lines("0::/user.slice/user-1000.slice/session-2.scope\n").is_empty());
     }
 
     #[test]
     fn mps_role_reads_cmdline_because_comm_is_truncated() {
         let control = b"/usr/bin/nvidia-cuda-mps-control\0-d\0";
         let server = b"nvidia-cuda-mps-server\0";
-        assert_eq!(
-            mps_role("nvidia-cuda-mps\n", Some(control)),
-            Some(MpsRole::Control)
-        );
-        assert_eq!(
-            mps_role("nvidia-cuda-mps\n", Some(server)),
-            Some(MpsRole::Server)
-        );
-        assert_eq!(
-            mps_role("nvidia-cuda-mps\n", None),
-            Some(MpsRole::Unidentified)
-        );
+        assert_eq!(mps_role("nvidia-cuda-mps\n", Some(control)), Some(MpsRole::Control));
+        assert_eq!(mps_role("nvidia-cuda-mps\n", Some(server)), Some(MpsRole::Server));
+        assert_eq!(mps_role("nvidia-cuda-mps\n", None), Some(MpsRole::Unidentified));
         assert_eq!(mps_role("bash\n", Some(b"bash\0")), None);
     }
 
@@ -654,10 +593,7 @@ mod tests {
         fake.write("proc/sys/kernel/yama/ptrace_scope", b"2\n");
         fake.write("proc/sys/kernel/osrelease", b"6.8.0-60-generic\n");
         fake.write("proc/self/cgroup", b"0::/kubepods/besteffort/pod1/abc\n");
-        fake.write(
-            "proc/driver/nvidia/version",
-            b"NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  x\n",
-        );
+        fake.write("proc/driver/nvidia/version", b"NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  x\n");
         fake.write("proc/4242/comm", b"nvidia-cuda-mps\n");
         fake.write("proc/4242/cmdline", b"nvidia-cuda-mps-control\0-d\0");
         fake.write("proc/4243/comm", b"bash\n");
@@ -681,23 +617,11 @@ mod tests {
         assert_eq!(report.wsl, Probe::Known(false));
         assert!(report.container.detected);
         assert_eq!(report.container.evidence.len(), 2);
-        assert_eq!(
-            report.mps.processes,
-            Probe::Known(vec![MpsProcess {
-                pid: 4242,
-                role: MpsRole::Control
-            }])
-        );
+        assert_eq!(report.mps.processes, Probe::Known(vec![MpsProcess { pid: 4242, role: MpsRole::Control }]));
         assert_eq!(report.mps.control_pipe, Probe::Known(true));
         assert!(report.mps.active());
-        assert_eq!(
-            report.nvidia_kernel_module.known().unwrap().version,
-            "570.133.20"
-        );
-        assert_eq!(
-            report.device_nodes,
-            Probe::Known(vec!["nvidia0".to_owned(), "nvidiactl".to_owned()])
-        );
+        assert_eq!(report.nvidia_kernel_module.known().unwrap().version, "570.133.20");
+        assert_eq!(report.device_nodes, Probe::Known(vec!["nvidia0".to_owned(), "nvidiactl".to_owned()]));
         // statvfs on a plain folder reports the file system it lives on: known, and never more free than total.
         let shm = report.dev_shm.known().unwrap();
         assert!(shm.free_bytes <= shm.total_bytes);
@@ -709,27 +633,17 @@ mod tests {
         let fake = FakeRoot::new();
         let report = collect(&fake.root());
 
-        let Probe::Unknown(why) = &report.pid_namespace else {
-            panic!("expected unknown")
-        };
+        let Probe::Unknown(why) = &report.pid_namespace else { panic!("expected unknown") };
         assert!(why.contains("ns/pid"), "{why}");
-        let Probe::Unknown(why) = &report.ptrace_scope else {
-            panic!("expected unknown")
-        };
+        let Probe::Unknown(why) = &report.ptrace_scope else { panic!("expected unknown") };
         assert!(why.contains("Yama is not active"), "{why}");
         assert!(matches!(report.dev_shm, Probe::Unknown(_)));
         assert!(matches!(report.wsl, Probe::Unknown(_)));
-        let Probe::Unknown(why) = &report.nvidia_kernel_module else {
-            panic!("expected unknown")
-        };
+        let Probe::Unknown(why) = &report.nvidia_kernel_module else { panic!("expected unknown") };
         assert!(why.contains("not loaded"), "{why}");
         assert!(matches!(report.device_nodes, Probe::Unknown(_)));
         assert!(!report.container.detected);
-        assert_eq!(
-            report.container.evidence.len(),
-            1,
-            "the unreadable cgroup file is noted"
-        );
+        assert_eq!(report.container.evidence.len(), 1, "the unreadable cgroup file is noted");
         assert!(matches!(report.mps.processes, Probe::Unknown(_)));
         assert_eq!(report.mps.control_pipe, Probe::Known(false));
         assert!(!report.mps.active());
@@ -745,9 +659,7 @@ mod tests {
         let mps = probe_mps(&root);
         assert!(mps.pipe_directory_from_env);
         assert!(mps.pipe_directory.ends_with("custom-pipes"));
-        let Probe::Unknown(why) = &mps.control_pipe else {
-            panic!("expected unknown")
-        };
+        let Probe::Unknown(why) = &mps.control_pipe else { panic!("expected unknown") };
         assert!(why.contains("not a FIFO"), "{why}");
     }
 
@@ -756,16 +668,8 @@ mod tests {
         // Reading one's own /proc/self/ns links needs no privilege, so these are known on any Linux.
         let report = collect(&SystemRoot::real());
         println!("{report:#?}");
-        assert!(
-            report.pid_namespace.known().is_some(),
-            "{:?}",
-            report.pid_namespace
-        );
-        assert!(
-            report.ipc_namespace.known().is_some(),
-            "{:?}",
-            report.ipc_namespace
-        );
+        assert!(report.pid_namespace.known().is_some(), "{:?}", report.pid_namespace);
+        assert!(report.ipc_namespace.known().is_some(), "{:?}", report.ipc_namespace);
         assert!(!report.kernel_release.is_empty());
         assert!(matches!(report.wsl, Probe::Known(_)), "{:?}", report.wsl);
     }
@@ -778,9 +682,6 @@ mod tests {
         root.container_env = Some("podman".to_owned());
         let hints = probe_container(&root);
         assert!(hints.detected);
-        assert_eq!(
-            hints.evidence,
-            vec!["environment variable container=podman".to_owned()]
-        );
+        assert_eq!(hints.evidence, vec!["environment variable container=podman".to_owned()]);
     }
 }

@@ -1,0 +1,183 @@
+//! Typed launchers of the embedded kernels: load the right image for the device, then fill and verify frames.
+
+use ipc_core::driver::{
+    Context, DeviceBuffer, DevicePtr, DriverError, Function, KernelParam, LaunchConfig, Module, Stream,
+    copy_from_device, sys,
+};
+
+use crate::image::{self, ComputeCapability, KernelImage, NoImageForDevice};
+use crate::{FILL_PATTERN, VERIFY_PATTERN};
+
+/// Why the kernels could not be loaded or launched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// No embedded image suits the device.
+    #[error(transparent)]
+    NoImage(#[from] NoImageForDevice),
+    /// The driver refused the image chosen for the device.
+    #[error(
+        "the CUDA driver {driver} rejected the kernel image {image} on a device of compute capability {device}: {source}; {fix}"
+    )]
+    ImageRejected {
+        /// The image that was tried (its file name in `kernels/generated/`).
+        image: &'static str,
+        /// The driver's CUDA version.
+        driver: String,
+        /// The device's compute capability.
+        device: ComputeCapability,
+        /// What to do.
+        fix: &'static str,
+        /// The driver's error.
+        source: Box<DriverError>,
+    },
+    /// A frame size the pattern kernels cannot handle.
+    #[error("{bytes} bytes is not a whole number of 32-bit words")]
+    UnalignedSize {
+        /// The size given.
+        bytes: u64,
+    },
+    /// Any other driver error.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+}
+
+/// The frame-pattern kernels, loaded in one context: fill a frame with the pattern of a sequence number, and count
+/// the words of a frame that differ from it.
+///
+/// ```no_run
+/// use gpu_ipc_kernels::launch::PatternKernels;
+/// use ipc_core::driver::{Context, DeviceBuffer, Stream};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::for_ordinal(0)?;
+/// let kernels = PatternKernels::load(&ctx)?;
+/// let stream = Stream::new(&ctx)?;
+/// let frame = DeviceBuffer::alloc(&ctx, 3840 * 2160 * 3)?;
+/// kernels.fill(&stream, frame.ptr(), frame.len(), 7)?;
+/// assert_eq!(kernels.count_mismatches(&stream, frame.ptr(), frame.len(), 7)?, 0);
+/// # Ok(()) }
+/// ```
+pub struct PatternKernels {
+    fill: Function,
+    verify: Function,
+    counter: DeviceBuffer,
+    image: &'static KernelImage,
+    max_blocks: u32,
+}
+
+const THREADS: u32 = 256;
+
+impl PatternKernels {
+    /// Loads the image that suits the context's device (exact cubin, closest cubin of the same major, else PTX;
+    /// `GPU_IPC_FORCE_PTX=1` forces the PTX).
+    ///
+    /// # Errors
+    /// [`KernelError::NoImage`] or [`KernelError::ImageRejected`] (with the driver and image named).
+    pub fn load(ctx: &Context) -> Result<Self, KernelError> {
+        Self::load_image(ctx, image::force_ptx_from_env())
+    }
+
+    /// As [`PatternKernels::load`], choosing the PTX path explicitly when `force_ptx`.
+    ///
+    /// # Errors
+    /// As [`PatternKernels::load`].
+    pub fn load_image(ctx: &Context, force_ptx: bool) -> Result<Self, KernelError> {
+        let device = ctx.device();
+        let (major, minor) = device.compute_capability()?;
+        let image = image::select_image(ComputeCapability::new(major, minor), force_ptx)?;
+        let module = Module::load(ctx, image.bytes).map_err(|source| {
+            let fix = if source.is(sys::cudaError_enum::CUDA_ERROR_UNSUPPORTED_PTX_VERSION) {
+                "the PTX is newer than this driver: update the NVIDIA driver"
+            } else if source.is(sys::cudaError_enum::CUDA_ERROR_NO_BINARY_FOR_GPU) {
+                "no code in the image runs on this GPU: rebuild the kernels for it (scripts/gen-kernels.sh)"
+            } else {
+                "report this with the output of `gpu-ipc doctor --json`"
+            };
+            let driver = ipc_core::driver::Driver::load().map(|d| d.version().to_string()).unwrap_or_default();
+            KernelError::ImageRejected {
+                image: image.file,
+                driver,
+                device: ComputeCapability::new(major, minor),
+                fix,
+                source: Box::new(source),
+            }
+        })?;
+        let sms = device.attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        tracing::debug!(image = %image, "loaded the pattern kernels");
+        Ok(Self {
+            fill: module.function(FILL_PATTERN)?,
+            verify: module.function(VERIFY_PATTERN)?,
+            counter: DeviceBuffer::alloc(ctx, 8)?,
+            image,
+            // Enough resident blocks to saturate memory bandwidth; the kernels loop over the rest.
+            max_blocks: sms * 8,
+        })
+    }
+
+    /// The image that was loaded.
+    pub fn image(&self) -> &'static KernelImage {
+        self.image
+    }
+
+    fn config(&self, bytes: u64) -> Result<(LaunchConfig, u64), KernelError> {
+        if bytes % 4 != 0 {
+            return Err(KernelError::UnalignedSize { bytes });
+        }
+        let words = bytes / 4;
+        let wanted = words.div_ceil(u64::from(THREADS) * 4).max(1);
+        let blocks = wanted.min(u64::from(self.max_blocks)) as u32;
+        Ok((LaunchConfig::linear(blocks, THREADS), words))
+    }
+
+    /// Queues a fill of `bytes` at `frame` with the pattern of `seq`.
+    ///
+    /// # Errors
+    /// A size that is not a multiple of 4, or the launch error.
+    pub fn fill(&self, stream: &Stream, frame: DevicePtr, bytes: u64, seq: u64) -> Result<(), KernelError> {
+        let (config, words) = self.config(bytes)?;
+        self.fill.launch(stream, config, &[KernelParam::Ptr(frame), KernelParam::U64(words), KernelParam::U64(seq)])?;
+        Ok(())
+    }
+
+    /// Queues a check of `bytes` at `frame` against the pattern of `seq`, adding the number of mismatched words to
+    /// the 64-bit counter at `mismatches` (asynchronous: read the counter after the stream is done).
+    ///
+    /// # Errors
+    /// A size that is not a multiple of 4, or the launch error.
+    pub fn verify(
+        &self,
+        stream: &Stream,
+        frame: DevicePtr,
+        bytes: u64,
+        seq: u64,
+        mismatches: DevicePtr,
+    ) -> Result<(), KernelError> {
+        let (config, words) = self.config(bytes)?;
+        self.verify.launch(
+            stream,
+            config,
+            &[KernelParam::Ptr(frame), KernelParam::U64(words), KernelParam::U64(seq), KernelParam::Ptr(mismatches)],
+        )?;
+        Ok(())
+    }
+
+    /// Checks a frame and waits for the answer: the number of 32-bit words that differ from the pattern of `seq`.
+    ///
+    /// # Errors
+    /// A size that is not a multiple of 4, or a driver error (including one raised by earlier work on `stream`).
+    pub fn count_mismatches(
+        &self,
+        stream: &Stream,
+        frame: DevicePtr,
+        bytes: u64,
+        seq: u64,
+    ) -> Result<u64, KernelError> {
+        self.counter.fill_u32_async(0, stream)?;
+        self.verify(stream, frame, bytes, seq, self.counter.ptr())?;
+        stream.synchronize()?;
+        let mut count = [0u64];
+        copy_from_device(&mut count, self.counter.ptr())?;
+        Ok(count[0])
+    }
+}
