@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # Runs the whole GPU suite from what scripts/stage-gpu.sh staged, on a machine with an NVIDIA GPU and no Rust.
 #   scripts/gpu-suite.sh OUT_DIR
-# Writes into OUT_DIR: environment.txt (nvidia-smi, driver, MPS state), tests.log and junit.xml (every test of
-# the workspace, GPU tests included), doctor.txt and doctor.json (gpu-ipc doctor), summary.json.
+# 1. every test of the workspace, GPU tests included (time-sliced GPU: no MPS);
+# 2. the frame-throughput test again under a private MPS daemon (started here, stopped here);
+# 3. gpu-ipc doctor (text and --json).
+# OUT_DIR receives: summary.json, doctor.txt, frames.md (throughput table) and results.tgz (environment.txt,
+# tests.log, junit.xml, tests-mps.log, doctor.json, frames-*.jsonl, mps logs).
 # Exit status: 0 when the tests and the doctor pass, 1 otherwise.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 OUT="${1:?usage: scripts/gpu-suite.sh OUT_DIR}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+WORK="$OUT/results"
+mkdir -p "$WORK"
 STAGE="$ROOT/stage"
 [ -x "$STAGE/bin/cargo-nextest" ] || { echo "gpu-suite: nothing staged; run scripts/stage-gpu.sh first" >&2; exit 2; }
+NEXTEST=("$STAGE/bin/cargo-nextest" nextest run --archive-file "$STAGE/gpu-tests.tar.zst" --workspace-remap . --profile gpu)
+export GPU_IPC_RESULTS_DIR="$WORK"
 START=$(date +%s)
 
 {
@@ -20,23 +28,51 @@ START=$(date +%s)
     nvidia-smi --query-gpu=name,uuid,driver_version,compute_cap,memory.total,compute_mode,clocks.sm,clocks.mem \
         --format=csv 2>&1
     nvidia-smi 2>&1
-} >"$OUT/environment.txt"
+} >"$WORK/environment.txt"
 
-echo "gpu-suite: [1/2] tests (GPU tests included)" >&2
-"$STAGE/bin/cargo-nextest" nextest run --archive-file "$STAGE/gpu-tests.tar.zst" --workspace-remap . \
-    --profile gpu --run-ignored all 2>&1 | tee "$OUT/tests.log"
+echo "gpu-suite: [1/3] all tests, GPU tests included (no MPS)" >&2
+GPU_IPC_RESULTS_TAG=no-mps "${NEXTEST[@]}" --run-ignored all 2>&1 | tee "$WORK/tests.log"
 TESTS_RC=${PIPESTATUS[0]}
 JUNIT=$(find "$ROOT/target" -path '*nextest/gpu/junit.xml' 2>/dev/null | head -1)
-[ -n "$JUNIT" ] && cp "$JUNIT" "$OUT/junit.xml"
+[ -n "$JUNIT" ] && cp "$JUNIT" "$WORK/junit.xml"
 
-echo "gpu-suite: [2/2] gpu-ipc doctor" >&2
+echo "gpu-suite: [2/3] frame throughput under a private MPS daemon" >&2
+MPS_RC=0
+MPS_DIR="$(mktemp -d)"
+mkdir -p "$MPS_DIR/pipe" "$MPS_DIR/log"
+if command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log"
+    if nvidia-cuda-mps-control -d; then
+        sleep 1
+        GPU_IPC_RESULTS_TAG=mps "${NEXTEST[@]}" --run-ignored only \
+            -E 'test(every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers)' 2>&1 |
+            tee "$WORK/tests-mps.log"
+        MPS_RC=${PIPESTATUS[0]}
+        echo quit | nvidia-cuda-mps-control
+        sleep 1
+    else
+        echo "gpu-suite: could not start an MPS daemon" | tee "$WORK/tests-mps.log"
+        MPS_RC=1
+    fi
+    cp -r "$MPS_DIR/log" "$WORK/mps-log" 2>/dev/null
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+else
+    echo "gpu-suite: nvidia-cuda-mps-control not found; no MPS run" | tee "$WORK/tests-mps.log"
+fi
+rm -rf "$MPS_DIR"
+
+echo "gpu-suite: [3/3] gpu-ipc doctor" >&2
 "$STAGE/bin/gpu-ipc" doctor 2>&1 | tee "$OUT/doctor.txt"
 DOCTOR_RC=${PIPESTATUS[0]}
-"$STAGE/bin/gpu-ipc" doctor --json >"$OUT/doctor.json" 2>"$OUT/doctor-json.stderr"
+"$STAGE/bin/gpu-ipc" doctor --json >"$WORK/doctor.json" 2>"$WORK/doctor-json.stderr"
+
+python3 "$ROOT/scripts/frames-table.py" "$WORK" >"$OUT/frames.md" 2>&1
+cat "$OUT/frames.md"
 
 END=$(date +%s)
 cat >"$OUT/summary.json" <<JSON
-{"commit": "$(cat "$STAGE/COMMIT")", "tests_exit": $TESTS_RC, "doctor_exit": $DOCTOR_RC, "seconds": $((END - START))}
+{"commit": "$(cat "$STAGE/COMMIT")", "tests_exit": $TESTS_RC, "mps_tests_exit": $MPS_RC, "doctor_exit": $DOCTOR_RC, "seconds": $((END - START))}
 JSON
+tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$WORK"
 cat "$OUT/summary.json"
-[ "$TESTS_RC" -eq 0 ] && [ "$DOCTOR_RC" -eq 0 ]
+[ "$TESTS_RC" -eq 0 ] && [ "$DOCTOR_RC" -eq 0 ] && [ "$MPS_RC" -eq 0 ]

@@ -98,13 +98,8 @@ impl Device {
     pub fn name(self) -> Result<String> {
         let d = Driver::get()?;
         let f = entry!(d, cuDeviceGetName, "cuDeviceGetName")?;
-        let mut buf = [0 as c_char; 256];
-        // SAFETY: the buffer is writable for the length we pass; the driver NUL-terminates within it.
-        d.check("cuDeviceGetName", unsafe { f(buf.as_mut_ptr(), buf.len() as i32, self.raw) })?;
-        buf[buf.len() - 1] = 0;
-        // SAFETY: the buffer is NUL-terminated (its last byte is 0).
-        let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
-        Ok(name.to_string_lossy().into_owned())
+        // SAFETY: the buffer is writable for the length passed; the driver NUL-terminates within it.
+        read_c_string::<256>(|buf, len| d.check("cuDeviceGetName", unsafe { f(buf, len, self.raw) }))
     }
 
     /// The device UUID.
@@ -127,13 +122,8 @@ impl Device {
     pub fn pci_bus_id(self) -> Result<String> {
         let d = Driver::get()?;
         let f = entry!(d, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId")?;
-        let mut buf = [0 as c_char; 64];
-        // SAFETY: the buffer is writable for the length we pass.
-        d.check("cuDeviceGetPCIBusId", unsafe { f(buf.as_mut_ptr(), buf.len() as i32, self.raw) })?;
-        buf[buf.len() - 1] = 0;
-        // SAFETY: the buffer is NUL-terminated (its last byte is 0).
-        let id = unsafe { CStr::from_ptr(buf.as_ptr()) };
-        Ok(id.to_string_lossy().into_owned())
+        // SAFETY: the buffer is writable for the length passed; the driver NUL-terminates within it.
+        read_c_string::<64>(|buf, len| d.check("cuDeviceGetPCIBusId", unsafe { f(buf, len, self.raw) }))
     }
 
     /// Total memory in bytes.
@@ -200,6 +190,16 @@ impl Device {
         d.check("cuDeviceCanAccessPeer", unsafe { f(&mut can, self.raw, peer.raw) })?;
         Ok(can != 0)
     }
+}
+
+/// Runs `fill(buffer, length)` on an `N`-byte buffer and returns the NUL-terminated string it wrote.
+fn read_c_string<const N: usize>(fill: impl FnOnce(*mut c_char, i32) -> Result<()>) -> Result<String> {
+    let mut buf = [0 as c_char; N];
+    fill(buf.as_mut_ptr(), (N - 1) as i32)?;
+    buf[N - 1] = 0;
+    // SAFETY: the buffer is NUL-terminated (its last byte is 0) and lives until the copy below is made.
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Ok(text.to_string_lossy().into_owned())
 }
 
 #[cfg(test)]
