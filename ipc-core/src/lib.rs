@@ -1,7 +1,11 @@
 //! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the frame ring and its sync
-//! strategies. See `docs/` for the layering; only [`driver`] (and the OS shared-memory owner) contain `unsafe`.
+//! strategies. See `docs/` for the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain
+//! `unsafe` code.
 
 pub mod backend;
 #[allow(unsafe_code)]
 pub mod driver;
+pub mod ring;
+#[allow(unsafe_code)]
+pub mod sys;
 pub mod wire;

@@ -1,0 +1,198 @@
+//! Errors of the frame ring's control block.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::layout::{ConsumerId, ConsumerState, Sequence};
+use crate::sys::shm::ShmError;
+
+/// Why a peer is considered gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GoneReason {
+    /// The producer closed the ring cleanly.
+    Closed,
+    /// `kill(pid, 0)` says the process no longer exists.
+    ProcessExited,
+    /// Its heartbeat is older than the configured bound.
+    HeartbeatStale {
+        /// Age of the last heartbeat.
+        age: Duration,
+    },
+    /// A survivor wrote [`POISON`](super::layout::POISON) into the ring's counters.
+    Poisoned,
+}
+
+impl fmt::Display for GoneReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Closed => f.write_str("it closed the ring"),
+            Self::ProcessExited => f.write_str("its process no longer exists"),
+            Self::HeartbeatStale { age } => write!(f, "its heartbeat is {age:?} old"),
+            Self::Poisoned => {
+                f.write_str("a peer declared it dead and poisoned the ring's counters")
+            }
+        }
+    }
+}
+
+/// What a bounded wait was waiting for, for the timeout message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitTarget {
+    /// A consumer waiting for frame `seq` to be published.
+    Published(Sequence),
+    /// The producer waiting for the slot of frame `seq` to be released by every counted consumer.
+    Reusable(Sequence),
+    /// A caller-supplied condition.
+    Condition(&'static str),
+}
+
+impl fmt::Display for WaitTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Published(seq) => write!(f, "frame {seq} to be published"),
+            Self::Reusable(seq) => write!(
+                f,
+                "the slot of frame {seq} to be released by every live consumer"
+            ),
+            Self::Condition(what) => f.write_str(what),
+        }
+    }
+}
+
+/// Everything that can go wrong in the ring's control block.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// Creating, sealing or mapping the shared memory failed.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    /// A ring parameter is out of range.
+    #[error("ring {what} = {value} is out of range 1..={max}")]
+    InvalidConfig {
+        /// Which parameter.
+        what: &'static str,
+        /// Value given.
+        value: u64,
+        /// Largest allowed value.
+        max: u64,
+    },
+    /// The received memfd is not a ring control block.
+    #[error("control block magic is {found:#018x}, not a gpu-ipc ring; was the right fd passed?")]
+    BadMagic {
+        /// Value found.
+        found: u64,
+    },
+    /// The producer uses another layout version.
+    #[error(
+        "control block layout version {found}, this build speaks {expected}; rebuild both sides from one release"
+    )]
+    LayoutVersion {
+        /// Version found.
+        found: u64,
+        /// Version of this build.
+        expected: u64,
+    },
+    /// A header or state word holds a value no version of this layout writes.
+    #[error("control block {what} holds invalid value {value:#x}; the shared memory is corrupt")]
+    Corrupt {
+        /// Which word.
+        what: &'static str,
+        /// Value found.
+        value: u64,
+    },
+    /// Every consumer record is taken.
+    #[error(
+        "ring is full: all {max_consumers} consumer records are taken ({reclaimable} detached or dead ones can be \
+         freed with reclaim_consumer)"
+    )]
+    RingFull {
+        /// Number of records.
+        max_consumers: u32,
+        /// Records in state `Detached` or `Dead`.
+        reclaimable: u32,
+    },
+    /// A consumer id whose index is outside the ring.
+    #[error("{consumer} does not exist: the ring has {max_consumers} consumer records")]
+    UnknownConsumer {
+        /// The id.
+        consumer: ConsumerId,
+        /// Number of records.
+        max_consumers: u32,
+    },
+    /// The record of a consumer id is no longer (or not yet) in the expected state for this registration.
+    #[error(
+        "{consumer} is not live: its record is {found:?} in epoch {found_epoch} (detached, declared dead, or \
+         reclaimed); re-attach through the producer"
+    )]
+    NotLive {
+        /// The id.
+        consumer: ConsumerId,
+        /// State found in the record.
+        found: Option<ConsumerState>,
+        /// Epoch found in the record.
+        found_epoch: u32,
+    },
+    /// A consumer is registering right now; its join sequence is not decided yet.
+    #[error("consumer record {index} is joining; retry in a few microseconds")]
+    JoinInProgress {
+        /// Record index.
+        index: u32,
+    },
+    /// The producer published out of order.
+    #[error("publish of frame {got} out of order: the next frame is {expected}")]
+    OutOfOrder {
+        /// The next sequence.
+        expected: Sequence,
+        /// The sequence given.
+        got: Sequence,
+    },
+    /// A consumer asked about a frame before its join sequence.
+    #[error("{consumer} joined at frame {join} and cannot read or release frame {seq}")]
+    BeforeJoin {
+        /// The consumer.
+        consumer: ConsumerId,
+        /// Frame asked about.
+        seq: Sequence,
+        /// First frame of this consumer.
+        join: Sequence,
+    },
+    /// The slot of a frame already holds a later frame: this consumer was not counted for back-pressure.
+    #[error(
+        "{consumer} lost frame {seq}: its slot already holds published value {found} (consumer not counted?)"
+    )]
+    Overrun {
+        /// The consumer.
+        consumer: ConsumerId,
+        /// Frame it wanted.
+        seq: Sequence,
+        /// Value of `published` found.
+        found: u64,
+    },
+    /// A bounded wait ran out.
+    #[error("timed out after {waited:?} waiting for {waiting_for}")]
+    Timeout {
+        /// What was awaited.
+        waiting_for: WaitTarget,
+        /// How long.
+        waited: Duration,
+    },
+    /// The producer is gone.
+    #[error("producer pid {pid} is gone: {reason}; reconnect to a new producer")]
+    ProducerGone {
+        /// Producer pid from the header.
+        pid: u64,
+        /// Why.
+        reason: GoneReason,
+    },
+    /// A consumer is gone; the producer should call `mark_consumer_dead` and go on.
+    #[error(
+        "{consumer} (pid {pid}) is gone: {reason}; call mark_consumer_dead to stop waiting for it"
+    )]
+    ConsumerGone {
+        /// The consumer.
+        consumer: ConsumerId,
+        /// Its pid.
+        pid: u64,
+        /// Why.
+        reason: GoneReason,
+    },
+}

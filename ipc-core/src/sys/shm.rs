@@ -1,0 +1,377 @@
+//! Host shared memory: a sealed `memfd` mapped `MAP_SHARED` into every process that holds its fd.
+//!
+//! The ring's control block lives in such a mapping so that producer and consumers (and later, through
+//! `cuMemHostRegister`, their GPU streams) read and write the very same 64-bit counters. The fd travels to peers
+//! over the rendezvous socket with `SCM_RIGHTS`; each peer rebuilds a [`SharedMemory`] with
+//! [`SharedMemory::from_fd`].
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::io::Errno;
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// Seals every shared mapping must carry: with them no peer can shrink the file under a mapping (which would turn
+/// accesses into `SIGBUS`) or grow it.
+const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
+
+/// What went wrong while creating, opening or mapping shared memory.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// A zero-length mapping was requested; `mmap` cannot map it.
+    #[error("shared memory `{name}` must be at least one byte long")]
+    ZeroLength {
+        /// Name given to `memfd_create` (`"<from fd>"` when attaching).
+        name: String,
+    },
+    /// `memfd_create` failed.
+    #[error(
+        "memfd_create(\"{name}\") failed: {source} (is /proc or memfd available in this sandbox?)"
+    )]
+    Create {
+        /// Name given to `memfd_create`.
+        name: String,
+        /// OS error.
+        source: Errno,
+    },
+    /// `ftruncate` to the requested length failed.
+    #[error("ftruncate of shared memory `{name}` to {len} bytes failed: {source}")]
+    Resize {
+        /// Name given to `memfd_create`.
+        name: String,
+        /// Requested length in bytes.
+        len: usize,
+        /// OS error.
+        source: Errno,
+    },
+    /// Adding or reading the `F_SEAL_SHRINK | F_SEAL_GROW` seals failed.
+    #[error("sealing shared memory failed in {call}: {source}")]
+    Seal {
+        /// The `fcntl` operation that failed.
+        call: &'static str,
+        /// OS error.
+        source: Errno,
+    },
+    /// A received fd lacks the size seals, so a peer could shrink it under our mapping.
+    #[error(
+        "shared memory fd is not sealed against resizing (seals {found:#x}); the peer must create it with \
+         SharedMemory::create"
+    )]
+    NotSealed {
+        /// Seal bits found on the fd.
+        found: u32,
+    },
+    /// `fstat` on a received fd failed.
+    #[error("fstat of shared memory fd failed: {source}")]
+    Stat {
+        /// OS error.
+        source: Errno,
+    },
+    /// A received fd has another size than the layout expects (different build or protocol version of the peer).
+    #[error(
+        "shared memory fd is {actual} bytes, expected {expected}; peer and this process disagree on the layout"
+    )]
+    SizeMismatch {
+        /// Size this process expects.
+        expected: usize,
+        /// Size reported by `fstat`.
+        actual: u64,
+    },
+    /// `mmap` failed.
+    #[error("mmap of {len} bytes of shared memory failed: {source}")]
+    Map {
+        /// Requested length.
+        len: usize,
+        /// OS error.
+        source: Errno,
+    },
+    /// Duplicating the fd (to send it to a peer) failed.
+    #[error("duplicating the shared memory fd failed: {source}")]
+    CloneFd {
+        /// OS error.
+        source: Errno,
+    },
+    /// A typed view does not fit the mapping.
+    #[error("cannot view {len}-byte mapping as `{type_name}` ({size} bytes, alignment {align})")]
+    ViewDoesNotFit {
+        /// Mapping length.
+        len: usize,
+        /// Viewed type.
+        type_name: &'static str,
+        /// `size_of` the viewed type.
+        size: usize,
+        /// `align_of` the viewed type.
+        align: usize,
+    },
+}
+
+/// One `MAP_SHARED`, read-write mapping of a sealed memfd, and the fd itself. Unmapped on drop.
+///
+/// The mapping starts on a page boundary (`mmap` guarantees it), which is what `cuMemHostRegister` needs.
+#[derive(Debug)]
+pub struct SharedMemory {
+    ptr: NonNull<c_void>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: `SharedMemory` owns its mapping and fd; the raw pointer is only an address of memory that stays mapped
+// until `Drop`, which `&mut self`/ownership rules make unique. Moving the owner to another thread moves nothing
+// thread-bound (mappings and fds are per process, not per thread).
+unsafe impl Send for SharedMemory {}
+// SAFETY: through `&SharedMemory` the memory is reachable only as a raw pointer (whose use is the caller's unsafe
+// business) or through `SharedObject`, whose views are made only of atomics; so sharing `&SharedMemory` between
+// threads gives no unsynchronised access.
+unsafe impl Sync for SharedMemory {}
+
+impl SharedMemory {
+    /// Creates a sealed memfd of `len` bytes (zero-filled by the kernel) and maps it shared, read-write.
+    ///
+    /// `memfd_create(2)` with `MFD_CLOEXEC | MFD_ALLOW_SEALING`, `ftruncate(2)`, `F_ADD_SEALS` with
+    /// `F_SEAL_SHRINK | F_SEAL_GROW`, then `mmap(2)` `MAP_SHARED`.
+    pub fn create(name: &str, len: usize) -> Result<Self, ShmError> {
+        if len == 0 {
+            return Err(ShmError::ZeroLength {
+                name: name.to_owned(),
+            });
+        }
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(|source| ShmError::Create {
+                name: name.to_owned(),
+                source,
+            })?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(|source| ShmError::Resize {
+            name: name.to_owned(),
+            len,
+            source,
+        })?;
+        rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS).map_err(|source| ShmError::Seal {
+            call: "F_ADD_SEALS",
+            source,
+        })?;
+        tracing::debug!(name, len, "created sealed memfd");
+        Self::map(fd, len)
+    }
+
+    /// Maps a memfd received from a peer, after checking that it is exactly `expected_len` bytes and sealed
+    /// against shrinking and growing.
+    pub fn from_fd(fd: OwnedFd, expected_len: usize) -> Result<Self, ShmError> {
+        if expected_len == 0 {
+            return Err(ShmError::ZeroLength {
+                name: "<from fd>".to_owned(),
+            });
+        }
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|source| ShmError::Seal {
+            call: "F_GET_SEALS",
+            source,
+        })?;
+        if !seals.contains(REQUIRED_SEALS) {
+            return Err(ShmError::NotSealed {
+                found: seals.bits(),
+            });
+        }
+        let stat = rustix::fs::fstat(&fd).map_err(|source| ShmError::Stat { source })?;
+        // A negative size cannot happen for a memfd; map it to a value that fails the comparison.
+        let actual = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
+        if actual != expected_len as u64 {
+            return Err(ShmError::SizeMismatch {
+                expected: expected_len,
+                actual,
+            });
+        }
+        Self::map(fd, expected_len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> Result<Self, ShmError> {
+        // SAFETY: a null hint lets the kernel pick a fresh range, so no existing Rust object is aliased or
+        // replaced; `len` is non-zero and equals the file size, which the seals keep from shrinking, so every
+        // byte of the mapping stays backed by the file.
+        let raw = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(|source| ShmError::Map { len, source })?;
+        let ptr = NonNull::new(raw).ok_or(ShmError::Map {
+            len,
+            source: Errno::FAULT,
+        })?;
+        Ok(Self { ptr, len, fd })
+    }
+
+    /// Start of the mapping (page aligned). For `cuMemHostRegister` and for computing device addresses as
+    /// `base + offset`; reading or writing through it is the caller's responsibility.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr().cast()
+    }
+
+    /// Length of the mapping in bytes (the memfd's sealed size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a mapping has at least one byte (zero-length creation is rejected).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memfd, borrowed: to send over `SCM_RIGHTS` (the kernel duplicates it into the peer).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// A new close-on-exec descriptor for the same memfd.
+    pub fn try_clone_fd(&self) -> Result<OwnedFd, ShmError> {
+        rustix::io::fcntl_dupfd_cloexec(&self.fd, 0).map_err(|source| ShmError::CloneFd { source })
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the range `map` obtained from `mmap`, unmapped only here, once. Every
+        // reference handed out (`SharedObject::get`) borrows `self`, so none outlives this call.
+        let result = unsafe { rustix::mm::munmap(self.ptr.as_ptr(), self.len) };
+        // Like memmap2: an unmap error cannot be acted on in `drop`; log it and go on (the fd closes after this).
+        if let Err(error) = result {
+            tracing::warn!(%error, len = self.len, "munmap of shared memory failed");
+        }
+    }
+}
+
+/// Types that may be laid over shared memory that other processes write concurrently.
+///
+/// # Safety
+///
+/// An implementor guarantees that every bit pattern of `size_of::<Self>()` bytes (including all zeros, which is
+/// what a fresh memfd holds, and whatever a buggy or hostile peer wrote) is a valid value, and that every field is
+/// an atomic (or an array or `#[repr(C)]` struct of such), so mutation by other processes through a shared
+/// reference is ordinary interior mutability and never a data race on a non-atomic.
+pub unsafe trait AtomicPlainData: Sync {}
+
+// SAFETY: `AtomicU64` is valid for every 64-bit pattern and is mutated only atomically.
+unsafe impl AtomicPlainData for AtomicU64 {}
+// SAFETY: an array of valid-for-every-pattern atomics is itself valid for every pattern and has no padding.
+unsafe impl<T: AtomicPlainData, const N: usize> AtomicPlainData for [T; N] {}
+// SAFETY: `ControlBlockLayout` and the structs it nests are `#[repr(C)]` and have only `AtomicU64` fields (directly
+// or in arrays and nested `#[repr(C)]` structs); padding bytes from `align(128)` are never read as part of a
+// value because atomics are never copied out wholesale.
+unsafe impl AtomicPlainData for crate::ring::layout::ControlBlockLayout {}
+
+/// A [`SharedMemory`] whose first `size_of::<T>()` bytes are viewed as a `T` made only of atomics.
+#[derive(Debug)]
+pub struct SharedObject<T: AtomicPlainData> {
+    memory: SharedMemory,
+    _type: PhantomData<T>,
+}
+
+impl<T: AtomicPlainData> SharedObject<T> {
+    /// Checks that `T` fits the mapping (size and alignment) and wraps it.
+    pub fn new(memory: SharedMemory) -> Result<Self, ShmError> {
+        let fits =
+            memory.len() >= size_of::<T>() && memory.as_ptr().align_offset(align_of::<T>()) == 0;
+        if !fits {
+            return Err(ShmError::ViewDoesNotFit {
+                len: memory.len(),
+                type_name: std::any::type_name::<T>(),
+                size: size_of::<T>(),
+                align: align_of::<T>(),
+            });
+        }
+        Ok(Self {
+            memory,
+            _type: PhantomData,
+        })
+    }
+
+    /// The shared object. Other processes may change it at any time, through its atomics only.
+    pub fn get(&self) -> &T {
+        // SAFETY: `new` checked that the mapping is at least `size_of::<T>()` bytes and aligned for `T`; the
+        // mapping lives as long as `self.memory`, which the returned borrow of `self` keeps alive; and
+        // `T: AtomicPlainData` makes any content valid and all concurrent mutation atomic.
+        unsafe { &*self.memory.as_ptr().cast::<T>() }
+    }
+
+    /// The underlying mapping (for its fd, base address and length).
+    pub fn memory(&self) -> &SharedMemory {
+        &self.memory
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn create_map_and_reattach_share_bytes() {
+        let first = SharedMemory::create("shm-unit", 4096).unwrap();
+        assert_eq!(first.len(), 4096);
+        assert_eq!(
+            first.as_ptr() as usize % 4096,
+            0,
+            "mapping must be page aligned"
+        );
+        let second = SharedMemory::from_fd(first.try_clone_fd().unwrap(), 4096).unwrap();
+        let a = SharedObject::<[AtomicU64; 4]>::new(first).unwrap();
+        let b = SharedObject::<[AtomicU64; 4]>::new(second).unwrap();
+        a.get()[3].store(0xfeed, Ordering::SeqCst);
+        assert_eq!(b.get()[3].load(Ordering::SeqCst), 0xfeed);
+        assert_eq!(
+            b.get()[0].load(Ordering::SeqCst),
+            0,
+            "fresh memfd is zero-filled"
+        );
+    }
+
+    #[test]
+    fn from_fd_rejects_wrong_size_and_missing_seals() {
+        let shm = SharedMemory::create("shm-size", 8192).unwrap();
+        let err = SharedMemory::from_fd(shm.try_clone_fd().unwrap(), 4096).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ShmError::SizeMismatch {
+                    expected: 4096,
+                    actual: 8192
+                }
+            ),
+            "{err}"
+        );
+
+        let unsealed = rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&unsealed, 4096).unwrap();
+        let err = SharedMemory::from_fd(unsealed, 4096).unwrap_err();
+        assert!(matches!(err, ShmError::NotSealed { .. }), "{err}");
+        assert!(matches!(
+            SharedMemory::create("z", 0),
+            Err(ShmError::ZeroLength { .. })
+        ));
+    }
+
+    #[test]
+    fn view_that_does_not_fit_is_refused() {
+        let shm = SharedMemory::create("shm-small", 16).unwrap();
+        let err = SharedObject::<[AtomicU64; 4]>::new(shm).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ShmError::ViewDoesNotFit {
+                    len: 16,
+                    size: 32,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}
