@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use ipc_core::ring::layout::ConsumerState;
 use ipc_core::ring::{
-    ConsumerControl, ConsumerId, GoneReason, LivenessPolicy, POISON, ProducerControl, RingConfig,
-    RingError, Sequence, WaitMode,
+    ConsumerControl, ConsumerId, GoneReason, LivenessPolicy, POISON, ProducerControl, RingConfig, RingError, Sequence,
+    WaitMode,
 };
 use ipc_core::sys::shm::{SharedMemory, SharedObject};
 use rustix::io::FdFlags;
@@ -39,23 +39,14 @@ fn inheritable(fd: &SharedMemory) -> OwnedFd {
 
 /// Opens a descriptor of a process by number through /proc, which needs no unsafe `from_raw_fd`.
 fn open_proc_fd(pid: u32, fd: &str) -> OwnedFd {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{pid}/fd/{fd}"))
-        .unwrap();
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/fd/{fd}")).unwrap();
     OwnedFd::from(file)
 }
 
 fn spawn_child(role: &str, envs: &[(&str, String)]) -> Child {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args([
-            "--exact",
-            "child_process_entry_point",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "child_process_entry_point", "--nocapture", "--test-threads=1"])
         .env(ROLE, role)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
@@ -70,10 +61,7 @@ fn read_tagged_line(reader: &mut impl BufRead, prefix: &str) -> String {
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "child ended before printing {prefix}"
-        );
+        assert!(reader.read_line(&mut line).unwrap() > 0, "child ended before printing {prefix}");
         // libtest prints "test child_process_entry_point ... " without a newline before the child's output.
         if let Some(start) = line.find(prefix) {
             return line[start + prefix.len()..].trim().to_owned();
@@ -82,11 +70,7 @@ fn read_tagged_line(reader: &mut impl BufRead, prefix: &str) -> String {
 }
 
 fn field(line: &str, key: &str) -> u64 {
-    line.split_whitespace()
-        .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
-        .unwrap()
-        .parse()
-        .unwrap()
+    line.split_whitespace().find_map(|pair| pair.strip_prefix(key)?.strip_prefix('=')).unwrap().parse().unwrap()
 }
 
 /// Not a test of its own: the body of the child processes the other tests start. Without the role variable (a
@@ -117,10 +101,7 @@ fn child_consumer() {
     while seq.0 - first.0 < frames {
         match consumer.wait_published(seq, deadline(), WaitMode::Spin) {
             Ok(()) => {}
-            Err(RingError::ProducerGone {
-                reason: GoneReason::Closed,
-                ..
-            }) => break,
+            Err(RingError::ProducerGone { reason: GoneReason::Closed, .. }) => break,
             Err(other) => panic!("consumer wait failed: {other}"),
         }
         let value = data.get()[consumer.block().slot_for(seq).0 as usize].load(Ordering::Relaxed);
@@ -129,21 +110,12 @@ fn child_consumer() {
         consumer.release(seq).unwrap();
         seq = seq.next();
     }
-    println!(
-        "CONSUMED first={} count={} sum={}",
-        first.0,
-        seq.0 - first.0,
-        sum
-    );
+    println!("CONSUMED first={} count={} sum={}", first.0, seq.0 - first.0, sum);
 }
 
 /// Creates a ring, registers its parent as consumer, publishes 3 frames, reports, then idles until killed.
 fn child_producer() {
-    let config = RingConfig {
-        slot_count: 2,
-        max_consumers: 2,
-        generation: 1,
-    };
+    let config = RingConfig { slot_count: 2, max_consumers: 2, generation: 1 };
     let producer = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
     let parent = rustix::process::getppid().unwrap();
     let id = producer.register_consumer(parent).unwrap();
@@ -162,14 +134,9 @@ struct Ring {
 }
 
 fn parent_ring(max_consumers: u32) -> Ring {
-    let config = RingConfig {
-        slot_count: SLOTS,
-        max_consumers,
-        generation: 42,
-    };
+    let config = RingConfig { slot_count: SLOTS, max_consumers, generation: 42 };
     let producer = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
-    let data = FrameData::new(SharedMemory::create("ring-test-data", SLOTS as usize * 8).unwrap())
-        .unwrap();
+    let data = FrameData::new(SharedMemory::create("ring-test-data", SLOTS as usize * 8).unwrap()).unwrap();
     Ring { producer, data }
 }
 
@@ -194,8 +161,7 @@ fn start_consumer(ring: &Ring, frames: u64) -> (Child, ConsumerId) {
 
 /// Publishes frame `seq` (writes its data, then the counter) after waiting for its slot.
 fn produce(ring: &Ring, seq: Sequence) -> Result<(), RingError> {
-    ring.producer
-        .wait_reusable(seq, deadline(), WaitMode::Spin)?;
+    ring.producer.wait_reusable(seq, deadline(), WaitMode::Spin)?;
     ring.data.get()[ring.producer.slot_for(seq).0 as usize].store(seq.0, Ordering::Relaxed);
     ring.producer.publish(seq)
 }
@@ -231,11 +197,7 @@ fn producer_survives_a_killed_consumer() {
         }
         match produce(&ring, Sequence(s)) {
             Ok(()) => s += 1,
-            Err(RingError::ConsumerGone {
-                consumer,
-                reason: GoneReason::ProcessExited,
-                ..
-            }) => {
+            Err(RingError::ConsumerGone { consumer, reason: GoneReason::ProcessExited, .. }) => {
                 gone.push((s, consumer));
                 ring.producer.mark_consumer_dead(consumer).unwrap();
             }
@@ -245,15 +207,9 @@ fn producer_survives_a_killed_consumer() {
     assert_eq!(gone.len(), 1, "{gone:?}");
     assert_eq!(gone[0].1, id);
     // The consumer was at most N frames behind when it died.
-    assert!(
-        gone[0].0 >= KILL_AT && gone[0].0 <= KILL_AT + u64::from(SLOTS),
-        "{gone:?}"
-    );
+    assert!(gone[0].0 >= KILL_AT && gone[0].0 <= KILL_AT + u64::from(SLOTS), "{gone:?}");
     assert_eq!(ring.producer.block().next_sequence(), Sequence(TOTAL));
-    assert_eq!(
-        ring.producer.block().consumer_state(id.index()),
-        Some((ConsumerState::Dead, id.epoch()))
-    );
+    assert_eq!(ring.producer.block().consumer_state(id.index()), Some((ConsumerState::Dead, id.epoch())));
     let record = &ring.producer.block().layout().consumers[id.index() as usize];
     for slot in 0..SLOTS as usize {
         assert_eq!(record.released[slot].value.load(Ordering::SeqCst), POISON);
@@ -271,9 +227,7 @@ fn killed_producer_is_reported_within_a_second() {
     let consumer = ConsumerControl::attach(control, id, LivenessPolicy::default()).unwrap();
     assert_eq!(consumer.block().producer_pid(), u64::from(child_pid));
     for s in 0..2 {
-        consumer
-            .wait_published(Sequence(s), deadline(), WaitMode::Spin)
-            .unwrap();
+        consumer.wait_published(Sequence(s), deadline(), WaitMode::Spin).unwrap();
         consumer.release(Sequence(s)).unwrap();
     }
     let (result, killed_at) = std::thread::scope(|scope| {
@@ -289,19 +243,13 @@ fn killed_producer_is_reported_within_a_second() {
         (result, returned_at.duration_since(killed_at))
     });
     match result {
-        Err(RingError::ProducerGone {
-            pid,
-            reason: GoneReason::ProcessExited,
-        }) => assert_eq!(pid, u64::from(child_pid)),
+        Err(RingError::ProducerGone { pid, reason: GoneReason::ProcessExited }) => {
+            assert_eq!(pid, u64::from(child_pid))
+        }
         other => panic!("expected ProducerGone, got {other:?}"),
     }
     assert!(killed_at < Duration::from_secs(1), "took {killed_at:?}");
     // Survivor duty: release every GPU wait on frames that will never come.
     consumer.poison_published();
-    assert_eq!(
-        consumer.block().layout().published[0]
-            .value
-            .load(Ordering::SeqCst),
-        POISON
-    );
+    assert_eq!(consumer.block().layout().published[0].value.load(Ordering::SeqCst), POISON);
 }

@@ -6,23 +6,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ipc_core::ring::layout::{
-    CONTROL_BLOCK_BYTES, ConsumerState, MAX_CONSUMERS, MAX_SLOTS, consumer_heartbeat_offset,
-    consumer_state_offset, next_sequence_offset, producer_heartbeat_offset, producer_state_offset,
-    published_offset, released_offset, state_word,
+    CONTROL_BLOCK_BYTES, ConsumerState, MAX_CONSUMERS, MAX_SLOTS, consumer_heartbeat_offset, consumer_state_offset,
+    next_sequence_offset, producer_heartbeat_offset, producer_state_offset, published_offset, released_offset,
+    state_word,
 };
 use ipc_core::ring::{
-    ConsumerControl, ConsumerId, ControlBlock, GoneReason, LivenessPolicy, POISON, ProducerControl,
-    ReleaseRequirement, RingConfig, RingError, Sequence, SlotIndex, WaitMode, WaitTarget,
+    ConsumerControl, ConsumerId, ControlBlock, GoneReason, LivenessPolicy, POISON, ProducerControl, ReleaseRequirement,
+    RingConfig, RingError, Sequence, SlotIndex, WaitMode, WaitTarget,
 };
 use ipc_core::sys::shm::{SharedMemory, ShmError};
 use rustix::process::getpid;
 
 fn producer(slots: u32, consumers: u32) -> ProducerControl {
-    let config = RingConfig {
-        slot_count: slots,
-        max_consumers: consumers,
-        generation: 7,
-    };
+    let config = RingConfig { slot_count: slots, max_consumers: consumers, generation: 7 };
     ProducerControl::create(config, LivenessPolicy::default()).unwrap()
 }
 
@@ -53,23 +49,14 @@ fn offsets_are_aligned_and_hot_counters_own_their_lines() {
 
     let mut hot = vec![
         (next_sequence_offset(), addr(&layout.next_sequence.value)),
-        (
-            producer_heartbeat_offset(),
-            addr(&layout.producer_heartbeat_ns.value),
-        ),
+        (producer_heartbeat_offset(), addr(&layout.producer_heartbeat_ns.value)),
     ];
     for slot in 0..MAX_SLOTS {
-        hot.push((
-            published_offset(SlotIndex(slot)),
-            addr(&layout.published[slot as usize].value),
-        ));
+        hot.push((published_offset(SlotIndex(slot)), addr(&layout.published[slot as usize].value)));
     }
     for consumer in 0..MAX_CONSUMERS {
         let record = &layout.consumers[consumer as usize];
-        hot.push((
-            consumer_heartbeat_offset(consumer),
-            addr(&record.heartbeat_ns.value),
-        ));
+        hot.push((consumer_heartbeat_offset(consumer), addr(&record.heartbeat_ns.value)));
         for slot in 0..MAX_SLOTS {
             let offset = released_offset(consumer, SlotIndex(slot));
             hot.push((offset, addr(&record.released[slot as usize].value)));
@@ -86,23 +73,14 @@ fn offsets_are_aligned_and_hot_counters_own_their_lines() {
         assert_eq!(offset, actual, "offset function disagrees with the struct");
         assert_eq!(offset % 8, 0);
         assert!(offset + 8 <= CONTROL_BLOCK_BYTES);
-        assert!(
-            lines_64.insert(offset / 64),
-            "offset {offset} shares a 64-byte line"
-        );
-        assert!(
-            lines_128.insert(offset / 128),
-            "offset {offset} shares a 128-byte line"
-        );
+        assert!(lines_64.insert(offset / 64), "offset {offset} shares a 64-byte line");
+        assert!(lines_128.insert(offset / 128), "offset {offset} shares a 128-byte line");
     }
     // Spot values that the documentation's offset table states.
     assert_eq!(next_sequence_offset(), 256);
     assert_eq!(published_offset(SlotIndex(1)), 512);
     assert_eq!(released_offset(0, SlotIndex(0)), 4736);
-    assert_eq!(
-        released_offset(1, SlotIndex(2)),
-        4480 + 4352 + 256 + 2 * 128
-    );
+    assert_eq!(released_offset(1, SlotIndex(2)), 4480 + 4352 + 256 + 2 * 128);
 }
 
 #[test]
@@ -122,31 +100,11 @@ fn header_is_initialised_and_attach_validates() {
 
     let small = SharedMemory::create("small", 4096).unwrap();
     let err = ControlBlock::attach(small.try_clone_fd().unwrap()).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::Shm(ShmError::SizeMismatch { actual: 4096, .. })
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RingError::Shm(ShmError::SizeMismatch { actual: 4096, .. })), "{err}");
 
-    let bad = RingConfig {
-        slot_count: MAX_SLOTS + 1,
-        max_consumers: 1,
-        generation: 0,
-    };
+    let bad = RingConfig { slot_count: MAX_SLOTS + 1, max_consumers: 1, generation: 0 };
     let err = ProducerControl::create(bad, LivenessPolicy::default()).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::InvalidConfig {
-                what: "slot_count",
-                value: 33,
-                max: 32
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RingError::InvalidConfig { what: "slot_count", value: 33, max: 32 }), "{err}");
 }
 
 #[test]
@@ -159,14 +117,9 @@ fn one_consumer_back_pressure() {
         producer.publish(Sequence(s)).unwrap();
     }
     assert_eq!(producer.block().next_sequence(), Sequence(4));
-    assert!(
-        !producer.can_reuse(Sequence(4)).unwrap(),
-        "frame 0 not released yet"
-    );
+    assert!(!producer.can_reuse(Sequence(4)).unwrap(), "frame 0 not released yet");
     let mut pending = Vec::new();
-    producer
-        .pending_releases(Sequence(5), &mut pending)
-        .unwrap();
+    producer.pending_releases(Sequence(5), &mut pending).unwrap();
     assert_eq!(
         pending,
         vec![ReleaseRequirement {
@@ -184,27 +137,13 @@ fn one_consumer_back_pressure() {
     assert!(!producer.can_reuse(Sequence(5)).unwrap());
     producer.publish(Sequence(4)).unwrap();
     assert!(consumer.is_published(Sequence(4)).unwrap());
-    assert_eq!(
-        producer.block().layout().published[0]
-            .value
-            .load(Ordering::SeqCst),
-        5
-    );
+    assert_eq!(producer.block().layout().published[0].value.load(Ordering::SeqCst), 5);
     // Frame 0's slot now holds frame 4: asking for frame 0 again is an overrun, not a stale "yes".
     let err = consumer.is_published(Sequence(0)).unwrap_err();
     assert!(matches!(err, RingError::Overrun { found: 5, .. }), "{err}");
 
     let err = producer.publish(Sequence(9)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::OutOfOrder {
-                expected: Sequence(5),
-                got: Sequence(9)
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RingError::OutOfOrder { expected: Sequence(5), got: Sequence(9) }), "{err}");
 }
 
 /// Simulates a producer and `consumers` consumers that each release at their own pace, and checks at every step
@@ -227,10 +166,7 @@ fn run_paced(consumers: u32, slots: u32, frames: u64) {
             next_write += 1;
         }
         let slowest = next_read.iter().copied().min().unwrap_or(0);
-        assert!(
-            next_write - slowest <= u64::from(slots),
-            "producer ran more than N ahead"
-        );
+        assert!(next_write - slowest <= u64::from(slots), "producer ran more than N ahead");
         for (i, reader) in readers.iter().enumerate() {
             // Consumer i acts every (i + 1)-th step.
             if step % (i as u64 + 1) != 0 || next_read[i] >= frames {
@@ -238,11 +174,7 @@ fn run_paced(consumers: u32, slots: u32, frames: u64) {
             }
             let seq = Sequence(next_read[i]);
             if reader.is_published(seq).unwrap() {
-                assert_eq!(
-                    data[reader.block().slot_for(seq).0 as usize],
-                    seq.0,
-                    "consumer {i} read wrong frame"
-                );
+                assert_eq!(data[reader.block().slot_for(seq).0 as usize], seq.0, "consumer {i} read wrong frame");
                 reader.release(seq).unwrap();
                 next_read[i] += 1;
             }
@@ -265,39 +197,23 @@ fn late_joiner_does_not_block_earlier_frames() {
     let producer = producer(4, 4);
     let early = join_consumer(&producer);
     for s in 0..10 {
-        producer
-            .wait_reusable(Sequence(s), soon(), WaitMode::Spin)
-            .unwrap();
+        producer.wait_reusable(Sequence(s), soon(), WaitMode::Spin).unwrap();
         producer.publish(Sequence(s)).unwrap();
         early.release(Sequence(s)).unwrap();
     }
     let late = join_consumer(&producer);
     assert_eq!(late.join_sequence(), Sequence(10));
     let err = late.is_published(Sequence(9)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::BeforeJoin {
-                join: Sequence(10),
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RingError::BeforeJoin { join: Sequence(10), .. }), "{err}");
     // Frames 10..13 reuse slots of frames 6..9, which the late joiner never reads.
     for s in 10..14 {
         assert!(producer.can_reuse(Sequence(s)).unwrap(), "frame {s}");
         producer.publish(Sequence(s)).unwrap();
         early.release(Sequence(s)).unwrap();
     }
-    assert!(
-        !producer.can_reuse(Sequence(14)).unwrap(),
-        "late joiner must release frame 10 first"
-    );
+    assert!(!producer.can_reuse(Sequence(14)).unwrap(), "late joiner must release frame 10 first");
     let mut pending = Vec::new();
-    producer
-        .pending_releases(Sequence(14), &mut pending)
-        .unwrap();
+    producer.pending_releases(Sequence(14), &mut pending).unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].consumer, late.id());
     assert_eq!(pending[0].at_least, 11);
@@ -313,20 +229,11 @@ fn joining_record_holds_back_reuse() {
     producer.publish(Sequence(1)).unwrap();
     // A registration caught between its claim and its join decision.
     let record = &producer.block().layout().consumers[1];
-    record
-        .state
-        .store(state_word(1, ConsumerState::Joining), Ordering::SeqCst);
+    record.state.store(state_word(1, ConsumerState::Joining), Ordering::SeqCst);
     assert!(!producer.can_reuse(Sequence(2)).unwrap());
-    let err = producer
-        .pending_releases(Sequence(2), &mut Vec::new())
-        .unwrap_err();
-    assert!(
-        matches!(err, RingError::JoinInProgress { index: 1 }),
-        "{err}"
-    );
-    record
-        .state
-        .store(state_word(1, ConsumerState::Free), Ordering::SeqCst);
+    let err = producer.pending_releases(Sequence(2), &mut Vec::new()).unwrap_err();
+    assert!(matches!(err, RingError::JoinInProgress { index: 1 }), "{err}");
+    record.state.store(state_word(1, ConsumerState::Free), Ordering::SeqCst);
     assert!(producer.can_reuse(Sequence(2)).unwrap());
 }
 
@@ -340,54 +247,26 @@ fn detach_stops_counting_and_record_is_reclaimed() {
     assert!(!producer.can_reuse(Sequence(2)).unwrap());
     consumer.detach().unwrap();
     assert!(producer.can_reuse(Sequence(2)).unwrap());
-    assert_eq!(
-        producer.block().consumer_state(0),
-        Some((ConsumerState::Detached, id.epoch()))
-    );
+    assert_eq!(producer.block().consumer_state(0), Some((ConsumerState::Detached, id.epoch())));
     let record = &producer.block().layout().consumers[0];
     assert_eq!(record.released[0].value.load(Ordering::SeqCst), POISON);
     assert_eq!(record.released[1].value.load(Ordering::SeqCst), POISON);
 
     let err = producer.register_consumer(getpid()).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::RingFull {
-                max_consumers: 1,
-                reclaimable: 1
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RingError::RingFull { max_consumers: 1, reclaimable: 1 }), "{err}");
     producer.reclaim_consumer(id).unwrap();
     let again = producer.register_consumer(getpid()).unwrap();
     assert_eq!(again.index(), 0);
     assert_eq!(again.epoch(), id.epoch() + 1);
-    assert_eq!(
-        record.released[0].value.load(Ordering::SeqCst),
-        0,
-        "counters reset for the new owner"
-    );
+    assert_eq!(record.released[0].value.load(Ordering::SeqCst), 0, "counters reset for the new owner");
     assert_eq!(ConsumerId::from_u64(again.to_u64()), again);
 
     // The old id is refused everywhere instead of acting on the newcomer.
     let fd = producer.block().memory().try_clone_fd().unwrap();
     let err = ConsumerControl::attach(fd, id, LivenessPolicy::default()).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::NotLive {
-                found: Some(ConsumerState::Live),
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RingError::NotLive { found: Some(ConsumerState::Live), .. }), "{err}");
     assert!(producer.mark_consumer_dead(id).is_err());
-    assert_eq!(
-        producer.block().consumer_state(0),
-        Some((ConsumerState::Live, again.epoch()))
-    );
+    assert_eq!(producer.block().consumer_state(0), Some((ConsumerState::Live, again.epoch())));
 }
 
 #[test]
@@ -397,10 +276,7 @@ fn dropping_a_consumer_detaches_it() {
         let consumer = join_consumer(&producer);
         consumer.id()
     };
-    assert_eq!(
-        producer.block().consumer_state(0),
-        Some((ConsumerState::Detached, id.epoch()))
-    );
+    assert_eq!(producer.block().consumer_state(0), Some((ConsumerState::Detached, id.epoch())));
 }
 
 #[test]
@@ -410,28 +286,15 @@ fn dead_consumer_stops_counting_and_is_poisoned() {
     let mut exited = std::process::Command::new("true").spawn().unwrap();
     let dead_pid = exited.id();
     exited.wait().unwrap();
-    let dead = producer
-        .register_consumer(rustix::process::Pid::from_raw(dead_pid as i32).unwrap())
-        .unwrap();
+    let dead = producer.register_consumer(rustix::process::Pid::from_raw(dead_pid as i32).unwrap()).unwrap();
     for s in 0..2 {
         producer.publish(Sequence(s)).unwrap();
         alive.release(Sequence(s)).unwrap();
     }
-    assert!(
-        !producer.can_reuse(Sequence(2)).unwrap(),
-        "the dead one still counts until marked"
-    );
-    let err = producer.wait_reusable(
-        Sequence(2),
-        soon(),
-        WaitMode::Sleep(Duration::from_micros(200)),
-    );
+    assert!(!producer.can_reuse(Sequence(2)).unwrap(), "the dead one still counts until marked");
+    let err = producer.wait_reusable(Sequence(2), soon(), WaitMode::Sleep(Duration::from_micros(200)));
     match err {
-        Err(RingError::ConsumerGone {
-            consumer,
-            pid,
-            reason: GoneReason::ProcessExited,
-        }) => {
+        Err(RingError::ConsumerGone { consumer, pid, reason: GoneReason::ProcessExited }) => {
             assert_eq!(consumer, dead);
             assert_eq!(pid, u64::from(dead_pid));
         }
@@ -447,16 +310,7 @@ fn dead_consumer_stops_counting_and_is_poisoned() {
     let zombie = attach(&producer, alive.id());
     producer.mark_consumer_dead(alive.id()).unwrap();
     let err = zombie.release(Sequence(1)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::NotLive {
-                found: Some(ConsumerState::Dead),
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RingError::NotLive { found: Some(ConsumerState::Dead), .. }), "{err}");
 }
 
 #[test]
@@ -464,28 +318,16 @@ fn sequences_beyond_u32() {
     let producer = producer(3, 2);
     let start = (1u64 << 32) + 5;
     // Stand in for a producer that has already run for 2^32 frames.
-    producer
-        .block()
-        .layout()
-        .next_sequence
-        .value
-        .store(start, Ordering::SeqCst);
+    producer.block().layout().next_sequence.value.store(start, Ordering::SeqCst);
     let consumer = join_consumer(&producer);
     assert_eq!(consumer.join_sequence(), Sequence(start));
     for s in start..start + 10 {
-        producer
-            .wait_reusable(Sequence(s), soon(), WaitMode::Spin)
-            .unwrap();
+        producer.wait_reusable(Sequence(s), soon(), WaitMode::Spin).unwrap();
         producer.publish(Sequence(s)).unwrap();
         assert!(consumer.is_published(Sequence(s)).unwrap());
         let slot = producer.slot_for(Sequence(s));
         assert_eq!(slot, SlotIndex((s % 3) as u32));
-        assert_eq!(
-            producer.block().layout().published[slot.0 as usize]
-                .value
-                .load(Ordering::SeqCst),
-            s + 1
-        );
+        assert_eq!(producer.block().layout().published[slot.0 as usize].value.load(Ordering::SeqCst), s + 1);
         consumer.release(Sequence(s)).unwrap();
     }
     assert!(start + 10 > u64::from(u32::MAX));
@@ -498,14 +340,9 @@ fn waits_are_bounded_and_report_why() {
     let consumer = join_consumer(&producer);
     for mode in [WaitMode::Spin, WaitMode::Sleep(Duration::from_millis(2))] {
         let begin = Instant::now();
-        let err = consumer
-            .wait_published(Sequence(0), begin + Duration::from_millis(30), mode)
-            .unwrap_err();
+        let err = consumer.wait_published(Sequence(0), begin + Duration::from_millis(30), mode).unwrap_err();
         match err {
-            RingError::Timeout {
-                waiting_for,
-                waited,
-            } => {
+            RingError::Timeout { waiting_for, waited } => {
                 assert_eq!(waiting_for, WaitTarget::Published(Sequence(0)));
                 assert!(waited >= Duration::from_millis(30), "{waited:?}");
                 assert!(waited < Duration::from_secs(2), "{waited:?}");
@@ -515,44 +352,17 @@ fn waits_are_bounded_and_report_why() {
     }
     producer.publish(Sequence(0)).unwrap();
     producer.publish(Sequence(1)).unwrap();
-    let err = producer
-        .wait_reusable(
-            Sequence(2),
-            Instant::now() + Duration::from_millis(10),
-            WaitMode::Spin,
-        )
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::Timeout {
-                waiting_for: WaitTarget::Reusable(Sequence(2)),
-                ..
-            }
-        ),
-        "{err}"
-    );
+    let err =
+        producer.wait_reusable(Sequence(2), Instant::now() + Duration::from_millis(10), WaitMode::Spin).unwrap_err();
+    assert!(matches!(err, RingError::Timeout { waiting_for: WaitTarget::Reusable(Sequence(2)), .. }), "{err}");
 
     // Closing: frames already published are still delivered, then ProducerGone.
     producer.close();
-    consumer
-        .wait_published(Sequence(1), soon(), WaitMode::Spin)
-        .unwrap();
+    consumer.wait_published(Sequence(1), soon(), WaitMode::Spin).unwrap();
     consumer.release(Sequence(0)).unwrap();
     consumer.release(Sequence(1)).unwrap();
-    let err = consumer
-        .wait_published(Sequence(2), soon(), WaitMode::Spin)
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::ProducerGone {
-                reason: GoneReason::Closed,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    let err = consumer.wait_published(Sequence(2), soon(), WaitMode::Spin).unwrap_err();
+    assert!(matches!(err, RingError::ProducerGone { reason: GoneReason::Closed, .. }), "{err}");
 }
 
 #[test]
@@ -560,60 +370,28 @@ fn poison_releases_everyone() {
     let producer = producer(2, 2);
     let consumer = join_consumer(&producer);
     consumer.poison_published();
-    assert_eq!(
-        producer.block().layout().published[1]
-            .value
-            .load(Ordering::SeqCst),
-        POISON
-    );
+    assert_eq!(producer.block().layout().published[1].value.load(Ordering::SeqCst), POISON);
     let err = consumer.is_published(Sequence(0)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::ProducerGone {
-                reason: GoneReason::Poisoned,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RingError::ProducerGone { reason: GoneReason::Poisoned, .. }), "{err}");
     // A producer that was only presumed dead learns it from publish, and cannot lower the poison.
     let err = producer.publish(Sequence(0)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RingError::ProducerGone {
-                reason: GoneReason::Poisoned,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert_eq!(
-        producer.block().layout().published[0]
-            .value
-            .load(Ordering::SeqCst),
-        POISON
-    );
+    assert!(matches!(err, RingError::ProducerGone { reason: GoneReason::Poisoned, .. }), "{err}");
+    assert_eq!(producer.block().layout().published[0].value.load(Ordering::SeqCst), POISON);
 }
 
 #[test]
 fn stale_heartbeat_means_gone() {
     let producer = producer(2, 1);
     let id = producer.register_consumer(getpid()).unwrap();
-    let policy = LivenessPolicy {
-        heartbeat_timeout: Some(Duration::from_millis(20)),
-        ..LivenessPolicy::default()
-    };
+    let policy = LivenessPolicy { heartbeat_timeout: Some(Duration::from_millis(20)), ..LivenessPolicy::default() };
     let fd = producer.block().memory().try_clone_fd().unwrap();
     let consumer = ConsumerControl::attach(fd, id, policy).unwrap();
     consumer.check_producer().unwrap();
     std::thread::sleep(Duration::from_millis(40));
     match consumer.check_producer() {
-        Err(RingError::ProducerGone {
-            reason: GoneReason::HeartbeatStale { age },
-            ..
-        }) => assert!(age >= Duration::from_millis(40), "{age:?}"),
+        Err(RingError::ProducerGone { reason: GoneReason::HeartbeatStale { age }, .. }) => {
+            assert!(age >= Duration::from_millis(40), "{age:?}")
+        }
         other => panic!("expected stale heartbeat, got {other:?}"),
     }
     producer.heartbeat();
@@ -634,11 +412,7 @@ fn threads_share_frames_through_the_ring() {
             .map(|(i, reader)| {
                 let data = &data;
                 scope.spawn(move || {
-                    let mode = if i < 2 {
-                        WaitMode::Spin
-                    } else {
-                        WaitMode::Sleep(Duration::from_micros(50))
-                    };
+                    let mode = if i < 2 { WaitMode::Spin } else { WaitMode::Sleep(Duration::from_micros(50)) };
                     let mut sum = 0u64;
                     for s in 0..FRAMES {
                         reader.wait_published(Sequence(s), soon(), mode).unwrap();
@@ -653,9 +427,7 @@ fn threads_share_frames_through_the_ring() {
             })
             .collect();
         for s in 0..FRAMES {
-            producer
-                .wait_reusable(Sequence(s), soon(), WaitMode::Spin)
-                .unwrap();
+            producer.wait_reusable(Sequence(s), soon(), WaitMode::Spin).unwrap();
             data[producer.slot_for(Sequence(s)).0 as usize].store(s, Ordering::Relaxed);
             producer.publish(Sequence(s)).unwrap();
         }

@@ -23,9 +23,8 @@ use rustix::process::Pid;
 
 use super::error::{GoneReason, RingError, WaitTarget};
 use super::layout::{
-    CONTROL_BLOCK_BYTES, ConsumerId, ConsumerRecord, ConsumerState, ControlBlockLayout,
-    LAYOUT_VERSION, MAGIC, MAX_CONSUMERS, MAX_SLOTS, POISON, ProducerState, Sequence, SlotIndex,
-    released_offset, state_epoch, state_word,
+    CONTROL_BLOCK_BYTES, ConsumerId, ConsumerRecord, ConsumerState, ControlBlockLayout, LAYOUT_VERSION, MAGIC,
+    MAX_CONSUMERS, MAX_SLOTS, POISON, ProducerState, Sequence, SlotIndex, released_offset, state_epoch, state_word,
 };
 use crate::sys::shm::{SharedMemory, SharedObject};
 
@@ -55,11 +54,7 @@ pub struct LivenessPolicy {
 
 impl Default for LivenessPolicy {
     fn default() -> Self {
-        Self {
-            heartbeat_timeout: None,
-            check_pid: true,
-            check_interval: Duration::from_millis(1),
-        }
+        Self { heartbeat_timeout: None, check_pid: true, check_interval: Duration::from_millis(1) }
     }
 }
 
@@ -133,10 +128,7 @@ pub fn wait_until(
             return if condition()? {
                 Ok(())
             } else {
-                Err(RingError::Timeout {
-                    waiting_for,
-                    waited: now.duration_since(start),
-                })
+                Err(RingError::Timeout { waiting_for, waited: now.duration_since(start) })
             };
         }
     }
@@ -145,9 +137,7 @@ pub fn wait_until(
 /// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process on the machine, so heartbeats compare across them.
 pub fn monotonic_ns() -> u64 {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    (now.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(now.tv_nsec as u64)
+    (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
 }
 
 /// `kill(pid, 0)`: false only when the process certainly does not exist (`ESRCH`). A zombie still counts as alive
@@ -188,43 +178,17 @@ impl ControlBlock {
         let header = &layout.header;
         // Nobody else can see the memfd yet; Relaxed stores, then the magic with Release so that a peer that
         // checks the magic with Acquire sees a complete header however the fd reached it.
-        header
-            .layout_version
-            .store(LAYOUT_VERSION, Ordering::Relaxed);
-        header
-            .total_bytes
-            .store(CONTROL_BLOCK_BYTES as u64, Ordering::Relaxed);
-        header
-            .slot_count
-            .store(u64::from(config.slot_count), Ordering::Relaxed);
-        header
-            .max_consumers
-            .store(u64::from(config.max_consumers), Ordering::Relaxed);
-        header
-            .generation
-            .store(config.generation, Ordering::Relaxed);
-        header.producer_pid.store(
-            rustix::process::getpid().as_raw_pid() as u64,
-            Ordering::Relaxed,
-        );
-        header
-            .producer_state
-            .store(ProducerState::Running as u64, Ordering::Relaxed);
-        layout
-            .producer_heartbeat_ns
-            .value
-            .store(monotonic_ns(), Ordering::Relaxed);
+        header.layout_version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        header.total_bytes.store(CONTROL_BLOCK_BYTES as u64, Ordering::Relaxed);
+        header.slot_count.store(u64::from(config.slot_count), Ordering::Relaxed);
+        header.max_consumers.store(u64::from(config.max_consumers), Ordering::Relaxed);
+        header.generation.store(config.generation, Ordering::Relaxed);
+        header.producer_pid.store(rustix::process::getpid().as_raw_pid() as u64, Ordering::Relaxed);
+        header.producer_state.store(ProducerState::Running as u64, Ordering::Relaxed);
+        layout.producer_heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
         header.magic.store(MAGIC, Ordering::Release);
-        tracing::debug!(
-            ?config,
-            bytes = CONTROL_BLOCK_BYTES,
-            "created ring control block"
-        );
-        Ok(Self {
-            object,
-            slot_count: config.slot_count,
-            max_consumers: config.max_consumers,
-        })
+        tracing::debug!(?config, bytes = CONTROL_BLOCK_BYTES, "created ring control block");
+        Ok(Self { object, slot_count: config.slot_count, max_consumers: config.max_consumers })
     }
 
     /// Maps a control block received from the producer and validates its header.
@@ -238,33 +202,15 @@ impl ControlBlock {
         }
         let version = header.layout_version.load(Ordering::Relaxed);
         if version != LAYOUT_VERSION {
-            return Err(RingError::LayoutVersion {
-                found: version,
-                expected: LAYOUT_VERSION,
-            });
+            return Err(RingError::LayoutVersion { found: version, expected: LAYOUT_VERSION });
         }
         let total = header.total_bytes.load(Ordering::Relaxed);
         if total != CONTROL_BLOCK_BYTES as u64 {
-            return Err(RingError::Corrupt {
-                what: "total_bytes",
-                value: total,
-            });
+            return Err(RingError::Corrupt { what: "total_bytes", value: total });
         }
-        let slot_count = header_count(
-            header.slot_count.load(Ordering::Relaxed),
-            "slot_count",
-            MAX_SLOTS,
-        )?;
-        let max_consumers = header_count(
-            header.max_consumers.load(Ordering::Relaxed),
-            "max_consumers",
-            MAX_CONSUMERS,
-        )?;
-        Ok(Self {
-            object,
-            slot_count,
-            max_consumers,
-        })
+        let slot_count = header_count(header.slot_count.load(Ordering::Relaxed), "slot_count", MAX_SLOTS)?;
+        let max_consumers = header_count(header.max_consumers.load(Ordering::Relaxed), "max_consumers", MAX_CONSUMERS)?;
+        Ok(Self { object, slot_count, max_consumers })
     }
 
     /// The shared layout. Its fields are atomics; prefer the state-machine methods to writing them directly.
@@ -328,28 +274,17 @@ impl ControlBlock {
 
     fn record(&self, consumer: ConsumerId) -> Result<&ConsumerRecord, RingError> {
         self.record_at(consumer.index())
-            .ok_or(RingError::UnknownConsumer {
-                consumer,
-                max_consumers: self.max_consumers,
-            })
+            .ok_or(RingError::UnknownConsumer { consumer, max_consumers: self.max_consumers })
     }
 
     /// The record of `consumer` if it is in `expected` state in the consumer's epoch.
-    fn record_in(
-        &self,
-        consumer: ConsumerId,
-        expected: ConsumerState,
-    ) -> Result<&ConsumerRecord, RingError> {
+    fn record_in(&self, consumer: ConsumerId, expected: ConsumerState) -> Result<&ConsumerRecord, RingError> {
         let record = self.record(consumer)?;
         let word = record.state.load(Ordering::Acquire);
         if word == state_word(consumer.epoch(), expected) {
             Ok(record)
         } else {
-            Err(RingError::NotLive {
-                consumer,
-                found: ConsumerState::from_raw(word),
-                found_epoch: state_epoch(word),
-            })
+            Err(RingError::NotLive { consumer, found: ConsumerState::from_raw(word), found_epoch: state_epoch(word) })
         }
     }
 
@@ -374,11 +309,7 @@ fn check_range(what: &'static str, value: u32, max: u32) -> Result<(), RingError
     if (1..=max).contains(&value) {
         Ok(())
     } else {
-        Err(RingError::InvalidConfig {
-            what,
-            value: u64::from(value),
-            max: u64::from(max),
-        })
+        Err(RingError::InvalidConfig { what, value: u64::from(value), max: u64::from(max) })
     }
 }
 
@@ -399,10 +330,7 @@ pub struct ProducerControl {
 impl ProducerControl {
     /// Creates the control block in a new sealed memfd, with this process as the running producer.
     pub fn create(config: RingConfig, policy: LivenessPolicy) -> Result<Self, RingError> {
-        Ok(Self {
-            block: ControlBlock::create(config)?,
-            policy,
-        })
+        Ok(Self { block: ControlBlock::create(config)?, policy })
     }
 
     /// The shared control block (fd to send, base address, layout).
@@ -440,38 +368,25 @@ impl ProducerControl {
             let epoch = state_epoch(word).wrapping_add(1);
             if record
                 .state
-                .compare_exchange(
-                    word,
-                    state_word(epoch, ConsumerState::Joining),
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                )
+                .compare_exchange(word, state_word(epoch, ConsumerState::Joining), Ordering::SeqCst, Ordering::Relaxed)
                 .is_err()
             {
                 continue;
             }
             record.pid.store(pid.as_raw_pid() as u64, Ordering::Relaxed);
-            record
-                .heartbeat_ns
-                .value
-                .store(monotonic_ns(), Ordering::Relaxed);
+            record.heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
             for counter in &record.released {
                 counter.value.store(0, Ordering::Relaxed);
             }
             let join = layout.next_sequence.value.load(Ordering::SeqCst);
             record.join_sequence.store(join, Ordering::Relaxed);
             // Release: the pid, heartbeat, zeroed counters and join sequence are visible to whoever sees Live.
-            record
-                .state
-                .store(state_word(epoch, ConsumerState::Live), Ordering::Release);
+            record.state.store(state_word(epoch, ConsumerState::Live), Ordering::Release);
             let id = ConsumerId::new(index, epoch);
             tracing::info!(%id, pid = pid.as_raw_pid(), join, "consumer registered");
             return Ok(id);
         }
-        Err(RingError::RingFull {
-            max_consumers: self.block.max_consumers,
-            reclaimable,
-        })
+        Err(RingError::RingFull { max_consumers: self.block.max_consumers, reclaimable })
     }
 
     /// Whether the slot of frame `seq` may be rewritten now: every `Live` consumer whose join sequence is at most
@@ -491,11 +406,7 @@ impl ProducerControl {
 
     /// Appends to `out` every release the producer still needs before rewriting the slot of frame `seq` (for a
     /// GPU strategy: one stream wait each). `JoinInProgress` if a consumer is mid-registration: retry.
-    pub fn pending_releases(
-        &self,
-        seq: Sequence,
-        out: &mut Vec<ReleaseRequirement>,
-    ) -> Result<(), RingError> {
+    pub fn pending_releases(&self, seq: Sequence, out: &mut Vec<ReleaseRequirement>) -> Result<(), RingError> {
         self.scan_releases(seq, |requirement| {
             out.push(requirement);
             true
@@ -524,10 +435,7 @@ impl ProducerControl {
                 Some(ConsumerState::Joining) => return Err(RingError::JoinInProgress { index }),
                 Some(ConsumerState::Live) => {}
                 None => {
-                    return Err(RingError::Corrupt {
-                        what: "consumer state",
-                        value: word,
-                    });
+                    return Err(RingError::Corrupt { what: "consumer state", value: word });
                 }
             }
             if record.join_sequence.load(Ordering::Relaxed) > previous {
@@ -536,11 +444,7 @@ impl ProducerControl {
             }
             let at_least = previous + 1;
             // Acquire: the consumer's reads of frame `previous` happen before our rewrite.
-            if record.released[slot.0 as usize]
-                .value
-                .load(Ordering::Acquire)
-                >= at_least
-            {
+            if record.released[slot.0 as usize].value.load(Ordering::Acquire) >= at_least {
                 continue;
             }
             let requirement = ReleaseRequirement {
@@ -578,12 +482,7 @@ impl ProducerControl {
 
     /// Waits until [`can_reuse`](Self::can_reuse)`(seq)`, beating the producer heartbeat and checking consumers
     /// every `check_interval`. A gone consumer ends the wait with `ConsumerGone`: mark it dead and wait again.
-    pub fn wait_reusable(
-        &self,
-        seq: Sequence,
-        deadline: Instant,
-        mode: WaitMode,
-    ) -> Result<(), RingError> {
+    pub fn wait_reusable(&self, seq: Sequence, deadline: Instant, mode: WaitMode) -> Result<(), RingError> {
         wait_until(
             WaitTarget::Reusable(seq),
             deadline,
@@ -602,16 +501,10 @@ impl ProducerControl {
     pub fn publish(&self, seq: Sequence) -> Result<(), RingError> {
         self.check_in_order(seq)?;
         // Release: the frame contents written before this are visible to a consumer that Acquire-loads seq + 1.
-        let before = self
-            .block
-            .published(self.slot_for(seq))
-            .fetch_max(seq.done_value(), Ordering::Release);
+        let before = self.block.published(self.slot_for(seq)).fetch_max(seq.done_value(), Ordering::Release);
         self.store_next(seq);
         if before == POISON {
-            return Err(RingError::ProducerGone {
-                pid: self.block.producer_pid(),
-                reason: GoneReason::Poisoned,
-            });
+            return Err(RingError::ProducerGone { pid: self.block.producer_pid(), reason: GoneReason::Poisoned });
         }
         Ok(())
     }
@@ -626,37 +519,19 @@ impl ProducerControl {
 
     fn check_in_order(&self, seq: Sequence) -> Result<(), RingError> {
         // Only the producer writes next_sequence, so its own Relaxed read is current.
-        let expected = Sequence(
-            self.block
-                .layout()
-                .next_sequence
-                .value
-                .load(Ordering::Relaxed),
-        );
-        if seq == expected {
-            Ok(())
-        } else {
-            Err(RingError::OutOfOrder { expected, got: seq })
-        }
+        let expected = Sequence(self.block.layout().next_sequence.value.load(Ordering::Relaxed));
+        if seq == expected { Ok(()) } else { Err(RingError::OutOfOrder { expected, got: seq }) }
     }
 
     fn store_next(&self, seq: Sequence) {
         // SeqCst: first half of the registration handshake (see register_consumer).
-        self.block
-            .layout()
-            .next_sequence
-            .value
-            .store(seq.done_value(), Ordering::SeqCst);
+        self.block.layout().next_sequence.value.store(seq.done_value(), Ordering::SeqCst);
         self.heartbeat();
     }
 
     /// Records a sign of life (`CLOCK_MONOTONIC` now). Publishing and waiting do it; call it when idle for long.
     pub fn heartbeat(&self) {
-        self.block
-            .layout()
-            .producer_heartbeat_ns
-            .value
-            .store(monotonic_ns(), Ordering::Relaxed);
+        self.block.layout().producer_heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
     }
 
     /// Declares `consumer` dead: it stops counting for back-pressure, and its `released` counters get [`POISON`]
@@ -671,17 +546,10 @@ impl ProducerControl {
                 if state == Some(ConsumerState::Dead) && state_epoch(word) == consumer.epoch() {
                     return Ok(());
                 }
-                return Err(RingError::NotLive {
-                    consumer,
-                    found: state,
-                    found_epoch: state_epoch(word),
-                });
+                return Err(RingError::NotLive { consumer, found: state, found_epoch: state_epoch(word) });
             }
             let dead = state_word(consumer.epoch(), ConsumerState::Dead);
-            match record
-                .state
-                .compare_exchange(word, dead, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match record.state.compare_exchange(word, dead, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => break,
                 Err(current) => word = current,
             }
@@ -698,30 +566,18 @@ impl ProducerControl {
         let free = state_word(consumer.epoch(), ConsumerState::Free);
         for from in [ConsumerState::Detached, ConsumerState::Dead] {
             let word = state_word(consumer.epoch(), from);
-            if record
-                .state
-                .compare_exchange(word, free, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
+            if record.state.compare_exchange(word, free, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 return Ok(());
             }
         }
         let word = record.state.load(Ordering::Acquire);
-        Err(RingError::NotLive {
-            consumer,
-            found: ConsumerState::from_raw(word),
-            found_epoch: state_epoch(word),
-        })
+        Err(RingError::NotLive { consumer, found: ConsumerState::from_raw(word), found_epoch: state_epoch(word) })
     }
 
     /// Marks the ring closed: consumers finish the frames already published, then get `ProducerGone`.
     pub fn close(&self) {
         // Release: everything published before closing is visible to whoever sees Closed.
-        self.block
-            .layout()
-            .header
-            .producer_state
-            .store(ProducerState::Closed as u64, Ordering::Release);
+        self.block.layout().header.producer_state.store(ProducerState::Closed as u64, Ordering::Release);
     }
 }
 
@@ -746,12 +602,7 @@ impl ConsumerControl {
         let block = ControlBlock::attach(fd)?;
         let record = block.record_in(id, ConsumerState::Live)?;
         let join = Sequence(record.join_sequence.load(Ordering::Relaxed));
-        Ok(Self {
-            block,
-            id,
-            join,
-            policy,
-        })
+        Ok(Self { block, id, join, policy })
     }
 
     /// The shared control block.
@@ -774,34 +625,19 @@ impl ConsumerControl {
     pub fn is_published(&self, seq: Sequence) -> Result<bool, RingError> {
         self.check_joined(seq)?;
         // Acquire: pairs with the producer's Release in `publish`, making the frame's contents visible.
-        let value = self
-            .block
-            .published(self.block.slot_for(seq))
-            .load(Ordering::Acquire);
+        let value = self.block.published(self.block.slot_for(seq)).load(Ordering::Acquire);
         if value == POISON {
-            return Err(RingError::ProducerGone {
-                pid: self.block.producer_pid(),
-                reason: GoneReason::Poisoned,
-            });
+            return Err(RingError::ProducerGone { pid: self.block.producer_pid(), reason: GoneReason::Poisoned });
         }
         if value > seq.done_value() {
-            return Err(RingError::Overrun {
-                consumer: self.id,
-                seq,
-                found: value,
-            });
+            return Err(RingError::Overrun { consumer: self.id, seq, found: value });
         }
         Ok(value == seq.done_value())
     }
 
     /// Waits until frame `seq` is published, beating this consumer's heartbeat and checking the producer every
     /// `check_interval`.
-    pub fn wait_published(
-        &self,
-        seq: Sequence,
-        deadline: Instant,
-        mode: WaitMode,
-    ) -> Result<(), RingError> {
+    pub fn wait_published(&self, seq: Sequence, deadline: Instant, mode: WaitMode) -> Result<(), RingError> {
         wait_until(
             WaitTarget::Published(seq),
             deadline,
@@ -821,23 +657,15 @@ impl ConsumerControl {
         let record = self.block.record_in(self.id, ConsumerState::Live)?;
         // Release: our reads of the frame happen before the producer, Acquire-loading this, rewrites the slot.
         // fetch_max: never lowers a POISON written by a producer that declared us dead meanwhile.
-        record.released[self.block.slot_for(seq).0 as usize]
-            .value
-            .fetch_max(seq.done_value(), Ordering::Release);
-        record
-            .heartbeat_ns
-            .value
-            .store(monotonic_ns(), Ordering::Relaxed);
+        record.released[self.block.slot_for(seq).0 as usize].value.fetch_max(seq.done_value(), Ordering::Release);
+        record.heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
         Ok(())
     }
 
     /// Records a sign of life.
     pub fn heartbeat(&self) {
         if let Ok(record) = self.block.record(self.id) {
-            record
-                .heartbeat_ns
-                .value
-                .store(monotonic_ns(), Ordering::Relaxed);
+            record.heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
         }
     }
 
@@ -848,20 +676,12 @@ impl ConsumerControl {
         let state = header.producer_state.load(Ordering::Acquire);
         let reason = match ProducerState::from_raw(state) {
             Some(ProducerState::Running) => {
-                let heartbeat = self
-                    .block
-                    .layout()
-                    .producer_heartbeat_ns
-                    .value
-                    .load(Ordering::Relaxed);
+                let heartbeat = self.block.layout().producer_heartbeat_ns.value.load(Ordering::Relaxed);
                 peer_gone(&self.policy, pid, heartbeat)
             }
             Some(ProducerState::Closed) => Some(GoneReason::Closed),
             Some(ProducerState::Uninitialised) | None => {
-                return Err(RingError::Corrupt {
-                    what: "producer state",
-                    value: state,
-                });
+                return Err(RingError::Corrupt { what: "producer state", value: state });
             }
         };
         match reason {
@@ -873,13 +693,7 @@ impl ConsumerControl {
     /// Survivor duty after `ProducerGone`: writes [`POISON`] into every `published` counter, so GPU stream waits
     /// of every consumer on frames that will never come complete (their results are to be discarded).
     pub fn poison_published(&self) {
-        for counter in self
-            .block
-            .layout()
-            .published
-            .iter()
-            .take(self.block.slot_count as usize)
-        {
+        for counter in self.block.layout().published.iter().take(self.block.slot_count as usize) {
             counter.value.fetch_max(POISON, Ordering::Release);
         }
         tracing::warn!(consumer = %self.id, "poisoned published counters after producer loss");
@@ -895,10 +709,7 @@ impl ConsumerControl {
         let record = self.block.record(self.id)?;
         let live = state_word(self.id.epoch(), ConsumerState::Live);
         let detached = state_word(self.id.epoch(), ConsumerState::Detached);
-        match record
-            .state
-            .compare_exchange(live, detached, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match record.state.compare_exchange(live, detached, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 self.block.poison_released(record);
                 tracing::info!(consumer = %self.id, "consumer detached");
@@ -914,15 +725,7 @@ impl ConsumerControl {
     }
 
     fn check_joined(&self, seq: Sequence) -> Result<(), RingError> {
-        if seq < self.join {
-            Err(RingError::BeforeJoin {
-                consumer: self.id,
-                seq,
-                join: self.join,
-            })
-        } else {
-            Ok(())
-        }
+        if seq < self.join { Err(RingError::BeforeJoin { consumer: self.id, seq, join: self.join }) } else { Ok(()) }
     }
 }
 

@@ -28,9 +28,7 @@ impl fmt::Display for GoneReason {
             Self::Closed => f.write_str("it closed the ring"),
             Self::ProcessExited => f.write_str("its process no longer exists"),
             Self::HeartbeatStale { age } => write!(f, "its heartbeat is {age:?} old"),
-            Self::Poisoned => {
-                f.write_str("a peer declared it dead and poisoned the ring's counters")
-            }
+            Self::Poisoned => f.write_str("a peer declared it dead and poisoned the ring's counters"),
         }
     }
 }
@@ -50,10 +48,7 @@ impl fmt::Display for WaitTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Published(seq) => write!(f, "frame {seq} to be published"),
-            Self::Reusable(seq) => write!(
-                f,
-                "the slot of frame {seq} to be released by every live consumer"
-            ),
+            Self::Reusable(seq) => write!(f, "the slot of frame {seq} to be released by every live consumer"),
             Self::Condition(what) => f.write_str(what),
         }
     }
@@ -82,9 +77,7 @@ pub enum RingError {
         found: u64,
     },
     /// The producer uses another layout version.
-    #[error(
-        "control block layout version {found}, this build speaks {expected}; rebuild both sides from one release"
-    )]
+    #[error("control block layout version {found}, this build speaks {expected}; rebuild both sides from one release")]
     LayoutVersion {
         /// Version found.
         found: u64,
@@ -156,9 +149,7 @@ pub enum RingError {
         join: Sequence,
     },
     /// The slot of a frame already holds a later frame: this consumer was not counted for back-pressure.
-    #[error(
-        "{consumer} lost frame {seq}: its slot already holds published value {found} (consumer not counted?)"
-    )]
+    #[error("{consumer} lost frame {seq}: its slot already holds published value {found} (consumer not counted?)")]
     Overrun {
         /// The consumer.
         consumer: ConsumerId,
@@ -184,9 +175,7 @@ pub enum RingError {
         reason: GoneReason,
     },
     /// A consumer is gone; the producer should call `mark_consumer_dead` and go on.
-    #[error(
-        "{consumer} (pid {pid}) is gone: {reason}; call mark_consumer_dead to stop waiting for it"
-    )]
+    #[error("{consumer} (pid {pid}) is gone: {reason}; call mark_consumer_dead to stop waiting for it")]
     ConsumerGone {
         /// The consumer.
         consumer: ConsumerId,

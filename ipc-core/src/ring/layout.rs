@@ -101,10 +101,7 @@ impl ConsumerId {
 
     /// Decodes [`ConsumerId::to_u64`].
     pub const fn from_u64(raw: u64) -> Self {
-        Self {
-            index: raw as u32,
-            epoch: (raw >> 32) as u32,
-        }
+        Self { index: raw as u32, epoch: (raw >> 32) as u32 }
     }
 }
 
@@ -253,8 +250,7 @@ pub const fn published_offset(slot: SlotIndex) -> usize {
 
 /// Byte offset of consumer record `consumer_index`.
 pub const fn consumer_record_offset(consumer_index: u32) -> usize {
-    offset_of!(ControlBlockLayout, consumers)
-        + consumer_index as usize * size_of::<ConsumerRecord>()
+    offset_of!(ControlBlockLayout, consumers) + consumer_index as usize * size_of::<ConsumerRecord>()
 }
 
 /// Byte offset of consumer `consumer_index`'s `released[slot]`.
@@ -296,9 +292,6 @@ const _: () = {
     assert!(size_of::<ConsumerRecord>() == 256 + MAX_SLOTS as usize * COUNTER_STRIDE);
     assert!(published_offset(SlotIndex(0)) == 384);
     assert!(consumer_record_offset(0) == 384 + MAX_SLOTS as usize * COUNTER_STRIDE);
-    assert!(
-        size_of::<ControlBlockLayout>()
-            == 4480 + MAX_CONSUMERS as usize * size_of::<ConsumerRecord>()
-    );
+    assert!(size_of::<ControlBlockLayout>() == 4480 + MAX_CONSUMERS as usize * size_of::<ConsumerRecord>());
     assert!(CONTROL_BLOCK_BYTES == 128 * 1024);
 };

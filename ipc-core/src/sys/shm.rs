@@ -29,9 +29,7 @@ pub enum ShmError {
         name: String,
     },
     /// `memfd_create` failed.
-    #[error(
-        "memfd_create(\"{name}\") failed: {source} (is /proc or memfd available in this sandbox?)"
-    )]
+    #[error("memfd_create(\"{name}\") failed: {source} (is /proc or memfd available in this sandbox?)")]
     Create {
         /// Name given to `memfd_create`.
         name: String,
@@ -72,9 +70,7 @@ pub enum ShmError {
         source: Errno,
     },
     /// A received fd has another size than the layout expects (different build or protocol version of the peer).
-    #[error(
-        "shared memory fd is {actual} bytes, expected {expected}; peer and this process disagree on the layout"
-    )]
+    #[error("shared memory fd is {actual} bytes, expected {expected}; peer and this process disagree on the layout")]
     SizeMismatch {
         /// Size this process expects.
         expected: usize,
@@ -135,24 +131,17 @@ impl SharedMemory {
     /// `F_SEAL_SHRINK | F_SEAL_GROW`, then `mmap(2)` `MAP_SHARED`.
     pub fn create(name: &str, len: usize) -> Result<Self, ShmError> {
         if len == 0 {
-            return Err(ShmError::ZeroLength {
-                name: name.to_owned(),
-            });
+            return Err(ShmError::ZeroLength { name: name.to_owned() });
         }
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .map_err(|source| ShmError::Create {
-                name: name.to_owned(),
-                source,
-            })?;
+            .map_err(|source| ShmError::Create { name: name.to_owned(), source })?;
         rustix::fs::ftruncate(&fd, len as u64).map_err(|source| ShmError::Resize {
             name: name.to_owned(),
             len,
             source,
         })?;
-        rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS).map_err(|source| ShmError::Seal {
-            call: "F_ADD_SEALS",
-            source,
-        })?;
+        rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS)
+            .map_err(|source| ShmError::Seal { call: "F_ADD_SEALS", source })?;
         tracing::debug!(name, len, "created sealed memfd");
         Self::map(fd, len)
     }
@@ -161,27 +150,18 @@ impl SharedMemory {
     /// against shrinking and growing.
     pub fn from_fd(fd: OwnedFd, expected_len: usize) -> Result<Self, ShmError> {
         if expected_len == 0 {
-            return Err(ShmError::ZeroLength {
-                name: "<from fd>".to_owned(),
-            });
+            return Err(ShmError::ZeroLength { name: "<from fd>".to_owned() });
         }
-        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|source| ShmError::Seal {
-            call: "F_GET_SEALS",
-            source,
-        })?;
+        let seals =
+            rustix::fs::fcntl_get_seals(&fd).map_err(|source| ShmError::Seal { call: "F_GET_SEALS", source })?;
         if !seals.contains(REQUIRED_SEALS) {
-            return Err(ShmError::NotSealed {
-                found: seals.bits(),
-            });
+            return Err(ShmError::NotSealed { found: seals.bits() });
         }
         let stat = rustix::fs::fstat(&fd).map_err(|source| ShmError::Stat { source })?;
         // A negative size cannot happen for a memfd; map it to a value that fails the comparison.
         let actual = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
         if actual != expected_len as u64 {
-            return Err(ShmError::SizeMismatch {
-                expected: expected_len,
-                actual,
-            });
+            return Err(ShmError::SizeMismatch { expected: expected_len, actual });
         }
         Self::map(fd, expected_len)
     }
@@ -191,20 +171,10 @@ impl SharedMemory {
         // replaced; `len` is non-zero and equals the file size, which the seals keep from shrinking, so every
         // byte of the mapping stays backed by the file.
         let raw = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )
+            rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
         }
         .map_err(|source| ShmError::Map { len, source })?;
-        let ptr = NonNull::new(raw).ok_or(ShmError::Map {
-            len,
-            source: Errno::FAULT,
-        })?;
+        let ptr = NonNull::new(raw).ok_or(ShmError::Map { len, source: Errno::FAULT })?;
         Ok(Self { ptr, len, fd })
     }
 
@@ -276,8 +246,7 @@ pub struct SharedObject<T: AtomicPlainData> {
 impl<T: AtomicPlainData> SharedObject<T> {
     /// Checks that `T` fits the mapping (size and alignment) and wraps it.
     pub fn new(memory: SharedMemory) -> Result<Self, ShmError> {
-        let fits =
-            memory.len() >= size_of::<T>() && memory.as_ptr().align_offset(align_of::<T>()) == 0;
+        let fits = memory.len() >= size_of::<T>() && memory.as_ptr().align_offset(align_of::<T>()) == 0;
         if !fits {
             return Err(ShmError::ViewDoesNotFit {
                 len: memory.len(),
@@ -286,10 +255,7 @@ impl<T: AtomicPlainData> SharedObject<T> {
                 align: align_of::<T>(),
             });
         }
-        Ok(Self {
-            memory,
-            _type: PhantomData,
-        })
+        Ok(Self { memory, _type: PhantomData })
     }
 
     /// The shared object. Other processes may change it at any time, through its atomics only.
@@ -316,62 +282,32 @@ mod tests {
     fn create_map_and_reattach_share_bytes() {
         let first = SharedMemory::create("shm-unit", 4096).unwrap();
         assert_eq!(first.len(), 4096);
-        assert_eq!(
-            first.as_ptr() as usize % 4096,
-            0,
-            "mapping must be page aligned"
-        );
+        assert_eq!(first.as_ptr() as usize % 4096, 0, "mapping must be page aligned");
         let second = SharedMemory::from_fd(first.try_clone_fd().unwrap(), 4096).unwrap();
         let a = SharedObject::<[AtomicU64; 4]>::new(first).unwrap();
         let b = SharedObject::<[AtomicU64; 4]>::new(second).unwrap();
         a.get()[3].store(0xfeed, Ordering::SeqCst);
         assert_eq!(b.get()[3].load(Ordering::SeqCst), 0xfeed);
-        assert_eq!(
-            b.get()[0].load(Ordering::SeqCst),
-            0,
-            "fresh memfd is zero-filled"
-        );
+        assert_eq!(b.get()[0].load(Ordering::SeqCst), 0, "fresh memfd is zero-filled");
     }
 
     #[test]
     fn from_fd_rejects_wrong_size_and_missing_seals() {
         let shm = SharedMemory::create("shm-size", 8192).unwrap();
         let err = SharedMemory::from_fd(shm.try_clone_fd().unwrap(), 4096).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ShmError::SizeMismatch {
-                    expected: 4096,
-                    actual: 8192
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, ShmError::SizeMismatch { expected: 4096, actual: 8192 }), "{err}");
 
         let unsealed = rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&unsealed, 4096).unwrap();
         let err = SharedMemory::from_fd(unsealed, 4096).unwrap_err();
         assert!(matches!(err, ShmError::NotSealed { .. }), "{err}");
-        assert!(matches!(
-            SharedMemory::create("z", 0),
-            Err(ShmError::ZeroLength { .. })
-        ));
+        assert!(matches!(SharedMemory::create("z", 0), Err(ShmError::ZeroLength { .. })));
     }
 
     #[test]
     fn view_that_does_not_fit_is_refused() {
         let shm = SharedMemory::create("shm-small", 16).unwrap();
         let err = SharedObject::<[AtomicU64; 4]>::new(shm).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ShmError::ViewDoesNotFit {
-                    len: 16,
-                    size: 32,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, ShmError::ViewDoesNotFit { len: 16, size: 32, .. }), "{err}");
     }
 }
