@@ -105,6 +105,6 @@ pub enum BackendError {
         /// What was being done.
         operation: &'static str,
         /// The OS error.
-        source: std::io::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }

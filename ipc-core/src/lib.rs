@@ -5,6 +5,8 @@
 pub mod backend;
 #[allow(unsafe_code)]
 pub mod driver;
+pub mod fake;
+pub mod frames;
 pub mod ring;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -15,6 +15,7 @@
 //! [`ProducerControl::pending_releases`] and [`ConsumerControl::is_published`] evaluate.
 
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -163,7 +164,7 @@ fn peer_gone(policy: &LivenessPolicy, pid: u64, heartbeat_ns: u64) -> Option<Gon
 /// The control block mapping, validated: what both sides share. Read-only queries live here.
 #[derive(Debug)]
 pub struct ControlBlock {
-    object: SharedObject<ControlBlockLayout>,
+    object: Arc<SharedObject<ControlBlockLayout>>,
     slot_count: u32,
     max_consumers: u32,
 }
@@ -173,7 +174,7 @@ impl ControlBlock {
         check_range("slot_count", config.slot_count, MAX_SLOTS)?;
         check_range("max_consumers", config.max_consumers, MAX_CONSUMERS)?;
         let memory = SharedMemory::create("gpu-ipc-ring-control", CONTROL_BLOCK_BYTES)?;
-        let object = SharedObject::<ControlBlockLayout>::new(memory)?;
+        let object = Arc::new(SharedObject::<ControlBlockLayout>::new(memory)?);
         let layout = object.get();
         let header = &layout.header;
         // Nobody else can see the memfd yet; Relaxed stores, then the magic with Release so that a peer that
@@ -194,7 +195,7 @@ impl ControlBlock {
     /// Maps a control block received from the producer and validates its header.
     pub fn attach(fd: OwnedFd) -> Result<Self, RingError> {
         let memory = SharedMemory::from_fd(fd, CONTROL_BLOCK_BYTES)?;
-        let object = SharedObject::<ControlBlockLayout>::new(memory)?;
+        let object = Arc::new(SharedObject::<ControlBlockLayout>::new(memory)?);
         let header = &object.get().header;
         let magic = header.magic.load(Ordering::Acquire);
         if magic != MAGIC {
@@ -221,6 +222,12 @@ impl ControlBlock {
     /// The mapping: its fd to send to consumers, its base address and length for `cuMemHostRegister`.
     pub fn memory(&self) -> &SharedMemory {
         self.object.memory()
+    }
+
+    /// The mapping itself, shareable: what GPU strategies register with `cuMemHostRegister` so streams can wait
+    /// on and write the counters at `base + offset`.
+    pub fn shared(&self) -> Arc<SharedObject<ControlBlockLayout>> {
+        self.object.clone()
     }
 
     /// Number of slots N.
@@ -600,6 +607,19 @@ impl ConsumerControl {
     /// Maps the control block received from the producer, as the consumer `id` the producer registered.
     pub fn attach(fd: OwnedFd, id: ConsumerId, policy: LivenessPolicy) -> Result<Self, RingError> {
         let block = ControlBlock::attach(fd)?;
+        let record = block.record_in(id, ConsumerState::Live)?;
+        let join = Sequence(record.join_sequence.load(Ordering::Relaxed));
+        Ok(Self { block, id, join, policy })
+    }
+
+    /// Maps the control block and joins as record `index`, in the epoch the producer registered it under (the
+    /// wire carries only the index).
+    pub fn attach_index(fd: OwnedFd, index: u32, policy: LivenessPolicy) -> Result<Self, RingError> {
+        let block = ControlBlock::attach(fd)?;
+        let epoch = block.record_at(index).map(|record| state_epoch(record.state.load(Ordering::Acquire))).ok_or(
+            RingError::UnknownConsumer { consumer: ConsumerId::new(index, 0), max_consumers: block.max_consumers },
+        )?;
+        let id = ConsumerId::new(index, epoch);
         let record = block.record_in(id, ConsumerState::Live)?;
         let join = Sequence(record.join_sequence.load(Ordering::Relaxed));
         Ok(Self { block, id, join, policy })

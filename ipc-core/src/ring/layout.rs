@@ -34,12 +34,14 @@ pub const CONTROL_BLOCK_BYTES: usize = size_of::<ControlBlockLayout>().next_mult
 
 /// Value a survivor writes into a counter of a dead peer to release every GPU-side wait on it.
 ///
-/// All waits in the ring are "counter >= value" (`CU_STREAM_WAIT_VALUE_GEQ`), and counters only grow, so
-/// `u64::MAX` satisfies any pending or future wait. It is sticky: the host-side writers use `fetch_max`, so a late
+/// All waits in the ring are "counter >= value" (`CU_STREAM_WAIT_VALUE_GEQ`), and counters only grow, so a value
+/// above every sequence number satisfies any pending or future wait. It is `2^62`, not `u64::MAX`: the GPU's
+/// comparison is the wrap-around `(int64)(*addr - value) >= 0`, which `u64::MAX` fails for every small `value`
+/// (it reads as -1 - value); `2^62` passes it for every sequence below `2^62` (146,000 years at 1M frames/s). It is sticky: the host-side writers use `fetch_max`, so a late
 /// write from a peer that was declared dead cannot lower it. A consumer that reads `POISON` from `published` reports
 /// [`ProducerGone`](super::RingError::ProducerGone); what a GPU kernel released by poison computed is garbage and the
 /// host discards it when it sees the error.
-pub const POISON: u64 = u64::MAX;
+pub const POISON: u64 = 1 << 62;
 
 /// A frame's position in the stream: frame `s` is the `s`-th frame the producer publishes, starting at 0.
 ///

@@ -22,6 +22,16 @@ const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
 /// What went wrong while creating, opening or mapping shared memory.
 #[derive(Debug, thiserror::Error)]
 pub enum ShmError {
+    /// A copy in or out of the mapping would pass its end.
+    #[error("{bytes} bytes at offset {offset} do not fit in the {len}-byte shared memory")]
+    OutOfRange {
+        /// Start of the copy.
+        offset: usize,
+        /// Its length.
+        bytes: usize,
+        /// The mapping's length.
+        len: usize,
+    },
     /// A zero-length mapping was requested; `mmap` cannot map it.
     #[error("shared memory `{name}` must be at least one byte long")]
     ZeroLength {
@@ -203,6 +213,41 @@ impl SharedMemory {
     pub fn try_clone_fd(&self) -> Result<OwnedFd, ShmError> {
         rustix::io::fcntl_dupfd_cloexec(&self.fd, 0).map_err(|source| ShmError::CloneFd { source })
     }
+
+    fn check_range(&self, offset: usize, bytes: usize) -> Result<(), ShmError> {
+        match offset.checked_add(bytes) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(ShmError::OutOfRange { offset, bytes, len: self.len }),
+        }
+    }
+
+    /// Copies `src` into the mapping at `offset` (the host fake backend's "device write").
+    ///
+    /// Other processes may map the same memory: keeping them off these bytes meanwhile is the caller's protocol
+    /// (the ring's), as it is for device memory.
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfRange`].
+    pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), ShmError> {
+        self.check_range(offset, src.len())?;
+        // SAFETY: the range is inside the live mapping (checked above) and `src` is a separate Rust slice, so the
+        // two do not overlap; the mapping is never borrowed as a Rust reference to bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().cast::<u8>().add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes at `offset` out of the mapping into `dst`.
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfRange`].
+    pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), ShmError> {
+        self.check_range(offset, dst.len())?;
+        // SAFETY: as for `write_bytes`, in the other direction; `dst` is exclusively borrowed.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().cast::<u8>().add(offset), dst.as_mut_ptr(), dst.len())
+        };
+        Ok(())
+    }
 }
 
 impl Drop for SharedMemory {
@@ -269,6 +314,28 @@ impl<T: AtomicPlainData> SharedObject<T> {
     /// The underlying mapping (for its fd, base address and length).
     pub fn memory(&self) -> &SharedMemory {
         &self.memory
+    }
+}
+
+// SAFETY: the mapping is page aligned (mmap), stays mapped at the same address until the `SharedMemory` drops, and
+// Rust code accesses it only through atomics (`SharedObject`) or raw pointers, so the device writing it at any time
+// breaks no aliasing rule.
+unsafe impl crate::driver::RegistrableHostMemory for SharedMemory {
+    fn as_ptr(&self) -> *mut u8 {
+        SharedMemory::as_ptr(self)
+    }
+    fn len(&self) -> usize {
+        SharedMemory::len(self)
+    }
+}
+
+// SAFETY: as for `SharedMemory`, which this owns; `T` is made only of atomics (`AtomicPlainData`).
+unsafe impl<T: AtomicPlainData + Send> crate::driver::RegistrableHostMemory for SharedObject<T> {
+    fn as_ptr(&self) -> *mut u8 {
+        self.memory().as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.memory().len()
     }
 }
 

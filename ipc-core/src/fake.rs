@@ -1,0 +1,123 @@
+//! A host-memory fake backend, so the ring, the protocol and the frame API run end to end on machines without a
+//! GPU (CI). "Device memory" is a sealed memfd mapped `MAP_SHARED`; its "device pointer" is the host address of
+//! the mapping; export passes the memfd with `SCM_RIGHTS`, like the VMM backend passes its fd.
+//!
+//! Only the CPU sync strategies work with it (nothing here can run a stream).
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
+use crate::driver::DevicePtr;
+use crate::sys::shm::SharedMemory;
+use crate::wire::BackendKind;
+
+/// The host-memory fake backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostFake;
+
+/// A mapping of fake "device" memory (in the exporter or an importer).
+#[derive(Debug, Clone)]
+pub struct HostRegion {
+    memory: Arc<SharedMemory>,
+}
+
+impl HostRegion {
+    /// The shared memory behind the region.
+    pub fn memory(&self) -> &Arc<SharedMemory> {
+        &self.memory
+    }
+
+    fn offset_of(&self, ptr: DevicePtr, bytes: usize) -> Result<usize, BackendError> {
+        let base = self.memory.as_ptr() as u64;
+        ptr.0
+            .checked_sub(base)
+            .and_then(|o| usize::try_from(o).ok())
+            .filter(|o| o.checked_add(bytes).is_some_and(|end| end <= self.memory.len()))
+            .ok_or_else(|| BackendError::MalformedHandle {
+                backend: HostFake::NAME,
+                problem: format!("{bytes} bytes at {ptr} are outside the region"),
+            })
+    }
+
+    /// Writes `src` at the "device address" `ptr` (a frame's or a slot's), as a kernel would.
+    ///
+    /// # Errors
+    /// An address range outside the region.
+    pub fn write(&self, ptr: DevicePtr, src: &[u8]) -> Result<(), BackendError> {
+        let offset = self.offset_of(ptr, src.len())?;
+        self.memory.write_bytes(offset, src).map_err(|e| BackendError::Os { operation: "writing", source: e.into() })
+    }
+
+    /// Reads `dst.len()` bytes at the "device address" `ptr`.
+    ///
+    /// # Errors
+    /// An address range outside the region.
+    pub fn read(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<(), BackendError> {
+        let offset = self.offset_of(ptr, dst.len())?;
+        self.memory.read_bytes(offset, dst).map_err(|e| BackendError::Os { operation: "reading", source: e.into() })
+    }
+}
+
+impl SharedRegion for HostRegion {
+    fn ptr(&self) -> DevicePtr {
+        DevicePtr(self.memory.as_ptr() as u64)
+    }
+    fn len(&self) -> u64 {
+        self.memory.len() as u64
+    }
+}
+
+/// The fake needs no context.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostContext;
+
+impl Backend for HostFake {
+    type Context = HostContext;
+    type Exported = HostRegion;
+    type Imported = HostRegion;
+    const NAME: &'static str = "host-fake";
+    const KIND: BackendKind = BackendKind::HostFake;
+
+    fn cuda_context(_ctx: &HostContext) -> Option<&crate::driver::Context> {
+        None
+    }
+
+    fn check_support(_ctx: &HostContext) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn allocate(_ctx: &HostContext, min_bytes: u64) -> Result<Self::Exported, BackendError> {
+        let len = usize::try_from(min_bytes.max(1)).map_err(|_| BackendError::Unsupported {
+            backend: Self::NAME,
+            reason: format!("{min_bytes} bytes do not fit this address space"),
+            fix: "use a smaller ring".into(),
+        })?;
+        let memory = SharedMemory::create("gpu-ipc-fake-frames", len)
+            .map_err(|source| BackendError::Os { operation: "creating fake device memory", source: source.into() })?;
+        Ok(HostRegion { memory: Arc::new(memory) })
+    }
+
+    fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError> {
+        let fd = region.memory.try_clone_fd().map_err(|source| BackendError::Os {
+            operation: "duplicating the fake memory fd",
+            source: source.into(),
+        })?;
+        Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd), size: region.len() })
+    }
+
+    fn import(_ctx: &HostContext, handle: ExportedHandle) -> Result<Self::Imported, BackendError> {
+        let Some(fd) = handle.fd else {
+            return Err(BackendError::MalformedHandle {
+                backend: Self::NAME,
+                problem: "no file descriptor came with the handle".into(),
+            });
+        };
+        let len = usize::try_from(handle.size).map_err(|_| BackendError::MalformedHandle {
+            backend: Self::NAME,
+            problem: format!("size {} does not fit this address space", handle.size),
+        })?;
+        let memory = SharedMemory::from_fd(fd, len)
+            .map_err(|source| BackendError::Os { operation: "mapping fake device memory", source: source.into() })?;
+        Ok(HostRegion { memory: Arc::new(memory) })
+    }
+}

@@ -1,0 +1,57 @@
+//! Errors of the frame-sharing API.
+
+use std::time::Duration;
+
+use crate::backend::BackendError;
+use crate::driver::DriverError;
+use crate::ring::RingError;
+use crate::wire::WireError;
+
+/// What went wrong producing or consuming frames.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The producer is gone (its process exited or was killed, or it closed the ring). Frames obtained after it
+    /// went may hold partial data.
+    #[error("the producer (pid {pid}) is gone: {how}")]
+    ProducerGone {
+        /// The producer's pid.
+        pid: u32,
+        /// How it was noticed.
+        how: String,
+    },
+    /// A bounded wait ran out.
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// How long.
+        waited: Duration,
+    },
+    /// The ring's configuration is not usable.
+    #[error("invalid ring configuration: {0}")]
+    Config(String),
+    /// The strategy needs what the backend or device cannot give.
+    #[error("sync strategy {strategy} is not available: {reason}")]
+    StrategyUnavailable {
+        /// The strategy.
+        strategy: String,
+        /// Why.
+        reason: String,
+    },
+    /// The producer refused this consumer.
+    #[error("the producer refused to attach: {0}")]
+    Refused(String),
+    /// Backend error (allocation, export, import).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// Driver error (streams, events, registration).
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// Control-block error.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// Protocol or socket error.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+}

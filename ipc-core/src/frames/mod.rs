@@ -1,0 +1,67 @@
+//! The frame-sharing API: a [`Producer`] publishes frames into a ring of slots in one exported allocation;
+//! [`Consumer`]s in other processes attach once, then read each frame in place and release it.
+//!
+//! The same API runs over every [`Backend`](crate::backend::Backend) and every
+//! [`SyncStrategy`](crate::wire::SyncStrategy):
+//!
+//! | strategy | producer waits for a free slot | consumer waits for a frame | CPU in the per-frame path |
+//! |---|---|---|---|
+//! | `CpuSpin` | CPU spins on the release counters | CPU spins on the publish counter | yes (one core busy) |
+//! | `CpuSleep` | CPU polls with short sleeps | CPU polls with short sleeps | yes |
+//! | `IpcEvent` | CPU sees the release, the stream waits on the consumer's IPC event | CPU sees the publish, the stream waits on the producer's IPC event | counters only |
+//! | `GpuStreamOps` | `cuStreamWaitValue64` on the release counters | `cuStreamWaitValue64` on the publish counter | no |
+//!
+//! With `GpuStreamOps` the calls return as soon as the work is queued: the GPU does the waiting. A dead peer never
+//! hangs the survivor: a watchdog thread notices the hang-up on the rendezvous socket and writes a poison value
+//! into the counters the survivor's stream waits on (see `docs/ring.md`).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ipc_core::backend::Backend;
+//! use ipc_core::driver::{Context, DevicePtr, Stream};
+//! use ipc_core::frames::{FrameError, Producer, ProducerConfig};
+//! use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+//!
+//! // Generic over the backend: `ipc_legacy::Legacy` or `ipc_vmm::Vmm`.
+//! fn produce<B: Backend<Context = Context>>(
+//!     ctx: &Context,
+//!     mut fill_frame: impl FnMut(DevicePtr, &Stream),
+//! ) -> Result<(), FrameError> {
+//!     let geometry = FrameGeometry::new(3840, 2160, PixelFormat::Rgb8)?;
+//!     let config = ProducerConfig::new("/tmp/frames.sock", geometry, 4, SyncStrategy::GpuStreamOps);
+//!     let mut producer = Producer::<B>::create(ctx, config)?;
+//!     let stream = Stream::new(ctx)?;
+//!     loop {
+//!         let slot = producer.acquire(Some(&stream), Duration::from_secs(1))?;
+//!         fill_frame(slot.ptr, &stream); // your kernel, queued on `stream`
+//!         producer.publish(slot, Some(&stream))?;
+//!     }
+//! }
+//! ```
+
+mod consumer;
+mod error;
+mod producer;
+mod run_ahead;
+mod watchdog;
+
+pub use consumer::{AttachOptions, Consumer, Frame};
+pub use error::FrameError;
+pub use producer::{Producer, ProducerConfig, SlotLease};
+
+/// Bytes between slots: the frame size rounded up to 256 bytes, so every slot starts aligned for vector loads.
+pub fn slot_stride(frame_bytes: u64) -> u64 {
+    frame_bytes.div_ceil(256) * 256
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_256_byte_aligned() {
+        assert_eq!(slot_stride(24_883_200), 24_883_200);
+        assert_eq!(slot_stride(1), 256);
+        assert_eq!(slot_stride(257), 512);
+    }
+}

@@ -1,0 +1,490 @@
+//! The producing side of a frame ring.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, SharedRegion};
+use crate::driver::{DevicePtr, Event, EventFlags, HostRegistration, Stream, WaitCondition};
+use crate::frames::FrameError;
+use crate::frames::run_ahead::RunAhead;
+use crate::frames::watchdog::Watchdog;
+use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState, ControlBlockLayout, published_offset};
+use crate::ring::{
+    ConsumerId, LivenessPolicy, ProducerControl, ReleaseRequirement, RingConfig, RingError, Sequence, WaitMode,
+};
+use crate::sys::shm::SharedObject;
+use crate::wire::{
+    Attached, DeviceUuid, FrameGeometry, Message, PeerConnection, RefusalCode, Refused, RendezvousListener, RingOffer,
+    SyncStrategy, WireError,
+};
+
+/// How a producer sets up its ring.
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    /// Where the rendezvous socket is created (mode 0600).
+    pub socket_path: PathBuf,
+    /// Layout of each frame.
+    pub geometry: FrameGeometry,
+    /// Number of slots (1 to 32; 2 to 4 lets the producer work ahead of the consumers).
+    pub slots: u32,
+    /// How producer and consumers wait for each other.
+    pub sync: SyncStrategy,
+    /// Consumer records (consumers attached at the same time, at most 16).
+    pub max_consumers: u32,
+    /// Poll interval of `CpuSleep`.
+    pub sleep_interval: Duration,
+    /// Bound on each handshake with a new consumer.
+    pub handshake_timeout: Duration,
+}
+
+impl ProducerConfig {
+    /// A configuration with the usual defaults (16 consumers, 20 us sleeps, 2 s handshakes).
+    pub fn new(socket_path: impl Into<PathBuf>, geometry: FrameGeometry, slots: u32, sync: SyncStrategy) -> Self {
+        Self {
+            socket_path: socket_path.into(),
+            geometry,
+            slots,
+            sync,
+            max_consumers: 16,
+            sleep_interval: Duration::from_micros(20),
+            handshake_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A slot the producer may write: frame `seq` goes to `slot`, at `ptr`, `bytes` long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "publish the slot, or the ring stalls"]
+pub struct SlotLease {
+    /// The frame's sequence number (0, 1, 2, ...).
+    pub seq: u64,
+    /// The slot it occupies.
+    pub slot: u32,
+    /// Where to write it, in this process's device address space.
+    pub ptr: DevicePtr,
+    /// Frame size in bytes.
+    pub bytes: u64,
+}
+
+/// Per-strategy state of the producer.
+enum ProducerSync {
+    /// CPU spin or sleep on the control block.
+    Cpu(WaitMode),
+    /// IPC events: one "published" event per slot; per consumer record, one "released" event per slot.
+    Events { published: Vec<Event>, released: Vec<Vec<Event>> },
+    /// Stream memory operations on the control block, registered for the device.
+    Gpu { registration: HostRegistration<SharedObject<ControlBlockLayout>>, run_ahead: RunAhead },
+}
+
+/// The producing end of a frame ring.
+pub struct Producer<B: Backend> {
+    ctx: B::Context,
+    region: B::Exported,
+    ring: Arc<ProducerControl>,
+    listener: RendezvousListener,
+    peers: Vec<Peer>,
+    watchdog: Watchdog,
+    sync: ProducerSync,
+    config: ProducerConfig,
+    stride: u64,
+    next_seq: u64,
+    generation: u64,
+    device_uuid: DeviceUuid,
+    pending: Vec<ReleaseRequirement>,
+}
+
+struct Peer {
+    id: ConsumerId,
+    pid: u32,
+    /// Kept open for the consumer's lifetime: its hang-up is how the watchdog learns that the consumer died.
+    _conn: PeerConnection,
+}
+
+impl<B: Backend> Producer<B> {
+    /// Allocates the ring (one exported allocation for every slot), creates the control block and starts
+    /// listening on the socket. Consumers are admitted by [`Producer::acquire`] (and
+    /// [`Producer::wait_for_consumers`]).
+    ///
+    /// # Errors
+    /// A strategy the backend or device cannot run, allocation or export errors, or a socket that cannot be bound.
+    pub fn create(ctx: &B::Context, config: ProducerConfig) -> Result<Self, FrameError> {
+        B::check_support(ctx)?;
+        let generation = generation_now();
+        let ring = Arc::new(ProducerControl::create(
+            RingConfig { slot_count: config.slots, max_consumers: config.max_consumers, generation },
+            LivenessPolicy::default(),
+        )?);
+        let stride = super::slot_stride(config.geometry.frame_bytes());
+        let region = B::allocate(ctx, stride * u64::from(config.slots))?;
+        let cuda = B::cuda_context(ctx);
+        let device_uuid = match cuda {
+            Some(c) => DeviceUuid(c.device().uuid()?.0),
+            None => DeviceUuid([0; 16]),
+        };
+        let unavailable = |reason: &str| FrameError::StrategyUnavailable {
+            strategy: config.sync.to_string(),
+            reason: reason.to_owned(),
+        };
+        let sync = match config.sync {
+            SyncStrategy::CpuSpin => ProducerSync::Cpu(WaitMode::Spin),
+            SyncStrategy::CpuSleep => ProducerSync::Cpu(WaitMode::Sleep(config.sleep_interval)),
+            SyncStrategy::IpcEvent => {
+                let cuda = cuda.ok_or_else(|| unavailable("IPC events need a CUDA backend"))?;
+                let published = (0..config.slots)
+                    .map(|_| Event::new(cuda, EventFlags::INTERPROCESS))
+                    .collect::<Result<Vec<_>, _>>()?;
+                ProducerSync::Events { published, released: (0..config.max_consumers).map(|_| Vec::new()).collect() }
+            }
+            SyncStrategy::GpuStreamOps => {
+                let cuda = cuda.ok_or_else(|| unavailable("stream memory operations need a CUDA backend"))?;
+                ProducerSync::Gpu {
+                    registration: HostRegistration::new(cuda, ring.block().shared())?,
+                    run_ahead: RunAhead::new(cuda, 2 * config.slots as usize)?,
+                }
+            }
+        };
+        let listener = RendezvousListener::bind(&config.socket_path)?;
+        tracing::info!(
+            backend = B::NAME,
+            sync = %config.sync,
+            slots = config.slots,
+            frame_bytes = config.geometry.frame_bytes(),
+            path = %config.socket_path.display(),
+            "producer ready"
+        );
+        Ok(Self {
+            ctx: ctx.clone(),
+            region,
+            ring,
+            listener,
+            peers: Vec::new(),
+            watchdog: Watchdog::start(),
+            sync,
+            config,
+            stride,
+            next_seq: 0,
+            generation,
+            device_uuid,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Number of consumers attached and alive.
+    pub fn consumers(&mut self) -> usize {
+        self.reap_dead_peers();
+        self.peers.len()
+    }
+
+    /// Admits consumers until `count` are attached, or `timeout` passes.
+    ///
+    /// # Errors
+    /// [`FrameError::Timeout`] with the number that did attach.
+    pub fn wait_for_consumers(&mut self, count: usize, timeout: Duration) -> Result<(), FrameError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.admit_pending()?;
+            if self.consumers() >= count {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(FrameError::Timeout {
+                    what: format!("{count} consumers to attach ({} did)", self.peers.len()),
+                    waited: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The exported allocation that holds every slot.
+    pub fn region(&self) -> &B::Exported {
+        &self.region
+    }
+
+    /// The sequence number the next [`Producer::acquire`] returns.
+    pub fn next_sequence(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Waits (on the CPU or, with `GpuStreamOps`, on `stream`) until the next frame's slot is free, and returns it.
+    ///
+    /// A slot is rewritten only after every live consumer released the frame it held; a consumer that dies stops
+    /// counting. GPU strategies need `stream`; CPU ones ignore it.
+    ///
+    /// # Errors
+    /// [`FrameError::Timeout`] when consumers do not release in time, driver errors.
+    pub fn acquire(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<SlotLease, FrameError> {
+        self.admit_pending()?;
+        self.reap_dead_peers();
+        let seq = self.next_seq;
+        self.wait_slot_free(seq, stream, timeout)?;
+        let slot = self.ring.slot_for(Sequence(seq)).0;
+        Ok(SlotLease {
+            seq,
+            slot,
+            ptr: self.region.ptr().offset(self.stride * u64::from(slot)),
+            bytes: self.config.geometry.frame_bytes(),
+        })
+    }
+
+    /// Waits until every live consumer has released every published frame (and the stream is synchronised):
+    /// the end of a run.
+    ///
+    /// # Errors
+    /// As [`Producer::acquire`].
+    pub fn drain(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<(), FrameError> {
+        self.reap_dead_peers();
+        // Frame `s` may be overwritten once `s - slots` is released: the next `slots` sequences cover every frame
+        // still held.
+        for seq in self.next_seq..self.next_seq + u64::from(self.config.slots) {
+            self.wait_slot_free(seq, stream, timeout)?;
+        }
+        if let Some(stream) = stream {
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Makes the CPU (CPU strategies) or `stream` (GPU strategies) wait until frame `seq`'s slot may be written.
+    fn wait_slot_free(&mut self, seq: u64, stream: Option<&Stream>, timeout: Duration) -> Result<(), FrameError> {
+        let deadline = Instant::now() + timeout;
+        match &self.sync {
+            ProducerSync::Cpu(mode) => self.wait_reusable(seq, *mode, deadline),
+            ProducerSync::Events { released, .. } => {
+                let stream = need_stream(stream, "IpcEvent")?;
+                self.wait_reusable(seq, WaitMode::Spin, deadline)?;
+                // The counter says the consumer recorded its release event; the stream waits for the event itself.
+                // Waiting on the event of a consumer that did not hold this slot costs nothing.
+                let slot = self.ring.slot_for(Sequence(seq)).0 as usize;
+                for peer in &self.peers {
+                    if let Some(event) = released.get(peer.id.index() as usize).and_then(|evs| evs.get(slot)) {
+                        stream.wait_event(event)?;
+                    }
+                }
+                Ok(())
+            }
+            ProducerSync::Gpu { registration, run_ahead } => {
+                let stream = need_stream(stream, "GpuStreamOps")?;
+                run_ahead.before(seq)?;
+                let base = registration.device_ptr();
+                loop {
+                    self.pending.clear();
+                    match self.ring.pending_releases(Sequence(seq), &mut self.pending) {
+                        Ok(()) => break,
+                        Err(RingError::JoinInProgress { .. }) if Instant::now() < deadline => std::thread::yield_now(),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                for need in &self.pending {
+                    stream.wait_value_u64(base.offset(need.offset as u64), need.at_least, WaitCondition::AtLeast)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn wait_reusable(&self, seq: u64, mode: WaitMode, deadline: Instant) -> Result<(), FrameError> {
+        loop {
+            match self.ring.wait_reusable(Sequence(seq), deadline, mode) {
+                Ok(()) => return Ok(()),
+                // A consumer died while we waited: stop counting it and wait again.
+                Err(RingError::ConsumerGone { consumer, .. }) => {
+                    tracing::info!(consumer = consumer.index(), "consumer gone while the producer waited");
+                    self.ring.mark_consumer_dead(consumer)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Publishes the frame in `lease` once the work queued on `stream` (if any) is done.
+    ///
+    /// # Errors
+    /// Driver errors; a GPU strategy without a stream.
+    pub fn publish(&mut self, lease: SlotLease, stream: Option<&Stream>) -> Result<(), FrameError> {
+        let seq = Sequence(lease.seq);
+        match &self.sync {
+            ProducerSync::Cpu(_) => {
+                if let Some(stream) = stream {
+                    stream.synchronize()?;
+                }
+                self.ring.publish(seq)?;
+            }
+            ProducerSync::Events { published, .. } => {
+                let stream = need_stream(stream, "IpcEvent")?;
+                published[lease.slot as usize].record(stream)?;
+                self.ring.publish(seq)?;
+            }
+            ProducerSync::Gpu { registration, run_ahead } => {
+                let stream = need_stream(stream, "GpuStreamOps")?;
+                let addr = registration.device_ptr().offset(published_offset(self.ring.slot_for(seq)) as u64);
+                stream.write_value_u64(addr, seq.done_value())?;
+                run_ahead.after(lease.seq, stream)?;
+                self.ring.advance(seq)?;
+            }
+        }
+        self.next_seq = lease.seq + 1;
+        Ok(())
+    }
+
+    /// Accepts and hands the ring to every consumer waiting on the socket (without blocking when none is).
+    ///
+    /// # Errors
+    /// Socket errors other than "nobody is waiting"; a failed handshake only drops that consumer.
+    pub fn admit_pending(&mut self) -> Result<(), FrameError> {
+        loop {
+            let conn = match self.listener.accept(Duration::ZERO) {
+                Ok(conn) => conn,
+                Err(WireError::Timeout { .. }) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            let pid = conn.peer().pid;
+            match self.handshake(&conn) {
+                Ok(id) => {
+                    tracing::info!(consumer = id.index(), pid, "consumer attached");
+                    let ring = self.ring.clone();
+                    self.watchdog
+                        .watch(
+                            &conn,
+                            Box::new(move || {
+                                tracing::info!(consumer = id.index(), "consumer hung up; releasing what it held");
+                                let _ = ring.mark_consumer_dead(id);
+                            }),
+                        )
+                        .map_err(|e| FrameError::Config(format!("watching consumer {}: {e}", id.index())))?;
+                    self.peers.push(Peer { id, pid, _conn: conn });
+                }
+                Err(e) => tracing::warn!(pid, error = %e, "a consumer failed to attach"),
+            }
+        }
+    }
+
+    fn handshake(&mut self, conn: &PeerConnection) -> Result<ConsumerId, FrameError> {
+        let deadline = Instant::now() + self.config.handshake_timeout;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let refuse = |code: RefusalCode, message: String| {
+            let _ = conn.send(&Message::Refused(Refused { code, message: message.clone() }), Vec::new(), left());
+            FrameError::Refused(message)
+        };
+        let hello = match conn.recv(left())?.message {
+            Message::ClientHello(hello) => hello,
+            other => return Err(refuse(RefusalCode::MalformedHello, format!("expected a hello, got {other:?}"))),
+        };
+        if let Some(wanted) = hello.wanted_backend
+            && wanted != B::KIND
+        {
+            let message = format!("this producer uses the {} backend, the consumer wants {wanted}", B::KIND);
+            return Err(refuse(RefusalCode::BackendMismatch, message));
+        }
+        let pid = rustix::process::Pid::from_raw(conn.peer().pid as i32)
+            .ok_or_else(|| refuse(RefusalCode::MalformedHello, "the peer has no pid".into()))?;
+        let id = match self.ring.register_consumer(pid) {
+            Ok(id) => id,
+            Err(e) => return Err(refuse(RefusalCode::RingFull, e.to_string())),
+        };
+        match self.offer(conn, id, &hello.consumer_name, deadline) {
+            Ok(()) => Ok(id),
+            Err(e) => {
+                let _ = self.ring.mark_consumer_dead(id);
+                Err(e)
+            }
+        }
+    }
+
+    fn offer(
+        &mut self,
+        conn: &PeerConnection,
+        id: ConsumerId,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<(), FrameError> {
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let exported = B::export(&self.region)?;
+        let mut event_handles = Vec::new();
+        if let ProducerSync::Events { published, released } = &mut self.sync {
+            let cuda = B::cuda_context(&self.ctx)
+                .ok_or_else(|| FrameError::Config("IPC events without a CUDA context".into()))?;
+            let fresh = (0..self.config.slots)
+                .map(|_| Event::new(cuda, EventFlags::INTERPROCESS))
+                .collect::<Result<Vec<_>, _>>()?;
+            for event in published.iter().chain(fresh.iter()) {
+                event_handles.push(event.ipc_handle()?.0);
+            }
+            if let Some(record) = released.get_mut(id.index() as usize) {
+                *record = fresh;
+            }
+        }
+        let legacy_mem_handle = match exported.bytes.len() {
+            0 => None,
+            _ => Some(<[u8; 64]>::try_from(exported.bytes.as_slice()).map_err(|_| {
+                FrameError::Config(format!("a legacy handle is 64 bytes, not {}", exported.bytes.len()))
+            })?),
+        };
+        let offer = RingOffer {
+            backend: B::KIND,
+            handle_type: B::KIND.handle_type(),
+            sync: self.config.sync,
+            device_uuid: self.device_uuid,
+            producer_pid: std::process::id(),
+            generation: self.generation,
+            consumer_id: id.index(),
+            geometry: self.config.geometry,
+            slot_count: self.config.slots,
+            slot_stride_bytes: self.stride,
+            data_offset: 0,
+            allocation_bytes: exported.size,
+            granularity: granularity_of(exported.size),
+            control_bytes: CONTROL_BLOCK_BYTES as u64,
+            legacy_mem_handle,
+            event_handles,
+        };
+        let mut fds: Vec<OwnedFd> = vec![self.ring.block().memory().try_clone_fd().map_err(RingError::from)?];
+        fds.extend(exported.fd);
+        // `send` closes our copies of the fds right after sending them: the exporter keeps none.
+        conn.send(&Message::RingOffer(offer), fds, left())?;
+        match conn.recv(left())?.message {
+            Message::Attached(Attached { consumer_id }) if consumer_id == id.index() => {
+                tracing::debug!(consumer = id.index(), name, "handshake complete");
+                Ok(())
+            }
+            Message::Refused(refused) => Err(FrameError::Refused(refused.message)),
+            other => Err(FrameError::Refused(format!("expected Attached, got {other:?}"))),
+        }
+    }
+
+    /// Drops consumers that are no longer live (the watchdog marked them dead when they hung up).
+    fn reap_dead_peers(&mut self) {
+        let block = self.ring.block();
+        self.peers.retain(|peer| {
+            let live = block.consumer_state(peer.id.index()) == Some((ConsumerState::Live, peer.id.epoch()));
+            if !live {
+                tracing::info!(consumer = peer.id.index(), pid = peer.pid, "consumer gone");
+            }
+            live
+        });
+    }
+}
+
+impl<B: Backend> Drop for Producer<B> {
+    fn drop(&mut self) {
+        // Consumers' waits end with ProducerGone.
+        self.ring.close();
+        self.watchdog.stop();
+    }
+}
+
+fn need_stream<'a>(stream: Option<&'a Stream>, strategy: &str) -> Result<&'a Stream, FrameError> {
+    stream.ok_or_else(|| FrameError::Config(format!("the {strategy} strategy needs a stream")))
+}
+
+/// The largest power of two, up to 2 MiB, that divides the allocation: the granularity the offer reports.
+fn granularity_of(bytes: u64) -> u64 {
+    1u64 << bytes.trailing_zeros().min(21)
+}
+
+/// A number that differs between two rings created on this machine: nanoseconds since the epoch.
+fn generation_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+}

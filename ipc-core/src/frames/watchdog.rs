@@ -1,0 +1,106 @@
+//! The thread that notices a dead peer and unblocks the survivor.
+//!
+//! Each process watches its peers' rendezvous connections (a duplicate of each socket fd) for hang-up, which the
+//! kernel signals the moment a process exits or is killed, even before its parent reaps it. The producer then
+//! marks the consumer dead in the control block, which poisons that consumer's release counters so that stream
+//! waits on them complete; a consumer whose producer vanished poisons the publish counters its own stream may be
+//! waiting on, and records that the producer is gone, so its next call returns
+//! [`FrameError::ProducerGone`](super::FrameError).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags, poll};
+
+/// How often the watchdog looks: a hang-up is acted on within about this long.
+const PERIOD: Duration = Duration::from_millis(1);
+
+/// What to do when a watched peer hangs up.
+pub(crate) type OnHangUp = Box<dyn FnOnce() + Send>;
+
+struct Watched {
+    fd: OwnedFd,
+    on_hang_up: Option<OnHangUp>,
+}
+
+/// The watchdog thread of one producer or consumer.
+pub(crate) struct Watchdog {
+    watched: Arc<Mutex<Vec<Watched>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts a watchdog with nothing to watch yet.
+    pub(crate) fn start() -> Self {
+        let watched: Arc<Mutex<Vec<Watched>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (watched, stop) = (watched.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("gpu-ipc-watchdog".into())
+                .spawn(move || run(&watched, &stop))
+                .map_err(|e| tracing::error!(error = %e, "no watchdog thread: a dead peer may go unnoticed"))
+                .ok()
+        };
+        Self { watched, stop, thread }
+    }
+
+    /// Watches `conn` (through a duplicate of its fd) and runs `on_hang_up` once when the peer hangs up.
+    pub(crate) fn watch(&self, conn: &impl AsFd, on_hang_up: OnHangUp) -> std::io::Result<()> {
+        let fd = conn.as_fd().try_clone_to_owned()?;
+        if let Ok(mut list) = self.watched.lock() {
+            list.push(Watched { fd, on_hang_up: Some(on_hang_up) });
+        }
+        Ok(())
+    }
+
+    /// Stops the thread and waits for it.
+    pub(crate) fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run(watched: &Mutex<Vec<Watched>>, stop: &AtomicBool) {
+    let hang_up = PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::NVAL;
+    let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
+    while !stop.load(Ordering::Acquire) {
+        let mut fire = Vec::new();
+        if let Ok(mut list) = watched.lock()
+            && !list.is_empty()
+        {
+            let revents: Vec<PollFlags> = {
+                let mut fds: Vec<PollFd<'_>> = list.iter().map(|w| PollFd::new(&w.fd, PollFlags::RDHUP)).collect();
+                match poll(&mut fds, Some(&zero)) {
+                    Ok(n) if n > 0 => fds.iter().map(PollFd::revents).collect(),
+                    _ => Vec::new(),
+                }
+            };
+            for (w, flags) in list.iter_mut().zip(revents) {
+                if flags.intersects(hang_up)
+                    && let Some(action) = w.on_hang_up.take()
+                {
+                    fire.push(action);
+                }
+            }
+            list.retain(|w| w.on_hang_up.is_some());
+        }
+        // Run the actions outside the lock.
+        for action in fire {
+            action();
+        }
+        std::thread::sleep(PERIOD);
+    }
+}

@@ -1,0 +1,181 @@
+//! The frame-sharing API end to end without a GPU: the host-memory fake backend behind the same `Producer` and
+//! `Consumer`, the real rendezvous socket, `SCM_RIGHTS`, control block and watchdog. Consumers run on threads of
+//! this process (the GPU suite runs the same API across processes with real backends).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ipc_core::backend::SharedRegion;
+use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+
+const T: Duration = Duration::from_secs(10);
+
+fn sock(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("gpu-ipc-frames-{}-{name}.sock", std::process::id()))
+}
+
+fn geometry() -> FrameGeometry {
+    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap() // 4096 bytes
+}
+
+/// Frame `seq`'s content: its sequence number in every 8 bytes, so a stale or torn frame shows.
+fn frame_bytes(seq: u64, len: usize) -> Vec<u8> {
+    seq.to_le_bytes().iter().copied().cycle().take(len).collect()
+}
+
+fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
+    Producer::<HostFake>::create(&HostContext, ProducerConfig::new(sock(name), geometry(), slots, sync)).unwrap()
+}
+
+/// A consumer thread: attaches, reads `frames` frames checking each byte, returns (first seq, frames, bad frames).
+fn spawn_consumer(name: &str, frames: u64) -> thread::JoinHandle<Result<(u64, u64, u64), FrameError>> {
+    let path = sock(name);
+    thread::spawn(move || {
+        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+        let first = c.next_sequence();
+        let mut bad = 0;
+        for _ in 0..frames {
+            let frame = c.next_frame(None, T)?;
+            let mut got = vec![0u8; frame.bytes as usize];
+            c.region().read(frame.ptr, &mut got).unwrap();
+            if got != frame_bytes(frame.seq, got.len()) {
+                bad += 1;
+            }
+            c.release(frame, None)?;
+        }
+        c.detach();
+        Ok((first, frames, bad))
+    })
+}
+
+fn produce(p: &mut Producer<HostFake>, frames: u64) {
+    for _ in 0..frames {
+        let lease = p.acquire(None, T).unwrap();
+        p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+        p.publish(lease, None).unwrap();
+    }
+}
+
+#[test]
+fn two_consumers_read_every_frame_intact_with_cpu_spin_and_cpu_sleep() {
+    for (name, sync) in [("spin", SyncStrategy::CpuSpin), ("sleep", SyncStrategy::CpuSleep)] {
+        let mut p = producer(name, sync, 2);
+        let a = spawn_consumer(name, 3000);
+        let b = spawn_consumer(name, 3000);
+        p.wait_for_consumers(2, T).unwrap();
+        produce(&mut p, 3000);
+        p.drain(None, T).unwrap();
+        for c in [a, b] {
+            assert_eq!(c.join().unwrap().unwrap(), (0, 3000, 0), "{name}");
+        }
+        // One allocation holds both slots: frame n sits in slot n % 2.
+        assert!(p.region().len() >= 2 * geometry().frame_bytes());
+    }
+}
+
+#[test]
+fn a_slot_is_not_rewritten_before_every_consumer_released_it() {
+    let mut p = producer("backpressure", SyncStrategy::CpuSpin, 2);
+    let path = sock("backpressure");
+    let (tx, rx) = mpsc::channel();
+    let slow = thread::spawn(move || {
+        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let frame = c.next_frame(None, T).unwrap();
+        tx.send(()).unwrap();
+        thread::sleep(Duration::from_millis(300)); // hold frame 0
+        let mut got = vec![0u8; frame.bytes as usize];
+        c.region().read(frame.ptr, &mut got).unwrap();
+        c.release(frame, None).unwrap();
+        got == frame_bytes(0, got.len())
+    });
+    p.wait_for_consumers(1, T).unwrap();
+    produce(&mut p, 2); // frames 0 and 1 fill both slots
+    rx.recv().unwrap();
+    // Frame 2 reuses slot 0, which the consumer still holds: acquire must wait for its release.
+    let started = Instant::now();
+    let lease = p.acquire(None, T).unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(200), "slot reused after {:?}", started.elapsed());
+    assert_eq!((lease.seq, lease.slot), (2, 0));
+    assert!(slow.join().unwrap(), "the held frame was overwritten");
+}
+
+#[test]
+fn a_late_consumer_starts_at_the_next_frame() {
+    let mut p = producer("late", SyncStrategy::CpuSpin, 4);
+    let early = spawn_consumer("late", 200);
+    p.wait_for_consumers(1, T).unwrap();
+    produce(&mut p, 100);
+    let late = spawn_consumer("late", 100);
+    p.wait_for_consumers(2, T).unwrap();
+    let joined_at = p.next_sequence();
+    produce(&mut p, 100);
+    p.drain(None, T).unwrap();
+    assert_eq!(early.join().unwrap().unwrap(), (0, 200, 0));
+    assert_eq!(late.join().unwrap().unwrap(), (joined_at, 100, 0));
+}
+
+#[test]
+fn a_consumer_that_vanishes_stops_counting() {
+    let mut p = producer("vanish", SyncStrategy::CpuSpin, 2);
+    let path = sock("vanish");
+    let quitter = thread::spawn(move || {
+        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let _held = c.next_frame(None, T).unwrap();
+        // Vanish while holding frame 0: no release, no detach; the connection closes when `c` drops.
+        drop(c);
+    });
+    let stayer = spawn_consumer("vanish", 500);
+    p.wait_for_consumers(2, T).unwrap();
+    produce(&mut p, 500);
+    p.drain(None, T).unwrap();
+    quitter.join().unwrap();
+    assert_eq!(stayer.join().unwrap().unwrap(), (0, 500, 0));
+    assert_eq!(p.consumers(), 0);
+}
+
+#[test]
+fn consumers_of_a_vanished_producer_get_producer_gone_quickly() {
+    let mut p = producer("gone", SyncStrategy::CpuSpin, 2);
+    let path = sock("gone");
+    let waiter = thread::spawn(move || {
+        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let frame = c.next_frame(None, T).unwrap();
+        c.release(frame, None).unwrap();
+        let waiting_since = Instant::now();
+        let err = c.next_frame(None, T).unwrap_err(); // frame 1 never comes
+        (err, waiting_since.elapsed())
+    });
+    p.wait_for_consumers(1, T).unwrap();
+    produce(&mut p, 1);
+    thread::sleep(Duration::from_millis(100));
+    drop(p);
+    let (err, waited) = waiter.join().unwrap();
+    assert!(matches!(err, FrameError::ProducerGone { .. }), "{err}");
+    assert!(waited < Duration::from_secs(1), "{waited:?}");
+}
+
+#[test]
+fn attaching_without_a_producer_says_to_start_it() {
+    let err = Consumer::<HostFake>::attach(
+        &HostContext,
+        &sock("nobody"),
+        &AttachOptions { timeout: Duration::from_millis(200), ..AttachOptions::default() },
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("start the producer"), "{err}");
+}
+
+#[test]
+fn gpu_strategies_need_a_gpu_backend() {
+    for sync in [SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps] {
+        let err =
+            Producer::<HostFake>::create(&HostContext, ProducerConfig::new(sock("nogpu"), geometry(), 2, sync)).err();
+        assert!(matches!(err, Some(FrameError::StrategyUnavailable { .. })), "{sync}: {err:?}");
+    }
+}
