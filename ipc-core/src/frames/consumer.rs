@@ -207,9 +207,20 @@ impl<B: Backend> Consumer<B> {
         match &self.sync {
             ConsumerSync::Cpu(mode) => self.wait_published(seq, *mode, deadline)?,
             ConsumerSync::Events { published, .. } => {
-                let stream = need_stream(stream, "IpcEvent")?;
+                need_stream(stream, "IpcEvent")?;
                 self.wait_published(seq, WaitMode::Spin, deadline)?;
-                stream.wait_event(&published[slot.0 as usize])?;
+                // Polled on the CPU, not waited on by the stream: see `super::wait_for_event`.
+                let hung_up = &self.producer_hung_up;
+                super::wait_for_event(
+                    &published[slot.0 as usize],
+                    deadline,
+                    || !hung_up.load(Ordering::Acquire),
+                    || format!("the producer to finish writing frame {}", seq.0),
+                )
+                .map_err(|e| match e {
+                    FrameError::PeerGone => self.gone("it died while the frame was being written"),
+                    other => other,
+                })?;
             }
             ConsumerSync::Gpu { registration, run_ahead } => {
                 let stream = need_stream(stream, "GpuStreamOps")?;

@@ -20,6 +20,9 @@ pub enum FrameError {
         /// How it was noticed.
         how: String,
     },
+    /// The peer awaited died during the wait (a consumer, seen from the producer: it no longer counts).
+    #[error("the peer died during the wait")]
+    PeerGone,
     /// A bounded wait ran out.
     #[error("timed out after {waited:?} waiting for {what}")]
     Timeout {

@@ -8,7 +8,7 @@
 //! |---|---|---|---|
 //! | `CpuSpin` | CPU spins on the release counters | CPU spins on the publish counter | yes (one core busy) |
 //! | `CpuSleep` | CPU polls with short sleeps | CPU polls with short sleeps | yes |
-//! | `IpcEvent` | CPU sees the release, the stream waits on the consumer's IPC event | CPU sees the publish, the stream waits on the producer's IPC event | counters only |
+//! | `IpcEvent` | CPU sees the release, then polls the consumer's IPC event | CPU sees the publish, then polls the producer's IPC event | polling; streams never synchronised |
 //! | `GpuStreamOps` | `cuStreamWaitValue64` on the release counters | `cuStreamWaitValue64` on the publish counter | no |
 //!
 //! With `GpuStreamOps` the calls return as soon as the work is queued: the GPU does the waiting. A dead peer never
@@ -48,6 +48,38 @@ mod watchdog;
 pub use consumer::{AttachOptions, Consumer, Frame};
 pub use error::FrameError;
 pub use producer::{Producer, ProducerConfig, SlotLease};
+
+/// Polls `event` (an IPC event of another process) until it completes, `alive()` turns false
+/// ([`FrameError::PeerGone`]) or `deadline` passes.
+///
+/// A stream made to wait on another process's event (`cuStreamWaitEvent`) can never be freed if that process dies
+/// between recording the event and finishing the work: the event then never completes. Polling on the CPU keeps
+/// the survivor in control.
+fn wait_for_event(
+    event: &crate::driver::Event,
+    deadline: std::time::Instant,
+    alive: impl Fn() -> bool,
+    what: impl Fn() -> String,
+) -> Result<(), FrameError> {
+    let start = std::time::Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if event.is_complete()? {
+            return Ok(());
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 64 == 0 {
+            if !alive() {
+                return Err(FrameError::PeerGone);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(FrameError::Timeout { what: what(), waited: start.elapsed() });
+            }
+            std::thread::yield_now();
+        }
+        std::hint::spin_loop();
+    }
+}
 
 /// Bytes between slots: the frame size rounded up to 256 bytes, so every slot starts aligned for vector loads.
 pub fn slot_stride(frame_bytes: u64) -> u64 {

@@ -253,14 +253,24 @@ impl<B: Backend> Producer<B> {
         match &self.sync {
             ProducerSync::Cpu(mode) => self.wait_reusable(seq, *mode, deadline),
             ProducerSync::Events { released, .. } => {
-                let stream = need_stream(stream, "IpcEvent")?;
+                need_stream(stream, "IpcEvent")?;
                 self.wait_reusable(seq, WaitMode::Spin, deadline)?;
-                // The counter says the consumer recorded its release event; the stream waits for the event itself.
-                // Waiting on the event of a consumer that did not hold this slot costs nothing.
+                // The counter says a consumer recorded its release event; the event says its reads are done. The
+                // CPU polls the event rather than making the stream wait on it: an event recorded by a process that
+                // dies before the work completes never completes, and a stream waiting on it could never be freed.
                 let slot = self.ring.slot_for(Sequence(seq)).0 as usize;
+                let block = self.ring.block();
                 for peer in &self.peers {
                     if let Some(event) = released.get(peer.id.index() as usize).and_then(|evs| evs.get(slot)) {
-                        stream.wait_event(event)?;
+                        let alive =
+                            || block.consumer_state(peer.id.index()) == Some((ConsumerState::Live, peer.id.epoch()));
+                        let what =
+                            || format!("consumer {} to finish reading its frame in slot {slot}", peer.id.index());
+                        match super::wait_for_event(event, deadline, alive, what) {
+                            // A consumer that died no longer reads anything: nothing to wait for.
+                            Ok(()) | Err(FrameError::PeerGone) => {}
+                            Err(e) => return Err(e),
+                        }
                     }
                 }
                 Ok(())

@@ -377,6 +377,10 @@ fn probe_mps_processes(proc_dir: &Path) -> Probe<Vec<MpsProcess>> {
         let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) else {
             continue;
         };
+        // An exited daemon whose parent never reaps it (PID 1 of many containers) stays as a zombie: not running.
+        if std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|stat| is_zombie(&stat)) {
+            continue;
+        }
         let cmdline = std::fs::read(entry.path().join("cmdline")).ok();
         if let Some(role) = mps_role(&comm, cmdline.as_deref()) {
             processes.push(MpsProcess { pid, role });
@@ -384,6 +388,11 @@ fn probe_mps_processes(proc_dir: &Path) -> Probe<Vec<MpsProcess>> {
     }
     processes.sort_by_key(|process| process.pid);
     Probe::Known(processes)
+}
+
+/// Whether a `/proc/<pid>/stat` line describes a zombie: its state, the field after the `(comm)`, is `Z`.
+fn is_zombie(stat: &str) -> bool {
+    stat.rfind(')').and_then(|end| stat[end + 1..].split_whitespace().next()) == Some("Z")
 }
 
 /// Which MPS binary a process runs, from its `comm` and (when readable) its NUL-separated `cmdline`; `None` when it
@@ -553,6 +562,13 @@ mod tests {
         assert_eq!(container_cgroup_lines(kube).len(), 1);
         assert!(container_cgroup_lines("0::/\n").is_empty());
         assert!(container_cgroup_lines("0::/user.slice/user-1000.slice/session-2.scope\n").is_empty());
+    }
+
+    #[test]
+    fn zombies_are_recognised_from_their_stat_line() {
+        assert!(is_zombie("1324 (nvidia-cuda-mps) Z 1 1324 1324 0 -1 4227136"));
+        assert!(!is_zombie("1324 (nvidia-cuda-mps) S 1 1324 1324 0 -1 4227136"));
+        assert!(!is_zombie("77 (odd) Z name) R 1 77"));
     }
 
     #[test]
