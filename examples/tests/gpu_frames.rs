@@ -169,7 +169,8 @@ fn every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers() 
                 assert_eq!(c["mismatched_words"], 0, "{backend}/{sync}: {c}");
             }
             assert_eq!(pj["frames"], FRAMES);
-            assert_eq!(pj["consumers_at_end"], 2, "{pj}");
+            assert_eq!(pj["consumers_at_start"], 2, "{pj}");
+            assert_eq!(pj["consumers_lost"], 0, "{pj}");
             record(&serde_json::json!({
                 "test": "throughput", "backend": backend, "sync": sync,
                 "producer": pj, "consumers": [aj, bj],
@@ -197,7 +198,7 @@ fn a_consumer_killed_mid_run_stalls_nobody() {
             assert!(ss.success(), "{backend}/{sync}: survivor {ss}");
             assert_eq!(sj["frames"], FRAMES, "{backend}/{sync}: {sj}");
             assert_eq!(sj["mismatched_words"], 0, "{backend}/{sync}: {sj}");
-            assert_eq!(pj["consumers_at_end"], 1, "{backend}/{sync}: {pj}");
+            assert_eq!(pj["consumers_lost"], 1, "{backend}/{sync}: {pj}");
             record(&serde_json::json!({"test": "kill-consumer", "backend": backend, "sync": sync,
                 "producer": pj, "survivor": sj}));
         }

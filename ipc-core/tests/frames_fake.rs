@@ -136,6 +136,9 @@ fn a_consumer_that_vanishes_stops_counting() {
     quitter.join().unwrap();
     assert_eq!(stayer.join().unwrap().unwrap(), (0, 500, 0));
     assert_eq!(p.consumers(), 0);
+    // Dropping a consumer detaches it; only a process that dies without unwinding (SIGKILL) is "lost": the GPU
+    // suite kills one and checks that count.
+    assert_eq!(p.consumers_lost(), 0);
 }
 
 #[test]

@@ -76,6 +76,7 @@ struct Summary {
     cpu_us_per_frame: f64,
     consumers_at_start: usize,
     consumers_at_end: usize,
+    consumers_lost: usize,
 }
 
 struct Run(Args);
@@ -117,6 +118,7 @@ impl BackendVisitor for Run {
             cpu_us_per_frame: cpu.as_secs_f64() * 1e6 / args.frames.max(1) as f64,
             consumers_at_start,
             consumers_at_end: producer.consumers(),
+            consumers_lost: producer.consumers_lost(),
         })
     }
 }
@@ -131,7 +133,7 @@ fn main() -> ExitCode {
             } else {
                 println!(
                     "producer: {} frames of {} bytes in {:.3} s: {:.1} frames/s ({:.1} GB/s), {:.1} us CPU/frame, \
-                     consumers {} -> {}",
+                     consumers {} -> {} ({} lost)",
                     s.frames,
                     s.frame_bytes,
                     s.seconds,
@@ -139,7 +141,8 @@ fn main() -> ExitCode {
                     s.gb_per_s,
                     s.cpu_us_per_frame,
                     s.consumers_at_start,
-                    s.consumers_at_end
+                    s.consumers_at_end,
+                    s.consumers_lost
                 );
             }
             ExitCode::SUCCESS

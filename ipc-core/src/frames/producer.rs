@@ -93,6 +93,7 @@ pub struct Producer<B: Backend> {
     generation: u64,
     device_uuid: DeviceUuid,
     pending: Vec<ReleaseRequirement>,
+    lost: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 struct Peer {
@@ -168,6 +169,7 @@ impl<B: Backend> Producer<B> {
             generation,
             device_uuid,
             pending: Vec::new(),
+            lost: Arc::default(),
         })
     }
 
@@ -175,6 +177,12 @@ impl<B: Backend> Producer<B> {
     pub fn consumers(&mut self) -> usize {
         self.reap_dead_peers();
         self.peers.len()
+    }
+
+    /// Number of consumers that vanished without detaching (killed, crashed): each was noticed by its hang-up,
+    /// marked dead, and stopped counting.
+    pub fn consumers_lost(&self) -> usize {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Admits consumers until `count` are attached, or `timeout` passes.
