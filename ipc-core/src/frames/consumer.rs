@@ -136,9 +136,11 @@ impl<B: Backend> Consumer<B> {
             watchdog
                 .watch(
                     &conn,
-                    Box::new(move || {
-                        tracing::info!("the producer hung up; releasing waits on it");
-                        flag.store(true, Ordering::Release);
+                    Box::new(move |first| {
+                        if first {
+                            tracing::warn!("the producer hung up; releasing waits on it");
+                            flag.store(true, Ordering::Release);
+                        }
                         ring.poison_published();
                     }),
                 )

@@ -93,7 +93,7 @@ pub struct Producer<B: Backend> {
     generation: u64,
     device_uuid: DeviceUuid,
     pending: Vec<ReleaseRequirement>,
-    lost: Arc<std::sync::atomic::AtomicUsize>,
+    lost: usize,
 }
 
 struct Peer {
@@ -169,7 +169,7 @@ impl<B: Backend> Producer<B> {
             generation,
             device_uuid,
             pending: Vec::new(),
-            lost: Arc::default(),
+            lost: 0,
         })
     }
 
@@ -181,8 +181,9 @@ impl<B: Backend> Producer<B> {
 
     /// Number of consumers that vanished without detaching (killed, crashed): each was noticed by its hang-up,
     /// marked dead, and stopped counting.
-    pub fn consumers_lost(&self) -> usize {
-        self.lost.load(std::sync::atomic::Ordering::Relaxed)
+    pub fn consumers_lost(&mut self) -> usize {
+        self.reap_dead_peers();
+        self.lost
     }
 
     /// Admits consumers until `count` are attached, or `timeout` passes.
@@ -366,9 +367,16 @@ impl<B: Backend> Producer<B> {
                     self.watchdog
                         .watch(
                             &conn,
-                            Box::new(move || {
-                                tracing::info!(consumer = id.index(), "consumer hung up; releasing what it held");
-                                let _ = ring.mark_consumer_dead(id);
+                            Box::new(move |first| {
+                                if !first {
+                                    let _ = ring.repoison_released(id);
+                                } else if ring.block().consumer_state(id.index())
+                                    == Some((ConsumerState::Live, id.epoch()))
+                                {
+                                    // (A consumer that detached first closes its connection too: nothing to do.)
+                                    tracing::warn!(consumer = id.index(), "consumer hung up; releasing what it held");
+                                    let _ = ring.mark_consumer_dead(id);
+                                }
                             }),
                         )
                         .map_err(|e| FrameError::Config(format!("watching consumer {}: {e}", id.index())))?;
@@ -475,13 +483,18 @@ impl<B: Backend> Producer<B> {
     /// Drops consumers that are no longer live (the watchdog marked them dead when they hung up).
     fn reap_dead_peers(&mut self) {
         let block = self.ring.block();
-        self.peers.retain(|peer| {
-            let live = block.consumer_state(peer.id.index()) == Some((ConsumerState::Live, peer.id.epoch()));
-            if !live {
-                tracing::info!(consumer = peer.id.index(), pid = peer.pid, "consumer gone");
+        let mut lost = 0;
+        self.peers.retain(|peer| match block.consumer_state(peer.id.index()) {
+            Some((ConsumerState::Live, epoch)) if epoch == peer.id.epoch() => true,
+            state => {
+                // Dead: its hang-up or its pid said it is gone without detaching. Detached: it left cleanly.
+                let died = matches!(state, Some((ConsumerState::Dead, epoch)) if epoch == peer.id.epoch());
+                lost += usize::from(died);
+                tracing::info!(consumer = peer.id.index(), pid = peer.pid, died, "consumer gone");
+                false
             }
-            live
         });
+        self.lost += lost;
     }
 }
 

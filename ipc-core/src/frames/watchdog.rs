@@ -11,19 +11,26 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, poll};
 
 /// How often the watchdog looks: a hang-up is acted on within about this long.
 const PERIOD: Duration = Duration::from_millis(1);
 
-/// What to do when a watched peer hangs up.
-pub(crate) type OnHangUp = Box<dyn FnOnce() + Send>;
+/// How long after a hang-up the action is repeated. A killed process's queued GPU work can still run while the
+/// driver tears its context down, and its stream writes can overwrite the poison the survivor wrote; repeating
+/// the poisoning until that work must be gone keeps the survivor's waits released.
+const REPEAT_FOR: Duration = Duration::from_secs(10);
+
+/// What to do when a watched peer hangs up: called with `true` at once, then with `false` every period for
+/// [`REPEAT_FOR`].
+pub(crate) type OnHangUp = Box<dyn FnMut(bool) + Send>;
 
 struct Watched {
     fd: OwnedFd,
-    on_hang_up: Option<OnHangUp>,
+    on_hang_up: OnHangUp,
+    since: Option<Instant>,
 }
 
 /// The watchdog thread of one producer or consumer.
@@ -49,11 +56,12 @@ impl Watchdog {
         Self { watched, stop, thread }
     }
 
-    /// Watches `conn` (through a duplicate of its fd) and runs `on_hang_up` once when the peer hangs up.
+    /// Watches `conn` (through a duplicate of its fd) and runs `on_hang_up` when the peer hangs up (see
+    /// [`OnHangUp`]).
     pub(crate) fn watch(&self, conn: &impl AsFd, on_hang_up: OnHangUp) -> std::io::Result<()> {
         let fd = conn.as_fd().try_clone_to_owned()?;
         if let Ok(mut list) = self.watched.lock() {
-            list.push(Watched { fd, on_hang_up: Some(on_hang_up) });
+            list.push(Watched { fd, on_hang_up, since: None });
         }
         Ok(())
     }
@@ -77,7 +85,6 @@ fn run(watched: &Mutex<Vec<Watched>>, stop: &AtomicBool) {
     let hang_up = PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::NVAL;
     let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
     while !stop.load(Ordering::Acquire) {
-        let mut fire = Vec::new();
         if let Ok(mut list) = watched.lock()
             && !list.is_empty()
         {
@@ -85,21 +92,21 @@ fn run(watched: &Mutex<Vec<Watched>>, stop: &AtomicBool) {
                 let mut fds: Vec<PollFd<'_>> = list.iter().map(|w| PollFd::new(&w.fd, PollFlags::RDHUP)).collect();
                 match poll(&mut fds, Some(&zero)) {
                     Ok(n) if n > 0 => fds.iter().map(PollFd::revents).collect(),
-                    _ => Vec::new(),
+                    _ => vec![PollFlags::empty(); fds.len()],
                 }
             };
+            let now = Instant::now();
             for (w, flags) in list.iter_mut().zip(revents) {
-                if flags.intersects(hang_up)
-                    && let Some(action) = w.on_hang_up.take()
-                {
-                    fire.push(action);
+                match w.since {
+                    None if flags.intersects(hang_up) => {
+                        w.since = Some(now);
+                        (w.on_hang_up)(true);
+                    }
+                    Some(_) => (w.on_hang_up)(false),
+                    None => {}
                 }
             }
-            list.retain(|w| w.on_hang_up.is_some());
-        }
-        // Run the actions outside the lock.
-        for action in fire {
-            action();
+            list.retain(|w| w.since.is_none_or(|t| now.duration_since(t) < REPEAT_FOR));
         }
         std::thread::sleep(PERIOD);
     }

@@ -541,6 +541,17 @@ impl ProducerControl {
         self.block.layout().producer_heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
     }
 
+    /// Writes [`POISON`] again into the `released` counters of a consumer already marked dead. A dead process's
+    /// GPU work can still land after it was declared dead (its queued `cuStreamWriteValue64` stores are plain
+    /// stores, not `max`), lowering the poison; the survivor repeats this until that work must have drained.
+    pub fn repoison_released(&self, consumer: ConsumerId) -> Result<(), RingError> {
+        let record = self.block.record(consumer)?;
+        if record.state.load(Ordering::Acquire) == state_word(consumer.epoch(), ConsumerState::Dead) {
+            self.block.poison_released(record);
+        }
+        Ok(())
+    }
+
     /// Declares `consumer` dead: it stops counting for back-pressure, and its `released` counters get [`POISON`]
     /// so that GPU stream waits already enqueued on them complete.
     pub fn mark_consumer_dead(&self, consumer: ConsumerId) -> Result<(), RingError> {
@@ -716,7 +727,6 @@ impl ConsumerControl {
         for counter in self.block.layout().published.iter().take(self.block.slot_count as usize) {
             counter.value.fetch_max(POISON, Ordering::Release);
         }
-        tracing::warn!(consumer = %self.id, "poisoned published counters after producer loss");
     }
 
     /// Leaves the ring: stops counting for back-pressure and poisons this consumer's `released` counters so that
