@@ -1,7 +1,7 @@
 //! The rendezvous socket for real: two threads, two processes, two users; file mode, stale
 //! and live sockets, paths that are not sockets, and the errors a user sees.
 //!
-//! The cross-process tests run this very binary again as the consumer: `child_consumer` is an
+//! The cross-process tests run this very binary again as the consumer: `child_process_entry_point` is an
 //! ignored test that does nothing unless `GPU_IPC_WIRE_CHILD` says which role to play.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -157,7 +157,7 @@ fn producer_and_consumer_threads_complete_the_handshake() {
 fn spawn_child(role: &str, path: &Path, uid: Option<u32>) -> std::process::Child {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args(["--exact", "child_consumer", "--ignored", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD_ROLE, role)
         .env(CHILD_SOCKET, path)
         .stdout(std::process::Stdio::piped())
@@ -200,8 +200,8 @@ fn producer_and_consumer_processes_complete_the_handshake() {
 
 /// Runs only as a child of the tests above (see the module comment).
 #[test]
-#[ignore = "child-process helper; run by the cross-process tests"]
-fn child_consumer() {
+#[ignore = "child-process entry point; run by the cross-process tests, not on its own"]
+fn child_process_entry_point() {
     let (Ok(role), Some(path)) = (std::env::var(CHILD_ROLE), std::env::var_os(CHILD_SOCKET)) else {
         println!("not started as a child: nothing to do");
         return;

@@ -1,2 +1,0 @@
-//! Placeholder bench.
-fn main() {}
