@@ -1,9 +1,31 @@
 //! What the `producer` and `consumer` example programs share: their command-line vocabulary and the summary
 //! each prints (one JSON object with `--json`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use gpu_ipc::BackendChoice;
 use gpu_ipc::core::wire::{PixelFormat, SyncStrategy};
+
+/// The options both programs take: where to meet, which backend and device, how to report.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonArgs {
+    /// Rendezvous socket (the producer creates it, consumers connect to it).
+    #[arg(long, default_value = "/tmp/gpu-ipc-frames.sock")]
+    pub socket: PathBuf,
+    /// Backend: legacy or vmm (consumers must match the producer's).
+    #[arg(long, default_value = "vmm")]
+    pub backend: BackendChoice,
+    /// How long to wait for the other side to show up, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub attach_timeout: u64,
+    /// CUDA device.
+    #[arg(long, default_value_t = 0)]
+    pub device: i32,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// Parses a sync strategy as the flags spell it: `cpu-spin`, `cpu-sleep`, `ipc-event`, `gpu-stream-ops`.
 ///

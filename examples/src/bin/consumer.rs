@@ -7,44 +7,30 @@
 //! ```
 //! Exit status: 0 all frames verified; 1 mismatches or another error; 4 the producer went away.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use gpu_ipc::BackendVisitor;
 use gpu_ipc::core::backend::Backend;
 use gpu_ipc::core::driver::{Context, DeviceBuffer, Stream, copy_from_device};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::wire::WireError;
 use gpu_ipc::kernels::launch::PatternKernels;
-use gpu_ipc::{BackendChoice, BackendVisitor};
-use gpu_ipc_examples::{EXIT_PRODUCER_GONE, cpu_time, fps, sync_name};
+use gpu_ipc_examples::{CommonArgs, EXIT_PRODUCER_GONE, cpu_time, fps, sync_name};
 
 /// Read and verify frames from shared GPU memory.
 #[derive(Debug, Clone, Parser)]
 #[command(version)]
 struct Args {
-    /// Rendezvous socket of the producer.
-    #[arg(long, default_value = "/tmp/gpu-ipc-frames.sock")]
-    socket: PathBuf,
-    /// Backend: legacy or vmm (must match the producer's).
-    #[arg(long, default_value = "vmm")]
-    backend: BackendChoice,
+    #[command(flatten)]
+    common: CommonArgs,
     /// Frames to read (0: until the producer goes away).
     #[arg(long, default_value_t = 10_000)]
     frames: u64,
     /// A name for the producer's logs.
     #[arg(long, default_value = "consumer")]
     name: String,
-    /// How long to keep trying to attach, in seconds (the producer may start later).
-    #[arg(long, default_value_t = 30)]
-    attach_timeout: u64,
-    /// CUDA device.
-    #[arg(long, default_value_t = 0)]
-    device: i32,
-    /// Print the summary as one JSON object.
-    #[arg(long)]
-    json: bool,
     /// Print `consumer NAME: frame SEQ` on stderr every N frames (0: never).
     #[arg(long, default_value_t = 0)]
     progress_every: u64,
@@ -71,7 +57,7 @@ impl BackendVisitor for Run {
     type Output = Result<Summary, FrameError>;
     fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
         let args = self.0;
-        let ctx = Context::for_ordinal(args.device)?;
+        let ctx = Context::for_ordinal(args.common.device)?;
         let kernels = PatternKernels::load(&ctx).map_err(|e| FrameError::Config(e.to_string()))?;
         let stream = Stream::new(&ctx)?;
         let counter = DeviceBuffer::alloc(&ctx, 8)?;
@@ -134,9 +120,9 @@ fn attach_retrying<B: Backend<Context = Context>>(
     args: &Args,
     options: &AttachOptions,
 ) -> Result<Consumer<B>, FrameError> {
-    let deadline = Instant::now() + Duration::from_secs(args.attach_timeout);
+    let deadline = Instant::now() + Duration::from_secs(args.common.attach_timeout);
     loop {
-        match Consumer::<B>::attach(ctx, &args.socket, options) {
+        match Consumer::<B>::attach(ctx, &args.common.socket, options) {
             Ok(c) => return Ok(c),
             Err(FrameError::Wire(WireError::NoProducer { .. })) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
@@ -148,8 +134,8 @@ fn attach_retrying<B: Backend<Context = Context>>(
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let json = args.json;
-    match args.backend.dispatch(Run(args)) {
+    let json = args.common.json;
+    match args.common.backend.dispatch(Run(args)) {
         Ok(s) => {
             if json {
                 println!("{}", serde_json::to_string(&s).unwrap_or_default());

@@ -7,29 +7,24 @@
 //! It waits for `--consumers` consumers, produces `--frames` frames, waits until every live consumer released
 //! the last one, and prints frames per second (`--json`: one JSON object).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use gpu_ipc::BackendVisitor;
 use gpu_ipc::core::backend::Backend;
 use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 use gpu_ipc::kernels::launch::PatternKernels;
-use gpu_ipc::{BackendChoice, BackendVisitor};
-use gpu_ipc_examples::{cpu_time, fps, parse_pixel_format, parse_sync, sync_name};
+use gpu_ipc_examples::{CommonArgs, cpu_time, fps, parse_pixel_format, parse_sync, sync_name};
 
 /// Publish frames into shared GPU memory.
 #[derive(Debug, Clone, Parser)]
 #[command(version)]
 struct Args {
-    /// Rendezvous socket to create.
-    #[arg(long, default_value = "/tmp/gpu-ipc-frames.sock")]
-    socket: PathBuf,
-    /// Backend: legacy or vmm.
-    #[arg(long, default_value = "vmm")]
-    backend: BackendChoice,
+    #[command(flatten)]
+    common: CommonArgs,
     /// Sync strategy: cpu-spin, cpu-sleep, ipc-event or gpu-stream-ops.
     #[arg(long, default_value = "cpu-spin", value_parser = parse_sync)]
     sync: SyncStrategy,
@@ -51,15 +46,6 @@ struct Args {
     /// Consumers to wait for before producing.
     #[arg(long, default_value_t = 1)]
     consumers: usize,
-    /// How long to wait for the consumers to attach, in seconds.
-    #[arg(long, default_value_t = 30)]
-    attach_timeout: u64,
-    /// CUDA device.
-    #[arg(long, default_value_t = 0)]
-    device: i32,
-    /// Print the summary as one JSON object.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -85,14 +71,14 @@ impl BackendVisitor for Run {
     type Output = Result<Summary, FrameError>;
     fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
         let args = self.0;
-        let ctx = Context::for_ordinal(args.device)?;
+        let ctx = Context::for_ordinal(args.common.device)?;
         let kernels = PatternKernels::load(&ctx).map_err(|e| FrameError::Config(e.to_string()))?;
         let stream = Stream::new(&ctx)?;
         let geometry = FrameGeometry::new(args.width, args.height, args.format)?;
-        let config = ProducerConfig::new(&args.socket, geometry, args.slots, args.sync);
+        let config = ProducerConfig::new(&args.common.socket, geometry, args.slots, args.sync);
         let mut producer = Producer::<B>::create(&ctx, config)?;
-        eprintln!("producer: waiting for {} consumer(s) on {}", args.consumers, args.socket.display());
-        producer.wait_for_consumers(args.consumers, Duration::from_secs(args.attach_timeout))?;
+        eprintln!("producer: waiting for {} consumer(s) on {}", args.consumers, args.common.socket.display());
+        producer.wait_for_consumers(args.consumers, Duration::from_secs(args.common.attach_timeout))?;
         let consumers_at_start = producer.consumers();
         let timeout = Duration::from_secs(10);
         let (cpu0, t0) = (cpu_time(), Instant::now());
@@ -125,8 +111,8 @@ impl BackendVisitor for Run {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let json = args.json;
-    match args.backend.dispatch(Run(args)) {
+    let json = args.common.json;
+    match args.common.backend.dispatch(Run(args)) {
         Ok(s) => {
             if json {
                 println!("{}", serde_json::to_string(&s).unwrap_or_default());

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::device::Device;
 use super::error::Result;
-use super::loader::{Driver, entry};
+use super::loader::{Driver, entry, release_quietly};
 use super::sys;
 
 /// A retained primary context of one device. Cloning shares it; the last clone releases it.
@@ -120,13 +120,10 @@ impl Context {
 
 impl Drop for Retained {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if let Ok(f) = entry!(d, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease") {
+        release_quietly("releasing the primary context", |d| {
+            let f = entry!(d, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease")?;
             // SAFETY: we retained this device's primary context exactly once in `Context::primary`.
-            let rc = unsafe { f(self.device.raw()) };
-            if let Err(e) = d.check("cuDevicePrimaryCtxRelease", rc) {
-                tracing::warn!(error = %e, "releasing the primary context failed");
-            }
-        }
+            d.check("cuDevicePrimaryCtxRelease", unsafe { f(self.device.raw()) })
+        });
     }
 }

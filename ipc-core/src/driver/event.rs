@@ -2,7 +2,7 @@
 
 use super::context::Context;
 use super::error::Result;
-use super::loader::{Driver, entry};
+use super::loader::{Driver, entry, release_quietly};
 use super::stream::Stream;
 use super::sys;
 
@@ -170,12 +170,10 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if let Ok(f) = entry!(d, cuEventDestroy_v2, "cuEventDestroy") {
+        release_quietly("destroying an event", |d| {
+            let f = entry!(d, cuEventDestroy_v2, "cuEventDestroy")?;
             // SAFETY: the event was created or opened by us and is destroyed exactly once, here.
-            if let Err(e) = d.check("cuEventDestroy", unsafe { f(self.raw) }) {
-                tracing::warn!(error = %e, "destroying an event failed");
-            }
-        }
+            d.check("cuEventDestroy", unsafe { f(self.raw) })
+        });
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::error::{DriverError, Result};
-use super::loader::{Driver, entry};
+use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
 use super::sys;
 
@@ -73,16 +73,12 @@ impl PinnedHostBuffer {
 
 impl Drop for PinnedHostBuffer {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if self.ctx.bind().is_err() {
-            return;
-        }
-        if let Ok(f) = entry!(d, cuMemFreeHost, "cuMemFreeHost") {
+        release_quietly("freeing pinned host memory", |d| {
+            self.ctx.bind()?;
+            let f = entry!(d, cuMemFreeHost, "cuMemFreeHost")?;
             // SAFETY: `ptr` came from cuMemAllocHost and is freed exactly once, here.
-            if let Err(e) = d.check("cuMemFreeHost", unsafe { f(self.ptr.cast()) }) {
-                tracing::warn!(error = %e, "freeing pinned host memory failed");
-            }
-        }
+            d.check("cuMemFreeHost", unsafe { f(self.ptr.cast()) })
+        });
     }
 }
 
@@ -147,15 +143,11 @@ impl<M: RegistrableHostMemory> HostRegistration<M> {
 
 impl<M: RegistrableHostMemory> Drop for HostRegistration<M> {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if self.ctx.bind().is_err() {
-            return;
-        }
-        if let Ok(f) = entry!(d, cuMemHostUnregister, "cuMemHostUnregister") {
+        release_quietly("unregistering host memory", |d| {
+            self.ctx.bind()?;
+            let f = entry!(d, cuMemHostUnregister, "cuMemHostUnregister")?;
             // SAFETY: the range was registered in `new` and is unregistered exactly once, before `memory` drops.
-            if let Err(e) = d.check("cuMemHostUnregister", unsafe { f(self.memory.as_ptr().cast()) }) {
-                tracing::warn!(error = %e, "unregistering host memory failed");
-            }
-        }
+            d.check("cuMemHostUnregister", unsafe { f(self.memory.as_ptr().cast()) })
+        });
     }
 }

@@ -2,7 +2,7 @@
 
 use super::context::Context;
 use super::error::Result;
-use super::loader::{Driver, entry};
+use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
 use super::sys;
 
@@ -68,16 +68,12 @@ impl IpcMapping {
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if self.ctx.bind().is_err() {
-            return;
-        }
-        if let Ok(f) = entry!(d, cuIpcCloseMemHandle, "cuIpcCloseMemHandle") {
+        release_quietly("closing an IPC mapping", |d| {
+            self.ctx.bind()?;
+            let f = entry!(d, cuIpcCloseMemHandle, "cuIpcCloseMemHandle")?;
             // SAFETY: the mapping was opened in `open` and is closed exactly once, here.
-            if let Err(e) = d.check("cuIpcCloseMemHandle", unsafe { f(self.ptr.0) }) {
-                tracing::warn!(error = %e, "closing an IPC mapping failed");
-            }
-        }
+            d.check("cuIpcCloseMemHandle", unsafe { f(self.ptr.0) })
+        });
     }
 }
 

@@ -143,6 +143,15 @@ impl Driver {
     }
 }
 
+/// For `Drop`: runs one release call and logs a failure instead of panicking or propagating it (the memmap2 habit).
+/// Without a loadable driver there is nothing to release.
+pub(crate) fn release_quietly(what: &str, call: impl FnOnce(&Driver) -> Result<()>) {
+    let Ok(driver) = Driver::get() else { return };
+    if let Err(e) = call(driver) {
+        tracing::warn!(error = %e, "{what} failed");
+    }
+}
+
 /// Looks up a driver entry point by its field in the generated table:
 /// `let f = entry!(driver, cuMemFree_v2, "cuMemFree")?;` then `unsafe { f(..) }` with a SAFETY comment.
 macro_rules! entry {

@@ -2,7 +2,7 @@
 
 use super::context::Context;
 use super::error::{DriverError, Result};
-use super::loader::{Driver, entry};
+use super::loader::{Driver, entry, release_quietly};
 use super::stream::Stream;
 use super::sys;
 
@@ -137,16 +137,12 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if self.ctx.bind().is_err() {
-            return;
-        }
-        if let Ok(f) = entry!(d, cuMemFree_v2, "cuMemFree") {
+        release_quietly("freeing device memory", |d| {
+            self.ctx.bind()?;
+            let f = entry!(d, cuMemFree_v2, "cuMemFree")?;
             // SAFETY: `ptr` came from cuMemAlloc in this context and is freed exactly once, here.
-            if let Err(e) = d.check("cuMemFree", unsafe { f(self.ptr.0) }) {
-                tracing::warn!(error = %e, ptr = %self.ptr, "freeing device memory failed");
-            }
-        }
+            d.check("cuMemFree", unsafe { f(self.ptr.0) })
+        });
     }
 }
 

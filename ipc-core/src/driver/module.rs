@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::error::{DriverError, Result};
-use super::loader::{Driver, entry};
+use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
 use super::stream::Stream;
 use super::sys;
@@ -246,16 +246,12 @@ impl Function {
 
 impl Drop for Loaded {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if self.ctx.bind().is_err() {
-            return;
-        }
-        if let Ok(f) = entry!(d, cuModuleUnload, "cuModuleUnload") {
+        release_quietly("unloading a module", |d| {
+            self.ctx.bind()?;
+            let f = entry!(d, cuModuleUnload, "cuModuleUnload")?;
             // SAFETY: the module was loaded by us and is unloaded exactly once, when its last owner drops.
-            if let Err(e) = d.check("cuModuleUnload", unsafe { f(self.raw) }) {
-                tracing::warn!(error = %e, "unloading a module failed");
-            }
-        }
+            d.check("cuModuleUnload", unsafe { f(self.raw) })
+        });
     }
 }
 

@@ -3,7 +3,7 @@
 use super::context::Context;
 use super::error::Result;
 use super::event::Event;
-use super::loader::{Driver, entry};
+use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
 use super::sys;
 
@@ -136,12 +136,10 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if let Ok(f) = entry!(d, cuStreamDestroy_v2, "cuStreamDestroy") {
+        release_quietly("destroying a stream", |d| {
+            let f = entry!(d, cuStreamDestroy_v2, "cuStreamDestroy")?;
             // SAFETY: the stream was created by us and is destroyed exactly once, here.
-            if let Err(e) = d.check("cuStreamDestroy", unsafe { f(self.raw) }) {
-                tracing::warn!(error = %e, "destroying a stream failed");
-            }
-        }
+            d.check("cuStreamDestroy", unsafe { f(self.raw) })
+        });
     }
 }

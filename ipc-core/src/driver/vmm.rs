@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use super::context::Context;
 use super::device::Device;
 use super::error::{DriverError, Result};
-use super::loader::{Driver, entry};
+use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
 use super::sys;
 
@@ -158,16 +158,12 @@ impl VmmAllocation {
 
 impl Drop for VmmAllocation {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if self.ctx.bind().is_err() {
-            return;
-        }
-        if let Ok(f) = entry!(d, cuMemRelease, "cuMemRelease") {
+        release_quietly("releasing a VMM allocation", |d| {
+            self.ctx.bind()?;
+            let f = entry!(d, cuMemRelease, "cuMemRelease")?;
             // SAFETY: the handle came from cuMemCreate/cuMemImportFromShareableHandle and is released once, here.
-            if let Err(e) = d.check("cuMemRelease", unsafe { f(self.handle) }) {
-                tracing::warn!(error = %e, "releasing a VMM allocation failed");
-            }
-        }
+            d.check("cuMemRelease", unsafe { f(self.handle) })
+        });
     }
 }
 
@@ -234,25 +230,21 @@ impl VmmMapping {
 
 impl Drop for VmmMapping {
     fn drop(&mut self) {
-        let Ok(d) = Driver::get() else { return };
-        if self.allocation.ctx.bind().is_err() {
-            return;
-        }
         let size = self.allocation.size as usize;
-        if self.mapped
-            && let Ok(f) = entry!(d, cuMemUnmap, "cuMemUnmap")
-        {
-            // SAFETY: the range was mapped by `map` and is unmapped exactly once, here.
-            if let Err(e) = d.check("cuMemUnmap", unsafe { f(self.base.0, size) }) {
-                tracing::warn!(error = %e, "unmapping a VMM range failed");
-            }
+        if self.mapped {
+            release_quietly("unmapping a VMM range", |d| {
+                self.allocation.ctx.bind()?;
+                let f = entry!(d, cuMemUnmap, "cuMemUnmap")?;
+                // SAFETY: the range was mapped by `map` and is unmapped exactly once, here.
+                d.check("cuMemUnmap", unsafe { f(self.base.0, size) })
+            });
         }
-        if let Ok(f) = entry!(d, cuMemAddressFree, "cuMemAddressFree") {
+        release_quietly("freeing a VMM address range", |d| {
+            self.allocation.ctx.bind()?;
+            let f = entry!(d, cuMemAddressFree, "cuMemAddressFree")?;
             // SAFETY: the range was reserved by `map` and is freed exactly once, after unmapping.
-            if let Err(e) = d.check("cuMemAddressFree", unsafe { f(self.base.0, size) }) {
-                tracing::warn!(error = %e, "freeing a VMM address range failed");
-            }
-        }
+            d.check("cuMemAddressFree", unsafe { f(self.base.0, size) })
+        });
         // `allocation` drops after this, releasing the physical handle.
     }
 }
