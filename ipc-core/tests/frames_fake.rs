@@ -182,3 +182,16 @@ fn gpu_strategies_need_a_gpu_backend() {
         assert!(matches!(err, Some(FrameError::StrategyUnavailable { .. })), "{sync}: {err:?}");
     }
 }
+
+#[test]
+fn eight_consumers_read_every_frame_of_one_ring() {
+    let mut p = producer("eight", SyncStrategy::CpuSpin, 3);
+    let consumers: Vec<_> = (0..8).map(|_| spawn_consumer("eight", 1000)).collect();
+    p.wait_for_consumers(8, T).unwrap();
+    produce(&mut p, 1000);
+    p.drain(None, T).unwrap();
+    for c in consumers {
+        assert_eq!(c.join().unwrap().unwrap(), (0, 1000, 0));
+    }
+    assert_eq!(p.consumers_lost(), 0);
+}

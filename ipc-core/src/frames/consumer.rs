@@ -216,6 +216,7 @@ impl<B: Backend> Consumer<B> {
                 super::wait_for_event(
                     &published[slot.0 as usize],
                     deadline,
+                    None,
                     || !hung_up.load(Ordering::Acquire),
                     || format!("the producer to finish writing frame {}", seq.0),
                 )
@@ -226,7 +227,7 @@ impl<B: Backend> Consumer<B> {
             }
             ConsumerSync::Gpu { registration, run_ahead } => {
                 let stream = need_stream(stream, "GpuStreamOps")?;
-                run_ahead.before(seq.0)?;
+                run_ahead.before(seq.0, deadline)?;
                 self.check_producer()?;
                 let addr = registration.device_ptr().offset(published_offset(slot) as u64);
                 stream.wait_value_u64(addr, seq.done_value(), WaitCondition::AtLeast)?;

@@ -49,35 +49,40 @@ pub use consumer::{AttachOptions, Consumer, Frame};
 pub use error::FrameError;
 pub use producer::{Producer, ProducerConfig, SlotLease};
 
-/// Polls `event` (an IPC event of another process) until it completes, `alive()` turns false
-/// ([`FrameError::PeerGone`]) or `deadline` passes.
+/// Polls `event` until it completes, `alive()` turns false ([`FrameError::PeerGone`]) or `deadline` passes
+/// ([`FrameError::Timeout`]): every CPU wait on GPU work in this module goes through here, so none is unbounded.
+/// `nap` `None` spins (lowest latency, one core busy); `Some(d)` sleeps `d` between polls.
 ///
-/// A stream made to wait on another process's event (`cuStreamWaitEvent`) can never be freed if that process dies
-/// between recording the event and finishing the work: the event then never completes. Polling on the CPU keeps
-/// the survivor in control.
+/// Why not `cuEventSynchronize` or `cuStreamWaitEvent`: neither has a timeout, and an IPC event recorded by a
+/// process that dies before the recorded work completes never completes, so a stream or thread made to wait on it
+/// could never be freed. Polling keeps the survivor in control.
 fn wait_for_event(
     event: &crate::driver::Event,
     deadline: std::time::Instant,
+    nap: Option<std::time::Duration>,
     alive: impl Fn() -> bool,
     what: impl Fn() -> String,
 ) -> Result<(), FrameError> {
     let start = std::time::Instant::now();
-    let mut spins = 0u32;
+    let mut polls = 0u32;
     loop {
         if event.is_complete()? {
             return Ok(());
         }
-        spins = spins.wrapping_add(1);
-        if spins % 64 == 0 {
+        polls = polls.wrapping_add(1);
+        if nap.is_some() || polls % 64 == 0 {
             if !alive() {
                 return Err(FrameError::PeerGone);
             }
             if std::time::Instant::now() >= deadline {
                 return Err(FrameError::Timeout { what: what(), waited: start.elapsed() });
             }
-            std::thread::yield_now();
         }
-        std::hint::spin_loop();
+        match nap {
+            Some(d) => std::thread::sleep(d),
+            None if polls % 64 == 0 => std::thread::yield_now(),
+            None => std::hint::spin_loop(),
+        }
     }
 }
 

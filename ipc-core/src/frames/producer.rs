@@ -250,10 +250,13 @@ impl<B: Backend> Producer<B> {
         for seq in self.next_seq..self.next_seq + u64::from(self.config.slots) {
             self.wait_slot_free(seq, stream, timeout)?;
         }
-        if let Some(stream) = stream {
-            stream.synchronize()?;
+        match (&self.sync, stream) {
+            // The stream holds the waits for the consumers' releases: bounded, since a consumer may be stuck.
+            (ProducerSync::Gpu { run_ahead, .. }, Some(stream)) => run_ahead.drain(stream, Instant::now() + timeout),
+            // Only our own work is queued (the peers' were awaited on the CPU above).
+            (_, Some(stream)) => Ok(stream.synchronize()?),
+            (_, None) => Ok(()),
         }
-        Ok(())
     }
 
     /// Makes the CPU (CPU strategies) or `stream` (GPU strategies) wait until frame `seq`'s slot may be written.
@@ -275,7 +278,7 @@ impl<B: Backend> Producer<B> {
                             || block.consumer_state(peer.id.index()) == Some((ConsumerState::Live, peer.id.epoch()));
                         let what =
                             || format!("consumer {} to finish reading its frame in slot {slot}", peer.id.index());
-                        match super::wait_for_event(event, deadline, alive, what) {
+                        match super::wait_for_event(event, deadline, None, alive, what) {
                             // A consumer that died no longer reads anything: nothing to wait for.
                             Ok(()) | Err(FrameError::PeerGone) => {}
                             Err(e) => return Err(e),
@@ -286,7 +289,7 @@ impl<B: Backend> Producer<B> {
             }
             ProducerSync::Gpu { registration, run_ahead } => {
                 let stream = need_stream(stream, "GpuStreamOps")?;
-                run_ahead.before(seq)?;
+                run_ahead.before(seq, deadline)?;
                 let base = registration.device_ptr();
                 loop {
                     self.pending.clear();

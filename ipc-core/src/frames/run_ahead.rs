@@ -1,10 +1,17 @@
 //! Bounds how far the CPU may queue GPU-side work ahead of the GPU (the `GpuStreamOps` strategy), so a producer
 //! or consumer never queues an unbounded number of frames behind a stream wait.
 
-use crate::driver::{Context, DriverError, Event, EventFlags, Stream};
+use std::time::{Duration, Instant};
 
-/// One blocking-sync event per frame in flight: before queueing frame `seq`, the CPU sleeps until frame
-/// `seq - depth` has gone through the stream.
+use crate::driver::{Context, DriverError, Event, EventFlags, Stream};
+use crate::frames::FrameError;
+
+/// How long the CPU naps between polls of the stream's progress: the CPU is not on the per-frame path here, so
+/// it may as well sleep.
+const NAP: Duration = Duration::from_micros(20);
+
+/// One event per frame in flight: before queueing frame `seq`, the CPU naps until frame `seq - depth` has gone
+/// through the stream, or the deadline passes.
 pub(crate) struct RunAhead {
     events: Vec<Event>,
 }
@@ -12,7 +19,7 @@ pub(crate) struct RunAhead {
 impl RunAhead {
     /// Allows `depth` frames in flight.
     pub(crate) fn new(ctx: &Context, depth: usize) -> Result<Self, DriverError> {
-        let flags = EventFlags { timing: false, blocking_sync: true, interprocess: false };
+        let flags = EventFlags { timing: false, blocking_sync: false, interprocess: false };
         let events = (0..depth.max(1)).map(|_| Event::new(ctx, flags)).collect::<Result<Vec<_>, _>>()?;
         Ok(Self { events })
     }
@@ -21,12 +28,32 @@ impl RunAhead {
         &self.events[(seq % self.events.len() as u64) as usize]
     }
 
-    /// Sleeps until frame `seq - depth` is through the stream (nothing to wait for on the first `depth` frames).
-    pub(crate) fn before(&self, seq: u64) -> Result<(), DriverError> {
-        if seq >= self.events.len() as u64 {
-            self.event(seq).synchronize()?;
+    /// Naps until frame `seq - depth` is through the stream (nothing to wait for on the first `depth` frames).
+    ///
+    /// # Errors
+    /// [`FrameError::Timeout`] at `deadline`: the stream is stuck behind a wait that nobody satisfies.
+    pub(crate) fn before(&self, seq: u64, deadline: Instant) -> Result<(), FrameError> {
+        if seq < self.events.len() as u64 {
+            return Ok(());
         }
-        Ok(())
+        let behind = seq - self.events.len() as u64;
+        super::wait_for_event(
+            self.event(seq),
+            deadline,
+            Some(NAP),
+            || true,
+            || format!("the stream to finish frame {behind} (a GPU-side wait is not satisfied)"),
+        )
+    }
+
+    /// Waits until everything queued on `stream` so far is done, or `deadline` passes.
+    ///
+    /// # Errors
+    /// [`FrameError::Timeout`], driver errors.
+    pub(crate) fn drain(&self, stream: &Stream, deadline: Instant) -> Result<(), FrameError> {
+        let marker = &self.events[0];
+        marker.record(stream)?;
+        super::wait_for_event(marker, deadline, Some(NAP), || true, || "the stream to drain".to_owned())
     }
 
     /// Marks frame `seq` as queued on `stream`.
