@@ -195,3 +195,22 @@ fn eight_consumers_read_every_frame_of_one_ring() {
     }
     assert_eq!(p.consumers_lost(), 0);
 }
+
+#[test]
+fn records_of_consumers_that_left_are_reused() {
+    // 16 records; 40 consumers come one after another, read a few frames and detach.
+    let mut p = producer("reuse", SyncStrategy::CpuSpin, 2);
+    for round in 0..40u64 {
+        let c = spawn_consumer("reuse", 5);
+        p.wait_for_consumers(1, T).unwrap();
+        produce(&mut p, 5);
+        let (_, frames, bad) = c.join().unwrap().unwrap();
+        assert_eq!((frames, bad), (5, 0), "round {round}");
+        let deadline = Instant::now() + T;
+        while p.consumers() != 0 {
+            assert!(Instant::now() < deadline, "consumer of round {round} never left");
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert_eq!(p.consumers_lost(), 0);
+}

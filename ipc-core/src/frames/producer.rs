@@ -94,6 +94,11 @@ pub struct Producer<B: Backend> {
     device_uuid: DeviceUuid,
     pending: Vec<ReleaseRequirement>,
     lost: usize,
+    /// Records of consumers that left, with the sequence the producer was at: reused once no queued GPU wait can
+    /// still read their counters.
+    retired: Vec<(ConsumerId, u64)>,
+    /// With `GpuStreamOps`: every frame below this has gone through the producer's stream.
+    stream_done_below: u64,
 }
 
 struct Peer {
@@ -170,6 +175,8 @@ impl<B: Backend> Producer<B> {
             device_uuid,
             pending: Vec::new(),
             lost: 0,
+            retired: Vec::new(),
+            stream_done_below: 0,
         })
     }
 
@@ -290,6 +297,8 @@ impl<B: Backend> Producer<B> {
             ProducerSync::Gpu { registration, run_ahead } => {
                 let stream = need_stream(stream, "GpuStreamOps")?;
                 run_ahead.before(seq, deadline)?;
+                // Frame `seq - depth` and all before it have gone through the stream.
+                self.stream_done_below = self.stream_done_below.max((seq + 1).saturating_sub(run_ahead.depth()));
                 let base = registration.device_ptr();
                 loop {
                     self.pending.clear();
@@ -356,6 +365,8 @@ impl<B: Backend> Producer<B> {
     /// # Errors
     /// Socket errors other than "nobody is waiting"; a failed handshake only drops that consumer.
     pub fn admit_pending(&mut self) -> Result<(), FrameError> {
+        self.reap_dead_peers();
+        self.reclaim_retired();
         loop {
             let conn = match self.listener.accept(Duration::ZERO) {
                 Ok(conn) => conn,
@@ -486,7 +497,9 @@ impl<B: Backend> Producer<B> {
     /// Drops consumers that are no longer live (the watchdog marked them dead when they hung up).
     fn reap_dead_peers(&mut self) {
         let block = self.ring.block();
+        let next_seq = self.next_seq;
         let mut lost = 0;
+        let mut retired = Vec::new();
         self.peers.retain(|peer| match block.consumer_state(peer.id.index()) {
             Some((ConsumerState::Live, epoch)) if epoch == peer.id.epoch() => true,
             state => {
@@ -494,10 +507,30 @@ impl<B: Backend> Producer<B> {
                 let died = matches!(state, Some((ConsumerState::Dead, epoch)) if epoch == peer.id.epoch());
                 lost += usize::from(died);
                 tracing::info!(consumer = peer.id.index(), pid = peer.pid, died, "consumer gone");
+                retired.push((peer.id, next_seq));
                 false
             }
         });
         self.lost += lost;
+        self.retired.append(&mut retired);
+    }
+
+    /// Frees the records of consumers that left, so later consumers can take them. With `GpuStreamOps` the stream
+    /// may still hold waits on a record's counters (queued before the consumer left), and a new owner starts them
+    /// at 0: such a record is freed only once the stream has passed every frame queued before the consumer left.
+    fn reclaim_retired(&mut self) {
+        let gpu = matches!(self.sync, ProducerSync::Gpu { .. });
+        let done_below = self.stream_done_below;
+        let ring = &self.ring;
+        self.retired.retain(|&(id, left_at)| {
+            if gpu && left_at > done_below {
+                return true;
+            }
+            if let Err(e) = ring.reclaim_consumer(id) {
+                tracing::warn!(consumer = id.index(), error = %e, "could not free a consumer record");
+            }
+            false
+        });
     }
 }
 

@@ -24,6 +24,11 @@ impl RunAhead {
         Ok(Self { events })
     }
 
+    /// Frames allowed in flight.
+    pub(crate) fn depth(&self) -> u64 {
+        self.events.len() as u64
+    }
+
     fn event(&self, seq: u64) -> &Event {
         &self.events[(seq % self.events.len() as u64) as usize]
     }
