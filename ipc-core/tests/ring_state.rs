@@ -169,7 +169,7 @@ fn run_paced(consumers: u32, slots: u32, frames: u64) {
         assert!(next_write - slowest <= u64::from(slots), "producer ran more than N ahead");
         for (i, reader) in readers.iter().enumerate() {
             // Consumer i acts every (i + 1)-th step.
-            if step % (i as u64 + 1) != 0 || next_read[i] >= frames {
+            if !step.is_multiple_of(i as u64 + 1) || next_read[i] >= frames {
                 continue;
             }
             let seq = Sequence(next_read[i]);

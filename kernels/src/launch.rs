@@ -121,7 +121,7 @@ impl PatternKernels {
     }
 
     fn config(&self, bytes: u64) -> Result<(LaunchConfig, u64), KernelError> {
-        if bytes % 4 != 0 {
+        if !bytes.is_multiple_of(4) {
             return Err(KernelError::UnalignedSize { bytes });
         }
         let words = bytes / 4;

@@ -185,7 +185,7 @@ pub fn copy_device_async(dst: DevicePtr, src: DevicePtr, bytes: u64, stream: &St
 /// # Errors
 /// A size not a multiple of 4, or a failing `cuMemsetD32Async`.
 pub fn fill_u32_async(dst: DevicePtr, bytes: u64, value: u32, stream: &Stream) -> Result<()> {
-    if bytes % 4 != 0 {
+    if !bytes.is_multiple_of(4) {
         return Err(DriverError::InvalidArgument {
             function: "cuMemsetD32Async",
             problem: format!("{bytes} bytes is not a whole number of 32-bit words"),

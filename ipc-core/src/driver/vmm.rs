@@ -84,7 +84,7 @@ impl VmmAllocation {
     /// A size that is not a multiple of the granularity; a failing `cuMemCreate`.
     pub fn create(ctx: &Context, size: u64) -> Result<Self> {
         let granularity = VmmGranularity::for_device(ctx.device())?;
-        if size == 0 || size % granularity.minimum != 0 {
+        if size == 0 || !size.is_multiple_of(granularity.minimum) {
             return Err(DriverError::InvalidArgument {
                 function: "cuMemCreate",
                 problem: format!(

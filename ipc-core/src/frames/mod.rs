@@ -70,7 +70,7 @@ fn wait_for_event(
             return Ok(());
         }
         polls = polls.wrapping_add(1);
-        if nap.is_some() || polls % 64 == 0 {
+        if nap.is_some() || polls.is_multiple_of(64) {
             if !alive() {
                 return Err(FrameError::PeerGone);
             }
@@ -80,7 +80,7 @@ fn wait_for_event(
         }
         match nap {
             Some(d) => std::thread::sleep(d),
-            None if polls % 64 == 0 => std::thread::yield_now(),
+            None if polls.is_multiple_of(64) => std::thread::yield_now(),
             None => std::hint::spin_loop(),
         }
     }

@@ -107,7 +107,7 @@ pub fn wait_until(
             WaitMode::Spin => {
                 std::hint::spin_loop();
                 spins = spins.wrapping_add(1);
-                if spins % 64 != 0 {
+                if !spins.is_multiple_of(64) {
                     continue;
                 }
             }

@@ -334,7 +334,7 @@ impl RingOffer {
                 format!("{} handles for {} slots (at most 2 per slot)", self.event_handles.len(), self.slot_count),
             ));
         }
-        if self.slot_stride_bytes < self.geometry.frame_bytes() || self.slot_stride_bytes % 4 != 0 {
+        if self.slot_stride_bytes < self.geometry.frame_bytes() || !self.slot_stride_bytes.is_multiple_of(4) {
             return Err(invalid(
                 "RingOffer.slot_stride_bytes",
                 format!(
@@ -344,13 +344,13 @@ impl RingOffer {
                 ),
             ));
         }
-        if self.data_offset % 4 != 0 {
+        if !self.data_offset.is_multiple_of(4) {
             return Err(invalid("RingOffer.data_offset", format!("{} is not a multiple of 4", self.data_offset)));
         }
         if !self.granularity.is_power_of_two() {
             return Err(invalid("RingOffer.granularity", format!("{} is not a power of two", self.granularity)));
         }
-        if self.allocation_bytes % self.granularity != 0 {
+        if !self.allocation_bytes.is_multiple_of(self.granularity) {
             return Err(invalid(
                 "RingOffer.allocation_bytes",
                 format!("{} is not a multiple of the granularity {}", self.allocation_bytes, self.granularity),

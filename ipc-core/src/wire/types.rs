@@ -276,7 +276,7 @@ impl FrameGeometry {
                 reason: format!("pitch {pitch_bytes} is less than width * bytes per pixel = {row}"),
             });
         }
-        if pitch_bytes % 4 != 0 {
+        if !pitch_bytes.is_multiple_of(4) {
             return Err(WireError::InvalidField {
                 field: "geometry.pitch_bytes",
                 reason: format!("pitch {pitch_bytes} is not a multiple of 4"),
