@@ -5,7 +5,38 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gpu_ipc::BackendChoice;
+use gpu_ipc::core::driver::{Context, Stream};
+use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::{PixelFormat, SyncStrategy};
+use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
+
+/// What both programs set up on the GPU: the device's context, the frame-pattern kernels and one stream.
+pub struct Gpu {
+    /// The device's primary context.
+    pub ctx: Context,
+    /// Fill and verify kernels.
+    pub kernels: PatternKernels,
+    /// The stream all of a program's work goes on.
+    pub stream: Stream,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, loads the kernels and makes a stream.
+    ///
+    /// # Errors
+    /// No driver or device, or no kernel image for it.
+    pub fn open(ordinal: i32) -> Result<Self, FrameError> {
+        let ctx = Context::for_ordinal(ordinal)?;
+        let kernels = PatternKernels::load(&ctx).map_err(kernel_error)?;
+        let stream = Stream::new(&ctx)?;
+        Ok(Self { ctx, kernels, stream })
+    }
+}
+
+/// A kernel error in the frame API's terms (the kernels crate sits above `ipc-core`, so no `From` exists).
+pub fn kernel_error(e: KernelError) -> FrameError {
+    FrameError::Config(e.to_string())
+}
 
 /// The options both programs take: where to meet, which backend and device, how to report.
 #[derive(Debug, Clone, clap::Args)]

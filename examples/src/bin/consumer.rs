@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gpu_ipc::BackendVisitor;
 use gpu_ipc::core::backend::Backend;
-use gpu_ipc::core::driver::{Context, DeviceBuffer, Stream, copy_from_device};
+use gpu_ipc::core::driver::{Context, DeviceBuffer, copy_from_device};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::wire::WireError;
-use gpu_ipc::kernels::launch::PatternKernels;
-use gpu_ipc_examples::{CommonArgs, EXIT_PRODUCER_GONE, cpu_time, fps, sync_name};
+use gpu_ipc_examples::{CommonArgs, EXIT_PRODUCER_GONE, Gpu, cpu_time, fps, kernel_error, sync_name};
 
 /// Read and verify frames from shared GPU memory.
 #[derive(Debug, Clone, Parser)]
@@ -57,9 +56,7 @@ impl BackendVisitor for Run {
     type Output = Result<Summary, FrameError>;
     fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
         let args = self.0;
-        let ctx = Context::for_ordinal(args.common.device)?;
-        let kernels = PatternKernels::load(&ctx).map_err(|e| FrameError::Config(e.to_string()))?;
-        let stream = Stream::new(&ctx)?;
+        let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
         let counter = DeviceBuffer::alloc(&ctx, 8)?;
         counter.write(0, &[0u64])?;
         let options = AttachOptions { name: args.name.clone(), ..AttachOptions::default() };
@@ -71,9 +68,7 @@ impl BackendVisitor for Run {
         let mut gone = None;
         while args.frames == 0 || frames < args.frames {
             let step = consumer.next_frame(Some(&stream), timeout).and_then(|frame| {
-                kernels
-                    .verify(&stream, frame.ptr, frame.bytes, frame.seq, counter.ptr())
-                    .map_err(|e| FrameError::Config(e.to_string()))?;
+                kernels.verify(&stream, frame.ptr, frame.bytes, frame.seq, counter.ptr()).map_err(kernel_error)?;
                 consumer.release(frame, Some(&stream))
             });
             match step {

@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gpu_ipc::BackendVisitor;
 use gpu_ipc::core::backend::Backend;
-use gpu_ipc::core::driver::{Context, Stream};
+use gpu_ipc::core::driver::Context;
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
-use gpu_ipc::kernels::launch::PatternKernels;
-use gpu_ipc_examples::{CommonArgs, cpu_time, fps, parse_pixel_format, parse_sync, sync_name};
+use gpu_ipc_examples::{CommonArgs, Gpu, cpu_time, fps, kernel_error, parse_pixel_format, parse_sync, sync_name};
 
 /// Publish frames into shared GPU memory.
 #[derive(Debug, Clone, Parser)]
@@ -71,9 +70,7 @@ impl BackendVisitor for Run {
     type Output = Result<Summary, FrameError>;
     fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
         let args = self.0;
-        let ctx = Context::for_ordinal(args.common.device)?;
-        let kernels = PatternKernels::load(&ctx).map_err(|e| FrameError::Config(e.to_string()))?;
-        let stream = Stream::new(&ctx)?;
+        let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
         let geometry = FrameGeometry::new(args.width, args.height, args.format)?;
         let config = ProducerConfig::new(&args.common.socket, geometry, args.slots, args.sync);
         let mut producer = Producer::<B>::create(&ctx, config)?;
@@ -84,7 +81,7 @@ impl BackendVisitor for Run {
         let (cpu0, t0) = (cpu_time(), Instant::now());
         for _ in 0..args.frames {
             let slot = producer.acquire(Some(&stream), timeout)?;
-            kernels.fill(&stream, slot.ptr, slot.bytes, slot.seq).map_err(|e| FrameError::Config(e.to_string()))?;
+            kernels.fill(&stream, slot.ptr, slot.bytes, slot.seq).map_err(kernel_error)?;
             producer.publish(slot, Some(&stream))?;
         }
         // Done when every live consumer has released the last frame.
