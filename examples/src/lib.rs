@@ -99,6 +99,15 @@ pub fn parse_pixel_format(s: &str) -> Result<PixelFormat, String> {
     }
 }
 
+/// Prints a program's summary on stdout: one JSON object with `--json`, else the line `human` makes.
+pub fn print_summary<S: serde::Serialize>(json: bool, summary: &S, human: impl FnOnce(&S) -> String) {
+    if json {
+        println!("{}", serde_json::to_string(summary).unwrap_or_default());
+    } else {
+        println!("{}", human(summary));
+    }
+}
+
 /// Frames per second over `elapsed`.
 pub fn fps(frames: u64, elapsed: Duration) -> f64 {
     if elapsed.is_zero() { 0.0 } else { frames as f64 / elapsed.as_secs_f64() }

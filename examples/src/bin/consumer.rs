@@ -16,7 +16,7 @@ use gpu_ipc::core::backend::Backend;
 use gpu_ipc::core::driver::{Context, DeviceBuffer, copy_from_device};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::wire::WireError;
-use gpu_ipc_examples::{CommonArgs, EXIT_PRODUCER_GONE, Gpu, cpu_time, fps, kernel_error, sync_name};
+use gpu_ipc_examples::{CommonArgs, EXIT_PRODUCER_GONE, Gpu, cpu_time, fps, kernel_error, print_summary, sync_name};
 
 /// Read and verify frames from shared GPU memory.
 #[derive(Debug, Clone, Parser)]
@@ -132,10 +132,8 @@ fn main() -> ExitCode {
     let json = args.common.json;
     match args.common.backend.dispatch(Run(args)) {
         Ok(s) => {
-            if json {
-                println!("{}", serde_json::to_string(&s).unwrap_or_default());
-            } else {
-                println!(
+            print_summary(json, &s, |s| {
+                format!(
                     "consumer {}: {} frames from #{} in {:.3} s: {:.1} frames/s, {} mismatched words, {:.1} us CPU/frame{}",
                     s.name,
                     s.frames,
@@ -145,8 +143,8 @@ fn main() -> ExitCode {
                     s.mismatched_words,
                     s.cpu_us_per_frame,
                     s.producer_gone.as_deref().map(|g| format!("; {g}")).unwrap_or_default()
-                );
-            }
+                )
+            });
             if s.producer_gone.is_some() {
                 ExitCode::from(EXIT_PRODUCER_GONE)
             } else if s.mismatched_words != 0 {

@@ -16,7 +16,9 @@ use gpu_ipc::core::backend::Backend;
 use gpu_ipc::core::driver::Context;
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
-use gpu_ipc_examples::{CommonArgs, Gpu, cpu_time, fps, kernel_error, parse_pixel_format, parse_sync, sync_name};
+use gpu_ipc_examples::{
+    CommonArgs, Gpu, cpu_time, fps, kernel_error, parse_pixel_format, parse_sync, print_summary, sync_name,
+};
 
 /// Publish frames into shared GPU memory.
 #[derive(Debug, Clone, Parser)]
@@ -111,10 +113,8 @@ fn main() -> ExitCode {
     let json = args.common.json;
     match args.common.backend.dispatch(Run(args)) {
         Ok(s) => {
-            if json {
-                println!("{}", serde_json::to_string(&s).unwrap_or_default());
-            } else {
-                println!(
+            print_summary(json, &s, |s| {
+                format!(
                     "producer: {} frames of {} bytes in {:.3} s: {:.1} frames/s ({:.1} GB/s), {:.1} us CPU/frame, \
                      consumers {} -> {} ({} lost)",
                     s.frames,
@@ -126,8 +126,8 @@ fn main() -> ExitCode {
                     s.consumers_at_start,
                     s.consumers_at_end,
                     s.consumers_lost
-                );
-            }
+                )
+            });
             ExitCode::SUCCESS
         }
         Err(e) => {

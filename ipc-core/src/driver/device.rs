@@ -5,30 +5,13 @@ use std::ffi::{CStr, c_char};
 use super::error::Result;
 use super::loader::{Driver, entry};
 use super::sys;
+pub use crate::wire::DeviceUuid;
 
 /// A CUDA device, by ordinal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Device {
     ordinal: i32,
     raw: sys::CUdevice,
-}
-
-/// A device's 16-byte UUID, as `nvidia-smi -L` prints it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DeviceUuid(pub [u8; 16]);
-
-impl std::fmt::Display for DeviceUuid {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let b = &self.0;
-        write!(f, "GPU-")?;
-        for (i, byte) in b.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                write!(f, "-")?;
-            }
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
-    }
 }
 
 /// A device's compute mode (`CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`).
@@ -205,14 +188,6 @@ fn read_c_string<const N: usize>(fill: impl FnOnce(*mut c_char, i32) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuid_prints_like_nvidia_smi() {
-        let uuid = DeviceUuid([
-            0x6a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f, 0x60, 0x71, 0x82, 0x93, 0xa4, 0xb5, 0xc6, 0xd7, 0xe8, 0xf9,
-        ]);
-        assert_eq!(uuid.to_string(), "GPU-6a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9");
-    }
 
     #[test]
     fn compute_modes_decode() {

@@ -94,10 +94,7 @@ impl<B: Backend> Consumer<B> {
         };
         let region = B::import(ctx, handle)?;
         let cuda = B::cuda_context(ctx);
-        let unavailable = |reason: &str| FrameError::StrategyUnavailable {
-            strategy: offer.sync.to_string(),
-            reason: reason.to_owned(),
-        };
+        let unavailable = |reason: &str| super::unavailable(offer.sync, reason);
         let sync = match offer.sync {
             SyncStrategy::CpuSpin => ConsumerSync::Cpu(WaitMode::Spin),
             SyncStrategy::CpuSleep => ConsumerSync::Cpu(WaitMode::Sleep(options.sleep_interval)),
@@ -209,7 +206,7 @@ impl<B: Backend> Consumer<B> {
         match &self.sync {
             ConsumerSync::Cpu(mode) => self.wait_published(seq, *mode, deadline)?,
             ConsumerSync::Events { published, .. } => {
-                need_stream(stream, "IpcEvent")?;
+                super::need_stream(stream, "IpcEvent")?;
                 self.wait_published(seq, WaitMode::Spin, deadline)?;
                 // Polled on the CPU, not waited on by the stream: see `super::wait_for_event`.
                 let hung_up = &self.producer_hung_up;
@@ -226,7 +223,7 @@ impl<B: Backend> Consumer<B> {
                 })?;
             }
             ConsumerSync::Gpu { registration, run_ahead } => {
-                let stream = need_stream(stream, "GpuStreamOps")?;
+                let stream = super::need_stream(stream, "GpuStreamOps")?;
                 run_ahead.before(seq.0, deadline)?;
                 self.check_producer()?;
                 let addr = registration.device_ptr().offset(published_offset(slot) as u64);
@@ -267,11 +264,11 @@ impl<B: Backend> Consumer<B> {
                 self.ring.release(seq).map_err(|e| self.map_ring(e, "release"))?;
             }
             ConsumerSync::Events { released, .. } => {
-                released[frame.slot as usize].record(need_stream(stream, "IpcEvent")?)?;
+                released[frame.slot as usize].record(super::need_stream(stream, "IpcEvent")?)?;
                 self.ring.release(seq).map_err(|e| self.map_ring(e, "release"))?;
             }
             ConsumerSync::Gpu { registration, run_ahead } => {
-                let stream = need_stream(stream, "GpuStreamOps")?;
+                let stream = super::need_stream(stream, "GpuStreamOps")?;
                 let offset = released_offset(self.ring.id().index(), self.ring.block().slot_for(seq));
                 stream.write_value_u64(registration.device_ptr().offset(offset as u64), seq.done_value())?;
                 run_ahead.after(frame.seq, stream)?;
@@ -287,8 +284,4 @@ impl<B: Backend> Consumer<B> {
         let _ = self.conn.send(&Message::Detach(bye), Vec::new(), Duration::from_millis(200));
         // Dropping the control (last Arc) marks the record detached and poisons its release counters.
     }
-}
-
-fn need_stream<'a>(stream: Option<&'a Stream>, strategy: &str) -> Result<&'a Stream, FrameError> {
-    stream.ok_or_else(|| FrameError::Config(format!("the {strategy} strategy needs a stream")))
 }

@@ -86,6 +86,19 @@ fn wait_for_event(
     }
 }
 
+/// The stream a GPU-side strategy queues its waits and writes on.
+fn need_stream<'a>(
+    stream: Option<&'a crate::driver::Stream>,
+    strategy: &str,
+) -> Result<&'a crate::driver::Stream, FrameError> {
+    stream.ok_or_else(|| FrameError::Config(format!("the {strategy} strategy needs a stream")))
+}
+
+/// A strategy this backend or device cannot run.
+fn unavailable(sync: crate::wire::SyncStrategy, reason: &str) -> FrameError {
+    FrameError::StrategyUnavailable { strategy: sync.to_string(), reason: reason.to_owned() }
+}
+
 /// Bytes between slots: the frame size rounded up to 256 bytes, so every slot starts aligned for vector loads.
 pub fn slot_stride(frame_bytes: u64) -> u64 {
     frame_bytes.div_ceil(256) * 256

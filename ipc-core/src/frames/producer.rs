@@ -126,13 +126,10 @@ impl<B: Backend> Producer<B> {
         let region = B::allocate(ctx, stride * u64::from(config.slots))?;
         let cuda = B::cuda_context(ctx);
         let device_uuid = match cuda {
-            Some(c) => DeviceUuid(c.device().uuid()?.0),
+            Some(c) => c.device().uuid()?,
             None => DeviceUuid([0; 16]),
         };
-        let unavailable = |reason: &str| FrameError::StrategyUnavailable {
-            strategy: config.sync.to_string(),
-            reason: reason.to_owned(),
-        };
+        let unavailable = |reason: &str| super::unavailable(config.sync, reason);
         let sync = match config.sync {
             SyncStrategy::CpuSpin => ProducerSync::Cpu(WaitMode::Spin),
             SyncStrategy::CpuSleep => ProducerSync::Cpu(WaitMode::Sleep(config.sleep_interval)),
@@ -272,7 +269,7 @@ impl<B: Backend> Producer<B> {
         match &self.sync {
             ProducerSync::Cpu(mode) => self.wait_reusable(seq, *mode, deadline),
             ProducerSync::Events { released, .. } => {
-                need_stream(stream, "IpcEvent")?;
+                super::need_stream(stream, "IpcEvent")?;
                 self.wait_reusable(seq, WaitMode::Spin, deadline)?;
                 // The counter says a consumer recorded its release event; the event says its reads are done. The
                 // CPU polls the event rather than making the stream wait on it: an event recorded by a process that
@@ -295,7 +292,7 @@ impl<B: Backend> Producer<B> {
                 Ok(())
             }
             ProducerSync::Gpu { registration, run_ahead } => {
-                let stream = need_stream(stream, "GpuStreamOps")?;
+                let stream = super::need_stream(stream, "GpuStreamOps")?;
                 run_ahead.before(seq, deadline)?;
                 // Frame `seq - depth` and all before it have gone through the stream.
                 self.stream_done_below = self.stream_done_below.max((seq + 1).saturating_sub(run_ahead.depth()));
@@ -344,12 +341,12 @@ impl<B: Backend> Producer<B> {
                 self.ring.publish(seq)?;
             }
             ProducerSync::Events { published, .. } => {
-                let stream = need_stream(stream, "IpcEvent")?;
+                let stream = super::need_stream(stream, "IpcEvent")?;
                 published[lease.slot as usize].record(stream)?;
                 self.ring.publish(seq)?;
             }
             ProducerSync::Gpu { registration, run_ahead } => {
-                let stream = need_stream(stream, "GpuStreamOps")?;
+                let stream = super::need_stream(stream, "GpuStreamOps")?;
                 let addr = registration.device_ptr().offset(published_offset(self.ring.slot_for(seq)) as u64);
                 stream.write_value_u64(addr, seq.done_value())?;
                 run_ahead.after(lease.seq, stream)?;
@@ -540,10 +537,6 @@ impl<B: Backend> Drop for Producer<B> {
         self.ring.close();
         self.watchdog.stop();
     }
-}
-
-fn need_stream<'a>(stream: Option<&'a Stream>, strategy: &str) -> Result<&'a Stream, FrameError> {
-    stream.ok_or_else(|| FrameError::Config(format!("the {strategy} strategy needs a stream")))
 }
 
 /// The largest power of two, up to 2 MiB, that divides the allocation: the granularity the offer reports.

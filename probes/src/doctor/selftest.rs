@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use gpu_ipc::core::backend::{Backend, ExportedHandle, SharedRegion};
 use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::wire::{
-    Attached, ClientHello, DeviceUuid, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, PixelFormat,
-    RendezvousListener, RingOffer, SyncStrategy,
+    Attached, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, PixelFormat, RendezvousListener,
+    RingOffer, SyncStrategy,
 };
 use gpu_ipc::kernels::launch::PatternKernels;
 use gpu_ipc::{BackendChoice, BackendVisitor};
@@ -185,7 +185,7 @@ fn handshake<B: Backend<Context = Context>>(
         backend: B::KIND,
         handle_type: B::KIND.handle_type(),
         sync: SyncStrategy::CpuSpin,
-        device_uuid: DeviceUuid(uuid.0),
+        device_uuid: uuid,
         producer_pid: std::process::id(),
         generation: 1,
         consumer_id: 0,
