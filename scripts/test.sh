@@ -6,7 +6,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
-step() { printf '\n== %s\n' "$*" >&2; }
+CURRENT_STEP="start"
+step() { CURRENT_STEP="$*"; printf '\n== %s\n' "$*" >&2; }
+# Never a bare exit status: say which step failed.
+trap 'rc=$?; echo "scripts/test.sh: FAILED (exit $rc) at step: $CURRENT_STEP" >&2' ERR
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -16,12 +16,22 @@ fetch_wheel() { # pip-spec wheel-file sha256
     local spec="$1" file="$2" sum="$3"
     mkdir -p "$CACHE/wheels"
     if [ ! -f "$CACHE/wheels/$file" ]; then
+        if ! python3 -m pip --version >/dev/null 2>&1; then
+            echo "toolchain: python3 with pip is needed to fetch $spec: install python3-pip (Debian/Ubuntu)" >&2
+            exit 1
+        fi
         python3 -m pip download --quiet --no-deps --only-binary=:all: \
             --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
             --platform manylinux2010_x86_64 --platform manylinux_2_12_x86_64 \
-            -d "$CACHE/wheels" "$spec" >&2
+            -d "$CACHE/wheels" "$spec" >&2 || {
+            echo "toolchain: pip could not download $spec from PyPI (no network?); fetch $file into $CACHE/wheels/" >&2
+            exit 1
+        }
     fi
-    echo "$sum  $CACHE/wheels/$file" | sha256sum --check --quiet - >&2
+    echo "$sum  $CACHE/wheels/$file" | sha256sum --check --quiet - >&2 || {
+        echo "toolchain: $CACHE/wheels/$file does not have the pinned SHA-256; delete it and run again" >&2
+        exit 1
+    }
     local dest="$CACHE/unpacked/${file%%-py3-*}"
     if [ ! -d "$dest" ]; then
         mkdir -p "$dest.tmp"
