@@ -22,7 +22,8 @@ PTX_ARCH = "compute_75"
 COMMON_FLAGS = ["--std=c++17", "--dopt=on"]
 # The name NVRTC records for the translation unit; fixed so the output does not depend on the checkout path.
 PROGRAM_NAME = "gpu_ipc_kernels.cu"
-KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
+# The kernels, read from the PTX the compiler made (so kernels that a macro defines are listed too).
+ENTRY_RE = re.compile(rb"^\.visible \.entry (\w+)\(", re.MULTILINE)
 
 NVRTC_SUCCESS = 0
 
@@ -130,7 +131,6 @@ def main() -> int:
         print(f"gen_kernels: no .cu sources under {root / 'kernels' / 'cuda'}", file=sys.stderr)
         return 1
     program = translation_unit(root, sources)
-    kernels = sorted(k for src in sources for k in KERNEL_RE.findall(src.read_text()))
 
     try:
         nvrtc = Nvrtc(args.nvrtc)
@@ -142,6 +142,8 @@ def main() -> int:
         for arch, kind, file in jobs:
             flags = [f"--gpu-architecture={arch}", *COMMON_FLAGS]
             data = nvrtc.compile(program, flags, kind)
+            if kind == "ptx":
+                kernels = sorted(name.decode() for name in ENTRY_RE.findall(data))
             (args.out / file).write_bytes(data)
             images.append(
                 {"file": file, "kind": kind, "arch": arch, "flags": flags, "size": len(data), "sha256": sha256(data)}

@@ -42,6 +42,36 @@ pub enum KernelError {
     Driver(#[from] DriverError),
 }
 
+/// Loads the embedded image that suits the context's device as a module (exact cubin, closest cubin of the same
+/// major, else PTX; the PTX when `force_ptx`), with a typed error that names the driver, the image and the fix.
+///
+/// # Errors
+/// [`KernelError::NoImage`] or [`KernelError::ImageRejected`].
+pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static KernelImage), KernelError> {
+    let device = ctx.device();
+    let (major, minor) = device.compute_capability()?;
+    let image = image::select_image(ComputeCapability::new(major, minor), force_ptx)?;
+    let module = Module::load(ctx, image.bytes).map_err(|source| {
+        let fix = if source.is(sys::cudaError_enum::CUDA_ERROR_UNSUPPORTED_PTX_VERSION) {
+            "the PTX is newer than this driver: update the NVIDIA driver"
+        } else if source.is(sys::cudaError_enum::CUDA_ERROR_NO_BINARY_FOR_GPU) {
+            "no code in the image runs on this GPU: rebuild the kernels for it (scripts/gen-kernels.sh)"
+        } else {
+            "report this with the output of `gpu-ipc doctor --json`"
+        };
+        let driver = ipc_core::driver::Driver::load().map(|d| d.version().to_string()).unwrap_or_default();
+        KernelError::ImageRejected {
+            image: image.file,
+            driver,
+            device: ComputeCapability::new(major, minor),
+            fix,
+            source: Box::new(source),
+        }
+    })?;
+    tracing::debug!(image = %image, "loaded the kernel module");
+    Ok((module, image))
+}
+
 /// The frame-pattern kernels, loaded in one context: fill a frame with the pattern of a sequence number, and count
 /// the words of a frame that differ from it.
 ///
@@ -83,26 +113,8 @@ impl PatternKernels {
     /// # Errors
     /// As [`PatternKernels::load`].
     pub fn load_image(ctx: &Context, force_ptx: bool) -> Result<Self, KernelError> {
+        let (module, image) = load_module(ctx, force_ptx)?;
         let device = ctx.device();
-        let (major, minor) = device.compute_capability()?;
-        let image = image::select_image(ComputeCapability::new(major, minor), force_ptx)?;
-        let module = Module::load(ctx, image.bytes).map_err(|source| {
-            let fix = if source.is(sys::cudaError_enum::CUDA_ERROR_UNSUPPORTED_PTX_VERSION) {
-                "the PTX is newer than this driver: update the NVIDIA driver"
-            } else if source.is(sys::cudaError_enum::CUDA_ERROR_NO_BINARY_FOR_GPU) {
-                "no code in the image runs on this GPU: rebuild the kernels for it (scripts/gen-kernels.sh)"
-            } else {
-                "report this with the output of `gpu-ipc doctor --json`"
-            };
-            let driver = ipc_core::driver::Driver::load().map(|d| d.version().to_string()).unwrap_or_default();
-            KernelError::ImageRejected {
-                image: image.file,
-                driver,
-                device: ComputeCapability::new(major, minor),
-                fix,
-                source: Box::new(source),
-            }
-        })?;
         let sms = device.attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         tracing::debug!(image = %image, "loaded the pattern kernels");
         Ok(Self {

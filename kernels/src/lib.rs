@@ -13,6 +13,7 @@
 pub mod image;
 pub mod launch;
 pub mod pattern;
+pub mod probe;
 
 /// `gpu_ipc_fill_pattern(unsigned int* dst, unsigned long long n_words, unsigned long long seq)`: writes
 /// [`pattern::pattern_word`]`(seq, i)` into word `i` of `dst` for every `i < n_words`.
@@ -23,7 +24,7 @@ pub const FILL_PATTERN: &str = "gpu_ipc_fill_pattern";
 /// from [`pattern::pattern_word`]`(seq, i)`; the caller zeroes `*mismatches` first.
 pub const VERIFY_PATTERN: &str = "gpu_ipc_verify_pattern";
 
-/// Every kernel of the embedded images, in the order the manifest lists them.
+/// The frame-pattern kernels; [`probe::kernel_names`] lists the probes' kernels.
 pub const KERNELS: [&str; 2] = [FILL_PATTERN, VERIFY_PATTERN];
 
 #[cfg(test)]
@@ -36,6 +37,8 @@ mod tests {
         let manifest: serde_json::Value = serde_json::from_str(image::MANIFEST).unwrap();
         let listed: Vec<&str> =
             manifest["kernels"].as_array().unwrap().iter().map(|name| name.as_str().unwrap()).collect();
-        assert_eq!(listed, KERNELS);
+        let mut known: Vec<String> = KERNELS.iter().map(|s| (*s).to_owned()).chain(probe::kernel_names()).collect();
+        known.sort();
+        assert_eq!(listed, known);
     }
 }

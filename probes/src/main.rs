@@ -1,6 +1,11 @@
-//! The `gpu-ipc` command line: `gpu-ipc doctor` checks whether CUDA IPC works on this machine and says why not.
+//! The `gpu-ipc` command line: `gpu-ipc doctor` checks whether CUDA IPC works on this machine and says why not;
+//! `gpu-ipc probe ...` measures the four research questions; `gpu-ipc report` runs them all and writes the answers.
 
+#[allow(dead_code)] // TEMPORARY while the report is being built; removed before issue 7 lands
+mod answers;
 mod doctor;
+#[allow(dead_code)] // TEMPORARY while the probes are being built; removed before issue 7 lands
+mod probe;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -30,6 +35,37 @@ enum Command {
     /// Exit status: 0 every built backend passed its self-test; 1 a backend failed (the report says why and what
     /// to do); 2 usage error; 3 no usable CUDA driver or no GPU.
     Doctor(DoctorArgs),
+    /// Measure one of the four research questions on this machine (see `gpu-ipc report` for all four).
+    ///
+    /// Exit status: 0 the probe ran and printed its verdict; 1 it could not finish; 2 usage error; 3 no usable
+    /// CUDA driver or no GPU.
+    #[command(subcommand)]
+    Probe(ProbeCommand),
+    /// Run every probe (without MPS, then under a private MPS daemon) and write the answers: Markdown, plots, JSON.
+    ///
+    /// Exit status: 0 the report was written; 1 a probe failed (the report says which); 2 usage error; 3 no usable
+    /// CUDA driver or no GPU.
+    Report(answers::ReportArgs),
+    /// Internal: a probe's child process.
+    #[command(hide = true)]
+    ProbeChild {
+        /// The parent's channel socket.
+        #[arg(long)]
+        socket: std::path::PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ProbeCommand {
+    /// Is memory imported from another process slower for kernels than the process's own memory?
+    Overhead(probe::overhead::ProbeArgs),
+    /// When does one process's write become visible to another process's polling kernel, and which loads and
+    /// fences are needed?
+    Coherency(probe::coherency::ProbeArgs),
+    /// What can be shared how: legacy IPC and VMM handles against every kind of allocation.
+    VmmCompat(probe::vmm_compat::ProbeArgs),
+    /// Does shared memory survive the death of the process that exported it, or of one that imported it?
+    Crash(probe::crash::ProbeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -69,6 +105,12 @@ fn main() -> ExitCode {
     init_logging(cli.verbose);
     match cli.command {
         Command::Doctor(args) => ExitCode::from(doctor(&args)),
+        Command::Probe(ProbeCommand::Overhead(args)) => ExitCode::from(probe::overhead::main(&args)),
+        Command::Probe(ProbeCommand::Coherency(args)) => ExitCode::from(probe::coherency::main(&args)),
+        Command::Probe(ProbeCommand::VmmCompat(args)) => ExitCode::from(probe::vmm_compat::main(&args)),
+        Command::Probe(ProbeCommand::Crash(args)) => ExitCode::from(probe::crash::main(&args)),
+        Command::Report(args) => ExitCode::from(answers::main(&args)),
+        Command::ProbeChild { socket } => ExitCode::from(probe::child_main(&socket)),
     }
 }
 

@@ -13,16 +13,21 @@ pub type CUmodule = *mut CUmod_st;
 pub type CUfunction = *mut CUfunc_st;
 pub type CUevent = *mut CUevent_st;
 pub type CUstream = *mut CUstream_st;
+pub type CUmemoryPool = *mut CUmemPoolHandle_st;
 pub type CUuuid = CUuuid_st;
 pub type CUipcEventHandle_v1 = CUipcEventHandle_st;
 pub type CUipcEventHandle = CUipcEventHandle_v1;
 pub type CUipcMemHandle_v1 = CUipcMemHandle_st;
 pub type CUipcMemHandle = CUipcMemHandle_v1;
 pub type CUipcMem_flags_enum = ::core::ffi::c_uint;
+pub type CUmemAttach_flags_enum = ::core::ffi::c_uint;
 pub type CUstream_flags_enum = ::core::ffi::c_uint;
 pub type CUevent_flags_enum = ::core::ffi::c_uint;
 pub type CUstreamWaitValue_flags_enum = ::core::ffi::c_uint;
 pub type CUstreamWriteValue_flags_enum = ::core::ffi::c_uint;
+pub type CUstreamBatchMemOpType_enum = ::core::ffi::c_uint;
+pub type CUstreamBatchMemOpParams_v1 = CUstreamBatchMemOpParams_union;
+pub type CUstreamBatchMemOpParams = CUstreamBatchMemOpParams_v1;
 pub type CUdevice_attribute_enum = ::core::ffi::c_uint;
 pub type CUpointer_attribute_enum = ::core::ffi::c_uint;
 pub type CUfunction_attribute_enum = ::core::ffi::c_uint;
@@ -42,6 +47,10 @@ pub type CUmemAllocationProp_v1 = CUmemAllocationProp_st;
 pub type CUmemAllocationProp = CUmemAllocationProp_v1;
 pub type CUmemAccessDesc_v1 = CUmemAccessDesc_st;
 pub type CUmemAccessDesc = CUmemAccessDesc_v1;
+pub type CUmemPoolProps_v1 = CUmemPoolProps_st;
+pub type CUmemPoolProps = CUmemPoolProps_v1;
+pub type CUmemPoolPtrExportData_v1 = CUmemPoolPtrExportData_st;
+pub type CUmemPoolPtrExportData = CUmemPoolPtrExportData_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUctx_st {
@@ -69,6 +78,11 @@ pub struct CUstream_st {
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct CUmemPoolHandle_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct CUuuid_st {
     pub bytes: [::core::ffi::c_char; 16usize],
 }
@@ -81,6 +95,36 @@ pub struct CUipcEventHandle_st {
 #[derive(Debug, Copy, Clone)]
 pub struct CUipcMemHandle_st {
     pub reserved: [::core::ffi::c_char; 64usize],
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
+    pub operation: CUstreamBatchMemOpType,
+    pub address: CUdeviceptr,
+    pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+    pub flags: ::core::ffi::c_uint,
+    pub alias: CUdeviceptr,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+    pub operation: CUstreamBatchMemOpType,
+    pub address: CUdeviceptr,
+    pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+    pub flags: ::core::ffi::c_uint,
+    pub alias: CUdeviceptr,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st {
+    pub operation: CUstreamBatchMemOpType,
+    pub flags: ::core::ffi::c_uint,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
+    pub operation: CUstreamBatchMemOpType,
+    pub flags: ::core::ffi::c_uint,
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -114,6 +158,22 @@ pub struct CUmemAccessDesc_st {
     pub location: CUmemLocation,
     pub flags: CUmemAccess_flags,
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUmemPoolProps_st {
+    pub allocType: CUmemAllocationType,
+    pub handleTypes: CUmemAllocationHandleType,
+    pub location: CUmemLocation,
+    pub win32SecurityAttributes: *mut ::core::ffi::c_void,
+    pub maxSize: usize,
+    pub usage: ::core::ffi::c_ushort,
+    pub reserved: [::core::ffi::c_uchar; 54usize],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUmemPoolPtrExportData_st {
+    pub reserved: [::core::ffi::c_uchar; 64usize],
+}
 pub struct CudaDriverApi {
     __library: ::libloading::Library,
     pub cuGetErrorString: Result<
@@ -144,6 +204,8 @@ pub struct CudaDriverApi {
         unsafe extern "C" fn(pi: *mut ::core::ffi::c_int, attrib: CUdevice_attribute, dev: CUdevice) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuDeviceGetDefaultMemPool:
+        Result<unsafe extern "C" fn(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CUresult, ::libloading::Error>,
     pub cuDevicePrimaryCtxRetain:
         Result<unsafe extern "C" fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult, ::libloading::Error>,
     pub cuDevicePrimaryCtxRelease_v2: Result<unsafe extern "C" fn(dev: CUdevice) -> CUresult, ::libloading::Error>,
@@ -170,17 +232,33 @@ pub struct CudaDriverApi {
     pub cuMemAlloc_v2:
         Result<unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult, ::libloading::Error>,
     pub cuMemFree_v2: Result<unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult, ::libloading::Error>,
+    pub cuMemGetAddressRange_v2: Result<
+        unsafe extern "C" fn(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuMemAllocHost_v2: Result<
         unsafe extern "C" fn(pp: *mut *mut ::core::ffi::c_void, bytesize: usize) -> CUresult,
         ::libloading::Error,
     >,
     pub cuMemFreeHost: Result<unsafe extern "C" fn(p: *mut ::core::ffi::c_void) -> CUresult, ::libloading::Error>,
+    pub cuMemHostAlloc: Result<
+        unsafe extern "C" fn(
+            pp: *mut *mut ::core::ffi::c_void,
+            bytesize: usize,
+            Flags: ::core::ffi::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuMemHostGetDevicePointer_v2: Result<
         unsafe extern "C" fn(
             pdptr: *mut CUdeviceptr,
             p: *mut ::core::ffi::c_void,
             Flags: ::core::ffi::c_uint,
         ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemAllocManaged: Result<
+        unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytesize: usize, flags: ::core::ffi::c_uint) -> CUresult,
         ::libloading::Error,
     >,
     pub cuDeviceGetPCIBusId: Result<
@@ -324,6 +402,60 @@ pub struct CudaDriverApi {
         unsafe extern "C" fn(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuMemRetainAllocationHandle: Result<
+        unsafe extern "C" fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut ::core::ffi::c_void) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemFreeAsync:
+        Result<unsafe extern "C" fn(dptr: CUdeviceptr, hStream: CUstream) -> CUresult, ::libloading::Error>,
+    pub cuMemAllocAsync: Result<
+        unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemPoolCreate: Result<
+        unsafe extern "C" fn(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemPoolDestroy: Result<unsafe extern "C" fn(pool: CUmemoryPool) -> CUresult, ::libloading::Error>,
+    pub cuMemAllocFromPoolAsync: Result<
+        unsafe extern "C" fn(
+            dptr: *mut CUdeviceptr,
+            bytesize: usize,
+            pool: CUmemoryPool,
+            hStream: CUstream,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemPoolExportToShareableHandle: Result<
+        unsafe extern "C" fn(
+            handle_out: *mut ::core::ffi::c_void,
+            pool: CUmemoryPool,
+            handleType: CUmemAllocationHandleType,
+            flags: ::core::ffi::c_ulonglong,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemPoolImportFromShareableHandle: Result<
+        unsafe extern "C" fn(
+            pool_out: *mut CUmemoryPool,
+            handle: *mut ::core::ffi::c_void,
+            handleType: CUmemAllocationHandleType,
+            flags: ::core::ffi::c_ulonglong,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemPoolExportPointer: Result<
+        unsafe extern "C" fn(shareData_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemPoolImportPointer: Result<
+        unsafe extern "C" fn(
+            ptr_out: *mut CUdeviceptr,
+            pool: CUmemoryPool,
+            shareData: *mut CUmemPoolPtrExportData,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuPointerGetAttribute: Result<
         unsafe extern "C" fn(
             data: *mut ::core::ffi::c_void,
@@ -392,6 +524,15 @@ pub struct CudaDriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuStreamBatchMemOp_v2: Result<
+        unsafe extern "C" fn(
+            stream: CUstream,
+            count: ::core::ffi::c_uint,
+            paramArray: *mut CUstreamBatchMemOpParams,
+            flags: ::core::ffi::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuFuncGetAttribute: Result<
         unsafe extern "C" fn(pi: *mut ::core::ffi::c_int, attrib: CUfunction_attribute, hfunc: CUfunction) -> CUresult,
         ::libloading::Error,
@@ -455,6 +596,9 @@ pub const CU_TRSF_SRGB: u32 = 16;
 pub const CU_TRSF_DISABLE_TRILINEAR_OPTIMIZATION: u32 = 32;
 pub const CU_TRSF_SEAMLESS_CUBEMAP: u32 = 64;
 pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: CUipcMem_flags_enum = 1;
+pub const CU_MEM_ATTACH_GLOBAL: CUmemAttach_flags_enum = 1;
+pub const CU_MEM_ATTACH_HOST: CUmemAttach_flags_enum = 2;
+pub const CU_MEM_ATTACH_SINGLE: CUmemAttach_flags_enum = 4;
 pub const CU_STREAM_DEFAULT: CUstream_flags_enum = 0;
 pub const CU_STREAM_NON_BLOCKING: CUstream_flags_enum = 1;
 pub const CU_EVENT_DEFAULT: CUevent_flags_enum = 0;
@@ -468,6 +612,12 @@ pub const CU_STREAM_WAIT_VALUE_NOR: CUstreamWaitValue_flags_enum = 3;
 pub const CU_STREAM_WAIT_VALUE_FLUSH: CUstreamWaitValue_flags_enum = 1073741824;
 pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags_enum = 0;
 pub const CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: CUstreamWriteValue_flags_enum = 1;
+pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: CUstreamBatchMemOpType_enum = 1;
+pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: CUstreamBatchMemOpType_enum = 2;
+pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType_enum = 4;
+pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType_enum = 5;
+pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType_enum = 6;
+pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType_enum = 3;
 pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum = 1;
 pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: CUdevice_attribute_enum = 2;
 pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: CUdevice_attribute_enum = 3;
@@ -715,6 +865,28 @@ pub const CU_MEM_ALLOCATION_TYPE_PINNED: CUmemAllocationType_enum = 1;
 pub const CU_MEM_ALLOCATION_TYPE_MAX: CUmemAllocationType_enum = 2147483647;
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags_enum = 0;
 pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: CUmemAllocationGranularity_flags_enum = 1;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUstreamBatchMemOpParams_union {
+    pub operation: CUstreamBatchMemOpType,
+    pub waitValue: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
+    pub writeValue: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
+    pub flushRemoteWrites: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
+    pub memoryBarrier: CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st,
+    pub pad: [cuuint64_t; 6usize],
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
+    pub value: cuuint32_t,
+    pub value64: cuuint64_t,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+    pub value: cuuint32_t,
+    pub value64: cuuint64_t,
+}
 impl cudaError_enum {
     pub const CUDA_SUCCESS: cudaError_enum = cudaError_enum(0);
     pub const CUDA_ERROR_INVALID_VALUE: cudaError_enum = cudaError_enum(1);
@@ -840,6 +1012,7 @@ impl CudaDriverApi {
         let cuDeviceGetUuid_v2 = __library.get(b"cuDeviceGetUuid_v2\0").map(|sym| *sym);
         let cuDeviceTotalMem_v2 = __library.get(b"cuDeviceTotalMem_v2\0").map(|sym| *sym);
         let cuDeviceGetAttribute = __library.get(b"cuDeviceGetAttribute\0").map(|sym| *sym);
+        let cuDeviceGetDefaultMemPool = __library.get(b"cuDeviceGetDefaultMemPool\0").map(|sym| *sym);
         let cuDevicePrimaryCtxRetain = __library.get(b"cuDevicePrimaryCtxRetain\0").map(|sym| *sym);
         let cuDevicePrimaryCtxRelease_v2 = __library.get(b"cuDevicePrimaryCtxRelease_v2\0").map(|sym| *sym);
         let cuCtxSetCurrent = __library.get(b"cuCtxSetCurrent\0").map(|sym| *sym);
@@ -851,9 +1024,12 @@ impl CudaDriverApi {
         let cuMemGetInfo_v2 = __library.get(b"cuMemGetInfo_v2\0").map(|sym| *sym);
         let cuMemAlloc_v2 = __library.get(b"cuMemAlloc_v2\0").map(|sym| *sym);
         let cuMemFree_v2 = __library.get(b"cuMemFree_v2\0").map(|sym| *sym);
+        let cuMemGetAddressRange_v2 = __library.get(b"cuMemGetAddressRange_v2\0").map(|sym| *sym);
         let cuMemAllocHost_v2 = __library.get(b"cuMemAllocHost_v2\0").map(|sym| *sym);
         let cuMemFreeHost = __library.get(b"cuMemFreeHost\0").map(|sym| *sym);
+        let cuMemHostAlloc = __library.get(b"cuMemHostAlloc\0").map(|sym| *sym);
         let cuMemHostGetDevicePointer_v2 = __library.get(b"cuMemHostGetDevicePointer_v2\0").map(|sym| *sym);
+        let cuMemAllocManaged = __library.get(b"cuMemAllocManaged\0").map(|sym| *sym);
         let cuDeviceGetPCIBusId = __library.get(b"cuDeviceGetPCIBusId\0").map(|sym| *sym);
         let cuIpcGetEventHandle = __library.get(b"cuIpcGetEventHandle\0").map(|sym| *sym);
         let cuIpcOpenEventHandle = __library.get(b"cuIpcOpenEventHandle\0").map(|sym| *sym);
@@ -884,6 +1060,16 @@ impl CudaDriverApi {
         let cuMemGetAllocationGranularity = __library.get(b"cuMemGetAllocationGranularity\0").map(|sym| *sym);
         let cuMemGetAllocationPropertiesFromHandle =
             __library.get(b"cuMemGetAllocationPropertiesFromHandle\0").map(|sym| *sym);
+        let cuMemRetainAllocationHandle = __library.get(b"cuMemRetainAllocationHandle\0").map(|sym| *sym);
+        let cuMemFreeAsync = __library.get(b"cuMemFreeAsync\0").map(|sym| *sym);
+        let cuMemAllocAsync = __library.get(b"cuMemAllocAsync\0").map(|sym| *sym);
+        let cuMemPoolCreate = __library.get(b"cuMemPoolCreate\0").map(|sym| *sym);
+        let cuMemPoolDestroy = __library.get(b"cuMemPoolDestroy\0").map(|sym| *sym);
+        let cuMemAllocFromPoolAsync = __library.get(b"cuMemAllocFromPoolAsync\0").map(|sym| *sym);
+        let cuMemPoolExportToShareableHandle = __library.get(b"cuMemPoolExportToShareableHandle\0").map(|sym| *sym);
+        let cuMemPoolImportFromShareableHandle = __library.get(b"cuMemPoolImportFromShareableHandle\0").map(|sym| *sym);
+        let cuMemPoolExportPointer = __library.get(b"cuMemPoolExportPointer\0").map(|sym| *sym);
+        let cuMemPoolImportPointer = __library.get(b"cuMemPoolImportPointer\0").map(|sym| *sym);
         let cuPointerGetAttribute = __library.get(b"cuPointerGetAttribute\0").map(|sym| *sym);
         let cuStreamCreate = __library.get(b"cuStreamCreate\0").map(|sym| *sym);
         let cuStreamWaitEvent = __library.get(b"cuStreamWaitEvent\0").map(|sym| *sym);
@@ -900,6 +1086,7 @@ impl CudaDriverApi {
         let cuStreamWaitValue64_v2 = __library.get(b"cuStreamWaitValue64_v2\0").map(|sym| *sym);
         let cuStreamWriteValue32_v2 = __library.get(b"cuStreamWriteValue32_v2\0").map(|sym| *sym);
         let cuStreamWriteValue64_v2 = __library.get(b"cuStreamWriteValue64_v2\0").map(|sym| *sym);
+        let cuStreamBatchMemOp_v2 = __library.get(b"cuStreamBatchMemOp_v2\0").map(|sym| *sym);
         let cuFuncGetAttribute = __library.get(b"cuFuncGetAttribute\0").map(|sym| *sym);
         let cuFuncGetParamInfo = __library.get(b"cuFuncGetParamInfo\0").map(|sym| *sym);
         let cuLaunchKernel = __library.get(b"cuLaunchKernel\0").map(|sym| *sym);
@@ -918,6 +1105,7 @@ impl CudaDriverApi {
             cuDeviceGetUuid_v2,
             cuDeviceTotalMem_v2,
             cuDeviceGetAttribute,
+            cuDeviceGetDefaultMemPool,
             cuDevicePrimaryCtxRetain,
             cuDevicePrimaryCtxRelease_v2,
             cuCtxSetCurrent,
@@ -929,9 +1117,12 @@ impl CudaDriverApi {
             cuMemGetInfo_v2,
             cuMemAlloc_v2,
             cuMemFree_v2,
+            cuMemGetAddressRange_v2,
             cuMemAllocHost_v2,
             cuMemFreeHost,
+            cuMemHostAlloc,
             cuMemHostGetDevicePointer_v2,
+            cuMemAllocManaged,
             cuDeviceGetPCIBusId,
             cuIpcGetEventHandle,
             cuIpcOpenEventHandle,
@@ -961,6 +1152,16 @@ impl CudaDriverApi {
             cuMemImportFromShareableHandle,
             cuMemGetAllocationGranularity,
             cuMemGetAllocationPropertiesFromHandle,
+            cuMemRetainAllocationHandle,
+            cuMemFreeAsync,
+            cuMemAllocAsync,
+            cuMemPoolCreate,
+            cuMemPoolDestroy,
+            cuMemAllocFromPoolAsync,
+            cuMemPoolExportToShareableHandle,
+            cuMemPoolImportFromShareableHandle,
+            cuMemPoolExportPointer,
+            cuMemPoolImportPointer,
             cuPointerGetAttribute,
             cuStreamCreate,
             cuStreamWaitEvent,
@@ -977,6 +1178,7 @@ impl CudaDriverApi {
             cuStreamWaitValue64_v2,
             cuStreamWriteValue32_v2,
             cuStreamWriteValue64_v2,
+            cuStreamBatchMemOp_v2,
             cuFuncGetAttribute,
             cuFuncGetParamInfo,
             cuLaunchKernel,
@@ -1024,6 +1226,9 @@ impl CudaDriverApi {
         dev: CUdevice,
     ) -> CUresult {
         (self.cuDeviceGetAttribute.as_ref().expect("Expected function, got error."))(pi, attrib, dev)
+    }
+    pub unsafe fn cuDeviceGetDefaultMemPool(&self, pool_out: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+        (self.cuDeviceGetDefaultMemPool.as_ref().expect("Expected function, got error."))(pool_out, dev)
     }
     pub unsafe fn cuDevicePrimaryCtxRetain(&self, pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
         (self.cuDevicePrimaryCtxRetain.as_ref().expect("Expected function, got error."))(pctx, dev)
@@ -1076,11 +1281,27 @@ impl CudaDriverApi {
     pub unsafe fn cuMemFree_v2(&self, dptr: CUdeviceptr) -> CUresult {
         (self.cuMemFree_v2.as_ref().expect("Expected function, got error."))(dptr)
     }
+    pub unsafe fn cuMemGetAddressRange_v2(
+        &self,
+        pbase: *mut CUdeviceptr,
+        psize: *mut usize,
+        dptr: CUdeviceptr,
+    ) -> CUresult {
+        (self.cuMemGetAddressRange_v2.as_ref().expect("Expected function, got error."))(pbase, psize, dptr)
+    }
     pub unsafe fn cuMemAllocHost_v2(&self, pp: *mut *mut ::core::ffi::c_void, bytesize: usize) -> CUresult {
         (self.cuMemAllocHost_v2.as_ref().expect("Expected function, got error."))(pp, bytesize)
     }
     pub unsafe fn cuMemFreeHost(&self, p: *mut ::core::ffi::c_void) -> CUresult {
         (self.cuMemFreeHost.as_ref().expect("Expected function, got error."))(p)
+    }
+    pub unsafe fn cuMemHostAlloc(
+        &self,
+        pp: *mut *mut ::core::ffi::c_void,
+        bytesize: usize,
+        Flags: ::core::ffi::c_uint,
+    ) -> CUresult {
+        (self.cuMemHostAlloc.as_ref().expect("Expected function, got error."))(pp, bytesize, Flags)
     }
     pub unsafe fn cuMemHostGetDevicePointer_v2(
         &self,
@@ -1089,6 +1310,14 @@ impl CudaDriverApi {
         Flags: ::core::ffi::c_uint,
     ) -> CUresult {
         (self.cuMemHostGetDevicePointer_v2.as_ref().expect("Expected function, got error."))(pdptr, p, Flags)
+    }
+    pub unsafe fn cuMemAllocManaged(
+        &self,
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        flags: ::core::ffi::c_uint,
+    ) -> CUresult {
+        (self.cuMemAllocManaged.as_ref().expect("Expected function, got error."))(dptr, bytesize, flags)
     }
     pub unsafe fn cuDeviceGetPCIBusId(
         &self,
@@ -1293,6 +1522,71 @@ impl CudaDriverApi {
     ) -> CUresult {
         (self.cuMemGetAllocationPropertiesFromHandle.as_ref().expect("Expected function, got error."))(prop, handle)
     }
+    pub unsafe fn cuMemRetainAllocationHandle(
+        &self,
+        handle: *mut CUmemGenericAllocationHandle,
+        addr: *mut ::core::ffi::c_void,
+    ) -> CUresult {
+        (self.cuMemRetainAllocationHandle.as_ref().expect("Expected function, got error."))(handle, addr)
+    }
+    pub unsafe fn cuMemFreeAsync(&self, dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+        (self.cuMemFreeAsync.as_ref().expect("Expected function, got error."))(dptr, hStream)
+    }
+    pub unsafe fn cuMemAllocAsync(&self, dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) -> CUresult {
+        (self.cuMemAllocAsync.as_ref().expect("Expected function, got error."))(dptr, bytesize, hStream)
+    }
+    pub unsafe fn cuMemPoolCreate(&self, pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) -> CUresult {
+        (self.cuMemPoolCreate.as_ref().expect("Expected function, got error."))(pool, poolProps)
+    }
+    pub unsafe fn cuMemPoolDestroy(&self, pool: CUmemoryPool) -> CUresult {
+        (self.cuMemPoolDestroy.as_ref().expect("Expected function, got error."))(pool)
+    }
+    pub unsafe fn cuMemAllocFromPoolAsync(
+        &self,
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        pool: CUmemoryPool,
+        hStream: CUstream,
+    ) -> CUresult {
+        (self.cuMemAllocFromPoolAsync.as_ref().expect("Expected function, got error."))(dptr, bytesize, pool, hStream)
+    }
+    pub unsafe fn cuMemPoolExportToShareableHandle(
+        &self,
+        handle_out: *mut ::core::ffi::c_void,
+        pool: CUmemoryPool,
+        handleType: CUmemAllocationHandleType,
+        flags: ::core::ffi::c_ulonglong,
+    ) -> CUresult {
+        (self.cuMemPoolExportToShareableHandle.as_ref().expect("Expected function, got error."))(
+            handle_out, pool, handleType, flags,
+        )
+    }
+    pub unsafe fn cuMemPoolImportFromShareableHandle(
+        &self,
+        pool_out: *mut CUmemoryPool,
+        handle: *mut ::core::ffi::c_void,
+        handleType: CUmemAllocationHandleType,
+        flags: ::core::ffi::c_ulonglong,
+    ) -> CUresult {
+        (self.cuMemPoolImportFromShareableHandle.as_ref().expect("Expected function, got error."))(
+            pool_out, handle, handleType, flags,
+        )
+    }
+    pub unsafe fn cuMemPoolExportPointer(
+        &self,
+        shareData_out: *mut CUmemPoolPtrExportData,
+        ptr: CUdeviceptr,
+    ) -> CUresult {
+        (self.cuMemPoolExportPointer.as_ref().expect("Expected function, got error."))(shareData_out, ptr)
+    }
+    pub unsafe fn cuMemPoolImportPointer(
+        &self,
+        ptr_out: *mut CUdeviceptr,
+        pool: CUmemoryPool,
+        shareData: *mut CUmemPoolPtrExportData,
+    ) -> CUresult {
+        (self.cuMemPoolImportPointer.as_ref().expect("Expected function, got error."))(ptr_out, pool, shareData)
+    }
     pub unsafe fn cuPointerGetAttribute(
         &self,
         data: *mut ::core::ffi::c_void,
@@ -1369,6 +1663,15 @@ impl CudaDriverApi {
         flags: ::core::ffi::c_uint,
     ) -> CUresult {
         (self.cuStreamWriteValue64_v2.as_ref().expect("Expected function, got error."))(stream, addr, value, flags)
+    }
+    pub unsafe fn cuStreamBatchMemOp_v2(
+        &self,
+        stream: CUstream,
+        count: ::core::ffi::c_uint,
+        paramArray: *mut CUstreamBatchMemOpParams,
+        flags: ::core::ffi::c_uint,
+    ) -> CUresult {
+        (self.cuStreamBatchMemOp_v2.as_ref().expect("Expected function, got error."))(stream, count, paramArray, flags)
     }
     pub unsafe fn cuFuncGetAttribute(
         &self,
@@ -1461,8 +1764,10 @@ pub use self::CUmemAccess_flags_enum as CUmemAccess_flags;
 pub use self::CUmemAllocationGranularity_flags_enum as CUmemAllocationGranularity_flags;
 pub use self::CUmemAllocationHandleType_enum as CUmemAllocationHandleType;
 pub use self::CUmemAllocationType_enum as CUmemAllocationType;
+pub use self::CUmemAttach_flags_enum as CUmemAttach_flags;
 pub use self::CUmemLocationType_enum as CUmemLocationType;
 pub use self::CUpointer_attribute_enum as CUpointer_attribute;
+pub use self::CUstreamBatchMemOpType_enum as CUstreamBatchMemOpType;
 pub use self::CUstreamWaitValue_flags_enum as CUstreamWaitValue_flags;
 pub use self::CUstreamWriteValue_flags_enum as CUstreamWriteValue_flags;
 pub use self::CUstream_flags_enum as CUstream_flags;

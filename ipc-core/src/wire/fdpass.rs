@@ -173,6 +173,16 @@ pub fn recv_message(socket: BorrowedFd<'_>, timeout: Duration) -> Result<Receive
     Ok(ReceivedMessage { message, fds })
 }
 
+/// Fills `buf` with exactly `buf.len()` bytes, waiting at most `timeout`, and returns the fds that came with them
+/// (close-on-exec); the raw layer under [`recv_message`], public for tools that frame their own messages (the
+/// probes' parent-child channel). A hang-up before the last byte is [`WireError::PeerHungUp`].
+pub fn recv_bytes(socket: BorrowedFd<'_>, buf: &mut [u8], timeout: Duration) -> Result<Vec<OwnedFd>, WireError> {
+    let deadline = Deadline::after(timeout);
+    let mut fds = Vec::new();
+    read_exact(socket, buf, 0, &mut fds, &deadline)?;
+    Ok(fds)
+}
+
 /// Fills `buf` exactly, collecting any fds that come along into `fds`; `already` is how much of
 /// the message earlier calls read (for the hang-up report).
 fn read_exact(
