@@ -288,7 +288,7 @@ mod tests {
     fn tempfile_fd() -> std::fs::File {
         let dir = TempDir::new().unwrap();
         let path = dir.path().join("f");
-        let file = std::fs::OpenOptions::new().create(true).read(true).write(true).open(&path).unwrap();
+        let file = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).unwrap();
         drop(dir);
         file
     }

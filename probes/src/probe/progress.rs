@@ -75,7 +75,7 @@ impl Progress {
         match &self.mode {
             Mode::Off => {}
             Mode::Lines => {
-                let quarter = if state.total == 0 { 4 } else { state.done * 4 / state.total };
+                let quarter = (state.done * 4).checked_div(state.total).unwrap_or(4);
                 if quarter > state.last_quarter {
                     state.last_quarter = quarter;
                     eprintln!("gpu-ipc probe {}: {} ({}/{}) {note}", self.name, state.stage, state.done, state.total);
