@@ -34,7 +34,7 @@ use ipc_core::driver::Context;
 compile_error!("enable at least one backend feature of gpu-ipc: `legacy` or `vmm`");
 
 /// A GPU backend compiled into this build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendChoice {
     /// `cuIpcGetMemHandle` / `cuIpcOpenMemHandle` (feature `legacy`).

@@ -62,7 +62,7 @@ pub mod coherency_layout {
 macro_rules! variants {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $token:literal, $label:literal;)* }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
         #[serde(rename_all = "kebab-case")]
         pub enum $name {
             $($(#[$vmeta])* $variant,)*
