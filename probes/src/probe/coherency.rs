@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::backend::{Backend, ExportedHandle, SharedRegion};
 use gpu_ipc::core::driver::{
     Context, DeviceBuffer, DevicePtr, HostRegistration, KernelParam, LaunchConfig, Stream, WaitCondition,
     copy_from_device, copy_to_device, fill_u32_async,
@@ -35,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use super::channel::{Channel, ChildProcess, ChildTask};
 use super::env::ProbeEnv;
 use super::progress::Progress;
+use super::regions::{ExportedRegion, HandleMessage, ImportedRegion};
 use super::stats::Distribution;
 use super::{ChildFailure, CommonArgs, ProbeError, ProbeOutput, Verdict};
 use crate::answers::{Plots, ReportSection};
@@ -266,7 +266,7 @@ struct CellPlan {
 #[serde(tag = "msg", rename_all = "kebab-case")]
 enum ToWriter {
     /// Import the device buffer (legacy handle bytes here; a VMM fd rides along).
-    ImportDevice { backend: gpu_ipc::BackendChoice, handle: Vec<u8>, size: u64 },
+    ImportDevice(HandleMessage),
     /// Map the host block (its memfd rides along).
     MapHost,
     /// Start a cell.
@@ -323,13 +323,10 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
             "legacy" => Placement::Legacy,
             _ => Placement::Vmm,
         };
-        let shared = SharedDevice::allocate(backend, &ctx, WRITE_TS_OFFSET + 8 * rounds)?;
+        let shared = ExportedRegion::allocate(backend, &ctx, WRITE_TS_OFFSET + 8 * rounds)?;
         let child = spawn_writer(args.common.device)?;
         let (handle, fd) = shared.export()?;
-        child.channel().send(
-            &ToWriter::ImportDevice { backend, handle: handle.bytes, size: handle.size },
-            fd.into_iter().collect(),
-        )?;
+        child.channel().send(&ToWriter::ImportDevice(handle), fd.into_iter().collect())?;
         expect_ready(&child)?;
         let memory = Memory::Device(shared.ptr());
         for &writer in &device_writers {
@@ -406,45 +403,6 @@ fn expect_ready(child: &ChildProcess) -> Result<(), ProbeError> {
     match serde_json::from_value::<FromWriter>(reply) {
         Ok(FromWriter::Ready) => Ok(()),
         other => Err(ProbeError::Other(format!("coherency writer: expected ready, got {other:?}"))),
-    }
-}
-
-/// The device buffer one backend allocated, kept alive for the backend's cells.
-enum SharedDevice {
-    #[cfg(feature = "legacy")]
-    Legacy(<gpu_ipc::legacy::Legacy as Backend>::Exported),
-    #[cfg(feature = "vmm")]
-    Vmm(<gpu_ipc::vmm::Vmm as Backend>::Exported),
-}
-
-impl SharedDevice {
-    fn allocate(backend: gpu_ipc::BackendChoice, ctx: &Context, bytes: u64) -> Result<Self, ProbeError> {
-        Ok(match backend {
-            #[cfg(feature = "legacy")]
-            gpu_ipc::BackendChoice::Legacy => Self::Legacy(gpu_ipc::legacy::Legacy::allocate(ctx, bytes)?),
-            #[cfg(feature = "vmm")]
-            gpu_ipc::BackendChoice::Vmm => Self::Vmm(gpu_ipc::vmm::Vmm::allocate(ctx, bytes)?),
-        })
-    }
-
-    fn ptr(&self) -> DevicePtr {
-        match self {
-            #[cfg(feature = "legacy")]
-            Self::Legacy(region) => region.ptr(),
-            #[cfg(feature = "vmm")]
-            Self::Vmm(region) => region.ptr(),
-        }
-    }
-
-    fn export(&self) -> Result<(ExportedHandle, Option<std::os::fd::OwnedFd>), ProbeError> {
-        let mut handle = match self {
-            #[cfg(feature = "legacy")]
-            Self::Legacy(region) => gpu_ipc::legacy::Legacy::export(region)?,
-            #[cfg(feature = "vmm")]
-            Self::Vmm(region) => gpu_ipc::vmm::Vmm::export(region)?,
-        };
-        let fd = handle.fd.take();
-        Ok((handle, fd))
     }
 }
 
@@ -946,42 +904,20 @@ fn recv_from_writer(child: &ChildProcess, timeout: Duration) -> Result<FromWrite
     serde_json::from_value(reply).map_err(|e| ProbeError::Other(format!("writer: malformed reply: {e}")))
 }
 
-/// The memory a writer child imported, kept alive while it writes.
-enum Imported {
-    #[cfg(feature = "legacy")]
-    Legacy(#[allow(dead_code)] <gpu_ipc::legacy::Legacy as Backend>::Imported),
-    #[cfg(feature = "vmm")]
-    Vmm(#[allow(dead_code)] <gpu_ipc::vmm::Vmm as Backend>::Imported),
-}
-
 /// The writer child: imports the memory it is sent, then runs cells on request.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     let device = task.params["device"].as_i64().unwrap_or(0) as i32;
     let ctx = Context::for_ordinal(device)?;
     let mut side = WriterSide::new(&ctx, None)?;
-    let mut _imported: Option<Imported> = None;
+    let mut _imported: Option<ImportedRegion> = None;
     let mut running: Option<(RunningWriter, CellPlan)> = None;
     loop {
         let (message, mut fds): (ToWriter, _) = channel.recv(Duration::from_secs(3600))?;
         match message {
-            ToWriter::ImportDevice { backend, handle, size } => {
-                let exported = ExportedHandle { bytes: handle, fd: fds.pop(), size };
-                let (imported, ptr) = match backend {
-                    #[cfg(feature = "legacy")]
-                    gpu_ipc::BackendChoice::Legacy => {
-                        let region = gpu_ipc::legacy::Legacy::import(&ctx, exported)?;
-                        let ptr = region.ptr();
-                        (Imported::Legacy(region), ptr)
-                    }
-                    #[cfg(feature = "vmm")]
-                    gpu_ipc::BackendChoice::Vmm => {
-                        let region = gpu_ipc::vmm::Vmm::import(&ctx, exported)?;
-                        let ptr = region.ptr();
-                        (Imported::Vmm(region), ptr)
-                    }
-                };
-                _imported = Some(imported);
-                side.memory = Some(OwnedMemory::Device(ptr));
+            ToWriter::ImportDevice(handle) => {
+                let region = ImportedRegion::import(&ctx, &handle, fds.pop())?;
+                side.memory = Some(OwnedMemory::Device(region.ptr()));
+                _imported = Some(region);
                 channel.send(&FromWriter::Ready, Vec::new())?;
             }
             ToWriter::MapHost => {

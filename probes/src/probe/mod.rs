@@ -14,6 +14,7 @@ pub mod crash;
 pub mod env;
 pub mod overhead;
 pub mod progress;
+pub mod regions;
 pub mod stats;
 pub mod vmm_compat;
 
