@@ -151,3 +151,65 @@ impl<M: RegistrableHostMemory> Drop for HostRegistration<M> {
         });
     }
 }
+
+/// Managed (unified) memory from `cuMemAllocManaged`, attached globally; freed on drop.
+///
+/// It is addressable from the host and every device; whether another process can open it is what the
+/// compatibility probe records (it cannot be exported by either backend).
+pub struct ManagedBuffer {
+    ctx: Context,
+    ptr: DevicePtr,
+    len: u64,
+}
+
+impl std::fmt::Debug for ManagedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+impl ManagedBuffer {
+    /// Allocates `len` bytes of managed memory (`CU_MEM_ATTACH_GLOBAL`).
+    ///
+    /// # Errors
+    /// A failing `cuMemAllocManaged` (e.g. `CUDA_ERROR_NOT_SUPPORTED` without managed-memory support); zero
+    /// bytes is rejected.
+    pub fn alloc(ctx: &Context, len: u64) -> Result<Self> {
+        if len == 0 {
+            return Err(DriverError::InvalidArgument { function: "cuMemAllocManaged", problem: "zero bytes".into() });
+        }
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemAllocManaged, "cuMemAllocManaged")?;
+        let mut raw: sys::CUdeviceptr = 0;
+        // SAFETY: the out-pointer is a valid local; the context is current; the flag is a valid attach mode.
+        d.check("cuMemAllocManaged", unsafe { f(&mut raw, len as usize, sys::CU_MEM_ATTACH_GLOBAL) })?;
+        Ok(Self { ctx: ctx.clone(), ptr: DevicePtr(raw), len })
+    }
+
+    /// The allocation's address (the same on the host and the device).
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Always false: zero-byte allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for ManagedBuffer {
+    fn drop(&mut self) {
+        release_quietly("freeing managed memory", |d| {
+            self.ctx.bind()?;
+            let f = entry!(d, cuMemFree_v2, "cuMemFree")?;
+            // SAFETY: `ptr` came from cuMemAllocManaged in this context and is freed exactly once, here.
+            d.check("cuMemFree", unsafe { f(self.ptr.0) })
+        });
+    }
+}

@@ -34,6 +34,7 @@ mod ipc;
 mod loader;
 mod memory;
 mod module;
+mod pool;
 mod stream;
 mod vmm;
 
@@ -41,12 +42,13 @@ pub use context::Context;
 pub use device::{ComputeMode, Device, DeviceUuid};
 pub use error::{DriverError, Result};
 pub use event::{Event, EventFlags, IpcEventHandle};
-pub use host::{HostRegistration, PinnedHostBuffer, RegistrableHostMemory};
+pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer, RegistrableHostMemory};
 pub use ipc::{IpcMapping, IpcMemHandle, pointer_allowed_handle_types, pointer_is_legacy_ipc_capable};
 pub use loader::{Driver, DriverVersion};
 pub use memory::{
     DeviceBuffer, DeviceCopy, DevicePtr, copy_device_async, copy_from_device, copy_to_device, fill_u32_async,
 };
 pub use module::{Function, KernelParam, LaunchConfig, Module};
+pub use pool::{ImportedPoolPointer, MemoryPool, PoolAllocation, PoolPointerExport, address_range};
 pub use stream::{Stream, WaitCondition};
 pub use vmm::{VmmAllocation, VmmGranularity, VmmMapping};

@@ -11,9 +11,13 @@ use super::memory::DevicePtr;
 use super::sys;
 
 fn posix_fd_props(device: Device) -> sys::CUmemAllocationProp {
+    allocation_props(device, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+}
+
+fn allocation_props(device: Device, handle_types: sys::CUmemAllocationHandleType) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        requestedHandleTypes: handle_types,
         location: sys::CUmemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device.ordinal() },
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
@@ -61,7 +65,8 @@ impl VmmGranularity {
     }
 }
 
-/// A physical VMM allocation (`cuMemCreate`, POSIX-fd exportable) or an imported one; released on drop.
+/// A physical VMM allocation (`cuMemCreate`, POSIX-fd exportable unless made with other handle types) or an
+/// imported or retained one; released on drop.
 ///
 /// The memory itself lives until every process has released its handle and unmapped it: that is what keeps
 /// shared memory alive after the exporter exits.
@@ -83,6 +88,21 @@ impl VmmAllocation {
     /// # Errors
     /// A size that is not a multiple of the granularity; a failing `cuMemCreate`.
     pub fn create(ctx: &Context, size: u64) -> Result<Self> {
+        Self::create_with_handle_types(ctx, size, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    }
+
+    /// Creates `size` bytes (a multiple of the minimum [`VmmGranularity`]) that may be exported as the
+    /// `handle_types` (a `CU_MEM_HANDLE_TYPE_*` mask: `CU_MEM_HANDLE_TYPE_NONE` for memory that stays in this
+    /// process, `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, `CU_MEM_HANDLE_TYPE_FABRIC`).
+    ///
+    /// # Errors
+    /// A size that is not a multiple of the granularity; a failing `cuMemCreate` (a fabric handle is refused,
+    /// e.g. with `CUDA_ERROR_NOT_SUPPORTED` or `CUDA_ERROR_NOT_PERMITTED`, where no IMEX channel is set up).
+    pub fn create_with_handle_types(
+        ctx: &Context,
+        size: u64,
+        handle_types: sys::CUmemAllocationHandleType,
+    ) -> Result<Self> {
         let granularity = VmmGranularity::for_device(ctx.device())?;
         if size == 0 || !size.is_multiple_of(granularity.minimum) {
             return Err(DriverError::InvalidArgument {
@@ -96,7 +116,7 @@ impl VmmAllocation {
         ctx.bind()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemCreate, "cuMemCreate")?;
-        let prop = posix_fd_props(ctx.device());
+        let prop = allocation_props(ctx.device(), handle_types);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: the out-pointer is a valid local; `prop` is fully initialised; flags must be 0.
         d.check("cuMemCreate", unsafe { f(&mut handle, size as usize, &prop, 0) })?;
@@ -147,6 +167,59 @@ impl VmmAllocation {
                 sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             )
         })?;
+        Ok(Self { ctx: ctx.clone(), handle, size })
+    }
+
+    /// Exports the allocation as a fabric handle (`CU_MEM_HANDLE_TYPE_FABRIC`, 64 opaque bytes), which works
+    /// across nodes of an NVLink fabric and needs an IMEX channel.
+    ///
+    /// # Errors
+    /// A failing `cuMemExportToShareableHandle` (e.g. for memory created without the fabric handle type, or
+    /// `CUDA_ERROR_NOT_PERMITTED` / `CUDA_ERROR_NOT_SUPPORTED` without IMEX).
+    pub fn export_fabric(&self) -> Result<[u8; 64]> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemExportToShareableHandle, "cuMemExportToShareableHandle")?;
+        let mut handle = [0u8; 64];
+        // SAFETY: for the fabric handle type the driver writes one CUmemFabricHandle (64 bytes) into the valid
+        // local buffer of that size.
+        d.check("cuMemExportToShareableHandle", unsafe {
+            f(handle.as_mut_ptr().cast(), self.handle, sys::CU_MEM_HANDLE_TYPE_FABRIC, 0)
+        })?;
+        Ok(handle)
+    }
+
+    /// Imports an allocation from a fabric handle another process exported (`size` as that process said).
+    ///
+    /// # Errors
+    /// A failing `cuMemImportFromShareableHandle`.
+    pub fn import_fabric(ctx: &Context, handle: &[u8; 64], size: u64) -> Result<Self> {
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle")?;
+        let mut raw: sys::CUmemGenericAllocationHandle = 0;
+        let mut fabric = *handle;
+        // SAFETY: for the fabric handle type the "OS handle" argument points to a CUmemFabricHandle (64 bytes),
+        // here a local copy valid for the call; the out-pointer is a valid local.
+        d.check("cuMemImportFromShareableHandle", unsafe {
+            f(&mut raw, fabric.as_mut_ptr().cast(), sys::CU_MEM_HANDLE_TYPE_FABRIC)
+        })?;
+        Ok(Self { ctx: ctx.clone(), handle: raw, size })
+    }
+
+    /// A new reference to the VMM allocation mapped at `ptr` (`cuMemRetainAllocationHandle`), released on drop;
+    /// `size` is the allocation's size as the caller knows it.
+    ///
+    /// # Errors
+    /// A failing `cuMemRetainAllocationHandle`: memory that is not mapped from a VMM allocation (`cuMemAlloc`,
+    /// pool, host or managed memory) is refused, typically with `CUDA_ERROR_INVALID_VALUE`.
+    pub fn retain(ctx: &Context, ptr: DevicePtr, size: u64) -> Result<Self> {
+        ctx.bind()?;
+        let d = Driver::get()?;
+        let f = entry!(d, cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle")?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: the out-pointer is a valid local; the address is only looked up by the driver, never
+        // dereferenced on the host.
+        d.check("cuMemRetainAllocationHandle", unsafe { f(&mut handle, ptr.0 as *mut std::ffi::c_void) })?;
         Ok(Self { ctx: ctx.clone(), handle, size })
     }
 

@@ -1,0 +1,549 @@
+//! The exporting side: makes each allocation, records its attributes, runs each export, and has each import
+//! done by a child process and, as the control, in this process.
+
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use gpu_ipc::core::driver::{
+    Context, DeviceBuffer, DevicePtr, DriverError, Event, EventFlags, IpcMemHandle, ManagedBuffer, MemoryPool,
+    PinnedHostBuffer, PoolAllocation, Stream, VmmAllocation, VmmGranularity, VmmMapping, address_range,
+    pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, sys,
+};
+
+use super::importer::{
+    ChildMessage, ImportReply, ImportRequest, ImporterParams, Pattern, Step, pattern_words, read_words, result_code,
+    serve, write_words,
+};
+use super::model::{
+    AllocationFacts, AllocationKind, Attempt, BackendCheck, CHILD_DIED, CHILD_TIMEOUT, Cell, DATA_MISMATCH,
+    DeviceAttributes, Operation, Results, SUCCESS,
+};
+use crate::probe::channel::{ChildProcess, ChildTask};
+use crate::probe::progress::Progress;
+
+/// Size of the device allocations: the VMM granularity on current GPUs.
+const LARGE: u64 = 2 << 20;
+/// Size of each of the two small allocations.
+const SMALL: u64 = 4 << 10;
+/// Size of the host and managed allocations.
+const HOST: u64 = 64 << 10;
+/// How long a child may take to connect.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a child may take to answer one request (its first includes creating a CUDA context).
+const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Reads the device attributes that bear on sharing.
+pub fn device_attributes(ctx: &Context) -> DeviceAttributes {
+    let dev = ctx.device();
+    let flag = |a| dev.flag(a).ok();
+    DeviceAttributes {
+        unified_addressing: flag(sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING),
+        virtual_memory_management: flag(sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
+        posix_fd_handles: flag(sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
+        fabric_handles: flag(sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED),
+        memory_pools: flag(sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED),
+        mempool_handle_types: dev
+            .attribute(sys::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)
+            .ok()
+            .map(|v| v.max(0) as u32),
+        ipc_events: flag(sys::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED),
+        managed_memory: flag(sys::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY),
+    }
+}
+
+/// One allocation of each kind, kept alive while its cells run.
+enum Owned {
+    Device(Vec<DeviceBuffer>),
+    Pool(PoolAllocation, MemoryPool),
+    Vmm(VmmMapping),
+    Host(PinnedHostBuffer),
+    Managed(ManagedBuffer),
+}
+
+impl Owned {
+    fn allocate(ctx: &Context, kind: AllocationKind) -> Result<Self, DriverError> {
+        Ok(match kind {
+            AllocationKind::MemAlloc => Self::Device(vec![DeviceBuffer::alloc(ctx, LARGE)?]),
+            AllocationKind::MemAllocSmallPair => {
+                Self::Device(vec![DeviceBuffer::alloc(ctx, SMALL)?, DeviceBuffer::alloc(ctx, SMALL)?])
+            }
+            AllocationKind::AsyncDefaultPool => {
+                let pool = MemoryPool::device_default(ctx)?;
+                Self::Pool(PoolAllocation::alloc(ctx, None, LARGE)?, pool)
+            }
+            AllocationKind::AsyncFdPool => {
+                let pool = MemoryPool::create(ctx, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)?;
+                Self::Pool(PoolAllocation::alloc(ctx, Some(&pool), LARGE)?, pool)
+            }
+            AllocationKind::VmmNoHandle | AllocationKind::VmmPosixFd | AllocationKind::VmmFabric => {
+                let types = match kind {
+                    AllocationKind::VmmNoHandle => sys::CU_MEM_HANDLE_TYPE_NONE,
+                    AllocationKind::VmmPosixFd => sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    _ => sys::CU_MEM_HANDLE_TYPE_FABRIC,
+                };
+                let size = VmmGranularity::for_device(ctx.device())?.round_up(LARGE);
+                Self::Vmm(VmmMapping::map(VmmAllocation::create_with_handle_types(ctx, size, types)?)?)
+            }
+            AllocationKind::PinnedHost => Self::Host(PinnedHostBuffer::alloc(ctx, HOST as usize)?),
+            AllocationKind::Managed => Self::Managed(ManagedBuffer::alloc(ctx, HOST)?),
+        })
+    }
+
+    /// Each allocation's address and size (two for the pair).
+    fn regions(&self) -> Vec<(DevicePtr, u64)> {
+        match self {
+            Self::Device(buffers) => buffers.iter().map(|b| (b.ptr(), b.len())).collect(),
+            Self::Pool(a, _) => vec![(a.ptr(), a.len())],
+            Self::Vmm(m) => vec![(m.ptr(), m.size())],
+            Self::Host(h) => vec![(h.device_ptr(), h.len() as u64)],
+            Self::Managed(m) => vec![(m.ptr(), m.len())],
+        }
+    }
+}
+
+/// The importing child of one allocation kind; started on first use, started again after it died.
+struct Importer {
+    device: i32,
+    enabled: bool,
+    child: Option<ChildProcess>,
+}
+
+impl Importer {
+    fn ask(&mut self, request: &ImportRequest, fds: Vec<OwnedFd>) -> Result<ImportReply, Attempt> {
+        if !self.enabled {
+            return Err(Attempt::not_run("no second process in this run"));
+        }
+        if self.child.is_none() {
+            let task = ChildTask {
+                role: "compat-importer".to_owned(),
+                params: serde_json::to_value(ImporterParams { device: self.device }).unwrap_or_default(),
+            };
+            match ChildProcess::spawn(&task, &[], CONNECT_TIMEOUT) {
+                Ok(child) => self.child = Some(child),
+                Err(e) => return Err(Attempt::fails(CHILD_DIED, format!("could not start the importer: {e}"))),
+            }
+        }
+        let Some(child) = self.child.as_mut() else { return Err(Attempt::fails(CHILD_DIED, "no importer")) };
+        let started = Instant::now();
+        let answer = child.channel().send(request, fds).and_then(|()| child.channel().recv(REPLY_TIMEOUT));
+        match answer {
+            Ok((ChildMessage::Reply(reply), _)) => Ok(reply),
+            Ok((ChildMessage::Failure(f), _)) => {
+                self.retire();
+                Err(Attempt::fails(CHILD_DIED, format!("the importer failed: {}", f.error)))
+            }
+            Err(e) => {
+                let code = if started.elapsed() >= REPLY_TIMEOUT { CHILD_TIMEOUT } else { CHILD_DIED };
+                self.retire();
+                Err(Attempt::fails(code, format!("the importer did not answer: {e}")))
+            }
+        }
+    }
+
+    /// Kills and reaps the child (the next request starts a new one).
+    fn retire(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+            let _ = child.wait(Duration::from_secs(5));
+        }
+    }
+
+    /// Tells the child to exit and waits (bounded) for it.
+    fn finish(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.channel().send(&ImportRequest::Done, Vec::new());
+            let _ = child.wait(Duration::from_secs(10));
+        }
+    }
+}
+
+fn attempt_of(step: Option<&Step>) -> Attempt {
+    match step {
+        None => Attempt::fails(DATA_MISMATCH, "the importer sent no result for this step"),
+        Some(s) if s.code != SUCCESS => Attempt::fails(&s.code, s.call.clone()),
+        Some(s) if s.read_ok == Some(false) => {
+            Attempt::fails(DATA_MISMATCH, "the importer did not read the exporter's pattern")
+        }
+        Some(_) => Attempt::works(),
+    }
+}
+
+/// Checks that the importer's write reached the exporter's memory.
+fn read_back(attempt: Attempt, ptr: DevicePtr, pattern: Pattern) -> Attempt {
+    if attempt.code != SUCCESS {
+        return attempt;
+    }
+    match read_words(ptr, pattern.words) {
+        Ok(seen) if seen == pattern_words(pattern.write, pattern.words) => attempt,
+        Ok(_) => Attempt::fails(DATA_MISMATCH, "the exporter did not read back the importer's pattern"),
+        Err(e) => Attempt::fails(&result_code(&e), "cuMemcpyDtoH in the exporter"),
+    }
+}
+
+/// The patterns of a kind: `which` 0 is the exporter's, 1 the child's, 2 the control's; `slot` the allocation.
+fn base(kind: AllocationKind, which: u32, slot: u32) -> u32 {
+    let index = AllocationKind::ALL.iter().position(|&k| k == kind).unwrap_or(0) as u32;
+    0x5A00_0000 | (index << 16) | (which << 12) | (slot << 8)
+}
+
+fn words(size: u64) -> u32 {
+    (size.min(4096) / 4) as u32
+}
+
+/// Runs one import both ways: in the child (then the exporter reads back) and in this process (the control).
+/// `request` makes each run's request (told whether it is the control), `fds` each run's fds (an fd is consumed
+/// by sending it).
+struct Runner<'a> {
+    ctx: &'a Context,
+    kind: AllocationKind,
+    importer: &'a mut Importer,
+}
+
+impl Runner<'_> {
+    fn prepare(&self, regions: &[(DevicePtr, u64)]) -> Option<Attempt> {
+        for (slot, (ptr, size)) in regions.iter().enumerate() {
+            if let Err(e) = write_words(self.ctx, *ptr, base(self.kind, 0, slot as u32), words(*size)) {
+                return Some(Attempt::fails(&result_code(&e), "writing the pattern in the exporter"));
+            }
+        }
+        None
+    }
+
+    fn pattern(&self, which: u32, slot: usize, size: u64) -> Pattern {
+        Pattern {
+            expect: base(self.kind, 0, slot as u32),
+            write: base(self.kind, which, slot as u32),
+            words: words(size),
+        }
+    }
+
+    /// Returns (cross-process steps or the failure, control steps or the failure), with the patterns used.
+    fn both(
+        &mut self,
+        regions: &[(DevicePtr, u64)],
+        request: impl Fn(&[Pattern], bool) -> ImportRequest,
+        fds: impl Fn() -> Vec<OwnedFd>,
+    ) -> Runs {
+        let cross: Vec<Pattern> = regions.iter().enumerate().map(|(i, (_, s))| self.pattern(1, i, *s)).collect();
+        let control: Vec<Pattern> = regions.iter().enumerate().map(|(i, (_, s))| self.pattern(2, i, *s)).collect();
+        let cross_steps = match self.prepare(regions) {
+            Some(failed) => Err(failed),
+            None => self.importer.ask(&request(&cross, false), fds()).map(|r| r.steps),
+        };
+        let control_steps = match self.prepare(regions) {
+            Some(failed) => Err(failed),
+            None => Ok(serve(self.ctx, &request(&control, true), fds()).steps),
+        };
+        (cross_steps, cross, control_steps, control)
+    }
+}
+
+/// The steps a run returned, or why it has none.
+type Steps = Result<Vec<Step>, Attempt>;
+/// Both runs of one import: (child's steps, its patterns, control's steps, its patterns).
+type Runs = (Steps, Vec<Pattern>, Steps, Vec<Pattern>);
+
+fn cell(kind: AllocationKind, operation: Operation, observed: Attempt, same_process: Option<Attempt>) -> Cell {
+    Cell { allocation: kind, operation, observed, same_process }
+}
+
+/// The import cell pair from one step index of both runs, with the exporter's read-back for data steps.
+fn import_cells(
+    kind: AllocationKind,
+    operation: Operation,
+    runs: &Runs,
+    step: usize,
+    read_back_at: Option<DevicePtr>,
+) -> Cell {
+    let one = |steps: &Result<Vec<Step>, Attempt>, patterns: &[Pattern]| match steps {
+        Err(a) => a.clone(),
+        Ok(steps) => {
+            let attempt = attempt_of(steps.get(step));
+            match (read_back_at, patterns.first()) {
+                (Some(ptr), Some(p)) => read_back(attempt, ptr, *p),
+                _ => attempt,
+            }
+        }
+    };
+    cell(kind, operation, one(&runs.0, &runs.1), Some(one(&runs.2, &runs.3)))
+}
+
+/// Runs every cell of one allocation kind.
+fn run_kind(ctx: &Context, kind: AllocationKind, importer: &mut Importer, results: &mut Results) {
+    let owned = match Owned::allocate(ctx, kind) {
+        Ok(owned) => owned,
+        Err(e) => {
+            results.cells.push(cell(kind, Operation::Allocate, Attempt::fails(&result_code(&e), e.to_string()), None));
+            for op in Operation::ALL.into_iter().skip(1) {
+                let skipped = if is_pool_op(op) && !kind.is_pool() {
+                    Attempt::not_applicable("not a pool allocation")
+                } else {
+                    Attempt::not_run("the allocation failed")
+                };
+                results.cells.push(cell(kind, op, skipped, None));
+            }
+            return;
+        }
+    };
+    results.cells.push(cell(kind, Operation::Allocate, Attempt::works(), None));
+    let regions = owned.regions();
+    let (ptr, size) = regions[0];
+    results.allocations.push(facts(kind, ptr, size));
+
+    legacy_cells(ctx, kind, &regions, importer, results);
+    vmm_cells(ctx, kind, &owned, importer, results);
+    pool_cells(ctx, kind, &owned, importer, results);
+    event_cell(ctx, kind, importer, results);
+
+    #[cfg(feature = "legacy")]
+    {
+        use gpu_ipc::core::backend::Backend;
+        let legacy =
+            gpu_ipc::legacy::Legacy::check_support(ctx).and_then(|()| gpu_ipc::legacy::Legacy::export_ptr(ptr));
+        results.backend_checks.push(BackendCheck {
+            backend: "legacy".to_owned(),
+            allocation: kind,
+            accepted: legacy.is_ok(),
+            error: legacy.err().map(|e| e.to_string()).unwrap_or_default(),
+        });
+    }
+}
+
+fn is_pool_op(op: Operation) -> bool {
+    matches!(op, Operation::PoolExport | Operation::PoolExportPointer | Operation::PoolImport)
+}
+
+fn facts(kind: AllocationKind, ptr: DevicePtr, size: u64) -> AllocationFacts {
+    let legacy = pointer_is_legacy_ipc_capable(ptr);
+    let allowed = pointer_allowed_handle_types(ptr);
+    let query_error = legacy.as_ref().err().or(allowed.as_ref().err()).map(result_code);
+    AllocationFacts {
+        allocation: kind,
+        bytes: size,
+        legacy_ipc_capable: legacy.ok(),
+        allowed_handle_types: allowed.ok(),
+        query_error,
+    }
+}
+
+fn legacy_cells(
+    ctx: &Context,
+    kind: AllocationKind,
+    regions: &[(DevicePtr, u64)],
+    importer: &mut Importer,
+    results: &mut Results,
+) {
+    let exported: Result<Vec<IpcMemHandle>, DriverError> = regions.iter().map(|(p, _)| IpcMemHandle::of(*p)).collect();
+    let handles = match exported {
+        Ok(handles) => handles,
+        Err(e) => {
+            results.cells.push(cell(
+                kind,
+                Operation::LegacyExport,
+                Attempt::fails(&result_code(&e), e.to_string()),
+                None,
+            ));
+            for op in [Operation::LegacyImport, Operation::LegacyOpenTwice] {
+                results.cells.push(cell(kind, op, Attempt::not_run("cuIpcGetMemHandle failed"), None));
+            }
+            return;
+        }
+    };
+    results.cells.push(cell(kind, Operation::LegacyExport, Attempt::works(), None));
+    let bytes: Vec<Vec<u8>> = handles.iter().map(|h| h.0.to_vec()).collect();
+    let mut runner = Runner { ctx, kind, importer };
+    let runs = runner.both(
+        regions,
+        |patterns, _| ImportRequest::Legacy { handles: bytes.clone(), patterns: patterns.to_vec(), open_twice: true },
+        Vec::new,
+    );
+    // Every handle must open and carry its own data, and each write must come back.
+    let n = regions.len();
+    let whole = |steps: &Result<Vec<Step>, Attempt>, patterns: &[Pattern]| -> Attempt {
+        let steps = match steps {
+            Err(a) => return a.clone(),
+            Ok(steps) => steps,
+        };
+        for (i, ((ptr, _), pattern)) in regions.iter().zip(patterns).enumerate() {
+            let attempt = read_back(attempt_of(steps.get(i)), *ptr, *pattern);
+            if attempt.code != SUCCESS || attempt.outcome != super::model::Outcome::Works {
+                return attempt;
+            }
+        }
+        Attempt::works()
+    };
+    results.cells.push(cell(kind, Operation::LegacyImport, whole(&runs.0, &runs.1), Some(whole(&runs.2, &runs.3))));
+    results.cells.push(import_cells(kind, Operation::LegacyOpenTwice, &runs, n, None));
+    if kind == AllocationKind::MemAllocSmallPair {
+        let block = &mut results.shared_block;
+        block.handles_equal = handles.get(1).map(|h| handles[0] == *h);
+        block.ranges = regions
+            .iter()
+            .map(|(p, _)| address_range(*p).ok().map(|(base, len)| (p.raw() - base.raw(), len)))
+            .collect();
+        let bases: Vec<Option<u64>> =
+            regions.iter().map(|(p, _)| address_range(*p).ok().map(|(b, _)| b.raw())).collect();
+        block.same_block = match (bases.first(), bases.get(1)) {
+            (Some(Some(a)), Some(Some(b))) => Some(a == b),
+            _ => None,
+        };
+        if let Ok(steps) = &runs.0 {
+            block.open_codes = steps.iter().take(n).map(|s| s.code.clone()).collect();
+            block.data_ok = steps.iter().take(n).map(|s| s.read_ok).collect();
+        }
+    }
+}
+
+fn vmm_cells(ctx: &Context, kind: AllocationKind, owned: &Owned, importer: &mut Importer, results: &mut Results) {
+    let regions = owned.regions();
+    let region = [regions[0]];
+    let (ptr, size) = region[0];
+    // Memory not made with cuMemCreate has no allocation handle unless the driver retains one by address.
+    let retained;
+    let allocation: &VmmAllocation = match owned {
+        Owned::Vmm(mapping) => mapping.allocation(),
+        _ => match VmmAllocation::retain(ctx, ptr, size) {
+            Ok(a) => {
+                retained = a;
+                &retained
+            }
+            Err(e) => {
+                let code = result_code(&e);
+                for op in [Operation::FdExport, Operation::FabricExport] {
+                    results.cells.push(cell(kind, op, Attempt::fails(&code, "cuMemRetainAllocationHandle"), None));
+                }
+                for op in [Operation::FdImport, Operation::FdImportTwice, Operation::FabricImport] {
+                    results.cells.push(cell(kind, op, Attempt::not_run("no allocation handle to export"), None));
+                }
+                return;
+            }
+        },
+    };
+    match allocation.export_fd() {
+        Err(e) => {
+            results.cells.push(cell(kind, Operation::FdExport, Attempt::fails(&result_code(&e), e.to_string()), None));
+            for op in [Operation::FdImport, Operation::FdImportTwice] {
+                results.cells.push(cell(kind, op, Attempt::not_run("the fd export failed"), None));
+            }
+        }
+        Ok(first) => {
+            results.cells.push(cell(kind, Operation::FdExport, Attempt::works(), None));
+            let spare = std::cell::RefCell::new(Some(first));
+            let mut runner = Runner { ctx, kind, importer };
+            let runs = runner.both(
+                &region,
+                |patterns, _| ImportRequest::PosixFd { size, pattern: patterns[0] },
+                || spare.borrow_mut().take().or_else(|| allocation.export_fd().ok()).into_iter().collect(),
+            );
+            results.cells.push(import_cells(kind, Operation::FdImport, &runs, 0, Some(ptr)));
+            results.cells.push(import_cells(kind, Operation::FdImportTwice, &runs, 1, None));
+        }
+    }
+    match allocation.export_fabric() {
+        Err(e) => {
+            results.cells.push(cell(
+                kind,
+                Operation::FabricExport,
+                Attempt::fails(&result_code(&e), e.to_string()),
+                None,
+            ));
+            results.cells.push(cell(kind, Operation::FabricImport, Attempt::not_run("the fabric export failed"), None));
+        }
+        Ok(handle) => {
+            results.cells.push(cell(kind, Operation::FabricExport, Attempt::works(), None));
+            let mut runner = Runner { ctx, kind, importer };
+            let runs = runner.both(
+                &region,
+                |patterns, _| ImportRequest::Fabric { handle: handle.to_vec(), size, pattern: patterns[0] },
+                Vec::new,
+            );
+            results.cells.push(import_cells(kind, Operation::FabricImport, &runs, 0, Some(ptr)));
+        }
+    }
+}
+
+fn pool_cells(ctx: &Context, kind: AllocationKind, owned: &Owned, importer: &mut Importer, results: &mut Results) {
+    let Owned::Pool(allocation, pool) = owned else {
+        for op in [Operation::PoolExport, Operation::PoolExportPointer, Operation::PoolImport] {
+            results.cells.push(cell(kind, op, Attempt::not_applicable("not a pool allocation"), None));
+        }
+        return;
+    };
+    let fd = pool.export_fd();
+    let pointer = allocation.export_pointer();
+    let export_cell = |r: Result<(), &DriverError>| match r {
+        Ok(()) => Attempt::works(),
+        Err(e) => Attempt::fails(&result_code(e), e.to_string()),
+    };
+    results.cells.push(cell(kind, Operation::PoolExport, export_cell(fd.as_ref().map(|_| ())), None));
+    results.cells.push(cell(kind, Operation::PoolExportPointer, export_cell(pointer.as_ref().map(|_| ())), None));
+    let (Ok(fd), Ok(pointer)) = (fd, pointer) else {
+        results.cells.push(cell(kind, Operation::PoolImport, Attempt::not_run("a pool export failed"), None));
+        return;
+    };
+    let region = [(allocation.ptr(), allocation.len())];
+    let spare = std::cell::RefCell::new(Some(fd));
+    let mut runner = Runner { ctx, kind, importer };
+    let runs = runner.both(
+        &region,
+        |patterns, control| ImportRequest::Pool {
+            pointer: pointer.0.to_vec(),
+            pattern: patterns[0],
+            // Only the control, in this process, could be handed back the exporter's own address.
+            exporter_ptr: control.then_some(allocation.ptr().raw()),
+        },
+        || spare.borrow_mut().take().or_else(|| pool.export_fd().ok()).into_iter().collect(),
+    );
+    results.cells.push(import_cells(kind, Operation::PoolImport, &runs, 0, Some(allocation.ptr())));
+}
+
+fn event_cell(ctx: &Context, kind: AllocationKind, importer: &mut Importer, results: &mut Results) {
+    let made = Event::new(ctx, EventFlags::INTERPROCESS).and_then(|event| {
+        let stream = Stream::new(ctx)?;
+        event.record(&stream)?;
+        stream.synchronize()?;
+        let handle = event.ipc_handle()?;
+        Ok((event, handle))
+    });
+    let (_event, handle) = match made {
+        Ok(made) => made,
+        Err(e) => {
+            results.cells.push(cell(kind, Operation::IpcEvent, Attempt::fails(&result_code(&e), e.to_string()), None));
+            return;
+        }
+    };
+    let request = ImportRequest::Event { handle: handle.0.to_vec() };
+    let cross = importer.ask(&request, Vec::new()).map(|r| r.steps);
+    let control = Ok(serve(ctx, &request, Vec::new()).steps);
+    let runs = (cross, Vec::new(), control, Vec::new());
+    results.cells.push(import_cells(kind, Operation::IpcEvent, &runs, 0, None));
+}
+
+/// Runs the whole matrix on `ctx`'s device. With `cross_process` false no child is started (the import cells
+/// are then `NOT_RUN`, and only the same-process control runs): the in-process GPU test.
+pub fn run_matrix(ctx: &Context, device: i32, progress: &Progress, cross_process: bool) -> Results {
+    let mut results = Results { device, attributes: device_attributes(ctx), ..Results::default() };
+    progress.stage("allocations", AllocationKind::ALL.len() as u64 + 1);
+    for kind in AllocationKind::ALL {
+        let mut importer = Importer { device, enabled: cross_process, child: None };
+        run_kind(ctx, kind, &mut importer, &mut results);
+        importer.finish();
+        progress.step(kind.label());
+    }
+    #[cfg(feature = "vmm")]
+    {
+        use gpu_ipc::core::backend::Backend;
+        use gpu_ipc::vmm::Vmm;
+        let vmm = Vmm::check_support(ctx)
+            .and_then(|()| Vmm::allocate(ctx, LARGE))
+            .and_then(|region| Vmm::export(&region).map(|_| ()));
+        results.backend_checks.push(BackendCheck {
+            backend: "vmm".to_owned(),
+            allocation: AllocationKind::VmmPosixFd,
+            accepted: vmm.is_ok(),
+            error: vmm.err().map(|e| e.to_string()).unwrap_or_default(),
+        });
+    }
+    progress.step("backends");
+    results
+}

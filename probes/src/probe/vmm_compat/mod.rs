@@ -1,0 +1,337 @@
+//! `gpu-ipc probe vmm-compat`: what can be shared how? A matrix of allocation kinds (`cuMemAlloc`, pools,
+//! `cuMemCreate` with each handle type, small allocations, pinned host, managed) against sharing operations
+//! (legacy IPC, POSIX-fd and fabric export and import, pool export, IPC events), each cell a CUDA result code and
+//! a verdict, with exporter and importer in two processes and a same-process control; and whether the pointer
+//! and device attributes predict every cell, and the backends' capability checks agree.
+//!
+//! [`verdict`] and [`render`] are pure functions of the recorded [`Results`], tested without a GPU.
+
+pub mod importer;
+pub mod matrix;
+pub mod model;
+pub mod render;
+pub mod verdict;
+
+use super::channel::{Channel, ChildTask};
+use super::env::ProbeEnv;
+use super::progress::Progress;
+use super::{CommonArgs, ProbeError, Verdict};
+use gpu_ipc::core::driver::Context;
+
+use super::ProbeOutput;
+use crate::answers::{Plots, ReportSection};
+pub use model::Results;
+pub use render::render_text;
+
+/// Options of `gpu-ipc probe vmm-compat`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProbeArgs {
+    #[command(flatten)]
+    /// Options every probe takes.
+    pub common: CommonArgs,
+}
+
+/// Runs the probe; returns the exit status.
+pub fn main(args: &ProbeArgs) -> u8 {
+    super::execute("vmm-compat", &args.common, |env, progress| run(args, env, progress), render_text)
+}
+
+fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Results, Verdict), ProbeError> {
+    let ctx = Context::for_ordinal(args.common.device)?;
+    let results = matrix::run_matrix(&ctx, args.common.device, progress, true);
+    let verdict = verdict::verdict(&results);
+    Ok((results, verdict))
+}
+
+/// The child process's side (role `compat-importer`).
+///
+/// # Errors
+/// An unknown role, or the importer's failure.
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
+    match task.role.as_str() {
+        "compat-importer" => importer::child(task, channel),
+        role => Err(ProbeError::Other(format!("unknown vmm-compat child role {role:?}"))),
+    }
+}
+
+/// The report's section, from the runs without and with MPS.
+pub fn report_section(
+    no_mps: Option<&ProbeOutput<Results>>,
+    mps: Option<&ProbeOutput<Results>>,
+    plots: &mut Plots,
+) -> ReportSection {
+    render::report_section(no_mps, mps, plots)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::model::{AllocationKind, Attempt, Operation, Outcome};
+    use super::verdict::{disagreements, predict, prediction};
+    use super::*;
+
+    /// A matrix written by hand from the documented behaviour on an H100 without IMEX: legacy IPC only on
+    /// `cuMemAlloc` memory, `cuIpcGetMemHandle` on VMM memory `CUDA_ERROR_INVALID_VALUE`, fds only for POSIX-fd
+    /// `cuMemCreate` memory and POSIX-fd pools, a fabric `cuMemCreate` refused without IMEX.
+    const DOCUMENTED: &str = include_str!("testdata/h100-documented.json");
+
+    fn documented() -> ProbeOutput<Results> {
+        let mut output: ProbeOutput<Results> = serde_json::from_str(DOCUMENTED).unwrap();
+        output.verdict = verdict::verdict(&output.results);
+        output
+    }
+
+    fn set(results: &mut Results, allocation: AllocationKind, operation: Operation, observed: Attempt) {
+        let cell = results.cells.iter_mut().find(|c| c.allocation == allocation && c.operation == operation).unwrap();
+        cell.observed = observed;
+    }
+
+    #[test]
+    fn the_recorded_matrix_is_complete() {
+        let r = documented().results;
+        for kind in AllocationKind::ALL {
+            for op in Operation::ALL {
+                assert!(r.cell(kind, op).is_some(), "{kind:?} / {op:?} missing");
+            }
+        }
+        assert_eq!(r.cells.len(), AllocationKind::ALL.len() * Operation::ALL.len());
+    }
+
+    #[test]
+    fn attributes_predict_all_but_the_fabric_allocation_and_the_pool_fd() {
+        let r = documented().results;
+        let p = prediction(&r);
+        let wrong: Vec<_> = p.mispredictions.iter().map(|m| (m.allocation, m.operation)).collect();
+        assert_eq!(
+            wrong,
+            vec![(AllocationKind::AsyncFdPool, Operation::FdExport), (AllocationKind::VmmFabric, Operation::Allocate)]
+        );
+        assert_eq!(p.compared - p.right, 2);
+        // 9 allocations, 3 export columns on 8 rows, 4 pool exports, 7 imports that ran, 8 events.
+        assert_eq!(p.compared, 52, "{p:?}");
+        assert_eq!(p.mispredictions[1].observed, "CUDA_ERROR_NOT_PERMITTED");
+        assert!(p.mispredictions[1].predicted, "the device says fabric handles are supported");
+        // Skipped and not-applicable cells are neither predicted nor counted.
+        assert_eq!(predict(&r, AllocationKind::MemAlloc, Operation::PoolImport), None);
+        assert_eq!(predict(&r, AllocationKind::VmmFabric, Operation::FdExport), None);
+    }
+
+    #[test]
+    fn the_backends_capability_checks_agree_with_the_recorded_matrix() {
+        let r = documented().results;
+        assert_eq!(disagreements(&r), Vec::new());
+        let legacy: Vec<_> =
+            r.backend_checks.iter().filter(|c| c.backend == "legacy" && c.accepted).map(|c| c.allocation).collect();
+        assert_eq!(legacy, vec![AllocationKind::MemAlloc, AllocationKind::MemAllocSmallPair]);
+        assert!(r.backend_checks.iter().any(|c| c.backend == "vmm" && c.accepted));
+    }
+
+    #[test]
+    fn a_backend_that_accepts_what_the_matrix_saw_fail_is_a_disagreement() {
+        let mut r = documented().results;
+        set(&mut r, AllocationKind::MemAlloc, Operation::LegacyImport, Attempt::fails("CHILD_DIED", "killed"));
+        set(&mut r, AllocationKind::VmmPosixFd, Operation::FdImport, Attempt::fails("DATA_MISMATCH", ""));
+        let d = disagreements(&r);
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].backend.as_str(), d[0].allocation), ("legacy", AllocationKind::MemAlloc));
+        assert!(d[0].backend_accepted && !d[0].matrix_works);
+        assert_eq!(d[1].backend, "vmm");
+        assert!(verdict::verdict(&r).answer.contains("disagree with the matrix on 2 allocation(s)"));
+    }
+
+    #[test]
+    fn verdict_names_the_routes_and_the_prediction_count() {
+        let v = documented().verdict;
+        assert!(
+            v.answer.starts_with(
+                "Legacy IPC worked across processes on cuMemAlloc 2 MiB, 2 x cuMemAlloc 4 KiB; a POSIX fd \
+                 (cuMemExportToShareableHandle) on cuMemCreate, POSIX_FD; pool export on cuMemAllocFromPoolAsync, \
+                 POSIX-fd pool; fabric handles did not (CUDA_ERROR_NOT_PERMITTED at allocate)"
+            ),
+            "{}",
+            v.answer
+        );
+        assert!(v.answer.contains("predicted 50 of 52 cells"), "{}", v.answer);
+        assert!(v.answer.ends_with("the backends' capability checks agree with the matrix."), "{}", v.answer);
+        assert_eq!(
+            v.key_figure,
+            "attributes predicted 50/52 observed cells (2 misprediction(s)); backend checks: 9/9 agree"
+        );
+    }
+
+    #[test]
+    fn a_data_mismatch_counts_as_a_failure_not_a_success() {
+        let mut r = documented().results;
+        let mut mismatch = Attempt::fails("DATA_MISMATCH", "the importer did not read the exporter's pattern");
+        mismatch.code = "CUDA_SUCCESS".to_owned();
+        set(&mut r, AllocationKind::MemAllocSmallPair, Operation::LegacyImport, mismatch);
+        let p = prediction(&r);
+        assert!(p.mispredictions.iter().any(|m| m.allocation == AllocationKind::MemAllocSmallPair));
+        assert!(!verdict::works(&r, AllocationKind::MemAllocSmallPair, Operation::LegacyImport));
+    }
+
+    #[test]
+    fn an_empty_matrix_still_renders() {
+        let mut output = documented();
+        output.results = Results::default();
+        output.verdict = verdict::verdict(&output.results);
+        assert!(output.verdict.answer.contains("Legacy IPC worked across processes on no allocation"));
+        assert!(output.verdict.answer.contains("predicted 0 of 0 cells"));
+        let text = render_text(&output);
+        assert!(text.contains("cuMemAlloc 2 MiB"));
+    }
+
+    #[test]
+    fn text_shows_codes_controls_and_mispredictions() {
+        let text = render_text(&documented());
+        assert!(text.contains("cuMemAlloc 2 MiB: legacy IPC capable yes, allowed handle types none"), "{text}");
+        assert!(text.contains("cuMemCreate, POSIX_FD: legacy IPC capable no, allowed handle types POSIX_FD"), "{text}");
+        let line = text.lines().find(|l| l.trim_start().starts_with("legacy import") && l.contains("INVALID_CONTEXT"));
+        assert!(line.is_some_and(|l| l.contains("ok") && l.contains("[same process: INVALID_CONTEXT]")), "{text}");
+        assert!(text.contains("allocate             NOT_PERMITTED (mispredicted)"), "{text}");
+        assert!(text.contains("cuIpcGetMemHandle    INVALID_VALUE"), "{text}");
+        // Not-applicable cells are left out of the text.
+        assert!(!text.contains("NOT_APPLICABLE"), "{text}");
+        assert!(text.contains("two 4 KiB cuMemAllocs: handles equal no, same block no"), "{text}");
+    }
+
+    #[test]
+    fn report_section_has_the_question_the_matrix_and_the_method() {
+        let output = documented();
+        let mut plots = Plots::default();
+        let section = report_section(Some(&output), None, &mut plots);
+        assert_eq!(section.probe, "vmm-compat");
+        assert_eq!(section.question, "What can be shared how?");
+        assert!(section.answer.contains("50/52"), "{}", section.answer);
+        assert!(
+            section.body.contains("| allocation | legacy capable | allowed types | allocate | cuIpcGetMemHandle |")
+        );
+        assert!(
+            section.body.contains("| cuMemAlloc 2 MiB | yes | none | ok | ok | ok / INVALID_CONTEXT |"),
+            "{}",
+            section.body
+        );
+        assert!(section.body.contains("**NOT_PERMITTED** (mispredicted)"), "{}", section.body);
+        assert!(section.body.contains("predicted 50 of 52 observed cells"));
+        assert!(section.body.contains("agree with the matrix on 9 of 9"));
+        assert!(section.body.contains("**Method.**"));
+        assert!(plots.charts.is_empty());
+        assert_eq!(report_section(None, None, &mut plots), ReportSection::missing("vmm-compat"));
+    }
+
+    #[test]
+    fn report_lists_cells_that_differ_under_mps() {
+        let output = documented();
+        let mut under_mps = output.clone();
+        set(
+            &mut under_mps.results,
+            AllocationKind::Managed,
+            Operation::IpcEvent,
+            Attempt::fails("CUDA_ERROR_NOT_SUPPORTED", ""),
+        );
+        let section = report_section(Some(&output), Some(&under_mps), &mut Plots::default());
+        assert!(section.body.contains("1 cell(s) differ under MPS"), "{}", section.body);
+        assert!(
+            section.body.contains("managed (cuMemAllocManaged) / IPC event beside: ok without MPS, NOT_SUPPORTED with")
+        );
+        let same = report_section(Some(&output), Some(&output), &mut Plots::default());
+        assert!(same.body.contains("The matrix under MPS is identical."));
+    }
+
+    #[test]
+    fn results_survive_a_json_round_trip() {
+        let output = documented();
+        let json = serde_json::to_string(&output).unwrap();
+        let back: ProbeOutput<Results> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.results, output.results);
+        assert_eq!(back.verdict, output.verdict);
+        assert!(json.contains("\"operation\":\"legacy-open-twice\""));
+        assert!(json.contains("\"outcome\":\"not-run\""));
+    }
+
+    #[test]
+    fn requests_and_replies_cross_as_json() {
+        use super::importer::{ChildMessage, ImportReply, ImportRequest, Pattern, Step, pattern_words};
+        let request = ImportRequest::Pool {
+            pointer: vec![7; 64],
+            pattern: Pattern { expect: 1, write: 2, words: 1024 },
+            exporter_ptr: None,
+        };
+        let json = serde_json::to_string(&request).unwrap();
+        assert!(json.starts_with("{\"request\":\"pool\""), "{json}");
+        assert_eq!(serde_json::from_str::<ImportRequest>(&json).unwrap(), request);
+        assert_eq!(serde_json::from_str::<ImportRequest>("{\"request\":\"done\"}").unwrap(), ImportRequest::Done);
+        let reply = ChildMessage::Reply(ImportReply {
+            steps: vec![Step {
+                code: "CUDA_SUCCESS".into(),
+                call: String::new(),
+                read_ok: Some(true),
+                address: Some(1),
+            }],
+        });
+        let back: ChildMessage = serde_json::from_str(&serde_json::to_string(&reply).unwrap()).unwrap();
+        assert!(matches!(back, ChildMessage::Reply(r) if r.steps[0].works()));
+        let failure: ChildMessage = serde_json::from_str("{\"error\":\"no device\"}").unwrap();
+        assert!(matches!(failure, ChildMessage::Failure(f) if f.error == "no device"));
+        assert_eq!(pattern_words(u32::MAX, 3), vec![u32::MAX, 0, 1]);
+    }
+
+    #[test]
+    fn short_codes() {
+        assert_eq!(render::short_code("CUDA_SUCCESS"), "ok");
+        assert_eq!(render::short_code("CUDA_ERROR_INVALID_VALUE"), "INVALID_VALUE");
+        assert_eq!(render::short_code("CHILD_DIED"), "CHILD_DIED");
+        assert_eq!(Attempt::works().outcome, Outcome::Works);
+    }
+
+    /// The real matrix in this process (no child: the test binary is not `gpu-ipc`), checked against the
+    /// backends run through the project's API; the cross-process matrix runs in `tests/vmm_compat_cli.rs`.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn backends_agree_with_the_in_process_matrix() {
+        let ctx = Context::for_ordinal(0).unwrap();
+        let r = matrix::run_matrix(&ctx, 0, &Progress::silent(), false);
+        let works = |k, op| r.cell(k, op).is_some_and(|c| c.observed.outcome == Outcome::Works);
+        let control_works =
+            |k, op| r.cell(k, op).and_then(|c| c.same_process.as_ref()).is_some_and(|a| a.outcome == Outcome::Works);
+        // Documented facts.
+        assert!(works(AllocationKind::MemAlloc, Operation::LegacyExport));
+        assert_eq!(
+            r.cell(AllocationKind::VmmPosixFd, Operation::LegacyExport).unwrap().observed.code,
+            "CUDA_ERROR_INVALID_VALUE"
+        );
+        assert!(works(AllocationKind::VmmPosixFd, Operation::FdExport));
+        assert!(
+            control_works(AllocationKind::VmmPosixFd, Operation::FdImport),
+            "{:?}",
+            r.cell(AllocationKind::VmmPosixFd, Operation::FdImport)
+        );
+        assert!(
+            !control_works(AllocationKind::MemAlloc, Operation::LegacyImport),
+            "a legacy handle opened in its own process"
+        );
+        assert_eq!(r.facts(AllocationKind::MemAlloc).unwrap().legacy_ipc_capable, Some(true));
+        assert_eq!(r.facts(AllocationKind::VmmPosixFd).unwrap().allowed_handle_types, Some(1));
+        // Without a child every import is NOT_RUN, never a failure.
+        assert_eq!(
+            r.cell(AllocationKind::MemAlloc, Operation::LegacyImport).unwrap().observed.outcome,
+            Outcome::NotRun
+        );
+        // The backends agree with the exports the matrix saw.
+        for check in &r.backend_checks {
+            let matrix = if check.backend == "legacy" {
+                works(check.allocation, Operation::LegacyExport)
+            } else {
+                works(AllocationKind::VmmPosixFd, Operation::FdExport)
+                    && control_works(AllocationKind::VmmPosixFd, Operation::FdImport)
+            };
+            assert_eq!(check.accepted, matrix, "{check:?}");
+        }
+        assert!(
+            r.backend_checks
+                .iter()
+                .any(|c| c.backend == "legacy" && c.allocation == AllocationKind::MemAlloc && c.accepted)
+        );
+        assert!(r.backend_checks.iter().any(|c| c.backend == "vmm" && c.accepted));
+    }
+}
