@@ -1,10 +1,8 @@
 //! The `gpu-ipc` command line: `gpu-ipc doctor` checks whether CUDA IPC works on this machine and says why not;
 //! `gpu-ipc probe ...` measures the four research questions; `gpu-ipc report` runs them all and writes the answers.
 
-#[allow(dead_code)] // TEMPORARY while the report is being built; removed before issue 7 lands
 mod answers;
 mod doctor;
-#[allow(dead_code)] // TEMPORARY while the probes are being built; removed before issue 7 lands
 mod probe;
 
 use std::io::IsTerminal;

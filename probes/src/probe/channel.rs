@@ -174,11 +174,6 @@ impl ChildProcess {
         &self.channel
     }
 
-    /// The child's pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Sends SIGKILL (a probe's crash cases; also what drop does to a child still running).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -1161,6 +1161,27 @@ fn outcome_cell(p: &PairSummary) -> String {
     }
 }
 
+/// One line per placement: how many of its cells were correct, stale, timed out or failed.
+pub fn placement_lines(cells: &[Cell]) -> String {
+    let mut out = String::new();
+    let mut placements: Vec<Placement> = cells.iter().map(|c| c.placement).collect();
+    placements.sort();
+    placements.dedup();
+    for placement in placements {
+        let of = |o: Outcome| cells.iter().filter(|c| c.placement == placement && c.outcome == o).count();
+        let handoffs: u64 = cells.iter().filter(|c| c.placement == placement).map(|c| c.rounds_done).sum();
+        out.push_str(&format!(
+            "- {}: {} cells correct, {} stale, {} timed out, {} failed; {handoffs} handoffs\n",
+            placement.label(),
+            of(Outcome::Correct),
+            of(Outcome::Stale),
+            of(Outcome::Timeout),
+            of(Outcome::Failed)
+        ));
+    }
+    out
+}
+
 /// The pair matrix as a Markdown table: a row per reader, a column per writer; each cell the outcome and, when
 /// correct, the median visibility latency (for the CPU writer: the round trip).
 pub fn matrix_markdown(pairs: &[PairSummary]) -> String {
@@ -1236,6 +1257,7 @@ pub fn report_section(
             run.verdict.key_figure,
             matrix_markdown(&summarise(&r.cells, true))
         ));
+        body.push_str(&format!("\nPer placement:\n\n{}", placement_lines(&r.cells)));
         let control = summarise(&r.cells, false);
         if !control.is_empty() {
             body.push_str(&format!("\n**Control, one process:**\n\n{}\n", matrix_markdown(&control)));

@@ -480,8 +480,8 @@ impl Bench {
             store: kernels.function(MEM_STORE_LATENCY)?,
             scratch: DeviceBuffer::alloc(ctx, 8 * (CHASE_STEPS + 16))?,
             blocks: sms * 8,
-            start: Event::new(ctx, EventFlags::default())?,
-            end: Event::new(ctx, EventFlags::default())?,
+            start: Event::new(ctx, EventFlags::TIMING)?,
+            end: Event::new(ctx, EventFlags::TIMING)?,
         })
     }
 

@@ -48,7 +48,8 @@ impl Progress {
         Self { name: name.to_owned(), mode, state: Mutex::new(State::default()) }
     }
 
-    /// A silent reporter (tests, child processes).
+    /// A silent reporter (tests).
+    #[cfg(test)]
     pub fn silent() -> Self {
         Self::new("", false)
     }

@@ -44,16 +44,6 @@ impl CrashCase {
         matches!(self, Self::ExporterKillDuringImporterKernel | Self::ImporterKillDuringExporterKernel)
     }
 
-    /// The role of the process that dies.
-    pub const fn victim(self) -> &'static str {
-        if self.exporter_dies() { "exporter" } else { "importer" }
-    }
-
-    /// The role of the process that survives.
-    pub const fn survivor(self) -> &'static str {
-        if self.exporter_dies() { "importer" } else { "exporter" }
-    }
-
     /// The case as a table row names it.
     pub const fn label(self) -> &'static str {
         match self {

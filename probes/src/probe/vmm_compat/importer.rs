@@ -112,6 +112,7 @@ impl Step {
     }
 
     /// True when the calls succeeded and the data was read as expected.
+    #[cfg(test)]
     pub fn works(&self) -> bool {
         self.code == SUCCESS && self.read_ok != Some(false)
     }

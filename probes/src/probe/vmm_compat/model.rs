@@ -132,20 +132,6 @@ impl Operation {
             Self::IpcEvent => "IPC event beside",
         }
     }
-
-    /// True for operations that run in a second process (and get a same-process control).
-    pub fn is_import(self) -> bool {
-        matches!(
-            self,
-            Self::LegacyImport
-                | Self::LegacyOpenTwice
-                | Self::FdImport
-                | Self::FdImportTwice
-                | Self::FabricImport
-                | Self::PoolImport
-                | Self::IpcEvent
-        )
-    }
 }
 
 /// What happened in a cell.
