@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DevicePtr, HostRegistration, KernelParam, LaunchConfig, Stream, WaitCondition,
-    copy_from_device, copy_to_device, fill_u32_async,
+    Context, DeviceBuffer, DevicePtr, Event, EventFlags, HostRegistration, KernelParam, LaunchConfig, Stream,
+    WaitCondition, copy_from_device, copy_to_device, fill_u32_async,
 };
 use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject};
 use gpu_ipc::kernels::probe::{
@@ -53,7 +53,7 @@ pub struct ProbeArgs {
     #[command(flatten)]
     /// Options every probe takes.
     pub common: CommonArgs,
-    /// Handoffs per cell (default: 100,000 with MPS, 200 without, where every handoff costs GPU time slices;
+    /// Handoffs per cell (default: 100,000 with MPS, 100 without, where every handoff costs GPU time slices;
     /// --quick: a tenth of that).
     #[arg(long)]
     pub rounds: Option<u64>,
@@ -299,7 +299,7 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
     let rounds = args.rounds.unwrap_or(match (env.mps, args.common.quick) {
         (true, false) => 100_000,
         (true, true) => 10_000,
-        (false, false) => 200,
+        (false, false) => 100,
         (false, true) => 50,
     });
     let round_timeout_ms = args.round_timeout_ms.unwrap_or(if env.mps { 50 } else { 500 });
@@ -313,7 +313,8 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
         args.backend.map_or_else(|| gpu_ipc::BackendChoice::ALL.to_vec(), |b| vec![b]);
     let device_writers: Vec<Writer> = Writer::all().into_iter().filter(|w| *w != Writer::Cpu).collect();
     let readers = Reader::all();
-    let control_cells = if args.no_control { 0 } else { Writer::all().len() * readers.len() };
+    let control_pairs = control_pairs();
+    let control_cells = if args.no_control { 0 } else { control_pairs.len() };
     let total = backends.len() * device_writers.len() * readers.len() + readers.len() + control_cells;
     progress.stage("writer x reader cells", total as u64);
 
@@ -359,8 +360,8 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
         let writer = WriterSide::new(&ctx, Some(Memory::Device(local.ptr()).owned()))?;
         let host = HostShared::create(&ctx)?;
         let host_writer = WriterSide::new(&ctx, Some(OwnedMemory::Host(host.block.clone())))?;
-        for w in Writer::all() {
-            for &r in &readers {
+        for &(w, r) in &control_pairs {
+            {
                 let (memory, side, placement) = if w == Writer::Cpu {
                     (Memory::Host(&host), &host_writer, Placement::SameProcessHost)
                 } else {
@@ -388,6 +389,16 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
 
 fn other<E: std::fmt::Display>(e: E) -> ProbeError {
     ProbeError::Other(e.to_string())
+}
+
+/// The pairs the one-process control runs: the kernel and CPU writers against the kernel readers. Stream-driven
+/// sides are left out of it: in one process, a `cuStreamWaitValue64` that is not yet satisfied can hold back the
+/// other streams of that process (under MPS on the H100 a stream writer waiting for an ack stalled the reader's
+/// own work queued behind it), so a one-process control of them measures that, not visibility.
+pub fn control_pairs() -> Vec<(Writer, Reader)> {
+    let writers = Writer::all().into_iter().filter(|w| *w != Writer::StreamWrite);
+    let readers: Vec<Reader> = Reader::all().into_iter().filter(|r| *r != Reader::StreamWait).collect();
+    writers.flat_map(|w| readers.iter().map(move |&r| (w, r))).collect()
 }
 
 fn spawn_writer(device: i32) -> Result<ChildProcess, ProbeError> {
@@ -455,7 +466,7 @@ impl Memory<'_> {
         match self {
             Memory::Device(ptr) => {
                 fill_u32_async(*ptr, WRITE_TS_OFFSET, 0, stream)?;
-                stream.synchronize()?;
+                wait_idle(stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)?;
             }
             Memory::Host(host) => {
                 for word in host.block.get() {
@@ -502,6 +513,13 @@ impl ReaderSide {
         })
     }
 
+    /// Zeroes the results and timestamps (bounded wait), before the writer starts.
+    fn prepare(&self) -> Result<(), ProbeError> {
+        self.results.fill_u32_async(0, &self.stream)?;
+        self.seen_ts.fill_u32_async(0, &self.stream)?;
+        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)
+    }
+
     /// Queues (kernel reader) or starts enqueueing on a thread (stream-wait reader) the reader of one cell.
     fn start(
         &self,
@@ -509,9 +527,6 @@ impl ReaderSide {
         base: DevicePtr,
         plan: CellPlan,
     ) -> Result<Option<std::thread::JoinHandle<Result<(), String>>>, ProbeError> {
-        self.results.fill_u32_async(0, &self.stream)?;
-        self.seen_ts.fill_u32_async(0, &self.stream)?;
-        self.stream.synchronize()?;
         let flag = base.offset(layout::FLAG);
         let ack = base.offset(layout::ACK);
         let payload = base.offset(layout::PAYLOAD);
@@ -540,7 +555,9 @@ impl ReaderSide {
                 let (seen_ts, results) = (self.seen_ts.ptr(), self.results.ptr());
                 Ok(Some(std::thread::spawn(move || {
                     ctx.bind().map_err(|e| e.to_string())?;
+                    let mut throttle = Throttle::new(&ctx);
                     for round in 1..=plan.rounds {
+                        throttle.before(&stream, round).map_err(|e| e.to_string())?;
                         stream.wait_value_u64(flag, round, WaitCondition::AtLeast).map_err(|e| e.to_string())?;
                         check
                             .launch(
@@ -603,7 +620,7 @@ impl WriterSide {
     fn start(&self, plan: CellPlan) -> Result<RunningWriter, ProbeError> {
         let memory = self.memory.clone().ok_or_else(|| ProbeError::Other("the writer has no memory".to_owned()))?;
         self.results.fill_u32_async(0, &self.stream)?;
-        self.stream.synchronize()?;
+        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)?;
         let kernel = match plan.writer {
             Writer::Kernel { store } => Some(self.kernels.function(&coherency_writer(store))?),
             _ => None,
@@ -634,7 +651,9 @@ impl WriterSide {
                         Ok(WriterReport::default())
                     }
                     (OwnedMemory::Device(base), Writer::StreamWrite) => {
+                        let mut throttle = Throttle::new(&ctx);
                         for round in 1..=plan.rounds {
+                            throttle.before(&stream, round)?;
                             if round > 1 {
                                 stream.wait_value_u64(base.offset(layout::ACK), round - 1, WaitCondition::AtLeast)?;
                             }
@@ -730,6 +749,52 @@ fn cpu_writer(words: &HostBlock, plan: CellPlan) -> WriterReport {
     report
 }
 
+/// Keeps a stream-driven side from queueing more than [`THROTTLE_ROUNDS`] rounds ahead of the GPU: a stream's queue
+/// is finite, and a side that fills it blocks in the driver, which in one process can starve the other side's
+/// launches (a deadlock the cell deadline could not end). An event every [`THROTTLE_EVERY`] rounds; before queueing
+/// more, wait (bounded) until the event from [`THROTTLE_ROUNDS`] rounds back has completed.
+struct Throttle {
+    events: std::collections::VecDeque<(u64, Event)>,
+    ctx: Context,
+}
+
+/// Rounds a stream-driven side may run ahead of the GPU.
+const THROTTLE_ROUNDS: u64 = 128;
+/// Rounds between two throttle events.
+const THROTTLE_EVERY: u64 = 32;
+
+impl Throttle {
+    fn new(ctx: &Context) -> Self {
+        Self { events: std::collections::VecDeque::new(), ctx: ctx.clone() }
+    }
+
+    /// Call before queueing `round`.
+    fn before(&mut self, stream: &Stream, round: u64) -> Result<(), ProbeError> {
+        if round % THROTTLE_EVERY == 0 {
+            let event = Event::new(&self.ctx, EventFlags::default())?;
+            event.record(stream)?;
+            self.events.push_back((round, event));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Some((queued, event)) = self.events.front() {
+            if queued + THROTTLE_ROUNDS > round {
+                break;
+            }
+            if event.is_complete()? {
+                self.events.pop_front();
+                continue;
+            }
+            if Instant::now() > deadline {
+                return Err(ProbeError::Other(format!(
+                    "round {queued} did not complete within 30 s while queueing round {round}"
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Ok(())
+    }
+}
+
 fn wait_idle(stream: &Stream, deadline: Instant) -> Result<(), String> {
     loop {
         match stream.is_idle() {
@@ -767,7 +832,19 @@ fn run_cell(
         latency_is_round_trip: plan.writer == Writer::Cpu,
         note: None,
     };
-    match run_cell_inner(reader, memory, &writer_at, plan, reader_kind, &mut cell) {
+    let started = Instant::now();
+    let result = run_cell_inner(reader, memory, &writer_at, plan, reader_kind, &mut cell);
+    tracing::info!(
+        writer = %plan.writer.label(),
+        reader = %reader_kind.label(),
+        placement = placement.label(),
+        outcome = ?cell.outcome,
+        rounds = cell.rounds_done,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        error = ?result.as_ref().err().map(ToString::to_string),
+        "coherency cell"
+    );
+    match result {
         Ok(()) => {}
         Err(e) => {
             memory.abort();
@@ -789,6 +866,7 @@ fn run_cell_inner(
 ) -> Result<(), ProbeError> {
     reader.ctx.bind()?;
     memory.reset(&reader.stream)?;
+    reader.prepare()?;
     // The writer first: it waits for the reader's acks, the reader for its flags; either order works.
     let running_here = match writer_at {
         WriterAt::Child(child) => {
@@ -1260,7 +1338,13 @@ pub fn report_section(
         body.push_str(&format!("\nPer placement:\n\n{}", placement_lines(&r.cells)));
         let control = summarise(&r.cells, false);
         if !control.is_empty() {
-            body.push_str(&format!("\n**Control, one process:**\n\n{}\n", matrix_markdown(&control)));
+            body.push_str(&format!(
+                "\n**Control, one process** (the process's own `cuMemAlloc` memory, or its own registered host memory \
+                 for the CPU writer; kernel and CPU writers against the kernel readers only: in one process a \
+                 `cuStreamWaitValue64` that is not yet satisfied can hold back the process's other streams, which \
+                 stalled such a cell under MPS on the H100):\n\n{}\n",
+                matrix_markdown(&control)
+            ));
         }
         if !run.env.mps && r.rounds < 1000 {
             body.push_str(

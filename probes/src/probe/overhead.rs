@@ -307,11 +307,13 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
                 write_gbps: bench.bandwidth(base, bytes, runs, true)?,
             });
             progress.step(&format!("{} {}", kind.label(), human(bytes)));
+            tracing::info!(kind = kind.label(), bytes, "bandwidth measured");
         }
         let mut latency = Vec::new();
         for &(bytes, level) in &sets {
             latency.push(LatencyPoint { bytes, level: level.to_owned(), load_ns: bench.chase(base, bytes, runs)? });
             progress.step(&format!("{} chase {}", kind.label(), human(bytes)));
+            tracing::info!(kind = kind.label(), bytes, "chase measured");
         }
         let store_ns = bench.store_latency(base, runs)?;
         progress.step(&format!("{} stores", kind.label()));
@@ -454,6 +456,7 @@ fn time_attach(
 
 /// The kernels and buffers the measurements use.
 struct Bench {
+    ctx: Context,
     stream: Stream,
     read: gpu_ipc::core::driver::Function,
     write: gpu_ipc::core::driver::Function,
@@ -473,6 +476,7 @@ impl Bench {
         let kernels = ProbeKernels::load(ctx)?;
         let sms = ctx.device().attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         Ok(Self {
+            ctx: ctx.clone(),
             stream: Stream::new(ctx)?,
             read: kernels.function(MEM_READ)?,
             write: kernels.function(MEM_WRITE)?,
@@ -536,6 +540,10 @@ impl Bench {
         let lines = (bytes / LINE).max(2);
         let chain = chain_words(lines, 0x5eed_0000 ^ bytes);
         copy_to_device(base, &chain)?;
+        // A copy from pageable memory may still be in flight when cuMemcpyHtoD returns, and our stream does not
+        // wait for the legacy stream it ran on: without this the chase can read a half-written chain (seen on the
+        // H100 as CUDA_ERROR_ILLEGAL_ADDRESS).
+        self.ctx.synchronize()?;
         let warm = lines.min(1 << 20);
         let mut values = Vec::new();
         let mut pooled = Vec::new();
