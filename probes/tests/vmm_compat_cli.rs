@@ -45,11 +45,23 @@ fn the_matrix_runs_and_the_backends_agree_with_it() {
         cell("vmm-posix-fd", "fd-import")
     );
     assert_eq!(cell("vmm-posix-fd", "legacy-export")["observed"]["code"], "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(
+        cell("async-fd-pool", "pool-import")["observed"]["outcome"],
+        "works",
+        "{}",
+        cell("async-fd-pool", "pool-import")
+    );
+    // The first GPU run read the child's write back only after the same-process control had rewritten the
+    // memory: every data-moving import then read DATA_MISMATCH. None may.
+    for c in cells {
+        assert_ne!(c["observed"]["code"], "DATA_MISMATCH", "{c}");
+    }
     // No cell is a child that died or hung.
     for c in cells {
         let code = c["observed"]["code"].as_str().unwrap();
         assert!(code != "CHILD_DIED" && code != "CHILD_TIMEOUT", "{c}");
     }
+    assert!(!json["verdict"]["answer"].as_str().unwrap().contains("no allocation"), "{}", json["verdict"]["answer"]);
     assert!(
         json["verdict"]["answer"].as_str().unwrap().contains("the backends' capability checks agree with the matrix"),
         "{}",

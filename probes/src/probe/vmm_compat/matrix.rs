@@ -168,18 +168,6 @@ fn attempt_of(step: Option<&Step>) -> Attempt {
     }
 }
 
-/// Checks that the importer's write reached the exporter's memory.
-fn read_back(attempt: Attempt, ptr: DevicePtr, pattern: Pattern) -> Attempt {
-    if attempt.code != SUCCESS {
-        return attempt;
-    }
-    match read_words(ptr, pattern.words) {
-        Ok(seen) if seen == pattern_words(pattern.write, pattern.words) => attempt,
-        Ok(_) => Attempt::fails(DATA_MISMATCH, "the exporter did not read back the importer's pattern"),
-        Err(e) => Attempt::fails(&result_code(&e), "cuMemcpyDtoH in the exporter"),
-    }
-}
-
 /// The patterns of a kind: `which` 0 is the exporter's, 1 the child's, 2 the control's; `slot` the allocation.
 fn base(kind: AllocationKind, which: u32, slot: u32) -> u32 {
     let index = AllocationKind::ALL.iter().position(|&k| k == kind).unwrap_or(0) as u32;
@@ -188,6 +176,146 @@ fn base(kind: AllocationKind, which: u32, slot: u32) -> u32 {
 
 fn words(size: u64) -> u32 {
     (size.min(4096) / 4) as u32
+}
+
+/// What the exporter read back from one region straight after a run's reply, or why it could not.
+pub type ReadBack = Result<Vec<u32>, Attempt>;
+
+/// The steps a run returned, or why it has none.
+pub type Steps = Result<Vec<Step>, Attempt>;
+
+/// One run of an import (in the child, or in this process as the control), with all its evidence: the
+/// importer's steps, the patterns it was given (region `i` uses `patterns[i]`), and what the exporter read back
+/// from each region right after the reply, before anything else wrote to that memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// The importer's steps.
+    pub steps: Steps,
+    /// The patterns, one per region.
+    pub patterns: Vec<Pattern>,
+    /// The exporter's read-back, one per region (empty when the import did not run).
+    pub read_back: Vec<ReadBack>,
+}
+
+impl Run {
+    /// A run that has no data check (the IPC event).
+    fn without_data(steps: Steps) -> Self {
+        Self { steps, patterns: Vec::new(), read_back: Vec::new() }
+    }
+}
+
+/// The exporter's memory as the import sequence sees it: the allocation's regions on the GPU in the probe, plain
+/// vectors in the tests.
+pub trait ExporterMemory {
+    /// Writes the pattern starting at `base` into region `region` and waits until it has landed.
+    ///
+    /// # Errors
+    /// The failed attempt, as the cell should record it.
+    fn write(&mut self, region: usize, base: u32, words: u32) -> Result<(), Attempt>;
+    /// Reads `words` words of region `region`.
+    fn read(&mut self, region: usize, words: u32) -> ReadBack;
+}
+
+/// One import run, in the only order in which the exporter's read-back means something: write the exporter's
+/// pattern into every region; let the importer run to its reply (it reads that pattern, writes its own and
+/// synchronises before replying); then read every region back at once, before the next run rewrites it.
+///
+/// Reading back later (the probe once read back after the control run had rewritten the memory) compares the
+/// importer's pattern with somebody else's and reports a spurious `DATA_MISMATCH`.
+pub fn run_import<M: ExporterMemory>(
+    memory: &mut M,
+    patterns: Vec<Pattern>,
+    import: impl FnOnce(&mut M, &[Pattern]) -> Steps,
+) -> Run {
+    for (region, p) in patterns.iter().enumerate() {
+        if let Err(failed) = memory.write(region, p.expect, p.words) {
+            return Run { steps: Err(failed), patterns, read_back: Vec::new() };
+        }
+    }
+    let steps = import(memory, &patterns);
+    let read_back = if steps.is_ok() {
+        patterns.iter().enumerate().map(|(region, p)| memory.read(region, p.words)).collect()
+    } else {
+        Vec::new()
+    };
+    Run { steps, patterns, read_back }
+}
+
+/// Both runs of one import on the same memory: first between two processes, then the same-process control, each
+/// one prepared, served and read back before the next begins.
+pub fn run_both<M: ExporterMemory>(
+    memory: &mut M,
+    cross: (Vec<Pattern>, impl FnOnce(&mut M, &[Pattern]) -> Steps),
+    control: (Vec<Pattern>, impl FnOnce(&mut M, &[Pattern]) -> Steps),
+) -> (Run, Run) {
+    let cross = run_import(memory, cross.0, cross.1);
+    let control = run_import(memory, control.0, control.1);
+    (cross, control)
+}
+
+/// The first word of a read-back, for a mismatch's detail.
+fn first_word(words: &[u32]) -> String {
+    words.first().map_or_else(|| "nothing".to_owned(), |w| format!("{w:#010x}"))
+}
+
+/// The attempt of step `step` of `run`; with `region` set the import also wrote data, and the exporter's
+/// read-back of that region must be the importer's pattern.
+pub fn judge(run: &Run, step: usize, region: Option<usize>) -> Attempt {
+    let steps = match &run.steps {
+        Err(failed) => return failed.clone(),
+        Ok(steps) => steps,
+    };
+    let attempt = attempt_of(steps.get(step));
+    let Some(region) = region else { return attempt };
+    if attempt.outcome != super::model::Outcome::Works {
+        return attempt;
+    }
+    let Some(pattern) = run.patterns.get(region) else {
+        return Attempt::fails(DATA_MISMATCH, "no pattern for this region");
+    };
+    match run.read_back.get(region) {
+        None => Attempt::fails(DATA_MISMATCH, "the exporter did not read this region back"),
+        Some(Err(failed)) => failed.clone(),
+        Some(Ok(seen)) if *seen == pattern_words(pattern.write, pattern.words) => attempt,
+        Some(Ok(seen)) if *seen == pattern_words(pattern.expect, pattern.words) => Attempt::fails(
+            DATA_MISMATCH,
+            "the exporter read back its own pattern: the importer's write did not reach the exporter's memory",
+        ),
+        Some(Ok(seen)) => Attempt::fails(
+            DATA_MISMATCH,
+            format!(
+                "the exporter did not read back the importer's pattern (first word {}, expected {:#010x})",
+                first_word(seen),
+                pattern.write
+            ),
+        ),
+    }
+}
+
+/// The exporter's regions on the GPU.
+struct Regions<'a> {
+    ctx: &'a Context,
+    regions: &'a [(DevicePtr, u64)],
+}
+
+impl ExporterMemory for Regions<'_> {
+    fn write(&mut self, region: usize, base: u32, words: u32) -> Result<(), Attempt> {
+        let Some((ptr, _)) = self.regions.get(region) else {
+            return Err(Attempt::fails(DATA_MISMATCH, "no such region"));
+        };
+        write_words(self.ctx, *ptr, base, words)
+            .map_err(|e| Attempt::fails(&result_code(&e), "writing the pattern in the exporter"))
+    }
+
+    fn read(&mut self, region: usize, words: u32) -> ReadBack {
+        let Some((ptr, _)) = self.regions.get(region) else {
+            return Err(Attempt::fails(DATA_MISMATCH, "no such region"));
+        };
+        // The importer synchronised before it replied; this context has nothing queued on the memory either, so
+        // the synchronous cuMemcpyDtoH sees the importer's write.
+        self.ctx.bind().map_err(|e| Attempt::fails(&result_code(&e), "cuCtxSetCurrent in the exporter"))?;
+        read_words(*ptr, words).map_err(|e| Attempt::fails(&result_code(&e), "cuMemcpyDtoH in the exporter"))
+    }
 }
 
 /// Runs one import both ways: in the child (then the exporter reads back) and in this process (the control).
@@ -200,15 +328,6 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
-    fn prepare(&self, regions: &[(DevicePtr, u64)]) -> Option<Attempt> {
-        for (slot, (ptr, size)) in regions.iter().enumerate() {
-            if let Err(e) = write_words(self.ctx, *ptr, base(self.kind, 0, slot as u32), words(*size)) {
-                return Some(Attempt::fails(&result_code(&e), "writing the pattern in the exporter"));
-            }
-        }
-        None
-    }
-
     fn pattern(&self, which: u32, slot: usize, size: u64) -> Pattern {
         Pattern {
             expect: base(self.kind, 0, slot as u32),
@@ -217,55 +336,51 @@ impl Runner<'_> {
         }
     }
 
-    /// Returns (cross-process steps or the failure, control steps or the failure), with the patterns used.
+    fn patterns(&self, which: u32, regions: &[(DevicePtr, u64)]) -> Vec<Pattern> {
+        regions.iter().enumerate().map(|(i, (_, s))| self.pattern(which, i, *s)).collect()
+    }
+
+    /// The cross-process run and the control, each with its own read-back.
     fn both(
         &mut self,
         regions: &[(DevicePtr, u64)],
         request: impl Fn(&[Pattern], bool) -> ImportRequest,
         fds: impl Fn() -> Vec<OwnedFd>,
-    ) -> Runs {
-        let cross: Vec<Pattern> = regions.iter().enumerate().map(|(i, (_, s))| self.pattern(1, i, *s)).collect();
-        let control: Vec<Pattern> = regions.iter().enumerate().map(|(i, (_, s))| self.pattern(2, i, *s)).collect();
-        let cross_steps = match self.prepare(regions) {
-            Some(failed) => Err(failed),
-            None => self.importer.ask(&request(&cross, false), fds()).map(|r| r.steps),
-        };
-        let control_steps = match self.prepare(regions) {
-            Some(failed) => Err(failed),
-            None => Ok(serve(self.ctx, &request(&control, true), fds()).steps),
-        };
-        (cross_steps, cross, control_steps, control)
+    ) -> (Run, Run) {
+        let (cross, control) = (self.patterns(1, regions), self.patterns(2, regions));
+        let ctx = self.ctx;
+        let importer = &mut *self.importer;
+        let mut memory = Regions { ctx, regions };
+        run_both(
+            &mut memory,
+            (cross, |_: &mut Regions<'_>, p: &[Pattern]| importer.ask(&request(p, false), fds()).map(|r| r.steps)),
+            (control, |_: &mut Regions<'_>, p: &[Pattern]| Ok(serve(ctx, &request(p, true), fds()).steps)),
+        )
     }
 }
-
-/// The steps a run returned, or why it has none.
-type Steps = Result<Vec<Step>, Attempt>;
-/// Both runs of one import: (child's steps, its patterns, control's steps, its patterns).
-type Runs = (Steps, Vec<Pattern>, Steps, Vec<Pattern>);
 
 fn cell(kind: AllocationKind, operation: Operation, observed: Attempt, same_process: Option<Attempt>) -> Cell {
     Cell { allocation: kind, operation, observed, same_process }
 }
 
-/// The import cell pair from one step index of both runs, with the exporter's read-back for data steps.
+/// The import cell from one step index of both runs; `region` names the region whose read-back checks the
+/// importer's write (for the steps that write).
 fn import_cells(
     kind: AllocationKind,
     operation: Operation,
-    runs: &Runs,
+    runs: &(Run, Run),
     step: usize,
-    read_back_at: Option<DevicePtr>,
+    region: Option<usize>,
 ) -> Cell {
-    let one = |steps: &Result<Vec<Step>, Attempt>, patterns: &[Pattern]| match steps {
-        Err(a) => a.clone(),
-        Ok(steps) => {
-            let attempt = attempt_of(steps.get(step));
-            match (read_back_at, patterns.first()) {
-                (Some(ptr), Some(p)) => read_back(attempt, ptr, *p),
-                _ => attempt,
-            }
-        }
-    };
-    cell(kind, operation, one(&runs.0, &runs.1), Some(one(&runs.2, &runs.3)))
+    cell(kind, operation, judge(&runs.0, step, region), Some(judge(&runs.1, step, region)))
+}
+
+/// The legacy import of every region: each handle must open, carry its own data, and each write come back.
+pub fn judge_every_region(run: &Run, regions: usize) -> Attempt {
+    (0..regions)
+        .map(|i| judge(run, i, Some(i)))
+        .find(|a| a.outcome != super::model::Outcome::Works)
+        .unwrap_or_else(Attempt::works)
 }
 
 /// Runs every cell of one allocation kind.
@@ -357,22 +472,13 @@ fn legacy_cells(
         |patterns, _| ImportRequest::Legacy { handles: bytes.clone(), patterns: patterns.to_vec(), open_twice: true },
         Vec::new,
     );
-    // Every handle must open and carry its own data, and each write must come back.
     let n = regions.len();
-    let whole = |steps: &Result<Vec<Step>, Attempt>, patterns: &[Pattern]| -> Attempt {
-        let steps = match steps {
-            Err(a) => return a.clone(),
-            Ok(steps) => steps,
-        };
-        for (i, ((ptr, _), pattern)) in regions.iter().zip(patterns).enumerate() {
-            let attempt = read_back(attempt_of(steps.get(i)), *ptr, *pattern);
-            if attempt.code != SUCCESS || attempt.outcome != super::model::Outcome::Works {
-                return attempt;
-            }
-        }
-        Attempt::works()
-    };
-    results.cells.push(cell(kind, Operation::LegacyImport, whole(&runs.0, &runs.1), Some(whole(&runs.2, &runs.3))));
+    results.cells.push(cell(
+        kind,
+        Operation::LegacyImport,
+        judge_every_region(&runs.0, n),
+        Some(judge_every_region(&runs.1, n)),
+    ));
     results.cells.push(import_cells(kind, Operation::LegacyOpenTwice, &runs, n, None));
     if kind == AllocationKind::MemAllocSmallPair {
         let block = &mut results.shared_block;
@@ -387,7 +493,7 @@ fn legacy_cells(
             (Some(Some(a)), Some(Some(b))) => Some(a == b),
             _ => None,
         };
-        if let Ok(steps) = &runs.0 {
+        if let Ok(steps) = &runs.0.steps {
             block.open_codes = steps.iter().take(n).map(|s| s.code.clone()).collect();
             block.data_ok = steps.iter().take(n).map(|s| s.read_ok).collect();
         }
@@ -435,7 +541,7 @@ fn vmm_cells(ctx: &Context, kind: AllocationKind, owned: &Owned, importer: &mut 
                 |patterns, _| ImportRequest::PosixFd { size, pattern: patterns[0] },
                 || spare.borrow_mut().take().or_else(|| allocation.export_fd().ok()).into_iter().collect(),
             );
-            results.cells.push(import_cells(kind, Operation::FdImport, &runs, 0, Some(ptr)));
+            results.cells.push(import_cells(kind, Operation::FdImport, &runs, 0, Some(0)));
             results.cells.push(import_cells(kind, Operation::FdImportTwice, &runs, 1, None));
         }
     }
@@ -457,7 +563,7 @@ fn vmm_cells(ctx: &Context, kind: AllocationKind, owned: &Owned, importer: &mut 
                 |patterns, _| ImportRequest::Fabric { handle: handle.to_vec(), size, pattern: patterns[0] },
                 Vec::new,
             );
-            results.cells.push(import_cells(kind, Operation::FabricImport, &runs, 0, Some(ptr)));
+            results.cells.push(import_cells(kind, Operation::FabricImport, &runs, 0, Some(0)));
         }
     }
 }
@@ -494,7 +600,7 @@ fn pool_cells(ctx: &Context, kind: AllocationKind, owned: &Owned, importer: &mut
         },
         || spare.borrow_mut().take().or_else(|| pool.export_fd().ok()).into_iter().collect(),
     );
-    results.cells.push(import_cells(kind, Operation::PoolImport, &runs, 0, Some(allocation.ptr())));
+    results.cells.push(import_cells(kind, Operation::PoolImport, &runs, 0, Some(0)));
 }
 
 fn event_cell(ctx: &Context, kind: AllocationKind, importer: &mut Importer, results: &mut Results) {
@@ -515,7 +621,7 @@ fn event_cell(ctx: &Context, kind: AllocationKind, importer: &mut Importer, resu
     let request = ImportRequest::Event { handle: handle.0.to_vec() };
     let cross = importer.ask(&request, Vec::new()).map(|r| r.steps);
     let control = Ok(serve(ctx, &request, Vec::new()).steps);
-    let runs = (cross, Vec::new(), control, Vec::new());
+    let runs = (Run::without_data(cross), Run::without_data(control));
     results.cells.push(import_cells(kind, Operation::IpcEvent, &runs, 0, None));
 }
 
@@ -546,4 +652,162 @@ pub fn run_matrix(ctx: &Context, device: i32, progress: &Progress, cross_process
     }
     progress.step("backends");
     results
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::probe::vmm_compat::model::Outcome;
+
+    /// The exporter's memory as vectors, with a log of every access in order.
+    struct FakeMemory {
+        regions: Vec<Vec<u32>>,
+        log: Vec<String>,
+        fail_write: bool,
+    }
+
+    impl FakeMemory {
+        fn new(regions: usize, words: usize) -> Self {
+            Self { regions: vec![vec![0; words]; regions], log: Vec::new(), fail_write: false }
+        }
+    }
+
+    impl ExporterMemory for FakeMemory {
+        fn write(&mut self, region: usize, base: u32, words: u32) -> Result<(), Attempt> {
+            self.log.push(format!("exporter writes {region}"));
+            if self.fail_write {
+                return Err(Attempt::fails("CUDA_ERROR_ILLEGAL_ADDRESS", "writing the pattern in the exporter"));
+            }
+            self.regions[region] = pattern_words(base, words);
+            Ok(())
+        }
+
+        fn read(&mut self, region: usize, words: u32) -> ReadBack {
+            self.log.push(format!("exporter reads {region}"));
+            Ok(self.regions[region][..words as usize].to_vec())
+        }
+    }
+
+    fn patterns(which: u32, regions: usize) -> Vec<Pattern> {
+        (0..regions)
+            .map(|slot| Pattern {
+                expect: base(AllocationKind::MemAlloc, 0, slot as u32),
+                write: base(AllocationKind::MemAlloc, which, slot as u32),
+                words: 16,
+            })
+            .collect()
+    }
+
+    /// A well-behaved importer: reads the exporter's pattern through each region, writes its own (complete
+    /// before it "replies", as `check_data` synchronises), and answers one step per region.
+    fn importer(who: &'static str) -> impl FnOnce(&mut FakeMemory, &[Pattern]) -> Steps {
+        move |memory, patterns| {
+            let steps = patterns
+                .iter()
+                .enumerate()
+                .map(|(region, p)| {
+                    let read_ok = memory.regions[region] == pattern_words(p.expect, p.words);
+                    memory.regions[region] = pattern_words(p.write, p.words);
+                    memory.log.push(format!("{who} imports {region}"));
+                    Step { code: SUCCESS.to_owned(), call: String::new(), read_ok: Some(read_ok), address: Some(0) }
+                })
+                .collect();
+            Ok(steps)
+        }
+    }
+
+    #[test]
+    fn each_run_is_read_back_before_the_next_rewrites_the_memory() {
+        let mut memory = FakeMemory::new(2, 16);
+        let (cross, control) =
+            run_both(&mut memory, (patterns(1, 2), importer("child")), (patterns(2, 2), importer("control")));
+        assert_eq!(
+            memory.log,
+            [
+                "exporter writes 0",
+                "exporter writes 1",
+                "child imports 0",
+                "child imports 1",
+                "exporter reads 0",
+                "exporter reads 1",
+                "exporter writes 0",
+                "exporter writes 1",
+                "control imports 0",
+                "control imports 1",
+                "exporter reads 0",
+                "exporter reads 1",
+            ]
+        );
+        // Both runs carry their own importer's words, so both work.
+        assert_eq!(cross.read_back[1], Ok(pattern_words(cross.patterns[1].write, 16)));
+        assert_eq!(judge_every_region(&cross, 2), Attempt::works());
+        assert_eq!(judge_every_region(&control, 2), Attempt::works());
+        assert_eq!(judge(&cross, 0, Some(0)), Attempt::works());
+    }
+
+    /// The bug of the first GPU run: the cross-process run was judged against memory read after the control
+    /// had rewritten it, so every working import read `DATA_MISMATCH`.
+    #[test]
+    fn a_read_back_taken_after_the_control_would_be_a_spurious_mismatch() {
+        let mut memory = FakeMemory::new(1, 16);
+        let (mut cross, _control) =
+            run_both(&mut memory, (patterns(1, 1), importer("child")), (patterns(2, 1), importer("control")));
+        cross.read_back = vec![memory.read(0, 16)];
+        let late = judge(&cross, 0, Some(0));
+        assert_eq!((late.code.as_str(), late.outcome), (DATA_MISMATCH, Outcome::Fails));
+        assert!(late.detail.contains("did not read back the importer's pattern"), "{late:?}");
+    }
+
+    #[test]
+    fn an_importer_whose_write_did_not_land_is_a_mismatch() {
+        let mut memory = FakeMemory::new(1, 16);
+        let lazy = |_: &mut FakeMemory, _: &[Pattern]| {
+            Ok(vec![Step { code: SUCCESS.to_owned(), call: String::new(), read_ok: Some(true), address: None }])
+        };
+        let run = run_import(&mut memory, patterns(1, 1), lazy);
+        let a = judge(&run, 0, Some(0));
+        assert_eq!(a.code, DATA_MISMATCH);
+        assert!(a.detail.contains("read back its own pattern"), "{a:?}");
+    }
+
+    #[test]
+    fn an_importer_writing_at_the_wrong_offset_is_a_mismatch() {
+        let mut memory = FakeMemory::new(1, 16);
+        let shifted = |m: &mut FakeMemory, p: &[Pattern]| {
+            m.regions[0] = pattern_words(p[0].write.wrapping_add(1), p[0].words);
+            Ok(vec![Step { code: SUCCESS.to_owned(), call: String::new(), read_ok: Some(true), address: None }])
+        };
+        let run = run_import(&mut memory, patterns(1, 1), shifted);
+        let a = judge(&run, 0, Some(0));
+        assert_eq!(a.code, DATA_MISMATCH);
+        assert!(a.detail.contains("first word"), "{a:?}");
+        // A step that writes nothing (the second fd import, the second legacy open) is judged on its calls.
+        assert_eq!(judge(&run, 0, None), Attempt::works());
+        // A step the importer never sent is a failure, not a success.
+        assert_eq!(judge(&run, 1, None).code, DATA_MISMATCH);
+    }
+
+    #[test]
+    fn a_failed_preparation_or_import_is_the_cell_and_nothing_is_read_back() {
+        let mut memory = FakeMemory::new(1, 16);
+        memory.fail_write = true;
+        let run = run_import(&mut memory, patterns(1, 1), importer("child"));
+        assert!(run.read_back.is_empty());
+        assert_eq!(judge(&run, 0, Some(0)).code, "CUDA_ERROR_ILLEGAL_ADDRESS");
+        assert!(!memory.log.iter().any(|l| l.contains("imports")), "{:?}", memory.log);
+
+        let mut memory = FakeMemory::new(1, 16);
+        let died = |_: &mut FakeMemory, _: &[Pattern]| Err(Attempt::fails(CHILD_DIED, "killed"));
+        let run = run_import(&mut memory, patterns(1, 1), died);
+        assert!(run.read_back.is_empty());
+        assert_eq!(judge(&run, 0, Some(0)).code, CHILD_DIED);
+        // An importer that read the wrong data fails even though its write came back.
+        let mut memory = FakeMemory::new(1, 16);
+        let run = run_import(&mut memory, patterns(1, 1), |m: &mut FakeMemory, p: &[Pattern]| {
+            m.regions[0] = pattern_words(p[0].write, p[0].words);
+            Ok(vec![Step { code: SUCCESS.to_owned(), call: String::new(), read_ok: Some(false), address: None }])
+        });
+        assert!(judge(&run, 0, Some(0)).detail.contains("did not read the exporter's pattern"));
+    }
 }

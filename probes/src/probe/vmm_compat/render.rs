@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::model::{AllocationKind, Attempt, NOT_APPLICABLE, Operation, Outcome, Results, SUCCESS};
-use super::verdict::{disagreements, predict, prediction};
+use super::verdict::{backend_agreement, disagreements, predict, prediction};
 use crate::answers::{Plots, ReportSection};
 use crate::probe::ProbeOutput;
 
@@ -227,13 +227,22 @@ pub fn report_section(
             short_code(&m.observed)
         );
     }
-    let disagree = disagreements(r);
+    let agreement = backend_agreement(r);
+    let disagree = agreement.disagreements;
     let _ = writeln!(
         body,
         "\n**Backends.** The legacy and vmm backends' own capability checks agree with the matrix on {} of {} \
-         allocations.",
-        r.backend_checks.len() - disagree.len(),
-        r.backend_checks.len()
+         allocations it could judge{}.",
+        agreement.compared - disagree.len(),
+        agreement.compared,
+        if agreement.not_comparable == 0 {
+            String::new()
+        } else {
+            format!(
+                " ({} more could not be judged: the import between two processes did not run, or its child died)",
+                agreement.not_comparable
+            )
+        }
     );
     for d in &disagree {
         let _ = writeln!(
@@ -275,8 +284,10 @@ pub fn report_section(
         "\n**Method.** The exporter makes each allocation (2 MiB, the VMM granularity; 4 KiB for the pair; 64 KiB \
          host and managed), records its pointer attributes, writes a pattern, and runs each export; a child \
          process (a fresh `gpu-ipc probe-child` per allocation) imports each handle (64 bytes as JSON, or the fd \
-         with `SCM_RIGHTS`), checks the pattern, writes its own and replies with per-operation result codes. Every \
-         wait has a deadline; a child that dies or hangs is a cell result. The legacy and vmm backends are run \
+         with `SCM_RIGHTS`), checks the pattern, writes its own, synchronises and replies with per-operation result \
+         codes; the exporter reads the child's pattern back as soon as the reply arrives, then writes its pattern \
+         again and runs the same import in its own process (the control), read back the same way. Every wait has \
+         a deadline; a child that dies or hangs is a cell result. The legacy and vmm backends are run \
          through the project's own API on the same allocations."
     );
     ReportSection {

@@ -3,7 +3,7 @@
 
 use gpu_ipc::core::driver::sys;
 
-use super::model::{AllocationKind, Operation, Outcome, Results};
+use super::model::{AllocationKind, CHILD_DIED, CHILD_TIMEOUT, Operation, Outcome, Results};
 use crate::probe::Verdict;
 
 /// A cell whose observation differs from what the attributes predicted.
@@ -125,23 +125,71 @@ pub fn works(results: &Results, allocation: AllocationKind, operation: Operation
     results.cell(allocation, operation).is_some_and(|c| c.observed.outcome == Outcome::Works)
 }
 
-/// The backends' checks that disagree with the matrix: the legacy backend must accept exactly the allocations
-/// whose legacy import worked, the vmm backend must accept exactly when the POSIX-fd VMM import worked.
-pub fn disagreements(results: &Results) -> Vec<Disagreement> {
-    results
-        .backend_checks
-        .iter()
-        .filter_map(|check| {
-            let operation = if check.backend == "legacy" { Operation::LegacyImport } else { Operation::FdImport };
-            let matrix_works = works(results, check.allocation, operation);
-            (matrix_works != check.accepted).then(|| Disagreement {
+/// The export and import columns a backend's check stands for.
+fn backend_route(backend: &str) -> (Operation, Operation) {
+    if backend == "legacy" {
+        (Operation::LegacyExport, Operation::LegacyImport)
+    } else {
+        (Operation::FdExport, Operation::FdImport)
+    }
+}
+
+/// What the matrix says about a backend's route on an allocation: `Some(true)` when the export and the import
+/// between two processes worked, `Some(false)` when the export failed or the import failed with a CUDA result or
+/// a data mismatch, `None` when it cannot say: the cells did not run (no second process, an earlier step failed),
+/// or the importing child died or hung, which is a failure of the probe's process, not of the route.
+pub fn matrix_says(results: &Results, backend: &str, allocation: AllocationKind) -> Option<bool> {
+    let (export, import) = backend_route(backend);
+    match results.cell(allocation, export)?.observed.outcome {
+        Outcome::Fails => return Some(false),
+        Outcome::NotRun => return None,
+        Outcome::Works => {}
+    }
+    let import = &results.cell(allocation, import)?.observed;
+    match import.outcome {
+        Outcome::Works => Some(true),
+        Outcome::Fails if import.code == CHILD_DIED || import.code == CHILD_TIMEOUT => None,
+        Outcome::Fails => Some(false),
+        Outcome::NotRun => None,
+    }
+}
+
+/// How the backends' checks compare with the matrix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendAgreement {
+    /// Checks the matrix could judge.
+    pub compared: usize,
+    /// Checks it could not (see [`matrix_says`]).
+    pub not_comparable: usize,
+    /// The compared checks that disagree.
+    pub disagreements: Vec<Disagreement>,
+}
+
+/// Compares every backend check the matrix can judge: the legacy backend must accept exactly the allocations
+/// whose legacy export and import worked, the vmm backend exactly when the POSIX-fd VMM export and import did.
+pub fn backend_agreement(results: &Results) -> BackendAgreement {
+    let mut out = BackendAgreement { compared: 0, not_comparable: 0, disagreements: Vec::new() };
+    for check in &results.backend_checks {
+        let Some(matrix_works) = matrix_says(results, &check.backend, check.allocation) else {
+            out.not_comparable += 1;
+            continue;
+        };
+        out.compared += 1;
+        if matrix_works != check.accepted {
+            out.disagreements.push(Disagreement {
                 backend: check.backend.clone(),
                 allocation: check.allocation,
                 backend_accepted: check.accepted,
                 matrix_works,
-            })
-        })
-        .collect()
+            });
+        }
+    }
+    out
+}
+
+/// The backends' checks that disagree with what the matrix could judge.
+pub fn disagreements(results: &Results) -> Vec<Disagreement> {
+    backend_agreement(results).disagreements
 }
 
 fn kinds_where(results: &Results, operation: Operation) -> Vec<AllocationKind> {
@@ -149,18 +197,68 @@ fn kinds_where(results: &Results, operation: Operation) -> Vec<AllocationKind> {
 }
 
 fn list(kinds: &[AllocationKind]) -> String {
-    if kinds.is_empty() {
-        return "no allocation".to_owned();
-    }
     kinds.iter().map(|k| k.label()).collect::<Vec<_>>().join(", ")
+}
+
+/// The distinct codes of `operation`'s failed cells on `kinds`, short.
+fn failure_codes(results: &Results, kinds: &[AllocationKind], operation: Operation) -> String {
+    let mut codes: Vec<String> = Vec::new();
+    for &kind in kinds {
+        if let Some(c) = results.cell(kind, operation).filter(|c| c.observed.outcome == Outcome::Fails) {
+            let code = c.observed.code.strip_prefix("CUDA_ERROR_").unwrap_or(&c.observed.code).to_owned();
+            if !codes.contains(&code) {
+                codes.push(code);
+            }
+        }
+    }
+    codes.join("/")
+}
+
+/// One route's clause: where its import worked between two processes, and, honestly, where it was exported but
+/// the import failed or did not run, or that every export was refused, or that it was not tried.
+pub fn route(results: &Results, subject: &str, exports: &[Operation], import: Operation) -> String {
+    let exported: Vec<AllocationKind> =
+        AllocationKind::ALL.into_iter().filter(|&k| exports.iter().all(|&op| works(results, k, op))).collect();
+    let worked = kinds_where(results, import);
+    let failed: Vec<AllocationKind> = exported
+        .iter()
+        .copied()
+        .filter(|&k| results.cell(k, import).is_some_and(|c| c.observed.outcome == Outcome::Fails))
+        .collect();
+    if !worked.is_empty() {
+        let mut clause = format!("{subject} worked across processes on {}", list(&worked));
+        if !failed.is_empty() {
+            clause.push_str(&format!(
+                " (exported but not imported on {}: {})",
+                list(&failed),
+                failure_codes(results, &failed, import)
+            ));
+        }
+        return clause;
+    }
+    if !failed.is_empty() {
+        return format!(
+            "{subject} was exported from {} but the import in another process failed ({})",
+            list(&exported),
+            failure_codes(results, &failed, import)
+        );
+    }
+    if !exported.is_empty() {
+        return format!("{subject} was exported from {}, but no import in another process ran", list(&exported));
+    }
+    let tried = AllocationKind::ALL
+        .into_iter()
+        .any(|k| exports.iter().any(|&op| results.cell(k, op).is_some_and(|c| c.observed.outcome == Outcome::Fails)));
+    if tried { format!("{subject} was refused on every allocation tried") } else { format!("{subject} was not tried") }
 }
 
 /// The answer: where each route worked, and how many cells the attributes predicted.
 pub fn verdict(results: &Results) -> Verdict {
     let p = prediction(results);
-    let legacy = kinds_where(results, Operation::LegacyImport);
-    let fd = kinds_where(results, Operation::FdImport);
-    let pool = kinds_where(results, Operation::PoolImport);
+    let legacy = route(results, "Legacy IPC", &[Operation::LegacyExport], Operation::LegacyImport);
+    let fd = route(results, "a POSIX fd (cuMemExportToShareableHandle)", &[Operation::FdExport], Operation::FdImport);
+    let pool =
+        route(results, "pool export", &[Operation::PoolExport, Operation::PoolExportPointer], Operation::PoolImport);
     let fabric = match results.cell(AllocationKind::VmmFabric, Operation::FabricImport) {
         Some(c) if c.observed.outcome == Outcome::Works => "fabric handles worked".to_owned(),
         _ => {
@@ -172,30 +270,35 @@ pub fn verdict(results: &Results) -> Verdict {
             format!("fabric handles did not ({refusal})")
         }
     };
-    let disagree = disagreements(results);
+    let agreement = backend_agreement(results);
+    let disagree = agreement.disagreements.len();
     let backends = if results.backend_checks.is_empty() {
         String::new()
-    } else if disagree.is_empty() {
+    } else if agreement.compared == 0 {
+        "; the backends' capability checks could not be compared with the matrix (no import between two processes \
+         ran)"
+            .to_owned()
+    } else if disagree == 0 {
         "; the backends' capability checks agree with the matrix".to_owned()
     } else {
-        format!("; the backends' capability checks disagree with the matrix on {} allocation(s)", disagree.len())
+        format!("; the backends' capability checks disagree with the matrix on {disagree} allocation(s)")
     };
     let answer = format!(
-        "Legacy IPC worked across processes on {}; a POSIX fd (cuMemExportToShareableHandle) on {}; pool export on \
-         {}; {fabric}; the pointer and device attributes predicted {} of {} cells{backends}.",
-        list(&legacy),
-        list(&fd),
-        list(&pool),
-        p.right,
-        p.compared,
+        "{legacy}; {fd}; {pool}; {fabric}; the pointer and device attributes predicted {} of {} cells{backends}.",
+        p.right, p.compared,
     );
+    let not_compared = if agreement.not_comparable == 0 {
+        String::new()
+    } else {
+        format!(", {} not comparable", agreement.not_comparable)
+    };
     let key_figure = format!(
-        "attributes predicted {}/{} observed cells ({} misprediction(s)); backend checks: {}/{} agree",
+        "attributes predicted {}/{} observed cells ({} misprediction(s)); backend checks: {}/{} agree{not_compared}",
         p.right,
         p.compared,
         p.mispredictions.len(),
-        results.backend_checks.len() - disagree.len(),
-        results.backend_checks.len(),
+        agreement.compared - disagree,
+        agreement.compared,
     );
     Verdict { answer, key_figure }
 }
