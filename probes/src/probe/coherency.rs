@@ -770,7 +770,7 @@ impl Throttle {
 
     /// Call before queueing `round`.
     fn before(&mut self, stream: &Stream, round: u64) -> Result<(), ProbeError> {
-        if round % THROTTLE_EVERY == 0 {
+        if round.is_multiple_of(THROTTLE_EVERY) {
             let event = Event::new(&self.ctx, EventFlags::default())?;
             event.record(stream)?;
             self.events.push_back((round, event));
