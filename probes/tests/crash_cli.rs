@@ -15,14 +15,24 @@ fn help_names_the_question_and_every_option() {
     assert_eq!(output.status.code(), Some(0));
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(text.contains("Does shared memory survive the death"), "{text}");
-    for option in ["--json", "--quick", "--out", "--device", "--no-progress", "--repetitions", "--mib", "--backend"] {
+    for option in [
+        "--json",
+        "--quick",
+        "--out",
+        "--device",
+        "--no-progress",
+        "--repetitions",
+        "--mib",
+        "--backend",
+        "--max-seconds",
+    ] {
         assert!(text.contains(option), "{option} missing from:\n{text}");
     }
 }
 
 #[test]
 fn out_of_range_arguments_are_usage_errors() {
-    for args in [["--repetitions", "0"], ["--mib", "1"]] {
+    for args in [["--repetitions", "0"], ["--mib", "1"], ["--max-seconds", "0"]] {
         let output = gpu_ipc(&["probe", "crash", args[0], args[1]]);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
     }

@@ -44,6 +44,27 @@ impl CrashCase {
         matches!(self, Self::ExporterKillDuringImporterKernel | Self::ImporterKillDuringExporterKernel)
     }
 
+    /// True when the victim is killed while a kernel of its own runs on the shared memory: the most destructive
+    /// case (under MPS it can fault the server for every client), so the probe runs these last.
+    pub const fn kills_running_victim_kernel(self) -> bool {
+        matches!(self, Self::ImporterKillDuringGpuWait)
+    }
+
+    /// The case as a sentence names what was done ("killing ...").
+    pub const fn action(self) -> &'static str {
+        match self {
+            Self::ExporterExit => "letting the exporter exit without freeing",
+            Self::ExporterKill => "killing the exporter",
+            Self::ExporterKillDuringImporterKernel => {
+                "killing the exporter while the importer's kernel ran on the shared memory"
+            }
+            Self::ImporterKillDuringExporterKernel => {
+                "killing the importer while the exporter's kernel ran on the shared memory"
+            }
+            Self::ImporterKillDuringGpuWait => "killing an importer while its kernel waited on the shared memory",
+        }
+    }
+
     /// The case as a table row names it.
     pub const fn label(self) -> &'static str {
         match self {
@@ -68,12 +89,28 @@ pub enum FailureKind {
     SurvivorFailed,
     /// The victim did not exit after `exit` or SIGKILL within its deadline.
     VictimDidNotDie,
+    /// Under MPS, after the death a process that was never killed (the observer, which never touches the shared
+    /// memory) lost its CUDA context or stopped answering: the death faulted the MPS server, which tears down every
+    /// client connected at that moment.
+    MpsServerFault,
+    /// Without MPS, the same: a process that was never killed lost its context after the death.
+    ContextLost,
+    /// Not run: an earlier fault left no working CUDA client, the case had already faulted the server, or the
+    /// `--max-seconds` bound was reached (the detail says which).
+    NotRun,
 }
 
 impl FailureKind {
     /// Every kind, in report order.
-    pub const ALL: [FailureKind; 4] =
-        [FailureKind::Setup, FailureKind::ChildHung, FailureKind::SurvivorFailed, FailureKind::VictimDidNotDie];
+    pub const ALL: [FailureKind; 7] = [
+        FailureKind::MpsServerFault,
+        FailureKind::ContextLost,
+        FailureKind::Setup,
+        FailureKind::ChildHung,
+        FailureKind::SurvivorFailed,
+        FailureKind::VictimDidNotDie,
+        FailureKind::NotRun,
+    ];
 
     /// As a table column names it.
     pub const fn label(self) -> &'static str {
@@ -82,8 +119,40 @@ impl FailureKind {
             Self::ChildHung => "child hung (killed)",
             Self::SurvivorFailed => "survivor failed",
             Self::VictimDidNotDie => "victim did not die",
+            Self::MpsServerFault => "MPS server fault (every client lost its context)",
+            Self::ContextLost => "a process that was not killed lost its context",
+            Self::NotRun => "not run",
         }
     }
+
+    /// A death that broke a process that was never killed: the fault reaches beyond the two processes.
+    pub const fn is_fault(self) -> bool {
+        matches!(self, Self::MpsServerFault | Self::ContextLost)
+    }
+
+    /// The fault kind for a run with or without MPS.
+    pub const fn fault(mps: bool) -> Self {
+        if mps { Self::MpsServerFault } else { Self::ContextLost }
+    }
+}
+
+/// The CUDA error a message names (`CUDA_ERROR_ILLEGAL_ADDRESS (700)`), or the message itself, shortened.
+pub fn error_name(detail: &str) -> String {
+    if let Some(start) = detail.find("CUDA_ERROR_") {
+        let rest = &detail[start..];
+        let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+        let code = rest[end..]
+            .strip_prefix(" (")
+            .and_then(|after| after.split_once(')'))
+            .map(|(code, _)| code)
+            .filter(|code| !code.is_empty() && code.chars().all(|c| c.is_ascii_digit()));
+        return match code {
+            Some(code) => format!("{} ({code})", &rest[..end]),
+            None => rest[..end].to_owned(),
+        };
+    }
+    let short: String = detail.chars().take(80).collect();
+    if short.len() < detail.len() { format!("{short}...") } else { short }
 }
 
 /// Why a trial did not run to the end.
@@ -331,6 +400,64 @@ pub struct TrialRecord {
     pub memory: Option<MemoryTrace>,
 }
 
+impl TrialRecord {
+    /// A trial of the plan that was not started, with the reason.
+    pub fn not_run(backend: &str, case: CrashCase, repetition: u32, reason: &str) -> Self {
+        Self {
+            backend: backend.to_owned(),
+            case,
+            repetition,
+            failure: Some(TrialFailure {
+                kind: FailureKind::NotRun,
+                stage: "not run".into(),
+                detail: reason.to_owned(),
+            }),
+            victim_reap_ms: None,
+            import_mismatches: None,
+            survivor: None,
+            memory: None,
+        }
+    }
+
+    /// The trial was started (it may still have failed).
+    pub fn started(&self) -> bool {
+        self.failure.as_ref().is_none_or(|f| f.kind != FailureKind::NotRun)
+    }
+
+    /// The trial's death broke a process that was never killed (an MPS server fault, or a lost context).
+    pub fn faulted(&self) -> bool {
+        self.failure.as_ref().is_some_and(|f| f.kind.is_fault())
+    }
+}
+
+/// Reads trials recorded by an older probe, which had no fault outcome: its observer failing after the death (the
+/// victim was already reaped) was recorded as a setup failure, and every later trial then failed in setup on the
+/// dead observer ("peer hung up"). The first becomes a fault, the others not run. Trials of the current probe are
+/// left as they are.
+pub fn reinterpret_recorded(trials: &mut [TrialRecord], mps: bool) {
+    let mut fault: Option<String> = None;
+    for t in trials.iter_mut() {
+        let Some(f) = t.failure.as_mut() else { continue };
+        if f.kind != FailureKind::Setup || f.stage != "observer" {
+            continue;
+        }
+        if t.victim_reap_ms.is_some() && fault.is_none() {
+            f.kind = FailureKind::fault(mps);
+            f.stage = "observer after the death".into();
+            fault = Some(format!("{} {}", t.backend, t.case.label()));
+        } else if let Some(origin) = &fault
+            && f.detail.contains("hung up")
+        {
+            f.kind = FailureKind::NotRun;
+            f.detail = format!(
+                "the observer had lost its context in the fault of {origin}, and the older probe that recorded this \
+                 run did not start a new one (it recorded these trials as setup failures: peer hung up)"
+            );
+            f.stage = "not run".into();
+        }
+    }
+}
+
 /// Counts and distributions of one case on one backend.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellSummary {
@@ -340,9 +467,18 @@ pub struct CellSummary {
     pub case: CrashCase,
     /// Trials started.
     pub trials: u64,
+    /// Trials of the plan not started (see the run's `stopped` for why).
+    #[serde(default)]
+    pub not_run: u64,
+    /// Trials whose death broke a process that was never killed (MPS server fault or lost context).
+    #[serde(default)]
+    pub faults: u64,
+    /// The first such fault's error, as the observer (and the survivor) reported it.
+    #[serde(default)]
+    pub fault_detail: Option<String>,
     /// Trials that ran to the end (the survivor reported).
     pub completed: u64,
-    /// Trials that failed, by kind (in [`FailureKind::ALL`] order).
+    /// Trials that failed, by kind (in [`FailureKind::ALL`] order; not-run trials are counted in `not_run`).
     pub failed: Vec<(FailureKind, u64)>,
     /// Up to three distinct failure messages, for the report.
     pub failure_examples: Vec<String>,
@@ -417,12 +553,18 @@ pub fn summarize(trials: &[TrialRecord]) -> Vec<CellSummary> {
     cells
 }
 
-fn summarize_cell(backend: &str, case: CrashCase, group: &[&TrialRecord]) -> CellSummary {
+fn summarize_cell(backend: &str, case: CrashCase, all: &[&TrialRecord]) -> CellSummary {
+    let not_run = all.iter().filter(|t| !t.started()).count() as u64;
+    let group: Vec<&TrialRecord> = all.iter().copied().filter(|t| t.started()).collect();
+    let group = group.as_slice();
+    let fault_detail =
+        group.iter().filter_map(|t| t.failure.as_ref()).find(|f| f.kind.is_fault()).map(|f| f.detail.clone());
     let survivors: Vec<&SurvivorReport> =
         group.iter().filter(|t| t.failure.is_none()).filter_map(|t| t.survivor.as_ref()).collect();
     let count = |f: fn(&SurvivorReport) -> bool| survivors.iter().filter(|s| f(s)).count() as u64;
     let failed = FailureKind::ALL
         .iter()
+        .filter(|k| **k != FailureKind::NotRun)
         .map(|&kind| (kind, group.iter().filter(|t| t.failure.as_ref().is_some_and(|f| f.kind == kind)).count() as u64))
         .filter(|(_, n)| *n > 0)
         .collect();
@@ -451,6 +593,9 @@ fn summarize_cell(backend: &str, case: CrashCase, group: &[&TrialRecord]) -> Cel
         backend: backend.to_owned(),
         case,
         trials: group.len() as u64,
+        not_run,
+        faults: group.iter().filter(|t| t.faulted()).count() as u64,
+        fault_detail,
         completed: completed.len() as u64,
         failed,
         failure_examples,
@@ -528,26 +673,93 @@ pub fn dominant_exporter_return(cells: &[CellSummary]) -> Option<(MemoryReturn, 
     counts.iter().max_by_key(|(_, n)| *n).map(|&(point, n)| (point, n, classified))
 }
 
+/// The finding of deaths that broke a process that was never killed, one clause per case, e.g. "under MPS,
+/// killing an importer while its kernel waited on the shared memory broke the MPS server for every client:
+/// CUDA_ERROR_ILLEGAL_ADDRESS (700) in the observer, a process that never touched the memory (legacy: 1 of 1 such
+/// trials)". `None` when no trial faulted.
+pub fn fault_finding(cells: &[CellSummary], mps: bool) -> Option<String> {
+    let mut clauses = Vec::new();
+    for case in CrashCase::ALL {
+        let faulted: Vec<&CellSummary> = cells.iter().filter(|c| c.case == case && c.faults > 0).collect();
+        let Some(first) = faulted.first() else { continue };
+        let error = first.fault_detail.as_deref().map_or_else(|| "an error".to_owned(), error_name);
+        let counts = faulted
+            .iter()
+            .map(|c| format!("{}: {} of {} such trials", c.backend, c.faults, c.trials))
+            .collect::<Vec<_>>()
+            .join(", ");
+        clauses.push(if mps {
+            format!(
+                "under MPS, {} broke the MPS server for every client: {error} in the observer, a process that never \
+                 touched the memory ({counts})",
+                case.action()
+            )
+        } else {
+            format!(
+                "{} broke a process that was never killed: {error} in the observer, which never touched the memory \
+                 ({counts})",
+                case.action()
+            )
+        });
+    }
+    if clauses.is_empty() { None } else { Some(clauses.join("; ")) }
+}
+
 /// The verdict from the counts: never a fixed answer. "Yes" only when every completed trial on both sides left the
-/// survivor with fully usable memory and none failed; "No" when no survivor ever did; "Partly" otherwise.
-pub fn verdict(cells: &[CellSummary]) -> Verdict {
+/// survivor with fully usable memory and none failed; "No" when no survivor ever did; "Partly" otherwise. A death
+/// that broke a process that was never killed (under MPS: the server, for every client) comes first, in plain
+/// words, with the number of trials that could not run after it; `stopped` is why trials were not run.
+pub fn verdict(cells: &[CellSummary], mps: bool, stopped: Option<&str>) -> Verdict {
     let exporter = totals(cells, true);
     let importer = totals(cells, false);
     let failed = exporter.failed + importer.failed;
+    let faults: u64 = cells.iter().map(|c| c.faults).sum();
     let hung: u64 = cells
         .iter()
         .flat_map(|c| &c.failed)
         .filter(|(k, _)| matches!(k, FailureKind::ChildHung | FailureKind::VictimDidNotDie))
         .map(|(_, n)| n)
         .sum();
+    let started: u64 = cells.iter().map(|c| c.trials).sum();
+    let not_run: u64 = cells.iter().map(|c| c.not_run).sum();
+    let planned = started + not_run;
     let waits_released: u64 = cells.iter().map(|c| c.waits(WaitOutcome::Released)).sum();
     let waits: u64 = cells.iter().map(|c| c.wait.iter().map(|(_, n)| n).sum::<u64>()).sum();
     let memory = dominant_exporter_return(cells);
     let completed = exporter.completed + importer.completed;
+    let finding = fault_finding(cells, mps);
+    let why = stopped.or((faults > 0).then_some("a case that faulted is not repeated"));
+    let not_run_clause = (not_run > 0).then(|| {
+        format!(
+            "{not_run} of {planned} trials of the pass could not run{}",
+            why.map_or_else(String::new, |why| format!(" ({why})"))
+        )
+    });
+    let fault_figure = if faults > 0 {
+        let which = cells
+            .iter()
+            .filter(|c| c.faults > 0)
+            .map(|c| format!("{} {}", c.backend, c.case.label()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let name = if mps { "MPS server faults" } else { "lost contexts of processes not killed" };
+        format!("{name}: {faults} ({which}); ")
+    } else {
+        String::new()
+    };
+    let run_figure = if not_run > 0 { format!("trials run: {started} of {planned}; ") } else { String::new() };
     if completed == 0 {
+        let mut answer = format!("Unknown: no trial ran to the end ({failed} failed");
+        if let Some(finding) = &finding {
+            answer.push_str(&format!("; {finding}"));
+        }
+        if let Some(clause) = &not_run_clause {
+            answer.push_str(&format!("; {clause}"));
+        }
+        answer.push_str("; see the failures per case)");
         return Verdict {
-            answer: format!("Unknown: no trial ran to the end ({failed} failed; see the failures per case)"),
-            key_figure: format!("trials completed: 0; failed: {failed}"),
+            answer,
+            key_figure: format!("{fault_figure}{run_figure}trials completed: 0; failed: {failed}"),
         };
     }
     let word = if exporter.usable == exporter.completed && importer.usable == importer.completed && failed == 0 {
@@ -557,19 +769,37 @@ pub fn verdict(cells: &[CellSummary]) -> Verdict {
     } else {
         "Partly"
     };
-    let mut answer = format!(
-        "{word}: in {} of {} exporter deaths the importer kept reading, writing and launching on intact data, \
-         and in {} of {} importer deaths the exporter did",
+    let mut answer = String::from(word);
+    match &finding {
+        Some(finding) => {
+            answer.push_str(&format!(" \u{2014} {finding}"));
+            if let Some(clause) = &not_run_clause {
+                answer.push_str(&format!("; {clause}"));
+            }
+            answer.push_str(". Of the trials that ran to the end: in ");
+        }
+        None => answer.push_str(": in "),
+    }
+    answer.push_str(&format!(
+        "{} of {} exporter deaths the importer kept reading, writing and launching on intact data, and in {} of {} \
+         importer deaths the exporter did",
         exporter.usable, exporter.completed, importer.usable, importer.completed
-    );
+    ));
     if let Some((point, n, classified)) = memory {
         answer.push_str(&format!(
             "; a dead exporter's memory was given back {} in {n} of {classified} trials",
             point.label()
         ));
     }
-    if failed > 0 {
-        answer.push_str(&format!("; {failed} trials failed ({hung} with a hung child)"));
+    let other_failed = failed - faults;
+    if other_failed > 0 {
+        let other = if faults > 0 { " other" } else { "" };
+        answer.push_str(&format!("; {other_failed}{other} trials failed ({hung} with a hung child)"));
+    }
+    if finding.is_none()
+        && let Some(clause) = &not_run_clause
+    {
+        answer.push_str(&format!("; {clause}"));
     }
     answer.push('.');
     let memory_figure = memory.map_or_else(
@@ -579,8 +809,8 @@ pub fn verdict(cells: &[CellSummary]) -> Verdict {
     Verdict {
         answer,
         key_figure: format!(
-            "survivor fully usable: {}/{} exporter deaths, {}/{} importer deaths; survivor waits released: \
-             {waits_released}/{waits}; {memory_figure}",
+            "{fault_figure}{run_figure}survivor fully usable: {}/{} exporter deaths, {}/{} importer deaths; survivor \
+             waits released: {waits_released}/{waits}; {memory_figure}",
             exporter.usable, exporter.completed, importer.usable, importer.completed
         ),
     }
@@ -666,6 +896,145 @@ pub(crate) mod tests {
         trials
     }
 
+    /// The observer's error of run 2's MPS fault, as the current probe records it (with the survivor's).
+    pub(crate) const FAULT_DETAIL: &str = "observer: cuMemGetInfo failed: CUDA_ERROR_ILLEGAL_ADDRESS (700): an illegal \
+        memory access was encountered; survivor: host read: cuMemcpyDtoH failed: CUDA_ERROR_ILLEGAL_ADDRESS (700): \
+        an illegal memory access was encountered";
+
+    /// A quick pass under MPS as the current probe runs it: the first trial of the case that kills a victim holding
+    /// a wait faults the server on each backend, and its other two repetitions are not run.
+    pub(crate) fn mps_fault_run() -> crate::probe::crash::Results {
+        let mut trials = healthy_run(3);
+        for t in trials.iter_mut().filter(|t| t.case == CrashCase::ImporterKillDuringGpuWait) {
+            if t.repetition == 0 {
+                t.failure = Some(TrialFailure {
+                    kind: FailureKind::MpsServerFault,
+                    stage: "observer after the death".into(),
+                    detail: FAULT_DETAIL.into(),
+                });
+                t.memory = None;
+            } else {
+                let why = format!("not repeated: its first trial ({}, repetition 0) faulted the MPS server", t.backend);
+                *t = TrialRecord::not_run(&t.backend.clone(), t.case, t.repetition, &why);
+            }
+        }
+        let settings = crate::probe::crash::CrashSettings {
+            repetitions: 3,
+            allocation_bytes: 64 << 20,
+            backends: vec!["legacy".into(), "vmm".into()],
+            hammer_ms: 400,
+            kill_after_ms: 150,
+            nvidia_smi: true,
+            max_seconds: None,
+        };
+        crate::probe::crash::Results::from_trials(settings, trials, None)
+    }
+
+    #[test]
+    fn cuda_errors_are_named_by_their_code() {
+        assert_eq!(error_name(FAULT_DETAIL), "CUDA_ERROR_ILLEGAL_ADDRESS (700)");
+        assert_eq!(error_name("x: CUDA_ERROR_LAUNCH_FAILED: boom"), "CUDA_ERROR_LAUNCH_FAILED");
+        assert_eq!(error_name("probe channel: peer hung up"), "probe channel: peer hung up");
+        assert_eq!(error_name(&"y".repeat(100)).len(), 83);
+    }
+
+    #[test]
+    fn an_mps_fault_is_its_own_outcome_and_comes_first_in_the_verdict() {
+        let results = mps_fault_run();
+        let cell = results
+            .cells
+            .iter()
+            .find(|c| c.backend == "vmm" && c.case == CrashCase::ImporterKillDuringGpuWait)
+            .unwrap();
+        assert_eq!((cell.trials, cell.not_run, cell.faults, cell.completed), (1, 2, 1, 0));
+        assert_eq!(cell.failed, vec![(FailureKind::MpsServerFault, 1)]);
+        assert_eq!(cell.failed_total(), 1);
+        assert_eq!(cell.fault_detail.as_deref(), Some(FAULT_DETAIL));
+        let v = verdict(&results.cells, true, None);
+        assert!(
+            v.answer.starts_with(
+                "Partly \u{2014} under MPS, killing an importer while its kernel waited on the shared memory broke the \
+                 MPS server for every client: CUDA_ERROR_ILLEGAL_ADDRESS (700) in the observer, a process that never \
+                 touched the memory (legacy: 1 of 1 such trials, vmm: 1 of 1 such trials); 4 of 30 trials of the pass \
+                 could not run (a case that faulted is not repeated). Of the trials that ran to the end: in 18 of 18 exporter deaths"
+            ),
+            "{}",
+            v.answer
+        );
+        assert!(v.answer.contains("and in 6 of 6 importer deaths the exporter did"), "{}", v.answer);
+        assert!(!v.answer.contains("trials failed"), "{}", v.answer);
+        assert!(v.key_figure.starts_with("MPS server faults: 2 (legacy importer SIGKILL holding GPU-side waits, vmm importer SIGKILL holding GPU-side waits); trials run: 26 of 30; survivor fully usable: 18/18"), "{}", v.key_figure);
+        // Without MPS the same records name a lost context, not the server.
+        let v = verdict(&results.cells, false, None);
+        assert!(
+            v.answer
+                .contains("broke a process that was never killed: CUDA_ERROR_ILLEGAL_ADDRESS (700) in the observer"),
+            "{}",
+            v.answer
+        );
+        assert!(v.key_figure.starts_with("lost contexts of processes not killed: 2"), "{}", v.key_figure);
+    }
+
+    #[test]
+    fn a_fault_is_never_a_yes_and_everything_faulted_is_unknown_with_the_finding() {
+        let mut trials = healthy_run(1);
+        trials.retain(|t| t.case == CrashCase::ImporterKillDuringGpuWait);
+        for t in &mut trials {
+            t.failure = Some(TrialFailure {
+                kind: FailureKind::MpsServerFault,
+                stage: "observer after the death".into(),
+                detail: FAULT_DETAIL.into(),
+            });
+        }
+        let v = verdict(
+            &summarize(&trials),
+            true,
+            Some("after the fault, a new CUDA client (the observer) could not start: x"),
+        );
+        assert!(
+            v.answer.starts_with("Unknown: no trial ran to the end (2 failed; under MPS, killing an importer"),
+            "{}",
+            v.answer
+        );
+        // One healthy trial beside a fault: "Partly", never "Yes".
+        let mut trials = healthy_run(1);
+        let t = trials
+            .iter_mut()
+            .find(|t| t.backend == "legacy" && t.case == CrashCase::ImporterKillDuringGpuWait)
+            .unwrap();
+        t.failure = Some(TrialFailure {
+            kind: FailureKind::MpsServerFault,
+            stage: "observer after the death".into(),
+            detail: FAULT_DETAIL.into(),
+        });
+        let v = verdict(&summarize(&trials), true, None);
+        assert!(v.answer.starts_with("Partly \u{2014} under MPS"), "{}", v.answer);
+    }
+
+    #[test]
+    fn old_records_of_a_fault_are_reinterpreted_and_new_ones_left_alone() {
+        let mut trials = healthy_run(1);
+        let observer_setup = |detail: &str| {
+            Some(TrialFailure { kind: FailureKind::Setup, stage: "observer".into(), detail: detail.into() })
+        };
+        // Before any death: a setup failure of the observer stays one.
+        trials[0].failure = observer_setup("probe channel: peer hung up during send");
+        trials[0].victim_reap_ms = None;
+        trials[1].failure = observer_setup("cuMemGetInfo failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)");
+        trials[2].failure = observer_setup("probe channel: peer hung up during send");
+        trials[2].victim_reap_ms = None;
+        let mut fresh = mps_fault_run().trials;
+        let unchanged = fresh.clone();
+        reinterpret_recorded(&mut trials, true);
+        reinterpret_recorded(&mut fresh, true);
+        assert_eq!(fresh, unchanged);
+        assert_eq!(trials[0].failure.as_ref().unwrap().kind, FailureKind::Setup);
+        assert_eq!(trials[1].failure.as_ref().unwrap().kind, FailureKind::MpsServerFault);
+        assert_eq!(trials[2].failure.as_ref().unwrap().kind, FailureKind::NotRun);
+        assert!(trials[2].failure.as_ref().unwrap().detail.contains("in the fault of legacy exporter SIGKILL"));
+        assert!(!trials[2].started() && trials[1].started() && trials[1].faulted());
+    }
+
     #[test]
     fn memory_return_points_are_told_apart_net_of_the_contexts() {
         for case in CrashCase::ALL {
@@ -725,7 +1094,7 @@ pub(crate) mod tests {
     #[test]
     fn verdict_yes_only_when_every_trial_is_clean() {
         let cells = summarize(&healthy_run(4));
-        let v = verdict(&cells);
+        let v = verdict(&cells, false, None);
         assert!(v.answer.starts_with("Yes: in 24 of 24 exporter deaths"), "{}", v.answer);
         assert!(v.answer.contains("and in 16 of 16 importer deaths"), "{}", v.answer);
         assert!(v.answer.contains("when the survivor closed its mapping in 24 of 24 trials"), "{}", v.answer);
@@ -741,7 +1110,7 @@ pub(crate) mod tests {
         }
         trials[0].failure =
             Some(TrialFailure { kind: FailureKind::VictimDidNotDie, stage: "death".into(), detail: "5 s".into() });
-        let v = verdict(&summarize(&trials));
+        let v = verdict(&summarize(&trials), false, None);
         assert!(v.answer.starts_with("Partly: in 11 of 11 exporter deaths"), "{}", v.answer);
         // 5 legacy exporter deaths returned at close, 6 vmm at the death.
         assert!(v.answer.contains("at the death in 6 of 11 trials"), "{}", v.answer);
@@ -754,11 +1123,11 @@ pub(crate) mod tests {
         for t in &mut trials {
             t.survivor.as_mut().unwrap().read_error = Some("cuMemcpyDtoH: CUDA_ERROR_ILLEGAL_ADDRESS".into());
         }
-        assert!(verdict(&summarize(&trials)).answer.starts_with("No: in 0 of 6 exporter deaths"));
+        assert!(verdict(&summarize(&trials), false, None).answer.starts_with("No: in 0 of 6 exporter deaths"));
         for t in &mut trials {
             t.failure = Some(TrialFailure { kind: FailureKind::Setup, stage: "import".into(), detail: "x".into() });
         }
-        let v = verdict(&summarize(&trials));
+        let v = verdict(&summarize(&trials), false, None);
         assert!(v.answer.starts_with("Unknown: no trial ran to the end (10 failed"), "{}", v.answer);
     }
 }

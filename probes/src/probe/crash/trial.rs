@@ -11,14 +11,16 @@ use gpu_ipc::BackendChoice;
 use gpu_ipc::core::wire::WireError;
 
 use super::super::channel::{ChannelError, ChildProcess, ChildTask};
-use super::model::{CrashCase, FailureKind, MemoryReading, MemoryTrace, TrialFailure, TrialRecord};
+use super::model::{CrashCase, FailureKind, MemoryReading, MemoryTrace, SurvivorReport, TrialFailure, TrialRecord};
 use super::protocol::{Command, ObserverParams, PeerParams, ROLE_EXPORTER, ROLE_IMPORTER, ROLE_OBSERVER, Reply};
 use crate::probe::ProbeError;
 
-/// How long the survivor's hammer kernel runs across the death, in ms.
-pub const HAMMER_MS: u64 = 600;
-/// How long after the survivor's hammer (or the victim's wait) starts the victim dies, in ms.
-pub const KILL_AFTER_MS: u64 = 300;
+/// How long the survivor's hammer kernel runs across the death, in ms (the victim is reaped only once it ends,
+/// without MPS: the teardown waits for the GPU; so this bounds a hammer trial's length).
+pub const HAMMER_MS: u64 = 400;
+/// How long after the survivor's hammer (or the victim's wait) starts the victim dies, in ms (a launch takes
+/// microseconds: this only makes sure the kernel is running).
+pub const KILL_AFTER_MS: u64 = 150;
 /// The victim's polling kernel's own deadline (long, so that a wait the driver failed to tear down would show).
 const VICTIM_WAIT_TIMEOUT_MS: u64 = 10_000;
 /// A child's connect, and its CUDA start-up (context, modules, warm-up).
@@ -32,11 +34,13 @@ const SURVIVE_TIMEOUT: Duration = Duration::from_secs(60);
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Settling the free memory after a change: poll period, how long it must stay put, the longest wait.
 const SETTLE_POLL: Duration = Duration::from_millis(10);
-const SETTLE_STABLE: Duration = Duration::from_millis(300);
+const SETTLE_STABLE: Duration = Duration::from_millis(100);
 const SETTLE_MAX: Duration = Duration::from_secs(3);
 /// Changes of free memory below this are noise when settling.
 const SETTLE_NOISE_BYTES: i128 = 1 << 20;
 const SMI_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a fault: how long the survivor gets to report what it sees (its errors are the evidence).
+const FAULT_EVIDENCE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// What every trial of a run shares.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +49,8 @@ pub struct Plan {
     pub device: i32,
     /// Bytes asked for per allocation.
     pub allocation_bytes: u64,
+    /// Whether the run is under MPS (names a fault of a process that was never killed).
+    pub mps: bool,
 }
 
 /// Why a step with a child did not give the expected answer.
@@ -151,9 +157,15 @@ impl Observer {
         }
     }
 
-    fn reading(&self) -> Result<MemoryReading, AskError> {
+    /// Whether the observer still answers a reading (after a failed trial: did its context survive?).
+    pub fn healthy(&self) -> bool {
+        self.free().is_ok()
+    }
+
+    /// A reading; `nvidia-smi` (tens of ms a call) only where `smi` asks, at the key points of a trial.
+    fn reading(&self, smi: bool) -> Result<MemoryReading, AskError> {
         let free_bytes = self.free()?;
-        Ok(MemoryReading { free_bytes, smi_used_mib: self.smi_used_mib() })
+        Ok(MemoryReading { free_bytes, smi_used_mib: if smi { self.smi_used_mib() } else { None } })
     }
 
     /// Polls free memory after a change that starts from `from_free`: records when at least half of
@@ -187,7 +199,7 @@ impl Observer {
             }
             std::thread::sleep(SETTLE_POLL);
         }
-        Ok((self.reading()?, first_back))
+        Ok((self.reading(true)?, first_back))
     }
 
     /// `nvidia-smi`'s used memory of the device, in MiB; `None` when it is not on `PATH`, fails or is late.
@@ -270,11 +282,78 @@ pub fn run_trial(
         survivor: None,
         memory: None,
     };
-    if let Err(failure) = trial_steps(plan, observer, backend, &mut record) {
+    if let Err(mut failure) = trial_steps(plan, observer, backend, &mut record) {
+        // After the death, a failure of the survivor alone is the survivor's; if the observer (which never
+        // touches the shared memory) lost its context too, the death broke more than the two processes.
+        if record.victim_reap_ms.is_some()
+            && !failure.kind.is_fault()
+            && let Err(e) = observer.free()
+        {
+            failure = TrialFailure {
+                kind: FailureKind::fault(plan.mps),
+                stage: format!("observer after the death ({})", failure.stage),
+                detail: format!("observer: {}; survivor: {}", ask_detail(e), failure.detail),
+            };
+        }
         tracing::debug!(?failure, "crash trial failed");
         record.failure = Some(failure);
     }
     record
+}
+
+fn ask_detail(e: AskError) -> String {
+    match e {
+        AskError::Hung(d) => format!("no answer ({d})"),
+        AskError::Failed(d) => d,
+    }
+}
+
+/// The first error a survivor's report names, or that its checks all worked.
+pub fn survivor_evidence(report: &SurvivorReport) -> String {
+    let errors = [
+        ("host read", &report.read_error),
+        ("kernel", &report.launch_error),
+        ("rewrite", &report.write_error),
+        ("wait", &report.wait_error),
+    ];
+    errors.iter().find_map(|(what, e)| e.as_ref().map(|e| format!("{what}: {e}"))).unwrap_or_else(|| {
+        if report.fully_usable() {
+            "its checks still worked".into()
+        } else {
+            "its checks found the memory changed".into()
+        }
+    })
+}
+
+/// A failure of the observer after the death: the death broke a process that was never killed. The survivor is
+/// asked for its checks (bounded) so that the record says whether it lost its context too.
+fn observer_fault(
+    plan: &Plan,
+    stage: &str,
+    error: AskError,
+    survivor: Option<(&ChildProcess, Option<u64>)>,
+    record: &mut TrialRecord,
+) -> TrialFailure {
+    let survivor_said = match (&record.survivor, survivor) {
+        (Some(report), _) => survivor_evidence(report),
+        (None, Some((child, hammer_ms))) => {
+            match ask(child, &Command::Survive { hammer_ms }, Vec::new(), FAULT_EVIDENCE_TIMEOUT) {
+                Ok((Reply::Survived { report }, _)) => {
+                    let said = survivor_evidence(&report);
+                    record.survivor = Some(*report);
+                    said
+                }
+                Ok((other, _)) => format!("unexpected reply {other:?}"),
+                Err(e) => ask_detail(e),
+            }
+        }
+        (None, None) => "not asked (it had exited)".into(),
+    };
+    TrialFailure {
+        kind: FailureKind::fault(plan.mps),
+        stage: stage.to_owned(),
+        detail: format!("observer: {}; survivor: {survivor_said}", ask_detail(error)),
+    }
 }
 
 fn setup(stage: &'static str) -> impl Fn(AskError) -> TrialFailure {
@@ -292,11 +371,11 @@ fn trial_steps(
     record: &mut TrialRecord,
 ) -> Result<(), TrialFailure> {
     let case = record.case;
-    let base = observer.reading().map_err(setup("observer"))?;
+    let base = observer.reading(false).map_err(setup("observer"))?;
     let exporter = spawn_peer(ROLE_EXPORTER, plan, backend).map_err(setup("exporter start"))?;
-    let exporter_started = observer.reading().map_err(setup("observer"))?;
+    let exporter_started = observer.reading(false).map_err(setup("observer"))?;
     let importer = spawn_peer(ROLE_IMPORTER, plan, backend).map_err(setup("importer start"))?;
-    let both_started = observer.reading().map_err(setup("observer"))?;
+    let both_started = observer.reading(false).map_err(setup("observer"))?;
 
     let (handle, size, fds) =
         match ask(&exporter, &Command::Allocate { bytes: plan.allocation_bytes }, Vec::new(), STEP_TIMEOUT)
@@ -310,7 +389,7 @@ fn trial_steps(
         (Reply::Imported { mismatches, .. }, _) => record.import_mismatches = Some(mismatches),
         (other, _) => return Err(setup("import")(unexpected(&other))),
     }
-    let shared = observer.reading().map_err(setup("observer"))?;
+    let shared = observer.reading(true).map_err(setup("observer"))?;
     let mut trace = MemoryTrace {
         base,
         exporter_started,
@@ -362,13 +441,17 @@ fn trial_steps(
     let survivor_context =
         if case.exporter_dies() { trace.importer_context_bytes() } else { trace.exporter_context_bytes() };
     let allocation = trace.allocation_bytes();
-    let (reading, returned_ms) =
-        observer.settle(shared.free_bytes, victim_context, allocation).map_err(setup("observer"))?;
+    let hammer_ms = case.survivor_hammers().then_some(HAMMER_MS);
+    let (reading, returned_ms) = match observer.settle(shared.free_bytes, victim_context, allocation) {
+        Ok(settled) => settled,
+        Err(e) => {
+            return Err(observer_fault(plan, "observer after the death", e, Some((&survivor, hammer_ms)), record));
+        }
+    };
     trace.after_death = reading;
     trace.return_after_death_ms = returned_ms;
     record.memory = Some(trace.clone());
 
-    let hammer_ms = case.survivor_hammers().then_some(HAMMER_MS);
     match ask(&survivor, &Command::Survive { hammer_ms }, Vec::new(), SURVIVE_TIMEOUT)
         .map_err(after_death("survivor checks"))?
     {
@@ -380,7 +463,10 @@ fn trial_steps(
         (Reply::Closed, _) => {}
         (other, _) => return Err(after_death("survivor close")(unexpected(&other))),
     }
-    let (reading, _) = observer.settle(trace.after_death.free_bytes, 0, allocation).map_err(setup("observer"))?;
+    let (reading, _) = match observer.settle(trace.after_death.free_bytes, 0, allocation) {
+        Ok(settled) => settled,
+        Err(e) => return Err(observer_fault(plan, "observer after the survivor closed", e, None, record)),
+    };
     trace.after_close = Some(reading);
     record.memory = Some(trace.clone());
 
@@ -393,7 +479,10 @@ fn trial_steps(
         stage: "survivor exit".into(),
         detail: e.to_string(),
     })?;
-    let (reading, _) = observer.settle(reading.free_bytes, survivor_context, allocation).map_err(setup("observer"))?;
+    let (reading, _) = match observer.settle(reading.free_bytes, survivor_context, allocation) {
+        Ok(settled) => settled,
+        Err(e) => return Err(observer_fault(plan, "observer after the survivor exited", e, None, record)),
+    };
     trace.after_exit = Some(reading);
     record.memory = Some(trace);
     Ok(())
@@ -411,6 +500,24 @@ mod tests {
         assert_eq!(parse_smi_used(text, 5, None), None);
         assert_eq!(parse_smi_used("[N/A]\n", 0, None), None);
         assert_eq!(parse_smi_used("0, GPU-aaaa, [N/A]\n", 0, None), None);
+    }
+
+    #[test]
+    fn survivor_evidence_names_the_first_error_or_that_the_checks_worked() {
+        let mut report = SurvivorReport {
+            read_ms: Some(0.1),
+            sample_mismatches: Some(0),
+            data_mismatches: Some(0),
+            write_mismatches: Some(0),
+            ..SurvivorReport::default()
+        };
+        assert_eq!(survivor_evidence(&report), "its checks still worked");
+        report.data_mismatches = Some(3);
+        assert_eq!(survivor_evidence(&report), "its checks found the memory changed");
+        report.launch_error = Some("cuLaunchKernel failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)".into());
+        report.wait_error = Some("later".into());
+        assert_eq!(survivor_evidence(&report), "kernel: cuLaunchKernel failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)");
+        assert_eq!(ask_detail(AskError::Hung("30 s".into())), "no answer (30 s)");
     }
 
     #[test]
