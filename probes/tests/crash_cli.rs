@@ -2,8 +2,10 @@
 
 use std::process::Command;
 
+mod common;
+
 fn gpu_ipc(args: &[&str]) -> std::process::Output {
-    match Command::new(env!("CARGO_BIN_EXE_gpu-ipc")).args(args).output() {
+    match Command::new(common::gpu_ipc_exe()).args(args).output() {
         Ok(output) => output,
         Err(e) => panic!("could not run gpu-ipc: {e}"),
     }

@@ -3,8 +3,10 @@
 
 use std::process::Command;
 
+mod common;
+
 fn gpu_ipc() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gpu-ipc"))
+    Command::new(common::gpu_ipc_exe())
 }
 
 #[test]

@@ -37,6 +37,21 @@ pub fn read_run_log(dir: &Path) -> Option<RunLog> {
     }
 }
 
+/// The verdict of a recorded run as this version's verdict logic reads its results (the logic is a pure function of
+/// the results, so a report rendered later from recorded JSON says what the current code concludes). A document
+/// whose results do not fit keeps its recorded verdict (the section reports the mismatch).
+pub fn revise_verdict(probe: ProbeName, mut doc: ProbeOutput<Value>) -> ProbeOutput<Value> {
+    let revised = match probe {
+        ProbeName::Overhead => serde_json::from_value(doc.results.clone()).ok().map(|r| probe::overhead::verdict(&r)),
+        ProbeName::Coherency => serde_json::from_value(doc.results.clone()).ok().map(|r| probe::coherency::verdict(&r)),
+        ProbeName::VmmCompat | ProbeName::Crash => None,
+    };
+    if let Some(verdict) = revised {
+        doc.verdict = verdict;
+    }
+    doc
+}
+
 /// Loads `source/<probe>-<pass>.json` for every probe and pass, with what the run log says about each run.
 /// `command` is this report's command line.
 pub fn load_inputs(
@@ -57,7 +72,7 @@ pub fn load_inputs(
                     let path = source.join(&name);
                     PassInput {
                         pass,
-                        document: load_document(&path, &name),
+                        document: load_document(&path, &name).map(|doc| revise_verdict(probe, doc)),
                         source: path,
                         run: run_log.as_ref().and_then(|log| log.record(probe, pass)).map(|r| r.status.clone()),
                     }
