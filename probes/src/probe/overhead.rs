@@ -868,36 +868,37 @@ pub fn report_section(
         let r = &run.results;
         let suffix = if run.env.mps { "mps" } else { "no-mps" };
         body.push_str(&format!("### {name}\n\n{}\n\n{}\n", run.verdict.key_figure, comparison_table(&r.comparisons)));
-        let series = |f: &dyn Fn(&KindResults) -> Vec<(f64, f64)>| -> Vec<Series> {
-            r.kinds.iter().map(|k| Series { name: k.kind.label().to_owned(), points: f(k) }).collect()
+        let mut chart = |stem: &str,
+                         title: &str,
+                         x_label: &str,
+                         y_label: &str,
+                         y_log: bool,
+                         f: &dyn Fn(&KindResults) -> Vec<(f64, f64)>| {
+            plots.line_chart(LineChart {
+                file_stem: format!("overhead-{stem}-{suffix}"),
+                title: format!("{title} ({name})"),
+                x_label: x_label.to_owned(),
+                y_label: y_label.to_owned(),
+                x_log: true,
+                y_log,
+                series: r.kinds.iter().map(|k| Series { name: k.kind.label().to_owned(), points: f(k) }).collect(),
+            })
         };
-        let read = plots.line_chart(LineChart {
-            file_stem: format!("overhead-read-bandwidth-{suffix}"),
-            title: format!("Read bandwidth vs size ({name})"),
-            x_label: "bytes read per kernel".to_owned(),
-            y_label: "GB/s".to_owned(),
-            x_log: true,
-            y_log: true,
-            series: series(&|k| k.bandwidth.iter().map(|p| (p.bytes as f64, p.read_gbps.summary.p50)).collect()),
+        let read = chart("read-bandwidth", "Read bandwidth vs size", "bytes read per kernel", "GB/s", true, &|k| {
+            k.bandwidth.iter().map(|p| (p.bytes as f64, p.read_gbps.summary.p50)).collect()
         });
-        let write = plots.line_chart(LineChart {
-            file_stem: format!("overhead-write-bandwidth-{suffix}"),
-            title: format!("Write bandwidth vs size ({name})"),
-            x_label: "bytes written per kernel".to_owned(),
-            y_label: "GB/s".to_owned(),
-            x_log: true,
-            y_log: true,
-            series: series(&|k| k.bandwidth.iter().map(|p| (p.bytes as f64, p.write_gbps.summary.p50)).collect()),
-        });
-        let latency = plots.line_chart(LineChart {
-            file_stem: format!("overhead-load-latency-{suffix}"),
-            title: format!("Dependent-load latency vs working set ({name})"),
-            x_label: "working set (bytes)".to_owned(),
-            y_label: "ns per load (median)".to_owned(),
-            x_log: true,
-            y_log: false,
-            series: series(&|k| k.latency.iter().map(|p| (p.bytes as f64, p.load_ns.summary.p50)).collect()),
-        });
+        let write =
+            chart("write-bandwidth", "Write bandwidth vs size", "bytes written per kernel", "GB/s", true, &|k| {
+                k.bandwidth.iter().map(|p| (p.bytes as f64, p.write_gbps.summary.p50)).collect()
+            });
+        let latency = chart(
+            "load-latency",
+            "Dependent-load latency vs working set",
+            "working set (bytes)",
+            "ns per load (median)",
+            false,
+            &|k| k.latency.iter().map(|p| (p.bytes as f64, p.load_ns.summary.p50)).collect(),
+        );
         body.push_str(&format!("\n{read}\n\n{write}\n\n{latency}\n\n"));
         body.push_str("Load latency distributions (all per-load samples of all runs, ns):\n\n| memory | working set | p50 | p99 | max | samples |\n|---|---:|---:|---:|---:|---:|\n");
         for k in &r.kinds {
@@ -950,6 +951,10 @@ mod tests {
         }
     }
 
+    fn results_of(runs: u32, kinds: Vec<KindResults>, comparisons: Vec<Comparison>) -> Results {
+        Results { runs, kinds, attach: Vec::new(), first_imports: Vec::new(), comparisons, notes: Vec::new() }
+    }
+
     #[test]
     fn chain_is_one_cycle_through_every_line() {
         let lines = 1000;
@@ -975,14 +980,7 @@ mod tests {
         let comparisons = compare(&kinds);
         assert_eq!(comparisons.len(), 4);
         assert!(comparisons.iter().all(|c| !c.measurable), "{comparisons:#?}");
-        let v = verdict(&Results {
-            runs: 3,
-            kinds,
-            attach: Vec::new(),
-            first_imports: Vec::new(),
-            comparisons,
-            notes: Vec::new(),
-        });
+        let v = verdict(&results_of(3, kinds, comparisons));
         assert!(v.answer.starts_with("No: over 4 metrics"), "{}", v.answer);
         assert!(v.answer.contains("within the run-to-run spread"), "{}", v.answer);
         assert!(v.key_figure.contains("noise band"), "{}", v.key_figure);
@@ -998,14 +996,7 @@ mod tests {
         let read = comparisons.iter().find(|c| c.metric.starts_with("read")).unwrap();
         assert!(read.measurable);
         assert!((read.difference + 0.1).abs() < 1e-3);
-        let v = verdict(&Results {
-            runs: 2,
-            kinds,
-            attach: Vec::new(),
-            first_imports: Vec::new(),
-            comparisons,
-            notes: Vec::new(),
-        });
+        let v = verdict(&results_of(2, kinds, comparisons));
         assert!(v.answer.contains("measurably slower on 1 of 4 metrics"), "{}", v.answer);
         assert!(v.answer.contains("-10.0%"), "{}", v.answer);
     }
@@ -1018,14 +1009,7 @@ mod tests {
         ];
         let comparisons = compare(&kinds);
         assert!(comparisons.iter().filter(|c| c.measurable).all(|c| !c.imported_is_worse()));
-        let v = verdict(&Results {
-            runs: 2,
-            kinds,
-            attach: Vec::new(),
-            first_imports: Vec::new(),
-            comparisons,
-            notes: Vec::new(),
-        });
+        let v = verdict(&results_of(2, kinds, comparisons));
         assert!(v.answer.starts_with("No: "), "{}", v.answer);
         assert!(v.answer.contains("favoured imported memory"), "{}", v.answer);
     }
@@ -1043,14 +1027,7 @@ mod tests {
                 .filter(|c| !c.metric.starts_with("store") && !c.metric.starts_with("write"))
                 .all(|c| c.measurable)
         );
-        let v = verdict(&Results {
-            runs: 2,
-            kinds,
-            attach: Vec::new(),
-            first_imports: Vec::new(),
-            comparisons,
-            notes: Vec::new(),
-        });
+        let v = verdict(&results_of(2, kinds, comparisons));
         assert!(v.answer.starts_with("Not measured"), "{}", v.answer);
     }
 
