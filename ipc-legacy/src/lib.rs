@@ -129,3 +129,39 @@ impl Backend for Legacy {
         Ok(LegacyImport { mapping, len: handle.size })
     }
 }
+
+/// The frame-sharing API on the legacy backend, so that an application names the backend once, in its dependency:
+/// `ipc_legacy::Producer::create(...)` and `ipc_legacy::Consumer::attach(...)`, no generic parameter.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use ipc_core::driver::{Context, Stream};
+/// use ipc_legacy::frames::{AttachOptions, FrameGeometry, PixelFormat, ProducerConfig, SyncStrategy};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::for_ordinal(0)?;
+/// let stream = Stream::new(&ctx)?;
+/// let geometry = FrameGeometry::new(3840, 2160, PixelFormat::Rgb8)?;
+/// let config = ProducerConfig::new("/tmp/frames.sock", geometry, 4, SyncStrategy::GpuStreamOps);
+/// let mut producer = ipc_legacy::Producer::create(&ctx, config)?;
+/// let slot = producer.acquire(Some(&stream), Duration::from_secs(5))?;
+/// // ... write the frame at `slot` with a kernel on `stream` ...
+/// producer.publish(slot, Some(&stream))?;
+///
+/// // In another process:
+/// let mut consumer = ipc_legacy::Consumer::attach(&ctx, "/tmp/frames.sock".as_ref(), &AttachOptions::default())?;
+/// let frame = consumer.next_frame(Some(&stream), Duration::from_secs(5))?;
+/// consumer.release(frame, Some(&stream))?;
+/// # Ok(()) }
+/// ```
+pub mod frames {
+    pub use ipc_core::frames::{AttachOptions, Frame, FrameError, ProducerConfig, SlotLease};
+    pub use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+
+    /// A producer of frames in memory of the legacy backend.
+    pub type Producer = ipc_core::frames::Producer<super::Legacy>;
+    /// A consumer of frames from a producer of the legacy backend.
+    pub type Consumer = ipc_core::frames::Consumer<super::Legacy>;
+}
+
+pub use frames::{Consumer, Producer};

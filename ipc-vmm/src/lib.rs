@@ -93,3 +93,39 @@ impl Backend for Vmm {
         Ok(VmmRegion { mapping: VmmMapping::map(allocation)? })
     }
 }
+
+/// The frame-sharing API on the vmm backend, so that an application names the backend once, in its dependency:
+/// `ipc_vmm::Producer::create(...)` and `ipc_vmm::Consumer::attach(...)`, no generic parameter.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use ipc_core::driver::{Context, Stream};
+/// use ipc_vmm::frames::{AttachOptions, FrameGeometry, PixelFormat, ProducerConfig, SyncStrategy};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::for_ordinal(0)?;
+/// let stream = Stream::new(&ctx)?;
+/// let geometry = FrameGeometry::new(3840, 2160, PixelFormat::Rgb8)?;
+/// let config = ProducerConfig::new("/tmp/frames.sock", geometry, 4, SyncStrategy::GpuStreamOps);
+/// let mut producer = ipc_vmm::Producer::create(&ctx, config)?;
+/// let slot = producer.acquire(Some(&stream), Duration::from_secs(5))?;
+/// // ... write the frame at `slot` with a kernel on `stream` ...
+/// producer.publish(slot, Some(&stream))?;
+///
+/// // In another process:
+/// let mut consumer = ipc_vmm::Consumer::attach(&ctx, "/tmp/frames.sock".as_ref(), &AttachOptions::default())?;
+/// let frame = consumer.next_frame(Some(&stream), Duration::from_secs(5))?;
+/// consumer.release(frame, Some(&stream))?;
+/// # Ok(()) }
+/// ```
+pub mod frames {
+    pub use ipc_core::frames::{AttachOptions, Frame, FrameError, ProducerConfig, SlotLease};
+    pub use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+
+    /// A producer of frames in memory of the vmm backend.
+    pub type Producer = ipc_core::frames::Producer<super::Vmm>;
+    /// A consumer of frames from a producer of the vmm backend.
+    pub type Consumer = ipc_core::frames::Consumer<super::Vmm>;
+}
+
+pub use frames::{Consumer, Producer};
