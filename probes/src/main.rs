@@ -86,6 +86,9 @@ struct DoctorArgs {
     /// Internal: the child process of a self-test.
     #[arg(long, hide = true, value_name = "BACKEND")]
     self_test_child: Option<BackendChoice>,
+    /// Internal: the sync strategy of a self-test's child.
+    #[arg(long, hide = true, value_name = "SYNC")]
+    self_test_sync: Option<String>,
     /// Internal: the rendezvous socket of a self-test.
     #[arg(long, hide = true)]
     socket: Option<std::path::PathBuf>,
@@ -125,7 +128,12 @@ fn init_logging(verbose: u8) {
 
 fn doctor(args: &DoctorArgs) -> u8 {
     if let Some(backend) = args.self_test_child {
-        return doctor::selftest::child_main(backend, args.device, args.socket.as_deref());
+        return doctor::selftest::child_main(
+            backend,
+            args.self_test_sync.as_deref(),
+            args.device,
+            args.socket.as_deref(),
+        );
     }
     let progress = !args.json && std::io::stderr().is_terminal();
     let system = doctor::system::collect(&doctor::system::SystemRoot::real());

@@ -1,41 +1,39 @@
-//! The doctor's end-to-end self-test of one backend, across two processes, over the real rendezvous protocol.
+//! The doctor's end-to-end self-test of one backend, across two processes, through the real frame API: the same
+//! `Producer`, `Consumer`, ring, watchdog and sync strategies an application uses.
 //!
-//! The parent allocates exportable memory, fills it with the pattern of one sequence number (a kernel), listens on
-//! a fresh rendezvous socket (mode 0600, peer credentials checked) and starts a copy of this binary as the child
-//! (`gpu-ipc doctor --self-test-child BACKEND --socket PATH`). The child connects and says hello; the parent sends a
-//! one-slot `RingOffer` with the handle (legacy: 64 bytes in the message; VMM: the file descriptor, with
-//! `SCM_RIGHTS`) and a control memfd; the child imports, counts mismatched words with a kernel, overwrites the
-//! memory with the pattern of the next sequence number, answers `Attached`, prints its result as one JSON line and
-//! exits; the parent then checks the child's pattern. Every step has a deadline: a child that hangs is killed and
-//! reported, never waited for forever.
+//! The parent creates a `Producer` (a 2048 x 2048 gray frame, two slots) on a fresh rendezvous socket in a private
+//! directory and starts a copy of this binary as the consumer (`gpu-ipc doctor --self-test-child BACKEND --socket
+//! PATH`). The child attaches with `Consumer::attach` (legacy: the 64-byte handle; VMM: the fd with `SCM_RIGHTS`),
+//! then checks every word of each of [`FRAMES`] frames with a kernel against the pattern of its sequence number and
+//! releases it; the parent fills each frame with a kernel and publishes it. This runs once with a CPU-side strategy
+//! (`cpu-spin`) and, where the device has 64-bit stream memory operations, once with the GPU-side one
+//! (`gpu-stream-ops`). The child prints one JSON line: frames, mismatched words, attach time, or its error with the
+//! fix, decided from the typed error (never from its text). Every step has a deadline: a child that hangs is killed
+//! and reported.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::backend::{Backend, ExportedHandle, SharedRegion};
-use gpu_ipc::core::driver::{Context, Stream};
-use gpu_ipc::core::wire::{
-    Attached, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, PixelFormat, RendezvousListener,
-    RingOffer, SyncStrategy,
-};
-use gpu_ipc::kernels::launch::PatternKernels;
+use gpu_ipc::core::backend::{Backend, BackendError};
+use gpu_ipc::core::driver::{Context, DeviceBuffer, DriverError, Stream, copy_from_device, sys};
+use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy, WireError};
+use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 use gpu_ipc::{BackendChoice, BackendVisitor};
 
-/// Bytes shared by the self-test: two 2 MiB VMM granules (a 2048 x 2048 gray frame).
+/// The frame: 2048 x 2048 bytes, two 2 MiB VMM granules.
 const SIDE: u32 = 2048;
-/// The sequence number whose pattern the parent writes.
-const SEQ_PARENT: u64 = 0x5eed_0001;
-/// The sequence number whose pattern the child writes.
-const SEQ_CHILD: u64 = 0x5eed_0002;
-/// Size of the (unused) control memfd the offer carries.
-const CONTROL_BYTES: u64 = 4096;
+/// Frames each run moves.
+pub const FRAMES: u64 = 8;
+/// Slots of the self-test's ring.
+const SLOTS: u32 = 2;
 
 /// What one self-test found.
 #[derive(Debug, Clone)]
 pub struct SelfTestOutcome {
-    /// True when the child read the parent's pattern and the parent read the child's, both without a mismatch.
+    /// True when every run moved every frame to the child with no mismatched word.
     pub passed: bool,
     /// What happened, in one line.
     pub detail: String,
@@ -48,42 +46,94 @@ pub struct SelfTestOutcome {
 }
 
 /// A failure with its fix.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Failure {
     reason: String,
     fix: String,
 }
 
-impl<E: std::fmt::Display> From<E> for Failure {
-    fn from(e: E) -> Self {
-        let reason = e.to_string();
-        let fix = fix_for(&reason);
-        Self { reason, fix }
+impl Failure {
+    fn new(reason: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self { reason: reason.into(), fix: fix.into() }
     }
 }
 
-/// The advice for a failure message; the specific causes first.
-fn fix_for(reason: &str) -> String {
-    let advice = if reason.contains("no CUDA driver") {
-        "install the NVIDIA driver"
-    } else if reason.contains("VMM (cuMemCreate) allocation") || reason.contains("use the vmm backend") {
-        "use the vmm backend"
-    } else if reason.contains("CUDA_ERROR_NOT_SUPPORTED") || reason.contains(" backend: ") {
-        "use the other backend (the device table above says what this GPU supports)"
-    } else if reason.contains("cuIpcOpenMemHandle") {
-        "legacy IPC needs both processes on the same machine and PID namespace, and a GPU in Default compute mode; \
-         or use the vmm backend"
-    } else if reason.contains("cuMemImportFromShareableHandle") {
-        "the fd was not accepted: check that both processes see the same GPU and driver"
-    } else if reason.contains("cuDevicePrimaryCtxRetain") || reason.contains("cuInit") {
-        "a second process could not create a CUDA context: check the compute mode (Exclusive Process allows one)"
-    } else if reason.contains("timed out") || reason.contains("Timeout") {
-        "the child process hung: check `nvidia-smi` for a stuck process and try again"
-    } else if reason.contains("permission") || reason.contains("Permission") {
-        "the rendezvous socket could not be created or reached: check that the temporary directory is writable"
-    } else {
-        "run with -v for details and report the output of `gpu-ipc doctor --json`"
-    };
-    advice.to_owned()
+impl From<FrameError> for Failure {
+    fn from(e: FrameError) -> Self {
+        Self { fix: fix_for(&e).to_owned(), reason: e.to_string() }
+    }
+}
+
+impl From<KernelError> for Failure {
+    fn from(e: KernelError) -> Self {
+        let fix = match &e {
+            KernelError::Driver(driver) => fix_for_driver(driver),
+            _ => "rebuild the kernels for this GPU (scripts/gen-kernels.sh) or update the NVIDIA driver",
+        };
+        Self { reason: e.to_string(), fix: fix.to_owned() }
+    }
+}
+
+impl From<DriverError> for Failure {
+    fn from(e: DriverError) -> Self {
+        Self { fix: fix_for_driver(&e).to_owned(), reason: e.to_string() }
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Self {
+        Self::new(
+            e.to_string(),
+            "the self-test's socket directory or child process could not be made: check the temporary directory",
+        )
+    }
+}
+
+/// The advice for a frame-API error, by its type.
+fn fix_for(e: &FrameError) -> &'static str {
+    match e {
+        FrameError::Backend(BackendError::Unsupported { .. }) => {
+            "use the other backend (the device table above says what this GPU supports)"
+        }
+        FrameError::Backend(BackendError::Driver(driver)) | FrameError::Driver(driver) => fix_for_driver(driver),
+        FrameError::Backend(_) => "the two processes disagree on the handle: run the same gpu-ipc build on both sides",
+        FrameError::StrategyUnavailable { .. } => "use another --sync strategy on this GPU",
+        FrameError::Timeout { .. } | FrameError::PeerGone | FrameError::ProducerGone { .. } => {
+            "a process of the self-test stalled or died: check `nvidia-smi` for stuck processes and try again"
+        }
+        FrameError::Refused(_) | FrameError::Wire(_) => {
+            "the rendezvous socket could not be used: check that the temporary directory is writable and local"
+        }
+        _ => "run with -v for details and report the output of `gpu-ipc doctor --json`",
+    }
+}
+
+/// The advice for a driver error, by the call that failed.
+fn fix_for_driver(e: &DriverError) -> &'static str {
+    match e {
+        DriverError::LibraryNotFound { .. } => "install the NVIDIA driver",
+        DriverError::Call { function, .. } => match *function {
+            "cuIpcOpenMemHandle" => {
+                "legacy IPC needs both processes on the same machine and PID namespace, and a GPU in Default compute \
+                 mode; or use the vmm backend"
+            }
+            "cuIpcGetMemHandle" => "this memory cannot be exported as a legacy handle: use the vmm backend",
+            "cuMemImportFromShareableHandle" | "cuMemExportToShareableHandle" | "cuMemCreate" => {
+                "the fd was not accepted: check that both processes see the same GPU and driver, or use the legacy \
+                 backend"
+            }
+            "cuDevicePrimaryCtxRetain" | "cuInit" | "cuCtxSetCurrent" => {
+                "a second process could not create a CUDA context: check the compute mode (Exclusive Process allows \
+                 one)"
+            }
+            "cuMemHostRegister" => "page-locking the control block was refused: raise the memlock limit (ulimit -l)",
+            "cuStreamWaitValue64" | "cuStreamWriteValue64" => {
+                "this GPU or driver lacks 64-bit stream memory operations: use a CPU-side --sync strategy"
+            }
+            _ => "run with -v for details and report the output of `gpu-ipc doctor --json`",
+        },
+        _ => "run with -v for details and report the output of `gpu-ipc doctor --json`",
+    }
 }
 
 /// Runs the self-test of `backend` on device `ordinal`, giving the whole test `timeout`.
@@ -113,108 +163,103 @@ fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
 }
 
+/// The strategies the self-test runs on this device: one CPU-side, and the GPU-side one where it is available.
+fn strategies(ctx: &Context) -> Vec<SyncStrategy> {
+    let mut list = vec![SyncStrategy::CpuSpin];
+    if ctx.device().flag(sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS).unwrap_or(false) {
+        list.push(SyncStrategy::GpuStreamOps);
+    }
+    list
+}
+
+fn strategy_name(sync: SyncStrategy) -> &'static str {
+    match sync {
+        SyncStrategy::CpuSpin => "cpu-spin",
+        SyncStrategy::CpuSleep => "cpu-sleep",
+        SyncStrategy::IpcEvent => "ipc-event",
+        SyncStrategy::GpuStreamOps => "gpu-stream-ops",
+        _ => "unknown",
+    }
+}
+
+fn strategy_from_name(name: &str) -> Option<SyncStrategy> {
+    [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps]
+        .into_iter()
+        .find(|s| strategy_name(*s) == name)
+}
+
 impl BackendVisitor for Parent {
     type Output = Result<String, Failure>;
     fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
         let Parent { backend, ordinal, deadline } = self;
         let ctx = Context::for_ordinal(ordinal)?;
-        B::check_support(&ctx)?;
+        B::check_support(&ctx).map_err(FrameError::from)?;
         let kernels = PatternKernels::load(&ctx)?;
         let stream = Stream::new(&ctx)?;
-        let geometry = FrameGeometry::new(SIDE, SIDE, PixelFormat::Gray8)?;
-        let region = B::allocate(&ctx, geometry.frame_bytes())?;
-        kernels.fill(&stream, region.ptr(), region.len(), SEQ_PARENT)?;
-        stream.synchronize()?;
-
+        let geometry = FrameGeometry::new(SIDE, SIDE, PixelFormat::Gray8).map_err(FrameError::from)?;
         let dir = PrivateDir::create()?;
-        let socket = dir.path().join("self-test.sock");
-        let listener = RendezvousListener::bind(&socket)?;
-        let mut child = spawn_child(backend, ordinal, &socket)?;
-        let exchanged = handshake::<B>(&listener, &ctx, &region, geometry, deadline);
-        let report = finish_child(&mut child, deadline);
-        exchanged?;
-        let report = report?;
-        if report.mismatches != 0 {
-            return Err(Failure {
-                reason: format!(
-                    "the child read {} of {} words wrong: the import maps other memory than was exported",
-                    report.mismatches,
-                    region.len() / 4
-                ),
-                fix: "report this with the output of `gpu-ipc doctor --json`".into(),
-            });
+        let mut lines = Vec::new();
+        for (i, sync) in strategies(&ctx).into_iter().enumerate() {
+            let socket = dir.path().join(format!("self-test-{i}.sock"));
+            let config = ProducerConfig::new(&socket, geometry, SLOTS, sync);
+            let mut producer = Producer::<B>::create(&ctx, config)?;
+            let mut child = spawn_child(backend, ordinal, sync, &socket)?;
+            let moved = publish_frames(&mut producer, &kernels, &stream, deadline);
+            let report = finish_child(&mut child, deadline);
+            let report = match (moved, report) {
+                (_, Err(child_failure)) => return Err(child_failure),
+                (Err(parent_failure), Ok(_)) => return Err(parent_failure),
+                (Ok(()), Ok(report)) => report,
+            };
+            if report.frames != FRAMES || report.mismatches != 0 {
+                return Err(Failure::new(
+                    format!(
+                        "{}: the child checked {} of {FRAMES} frames and found {} mismatched words: the import maps \
+                         other memory than was exported, or frames were overwritten while it read them",
+                        strategy_name(sync),
+                        report.frames,
+                        report.mismatches
+                    ),
+                    "report this with the output of `gpu-ipc doctor --json`",
+                ));
+            }
+            lines.push(format!(
+                "{}: pid {} attached in {:.2} ms and verified {FRAMES} frames ({} MiB each)",
+                strategy_name(sync),
+                child.id(),
+                report.attach_ms,
+                geometry.frame_bytes() >> 20
+            ));
         }
-        let wrong = kernels.count_mismatches(&stream, region.ptr(), region.len(), SEQ_CHILD)?;
-        if wrong != 0 {
-            return Err(Failure {
-                reason: format!("{wrong} words the child wrote were not visible to the exporter"),
-                fix: "report this with the output of `gpu-ipc doctor --json`".into(),
-            });
-        }
-        Ok(format!(
-            "pid {} imported {} MiB in {:.2} ms, read the exporter's pattern and wrote its own; both verified",
-            child.id(),
-            region.len() >> 20,
-            report.import_ms
-        ))
+        Ok(lines.join("; "))
     }
 }
 
-fn handshake<B: Backend<Context = Context>>(
-    listener: &RendezvousListener,
-    ctx: &Context,
-    region: &B::Exported,
-    geometry: FrameGeometry,
+/// Waits for the child to attach, then fills and publishes [`FRAMES`] frames and waits until it released them.
+fn publish_frames<B: Backend<Context = Context>>(
+    producer: &mut Producer<B>,
+    kernels: &PatternKernels,
+    stream: &Stream,
     deadline: Instant,
 ) -> Result<(), Failure> {
-    let conn = listener.accept(remaining(deadline))?;
-    match conn.recv(remaining(deadline))?.message {
-        Message::ClientHello(_) => {}
-        other => return Err(format!("expected the child's hello, got {other:?}").into()),
+    producer.wait_for_consumers(1, remaining(deadline))?;
+    for _ in 0..FRAMES {
+        let lease = producer.acquire(Some(stream), remaining(deadline))?;
+        kernels.fill(stream, lease.ptr, lease.bytes, lease.seq)?;
+        producer.publish(lease, Some(stream))?;
     }
-    let exported = B::export(region)?;
-    let control = rustix::fs::memfd_create("gpu-ipc-self-test", rustix::fs::MemfdFlags::CLOEXEC)?;
-    rustix::fs::ftruncate(&control, CONTROL_BYTES)?;
-    let legacy_mem_handle = match exported.bytes.len() {
-        0 => None,
-        64 => Some(<[u8; 64]>::try_from(exported.bytes.as_slice()).map_err(|_| "64-byte handle")?),
-        n => return Err(format!("a legacy handle of {n} bytes").into()),
-    };
-    let uuid = ctx.device().uuid()?;
-    let offer = RingOffer {
-        backend: B::KIND,
-        handle_type: B::KIND.handle_type(),
-        sync: SyncStrategy::CpuSpin,
-        device_uuid: uuid,
-        producer_pid: std::process::id(),
-        generation: 1,
-        consumer_id: 0,
-        geometry,
-        slot_count: 1,
-        slot_stride_bytes: geometry.frame_bytes(),
-        data_offset: 0,
-        allocation_bytes: exported.size,
-        granularity: 1 << exported.size.trailing_zeros().min(21),
-        control_bytes: CONTROL_BYTES,
-        legacy_mem_handle,
-        event_handles: Vec::new(),
-    };
-    let mut fds = vec![control];
-    fds.extend(exported.fd);
-    // `send` closes our copies of the fds once they are sent: the exporter keeps none.
-    conn.send(&Message::RingOffer(offer), fds, remaining(deadline))?;
-    match conn.recv(remaining(deadline))?.message {
-        Message::Attached(Attached { consumer_id: 0 }) => Ok(()),
-        other => Err(format!("expected Attached from the child, got {other:?}").into()),
-    }
+    producer.drain(Some(stream), remaining(deadline))?;
+    Ok(())
 }
 
-fn spawn_child(backend: BackendChoice, ordinal: i32, socket: &Path) -> Result<Child, Failure> {
+fn spawn_child(backend: BackendChoice, ordinal: i32, sync: SyncStrategy, socket: &Path) -> Result<Child, Failure> {
     let exe = std::env::current_exe()?;
     let child = Command::new(exe)
         .arg("doctor")
         .arg("--self-test-child")
         .arg(backend.name())
+        .arg("--self-test-sync")
+        .arg(strategy_name(sync))
         .arg("--device")
         .arg(ordinal.to_string())
         .arg("--socket")
@@ -228,9 +273,17 @@ fn spawn_child(backend: BackendChoice, ordinal: i32, socket: &Path) -> Result<Ch
 
 /// The child's answer, as its one line of JSON.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum ChildLine {
+    Done(ChildReport),
+    Failed(Failure),
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct ChildReport {
+    frames: u64,
     mismatches: u64,
-    import_ms: f64,
+    attach_ms: f64,
 }
 
 fn finish_child(child: &mut Child, deadline: Instant) -> Result<ChildReport, Failure> {
@@ -243,54 +296,51 @@ fn finish_child(child: &mut Child, deadline: Instant) -> Result<ChildReport, Fai
             if let Some(mut pipe) = child.stderr.take() {
                 let _ = pipe.read_to_string(&mut stderr);
             }
-            if !status.success() {
-                let text = stderr.trim().trim_start_matches("gpu-ipc: ").to_owned();
-                let fix = fix_for(&text);
-                return Err(Failure { reason: format!("in the child process ({status}): {text}"), fix });
-            }
-            return serde_json::from_str(stdout.trim()).map_err(|e| Failure {
-                reason: format!("the child's report was not readable ({e}): {stdout:?}"),
-                fix: "the child is another version of gpu-ipc: rebuild and run again".into(),
-            });
+            return match serde_json::from_str::<ChildLine>(stdout.trim()) {
+                Ok(ChildLine::Done(report)) if status.success() => Ok(report),
+                Ok(ChildLine::Failed(f)) => {
+                    Err(Failure::new(format!("in the child process ({status}): {}", f.reason), f.fix))
+                }
+                _ => Err(Failure::new(
+                    format!("the child process ended ({status}) without a readable report: {}", stderr.trim()),
+                    "the child is another version of gpu-ipc: rebuild and run again",
+                )),
+            };
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(Failure {
-                reason: "the self-test timed out waiting for the child process".into(),
-                fix: fix_for("timed out"),
-            });
+            return Err(Failure::new(
+                "the self-test timed out waiting for the child process",
+                "a process of the self-test stalled: check `nvidia-smi` for stuck processes and try again",
+            ));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
 }
 
-/// The child side: `gpu-ipc doctor --self-test-child BACKEND --socket PATH`. Returns the process exit status.
-pub fn child_main(backend: BackendChoice, ordinal: i32, socket: Option<&Path>) -> u8 {
+/// The child side: `gpu-ipc doctor --self-test-child BACKEND --self-test-sync SYNC --socket PATH`. Prints one JSON
+/// line (its report, or its failure with the fix) and returns the process exit status.
+pub fn child_main(backend: BackendChoice, sync: Option<&str>, ordinal: i32, socket: Option<&Path>) -> u8 {
     let Some(socket) = socket else {
         eprintln!("gpu-ipc: --self-test-child is internal to `gpu-ipc doctor` and needs --socket");
         return 2;
     };
-    match backend.dispatch(ChildSide { ordinal, socket: socket.to_path_buf() }) {
-        Ok(report) => match serde_json::to_string(&report) {
-            Ok(line) => {
-                println!("{line}");
-                0
-            }
-            Err(e) => {
-                eprintln!("gpu-ipc: {e}");
-                1
-            }
-        },
-        Err(f) => {
-            eprintln!("gpu-ipc: {}", f.reason);
-            1
-        }
+    let sync = sync.and_then(strategy_from_name).unwrap_or(SyncStrategy::CpuSpin);
+    let (line, code) = match backend.dispatch(ChildSide { ordinal, sync, socket: socket.to_path_buf() }) {
+        Ok(report) => (ChildLine::Done(report), 0),
+        Err(f) => (ChildLine::Failed(f), 1),
+    };
+    match serde_json::to_string(&line) {
+        Ok(text) => println!("{text}"),
+        Err(e) => eprintln!("gpu-ipc: {e}"),
     }
+    code
 }
 
 struct ChildSide {
     ordinal: i32,
+    sync: SyncStrategy,
     socket: PathBuf,
 }
 
@@ -301,33 +351,42 @@ impl BackendVisitor for ChildSide {
         let ctx = Context::for_ordinal(self.ordinal)?;
         let kernels = PatternKernels::load(&ctx)?;
         let stream = Stream::new(&ctx)?;
-        let conn = PeerConnection::connect(&self.socket, remaining(deadline))?;
-        let hello = ClientHello {
-            protocol_version: PROTOCOL_VERSION,
-            client_pid: std::process::id(),
-            wanted_backend: Some(B::KIND),
-            consumer_name: "gpu-ipc doctor self-test".into(),
-        };
-        conn.send(&Message::ClientHello(hello), Vec::new(), remaining(deadline))?;
-        let (offer, fds) = conn.recv(remaining(deadline))?.into_ring_offer()?;
-        let handle = ExportedHandle {
-            bytes: offer.legacy_mem_handle.map(|h| h.to_vec()).unwrap_or_default(),
-            fd: fds.data,
-            size: offer.allocation_bytes,
-        };
+        let counter = DeviceBuffer::alloc(&ctx, 8)?;
+        counter.write(0, &[0u64])?;
+        let options = AttachOptions { name: "gpu-ipc doctor self-test".into(), ..AttachOptions::default() };
         let started = Instant::now();
-        let region = B::import(&ctx, handle)?;
-        let import_ms = started.elapsed().as_secs_f64() * 1e3;
-        let bytes = offer.geometry.frame_bytes();
-        let mismatches = kernels.count_mismatches(&stream, region.ptr(), bytes, SEQ_PARENT)?;
-        kernels.fill(&stream, region.ptr(), bytes, SEQ_CHILD)?;
+        let mut consumer = loop {
+            match Consumer::<B>::attach(&ctx, &self.socket, &options) {
+                Ok(consumer) => break consumer,
+                Err(FrameError::Wire(WireError::NoProducer { .. })) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let attach_ms = started.elapsed().as_secs_f64() * 1e3;
+        if consumer.offer().sync != self.sync {
+            return Err(Failure::new(
+                format!("the producer offered {:?}, the self-test asked for {:?}", consumer.offer().sync, self.sync),
+                "the child is another version of gpu-ipc: rebuild and run again",
+            ));
+        }
+        let mut frames = 0;
+        while frames < FRAMES {
+            let frame = consumer.next_frame(Some(&stream), remaining(deadline))?;
+            kernels.verify(&stream, frame.ptr, frame.bytes, frame.seq, counter.ptr())?;
+            consumer.release(frame, Some(&stream))?;
+            frames += 1;
+        }
         stream.synchronize()?;
-        conn.send(&Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), remaining(deadline))?;
-        Ok(ChildReport { mismatches, import_ms })
+        let mut mismatches = [0u64];
+        copy_from_device(&mut mismatches, counter.ptr())?;
+        consumer.detach();
+        Ok(ChildReport { frames, mismatches: mismatches[0], attach_ms })
     }
 }
 
-/// A directory only this user can enter, removed on drop: where the self-test's socket lives.
+/// A directory only this user can enter, removed on drop: where the self-test's sockets live.
 struct PrivateDir(PathBuf);
 
 impl PrivateDir {
@@ -354,3 +413,41 @@ fn nanos() -> u128 {
 }
 
 use std::os::unix::fs::DirBuilderExt;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixes_come_from_the_error_type() {
+        let missing = FrameError::Driver(DriverError::LibraryNotFound {
+            library: "libcuda.so.1".into(),
+            reason: "not found".into(),
+        });
+        assert_eq!(fix_for(&missing), "install the NVIDIA driver");
+        let unavailable = FrameError::StrategyUnavailable { strategy: "gpu-stream-ops".into(), reason: "no".into() };
+        assert!(fix_for(&unavailable).contains("--sync"));
+        let timeout = FrameError::Timeout { what: "a frame".into(), waited: Duration::from_secs(1) };
+        assert!(fix_for(&timeout).contains("nvidia-smi"));
+    }
+
+    #[test]
+    fn strategies_round_trip_through_their_names() {
+        for sync in [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps]
+        {
+            assert_eq!(strategy_from_name(strategy_name(sync)), Some(sync));
+        }
+        assert_eq!(strategy_from_name("nonsense"), None);
+    }
+
+    #[test]
+    fn the_childs_line_is_a_report_or_a_failure() {
+        let done: ChildLine =
+            serde_json::from_str(r#"{"frames":8,"mismatches":0,"attach_ms":1.5}"#).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(done, ChildLine::Done(ChildReport { frames: 8, mismatches: 0, .. })));
+        let failed: ChildLine =
+            serde_json::from_str(r#"{"reason":"cuIpcOpenMemHandle failed","fix":"use the vmm backend"}"#)
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(failed, ChildLine::Failed(_)));
+    }
+}
