@@ -214,3 +214,12 @@ fn records_of_consumers_that_left_are_reused() {
     }
     assert_eq!(p.consumers_lost(), 0);
 }
+
+#[test]
+fn the_producer_stays_send_and_sync_and_the_consumer_send() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<Producer<HostFake>>();
+    sync::<Producer<HostFake>>();
+    send::<Consumer<HostFake>>();
+}

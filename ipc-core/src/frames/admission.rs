@@ -19,9 +19,9 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -89,7 +89,8 @@ pub(crate) struct AdmissionConfig {
 
 /// The producer's handle on its admission thread.
 pub(crate) struct Admission {
-    events: mpsc::Receiver<AdmissionEvent>,
+    /// In a mutex only so that the producer stays `Sync` (only its `&mut self` methods use it).
+    events: Mutex<mpsc::Receiver<AdmissionEvent>>,
     offers: mpsc::Sender<(ConsumerId, OfferKit)>,
     wake: UnixStream,
     stop: Arc<AtomicBool>,
@@ -123,12 +124,12 @@ impl Admission {
             };
             std::thread::Builder::new().name("gpu-ipc-admission".into()).spawn(move || front_door.run(&stop))?
         };
-        Ok(Self { events, offers, wake, stop, thread: Some(thread) })
+        Ok(Self { events: Mutex::new(events), offers, wake, stop, thread: Some(thread) })
     }
 
     /// The next event, without waiting.
     pub(crate) fn try_next(&self) -> Option<AdmissionEvent> {
-        self.events.try_recv().ok()
+        self.events.lock().ok()?.try_recv().ok()
     }
 
     /// Hands the thread the offer for record `id`.
