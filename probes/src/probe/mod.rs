@@ -1,6 +1,6 @@
 //! The research probes (`gpu-ipc probe ...`): measured answers to the four questions people ask before they trust
 //! shared GPU memory. Each probe runs its exporter and importer in two processes (children of this binary, see
-//! [`channel`]), records where it ran ([`env`]) and reports distributions ([`stats`]), as JSON and as text.
+//! [`channel`]), records where it ran ([`env`](mod@env)) and reports distributions ([`stats`]), as JSON and as text.
 //!
 //! A probe measures the machine as it finds it: with MPS when a daemon runs, without otherwise (its JSON says
 //! which). `gpu-ipc report` runs every probe twice, without MPS and under a private MPS daemon it starts and stops.
