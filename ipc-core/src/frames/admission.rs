@@ -183,6 +183,7 @@ impl Stage {
 struct Handshake {
     conn: PeerConnection,
     reader: MessageReader,
+    accepted: Instant,
     deadline: Instant,
     stage: Stage,
 }
@@ -294,12 +295,16 @@ impl FrontDoor {
                 return;
             }
             match self.listener.accept(Duration::ZERO) {
-                Ok(conn) => self.pending.push(Handshake {
-                    conn,
-                    reader: MessageReader::new(),
-                    deadline: Instant::now() + self.config.handshake_timeout,
-                    stage: Stage::Hello,
-                }),
+                Ok(conn) => {
+                    let accepted = Instant::now();
+                    self.pending.push(Handshake {
+                        conn,
+                        reader: MessageReader::new(),
+                        accepted,
+                        deadline: accepted + self.config.handshake_timeout,
+                        stage: Stage::Hello,
+                    });
+                }
                 Err(WireError::Timeout { .. }) => return,
                 // The listener has told the peer why (`Refused`, code 4) and logged it.
                 Err(WireError::PeerUidMismatch { .. }) => {}
@@ -325,9 +330,16 @@ impl FrontDoor {
 
     /// Closes the oldest connection that has not said a valid hello; false when there is none.
     fn evict_oldest_silent(&mut self) -> bool {
-        match self.pending.iter().position(|h| h.stage == Stage::Hello) {
+        let oldest = self
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.stage == Stage::Hello)
+            .min_by_key(|(_, h)| h.accepted)
+            .map(|(index, _)| index);
+        match oldest {
             Some(index) => {
-                let handshake = self.pending.remove(index);
+                let handshake = self.pending.swap_remove(index);
                 tracing::info!(
                     pid = handshake.conn.peer().pid,
                     max = self.config.max_pending,
