@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use ipc_core::backend::SharedRegion;
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
-use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+use ipc_core::wire::{
+    Attached, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, PixelFormat, SyncStrategy,
+};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -213,4 +215,38 @@ fn records_of_consumers_that_left_are_reused() {
         }
     }
     assert_eq!(p.consumers_lost(), 0);
+}
+
+#[test]
+fn the_producer_stays_send_and_sync_and_the_consumer_send() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<Producer<HostFake>>();
+    sync::<Producer<HostFake>>();
+    send::<Consumer<HostFake>>();
+}
+
+#[test]
+fn a_consumer_slow_to_import_still_attaches_within_the_default_deadline() {
+    // A Python consumer may take seconds to start CUDA between the offer and its `Attached`.
+    let mut p = producer("slow-import", SyncStrategy::CpuSpin, 2);
+    let path = sock("slow-import");
+    let slow = thread::spawn(move || {
+        let conn = PeerConnection::connect(&path, T).unwrap();
+        let hello = ClientHello {
+            protocol_version: PROTOCOL_VERSION,
+            client_pid: std::process::id(),
+            wanted_backend: None,
+            consumer_name: "slow".into(),
+        };
+        conn.send(&Message::ClientHello(hello), Vec::new(), T).unwrap();
+        let (offer, _fds) = conn.recv(T).unwrap().into_ring_offer().unwrap();
+        thread::sleep(Duration::from_secs(3));
+        conn.send(&Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), T).unwrap();
+        conn
+    });
+    p.wait_for_consumers(1, T).unwrap();
+    let conn = slow.join().unwrap();
+    assert!(!conn.is_peer_gone().unwrap(), "the producer hung up on a consumer that attached in time");
+    assert_eq!(p.consumers(), 1);
 }

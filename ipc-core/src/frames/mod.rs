@@ -15,6 +15,10 @@
 //! hangs the survivor: a watchdog thread notices the hang-up on the rendezvous socket and writes a poison value
 //! into the counters the survivor's stream waits on (see `docs/ring.md`).
 //!
+//! Consumers are admitted off the frame path: the producer's admission thread owns the socket and every handshake
+//! in flight, each bounded by [`ProducerConfig::handshake_timeout`]; `acquire` and `publish` only take, without
+//! waiting, what it finished. No client, slow, silent, refused or hostile, can stop the producer or delay a frame.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use ipc_core::backend::Backend;
@@ -39,6 +43,7 @@
 //! }
 //! ```
 
+mod admission;
 mod consumer;
 mod error;
 mod producer;

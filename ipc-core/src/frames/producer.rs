@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, SharedRegion};
 use crate::driver::{DevicePtr, Event, EventFlags, HostRegistration, Stream, WaitCondition};
 use crate::frames::FrameError;
+use crate::frames::admission::{Admission, AdmissionConfig, AdmissionEvent, OfferKit};
 use crate::frames::run_ahead::RunAhead;
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState, ControlBlockLayout, published_offset};
@@ -15,10 +16,7 @@ use crate::ring::{
     ConsumerId, LivenessPolicy, ProducerControl, ReleaseRequirement, RingConfig, RingError, Sequence, WaitMode,
 };
 use crate::sys::shm::SharedObject;
-use crate::wire::{
-    Attached, DeviceUuid, FrameGeometry, Message, PeerConnection, RefusalCode, Refused, RendezvousListener, RingOffer,
-    SyncStrategy, WireError,
-};
+use crate::wire::{DeviceUuid, FrameGeometry, Message, PeerConnection, RendezvousListener, RingOffer, SyncStrategy};
 
 /// How a producer sets up its ring.
 #[derive(Debug, Clone)]
@@ -35,12 +33,17 @@ pub struct ProducerConfig {
     pub max_consumers: u32,
     /// Poll interval of `CpuSleep`.
     pub sleep_interval: Duration,
-    /// Bound on each handshake with a new consumer.
+    /// Bound on each handshake with a new consumer, from accepting its connection to its `Attached` (default
+    /// 10 s: long enough for a Python consumer to start CUDA and import the ring). Handshakes run on the
+    /// producer's admission thread: frames never wait for one, however long it is allowed to take.
     pub handshake_timeout: Duration,
+    /// Connections in flight at most (default 64): when a new one arrives and there is no room, the oldest that
+    /// has not said a valid hello is closed. Bounds the fds that slow or silent clients can hold.
+    pub max_pending_handshakes: usize,
 }
 
 impl ProducerConfig {
-    /// A configuration with the usual defaults (16 consumers, 20 us sleeps, 2 s handshakes).
+    /// A configuration with the usual defaults (16 consumers, 20 us sleeps, 10 s handshakes, 64 in flight).
     pub fn new(socket_path: impl Into<PathBuf>, geometry: FrameGeometry, slots: u32, sync: SyncStrategy) -> Self {
         Self {
             socket_path: socket_path.into(),
@@ -49,7 +52,8 @@ impl ProducerConfig {
             sync,
             max_consumers: 16,
             sleep_interval: Duration::from_micros(20),
-            handshake_timeout: Duration::from_secs(2),
+            handshake_timeout: Duration::from_secs(10),
+            max_pending_handshakes: 64,
         }
     }
 }
@@ -72,8 +76,9 @@ pub struct SlotLease {
 enum ProducerSync {
     /// CPU spin or sleep on the control block.
     Cpu(WaitMode),
-    /// IPC events: one "published" event per slot; per consumer record, one "released" event per slot.
-    Events { published: Vec<Event>, released: Vec<Vec<Event>> },
+    /// IPC events: one "published" event per slot; per consumer record, the consumer it was offered to and one
+    /// "released" event per slot (made with the offer, so they exist before that consumer can release anything).
+    Events { published: Vec<Event>, released: Vec<Option<(ConsumerId, Vec<Event>)>> },
     /// Stream memory operations on the control block, registered for the device.
     Gpu { registration: HostRegistration<SharedObject<ControlBlockLayout>>, run_ahead: RunAhead },
 }
@@ -83,7 +88,7 @@ pub struct Producer<B: Backend> {
     ctx: B::Context,
     region: B::Exported,
     ring: Arc<ProducerControl>,
-    listener: RendezvousListener,
+    admission: Admission,
     peers: Vec<Peer>,
     watchdog: Watchdog,
     sync: ProducerSync,
@@ -110,8 +115,9 @@ struct Peer {
 
 impl<B: Backend> Producer<B> {
     /// Allocates the ring (one exported allocation for every slot), creates the control block and starts
-    /// listening on the socket. Consumers are admitted by [`Producer::acquire`] (and
-    /// [`Producer::wait_for_consumers`]).
+    /// listening on the socket. Consumers are admitted by the producer's admission thread; the producer hands
+    /// each its offer, without waiting, in [`Producer::acquire`] (and [`Producer::wait_for_consumers`],
+    /// [`Producer::admit_pending`]).
     ///
     /// # Errors
     /// A strategy the backend or device cannot run, allocation or export errors, or a socket that cannot be bound.
@@ -138,7 +144,7 @@ impl<B: Backend> Producer<B> {
                 let published = (0..config.slots)
                     .map(|_| Event::new(cuda, EventFlags::INTERPROCESS))
                     .collect::<Result<Vec<_>, _>>()?;
-                ProducerSync::Events { published, released: (0..config.max_consumers).map(|_| Vec::new()).collect() }
+                ProducerSync::Events { published, released: (0..config.max_consumers).map(|_| None).collect() }
             }
             SyncStrategy::GpuStreamOps => {
                 let cuda = cuda.ok_or_else(|| unavailable("stream memory operations need a CUDA backend"))?;
@@ -149,6 +155,16 @@ impl<B: Backend> Producer<B> {
             }
         };
         let listener = RendezvousListener::bind(&config.socket_path)?;
+        let admission = Admission::start(
+            listener,
+            ring.clone(),
+            AdmissionConfig {
+                backend: B::KIND,
+                handshake_timeout: config.handshake_timeout,
+                max_pending: config.max_pending_handshakes.max(1),
+            },
+        )
+        .map_err(|e| FrameError::Config(format!("starting the admission thread: {e}")))?;
         tracing::info!(
             backend = B::NAME,
             sync = %config.sync,
@@ -161,7 +177,7 @@ impl<B: Backend> Producer<B> {
             ctx: ctx.clone(),
             region,
             ring,
-            listener,
+            admission,
             peers: Vec::new(),
             watchdog: Watchdog::start(),
             sync,
@@ -276,12 +292,12 @@ impl<B: Backend> Producer<B> {
                 // dies before the work completes never completes, and a stream waiting on it could never be freed.
                 let slot = self.ring.slot_for(Sequence(seq)).0 as usize;
                 let block = self.ring.block();
-                for peer in &self.peers {
-                    if let Some(event) = released.get(peer.id.index() as usize).and_then(|evs| evs.get(slot)) {
-                        let alive =
-                            || block.consumer_state(peer.id.index()) == Some((ConsumerState::Live, peer.id.epoch()));
-                        let what =
-                            || format!("consumer {} to finish reading its frame in slot {slot}", peer.id.index());
+                // Every consumer offered the ring, attached or still finishing its handshake: one that is not live
+                // any more (gone, or its handshake failed) no longer reads anything.
+                for (id, events) in released.iter().flatten() {
+                    if let Some(event) = events.get(slot) {
+                        let alive = || block.consumer_state(id.index()) == Some((ConsumerState::Live, id.epoch()));
+                        let what = || format!("consumer {} to finish reading its frame in slot {slot}", id.index());
                         match super::wait_for_event(event, deadline, None, alive, what) {
                             // A consumer that died no longer reads anything: nothing to wait for.
                             Ok(()) | Err(FrameError::PeerGone) => {}
@@ -357,87 +373,63 @@ impl<B: Backend> Producer<B> {
         Ok(())
     }
 
-    /// Accepts and hands the ring to every consumer waiting on the socket (without blocking when none is).
+    /// Takes what the admission thread finished: hands the ring's offer to each consumer that said a valid hello,
+    /// counts in each consumer that attached, retires the record of each handshake that failed. Never waits: the
+    /// handshakes themselves run on the admission thread.
     ///
     /// # Errors
-    /// Socket errors other than "nobody is waiting"; a failed handshake only drops that consumer.
+    /// None today (every failure is logged and survived); the `Result` stays for callers written against it.
     pub fn admit_pending(&mut self) -> Result<(), FrameError> {
         self.reap_dead_peers();
-        self.reclaim_retired();
-        loop {
-            let conn = match self.listener.accept(Duration::ZERO) {
-                Ok(conn) => conn,
-                Err(WireError::Timeout { .. }) => return Ok(()),
-                Err(e) => return Err(e.into()),
-            };
-            let pid = conn.peer().pid;
-            match self.handshake(&conn) {
-                Ok(id) => {
-                    tracing::info!(consumer = id.index(), pid, "consumer attached");
-                    let ring = self.ring.clone();
-                    self.watchdog
-                        .watch(
-                            &conn,
-                            Box::new(move |first| {
-                                if !first {
-                                    let _ = ring.repoison_released(id);
-                                } else if ring.block().consumer_state(id.index())
-                                    == Some((ConsumerState::Live, id.epoch()))
-                                {
-                                    // (A consumer that detached first closes its connection too: nothing to do.)
-                                    tracing::warn!(consumer = id.index(), "consumer hung up; releasing what it held");
-                                    let _ = ring.mark_consumer_dead(id);
-                                }
-                            }),
-                        )
-                        .map_err(|e| FrameError::Config(format!("watching consumer {}: {e}", id.index())))?;
-                    self.peers.push(Peer { id, pid, _conn: conn });
+        while let Some(event) = self.admission.try_next() {
+            match event {
+                AdmissionEvent::WantsOffer { id, name } => {
+                    let kit: OfferKit = self.make_offer(id).map_err(|e| {
+                        tracing::warn!(consumer = id.index(), name, error = %e, "could not make an offer");
+                        format!("the producer could not make its offer: {e}")
+                    });
+                    self.admission.offer(id, kit);
                 }
-                Err(e) => tracing::warn!(pid, error = %e, "a consumer failed to attach"),
+                AdmissionEvent::Attached { id, pid, conn } => self.count_in(id, pid, conn),
+                AdmissionEvent::Failed { id } => self.retired.push((id, self.next_seq)),
             }
         }
+        self.reclaim_retired();
+        Ok(())
     }
 
-    fn handshake(&mut self, conn: &PeerConnection) -> Result<ConsumerId, FrameError> {
-        let deadline = Instant::now() + self.config.handshake_timeout;
-        let left = || deadline.saturating_duration_since(Instant::now());
-        let refuse = |code: RefusalCode, message: String| {
-            let _ = conn.send(&Message::Refused(Refused { code, message: message.clone() }), Vec::new(), left());
-            FrameError::Refused(message)
-        };
-        let hello = match conn.recv(left())?.message {
-            Message::ClientHello(hello) => hello,
-            other => return Err(refuse(RefusalCode::MalformedHello, format!("expected a hello, got {other:?}"))),
-        };
-        if let Some(wanted) = hello.wanted_backend
-            && wanted != B::KIND
-        {
-            let message = format!("this producer uses the {} backend, the consumer wants {wanted}", B::KIND);
-            return Err(refuse(RefusalCode::BackendMismatch, message));
-        }
-        let pid = rustix::process::Pid::from_raw(conn.peer().pid as i32)
-            .ok_or_else(|| refuse(RefusalCode::MalformedHello, "the peer has no pid".into()))?;
-        let id = match self.ring.register_consumer(pid) {
-            Ok(id) => id,
-            Err(e) => return Err(refuse(RefusalCode::RingFull, e.to_string())),
-        };
-        match self.offer(conn, id, &hello.consumer_name, deadline) {
-            Ok(()) => Ok(id),
+    /// Starts counting an attached consumer: the watchdog acts on its hang-up.
+    fn count_in(&mut self, id: ConsumerId, pid: u32, conn: PeerConnection) {
+        let ring = self.ring.clone();
+        let watched = self.watchdog.watch(
+            &conn,
+            Box::new(move |first| {
+                if !first {
+                    let _ = ring.repoison_released(id);
+                } else if ring.block().consumer_state(id.index()) == Some((ConsumerState::Live, id.epoch())) {
+                    // (A consumer that detached first closes its connection too: nothing to do.)
+                    tracing::warn!(consumer = id.index(), "consumer hung up; releasing what it held");
+                    let _ = ring.mark_consumer_dead(id);
+                }
+            }),
+        );
+        match watched {
+            Ok(()) => {
+                tracing::info!(consumer = id.index(), pid, "consumer attached");
+                self.peers.push(Peer { id, pid, _conn: conn });
+            }
             Err(e) => {
+                // Unwatched, its death would go unnoticed: let it go (closing the connection tells it).
+                tracing::warn!(consumer = id.index(), pid, error = %e, "cannot watch a consumer; dropping it");
                 let _ = self.ring.mark_consumer_dead(id);
-                Err(e)
+                self.retired.push((id, self.next_seq));
             }
         }
     }
 
-    fn offer(
-        &mut self,
-        conn: &PeerConnection,
-        id: ConsumerId,
-        name: &str,
-        deadline: Instant,
-    ) -> Result<(), FrameError> {
-        let left = || deadline.saturating_duration_since(Instant::now());
+    /// The offer for record `id` and the fds that travel with it (the control memfd, and the data fd where the
+    /// backend has one), exported now: the exporter keeps no copy.
+    fn make_offer(&mut self, id: ConsumerId) -> Result<(Message, Vec<OwnedFd>), FrameError> {
         let exported = B::export(&self.region)?;
         let mut event_handles = Vec::new();
         if let ProducerSync::Events { published, released } = &mut self.sync {
@@ -450,7 +442,7 @@ impl<B: Backend> Producer<B> {
                 event_handles.push(event.ipc_handle()?.0);
             }
             if let Some(record) = released.get_mut(id.index() as usize) {
-                *record = fresh;
+                *record = Some((id, fresh));
             }
         }
         let legacy_mem_handle = match exported.bytes.len() {
@@ -479,16 +471,8 @@ impl<B: Backend> Producer<B> {
         };
         let mut fds: Vec<OwnedFd> = vec![self.ring.block().memory().try_clone_fd().map_err(RingError::from)?];
         fds.extend(exported.fd);
-        // `send` closes our copies of the fds right after sending them: the exporter keeps none.
-        conn.send(&Message::RingOffer(offer), fds, left())?;
-        match conn.recv(left())?.message {
-            Message::Attached(Attached { consumer_id }) if consumer_id == id.index() => {
-                tracing::debug!(consumer = id.index(), name, "handshake complete");
-                Ok(())
-            }
-            Message::Refused(refused) => Err(FrameError::Refused(refused.message)),
-            other => Err(FrameError::Refused(format!("expected Attached, got {other:?}"))),
-        }
+        // The admission thread sends them and closes our copies right after.
+        Ok((Message::RingOffer(offer), fds))
     }
 
     /// Drops consumers that are no longer live (the watchdog marked them dead when they hung up).
@@ -535,6 +519,7 @@ impl<B: Backend> Drop for Producer<B> {
     fn drop(&mut self) {
         // Consumers' waits end with ProducerGone.
         self.ring.close();
+        self.admission.stop();
         self.watchdog.stop();
     }
 }

@@ -20,7 +20,9 @@ const PERIOD: Duration = Duration::from_millis(1);
 
 /// How long after a hang-up the action is repeated. A killed process's queued GPU work can still run while the
 /// driver tears its context down, and its stream writes can overwrite the poison the survivor wrote; repeating
-/// the poisoning until that work must be gone keeps the survivor's waits released.
+/// the poisoning until that work must be gone keeps the survivor's waits released. The repeating needs only the
+/// action, not the connection: the watched fd is closed at the hang-up, so under churn the open fds stay bounded
+/// by the peers still connected, not by the rate at which peers leave.
 const REPEAT_FOR: Duration = Duration::from_secs(10);
 
 /// What to do when a watched peer hangs up: called with `true` at once, then with `false` every period for
@@ -28,7 +30,8 @@ const REPEAT_FOR: Duration = Duration::from_secs(10);
 pub(crate) type OnHangUp = Box<dyn FnMut(bool) + Send>;
 
 struct Watched {
-    fd: OwnedFd,
+    /// A duplicate of the peer's socket until it hangs up; `None` afterwards.
+    fd: Option<OwnedFd>,
     on_hang_up: OnHangUp,
     since: Option<Instant>,
 }
@@ -61,7 +64,7 @@ impl Watchdog {
     pub(crate) fn watch(&self, conn: &impl AsFd, on_hang_up: OnHangUp) -> std::io::Result<()> {
         let fd = conn.as_fd().try_clone_to_owned()?;
         if let Ok(mut list) = self.watched.lock() {
-            list.push(Watched { fd, on_hang_up, since: None });
+            list.push(Watched { fd: Some(fd), on_hang_up, since: None });
         }
         Ok(())
     }
@@ -88,18 +91,24 @@ fn run(watched: &Mutex<Vec<Watched>>, stop: &AtomicBool) {
         if let Ok(mut list) = watched.lock()
             && !list.is_empty()
         {
+            // Only the peers still connected are polled; the others are in their repeat window.
             let revents: Vec<PollFlags> = {
-                let mut fds: Vec<PollFd<'_>> = list.iter().map(|w| PollFd::new(&w.fd, PollFlags::RDHUP)).collect();
+                let mut fds: Vec<PollFd<'_>> =
+                    list.iter().filter_map(|w| w.fd.as_ref()).map(|fd| PollFd::new(fd, PollFlags::RDHUP)).collect();
                 match poll(&mut fds, Some(&zero)) {
                     Ok(n) if n > 0 => fds.iter().map(PollFd::revents).collect(),
                     _ => vec![PollFlags::empty(); fds.len()],
                 }
             };
+            let mut revents = revents.into_iter();
             let now = Instant::now();
-            for (w, flags) in list.iter_mut().zip(revents) {
+            for w in list.iter_mut() {
+                let flags =
+                    if w.fd.is_some() { revents.next().unwrap_or(PollFlags::empty()) } else { PollFlags::empty() };
                 match w.since {
                     None if flags.intersects(hang_up) => {
                         w.since = Some(now);
+                        w.fd = None;
                         (w.on_hang_up)(true);
                     }
                     Some(_) => (w.on_hang_up)(false),

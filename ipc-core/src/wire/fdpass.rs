@@ -159,18 +159,7 @@ pub fn recv_message(socket: BorrowedFd<'_>, timeout: Duration) -> Result<Receive
     let header = Header::decode(&header_bytes)?;
     let mut payload = vec![0u8; header.payload_len as usize];
     read_exact(socket, &mut payload, HEADER_BYTES, &mut fds, &deadline)?;
-    let name = header.message_type.name();
-    if fds.len() != header.fd_count as usize {
-        return Err(WireError::FdCountMismatch {
-            message: name,
-            expected: header.fd_count as usize,
-            received: fds.len(),
-        });
-    }
-    let message = Message::decode_payload(&header, &payload)?;
-    check_fd_types(&message, &fds)?;
-    tracing::debug!(message = name, fds = fds.len(), "received");
-    Ok(ReceivedMessage { message, fds })
+    finish_message(&header, &payload, fds)
 }
 
 /// Fills `buf` with exactly `buf.len()` bytes, waiting at most `timeout`, and returns the fds that came with them
@@ -195,44 +184,122 @@ fn read_exact(
     let mut got = 0;
     while got < buf.len() {
         deadline.wait(socket, PollFlags::IN, "recv")?;
-        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_MESSAGE))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
         let rest = buf.get_mut(got..).unwrap_or_default();
-        let result =
-            recvmsg(socket, &mut [IoSliceMut::new(rest)], &mut control, RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT);
-        // Take ownership of whatever fds arrived before looking at anything else, so that every
-        // error path below closes them (by dropping `fds` in the caller).
-        for message in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(received) = message {
-                fds.extend(received);
-            }
+        got += recv_available(socket, rest, already + got, fds)?.unwrap_or(0);
+    }
+    Ok(())
+}
+
+/// One non-blocking `recvmsg` into `buf` (which must not be empty): `Some(n)` bytes arrived, `None` when nothing
+/// is waiting. Fds that came along are owned (pushed to `fds`) before any error is looked at; `already` is how
+/// much of the message earlier calls read (for the hang-up report).
+fn recv_available(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    already: usize,
+    fds: &mut Vec<OwnedFd>,
+) -> Result<Option<usize>, WireError> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_MESSAGE))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let result =
+        recvmsg(socket, &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT);
+    // Take ownership of whatever fds arrived before looking at anything else, so that every
+    // error path below closes them (by dropping `fds` in the caller).
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
         }
-        match result {
-            Ok(msg) => {
-                if msg.flags.contains(ReturnFlags::CTRUNC) {
-                    return Err(WireError::FdsTruncated { room: MAX_FDS_PER_MESSAGE });
-                }
-                if msg.flags.contains(ReturnFlags::TRUNC) {
-                    return Err(WireError::DataTruncated);
-                }
-                if msg.bytes == 0 {
-                    return Err(WireError::PeerHungUp { op: "recv", transferred: already + got });
-                }
-                if fds.len() > MAX_FDS_PER_MESSAGE {
-                    return Err(WireError::FdsTruncated { room: MAX_FDS_PER_MESSAGE });
-                }
-                got += msg.bytes;
+    }
+    match result {
+        Ok(msg) => {
+            if msg.flags.contains(ReturnFlags::CTRUNC) {
+                return Err(WireError::FdsTruncated { room: MAX_FDS_PER_MESSAGE });
             }
-            Err(Errno::INTR | Errno::AGAIN) => {}
-            Err(Errno::CONNRESET) => {
-                return Err(WireError::PeerHungUp { op: "recv", transferred: already + got });
+            if msg.flags.contains(ReturnFlags::TRUNC) {
+                return Err(WireError::DataTruncated);
             }
-            Err(source) => {
-                return Err(WireError::Os { op: "recvmsg", source });
+            if msg.bytes == 0 {
+                return Err(WireError::PeerHungUp { op: "recv", transferred: already });
+            }
+            if fds.len() > MAX_FDS_PER_MESSAGE {
+                return Err(WireError::FdsTruncated { room: MAX_FDS_PER_MESSAGE });
+            }
+            Ok(Some(msg.bytes))
+        }
+        Err(Errno::INTR | Errno::AGAIN) => Ok(None),
+        Err(Errno::CONNRESET) => Err(WireError::PeerHungUp { op: "recv", transferred: already }),
+        Err(source) => Err(WireError::Os { op: "recvmsg", source }),
+    }
+}
+
+/// Reads one message from a socket a piece at a time, never waiting: for an event loop that serves many peers
+/// from one thread (the producer's admission thread), where a peer that sends half a message must cost nothing
+/// but its buffer. Applies exactly the checks of [`recv_message`]; the payload buffer is allocated only after the
+/// header passed them (so at most [`MAX_PAYLOAD_BYTES`](super::MAX_PAYLOAD_BYTES)).
+#[derive(Debug, Default)]
+pub struct MessageReader {
+    header: [u8; HEADER_BYTES],
+    decoded: Option<Header>,
+    payload: Vec<u8>,
+    /// Bytes of the message read so far, header included.
+    got: usize,
+    fds: Vec<OwnedFd>,
+}
+
+impl MessageReader {
+    /// A reader at the start of a message.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads what `socket` has without waiting: `Ok(Some(message))` once a whole message is in (the reader then
+    /// starts on the next one), `Ok(None)` while more bytes are needed. After an error the stream position is
+    /// unknown: close the connection.
+    pub fn read_available(&mut self, socket: BorrowedFd<'_>) -> Result<Option<ReceivedMessage>, WireError> {
+        loop {
+            let buf = match &self.decoded {
+                None => self.header.get_mut(self.got..).unwrap_or_default(),
+                Some(_) => self.payload.get_mut(self.got.saturating_sub(HEADER_BYTES)..).unwrap_or_default(),
+            };
+            if !buf.is_empty() {
+                match recv_available(socket, buf, self.got, &mut self.fds)? {
+                    Some(n) => self.got += n,
+                    None => return Ok(None),
+                }
+            }
+            match &self.decoded {
+                None if self.got == HEADER_BYTES => {
+                    let header = Header::decode(&self.header)?;
+                    self.payload = vec![0u8; header.payload_len as usize];
+                    self.decoded = Some(header);
+                }
+                Some(header) if self.got == HEADER_BYTES + header.payload_len as usize => {
+                    let header = *header;
+                    let payload = std::mem::take(&mut self.payload);
+                    let fds = std::mem::take(&mut self.fds);
+                    *self = Self::default();
+                    return finish_message(&header, &payload, fds).map(Some);
+                }
+                _ => {}
             }
         }
     }
-    Ok(())
+}
+
+/// The checks after the last byte of a message arrived, shared by [`recv_message`] and [`MessageReader`].
+fn finish_message(header: &Header, payload: &[u8], fds: Vec<OwnedFd>) -> Result<ReceivedMessage, WireError> {
+    let name = header.message_type.name();
+    if fds.len() != header.fd_count as usize {
+        return Err(WireError::FdCountMismatch {
+            message: name,
+            expected: header.fd_count as usize,
+            received: fds.len(),
+        });
+    }
+    let message = Message::decode_payload(header, payload)?;
+    check_fd_types(&message, &fds)?;
+    tracing::debug!(message = name, fds = fds.len(), "received");
+    Ok(ReceivedMessage { message, fds })
 }
 
 fn check_fd_types(message: &Message, fds: &[OwnedFd]) -> Result<(), WireError> {

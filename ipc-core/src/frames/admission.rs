@@ -1,0 +1,510 @@
+//! The producer's front door: a thread that owns the rendezvous socket and every handshake in flight, so that no
+//! client, slow, silent, refused or hostile, can stop the producer or delay a frame.
+//!
+//! One thread serves every connection with `poll` and a non-blocking reader ([`MessageReader`]), each handshake
+//! bounded by its own deadline (`ProducerConfig::handshake_timeout`, from `accept` to `Attached`). At most
+//! `ProducerConfig::max_pending_handshakes` connections are in flight; when a new one arrives and there is no
+//! room, the oldest connection that has not yet said a valid hello is closed (a real consumer says hello right
+//! after connecting, so only silent clients are evicted). Open fds are thus bounded by that number, plus the
+//! listener and one wake-up socket.
+//!
+//! The thread never touches the GPU: once a hello is valid and a consumer record is taken it asks the producer for
+//! the offer ([`AdmissionEvent::WantsOffer`]); the producer makes it (export, IPC events) when it next drains the
+//! queue, in `acquire`, `wait_for_consumers` or `admit_pending`, without ever waiting; the thread sends it and
+//! waits for `Attached`. Every failure is logged and survived: a refused peer, a failed accept (with a back-off
+//! when the process is out of fds), a broken or abandoned handshake. A handshake that fails after taking a record
+//! marks it dead (poisoning its release counters) and reports [`AdmissionEvent::Failed`], so the producer retires
+//! the record through the same quarantine as a consumer that died.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::io::Errno;
+
+use crate::ring::{ConsumerId, ProducerControl};
+use crate::wire::{
+    Attached, BackendKind, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, MessageReader, PeerConnection, RefusalCode,
+    Refused, RendezvousListener, WireError,
+};
+
+/// Longest the thread sleeps in `poll` when nothing has a nearer deadline.
+const IDLE_POLL: Duration = Duration::from_millis(100);
+/// How long accepting pauses after the process ran out of fds (`EMFILE`/`ENFILE`) or memory: the pending
+/// connection stays in the kernel's queue, and retrying at once would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long accepting pauses after any other accept error, for the same reason.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
+/// Connections accepted per wake-up, so that a flood of connections cannot starve the handshakes in flight.
+const ACCEPTS_PER_ROUND: usize = 32;
+/// Bound on sending the offer or a refusal: the peer's receive buffer is empty at that point (we sent nothing
+/// before), so this only matters for a peer that vanished.
+const SEND_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// What the admission thread tells the producer.
+pub(crate) enum AdmissionEvent {
+    /// A consumer said a valid hello and holds record `id`: the producer makes its offer and hands it over with
+    /// [`Admission::offer`].
+    WantsOffer {
+        /// The record the consumer holds (LIVE from now on, joining at the producer's next frame).
+        id: ConsumerId,
+        /// Its name, for logs.
+        name: String,
+    },
+    /// The handshake is complete: the consumer is attached. Keep `conn` open for its lifetime.
+    Attached {
+        /// Its record.
+        id: ConsumerId,
+        /// Its pid (`SO_PEERCRED`).
+        pid: u32,
+        /// The connection, whose hang-up says the consumer is gone.
+        conn: PeerConnection,
+    },
+    /// The handshake of record `id` failed after the record was taken; the thread has marked it dead, the
+    /// producer retires it.
+    Failed {
+        /// The record.
+        id: ConsumerId,
+    },
+}
+
+/// The producer's answer to [`AdmissionEvent::WantsOffer`]: the offer and its fds, or why there is none.
+pub(crate) type OfferKit = Result<(Message, Vec<OwnedFd>), String>;
+
+/// Settings of the admission thread.
+pub(crate) struct AdmissionConfig {
+    /// The backend of the ring (a hello that wants another is refused).
+    pub(crate) backend: BackendKind,
+    /// Bound on one handshake, from accept to `Attached`.
+    pub(crate) handshake_timeout: Duration,
+    /// Connections in flight at most.
+    pub(crate) max_pending: usize,
+}
+
+/// The producer's handle on its admission thread.
+pub(crate) struct Admission {
+    /// In a mutex only so that the producer stays `Sync` (only its `&mut self` methods use it).
+    events: Mutex<mpsc::Receiver<AdmissionEvent>>,
+    offers: mpsc::Sender<(ConsumerId, OfferKit)>,
+    wake: UnixStream,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Admission {
+    /// Starts the thread; it owns `listener` (and so removes the socket file when it ends).
+    pub(crate) fn start(
+        listener: RendezvousListener,
+        ring: Arc<ProducerControl>,
+        config: AdmissionConfig,
+    ) -> std::io::Result<Self> {
+        let (events_tx, events) = mpsc::channel();
+        let (offers, offers_rx) = mpsc::channel();
+        let (wake, wake_rx) = UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            let mut front_door = FrontDoor {
+                listener,
+                ring,
+                config,
+                events: events_tx,
+                offers: offers_rx,
+                wake: wake_rx,
+                pending: Vec::new(),
+                accept_paused_until: None,
+            };
+            std::thread::Builder::new().name("gpu-ipc-admission".into()).spawn(move || front_door.run(&stop))?
+        };
+        Ok(Self { events: Mutex::new(events), offers, wake, stop, thread: Some(thread) })
+    }
+
+    /// The next event, without waiting.
+    pub(crate) fn try_next(&self) -> Option<AdmissionEvent> {
+        self.events.lock().ok()?.try_recv().ok()
+    }
+
+    /// Hands the thread the offer for record `id`.
+    pub(crate) fn offer(&self, id: ConsumerId, kit: OfferKit) {
+        if self.offers.send((id, kit)).is_ok() {
+            self.wake_up();
+        }
+    }
+
+    fn wake_up(&self) {
+        // A full buffer means a wake-up is already pending: nothing lost.
+        let _ = (&self.wake).write(&[1]);
+    }
+
+    /// Stops the thread and waits for it (the socket file is gone when this returns).
+    pub(crate) fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake_up();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Where a handshake stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Waiting for the consumer's `ClientHello`.
+    Hello,
+    /// Record taken; waiting for the producer to make the offer.
+    Offer(ConsumerId),
+    /// Offer sent; waiting for `Attached`.
+    Attached(ConsumerId),
+}
+
+impl Stage {
+    fn record(self) -> Option<ConsumerId> {
+        match self {
+            Self::Hello => None,
+            Self::Offer(id) | Self::Attached(id) => Some(id),
+        }
+    }
+}
+
+struct Handshake {
+    conn: PeerConnection,
+    reader: MessageReader,
+    accepted: Instant,
+    deadline: Instant,
+    stage: Stage,
+}
+
+/// Why a handshake ended without a consumer, and what to tell the peer.
+struct Failure {
+    refusal: Option<RefusalCode>,
+    reason: String,
+}
+
+impl Failure {
+    fn refuse(code: RefusalCode, reason: String) -> Self {
+        Self { refusal: Some(code), reason }
+    }
+
+    fn silent(reason: String) -> Self {
+        Self { refusal: None, reason }
+    }
+}
+
+impl From<WireError> for Failure {
+    fn from(e: WireError) -> Self {
+        Self::silent(e.to_string())
+    }
+}
+
+/// The thread's state.
+struct FrontDoor {
+    listener: RendezvousListener,
+    ring: Arc<ProducerControl>,
+    config: AdmissionConfig,
+    events: mpsc::Sender<AdmissionEvent>,
+    offers: mpsc::Receiver<(ConsumerId, OfferKit)>,
+    wake: UnixStream,
+    pending: Vec<Handshake>,
+    accept_paused_until: Option<Instant>,
+}
+
+impl FrontDoor {
+    fn run(&mut self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Acquire) {
+            while let Ok((id, kit)) = self.offers.try_recv() {
+                self.deliver(id, kit);
+            }
+            self.expire(Instant::now());
+            let (wake, listen, ready) = self.wait();
+            if wake {
+                let mut sink = [0u8; 64];
+                while matches!((&self.wake).read(&mut sink), Ok(n) if n > 0) {}
+            }
+            // Connections before accepting (the indices are those `wait` saw), highest first: a handshake that
+            // ends is swap-removed, which moves only an entry already handled.
+            for index in ready.into_iter().rev() {
+                self.step(index);
+            }
+            if listen {
+                self.accept_some();
+            }
+        }
+        for handshake in std::mem::take(&mut self.pending) {
+            self.fail(handshake, Failure::refuse(RefusalCode::ShuttingDown, "the producer is shutting down".into()));
+        }
+    }
+
+    /// Polls the wake-up socket, the listener (unless accepting is paused) and every connection in flight, until
+    /// something is ready or the nearest deadline. Returns (wake-up, listener ready, ready connection indices).
+    fn wait(&mut self) -> (bool, bool, Vec<usize>) {
+        let now = Instant::now();
+        let accepting = self.accept_paused_until.is_none_or(|t| now >= t);
+        if accepting {
+            self.accept_paused_until = None;
+        }
+        let mut until = now + IDLE_POLL;
+        for t in self.pending.iter().map(|h| h.deadline).chain(self.accept_paused_until) {
+            until = until.min(t);
+        }
+        let timeout = Timespec::try_from(until.saturating_duration_since(now))
+            .unwrap_or(Timespec { tv_sec: 0, tv_nsec: 100_000_000 });
+        let input = PollFlags::IN | PollFlags::RDHUP;
+        let mut fds = Vec::with_capacity(self.pending.len() + 2);
+        fds.push(PollFd::from_borrowed_fd(self.wake.as_fd(), PollFlags::IN));
+        fds.push(PollFd::from_borrowed_fd(
+            self.listener.as_fd(),
+            if accepting { PollFlags::IN } else { PollFlags::empty() },
+        ));
+        fds.extend(self.pending.iter().map(|h| PollFd::from_borrowed_fd(h.conn.as_fd(), input)));
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(_) => {}
+            Err(Errno::INTR) => return (false, false, Vec::new()),
+            Err(e) => {
+                tracing::error!(error = %e, "admission poll failed; retrying");
+                std::thread::sleep(ACCEPT_ERROR_BACKOFF);
+                return (false, false, Vec::new());
+            }
+        }
+        let ready = |fd: &PollFd<'_>| !fd.revents().is_empty();
+        let wake = fds.first().is_some_and(ready);
+        let listen = accepting && fds.get(1).is_some_and(ready);
+        let conns = fds.iter().skip(2).enumerate().filter(|(_, fd)| ready(fd)).map(|(i, _)| i).collect();
+        (wake, listen, conns)
+    }
+
+    /// Accepts what is waiting, up to [`ACCEPTS_PER_ROUND`]; makes room by evicting silent connections.
+    fn accept_some(&mut self) {
+        for _ in 0..ACCEPTS_PER_ROUND {
+            if self.pending.len() >= self.config.max_pending && !self.evict_oldest_silent() {
+                // Every connection in flight holds a record: wait for one of them to finish.
+                self.accept_paused_until = Some(Instant::now() + ACCEPT_ERROR_BACKOFF);
+                return;
+            }
+            match self.listener.accept(Duration::ZERO) {
+                Ok(conn) => {
+                    let accepted = Instant::now();
+                    self.pending.push(Handshake {
+                        conn,
+                        reader: MessageReader::new(),
+                        accepted,
+                        deadline: accepted + self.config.handshake_timeout,
+                        stage: Stage::Hello,
+                    });
+                }
+                Err(WireError::Timeout { .. }) => return,
+                // The listener has told the peer why (`Refused`, code 4) and logged it.
+                Err(WireError::PeerUidMismatch { .. }) => {}
+                Err(WireError::PathOs { source, .. })
+                    if matches!(source, Errno::MFILE | Errno::NFILE | Errno::NOBUFS | Errno::NOMEM) =>
+                {
+                    tracing::error!(
+                        error = %source,
+                        pending = self.pending.len(),
+                        "cannot accept a consumer (out of file descriptors or memory); retrying in {ACCEPT_BACKOFF:?}"
+                    );
+                    self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a consumer failed; the producer goes on");
+                    self.accept_paused_until = Some(Instant::now() + ACCEPT_ERROR_BACKOFF);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Closes the oldest connection that has not said a valid hello; false when there is none.
+    fn evict_oldest_silent(&mut self) -> bool {
+        let oldest = self
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.stage == Stage::Hello)
+            .min_by_key(|(_, h)| h.accepted)
+            .map(|(index, _)| index);
+        match oldest {
+            Some(index) => {
+                let handshake = self.pending.swap_remove(index);
+                tracing::info!(
+                    pid = handshake.conn.peer().pid,
+                    max = self.config.max_pending,
+                    "closing a connection that said nothing, to make room for a new one"
+                );
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Fails every handshake whose deadline has passed.
+    fn expire(&mut self, now: Instant) {
+        let mut index = 0;
+        while index < self.pending.len() {
+            if self.pending.get(index).is_some_and(|h| now >= h.deadline) {
+                let handshake = self.pending.swap_remove(index);
+                let reason = format!(
+                    "the handshake did not finish within {:?} (stage {:?})",
+                    self.config.handshake_timeout, handshake.stage
+                );
+                self.fail(handshake, Failure::silent(reason));
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    /// Reads what connection `index` sent and moves its handshake on.
+    fn step(&mut self, index: usize) {
+        let outcome = loop {
+            let Some(handshake) = self.pending.get_mut(index) else {
+                return;
+            };
+            let received = match handshake.reader.read_available(handshake.conn.as_fd()) {
+                Ok(None) => break Ok(false),
+                Ok(Some(received)) => received,
+                Err(e) => break Err(Failure::from(e)),
+            };
+            match self.advance(index, received.message) {
+                Ok(false) => {}
+                other => break other,
+            }
+        };
+        self.conclude(index, outcome);
+    }
+
+    /// Removes handshake `index` if it finished (`Ok(true)`) or failed.
+    fn conclude(&mut self, index: usize, outcome: Result<bool, Failure>) {
+        match outcome {
+            Ok(false) => {}
+            Ok(true) => {
+                let handshake = self.pending.swap_remove(index);
+                if let Stage::Attached(id) = handshake.stage {
+                    let pid = handshake.conn.peer().pid;
+                    let _ = self.events.send(AdmissionEvent::Attached { id, pid, conn: handshake.conn });
+                }
+            }
+            Err(failure) => {
+                let handshake = self.pending.swap_remove(index);
+                self.fail(handshake, failure);
+            }
+        }
+    }
+
+    /// Handles one message of handshake `index`: `Ok(true)` when the consumer is attached.
+    fn advance(&mut self, index: usize, message: Message) -> Result<bool, Failure> {
+        let Some((stage, pid)) = self.pending.get(index).map(|h| (h.stage, h.conn.peer().pid)) else {
+            return Ok(false);
+        };
+        match (stage, message) {
+            (Stage::Hello, Message::ClientHello(hello)) => {
+                let id = self.admit_hello(pid, &hello)?;
+                if let Some(handshake) = self.pending.get_mut(index) {
+                    handshake.stage = Stage::Offer(id);
+                }
+                let _ = self.events.send(AdmissionEvent::WantsOffer { id, name: hello.consumer_name });
+                Ok(false)
+            }
+            (Stage::Attached(id), Message::Attached(Attached { consumer_id })) if consumer_id == id.index() => {
+                tracing::debug!(consumer = id.index(), "handshake complete");
+                Ok(true)
+            }
+            (Stage::Attached(_), Message::Refused(refused)) => {
+                Err(Failure::silent(format!("the consumer gave up: {}", refused.message)))
+            }
+            (Stage::Attached(_), Message::Detach(detach)) => {
+                Err(Failure::silent(format!("the consumer left during the handshake ({:?})", detach.reason)))
+            }
+            (Stage::Hello, other) => Err(Failure::refuse(
+                RefusalCode::MalformedHello,
+                format!("expected a ClientHello, got {}", other.message_type().name()),
+            )),
+            (stage, other) => {
+                Err(Failure::silent(format!("unexpected {} at stage {stage:?}", other.message_type().name())))
+            }
+        }
+    }
+
+    /// Checks a hello and takes a consumer record for it.
+    fn admit_hello(&self, pid: u32, hello: &ClientHello) -> Result<ConsumerId, Failure> {
+        if let Some(wanted) = hello.wanted_backend
+            && wanted != self.config.backend
+        {
+            let message =
+                format!("this producer uses the {} backend, the consumer wants {wanted}", self.config.backend);
+            return Err(Failure::refuse(RefusalCode::BackendMismatch, message));
+        }
+        let pid = rustix::process::Pid::from_raw(pid as i32)
+            .ok_or_else(|| Failure::refuse(RefusalCode::MalformedHello, "the peer has no pid".into()))?;
+        self.ring.register_consumer(pid).map_err(|e| Failure::refuse(RefusalCode::RingFull, e.to_string()))
+    }
+
+    /// Sends the producer's offer for record `id` to the handshake that waits for it.
+    fn deliver(&mut self, id: ConsumerId, kit: OfferKit) {
+        let Some(index) = self.pending.iter().position(|h| h.stage == Stage::Offer(id)) else {
+            // That handshake failed meanwhile (and its record was reported): the kit's fds just close.
+            return;
+        };
+        let outcome = match kit {
+            Err(reason) => Err(Failure::refuse(RefusalCode::ShuttingDown, reason)),
+            Ok((message, fds)) => match self.pending.get(index).map(|h| h.conn.send(&message, fds, SEND_TIMEOUT)) {
+                Some(Ok(())) => Ok(()),
+                Some(Err(e)) => Err(Failure::from(e)),
+                None => Ok(()),
+            },
+        };
+        match outcome {
+            Ok(()) => {
+                if let Some(handshake) = self.pending.get_mut(index) {
+                    handshake.stage = Stage::Attached(id);
+                }
+                // The consumer may have answered already; its bytes wait for the next poll.
+            }
+            Err(failure) => {
+                let handshake = self.pending.swap_remove(index);
+                self.fail(handshake, failure);
+            }
+        }
+    }
+
+    /// Ends a handshake that did not attach: tells the peer why where that helps, gives its record back, logs.
+    fn fail(&self, handshake: Handshake, failure: Failure) {
+        let pid = handshake.conn.peer().pid;
+        if let Some(code) = failure.refusal {
+            let refusal = Refused { code, message: truncate(&failure.reason, MAX_REFUSAL_MESSAGE_BYTES) };
+            // Best effort: the peer may be gone already.
+            let _ = handshake.conn.send(&Message::Refused(refusal), Vec::new(), SEND_TIMEOUT);
+        }
+        let record = handshake.stage.record();
+        tracing::warn!(pid, consumer = record.map(|id| id.index()), reason = %failure.reason, "a consumer failed to attach");
+        if let Some(id) = record {
+            if let Err(e) = self.ring.mark_consumer_dead(id) {
+                tracing::warn!(consumer = id.index(), error = %e, "could not mark a failed handshake's record dead");
+            }
+            let _ = self.events.send(AdmissionEvent::Failed { id });
+        }
+    }
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary.
+fn truncate(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default().to_owned()
+}

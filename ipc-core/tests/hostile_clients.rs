@@ -1,0 +1,473 @@
+//! Careless and hostile clients at the producer's front door, on the host-memory fake backend.
+//!
+//! Each test starts a producer publishing a frame every millisecond to a real consumer that streams and checks
+//! every byte, lets one kind of bad client loose on the socket, and then asserts that: the producer never went
+//! more than [`MAX_GAP`] without publishing (admission never touches the frame path); a real consumer still
+//! attaches and reads intact frames; and the process's open fds come back to what they were before (nothing is
+//! kept per bad client or per departed consumer).
+//!
+//! The other-user test runs this very binary again as `nobody`: `child_process_entry_point` is an ignored test
+//! that does nothing unless `GPU_IPC_HOSTILE_CHILD` names its role.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::wire::{
+    BackendKind, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PixelFormat, RefusalCode, SyncStrategy,
+    WireError, recv_message, send_bytes,
+};
+use rustix::fs::{MemfdFlags, memfd_create};
+use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+
+const T: Duration = Duration::from_secs(10);
+/// The longest the producer may go without publishing while bad clients knock (it publishes every ~1 ms).
+const MAX_GAP: Duration = Duration::from_millis(100);
+const CHILD_ROLE: &str = "GPU_IPC_HOSTILE_CHILD";
+const CHILD_SOCKET: &str = "GPU_IPC_HOSTILE_SOCKET";
+const NOBODY: u32 = 65534;
+
+/// The fd counts are per process: under `cargo test` (threads of one process) the tests take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn sock(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("gpu-ipc-hostile-{}-{name}.sock", std::process::id()))
+}
+
+fn geometry() -> FrameGeometry {
+    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap()
+}
+
+fn frame_bytes(seq: u64, len: usize) -> Vec<u8> {
+    seq.to_le_bytes().iter().copied().cycle().take(len).collect()
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A producer thread publishing every millisecond and a consumer thread streaming every frame.
+struct Rig {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    streamed: Arc<AtomicU64>,
+    /// Longest time between two publishes once the consumer streamed, in microseconds.
+    longest_gap_us: Arc<AtomicU64>,
+    /// Why the producer ended, if it did.
+    ended: Arc<Mutex<Option<String>>>,
+    /// Frames published.
+    producer: thread::JoinHandle<Result<u64, FrameError>>,
+    /// (frames read, frames with wrong bytes)
+    streamer: thread::JoinHandle<Result<(u64, u64), FrameError>>,
+}
+
+impl Rig {
+    fn start(name: &str) -> Self {
+        let path = sock(name);
+        let stop = Arc::new(AtomicBool::new(false));
+        let streamed = Arc::new(AtomicU64::new(0));
+        let longest_gap_us = Arc::new(AtomicU64::new(0));
+        let ended: Arc<Mutex<Option<String>>> = Arc::default();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let producer = {
+            let (path, stop, longest_gap_us, ended) =
+                (path.clone(), stop.clone(), longest_gap_us.clone(), ended.clone());
+            let run = move || -> Result<u64, FrameError> {
+                let config = ProducerConfig::new(&path, geometry(), 4, SyncStrategy::CpuSleep);
+                let created = Producer::<HostFake>::create(&HostContext, config);
+                ready_tx.send(()).unwrap();
+                let mut p = created?;
+                p.wait_for_consumers(1, T)?;
+                let mut last = Instant::now();
+                while !stop.load(Ordering::Acquire) {
+                    let lease = p.acquire(None, T)?;
+                    p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+                    p.publish(lease, None)?;
+                    let now = Instant::now();
+                    longest_gap_us.fetch_max((now - last).as_micros() as u64, Ordering::Relaxed);
+                    last = now;
+                    thread::sleep(Duration::from_millis(1));
+                }
+                Ok(p.next_sequence())
+            };
+            thread::spawn(move || {
+                let result = run();
+                if let Err(e) = &result {
+                    *ended.lock().unwrap() = Some(e.to_string());
+                }
+                result
+            })
+        };
+        ready_rx.recv().unwrap();
+        let streamer = {
+            let (path, streamed) = (path.clone(), streamed.clone());
+            thread::spawn(move || {
+                let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+                let (mut frames, mut bad) = (0, 0);
+                loop {
+                    let frame = match c.next_frame(None, T) {
+                        Ok(frame) => frame,
+                        Err(FrameError::ProducerGone { .. }) => return Ok((frames, bad)),
+                        Err(e) => return Err(e),
+                    };
+                    let mut got = vec![0u8; frame.bytes as usize];
+                    c.region().read(frame.ptr, &mut got).unwrap();
+                    bad += u64::from(got != frame_bytes(frame.seq, got.len()));
+                    frames += 1;
+                    streamed.store(frames, Ordering::Release);
+                    match c.release(frame, None) {
+                        Ok(()) => {}
+                        Err(FrameError::ProducerGone { .. }) => return Ok((frames, bad)),
+                        Err(e) => return Err(e),
+                    }
+                }
+            })
+        };
+        let rig = Self { path, stop, streamed, longest_gap_us, ended, producer, streamer };
+        rig.wait_streamed(20);
+        rig
+    }
+
+    fn wait_streamed(&self, frames: u64) {
+        let from = self.streamed.load(Ordering::Acquire);
+        let deadline = Instant::now() + T;
+        while self.streamed.load(Ordering::Acquire) < from + frames {
+            assert!(Instant::now() < deadline, "the streaming consumer stalled");
+            assert!(!self.producer.is_finished(), "the producer ended");
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Asserts that the producer is still running and never went [`MAX_GAP`] without publishing.
+    fn assert_publishing_on_time(&self) {
+        if let Some(why) = self.ended.lock().unwrap().as_ref() {
+            panic!("the producer ended: {why}");
+        }
+        let longest = Duration::from_micros(self.longest_gap_us.load(Ordering::Relaxed));
+        assert!(longest < MAX_GAP, "the producer went {longest:?} without publishing");
+    }
+
+    /// Stops both threads; asserts the producer never paused and the consumer saw every frame intact.
+    fn finish(self) {
+        self.assert_publishing_on_time();
+        self.stop.store(true, Ordering::Release);
+        let published =
+            self.producer.join().unwrap().unwrap_or_else(|e| panic!("the producer ended with an error: {e}"));
+        let (frames, bad) = self.streamer.join().unwrap().unwrap();
+        assert_eq!(bad, 0, "{bad} of {frames} frames had wrong bytes");
+        assert!(frames + 4 >= published, "the consumer read {frames} of {published} frames");
+    }
+}
+
+/// A real consumer attaches, reads `frames` frames intact, and detaches.
+fn real_consumer_reads(path: &Path, frames: u64) {
+    let options = AttachOptions { timeout: Duration::from_secs(5), ..AttachOptions::default() };
+    let mut c = Consumer::<HostFake>::attach(&HostContext, path, &options)
+        .unwrap_or_else(|e| panic!("a real consumer could not attach: {e}"));
+    for _ in 0..frames {
+        let frame = c.next_frame(None, T).unwrap();
+        let mut got = vec![0u8; frame.bytes as usize];
+        c.region().read(frame.ptr, &mut got).unwrap();
+        assert_eq!(got, frame_bytes(frame.seq, got.len()), "frame {}", frame.seq);
+        c.release(frame, None).unwrap();
+    }
+    c.detach();
+}
+
+/// Waits up to 3 s for the process's open fds to come back to `baseline`.
+fn assert_fds_back_to(baseline: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let now = open_fds();
+        if now <= baseline {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {now} fds open, {baseline} before");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs `bad_clients` against a streaming producer and checks what the module comment says.
+fn survives(name: &str, bad_clients: impl FnOnce(&Path)) {
+    let _turn = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let rig = Rig::start(name);
+    let baseline = open_fds();
+    bad_clients(&rig.path);
+    rig.wait_streamed(20);
+    rig.assert_publishing_on_time();
+    real_consumer_reads(&rig.path, 20);
+    assert_fds_back_to(baseline, name);
+    rig.finish();
+}
+
+fn connect(path: &Path) -> UnixStream {
+    let stream = UnixStream::connect(path).unwrap();
+    stream.set_read_timeout(Some(T)).unwrap();
+    stream
+}
+
+fn hello_bytes() -> Vec<u8> {
+    let hello = ClientHello {
+        protocol_version: PROTOCOL_VERSION,
+        client_pid: std::process::id(),
+        wanted_backend: Some(BackendKind::HostFake),
+        consumer_name: "hostile".into(),
+    };
+    Message::ClientHello(hello).encode().unwrap()
+}
+
+/// Reads until the producer hangs up (what it sent before that is returned): a bad client is dropped at once,
+/// not when its handshake deadline passes.
+fn hung_up_on(mut stream: UnixStream) -> Vec<u8> {
+    let started = Instant::now();
+    let mut got = Vec::new();
+    match stream.read_to_end(&mut got) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("the producer kept a bad client for {:?}: {e}", started.elapsed()),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "the producer kept a bad client for {:?}", started.elapsed());
+    got
+}
+
+/// Sends `bytes` (and `fds`), then expects the producer to hang up.
+fn send_then_expect_hang_up(path: &Path, bytes: &[u8], fds: Vec<OwnedFd>) -> Vec<u8> {
+    let stream = connect(path);
+    send_bytes(stream.as_fd(), bytes, fds, T).unwrap();
+    hung_up_on(stream)
+}
+
+/// The hello with `patch` applied to its bytes.
+fn patched_hello(patch: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut bytes = hello_bytes();
+    patch(&mut bytes);
+    bytes
+}
+
+fn memfd() -> OwnedFd {
+    memfd_create("hostile", MemfdFlags::CLOEXEC).unwrap()
+}
+
+#[test]
+fn random_bytes() {
+    survives("random", |path| {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for len in [1usize, 23, 24, 25, 100, 4096] {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect();
+            let stream = connect(path);
+            (&stream).write_all(&bytes).unwrap();
+            if len < 24 {
+                // Less than a header: the producer waits for the rest, so hang up ourselves.
+                drop(stream);
+            } else {
+                hung_up_on(stream);
+            }
+        }
+    });
+}
+
+#[test]
+fn wrong_magic_version_and_type() {
+    survives("header", |path| {
+        send_then_expect_hang_up(path, &patched_hello(|b| b[0] ^= 0xff), Vec::new());
+        send_then_expect_hang_up(path, &patched_hello(|b| b[8..10].copy_from_slice(&2u16.to_le_bytes())), Vec::new());
+        send_then_expect_hang_up(path, &patched_hello(|b| b[10..12].copy_from_slice(&99u16.to_le_bytes())), Vec::new());
+        // A known type out of place: an `Attached` before any hello is refused as a malformed hello.
+        let attached = Message::Attached(ipc_core::wire::Attached { consumer_id: 0 }).encode().unwrap();
+        let answer = send_then_expect_hang_up(path, &attached, Vec::new());
+        let refused = Message::decode(&answer).unwrap();
+        assert!(
+            matches!(&refused, Message::Refused(r) if r.code == RefusalCode::MalformedHello),
+            "answer to an out-of-place message: {refused:?}"
+        );
+    });
+}
+
+#[test]
+fn payload_len_of_two_to_the_31() {
+    survives("huge", |path| {
+        let bytes = patched_hello(|b| b[12..16].copy_from_slice(&(1u32 << 31).to_le_bytes()));
+        send_then_expect_hang_up(path, &bytes, Vec::new());
+    });
+}
+
+#[test]
+fn fds_announced_but_not_sent_and_sent_but_not_announced() {
+    survives("fds", |path| {
+        send_then_expect_hang_up(path, &patched_hello(|b| b[16..20].copy_from_slice(&1u32.to_le_bytes())), Vec::new());
+        send_then_expect_hang_up(path, &hello_bytes(), vec![memfd()]);
+        // More than the protocol's two: the kernel cuts them off (MSG_CTRUNC).
+        send_then_expect_hang_up(path, &hello_bytes(), vec![memfd(), memfd(), memfd()]);
+    });
+}
+
+#[test]
+fn truncated_then_hang_up() {
+    survives("truncated", |path| {
+        let hello = hello_bytes();
+        for cut in [1, 12, 23, 24, 30, hello.len() - 1] {
+            let stream = connect(path);
+            (&stream).write_all(&hello[..cut]).unwrap();
+            thread::sleep(Duration::from_millis(5));
+            drop(stream);
+        }
+    });
+}
+
+#[test]
+fn silent_clients() {
+    // Six of these stopped the frames for 10 s when handshakes ran inside `acquire`.
+    survives("silent", |path| {
+        let silent: Vec<UnixStream> = (0..20).map(|_| connect(path)).collect();
+        thread::sleep(Duration::from_millis(500));
+        drop(silent);
+    });
+}
+
+#[test]
+fn a_thousand_rapid_connect_close() {
+    survives("rapid", |path| {
+        for _ in 0..1000 {
+            drop(connect(path));
+        }
+    });
+}
+
+#[test]
+fn two_hundred_idle_connections_do_not_keep_a_consumer_out() {
+    survives("idle", |path| {
+        let idle: Vec<UnixStream> = (0..200).map(|_| connect(path)).collect();
+        // While they are all open, a real consumer gets in.
+        let started = Instant::now();
+        real_consumer_reads(path, 10);
+        assert!(started.elapsed() < Duration::from_secs(3), "attaching took {:?}", started.elapsed());
+        drop(idle);
+    });
+}
+
+#[test]
+fn abandoned_handshakes_give_their_records_back() {
+    // 16 records: before, 16 of these (hello, offer, hang-up) refused every later consumer with "ring is full".
+    survives("abandoned", |path| {
+        for round in 0..40 {
+            let stream = connect(path);
+            send_bytes(stream.as_fd(), &hello_bytes(), Vec::new(), T).unwrap();
+            let offer = recv_message(stream.as_fd(), T).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert!(matches!(offer.message, Message::RingOffer(_)), "round {round}: {:?}", offer.message);
+            drop(offer);
+            drop(stream);
+        }
+    });
+}
+
+#[test]
+fn consumers_coming_and_going_keep_no_fds() {
+    // The watchdog used to keep each departed consumer's socket open for 10 s.
+    survives("churn", |path| {
+        for _ in 0..30 {
+            real_consumer_reads(path, 2);
+        }
+    });
+}
+
+#[test]
+fn running_out_of_fds_pauses_accepting_and_recovers() {
+    survives("emfile", |path| {
+        let limit = getrlimit(Resource::Nofile);
+        let low = Rlimit { current: Some(open_fds() as u64 + 16), maximum: limit.maximum };
+        setrlimit(Resource::Nofile, low).unwrap();
+        let mut fillers = Vec::new();
+        while let Ok(file) = std::fs::File::open("/dev/null") {
+            fillers.push(file);
+        }
+        fillers.pop();
+        // This takes the last free fd: the producer cannot accept it (EMFILE) until fds come back.
+        let client = connect(path);
+        send_bytes(client.as_fd(), &hello_bytes(), Vec::new(), T).unwrap();
+        let waiting = recv_message(client.as_fd(), Duration::from_millis(300));
+        assert!(matches!(waiting, Err(WireError::Timeout { .. })), "served with no fd to spare: {waiting:?}");
+        drop(fillers);
+        setrlimit(Resource::Nofile, limit).unwrap();
+        let offer = recv_message(client.as_fd(), Duration::from_secs(2)).unwrap();
+        assert!(matches!(offer.message, Message::RingOffer(_)), "{:?}", offer.message);
+    });
+}
+
+/// Root only: a client running as another user, on a socket made 0666 so that only `SO_PEERCRED` stands, is
+/// refused with code 4, and the producer goes on.
+#[test]
+fn a_refused_other_user_peer_does_not_end_the_producer() {
+    if !rustix::process::geteuid().is_root() {
+        println!(
+            "SKIPPED a_refused_other_user_peer_does_not_end_the_producer: needs root to run a child as another user"
+        );
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let reachable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o005 == 0o005);
+    if !exe.ancestors().skip(1).all(reachable) || !reachable(&exe) {
+        println!(
+            "SKIPPED a_refused_other_user_peer_does_not_end_the_producer: {} is not reachable by other users",
+            exe.display()
+        );
+        return;
+    }
+    survives("other-user", |path| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        for _ in 0..3 {
+            let output = Command::new(&exe)
+                .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
+                .env(CHILD_ROLE, "expect-refused")
+                .env(CHILD_SOCKET, path)
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            assert!(
+                output.status.success() && stdout.contains("1 passed"),
+                "child: {}\n{stdout}\n{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    });
+}
+
+/// Runs only as a child of the test above.
+#[test]
+#[ignore = "child-process entry point; run by the other-user test, not on its own"]
+fn child_process_entry_point() {
+    let (Ok(role), Some(path)) = (std::env::var(CHILD_ROLE), std::env::var_os(CHILD_SOCKET)) else {
+        println!("not started as a child: nothing to do");
+        return;
+    };
+    assert_eq!(role, "expect-refused");
+    let stream = UnixStream::connect(&path)
+        .unwrap_or_else(|e| panic!("connecting to the producer: {e} (has it ended after an earlier refusal?)"));
+    stream.set_read_timeout(Some(T)).unwrap();
+    let answer = recv_message(stream.as_fd(), T).unwrap();
+    assert!(
+        matches!(&answer.message, Message::Refused(r) if r.code == RefusalCode::PeerNotAllowed),
+        "{:?}",
+        answer.message
+    );
+}
