@@ -345,7 +345,7 @@ impl BackendVisitor for OursProducer<'_> {
         let mut children =
             spawn_consumers(&plan, self.consumers, &stamps, &Setup { handle: None }, &|| Ok(Vec::new()))?;
         let produced = (|| -> Result<(f64, u64), ProbeError> {
-            producer.wait_for_consumers(self.consumers as usize, SETUP_TIMEOUT).map_err(frame_error)?;
+            wait_for_consumers(&mut producer, &children)?;
             let (mut t0, mut cpu0) = (Instant::now(), cpu_ns());
             for seq in 0..cfg.total() {
                 check_deadline(deadline, cfg, seq)?;
@@ -388,6 +388,33 @@ impl BackendVisitor for OursProducer<'_> {
             notes.push(format!("{lost} consumers lost"));
         }
         measurement(cfg, seconds, cpu, &reports, notes)
+    }
+}
+
+/// Admits the row's consumers, in short bounded waits between which it looks for a consumer that failed to
+/// start (it says why over its channel, or hangs up), so such a row fails at once instead of after the limit.
+fn wait_for_consumers<B: Backend>(producer: &mut Producer<B>, children: &[ChildProcess]) -> Result<(), ProbeError> {
+    use crate::probe::channel::ChannelError;
+    use gpu_ipc::core::wire::WireError;
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    loop {
+        match producer.wait_for_consumers(children.len(), Duration::from_millis(200)) {
+            Ok(()) => return Ok(()),
+            Err(FrameError::Timeout { what, .. }) => {
+                for (i, child) in children.iter().enumerate() {
+                    // Before it attached, a consumer sends nothing but a failure.
+                    match recv_message(child, Duration::from_millis(1)) {
+                        Err(ProbeError::Channel(ChannelError::Wire(WireError::Timeout { .. }))) => {}
+                        Err(e) => return Err(ProbeError::Other(format!("consumer {i} did not attach: {e}"))),
+                        Ok(_) => return Err(ProbeError::Other(format!("consumer {i} spoke before attaching"))),
+                    }
+                }
+                if Instant::now() >= deadline {
+                    return Err(ProbeError::Other(format!("waited {SETUP_TIMEOUT:?} for {what}")));
+                }
+            }
+            Err(e) => return Err(frame_error(e)),
+        }
     }
 }
 
