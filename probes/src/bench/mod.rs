@@ -51,6 +51,7 @@ pub enum BenchCommand {
 /// Options of `gpu-ipc bench pipeline`.
 #[derive(Debug, Clone, Args)]
 pub struct PipelineArgs {
+    /// `--json`, `--out`, `--quick`, `--device`, `--no-progress`, as every probe takes them.
     #[command(flatten)]
     pub common: CommonArgs,
     /// Frames measured per row, after the warm-up [default: 2000; 300 with --quick].
@@ -116,9 +117,10 @@ const LATENCY_METHOD: &str = "CLOCK_MONOTONIC at the producer's publish (after i
 pub fn pipeline_main(args: &PipelineArgs) -> u8 {
     let selected = args.selected_rows();
     if args.list {
-        for row in &selected {
-            println!("{}", row.name());
-        }
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        // A closed pipe (`| head`) ends the list; it is not an error.
+        let _ = selected.iter().try_for_each(|row| writeln!(stdout, "{}", row.name()));
         return EXIT_OK;
     }
     if args.mps {
