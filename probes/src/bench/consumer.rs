@@ -305,3 +305,61 @@ fn study_consumer(
     drop(registration);
     Ok(window.report(mismatches))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn plan(frames_total: u64, warmup: u64) -> ConsumerPlan {
+        ConsumerPlan {
+            spec: RowSpec::SingleProcess,
+            device: 0,
+            frame_bytes: 24_883_200,
+            frames_total,
+            warmup,
+            socket: None,
+            index: 0,
+            frame_timeout_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn the_window_measures_only_after_the_warm_up_against_the_publish_stamps() {
+        let stamps = PublishStamps::create().unwrap();
+        for seq in 0..10 {
+            stamps.record(seq, 1_000 + seq * 100);
+        }
+        let mut window = Window::new(&stamps, &plan(12, 2));
+        for seq in 0..12 {
+            window.started(seq);
+            window.done(seq, 1_050 + seq * 100);
+        }
+        let report = window.report(0);
+        assert_eq!(report.frames, 12);
+        assert_eq!(report.measured_frames, 10);
+        // Frames 2..10 were stamped (50 ns each); 10 and 11 were not.
+        assert_eq!(report.latencies_ns, vec![50; 8]);
+        assert_eq!(report.missing_stamps, 2);
+        assert_eq!(report.mismatches, 0);
+    }
+
+    #[test]
+    fn a_consumer_done_before_the_stamp_counts_zero_not_a_wrapped_value() {
+        let stamps = PublishStamps::create().unwrap();
+        stamps.record(0, 5_000);
+        let mut window = Window::new(&stamps, &plan(1, 0));
+        window.done(0, 4_000);
+        assert_eq!(window.report(3).latencies_ns, vec![0]);
+    }
+
+    #[test]
+    fn plans_and_messages_round_trip_as_json() {
+        let p = plan(100, 10);
+        let back: ConsumerPlan = serde_json::from_value(serde_json::to_value(&p).unwrap()).unwrap();
+        assert_eq!((back.frames_total, back.warmup, back.spec), (100, 10, RowSpec::SingleProcess));
+        let ready = serde_json::to_value(&ConsumerMessage::Ready).unwrap();
+        assert_eq!(ready, serde_json::json!({"message": "ready"}));
+        assert!(ready.get("error").is_none(), "never mistaken for a ChildFailure");
+    }
+}
