@@ -2,6 +2,7 @@
 //! `gpu-ipc probe ...` measures the four research questions; `gpu-ipc report` runs them all and writes the answers.
 
 mod answers;
+mod bench;
 mod doctor;
 mod probe;
 
@@ -44,6 +45,9 @@ enum Command {
     /// Exit status: 0 the report was written; 1 a probe failed (the report says which); 2 usage error; 3 no usable
     /// CUDA driver or no GPU.
     Report(answers::ReportArgs),
+    /// End-to-end benchmarks against references measured in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Internal: a probe's child process.
     #[command(hide = true)]
     ProbeChild {
@@ -111,6 +115,7 @@ fn main() -> ExitCode {
         Command::Probe(ProbeCommand::VmmCompat(args)) => ExitCode::from(probe::vmm_compat::main(&args)),
         Command::Probe(ProbeCommand::Crash(args)) => ExitCode::from(probe::crash::main(&args)),
         Command::Report(args) => ExitCode::from(answers::main(&args)),
+        Command::Bench(bench::BenchCommand::Pipeline(args)) => ExitCode::from(bench::pipeline_main(&args)),
         Command::ProbeChild { socket } => ExitCode::from(probe::child_main(&socket)),
     }
 }

@@ -2,6 +2,7 @@
 
 use super::context::Context;
 use super::error::{DriverError, Result};
+use super::host::RegistrableHostMemory;
 use super::loader::{Driver, entry, release_quietly};
 use super::stream::Stream;
 use super::sys;
@@ -169,6 +170,59 @@ pub fn copy_from_device<T: DeviceCopy>(dst: &mut [T], src: DevicePtr) -> Result<
     d.check("cuMemcpyDtoH", unsafe { f(dst.as_mut_ptr().cast(), src.0, byte_len(dst)) })
 }
 
+/// Copies `bytes` from device address `src` into `dst[offset..offset + bytes]`, host memory that is not Rust-owned
+/// (a shared-memory mapping, registered or not). Synchronous; a pageable copy when `dst` is not registered.
+///
+/// # Errors
+/// A range beyond `dst` ([`DriverError::InvalidArgument`]) or a failing `cuMemcpyDtoH`.
+pub fn copy_device_to_host_memory<M: RegistrableHostMemory>(
+    dst: &M,
+    offset: usize,
+    src: DevicePtr,
+    bytes: usize,
+) -> Result<()> {
+    check_host_range(dst, offset, bytes, "cuMemcpyDtoH")?;
+    let d = Driver::get()?;
+    let f = entry!(d, cuMemcpyDtoH_v2, "cuMemcpyDtoH")?;
+    // SAFETY: the range was checked to lie inside `dst`, which the trait keeps mapped while it lives and which Rust
+    // code reaches only through raw pointers or atomics, so a byte-wise write there breaks no aliasing rule.
+    d.check("cuMemcpyDtoH", unsafe { f(dst.as_ptr().add(offset).cast(), src.0, bytes) })
+}
+
+/// Copies `src[offset..offset + bytes]`, host memory that is not Rust-owned (a shared-memory mapping), to device
+/// address `dst`. Synchronous; a pageable copy when `src` is not registered.
+///
+/// # Errors
+/// A range beyond `src` ([`DriverError::InvalidArgument`]) or a failing `cuMemcpyHtoD`.
+pub fn copy_host_memory_to_device<M: RegistrableHostMemory>(
+    dst: DevicePtr,
+    src: &M,
+    offset: usize,
+    bytes: usize,
+) -> Result<()> {
+    check_host_range(src, offset, bytes, "cuMemcpyHtoD")?;
+    let d = Driver::get()?;
+    let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
+    // SAFETY: the range was checked to lie inside `src`, which the trait keeps mapped while it lives; it is only
+    // read.
+    d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().add(offset).cast(), bytes) })
+}
+
+fn check_host_range<M: RegistrableHostMemory>(
+    memory: &M,
+    offset: usize,
+    bytes: usize,
+    function: &'static str,
+) -> Result<()> {
+    match offset.checked_add(bytes) {
+        Some(end) if end <= memory.len() => Ok(()),
+        _ => Err(DriverError::InvalidArgument {
+            function,
+            problem: format!("{bytes} bytes at offset {offset} do not fit host memory of {} bytes", memory.len()),
+        }),
+    }
+}
+
 /// Copies `bytes` between device addresses on `stream` (asynchronous).
 ///
 /// # Errors
@@ -195,4 +249,23 @@ pub fn fill_u32_async(dst: DevicePtr, bytes: u64, value: u32, stream: &Stream) -
     let f = entry!(d, cuMemsetD32Async, "cuMemsetD32Async")?;
     // SAFETY: only device memory is written; the driver validates the range; the stream is alive.
     d.check("cuMemsetD32Async", unsafe { f(dst.0, value, (bytes / 4) as usize, stream.raw()) })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::sys::shm::SharedMemory;
+
+    #[test]
+    fn host_memory_copies_refuse_ranges_beyond_the_memory_before_calling_the_driver() {
+        let memory = SharedMemory::create("copy-range-test", 4096).unwrap();
+        for (offset, bytes) in [(0, 4097), (4000, 97), (usize::MAX, 2)] {
+            let err = copy_device_to_host_memory(&memory, offset, DevicePtr(0), bytes).unwrap_err();
+            assert!(matches!(err, DriverError::InvalidArgument { function: "cuMemcpyDtoH", .. }), "{err}");
+            let err = copy_host_memory_to_device(DevicePtr(0), &memory, offset, bytes).unwrap_err();
+            assert!(matches!(err, DriverError::InvalidArgument { function: "cuMemcpyHtoD", .. }), "{err}");
+        }
+        assert!(check_host_range(&memory, 96, 4000, "x").is_ok());
+    }
 }

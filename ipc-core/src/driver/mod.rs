@@ -46,7 +46,8 @@ pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer, RegistrableHos
 pub use ipc::{IpcMapping, IpcMemHandle, pointer_allowed_handle_types, pointer_is_legacy_ipc_capable};
 pub use loader::{Driver, DriverVersion};
 pub use memory::{
-    DeviceBuffer, DeviceCopy, DevicePtr, copy_device_async, copy_from_device, copy_to_device, fill_u32_async,
+    DeviceBuffer, DeviceCopy, DevicePtr, copy_device_async, copy_device_to_host_memory, copy_from_device,
+    copy_host_memory_to_device, copy_to_device, fill_u32_async,
 };
 pub use module::{Function, KernelParam, LaunchConfig, Module};
 pub use pool::{ImportedPoolPointer, MemoryPool, PoolAllocation, PoolPointerExport, address_range};

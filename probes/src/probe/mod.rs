@@ -198,6 +198,7 @@ pub fn child_main(socket: &Path) -> u8 {
         Some("coherency") => coherency::child(task, &channel),
         Some("compat") => vmm_compat::child(task, &channel),
         Some("crash") => crash::child(task, &channel),
+        Some("bench") => crate::bench::child(task, &channel),
         _ => Err(ProbeError::Other(format!("unknown child role {role:?}"))),
     };
     match result {
