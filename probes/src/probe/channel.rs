@@ -6,8 +6,9 @@
 //! exchange whatever messages the probe defines. Every receive has a deadline and a child that outlives its
 //! deadline is killed, so no probe can hang on a child.
 //!
-//! Framing: a 4-byte little-endian length, then that many bytes of JSON; fds ride on the first byte (the same
-//! raw layer as the rendezvous protocol, `ipc_core::wire::{send_bytes, recv_bytes}`).
+//! Framing: a 4-byte little-endian length and a 4-byte fd count, then that many bytes of JSON; the first two fds ride
+//! on the first byte, any further ones on one-byte frames that follow, two at a time (the same raw layer as the
+//! rendezvous protocol, `ipc_core::wire::{send_bytes, recv_bytes}`, which takes two fds per `recvmsg`).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -21,6 +22,10 @@ use serde::de::DeserializeOwned;
 
 /// Longest JSON message accepted (arrays of timestamps travel through shared memory, not here).
 const MAX_MESSAGE_BYTES: u32 = 64 << 20;
+/// Most fds one message may carry.
+const MAX_FDS_PER_MESSAGE: u32 = 64;
+/// Fds per `sendmsg`: the raw layer's room (`ipc_core::wire::MAX_FDS_PER_MESSAGE`).
+const MAX_FDS_PER_FRAME: usize = gpu_ipc::core::wire::MAX_FDS_PER_MESSAGE;
 
 /// Why talking to a probe's child failed.
 #[derive(Debug, thiserror::Error)]
@@ -68,18 +73,29 @@ impl Channel {
         Ok(Self { stream })
     }
 
-    /// Sends `message` with `fds` attached (closed once sent, as the rendezvous protocol does).
+    /// Sends `message` with `fds` attached (closed once sent, as the rendezvous protocol does). Any number of fds:
+    /// the raw layer passes [`MAX_FDS_PER_FRAME`] per `sendmsg`, so further ones follow on one-byte frames.
     ///
     /// # Errors
     /// Encoding or socket failures; a peer that hung up.
     pub fn send<T: Serialize>(&self, message: &T, fds: Vec<OwnedFd>) -> Result<(), ChannelError> {
         let json = serde_json::to_vec(message)?;
         let len = u32::try_from(json.len()).map_err(|_| ChannelError::TooLarge(u32::MAX))?;
-        let mut bytes = Vec::with_capacity(json.len() + 4);
+        let total = u32::try_from(fds.len()).map_err(|_| ChannelError::TooLarge(u32::MAX))?;
+        let mut bytes = Vec::with_capacity(json.len() + 8);
         bytes.extend_from_slice(&len.to_le_bytes());
+        bytes.extend_from_slice(&total.to_le_bytes());
         bytes.extend_from_slice(&json);
-        send_bytes(self.stream.as_fd(), &bytes, fds, Duration::from_secs(30))?;
-        Ok(())
+        let mut fds = fds.into_iter();
+        let first: Vec<OwnedFd> = fds.by_ref().take(MAX_FDS_PER_FRAME).collect();
+        send_bytes(self.stream.as_fd(), &bytes, first, Duration::from_secs(30))?;
+        loop {
+            let more: Vec<OwnedFd> = fds.by_ref().take(MAX_FDS_PER_FRAME).collect();
+            if more.is_empty() {
+                return Ok(());
+            }
+            send_bytes(self.stream.as_fd(), &[0], more, Duration::from_secs(30))?;
+        }
     }
 
     /// Receives one message and its fds, waiting at most `timeout`.
@@ -88,15 +104,24 @@ impl Channel {
     /// A timeout, a hang-up (the peer died), or a malformed message.
     pub fn recv<T: DeserializeOwned>(&self, timeout: Duration) -> Result<(T, Vec<OwnedFd>), ChannelError> {
         let started = Instant::now();
-        let mut len = [0u8; 4];
-        let fds = recv_bytes(self.stream.as_fd(), &mut len, timeout)?;
-        let len = u32::from_le_bytes(len);
+        let rest = || timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
+        let mut header = [0u8; 8];
+        let mut fds = recv_bytes(self.stream.as_fd(), &mut header, timeout)?;
+        let [l0, l1, l2, l3, f0, f1, f2, f3] = header;
+        let len = u32::from_le_bytes([l0, l1, l2, l3]);
+        let total = u32::from_le_bytes([f0, f1, f2, f3]);
         if len > MAX_MESSAGE_BYTES {
             return Err(ChannelError::TooLarge(len));
         }
+        if total > MAX_FDS_PER_MESSAGE {
+            return Err(ChannelError::TooLarge(total));
+        }
         let mut json = vec![0u8; len as usize];
-        let rest = timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
-        recv_bytes(self.stream.as_fd(), &mut json, rest)?;
+        recv_bytes(self.stream.as_fd(), &mut json, rest())?;
+        while fds.len() < total as usize {
+            let mut marker = [0u8; 1];
+            fds.extend(recv_bytes(self.stream.as_fd(), &mut marker, rest())?);
+        }
         Ok((serde_json::from_slice(&json)?, fds))
     }
 
@@ -263,6 +288,26 @@ mod tests {
     }
 
     #[test]
+    fn more_fds_than_one_sendmsg_carries_all_arrive_in_order() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = (Channel { stream: a }, Channel { stream: b });
+        let mut files = Vec::new();
+        for i in 0..5 {
+            let mut file = tempfile_fd();
+            file.write_all(&vec![b'x'; i + 1]).unwrap();
+            files.push(OwnedFd::from(file));
+        }
+        a.send(&serde_json::json!({"n": 5}), files).unwrap();
+        a.send(&serde_json::json!({"n": 0}), Vec::new()).unwrap();
+        let (value, fds): (serde_json::Value, _) = b.recv(Duration::from_secs(5)).unwrap();
+        assert_eq!(value["n"], 5);
+        let sizes: Vec<i64> = fds.iter().map(|fd| rustix::fs::fstat(fd).unwrap().st_size).collect();
+        assert_eq!(sizes, vec![1, 2, 3, 4, 5]);
+        let (next, none): (serde_json::Value, _) = b.recv(Duration::from_secs(5)).unwrap();
+        assert_eq!((next["n"].as_u64(), none.len()), (Some(0), 0));
+    }
+
+    #[test]
     fn a_dead_peer_is_an_error_not_a_hang() {
         let (a, b) = UnixStream::pair().unwrap();
         drop(a);
@@ -276,6 +321,7 @@ mod tests {
     fn oversized_length_is_refused() {
         let (mut a, b) = UnixStream::pair().unwrap();
         a.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        a.write_all(&0u32.to_le_bytes()).unwrap();
         let b = Channel { stream: b };
         assert!(matches!(b.recv_plain::<serde_json::Value>(Duration::from_secs(1)), Err(ChannelError::TooLarge(_))));
     }
