@@ -350,6 +350,11 @@ mod tests {
     use crate::probe::env::ProbeEnv;
 
     fn output(results: Results, mps: bool) -> ProbeOutput<Results> {
+        output_taking(results, mps, 42.0)
+    }
+
+    /// A recorded-looking document of `results`, as the probe would write it after `seconds`.
+    pub(super) fn output_taking(results: Results, mps: bool, seconds: f64) -> ProbeOutput<Results> {
         let verdict = results.verdict(mps);
         ProbeOutput {
             probe: "crash".into(),
@@ -364,7 +369,7 @@ mod tests {
                 command: "gpu-ipc probe crash --quick".into(),
                 host: "h100".into(),
             },
-            seconds: 42.0,
+            seconds,
             results,
             verdict,
         }
@@ -441,27 +446,9 @@ mod faults {
     use crate::probe::crash::model::CrashCase;
     use crate::probe::crash::model::tests::mps_fault_run;
     use crate::probe::crash::{CrashSettings, Results};
-    use crate::probe::env::ProbeEnv;
 
     fn output(results: Results, mps: bool, seconds: f64) -> ProbeOutput<Results> {
-        let verdict = results.verdict(mps);
-        ProbeOutput {
-            probe: "crash".into(),
-            schema: crate::probe::SCHEMA_VERSION,
-            quick: true,
-            env: ProbeEnv {
-                devices: Vec::new(),
-                driver: "13.0".into(),
-                mps,
-                date: "2026-11-23T04:00:00Z".into(),
-                commit: "abc1234".into(),
-                command: "gpu-ipc probe crash --quick".into(),
-                host: "h100".into(),
-            },
-            seconds,
-            results,
-            verdict,
-        }
+        super::tests::output_taking(results, mps, seconds)
     }
 
     /// The MPS pass of run 2 (H100, driver 580, CUDA 13.0, quick), as the probe of that time recorded it: the
