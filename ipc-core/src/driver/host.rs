@@ -6,6 +6,7 @@ use super::context::Context;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
+use super::stream::{Stream, WaitCondition};
 use super::sys;
 
 /// Page-locked host memory from `cuMemAllocHost`, mapped for the device; freed on drop.
@@ -138,6 +139,36 @@ impl<M: RegistrableHostMemory> HostRegistration<M> {
     /// The registered memory.
     pub fn memory(&self) -> &Arc<M> {
         &self.memory
+    }
+
+    /// The device address of the aligned 64-bit word at byte `offset`, checked against the range.
+    fn word_at(&self, offset: usize, function: &'static str) -> Result<DevicePtr> {
+        let fits = offset.checked_add(8).is_some_and(|end| end <= self.memory.len());
+        if !fits || !offset.is_multiple_of(8) {
+            return Err(DriverError::InvalidArgument {
+                function,
+                problem: format!("offset {offset} is not an aligned 8-byte word of a {}-byte range", self.memory.len()),
+            });
+        }
+        Ok(self.device_ptr.offset(offset as u64))
+    }
+
+    /// Queues on `stream` a GPU-side wait until the 64-bit word at byte `offset` of the registered range satisfies
+    /// `condition` against `value` (`cuStreamWaitValue64`).
+    ///
+    /// # Errors
+    /// An offset outside the range or not 8-byte aligned; a failing `cuStreamWaitValue64`.
+    pub fn wait_value_u64(&self, stream: &Stream, offset: usize, value: u64, condition: WaitCondition) -> Result<()> {
+        stream.wait_value_u64(self.word_at(offset, "cuStreamWaitValue64")?, value, condition)
+    }
+
+    /// Queues on `stream` a GPU-side write of `value` to the 64-bit word at byte `offset` of the registered range
+    /// (`cuStreamWriteValue64`), after the stream's earlier work.
+    ///
+    /// # Errors
+    /// An offset outside the range or not 8-byte aligned; a failing `cuStreamWriteValue64`.
+    pub fn write_value_u64(&self, stream: &Stream, offset: usize, value: u64) -> Result<()> {
+        stream.write_value_u64(self.word_at(offset, "cuStreamWriteValue64")?, value)
     }
 }
 

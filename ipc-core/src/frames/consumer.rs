@@ -226,8 +226,7 @@ impl<B: Backend> Consumer<B> {
                 let stream = super::need_stream(stream, "GpuStreamOps")?;
                 run_ahead.before(seq.0, deadline)?;
                 self.check_producer()?;
-                let addr = registration.device_ptr().offset(published_offset(slot) as u64);
-                stream.wait_value_u64(addr, seq.done_value(), WaitCondition::AtLeast)?;
+                registration.wait_value_u64(stream, published_offset(slot), seq.done_value(), WaitCondition::AtLeast)?;
             }
         }
         self.next_seq = seq.0 + 1;
@@ -270,7 +269,7 @@ impl<B: Backend> Consumer<B> {
             ConsumerSync::Gpu { registration, run_ahead } => {
                 let stream = super::need_stream(stream, "GpuStreamOps")?;
                 let offset = released_offset(self.ring.id().index(), self.ring.block().slot_for(seq));
-                stream.write_value_u64(registration.device_ptr().offset(offset as u64), seq.done_value())?;
+                registration.write_value_u64(stream, offset, seq.done_value())?;
                 run_ahead.after(frame.seq, stream)?;
             }
         }

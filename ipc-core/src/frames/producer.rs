@@ -312,7 +312,6 @@ impl<B: Backend> Producer<B> {
                 run_ahead.before(seq, deadline)?;
                 // Frame `seq - depth` and all before it have gone through the stream.
                 self.stream_done_below = self.stream_done_below.max((seq + 1).saturating_sub(run_ahead.depth()));
-                let base = registration.device_ptr();
                 loop {
                     self.pending.clear();
                     match self.ring.pending_releases(Sequence(seq), &mut self.pending) {
@@ -322,7 +321,7 @@ impl<B: Backend> Producer<B> {
                     }
                 }
                 for need in &self.pending {
-                    stream.wait_value_u64(base.offset(need.offset as u64), need.at_least, WaitCondition::AtLeast)?;
+                    registration.wait_value_u64(stream, need.offset, need.at_least, WaitCondition::AtLeast)?;
                 }
                 Ok(())
             }
@@ -363,8 +362,7 @@ impl<B: Backend> Producer<B> {
             }
             ProducerSync::Gpu { registration, run_ahead } => {
                 let stream = super::need_stream(stream, "GpuStreamOps")?;
-                let addr = registration.device_ptr().offset(published_offset(self.ring.slot_for(seq)) as u64);
-                stream.write_value_u64(addr, seq.done_value())?;
+                registration.write_value_u64(stream, published_offset(self.ring.slot_for(seq)), seq.done_value())?;
                 run_ahead.after(lease.seq, stream)?;
                 self.ring.advance(seq)?;
             }
