@@ -16,7 +16,7 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
@@ -332,12 +332,30 @@ fn header_count(value: u64, what: &'static str, max: u32) -> Result<u32, RingErr
 pub struct ProducerControl {
     block: ControlBlock,
     policy: LivenessPolicy,
+    /// Per record, the host-side poisonings of it in flight in this process (the watchdog's thread, the
+    /// producer's). [`reclaim_consumer`](Self::reclaim_consumer) waits for its record's count to reach zero after
+    /// freeing it, so no poison that checked the old state can land in the counters of the record's next owner.
+    poisoning: Vec<AtomicU32>,
 }
 
 impl ProducerControl {
     /// Creates the control block in a new sealed memfd, with this process as the running producer.
     pub fn create(config: RingConfig, policy: LivenessPolicy) -> Result<Self, RingError> {
-        Ok(Self { block: ControlBlock::create(config)?, policy })
+        let poisoning = (0..config.max_consumers).map(|_| AtomicU32::new(0)).collect();
+        Ok(Self { block: ControlBlock::create(config)?, policy, poisoning })
+    }
+
+    /// Runs `poison` for record `index` counted as in flight (see `poisoning`). `SeqCst` on the count and on the
+    /// state loads inside `poison` pairs with `reclaim_consumer`: either the poisoner sees the record freed and
+    /// writes nothing, or the reclaimer sees the count and waits for the write to land before the record is reused.
+    fn poisoning<T>(&self, index: u32, poison: impl FnOnce() -> T) -> T {
+        let Some(count) = self.poisoning.get(index as usize) else {
+            return poison();
+        };
+        count.fetch_add(1, Ordering::SeqCst);
+        let result = poison();
+        count.fetch_sub(1, Ordering::SeqCst);
+        result
     }
 
     /// The shared control block (fd to send, base address, layout).
@@ -546,9 +564,11 @@ impl ProducerControl {
     /// stores, not `max`), lowering the poison; the survivor repeats this until that work must have drained.
     pub fn repoison_released(&self, consumer: ConsumerId) -> Result<(), RingError> {
         let record = self.block.record(consumer)?;
-        if record.state.load(Ordering::Acquire) == state_word(consumer.epoch(), ConsumerState::Dead) {
-            self.block.poison_released(record);
-        }
+        self.poisoning(consumer.index(), || {
+            if record.state.load(Ordering::SeqCst) == state_word(consumer.epoch(), ConsumerState::Dead) {
+                self.block.poison_released(record);
+            }
+        });
         Ok(())
     }
 
@@ -556,7 +576,11 @@ impl ProducerControl {
     /// so that GPU stream waits already enqueued on them complete.
     pub fn mark_consumer_dead(&self, consumer: ConsumerId) -> Result<(), RingError> {
         let record = self.block.record(consumer)?;
-        let mut word = record.state.load(Ordering::Acquire);
+        self.poisoning(consumer.index(), || self.mark_dead_now(consumer, record))
+    }
+
+    fn mark_dead_now(&self, consumer: ConsumerId, record: &ConsumerRecord) -> Result<(), RingError> {
+        let mut word = record.state.load(Ordering::SeqCst);
         loop {
             let state = ConsumerState::from_raw(word);
             let movable = matches!(state, Some(ConsumerState::Live | ConsumerState::Detached));
@@ -567,7 +591,7 @@ impl ProducerControl {
                 return Err(RingError::NotLive { consumer, found: state, found_epoch: state_epoch(word) });
             }
             let dead = state_word(consumer.epoch(), ConsumerState::Dead);
-            match record.state.compare_exchange(word, dead, Ordering::AcqRel, Ordering::Acquire) {
+            match record.state.compare_exchange(word, dead, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => break,
                 Err(current) => word = current,
             }
@@ -579,12 +603,21 @@ impl ProducerControl {
 
     /// Returns a `Detached` or `Dead` record to `Free` so a new consumer can take it. With a GPU strategy, call it
     /// only after the work that waits on this consumer's counters has completed (a new owner resets them to 0).
+    ///
+    /// Poisonings of the record by this process that are still in flight land before it returns (see
+    /// `poisoning`); writers in other processes (a dead consumer's queued GPU stores) are the caller's to wait out
+    /// (the frame API quarantines such records).
     pub fn reclaim_consumer(&self, consumer: ConsumerId) -> Result<(), RingError> {
         let record = self.block.record(consumer)?;
         let free = state_word(consumer.epoch(), ConsumerState::Free);
         for from in [ConsumerState::Detached, ConsumerState::Dead] {
             let word = state_word(consumer.epoch(), from);
-            if record.state.compare_exchange(word, free, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if record.state.compare_exchange(word, free, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                if let Some(count) = self.poisoning.get(consumer.index() as usize) {
+                    while count.load(Ordering::SeqCst) != 0 {
+                        std::hint::spin_loop();
+                    }
+                }
                 return Ok(());
             }
         }
@@ -739,9 +772,14 @@ impl ConsumerControl {
         let record = self.block.record(self.id)?;
         let live = state_word(self.id.epoch(), ConsumerState::Live);
         let detached = state_word(self.id.epoch(), ConsumerState::Detached);
+        // Poison first, while the record is still ours: once it says Detached the producer may free it and give
+        // it to the next consumer, whose counters a late poison from here would corrupt. (Poisoned counters of a
+        // live record read as "released", which is true: a detaching consumer reads nothing more.)
+        if record.state.load(Ordering::Acquire) == live {
+            self.block.poison_released(record);
+        }
         match record.state.compare_exchange(live, detached, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
-                self.block.poison_released(record);
                 tracing::info!(consumer = %self.id, "consumer detached");
                 Ok(())
             }
