@@ -6,16 +6,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, ExportedHandle, SharedRegion};
-use crate::driver::{DevicePtr, Event, HostRegistration, IpcEventHandle, Stream, WaitCondition};
+use crate::driver::{DevicePtr, Stream};
 use crate::frames::FrameError;
-use crate::frames::run_ahead::RunAhead;
+use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
-use crate::ring::layout::{ControlBlockLayout, published_offset, released_offset};
-use crate::ring::{ConsumerControl, GoneReason, LivenessPolicy, RingError, Sequence, WaitMode};
-use crate::sys::shm::SharedObject;
+use crate::ring::layout::ConsumerState;
+use crate::ring::{ConsumerControl, LivenessPolicy, Sequence, SlotIndex};
 use crate::wire::{
-    Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, RingOffer,
-    SyncStrategy,
+    Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,
+    RingOffer,
 };
 
 /// How a consumer attaches.
@@ -27,11 +26,19 @@ pub struct AttachOptions {
     pub timeout: Duration,
     /// Poll interval of `CpuSleep`.
     pub sleep_interval: Duration,
+    /// Bound on each CPU wait for GPU work made without a caller's timeout: a CPU strategy's wait for the
+    /// frame's reads in `release`, and the wait at teardown for the work queued on the ring (default 10 s).
+    pub gpu_timeout: Duration,
 }
 
 impl Default for AttachOptions {
     fn default() -> Self {
-        Self { name: "consumer".into(), timeout: Duration::from_secs(5), sleep_interval: Duration::from_micros(20) }
+        Self {
+            name: "consumer".into(),
+            timeout: Duration::from_secs(5),
+            sleep_interval: Duration::from_micros(20),
+            gpu_timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -49,23 +56,19 @@ pub struct Frame {
     pub bytes: u64,
 }
 
-enum ConsumerSync {
-    Cpu(WaitMode),
-    Events { published: Vec<Event>, released: Vec<Event> },
-    Gpu { registration: HostRegistration<SharedObject<ControlBlockLayout>>, run_ahead: RunAhead },
-}
-
 /// The consuming end of a frame ring: attached once, then frames are read in place, in order.
 pub struct Consumer<B: Backend> {
-    // Field order is drop order: stop the watchdog and the stream helpers before unmapping anything.
     watchdog: Watchdog,
-    sync: ConsumerSync,
-    region: B::Imported,
-    ring: Arc<ConsumerControl>,
+    sync: Box<dyn ConsumerSide>,
+    /// In an `Arc` so that teardown can leak it on purpose (see `Drop`) without `unsafe`.
+    region: Arc<B::Imported>,
+    shared: ConsumerShared,
     conn: PeerConnection,
-    producer_hung_up: Arc<AtomicBool>,
     offer: RingOffer,
     next_seq: u64,
+    gpu_timeout: Duration,
+    /// Set once teardown ran (by `detach`), so `Drop` does not run it again.
+    left: bool,
 }
 
 impl<B: Backend> Consumer<B> {
@@ -73,7 +76,9 @@ impl<B: Backend> Consumer<B> {
     /// first frame it gets is the producer's next one.
     ///
     /// # Errors
-    /// No producer listening ("start the producer first"), a refusal, a backend mismatch, import errors.
+    /// No producer listening ("start the producer first"), a refusal, a backend mismatch, a strategy this device
+    /// cannot run ([`FrameError::StrategyUnavailable`]), import errors. When the import fails the consumer tells
+    /// the producer (`Detach(ImportFailed)`) before it returns.
     pub fn attach(ctx: &B::Context, socket_path: &Path, options: &AttachOptions) -> Result<Self, FrameError> {
         let deadline = Instant::now() + options.timeout;
         let left = || deadline.saturating_duration_since(Instant::now());
@@ -86,42 +91,14 @@ impl<B: Backend> Consumer<B> {
         };
         conn.send(&Message::ClientHello(hello), Vec::new(), left())?;
         let (offer, fds) = conn.recv(left())?.into_ring_offer()?;
-        let ring = Arc::new(ConsumerControl::attach_index(fds.control, offer.consumer_id, LivenessPolicy::default())?);
-        let handle = ExportedHandle {
-            bytes: offer.legacy_mem_handle.map(|h| h.to_vec()).unwrap_or_default(),
-            fd: fds.data,
-            size: offer.allocation_bytes,
-        };
-        let region = B::import(ctx, handle)?;
-        let cuda = B::cuda_context(ctx);
-        let unavailable = |reason: &str| super::unavailable(offer.sync, reason);
-        let sync = match offer.sync {
-            SyncStrategy::CpuSpin => ConsumerSync::Cpu(WaitMode::Spin),
-            SyncStrategy::CpuSleep => ConsumerSync::Cpu(WaitMode::Sleep(options.sleep_interval)),
-            SyncStrategy::IpcEvent => {
-                let cuda = cuda.ok_or_else(|| unavailable("IPC events need a CUDA backend"))?;
-                let slots = offer.slot_count as usize;
-                if offer.event_handles.len() != 2 * slots {
-                    return Err(FrameError::Config(format!(
-                        "expected {} IPC event handles, got {}",
-                        2 * slots,
-                        offer.event_handles.len()
-                    )));
-                }
-                let mut events = offer
-                    .event_handles
-                    .iter()
-                    .map(|h| Event::open_ipc(cuda, IpcEventHandle(*h)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let released = events.split_off(slots);
-                ConsumerSync::Events { published: events, released }
-            }
-            SyncStrategy::GpuStreamOps => {
-                let cuda = cuda.ok_or_else(|| unavailable("stream memory operations need a CUDA backend"))?;
-                ConsumerSync::Gpu {
-                    registration: HostRegistration::new(cuda, ring.block().shared())?,
-                    run_ahead: RunAhead::new(cuda, 2 * offer.slot_count as usize)?,
-                }
+        let joined = Self::join(ctx, &conn, &offer, fds, options);
+        let (strategy, sync, region, ring) = match joined {
+            Ok(parts) => parts,
+            Err(e) => {
+                // Tell the producer why, so its handshake ends now rather than at its deadline.
+                let bye = Detach { consumer_id: offer.consumer_id, reason: DetachReason::ImportFailed };
+                let _ = conn.send(&Message::Detach(bye), Vec::new(), Duration::from_millis(200));
+                return Err(e);
             }
         };
         let next_seq = ring.join_sequence().0;
@@ -130,6 +107,7 @@ impl<B: Backend> Consumer<B> {
         let producer_hung_up = Arc::new(AtomicBool::new(false));
         {
             let (ring, flag) = (ring.clone(), producer_hung_up.clone());
+            let gpu_writes = strategy.gpu_writes_counters();
             watchdog
                 .watch(
                     &conn,
@@ -139,12 +117,69 @@ impl<B: Backend> Consumer<B> {
                             flag.store(true, Ordering::Release);
                         }
                         ring.poison_published();
+                        // The producer's queued GPU stores of `published` may still land: repeat.
+                        gpu_writes
                     }),
                 )
                 .map_err(|e| FrameError::Config(format!("watching the producer's connection: {e}")))?;
         }
         tracing::info!(consumer = offer.consumer_id, backend = B::NAME, sync = %offer.sync, first = next_seq, "attached");
-        Ok(Self { watchdog, sync, region, ring, conn, producer_hung_up, offer, next_seq })
+        let shared = ConsumerShared { ring, producer_hung_up, producer_pid: offer.producer_pid };
+        Ok(Self {
+            watchdog,
+            sync,
+            region: Arc::new(region),
+            shared,
+            conn,
+            offer,
+            next_seq,
+            gpu_timeout: options.gpu_timeout,
+            left: false,
+        })
+    }
+
+    /// Maps the control block, imports the data and sets up the strategy's side.
+    #[allow(clippy::type_complexity)]
+    fn join(
+        ctx: &B::Context,
+        conn: &PeerConnection,
+        offer: &RingOffer,
+        fds: OfferFds,
+        options: &AttachOptions,
+    ) -> Result<(&'static dyn Strategy, Box<dyn ConsumerSide>, B::Imported, Arc<ConsumerControl>), FrameError> {
+        let strategy = super::strategy::strategy(offer.sync);
+        let cuda = B::cuda_context(ctx);
+        strategy.check(cuda)?;
+        // The producer's pid as this process sees it: 0 when the producer is in a PID namespace we cannot see, or
+        // another number when we see it under another pid. Then pids say nothing here: the socket's hang-up is
+        // how we learn that the producer died.
+        let same_pid_namespace = conn.peer().pid != 0 && conn.peer().pid == offer.producer_pid;
+        let policy = LivenessPolicy { check_pid: same_pid_namespace, ..LivenessPolicy::default() };
+        if !same_pid_namespace {
+            tracing::info!(
+                producer_pid = offer.producer_pid,
+                seen_as = conn.peer().pid,
+                "the producer is in another PID namespace: its liveness comes from the socket"
+            );
+        }
+        let ring = Arc::new(ConsumerControl::attach_index(fds.control, offer.consumer_id, policy)?);
+        let handle = ExportedHandle {
+            bytes: offer.legacy_mem_handle.map(|h| h.to_vec()).unwrap_or_default(),
+            fd: fds.data,
+            size: offer.allocation_bytes,
+        };
+        let region = B::import(ctx, handle)?;
+        let sync = strategy.consumer(
+            Setup {
+                cuda,
+                block: ring.block().shared(),
+                slots: offer.slot_count,
+                max_consumers: ring.block().max_consumers(),
+                sleep_interval: options.sleep_interval,
+            },
+            &offer.event_handles,
+        )?;
+        Ok((strategy, sync, region, ring))
     }
 
     /// The geometry of every frame.
@@ -167,68 +202,43 @@ impl<B: Backend> Consumer<B> {
         self.next_seq
     }
 
-    fn gone(&self, how: impl Into<String>) -> FrameError {
-        FrameError::ProducerGone { pid: self.offer.producer_pid, how: how.into() }
-    }
-
-    /// Checks that the producer is alive and has not closed the ring.
+    /// Checks that the producer is alive and has not closed the ring, and that it has not evicted this consumer.
     ///
     /// # Errors
-    /// [`FrameError::ProducerGone`].
+    /// [`FrameError::ProducerGone`], [`FrameError::Evicted`].
     pub fn check_producer(&self) -> Result<(), FrameError> {
-        if self.producer_hung_up.load(Ordering::Acquire) {
-            return Err(self.gone("its connection hung up (the process exited or was killed)"));
+        if self.shared.hung_up() {
+            return Err(self.shared.gone("its connection hung up (the process exited or was killed)"));
         }
-        self.ring.check_producer().map_err(|e| self.map_ring(e, "producer"))
+        self.shared.ring.check_producer().map_err(|e| self.shared.map_ring(e, "producer"))?;
+        self.check_evicted()
     }
 
-    fn map_ring(&self, e: RingError, what: &str) -> FrameError {
-        match e {
-            RingError::ProducerGone { reason, .. } => self.gone(match reason {
-                GoneReason::Closed => "it closed the ring".to_owned(),
-                other => format!("{other:?}"),
-            }),
-            RingError::Timeout { waited, .. } => FrameError::Timeout { what: what.to_owned(), waited },
-            other => other.into(),
+    /// [`FrameError::Evicted`] when this consumer's record is no longer live (the producer declared it dead).
+    fn check_evicted(&self) -> Result<(), FrameError> {
+        let id = self.shared.ring.id();
+        match self.shared.ring.block().consumer_state(id.index()) {
+            Some((ConsumerState::Live, epoch)) if epoch == id.epoch() => Ok(()),
+            _ => Err(FrameError::Evicted { consumer: id.index() }),
         }
     }
 
-    /// Waits for the next frame. CPU strategies return when it is published; `IpcEvent` and `GpuStreamOps` make
-    /// `stream` wait for it (the GPU does the waiting).
+    /// Waits for the next frame. CPU strategies return when it is published; GPU-side strategies make `stream`
+    /// wait for it (the GPU does the waiting). Frames published before the producer closed the ring are still
+    /// delivered; after them comes [`FrameError::ProducerGone`].
     ///
     /// # Errors
-    /// [`FrameError::ProducerGone`] (within about a millisecond of the producer's death), [`FrameError::Timeout`].
+    /// [`FrameError::ProducerGone`] (within about a millisecond of the producer's death), [`FrameError::Evicted`],
+    /// [`FrameError::Timeout`].
     pub fn next_frame(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<Frame, FrameError> {
-        self.check_producer()?;
         let seq = Sequence(self.next_seq);
-        let deadline = Instant::now() + timeout;
-        let slot = self.ring.block().slot_for(seq);
-        match &self.sync {
-            ConsumerSync::Cpu(mode) => self.wait_published(seq, *mode, deadline)?,
-            ConsumerSync::Events { published, .. } => {
-                super::need_stream(stream, "IpcEvent")?;
-                self.wait_published(seq, WaitMode::Spin, deadline)?;
-                // Polled on the CPU, not waited on by the stream: see `super::wait_for_event`.
-                let hung_up = &self.producer_hung_up;
-                super::wait_for_event(
-                    &published[slot.0 as usize],
-                    deadline,
-                    None,
-                    || !hung_up.load(Ordering::Acquire),
-                    || format!("the producer to finish writing frame {}", seq.0),
-                )
-                .map_err(|e| match e {
-                    FrameError::PeerGone => self.gone("it died while the frame was being written"),
-                    other => other,
-                })?;
-            }
-            ConsumerSync::Gpu { registration, run_ahead } => {
-                let stream = super::need_stream(stream, "GpuStreamOps")?;
-                run_ahead.before(seq.0, deadline)?;
-                self.check_producer()?;
-                registration.wait_value_u64(stream, published_offset(slot), seq.done_value(), WaitCondition::AtLeast)?;
-            }
+        self.check_evicted()?;
+        if !matches!(self.shared.ring.is_published(seq), Ok(true)) {
+            self.check_producer()?;
         }
+        let deadline = Instant::now() + timeout;
+        let slot = self.shared.ring.block().slot_for(seq);
+        self.sync.wait_frame(&self.shared, seq, slot, stream, deadline)?;
         self.next_seq = seq.0 + 1;
         Ok(Frame {
             seq: seq.0,
@@ -238,49 +248,59 @@ impl<B: Backend> Consumer<B> {
         })
     }
 
-    fn wait_published(&self, seq: Sequence, mode: WaitMode, deadline: Instant) -> Result<(), FrameError> {
-        self.ring.wait_published(seq, deadline, mode).map_err(|e| {
-            if self.producer_hung_up.load(Ordering::Acquire) {
-                self.gone("its connection hung up (the process exited or was killed)")
-            } else {
-                self.map_ring(e, &format!("frame {}", seq.0))
-            }
-        })
-    }
-
     /// Releases `frame` once the work queued on `stream` (if any) has read it; the producer may then rewrite its
     /// slot.
     ///
     /// # Errors
-    /// [`FrameError::ProducerGone`] when the producer died meanwhile: the frame may then hold partial data.
+    /// [`FrameError::ProducerGone`] with a GPU-side strategy when the producer died meanwhile (the frame may then
+    /// hold partial data), [`FrameError::Evicted`], [`FrameError::Timeout`] when a CPU strategy's wait for the
+    /// stream passes [`AttachOptions::gpu_timeout`].
     pub fn release(&mut self, frame: Frame, stream: Option<&Stream>) -> Result<(), FrameError> {
+        let gpu_deadline = Instant::now() + self.gpu_timeout;
         let seq = Sequence(frame.seq);
-        match &self.sync {
-            ConsumerSync::Cpu(_) => {
-                if let Some(stream) = stream {
-                    stream.synchronize()?;
-                }
-                self.ring.release(seq).map_err(|e| self.map_ring(e, "release"))?;
-            }
-            ConsumerSync::Events { released, .. } => {
-                released[frame.slot as usize].record(super::need_stream(stream, "IpcEvent")?)?;
-                self.ring.release(seq).map_err(|e| self.map_ring(e, "release"))?;
-            }
-            ConsumerSync::Gpu { registration, run_ahead } => {
-                let stream = super::need_stream(stream, "GpuStreamOps")?;
-                let offset = released_offset(self.ring.id().index(), self.ring.block().slot_for(seq));
-                registration.write_value_u64(stream, offset, seq.done_value())?;
-                run_ahead.after(frame.seq, stream)?;
-            }
-        }
-        self.check_producer()
+        self.sync.release(&self.shared, seq, SlotIndex(frame.slot), stream, gpu_deadline)
     }
 
-    /// Leaves the ring cleanly: the producer stops counting this consumer at once.
+    /// Leaves the ring cleanly: waits (bounded by [`AttachOptions::gpu_timeout`]) for the GPU work this consumer
+    /// queued on the ring, detaches its record (the producer stops counting it at once), then says `Detach` and
+    /// closes the connection. Dropping the consumer does the same without the message.
     pub fn detach(mut self) {
+        if self.leave() {
+            let bye = Detach { consumer_id: self.offer.consumer_id, reason: DetachReason::ConsumerDone };
+            let _ = self.conn.send(&Message::Detach(bye), Vec::new(), Duration::from_millis(200));
+        }
+    }
+
+    /// Teardown: true when the record was detached; false when the GPU work did not finish in time, in which
+    /// case the mappings are leaked on purpose and the record left live, so that the producer sees the hang-up,
+    /// counts this consumer as gone and quarantines its record.
+    fn leave(&mut self) -> bool {
+        if self.left {
+            return false;
+        }
+        self.left = true;
+        let settled = self.sync.settle(Instant::now() + self.gpu_timeout);
+        if settled {
+            if let Err(error) = self.shared.ring.leave() {
+                tracing::debug!(%error, "consumer detach: record no longer live");
+            }
+        } else {
+            tracing::error!(
+                "this consumer's stream did not finish its work on the ring within {:?}: leaking the ring's \
+                 mappings rather than freeing them under the GPU",
+                self.gpu_timeout
+            );
+            std::mem::forget(self.region.clone());
+            std::mem::forget(self.shared.ring.clone());
+            std::mem::forget(std::mem::replace(&mut self.sync, Box::new(Closed)));
+        }
         self.watchdog.stop();
-        let bye = Detach { consumer_id: self.offer.consumer_id, reason: DetachReason::ConsumerDone };
-        let _ = self.conn.send(&Message::Detach(bye), Vec::new(), Duration::from_millis(200));
-        // Dropping the control (last Arc) marks the record detached and poisons its release counters.
+        settled
+    }
+}
+
+impl<B: Backend> Drop for Consumer<B> {
+    fn drop(&mut self) {
+        self.leave();
     }
 }

@@ -23,6 +23,13 @@ pub enum FrameError {
     /// The peer awaited died during the wait (a consumer, seen from the producer: it no longer counts).
     #[error("the peer died during the wait")]
     PeerGone,
+    /// The producer evicted this consumer (it held a frame too long, or the application evicted it): it no
+    /// longer counts, and its frames may be overwritten. Attach again to go on.
+    #[error("the producer evicted this consumer (record {consumer}): it held up the ring too long; attach again")]
+    Evicted {
+        /// The consumer's record index.
+        consumer: u32,
+    },
     /// A bounded wait ran out.
     #[error("timed out after {waited:?} waiting for {what}")]
     Timeout {

@@ -48,11 +48,12 @@ mod consumer;
 mod error;
 mod producer;
 mod run_ahead;
+mod strategy;
 mod watchdog;
 
 pub use consumer::{AttachOptions, Consumer, Frame};
 pub use error::FrameError;
-pub use producer::{Producer, ProducerConfig, SlotLease};
+pub use producer::{Producer, ProducerConfig, SlotLease, SlowConsumerPolicy};
 
 /// Polls `event` until it completes, `alive()` turns false ([`FrameError::PeerGone`]) or `deadline` passes
 /// ([`FrameError::Timeout`]): every CPU wait on GPU work in this module goes through here, so none is unbounded.
@@ -89,19 +90,6 @@ fn wait_for_event(
             None => std::hint::spin_loop(),
         }
     }
-}
-
-/// The stream a GPU-side strategy queues its waits and writes on.
-fn need_stream<'a>(
-    stream: Option<&'a crate::driver::Stream>,
-    strategy: &str,
-) -> Result<&'a crate::driver::Stream, FrameError> {
-    stream.ok_or_else(|| FrameError::Config(format!("the {strategy} strategy needs a stream")))
-}
-
-/// A strategy this backend or device cannot run.
-fn unavailable(sync: crate::wire::SyncStrategy, reason: &str) -> FrameError {
-    FrameError::StrategyUnavailable { strategy: sync.to_string(), reason: reason.to_owned() }
 }
 
 /// Bytes between slots: the frame size rounded up to 256 bytes, so every slot starts aligned for vector loads.

@@ -6,17 +6,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, SharedRegion};
-use crate::driver::{DevicePtr, Event, EventFlags, HostRegistration, Stream, WaitCondition};
+use crate::driver::{DevicePtr, Stream};
 use crate::frames::FrameError;
 use crate::frames::admission::{Admission, AdmissionConfig, AdmissionEvent, OfferKit};
-use crate::frames::run_ahead::RunAhead;
+use crate::frames::strategy::{ProducerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
-use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState, ControlBlockLayout, published_offset};
-use crate::ring::{
-    ConsumerId, LivenessPolicy, ProducerControl, ReleaseRequirement, RingConfig, RingError, Sequence, WaitMode,
+use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
+use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, RingError, Sequence};
+use crate::wire::{
+    Detach, DetachReason, DeviceUuid, FrameGeometry, Message, PeerConnection, RendezvousListener, RingOffer,
+    SyncStrategy,
 };
-use crate::sys::shm::SharedObject;
-use crate::wire::{DeviceUuid, FrameGeometry, Message, PeerConnection, RendezvousListener, RingOffer, SyncStrategy};
 
 /// How a producer sets up its ring.
 #[derive(Debug, Clone)]
@@ -40,10 +40,16 @@ pub struct ProducerConfig {
     /// Connections in flight at most (default 64): when a new one arrives and there is no room, the oldest that
     /// has not said a valid hello is closed. Bounds the fds that slow or silent clients can hold.
     pub max_pending_handshakes: usize,
+    /// What to do about a live consumer that stops releasing frames (default: wait for it).
+    pub slow_consumer: SlowConsumerPolicy,
+    /// Bound on each CPU wait for GPU work the producer makes without a caller's timeout: a CPU strategy's wait
+    /// for the frame's work in `publish`, and the wait at teardown for the work queued on the ring (default 10 s).
+    pub gpu_timeout: Duration,
 }
 
 impl ProducerConfig {
-    /// A configuration with the usual defaults (16 consumers, 20 us sleeps, 10 s handshakes, 64 in flight).
+    /// A configuration with the usual defaults (16 consumers, 20 us sleeps, 10 s handshakes, 64 in flight, slow
+    /// consumers waited for, 10 s bound on waits for GPU work).
     pub fn new(socket_path: impl Into<PathBuf>, geometry: FrameGeometry, slots: u32, sync: SyncStrategy) -> Self {
         Self {
             socket_path: socket_path.into(),
@@ -54,6 +60,8 @@ impl ProducerConfig {
             sleep_interval: Duration::from_micros(20),
             handshake_timeout: Duration::from_secs(10),
             max_pending_handshakes: 64,
+            slow_consumer: SlowConsumerPolicy::Block,
+            gpu_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -72,45 +80,73 @@ pub struct SlotLease {
     pub bytes: u64,
 }
 
-/// Per-strategy state of the producer.
-enum ProducerSync {
-    /// CPU spin or sleep on the control block.
-    Cpu(WaitMode),
-    /// IPC events: one "published" event per slot; per consumer record, the consumer it was offered to and one
-    /// "released" event per slot (made with the offer, so they exist before that consumer can release anything).
-    Events { published: Vec<Event>, released: Vec<Option<(ConsumerId, Vec<Event>)>> },
-    /// Stream memory operations on the control block, registered for the device.
-    Gpu { registration: HostRegistration<SharedObject<ControlBlockLayout>>, run_ahead: RunAhead },
-}
-
 /// The producing end of a frame ring.
 pub struct Producer<B: Backend> {
-    ctx: B::Context,
-    region: B::Exported,
+    /// Keeps the context alive as long as the ring.
+    _ctx: B::Context,
+    /// In an `Arc` so that teardown can leak it on purpose (see `Drop`) without `unsafe`.
+    region: Arc<B::Exported>,
     ring: Arc<ProducerControl>,
     admission: Admission,
     peers: Vec<Peer>,
     watchdog: Watchdog,
-    sync: ProducerSync,
+    strategy: &'static dyn Strategy,
+    sync: Box<dyn ProducerSide>,
     config: ProducerConfig,
     stride: u64,
     next_seq: u64,
     generation: u64,
     device_uuid: DeviceUuid,
-    pending: Vec<ReleaseRequirement>,
     lost: usize,
-    /// Records of consumers that left, with the sequence the producer was at: reused once no queued GPU wait can
-    /// still read their counters.
-    retired: Vec<(ConsumerId, u64)>,
-    /// With `GpuStreamOps`: every frame below this has gone through the producer's stream.
-    stream_done_below: u64,
+    evicted: Vec<ConsumerId>,
+    /// Records of consumers that left, quarantined until nothing can write them any more (see
+    /// [`Retired::reusable`]).
+    retired: Vec<Retired>,
+    holding_up: Vec<ConsumerId>,
 }
 
 struct Peer {
     id: ConsumerId,
     pid: u32,
     /// Kept open for the consumer's lifetime: its hang-up is how the watchdog learns that the consumer died.
-    _conn: PeerConnection,
+    conn: PeerConnection,
+    /// Held by the watchdog's action for this consumer too: while that action may still run (and re-poison the
+    /// record), the count stays above one, and the record is not given to anyone else.
+    watched: Arc<()>,
+}
+
+/// A record whose consumer left, waiting to be freed.
+struct Retired {
+    id: ConsumerId,
+    /// The producer's next sequence when the consumer left.
+    left_at: u64,
+    /// The watchdog's hold on the record, if it watches the consumer.
+    watched: Option<Arc<()>>,
+}
+
+impl Retired {
+    /// Whether nothing can write the record any more: the watchdog is done with it (the consumer hung up and, for
+    /// strategies where its GPU writes the counters, the re-poisoning window passed), and nothing queued on the
+    /// producer's stream still reads it.
+    fn reusable(&self, sync: &dyn ProducerSide) -> bool {
+        self.watched.as_ref().is_none_or(|w| Arc::strong_count(w) == 1) && sync.record_reusable(self.left_at)
+    }
+}
+
+/// What a producer does about a live consumer that stops releasing frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SlowConsumerPolicy {
+    /// Wait for it (the default): `acquire` returns [`FrameError::Timeout`] at its own timeout and can be called
+    /// again, or the application calls [`Producer::evict`].
+    #[default]
+    Block,
+    /// Evict a consumer that has held up the next frame for this long: it stops counting, the producer goes on,
+    /// and its next call returns [`FrameError::Evicted`].
+    Evict {
+        /// How long a consumer may hold up a frame.
+        after: Duration,
+    },
 }
 
 impl<B: Backend> Producer<B> {
@@ -120,40 +156,31 @@ impl<B: Backend> Producer<B> {
     /// [`Producer::admit_pending`]).
     ///
     /// # Errors
-    /// A strategy the backend or device cannot run, allocation or export errors, or a socket that cannot be bound.
+    /// [`FrameError::StrategyUnavailable`] when the backend or device cannot run the strategy (with what to use
+    /// instead), allocation or export errors, or a socket that cannot be bound.
     pub fn create(ctx: &B::Context, config: ProducerConfig) -> Result<Self, FrameError> {
         B::check_support(ctx)?;
+        let cuda = B::cuda_context(ctx);
+        let strategy = super::strategy::strategy(config.sync);
+        strategy.check(cuda)?;
         let generation = generation_now();
         let ring = Arc::new(ProducerControl::create(
             RingConfig { slot_count: config.slots, max_consumers: config.max_consumers, generation },
             LivenessPolicy::default(),
         )?);
         let stride = super::slot_stride(config.geometry.frame_bytes());
-        let region = B::allocate(ctx, stride * u64::from(config.slots))?;
-        let cuda = B::cuda_context(ctx);
+        let region = Arc::new(B::allocate(ctx, stride * u64::from(config.slots))?);
         let device_uuid = match cuda {
             Some(c) => c.device().uuid()?,
             None => DeviceUuid([0; 16]),
         };
-        let unavailable = |reason: &str| super::unavailable(config.sync, reason);
-        let sync = match config.sync {
-            SyncStrategy::CpuSpin => ProducerSync::Cpu(WaitMode::Spin),
-            SyncStrategy::CpuSleep => ProducerSync::Cpu(WaitMode::Sleep(config.sleep_interval)),
-            SyncStrategy::IpcEvent => {
-                let cuda = cuda.ok_or_else(|| unavailable("IPC events need a CUDA backend"))?;
-                let published = (0..config.slots)
-                    .map(|_| Event::new(cuda, EventFlags::INTERPROCESS))
-                    .collect::<Result<Vec<_>, _>>()?;
-                ProducerSync::Events { published, released: (0..config.max_consumers).map(|_| None).collect() }
-            }
-            SyncStrategy::GpuStreamOps => {
-                let cuda = cuda.ok_or_else(|| unavailable("stream memory operations need a CUDA backend"))?;
-                ProducerSync::Gpu {
-                    registration: HostRegistration::new(cuda, ring.block().shared())?,
-                    run_ahead: RunAhead::new(cuda, 2 * config.slots as usize)?,
-                }
-            }
-        };
+        let sync = strategy.producer(Setup {
+            cuda,
+            block: ring.block().shared(),
+            slots: config.slots,
+            max_consumers: config.max_consumers,
+            sleep_interval: config.sleep_interval,
+        })?;
         let listener = RendezvousListener::bind(&config.socket_path)?;
         let admission = Admission::start(
             listener,
@@ -167,29 +194,30 @@ impl<B: Backend> Producer<B> {
         .map_err(|e| FrameError::Config(format!("starting the admission thread: {e}")))?;
         tracing::info!(
             backend = B::NAME,
-            sync = %config.sync,
+            sync = %strategy.kind(),
             slots = config.slots,
             frame_bytes = config.geometry.frame_bytes(),
             path = %config.socket_path.display(),
             "producer ready"
         );
         Ok(Self {
-            ctx: ctx.clone(),
+            _ctx: ctx.clone(),
             region,
             ring,
             admission,
             peers: Vec::new(),
             watchdog: Watchdog::start(),
+            strategy,
             sync,
             config,
             stride,
             next_seq: 0,
             generation,
             device_uuid,
-            pending: Vec::new(),
             lost: 0,
+            evicted: Vec::new(),
             retired: Vec::new(),
-            stream_done_below: 0,
+            holding_up: Vec::new(),
         })
     }
 
@@ -199,11 +227,22 @@ impl<B: Backend> Producer<B> {
         self.peers.len()
     }
 
+    /// The consumers attached and alive, for [`Producer::evict`].
+    pub fn consumer_ids(&mut self) -> Vec<ConsumerId> {
+        self.reap_dead_peers();
+        self.peers.iter().map(|p| p.id).collect()
+    }
+
     /// Number of consumers that vanished without detaching (killed, crashed): each was noticed by its hang-up,
-    /// marked dead, and stopped counting.
+    /// marked dead, and stopped counting. Evicted consumers are counted by [`Producer::consumers_evicted`].
     pub fn consumers_lost(&mut self) -> usize {
         self.reap_dead_peers();
         self.lost
+    }
+
+    /// Number of consumers evicted ([`Producer::evict`], or the [`SlowConsumerPolicy`]).
+    pub fn consumers_evicted(&self) -> usize {
+        self.evicted.len()
     }
 
     /// Admits consumers until `count` are attached, or `timeout` passes.
@@ -237,18 +276,40 @@ impl<B: Backend> Producer<B> {
         self.next_seq
     }
 
-    /// Waits (on the CPU or, with `GpuStreamOps`, on `stream`) until the next frame's slot is free, and returns it.
+    /// Waits (on the CPU or, with GPU-side strategies, on `stream`) until the next frame's slot is free, and
+    /// returns it.
     ///
     /// A slot is rewritten only after every live consumer released the frame it held; a consumer that dies stops
-    /// counting. GPU strategies need `stream`; CPU ones ignore it.
+    /// counting; under [`SlowConsumerPolicy::Evict`] one that holds the slot too long is evicted. GPU strategies
+    /// need `stream`; CPU ones ignore it.
     ///
     /// # Errors
     /// [`FrameError::Timeout`] when consumers do not release in time, driver errors.
     pub fn acquire(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<SlotLease, FrameError> {
         self.admit_pending()?;
-        self.reap_dead_peers();
         let seq = self.next_seq;
-        self.wait_slot_free(seq, stream, timeout)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let until = match self.config.slow_consumer {
+                SlowConsumerPolicy::Block => deadline,
+                SlowConsumerPolicy::Evict { after } => deadline.min(Instant::now() + after),
+            };
+            match self.sync.wait_slot_free(&self.ring, seq, stream, until) {
+                Ok(()) => break,
+                Err(FrameError::Timeout { what, waited }) => {
+                    let evicted = match self.config.slow_consumer {
+                        SlowConsumerPolicy::Evict { .. } => self.evict_holding_up(seq),
+                        SlowConsumerPolicy::Block => 0,
+                    };
+                    // Otherwise (someone evicted, or the eviction window passed before the caller's timeout):
+                    // wait again.
+                    if evicted == 0 && Instant::now() >= deadline {
+                        return Err(FrameError::Timeout { what, waited });
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let slot = self.ring.slot_for(Sequence(seq)).0;
         Ok(SlotLease {
             seq,
@@ -258,115 +319,68 @@ impl<B: Backend> Producer<B> {
         })
     }
 
-    /// Waits until every live consumer has released every published frame (and the stream is synchronised):
-    /// the end of a run.
+    /// Evicts the consumers holding up frame `seq`; returns how many.
+    fn evict_holding_up(&mut self, seq: u64) -> usize {
+        let mut holding = std::mem::take(&mut self.holding_up);
+        holding.clear();
+        self.sync.holding_up(&self.ring, seq, &mut holding);
+        let mut count = 0;
+        for id in &holding {
+            if self.evict(*id).unwrap_or(false) {
+                count += 1;
+            }
+        }
+        self.holding_up = holding;
+        count
+    }
+
+    /// Evicts a live consumer: it stops counting at once (its release counters are poisoned, so every wait the
+    /// producer queued on them completes), it is sent `Detach(TooSlow)`, and its next call returns
+    /// [`FrameError::Evicted`]. Its record stays taken until it hangs up (it may still write its counters).
+    /// Returns false when `consumer` was not live.
+    ///
+    /// # Errors
+    /// A record index outside the ring.
+    pub fn evict(&mut self, consumer: ConsumerId) -> Result<bool, FrameError> {
+        if self.ring.block().consumer_state(consumer.index()) != Some((ConsumerState::Live, consumer.epoch())) {
+            return Ok(false);
+        }
+        self.ring.mark_consumer_dead(consumer)?;
+        if let Some(peer) = self.peers.iter().find(|p| p.id == consumer) {
+            let bye = Detach { consumer_id: consumer.index(), reason: DetachReason::TooSlow };
+            if let Err(e) = peer.conn.send(&Message::Detach(bye), Vec::new(), Duration::from_millis(10)) {
+                tracing::debug!(consumer = consumer.index(), error = %e, "could not tell an evicted consumer");
+            }
+        }
+        tracing::warn!(consumer = consumer.index(), "consumer evicted");
+        self.evicted.push(consumer);
+        Ok(true)
+    }
+
+    /// Waits until every live consumer has released every published frame (and the stream has done everything
+    /// queued on it): the end of a run.
     ///
     /// # Errors
     /// As [`Producer::acquire`].
     pub fn drain(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<(), FrameError> {
         self.reap_dead_peers();
+        let deadline = Instant::now() + timeout;
         // Frame `s` may be overwritten once `s - slots` is released: the next `slots` sequences cover every frame
         // still held.
         for seq in self.next_seq..self.next_seq + u64::from(self.config.slots) {
-            self.wait_slot_free(seq, stream, timeout)?;
+            self.sync.wait_slot_free(&self.ring, seq, stream, deadline)?;
         }
-        match (&self.sync, stream) {
-            // The stream holds the waits for the consumers' releases: bounded, since a consumer may be stuck.
-            (ProducerSync::Gpu { run_ahead, .. }, Some(stream)) => run_ahead.drain(stream, Instant::now() + timeout),
-            // Only our own work is queued (the peers' were awaited on the CPU above).
-            (_, Some(stream)) => Ok(stream.synchronize()?),
-            (_, None) => Ok(()),
-        }
-    }
-
-    /// Makes the CPU (CPU strategies) or `stream` (GPU strategies) wait until frame `seq`'s slot may be written.
-    fn wait_slot_free(&mut self, seq: u64, stream: Option<&Stream>, timeout: Duration) -> Result<(), FrameError> {
-        let deadline = Instant::now() + timeout;
-        match &self.sync {
-            ProducerSync::Cpu(mode) => self.wait_reusable(seq, *mode, deadline),
-            ProducerSync::Events { released, .. } => {
-                super::need_stream(stream, "IpcEvent")?;
-                self.wait_reusable(seq, WaitMode::Spin, deadline)?;
-                // The counter says a consumer recorded its release event; the event says its reads are done. The
-                // CPU polls the event rather than making the stream wait on it: an event recorded by a process that
-                // dies before the work completes never completes, and a stream waiting on it could never be freed.
-                let slot = self.ring.slot_for(Sequence(seq)).0 as usize;
-                let block = self.ring.block();
-                // Every consumer offered the ring, attached or still finishing its handshake: one that is not live
-                // any more (gone, or its handshake failed) no longer reads anything.
-                for (id, events) in released.iter().flatten() {
-                    if let Some(event) = events.get(slot) {
-                        let alive = || block.consumer_state(id.index()) == Some((ConsumerState::Live, id.epoch()));
-                        let what = || format!("consumer {} to finish reading its frame in slot {slot}", id.index());
-                        match super::wait_for_event(event, deadline, None, alive, what) {
-                            // A consumer that died no longer reads anything: nothing to wait for.
-                            Ok(()) | Err(FrameError::PeerGone) => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
-                }
-                Ok(())
-            }
-            ProducerSync::Gpu { registration, run_ahead } => {
-                let stream = super::need_stream(stream, "GpuStreamOps")?;
-                run_ahead.before(seq, deadline)?;
-                // Frame `seq - depth` and all before it have gone through the stream.
-                self.stream_done_below = self.stream_done_below.max((seq + 1).saturating_sub(run_ahead.depth()));
-                loop {
-                    self.pending.clear();
-                    match self.ring.pending_releases(Sequence(seq), &mut self.pending) {
-                        Ok(()) => break,
-                        Err(RingError::JoinInProgress { .. }) if Instant::now() < deadline => std::thread::yield_now(),
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                for need in &self.pending {
-                    registration.wait_value_u64(stream, need.offset, need.at_least, WaitCondition::AtLeast)?;
-                }
-                Ok(())
-            }
-        }
-    }
-
-    fn wait_reusable(&self, seq: u64, mode: WaitMode, deadline: Instant) -> Result<(), FrameError> {
-        loop {
-            match self.ring.wait_reusable(Sequence(seq), deadline, mode) {
-                Ok(()) => return Ok(()),
-                // A consumer died while we waited: stop counting it and wait again.
-                Err(RingError::ConsumerGone { consumer, .. }) => {
-                    tracing::info!(consumer = consumer.index(), "consumer gone while the producer waited");
-                    self.ring.mark_consumer_dead(consumer)?;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        self.sync.drain(stream, deadline)
     }
 
     /// Publishes the frame in `lease` once the work queued on `stream` (if any) is done.
     ///
     /// # Errors
-    /// Driver errors; a GPU strategy without a stream.
+    /// Driver errors; a GPU strategy without a stream; [`FrameError::Timeout`] when a CPU strategy's wait for the
+    /// frame's work passes [`ProducerConfig::gpu_timeout`].
     pub fn publish(&mut self, lease: SlotLease, stream: Option<&Stream>) -> Result<(), FrameError> {
-        let seq = Sequence(lease.seq);
-        match &self.sync {
-            ProducerSync::Cpu(_) => {
-                if let Some(stream) = stream {
-                    stream.synchronize()?;
-                }
-                self.ring.publish(seq)?;
-            }
-            ProducerSync::Events { published, .. } => {
-                let stream = super::need_stream(stream, "IpcEvent")?;
-                published[lease.slot as usize].record(stream)?;
-                self.ring.publish(seq)?;
-            }
-            ProducerSync::Gpu { registration, run_ahead } => {
-                let stream = super::need_stream(stream, "GpuStreamOps")?;
-                registration.write_value_u64(stream, published_offset(self.ring.slot_for(seq)), seq.done_value())?;
-                run_ahead.after(lease.seq, stream)?;
-                self.ring.advance(seq)?;
-            }
-        }
+        let gpu_deadline = Instant::now() + self.config.gpu_timeout;
+        self.sync.publish(&self.ring, lease.seq, lease.slot, stream, gpu_deadline)?;
         self.next_seq = lease.seq + 1;
         Ok(())
     }
@@ -389,7 +403,9 @@ impl<B: Backend> Producer<B> {
                     self.admission.offer(id, kit);
                 }
                 AdmissionEvent::Attached { id, pid, conn } => self.count_in(id, pid, conn),
-                AdmissionEvent::Failed { id } => self.retired.push((id, self.next_seq)),
+                AdmissionEvent::Failed { id } => {
+                    self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
+                }
             }
         }
         self.reclaim_retired();
@@ -399,28 +415,35 @@ impl<B: Backend> Producer<B> {
     /// Starts counting an attached consumer: the watchdog acts on its hang-up.
     fn count_in(&mut self, id: ConsumerId, pid: u32, conn: PeerConnection) {
         let ring = self.ring.clone();
-        let watched = self.watchdog.watch(
+        let watched = Arc::new(());
+        let hold = watched.clone();
+        let gpu_writes = self.strategy.gpu_writes_counters();
+        let action = self.watchdog.watch(
             &conn,
             Box::new(move |first| {
-                if !first {
-                    let _ = ring.repoison_released(id);
-                } else if ring.block().consumer_state(id.index()) == Some((ConsumerState::Live, id.epoch())) {
-                    // (A consumer that detached first closes its connection too: nothing to do.)
+                let _hold = &hold;
+                let state = ring.block().consumer_state(id.index());
+                if first && state == Some((ConsumerState::Live, id.epoch())) {
                     tracing::warn!(consumer = id.index(), "consumer hung up; releasing what it held");
                     let _ = ring.mark_consumer_dead(id);
+                } else if !first {
+                    let _ = ring.repoison_released(id);
                 }
+                // A consumer that detached, or whose GPU never wrote the counters, leaves nothing behind; a dead
+                // one's queued GPU stores may still land: repeat the poison (the watchdog bounds how long).
+                gpu_writes && ring.block().consumer_state(id.index()) == Some((ConsumerState::Dead, id.epoch()))
             }),
         );
-        match watched {
+        match action {
             Ok(()) => {
                 tracing::info!(consumer = id.index(), pid, "consumer attached");
-                self.peers.push(Peer { id, pid, _conn: conn });
+                self.peers.push(Peer { id, pid, conn, watched });
             }
             Err(e) => {
                 // Unwatched, its death would go unnoticed: let it go (closing the connection tells it).
                 tracing::warn!(consumer = id.index(), pid, error = %e, "cannot watch a consumer; dropping it");
                 let _ = self.ring.mark_consumer_dead(id);
-                self.retired.push((id, self.next_seq));
+                self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
             }
         }
     }
@@ -429,20 +452,7 @@ impl<B: Backend> Producer<B> {
     /// backend has one), exported now: the exporter keeps no copy.
     fn make_offer(&mut self, id: ConsumerId) -> Result<(Message, Vec<OwnedFd>), FrameError> {
         let exported = B::export(&self.region)?;
-        let mut event_handles = Vec::new();
-        if let ProducerSync::Events { published, released } = &mut self.sync {
-            let cuda = B::cuda_context(&self.ctx)
-                .ok_or_else(|| FrameError::Config("IPC events without a CUDA context".into()))?;
-            let fresh = (0..self.config.slots)
-                .map(|_| Event::new(cuda, EventFlags::INTERPROCESS))
-                .collect::<Result<Vec<_>, _>>()?;
-            for event in published.iter().chain(fresh.iter()) {
-                event_handles.push(event.ipc_handle()?.0);
-            }
-            if let Some(record) = released.get_mut(id.index() as usize) {
-                *record = Some((id, fresh));
-            }
-        }
+        let event_handles = self.sync.offer_event_handles(id)?;
         let legacy_mem_handle = match exported.bytes.len() {
             0 => None,
             _ => Some(<[u8; 64]>::try_from(exported.bytes.as_slice()).map_err(|_| {
@@ -473,20 +483,24 @@ impl<B: Backend> Producer<B> {
         Ok((Message::RingOffer(offer), fds))
     }
 
-    /// Drops consumers that are no longer live (the watchdog marked them dead when they hung up).
+    /// Drops consumers that are no longer live (the watchdog marked them dead when they hung up, they detached,
+    /// or they were evicted) and quarantines their records.
     fn reap_dead_peers(&mut self) {
         let block = self.ring.block();
         let next_seq = self.next_seq;
+        let evicted = &self.evicted;
         let mut lost = 0;
         let mut retired = Vec::new();
         self.peers.retain(|peer| match block.consumer_state(peer.id.index()) {
             Some((ConsumerState::Live, epoch)) if epoch == peer.id.epoch() => true,
             state => {
-                // Dead: its hang-up or its pid said it is gone without detaching. Detached: it left cleanly.
-                let died = matches!(state, Some((ConsumerState::Dead, epoch)) if epoch == peer.id.epoch());
+                // Dead: its hang-up or its pid said it is gone without detaching (or it was evicted). Detached: it
+                // left cleanly.
+                let died = matches!(state, Some((ConsumerState::Dead, epoch)) if epoch == peer.id.epoch())
+                    && !evicted.contains(&peer.id);
                 lost += usize::from(died);
                 tracing::info!(consumer = peer.id.index(), pid = peer.pid, died, "consumer gone");
-                retired.push((peer.id, next_seq));
+                retired.push(Retired { id: peer.id, left_at: next_seq, watched: Some(peer.watched.clone()) });
                 false
             }
         });
@@ -494,30 +508,43 @@ impl<B: Backend> Producer<B> {
         self.retired.append(&mut retired);
     }
 
-    /// Frees the records of consumers that left, so later consumers can take them. With `GpuStreamOps` the stream
-    /// may still hold waits on a record's counters (queued before the consumer left), and a new owner starts them
-    /// at 0: such a record is freed only once the stream has passed every frame queued before the consumer left.
+    /// Frees the records of consumers that left once nothing can write them any more ([`Retired::reusable`]);
+    /// meanwhile re-poisons the dead ones that may still be writing (an evicted consumer that has not hung up).
     fn reclaim_retired(&mut self) {
-        let gpu = matches!(self.sync, ProducerSync::Gpu { .. });
-        let done_below = self.stream_done_below;
         let ring = &self.ring;
-        self.retired.retain(|&(id, left_at)| {
-            if gpu && left_at > done_below {
+        let sync = &*self.sync;
+        self.retired.retain(|retired| {
+            if !retired.reusable(sync) {
+                let _ = ring.repoison_released(retired.id);
                 return true;
             }
-            if let Err(e) = ring.reclaim_consumer(id) {
-                tracing::warn!(consumer = id.index(), error = %e, "could not free a consumer record");
+            if let Err(e) = ring.reclaim_consumer(retired.id) {
+                tracing::warn!(consumer = retired.id.index(), error = %e, "could not free a consumer record");
             }
             false
         });
+        let retired = &self.retired;
+        self.evicted.retain(|id| retired.iter().any(|r| r.id == *id) || self.peers.iter().any(|p| p.id == *id));
     }
 }
 
 impl<B: Backend> Drop for Producer<B> {
     fn drop(&mut self) {
-        // Consumers' waits end with ProducerGone.
+        // Consumers finish the frames already published, then get ProducerGone.
         self.ring.close();
         self.admission.stop();
+        // Every wait our stream holds on a consumer's counters completes once they are poisoned; then wait
+        // (bounded) for the stream to pass what we queued on the ring before freeing what it uses.
+        self.ring.poison_all_released();
+        if !self.sync.settle(Instant::now() + self.config.gpu_timeout) {
+            tracing::error!(
+                "the producer's stream did not finish its work on the ring within {:?}: leaking the ring's memory \
+                 rather than freeing it under the GPU",
+                self.config.gpu_timeout
+            );
+            std::mem::forget(self.region.clone());
+            std::mem::forget(std::mem::replace(&mut self.sync, Box::new(super::strategy::Closed)));
+        }
         self.watchdog.stop();
     }
 }

@@ -25,15 +25,18 @@ const PERIOD: Duration = Duration::from_millis(1);
 /// by the peers still connected, not by the rate at which peers leave.
 const REPEAT_FOR: Duration = Duration::from_secs(10);
 
-/// What to do when a watched peer hangs up: called with `true` at once, then with `false` every period for
-/// [`REPEAT_FOR`].
-pub(crate) type OnHangUp = Box<dyn FnMut(bool) + Send>;
+/// What to do when a watched peer hangs up: called with `true` at once, then with `false` every period while it
+/// returns true, for at most [`REPEAT_FOR`]. It is dropped after its last call (what holds a quarantine on the
+/// peer's record, see the producer).
+pub(crate) type OnHangUp = Box<dyn FnMut(bool) -> bool + Send>;
 
 struct Watched {
     /// A duplicate of the peer's socket until it hangs up; `None` afterwards.
     fd: Option<OwnedFd>,
     on_hang_up: OnHangUp,
     since: Option<Instant>,
+    /// Whether the action asked to be repeated.
+    repeat: bool,
 }
 
 /// The watchdog thread of one producer or consumer.
@@ -64,7 +67,7 @@ impl Watchdog {
     pub(crate) fn watch(&self, conn: &impl AsFd, on_hang_up: OnHangUp) -> std::io::Result<()> {
         let fd = conn.as_fd().try_clone_to_owned()?;
         if let Ok(mut list) = self.watched.lock() {
-            list.push(Watched { fd: Some(fd), on_hang_up, since: None });
+            list.push(Watched { fd: Some(fd), on_hang_up, since: None, repeat: true });
         }
         Ok(())
     }
@@ -109,13 +112,13 @@ fn run(watched: &Mutex<Vec<Watched>>, stop: &AtomicBool) {
                     None if flags.intersects(hang_up) => {
                         w.since = Some(now);
                         w.fd = None;
-                        (w.on_hang_up)(true);
+                        w.repeat = (w.on_hang_up)(true);
                     }
-                    Some(_) => (w.on_hang_up)(false),
-                    None => {}
+                    Some(_) if w.repeat => w.repeat = (w.on_hang_up)(false),
+                    _ => {}
                 }
             }
-            list.retain(|w| w.since.is_none_or(|t| now.duration_since(t) < REPEAT_FOR));
+            list.retain(|w| w.since.is_none_or(|t| w.repeat && now.duration_since(t) < REPEAT_FOR));
         }
         std::thread::sleep(PERIOD);
     }

@@ -625,6 +625,18 @@ impl ProducerControl {
         Err(RingError::NotLive { consumer, found: ConsumerState::from_raw(word), found_epoch: state_epoch(word) })
     }
 
+    /// Writes [`POISON`] into the `released` counters of every record in use: at teardown, so that every GPU wait
+    /// the producer queued on them completes (nothing reads them after the producer).
+    pub fn poison_all_released(&self) {
+        for (index, record) in self.block.active_records() {
+            self.poisoning(index, || {
+                if ConsumerState::from_raw(record.state.load(Ordering::SeqCst)) != Some(ConsumerState::Free) {
+                    self.block.poison_released(record);
+                }
+            });
+        }
+    }
+
     /// Marks the ring closed: consumers finish the frames already published, then get `ProducerGone`.
     pub fn close(&self) {
         // Release: everything published before closing is visible to whoever sees Closed.
@@ -765,6 +777,12 @@ impl ConsumerControl {
     /// Leaves the ring: stops counting for back-pressure and poisons this consumer's `released` counters so that
     /// GPU waits the producer already enqueued on them complete.
     pub fn detach(self) -> Result<(), RingError> {
+        self.detach_in_place()
+    }
+
+    /// As [`detach`](Self::detach), through a shared reference (the consumer's control is shared with its
+    /// watchdog); detaching twice is not an error.
+    pub fn leave(&self) -> Result<(), RingError> {
         self.detach_in_place()
     }
 

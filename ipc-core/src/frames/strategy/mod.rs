@@ -1,0 +1,290 @@
+//! Sync strategies: how a producer waits for a free slot and publishes, and how a consumer waits for a frame and
+//! releases it. One module per strategy, each implementing [`Strategy`]; [`strategy`] is the only place that maps
+//! the wire's [`SyncStrategy`] to its implementation, so adding a strategy touches that match and its own module.
+//!
+//! Every wait a strategy makes is bounded: the CPU ones by the caller's deadline, the GPU-side ones by the
+//! run-ahead bound (the CPU naps until the stream has passed frame `seq - depth`, or the deadline passes).
+
+mod cpu;
+mod cpu_sleep;
+mod cpu_spin;
+mod gpu_stream_ops;
+mod ipc_event;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::driver::{Context, Stream};
+use crate::frames::FrameError;
+use crate::ring::{ConsumerControl, ConsumerId, GoneReason, ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
+use crate::wire::SyncStrategy;
+
+/// What a strategy needs to set up either side.
+pub(crate) struct Setup<'a> {
+    /// The CUDA context, for backends that have one.
+    pub cuda: Option<&'a Context>,
+    /// The ring's control block mapping (GPU-side strategies register it for the device).
+    pub block: Arc<crate::sys::shm::SharedObject<crate::ring::layout::ControlBlockLayout>>,
+    /// Slots in the ring.
+    pub slots: u32,
+    /// Consumer records in the ring.
+    pub max_consumers: u32,
+    /// Poll interval of `CpuSleep`.
+    pub sleep_interval: Duration,
+}
+
+/// A sync strategy: checks what it needs and builds each side.
+pub(crate) trait Strategy: Sync {
+    /// Its name on the wire.
+    fn kind(&self) -> SyncStrategy;
+
+    /// Whether a peer's GPU work writes the ring's counters: then a dead peer's queued stores can still land after
+    /// it died, so its counters are re-poisoned and its record quarantined for a while (see the watchdog).
+    fn gpu_writes_counters(&self) -> bool {
+        false
+    }
+
+    /// Checks, at `Producer::create` and `Consumer::attach`, that this backend and device can run the strategy:
+    /// a typed error naming the fix, rather than a failure at the first frame.
+    fn check(&self, cuda: Option<&Context>) -> Result<(), FrameError>;
+
+    /// The producer's side.
+    fn producer(&self, setup: Setup<'_>) -> Result<Box<dyn ProducerSide>, FrameError>;
+
+    /// A consumer's side; `event_handles` as offered.
+    fn consumer(&self, setup: Setup<'_>, event_handles: &[[u8; 64]]) -> Result<Box<dyn ConsumerSide>, FrameError>;
+}
+
+/// The implementation of `sync`: the one match over the wire's strategies.
+pub(crate) fn strategy(sync: SyncStrategy) -> &'static dyn Strategy {
+    match sync {
+        SyncStrategy::CpuSpin => &cpu_spin::CpuSpin,
+        SyncStrategy::CpuSleep => &cpu_sleep::CpuSleep,
+        SyncStrategy::IpcEvent => &ipc_event::IpcEvent,
+        SyncStrategy::GpuStreamOps => &gpu_stream_ops::GpuStreamOps,
+    }
+}
+
+/// The producer's half of a strategy.
+pub(crate) trait ProducerSide: Send + Sync {
+    /// Makes the CPU, or `stream`, wait until frame `seq`'s slot may be written.
+    fn wait_slot_free(
+        &mut self,
+        ring: &ProducerControl,
+        seq: u64,
+        stream: Option<&Stream>,
+        deadline: Instant,
+    ) -> Result<(), FrameError>;
+
+    /// Publishes frame `seq` (in `slot`) once the work queued on `stream` is done. `gpu_deadline` bounds a CPU
+    /// wait for that work.
+    fn publish(
+        &mut self,
+        ring: &ProducerControl,
+        seq: u64,
+        slot: u32,
+        stream: Option<&Stream>,
+        gpu_deadline: Instant,
+    ) -> Result<(), FrameError>;
+
+    /// The IPC event handles offered to record `id`, in offer order (only the IPC-event strategy has any).
+    fn offer_event_handles(&mut self, _id: ConsumerId) -> Result<Vec<[u8; 64]>, FrameError> {
+        Ok(Vec::new())
+    }
+
+    /// Whether nothing this side queued can still read the counters of a record whose consumer left when the
+    /// producer was at sequence `left_at`.
+    fn record_reusable(&self, _left_at: u64) -> bool {
+        true
+    }
+
+    /// Appends the consumers that hold up frame `seq` (have not released the frame its slot held): what a
+    /// slow-consumer policy evicts after a timeout.
+    fn holding_up(&self, ring: &ProducerControl, seq: u64, out: &mut Vec<ConsumerId>) {
+        let mut pending = Vec::new();
+        if ring.pending_releases(Sequence(seq), &mut pending).is_ok() {
+            out.extend(pending.iter().map(|p| p.consumer));
+        }
+    }
+
+    /// Waits, until `deadline`, for everything queued on `stream` so far.
+    fn drain(&mut self, stream: Option<&Stream>, deadline: Instant) -> Result<(), FrameError>;
+
+    /// Waits, until `deadline`, for the GPU work this side queued that reads or writes the ring (its control
+    /// block registration, its slots). False when it did not finish: the caller must then not free what it uses.
+    fn settle(&mut self, _deadline: Instant) -> bool {
+        true
+    }
+}
+
+/// What a consumer's side shares with the consumer: its control, the producer's hang-up flag, how to word
+/// "the producer is gone".
+pub(crate) struct ConsumerShared {
+    /// This consumer's view of the control block.
+    pub ring: Arc<ConsumerControl>,
+    /// Set by the watchdog when the producer's connection hangs up.
+    pub producer_hung_up: Arc<AtomicBool>,
+    /// The producer's pid, for errors.
+    pub producer_pid: u32,
+}
+
+impl ConsumerShared {
+    /// [`FrameError::ProducerGone`] with `how`.
+    pub fn gone(&self, how: impl Into<String>) -> FrameError {
+        FrameError::ProducerGone { pid: self.producer_pid, how: how.into() }
+    }
+
+    /// Whether the producer's connection hung up.
+    pub fn hung_up(&self) -> bool {
+        self.producer_hung_up.load(Ordering::Acquire)
+    }
+
+    /// A ring error in the words of the frame API; this consumer's own record no longer live means it was evicted.
+    pub fn map_ring(&self, e: RingError, what: &str) -> FrameError {
+        match e {
+            RingError::ProducerGone { reason, .. } => self.gone(match reason {
+                GoneReason::Closed => "it closed the ring".to_owned(),
+                other => format!("{other:?}"),
+            }),
+            RingError::Timeout { waited, .. } => FrameError::Timeout { what: what.to_owned(), waited },
+            RingError::NotLive { consumer, .. } => FrameError::Evicted { consumer: consumer.index() },
+            other => other.into(),
+        }
+    }
+
+    /// Waits on the CPU until frame `seq` is published.
+    pub fn wait_published(&self, seq: Sequence, mode: WaitMode, deadline: Instant) -> Result<(), FrameError> {
+        self.ring.wait_published(seq, deadline, mode).map_err(|e| {
+            if self.hung_up() {
+                self.gone("its connection hung up (the process exited or was killed)")
+            } else {
+                self.map_ring(e, &format!("frame {}", seq.0))
+            }
+        })
+    }
+}
+
+/// A consumer's half of a strategy.
+pub(crate) trait ConsumerSide: Send + Sync {
+    /// Makes the CPU, or `stream`, wait until frame `seq` (in `slot`) is published.
+    fn wait_frame(
+        &mut self,
+        shared: &ConsumerShared,
+        seq: Sequence,
+        slot: SlotIndex,
+        stream: Option<&Stream>,
+        deadline: Instant,
+    ) -> Result<(), FrameError>;
+
+    /// Releases frame `seq` once the work queued on `stream` has read it. `gpu_deadline` bounds a CPU wait for
+    /// that work.
+    fn release(
+        &mut self,
+        shared: &ConsumerShared,
+        seq: Sequence,
+        slot: SlotIndex,
+        stream: Option<&Stream>,
+        gpu_deadline: Instant,
+    ) -> Result<(), FrameError>;
+
+    /// As [`ProducerSide::settle`].
+    fn settle(&mut self, _deadline: Instant) -> bool {
+        true
+    }
+}
+
+/// The stream a GPU-side strategy queues its waits and writes on.
+pub(crate) fn need_stream(stream: Option<&Stream>, strategy: SyncStrategy) -> Result<&Stream, FrameError> {
+    stream.ok_or_else(|| FrameError::Config(format!("the {strategy} strategy needs a stream")))
+}
+
+/// A strategy this backend or device cannot run, with what to do instead.
+pub(crate) fn unavailable(sync: SyncStrategy, reason: impl Into<String>) -> FrameError {
+    FrameError::StrategyUnavailable { strategy: sync.to_string(), reason: reason.into() }
+}
+
+/// The CUDA context a CUDA-only strategy needs.
+pub(crate) fn need_cuda(sync: SyncStrategy, cuda: Option<&Context>) -> Result<&Context, FrameError> {
+    cuda.ok_or_else(|| unavailable(sync, "it needs a CUDA backend (legacy or vmm); use cpu-spin or cpu-sleep"))
+}
+
+/// What a side becomes when teardown leaks it on purpose: every call fails.
+pub(crate) struct Closed;
+
+impl ProducerSide for Closed {
+    fn wait_slot_free(
+        &mut self,
+        _: &ProducerControl,
+        _: u64,
+        _: Option<&Stream>,
+        _: Instant,
+    ) -> Result<(), FrameError> {
+        Err(FrameError::Config("the producer is shut down".into()))
+    }
+
+    fn publish(
+        &mut self,
+        _: &ProducerControl,
+        _: u64,
+        _: u32,
+        _: Option<&Stream>,
+        _: Instant,
+    ) -> Result<(), FrameError> {
+        Err(FrameError::Config("the producer is shut down".into()))
+    }
+
+    fn drain(&mut self, _: Option<&Stream>, _: Instant) -> Result<(), FrameError> {
+        Ok(())
+    }
+}
+
+impl ConsumerSide for Closed {
+    fn wait_frame(
+        &mut self,
+        _: &ConsumerShared,
+        _: Sequence,
+        _: SlotIndex,
+        _: Option<&Stream>,
+        _: Instant,
+    ) -> Result<(), FrameError> {
+        Err(FrameError::Config("the consumer is detached".into()))
+    }
+
+    fn release(
+        &mut self,
+        _: &ConsumerShared,
+        _: Sequence,
+        _: SlotIndex,
+        _: Option<&Stream>,
+        _: Instant,
+    ) -> Result<(), FrameError> {
+        Err(FrameError::Config("the consumer is detached".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_wire_strategy_maps_to_its_own_implementation() {
+        for sync in [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps]
+        {
+            assert_eq!(strategy(sync).kind(), sync);
+        }
+        assert!(strategy(SyncStrategy::GpuStreamOps).gpu_writes_counters());
+        assert!(!strategy(SyncStrategy::CpuSpin).gpu_writes_counters());
+    }
+
+    #[test]
+    fn cuda_strategies_refuse_a_backend_without_cuda_and_say_what_to_use() {
+        for sync in [SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps] {
+            match strategy(sync).check(None) {
+                Err(FrameError::StrategyUnavailable { reason, .. }) => assert!(reason.contains("cpu-spin"), "{reason}"),
+                other => panic!("{sync}: {other:?}"),
+            }
+        }
+        assert!(strategy(SyncStrategy::CpuSleep).check(None).is_ok());
+    }
+}
