@@ -530,13 +530,14 @@ impl<B: Backend> Producer<B> {
 
 impl<B: Backend> Drop for Producer<B> {
     fn drop(&mut self) {
-        // Consumers finish the frames already published, then get ProducerGone.
-        self.ring.close();
         self.admission.stop();
         // Every wait our stream holds on a consumer's counters completes once they are poisoned; then wait
         // (bounded) for the stream to pass what we queued on the ring before freeing what it uses.
         self.ring.poison_all_released();
-        if !self.sync.settle(Instant::now() + self.config.gpu_timeout) {
+        let settled = self.sync.settle(Instant::now() + self.config.gpu_timeout);
+        // Consumers finish the frames already published (complete now, when settled), then get ProducerGone.
+        self.ring.close();
+        if !settled {
             tracing::error!(
                 "the producer's stream did not finish its work on the ring within {:?}: leaking the ring's memory \
                  rather than freeing it under the GPU",

@@ -703,6 +703,13 @@ impl ConsumerControl {
         // Acquire: pairs with the producer's Release in `publish`, making the frame's contents visible.
         let value = self.block.published(self.block.slot_for(seq)).load(Ordering::Acquire);
         if value == POISON {
+            // The producer's hang-up poisons every slot. After a clean close that hides frames it did publish:
+            // they are intact (nothing writes the slots any more), so they are still delivered.
+            let header = &self.block.layout().header;
+            let closed = header.producer_state.load(Ordering::Acquire) == ProducerState::Closed as u64;
+            if closed && seq < self.block.next_sequence() {
+                return Ok(true);
+            }
             return Err(RingError::ProducerGone { pid: self.block.producer_pid(), reason: GoneReason::Poisoned });
         }
         if value > seq.done_value() {

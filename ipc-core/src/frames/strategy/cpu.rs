@@ -22,6 +22,9 @@ pub(crate) fn wait_reusable(
                 tracing::info!(consumer = consumer.index(), "consumer gone while the producer waited");
                 ring.mark_consumer_dead(consumer)?;
             }
+            Err(RingError::Timeout { waiting_for, waited }) => {
+                return Err(FrameError::Timeout { what: waiting_for.to_string(), waited });
+            }
             Err(e) => return Err(e.into()),
         }
     }

@@ -38,6 +38,7 @@ impl Strategy for IpcEvent {
         Ok(Box::new(EventProducer {
             ctx: cuda.clone(),
             slots: setup.slots,
+            last_published: None,
             published,
             released: (0..setup.max_consumers).map(|_| None).collect(),
         }))
@@ -65,6 +66,8 @@ impl Strategy for IpcEvent {
 struct EventProducer {
     ctx: Context,
     slots: u32,
+    /// The slot whose published event was recorded last, for teardown.
+    last_published: Option<usize>,
     published: Vec<Event>,
     released: Vec<Option<(ConsumerId, Vec<Event>)>>,
 }
@@ -107,7 +110,15 @@ impl ProducerSide for EventProducer {
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
         self.published[slot as usize].record(stream)?;
+        self.last_published = Some(slot as usize);
         Ok(ring.publish(Sequence(seq))?)
+    }
+
+    fn settle(&mut self, deadline: Instant) -> bool {
+        // The frames' work is what a consumer still reading them needs complete; events are polled, never waited.
+        self.last_published.and_then(|slot| self.published.get(slot)).is_none_or(|event| {
+            wait_for_event(event, deadline, None, || true, || "the last frame's work".to_owned()).is_ok()
+        })
     }
 
     fn offer_event_handles(&mut self, id: ConsumerId) -> Result<Vec<[u8; 64]>, FrameError> {

@@ -1,0 +1,212 @@
+//! Record lifetimes and back-pressure of the frame API on the fake backend (issue 9): eviction of a stuck
+//! consumer, by policy and by hand; frames published before a close are still delivered; a killed consumer's
+//! record is reused only once nothing can write it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
+use ipc_core::wire::{
+    Attached, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, PixelFormat, SyncStrategy,
+};
+
+const T: Duration = Duration::from_secs(10);
+
+fn sock(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("gpu-ipc-life-{}-{name}.sock", std::process::id()))
+}
+
+fn config(name: &str, slots: u32) -> ProducerConfig {
+    let geometry = FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap();
+    ProducerConfig::new(sock(name), geometry, slots, SyncStrategy::CpuSpin)
+}
+
+fn publish(p: &mut Producer<HostFake>, timeout: Duration) -> Result<u64, FrameError> {
+    let lease = p.acquire(None, timeout)?;
+    p.region().write(lease.ptr, &lease.seq.to_le_bytes().repeat(lease.bytes as usize / 8)).unwrap();
+    let seq = lease.seq;
+    p.publish(lease, None)?;
+    Ok(seq)
+}
+
+/// A consumer thread that reads `frames` frames, releasing each, then detaches.
+fn reader(name: &str, frames: u64) -> thread::JoinHandle<Result<u64, FrameError>> {
+    let path = sock(name);
+    thread::spawn(move || {
+        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+        for _ in 0..frames {
+            let frame = c.next_frame(None, T)?;
+            c.release(frame, None)?;
+        }
+        c.detach();
+        Ok(frames)
+    })
+}
+
+/// A consumer thread that takes one frame and never releases it, then reports what its next call returns once
+/// told to go on.
+fn stuck(name: &str, go_on: std::sync::mpsc::Receiver<()>) -> thread::JoinHandle<Result<(), FrameError>> {
+    let path = sock(name);
+    thread::spawn(move || {
+        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+        let _held = c.next_frame(None, T)?;
+        go_on.recv().unwrap();
+        let frame = c.next_frame(None, Duration::from_millis(200))?;
+        c.release(frame, None)
+    })
+}
+
+#[test]
+fn the_evict_policy_frees_the_ring_from_a_stuck_consumer_and_tells_it() {
+    let mut cfg = config("policy", 2);
+    cfg.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(100) };
+    let mut p = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
+    let (go_on, wait) = std::sync::mpsc::channel();
+    let stuck = stuck("policy", wait);
+    let healthy = reader("policy", 200);
+    p.wait_for_consumers(2, T).unwrap();
+    let start = Instant::now();
+    for _ in 0..200 {
+        publish(&mut p, Duration::from_secs(5)).unwrap();
+    }
+    p.drain(None, T).unwrap();
+    assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
+    assert_eq!(healthy.join().unwrap().unwrap(), 200);
+    assert_eq!(p.consumers_evicted(), 1);
+    assert_eq!(p.consumers_lost(), 0, "an evicted consumer is not counted as lost");
+    go_on.send(()).unwrap();
+    match stuck.join().unwrap() {
+        Err(FrameError::Evicted { .. }) => {}
+        other => panic!("the stuck consumer should learn it was evicted, got {other:?}"),
+    }
+}
+
+#[test]
+fn block_waits_for_a_stuck_consumer_until_the_application_evicts_it() {
+    let mut p = Producer::<HostFake>::create(&HostContext, config("block", 1)).unwrap();
+    let (go_on, wait) = std::sync::mpsc::channel();
+    let stuck = stuck("block", wait);
+    p.wait_for_consumers(1, T).unwrap();
+    publish(&mut p, T).unwrap();
+    // It holds frame 0 in the only slot: the next acquire times out...
+    thread::sleep(Duration::from_millis(50));
+    match publish(&mut p, Duration::from_millis(100)) {
+        Err(FrameError::Timeout { .. }) => {}
+        other => panic!("expected a timeout while the consumer holds the slot, got {other:?}"),
+    }
+    // ...until the application evicts it.
+    let ids = p.consumer_ids();
+    assert_eq!(ids.len(), 1);
+    assert!(p.evict(ids[0]).unwrap());
+    assert!(!p.evict(ids[0]).unwrap(), "evicting twice does nothing");
+    assert_eq!(publish(&mut p, Duration::from_millis(500)).unwrap(), 1);
+    go_on.send(()).unwrap();
+    assert!(matches!(stuck.join().unwrap(), Err(FrameError::Evicted { .. })));
+}
+
+#[test]
+fn frames_published_before_the_producer_closed_are_all_delivered() {
+    let mut p = Producer::<HostFake>::create(&HostContext, config("close", 16)).unwrap();
+    let path = sock("close");
+    let consumer = thread::spawn(move || {
+        let c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        (
+            c.next_sequence(),
+            tx,
+            rx,
+            {
+                // Wait until told that the producer is gone, then read everything.
+                move |c: &mut Consumer<HostFake>| {
+                    let mut got = Vec::new();
+                    loop {
+                        match c.next_frame(None, Duration::from_secs(1)) {
+                            Ok(frame) => {
+                                let mut word = [0u8; 8];
+                                c.region().read(frame.ptr, &mut word).unwrap();
+                                assert_eq!(u64::from_le_bytes(word), frame.seq, "frame {} intact", frame.seq);
+                                got.push(frame.seq);
+                                c.release(frame, None).unwrap();
+                            }
+                            Err(FrameError::ProducerGone { .. }) => return got,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            },
+            c,
+        )
+    });
+    p.wait_for_consumers(1, T).unwrap();
+    let (first, _tx, _rx, read_all, mut c) = consumer.join().unwrap();
+    assert_eq!(first, 0);
+    for _ in 0..10 {
+        publish(&mut p, T).unwrap();
+    }
+    drop(p);
+    assert_eq!(read_all(&mut c), (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_killed_consumers_record_is_quarantined_while_the_watchdog_may_write_it() {
+    // CPU strategies: a dead consumer's process writes nothing after it dies, so its record is free again as soon
+    // as the watchdog has acted on the hang-up; the next consumer gets clean counters.
+    let mut cfg = config("quarantine", 1);
+    cfg.max_consumers = 1;
+    let mut p = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
+    for round in 0..20 {
+        // A consumer that completes the handshake and vanishes without detaching. (The previous round's record
+        // comes back within a few watchdog periods of its owner's hang-up: retry while the ring is full.)
+        let deadline = Instant::now() + T;
+        let (conn, offer) = loop {
+            let conn = PeerConnection::connect(sock("quarantine"), T).unwrap();
+            let hello = ClientHello {
+                protocol_version: PROTOCOL_VERSION,
+                client_pid: std::process::id(),
+                wanted_backend: None,
+                consumer_name: format!("ghost {round}"),
+            };
+            conn.send(&Message::ClientHello(hello), Vec::new(), T).unwrap();
+            let received = loop {
+                p.admit_pending().unwrap();
+                if let Ok(received) = conn.recv(Duration::from_millis(5)) {
+                    break received;
+                }
+                assert!(Instant::now() < deadline, "no answer");
+            };
+            match received.into_ring_offer() {
+                Ok((offer, _fds)) => break (conn, offer),
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "round {round}: never admitted: {e}");
+                    thread::sleep(Duration::from_millis(2));
+                }
+            }
+        };
+        conn.send(&Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), T).unwrap();
+        p.wait_for_consumers(1, T).unwrap();
+        drop(conn);
+        // Its record comes back for the next consumer, which then holds the producer back as it should.
+        let start = Instant::now();
+        while p.consumers() != 0 {
+            assert!(start.elapsed() < T, "hang-up not noticed");
+            thread::sleep(Duration::from_millis(1));
+        }
+        let (go_on, wait) = std::sync::mpsc::channel();
+        let holder = stuck("quarantine", wait);
+        p.wait_for_consumers(1, T).unwrap();
+        publish(&mut p, T).unwrap();
+        thread::sleep(Duration::from_millis(5));
+        assert!(
+            matches!(publish(&mut p, Duration::from_millis(30)), Err(FrameError::Timeout { .. })),
+            "round {round}: the new consumer's counters were poisoned: the producer overwrote the frame it holds"
+        );
+        let ids = p.consumer_ids();
+        p.evict(ids[0]).unwrap();
+        go_on.send(()).unwrap();
+        let _ = holder.join().unwrap();
+        publish(&mut p, T).unwrap();
+    }
+}
