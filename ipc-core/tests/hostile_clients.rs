@@ -312,7 +312,12 @@ fn wrong_magic_version_and_type() {
             send_then_expect_refused(path, &bytes, Vec::new(), malformed);
         }
         // A hello whose payload breaks its own rules (name_len past the payload).
-        send_then_expect_refused(path, &patched_hello(|b| b[32..34].copy_from_slice(&60u16.to_le_bytes())), Vec::new(), malformed);
+        send_then_expect_refused(
+            path,
+            &patched_hello(|b| b[32..34].copy_from_slice(&60u16.to_le_bytes())),
+            Vec::new(),
+            malformed,
+        );
         // A known type out of place: an `Attached` before any hello.
         let attached = Message::Attached(ipc_core::wire::Attached { consumer_id: 0 }).encode().unwrap();
         send_then_expect_refused(path, &attached, Vec::new(), malformed);

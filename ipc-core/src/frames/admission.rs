@@ -12,7 +12,12 @@
 //! the offer ([`AdmissionEvent::WantsOffer`]); the producer makes it (export, IPC events) when it next drains the
 //! queue, in `acquire`, `wait_for_consumers` or `admit_pending`, without ever waiting; the thread sends it and
 //! waits for `Attached`. Every failure is logged and survived: a refused peer, a failed accept (with a back-off
-//! when the process is out of fds), a broken or abandoned handshake. A handshake that fails after taking a record
+//! when the process is out of fds), a broken or abandoned handshake. A first message that is not a valid hello is
+//! answered with `Refused` (code 1 for another protocol version, 6 for anything else) before the connection is
+//! closed, so a client learns why instead of seeing a hang-up. A peer in a PID namespace the producer cannot see
+//! (`SO_PEERCRED` pid 0) is admitted with pid 0 in its record: only its connection tells whether it is alive.
+//! After `Attached` the thread hands the connection over and nothing reads it again: a consumer's `Detach` is
+//! advisory, its ring-level detach (the record's state) is what the producer goes by when it hangs up. A handshake that fails after taking a record
 //! marks it dead (poisoning its release counters) and reports [`AdmissionEvent::Failed`], so the producer retires
 //! the record through the same quarantine as a consumer that died.
 

@@ -226,7 +226,12 @@ impl<B: Backend> Consumer<B> {
                 let stream = super::need_stream(stream, "GpuStreamOps")?;
                 run_ahead.before(seq.0, deadline)?;
                 self.check_producer()?;
-                registration.wait_value_u64(stream, published_offset(slot), seq.done_value(), WaitCondition::AtLeast)?;
+                registration.wait_value_u64(
+                    stream,
+                    published_offset(slot),
+                    seq.done_value(),
+                    WaitCondition::AtLeast,
+                )?;
             }
         }
         self.next_seq = seq.0 + 1;

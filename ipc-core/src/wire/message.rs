@@ -41,7 +41,7 @@ pub enum MessageType {
     RingOffer,
     /// Consumer -> producer: the ring is imported and the consumer is live.
     Attached,
-    /// Either way: leaving cleanly.
+    /// Consumer -> producer: leaving (advisory; see [`Detach`]).
     Detach,
     /// Producer -> consumer: not admitted.
     Refused,
@@ -89,13 +89,14 @@ impl MessageType {
 pub enum DetachReason {
     /// The consumer has read what it wanted.
     ConsumerDone,
-    /// The producer is shutting the ring down.
+    /// The producer is shutting the ring down (never sent by the reference producer, which marks the control
+    /// block CLOSED and closes the connection instead; receivers accept it).
     ProducerShutdown,
     /// The consumer could not import the offered ring.
     ImportFailed,
-    /// The producer evicts a consumer that held slots too long.
+    /// The producer evicts a consumer that held slots too long (no eviction in version 1: never sent).
     TooSlow,
-    /// The peer violated the protocol.
+    /// The peer violated the protocol (reserved: never sent by the reference implementation).
     ProtocolError,
 }
 
@@ -396,8 +397,12 @@ pub struct Attached {
     pub consumer_id: u32,
 }
 
-/// Either direction: the sender leaves; the receiver releases what it holds for the peer and
-/// closes the connection.
+/// Consumer -> producer: the consumer leaves (reason 1, after its ring-level detach) or could not import the
+/// offer (reason 3, instead of [`Attached`]); it closes the connection next.
+///
+/// Advisory after `Attached`: the producer reads nothing from an attached consumer's connection, and goes by the
+/// consumer's record in the control block when the connection hangs up (DETACHED: it left; still LIVE: it is
+/// lost). During the handshake it ends the handshake and frees the record. See `docs/protocol.md`, "Leaving".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Detach {
     /// The consumer leaving or being removed.
