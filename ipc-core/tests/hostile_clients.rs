@@ -248,6 +248,15 @@ fn send_then_expect_hang_up(path: &Path, bytes: &[u8], fds: Vec<OwnedFd>) -> Vec
     hung_up_on(stream)
 }
 
+/// Sends `bytes` (and `fds`), then expects the producer to answer `Refused` with `code` and hang up.
+fn send_then_expect_refused(path: &Path, bytes: &[u8], fds: Vec<OwnedFd>, code: RefusalCode) {
+    let answer = send_then_expect_hang_up(path, bytes, fds);
+    match Message::decode(&answer) {
+        Ok(Message::Refused(refused)) if refused.code == code => {}
+        other => panic!("expected Refused {code:?} before the hang-up, got {other:?} ({} bytes)", answer.len()),
+    }
+}
+
 /// The hello with `patch` applied to its bytes.
 fn patched_hello(patch: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let mut bytes = hello_bytes();
@@ -278,7 +287,11 @@ fn random_bytes() {
                 // Less than a header: the producer waits for the rest, so hang up ourselves.
                 drop(stream);
             } else {
-                hung_up_on(stream);
+                let answer = hung_up_on(stream);
+                assert!(
+                    matches!(Message::decode(&answer), Ok(Message::Refused(r)) if r.code == RefusalCode::MalformedHello),
+                    "answer to {len} random bytes: {answer:02x?}"
+                );
             }
         }
     });
@@ -287,17 +300,27 @@ fn random_bytes() {
 #[test]
 fn wrong_magic_version_and_type() {
     survives("header", |path| {
-        send_then_expect_hang_up(path, &patched_hello(|b| b[0] ^= 0xff), Vec::new());
-        send_then_expect_hang_up(path, &patched_hello(|b| b[8..10].copy_from_slice(&2u16.to_le_bytes())), Vec::new());
-        send_then_expect_hang_up(path, &patched_hello(|b| b[10..12].copy_from_slice(&99u16.to_le_bytes())), Vec::new());
-        // A known type out of place: an `Attached` before any hello is refused as a malformed hello.
-        let attached = Message::Attached(ipc_core::wire::Attached { consumer_id: 0 }).encode().unwrap();
-        let answer = send_then_expect_hang_up(path, &attached, Vec::new());
-        let refused = Message::decode(&answer).unwrap();
-        assert!(
-            matches!(&refused, Message::Refused(r) if r.code == RefusalCode::MalformedHello),
-            "answer to an out-of-place message: {refused:?}"
+        let malformed = RefusalCode::MalformedHello;
+        send_then_expect_refused(path, &patched_hello(|b| b[0] ^= 0xff), Vec::new(), malformed);
+        // A version this build does not speak: told so (code 1), in version 1, before the hang-up.
+        for version in [0u16, 2, 0xffff] {
+            let bytes = patched_hello(|b| b[8..10].copy_from_slice(&version.to_le_bytes()));
+            send_then_expect_refused(path, &bytes, Vec::new(), RefusalCode::UnsupportedVersion);
+        }
+        for unknown_type in [0u16, 6, 99] {
+            let bytes = patched_hello(|b| b[10..12].copy_from_slice(&unknown_type.to_le_bytes()));
+            send_then_expect_refused(path, &bytes, Vec::new(), malformed);
+        }
+        // A hello whose payload breaks its own rules (name_len past the payload).
+        send_then_expect_refused(
+            path,
+            &patched_hello(|b| b[32..34].copy_from_slice(&60u16.to_le_bytes())),
+            Vec::new(),
+            malformed,
         );
+        // A known type out of place: an `Attached` before any hello.
+        let attached = Message::Attached(ipc_core::wire::Attached { consumer_id: 0 }).encode().unwrap();
+        send_then_expect_refused(path, &attached, Vec::new(), malformed);
     });
 }
 
@@ -305,17 +328,19 @@ fn wrong_magic_version_and_type() {
 fn payload_len_of_two_to_the_31() {
     survives("huge", |path| {
         let bytes = patched_hello(|b| b[12..16].copy_from_slice(&(1u32 << 31).to_le_bytes()));
-        send_then_expect_hang_up(path, &bytes, Vec::new());
+        send_then_expect_refused(path, &bytes, Vec::new(), RefusalCode::MalformedHello);
     });
 }
 
 #[test]
 fn fds_announced_but_not_sent_and_sent_but_not_announced() {
     survives("fds", |path| {
-        send_then_expect_hang_up(path, &patched_hello(|b| b[16..20].copy_from_slice(&1u32.to_le_bytes())), Vec::new());
-        send_then_expect_hang_up(path, &hello_bytes(), vec![memfd()]);
+        let malformed = RefusalCode::MalformedHello;
+        let announced = patched_hello(|b| b[16..20].copy_from_slice(&1u32.to_le_bytes()));
+        send_then_expect_refused(path, &announced, Vec::new(), malformed);
+        send_then_expect_refused(path, &hello_bytes(), vec![memfd()], malformed);
         // More than the protocol's two: the kernel cuts them off (MSG_CTRUNC).
-        send_then_expect_hang_up(path, &hello_bytes(), vec![memfd(), memfd(), memfd()]);
+        send_then_expect_refused(path, &hello_bytes(), vec![memfd(), memfd(), memfd()], malformed);
     });
 }
 
@@ -452,14 +477,77 @@ fn a_refused_other_user_peer_does_not_end_the_producer() {
     });
 }
 
-/// Runs only as a child of the test above.
+/// A producer in a PID namespace of its own (a container) admits a consumer it cannot see (`SO_PEERCRED` pid 0):
+/// the consumer streams intact frames and leaves, and the producer counts it as detached, not lost (its record's
+/// pid is 0, which never declares it gone; its connection does).
 #[test]
-#[ignore = "child-process entry point; run by the other-user test, not on its own"]
+fn a_consumer_the_producer_cannot_see_attaches_streams_and_detaches() {
+    let _turn = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match Command::new("unshare").args(["--pid", "--fork", "true"]).output() {
+        Ok(output) if output.status.success() => {}
+        other => {
+            println!(
+                "SKIPPED a_consumer_the_producer_cannot_see_attaches_streams_and_detaches: `unshare --pid --fork` \
+                 does not run here ({other:?})"
+            );
+            return;
+        }
+    }
+    let path = sock("pid-namespace");
+    let child = Command::new("unshare")
+        .args(["--pid", "--fork"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ROLE, "produce-in-pid-namespace")
+        .env(CHILD_SOCKET, &path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + T;
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "the producer in its PID namespace never listened");
+        thread::sleep(Duration::from_millis(10));
+    }
+    real_consumer_reads(&path, 20);
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "producer child: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The child of the test above: publishes until its one consumer has come and gone.
+fn produce_for_one_consumer(path: &Path) {
+    let config = ProducerConfig::new(path, geometry(), 4, SyncStrategy::CpuSleep);
+    let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
+    p.wait_for_consumers(1, T).unwrap();
+    let deadline = Instant::now() + T;
+    while p.consumers() > 0 {
+        assert!(Instant::now() < deadline, "the consumer never left");
+        let lease = p.acquire(None, T).unwrap();
+        p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+        p.publish(lease, None).unwrap();
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(p.consumers_lost(), 0, "a consumer that detached was counted as lost");
+}
+
+/// Runs only as a child of the tests above.
+#[test]
+#[ignore = "child-process entry point; run by the other-user and PID-namespace tests, not on its own"]
 fn child_process_entry_point() {
     let (Ok(role), Some(path)) = (std::env::var(CHILD_ROLE), std::env::var_os(CHILD_SOCKET)) else {
         println!("not started as a child: nothing to do");
         return;
     };
+    if role == "produce-in-pid-namespace" {
+        produce_for_one_consumer(Path::new(&path));
+        return;
+    }
     assert_eq!(role, "expect-refused");
     let stream = UnixStream::connect(&path)
         .unwrap_or_else(|e| panic!("connecting to the producer: {e} (has it ended after an earlier refusal?)"));

@@ -16,7 +16,7 @@ use ipc_core::wire::{
     Attached, BackendKind, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds, PeerConnection, PixelFormat,
     RingOffer, SyncStrategy, WireError, recv_message, send_bytes, send_message,
 };
-use rustix::fs::{MemfdFlags, memfd_create};
+use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
 use rustix::io::{FdFlags, fcntl_getfd};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -30,7 +30,14 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// A memfd of `size` bytes starting with `bytes`, sealed against resizing as the protocol requires.
 fn memfd_with(bytes: &[u8], size: u64) -> OwnedFd {
+    let fd = unsealed_memfd_with(bytes, size);
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).unwrap();
+    fd
+}
+
+fn unsealed_memfd_with(bytes: &[u8], size: u64) -> OwnedFd {
     let fd = memfd_create("wire-test", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
     let file = File::from(fd);
     file.set_len(size).unwrap();
@@ -186,12 +193,26 @@ fn an_fd_of_the_wrong_kind_is_rejected_by_type() {
 }
 
 #[test]
-fn a_memfd_smaller_than_announced_is_rejected() {
+fn a_memfd_of_another_size_than_announced_is_rejected() {
     let _serial = serial();
     let (producer, consumer) = PeerConnection::pair().unwrap();
     producer.send(&Message::RingOffer(host_offer()), vec![memfd_with(b"c", 100), memfd_with(b"d", 4096)], T).unwrap();
     let error = consumer.recv(T).unwrap_err();
-    assert!(matches!(error, WireError::FdTooSmall { index: 0, size: 100, needed: 512 }), "{error:?}");
+    assert!(matches!(error, WireError::FdWrongSize { index: 0, size: 100, expected: 512 }), "{error:?}");
+    // Larger is wrong too: the control block's size is exact, and so is the host fake's data.
+    producer.send(&Message::RingOffer(host_offer()), vec![memfd_with(b"c", 512), memfd_with(b"d", 8192)], T).unwrap();
+    let error = consumer.recv(T).unwrap_err();
+    assert!(matches!(error, WireError::FdWrongSize { index: 1, size: 8192, expected: 4096 }), "{error:?}");
+}
+
+#[test]
+fn an_unsealed_memfd_is_rejected() {
+    let _serial = serial();
+    let (producer, consumer) = PeerConnection::pair().unwrap();
+    let fds = vec![unsealed_memfd_with(b"c", 512), memfd_with(b"d", 4096)];
+    producer.send(&Message::RingOffer(host_offer()), fds, T).unwrap();
+    let error = consumer.recv(T).unwrap_err();
+    assert!(matches!(error, WireError::FdNotSealed { index: 0, .. }), "{error:?}");
 }
 
 #[test]

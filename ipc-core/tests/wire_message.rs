@@ -306,6 +306,9 @@ fn every_malformed_input_has_its_own_error() {
         ("offer legacy handle on a memfd ring", patch(offer(), payload(96), &1u32.to_le_bytes()), |e| {
             matches!(e, WireError::InvalidField { field: "RingOffer.legacy_mem_handle", .. })
         }),
+        ("offer legacy handle bytes without the flag", patch(offer(), payload(104 + 63), &[1]), |e| {
+            matches!(e, WireError::ReservedNotZero { field: "RingOffer.legacy_mem_handle" })
+        }),
         ("offer event handles missing", patch(offer(), payload(100), &5u32.to_le_bytes()), |e| {
             matches!(e, WireError::Truncated { what: "RingOffer.event_handles", needed: 320, available: 0 })
         }),
@@ -360,9 +363,11 @@ fn encoding_refuses_what_decoding_would_refuse() {
     assert!(matches!(too_many_events.encode(), Err(WireError::InvalidField { field: "RingOffer.event_handles", .. })));
     let vmm_with_legacy_handle = Message::RingOffer(RingOffer { legacy_mem_handle: Some([0; 64]), ..vmm_offer() });
     assert!(vmm_with_legacy_handle.encode().is_err());
+    let too_few_events = Message::RingOffer(RingOffer { event_handles: vec![[0; 64]; 5], ..legacy_offer() });
+    assert!(matches!(too_few_events.encode(), Err(WireError::InvalidField { field: "RingOffer.event_handles", .. })));
     let huge = Message::RingOffer(RingOffer {
-        slot_count: 2000,
-        allocation_bytes: 2000 * 4096,
+        slot_count: 550,
+        allocation_bytes: 550 * 4096,
         event_handles: vec![[0; 64]; 1100],
         ..legacy_offer()
     });

@@ -17,7 +17,7 @@ use ipc_core::wire::{
     Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds,
     PROTOCOL_VERSION, PeerConnection, PixelFormat, RefusalCode, RendezvousListener, RingOffer, SyncStrategy, WireError,
 };
-use rustix::fs::{MemfdFlags, memfd_create};
+use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType, bind, socket_with};
 
 const T: Duration = Duration::from_secs(10);
@@ -48,10 +48,12 @@ impl Drop for TempDir {
     }
 }
 
+/// A memfd of `size` bytes starting with `bytes`, sealed against resizing as the protocol requires.
 fn memfd_with(bytes: &[u8], size: u64) -> OwnedFd {
-    let file = File::from(memfd_create("rendezvous-test", MemfdFlags::CLOEXEC).unwrap());
+    let file = File::from(memfd_create("rendezvous-test", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap());
     file.set_len(size).unwrap();
     file.write_all_at(bytes, 0).unwrap();
+    rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW).unwrap();
     file.into()
 }
 
@@ -146,7 +148,7 @@ fn producer_and_consumer_threads_complete_the_handshake() {
     assert_eq!(hello.consumer_name, "thread");
     assert_eq!(hello.client_pid, std::process::id());
     assert_eq!(written, 1005);
-    assert_eq!(connection.peer().pid, std::process::id());
+    assert_eq!(connection.peer().pid, Some(std::process::id()));
     assert_eq!(connection.peer().uid, rustix::process::geteuid().as_raw());
     // The consumer thread has returned and dropped its end.
     assert!(connection.is_peer_gone().unwrap());
@@ -189,7 +191,7 @@ fn producer_and_consumer_processes_complete_the_handshake() {
     let child_pid = child.id();
     let (connection, hello, written) = serve_one(&listener, 2);
     assert_child_passed(&child.wait_with_output().unwrap());
-    assert_eq!(connection.peer().pid, child_pid);
+    assert_eq!(connection.peer().pid, Some(child_pid));
     assert_eq!(hello.client_pid, child_pid);
     assert_eq!(hello.consumer_name, "child");
     assert_eq!(written, 1002);
@@ -216,12 +218,108 @@ fn child_process_entry_point() {
             assert!(matches!(error, WireError::PermissionDenied { op: "connect", .. }), "{error:?}");
             assert!(error.to_string().contains("run as the user who started the producer"));
         }
+        // In a PID namespace of its own: the producer (the parent test) is not visible from here, so
+        // `SO_PEERCRED` names pid 0. That must not stop the connection.
+        "connect-from-pid-namespace" => {
+            let connection = PeerConnection::connect(&path, T).unwrap();
+            assert_eq!(connection.peer().pid, None, "the producer should be invisible from this PID namespace");
+            assert_eq!(connection.peer().uid, rustix::process::geteuid().as_raw());
+            let hello = ClientHello {
+                protocol_version: PROTOCOL_VERSION,
+                client_pid: std::process::id(),
+                wanted_backend: None,
+                consumer_name: "pid-namespace".into(),
+            };
+            connection.send(&Message::ClientHello(hello), Vec::new(), T).unwrap();
+            let answer = connection.recv(T).unwrap();
+            assert_eq!(answer.message, Message::Attached(Attached { consumer_id: 9 }));
+        }
+        // A listener in a PID namespace of its own: the connecting parent is not visible from here.
+        "listen-in-pid-namespace" => {
+            let listener = RendezvousListener::bind(&path).unwrap();
+            let connection = listener.accept(T).unwrap();
+            assert_eq!(connection.peer().pid, None, "the consumer should be invisible from this PID namespace");
+            assert_eq!(connection.peer().uid, rustix::process::geteuid().as_raw());
+            connection.send(&Message::Attached(Attached { consumer_id: 11 }), Vec::new(), T).unwrap();
+            // Wait for the parent to hang up, so that it reads the message before we close.
+            let error = connection.recv(T).unwrap_err();
+            assert!(matches!(error, WireError::PeerHungUp { transferred: 0, .. }), "{error:?}");
+        }
         "expect-uid-mismatch" => {
             let error = PeerConnection::connect(&path, T).unwrap_err();
             assert!(matches!(error, WireError::PeerUidMismatch { peer_uid: 0, our_uid: NOBODY, .. }), "{error:?}");
         }
         other => panic!("unknown child role {other}"),
     }
+}
+
+/// Why `unshare --pid --fork` cannot run here, or `None` when it can.
+fn pid_namespaces_unavailable() -> Option<String> {
+    match Command::new("unshare").args(["--pid", "--fork", "true"]).output() {
+        Ok(output) if output.status.success() => None,
+        Ok(output) => Some(format!(
+            "`unshare --pid --fork true` failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
+        Err(e) => Some(format!("cannot run unshare: {e}")),
+    }
+}
+
+/// Runs this binary's child entry point in a new PID namespace (as its pid 1).
+fn spawn_child_in_pid_namespace(role: &str, path: &Path) -> std::process::Child {
+    Command::new("unshare")
+        .args(["--pid", "--fork"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ROLE, role)
+        .env(CHILD_SOCKET, path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A peer in another PID namespace, whose pid `SO_PEERCRED` reports as 0, is a valid peer on both sides: a
+/// consumer connecting to a producer it cannot see, and a producer accepting a consumer it cannot see. The uid
+/// check still applies (both run as the same user here).
+#[test]
+fn peers_in_another_pid_namespace_connect_and_are_accepted() {
+    if let Some(why) = pid_namespaces_unavailable() {
+        println!("SKIPPED peers_in_another_pid_namespace_connect_and_are_accepted: {why}");
+        return;
+    }
+    let dir = TempDir::new("pid-namespace");
+
+    // Consumer side: the child connects from its own PID namespace.
+    let path = dir.join("producer.sock");
+    let listener = RendezvousListener::bind(&path).unwrap();
+    let child = spawn_child_in_pid_namespace("connect-from-pid-namespace", &path);
+    let connection = listener.accept(T).unwrap();
+    // The child is below us: we see its pid (not the 1 it sees itself as).
+    let seen = connection.peer().pid.expect("a process in a child PID namespace is visible from its parent");
+    let Message::ClientHello(hello) = connection.recv(T).unwrap().message else { panic!("expected a hello") };
+    assert_eq!(hello.client_pid, 1, "the child is pid 1 of its namespace");
+    assert_ne!(seen, hello.client_pid);
+    connection.send(&Message::Attached(Attached { consumer_id: 9 }), Vec::new(), T).unwrap();
+    assert_child_passed(&child.wait_with_output().unwrap());
+    drop(listener);
+
+    // Producer side: the child listens in its own PID namespace and accepts us.
+    let path = dir.join("child-producer.sock");
+    let child = spawn_child_in_pid_namespace("listen-in-pid-namespace", &path);
+    let deadline = std::time::Instant::now() + T;
+    let connection = loop {
+        match PeerConnection::connect(&path, T) {
+            Ok(connection) => break connection,
+            Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("the child producer never listened: {e}"),
+        }
+    };
+    assert!(connection.peer().pid.is_some(), "a process in a child PID namespace is visible from its parent");
+    assert_eq!(connection.recv(T).unwrap().message, Message::Attached(Attached { consumer_id: 11 }));
+    drop(connection);
+    assert_child_passed(&child.wait_with_output().unwrap());
 }
 
 /// Root only: a consumer running as `nobody` is kept out by the 0600 mode, and, with the mode
@@ -278,8 +376,8 @@ fn a_stale_socket_is_replaced() {
         move || PeerConnection::connect(&path, T).map(|c| c.peer().pid)
     });
     let connection = listener.accept(T).unwrap();
-    assert_eq!(client.join().unwrap().unwrap(), std::process::id());
-    assert_eq!(connection.peer().pid, std::process::id());
+    assert_eq!(client.join().unwrap().unwrap(), Some(std::process::id()));
+    assert_eq!(connection.peer().pid, Some(std::process::id()));
 }
 
 #[test]

@@ -12,7 +12,12 @@
 //! the offer ([`AdmissionEvent::WantsOffer`]); the producer makes it (export, IPC events) when it next drains the
 //! queue, in `acquire`, `wait_for_consumers` or `admit_pending`, without ever waiting; the thread sends it and
 //! waits for `Attached`. Every failure is logged and survived: a refused peer, a failed accept (with a back-off
-//! when the process is out of fds), a broken or abandoned handshake. A handshake that fails after taking a record
+//! when the process is out of fds), a broken or abandoned handshake. A first message that is not a valid hello is
+//! answered with `Refused` (code 1 for another protocol version, 6 for anything else) before the connection is
+//! closed, so a client learns why instead of seeing a hang-up. A peer in a PID namespace the producer cannot see
+//! (`SO_PEERCRED` pid 0) is admitted with pid 0 in its record: only its connection tells whether it is alive.
+//! After `Attached` the thread hands the connection over and nothing reads it again: a consumer's `Detach` is
+//! advisory, its ring-level detach (the record's state) is what the producer goes by when it hangs up. A handshake that fails after taking a record
 //! marks it dead (poisoning its release counters) and reports [`AdmissionEvent::Failed`], so the producer retires
 //! the record through the same quarantine as a consumer that died.
 
@@ -30,8 +35,8 @@ use rustix::io::Errno;
 
 use crate::ring::{ConsumerId, ProducerControl};
 use crate::wire::{
-    Attached, BackendKind, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, MessageReader, PeerConnection, RefusalCode,
-    Refused, RendezvousListener, WireError,
+    Attached, BackendKind, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, MessageReader, PeerConnection,
+    PeerCredentials, RefusalCode, Refused, RendezvousListener, WireError,
 };
 
 /// Longest the thread sleeps in `poll` when nothing has a nearer deadline.
@@ -46,6 +51,8 @@ const ACCEPTS_PER_ROUND: usize = 32;
 /// Bound on sending the offer or a refusal: the peer's receive buffer is empty at that point (we sent nothing
 /// before), so this only matters for a peer that vanished.
 const SEND_TIMEOUT: Duration = Duration::from_millis(100);
+/// Most unread bytes dropped before closing a refused connection (see [`discard_unread`]).
+const DISCARD_LIMIT: usize = 64 * 1024;
 
 /// What the admission thread tells the producer.
 pub(crate) enum AdmissionEvent {
@@ -61,7 +68,8 @@ pub(crate) enum AdmissionEvent {
     Attached {
         /// Its record.
         id: ConsumerId,
-        /// Its pid (`SO_PEERCRED`).
+        /// Its pid (`SO_PEERCRED`); 0 when it is in a PID namespace the producer cannot see (then only the
+        /// connection's hang-up tells that it is gone; the full credentials are `conn.peer()`).
         pid: u32,
         /// The connection, whose hang-up says the consumer is gone.
         conn: PeerConnection,
@@ -377,7 +385,7 @@ impl FrontDoor {
             let received = match handshake.reader.read_available(handshake.conn.as_fd()) {
                 Ok(None) => break Ok(false),
                 Ok(Some(received)) => received,
-                Err(e) => break Err(Failure::from(e)),
+                Err(e) => break Err(read_failure(handshake.stage, e)),
             };
             match self.advance(index, received.message) {
                 Ok(false) => {}
@@ -394,7 +402,7 @@ impl FrontDoor {
             Ok(true) => {
                 let handshake = self.pending.swap_remove(index);
                 if let Stage::Attached(id) = handshake.stage {
-                    let pid = handshake.conn.peer().pid;
+                    let pid = handshake.conn.peer().pid.unwrap_or(0);
                     let _ = self.events.send(AdmissionEvent::Attached { id, pid, conn: handshake.conn });
                 }
             }
@@ -407,12 +415,12 @@ impl FrontDoor {
 
     /// Handles one message of handshake `index`: `Ok(true)` when the consumer is attached.
     fn advance(&mut self, index: usize, message: Message) -> Result<bool, Failure> {
-        let Some((stage, pid)) = self.pending.get(index).map(|h| (h.stage, h.conn.peer().pid)) else {
+        let Some((stage, peer)) = self.pending.get(index).map(|h| (h.stage, h.conn.peer())) else {
             return Ok(false);
         };
         match (stage, message) {
             (Stage::Hello, Message::ClientHello(hello)) => {
-                let id = self.admit_hello(pid, &hello)?;
+                let id = self.admit_hello(peer, &hello)?;
                 if let Some(handshake) = self.pending.get_mut(index) {
                     handshake.stage = Stage::Offer(id);
                 }
@@ -439,8 +447,10 @@ impl FrontDoor {
         }
     }
 
-    /// Checks a hello and takes a consumer record for it.
-    fn admit_hello(&self, pid: u32, hello: &ClientHello) -> Result<ConsumerId, Failure> {
+    /// Checks a hello and takes a consumer record for it. A peer whose pid the producer cannot see (another PID
+    /// namespace) gets a record with pid 0, which the ring never declares gone by pid: its connection's hang-up
+    /// is what the watchdog acts on.
+    fn admit_hello(&self, peer: PeerCredentials, hello: &ClientHello) -> Result<ConsumerId, Failure> {
         if let Some(wanted) = hello.wanted_backend
             && wanted != self.config.backend
         {
@@ -448,8 +458,21 @@ impl FrontDoor {
                 format!("this producer uses the {} backend, the consumer wants {wanted}", self.config.backend);
             return Err(Failure::refuse(RefusalCode::BackendMismatch, message));
         }
-        let pid = rustix::process::Pid::from_raw(pid as i32)
-            .ok_or_else(|| Failure::refuse(RefusalCode::MalformedHello, "the peer has no pid".into()))?;
+        let pid = peer.pid.and_then(|pid| i32::try_from(pid).ok()).and_then(rustix::process::Pid::from_raw);
+        match peer.pid {
+            None => tracing::info!(
+                client_pid = hello.client_pid,
+                name = %hello.consumer_name,
+                "consumer in another PID namespace (SO_PEERCRED pid 0): its liveness follows its connection"
+            ),
+            Some(seen) if seen != hello.client_pid => tracing::info!(
+                pid = seen,
+                client_pid = hello.client_pid,
+                name = %hello.consumer_name,
+                "consumer in a PID namespace below ours (it names itself by another pid)"
+            ),
+            Some(_) => {}
+        }
         self.ring.register_consumer(pid).map_err(|e| Failure::refuse(RefusalCode::RingFull, e.to_string()))
     }
 
@@ -488,6 +511,7 @@ impl FrontDoor {
             let refusal = Refused { code, message: truncate(&failure.reason, MAX_REFUSAL_MESSAGE_BYTES) };
             // Best effort: the peer may be gone already.
             let _ = handshake.conn.send(&Message::Refused(refusal), Vec::new(), SEND_TIMEOUT);
+            discard_unread(&handshake.conn);
         }
         let record = handshake.stage.record();
         tracing::warn!(pid, consumer = record.map(|id| id.index()), reason = %failure.reason, "a consumer failed to attach");
@@ -496,6 +520,39 @@ impl FrontDoor {
                 tracing::warn!(consumer = id.index(), error = %e, "could not mark a failed handshake's record dead");
             }
             let _ = self.events.send(AdmissionEvent::Failed { id });
+        }
+    }
+}
+
+/// What ends a handshake whose connection could not be read: before a valid hello the peer is told why (a
+/// version this build does not speak: `Refused` code 1; anything else malformed: code 6), unless it is gone or
+/// the socket failed; after the hello the connection is just closed.
+fn read_failure(stage: Stage, error: WireError) -> Failure {
+    match (stage, error) {
+        (Stage::Hello, WireError::UnsupportedVersion { found, supported }) => Failure::refuse(
+            RefusalCode::UnsupportedVersion,
+            format!(
+                "this producer speaks wire protocol version {supported} only, the message was version {found}: \
+                 use a consumer of the same gpu-ipc protocol version"
+            ),
+        ),
+        (Stage::Hello, error @ (WireError::PeerHungUp { .. } | WireError::Os { .. })) => Failure::from(error),
+        (Stage::Hello, error) => Failure::refuse(RefusalCode::MalformedHello, format!("malformed hello: {error}")),
+        (_, error) => Failure::from(error),
+    }
+}
+
+/// Reads and drops what the peer sent and we did not read (at most [`DISCARD_LIMIT`] bytes, without waiting), so
+/// that closing the connection right after a refusal is an orderly end of stream for the peer: closing a Unix
+/// stream socket with unread bytes makes the peer's next read fail with `ECONNRESET`, possibly before it read the
+/// refusal.
+fn discard_unread(conn: &PeerConnection) {
+    let mut sink = [0u8; 4096];
+    let mut discarded = 0;
+    while discarded < DISCARD_LIMIT {
+        match rustix::net::recv(conn.as_fd(), &mut sink, rustix::net::RecvFlags::DONTWAIT) {
+            Ok((n, _)) if n > 0 => discarded += n,
+            _ => return,
         }
     }
 }

@@ -153,12 +153,12 @@ impl<B: Backend> Consumer<B> {
         // The producer's pid as this process sees it: 0 when the producer is in a PID namespace we cannot see, or
         // another number when we see it under another pid. Then pids say nothing here: the socket's hang-up is
         // how we learn that the producer died.
-        let same_pid_namespace = conn.peer().pid != 0 && conn.peer().pid == offer.producer_pid;
+        let same_pid_namespace = conn.peer().pid == Some(offer.producer_pid);
         let policy = LivenessPolicy { check_pid: same_pid_namespace, ..LivenessPolicy::default() };
         if !same_pid_namespace {
             tracing::info!(
                 producer_pid = offer.producer_pid,
-                seen_as = conn.peer().pid,
+                seen_as = ?conn.peer().pid,
                 "the producer is in another PID namespace: its liveness comes from the socket"
             );
         }

@@ -368,7 +368,8 @@ impl ProducerControl {
         self.block.slot_for(seq)
     }
 
-    /// Claims a free consumer record for the process `pid` (as seen through `SO_PEERCRED`) and decides its join
+    /// Claims a free consumer record for the process `pid` (as seen through `SO_PEERCRED`; `None`, stored as 0,
+    /// for a peer in a PID namespace we cannot see, whose pid then never declares it gone) and decides its join
     /// sequence: the first sequence not yet published. The consumer reads frames from there on; earlier frames
     /// never wait for it.
     ///
@@ -377,7 +378,8 @@ impl ProducerControl {
     /// `next_sequence` (`SeqCst`) before [`can_reuse`](Self::can_reuse) loads record states (`SeqCst`). So either
     /// the reuse check sees the record (`Joining` holds it back until the join sequence is set) or this load sees
     /// a `next_sequence` past every frame that check was for, and the consumer never reads those frames.
-    pub fn register_consumer(&self, pid: Pid) -> Result<ConsumerId, RingError> {
+    pub fn register_consumer(&self, pid: impl Into<Option<Pid>>) -> Result<ConsumerId, RingError> {
+        let pid = pid.into().map_or(0, |pid| pid.as_raw_pid());
         let layout = self.block.layout();
         let mut reclaimable = 0;
         for (index, record) in self.block.active_records() {
@@ -398,7 +400,7 @@ impl ProducerControl {
             {
                 continue;
             }
-            record.pid.store(pid.as_raw_pid() as u64, Ordering::Relaxed);
+            record.pid.store(pid as u64, Ordering::Relaxed);
             record.heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
             for counter in &record.released {
                 counter.value.store(0, Ordering::Relaxed);
@@ -408,7 +410,7 @@ impl ProducerControl {
             // Release: the pid, heartbeat, zeroed counters and join sequence are visible to whoever sees Live.
             record.state.store(state_word(epoch, ConsumerState::Live), Ordering::Release);
             let id = ConsumerId::new(index, epoch);
-            tracing::info!(%id, pid = pid.as_raw_pid(), join, "consumer registered");
+            tracing::info!(%id, pid, join, "consumer registered");
             return Ok(id);
         }
         Err(RingError::RingFull { max_consumers: self.block.max_consumers, reclaimable })

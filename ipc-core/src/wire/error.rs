@@ -134,15 +134,27 @@ pub enum WireError {
         /// What it is.
         found: String,
     },
-    /// A received memfd is smaller than the size the message announces for it.
-    #[error("file descriptor #{index} is {size} bytes, the message announces {needed}")]
-    FdTooSmall {
+    /// A received memfd is not exactly the size the message announces for it.
+    #[error("file descriptor #{index} is {size} bytes, the message announces exactly {expected}")]
+    FdWrongSize {
         /// Position in the message's fd list.
         index: usize,
         /// Its size (`fstat`).
         size: u64,
         /// The size announced.
-        needed: u64,
+        expected: u64,
+    },
+    /// A received memfd is not sealed against resizing (`F_SEAL_SHRINK | F_SEAL_GROW`): a peer could shrink it
+    /// under our mapping.
+    #[error(
+        "file descriptor #{index} is a memfd without F_SEAL_SHRINK | F_SEAL_GROW (seals {seals:#x}): the \
+         sender must seal it before sending"
+    )]
+    FdNotSealed {
+        /// Position in the message's fd list.
+        index: usize,
+        /// The seals it has (`F_GET_SEALS`).
+        seals: u32,
     },
     /// The peer closed the connection. `transferred` bytes of the current message had gone
     /// through; 0 on receive means it hung up between messages (the normal way a peer leaves).
@@ -237,12 +249,13 @@ pub enum WireError {
     },
     /// The peer runs as another user, and the peer policy requires the same user.
     #[error(
-        "peer pid {pid} runs as uid {peer_uid}, we run as uid {our_uid}: only the same user may \
-         attach; run both as one user"
+        "peer ({}) runs as uid {peer_uid}, we run as uid {our_uid}: only the same user may \
+         attach; run both as one user (across user namespaces: map both to one uid)",
+        super::rendezvous::describe_pid(*pid)
     )]
     PeerUidMismatch {
-        /// Peer's pid (`SO_PEERCRED`).
-        pid: u32,
+        /// Peer's pid (`SO_PEERCRED`); `None` when it is in a PID namespace we cannot see.
+        pid: Option<u32>,
         /// Peer's uid.
         peer_uid: u32,
         /// Our effective uid.

@@ -18,7 +18,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
-use rustix::fs::{FileType, fcntl_get_seals, fstat};
+use rustix::fs::{FileType, SealFlags, fcntl_get_seals, fstat};
 use rustix::io::Errno;
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
@@ -149,8 +149,8 @@ pub fn send_bytes(socket: BorrowedFd<'_>, bytes: &[u8], fds: Vec<OwnedFd>, timeo
 /// Checks, beyond [`Message::decode_payload`]: the fds received are exactly the number the
 /// header announces (fds beyond [`MAX_FDS_PER_MESSAGE`] are cut off by the kernel and reported
 /// as [`WireError::FdsTruncated`]); fds arrive close-on-exec (`MSG_CMSG_CLOEXEC`); for a
-/// [`RingOffer`], the control fd (and the data fd of the host fake) is a memfd at least as large
-/// as the offer says. On any error, every fd that did arrive is closed.
+/// [`RingOffer`], the control fd (and the data fd of the host fake) is a memfd exactly as large
+/// as the offer says, sealed against resizing. On any error, every fd that did arrive is closed.
 pub fn recv_message(socket: BorrowedFd<'_>, timeout: Duration) -> Result<ReceivedMessage, WireError> {
     let deadline = Deadline::after(timeout);
     let mut fds = Vec::new();
@@ -319,20 +319,25 @@ fn check_fd_types(message: &Message, fds: &[OwnedFd]) -> Result<(), WireError> {
 }
 
 /// A memfd is a regular file on which `F_GET_SEALS` works (it fails with `EINVAL` on any other
-/// file); it must also be at least `min_bytes` long, or mapping it would fault.
-fn check_memfd(fd: BorrowedFd<'_>, index: usize, expected: &'static str, min_bytes: u64) -> Result<(), WireError> {
+/// file). It must be exactly `bytes` long and sealed against shrinking and growing
+/// (`F_SEAL_SHRINK | F_SEAL_GROW`): mapped shared with a peer that could resize it, any access
+/// past a shrunk end would be a `SIGBUS`.
+fn check_memfd(fd: BorrowedFd<'_>, index: usize, expected: &'static str, bytes: u64) -> Result<(), WireError> {
     let stat = fstat(fd).map_err(WireError::os("fstat"))?;
     let file_type = FileType::from_raw_mode(stat.st_mode);
     let wrong = |found: String| WireError::WrongFdType { index, expected, found };
     if file_type != FileType::RegularFile {
         return Err(wrong(format!("a {file_type:?}")));
     }
-    if fcntl_get_seals(fd).is_err() {
+    let Ok(seals) = fcntl_get_seals(fd) else {
         return Err(wrong("a regular file that is not a memfd".to_owned()));
-    }
+    };
     let size = u64::try_from(stat.st_size).unwrap_or(0);
-    if size < min_bytes {
-        return Err(WireError::FdTooSmall { index, size, needed: min_bytes });
+    if size != bytes {
+        return Err(WireError::FdWrongSize { index, size, expected: bytes });
+    }
+    if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+        return Err(WireError::FdNotSealed { index, seals: seals.bits() });
     }
     Ok(())
 }

@@ -41,7 +41,7 @@ pub enum MessageType {
     RingOffer,
     /// Consumer -> producer: the ring is imported and the consumer is live.
     Attached,
-    /// Either way: leaving cleanly.
+    /// Consumer -> producer: leaving (advisory; see [`Detach`]).
     Detach,
     /// Producer -> consumer: not admitted.
     Refused,
@@ -89,13 +89,14 @@ impl MessageType {
 pub enum DetachReason {
     /// The consumer has read what it wanted.
     ConsumerDone,
-    /// The producer is shutting the ring down.
+    /// The producer is shutting the ring down (never sent by the reference producer, which marks the control
+    /// block CLOSED and closes the connection instead; receivers accept it).
     ProducerShutdown,
     /// The consumer could not import the offered ring.
     ImportFailed,
-    /// The producer evicts a consumer that held slots too long.
+    /// The producer evicts a consumer that held slots too long (no eviction in version 1: never sent).
     TooSlow,
-    /// The peer violated the protocol.
+    /// The peer violated the protocol (reserved: never sent by the reference implementation).
     ProtocolError,
 }
 
@@ -280,13 +281,19 @@ pub struct RingOffer {
     pub data_offset: u64,
     /// Size of the exported allocation (a multiple of `granularity`).
     pub allocation_bytes: u64,
-    /// Allocation granularity (power of two; 2 MiB for VMM on current GPUs).
+    /// A power of two dividing `allocation_bytes`. The reference producer reports the largest such power up to
+    /// 2 MiB (VMM: 2 MiB, its allocations are rounded to that; legacy and host-fake: whatever divides the size,
+    /// e.g. 8192). Used only to validate the offer; a VMM consumer maps with its own
+    /// `cuMemGetAllocationGranularity`.
     pub granularity: u64,
-    /// Size of the control block memfd (non-zero; the memfd must be at least this big).
+    /// Size of the control block memfd: the memfd must be exactly this big and sealed against shrinking and
+    /// growing (131072 bytes in control-block layout version 1).
     pub control_bytes: u64,
     /// The `CUipcMemHandle` of the data: present exactly when `handle_type` is `LegacyIpc`.
     pub legacy_mem_handle: Option<IpcHandleBytes>,
-    /// `CUipcEventHandle`s: empty unless `sync` is `IpcEvent`, then at most `2 * slot_count`.
+    /// `CUipcEventHandle`s: empty unless `sync` is `IpcEvent`, then exactly `2 * slot_count`: index `i < N`
+    /// is the producer's "published" event of slot `i` (the consumer polls it), index `N + i` this consumer's
+    /// "released" event of slot `i` (the consumer records it before storing `released`).
     pub event_handles: Vec<IpcHandleBytes>,
 }
 
@@ -324,14 +331,18 @@ impl RingOffer {
         if self.slot_count == 0 {
             return Err(invalid("RingOffer.slot_count", "must be at least 1".to_owned()));
         }
-        let max_events = 2 * u64::from(self.slot_count);
-        if self.sync != SyncStrategy::IpcEvent && !self.event_handles.is_empty() {
+        let events = self.event_handles.len() as u64;
+        if self.sync != SyncStrategy::IpcEvent && events != 0 {
             return Err(invalid("RingOffer.event_handles", format!("must be empty with sync {}", self.sync)));
         }
-        if self.event_handles.len() as u64 > max_events {
+        if self.sync == SyncStrategy::IpcEvent && events != 2 * u64::from(self.slot_count) {
             return Err(invalid(
                 "RingOffer.event_handles",
-                format!("{} handles for {} slots (at most 2 per slot)", self.event_handles.len(), self.slot_count),
+                format!(
+                    "{events} handles for {} slots: ipc-event needs exactly 2 per slot (the producer's \
+                     published events, then this consumer's released events)",
+                    self.slot_count
+                ),
             ));
         }
         if self.slot_stride_bytes < self.geometry.frame_bytes() || !self.slot_stride_bytes.is_multiple_of(4) {
@@ -386,8 +397,12 @@ pub struct Attached {
     pub consumer_id: u32,
 }
 
-/// Either direction: the sender leaves; the receiver releases what it holds for the peer and
-/// closes the connection.
+/// Consumer -> producer: the consumer leaves (reason 1, after its ring-level detach) or could not import the
+/// offer (reason 3, instead of [`Attached`]); it closes the connection next.
+///
+/// Advisory after `Attached`: the producer reads nothing from an attached consumer's connection, and goes by the
+/// consumer's record in the control block when the connection hangs up (DETACHED: it left; still LIVE: it is
+/// lost). During the handshake it ends the handshake and frees the record. See `docs/protocol.md`, "Leaving".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Detach {
     /// The consumer leaving or being removed.
@@ -638,6 +653,9 @@ fn decode_offer(r: &mut Reader<'_>) -> Result<RingOffer, WireError> {
     }
     let event_count = r.u32()? as usize;
     let legacy = r.array::<IPC_HANDLE_BYTES>()?;
+    if flags & 1 == 0 && legacy != [0; IPC_HANDLE_BYTES] {
+        return Err(WireError::ReservedNotZero { field: "RingOffer.legacy_mem_handle" });
+    }
     let legacy_mem_handle = (flags & 1 != 0).then_some(legacy);
     // Bound the count by the bytes actually present before allocating for it.
     let needed = event_count.saturating_mul(IPC_HANDLE_BYTES);

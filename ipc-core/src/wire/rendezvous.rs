@@ -14,7 +14,7 @@ use std::time::Duration;
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fs::{FileType, Mode, chmod, lstat, unlink};
 use rustix::io::Errno;
-use rustix::net::sockopt::{Timeout, set_socket_timeout, socket_peercred};
+use rustix::net::sockopt::{Timeout, set_socket_timeout};
 use rustix::net::{
     AddressFamily, SocketAddrUnix, SocketFlags, SocketType, accept_with, bind, connect, listen, socket_with, socketpair,
 };
@@ -23,6 +23,7 @@ use rustix::process::geteuid;
 use super::error::WireError;
 use super::fdpass::{Deadline, ReceivedMessage, recv_message, send_message};
 use super::message::{Message, RefusalCode, Refused};
+use crate::sys::peercred::{RawPeerCred, peer_credentials};
 
 /// Longest path `sockaddr_un` holds, without its terminating NUL.
 const MAX_SOCKET_PATH_BYTES: usize = 107;
@@ -35,12 +36,40 @@ const REFUSAL_SEND_TIMEOUT: Duration = Duration::from_millis(200);
 /// peer at `connect`/`socketpair` time, not something the peer claims).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerCredentials {
-    /// Peer's pid, in our PID namespace (0 if the peer is in a namespace we cannot see).
-    pub pid: u32,
-    /// Peer's effective uid.
+    /// The peer's pid in our PID namespace; `None` when the kernel answers 0, which it does for a peer whose
+    /// process we cannot see (it lives in a PID namespace that is neither ours nor below ours: e.g. another
+    /// container sharing the socket directory). Such a peer is served all the same; only its liveness cannot be
+    /// judged by pid (`kill(pid, 0)`): the connection's hang-up is the sign that it is gone.
+    pub pid: Option<u32>,
+    /// Peer's effective uid (as our user namespace maps it).
     pub uid: u32,
-    /// Peer's effective gid.
+    /// Peer's effective gid (as our user namespace maps it).
     pub gid: u32,
+}
+
+impl PeerCredentials {
+    /// Credentials from the kernel's raw answer: pid 0 (or a negative pid, which the kernel never gives) means
+    /// "not visible from our PID namespace", never a failed call.
+    pub fn from_raw(raw: RawPeerCred) -> Self {
+        Self { pid: u32::try_from(raw.pid).ok().filter(|pid| *pid != 0), uid: raw.uid, gid: raw.gid }
+    }
+
+    /// Reads `SO_PEERCRED` of a connected Unix socket.
+    pub fn of_socket(socket: BorrowedFd<'_>) -> Result<Self, WireError> {
+        let raw = peer_credentials(socket).map_err(|e| WireError::Os {
+            op: "getsockopt(SO_PEERCRED)",
+            source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        })?;
+        Ok(Self::from_raw(raw))
+    }
+}
+
+/// A peer pid for messages: the number, or why there is none.
+pub(crate) fn describe_pid(pid: Option<u32>) -> String {
+    match pid {
+        Some(pid) => format!("pid {pid}"),
+        None => "pid unknown (in another PID namespace)".to_owned(),
+    }
 }
 
 /// Which peers a connection accepts.
@@ -133,6 +162,7 @@ impl RendezvousListener {
         tracing::info!(
             pid = connection.peer.pid,
             uid = connection.peer.uid,
+            pid_namespace = if connection.peer.pid.is_some() { "ours or below" } else { "another" },
             path = %self.path.display(),
             "consumer connected"
         );
@@ -190,6 +220,13 @@ impl PeerConnection {
         // memory handles.
         check_policy(PeerPolicy::SameUser, connection.peer)?;
         tracing::info!(pid = connection.peer.pid, path = %path.display(), "connected to producer");
+        if connection.peer.pid.is_none() {
+            tracing::info!(
+                path = %path.display(),
+                "the producer is in another PID namespace: its pid cannot tell whether it is alive; its \
+                 connection's hang-up does"
+            );
+        }
         Ok(connection)
     }
 
@@ -201,12 +238,7 @@ impl PeerConnection {
     }
 
     fn from_socket(socket: OwnedFd) -> Result<Self, WireError> {
-        let cred = socket_peercred(&socket).map_err(WireError::os("getsockopt(SO_PEERCRED)"))?;
-        let peer = PeerCredentials {
-            pid: u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0),
-            uid: cred.uid.as_raw(),
-            gid: cred.gid.as_raw(),
-        };
+        let peer = PeerCredentials::of_socket(socket.as_fd())?;
         Ok(Self { socket, peer })
     }
 

@@ -1,0 +1,243 @@
+//! The specification and the code agree: the byte-exact examples in `docs/protocol.md` and `docs/ring.md` (fenced
+//! blocks whose info string is `golden-hex NAME`) are what the reference implementation encodes and decodes, and
+//! the code tables of `docs/protocol.md` are the codes the implementation uses.
+//!
+//! A golden block holds one example per block: on each line, the leading tokens that are two hex digits are bytes,
+//! the rest of the line is a comment. Every block must have its value here and every value here its block, so an
+//! example cannot be added, removed or renamed on one side only.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, MAGIC as RING_MAGIC};
+use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
+use ipc_core::sys::shm::SharedMemory;
+use ipc_core::wire::{
+    Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES, HandleType,
+    Header, MAGIC, Message, MessageType, PixelFormat, RefusalCode, Refused, RingOffer, SyncStrategy,
+};
+
+fn doc(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// Every `golden-hex NAME` block of `text`, by name.
+fn golden_blocks(text: &str, file: &str) -> BTreeMap<String, Vec<u8>> {
+    let mut blocks = BTreeMap::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line.trim().strip_prefix("```golden-hex") else {
+            continue;
+        };
+        let name = name.trim().to_owned();
+        assert!(!name.is_empty(), "{file}: a golden-hex block without a name");
+        let mut bytes = Vec::new();
+        for line in lines.by_ref() {
+            if line.trim() == "```" {
+                break;
+            }
+            let hex = line.split_whitespace().take_while(|t| t.len() == 2 && t.chars().all(|c| c.is_ascii_hexdigit()));
+            bytes.extend(hex.map(|t| u8::from_str_radix(t, 16).unwrap()));
+        }
+        assert!(!bytes.is_empty(), "{file}: golden block {name} has no bytes");
+        assert!(blocks.insert(name.clone(), bytes).is_none(), "{file}: two golden blocks named {name}");
+    }
+    blocks
+}
+
+const UUID: DeviceUuid =
+    DeviceUuid([0x5d, 0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6, 0xe7, 0xf8]);
+
+/// The value each golden message block shows.
+fn golden_messages() -> BTreeMap<&'static str, Message> {
+    let legacy_handle: [u8; 64] = std::array::from_fn(|i| 0x40 + i as u8);
+    BTreeMap::from([
+        (
+            "client-hello",
+            Message::ClientHello(ClientHello {
+                protocol_version: 1,
+                wanted_backend: Some(BackendKind::Vmm),
+                client_pid: 4242,
+                consumer_name: "viewer".into(),
+            }),
+        ),
+        (
+            "ring-offer-vmm",
+            Message::RingOffer(RingOffer {
+                backend: BackendKind::Vmm,
+                handle_type: HandleType::PosixFd,
+                sync: SyncStrategy::GpuStreamOps,
+                device_uuid: UUID,
+                producer_pid: 1234,
+                generation: 0x1_8765_4321,
+                consumer_id: 2,
+                geometry: FrameGeometry::new(1920, 1080, PixelFormat::Rgba8).unwrap(),
+                slot_count: 4,
+                slot_stride_bytes: 8_294_400,
+                data_offset: 0,
+                allocation_bytes: 33_554_432,
+                granularity: 2 << 20,
+                control_bytes: CONTROL_BLOCK_BYTES as u64,
+                legacy_mem_handle: None,
+                event_handles: Vec::new(),
+            }),
+        ),
+        (
+            "ring-offer-legacy-ipc-event",
+            Message::RingOffer(RingOffer {
+                backend: BackendKind::Legacy,
+                handle_type: HandleType::LegacyIpc,
+                sync: SyncStrategy::IpcEvent,
+                device_uuid: UUID,
+                producer_pid: 1234,
+                generation: 7,
+                consumer_id: 0,
+                geometry: FrameGeometry::new(640, 480, PixelFormat::Gray8).unwrap(),
+                slot_count: 1,
+                slot_stride_bytes: 307_200,
+                data_offset: 0,
+                allocation_bytes: 307_200,
+                granularity: 4096,
+                control_bytes: CONTROL_BLOCK_BYTES as u64,
+                legacy_mem_handle: Some(legacy_handle),
+                event_handles: vec![[0xe0; 64], [0xe1; 64]],
+            }),
+        ),
+        ("attached", Message::Attached(Attached { consumer_id: 0x0102_0304 })),
+        ("detach-consumer-done", Message::Detach(Detach { consumer_id: 2, reason: DetachReason::ConsumerDone })),
+        ("detach-import-failed", Message::Detach(Detach { consumer_id: 2, reason: DetachReason::ImportFailed })),
+        (
+            "refused-version",
+            Message::Refused(Refused { code: RefusalCode::UnsupportedVersion, message: "speak version 1".into() }),
+        ),
+    ])
+}
+
+#[test]
+fn every_golden_message_encodes_to_its_bytes_and_decodes_to_its_value() {
+    let blocks = golden_blocks(&doc("protocol.md"), "protocol.md");
+    let values = golden_messages();
+    let documented: Vec<&str> = blocks.keys().map(String::as_str).collect();
+    let known: Vec<&str> = values.keys().copied().collect();
+    assert_eq!(documented, known, "golden blocks in docs/protocol.md vs values in this test");
+    for (name, value) in &values {
+        let bytes = &blocks[*name];
+        assert_eq!(&value.encode().unwrap(), bytes, "{name}: the implementation encodes other bytes than the doc");
+        assert_eq!(&Message::decode(bytes).unwrap(), value, "{name}: the doc's bytes decode to another value");
+        let header = Header::decode(bytes).unwrap();
+        assert_eq!(header.fd_count as usize, value.fd_count(), "{name}: fd_count");
+        assert_eq!(header.payload_len as usize, bytes.len() - HEADER_BYTES, "{name}: payload_len");
+    }
+    // Every message type has at least one example.
+    let shown: Vec<MessageType> = values.values().map(Message::message_type).collect();
+    for t in [
+        MessageType::ClientHello,
+        MessageType::RingOffer,
+        MessageType::Attached,
+        MessageType::Detach,
+        MessageType::Refused,
+    ] {
+        assert!(shown.contains(&t), "no golden example of {}", t.name());
+    }
+}
+
+#[test]
+fn the_control_block_header_image_is_what_a_ring_writes_and_what_a_consumer_reads() {
+    let blocks = golden_blocks(&doc("ring.md"), "ring.md");
+    assert_eq!(blocks.keys().collect::<Vec<_>>(), ["control-block-header"], "golden blocks in docs/ring.md");
+    let image = &blocks["control-block-header"];
+    assert_eq!(image.len(), 64);
+    assert_eq!(u64::from_le_bytes(image[..8].try_into().unwrap()), RING_MAGIC);
+    assert_eq!(&image[..8], b"GIPCRING");
+
+    // Encode: a ring made with the image's settings has exactly that header (but for the pid: ours).
+    let ring = ProducerControl::create(
+        RingConfig { slot_count: 4, max_consumers: 16, generation: 0x1_8765_4321 },
+        LivenessPolicy::default(),
+    )
+    .unwrap();
+    let mut written = [0u8; 64];
+    ring.block().memory().read_bytes(0, &mut written).unwrap();
+    let mut expected = image.clone();
+    expected[48..56].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    assert_eq!(written.as_slice(), expected.as_slice(), "the header a ring writes differs from docs/ring.md");
+
+    // Decode: a sealed memfd holding the image attaches, and reads back the image's fields.
+    let memory = SharedMemory::create("golden-control-block", CONTROL_BLOCK_BYTES).unwrap();
+    memory.write_bytes(0, image).unwrap();
+    let block = ControlBlock::attach(memory.try_clone_fd().unwrap()).unwrap();
+    assert_eq!(block.slot_count(), 4);
+    assert_eq!(block.max_consumers(), 16);
+    assert_eq!(block.generation(), 0x1_8765_4321);
+    assert_eq!(block.producer_pid(), 1234);
+    assert_eq!(memory.len(), 131_072, "docs say 131072 bytes");
+}
+
+/// Rows `(name, code, rest)` of the markdown table whose first header cell is `first_header`; the name is the
+/// first cell up to any ` (`.
+fn table(text: &str, first_header: &str) -> Vec<(String, u16, Vec<String>)> {
+    let mut rows = Vec::new();
+    let mut lines = text.lines().skip_while(|l| !l.starts_with(&format!("| {first_header} |")));
+    assert!(lines.next().is_some(), "no table headed {first_header:?} in docs/protocol.md");
+    for line in lines.skip(1).take_while(|l| l.starts_with('|')) {
+        let cells: Vec<String> = line.trim_matches('|').split('|').map(|c| c.trim().to_owned()).collect();
+        let name = cells[0].split(" (").next().unwrap().to_owned();
+        let code = cells[1].parse().unwrap_or_else(|_| panic!("{first_header}: bad code in {line:?}"));
+        rows.push((name, code, cells[2..].to_vec()));
+    }
+    rows
+}
+
+/// `ConsumerDone` -> `consumer done`.
+fn words(debug: String) -> String {
+    let mut out = String::new();
+    for (i, c) in debug.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push(' ');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+#[test]
+fn the_code_tables_are_the_codes_the_implementation_uses() {
+    let text = doc("protocol.md");
+    let t = table(&text, "type");
+    assert_eq!(t.len(), 5);
+    for (name, code, _) in t {
+        assert_eq!(MessageType::from_code(code).unwrap().name(), name);
+    }
+    for (name, code, rest) in table(&text, "backend") {
+        let backend = BackendKind::from_code(code, "backend").unwrap();
+        assert_eq!(backend.to_string(), name);
+        assert_eq!(backend.handle_type().to_string(), rest[0]);
+    }
+    for (name, code, _) in table(&text, "handle type") {
+        assert_eq!(HandleType::from_code(code, "handle type").unwrap().to_string(), name);
+    }
+    for (name, code, _) in table(&text, "sync strategy") {
+        assert_eq!(SyncStrategy::from_code(code, "sync").unwrap().to_string(), name);
+    }
+    let formats = table(&text, "pixel format");
+    assert_eq!(formats.len(), 7);
+    for (name, code, rest) in formats {
+        let format = PixelFormat::from_code(code, "pixel format").unwrap();
+        assert_eq!(words(format!("{format:?}")).replace(' ', "-"), name);
+        assert_eq!(format.bytes_per_pixel().to_string(), rest[0], "{name}");
+    }
+    let reasons = table(&text, "detach reason");
+    assert_eq!(reasons.len(), 5);
+    for (name, code, _) in reasons {
+        assert_eq!(words(format!("{:?}", DetachReason::from_code(code).unwrap())), name);
+    }
+    let refusals = table(&text, "refusal code");
+    assert_eq!(refusals.len(), 6);
+    for (name, code, _) in refusals {
+        assert_eq!(RefusalCode::from_code(code).unwrap().to_string(), name);
+    }
+    assert!(text.contains("`47 50 55 49 50 43 0d 0a`"));
+    assert_eq!(&MAGIC, b"GPUIPC\r\n");
+}
