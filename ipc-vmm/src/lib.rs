@@ -16,7 +16,7 @@
 //! ```
 
 use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
-use ipc_core::driver::{Context, DevicePtr, VmmAllocation, VmmGranularity, VmmMapping, sys};
+use ipc_core::driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, VmmAllocation, VmmGranularity, VmmMapping, sys};
 use ipc_core::wire::BackendKind;
 
 /// The VMM backend.
@@ -35,6 +35,12 @@ impl SharedRegion for VmmRegion {
     }
     fn len(&self) -> u64 {
         self.mapping.size()
+    }
+}
+
+impl DeviceMemory for VmmRegion {
+    fn span(&self) -> DeviceSpan<'_> {
+        self.mapping.span()
     }
 }
 
