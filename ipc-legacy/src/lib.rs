@@ -14,6 +14,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
 use ipc_core::driver::{
     Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, pointer_allowed_handle_types,

@@ -15,6 +15,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
 use ipc_core::driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, VmmAllocation, VmmGranularity, VmmMapping, sys};
 use ipc_core::wire::BackendKind;

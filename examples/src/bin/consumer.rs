@@ -7,6 +7,8 @@
 //! ```
 //! Exit status: 0 all frames verified; 1 mismatches or another error; 4 the producer went away.
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 

@@ -7,6 +7,8 @@
 //! It waits for `--consumers` consumers, produces `--frames` frames, waits until every live consumer released
 //! the last one, and prints frames per second (`--json`: one JSON object).
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
