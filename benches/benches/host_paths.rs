@@ -3,6 +3,8 @@
 //! the frame pattern. GPU-side figures (frames per second, attach cost) come from the GPU suite instead
 //! (`scripts/gpu-suite.sh`, see docs/results.md).
 
+#![forbid(unsafe_code)]
+// Only ipc-core's driver and sys layers may contain `unsafe`.
 // Benches may panic on setup failure: there is nobody to report an error to.
 #![allow(clippy::expect_used)]
 // criterion_group! generates an undocumented function.

@@ -1,6 +1,8 @@
 //! What the `producer` and `consumer` example programs share: their command-line vocabulary and the summary
 //! each prints (one JSON object with `--json`).
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -6,13 +6,12 @@
 //!
 //! ```no_run
 //! use gpu_ipc::{BackendChoice, BackendVisitor};
-//! use gpu_ipc::core::backend::Backend;
-//! use gpu_ipc::core::driver::Context;
+//! use gpu_ipc::core::backend::{Backend, GpuBackend};
 //!
 //! struct Name;
 //! impl BackendVisitor for Name {
 //!     type Output = &'static str;
-//!     fn visit<B: Backend<Context = Context>>(self) -> &'static str {
+//!     fn visit<B: GpuBackend>(self) -> &'static str {
 //!         B::NAME
 //!     }
 //! }
@@ -27,8 +26,7 @@ pub use ipc_legacy as legacy;
 #[cfg(feature = "vmm")]
 pub use ipc_vmm as vmm;
 
-use ipc_core::backend::Backend;
-use ipc_core::driver::Context;
+use ipc_core::backend::GpuBackend;
 
 #[cfg(not(any(feature = "legacy", feature = "vmm")))]
 compile_error!("enable at least one backend feature of gpu-ipc: `legacy` or `vmm`");
@@ -49,8 +47,9 @@ pub enum BackendChoice {
 pub trait BackendVisitor {
     /// What the code returns.
     type Output;
-    /// Runs the code with `B` as the backend.
-    fn visit<B: Backend<Context = Context>>(self) -> Self::Output;
+    /// Runs the code with `B` as the backend (a [`GpuBackend`]: a CUDA context, and regions that lend their memory
+    /// to kernels as spans).
+    fn visit<B: GpuBackend>(self) -> Self::Output;
 }
 
 impl BackendChoice {
@@ -131,7 +130,7 @@ mod tests {
         struct Name;
         impl BackendVisitor for Name {
             type Output = &'static str;
-            fn visit<B: Backend<Context = Context>>(self) -> &'static str {
+            fn visit<B: GpuBackend>(self) -> &'static str {
                 B::NAME
             }
         }

@@ -3,7 +3,7 @@
 
 use std::os::fd::OwnedFd;
 
-use crate::driver::{Context, DevicePtr, DriverError};
+use crate::driver::{Context, DeviceMemory, DevicePtr, DriverError};
 use crate::wire::BackendKind;
 
 /// What travels from the exporting process to an importer for one allocation.
@@ -72,6 +72,19 @@ pub trait Backend: Send + Sync + 'static {
     /// # Errors
     /// A handle of the wrong shape, or the driver's import error.
     fn import(ctx: &Self::Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError>;
+}
+
+/// A backend on a real GPU: a CUDA [`Context`], and regions that lend their memory to kernels and copies as
+/// [`DeviceSpan`](crate::driver::DeviceSpan)s ([`DeviceMemory`]). Implemented for every backend that fits; the host
+/// fake does not (its "device memory" is host memory).
+pub trait GpuBackend: Backend<Context = Context, Exported: DeviceMemory, Imported: DeviceMemory> {}
+
+impl<B> GpuBackend for B
+where
+    B: Backend<Context = Context>,
+    B::Exported: DeviceMemory,
+    B::Imported: DeviceMemory,
+{
 }
 
 /// Why a backend could not do what was asked.

@@ -2,13 +2,16 @@
 //! the GPU suite runs them with `--run-ignored all` (see docs/gpu-testing.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ipc_core::driver::{
-    Context, Device, DeviceBuffer, DevicePtr, Event, EventFlags, IpcMemHandle, Stream, VmmAllocation, VmmGranularity,
-    VmmMapping, WaitCondition, copy_device_async, copy_from_device, copy_to_device, pointer_allowed_handle_types,
-    pointer_is_legacy_ipc_capable, sys,
+    Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, HostRegistration, IpcMemHandle, Stream,
+    VmmAllocation, VmmGranularity, VmmMapping, WaitCondition, copy_from_device, copy_to_device,
+    pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, sys,
 };
+use ipc_core::sys::shm::{SharedMemory, SharedObject};
 
 fn ctx() -> Context {
     Context::for_ordinal(0).expect("device 0 and its primary context")
@@ -42,7 +45,7 @@ fn allocation_copies_and_fills_round_trip() {
     let b = DeviceBuffer::alloc(&ctx, (words * 4) as u64).unwrap();
     a.write(0, &src).unwrap();
     let stream = Stream::new(&ctx).unwrap();
-    copy_device_async(b.ptr(), a.ptr(), a.len(), &stream).unwrap();
+    b.span().copy_from_async(&a.span(), &stream).unwrap();
     stream.synchronize().unwrap();
     let mut back = vec![0u32; words];
     b.read(0, &mut back).unwrap();
@@ -91,11 +94,14 @@ fn stream_wait_and_write_value_64_bit() {
     let ctx = ctx();
     let flags = DeviceBuffer::alloc(&ctx, 16).unwrap();
     flags.write(0, &[0u64, 0u64]).unwrap();
-    let (flag, out) = (flags.ptr(), flags.ptr().offset(8));
+    let (flag, out) = (flags.span().slice(0, 8).unwrap(), flags.span().slice(8, 8).unwrap());
     let stream = Stream::new(&ctx).unwrap();
     let target = 0x1_0000_0005u64; // above 2^32: only a 64-bit compare is satisfied by the right value
-    stream.wait_value_u64(flag, target, WaitCondition::AtLeast).unwrap();
-    stream.write_value_u64(out, 42).unwrap();
+    flag.wait_value_u64(&stream, 0, target, WaitCondition::AtLeast).unwrap();
+    out.write_value_u64(&stream, 0, 42).unwrap();
+    // Words outside the span, or unaligned, are refused before the driver is called.
+    assert!(flag.write_value_u64(&stream, 8, 1).is_err());
+    assert!(flags.span().write_value_u64(&stream, 4, 1).is_err());
 
     // The low 32 bits alone must not release the wait.
     write_u64(flag, 5);
@@ -110,14 +116,62 @@ fn stream_wait_and_write_value_64_bit() {
     assert!(released.elapsed() < Duration::from_secs(1));
 }
 
-fn write_u64(addr: DevicePtr, value: u64) {
-    copy_to_device(addr, &[value]).unwrap();
+fn write_u64(word: DeviceSpan<'_>, value: u64) {
+    word.write(0, &[value]).unwrap();
 }
 
-fn read_u64(addr: DevicePtr) -> u64 {
+fn read_u64(word: DeviceSpan<'_>) -> u64 {
     let mut v = [0u64];
-    copy_from_device(&mut v, addr).unwrap();
+    word.read(0, &mut v).unwrap();
     v[0]
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn spans_copy_to_and_from_registered_host_memory_seen_as_atomics() {
+    let ctx = ctx();
+    let stream = Stream::new(&ctx).unwrap();
+    let block =
+        Arc::new(SharedObject::<[AtomicU64; 512]>::new(SharedMemory::create("span-test", 4096).unwrap()).unwrap());
+    let registration = HostRegistration::new(&ctx, Arc::clone(&block)).unwrap();
+    assert_eq!(registration.span().len(), 4096);
+
+    // A device buffer's words land in the host block, through the driver's copy and through stream writes.
+    let device = DeviceBuffer::alloc(&ctx, 4096).unwrap();
+    let words: Vec<u64> = (0..512).map(|i| i * 3 + 1).collect();
+    device.write(0, &words).unwrap();
+    device.span().copy_to_host_memory(block.as_ref(), 0).unwrap();
+    assert_eq!(block.get()[511].load(Ordering::Acquire), 511 * 3 + 1);
+    registration.span().copy_from_async(&device.span(), &stream).unwrap();
+    registration.write_value_u64(&stream, 8, 0xfeed).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(block.get()[1].load(Ordering::Acquire), 0xfeed);
+    assert_eq!(block.get()[2].load(Ordering::Acquire), 7);
+
+    // And back: the host block into a sub-span of the device buffer.
+    block.get()[0].store(99, Ordering::Release);
+    let head = device.span().slice(0, 4096).unwrap();
+    head.copy_from_host_memory(block.as_ref(), 0).unwrap();
+    assert_eq!(read_u64(head), 99);
+    // A host range that does not fit the host memory is refused before the driver is called.
+    assert!(device.span().copy_from_host_memory(block.as_ref(), 8).is_err());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+#[allow(unsafe_code)]
+fn raw_copies_reach_the_same_bytes_as_span_copies() {
+    let ctx = ctx();
+    let buf = DeviceBuffer::alloc(&ctx, 64).unwrap();
+    // SAFETY: the range is inside a device allocation this test owns; no Rust reference covers device memory.
+    unsafe { copy_to_device(buf.ptr().offset(8), &[0x1234_5678u32, 9]) }.unwrap();
+    let mut via_span = [0u32; 2];
+    buf.span().read(8, &mut via_span).unwrap();
+    assert_eq!(via_span, [0x1234_5678, 9]);
+    let mut raw = [0u32; 2];
+    // SAFETY: as above; the destination is a local array.
+    unsafe { copy_from_device(&mut raw, buf.ptr().offset(8)) }.unwrap();
+    assert_eq!(raw, via_span);
 }
 
 #[test]
@@ -135,9 +189,10 @@ fn vmm_allocation_exports_and_imports_through_an_fd() {
     drop(fd);
     assert_ne!(exporter.ptr(), importer.ptr());
     let data: Vec<u64> = (0..size / 8).map(|i| i ^ 0xabcd).collect();
-    copy_to_device(exporter.ptr(), &data).unwrap();
+    assert_eq!((exporter.span().len(), importer.span().len()), (size, size));
+    exporter.span().write(0, &data).unwrap();
     let mut back = vec![0u64; data.len()];
-    copy_from_device(&mut back, importer.ptr()).unwrap();
+    importer.span().read(0, &mut back).unwrap();
     assert_eq!(back, data);
 
     // VMM memory is not legacy-IPC capable, and the driver refuses a legacy handle for it.

@@ -14,9 +14,11 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
 use ipc_core::driver::{
-    Context, DeviceBuffer, DevicePtr, IpcMapping, IpcMemHandle, pointer_allowed_handle_types,
+    Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, pointer_allowed_handle_types,
     pointer_is_legacy_ipc_capable, sys,
 };
 use ipc_core::wire::BackendKind;
@@ -40,6 +42,12 @@ impl SharedRegion for LegacyAllocation {
     }
 }
 
+impl DeviceMemory for LegacyAllocation {
+    fn span(&self) -> DeviceSpan<'_> {
+        self.buffer.span()
+    }
+}
+
 /// A consumer's mapping of a legacy allocation.
 #[derive(Debug)]
 pub struct LegacyImport {
@@ -53,6 +61,13 @@ impl SharedRegion for LegacyImport {
     }
     fn len(&self) -> u64 {
         self.len
+    }
+}
+
+impl DeviceMemory for LegacyImport {
+    fn span(&self) -> DeviceSpan<'_> {
+        // `import` checked that the size the producer sent fits the mapping the driver reports.
+        self.mapping.span().prefix(self.len)
     }
 }
 
@@ -126,6 +141,16 @@ impl Backend for Legacy {
             });
         }
         let mapping = IpcMapping::open(ctx, IpcMemHandle(bytes))?;
+        if handle.size > mapping.len() {
+            return Err(BackendError::MalformedHandle {
+                backend: Self::NAME,
+                problem: format!(
+                    "the producer says the allocation has {} bytes, but the driver mapped {}",
+                    handle.size,
+                    mapping.len()
+                ),
+            });
+        }
         Ok(LegacyImport { mapping, len: handle.size })
     }
 }

@@ -15,8 +15,10 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
-use ipc_core::driver::{Context, DevicePtr, VmmAllocation, VmmGranularity, VmmMapping, sys};
+use ipc_core::driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, VmmAllocation, VmmGranularity, VmmMapping, sys};
 use ipc_core::wire::BackendKind;
 
 /// The VMM backend.
@@ -35,6 +37,12 @@ impl SharedRegion for VmmRegion {
     }
     fn len(&self) -> u64 {
         self.mapping.size()
+    }
+}
+
+impl DeviceMemory for VmmRegion {
+    fn span(&self) -> DeviceSpan<'_> {
+        self.mapping.span()
     }
 }
 

@@ -1,8 +1,8 @@
 //! Typed launchers of the embedded kernels: load the right image for the device, then fill and verify frames.
 
 use ipc_core::driver::{
-    Context, DeviceBuffer, DevicePtr, DriverError, Function, KernelParam, LaunchConfig, Module, Stream,
-    copy_from_device, sys,
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, DriverError, Function, KernelArg, LaunchConfig, Module, Stream,
+    sys,
 };
 
 use crate::image::{self, ComputeCapability, KernelImage, NoImageForDevice};
@@ -77,15 +77,15 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
 ///
 /// ```no_run
 /// use gpu_ipc_kernels::launch::PatternKernels;
-/// use ipc_core::driver::{Context, DeviceBuffer, Stream};
+/// use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, Stream};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = Context::for_ordinal(0)?;
 /// let kernels = PatternKernels::load(&ctx)?;
 /// let stream = Stream::new(&ctx)?;
 /// let frame = DeviceBuffer::alloc(&ctx, 3840 * 2160 * 3)?;
-/// kernels.fill(&stream, frame.ptr(), frame.len(), 7)?;
-/// assert_eq!(kernels.count_mismatches(&stream, frame.ptr(), frame.len(), 7)?, 0);
+/// kernels.fill(&stream, frame.span(), 7)?;
+/// assert_eq!(kernels.count_mismatches(&stream, frame.span(), 7)?, 0);
 /// # Ok(()) }
 /// ```
 pub struct PatternKernels {
@@ -142,34 +142,38 @@ impl PatternKernels {
         Ok((LaunchConfig::linear(blocks, THREADS), words))
     }
 
-    /// Queues a fill of `bytes` at `frame` with the pattern of `seq`.
+    /// Queues a fill of the whole of `frame` with the pattern of `seq`.
     ///
     /// # Errors
-    /// A size that is not a multiple of 4, or the launch error.
-    pub fn fill(&self, stream: &Stream, frame: DevicePtr, bytes: u64, seq: u64) -> Result<(), KernelError> {
-        let (config, words) = self.config(bytes)?;
-        self.fill.launch(stream, config, &[KernelParam::Ptr(frame), KernelParam::U64(words), KernelParam::U64(seq)])?;
+    /// A length that is not a multiple of 4, or the launch error.
+    pub fn fill(&self, stream: &Stream, frame: DeviceSpan<'_>, seq: u64) -> Result<(), KernelError> {
+        let (config, words) = self.config(frame.len())?;
+        self.fill.launch_typed(
+            stream,
+            config,
+            &[KernelArg::Span(frame), KernelArg::U64(words), KernelArg::U64(seq)],
+        )?;
         Ok(())
     }
 
-    /// Queues a check of `bytes` at `frame` against the pattern of `seq`, adding the number of mismatched words to
-    /// the 64-bit counter at `mismatches` (asynchronous: read the counter after the stream is done).
+    /// Queues a check of the whole of `frame` against the pattern of `seq`, adding the number of mismatched words
+    /// to the 64-bit counter at the start of `mismatches` (asynchronous: read the counter after the stream is done).
     ///
     /// # Errors
-    /// A size that is not a multiple of 4, or the launch error.
+    /// A frame length that is not a multiple of 4, a counter span shorter than 8 bytes, or the launch error.
     pub fn verify(
         &self,
         stream: &Stream,
-        frame: DevicePtr,
-        bytes: u64,
+        frame: DeviceSpan<'_>,
         seq: u64,
-        mismatches: DevicePtr,
+        mismatches: DeviceSpan<'_>,
     ) -> Result<(), KernelError> {
-        let (config, words) = self.config(bytes)?;
-        self.verify.launch(
+        let (config, words) = self.config(frame.len())?;
+        let counter = mismatches.slice(0, 8)?;
+        self.verify.launch_typed(
             stream,
             config,
-            &[KernelParam::Ptr(frame), KernelParam::U64(words), KernelParam::U64(seq), KernelParam::Ptr(mismatches)],
+            &[KernelArg::Span(frame), KernelArg::U64(words), KernelArg::U64(seq), KernelArg::Span(counter)],
         )?;
         Ok(())
     }
@@ -177,19 +181,13 @@ impl PatternKernels {
     /// Checks a frame and waits for the answer: the number of 32-bit words that differ from the pattern of `seq`.
     ///
     /// # Errors
-    /// A size that is not a multiple of 4, or a driver error (including one raised by earlier work on `stream`).
-    pub fn count_mismatches(
-        &self,
-        stream: &Stream,
-        frame: DevicePtr,
-        bytes: u64,
-        seq: u64,
-    ) -> Result<u64, KernelError> {
+    /// A length that is not a multiple of 4, or a driver error (including one raised by earlier work on `stream`).
+    pub fn count_mismatches(&self, stream: &Stream, frame: DeviceSpan<'_>, seq: u64) -> Result<u64, KernelError> {
         self.counter.fill_u32_async(0, stream)?;
-        self.verify(stream, frame, bytes, seq, self.counter.ptr())?;
+        self.verify(stream, frame, seq, self.counter.span())?;
         stream.synchronize()?;
         let mut count = [0u64];
-        copy_from_device(&mut count, self.counter.ptr())?;
+        self.counter.read(0, &mut count)?;
         Ok(count[0])
     }
 }

@@ -10,6 +10,8 @@
 //! - [`VERIFY_PATTERN`]`(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
 //!   unsigned long long* mismatches)`
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 pub mod image;
 pub mod launch;
 pub mod pattern;

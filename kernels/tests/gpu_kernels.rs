@@ -6,7 +6,7 @@ use gpu_ipc_kernels::image::{ComputeCapability, ImageKind};
 use gpu_ipc_kernels::launch::PatternKernels;
 use gpu_ipc_kernels::pattern::{count_mismatches_host, fill_pattern_host};
 use gpu_ipc_kernels::{FILL_PATTERN, image};
-use ipc_core::driver::{Context, DeviceBuffer, DriverError, KernelParam, LaunchConfig, Module, Stream};
+use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, DriverError, KernelArg, LaunchConfig, Module, Stream};
 
 /// A 4K RGB frame: 3840 x 2160 x 3 bytes.
 const FRAME_4K: u64 = 3840 * 2160 * 3;
@@ -14,10 +14,10 @@ const FRAME_4K: u64 = 3840 * 2160 * 3;
 fn check_pattern_kernels(kernels: &PatternKernels, ctx: &Context) {
     let stream = Stream::new(ctx).unwrap();
     let frame = DeviceBuffer::alloc(ctx, FRAME_4K).unwrap();
-    kernels.fill(&stream, frame.ptr(), frame.len(), 41).unwrap();
-    assert_eq!(kernels.count_mismatches(&stream, frame.ptr(), frame.len(), 41).unwrap(), 0);
+    kernels.fill(&stream, frame.span(), 41).unwrap();
+    assert_eq!(kernels.count_mismatches(&stream, frame.span(), 41).unwrap(), 0);
     // Every word differs from the pattern of another sequence number.
-    assert_eq!(kernels.count_mismatches(&stream, frame.ptr(), frame.len(), 42).unwrap(), FRAME_4K / 4);
+    assert_eq!(kernels.count_mismatches(&stream, frame.span(), 42).unwrap(), FRAME_4K / 4);
 
     // The device pattern is the host reference, bit for bit.
     let mut on_device = vec![0u32; (FRAME_4K / 4) as usize];
@@ -29,12 +29,15 @@ fn check_pattern_kernels(kernels: &PatternKernels, ctx: &Context) {
 
     // One corrupted word, anywhere, is counted once.
     frame.write(4 * 1_234_567, &[0xdead_beefu32]).unwrap();
-    assert_eq!(kernels.count_mismatches(&stream, frame.ptr(), frame.len(), 41).unwrap(), 1);
+    assert_eq!(kernels.count_mismatches(&stream, frame.span(), 41).unwrap(), 1);
 
     // Sizes that are not a multiple of the vector width take the scalar tail.
-    kernels.fill(&stream, frame.ptr(), 4 * 1001, 7).unwrap();
-    assert_eq!(kernels.count_mismatches(&stream, frame.ptr(), 4 * 1001, 7).unwrap(), 0);
-    assert!(kernels.fill(&stream, frame.ptr(), 4 * 1001 + 2, 7).is_err());
+    let part = frame.span().slice(0, 4 * 1001).unwrap();
+    kernels.fill(&stream, part, 7).unwrap();
+    assert_eq!(kernels.count_mismatches(&stream, part, 7).unwrap(), 0);
+    assert!(kernels.fill(&stream, frame.span().slice(0, 4 * 1001 + 2).unwrap(), 7).is_err());
+    // A counter span too short for the 64-bit count is refused before the launch.
+    assert!(kernels.verify(&stream, part, 7, frame.span().slice(0, 4).unwrap()).is_err());
 }
 
 #[test]
@@ -70,7 +73,7 @@ fn launch_with_wrong_arguments_is_refused_before_the_driver() {
     let fill = module.function(FILL_PATTERN).unwrap();
     assert_eq!(fill.param_sizes(), Some(&[8usize, 8, 8][..]));
     let stream = Stream::new(&ctx).unwrap();
-    let err = fill.launch(&stream, LaunchConfig::linear(1, 32), &[KernelParam::U32(1)]).unwrap_err();
+    let err = fill.launch_typed(&stream, LaunchConfig::linear(1, 32), &[KernelArg::U32(1)]).unwrap_err();
     assert!(matches!(err, DriverError::KernelSignature { .. }), "{err}");
     let err = module.function("no_such_kernel").unwrap_err();
     assert!(err.to_string().contains("cuModuleGetFunction"), "{err}");

@@ -7,13 +7,15 @@
 //! ```
 //! Exit status: 0 all frames verified; 1 mismatches or another error; 4 the producer went away.
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gpu_ipc::BackendVisitor;
-use gpu_ipc::core::backend::Backend;
-use gpu_ipc::core::driver::{Context, DeviceBuffer, copy_from_device};
+use gpu_ipc::core::backend::{Backend, GpuBackend};
+use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::wire::WireError;
 use gpu_ipc_examples::{CommonArgs, EXIT_PRODUCER_GONE, Gpu, cpu_time, fps, kernel_error, print_summary, sync_name};
@@ -54,7 +56,7 @@ struct Run(Args);
 
 impl BackendVisitor for Run {
     type Output = Result<Summary, FrameError>;
-    fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
+    fn visit<B: GpuBackend>(self) -> Self::Output {
         let args = self.0;
         let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
         let counter = DeviceBuffer::alloc(&ctx, 8)?;
@@ -68,7 +70,9 @@ impl BackendVisitor for Run {
         let mut gone = None;
         while args.frames == 0 || frames < args.frames {
             let step = consumer.next_frame(Some(&stream), timeout).and_then(|frame| {
-                kernels.verify(&stream, frame.ptr, frame.bytes, frame.seq, counter.ptr()).map_err(kernel_error)?;
+                // The frame, as a span of the imported region (checked to lie inside it).
+                let span = consumer.region().span().sub_span_at(frame.ptr, frame.bytes)?;
+                kernels.verify(&stream, span, frame.seq, counter.span()).map_err(kernel_error)?;
                 consumer.release(frame, Some(&stream))
             });
             match step {
@@ -88,7 +92,7 @@ impl BackendVisitor for Run {
         stream.synchronize()?;
         let elapsed = t0.elapsed();
         let mut mismatched = [0u64];
-        copy_from_device(&mut mismatched, counter.ptr())?;
+        counter.read(0, &mut mismatched)?;
         let sync = consumer.offer().sync;
         if gone.is_none() {
             consumer.detach();

@@ -7,13 +7,15 @@
 //! It waits for `--consumers` consumers, produces `--frames` frames, waits until every live consumer released
 //! the last one, and prints frames per second (`--json`: one JSON object).
 
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gpu_ipc::BackendVisitor;
-use gpu_ipc::core::backend::Backend;
-use gpu_ipc::core::driver::Context;
+use gpu_ipc::core::backend::GpuBackend;
+use gpu_ipc::core::driver::DeviceMemory;
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 use gpu_ipc_examples::{
@@ -70,7 +72,7 @@ struct Run(Args);
 
 impl BackendVisitor for Run {
     type Output = Result<Summary, FrameError>;
-    fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
+    fn visit<B: GpuBackend>(self) -> Self::Output {
         let args = self.0;
         let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
         let geometry = FrameGeometry::new(args.width, args.height, args.format)?;
@@ -83,7 +85,9 @@ impl BackendVisitor for Run {
         let (cpu0, t0) = (cpu_time(), Instant::now());
         for _ in 0..args.frames {
             let slot = producer.acquire(Some(&stream), timeout)?;
-            kernels.fill(&stream, slot.ptr, slot.bytes, slot.seq).map_err(kernel_error)?;
+            // The slot, as a span of the exported region (checked to lie inside it).
+            let span = producer.region().span().sub_span_at(slot.ptr, slot.bytes)?;
+            kernels.fill(&stream, span, slot.seq).map_err(kernel_error)?;
             producer.publish(slot, Some(&stream))?;
         }
         // Done when every live consumer has released the last frame.

@@ -6,12 +6,16 @@ use super::context::Context;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
+use super::span::{DeviceMemory, DeviceSpan};
 use super::stream::{Stream, WaitCondition};
 use super::sys;
 
 /// Page-locked host memory from `cuMemAllocHost`, mapped for the device; freed on drop.
 ///
-/// Used for staging copies (the pinned-memory baselines) and for host-visible flags.
+/// Its bytes are lent to Rust code as slices ([`PinnedHostBuffer::as_slice`]), so it is deliberately *not*
+/// [`DeviceMemory`]: no safe operation lets the GPU touch it. [`PinnedHostBuffer::device_ptr`] is only an address
+/// (for pointer queries, or for the `unsafe` raw copies when no slice is borrowed). Host memory the GPU and the CPU
+/// share goes through [`HostRegistration`], whose CPU side is atomics only.
 pub struct PinnedHostBuffer {
     ctx: Context,
     ptr: *mut u8,
@@ -57,6 +61,7 @@ impl PinnedHostBuffer {
     }
 
     /// The address kernels and copies use for this memory (equal to the host address under unified addressing).
+    /// Only a number: using it for GPU access is `unsafe` (the slices above may be borrowed meanwhile).
     pub fn device_ptr(&self) -> DevicePtr {
         DevicePtr(self.ptr as u64)
     }
@@ -102,6 +107,9 @@ pub unsafe trait RegistrableHostMemory: Send + Sync {
 
 /// A range of our own host memory (e.g. a shared-memory control block), registered with `cuMemHostRegister` so
 /// the GPU can read and write it (stream memory operations, kernels); unregistered on drop.
+///
+/// It is [`DeviceMemory`]: its span is safe to hand to the GPU because [`RegistrableHostMemory`] promises that the
+/// CPU side reaches the range only through atomics or raw pointers, never through references to plain bytes.
 pub struct HostRegistration<M: RegistrableHostMemory> {
     ctx: Context,
     memory: Arc<M>,
@@ -141,25 +149,13 @@ impl<M: RegistrableHostMemory> HostRegistration<M> {
         &self.memory
     }
 
-    /// The device address of the aligned 64-bit word at byte `offset`, checked against the range.
-    fn word_at(&self, offset: usize, function: &'static str) -> Result<DevicePtr> {
-        let fits = offset.checked_add(8).is_some_and(|end| end <= self.memory.len());
-        if !fits || !offset.is_multiple_of(8) {
-            return Err(DriverError::InvalidArgument {
-                function,
-                problem: format!("offset {offset} is not an aligned 8-byte word of a {}-byte range", self.memory.len()),
-            });
-        }
-        Ok(self.device_ptr.offset(offset as u64))
-    }
-
     /// Queues on `stream` a GPU-side wait until the 64-bit word at byte `offset` of the registered range satisfies
     /// `condition` against `value` (`cuStreamWaitValue64`).
     ///
     /// # Errors
     /// An offset outside the range or not 8-byte aligned; a failing `cuStreamWaitValue64`.
     pub fn wait_value_u64(&self, stream: &Stream, offset: usize, value: u64, condition: WaitCondition) -> Result<()> {
-        stream.wait_value_u64(self.word_at(offset, "cuStreamWaitValue64")?, value, condition)
+        self.span().wait_value_u64(stream, offset as u64, value, condition)
     }
 
     /// Queues on `stream` a GPU-side write of `value` to the 64-bit word at byte `offset` of the registered range
@@ -168,7 +164,13 @@ impl<M: RegistrableHostMemory> HostRegistration<M> {
     /// # Errors
     /// An offset outside the range or not 8-byte aligned; a failing `cuStreamWriteValue64`.
     pub fn write_value_u64(&self, stream: &Stream, offset: usize, value: u64) -> Result<()> {
-        stream.write_value_u64(self.word_at(offset, "cuStreamWriteValue64")?, value)
+        self.span().write_value_u64(stream, offset as u64, value)
+    }
+}
+
+impl<M: RegistrableHostMemory> DeviceMemory for HostRegistration<M> {
+    fn span(&self) -> DeviceSpan<'_> {
+        DeviceSpan::of_owner(self.device_ptr, self.memory.len() as u64)
     }
 }
 
@@ -186,7 +188,8 @@ impl<M: RegistrableHostMemory> Drop for HostRegistration<M> {
 /// Managed (unified) memory from `cuMemAllocManaged`, attached globally; freed on drop.
 ///
 /// It is addressable from the host and every device; whether another process can open it is what the
-/// compatibility probe records (it cannot be exported by either backend).
+/// compatibility probe records (it cannot be exported by either backend). Rust code never borrows its bytes, so
+/// it is [`DeviceMemory`].
 pub struct ManagedBuffer {
     ctx: Context,
     ptr: DevicePtr,
@@ -231,6 +234,12 @@ impl ManagedBuffer {
     /// Always false: zero-byte allocations are refused.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+impl DeviceMemory for ManagedBuffer {
+    fn span(&self) -> DeviceSpan<'_> {
+        DeviceSpan::of_owner(self.ptr, self.len)
     }
 }
 

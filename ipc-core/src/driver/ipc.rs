@@ -1,9 +1,11 @@
 //! Legacy CUDA IPC: memory handles of `cuMemAlloc` allocations, and pointer capability queries.
 
 use super::context::Context;
-use super::error::Result;
+use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
+use super::pool::address_range;
+use super::span::{DeviceMemory, DeviceSpan};
 use super::sys;
 
 /// The 64 opaque bytes that name a `cuMemAlloc` allocation in another process.
@@ -32,14 +34,18 @@ impl IpcMemHandle {
 }
 
 /// Another process's allocation, opened with `cuIpcOpenMemHandle`; closed on drop.
+///
+/// Its length is what the driver says the mapped allocation spans (`cuMemGetAddressRange`), never what the peer
+/// claims, so its [`DeviceSpan`] covers exactly the mapped memory.
 pub struct IpcMapping {
     ctx: Context,
     ptr: DevicePtr,
+    len: u64,
 }
 
 impl std::fmt::Debug for IpcMapping {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcMapping").field("ptr", &self.ptr).finish()
+        f.debug_struct("IpcMapping").field("ptr", &self.ptr).field("len", &self.len).finish()
     }
 }
 
@@ -48,7 +54,8 @@ impl IpcMapping {
     ///
     /// # Errors
     /// A failing `cuIpcOpenMemHandle`: `CUDA_ERROR_INVALID_CONTEXT`/`CUDA_ERROR_INVALID_VALUE` when the handle
-    /// comes from this same process or its exporter freed the memory, `CUDA_ERROR_MAP_FAILED` and others.
+    /// comes from this same process or its exporter freed the memory, `CUDA_ERROR_MAP_FAILED` and others; a
+    /// failing `cuMemGetAddressRange` on the mapping (which is then closed again).
     pub fn open(ctx: &Context, handle: IpcMemHandle) -> Result<Self> {
         ctx.bind()?;
         let d = Driver::get()?;
@@ -57,12 +64,43 @@ impl IpcMapping {
         let h = sys::CUipcMemHandle { reserved: handle.0.map(|b| b as std::ffi::c_char) };
         // SAFETY: the out-pointer is a valid local; the handle is passed by value; the context is current.
         d.check("cuIpcOpenMemHandle", unsafe { f(&mut ptr, h, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) })?;
-        Ok(Self { ctx: ctx.clone(), ptr: DevicePtr(ptr) })
+        // From here on Drop closes it.
+        let mut mapping = Self { ctx: ctx.clone(), ptr: DevicePtr(ptr), len: 0 };
+        let (base, size) = address_range(mapping.ptr)?;
+        // The span runs from the returned address to the end of the mapped block it lies in.
+        let end = base.offset(size);
+        if mapping.ptr < base || mapping.ptr >= end {
+            return Err(DriverError::InvalidArgument {
+                function: "cuMemGetAddressRange",
+                problem: format!(
+                    "the IPC mapping at {} lies outside the block {base}+{size} reported for it",
+                    mapping.ptr
+                ),
+            });
+        }
+        mapping.len = end.0 - mapping.ptr.0;
+        Ok(mapping)
     }
 
     /// The address of the imported allocation in this process.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
+    }
+
+    /// The mapped allocation's size in bytes, as the driver reports it.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Always false: the driver maps no empty allocation.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl DeviceMemory for IpcMapping {
+    fn span(&self) -> DeviceSpan<'_> {
+        DeviceSpan::of_owner(self.ptr, self.len)
     }
 }
 

@@ -4,13 +4,15 @@ use super::context::Context;
 use super::error::{DriverError, Result};
 use super::host::RegistrableHostMemory;
 use super::loader::{Driver, entry, release_quietly};
+use super::span::{DeviceMemory, DeviceSpan};
 use super::stream::Stream;
 use super::sys;
 
 /// A device virtual address (unified with host addresses on 64-bit Linux).
 ///
-/// A `DevicePtr` is only a number: holding one keeps nothing alive. Copies through it are bounded on the host
-/// side by the slice given; a bad device address is reported by the driver as an error, not undefined behaviour.
+/// A `DevicePtr` is only a number: holding one keeps nothing alive, and it may well be the address of host memory
+/// Rust has lent out (a pinned host buffer's device address is its host address). So every operation that makes
+/// the GPU dereference one is an `unsafe fn`; safe code uses a [`DeviceSpan`](super::DeviceSpan) from the owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct DevicePtr(pub u64);
 
@@ -99,23 +101,12 @@ impl DeviceBuffer {
         &self.ctx
     }
 
-    fn check_fits(&self, function: &'static str, offset: u64, bytes: usize) -> Result<()> {
-        if offset.checked_add(bytes as u64).is_none_or(|end| end > self.len) {
-            return Err(DriverError::InvalidArgument {
-                function,
-                problem: format!("{bytes} bytes at offset {offset} exceed the {}-byte buffer", self.len),
-            });
-        }
-        Ok(())
-    }
-
     /// Copies `src` into the buffer at byte `offset` (synchronous).
     ///
     /// # Errors
     /// Out of bounds, or a failing `cuMemcpyHtoD`.
     pub fn write<T: DeviceCopy>(&self, offset: u64, src: &[T]) -> Result<()> {
-        self.check_fits("cuMemcpyHtoD", offset, byte_len(src))?;
-        copy_to_device(self.ptr.offset(offset), src)
+        self.span().write(offset, src)
     }
 
     /// Copies from the buffer at byte `offset` into `dst` (synchronous).
@@ -123,8 +114,7 @@ impl DeviceBuffer {
     /// # Errors
     /// Out of bounds, or a failing `cuMemcpyDtoH`.
     pub fn read<T: DeviceCopy>(&self, offset: u64, dst: &mut [T]) -> Result<()> {
-        self.check_fits("cuMemcpyDtoH", offset, byte_len(dst))?;
-        copy_from_device(dst, self.ptr.offset(offset))
+        self.span().read(offset, dst)
     }
 
     /// Fills the whole buffer with a 32-bit value on `stream` (the size must be a multiple of 4).
@@ -132,7 +122,13 @@ impl DeviceBuffer {
     /// # Errors
     /// A size not a multiple of 4, or a failing `cuMemsetD32Async`.
     pub fn fill_u32_async(&self, value: u32, stream: &Stream) -> Result<()> {
-        fill_u32_async(self.ptr, self.len, value, stream)
+        self.span().fill_u32_async(value, stream)
+    }
+}
+
+impl DeviceMemory for DeviceBuffer {
+    fn span(&self) -> DeviceSpan<'_> {
+        DeviceSpan::of_owner(self.ptr, self.len)
     }
 }
 
@@ -147,35 +143,51 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Copies host data to any device address (owned, imported or mapped memory). Synchronous.
+/// Copies host data to any device address (owned, imported or mapped memory). Synchronous. The safe form is
+/// [`DeviceSpan::write`].
 ///
 /// # Errors
 /// A failing `cuMemcpyHtoD` (e.g. an address not mapped in this context).
-pub fn copy_to_device<T: DeviceCopy>(dst: DevicePtr, src: &[T]) -> Result<()> {
+///
+/// # Safety
+/// `[dst, dst + size_of_val(src))` must be memory the device can address that no Rust reference covers while the
+/// copy runs: device memory, or host memory Rust reaches only through atomics or raw pointers (under unified
+/// addressing a host address is a valid `dst`, and the driver would write through it).
+pub unsafe fn copy_to_device<T: DeviceCopy>(dst: DevicePtr, src: &[T]) -> Result<()> {
     let d = Driver::get()?;
     let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
-    // SAFETY: the source is a live slice readable for its byte length; the device side is checked by the driver.
+    // SAFETY: the source is a live slice readable for its byte length; the caller vouches for the destination.
     d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().cast(), byte_len(src)) })
 }
 
-/// Copies from any device address into host memory. Synchronous.
+/// Copies from any device address into host memory. Synchronous. The safe form is [`DeviceSpan::read`].
 ///
 /// # Errors
 /// A failing `cuMemcpyDtoH`.
-pub fn copy_from_device<T: DeviceCopy>(dst: &mut [T], src: DevicePtr) -> Result<()> {
+///
+/// # Safety
+/// `[src, src + size_of_val(dst))` must be memory the device can address that nothing writes through a Rust
+/// reference while the copy runs (device memory, or host memory Rust reaches only through atomics or raw
+/// pointers), and it must not overlap `dst`.
+pub unsafe fn copy_from_device<T: DeviceCopy>(dst: &mut [T], src: DevicePtr) -> Result<()> {
     let d = Driver::get()?;
     let f = entry!(d, cuMemcpyDtoH_v2, "cuMemcpyDtoH")?;
     // SAFETY: the destination is a live, exclusively borrowed slice writable for its byte length, and every bit
-    // pattern is a valid `T` (DeviceCopy is sealed to plain numbers).
+    // pattern is a valid `T` (DeviceCopy is sealed to plain numbers); the caller vouches for the source.
     d.check("cuMemcpyDtoH", unsafe { f(dst.as_mut_ptr().cast(), src.0, byte_len(dst)) })
 }
 
 /// Copies `bytes` from device address `src` into `dst[offset..offset + bytes]`, host memory that is not Rust-owned
-/// (a shared-memory mapping, registered or not). Synchronous; a pageable copy when `dst` is not registered.
+/// (a shared-memory mapping, registered or not). Synchronous; a pageable copy when `dst` is not registered. The
+/// safe form is [`DeviceSpan::copy_to_host_memory`].
 ///
 /// # Errors
 /// A range beyond `dst` ([`DriverError::InvalidArgument`]) or a failing `cuMemcpyDtoH`.
-pub fn copy_device_to_host_memory<M: RegistrableHostMemory>(
+///
+/// # Safety
+/// `[src, src + bytes)` must be memory the device can address that nothing writes through a Rust reference while
+/// the copy runs.
+pub unsafe fn copy_device_to_host_memory<M: RegistrableHostMemory>(
     dst: &M,
     offset: usize,
     src: DevicePtr,
@@ -185,16 +197,21 @@ pub fn copy_device_to_host_memory<M: RegistrableHostMemory>(
     let d = Driver::get()?;
     let f = entry!(d, cuMemcpyDtoH_v2, "cuMemcpyDtoH")?;
     // SAFETY: the range was checked to lie inside `dst`, which the trait keeps mapped while it lives and which Rust
-    // code reaches only through raw pointers or atomics, so a byte-wise write there breaks no aliasing rule.
+    // code reaches only through raw pointers or atomics, so a byte-wise write there breaks no aliasing rule; the
+    // caller vouches for the source.
     d.check("cuMemcpyDtoH", unsafe { f(dst.as_ptr().add(offset).cast(), src.0, bytes) })
 }
 
 /// Copies `src[offset..offset + bytes]`, host memory that is not Rust-owned (a shared-memory mapping), to device
-/// address `dst`. Synchronous; a pageable copy when `src` is not registered.
+/// address `dst`. Synchronous; a pageable copy when `src` is not registered. The safe form is
+/// [`DeviceSpan::copy_from_host_memory`].
 ///
 /// # Errors
 /// A range beyond `src` ([`DriverError::InvalidArgument`]) or a failing `cuMemcpyHtoD`.
-pub fn copy_host_memory_to_device<M: RegistrableHostMemory>(
+///
+/// # Safety
+/// `[dst, dst + bytes)` must be memory the device can address that no Rust reference covers while the copy runs.
+pub unsafe fn copy_host_memory_to_device<M: RegistrableHostMemory>(
     dst: DevicePtr,
     src: &M,
     offset: usize,
@@ -204,7 +221,7 @@ pub fn copy_host_memory_to_device<M: RegistrableHostMemory>(
     let d = Driver::get()?;
     let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
     // SAFETY: the range was checked to lie inside `src`, which the trait keeps mapped while it lives; it is only
-    // read.
+    // read; the caller vouches for the destination.
     d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().add(offset).cast(), bytes) })
 }
 
@@ -223,22 +240,32 @@ fn check_host_range<M: RegistrableHostMemory>(
     }
 }
 
-/// Copies `bytes` between device addresses on `stream` (asynchronous).
+/// Copies `bytes` between device addresses on `stream` (asynchronous). The safe form is
+/// [`DeviceSpan::copy_from_async`].
 ///
 /// # Errors
 /// A failing `cuMemcpyDtoDAsync`.
-pub fn copy_device_async(dst: DevicePtr, src: DevicePtr, bytes: u64, stream: &Stream) -> Result<()> {
+///
+/// # Safety
+/// Until the copy has run, `[dst, dst + bytes)` must be memory the device can address that no Rust reference
+/// covers, and `[src, src + bytes)` memory the device can address that nothing writes through a Rust reference.
+pub unsafe fn copy_device_async(dst: DevicePtr, src: DevicePtr, bytes: u64, stream: &Stream) -> Result<()> {
     let d = Driver::get()?;
     let f = entry!(d, cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync")?;
-    // SAFETY: only device addresses are involved; the driver validates them; the stream is alive.
+    // SAFETY: the caller vouches for both ranges; the driver validates the addresses; the stream is alive.
     d.check("cuMemcpyDtoDAsync", unsafe { f(dst.0, src.0, bytes as usize, stream.raw()) })
 }
 
-/// Fills `bytes` (a multiple of 4) at `dst` with a 32-bit value on `stream`.
+/// Fills `bytes` (a multiple of 4) at `dst` with a 32-bit value on `stream`. The safe form is
+/// [`DeviceSpan::fill_u32_async`].
 ///
 /// # Errors
 /// A size not a multiple of 4, or a failing `cuMemsetD32Async`.
-pub fn fill_u32_async(dst: DevicePtr, bytes: u64, value: u32, stream: &Stream) -> Result<()> {
+///
+/// # Safety
+/// Until the fill has run, `[dst, dst + bytes)` must be memory the device can address that no Rust reference
+/// covers.
+pub unsafe fn fill_u32_async(dst: DevicePtr, bytes: u64, value: u32, stream: &Stream) -> Result<()> {
     if !bytes.is_multiple_of(4) {
         return Err(DriverError::InvalidArgument {
             function: "cuMemsetD32Async",
@@ -247,7 +274,7 @@ pub fn fill_u32_async(dst: DevicePtr, bytes: u64, value: u32, stream: &Stream) -
     }
     let d = Driver::get()?;
     let f = entry!(d, cuMemsetD32Async, "cuMemsetD32Async")?;
-    // SAFETY: only device memory is written; the driver validates the range; the stream is alive.
+    // SAFETY: the caller vouches for the range; the driver validates the addresses; the stream is alive.
     d.check("cuMemsetD32Async", unsafe { f(dst.0, value, (bytes / 4) as usize, stream.raw()) })
 }
 
@@ -261,9 +288,11 @@ mod tests {
     fn host_memory_copies_refuse_ranges_beyond_the_memory_before_calling_the_driver() {
         let memory = SharedMemory::create("copy-range-test", 4096).unwrap();
         for (offset, bytes) in [(0, 4097), (4000, 97), (usize::MAX, 2)] {
-            let err = copy_device_to_host_memory(&memory, offset, DevicePtr(0), bytes).unwrap_err();
+            // SAFETY: the range check fails before the driver is called, so no device address is used.
+            let err = unsafe { copy_device_to_host_memory(&memory, offset, DevicePtr(0), bytes) }.unwrap_err();
             assert!(matches!(err, DriverError::InvalidArgument { function: "cuMemcpyDtoH", .. }), "{err}");
-            let err = copy_host_memory_to_device(DevicePtr(0), &memory, offset, bytes).unwrap_err();
+            // SAFETY: as above.
+            let err = unsafe { copy_host_memory_to_device(DevicePtr(0), &memory, offset, bytes) }.unwrap_err();
             assert!(matches!(err, DriverError::InvalidArgument { function: "cuMemcpyHtoD", .. }), "{err}");
         }
         assert!(check_host_range(&memory, 96, 4000, "x").is_ok());

@@ -7,6 +7,11 @@
 //! [`Context`], [`Stream`], [`DeviceBuffer`], [`Event`], [`Module`], [`PinnedHostBuffer`],
 //! [`HostRegistration`], [`VmmAllocation`], [`VmmMapping`] and [`IpcMapping`].
 //!
+//! Soundness: a bare [`DevicePtr`] is only a number, so every operation that makes the GPU dereference one
+//! (raw copies and fills, stream memory operations, [`Function::launch`]) is an `unsafe fn`. Safe code borrows a
+//! [`DeviceSpan`] from a [`DeviceMemory`] owner (memory that no Rust reference covers) and uses its bounds-checked
+//! methods and [`Function::launch_typed`]. See `docs/driver-layer.md`.
+//!
 //! Threads: every owner keeps its [`Context`] alive. CUDA binds a context per thread, so a thread other than the
 //! one that created the context calls [`Context::bind`] once before its first call.
 
@@ -35,6 +40,7 @@ mod loader;
 mod memory;
 mod module;
 mod pool;
+mod span;
 mod stream;
 mod vmm;
 
@@ -49,7 +55,8 @@ pub use memory::{
     DeviceBuffer, DeviceCopy, DevicePtr, copy_device_async, copy_device_to_host_memory, copy_from_device,
     copy_host_memory_to_device, copy_to_device, fill_u32_async,
 };
-pub use module::{Function, KernelParam, LaunchConfig, Module};
+pub use module::{Function, KernelArg, KernelParam, LaunchConfig, Module};
 pub use pool::{ImportedPoolPointer, MemoryPool, PoolAllocation, PoolPointerExport, address_range};
+pub use span::{DeviceMemory, DeviceSpan};
 pub use stream::{Stream, WaitCondition};
 pub use vmm::{VmmAllocation, VmmGranularity, VmmMapping};

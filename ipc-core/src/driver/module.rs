@@ -7,6 +7,7 @@ use super::context::Context;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
+use super::span::DeviceSpan;
 use super::stream::Stream;
 use super::sys;
 
@@ -102,10 +103,11 @@ fn param_sizes(d: &Driver, func: sys::CUfunction) -> Result<Option<Vec<usize>>> 
     }
 }
 
-/// One kernel argument. The launch checks the count and each size against the kernel's parameter list.
+/// One raw kernel argument, for [`Function::launch`] (`unsafe`). The launch checks the count and each size against
+/// the kernel's parameter list. Safe code uses [`KernelArg`] and [`Function::launch_typed`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KernelParam {
-    /// A device pointer (`T*`).
+    /// A device pointer (`T*`), any address.
     Ptr(DevicePtr),
     /// `unsigned long long` / `uint64_t`.
     U64(u64),
@@ -136,6 +138,45 @@ impl KernelParam {
             Self::U32(v) => u64::from(v),
             Self::I32(v) => u64::from(v as u32),
             Self::F32(v) => u64::from(v.to_bits()),
+        }
+    }
+}
+
+/// One kernel argument of a safe launch ([`Function::launch_typed`]): memory only as a [`DeviceSpan`] borrowed from
+/// its owner, so safe code cannot point a kernel at host memory Rust has lent out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArg<'a> {
+    /// A pointer parameter (`T*`): the span's start address. Pass its length (or element count) as a scalar
+    /// argument if the kernel needs it.
+    Span(DeviceSpan<'a>),
+    /// `unsigned long long` / `uint64_t`.
+    U64(u64),
+    /// `long long` / `int64_t`.
+    I64(i64),
+    /// `unsigned int`.
+    U32(u32),
+    /// `int`.
+    I32(i32),
+    /// `float`.
+    F32(f32),
+}
+
+impl<'a> From<DeviceSpan<'a>> for KernelArg<'a> {
+    fn from(span: DeviceSpan<'a>) -> Self {
+        Self::Span(span)
+    }
+}
+
+impl KernelArg<'_> {
+    /// The raw parameter: a span becomes its start address.
+    fn param(&self) -> KernelParam {
+        match *self {
+            Self::Span(span) => KernelParam::Ptr(span.ptr()),
+            Self::U64(v) => KernelParam::U64(v),
+            Self::I64(v) => KernelParam::I64(v),
+            Self::U32(v) => KernelParam::U32(v),
+            Self::I32(v) => KernelParam::I32(v),
+            Self::F32(v) => KernelParam::F32(v),
         }
     }
 }
@@ -207,15 +248,36 @@ impl Function {
         Ok(())
     }
 
-    /// Launches the kernel on `stream`.
+    /// Launches the kernel on `stream` with typed arguments: every pointer argument is a [`DeviceSpan`], memory
+    /// its owner lends to the GPU.
     ///
-    /// Host memory safety does not depend on the kernel: the argument count and sizes are checked against the
-    /// kernel's own parameter list first (on drivers with `cuFuncGetParamInfo`), and what the kernel does to
-    /// device memory is reported by the driver (for example `CUDA_ERROR_ILLEGAL_ADDRESS` at the next sync).
+    /// The argument count and sizes are checked against the kernel's own parameter list first (on drivers with
+    /// `cuFuncGetParamInfo`). Kernels are trusted code, like the driver: this is sound as long as the kernel keeps
+    /// to the spans it is given (what it does elsewhere in device memory is reported by the driver, e.g.
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS` at the next sync).
     ///
     /// # Errors
     /// [`DriverError::KernelSignature`] for mismatched arguments; a failing `cuLaunchKernel`.
-    pub fn launch(&self, stream: &Stream, config: LaunchConfig, args: &[KernelParam]) -> Result<()> {
+    pub fn launch_typed(&self, stream: &Stream, config: LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
+        let params: Vec<KernelParam> = args.iter().map(KernelArg::param).collect();
+        // SAFETY: every pointer argument is the start of a span, memory whose owner guarantees that no Rust
+        // reference covers it; scalars point nowhere.
+        unsafe { self.launch(stream, config, &params) }
+    }
+
+    /// Launches the kernel on `stream` with raw arguments. The safe form is [`Function::launch_typed`].
+    ///
+    /// The argument count and sizes are checked against the kernel's own parameter list first (on drivers with
+    /// `cuFuncGetParamInfo`), so the driver never reads past the argument array.
+    ///
+    /// # Errors
+    /// [`DriverError::KernelSignature`] for mismatched arguments; a failing `cuLaunchKernel`.
+    ///
+    /// # Safety
+    /// Every [`KernelParam::Ptr`] the kernel dereferences must, until the kernel has finished, point to memory the
+    /// device can address that no Rust reference covers (where the kernel writes) or that nothing writes through a
+    /// Rust reference (where it reads): under unified addressing a host address is a valid kernel pointer.
+    pub unsafe fn launch(&self, stream: &Stream, config: LaunchConfig, args: &[KernelParam]) -> Result<()> {
         self.check_args(args)?;
         let d = Driver::get()?;
         let f = entry!(d, cuLaunchKernel, "cuLaunchKernel")?;
@@ -266,5 +328,20 @@ mod tests {
         assert_eq!(KernelParam::F32(1.0).storage(), 0x3f80_0000);
         assert_eq!(KernelParam::Ptr(DevicePtr(0x7f00_0000_1000)).size(), 8);
         assert_eq!(KernelParam::U32(1).size(), 4);
+    }
+
+    #[test]
+    fn typed_args_become_the_same_raw_params() {
+        let span = DeviceSpan::of_owner(DevicePtr(0x7f00_0000_1000), 64);
+        assert_eq!(KernelArg::from(span).param(), KernelParam::Ptr(DevicePtr(0x7f00_0000_1000)));
+        assert_eq!(
+            KernelArg::Span(span.slice(8, 8).unwrap_or(span)).param(),
+            KernelParam::Ptr(DevicePtr(0x7f00_0000_1008))
+        );
+        assert_eq!(KernelArg::U64(7).param(), KernelParam::U64(7));
+        assert_eq!(KernelArg::I64(-7).param(), KernelParam::I64(-7));
+        assert_eq!(KernelArg::U32(3).param(), KernelParam::U32(3));
+        assert_eq!(KernelArg::I32(-3).param(), KernelParam::I32(-3));
+        assert_eq!(KernelArg::F32(0.5).param(), KernelParam::F32(0.5));
     }
 }

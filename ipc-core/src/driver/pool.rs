@@ -12,6 +12,7 @@ use super::context::Context;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
+use super::span::{DeviceMemory, DeviceSpan};
 use super::stream::Stream;
 use super::sys;
 
@@ -234,6 +235,12 @@ impl PoolAllocation {
     }
 }
 
+impl DeviceMemory for PoolAllocation {
+    fn span(&self) -> DeviceSpan<'_> {
+        DeviceSpan::of_owner(self.ptr, self.len)
+    }
+}
+
 impl Drop for PoolAllocation {
     fn drop(&mut self) {
         release_quietly("freeing a stream-ordered allocation", |d| {
@@ -279,6 +286,23 @@ impl ImportedPoolPointer {
     /// The address of the imported allocation in this process.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
+    }
+
+    /// The imported allocation from its address to the end of its block, as the driver reports it
+    /// (`cuMemGetAddressRange`; asked on each call, since the import itself does not say how large it is).
+    ///
+    /// # Errors
+    /// A failing `cuMemGetAddressRange`.
+    pub fn span(&self) -> Result<DeviceSpan<'_>> {
+        let (base, size) = address_range(self.ptr)?;
+        let end = base.offset(size);
+        if self.ptr < base || self.ptr >= end {
+            return Err(DriverError::InvalidArgument {
+                function: "cuMemGetAddressRange",
+                problem: format!("the imported pointer {} lies outside its block {base}+{size}", self.ptr),
+            });
+        }
+        Ok(DeviceSpan::of_owner(self.ptr, end.0 - self.ptr.0))
     }
 }
 

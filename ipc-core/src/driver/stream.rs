@@ -108,28 +108,40 @@ impl Stream {
 
     /// Queues a GPU-side wait until the 64-bit word at `addr` satisfies `condition` against `value`.
     ///
-    /// `addr` must be device-accessible: device memory (owned or imported) or host memory registered with
-    /// [`HostRegistration`](super::HostRegistration). No CPU takes part; a wait that is never satisfied blocks the
-    /// stream, so whoever depends on it must be able to write the word itself (see the ring's poison value).
+    /// No CPU takes part; a wait that is never satisfied blocks the stream, so whoever depends on it must be able
+    /// to write the word itself (see the ring's poison value). The safe forms are
+    /// [`DeviceSpan::wait_value_u64`](super::DeviceSpan::wait_value_u64) and
+    /// [`HostRegistration::wait_value_u64`](super::HostRegistration::wait_value_u64).
     ///
     /// # Errors
     /// A failing `cuStreamWaitValue64` (e.g. `CUDA_ERROR_NOT_SUPPORTED` on devices without 64-bit stream memory
     /// operations).
-    pub fn wait_value_u64(&self, addr: DevicePtr, value: u64, condition: WaitCondition) -> Result<()> {
+    ///
+    /// # Safety
+    /// Until the wait has completed, `addr` must be an aligned 64-bit word the device can address (device memory,
+    /// owned or imported, or host memory registered with [`HostRegistration`](super::HostRegistration)) that
+    /// nothing writes through a Rust reference.
+    pub unsafe fn wait_value_u64(&self, addr: DevicePtr, value: u64, condition: WaitCondition) -> Result<()> {
         let d = Driver::get()?;
         let f = entry!(d, cuStreamWaitValue64_v2, "cuStreamWaitValue64")?;
-        // SAFETY: the stream is alive; the address is only dereferenced by the GPU, which the driver validates.
+        // SAFETY: the stream is alive; the caller vouches for the address, which only the GPU dereferences.
         d.check("cuStreamWaitValue64", unsafe { f(self.raw, addr.0, value, condition.flags()) })
     }
 
-    /// Queues a GPU-side write of a 64-bit `value` to `addr` after the stream's earlier work.
+    /// Queues a GPU-side write of a 64-bit `value` to `addr` after the stream's earlier work. The safe forms are
+    /// [`DeviceSpan::write_value_u64`](super::DeviceSpan::write_value_u64) and
+    /// [`HostRegistration::write_value_u64`](super::HostRegistration::write_value_u64).
     ///
     /// # Errors
     /// A failing `cuStreamWriteValue64`.
-    pub fn write_value_u64(&self, addr: DevicePtr, value: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// Until the write has run, `addr` must be an aligned 64-bit word the device can address that no Rust
+    /// reference covers (host memory only if Rust reaches it through atomics or raw pointers alone).
+    pub unsafe fn write_value_u64(&self, addr: DevicePtr, value: u64) -> Result<()> {
         let d = Driver::get()?;
         let f = entry!(d, cuStreamWriteValue64_v2, "cuStreamWriteValue64")?;
-        // SAFETY: as for `wait_value_u64`; the write is performed by the GPU.
+        // SAFETY: the stream is alive; the caller vouches for the address; the write is performed by the GPU.
         d.check("cuStreamWriteValue64", unsafe { f(self.raw, addr.0, value, sys::CU_STREAM_WRITE_VALUE_DEFAULT) })
     }
 }

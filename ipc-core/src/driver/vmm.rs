@@ -8,6 +8,7 @@ use super::device::Device;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
+use super::span::{DeviceMemory, DeviceSpan};
 use super::sys;
 
 fn posix_fd_props(device: Device) -> sys::CUmemAllocationProp {
@@ -298,6 +299,13 @@ impl VmmMapping {
     /// The allocation behind the mapping (to export it).
     pub fn allocation(&self) -> &VmmAllocation {
         &self.allocation
+    }
+}
+
+impl DeviceMemory for VmmMapping {
+    fn span(&self) -> DeviceSpan<'_> {
+        // `map` mapped exactly `size` bytes at `base` (cuMemMap refuses a size the allocation does not have).
+        DeviceSpan::of_owner(self.base, self.allocation.size)
     }
 }
 

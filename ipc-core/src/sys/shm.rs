@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::io::Errno;
@@ -130,8 +130,9 @@ pub struct SharedMemory {
 // thread-bound (mappings and fds are per process, not per thread).
 unsafe impl Send for SharedMemory {}
 // SAFETY: through `&SharedMemory` the memory is reachable only as a raw pointer (whose use is the caller's unsafe
-// business) or through `SharedObject`, whose views are made only of atomics; so sharing `&SharedMemory` between
-// threads gives no unsynchronised access.
+// business), through `read_bytes`/`write_bytes`, which access it as aligned `AtomicU64` words, or through
+// `SharedObject`, whose views are made only of `AtomicU64`s; so sharing `&SharedMemory` between threads gives no
+// data race (and no mixed-size race: every CPU access is a whole, aligned 64-bit atomic).
 unsafe impl Sync for SharedMemory {}
 
 impl SharedMemory {
@@ -189,7 +190,9 @@ impl SharedMemory {
     }
 
     /// Start of the mapping (page aligned). For `cuMemHostRegister` and for computing device addresses as
-    /// `base + offset`; reading or writing through it is the caller's responsibility.
+    /// `base + offset`; reading or writing through it is the caller's responsibility, and must be done as aligned
+    /// 64-bit atomics (the only way this type and [`SharedObject`] touch the memory), or other threads' accesses
+    /// may race it.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr().cast()
     }
@@ -221,33 +224,77 @@ impl SharedMemory {
         }
     }
 
+    /// The aligned 64-bit word `index` of the mapping (bytes `8 * index ..`), as an atomic.
+    ///
+    /// Callers pass only indices of words that overlap `0..len`; such a word lies inside the mapping, because
+    /// `mmap` maps whole pages and a page is a multiple of 8 bytes.
+    fn word(&self, index: usize) -> &AtomicU64 {
+        debug_assert!(index * 8 < self.len);
+        // SAFETY: the word starts inside the mapping, which is page aligned, so the word is aligned and (pages
+        // being multiples of 8 bytes) wholly mapped; the mapping lives as long as the returned borrow of `self`;
+        // any bit pattern is a valid `AtomicU64`, and Rust code reaches this memory only through `AtomicU64`s (here
+        // and in `SharedObject`), so concurrent use from other threads or processes is atomic.
+        unsafe { &*self.ptr.as_ptr().cast::<AtomicU64>().add(index) }
+    }
+
     /// Copies `src` into the mapping at `offset` (the host fake backend's "device write").
     ///
-    /// Other processes may map the same memory: keeping them off these bytes meanwhile is the caller's protocol
-    /// (the ring's), as it is for device memory.
+    /// The bytes are stored as relaxed atomic writes of the aligned 64-bit words they fall in (a partial word is
+    /// merged with a compare-and-swap, leaving its other bytes as they are), so a concurrent reader or writer, in
+    /// this or another process, is never a data race. The copy as a whole is not atomic: a reader racing it may see
+    /// some words old and some new. Keeping readers off a range while it is written, and publishing it with a
+    /// release store that readers acquire, is the caller's protocol (the ring's), as it is for device memory.
     ///
     /// # Errors
     /// [`ShmError::OutOfRange`].
     pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), ShmError> {
         self.check_range(offset, src.len())?;
-        // SAFETY: the range is inside the live mapping (checked above) and `src` is a separate Rust slice, so the
-        // two do not overlap; the mapping is never borrowed as a Rust reference to bytes.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().cast::<u8>().add(offset), src.len()) };
+        let mut pos = offset;
+        for chunk in word_chunks(offset, src) {
+            let (index, within) = (pos / 8, pos % 8);
+            let word = self.word(index);
+            if let Ok(whole) = <[u8; 8]>::try_from(chunk) {
+                word.store(u64::from_ne_bytes(whole), Ordering::Relaxed);
+            } else {
+                // The closure always returns `Some`, so `fetch_update` cannot fail.
+                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut bytes = old.to_ne_bytes();
+                    bytes[within..within + chunk.len()].copy_from_slice(chunk);
+                    Some(u64::from_ne_bytes(bytes))
+                });
+            }
+            pos += chunk.len();
+        }
         Ok(())
     }
 
-    /// Copies bytes at `offset` out of the mapping into `dst`.
+    /// Copies bytes at `offset` out of the mapping into `dst`, as relaxed atomic reads of the aligned 64-bit words
+    /// they fall in (see [`SharedMemory::write_bytes`] for what that does and does not promise).
     ///
     /// # Errors
     /// [`ShmError::OutOfRange`].
     pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), ShmError> {
         self.check_range(offset, dst.len())?;
-        // SAFETY: as for `write_bytes`, in the other direction; `dst` is exclusively borrowed.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().cast::<u8>().add(offset), dst.as_mut_ptr(), dst.len())
-        };
+        let mut pos = offset;
+        let mut rest = dst;
+        while !rest.is_empty() {
+            let (index, within) = (pos / 8, pos % 8);
+            let n = (8 - within).min(rest.len());
+            let bytes = self.word(index).load(Ordering::Relaxed).to_ne_bytes();
+            let (head, tail) = rest.split_at_mut(n);
+            head.copy_from_slice(&bytes[within..within + n]);
+            rest = tail;
+            pos += n;
+        }
         Ok(())
     }
+}
+
+/// `src`, written at `offset`, split where it crosses 8-byte boundaries: one chunk per aligned word it touches.
+fn word_chunks(offset: usize, src: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let head = ((8 - offset % 8) % 8).min(src.len());
+    let (first, rest) = src.split_at(head);
+    (!first.is_empty()).then_some(first).into_iter().chain(rest.chunks(8))
 }
 
 impl Drop for SharedMemory {
@@ -369,6 +416,49 @@ mod tests {
         let err = SharedMemory::from_fd(unsealed, 4096).unwrap_err();
         assert!(matches!(err, ShmError::NotSealed { .. }), "{err}");
         assert!(matches!(SharedMemory::create("z", 0), Err(ShmError::ZeroLength { .. })));
+    }
+
+    #[test]
+    fn byte_copies_round_trip_at_every_alignment_and_leave_neighbours_alone() {
+        let shm = SharedMemory::create("shm-bytes", 100).unwrap();
+        let pattern: Vec<u8> = (0..64u8).map(|b| b.wrapping_mul(37).wrapping_add(1)).collect();
+        for offset in 0..=20 {
+            for len in [0, 1, 3, 7, 8, 9, 15, 16, 17, 33, 64] {
+                if offset + len > shm.len() {
+                    continue;
+                }
+                shm.write_bytes(0, &[0xAA; 100]).unwrap();
+                shm.write_bytes(offset, &pattern[..len]).unwrap();
+                let mut all = [0u8; 100];
+                shm.read_bytes(0, &mut all).unwrap();
+                assert!(all[..offset].iter().all(|&b| b == 0xAA), "before {offset}+{len}");
+                assert_eq!(&all[offset..offset + len], &pattern[..len], "at {offset}+{len}");
+                assert!(all[offset + len..].iter().all(|&b| b == 0xAA), "after {offset}+{len}");
+                let mut back = vec![0u8; len];
+                shm.read_bytes(offset, &mut back).unwrap();
+                assert_eq!(back, &pattern[..len]);
+            }
+        }
+        // The last word reaches past the 100-byte file into the rest of the page: still mapped, still correct.
+        shm.write_bytes(97, &[1, 2, 3]).unwrap();
+        let mut tail = [0u8; 3];
+        shm.read_bytes(97, &mut tail).unwrap();
+        assert_eq!(tail, [1, 2, 3]);
+        assert!(matches!(shm.write_bytes(98, &[0; 3]), Err(ShmError::OutOfRange { offset: 98, bytes: 3, len: 100 })));
+        assert!(matches!(shm.read_bytes(usize::MAX, &mut [0; 2]), Err(ShmError::OutOfRange { .. })));
+    }
+
+    #[test]
+    fn byte_copies_see_the_atomics_of_a_view_and_of_another_mapping() {
+        let shm = SharedMemory::create("shm-bytes-view", 4096).unwrap();
+        let other = SharedMemory::from_fd(shm.try_clone_fd().unwrap(), 4096).unwrap();
+        let view = SharedObject::<[AtomicU64; 4]>::new(shm).unwrap();
+        view.get()[1].store(u64::from_ne_bytes(*b"abcdefgh"), Ordering::Release);
+        let mut seen = [0u8; 4];
+        other.read_bytes(10, &mut seen).unwrap();
+        assert_eq!(&seen, b"cdef");
+        other.write_bytes(12, b"XY").unwrap();
+        assert_eq!(view.get()[1].load(Ordering::Acquire).to_ne_bytes(), *b"abcdXYgh");
     }
 
     #[test]

@@ -8,10 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendVisitor;
-use gpu_ipc::core::backend::Backend;
-use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, HostRegistration, Stream, copy_device_async, copy_from_device, copy_host_memory_to_device,
-};
+use gpu_ipc::core::backend::GpuBackend;
+use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, HostRegistration, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::sys::shm::SharedMemory;
 use gpu_ipc::core::wire::WireError;
@@ -114,7 +112,7 @@ impl ConsumerGpu {
     fn mismatches(&self) -> Result<u64, ProbeError> {
         self.stream.synchronize()?;
         let mut count = [0u64];
-        copy_from_device(&mut count, self.mismatches.ptr())?;
+        self.mismatches.read(0, &mut count)?;
         Ok(count[0])
     }
 }
@@ -185,7 +183,7 @@ struct OursConsumer<'a> {
 impl BackendVisitor for OursConsumer<'_> {
     type Output = Result<ConsumerReport, ProbeError>;
 
-    fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
+    fn visit<B: GpuBackend>(self) -> Self::Output {
         let plan = self.plan;
         let gpu = ConsumerGpu::open(plan.device)?;
         let socket = plan.socket.as_deref().ok_or_else(|| ProbeError::Other("no rendezvous socket given".into()))?;
@@ -207,7 +205,8 @@ impl BackendVisitor for OursConsumer<'_> {
             let frame = consumer.next_frame(Some(&gpu.stream), timeout).map_err(frame_error)?;
             let seq = frame.seq;
             window.started(seq);
-            gpu.kernels.verify(&gpu.stream, frame.ptr, frame.bytes, seq, gpu.mismatches.ptr())?;
+            let span = consumer.region().span().sub_span_at(frame.ptr, frame.bytes)?;
+            gpu.kernels.verify(&gpu.stream, span, seq, gpu.mismatches.span())?;
             consumer.release(frame, Some(&gpu.stream)).map_err(frame_error)?;
             let mut on_done = |seq: u64, ns: u64| window.done(seq, ns);
             clock.after(seq, &gpu.stream, Instant::now() + timeout, &mut on_done).map_err(ProbeError::Other)?;
@@ -261,11 +260,12 @@ fn study_consumer(
         let handle = setup.handle.as_ref().ok_or_else(|| ProbeError::Other("no device buffer handle sent".into()))?;
         imported = Some(ImportedRegion::import(&gpu.ctx, handle, None)?);
     }
-    let frame_ptr = match (&own_copy, &imported) {
-        (Some(buffer), _) => buffer.ptr(),
-        (None, Some(region)) => region.ptr(),
+    let frame = match (&own_copy, &imported) {
+        (Some(buffer), _) => buffer.span(),
+        (None, Some(region)) => region.span(),
         (None, None) => return Err(ProbeError::Other("no frame buffer".into())),
-    };
+    }
+    .slice(0, plan.frame_bytes)?;
     channel.send(&ConsumerMessage::Ready, Vec::new())?;
     let nap = design.poll_interval();
     let timeout = Duration::from_millis(plan.frame_timeout_ms);
@@ -280,17 +280,17 @@ fn study_consumer(
             window.started(seq);
             match (&host, &registration) {
                 (Some(_), Some(pinned)) => {
-                    copy_device_async(frame_ptr, pinned.device_ptr(), plan.frame_bytes, &gpu.stream)?;
+                    frame.copy_from_async(&pinned.span().slice(0, plan.frame_bytes)?, &gpu.stream)?;
                     gpu.stream.synchronize()?;
                 }
-                (Some(memory), None) => copy_host_memory_to_device(frame_ptr, memory.as_ref(), 0, bytes)?,
+                (Some(memory), None) => frame.copy_from_host_memory(memory.as_ref(), 0)?,
                 _ => {}
             }
             if design.through_host() {
                 // The staging buffer is free again; the verify reads our own copy.
                 flags.word(flag::READY).store(0, Ordering::Release);
             }
-            gpu.kernels.verify(&gpu.stream, frame_ptr, plan.frame_bytes, seq, gpu.mismatches.ptr())?;
+            gpu.kernels.verify(&gpu.stream, frame, seq, gpu.mismatches.span())?;
             gpu.stream.synchronize()?;
             window.done(seq, monotonic_ns());
             flags.word(flag::CONSUMED).store(seq + 1, Ordering::Release);

@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::backend::Backend;
+use gpu_ipc::core::backend::{Backend, GpuBackend};
 use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DevicePtr, Event, EventFlags, HostRegistration, Stream, copy_device_async,
-    copy_device_to_host_memory, copy_from_device,
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, HostRegistration, Stream,
 };
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::sys::shm::SharedMemory;
@@ -112,7 +111,7 @@ fn wait_stream(ctx: &Context, stream: &Stream, timeout: Duration) -> Result<(), 
 
 fn read_counter(counter: &DeviceBuffer) -> Result<u64, ProbeError> {
     let mut count = [0u64];
-    copy_from_device(&mut count, counter.ptr())?;
+    counter.read(0, &mut count)?;
     Ok(count[0])
 }
 
@@ -124,8 +123,8 @@ fn single_process(gpu: &BenchGpu, cfg: &RunConfig) -> Result<Measurement, ProbeE
     counter.write(0, &[0u64])?;
     let run = |from: u64, to: u64| -> Result<(), ProbeError> {
         for seq in from..to {
-            gpu.kernels.fill(&gpu.stream, frame.ptr(), bytes, seq)?;
-            gpu.kernels.verify(&gpu.stream, frame.ptr(), bytes, seq, counter.ptr())?;
+            gpu.kernels.fill(&gpu.stream, frame.span(), seq)?;
+            gpu.kernels.verify(&gpu.stream, frame.span(), seq, counter.span())?;
         }
         wait_stream(&gpu.ctx, &gpu.stream, cfg.row_timeout)
     };
@@ -155,7 +154,7 @@ fn bandwidth(gpu: &BenchGpu, cfg: &RunConfig) -> Result<Measurement, ProbeError>
     let dst = DeviceBuffer::alloc(&gpu.ctx, bytes)?;
     let run = |count: u64| -> Result<(), ProbeError> {
         for _ in 0..count {
-            copy_device_async(dst.ptr(), src.ptr(), bytes, &gpu.stream)?;
+            dst.span().copy_from_async(&src.span(), &gpu.stream)?;
         }
         wait_stream(&gpu.ctx, &gpu.stream, cfg.row_timeout)
     };
@@ -328,7 +327,7 @@ struct OursProducer<'a> {
 impl BackendVisitor for OursProducer<'_> {
     type Output = Result<Measurement, ProbeError>;
 
-    fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
+    fn visit<B: GpuBackend>(self) -> Self::Output {
         use gpu_ipc::core::wire::{FrameGeometry, PixelFormat};
         let (gpu, cfg) = (self.gpu, self.cfg);
         let deadline = Instant::now() + cfg.row_timeout;
@@ -355,7 +354,8 @@ impl BackendVisitor for OursProducer<'_> {
                     (t0, cpu0) = (Instant::now(), cpu_ns());
                 }
                 let slot = producer.acquire(Some(&stream), cfg.frame_timeout).map_err(frame_error)?;
-                gpu.kernels.fill(&stream, slot.ptr, slot.bytes, slot.seq)?;
+                let span = producer.region().span().sub_span_at(slot.ptr, slot.bytes)?;
+                gpu.kernels.fill(&stream, span, slot.seq)?;
                 if !self.strategy.publishes_on_gpu() {
                     // `publish` would synchronise first anyway; doing it here times the publish after the fill.
                     stream.synchronize()?;
@@ -449,11 +449,12 @@ fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) ->
         setup.handle = Some(message);
         shared = Some(region);
     }
-    let frame_ptr: DevicePtr = match (&own, &shared) {
-        (Some(buffer), _) => buffer.ptr(),
-        (None, Some(region)) => region.ptr(),
+    let frame: DeviceSpan<'_> = match (&own, &shared) {
+        (Some(buffer), _) => buffer.span(),
+        (None, Some(region)) => region.span(),
         (None, None) => return Err(ProbeError::Other("no frame buffer".into())),
-    };
+    }
+    .slice(0, bytes)?;
     let extra = || -> Result<Vec<OwnedFd>, ProbeError> {
         let mut fds = vec![flags.fd().map_err(shm_error)?];
         if let Some(memory) = &host {
@@ -480,19 +481,19 @@ fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) ->
                 // One shared device buffer: the next frame overwrites it only once the consumer is done with it.
                 flags.wait(flag::CONSUMED, seq, false, nap, cfg.frame_timeout).map_err(ProbeError::Other)?;
             }
-            gpu.kernels.fill(&stream, frame_ptr, bytes, seq)?;
+            gpu.kernels.fill(&stream, frame, seq)?;
             if design.through_host() {
                 // Our own device buffer is ours to fill; the host buffer is free once the consumer copied it out.
                 flags.wait(flag::READY, 0, true, nap, cfg.frame_timeout).map_err(ProbeError::Other)?;
             }
             match (&host, &registration) {
                 (Some(_), Some(pinned)) => {
-                    copy_device_async(pinned.device_ptr(), frame_ptr, bytes, &stream)?;
+                    pinned.span().slice(0, bytes)?.copy_from_async(&frame, &stream)?;
                     stream.synchronize()?;
                 }
                 (Some(memory), None) => {
                     stream.synchronize()?;
-                    copy_device_to_host_memory(memory.as_ref(), 0, frame_ptr, host_bytes)?;
+                    frame.copy_to_host_memory(memory.as_ref(), 0)?;
                 }
                 _ => stream.synchronize()?,
             }

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::backend::{Backend, BackendError};
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DriverError, Stream, copy_from_device, sys};
+use gpu_ipc::core::backend::{BackendError, GpuBackend};
+use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, DriverError, Stream, sys};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy, WireError};
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
@@ -190,7 +190,7 @@ fn strategy_from_name(name: &str) -> Option<SyncStrategy> {
 
 impl BackendVisitor for Parent {
     type Output = Result<String, Failure>;
-    fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
+    fn visit<B: GpuBackend>(self) -> Self::Output {
         let Parent { backend, ordinal, deadline } = self;
         let ctx = Context::for_ordinal(ordinal)?;
         B::check_support(&ctx).map_err(FrameError::from)?;
@@ -236,7 +236,7 @@ impl BackendVisitor for Parent {
 }
 
 /// Waits for the child to attach, then fills and publishes [`FRAMES`] frames and waits until it released them.
-fn publish_frames<B: Backend<Context = Context>>(
+fn publish_frames<B: GpuBackend>(
     producer: &mut Producer<B>,
     kernels: &PatternKernels,
     stream: &Stream,
@@ -245,7 +245,8 @@ fn publish_frames<B: Backend<Context = Context>>(
     producer.wait_for_consumers(1, remaining(deadline))?;
     for _ in 0..FRAMES {
         let lease = producer.acquire(Some(stream), remaining(deadline))?;
-        kernels.fill(stream, lease.ptr, lease.bytes, lease.seq)?;
+        let span = producer.region().span().sub_span_at(lease.ptr, lease.bytes)?;
+        kernels.fill(stream, span, lease.seq)?;
         producer.publish(lease, Some(stream))?;
     }
     producer.drain(Some(stream), remaining(deadline))?;
@@ -346,7 +347,7 @@ struct ChildSide {
 
 impl BackendVisitor for ChildSide {
     type Output = Result<ChildReport, Failure>;
-    fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
+    fn visit<B: GpuBackend>(self) -> Self::Output {
         let deadline = Instant::now() + Duration::from_secs(30);
         let ctx = Context::for_ordinal(self.ordinal)?;
         let kernels = PatternKernels::load(&ctx)?;
@@ -374,13 +375,14 @@ impl BackendVisitor for ChildSide {
         let mut frames = 0;
         while frames < FRAMES {
             let frame = consumer.next_frame(Some(&stream), remaining(deadline))?;
-            kernels.verify(&stream, frame.ptr, frame.bytes, frame.seq, counter.ptr())?;
+            let span = consumer.region().span().sub_span_at(frame.ptr, frame.bytes)?;
+            kernels.verify(&stream, span, frame.seq, counter.span())?;
             consumer.release(frame, Some(&stream))?;
             frames += 1;
         }
         stream.synchronize()?;
         let mut mismatches = [0u64];
-        copy_from_device(&mut mismatches, counter.ptr())?;
+        counter.read(0, &mut mismatches)?;
         consumer.detach();
         Ok(ChildReport { frames, mismatches: mismatches[0], attach_ms })
     }

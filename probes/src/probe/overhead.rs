@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendChoice;
 use gpu_ipc::core::driver::{
-    Context, Device, DeviceBuffer, DevicePtr, Event, EventFlags, KernelParam, LaunchConfig, Stream, copy_from_device,
-    copy_to_device, sys,
+    Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, KernelArg, LaunchConfig, Stream, sys,
 };
 use gpu_ipc::kernels::probe::{MEM_CHASE, MEM_READ, MEM_STORE_LATENCY, MEM_WRITE, ProbeKernels};
 use serde::{Deserialize, Serialize};
@@ -260,29 +259,22 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
 
     // The memory kinds: our own, and the exporter child's.
     let exporter = spawn_child("overhead-exporter", device)?;
-    let mut kinds: Vec<(MemoryKind, DevicePtr)> = Vec::new();
     let local = DeviceBuffer::alloc(&ctx, buffer_bytes)?;
-    kinds.push((MemoryKind::Local, local.ptr()));
-    let mut keep_imports: Vec<ImportedRegion> = Vec::new();
-    let mut keep_local: Vec<ExportedRegion> = Vec::new();
+    let mut keep_imports: Vec<(MemoryKind, ImportedRegion)> = Vec::new();
+    let mut keep_local: Vec<(MemoryKind, ExportedRegion)> = Vec::new();
     for &backend in BackendChoice::ALL {
         let (message, fd) = ask_export(&exporter, backend, buffer_bytes)?;
         let imported = ImportedRegion::import(&ctx, &message, fd)?;
         let kind = if backend.name() == "legacy" { MemoryKind::LegacyImported } else { MemoryKind::VmmImported };
-        kinds.push((kind, imported.ptr()));
-        keep_imports.push(imported);
+        keep_imports.push((kind, imported));
         if backend.name() == "vmm" {
             let own = ExportedRegion::allocate(backend, &ctx, buffer_bytes)?;
-            kinds.push((MemoryKind::VmmLocal, own.ptr()));
-            keep_local.push(own);
+            keep_local.push((MemoryKind::VmmLocal, own));
         }
     }
     let peer = if Device::count()? >= 2 {
         match peer_import(&ctx, device, buffer_bytes) {
-            Ok((child, region)) => {
-                kinds.push((MemoryKind::PeerImported, region.ptr()));
-                Some((child, region))
-            }
+            Ok((child, region)) => Some((child, region)),
             Err(e) => {
                 notes.push(format!("peer import not measured: {e}"));
                 None
@@ -292,6 +284,10 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
         notes.push("one GPU: no peer-imported memory (run on a machine with two GPUs for that row)".to_owned());
         None
     };
+    let mut kinds: Vec<(MemoryKind, DeviceSpan<'_>)> = vec![(MemoryKind::Local, local.span())];
+    kinds.extend(keep_imports.iter().map(|(kind, region)| (*kind, region.span())));
+    kinds.extend(keep_local.iter().map(|(kind, region)| (*kind, region.span())));
+    kinds.extend(peer.iter().map(|(_, region)| (MemoryKind::PeerImported, region.span())));
     kinds.sort_by_key(|(kind, _)| *kind);
 
     let sizes = sizes(quick);
@@ -319,6 +315,7 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
         progress.step(&format!("{} stores", kind.label()));
         kind_results.push(KindResults { kind, bandwidth, latency, store_ns });
     }
+    drop(kinds);
     drop(keep_imports);
     drop(keep_local);
     drop(peer);
@@ -491,27 +488,28 @@ impl Bench {
 
     /// GB/s of reading (or writing) `bytes` at `base`: per run, enough launches back to back to take a few ms,
     /// timed with events.
-    fn bandwidth(&self, base: DevicePtr, bytes: u64, runs: u32, write: bool) -> Result<Measured, ProbeError> {
+    fn bandwidth(&self, base: DeviceSpan<'_>, bytes: u64, runs: u32, write: bool) -> Result<Measured, ProbeError> {
+        let base = base.slice(0, bytes)?;
         let n_vec = bytes / 16;
         let blocks = (n_vec.div_ceil(256).min(u64::from(self.blocks)).max(1)) as u32;
         let config = LaunchConfig::linear(blocks, 256);
         let launches = (256 * MIB / bytes).clamp(4, 2000) as u32;
         let launch = |i: u32| -> Result<(), ProbeError> {
             if write {
-                self.write.launch(
+                self.write.launch_typed(
                     &self.stream,
                     config,
-                    &[KernelParam::Ptr(base), KernelParam::U64(n_vec), KernelParam::U32(i)],
+                    &[KernelArg::Span(base), KernelArg::U64(n_vec), KernelArg::U32(i)],
                 )?;
             } else {
-                self.read.launch(
+                self.read.launch_typed(
                     &self.stream,
                     config,
                     &[
-                        KernelParam::Ptr(base),
-                        KernelParam::U64(n_vec),
-                        KernelParam::U32(0x9E37_79B9),
-                        KernelParam::Ptr(self.scratch.ptr()),
+                        KernelArg::Span(base),
+                        KernelArg::U64(n_vec),
+                        KernelArg::U32(0x9E37_79B9),
+                        KernelArg::Span(self.scratch.span()),
                     ],
                 )?;
             }
@@ -536,10 +534,11 @@ impl Bench {
     }
 
     /// ns per dependent load over a random cyclic chain of 128-byte lines spanning `bytes` at `base`.
-    fn chase(&self, base: DevicePtr, bytes: u64, runs: u32) -> Result<Measured, ProbeError> {
+    fn chase(&self, base: DeviceSpan<'_>, bytes: u64, runs: u32) -> Result<Measured, ProbeError> {
         let lines = (bytes / LINE).max(2);
         let chain = chain_words(lines, 0x5eed_0000 ^ bytes);
-        copy_to_device(base, &chain)?;
+        let base = base.slice(0, lines * LINE)?;
+        base.write(0, &chain)?;
         // A copy from pageable memory may still be in flight when cuMemcpyHtoD returns, and our stream does not
         // wait for the legacy stream it ran on: without this the chase can read a half-written chain (seen on the
         // H100 as CUDA_ERROR_ILLEGAL_ADDRESS).
@@ -549,16 +548,16 @@ impl Bench {
         let mut pooled = Vec::new();
         for run in 0..runs {
             let start = (u64::from(run) * 7919 % lines) * (LINE / 8);
-            self.chase.launch(
+            self.chase.launch_typed(
                 &self.stream,
                 LaunchConfig::linear(1, 32),
                 &[
-                    KernelParam::Ptr(base),
-                    KernelParam::U64(start),
-                    KernelParam::U64(warm),
-                    KernelParam::U64(CHASE_STEPS),
-                    KernelParam::Ptr(self.scratch.ptr()),
-                    KernelParam::Ptr(self.scratch.ptr().offset(8 * (CHASE_STEPS + 8))),
+                    KernelArg::Span(base),
+                    KernelArg::U64(start),
+                    KernelArg::U64(warm),
+                    KernelArg::U64(CHASE_STEPS),
+                    KernelArg::Span(self.scratch.span()),
+                    KernelArg::Span(self.scratch.span().slice(8 * (CHASE_STEPS + 8), 8 * 8)?),
                 ],
             )?;
             self.stream.synchronize()?;
@@ -570,18 +569,19 @@ impl Bench {
     }
 
     /// ns per store + `__threadfence()` over 1 MiB of lines at `base`.
-    fn store_latency(&self, base: DevicePtr, runs: u32) -> Result<Measured, ProbeError> {
+    fn store_latency(&self, base: DeviceSpan<'_>, runs: u32) -> Result<Measured, ProbeError> {
+        let base = base.slice(0, MIB)?;
         let mut values = Vec::new();
         let mut pooled = Vec::new();
         for _ in 0..runs {
-            self.store.launch(
+            self.store.launch_typed(
                 &self.stream,
                 LaunchConfig::linear(1, 32),
                 &[
-                    KernelParam::Ptr(base),
-                    KernelParam::U64(MIB / LINE),
-                    KernelParam::U64(CHASE_STEPS),
-                    KernelParam::Ptr(self.scratch.ptr()),
+                    KernelArg::Span(base),
+                    KernelArg::U64(MIB / LINE),
+                    KernelArg::U64(CHASE_STEPS),
+                    KernelArg::Span(self.scratch.span()),
                 ],
             )?;
             self.stream.synchronize()?;
@@ -596,7 +596,7 @@ impl Bench {
     /// total cycles / total `%globaltimer` ns.
     fn read_cycles(&self) -> Result<Vec<f64>, ProbeError> {
         let mut words = vec![0u64; (CHASE_STEPS + 2) as usize];
-        copy_from_device(&mut words, self.scratch.ptr())?;
+        self.scratch.read(0, &mut words)?;
         let total_cycles = words[CHASE_STEPS as usize] as f64;
         let total_ns = words[CHASE_STEPS as usize + 1] as f64;
         let ns_per_cycle = if total_cycles > 0.0 && total_ns > 0.0 { total_ns / total_cycles } else { f64::NAN };
@@ -750,7 +750,7 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
         match message {
             ToChild::Allocate { backend, bytes } => {
                 let region = ExportedRegion::allocate(backend, &ctx, bytes)?;
-                gpu_ipc::core::driver::fill_u32_async(region.ptr(), region.len(), 0x0D15_EA5E, &Stream::new(&ctx)?)?;
+                region.span().fill_u32_async(0x0D15_EA5E, &Stream::new(&ctx)?)?;
                 ctx.synchronize()?;
                 let (handle, fd) = region.export()?;
                 kept.push(region);

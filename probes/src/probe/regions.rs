@@ -4,8 +4,8 @@
 use std::os::fd::OwnedFd;
 
 use gpu_ipc::BackendChoice;
-use gpu_ipc::core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
-use gpu_ipc::core::driver::{Context, DevicePtr};
+use gpu_ipc::core::backend::{Backend, BackendError, ExportedHandle};
+use gpu_ipc::core::driver::{Context, DeviceMemory, DeviceSpan};
 
 /// An exportable allocation made through one backend.
 #[derive(Debug)]
@@ -54,26 +54,6 @@ impl ExportedRegion {
         })
     }
 
-    /// Its device address here.
-    pub fn ptr(&self) -> DevicePtr {
-        match self {
-            #[cfg(feature = "legacy")]
-            Self::Legacy(region) => region.ptr(),
-            #[cfg(feature = "vmm")]
-            Self::Vmm(region) => region.ptr(),
-        }
-    }
-
-    /// Its size (rounded up to the backend's granularity).
-    pub fn len(&self) -> u64 {
-        match self {
-            #[cfg(feature = "legacy")]
-            Self::Legacy(region) => region.len(),
-            #[cfg(feature = "vmm")]
-            Self::Vmm(region) => region.len(),
-        }
-    }
-
     /// Exports it: the message to send and the fd to send beside it (VMM).
     ///
     /// # Errors
@@ -87,6 +67,18 @@ impl ExportedRegion {
         };
         let fd = handle.fd.take();
         Ok((HandleMessage { backend, bytes: handle.bytes, size: handle.size }, fd))
+    }
+}
+
+/// Its memory here (the whole allocation, rounded up to the backend's granularity).
+impl DeviceMemory for ExportedRegion {
+    fn span(&self) -> DeviceSpan<'_> {
+        match self {
+            #[cfg(feature = "legacy")]
+            Self::Legacy(region) => region.span(),
+            #[cfg(feature = "vmm")]
+            Self::Vmm(region) => region.span(),
+        }
     }
 }
 
@@ -104,14 +96,16 @@ impl ImportedRegion {
             BackendChoice::Vmm => Self::Vmm(gpu_ipc::vmm::Vmm::import(ctx, handle)?),
         })
     }
+}
 
-    /// Its device address here.
-    pub fn ptr(&self) -> DevicePtr {
+/// The imported memory here.
+impl DeviceMemory for ImportedRegion {
+    fn span(&self) -> DeviceSpan<'_> {
         match self {
             #[cfg(feature = "legacy")]
-            Self::Legacy(region) => region.ptr(),
+            Self::Legacy(region) => region.span(),
             #[cfg(feature = "vmm")]
-            Self::Vmm(region) => region.ptr(),
+            Self::Vmm(region) => region.span(),
         }
     }
 }

@@ -27,6 +27,7 @@ use sides::{
 };
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -284,12 +285,12 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
             "legacy" => Placement::Legacy,
             _ => Placement::Vmm,
         };
-        let shared = ExportedRegion::allocate(backend, &ctx, WRITE_TS_OFFSET + 8 * rounds)?;
+        let shared = Arc::new(ExportedRegion::allocate(backend, &ctx, WRITE_TS_OFFSET + 8 * rounds)?);
         let child = spawn_writer(args.common.device)?;
         let (handle, fd) = shared.export()?;
         child.channel().send(&ToWriter::ImportDevice(handle), fd.into_iter().collect())?;
         expect_ready(&child)?;
-        let memory = Memory::Device(shared.ptr());
+        let memory = Memory::Device(shared.clone());
         for &writer in &device_writers {
             for &r in &readers {
                 let cell = run_cell(&reader, &memory, WriterAt::Child(&child), plan(writer), r, placement);
@@ -316,8 +317,8 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
     }
 
     if !args.no_control {
-        let local = DeviceBuffer::alloc(&ctx, WRITE_TS_OFFSET + 8 * rounds)?;
-        let writer = WriterSide::new(&ctx, Some(Memory::Device(local.ptr()).owned()))?;
+        let local = Arc::new(DeviceBuffer::alloc(&ctx, WRITE_TS_OFFSET + 8 * rounds)?);
+        let writer = WriterSide::new(&ctx, Some(Memory::Device(local.clone()).owned()))?;
         let host = HostShared::create(&ctx)?;
         let host_writer = WriterSide::new(&ctx, Some(OwnedMemory::Host(host.block.clone())))?;
         for &(w, r) in &control_pairs {
@@ -325,7 +326,7 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
                 let (memory, side, placement) = if w == Writer::Cpu {
                     (Memory::Host(&host), &host_writer, Placement::SameProcessHost)
                 } else {
-                    (Memory::Device(local.ptr()), &writer, Placement::SameProcess)
+                    (Memory::Device(local.clone()), &writer, Placement::SameProcess)
                 };
                 let cell = run_cell(&reader, &memory, WriterAt::Here(side), plan(w), r, placement);
                 progress.step(&format!("control {} / {}", w.label(), r.label()));

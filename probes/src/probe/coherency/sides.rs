@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DevicePtr, Event, EventFlags, HostRegistration, KernelParam, LaunchConfig, Stream,
-    WaitCondition, copy_from_device, copy_to_device, fill_u32_async,
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, KernelArg,
+    LaunchConfig, Stream, WaitCondition,
 };
 use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject};
 use gpu_ipc::kernels::probe::{
@@ -63,55 +63,85 @@ pub(super) struct WriterReport {
     pub(super) error: Option<String>,
 }
 
-/// Host memory shared by a memfd and registered with CUDA in this process.
+/// Host memory shared by a memfd and registered with CUDA in this process. The CPU sees it only as atomics
+/// (`SharedObject`), which is what makes lending it to kernels safe.
 pub(super) struct HostShared {
     pub(super) block: Arc<SharedObject<HostBlock>>,
-    pub(super) registration: HostRegistration<SharedObject<HostBlock>>,
+    pub(super) registration: Arc<HostRegistration<SharedObject<HostBlock>>>,
 }
 
 impl HostShared {
     pub(super) fn create(ctx: &Context) -> Result<Self, ProbeError> {
         let memory = SharedMemory::create("gpu-ipc-coherency", HOST_WORDS * 8).map_err(other)?;
         let block = Arc::new(SharedObject::new(memory).map_err(other)?);
-        let registration = HostRegistration::new(ctx, block.clone())?;
+        let registration = Arc::new(HostRegistration::new(ctx, block.clone())?);
         Ok(Self { block, registration })
+    }
+}
+
+/// An owner of a cell's words that the threads enqueueing GPU work can share.
+pub(super) type WordsOwner = Arc<dyn DeviceMemory + Send + Sync>;
+
+/// A cell's words as the GPU addresses them: flag, ack and payload at fixed offsets, then (in device memory) the
+/// writer's timestamps.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Words<'a> {
+    whole: DeviceSpan<'a>,
+    pub(super) flag: DeviceSpan<'a>,
+    pub(super) ack: DeviceSpan<'a>,
+    pub(super) payload: DeviceSpan<'a>,
+}
+
+impl<'a> Words<'a> {
+    pub(super) fn of(whole: DeviceSpan<'a>) -> Result<Self, DriverError> {
+        Ok(Self {
+            whole,
+            flag: whole.slice(layout::FLAG, 8)?,
+            ack: whole.slice(layout::ACK, 8)?,
+            payload: whole.slice(layout::PAYLOAD, PAYLOAD_WORDS * 4)?,
+        })
+    }
+
+    /// The writer's per-round timestamps, from [`WRITE_TS_OFFSET`] to the end (device memory only).
+    pub(super) fn write_ts(&self) -> Result<DeviceSpan<'a>, DriverError> {
+        self.whole.slice(WRITE_TS_OFFSET, self.whole.len().saturating_sub(WRITE_TS_OFFSET))
     }
 }
 
 /// The shared words of a cell, as the reader (this process) sees them.
 pub(super) enum Memory<'a> {
-    Device(DevicePtr),
+    Device(WordsOwner),
     Host(&'a HostShared),
 }
 
 /// The shared words as a writer side owns or borrows them.
 #[derive(Clone)]
 pub(super) enum OwnedMemory {
-    Device(DevicePtr),
+    Device(WordsOwner),
     Host(Arc<SharedObject<HostBlock>>),
 }
 
 impl Memory<'_> {
     pub(super) fn owned(&self) -> OwnedMemory {
         match self {
-            Memory::Device(ptr) => OwnedMemory::Device(*ptr),
+            Memory::Device(owner) => OwnedMemory::Device(owner.clone()),
             Memory::Host(host) => OwnedMemory::Host(host.block.clone()),
         }
     }
 
-    /// The device address of the flag (the ack and payload follow at fixed offsets).
-    pub(super) fn device_base(&self) -> DevicePtr {
+    /// The owner of the words as the GPU addresses them (device memory, or the host block's registration).
+    pub(super) fn device_words(&self) -> WordsOwner {
         match self {
-            Memory::Device(ptr) => *ptr,
-            Memory::Host(host) => host.registration.device_ptr(),
+            Memory::Device(owner) => owner.clone(),
+            Memory::Host(host) => host.registration.clone(),
         }
     }
 
     /// Zeroes flag, ack and payload (synchronously).
     pub(super) fn reset(&self, stream: &Stream) -> Result<(), ProbeError> {
         match self {
-            Memory::Device(ptr) => {
-                fill_u32_async(*ptr, WRITE_TS_OFFSET, 0, stream)?;
+            Memory::Device(owner) => {
+                owner.span().slice(0, WRITE_TS_OFFSET)?.fill_u32_async(0, stream)?;
                 wait_idle(stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)?;
             }
             Memory::Host(host) => {
@@ -126,9 +156,10 @@ impl Memory<'_> {
     /// Writes the abort value into flag and ack, releasing whatever waits on either.
     pub(super) fn abort(&self) {
         match self {
-            Memory::Device(ptr) => {
-                let _ = copy_to_device(ptr.offset(layout::FLAG), &[layout::ABORT]);
-                let _ = copy_to_device(ptr.offset(layout::ACK), &[layout::ABORT]);
+            Memory::Device(owner) => {
+                let span = owner.span();
+                let _ = span.write(layout::FLAG, &[layout::ABORT]);
+                let _ = span.write(layout::ACK, &[layout::ABORT]);
             }
             Memory::Host(host) => {
                 let words = host.block.get();
@@ -144,8 +175,8 @@ pub(super) struct ReaderSide {
     pub(super) ctx: Context,
     pub(super) kernels: ProbeKernels,
     pub(super) stream: Arc<Stream>,
-    pub(super) results: DeviceBuffer,
-    pub(super) seen_ts: DeviceBuffer,
+    pub(super) results: Arc<DeviceBuffer>,
+    pub(super) seen_ts: Arc<DeviceBuffer>,
 }
 
 impl ReaderSide {
@@ -154,8 +185,8 @@ impl ReaderSide {
             ctx: ctx.clone(),
             kernels: ProbeKernels::load(ctx)?,
             stream: Arc::new(Stream::new(ctx)?),
-            results: DeviceBuffer::alloc(ctx, 8 * layout::RESULTS as u64)?,
-            seen_ts: DeviceBuffer::alloc(ctx, 8 * rounds.max(1))?,
+            results: Arc::new(DeviceBuffer::alloc(ctx, 8 * layout::RESULTS as u64)?),
+            seen_ts: Arc::new(DeviceBuffer::alloc(ctx, 8 * rounds.max(1))?),
         })
     }
 
@@ -170,27 +201,26 @@ impl ReaderSide {
     pub(super) fn start(
         &self,
         reader: Reader,
-        base: DevicePtr,
+        memory: &Memory<'_>,
         plan: CellPlan,
     ) -> Result<Option<std::thread::JoinHandle<Result<(), String>>>, ProbeError> {
-        let flag = base.offset(layout::FLAG);
-        let ack = base.offset(layout::ACK);
-        let payload = base.offset(layout::PAYLOAD);
+        let owner = memory.device_words();
         match reader {
             Reader::Kernel { load, payload: payload_load, fence } => {
                 let kernel = self.kernels.function(&coherency_reader(load, payload_load, fence))?;
-                kernel.launch(
+                let words = Words::of(owner.span())?;
+                kernel.launch_typed(
                     &self.stream,
                     LaunchConfig::linear(1, 32),
                     &[
-                        KernelParam::Ptr(flag),
-                        KernelParam::Ptr(ack),
-                        KernelParam::Ptr(payload),
-                        KernelParam::U64(PAYLOAD_WORDS),
-                        KernelParam::U64(plan.rounds),
-                        KernelParam::U64(plan.round_timeout_ns),
-                        KernelParam::Ptr(self.seen_ts.ptr()),
-                        KernelParam::Ptr(self.results.ptr()),
+                        KernelArg::Span(words.flag),
+                        KernelArg::Span(words.ack),
+                        KernelArg::Span(words.payload),
+                        KernelArg::U64(PAYLOAD_WORDS),
+                        KernelArg::U64(plan.rounds),
+                        KernelArg::U64(plan.round_timeout_ns),
+                        KernelArg::Span(self.seen_ts.span()),
+                        KernelArg::Span(self.results.span()),
                     ],
                 )?;
                 Ok(None)
@@ -198,28 +228,32 @@ impl ReaderSide {
             Reader::StreamWait => {
                 let check = self.kernels.function(COH_PAYLOAD_CHECK)?;
                 let (ctx, stream) = (self.ctx.clone(), self.stream.clone());
-                let (seen_ts, results) = (self.seen_ts.ptr(), self.results.ptr());
+                let (seen_ts, results) = (self.seen_ts.clone(), self.results.clone());
                 Ok(Some(std::thread::spawn(move || {
                     ctx.bind().map_err(|e| e.to_string())?;
+                    let words = Words::of(owner.span()).map_err(|e| e.to_string())?;
                     let mut throttle = Throttle::new(&ctx);
                     for round in 1..=plan.rounds {
                         throttle.before(&stream, round).map_err(|e| e.to_string())?;
-                        stream.wait_value_u64(flag, round, WaitCondition::AtLeast).map_err(|e| e.to_string())?;
+                        words
+                            .flag
+                            .wait_value_u64(&stream, 0, round, WaitCondition::AtLeast)
+                            .map_err(|e| e.to_string())?;
                         check
-                            .launch(
+                            .launch_typed(
                                 &stream,
                                 LaunchConfig::linear(1, 32),
                                 &[
-                                    KernelParam::Ptr(flag),
-                                    KernelParam::Ptr(payload),
-                                    KernelParam::U64(PAYLOAD_WORDS),
-                                    KernelParam::U64(round),
-                                    KernelParam::Ptr(seen_ts),
-                                    KernelParam::Ptr(results),
+                                    KernelArg::Span(words.flag),
+                                    KernelArg::Span(words.payload),
+                                    KernelArg::U64(PAYLOAD_WORDS),
+                                    KernelArg::U64(round),
+                                    KernelArg::Span(seen_ts.span()),
+                                    KernelArg::Span(results.span()),
                                 ],
                             )
                             .map_err(|e| e.to_string())?;
-                        stream.write_value_u64(ack, round).map_err(|e| e.to_string())?;
+                        words.ack.write_value_u64(&stream, 0, round).map_err(|e| e.to_string())?;
                     }
                     Ok(())
                 })))
@@ -241,7 +275,7 @@ pub(super) struct WriterSide {
     pub(super) ctx: Context,
     pub(super) kernels: ProbeKernels,
     pub(super) stream: Arc<Stream>,
-    pub(super) results: DeviceBuffer,
+    pub(super) results: Arc<DeviceBuffer>,
     pub(super) memory: Option<OwnedMemory>,
 }
 
@@ -256,7 +290,7 @@ impl WriterSide {
             ctx: ctx.clone(),
             kernels: ProbeKernels::load(ctx)?,
             stream: Arc::new(Stream::new(ctx)?),
-            results: DeviceBuffer::alloc(ctx, 8 * layout::RESULTS as u64)?,
+            results: Arc::new(DeviceBuffer::alloc(ctx, 8 * layout::RESULTS as u64)?),
             memory,
         })
     }
@@ -272,48 +306,51 @@ impl WriterSide {
             _ => None,
         };
         let payload_write = self.kernels.function(COH_PAYLOAD_WRITE)?;
-        let (ctx, stream, results) = (self.ctx.clone(), self.stream.clone(), self.results.ptr());
+        let (ctx, stream, results) = (self.ctx.clone(), self.stream.clone(), self.results.clone());
         let thread = std::thread::spawn(move || {
             let run = || -> Result<WriterReport, ProbeError> {
                 ctx.bind()?;
                 match (&memory, plan.writer) {
                     (OwnedMemory::Host(block), Writer::Cpu) => Ok(cpu_writer(block.get(), plan)),
-                    (OwnedMemory::Device(base), Writer::Kernel { .. }) => {
+                    (OwnedMemory::Device(owner), Writer::Kernel { .. }) => {
                         let kernel = kernel.ok_or_else(|| ProbeError::Other("no writer kernel".to_owned()))?;
-                        kernel.launch(
+                        let words = Words::of(owner.span())?;
+                        kernel.launch_typed(
                             &stream,
                             LaunchConfig::linear(1, 32),
                             &[
-                                KernelParam::Ptr(base.offset(layout::FLAG)),
-                                KernelParam::Ptr(base.offset(layout::ACK)),
-                                KernelParam::Ptr(base.offset(layout::PAYLOAD)),
-                                KernelParam::U64(PAYLOAD_WORDS),
-                                KernelParam::U64(plan.rounds),
-                                KernelParam::U64(plan.round_timeout_ns),
-                                KernelParam::Ptr(base.offset(WRITE_TS_OFFSET)),
-                                KernelParam::Ptr(results),
+                                KernelArg::Span(words.flag),
+                                KernelArg::Span(words.ack),
+                                KernelArg::Span(words.payload),
+                                KernelArg::U64(PAYLOAD_WORDS),
+                                KernelArg::U64(plan.rounds),
+                                KernelArg::U64(plan.round_timeout_ns),
+                                KernelArg::Span(words.write_ts()?),
+                                KernelArg::Span(results.span()),
                             ],
                         )?;
                         Ok(WriterReport::default())
                     }
-                    (OwnedMemory::Device(base), Writer::StreamWrite) => {
+                    (OwnedMemory::Device(owner), Writer::StreamWrite) => {
+                        let words = Words::of(owner.span())?;
+                        let write_ts = words.write_ts()?;
                         let mut throttle = Throttle::new(&ctx);
                         for round in 1..=plan.rounds {
                             throttle.before(&stream, round)?;
                             if round > 1 {
-                                stream.wait_value_u64(base.offset(layout::ACK), round - 1, WaitCondition::AtLeast)?;
+                                words.ack.wait_value_u64(&stream, 0, round - 1, WaitCondition::AtLeast)?;
                             }
-                            payload_write.launch(
+                            payload_write.launch_typed(
                                 &stream,
                                 LaunchConfig::linear(1, 32),
                                 &[
-                                    KernelParam::Ptr(base.offset(layout::PAYLOAD)),
-                                    KernelParam::U64(PAYLOAD_WORDS),
-                                    KernelParam::U64(round),
-                                    KernelParam::Ptr(base.offset(WRITE_TS_OFFSET)),
+                                    KernelArg::Span(words.payload),
+                                    KernelArg::U64(PAYLOAD_WORDS),
+                                    KernelArg::U64(round),
+                                    KernelArg::Span(write_ts),
                                 ],
                             )?;
-                            stream.write_value_u64(base.offset(layout::FLAG), round)?;
+                            words.flag.write_value_u64(&stream, 0, round)?;
                         }
                         Ok(WriterReport { rounds_done: plan.rounds, ..WriterReport::default() })
                     }
@@ -347,7 +384,7 @@ impl WriterSide {
         }
         if let Writer::Kernel { .. } = plan.writer {
             let mut words = [0u64; layout::RESULTS];
-            match self.ctx.bind().and_then(|()| copy_from_device(&mut words, self.results.ptr())) {
+            match self.ctx.bind().and_then(|()| self.results.read(0, &mut words)) {
                 Ok(()) => {
                     report.rounds_done = words[layout::R_DONE];
                     report.timeouts = words[layout::R_TIMEOUT];
@@ -524,7 +561,7 @@ pub(super) fn run_cell_inner(
         }
         WriterAt::Here(side) => Some(side.start(plan)?),
     };
-    let enqueue = reader.start(reader_kind, memory.device_base(), plan)?;
+    let enqueue = reader.start(reader_kind, memory, plan)?;
 
     // Bounded wait for the reader; the kernel ends on its own at the first timed-out round.
     let deadline = Instant::now() + Duration::from_secs(60) + Duration::from_micros(50 * plan.rounds);
@@ -570,7 +607,7 @@ pub(super) fn run_cell_inner(
     };
 
     let mut words = [0u64; layout::RESULTS];
-    copy_from_device(&mut words, reader.results.ptr())?;
+    reader.results.read(0, &mut words)?;
     cell.rounds_done = words[layout::R_DONE];
     cell.stale_rounds = words[layout::R_STALE_ROUNDS];
     cell.stale_words = words[layout::R_STALE_WORDS];
@@ -586,8 +623,9 @@ pub(super) fn run_cell_inner(
         let mut seen = vec![0u64; n];
         let mut written = vec![0u64; n];
         if n > 0 {
-            copy_from_device(&mut seen, reader.seen_ts.ptr())?;
-            copy_from_device(&mut written, memory.device_base().offset(WRITE_TS_OFFSET))?;
+            reader.seen_ts.read(0, &mut seen)?;
+            let owner = memory.device_words();
+            Words::of(owner.span())?.write_ts()?.read(0, &mut written)?;
         }
         let mut samples: Vec<f64> = seen.iter().zip(&written).map(|(&s, &w)| s.saturating_sub(w) as f64).collect();
         Distribution::from_samples(&mut samples)
@@ -633,14 +671,14 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     let device = task.params["device"].as_i64().unwrap_or(0) as i32;
     let ctx = Context::for_ordinal(device)?;
     let mut side = WriterSide::new(&ctx, None)?;
-    let mut _imported: Option<ImportedRegion> = None;
+    let mut _imported: Option<WordsOwner> = None;
     let mut running: Option<(RunningWriter, CellPlan)> = None;
     loop {
         let (message, mut fds): (ToWriter, _) = channel.recv(Duration::from_secs(3600))?;
         match message {
             ToWriter::ImportDevice(handle) => {
-                let region = ImportedRegion::import(&ctx, &handle, fds.pop())?;
-                side.memory = Some(OwnedMemory::Device(region.ptr()));
+                let region: WordsOwner = Arc::new(ImportedRegion::import(&ctx, &handle, fds.pop())?);
+                side.memory = Some(OwnedMemory::Device(region.clone()));
                 _imported = Some(region);
                 channel.send(&FromWriter::Ready, Vec::new())?;
             }

@@ -7,10 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::backend::{Backend, ExportedHandle, SharedRegion};
+use gpu_ipc::core::backend::{ExportedHandle, GpuBackend};
 use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DevicePtr, Function, KernelParam, LaunchConfig, Stream, WaitCondition, copy_from_device,
-    copy_to_device, fill_u32_async, sys,
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, KernelArg, LaunchConfig, Stream, WaitCondition, sys,
 };
 use gpu_ipc::kernels::launch::PatternKernels;
 use gpu_ipc::kernels::pattern::count_mismatches_host;
@@ -83,7 +82,7 @@ struct PeerRole<'a> {
 
 impl BackendVisitor for PeerRole<'_> {
     type Output = Result<(), ProbeError>;
-    fn visit<B: Backend<Context = Context>>(self) -> Self::Output {
+    fn visit<B: GpuBackend>(self) -> Self::Output {
         let ctx = Context::for_ordinal(self.device)?;
         B::check_support(&ctx)?;
         let mut peer = Peer::<B>::new(ctx)?;
@@ -117,7 +116,7 @@ impl BackendVisitor for PeerRole<'_> {
 }
 
 /// One side of the sharing. Fields drop in order: the memory first, then the buffers, streams and context.
-struct Peer<B: Backend<Context = Context>> {
+struct Peer<B: GpuBackend> {
     exported: Option<B::Exported>,
     imported: Option<B::Imported>,
     /// A victim's GPU-side waits are outstanding on the flag (released before closing).
@@ -135,7 +134,7 @@ struct Peer<B: Backend<Context = Context>> {
     ctx: Context,
 }
 
-impl<B: Backend<Context = Context>> Peer<B> {
+impl<B: GpuBackend> Peer<B> {
     fn new(ctx: Context) -> Result<Self, ProbeError> {
         let probe_kernels = ProbeKernels::load(&ctx)?;
         let sms = ctx.device().attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
@@ -162,53 +161,55 @@ impl<B: Backend<Context = Context>> Peer<B> {
     /// data, local memory for the first launch) are paid before `Ready`, where the observer counts them as the
     /// context's and not as the shared allocation's.
     fn warm_up(self) -> Result<Self, ProbeError> {
-        self.kernels.fill(&self.stream, self.victim_marker.ptr(), 8, SEQ_BEFORE)?;
-        self.kernels.count_mismatches(&self.stream, self.victim_marker.ptr(), 8, SEQ_BEFORE)?;
-        self.hammer.launch(
+        self.kernels.fill(&self.stream, self.victim_marker.span(), SEQ_BEFORE)?;
+        self.kernels.count_mismatches(&self.stream, self.victim_marker.span(), SEQ_BEFORE)?;
+        self.hammer.launch_typed(
             &self.stream,
             LaunchConfig::linear(self.blocks, THREADS),
             &[
-                KernelParam::Ptr(self.victim_marker.ptr()),
-                KernelParam::U64(0),
-                KernelParam::U64(SEQ_BEFORE),
-                KernelParam::U64(0),
-                KernelParam::Ptr(self.hammer_stats.ptr()),
+                KernelArg::Span(self.victim_marker.span()),
+                KernelArg::U64(0),
+                KernelArg::U64(SEQ_BEFORE),
+                KernelArg::U64(0),
+                KernelArg::Span(self.hammer_stats.span()),
             ],
         )?;
         // Target 0: satisfied by any value, so the kernel returns at once.
-        self.wait_flag.launch(
+        self.wait_flag.launch_typed(
             &self.stream,
             LaunchConfig::linear(1, 32),
             &[
-                KernelParam::Ptr(self.victim_marker.ptr()),
-                KernelParam::U64(0),
-                KernelParam::U64(1_000_000),
-                KernelParam::Ptr(self.wait_out.ptr()),
+                KernelArg::Span(self.victim_marker.span()),
+                KernelArg::U64(0),
+                KernelArg::U64(1_000_000),
+                KernelArg::Span(self.wait_out.span()),
             ],
         )?;
         self.stream.synchronize()?;
         Ok(self)
     }
 
-    /// The shared memory's address and size, whichever side this is.
-    fn region(&self) -> Result<(DevicePtr, u64), ProbeError> {
+    /// The shared memory, whichever side this is.
+    fn region(&self) -> Result<DeviceSpan<'_>, ProbeError> {
         match (&self.exported, &self.imported) {
-            (Some(r), _) => Ok((r.ptr(), r.len())),
-            (_, Some(r)) => Ok((r.ptr(), r.len())),
+            (Some(r), _) => Ok(r.span()),
+            (_, Some(r)) => Ok(r.span()),
             _ => Err(ProbeError::Other("no shared memory yet (allocate or import first)".into())),
         }
     }
 
-    fn flag(&self) -> Result<DevicePtr, ProbeError> {
-        let (ptr, len) = self.region()?;
-        Ok(ptr.offset(pattern_bytes(len)))
+    /// The flag area after the pattern, whose first word is the flag.
+    fn flag(&self) -> Result<DeviceSpan<'_>, ProbeError> {
+        let region = self.region()?;
+        Ok(region.slice(pattern_bytes(region.len()), FLAG_AREA_BYTES)?)
     }
 
     fn allocate(&mut self, bytes: u64) -> Result<(Reply, Vec<std::os::fd::OwnedFd>), ProbeError> {
         let region = B::allocate(&self.ctx, bytes.max(2 * FLAG_AREA_BYTES))?;
-        let (ptr, len) = (region.ptr(), region.len());
-        self.kernels.fill(&self.stream, ptr, pattern_bytes(len), SEQ_BEFORE)?;
-        fill_u32_async(ptr.offset(pattern_bytes(len)), FLAG_AREA_BYTES, 0, &self.stream)?;
+        let span = region.span();
+        let pattern = pattern_bytes(span.len());
+        self.kernels.fill(&self.stream, span.slice(0, pattern)?, SEQ_BEFORE)?;
+        span.slice(pattern, FLAG_AREA_BYTES)?.fill_u32_async(0, &self.stream)?;
         self.stream.synchronize()?;
         let handle = B::export(&region)?;
         self.exported = Some(region);
@@ -220,24 +221,26 @@ impl<B: Backend<Context = Context>> Peer<B> {
         let started = Instant::now();
         let region = B::import(&self.ctx, handle)?;
         let import_ms = ms(started);
+        let span = region.span();
         let mismatches =
-            self.kernels.count_mismatches(&self.stream, region.ptr(), pattern_bytes(region.len()), SEQ_BEFORE)?;
+            self.kernels.count_mismatches(&self.stream, span.slice(0, pattern_bytes(span.len()))?, SEQ_BEFORE)?;
         self.imported = Some(region);
         Ok(Reply::Imported { mismatches, import_ms })
     }
 
     fn hammer(&mut self, duration_ms: u64) -> Result<Reply, ProbeError> {
-        let (ptr, len) = self.region()?;
+        let region = self.region()?;
+        let pattern = region.slice(0, pattern_bytes(region.len()))?;
         self.hammer_stats.write(0, &[0u64; 2])?;
-        self.hammer.launch(
+        self.hammer.launch_typed(
             &self.stream,
             LaunchConfig::linear(self.blocks, THREADS),
             &[
-                KernelParam::Ptr(ptr),
-                KernelParam::U64(pattern_bytes(len) / 4),
-                KernelParam::U64(SEQ_BEFORE),
-                KernelParam::U64(duration_ms.saturating_mul(1_000_000)),
-                KernelParam::Ptr(self.hammer_stats.ptr()),
+                KernelArg::Span(pattern),
+                KernelArg::U64(pattern.len() / 4),
+                KernelArg::U64(SEQ_BEFORE),
+                KernelArg::U64(duration_ms.saturating_mul(1_000_000)),
+                KernelArg::Span(self.hammer_stats.span()),
             ],
         )?;
         Ok(Reply::Launched)
@@ -246,20 +249,21 @@ impl<B: Backend<Context = Context>> Peer<B> {
     fn hold_wait(&mut self, timeout_ms: u64) -> Result<Reply, ProbeError> {
         let flag = self.flag()?;
         self.victim_wait_out.write(0, &[0u64; 3])?;
-        self.wait_flag.launch(
+        self.wait_flag.launch_typed(
             &self.stream,
             LaunchConfig::linear(1, 32),
             &[
-                KernelParam::Ptr(flag),
-                KernelParam::U64(FLAG_VICTIM_TARGET),
-                KernelParam::U64(timeout_ms.saturating_mul(1_000_000)),
-                KernelParam::Ptr(self.victim_wait_out.ptr()),
+                KernelArg::Span(flag),
+                KernelArg::U64(FLAG_VICTIM_TARGET),
+                KernelArg::U64(timeout_ms.saturating_mul(1_000_000)),
+                KernelArg::Span(self.victim_wait_out.span()),
             ],
         )?;
-        self.holding_wait = true;
         // Released by the flag reaching the target: the survivor's release value does, and so does `close`.
-        self.side_stream.wait_value_u64(flag, FLAG_VICTIM_TARGET, WaitCondition::AtLeast)?;
-        self.side_stream.write_value_u64(self.victim_marker.ptr(), 1)?;
+        let waited = flag.wait_value_u64(&self.side_stream, 0, FLAG_VICTIM_TARGET, WaitCondition::AtLeast);
+        self.holding_wait = true;
+        waited?;
+        self.victim_marker.span().write_value_u64(&self.side_stream, 0, 1)?;
         Ok(Reply::Launched)
     }
 
@@ -267,20 +271,25 @@ impl<B: Backend<Context = Context>> Peer<B> {
     /// hide what the others found.
     fn survive(&mut self, hammer_ms: Option<u64>) -> SurvivorReport {
         let mut report = SurvivorReport::default();
-        let (ptr, len) = match self.region() {
-            Ok(region) => region,
+        let (pattern, flag) = match self.region().and_then(|region| Ok((region, self.flag()?))) {
+            Ok((region, flag)) => match region.slice(0, pattern_bytes(region.len())) {
+                Ok(pattern) => (pattern, flag),
+                Err(e) => {
+                    report.read_error = Some(e.to_string());
+                    return report;
+                }
+            },
             Err(e) => {
                 report.read_error = Some(e.to_string());
                 return report;
             }
         };
-        let pattern = pattern_bytes(len);
         if let Some(hammer_ms) = hammer_ms {
             let deadline = Duration::from_millis(hammer_ms) + HAMMER_GRACE;
             match poll_idle(&self.stream, deadline) {
                 Ok(true) => {
                     let mut stats = [0u64; 2];
-                    match copy_from_device(&mut stats, self.hammer_stats.ptr()) {
+                    match self.hammer_stats.read(0, &mut stats) {
                         Ok(()) => {
                             report.hammer_passes = Some(stats[0]);
                             report.hammer_mismatches = Some(stats[1]);
@@ -298,9 +307,9 @@ impl<B: Backend<Context = Context>> Peer<B> {
             }
         }
 
-        let mut sample = vec![0u32; SAMPLE_WORDS.min((pattern / 4) as usize)];
+        let mut sample = vec![0u32; SAMPLE_WORDS.min((pattern.len() / 4) as usize)];
         let started = Instant::now();
-        match copy_from_device(&mut sample, ptr) {
+        match pattern.read(0, &mut sample) {
             Ok(()) => {
                 report.read_ms = Some(ms(started));
                 report.sample_mismatches = Some(count_mismatches_host(&sample, SEQ_BEFORE));
@@ -309,7 +318,7 @@ impl<B: Backend<Context = Context>> Peer<B> {
         }
 
         let started = Instant::now();
-        match self.kernels.count_mismatches(&self.stream, ptr, pattern, SEQ_BEFORE) {
+        match self.kernels.count_mismatches(&self.stream, pattern, SEQ_BEFORE) {
             Ok(n) => {
                 report.verify_ms = Some(ms(started));
                 report.data_mismatches = Some(n);
@@ -323,8 +332,8 @@ impl<B: Backend<Context = Context>> Peer<B> {
         let started = Instant::now();
         let written = self
             .kernels
-            .fill(&self.stream, ptr, pattern, SEQ_AFTER)
-            .and_then(|()| self.kernels.count_mismatches(&self.stream, ptr, pattern, SEQ_AFTER));
+            .fill(&self.stream, pattern, SEQ_AFTER)
+            .and_then(|()| self.kernels.count_mismatches(&self.stream, pattern, SEQ_AFTER));
         match written {
             Ok(n) => {
                 report.write_ms = Some(ms(started));
@@ -333,7 +342,7 @@ impl<B: Backend<Context = Context>> Peer<B> {
             Err(e) => report.write_error = Some(e.to_string()),
         }
 
-        match self.survivor_wait(ptr.offset(pattern)) {
+        match self.survivor_wait(flag) {
             Ok((outcome, wait_ms)) => {
                 report.wait = Some(outcome);
                 report.wait_ms = wait_ms;
@@ -348,21 +357,21 @@ impl<B: Backend<Context = Context>> Peer<B> {
 
     /// Starts a polling kernel on the shared flag, then writes the release value from the host; returns how the
     /// kernel ended and how long it waited.
-    fn survivor_wait(&self, flag: DevicePtr) -> Result<(WaitOutcome, Option<f64>), ProbeError> {
+    fn survivor_wait(&self, flag: DeviceSpan<'_>) -> Result<(WaitOutcome, Option<f64>), ProbeError> {
         self.wait_out.write(0, &[0u64; 3])?;
-        self.wait_flag.launch(
+        self.wait_flag.launch_typed(
             &self.stream,
             LaunchConfig::linear(1, 32),
             &[
-                KernelParam::Ptr(flag),
-                KernelParam::U64(FLAG_RELEASE),
-                KernelParam::U64(SURVIVOR_WAIT_TIMEOUT.as_nanos() as u64),
-                KernelParam::Ptr(self.wait_out.ptr()),
+                KernelArg::Span(flag),
+                KernelArg::U64(FLAG_RELEASE),
+                KernelArg::U64(SURVIVOR_WAIT_TIMEOUT.as_nanos() as u64),
+                KernelArg::Span(self.wait_out.span()),
             ],
         )?;
         // Let the kernel start polling before the flag changes (a launch takes microseconds).
         std::thread::sleep(Duration::from_millis(5));
-        copy_to_device(flag, &[FLAG_RELEASE])?;
+        flag.write(0, &[FLAG_RELEASE])?;
         if !poll_idle(&self.stream, SURVIVOR_WAIT_HOST_DEADLINE)? {
             return Ok((WaitOutcome::Stuck, None));
         }
@@ -380,7 +389,7 @@ impl<B: Backend<Context = Context>> Peer<B> {
     /// the memory. The context stays.
     fn close(&mut self) -> Result<Reply, ProbeError> {
         if self.holding_wait {
-            copy_to_device(self.flag()?, &[FLAG_RELEASE])?;
+            self.flag()?.write(0, &[FLAG_RELEASE])?;
             self.holding_wait = false;
         }
         self.stream.synchronize()?;

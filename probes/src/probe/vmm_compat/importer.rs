@@ -5,8 +5,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::driver::{
-    Context, DevicePtr, DriverError, Event, ImportedPoolPointer, IpcEventHandle, IpcMapping, IpcMemHandle, MemoryPool,
-    PoolPointerExport, VmmAllocation, VmmMapping, copy_from_device, copy_to_device,
+    Context, DeviceMemory, DeviceSpan, DriverError, Event, ImportedPoolPointer, IpcEventHandle, IpcMapping,
+    IpcMemHandle, MemoryPool, PoolPointerExport, VmmAllocation, VmmMapping,
 };
 use serde::{Deserialize, Serialize};
 
@@ -146,33 +146,34 @@ pub fn result_code(e: &DriverError) -> String {
     }
 }
 
-/// Reads `words` 32-bit words at `ptr`.
+/// Reads the first `words` 32-bit words of `span`.
 ///
 /// # Errors
-/// A failing `cuMemcpyDtoH`.
-pub fn read_words(ptr: DevicePtr, words: u32) -> Result<Vec<u32>, DriverError> {
+/// A span shorter than that, or a failing `cuMemcpyDtoH`.
+pub fn read_words(span: DeviceSpan<'_>, words: u32) -> Result<Vec<u32>, DriverError> {
     let mut out = vec![0u32; words as usize];
-    copy_from_device(&mut out, ptr)?;
+    span.read(0, &mut out)?;
     Ok(out)
 }
 
-/// Writes the pattern starting at `base` at `ptr` and waits until it has landed.
+/// Writes the pattern starting at `base` at the start of `span` and waits until it has landed.
 ///
 /// # Errors
-/// A failing `cuMemcpyHtoD` or `cuCtxSynchronize`.
-pub fn write_words(ctx: &Context, ptr: DevicePtr, base: u32, words: u32) -> Result<(), DriverError> {
-    copy_to_device(ptr, &pattern_words(base, words))?;
+/// A span shorter than the pattern, or a failing `cuMemcpyHtoD` or `cuCtxSynchronize`.
+pub fn write_words(ctx: &Context, span: DeviceSpan<'_>, base: u32, words: u32) -> Result<(), DriverError> {
+    span.write(0, &pattern_words(base, words))?;
     ctx.synchronize()
 }
 
-/// Reads the expected pattern through `ptr`, then writes this side's: the data check of every import.
-fn check_data(ctx: &Context, ptr: DevicePtr, pattern: Pattern, write: bool) -> Step {
-    let seen = match read_words(ptr, pattern.words) {
+/// Reads the expected pattern through `span`, then writes this side's: the data check of every import.
+fn check_data(ctx: &Context, span: DeviceSpan<'_>, pattern: Pattern, write: bool) -> Step {
+    let ptr = span.ptr();
+    let seen = match read_words(span, pattern.words) {
         Ok(seen) => seen,
         Err(e) => return Step::failed("cuMemcpyDtoH", &e),
     };
     let read_ok = seen == pattern_words(pattern.expect, pattern.words);
-    if write && let Err(e) = write_words(ctx, ptr, pattern.write, pattern.words) {
+    if write && let Err(e) = write_words(ctx, span, pattern.write, pattern.words) {
         return Step { read_ok: Some(read_ok), address: Some(ptr.raw()), ..Step::failed("cuMemcpyHtoD", &e) };
     }
     Step { code: SUCCESS.to_owned(), call: String::new(), read_ok: Some(read_ok), address: Some(ptr.raw()) }
@@ -196,7 +197,7 @@ pub fn serve(ctx: &Context, request: &ImportRequest, fds: Vec<OwnedFd>) -> Impor
                 Err(e) => Step::failed("cuMemImportFromShareableHandle", &e),
                 Ok(allocation) => match VmmMapping::map(allocation) {
                     Err(e) => Step::failed("cuMemMap", &e),
-                    Ok(mapping) => check_data(ctx, mapping.ptr(), *pattern, true),
+                    Ok(mapping) => check_data(ctx, mapping.span(), *pattern, true),
                 },
             }],
             None => vec![Step::code(MALFORMED_REQUEST, "fabric handle length")],
@@ -226,7 +227,7 @@ fn serve_legacy(ctx: &Context, handles: &[Vec<u8>], patterns: &[Pattern], open_t
         match IpcMapping::open(ctx, IpcMemHandle(bytes)) {
             Err(e) => steps.push(Step::failed("cuIpcOpenMemHandle", &e)),
             Ok(mapping) => {
-                steps.push(check_data(ctx, mapping.ptr(), *pattern, true));
+                steps.push(check_data(ctx, mapping.span(), *pattern, true));
                 mappings.push(mapping);
             }
         }
@@ -237,7 +238,7 @@ fn serve_legacy(ctx: &Context, handles: &[Vec<u8>], patterns: &[Pattern], open_t
         steps.push(match IpcMapping::open(ctx, IpcMemHandle(handle)) {
             Err(e) => Step::failed("cuIpcOpenMemHandle (second)", &e),
             Ok(mapping) => {
-                let step = check_data(ctx, mapping.ptr(), pattern, false);
+                let step = check_data(ctx, mapping.span(), pattern, false);
                 if mappings.iter().any(|m| m.ptr() == mapping.ptr()) {
                     // The driver handed out the same mapping again; whether it counts references is not
                     // documented, so it is closed once only.
@@ -257,7 +258,7 @@ fn serve_fd(ctx: &Context, fd: &OwnedFd, size: u64, pattern: Pattern) -> Vec<Ste
         Err(e) => (Step::failed("cuMemImportFromShareableHandle", &e), None),
         Ok(allocation) => match VmmMapping::map(allocation) {
             Err(e) => (Step::failed("cuMemMap", &e), None),
-            Ok(mapping) => (check_data(ctx, mapping.ptr(), Pattern { expect, ..pattern }, write), Some(mapping)),
+            Ok(mapping) => (check_data(ctx, mapping.span(), Pattern { expect, ..pattern }, write), Some(mapping)),
         },
     };
     let (first, _first_mapping) = import(true, pattern.expect);
@@ -275,7 +276,10 @@ fn serve_pool(ctx: &Context, fd: &OwnedFd, pointer: [u8; 64], pattern: Pattern, 
         Ok(imported) => imported,
         Err(e) => return Step::failed("cuMemPoolImportPointer", &e),
     };
-    let step = check_data(ctx, imported.ptr(), pattern, true);
+    let step = match imported.span() {
+        Ok(span) => check_data(ctx, span, pattern, true),
+        Err(e) => Step::failed("cuMemGetAddressRange", &e),
+    };
     if exporter_ptr == Some(imported.ptr().raw()) {
         // Freeing this would free the exporter's own allocation: leak the reference instead (control only).
         std::mem::forget(imported);

@@ -5,9 +5,9 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DevicePtr, DriverError, Event, EventFlags, IpcMemHandle, ManagedBuffer, MemoryPool,
-    PinnedHostBuffer, PoolAllocation, Stream, VmmAllocation, VmmGranularity, VmmMapping, address_range,
-    pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, sys,
+    Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, DriverError, Event, EventFlags, IpcMemHandle,
+    ManagedBuffer, MemoryPool, PinnedHostBuffer, PoolAllocation, Stream, VmmAllocation, VmmGranularity, VmmMapping,
+    address_range, pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, sys,
 };
 
 use super::importer::{
@@ -89,17 +89,46 @@ impl Owned {
         })
     }
 
-    /// Each allocation's address and size (two for the pair).
-    fn regions(&self) -> Vec<(DevicePtr, u64)> {
+    /// Each allocation's region (two for the pair).
+    fn regions(&self) -> Vec<Region<'_>> {
         match self {
-            Self::Device(buffers) => buffers.iter().map(|b| (b.ptr(), b.len())).collect(),
-            Self::Pool(a, _) => vec![(a.ptr(), a.len())],
-            Self::Vmm(m) => vec![(m.ptr(), m.size())],
-            Self::Host(h) => vec![(h.device_ptr(), h.len() as u64)],
-            Self::Managed(m) => vec![(m.ptr(), m.len())],
+            Self::Device(buffers) => buffers.iter().map(|b| Region::device(b.span())).collect(),
+            Self::Pool(a, _) => vec![Region::device(a.span())],
+            Self::Vmm(m) => vec![Region::device(m.span())],
+            Self::Host(h) => vec![Region { ptr: h.device_ptr(), size: h.len() as u64, span: None }],
+            Self::Managed(m) => vec![Region::device(m.span())],
         }
     }
 }
+
+/// One allocation as the cells see it: its address and size (for the export calls and queries), and the span the
+/// exporter writes and reads its pattern through.
+#[derive(Debug, Clone, Copy)]
+struct Region<'a> {
+    ptr: DevicePtr,
+    size: u64,
+    /// `None` for pinned host memory: its bytes are lent to Rust as slices, so no safe call lets the driver write
+    /// them (and no export of it succeeds, so its pattern is never needed).
+    span: Option<DeviceSpan<'a>>,
+}
+
+impl<'a> Region<'a> {
+    fn device(span: DeviceSpan<'a>) -> Self {
+        Self { ptr: span.ptr(), size: span.len(), span: Some(span) }
+    }
+
+    fn span(&self, what: &str) -> Result<DeviceSpan<'a>, Attempt> {
+        self.span.ok_or_else(|| {
+            Attempt::fails(
+                NOT_DEVICE_MEMORY,
+                format!("{what}: pinned host memory is not written or read through the driver"),
+            )
+        })
+    }
+}
+
+/// Code of an exporter-side pattern write or read on memory that is not device memory (pinned host memory).
+const NOT_DEVICE_MEMORY: &str = "NOT_DEVICE_MEMORY";
 
 /// The importing child of one allocation kind; started on first use, started again after it died.
 struct Importer {
@@ -293,28 +322,29 @@ pub fn judge(run: &Run, step: usize, region: Option<usize>) -> Attempt {
 }
 
 /// The exporter's regions on the GPU.
-struct Regions<'a> {
+struct Regions<'a, 'r> {
     ctx: &'a Context,
-    regions: &'a [(DevicePtr, u64)],
+    regions: &'a [Region<'r>],
 }
 
-impl ExporterMemory for Regions<'_> {
+impl ExporterMemory for Regions<'_, '_> {
     fn write(&mut self, region: usize, base: u32, words: u32) -> Result<(), Attempt> {
-        let Some((ptr, _)) = self.regions.get(region) else {
+        let Some(region) = self.regions.get(region) else {
             return Err(Attempt::fails(DATA_MISMATCH, "no such region"));
         };
-        write_words(self.ctx, *ptr, base, words)
+        write_words(self.ctx, region.span("writing the pattern in the exporter")?, base, words)
             .map_err(|e| Attempt::fails(&result_code(&e), "writing the pattern in the exporter"))
     }
 
     fn read(&mut self, region: usize, words: u32) -> ReadBack {
-        let Some((ptr, _)) = self.regions.get(region) else {
+        let Some(region) = self.regions.get(region) else {
             return Err(Attempt::fails(DATA_MISMATCH, "no such region"));
         };
+        let span = region.span("cuMemcpyDtoH in the exporter")?;
         // The importer synchronised before it replied; this context has nothing queued on the memory either, so
         // the synchronous cuMemcpyDtoH sees the importer's write.
         self.ctx.bind().map_err(|e| Attempt::fails(&result_code(&e), "cuCtxSetCurrent in the exporter"))?;
-        read_words(*ptr, words).map_err(|e| Attempt::fails(&result_code(&e), "cuMemcpyDtoH in the exporter"))
+        read_words(span, words).map_err(|e| Attempt::fails(&result_code(&e), "cuMemcpyDtoH in the exporter"))
     }
 }
 
@@ -336,14 +366,14 @@ impl Runner<'_> {
         }
     }
 
-    fn patterns(&self, which: u32, regions: &[(DevicePtr, u64)]) -> Vec<Pattern> {
-        regions.iter().enumerate().map(|(i, (_, s))| self.pattern(which, i, *s)).collect()
+    fn patterns(&self, which: u32, regions: &[Region<'_>]) -> Vec<Pattern> {
+        regions.iter().enumerate().map(|(i, r)| self.pattern(which, i, r.size)).collect()
     }
 
     /// The cross-process run and the control, each with its own read-back.
     fn both(
         &mut self,
-        regions: &[(DevicePtr, u64)],
+        regions: &[Region<'_>],
         request: impl Fn(&[Pattern], bool) -> ImportRequest,
         fds: impl Fn() -> Vec<OwnedFd>,
     ) -> (Run, Run) {
@@ -353,8 +383,8 @@ impl Runner<'_> {
         let mut memory = Regions { ctx, regions };
         run_both(
             &mut memory,
-            (cross, |_: &mut Regions<'_>, p: &[Pattern]| importer.ask(&request(p, false), fds()).map(|r| r.steps)),
-            (control, |_: &mut Regions<'_>, p: &[Pattern]| Ok(serve(ctx, &request(p, true), fds()).steps)),
+            (cross, |_: &mut Regions<'_, '_>, p: &[Pattern]| importer.ask(&request(p, false), fds()).map(|r| r.steps)),
+            (control, |_: &mut Regions<'_, '_>, p: &[Pattern]| Ok(serve(ctx, &request(p, true), fds()).steps)),
         )
     }
 }
@@ -402,7 +432,7 @@ fn run_kind(ctx: &Context, kind: AllocationKind, importer: &mut Importer, result
     };
     results.cells.push(cell(kind, Operation::Allocate, Attempt::works(), None));
     let regions = owned.regions();
-    let (ptr, size) = regions[0];
+    let Region { ptr, size, .. } = regions[0];
     results.allocations.push(facts(kind, ptr, size));
 
     legacy_cells(ctx, kind, &regions, importer, results);
@@ -444,11 +474,11 @@ fn facts(kind: AllocationKind, ptr: DevicePtr, size: u64) -> AllocationFacts {
 fn legacy_cells(
     ctx: &Context,
     kind: AllocationKind,
-    regions: &[(DevicePtr, u64)],
+    regions: &[Region<'_>],
     importer: &mut Importer,
     results: &mut Results,
 ) {
-    let exported: Result<Vec<IpcMemHandle>, DriverError> = regions.iter().map(|(p, _)| IpcMemHandle::of(*p)).collect();
+    let exported: Result<Vec<IpcMemHandle>, DriverError> = regions.iter().map(|r| IpcMemHandle::of(r.ptr)).collect();
     let handles = match exported {
         Ok(handles) => handles,
         Err(e) => {
@@ -485,10 +515,9 @@ fn legacy_cells(
         block.handles_equal = handles.get(1).map(|h| handles[0] == *h);
         block.ranges = regions
             .iter()
-            .map(|(p, _)| address_range(*p).ok().map(|(base, len)| (p.raw() - base.raw(), len)))
+            .map(|r| address_range(r.ptr).ok().map(|(base, len)| (r.ptr.raw() - base.raw(), len)))
             .collect();
-        let bases: Vec<Option<u64>> =
-            regions.iter().map(|(p, _)| address_range(*p).ok().map(|(b, _)| b.raw())).collect();
+        let bases: Vec<Option<u64>> = regions.iter().map(|r| address_range(r.ptr).ok().map(|(b, _)| b.raw())).collect();
         block.same_block = match (bases.first(), bases.get(1)) {
             (Some(Some(a)), Some(Some(b))) => Some(a == b),
             _ => None,
@@ -503,7 +532,7 @@ fn legacy_cells(
 fn vmm_cells(ctx: &Context, kind: AllocationKind, owned: &Owned, importer: &mut Importer, results: &mut Results) {
     let regions = owned.regions();
     let region = [regions[0]];
-    let (ptr, size) = region[0];
+    let Region { ptr, size, .. } = region[0];
     // Memory not made with cuMemCreate has no allocation handle unless the driver retains one by address.
     let retained;
     let allocation: &VmmAllocation = match owned {
@@ -587,7 +616,7 @@ fn pool_cells(ctx: &Context, kind: AllocationKind, owned: &Owned, importer: &mut
         results.cells.push(cell(kind, Operation::PoolImport, Attempt::not_run("a pool export failed"), None));
         return;
     };
-    let region = [(allocation.ptr(), allocation.len())];
+    let region = [Region::device(allocation.span())];
     let spare = std::cell::RefCell::new(Some(fd));
     let mut runner = Runner { ctx, kind, importer };
     let runs = runner.both(
