@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
 use ipc_core::wire::{
-    Attached, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, PixelFormat, SyncStrategy,
+    Attached, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, PixelFormat, RefusalCode,
+    SyncStrategy, WireError,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -51,7 +52,18 @@ fn reader(name: &str, frames: u64) -> thread::JoinHandle<Result<u64, FrameError>
 fn stuck(name: &str, go_on: std::sync::mpsc::Receiver<()>) -> thread::JoinHandle<Result<(), FrameError>> {
     let path = sock(name);
     thread::spawn(move || {
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+        // A record freed moments ago may not be reclaimed yet: a refusal (ring full) is retried for a while.
+        let deadline = Instant::now() + T;
+        let mut c = loop {
+            match Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()) {
+                Err(FrameError::Wire(WireError::Refused { code: RefusalCode::RingFull, .. }))
+                    if Instant::now() < deadline =>
+                {
+                    thread::sleep(Duration::from_millis(2));
+                }
+                other => break other?,
+            }
+        };
         let _held = c.next_frame(None, T)?;
         go_on.recv().unwrap();
         let frame = c.next_frame(None, Duration::from_millis(200))?;
