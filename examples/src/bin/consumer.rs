@@ -71,7 +71,7 @@ impl BackendVisitor for Run {
         while args.frames == 0 || frames < args.frames {
             let step = consumer.next_frame(Some(&stream), timeout).and_then(|frame| {
                 // The frame, as a span of the imported region (checked to lie inside it).
-                let span = consumer.region().span().sub_span_at(frame.ptr, frame.bytes)?;
+                let span = consumer.frame_span(&frame)?;
                 kernels.verify(&stream, span, frame.seq, counter.span()).map_err(kernel_error)?;
                 consumer.release(frame, Some(&stream))
             });

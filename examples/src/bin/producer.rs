@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gpu_ipc::BackendVisitor;
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::DeviceMemory;
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 use gpu_ipc_examples::{
@@ -86,7 +85,7 @@ impl BackendVisitor for Run {
         for _ in 0..args.frames {
             let slot = producer.acquire(Some(&stream), timeout)?;
             // The slot, as a span of the exported region (checked to lie inside it).
-            let span = producer.region().span().sub_span_at(slot.ptr, slot.bytes)?;
+            let span = producer.slot_span(&slot)?;
             kernels.fill(&stream, span, slot.seq).map_err(kernel_error)?;
             producer.publish(slot, Some(&stream))?;
         }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, ExportedHandle, SharedRegion};
-use crate::driver::{DevicePtr, Stream};
+use crate::driver::{DeviceMemory, DevicePtr, DeviceSpan, Stream};
 use crate::frames::FrameError;
 use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
@@ -296,6 +296,20 @@ impl<B: Backend> Consumer<B> {
         }
         self.watchdog.stop();
         settled
+    }
+}
+
+impl<B: Backend> Consumer<B>
+where
+    B::Imported: DeviceMemory,
+{
+    /// The device memory of `frame`, bounds-checked, borrowed from the consumer: what the caller's kernel reads. It
+    /// cannot outlive the ring.
+    ///
+    /// # Errors
+    /// A frame that is not from this consumer's ring.
+    pub fn frame_span(&self, frame: &Frame) -> Result<DeviceSpan<'_>, FrameError> {
+        Ok(self.region.span().sub_span_at(frame.ptr, frame.bytes)?)
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, SharedRegion};
-use crate::driver::{DevicePtr, Stream};
+use crate::driver::{DeviceMemory, DevicePtr, DeviceSpan, Stream};
 use crate::frames::FrameError;
 use crate::frames::admission::{Admission, AdmissionConfig, AdmissionEvent, OfferKit};
 use crate::frames::strategy::{ProducerSide, Setup, Strategy};
@@ -525,6 +525,21 @@ impl<B: Backend> Producer<B> {
         });
         let retired = &self.retired;
         self.evicted.retain(|id| retired.iter().any(|r| r.id == *id) || self.peers.iter().any(|p| p.id == *id));
+    }
+}
+
+impl<B: Backend> Producer<B>
+where
+    B::Exported: DeviceMemory,
+{
+    /// The device memory of the slot in `lease`, bounds-checked, borrowed from the producer: what the caller's
+    /// kernel writes (with [`Function::launch_typed`](crate::driver::Function::launch_typed) or the span's own
+    /// copies). It cannot outlive the ring.
+    ///
+    /// # Errors
+    /// A lease that is not from this producer's ring.
+    pub fn slot_span(&self, lease: &SlotLease) -> Result<DeviceSpan<'_>, FrameError> {
+        Ok(self.region.span().sub_span_at(lease.ptr, lease.bytes)?)
     }
 }
 

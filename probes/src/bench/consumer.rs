@@ -205,7 +205,7 @@ impl BackendVisitor for OursConsumer<'_> {
             let frame = consumer.next_frame(Some(&gpu.stream), timeout).map_err(frame_error)?;
             let seq = frame.seq;
             window.started(seq);
-            let span = consumer.region().span().sub_span_at(frame.ptr, frame.bytes)?;
+            let span = consumer.frame_span(&frame).map_err(frame_error)?;
             gpu.kernels.verify(&gpu.stream, span, seq, gpu.mismatches.span())?;
             consumer.release(frame, Some(&gpu.stream)).map_err(frame_error)?;
             let mut on_done = |seq: u64, ns: u64| window.done(seq, ns);

@@ -354,7 +354,7 @@ impl BackendVisitor for OursProducer<'_> {
                     (t0, cpu0) = (Instant::now(), cpu_ns());
                 }
                 let slot = producer.acquire(Some(&stream), cfg.frame_timeout).map_err(frame_error)?;
-                let span = producer.region().span().sub_span_at(slot.ptr, slot.bytes)?;
+                let span = producer.slot_span(&slot).map_err(frame_error)?;
                 gpu.kernels.fill(&stream, span, slot.seq)?;
                 if !self.strategy.publishes_on_gpu() {
                     // `publish` would synchronise first anyway; doing it here times the publish after the fill.

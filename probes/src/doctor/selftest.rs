@@ -245,7 +245,7 @@ fn publish_frames<B: GpuBackend>(
     producer.wait_for_consumers(1, remaining(deadline))?;
     for _ in 0..FRAMES {
         let lease = producer.acquire(Some(stream), remaining(deadline))?;
-        let span = producer.region().span().sub_span_at(lease.ptr, lease.bytes)?;
+        let span = producer.slot_span(&lease)?;
         kernels.fill(stream, span, lease.seq)?;
         producer.publish(lease, Some(stream))?;
     }
@@ -375,7 +375,7 @@ impl BackendVisitor for ChildSide {
         let mut frames = 0;
         while frames < FRAMES {
             let frame = consumer.next_frame(Some(&stream), remaining(deadline))?;
-            let span = consumer.region().span().sub_span_at(frame.ptr, frame.bytes)?;
+            let span = consumer.frame_span(&frame)?;
             kernels.verify(&stream, span, frame.seq, counter.span())?;
             consumer.release(frame, Some(&stream))?;
             frames += 1;
