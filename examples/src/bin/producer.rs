@@ -121,7 +121,7 @@ impl BackendVisitor for Run {
             producer.publish(slot, Some(&stream))?;
             gaps.tick();
             produced += 1;
-            if args.progress_every != 0 && produced % args.progress_every == 0 {
+            if args.progress_every != 0 && produced.is_multiple_of(args.progress_every) {
                 eprintln!("producer: frame {produced}");
             }
         }
