@@ -124,6 +124,68 @@ pub fn cpu_time() -> Duration {
 /// Exit status of a consumer whose producer went away.
 pub const EXIT_PRODUCER_GONE: u8 = 4;
 
+/// Exit status of a consumer the producer evicted (it stopped releasing frames; see `consumer --stall-after`).
+pub const EXIT_EVICTED: u8 = 5;
+
+/// Open file descriptors of this process (entries of `/proc/self/fd`, including the one reading it), or 0 when
+/// `/proc` cannot be read.
+pub fn open_fds() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count() as u64)
+}
+
+/// Free device memory in bytes as `cuMemGetInfo` reports it (device-wide, every process's allocations count), or
+/// `None` when the driver cannot say.
+pub fn device_free_bytes(ctx: &Context) -> Option<u64> {
+    ctx.memory_info().ok().map(|(free, _total)| free)
+}
+
+/// The longest time between two successive events (publishes, frames received), from the second event on.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GapMeter {
+    last: Option<std::time::Instant>,
+    max: Duration,
+}
+
+impl GapMeter {
+    /// Records an event now.
+    pub fn tick(&mut self) {
+        self.tick_at(std::time::Instant::now());
+    }
+
+    /// Records an event at `now`.
+    pub fn tick_at(&mut self, now: std::time::Instant) {
+        if let Some(last) = self.last {
+            self.max = self.max.max(now.saturating_duration_since(last));
+        }
+        self.last = Some(now);
+    }
+
+    /// Forgets the last event (the next one starts a new series, e.g. after a re-attach), keeping the maximum.
+    pub fn restart(&mut self) {
+        self.last = None;
+    }
+
+    /// The longest gap seen, in milliseconds.
+    pub fn max_ms(&self) -> f64 {
+        self.max.as_secs_f64() * 1e3
+    }
+}
+
+/// A flag that turns true once standard input reaches end of file (or fails): how a parent process asks a
+/// program to finish its run cleanly (close the pipe) without a signal handler.
+pub fn stdin_closed_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::io::Read;
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let set = flag.clone();
+    std::thread::spawn(move || {
+        let mut sink = [0u8; 256];
+        let mut stdin = std::io::stdin();
+        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        set.store(true, std::sync::atomic::Ordering::Release);
+    });
+    flag
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -136,6 +198,30 @@ mod tests {
             assert_eq!(sync_name(*sync), *name);
         }
         assert!(parse_sync("spin").unwrap_err().contains("cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops"));
+    }
+
+    #[test]
+    fn gap_meter_keeps_the_longest_gap_and_restarts_series() {
+        let t0 = std::time::Instant::now();
+        let mut gaps = GapMeter::default();
+        gaps.tick_at(t0);
+        assert_eq!(gaps.max_ms(), 0.0);
+        gaps.tick_at(t0 + Duration::from_millis(5));
+        gaps.tick_at(t0 + Duration::from_millis(7));
+        assert!((gaps.max_ms() - 5.0).abs() < 1e-9);
+        // A new series (re-attach) does not count the pause between series.
+        gaps.restart();
+        gaps.tick_at(t0 + Duration::from_millis(500));
+        gaps.tick_at(t0 + Duration::from_millis(501));
+        assert!((gaps.max_ms() - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn open_fds_counts_this_process() {
+        let before = open_fds();
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        assert_eq!(open_fds(), before + 1);
+        drop(file);
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod answers;
 mod bench;
 mod doctor;
 mod probe;
+mod stress;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -48,6 +49,18 @@ enum Command {
     /// End-to-end benchmarks against references measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Stress runs on the GPU: hostile clients, a PID-namespace consumer, the random-kill matrix (without and
+    /// with MPS), attach/detach cycles, eviction; they drive the staged `producer` and `consumer` programs.
+    ///
+    /// Exit status: 0 every check passed (findings do not fail it); 1 a check failed; 2 usage error.
+    Stress(stress::StressArgs),
+    /// Internal: a client of another user, run by `gpu-ipc stress` (expects to be refused).
+    #[command(hide = true)]
+    StressPeer {
+        /// The producer's socket.
+        #[arg(long)]
+        socket: std::path::PathBuf,
+    },
     /// Internal: a probe's child process.
     #[command(hide = true)]
     ProbeChild {
@@ -116,6 +129,8 @@ fn main() -> ExitCode {
         Command::Probe(ProbeCommand::Crash(args)) => ExitCode::from(probe::crash::main(&args)),
         Command::Report(args) => ExitCode::from(answers::main(&args)),
         Command::Bench(bench::BenchCommand::Pipeline(args)) => ExitCode::from(bench::pipeline_main(&args)),
+        Command::Stress(args) => ExitCode::from(stress::main(&args)),
+        Command::StressPeer { socket } => ExitCode::from(stress::hostile::peer_main(&socket)),
         Command::ProbeChild { socket } => ExitCode::from(probe::child_main(&socket)),
     }
 }

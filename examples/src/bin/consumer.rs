@@ -5,7 +5,13 @@
 //! ```text
 //! consumer --socket /tmp/frames.sock --backend vmm --frames 10000 --json
 //! ```
-//! Exit status: 0 all frames verified; 1 mismatches or another error; 4 the producer went away.
+//! Exit status: 0 all frames verified; 1 mismatches or another error; 4 the producer went away; 5 the producer
+//! evicted this consumer (after `--stall-after`).
+//!
+//! For the stress harness (`gpu-ipc stress`): `--cycles N` attaches, reads `--frames` frames and detaches N times
+//! (the summary has the fds and free device memory after the first cycle and at the end); `--stall-after N` stops
+//! releasing after N frames, as a stuck consumer would, and waits for the producer to evict it. The summary has the
+//! longest gap between two frames received.
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -15,10 +21,13 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gpu_ipc::BackendVisitor;
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory};
+use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::wire::WireError;
-use gpu_ipc_examples::{CommonArgs, EXIT_PRODUCER_GONE, Gpu, cpu_time, fps, kernel_error, print_summary, sync_name};
+use gpu_ipc_examples::{
+    CommonArgs, EXIT_EVICTED, EXIT_PRODUCER_GONE, GapMeter, Gpu, cpu_time, device_free_bytes, fps, kernel_error,
+    open_fds, print_summary, sync_name,
+};
 
 /// Read and verify frames from shared GPU memory.
 #[derive(Debug, Clone, Parser)]
@@ -35,6 +44,16 @@ struct Args {
     /// Print `consumer NAME: frame SEQ` on stderr every N frames (0: never).
     #[arg(long, default_value_t = 0)]
     progress_every: u64,
+    /// Attach, read `--frames` frames (which must not be 0) and detach, this many times.
+    #[arg(long, default_value_t = 1)]
+    cycles: u64,
+    /// Stop releasing after this many frames (a stuck consumer): hold the next frame and wait until the producer
+    /// evicts this consumer, goes away, or `--stall-timeout` passes.
+    #[arg(long, value_name = "N")]
+    stall_after: Option<u64>,
+    /// How long a stalled consumer waits for the producer's verdict, in seconds.
+    #[arg(long, default_value_t = 30)]
+    stall_timeout: u64,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -50,6 +69,18 @@ struct Summary {
     fps: f64,
     cpu_us_per_frame: f64,
     producer_gone: Option<String>,
+    /// Attach-read-detach cycles done.
+    cycles: u64,
+    /// Longest time between two frames received within one attachment, in milliseconds.
+    max_frame_gap_ms: f64,
+    /// Open fds after the first cycle's detach and at the end (`--cycles`; equal when nothing leaks).
+    fds_after_first_cycle: Option<u64>,
+    fds_at_end: u64,
+    /// Free device memory (`cuMemGetInfo`, device-wide) after the first cycle and at the end.
+    device_free_after_first_cycle: Option<u64>,
+    device_free_at_end: Option<u64>,
+    /// With `--stall-after`: `evicted`, `producer-gone`, `timeout` or `error`, then what was seen.
+    stall_outcome: Option<String>,
 }
 
 struct Run(Args);
@@ -58,59 +89,105 @@ impl BackendVisitor for Run {
     type Output = Result<Summary, FrameError>;
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let args = self.0;
+        if args.cycles > 1 && args.frames == 0 {
+            return Err(FrameError::Config("--cycles needs a --frames count to read in each cycle".into()));
+        }
         let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
         let counter = DeviceBuffer::alloc(&ctx, 8)?;
         counter.write(0, &[0u64])?;
         let options = AttachOptions { name: args.name.clone(), ..AttachOptions::default() };
-        let mut consumer = attach_retrying::<B>(&ctx, &args, &options)?;
-        let first_seq = consumer.next_sequence();
         let timeout = Duration::from_secs(10);
         let (cpu0, t0) = (cpu_time(), Instant::now());
         let mut frames = 0;
         let mut gone = None;
-        while args.frames == 0 || frames < args.frames {
-            let step = consumer.next_frame(Some(&stream), timeout).and_then(|frame| {
-                // The frame, as a span of the imported region (checked to lie inside it).
-                let span = consumer.frame_span(&frame)?;
-                kernels.verify(&stream, span, frame.seq, counter.span()).map_err(kernel_error)?;
-                consumer.release(frame, Some(&stream))
-            });
-            match step {
-                Ok(()) => {
-                    frames += 1;
-                    if args.progress_every != 0 && frames % args.progress_every == 0 {
-                        eprintln!("consumer {}: frame {frames}", args.name);
-                    }
-                }
-                Err(FrameError::ProducerGone { pid, how }) => {
-                    gone = Some(format!("producer pid {pid}: {how}"));
+        let mut stall_outcome = None;
+        let mut gaps = GapMeter::default();
+        let (mut first_seq, mut sync, mut cycles) = (None, None, 0);
+        let (mut fds_after_first_cycle, mut device_free_after_first_cycle) = (None, None);
+        while cycles < args.cycles.max(1) && gone.is_none() && stall_outcome.is_none() {
+            let mut consumer = attach_retrying::<B>(&ctx, &args, &options)?;
+            first_seq.get_or_insert(consumer.next_sequence());
+            sync.get_or_insert(consumer.offer().sync);
+            gaps.restart();
+            let mut read = 0;
+            while args.frames == 0 || read < args.frames {
+                if args.stall_after.is_some_and(|n| frames >= n) {
+                    stall_outcome = Some(stall(&mut consumer, &stream, Duration::from_secs(args.stall_timeout)));
                     break;
                 }
-                Err(e) => return Err(e),
+                let step = consumer.next_frame(Some(&stream), timeout).and_then(|frame| {
+                    // The frame, as a span of the imported region (checked to lie inside it).
+                    let span = consumer.frame_span(&frame)?;
+                    kernels.verify(&stream, span, frame.seq, counter.span()).map_err(kernel_error)?;
+                    consumer.release(frame, Some(&stream))
+                });
+                match step {
+                    Ok(()) => {
+                        frames += 1;
+                        read += 1;
+                        gaps.tick();
+                        if args.progress_every != 0 && frames % args.progress_every == 0 {
+                            eprintln!("consumer {}: frame {frames}", args.name);
+                        }
+                    }
+                    Err(FrameError::ProducerGone { pid, how }) => {
+                        gone = Some(format!("producer pid {pid}: {how}"));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            stream.synchronize()?;
+            if gone.is_none() {
+                consumer.detach();
+            }
+            cycles += 1;
+            if cycles == 1 && args.cycles > 1 {
+                fds_after_first_cycle = Some(open_fds());
+                device_free_after_first_cycle = device_free_bytes(&ctx);
             }
         }
-        stream.synchronize()?;
         let elapsed = t0.elapsed();
         let mut mismatched = [0u64];
         counter.read(0, &mut mismatched)?;
-        let sync = consumer.offer().sync;
-        if gone.is_none() {
-            consumer.detach();
-        }
         Ok(Summary {
             role: "consumer",
             name: args.name,
             backend: B::NAME.to_owned(),
-            sync: sync_name(sync),
-            first_seq,
+            sync: sync.map_or("unknown", sync_name),
+            first_seq: first_seq.unwrap_or(0),
             frames,
             mismatched_words: mismatched[0],
             seconds: elapsed.as_secs_f64(),
             fps: fps(frames, elapsed),
             cpu_us_per_frame: cpu_time().saturating_sub(cpu0).as_secs_f64() * 1e6 / frames.max(1) as f64,
             producer_gone: gone,
+            cycles,
+            max_frame_gap_ms: gaps.max_ms(),
+            fds_after_first_cycle,
+            fds_at_end: open_fds(),
+            device_free_after_first_cycle,
+            device_free_at_end: device_free_bytes(&ctx),
+            stall_outcome,
         })
     }
+}
+
+/// A stuck consumer: takes the next frame and never releases it; waits until the producer says something about
+/// it (evicts it, goes away) or `limit` passes. Returns `kind: detail`.
+fn stall<B: Backend<Context = Context>>(consumer: &mut Consumer<B>, stream: &Stream, limit: Duration) -> String {
+    let held = consumer.next_frame(Some(stream), Duration::from_secs(10));
+    eprintln!("consumer: stalling (holding frame {:?}, releasing nothing)", held.as_ref().map(|f| f.seq));
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        match consumer.check_producer() {
+            Ok(()) => std::thread::sleep(Duration::from_millis(10)),
+            Err(FrameError::ProducerGone { pid, how }) => return format!("producer-gone: producer pid {pid}: {how}"),
+            Err(e @ FrameError::Evicted { .. }) => return format!("evicted: {e}"),
+            Err(e) => return format!("error: {e}"),
+        }
+    }
+    format!("timeout: neither evicted nor told the producer is gone within {limit:?}")
 }
 
 /// Attaches, retrying while no producer listens yet (so consumers may start first).
@@ -149,7 +226,9 @@ fn main() -> ExitCode {
                     s.producer_gone.as_deref().map(|g| format!("; {g}")).unwrap_or_default()
                 )
             });
-            if s.producer_gone.is_some() {
+            if s.stall_outcome.as_deref().is_some_and(|o| o.starts_with("evicted")) {
+                ExitCode::from(EXIT_EVICTED)
+            } else if s.producer_gone.is_some() {
                 ExitCode::from(EXIT_PRODUCER_GONE)
             } else if s.mismatched_words != 0 {
                 ExitCode::FAILURE

@@ -6,6 +6,10 @@
 //! ```
 //! It waits for `--consumers` consumers, produces `--frames` frames, waits until every live consumer released
 //! the last one, and prints frames per second (`--json`: one JSON object).
+//!
+//! For the stress harness (`gpu-ipc stress`): `--until-stdin-closes` runs until the parent closes the pipe,
+//! `--progress-every` reports progress on stderr, and the summary carries the longest gap between two publishes
+//! and the process's fds and the device's free memory at the start and the end.
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -15,10 +19,11 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gpu_ipc::BackendVisitor;
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
+use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 use gpu_ipc_examples::{
-    CommonArgs, Gpu, cpu_time, fps, kernel_error, parse_pixel_format, parse_sync, print_summary, sync_name,
+    CommonArgs, GapMeter, Gpu, cpu_time, device_free_bytes, fps, kernel_error, open_fds, parse_pixel_format,
+    parse_sync, print_summary, stdin_closed_flag, sync_name,
 };
 
 /// Publish frames into shared GPU memory.
@@ -48,6 +53,16 @@ struct Args {
     /// Consumers to wait for before producing.
     #[arg(long, default_value_t = 1)]
     consumers: usize,
+    /// Print `producer: frame N` on stderr every N frames (0: never).
+    #[arg(long, default_value_t = 0)]
+    progress_every: u64,
+    /// Produce until standard input is closed (or `--frames` is reached, unless it is 0), then finish as usual.
+    #[arg(long)]
+    until_stdin_closes: bool,
+    /// Slow-consumer policy: evict a consumer that holds a frame this many milliseconds (default: wait for it).
+    /// Exit status 6 when this build has no eviction yet.
+    #[arg(long, value_name = "MS")]
+    evict_after_ms: Option<u64>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -65,6 +80,16 @@ struct Summary {
     consumers_at_start: usize,
     consumers_at_end: usize,
     consumers_lost: usize,
+    /// Longest time between two publishes, in milliseconds.
+    max_publish_gap_ms: f64,
+    /// Open fds once the first consumers attached, and after the last frame was drained.
+    fds_at_start: u64,
+    fds_at_end: u64,
+    /// Free device memory (`cuMemGetInfo`, device-wide) after the ring was made, and at the end.
+    device_free_at_start: Option<u64>,
+    device_free_at_end: Option<u64>,
+    /// Whether standard input closing ended the run (`--until-stdin-closes`).
+    stopped_by_stdin: bool,
 }
 
 struct Run(Args);
@@ -75,38 +100,59 @@ impl BackendVisitor for Run {
         let args = self.0;
         let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
         let geometry = FrameGeometry::new(args.width, args.height, args.format)?;
-        let config = ProducerConfig::new(&args.common.socket, geometry, args.slots, args.sync);
+        let mut config = ProducerConfig::new(&args.common.socket, geometry, args.slots, args.sync);
+        if let Some(ms) = args.evict_after_ms {
+            config.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(ms) };
+        }
         let mut producer = Producer::<B>::create(&ctx, config)?;
+        let device_free_at_start = device_free_bytes(&ctx);
+        let stop = args.until_stdin_closes.then(stdin_closed_flag);
         eprintln!("producer: waiting for {} consumer(s) on {}", args.consumers, args.common.socket.display());
         producer.wait_for_consumers(args.consumers, Duration::from_secs(args.common.attach_timeout))?;
         let consumers_at_start = producer.consumers();
+        let fds_at_start = open_fds();
         let timeout = Duration::from_secs(10);
+        let mut gaps = GapMeter::default();
+        let mut produced = 0u64;
+        let stopped = || stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Acquire));
         let (cpu0, t0) = (cpu_time(), Instant::now());
-        for _ in 0..args.frames {
+        while (args.frames == 0 || produced < args.frames) && !stopped() {
             let slot = producer.acquire(Some(&stream), timeout)?;
             // The slot, as a span of the exported region (checked to lie inside it).
             let span = producer.slot_span(&slot)?;
             kernels.fill(&stream, span, slot.seq).map_err(kernel_error)?;
             producer.publish(slot, Some(&stream))?;
+            gaps.tick();
+            produced += 1;
+            if args.progress_every != 0 && produced.is_multiple_of(args.progress_every) {
+                eprintln!("producer: frame {produced}");
+            }
         }
         // Done when every live consumer has released the last frame.
         producer.drain(Some(&stream), timeout)?;
         let elapsed = t0.elapsed();
         let cpu = cpu_time().saturating_sub(cpu0);
+        let frames = produced;
         Ok(Summary {
             role: "producer",
             backend: B::NAME.to_owned(),
             sync: sync_name(args.sync),
             slots: args.slots,
             frame_bytes: geometry.frame_bytes(),
-            frames: args.frames,
+            frames,
             seconds: elapsed.as_secs_f64(),
-            fps: fps(args.frames, elapsed),
-            gb_per_s: fps(args.frames, elapsed) * geometry.frame_bytes() as f64 / 1e9,
-            cpu_us_per_frame: cpu.as_secs_f64() * 1e6 / args.frames.max(1) as f64,
+            fps: fps(frames, elapsed),
+            gb_per_s: fps(frames, elapsed) * geometry.frame_bytes() as f64 / 1e9,
+            cpu_us_per_frame: cpu.as_secs_f64() * 1e6 / frames.max(1) as f64,
             consumers_at_start,
             consumers_at_end: producer.consumers(),
             consumers_lost: producer.consumers_lost(),
+            max_publish_gap_ms: gaps.max_ms(),
+            fds_at_start,
+            fds_at_end: open_fds(),
+            device_free_at_start,
+            device_free_at_end: device_free_bytes(&ctx),
+            stopped_by_stdin: stopped(),
         })
     }
 }
