@@ -653,17 +653,17 @@ esac
     }
 
     #[test]
-    fn eviction_is_not_run_while_the_producer_refuses_the_option() {
+    fn eviction_fails_when_the_producer_cannot_start() {
         let dir = std::env::temp_dir().join(format!("gpu-ipc-stress-no-evict-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         for name in ["producer", "consumer"] {
             let path = dir.join(name);
-            std::fs::write(&path, "#!/bin/sh\necho 'producer: --evict-after-ms: API missing' >&2\nexit 6\n").unwrap();
+            std::fs::write(&path, "#!/bin/sh\necho 'producer: no CUDA driver' >&2\nexit 1\n").unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         let check = evict(&ctx(Bins::find(Some(&dir)).unwrap(), ChildEnv::new()), "vmm", "cpu-spin");
-        assert_eq!(check.status, Status::NotRun, "{check:?}");
-        assert!(check.detail.starts_with("API missing: producer: exit 6"), "{}", check.detail);
+        assert_eq!(check.status, Status::Failed, "{check:?}");
+        assert!(check.detail.contains("exit 1"), "{}", check.detail);
         let _ = std::fs::remove_dir_all(dir);
     }
 }
