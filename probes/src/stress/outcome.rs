@@ -136,6 +136,12 @@ pub enum TrialOutcome {
         /// What they said.
         detail: String,
     },
+    /// A GPU-side strategy's consumers exited with ProducerGone in time, but their kernels had verified frames
+    /// the dead producer never wrote (finding, counted apart: see docs/results.md).
+    StaleFrames {
+        /// Mismatched words over the consumers.
+        words: u64,
+    },
     /// Anything else that is wrong.
     Failed {
         /// Why.
@@ -165,7 +171,14 @@ pub struct Trial {
 }
 
 /// Classifies a trial whose producer was killed: each consumer must exit with `ProducerGone` within `bound`.
-pub fn producer_killed(consumers: &[ProcEnd], bound: Duration, mps: bool) -> (TrialOutcome, Vec<f64>, u64) {
+/// With `gpu_side` (a GPU-side strategy) mismatched words are a finding ([`TrialOutcome::StaleFrames`]), not a
+/// failure.
+pub fn producer_killed(
+    consumers: &[ProcEnd],
+    bound: Duration,
+    mps: bool,
+    gpu_side: bool,
+) -> (TrialOutcome, Vec<f64>, u64) {
     let gone_s: Vec<f64> = consumers.iter().filter_map(|c| c.after_kill_s).collect();
     let mismatched = consumers.iter().filter_map(|c| c.count("mismatched_words")).sum();
     if let Some(hung) = consumers.iter().find(|c| c.hung) {
@@ -192,6 +205,9 @@ pub fn producer_killed(consumers: &[ProcEnd], bound: Duration, mps: bool) -> (Tr
             bound
         );
         return (TrialOutcome::Failed { reason }, gone_s, mismatched);
+    }
+    if mismatched != 0 && gpu_side {
+        return (TrialOutcome::StaleFrames { words: mismatched }, gone_s, mismatched);
     }
     if mismatched != 0 {
         return (
@@ -258,6 +274,8 @@ pub struct CellCounts {
     pub failed: u32,
     /// Trials where the MPS server faulted for every client (findings).
     pub mps_faults: u32,
+    /// Trials whose GPU-side consumers verified frames the dead producer never wrote (findings).
+    pub stale: u32,
     /// Frames survivors should have read and did not.
     pub lost_frames: u64,
     /// Mismatched words.
@@ -281,6 +299,7 @@ impl CellCounts {
             hangs: count(&|o| matches!(o, TrialOutcome::Hang { .. })),
             failed: count(&|o| matches!(o, TrialOutcome::Failed { .. })),
             mps_faults: count(&|o| matches!(o, TrialOutcome::MpsFault { .. })),
+            stale: count(&|o| matches!(o, TrialOutcome::StaleFrames { .. })),
             lost_frames: trials.iter().map(|t| t.lost_frames).sum(),
             mismatched_words: trials.iter().map(|t| t.mismatched_words).sum(),
             gone_max_s: gone.last().copied(),
@@ -303,7 +322,7 @@ impl CellCounts {
     pub fn status(&self) -> Status {
         if self.hangs + self.failed > 0 {
             Status::Failed
-        } else if self.mps_faults > 0 {
+        } else if self.mps_faults + self.stale > 0 {
             Status::Finding
         } else {
             Status::Passed
@@ -329,7 +348,7 @@ mod tests {
 
     #[test]
     fn a_producer_kill_passes_when_every_consumer_saw_producer_gone_in_time() {
-        let (o, g, m) = producer_killed(&[gone("a", 0.2), gone("b", 0.3)], B, false);
+        let (o, g, m) = producer_killed(&[gone("a", 0.2), gone("b", 0.3)], B, false, false);
         assert_eq!(o, TrialOutcome::Passed);
         assert_eq!(g, vec![0.2, 0.3]);
         assert_eq!(m, 0);
@@ -337,13 +356,13 @@ mod tests {
 
     #[test]
     fn a_producer_kill_fails_on_a_slow_or_wrong_exit_and_counts_hangs() {
-        let (o, ..) = producer_killed(&[gone("a", 0.2), gone("b", 2.5)], B, false);
+        let (o, ..) = producer_killed(&[gone("a", 0.2), gone("b", 2.5)], B, false, false);
         assert!(matches!(o, TrialOutcome::Failed { ref reason } if reason.contains("b saw ProducerGone 2.500 s")));
         let crashed = ProcEnd { stderr_tail: "consumer: boom\n".into(), ..end("b", Some(1), serde_json::json!({})) };
-        let (o, ..) = producer_killed(&[gone("a", 0.2), crashed.clone()], B, false);
+        let (o, ..) = producer_killed(&[gone("a", 0.2), crashed.clone()], B, false, false);
         assert!(matches!(o, TrialOutcome::Failed { ref reason } if reason.contains("b: exit 1: consumer: boom")));
         let hung = ProcEnd { hung: true, ..crashed };
-        assert_eq!(producer_killed(&[gone("a", 0.2), hung], B, false).0, TrialOutcome::Hang { who: "b".into() });
+        assert_eq!(producer_killed(&[gone("a", 0.2), hung], B, false, false).0, TrialOutcome::Hang { who: "b".into() });
     }
 
     #[test]
@@ -353,10 +372,13 @@ mod tests {
             ..end("b", Some(1), serde_json::json!({}))
         };
         assert!(matches!(
-            producer_killed(&[gone("a", 0.2), faulted.clone()], B, true).0,
+            producer_killed(&[gone("a", 0.2), faulted.clone()], B, true, false).0,
             TrialOutcome::MpsFault { .. }
         ));
-        assert!(matches!(producer_killed(&[gone("a", 0.2), faulted.clone()], B, false).0, TrialOutcome::Failed { .. }));
+        assert!(matches!(
+            producer_killed(&[gone("a", 0.2), faulted.clone()], B, false, false).0,
+            TrialOutcome::Failed { .. }
+        ));
         let producer = end("producer", Some(0), serde_json::json!({"frames": 100, "consumers_lost": 1}));
         assert!(matches!(consumer_killed(&producer, &faulted, 100, true).0, TrialOutcome::MpsFault { .. }));
     }

@@ -44,12 +44,12 @@ pub fn markdown(r: &StressReport) -> String {
              Consumer killed: the producer serves the other to the end with 0 mismatched words.\n",
             r.sizes.kill_frames, r.sizes.kills_per_cell
         );
-        md.push_str("| MPS | backend | sync | victim | kills | passed | hangs | failed | MPS faults | lost frames | mismatched words | ProducerGone median / max (s) |\n");
-        md.push_str("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        md.push_str("| MPS | backend | sync | victim | kills | passed | hangs | failed | MPS faults | stale-frame trials | lost frames | mismatched words | ProducerGone median / max (s) |\n");
+        md.push_str("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for pass in &r.kill_passes {
             let mode = if pass.mps { "yes" } else { "no" };
             if pass.status == Status::NotRun {
-                let _ = writeln!(md, "| {mode} | not run: {} |||||||||||", cell(&pass.note));
+                let _ = writeln!(md, "| {mode} | not run: {} ||||||||||||", cell(&pass.note));
             }
             for c in &pass.cells {
                 let gone = match (c.gone_median_s, c.gone_max_s) {
@@ -58,7 +58,7 @@ pub fn markdown(r: &StressReport) -> String {
                 };
                 let _ = writeln!(
                     md,
-                    "| {mode} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {gone} |",
+                    "| {mode} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {gone} |",
                     c.cell.backend,
                     c.cell.sync,
                     c.cell.victim.name(),
@@ -67,6 +67,7 @@ pub fn markdown(r: &StressReport) -> String {
                     c.hangs,
                     c.failed,
                     c.mps_faults,
+                    c.stale,
                     c.lost_frames,
                     c.mismatched_words
                 );
@@ -285,7 +286,7 @@ mod tests {
         let md = markdown(&report());
         assert!(md.contains("**FAILED**: 4 checks, 1 failed, 1 findings, 1 not run"), "{md}");
         assert!(
-            md.contains("| yes | vmm | gpu-stream-ops | producer | 2 | 1 | 0 | 0 | 1 | 0 | 0 | 0.250 / 0.250 |"),
+            md.contains("| yes | vmm | gpu-stream-ops | producer | 2 | 1 | 0 | 0 | 1 | 0 | 0 | 0 | 0.250 / 0.250 |"),
             "{md}"
         );
         assert!(md.contains("| no | not run: skipped \\| reason |"), "{md}");

@@ -379,7 +379,8 @@ pub fn kill_trial(ctx: &Ctx, cell: Cell, trial: u32, kill: KillPoint) -> Trial {
     let _ = std::fs::remove_file(&socket);
     match cell.victim {
         Victim::Producer => {
-            let (outcome, gone, mismatched) = producer_killed(&ends[1..], ctx.gone_bound, ctx.mps);
+            let (outcome, gone, mismatched) =
+                producer_killed(&ends[1..], ctx.gone_bound, ctx.mps, cell.sync == "gpu-stream-ops");
             (record.outcome, record.gone_s, record.mismatched_words) = (outcome, gone, mismatched);
         }
         Victim::Consumer => {
