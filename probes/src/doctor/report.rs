@@ -501,9 +501,11 @@ fn system_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
             id: "private-namespaces".to_owned(),
             severity: Severity::Info,
             what: format!("{place} its own {} namespace", private.join(" and ")),
-            why: "legacy CUDA IPC (and pidfd_getfd) need both processes in one PID namespace, and containers that \
-                  share legacy handles usually also share the IPC namespace; the vmm backend passes fds with \
-                  SCM_RIGHTS over a Unix socket, which works across namespaces"
+            why: "the vmm backend passes its fds with SCM_RIGHTS over the Unix socket, which needs nothing but a \
+                  socket both can reach, in any PID namespace (pids are not used for liveness when they do not \
+                  translate: the socket's hang-up is); legacy CUDA IPC handles also crossed a PID namespace in the \
+                  H100 stress run (unshare --pid, root, driver 580; docs/results.md), but pidfd_getfd-based \
+                  sharing needs one PID namespace and CAP_SYS_PTRACE, and containers usually isolate more than pids"
                 .to_owned(),
             fix: Some(
                 "Processes in this namespace can share with each other. To share with another container, use the \
