@@ -54,6 +54,11 @@ struct Args {
     /// How long a stalled consumer waits for the producer's verdict, in seconds.
     #[arg(long, default_value_t = 30)]
     stall_timeout: u64,
+    /// Diagnosis: wait for each frame's check before taking the next one, and report on stderr each frame whose
+    /// words mismatched (its sequence number, and milliseconds since the start). Slow: the consumer never runs
+    /// ahead.
+    #[arg(long)]
+    check_each_frame: bool,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -102,6 +107,7 @@ impl BackendVisitor for Run {
         let mut gone = None;
         let mut stall_outcome = None;
         let mut gaps = GapMeter::default();
+        let mut seen_mismatched = 0u64;
         let (mut first_seq, mut sync, mut cycles) = (None, None, 0);
         let (mut fds_after_first_cycle, mut device_free_after_first_cycle) = (None, None);
         while cycles < args.cycles.max(1) && gone.is_none() && stall_outcome.is_none() {
@@ -121,6 +127,9 @@ impl BackendVisitor for Run {
                     kernels.verify(&stream, span, frame.seq, counter.span()).map_err(kernel_error)?;
                     consumer.release(frame, Some(&stream))
                 });
+                if args.check_each_frame {
+                    report_mismatch(&stream, &counter, consumer.next_sequence(), t0, &mut seen_mismatched)?;
+                }
                 match step {
                     Ok(()) => {
                         frames += 1;
@@ -245,4 +254,29 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--check-each-frame`: waits for the stream, and says on stderr when the mismatch counter grew with the frame
+/// just checked (`seq_after` is the consumer's next sequence).
+fn report_mismatch(
+    stream: &Stream,
+    counter: &DeviceBuffer,
+    seq_after: u64,
+    t0: Instant,
+    seen: &mut u64,
+) -> Result<(), FrameError> {
+    stream.synchronize()?;
+    let mut now = [0u64];
+    counter.read(0, &mut now)?;
+    if now[0] != *seen {
+        eprintln!(
+            "consumer: frame {} mismatched {} words at {:.3} ms ({:.3} s since the epoch)",
+            seq_after.saturating_sub(1),
+            now[0] - *seen,
+            t0.elapsed().as_secs_f64() * 1e3,
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+        );
+        *seen = now[0];
+    }
+    Ok(())
 }
