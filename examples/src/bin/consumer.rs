@@ -86,6 +86,9 @@ struct Summary {
     device_free_at_end: Option<u64>,
     /// With `--stall-after`: `evicted`, `producer-gone`, `timeout` or `error`, then what was seen.
     stall_outcome: Option<String>,
+    /// When the producer died: frames this consumer took that it had never published (their waits were released
+    /// by the poison; `Consumer::published_below_at_hang_up`). Mismatched words can only come from these.
+    frames_never_published: u64,
 }
 
 struct Run(Args);
@@ -108,6 +111,7 @@ impl BackendVisitor for Run {
         let mut stall_outcome = None;
         let mut gaps = GapMeter::default();
         let mut seen_mismatched = 0u64;
+        let mut frames_never_published = 0u64;
         let (mut first_seq, mut sync, mut cycles) = (None, None, 0);
         let (mut fds_after_first_cycle, mut device_free_after_first_cycle) = (None, None);
         while cycles < args.cycles.max(1) && gone.is_none() && stall_outcome.is_none() {
@@ -147,6 +151,9 @@ impl BackendVisitor for Run {
                 }
             }
             stream.synchronize()?;
+            if let Some(below) = consumer.published_below_at_hang_up() {
+                frames_never_published += consumer.next_sequence().saturating_sub(below);
+            }
             if gone.is_none() {
                 consumer.detach();
             }
@@ -178,6 +185,7 @@ impl BackendVisitor for Run {
             device_free_after_first_cycle,
             device_free_at_end: device_free_bytes(&ctx),
             stall_outcome,
+            frames_never_published,
         })
     }
 }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, ExportedHandle, SharedRegion};
@@ -105,8 +105,9 @@ impl<B: Backend> Consumer<B> {
         conn.send(&Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), left())?;
         let watchdog = Watchdog::start();
         let producer_hung_up = Arc::new(AtomicBool::new(false));
+        let published_below_at_hang_up = Arc::new(AtomicU64::new(0));
         {
-            let (ring, flag) = (ring.clone(), producer_hung_up.clone());
+            let (ring, flag, below) = (ring.clone(), producer_hung_up.clone(), published_below_at_hang_up.clone());
             let gpu_writes = strategy.gpu_writes_counters();
             watchdog
                 .watch(
@@ -114,6 +115,8 @@ impl<B: Backend> Consumer<B> {
                     Box::new(move |first| {
                         if first {
                             tracing::warn!("the producer hung up; releasing waits on it");
+                            // What it really published, read before the poison hides it.
+                            below.store(ring.highest_published().map_or(0, |s| s + 1), Ordering::Release);
                             flag.store(true, Ordering::Release);
                         }
                         ring.poison_published();
@@ -124,7 +127,8 @@ impl<B: Backend> Consumer<B> {
                 .map_err(|e| FrameError::Config(format!("watching the producer's connection: {e}")))?;
         }
         tracing::info!(consumer = offer.consumer_id, backend = B::NAME, sync = %offer.sync, first = next_seq, "attached");
-        let shared = ConsumerShared { ring, producer_hung_up, producer_pid: offer.producer_pid };
+        let shared =
+            ConsumerShared { ring, producer_hung_up, producer_pid: offer.producer_pid, published_below_at_hang_up };
         Ok(Self {
             watchdog,
             sync,
@@ -259,6 +263,15 @@ impl<B: Backend> Consumer<B> {
         let gpu_deadline = Instant::now() + self.gpu_timeout;
         let seq = Sequence(frame.seq);
         self.sync.release(&self.shared, seq, SlotIndex(frame.slot), stream, gpu_deadline)
+    }
+
+    /// After [`FrameError::ProducerGone`] because the producer died: one past the highest frame it had published
+    /// when this consumer saw it hang up (`None` while it has not). With a GPU-side strategy the stream's waits for
+    /// later frames were released by the poison, not by a publish: whatever the stream computed from frames at or
+    /// above this number is garbage and must be discarded, even where `release` returned `Ok` (it returns before
+    /// the GPU reaches the wait).
+    pub fn published_below_at_hang_up(&self) -> Option<u64> {
+        self.shared.hung_up().then(|| self.shared.published_below_at_hang_up.load(Ordering::Acquire))
     }
 
     /// Leaves the ring cleanly: waits (bounded by [`AttachOptions::gpu_timeout`]) for the GPU work this consumer

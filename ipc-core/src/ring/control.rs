@@ -775,6 +775,20 @@ impl ConsumerControl {
         }
     }
 
+    /// The highest sequence published so far according to the `published` counters (POISON ignored), or `None`
+    /// when none is. Read before poisoning them, it says which frames a dead producer really wrote.
+    pub fn highest_published(&self) -> Option<u64> {
+        self.block
+            .layout()
+            .published
+            .iter()
+            .take(self.block.slot_count as usize)
+            .map(|counter| counter.value.load(Ordering::Acquire))
+            .filter(|&value| value != 0 && value < POISON)
+            .max()
+            .map(|value| value - 1)
+    }
+
     /// Survivor duty after `ProducerGone`: writes [`POISON`] into every `published` counter, so GPU stream waits
     /// of every consumer on frames that will never come complete (their results are to be discarded).
     pub fn poison_published(&self) {

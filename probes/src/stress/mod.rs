@@ -453,9 +453,6 @@ fn describe_outcome(t: &Trial) -> String {
         TrialOutcome::Passed => "passed".to_owned(),
         TrialOutcome::Hang { who } => format!("HANG: {who}"),
         TrialOutcome::MpsFault { detail } => format!("MPS fault (finding): {detail}"),
-        TrialOutcome::StaleFrames { words } => {
-            format!("ProducerGone in time, but stale frames verified (finding): {words} mismatched words")
-        }
         TrialOutcome::Failed { reason } => format!("FAILED: {reason}"),
     }
 }

@@ -136,12 +136,6 @@ pub enum TrialOutcome {
         /// What they said.
         detail: String,
     },
-    /// A GPU-side strategy's consumers exited with ProducerGone in time, but their kernels had verified frames
-    /// the dead producer never wrote (finding, counted apart: see docs/results.md).
-    StaleFrames {
-        /// Mismatched words over the consumers.
-        words: u64,
-    },
     /// Anything else that is wrong.
     Failed {
         /// Why.
@@ -168,16 +162,19 @@ pub struct Trial {
     pub lost_frames: u64,
     /// Mismatched words the survivors' verify kernels counted.
     pub mismatched_words: u64,
+    /// Producer killed: frames the consumers took that it had never published (the API says which).
+    pub frames_never_published: u64,
 }
 
 /// Classifies a trial whose producer was killed: each consumer must exit with `ProducerGone` within `bound`.
-/// With `gpu_side` (a GPU-side strategy) mismatched words are a finding ([`TrialOutcome::StaleFrames`]), not a
-/// failure.
+/// Mismatched words are allowed only in frames a consumer was told the dead producer never published (its
+/// `frames_never_published`, `frame_words` each: with a GPU-side strategy the poison releases the stream's waits
+/// for them, and `Consumer::published_below_at_hang_up` says which they are).
 pub fn producer_killed(
     consumers: &[ProcEnd],
     bound: Duration,
     mps: bool,
-    gpu_side: bool,
+    frame_words: u64,
 ) -> (TrialOutcome, Vec<f64>, u64) {
     let gone_s: Vec<f64> = consumers.iter().filter_map(|c| c.after_kill_s).collect();
     let mismatched = consumers.iter().filter_map(|c| c.count("mismatched_words")).sum();
@@ -206,12 +203,15 @@ pub fn producer_killed(
         );
         return (TrialOutcome::Failed { reason }, gone_s, mismatched);
     }
-    if mismatched != 0 && gpu_side {
-        return (TrialOutcome::StaleFrames { words: mismatched }, gone_s, mismatched);
-    }
-    if mismatched != 0 {
+    let flagged: u64 = consumers.iter().filter_map(|c| c.count("frames_never_published")).sum();
+    if mismatched > flagged.saturating_mul(frame_words) {
         return (
-            TrialOutcome::Failed { reason: format!("{mismatched} mismatched words before the kill") },
+            TrialOutcome::Failed {
+                reason: format!(
+                    "{mismatched} mismatched words, more than in the {flagged} frames the consumers were told were \
+                     never published"
+                ),
+            },
             gone_s,
             mismatched,
         );
@@ -274,8 +274,8 @@ pub struct CellCounts {
     pub failed: u32,
     /// Trials where the MPS server faulted for every client (findings).
     pub mps_faults: u32,
-    /// Trials whose GPU-side consumers verified frames the dead producer never wrote (findings).
-    pub stale: u32,
+    /// Frames consumers took that the dead producer never published (told by the API; their words may mismatch).
+    pub never_published: u64,
     /// Frames survivors should have read and did not.
     pub lost_frames: u64,
     /// Mismatched words.
@@ -299,7 +299,7 @@ impl CellCounts {
             hangs: count(&|o| matches!(o, TrialOutcome::Hang { .. })),
             failed: count(&|o| matches!(o, TrialOutcome::Failed { .. })),
             mps_faults: count(&|o| matches!(o, TrialOutcome::MpsFault { .. })),
-            stale: count(&|o| matches!(o, TrialOutcome::StaleFrames { .. })),
+            never_published: trials.iter().map(|t| t.frames_never_published).sum(),
             lost_frames: trials.iter().map(|t| t.lost_frames).sum(),
             mismatched_words: trials.iter().map(|t| t.mismatched_words).sum(),
             gone_max_s: gone.last().copied(),
@@ -322,7 +322,7 @@ impl CellCounts {
     pub fn status(&self) -> Status {
         if self.hangs + self.failed > 0 {
             Status::Failed
-        } else if self.mps_faults + self.stale > 0 {
+        } else if self.mps_faults > 0 {
             Status::Finding
         } else {
             Status::Passed
@@ -348,21 +348,38 @@ mod tests {
 
     #[test]
     fn a_producer_kill_passes_when_every_consumer_saw_producer_gone_in_time() {
-        let (o, g, m) = producer_killed(&[gone("a", 0.2), gone("b", 0.3)], B, false, false);
+        let (o, g, m) = producer_killed(&[gone("a", 0.2), gone("b", 0.3)], B, false, 691_200);
         assert_eq!(o, TrialOutcome::Passed);
         assert_eq!(g, vec![0.2, 0.3]);
         assert_eq!(m, 0);
     }
 
     #[test]
+    fn mismatches_pass_only_inside_the_frames_flagged_never_published() {
+        let flagged = |name: &str, words: u64, frames: u64| ProcEnd {
+            after_kill_s: Some(0.2),
+            ..end(name, Some(4), serde_json::json!({"mismatched_words": words, "frames_never_published": frames}))
+        };
+        let (o, _, m) = producer_killed(&[flagged("a", 2 * 100, 2), flagged("b", 100, 1)], B, false, 100);
+        assert_eq!((o, m), (TrialOutcome::Passed, 300));
+        let (o, ..) = producer_killed(&[flagged("a", 301, 2), flagged("b", 0, 1)], B, false, 100);
+        assert!(matches!(o, TrialOutcome::Failed { .. }), "{o:?}");
+        let (o, ..) = producer_killed(&[flagged("a", 1, 0), flagged("b", 0, 0)], B, false, 100);
+        assert!(matches!(o, TrialOutcome::Failed { .. }), "{o:?}");
+    }
+
+    #[test]
     fn a_producer_kill_fails_on_a_slow_or_wrong_exit_and_counts_hangs() {
-        let (o, ..) = producer_killed(&[gone("a", 0.2), gone("b", 2.5)], B, false, false);
+        let (o, ..) = producer_killed(&[gone("a", 0.2), gone("b", 2.5)], B, false, 691_200);
         assert!(matches!(o, TrialOutcome::Failed { ref reason } if reason.contains("b saw ProducerGone 2.500 s")));
         let crashed = ProcEnd { stderr_tail: "consumer: boom\n".into(), ..end("b", Some(1), serde_json::json!({})) };
-        let (o, ..) = producer_killed(&[gone("a", 0.2), crashed.clone()], B, false, false);
+        let (o, ..) = producer_killed(&[gone("a", 0.2), crashed.clone()], B, false, 691_200);
         assert!(matches!(o, TrialOutcome::Failed { ref reason } if reason.contains("b: exit 1: consumer: boom")));
         let hung = ProcEnd { hung: true, ..crashed };
-        assert_eq!(producer_killed(&[gone("a", 0.2), hung], B, false, false).0, TrialOutcome::Hang { who: "b".into() });
+        assert_eq!(
+            producer_killed(&[gone("a", 0.2), hung], B, false, 691_200).0,
+            TrialOutcome::Hang { who: "b".into() }
+        );
     }
 
     #[test]
@@ -372,11 +389,11 @@ mod tests {
             ..end("b", Some(1), serde_json::json!({}))
         };
         assert!(matches!(
-            producer_killed(&[gone("a", 0.2), faulted.clone()], B, true, false).0,
+            producer_killed(&[gone("a", 0.2), faulted.clone()], B, true, 691_200).0,
             TrialOutcome::MpsFault { .. }
         ));
         assert!(matches!(
-            producer_killed(&[gone("a", 0.2), faulted.clone()], B, false, false).0,
+            producer_killed(&[gone("a", 0.2), faulted.clone()], B, false, 691_200).0,
             TrialOutcome::Failed { .. }
         ));
         let producer = end("producer", Some(0), serde_json::json!({"frames": 100, "consumers_lost": 1}));
@@ -413,6 +430,7 @@ mod tests {
             gone_s: gone,
             lost_frames: 1,
             mismatched_words: 0,
+            frames_never_published: 0,
         };
         let trials = vec![
             trial(cell, TrialOutcome::Passed, vec![0.2, 0.3]),

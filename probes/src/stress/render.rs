@@ -44,7 +44,7 @@ pub fn markdown(r: &StressReport) -> String {
              Consumer killed: the producer serves the other to the end with 0 mismatched words.\n",
             r.sizes.kill_frames, r.sizes.kills_per_cell
         );
-        md.push_str("| MPS | backend | sync | victim | kills | passed | hangs | failed | MPS faults | stale-frame trials | lost frames | mismatched words | ProducerGone median / max (s) |\n");
+        md.push_str("| MPS | backend | sync | victim | kills | passed | hangs | failed | MPS faults | frames never published (flagged) | lost frames | mismatched words | ProducerGone median / max (s) |\n");
         md.push_str("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for pass in &r.kill_passes {
             let mode = if pass.mps { "yes" } else { "no" };
@@ -67,7 +67,7 @@ pub fn markdown(r: &StressReport) -> String {
                     c.hangs,
                     c.failed,
                     c.mps_faults,
-                    c.stale,
+                    c.never_published,
                     c.lost_frames,
                     c.mismatched_words
                 );
@@ -203,6 +203,7 @@ mod tests {
                 gone_s: vec![0.2, 0.25],
                 lost_frames: 0,
                 mismatched_words: 0,
+                frames_never_published: 0,
             },
             Trial {
                 cell,
@@ -213,6 +214,7 @@ mod tests {
                 gone_s: vec![],
                 lost_frames: 0,
                 mismatched_words: 0,
+                frames_never_published: 0,
             },
         ];
         let pass = KillPass {

@@ -329,6 +329,7 @@ pub fn kill_trial(ctx: &Ctx, cell: Cell, trial: u32, kill: KillPoint) -> Trial {
         gone_s: Vec::new(),
         lost_frames: 0,
         mismatched_words: 0,
+        frames_never_published: 0,
     };
     let mut children = Vec::new();
     let spawned = (|| -> Result<(), String> {
@@ -379,9 +380,10 @@ pub fn kill_trial(ctx: &Ctx, cell: Cell, trial: u32, kill: KillPoint) -> Trial {
     let _ = std::fs::remove_file(&socket);
     match cell.victim {
         Victim::Producer => {
-            let (outcome, gone, mismatched) =
-                producer_killed(&ends[1..], ctx.gone_bound, ctx.mps, cell.sync == "gpu-stream-ops");
+            let frame_words = (u64::from(ctx.width) * u64::from(ctx.height) * 3).div_ceil(4);
+            let (outcome, gone, mismatched) = producer_killed(&ends[1..], ctx.gone_bound, ctx.mps, frame_words);
             (record.outcome, record.gone_s, record.mismatched_words) = (outcome, gone, mismatched);
+            record.frames_never_published = ends[1..].iter().filter_map(|c| c.count("frames_never_published")).sum();
         }
         Victim::Consumer => {
             let (outcome, lost, mismatched) = consumer_killed(&ends[0], &ends[2], s.kill_frames, ctx.mps);

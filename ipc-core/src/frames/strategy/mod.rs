@@ -12,7 +12,7 @@ mod gpu_stream_ops;
 mod ipc_event;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::driver::{Context, Stream};
@@ -127,6 +127,9 @@ pub(crate) struct ConsumerShared {
     pub producer_hung_up: Arc<AtomicBool>,
     /// The producer's pid, for errors.
     pub producer_pid: u32,
+    /// Set by the watchdog at the producer's hang-up, before it poisons the publish counters: the highest
+    /// sequence the producer had published, plus one (0: none, or not gone).
+    pub published_below_at_hang_up: Arc<AtomicU64>,
 }
 
 impl ConsumerShared {
@@ -138,6 +141,12 @@ impl ConsumerShared {
     /// Whether the producer's connection hung up.
     pub fn hung_up(&self) -> bool {
         self.producer_hung_up.load(Ordering::Acquire)
+    }
+
+    /// After the producer hung up: whether it had published frame `seq` by then. Frames it had not were never
+    /// written; a GPU-side wait for them was released by the poison, and what was computed from them is garbage.
+    pub fn published_before_hang_up(&self, seq: u64) -> bool {
+        seq < self.published_below_at_hang_up.load(Ordering::Acquire)
     }
 
     /// A ring error in the words of the frame API; this consumer's own record no longer live means it was evicted.
