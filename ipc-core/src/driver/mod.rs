@@ -30,6 +30,7 @@
 #[rustfmt::skip]
 pub mod sys;
 
+mod batch;
 mod context;
 mod device;
 mod error;
@@ -44,6 +45,7 @@ mod span;
 mod stream;
 mod vmm;
 
+pub use batch::{MAX_OPS_PER_CALL, MemOp, MemOpBatch, MemOpScratch};
 pub use context::Context;
 pub use device::{ComputeMode, Device, DeviceUuid};
 pub use error::{DriverError, Result};

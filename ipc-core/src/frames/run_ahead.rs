@@ -1,65 +1,159 @@
 //! Bounds how far the CPU may queue GPU-side work ahead of the GPU (the `GpuStreamOps` strategy), so a producer
-//! or consumer never queues an unbounded number of frames behind a stream wait.
+//! or consumer never queues an unbounded number of frames behind a stream wait, and tells teardown when the
+//! stream has passed everything queued on the ring.
+//!
+//! The stream reports its progress itself: each side owns a private word of page-locked host memory, and the
+//! batches it queues end with a write of the next *mark* (1, 2, 3, ...) to that word. The CPU learns how far the
+//! stream got with one atomic load: no event is recorded or queried per frame.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::driver::{Context, DriverError, Event, EventFlags, Stream};
+use crate::driver::{Context, DeviceMemory, DriverError, Event, EventFlags, HostRegistration, MemOpBatch, Stream};
 use crate::frames::FrameError;
+use crate::ring::RingError;
+use crate::sys::shm::{SharedMemory, SharedObject};
 
-/// How long the CPU naps between polls of the stream's progress: the CPU is not on the per-frame path here, so
-/// it may as well sleep.
+/// How long the CPU naps between looks at the stream's progress: the CPU is not on the per-frame path here, so
+/// it may as well sleep (the run-ahead depth keeps the GPU busy meanwhile).
 const NAP: Duration = Duration::from_micros(20);
 
-/// One event per frame in flight: before queueing frame `seq`, the CPU naps until frame `seq - depth` has gone
-/// through the stream, or the deadline passes.
-pub(crate) struct RunAhead {
-    events: Vec<Event>,
-    /// Recorded after work queued outside the frame marks (a wait queued before its frame is published or
-    /// released).
-    tail: Event,
-    /// The latest mark, what teardown waits for: [`NOTHING`], [`TAIL`], or frame `seq` as `seq + 1`.
-    last: AtomicU64,
+/// Naps between two checks for an error of the context (a faulted kernel stops the stream for good).
+const NAPS_PER_HEALTH_CHECK: u32 = 16;
+
+/// The progress words' memory: one page, of which word 0 is used.
+type ProgressWords = [AtomicU64; 8];
+const PROGRESS_BYTES: usize = 4096;
+
+/// Where the marks are in `ProgressWords`.
+const PROGRESS_OFFSET: u64 = 0;
+
+/// The fewest frames a side may have in flight, whatever the slot count: with one slot, `2 * slots` frames are
+/// about one frame time of queued GPU work, less than one nap (`NAP` plus the kernel's timer slack, about 70 us),
+/// so the GPU would idle while the CPU sleeps.
+pub(crate) const MIN_DEPTH: usize = 8;
+
+/// The run-ahead bound of a side of a ring of `slots` slots.
+pub(crate) fn depth_for(slots: u32) -> usize {
+    (2 * slots as usize).max(MIN_DEPTH)
 }
 
-/// `last`: nothing queued yet.
-const NOTHING: u64 = 0;
-/// `last`: the tail event is the latest mark.
-const TAIL: u64 = u64::MAX;
+/// Before queueing frame `seq`, the CPU naps until frame `seq - depth` has gone through the stream, or the
+/// deadline passes.
+pub(crate) struct RunAhead {
+    progress: HostRegistration<SharedObject<ProgressWords>>,
+    /// The mark queued after frame `seq`, at `seq % depth`.
+    frames: Box<[AtomicU64]>,
+    /// The latest mark queued (0: none yet).
+    queued: AtomicU64,
+    /// Never recorded: querying it reports the context's sticky error, if any.
+    health: Event,
+}
 
 impl RunAhead {
     /// Allows `depth` frames in flight.
-    pub(crate) fn new(ctx: &Context, depth: usize) -> Result<Self, DriverError> {
+    ///
+    /// # Errors
+    /// The progress word's memory could not be made or registered.
+    pub(crate) fn new(ctx: &Context, depth: usize) -> Result<Self, FrameError> {
+        let memory = SharedMemory::create("gpu-ipc-run-ahead", PROGRESS_BYTES).map_err(RingError::from)?;
+        let words = SharedObject::new(memory).map_err(RingError::from)?;
+        let progress = HostRegistration::new(ctx, Arc::new(words))?;
         let flags = EventFlags { timing: false, blocking_sync: false, interprocess: false };
-        let events = (0..depth.max(1)).map(|_| Event::new(ctx, flags)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { events, tail: Event::new(ctx, flags)?, last: AtomicU64::new(NOTHING) })
+        Ok(Self {
+            progress,
+            frames: (0..depth.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            queued: AtomicU64::new(0),
+            health: Event::new(ctx, flags)?,
+        })
     }
 
     /// Frames allowed in flight.
     pub(crate) fn depth(&self) -> u64 {
-        self.events.len() as u64
+        self.frames.len() as u64
     }
 
-    fn event(&self, seq: u64) -> &Event {
-        &self.events[(seq % self.events.len() as u64) as usize]
+    /// The latest mark the stream has passed.
+    pub(crate) fn progress(&self) -> u64 {
+        // Acquire: what the stream did before the mark (the ring's counters it wrote) is visible after it.
+        self.progress.memory().get()[0].load(Ordering::Acquire)
+    }
+
+    /// The latest mark queued (0: none yet).
+    pub(crate) fn last_mark(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Whether the stream has passed `mark`.
+    pub(crate) fn passed(&self, mark: u64) -> bool {
+        passed(self.progress(), mark)
     }
 
     /// Naps until frame `seq - depth` is through the stream (nothing to wait for on the first `depth` frames).
     ///
     /// # Errors
-    /// [`FrameError::Timeout`] at `deadline`: the stream is stuck behind a wait that nobody satisfies.
+    /// [`FrameError::Timeout`] at `deadline`: the stream is stuck behind a wait that nobody satisfies; a driver
+    /// error when the context failed (e.g. a kernel's illegal address).
     pub(crate) fn before(&self, seq: u64, deadline: Instant) -> Result<(), FrameError> {
-        if seq < self.events.len() as u64 {
-            return Ok(());
+        let mark = self.frames[self.index(seq)].load(Ordering::Relaxed);
+        self.wait_for(mark, deadline, || {
+            format!(
+                "the stream to finish frame {} (a GPU-side wait is not satisfied)",
+                seq.saturating_sub(self.depth())
+            )
+        })
+    }
+
+    /// Queues on `stream` frame `seq`'s mark (one `cuStreamWriteValue64`): for work queued without
+    /// [`submit`](Self::submit).
+    ///
+    /// # Errors
+    /// A failing `cuStreamWriteValue64`.
+    #[allow(dead_code, reason = "kept for strategies whose frames end with their own work (gpu-poll)")]
+    pub(crate) fn after(&self, seq: u64, stream: &Stream) -> Result<(), DriverError> {
+        self.mark(Some(seq), stream)
+    }
+
+    /// Queues on `stream` a mark of the latest work (e.g. a wait queued outside the frame marks).
+    ///
+    /// # Errors
+    /// A failing `cuStreamWriteValue64`.
+    pub(crate) fn mark_tail(&self, stream: &Stream) -> Result<(), DriverError> {
+        self.mark(None, stream)
+    }
+
+    fn mark(&self, frame: Option<u64>, stream: &Stream) -> Result<(), DriverError> {
+        let mark = self.queued.load(Ordering::Relaxed) + 1;
+        self.progress.write_value_u64(stream, PROGRESS_OFFSET as usize, mark)?;
+        self.record(mark, frame);
+        Ok(())
+    }
+
+    fn record(&self, mark: u64, frame: Option<u64>) {
+        self.queued.store(mark, Ordering::Relaxed);
+        if let Some(seq) = frame {
+            self.frames[self.index(seq)].store(mark, Ordering::Relaxed);
         }
-        let behind = seq - self.events.len() as u64;
-        super::wait_for_event(
-            self.event(seq),
-            deadline,
-            Some(NAP),
-            || true,
-            || format!("the stream to finish frame {behind} (a GPU-side wait is not satisfied)"),
-        )
+    }
+
+    /// Queues `batch` on `stream` followed by the next mark (one driver call for both), and records that mark as
+    /// frame `frame`'s when one is given.
+    ///
+    /// # Errors
+    /// A failing `cuStreamBatchMemOp` (nothing is recorded then).
+    pub(crate) fn submit<'a>(
+        &'a self,
+        mut batch: MemOpBatch<'a>,
+        stream: &Stream,
+        frame: Option<u64>,
+    ) -> Result<(), DriverError> {
+        let mark = self.queued.load(Ordering::Relaxed) + 1;
+        let span = self.progress.span();
+        batch.write_u64(&span, PROGRESS_OFFSET, mark)?;
+        batch.submit(stream)?;
+        self.record(mark, frame);
+        Ok(())
     }
 
     /// Waits until everything queued on `stream` so far is done, or `deadline` passes.
@@ -67,36 +161,70 @@ impl RunAhead {
     /// # Errors
     /// [`FrameError::Timeout`], driver errors.
     pub(crate) fn drain(&self, stream: &Stream, deadline: Instant) -> Result<(), FrameError> {
-        let marker = &self.events[0];
-        marker.record(stream)?;
-        super::wait_for_event(marker, deadline, Some(NAP), || true, || "the stream to drain".to_owned())
+        self.mark_tail(stream)?;
+        self.wait_for(self.queued.load(Ordering::Relaxed), deadline, || "the stream to drain".to_owned())
     }
 
-    /// Marks frame `seq` as queued on `stream`.
-    pub(crate) fn after(&self, seq: u64, stream: &Stream) -> Result<(), DriverError> {
-        self.event(seq).record(stream)?;
-        self.last.store(seq.saturating_add(1).min(TAIL - 1), Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Marks the latest work queued on `stream` (a wait queued outside [`after`](Self::after)'s frame marks).
-    pub(crate) fn mark_tail(&self, stream: &Stream) -> Result<(), DriverError> {
-        self.tail.record(stream)?;
-        self.last.store(TAIL, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Naps until the stream has passed everything marked so far, or `deadline` passes: before the memory its
-    /// waits and writes use is freed.
+    /// Naps until the stream has passed every mark queued so far, or `deadline` passes: before the memory its
+    /// waits and writes use is freed. Every batch that touches the ring ends with a mark, so this is every such
+    /// operation.
     ///
     /// # Errors
     /// [`FrameError::Timeout`]: the stream is stuck; the caller must leak that memory rather than free it.
     pub(crate) fn settle(&self, deadline: Instant) -> Result<(), FrameError> {
-        let event = match self.last.load(Ordering::Relaxed) {
-            NOTHING => return Ok(()),
-            TAIL => &self.tail,
-            frame => self.event(frame - 1),
-        };
-        super::wait_for_event(event, deadline, Some(NAP), || true, || "the stream to pass the ring's work".into())
+        self.wait_for(self.queued.load(Ordering::Relaxed), deadline, || "the stream to pass the ring's work".into())
+    }
+
+    fn index(&self, seq: u64) -> usize {
+        (seq % self.frames.len() as u64) as usize
+    }
+
+    /// Naps until the stream has passed `mark` (at once for mark 0, "nothing"), checking now and then that the
+    /// context did not fail.
+    fn wait_for(&self, mark: u64, deadline: Instant, what: impl Fn() -> String) -> Result<(), FrameError> {
+        let start = Instant::now();
+        let mut naps = 0u32;
+        loop {
+            if self.passed(mark) {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline || (naps > 0 && naps.is_multiple_of(NAPS_PER_HEALTH_CHECK)) {
+                // A failed context never reaches the mark: report its error rather than a timeout.
+                self.health.is_complete()?;
+                if now >= deadline {
+                    return Err(FrameError::Timeout { what: what(), waited: start.elapsed() });
+                }
+            }
+            std::thread::sleep(NAP);
+            naps = naps.wrapping_add(1);
+        }
+    }
+}
+
+/// Whether a stream whose progress word reads `progress` has passed `mark` (marks only grow; 0 is "nothing").
+fn passed(progress: u64, mark: u64) -> bool {
+    progress >= mark
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_is_twice_the_slots_but_never_below_the_minimum() {
+        assert_eq!(depth_for(1), MIN_DEPTH);
+        assert_eq!(depth_for(4), 8);
+        assert_eq!(depth_for(8), 16);
+        assert_eq!(depth_for(32), 64);
+    }
+
+    #[test]
+    fn nothing_queued_is_always_passed_and_marks_compare_by_order() {
+        assert!(passed(0, 0));
+        assert!(!passed(0, 1));
+        assert!(passed(5, 5));
+        assert!(passed(6, 5));
+        assert!(!passed(4, 5));
     }
 }

@@ -1,14 +1,20 @@
 //! `GpuStreamOps`: the GPU does the waiting. `cuStreamWaitValue64` on the control block's counters (registered
 //! for the device) holds the caller's stream until a frame is published or released; `cuStreamWriteValue64`
 //! stores the counter after the stream's work. No CPU in the per-frame path: calls return once work is queued,
-//! and the run-ahead bound keeps the CPU at most `2 * slots` frames ahead of the stream.
+//! and the run-ahead bound keeps the CPU at most `max(2 * slots, 8)` frames ahead of the stream.
+//!
+//! CPU cost per frame: each call queues its operations as one `cuStreamBatchMemOp` (the producer's waits for
+//! every consumer, then the run-ahead mark; the publish write and its mark; a consumer's wait and its mark; the
+//! release write and its mark), and queues nothing when the CPU already sees the counter satisfied. The
+//! run-ahead reads the stream's progress from a word of host memory the stream writes: no event per frame.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
-use crate::driver::{Context, HostRegistration, Stream, WaitCondition, sys};
+use crate::driver::{Context, DeviceMemory, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys};
 use crate::frames::FrameError;
-use crate::frames::run_ahead::RunAhead;
+use crate::frames::run_ahead::{RunAhead, depth_for};
 use crate::ring::layout::{ControlBlockLayout, published_offset, released_offset};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::sys::shm::SharedObject;
@@ -47,9 +53,10 @@ impl Strategy for GpuStreamOps {
         let cuda = need_cuda(KIND, setup.cuda)?;
         Ok(Box::new(GpuProducer {
             registration: HostRegistration::new(cuda, setup.block)?,
-            run_ahead: RunAhead::new(cuda, 2 * setup.slots as usize)?,
+            run_ahead: RunAhead::new(cuda, depth_for(setup.slots))?,
             pending: Vec::new(),
-            done_below: 0,
+            scratch: MemOpScratch::default(),
+            waits: QueuedWaits::new(u64::from(setup.slots)),
         }))
     }
 
@@ -57,8 +64,50 @@ impl Strategy for GpuStreamOps {
         let cuda = need_cuda(KIND, setup.cuda)?;
         Ok(Box::new(GpuConsumer {
             registration: HostRegistration::new(cuda, setup.block)?,
-            run_ahead: RunAhead::new(cuda, 2 * setup.slots as usize)?,
+            run_ahead: RunAhead::new(cuda, depth_for(setup.slots))?,
+            scratch: MemOpScratch::default(),
         }))
+    }
+}
+
+/// The producer's batches of stream waits on consumers' counters that the stream may not have passed yet: what
+/// decides when a retired consumer record may be reused, and who holds up the stream.
+#[derive(Debug)]
+struct QueuedWaits {
+    slots: u64,
+    /// `(frame, mark)` per batch, oldest first: the batch queued for frame `frame`, followed by run-ahead mark
+    /// `mark`.
+    batches: VecDeque<(u64, u64)>,
+}
+
+impl QueuedWaits {
+    fn new(slots: u64) -> Self {
+        Self { slots, batches: VecDeque::new() }
+    }
+
+    /// Notes the batch of waits queued for `frame`, marked `mark`.
+    fn queued(&mut self, frame: u64, mark: u64) {
+        self.batches.push_back((frame, mark));
+    }
+
+    /// Forgets the batches the stream has passed (marks only grow, so they are the oldest).
+    fn passed(&mut self, progress: u64) {
+        while self.batches.front().is_some_and(|&(_, mark)| mark <= progress) {
+            self.batches.pop_front();
+        }
+    }
+
+    /// Whether no wait still queued can be on the counters of a consumer that left when the producer's next
+    /// sequence was `left_at`. Waits on its counters were queued while it counted, for frames up to
+    /// `left_at + slots - 1` (`Producer::drain` queues the next `slots` frames' waits); later ones never name it.
+    fn none_before(&self, left_at: u64, progress: u64) -> bool {
+        let last_frame = left_at.saturating_add(self.slots);
+        self.batches.iter().all(|&(frame, mark)| frame >= last_frame || mark <= progress)
+    }
+
+    /// The oldest frame whose waits the stream may still hold, if any.
+    fn oldest_pending(&self, progress: u64) -> Option<u64> {
+        self.batches.iter().filter(|&&(_, mark)| mark > progress).map(|&(frame, _)| frame).min()
     }
 }
 
@@ -66,8 +115,8 @@ struct GpuProducer {
     registration: HostRegistration<SharedObject<ControlBlockLayout>>,
     run_ahead: RunAhead,
     pending: Vec<ReleaseRequirement>,
-    /// Every frame below this has gone through the producer's stream.
-    done_below: u64,
+    scratch: MemOpScratch,
+    waits: QueuedWaits,
 }
 
 impl ProducerSide for GpuProducer {
@@ -80,8 +129,7 @@ impl ProducerSide for GpuProducer {
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
         self.run_ahead.before(seq, deadline)?;
-        // Frame `seq - depth` and all before it have gone through the stream.
-        self.done_below = self.done_below.max((seq + 1).saturating_sub(self.run_ahead.depth()));
+        self.waits.passed(self.run_ahead.progress());
         loop {
             self.pending.clear();
             match ring.pending_releases(Sequence(seq), &mut self.pending) {
@@ -90,13 +138,18 @@ impl ProducerSide for GpuProducer {
                 Err(e) => return Err(e.into()),
             }
         }
+        if self.pending.is_empty() {
+            // Every consumer already released the slot's previous frame, as the CPU sees: nothing to queue.
+            return Ok(());
+        }
+        let span = self.registration.span();
+        let mut batch = MemOpBatch::new(&mut self.scratch);
         for need in &self.pending {
-            self.registration.wait_value_u64(stream, need.offset, need.at_least, WaitCondition::AtLeast)?;
+            batch.wait_u64(&span, need.offset as u64, need.at_least, WaitCondition::AtLeast)?;
         }
-        if !self.pending.is_empty() {
-            // Marks the waits, so that teardown can tell when the stream is past them (see `settle`).
-            self.run_ahead.mark_tail(stream)?;
-        }
+        // The batch ends with a mark, so that teardown can tell when the stream is past the waits (see `settle`).
+        self.run_ahead.submit(batch, stream, None)?;
+        self.waits.queued(seq, self.run_ahead.last_mark());
         Ok(())
     }
 
@@ -109,22 +162,25 @@ impl ProducerSide for GpuProducer {
         _gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        self.registration.write_value_u64(stream, published_offset(SlotIndex(slot)), Sequence(seq).done_value())?;
-        self.run_ahead.after(seq, stream)?;
+        let span = self.registration.span();
+        let mut batch = MemOpBatch::new(&mut self.scratch);
+        batch.write_u64(&span, published_offset(SlotIndex(slot)) as u64, Sequence(seq).done_value())?;
+        self.run_ahead.submit(batch, stream, Some(seq))?;
         Ok(ring.advance(Sequence(seq))?)
     }
 
     fn record_reusable(&self, left_at: u64) -> bool {
         // The stream may still hold waits on the record's counters, queued before the consumer left; a new owner
         // starts them at 0, which would hold the stream forever.
-        left_at <= self.done_below
+        self.waits.none_before(left_at, self.run_ahead.progress())
     }
 
     fn holding_up(&self, ring: &ProducerControl, seq: u64, out: &mut Vec<ConsumerId>) {
         // The stream is stuck behind a wait queued for some frame in flight: whoever has not released for any of
         // them holds it up.
+        let first = self.waits.oldest_pending(self.run_ahead.progress()).map_or(seq, |frame| frame.min(seq));
         let mut pending = Vec::new();
-        for s in self.done_below..=seq {
+        for s in first..=seq {
             pending.clear();
             if ring.pending_releases(Sequence(s), &mut pending).is_ok() {
                 out.extend(pending.iter().map(|p| p.consumer));
@@ -147,12 +203,13 @@ impl ProducerSide for GpuProducer {
 struct GpuConsumer {
     registration: HostRegistration<SharedObject<ControlBlockLayout>>,
     run_ahead: RunAhead,
+    scratch: MemOpScratch,
 }
 
 impl ConsumerSide for GpuConsumer {
     fn wait_frame(
         &mut self,
-        _shared: &ConsumerShared,
+        shared: &ConsumerShared,
         seq: Sequence,
         slot: SlotIndex,
         stream: Option<&Stream>,
@@ -160,9 +217,16 @@ impl ConsumerSide for GpuConsumer {
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
         self.run_ahead.before(seq.0, deadline)?;
-        self.registration.wait_value_u64(stream, published_offset(slot), seq.done_value(), WaitCondition::AtLeast)?;
-        // Marks the wait, so that teardown can tell when the stream is past it (see `settle`).
-        Ok(self.run_ahead.mark_tail(stream)?)
+        if matches!(shared.ring.is_published(seq), Ok(true)) {
+            // Published already, as the CPU sees (an acquire load of the counter the producer's stream wrote after
+            // a system-wide memory barrier): work queued from now on reads the frame, as with the CPU strategies.
+            return Ok(());
+        }
+        let span = self.registration.span();
+        let mut batch = MemOpBatch::new(&mut self.scratch);
+        batch.wait_u64(&span, published_offset(slot) as u64, seq.done_value(), WaitCondition::AtLeast)?;
+        // The batch ends with a mark, so that teardown can tell when the stream is past the wait (see `settle`).
+        Ok(self.run_ahead.submit(batch, stream, None)?)
     }
 
     fn release(
@@ -175,8 +239,10 @@ impl ConsumerSide for GpuConsumer {
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
         let offset = released_offset(shared.ring.id().index(), slot);
-        self.registration.write_value_u64(stream, offset, seq.done_value())?;
-        self.run_ahead.after(seq.0, stream)?;
+        let span = self.registration.span();
+        let mut batch = MemOpBatch::new(&mut self.scratch);
+        batch.write_u64(&span, offset as u64, seq.done_value())?;
+        self.run_ahead.submit(batch, stream, Some(seq.0))?;
         // The stream's wait for this frame may have been satisfied by the poison written when the producer
         // died, not by the frame: say so, so the caller discards what it computed from it.
         if shared.hung_up() && !shared.published_before_hang_up(seq.0) {
@@ -190,5 +256,49 @@ impl ConsumerSide for GpuConsumer {
 
     fn settle(&mut self, deadline: Instant) -> bool {
         self.run_ahead.settle(deadline).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passed_wait_batches_are_forgotten_oldest_first() {
+        let mut waits = QueuedWaits::new(2);
+        waits.queued(10, 3);
+        waits.queued(11, 5);
+        waits.queued(12, 7);
+        waits.passed(5);
+        assert_eq!(waits.batches, [(12, 7)]);
+        waits.passed(100);
+        assert!(waits.batches.is_empty());
+    }
+
+    #[test]
+    fn a_record_is_reusable_once_no_wait_queued_while_its_consumer_counted_can_remain() {
+        let mut waits = QueuedWaits::new(2);
+        // Waits for frames 10..=13 (13 by a drain at next sequence 12), marks 1..=4.
+        for (frame, mark) in [(10, 1), (11, 2), (12, 3), (13, 4)] {
+            waits.queued(frame, mark);
+        }
+        // A consumer that left at next sequence 12 may be named by waits up to frame 13.
+        assert!(!waits.none_before(12, 3), "frame 13's waits are still queued");
+        assert!(waits.none_before(12, 4));
+        // One that left at 10 only by waits up to frame 11.
+        assert!(!waits.none_before(10, 1));
+        assert!(waits.none_before(10, 2));
+        // Nothing queued: reusable at once.
+        assert!(QueuedWaits::new(2).none_before(0, 0));
+    }
+
+    #[test]
+    fn the_oldest_pending_frame_is_the_first_whose_mark_the_stream_has_not_passed() {
+        let mut waits = QueuedWaits::new(4);
+        waits.queued(20, 8);
+        waits.queued(21, 9);
+        assert_eq!(waits.oldest_pending(7), Some(20));
+        assert_eq!(waits.oldest_pending(8), Some(21));
+        assert_eq!(waits.oldest_pending(9), None);
     }
 }
