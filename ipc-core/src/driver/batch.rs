@@ -191,4 +191,31 @@ mod tests {
         assert_eq!(bounds(256), [(0, 255), (255, 256)]);
         assert_eq!(bounds(600), [(0, 255), (255, 510), (510, 600)]);
     }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_batch_runs_its_waits_and_writes_in_order_on_the_gpu() {
+        use super::super::{Context, DeviceBuffer, DeviceMemory};
+        let ctx = Context::for_ordinal(0).unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let words = DeviceBuffer::alloc(&ctx, 8 * 600).unwrap();
+        words.write(0, &[0u64; 600]).unwrap();
+        let span = words.span();
+        let mut scratch = MemOpScratch::default();
+        // Word 0 = 5, then a wait that only its write satisfies, then word 1 = 7; then 598 writes (three calls).
+        let mut batch = MemOpBatch::new(&mut scratch);
+        batch.write_u64(&span, 0, 5).unwrap();
+        batch.wait_u64(&span, 0, 5, WaitCondition::AtLeast).unwrap();
+        batch.write_u64(&span, 8, 7).unwrap();
+        for i in 2..600u64 {
+            batch.write_u64(&span, 8 * i, 1000 + i).unwrap();
+        }
+        assert_eq!(batch.len(), 601);
+        batch.submit(&stream).unwrap();
+        stream.synchronize().unwrap();
+        let mut back = [0u64; 600];
+        words.read(0, &mut back).unwrap();
+        assert_eq!(&back[..2], [5, 7]);
+        assert!((2..600).all(|i| back[i] == 1000 + i as u64));
+    }
 }

@@ -208,6 +208,7 @@ fn passed(progress: u64, mark: u64) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -226,5 +227,27 @@ mod tests {
         assert!(passed(5, 5));
         assert!(passed(6, 5));
         assert!(!passed(4, 5));
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn the_stream_reports_its_marks_and_the_bound_waits_for_them() {
+        use crate::driver::MemOpScratch;
+        let ctx = Context::for_ordinal(0).unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let run_ahead = RunAhead::new(&ctx, 2).unwrap();
+        let soon = || Instant::now() + Duration::from_secs(5);
+        run_ahead.settle(soon()).unwrap();
+        for seq in 0..6 {
+            run_ahead.before(seq, soon()).unwrap();
+            let mut scratch = MemOpScratch::default();
+            run_ahead.submit(MemOpBatch::new(&mut scratch), &stream, Some(seq)).unwrap();
+        }
+        run_ahead.mark_tail(&stream).unwrap();
+        assert_eq!(run_ahead.last_mark(), 7);
+        run_ahead.settle(soon()).unwrap();
+        assert_eq!(run_ahead.progress(), 7);
+        run_ahead.drain(&stream, soon()).unwrap();
+        assert_eq!(run_ahead.progress(), 8);
     }
 }
