@@ -26,8 +26,10 @@ use crate::probe::regions::{HandleMessage, ImportedRegion};
 /// The child role of every consumer process of the bench.
 pub const CONSUMER_ROLE: &str = "bench-consumer";
 
-/// Frames a consumer may have queued before it waits for the oldest to finish (the completion clock's depth).
-const IN_FLIGHT: usize = 16;
+/// Frames a consumer may have queued before it waits for the oldest to finish (the completion clock's depth): above
+/// the deepest run-ahead of the library (2 x 32 slots), so that the clock never holds the consumer back or spins
+/// where the library itself would not.
+const IN_FLIGHT: usize = 128;
 
 /// What a consumer process is asked to do (the task's parameters).
 #[derive(Debug, Clone, Serialize, Deserialize)]
