@@ -33,14 +33,19 @@ static __device__ __forceinline__ void ring_store_release_sys(unsigned long long
 }
 
 // Waits until counters[first_word + i * word_stride] >= target for every bit i set in `mask`, or until
-// %globaltimer has advanced `timeout_ns` past the kernel's start. Then stores into *outcome, with st.release.sys,
-// `outcome_value` when every counter got there, or `outcome_value | 2^63` when the deadline passed first. Only the
-// first thread of the first block works; launch it with one thread. The host checks that every word the mask can
-// name lies inside the span it passes as `counters`.
+// %globaltimer has advanced `timeout_ns` past the kernel's start, or until *abort is non-zero (read at the start and
+// every RING_ABORT_CHECK polls). Then stores into *outcome, with st.release.sys, `outcome_value` when every counter
+// got there, or `outcome_value | 2^63` when it gave up; giving up also stores 1 into *abort, so the polls queued
+// behind this one give up at once (the host sets *abort too, at teardown). Only the first thread of the first block
+// works; launch it with one thread. The host checks that every word the mask can name lies inside the span it
+// passes as `counters`.
+#define RING_ABORT_CHECK 1024u
+
 extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters, unsigned long long first_word,
                                              unsigned long long word_stride, unsigned int mask,
                                              unsigned long long target, unsigned long long timeout_ns,
-                                             unsigned long long* outcome, unsigned long long outcome_value)
+                                             unsigned long long* outcome, unsigned long long outcome_value,
+                                             unsigned long long* abort)
 {
     if (threadIdx.x != 0 || blockIdx.x != 0) {
         return;
@@ -48,18 +53,23 @@ extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters,
     unsigned long long start = ring_globaltimer();
     // Saturating: a huge timeout means "no deadline" rather than a deadline in the past.
     unsigned long long deadline = start + timeout_ns < start ? ~0ull : start + timeout_ns;
-    bool timed_out = false;
-    for (unsigned int bits = mask; bits != 0 && !timed_out; bits &= bits - 1) {
+    bool gave_up = ring_load_acquire_sys(abort) != 0;
+    for (unsigned int bits = mask; bits != 0 && !gave_up; bits &= bits - 1) {
         unsigned int i = (unsigned int)(__ffs((int)bits) - 1);
         const unsigned long long* word = counters + first_word + (unsigned long long)i * word_stride;
+        unsigned int polls = 0;
         while (ring_load_acquire_sys(word) < target) {
-            if (ring_globaltimer() >= deadline) {
-                timed_out = true;
+            if (ring_globaltimer() >= deadline ||
+                (++polls % RING_ABORT_CHECK == 0 && ring_load_acquire_sys(abort) != 0)) {
+                gave_up = true;
                 break;
             }
         }
     }
-    ring_store_release_sys(outcome, timed_out ? (outcome_value | RING_TIMED_OUT) : outcome_value);
+    if (gave_up) {
+        ring_store_release_sys(abort, 1);
+    }
+    ring_store_release_sys(outcome, gave_up ? (outcome_value | RING_TIMED_OUT) : outcome_value);
 }
 
 // Stores `value` into *counter with st.release.sys: every write of the work queued before this kernel on its stream

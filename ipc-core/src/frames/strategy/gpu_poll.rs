@@ -10,11 +10,12 @@
 //!
 //! Every poll is bounded by `%globaltimer`: the kernel gives up [`gpu_budget`] after it starts (twice what was left
 //! of the caller's timeout, plus a second, so the CPU's own bounded waits and the producer's eviction act first)
-//! and stores the outcome, satisfied or timed out, into this side's outcome word for the frame. The CPU reads the
-//! outcome words at every call; a timed-out poll means the stream went on without the counter it waited for, so the
-//! side fails from then on (a typed error: [`FrameError::ProducerGone`] when the producer is gone, else
-//! [`FrameError::Timeout`] that says to attach or create again). A dead peer's POISON (`2^62`) satisfies every
-//! poll (the comparison is unsigned `>=`), so the watchdog still ends them at once.
+//! and stores the outcome, satisfied or gave up, into this side's outcome word for the frame. Giving up also sets
+//! the side's abort word, so the polls queued behind it give up at once (teardown sets it too: see `settle`). The
+//! CPU reads the outcome words at every call; a poll that gave up means the stream went on without the counter it
+//! waited for, so the side fails from then on (a typed error: [`FrameError::ProducerGone`] when the producer is
+//! gone, else [`FrameError::Timeout`] that says to attach or create again). A dead peer's POISON (`2^62`)
+//! satisfies every poll (the comparison is unsigned `>=`), so the watchdog still ends them at once.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -51,7 +52,10 @@ const TIMED_OUT: u64 = 1 << 63;
 /// Outcome words per side: one per frame in flight, and at most `2 * MAX_SLOTS` frames are in flight.
 const OUTCOME_WORDS: usize = 2 * MAX_SLOTS as usize;
 
-/// Bytes of the outcome words' memfd: 64 KiB, a whole number of pages on every Linux page size, as
+/// The index of the side's abort word, after the outcome words: non-zero makes every poll give up.
+const ABORT_WORD: usize = OUTCOME_WORDS;
+
+/// Bytes of the status words' memfd: 64 KiB, a whole number of pages on every Linux page size, as
 /// `cuMemHostRegister` wants (as for the control block).
 const OUTCOME_BYTES: usize = 64 * 1024;
 
@@ -242,16 +246,16 @@ fn first_timed_out(words: impl Iterator<Item = u64>) -> Option<u64> {
     words.filter(|word| word & TIMED_OUT != 0).map(|word| (word & !TIMED_OUT).saturating_sub(1)).min()
 }
 
-/// The outcome words of one side: host memory registered for the device, where each poll stores whether it was
-/// satisfied. The CPU side only loads them (atomics).
-type Outcomes = [AtomicU64; OUTCOME_WORDS];
+/// The status words of one side, host memory registered for the device: an outcome word per frame in flight,
+/// where each poll stores whether it was satisfied, then the abort word. The CPU side reaches them only as atomics.
+type StatusWords = [AtomicU64; OUTCOME_WORDS + 1];
 
 /// What both sides share: the kernels, the registered control block, the outcome words, the run-ahead bound.
 struct Poller {
     wait: Function,
     release: Function,
     block: HostRegistration<SharedObject<ControlBlockLayout>>,
-    outcomes: HostRegistration<SharedObject<Outcomes>>,
+    status: HostRegistration<SharedObject<StatusWords>>,
     run_ahead: RunAhead,
     /// The budget each outcome word's poll was given, for errors.
     budgets: Vec<Duration>,
@@ -280,13 +284,13 @@ impl Poller {
                 setup.slots
             )));
         }
-        let memory = SharedMemory::create("gpu-ipc-poll-outcomes", OUTCOME_BYTES).map_err(RingError::from)?;
-        let outcomes = Arc::new(SharedObject::<Outcomes>::new(memory).map_err(RingError::from)?);
+        let memory = SharedMemory::create("gpu-ipc-poll-status", OUTCOME_BYTES).map_err(RingError::from)?;
+        let status = Arc::new(SharedObject::<StatusWords>::new(memory).map_err(RingError::from)?);
         Ok(Self {
             wait: module.function(WAIT_KERNEL)?,
             release: module.function(RELEASE_KERNEL)?,
             block: HostRegistration::new(cuda, setup.block)?,
-            outcomes: HostRegistration::new(cuda, outcomes)?,
+            status: HostRegistration::new(cuda, status)?,
             run_ahead: RunAhead::new(cuda, depth)?,
             budgets: vec![Duration::ZERO; depth.max(1)],
             failed: None,
@@ -297,7 +301,8 @@ impl Poller {
     /// passed (the words of frames still queued hold an older frame's outcome, or 0).
     fn timed_out(&mut self) -> Option<(u64, Duration)> {
         if self.failed.is_none() {
-            let words = self.outcomes.memory().get().iter().map(|word| word.load(Ordering::Acquire));
+            let outcomes = &self.status.memory().get()[..OUTCOME_WORDS];
+            let words = outcomes.iter().map(|word| word.load(Ordering::Acquire));
             if let Some(frame) = first_timed_out(words) {
                 let budget = self.budgets[(frame % self.run_ahead.depth()) as usize];
                 tracing::error!(frame, ?budget, "gpu-poll: a poll kernel gave up at its deadline");
@@ -336,7 +341,9 @@ impl Poller {
             )));
         }
         let index = (seq % self.run_ahead.depth()) as usize;
-        let outcome = self.outcomes.span().slice(index as u64 * 8, 8)?;
+        let status = self.status.span();
+        let outcome = status.slice(index as u64 * 8, 8)?;
+        let abort = status.slice(ABORT_WORD as u64 * 8, 8)?;
         let budget = gpu_budget(deadline.saturating_duration_since(Instant::now()));
         self.budgets[index] = budget;
         let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
@@ -352,9 +359,17 @@ impl Poller {
                 KernelArg::U64(budget_ns),
                 KernelArg::Span(outcome),
                 KernelArg::U64(seq + 1),
+                KernelArg::Span(abort),
             ],
         )?;
         Ok(())
+    }
+
+    /// Makes every poll of this side give up (those running within about a thousand polls, those queued at once),
+    /// then waits until `deadline` for the stream to pass the marks: teardown, after which the side is not used.
+    fn abort_and_settle(&self, deadline: Instant) -> bool {
+        self.status.memory().get()[ABORT_WORD].store(1, Ordering::Release);
+        self.run_ahead.settle(deadline).is_ok()
     }
 
     /// Queues on `stream`, after its earlier work, a store of `value` into the counter at byte `offset` of the
@@ -480,7 +495,7 @@ impl ProducerSide for PollProducer {
     }
 
     fn settle(&mut self, deadline: Instant) -> bool {
-        self.poller.run_ahead.settle(deadline).is_ok()
+        self.poller.abort_and_settle(deadline)
     }
 }
 
@@ -549,7 +564,7 @@ impl ConsumerSide for PollConsumer {
     }
 
     fn settle(&mut self, deadline: Instant) -> bool {
-        self.poller.run_ahead.settle(deadline).is_ok()
+        self.poller.abort_and_settle(deadline)
     }
 }
 
