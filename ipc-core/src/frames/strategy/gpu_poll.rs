@@ -14,7 +14,7 @@
 //! the side's abort word, so the polls queued behind it give up at once (teardown sets it too: see `settle`). The
 //! CPU reads the outcome words at every call; a poll that gave up means the stream went on without the counter it
 //! waited for, so the side fails from then on (a typed error: [`FrameError::ProducerGone`] when the producer is
-//! gone, else [`FrameError::Timeout`] that says to attach or create again). A dead peer's POISON (`2^62`)
+//! gone, else [`FrameError::GpuWaitGaveUp`], which says to attach or create again). A dead peer's POISON (`2^62`)
 //! satisfies every poll (the comparison is unsigned `>=`), so the watchdog still ends them at once.
 
 use std::ffi::OsStr;
@@ -400,11 +400,12 @@ impl PollProducer {
     fn check_polls(&mut self) -> Result<(), FrameError> {
         match self.poller.timed_out() {
             None => Ok(()),
-            Some((frame, waited)) => Err(FrameError::Timeout {
+            // Not a `Timeout`: `acquire` would take it for a slow consumer and evict.
+            Some((frame, waited)) => Err(FrameError::GpuWaitGaveUp {
                 what: format!(
-                    "the consumers to release the slot of frame {frame}: the gpu-poll kernel gave up at its deadline \
-                     and the stream went on, so that frame may have overwritten one a consumer was still reading; \
-                     create the producer again (and give acquire a longer timeout)"
+                    "the consumers to release the slot of frame {frame} (gpu-poll); the stream went on, so that \
+                     frame may have overwritten one a consumer was still reading: create the producer again (and \
+                     give acquire a longer timeout)"
                 ),
                 waited,
             }),
@@ -514,11 +515,11 @@ impl PollConsumer {
             )));
         }
         shared.ring.check_producer().map_err(|e| shared.map_ring(e, &format!("frame {frame}")))?;
-        Err(FrameError::Timeout {
+        Err(FrameError::GpuWaitGaveUp {
             what: format!(
-                "frame {frame} on the GPU: the gpu-poll kernel gave up at its deadline (twice the caller's timeout \
-                 plus {GRACE:?}) and the stream went on without the frame, so frames from {frame} on are not valid; \
-                 detach and attach again (and give next_frame a longer timeout)"
+                "frame {frame} (gpu-poll: twice the caller's timeout plus {GRACE:?}); the stream went on without it, \
+                 so frames from {frame} on are not valid: detach and attach again (and give next_frame a longer \
+                 timeout)"
             ),
             waited,
         })
