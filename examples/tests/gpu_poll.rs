@@ -1,8 +1,9 @@
 //! The `gpu-poll` strategy on a GPU: polling kernels (`ld.acquire.sys`, bounded by `%globaltimer`) and release
 //! kernels (`st.release.sys`) move verified frames between a producer and two consumers; a silent producer makes
-//! the consumer's poll give up in bounded time, a producer that goes away ends it at once (the watchdog's poison),
-//! and teardown never waits out a poll. One process, the VMM backend (which may import its own export), so MPS is
-//! not needed: `GPU_IPC_ASSUME_MPS=1` is set here unless the environment already sets it. Ignored without a GPU.
+//! the consumer's poll give up in bounded time, a killed producer (the `producer` example, SIGKILLed) ends it at
+//! once (the watchdog's poison), and teardown never waits out a poll. The VMM backend; producer and consumers in one
+//! process (it may import its own export) except for the kill, so MPS is not needed: `GPU_IPC_ASSUME_MPS=1` is set
+//! here (and for the child) unless the environment already sets it. Ignored without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -164,28 +165,86 @@ fn a_silent_producer_makes_the_consumers_poll_give_up_in_bounded_time() {
     drop(producer);
 }
 
+/// The `producer` example, as nextest names it when it replays an archive, or as cargo built it.
+fn producer_exe() -> PathBuf {
+    std::env::var_os("NEXTEST_BIN_EXE_producer")
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_producer")), PathBuf::from)
+}
+
+/// A child process, SIGKILLed when dropped (so a failing test leaves nothing running).
+struct Child(std::process::Child);
+
+impl Child {
+    fn kill9(&mut self) {
+        let pid = rustix::process::Pid::from_child(&self.0);
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn a_producer_that_goes_away_ends_the_consumers_poll_at_once() {
+fn a_killed_producer_ends_the_consumers_poll_with_producer_gone() {
     assume_mps();
+    let sock = socket("killed");
+    let args = ["--backend", "vmm", "--sync", "gpu-poll", "--slots", "2", "--consumers", "1", "--frames", "0"];
+    let mut child = Child(
+        std::process::Command::new(producer_exe())
+            .args(args)
+            .args(["--width", "1280", "--height", "720", "--socket", sock.to_str().unwrap()])
+            .env(ASSUME_MPS, "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let ctx = Context::for_ordinal(0).unwrap();
     ctx.bind().unwrap();
-    let mut producer = producer(&ctx, "gone", 2);
-    let mut consumer = attach(&ctx, &mut producer, "gone", 1).pop().unwrap();
-    let consumer_stream = Stream::new(&ctx).unwrap();
-    // Frame 0 is never published: the consumer's stream polls for it, with a 21 s budget.
-    let frame = consumer.next_frame(Some(&consumer_stream), T).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    assert!(!consumer_stream.is_idle().unwrap(), "the poll did not wait");
+    let options = AttachOptions { gpu_timeout: Duration::from_secs(2), ..AttachOptions::default() };
     let start = Instant::now();
-    drop(producer);
-    // The consumer's watchdog sees the hang-up and writes POISON (2^62) into `published`: the poll ends.
-    assert!(wait_idle(&consumer_stream, Duration::from_secs(2)), "POISON did not end the poll");
-    assert!(start.elapsed() < Duration::from_secs(2));
-    match consumer.release(frame, Some(&consumer_stream)) {
-        Err(FrameError::ProducerGone { .. }) => {}
-        other => panic!("expected ProducerGone, got {other:?}"),
+    let mut consumer = loop {
+        match Consumer::<Vmm>::attach(&ctx, &sock, &options) {
+            Ok(consumer) => break consumer,
+            Err(e) if start.elapsed() < Duration::from_secs(30) => {
+                eprintln!("waiting for the producer: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("the producer never let us attach: {e}"),
+        }
+    };
+    let stream = Stream::new(&ctx).unwrap();
+    for _ in 0..20 {
+        let frame = consumer.next_frame(Some(&stream), T).unwrap();
+        consumer.release(frame, Some(&stream)).unwrap();
     }
+    assert!(wait_idle(&stream, T), "the first frames never came");
+    child.kill9();
+    // The consumer's watchdog sees the hang-up and writes POISON (2^62) into `published`: the poll for the first
+    // frame that never came ends at once (its own bound would be 3 s), and the consumer says the producer is gone.
+    let start = Instant::now();
+    let error = loop {
+        assert!(start.elapsed() < Duration::from_secs(2), "no ProducerGone within 2 s of the kill");
+        match consumer.next_frame(Some(&stream), Duration::from_secs(1)) {
+            Ok(frame) => {
+                if let Err(e) = consumer.release(frame, Some(&stream)) {
+                    break e;
+                }
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(error, FrameError::ProducerGone { .. }), "{error:?}");
+    assert!(wait_idle(&stream, Duration::from_secs(2)), "POISON did not end the poll");
+    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
     drop(consumer);
 }
 
