@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compiles kernels/cuda/*.cu with the pinned NVRTC into kernels/generated/ (cubins, PTX, manifest.json).
-#   scripts/gen-kernels.sh          regenerate and replace kernels/generated/
+# Compiles kernels/cuda/*.cu with the pinned NVRTC (cubins, PTX, manifest.json): the ring's sync kernels
+# (kernels/cuda/ring_*.cu) into ipc-core/ring-kernels/, which ipc-core embeds; all others into kernels/generated/.
+#   scripts/gen-kernels.sh          regenerate and replace both folders
 #   scripts/gen-kernels.sh --check  regenerate into a temp dir; fail if the committed files differ
 # Needs: python3 (3.11, standard library) with pip for the pinned wheel; no GPU and no CUDA toolkit.
 # See docs/kernels.md.
@@ -8,6 +9,7 @@ source "$(dirname "$0")/toolchain.sh"
 need_nvrtc
 
 OUT="$ROOT/kernels/generated"
+RING_OUT="$ROOT/ipc-core/ring-kernels"
 MODE="${1:-write}"
 case "$MODE" in
     write | --check) ;;
@@ -25,18 +27,29 @@ python3 "$ROOT/scripts/gen_kernels.py" \
     --wheel "$NVRTC_WHEEL" \
     --wheel-sha256 "$NVRTC_SHA256" \
     --root "$ROOT" \
-    --out "$TMP/generated"
+    --out "$TMP/generated" \
+    --ring-out "$TMP/ring-kernels"
 
 if [ "$MODE" = "--check" ]; then
-    if ! diff -r "$OUT" "$TMP/generated" >&2; then
-        echo "gen-kernels: kernels/generated/ is out of date with kernels/cuda/ or the pinned NVRTC;" >&2
-        echo "  run scripts/gen-kernels.sh and commit kernels/generated/" >&2
+    stale=0
+    for pair in "$OUT:$TMP/generated" "$RING_OUT:$TMP/ring-kernels"; do
+        committed="${pair%%:*}"
+        if ! diff -r "$committed" "${pair#*:}" >&2; then
+            echo "gen-kernels: ${committed#"$ROOT"/}/ is out of date with kernels/cuda/ or the pinned NVRTC;" >&2
+            stale=1
+        fi
+    done
+    if [ "$stale" = 1 ]; then
+        echo "  run scripts/gen-kernels.sh and commit kernels/generated/ and ipc-core/ring-kernels/" >&2
         exit 1
     fi
-    echo "gen-kernels: kernels/generated/ is up to date"
+    echo "gen-kernels: kernels/generated/ and ipc-core/ring-kernels/ are up to date"
 else
-    rm -rf "$OUT"
-    mkdir -p "$(dirname "$OUT")"
-    cp -r "$TMP/generated" "$OUT"
-    echo "gen-kernels: wrote $(find "$OUT" -type f | wc -l) files to kernels/generated/"
+    for pair in "$OUT:$TMP/generated" "$RING_OUT:$TMP/ring-kernels"; do
+        committed="${pair%%:*}"
+        rm -rf "$committed"
+        mkdir -p "$(dirname "$committed")"
+        cp -r "${pair#*:}" "$committed"
+        echo "gen-kernels: wrote $(find "$committed" -type f | wc -l) files to ${committed#"$ROOT"/}/"
+    done
 fi

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Compiles kernels/cuda/*.cu with NVRTC (through ctypes) into the images gpu-ipc embeds.
 
-Called by scripts/gen-kernels.sh, which fetches the pinned NVRTC wheel and passes its library path. Writes into
---out: one cubin per architecture in CUBIN_ARCHS, one PTX for PTX_ARCH, and manifest.json describing them.
+Called by scripts/gen-kernels.sh, which fetches the pinned NVRTC wheel and passes its library path. Two programs,
+each written as one cubin per architecture in CUBIN_ARCHS, one PTX for PTX_ARCH, and manifest.json describing them:
+  - the gpu-ipc-kernels crate's program, every kernels/cuda/*.cu except ring_*.cu, into --out;
+  - the ring's sync kernels, kernels/cuda/ring_*.cu, into --ring-out, which ipc-core embeds (ipc-core cannot
+    depend on the kernels crate, which depends on it).
 Python 3.11 standard library only. The output is byte-for-byte deterministic: no paths, times or host names go
-into the program or the manifest.
+into the programs or the manifests.
 """
 
 import argparse
@@ -20,8 +23,11 @@ PTX_ARCH = "compute_75"
 # NVRTC's defaults already optimise fully (the equivalent of nvcc -O3); --dopt=on says so explicitly. No
 # -lineinfo and no -G: the images carry no source paths or debug sections.
 COMMON_FLAGS = ["--std=c++17", "--dopt=on"]
-# The name NVRTC records for the translation unit; fixed so the output does not depend on the checkout path.
+# The names NVRTC records for the translation units; fixed so the output does not depend on the checkout path.
 PROGRAM_NAME = "gpu_ipc_kernels.cu"
+RING_PROGRAM_NAME = "gpu_ipc_ring_kernels.cu"
+# Sources of the ring's program (kernels/cuda/ring_*.cu); every other .cu belongs to the kernels crate's.
+RING_PREFIX = "ring_"
 # The kernels, read from the PTX the compiler made (so kernels that a macro defines are listed too).
 ENTRY_RE = re.compile(rb"^\.visible \.entry (\w+)\(", re.MULTILINE)
 
@@ -79,12 +85,12 @@ class Nvrtc:
         self.check(get_fn, getattr(self.lib, get_fn)(prog, buf))
         return buf.raw
 
-    def compile(self, source: bytes, flags: list[str], kind: str) -> bytes:
+    def compile(self, source: bytes, name: str, flags: list[str], kind: str) -> bytes:
         """Compiles one program; returns the cubin, or the PTX without its terminating NUL."""
         prog = ctypes.c_void_p()
         self.check(
             "nvrtcCreateProgram",
-            self.lib.nvrtcCreateProgram(ctypes.byref(prog), source, PROGRAM_NAME.encode(), 0, None, None),
+            self.lib.nvrtcCreateProgram(ctypes.byref(prog), source, name.encode(), 0, None, None),
         )
         try:
             argv = (ctypes.c_char_p * len(flags))(*[f.encode() for f in flags])
@@ -115,53 +121,29 @@ def translation_unit(root: pathlib.Path, sources: list[pathlib.Path]) -> bytes:
     return b"".join(parts)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nvrtc", required=True, help="path of libnvrtc.so.12")
-    parser.add_argument("--package", required=True, help="pip spec of the NVRTC wheel, for the manifest")
-    parser.add_argument("--wheel", required=True, help="file name of the NVRTC wheel, for the manifest")
-    parser.add_argument("--wheel-sha256", required=True, help="sha256 of the NVRTC wheel, for the manifest")
-    parser.add_argument("--root", required=True, type=pathlib.Path, help="repository root")
-    parser.add_argument("--out", required=True, type=pathlib.Path, help="directory to write the images into")
-    args = parser.parse_args()
-
-    root = args.root.resolve()
-    sources = sorted((root / "kernels" / "cuda").glob("*.cu"))
-    if not sources:
-        print(f"gen_kernels: no .cu sources under {root / 'kernels' / 'cuda'}", file=sys.stderr)
-        return 1
+def build(
+    nvrtc: Nvrtc, root: pathlib.Path, sources: list[pathlib.Path], name: str, out: pathlib.Path, toolchain: dict
+) -> None:
+    """Compiles `sources` as one program named `name` for every architecture; writes the images and the manifest."""
     program = translation_unit(root, sources)
-
-    try:
-        nvrtc = Nvrtc(args.nvrtc)
-        nvrtc_version = nvrtc.version()
-        jobs = [(arch, "cubin", f"{arch}.cubin") for arch in CUBIN_ARCHS]
-        jobs.append((PTX_ARCH, "ptx", f"{PTX_ARCH}.ptx"))
-        images = []
-        args.out.mkdir(parents=True, exist_ok=True)
-        for arch, kind, file in jobs:
-            flags = [f"--gpu-architecture={arch}", *COMMON_FLAGS]
-            data = nvrtc.compile(program, flags, kind)
-            if kind == "ptx":
-                kernels = sorted(name.decode() for name in ENTRY_RE.findall(data))
-            (args.out / file).write_bytes(data)
-            images.append(
-                {"file": file, "kind": kind, "arch": arch, "flags": flags, "size": len(data), "sha256": sha256(data)}
-            )
-    except NvrtcError as e:
-        print(f"gen_kernels: {e}", file=sys.stderr)
-        return 1
-
+    jobs = [(arch, "cubin", f"{arch}.cubin") for arch in CUBIN_ARCHS]
+    jobs.append((PTX_ARCH, "ptx", f"{PTX_ARCH}.ptx"))
+    images = []
+    kernels = []
+    out.mkdir(parents=True, exist_ok=True)
+    for arch, kind, file in jobs:
+        flags = [f"--gpu-architecture={arch}", *COMMON_FLAGS]
+        data = nvrtc.compile(program, name, flags, kind)
+        if kind == "ptx":
+            kernels = sorted(entry.decode() for entry in ENTRY_RE.findall(data))
+        (out / file).write_bytes(data)
+        images.append(
+            {"file": file, "kind": kind, "arch": arch, "flags": flags, "size": len(data), "sha256": sha256(data)}
+        )
     manifest = {
         "generator": "scripts/gen-kernels.sh",
-        "toolchain": {
-            "compiler": "NVRTC",
-            "package": args.package,
-            "wheel": args.wheel,
-            "wheel_sha256": args.wheel_sha256,
-            "nvrtc_version": nvrtc_version,
-        },
-        "program_name": PROGRAM_NAME,
+        "toolchain": toolchain,
+        "program_name": name,
         "common_flags": COMMON_FLAGS,
         "sources": [
             {"file": src.relative_to(root).as_posix(), "sha256": sha256(src.read_bytes())} for src in sources
@@ -169,9 +151,45 @@ def main() -> int:
         "kernels": kernels,
         "images": images,
     }
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     for image in images:
-        print(f"gen_kernels: {image['file']:<16} {image['size']:>7} bytes", file=sys.stderr)
+        print(f"gen_kernels: {name}: {image['file']:<16} {image['size']:>7} bytes", file=sys.stderr)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nvrtc", required=True, help="path of libnvrtc.so.12")
+    parser.add_argument("--package", required=True, help="pip spec of the NVRTC wheel, for the manifest")
+    parser.add_argument("--wheel", required=True, help="file name of the NVRTC wheel, for the manifest")
+    parser.add_argument("--wheel-sha256", required=True, help="sha256 of the NVRTC wheel, for the manifest")
+    parser.add_argument("--root", required=True, type=pathlib.Path, help="repository root")
+    parser.add_argument("--out", required=True, type=pathlib.Path, help="directory for the kernels crate's images")
+    parser.add_argument("--ring-out", required=True, type=pathlib.Path, help="directory for the ring's images")
+    args = parser.parse_args()
+
+    root = args.root.resolve()
+    every = sorted((root / "kernels" / "cuda").glob("*.cu"))
+    sources = [src for src in every if not src.name.startswith(RING_PREFIX)]
+    ring_sources = [src for src in every if src.name.startswith(RING_PREFIX)]
+    for what, found in [("kernel", sources), (f"{RING_PREFIX}*", ring_sources)]:
+        if not found:
+            print(f"gen_kernels: no {what} .cu sources under {root / 'kernels' / 'cuda'}", file=sys.stderr)
+            return 1
+
+    try:
+        nvrtc = Nvrtc(args.nvrtc)
+        toolchain = {
+            "compiler": "NVRTC",
+            "package": args.package,
+            "wheel": args.wheel,
+            "wheel_sha256": args.wheel_sha256,
+            "nvrtc_version": nvrtc.version(),
+        }
+        build(nvrtc, root, sources, PROGRAM_NAME, args.out, toolchain)
+        build(nvrtc, root, ring_sources, RING_PROGRAM_NAME, args.ring_out, toolchain)
+    except NvrtcError as e:
+        print(f"gen_kernels: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

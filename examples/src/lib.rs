@@ -60,7 +60,8 @@ pub struct CommonArgs {
     pub json: bool,
 }
 
-/// Parses a sync strategy as the flags spell it: `cpu-spin`, `cpu-sleep`, `ipc-event`, `gpu-stream-ops`.
+/// Parses a sync strategy as the flags spell it: `cpu-spin`, `cpu-sleep`, `ipc-event`, `gpu-stream-ops`,
+/// `gpu-poll`.
 ///
 /// # Errors
 /// The list of valid names.
@@ -82,6 +83,7 @@ const SYNC_NAMES: &[(&str, SyncStrategy)] = &[
     ("cpu-sleep", SyncStrategy::CpuSleep),
     ("ipc-event", SyncStrategy::IpcEvent),
     ("gpu-stream-ops", SyncStrategy::GpuStreamOps),
+    ("gpu-poll", SyncStrategy::GpuPoll),
 ];
 
 fn sync_names() -> Vec<&'static str> {
@@ -197,7 +199,7 @@ mod tests {
             assert_eq!(parse_sync(name).unwrap(), *sync);
             assert_eq!(sync_name(*sync), *name);
         }
-        assert!(parse_sync("spin").unwrap_err().contains("cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops"));
+        assert!(parse_sync("spin").unwrap_err().contains("cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops, gpu-poll"));
     }
 
     #[test]

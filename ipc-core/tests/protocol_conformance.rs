@@ -218,7 +218,9 @@ fn the_code_tables_are_the_codes_the_implementation_uses() {
     for (name, code, _) in table(&text, "handle type") {
         assert_eq!(HandleType::from_code(code, "handle type").unwrap().to_string(), name);
     }
-    for (name, code, _) in table(&text, "sync strategy") {
+    let syncs = table(&text, "sync strategy");
+    assert_eq!(syncs.len(), 5);
+    for (name, code, _) in syncs {
         assert_eq!(SyncStrategy::from_code(code, "sync").unwrap().to_string(), name);
     }
     let formats = table(&text, "pixel format");

@@ -78,6 +78,11 @@ fn a_short_run_of_every_kind_of_row_reads_the_right_data() {
     for row in rows {
         let name = &row["row"];
         let outcome = &row["outcome"];
+        if row["spec"]["strategy"] == "gpu-poll" && outcome["status"] == "unavailable" {
+            // gpu-poll needs MPS; this test runs without it.
+            assert!(outcome["reason"].as_str().unwrap_or("").contains("MPS"), "{name}: {outcome}");
+            continue;
+        }
         assert_eq!(outcome["status"], "measured", "{name}: {outcome}");
         assert_eq!(outcome["mismatches"], 0, "{name}: {outcome}");
         let fps = outcome["fps"].as_f64().unwrap_or(0.0);

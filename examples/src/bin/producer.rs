@@ -32,7 +32,7 @@ use gpu_ipc_examples::{
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
-    /// Sync strategy: cpu-spin, cpu-sleep, ipc-event or gpu-stream-ops.
+    /// Sync strategy: cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops or gpu-poll (needs MPS).
     #[arg(long, default_value = "cpu-spin", value_parser = parse_sync)]
     sync: SyncStrategy,
     /// Ring slots.

@@ -38,6 +38,16 @@ pub enum FrameError {
         /// How long.
         waited: Duration,
     },
+    /// A GPU-side wait of the `gpu-poll` strategy gave up at its deadline (`%globaltimer`), so the stream went on
+    /// without what it waited for: the work queued after it is not valid, and this side fails from then on. Attach
+    /// (or create the producer) again, with a longer timeout.
+    #[error("the GPU gave up after {waited:?} waiting for {what}")]
+    GpuWaitGaveUp {
+        /// What was awaited, what it means, and what to do.
+        what: String,
+        /// How long the GPU waited (its budget).
+        waited: Duration,
+    },
     /// The ring's configuration is not usable.
     #[error("invalid ring configuration: {0}")]
     Config(String),

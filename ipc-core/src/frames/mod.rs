@@ -10,10 +10,11 @@
 //! | `CpuSleep` | CPU polls with short sleeps | CPU polls with short sleeps | yes |
 //! | `IpcEvent` | CPU sees the release, then polls the consumer's IPC event | CPU sees the publish, then polls the producer's IPC event | polling; streams never synchronised |
 //! | `GpuStreamOps` | `cuStreamWaitValue64` on the release counters | `cuStreamWaitValue64` on the publish counter | no |
+//! | `GpuPoll` (MPS only) | a kernel polls the release counters (`ld.acquire.sys`) | a kernel polls the publish counter | no |
 //!
-//! With `GpuStreamOps` the calls return as soon as the work is queued: the GPU does the waiting. A dead peer never
-//! hangs the survivor: a watchdog thread notices the hang-up on the rendezvous socket and writes a poison value
-//! into the counters the survivor's stream waits on (see `docs/ring.md`).
+//! With `GpuStreamOps` and `GpuPoll` the calls return as soon as the work is queued: the GPU does the waiting. A
+//! dead peer never hangs the survivor: a watchdog thread notices the hang-up on the rendezvous socket and writes a
+//! poison value into the counters the survivor's stream waits on (see `docs/ring.md`).
 //!
 //! Consumers are admitted off the frame path: the producer's admission thread owns the socket and every handshake
 //! in flight, each bounded by [`ProducerConfig::handshake_timeout`]; `acquire` and `publish` only take, without

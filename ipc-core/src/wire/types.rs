@@ -126,6 +126,9 @@ pub enum SyncStrategy {
     IpcEvent,
     /// `cuStreamWaitValue64` / `cuStreamWriteValue64` on the control block: no CPU per frame.
     GpuStreamOps,
+    /// A one-thread kernel polls the control block with `ld.acquire.sys` (bounded by `%globaltimer`) and another
+    /// publishes with `st.release.sys`: no CPU per frame; only where MPS runs.
+    GpuPoll,
 }
 
 impl SyncStrategy {
@@ -136,6 +139,7 @@ impl SyncStrategy {
             Self::CpuSleep => 2,
             Self::IpcEvent => 3,
             Self::GpuStreamOps => 4,
+            Self::GpuPoll => 5,
         }
     }
 
@@ -146,6 +150,7 @@ impl SyncStrategy {
             2 => Ok(Self::CpuSleep),
             3 => Ok(Self::IpcEvent),
             4 => Ok(Self::GpuStreamOps),
+            5 => Ok(Self::GpuPoll),
             _ => Err(WireError::UnknownCode { field, code: u32::from(code) }),
         }
     }
@@ -158,6 +163,7 @@ impl fmt::Display for SyncStrategy {
             Self::CpuSleep => "cpu-sleep",
             Self::IpcEvent => "ipc-event",
             Self::GpuStreamOps => "gpu-stream-ops",
+            Self::GpuPoll => "gpu-poll",
         })
     }
 }
@@ -397,9 +403,17 @@ mod tests {
         for h in [HandleType::LegacyIpc, HandleType::PosixFd, HandleType::HostMemfd] {
             assert_eq!(HandleType::from_code(h.code(), "h").unwrap(), h);
         }
-        for s in [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps] {
+        for s in [
+            SyncStrategy::CpuSpin,
+            SyncStrategy::CpuSleep,
+            SyncStrategy::IpcEvent,
+            SyncStrategy::GpuStreamOps,
+            SyncStrategy::GpuPoll,
+        ] {
             assert_eq!(SyncStrategy::from_code(s.code(), "s").unwrap(), s);
         }
+        assert_eq!((SyncStrategy::GpuPoll.code(), SyncStrategy::GpuPoll.to_string().as_str()), (5, "gpu-poll"));
+        assert!(matches!(SyncStrategy::from_code(6, "s"), Err(WireError::UnknownCode { field: "s", code: 6 })));
         for code in 1..=7 {
             assert_eq!(PixelFormat::from_code(code, "p").unwrap().code(), code);
         }

@@ -107,6 +107,10 @@ pub fn markdown_table(results: &PipelineResults) -> String {
             RowOutcome::Failed { reason } => {
                 let _ = writeln!(out, "| {} | failed | - | - | - | - | - | {} |", row.row, reason.replace('|', "/"));
             }
+            RowOutcome::Unavailable { reason } => {
+                let _ =
+                    writeln!(out, "| {} | unavailable | - | - | - | - | - | {} |", row.row, reason.replace('|', "/"));
+            }
         }
     }
     out

@@ -120,6 +120,11 @@ pub enum RowOutcome {
         /// The reason, in words.
         reason: String,
     },
+    /// It cannot run on this machine as it is (e.g. `gpu-poll` without MPS); why.
+    Unavailable {
+        /// The reason, in words.
+        reason: String,
+    },
 }
 
 /// One row's result.
@@ -138,7 +143,7 @@ impl RowResult {
     pub fn measured(&self) -> Option<&Measurement> {
         match &self.outcome {
             RowOutcome::Measured(m) => Some(m),
-            RowOutcome::Failed { .. } => None,
+            RowOutcome::Failed { .. } | RowOutcome::Unavailable { .. } => None,
         }
     }
 }

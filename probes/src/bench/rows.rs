@@ -72,19 +72,22 @@ pub enum Strategy {
     IpcEvent,
     /// `SyncStrategy::GpuStreamOps`.
     GpuStreamOps,
+    /// `SyncStrategy::GpuPoll` (refused without MPS).
+    GpuPoll,
 }
 
 impl Strategy {
     /// Every strategy.
-    pub const ALL: [Self; 4] = [Self::CpuSpin, Self::CpuSleep, Self::IpcEvent, Self::GpuStreamOps];
+    pub const ALL: [Self; 5] = [Self::CpuSpin, Self::CpuSleep, Self::IpcEvent, Self::GpuStreamOps, Self::GpuPoll];
 
-    /// `cpu-spin`, `cpu-sleep`, `ipc-event`, `gpu-stream-ops`.
+    /// `cpu-spin`, `cpu-sleep`, `ipc-event`, `gpu-stream-ops`, `gpu-poll`.
     pub fn name(self) -> &'static str {
         match self {
             Self::CpuSpin => "cpu-spin",
             Self::CpuSleep => "cpu-sleep",
             Self::IpcEvent => "ipc-event",
             Self::GpuStreamOps => "gpu-stream-ops",
+            Self::GpuPoll => "gpu-poll",
         }
     }
 
@@ -95,13 +98,14 @@ impl Strategy {
             Self::CpuSleep => SyncStrategy::CpuSleep,
             Self::IpcEvent => SyncStrategy::IpcEvent,
             Self::GpuStreamOps => SyncStrategy::GpuStreamOps,
+            Self::GpuPoll => SyncStrategy::GpuPoll,
         }
     }
 
     /// Whether the producer's `publish` returns before the frame's work is done (so the bench cannot time the
     /// publish on the CPU after the work, only when it was queued).
     pub fn publishes_on_gpu(self) -> bool {
-        matches!(self, Self::IpcEvent | Self::GpuStreamOps)
+        matches!(self, Self::IpcEvent | Self::GpuStreamOps | Self::GpuPoll)
     }
 }
 
@@ -196,11 +200,11 @@ mod tests {
     fn the_full_grid_and_the_quick_one() {
         let backends = BackendChoice::ALL;
         let full = all_rows(backends, false);
-        assert_eq!(full.len(), 2 + 4 + backends.len() * 4 * 6 * 2);
+        assert_eq!(full.len(), 2 + 4 + backends.len() * 5 * 6 * 2);
         assert_eq!(full[0], RowSpec::SingleProcess);
         assert_eq!(full[1], RowSpec::Bandwidth);
         let quick = all_rows(backends, true);
-        assert_eq!(quick.len(), 2 + 4 + backends.len() * 4 * 3);
+        assert_eq!(quick.len(), 2 + 4 + backends.len() * 5 * 3);
         let names: Vec<String> = quick.iter().map(RowSpec::name).collect();
         let backend = backends[0].name();
         assert!(names.contains(&format!("ours-{backend}-cpu-spin-s4-c4")));
@@ -238,6 +242,10 @@ mod tests {
     #[test]
     fn strategies_map_to_the_api() {
         assert_eq!(Strategy::GpuStreamOps.sync(), SyncStrategy::GpuStreamOps);
+        for strategy in Strategy::ALL {
+            assert_eq!(strategy.sync().to_string(), strategy.name(), "one spelling everywhere");
+        }
+        assert!(Strategy::GpuPoll.publishes_on_gpu());
         assert!(Strategy::IpcEvent.publishes_on_gpu());
         assert!(!Strategy::CpuSleep.publishes_on_gpu());
         assert_eq!(serde_json::to_string(&Strategy::CpuSpin).unwrap(), "\"cpu-spin\"");

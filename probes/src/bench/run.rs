@@ -91,6 +91,7 @@ pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
     }
     match result {
         Ok(m) => RowOutcome::Measured(m),
+        Err(ProbeError::Unavailable(reason)) => RowOutcome::Unavailable { reason },
         Err(e) => RowOutcome::Failed { reason: e.to_string() },
     }
 }
@@ -298,7 +299,10 @@ fn check_deadline(deadline: Instant, cfg: &RunConfig, seq: u64) -> Result<(), Pr
 }
 
 fn frame_error(e: FrameError) -> ProbeError {
-    ProbeError::Other(format!("frame API: {e}"))
+    match e {
+        e @ FrameError::StrategyUnavailable { .. } => ProbeError::Unavailable(e.to_string()),
+        e => ProbeError::Other(format!("frame API: {e}")),
+    }
 }
 
 fn base_plan(cfg: &RunConfig, spec: RowSpec, socket: Option<PathBuf>) -> ConsumerPlan {

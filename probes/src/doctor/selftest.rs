@@ -178,14 +178,21 @@ fn strategy_name(sync: SyncStrategy) -> &'static str {
         SyncStrategy::CpuSleep => "cpu-sleep",
         SyncStrategy::IpcEvent => "ipc-event",
         SyncStrategy::GpuStreamOps => "gpu-stream-ops",
+        SyncStrategy::GpuPoll => "gpu-poll",
         _ => "unknown",
     }
 }
 
 fn strategy_from_name(name: &str) -> Option<SyncStrategy> {
-    [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps]
-        .into_iter()
-        .find(|s| strategy_name(*s) == name)
+    [
+        SyncStrategy::CpuSpin,
+        SyncStrategy::CpuSleep,
+        SyncStrategy::IpcEvent,
+        SyncStrategy::GpuStreamOps,
+        SyncStrategy::GpuPoll,
+    ]
+    .into_iter()
+    .find(|s| strategy_name(*s) == name)
 }
 
 impl BackendVisitor for Parent {
@@ -435,8 +442,13 @@ mod tests {
 
     #[test]
     fn strategies_round_trip_through_their_names() {
-        for sync in [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps]
-        {
+        for sync in [
+            SyncStrategy::CpuSpin,
+            SyncStrategy::CpuSleep,
+            SyncStrategy::IpcEvent,
+            SyncStrategy::GpuStreamOps,
+            SyncStrategy::GpuPoll,
+        ] {
             assert_eq!(strategy_from_name(strategy_name(sync)), Some(sync));
         }
         assert_eq!(strategy_from_name("nonsense"), None);

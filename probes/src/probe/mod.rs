@@ -110,6 +110,10 @@ pub enum ProbeError {
     /// Anything else, said in words.
     #[error("{0}")]
     Other(String),
+    /// What was asked needs what this machine does not offer (e.g. a sync strategy that needs MPS): not a failure
+    /// of the thing measured.
+    #[error("unavailable here: {0}")]
+    Unavailable(String),
 }
 
 /// Runs one probe the way every probe runs: collect the environment (or stop with the doctor's message), run,

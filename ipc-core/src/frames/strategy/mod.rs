@@ -3,11 +3,13 @@
 //! the wire's [`SyncStrategy`] to its implementation, so adding a strategy touches that match and its own module.
 //!
 //! Every wait a strategy makes is bounded: the CPU ones by the caller's deadline, the GPU-side ones by the
-//! run-ahead bound (the CPU naps until the stream has passed frame `seq - depth`, or the deadline passes).
+//! run-ahead bound (the CPU naps until the stream has passed frame `seq - depth`, or the deadline passes), and
+//! `GpuPoll`'s polling kernels also by `%globaltimer`.
 
 mod cpu;
 mod cpu_sleep;
 mod cpu_spin;
+mod gpu_poll;
 mod gpu_stream_ops;
 mod ipc_event;
 
@@ -63,6 +65,7 @@ pub(crate) fn strategy(sync: SyncStrategy) -> &'static dyn Strategy {
         SyncStrategy::CpuSleep => &cpu_sleep::CpuSleep,
         SyncStrategy::IpcEvent => &ipc_event::IpcEvent,
         SyncStrategy::GpuStreamOps => &gpu_stream_ops::GpuStreamOps,
+        SyncStrategy::GpuPoll => &gpu_poll::GpuPoll,
     }
 }
 
@@ -278,17 +281,23 @@ mod tests {
 
     #[test]
     fn every_wire_strategy_maps_to_its_own_implementation() {
-        for sync in [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps]
-        {
+        for sync in [
+            SyncStrategy::CpuSpin,
+            SyncStrategy::CpuSleep,
+            SyncStrategy::IpcEvent,
+            SyncStrategy::GpuStreamOps,
+            SyncStrategy::GpuPoll,
+        ] {
             assert_eq!(strategy(sync).kind(), sync);
         }
         assert!(strategy(SyncStrategy::GpuStreamOps).gpu_writes_counters());
+        assert!(strategy(SyncStrategy::GpuPoll).gpu_writes_counters());
         assert!(!strategy(SyncStrategy::CpuSpin).gpu_writes_counters());
     }
 
     #[test]
     fn cuda_strategies_refuse_a_backend_without_cuda_and_say_what_to_use() {
-        for sync in [SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps] {
+        for sync in [SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll] {
             match strategy(sync).check(None) {
                 Err(FrameError::StrategyUnavailable { reason, .. }) => assert!(reason.contains("cpu-spin"), "{reason}"),
                 other => panic!("{sync}: {other:?}"),

@@ -1,0 +1,680 @@
+//! `GpuPoll`: the GPU does the waiting, in a kernel. A one-thread kernel queued on the caller's stream polls the
+//! control block's counters (registered for the device, the same words the other strategies use) with
+//! `ld.acquire.sys` until a frame is published or released, and another stores the counter with `st.release.sys`
+//! after the stream's work: the rule `gpu-ipc probe coherency` established (docs/kernels.md). No CPU in the
+//! per-frame path: calls return once the kernels are queued, and the run-ahead bound keeps the CPU at most
+//! `2 * slots` frames ahead of the stream.
+//!
+//! Only where MPS runs: without it two processes' kernels never run at the same time, so a kernel that polls for
+//! another process's kernel waits out whole time slices (milliseconds per frame). [`Strategy::check`] refuses then.
+//!
+//! Every poll is bounded by `%globaltimer`: the kernel gives up [`gpu_budget`] after it starts (twice what was left
+//! of the caller's timeout, plus a second, so the CPU's own bounded waits and the producer's eviction act first)
+//! and stores the outcome, satisfied or gave up, into this side's outcome word for the frame. Giving up also sets
+//! the side's abort word, so the polls queued behind it give up at once (teardown sets it too: see `settle`). The
+//! CPU reads the outcome words at every call; a poll that gave up means the stream went on without the counter it
+//! waited for, so the side fails from then on (a typed error: [`FrameError::ProducerGone`] when the producer is
+//! gone, else [`FrameError::GpuWaitGaveUp`], which says to attach or create again). A dead peer's POISON (`2^62`)
+//! satisfies every poll (the comparison is unsigned `>=`), so the watchdog still ends them at once.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
+use crate::driver::{
+    Context, Device, DeviceMemory, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys,
+};
+use crate::frames::FrameError;
+use crate::frames::run_ahead::RunAhead;
+use crate::ring::layout::{ControlBlockLayout, MAX_CONSUMERS, MAX_SLOTS, published_offset, released_offset};
+use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
+use crate::sys::shm::{SharedMemory, SharedObject};
+use crate::wire::SyncStrategy;
+
+const KIND: SyncStrategy = SyncStrategy::GpuPoll;
+
+/// Set by the environment to skip MPS detection: `1` assumes MPS runs, `0` assumes it does not (tests of the
+/// refusal); anything else, or unset, detects it.
+const ASSUME_MPS_ENV: &str = "GPU_IPC_ASSUME_MPS";
+
+/// The environment variable that forces the PTX image (as for the kernels crate): `1` skips the cubins.
+const FORCE_PTX_ENV: &str = "GPU_IPC_FORCE_PTX";
+
+/// The MPS pipe directory the CUDA driver uses when `CUDA_MPS_PIPE_DIRECTORY` is not set (as the doctor reads it).
+const DEFAULT_MPS_PIPE_DIRECTORY: &str = "/tmp/nvidia-mps";
+
+/// Bit 63 of an outcome word: the poll gave up at its deadline (the low bits are the frame's `seq + 1`).
+const TIMED_OUT: u64 = 1 << 63;
+
+/// Outcome words per side: one per frame in flight, and at most `2 * MAX_SLOTS` frames are in flight.
+const OUTCOME_WORDS: usize = 2 * MAX_SLOTS as usize;
+
+/// The index of the side's abort word, after the outcome words: non-zero makes every poll give up.
+const ABORT_WORD: usize = OUTCOME_WORDS;
+
+/// Bytes of the status words' memfd: 64 KiB, a whole number of pages on every Linux page size, as
+/// `cuMemHostRegister` wants (as for the control block).
+const OUTCOME_BYTES: usize = 64 * 1024;
+
+/// What a poll gets beyond twice the caller's remaining time.
+const GRACE: Duration = Duration::from_secs(1);
+
+/// The wait kernel (`kernels/cuda/ring_poll.cu`).
+const WAIT_KERNEL: &str = "gpu_ipc_ring_wait";
+/// The release kernel (`kernels/cuda/ring_poll.cu`).
+const RELEASE_KERNEL: &str = "gpu_ipc_ring_release";
+
+/// One compiled image of the ring's kernels, from `ipc-core/ring-kernels/` (`scripts/gen-kernels.sh`).
+#[derive(Clone, Copy)]
+struct RingImage {
+    /// Compute capability it was compiled for.
+    arch: (u32, u32),
+    /// Machine code (a cubin) or PTX.
+    cubin: bool,
+    /// Its file name in `ipc-core/ring-kernels/`.
+    file: &'static str,
+    /// The image; the PTX ends with a NUL (not in the file), as the driver reads it as a C string.
+    bytes: &'static [u8],
+}
+
+const fn cubin(major: u32, minor: u32, file: &'static str, bytes: &'static [u8]) -> RingImage {
+    RingImage { arch: (major, minor), cubin: true, file, bytes }
+}
+
+/// The images, cubins in ascending architecture order, then the PTX (the last resort).
+static IMAGES: [RingImage; 8] = [
+    cubin(7, 5, "sm_75.cubin", include_bytes!("../../../ring-kernels/sm_75.cubin")),
+    cubin(8, 0, "sm_80.cubin", include_bytes!("../../../ring-kernels/sm_80.cubin")),
+    cubin(8, 6, "sm_86.cubin", include_bytes!("../../../ring-kernels/sm_86.cubin")),
+    cubin(8, 9, "sm_89.cubin", include_bytes!("../../../ring-kernels/sm_89.cubin")),
+    cubin(9, 0, "sm_90.cubin", include_bytes!("../../../ring-kernels/sm_90.cubin")),
+    cubin(10, 0, "sm_100.cubin", include_bytes!("../../../ring-kernels/sm_100.cubin")),
+    cubin(12, 0, "sm_120.cubin", include_bytes!("../../../ring-kernels/sm_120.cubin")),
+    RingImage {
+        arch: (7, 5),
+        cubin: false,
+        file: "compute_75.ptx",
+        bytes: concat!(include_str!("../../../ring-kernels/compute_75.ptx"), "\0").as_bytes(),
+    },
+];
+
+/// The image for a device of compute capability `device`, by the kernels crate's rule (docs/kernels.md): the exact
+/// cubin, else the cubin of the same major with the highest minor not above the device's, else the PTX (7.5 or
+/// newer); `None` below 7.5.
+fn select_image(device: (u32, u32), force_ptx: bool) -> Option<&'static RingImage> {
+    let cubin = IMAGES
+        .iter()
+        .filter(|image| image.cubin && !force_ptx)
+        .filter(|image| image.arch.0 == device.0 && image.arch.1 <= device.1)
+        .max_by_key(|image| image.arch.1);
+    cubin.or_else(|| IMAGES.iter().find(|image| !image.cubin && image.arch <= device))
+}
+
+/// The `GpuPoll` strategy.
+pub(crate) struct GpuPoll;
+
+impl Strategy for GpuPoll {
+    fn kind(&self) -> SyncStrategy {
+        KIND
+    }
+
+    fn gpu_writes_counters(&self) -> bool {
+        true
+    }
+
+    fn check(&self, cuda: Option<&Context>) -> Result<(), FrameError> {
+        let cuda = need_cuda(KIND, cuda)?;
+        let device = cuda.device();
+        let (major, minor) = device.compute_capability()?;
+        if select_image((major, minor), false).is_none() {
+            return Err(unavailable(
+                KIND,
+                format!(
+                    "its kernels need compute capability 7.5 or newer (ld.acquire.sys, %globaltimer); this device \
+                     is {major}.{minor}; use gpu-stream-ops or ipc-event"
+                ),
+            ));
+        }
+        for (attribute, name) in [
+            (sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING"),
+            (sys::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, "CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY"),
+        ] {
+            if !device.flag(attribute)? {
+                return Err(unavailable(
+                    KIND,
+                    format!(
+                        "its kernels read the control block in registered host memory, which this device cannot \
+                         address ({name} is 0); use gpu-stream-ops, ipc-event or cpu-spin"
+                    ),
+                ));
+            }
+        }
+        MpsEvidence::gather(device).verdict().map_err(|reason| unavailable(KIND, reason))
+    }
+
+    fn producer(&self, setup: Setup<'_>) -> Result<Box<dyn ProducerSide>, FrameError> {
+        let cuda = need_cuda(KIND, setup.cuda)?;
+        Ok(Box::new(PollProducer { poller: Poller::new(cuda, setup)?, pending: Vec::new(), done_below: 0 }))
+    }
+
+    fn consumer(&self, setup: Setup<'_>, _events: &[[u8; 64]]) -> Result<Box<dyn ConsumerSide>, FrameError> {
+        let cuda = need_cuda(KIND, setup.cuda)?;
+        Ok(Box::new(PollConsumer { poller: Poller::new(cuda, setup)? }))
+    }
+}
+
+/// What MPS detection found, for [`MpsEvidence::verdict`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MpsEvidence {
+    /// [`ASSUME_MPS_ENV`]'s answer, when it gives one.
+    assumed: Option<bool>,
+    /// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`, when the driver knows it.
+    attribute: Option<bool>,
+    /// The MPS pipe directory this process's contexts would use.
+    pipe_directory: PathBuf,
+    /// Whether `<pipe_directory>/control` is a FIFO (the control daemon makes it).
+    control_pipe: bool,
+}
+
+impl MpsEvidence {
+    /// Reads the environment, the device attribute and the control pipe, as the doctor does.
+    fn gather(device: Device) -> Self {
+        let assumed = assume_mps(std::env::var_os(ASSUME_MPS_ENV).as_deref());
+        let attribute = device.attribute(sys::CU_DEVICE_ATTRIBUTE_MPS_ENABLED).ok().map(|v| v != 0);
+        let pipe_directory = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+            .filter(|dir| !dir.is_empty())
+            .map_or_else(|| PathBuf::from(DEFAULT_MPS_PIPE_DIRECTORY), PathBuf::from);
+        let control_pipe = is_control_pipe(&pipe_directory);
+        let evidence = Self { assumed, attribute, pipe_directory, control_pipe };
+        tracing::debug!(?evidence, "gpu-poll: MPS detection");
+        evidence
+    }
+
+    /// `Ok` when MPS runs (or is assumed to); else the reason, with the fix.
+    fn verdict(&self) -> Result<(), String> {
+        let found = match self.assumed {
+            Some(assumed) => assumed,
+            None => self.attribute == Some(true) || self.control_pipe,
+        };
+        if found {
+            return Ok(());
+        }
+        let how = match self.assumed {
+            Some(_) => format!("{ASSUME_MPS_ENV}=0 says so"),
+            None => format!(
+                "the device reports {} and there is no control pipe at {}",
+                match self.attribute {
+                    Some(_) => "CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 0",
+                    None => "no MPS attribute",
+                },
+                self.pipe_directory.join("control").display()
+            ),
+        };
+        Err(format!(
+            "it needs MPS, and MPS is not running ({how}): without MPS two processes' kernels never run at the same \
+             time, so a polling kernel waits out whole time slices; start MPS: nvidia-cuda-mps-control -d, or use \
+             gpu-stream-ops"
+        ))
+    }
+}
+
+/// [`ASSUME_MPS_ENV`]: `1` is yes, `0` is no, anything else asks for detection.
+fn assume_mps(value: Option<&OsStr>) -> Option<bool> {
+    match value?.to_str()? {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// Whether `<pipe_directory>/control` is a FIFO.
+fn is_control_pipe(pipe_directory: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(pipe_directory.join("control")).is_ok_and(|meta| meta.file_type().is_fifo())
+}
+
+/// How long a poll may run once it starts, with `left` until the caller's deadline: twice that, plus [`GRACE`].
+fn gpu_budget(left: Duration) -> Duration {
+    left.checked_mul(2).unwrap_or(Duration::MAX).saturating_add(GRACE)
+}
+
+/// The first frame whose poll timed out, among outcome words.
+fn first_timed_out(words: impl Iterator<Item = u64>) -> Option<u64> {
+    words.filter(|word| word & TIMED_OUT != 0).map(|word| (word & !TIMED_OUT).saturating_sub(1)).min()
+}
+
+/// The status words of one side, host memory registered for the device: an outcome word per frame in flight,
+/// where each poll stores whether it was satisfied, then the abort word. The CPU side reaches them only as atomics.
+type StatusWords = [AtomicU64; OUTCOME_WORDS + 1];
+
+/// What both sides share: the kernels, the registered control block, the outcome words, the run-ahead bound.
+struct Poller {
+    wait: Function,
+    release: Function,
+    block: HostRegistration<SharedObject<ControlBlockLayout>>,
+    status: HostRegistration<SharedObject<StatusWords>>,
+    run_ahead: RunAhead,
+    /// The budget each outcome word's poll was given, for errors.
+    budgets: Vec<Duration>,
+    /// The first frame whose poll timed out, once seen: the side fails from then on.
+    failed: Option<(u64, Duration)>,
+}
+
+impl Poller {
+    fn new(cuda: &Context, setup: Setup<'_>) -> Result<Self, FrameError> {
+        let (major, minor) = cuda.device().compute_capability()?;
+        let force_ptx = std::env::var_os(FORCE_PTX_ENV).is_some_and(|v| v == "1");
+        let image = select_image((major, minor), force_ptx).ok_or_else(|| {
+            unavailable(KIND, format!("no kernel image for compute capability {major}.{minor}; use gpu-stream-ops"))
+        })?;
+        let module = Module::load(cuda, image.bytes).map_err(|e| {
+            unavailable(
+                KIND,
+                format!("loading its kernels ({}) failed: {e}; update the driver, or use gpu-stream-ops", image.file),
+            )
+        })?;
+        tracing::debug!(image = image.file, "gpu-poll: ring kernels loaded");
+        let depth = 2 * setup.slots as usize;
+        if depth > OUTCOME_WORDS {
+            return Err(FrameError::Config(format!(
+                "{} slots is more than the {MAX_SLOTS} a ring can have",
+                setup.slots
+            )));
+        }
+        let memory = SharedMemory::create("gpu-ipc-poll-status", OUTCOME_BYTES).map_err(RingError::from)?;
+        let status = Arc::new(SharedObject::<StatusWords>::new(memory).map_err(RingError::from)?);
+        Ok(Self {
+            wait: module.function(WAIT_KERNEL)?,
+            release: module.function(RELEASE_KERNEL)?,
+            block: HostRegistration::new(cuda, setup.block)?,
+            status: HostRegistration::new(cuda, status)?,
+            run_ahead: RunAhead::new(cuda, depth)?,
+            budgets: vec![Duration::ZERO; depth.max(1)],
+            failed: None,
+        })
+    }
+
+    /// The first frame whose poll timed out, with its budget: from the outcome words of the frames the stream has
+    /// passed (the words of frames still queued hold an older frame's outcome, or 0).
+    fn timed_out(&mut self) -> Option<(u64, Duration)> {
+        if self.failed.is_none() {
+            let outcomes = &self.status.memory().get()[..OUTCOME_WORDS];
+            let words = outcomes.iter().map(|word| word.load(Ordering::Acquire));
+            if let Some(frame) = first_timed_out(words) {
+                let budget = self.budgets[(frame % self.run_ahead.depth()) as usize];
+                tracing::error!(frame, ?budget, "gpu-poll: a poll kernel gave up at its deadline");
+                self.failed = Some((frame, budget));
+            }
+        }
+        self.failed
+    }
+
+    /// Queues on `stream` a poll until the 64-bit counters at byte `first_offset + i * stride` of the control
+    /// block reach `target`, for every bit `i` of `mask`; frame `seq`'s outcome word records how it ended.
+    #[allow(clippy::too_many_arguments)]
+    fn wait(
+        &mut self,
+        stream: &Stream,
+        first_offset: usize,
+        stride: usize,
+        mask: u32,
+        target: u64,
+        seq: u64,
+        deadline: Instant,
+    ) -> Result<(), FrameError> {
+        let block = self.block.span();
+        let words = block.len() / 8;
+        let (first_word, stride_words) = (first_offset as u64 / 8, stride as u64 / 8);
+        let highest = u64::from(31 - mask.leading_zeros().min(31));
+        // The kernel reads only words the mask names: each must be an aligned word of the control block.
+        let inside = first_offset.is_multiple_of(8)
+            && stride.is_multiple_of(8)
+            && stride_words.checked_mul(highest).and_then(|w| w.checked_add(first_word)).is_some_and(|w| w < words);
+        if !inside {
+            return Err(FrameError::Config(format!(
+                "gpu-poll: counters at byte {first_offset} + i * {stride} (mask {mask:#x}) leave the {}-byte \
+                 control block",
+                block.len()
+            )));
+        }
+        let index = (seq % self.run_ahead.depth()) as usize;
+        let status = self.status.span();
+        let outcome = status.slice(index as u64 * 8, 8)?;
+        let abort = status.slice(ABORT_WORD as u64 * 8, 8)?;
+        let budget = gpu_budget(deadline.saturating_duration_since(Instant::now()));
+        self.budgets[index] = budget;
+        let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        self.wait.launch_typed(
+            stream,
+            LaunchConfig::linear(1, 1),
+            &[
+                KernelArg::Span(block),
+                KernelArg::U64(first_word),
+                KernelArg::U64(stride_words),
+                KernelArg::U32(mask),
+                KernelArg::U64(target),
+                KernelArg::U64(budget_ns),
+                KernelArg::Span(outcome),
+                KernelArg::U64(seq + 1),
+                KernelArg::Span(abort),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Makes every poll of this side give up (those running within about a thousand polls, those queued at once),
+    /// then waits until `deadline` for the stream to pass the marks: teardown, after which the side is not used.
+    fn abort_and_settle(&self, deadline: Instant) -> bool {
+        self.status.memory().get()[ABORT_WORD].store(1, Ordering::Release);
+        self.run_ahead.settle(deadline).is_ok()
+    }
+
+    /// Queues on `stream`, after its earlier work, a store of `value` into the counter at byte `offset` of the
+    /// control block.
+    fn store(&self, stream: &Stream, offset: usize, value: u64) -> Result<(), FrameError> {
+        if !offset.is_multiple_of(8) {
+            return Err(FrameError::Config(format!("gpu-poll: counter offset {offset} is not 8-byte aligned")));
+        }
+        let counter = self.block.span().slice(offset as u64, 8)?;
+        self.release.launch_typed(
+            stream,
+            LaunchConfig::linear(1, 1),
+            &[KernelArg::Span(counter), KernelArg::U64(value)],
+        )?;
+        Ok(())
+    }
+}
+
+struct PollProducer {
+    poller: Poller,
+    pending: Vec<ReleaseRequirement>,
+    /// Every frame below this has gone through the producer's stream.
+    done_below: u64,
+}
+
+impl PollProducer {
+    /// The side's error once a poll timed out.
+    fn check_polls(&mut self) -> Result<(), FrameError> {
+        match self.poller.timed_out() {
+            None => Ok(()),
+            // Not a `Timeout`: `acquire` would take it for a slow consumer and evict.
+            Some((frame, waited)) => Err(FrameError::GpuWaitGaveUp {
+                what: format!(
+                    "the consumers to release the slot of frame {frame} (gpu-poll); the stream went on, so that \
+                     frame may have overwritten one a consumer was still reading: create the producer again (and \
+                     give acquire a longer timeout)"
+                ),
+                waited,
+            }),
+        }
+    }
+}
+
+impl ProducerSide for PollProducer {
+    fn wait_slot_free(
+        &mut self,
+        ring: &ProducerControl,
+        seq: u64,
+        stream: Option<&Stream>,
+        deadline: Instant,
+    ) -> Result<(), FrameError> {
+        let stream = need_stream(stream, KIND)?;
+        let ahead = self.poller.run_ahead.before(seq, deadline);
+        self.check_polls()?;
+        ahead?;
+        // Frame `seq - depth` and all before it have gone through the stream.
+        self.done_below = self.done_below.max((seq + 1).saturating_sub(self.poller.run_ahead.depth()));
+        loop {
+            self.pending.clear();
+            match ring.pending_releases(Sequence(seq), &mut self.pending) {
+                Ok(()) => break,
+                Err(RingError::JoinInProgress { .. }) if Instant::now() < deadline => std::thread::yield_now(),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let Some(first) = self.pending.first() else { return Ok(()) };
+        // Every pending requirement of one frame is for the same slot and value (the frame the slot held); the
+        // consumers' counters are one record apart.
+        let (slot, target) = (first.slot, first.at_least);
+        debug_assert!(self.pending.iter().all(|p| p.slot == slot && p.at_least == target));
+        let mut mask = 0u32;
+        for need in &self.pending {
+            let index = need.consumer.index();
+            if index >= MAX_CONSUMERS || index >= u32::BITS {
+                return Err(FrameError::Config(format!("gpu-poll: consumer record {index} is out of range")));
+            }
+            mask |= 1 << index;
+        }
+        let stride = released_offset(1, slot) - released_offset(0, slot);
+        self.poller.wait(stream, released_offset(0, slot), stride, mask, target, seq, deadline)?;
+        // Marks the poll, so that teardown can tell when the stream is past it (see `settle`).
+        self.poller.run_ahead.mark_tail(stream)?;
+        Ok(())
+    }
+
+    fn publish(
+        &mut self,
+        ring: &ProducerControl,
+        seq: u64,
+        slot: u32,
+        stream: Option<&Stream>,
+        _gpu_deadline: Instant,
+    ) -> Result<(), FrameError> {
+        let stream = need_stream(stream, KIND)?;
+        self.poller.store(stream, published_offset(SlotIndex(slot)), Sequence(seq).done_value())?;
+        self.poller.run_ahead.after(seq, stream)?;
+        Ok(ring.advance(Sequence(seq))?)
+    }
+
+    fn record_reusable(&self, left_at: u64) -> bool {
+        // The stream may still hold polls of the record's counters, queued before the consumer left; a new owner
+        // starts them at 0, which would hold the poll until its deadline.
+        left_at <= self.done_below
+    }
+
+    fn holding_up(&self, ring: &ProducerControl, seq: u64, out: &mut Vec<ConsumerId>) {
+        // The stream is stuck behind a poll queued for some frame in flight: whoever has not released for any of
+        // them holds it up.
+        let mut pending = Vec::new();
+        for s in self.done_below..=seq {
+            pending.clear();
+            if ring.pending_releases(Sequence(s), &mut pending).is_ok() {
+                out.extend(pending.iter().map(|p| p.consumer));
+            }
+        }
+        out.sort_by_key(|id| id.to_u64());
+        out.dedup();
+    }
+
+    fn drain(&mut self, stream: Option<&Stream>, deadline: Instant) -> Result<(), FrameError> {
+        // The stream holds the polls for the consumers' releases: bounded, since a consumer may be stuck.
+        self.poller.run_ahead.drain(need_stream(stream, KIND)?, deadline)?;
+        self.check_polls()
+    }
+
+    fn settle(&mut self, deadline: Instant) -> bool {
+        self.poller.abort_and_settle(deadline)
+    }
+}
+
+struct PollConsumer {
+    poller: Poller,
+}
+
+impl PollConsumer {
+    /// The side's error once a poll timed out: the producer gone, or a timeout that says to attach again.
+    fn check_polls(&mut self, shared: &ConsumerShared) -> Result<(), FrameError> {
+        let Some((frame, waited)) = self.poller.timed_out() else { return Ok(()) };
+        if shared.hung_up() {
+            return Err(shared.gone(format!(
+                "its connection hung up; frames from {frame} on may hold partial data (the gpu-poll kernel gave \
+                 up waiting for frame {frame})"
+            )));
+        }
+        shared.ring.check_producer().map_err(|e| shared.map_ring(e, &format!("frame {frame}")))?;
+        Err(FrameError::GpuWaitGaveUp {
+            what: format!(
+                "frame {frame} (gpu-poll: twice the caller's timeout plus {GRACE:?}); the stream went on without it, \
+                 so frames from {frame} on are not valid: detach and attach again (and give next_frame a longer \
+                 timeout)"
+            ),
+            waited,
+        })
+    }
+}
+
+impl ConsumerSide for PollConsumer {
+    fn wait_frame(
+        &mut self,
+        shared: &ConsumerShared,
+        seq: Sequence,
+        slot: SlotIndex,
+        stream: Option<&Stream>,
+        deadline: Instant,
+    ) -> Result<(), FrameError> {
+        let stream = need_stream(stream, KIND)?;
+        let ahead = self.poller.run_ahead.before(seq.0, deadline);
+        self.check_polls(shared)?;
+        ahead?;
+        self.poller.wait(stream, published_offset(slot), 0, 1, seq.done_value(), seq.0, deadline)?;
+        // Marks the poll, so that teardown can tell when the stream is past it (see `settle`).
+        Ok(self.poller.run_ahead.mark_tail(stream)?)
+    }
+
+    fn release(
+        &mut self,
+        shared: &ConsumerShared,
+        seq: Sequence,
+        slot: SlotIndex,
+        stream: Option<&Stream>,
+        _gpu_deadline: Instant,
+    ) -> Result<(), FrameError> {
+        let stream = need_stream(stream, KIND)?;
+        let offset = released_offset(shared.ring.id().index(), slot);
+        self.poller.store(stream, offset, seq.done_value())?;
+        self.poller.run_ahead.after(seq.0, stream)?;
+        // The poll for this frame may have been satisfied by the poison written when the producer died, not by the
+        // frame: say so, so the caller discards what it computed from it.
+        if shared.hung_up() {
+            return Err(shared.gone("it died; this frame may hold partial data"));
+        }
+        self.check_polls(shared)
+    }
+
+    fn settle(&mut self, deadline: Instant) -> bool {
+        self.poller.abort_and_settle(deadline)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_follow_the_kernels_crate_rule() {
+        let pick = |major, minor| select_image((major, minor), false).map(|image| image.file);
+        assert_eq!(pick(9, 0), Some("sm_90.cubin"));
+        assert_eq!(pick(8, 7), Some("sm_86.cubin"));
+        assert_eq!(pick(10, 3), Some("sm_100.cubin"));
+        assert_eq!(pick(11, 0), Some("compute_75.ptx"));
+        assert_eq!(pick(7, 0), None);
+        assert_eq!(select_image((9, 0), true).map(|image| image.file), Some("compute_75.ptx"));
+    }
+
+    #[test]
+    fn the_embedded_images_are_what_the_manifest_lists() {
+        let manifest = include_str!("../../../ring-kernels/manifest.json");
+        for image in &IMAGES {
+            let size = if image.cubin { image.bytes.len() } else { image.bytes.len() - 1 };
+            let entry = format!("\"file\": \"{}\",", image.file);
+            let at = manifest.find(&entry).unwrap_or_else(|| panic!("{} is not in the manifest", image.file));
+            assert!(manifest[at..].contains(&format!("\"size\": {size},")), "{}: size {size}", image.file);
+            if image.cubin {
+                assert_eq!(&image.bytes[..4], b"\x7fELF", "{}", image.file);
+            }
+        }
+        assert!(manifest.contains("\"kernels/cuda/ring_poll.cu\""));
+        assert!(
+            manifest.contains(&format!("\"{RELEASE_KERNEL}\"")) && manifest.contains(&format!("\"{WAIT_KERNEL}\""))
+        );
+    }
+
+    /// The coherency probe's rule: poll with ld.acquire.sys, publish with st.release.sys, bound by %globaltimer;
+    /// and the comparison is unsigned, so POISON (2^62) satisfies every wait.
+    #[test]
+    fn the_kernels_use_the_rule_the_coherency_probe_established() {
+        let ptx = std::str::from_utf8(IMAGES[7].bytes).unwrap();
+        let wait = &ptx[ptx.find(&format!(".entry {WAIT_KERNEL}(")).unwrap()..];
+        let wait = &wait[..wait[1..].find(".entry").map_or(wait.len(), |end| end + 1)];
+        assert!(wait.contains("ld.acquire.sys.global.u64"), "{wait}");
+        assert!(wait.contains("%globaltimer"), "{wait}");
+        assert!(wait.contains("setp.ge.u64") || wait.contains("setp.lt.u64"), "unsigned comparison: {wait}");
+        assert!(wait.contains("st.release.sys.global.u64"), "{wait}");
+        let release = &ptx[ptx.find(&format!(".entry {RELEASE_KERNEL}(")).unwrap()..];
+        assert!(release.contains("st.release.sys.global.u64"), "{release}");
+    }
+
+    #[test]
+    fn outcome_words_name_the_first_timed_out_frame() {
+        assert_eq!(first_timed_out([0, 5, 6].into_iter()), None);
+        assert_eq!(first_timed_out([8, 9 | TIMED_OUT, 10, 7 | TIMED_OUT].into_iter()), Some(6));
+        assert_eq!(first_timed_out([1 | TIMED_OUT].into_iter()), Some(0));
+    }
+
+    #[test]
+    fn polls_get_twice_the_time_left_plus_the_grace() {
+        assert_eq!(gpu_budget(Duration::from_millis(500)), Duration::from_secs(2));
+        assert_eq!(gpu_budget(Duration::ZERO), GRACE, "a passed deadline");
+        assert_eq!(gpu_budget(Duration::MAX / 2 + Duration::from_secs(1)), Duration::MAX, "saturates");
+    }
+
+    fn evidence(assumed: Option<bool>, attribute: Option<bool>, control_pipe: bool) -> MpsEvidence {
+        MpsEvidence { assumed, attribute, pipe_directory: PathBuf::from("/tmp/nvidia-mps"), control_pipe }
+    }
+
+    #[test]
+    fn without_mps_it_refuses_and_names_the_fix() {
+        for refused in
+            [evidence(None, None, false), evidence(None, Some(false), false), evidence(Some(false), Some(true), true)]
+        {
+            let reason = refused.verdict().unwrap_err();
+            assert!(reason.contains("start MPS: nvidia-cuda-mps-control -d, or use gpu-stream-ops"), "{reason}");
+            assert!(reason.contains("time slices"), "{reason}");
+        }
+        assert!(evidence(None, None, false).verdict().unwrap_err().contains("/tmp/nvidia-mps/control"));
+        assert!(evidence(Some(false), None, false).verdict().unwrap_err().contains("GPU_IPC_ASSUME_MPS=0"));
+        for found in
+            [evidence(None, Some(true), false), evidence(None, Some(false), true), evidence(Some(true), None, false)]
+        {
+            assert_eq!(found.verdict(), Ok(()), "{found:?}");
+        }
+    }
+
+    #[test]
+    fn only_0_and_1_override_mps_detection() {
+        assert_eq!(assume_mps(Some(OsStr::new("1"))), Some(true));
+        assert_eq!(assume_mps(Some(OsStr::new("0"))), Some(false));
+        for other in ["", "yes", "true", " 1"] {
+            assert_eq!(assume_mps(Some(OsStr::new(other))), None, "{other:?}");
+        }
+        assert_eq!(assume_mps(None), None);
+    }
+
+    #[test]
+    fn only_a_fifo_is_a_control_pipe() {
+        let dir = std::env::temp_dir().join(format!("gpu-ipc-mps-pipe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(!is_control_pipe(&dir), "nothing there");
+        std::fs::write(dir.join("control"), b"").unwrap();
+        assert!(!is_control_pipe(&dir), "a regular file");
+        std::fs::remove_file(dir.join("control")).unwrap();
+        rustix::fs::mknodat(rustix::fs::CWD, dir.join("control"), rustix::fs::FileType::Fifo, 0o600.into(), 0).unwrap();
+        assert!(is_control_pipe(&dir), "a FIFO");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
