@@ -32,8 +32,11 @@ use rustix::fs::{MemfdFlags, memfd_create};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
 const T: Duration = Duration::from_secs(10);
-/// The longest the producer may go without publishing while bad clients knock (it publishes every ~1 ms).
-const MAX_GAP: Duration = Duration::from_millis(100);
+/// The longest the producer may go without publishing while bad clients knock (it publishes every ~1 ms). A
+/// handshake on the frame path would stall it for whole handshake timeouts (seconds: the defect measured 10 s
+/// gaps); the bound leaves room for a loaded 2-core CI machine that deschedules the thread. The GPU suite's stress
+/// run holds a real producer to 100 ms (docs/results.md).
+const MAX_GAP: Duration = Duration::from_millis(1000);
 const CHILD_ROLE: &str = "GPU_IPC_HOSTILE_CHILD";
 const CHILD_SOCKET: &str = "GPU_IPC_HOSTILE_SOCKET";
 const NOBODY: u32 = 65534;
