@@ -45,16 +45,25 @@ pub struct BenchResult {
 }
 
 impl BenchResult {
-    /// Bytes (or elements, or bits) per second at the median time, with its unit.
-    pub fn rate(&self) -> Option<(f64, &'static str)> {
-        let per_second = |amount: u64| amount as f64 / (self.median_ns * 1e-9);
-        if self.median_ns <= 0.0 {
+    /// Work per second at the median time: `2712 GB/s` for bytes, `2.60 M/s` for elements.
+    pub fn rate(&self) -> Option<String> {
+        if self.median_ns <= 0.0 || !self.median_ns.is_finite() {
             return None;
         }
+        let per_second = |amount: u64| amount as f64 / (self.median_ns * 1e-9);
         Some(match self.throughput? {
-            Throughput::Bytes(b) | Throughput::BytesDecimal(b) => (per_second(b) / 1e9, "GB/s"),
-            Throughput::Elements(e) => (per_second(e) / 1e6, "M/s"),
-            Throughput::Bits(b) => (per_second(b) / 1e9, "Gbit/s"),
+            Throughput::Bytes(b) | Throughput::BytesDecimal(b) => format!("{} GB/s", significant(per_second(b) / 1e9)),
+            Throughput::Bits(b) => format!("{} Gbit/s", significant(per_second(b) / 1e9)),
+            Throughput::Elements(e) => {
+                let v = per_second(e);
+                let (scaled, prefix) = match v {
+                    v if v >= 1e9 => (v / 1e9, " G"),
+                    v if v >= 1e6 => (v / 1e6, " M"),
+                    v if v >= 1e3 => (v / 1e3, " k"),
+                    v => (v, " "),
+                };
+                format!("{}{prefix}/s", significant(scaled))
+            }
         })
     }
 }
@@ -209,6 +218,11 @@ pub fn format_ns(ns: f64) -> String {
     } else {
         (ns / 1e9, "s")
     };
+    format!("{} {unit}", significant(value))
+}
+
+/// `value` with three significant digits (no fraction from 100 up): `812`, `3.41`, `12.3`, `2712`.
+pub fn significant(value: f64) -> String {
     let digits = if value.abs() >= 100.0 {
         0
     } else if value.abs() >= 10.0 {
@@ -216,7 +230,7 @@ pub fn format_ns(ns: f64) -> String {
     } else {
         2
     };
-    format!("{value:.digits$} {unit}")
+    format!("{value:.digits$}")
 }
 
 /// The Markdown summary: a heading, `context` lines (commit, device, MPS or not), one table per criterion
@@ -241,7 +255,7 @@ pub fn render_markdown(title: &str, context: &[String], results: &[BenchResult],
         ));
         for r in results.iter().filter(|r| r.group == group) {
             let name = r.id.strip_prefix(&format!("{group}/")).unwrap_or(&r.id);
-            let rate = r.rate().map_or_else(|| "-".to_owned(), |(v, unit)| format!("{v:.1} {unit}"));
+            let rate = r.rate().unwrap_or_else(|| "-".to_owned());
             let spread = r.sample_means.map_or_else(
                 || "-".to_owned(),
                 |d| format!("{} / {} ({})", format_ns(d.p50), format_ns(d.p99), d.count),
@@ -312,9 +326,13 @@ mod tests {
         // Sample means: 100 us, 98 us, 100 us, 120 us.
         let d = r.sample_means.unwrap();
         assert_eq!((d.count, d.min, d.p50, d.max), (4, 98_000.0, 100_000.0, 120_000.0));
-        let (gbps, unit) = r.rate().unwrap();
-        assert_eq!(unit, "GB/s");
-        assert!((gbps - 268_435_456.0 / 99_000.0).abs() < 1e-6, "{gbps}");
+        // 268,435,456 bytes in 99 us.
+        assert_eq!(r.rate().unwrap(), "2711 GB/s");
+        let per = |throughput, median_ns| BenchResult { throughput, median_ns, ..r.clone() }.rate();
+        assert_eq!(per(Some(Throughput::Elements(1)), 392_000.0).unwrap(), "2.55 k/s");
+        assert_eq!(per(Some(Throughput::Elements(1)), 384.0).unwrap(), "2.60 M/s");
+        assert_eq!(per(Some(Throughput::Elements(1)), 0.0), None);
+        assert_eq!(per(None, 384.0), None);
     }
 
     #[test]
@@ -354,7 +372,7 @@ mod tests {
         let md = render_markdown("GPU micro-benchmarks", &["commit abc".into()], &[result(), other], &[set]);
         assert!(md.starts_with("# GPU micro-benchmarks\n\n- commit abc\n\n## read-256MiB\n"), "{md}");
         assert!(
-            md.contains("| legacy-imported | 99.0 us | 98.0 us - 99.5 us | 2711.5 GB/s | 100 us / 120 us (4) |"),
+            md.contains("| legacy-imported | 99.0 us | 98.0 us - 99.5 us | 2711 GB/s | 100 us / 120 us (4) |"),
             "{md}"
         );
         assert!(md.contains("## round-trip-vmm\n"), "{md}");
