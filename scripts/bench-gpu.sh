@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the criterion micro-benchmarks on the GPU machine from what scripts/stage-gpu.sh staged (stage/benches.tar.gz:
+# Runs the criterion micro-benchmarks on the GPU machine from what scripts/stage-gpu.sh staged (stage/benches.tar.xz:
 # gpu_memory, gpu_signal, api_cpu, bench-summary), and writes criterion's output and a Markdown summary.
 #   scripts/bench-gpu.sh OUT_DIR [criterion options for the GPU benches, e.g. a filter or --measurement-time 2]
 # 1. gpu_memory and gpu_signal with the machine as it is, without MPS;
@@ -22,9 +22,14 @@ ARGS="$*"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 STAGE="$ROOT/stage"
-[ -f "$STAGE/benches.tar.gz" ] || { echo "bench-gpu: stage/benches.tar.gz missing; run scripts/stage-gpu.sh first" >&2; exit 2; }
+[ -f "$STAGE/benches.tar.xz" ] || { echo "bench-gpu: stage/benches.tar.xz missing; run scripts/stage-gpu.sh first" >&2; exit 2; }
 BIN="$(mktemp -d)"
-tar -C "$BIN" -xzf "$STAGE/benches.tar.gz" || { echo "bench-gpu: cannot unpack stage/benches.tar.gz" >&2; exit 2; }
+# Python's tarfile reads xz without an xz binary (the GPU machine may have none).
+python3 -c '
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+' "$STAGE/benches.tar.xz" "$BIN" || { echo "bench-gpu: cannot unpack stage/benches.tar.xz" >&2; exit 2; }
 COMMIT="$(cat "$STAGE/COMMIT" 2>/dev/null || echo unknown)"
 DEVICE="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 START=$(date +%s)

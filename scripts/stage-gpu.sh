@@ -3,8 +3,8 @@
 #   stage/gpu-tests.tar.zst   a nextest archive of every test binary of the workspace (profile `gpu`)
 #   stage/bin/cargo-nextest   the standalone nextest runner (the GPU machine has no Rust toolchain)
 #   stage/bin/gpu-ipc         the CLI; stage/bin/producer, stage/bin/consumer: the examples (when built)
-#   stage/benches.tar.gz      the criterion benches gpu_memory, gpu_signal, api_cpu and bench-summary (compressed:
-#                             stage/ has little room), which scripts/bench-gpu.sh OUT_DIR runs
+#   stage/benches.tar.xz      the criterion benches gpu_memory, gpu_signal, api_cpu and bench-summary (xz: 12 MB of
+#                             binaries in under 2 MB; stage/ has little room), which scripts/bench-gpu.sh OUT_DIR runs
 # Then, on the GPU machine, from the project root: scripts/gpu-suite.sh OUT_DIR  (see docs/gpu-testing.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -40,7 +40,7 @@ cp target/gpu/bench-summary "$BENCH_DIR/"
 for bench in gpu_memory gpu_signal api_cpu bench-summary; do
     [ -x "$BENCH_DIR/$bench" ] || { echo "stage-gpu: bench executable $bench was not built" >&2; exit 1; }
 done
-tar -C "$BENCH_DIR" -czf "$STAGE/benches.tar.gz" .
+tar -C "$BENCH_DIR" -cJf "$STAGE/benches.tar.xz" .
 rm -rf "$BENCH_DIR"
 
 NEXTEST="$(command -v cargo-nextest)"

@@ -6,8 +6,8 @@
 //!   process's `next_frame` sees that and releases it. Both sides pass a stream, as an application does. Timed on
 //!   the CPU over the batch, ending with a stream sync, so for the GPU-side strategies (whose calls return once
 //!   the waits are queued) the figure is the GPU's round trip with the run-ahead bound's CPU naps included.
-//!   After criterion's measurement, 10,000 round trips are timed one by one (each followed by a stream sync)
-//!   for their percentiles (printed, and written where `GPU_IPC_BENCH_SAMPLES` points).
+//!   After criterion's measurement, 10,000 round trips are timed one by one (for `gpu-stream-ops`, each followed
+//!   by a stream sync) for their percentiles (printed, and written where `GPU_IPC_BENCH_SAMPLES` points).
 //! - `attach-<backend>/<strategy>`: `Consumer::attach` end to end (connect, handshake, control block, import of
 //!   a ring of two 4K RGB frames, the strategy's setup) against a helper producer that admits continuously; the
 //!   detach after each attach is not timed. After the measurement, 50 attaches and detaches are timed one by one.
@@ -77,13 +77,31 @@ impl<B: GpuBackend> PingPong<B> {
         started.elapsed()
     }
 
-    fn one_by_one(&mut self) -> Vec<f64> {
+    /// Round trips timed one by one. A CPU-side strategy's round trip is over when `next_frame` returns (this
+    /// process saw the answer); a GPU-side one's calls return once the waits are queued, so each round trip is
+    /// followed by a stream sync, which the time includes.
+    fn one_by_one(&mut self, sync_each: bool) -> Vec<f64> {
         for _ in 0..WARM_UP_ROUND_TRIPS {
             self.round_trip();
         }
         self.stream.synchronize().expect("sync");
-        (0..ONE_BY_ONE_ROUND_TRIPS).map(|_| self.batch(1).as_nanos() as f64).collect()
+        (0..ONE_BY_ONE_ROUND_TRIPS)
+            .map(|_| {
+                let started = Instant::now();
+                self.round_trip();
+                if sync_each {
+                    self.stream.synchronize().expect("the round trip completes");
+                }
+                started.elapsed().as_nanos() as f64
+            })
+            .collect()
     }
+}
+
+/// Whether the strategy's calls return before the wait is done (the GPU waits): every strategy but the CPU ones
+/// and `ipc-event`, whose waits the CPU polls.
+fn gpu_side(sync: SyncStrategy) -> bool {
+    !matches!(sync, SyncStrategy::CpuSpin | SyncStrategy::CpuSleep | SyncStrategy::IpcEvent)
 }
 
 struct RoundTrips<'a> {
@@ -112,8 +130,8 @@ impl BackendVisitor for RoundTrips<'_> {
                 b.iter_custom(|iters| pair.batch(iters));
             });
             if ran && harness::measuring() {
-                let what = "one round trip, then a stream sync";
-                record_one_by_one(&id, what, pair.one_by_one());
+                let what = if gpu_side(sync) { "one round trip, then a stream sync" } else { "one round trip" };
+                record_one_by_one(&id, what, pair.one_by_one(gpu_side(sync)));
             }
         }
         group.finish();

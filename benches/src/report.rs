@@ -153,11 +153,15 @@ pub fn parse_benchmark(benchmark: &str, estimates: &str, sample: Option<&str>) -
     })
 }
 
-/// Every benchmark under a criterion output directory (each `new/benchmark.json` found), sorted by id.
+/// Every benchmark under a criterion output directory (each `new/benchmark.json` found), sorted by id; none when
+/// the directory does not exist (no bench ran).
 ///
 /// # Errors
 /// A directory that cannot be read, or a benchmark whose files do not parse (named).
 pub fn collect_criterion(root: &Path) -> Result<Vec<BenchResult>, String> {
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
     let mut found = Vec::new();
     find_files(root, "benchmark.json", &mut found).map_err(|e| format!("reading {}: {e}", root.display()))?;
     let mut results = Vec::new();
@@ -407,6 +411,7 @@ mod tests {
         // A copy under base/ (criterion's previous run) is not counted twice.
         let base = dir.join("criterion/read-256MiB/legacy-imported/base");
         std::fs::write(base.join("benchmark.json"), BENCHMARK).unwrap();
+        assert_eq!(collect_criterion(&dir.join("absent")).unwrap(), Vec::new());
         let found = collect_criterion(&dir.join("criterion")).unwrap();
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].id, "read-256MiB/legacy-imported");
