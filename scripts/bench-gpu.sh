@@ -5,8 +5,8 @@
 # 1. gpu_memory and gpu_signal with the machine as it is, without MPS;
 # 2. the same under a private MPS daemon (started here, stopped here);
 # 3. api_cpu (the frame API's CPU cost on the fake backend; no GPU involved) once.
-# Estimated at about 3 minutes in all with the default (short) criterion settings (not yet timed). A GPU bench that finds no GPU fails here
-# (GPU_IPC_BENCH_REQUIRE_GPU=1) instead of skipping.
+# Estimated at about 3 minutes in all with the default (short) criterion settings (not yet timed). A GPU bench that
+# finds no GPU fails here (GPU_IPC_BENCH_REQUIRE_GPU=1) instead of skipping.
 # OUT_DIR receives: summary.md (one section per pass), environment.txt, and per pass (no-mps, mps, cpu):
 # criterion-PASS/ (criterion's JSON: estimates, samples), samples-PASS/ (round trips and attaches timed one by one),
 # BENCH-PASS.log.
