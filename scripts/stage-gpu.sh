@@ -3,6 +3,8 @@
 #   stage/gpu-tests.tar.zst   a nextest archive of every test binary of the workspace (profile `gpu`)
 #   stage/bin/cargo-nextest   the standalone nextest runner (the GPU machine has no Rust toolchain)
 #   stage/bin/gpu-ipc         the CLI; stage/bin/producer, stage/bin/consumer: the examples (when built)
+#   stage/benches.tar.xz      the criterion benches gpu_memory, gpu_signal, api_cpu and bench-summary (xz: 12 MB of
+#                             binaries in under 2 MB; stage/ has little room), which scripts/bench-gpu.sh OUT_DIR runs
 # Then, on the GPU machine, from the project root: scripts/gpu-suite.sh OUT_DIR  (see docs/gpu-testing.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -21,6 +23,25 @@ for bin in gpu-ipc producer consumer; do
         cp "target/gpu/$bin" "$STAGE/bin/"
     fi
 done
+
+echo "stage-gpu: building the criterion benches (profile gpu)" >&2
+BENCH_DIR="$(mktemp -d)"
+# Bench executables have hashed names under target/gpu/deps: take their paths from cargo's JSON messages.
+cargo build --profile gpu -p gpu-ipc-benches --benches --message-format=json-render-diagnostics |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and "bench" in m["target"]["kind"] and m.get("executable") \
+            and m["target"]["name"] in ("gpu_memory", "gpu_signal", "api_cpu"):
+        print(m["target"]["name"] + "\t" + m["executable"])
+' | while IFS=$'\t' read -r name exe; do cp "$exe" "$BENCH_DIR/$name"; done
+cp target/gpu/bench-summary "$BENCH_DIR/"
+for bench in gpu_memory gpu_signal api_cpu bench-summary; do
+    [ -x "$BENCH_DIR/$bench" ] || { echo "stage-gpu: bench executable $bench was not built" >&2; exit 1; }
+done
+tar -C "$BENCH_DIR" -cJf "$STAGE/benches.tar.xz" .
+rm -rf "$BENCH_DIR"
 
 NEXTEST="$(command -v cargo-nextest)"
 strip -o "$STAGE/bin/cargo-nextest" "$NEXTEST"

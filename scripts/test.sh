@@ -25,6 +25,9 @@ else
     cargo test --workspace --locked --no-fail-fast --lib --bins --tests
 fi
 
+step "benches, each run once (criterion's test mode; GPU benches say they are skipped without a GPU)"
+cargo test -p gpu-ipc-benches --benches --locked
+
 step "doc tests"
 cargo test --workspace --doc --locked
 

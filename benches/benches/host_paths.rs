@@ -1,7 +1,7 @@
 //! Criterion micro-benchmarks of the host-side per-frame paths (no GPU needed): what the CPU strategies pay per
 //! frame in the control block, what a handshake pays to encode and decode its offer, and the host reference of
-//! the frame pattern. GPU-side figures (frames per second, attach cost) come from the GPU suite instead
-//! (`scripts/gpu-suite.sh`, see docs/results.md).
+//! the frame pattern. GPU-side figures come from `gpu_memory` and `gpu_signal` (run on the GPU machine by
+//! `scripts/bench-gpu.sh`) and from `gpu-ipc bench pipeline`; see docs/benchmarks.md.
 
 #![forbid(unsafe_code)]
 // Only ipc-core's driver and sys layers may contain `unsafe`.

@@ -1,3 +1,12 @@
-//! Criterion micro-benchmarks of gpu-ipc live in `benches/`.
+//! Criterion micro-benchmarks of gpu-ipc (in `benches/`) and what they share: criterion's settings and the GPU
+//! benches' skip ([`harness`]), the helper processes of the cross-process benches ([`peer`]), the memory benches'
+//! chain and launch arithmetic ([`memory`]), order statistics ([`stats`]), and the Markdown summary of a run
+//! ([`report`], printed by the `bench-summary` binary). See docs/benchmarks.md, "Micro-benchmarks".
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
+pub mod harness;
+pub mod memory;
+pub mod peer;
+pub mod report;
+pub mod stats;

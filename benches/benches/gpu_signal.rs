@@ -1,0 +1,227 @@
+//! Cross-process signalling through the frame API, per backend and strategy.
+//!
+//! - `round-trip-<backend>/<strategy>`: a ping-pong between this process and a helper process over two one-slot
+//!   rings of 256-byte frames. One iteration is one round trip: this process acquires and publishes a frame on its
+//!   ring; the helper's `next_frame` sees it, it releases it and publishes a frame on its own ring; this
+//!   process's `next_frame` sees that and releases it. Both sides pass a stream, as an application does. Timed on
+//!   the CPU over the batch, ending with a stream sync, so for the GPU-side strategies (whose calls return once
+//!   the waits are queued) the figure is the GPU's round trip with the run-ahead bound's CPU naps included.
+//!   After criterion's measurement, 10,000 round trips are timed one by one (for `gpu-stream-ops`, each followed
+//!   by a stream sync) for their percentiles (printed, and written where `GPU_IPC_BENCH_SAMPLES` points).
+//! - `attach-<backend>/<strategy>`: `Consumer::attach` end to end (connect, handshake, control block, import of
+//!   a ring of two 4K RGB frames, the strategy's setup) against a helper producer that admits continuously; the
+//!   detach after each attach is not timed. After the measurement, 50 attaches and detaches are timed one by one.
+//!
+//! Without a GPU it prints one line saying it is skipped and exits 0.
+
+#![forbid(unsafe_code)]
+// Benches may panic on setup failure: there is nobody to report an error to.
+#![allow(clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, SamplingMode};
+use gpu_ipc::core::backend::GpuBackend;
+use gpu_ipc::core::driver::{Context, Stream};
+use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+use gpu_ipc::{BackendChoice, BackendVisitor};
+use gpu_ipc_benches::harness::{self, record_one_by_one};
+use gpu_ipc_benches::peer::{self, Helper, Role, STRATEGIES, WAIT, attach_retrying, flat_geometry, socket_path};
+
+/// Round trips timed one by one after criterion's measurement (after as many untimed).
+const ONE_BY_ONE_ROUND_TRIPS: usize = 10_000;
+const WARM_UP_ROUND_TRIPS: usize = 1_000;
+/// Attaches (and detaches) timed one by one after criterion's measurement.
+const ONE_BY_ONE_ATTACHES: usize = 50;
+
+/// This process's end of the ping-pong. Fields drop in order: our consumer, our producer (the helper then sees
+/// its producer gone and leaves), the helper, the stream.
+struct PingPong<B: GpuBackend> {
+    pong: Consumer<B>,
+    ping: Producer<B>,
+    _helper: Helper,
+    stream: Stream,
+}
+
+impl<B: GpuBackend> PingPong<B> {
+    fn new(ctx: &Context, backend: BackendChoice, sync: SyncStrategy) -> Result<Self, FrameError> {
+        let (ping_path, pong_path) =
+            (socket_path(&format!("ping-{backend}-{sync}")), socket_path(&format!("pong-{backend}-{sync}")));
+        let geometry = flat_geometry(256).map_err(FrameError::Config)?;
+        let mut ping = Producer::<B>::create(ctx, ProducerConfig::new(&ping_path, geometry, 1, sync))?;
+        let role =
+            Role::Echo { backend, sync, ping: ping_path, pong: pong_path.clone(), device: harness::device_ordinal() };
+        let helper = Helper::spawn(&format!("echo {backend} {sync}"), &role).map_err(FrameError::Config)?;
+        // The helper attaches to our ring first (we hand it its offer here), then we attach to its ring.
+        ping.wait_for_consumers(1, WAIT)?;
+        let pong = attach_retrying::<B>(ctx, &pong_path, "signal-bench")?;
+        Ok(Self { pong, ping, _helper: helper, stream: Stream::new(ctx)? })
+    }
+
+    fn round_trip(&mut self) {
+        let stream = Some(&self.stream);
+        let lease = self.ping.acquire(stream, WAIT).expect("acquire");
+        self.ping.publish(lease, stream).expect("publish");
+        let frame = self.pong.next_frame(stream, WAIT).expect("the answer");
+        self.pong.release(frame, stream).expect("release");
+    }
+
+    fn batch(&mut self, iters: u64) -> Duration {
+        let started = Instant::now();
+        for _ in 0..iters {
+            self.round_trip();
+        }
+        self.stream.synchronize().expect("the round trips complete");
+        started.elapsed()
+    }
+
+    /// Round trips timed one by one. A CPU-side strategy's round trip is over when `next_frame` returns (this
+    /// process saw the answer); a GPU-side one's calls return once the waits are queued, so each round trip is
+    /// followed by a stream sync, which the time includes.
+    fn one_by_one(&mut self, sync_each: bool) -> Vec<f64> {
+        for _ in 0..WARM_UP_ROUND_TRIPS {
+            self.round_trip();
+        }
+        self.stream.synchronize().expect("sync");
+        (0..ONE_BY_ONE_ROUND_TRIPS)
+            .map(|_| {
+                let started = Instant::now();
+                self.round_trip();
+                if sync_each {
+                    self.stream.synchronize().expect("the round trip completes");
+                }
+                started.elapsed().as_nanos() as f64
+            })
+            .collect()
+    }
+}
+
+/// Whether the strategy's calls return before the wait is done (the GPU waits): every strategy but the CPU ones
+/// and `ipc-event`, whose waits the CPU polls.
+fn gpu_side(sync: SyncStrategy) -> bool {
+    !matches!(sync, SyncStrategy::CpuSpin | SyncStrategy::CpuSleep | SyncStrategy::IpcEvent)
+}
+
+struct RoundTrips<'a> {
+    c: &'a mut Criterion,
+    ctx: &'a Context,
+    backend: BackendChoice,
+}
+
+impl BackendVisitor for RoundTrips<'_> {
+    type Output = ();
+    fn visit<B: GpuBackend>(self) {
+        let group_name = format!("round-trip-{}", self.backend);
+        let mut group = self.c.benchmark_group(&group_name);
+        for sync in STRATEGIES {
+            let id = format!("{group_name}/{sync}");
+            let mut pair = match PingPong::<B>::new(self.ctx, self.backend, sync) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    eprintln!("{id}: NOT MEASURED: {e}");
+                    continue;
+                }
+            };
+            let mut ran = false;
+            group.bench_function(sync.to_string(), |b| {
+                ran = true;
+                b.iter_custom(|iters| pair.batch(iters));
+            });
+            if ran && harness::measuring() {
+                let what = if gpu_side(sync) { "one round trip, then a stream sync" } else { "one round trip" };
+                record_one_by_one(&id, what, pair.one_by_one(gpu_side(sync)));
+            }
+        }
+        group.finish();
+    }
+}
+
+struct Attaches<'a> {
+    c: &'a mut Criterion,
+    ctx: &'a Context,
+    backend: BackendChoice,
+}
+
+impl BackendVisitor for Attaches<'_> {
+    type Output = ();
+    fn visit<B: GpuBackend>(self) {
+        let group_name = format!("attach-{}", self.backend);
+        let mut group = self.c.benchmark_group(&group_name);
+        group.sampling_mode(SamplingMode::Flat).sample_size(10);
+        let geometry = FrameGeometry::new(3840, 2160, PixelFormat::Rgb8).expect("4K RGB");
+        // cpu-sleep sets up exactly as cpu-spin does.
+        for sync in [SyncStrategy::CpuSpin, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps] {
+            let id = format!("{group_name}/{sync}");
+            let socket = socket_path(&format!("attach-{}-{sync}", self.backend));
+            let role = Role::Exporter {
+                backend: self.backend,
+                sync,
+                socket: socket.clone(),
+                geometry,
+                slots: 2,
+                device: harness::device_ordinal(),
+            };
+            let _helper = match Helper::spawn(&format!("exporter {} {sync}", self.backend), &role) {
+                Ok(helper) => helper,
+                Err(e) => {
+                    eprintln!("{id}: NOT MEASURED: {e}");
+                    continue;
+                }
+            };
+            // The first import of a process is slower (the driver sets up IPC); it is not what is measured here.
+            let attacher = Attacher::<B> { ctx: self.ctx, socket, _backend: std::marker::PhantomData };
+            if let Err(e) = attacher.attach() {
+                eprintln!("{id}: NOT MEASURED: {e}");
+                continue;
+            }
+            let mut ran = false;
+            group.bench_function(sync.to_string(), |b| {
+                ran = true;
+                b.iter_custom(|iters| (0..iters).map(|_| attacher.attach().expect("attach").0).sum::<Duration>());
+            });
+            if ran && harness::measuring() {
+                let (attach, detach): (Vec<f64>, Vec<f64>) = (0..ONE_BY_ONE_ATTACHES)
+                    .map(|_| attacher.attach().expect("attach"))
+                    .map(|(a, d)| (a.as_nanos() as f64, d.as_nanos() as f64))
+                    .unzip();
+                record_one_by_one(&id, "one Consumer::attach", attach);
+                record_one_by_one(&format!("detach-{}/{sync}", self.backend), "one Consumer::detach", detach);
+            }
+        }
+        group.finish();
+    }
+}
+
+struct Attacher<'a, B> {
+    ctx: &'a Context,
+    socket: PathBuf,
+    _backend: std::marker::PhantomData<B>,
+}
+
+impl<B: GpuBackend> Attacher<'_, B> {
+    /// One attach and one detach; how long each took.
+    fn attach(&self) -> Result<(Duration, Duration), FrameError> {
+        let options = AttachOptions { name: "attach-bench".to_owned(), timeout: WAIT, ..AttachOptions::default() };
+        let started = Instant::now();
+        let consumer = Consumer::<B>::attach(self.ctx, &self.socket, &options)?;
+        let attached = started.elapsed();
+        let started = Instant::now();
+        consumer.detach();
+        Ok((attached, started.elapsed()))
+    }
+}
+
+fn main() {
+    peer::run_if_helper();
+    let Some(ctx) = harness::gpu_or_skip("gpu_signal") else { return };
+    let mut c = harness::criterion();
+    for &backend in BackendChoice::ALL {
+        backend.dispatch(RoundTrips { c: &mut c, ctx: &ctx, backend });
+    }
+    for &backend in BackendChoice::ALL {
+        backend.dispatch(Attaches { c: &mut c, ctx: &ctx, backend });
+    }
+    c.final_summary();
+}
