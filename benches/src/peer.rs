@@ -26,8 +26,13 @@ use serde::{Deserialize, Serialize};
 pub const ROLE_ENV: &str = "GPU_IPC_BENCH_ROLE";
 
 /// Every strategy, in the order reports list them.
-pub const STRATEGIES: [SyncStrategy; 4] =
-    [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep, SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps];
+pub const STRATEGIES: [SyncStrategy; 5] = [
+    SyncStrategy::CpuSpin,
+    SyncStrategy::CpuSleep,
+    SyncStrategy::IpcEvent,
+    SyncStrategy::GpuStreamOps,
+    SyncStrategy::GpuPoll,
+];
 
 /// Bound on each wait of a helper and of the bench's own calls against it.
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -321,6 +326,6 @@ mod tests {
         for s in STRATEGIES {
             assert_eq!(strategy_by_name(&s.to_string()), Some(s));
         }
-        assert_eq!(strategy_by_name("gpu-poll"), None);
+        assert_eq!(strategy_by_name("gpu-push"), None);
     }
 }
