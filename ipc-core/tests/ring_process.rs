@@ -251,6 +251,8 @@ fn killed_producer_is_reported_within_a_second() {
     }
     assert!(killed_at < Duration::from_secs(1), "took {killed_at:?}");
     // Survivor duty: release every GPU wait on frames that will never come.
+    let last = consumer.highest_published();
     consumer.poison_published();
-    assert_eq!(consumer.block().layout().published[0].value.load(Ordering::SeqCst), POISON);
+    assert!(ipc_core::ring::is_poisoned(consumer.block().layout().published[0].value.load(Ordering::SeqCst)));
+    assert_eq!(consumer.highest_published(), last, "the poison keeps which frames were published");
 }

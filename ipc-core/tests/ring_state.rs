@@ -382,6 +382,23 @@ fn poison_releases_everyone() {
 }
 
 #[test]
+fn poisoning_keeps_which_frames_the_producer_published_for_every_consumer() {
+    let producer = producer(2, 2);
+    let (a, b) = (join_consumer(&producer), join_consumer(&producer));
+    for seq in 0..3 {
+        producer.publish(Sequence(seq)).unwrap();
+        a.release(Sequence(seq)).unwrap();
+        b.release(Sequence(seq)).unwrap();
+    }
+    assert_eq!(a.highest_published(), Some(2));
+    // The first consumer to see the producer gone poisons; the second still reads the truth.
+    a.poison_published();
+    b.poison_published();
+    assert_eq!(b.highest_published(), Some(2));
+    assert!(matches!(b.is_published(Sequence(3)), Err(RingError::ProducerGone { .. })));
+}
+
+#[test]
 fn stale_heartbeat_means_gone() {
     let producer = producer(2, 1);
     let id = producer.register_consumer(getpid()).unwrap();

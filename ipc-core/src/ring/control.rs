@@ -135,6 +135,12 @@ pub fn wait_until(
     }
 }
 
+/// Whether a counter holds the poison: bit 62 set (`published` counters keep their last value in the low bits, see
+/// [`ConsumerControl::poison_published`]; `released` counters hold exactly [`POISON`]).
+pub fn is_poisoned(value: u64) -> bool {
+    value & POISON != 0
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process on the machine, so heartbeats compare across them.
 pub fn monotonic_ns() -> u64 {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
@@ -530,7 +536,7 @@ impl ProducerControl {
         // Release: the frame contents written before this are visible to a consumer that Acquire-loads seq + 1.
         let before = self.block.published(self.slot_for(seq)).fetch_max(seq.done_value(), Ordering::Release);
         self.store_next(seq);
-        if before == POISON {
+        if is_poisoned(before) {
             return Err(RingError::ProducerGone { pid: self.block.producer_pid(), reason: GoneReason::Poisoned });
         }
         Ok(())
@@ -704,7 +710,7 @@ impl ConsumerControl {
         self.check_joined(seq)?;
         // Acquire: pairs with the producer's Release in `publish`, making the frame's contents visible.
         let value = self.block.published(self.block.slot_for(seq)).load(Ordering::Acquire);
-        if value == POISON {
+        if is_poisoned(value) {
             // The producer's hang-up poisons every slot. After a clean close that hides frames it did publish:
             // they are intact (nothing writes the slots any more), so they are still delivered.
             let header = &self.block.layout().header;
@@ -783,8 +789,8 @@ impl ConsumerControl {
             .published
             .iter()
             .take(self.block.slot_count as usize)
-            .map(|counter| counter.value.load(Ordering::Acquire))
-            .filter(|&value| value != 0 && value < POISON)
+            .map(|counter| counter.value.load(Ordering::Acquire) & !POISON)
+            .filter(|&value| value != 0)
             .max()
             .map(|value| value - 1)
     }
@@ -792,8 +798,11 @@ impl ConsumerControl {
     /// Survivor duty after `ProducerGone`: writes [`POISON`] into every `published` counter, so GPU stream waits
     /// of every consumer on frames that will never come complete (their results are to be discarded).
     pub fn poison_published(&self) {
+        // `fetch_or`, not `fetch_max`: the value keeps the frame it held in its low bits, so whoever poisons first
+        // (every consumer of the ring does it at the producer's hang-up) does not hide from the others which frames
+        // the producer really published (`highest_published`).
         for counter in self.block.layout().published.iter().take(self.block.slot_count as usize) {
-            counter.value.fetch_max(POISON, Ordering::Release);
+            counter.value.fetch_or(POISON, Ordering::Release);
         }
     }
 

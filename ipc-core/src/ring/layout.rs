@@ -38,7 +38,9 @@ pub const CONTROL_BLOCK_BYTES: usize = size_of::<ControlBlockLayout>().next_mult
 /// above every sequence number satisfies any pending or future wait. It is `2^62`, not `u64::MAX`: the GPU's
 /// comparison is the wrap-around `(int64)(*addr - value) >= 0`, which `u64::MAX` fails for every small `value`
 /// (it reads as -1 - value); `2^62` passes it for every sequence below `2^62` (146,000 years at 1M frames/s). It is sticky: the host-side writers use `fetch_max`, so a late
-/// write from a peer that was declared dead cannot lower it. A consumer that reads `POISON` from `published` reports
+/// write from a peer that was declared dead cannot lower it (`released` counters get `fetch_max(POISON)`; `published`
+/// counters get `fetch_or(POISON)`, which keeps the last frame in the low bits: a value with this bit set is poison).
+/// A consumer that reads a poisoned `published` reports
 /// [`ProducerGone`](super::RingError::ProducerGone); what a GPU kernel released by poison computed is garbage and the
 /// host discards it when it sees the error.
 pub const POISON: u64 = 1 << 62;
