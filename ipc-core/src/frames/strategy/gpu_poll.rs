@@ -478,15 +478,7 @@ impl ProducerSide for PollProducer {
     fn holding_up(&self, ring: &ProducerControl, seq: u64, out: &mut Vec<ConsumerId>) {
         // The stream is stuck behind a poll queued for some frame in flight: whoever has not released for any of
         // them holds it up.
-        let mut pending = Vec::new();
-        for s in self.done_below..=seq {
-            pending.clear();
-            if ring.pending_releases(Sequence(s), &mut pending).is_ok() {
-                out.extend(pending.iter().map(|p| p.consumer));
-            }
-        }
-        out.sort_by_key(|id| id.to_u64());
-        out.dedup();
+        super::holding_up_frames(ring, self.done_below.min(seq), seq, out);
     }
 
     fn drain(&mut self, stream: Option<&Stream>, deadline: Instant) -> Result<(), FrameError> {

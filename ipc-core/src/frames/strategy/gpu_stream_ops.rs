@@ -179,15 +179,7 @@ impl ProducerSide for GpuProducer {
         // The stream is stuck behind a wait queued for some frame in flight: whoever has not released for any of
         // them holds it up.
         let first = self.waits.oldest_pending(self.run_ahead.progress()).map_or(seq, |frame| frame.min(seq));
-        let mut pending = Vec::new();
-        for s in first..=seq {
-            pending.clear();
-            if ring.pending_releases(Sequence(s), &mut pending).is_ok() {
-                out.extend(pending.iter().map(|p| p.consumer));
-            }
-        }
-        out.sort_by_key(|id| id.to_u64());
-        out.dedup();
+        super::holding_up_frames(ring, first, seq, out);
     }
 
     fn drain(&mut self, stream: Option<&Stream>, deadline: Instant) -> Result<(), FrameError> {

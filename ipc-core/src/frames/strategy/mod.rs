@@ -206,6 +206,20 @@ pub(crate) trait ConsumerSide: Send + Sync {
     }
 }
 
+/// Appends, once each, the consumers that have not released for some frame in `from..=to`: with a GPU-side strategy
+/// the stream is stuck behind a wait queued for one of the frames in flight, and whoever these are hold it up.
+pub(crate) fn holding_up_frames(ring: &ProducerControl, from: u64, to: u64, out: &mut Vec<ConsumerId>) {
+    let mut pending = Vec::new();
+    for s in from..=to {
+        pending.clear();
+        if ring.pending_releases(Sequence(s), &mut pending).is_ok() {
+            out.extend(pending.iter().map(|p| p.consumer));
+        }
+    }
+    out.sort_by_key(|id| id.to_u64());
+    out.dedup();
+}
+
 /// The stream a GPU-side strategy queues its waits and writes on.
 pub(crate) fn need_stream(stream: Option<&Stream>, strategy: SyncStrategy) -> Result<&Stream, FrameError> {
     stream.ok_or_else(|| FrameError::Config(format!("the {strategy} strategy needs a stream")))
