@@ -139,13 +139,12 @@ fn shipped_list(images: &[KernelImage]) -> String {
 /// # Errors
 /// [`NoImageForDevice`] when the device is older than 7.5, for which nothing is compiled.
 pub fn select_image(device: ComputeCapability, force_ptx: bool) -> Result<&'static KernelImage, NoImageForDevice> {
-    let cubin = IMAGES
-        .iter()
-        .filter(|image| image.kind == ImageKind::Cubin && !force_ptx)
-        .filter(|image| image.arch.major == device.major && image.arch.minor <= device.minor)
-        .max_by_key(|image| image.arch.minor);
-    let ptx = || IMAGES.iter().find(|image| image.kind == ImageKind::Ptx && image.arch <= device);
-    cubin.or_else(ptx).ok_or(NoImageForDevice { device, ptx_forced: force_ptx, shipped: &IMAGES })
+    let describe = |image: &KernelImage| ((image.arch.major, image.arch.minor), image.kind == ImageKind::Cubin);
+    ipc_core::driver::pick_image(&IMAGES, (device.major, device.minor), force_ptx, describe).ok_or(NoImageForDevice {
+        device,
+        ptx_forced: force_ptx,
+        shipped: &IMAGES,
+    })
 }
 
 /// The environment variable that forces the PTX image: set to `1` to skip the cubins.

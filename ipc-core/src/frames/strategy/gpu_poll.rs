@@ -105,12 +105,7 @@ static IMAGES: [RingImage; 8] = [
 /// cubin, else the cubin of the same major with the highest minor not above the device's, else the PTX (7.5 or
 /// newer); `None` below 7.5.
 fn select_image(device: (u32, u32), force_ptx: bool) -> Option<&'static RingImage> {
-    let cubin = IMAGES
-        .iter()
-        .filter(|image| image.cubin && !force_ptx)
-        .filter(|image| image.arch.0 == device.0 && image.arch.1 <= device.1)
-        .max_by_key(|image| image.arch.1);
-    cubin.or_else(|| IMAGES.iter().find(|image| !image.cubin && image.arch <= device))
+    crate::driver::pick_image(&IMAGES, device, force_ptx, |image| (image.arch, image.cubin))
 }
 
 /// The `GpuPoll` strategy.
