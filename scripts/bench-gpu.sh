@@ -65,6 +65,8 @@ summarise() {
         FAILED+=("summary of $1: see summary.log")
 }
 
+# shellcheck source=scripts/mps.sh
+. "$ROOT/scripts/mps.sh"
 for pass in ${GPU_IPC_BENCH_PASSES:-no-mps mps}; do
     case "$pass" in
     no-mps)
@@ -73,30 +75,15 @@ for pass in ${GPU_IPC_BENCH_PASSES:-no-mps mps}; do
         summarise no-mps "GPU micro-benchmarks, no MPS"
         ;;
     mps)
-        MPS_DIR="$(mktemp -d)"
-        mkdir -p "$MPS_DIR/pipe" "$MPS_DIR/log"
         REASON=""
-        if ! command -v nvidia-cuda-mps-control >/dev/null; then
-            REASON="nvidia-cuda-mps-control not found"
-        elif ! CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log" nvidia-cuda-mps-control -d; then
-            REASON="nvidia-cuda-mps-control -d failed"
+        if mps_start; then
+            run_bench mps gpu_memory "$@"
+            run_bench mps gpu_signal "$@"
+            summarise mps "GPU micro-benchmarks, under a private MPS daemon"
         else
-            export CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log"
-            sleep 1
-            # The daemon answers only when it really runs; a dead one means the pass would silently run without MPS.
-            if ! echo get_server_list | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1; then
-                REASON="the MPS daemon started but does not answer"
-            else
-                run_bench mps gpu_memory "$@"
-                run_bench mps gpu_signal "$@"
-                summarise mps "GPU micro-benchmarks, under a private MPS daemon"
-            fi
-            echo quit | timeout 10 nvidia-cuda-mps-control
-            sleep 1
-            unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+            REASON="$MPS_REASON"
         fi
-        cp -r "$MPS_DIR/log" "$OUT/mps-log" 2>/dev/null
-        rm -rf "$MPS_DIR"
+        mps_stop "$OUT/mps-log"
         if [ -n "$REASON" ]; then
             echo "bench-gpu: MPS pass SKIPPED: $REASON" >&2
             printf '# GPU micro-benchmarks, under MPS\n\nSkipped: %s.\n\n' "$REASON" >>"$SUMMARY"

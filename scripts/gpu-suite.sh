@@ -52,31 +52,16 @@ echo "gpu-suite: [2/5] frame throughput under a private MPS daemon" >&2
 MPS_RC=0
 MPS_STATUS=skipped
 MPS_REASON=""
-MPS_DIR="$(mktemp -d)"
-mkdir -p "$MPS_DIR/pipe" "$MPS_DIR/log"
-if ! command -v nvidia-cuda-mps-control >/dev/null; then
-    MPS_REASON="nvidia-cuda-mps-control not found"
-elif ! CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log" nvidia-cuda-mps-control -d; then
-    MPS_REASON="nvidia-cuda-mps-control -d failed"
-else
-    export CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log"
-    sleep 1
-    # The daemon answers only when it really runs; a dead one means the pass would silently run without MPS.
-    if ! echo get_server_list | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1; then
-        MPS_REASON="the MPS daemon started but does not answer"
-    else
-        GPU_IPC_RESULTS_TAG=mps "${NEXTEST[@]}" --run-ignored only \
-            -E 'test(every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers)' 2>&1 |
-            tee "$WORK/tests-mps.log"
-        MPS_RC=${PIPESTATUS[0]}
-        if [ "$MPS_RC" -eq 0 ]; then MPS_STATUS=passed; else MPS_STATUS=failed; fi
-    fi
-    echo quit | timeout 10 nvidia-cuda-mps-control
-    sleep 1
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+# shellcheck source=scripts/mps.sh
+. "$ROOT/scripts/mps.sh"
+if mps_start; then
+    GPU_IPC_RESULTS_TAG=mps "${NEXTEST[@]}" --run-ignored only \
+        -E 'test(every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers)' 2>&1 |
+        tee "$WORK/tests-mps.log"
+    MPS_RC=${PIPESTATUS[0]}
+    if [ "$MPS_RC" -eq 0 ]; then MPS_STATUS=passed; else MPS_STATUS=failed; fi
 fi
-cp -r "$MPS_DIR/log" "$WORK/mps-log" 2>/dev/null
-rm -rf "$MPS_DIR"
+mps_stop "$WORK/mps-log"
 if [ "$MPS_STATUS" = skipped ]; then
     echo "gpu-suite: MPS pass SKIPPED: $MPS_REASON" | tee "$WORK/tests-mps.log" >&2
     [ "${GPU_IPC_ALLOW_NO_MPS:-0}" = 1 ] || MPS_RC=1

@@ -29,10 +29,13 @@ const PROGRESS_BYTES: usize = 4096;
 /// Where the marks are in `ProgressWords`.
 const PROGRESS_OFFSET: u64 = 0;
 
-/// The fewest frames a side may have in flight, whatever the slot count: with one slot, `2 * slots` frames are
-/// about one frame time of queued GPU work, less than one nap (`NAP` plus the kernel's timer slack, about 70 us),
-/// so the GPU would idle while the CPU sleeps.
-pub(crate) const MIN_DEPTH: usize = 8;
+/// The fewest frames a side may have in flight, whatever the slot count. A nap lasts about 70 us (`NAP` plus the
+/// kernel's timer slack), and the CPU resumes queueing only when half the depth is through the stream (see
+/// [`RunAhead::before`]), so half the depth must hold more GPU work than one nap, or the GPU idles while the CPU
+/// sleeps. A one-slot round trip through two processes' streams is about 8 us of GPU work under MPS
+/// (`scripts/signal-paths.sh`, "ours"); with a depth of 8 the library's round trip measured 20-21 us, the stream
+/// idling behind the naps (docs/benchmarks.md). 16 such frames are about 130 us.
+pub(crate) const MIN_DEPTH: usize = 32;
 
 /// The run-ahead bound of a side of a ring of `slots` slots.
 pub(crate) fn depth_for(slots: u32) -> usize {
@@ -92,16 +95,25 @@ impl RunAhead {
 
     /// Naps until frame `seq - depth` is through the stream (nothing to wait for on the first `depth` frames).
     ///
+    /// When it has to nap, it naps until frame `seq - depth / 2` is through: the CPU then wakes once per half
+    /// depth of frames rather than once per frame (every nap costs the CPU a few microseconds of system time), and
+    /// the stream still holds half the depth of queued work while the CPU sleeps.
+    ///
     /// # Errors
     /// [`FrameError::Timeout`] at `deadline`: the stream is stuck behind a wait that nobody satisfies; a driver
     /// error when the context failed (e.g. a kernel's illegal address).
     pub(crate) fn before(&self, seq: u64, deadline: Instant) -> Result<(), FrameError> {
-        let mark = self.frames[self.index(seq)].load(Ordering::Relaxed);
-        self.wait_for(mark, deadline, || {
-            format!(
-                "the stream to finish frame {} (a GPU-side wait is not satisfied)",
-                seq.saturating_sub(self.depth())
-            )
+        // `frames[seq % depth]` holds frame `seq - depth`'s mark (0 for none: the first `depth` frames).
+        let bound = self.frames[self.index(seq)].load(Ordering::Relaxed);
+        if self.passed(bound) {
+            return Ok(());
+        }
+        // Here seq >= depth (a non-zero mark), so frame `seq - depth / 2` exists and was queued; an entry older
+        // than the bound (a frame that was never marked) must not weaken it.
+        let half = seq - self.depth() / 2;
+        let resume = self.frames[self.index(half)].load(Ordering::Relaxed).max(bound);
+        self.wait_for(resume, deadline, || {
+            format!("the stream to finish frame {} (a GPU-side wait is not satisfied)", seq - self.depth())
         })
     }
 
@@ -215,8 +227,8 @@ mod tests {
     #[test]
     fn depth_is_twice_the_slots_but_never_below_the_minimum() {
         assert_eq!(depth_for(1), MIN_DEPTH);
-        assert_eq!(depth_for(4), 8);
-        assert_eq!(depth_for(8), 16);
+        assert_eq!(depth_for(8), MIN_DEPTH);
+        assert_eq!(depth_for(16), 32);
         assert_eq!(depth_for(32), 64);
     }
 

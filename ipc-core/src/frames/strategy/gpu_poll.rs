@@ -3,7 +3,7 @@
 //! `ld.acquire.sys` until a frame is published or released, and another stores the counter with `st.release.sys`
 //! after the stream's work: the rule `gpu-ipc probe coherency` established (docs/kernels.md). No CPU in the
 //! per-frame path: calls return once the kernels are queued, and the run-ahead bound keeps the CPU at most
-//! `2 * slots` frames ahead of the stream.
+//! `max(2 * slots, 32)` frames ahead of the stream.
 //!
 //! Only where MPS runs: without it two processes' kernels never run at the same time, so a kernel that polls for
 //! another process's kernel waits out whole time slices (milliseconds per frame). [`Strategy::check`] refuses then.
@@ -28,7 +28,7 @@ use crate::driver::{
     Context, Device, DeviceMemory, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys,
 };
 use crate::frames::FrameError;
-use crate::frames::run_ahead::RunAhead;
+use crate::frames::run_ahead::{RunAhead, depth_for};
 use crate::ring::layout::{ControlBlockLayout, MAX_CONSUMERS, MAX_SLOTS, published_offset, released_offset};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::sys::shm::{SharedMemory, SharedObject};
@@ -49,7 +49,8 @@ const DEFAULT_MPS_PIPE_DIRECTORY: &str = "/tmp/nvidia-mps";
 /// Bit 63 of an outcome word: the poll gave up at its deadline (the low bits are the frame's `seq + 1`).
 const TIMED_OUT: u64 = 1 << 63;
 
-/// Outcome words per side: one per frame in flight, and at most `2 * MAX_SLOTS` frames are in flight.
+/// Outcome words per side: one per frame in flight, and at most `depth_for(MAX_SLOTS)` = `2 * MAX_SLOTS` frames
+/// are in flight.
 const OUTCOME_WORDS: usize = 2 * MAX_SLOTS as usize;
 
 /// The index of the side's abort word, after the outcome words: non-zero makes every poll give up.
@@ -272,7 +273,7 @@ impl Poller {
             )
         })?;
         tracing::debug!(image = image.file, "gpu-poll: ring kernels loaded");
-        let depth = 2 * setup.slots as usize;
+        let depth = depth_for(setup.slots);
         if depth > OUTCOME_WORDS {
             return Err(FrameError::Config(format!(
                 "{} slots is more than the {MAX_SLOTS} a ring can have",

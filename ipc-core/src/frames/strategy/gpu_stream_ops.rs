@@ -1,7 +1,7 @@
 //! `GpuStreamOps`: the GPU does the waiting. `cuStreamWaitValue64` on the control block's counters (registered
 //! for the device) holds the caller's stream until a frame is published or released; `cuStreamWriteValue64`
 //! stores the counter after the stream's work. No CPU in the per-frame path: calls return once work is queued,
-//! and the run-ahead bound keeps the CPU at most `max(2 * slots, 8)` frames ahead of the stream.
+//! and the run-ahead bound keeps the CPU at most `max(2 * slots, 32)` frames ahead of the stream.
 //!
 //! CPU cost per frame: each call queues its operations as one `cuStreamBatchMemOp` (the producer's waits for
 //! every consumer, then the run-ahead mark; the publish write and its mark; a consumer's wait and its mark; the

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds scripts/signal-paths.cu with nvcc and runs it on the GPU machine, without and under a private MPS daemon:
+# the floor the CUDA driver gives for the handoffs gpu-ipc's strategies make (no gpu-ipc code involved).
+#   scripts/signal-paths.sh OUT_DIR [FRAMES]
+# OUT_DIR receives signal-paths.txt (every figure, "pass key value unit"), environment.txt and build.log.
+# FRAMES: frames per `frames` run (default 3000). About 1-2 minutes in all.
+# Exit status: 0 every run ended (read the figures), 1 a run failed or timed out (the text says which), 2 no nvcc.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${1:?usage: scripts/signal-paths.sh OUT_DIR [FRAMES]}"
+FRAMES="${2:-3000}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+[ -x "$NVCC" ] || { echo "signal-paths: nvcc not found" >&2; exit 2; }
+BIN="$(mktemp -d)/signal-paths"
+"$NVCC" -O2 -std=c++17 -arch=native -o "$BIN" "$ROOT/scripts/signal-paths.cu" -lcuda >"$OUT/build.log" 2>&1 ||
+    { cat "$OUT/build.log" >&2; exit 1; }
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || cat "$ROOT/stage/COMMIT" 2>/dev/null || echo unknown)"
+    nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm,clocks.mem --format=csv 2>&1
+} >"$OUT/environment.txt"
+TXT="$OUT/signal-paths.txt"
+: >"$TXT"
+FAILED=0
+
+# one PASS ARGS...: one run, its lines prefixed with the pass.
+one() {
+    local pass="$1"
+    shift
+    echo "signal-paths: [$pass] $*" >&2
+    local rc
+    timeout 150 "$BIN" "$@" >"$OUT/run.tmp" 2>&1
+    rc=$?
+    sed "s/^/$pass /" "$OUT/run.tmp" | tee -a "$TXT"
+    if [ "$rc" -ne 0 ]; then
+        echo "$pass FAILED ($rc): $*" | tee -a "$TXT"
+        FAILED=1
+    fi
+}
+
+# every PASS: the runs of one pass; polling kernels only where both processes' kernels can run at once (MPS).
+every() {
+    local pass="$1"
+    one "$pass" single 3000
+    one "$pass" cpu 20000
+    for mem in host dev; do
+        for mech in ops batch1 ours ours-lite; do one "$pass" rt "$mem" "$mech" 5000; done
+        for slots in 1 2 8 32; do one "$pass" frames "$mem" "$slots" "$FRAMES"; done
+    done
+}
+
+every no-mps
+# shellcheck source=scripts/mps.sh
+. "$ROOT/scripts/mps.sh"
+if mps_start; then
+    every mps
+    # Last, each under a fresh daemon: a kill may break the server for every client.
+    for mem in host dev; do
+        for mech in stream kernel; do
+            mps_stop
+            mps_start && one mps killwait "$mem" "$mech"
+        done
+    done
+else
+    echo "mps SKIPPED: $MPS_REASON" | tee -a "$TXT"
+    FAILED=1
+fi
+mps_stop "$OUT/mps-log"
+rm -f "$OUT/run.tmp"
+exit "$FAILED"
