@@ -129,6 +129,7 @@ fn main() -> ExitCode {
         Command::Probe(ProbeCommand::Crash(args)) => ExitCode::from(probe::crash::main(&args)),
         Command::Report(args) => ExitCode::from(answers::main(&args)),
         Command::Bench(bench::BenchCommand::Pipeline(args)) => ExitCode::from(bench::pipeline_main(&args)),
+        Command::Bench(bench::BenchCommand::Targets(args)) => ExitCode::from(bench::targets::targets_main(&args)),
         Command::Stress(args) => ExitCode::from(stress::main(&args)),
         Command::StressPeer { socket } => ExitCode::from(stress::hostile::peer_main(&socket)),
         Command::ProbeChild { socket } => ExitCode::from(probe::child_main(&socket)),

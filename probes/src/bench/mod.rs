@@ -17,6 +17,7 @@ pub mod results;
 pub mod rows;
 pub mod run;
 pub mod shared;
+pub mod targets;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -46,6 +47,12 @@ pub enum BenchCommand {
     /// Exit status: 0 the bench ran (failed rows are in the results); 1 it could not run; 2 usage error; 3 no
     /// usable CUDA driver or no GPU.
     Pipeline(PipelineArgs),
+    /// The benchmarks issue's targets, judged from two `bench pipeline` JSONs of one session (without MPS, under
+    /// MPS), each figure against the references of its own run; needs no GPU.
+    ///
+    /// Exit status: 0 judged (met or not: read the table); 1 a file could not be read or is not what it was given
+    /// as; 2 usage error.
+    Targets(targets::TargetsArgs),
 }
 
 /// Options of `gpu-ipc bench pipeline`.

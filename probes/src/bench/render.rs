@@ -47,10 +47,14 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
             ratio(seed.ratio_to_single_process)
         );
     }
-    let failed = results.rows.iter().filter(|r| r.measured().is_none()).count();
+    let failed = results.rows.iter().filter(|r| matches!(r.outcome, RowOutcome::Failed { .. })).count();
+    let unavailable = results.rows.iter().filter(|r| matches!(r.outcome, RowOutcome::Unavailable { .. })).count();
     let mismatched = results.rows.iter().filter(|r| r.measured().is_some_and(|m| m.mismatches != 0)).count();
     if failed > 0 {
         let _ = write!(answer, " {failed} of {} rows failed.", results.rows.len());
+    }
+    if unavailable > 0 {
+        let _ = write!(answer, " {unavailable} rows not run: their strategy is unavailable here (the table says why).");
     }
     if mismatched > 0 {
         let _ = write!(answer, " {mismatched} rows read WRONG DATA (mismatches).");
