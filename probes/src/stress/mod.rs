@@ -6,8 +6,9 @@
 //!   nor its two streaming consumers go `--max-gap-ms` (100) without a frame;
 //! - `namespace`: a consumer in another PID namespace (`unshare --pid --fork --mount-proc`) attaches and verifies
 //!   frames, per backend (legacy failing there is recorded as a finding);
-//! - `kills`: the random-kill matrix (issue 9), backend x strategy x victim, `--kills` SIGKILLs per cell at random
-//!   points, without and under a private MPS daemon; hangs, lost frames, mismatches, `ProducerGone` times;
+//! - `kills`: the random-kill matrix (issue 9), backend x strategy x victim (under MPS `gpu-poll` too), `--kills`
+//!   SIGKILLs per cell at random points, without and under a private MPS daemon; hangs, lost frames, mismatches,
+//!   `ProducerGone` times;
 //! - `cycles`: 1,000 attach/detach cycles per backend with a GPU and a CPU strategy; fd and device-memory deltas;
 //! - `evict`: a stuck consumer evicted while the healthy one goes on.
 //!
@@ -379,7 +380,7 @@ fn kill_pass(base: &Ctx, backends: &[&'static str], mps: bool, args: &StressArgs
             }
         }
     }
-    let cells = schedule::cells(backends);
+    let cells = schedule::cells(backends, mps);
     let total = cells.len() as u32 * ctx.sizes.kills_per_cell;
     let mut rng = SplitMix::new(ctx.seed ^ u64::from(mps));
     let mode = if mps { "MPS" } else { "no MPS" };

@@ -121,11 +121,16 @@ impl Sizes {
     pub const QUICK: Sizes = Sizes { kills_per_cell: 3, cycles: 200, ..Sizes::FULL };
 }
 
-/// The kill matrix: every backend x strategy x victim (filtered by `backends`), in that order.
-pub fn cells(backends: &[&'static str]) -> Vec<Cell> {
+/// The strategy that runs only under MPS (a polling kernel): in the kill matrix of the MPS pass only.
+pub const MPS_ONLY_STRATEGY: &str = "gpu-poll";
+
+/// The kill matrix: every backend x strategy x victim (filtered by `backends`), in that order; under MPS also
+/// `gpu-poll`, last for each backend.
+pub fn cells(backends: &[&'static str], mps: bool) -> Vec<Cell> {
     let mut cells = Vec::new();
+    let mps_only: &[&'static str] = if mps { &[MPS_ONLY_STRATEGY] } else { &[] };
     for backend in BACKENDS.iter().filter(|b| backends.contains(b)) {
-        for sync in STRATEGIES {
+        for &sync in STRATEGIES.iter().chain(mps_only) {
             for victim in [Victim::Producer, Victim::Consumer] {
                 cells.push(Cell { backend, sync, victim });
             }
@@ -151,12 +156,17 @@ mod tests {
 
     #[test]
     fn the_matrix_is_backend_by_strategy_by_victim() {
-        let all = cells(&BACKENDS);
+        let all = cells(&BACKENDS, false);
         assert_eq!(all.len(), 16);
         assert_eq!(all[0].name(), "legacy/cpu-spin/producer");
         assert_eq!(all[15].name(), "vmm/gpu-stream-ops/consumer");
-        assert!(cells(&["vmm"]).iter().all(|c| c.backend == "vmm"));
-        assert_eq!(cells(&["vmm"]).len(), 8);
+        assert!(cells(&["vmm"], false).iter().all(|c| c.backend == "vmm"));
+        assert_eq!(cells(&["vmm"], false).len(), 8);
+        // Under MPS the polling-kernel strategy too, after the others of each backend.
+        let mps = cells(&BACKENDS, true);
+        assert_eq!(mps.len(), 20);
+        assert_eq!(mps[8].name(), "legacy/gpu-poll/producer");
+        assert_eq!(mps[19].name(), "vmm/gpu-poll/consumer");
     }
 
     #[test]
