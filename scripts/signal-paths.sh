@@ -18,7 +18,7 @@ BIN="$(mktemp -d)/signal-paths"
     { cat "$OUT/build.log" >&2; exit 1; }
 {
     echo "date: $(date -u +%FT%TZ)"
-    echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || cat "$ROOT/stage/COMMIT" 2>/dev/null || echo unknown)"
+    echo "commit: ${GPU_IPC_COMMIT:-$(cat "$ROOT/stage/COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}"
     nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm,clocks.mem --format=csv 2>&1
 } >"$OUT/environment.txt"
 TXT="$OUT/signal-paths.txt"

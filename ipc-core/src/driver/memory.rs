@@ -157,7 +157,20 @@ pub unsafe fn copy_to_device<T: DeviceCopy>(dst: DevicePtr, src: &[T]) -> Result
     let d = Driver::get()?;
     let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
     // SAFETY: the source is a live slice readable for its byte length; the caller vouches for the destination.
-    d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().cast(), byte_len(src)) })
+    d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().cast(), byte_len(src)) })?;
+    finish_default_stream(d)
+}
+
+/// Waits for the legacy default stream, where `cuMemcpyHtoD` runs: from pageable memory that call returns once the
+/// source is staged, its DMA possibly still under way, and work on a non-blocking stream (every stream this crate
+/// makes) does not wait for the default stream. Without this, a kernel queued right after the copy could read the
+/// destination's old bytes (seen on an H100 under MPS: the pipeline bench's study design (a) read 92,256 stale
+/// words of one run). Non-blocking streams are not waited for, so a stream held by a GPU-side wait cannot block
+/// this.
+fn finish_default_stream(d: &Driver) -> Result<()> {
+    let f = entry!(d, cuStreamSynchronize, "cuStreamSynchronize")?;
+    // SAFETY: the null handle names the legacy default stream of the current context, which the copy just used.
+    d.check("cuStreamSynchronize", unsafe { f(std::ptr::null_mut()) })
 }
 
 /// Copies from any device address into host memory. Synchronous. The safe form is [`DeviceSpan::read`].
@@ -203,7 +216,8 @@ pub unsafe fn copy_device_to_host_memory<M: RegistrableHostMemory>(
 }
 
 /// Copies `src[offset..offset + bytes]`, host memory that is not Rust-owned (a shared-memory mapping), to device
-/// address `dst`. Synchronous; a pageable copy when `src` is not registered. The safe form is
+/// address `dst`. Synchronous: it returns when the bytes are on the device (see `finish_default_stream`); a pageable
+/// copy when `src` is not registered. The safe form is
 /// [`DeviceSpan::copy_from_host_memory`].
 ///
 /// # Errors
@@ -222,7 +236,8 @@ pub unsafe fn copy_host_memory_to_device<M: RegistrableHostMemory>(
     let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
     // SAFETY: the range was checked to lie inside `src`, which the trait keeps mapped while it lives; it is only
     // read; the caller vouches for the destination.
-    d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().add(offset).cast(), bytes) })
+    d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().add(offset).cast(), bytes) })?;
+    finish_default_stream(d)
 }
 
 fn check_host_range<M: RegistrableHostMemory>(

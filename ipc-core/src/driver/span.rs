@@ -213,8 +213,10 @@ impl<'a> DeviceSpan<'a> {
         unsafe { memory::copy_device_to_host_memory(dst, offset, self.ptr, bytes) }
     }
 
-    /// Copies `src[offset..offset + len]`, host memory that is not Rust-owned, into the whole span (synchronous,
-    /// `cuMemcpyHtoD`).
+    /// Copies `src[offset..offset + len]`, host memory that is not Rust-owned, into the whole span
+    /// (`cuMemcpyHtoD`). Synchronous: it returns when the bytes are on the device, also from pageable memory,
+    /// where `cuMemcpyHtoD` alone returns once the source is staged (the copy is followed by a synchronisation of
+    /// the legacy default stream, which waits for no stream this crate makes).
     ///
     /// # Errors
     /// A range beyond `src`, or a failing `cuMemcpyHtoD`.

@@ -285,6 +285,8 @@ fn study_consumer(
                     frame.copy_from_async(&pinned.span().slice(0, plan.frame_bytes)?, &gpu.stream)?;
                     gpu.stream.synchronize()?;
                 }
+                // Synchronous, DMA included (see `copy_from_host_memory`), as the study's cudaMemcpy before a
+                // default-stream kernel was.
                 (Some(memory), None) => frame.copy_from_host_memory(memory.as_ref(), 0)?,
                 _ => {}
             }
