@@ -10,8 +10,8 @@
 //   signal-paths rt MEM MECH N                round trip between two processes, MEM host|dev, MECH ops|batch1|ours|ours-lite
 //   signal-paths killwait MEM MECH            SIGKILL an importer holding a GPU-side wait (MECH stream|kernel) on
 //                                             shared memory; does the exporter's context survive?
-//   signal-paths frames MEM SLOTS N           producer fill -> consumer verify of N 4K frames through SLOTS slots,
-//                                             counters in MEM (host: a registered shared mapping; dev: cuMemAlloc
+//   signal-paths frames MEM SLOTS N [C]       producer fill -> C consumers' verify (default 1) of N 4K frames
+//                                             through SLOTS slots, counters in MEM (host: a registered shared mapping; dev: cuMemAlloc
 //                                             memory shared with a legacy IPC handle)
 // Output: one line per figure, "key value unit".
 #include <cuda.h>
@@ -48,6 +48,7 @@
 
 static const size_t FRAME = 3840ull * 2160ull * 3ull;
 static const uint64_t SPIN_LIMIT_NS = 1000000000ull;
+#define MAX_CONSUMERS 8
 
 // The host page both processes map (before the fork): counters, a barrier, the IPC handles.
 struct Shared {
@@ -59,6 +60,8 @@ struct Shared {
     cudaIpcMemHandle_t counters __attribute__((aligned(128)));
     cudaIpcMemHandle_t frames;
     volatile uint64_t timeouts;
+    // `released` counters of consumers 1.. of `frames` (consumer 0's is `pong`), 128 bytes apart.
+    volatile uint64_t more_released[MAX_CONSUMERS * 16] __attribute__((aligned(128)));
 };
 
 static double now_s(clockid_t c) {
@@ -123,10 +126,11 @@ static Shared *shared_page() {
     return (Shared *)p;
 }
 
-static void barrier(Shared *s, uint64_t round) {
+// Waits until `parties` processes arrived `round` times each.
+static void barrier(Shared *s, uint64_t round, uint64_t parties = 2) {
     __atomic_fetch_add(&s->arrived, 1, __ATOMIC_SEQ_CST);
     double start = now_s(CLOCK_MONOTONIC);
-    while (__atomic_load_n(&s->arrived, __ATOMIC_SEQ_CST) < 2 * round) {
+    while (__atomic_load_n(&s->arrived, __ATOMIC_SEQ_CST) < parties * round) {
         if (now_s(CLOCK_MONOTONIC) - start > 20) {
             fprintf(stderr, "barrier timed out\n");
             exit(1);
@@ -137,6 +141,7 @@ static void barrier(Shared *s, uint64_t round) {
 // Device pointers to the two counters and the gate, in host (registered) or device memory.
 struct Counters {
     uint64_t *ping, *pong, *gate, *mark;
+    uint64_t *released[MAX_CONSUMERS];  // for `frames`: consumer c's counter (released[0] == pong)
     unsigned long long *timeouts;
 };
 
@@ -149,6 +154,8 @@ static Counters counters(Shared *s, bool dev, bool first) {
     if (!dev) {
         c.ping = (uint64_t *)((char *)hs + offsetof(Shared, ping));
         c.pong = (uint64_t *)((char *)hs + offsetof(Shared, pong));
+        for (int i = 1; i < MAX_CONSUMERS; i++)
+            c.released[i] = (uint64_t *)((char *)hs + offsetof(Shared, more_released) + (i - 1) * 128);
     } else {
         char *d;
         if (first) {
@@ -163,7 +170,9 @@ static Counters counters(Shared *s, bool dev, bool first) {
         }
         c.ping = (uint64_t *)d;
         c.pong = (uint64_t *)(d + 128);
+        for (int i = 1; i < MAX_CONSUMERS; i++) c.released[i] = (uint64_t *)(d + 128 * (i + 1));
     }
+    c.released[0] = c.pong;
     CK(cudaMalloc((void **)&c.timeouts, 8));
     CK(cudaMemset(c.timeouts, 0, 8));
     // A private page-locked progress word, as gpu-ipc's run-ahead has.
@@ -300,16 +309,27 @@ static int run_rt(bool dev, const char *mech, uint64_t n) {
     _exit(0);
 }
 
-// frames MEM SLOTS N: producer (parent) fills slot seq % SLOTS and writes published = seq; consumer (child) waits
-// for it, verifies, writes released = seq; the producer waits released >= seq - SLOTS before reusing a slot.
-static int run_frames(bool dev, uint64_t slots, uint64_t n) {
+// frames MEM SLOTS N [CONSUMERS]: the producer (parent) fills slot seq % SLOTS and writes published = seq; each
+// consumer (a child) waits for it, verifies, writes its released = seq; the producer waits for every consumer's
+// released >= seq - SLOTS before reusing a slot (one wait per consumer, as gpu-ipc's gpu-stream-ops producer).
+static int run_frames(bool dev, uint64_t slots, uint64_t n, int consumers) {
     Shared *s = shared_page();
-    pid_t child = fork();
-    bool first = child != 0;
+    int index = -1;  // -1: the producer; else the consumer's number
+    pid_t children[MAX_CONSUMERS];
+    for (int i = 0; i < consumers; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            index = i;
+            break;
+        }
+        children[i] = pid;
+    }
+    bool first = index < 0;
+    uint64_t parties = (uint64_t)consumers + 1;
     alarm(120);
     CK(cudaSetDevice(0));
     Counters c = counters(s, dev, first);
-    uint64_t *published = c.ping, *released = c.pong;
+    uint64_t *published = c.ping;
     size_t words = FRAME / 16;
     char *buf;
     if (first) {
@@ -323,48 +343,57 @@ static int run_frames(bool dev, uint64_t slots, uint64_t n) {
     unsigned long long *bad;
     CK(cudaMalloc((void **)&bad, 8));
     CK(cudaMemset(bad, 0, 8));
+    CK(cudaDeviceSynchronize());
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     int grid = grid_blocks();
     uint64_t warm = 200;
-    barrier(s, 1);
+    barrier(s, 1, parties);
     double w0 = 0, c0 = 0;
     for (uint64_t seq = 1; seq <= warm + n; seq++) {
         if (seq == warm + 1) {
             CK(cudaStreamSynchronize(st));
-            barrier(s, 2);
+            barrier(s, 2, parties);
             w0 = now_s(CLOCK_MONOTONIC);
             c0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
         }
         uint4 *slot = (uint4 *)(buf + FRAME * (seq % slots));
         if (first) {
-            if (seq > slots) mem_op((CUstream)st, released, seq - slots, true);
+            if (seq > slots)
+                for (int i = 0; i < consumers; i++) mem_op((CUstream)st, c.released[i], seq - slots, true);
             k_fill<<<grid, 512, 0, st>>>(slot, words, (uint32_t)seq);
             mem_op((CUstream)st, published, seq, false);
         } else {
             mem_op((CUstream)st, published, seq, true);
             k_verify<<<grid, 512, 0, st>>>(slot, words, (uint32_t)seq, bad);
-            mem_op((CUstream)st, released, seq, false);
+            mem_op((CUstream)st, c.released[index], seq, false);
         }
     }
     double cq = now_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
     CK(cudaStreamSynchronize(st));
     double w = now_s(CLOCK_MONOTONIC) - w0;
     const char *mem = dev ? "dev" : "host";
+    char row[64];
+    snprintf(row, sizeof row, "frames.%s.s%lu%s", mem, (unsigned long)slots,
+             consumers == 1 ? "" : (consumers == 4 ? ".c4" : ".cN"));
     if (first) {
-        printf("frames.%s.s%lu.fps %.0f frames/s\n", mem, (unsigned long)slots, n / w);
-        printf("frames.%s.s%lu.cpu_us_producer %.3f us/frame\n", mem, (unsigned long)slots, cq * 1e6 / n);
+        printf("%s.fps %.0f frames/s\n", row, n / w);
+        printf("%s.cpu_us_producer %.3f us/frame\n", row, cq * 1e6 / n);
     } else {
         unsigned long long b = 0;
         CK(cudaMemcpy(&b, bad, 8, cudaMemcpyDeviceToHost));
-        printf("frames.%s.s%lu.cpu_us_consumer %.3f us/frame\n", mem, (unsigned long)slots, cq * 1e6 / n);
-        printf("frames.%s.s%lu.mismatched_words %llu\n", mem, (unsigned long)slots, b);
+        if (index == 0) printf("%s.cpu_us_consumer %.3f us/frame\n", row, cq * 1e6 / n);
+        printf("%s.mismatched_words_%d %llu\n", row, index, b);
     }
     fflush(stdout);
     if (first) {
-        int status = 0;
-        waitpid(child, &status, 0);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+        int failed = 0;
+        for (int i = 0; i < consumers; i++) {
+            int status = 0;
+            waitpid(children[i], &status, 0);
+            failed |= !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        }
+        return failed;
     }
     _exit(0);
 }
@@ -506,8 +535,14 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "cpu")) return run_cpu(strtoull(argv[2], 0, 10));
     if (!strcmp(mode, "rt") && argc == 5) return run_rt(!strcmp(argv[2], "dev"), argv[3], strtoull(argv[4], 0, 10));
     if (!strcmp(mode, "killwait") && argc == 4) return run_killwait(!strcmp(argv[2], "dev"), argv[3]);
-    if (!strcmp(mode, "frames") && argc == 5)
-        return run_frames(!strcmp(argv[2], "dev"), strtoull(argv[3], 0, 10), strtoull(argv[4], 0, 10));
+    if (!strcmp(mode, "frames") && (argc == 5 || argc == 6)) {
+        int consumers = argc == 6 ? atoi(argv[5]) : 1;
+        if (consumers < 1 || consumers > MAX_CONSUMERS) {
+            fprintf(stderr, "frames: 1 to %d consumers\n", MAX_CONSUMERS);
+            return 2;
+        }
+        return run_frames(!strcmp(argv[2], "dev"), strtoull(argv[3], 0, 10), strtoull(argv[4], 0, 10), consumers);
+    }
     fprintf(stderr, "usage: see the head of signal-paths.cu\n");
     return 2;
 }

@@ -48,6 +48,7 @@ every() {
     for mem in host dev; do
         for mech in ops batch1 ours ours-lite; do one "$pass" rt "$mem" "$mech" 5000; done
         for slots in 1 2 8 32; do one "$pass" frames "$mem" "$slots" "$FRAMES"; done
+        for slots in 2 8; do one "$pass" frames "$mem" "$slots" "$FRAMES" 4; done
     done
 }
 
