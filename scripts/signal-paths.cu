@@ -249,17 +249,37 @@ static void queue_round_trips(CUstream st, const Counters &c, const char *mech, 
     }
 }
 
+// Two processes (forked before CUDA is touched), each with the shared counters and a non-blocking stream: the
+// parent is `first` (it pings, or exports).
+struct Pair {
+    Shared *s;
+    pid_t child;
+    bool first;
+    Counters c;
+    cudaStream_t st;
+};
+
+static Pair start_pair(bool dev) {
+    Pair p;
+    p.s = shared_page();
+    p.child = fork();
+    p.first = p.child != 0;
+    alarm(60);
+    CK(cudaSetDevice(0));
+    p.c = counters(p.s, dev, p.first);
+    CK(cudaStreamCreateWithFlags(&p.st, cudaStreamNonBlocking));
+    return p;
+}
+
 // rt MEM MECH N: gated (everything queued before the GPU starts: the GPU's round trip) and then rolling
 // (queued as the CPU goes: what a caller that submits per round trip sees, and its CPU cost).
 static int run_rt(bool dev, const char *mech, uint64_t n) {
-    Shared *s = shared_page();
-    pid_t child = fork();
-    bool first = child != 0;
-    alarm(60);
-    CK(cudaSetDevice(0));
-    Counters c = counters(s, dev, first);
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    Pair pair = start_pair(dev);
+    Shared *s = pair.s;
+    pid_t child = pair.child;
+    bool first = pair.first;
+    Counters c = pair.c;
+    cudaStream_t st = pair.st;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -403,14 +423,12 @@ static int run_frames(bool dev, uint64_t slots, uint64_t n, int consumers) {
 // SIGKILLs it and then checks that its own context still works (a kernel and a copy). Under MPS a fault of the
 // server shows here as an error in the parent, which never waited on anything.
 static int run_killwait(bool dev, const char *mech) {
-    Shared *s = shared_page();
-    pid_t child = fork();
-    bool first = child != 0;
-    alarm(60);
-    CK(cudaSetDevice(0));
-    Counters c = counters(s, dev, first);
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    Pair pair = start_pair(dev);
+    Shared *s = pair.s;
+    pid_t child = pair.child;
+    bool first = pair.first;
+    Counters c = pair.c;
+    cudaStream_t st = pair.st;
     const char *mem = dev ? "dev" : "host";
     if (!first) {
         if (!strcmp(mech, "kernel"))
