@@ -4,17 +4,20 @@
 //! and the run-ahead bound keeps the CPU at most `max(2 * slots, 32)` frames ahead of the stream.
 //!
 //! CPU cost per frame: each call queues its operations as one `cuStreamBatchMemOp` (the producer's waits for
-//! every consumer, then the run-ahead mark; the publish write and its mark; a consumer's wait and its mark; the
-//! release write and its mark), and queues nothing when the CPU already sees the counter satisfied. The
-//! run-ahead reads the stream's progress from a word of host memory the stream writes: no event per frame.
+//! every consumer; the publish write and the run-ahead mark; a consumer's wait; the release write and its mark),
+//! and queues nothing when the CPU already sees the counter satisfied. The run-ahead reads the stream's progress
+//! from a word of host memory the stream writes: no event per frame. Waits carry no mark (the frame's next mark
+//! covers them); a wait left after the last mark at teardown leaks this side's registration of the control block
+//! (128 KiB of page-locked host memory) rather than unregister memory the stream may still poll.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
 use crate::driver::{Context, DeviceMemory, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys};
 use crate::frames::FrameError;
-use crate::frames::run_ahead::{RunAhead, depth_for};
+use crate::frames::run_ahead::{RunAhead, Tail, depth_for};
 use crate::ring::layout::{ControlBlockLayout, published_offset, released_offset};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::sys::shm::SharedObject;
@@ -52,7 +55,7 @@ impl Strategy for GpuStreamOps {
     fn producer(&self, setup: Setup<'_>) -> Result<Box<dyn ProducerSide>, FrameError> {
         let cuda = need_cuda(KIND, setup.cuda)?;
         Ok(Box::new(GpuProducer {
-            registration: HostRegistration::new(cuda, setup.block)?,
+            registration: Arc::new(HostRegistration::new(cuda, setup.block)?),
             run_ahead: RunAhead::new(cuda, depth_for(setup.slots))?,
             pending: Vec::new(),
             scratch: MemOpScratch::default(),
@@ -63,7 +66,7 @@ impl Strategy for GpuStreamOps {
     fn consumer(&self, setup: Setup<'_>, _events: &[[u8; 64]]) -> Result<Box<dyn ConsumerSide>, FrameError> {
         let cuda = need_cuda(KIND, setup.cuda)?;
         Ok(Box::new(GpuConsumer {
-            registration: HostRegistration::new(cuda, setup.block)?,
+            registration: Arc::new(HostRegistration::new(cuda, setup.block)?),
             run_ahead: RunAhead::new(cuda, depth_for(setup.slots))?,
             scratch: MemOpScratch::default(),
         }))
@@ -75,8 +78,8 @@ impl Strategy for GpuStreamOps {
 #[derive(Debug)]
 struct QueuedWaits {
     slots: u64,
-    /// `(frame, mark)` per batch, oldest first: the batch queued for frame `frame`, followed by run-ahead mark
-    /// `mark`.
+    /// `(frame, mark)` per batch, oldest first: the batch queued for frame `frame`, which run-ahead mark `mark`
+    /// (the next one queued after it) covers.
     batches: VecDeque<(u64, u64)>,
 }
 
@@ -85,7 +88,7 @@ impl QueuedWaits {
         Self { slots, batches: VecDeque::new() }
     }
 
-    /// Notes the batch of waits queued for `frame`, marked `mark`.
+    /// Notes the batch of waits queued for `frame`, covered by `mark`.
     fn queued(&mut self, frame: u64, mark: u64) {
         self.batches.push_back((frame, mark));
     }
@@ -111,8 +114,28 @@ impl QueuedWaits {
     }
 }
 
+/// This side's registration of the control block, in an `Arc` so that teardown can leak it (see `leave_behind`).
+type BlockRegistration = Arc<HostRegistration<SharedObject<ControlBlockLayout>>>;
+
+/// Teardown of a side: whether the stream is past what the side queued on the ring (`false`: stuck; the caller leaks
+/// the ring). A wait queued after the last mark may still be polled by the stream: the registration it names is
+/// leaked, never unregistered under it.
+fn settle_side(run_ahead: &RunAhead, registration: &BlockRegistration, deadline: Instant) -> bool {
+    match run_ahead.settle(deadline) {
+        Ok(Tail::Clear) => true,
+        Ok(Tail::UnmarkedWait) => {
+            tracing::debug!(
+                "a GPU-side wait was queued after the last mark: leaking this side's control-block registration"
+            );
+            std::mem::forget(Arc::clone(registration));
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 struct GpuProducer {
-    registration: HostRegistration<SharedObject<ControlBlockLayout>>,
+    registration: BlockRegistration,
     run_ahead: RunAhead,
     pending: Vec<ReleaseRequirement>,
     scratch: MemOpScratch,
@@ -147,10 +170,9 @@ impl ProducerSide for GpuProducer {
         for need in &self.pending {
             batch.wait_u64(&span, need.offset as u64, need.at_least, WaitCondition::AtLeast)?;
         }
-        // The batch ends with a mark, so that teardown can tell when the stream is past the waits (see `settle`).
-        self.run_ahead.submit(batch, stream, None)?;
-        self.waits.queued(seq, self.run_ahead.last_mark());
-        Ok(())
+        // No mark: the publish's mark covers the waits (see `settle`).
+        self.waits.queued(seq, self.run_ahead.next_mark());
+        Ok(self.run_ahead.submit_unmarked(batch, stream)?)
     }
 
     fn publish(
@@ -188,12 +210,12 @@ impl ProducerSide for GpuProducer {
     }
 
     fn settle(&mut self, deadline: Instant) -> bool {
-        self.run_ahead.settle(deadline).is_ok()
+        settle_side(&self.run_ahead, &self.registration, deadline)
     }
 }
 
 struct GpuConsumer {
-    registration: HostRegistration<SharedObject<ControlBlockLayout>>,
+    registration: BlockRegistration,
     run_ahead: RunAhead,
     scratch: MemOpScratch,
 }
@@ -217,8 +239,8 @@ impl ConsumerSide for GpuConsumer {
         let span = self.registration.span();
         let mut batch = MemOpBatch::new(&mut self.scratch);
         batch.wait_u64(&span, published_offset(slot) as u64, seq.done_value(), WaitCondition::AtLeast)?;
-        // The batch ends with a mark, so that teardown can tell when the stream is past the wait (see `settle`).
-        Ok(self.run_ahead.submit(batch, stream, None)?)
+        // No mark: the release's mark covers the wait (see `settle`).
+        Ok(self.run_ahead.submit_unmarked(batch, stream)?)
     }
 
     fn release(
@@ -247,7 +269,7 @@ impl ConsumerSide for GpuConsumer {
     }
 
     fn settle(&mut self, deadline: Instant) -> bool {
-        self.run_ahead.settle(deadline).is_ok()
+        settle_side(&self.run_ahead, &self.registration, deadline)
     }
 }
 
