@@ -12,7 +12,8 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
 use crate::driver::{Context, DeviceMemory, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys};
@@ -56,6 +57,7 @@ impl Strategy for GpuStreamOps {
         let cuda = need_cuda(KIND, setup.cuda)?;
         Ok(Box::new(GpuProducer {
             registration: Arc::new(HostRegistration::new(cuda, setup.block)?),
+            trailing: Vec::new(),
             run_ahead: RunAhead::new(cuda, depth_for(setup.slots))?,
             pending: Vec::new(),
             scratch: MemOpScratch::default(),
@@ -67,6 +69,7 @@ impl Strategy for GpuStreamOps {
         let cuda = need_cuda(KIND, setup.cuda)?;
         Ok(Box::new(GpuConsumer {
             registration: Arc::new(HostRegistration::new(cuda, setup.block)?),
+            trailing: Vec::new(),
             run_ahead: RunAhead::new(cuda, depth_for(setup.slots))?,
             scratch: MemOpScratch::default(),
         }))
@@ -114,18 +117,61 @@ impl QueuedWaits {
     }
 }
 
-/// This side's registration of the control block, in an `Arc` so that teardown can leak it (see `leave_behind`).
+/// This side's registration of the control block, in an `Arc` so that teardown can leak it (see `settle_side`).
 type BlockRegistration = Arc<HostRegistration<SharedObject<ControlBlockLayout>>>;
 
-/// Teardown of a side: whether the stream is past what the side queued on the ring (`false`: stuck; the caller leaks
-/// the ring). A wait queued after the last mark may still be polled by the stream: the registration it names is
-/// leaked, never unregistered under it.
-fn settle_side(run_ahead: &RunAhead, registration: &BlockRegistration, deadline: Instant) -> bool {
+/// A wait queued after the last mark, as the CPU can check it: a counter of the control block that must reach
+/// `at_least`.
+#[derive(Debug, Clone, Copy)]
+struct Trailing {
+    counter: Counter,
+    at_least: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Counter {
+    Published(SlotIndex),
+    /// Record index, slot.
+    Released(u32, SlotIndex),
+}
+
+impl Trailing {
+    /// Whether the host word the wait names has reached its value (then the stream passes the wait at its next
+    /// look, and the wait reads nothing else).
+    fn holds(&self, layout: &ControlBlockLayout) -> bool {
+        let word = match self.counter {
+            Counter::Published(slot) => layout.published.get(slot.0 as usize),
+            Counter::Released(record, slot) => {
+                layout.consumers.get(record as usize).and_then(|r| r.released.get(slot.0 as usize))
+            }
+        };
+        word.is_some_and(|w| w.value.load(Ordering::Acquire) >= self.at_least)
+    }
+}
+
+/// Teardown of a side: whether the stream is past what the side queued on the ring (`false`: stuck or still
+/// waiting; the caller leaks the ring). Waits queued after the last mark (`trailing`) have no mark to tell whether
+/// the stream passed them: they are checked on the host, until `deadline`; once every one holds, the stream passes
+/// them without touching the ring, but may still poll the control block, so this side's registration of it is
+/// leaked (128 KiB of page-locked host memory), never unregistered under the stream.
+fn settle_side(
+    run_ahead: &RunAhead,
+    registration: &BlockRegistration,
+    trailing: &[Trailing],
+    deadline: Instant,
+) -> bool {
     match run_ahead.settle(deadline) {
         Ok(Tail::Clear) => true,
         Ok(Tail::UnmarkedWait) => {
+            let layout = registration.memory().get();
+            while !trailing.iter().all(|t| t.holds(layout)) {
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                std::thread::sleep(TRAILING_NAP);
+            }
             tracing::debug!(
-                "a GPU-side wait was queued after the last mark: leaking this side's control-block registration"
+                "GPU-side waits queued after the last mark: leaking this side's control-block registration"
             );
             std::mem::forget(Arc::clone(registration));
             true
@@ -134,8 +180,13 @@ fn settle_side(run_ahead: &RunAhead, registration: &BlockRegistration, deadline:
     }
 }
 
+/// How often teardown looks at the host words of waits queued after the last mark.
+const TRAILING_NAP: Duration = Duration::from_micros(100);
+
 struct GpuProducer {
     registration: BlockRegistration,
+    /// The waits queued since the last mark.
+    trailing: Vec<Trailing>,
     run_ahead: RunAhead,
     pending: Vec<ReleaseRequirement>,
     scratch: MemOpScratch,
@@ -172,7 +223,12 @@ impl ProducerSide for GpuProducer {
         }
         // No mark: the publish's mark covers the waits (see `settle`).
         self.waits.queued(seq, self.run_ahead.next_mark());
-        Ok(self.run_ahead.submit_unmarked(batch, stream)?)
+        self.run_ahead.submit_unmarked(batch, stream)?;
+        self.trailing.extend(self.pending.iter().map(|need| Trailing {
+            counter: Counter::Released(need.consumer.index(), need.slot),
+            at_least: need.at_least,
+        }));
+        Ok(())
     }
 
     fn publish(
@@ -188,6 +244,7 @@ impl ProducerSide for GpuProducer {
         let mut batch = MemOpBatch::new(&mut self.scratch);
         batch.write_u64(&span, published_offset(SlotIndex(slot)) as u64, Sequence(seq).done_value())?;
         self.run_ahead.submit(batch, stream, Some(seq))?;
+        self.trailing.clear();
         Ok(ring.advance(Sequence(seq))?)
     }
 
@@ -206,16 +263,20 @@ impl ProducerSide for GpuProducer {
 
     fn drain(&mut self, stream: Option<&Stream>, deadline: Instant) -> Result<(), FrameError> {
         // The stream holds the waits for the consumers' releases: bounded, since a consumer may be stuck.
-        self.run_ahead.drain(need_stream(stream, KIND)?, deadline)
+        self.run_ahead.drain(need_stream(stream, KIND)?, deadline)?;
+        self.trailing.clear();
+        Ok(())
     }
 
     fn settle(&mut self, deadline: Instant) -> bool {
-        settle_side(&self.run_ahead, &self.registration, deadline)
+        settle_side(&self.run_ahead, &self.registration, &self.trailing, deadline)
     }
 }
 
 struct GpuConsumer {
     registration: BlockRegistration,
+    /// The waits queued since the last mark.
+    trailing: Vec<Trailing>,
     run_ahead: RunAhead,
     scratch: MemOpScratch,
 }
@@ -240,7 +301,9 @@ impl ConsumerSide for GpuConsumer {
         let mut batch = MemOpBatch::new(&mut self.scratch);
         batch.wait_u64(&span, published_offset(slot) as u64, seq.done_value(), WaitCondition::AtLeast)?;
         // No mark: the release's mark covers the wait (see `settle`).
-        Ok(self.run_ahead.submit_unmarked(batch, stream)?)
+        self.run_ahead.submit_unmarked(batch, stream)?;
+        self.trailing.push(Trailing { counter: Counter::Published(slot), at_least: seq.done_value() });
+        Ok(())
     }
 
     fn release(
@@ -257,6 +320,7 @@ impl ConsumerSide for GpuConsumer {
         let mut batch = MemOpBatch::new(&mut self.scratch);
         batch.write_u64(&span, offset as u64, seq.done_value())?;
         self.run_ahead.submit(batch, stream, Some(seq.0))?;
+        self.trailing.clear();
         // The stream's wait for this frame may have been satisfied by the poison written when the producer
         // died, not by the frame: say so, so the caller discards what it computed from it.
         if shared.hung_up() && !shared.published_before_hang_up(seq.0) {
@@ -269,13 +333,35 @@ impl ConsumerSide for GpuConsumer {
     }
 
     fn settle(&mut self, deadline: Instant) -> bool {
-        settle_side(&self.run_ahead, &self.registration, deadline)
+        settle_side(&self.run_ahead, &self.registration, &self.trailing, deadline)
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trailing_wait_holds_once_its_host_counter_reaches_the_value() {
+        use crate::ring::{LivenessPolicy, RingConfig};
+        let ring = ProducerControl::create(
+            RingConfig { slot_count: 4, max_consumers: 2, generation: 1 },
+            LivenessPolicy::default(),
+        )
+        .unwrap();
+        let layout = ring.block().layout();
+        let published = Trailing { counter: Counter::Published(SlotIndex(2)), at_least: 5 };
+        let released = Trailing { counter: Counter::Released(1, SlotIndex(3)), at_least: 7 };
+        assert!(!published.holds(layout) && !released.holds(layout));
+        layout.published[2].value.store(5, Ordering::Release);
+        layout.consumers[1].released[3].value.store(crate::ring::POISON, Ordering::Release);
+        assert!(published.holds(layout), "reached");
+        assert!(released.holds(layout), "poison satisfies every wait");
+        assert!(!Trailing { at_least: 6, ..published }.holds(layout));
+        // A counter outside the layout never holds.
+        assert!(!Trailing { counter: Counter::Released(99, SlotIndex(0)), at_least: 0 }.holds(layout));
+    }
 
     #[test]
     fn passed_wait_batches_are_forgotten_oldest_first() {
