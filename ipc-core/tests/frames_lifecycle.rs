@@ -223,3 +223,50 @@ fn a_killed_consumers_record_is_quarantined_while_the_watchdog_may_write_it() {
         publish(&mut p, T).unwrap();
     }
 }
+
+#[test]
+fn consumers_attach_and_detach_while_the_producer_publishes_flat_out() {
+    // The producer publishes as fast as it can with nobody attached (one slot), and one consumer attaches, reads
+    // four frames and detaches, again and again: every attach gets its offer at once. Before the producer took
+    // the records itself, a record taken on the admission thread counted in back-pressure from the next frame on
+    // while its offer waited for the producer's next `acquire`, which waited for that record's release: the attach
+    // timed out (the `gpu-ipc stress` cycles failure on the H100). Cycling faster than records are freed must not
+    // be refused as "ring full" either (16 records, 2,000 cycles).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let producer = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut p = Producer::<HostFake>::create(&HostContext, config("flat-out", 1)).unwrap();
+            ready_tx.send(()).unwrap();
+            let mut published = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                publish(&mut p, T).unwrap();
+                published += 1;
+            }
+            published
+        })
+    };
+    ready.recv().unwrap();
+    let path = sock("flat-out");
+    let options = AttachOptions { timeout: Duration::from_secs(2), ..AttachOptions::default() };
+    let mut slowest = Duration::ZERO;
+    for cycle in 0..2000 {
+        let started = Instant::now();
+        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options)
+            .unwrap_or_else(|e| panic!("attach {cycle}: {e}"));
+        slowest = slowest.max(started.elapsed());
+        for _ in 0..4 {
+            let frame = c.next_frame(None, T).unwrap();
+            let mut word = [0u8; 8];
+            c.region().read(frame.ptr, &mut word).unwrap();
+            assert_eq!(u64::from_le_bytes(word), frame.seq, "cycle {cycle}: frame {} intact", frame.seq);
+            c.release(frame, None).unwrap();
+        }
+        c.detach();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let published = producer.join().unwrap();
+    assert!(published >= 8000, "the producer published {published} frames");
+    assert!(slowest < Duration::from_secs(1), "the slowest attach took {slowest:?}");
+}

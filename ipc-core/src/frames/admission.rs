@@ -8,18 +8,22 @@
 //! after connecting, so only silent clients are evicted). Open fds are thus bounded by that number, plus the
 //! listener and one wake-up socket.
 //!
-//! The thread never touches the GPU: once a hello is valid and a consumer record is taken it asks the producer for
-//! the offer ([`AdmissionEvent::WantsOffer`]); the producer makes it (export, IPC events) when it next drains the
-//! queue, in `acquire`, `wait_for_consumers` or `admit_pending`, without ever waiting; the thread sends it and
-//! waits for `Attached`. Every failure is logged and survived: a refused peer, a failed accept (with a back-off
-//! when the process is out of fds), a broken or abandoned handshake. A first message that is not a valid hello is
-//! answered with `Refused` (code 1 for another protocol version, 6 for anything else) before the connection is
-//! closed, so a client learns why instead of seeing a hang-up. A peer in a PID namespace the producer cannot see
-//! (`SO_PEERCRED` pid 0) is admitted with pid 0 in its record: only its connection tells whether it is alive.
-//! After `Attached` the thread hands the connection over and nothing reads it again: a consumer's `Detach` is
-//! advisory, its ring-level detach (the record's state) is what the producer goes by when it hangs up. A handshake that fails after taking a record
-//! marks it dead (poisoning its release counters) and reports [`AdmissionEvent::Failed`], so the producer retires
-//! the record through the same quarantine as a consumer that died.
+//! The thread never touches the GPU, nor the consumer records: once a hello is valid it asks the producer for the offer
+//! ([`AdmissionEvent::WantsOffer`]); the producer takes a consumer record and makes the offer (export, IPC events) in
+//! one step when it next drains the queue, in `acquire`, `wait_for_consumers` or `admit_pending`, without ever waiting;
+//! the thread sends the offer and waits for `Attached`. Taking the record on the producer's own thread, right before
+//! the offer leaves, is what keeps a joining consumer from holding the producer back before it has its offer: a record
+//! counts in back-pressure from the moment it is taken (the consumer joins at the producer's next frame), and a record
+//! taken here while the producer waited for its release would never get the offer that lets the consumer release (the
+//! producer serves offers only between frames). Every failure is logged and survived: a refused peer, a failed accept
+//! (with a back-off when the process is out of fds), a broken or abandoned handshake. A first message that is not a
+//! valid hello is answered with `Refused` (code 1 for another protocol version, 6 for anything else) before the
+//! connection is closed, so a client learns why instead of seeing a hang-up. A peer in a PID namespace the producer
+//! cannot see (`SO_PEERCRED` pid 0) is admitted with pid 0 in its record: only its connection tells whether it is
+//! alive. After `Attached` the thread hands the connection over and nothing reads it again: a consumer's `Detach` is
+//! advisory, its ring-level detach (the record's state) is what the producer goes by when it hangs up. A handshake that
+//! fails after the producer took a record for it marks the record dead (poisoning its release counters) and reports
+//! [`AdmissionEvent::Failed`], so the producer retires the record through the same quarantine as a consumer that died.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -32,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::io::Errno;
+use rustix::process::Pid;
 
 use crate::ring::{ConsumerId, ProducerControl};
 use crate::wire::{
@@ -56,11 +61,13 @@ const DISCARD_LIMIT: usize = 64 * 1024;
 
 /// What the admission thread tells the producer.
 pub(crate) enum AdmissionEvent {
-    /// A consumer said a valid hello and holds record `id`: the producer makes its offer and hands it over with
-    /// [`Admission::offer`].
+    /// A consumer said a valid hello: the producer takes a record for it, makes its offer and hands both over
+    /// with [`Admission::offer`] (or why it cannot).
     WantsOffer {
-        /// The record the consumer holds (LIVE from now on, joining at the producer's next frame).
-        id: ConsumerId,
+        /// The handshake's number, to answer with.
+        token: u64,
+        /// The pid to record (`None`: a PID namespace the producer cannot see; the record says 0).
+        pid: Option<Pid>,
         /// Its name, for logs.
         name: String,
     },
@@ -82,8 +89,9 @@ pub(crate) enum AdmissionEvent {
     },
 }
 
-/// The producer's answer to [`AdmissionEvent::WantsOffer`]: the offer and its fds, or why there is none.
-pub(crate) type OfferKit = Result<(Message, Vec<OwnedFd>), String>;
+/// The producer's answer to [`AdmissionEvent::WantsOffer`]: the record it took (LIVE, joining at the producer's
+/// next frame), the offer and its fds; or the refusal to send instead.
+pub(crate) type OfferKit = Result<(ConsumerId, Message, Vec<OwnedFd>), (RefusalCode, String)>;
 
 /// Settings of the admission thread.
 pub(crate) struct AdmissionConfig {
@@ -99,7 +107,7 @@ pub(crate) struct AdmissionConfig {
 pub(crate) struct Admission {
     /// In a mutex only so that the producer stays `Sync` (only its `&mut self` methods use it).
     events: Mutex<mpsc::Receiver<AdmissionEvent>>,
-    offers: mpsc::Sender<(ConsumerId, OfferKit)>,
+    offers: mpsc::Sender<(u64, OfferKit)>,
     wake: UnixStream,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -129,6 +137,7 @@ impl Admission {
                 wake: wake_rx,
                 pending: Vec::new(),
                 accept_paused_until: None,
+                next_token: 0,
             };
             std::thread::Builder::new().name("gpu-ipc-admission".into()).spawn(move || front_door.run(&stop))?
         };
@@ -140,9 +149,9 @@ impl Admission {
         self.events.lock().ok()?.try_recv().ok()
     }
 
-    /// Hands the thread the offer for record `id`.
-    pub(crate) fn offer(&self, id: ConsumerId, kit: OfferKit) {
-        if self.offers.send((id, kit)).is_ok() {
+    /// Hands the thread the answer to handshake `token`'s [`AdmissionEvent::WantsOffer`].
+    pub(crate) fn offer(&self, token: u64, kit: OfferKit) {
+        if self.offers.send((token, kit)).is_ok() {
             self.wake_up();
         }
     }
@@ -173,17 +182,17 @@ impl Drop for Admission {
 enum Stage {
     /// Waiting for the consumer's `ClientHello`.
     Hello,
-    /// Record taken; waiting for the producer to make the offer.
-    Offer(ConsumerId),
-    /// Offer sent; waiting for `Attached`.
+    /// Hello valid; waiting for the producer to take a record and make the offer (the handshake's number).
+    Offer(u64),
+    /// Offer sent for record `id`, which the handshake now holds; waiting for `Attached`.
     Attached(ConsumerId),
 }
 
 impl Stage {
     fn record(self) -> Option<ConsumerId> {
         match self {
-            Self::Hello => None,
-            Self::Offer(id) | Self::Attached(id) => Some(id),
+            Self::Hello | Self::Offer(_) => None,
+            Self::Attached(id) => Some(id),
         }
     }
 }
@@ -224,17 +233,19 @@ struct FrontDoor {
     ring: Arc<ProducerControl>,
     config: AdmissionConfig,
     events: mpsc::Sender<AdmissionEvent>,
-    offers: mpsc::Receiver<(ConsumerId, OfferKit)>,
+    offers: mpsc::Receiver<(u64, OfferKit)>,
     wake: UnixStream,
     pending: Vec<Handshake>,
     accept_paused_until: Option<Instant>,
+    /// The number of the next hello sent to the producer.
+    next_token: u64,
 }
 
 impl FrontDoor {
     fn run(&mut self, stop: &AtomicBool) {
         while !stop.load(Ordering::Acquire) {
-            while let Ok((id, kit)) = self.offers.try_recv() {
-                self.deliver(id, kit);
+            while let Ok((token, kit)) = self.offers.try_recv() {
+                self.deliver(token, kit);
             }
             self.expire(Instant::now());
             let (wake, listen, ready) = self.wait();
@@ -298,7 +309,7 @@ impl FrontDoor {
     fn accept_some(&mut self) {
         for _ in 0..ACCEPTS_PER_ROUND {
             if self.pending.len() >= self.config.max_pending && !self.evict_oldest_silent() {
-                // Every connection in flight holds a record: wait for one of them to finish.
+                // Every connection in flight said a valid hello: wait for one of them to finish.
                 self.accept_paused_until = Some(Instant::now() + ACCEPT_ERROR_BACKOFF);
                 return;
             }
@@ -420,11 +431,13 @@ impl FrontDoor {
         };
         match (stage, message) {
             (Stage::Hello, Message::ClientHello(hello)) => {
-                let id = self.admit_hello(peer, &hello)?;
+                let pid = self.admit_hello(peer, &hello)?;
+                let token = self.next_token;
+                self.next_token += 1;
                 if let Some(handshake) = self.pending.get_mut(index) {
-                    handshake.stage = Stage::Offer(id);
+                    handshake.stage = Stage::Offer(token);
                 }
-                let _ = self.events.send(AdmissionEvent::WantsOffer { id, name: hello.consumer_name });
+                let _ = self.events.send(AdmissionEvent::WantsOffer { token, pid, name: hello.consumer_name });
                 Ok(false)
             }
             (Stage::Attached(id), Message::Attached(Attached { consumer_id })) if consumer_id == id.index() => {
@@ -447,10 +460,10 @@ impl FrontDoor {
         }
     }
 
-    /// Checks a hello and takes a consumer record for it. A peer whose pid the producer cannot see (another PID
-    /// namespace) gets a record with pid 0, which the ring never declares gone by pid: its connection's hang-up
-    /// is what the watchdog acts on.
-    fn admit_hello(&self, peer: PeerCredentials, hello: &ClientHello) -> Result<ConsumerId, Failure> {
+    /// Checks a hello; returns the pid its record will hold. A peer whose pid the producer cannot see (another PID
+    /// namespace) gets `None` (a record with pid 0), which the ring never declares gone by pid: its connection's
+    /// hang-up is what the watchdog acts on.
+    fn admit_hello(&self, peer: PeerCredentials, hello: &ClientHello) -> Result<Option<Pid>, Failure> {
         if let Some(wanted) = hello.wanted_backend
             && wanted != self.config.backend
         {
@@ -473,34 +486,37 @@ impl FrontDoor {
             ),
             Some(_) => {}
         }
-        self.ring.register_consumer(pid).map_err(|e| Failure::refuse(RefusalCode::RingFull, e.to_string()))
+        Ok(pid)
     }
 
-    /// Sends the producer's offer for record `id` to the handshake that waits for it.
-    fn deliver(&mut self, id: ConsumerId, kit: OfferKit) {
-        let Some(index) = self.pending.iter().position(|h| h.stage == Stage::Offer(id)) else {
-            // That handshake failed meanwhile (and its record was reported): the kit's fds just close.
+    /// Sends the producer's answer to handshake `token`: the offer for the record it took, or its refusal.
+    fn deliver(&mut self, token: u64, kit: OfferKit) {
+        let Some(index) = self.pending.iter().position(|h| h.stage == Stage::Offer(token)) else {
+            // That handshake failed meanwhile: give back the record the producer took for it (the kit's fds just
+            // close).
+            if let Ok((id, _, _)) = kit {
+                self.give_back(id);
+            }
             return;
         };
         let outcome = match kit {
-            Err(reason) => Err(Failure::refuse(RefusalCode::ShuttingDown, reason)),
-            Ok((message, fds)) => match self.pending.get(index).map(|h| h.conn.send(&message, fds, SEND_TIMEOUT)) {
-                Some(Ok(())) => Ok(()),
-                Some(Err(e)) => Err(Failure::from(e)),
-                None => Ok(()),
-            },
-        };
-        match outcome {
-            Ok(()) => {
-                if let Some(handshake) = self.pending.get_mut(index) {
+            Err((code, reason)) => Err(Failure::refuse(code, reason)),
+            Ok((id, message, fds)) => {
+                let sent = self.pending.get_mut(index).map(|handshake| {
+                    // The record is the handshake's from here: a failure gives it back.
                     handshake.stage = Stage::Attached(id);
+                    handshake.conn.send(&message, fds, SEND_TIMEOUT)
+                });
+                match sent {
+                    Some(Err(e)) => Err(Failure::from(e)),
+                    // The consumer may have answered already; its bytes wait for the next poll.
+                    Some(Ok(())) | None => Ok(()),
                 }
-                // The consumer may have answered already; its bytes wait for the next poll.
             }
-            Err(failure) => {
-                let handshake = self.pending.swap_remove(index);
-                self.fail(handshake, failure);
-            }
+        };
+        if let Err(failure) = outcome {
+            let handshake = self.pending.swap_remove(index);
+            self.fail(handshake, failure);
         }
     }
 
@@ -516,11 +532,17 @@ impl FrontDoor {
         let record = handshake.stage.record();
         tracing::warn!(pid, consumer = record.map(|id| id.index()), reason = %failure.reason, "a consumer failed to attach");
         if let Some(id) = record {
-            if let Err(e) = self.ring.mark_consumer_dead(id) {
-                tracing::warn!(consumer = id.index(), error = %e, "could not mark a failed handshake's record dead");
-            }
-            let _ = self.events.send(AdmissionEvent::Failed { id });
+            self.give_back(id);
         }
+    }
+
+    /// Marks record `id`, taken for a handshake that failed, dead (poisoning its release counters) and tells the
+    /// producer, which retires it.
+    fn give_back(&self, id: ConsumerId) {
+        if let Err(e) = self.ring.mark_consumer_dead(id) {
+            tracing::warn!(consumer = id.index(), error = %e, "could not mark a failed handshake's record dead");
+        }
+        let _ = self.events.send(AdmissionEvent::Failed { id });
     }
 }
 

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustix::process::Pid;
+
 use crate::backend::{Backend, SharedRegion};
 use crate::driver::{DeviceMemory, DevicePtr, DeviceSpan, Stream};
 use crate::frames::FrameError;
@@ -14,8 +16,8 @@ use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
 use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, RingError, Sequence};
 use crate::wire::{
-    Detach, DetachReason, DeviceUuid, FrameGeometry, Message, PeerConnection, RendezvousListener, RingOffer,
-    SyncStrategy,
+    Detach, DetachReason, DeviceUuid, FrameGeometry, Message, PeerConnection, RefusalCode, RendezvousListener,
+    RingOffer, SyncStrategy,
 };
 
 /// How a producer sets up its ring.
@@ -103,7 +105,24 @@ pub struct Producer<B: Backend> {
     /// [`Retired::reusable`]).
     retired: Vec<Retired>,
     holding_up: Vec<ConsumerId>,
+    /// Valid hellos not answered yet: every record was taken, but some were waiting to be freed.
+    hellos: Vec<Hello>,
 }
+
+/// A consumer's valid hello, waiting for the producer to take a record for it.
+struct Hello {
+    /// The admission thread's handshake number.
+    token: u64,
+    pid: Option<Pid>,
+    name: String,
+    /// When the producer first tried.
+    since: Instant,
+}
+
+/// How long a hello waits for a record when every record is taken but some are only waiting to be freed (a
+/// consumer that detached a moment ago is freed once the watchdog saw its hang-up, within milliseconds), before
+/// it is refused with "ring full".
+const RECORD_WAIT: Duration = Duration::from_secs(1);
 
 struct Peer {
     id: ConsumerId,
@@ -218,6 +237,7 @@ impl<B: Backend> Producer<B> {
             evicted: Vec::new(),
             retired: Vec::new(),
             holding_up: Vec::new(),
+            hellos: Vec::new(),
         })
     }
 
@@ -385,9 +405,11 @@ impl<B: Backend> Producer<B> {
         Ok(())
     }
 
-    /// Takes what the admission thread finished: hands the ring's offer to each consumer that said a valid hello,
-    /// counts in each consumer that attached, retires the record of each handshake that failed. Never waits: the
-    /// handshakes themselves run on the admission thread.
+    /// Takes what the admission thread finished: takes a record for each consumer that said a valid hello and
+    /// hands it the ring's offer, counts in each consumer that attached, retires the record of each handshake that
+    /// failed. Never waits: the handshakes themselves run on the admission thread. A hello that finds every record
+    /// taken, some of them only waiting to be freed, is answered by a later call (for up to a second) rather than
+    /// refused.
     ///
     /// # Errors
     /// None today (every failure is logged and survived); the `Result` stays for callers written against it.
@@ -395,12 +417,8 @@ impl<B: Backend> Producer<B> {
         self.reap_dead_peers();
         while let Some(event) = self.admission.try_next() {
             match event {
-                AdmissionEvent::WantsOffer { id, name } => {
-                    let kit: OfferKit = self.make_offer(id).map_err(|e| {
-                        tracing::warn!(consumer = id.index(), name, error = %e, "could not make an offer");
-                        format!("the producer could not make its offer: {e}")
-                    });
-                    self.admission.offer(id, kit);
+                AdmissionEvent::WantsOffer { token, pid, name } => {
+                    self.hellos.push(Hello { token, pid, name, since: Instant::now() });
                 }
                 AdmissionEvent::Attached { id, pid, conn } => self.count_in(id, pid, conn),
                 AdmissionEvent::Failed { id } => {
@@ -409,7 +427,22 @@ impl<B: Backend> Producer<B> {
             }
         }
         self.reclaim_retired();
+        self.answer_hellos();
         Ok(())
+    }
+
+    /// Answers the hellos waiting for a record, in arrival order: an offer, or a refusal, or (every record taken,
+    /// some about to be freed, for at most [`RECORD_WAIT`]) nothing yet.
+    fn answer_hellos(&mut self) {
+        for hello in std::mem::take(&mut self.hellos) {
+            let kit = self.take_record_and_offer(hello.pid, &hello.name);
+            let full = matches!(kit, Err((RefusalCode::RingFull, _)));
+            if full && !self.retired.is_empty() && hello.since.elapsed() < RECORD_WAIT {
+                self.hellos.push(hello);
+            } else {
+                self.admission.offer(hello.token, kit);
+            }
+        }
     }
 
     /// Starts counting an attached consumer: the watchdog acts on its hang-up.
@@ -444,6 +477,22 @@ impl<B: Backend> Producer<B> {
                 tracing::warn!(consumer = id.index(), pid, error = %e, "cannot watch a consumer; dropping it");
                 let _ = self.ring.mark_consumer_dead(id);
                 self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
+            }
+        }
+    }
+
+    /// Takes a consumer record for a consumer that said a valid hello (it joins at the next frame) and makes its
+    /// offer; on failure gives the record back and says what to refuse with. Runs on the producer's thread between
+    /// frames, so the offer leaves before the producer can wait for the new record's first release.
+    fn take_record_and_offer(&mut self, pid: Option<Pid>, name: &str) -> OfferKit {
+        let id = self.ring.register_consumer(pid).map_err(|e| (RefusalCode::RingFull, e.to_string()))?;
+        match self.make_offer(id) {
+            Ok((offer, fds)) => Ok((id, offer, fds)),
+            Err(e) => {
+                tracing::warn!(consumer = id.index(), name, error = %e, "could not make an offer");
+                let _ = self.ring.mark_consumer_dead(id);
+                self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
+                Err((RefusalCode::ShuttingDown, format!("the producer could not make its offer: {e}")))
             }
         }
     }
