@@ -1,0 +1,345 @@
+//! Consumers as real processes that come and go at random while the producer publishes flat out, on the fake
+//! backend (host memory, no GPU): some read until they are SIGKILLed (often in the middle of attaching), some
+//! detach cleanly, some exit without detaching, some hold a frame for a while. The producer must never stall or
+//! fail, every frame a consumer reads must be intact, every consumer that was not killed must end well, and at the
+//! end every record must be free again. The GPU stress run (`gpu-ipc stress`) does the same with real backends;
+//! this one runs in CI, where races in the frames layer (admission, watchdog, quarantine) show up first.
+//!
+//! The run is random but reproducible: it prints its seed, and `GPU_IPC_CHAOS_SEED=<seed>` replays its schedule (not its timing).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+
+const ROLE: &str = "GPU_IPC_CHAOS_CHILD";
+const SOCKET: &str = "GPU_IPC_CHAOS_SOCKET";
+const FRAMES: &str = "GPU_IPC_CHAOS_FRAMES";
+/// How long the parent keeps spawning and killing.
+const RUN_FOR: Duration = Duration::from_secs(6);
+/// Children alive at most at once.
+const MAX_CHILDREN: usize = 6;
+/// Longest a child or the producer waits for anything.
+const T: Duration = Duration::from_secs(10);
+/// Longest the producer may go without publishing: a killed consumer's frame is released by the watchdog within
+/// milliseconds, a holder keeps one for 30 ms.
+const MAX_GAP: Duration = Duration::from_secs(2);
+
+fn geometry() -> FrameGeometry {
+    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap() // 4096 bytes
+}
+
+/// Frame `seq`'s content: its sequence number in every 8 bytes, so a stale or torn frame shows.
+fn frame_bytes(seq: u64, len: usize) -> Vec<u8> {
+    seq.to_le_bytes().iter().copied().cycle().take(len).collect()
+}
+
+/// xorshift64*: enough randomness for a schedule, and no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded() -> (Self, u64) {
+        let seed = std::env::var("GPU_IPC_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+            t.as_nanos() as u64 ^ u64::from(std::process::id())
+        });
+        (Self(seed | 1), seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n`.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// What a child does once attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Reads until it is killed (or the producer goes).
+    Reader,
+    /// Reads its frames, then detaches.
+    Detacher,
+    /// Reads its frames, then exits without detaching (its record is left LIVE: the hang-up must free it).
+    Quitter,
+    /// Reads, holds one frame for 30 ms, reads on, then detaches.
+    Holder,
+}
+
+impl Role {
+    const ALL: [Self; 4] = [Self::Reader, Self::Detacher, Self::Quitter, Self::Holder];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Reader => "reader",
+            Self::Detacher => "detacher",
+            Self::Quitter => "quitter",
+            Self::Holder => "holder",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.name() == name)
+    }
+}
+
+/// Not a test of its own: the body of the child processes the chaos tests start. Without the role variable (a
+/// normal test run) it returns at once.
+#[test]
+#[ignore = "child-process entry point; run by the chaos tests, not on its own"]
+fn child_process_entry_point() {
+    let Some(role) = std::env::var(ROLE).ok().as_deref().and_then(Role::from_name) else {
+        return;
+    };
+    let socket = PathBuf::from(std::env::var(SOCKET).unwrap());
+    let frames: u64 = std::env::var(FRAMES).unwrap().parse().unwrap();
+    match child(role, &socket, frames) {
+        Ok(line) => println!("CHILD {line}"),
+        Err(e) => {
+            println!("CHILD error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Attaches, reads and leaves as `role` says; returns the line to report.
+fn child(role: Role, socket: &Path, frames: u64) -> Result<String, FrameError> {
+    let options = AttachOptions { name: role.name().into(), timeout: T, ..AttachOptions::default() };
+    let mut c = Consumer::<HostFake>::attach(&HostContext, socket, &options)?;
+    let mut read = 0u64;
+    let mut bad = 0u64;
+    while role == Role::Reader || read < frames {
+        let frame = match c.next_frame(None, T) {
+            Ok(frame) => frame,
+            Err(FrameError::ProducerGone { .. }) => return Ok(format!("gone read={read} bad={bad}")),
+            Err(e) => return Err(e),
+        };
+        let mut got = vec![0u8; frame.bytes as usize];
+        c.region().read(frame.ptr, &mut got).unwrap();
+        if got != frame_bytes(frame.seq, got.len()) {
+            bad += 1;
+        }
+        if role == Role::Holder && read == frames / 2 {
+            thread::sleep(Duration::from_millis(30));
+        }
+        c.release(frame, None)?;
+        read += 1;
+    }
+    match role {
+        Role::Quitter => {
+            // Out without a word: no detach, no teardown; the kernel closes the socket.
+            println!("CHILD done read={read} bad={bad}");
+            std::process::exit(0);
+        }
+        _ => c.detach(),
+    }
+    Ok(format!("done read={read} bad={bad}"))
+}
+
+/// A child the parent started.
+struct Spawned {
+    child: Child,
+    role: Role,
+    killed: bool,
+}
+
+fn spawn(role: Role, socket: &Path, frames: u64) -> Spawned {
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(ROLE, role.name())
+        .env(SOCKET, socket)
+        .env(FRAMES, frames.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Spawned { child, role, killed: false }
+}
+
+/// What the producer thread saw.
+#[derive(Debug, Default)]
+struct ProducerRun {
+    published: u64,
+    longest_gap: Duration,
+    error: Option<String>,
+    lost: usize,
+    left_attached: usize,
+}
+
+/// Publishes until `stop`; then counts the consumers still attached once every one should be gone (within 1 s).
+fn run_producer(socket: &Path, sync: SyncStrategy, slots: u32, stop: &AtomicBool) -> ProducerRun {
+    let mut run = ProducerRun::default();
+    let config = ProducerConfig::new(socket, geometry(), slots, sync);
+    let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
+    let mut last = Instant::now();
+    let mut publish = |p: &mut Producer<HostFake>, run: &mut ProducerRun| -> Result<(), FrameError> {
+        let lease = p.acquire(None, T)?;
+        p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+        p.publish(lease, None)?;
+        run.published += 1;
+        run.longest_gap = run.longest_gap.max(last.elapsed());
+        last = Instant::now();
+        Ok(())
+    };
+    while !stop.load(Ordering::Acquire) {
+        if let Err(e) = publish(&mut p, &mut run) {
+            run.error = Some(format!("publishing frame {}: {e}", p.next_sequence()));
+            return run;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while p.consumers() > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(1));
+    }
+    run.lost = p.consumers_lost();
+    run.left_attached = p.consumers();
+    run
+}
+
+/// Reads the child's report line (after it exited).
+fn report(spawned: &mut Spawned) -> String {
+    let mut out = String::new();
+    if let Some(stdout) = spawned.child.stdout.as_mut() {
+        let _ = stdout.read_to_string(&mut out);
+    }
+    out.lines().find_map(|l| l.find("CHILD ").map(|i| l[i + 6..].to_owned())).unwrap_or_else(|| "no report".into())
+}
+
+/// Checks a child that ended on its own: exit 0 and no bad frame.
+fn check_ended(spawned: &mut Spawned, seed: u64, failures: &mut Vec<String>) {
+    let status = spawned.child.wait().unwrap();
+    let line = report(spawned);
+    if spawned.killed {
+        return;
+    }
+    if !status.success() || !line.contains(" bad=0") {
+        failures.push(format!("{} (seed {seed}): {status}: {line}", spawned.role.name()));
+    }
+}
+
+fn chaos(sync: SyncStrategy, tag: &str) {
+    let (mut rng, seed) = Rng::seeded();
+    let slots = 1 + rng.below(4) as u32;
+    eprintln!("chaos {tag}: seed {seed} (GPU_IPC_CHAOS_SEED=<seed> replays its schedule), {slots} slot(s)");
+    let socket = std::env::temp_dir().join(format!("gpu-ipc-chaos-{}-{tag}.sock", std::process::id()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let (socket, stop) = (socket.clone(), stop.clone());
+        thread::spawn(move || run_producer(&socket, sync, slots, &stop))
+    };
+    // The producer's socket exists once `create` returned.
+    let ready = Instant::now() + T;
+    while !socket.exists() && Instant::now() < ready {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let mut children: Vec<Spawned> = Vec::new();
+    let mut failures = Vec::new();
+    let (mut spawned, mut kills) = (0u32, 0u32);
+    let started = Instant::now();
+    while started.elapsed() < RUN_FOR {
+        let mut index = 0;
+        while index < children.len() {
+            if children[index].child.try_wait().unwrap().is_some() {
+                let mut ended = children.swap_remove(index);
+                check_ended(&mut ended, seed, &mut failures);
+            } else {
+                index += 1;
+            }
+        }
+        match rng.below(3) {
+            0 | 1 if children.len() < MAX_CHILDREN => {
+                let role = Role::ALL[rng.below(4) as usize];
+                children.push(spawn(role, &socket, 20 + rng.below(200)));
+                spawned += 1;
+            }
+            _ if !children.is_empty() => {
+                // Kill anyone, readers most often (they never end on their own), whatever it is doing: starting
+                // up, in the handshake, reading, holding a frame.
+                let victim = rng.below(children.len() as u64) as usize;
+                let target = &mut children[victim];
+                if target.child.try_wait().unwrap().is_none() {
+                    target.killed = target.child.kill().is_ok();
+                    kills += u32::from(target.killed);
+                }
+            }
+            _ => {}
+        }
+        thread::sleep(Duration::from_millis(rng.below(25)));
+    }
+    // Readers never end on their own: kill them; the others finish their frames.
+    for child in &mut children {
+        if child.role == Role::Reader && child.child.try_wait().unwrap().is_none() {
+            child.killed = child.child.kill().is_ok();
+            kills += u32::from(child.killed);
+        }
+    }
+    for mut child in children {
+        let deadline = Instant::now() + T;
+        while child.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        if child.child.try_wait().unwrap().is_none() {
+            failures.push(format!("{} (seed {seed}): still running after {T:?}", child.role.name()));
+            let _ = child.child.kill();
+        }
+        check_ended(&mut child, seed, &mut failures);
+    }
+    // Every record must be free again (or about to be): 16 consumers attach at once, while the producer goes on
+    // publishing flat out, read a few frames and detach.
+    let readers: Vec<_> = (0..16)
+        .map(|_| {
+            let socket = socket.clone();
+            thread::spawn(move || -> Result<(), FrameError> {
+                let mut c = Consumer::<HostFake>::attach(&HostContext, &socket, &AttachOptions::default())?;
+                for _ in 0..5 {
+                    let frame = c.next_frame(None, T)?;
+                    c.release(frame, None)?;
+                }
+                c.detach();
+                Ok(())
+            })
+        })
+        .collect();
+    for reader in readers {
+        if let Err(e) = reader.join().unwrap() {
+            failures.push(format!("one of 16 consumers after the chaos (seed {seed}): {e}"));
+        }
+    }
+    stop.store(true, Ordering::Release);
+    let run = producer.join().unwrap();
+    eprintln!(
+        "chaos {tag}: {spawned} children, {kills} SIGKILLs, {} frames published, longest gap {:?}, {} consumers \
+         lost, {} still attached at the end",
+        run.published, run.longest_gap, run.lost, run.left_attached
+    );
+    assert!(run.error.is_none(), "seed {seed}: the producer failed: {:?}", run.error);
+    assert!(run.longest_gap < MAX_GAP, "seed {seed}: the producer stalled for {:?}", run.longest_gap);
+    assert!(failures.is_empty(), "seed {seed}: children failed:\n{}", failures.join("\n"));
+    assert_eq!(run.left_attached, 0, "seed {seed}: consumers still counted after every one left");
+    assert!(spawned > 20 && kills > 5, "seed {seed}: too little happened ({spawned} children, {kills} kills)");
+}
+
+#[test]
+fn consumer_processes_come_and_go_and_are_killed_at_random_cpu_spin() {
+    chaos(SyncStrategy::CpuSpin, "spin");
+}
+
+#[test]
+fn consumer_processes_come_and_go_and_are_killed_at_random_cpu_sleep() {
+    chaos(SyncStrategy::CpuSleep, "sleep");
+}
