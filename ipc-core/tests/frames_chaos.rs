@@ -1,14 +1,17 @@
-//! Consumers as real processes that come and go at random while the producer publishes flat out, on the fake
-//! backend (host memory, no GPU): some read until they are SIGKILLed (often in the middle of attaching), some
-//! detach cleanly, some exit without detaching, some hold a frame for a while. The producer must never stall or
-//! fail, every frame a consumer reads must be intact, every consumer that was not killed must end well, and at the
-//! end every record must be free again. The GPU stress run (`gpu-ipc stress`) does the same with real backends;
-//! this one runs in CI, where races in the frames layer (admission, watchdog, quarantine) show up first.
+//! Consumers as real processes that come and go at random while the producer publishes flat out, on the fake backend
+//! (host memory, no GPU): some read until they are SIGKILLed (often in the middle of attaching), some detach cleanly,
+//! some exit without detaching, some hold a frame for a while. The producer must never stall or fail, every frame a
+//! consumer reads must be intact, every consumer that was not killed must end well, and at the end every record must be
+//! free again. Then producer processes are SIGKILLed at random and replaced on the same socket path: their consumers
+//! must learn it within 2 s and attach to the next one. The GPU stress run (`gpu-ipc stress`) does the same with real
+//! backends; this one runs in CI, where races in the frames layer (admission, watchdog, quarantine) show up first.
 //!
-//! The run is random but reproducible: it prints its seed, and `GPU_IPC_CHAOS_SEED=<seed>` replays its schedule (not its timing).
+//! The run is random but reproducible: it prints its seed, and `GPU_IPC_CHAOS_SEED=<seed>` replays its schedule (not
+//! its timing).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -102,8 +105,15 @@ impl Role {
 #[test]
 #[ignore = "child-process entry point; run by the chaos tests, not on its own"]
 fn child_process_entry_point() {
-    let Some(role) = std::env::var(ROLE).ok().as_deref().and_then(Role::from_name) else {
+    let Ok(role) = std::env::var(ROLE) else {
         return;
+    };
+    if role == "producer" {
+        child_producer();
+        return;
+    }
+    let Some(role) = Role::from_name(&role) else {
+        panic!("unknown child role {role}");
     };
     let socket = PathBuf::from(std::env::var(SOCKET).unwrap());
     let frames: u64 = std::env::var(FRAMES).unwrap().parse().unwrap();
@@ -148,6 +158,27 @@ fn child(role: Role, socket: &Path, frames: u64) -> Result<String, FrameError> {
         _ => c.detach(),
     }
     Ok(format!("done read={read} bad={bad}"))
+}
+
+/// A producer process: publishes flat out (strategy `GPU_IPC_CHAOS_SYNC`, one or two slots) until it is killed.
+fn child_producer() {
+    let socket = PathBuf::from(std::env::var(SOCKET).unwrap());
+    let sync = match std::env::var("GPU_IPC_CHAOS_SYNC").as_deref() {
+        Ok("cpu-sleep") => SyncStrategy::CpuSleep,
+        _ => SyncStrategy::CpuSpin,
+    };
+    let slots = if std::process::id().is_multiple_of(2) { 1 } else { 2 };
+    let mut p = Producer::<HostFake>::create(&HostContext, ProducerConfig::new(&socket, geometry(), slots, sync))
+        .unwrap_or_else(|e| {
+            println!("CHILD error: {e}");
+            std::process::exit(1)
+        });
+    println!("CHILD listening");
+    loop {
+        let lease = p.acquire(None, T).unwrap();
+        p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+        p.publish(lease, None).unwrap();
+    }
 }
 
 /// A child the parent started.
@@ -342,4 +373,96 @@ fn consumer_processes_come_and_go_and_are_killed_at_random_cpu_spin() {
 #[test]
 fn consumer_processes_come_and_go_and_are_killed_at_random_cpu_sleep() {
     chaos(SyncStrategy::CpuSleep, "sleep");
+}
+
+/// A consumer thread for the producer-kill test: attaches (retrying while no producer listens), reads and checks
+/// frames until the producer is gone. Returns (frames read, bad frames, when it learned the producer was gone).
+fn reader_until_gone(socket: PathBuf) -> thread::JoinHandle<Result<(u64, u64, Instant), String>> {
+    thread::spawn(move || {
+        let deadline = Instant::now() + T;
+        let mut c = loop {
+            match Consumer::<HostFake>::attach(&HostContext, &socket, &AttachOptions::default()) {
+                Ok(c) => break c,
+                Err(FrameError::Wire(ipc_core::wire::WireError::NoProducer { .. })) if Instant::now() < deadline => {
+                    thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(format!("attach: {e}")),
+            }
+        };
+        let (mut read, mut bad) = (0u64, 0u64);
+        loop {
+            match c.next_frame(None, T) {
+                Ok(frame) => {
+                    let mut got = vec![0u8; frame.bytes as usize];
+                    c.region().read(frame.ptr, &mut got).unwrap();
+                    bad += u64::from(got != frame_bytes(frame.seq, got.len()));
+                    read += 1;
+                    if let Err(e) = c.release(frame, None) {
+                        if matches!(e, FrameError::ProducerGone { .. }) {
+                            return Ok((read, bad, Instant::now()));
+                        }
+                        return Err(format!("release: {e}"));
+                    }
+                }
+                Err(FrameError::ProducerGone { .. }) => return Ok((read, bad, Instant::now())),
+                Err(e) => return Err(format!("next_frame after {read} frames: {e}")),
+            }
+        }
+    })
+}
+
+/// Producer processes SIGKILLed at random moments, each replaced by a new one on the same socket path (the dead
+/// one's socket file is stale): three consumers per round must read intact frames, learn within 2 s that the
+/// producer is gone, and attach to the next one.
+fn producer_kills(sync: &str) {
+    let (mut rng, seed) = Rng::seeded();
+    eprintln!("producer kills {sync}: seed {seed} (GPU_IPC_CHAOS_SEED=<seed> replays its schedule)");
+    let socket = std::env::temp_dir().join(format!("gpu-ipc-chaos-{}-producer-{sync}.sock", std::process::id()));
+    let mut slowest = Duration::ZERO;
+    let mut frames = 0;
+    for round in 0..12 {
+        let mut producer = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
+            .env(ROLE, "producer")
+            .env(SOCKET, &socket)
+            .env("GPU_IPC_CHAOS_SYNC", sync)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let readers: Vec<_> = (0..3).map(|_| reader_until_gone(socket.clone())).collect();
+        thread::sleep(Duration::from_millis(50 + rng.below(250)));
+        producer.kill().unwrap();
+        let killed = Instant::now();
+        let status = producer.wait().unwrap();
+        // Killed by our SIGKILL, not ended by a panic of its own.
+        assert_eq!(status.signal(), Some(9), "seed {seed}, round {round}: the producer ended on its own: {status}");
+        for reader in readers {
+            let (read, bad, gone_at) =
+                reader.join().unwrap().unwrap_or_else(|e| panic!("seed {seed}, round {round}: a consumer: {e}"));
+            assert_eq!(bad, 0, "seed {seed}, round {round}: {bad} of {read} frames were not intact");
+            assert!(read > 0, "seed {seed}, round {round}: a consumer read nothing in at least 50 ms");
+            let took = gone_at.saturating_duration_since(killed);
+            assert!(
+                took < Duration::from_secs(2),
+                "seed {seed}, round {round}: ProducerGone came {took:?} after the kill"
+            );
+            slowest = slowest.max(took);
+            frames += read;
+        }
+    }
+    eprintln!(
+        "producer kills {sync}: 12 producers killed, {frames} frames read, ProducerGone at most {slowest:?} after a kill"
+    );
+}
+
+#[test]
+fn producer_processes_are_killed_at_random_and_replaced_cpu_spin() {
+    producer_kills("cpu-spin");
+}
+
+#[test]
+fn producer_processes_are_killed_at_random_and_replaced_cpu_sleep() {
+    producer_kills("cpu-sleep");
 }
