@@ -25,6 +25,13 @@ else
     cargo test --workspace --locked --no-fail-fast --lib --bins --tests
 fi
 
+step "tests that need root (consumers running as another user)"
+if [ "$(id -u)" = 0 ]; then
+    cargo test -p ipc-core --test other_users --locked -- --ignored
+else
+    echo "(not root: the tests marked 'needs root' stay ignored)" >&2
+fi
+
 step "benches, each run once (criterion's test mode; GPU benches say they are skipped without a GPU)"
 cargo test -p gpu-ipc-benches --benches --locked
 

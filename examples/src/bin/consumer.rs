@@ -23,7 +23,7 @@ use gpu_ipc::BackendVisitor;
 use gpu_ipc::core::backend::{Backend, GpuBackend};
 use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
-use gpu_ipc::core::wire::WireError;
+use gpu_ipc::core::wire::{PeerPolicy, WireError};
 use gpu_ipc_examples::{
     CommonArgs, EXIT_EVICTED, EXIT_PRODUCER_GONE, GapMeter, Gpu, cpu_time, device_free_bytes, fps, kernel_error,
     open_fds, print_summary, sync_name,
@@ -59,6 +59,9 @@ struct Args {
     /// ahead.
     #[arg(long)]
     check_each_frame: bool,
+    /// Also accept a producer running as this uid (repeatable; default: our own uid only).
+    #[arg(long = "producer-uid", value_name = "UID")]
+    producer_uids: Vec<u32>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -103,7 +106,11 @@ impl BackendVisitor for Run {
         let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
         let counter = DeviceBuffer::alloc(&ctx, 8)?;
         counter.write(0, &[0u64])?;
-        let options = AttachOptions { name: args.name.clone(), ..AttachOptions::default() };
+        let producer = match args.producer_uids.as_slice() {
+            [] => PeerPolicy::SameUser,
+            uids => PeerPolicy::Users(uids.to_vec()),
+        };
+        let options = AttachOptions { name: args.name.clone(), producer, ..AttachOptions::default() };
         let timeout = Duration::from_secs(10);
         let (cpu0, t0) = (cpu_time(), Instant::now());
         let mut frames = 0;

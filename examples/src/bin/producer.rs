@@ -20,7 +20,7 @@ use clap::Parser;
 use gpu_ipc::BackendVisitor;
 use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
-use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SocketAccess, SyncStrategy};
 use gpu_ipc_examples::{
     CommonArgs, GapMeter, Gpu, cpu_time, device_free_bytes, fps, kernel_error, open_fds, parse_pixel_format,
     parse_sync, print_summary, stdin_closed_flag, sync_name,
@@ -60,9 +60,16 @@ struct Args {
     #[arg(long)]
     until_stdin_closes: bool,
     /// Slow-consumer policy: evict a consumer that holds a frame this many milliseconds (default: wait for it).
-    /// Exit status 6 when this build has no eviction yet.
     #[arg(long, value_name = "MS")]
     evict_after_ms: Option<u64>,
+    /// Also serve consumers running as this uid (repeatable): the socket file becomes mode 0666 and each
+    /// consumer's uid is checked (default: our own uid only, mode 0600).
+    #[arg(long = "allow-uid", value_name = "UID", conflicts_with = "socket_group")]
+    allow_uids: Vec<u32>,
+    /// Serve the members of this group: the socket file is given to it with mode 0660, and the kernel checks
+    /// membership (supplementary groups included).
+    #[arg(long, value_name = "GID")]
+    socket_group: Option<u32>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -101,6 +108,11 @@ impl BackendVisitor for Run {
         let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
         let geometry = FrameGeometry::new(args.width, args.height, args.format)?;
         let mut config = ProducerConfig::new(&args.common.socket, geometry, args.slots, args.sync);
+        if let Some(gid) = args.socket_group {
+            config.access = SocketAccess::group(gid);
+        } else if !args.allow_uids.is_empty() {
+            config.access = SocketAccess::users(args.allow_uids.iter().copied());
+        }
         if let Some(ms) = args.evict_after_ms {
             config.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(ms) };
         }

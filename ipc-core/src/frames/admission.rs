@@ -56,8 +56,6 @@ const ACCEPTS_PER_ROUND: usize = 32;
 /// Bound on sending the offer or a refusal: the peer's receive buffer is empty at that point (we sent nothing
 /// before), so this only matters for a peer that vanished.
 const SEND_TIMEOUT: Duration = Duration::from_millis(100);
-/// Most unread bytes dropped before closing a refused connection (see [`discard_unread`]).
-const DISCARD_LIMIT: usize = 64 * 1024;
 
 /// What the admission thread tells the producer.
 pub(crate) enum AdmissionEvent {
@@ -527,7 +525,7 @@ impl FrontDoor {
             let refusal = Refused { code, message: truncate(&failure.reason, MAX_REFUSAL_MESSAGE_BYTES) };
             // Best effort: the peer may be gone already.
             let _ = handshake.conn.send(&Message::Refused(refusal), Vec::new(), SEND_TIMEOUT);
-            discard_unread(&handshake.conn);
+            handshake.conn.discard_unread();
         }
         let record = handshake.stage.record();
         tracing::warn!(pid, consumer = record.map(|id| id.index()), reason = %failure.reason, "a consumer failed to attach");
@@ -561,21 +559,6 @@ fn read_failure(stage: Stage, error: WireError) -> Failure {
         (Stage::Hello, error @ (WireError::PeerHungUp { .. } | WireError::Os { .. })) => Failure::from(error),
         (Stage::Hello, error) => Failure::refuse(RefusalCode::MalformedHello, format!("malformed hello: {error}")),
         (_, error) => Failure::from(error),
-    }
-}
-
-/// Reads and drops what the peer sent and we did not read (at most [`DISCARD_LIMIT`] bytes, without waiting), so
-/// that closing the connection right after a refusal is an orderly end of stream for the peer: closing a Unix
-/// stream socket with unread bytes makes the peer's next read fail with `ECONNRESET`, possibly before it read the
-/// refusal.
-fn discard_unread(conn: &PeerConnection) {
-    let mut sink = [0u8; 4096];
-    let mut discarded = 0;
-    while discarded < DISCARD_LIMIT {
-        match rustix::net::recv(conn.as_fd(), &mut sink, rustix::net::RecvFlags::DONTWAIT) {
-            Ok((n, _)) if n > 0 => discarded += n,
-            _ => return,
-        }
     }
 }
 

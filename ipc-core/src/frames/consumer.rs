@@ -14,7 +14,7 @@ use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerControl, LivenessPolicy, Sequence, SlotIndex};
 use crate::wire::{
     Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,
-    RingOffer,
+    PeerPolicy, RingOffer,
 };
 
 /// How a consumer attaches.
@@ -29,6 +29,9 @@ pub struct AttachOptions {
     /// Bound on each CPU wait for GPU work made without a caller's timeout: a CPU strategy's wait for the
     /// frame's reads in `release`, and the wait at teardown for the work queued on the ring (default 10 s).
     pub gpu_timeout: Duration,
+    /// Which users the producer may run as (default: ours alone; e.g. `PeerPolicy::Users(vec![uid])` for a
+    /// producer run by service user `uid`).
+    pub producer: PeerPolicy,
 }
 
 impl Default for AttachOptions {
@@ -38,6 +41,7 @@ impl Default for AttachOptions {
             timeout: Duration::from_secs(5),
             sleep_interval: Duration::from_micros(20),
             gpu_timeout: Duration::from_secs(10),
+            producer: PeerPolicy::SameUser,
         }
     }
 }
@@ -82,14 +86,21 @@ impl<B: Backend> Consumer<B> {
     pub fn attach(ctx: &B::Context, socket_path: &Path, options: &AttachOptions) -> Result<Self, FrameError> {
         let deadline = Instant::now() + options.timeout;
         let left = || deadline.saturating_duration_since(Instant::now());
-        let conn = PeerConnection::connect(socket_path, left())?;
+        let conn = PeerConnection::connect_with(socket_path, left(), &options.producer)?;
         let hello = ClientHello {
             protocol_version: PROTOCOL_VERSION,
             client_pid: std::process::id(),
             wanted_backend: Some(B::KIND),
             consumer_name: options.name.clone(),
         };
-        conn.send(&Message::ClientHello(hello), Vec::new(), left())?;
+        if let Err(e) = conn.send(&Message::ClientHello(hello), Vec::new(), left()) {
+            // A producer that refuses us at once (its uid check) sends `Refused` and hangs up, maybe before our
+            // hello went out: its answer is still queued for us, and says more than the broken pipe.
+            if let Ok(answer) = conn.recv(Duration::from_millis(100)) {
+                answer.into_ring_offer()?;
+            }
+            return Err(e.into());
+        }
         let (offer, fds) = conn.recv(left())?.into_ring_offer()?;
         let joined = Self::join(ctx, &conn, &offer, fds, options);
         let (strategy, sync, region, ring) = match joined {

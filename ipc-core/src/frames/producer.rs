@@ -17,14 +17,17 @@ use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
 use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, RingError, Sequence};
 use crate::wire::{
     Detach, DetachReason, DeviceUuid, FrameGeometry, Message, PeerConnection, RefusalCode, RendezvousListener,
-    RingOffer, SyncStrategy,
+    RingOffer, SocketAccess, SyncStrategy,
 };
 
 /// How a producer sets up its ring.
 #[derive(Debug, Clone)]
 pub struct ProducerConfig {
-    /// Where the rendezvous socket is created (mode 0600).
+    /// Where the rendezvous socket is created (mode 0600 unless `access` says otherwise).
     pub socket_path: PathBuf,
+    /// Who may attach: the socket file's mode and group and the uid check on each consumer (default: the
+    /// producer's user alone). See [`SocketAccess`] for serving consumers of other users.
+    pub access: SocketAccess,
     /// Layout of each frame.
     pub geometry: FrameGeometry,
     /// Number of slots (1 to 32; 2 to 4 lets the producer work ahead of the consumers).
@@ -55,6 +58,7 @@ impl ProducerConfig {
     pub fn new(socket_path: impl Into<PathBuf>, geometry: FrameGeometry, slots: u32, sync: SyncStrategy) -> Self {
         Self {
             socket_path: socket_path.into(),
+            access: SocketAccess::default(),
             geometry,
             slots,
             sync,
@@ -200,7 +204,7 @@ impl<B: Backend> Producer<B> {
             max_consumers: config.max_consumers,
             sleep_interval: config.sleep_interval,
         })?;
-        let listener = RendezvousListener::bind(&config.socket_path)?;
+        let listener = RendezvousListener::bind_with(&config.socket_path, &config.access)?;
         let admission = Admission::start(
             listener,
             ring.clone(),

@@ -236,6 +236,12 @@ pub enum WireError {
         /// The path.
         path: PathBuf,
     },
+    /// A socket file mode that is not a permission mask including the owner's read and write.
+    #[error("socket file mode {mode:#o} is not a mode between 0o600 and 0o777 that lets the owner read and write")]
+    BadSocketMode {
+        /// The mode asked for.
+        mode: u32,
+    },
     /// A socket operation on a path failed for another reason.
     #[error("{op} on {} failed: {source}", path.display())]
     PathOs {
@@ -247,10 +253,12 @@ pub enum WireError {
         #[source]
         source: Errno,
     },
-    /// The peer runs as another user, and the peer policy requires the same user.
+    /// The peer runs as a user the peer policy does not allow.
     #[error(
-        "peer ({}) runs as uid {peer_uid}, we run as uid {our_uid}: only the same user may \
-         attach; run both as one user (across user namespaces: map both to one uid)",
+        "peer ({}) runs as uid {peer_uid}, we run as uid {our_uid}, and the peer policy does not allow it: run both \
+         as one user (across user namespaces: map both to one uid), or allow the uid (producer: \
+         `ProducerConfig::access`, e.g. `SocketAccess::users([{peer_uid}])`; consumer: `AttachOptions::producer`, \
+         e.g. `PeerPolicy::Users(vec![{peer_uid}])`)",
         super::rendezvous::describe_pid(*pid)
     )]
     PeerUidMismatch {

@@ -20,5 +20,5 @@ pub use message::{
     MAX_CONSUMER_NAME_BYTES, MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES, MAX_REFUSAL_MESSAGE_BYTES, Message, MessageType,
     PROTOCOL_VERSION, RING_OFFER_FIXED_BYTES, RefusalCode, Refused, RingOffer,
 };
-pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener};
+pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener, SocketAccess};
 pub use types::{BackendKind, DeviceUuid, FrameGeometry, HandleType, PixelFormat, SyncStrategy};

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, poll};
-use rustix::fs::{FileType, Mode, chmod, lstat, unlink};
+use rustix::fs::{FileType, Gid, Mode, chmod, chown, lstat, unlink};
 use rustix::io::Errno;
 use rustix::net::sockopt::{Timeout, set_socket_timeout};
 use rustix::net::{
@@ -72,16 +72,93 @@ pub(crate) fn describe_pid(pid: Option<u32>) -> String {
     }
 }
 
-/// Which peers a connection accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which peers a connection accepts, by the effective uid `SO_PEERCRED` reports for them.
+///
+/// The producer applies it to every consumer that connects, the consumer to the producer it connects to (a
+/// socket planted by another user must not feed it memory handles). Who can connect at all is decided first by
+/// the socket file's mode and group ([`SocketAccess`]): the kernel checks the connecting process's groups,
+/// supplementary ones included, which `SO_PEERCRED` does not report.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PeerPolicy {
     /// Only processes running as our effective uid (the default): GPU memory of one user is not
     /// shared with another by accident.
     #[default]
     SameUser,
-    /// Any peer that can open the socket file (widen its mode yourself to make this useful).
+    /// Our effective uid and these: e.g. a service user's producer and the uids of the consumers it serves, or,
+    /// on the consumer's side, the uid the producer runs as.
+    Users(Vec<u32>),
+    /// Any peer that can open the socket file: with [`SocketAccess::group`], the members of that group.
     AnyUser,
+}
+
+impl PeerPolicy {
+    /// Whether a peer running as `uid` is accepted by a process running as `our_uid`.
+    pub fn allows(&self, uid: u32, our_uid: u32) -> bool {
+        match self {
+            Self::SameUser => uid == our_uid,
+            Self::Users(uids) => uid == our_uid || uids.contains(&uid),
+            Self::AnyUser => true,
+        }
+    }
+}
+
+/// Who may reach the producer's rendezvous socket: its file mode and group, and the peer check made after a
+/// connection is accepted. The default is the owner alone (mode 0600, [`PeerPolicy::SameUser`]).
+///
+/// Connecting to a Unix socket needs write permission on its file (and search permission on every directory
+/// above it, which is the caller's to arrange). To serve another user's consumers, either widen the mode and name
+/// the users ([`PeerPolicy::Users`]), or give the socket to a group the consumers' users are in and let the kernel
+/// decide ([`SocketAccess::group`]).
+///
+/// ```no_run
+/// use ipc_core::frames::{AttachOptions, ProducerConfig};
+/// use ipc_core::wire::{FrameGeometry, PeerPolicy, PixelFormat, SocketAccess, SyncStrategy};
+///
+/// let geometry = FrameGeometry::new(3840, 2160, PixelFormat::Rgb8)?;
+/// let mut config = ProducerConfig::new("/run/frames/cam0.sock", geometry, 4, SyncStrategy::IpcEvent);
+/// // Members of group 44 (e.g. "video"): mode 0660, the socket given to that group.
+/// config.access = SocketAccess::group(44);
+/// // Or named users: mode 0666 and a uid check.
+/// config.access = SocketAccess::users([1001, 1002]);
+///
+/// // On the consumer's side (uid 1001): accept a producer run by uid 998.
+/// let options = AttachOptions { producer: PeerPolicy::Users(vec![998]), ..AttachOptions::default() };
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// Permission bits of the socket file (at most 0o777, owner read and write included).
+    pub mode: u32,
+    /// The group the socket file is given to (`chown`; the producer's user must be in it, or root).
+    pub group: Option<u32>,
+    /// Which peers are served once connected.
+    pub peers: PeerPolicy,
+}
+
+impl Default for SocketAccess {
+    fn default() -> Self {
+        Self { mode: 0o600, group: None, peers: PeerPolicy::SameUser }
+    }
+}
+
+impl SocketAccess {
+    /// The members of group `gid` and the owner: mode 0660, the socket given to `gid`, any peer that got through.
+    pub fn group(gid: u32) -> Self {
+        Self { mode: 0o660, group: Some(gid), peers: PeerPolicy::AnyUser }
+    }
+
+    /// The owner and the users `uids`: mode 0666 (the uid check does the filtering).
+    pub fn users(uids: impl IntoIterator<Item = u32>) -> Self {
+        Self { mode: 0o666, group: None, peers: PeerPolicy::Users(uids.into_iter().collect()) }
+    }
+
+    fn check(&self) -> Result<(), WireError> {
+        if self.mode & !0o777 != 0 || self.mode & 0o600 != 0o600 {
+            return Err(WireError::BadSocketMode { mode: self.mode });
+        }
+        Ok(())
+    }
 }
 
 /// The producer's listening socket. Unlinks its path on drop (only if the path still names
@@ -102,6 +179,16 @@ impl RendezvousListener {
     /// a crashed producer) is replaced; a live one is [`WireError::PathInUse`]; anything that is
     /// not a socket is left alone and reported as [`WireError::PathNotSocket`].
     pub fn bind(path: impl AsRef<Path>) -> Result<Self, WireError> {
+        Self::bind_with(path, &SocketAccess::default())
+    }
+
+    /// As [`bind`](Self::bind), with the socket file's mode and group and the peer check of `access`.
+    ///
+    /// # Errors
+    /// As `bind`; a mode outside 0o600..=0o777 ([`WireError::BadSocketMode`]); a group the process may not give
+    /// the file to ([`WireError::PermissionDenied`] for `chown`).
+    pub fn bind_with(path: impl AsRef<Path>, access: &SocketAccess) -> Result<Self, WireError> {
+        access.check()?;
         let path = path.as_ref().to_path_buf();
         let addr = socket_addr(&path)?;
         remove_stale_socket(&path, &addr)?;
@@ -117,8 +204,14 @@ impl RendezvousListener {
         bind(&socket, &addr).map_err(|source| path_error("bind", &path, source))?;
         let stat = lstat(&path).map_err(|source| path_error("lstat", &path, source))?;
         // From here on, `Drop` removes the file if a later step fails.
-        let listener = Self { socket, path, identity: (stat.st_dev, stat.st_ino), policy: PeerPolicy::SameUser };
-        chmod(&listener.path, Mode::from_raw_mode(0o600))
+        let listener = Self { socket, path, identity: (stat.st_dev, stat.st_ino), policy: access.peers.clone() };
+        // The group before the mode: until both are set, only the owner can connect (bind made the file with
+        // the umask's bits at most, and no peer is accepted before `listen`).
+        if let Some(gid) = access.group {
+            chown(&listener.path, None, Some(Gid::from_raw(gid)))
+                .map_err(|source| path_error("chown", &listener.path, source))?;
+        }
+        chmod(&listener.path, Mode::from_raw_mode(access.mode))
             .map_err(|source| path_error("chmod", &listener.path, source))?;
         listen(&listener.socket, LISTEN_BACKLOG).map_err(|source| path_error("listen", &listener.path, source))?;
         tracing::info!(path = %listener.path.display(), "rendezvous socket listening");
@@ -152,11 +245,12 @@ impl RendezvousListener {
             }
         };
         let connection = PeerConnection::from_socket(socket)?;
-        if let Err(error) = check_policy(self.policy, connection.peer) {
+        if let Err(error) = check_policy(&self.policy, connection.peer) {
             tracing::warn!(%error, path = %self.path.display(), "refusing peer");
             let refusal = Message::Refused(Refused { code: RefusalCode::PeerNotAllowed, message: error.to_string() });
             // Best effort: the peer may already be gone, and the error we return matters more.
             let _ = connection.send(&refusal, Vec::new(), REFUSAL_SEND_TIMEOUT);
+            connection.discard_unread();
             return Err(error);
         }
         tracing::info!(
@@ -200,6 +294,14 @@ impl PeerConnection {
     /// Connects to the producer listening at `path`, waiting at most `timeout` (a full listen
     /// backlog makes `connect` wait). The producer must run as our user.
     pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<Self, WireError> {
+        Self::connect_with(path, timeout, &PeerPolicy::SameUser)
+    }
+
+    /// As [`connect`](Self::connect), accepting a producer that runs as a user `producer` allows.
+    ///
+    /// # Errors
+    /// As `connect`; a producer of a user `producer` does not allow ([`WireError::PeerUidMismatch`]).
+    pub fn connect_with(path: impl AsRef<Path>, timeout: Duration, producer: &PeerPolicy) -> Result<Self, WireError> {
         let path = path.as_ref();
         let addr = socket_addr(path)?;
         let socket = socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
@@ -218,7 +320,7 @@ impl PeerConnection {
         let connection = Self::from_socket(socket)?;
         // The same check the producer makes: a socket planted by another user must not feed us
         // memory handles.
-        check_policy(PeerPolicy::SameUser, connection.peer)?;
+        check_policy(producer, connection.peer)?;
         tracing::info!(pid = connection.peer.pid, path = %path.display(), "connected to producer");
         if connection.peer.pid.is_none() {
             tracing::info!(
@@ -257,6 +359,21 @@ impl PeerConnection {
         recv_message(self.socket.as_fd(), timeout)
     }
 
+    /// Reads and drops what the peer sent and we did not read (at most 64 KiB, without waiting), so that closing
+    /// right after a refusal is an orderly end of stream for the peer: closing a Unix stream socket with unread
+    /// bytes makes the peer's next read fail with `ECONNRESET` once it has read what we sent.
+    pub fn discard_unread(&self) {
+        const LIMIT: usize = 64 * 1024;
+        let mut sink = [0u8; 4096];
+        let mut discarded = 0;
+        while discarded < LIMIT {
+            match rustix::net::recv(self.socket.as_fd(), &mut sink, rustix::net::RecvFlags::DONTWAIT) {
+                Ok((n, _)) if n > 0 => discarded += n,
+                _ => return,
+            }
+        }
+    }
+
     /// Whether the peer has closed its end (or the connection failed), without blocking.
     ///
     /// True once the peer has hung up even if it left unread messages (e.g. a final
@@ -282,13 +399,12 @@ impl AsFd for PeerConnection {
     }
 }
 
-fn check_policy(policy: PeerPolicy, peer: PeerCredentials) -> Result<(), WireError> {
+fn check_policy(policy: &PeerPolicy, peer: PeerCredentials) -> Result<(), WireError> {
     let our_uid = geteuid().as_raw();
-    match policy {
-        PeerPolicy::SameUser if peer.uid != our_uid => {
-            Err(WireError::PeerUidMismatch { pid: peer.pid, peer_uid: peer.uid, our_uid })
-        }
-        _ => Ok(()),
+    if policy.allows(peer.uid, our_uid) {
+        Ok(())
+    } else {
+        Err(WireError::PeerUidMismatch { pid: peer.pid, peer_uid: peer.uid, our_uid })
     }
 }
 
