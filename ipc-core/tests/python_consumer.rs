@@ -1,0 +1,323 @@
+//! The protocol is implementable from its documentation alone: `tests/python/consumer.py`, a consumer in pure
+//! Python written only from `docs/protocol.md` and `docs/ring.md`, attaches to a real `Producer<HostFake>` of this
+//! process as a separate process, reads frames with cpu-spin and cpu-sleep, checks every 8-byte word, and leaves
+//! cleanly (the producer counts nobody lost); it exits 4 when the producer goes away while it waits, 2 when offered
+//! a strategy it does not implement (telling the producer with `Detach`, reason import failed), and 3 when refused.
+//!
+//! These tests need python3 (3.8 or later; `PYTHON` names another interpreter). Without one they fail, saying so:
+//! CI has python3, and a skipped conformance test would pass silently. Every wait is bounded; a Python process
+//! still running at its deadline is killed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::frames::{FrameError, Producer, ProducerConfig};
+use ipc_core::ring::layout::CONTROL_BLOCK_BYTES;
+use ipc_core::wire::{
+    BackendKind, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds, PixelFormat,
+    RefusalCode, Refused, RendezvousListener, RingOffer, SyncStrategy,
+};
+use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
+
+const T: Duration = Duration::from_secs(10);
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/consumer.py");
+
+fn sock(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("gpu-ipc-py-{}-{name}.sock", std::process::id()))
+}
+
+/// The interpreter: `$PYTHON` or `python3`. Panics, saying why, when it cannot run or is older than 3.8.
+fn python() -> String {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let check = "import sys; sys.exit(0 if sys.version_info >= (3, 8) else 1)";
+    match Command::new(&python).args(["-c", check]).output() {
+        Ok(out) if out.status.success() => python,
+        Ok(out) => panic!(
+            "`{python}` runs but is not Python 3.8 or later ({}); these tests need python3 (set PYTHON)",
+            out.status
+        ),
+        Err(err) => panic!("cannot run `{python}`: {err}; these tests need python3 (set PYTHON to its path)"),
+    }
+}
+
+fn geometry() -> FrameGeometry {
+    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap() // 4096 bytes: 512 words
+}
+
+fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
+    Producer::<HostFake>::create(&HostContext, ProducerConfig::new(sock(name), geometry(), slots, sync)).unwrap()
+}
+
+/// Publishes one frame whose every 8-byte word is its sequence number (little endian).
+fn publish(p: &mut Producer<HostFake>, timeout: Duration) -> Result<u64, FrameError> {
+    let lease = p.acquire(None, timeout)?;
+    p.region().write(lease.ptr, &lease.seq.to_le_bytes().repeat(lease.bytes as usize / 8)).unwrap();
+    let seq = lease.seq;
+    p.publish(lease, None)?;
+    Ok(seq)
+}
+
+/// What a finished Python consumer left.
+struct Finished {
+    name: String,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Finished {
+    fn describe(&self) -> String {
+        format!(
+            "python consumer {} exited {:?}\nstdout: {}\nstderr: {}",
+            self.name, self.code, self.stdout, self.stderr
+        )
+    }
+
+    /// The u64 field `key` of the JSON summary line (flat, numbers only: no JSON parser needed).
+    fn summary(&self, key: &str) -> u64 {
+        let line = self.stdout.lines().last().unwrap_or_default();
+        let pattern = format!("\"{key}\": ");
+        let start = line.find(&pattern).unwrap_or_else(|| panic!("no {key} in the summary\n{}", self.describe()))
+            + pattern.len();
+        let digits: String = line[start..].chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().unwrap_or_else(|_| panic!("{key} is not a number\n{}", self.describe()))
+    }
+}
+
+/// A Python consumer process; killed on drop if still running, so a failing test leaves none behind.
+struct PyConsumer {
+    name: String,
+    child: Child,
+    started: Instant,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+fn read_all(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    })
+}
+
+impl PyConsumer {
+    fn spawn(python: &str, socket: &Path, frames: u64, name: &str) -> Self {
+        let mut child = Command::new(python)
+            .arg(SCRIPT)
+            .arg("--socket")
+            .arg(socket)
+            .args(["--frames", &frames.to_string(), "--name", name, "--timeout", "10"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot start `{python} {SCRIPT}`: {err}"));
+        let stdout = Some(read_all(child.stdout.take().unwrap()));
+        let stderr = Some(read_all(child.stderr.take().unwrap()));
+        Self { name: name.to_owned(), child, started: Instant::now(), stdout, stderr }
+    }
+
+    /// Waits at most `limit` for the process to exit; kills it and panics, with its output, past that.
+    fn wait(&mut self, limit: Duration) -> Finished {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            thread::sleep(Duration::from_millis(5));
+        };
+        let finished = Finished {
+            name: self.name.clone(),
+            code: status.and_then(|s| s.code()),
+            stdout: self.stdout.take().map(|h| h.join().unwrap()).unwrap_or_default(),
+            stderr: self.stderr.take().map(|h| h.join().unwrap()).unwrap_or_default(),
+            elapsed: self.started.elapsed(),
+        };
+        assert!(status.is_some(), "still running after {limit:?}, killed\n{}", finished.describe());
+        finished
+    }
+}
+
+impl Drop for PyConsumer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `wait_for_consumers`, reporting the Python consumers' output when they do not attach in time.
+fn wait_for(p: &mut Producer<HostFake>, consumers: &mut [&mut PyConsumer]) {
+    if let Err(err) = p.wait_for_consumers(consumers.len(), T) {
+        let outputs: Vec<String> = consumers.iter_mut().map(|c| c.wait(Duration::ZERO).describe()).collect();
+        panic!("python consumers did not attach: {err}\n{}", outputs.join("\n"));
+    }
+}
+
+/// Publishes frames until every consumer has left (bounded), so each can read as many as it wants.
+fn publish_until_all_left(p: &mut Producer<HostFake>, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    let mut published = 0;
+    while p.consumers() > 0 {
+        assert!(Instant::now() < deadline, "consumers still attached after {limit:?} ({published} frames)");
+        publish(p, T).unwrap();
+        published += 1;
+    }
+    published
+}
+
+/// A successful run: exit 0 and a summary of `frames` frames from frame 0 with no mismatched word.
+fn assert_read_everything(run: &Finished, frames: u64) {
+    assert_eq!(run.code, Some(0), "{}", run.describe());
+    assert_eq!(run.summary("frames"), frames, "{}", run.describe());
+    assert_eq!(run.summary("first_seq"), 0, "{}", run.describe());
+    assert_eq!(run.summary("mismatched_words"), 0, "{}", run.describe());
+}
+
+/// The producer's view once the consumers have left: nobody attached, nobody lost.
+fn assert_left_cleanly(p: &mut Producer<HostFake>) {
+    let deadline = Instant::now() + T;
+    while p.consumers() != 0 {
+        assert!(Instant::now() < deadline, "{} consumers still counted after they left", p.consumers());
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(p.consumers_lost(), 0, "a Python consumer left without the ring-level detach");
+}
+
+#[test]
+fn two_python_consumers_read_300_frames_each_with_cpu_spin_and_detach() {
+    let python = python();
+    let mut p = producer("spin", SyncStrategy::CpuSpin, 2);
+    let mut a = PyConsumer::spawn(&python, &sock("spin"), 300, "a");
+    let mut b = PyConsumer::spawn(&python, &sock("spin"), 300, "b");
+    wait_for(&mut p, &mut [&mut a, &mut b]);
+    let published = publish_until_all_left(&mut p, Duration::from_secs(60));
+    let (ra, rb) = (a.wait(T), b.wait(T));
+    assert_read_everything(&ra, 300);
+    assert_read_everything(&rb, 300);
+    assert_ne!(ra.summary("consumer_id"), rb.summary("consumer_id"), "two consumers got one record");
+    assert_left_cleanly(&mut p);
+    println!("cpu-spin: {published} frames published; consumers took {:?} and {:?}", ra.elapsed, rb.elapsed);
+}
+
+#[test]
+fn a_python_consumer_reads_300_frames_with_cpu_sleep_from_one_slot() {
+    let python = python();
+    let mut p = producer("sleep", SyncStrategy::CpuSleep, 1);
+    let mut c = PyConsumer::spawn(&python, &sock("sleep"), 300, "sleeper");
+    wait_for(&mut p, &mut [&mut c]);
+    let published = publish_until_all_left(&mut p, Duration::from_secs(60));
+    let run = c.wait(T);
+    assert_read_everything(&run, 300);
+    assert_left_cleanly(&mut p);
+    println!("cpu-sleep: {published} frames published; the consumer took {:?}", run.elapsed);
+}
+
+#[test]
+fn a_python_consumer_exits_4_when_the_producer_goes_away_while_it_waits() {
+    let python = python();
+    let mut p = producer("gone", SyncStrategy::CpuSpin, 2);
+    let mut c = PyConsumer::spawn(&python, &sock("gone"), 1000, "waiter");
+    wait_for(&mut p, &mut [&mut c]);
+    for _ in 0..3 {
+        publish(&mut p, T).unwrap(); // the third waits for the release of frame 0: the consumer is reading
+    }
+    thread::sleep(Duration::from_millis(200)); // it reads frames 1 and 2, then waits for frame 3
+    let dropped = Instant::now();
+    drop(p);
+    let run = c.wait(Duration::from_secs(5));
+    assert_eq!(run.code, Some(4), "{}", run.describe());
+    assert!(run.stderr.contains("producer"), "{}", run.describe());
+    assert!(run.stdout.is_empty(), "a summary after a failure\n{}", run.describe());
+    println!("producer gone: the consumer exited {:?} after the drop: {}", dropped.elapsed(), run.stderr.trim());
+}
+
+/// A sealed memfd of `size` zero bytes, as the protocol requires of both fds.
+fn sealed_memfd(size: u64) -> OwnedFd {
+    let fd = memfd_create("python-consumer-test", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+    let file = File::from(fd);
+    file.set_len(size).unwrap();
+    let fd = OwnedFd::from(file);
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).unwrap();
+    fd
+}
+
+/// Accepts one connection on `listener` and reads its hello, which must want host-fake.
+fn accept_hello(listener: &RendezvousListener, name: &str) -> ipc_core::wire::PeerConnection {
+    let connection = listener.accept(T).unwrap();
+    match connection.recv(T).unwrap().message {
+        Message::ClientHello(hello) => {
+            assert_eq!(hello.wanted_backend, Some(BackendKind::HostFake));
+            assert_eq!(hello.consumer_name, name);
+        }
+        other => panic!("expected a ClientHello, got {other:?}"),
+    }
+    connection
+}
+
+#[test]
+fn a_python_consumer_offered_a_gpu_strategy_says_import_failed_and_exits_2() {
+    // `Producer<HostFake>` cannot run a GPU strategy (it refuses to be created), so the producer here is
+    // hand-made from the wire layer: a well-formed host-fake offer naming gpu-stream-ops.
+    let python = python();
+    let path = sock("gpu-strategy");
+    let listener = RendezvousListener::bind(&path).unwrap();
+    let mut c = PyConsumer::spawn(&python, &path, 10, "gpu");
+    let connection = accept_hello(&listener, "gpu");
+    let offer = RingOffer {
+        backend: BackendKind::HostFake,
+        handle_type: HandleType::HostMemfd,
+        sync: SyncStrategy::GpuStreamOps,
+        device_uuid: DeviceUuid([0; 16]),
+        producer_pid: std::process::id(),
+        generation: 1,
+        consumer_id: 3,
+        geometry: geometry(),
+        slot_count: 2,
+        slot_stride_bytes: 4096,
+        data_offset: 0,
+        allocation_bytes: 8192,
+        granularity: 8192,
+        control_bytes: CONTROL_BLOCK_BYTES as u64,
+        legacy_mem_handle: None,
+        event_handles: Vec::new(),
+    };
+    let fds = OfferFds { control: sealed_memfd(CONTROL_BLOCK_BYTES as u64), data: Some(sealed_memfd(8192)) };
+    connection.send(&Message::RingOffer(offer), fds.into_vec(), T).unwrap();
+    let answer = connection.recv(T).unwrap().message;
+    assert_eq!(answer, Message::Detach(Detach { consumer_id: 3, reason: DetachReason::ImportFailed }));
+    let run = c.wait(T);
+    assert_eq!(run.code, Some(2), "{}", run.describe());
+    assert!(run.stderr.contains("gpu-stream-ops"), "{}", run.describe());
+}
+
+#[test]
+fn a_refused_python_consumer_prints_the_code_and_message_and_exits_3() {
+    let python = python();
+    let path = sock("refused");
+    let listener = RendezvousListener::bind(&path).unwrap();
+    let mut c = PyConsumer::spawn(&python, &path, 10, "late");
+    let connection = accept_hello(&listener, "late");
+    let message = "every consumer record is taken; try again when a consumer leaves";
+    let refusal = Refused { code: RefusalCode::RingFull, message: message.into() };
+    connection.send(&Message::Refused(refusal), Vec::new(), T).unwrap();
+    drop(connection);
+    let run = c.wait(T);
+    assert_eq!(run.code, Some(3), "{}", run.describe());
+    assert!(run.stderr.contains("code 3") && run.stderr.contains(message), "{}", run.describe());
+}
