@@ -18,8 +18,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
-use ipc_core::frames::{FrameError, Producer, ProducerConfig};
+use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use ipc_core::ring::layout::CONTROL_BLOCK_BYTES;
+use ipc_core::ring::{LivenessPolicy, ProducerControl, RingConfig};
 use ipc_core::wire::{
     BackendKind, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds, PixelFormat,
     RefusalCode, Refused, RendezvousListener, RingOffer, SyncStrategy,
@@ -320,4 +321,59 @@ fn a_refused_python_consumer_prints_the_code_and_message_and_exits_3() {
     let run = c.wait(T);
     assert_eq!(run.code, Some(3), "{}", run.describe());
     assert!(run.stderr.contains("code 3") && run.stderr.contains(message), "{}", run.describe());
+}
+
+/// A hand-made producer whose control block (a real ring, generation 7, one LIVE record) is not the ring its offer
+/// describes (generation 8): the consumer at `path` must say import failed.
+fn offer_another_generation(listener: &RendezvousListener, name: &str) {
+    let config = RingConfig { slot_count: 2, max_consumers: 16, generation: 7 };
+    let ring = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
+    let id = ring.register_consumer(None).unwrap();
+    let connection = accept_hello(listener, name);
+    let offer = RingOffer {
+        backend: BackendKind::HostFake,
+        handle_type: HandleType::HostMemfd,
+        sync: SyncStrategy::CpuSpin,
+        device_uuid: DeviceUuid([0; 16]),
+        producer_pid: std::process::id(),
+        generation: 8,
+        consumer_id: id.index(),
+        geometry: geometry(),
+        slot_count: 2,
+        slot_stride_bytes: 4096,
+        data_offset: 0,
+        allocation_bytes: 8192,
+        granularity: 8192,
+        control_bytes: CONTROL_BLOCK_BYTES as u64,
+        legacy_mem_handle: None,
+        event_handles: Vec::new(),
+    };
+    let fds = OfferFds { control: ring.block().memory().try_clone_fd().unwrap(), data: Some(sealed_memfd(8192)) };
+    connection.send(&Message::RingOffer(offer), fds.into_vec(), T).unwrap();
+    let answer = connection.recv(T).unwrap().message;
+    assert_eq!(answer, Message::Detach(Detach { consumer_id: id.index(), reason: DetachReason::ImportFailed }));
+}
+
+#[test]
+fn consumers_refuse_a_control_block_that_is_not_the_offered_ring() {
+    // The Rust consumer.
+    let path = sock("generation-rust");
+    let listener = RendezvousListener::bind(&path).unwrap();
+    let consumer = thread::spawn(move || {
+        let options = AttachOptions { name: "generation".into(), ..AttachOptions::default() };
+        Consumer::<HostFake>::attach(&HostContext, &path, &options).map(|_| ())
+    });
+    offer_another_generation(&listener, "generation");
+    match consumer.join().unwrap() {
+        Err(FrameError::Config(message)) => assert!(message.contains("generation 7"), "{message}"),
+        other => panic!("expected a refusal of the control block, got {other:?}"),
+    }
+    // The Python consumer, from the docs.
+    let python = python();
+    let path = sock("generation-python");
+    let listener = RendezvousListener::bind(&path).unwrap();
+    let mut c = PyConsumer::spawn(&python, &path, 10, "generation");
+    offer_another_generation(&listener, "generation");
+    let run = c.wait(T);
+    assert_eq!(run.code, Some(1), "{}", run.describe());
 }

@@ -178,6 +178,18 @@ impl<B: Backend> Consumer<B> {
             );
         }
         let ring = Arc::new(ConsumerControl::attach_index(fds.control, offer.consumer_id, policy)?);
+        // The control block must be the ring the offer describes (docs/protocol.md, attaching, step 4).
+        let block = ring.block();
+        if (block.slot_count(), block.generation()) != (offer.slot_count, offer.generation) {
+            return Err(FrameError::Config(format!(
+                "the control block (slot_count {}, generation {}) is not the ring the offer describes (slot_count {}, \
+                 generation {})",
+                block.slot_count(),
+                block.generation(),
+                offer.slot_count,
+                offer.generation
+            )));
+        }
         let handle = ExportedHandle {
             bytes: offer.legacy_mem_handle.map(|h| h.to_vec()).unwrap_or_default(),
             fd: fds.data,
