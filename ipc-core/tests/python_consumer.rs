@@ -3,6 +3,9 @@
 //! process as a separate process, reads frames with cpu-spin and cpu-sleep, checks every 8-byte word, and leaves
 //! cleanly (the producer counts nobody lost); it exits 4 when the producer goes away while it waits, 2 when offered
 //! a strategy it does not implement (telling the producer with `Detach`, reason import failed), and 3 when refused.
+//! Two Python consumers read every frame published before a clean close, although the faster one poisons the
+//! publish counters when it finds the ring closed; one that stops releasing is evicted and exits 5 while another
+//! reads on.
 //!
 //! These tests need python3 (3.8 or later; `PYTHON` names another interpreter). Without one they fail, saying so:
 //! CI has python3, and a skipped conformance test would pass silently. Every wait is bounded; a Python process
@@ -18,7 +21,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
-use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
 use ipc_core::ring::layout::CONTROL_BLOCK_BYTES;
 use ipc_core::ring::{LivenessPolicy, ProducerControl, RingConfig};
 use ipc_core::wire::{
@@ -111,12 +114,19 @@ fn read_all(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
 }
 
 impl PyConsumer {
+    /// A consumer that reads `frames` frames (0: until the producer is gone) and leaves.
     fn spawn(python: &str, socket: &Path, frames: u64, name: &str) -> Self {
+        Self::spawn_with(python, socket, name, &["--frames", &frames.to_string()])
+    }
+
+    /// A consumer with the script's `options` (`--frames`, `--read-delay`, `--stall-after`).
+    fn spawn_with(python: &str, socket: &Path, name: &str, options: &[&str]) -> Self {
         let mut child = Command::new(python)
             .arg(SCRIPT)
             .arg("--socket")
             .arg(socket)
-            .args(["--frames", &frames.to_string(), "--name", name, "--timeout", "10"])
+            .args(["--name", name, "--timeout", "10"])
+            .args(options)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -125,6 +135,11 @@ impl PyConsumer {
         let stdout = Some(read_all(child.stdout.take().unwrap()));
         let stderr = Some(read_all(child.stderr.take().unwrap()));
         Self { name: name.to_owned(), child, started: Instant::now(), stdout, stderr }
+    }
+
+    /// Whether the process has exited (its status is kept for [`PyConsumer::wait`]).
+    fn has_exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
     }
 
     /// Waits at most `limit` for the process to exit; kills it and panics, with its output, past that.
@@ -244,8 +259,111 @@ fn a_python_consumer_exits_4_when_the_producer_goes_away_while_it_waits() {
     let run = c.wait(Duration::from_secs(5));
     assert_eq!(run.code, Some(4), "{}", run.describe());
     assert!(run.stderr.contains("producer"), "{}", run.describe());
-    assert!(run.stdout.is_empty(), "a summary after a failure\n{}", run.describe());
+    // Frames 0 to 2 were published before the close, so it read them all (its summary says so), then found the
+    // producer gone while it waited for frame 3.
+    assert_eq!(run.summary("frames"), 3, "{}", run.describe());
+    assert_eq!(run.summary("mismatched_words"), 0, "{}", run.describe());
     println!("producer gone: the consumer exited {:?} after the drop: {}", dropped.elapsed(), run.stderr.trim());
+}
+
+#[test]
+fn two_python_consumers_read_every_frame_published_before_a_clean_close() {
+    // A fast and a slow reader (50 ms per frame), both until the producer is gone; 16 slots, so the 10 frames never
+    // wait for a release. The fast one reads them all, finds the ring CLOSED and poisons every publish counter, as
+    // a consumer does when the producer is gone, while the slow one has most of its frames still to read: they
+    // were published before the clean close, so the poison must not hide them (protocol.md, "When frame s is
+    // readable").
+    const FRAMES: u64 = 10;
+    let python = python();
+    let mut p = producer("close", SyncStrategy::CpuSpin, 16);
+    let mut fast = PyConsumer::spawn_with(&python, &sock("close"), "fast", &["--frames", "0"]);
+    let mut slow = PyConsumer::spawn_with(&python, &sock("close"), "slow", &["--frames", "0", "--read-delay", "0.05"]);
+    wait_for(&mut p, &mut [&mut fast, &mut slow]);
+    for _ in 0..FRAMES {
+        publish(&mut p, Duration::from_millis(100)).unwrap(); // never waits: 16 slots
+    }
+    let dropped = Instant::now();
+    drop(p);
+    let rf = fast.wait(T);
+    let fast_after = dropped.elapsed();
+    let rs = slow.wait(T);
+    let slow_after = dropped.elapsed();
+    for run in [&rf, &rs] {
+        // Exit 4 is the end of a run until the producer is gone; the summary says what it read.
+        assert_eq!(run.code, Some(4), "{}", run.describe());
+        assert_eq!(run.summary("frames"), FRAMES, "{}", run.describe());
+        assert_eq!(run.summary("first_seq"), 0, "{}", run.describe());
+        assert_eq!(run.summary("mismatched_words"), 0, "{}", run.describe());
+        assert_eq!(run.summary("held"), 0, "{}", run.describe());
+    }
+    // What the test is for happened: the slow consumer read frames whose publish counter was already poisoned (by
+    // the fast one: the producer poisons only release counters), and found the poison where it stopped.
+    let past_poison = rs.summary("read_past_poison");
+    assert!(past_poison >= 1, "the slow consumer never met the poison\n{}", rs.describe());
+    assert!(rs.stderr.contains("poisoned"), "{}", rs.describe());
+    println!(
+        "clean close: both read {FRAMES} frames, the slow one {past_poison} of them past the poison; they exited \
+         {fast_after:?} (fast) and {slow_after:?} (slow) after the drop"
+    );
+}
+
+#[test]
+fn a_python_consumer_that_stops_releasing_is_evicted_and_exits_5_while_another_reads_on() {
+    // 4 slots: the stalled consumer releases frames 0 to 4, then reads and holds 5 to 8, and the producer's frame 9
+    // needs slot 1, which it holds; 200 ms later the producer evicts it. It must notice (its record is no longer
+    // LIVE) and exit 5 while the other consumer reads its 200 frames.
+    const STALL_AFTER: u64 = 5;
+    const SLOTS: u64 = 4;
+    let python = python();
+    let mut config = ProducerConfig::new(sock("evict"), geometry(), SLOTS as u32, SyncStrategy::CpuSpin);
+    config.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(200) };
+    let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
+    let stall = STALL_AFTER.to_string();
+    let mut stalled =
+        PyConsumer::spawn_with(&python, &sock("evict"), "stalled", &["--frames", "0", "--stall-after", &stall]);
+    let mut reader = PyConsumer::spawn(&python, &sock("evict"), 200, "reader");
+    wait_for(&mut p, &mut [&mut stalled, &mut reader]);
+    // Publish until the reader has left and the stalled one has exited, noting when each thing happened.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut evicted_at, mut exited_at, mut published, mut most_evicted) = (None, None, 0, 0);
+    while p.consumers() > 0 || exited_at.is_none() {
+        assert!(Instant::now() < deadline, "still running after 30 s ({published} frames published)");
+        if exited_at.is_none() && stalled.has_exited() {
+            exited_at = Some(Instant::now());
+        }
+        if p.consumers() > 0 {
+            publish(&mut p, T).unwrap();
+            published += 1;
+        } else {
+            thread::sleep(Duration::from_millis(1));
+        }
+        // `consumers_evicted` counts evicted records not yet given back (one is once its consumer hung up).
+        most_evicted = most_evicted.max(p.consumers_evicted());
+        if evicted_at.is_none() && p.consumers_evicted() > 0 {
+            evicted_at = Some(Instant::now());
+        }
+    }
+    let evicted_at = evicted_at.expect("the producer never evicted the stalled consumer");
+    let exit_delay = exited_at.unwrap().saturating_duration_since(evicted_at);
+    let (rs, rr) = (stalled.wait(T), reader.wait(T));
+    assert_eq!(rs.code, Some(5), "{}", rs.describe());
+    assert!(rs.stderr.contains("no longer LIVE"), "{}", rs.describe());
+    assert!(exit_delay < Duration::from_secs(3), "exited {exit_delay:?} after its eviction\n{}", rs.describe());
+    // It read and released the first frames, then held at most a ring's worth (frames read after the eviction do
+    // not count: their slot may have been rewritten).
+    let frames = rs.summary("frames");
+    assert!((STALL_AFTER..=STALL_AFTER + SLOTS).contains(&frames), "{}", rs.describe());
+    assert_eq!(rs.summary("held"), frames - STALL_AFTER, "{}", rs.describe());
+    assert_eq!(rs.summary("mismatched_words"), 0, "{}", rs.describe());
+    assert_read_everything(&rr, 200);
+    assert_eq!(most_evicted, 1, "only the stalled consumer is evicted");
+    assert_left_cleanly(&mut p);
+    println!(
+        "eviction: {published} frames published; the stalled consumer read {frames} ({} held) and exited 5 {exit_delay:?} \
+         after its eviction; the reader took {:?}",
+        rs.summary("held"),
+        rr.elapsed
+    );
 }
 
 /// A sealed memfd of `size` zero bytes, as the protocol requires of both fds.

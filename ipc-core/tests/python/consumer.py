@@ -7,30 +7,52 @@ evidence that the protocol can be implemented from its specification alone, and 
 to write a consumer in another language: every step names the section of the docs it follows.
 
     python3 consumer.py --socket /tmp/frames.sock --frames 300
+    python3 consumer.py --socket /tmp/frames.sock --frames 0            # until the producer is gone
+    python3 consumer.py --socket /tmp/frames.sock --read-delay 0.05     # a slow reader
+    python3 consumer.py --socket /tmp/frames.sock --stall-after 5       # stops releasing after 5 frames
 
 Frame content: the test producer writes frame s's sequence number, as a little-endian u64, into every 8-byte word
 of the frame (the `pitch_bytes * height` bytes of its slot; bytes after the last whole word are not checked).
 
-Output: one line of JSON on stdout once it has left, e.g.
-    {"frames": 300, "first_seq": 17, "mismatched_words": 0, "consumer_id": 1}
-Messages go to stderr.
+Options for tests: `--frames 0` reads until the producer is gone (no count to reach, so it never leaves on its
+own); `--read-delay S` sleeps S seconds after reading each frame, before releasing it; `--stall-after N` releases
+the first N frames as usual and then stops releasing: it goes on waiting for and reading the next frames (each
+wait bounded by `--timeout`) but holds every one, like a consumer stuck on its output, until the producer evicts
+it, it has read `--frames` frames, or a wait times out. A held frame still gets the record check that precedes a
+release.
+
+Output: one line of JSON on stdout when it stops after reading (exit 0, 4 or 5), e.g.
+    {"frames": 300, "held": 0, "read_past_poison": 0, "first_seq": 17, "mismatched_words": 0, "consumer_id": 1}
+`frames` is how many frames it read and verified (from `first_seq` on, consecutive), `held` how many of those it
+did not release (`--stall-after`), `read_past_poison` how many it read although their publish counter was
+poisoned (frames published before a clean close, protocol.md "When frame s is readable"), `mismatched_words` the
+8-byte words among them that differed from the frame's sequence number. A frame counts only once the record check
+after reading it passed: a frame read after the producer evicted us may have been rewritten meanwhile and is not
+counted. With exit 0, `frames` is `--frames`. Messages go to stderr.
 
 Exit codes:
-    0  read every frame and left cleanly (ring-level detach succeeded)
-    1  protocol error, unexpected data, timeout, or the peer check failed
+    0  read `--frames` frames and left cleanly (ring-level detach succeeded)
+    1  protocol error, unexpected data, timeout, or the peer check failed (no summary)
     2  the offer names a sync strategy this consumer does not support (only cpu-spin and cpu-sleep are)
     3  the producer refused us (its code and message are printed)
-    4  the producer is gone (hang-up, closed ring, poisoned counters, or its process exited)
-    5  the producer evicted us or declared us dead (our record is no longer LIVE)
+    4  the producer is gone (closed the ring, hung up, poisoned counters, or its process exited) and the next frame
+       will never come: every frame it published before a clean close was read first (protocol.md, "Producer
+       shutdown"). The summary says how many. With `--frames 0` this is the normal end of a run: a consumer that
+       read everything and then found the producer gone exits 4 with its count.
+    5  the producer evicted us or declared us dead (our record is no longer LIVE in our epoch); the summary counts
+       the frames read before
 
 Atomics. The control block is shared memory that the producer updates concurrently, so the counters are read and
 written with atomic 8-byte operations. Python has none of its own, so this file calls libatomic (the GCC runtime
 library, present wherever a C compiler is installed) through `ctypes`: `__atomic_load_8` (acquire),
 `__atomic_store_8` (release), `__atomic_compare_exchange_8` and `__atomic_fetch_or_8`, on addresses inside the
-mapping. Without libatomic, on x86-64 only, it falls back to plain aligned 8-byte loads and stores through
-`ctypes.c_uint64`, which on x86-64 are atomic with acquire/release ordering; the compare-and-swap of the
-ring-level detach then becomes the aligned store that protocol.md ("Leaving") allows "where no compare-and-swap is
-at hand".
+mapping; the counters we write are raised with a compare-and-swap loop (a `fetch_max`: never lowered, so a POISON
+the producer wrote stays, protocol.md "Frames, per sync strategy"). Without libatomic, on x86-64 only, it falls
+back to plain aligned 8-byte loads and stores through `ctypes.c_uint64`, which on x86-64 are atomic with
+acquire/release ordering; there the `fetch_max` and the compare-and-swap of the ring-level detach become a load
+and a store, which the docs allow while our record is LIVE in our epoch (protocol.md: "a plain aligned store is
+right only while your record is LIVE", checked before each release; "Leaving": "an aligned 8-byte store of the
+DETACHED word does the same while you are attached").
 """
 
 import argparse
@@ -120,7 +142,9 @@ OFF_SLOT_COUNT = 24
 OFF_MAX_CONSUMERS = 32
 OFF_GENERATION = 40
 OFF_PRODUCER_STATE = 56
+OFF_NEXT_SEQUENCE = 256
 
+PRODUCER_RUNNING = 1
 PRODUCER_CLOSED = 2
 
 STATE_LIVE = 2
@@ -245,9 +269,11 @@ class LibAtomic:
 
 class PlainX86:
     """Fallback without libatomic, x86-64 only: aligned 8-byte loads and stores are atomic there, loads have
-    acquire and stores release semantics. There is no read-modify-write: `compare_and_swap` and `fetch_or` are a
-    load then a store, which protocol.md allows for the detach ("an aligned 8-byte store of the DETACHED word does
-    the same while you are attached") and which is enough for the other uses here (see their callers)."""
+    acquire and stores release semantics. There is no read-modify-write: `compare_and_swap` and `fetch_or` (and so
+    `ControlBlock.fetch_max`) are a load then a store, which protocol.md allows while our record is LIVE in our
+    epoch: for the detach ("an aligned 8-byte store of the DETACHED word does the same while you are attached") and
+    for our release counters ("a plain aligned store is right only while your record is LIVE", checked before
+    each release and before the poison of the detach)."""
 
     def load(self, address):
         """Aligned 8-byte load."""
@@ -547,7 +573,9 @@ class ControlBlock:
 
 
 def check_control_header(control, offer):
-    """Attach step 4: magic, layout_version 1, total_bytes 131072, slot_count and generation as offered."""
+    """Attach step 4, as ring.md ("Shared memory") spells it out: magic, layout_version 1, total_bytes 131072,
+    slot_count (1 to 32, which `decode_offer` checked) and generation equal to the offer's, max_consumers 1 to 16
+    with our consumer_id below it, producer_state RUNNING or CLOSED. Anything else: not the offered ring, stop."""
     magic = control.load(OFF_MAGIC)  # stored last by the producer, so check it first
     if magic != RING_MAGIC:
         raise ProtocolError(f"control block magic is {magic:#x}, not 'GIPCRING'")
@@ -565,6 +593,9 @@ def check_control_header(control, offer):
     if not offer.consumer_id < max_consumers <= 16:
         raise ProtocolError(f"consumer_id {offer.consumer_id} is not a record of this ring "
                             f"(max_consumers {max_consumers})")
+    producer_state = control.load(OFF_PRODUCER_STATE)
+    if producer_state not in (PRODUCER_RUNNING, PRODUCER_CLOSED):
+        raise ProtocolError(f"control block producer_state is {producer_state}, not 1 (RUNNING) or 2 (CLOSED)")
 
 
 def read_own_record(control, consumer_id):
@@ -720,39 +751,66 @@ def producer_gone_reason(session):
 
 
 def check_still_live(session):
-    """Our record must still be LIVE in our epoch; otherwise the producer evicted us or declared us dead."""
+    """Our record must still be LIVE in our epoch (protocol.md, "Check your record", before waiting for each frame
+    and before each release); otherwise the producer evicted us or declared us dead: we stop, and write our
+    counters no more (ring-level detach included)."""
     word = session.control.load(consumer_state_offset(session.offer.consumer_id))
     if word != session.live_word():
         raise Evicted(f"record {session.offer.consumer_id} is no longer LIVE in epoch {session.epoch} "
                       f"(state word {word:#x}): the producer evicted us or declared us dead")
 
 
-def published_state(session, slot, seq):
-    """'ready' when frame `seq` is published in `slot`, 'waiting' when not yet; raises on POISON or overrun."""
+READY = "ready"
+READY_PAST_POISON = "ready, published before a clean close, its counter poisoned since"
+WAITING = "waiting"
+
+
+def published_before_close(session, seq):
+    """True when the producer closed the ring cleanly after publishing frame `seq`: `producer_state` is CLOSED and
+    `seq < next_sequence`. Nothing writes the slots after a clean close, so such a frame is still readable."""
+    if session.control.load(OFF_PRODUCER_STATE) != PRODUCER_CLOSED:
+        return False
+    # Loaded after the state: the producer stored next_sequence before CLOSED (Release), so this is its last value.
+    return seq < session.control.load(OFF_NEXT_SEQUENCE)
+
+
+def frame_state(session, slot, seq):
+    """READY (or READY_PAST_POISON) when frame `seq` (in `slot`) is readable, WAITING when not yet; raises when it
+    never will be. The cases of protocol.md, "When frame s is readable", in its order."""
     value = session.control.load(published_offset(slot))
     if value == seq + 1:
-        return "ready"
+        return READY
     if value & POISON:
-        raise ProducerGone(f"the publish counter of slot {slot} is poisoned: the producer is gone")
+        # Another consumer's poison at the producer's hang-up must not hide a frame published before a clean close.
+        if published_before_close(session, seq):
+            return READY_PAST_POISON
+        raise ProducerGone(f"the publish counter of slot {slot} is poisoned ({value:#x}): the producer is gone")
     if value > seq + 1:
+        check_still_live(session)  # an overrun cannot happen to a LIVE consumer: first see whether we still are
         raise ProtocolError(f"overrun: slot {slot} already holds frame {value - 1}, we wait for {seq}")
-    return "waiting"
+    return WAITING
 
 
-def wait_published(session, seq, timeout_s):
-    """Wait until frame `seq` is published, checking the producer and our record about every millisecond."""
+def wait_readable(session, seq, timeout_s):
+    """Wait until frame `seq` is readable, checking the producer and our record about every millisecond; bounded
+    by `timeout_s`. Returns the frame's state (READY or READY_PAST_POISON)."""
     slot = seq % session.offer.slot_count
     sleeping = session.offer.sync == SYNC_CPU_SLEEP
     deadline = time.monotonic() + timeout_s
     next_check = time.monotonic() + CHECK_INTERVAL_S
-    while published_state(session, slot, seq) != "ready":
+    while True:
+        state = frame_state(session, slot, seq)
+        if state != WAITING:
+            return state
         now = time.monotonic()
         if now >= next_check:
             gone = producer_gone_reason(session)
             if gone is not None:
-                # Frames published before the producer left are still delivered: look once more.
-                if published_state(session, slot, seq) == "ready":
-                    return
+                # Frames the producer published before it left are still delivered: look once more. (A clean
+                # close stores CLOSED before it hangs up, so this look sees CLOSED whatever told us it left.)
+                state = frame_state(session, slot, seq)
+                if state != WAITING:
+                    return state
                 raise ProducerGone(f"{gone} while we waited for frame {seq}")
             check_still_live(session)
             if now >= deadline:
@@ -774,9 +832,27 @@ def count_mismatched_words(session, seq):
 
 
 def release(session, seq):
-    """We are done reading frame `seq`: `released[c][slot] = seq + 1` (release ordering, via fetch_max)."""
+    """We are done reading frame `seq`: raise `released[c][slot]` to `seq + 1` (fetch_max, release ordering; never
+    lowered, so a POISON the producer stored there stays)."""
     slot = seq % session.offer.slot_count
     session.control.fetch_max(released_offset(session.offer.consumer_id, slot), seq + 1)
+
+
+def read_frame(session, seq, hold, timeout_s, read_delay_s):
+    """Frame `seq` with a CPU strategy (protocol.md, "Frames, per sync strategy"): check our record, wait until
+    the frame is readable, read it, check our record again, then release it, unless `hold`. Returns how many of
+    its words are wrong, and whether its publish counter was poisoned (READY_PAST_POISON). The second check is
+    the one before the release (a held frame gets it too): it also tells us the slot was still ours while we read
+    it, since the producer rewrites a slot we hold only after it evicted us."""
+    check_still_live(session)
+    state = wait_readable(session, seq, timeout_s)
+    mismatched = count_mismatched_words(session, seq)
+    if read_delay_s > 0:
+        time.sleep(read_delay_s)
+    check_still_live(session)
+    if not hold:
+        release(session, seq)
+    return mismatched, state == READY_PAST_POISON
 
 
 def poison_published(session):
@@ -792,15 +868,18 @@ def poison_published(session):
 
 def leave(session):
     """Poison our release counters while LIVE, CAS LIVE -> DETACHED, send Detach(1), close. True when the
-    ring-level detach succeeded (False: the producer had already declared us dead or evicted us)."""
+    ring-level detach succeeded (False: the producer had already declared us dead or evicted us, and we wrote
+    nothing into the record)."""
     consumer_id = session.offer.consumer_id
-    # Step 1: every frame we read is released already; CPU reads are finished.
-    # Step 2: POISON into released[c][0 .. N] while the record is still LIVE.
-    for slot in range(session.offer.slot_count):
-        session.control.fetch_max(released_offset(consumer_id, slot), POISON)
-    # Step 3: the ring-level detach.
-    detached = session.control.compare_and_swap(consumer_state_offset(consumer_id), session.live_word(),
-                                                session.epoch << 8 | STATE_DETACHED)
+    # Step 1: every frame we read is released already, or abandoned (held); CPU reads are finished.
+    detached = False
+    if session.control.load(consumer_state_offset(consumer_id)) == session.live_word():
+        # Step 2: POISON into released[c][0 .. N] while the record is still LIVE.
+        for slot in range(session.offer.slot_count):
+            session.control.fetch_max(released_offset(consumer_id, slot), POISON)
+        # Step 3: the ring-level detach.
+        detached = session.control.compare_and_swap(consumer_state_offset(consumer_id), session.live_word(),
+                                                    session.epoch << 8 | STATE_DETACHED)
     # Step 4: Detach (advisory). Step 5: close.
     send_detach(session.sock, consumer_id, DETACH_CONSUMER_DONE)
     session.sock.close()
@@ -818,56 +897,107 @@ def release_mappings(session):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def read_frames(session, frames, timeout_s):
-    """Read `frames` frames from the join sequence on; returns the number of mismatched words."""
-    mismatched = 0
-    for seq in range(session.join_sequence, session.join_sequence + frames):
-        wait_published(session, seq, timeout_s)
-        mismatched += count_mismatched_words(session, seq)
-        release(session, seq)
-    return mismatched
+@dataclasses.dataclass
+class Progress:
+    """What the consumer has done so far; the summary reports it however the run ends."""
+
+    frames: int = 0  # read, verified and counted
+    held: int = 0  # of those, frames not released (--stall-after)
+    read_past_poison: int = 0  # of those, frames whose publish counter was poisoned (published before a clean close)
+    mismatched_words: int = 0
 
 
-def run(args):
-    """Attach, read, leave; returns the exit code."""
-    atomics = make_atomics()
-    session = attach(args.socket, args.name, args.timeout, atomics)
+def read_frames(session, args, progress):
+    """Read frames from the join sequence on: `args.frames` of them, or, with 0, until the producer is gone (its
+    ProducerGone ends the loop). Frames after the first `args.stall_after` are held, not released."""
+    seq = session.join_sequence
+    while args.frames == 0 or progress.frames < args.frames:
+        hold = args.stall_after is not None and progress.frames >= args.stall_after
+        mismatched, past_poison = read_frame(session, seq, hold, args.timeout, args.read_delay)
+        progress.frames += 1
+        progress.held += int(hold)
+        progress.read_past_poison += int(past_poison)
+        progress.mismatched_words += mismatched
+        seq += 1
+
+
+def read_and_leave(session, args, progress):
+    """Read, then leave; on the way out, do what each reason to stop requires."""
     try:
-        try:
-            mismatched = read_frames(session, args.frames, args.timeout)
-        except ProducerGone:
-            poison_published(session)
-            session.sock.close()
-            raise
-        except Evicted:
-            session.sock.close()  # the producer keeps our record until it sees the hang-up
-            raise
-        except ConsumerError:
-            leave(session)  # a timeout or an overrun: the producer is there, so leave it cleanly
-            raise
-        if not leave(session):
-            raise Evicted(f"ring-level detach failed: record {session.offer.consumer_id} was no longer LIVE "
-                          "(the producer had declared us dead or evicted us)")
-    finally:
-        release_mappings(session)
+        read_frames(session, args, progress)
+    except ProducerGone:
+        poison_published(session)
+        session.sock.close()
+        raise
+    except Evicted:
+        session.sock.close()  # no counter written; the producer keeps our record until it sees the hang-up
+        raise
+    except ConsumerError:
+        leave(session)  # a timeout or an overrun: the producer is there, so leave it cleanly
+        raise
+    if not leave(session):
+        raise Evicted(f"ring-level detach failed: record {session.offer.consumer_id} was no longer LIVE "
+                      "(the producer had declared us dead or evicted us)")
+
+
+def print_summary(session, progress):
+    """The JSON line on stdout."""
     summary = {
-        "frames": args.frames,
+        "frames": progress.frames,
+        "held": progress.held,
+        "read_past_poison": progress.read_past_poison,
         "first_seq": session.join_sequence,
-        "mismatched_words": mismatched,
+        "mismatched_words": progress.mismatched_words,
         "consumer_id": session.offer.consumer_id,
     }
     print(json.dumps(summary), flush=True)
+
+
+def run(args):
+    """Attach, read, leave; returns the exit code. The summary is printed for exit 0, 4 and 5."""
+    atomics = make_atomics()
+    session = attach(args.socket, args.name, args.timeout, atomics)
+    progress = Progress()
+    try:
+        read_and_leave(session, args, progress)
+    except (ProducerGone, Evicted):
+        print_summary(session, progress)
+        raise
+    finally:
+        release_mappings(session)
+    print_summary(session, progress)
     return 0
+
+
+def non_negative_int(text):
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def non_negative_float(text):
+    """argparse type: a number >= 0."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number >= 0")
+    return value
 
 
 def parse_args(argv):
     """Command line."""
     parser = argparse.ArgumentParser(description="gpu-ipc consumer for the host-fake backend, in pure Python")
     parser.add_argument("--socket", required=True, help="the producer's rendezvous socket path")
-    parser.add_argument("--frames", type=int, default=100, help="how many frames to read (default 100)")
+    parser.add_argument("--frames", type=non_negative_int, default=100,
+                        help="how many frames to read; 0: until the producer is gone (default 100)")
     parser.add_argument("--name", default="python-consumer", help="consumer name sent in the hello (<= 64 bytes)")
     parser.add_argument("--timeout", type=float, default=10.0,
                         help="seconds allowed for the attach, and for each frame to arrive (default 10)")
+    parser.add_argument("--read-delay", type=non_negative_float, default=0.0,
+                        help="seconds to sleep after reading each frame, before releasing it (default 0)")
+    parser.add_argument("--stall-after", type=non_negative_int, default=None,
+                        help="release only the first N frames; hold every later one (wait for eviction)")
     return parser.parse_args(argv)
 
 
