@@ -104,7 +104,10 @@ pub struct Producer<B: Backend> {
     generation: u64,
     device_uuid: DeviceUuid,
     lost: usize,
+    /// Evicted consumers whose records are not free yet (their hang-ups are not losses).
     evicted: Vec<ConsumerId>,
+    /// Consumers evicted so far.
+    evicted_total: usize,
     /// Records of consumers that left, quarantined until nothing can write them any more (see
     /// [`Retired::reusable`]).
     retired: Vec<Retired>,
@@ -239,6 +242,7 @@ impl<B: Backend> Producer<B> {
             device_uuid,
             lost: 0,
             evicted: Vec::new(),
+            evicted_total: 0,
             retired: Vec::new(),
             holding_up: Vec::new(),
             hellos: Vec::new(),
@@ -264,9 +268,10 @@ impl<B: Backend> Producer<B> {
         self.lost
     }
 
-    /// Number of consumers evicted ([`Producer::evict`], or the [`SlowConsumerPolicy`]).
+    /// Number of consumers evicted so far ([`Producer::evict`], or the [`SlowConsumerPolicy`]), whether or not
+    /// they have hung up since.
     pub fn consumers_evicted(&self) -> usize {
-        self.evicted.len()
+        self.evicted_total
     }
 
     /// Admits consumers until `count` are attached, or `timeout` passes.
@@ -378,6 +383,7 @@ impl<B: Backend> Producer<B> {
         }
         tracing::warn!(consumer = consumer.index(), "consumer evicted");
         self.evicted.push(consumer);
+        self.evicted_total += 1;
         Ok(true)
     }
 
