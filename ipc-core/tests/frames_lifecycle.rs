@@ -270,3 +270,46 @@ fn consumers_attach_and_detach_while_the_producer_publishes_flat_out() {
     assert!(published >= 8000, "the producer published {published} frames");
     assert!(slowest < Duration::from_secs(1), "the slowest attach took {slowest:?}");
 }
+
+#[test]
+fn a_consumer_attaches_while_the_producer_waits_for_a_slow_one() {
+    // One slot, the default policy (wait for slow consumers): consumer A holds frame 0 for 3 s, so the producer's
+    // `acquire` of frame 1 waits that long. Consumer B, allowed 1 s to attach, must get in meanwhile (the producer
+    // serves the front door while it waits) and read from frame 1 on, once A lets go.
+    let mut p = Producer::<HostFake>::create(&HostContext, config("slow-a", 1)).unwrap();
+    let path = sock("slow-a");
+    let (held_tx, held) = std::sync::mpsc::channel();
+    let a = {
+        let path = path.clone();
+        thread::spawn(move || -> Result<(), FrameError> {
+            let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+            let frame = c.next_frame(None, T)?;
+            held_tx.send(frame.seq).unwrap();
+            thread::sleep(Duration::from_secs(3));
+            c.release(frame, None)?;
+            let frame = c.next_frame(None, T)?;
+            c.release(frame, None)?;
+            c.detach();
+            Ok(())
+        })
+    };
+    p.wait_for_consumers(1, T).unwrap();
+    assert_eq!(publish(&mut p, T).unwrap(), 0);
+    assert_eq!(held.recv_timeout(T).unwrap(), 0);
+    let b = thread::spawn(move || -> Result<(Duration, u64), FrameError> {
+        let started = Instant::now();
+        let options = AttachOptions { timeout: Duration::from_secs(1), ..AttachOptions::default() };
+        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options)?;
+        let attached_after = started.elapsed();
+        let frame = c.next_frame(None, T)?;
+        c.release(frame, None)?;
+        c.detach();
+        Ok((attached_after, frame.seq))
+    });
+    // Blocks about 3 s on A; B attaches meanwhile.
+    assert_eq!(publish(&mut p, T).unwrap(), 1);
+    let (attached_after, first) = b.join().unwrap().unwrap();
+    a.join().unwrap().unwrap();
+    assert!(attached_after < Duration::from_secs(1), "B attached after {attached_after:?}");
+    assert_eq!(first, 1, "B joins at the frame the producer was waiting to write");
+}

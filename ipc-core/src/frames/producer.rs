@@ -131,6 +131,10 @@ struct Hello {
 /// it is refused with "ring full".
 const RECORD_WAIT: Duration = Duration::from_secs(1);
 
+/// How often `acquire` serves the front door while consumers hold the slot it waits for (strategies whose wait can
+/// be cut short and resumed; see `ProducerSide::wait_in_slices`).
+const ADMISSION_SLICE: Duration = Duration::from_millis(5);
+
 struct Peer {
     id: ConsumerId,
     pid: u32,
@@ -317,24 +321,38 @@ impl<B: Backend> Producer<B> {
     pub fn acquire(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<SlotLease, FrameError> {
         self.admit_pending()?;
         let seq = self.next_seq;
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let evict_after = match self.config.slow_consumer {
+            SlowConsumerPolicy::Block => None,
+            SlowConsumerPolicy::Evict { after } => Some(after),
+        };
+        let mut evict_at = evict_after.map(|after| started + after);
+        // Where the strategy's wait may be cut short and resumed, it is, every `ADMISSION_SLICE`, to serve the
+        // front door while consumers hold the slot: a consumer that joins now joins at `seq`, which it does not
+        // hold back.
+        let slice = self.sync.wait_in_slices().then_some(ADMISSION_SLICE);
         loop {
-            let until = match self.config.slow_consumer {
-                SlowConsumerPolicy::Block => deadline,
-                SlowConsumerPolicy::Evict { after } => deadline.min(Instant::now() + after),
-            };
+            let now = Instant::now();
+            let until =
+                [Some(deadline), evict_at, slice.map(|s| now + s)].into_iter().flatten().min().unwrap_or(deadline);
             match self.sync.wait_slot_free(&self.ring, seq, stream, until) {
                 Ok(()) => break,
-                Err(FrameError::Timeout { what, waited }) => {
-                    let evicted = match self.config.slow_consumer {
-                        SlowConsumerPolicy::Evict { .. } => self.evict_holding_up(seq),
-                        SlowConsumerPolicy::Block => 0,
-                    };
-                    // Otherwise (someone evicted, or the eviction window passed before the caller's timeout):
-                    // wait again.
-                    if evicted == 0 && Instant::now() >= deadline {
-                        return Err(FrameError::Timeout { what, waited });
+                Err(FrameError::Timeout { what, .. }) => {
+                    let now = Instant::now();
+                    if let (Some(at), Some(after)) = (evict_at, evict_after)
+                        && now >= at
+                    {
+                        // The eviction window starts again; someone evicted: look again at once.
+                        evict_at = Some(now + after);
+                        if self.evict_holding_up(seq) > 0 {
+                            continue;
+                        }
                     }
+                    if now >= deadline {
+                        return Err(FrameError::Timeout { what, waited: now.saturating_duration_since(started) });
+                    }
+                    self.admit_pending()?;
                 }
                 Err(e) => return Err(e),
             }

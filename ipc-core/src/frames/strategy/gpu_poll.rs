@@ -410,6 +410,11 @@ impl PollProducer {
 }
 
 impl ProducerSide for PollProducer {
+    fn wait_in_slices(&self) -> bool {
+        // The deadline also sets the polling kernel's time budget on the GPU: a slice would cut that short.
+        false
+    }
+
     fn wait_slot_free(
         &mut self,
         ring: &ProducerControl,

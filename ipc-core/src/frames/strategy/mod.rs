@@ -80,6 +80,13 @@ pub(crate) trait ProducerSide: Send + Sync {
         deadline: Instant,
     ) -> Result<(), FrameError>;
 
+    /// Whether [`wait_slot_free`](Self::wait_slot_free) may be given a near deadline and called again after its
+    /// `Timeout` as if nothing happened (nothing queued, nothing bounded by the deadline but the CPU's own wait),
+    /// so that the producer can serve new consumers while it waits.
+    fn wait_in_slices(&self) -> bool {
+        true
+    }
+
     /// Publishes frame `seq` (in `slot`) once the work queued on `stream` is done. `gpu_deadline` bounds a CPU
     /// wait for that work.
     fn publish(
