@@ -18,7 +18,9 @@
 //!
 //! Consumers are admitted off the frame path: the producer's admission thread owns the socket and every handshake
 //! in flight, each bounded by [`ProducerConfig::handshake_timeout`]; `acquire` and `publish` only take, without
-//! waiting, what it finished. No client, slow, silent, refused or hostile, can stop the producer or delay a frame.
+//! waiting, what it finished. No client, slow, silent, refused or hostile, can stop the producer or delay a frame
+//! before it holds a consumer record; from then on (the moment its offer leaves) it counts in back-pressure like any
+//! consumer, and [`SlowConsumerPolicy`] says what the producer does about one that stops releasing.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -41,6 +43,36 @@
 //!         fill_frame(slot.ptr, &stream); // your kernel, queued on `stream`
 //!         producer.publish(slot, Some(&stream))?;
 //!     }
+//! }
+//! ```
+//!
+//! A consumer, in another process:
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use std::time::Duration;
+//! use ipc_core::backend::Backend;
+//! use ipc_core::driver::{Context, DevicePtr, Stream};
+//! use ipc_core::frames::{AttachOptions, Consumer, FrameError};
+//!
+//! fn consume<B: Backend<Context = Context>>(
+//!     ctx: &Context,
+//!     mut read_frame: impl FnMut(DevicePtr, u64, &Stream),
+//! ) -> Result<(), FrameError> {
+//!     let options = AttachOptions { name: "detector".into(), ..AttachOptions::default() };
+//!     let mut consumer = Consumer::<B>::attach(ctx, Path::new("/tmp/frames.sock"), &options)?;
+//!     let stream = Stream::new(ctx)?;
+//!     loop {
+//!         let frame = match consumer.next_frame(Some(&stream), Duration::from_secs(1)) {
+//!             Ok(frame) => frame,
+//!             Err(FrameError::ProducerGone { .. }) => break, // it stopped or died: every wait was released
+//!             Err(e) => return Err(e),
+//!         };
+//!         read_frame(frame.ptr, frame.bytes, &stream); // your kernel, queued on `stream`, reads in place
+//!         consumer.release(frame, Some(&stream))?; // the producer may rewrite the slot once the kernel is done
+//!     }
+//!     consumer.detach();
+//!     Ok(())
 //! }
 //! ```
 
