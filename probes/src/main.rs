@@ -97,6 +97,11 @@ struct DoctorArgs {
     /// Skip the end-to-end self-tests (facts and findings only).
     #[arg(long)]
     no_self_test: bool,
+    /// Only check whether this process could attach to the producer whose socket is at PATH (the file, its
+    /// directories, who listens and whom it lets in; no CUDA needed), and say what to change if not. Exit status
+    /// 0: it could; 1: it could not.
+    #[arg(long, value_name = "PATH")]
+    check_socket: Option<std::path::PathBuf>,
     /// Time limit of each self-test, in seconds.
     #[arg(long, default_value_t = 30)]
     timeout: u64,
@@ -156,6 +161,9 @@ fn doctor(args: &DoctorArgs) -> u8 {
             args.socket.as_deref(),
         );
     }
+    if let Some(path) = &args.check_socket {
+        return check_socket(path, args.json);
+    }
     let progress = !args.json && std::io::stderr().is_terminal();
     let system = doctor::system::collect(&doctor::system::SystemRoot::real());
     let driver = doctor::cuda::driver_section();
@@ -183,6 +191,22 @@ fn doctor(args: &DoctorArgs) -> u8 {
     }
     let report = DoctorReport::new(env!("CARGO_PKG_VERSION").to_owned(), built, driver, devices, system, self_tests);
     emit(&report, args.json)
+}
+
+fn check_socket(path: &std::path::Path, json: bool) -> u8 {
+    let report = doctor::socket::SocketReport::new(doctor::socket::gather(path));
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("gpu-ipc doctor: could not encode the report as JSON: {e}");
+                return 1;
+            }
+        }
+    } else {
+        print!("{}", report.text());
+    }
+    u8::from(!report.attachable)
 }
 
 fn emit(report: &DoctorReport, json: bool) -> u8 {

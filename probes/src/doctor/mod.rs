@@ -10,4 +10,5 @@ pub mod cuda;
 pub mod render;
 pub mod report;
 pub mod selftest;
+pub mod socket;
 pub mod system;

@@ -353,7 +353,7 @@ fn self_test_table(tests: &[SelfTestResult]) -> String {
 /// Width that findings' explanations are wrapped to, so they read well in an 80-to-120-column terminal.
 const TEXT_WIDTH: usize = 100;
 
-fn findings_text(findings: &[Finding]) -> String {
+pub(crate) fn findings_text(findings: &[Finding]) -> String {
     let mut out = String::new();
     for finding in findings {
         let label = match finding.severity {
