@@ -208,8 +208,10 @@ pub enum WireError {
     },
     /// The socket file or its directory does not let us in.
     #[error(
-        "permission denied for {op} on {}: the socket is mode 0600, run as the user who \
-         started the producer",
+        "permission denied for {op} on {}: the socket lets in only the users its producer allows (by default \
+         its own user, mode 0600); run as that user, or start the producer with --allow-uid or --socket-group \
+         (ProducerConfig::access); `gpu-ipc doctor --check-socket {}` says which",
+        path.display(),
         path.display()
     )]
     PermissionDenied {
@@ -258,7 +260,7 @@ pub enum WireError {
         "peer ({}) runs as uid {peer_uid}, we run as uid {our_uid}, and the peer policy does not allow it: run both \
          as one user (across user namespaces: map both to one uid), or allow the uid (producer: \
          `ProducerConfig::access`, e.g. `SocketAccess::users([{peer_uid}])`; consumer: `AttachOptions::producer`, \
-         e.g. `PeerPolicy::Users(vec![{peer_uid}])`)",
+         e.g. `PeerPolicy::Users(vec![{peer_uid}])`; `gpu-ipc doctor --check-socket PATH` checks a socket)",
         super::rendezvous::describe_pid(*pid)
     )]
     PeerUidMismatch {
