@@ -10,6 +10,10 @@
 //! its timing).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{frame_bytes, geometry};
+
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -21,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
-use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+use ipc_core::wire::SyncStrategy;
 
 const ROLE: &str = "GPU_IPC_CHAOS_CHILD";
 const SOCKET: &str = "GPU_IPC_CHAOS_SOCKET";
@@ -35,15 +39,6 @@ const T: Duration = Duration::from_secs(10);
 /// Longest the producer may go without publishing: a killed consumer's frame is released by the watchdog within
 /// milliseconds, a holder keeps one for 30 ms.
 const MAX_GAP: Duration = Duration::from_secs(2);
-
-fn geometry() -> FrameGeometry {
-    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap() // 4096 bytes
-}
-
-/// Frame `seq`'s content: its sequence number in every 8 bytes, so a stale or torn frame shows.
-fn frame_bytes(seq: u64, len: usize) -> Vec<u8> {
-    seq.to_le_bytes().iter().copied().cycle().take(len).collect()
-}
 
 /// xorshift64*: enough randomness for a schedule, and no dependency.
 struct Rng(u64);

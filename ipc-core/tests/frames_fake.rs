@@ -3,6 +3,10 @@
 //! this process (the GPU suite runs the same API across processes with real backends).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{frame_bytes, geometry};
+
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread;
@@ -11,23 +15,12 @@ use std::time::{Duration, Instant};
 use ipc_core::backend::SharedRegion;
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
-use ipc_core::wire::{
-    Attached, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, PixelFormat, SyncStrategy,
-};
+use ipc_core::wire::{Attached, ClientHello, Message, PROTOCOL_VERSION, PeerConnection, SyncStrategy};
 
 const T: Duration = Duration::from_secs(10);
 
 fn sock(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gpu-ipc-frames-{}-{name}.sock", std::process::id()))
-}
-
-fn geometry() -> FrameGeometry {
-    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap() // 4096 bytes
-}
-
-/// Frame `seq`'s content: its sequence number in every 8 bytes, so a stale or torn frame shows.
-fn frame_bytes(seq: u64, len: usize) -> Vec<u8> {
-    seq.to_le_bytes().iter().copied().cycle().take(len).collect()
+    common::sock("frames", name)
 }
 
 fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {

@@ -3,6 +3,10 @@
 //! record is reused only once nothing can write it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::publish;
+
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -17,20 +21,12 @@ use ipc_core::wire::{
 const T: Duration = Duration::from_secs(10);
 
 fn sock(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gpu-ipc-life-{}-{name}.sock", std::process::id()))
+    common::sock("life", name)
 }
 
 fn config(name: &str, slots: u32) -> ProducerConfig {
     let geometry = FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap();
     ProducerConfig::new(sock(name), geometry, slots, SyncStrategy::CpuSpin)
-}
-
-fn publish(p: &mut Producer<HostFake>, timeout: Duration) -> Result<u64, FrameError> {
-    let lease = p.acquire(None, timeout)?;
-    p.region().write(lease.ptr, &lease.seq.to_le_bytes().repeat(lease.bytes as usize / 8)).unwrap();
-    let seq = lease.seq;
-    p.publish(lease, None)?;
-    Ok(seq)
 }
 
 /// A consumer thread that reads `frames` frames, releasing each, then detaches.

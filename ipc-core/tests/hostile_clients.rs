@@ -10,6 +10,10 @@
 //! that does nothing unless `GPU_IPC_HOSTILE_CHILD` names its role.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{frame_bytes, geometry};
+
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -25,8 +29,7 @@ use std::time::{Duration, Instant};
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use ipc_core::wire::{
-    BackendKind, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PixelFormat, RefusalCode, SyncStrategy,
-    WireError, recv_message, send_bytes,
+    BackendKind, ClientHello, Message, PROTOCOL_VERSION, RefusalCode, SyncStrategy, WireError, recv_message, send_bytes,
 };
 use rustix::fs::{MemfdFlags, memfd_create};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
@@ -45,15 +48,7 @@ const NOBODY: u32 = 65534;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn sock(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gpu-ipc-hostile-{}-{name}.sock", std::process::id()))
-}
-
-fn geometry() -> FrameGeometry {
-    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap()
-}
-
-fn frame_bytes(seq: u64, len: usize) -> Vec<u8> {
-    seq.to_le_bytes().iter().copied().cycle().take(len).collect()
+    common::sock("hostile", name)
 }
 
 fn open_fds() -> usize {

@@ -7,6 +7,10 @@
 //! with an error that says what to change everywhere else.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{frame_bytes, geometry};
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -18,9 +22,7 @@ use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
-use ipc_core::wire::{
-    FrameGeometry, PeerPolicy, PixelFormat, RefusalCode, RendezvousListener, SocketAccess, SyncStrategy, WireError,
-};
+use ipc_core::wire::{PeerPolicy, RefusalCode, RendezvousListener, SocketAccess, SyncStrategy, WireError};
 
 const NOBODY: u32 = 65534;
 const ROLE: &str = "GPU_IPC_USERS_CHILD";
@@ -28,16 +30,7 @@ const SOCKET: &str = "GPU_IPC_USERS_SOCKET";
 const T: Duration = Duration::from_secs(10);
 
 fn sock(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gpu-ipc-users-{}-{name}.sock", std::process::id()))
-}
-
-fn geometry() -> FrameGeometry {
-    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap() // 4096 bytes
-}
-
-/// Frame `seq`'s content: its sequence number in every 8 bytes.
-fn frame_bytes(seq: u64, len: usize) -> Vec<u8> {
-    seq.to_le_bytes().iter().copied().cycle().take(len).collect()
+    common::sock("users", name)
 }
 
 #[test]

@@ -12,6 +12,10 @@
 //! still running at its deadline is killed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{geometry, publish};
+
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -25,8 +29,8 @@ use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerCo
 use ipc_core::ring::layout::CONTROL_BLOCK_BYTES;
 use ipc_core::ring::{LivenessPolicy, ProducerControl, RingConfig};
 use ipc_core::wire::{
-    BackendKind, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds, PixelFormat,
-    RefusalCode, Refused, RendezvousListener, RingOffer, SyncStrategy,
+    BackendKind, Detach, DetachReason, DeviceUuid, HandleType, Message, OfferFds, RefusalCode, Refused,
+    RendezvousListener, RingOffer, SyncStrategy,
 };
 use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
 
@@ -34,7 +38,7 @@ const T: Duration = Duration::from_secs(10);
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/consumer.py");
 
 fn sock(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gpu-ipc-py-{}-{name}.sock", std::process::id()))
+    common::sock("py", name)
 }
 
 /// The interpreter: `$PYTHON` or `python3`. Panics, saying why, when it cannot run or is older than 3.8.
@@ -51,21 +55,8 @@ fn python() -> String {
     }
 }
 
-fn geometry() -> FrameGeometry {
-    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap() // 4096 bytes: 512 words
-}
-
 fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
     Producer::<HostFake>::create(&HostContext, ProducerConfig::new(sock(name), geometry(), slots, sync)).unwrap()
-}
-
-/// Publishes one frame whose every 8-byte word is its sequence number (little endian).
-fn publish(p: &mut Producer<HostFake>, timeout: Duration) -> Result<u64, FrameError> {
-    let lease = p.acquire(None, timeout)?;
-    p.region().write(lease.ptr, &lease.seq.to_le_bytes().repeat(lease.bytes as usize / 8)).unwrap();
-    let seq = lease.seq;
-    p.publish(lease, None)?;
-    Ok(seq)
 }
 
 /// What a finished Python consumer left.

@@ -1,0 +1,39 @@
+//! What the fake-backend tests share: a socket path per test, the small frame they move, its content, and the
+//! producer's step that writes and publishes it. Each test file uses part of it.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::frames::{FrameError, Producer, ProducerConfig};
+use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+
+/// A socket path in the temporary directory, unique to this test process, `tag` (the test file) and `name`.
+pub fn sock(tag: &str, name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("gpu-ipc-{tag}-{}-{name}.sock", std::process::id()))
+}
+
+/// The frame every fake-backend test moves: 64 x 16 RGBA, 4096 bytes (512 words).
+pub fn geometry() -> FrameGeometry {
+    FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap()
+}
+
+/// Frame `seq`'s content: its sequence number (little endian) in every 8 bytes, so a stale or torn frame shows.
+pub fn frame_bytes(seq: u64, len: usize) -> Vec<u8> {
+    seq.to_le_bytes().iter().copied().cycle().take(len).collect()
+}
+
+/// A producer of [`geometry`] frames on the fake backend.
+pub fn producer(path: PathBuf, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
+    Producer::<HostFake>::create(&HostContext, ProducerConfig::new(path, geometry(), slots, sync)).unwrap()
+}
+
+/// Acquires the next slot, writes [`frame_bytes`] into it and publishes it; returns its sequence number.
+pub fn publish(p: &mut Producer<HostFake>, timeout: Duration) -> Result<u64, FrameError> {
+    let lease = p.acquire(None, timeout)?;
+    p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+    let seq = lease.seq;
+    p.publish(lease, None)?;
+    Ok(seq)
+}
