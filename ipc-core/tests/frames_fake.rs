@@ -24,7 +24,7 @@ fn sock(name: &str) -> PathBuf {
 }
 
 fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
-    Producer::<HostFake>::create(&HostContext, ProducerConfig::new(sock(name), geometry(), slots, sync)).unwrap()
+    common::producer(sock(name), sync, slots)
 }
 
 /// A consumer thread: attaches, reads `frames` frames checking each byte, returns (first seq, frames, bad frames).

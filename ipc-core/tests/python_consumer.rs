@@ -56,7 +56,7 @@ fn python() -> String {
 }
 
 fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
-    Producer::<HostFake>::create(&HostContext, ProducerConfig::new(sock(name), geometry(), slots, sync)).unwrap()
+    common::producer(sock(name), sync, slots)
 }
 
 /// What a finished Python consumer left.
