@@ -72,6 +72,11 @@ struct Rig {
 
 impl Rig {
     fn start(name: &str) -> Self {
+        Self::start_with(name, |_| {})
+    }
+
+    /// As [`start`](Self::start), with the producer's configuration changed by `configure`.
+    fn start_with(name: &str, configure: impl FnOnce(&mut ProducerConfig) + Send + 'static) -> Self {
         let path = sock(name);
         let stop = Arc::new(AtomicBool::new(false));
         let streamed = Arc::new(AtomicU64::new(0));
@@ -82,7 +87,8 @@ impl Rig {
             let (path, stop, longest_gap_us, ended) =
                 (path.clone(), stop.clone(), longest_gap_us.clone(), ended.clone());
             let run = move || -> Result<u64, FrameError> {
-                let config = ProducerConfig::new(&path, geometry(), 4, SyncStrategy::CpuSleep);
+                let mut config = ProducerConfig::new(&path, geometry(), 4, SyncStrategy::CpuSleep);
+                configure(&mut config);
                 let created = Producer::<HostFake>::create(&HostContext, config);
                 ready_tx.send(()).unwrap();
                 let mut p = created?;
@@ -556,4 +562,38 @@ fn child_process_entry_point() {
         "{:?}",
         answer.message
     );
+}
+
+#[test]
+fn a_client_that_takes_the_offer_and_sits_holds_the_producer_no_longer_than_its_bounds() {
+    // A client that says hello, takes the offer (its record counts in back-pressure from then on) and then neither
+    // attaches nor hangs up, for 1.5 s. With the eviction policy it is evicted after 200 ms; with the default
+    // policy the handshake deadline (300 ms here, 10 s by default) drops it. Either way the producer's longest gap
+    // stays under MAX_GAP and the streaming consumer reads on.
+    let _turn = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let evict = |c: &mut ProducerConfig| {
+        c.slow_consumer = ipc_core::frames::SlowConsumerPolicy::Evict { after: Duration::from_millis(200) };
+    };
+    let deadline = |c: &mut ProducerConfig| c.handshake_timeout = Duration::from_millis(300);
+    for (name, configure) in [
+        ("sit-evict", Box::new(evict) as Box<dyn FnOnce(&mut ProducerConfig) + Send>),
+        ("sit-deadline", Box::new(deadline)),
+    ] {
+        let rig = Rig::start_with(name, configure);
+        let stream = connect(&rig.path);
+        send_bytes(stream.as_fd(), &hello_bytes(), Vec::new(), T).unwrap();
+        let offer = recv_message(stream.as_fd(), T).unwrap();
+        assert!(matches!(offer.message, Message::RingOffer(_)), "{name}: {:?}", offer.message);
+        let sat = Instant::now();
+        while sat.elapsed() < Duration::from_millis(1500) {
+            rig.assert_publishing_on_time();
+            thread::sleep(Duration::from_millis(20));
+        }
+        rig.wait_streamed(20);
+        drop(stream);
+        real_consumer_reads(&rig.path, 20);
+        let gap = Duration::from_micros(rig.longest_gap_us.load(Ordering::Relaxed));
+        eprintln!("{name}: longest gap {gap:?}");
+        rig.finish();
+    }
 }
