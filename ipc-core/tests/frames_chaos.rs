@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
-use ipc_core::wire::SyncStrategy;
+use ipc_core::wire::{BackendKind, ClientHello, Message, PROTOCOL_VERSION, SyncStrategy, recv_message};
 
 const ROLE: &str = "GPU_IPC_CHAOS_CHILD";
 const SOCKET: &str = "GPU_IPC_CHAOS_SOCKET";
@@ -176,6 +176,44 @@ fn child_producer() {
     }
 }
 
+/// Bad clients at the front door while consumers come and go, until `knocking` turns false: connections closed at
+/// once, garbage, a hello and then a hang-up (often while the producer prepares the offer, so the offer finds the
+/// handshake gone and must give the record back), a hello and the offer taken and then a hang-up. Returns how many.
+fn bad_clients(socket: &Path, knocking: &AtomicBool, mut rng: Rng) -> u32 {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+    let hello = Message::ClientHello(ClientHello {
+        protocol_version: PROTOCOL_VERSION,
+        client_pid: std::process::id(),
+        wanted_backend: Some(BackendKind::HostFake),
+        consumer_name: "bad".into(),
+    })
+    .encode()
+    .unwrap();
+    let mut count = 0;
+    while knocking.load(Ordering::Acquire) {
+        thread::sleep(Duration::from_millis(rng.below(10)));
+        let Ok(mut stream) = UnixStream::connect(socket) else { continue };
+        count += 1;
+        match rng.below(4) {
+            0 => {}
+            1 => {
+                let garbage: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
+                let _ = stream.write_all(&garbage);
+            }
+            2 => {
+                let _ = stream.write_all(&hello);
+            }
+            _ => {
+                let _ = stream.write_all(&hello);
+                let _ = recv_message(stream.as_fd(), Duration::from_millis(200));
+            }
+        }
+    }
+    count
+}
+
 /// A child the parent started.
 struct Spawned {
     child: Child,
@@ -273,6 +311,12 @@ fn chaos(sync: SyncStrategy, tag: &str) {
     while !socket.exists() && Instant::now() < ready {
         thread::sleep(Duration::from_millis(1));
     }
+    let knocking = Arc::new(AtomicBool::new(true));
+    let knocker = {
+        let (socket, knocking) = (socket.clone(), knocking.clone());
+        let rng = Rng(rng.next() | 1);
+        thread::spawn(move || bad_clients(&socket, &knocking, rng))
+    };
     let mut children: Vec<Spawned> = Vec::new();
     let mut failures = Vec::new();
     let (mut spawned, mut kills) = (0u32, 0u32);
@@ -307,6 +351,8 @@ fn chaos(sync: SyncStrategy, tag: &str) {
         }
         thread::sleep(Duration::from_millis(rng.below(25)));
     }
+    knocking.store(false, Ordering::Release);
+    let knocks = knocker.join().unwrap();
     // Readers never end on their own: kill them; the others finish their frames.
     for child in &mut children {
         if child.role == Role::Reader && child.child.try_wait().unwrap().is_none() {
@@ -349,8 +395,8 @@ fn chaos(sync: SyncStrategy, tag: &str) {
     stop.store(true, Ordering::Release);
     let run = producer.join().unwrap();
     eprintln!(
-        "chaos {tag}: {spawned} children, {kills} SIGKILLs, {} frames published, longest gap {:?}, {} consumers \
-         lost, {} still attached at the end",
+        "chaos {tag}: {spawned} children, {kills} SIGKILLs, {knocks} bad clients, {} frames published, longest gap \
+         {:?}, {} consumers lost, {} still attached at the end",
         run.published, run.longest_gap, run.lost, run.left_attached
     );
     assert!(run.error.is_none(), "seed {seed}: the producer failed: {:?}", run.error);
