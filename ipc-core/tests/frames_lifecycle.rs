@@ -309,3 +309,47 @@ fn a_consumer_attaches_while_the_producer_waits_for_a_slow_one() {
     assert!(attached_after < Duration::from_secs(1), "B attached after {attached_after:?}");
     assert_eq!(first, 1, "B joins at the frame the producer was waiting to write");
 }
+
+#[test]
+fn a_client_evicted_before_it_attached_counts_as_evicted_not_lost() {
+    // A raw client takes the offer and holds up the one-slot ring without attaching; the eviction policy evicts it.
+    // When it then says `Attached` and leaves, the producer counts one eviction and no loss.
+    let mut cfg = config("evicted-early", 1);
+    cfg.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(100) };
+    let mut p = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
+    let conn = PeerConnection::connect(sock("evicted-early"), T).unwrap();
+    let hello = ClientHello {
+        protocol_version: PROTOCOL_VERSION,
+        client_pid: std::process::id(),
+        wanted_backend: Some(ipc_core::wire::BackendKind::HostFake),
+        consumer_name: "late".into(),
+    };
+    conn.send(&Message::ClientHello(hello), Vec::new(), T).unwrap();
+    // The producer makes the offer in a call after the hello arrived; the client's record then holds up frame 1.
+    let deadline = Instant::now() + T;
+    let received = loop {
+        p.admit_pending().unwrap();
+        match conn.recv(Duration::from_millis(5)) {
+            Ok(received) => break received,
+            Err(WireError::Timeout { .. }) if Instant::now() < deadline => {}
+            Err(e) => panic!("no offer: {e}"),
+        }
+    };
+    let (offer, _fds) = received.into_ring_offer().unwrap();
+    publish(&mut p, T).unwrap();
+    publish(&mut p, T).unwrap(); // waits 100 ms, evicts the client, goes on
+    assert_eq!(p.consumers_evicted(), 1);
+    conn.send(&Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), T).unwrap();
+    // The producer takes the `Attached` (a dead record's consumer is not counted in), then the hang-up.
+    let publish_for = |p: &mut Producer<HostFake>, how_long: Duration| {
+        let until = Instant::now() + how_long;
+        while Instant::now() < until {
+            publish(p, T).unwrap();
+            thread::sleep(Duration::from_millis(1));
+        }
+    };
+    publish_for(&mut p, Duration::from_millis(200));
+    drop(conn);
+    publish_for(&mut p, Duration::from_millis(200));
+    assert_eq!((p.consumers(), p.consumers_evicted(), p.consumers_lost()), (0, 1, 0));
+}

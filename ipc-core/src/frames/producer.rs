@@ -600,8 +600,12 @@ impl<B: Backend> Producer<B> {
             }
             false
         });
-        let retired = &self.retired;
-        self.evicted.retain(|id| retired.iter().any(|r| r.id == *id) || self.peers.iter().any(|p| p.id == *id));
+        // An evicted record is remembered until it is freed (or reused): its consumer may still attach or hang up
+        // meanwhile (evicted during its handshake), and must then not count as lost.
+        let block = self.ring.block();
+        self.evicted.retain(|id| {
+            matches!(block.consumer_state(id.index()), Some((state, epoch)) if epoch == id.epoch() && state != ConsumerState::Free)
+        });
     }
 }
 
