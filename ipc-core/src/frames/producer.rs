@@ -314,7 +314,8 @@ impl<B: Backend> Producer<B> {
     ///
     /// A slot is rewritten only after every live consumer released the frame it held; a consumer that dies stops
     /// counting; under [`SlowConsumerPolicy::Evict`] one that holds the slot too long is evicted. GPU strategies
-    /// need `stream`; CPU ones ignore it.
+    /// need `stream`; CPU ones ignore it. New consumers are served first ([`Producer::admit_pending`]) and, while
+    /// the wait lasts, every 5 ms (every strategy but `GpuPoll`): one that joins now joins at this frame.
     ///
     /// # Errors
     /// [`FrameError::Timeout`] when consumers do not release in time, driver errors.
