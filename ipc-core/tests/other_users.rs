@@ -11,7 +11,7 @@ mod common;
 
 use common::{frame_bytes, geometry};
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -208,4 +208,48 @@ fn the_default_socket_keeps_other_users_out() {
     let open_door = SocketAccess { mode: 0o666, ..SocketAccess::default() };
     let report = as_nobody("trusting", open_door, "uid-check");
     assert!(report.starts_with(&format!("refused: {:?}", RefusalCode::PeerNotAllowed)), "{report}");
+}
+
+#[test]
+fn a_socket_swapped_for_a_symlink_never_lends_its_mode_to_another_file() {
+    // Whoever can write the socket's directory races the producer: as soon as the socket file appears it is
+    // replaced by a symlink to a file of ours (mode 0600). The producer must fail or set the mode of its own socket
+    // only: the file keeps its mode in every round (before the fix, 0666 within about a thousand rounds).
+    let dir = std::env::temp_dir().join(format!("gpu-ipc-users-{}-swap", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"secret").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let path = dir.join("s.sock");
+    let stop = Arc::new(AtomicBool::new(false));
+    let attacker = {
+        let (path, victim, stop) = (path.clone(), victim.clone(), stop.clone());
+        thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket())
+                    && std::fs::remove_file(&path).is_ok()
+                    && std::os::unix::fs::symlink(&victim, &path).is_ok()
+                {
+                    swaps += 1;
+                }
+            }
+            swaps
+        })
+    };
+    let (mut bound, mut refused) = (0, 0);
+    for _ in 0..3000 {
+        let _ = std::fs::remove_file(&path);
+        match RendezvousListener::bind_with(&path, &SocketAccess::users([NOBODY])) {
+            Ok(_listener) => bound += 1,
+            Err(_) => refused += 1,
+        }
+        let mode = std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the victim's mode changed ({bound} bound, {refused} refused so far)");
+    }
+    stop.store(true, Ordering::Release);
+    let swaps = attacker.join().unwrap();
+    eprintln!("{bound} bound, {refused} refused, {swaps} swaps");
+    assert!(swaps > 100, "the attacker hardly ever won the race ({swaps} swaps): the test proves nothing");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
-use ipc_core::ring::layout::CONTROL_BLOCK_BYTES;
-use ipc_core::ring::{LivenessPolicy, ProducerControl, RingConfig};
+use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
+use ipc_core::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, Sequence};
 use ipc_core::wire::{
     BackendKind, Detach, DetachReason, DeviceUuid, HandleType, Message, OfferFds, RefusalCode, Refused,
-    RendezvousListener, RingOffer, SyncStrategy,
+    RendezvousListener, RingOffer, SyncStrategy, WireError,
 };
 use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
 
@@ -436,7 +436,7 @@ fn a_refused_python_consumer_prints_the_code_and_message_and_exits_3() {
 }
 
 /// A hand-made producer whose control block (a real ring, generation 7, one LIVE record) is not the ring its offer
-/// describes (generation 8): the consumer at `path` must say import failed.
+/// describes (generation 8): the consumer at `path` must say import failed, and leave that block's record alone.
 fn offer_another_generation(listener: &RendezvousListener, name: &str) {
     let config = RingConfig { slot_count: 2, max_consumers: 16, generation: 7 };
     let ring = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
@@ -447,6 +447,55 @@ fn offer_another_generation(listener: &RendezvousListener, name: &str) {
     connection.send(&Message::RingOffer(offer), fds.into_vec(), T).unwrap();
     let answer = connection.recv(T).unwrap().message;
     assert_eq!(answer, Message::Detach(Detach { consumer_id: id.index(), reason: DetachReason::ImportFailed }));
+    // The consumer has hung up: whatever it did to the block is done.
+    assert!(matches!(connection.recv(T), Err(WireError::PeerHungUp { .. })));
+    assert_record_untouched(&ring, id);
+}
+
+/// Record `id` of `ring` is still LIVE in its epoch, with its release counters as registration left them.
+fn assert_record_untouched(ring: &ProducerControl, id: ConsumerId) {
+    assert_eq!(ring.block().consumer_state(id.index()), Some((ConsumerState::Live, id.epoch())));
+    let mut pending = Vec::new();
+    ring.pending_releases(Sequence(2), &mut pending).unwrap();
+    assert_eq!(pending.len(), 1, "its release counter of slot 0 was written: {pending:?}");
+}
+
+#[test]
+fn a_consumer_whose_handshake_was_dropped_leaves_its_record_alone() {
+    // The producer hangs up right after the offer (as it does when a handshake misses its deadline, before it
+    // gives the record to anyone else). A consumer that finds the connection gone once it has read the record must
+    // fail without detaching: the record may already be a newcomer's. Whether the hang-up comes before that check
+    // is a race the test cannot steer, so it runs the handshake until it has seen that case several times; a
+    // consumer that saw the connection open joined its own record, and whatever it did to it is its right.
+    let (mut dropped, mut other) = (0, 0);
+    for round in 0..400 {
+        let path = sock(&format!("dropped-{round}"));
+        let listener = RendezvousListener::bind(&path).unwrap();
+        let consumer = thread::spawn(move || {
+            let options = AttachOptions { name: "dropped".into(), ..AttachOptions::default() };
+            Consumer::<HostFake>::attach(&HostContext, &path, &options).map(|_| ())
+        });
+        let config = RingConfig { slot_count: 2, max_consumers: 16, generation: 1 };
+        let ring = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
+        let id = ring.register_consumer(None).unwrap();
+        let connection = accept_hello(&listener, "dropped");
+        let offer = host_fake_offer(SyncStrategy::CpuSpin, 1, id.index());
+        let fds = OfferFds { control: ring.block().memory().try_clone_fd().unwrap(), data: Some(sealed_memfd(8192)) };
+        connection.send(&Message::RingOffer(offer), fds.into_vec(), T).unwrap();
+        drop(connection);
+        match consumer.join().unwrap() {
+            Err(FrameError::Config(message)) if message.contains("dropped this handshake") => {
+                assert_record_untouched(&ring, id);
+                dropped += 1;
+                if dropped == 5 {
+                    break;
+                }
+            }
+            _ => other += 1,
+        }
+    }
+    eprintln!("{dropped} handshakes found dropped after the record was read, {other} otherwise");
+    assert!(dropped >= 1, "the consumer never found the connection gone after reading the record");
 }
 
 #[test]
@@ -460,8 +509,8 @@ fn consumers_refuse_a_control_block_that_is_not_the_offered_ring() {
     });
     offer_another_generation(&listener, "generation");
     match consumer.join().unwrap() {
-        Err(FrameError::Config(message)) => assert!(message.contains("generation 7"), "{message}"),
-        other => panic!("expected a refusal of the control block, got {other:?}"),
+        Err(e) => assert!(e.to_string().contains("generation 7"), "{e}"),
+        Ok(()) => panic!("the consumer attached to a control block that is not the offered ring"),
     }
     // The Python consumer, from the docs.
     let python = python();

@@ -147,10 +147,16 @@ impl Admission {
         self.events.lock().ok()?.try_recv().ok()
     }
 
-    /// Hands the thread the answer to handshake `token`'s [`AdmissionEvent::WantsOffer`].
-    pub(crate) fn offer(&self, token: u64, kit: OfferKit) {
-        if self.offers.send((token, kit)).is_ok() {
-            self.wake_up();
+    /// Hands the thread the answer to handshake `token`'s [`AdmissionEvent::WantsOffer`]. When the thread is gone
+    /// nobody will send it: returns the record it held, which is then the caller's to give back.
+    #[must_use = "a record returned here was never offered: give it back"]
+    pub(crate) fn offer(&self, token: u64, kit: OfferKit) -> Option<ConsumerId> {
+        match self.offers.send((token, kit)) {
+            Ok(()) => {
+                self.wake_up();
+                None
+            }
+            Err(mpsc::SendError((_, kit))) => kit.ok().map(|(id, _, _)| id),
         }
     }
 
@@ -529,6 +535,9 @@ impl FrontDoor {
         }
         let record = handshake.stage.record();
         tracing::warn!(pid, consumer = record.map(|id| id.index()), reason = %failure.reason, "a consumer failed to attach");
+        // Hang up before the record can be reused: a consumer that read its record's epoch while the connection
+        // was still open knows that epoch was its own (docs/protocol.md, attaching, step 5).
+        drop(handshake);
         if let Some(id) = record {
             self.give_back(id);
         }

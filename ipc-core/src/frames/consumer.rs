@@ -96,7 +96,7 @@ impl<B: Backend> Consumer<B> {
         if let Err(e) = conn.send(&Message::ClientHello(hello), Vec::new(), left()) {
             // A producer that refuses us at once (its uid check) sends `Refused` and hangs up, maybe before our
             // hello went out: its answer is still queued for us, and says more than the broken pipe.
-            if let Ok(answer) = conn.recv(Duration::from_millis(100)) {
+            if let Ok(answer) = conn.recv(left().min(Duration::from_millis(100))) {
                 answer.into_ring_offer()?;
             }
             return Err(e.into());
@@ -177,19 +177,29 @@ impl<B: Backend> Consumer<B> {
                 "the producer is in another PID namespace: its liveness comes from the socket"
             );
         }
-        let ring = Arc::new(ConsumerControl::attach_index(fds.control, offer.consumer_id, policy)?);
-        // The control block must be the ring the offer describes (docs/protocol.md, attaching, step 4).
-        let block = ring.block();
-        if (block.slot_count(), block.generation()) != (offer.slot_count, offer.generation) {
-            return Err(FrameError::Config(format!(
-                "the control block (slot_count {}, generation {}) is not the ring the offer describes (slot_count {}, \
-                 generation {})",
-                block.slot_count(),
-                block.generation(),
-                offer.slot_count,
-                offer.generation
-            )));
+        // The control block must be the ring the offer describes (docs/protocol.md, attaching, step 4), checked
+        // before the record is read (step 5).
+        let control = ConsumerControl::attach_offered(
+            fds.control,
+            offer.consumer_id,
+            offer.slot_count,
+            offer.generation,
+            policy,
+        )?;
+        // The record's epoch was just read from its state word; it is ours only if the producer has not dropped
+        // this handshake meanwhile (a consumer slower than the handshake deadline): the producer hangs up on a
+        // failed handshake before it gives the record back for reuse, so an open connection now proves that the
+        // epoch read above was not a newcomer's.
+        if conn.is_peer_gone()? {
+            // Let go of the record without leaving it: it may already be someone else's.
+            control.abandon();
+            return Err(FrameError::Config(
+                "the producer dropped this handshake before the consumer joined (it took longer than the \
+                 producer's handshake timeout); attach again"
+                    .into(),
+            ));
         }
+        let ring = Arc::new(control);
         let handle = ExportedHandle {
             bytes: offer.legacy_mem_handle.map(|h| h.to_vec()).unwrap_or_default(),
             fd: fds.data,

@@ -468,8 +468,11 @@ impl<B: Backend> Producer<B> {
             let full = matches!(kit, Err((RefusalCode::RingFull, _)));
             if full && !self.retired.is_empty() && hello.since.elapsed() < RECORD_WAIT {
                 self.hellos.push(hello);
-            } else {
-                self.admission.offer(hello.token, kit);
+            } else if let Some(id) = self.admission.offer(hello.token, kit) {
+                // The admission thread is gone (it only ends early by panicking): nobody will send this offer.
+                tracing::error!(consumer = id.index(), "the admission thread is gone; giving the record back");
+                let _ = self.ring.mark_consumer_dead(id);
+                self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
             }
         }
     }

@@ -665,6 +665,8 @@ pub struct ConsumerControl {
     id: ConsumerId,
     join: Sequence,
     policy: LivenessPolicy,
+    /// Whether dropping this leaves the ring (see [`ConsumerControl::abandon`]).
+    leave_on_drop: bool,
 }
 
 impl ConsumerControl {
@@ -673,25 +675,57 @@ impl ConsumerControl {
         let block = ControlBlock::attach(fd)?;
         let record = block.record_in(id, ConsumerState::Live)?;
         let join = Sequence(record.join_sequence.load(Ordering::Relaxed));
-        Ok(Self { block, id, join, policy })
+        Ok(Self { block, id, join, policy, leave_on_drop: true })
     }
 
     /// Maps the control block and joins as record `index`, in the epoch the producer registered it under (the
     /// wire carries only the index).
     pub fn attach_index(fd: OwnedFd, index: u32, policy: LivenessPolicy) -> Result<Self, RingError> {
+        Self::join_index(ControlBlock::attach(fd)?, index, policy)
+    }
+
+    /// As [`attach_index`](Self::attach_index), for the ring an offer describes: a block whose slot count or
+    /// generation differs is refused before its record is read, so a wrong block is never touched (no join, and
+    /// so no detach when this fails).
+    pub fn attach_offered(
+        fd: OwnedFd,
+        index: u32,
+        slot_count: u32,
+        generation: u64,
+        policy: LivenessPolicy,
+    ) -> Result<Self, RingError> {
         let block = ControlBlock::attach(fd)?;
+        if (block.slot_count(), block.generation()) != (slot_count, generation) {
+            return Err(RingError::NotTheOfferedRing {
+                found_slots: block.slot_count(),
+                found_generation: block.generation(),
+                offered_slots: slot_count,
+                offered_generation: generation,
+            });
+        }
+        Self::join_index(block, index, policy)
+    }
+
+    fn join_index(block: ControlBlock, index: u32, policy: LivenessPolicy) -> Result<Self, RingError> {
         let epoch = block.record_at(index).map(|record| state_epoch(record.state.load(Ordering::Acquire))).ok_or(
             RingError::UnknownConsumer { consumer: ConsumerId::new(index, 0), max_consumers: block.max_consumers },
         )?;
         let id = ConsumerId::new(index, epoch);
         let record = block.record_in(id, ConsumerState::Live)?;
         let join = Sequence(record.join_sequence.load(Ordering::Relaxed));
-        Ok(Self { block, id, join, policy })
+        Ok(Self { block, id, join, policy, leave_on_drop: true })
     }
 
     /// The shared control block.
     pub fn block(&self) -> &ControlBlock {
         &self.block
+    }
+
+    /// Unmaps the control block without leaving the ring: for a record that may no longer be this consumer's
+    /// (its handshake was dropped by the producer, which may have given the record to someone else), where a
+    /// detach would act on the newcomer's record.
+    pub fn abandon(mut self) {
+        self.leave_on_drop = false;
     }
 
     /// This consumer's id.
@@ -849,6 +883,9 @@ impl ConsumerControl {
 
 impl Drop for ConsumerControl {
     fn drop(&mut self) {
+        if !self.leave_on_drop {
+            return;
+        }
         // Already detached, declared dead or reclaimed: nothing to do, and nothing to report from drop.
         if let Err(error) = self.detach_in_place() {
             tracing::debug!(%error, "consumer drop: record no longer live");

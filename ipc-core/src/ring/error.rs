@@ -92,6 +92,21 @@ pub enum RingError {
         /// Value found.
         value: u64,
     },
+    /// The control block is not the ring the offer describes.
+    #[error(
+        "the control block (slot_count {found_slots}, generation {found_generation}) is not the ring the offer \
+         describes (slot_count {offered_slots}, generation {offered_generation})"
+    )]
+    NotTheOfferedRing {
+        /// The block's slot count.
+        found_slots: u32,
+        /// The block's generation.
+        found_generation: u64,
+        /// The offer's slot count.
+        offered_slots: u32,
+        /// The offer's generation.
+        offered_generation: u64,
+    },
     /// Every consumer record is taken.
     #[error(
         "ring is full: all {max_consumers} consumer records are taken ({reclaimable} detached or dead ones can be \

@@ -238,6 +238,16 @@ pub enum WireError {
         /// The path.
         path: PathBuf,
     },
+    /// The socket file was replaced right after it was bound (by whoever can write its directory).
+    #[error(
+        "{} was replaced by something else right after the producer created it: its directory is writable by \
+         others; put the socket in a directory only its owner (or its group) can write",
+        path.display()
+    )]
+    PathReplaced {
+        /// The socket path.
+        path: PathBuf,
+    },
     /// A socket file mode that is not a permission mask including the owner's read and write.
     #[error("socket file mode {mode:#o} is not a mode between 0o600 and 0o777 that lets the owner read and write")]
     BadSocketMode {

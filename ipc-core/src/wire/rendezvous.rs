@@ -6,13 +6,13 @@
 //! created. The window between `bind` and `chmod` is harmless: `connect` to a socket that is
 //! not yet listening fails with `ECONNREFUSED`, so nobody can get in before the mode is 0600.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, poll};
-use rustix::fs::{FileType, Gid, Mode, chmod, chown, lstat, unlink};
+use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, chmod, chownat, fstat, lstat, open, unlink};
 use rustix::io::Errno;
 use rustix::net::sockopt::{Timeout, set_socket_timeout};
 use rustix::net::{
@@ -202,17 +202,25 @@ impl RendezvousListener {
         )
         .map_err(WireError::os("socket"))?;
         bind(&socket, &addr).map_err(|source| path_error("bind", &path, source))?;
-        let stat = lstat(&path).map_err(|source| path_error("lstat", &path, source))?;
+        // Everything after `bind` goes through one handle on the file, opened without following a symlink and
+        // checked to be a socket of ours: whoever can write the directory could otherwise swap the fresh socket for
+        // a symlink to another file between two calls by path, and have that file's group and mode changed.
+        let file = open(&path, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|source| path_error("open", &path, source))?;
+        let stat = fstat(&file).map_err(|source| path_error("fstat", &path, source))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::Socket || stat.st_uid != geteuid().as_raw() {
+            // Not the file we bound: leave it alone (no `Drop` cleanup of someone else's file).
+            return Err(WireError::PathReplaced { path });
+        }
         // From here on, `Drop` removes the file if a later step fails.
         let listener = Self { socket, path, identity: (stat.st_dev, stat.st_ino), policy: access.peers.clone() };
         // The group before the mode: until both are set, only the owner can connect (bind made the file with
         // the umask's bits at most, and no peer is accepted before `listen`).
         if let Some(gid) = access.group {
-            chown(&listener.path, None, Some(Gid::from_raw(gid)))
+            chownat(&file, "", None, Some(Gid::from_raw(gid)), AtFlags::EMPTY_PATH)
                 .map_err(|source| path_error("chown", &listener.path, source))?;
         }
-        chmod(&listener.path, Mode::from_raw_mode(access.mode))
-            .map_err(|source| path_error("chmod", &listener.path, source))?;
+        set_mode(&file, &listener.path, access.mode)?;
         listen(&listener.socket, LISTEN_BACKLOG).map_err(|source| path_error("listen", &listener.path, source))?;
         tracing::info!(path = %listener.path.display(), "rendezvous socket listening");
         Ok(listener)
@@ -413,6 +421,20 @@ fn socket_addr(path: &Path) -> Result<SocketAddrUnix, WireError> {
         return Err(WireError::PathTooLong { path: path.to_path_buf() });
     }
     SocketAddrUnix::new(path).map_err(|source| path_error("sockaddr_un", path, source))
+}
+
+/// Sets the mode of the file `file` (an `O_PATH` handle of `path`) without going through the path again:
+/// `chmod` of its `/proc/self/fd` link reaches the file itself. Without `/proc`, only the default mode (which
+/// narrows access, so a swapped file loses nothing to anyone) is set by path.
+fn set_mode(file: &OwnedFd, path: &Path, mode: u32) -> Result<(), WireError> {
+    let link = format!("/proc/self/fd/{}", file.as_raw_fd());
+    match chmod(link.as_str(), Mode::from_raw_mode(mode)) {
+        Ok(()) => Ok(()),
+        Err(Errno::NOENT) if mode == 0o600 => {
+            chmod(path, Mode::from_raw_mode(mode)).map_err(|source| path_error("chmod", path, source))
+        }
+        Err(source) => Err(path_error("chmod", path, source)),
+    }
 }
 
 /// Removes `path` if it is a socket nobody listens on; see [`RendezvousListener::bind`].

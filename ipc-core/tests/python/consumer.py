@@ -708,6 +708,10 @@ def attach(socket_path, name, timeout_s, atomics):
             raise
         finally:
             close_fds(fds)  # the mappings keep the memory; the fds are no longer needed
+        if connection_hung_up(sock):
+            # Step 5: the producer dropped this handshake before we read our record, which may already be a
+            # newcomer's: leave it alone (no detach) and let the caller attach again.
+            raise ProtocolError("the producer dropped this handshake before we joined (too slow?); attach again")
         send_message(sock, MSG_ATTACHED, struct.pack("<II", offer.consumer_id, 0))  # step 8
         sock.setblocking(True)
         return Session(sock, producer_pid, offer, control, data, epoch, join_sequence)
