@@ -1,0 +1,369 @@
+//! The producer side of the protocol is implementable from its documentation alone, and the Rust consumer copes
+//! with a producer it did not write: `tests/python/producer.py`, a host-fake producer in pure Python written only
+//! from `docs/protocol.md` and `docs/ring.md`, runs as a separate process and `Consumer<HostFake>`s attach to it.
+//! Two consumers read every frame intact and detach cleanly; a consumer process SIGKILLed while it holds a frame
+//! is declared lost and the producer finishes for the other one; consumers of a SIGKILLed producer get
+//! `ProducerGone` within 2 s; and a consumer behind a producer that closes cleanly reads every frame published
+//! before the close, then gets `ProducerGone`.
+//!
+//! These tests need python3 (3.11 or later; `PYTHON` names another interpreter). Without one they fail, saying so.
+//! Every wait is bounded; a child process still running when its test ends is killed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::frame_bytes;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::frames::{AttachOptions, Consumer, FrameError};
+
+const T: Duration = Duration::from_secs(10);
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/producer.py");
+/// Environment of the child consumer process (see [`child_process_entry_point`]).
+const ROLE: &str = "GPU_IPC_PYPROD_ROLE";
+const SOCKET: &str = "GPU_IPC_PYPROD_SOCKET";
+/// Frames the child reads and releases before it holds one.
+const CHILD_RELEASES: u64 = 20;
+
+fn sock(name: &str) -> PathBuf {
+    common::sock("pyprod", name)
+}
+
+/// The interpreter: `$PYTHON` or `python3`. Panics, saying why, when it cannot run or is older than 3.11.
+fn python() -> String {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let check = "import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)";
+    match Command::new(&python).args(["-c", check]).output() {
+        Ok(out) if out.status.success() => python,
+        Ok(out) => panic!(
+            "`{python}` runs but is not Python 3.11 or later ({}); these tests need python3 (set PYTHON)",
+            out.status
+        ),
+        Err(err) => panic!("cannot run `{python}`: {err}; these tests need python3 (set PYTHON to its path)"),
+    }
+}
+
+/// Lines of a child's stdout as they come, on a channel.
+fn line_reader(pipe: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+fn read_all(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    })
+}
+
+/// What a finished Python producer left.
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Finished {
+    fn describe(&self) -> String {
+        format!("python producer exited {:?}\nstdout: {}\nstderr: {}", self.code, self.stdout, self.stderr)
+    }
+
+    /// The u64 field `key` of the JSON summary line (flat, numbers only: no JSON parser needed).
+    fn summary(&self, key: &str) -> u64 {
+        let line = self.stdout.lines().last().unwrap_or_default();
+        let pattern = format!("\"{key}\": ");
+        let start = line.find(&pattern).unwrap_or_else(|| panic!("no {key} in the summary\n{}", self.describe()))
+            + pattern.len();
+        let digits: String = line[start..].chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().unwrap_or_else(|_| panic!("{key} is not a number\n{}", self.describe()))
+    }
+
+    /// Exit 0 and the summary's counts: `(published, attached, left, lost)`.
+    fn assert_counts(&self, published: u64, attached: u64, left: u64, lost: u64) {
+        assert_eq!(self.code, Some(0), "{}", self.describe());
+        let got = (self.summary("published"), self.summary("attached"), self.summary("left"), self.summary("lost"));
+        assert_eq!(got, (published, attached, left, lost), "(published, attached, left, lost)\n{}", self.describe());
+    }
+}
+
+/// A Python producer process, listening once [`PyProducer::spawn`] returns; killed on drop if still running.
+struct PyProducer {
+    socket: PathBuf,
+    child: Child,
+    stdout: Receiver<String>,
+    stdout_seen: Vec<String>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl PyProducer {
+    /// Starts `producer.py --socket <name's path> <options>` and waits (bounded) for its "listening" line.
+    fn spawn(name: &str, options: &[&str]) -> Self {
+        let python = python();
+        let socket = sock(name);
+        let mut child = Command::new(&python)
+            .arg(SCRIPT)
+            .arg("--socket")
+            .arg(&socket)
+            .args(options)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot start `{python} {SCRIPT}`: {err}"));
+        let stdout = line_reader(child.stdout.take().unwrap());
+        let stderr = Some(read_all(child.stderr.take().unwrap()));
+        let mut producer = Self { socket, child, stdout, stdout_seen: Vec::new(), stderr };
+        match producer.stdout.recv_timeout(T) {
+            Ok(line) if line.contains("\"listening\"") => producer.stdout_seen.push(line),
+            Ok(line) => {
+                producer.stdout_seen.push(line);
+                panic!("the producer did not start\n{}", producer.wait(T).describe());
+            }
+            Err(_) => panic!("the producer did not say it listens within {T:?}\n{}", producer.wait(T).describe()),
+        }
+        producer
+    }
+
+    /// SIGKILLs the process; returns when it was killed.
+    fn kill(&mut self) -> Instant {
+        self.child.kill().unwrap();
+        let killed = Instant::now();
+        self.child.wait().unwrap();
+        killed
+    }
+
+    /// Waits at most `limit` for the process to exit; kills it and panics, with its output, past that.
+    fn wait(&mut self, limit: Duration) -> Finished {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            thread::sleep(Duration::from_millis(5));
+        };
+        self.stdout_seen.extend(self.stdout.try_iter());
+        // The pipe closes with the process; take the lines still in flight.
+        while let Ok(line) = self.stdout.recv_timeout(Duration::from_secs(1)) {
+            self.stdout_seen.push(line);
+        }
+        let finished = Finished {
+            code: status.and_then(|s| s.code()),
+            stdout: self.stdout_seen.join("\n"),
+            stderr: self.stderr.take().map(|h| h.join().unwrap()).unwrap_or_default(),
+        };
+        assert!(status.is_some(), "still running after {limit:?}, killed\n{}", finished.describe());
+        finished
+    }
+}
+
+impl Drop for PyProducer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn attach(socket: &Path) -> Result<Consumer<HostFake>, FrameError> {
+    Consumer::<HostFake>::attach(&HostContext, socket, &AttachOptions::default())
+}
+
+/// Reads `frames` frames, checking every byte; returns (first seq, frames read, bad frames, last seq).
+fn read_frames(c: &mut Consumer<HostFake>, frames: u64) -> Result<(u64, u64, u64, Option<u64>), FrameError> {
+    let first = c.next_sequence();
+    let (mut bad, mut last) = (0, None);
+    for _ in 0..frames {
+        let frame = c.next_frame(None, T)?;
+        let mut got = vec![0u8; frame.bytes as usize];
+        c.region().read(frame.ptr, &mut got).unwrap();
+        if got != frame_bytes(frame.seq, got.len()) || last.is_some_and(|l: u64| frame.seq != l + 1) {
+            bad += 1;
+        }
+        last = Some(frame.seq);
+        c.release(frame, None)?;
+    }
+    Ok((first, frames, bad, last))
+}
+
+/// A consumer thread: attaches, reads `frames` frames checking each byte, detaches; returns (first, read, bad).
+fn spawn_reader(socket: &Path, frames: u64) -> JoinHandle<Result<(u64, u64, u64), FrameError>> {
+    let socket = socket.to_owned();
+    thread::spawn(move || {
+        let mut c = attach(&socket)?;
+        let (first, read, bad, _) = read_frames(&mut c, frames)?;
+        c.detach();
+        Ok((first, read, bad))
+    })
+}
+
+#[test]
+fn two_rust_consumers_read_every_frame_of_the_python_producer() {
+    let mut p = PyProducer::spawn("two", &["--slots", "2", "--frames", "300", "--consumers", "2", "--end", "gone"]);
+    let readers = [spawn_reader(&p.socket, 300), spawn_reader(&p.socket, 300)];
+    let finished = p.wait(Duration::from_secs(30));
+    for r in readers {
+        let read = r.join().unwrap().unwrap_or_else(|err| panic!("{err}\n{}", finished.describe()));
+        assert_eq!(read, (0, 300, 0), "{}", finished.describe());
+    }
+    finished.assert_counts(300, 2, 2, 0);
+    assert!(!p.socket.exists(), "the producer left its socket file behind");
+}
+
+/// Not a test of its own: the body of the child consumer process that
+/// [`a_consumer_killed_while_it_holds_a_frame_does_not_stop_the_python_producer`] starts and kills. Without the
+/// role variable (a normal test run) it returns at once.
+#[test]
+#[ignore = "child-process entry point; run by the kill test, not on its own"]
+fn child_process_entry_point() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    assert_eq!(role, "holder", "unknown child role");
+    let socket = PathBuf::from(std::env::var(SOCKET).unwrap());
+    let mut c = attach(&socket).unwrap();
+    let (first, read, bad, _) = read_frames(&mut c, CHILD_RELEASES).unwrap();
+    println!("CHILD read first={first} read={read} bad={bad}");
+    let held = c.next_frame(None, T).unwrap();
+    println!("CHILD holding {}", held.seq);
+    // Hold it until the parent kills us (bounded, so an orphan cannot linger).
+    thread::sleep(Duration::from_secs(30));
+    println!("CHILD was not killed");
+    std::process::exit(1);
+}
+
+/// The child consumer process, killed on drop if still running.
+struct ChildConsumer(Child);
+
+impl Drop for ChildConsumer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+#[test]
+fn a_consumer_killed_while_it_holds_a_frame_does_not_stop_the_python_producer() {
+    let mut p =
+        PyProducer::spawn("kill-consumer", &["--slots", "2", "--frames", "300", "--consumers", "2", "--end", "gone"]);
+    let mut child = ChildConsumer(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
+            .env(ROLE, "holder")
+            .env(SOCKET, &p.socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let child_lines = line_reader(child.0.stdout.take().unwrap());
+    let stayer = spawn_reader(&p.socket, 300);
+    // Wait (bounded) until the child holds frame CHILD_RELEASES: the producer cannot go past it without us.
+    let deadline = Instant::now() + T;
+    let mut seen = Vec::new();
+    loop {
+        match child_lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            // libtest may print its "test ... " prefix on the same line.
+            Ok(line) if line.contains("CHILD holding") => {
+                assert!(line.ends_with(&format!("CHILD holding {CHILD_RELEASES}")), "{line}");
+                break;
+            }
+            Ok(line) => seen.push(line),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                panic!("the child consumer never held a frame\nchild: {seen:#?}\n{}", p.wait(T).describe())
+            }
+        }
+    }
+    assert!(seen.iter().any(|l| l.ends_with(&format!("CHILD read first=0 read={CHILD_RELEASES} bad=0"))), "{seen:#?}");
+    thread::sleep(Duration::from_millis(100)); // the producer is now stuck on the held slot
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let finished = p.wait(Duration::from_secs(30));
+    assert_eq!(stayer.join().unwrap().unwrap(), (0, 300, 0), "{}", finished.describe());
+    finished.assert_counts(300, 2, 1, 1);
+}
+
+#[test]
+fn consumers_of_a_killed_python_producer_get_producer_gone_within_2_s() {
+    let mut p = PyProducer::spawn(
+        "kill-producer",
+        &["--slots", "2", "--frames", "5", "--consumers", "1", "--end", "gone", "--timeout", "60"],
+    );
+    let socket = p.socket.clone();
+    let (read_tx, read_rx) = mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let mut c = attach(&socket).unwrap();
+        let read = read_frames(&mut c, 5).unwrap();
+        read_tx.send(read).unwrap();
+        let err = c.next_frame(None, T).err(); // frame 5 never comes
+        (err, Instant::now())
+    });
+    let read = read_rx.recv_timeout(T).expect("the consumer did not read 5 frames");
+    assert_eq!(read, (0, 5, 0, Some(4)));
+    thread::sleep(Duration::from_millis(200)); // the consumer waits for frame 5
+    let killed = p.kill();
+    let (err, returned) = waiter.join().unwrap();
+    let err = err.expect("next_frame returned a frame the producer never published");
+    assert!(matches!(err, FrameError::ProducerGone { .. }), "{err}");
+    let took = returned.saturating_duration_since(killed);
+    eprintln!("ProducerGone {took:?} after the SIGKILL");
+    assert!(took < Duration::from_secs(2), "ProducerGone {took:?} after the SIGKILL");
+}
+
+#[test]
+fn a_consumer_behind_a_cleanly_closing_python_producer_reads_every_frame_then_producer_gone() {
+    const FRAMES: u64 = 100;
+    const SLOTS: u64 = 8;
+    let mut p = PyProducer::spawn(
+        "close",
+        &["--slots", &SLOTS.to_string(), "--frames", &FRAMES.to_string(), "--consumers", "1", "--end", "close"],
+    );
+    let socket = p.socket.clone();
+    let (behind_tx, behind_rx) = mpsc::channel();
+    let (closed_tx, closed_rx) = mpsc::channel::<()>();
+    let reader = thread::spawn(move || {
+        let mut c = attach(&socket)?;
+        // Read up to the frame whose release lets the producer publish its last one, then stay behind until the
+        // producer has closed: the last SLOTS frames are read after the close.
+        let before = read_frames(&mut c, FRAMES - SLOTS)?;
+        behind_tx.send(()).unwrap();
+        closed_rx.recv_timeout(T).expect("the producer did not close");
+        let after = read_frames(&mut c, SLOTS)?;
+        let end = c.next_frame(None, T).err();
+        c.detach();
+        Ok::<_, FrameError>((before, after, end))
+    });
+    behind_rx.recv_timeout(T).expect("the consumer did not read its frames");
+    let finished = p.wait(T);
+    finished.assert_counts(FRAMES, 1, 0, 0);
+    closed_tx.send(()).unwrap();
+    let (before, after, end) = reader.join().unwrap().unwrap();
+    assert_eq!(before, (0, FRAMES - SLOTS, 0, Some(FRAMES - SLOTS - 1)), "{}", finished.describe());
+    assert_eq!(after, (FRAMES - SLOTS, SLOTS, 0, Some(FRAMES - 1)), "{}", finished.describe());
+    let end = end.expect("a frame after the last one published");
+    assert!(matches!(end, FrameError::ProducerGone { .. }), "{end}");
+}
