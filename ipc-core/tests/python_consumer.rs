@@ -460,42 +460,67 @@ fn assert_record_untouched(ring: &ProducerControl, id: ConsumerId) {
     assert_eq!(pending.len(), 1, "its release counter of slot 0 was written: {pending:?}");
 }
 
+/// A hand-made producer that sends the offer for a LIVE record and hangs up at once (first saying `Refused` code 5,
+/// shutting down, when `shutting_down`); returns what the Rust consumer's attach gave, the ring and the record.
+fn offer_then_hang_up(name: &str, shutting_down: bool) -> (Result<(), FrameError>, ProducerControl, ConsumerId) {
+    let path = sock(name);
+    let listener = RendezvousListener::bind(&path).unwrap();
+    let consumer = thread::spawn(move || {
+        let options = AttachOptions { name: "dropped".into(), ..AttachOptions::default() };
+        Consumer::<HostFake>::attach(&HostContext, &path, &options).map(|_| ())
+    });
+    let config = RingConfig { slot_count: 2, max_consumers: 16, generation: 1 };
+    let ring = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
+    let id = ring.register_consumer(None).unwrap();
+    let connection = accept_hello(&listener, "dropped");
+    let offer = host_fake_offer(SyncStrategy::CpuSpin, 1, id.index());
+    let fds = OfferFds { control: ring.block().memory().try_clone_fd().unwrap(), data: Some(sealed_memfd(8192)) };
+    connection.send(&Message::RingOffer(offer), fds.into_vec(), T).unwrap();
+    if shutting_down {
+        let refusal = Refused { code: RefusalCode::ShuttingDown, message: "the producer is shutting down".into() };
+        // The consumer may have joined and left already (it saw the connection open): then nobody reads this.
+        let _ = connection.send(&Message::Refused(refusal), Vec::new(), T);
+    }
+    drop(connection);
+    (consumer.join().unwrap(), ring, id)
+}
+
 #[test]
 fn a_consumer_whose_handshake_was_dropped_leaves_its_record_alone() {
     // The producer hangs up right after the offer (as it does when a handshake misses its deadline, before it
-    // gives the record to anyone else). A consumer that finds the connection gone once it has read the record must
-    // fail without detaching: the record may already be a newcomer's. Whether the hang-up comes before that check
+    // gives the record to anyone else; or when it shuts down, saying so first). A consumer that finds the
+    // connection gone once it has read the record must fail without detaching, since the record may already be a
+    // newcomer's, and say why: the shutdown when the producer said so. Whether the hang-up comes before that check
     // is a race the test cannot steer, so it runs the handshake until it has seen that case several times; a
     // consumer that saw the connection open joined its own record, and whatever it did to it is its right.
-    let (mut dropped, mut other) = (0, 0);
-    for round in 0..400 {
-        let path = sock(&format!("dropped-{round}"));
-        let listener = RendezvousListener::bind(&path).unwrap();
-        let consumer = thread::spawn(move || {
-            let options = AttachOptions { name: "dropped".into(), ..AttachOptions::default() };
-            Consumer::<HostFake>::attach(&HostContext, &path, &options).map(|_| ())
-        });
-        let config = RingConfig { slot_count: 2, max_consumers: 16, generation: 1 };
-        let ring = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
-        let id = ring.register_consumer(None).unwrap();
-        let connection = accept_hello(&listener, "dropped");
-        let offer = host_fake_offer(SyncStrategy::CpuSpin, 1, id.index());
-        let fds = OfferFds { control: ring.block().memory().try_clone_fd().unwrap(), data: Some(sealed_memfd(8192)) };
-        connection.send(&Message::RingOffer(offer), fds.into_vec(), T).unwrap();
-        drop(connection);
-        match consumer.join().unwrap() {
-            Err(FrameError::Config(message)) if message.contains("dropped this handshake") => {
+    for shutting_down in [false, true] {
+        let (mut seen, mut other) = (0, 0);
+        for round in 0..400 {
+            let (result, ring, id) = offer_then_hang_up(&format!("dropped-{shutting_down}-{round}"), shutting_down);
+            let reported = match &result {
+                Err(FrameError::Config(message)) => !shutting_down && message.contains("dropped this handshake"),
+                Err(FrameError::Wire(WireError::Refused { code, .. })) => {
+                    shutting_down && *code == RefusalCode::ShuttingDown
+                }
+                _ => false,
+            };
+            if reported {
                 assert_record_untouched(&ring, id);
-                dropped += 1;
-                if dropped == 5 {
+                seen += 1;
+                if seen == 5 {
                     break;
                 }
+            } else {
+                assert!(
+                    !matches!(&result, Err(FrameError::Config(m)) if m.contains("dropped this handshake")),
+                    "a shutdown reported as a slow handshake"
+                );
+                other += 1;
             }
-            _ => other += 1,
         }
+        eprintln!("shutting down {shutting_down}: {seen} found after the record was read, {other} otherwise");
+        assert!(seen >= 1, "the consumer never found the connection gone after reading the record");
     }
-    eprintln!("{dropped} handshakes found dropped after the record was read, {other} otherwise");
-    assert!(dropped >= 1, "the consumer never found the connection gone after reading the record");
 }
 
 #[test]

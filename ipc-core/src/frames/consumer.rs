@@ -14,7 +14,7 @@ use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerControl, LivenessPolicy, Sequence, SlotIndex};
 use crate::wire::{
     Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,
-    PeerPolicy, RingOffer,
+    PeerPolicy, RingOffer, WireError,
 };
 
 /// How a consumer attaches.
@@ -193,6 +193,12 @@ impl<B: Backend> Consumer<B> {
         if conn.is_peer_gone()? {
             // Let go of the record without leaving it: it may already be someone else's.
             control.abandon();
+            // A producer shutting down says so (`Refused`, code 5) before it hangs up: that, not a timeout.
+            if let Ok(answer) = conn.recv(Duration::ZERO)
+                && let Message::Refused(refused) = answer.message
+            {
+                return Err(WireError::Refused { code: refused.code, message: refused.message }.into());
+            }
             return Err(FrameError::Config(
                 "the producer dropped this handshake before the consumer joined (it took longer than the \
                  producer's handshake timeout); attach again"
