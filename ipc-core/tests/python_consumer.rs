@@ -14,14 +14,13 @@
 
 mod common;
 
+use common::python::{Finished, PyScript};
 use common::{geometry, publish};
 
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
@@ -41,135 +40,28 @@ fn sock(name: &str) -> PathBuf {
     common::sock("py", name)
 }
 
-/// The interpreter: `$PYTHON` or `python3`. Panics, saying why, when it cannot run or is older than 3.8.
-fn python() -> String {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let check = "import sys; sys.exit(0 if sys.version_info >= (3, 8) else 1)";
-    match Command::new(&python).args(["-c", check]).output() {
-        Ok(out) if out.status.success() => python,
-        Ok(out) => panic!(
-            "`{python}` runs but is not Python 3.8 or later ({}); these tests need python3 (set PYTHON)",
-            out.status
-        ),
-        Err(err) => panic!("cannot run `{python}`: {err}; these tests need python3 (set PYTHON to its path)"),
-    }
-}
-
 fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
     common::producer(sock(name), sync, slots)
 }
 
-/// What a finished Python consumer left.
-struct Finished {
-    name: String,
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
+/// The Python consumer's interpreter: 3.8 or later.
+fn python() -> String {
+    common::python::python(8)
 }
 
-impl Finished {
-    fn describe(&self) -> String {
-        format!(
-            "python consumer {} exited {:?}\nstdout: {}\nstderr: {}",
-            self.name, self.code, self.stdout, self.stderr
-        )
-    }
-
-    /// The u64 field `key` of the JSON summary line (flat, numbers only: no JSON parser needed).
-    fn summary(&self, key: &str) -> u64 {
-        let line = self.stdout.lines().last().unwrap_or_default();
-        let pattern = format!("\"{key}\": ");
-        let start = line.find(&pattern).unwrap_or_else(|| panic!("no {key} in the summary\n{}", self.describe()))
-            + pattern.len();
-        let digits: String = line[start..].chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().unwrap_or_else(|_| panic!("{key} is not a number\n{}", self.describe()))
-    }
+/// A Python consumer that reads `frames` frames (0: until the producer is gone) and leaves.
+fn py_consumer(python: &str, socket: &Path, frames: u64, name: &str) -> PyScript {
+    py_consumer_with(python, socket, name, &["--frames", &frames.to_string()])
 }
 
-/// A Python consumer process; killed on drop if still running, so a failing test leaves none behind.
-struct PyConsumer {
-    name: String,
-    child: Child,
-    started: Instant,
-    stdout: Option<JoinHandle<String>>,
-    stderr: Option<JoinHandle<String>>,
-}
-
-fn read_all(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
-    thread::spawn(move || {
-        let mut text = String::new();
-        let _ = pipe.read_to_string(&mut text);
-        text
-    })
-}
-
-impl PyConsumer {
-    /// A consumer that reads `frames` frames (0: until the producer is gone) and leaves.
-    fn spawn(python: &str, socket: &Path, frames: u64, name: &str) -> Self {
-        Self::spawn_with(python, socket, name, &["--frames", &frames.to_string()])
-    }
-
-    /// A consumer with the script's `options` (`--frames`, `--read-delay`, `--stall-after`).
-    fn spawn_with(python: &str, socket: &Path, name: &str, options: &[&str]) -> Self {
-        let mut child = Command::new(python)
-            .arg(SCRIPT)
-            .arg("--socket")
-            .arg(socket)
-            .args(["--name", name, "--timeout", "10"])
-            .args(options)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|err| panic!("cannot start `{python} {SCRIPT}`: {err}"));
-        let stdout = Some(read_all(child.stdout.take().unwrap()));
-        let stderr = Some(read_all(child.stderr.take().unwrap()));
-        Self { name: name.to_owned(), child, started: Instant::now(), stdout, stderr }
-    }
-
-    /// Whether the process has exited (its status is kept for [`PyConsumer::wait`]).
-    fn has_exited(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_some()
-    }
-
-    /// Waits at most `limit` for the process to exit; kills it and panics, with its output, past that.
-    fn wait(&mut self, limit: Duration) -> Finished {
-        let deadline = Instant::now() + limit;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break Some(status);
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break None;
-            }
-            thread::sleep(Duration::from_millis(5));
-        };
-        let finished = Finished {
-            name: self.name.clone(),
-            code: status.and_then(|s| s.code()),
-            stdout: self.stdout.take().map(|h| h.join().unwrap()).unwrap_or_default(),
-            stderr: self.stderr.take().map(|h| h.join().unwrap()).unwrap_or_default(),
-            elapsed: self.started.elapsed(),
-        };
-        assert!(status.is_some(), "still running after {limit:?}, killed\n{}", finished.describe());
-        finished
-    }
-}
-
-impl Drop for PyConsumer {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// A Python consumer with the script's `options` (`--frames`, `--read-delay`, `--stall-after`).
+fn py_consumer_with(python: &str, socket: &Path, name: &str, options: &[&str]) -> PyScript {
+    let args = [&["--name", name, "--timeout", "10"][..], options].concat();
+    PyScript::spawn(python, SCRIPT, &format!("python consumer {name}"), socket, &args)
 }
 
 /// `wait_for_consumers`, reporting the Python consumers' output when they do not attach in time.
-fn wait_for(p: &mut Producer<HostFake>, consumers: &mut [&mut PyConsumer]) {
+fn wait_for(p: &mut Producer<HostFake>, consumers: &mut [&mut PyScript]) {
     if let Err(err) = p.wait_for_consumers(consumers.len(), T) {
         let outputs: Vec<String> = consumers.iter_mut().map(|c| c.wait(Duration::ZERO).describe()).collect();
         panic!("python consumers did not attach: {err}\n{}", outputs.join("\n"));
@@ -210,8 +102,8 @@ fn assert_left_cleanly(p: &mut Producer<HostFake>) {
 fn two_python_consumers_read_300_frames_each_with_cpu_spin_and_detach() {
     let python = python();
     let mut p = producer("spin", SyncStrategy::CpuSpin, 2);
-    let mut a = PyConsumer::spawn(&python, &sock("spin"), 300, "a");
-    let mut b = PyConsumer::spawn(&python, &sock("spin"), 300, "b");
+    let mut a = py_consumer(&python, &sock("spin"), 300, "a");
+    let mut b = py_consumer(&python, &sock("spin"), 300, "b");
     wait_for(&mut p, &mut [&mut a, &mut b]);
     let published = publish_until_all_left(&mut p, Duration::from_secs(60));
     let (ra, rb) = (a.wait(T), b.wait(T));
@@ -226,7 +118,7 @@ fn two_python_consumers_read_300_frames_each_with_cpu_spin_and_detach() {
 fn a_python_consumer_reads_300_frames_with_cpu_sleep_from_one_slot() {
     let python = python();
     let mut p = producer("sleep", SyncStrategy::CpuSleep, 1);
-    let mut c = PyConsumer::spawn(&python, &sock("sleep"), 300, "sleeper");
+    let mut c = py_consumer(&python, &sock("sleep"), 300, "sleeper");
     wait_for(&mut p, &mut [&mut c]);
     let published = publish_until_all_left(&mut p, Duration::from_secs(60));
     let run = c.wait(T);
@@ -239,7 +131,7 @@ fn a_python_consumer_reads_300_frames_with_cpu_sleep_from_one_slot() {
 fn a_python_consumer_exits_4_when_the_producer_goes_away_while_it_waits() {
     let python = python();
     let mut p = producer("gone", SyncStrategy::CpuSpin, 2);
-    let mut c = PyConsumer::spawn(&python, &sock("gone"), 1000, "waiter");
+    let mut c = py_consumer(&python, &sock("gone"), 1000, "waiter");
     wait_for(&mut p, &mut [&mut c]);
     for _ in 0..3 {
         publish(&mut p, T).unwrap(); // the third waits for the release of frame 0: the consumer is reading
@@ -267,8 +159,8 @@ fn two_python_consumers_read_every_frame_published_before_a_clean_close() {
     const FRAMES: u64 = 10;
     let python = python();
     let mut p = producer("close", SyncStrategy::CpuSpin, 16);
-    let mut fast = PyConsumer::spawn_with(&python, &sock("close"), "fast", &["--frames", "0"]);
-    let mut slow = PyConsumer::spawn_with(&python, &sock("close"), "slow", &["--frames", "0", "--read-delay", "0.05"]);
+    let mut fast = py_consumer_with(&python, &sock("close"), "fast", &["--frames", "0"]);
+    let mut slow = py_consumer_with(&python, &sock("close"), "slow", &["--frames", "0", "--read-delay", "0.05"]);
     wait_for(&mut p, &mut [&mut fast, &mut slow]);
     for _ in 0..FRAMES {
         publish(&mut p, Duration::from_millis(100)).unwrap(); // never waits: 16 slots
@@ -310,9 +202,8 @@ fn a_python_consumer_that_stops_releasing_is_evicted_and_exits_5_while_another_r
     config.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(200) };
     let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
     let stall = STALL_AFTER.to_string();
-    let mut stalled =
-        PyConsumer::spawn_with(&python, &sock("evict"), "stalled", &["--frames", "0", "--stall-after", &stall]);
-    let mut reader = PyConsumer::spawn(&python, &sock("evict"), 200, "reader");
+    let mut stalled = py_consumer_with(&python, &sock("evict"), "stalled", &["--frames", "0", "--stall-after", &stall]);
+    let mut reader = py_consumer(&python, &sock("evict"), 200, "reader");
     wait_for(&mut p, &mut [&mut stalled, &mut reader]);
     // Publish until the reader has left and the stalled one has exited, noting when each thing happened.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -407,7 +298,7 @@ fn a_python_consumer_offered_a_gpu_strategy_says_import_failed_and_exits_2() {
     let python = python();
     let path = sock("gpu-strategy");
     let listener = RendezvousListener::bind(&path).unwrap();
-    let mut c = PyConsumer::spawn(&python, &path, 10, "gpu");
+    let mut c = py_consumer(&python, &path, 10, "gpu");
     let connection = accept_hello(&listener, "gpu");
     let offer = host_fake_offer(SyncStrategy::GpuStreamOps, 1, 3);
     let fds = OfferFds { control: sealed_memfd(CONTROL_BLOCK_BYTES as u64), data: Some(sealed_memfd(8192)) };
@@ -424,7 +315,7 @@ fn a_refused_python_consumer_prints_the_code_and_message_and_exits_3() {
     let python = python();
     let path = sock("refused");
     let listener = RendezvousListener::bind(&path).unwrap();
-    let mut c = PyConsumer::spawn(&python, &path, 10, "late");
+    let mut c = py_consumer(&python, &path, 10, "late");
     let connection = accept_hello(&listener, "late");
     let message = "every consumer record is taken; try again when a consumer leaves";
     let refusal = Refused { code: RefusalCode::RingFull, message: message.into() };
@@ -541,7 +432,7 @@ fn consumers_refuse_a_control_block_that_is_not_the_offered_ring() {
     let python = python();
     let path = sock("generation-python");
     let listener = RendezvousListener::bind(&path).unwrap();
-    let mut c = PyConsumer::spawn(&python, &path, 10, "generation");
+    let mut c = py_consumer(&python, &path, 10, "generation");
     offer_another_generation(&listener, "generation");
     let run = c.wait(T);
     assert_eq!(run.code, Some(1), "{}", run.describe());

@@ -13,11 +13,11 @@
 mod common;
 
 use common::frame_bytes;
+use common::python::{Finished, KillOnDrop, PyScript, line_reader};
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -36,153 +36,35 @@ fn sock(name: &str) -> PathBuf {
     common::sock("pyprod", name)
 }
 
-/// The interpreter: `$PYTHON` or `python3`. Panics, saying why, when it cannot run or is older than 3.11.
-fn python() -> String {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let check = "import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)";
-    match Command::new(&python).args(["-c", check]).output() {
-        Ok(out) if out.status.success() => python,
-        Ok(out) => panic!(
-            "`{python}` runs but is not Python 3.11 or later ({}); these tests need python3 (set PYTHON)",
-            out.status
-        ),
-        Err(err) => panic!("cannot run `{python}`: {err}; these tests need python3 (set PYTHON to its path)"),
-    }
-}
-
-/// Lines of a child's stdout as they come, on a channel.
-fn line_reader(pipe: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-fn read_all(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
-    thread::spawn(move || {
-        let mut text = String::new();
-        let _ = pipe.read_to_string(&mut text);
-        text
-    })
-}
-
-/// What a finished Python producer left.
-struct Finished {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Finished {
-    fn describe(&self) -> String {
-        format!("python producer exited {:?}\nstdout: {}\nstderr: {}", self.code, self.stdout, self.stderr)
-    }
-
-    /// The u64 field `key` of the JSON summary line (flat, numbers only: no JSON parser needed).
-    fn summary(&self, key: &str) -> u64 {
-        let line = self.stdout.lines().last().unwrap_or_default();
-        let pattern = format!("\"{key}\": ");
-        let start = line.find(&pattern).unwrap_or_else(|| panic!("no {key} in the summary\n{}", self.describe()))
-            + pattern.len();
-        let digits: String = line[start..].chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().unwrap_or_else(|_| panic!("{key} is not a number\n{}", self.describe()))
-    }
-
-    /// Exit 0 and the summary's counts: `(published, attached, left, lost)`.
-    fn assert_counts(&self, published: u64, attached: u64, left: u64, lost: u64) {
-        assert_eq!(self.code, Some(0), "{}", self.describe());
-        let got = (self.summary("published"), self.summary("attached"), self.summary("left"), self.summary("lost"));
-        assert_eq!(got, (published, attached, left, lost), "(published, attached, left, lost)\n{}", self.describe());
-    }
+/// Exit 0 and the summary's counts: `(published, attached, left, lost)`.
+fn assert_counts(finished: &Finished, published: u64, attached: u64, left: u64, lost: u64) {
+    assert_eq!(finished.code, Some(0), "{}", finished.describe());
+    let got = (
+        finished.summary("published"),
+        finished.summary("attached"),
+        finished.summary("left"),
+        finished.summary("lost"),
+    );
+    assert_eq!(got, (published, attached, left, lost), "(published, attached, left, lost)\n{}", finished.describe());
 }
 
 /// A Python producer process, listening once [`PyProducer::spawn`] returns; killed on drop if still running.
 struct PyProducer {
     socket: PathBuf,
-    child: Child,
-    stdout: Receiver<String>,
-    stdout_seen: Vec<String>,
-    stderr: Option<JoinHandle<String>>,
+    process: PyScript,
 }
 
 impl PyProducer {
     /// Starts `producer.py --socket <name's path> <options>` and waits (bounded) for its "listening" line.
     fn spawn(name: &str, options: &[&str]) -> Self {
-        let python = python();
         let socket = sock(name);
-        let mut child = Command::new(&python)
-            .arg(SCRIPT)
-            .arg("--socket")
-            .arg(&socket)
-            .args(options)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|err| panic!("cannot start `{python} {SCRIPT}`: {err}"));
-        let stdout = line_reader(child.stdout.take().unwrap());
-        let stderr = Some(read_all(child.stderr.take().unwrap()));
-        let mut producer = Self { socket, child, stdout, stdout_seen: Vec::new(), stderr };
-        match producer.stdout.recv_timeout(T) {
-            Ok(line) if line.contains("\"listening\"") => producer.stdout_seen.push(line),
-            Ok(line) => {
-                producer.stdout_seen.push(line);
-                panic!("the producer did not start\n{}", producer.wait(T).describe());
-            }
-            Err(_) => panic!("the producer did not say it listens within {T:?}\n{}", producer.wait(T).describe()),
+        let mut process = PyScript::spawn(&common::python::python(11), SCRIPT, "python producer", &socket, options);
+        match process.next_line(T) {
+            Some(line) if line.contains("\"listening\"") => {}
+            Some(_) => panic!("the producer did not start\n{}", process.wait(T).describe()),
+            None => panic!("the producer did not say it listens within {T:?}\n{}", process.wait(T).describe()),
         }
-        producer
-    }
-
-    /// SIGKILLs the process; returns when it was killed.
-    fn kill(&mut self) -> Instant {
-        self.child.kill().unwrap();
-        let killed = Instant::now();
-        self.child.wait().unwrap();
-        killed
-    }
-
-    /// Waits at most `limit` for the process to exit; kills it and panics, with its output, past that.
-    fn wait(&mut self, limit: Duration) -> Finished {
-        let deadline = Instant::now() + limit;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break Some(status);
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break None;
-            }
-            thread::sleep(Duration::from_millis(5));
-        };
-        self.stdout_seen.extend(self.stdout.try_iter());
-        // The pipe closes with the process; take the lines still in flight.
-        while let Ok(line) = self.stdout.recv_timeout(Duration::from_secs(1)) {
-            self.stdout_seen.push(line);
-        }
-        let finished = Finished {
-            code: status.and_then(|s| s.code()),
-            stdout: self.stdout_seen.join("\n"),
-            stderr: self.stderr.take().map(|h| h.join().unwrap()).unwrap_or_default(),
-        };
-        assert!(status.is_some(), "still running after {limit:?}, killed\n{}", finished.describe());
-        finished
-    }
-}
-
-impl Drop for PyProducer {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        Self { socket, process }
     }
 }
 
@@ -222,12 +104,12 @@ fn spawn_reader(socket: &Path, frames: u64) -> JoinHandle<Result<(u64, u64, u64)
 fn two_rust_consumers_read_every_frame_of_the_python_producer() {
     let mut p = PyProducer::spawn("two", &["--slots", "2", "--frames", "300", "--consumers", "2", "--end", "gone"]);
     let readers = [spawn_reader(&p.socket, 300), spawn_reader(&p.socket, 300)];
-    let finished = p.wait(Duration::from_secs(30));
+    let finished = p.process.wait(Duration::from_secs(30));
     for r in readers {
         let read = r.join().unwrap().unwrap_or_else(|err| panic!("{err}\n{}", finished.describe()));
         assert_eq!(read, (0, 300, 0), "{}", finished.describe());
     }
-    finished.assert_counts(300, 2, 2, 0);
+    assert_counts(&finished, 300, 2, 2, 0);
     assert!(!p.socket.exists(), "the producer left its socket file behind");
 }
 
@@ -253,23 +135,11 @@ fn child_process_entry_point() {
     std::process::exit(1);
 }
 
-/// The child consumer process, killed on drop if still running.
-struct ChildConsumer(Child);
-
-impl Drop for ChildConsumer {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
 #[test]
 fn a_consumer_killed_while_it_holds_a_frame_does_not_stop_the_python_producer() {
     let mut p =
         PyProducer::spawn("kill-consumer", &["--slots", "2", "--frames", "300", "--consumers", "2", "--end", "gone"]);
-    let mut child = ChildConsumer(
+    let mut child = KillOnDrop(
         Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
             .env(ROLE, "holder")
@@ -294,7 +164,7 @@ fn a_consumer_killed_while_it_holds_a_frame_does_not_stop_the_python_producer() 
             }
             Ok(line) => seen.push(line),
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
-                panic!("the child consumer never held a frame\nchild: {seen:#?}\n{}", p.wait(T).describe())
+                panic!("the child consumer never held a frame\nchild: {seen:#?}\n{}", p.process.wait(T).describe())
             }
         }
     }
@@ -302,9 +172,9 @@ fn a_consumer_killed_while_it_holds_a_frame_does_not_stop_the_python_producer() 
     thread::sleep(Duration::from_millis(100)); // the producer is now stuck on the held slot
     child.0.kill().unwrap();
     child.0.wait().unwrap();
-    let finished = p.wait(Duration::from_secs(30));
+    let finished = p.process.wait(Duration::from_secs(30));
     assert_eq!(stayer.join().unwrap().unwrap(), (0, 300, 0), "{}", finished.describe());
-    finished.assert_counts(300, 2, 1, 1);
+    assert_counts(&finished, 300, 2, 1, 1);
 }
 
 #[test]
@@ -325,7 +195,7 @@ fn consumers_of_a_killed_python_producer_get_producer_gone_within_2_s() {
     let read = read_rx.recv_timeout(T).expect("the consumer did not read 5 frames");
     assert_eq!(read, (0, 5, 0, Some(4)));
     thread::sleep(Duration::from_millis(200)); // the consumer waits for frame 5
-    let killed = p.kill();
+    let killed = p.process.kill();
     let (err, returned) = waiter.join().unwrap();
     let err = err.expect("next_frame returned a frame the producer never published");
     assert!(matches!(err, FrameError::ProducerGone { .. }), "{err}");
@@ -358,8 +228,8 @@ fn a_consumer_behind_a_cleanly_closing_python_producer_reads_every_frame_then_pr
         Ok::<_, FrameError>((before, after, end))
     });
     behind_rx.recv_timeout(T).expect("the consumer did not read its frames");
-    let finished = p.wait(T);
-    finished.assert_counts(FRAMES, 1, 0, 0);
+    let finished = p.process.wait(T);
+    assert_counts(&finished, FRAMES, 1, 0, 0);
     closed_tx.send(()).unwrap();
     let (before, after, end) = reader.join().unwrap().unwrap();
     assert_eq!(before, (0, FRAMES - SLOTS, 0, Some(FRAMES - SLOTS - 1)), "{}", finished.describe());

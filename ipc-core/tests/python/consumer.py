@@ -43,7 +43,7 @@ Exit codes:
        the frames read before
 
 Atomics. The control block is shared memory that the producer updates concurrently, so the counters are read and
-written with atomic 8-byte operations. Python has none of its own, so this file calls libatomic (the GCC runtime
+written with atomic 8-byte operations. Python has none of its own, so this consumer calls libatomic (the GCC runtime
 library, present wherever a C compiler is installed) through `ctypes`: `__atomic_load_8` (acquire),
 `__atomic_store_8` (release), `__atomic_compare_exchange_8` and `__atomic_fetch_or_8`, on addresses inside the
 mapping; the counters we write are raised with a compare-and-swap loop (a `fetch_max`: never lowered, so a POISON
@@ -52,17 +52,16 @@ back to plain aligned 8-byte loads and stores through `ctypes.c_uint64`, which o
 acquire/release ordering; there the `fetch_max` and the compare-and-swap of the ring-level detach become a load
 and a store, which the docs allow while our record is LIVE in our epoch (protocol.md: "a plain aligned store is
 right only while your record is LIVE", checked before each release; "Leaving": "an aligned 8-byte store of the
-DETACHED word does the same while you are attached").
+DETACHED word does the same while you are attached"). The atomics, like the protocol's constants and framing,
+are in gpuipc_wire.py, next to this file, which producer.py shares.
 """
 
 import argparse
-import ctypes
 import dataclasses
 import fcntl
 import json
 import mmap
 import os
-import platform
 import select
 import socket
 import stat
@@ -70,110 +69,23 @@ import struct
 import sys
 import time
 
-# ---------------------------------------------------------------------------------------------------------------
-# Wire protocol constants (docs/protocol.md)
-# ---------------------------------------------------------------------------------------------------------------
+# The protocol's constants, the control block's layout, atomics and framing shared with producer.py.
+sys.dont_write_bytecode = True  # no __pycache__ next to the scripts
+from gpuipc_wire import (  # noqa: E402
+    ATTACHED_PAYLOAD, BACKEND_HOST_FAKE, BadHeader, BYTES_PER_PIXEL, CHECK_INTERVAL_S, close_fds,
+    consumer_state_offset, CONTROL_BYTES, ControlMapping, decode_header, DETACH_CONSUMER_DONE, DETACH_IMPORT_FAILED,
+    DETACH_PAYLOAD, encode_message, EVENT_HANDLE_BYTES, HANDLE_TYPE_HOST_MEMFD, HANDLE_TYPE_LEGACY_IPC,
+    HANDLE_TYPE_OF_BACKEND, HEADER, HELLO, join_sequence_offset, LAYOUT_VERSION, make_atomics, MAX_FDS,
+    MAX_NAME_BYTES, MAX_RECORDS, MAX_REFUSAL_MESSAGE_BYTES, MAX_SLOTS, MSG_ATTACHED, MSG_CLIENT_HELLO, MSG_DETACH,
+    MSG_REFUSED, MSG_RING_OFFER, OFF_GENERATION, OFF_LAYOUT_VERSION, OFF_MAGIC, OFF_MAX_CONSUMERS,
+    OFF_NEXT_SEQUENCE, OFF_PRODUCER_STATE, OFF_SLOT_COUNT, OFF_TOTAL_BYTES, OFFER, peer_credentials, POISON,
+    process_gone, PRODUCER_CLOSED, PRODUCER_RUNNING, PROTOCOL_VERSION, published_offset, recv_with_fds,
+    REFUSAL_NAMES, REFUSED, released_offset, RING_MAGIC, STATE_DETACHED, STATE_LIVE, state_word, SYNC_CPU_SLEEP,
+    SYNC_CPU_SPIN, SYNC_IPC_EVENT, SYNC_NAMES,
+)
 
-WIRE_MAGIC = b"GPUIPC\r\n"
-PROTOCOL_VERSION = 1
-HEADER = struct.Struct("<8sHHIII")  # magic, version, type, payload_len, fd_count, reserved: 24 bytes
-MAX_PAYLOAD = 65536
-MAX_FDS = 2
-
-MSG_CLIENT_HELLO = 1
-MSG_RING_OFFER = 2
-MSG_ATTACHED = 3
-MSG_DETACH = 4
-MSG_REFUSED = 5
-KNOWN_MESSAGE_TYPES = {MSG_CLIENT_HELLO, MSG_RING_OFFER, MSG_ATTACHED, MSG_DETACH, MSG_REFUSED}
-
-BACKEND_LEGACY = 1
-BACKEND_VMM = 2
-BACKEND_HOST_FAKE = 3
-HANDLE_TYPE_LEGACY_IPC = 1
-HANDLE_TYPE_POSIX_FD = 2
-HANDLE_TYPE_HOST_MEMFD = 3
-HANDLE_TYPE_OF_BACKEND = {
-    BACKEND_LEGACY: HANDLE_TYPE_LEGACY_IPC,
-    BACKEND_VMM: HANDLE_TYPE_POSIX_FD,
-    BACKEND_HOST_FAKE: HANDLE_TYPE_HOST_MEMFD,
-}
-
-SYNC_CPU_SPIN = 1
-SYNC_CPU_SLEEP = 2
-SYNC_IPC_EVENT = 3
-SYNC_NAMES = {1: "cpu-spin", 2: "cpu-sleep", 3: "ipc-event", 4: "gpu-stream-ops", 5: "gpu-poll"}
 SUPPORTED_SYNC = {SYNC_CPU_SPIN, SYNC_CPU_SLEEP}
-
-BYTES_PER_PIXEL = {1: 3, 2: 4, 3: 4, 4: 1, 5: 2, 6: 8, 7: 16}  # pixel format code -> bytes per pixel
-
-REFUSAL_NAMES = {
-    1: "unsupported protocol version",
-    2: "backend mismatch",
-    3: "ring full",
-    4: "peer not allowed",
-    5: "producer shutting down",
-    6: "malformed hello",
-}
-
-DETACH_CONSUMER_DONE = 1
-DETACH_IMPORT_FAILED = 3
-
-MAX_NAME_BYTES = 64
-MAX_REFUSAL_MESSAGE_BYTES = 1024
-
-# RingOffer's fixed part, 168 bytes (protocol.md, "RingOffer (type 2)").
-OFFER = struct.Struct("<HHHH16sIIQIIIIQQQQQII64s")
-EVENT_HANDLE_BYTES = 64
-
-# ---------------------------------------------------------------------------------------------------------------
-# Control block constants (docs/ring.md, "Layout (version 1)")
-# ---------------------------------------------------------------------------------------------------------------
-
-CONTROL_BYTES = 131072
-RING_MAGIC = 0x474E495243504947  # the bytes "GIPCRING" read as a little-endian u64
-LAYOUT_VERSION = 1
-MAX_SLOTS = 32
-
-OFF_MAGIC = 0
-OFF_LAYOUT_VERSION = 8
-OFF_TOTAL_BYTES = 16
-OFF_SLOT_COUNT = 24
-OFF_MAX_CONSUMERS = 32
-OFF_GENERATION = 40
-OFF_PRODUCER_STATE = 56
-OFF_NEXT_SEQUENCE = 256
-
-PRODUCER_RUNNING = 1
-PRODUCER_CLOSED = 2
-
-STATE_LIVE = 2
-STATE_DETACHED = 3
-
-POISON = 1 << 62
-
-CHECK_INTERVAL_S = 0.001  # how often a wait checks the producer's liveness (ring.md, "Bounded CPU waits")
 SLEEP_INTERVAL_S = 0.0001  # how long cpu-sleep sleeps between two looks at the counter (our choice)
-
-
-def published_offset(slot):
-    """Offset of `published[slot]`."""
-    return 384 + 128 * slot
-
-
-def consumer_state_offset(consumer):
-    """Offset of `consumers[consumer].state` (`epoch << 8 | state`)."""
-    return 4480 + 4352 * consumer
-
-
-def join_sequence_offset(consumer):
-    """Offset of `consumers[consumer].join_sequence`."""
-    return consumer_state_offset(consumer) + 16
-
-
-def released_offset(consumer, slot):
-    """Offset of `consumers[consumer].released[slot]`."""
-    return consumer_state_offset(consumer) + 256 + 128 * slot
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -216,108 +128,8 @@ class Evicted(ConsumerError):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Atomic 8-byte operations on shared memory
-# ---------------------------------------------------------------------------------------------------------------
-
-ATOMIC_ACQUIRE = 2
-ATOMIC_RELEASE = 3
-ATOMIC_SEQ_CST = 5
-
-
-class LibAtomic:
-    """Atomic u64 operations at absolute addresses, through libatomic's out-of-line functions."""
-
-    def __init__(self, lib):
-        # getattr, not `lib.__atomic_load_8`: inside a class Python would mangle a name that starts with "__".
-        self._load = getattr(lib, "__atomic_load_8")
-        self._load.argtypes = [ctypes.c_void_p, ctypes.c_int]
-        self._load.restype = ctypes.c_uint64
-        self._store = getattr(lib, "__atomic_store_8")
-        self._store.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
-        self._store.restype = None
-        # The library form has no `weak` argument: (ptr, expected *, desired, success order, failure order).
-        self._compare_exchange = getattr(lib, "__atomic_compare_exchange_8")
-        self._compare_exchange.argtypes = [
-            ctypes.c_void_p,
-            ctypes.POINTER(ctypes.c_uint64),
-            ctypes.c_uint64,
-            ctypes.c_int,
-            ctypes.c_int,
-        ]
-        self._compare_exchange.restype = ctypes.c_bool
-        self._fetch_or = getattr(lib, "__atomic_fetch_or_8")
-        self._fetch_or.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
-        self._fetch_or.restype = ctypes.c_uint64
-
-    def load(self, address):
-        """Load with acquire ordering."""
-        return self._load(address, ATOMIC_ACQUIRE)
-
-    def store(self, address, value):
-        """Store with release ordering."""
-        self._store(address, value, ATOMIC_RELEASE)
-
-    def compare_and_swap(self, address, expected, desired):
-        """Replace `expected` by `desired` (sequentially consistent); True when it did."""
-        current = ctypes.c_uint64(expected)
-        return self._compare_exchange(address, ctypes.byref(current), desired, ATOMIC_SEQ_CST, ATOMIC_SEQ_CST)
-
-    def fetch_or(self, address, bits):
-        """Set `bits` (sequentially consistent); returns the previous value."""
-        return self._fetch_or(address, bits, ATOMIC_SEQ_CST)
-
-
-class PlainX86:
-    """Fallback without libatomic, x86-64 only: aligned 8-byte loads and stores are atomic there, loads have
-    acquire and stores release semantics. There is no read-modify-write: `compare_and_swap` and `fetch_or` (and so
-    `ControlBlock.fetch_max`) are a load then a store, which protocol.md allows while our record is LIVE in our
-    epoch: for the detach ("an aligned 8-byte store of the DETACHED word does the same while you are attached") and
-    for our release counters ("a plain aligned store is right only while your record is LIVE", checked before
-    each release and before the poison of the detach)."""
-
-    def load(self, address):
-        """Aligned 8-byte load."""
-        return ctypes.c_uint64.from_address(address).value
-
-    def store(self, address, value):
-        """Aligned 8-byte store."""
-        ctypes.c_uint64.from_address(address).value = value
-
-    def compare_and_swap(self, address, expected, desired):
-        """Not atomic: store `desired` if the word holds `expected`."""
-        if self.load(address) != expected:
-            return False
-        self.store(address, desired)
-        return True
-
-    def fetch_or(self, address, bits):
-        """Not atomic: load, then store the value with `bits` set."""
-        previous = self.load(address)
-        self.store(address, previous | bits)
-        return previous
-
-
-def make_atomics():
-    """libatomic when it can be loaded, else the x86-64 fallback; anything else is an error."""
-    for name in ("libatomic.so.1", "libatomic.so"):
-        try:
-            return LibAtomic(ctypes.CDLL(name))
-        except OSError:
-            continue
-    if platform.machine() in ("x86_64", "AMD64"):
-        print("consumer: libatomic not found; using plain aligned 8-byte loads and stores (x86-64)", file=sys.stderr)
-        return PlainX86()
-    raise ProtocolError("libatomic is needed for atomic operations on this architecture and could not be loaded")
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Messages on the socket (protocol.md, "Transport", "Header", "Validation")
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def encode_message(msg_type, payload):
-    """Header + payload of a message that carries no fds."""
-    return HEADER.pack(WIRE_MAGIC, PROTOCOL_VERSION, msg_type, len(payload), 0, 0) + payload
 
 
 def send_message(sock, msg_type, payload):
@@ -326,26 +138,6 @@ def send_message(sock, msg_type, payload):
     while data:
         sent = sock.send(data, socket.MSG_NOSIGNAL)
         data = data[sent:]
-
-
-def fds_from_ancillary(ancdata):
-    """The fds of every SCM_RIGHTS control message in `ancdata`."""
-    fds = []
-    int_size = struct.calcsize("i")
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            whole = len(data) - len(data) % int_size
-            fds.extend(struct.unpack(f"{whole // int_size}i", data[:whole]))
-    return fds
-
-
-def close_fds(fds):
-    """Close every fd in the list, ignoring errors."""
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def recv_exactly(sock, count, deadline, fds):
@@ -358,15 +150,14 @@ def recv_exactly(sock, count, deadline, fds):
             raise ProtocolError("timed out waiting for the producer's answer")
         sock.settimeout(left)
         try:
-            data, ancdata, flags, _ = sock.recvmsg(remaining, socket.CMSG_SPACE(MAX_FDS * struct.calcsize("i")),
-                                                   socket.MSG_CMSG_CLOEXEC)
+            data, received, truncated = recv_with_fds(sock, remaining)
         except socket.timeout:
             raise ProtocolError("timed out waiting for the producer's answer") from None
         except ConnectionResetError:
             raise ProducerGone("the producer reset the connection") from None
-        fds.extend(fds_from_ancillary(ancdata))
-        if flags & socket.MSG_CTRUNC:
-            raise ProtocolError("more than 2 fds arrived with a message (FdsTruncated)")
+        fds.extend(received)
+        if truncated:
+            raise ProtocolError(f"more than {MAX_FDS} fds arrived with a message (FdsTruncated)")
         if not data:
             raise ProducerGone("the producer hung up before its answer was complete")
         chunks.append(data)
@@ -374,22 +165,26 @@ def recv_exactly(sock, count, deadline, fds):
     return b"".join(chunks)
 
 
+# What the consumer says of a header that fails a check of `decode_header` (`{}`: the field's value).
+HEADER_ERRORS = {
+    "BadMagic": "bad magic in the producer's message",
+    "UnsupportedVersion": "the producer speaks protocol version {}, not 1",
+    "ReservedNotZero": "header reserved field is not 0",
+    "UnknownMessageType": "unknown message type {}",
+    "PayloadTooLarge": "payload of {} bytes is over 65536",
+}
+
+
 def recv_message(sock, deadline):
     """Read one message: returns (type, payload, fds). The caller owns the fds, also on error (closed here)."""
     fds = []
     try:
         header = recv_exactly(sock, HEADER.size, deadline, fds)
-        magic, version, msg_type, payload_len, fd_count, reserved = HEADER.unpack(header)
-        if magic != WIRE_MAGIC:
-            raise ProtocolError("bad magic in the producer's message (BadMagic)")
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(f"the producer speaks protocol version {version}, not 1 (UnsupportedVersion)")
-        if reserved != 0:
-            raise ProtocolError("header reserved field is not 0 (ReservedNotZero)")
-        if msg_type not in KNOWN_MESSAGE_TYPES:
-            raise ProtocolError(f"unknown message type {msg_type} (UnknownMessageType)")
-        if payload_len > MAX_PAYLOAD:
-            raise ProtocolError(f"payload of {payload_len} bytes is over 65536 (PayloadTooLarge)")
+        try:
+            msg_type, payload_len, fd_count = decode_header(header)
+        except BadHeader as err:
+            text = HEADER_ERRORS[err.error].format(err.value)
+            raise ProtocolError(f"{text} ({err.error})") from None
         payload = recv_exactly(sock, payload_len, deadline, fds)
         if len(fds) != fd_count:
             raise ProtocolError(f"header says {fd_count} fds, {len(fds)} arrived (FdCountMismatch)")
@@ -409,24 +204,24 @@ def encode_client_hello(name):
     name_bytes = name.encode("utf-8")
     if len(name_bytes) > MAX_NAME_BYTES:
         raise ProtocolError(f"consumer name is {len(name_bytes)} bytes; at most {MAX_NAME_BYTES}")
-    return struct.pack("<HHIHH", PROTOCOL_VERSION, BACKEND_HOST_FAKE, os.getpid(), len(name_bytes), 0) + name_bytes
+    return HELLO.pack(PROTOCOL_VERSION, BACKEND_HOST_FAKE, os.getpid(), len(name_bytes), 0) + name_bytes
 
 
 def decode_refused(payload):
     """(code, message) of a Refused payload, checked as the docs require."""
-    if len(payload) < 8:
+    if len(payload) < REFUSED.size:
         raise ProtocolError("Refused payload shorter than 8 bytes (Truncated)")
-    code, reserved, message_len = struct.unpack_from("<HHI", payload)
+    code, reserved, message_len = REFUSED.unpack_from(payload)
     if code not in REFUSAL_NAMES:
         raise ProtocolError(f"unknown refusal code {code} (UnknownCode)")
     if message_len > MAX_REFUSAL_MESSAGE_BYTES:
         raise ProtocolError(f"refusal message of {message_len} bytes is over 1024 (InvalidField)")
-    if len(payload) != 8 + message_len:
+    if len(payload) != REFUSED.size + message_len:
         raise ProtocolError("Refused payload length does not match message_len (Truncated/TrailingBytes)")
     if reserved != 0:
         raise ProtocolError("Refused reserved field is not 0 (ReservedNotZero)")
     try:
-        message = payload[8:].decode("utf-8")
+        message = payload[REFUSED.size :].decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError("refusal message is not UTF-8 (InvalidUtf8)") from None
     return code, message
@@ -532,46 +327,6 @@ def check_memfd(fd, size, what):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class ControlBlock:
-    """The producer's control block, mapped MAP_SHARED read-write, with atomic access to its u64 fields."""
-
-    def __init__(self, fd, atomics):
-        self.map = mmap.mmap(fd, CONTROL_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        # A ctypes view of the first byte gives the mapping's address; it must go before the map is closed.
-        self._anchor = ctypes.c_char.from_buffer(self.map)
-        self.base = ctypes.addressof(self._anchor)
-        self.atomics = atomics
-
-    def load(self, offset):
-        """Acquire load of the u64 at `offset`."""
-        return self.atomics.load(self.base + offset)
-
-    def store(self, offset, value):
-        """Release store of the u64 at `offset`."""
-        self.atomics.store(self.base + offset, value)
-
-    def compare_and_swap(self, offset, expected, desired):
-        """Compare-and-swap of the u64 at `offset`; True when it swapped."""
-        return self.atomics.compare_and_swap(self.base + offset, expected, desired)
-
-    def fetch_or(self, offset, bits):
-        """Set `bits` in the u64 at `offset`."""
-        return self.atomics.fetch_or(self.base + offset, bits)
-
-    def fetch_max(self, offset, value):
-        """Raise the u64 at `offset` to at least `value` (ring.md, invariant 2: host writers use fetch_max, so a
-        POISON the producer wrote stays)."""
-        while True:
-            current = self.load(offset)
-            if current >= value or self.compare_and_swap(offset, current, value):
-                return
-
-    def close(self):
-        """Unmap."""
-        del self._anchor
-        self.map.close()
-
-
 def check_control_header(control, offer):
     """Attach step 4, as ring.md ("Shared memory") spells it out: magic, layout_version 1, total_bytes 131072,
     slot_count (1 to 32, which `decode_offer` checked) and generation equal to the offer's, max_consumers 1 to 16
@@ -590,7 +345,7 @@ def check_control_header(control, offer):
         if value != expected:
             raise ProtocolError(f"control block {name} is {value}, expected {expected}")
     max_consumers = control.load(OFF_MAX_CONSUMERS)
-    if not offer.consumer_id < max_consumers <= 16:
+    if not offer.consumer_id < max_consumers <= MAX_RECORDS:
         raise ProtocolError(f"consumer_id {offer.consumer_id} is not a record of this ring "
                             f"(max_consumers {max_consumers})")
     producer_state = control.load(OFF_PRODUCER_STATE)
@@ -618,20 +373,19 @@ class Session:
     sock: socket.socket
     producer_pid: int  # from SO_PEERCRED: the producer's pid in our PID namespace, 0 if it cannot be seen
     offer: Offer
-    control: ControlBlock
+    control: ControlMapping
     data: mmap.mmap
     epoch: int
     join_sequence: int
 
     def live_word(self):
         """Our record's state word while we are attached."""
-        return self.epoch << 8 | STATE_LIVE
+        return state_word(self.epoch, STATE_LIVE)
 
 
 def peer_pid_checked(sock):
     """Step 1: the producer must run as our effective uid; returns its pid as SO_PEERCRED gives it (may be 0)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
+    pid, uid, _gid = peer_credentials(sock)
     if uid != os.geteuid():
         raise ProtocolError(f"the socket's owner runs as uid {uid}, not ours ({os.geteuid()}); hanging up")
     return pid
@@ -640,7 +394,7 @@ def peer_pid_checked(sock):
 def send_detach(sock, consumer_id, reason):
     """Send Detach; it is advisory, so a peer that already hung up is not an error."""
     try:
-        send_message(sock, MSG_DETACH, struct.pack("<IHH", consumer_id, reason, 0))
+        send_message(sock, MSG_DETACH, DETACH_PAYLOAD.pack(consumer_id, reason, 0))
     except OSError:
         pass
 
@@ -674,7 +428,7 @@ def import_offer(offer, fds, atomics):
     if offer.sync not in SUPPORTED_SYNC:
         raise UnsupportedStrategy(f"the producer uses sync strategy {SYNC_NAMES[offer.sync]}; this consumer "
                                   "supports only cpu-spin and cpu-sleep")
-    control = ControlBlock(fds[0], atomics)
+    control = ControlMapping(fds[0], atomics)
     try:
         check_control_header(control, offer)
         epoch, join_sequence = read_own_record(control, offer.consumer_id)
@@ -712,7 +466,7 @@ def attach(socket_path, name, timeout_s, atomics):
             # Step 5: the producer dropped this handshake before we read our record, which may already be a
             # newcomer's: leave it alone (no detach) and let the caller attach again.
             raise ProtocolError("the producer dropped this handshake before we joined (too slow?); attach again")
-        send_message(sock, MSG_ATTACHED, struct.pack("<II", offer.consumer_id, 0))  # step 8
+        send_message(sock, MSG_ATTACHED, ATTACHED_PAYLOAD.pack(offer.consumer_id, 0))  # step 8
         sock.setblocking(True)
         return Session(sock, producer_pid, offer, control, data, epoch, join_sequence)
     except BaseException:
@@ -730,17 +484,6 @@ def connection_hung_up(sock):
     poller = select.poll()
     poller.register(sock, select.POLLRDHUP)
     return any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
-
-
-def process_gone(pid):
-    """True when `pid` (non-zero) no longer exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def producer_gone_reason(session):
@@ -882,8 +625,8 @@ def leave(session):
         for slot in range(session.offer.slot_count):
             session.control.fetch_max(released_offset(consumer_id, slot), POISON)
         # Step 3: the ring-level detach.
-        detached = session.control.compare_and_swap(consumer_state_offset(consumer_id), session.live_word(),
-                                                    session.epoch << 8 | STATE_DETACHED)
+        detached, _ = session.control.compare_and_swap(consumer_state_offset(consumer_id), session.live_word(),
+                                                       state_word(session.epoch, STATE_DETACHED))
     # Step 4: Detach (advisory). Step 5: close.
     send_detach(session.sock, consumer_id, DETACH_CONSUMER_DONE)
     session.sock.close()
@@ -959,7 +702,7 @@ def print_summary(session, progress):
 
 def run(args):
     """Attach, read, leave; returns the exit code. The summary is printed for exit 0, 4 and 5."""
-    atomics = make_atomics()
+    atomics = make_atomics(lambda text: print(f"consumer: {text}", file=sys.stderr), ProtocolError)
     session = attach(args.socket, args.name, args.timeout, atomics)
     progress = Progress()
     try:

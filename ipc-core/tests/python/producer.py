@@ -35,134 +35,42 @@ summary then has "ok": 0 and an "error" text).
 
 Atomics: the control block is shared memory, so its u64 fields are read and written with atomic 8-byte operations
 through libatomic and `ctypes` (acquire loads, release stores, sequentially consistent compare-and-swap), with a
-plain aligned-access fallback on x86-64 only (the same approach as tests/python/consumer.py).
+plain aligned-access fallback on x86-64 only (gpuipc_wire.py, which tests/python/consumer.py shares).
 """
 
 import argparse
 import array
-import ctypes
 import dataclasses
 import errno
 import fcntl
 import json
 import mmap
 import os
-import platform
 import select
 import socket
 import stat
-import struct
 import sys
 import time
 
-# ---------------------------------------------------------------------------------------------------------------
-# Constants from docs/protocol.md
-# ---------------------------------------------------------------------------------------------------------------
-
-MAGIC = b"GPUIPC\r\n"
-VERSION = 1
-HEADER = struct.Struct("<8sHHIII")  # magic, version, type, payload_len, fd_count, reserved
-MAX_PAYLOAD = 65536
-
-MSG_CLIENT_HELLO = 1
-MSG_RING_OFFER = 2
-MSG_ATTACHED = 3
-MSG_DETACH = 4
-MSG_REFUSED = 5
-KNOWN_TYPES = {MSG_CLIENT_HELLO, MSG_RING_OFFER, MSG_ATTACHED, MSG_DETACH, MSG_REFUSED}
-
-BACKEND_HOST_FAKE = 3
-KNOWN_BACKENDS = {1, 2, 3}
-HANDLE_HOST_MEMFD = 3
-SYNC_CPU_SPIN = 1
-PIXEL_RGBA8 = 2
-BYTES_PER_PIXEL_RGBA8 = 4
-
-REFUSE_VERSION = 1
-REFUSE_BACKEND = 2
-REFUSE_RING_FULL = 3
-REFUSE_PEER = 4
-REFUSE_SHUTTING_DOWN = 5
-REFUSE_MALFORMED = 6
-
-HELLO = struct.Struct("<HHIHH")  # protocol_version, wanted_backend, client_pid, name_len, reserved
-MAX_NAME = 64
-OFFER = struct.Struct("<HHHH16sIIQIIIIQQQQQII64s")  # RingOffer without event handles: 168 bytes
-ATTACHED_PAYLOAD = struct.Struct("<II")  # consumer_id, reserved
-REFUSED = struct.Struct("<HHI")  # code, reserved, message_len
+# The protocol's constants, the control block's layout, atomics and framing shared with consumer.py.
+sys.dont_write_bytecode = True  # no __pycache__ next to the scripts
+from gpuipc_wire import (  # noqa: E402
+    ATOMIC_SEQ_CST, ATTACHED_PAYLOAD, BACKEND_HOST_FAKE, BadHeader, BYTES_PER_PIXEL, CHECK_INTERVAL_S, close_fds,
+    consumer_heartbeat_offset, consumer_state_offset, CONTROL_BYTES, ControlMapping, decode_header, encode_message,
+    HANDLE_TYPE_HOST_MEMFD, HANDLE_TYPE_OF_BACKEND, HEADER, HELLO, join_sequence_offset, LAYOUT_VERSION,
+    make_atomics, MAX_FDS, MAX_NAME_BYTES, MAX_PAYLOAD, MAX_RECORDS, MAX_SLOTS, MSG_ATTACHED, MSG_CLIENT_HELLO,
+    MSG_DETACH, MSG_REFUSED, MSG_RING_OFFER, OFF_GENERATION, OFF_LAYOUT_VERSION, OFF_MAGIC, OFF_MAX_CONSUMERS,
+    OFF_NEXT_SEQUENCE, OFF_PRODUCER_HEARTBEAT, OFF_PRODUCER_PID, OFF_PRODUCER_STATE, OFF_SLOT_COUNT,
+    OFF_TOTAL_BYTES, OFFER, peer_credentials, pid_offset, PIXEL_RGBA8, POISON, process_gone, PRODUCER_CLOSED,
+    PRODUCER_RUNNING, published_offset, recv_with_fds, REFUSE_BACKEND, REFUSE_MALFORMED, REFUSE_PEER,
+    REFUSE_RING_FULL, REFUSE_SHUTTING_DOWN, REFUSE_VERSION, REFUSED, released_offset, RING_MAGIC, STATE_DEAD,
+    STATE_DETACHED, STATE_FREE, STATE_JOINING, STATE_LIVE, state_word, SYNC_CPU_SPIN,
+)
 
 HANDSHAKE_TIMEOUT_S = 10.0  # protocol.md "Deadline": ProducerConfig::handshake_timeout, default 10 s
 RING_FULL_RETRY_S = 1.0  # protocol.md refusal code 3: look again for up to 1 s while records wait to be freed
 MAX_PENDING_HANDSHAKES = 64  # protocol.md step 2: ProducerConfig::max_pending_handshakes
 DRAIN_AFTER_REFUSAL = 65536  # protocol.md "Failures": read and drop up to 64 KiB without waiting
-
-# ---------------------------------------------------------------------------------------------------------------
-# Constants from docs/ring.md
-# ---------------------------------------------------------------------------------------------------------------
-
-CONTROL_BLOCK_BYTES = 131072
-RING_MAGIC = 0x474E495243504947  # the bytes "GIPCRING" as a little-endian u64
-LAYOUT_VERSION = 1
-MAX_SLOTS = 32
-MAX_RECORDS = 16
-
-OFF_MAGIC = 0
-OFF_LAYOUT_VERSION = 8
-OFF_TOTAL_BYTES = 16
-OFF_SLOT_COUNT = 24
-OFF_MAX_CONSUMERS = 32
-OFF_GENERATION = 40
-OFF_PRODUCER_PID = 48
-OFF_PRODUCER_STATE = 56
-OFF_PRODUCER_HEARTBEAT = 128
-OFF_NEXT_SEQUENCE = 256
-
-STATE_RUNNING = 1
-STATE_CLOSED = 2
-
-FREE, JOINING, LIVE, DETACHED, DEAD = 0, 1, 2, 3, 4
-POISON = 1 << 62
-LIVENESS_CHECK_S = 0.001  # ring.md: liveness is checked about every millisecond while waiting
-
-
-def published_offset(slot):
-    """ring.md: `published[i]` at 384 + 128 i."""
-    return 384 + 128 * slot
-
-
-def record_offset(consumer):
-    """ring.md: consumer record c starts at 4480 + 4352 c."""
-    return 4480 + 4352 * consumer
-
-
-def state_offset(consumer):
-    """ring.md: `consumers[c].state`, the word `epoch << 8 | state`."""
-    return record_offset(consumer)
-
-
-def pid_offset(consumer):
-    """ring.md: `consumers[c].pid` at record + 8."""
-    return record_offset(consumer) + 8
-
-
-def join_sequence_offset(consumer):
-    """ring.md: `consumers[c].join_sequence` at record + 16."""
-    return record_offset(consumer) + 16
-
-
-def consumer_heartbeat_offset(consumer):
-    """ring.md: `consumers[c].heartbeat_ns` at record + 128."""
-    return record_offset(consumer) + 128
-
-
-def released_offset(consumer, slot):
-    """ring.md: `consumers[c].released[i]` at record + 256 + 128 i."""
-    return record_offset(consumer) + 256 + 128 * slot
-
-
-def state_word(epoch, state):
-    """A record's state word."""
-    return (epoch << 8) | state
 
 
 class ProducerError(Exception):
@@ -172,90 +80,6 @@ class ProducerError(Exception):
 def log(text):
     """A message for the user, on stderr."""
     print(f"producer: {text}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Atomics (the approach of tests/python/consumer.py: libatomic through ctypes, plain x86-64 accesses otherwise)
-# ---------------------------------------------------------------------------------------------------------------
-
-ATOMIC_ACQUIRE = 2
-ATOMIC_RELEASE = 3
-ATOMIC_SEQ_CST = 5
-
-
-class LibAtomic:
-    """Atomic u64 operations at absolute addresses, through libatomic's out-of-line functions."""
-
-    def __init__(self, lib):
-        # getattr: inside a class Python would mangle a name that starts with "__".
-        self._load = getattr(lib, "__atomic_load_8")
-        self._load.argtypes = [ctypes.c_void_p, ctypes.c_int]
-        self._load.restype = ctypes.c_uint64
-        self._store = getattr(lib, "__atomic_store_8")
-        self._store.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
-        self._store.restype = None
-        self._compare_exchange = getattr(lib, "__atomic_compare_exchange_8")
-        self._compare_exchange.argtypes = [
-            ctypes.c_void_p,
-            ctypes.POINTER(ctypes.c_uint64),
-            ctypes.c_uint64,
-            ctypes.c_int,
-            ctypes.c_int,
-        ]
-        self._compare_exchange.restype = ctypes.c_bool
-
-    def load(self, address, order=ATOMIC_ACQUIRE):
-        """Load (acquire unless told)."""
-        return self._load(address, order)
-
-    def store(self, address, value, order=ATOMIC_RELEASE):
-        """Store (release unless told)."""
-        self._store(address, value, order)
-
-    def compare_and_swap(self, address, expected, desired):
-        """Replace `expected` by `desired` (sequentially consistent); returns (swapped, value seen)."""
-        current = ctypes.c_uint64(expected)
-        swapped = self._compare_exchange(
-            address, ctypes.byref(current), desired, ATOMIC_SEQ_CST, ATOMIC_SEQ_CST
-        )
-        return swapped, current.value
-
-
-class PlainX86:
-    """Fallback without libatomic, x86-64 only: aligned 8-byte loads and stores are atomic there (loads acquire,
-    stores release). The compare-and-swap is a load then a store: right for the fields only this producer writes;
-    for a consumer's state word it races with the consumer's own detach, which is why libatomic is preferred."""
-
-    def load(self, address, order=ATOMIC_ACQUIRE):
-        """Aligned 8-byte load."""
-        del order
-        return ctypes.c_uint64.from_address(address).value
-
-    def store(self, address, value, order=ATOMIC_RELEASE):
-        """Aligned 8-byte store."""
-        del order
-        ctypes.c_uint64.from_address(address).value = value
-
-    def compare_and_swap(self, address, expected, desired):
-        """Not atomic: store `desired` if the word holds `expected`."""
-        seen = self.load(address)
-        if seen != expected:
-            return False, seen
-        self.store(address, desired)
-        return True, seen
-
-
-def make_atomics():
-    """libatomic when it can be loaded, else the x86-64 fallback; anything else is an error."""
-    for name in ("libatomic.so.1", "libatomic.so"):
-        try:
-            return LibAtomic(ctypes.CDLL(name))
-        except OSError:
-            continue
-    if platform.machine() in ("x86_64", "AMD64"):
-        log("libatomic not found; using plain aligned 8-byte loads and stores (x86-64)")
-        return PlainX86()
-    raise ProducerError("libatomic is needed for atomic operations on this architecture and could not be loaded")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -275,48 +99,25 @@ def sealed_memfd(name, size):
     return fd
 
 
-class ControlBlock:
+class ControlBlock(ControlMapping):
     """The ring's control block: a sealed memfd of 131,072 bytes mapped MAP_SHARED read-write."""
 
     def __init__(self, atomics, slots, max_consumers, generation):
-        self.fd = sealed_memfd("gpu-ipc-control", CONTROL_BLOCK_BYTES)
-        self.map = mmap.mmap(self.fd, CONTROL_BLOCK_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self._anchor = ctypes.c_char.from_buffer(self.map)  # gives the mapping's address
-        self.base = ctypes.addressof(self._anchor)
-        self.atomics = atomics
+        self.fd = sealed_memfd("gpu-ipc-control", CONTROL_BYTES)
+        super().__init__(self.fd, atomics)
         self.slots = slots
         self.max_consumers = max_consumers
         self.write_header(generation)
 
-    def load(self, offset):
-        """Acquire load of the u64 at `offset`."""
-        return self.atomics.load(self.base + offset)
-
-    def store(self, offset, value, order=ATOMIC_RELEASE):
-        """Release (or `order`) store of the u64 at `offset`."""
-        self.atomics.store(self.base + offset, value, order)
-
-    def compare_and_swap(self, offset, expected, desired):
-        """Sequentially consistent compare-and-swap; returns (swapped, value seen)."""
-        return self.atomics.compare_and_swap(self.base + offset, expected, desired)
-
-    def fetch_max(self, offset, value):
-        """Raise the u64 at `offset` to `value`, never lower it (ring.md invariant 2: host writers fetch_max)."""
-        current = self.load(offset)
-        while current < value:
-            swapped, current = self.compare_and_swap(offset, current, value)
-            if swapped:
-                return
-
     def write_header(self, generation):
         """The header of ring.md "Layout": every field, RUNNING, and the magic last (Release)."""
         self.store(OFF_LAYOUT_VERSION, LAYOUT_VERSION)
-        self.store(OFF_TOTAL_BYTES, CONTROL_BLOCK_BYTES)
+        self.store(OFF_TOTAL_BYTES, CONTROL_BYTES)
         self.store(OFF_SLOT_COUNT, self.slots)
         self.store(OFF_MAX_CONSUMERS, self.max_consumers)
         self.store(OFF_GENERATION, generation)
         self.store(OFF_PRODUCER_PID, os.getpid())
-        self.store(OFF_PRODUCER_STATE, STATE_RUNNING)
+        self.store(OFF_PRODUCER_STATE, PRODUCER_RUNNING)
         self.store(OFF_MAGIC, RING_MAGIC)
 
     def heartbeat(self):
@@ -325,7 +126,7 @@ class ControlBlock:
 
     def record_state(self, consumer):
         """(epoch, state) of record `consumer`."""
-        word = self.load(state_offset(consumer))
+        word = self.load(consumer_state_offset(consumer))
         return word >> 8, word & 0xFF
 
     def poison_released(self, consumer):
@@ -335,8 +136,7 @@ class ControlBlock:
 
     def close(self):
         """Unmaps the block and closes the fd."""
-        del self._anchor
-        self.map.close()
+        super().close()
         os.close(self.fd)
 
 
@@ -345,7 +145,7 @@ class FrameMemory:
 
     def __init__(self, width, height, slots):
         self.width, self.height, self.slots = width, height, slots
-        self.pitch = width * BYTES_PER_PIXEL_RGBA8
+        self.pitch = width * BYTES_PER_PIXEL[PIXEL_RGBA8]
         self.frame_bytes = self.pitch * height
         self.stride = (self.frame_bytes + 255) // 256 * 256  # like the reference producer: rounded up to 256
         self.data_offset = 0
@@ -380,15 +180,10 @@ def largest_power_of_two_dividing(value, limit):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def encode(msg_type, payload, fd_count=0):
-    """Header + payload of one message."""
-    return HEADER.pack(MAGIC, VERSION, msg_type, len(payload), fd_count, 0) + payload
-
-
 def encode_refused(code, message):
     """A `Refused` message (type 5)."""
     text = message.encode()[:1024]
-    return encode(MSG_REFUSED, REFUSED.pack(code, 0, len(text)) + text)
+    return encode_message(MSG_REFUSED, REFUSED.pack(code, 0, len(text)) + text)
 
 
 def encode_offer(ring, consumer_id):
@@ -396,7 +191,7 @@ def encode_offer(ring, consumer_id):
     frames = ring.frames
     payload = OFFER.pack(
         BACKEND_HOST_FAKE,
-        HANDLE_HOST_MEMFD,
+        HANDLE_TYPE_HOST_MEMFD,
         SYNC_CPU_SPIN,
         PIXEL_RGBA8,
         bytes(16),  # device_uuid: all zero on host-fake
@@ -411,12 +206,12 @@ def encode_offer(ring, consumer_id):
         frames.data_offset,
         frames.allocation_bytes,
         frames.granularity,
-        CONTROL_BLOCK_BYTES,
+        CONTROL_BYTES,
         0,  # flags: no legacy handle
         0,  # event_count
         bytes(64),  # legacy_mem_handle: zero
     )
-    return encode(MSG_RING_OFFER, payload, fd_count=2)
+    return encode_message(MSG_RING_OFFER, payload, fd_count=2)
 
 
 class Malformed(Exception):
@@ -427,20 +222,23 @@ class Malformed(Exception):
         self.code = code
 
 
+# The refusal code and text for a header that fails a check of `decode_header` (`{}`: the field's value).
+HEADER_REFUSALS = {
+    "BadMagic": (REFUSE_MALFORMED, "bad magic: not a gpu-ipc message"),
+    "UnsupportedVersion": (REFUSE_VERSION, "speak version 1"),
+    "ReservedNotZero": (REFUSE_MALFORMED, "header reserved field is not zero"),
+    "UnknownMessageType": (REFUSE_MALFORMED, "unknown message type {}"),
+    "PayloadTooLarge": (REFUSE_MALFORMED, f"payload of {{}} bytes is larger than {MAX_PAYLOAD}"),
+}
+
+
 def check_header(raw):
     """(type, payload_len, fd_count) of a 24-byte header, or `Malformed` in protocol.md's order of checks."""
-    magic, version, msg_type, payload_len, fd_count, reserved = HEADER.unpack(raw)
-    if magic != MAGIC:
-        raise Malformed(REFUSE_MALFORMED, "bad magic: not a gpu-ipc message")
-    if version != VERSION:
-        raise Malformed(REFUSE_VERSION, "speak version 1")
-    if reserved != 0:
-        raise Malformed(REFUSE_MALFORMED, "header reserved field is not zero")
-    if msg_type not in KNOWN_TYPES:
-        raise Malformed(REFUSE_MALFORMED, f"unknown message type {msg_type}")
-    if payload_len > MAX_PAYLOAD:
-        raise Malformed(REFUSE_MALFORMED, f"payload of {payload_len} bytes is larger than {MAX_PAYLOAD}")
-    return msg_type, payload_len, fd_count
+    try:
+        return decode_header(raw)
+    except BadHeader as err:
+        code, text = HEADER_REFUSALS[err.error]
+        raise Malformed(code, text.format(err.value)) from None
 
 
 def check_hello(msg_type, payload, fd_count, fds_received):
@@ -458,13 +256,13 @@ def check_hello(msg_type, payload, fd_count, fds_received):
         raise Malformed(REFUSE_MALFORMED, "ClientHello payload truncated")
     if len(payload) > HELLO.size + name_len:
         raise Malformed(REFUSE_MALFORMED, "ClientHello payload has trailing bytes")
-    if wanted_backend != 0 and wanted_backend not in KNOWN_BACKENDS:
+    if wanted_backend != 0 and wanted_backend not in HANDLE_TYPE_OF_BACKEND:
         raise Malformed(REFUSE_MALFORMED, f"unknown backend code {wanted_backend}")
     try:
         payload[HELLO.size :].decode("utf-8")
     except UnicodeDecodeError:
         raise Malformed(REFUSE_MALFORMED, "consumer_name is not UTF-8") from None
-    if protocol_version < 1 or name_len > MAX_NAME:
+    if protocol_version < 1 or name_len > MAX_NAME_BYTES:
         raise Malformed(REFUSE_MALFORMED, "ClientHello field out of range")
     if reserved != 0:
         raise Malformed(REFUSE_MALFORMED, "ClientHello reserved field is not zero")
@@ -504,41 +302,20 @@ class Connection:
         return self.sock.fileno()
 
 
-def peer_credentials(sock):
-    """(pid, uid, gid) of the peer from SO_PEERCRED."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", raw)
-
-
 def drain_and_close(sock):
     """Reads and drops up to 64 KiB without waiting, then closes (protocol.md "Failures": the peer then reads our
     refusal and end of stream, not ECONNRESET)."""
     remaining = DRAIN_AFTER_REFUSAL
     try:
         while remaining > 0:
-            data, ancdata, _flags, _addr = sock.recvmsg(
-                min(remaining, 4096), socket.CMSG_SPACE(2 * 4), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
-            )
-            close_ancillary_fds(ancdata)
+            data, fds, _truncated = recv_with_fds(sock, min(remaining, 4096), socket.MSG_DONTWAIT)
+            close_fds(fds)
             if not data:
                 break
             remaining -= len(data)
     except OSError:
         pass
     sock.close()
-
-
-def close_ancillary_fds(ancdata):
-    """Closes fds a peer sent us; returns how many there were."""
-    count = 0
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds = array.array("i")
-            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-            for fd in fds:
-                os.close(fd)
-                count += 1
-    return count
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -564,7 +341,7 @@ class RingProducer:
     def __init__(self, args):
         self.args = args
         self.generation = int.from_bytes(os.urandom(8), "little") | 1  # nonzero, differs per ring
-        self.control = ControlBlock(make_atomics(), args.slots, args.max_consumers, self.generation)
+        self.control = ControlBlock(make_atomics(log, ProducerError), args.slots, args.max_consumers, self.generation)
         self.frames = FrameMemory(args.width, args.height, args.slots)
         self.path = args.socket
         self.listener, self.socket_id = listen(args.socket)
@@ -580,11 +357,11 @@ class RingProducer:
         control = self.control
         for index in range(control.max_consumers):
             epoch, state = control.record_state(index)
-            if state != FREE:
+            if state != STATE_FREE:
                 continue
             new_epoch = epoch + 1
             swapped, _ = control.compare_and_swap(
-                state_offset(index), state_word(epoch, FREE), state_word(new_epoch, JOINING)
+                consumer_state_offset(index), state_word(epoch, STATE_FREE), state_word(new_epoch, STATE_JOINING)
             )
             if not swapped:
                 continue
@@ -592,16 +369,16 @@ class RingProducer:
             control.store(consumer_heartbeat_offset(index), 0)
             for slot in range(MAX_SLOTS):
                 control.store(released_offset(index, slot), 0)
-            join = self.control.atomics.load(control.base + OFF_NEXT_SEQUENCE, ATOMIC_SEQ_CST)
+            join = control.load(OFF_NEXT_SEQUENCE, ATOMIC_SEQ_CST)
             control.store(join_sequence_offset(index), join)
-            control.store(state_offset(index), state_word(new_epoch, LIVE))
+            control.store(consumer_state_offset(index), state_word(new_epoch, STATE_LIVE))
             return index, new_epoch
         return None
 
     def mark_dead(self, index, epoch):
         """`mark_consumer_dead`: LIVE -> DEAD in `epoch`, then POISON into its `released`. True when it was LIVE."""
         swapped, _ = self.control.compare_and_swap(
-            state_offset(index), state_word(epoch, LIVE), state_word(epoch, DEAD)
+            consumer_state_offset(index), state_word(epoch, STATE_LIVE), state_word(epoch, STATE_DEAD)
         )
         if swapped:
             self.control.poison_released(index)
@@ -609,9 +386,9 @@ class RingProducer:
 
     def reclaim(self, index, epoch):
         """`reclaim_consumer`: DETACHED or DEAD -> FREE, keeping the epoch so the next owner gets a new one."""
-        for state in (DETACHED, DEAD):
+        for state in (STATE_DETACHED, STATE_DEAD):
             swapped, _ = self.control.compare_and_swap(
-                state_offset(index), state_word(epoch, state), state_word(epoch, FREE)
+                consumer_state_offset(index), state_word(epoch, state), state_word(epoch, STATE_FREE)
             )
             if swapped:
                 return True
@@ -619,7 +396,8 @@ class RingProducer:
 
     def some_record_waits_to_be_freed(self):
         """Whether a record is DETACHED or DEAD (freed when its connection hangs up)."""
-        return any(self.control.record_state(i)[1] in (DETACHED, DEAD) for i in range(self.control.max_consumers))
+        control = self.control
+        return any(control.record_state(i)[1] in (STATE_DETACHED, STATE_DEAD) for i in range(control.max_consumers))
 
     # -- back-pressure (ring.md "Back-pressure") --------------------------------------------------------------
 
@@ -632,9 +410,9 @@ class RingProducer:
         control = self.control
         for index in range(control.max_consumers):
             _epoch, state = control.record_state(index)
-            if state == JOINING:
+            if state == STATE_JOINING:
                 return False
-            if state != LIVE:
+            if state != STATE_LIVE:
                 continue
             if control.load(join_sequence_offset(index)) > previous:
                 continue
@@ -650,7 +428,7 @@ class RingProducer:
         control = self.control
         for index in range(control.max_consumers):
             _epoch, state = control.record_state(index)
-            if state != LIVE or control.load(join_sequence_offset(index)) > last:
+            if state != STATE_LIVE or control.load(join_sequence_offset(index)) > last:
                 continue
             if control.load(released_offset(index, last % control.slots)) < last + 1:
                 return False
@@ -676,7 +454,7 @@ class RingProducer:
                 return
             now = time.monotonic()
             if now >= self.next_check:
-                self.next_check = now + LIVENESS_CHECK_S
+                self.next_check = now + CHECK_INTERVAL_S
                 self.serve(0)
                 self.admit_pending()
                 self.check_consumer_pids()
@@ -716,15 +494,10 @@ class RingProducer:
         for conn in self.connections:
             if conn.phase != ATTACHED or conn.pid == 0:
                 continue
-            try:
-                os.kill(conn.pid, 0)
-            except ProcessLookupError:
-                if self.mark_dead(conn.consumer, conn.epoch):
-                    log(f"consumer {conn.consumer} (pid {conn.pid}) is gone: marked dead")
-                    self.counts.lost += 1
-                    conn.pid = 0  # counted; the hang-up frees the record
-            except PermissionError:
-                pass
+            if process_gone(conn.pid) and self.mark_dead(conn.consumer, conn.epoch):
+                log(f"consumer {conn.consumer} (pid {conn.pid}) is gone: marked dead")
+                self.counts.lost += 1
+                conn.pid = 0  # counted; the hang-up frees the record
 
     def consumer_hung_up(self, conn):
         """The attached consumer's connection ended: DETACHED means it left, still LIVE means it is lost (DEAD,
@@ -734,10 +507,10 @@ class RingProducer:
         epoch, state = self.control.record_state(conn.consumer)
         if epoch != conn.epoch:
             return
-        if state == LIVE and self.mark_dead(conn.consumer, conn.epoch):
+        if state == STATE_LIVE and self.mark_dead(conn.consumer, conn.epoch):
             log(f"consumer {conn.consumer} hung up while LIVE: marked dead")
             self.counts.lost += 1
-        elif state == DETACHED:
+        elif state == STATE_DETACHED:
             self.counts.left += 1
         self.reclaim(conn.consumer, conn.epoch)
 
@@ -834,16 +607,15 @@ class RingProducer:
                 want = HEADER.size + conn.header[1] - len(conn.buffer)
             if want > 0:
                 try:
-                    data, ancdata, flags, _ = conn.sock.recvmsg(
-                        want, socket.CMSG_SPACE(2 * 4), socket.MSG_CMSG_CLOEXEC
-                    )
+                    data, fds, truncated = recv_with_fds(conn.sock, want)
                 except (BlockingIOError, InterruptedError):
                     return None
                 except ConnectionResetError:
                     raise EOFError from None
-                conn.fds_received += close_ancillary_fds(ancdata)
-                if flags & socket.MSG_CTRUNC:
-                    conn.fds_received = 3  # more than 2: the kernel cut them off
+                close_fds(fds)  # a peer's fds are never used: count them, close them
+                conn.fds_received += len(fds)
+                if truncated:
+                    conn.fds_received = MAX_FDS + 1  # more than 2: the kernel cut them off
                 if not data:
                     raise EOFError
                 conn.buffer += data
@@ -963,7 +735,7 @@ class RingProducer:
         handshakes get Refused 5 first); remove the socket file if it is still ours."""
         for index in range(self.control.max_consumers):
             self.control.poison_released(index)
-        self.control.store(OFF_PRODUCER_STATE, STATE_CLOSED)
+        self.control.store(OFF_PRODUCER_STATE, PRODUCER_CLOSED)
         for conn in list(self.connections):
             if conn.phase == ATTACHED:
                 self.connections.remove(conn)
