@@ -24,7 +24,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
-use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
 use ipc_core::wire::{BackendKind, ClientHello, Message, PROTOCOL_VERSION, SyncStrategy, recv_message};
 
 const ROLE: &str = "GPU_IPC_CHAOS_CHILD";
@@ -131,17 +131,24 @@ fn child(role: Role, socket: &Path, frames: u64) -> Result<String, FrameError> {
         let frame = match c.next_frame(None, T) {
             Ok(frame) => frame,
             Err(FrameError::ProducerGone { .. }) => return Ok(format!("gone read={read} bad={bad}")),
+            // Stopped (SIGSTOP) long enough to hold the producer up: the eviction policy let it go.
+            Err(FrameError::Evicted { .. }) => return Ok(format!("evicted read={read} bad={bad}")),
             Err(e) => return Err(e),
         };
         let mut got = vec![0u8; frame.bytes as usize];
         c.region().read(frame.ptr, &mut got).unwrap();
-        if got != frame_bytes(frame.seq, got.len()) {
-            bad += 1;
-        }
+        let intact = got == frame_bytes(frame.seq, got.len());
         if role == Role::Holder && read == frames / 2 {
             thread::sleep(Duration::from_millis(30));
         }
-        c.release(frame, None)?;
+        match c.release(frame, None) {
+            // A release that succeeds vouches for what was read: the slot was held for us all along.
+            Ok(()) => bad += u64::from(!intact),
+            // Evicted meanwhile (stopped too long): what we read may have been rewritten under us; it does not
+            // count (docs/protocol.md, "Check your record").
+            Err(FrameError::Evicted { .. }) => return Ok(format!("evicted read={read} bad={bad}")),
+            Err(e) => return Err(e),
+        }
         read += 1;
     }
     match role {
@@ -242,13 +249,21 @@ struct ProducerRun {
     longest_gap: Duration,
     error: Option<String>,
     lost: usize,
+    evicted: usize,
     left_attached: usize,
 }
 
 /// Publishes until `stop`; then counts the consumers still attached once every one should be gone (within 1 s).
-fn run_producer(socket: &Path, sync: SyncStrategy, slots: u32, stop: &AtomicBool) -> ProducerRun {
+fn run_producer(
+    socket: &Path,
+    sync: SyncStrategy,
+    slots: u32,
+    policy: SlowConsumerPolicy,
+    stop: &AtomicBool,
+) -> ProducerRun {
     let mut run = ProducerRun::default();
-    let config = ProducerConfig::new(socket, geometry(), slots, sync);
+    let mut config = ProducerConfig::new(socket, geometry(), slots, sync);
+    config.slow_consumer = policy;
     let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
     let mut last = Instant::now();
     let mut publish = |p: &mut Producer<HostFake>, run: &mut ProducerRun| -> Result<(), FrameError> {
@@ -271,6 +286,7 @@ fn run_producer(socket: &Path, sync: SyncStrategy, slots: u32, stop: &AtomicBool
         thread::sleep(Duration::from_millis(1));
     }
     run.lost = p.consumers_lost();
+    run.evicted = p.consumers_evicted();
     run.left_attached = p.consumers();
     run
 }
@@ -304,7 +320,7 @@ fn chaos(sync: SyncStrategy, tag: &str) {
     let stop = Arc::new(AtomicBool::new(false));
     let producer = {
         let (socket, stop) = (socket.clone(), stop.clone());
-        thread::spawn(move || run_producer(&socket, sync, slots, &stop))
+        thread::spawn(move || run_producer(&socket, sync, slots, SlowConsumerPolicy::Block, &stop))
     };
     // The producer's socket exists once `create` returned.
     let ready = Instant::now() + T;
@@ -506,4 +522,94 @@ fn producer_processes_are_killed_at_random_and_replaced_cpu_spin() {
 #[test]
 fn producer_processes_are_killed_at_random_and_replaced_cpu_sleep() {
     producer_kills("cpu-sleep");
+}
+
+/// Readers frozen with SIGSTOP for 300-800 ms at random while the producer, with the eviction policy (200 ms),
+/// publishes flat out: a frozen reader holds its frame, so the producer evicts it and goes on, never waiting much
+/// longer than the window; thawed (SIGCONT), the reader learns it was evicted and ends well. Every frame read is
+/// intact.
+#[test]
+fn frozen_consumers_are_evicted_and_the_producer_goes_on() {
+    use rustix::process::{Pid, Signal, kill_process};
+    let (mut rng, seed) = Rng::seeded();
+    eprintln!("frozen: seed {seed} (GPU_IPC_CHAOS_SEED=<seed> replays its schedule)");
+    let socket = std::env::temp_dir().join(format!("gpu-ipc-chaos-{}-frozen.sock", std::process::id()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let window = Duration::from_millis(200);
+    let producer = {
+        let (socket, stop) = (socket.clone(), stop.clone());
+        let policy = SlowConsumerPolicy::Evict { after: window };
+        thread::spawn(move || run_producer(&socket, SyncStrategy::CpuSpin, 2, policy, &stop))
+    };
+    let ready = Instant::now() + T;
+    while !socket.exists() && Instant::now() < ready {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let mut children: Vec<Spawned> = Vec::new();
+    let mut failures = Vec::new();
+    let (mut freezes, mut evicted_seen) = (0u32, 0u32);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        // Ended readers: frozen ones end "evicted"; they must end well, with intact frames.
+        let mut index = 0;
+        while index < children.len() {
+            if children[index].child.try_wait().unwrap().is_some() {
+                let mut ended = children.swap_remove(index);
+                let status = ended.child.wait().unwrap();
+                let line = report(&mut ended);
+                evicted_seen += u32::from(line.starts_with("evicted"));
+                if !status.success() || !line.contains(" bad=0") {
+                    failures.push(format!("reader (seed {seed}): {status}: {line}"));
+                }
+            } else {
+                index += 1;
+            }
+        }
+        while children.len() < 3 {
+            children.push(spawn(Role::Reader, &socket, 0));
+        }
+        thread::sleep(Duration::from_millis(100 + rng.below(200)));
+        let victim = &children[rng.below(children.len() as u64) as usize];
+        let pid = Pid::from_raw(victim.child.id() as i32).unwrap();
+        kill_process(pid, Signal::STOP).unwrap();
+        freezes += 1;
+        thread::sleep(Duration::from_millis(300 + rng.below(500)));
+        kill_process(pid, Signal::CONT).unwrap();
+    }
+    stop.store(true, Ordering::Release);
+    let run = producer.join().unwrap();
+    for mut child in children {
+        let deadline = Instant::now() + T;
+        while child.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        if child.child.try_wait().unwrap().is_none() {
+            failures.push(format!("reader (seed {seed}): still running after {T:?}"));
+            let _ = child.child.kill();
+        }
+        let status = child.child.wait().unwrap();
+        let line = report(&mut child);
+        evicted_seen += u32::from(line.starts_with("evicted"));
+        if !status.success() || !line.contains(" bad=0") {
+            failures.push(format!("reader (seed {seed}): {status}: {line}"));
+        }
+    }
+    eprintln!(
+        "frozen: {freezes} freezes, {} evictions ({evicted_seen} readers told), {} frames published, longest gap {:?}",
+        run.evicted, run.published, run.longest_gap
+    );
+    assert!(run.error.is_none(), "seed {seed}: the producer failed: {:?}", run.error);
+    assert!(failures.is_empty(), "seed {seed}: readers failed:\n{}", failures.join("\n"));
+    // The window, plus a loaded machine's scheduling; a producer waiting for a frozen reader would show seconds.
+    assert!(
+        run.longest_gap < window + Duration::from_millis(500),
+        "seed {seed}: the producer stalled for {:?}",
+        run.longest_gap
+    );
+    // Not every freeze evicts (a reader frozen while it is still starting up holds nothing), most do.
+    assert!(
+        run.evicted >= 2 && evicted_seen >= 2,
+        "seed {seed}: {} evictions, {evicted_seen} told, of {freezes} freezes",
+        run.evicted
+    );
 }

@@ -11,7 +11,7 @@ use crate::frames::FrameError;
 use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
-use crate::ring::{ConsumerControl, LivenessPolicy, Sequence, SlotIndex};
+use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex};
 use crate::wire::{
     Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,
     PeerPolicy, RingOffer, WireError,
@@ -281,7 +281,14 @@ impl<B: Backend> Consumer<B> {
         }
         let deadline = Instant::now() + timeout;
         let slot = self.shared.ring.block().slot_for(seq);
-        self.sync.wait_frame(&self.shared, seq, slot, stream, deadline)?;
+        if let Err(e) = self.sync.wait_frame(&self.shared, seq, slot, stream, deadline) {
+            // The slot already holding a later frame happens only to a consumer that no longer counts (one that was
+            // stopped, say, long enough to be evicted): say that, rather than the overrun it caused.
+            if matches!(e, FrameError::Ring(RingError::Overrun { .. })) {
+                self.check_evicted()?;
+            }
+            return Err(e);
+        }
         self.next_seq = seq.0 + 1;
         Ok(Frame {
             seq: seq.0,
