@@ -627,3 +627,97 @@ fn frozen_consumers_are_evicted_and_the_producer_goes_on() {
         run.evicted
     );
 }
+
+/// A producer process paused (SIGSTOP, as `docker pause` or a debugger does) three times for 700 ms while two
+/// consumers read: they must wait it out (their bounded waits time out, nothing else fails), go on with the very
+/// next frame after each pause, and learn within 2 s that it is gone once it is SIGKILLed.
+#[test]
+fn a_paused_producer_is_waited_for_and_read_on_after() {
+    use rustix::process::{Pid, Signal, kill_process};
+    use std::sync::atomic::AtomicU64;
+    let socket = std::env::temp_dir().join(format!("gpu-ipc-chaos-{}-paused.sock", std::process::id()));
+    let mut producer = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(ROLE, "producer")
+        .env(SOCKET, &socket)
+        .env("GPU_IPC_CHAOS_SYNC", "cpu-spin")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let progress: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let readers: Vec<_> = (0..2)
+        .map(|index| {
+            let (socket, progress) = (socket.clone(), progress.clone());
+            thread::spawn(move || -> Result<(u64, u64, Instant), String> {
+                let deadline = Instant::now() + T;
+                let mut c = loop {
+                    match Consumer::<HostFake>::attach(&HostContext, &socket, &AttachOptions::default()) {
+                        Ok(c) => break c,
+                        Err(FrameError::Wire(ipc_core::wire::WireError::NoProducer { .. }))
+                            if Instant::now() < deadline =>
+                        {
+                            thread::sleep(Duration::from_millis(2));
+                        }
+                        Err(e) => return Err(format!("attach: {e}")),
+                    }
+                };
+                let (mut read, mut timeouts, mut expected) = (0u64, 0u64, c.next_sequence());
+                loop {
+                    match c.next_frame(None, Duration::from_millis(200)) {
+                        Ok(frame) => {
+                            if frame.seq != expected {
+                                return Err(format!("frame {} after {}", frame.seq, expected - 1));
+                            }
+                            let mut got = vec![0u8; frame.bytes as usize];
+                            c.region().read(frame.ptr, &mut got).unwrap();
+                            if got != frame_bytes(frame.seq, got.len()) {
+                                return Err(format!("frame {} not intact", frame.seq));
+                            }
+                            match c.release(frame, None) {
+                                Ok(()) => {}
+                                Err(FrameError::ProducerGone { .. }) => return Ok((read, timeouts, Instant::now())),
+                                Err(e) => return Err(format!("release: {e}")),
+                            }
+                            read += 1;
+                            expected += 1;
+                            progress[index].store(read, Ordering::Release);
+                        }
+                        Err(FrameError::Timeout { .. }) => timeouts += 1,
+                        Err(FrameError::ProducerGone { .. }) => return Ok((read, timeouts, Instant::now())),
+                        Err(e) => return Err(format!("next_frame after {read} frames: {e}")),
+                    }
+                }
+            })
+        })
+        .collect();
+    let wait_for_progress = |more: u64| {
+        let from: Vec<u64> = progress.iter().map(|p| p.load(Ordering::Acquire)).collect();
+        let deadline = Instant::now() + T;
+        while progress.iter().zip(&from).any(|(p, f)| p.load(Ordering::Acquire) < f + more) {
+            assert!(Instant::now() < deadline, "the readers stopped reading");
+            thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let pid = Pid::from_raw(producer.id() as i32).unwrap();
+    wait_for_progress(50);
+    for _ in 0..3 {
+        kill_process(pid, Signal::STOP).unwrap();
+        thread::sleep(Duration::from_millis(700));
+        kill_process(pid, Signal::CONT).unwrap();
+        wait_for_progress(50);
+    }
+    producer.kill().unwrap();
+    let killed = Instant::now();
+    producer.wait().unwrap();
+    for reader in readers {
+        let (read, timeouts, gone_at) = reader.join().unwrap().unwrap_or_else(|e| panic!("a reader: {e}"));
+        let took = gone_at.saturating_duration_since(killed);
+        eprintln!(
+            "paused producer: a reader read {read} frames, timed out {timeouts} times, learned of the kill after {took:?}"
+        );
+        assert!(timeouts >= 3, "the pauses were not seen ({timeouts} timeouts)");
+        assert!(took < Duration::from_secs(2), "ProducerGone came {took:?} after the kill");
+    }
+}
