@@ -440,20 +440,25 @@ fn consumer_processes_come_and_go_and_are_killed_at_random_cpu_sleep() {
     chaos(SyncStrategy::CpuSleep, "sleep");
 }
 
+/// Attaches to the producer at `socket`, retrying (for up to `T`) while none listens there yet.
+fn attach_when_listening(socket: &Path) -> Result<Consumer<HostFake>, String> {
+    let deadline = Instant::now() + T;
+    loop {
+        match Consumer::<HostFake>::attach(&HostContext, socket, &AttachOptions::default()) {
+            Ok(c) => return Ok(c),
+            Err(FrameError::Wire(ipc_core::wire::WireError::NoProducer { .. })) if Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(format!("attach: {e}")),
+        }
+    }
+}
+
 /// A consumer thread for the producer-kill test: attaches (retrying while no producer listens), reads and checks
 /// frames until the producer is gone. Returns (frames read, bad frames, when it learned the producer was gone).
 fn reader_until_gone(socket: PathBuf) -> thread::JoinHandle<Result<(u64, u64, Instant), String>> {
     thread::spawn(move || {
-        let deadline = Instant::now() + T;
-        let mut c = loop {
-            match Consumer::<HostFake>::attach(&HostContext, &socket, &AttachOptions::default()) {
-                Ok(c) => break c,
-                Err(FrameError::Wire(ipc_core::wire::WireError::NoProducer { .. })) if Instant::now() < deadline => {
-                    thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => return Err(format!("attach: {e}")),
-            }
-        };
+        let mut c = attach_when_listening(&socket)?;
         let (mut read, mut bad) = (0u64, 0u64);
         loop {
             match c.next_frame(None, T) {
@@ -651,18 +656,7 @@ fn a_paused_producer_is_waited_for_and_read_on_after() {
         .map(|index| {
             let (socket, progress) = (socket.clone(), progress.clone());
             thread::spawn(move || -> Result<(u64, u64, Instant), String> {
-                let deadline = Instant::now() + T;
-                let mut c = loop {
-                    match Consumer::<HostFake>::attach(&HostContext, &socket, &AttachOptions::default()) {
-                        Ok(c) => break c,
-                        Err(FrameError::Wire(ipc_core::wire::WireError::NoProducer { .. }))
-                            if Instant::now() < deadline =>
-                        {
-                            thread::sleep(Duration::from_millis(2));
-                        }
-                        Err(e) => return Err(format!("attach: {e}")),
-                    }
-                };
+                let mut c = attach_when_listening(&socket)?;
                 let (mut read, mut timeouts, mut expected) = (0u64, 0u64, c.next_sequence());
                 loop {
                     match c.next_frame(None, Duration::from_millis(200)) {
