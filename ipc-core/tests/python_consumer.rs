@@ -437,3 +437,62 @@ fn consumers_refuse_a_control_block_that_is_not_the_offered_ring() {
     let run = c.wait(T);
     assert_eq!(run.code, Some(1), "{}", run.describe());
 }
+
+#[test]
+fn a_handshake_dropped_after_the_consumers_attached_was_sent_does_not_poison_the_ring() {
+    // The handshake deadline passes while the consumer's `Attached` sits unread: the producer marks the record dead
+    // and hangs up (as `fail` does). The consumer's attach has returned by then; at the hang-up its watchdog must not
+    // take the producer for dead and poison the publish counters every consumer and the producer share, since its
+    // own record says it was dropped. (Second review, 2026-11-24: the ring was poisoned every time before.)
+    let path = sock("late-attached");
+    let listener = RendezvousListener::bind(&path).unwrap();
+    let config = RingConfig { slot_count: 2, max_consumers: 16, generation: 1 };
+    let ring = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
+    let consumer = {
+        let path = path.clone();
+        thread::spawn(move || {
+            let c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default());
+            // Keep it (and its watchdog) alive while the producer hangs up.
+            thread::sleep(Duration::from_millis(200));
+            c.map(|_| ())
+        })
+    };
+    let connection = accept_hello(&listener, "consumer");
+    let id = ring.register_consumer(None).unwrap();
+    let fds = OfferFds { control: ring.block().memory().try_clone_fd().unwrap(), data: Some(sealed_memfd(8192)) };
+    connection
+        .send(&Message::RingOffer(host_fake_offer(SyncStrategy::CpuSpin, 1, id.index())), fds.into_vec(), T)
+        .unwrap();
+    // Its `Attached` arrives; the deadline is found passed before it is read.
+    assert!(matches!(connection.recv(T).unwrap().message, Message::Attached(_)));
+    ring.mark_consumer_dead(id).unwrap();
+    drop(connection);
+    let _ = consumer.join().unwrap();
+    let published = ring.publish(Sequence(0));
+    assert!(published.is_ok(), "one consumer's dropped handshake stopped the ring for everyone: {published:?}");
+}
+
+#[test]
+fn a_consumer_that_reads_its_given_back_record_is_told_its_handshake_was_dropped() {
+    // Slower than the deadline: the producer marked the record dead and hung up before the consumer read it. The
+    // consumer must say "dropped this handshake; attach again" (what callers retry on), not that its record is
+    // not live.
+    let path = sock("given-back");
+    let listener = RendezvousListener::bind(&path).unwrap();
+    let config = RingConfig { slot_count: 2, max_consumers: 16, generation: 1 };
+    let ring = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
+    let consumer = {
+        let path = path.clone();
+        thread::spawn(move || Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).map(|_| ()))
+    };
+    let connection = accept_hello(&listener, "consumer");
+    let id = ring.register_consumer(None).unwrap();
+    ring.mark_consumer_dead(id).unwrap();
+    let fds = OfferFds { control: ring.block().memory().try_clone_fd().unwrap(), data: Some(sealed_memfd(8192)) };
+    connection
+        .send(&Message::RingOffer(host_fake_offer(SyncStrategy::CpuSpin, 1, id.index())), fds.into_vec(), T)
+        .unwrap();
+    drop(connection);
+    let result = consumer.join().unwrap();
+    assert!(matches!(&result, Err(FrameError::Config(m)) if m.contains("dropped this handshake")), "{result:?}");
+}

@@ -535,11 +535,18 @@ impl FrontDoor {
         }
         let record = handshake.stage.record();
         tracing::warn!(pid, consumer = record.map(|id| id.index()), reason = %failure.reason, "a consumer failed to attach");
-        // Hang up before the record can be reused: a consumer that read its record's epoch while the connection
-        // was still open knows that epoch was its own (docs/protocol.md, attaching, step 5).
+        // In this order: mark the record dead (a consumer that then finds its connection gone also finds its record
+        // no longer LIVE, and knows it was dropped, not that the producer died: it must not poison the ring); hang
+        // up; only then announce the record for reuse (a consumer that read its record's epoch while the connection
+        // was still open knows that epoch was its own: docs/protocol.md, attaching, step 5).
+        if let Some(id) = record
+            && let Err(e) = self.ring.mark_consumer_dead(id)
+        {
+            tracing::warn!(consumer = id.index(), error = %e, "could not mark a failed handshake's record dead");
+        }
         drop(handshake);
         if let Some(id) = record {
-            self.give_back(id);
+            let _ = self.events.send(AdmissionEvent::Failed { id });
         }
     }
 

@@ -125,6 +125,13 @@ impl<B: Backend> Consumer<B> {
                     &conn,
                     Box::new(move |first| {
                         if first {
+                            let id = ring.id();
+                            if ring.block().consumer_state(id.index()) != Some((ConsumerState::Live, id.epoch())) {
+                                // The producer dropped us (a handshake it gave up on, marked dead before the
+                                // hang-up), it did not die: the ring is not ours to poison.
+                                tracing::warn!("the producer hung up on this consumer, whose record is no longer live");
+                                return false;
+                            }
                             tracing::warn!("the producer hung up; releasing waits on it");
                             // What it really published, read before the poison hides it.
                             below.store(ring.highest_published().map_or(0, |s| s + 1), Ordering::Release);
@@ -179,13 +186,21 @@ impl<B: Backend> Consumer<B> {
         }
         // The control block must be the ring the offer describes (docs/protocol.md, attaching, step 4), checked
         // before the record is read (step 5).
-        let control = ConsumerControl::attach_offered(
+        let control = match ConsumerControl::attach_offered(
             fds.control,
             offer.consumer_id,
             offer.slot_count,
             offer.generation,
             policy,
-        )?;
+        ) {
+            Ok(control) => control,
+            // A record already given back (no longer LIVE) by a producer that dropped this handshake: it hangs up
+            // right after marking the record dead.
+            Err(RingError::NotLive { .. }) if hangs_up_within(conn, Duration::from_millis(100)) => {
+                return Err(dropped_handshake(conn));
+            }
+            Err(e) => return Err(e.into()),
+        };
         // The record's epoch was just read from its state word; it is ours only if the producer has not dropped
         // this handshake meanwhile (a consumer slower than the handshake deadline): the producer hangs up on a
         // failed handshake before it gives the record back for reuse, so an open connection now proves that the
@@ -193,17 +208,7 @@ impl<B: Backend> Consumer<B> {
         if conn.is_peer_gone()? {
             // Let go of the record without leaving it: it may already be someone else's.
             control.abandon();
-            // A producer shutting down says so (`Refused`, code 5) before it hangs up: that, not a timeout.
-            if let Ok(answer) = conn.recv(Duration::ZERO)
-                && let Message::Refused(refused) = answer.message
-            {
-                return Err(WireError::Refused { code: refused.code, message: refused.message }.into());
-            }
-            return Err(FrameError::Config(
-                "the producer dropped this handshake before the consumer joined (it took longer than the \
-                 producer's handshake timeout); attach again"
-                    .into(),
-            ));
+            return Err(dropped_handshake(conn));
         }
         let ring = Arc::new(control);
         let handle = ExportedHandle {
@@ -376,4 +381,33 @@ impl<B: Backend> Drop for Consumer<B> {
     fn drop(&mut self) {
         self.leave();
     }
+}
+
+/// Whether the peer hangs up within `limit` (an error polling counts as a hang-up).
+fn hangs_up_within(conn: &PeerConnection, limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if conn.is_peer_gone().unwrap_or(true) {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Why a handshake the producer hung up on failed: a producer shutting down says so (`Refused`, code 5) before it
+/// hangs up: that, not a timeout.
+fn dropped_handshake(conn: &PeerConnection) -> FrameError {
+    if let Ok(answer) = conn.recv(Duration::ZERO)
+        && let Message::Refused(refused) = answer.message
+    {
+        return WireError::Refused { code: refused.code, message: refused.message }.into();
+    }
+    FrameError::Config(
+        "the producer dropped this handshake before the consumer joined (it took longer than the producer's \
+         handshake timeout); attach again"
+            .into(),
+    )
 }

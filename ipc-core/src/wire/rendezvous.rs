@@ -208,7 +208,10 @@ impl RendezvousListener {
         let file = open(&path, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
             .map_err(|source| path_error("open", &path, source))?;
         let stat = fstat(&file).map_err(|source| path_error("fstat", &path, source))?;
-        if FileType::from_raw_mode(stat.st_mode) != FileType::Socket || stat.st_uid != geteuid().as_raw() {
+        if FileType::from_raw_mode(stat.st_mode) != FileType::Socket
+            || stat.st_uid != geteuid().as_raw()
+            || stat.st_nlink > 1
+        {
             // Not the file we bound: leave it alone (no `Drop` cleanup of someone else's file).
             return Err(WireError::PathReplaced { path });
         }
@@ -220,7 +223,7 @@ impl RendezvousListener {
             chownat(&file, "", None, Some(Gid::from_raw(gid)), AtFlags::EMPTY_PATH)
                 .map_err(|source| path_error("chown", &listener.path, source))?;
         }
-        set_mode(&file, &listener.path, access.mode)?;
+        set_mode(&file, &listener.path, access.mode, stat.st_mode)?;
         listen(&listener.socket, LISTEN_BACKLOG).map_err(|source| path_error("listen", &listener.path, source))?;
         tracing::info!(path = %listener.path.display(), "rendezvous socket listening");
         Ok(listener)
@@ -424,15 +427,17 @@ fn socket_addr(path: &Path) -> Result<SocketAddrUnix, WireError> {
 }
 
 /// Sets the mode of the file `file` (an `O_PATH` handle of `path`) without going through the path again:
-/// `chmod` of its `/proc/self/fd` link reaches the file itself. Without `/proc`, only the default mode (which
-/// narrows access, so a swapped file loses nothing to anyone) is set by path.
-fn set_mode(file: &OwnedFd, path: &Path, mode: u32) -> Result<(), WireError> {
+/// `chmod` of its `/proc/self/fd` link reaches the file itself. Without `/proc` nothing is set by path (a chmod by
+/// path would follow a symlink swapped in meanwhile): the default mode is left to `bind` when it already keeps
+/// everyone but the owner out (no group or other write bit: connecting needs write permission), and any other
+/// case is an error.
+fn set_mode(file: &OwnedFd, path: &Path, mode: u32, created: u32) -> Result<(), WireError> {
     let link = format!("/proc/self/fd/{}", file.as_raw_fd());
     match chmod(link.as_str(), Mode::from_raw_mode(mode)) {
         Ok(()) => Ok(()),
-        Err(Errno::NOENT) if mode == 0o600 => {
-            chmod(path, Mode::from_raw_mode(mode)).map_err(|source| path_error("chmod", path, source))
-        }
+        // No /proc: connecting needs write permission, so a socket bind made without group/other write (umask
+        // 022 or stricter) already admits only its owner; never chmod by path (it follows a swapped-in symlink).
+        Err(Errno::NOENT) if mode == 0o600 && created & 0o022 == 0 => Ok(()),
         Err(source) => Err(path_error("chmod", path, source)),
     }
 }

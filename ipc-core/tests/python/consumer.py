@@ -603,7 +603,11 @@ def read_frame(session, seq, hold, timeout_s, read_delay_s):
 
 
 def poison_published(session):
-    """The producer is gone: poison every publish counter (fetch_or 2^62) so other consumers' waits end too."""
+    """The producer is gone: poison every publish counter (fetch_or 2^62) so other consumers' waits end too; but
+    only while our record is still LIVE in our epoch: a producer that dropped us (marked our record dead, then hung
+    up) is not gone, and its ring is not ours to poison (protocol.md, "Producer shutdown")."""
+    if session.control.load(consumer_state_offset(session.offer.consumer_id)) != session.live_word():
+        return
     for slot in range(session.offer.slot_count):
         session.control.fetch_or(published_offset(slot), POISON)
 
