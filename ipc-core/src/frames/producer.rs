@@ -471,8 +471,7 @@ impl<B: Backend> Producer<B> {
             } else if let Some(id) = self.admission.offer(hello.token, kit) {
                 // The admission thread is gone (it only ends early by panicking): nobody will send this offer.
                 tracing::error!(consumer = id.index(), "the admission thread is gone; giving the record back");
-                let _ = self.ring.mark_consumer_dead(id);
-                self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
+                self.give_back(id);
             }
         }
     }
@@ -507,10 +506,16 @@ impl<B: Backend> Producer<B> {
             Err(e) => {
                 // Unwatched, its death would go unnoticed: let it go (closing the connection tells it).
                 tracing::warn!(consumer = id.index(), pid, error = %e, "cannot watch a consumer; dropping it");
-                let _ = self.ring.mark_consumer_dead(id);
-                self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
+                self.give_back(id);
             }
         }
+    }
+
+    /// Marks record `id`, whose consumer never got (or cannot keep) it, dead and retires it: it is freed once
+    /// nothing can write it, like a dead consumer's.
+    fn give_back(&mut self, id: ConsumerId) {
+        let _ = self.ring.mark_consumer_dead(id);
+        self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
     }
 
     /// Takes a consumer record for a consumer that said a valid hello (it joins at the next frame) and makes its
@@ -522,8 +527,7 @@ impl<B: Backend> Producer<B> {
             Ok((offer, fds)) => Ok((id, offer, fds)),
             Err(e) => {
                 tracing::warn!(consumer = id.index(), name, error = %e, "could not make an offer");
-                let _ = self.ring.mark_consumer_dead(id);
-                self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
+                self.give_back(id);
                 Err((RefusalCode::ShuttingDown, format!("the producer could not make its offer: {e}")))
             }
         }

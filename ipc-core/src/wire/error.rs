@@ -238,6 +238,21 @@ pub enum WireError {
         /// The path.
         path: PathBuf,
     },
+    /// The socket file could not be given to the group its access asks for.
+    #[error(
+        "cannot give the socket {} to group {gid}: {source}; the producer's user must be a member of that group \
+         (or run as root)",
+        path.display()
+    )]
+    SocketGroup {
+        /// The group asked for.
+        gid: u32,
+        /// The socket path.
+        path: PathBuf,
+        /// The error code of `chown`.
+        #[source]
+        source: Errno,
+    },
     /// The socket file was replaced right after it was bound (by whoever can write its directory).
     #[error(
         "{} was replaced by something else right after the producer created it: its directory is writable by \

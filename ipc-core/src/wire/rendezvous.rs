@@ -1,10 +1,11 @@
 //! The rendezvous socket: where a producer listens and consumers connect.
 //!
-//! Permissions: the socket file is made mode 0600 with `chmod` between `bind` and `listen`.
-//! Changing the umask instead would race with every other thread of the process (it is
-//! process-wide), and `fchmod` on a socket fd changes the socket inode, not the file `bind`
-//! created. The window between `bind` and `chmod` is harmless: `connect` to a socket that is
-//! not yet listening fails with `ECONNREFUSED`, so nobody can get in before the mode is 0600.
+//! Permissions: the socket file gets its mode (0600 unless [`SocketAccess`] says otherwise) and group between
+//! `bind` and `listen`, through an `O_PATH` handle on the file checked to be the socket we bound (never by path
+//! again: whoever can write the directory could swap in a symlink or a hard link meanwhile). Changing the umask
+//! instead would race with every other thread of the process (it is process-wide), and `fchmod` on a socket fd
+//! changes the socket inode, not the file `bind` created. The window between `bind` and the mode is harmless:
+//! `connect` to a socket that is not yet listening fails with `ECONNREFUSED`.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -186,7 +187,8 @@ impl RendezvousListener {
     ///
     /// # Errors
     /// As `bind`; a mode outside 0o600..=0o777 ([`WireError::BadSocketMode`]); a group the process may not give
-    /// the file to ([`WireError::PermissionDenied`] for `chown`).
+    /// the file to ([`WireError::SocketGroup`]); the file swapped for another right after `bind`
+    /// ([`WireError::PathReplaced`]).
     pub fn bind_with(path: impl AsRef<Path>, access: &SocketAccess) -> Result<Self, WireError> {
         access.check()?;
         let path = path.as_ref().to_path_buf();
@@ -221,7 +223,7 @@ impl RendezvousListener {
         // the umask's bits at most, and no peer is accepted before `listen`).
         if let Some(gid) = access.group {
             chownat(&file, "", None, Some(Gid::from_raw(gid)), AtFlags::EMPTY_PATH)
-                .map_err(|source| path_error("chown", &listener.path, source))?;
+                .map_err(|source| WireError::SocketGroup { gid, path: listener.path.clone(), source })?;
         }
         set_mode(&file, &listener.path, access.mode, stat.st_mode)?;
         listen(&listener.socket, LISTEN_BACKLOG).map_err(|source| path_error("listen", &listener.path, source))?;
@@ -438,6 +440,7 @@ fn set_mode(file: &OwnedFd, path: &Path, mode: u32, created: u32) -> Result<(), 
         // No /proc: connecting needs write permission, so a socket bind made without group/other write (umask
         // 022 or stricter) already admits only its owner; never chmod by path (it follows a swapped-in symlink).
         Err(Errno::NOENT) if mode == 0o600 && created & 0o022 == 0 => Ok(()),
+        Err(Errno::NOENT) => Err(path_error("chmod through /proc/self/fd (is /proc mounted?)", path, Errno::NOENT)),
         Err(source) => Err(path_error("chmod", path, source)),
     }
 }
