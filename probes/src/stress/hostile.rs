@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -17,13 +17,12 @@ use gpu_ipc::core::wire::{ClientHello, Message, PROTOCOL_VERSION, RefusalCode, r
 use rustix::fs::{MemfdFlags, memfd_create};
 
 use super::outcome::Status;
+use super::procs::{NOBODY, reachable_copy};
 
 /// How long a bad client may be kept before the producer hangs up on it.
 pub const HANG_UP_WITHIN: Duration = Duration::from_secs(2);
 /// Bound of every socket operation here.
 const T: Duration = Duration::from_secs(10);
-/// The uid and gid of `nobody`.
-pub const NOBODY: u32 = 65534;
 
 /// A behaviour's verdict and what it saw.
 pub type Verdict = (Status, String);
@@ -240,7 +239,10 @@ pub fn other_user(path: &Path, count: u32) -> Verdict {
     if !rustix::process::geteuid().is_root() {
         return (Status::NotRun, "needs root to start a client as another user".into());
     }
-    let copy = match reachable_copy_of_this_program() {
+    let copy = match std::env::current_exe()
+        .map_err(|e| format!("cannot find this program: {e}"))
+        .and_then(|exe| reachable_copy(&exe, "peer"))
+    {
         Ok(copy) => copy,
         Err(e) => return (Status::NotRun, e),
     };
@@ -252,7 +254,7 @@ pub fn other_user(path: &Path, count: u32) -> Verdict {
     for i in 0..count {
         let output = {
             use std::os::unix::process::CommandExt;
-            Command::new(&copy.1).arg("stress-peer").arg("--socket").arg(path).uid(NOBODY).gid(NOBODY).output()
+            Command::new(copy.program()).arg("stress-peer").arg("--socket").arg(path).uid(NOBODY).gid(NOBODY).output()
         };
         match output {
             Ok(o) if o.status.success() => {}
@@ -268,27 +270,6 @@ pub fn other_user(path: &Path, count: u32) -> Verdict {
     }
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
     verdict
-}
-
-/// A directory (0755) holding a copy (0755) of this program, removed when dropped.
-struct ProgramCopy(PathBuf, PathBuf);
-
-impl Drop for ProgramCopy {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn reachable_copy_of_this_program() -> Result<ProgramCopy, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let dir = std::env::temp_dir().join(format!("gpu-ipc-stress-peer-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-    let copy = ProgramCopy(dir.clone(), dir.join("gpu-ipc"));
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
-    std::fs::copy(&exe, &copy.1).map_err(|e| format!("copy {}: {e}", exe.display()))?;
-    std::fs::set_permissions(&copy.1, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
-    Ok(copy)
 }
 
 #[cfg(test)]

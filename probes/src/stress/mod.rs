@@ -6,6 +6,9 @@
 //!   nor its two streaming consumers go `--max-gap-ms` (100) without a frame;
 //! - `namespace`: a consumer in another PID namespace (`unshare --pid --fork --mount-proc`) attaches and verifies
 //!   frames, per backend (legacy failing there is recorded as a finding);
+//! - `users`: (root) a consumer running as uid/gid 65534 (`nobody`) imports the ring of a producer of ours, per
+//!   backend and strategy (cpu-spin, gpu-stream-ops), through a socket open by uid, and once by group; either
+//!   answer is recorded (imported and verified, or refused with the CUDA error: a finding) ([`users`]);
 //! - `kills`: the random-kill matrix (issue 9), backend x strategy x victim (under MPS `gpu-poll` too), `--kills`
 //!   SIGKILLs per cell at random points, without and under a private MPS daemon; hangs, lost frames, mismatches,
 //!   `ProducerGone` times;
@@ -22,6 +25,7 @@ pub mod procs;
 pub mod render;
 pub mod run;
 pub mod schedule;
+pub mod users;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -34,6 +38,7 @@ use outcome::{CellCounts, Check, Status, Trial, TrialOutcome};
 use procs::ChildEnv;
 use run::{Ctx, CyclesRun, FrontDoorRun, NamespaceRun};
 use schedule::{BACKENDS, Sizes, SplitMix};
+use users::UsersReport;
 
 /// Version of the JSON document.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -48,6 +53,8 @@ pub enum Part {
     Hostile,
     /// A consumer in another PID namespace.
     Namespace,
+    /// Consumers of another user (uid 65534) importing a root producer's memory.
+    Users,
     /// The random-kill matrix.
     Kills,
     /// Attach/detach cycles.
@@ -71,7 +78,7 @@ pub enum MpsMode {
 /// Options of `gpu-ipc stress`.
 #[derive(Debug, Clone, Args)]
 pub struct StressArgs {
-    /// What to run: all, hostile, namespace, kills, cycles or evict.
+    /// What to run: all, hostile, namespace, users, kills, cycles or evict.
     #[arg(value_enum)]
     pub part: Part,
     /// With `all`: only these parts (comma-separated).
@@ -150,7 +157,7 @@ impl StressArgs {
 
 /// `part` with `only`: the parts to run, in their fixed order.
 pub fn selected_parts(part: Part, only: &[Part]) -> Vec<Part> {
-    let every = [Part::Hostile, Part::Namespace, Part::Cycles, Part::Evict, Part::Kills];
+    let every = [Part::Hostile, Part::Namespace, Part::Users, Part::Cycles, Part::Evict, Part::Kills];
     match part {
         Part::All if only.is_empty() || only.contains(&Part::All) => every.to_vec(),
         Part::All => every.into_iter().filter(|p| only.contains(p)).collect(),
@@ -202,6 +209,8 @@ pub struct StressReport {
     pub front_door: Vec<FrontDoorRun>,
     /// The namespace consumers.
     pub namespace: Vec<NamespaceRun>,
+    /// The consumers of another user (`null` when the part was not selected).
+    pub users: Option<UsersReport>,
     /// The cycles runs.
     pub cycles: Vec<CyclesRun>,
     /// Every check.
@@ -250,6 +259,7 @@ pub fn main(args: &StressArgs) -> u8 {
         kill_passes: Vec::new(),
         front_door: Vec::new(),
         namespace: Vec::new(),
+        users: None,
         cycles: Vec::new(),
         checks: Vec::new(),
         passed: false,
@@ -269,6 +279,14 @@ pub fn main(args: &StressArgs) -> u8 {
             report.front_door.push(run);
             report.namespace.extend(ns);
         }
+    }
+    if parts.contains(&Part::Users) {
+        eprintln!("gpu-ipc stress: consumers of uid {} against a producer of ours", procs::NOBODY);
+        let users = users::users(&ctx, &backends);
+        let from = report.checks.len();
+        report.checks.extend(users_checks(&users));
+        print_checks(&report.checks[from..]);
+        report.users = Some(users);
     }
     if parts.contains(&Part::Cycles) {
         for backend in &backends {
@@ -318,6 +336,29 @@ fn print_checks(checks: &[Check]) {
     for c in checks {
         eprintln!("gpu-ipc stress:   [{}] {}: {}", c.status.word(), c.name, c.detail);
     }
+}
+
+/// One check per consumer of another user.
+fn users_checks(users: &UsersReport) -> Vec<Check> {
+    users
+        .runs
+        .iter()
+        .map(|r| {
+            Check::new(
+                "users",
+                format!(
+                    "{}/{}, socket {}: a consumer of uid {} imports the frames of a producer of uid {}",
+                    r.backend,
+                    r.sync,
+                    r.door.name(),
+                    users.consumer_uid,
+                    users.producer_uid
+                ),
+                r.status,
+                r.detail.clone(),
+            )
+        })
+        .collect()
 }
 
 /// The checks of a kill pass: one per cell, or the pass's own when it did not run.
@@ -504,9 +545,11 @@ mod tests {
     fn all_runs_every_part_and_only_picks_some_in_the_fixed_order() {
         assert_eq!(
             parse(&["all"]).parts(),
-            vec![Part::Hostile, Part::Namespace, Part::Cycles, Part::Evict, Part::Kills]
+            vec![Part::Hostile, Part::Namespace, Part::Users, Part::Cycles, Part::Evict, Part::Kills]
         );
         assert_eq!(parse(&["all", "--only", "kills,hostile"]).parts(), vec![Part::Hostile, Part::Kills]);
+        assert_eq!(parse(&["all", "--only", "users"]).parts(), vec![Part::Users]);
+        assert_eq!(parse(&["users"]).parts(), vec![Part::Users]);
         assert_eq!(parse(&["cycles"]).parts(), vec![Part::Cycles]);
     }
 

@@ -21,7 +21,8 @@ pub enum Status {
     /// It did not: the run exits 1.
     Failed,
     /// Something worth recording that is documented as expected (legacy IPC across PID namespaces, an MPS server
-    /// fault after a kill): reported, not a failure.
+    /// fault after a kill), or the driver's answer to an open question (a CUDA import refused to a process of
+    /// another user): reported, not a failure.
     Finding,
     /// Not run, with why (no root, no MPS, an API not there yet).
     #[default]
@@ -43,7 +44,7 @@ impl Status {
 /// One check of one part, with what was seen.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Check {
-    /// `hostile`, `namespace`, `kills`, `cycles`, `evict`.
+    /// `hostile`, `namespace`, `users`, `kills`, `cycles`, `evict`.
     pub part: String,
     /// What was checked, e.g. `vmm: the producer's longest publish gap < 100 ms`.
     pub name: String,

@@ -257,6 +257,94 @@ pub fn socket_path(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("gpu-ipc-stress-{}-{tag}-{n}.sock", std::process::id()))
 }
 
+/// The uid and gid of `nobody`, the other user of the `hostile` and `users` parts.
+pub const NOBODY: u32 = 65534;
+
+/// A copy of a program that another user can run: a fresh directory (0755) in the temporary directory holding the
+/// program (0755). Removed when dropped.
+#[derive(Debug)]
+pub struct ReachableCopy {
+    dir: PathBuf,
+    program: PathBuf,
+}
+
+impl ReachableCopy {
+    /// The copied program.
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+}
+
+impl Drop for ReachableCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Copies `program` where another user can run it (the staged programs usually sit under a home directory it
+/// cannot search): `$TMPDIR/gpu-ipc-stress-TAG-PID-N/NAME`, directory and file 0755, the name kept.
+///
+/// # Errors
+/// What could not be made, copied or chmod-ed, naming the path.
+pub fn reachable_copy(program: &Path, tag: &str) -> Result<ReachableCopy, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let name = program.file_name().ok_or_else(|| format!("{} names no program", program.display()))?;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("gpu-ipc-stress-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+    // From here on, dropping the copy removes the directory.
+    let copy = ReachableCopy { program: dir.join(name), dir };
+    let chmod = |path: &Path| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("chmod 0755 {}: {e}", path.display()))
+    };
+    chmod(&copy.dir)?;
+    std::fs::copy(program, &copy.program).map_err(|e| format!("copy {}: {e}", program.display()))?;
+    chmod(&copy.program)?;
+    Ok(copy)
+}
+
+/// Whether the user `uid`, with the one group `gid` (no supplementary groups: what `Command::uid` leaves a
+/// process started by root), has every permission bit of `wanted` (`0o4` read, `0o2` write, `0o1` execute or
+/// search) on a file of this owner, group and mode. ACLs are not read.
+pub fn user_may(uid: u32, gid: u32, owner: u32, group: u32, mode: u32, wanted: u32) -> bool {
+    let bits = if uid == owner {
+        mode >> 6
+    } else if gid == group {
+        mode >> 3
+    } else {
+        mode
+    };
+    bits & wanted == wanted
+}
+
+/// The first directory from the root down to `dir` (included) that `uid`/`gid` cannot search, with its mode and
+/// owner; `None` when it can reach `dir`.
+pub fn unsearchable_for(uid: u32, gid: u32, dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut ancestors: Vec<&Path> = dir.ancestors().collect();
+    ancestors.reverse();
+    for a in ancestors {
+        match std::fs::metadata(a) {
+            Ok(m) if user_may(uid, gid, m.uid(), m.gid(), m.mode(), 0o1) => {}
+            Ok(m) => {
+                return Some(format!(
+                    "{} (mode {:04o}, owner {}:{}) is not searchable by uid {uid}",
+                    a.display(),
+                    m.mode() & 0o7777,
+                    m.uid(),
+                    m.gid()
+                ));
+            }
+            Err(e) => return Some(format!("{}: {e}", a.display())),
+        }
+    }
+    None
+}
+
 /// Strings from string literals, for argument lists.
 pub fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
@@ -319,5 +407,48 @@ mod tests {
     fn fds_of_this_process_are_counted() {
         assert!(fd_count(std::process::id()).unwrap() >= 3);
         assert!(fds_settle(std::process::id(), 10_000, Duration::ZERO).is_some());
+    }
+
+    #[test]
+    fn permissions_pick_the_owner_then_the_group_then_the_others() {
+        // rw for the owner only.
+        assert!(user_may(65534, 65534, 65534, 0, 0o600, 0o6));
+        assert!(!user_may(65534, 65534, 0, 0, 0o600, 0o6));
+        // The group's bits when the gid matches, even if the others' would allow it.
+        assert!(!user_may(65534, 65534, 0, 65534, 0o606, 0o6));
+        assert!(user_may(65534, 65534, 0, 65534, 0o660, 0o6));
+        assert!(user_may(65534, 65534, 0, 0, 0o666, 0o6));
+        assert!(!user_may(65534, 65534, 0, 0, 0o664, 0o6));
+        assert!(user_may(65534, 65534, 0, 0, 0o755, 0o1));
+        assert!(!user_may(65534, 65534, 0, 0, 0o700, 0o1));
+    }
+
+    #[test]
+    fn a_copy_for_another_user_is_reachable_and_goes_away_when_dropped() {
+        use std::os::unix::fs::PermissionsExt;
+        let copy = reachable_copy(Path::new("/bin/sh"), "test-copy").unwrap();
+        assert_eq!(copy.program().file_name().unwrap(), "sh");
+        let mode = std::fs::metadata(copy.program()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o755);
+        let dir = copy.program().parent().unwrap().to_owned();
+        assert_eq!(unsearchable_for(NOBODY, NOBODY, &dir), None);
+        drop(copy);
+        assert!(!dir.exists());
+        let e = reachable_copy(Path::new("/nonexistent-gpu-ipc/consumer"), "test-missing").unwrap_err();
+        assert!(e.contains("copy /nonexistent-gpu-ipc/consumer"), "{e}");
+    }
+
+    #[test]
+    fn an_unsearchable_directory_is_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gpu-ipc-stress-closed-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("inner")).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&dir).unwrap());
+        // Another uid than the owner's, with no group in common.
+        let other = if owner == NOBODY { 1 } else { NOBODY };
+        let why = unsearchable_for(other, other, &dir.join("inner")).unwrap();
+        assert!(why.starts_with(&format!("{} (mode 0700", dir.display())), "{why}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

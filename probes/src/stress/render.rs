@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use super::StressReport;
 use super::outcome::Status;
+use super::users::{USERS_FRAMES, UsersReport};
 
 /// Table-safe text: no pipes, no line breaks.
 fn cell(text: &str) -> String {
@@ -118,6 +119,9 @@ pub fn markdown(r: &StressReport) -> String {
         }
         md.push('\n');
     }
+    if let Some(u) = &r.users {
+        users_table(&mut md, u);
+    }
     if !r.cycles.is_empty() {
         md.push_str("## Attach/detach cycles\n\n| backend | sync | cycles | frames | consumer fd delta | device bytes lost | producer fd delta | seconds | result |\n");
         md.push_str("|---|---|---:|---:|---:|---:|---:|---:|---|\n");
@@ -147,6 +151,40 @@ pub fn markdown(r: &StressReport) -> String {
         }
     }
     md
+}
+
+/// The `users` part: one row per backend x strategy x socket door, the answer in words.
+fn users_table(md: &mut String, u: &UsersReport) {
+    let _ = writeln!(
+        md,
+        "## Consumers of another user\n\nA producer of uid {} serves a consumer running as uid {} gid {} (the consumer \
+         program, `--producer-uid {}`, {USERS_FRAMES} frames): does the CUDA import work across users? /dev/nvidia*: {}.\n",
+        u.producer_uid,
+        u.consumer_uid,
+        u.consumer_gid,
+        u.producer_uid,
+        cell(&u.devices_note)
+    );
+    md.push_str(
+        "| backend | sync | socket | attached | frames verified | mismatched words | answer | consumer | result |\n",
+    );
+    md.push_str("|---|---|---|---|---:|---:|---|---|---|\n");
+    for run in &u.runs {
+        let consumer = run.consumer_end.as_deref().unwrap_or("-");
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {consumer} | {} |",
+            run.backend,
+            run.sync,
+            run.door.name(),
+            if run.attached { "yes" } else { "no" },
+            run.frames,
+            run.mismatched_words,
+            cell(&run.answer.words()),
+            run.status.word()
+        );
+    }
+    md.push('\n');
 }
 
 fn checks_table(md: &mut String, r: &StressReport, part: &str, title: &str) {
@@ -189,7 +227,35 @@ mod tests {
     use crate::stress::outcome::{CellCounts, Check, Trial, TrialOutcome};
     use crate::stress::run::{CyclesRun, FrontDoorRun, NamespaceRun};
     use crate::stress::schedule::{Cell, KillPoint, Sizes, Victim};
+    use crate::stress::users::{CrossUserAnswer, SocketDoor, UsersRun};
     use crate::stress::{KillPass, Part, SCHEMA_VERSION};
+
+    fn users_run(backend: &str, door: SocketDoor, answer: CrossUserAnswer) -> UsersRun {
+        let verified = answer == CrossUserAnswer::Verified;
+        UsersRun {
+            backend: backend.into(),
+            sync: "cpu-spin".into(),
+            door,
+            attached: verified,
+            frames: if verified { 50 } else { 0 },
+            mismatched_words: 0,
+            consumer_exit: match answer {
+                CrossUserAnswer::Verified => Some(0),
+                CrossUserAnswer::NotRun { .. } => None,
+                _ => Some(1),
+            },
+            consumer_end: match answer {
+                CrossUserAnswer::Verified => Some("exit 0".into()),
+                CrossUserAnswer::NotRun { .. } => None,
+                _ => Some("exit 1".into()),
+            },
+            consumer_last_lines: vec![],
+            producer: "producer: exit 0".into(),
+            status: answer.status(),
+            detail: answer.words(),
+            answer,
+        }
+    }
 
     fn report() -> StressReport {
         let cell = Cell { backend: "vmm", sync: "gpu-stream-ops", victim: Victim::Producer };
@@ -262,6 +328,26 @@ mod tests {
                 status: Status::Finding,
                 detail: "consumer pidns: exit 1: cuIpcOpenMemHandle failed".into(),
             }],
+            users: Some(UsersReport {
+                producer_uid: 0,
+                consumer_uid: 65534,
+                consumer_gid: 65534,
+                devices: vec![],
+                devices_note: "uid 65534 may open every /dev/nvidia* file read-write (/dev/nvidia0)".into(),
+                runs: vec![
+                    users_run(
+                        "legacy",
+                        SocketDoor::Uid,
+                        CrossUserAnswer::Refused {
+                            error:
+                                "consumer: cuIpcOpenMemHandle failed: CUDA_ERROR_INVALID_VALUE (1): invalid | argument"
+                                    .into(),
+                        },
+                    ),
+                    users_run("vmm", SocketDoor::Group, CrossUserAnswer::Verified),
+                    users_run("vmm", SocketDoor::Uid, CrossUserAnswer::NotRun { reason: "needs root".into() }),
+                ],
+            }),
             cycles: vec![CyclesRun {
                 backend: "vmm".into(),
                 sync: "cpu-spin".into(),
@@ -298,6 +384,22 @@ mod tests {
         assert!(md.contains("| legacy | no | 0 | finding | consumer pidns: exit 1: cuIpcOpenMemHandle failed |"));
         assert!(md.contains("| vmm | cpu-spin | 200 | 800 | 0 | 0 | -1 | 0.0 | passed |"), "{md}");
         assert!(md.contains("## Eviction of a stuck consumer"));
+        assert!(md.contains("A producer of uid 0 serves a consumer running as uid 65534 gid 65534"), "{md}");
+        assert!(
+            md.contains(
+                "| legacy | cpu-spin | by uid (0666) | no | 0 | 0 | refused: consumer: cuIpcOpenMemHandle failed: \
+                 CUDA_ERROR_INVALID_VALUE (1): invalid \\| argument | exit 1 | finding |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| vmm | cpu-spin | by group (0660) | yes | 50 | 0 | imported and verified 50 frames | exit 0 | passed |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| vmm | cpu-spin | by uid (0666) | no | 0 | 0 | not run: needs root | - | not run |"),
+            "{md}"
+        );
         assert!(md.contains("- **FAILED** (kills): MPS: vmm/gpu-stream-ops/producer: 1 hang"));
         // Every table row has as many cells as its header (escaped pipes are text).
         let pipes = |line: &str| line.replace("\\|", "").matches('|').count();
@@ -327,5 +429,14 @@ mod tests {
         assert_eq!(json["checks"][1]["status"], "finding");
         assert_eq!(json["parts"][0], "kills");
         assert_eq!(json["sizes"]["kills_per_cell"], 3);
+        let users = &json["users"];
+        assert_eq!((users["producer_uid"].as_u64(), users["consumer_uid"].as_u64()), (Some(0), Some(65534)));
+        assert_eq!(users["runs"][0]["answer"]["kind"], "refused");
+        assert!(users["runs"][0]["answer"]["error"].as_str().unwrap().contains("CUDA_ERROR_INVALID_VALUE"));
+        assert_eq!(users["runs"][0]["status"], "finding");
+        assert_eq!(users["runs"][0]["door"], "uid");
+        assert_eq!(users["runs"][1]["answer"]["kind"], "verified");
+        assert_eq!(users["runs"][1]["door"], "group");
+        assert_eq!(users["runs"][2]["answer"]["kind"], "not-run");
     }
 }

@@ -14,7 +14,7 @@ use super::procs::{Bins, Child, ChildEnv, args, fd_count, fds_settle, finish_all
 use super::schedule::{Cell, KillPoint, Sizes, Victim};
 
 /// Bound of a process's start-up (CUDA, kernels, attach) until it reports progress.
-const START_LIMIT: Duration = Duration::from_secs(60);
+pub(super) const START_LIMIT: Duration = Duration::from_secs(60);
 /// Device memory a consumer may lose over its cycles before it counts as a leak (one frame allocation would be
 /// megabytes per cycle, gigabytes over a run).
 pub const DEVICE_LEAK_TOLERANCE: u64 = 16 << 20;
@@ -56,7 +56,7 @@ impl Ctx {
         a
     }
 
-    fn consumer_args(socket: &Path, backend: &str, name: &str, extra: &[&str]) -> Vec<String> {
+    pub(super) fn consumer_args(socket: &Path, backend: &str, name: &str, extra: &[&str]) -> Vec<String> {
         let mut a = args(&["--socket"]);
         a.push(socket.display().to_string());
         a.extend(args(&["--backend", backend, "--json", "--name", name]));
@@ -64,7 +64,7 @@ impl Ctx {
         a
     }
 
-    fn producer(&self, socket: &Path, backend: &str, sync: &str, extra: &[&str]) -> Result<Child, String> {
+    pub(super) fn producer(&self, socket: &Path, backend: &str, sync: &str, extra: &[&str]) -> Result<Child, String> {
         Child::spawn("producer", &self.bins.producer, &self.producer_args(socket, backend, sync, extra), &self.env)
     }
 
