@@ -44,6 +44,10 @@ use crate::wire::{
     PeerCredentials, RefusalCode, Refused, RendezvousListener, WireError,
 };
 
+/// Panics of the thread's loop survived before it gives up: each fails the handshakes in flight (their peers see a
+/// hang-up and may attach again) and starts the loop afresh on the same socket; a loop that keeps panicking is a bug
+/// that some input sets off again and again, and accepting then stops (the socket file goes) rather than panic on.
+pub(crate) const MAX_PANICS: u32 = 8;
 /// Longest the thread sleeps in `poll` when nothing has a nearer deadline.
 const IDLE_POLL: Duration = Duration::from_millis(100);
 /// How long accepting pauses after the process ran out of fds (`EMFILE`/`ENFILE`) or memory: the pending
@@ -108,6 +112,8 @@ pub(crate) struct Admission {
     offers: mpsc::Sender<(u64, OfferKit)>,
     wake: UnixStream,
     stop: Arc<AtomicBool>,
+    /// Set when the thread gave up after [`MAX_PANICS`] panics: what the last one said.
+    gave_up: Arc<Mutex<Option<String>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -124,9 +130,11 @@ impl Admission {
         wake.set_nonblocking(true)?;
         wake_rx.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let gave_up = Arc::new(Mutex::new(None));
         let thread = {
             let stop = stop.clone();
-            let mut front_door = FrontDoor {
+            let gave_up = gave_up.clone();
+            let front_door = FrontDoor {
                 listener,
                 ring,
                 config,
@@ -137,9 +145,16 @@ impl Admission {
                 accept_paused_until: None,
                 next_token: 0,
             };
-            std::thread::Builder::new().name("gpu-ipc-admission".into()).spawn(move || front_door.run(&stop))?
+            std::thread::Builder::new()
+                .name("gpu-ipc-admission".into())
+                .spawn(move || front_door.run_surviving_panics(&stop, &gave_up))?
         };
-        Ok(Self { events: Mutex::new(events), offers, wake, stop, thread: Some(thread) })
+        Ok(Self { events: Mutex::new(events), offers, wake, stop, gave_up, thread: Some(thread) })
+    }
+
+    /// `Some(why)` once the thread gave up after [`MAX_PANICS`] panics: no consumer can attach any more.
+    pub(crate) fn gave_up(&self) -> Option<String> {
+        self.gave_up.lock().ok().and_then(|g| g.clone())
     }
 
     /// The next event, without waiting.
@@ -246,6 +261,30 @@ struct FrontDoor {
 }
 
 impl FrontDoor {
+    /// [`FrontDoor::run`], started afresh after a panic (a bug: every failure a peer can cause is handled without
+    /// one) once the handshakes in flight are failed, up to [`MAX_PANICS`] times; then it records why in
+    /// `gave_up` and returns, which drops the listener (and removes the socket file).
+    fn run_surviving_panics(mut self, stop: &AtomicBool, gave_up: &Mutex<Option<String>>) {
+        let mut panics = 0u32;
+        loop {
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run(stop)));
+            let Err(payload) = run else { return };
+            panics += 1;
+            let what = panic_message(payload.as_ref());
+            for handshake in std::mem::take(&mut self.pending) {
+                self.fail(handshake, Failure::silent(format!("the admission thread panicked: {what}")));
+            }
+            if panics >= MAX_PANICS {
+                tracing::error!(panics, last = %what, "the admission thread keeps panicking: it stops accepting consumers");
+                if let Ok(mut slot) = gave_up.lock() {
+                    *slot = Some(format!("it panicked {panics} times, last: {what}"));
+                }
+                return;
+            }
+            tracing::error!(panics, %what, "the admission thread panicked: it failed the handshakes in flight and goes on");
+        }
+    }
+
     fn run(&mut self, stop: &AtomicBool) {
         while !stop.load(Ordering::Acquire) {
             while let Ok((token, kit)) = self.offers.try_recv() {
@@ -468,6 +507,10 @@ impl FrontDoor {
     /// namespace) gets `None` (a record with pid 0), which the ring never declares gone by pid: its connection's
     /// hang-up is what the watchdog acts on.
     fn admit_hello(&self, peer: PeerCredentials, hello: &ClientHello) -> Result<Option<Pid>, Failure> {
+        #[cfg(test)]
+        if hello.consumer_name == tests::PANIC_NAME {
+            panic!("a panic the tests asked for");
+        }
         if let Some(wanted) = hello.wanted_backend
             && wanted != self.config.backend
         {
@@ -563,6 +606,15 @@ impl FrontDoor {
 /// What ends a handshake whose connection could not be read: before a valid hello the peer is told why (a
 /// version this build does not speak: `Refused` code 1; anything else malformed: code 6), unless it is gone or
 /// the socket failed; after the hello the connection is just closed.
+/// The text of a panic's payload (`panic!` with a message gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 fn read_failure(stage: Stage, error: WireError) -> Failure {
     match (stage, error) {
         (Stage::Hello, WireError::UnsupportedVersion { found, supported }) => Failure::refuse(
@@ -585,4 +637,77 @@ fn truncate(text: &str, max: usize) -> String {
         end -= 1;
     }
     text.get(..end).unwrap_or_default().to_owned()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) mod tests {
+    use std::path::{Path, PathBuf};
+    use std::time::{Duration, Instant};
+
+    use super::MAX_PANICS;
+    use crate::fake::{HostContext, HostFake};
+    use crate::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+    use crate::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+
+    /// A consumer of this name makes the admission thread panic on its hello (test builds only).
+    pub(crate) const PANIC_NAME: &str = "panic-the-admission-thread";
+
+    fn producer(tag: &str) -> (Producer<HostFake>, PathBuf) {
+        let path = std::env::temp_dir().join(format!("gpu-ipc-admission-{tag}-{}.sock", std::process::id()));
+        let geometry = FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap();
+        let config = ProducerConfig::new(&path, geometry, 2, SyncStrategy::CpuSpin);
+        (Producer::<HostFake>::create(&HostContext, config).unwrap(), path)
+    }
+
+    /// Attaches as `name` on another thread; the producer admits meanwhile, for at most `limit`.
+    fn attach_as(producer: &mut Producer<HostFake>, path: &Path, name: &str, limit: Duration) -> Result<(), String> {
+        let (path, name) = (path.to_path_buf(), name.to_owned());
+        let attacher = std::thread::spawn(move || {
+            let options = AttachOptions { name, timeout: Duration::from_secs(2), ..AttachOptions::default() };
+            Consumer::<HostFake>::attach(&HostContext, &path, &options).map(drop).map_err(|e| e.to_string())
+        });
+        let end = Instant::now() + limit;
+        while !attacher.is_finished() && Instant::now() < end {
+            let _ = producer.admit_pending();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        attacher.join().unwrap()
+    }
+
+    #[test]
+    fn a_panic_of_the_admission_thread_fails_that_handshake_and_the_next_consumer_attaches() {
+        let (mut producer, path) = producer("panic-once");
+        let started = Instant::now();
+        let refused = attach_as(&mut producer, &path, PANIC_NAME, Duration::from_secs(5));
+        assert!(refused.is_err(), "the handshake that set off the panic fails");
+        assert!(started.elapsed() < Duration::from_secs(2), "at once, not at a deadline: {:?}", started.elapsed());
+        for i in 0..3 {
+            attach_as(&mut producer, &path, &format!("after-{i}"), Duration::from_secs(5)).unwrap();
+        }
+        producer.admit_pending().unwrap();
+        assert!(path.exists(), "the socket stays");
+    }
+
+    #[test]
+    fn an_admission_thread_that_keeps_panicking_stops_accepting_and_says_so() {
+        let (mut producer, path) = producer("panic-always");
+        for _ in 0..MAX_PANICS {
+            assert!(attach_as(&mut producer, &path, PANIC_NAME, Duration::from_secs(5)).is_err());
+        }
+        let end = Instant::now() + Duration::from_secs(5);
+        let error = loop {
+            match producer.admit_pending() {
+                Err(e) => break e,
+                Ok(()) if Instant::now() < end => std::thread::sleep(Duration::from_millis(5)),
+                Ok(()) => panic!("admit_pending never reported the stopped admission thread"),
+            }
+        };
+        assert!(matches!(error, FrameError::Admission(ref why) if why.contains("8 times")), "{error}");
+        assert!(!path.exists(), "the socket file goes with the listener");
+        assert!(attach_as(&mut producer, &path, "late", Duration::from_secs(5)).is_err());
+        // The producer itself goes on.
+        let lease = producer.acquire(None, Duration::from_secs(1)).unwrap();
+        producer.publish(lease, None).unwrap();
+    }
 }

@@ -48,6 +48,10 @@ pub enum FrameError {
         /// How long the GPU waited (its budget).
         waited: Duration,
     },
+    /// The producer's admission thread stopped accepting consumers (it kept panicking: a bug, logged with what each
+    /// panic said): the consumers attached are served on, no other can attach. Create the producer again.
+    #[error("the producer's admission thread stopped accepting consumers ({0}); create the producer again")]
+    Admission(String),
     /// The ring's configuration is not usable.
     #[error("invalid ring configuration: {0}")]
     Config(String),

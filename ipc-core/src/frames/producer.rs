@@ -281,7 +281,8 @@ impl<B: Backend> Producer<B> {
     /// Admits consumers until `count` are attached, or `timeout` passes.
     ///
     /// # Errors
-    /// [`FrameError::Timeout`] with the number that did attach.
+    /// [`FrameError::Timeout`] with the number that did attach; [`FrameError::Admission`] when no consumer can
+    /// attach any more (see [`Producer::admit_pending`]).
     pub fn wait_for_consumers(&mut self, count: usize, timeout: Duration) -> Result<(), FrameError> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -320,7 +321,7 @@ impl<B: Backend> Producer<B> {
     /// # Errors
     /// [`FrameError::Timeout`] when consumers do not release in time, driver errors.
     pub fn acquire(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<SlotLease, FrameError> {
-        self.admit_pending()?;
+        self.serve_front_door();
         let seq = self.next_seq;
         let started = Instant::now();
         let deadline = started + timeout;
@@ -353,7 +354,7 @@ impl<B: Backend> Producer<B> {
                     if now >= deadline {
                         return Err(FrameError::Timeout { what, waited: now.saturating_duration_since(started) });
                     }
-                    self.admit_pending()?;
+                    self.serve_front_door();
                 }
                 Err(e) => return Err(e),
             }
@@ -440,9 +441,23 @@ impl<B: Backend> Producer<B> {
     /// taken, some of them only waiting to be freed, is answered by a later call (for up to a second) rather than
     /// refused.
     ///
+    /// [`Producer::acquire`] does the same (and goes on publishing to the consumers attached whatever this says).
+    ///
     /// # Errors
-    /// None today (every failure is logged and survived); the `Result` stays for callers written against it.
+    /// [`FrameError::Admission`] once the admission thread has stopped accepting: it survives a panic of its own
+    /// (a bug) by failing the handshakes in flight and starting afresh, but after 8 it stops, the socket file goes,
+    /// and no consumer can attach to this producer any more (every other failure, a client's included, is logged
+    /// and survived).
     pub fn admit_pending(&mut self) -> Result<(), FrameError> {
+        self.serve_front_door();
+        match self.admission.gave_up() {
+            Some(why) => Err(FrameError::Admission(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Producer::admit_pending`] without its verdict on the admission thread.
+    fn serve_front_door(&mut self) {
         self.reap_dead_peers();
         while let Some(event) = self.admission.try_next() {
             match event {
@@ -457,7 +472,6 @@ impl<B: Backend> Producer<B> {
         }
         self.reclaim_retired();
         self.answer_hellos();
-        Ok(())
     }
 
     /// Answers the hellos waiting for a record, in arrival order: an offer, or a refusal, or (every record taken,
