@@ -7,6 +7,9 @@
 //! publish counters when it finds the ring closed; one that stops releasing is evicted and exits 5 while another
 //! reads on.
 //!
+//! `cuda_consumer.py`, its GPU sibling, is checked here only as far as no GPU is needed: its frame check pattern
+//! against docs/kernels.md, and its one-line exit without CUDA or a producer.
+//!
 //! These tests need python3 (3.8 or later; `PYTHON` names another interpreter). Without one they fail, saying so:
 //! CI has python3, and a skipped conformance test would pass silently. Every wait is bounded; a Python process
 //! still running at its deadline is killed.
@@ -495,4 +498,42 @@ fn a_consumer_that_reads_its_given_back_record_is_told_its_handshake_was_dropped
     drop(connection);
     let result = consumer.join().unwrap();
     assert!(matches!(&result, Err(FrameError::Config(m)) if m.contains("dropped this handshake")), "{result:?}");
+}
+
+// `tests/python/cuda_consumer.py`, the consumer for the GPU backends (legacy, vmm) written from the docs alone, runs
+// against the real producer only on a GPU machine (`scripts/python-gpu-consumer.sh`). What can be checked here:
+// its frame check pattern against the table of vectors in docs/kernels.md, and that without CUDA (or without a
+// producer) it stops with one line saying what is missing, not a traceback.
+const CUDA_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/cuda_consumer.py");
+
+#[test]
+fn the_cuda_consumer_s_pattern_matches_the_vectors_of_docs_kernels_md() {
+    let python = python();
+    let mut run =
+        PyScript::spawn(&python, CUDA_SCRIPT, "python cuda consumer --self-test", Path::new(""), &["--self-test"]);
+    let finished = run.wait(T);
+    assert_eq!(finished.code, Some(0), "{}", finished.describe());
+    assert!(finished.stdout.contains(r#""self_test": "passed""#), "{}", finished.describe());
+    assert!(finished.stdout.contains(r#""source": "docs/kernels.md""#), "{}", finished.describe());
+    assert_eq!(finished.summary("vectors"), 9, "docs/kernels.md's table has 9 rows\n{}", finished.describe());
+}
+
+#[test]
+fn the_cuda_consumer_without_cuda_or_a_producer_exits_1_saying_why() {
+    let python = python();
+    let missing = sock("cuda-no-producer");
+    let _ = std::fs::remove_file(&missing);
+    let mut run = PyScript::spawn(&python, CUDA_SCRIPT, "python cuda consumer", &missing, &["--timeout", "5"]);
+    let finished = run.wait(Duration::from_secs(60));
+    assert_eq!(finished.code, Some(1), "{}", finished.describe());
+    assert!(!finished.stderr.contains("Traceback"), "{}", finished.describe());
+    let last = finished.stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("cuda_consumer: "), "{}", finished.describe());
+    // Here: no cuda-bindings (or no driver); on a GPU machine: no producer on that path.
+    assert!(
+        ["cuda-bindings is not installed", "cuInit failed", "cannot connect to"].iter().any(|why| last.contains(why)),
+        "{}",
+        finished.describe()
+    );
+    assert!(finished.stdout.is_empty(), "no summary without a ring\n{}", finished.describe());
 }

@@ -54,6 +54,9 @@ and a store, which the docs allow while our record is LIVE in our epoch (protoco
 right only while your record is LIVE", checked before each release; "Leaving": "an aligned 8-byte store of the
 DETACHED word does the same while you are attached"). The atomics, like the protocol's constants and framing,
 are in gpuipc_wire.py, next to this file, which producer.py shares.
+
+cuda_consumer.py, next to this file, reuses this module (handshake, frame waits, leaving) for the legacy and vmm
+backends: it passes its own importer to `run` (see `HostFakeImport` for what one provides).
 """
 
 import argparse
@@ -125,6 +128,11 @@ class Evicted(ConsumerError):
     """Our record is no longer LIVE in our epoch: the producer evicted us or declared us dead (exit 5)."""
 
     exit_code = 5
+
+
+class ReadsStuck(ConsumerError):
+    """Our reads of a frame did not finish in time (GPU reads, cuda_consumer.py; exit 1). Leaving, step 1: we skip
+    the poison and the ring-level detach and just hang up; the producer takes that for a death."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -199,12 +207,13 @@ def recv_message(sock, deadline):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def encode_client_hello(name):
-    """ClientHello payload: version 1, wanting host-fake, our pid, our name."""
+def encode_client_hello(name, wanted_backend=BACKEND_HOST_FAKE):
+    """ClientHello payload: version 1, wanting `wanted_backend` (host-fake unless told; 0: any), our pid, our
+    name."""
     name_bytes = name.encode("utf-8")
     if len(name_bytes) > MAX_NAME_BYTES:
         raise ProtocolError(f"consumer name is {len(name_bytes)} bytes; at most {MAX_NAME_BYTES}")
-    return HELLO.pack(PROTOCOL_VERSION, BACKEND_HOST_FAKE, os.getpid(), len(name_bytes), 0) + name_bytes
+    return HELLO.pack(PROTOCOL_VERSION, wanted_backend, os.getpid(), len(name_bytes), 0) + name_bytes
 
 
 def decode_refused(payload):
@@ -229,7 +238,7 @@ def decode_refused(payload):
 
 @dataclasses.dataclass
 class Offer:
-    """The fields of a RingOffer this consumer uses."""
+    """The fields of a RingOffer this consumer (or cuda_consumer.py) uses."""
 
     backend: int
     handle_type: int
@@ -247,6 +256,9 @@ class Offer:
     granularity: int
     control_bytes: int
     event_count: int
+    device_uuid: bytes = bytes(16)  # cuDeviceGetUuid_v2 bytes; all zero on host-fake
+    legacy_mem_handle: bytes = bytes(64)  # the CUipcMemHandle when flag bit 0 is set
+    event_handles: tuple = ()  # 2 * slot_count CUipcEventHandles (64 bytes each) with ipc-event, else none
 
 
 def is_power_of_two(value):
@@ -258,7 +270,7 @@ def decode_offer(payload):
     """Parse a RingOffer payload and check every rule of its table (protocol.md, "RingOffer (type 2)")."""
     if len(payload) < OFFER.size:
         raise ProtocolError(f"RingOffer payload of {len(payload)} bytes is shorter than 168 (Truncated)")
-    (backend, handle_type, sync, pixel_format, _device_uuid, _producer_pid, consumer_id, generation, width, height,
+    (backend, handle_type, sync, pixel_format, device_uuid, _producer_pid, consumer_id, generation, width, height,
      pitch_bytes, slot_count, slot_stride_bytes, data_offset, allocation_bytes, granularity, control_bytes, flags,
      event_count, legacy_mem_handle) = OFFER.unpack_from(payload)
     expected_len = OFFER.size + EVENT_HANDLE_BYTES * event_count
@@ -296,9 +308,11 @@ def decode_offer(payload):
         raise ProtocolError("RingOffer flags other than bit 0 are set (ReservedNotZero)")
     if not legacy_present and legacy_mem_handle != bytes(64):
         raise ProtocolError("unused legacy_mem_handle is not zero (ReservedNotZero)")
+    event_handles = tuple(payload[OFFER.size + EVENT_HANDLE_BYTES * k : OFFER.size + EVENT_HANDLE_BYTES * (k + 1)]
+                          for k in range(event_count))
     return Offer(backend, handle_type, sync, pixel_format, consumer_id, generation, width, height, pitch_bytes,
                  slot_count, slot_stride_bytes, data_offset, allocation_bytes, granularity, control_bytes,
-                 event_count)
+                 event_count, device_uuid, legacy_mem_handle, event_handles)
 
 
 def expected_fd_count(offer):
@@ -374,7 +388,7 @@ class Session:
     producer_pid: int  # from SO_PEERCRED: the producer's pid in our PID namespace, 0 if it cannot be seen
     offer: Offer
     control: ControlMapping
-    data: mmap.mmap
+    frames: object  # the frame memory: HostFrames here, a CUDA import in cuda_consumer.py
     epoch: int
     join_sequence: int
 
@@ -421,25 +435,75 @@ def receive_offer(sock, deadline):
         raise
 
 
-def import_offer(offer, fds, atomics):
-    """Steps 4 to 6 for host-fake: map and check the control block, read our record, map the frame memfd."""
-    if offer.backend != BACKEND_HOST_FAKE:
-        raise ProtocolError(f"we asked for host-fake (3) and were offered backend {offer.backend}")
-    if offer.sync not in SUPPORTED_SYNC:
-        raise UnsupportedStrategy(f"the producer uses sync strategy {SYNC_NAMES[offer.sync]}; this consumer "
-                                  "supports only cpu-spin and cpu-sleep")
+class HostFrames:
+    """The frame memory of a host-fake ring: its memfd mapped read-only. The test producer writes frame s's
+    sequence number, as a little-endian u64, into every 8-byte word of the frame.
+
+    The interface the frame loop uses (cuda_consumer.py implements it for GPU memory): `before_read` (nothing to
+    wait for here), `mismatched_words` (read and check a frame; every read finished when it returns), `after_read`
+    (just before the release), `summary_fields` (extra keys of the JSON summary) and `close`."""
+
+    def __init__(self, offer, fds):
+        self.map = mmap.mmap(fds[1], offer.allocation_bytes, mmap.MAP_SHARED, mmap.PROT_READ)
+
+    def before_read(self, session, seq, deadline):
+        """Nothing: the publish counter is the whole wait with the CPU strategies."""
+
+    def mismatched_words(self, offer, seq):
+        """How many 8-byte words of frame `seq` differ from `seq` (little-endian u64)."""
+        start = offer.data_offset + (seq % offer.slot_count) * offer.slot_stride_bytes
+        word_count = offer.pitch_bytes * offer.height // 8
+        words = struct.unpack_from(f"<{word_count}Q", self.map, start)
+        return sum(1 for word in words if word != seq)
+
+    def after_read(self, seq):
+        """Nothing: the reads are finished."""
+
+    def summary_fields(self):
+        """No extra keys."""
+        return {}
+
+    def close(self):
+        """Unmap."""
+        self.map.close()
+
+
+class HostFakeImport:
+    """What attach needs to know of the backend: which offers it takes, and how it imports the frame memory."""
+
+    wanted_backend = BACKEND_HOST_FAKE
+
+    @staticmethod
+    def check_offer(offer):
+        """Raise unless we can read this offer: backend host-fake, a CPU strategy."""
+        if offer.backend != BACKEND_HOST_FAKE:
+            raise ProtocolError(f"we asked for host-fake (3) and were offered backend {offer.backend}")
+        if offer.sync not in SUPPORTED_SYNC:
+            raise UnsupportedStrategy(f"the producer uses sync strategy {SYNC_NAMES[offer.sync]}; this consumer "
+                                      "supports only cpu-spin and cpu-sleep")
+
+    @staticmethod
+    def import_frames(offer, fds):
+        """Step 6: map the frame memfd."""
+        return HostFrames(offer, fds)
+
+
+def import_offer(offer, fds, atomics, importer):
+    """Steps 4 to 6: check the offer is one we can read, map and check the control block, read our record, import
+    the frame memory (`importer.import_frames`)."""
+    importer.check_offer(offer)
     control = ControlMapping(fds[0], atomics)
     try:
         check_control_header(control, offer)
         epoch, join_sequence = read_own_record(control, offer.consumer_id)
-        data = mmap.mmap(fds[1], offer.allocation_bytes, mmap.MAP_SHARED, mmap.PROT_READ)
+        frames = importer.import_frames(offer, fds)
     except BaseException:
         control.close()
         raise
-    return control, data, epoch, join_sequence
+    return control, frames, epoch, join_sequence
 
 
-def attach(socket_path, name, timeout_s, atomics):
+def attach(socket_path, name, timeout_s, atomics, importer=HostFakeImport):
     """Connect, hello, offer, import, Attached: the whole handshake, bounded by `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -451,24 +515,30 @@ def attach(socket_path, name, timeout_s, atomics):
             raise ProtocolError(f"cannot connect to {socket_path}: {err.strerror}") from None
         producer_pid = peer_pid_checked(sock)
         try:
-            send_message(sock, MSG_CLIENT_HELLO, encode_client_hello(name))
+            send_message(sock, MSG_CLIENT_HELLO, encode_client_hello(name, importer.wanted_backend))
         except OSError:
             pass  # the producer may have refused us before reading: its Refused is waiting to be read
         offer, fds = receive_offer(sock, deadline)
         try:
-            control, data, epoch, join_sequence = import_offer(offer, fds, atomics)
+            control, frames, epoch, join_sequence = import_offer(offer, fds, atomics, importer)
         except (ConsumerError, OSError):
             send_detach(sock, offer.consumer_id, DETACH_IMPORT_FAILED)  # step 7
             raise
         finally:
             close_fds(fds)  # the mappings keep the memory; the fds are no longer needed
-        if connection_hung_up(sock):
-            # Step 5: the producer dropped this handshake before we read our record, which may already be a
-            # newcomer's: leave it alone (no detach) and let the caller attach again.
-            raise ProtocolError("the producer dropped this handshake before we joined (too slow?); attach again")
-        send_message(sock, MSG_ATTACHED, ATTACHED_PAYLOAD.pack(offer.consumer_id, 0))  # step 8
+        try:
+            if connection_hung_up(sock):
+                # Step 5: the producer dropped this handshake before we read our record, which may already be a
+                # newcomer's: leave it alone (no detach) and let the caller attach again.
+                raise ProtocolError("the producer dropped this handshake before we joined (too slow?); "
+                                    "attach again")
+            send_message(sock, MSG_ATTACHED, ATTACHED_PAYLOAD.pack(offer.consumer_id, 0))  # step 8
+        except BaseException:
+            frames.close()
+            control.close()
+            raise
         sock.setblocking(True)
-        return Session(sock, producer_pid, offer, control, data, epoch, join_sequence)
+        return Session(sock, producer_pid, offer, control, frames, epoch, join_sequence)
     except BaseException:
         sock.close()
         raise
@@ -569,15 +639,6 @@ def wait_readable(session, seq, timeout_s):
             time.sleep(SLEEP_INTERVAL_S)
 
 
-def count_mismatched_words(session, seq):
-    """How many 8-byte words of frame `seq` differ from `seq` (little-endian u64)."""
-    offer = session.offer
-    start = offer.data_offset + (seq % offer.slot_count) * offer.slot_stride_bytes
-    word_count = offer.pitch_bytes * offer.height // 8
-    words = struct.unpack_from(f"<{word_count}Q", session.data, start)
-    return sum(1 for word in words if word != seq)
-
-
 def release(session, seq):
     """We are done reading frame `seq`: raise `released[c][slot]` to `seq + 1` (fetch_max, release ordering; never
     lowered, so a POISON the producer stored there stays)."""
@@ -593,11 +654,13 @@ def read_frame(session, seq, hold, timeout_s, read_delay_s):
     it, since the producer rewrites a slot we hold only after it evicted us."""
     check_still_live(session)
     state = wait_readable(session, seq, timeout_s)
-    mismatched = count_mismatched_words(session, seq)
+    session.frames.before_read(session, seq, time.monotonic() + timeout_s)
+    mismatched = session.frames.mismatched_words(session.offer, seq)
     if read_delay_s > 0:
         time.sleep(read_delay_s)
     check_still_live(session)
     if not hold:
+        session.frames.after_read(seq)
         release(session, seq)
     return mismatched, state == READY_PAST_POISON
 
@@ -638,8 +701,8 @@ def leave(session):
 
 
 def release_mappings(session):
-    """Unmap the frame memory and the control block."""
-    session.data.close()
+    """Unmap (or release) the frame memory, then the control block."""
+    session.frames.close()
     session.control.close()
 
 
@@ -680,7 +743,7 @@ def read_and_leave(session, args, progress):
         poison_published(session)
         session.sock.close()
         raise
-    except Evicted:
+    except (Evicted, ReadsStuck):
         session.sock.close()  # no counter written; the producer keeps our record until it sees the hang-up
         raise
     except ConsumerError:
@@ -700,14 +763,15 @@ def print_summary(session, progress):
         "first_seq": session.join_sequence,
         "mismatched_words": progress.mismatched_words,
         "consumer_id": session.offer.consumer_id,
+        **session.frames.summary_fields(),
     }
     print(json.dumps(summary), flush=True)
 
 
-def run(args):
+def run(args, importer=HostFakeImport):
     """Attach, read, leave; returns the exit code. The summary is printed for exit 0, 4 and 5."""
     atomics = make_atomics(lambda text: print(f"consumer: {text}", file=sys.stderr), ProtocolError)
-    session = attach(args.socket, args.name, args.timeout, atomics)
+    session = attach(args.socket, args.name, args.timeout, atomics, importer)
     progress = Progress()
     try:
         read_and_leave(session, args, progress)

@@ -1,0 +1,720 @@
+#!/usr/bin/env python3
+"""A gpu-ipc consumer in Python for the real GPU backends (legacy and vmm), written from the docs alone
+(docs/protocol.md, docs/ring.md, docs/kernels.md "The frame check pattern", docs/frames.md): the same exercise as
+consumer.py, whose handshake, frame waits and leaving it reuses (it imports consumer.py and gives it a CUDA
+importer), plus attaching step 6, the import of the frame memory, through the CUDA driver API of `cuda-bindings`.
+
+    python3 cuda_consumer.py --socket /tmp/frames.sock --frames 200
+    python3 cuda_consumer.py --socket /tmp/frames.sock --backend vmm --verifier host
+    python3 cuda_consumer.py --self-test          # the pattern against docs/kernels.md's vectors; no GPU needed
+
+Strategies: cpu-spin, cpu-sleep (host counters in the control block) and ipc-event (the producer's published
+event of the slot polled with cuEventQuery before reading, our released event recorded with cuEventRecord before
+the release counter is raised; protocol.md "IPC events": neither side makes a stream wait on the other's event).
+gpu-stream-ops and gpu-poll exit 2.
+
+Attaching (protocol.md, "Attaching, step by step", step 6): the GPU is the one whose cuDeviceGetUuid(_v2) equals the
+offer's device_uuid, used through its primary context. legacy: cuIpcOpenMemHandle(legacy_mem_handle,
+CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), its size checked with cuMemGetAddressRange. vmm:
+cuMemImportFromShareableHandle(fd 1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), cuMemAddressReserve of
+allocation_bytes aligned to this GPU's cuMemGetAllocationGranularity, cuMemMap, cuMemSetAccess (read-write for this
+device). Leaving undoes it in reverse order (vmm: cuMemUnmap, cuMemAddressFree, cuMemRelease; legacy:
+cuIpcCloseMemHandle), after the ring-level detach and once our stream is idle. When the machine has one GPU, its
+context and the verifier are made ready before connecting, so the handshake (bounded by the producer, 10 s by
+default) only imports.
+
+Frame content: word i (32-bit little-endian, i in 0 .. pitch_bytes * height / 4, row padding included) of frame seq
+is expected to hold the frame check pattern of docs/kernels.md, pattern(seq, i). Verifiers (`--verifier`):
+- `cupy` (auto's first choice): a uint32 CuPy array over the slot's bytes in place (UnownedMemory, MemoryPointer),
+  the expected pattern computed with CuPy, the mismatched words counted on the GPU, on our own stream;
+- `host`: the frame copied to pinned host memory (cuMemcpyDtoHAsync on our stream), then every word checked with
+  numpy (`host-copy-numpy`) or, without numpy, a sample of up to 4,096 evenly spaced words in pure Python
+  (`host-copy-python-sample`).
+Every read finishes (an event recorded after it, polled for at most 10 s) before the frame is released. Reads that do
+not finish in time end the run with exit 1 without touching the record, and the mappings are leaked rather than
+unmapped under the GPU (protocol.md, "Leaving", step 1).
+
+Output, exit codes: as consumer.py (0 read --frames frames and left, 1 error, 2 unsupported strategy, 3 refused,
+4 producer gone, 5 evicted); the JSON line on stdout adds "backend", "sync", "verifier" and "device" (the GPU's
+UUID). Without cuda-bindings, or without a CUDA driver or GPU, it exits 1 with one line saying what is missing.
+
+What the docs leave open (and the reading taken here) is listed in the report of the commit that added this file;
+the places are marked "Doc gap" below.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import struct
+import sys
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ next to the scripts
+import consumer  # noqa: E402  (the handshake, frame waits and leaving; next to this file)
+from consumer import ConsumerError, ProducerGone, ProtocolError, ReadsStuck, UnsupportedStrategy  # noqa: E402
+from gpuipc_wire import (  # noqa: E402
+    BACKEND_LEGACY, BACKEND_VMM, CHECK_INTERVAL_S, SYNC_CPU_SLEEP, SYNC_CPU_SPIN, SYNC_IPC_EVENT, SYNC_NAMES,
+)
+
+SUPPORTED_SYNC = {SYNC_CPU_SPIN, SYNC_CPU_SLEEP, SYNC_IPC_EVENT}
+BACKEND_NAMES = {BACKEND_LEGACY: "legacy", BACKEND_VMM: "vmm", 3: "host-fake"}
+GPU_TIMEOUT_S = 10.0  # how long our reads of one frame may take on the GPU (the reference's gpu_timeout default)
+EVENT_POLL_S = 0.00002  # nap between two cuEventQuery looks (ours; cpu-sleep's 20 us)
+SAMPLE_WORDS = 4096  # words checked per frame by the pure-Python host verifier
+
+
+def log(text):
+    """A message on stderr."""
+    print(f"cuda_consumer: {text}", file=sys.stderr, flush=True)
+
+
+class CudaError(ConsumerError):
+    """A CUDA call failed, or CUDA is not there (exit 1). The text names the call and its CUresult."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The frame check pattern (docs/kernels.md, "The frame check pattern")
+# ---------------------------------------------------------------------------------------------------------------
+
+U32 = 0xFFFFFFFF
+INDEX_MULTIPLIER = 0x9E3779B1
+SEQ_MULTIPLIER = 0x85EBCA6B
+PATTERN_XOR = 0xA5A5A5A5
+
+
+def seq_term(seq):
+    """`(u32)seq * 0x85EBCA6B ^ 0xA5A5A5A5`, wrapping in 32 bits: only the low 32 bits of seq count."""
+    return (((seq & U32) * SEQ_MULTIPLIER) & U32) ^ PATTERN_XOR
+
+
+def pattern_word(seq, index):
+    """Word `index` of frame `seq`: x = (u32)index * 0x9E3779B1 ^ (u32)seq * 0x85EBCA6B ^ 0xA5A5A5A5; x ^ (x >> 16)."""
+    x = (((index & U32) * INDEX_MULTIPLIER) & U32) ^ seq_term(seq)
+    return x ^ (x >> 16)
+
+
+def index_term(xp, indices):
+    """`(u32)index * 0x9E3779B1` for an array of indices, with `xp` numpy or cupy (uint32 products wrap)."""
+    return xp.asarray(indices, dtype=xp.uint32) * xp.uint32(INDEX_MULTIPLIER)
+
+
+def expected_words(xp, index_terms, seq):
+    """The pattern of frame `seq` at the indices whose `index_term` is given."""
+    x = index_terms ^ xp.uint32(seq_term(seq))
+    return x ^ (x >> xp.uint32(16))
+
+
+# The table of docs/kernels.md, as it read when this was written; --self-test prefers the doc's own table.
+EMBEDDED_VECTORS = [
+    (0, 0, 0xA5A50000), (0, 1, 0x3B92E786), (1, 0, 0x204E4F80), (1, 1, 0xBE79A806), (2, 3, 0x74D428B4),
+    (7, 1000, 0x04647244), (123456789, 4095, 0xD2BEA893), (4294967296, 0, 0xA5A50000), (4294967301, 17, 0xB990FCE3),
+]
+KERNELS_MD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "docs", "kernels.md")
+VECTOR_ROW = re.compile(r"^\|\s*(\d+)(?:\s*\([^)]*\))?\s*\|\s*(\d+)\s*\|\s*`(0x[0-9A-Fa-f]{8})`")
+
+
+def kernels_md_vectors(path=None):
+    """(seq, index, pattern) rows of the table in docs/kernels.md's "The frame check pattern", or None when the
+    file is not there (the script copied elsewhere)."""
+    try:
+        with open(path or KERNELS_MD, encoding="utf-8") as doc:
+            text = doc.read()
+    except OSError:
+        return None
+    section = text.split("## The frame check pattern", 1)[-1]
+    rows = []
+    for line in section.splitlines():
+        match = VECTOR_ROW.match(line)
+        if match:
+            rows.append((int(match.group(1)), int(match.group(2)), int(match.group(3), 16)))
+    return rows
+
+
+def self_test():
+    """Checks the pattern (pure Python, numpy and CuPy where they import) against docs/kernels.md's vectors;
+    prints one JSON line; 0 when every check that could run passed."""
+    vectors = kernels_md_vectors()
+    source = "docs/kernels.md"
+    if vectors is None:
+        vectors, source = EMBEDDED_VECTORS, "embedded copy (docs/kernels.md not found)"
+    failures = []
+    if not vectors:
+        failures.append("no vectors found in docs/kernels.md's table")
+    for seq, index, want in vectors:
+        got = pattern_word(seq, index)
+        if got != want:
+            failures.append(f"python: pattern({seq}, {index}) = {got:#010x}, the doc says {want:#010x}")
+    results = {"python": "passed"}
+
+    def check_arrays(name, xp, to_host):
+        for seq, index, want in vectors:
+            got = int(to_host(expected_words(xp, index_term(xp, [index]), seq))[0])
+            if got != want:
+                failures.append(f"{name}: pattern({seq}, {index}) = {got:#010x}, the doc says {want:#010x}")
+        results[name] = "failed" if any(f.startswith(name) for f in failures) else "passed"
+
+    try:
+        import numpy
+    except ImportError:
+        results["numpy"] = "not installed"
+    else:
+        check_arrays("numpy", numpy, lambda a: a)
+    try:
+        import cupy
+    except ImportError:
+        results["cupy"] = "not installed"
+    else:
+        try:
+            check_arrays("cupy", cupy, cupy.asnumpy)
+        except Exception as err:  # no GPU, no driver: CuPy imports but cannot run
+            results["cupy"] = f"not run: {type(err).__name__}: {err}".splitlines()[0]
+    results["python"] = "failed" if any(f.startswith("python") for f in failures) else "passed"
+    for failure in failures:
+        log(failure)
+    print(json.dumps({"self_test": "failed" if failures else "passed", "vectors": len(vectors), "source": source,
+                      **results}), flush=True)
+    return 1 if failures else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The CUDA driver API through cuda-bindings
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def load_cuda_bindings():
+    """The driver module: `cuda.bindings.driver` (cuda-bindings, CUDA 12.6 and later), else `cuda.cuda` (older
+    cuda-python). CudaError, saying what to install, when neither imports."""
+    try:
+        from cuda.bindings import driver
+        return driver
+    except ImportError:
+        pass
+    try:
+        from cuda import cuda as driver  # older cuda-python
+        return driver
+    except ImportError:
+        pass
+    raise CudaError("cuda-bindings is not installed (neither `cuda.bindings.driver` nor `cuda.cuda` imports): "
+                    "install it with `python3 -m pip install cuda-bindings` (or cuda-python), "
+                    "or use consumer.py for the host-fake backend")
+
+
+class Driver:
+    """Calls into the driver module, each result checked: `call` raises CudaError naming the function and the
+    CUresult's name (cuGetErrorName); `status` returns the CUresult for calls where a failure is an answer
+    (cuEventQuery's CUDA_ERROR_NOT_READY)."""
+
+    def __init__(self, module):
+        self.cu = module
+        self.success = module.CUresult.CUDA_SUCCESS
+        self.not_ready = module.CUresult.CUDA_ERROR_NOT_READY
+
+    def error_name(self, result):
+        """`CUDA_ERROR_...` for a CUresult, or its number when even cuGetErrorName fails."""
+        try:
+            err, name = self.cu.cuGetErrorName(result)
+            if err == self.success and name:
+                return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:  # the error name is best effort: the number is printed anyway
+            pass
+        return f"CUresult {int(result)}"
+
+    def status(self, name, *args):
+        """(CUresult, values) of `name(*args)`."""
+        function = getattr(self.cu, name, None)
+        if function is None:
+            raise CudaError(f"{name} is not in this cuda-bindings ({self.cu.__name__}); install a newer one")
+        try:
+            out = function(*args)
+        except Exception as err:  # e.g. no libcuda.so.1: the bindings raise instead of returning a CUresult
+            raise CudaError(f"{name} failed: {type(err).__name__}: {err}".splitlines()[0]) from None
+        return out[0], out[1:]
+
+    def call(self, name, *args):
+        """`name(*args)`, which must return CUDA_SUCCESS; returns its value (None, one value, or a tuple)."""
+        result, values = self.status(name, *args)
+        if result != self.success:
+            raise CudaError(f"{name} failed: {self.error_name(result)} ({int(result)})")
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else values
+
+    def try_call(self, name, *args):
+        """Like `call` for teardown: a failure is printed, never raised."""
+        try:
+            self.call(name, *args)
+        except CudaError as err:
+            log(f"while leaving: {err}")
+
+
+def struct_bytes(value, size):
+    """The first `size` bytes of a cuda-bindings struct (CUuuid, CUipcMemHandle...)."""
+    return ctypes.string_at(value.getPtr(), size)
+
+
+def struct_from_bytes(cls, data):
+    """A cuda-bindings struct of class `cls` holding `data` (a 64-byte IPC handle)."""
+    value = cls()
+    ctypes.memmove(value.getPtr(), data, len(data))
+    return value
+
+
+def uuid_text(uuid):
+    """GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L shows it (protocol.md, RingOffer.device_uuid)."""
+    h = uuid.hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+class CupyVerifier:
+    """Checks a frame in place with CuPy, on our stream."""
+
+    name = "cupy"
+
+    def __init__(self, cupy, ordinal, stream):
+        self.cp = cupy
+        self.ordinal = ordinal
+        self.device = cupy.cuda.Device(ordinal)
+        self.stream = cupy.cuda.ExternalStream(int(stream), ordinal)
+        self.terms = None  # index_term of 0 .. n_words, made at the first frame
+
+    def prepare(self, frame_bytes):
+        """Nothing to allocate per ring."""
+        del frame_bytes
+
+    def warm_up(self):
+        """Compile (or load from CuPy's cache) the kernels the check uses, before any frame waits for them."""
+        cp = self.cp
+        with self.device, self.stream:
+            words = cp.zeros(1024, dtype=cp.uint32)
+            int(cp.count_nonzero(words != expected_words(cp, index_term(cp, cp.arange(1024, dtype=cp.uint32)), 1)))
+
+    def start(self, ptr, n_words, seq):
+        """Queue the check of `n_words` words at device address `ptr` on our stream; returns what `finish` reads."""
+        cp = self.cp
+        with self.device, self.stream:
+            if self.terms is None or self.terms.size != n_words:
+                self.terms = index_term(cp, cp.arange(n_words, dtype=cp.uint32))
+            memory = cp.cuda.UnownedMemory(ptr, n_words * 4, self, device_id=self.ordinal)
+            words = cp.ndarray((n_words,), dtype=cp.uint32, memptr=cp.cuda.MemoryPointer(memory, 0))
+            return cp.count_nonzero(words != expected_words(cp, self.terms, seq))
+
+    def finish(self, pending):
+        """The count, once the stream has passed the check."""
+        with self.device, self.stream:
+            return int(pending)
+
+    def close(self):
+        """Drop the cached index terms."""
+        self.terms = None
+
+
+class HostCopyVerifier:
+    """Copies a frame to pinned host memory on our stream, then checks every word with numpy or a sample in pure
+    Python."""
+
+    def __init__(self, drv, stream, numpy):
+        self.drv = drv
+        self.stream = stream
+        self.np = numpy
+        self.name = "host-copy-numpy" if numpy is not None else "host-copy-python-sample"
+        self.host = None  # pinned buffer address
+        self.host_bytes = 0
+        self.terms = None
+
+    def prepare(self, frame_bytes):
+        """A pinned buffer for one frame."""
+        self.host = int(self.drv.call("cuMemAllocHost", frame_bytes))
+        self.host_bytes = frame_bytes
+
+    def warm_up(self):
+        """Nothing to compile."""
+
+    def start(self, ptr, n_words, seq):
+        """Queue the copy of the frame; returns (n_words, seq)."""
+        self.drv.call("cuMemcpyDtoHAsync", self.host, ptr, n_words * 4, self.stream)
+        return n_words, seq
+
+    def finish(self, pending):
+        """Check the copy (the stream has passed it)."""
+        n_words, seq = pending
+        buffer = (ctypes.c_char * (n_words * 4)).from_address(self.host)
+        if self.np is not None:
+            np = self.np
+            if self.terms is None or self.terms.size != n_words:
+                self.terms = index_term(np, np.arange(n_words, dtype=np.uint32))
+            words = np.frombuffer(buffer, dtype="<u4", count=n_words)
+            return int(np.count_nonzero(words != expected_words(np, self.terms, seq)))
+        step = max(1, n_words // SAMPLE_WORDS)
+        indices = sorted(set(range(0, n_words, step)) | {n_words - 1}) if n_words else []
+        return sum(1 for i in indices if struct.unpack_from("<I", buffer, 4 * i)[0] != pattern_word(seq, i))
+
+    def close(self):
+        """Free the pinned buffer."""
+        if self.host is not None:
+            self.drv.try_call("cuMemFreeHost", self.host)
+            self.host = None
+
+
+class CudaDevice:
+    """cuInit, the visible GPUs and their UUIDs; once one is chosen, its primary context (made current), our
+    stream, an event that bounds our waits for the stream, and the frame verifier."""
+
+    def __init__(self, drv, verifier_choice):
+        self.drv = drv
+        self.cu = drv.cu
+        self.verifier_choice = verifier_choice
+        drv.call("cuInit", 0)
+        self.driver_version = drv.call("cuDriverGetVersion")
+        self.devices = []  # (ordinal, CUdevice, uuid bytes)
+        for ordinal in range(drv.call("cuDeviceGetCount")):
+            dev = drv.call("cuDeviceGet", ordinal)
+            uuid_call = "cuDeviceGetUuid_v2" if hasattr(self.cu, "cuDeviceGetUuid_v2") else "cuDeviceGetUuid"
+            self.devices.append((ordinal, dev, struct_bytes(drv.call(uuid_call, dev), 16)))
+        if not self.devices:
+            raise CudaError("cuDeviceGetCount found no CUDA device (is CUDA_VISIBLE_DEVICES empty?)")
+        self.cupy = None
+        self.numpy = None
+        if verifier_choice in ("auto", "cupy"):
+            try:
+                import cupy
+                self.cupy = cupy
+            except ImportError as err:
+                if verifier_choice == "cupy":
+                    raise CudaError(f"--verifier cupy: CuPy does not import ({err})") from None
+                log("CuPy is not installed: frames are copied to the host and checked there")
+        if self.cupy is None:
+            try:
+                import numpy
+                self.numpy = numpy
+            except ImportError:
+                log("numpy is not installed either: a sample of each frame's words is checked in pure Python")
+        self.ordinal = None
+        self.dev = None
+        self.uuid = None
+        self.context = None
+        self.stream = None
+        self.done_event = None
+        self.verifier = None
+        self.stuck = False  # our stream did not finish in time: leak rather than unmap under it
+
+    def prepare_if_single(self):
+        """With one visible GPU the offer can only name that one: get it ready before connecting."""
+        if len(self.devices) == 1:
+            self.open(0)
+
+    def open(self, ordinal):
+        """Primary context of GPU `ordinal` (retained, made current), our stream and event, the verifier."""
+        drv = self.drv
+        _, dev, uuid = self.devices[ordinal]
+        self.context = drv.call("cuDevicePrimaryCtxRetain", dev)
+        self.ordinal, self.dev, self.uuid = ordinal, dev, uuid
+        drv.call("cuCtxSetCurrent", self.context)
+        self.stream = drv.call("cuStreamCreate", int(self.cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        self.done_event = drv.call("cuEventCreate", int(self.cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+        if self.cupy is not None:
+            try:
+                self.verifier = CupyVerifier(self.cupy, ordinal, self.stream)
+                self.verifier.warm_up()
+            except Exception as err:  # CuPy's own errors: name them, then stop
+                raise CudaError(f"CuPy cannot run on GPU {ordinal}: {type(err).__name__}: {err}") from None
+        else:
+            self.verifier = HostCopyVerifier(drv, self.stream, self.numpy)
+
+    def select(self, uuid):
+        """The GPU the offer names (RingOffer.device_uuid against cuDeviceGetUuid); opened if it is not yet."""
+        for ordinal, _, device_uuid in self.devices:
+            if device_uuid == uuid:
+                break
+        else:
+            visible = ", ".join(uuid_text(u) for _, _, u in self.devices)
+            raise CudaError(f"the producer's GPU {uuid_text(uuid)} is not visible here (visible: {visible}); "
+                            "check CUDA_VISIBLE_DEVICES")
+        if self.ordinal is None:
+            self.open(ordinal)
+        elif self.ordinal != ordinal:
+            raise CudaError(f"GPU {self.ordinal} was made ready, but the offer names GPU {ordinal}")
+        return ordinal
+
+    def attribute(self, name):
+        """An integer device attribute of the chosen GPU."""
+        return self.drv.call("cuDeviceGetAttribute", getattr(self.cu.CUdevice_attribute, name), self.dev)
+
+    def wait_stream(self, what):
+        """Wait, at most GPU_TIMEOUT_S, until our stream has passed everything queued on it (an event recorded and
+        polled: never an unbounded synchronise). ReadsStuck past that, and from then on nothing is unmapped."""
+        self.drv.call("cuEventRecord", self.done_event, self.stream)
+        deadline = time.monotonic() + GPU_TIMEOUT_S
+        while True:
+            result, _ = self.drv.status("cuEventQuery", self.done_event)
+            if result == self.drv.success:
+                return
+            if result != self.drv.not_ready:
+                raise CudaError(f"cuEventQuery failed while waiting for {what}: {self.drv.error_name(result)} "
+                                f"({int(result)})")
+            if time.monotonic() >= deadline:
+                self.stuck = True
+                raise ReadsStuck(f"the GPU did not finish {what} within {GPU_TIMEOUT_S} s; leaving the mappings "
+                                 "in place and hanging up without the ring-level detach")
+            time.sleep(EVENT_POLL_S)
+
+    def close(self):
+        """Our event and stream, the verifier, then the primary context (once every ring is closed)."""
+        if self.context is None:
+            return
+        if self.stuck:
+            log("our stream is stuck: the stream, event and context are left as they are")
+            return
+        if self.verifier is not None:
+            self.verifier.close()
+        if self.done_event is not None:
+            self.drv.try_call("cuEventDestroy", self.done_event)
+        if self.stream is not None:
+            self.drv.try_call("cuStreamDestroy", self.stream)
+        self.drv.try_call("cuDevicePrimaryCtxRelease", self.dev)
+        self.context = None
+
+
+class GpuFrames:
+    """One ring's frame memory imported into our context (legacy or vmm), with its IPC events (ipc-event):
+    the interface consumer.py's frame loop uses (see consumer.HostFrames). Everything acquired is undone in
+    reverse order by `close`, also when the import fails half-way."""
+
+    def __init__(self, device, offer, fds):
+        self.device = device
+        self.drv = device.drv
+        self.cu = device.cu
+        self.offer = offer
+        self.undo = []  # (driver function, its arguments) that undo what was acquired, in the order acquired
+        self.events = []
+        self.base = 0
+        try:
+            if offer.backend == BACKEND_LEGACY:
+                self.import_legacy()
+            else:
+                self.import_vmm(fds[1])
+            if offer.sync == SYNC_IPC_EVENT:
+                for handle in offer.event_handles:
+                    event = self.drv.call("cuIpcOpenEventHandle", struct_from_bytes(self.cu.CUipcEventHandle, handle))
+                    self.undo.append(("cuEventDestroy", (event,)))
+                    self.events.append(event)
+            device.verifier.prepare(offer.pitch_bytes * offer.height)
+        except BaseException:
+            self.close()
+            raise
+
+    def import_legacy(self):
+        """cuIpcOpenMemHandle(legacy_mem_handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS); the mapping must cover
+        data_offset + slot_count * slot_stride_bytes."""
+        offer = self.offer
+        handle = struct_from_bytes(self.cu.CUipcMemHandle, offer.legacy_mem_handle)
+        flags = int(self.cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        ptr = self.drv.call("cuIpcOpenMemHandle", handle, flags)
+        self.undo.append(("cuIpcCloseMemHandle", (ptr,)))
+        self.base = int(ptr)
+        # Doc gap: whether the opened pointer is the start of `allocation_bytes` (the handle taken at the
+        # allocation's base) is not said; cuIpcOpenMemHandle maps the whole allocation and returns its base.
+        needed = offer.data_offset + offer.slot_count * offer.slot_stride_bytes
+        try:
+            range_base, range_size = self.drv.call("cuMemGetAddressRange", ptr)
+        except CudaError as err:
+            log(f"cannot check the size of the legacy allocation: {err}")
+            return
+        range_base = int(range_base)
+        if not range_base <= self.base or self.base + needed > range_base + range_size:
+            raise CudaError(f"the opened legacy allocation is {range_size} bytes at {range_base:#x} (pointer "
+                            f"{self.base:#x}); the offer needs {needed} bytes from the pointer on")
+        if range_base != self.base or range_size != offer.allocation_bytes:
+            log(f"the legacy allocation is {range_size} bytes at {range_base:#x}; the offer says "
+                f"{offer.allocation_bytes} bytes at the pointer {self.base:#x}")
+
+    def import_vmm(self, fd):
+        """Import the POSIX fd, reserve allocation_bytes aligned to this GPU's granularity, map, allow read-write
+        access for this GPU."""
+        offer, drv, cu, device = self.offer, self.drv, self.cu, self.device
+        for attribute in ("CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED",
+                          "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED"):
+            if not device.attribute(attribute):
+                raise CudaError(f"GPU {device.ordinal} reports {attribute} = 0: it cannot import a vmm ring; ask "
+                                "for the legacy backend (--backend legacy)")
+        handle_type = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        handle = drv.call("cuMemImportFromShareableHandle", fd, handle_type)
+        self.undo.append(("cuMemRelease", (handle,)))
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = device.ordinal
+        prop.requestedHandleTypes = handle_type
+        granularity = drv.call("cuMemGetAllocationGranularity", prop,
+                               cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        size = offer.allocation_bytes
+        if size % granularity:
+            raise CudaError(f"allocation_bytes {size} is not a multiple of this GPU's VMM granularity {granularity}")
+        ptr = drv.call("cuMemAddressReserve", size, max(granularity, offer.granularity), 0, 0)
+        self.undo.append(("cuMemAddressFree", (ptr, size)))
+        drv.call("cuMemMap", ptr, size, 0, handle, 0)
+        self.undo.append(("cuMemUnmap", (ptr, size)))
+        access = cu.CUmemAccessDesc()
+        access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        access.location.id = device.ordinal
+        # Doc gap: the docs say cuMemSetAccess without the flags; a reader only needs PROT_READ, we ask read-write.
+        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        drv.call("cuMemSetAccess", ptr, size, [access], 1)
+        self.base = int(ptr)
+
+    # The frame loop's interface (consumer.read_frame).
+
+    def before_read(self, session, seq, deadline):
+        """ipc-event: poll the producer's published event of the slot until it completes (protocol.md, "Frames,
+        per sync strategy"), checking the producer and our record about every millisecond; bounded."""
+        if self.offer.sync != SYNC_IPC_EVENT:
+            return
+        event = self.events[seq % self.offer.slot_count]
+        next_check = time.monotonic() + CHECK_INTERVAL_S
+        while True:
+            result, _ = self.drv.status("cuEventQuery", event)
+            if result == self.drv.success:
+                return
+            if result != self.drv.not_ready:
+                raise CudaError(f"cuEventQuery of the published event of frame {seq} failed: "
+                                f"{self.drv.error_name(result)} ({int(result)})")
+            now = time.monotonic()
+            if now >= next_check:
+                gone = consumer.producer_gone_reason(session)
+                if gone is not None and self.drv.status("cuEventQuery", event)[0] != self.drv.success:
+                    raise ProducerGone(f"{gone} while we waited for the published event of frame {seq}")
+                consumer.check_still_live(session)
+                if now >= deadline:
+                    raise ProtocolError(f"timed out waiting for the published event of frame {seq}")
+                next_check = now + CHECK_INTERVAL_S
+            time.sleep(EVENT_POLL_S)
+
+    def mismatched_words(self, offer, seq):
+        """Check frame `seq` in its slot on the GPU (or its copy on the host); returns the mismatched words (of the
+        sample, for host-copy-python-sample). The stream has passed the reads when this returns."""
+        ptr = self.base + offer.data_offset + (seq % offer.slot_count) * offer.slot_stride_bytes
+        n_words = offer.pitch_bytes * offer.height // 4
+        verifier = self.device.verifier
+        try:
+            pending = verifier.start(ptr, n_words, seq)
+            self.device.wait_stream(f"the check of frame {seq}")
+            return verifier.finish(pending)
+        except ConsumerError:
+            raise
+        except Exception as err:  # CuPy's errors
+            raise CudaError(f"checking frame {seq} failed: {type(err).__name__}: {err}".splitlines()[0]) from None
+
+    def after_read(self, seq):
+        """ipc-event: record our released event of the slot on our stream (after the reads), before the counter."""
+        if self.offer.sync == SYNC_IPC_EVENT:
+            slot = seq % self.offer.slot_count
+            self.drv.call("cuEventRecord", self.events[self.offer.slot_count + slot], self.device.stream)
+
+    def summary_fields(self):
+        """backend, sync, verifier and device in the JSON summary."""
+        return {"backend": BACKEND_NAMES[self.offer.backend], "sync": SYNC_NAMES[self.offer.sync],
+                "verifier": self.device.verifier.name, "device": uuid_text(self.device.uuid)}
+
+    def close(self):
+        """Once our stream is idle: undo everything in reverse order (vmm: unmap, free the address range, release
+        the handle; legacy: close the handle; events destroyed first). Leaked when the stream is stuck."""
+        if not self.undo:
+            return
+        if not self.device.stuck:
+            try:
+                self.device.wait_stream("our last reads before unmapping")
+            except ConsumerError as err:
+                log(str(err))
+        if self.device.stuck:
+            log("leaking the ring's mappings: the GPU may still be reading them")
+            self.undo.clear()
+            return
+        while self.undo:
+            name, args = self.undo.pop()
+            self.drv.try_call(name, *args)
+
+
+class CudaImport:
+    """consumer.py's importer for the GPU backends."""
+
+    def __init__(self, device, wanted_backend):
+        self.device = device
+        self.wanted_backend = wanted_backend
+
+    def check_offer(self, offer):
+        """legacy or vmm (the one asked for, if any), with a strategy we implement."""
+        if offer.backend not in (BACKEND_LEGACY, BACKEND_VMM):
+            raise ProtocolError(f"offered backend {BACKEND_NAMES.get(offer.backend, offer.backend)}; this consumer "
+                                "reads legacy and vmm rings (consumer.py reads host-fake)")
+        if self.wanted_backend and offer.backend != self.wanted_backend:
+            raise ProtocolError(f"we asked for {BACKEND_NAMES[self.wanted_backend]} and were offered "
+                                f"{BACKEND_NAMES[offer.backend]}")
+        if offer.sync not in SUPPORTED_SYNC:
+            raise UnsupportedStrategy(f"the producer uses sync strategy {SYNC_NAMES[offer.sync]}; this consumer "
+                                      "supports cpu-spin, cpu-sleep and ipc-event")
+
+    def import_frames(self, offer, fds):
+        """Attaching step 6 on the GPU the offer names."""
+        self.device.select(offer.device_uuid)
+        return GpuFrames(self.device, offer, fds)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------------------------
+
+WANTED_BACKEND = {"any": 0, "legacy": BACKEND_LEGACY, "vmm": BACKEND_VMM}
+
+
+def parse_args(argv):
+    """Command line: consumer.py's, plus --backend, --verifier and --self-test."""
+    parser = argparse.ArgumentParser(description="gpu-ipc consumer for the legacy and vmm backends, in Python "
+                                                 "with cuda-bindings (and CuPy to check frames on the GPU)")
+    parser.add_argument("--socket", help="the producer's rendezvous socket path (required unless --self-test)")
+    parser.add_argument("--frames", type=consumer.non_negative_int, default=100,
+                        help="how many frames to read; 0: until the producer is gone (default 100)")
+    parser.add_argument("--name", default="python-cuda-consumer", help="consumer name sent in the hello")
+    parser.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds allowed for the attach, and for each frame to arrive (default 10)")
+    parser.add_argument("--backend", choices=sorted(WANTED_BACKEND), default="any",
+                        help="backend to ask for in the hello (default any: legacy or vmm)")
+    parser.add_argument("--verifier", choices=("auto", "cupy", "host"), default="auto",
+                        help="check frames with CuPy on the GPU, or copy them to the host (default auto: CuPy "
+                             "when it imports)")
+    parser.add_argument("--read-delay", type=consumer.non_negative_float, default=0.0,
+                        help="seconds to sleep after reading each frame, before releasing it (default 0)")
+    parser.add_argument("--stall-after", type=consumer.non_negative_int, default=None,
+                        help="release only the first N frames; hold every later one (wait for eviction)")
+    parser.add_argument("--self-test", action="store_true",
+                        help="check the pattern against docs/kernels.md's vectors and exit (no GPU needed)")
+    args = parser.parse_args(argv)
+    if not args.self_test and not args.socket:
+        parser.error("--socket is required (or --self-test)")
+    return args
+
+
+def main(argv=None):
+    """Entry point: CUDA first (before connecting), then consumer.py's run with the CUDA importer."""
+    args = parse_args(argv)
+    if args.self_test:
+        return self_test()
+    device = None
+    try:
+        drv = Driver(load_cuda_bindings())
+        device = CudaDevice(drv, args.verifier)
+        device.prepare_if_single()
+        return consumer.run(args, CudaImport(device, WANTED_BACKEND[args.backend]))
+    except ConsumerError as err:
+        print(f"cuda_consumer: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
+    except OSError as err:
+        print(f"cuda_consumer: {err}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if device is not None:
+            device.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
