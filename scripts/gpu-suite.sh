@@ -7,14 +7,16 @@
 # 4. the research probes, a quick pass of each without and under a private MPS daemon (`gpu-ipc report --quick`,
 #    about 5 minutes; GPU_IPC_SKIP_PROBES=1 skips it, which summary.json then says). The full report is
 #    scripts/probes-gpu.sh.
-# 5. the stress run (`gpu-ipc stress all`: hostile clients, a PID-namespace consumer, the random-kill matrix without
+# 5. a consumer written in Python from the docs alone (scripts/python-gpu-consumer.sh: cuda-bindings + CuPy, legacy
+#    and vmm x cpu-spin, cpu-sleep, ipc-event, about 30 s) into OUT_DIR/python-gpu/; GPU_IPC_SKIP_PYTHON=1 skips it;
+# 6. the stress run (`gpu-ipc stress all`: hostile clients, a PID-namespace consumer, the random-kill matrix without
 #    and under MPS, attach/detach cycles, eviction; about 9 minutes, `--quick` about 3) into OUT_DIR/stress/
 #    (stress.json, stress.md). GPU_IPC_SKIP_STRESS=1 skips it; GPU_IPC_STRESS_ARGS adds options (e.g. "--quick",
 #    "--only kills,cycles"). GPU_IPC_ALLOW_NO_MPS=1 lets its MPS pass be "not run" instead of failed.
-# OUT_DIR receives: summary.json, doctor.txt, frames.md (throughput table), answers-quick/ (the quick report:
+# OUT_DIR receives: summary.json, doctor.txt, python-gpu/ (step 5), frames.md (throughput table), answers-quick/ (the quick report:
 # README.md, plots/, raw/) with answers-quick.txt (its four answers), and results.tgz (environment.txt,
 # tests.log, junit.xml, tests-mps.log, doctor.json, frames-*.jsonl, mps logs).
-# Exit status: 0 when the tests, the MPS pass, the doctor, the probes and the stress run pass, 1 otherwise (a skipped MPS pass is a failure
+# Exit status: 0 when the tests, the MPS pass, the doctor, the probes, the Python consumer and the stress run pass, 1 otherwise (a skipped MPS pass is a failure
 # unless GPU_IPC_ALLOW_NO_MPS=1; summary.json says "mps": "skipped" and why either way).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,14 +41,14 @@ START=$(date +%s)
     nvidia-smi 2>&1
 } >"$WORK/environment.txt"
 
-echo "gpu-suite: [1/5] all tests, GPU tests included (no MPS)" >&2
+echo "gpu-suite: [1/6] all tests, GPU tests included (no MPS)" >&2
 # The child-process entry points are ignored tests that the cross-process tests run; on their own they do nothing.
 GPU_IPC_RESULTS_TAG=no-mps "${NEXTEST[@]}" --run-ignored all -E 'not test(child_process_entry_point)' 2>&1 | tee "$WORK/tests.log"
 TESTS_RC=${PIPESTATUS[0]}
 JUNIT=$(find "$ROOT/target" -path '*nextest/gpu/junit.xml' 2>/dev/null | head -1)
 [ -n "$JUNIT" ] && cp "$JUNIT" "$WORK/junit.xml"
 
-echo "gpu-suite: [2/5] frame throughput under a private MPS daemon" >&2
+echo "gpu-suite: [2/6] frame throughput under a private MPS daemon" >&2
 # MPS_STATUS: passed | failed | skipped (no nvidia-cuda-mps-control, or the daemon would not start). A skipped MPS
 # pass is reported as skipped in summary.json and in the table, and fails the suite unless GPU_IPC_ALLOW_NO_MPS=1.
 MPS_RC=0
@@ -67,7 +69,7 @@ if [ "$MPS_STATUS" = skipped ]; then
     [ "${GPU_IPC_ALLOW_NO_MPS:-0}" = 1 ] || MPS_RC=1
 fi
 
-echo "gpu-suite: [3/5] gpu-ipc doctor" >&2
+echo "gpu-suite: [3/6] gpu-ipc doctor" >&2
 "$STAGE/bin/gpu-ipc" doctor 2>&1 | tee "$OUT/doctor.txt"
 DOCTOR_RC=${PIPESTATUS[0]}
 "$STAGE/bin/gpu-ipc" doctor --json >"$WORK/doctor.json" 2>"$WORK/doctor-json.stderr"
@@ -75,7 +77,7 @@ DOCTOR_RC=${PIPESTATUS[0]}
 PROBES_STATUS=skipped
 PROBES_RC=0
 if [ "${GPU_IPC_SKIP_PROBES:-0}" != 1 ]; then
-    echo "gpu-suite: [4/5] research probes, quick pass, without and with MPS (gpu-ipc report --quick)" >&2
+    echo "gpu-suite: [4/6] research probes, quick pass, without and with MPS (gpu-ipc report --quick)" >&2
     GPU_IPC_COMMIT="$(cat "$STAGE/COMMIT")" "$STAGE/bin/gpu-ipc" report --quick --timeout 240 --out "$OUT/answers-quick" \
         >"$OUT/answers-quick.txt" 2>"$WORK/report.log"
     PROBES_RC=$?
@@ -83,10 +85,20 @@ if [ "${GPU_IPC_SKIP_PROBES:-0}" != 1 ]; then
     cat "$OUT/answers-quick.txt"
 fi
 
+PYTHON_STATUS=skipped
+PYTHON_RC=0
+if [ "${GPU_IPC_SKIP_PYTHON:-0}" != 1 ]; then
+    echo "gpu-suite: [5/6] a consumer in Python from the docs (scripts/python-gpu-consumer.sh)" >&2
+    "$ROOT/scripts/python-gpu-consumer.sh" "$OUT/python-gpu" >"$WORK/python-gpu.txt" 2>&1
+    PYTHON_RC=$?
+    if [ "$PYTHON_RC" -eq 0 ]; then PYTHON_STATUS=passed; else PYTHON_STATUS=failed; fi
+    cat "$OUT/python-gpu/python-gpu.md" 2>/dev/null || cat "$WORK/python-gpu.txt"
+fi
+
 STRESS_STATUS=skipped
 STRESS_RC=0
 if [ "${GPU_IPC_SKIP_STRESS:-0}" != 1 ]; then
-    echo "gpu-suite: [5/5] stress: hostile clients, namespaces, kills (no MPS and MPS), cycles, eviction" >&2
+    echo "gpu-suite: [6/6] stress: hostile clients, namespaces, kills (no MPS and MPS), cycles, eviction" >&2
     STRESS_OPTS=()
     [ "${GPU_IPC_ALLOW_NO_MPS:-0}" = 1 ] && STRESS_OPTS+=(--allow-no-mps)
     # shellcheck disable=SC2206 # word splitting of the extra options is wanted
@@ -103,8 +115,8 @@ cat "$OUT/frames.md"
 
 END=$(date +%s)
 cat >"$OUT/summary.json" <<JSON
-{"commit": "$(cat "$STAGE/COMMIT")", "tests_exit": $TESTS_RC, "mps": "$MPS_STATUS", "mps_reason": "$MPS_REASON", "mps_tests_exit": $MPS_RC, "doctor_exit": $DOCTOR_RC, "probes": "$PROBES_STATUS", "probes_exit": $PROBES_RC, "stress": "$STRESS_STATUS", "stress_exit": $STRESS_RC, "seconds": $((END - START))}
+{"commit": "$(cat "$STAGE/COMMIT")", "tests_exit": $TESTS_RC, "mps": "$MPS_STATUS", "mps_reason": "$MPS_REASON", "mps_tests_exit": $MPS_RC, "doctor_exit": $DOCTOR_RC, "probes": "$PROBES_STATUS", "probes_exit": $PROBES_RC, "python": "$PYTHON_STATUS", "python_exit": $PYTHON_RC, "stress": "$STRESS_STATUS", "stress_exit": $STRESS_RC, "seconds": $((END - START))}
 JSON
 tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$WORK"
 cat "$OUT/summary.json"
-[ "$TESTS_RC" -eq 0 ] && [ "$DOCTOR_RC" -eq 0 ] && [ "$MPS_RC" -eq 0 ] && [ "$PROBES_RC" -eq 0 ] && [ "$STRESS_RC" -eq 0 ]
+[ "$TESTS_RC" -eq 0 ] && [ "$DOCTOR_RC" -eq 0 ] && [ "$MPS_RC" -eq 0 ] && [ "$PROBES_RC" -eq 0 ] && [ "$PYTHON_RC" -eq 0 ] && [ "$STRESS_RC" -eq 0 ]
