@@ -42,9 +42,12 @@ fn list_names_the_selected_rows_without_a_gpu() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<&str> = text.lines().collect();
-    assert_eq!(rows[..3], ["single-process", "bandwidth-floor", "study-d-ipc-spin"], "{text}");
-    assert!(rows[3..].iter().all(|r| r.starts_with("ours-") && r.ends_with("gpu-stream-ops-s32-c4")), "{text}");
-    assert!(rows.len() > 3, "{text}");
+    let references =
+        ["single-process", "single-process-pipelined-s2", "single-process-pipelined-s8", "bandwidth-floor"];
+    assert_eq!(rows[..4], references, "{text}");
+    assert_eq!(rows[4], "study-d-ipc-spin", "{text}");
+    assert!(rows[5..].iter().all(|r| r.starts_with("ours-") && r.ends_with("gpu-stream-ops-s32-c4")), "{text}");
+    assert!(rows.len() > 5, "{text}");
 
     let quick = gpu_ipc(&["bench", "pipeline", "--list", "--quick"]);
     let full = gpu_ipc(&["bench", "pipeline", "--list"]);

@@ -85,7 +85,7 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     let report = match plan.spec {
         RowSpec::Ours { backend, .. } => backend.dispatch(OursConsumer { plan: &plan, stamps: &stamps })?,
         RowSpec::Study { design } => study_consumer(&plan, design, &setup, fds, &stamps, channel)?,
-        RowSpec::SingleProcess | RowSpec::Bandwidth => {
+        RowSpec::SingleProcess | RowSpec::SingleProcessPipelined { .. } | RowSpec::Bandwidth => {
             return Err(ProbeError::Other("the references run without a consumer process".into()));
         }
     };

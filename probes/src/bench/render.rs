@@ -39,6 +39,23 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
         }
         (None, _) => "None of our rows ran cleanly.".to_owned(),
     };
+    let pipelined: Vec<String> = results
+        .rows
+        .iter()
+        .filter_map(|r| match (r.spec, r.measured()) {
+            (RowSpec::SingleProcessPipelined { slots }, Some(m)) => {
+                Some(format!("{slots} buffers {:.0} FPS ({})", m.fps, ratio(m.ratio_to_single_process)))
+            }
+            _ => None,
+        })
+        .collect();
+    if !pipelined.is_empty() {
+        let _ = write!(
+            answer,
+            " The same kernels in one process, the next fill overlapping the current verify: {}.",
+            pipelined.join(", ")
+        );
+    }
     if let Some(seed) = seed {
         let _ = write!(
             answer,
@@ -307,6 +324,21 @@ mod tests {
         assert_eq!(ratio(0), 1.0);
         assert_eq!(ratio(2), 0.25);
         assert!((ratio(4) - 0.85).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_verdict_quotes_the_pipelined_references() {
+        let mut results = recorded();
+        assert!(!verdict(&results).answer.contains("overlapping"), "none ran: nothing said");
+        results.rows.insert(1, row(RowSpec::SingleProcessPipelined { slots: 2 }, measured(48_000.0, None, 0)));
+        results.rows.insert(2, row(RowSpec::SingleProcessPipelined { slots: 8 }, measured(45_000.0, None, 0)));
+        results.fill_ratios();
+        let v = verdict(&results);
+        assert!(
+            v.answer.contains("the next fill overlapping the current verify: 2 buffers 48000 FPS (0.75x), 8 buffers 45000 FPS (0.70x)."),
+            "{}",
+            v.answer
+        );
     }
 
     #[test]

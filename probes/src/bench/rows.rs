@@ -115,6 +115,13 @@ impl Strategy {
 pub enum RowSpec {
     /// Fill and verify of the same frames in one process on one stream, back to back.
     SingleProcess,
+    /// The same kernels in one process, pipelined through `slots` frame buffers between two streams (fill on one,
+    /// verify on the other, each buffer handed over with events): what any design that fills the next frame while
+    /// the current one is verified can reach, with no IPC at all.
+    SingleProcessPipelined {
+        /// Frame buffers.
+        slots: u32,
+    },
     /// A device-to-device copy of a frame, repeated: the memory-bandwidth floor.
     Bandwidth,
     /// One of the study's designs.
@@ -140,6 +147,7 @@ impl RowSpec {
     pub fn name(&self) -> String {
         match self {
             Self::SingleProcess => "single-process".to_owned(),
+            Self::SingleProcessPipelined { slots } => format!("single-process-pipelined-s{slots}"),
             Self::Bandwidth => "bandwidth-floor".to_owned(),
             Self::Study { design } => design.name().to_owned(),
             Self::Ours { backend, strategy, slots, consumers } => {
@@ -150,14 +158,20 @@ impl RowSpec {
 
     /// Whether this row is a reference (always run: the ratios need them).
     pub fn is_reference(&self) -> bool {
-        matches!(self, Self::SingleProcess | Self::Bandwidth)
+        matches!(self, Self::SingleProcess | Self::SingleProcessPipelined { .. } | Self::Bandwidth)
     }
 }
+
+/// Buffers of the pipelined single-process references: the shallowest ring that overlaps a fill with a verify, and
+/// the depth where the frame API's best rows are.
+pub const PIPELINED_SLOTS: [u32; 2] = [2, 8];
 
 /// Every row of a run, references first: the full grid, or with `quick` slots 1 and 4 and 4 consumers only at 4
 /// slots.
 pub fn all_rows(backends: &[BackendChoice], quick: bool) -> Vec<RowSpec> {
-    let mut rows = vec![RowSpec::SingleProcess, RowSpec::Bandwidth];
+    let mut rows = vec![RowSpec::SingleProcess];
+    rows.extend(PIPELINED_SLOTS.iter().map(|&slots| RowSpec::SingleProcessPipelined { slots }));
+    rows.push(RowSpec::Bandwidth);
     rows.extend(StudyDesign::ALL.iter().map(|&design| RowSpec::Study { design }));
     let slots: &[u32] = if quick { &QUICK_SLOTS } else { &SLOTS };
     for &backend in backends {
@@ -200,11 +214,14 @@ mod tests {
     fn the_full_grid_and_the_quick_one() {
         let backends = BackendChoice::ALL;
         let full = all_rows(backends, false);
-        assert_eq!(full.len(), 2 + 4 + backends.len() * 5 * 6 * 2);
+        assert_eq!(full.len(), 4 + 4 + backends.len() * 5 * 6 * 2);
         assert_eq!(full[0], RowSpec::SingleProcess);
-        assert_eq!(full[1], RowSpec::Bandwidth);
+        assert_eq!(full[1], RowSpec::SingleProcessPipelined { slots: 2 });
+        assert_eq!(full[2].name(), "single-process-pipelined-s8");
+        assert_eq!(full[3], RowSpec::Bandwidth);
+        assert!(full[..4].iter().all(RowSpec::is_reference) && !full[4].is_reference());
         let quick = all_rows(backends, true);
-        assert_eq!(quick.len(), 2 + 4 + backends.len() * 5 * 3);
+        assert_eq!(quick.len(), 4 + 4 + backends.len() * 5 * 3);
         let names: Vec<String> = quick.iter().map(RowSpec::name).collect();
         let backend = backends[0].name();
         assert!(names.contains(&format!("ours-{backend}-cpu-spin-s4-c4")));
@@ -230,12 +247,12 @@ mod tests {
         let backend = BackendChoice::ALL[0].name();
         let picked = select(&rows, &[format!("{backend}+gpu-stream-ops+-c4")]);
         let names: Vec<String> = picked.iter().map(RowSpec::name).collect();
-        assert_eq!(names.len(), 2 + 6, "{names:?}");
+        assert_eq!(names.len(), 4 + 6, "{names:?}");
         assert_eq!(names[0], "single-process");
-        assert_eq!(names[1], "bandwidth-floor");
-        assert!(names[2..].iter().all(|n| n.contains("gpu-stream-ops") && n.ends_with("-c4")));
+        assert_eq!(names[3], "bandwidth-floor");
+        assert!(names[4..].iter().all(|n| n.contains("gpu-stream-ops") && n.ends_with("-c4")));
         let study = select(&rows, &["study".to_owned(), "nothing-matches".to_owned()]);
-        assert_eq!(study.len(), 2 + 4);
+        assert_eq!(study.len(), 4 + 4);
         assert_eq!(select(&rows, &[]).len(), rows.len());
     }
 

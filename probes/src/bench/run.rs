@@ -79,6 +79,7 @@ impl RunConfig {
 pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
     let result = match spec {
         RowSpec::SingleProcess => single_process(gpu, cfg),
+        RowSpec::SingleProcessPipelined { slots } => single_process_pipelined(gpu, cfg, slots),
         RowSpec::Bandwidth => bandwidth(gpu, cfg),
         RowSpec::Study { design } => study(gpu, cfg, spec, design),
         RowSpec::Ours { backend, strategy, slots, consumers } => {
@@ -145,6 +146,55 @@ fn single_process(gpu: &BenchGpu, cfg: &RunConfig) -> Result<Measurement, ProbeE
         mismatches: read_counter(&counter)?,
         bandwidth_gb_s: None,
         note: Some("one process, one stream, one frame buffer: fill then verify, frames queued back to back".into()),
+    })
+}
+
+/// The same kernels in one process, pipelined through `slots` frame buffers: fill on the bench stream, verify on a
+/// second stream, frame `seq` in buffer `seq % slots`; the verify of a buffer waits for its fill (an event) and the
+/// next fill of it waits for that verify (another event). No IPC and no CPU wait per frame: the ceiling of a design
+/// in which the next frame's fill runs while the current one is verified, as in a ring of two or more slots.
+fn single_process_pipelined(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Result<Measurement, ProbeError> {
+    let bytes = cfg.frame_bytes();
+    let slots = slots.max(1) as usize;
+    let frames = (0..slots).map(|_| DeviceBuffer::alloc(&gpu.ctx, bytes)).collect::<Result<Vec<_>, _>>()?;
+    let events = || (0..slots).map(|_| Event::new(&gpu.ctx, EventFlags::default())).collect::<Result<Vec<_>, _>>();
+    let (filled, verified) = (events()?, events()?);
+    let counter = DeviceBuffer::alloc(&gpu.ctx, 8)?;
+    counter.write(0, &[0u64])?;
+    let verify_stream = Stream::new(&gpu.ctx)?;
+    let run = |from: u64, to: u64| -> Result<(), ProbeError> {
+        for seq in from..to {
+            let i = (seq % slots as u64) as usize;
+            // The buffer's previous verify (an event never recorded is complete).
+            gpu.stream.wait_event(&verified[i])?;
+            gpu.kernels.fill(&gpu.stream, frames[i].span(), seq)?;
+            filled[i].record(&gpu.stream)?;
+            verify_stream.wait_event(&filled[i])?;
+            gpu.kernels.verify(&verify_stream, frames[i].span(), seq, counter.span())?;
+            verified[i].record(&verify_stream)?;
+        }
+        wait_stream(&gpu.ctx, &gpu.stream, cfg.row_timeout)?;
+        wait_stream(&gpu.ctx, &verify_stream, cfg.row_timeout)
+    };
+    run(0, cfg.warmup)?;
+    let (t0, cpu0) = (Instant::now(), cpu_ns());
+    run(cfg.warmup, cfg.total())?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu = cpu_ns().saturating_sub(cpu0);
+    Ok(Measurement {
+        frames: cfg.frames,
+        seconds,
+        fps: fps(cfg.frames, seconds),
+        ratio_to_single_process: None,
+        latency: None,
+        producer_cpu_us_per_frame: cpu_us_per_frame(cpu, cfg.frames),
+        consumer_cpu_us_per_frame: Vec::new(),
+        mismatches: read_counter(&counter)?,
+        bandwidth_gb_s: None,
+        note: Some(format!(
+            "one process, {slots} frame buffers, fill on one stream and verify on another, handed over with events: \
+             the next fill overlaps the current verify"
+        )),
     })
 }
 
