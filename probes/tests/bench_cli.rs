@@ -77,7 +77,8 @@ fn a_short_run_of_every_kind_of_row_reads_the_right_data() {
     assert_eq!(json["probe"], "bench-pipeline");
     assert_eq!(json["results"]["frame_bytes"], 24_883_200);
     let rows = json["results"]["rows"].as_array().unwrap_or_else(|| panic!("rows: {json}"));
-    assert!(rows.len() > 2 + 4 + 4, "references, study designs and at least one backend: {json}");
+    assert!(rows.len() > 4 + 4 + 4, "references, study designs and at least one backend: {json}");
+    assert!(rows.iter().any(|r| r["row"] == "single-process-pipelined-s8"), "{json}");
     for row in rows {
         let name = &row["row"];
         let outcome = &row["outcome"];
@@ -92,7 +93,10 @@ fn a_short_run_of_every_kind_of_row_reads_the_right_data() {
         assert!(fps > 0.0, "{name}: {outcome}");
         let ratio = outcome["ratio_to_single_process"].as_f64().unwrap_or(-1.0);
         assert!(ratio > 0.0 && ratio < 10.0, "{name}: {outcome}");
-        if row["spec"]["kind"] != "single-process" && row["spec"]["kind"] != "bandwidth" {
+        // The references run in the bench process alone: no consumer, no latency.
+        let reference =
+            ["single-process", "single-process-pipelined", "bandwidth"].iter().any(|k| row["spec"]["kind"] == *k);
+        if !reference {
             let consumers = outcome["consumer_cpu_us_per_frame"].as_array().map_or(0, Vec::len) as u64;
             assert_eq!(outcome["latency"]["count"], 100 * consumers, "{name}: {outcome}");
             assert!(outcome["latency"]["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{name}: {outcome}");
