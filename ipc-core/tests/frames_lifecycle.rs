@@ -392,3 +392,22 @@ fn handshake_deadlines_as_short_as_an_attach_never_poison_the_ring() {
         }
     }
 }
+
+#[test]
+fn a_handshake_the_producer_drops_before_its_offer_tells_the_consumer_to_attach_again() {
+    let mut cfg = config("drop-before-offer", 2);
+    cfg.handshake_timeout = Duration::from_millis(50);
+    // This producer's thread never serves its front door, so it never makes the offer: its admission thread drops
+    // the handshake at the deadline, as it does for a consumer stopped (SIGSTOP) while it waits for the offer.
+    let producer = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
+    let started = Instant::now();
+    let error = Consumer::<HostFake>::attach(&HostContext, &sock("drop-before-offer"), &AttachOptions::default())
+        .err()
+        .expect("no offer, no consumer");
+    assert!(
+        matches!(&error, FrameError::Config(message) if message.contains("dropped this handshake") && message.contains("attach again")),
+        "{error}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2), "at the producer's deadline: {:?}", started.elapsed());
+    drop(producer);
+}

@@ -101,7 +101,15 @@ impl<B: Backend> Consumer<B> {
             }
             return Err(e.into());
         }
-        let (offer, fds) = conn.recv(left())?.into_ring_offer()?;
+        let (offer, fds) = match conn.recv(left()) {
+            Ok(answer) => answer.into_ring_offer()?,
+            // A producer still running that hangs up before its offer dropped this handshake (its deadline passed,
+            // e.g. while this process was stopped): say so, so that the caller attaches again.
+            Err(WireError::PeerHungUp { .. }) if conn.peer().pid.is_none_or(process_runs) => {
+                return Err(dropped_handshake(&conn));
+            }
+            Err(e) => return Err(e.into()),
+        };
         let joined = Self::join(ctx, &conn, &offer, fds, options);
         let (strategy, sync, region, ring) = match joined {
             Ok(parts) => parts,
@@ -383,6 +391,12 @@ impl<B: Backend> Drop for Consumer<B> {
     }
 }
 
+/// Whether process `pid` (as this process sees it) exists: false only when it certainly does not (`ESRCH`).
+fn process_runs(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else { return true };
+    !matches!(rustix::process::test_kill_process(pid), Err(rustix::io::Errno::SRCH))
+}
+
 /// Whether the peer hangs up within `limit` (an error polling counts as a hang-up).
 fn hangs_up_within(conn: &PeerConnection, limit: Duration) -> bool {
     let end = Instant::now() + limit;
@@ -407,7 +421,7 @@ fn dropped_handshake(conn: &PeerConnection) -> FrameError {
     }
     FrameError::Config(
         "the producer dropped this handshake before the consumer joined (it took longer than the producer's \
-         handshake timeout); attach again"
+         handshake timeout, e.g. while this process was stopped); attach again"
             .into(),
     )
 }
