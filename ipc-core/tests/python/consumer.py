@@ -439,12 +439,21 @@ class HostFrames:
     """The frame memory of a host-fake ring: its memfd mapped read-only. The test producer writes frame s's
     sequence number, as a little-endian u64, into every 8-byte word of the frame.
 
-    The interface the frame loop uses (cuda_consumer.py implements it for GPU memory): `before_read` (nothing to
-    wait for here), `mismatched_words` (read and check a frame; every read finished when it returns), `after_read`
-    (just before the release), `summary_fields` (extra keys of the JSON summary) and `close`."""
+    The interface the frame loop uses (cuda_consumer.py implements it for GPU memory): `read_frames` (the loop
+    itself: `read_frames` below), `before_read` (nothing to wait for here), `mismatched_words` (read and check a
+    frame; every read finished when it returns), `after_read` (just before the release), `summary_fields` (extra
+    keys of the JSON summary), `close`, and `control_block_leaked` (True once the control block must stay mapped
+    because queued GPU work may still touch it; never here)."""
+
+    control_block_leaked = False
 
     def __init__(self, offer, fds):
         self.map = mmap.mmap(fds[1], offer.allocation_bytes, mmap.MAP_SHARED, mmap.PROT_READ)
+
+    @staticmethod
+    def read_frames(session, args, progress):
+        """The CPU strategies' frame loop."""
+        read_frames(session, args, progress)
 
     def before_read(self, session, seq, deadline):
         """Nothing: the publish counter is the whole wait with the CPU strategies."""
@@ -483,8 +492,9 @@ class HostFakeImport:
                                       "supports only cpu-spin and cpu-sleep")
 
     @staticmethod
-    def import_frames(offer, fds):
-        """Step 6: map the frame memfd."""
+    def import_frames(offer, fds, control):
+        """Step 6: map the frame memfd (the control block needs nothing more with the CPU strategies)."""
+        del control
         return HostFrames(offer, fds)
 
 
@@ -496,7 +506,7 @@ def import_offer(offer, fds, atomics, importer):
     try:
         check_control_header(control, offer)
         epoch, join_sequence = read_own_record(control, offer.consumer_id)
-        frames = importer.import_frames(offer, fds)
+        frames = importer.import_frames(offer, fds, control)
     except BaseException:
         control.close()
         raise
@@ -701,9 +711,11 @@ def leave(session):
 
 
 def release_mappings(session):
-    """Unmap (or release) the frame memory, then the control block."""
+    """Unmap (or release) the frame memory, then the control block, unless GPU work may still touch it (its
+    registration leaked: cuda_consumer.py with gpu-stream-ops and a stuck stream)."""
     session.frames.close()
-    session.control.close()
+    if not session.frames.control_block_leaked:
+        session.control.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -738,7 +750,7 @@ def read_frames(session, args, progress):
 def read_and_leave(session, args, progress):
     """Read, then leave; on the way out, do what each reason to stop requires."""
     try:
-        read_frames(session, args, progress)
+        session.frames.read_frames(session, args, progress)
     except ProducerGone:
         poison_published(session)
         session.sock.close()

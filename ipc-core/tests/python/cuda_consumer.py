@@ -10,8 +10,12 @@ importer), plus attaching step 6, the import of the frame memory, through the CU
 
 Strategies: cpu-spin, cpu-sleep (host counters in the control block) and ipc-event (the producer's published
 event of the slot polled with cuEventQuery before reading, our released event recorded with cuEventRecord before
-the release counter is raised; protocol.md "IPC events": neither side makes a stream wait on the other's event).
-gpu-stream-ops and gpu-poll exit 2.
+the release counter is raised; protocol.md "IPC events": neither side makes a stream wait on the other's event)
+and gpu-stream-ops (the control block host-registered for the device; per frame, on our stream,
+cuStreamWaitValue64 on the publish counter, the check, cuStreamWriteValue64 of the release counter and an event;
+the CPU only queues, at most 8 to 32 frames ahead (2 * slot_count, within the verifier's means), and polls the
+oldest frame's event, watching the producer and our record: see StreamOpsLoop). gpu-poll (a polling kernel)
+exits 2.
 
 Attaching (protocol.md, "Attaching, step by step", step 6): the GPU is the one whose cuDeviceGetUuid(_v2) equals the
 offer's device_uuid, used through its primary context. legacy: cuIpcOpenMemHandle(legacy_mem_handle,
@@ -19,7 +23,8 @@ CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), its size checked with cuMemGetAddressRange.
 cuMemImportFromShareableHandle(fd 1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), cuMemAddressReserve of
 allocation_bytes aligned to this GPU's cuMemGetAllocationGranularity, cuMemMap, cuMemSetAccess (read-write for this
 device). Leaving undoes it in reverse order (vmm: cuMemUnmap, cuMemAddressFree, cuMemRelease; legacy:
-cuIpcCloseMemHandle), after the ring-level detach and once our stream is idle. When the machine has one GPU, its
+cuIpcCloseMemHandle; gpu-stream-ops first cuMemHostUnregister of the control block), after the ring-level detach
+and once our stream is idle. When the machine has one GPU, its
 context and the verifier are made ready before connecting, so the handshake (bounded by the producer, 10 s by
 default) only imports.
 
@@ -30,9 +35,13 @@ is expected to hold the frame check pattern of docs/kernels.md, pattern(seq, i).
 - `host`: the frame copied to pinned host memory (cuMemcpyDtoHAsync on our stream), then every word checked with
   numpy (`host-copy-numpy`) or, without numpy, a sample of up to 4,096 evenly spaced words in pure Python
   (`host-copy-python-sample`).
-Every read finishes (an event recorded after it, polled for at most 10 s) before the frame is released. Reads that do
-not finish in time end the run with exit 1 without touching the record, and the mappings are leaked rather than
-unmapped under the GPU (protocol.md, "Leaving", step 1).
+With the CPU strategies and ipc-event every read finishes (an event recorded after it, polled for at most 10 s)
+before the frame is released; with gpu-stream-ops the release is queued after the reads on the same stream, and a
+frame counts once its event completed. Reads (or, with gpu-stream-ops, anything queued on the ring) that do not
+finish in time end the run with exit 1 (or 4 / 5 when the producer was gone or had evicted us) without touching
+the record, and the mappings (and the control block's registration) are leaked rather than undone under the GPU
+(protocol.md, "Leaving", step 1). With gpu-stream-ops, --read-delay holds back the queuing of each release and
+--stall-after queues no release for the later frames.
 
 Output, exit codes: as consumer.py (0 read --frames frames and left, 1 error, 2 unsupported strategy, 3 refused,
 4 producer gone, 5 evicted); the JSON line on stdout adds "backend", "sync", "verifier" and "device" (the GPU's
@@ -43,6 +52,7 @@ the places are marked "Doc gap" below.
 """
 
 import argparse
+import collections
 import ctypes
 import json
 import os
@@ -53,16 +63,22 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ next to the scripts
 import consumer  # noqa: E402  (the handshake, frame waits and leaving; next to this file)
-from consumer import ConsumerError, ProducerGone, ProtocolError, ReadsStuck, UnsupportedStrategy  # noqa: E402
+from consumer import (  # noqa: E402
+    ConsumerError, Evicted, ProducerGone, ProtocolError, ReadsStuck, UnsupportedStrategy,
+)
 from gpuipc_wire import (  # noqa: E402
-    BACKEND_LEGACY, BACKEND_VMM, CHECK_INTERVAL_S, SYNC_CPU_SLEEP, SYNC_CPU_SPIN, SYNC_IPC_EVENT, SYNC_NAMES,
+    BACKEND_LEGACY, BACKEND_VMM, CHECK_INTERVAL_S, CONTROL_BYTES, POISON, published_offset, released_offset,
+    SYNC_CPU_SLEEP, SYNC_CPU_SPIN, SYNC_GPU_STREAM_OPS, SYNC_IPC_EVENT, SYNC_NAMES,
 )
 
-SUPPORTED_SYNC = {SYNC_CPU_SPIN, SYNC_CPU_SLEEP, SYNC_IPC_EVENT}
+SUPPORTED_SYNC = {SYNC_CPU_SPIN, SYNC_CPU_SLEEP, SYNC_IPC_EVENT, SYNC_GPU_STREAM_OPS}
 BACKEND_NAMES = {BACKEND_LEGACY: "legacy", BACKEND_VMM: "vmm", 3: "host-fake"}
 GPU_TIMEOUT_S = 10.0  # how long our reads of one frame may take on the GPU (the reference's gpu_timeout default)
 EVENT_POLL_S = 0.00002  # nap between two cuEventQuery looks (ours; cpu-sleep's 20 us)
 SAMPLE_WORDS = 4096  # words checked per frame by the pure-Python host verifier
+RUN_AHEAD_MAX = 32  # gpu-stream-ops: at most this many frames queued on our stream and not yet counted (ours)
+HOST_COPY_BYTES = 128 << 20  # gpu-stream-ops with the host verifier: pinned copies of the frames in flight, at most
+MEMHOSTREGISTER_DEVICEMAP = 0x02  # CU_MEMHOSTREGISTER_DEVICEMAP in cuda.h, where the bindings do not export it
 
 
 def log(text):
@@ -268,46 +284,71 @@ def uuid_text(uuid):
 
 
 class CupyVerifier:
-    """Checks a frame in place with CuPy, on our stream."""
+    """Checks a frame in place with CuPy, on our stream (CuPy's external stream over our CUstream, so that CuPy's
+    kernels are ordered with the driver calls we queue there). Each frame's count of mismatched words is copied
+    (cuMemcpyDtoHAsync, on the same stream) into its own word of a pinned host buffer, read once the stream has
+    passed it: reading it never makes the CPU synchronise with the stream."""
 
     name = "cupy"
 
-    def __init__(self, cupy, ordinal, stream):
+    def __init__(self, cupy, ordinal, stream, drv):
         self.cp = cupy
         self.ordinal = ordinal
+        self.drv = drv
+        self.raw_stream = stream
         self.device = cupy.cuda.Device(ordinal)
         self.stream = cupy.cuda.ExternalStream(int(stream), ordinal)
         self.terms = None  # index_term of 0 .. n_words, made at the first frame
+        self.counts = None  # pinned host buffer: one int64 count per frame in flight
+        self.depth = 0
 
-    def prepare(self, frame_bytes):
-        """Nothing to allocate per ring."""
+    @staticmethod
+    def max_depth(frame_bytes):
+        """Frames it can have in flight: a count word each, so no limit of its own."""
         del frame_bytes
+        return RUN_AHEAD_MAX
+
+    def prepare(self, frame_bytes, depth):
+        """A pinned count word for each of `depth` frames in flight."""
+        del frame_bytes
+        if self.counts is None or self.depth < depth:
+            self.close()
+            self.counts = int(self.drv.call("cuMemAllocHost", 8 * depth))
+            self.depth = depth
 
     def warm_up(self):
         """Compile (or load from CuPy's cache) the kernels the check uses, before any frame waits for them."""
         cp = self.cp
         with self.device, self.stream:
             words = cp.zeros(1024, dtype=cp.uint32)
-            int(cp.count_nonzero(words != expected_words(cp, index_term(cp, cp.arange(1024, dtype=cp.uint32)), 1)))
+            check = words != expected_words(cp, index_term(cp, cp.arange(1024, dtype=cp.uint32)), 1)
+            int(cp.count_nonzero(check).astype(cp.int64, copy=False))  # nothing else is queued yet
 
-    def start(self, ptr, n_words, seq):
-        """Queue the check of `n_words` words at device address `ptr` on our stream; returns what `finish` reads."""
+    def start(self, ptr, n_words, seq, k=0):
+        """Queue the check of `n_words` words at device address `ptr` on our stream, its count into word `k`;
+        returns what `finish` reads."""
         cp = self.cp
         with self.device, self.stream:
             if self.terms is None or self.terms.size != n_words:
                 self.terms = index_term(cp, cp.arange(n_words, dtype=cp.uint32))
             memory = cp.cuda.UnownedMemory(ptr, n_words * 4, self, device_id=self.ordinal)
             words = cp.ndarray((n_words,), dtype=cp.uint32, memptr=cp.cuda.MemoryPointer(memory, 0))
-            return cp.count_nonzero(words != expected_words(cp, self.terms, seq))
+            count = cp.count_nonzero(words != expected_words(cp, self.terms, seq)).astype(cp.int64, copy=False)
+        self.drv.call("cuMemcpyDtoHAsync", self.counts + 8 * k, count.data.ptr, 8, self.raw_stream)
+        return k, count  # the device count stays referenced until it is read
 
     def finish(self, pending):
-        """The count, once the stream has passed the check."""
-        with self.device, self.stream:
-            return int(pending)
+        """The count, once the stream has passed the check and its copy."""
+        k, _count = pending
+        return ctypes.c_int64.from_address(self.counts + 8 * k).value
 
     def close(self):
-        """Drop the cached index terms."""
+        """Drop the cached index terms, free the count words."""
         self.terms = None
+        if self.counts is not None:
+            self.drv.try_call("cuMemFreeHost", self.counts)
+            self.counts = None
+            self.depth = 0
 
 
 class HostCopyVerifier:
@@ -319,27 +360,37 @@ class HostCopyVerifier:
         self.stream = stream
         self.np = numpy
         self.name = "host-copy-numpy" if numpy is not None else "host-copy-python-sample"
-        self.host = None  # pinned buffer address
+        self.host = None  # pinned buffer address: one frame's copy per frame in flight
         self.host_bytes = 0
+        self.frame_bytes = 0
         self.terms = None
 
-    def prepare(self, frame_bytes):
-        """A pinned buffer for one frame."""
-        self.host = int(self.drv.call("cuMemAllocHost", frame_bytes))
-        self.host_bytes = frame_bytes
+    @staticmethod
+    def max_depth(frame_bytes):
+        """Frames it can have in flight: as many pinned copies as fit in HOST_COPY_BYTES, at least one."""
+        return max(1, HOST_COPY_BYTES // max(1, frame_bytes))
+
+    def prepare(self, frame_bytes, depth):
+        """A pinned buffer for `depth` frames."""
+        if self.host is None or self.host_bytes < frame_bytes * depth:
+            self.close()
+            self.host = int(self.drv.call("cuMemAllocHost", frame_bytes * depth))
+            self.host_bytes = frame_bytes * depth
+        self.frame_bytes = frame_bytes
 
     def warm_up(self):
         """Nothing to compile."""
 
-    def start(self, ptr, n_words, seq):
-        """Queue the copy of the frame; returns (n_words, seq)."""
-        self.drv.call("cuMemcpyDtoHAsync", self.host, ptr, n_words * 4, self.stream)
-        return n_words, seq
+    def start(self, ptr, n_words, seq, k=0):
+        """Queue the copy of the frame into copy `k`; returns (n_words, seq, its address)."""
+        host = self.host + k * self.frame_bytes
+        self.drv.call("cuMemcpyDtoHAsync", host, ptr, n_words * 4, self.stream)
+        return n_words, seq, host
 
     def finish(self, pending):
         """Check the copy (the stream has passed it)."""
-        n_words, seq = pending
-        buffer = (ctypes.c_char * (n_words * 4)).from_address(self.host)
+        n_words, seq, host = pending
+        buffer = (ctypes.c_char * (n_words * 4)).from_address(host)
         if self.np is not None:
             np = self.np
             if self.terms is None or self.terms.size != n_words:
@@ -415,7 +466,7 @@ class CudaDevice:
         self.done_event = drv.call("cuEventCreate", int(self.cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
         if self.cupy is not None:
             try:
-                self.verifier = CupyVerifier(self.cupy, ordinal, self.stream)
+                self.verifier = CupyVerifier(self.cupy, ordinal, self.stream, drv)
                 self.verifier.warm_up()
             except Exception as err:  # CuPy's own errors: name them, then stop
                 raise CudaError(f"CuPy cannot run on GPU {ordinal}: {type(err).__name__}: {err}") from None
@@ -477,18 +528,26 @@ class CudaDevice:
 
 
 class GpuFrames:
-    """One ring's frame memory imported into our context (legacy or vmm), with its IPC events (ipc-event):
-    the interface consumer.py's frame loop uses (see consumer.HostFrames). Everything acquired is undone in
-    reverse order by `close`, also when the import fails half-way."""
+    """One ring's frame memory imported into our context (legacy or vmm), with its IPC events (ipc-event) or the
+    control block registered for the device (gpu-stream-ops): the interface consumer.py's frame loop uses (see
+    consumer.HostFrames). Everything acquired is undone in reverse order by `close`, also when the import fails
+    half-way."""
 
-    def __init__(self, device, offer, fds):
+    def __init__(self, device, offer, fds, control):
         self.device = device
         self.drv = device.drv
         self.cu = device.cu
         self.offer = offer
         self.undo = []  # (driver function, its arguments) that undo what was acquired, in the order acquired
-        self.events = []
+        self.events = []  # ipc-event: the offer's IPC events; gpu-stream-ops: one event per frame in flight
         self.base = 0
+        self.control_base = 0  # gpu-stream-ops: the control block's device pointer
+        self.control_registered = False
+        self.control_block_leaked = False
+        frame_bytes = offer.pitch_bytes * offer.height
+        self.depth = 1  # frames in flight on our stream
+        if offer.sync == SYNC_GPU_STREAM_OPS:
+            self.depth = min(max(2 * offer.slot_count, 8), device.verifier.max_depth(frame_bytes))
         try:
             if offer.backend == BACKEND_LEGACY:
                 self.import_legacy()
@@ -499,10 +558,38 @@ class GpuFrames:
                     event = self.drv.call("cuIpcOpenEventHandle", struct_from_bytes(self.cu.CUipcEventHandle, handle))
                     self.undo.append(("cuEventDestroy", (event,)))
                     self.events.append(event)
-            device.verifier.prepare(offer.pitch_bytes * offer.height)
+            if offer.sync == SYNC_GPU_STREAM_OPS:
+                self.register_control_block(control)
+                flags = int(self.cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+                for _ in range(self.depth):
+                    event = self.drv.call("cuEventCreate", flags)
+                    self.undo.append(("cuEventDestroy", (event,)))
+                    self.events.append(event)
+            device.verifier.prepare(frame_bytes, self.depth)
         except BaseException:
             self.close()
             raise
+
+    def register_control_block(self, control):
+        """gpu-stream-ops (protocol.md, attaching step 6; ring.md, "Shared memory"): cuMemHostRegister the whole
+        control-block mapping with CU_MEMHOSTREGISTER_DEVICEMAP and take its device pointer, the `base` of the
+        counters' addresses. The GPU must offer 64-bit stream memory operations and mapped host memory."""
+        device = self.device
+        # Doc gap: protocol.md names no device attribute; frames.md names the 64-bit one; mapped host memory is ours.
+        for names in (("CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS",
+                       "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1"),
+                      ("CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY",)):
+            name = next((n for n in names if hasattr(self.cu.CUdevice_attribute, n)), None)
+            if name is None:
+                log(f"this cuda-bindings has no {names[0]}: not checked")
+            elif not device.attribute(name):
+                raise CudaError(f"GPU {device.ordinal} reports {name} = 0: it cannot run gpu-stream-ops; ask the "
+                                "producer for cpu-spin, cpu-sleep or ipc-event")
+        flags = int(getattr(self.cu, "CU_MEMHOSTREGISTER_DEVICEMAP", MEMHOSTREGISTER_DEVICEMAP))
+        self.drv.call("cuMemHostRegister", control.base, CONTROL_BYTES, flags)
+        self.undo.append(("cuMemHostUnregister", (control.base,)))
+        self.control_registered = True
+        self.control_base = int(self.drv.call("cuMemHostGetDevicePointer", control.base, 0))
 
     def import_legacy(self):
         """cuIpcOpenMemHandle(legacy_mem_handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS); the mapping must cover
@@ -590,20 +677,36 @@ class GpuFrames:
                 next_check = now + CHECK_INTERVAL_S
             time.sleep(EVENT_POLL_S)
 
-    def mismatched_words(self, offer, seq):
-        """Check frame `seq` in its slot on the GPU (or its copy on the host); returns the mismatched words (of the
-        sample, for host-copy-python-sample). The stream has passed the reads when this returns."""
+    def read_frames(self, session, args, progress):
+        """The frame loop: consumer.py's for the CPU strategies and ipc-event, StreamOpsLoop's for gpu-stream-ops."""
+        if self.offer.sync == SYNC_GPU_STREAM_OPS:
+            StreamOpsLoop(self, session, args, progress).run()
+        else:
+            consumer.read_frames(session, args, progress)
+
+    def frame_address(self, seq):
+        """Device address of frame `seq` (in slot seq % N) and its length in 32-bit words."""
+        offer = self.offer
         ptr = self.base + offer.data_offset + (seq % offer.slot_count) * offer.slot_stride_bytes
-        n_words = offer.pitch_bytes * offer.height // 4
-        verifier = self.device.verifier
+        return ptr, offer.pitch_bytes * offer.height // 4
+
+    def start_check(self, seq, k=0):
+        """Queue the check of frame `seq` on our stream, its result into the verifier's slot `k`."""
+        ptr, n_words = self.frame_address(seq)
         try:
-            pending = verifier.start(ptr, n_words, seq)
-            self.device.wait_stream(f"the check of frame {seq}")
-            return verifier.finish(pending)
+            return self.device.verifier.start(ptr, n_words, seq, k)
         except ConsumerError:
             raise
         except Exception as err:  # CuPy's errors
             raise CudaError(f"checking frame {seq} failed: {type(err).__name__}: {err}".splitlines()[0]) from None
+
+    def mismatched_words(self, offer, seq):
+        """Check frame `seq` in its slot on the GPU (or its copy on the host); returns the mismatched words (of the
+        sample, for host-copy-python-sample). The stream has passed the reads when this returns."""
+        del offer
+        pending = self.start_check(seq)
+        self.device.wait_stream(f"the check of frame {seq}")
+        return self.device.verifier.finish(pending)
 
     def after_read(self, seq):
         """ipc-event: record our released event of the slot on our stream (after the reads), before the counter."""
@@ -617,8 +720,10 @@ class GpuFrames:
                 "verifier": self.device.verifier.name, "device": uuid_text(self.device.uuid)}
 
     def close(self):
-        """Once our stream is idle: undo everything in reverse order (vmm: unmap, free the address range, release
-        the handle; legacy: close the handle; events destroyed first). Leaked when the stream is stuck."""
+        """Once our stream is idle: undo everything in reverse order (protocol.md, "Leaving", step 6: events
+        destroyed first, the control block unregistered, then vmm: unmap, free the address range, release the
+        handle; legacy: close the handle). Leaked when the stream is stuck, the control block's registration and
+        mapping included (`control_block_leaked`): a stream wait may still poll it."""
         if not self.undo:
             return
         if not self.device.stuck:
@@ -627,12 +732,170 @@ class GpuFrames:
             except ConsumerError as err:
                 log(str(err))
         if self.device.stuck:
-            log("leaking the ring's mappings: the GPU may still be reading them")
+            log("leaking the ring's mappings" + (" and the control block's registration" if self.control_registered
+                                                  else "") + ": the GPU may still be using them")
+            self.control_block_leaked = self.control_registered
             self.undo.clear()
             return
         while self.undo:
             name, args = self.undo.pop()
             self.drv.try_call(name, *args)
+
+
+class StreamOpsLoop:
+    """The gpu-stream-ops frame loop (protocol.md, "Frames, per sync strategy"; ring.md, "GPU strategy mapping").
+    For frame s in slot i, on our stream: cuStreamWaitValue64(base + offset(published[i]), s + 1, GEQ), the check of
+    the frame (CuPy's kernels, or the copy to the host), cuStreamWriteValue64(base + offset(released[c][i]), s + 1,
+    0) (default flags: with the memory barrier), then cuEventRecord of that frame's event. The CPU only queues:
+    at most `depth` frames are queued and not yet counted; it then polls the oldest frame's event (cuEventQuery,
+    never a synchronise), for at most --timeout, checking the producer and our record about every millisecond.
+
+    A frame counts once its event has completed, our record is still LIVE in our epoch (the producer rewrites a
+    slot we read only after our release, unless it evicted us: protocol.md, "Check your record", "a consumer that
+    holds several frames checks before it counts each as read") and the producer really published it: the low bits
+    of published[i] reach s + 1 (a poison keeps them, protocol.md "When frame s is readable"), or the ring is CLOSED
+    and s < next_sequence. A wait passed by the poison alone means the frame never came: its check is discarded
+    and the loop ends with ProducerGone.
+
+    Producer gone (closed, hung up, its process gone): while our record is LIVE we poison the publish counters so
+    that the waits we queued pass, and poison them again at every check, since a dead producer's queued stream
+    writes can still land (ring.md, "GPU strategy mapping", Survivor). Whatever ends the loop, our stream is first
+    waited for (an event, bounded by GPU_TIMEOUT_S: "Leaving", step 1); if it does not get there, ReadsStuck, and
+    nothing is unmapped or unregistered."""
+
+    def __init__(self, frames, session, args, progress):
+        self.frames = frames
+        self.session = session
+        self.args = args
+        self.progress = progress
+        self.device = frames.device
+        self.drv = frames.drv
+        self.stream = frames.device.stream
+        self.offer = session.offer
+        self.geq = int(frames.cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        self.inflight = collections.deque()  # (seq, k, pending check, held) in the order queued
+        self.gone = None  # why the producer is gone, once seen
+
+    def run(self):
+        """Read, then make sure our stream has passed everything we queued, however the loop ended."""
+        try:
+            self.read()
+        except BaseException as err:
+            self.drain(err)
+            raise
+        self.drain(None)
+
+    def read(self):
+        """Queue frames up to `depth` ahead, count the oldest, until --frames are counted (0: until the producer is
+        gone)."""
+        first = self.session.join_sequence
+        next_seq = first
+        while True:
+            while len(self.inflight) < self.frames.depth and (self.args.frames == 0
+                                                              or next_seq - first < self.args.frames):
+                self.queue(next_seq, self.args.stall_after is not None and next_seq - first >= self.args.stall_after)
+                next_seq += 1
+            if not self.inflight:
+                return
+            self.count_oldest()
+
+    def queue(self, seq, hold):
+        """Frame `seq` on our stream: wait, check, release (unless `hold`), event."""
+        # Doc gap: "check your record before waiting for each frame and before releasing it" assumes a CPU release;
+        # here the release is queued before the reads have run. We check when queuing, and again before counting.
+        consumer.check_still_live(self.session)
+        slot = seq % self.offer.slot_count
+        k = seq % self.frames.depth
+        base = self.frames.control_base
+        self.drv.call("cuStreamWaitValue64", self.stream, base + published_offset(slot), seq + 1, self.geq)
+        pending = self.frames.start_check(seq, k)
+        if self.args.read_delay > 0:
+            time.sleep(self.args.read_delay)  # holds back the release we queue next
+        if not hold:
+            self.drv.call("cuStreamWriteValue64", self.stream,
+                          base + released_offset(self.offer.consumer_id, slot), seq + 1, 0)
+        self.drv.call("cuEventRecord", self.frames.events[k], self.stream)
+        self.inflight.append((seq, k, pending, hold))
+
+    def count_oldest(self):
+        """Wait for the oldest frame's event (bounded by --timeout), then count it or end the loop."""
+        session, offer = self.session, self.offer
+        seq, k, pending, hold = self.inflight[0]
+        slot = seq % offer.slot_count
+        if not self.poll(self.frames.events[k], time.monotonic() + self.args.timeout, check_record=True):
+            published = (session.control.load(published_offset(slot)) & ~POISON) >= seq + 1
+            raise ProtocolError(f"timed out after {self.args.timeout} s waiting for frame {seq}"
+                                + (" (published; our stream has not passed its check)" if published else ""))
+        self.inflight.popleft()
+        consumer.check_still_live(session)  # vouches for what the check read
+        value = session.control.load(published_offset(slot))
+        if (value & ~POISON) < seq + 1 and not consumer.published_before_close(session, seq):
+            gone = self.gone or consumer.producer_gone_reason(session) or f"slot {slot}'s publish counter is poisoned"
+            raise ProducerGone(f"{gone}: frame {seq} was never published (its counter reads {value:#x}; the poison "
+                               "let our wait pass, and the check of the slot is discarded)")
+        progress = self.progress
+        progress.frames += 1
+        progress.held += int(hold)
+        progress.read_past_poison += int(bool(value & POISON))
+        progress.mismatched_words += self.device.verifier.finish(pending)
+
+    def watch_producer(self):
+        """Once the producer is gone, poison the publish counters (while our record is LIVE: consumer.py's
+        poison_published), now and at every later check."""
+        # Doc gap: protocol.md asks a consumer to poison once, at the hang-up; that a dead producer's late stream
+        # writes can take the poison back, so that it must be repeated, is only in ring.md (the reference's watchdog).
+        if self.gone is None:
+            self.gone = consumer.producer_gone_reason(self.session)
+        if self.gone is not None:
+            consumer.poison_published(self.session)
+
+    def poll(self, event, deadline, check_record):
+        """Poll `event` until it completes (True) or `deadline` passes (False), watching the producer (and, with
+        `check_record`, our record) about every millisecond. CudaError when the query fails."""
+        next_check = time.monotonic() + CHECK_INTERVAL_S
+        while True:
+            result, _ = self.drv.status("cuEventQuery", event)
+            if result == self.drv.success:
+                return True
+            if result != self.drv.not_ready:
+                raise CudaError(f"cuEventQuery failed: {self.drv.error_name(result)} ({int(result)})")
+            now = time.monotonic()
+            if now >= next_check:
+                self.watch_producer()
+                if check_record:
+                    consumer.check_still_live(self.session)
+                if now >= deadline:
+                    return False
+                next_check = now + CHECK_INTERVAL_S
+            time.sleep(EVENT_POLL_S)
+
+    def drain(self, err):
+        """Leaving, step 1: wait, at most GPU_TIMEOUT_S, until our stream has passed everything we queued (an event
+        recorded after it), the producer watched meanwhile. Frames still in flight are not counted. When the stream
+        does not get there, nothing is unmapped or unregistered from then on (`device.stuck`), and the loop ends
+        with ReadsStuck (so that consumer.py skips the poison and the ring-level detach), unless it ended with
+        ProducerGone or Evicted already: those write nothing into our record either, and keep their exit code."""
+        if self.device.stuck:
+            return
+        # Doc gap: an evicted consumer (or one whose frame never came from a producer still there) may not poison the
+        # publish counters its queued waits watch, and the docs give it no other way to release them: it waits, bounded,
+        # then leaks. Whether its late stream writes after the hang-up are re-poisoned for it is not said either, so we
+        # drain before hanging up on every path.
+        try:
+            self.drv.call("cuEventRecord", self.device.done_event, self.stream)
+            if self.poll(self.device.done_event, time.monotonic() + GPU_TIMEOUT_S, check_record=False):
+                self.inflight.clear()
+                return
+            why = f"our stream did not pass the work queued on the ring within {GPU_TIMEOUT_S} s"
+        except CudaError as cuda_err:
+            why = str(cuda_err)
+        self.device.stuck = True
+        leaking = "leaving the mappings and the control block's registration in place"
+        if isinstance(err, (ProducerGone, Evicted)):
+            log(f"{why}: {leaking}")
+            return
+        before = f"{err}; then " if err is not None else ""
+        raise ReadsStuck(f"{before}{why}: {leaking} and hanging up without the ring-level detach") from None
 
 
 class CudaImport:
@@ -652,12 +915,12 @@ class CudaImport:
                                 f"{BACKEND_NAMES[offer.backend]}")
         if offer.sync not in SUPPORTED_SYNC:
             raise UnsupportedStrategy(f"the producer uses sync strategy {SYNC_NAMES[offer.sync]}; this consumer "
-                                      "supports cpu-spin, cpu-sleep and ipc-event")
+                                      "supports cpu-spin, cpu-sleep, ipc-event and gpu-stream-ops")
 
-    def import_frames(self, offer, fds):
+    def import_frames(self, offer, fds, control):
         """Attaching step 6 on the GPU the offer names."""
         self.device.select(offer.device_uuid)
-        return GpuFrames(self.device, offer, fds)
+        return GpuFrames(self.device, offer, fds, control)
 
 
 # ---------------------------------------------------------------------------------------------------------------

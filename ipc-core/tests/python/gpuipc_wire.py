@@ -53,6 +53,8 @@ HANDLE_TYPE_OF_BACKEND = {
 SYNC_CPU_SPIN = 1
 SYNC_CPU_SLEEP = 2
 SYNC_IPC_EVENT = 3
+SYNC_GPU_STREAM_OPS = 4
+SYNC_GPU_POLL = 5
 SYNC_NAMES = {1: "cpu-spin", 2: "cpu-sleep", 3: "ipc-event", 4: "gpu-stream-ops", 5: "gpu-poll"}
 
 PIXEL_RGBA8 = 2
