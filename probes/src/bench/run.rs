@@ -130,23 +130,12 @@ fn single_process(gpu: &BenchGpu, cfg: &RunConfig) -> Result<Measurement, ProbeE
         }
         wait_stream(&gpu.ctx, &gpu.stream, cfg.row_timeout)
     };
-    run(0, cfg.warmup)?;
-    let (t0, cpu0) = (Instant::now(), cpu_ns());
-    run(cfg.warmup, cfg.total())?;
-    let seconds = t0.elapsed().as_secs_f64();
-    let cpu = cpu_ns().saturating_sub(cpu0);
-    Ok(Measurement {
-        frames: cfg.frames,
-        seconds,
-        fps: fps(cfg.frames, seconds),
-        ratio_to_single_process: None,
-        latency: None,
-        producer_cpu_us_per_frame: cpu_us_per_frame(cpu, cfg.frames),
-        consumer_cpu_us_per_frame: Vec::new(),
-        mismatches: read_counter(&counter)?,
-        bandwidth_gb_s: None,
-        note: Some("one process, one stream, one frame buffer: fill then verify, frames queued back to back".into()),
-    })
+    in_process(
+        cfg,
+        run,
+        &counter,
+        "one process, one stream, one frame buffer: fill then verify, frames queued back to back".into(),
+    )
 }
 
 /// The same kernels in one process, pipelined through `slots` frame buffers: fill on the bench stream, verify on a
@@ -176,6 +165,22 @@ fn single_process_pipelined(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Resu
         wait_stream(&gpu.ctx, &gpu.stream, cfg.row_timeout)?;
         wait_stream(&gpu.ctx, &verify_stream, cfg.row_timeout)
     };
+    let note = format!(
+        "one process, {slots} frame buffers, fill on one stream and verify on another, handed over with events: the \
+         next fill overlaps the current verify"
+    );
+    in_process(cfg, run, &counter, note)
+}
+
+/// A reference row run in this process: `run(from, to)` queues frames `from..to` and waits for them; the warm-up
+/// first, then the measured window, timed on the wall clock and this process's CPU clock; `counter` holds the
+/// verify kernels' mismatches.
+fn in_process(
+    cfg: &RunConfig,
+    run: impl Fn(u64, u64) -> Result<(), ProbeError>,
+    counter: &DeviceBuffer,
+    note: String,
+) -> Result<Measurement, ProbeError> {
     run(0, cfg.warmup)?;
     let (t0, cpu0) = (Instant::now(), cpu_ns());
     run(cfg.warmup, cfg.total())?;
@@ -189,12 +194,9 @@ fn single_process_pipelined(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Resu
         latency: None,
         producer_cpu_us_per_frame: cpu_us_per_frame(cpu, cfg.frames),
         consumer_cpu_us_per_frame: Vec::new(),
-        mismatches: read_counter(&counter)?,
+        mismatches: read_counter(counter)?,
         bandwidth_gb_s: None,
-        note: Some(format!(
-            "one process, {slots} frame buffers, fill on one stream and verify on another, handed over with events: \
-             the next fill overlaps the current verify"
-        )),
+        note: Some(note),
     })
 }
 
