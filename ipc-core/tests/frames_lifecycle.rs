@@ -398,7 +398,7 @@ fn a_handshake_the_producer_drops_before_its_offer_tells_the_consumer_to_attach_
     let mut cfg = config("drop-before-offer", 2);
     cfg.handshake_timeout = Duration::from_millis(50);
     // This producer's thread never serves its front door, so it never makes the offer: its admission thread drops
-    // the handshake at the deadline, as it does for a consumer stopped (SIGSTOP) while it waits for the offer.
+    // the handshake at the deadline.
     let producer = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
     let started = Instant::now();
     let error = Consumer::<HostFake>::attach(&HostContext, &sock("drop-before-offer"), &AttachOptions::default())

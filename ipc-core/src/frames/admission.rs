@@ -25,7 +25,7 @@
 //! fails after the producer took a record for it marks the record dead (poisoning its release counters) and reports
 //! [`AdmissionEvent::Failed`], so the producer retires the record through the same quarantine as a consumer that died.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,10 +44,13 @@ use crate::wire::{
     PeerCredentials, RefusalCode, Refused, RendezvousListener, WireError,
 };
 
-/// Panics of the thread's loop survived before it gives up: each fails the handshakes in flight (their peers see a
-/// hang-up and may attach again) and starts the loop afresh on the same socket; a loop that keeps panicking is a bug
-/// that some input sets off again and again, and accepting then stops (the socket file goes) rather than panic on.
+/// Panics of the thread's loop survived within [`PANIC_WINDOW`] before it gives up: each fails the handshakes in
+/// flight (the one being served when it panicked is refused, code 6, the others see a hang-up and may attach again)
+/// and starts the loop afresh on the same socket; a loop that keeps panicking is a bug that some input sets off
+/// again and again, and accepting then stops (the socket file goes) rather than panic on.
 pub(crate) const MAX_PANICS: u32 = 8;
+/// Panics further apart than this do not add up towards [`MAX_PANICS`].
+const PANIC_WINDOW: Duration = Duration::from_secs(60);
 /// Longest the thread sleeps in `poll` when nothing has a nearer deadline.
 const IDLE_POLL: Duration = Duration::from_millis(100);
 /// How long accepting pauses after the process ran out of fds (`EMFILE`/`ENFILE`) or memory: the pending
@@ -144,6 +147,7 @@ impl Admission {
                 pending: Vec::new(),
                 accept_paused_until: None,
                 next_token: 0,
+                stepping: None,
             };
             std::thread::Builder::new()
                 .name("gpu-ipc-admission".into())
@@ -152,9 +156,14 @@ impl Admission {
         Ok(Self { events: Mutex::new(events), offers, wake, stop, gave_up, thread: Some(thread) })
     }
 
-    /// `Some(why)` once the thread gave up after [`MAX_PANICS`] panics: no consumer can attach any more.
+    /// `Some(why)` once the thread gave up after [`MAX_PANICS`] panics, or ended in any other way while not told to
+    /// stop: no consumer can attach any more.
     pub(crate) fn gave_up(&self) -> Option<String> {
-        self.gave_up.lock().ok().and_then(|g| g.clone())
+        let why = self.gave_up.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        why.or_else(|| {
+            let ended = self.thread.as_ref().is_some_and(JoinHandle::is_finished) && !self.stop.load(Ordering::Acquire);
+            ended.then(|| "it ended unexpectedly (a panic while it recovered from one)".to_owned())
+        })
     }
 
     /// The next event, without waiting.
@@ -176,8 +185,9 @@ impl Admission {
     }
 
     fn wake_up(&self) {
-        // A full buffer means a wake-up is already pending: nothing lost.
-        let _ = (&self.wake).write(&[1]);
+        // A full buffer means a wake-up is already pending: nothing lost. `send` with `MSG_NOSIGNAL`: a thread that
+        // already ended has closed the other end, and a plain write would raise SIGPIPE in the application.
+        let _ = rustix::net::send(&self.wake, &[1], rustix::net::SendFlags::NOSIGNAL);
     }
 
     /// Stops the thread and waits for it (the socket file is gone when this returns).
@@ -258,6 +268,8 @@ struct FrontDoor {
     accept_paused_until: Option<Instant>,
     /// The number of the next hello sent to the producer.
     next_token: u64,
+    /// The handshake being served (`step`), to refuse it if it sets off a panic.
+    stepping: Option<usize>,
 }
 
 impl FrontDoor {
@@ -266,13 +278,33 @@ impl FrontDoor {
     /// `gave_up` and returns, which drops the listener (and removes the socket file).
     fn run_surviving_panics(mut self, stop: &AtomicBool, gave_up: &Mutex<Option<String>>) {
         let mut panics = 0u32;
+        let mut last_panic: Option<Instant> = None;
         loop {
+            self.stepping = None;
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run(stop)));
             let Err(payload) = run else { return };
+            if last_panic.is_some_and(|at| at.elapsed() > PANIC_WINDOW) {
+                panics = 0;
+            }
             panics += 1;
+            last_panic = Some(Instant::now());
             let what = panic_message(payload.as_ref());
-            for handshake in std::mem::take(&mut self.pending) {
-                self.fail(handshake, Failure::silent(format!("the admission thread panicked: {what}")));
+            let culprit = self.stepping.take();
+            for (index, handshake) in std::mem::take(&mut self.pending).into_iter().enumerate() {
+                let failure = if culprit == Some(index) {
+                    // Its input set the panic off: attaching again would only do it again.
+                    Failure::refuse(
+                        RefusalCode::MalformedHello,
+                        format!("this handshake made the producer's admission fail ({what}); do not retry it"),
+                    )
+                } else {
+                    Failure::silent(format!("the admission thread panicked: {what}"))
+                };
+                // A panic here too must not leave the other records LIVE: each failure is on its own.
+                let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.fail(handshake, failure)));
+                if failed.is_err() {
+                    tracing::error!("failing a handshake after a panic of the admission thread panicked too");
+                }
             }
             if panics >= MAX_PANICS {
                 tracing::error!(panics, last = %what, "the admission thread keeps panicking: it stops accepting consumers");
@@ -432,6 +464,7 @@ impl FrontDoor {
 
     /// Reads what connection `index` sent and moves its handshake on.
     fn step(&mut self, index: usize) {
+        self.stepping = Some(index);
         let outcome = loop {
             let Some(handshake) = self.pending.get_mut(index) else {
                 return;
@@ -446,6 +479,7 @@ impl FrontDoor {
                 other => break other,
             }
         };
+        self.stepping = None;
         self.conclude(index, outcome);
     }
 
@@ -709,5 +743,82 @@ pub(crate) mod tests {
         // The producer itself goes on.
         let lease = producer.acquire(None, Duration::from_secs(1)).unwrap();
         producer.publish(lease, None).unwrap();
+    }
+
+    fn raw_hello(path: &Path, name: &str) -> crate::wire::PeerConnection {
+        use crate::wire::{ClientHello, Message, PROTOCOL_VERSION, PeerConnection, PeerPolicy};
+        let conn = PeerConnection::connect_with(path, Duration::from_secs(2), &PeerPolicy::SameUser).unwrap();
+        let hello = ClientHello {
+            protocol_version: PROTOCOL_VERSION,
+            client_pid: std::process::id(),
+            wanted_backend: None,
+            consumer_name: name.to_owned(),
+        };
+        conn.send(&Message::ClientHello(hello), Vec::new(), Duration::from_secs(1)).unwrap();
+        conn
+    }
+
+    /// When the thread gives up, records the producer had already offered (taken, LIVE) must come back: an offer
+    /// still in the channel, a handshake it never ended. (Found by review: 2 of 30 trials held the producer up.)
+    #[test]
+    fn records_offered_when_the_thread_gives_up_are_given_back() {
+        let mut stuck_trials = Vec::new();
+        for trial in 0..12 {
+            let path = std::env::temp_dir().join(format!("gpu-ipc-admission-leak-{trial}-{}.sock", std::process::id()));
+            let geometry = FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap();
+            let mut config = ProducerConfig::new(&path, geometry, 2, SyncStrategy::CpuSpin);
+            config.max_pending_handshakes = 128;
+            let mut producer = Producer::<HostFake>::create(&HostContext, config).unwrap();
+            for _ in 0..MAX_PANICS - 1 {
+                assert!(attach_as(&mut producer, &path, PANIC_NAME, Duration::from_secs(5)).is_err());
+            }
+            let p = path.clone();
+            let clients = std::thread::spawn(move || {
+                use crate::wire::{ClientHello, Message, PROTOCOL_VERSION, PeerConnection, PeerPolicy};
+                // Accepted first, so served last in a round: its hello panics after the others got offers.
+                let first = PeerConnection::connect_with(&p, Duration::from_secs(2), &PeerPolicy::SameUser).unwrap();
+                std::thread::sleep(Duration::from_millis(30));
+                let others: Vec<_> = (0..15).map(|i| raw_hello(&p, &format!("c{i}"))).collect();
+                let hello = ClientHello {
+                    protocol_version: PROTOCOL_VERSION,
+                    client_pid: std::process::id(),
+                    wanted_backend: None,
+                    consumer_name: PANIC_NAME.to_owned(),
+                };
+                first.send(&Message::ClientHello(hello), Vec::new(), Duration::from_secs(1)).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+                (first, others)
+            });
+            while !clients.is_finished() {
+                let _ = producer.admit_pending();
+            }
+            let _keep_open = clients.join().unwrap();
+            let end = Instant::now() + Duration::from_secs(5);
+            while producer.admit_pending().is_ok() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(producer.admit_pending().is_err(), "trial {trial}: the thread gave up");
+            producer.wait_for_consumers(0, Duration::ZERO).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            // No consumer is attached: frames must flow.
+            for _ in 0..6 {
+                match producer.acquire(None, Duration::from_millis(300)) {
+                    Ok(lease) => producer.publish(lease, None).unwrap(),
+                    Err(e) => {
+                        stuck_trials.push(format!("trial {trial}: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(stuck_trials.is_empty(), "a LIVE record nobody holds: {stuck_trials:#?}");
+    }
+
+    #[test]
+    fn the_handshake_that_set_off_a_panic_is_refused_not_told_to_retry() {
+        let (mut producer, path) = producer("panic-refused");
+        let error = attach_as(&mut producer, &path, PANIC_NAME, Duration::from_secs(5)).unwrap_err();
+        assert!(error.contains("do not retry"), "{error}");
+        assert!(!error.contains("attach again"), "{error}");
     }
 }

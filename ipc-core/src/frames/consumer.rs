@@ -103,9 +103,9 @@ impl<B: Backend> Consumer<B> {
         }
         let (offer, fds) = match conn.recv(left()) {
             Ok(answer) => answer.into_ring_offer()?,
-            // A producer still running that hangs up before its offer dropped this handshake (its deadline passed,
-            // e.g. while this process was stopped): say so, so that the caller attaches again.
-            Err(WireError::PeerHungUp { .. }) if conn.peer().pid.is_none_or(process_runs) => {
+            // A producer still running that hangs up before its offer dropped this handshake (it did not make the
+            // offer within its handshake timeout): say so, so that the caller may attach again.
+            Err(WireError::PeerHungUp { .. }) if conn.peer().pid.is_none_or(still_runs) => {
                 return Err(dropped_handshake(&conn));
             }
             Err(e) => return Err(e.into()),
@@ -391,10 +391,28 @@ impl<B: Backend> Drop for Consumer<B> {
     }
 }
 
-/// Whether process `pid` (as this process sees it) exists: false only when it certainly does not (`ESRCH`).
+/// Whether the process that just hung up still runs, looked at twice 20 ms apart: a process on its way out closes
+/// its sockets before it turns into a zombie.
+fn still_runs(pid: u32) -> bool {
+    process_runs(pid) && {
+        std::thread::sleep(Duration::from_millis(20));
+        process_runs(pid)
+    }
+}
+
+/// Whether process `pid` (as this process sees it) still runs: false when it does not exist (`ESRCH`) or is a
+/// zombie or dying (`/proc/PID/stat` state `Z` or `X`: a producer that crashed closes its sockets before its
+/// parent reaps it). Unknown counts as running.
 fn process_runs(pid: u32) -> bool {
-    let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else { return true };
-    !matches!(rustix::process::test_kill_process(pid), Err(rustix::io::Errno::SRCH))
+    let Some(raw) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else { return true };
+    if matches!(rustix::process::test_kill_process(raw), Err(rustix::io::Errno::SRCH)) {
+        return false;
+    }
+    // The state follows the command name, which is in parentheses and may itself hold any character.
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()));
+    !matches!(state, Some('Z' | 'X'))
 }
 
 /// Whether the peer hangs up within `limit` (an error polling counts as a hang-up).
@@ -420,8 +438,9 @@ fn dropped_handshake(conn: &PeerConnection) -> FrameError {
         return WireError::Refused { code: refused.code, message: refused.message }.into();
     }
     FrameError::Config(
-        "the producer dropped this handshake before the consumer joined (it took longer than the producer's \
-         handshake timeout, e.g. while this process was stopped); attach again"
+        "the producer dropped this handshake before the consumer joined (it did not end within the producer's \
+         handshake timeout: a producer that does not serve new consumers meanwhile, or a consumer stopped or slow \
+         while attaching); attach again, a bounded number of times"
             .into(),
     )
 }

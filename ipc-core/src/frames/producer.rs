@@ -114,6 +114,9 @@ pub struct Producer<B: Backend> {
     holding_up: Vec<ConsumerId>,
     /// Valid hellos not answered yet: every record was taken, but some were waiting to be freed.
     hellos: Vec<Hello>,
+    /// Records offered whose handshake has not ended yet (no `Attached` or `Failed` from the admission thread): given
+    /// back here should that thread end without ending them.
+    offered: Vec<ConsumerId>,
 }
 
 /// A consumer's valid hello, waiting for the producer to take a record for it.
@@ -250,6 +253,7 @@ impl<B: Backend> Producer<B> {
             retired: Vec::new(),
             holding_up: Vec::new(),
             hellos: Vec::new(),
+            offered: Vec::new(),
         })
     }
 
@@ -286,10 +290,11 @@ impl<B: Backend> Producer<B> {
     pub fn wait_for_consumers(&mut self, count: usize, timeout: Duration) -> Result<(), FrameError> {
         let deadline = Instant::now() + timeout;
         loop {
-            self.admit_pending()?;
+            let admitted = self.admit_pending();
             if self.consumers() >= count {
                 return Ok(());
             }
+            admitted?;
             if Instant::now() >= deadline {
                 return Err(FrameError::Timeout {
                     what: format!("{count} consumers to attach ({} did)", self.peers.len()),
@@ -459,15 +464,31 @@ impl<B: Backend> Producer<B> {
     /// [`Producer::admit_pending`] without its verdict on the admission thread.
     fn serve_front_door(&mut self) {
         self.reap_dead_peers();
+        // Read before the events: once the thread has ended, every event it sent is in the queue.
+        let thread_ended = self.admission.gave_up().is_some();
         while let Some(event) = self.admission.try_next() {
             match event {
                 AdmissionEvent::WantsOffer { token, pid, name } => {
                     self.hellos.push(Hello { token, pid, name, since: Instant::now() });
                 }
-                AdmissionEvent::Attached { id, pid, conn } => self.count_in(id, pid, conn),
+                AdmissionEvent::Attached { id, pid, conn } => {
+                    self.offered.retain(|&o| o != id);
+                    self.count_in(id, pid, conn);
+                }
                 AdmissionEvent::Failed { id } => {
+                    self.offered.retain(|&o| o != id);
                     self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
                 }
+            }
+        }
+        if thread_ended {
+            // Offers it never sent, or handshakes it never ended: nobody will attach on these records.
+            for id in std::mem::take(&mut self.offered) {
+                tracing::error!(
+                    consumer = id.index(),
+                    "the admission thread ended with this offer open; giving the record back"
+                );
+                self.give_back(id);
             }
         }
         self.reclaim_retired();
@@ -482,10 +503,15 @@ impl<B: Backend> Producer<B> {
             let full = matches!(kit, Err((RefusalCode::RingFull, _)));
             if full && !self.retired.is_empty() && hello.since.elapsed() < RECORD_WAIT {
                 self.hellos.push(hello);
-            } else if let Some(id) = self.admission.offer(hello.token, kit) {
-                // The admission thread is gone (it only ends early by panicking): nobody will send this offer.
-                tracing::error!(consumer = id.index(), "the admission thread is gone; giving the record back");
-                self.give_back(id);
+            } else {
+                let offered = kit.as_ref().ok().map(|(id, _, _)| *id);
+                if let Some(id) = self.admission.offer(hello.token, kit) {
+                    // The admission thread is gone (it only ends early by panicking): nobody will send this offer.
+                    tracing::error!(consumer = id.index(), "the admission thread is gone; giving the record back");
+                    self.give_back(id);
+                } else if let Some(id) = offered {
+                    self.offered.push(id);
+                }
             }
         }
     }

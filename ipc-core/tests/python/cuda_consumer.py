@@ -753,8 +753,9 @@ class StreamOpsLoop:
     A frame counts once its event has completed, our record is still LIVE in our epoch (the producer rewrites a
     slot we read only after our release, unless it evicted us: protocol.md, "Check your record", "a consumer that
     holds several frames checks before it counts each as read") and the producer really published it: the low bits
-    of published[i] reach s + 1 (a poison keeps them, protocol.md "When frame s is readable"), or the ring is CLOSED
-    and s < next_sequence. A wait passed by the poison alone means the frame never came: its check is discarded
+    of published[i] reach s + 1 (a poison keeps them, protocol.md "When frame s is readable"; with a GPU strategy a
+    CLOSED ring's next_sequence proves nothing, the publish being counted when queued). A wait passed by the poison
+    alone means the frame never came: its check is discarded
     and the loop ends with ProducerGone.
 
     Producer gone (closed, hung up, its process gone): while our record is LIVE we poison the publish counters so
@@ -829,7 +830,9 @@ class StreamOpsLoop:
         self.inflight.popleft()
         consumer.check_still_live(session)  # vouches for what the check read
         value = session.control.load(published_offset(slot))
-        if (value & ~POISON) < seq + 1 and not consumer.published_before_close(session, seq):
+        # The low bits only: with GPU strategies next_sequence moves when the publish is queued, so a CLOSED ring's
+        # next_sequence does not prove the frame was written (protocol.md, "GPU waits pass on POISON too").
+        if (value & ~POISON) < seq + 1:
             gone = self.gone or consumer.producer_gone_reason(session) or f"slot {slot}'s publish counter is poisoned"
             raise ProducerGone(f"{gone}: frame {seq} was never published (its counter reads {value:#x}; the poison "
                                "let our wait pass, and the check of the slot is discarded)")
