@@ -745,9 +745,14 @@ pub(crate) mod tests {
         producer.publish(lease, None).unwrap();
     }
 
-    fn raw_hello(path: &Path, name: &str) -> crate::wire::PeerConnection {
-        use crate::wire::{ClientHello, Message, PROTOCOL_VERSION, PeerConnection, PeerPolicy};
-        let conn = PeerConnection::connect_with(path, Duration::from_secs(2), &PeerPolicy::SameUser).unwrap();
+    fn connect(path: &Path) -> crate::wire::PeerConnection {
+        use crate::wire::{PeerConnection, PeerPolicy};
+        PeerConnection::connect_with(path, Duration::from_secs(2), &PeerPolicy::SameUser).unwrap()
+    }
+
+    /// Sends a hello as `name` on `conn`.
+    fn say_hello(conn: &crate::wire::PeerConnection, name: &str) {
+        use crate::wire::{ClientHello, Message, PROTOCOL_VERSION};
         let hello = ClientHello {
             protocol_version: PROTOCOL_VERSION,
             client_pid: std::process::id(),
@@ -755,6 +760,11 @@ pub(crate) mod tests {
             consumer_name: name.to_owned(),
         };
         conn.send(&Message::ClientHello(hello), Vec::new(), Duration::from_secs(1)).unwrap();
+    }
+
+    fn raw_hello(path: &Path, name: &str) -> crate::wire::PeerConnection {
+        let conn = connect(path);
+        say_hello(&conn, name);
         conn
     }
 
@@ -774,18 +784,11 @@ pub(crate) mod tests {
             }
             let p = path.clone();
             let clients = std::thread::spawn(move || {
-                use crate::wire::{ClientHello, Message, PROTOCOL_VERSION, PeerConnection, PeerPolicy};
                 // Accepted first, so served last in a round: its hello panics after the others got offers.
-                let first = PeerConnection::connect_with(&p, Duration::from_secs(2), &PeerPolicy::SameUser).unwrap();
+                let first = connect(&p);
                 std::thread::sleep(Duration::from_millis(30));
                 let others: Vec<_> = (0..15).map(|i| raw_hello(&p, &format!("c{i}"))).collect();
-                let hello = ClientHello {
-                    protocol_version: PROTOCOL_VERSION,
-                    client_pid: std::process::id(),
-                    wanted_backend: None,
-                    consumer_name: PANIC_NAME.to_owned(),
-                };
-                first.send(&Message::ClientHello(hello), Vec::new(), Duration::from_secs(1)).unwrap();
+                say_hello(&first, PANIC_NAME);
                 std::thread::sleep(Duration::from_millis(200));
                 (first, others)
             });
