@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 use gpu_ipc::core::driver::{
     Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, KernelArg, LaunchConfig, Stream, sys,
 };
@@ -140,7 +140,7 @@ pub struct KindResults {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttachPoint {
     /// The backend.
-    pub backend: BackendChoice,
+    pub backend: BackendKind,
     /// Allocation size in bytes.
     pub bytes: u64,
     /// Import + map (+ reserve + set access) in a process that imported before, ms.
@@ -153,7 +153,7 @@ pub struct AttachPoint {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FirstImport {
     /// The backend.
-    pub backend: BackendChoice,
+    pub backend: BackendKind,
     /// Allocation size in bytes.
     pub bytes: u64,
     /// Creating the CUDA context of the fresh process (cuInit + primary context), ms.
@@ -212,7 +212,7 @@ pub fn main(args: &ProbeArgs) -> u8 {
 #[serde(tag = "msg", rename_all = "kebab-case")]
 enum ToChild {
     /// Allocate `bytes` through `backend`, fill it, and send its handle back.
-    Allocate { backend: BackendChoice, bytes: u64 },
+    Allocate { backend: BackendKind, bytes: u64 },
     /// Import (the fd rides along), time it, close, import again, and report.
     Import(HandleMessage),
     /// Leave.
@@ -262,7 +262,7 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
     let local = DeviceBuffer::alloc(&ctx, buffer_bytes)?;
     let mut keep_imports: Vec<(MemoryKind, ImportedRegion)> = Vec::new();
     let mut keep_local: Vec<(MemoryKind, ExportedRegion)> = Vec::new();
-    for &backend in BackendChoice::ALL {
+    for &backend in gpu_ipc::COMPILED_GPU {
         let (message, fd) = ask_export(&exporter, backend, buffer_bytes)?;
         let imported = ImportedRegion::import(&ctx, &message, fd)?;
         let kind = if backend.name() == "legacy" { MemoryKind::LegacyImported } else { MemoryKind::VmmImported };
@@ -323,9 +323,9 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
     // Attach and detach: repeated imports in this process.
     let attach_sizes: Vec<u64> =
         [4 * MIB, 256 * MIB, 4 * GIB].into_iter().filter(|&b| b <= args.max_attach_mib * MIB).collect();
-    progress.stage("attach and detach", (BackendChoice::ALL.len() * attach_sizes.len()) as u64 + 1);
+    progress.stage("attach and detach", (gpu_ipc::COMPILED_GPU.len() * attach_sizes.len()) as u64 + 1);
     let mut attach = Vec::new();
-    for &backend in BackendChoice::ALL {
+    for &backend in gpu_ipc::COMPILED_GPU {
         for &bytes in &attach_sizes {
             let (message, fd) = ask_export(&exporter, backend, bytes)?;
             attach.push(time_attach(&ctx, backend, &message, fd, attach_reps)?);
@@ -335,7 +335,7 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
 
     // First imports of fresh processes.
     let mut firsts = Vec::new();
-    for &backend in BackendChoice::ALL {
+    for &backend in gpu_ipc::COMPILED_GPU {
         let (message, fd) = ask_export(&exporter, backend, 4 * MIB)?;
         let (mut context, mut first, mut second) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..first_imports {
@@ -398,7 +398,7 @@ fn recv_reply(child: &ChildProcess, timeout: Duration) -> Result<FromChild, Prob
 
 fn ask_export(
     exporter: &ChildProcess,
-    backend: BackendChoice,
+    backend: BackendKind,
     bytes: u64,
 ) -> Result<(HandleMessage, Option<std::os::fd::OwnedFd>), ProbeError> {
     exporter.channel().send(&ToChild::Allocate { backend, bytes }, Vec::new())?;
@@ -416,9 +416,9 @@ fn peer_import(ctx: &Context, device: i32, bytes: u64) -> Result<(ChildProcess, 
     let peer_device = if device == 0 { 1 } else { 0 };
     let peer = spawn_child("overhead-exporter", peer_device)?;
     #[cfg(feature = "legacy")]
-    let backend = BackendChoice::Legacy;
+    let backend = BackendKind::Legacy;
     #[cfg(not(feature = "legacy"))]
-    let backend = BackendChoice::Vmm;
+    let backend = BackendKind::Vmm;
     let (message, fd) = ask_export(&peer, backend, bytes)?;
     let region = ImportedRegion::import(ctx, &message, fd)?;
     Ok((peer, region))
@@ -427,7 +427,7 @@ fn peer_import(ctx: &Context, device: i32, bytes: u64) -> Result<(ChildProcess, 
 /// Times `reps` imports and closes of one exported allocation in this process.
 fn time_attach(
     ctx: &Context,
-    backend: BackendChoice,
+    backend: BackendKind,
     message: &HandleMessage,
     fd: Option<std::os::fd::OwnedFd>,
     reps: u32,
