@@ -202,7 +202,10 @@ pub fn run(role: Role) -> ExitCode {
     let backend = match &role {
         Role::Exporter { backend, .. } | Role::Echo { backend, .. } => *backend,
     };
-    match gpu_ipc::dispatch_gpu(backend, Play(role)).map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+    match gpu_ipc::dispatch_gpu(backend, Play(role))
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench helper: {e}");

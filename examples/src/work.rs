@@ -179,10 +179,7 @@ pub trait ProgramVisitor {
 ///
 /// # Errors
 /// A backend not compiled in, or the program's error.
-pub fn run_with_backend<P: ProgramVisitor>(
-    kind: gpu_ipc::BackendKind,
-    program: P,
-) -> Result<P::Output, FrameError> {
+pub fn run_with_backend<P: ProgramVisitor>(kind: gpu_ipc::BackendKind, program: P) -> Result<P::Output, FrameError> {
     struct Gpu<P>(P);
     impl<P: ProgramVisitor> gpu_ipc::GpuBackendVisitor for Gpu<P> {
         type Output = Result<P::Output, FrameError>;

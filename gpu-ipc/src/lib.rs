@@ -48,7 +48,6 @@ use ipc_core::backend::{Backend, GpuBackend};
 #[cfg(not(any(feature = "legacy", feature = "vmm")))]
 compile_error!("enable at least one backend feature of gpu-ipc: `legacy` or `vmm`");
 
-
 /// Every backend compiled into this build, the host fake last (it is always there).
 pub const COMPILED: &[BackendKind] = &[
     #[cfg(feature = "legacy")]

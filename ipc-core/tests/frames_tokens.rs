@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::Duration;
 
-use ipc_core::backend::SharedRegion;
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer};
 use ipc_core::ring::Sequence;

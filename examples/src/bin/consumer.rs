@@ -30,7 +30,9 @@ use gpu_ipc::core::driver::Stream;
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::wire::PeerPolicy;
 use gpu_ipc_examples::work::{FrameWork, ProgramVisitor, run_with_backend};
-use gpu_ipc_examples::{CommonArgs, EXIT_EVICTED, EXIT_PRODUCER_GONE, GapMeter, cpu_time, exit_for, fps, open_fds, print_summary};
+use gpu_ipc_examples::{
+    CommonArgs, EXIT_EVICTED, EXIT_PRODUCER_GONE, GapMeter, cpu_time, exit_for, fps, open_fds, print_summary,
+};
 
 /// Read and verify frames from shared GPU memory.
 #[derive(Debug, Clone, Parser)]

@@ -111,7 +111,8 @@ impl ProgramVisitor for Run {
         let args = self.0;
         let mut work = W::open(args.common.device)?;
         let host = !B::KIND.is_gpu();
-        let (width, height) = (args.width.unwrap_or(if host { 640 } else { 3840 }), args.height.unwrap_or(if host { 480 } else { 2160 }));
+        let (width, height) =
+            (args.width.unwrap_or(if host { 640 } else { 3840 }), args.height.unwrap_or(if host { 480 } else { 2160 }));
         let geometry = FrameGeometry::new(width, height, args.format)?;
         let mut config = ProducerConfig::new(&args.common.socket, geometry, args.slots, args.sync);
         if let Some(gid) = args.socket_group {

@@ -164,7 +164,10 @@ impl ConsumerShared {
             Some(published) => FrameError::EndOfStream { published: published.0, past_end: Some(seq.0) },
             None => FrameError::ProducerGone {
                 pid: self.producer_pid,
-                how: format!("it died before it published frame {}: what was computed from that frame is garbage", seq.0),
+                how: format!(
+                    "it died before it published frame {}: what was computed from that frame is garbage",
+                    seq.0
+                ),
             },
         })
     }

@@ -270,8 +270,7 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
     let reader = ReaderSide::new(&ctx, rounds)?;
     let (sass, sass_note) = disassemble(reader.kernels.image());
 
-    let backends: Vec<gpu_ipc::BackendKind> =
-        args.backend.map_or_else(|| gpu_ipc::COMPILED_GPU.to_vec(), |b| vec![b]);
+    let backends: Vec<gpu_ipc::BackendKind> = args.backend.map_or_else(|| gpu_ipc::COMPILED_GPU.to_vec(), |b| vec![b]);
     let device_writers: Vec<Writer> = Writer::all().into_iter().filter(|w| *w != Writer::Cpu).collect();
     let readers = Reader::all();
     let control_pairs = control_pairs();
