@@ -50,9 +50,10 @@ mod tests {
 
     #[test]
     fn a_borrow_derefs_to_the_owner_type_and_never_runs_its_drop() {
-        let borrowed = Borrowed::new(Owner(7));
-        assert_eq!(borrowed.0, 7);
-        drop(borrowed);
+        {
+            let borrowed = Borrowed::new(Owner(7));
+            assert_eq!(borrowed.0, 7);
+        }
         assert_eq!(DROPS.load(Ordering::SeqCst), 0, "the handle is someone else's to destroy");
         drop(Owner(8));
         assert_eq!(DROPS.load(Ordering::SeqCst), 1);
