@@ -1,0 +1,308 @@
+"""Stubs of the native module ``gpu_ipc._gpu_ipc`` (checked against it in CI with ``mypy.stubtest``).
+
+Streams: every ``stream=`` argument takes ``None``, an ``int`` (a raw ``CUstream`` handle), or an object that names
+one: anything with ``__cuda_stream__`` (cuda.core; returns ``(version, handle)``), a ``.cuda_stream`` attribute
+(``torch.cuda.Stream``) or a ``.ptr`` attribute (``cupy.cuda.Stream``). With a GPU backend, ``None`` means the CUDA
+legacy default stream (handle ``1``), the one PyTorch and CuPy use unless told otherwise. The GPU-side strategies
+(``gpu-stream-ops``, ``gpu-poll``) queue their waits and publishes on that stream and return at once: order your work
+on the same stream (or pass yours). The handle must be a live stream of the device's primary context (the one
+PyTorch, CuPy and JAX use). The host backend ignores streams.
+
+Blocking calls release the GIL; CPU waits run in slices of 50 ms and look for signals between them, so Ctrl-C
+raises ``KeyboardInterrupt`` during a wait. Objects may be used from any thread (one call at a time each). After
+``fork()``, the child must make its own producer or consumer: the parent's raise ``GpuIpcError`` there.
+"""
+
+import os
+import pathlib
+from typing import Any, Protocol, final
+
+from typing_extensions import Self
+
+__version__: str
+LEGACY_DEFAULT_STREAM: int
+"""``CU_STREAM_LEGACY`` (1): the stream a GPU backend uses when a call is given none."""
+
+class _CudaStreamProtocol(Protocol):
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+StreamLike = int | _CudaStreamProtocol | Any | None
+
+@final
+class Producer:
+    """The producing end of a frame ring: publishes frames into ``slots`` slots of one shared allocation.
+
+    ``backend``: ``"vmm"`` (default), ``"legacy"`` or ``"host"`` (shared host memory, no GPU needed).
+    ``sync``: ``"gpu-stream-ops"`` (default on a GPU: the GPU waits, no CPU per frame), ``"ipc-event"``,
+    ``"cpu-spin"`` (default with ``backend="host"``), ``"cpu-sleep"``, or ``"gpu-poll"`` (MPS only).
+    ``format``: ``rgb8`` (default), ``rgba8``, ``bgra8``, ``gray8``, ``gray16``, ``rgbaf16``, ``rgbaf32``; frames
+    are ``(height, width, channels)`` arrays.
+
+    Example::
+
+        with gpu_ipc.Producer("/tmp/frames.sock", width=64, height=32, backend="host") as producer:
+            producer.wait_for_consumers(1, timeout=10)
+            slot = producer.acquire()
+            numpy.from_dlpack(slot)[:] = 7     # writes the slot in place
+            producer.publish(slot)
+            producer.drain(timeout=5)
+        # leaving the block closes the ring: consumers get every frame, then the end of the stream
+    """
+
+    def __new__(
+        cls,
+        socket: str | os.PathLike[str],
+        width: int = 3840,
+        height: int = 2160,
+        format: str = "rgb8",
+        slots: int = 4,
+        sync: str | None = None,
+        backend: str = "vmm",
+        device: int = 0,
+        max_consumers: int = 16,
+    ) -> Producer: ...
+    def acquire(self, timeout: float = 1.0, stream: StreamLike = None) -> Slot:
+        """Waits until the next frame's slot is free (every live consumer released what it held) and returns it.
+
+        With a GPU-side strategy the wait is queued on ``stream`` and this returns at once. Raises ``Timeout``.
+        """
+    def publish(self, slot: Slot, stream: StreamLike = None) -> None:
+        """Publishes ``slot`` once the work queued on ``stream`` (default: the stream ``acquire`` used) is done.
+
+        A slot is published once: again raises ``ReleasedError``; another producer's raises ``ForeignToken``.
+        """
+    def wait_for_consumers(self, count: int = 1, timeout: float = 30.0) -> None:
+        """Admits consumers until ``count`` are attached; raises ``Timeout`` after ``timeout`` seconds."""
+    def drain(self, timeout: float = 10.0, stream: StreamLike = None) -> None:
+        """Waits until every live consumer released every published frame: the end of a run."""
+    def consumers(self) -> int:
+        """Consumers attached and alive."""
+    def consumers_lost(self) -> int:
+        """Consumers that vanished without detaching (killed, crashed)."""
+    @property
+    def next_sequence(self) -> int:
+        """The sequence number the next ``acquire`` returns."""
+    def close(self) -> None:
+        """Closes the ring (waits, bounded, for the stream's work on it): consumers read the frames published,
+        then get ``EndOfStream``. Slots not published are lost. Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def sync(self) -> str: ...
+    @property
+    def socket(self) -> pathlib.Path: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def device(self) -> int | None:
+        """The CUDA device ordinal; ``None`` with the host backend."""
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(height, width, channels)`` of every frame."""
+    @property
+    def dtype(self) -> str:
+        """The element type's NumPy name (``"uint8"`` for the 8-bit formats)."""
+    @property
+    def nbytes(self) -> int: ...
+
+@final
+class Slot:
+    """The right to write one slot, then publish it once (``Producer.publish``).
+
+    Read and write it in place as a tensor: ``torch.from_dlpack(slot)``, ``cupy.from_dlpack(slot)``,
+    ``numpy.from_dlpack(slot)`` (host backend). Once published, this object raises ``ReleasedError`` on ``ptr``
+    and the array protocols; tensors already made from it are the caller's responsibility: do not write them
+    after ``publish``.
+    """
+
+    @property
+    def seq(self) -> int:
+        """The frame's sequence number (0, 1, 2, ...)."""
+    @property
+    def slot(self) -> int:
+        """The slot index in the ring."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def ptr(self) -> int:
+        """The slot's address (device address on a GPU, host address with the host backend)."""
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def stream(self) -> int | None:
+        """The stream ``acquire`` queued its wait on (GPU backends)."""
+    @property
+    def published(self) -> bool: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of the slot, no copy (the consumer's ``stream`` is ordered after ``acquire``'s)."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) with the host backend."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) with the host backend."""
+
+@final
+class Consumer:
+    """The consuming end of a frame ring: attaches once, then reads frames in place, in order.
+
+    ``wait_for_producer``: seconds to wait for the producer's socket to appear (default 0: fail at once with
+    ``NoProducer``). ``timeout``: bound on the handshake, and on each frame's wait when iterating.
+
+    Example::
+
+        with gpu_ipc.Consumer("/tmp/frames.sock", backend="host", wait_for_producer=10) as consumer:
+            for frame in consumer:                 # stops cleanly at the end of the stream
+                image = numpy.from_dlpack(frame)   # (height, width, channels), no copy
+                print(frame.seq, image[0, 0])
+                # the frame is released when the next one is asked for
+
+        # or by hand:
+        with consumer.next_frame(timeout=1.0) as frame:
+            use(torch.from_dlpack(frame))
+        # released here
+    """
+
+    def __new__(
+        cls,
+        socket: str | os.PathLike[str],
+        backend: str = "vmm",
+        name: str = "consumer",
+        device: int = 0,
+        wait_for_producer: float = 0.0,
+        timeout: float = 5.0,
+    ) -> Consumer: ...
+    def next_frame(self, timeout: float = 1.0, stream: StreamLike = None) -> Frame:
+        """The next frame. CPU strategies return when it is published; GPU-side ones queue the wait on ``stream``.
+
+        Raises ``EndOfStream`` after the last frame of a closed ring, ``ProducerGone`` when the producer died,
+        ``Evicted``, ``Timeout``.
+        """
+    def release(self, frame: Frame, stream: StreamLike = None) -> None:
+        """Gives ``frame`` back once the work on ``stream`` (default: the stream ``next_frame`` used) read it.
+
+        Twice raises ``ReleasedError``; another consumer's frame raises ``ForeignToken``.
+        """
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> Frame:
+        """The next frame (waiting up to ``timeout``), releasing the one iteration handed out before it if the
+        caller did not; stops at the end of the stream."""
+    def detach(self) -> None:
+        """Leaves the ring cleanly and tells the producer. Frames held become invalid. Idempotent."""
+    def close(self) -> None:
+        """As ``detach`` without the message. Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+    @property
+    def next_sequence(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def sync(self) -> str:
+        """The producer's sync strategy."""
+    @property
+    def socket(self) -> pathlib.Path: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def device(self) -> int | None: ...
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+
+@final
+class Frame:
+    """The right to read one published frame in place, until it is released.
+
+    ``torch.from_dlpack(frame)``, ``cupy.from_dlpack(frame)``, ``jax.dlpack.from_dlpack(frame)``,
+    ``numpy.from_dlpack(frame)`` (host backend): no copy. Once the frame is released (or its consumer closed) the
+    slot is the producer's again: this object raises ``ReleasedError`` on ``ptr`` and the array protocols, but
+    tensors already made from it still point at the slot and will see later frames: copy what you keep
+    (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend.
+    """
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def stream(self) -> int | None:
+        """The stream ``next_frame`` queued its wait on (GPU backends)."""
+    @property
+    def released(self) -> bool: ...
+    def release(self, stream: StreamLike = None) -> None:
+        """``consumer.release(self, stream)``."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool:
+        """Releases the frame unless it was released already."""
+
+class GpuIpcError(Exception):
+    """The base of every gpu_ipc error; the message is the Rust core's."""
+
+class ProducerGone(GpuIpcError):
+    pid: int
+
+class PeerGone(GpuIpcError): ...
+
+class Evicted(GpuIpcError):
+    consumer: int
+
+class Timeout(GpuIpcError):
+    what: str
+    waited: float
+
+class GpuWaitGaveUp(GpuIpcError): ...
+class AdmissionError(GpuIpcError): ...
+
+class EndOfStream(GpuIpcError):
+    published: int
+    past_end: int | None
+
+class ForeignToken(GpuIpcError): ...
+class ConfigError(GpuIpcError): ...
+class StrategyUnavailable(GpuIpcError): ...
+class Refused(GpuIpcError): ...
+class BackendError(GpuIpcError): ...
+class DriverError(GpuIpcError): ...
+class NoDriver(DriverError): ...
+class RingError(GpuIpcError): ...
+class WireError(GpuIpcError): ...
+class NoProducer(WireError): ...
+class ReleasedError(GpuIpcError): ...
+class ClosedError(GpuIpcError): ...

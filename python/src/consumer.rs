@@ -1,0 +1,453 @@
+//! `gpu_ipc.Consumer` and `gpu_ipc.Frame`: the consuming end of a ring, and the right to read one frame in place.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpu_ipc::BackendKind;
+use gpu_ipc::core::frames::{AttachOptions, Consumer as CoreConsumer, Frame as CoreFrame, FrameError};
+use gpu_ipc::core::wire::{SyncStrategy, WireError};
+use gpu_ipc::host::{HostContext, HostFake, HostRegion};
+use gpu_ipc::legacy::Legacy;
+use gpu_ipc::vmm::Vmm;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::each_backend;
+use crate::errors::{ClosedError, EndOfStream, ForeignToken, ReleasedError, to_py};
+use crate::ring::{Gpu, Held, PerBackend, SLICE, lock, parse_backend, seconds, wait_in_slices, waits_on_cpu};
+use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
+use crate::view::{Layout, Memory, View};
+
+type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<HostFake>>;
+
+/// A frame's token, shared by the `Frame` object and (for the frame iteration handed out last) the consumer.
+type Token = Arc<Mutex<Option<CoreFrame>>>;
+
+/// The consuming end of a frame ring (see the stubs, `_gpu_ipc.pyi`, for the Python documentation).
+#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
+pub struct Consumer {
+    end: Mutex<Held<End>>,
+    closed: AtomicBool,
+    gpu: Option<Gpu>,
+    host: Option<HostRegion>,
+    backend: BackendKind,
+    sync: SyncStrategy,
+    layout: Layout,
+    nbytes: u64,
+    slots: u32,
+    socket: PathBuf,
+    timeout: Duration,
+    /// The frame iteration handed out last, and its stream: released when the next one is asked for.
+    iterated: Mutex<Option<(Token, Option<u64>)>>,
+}
+
+/// The right to read one published frame in place, until it is released (see the stubs).
+#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
+pub struct Frame {
+    token: Token,
+    consumer: Py<Consumer>,
+    seq: u64,
+    index: u32,
+    ptr: u64,
+    nbytes: u64,
+    /// The stream `next_frame` queued its wait on (GPU backends), the default of `release`.
+    stream: Option<u64>,
+}
+
+impl Consumer {
+    fn open_end(&self) -> PyResult<()> {
+        lock(&self.end).get("consumer").map(|_| ())
+    }
+
+    fn with_end<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Duration,
+        sliced: bool,
+        mut f: impl FnMut(&mut End, Duration) -> Result<T, FrameError> + Send,
+    ) -> PyResult<T> {
+        self.open_end()?;
+        wait_in_slices(py, timeout, sliced, |t| {
+            let mut held = lock(&self.end);
+            match held.get("consumer") {
+                Ok(end) => f(end, t),
+                Err(_) => Err(FrameError::Config("the consumer was closed by another thread".into())),
+            }
+        })
+    }
+
+    fn take_end(&self) -> PyResult<Option<End>> {
+        let end = lock(&self.end).take("consumer")?;
+        self.closed.store(true, Ordering::Release);
+        lock(&self.iterated).take();
+        Ok(end)
+    }
+
+    fn next(slf: &Bound<'_, Self>, timeout: Duration, raw: Option<u64>) -> PyResult<Frame> {
+        let this = slf.get();
+        let gpu = this.gpu.as_ref();
+        let frame = this.with_end(slf.py(), timeout, waits_on_cpu(this.sync), |end, t| {
+            let s = gpu.map(|g| g.stream(raw));
+            each_backend!(end, c => c.next_frame(s.as_deref(), t))
+        })?;
+        Ok(Frame {
+            seq: frame.seq().0,
+            index: frame.slot().0,
+            ptr: frame.ptr().0,
+            nbytes: frame.bytes(),
+            stream: gpu.map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
+            token: Arc::new(Mutex::new(Some(frame))),
+            consumer: slf.clone().unbind(),
+        })
+    }
+
+    /// Gives `token`'s frame back on stream `raw`.
+    fn release_token(&self, py: Python<'_>, token: &Token, seq: u64, raw: Option<u64>) -> PyResult<()> {
+        self.open_end()?;
+        let Some(frame) = lock(token).take() else {
+            return Err(ReleasedError::new_err(format!("frame {seq} was released already")));
+        };
+        let gpu = self.gpu.as_ref();
+        let mut frame = Some(frame);
+        self.with_end(py, Duration::ZERO, false, |end, _| {
+            let s = gpu.map(|g| g.stream(raw));
+            let frame = frame.take().ok_or_else(|| FrameError::Config("release ran twice".into()))?;
+            each_backend!(end, c => c.release(frame, s.as_deref()))
+        })
+    }
+
+    /// Releases the frame iteration handed out last, if the caller did not.
+    fn release_iterated(&self, py: Python<'_>) -> PyResult<()> {
+        let Some((token, raw)) = lock(&self.iterated).take() else { return Ok(()) };
+        let held = lock(&token).is_some();
+        if held { self.release_token(py, &token, 0, raw) } else { Ok(()) }
+    }
+}
+
+#[pymethods]
+impl Consumer {
+    #[new]
+    #[pyo3(signature = (socket, backend="vmm", name="consumer", device=0, wait_for_producer=0.0, timeout=5.0))]
+    fn new(
+        py: Python<'_>,
+        socket: PathBuf,
+        backend: &str,
+        name: &str,
+        device: i32,
+        wait_for_producer: f64,
+        timeout: f64,
+    ) -> PyResult<Self> {
+        let backend = parse_backend(backend)?;
+        let timeout = seconds(timeout)?;
+        let give_up = Instant::now() + seconds(wait_for_producer)?;
+        let gpu = if backend.is_gpu() { Some(py.detach(|| Gpu::open(device)).map_err(to_py)?) } else { None };
+        // Attaching waits for a producer to appear in slices, so that Ctrl-C works while it waits.
+        let end = loop {
+            let options = AttachOptions {
+                name: name.to_owned(),
+                timeout,
+                wait_for_producer: give_up.saturating_duration_since(Instant::now()).min(SLICE),
+                ..AttachOptions::default()
+            };
+            let attached = py.detach(|| -> Result<End, FrameError> {
+                Ok(match (backend, &gpu) {
+                    (BackendKind::HostFake, _) => {
+                        PerBackend::Host(CoreConsumer::<HostFake>::attach(&HostContext, &socket, &options)?)
+                    }
+                    (BackendKind::Legacy, Some(g)) => {
+                        PerBackend::Legacy(CoreConsumer::<Legacy>::attach(&g.ctx, &socket, &options)?)
+                    }
+                    (BackendKind::Vmm, Some(g)) => {
+                        PerBackend::Vmm(CoreConsumer::<Vmm>::attach(&g.ctx, &socket, &options)?)
+                    }
+                    (other, _) => return Err(FrameError::Config(format!("backend {other} is not in this build"))),
+                })
+            });
+            match attached {
+                Err(FrameError::Wire(WireError::NoProducer { .. })) if Instant::now() < give_up => {
+                    py.check_signals()?
+                }
+                other => break other.map_err(to_py)?,
+            }
+        };
+        let (geometry, sync, slots, host) = each_backend!(&end, c => {
+            let offer = c.offer();
+            (c.geometry(), offer.sync, offer.slot_count, None::<HostRegion>)
+        });
+        let host = match &end {
+            PerBackend::Host(c) => Some(c.region().clone()),
+            _ => host,
+        };
+        Ok(Self {
+            layout: Layout::of(geometry)?,
+            end: Mutex::new(Held::new(end)),
+            closed: AtomicBool::new(false),
+            gpu,
+            host,
+            backend,
+            sync,
+            nbytes: geometry.frame_bytes(),
+            slots,
+            socket,
+            timeout,
+            iterated: Mutex::new(None),
+        })
+    }
+
+    #[pyo3(signature = (timeout=1.0, stream=None))]
+    fn next_frame(slf: &Bound<'_, Self>, timeout: f64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Frame> {
+        let raw = stream_handle(stream)?;
+        Self::next(slf, seconds(timeout)?, raw)
+    }
+
+    #[pyo3(signature = (frame, stream=None))]
+    fn release(slf: &Bound<'_, Self>, frame: &Bound<'_, Frame>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let frame = frame.get();
+        if !frame.consumer.bind(slf.py()).is(slf) {
+            return Err(ForeignToken::new_err(format!("frame {} was received by another consumer", frame.seq)));
+        }
+        let raw = stream_handle(stream)?.or(frame.stream);
+        slf.get().release_token(slf.py(), &frame.token, frame.seq, raw)
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Option<Frame>> {
+        let py = slf.py();
+        let this = slf.get();
+        let end_of_stream = |e: &PyErr| e.is_instance_of::<EndOfStream>(py);
+        match this.release_iterated(py) {
+            Err(e) if end_of_stream(&e) => return Ok(None),
+            other => other?,
+        }
+        match Self::next(slf, this.timeout, None) {
+            Ok(frame) => {
+                *lock(&this.iterated) = Some((frame.token.clone(), frame.stream));
+                Ok(Some(frame))
+            }
+            Err(e) if end_of_stream(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn detach(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(end) = self.take_end()? {
+            py.detach(move || each_backend!(end, c => c.detach()));
+        }
+        Ok(())
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(end) = self.take_end()? {
+            py.detach(move || drop(end));
+        }
+        Ok(())
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.detach(py)?;
+        Ok(false)
+    }
+
+    #[getter]
+    fn next_sequence(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with_end(py, Duration::ZERO, false, |end, _| Ok(each_backend!(end, c => c.next_sequence())))
+    }
+
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    #[getter]
+    fn sync(&self) -> &'static str {
+        self.sync.name()
+    }
+
+    #[getter]
+    fn socket(&self) -> PathBuf {
+        self.socket.clone()
+    }
+
+    #[getter]
+    fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    #[getter]
+    fn device(&self) -> Option<i32> {
+        self.gpu.as_ref().map(|g| g.ordinal)
+    }
+
+    #[getter]
+    fn shape(&self) -> (i64, i64, i64) {
+        (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2])
+    }
+
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.layout.dtype_name
+    }
+
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Consumer(socket={:?}, backend={:?}, sync={:?}, shape={:?}{})",
+            self.socket.display().to_string(),
+            self.backend.name(),
+            self.sync.name(),
+            self.shape(),
+            if self.closed() { ", closed" } else { "" }
+        )
+    }
+}
+
+impl Frame {
+    fn view(&self) -> PyResult<View> {
+        let consumer = self.consumer.get();
+        if consumer.closed() {
+            return Err(ReleasedError::new_err(format!(
+                "frame {}: its consumer is closed, the ring is no longer mapped here",
+                self.seq
+            )));
+        }
+        if lock(&self.token).is_none() {
+            return Err(ReleasedError::new_err(format!(
+                "frame {} was released: its slot is the producer's again",
+                self.seq
+            )));
+        }
+        let memory = match (&consumer.gpu, &consumer.host) {
+            (Some(gpu), _) => Memory::Cuda {
+                ctx: gpu.ctx.clone(),
+                ordinal: gpu.ordinal,
+                stream: self.stream.unwrap_or(LEGACY_DEFAULT_STREAM),
+            },
+            (None, Some(host)) => Memory::Host(host.clone()),
+            (None, None) => return Err(ClosedError::new_err("the consumer holds no memory")),
+        };
+        Ok(View { ptr: self.ptr, layout: consumer.layout, memory })
+    }
+
+    fn release_here(&self, py: Python<'_>, raw: Option<u64>) -> PyResult<()> {
+        self.consumer.get().release_token(py, &self.token, self.seq, raw.or(self.stream))
+    }
+}
+
+#[pymethods]
+impl Frame {
+    #[getter]
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    #[getter]
+    fn slot(&self) -> u32 {
+        self.index
+    }
+
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    #[getter]
+    fn ptr(&self) -> PyResult<u64> {
+        self.view().map(|v| v.ptr)
+    }
+
+    #[getter]
+    fn shape(&self) -> (i64, i64, i64) {
+        self.consumer.get().shape()
+    }
+
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.consumer.get().layout.dtype_name
+    }
+
+    #[getter]
+    fn stream(&self) -> Option<u64> {
+        self.stream
+    }
+
+    #[getter]
+    fn released(&self) -> bool {
+        lock(&self.token).is_none()
+    }
+
+    #[pyo3(signature = (stream=None))]
+    fn release(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let raw = stream_handle(stream)?;
+        self.release_here(py, raw)
+    }
+
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<&Bound<'_, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        self.view()?.dlpack(py, stream, max_version, dl_device, copy)
+    }
+
+    fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
+        let device = self.view()?.device();
+        Ok((device.device_type.0, device.device_id))
+    }
+
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.view()?.cuda_array_interface(py)?.ok_or_else(|| {
+            pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
+        })
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// Releases the frame unless it was released already (or its consumer closed); the clean end of the stream
+    /// found by the release (a frame queued past the end) is not an error here.
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        if self.released() || self.consumer.get().closed() {
+            return Ok(false);
+        }
+        match self.release_here(py, None) {
+            Err(e) if e.is_instance_of::<EndOfStream>(py) => Ok(false),
+            other => other.map(|()| false),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Frame(seq={}, slot={}, nbytes={}{})",
+            self.seq,
+            self.index,
+            self.nbytes,
+            if self.released() { ", released" } else { "" }
+        )
+    }
+}

@@ -1,0 +1,134 @@
+//! Python exceptions that mirror the core's [`FrameError`], one class per variant, with the core's message text.
+//!
+//! Every class derives from `gpu_ipc.GpuIpcError`. The wrapped layers (`BackendError`, `DriverError`,
+//! `RingError`, `WireError`) get one class each, with `NoDriver` and `NoProducer` below them for the two a user acts
+//! on. `ReleasedError` and `ClosedError` are this package's own: a frame or slot used after it went back to the
+//! ring, or a producer or consumer used after `close()`.
+
+use gpu_ipc::core::backend::BackendError as CoreBackendError;
+use gpu_ipc::core::driver::DriverError as CoreDriverError;
+use gpu_ipc::core::frames::FrameError;
+use gpu_ipc::core::wire::WireError as CoreWireError;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::{PyErr, create_exception};
+
+create_exception!(gpu_ipc, GpuIpcError, PyException, "The base of every gpu_ipc error.");
+create_exception!(gpu_ipc, ProducerGone, GpuIpcError, "The producer died (or hung up): not a clean end of stream.");
+create_exception!(gpu_ipc, PeerGone, GpuIpcError, "The peer awaited died during the wait.");
+create_exception!(gpu_ipc, Evicted, GpuIpcError, "The producer evicted this consumer; attach again to go on.");
+create_exception!(gpu_ipc, Timeout, GpuIpcError, "A bounded wait ran out.");
+create_exception!(gpu_ipc, GpuWaitGaveUp, GpuIpcError, "A GPU-side wait of gpu-poll gave up at its deadline.");
+create_exception!(gpu_ipc, AdmissionError, GpuIpcError, "The producer's admission thread stopped accepting.");
+create_exception!(gpu_ipc, EndOfStream, GpuIpcError, "The producer closed the ring: the clean end of a stream.");
+create_exception!(gpu_ipc, ForeignToken, GpuIpcError, "A slot or frame that is not this producer's or consumer's.");
+create_exception!(gpu_ipc, ConfigError, GpuIpcError, "The ring's configuration (or an argument) is not usable.");
+create_exception!(gpu_ipc, StrategyUnavailable, GpuIpcError, "The sync strategy cannot run on this backend/device.");
+create_exception!(gpu_ipc, Refused, GpuIpcError, "The producer refused to attach this consumer.");
+create_exception!(gpu_ipc, BackendError, GpuIpcError, "Allocation, export or import failed.");
+create_exception!(gpu_ipc, DriverError, GpuIpcError, "A CUDA driver call failed.");
+create_exception!(gpu_ipc, NoDriver, DriverError, "No CUDA driver on this machine (use backend=\"host\").");
+create_exception!(gpu_ipc, RingError, GpuIpcError, "The ring's control block said no.");
+create_exception!(gpu_ipc, WireError, GpuIpcError, "Protocol or socket error.");
+create_exception!(gpu_ipc, NoProducer, WireError, "No producer listens at the socket path: start it first.");
+create_exception!(gpu_ipc, ReleasedError, GpuIpcError, "A frame or slot used after it went back to the ring.");
+create_exception!(gpu_ipc, ClosedError, GpuIpcError, "A producer or consumer used after close() or detach().");
+
+/// Adds every exception class to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("GpuIpcError", py.get_type::<GpuIpcError>())?;
+    m.add("ProducerGone", py.get_type::<ProducerGone>())?;
+    m.add("PeerGone", py.get_type::<PeerGone>())?;
+    m.add("Evicted", py.get_type::<Evicted>())?;
+    m.add("Timeout", py.get_type::<Timeout>())?;
+    m.add("GpuWaitGaveUp", py.get_type::<GpuWaitGaveUp>())?;
+    m.add("AdmissionError", py.get_type::<AdmissionError>())?;
+    m.add("EndOfStream", py.get_type::<EndOfStream>())?;
+    m.add("ForeignToken", py.get_type::<ForeignToken>())?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("StrategyUnavailable", py.get_type::<StrategyUnavailable>())?;
+    m.add("Refused", py.get_type::<Refused>())?;
+    m.add("BackendError", py.get_type::<BackendError>())?;
+    m.add("DriverError", py.get_type::<DriverError>())?;
+    m.add("NoDriver", py.get_type::<NoDriver>())?;
+    m.add("RingError", py.get_type::<RingError>())?;
+    m.add("WireError", py.get_type::<WireError>())?;
+    m.add("NoProducer", py.get_type::<NoProducer>())?;
+    m.add("ReleasedError", py.get_type::<ReleasedError>())?;
+    m.add("ClosedError", py.get_type::<ClosedError>())?;
+    Ok(())
+}
+
+fn is_no_driver(e: &CoreDriverError) -> bool {
+    matches!(e, CoreDriverError::LibraryNotFound { .. })
+}
+
+/// The Python exception for `e`, with the core's message and, where the variant has them, its fields as
+/// attributes (`EndOfStream.published`, `.past_end`; `Timeout.what`, `.waited` in seconds; `ProducerGone.pid`;
+/// `Evicted.consumer`).
+pub fn to_py(e: FrameError) -> PyErr {
+    let message = e.to_string();
+    let attrs: Vec<(&str, Attr)> = match &e {
+        FrameError::EndOfStream { published, past_end } => {
+            vec![("published", Attr::Int(*published)), ("past_end", Attr::OptInt(*past_end))]
+        }
+        FrameError::Timeout { what, waited } => {
+            vec![("what", Attr::Str(what.clone())), ("waited", Attr::Float(waited.as_secs_f64()))]
+        }
+        FrameError::ProducerGone { pid, .. } => vec![("pid", Attr::Int(u64::from(*pid)))],
+        FrameError::Evicted { consumer } => vec![("consumer", Attr::Int(u64::from(*consumer)))],
+        _ => Vec::new(),
+    };
+    let err = match &e {
+        FrameError::ProducerGone { .. } => ProducerGone::new_err(message),
+        FrameError::PeerGone => PeerGone::new_err(message),
+        FrameError::Evicted { .. } => Evicted::new_err(message),
+        FrameError::Timeout { .. } => Timeout::new_err(message),
+        FrameError::GpuWaitGaveUp { .. } => GpuWaitGaveUp::new_err(message),
+        FrameError::Admission(_) => AdmissionError::new_err(message),
+        FrameError::EndOfStream { .. } => EndOfStream::new_err(message),
+        FrameError::ForeignToken { .. } => ForeignToken::new_err(message),
+        FrameError::Config(_) => ConfigError::new_err(message),
+        FrameError::StrategyUnavailable { .. } => StrategyUnavailable::new_err(message),
+        FrameError::Refused(_) => Refused::new_err(message),
+        FrameError::Backend(CoreBackendError::Driver(d)) | FrameError::Driver(d) if is_no_driver(d) => {
+            NoDriver::new_err(message)
+        }
+        FrameError::Backend(_) => BackendError::new_err(message),
+        FrameError::Driver(_) => DriverError::new_err(message),
+        FrameError::Ring(_) => RingError::new_err(message),
+        FrameError::Wire(CoreWireError::NoProducer { .. }) => NoProducer::new_err(message),
+        FrameError::Wire(CoreWireError::Refused { .. }) => Refused::new_err(message),
+        FrameError::Wire(CoreWireError::Timeout { .. }) => Timeout::new_err(message),
+        FrameError::Wire(_) => WireError::new_err(message),
+        _ => GpuIpcError::new_err(message),
+    };
+    if !attrs.is_empty() {
+        Python::attach(|py| {
+            let value = err.value(py);
+            for (name, attr) in attrs {
+                let _ = match attr {
+                    Attr::Int(v) => value.setattr(name, v),
+                    Attr::OptInt(v) => value.setattr(name, v),
+                    Attr::Float(v) => value.setattr(name, v),
+                    Attr::Str(v) => value.setattr(name, v),
+                };
+            }
+        });
+    }
+    err
+}
+
+/// A value set as an attribute on an exception.
+enum Attr {
+    Int(u64),
+    OptInt(Option<u64>),
+    Float(f64),
+    Str(String),
+}
+
+/// The Python exception for a driver error outside the frame API (streams, events of this package).
+pub fn driver_to_py(e: CoreDriverError) -> PyErr {
+    to_py(FrameError::Driver(e))
+}

@@ -1,0 +1,35 @@
+//! The native module of the Python package `gpu_ipc` (`gpu_ipc._gpu_ipc`): a thin layer of `#[pyclass]` wrappers
+//! over the Rust core, one per concept.
+//!
+//! | Python | Rust core |
+//! |---|---|
+//! | `Producer`, `Slot` | `gpu_ipc::core::frames::{Producer, SlotLease}` |
+//! | `Consumer`, `Frame` | `gpu_ipc::core::frames::{Consumer, Frame}` |
+//! | `GpuIpcError` and its subclasses | `gpu_ipc::core::frames::FrameError` |
+//!
+//! The Python documentation lives in the stubs next to the package (`python/gpu_ipc/_gpu_ipc.pyi`), which CI
+//! checks against this module (`mypy.stubtest`). The backend is chosen at run time, so a Python object holds an
+//! enum of the concrete ends (legacy, vmm, host) rather than a generic one. Frames and slots are exported as
+//! DLPack capsules (through `dlpark`) and, on a GPU, as `__cuda_array_interface__` v3: no copy either way.
+
+mod consumer;
+mod errors;
+mod producer;
+mod ring;
+mod stream;
+mod view;
+
+use pyo3::prelude::*;
+
+/// The module `gpu_ipc._gpu_ipc`.
+#[pymodule]
+fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<producer::Producer>()?;
+    m.add_class::<producer::Slot>()?;
+    m.add_class::<consumer::Consumer>()?;
+    m.add_class::<consumer::Frame>()?;
+    errors::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("LEGACY_DEFAULT_STREAM", stream::LEGACY_DEFAULT_STREAM)?;
+    Ok(())
+}

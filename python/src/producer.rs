@@ -1,0 +1,404 @@
+//! `gpu_ipc.Producer` and `gpu_ipc.Slot`: the producing end of a ring, and the right to write one slot.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gpu_ipc::BackendKind;
+use gpu_ipc::core::frames::{FrameError, Producer as CoreProducer, ProducerConfig, SlotLease};
+use gpu_ipc::core::wire::{FrameGeometry, SyncStrategy};
+use gpu_ipc::host::{HostContext, HostFake, HostRegion};
+use gpu_ipc::legacy::Legacy;
+use gpu_ipc::vmm::Vmm;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::each_backend;
+use crate::errors::{ClosedError, ForeignToken, ReleasedError, to_py};
+use crate::ring::{Gpu, Held, PerBackend, lock, parse_backend, parse_sync, seconds, wait_in_slices, waits_on_cpu};
+use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
+use crate::view::{Layout, Memory, View, parse_format};
+
+type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<HostFake>>;
+
+/// The producing end of a frame ring (see the stubs, `_gpu_ipc.pyi`, for the Python documentation).
+#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
+pub struct Producer {
+    end: Mutex<Held<End>>,
+    closed: AtomicBool,
+    gpu: Option<Gpu>,
+    host: Option<HostRegion>,
+    backend: BackendKind,
+    sync: SyncStrategy,
+    layout: Layout,
+    nbytes: u64,
+    slots: u32,
+    socket: PathBuf,
+}
+
+/// The right to write one slot and publish it once (see the stubs).
+#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
+pub struct Slot {
+    lease: Mutex<Option<SlotLease>>,
+    producer: Py<Producer>,
+    seq: u64,
+    index: u32,
+    ptr: u64,
+    nbytes: u64,
+    /// The stream `acquire` queued its wait on (GPU backends), the default of `publish`.
+    stream: Option<u64>,
+}
+
+impl Producer {
+    fn open_end(&self) -> PyResult<()> {
+        lock(&self.end).get("producer").map(|_| ())
+    }
+
+    /// Runs `f` on the core's producer with the GIL released, the lock taken inside.
+    fn with_end<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Duration,
+        sliced: bool,
+        mut f: impl FnMut(&mut End, Duration) -> Result<T, FrameError> + Send,
+    ) -> PyResult<T> {
+        self.open_end()?;
+        wait_in_slices(py, timeout, sliced, |t| {
+            let mut held = lock(&self.end);
+            match held.get("producer") {
+                Ok(end) => f(end, t),
+                Err(_) => Err(FrameError::Config("the producer was closed by another thread".into())),
+            }
+        })
+    }
+
+    fn close_end(&self, py: Python<'_>) -> PyResult<()> {
+        let end = lock(&self.end).take("producer")?;
+        self.closed.store(true, Ordering::Release);
+        // Dropping waits (bounded) for the stream's queued work on the ring, then closes it: consumers see the
+        // end of the stream after the last frame.
+        py.detach(move || drop(end));
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Producer {
+    #[new]
+    #[pyo3(signature = (socket, width=3840, height=2160, format="rgb8", slots=4, sync=None, backend="vmm", device=0, max_consumers=16))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        socket: PathBuf,
+        width: u32,
+        height: u32,
+        format: &str,
+        slots: u32,
+        sync: Option<&str>,
+        backend: &str,
+        device: i32,
+        max_consumers: u32,
+    ) -> PyResult<Self> {
+        let backend = parse_backend(backend)?;
+        let sync = match sync {
+            Some(name) => parse_sync(name)?,
+            None if backend.is_gpu() => SyncStrategy::GpuStreamOps,
+            None => SyncStrategy::CpuSpin,
+        };
+        let geometry = FrameGeometry::new(width, height, parse_format(format)?).map_err(|e| to_py(e.into()))?;
+        let layout = Layout::of(geometry)?;
+        let mut config = ProducerConfig::new(&socket, geometry, slots, sync);
+        config.max_consumers = max_consumers;
+        let made = py.detach(|| -> Result<(End, Option<Gpu>, Option<HostRegion>), FrameError> {
+            Ok(match backend {
+                BackendKind::HostFake => {
+                    let p = CoreProducer::<HostFake>::create(&HostContext, config)?;
+                    let host = p.region().clone();
+                    (PerBackend::Host(p), None, Some(host))
+                }
+                BackendKind::Legacy => {
+                    let gpu = Gpu::open(device)?;
+                    (PerBackend::Legacy(CoreProducer::<Legacy>::create(&gpu.ctx, config)?), Some(gpu), None)
+                }
+                BackendKind::Vmm => {
+                    let gpu = Gpu::open(device)?;
+                    (PerBackend::Vmm(CoreProducer::<Vmm>::create(&gpu.ctx, config)?), Some(gpu), None)
+                }
+                other => return Err(FrameError::Config(format!("backend {other} is not in this build"))),
+            })
+        });
+        let (end, gpu, host) = made.map_err(to_py)?;
+        Ok(Self {
+            end: Mutex::new(Held::new(end)),
+            closed: AtomicBool::new(false),
+            gpu,
+            host,
+            backend,
+            sync,
+            layout,
+            nbytes: geometry.frame_bytes(),
+            slots,
+            socket,
+        })
+    }
+
+    #[pyo3(signature = (timeout=1.0, stream=None))]
+    fn acquire(slf: &Bound<'_, Self>, timeout: f64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Slot> {
+        let this = slf.get();
+        let raw = stream_handle(stream)?;
+        let gpu = this.gpu.as_ref();
+        let lease = this.with_end(slf.py(), seconds(timeout)?, waits_on_cpu(this.sync), |end, t| {
+            let s = gpu.map(|g| g.stream(raw));
+            each_backend!(end, p => p.acquire(s.as_deref(), t))
+        })?;
+        Ok(Slot {
+            seq: lease.seq().0,
+            index: lease.slot().0,
+            ptr: lease.ptr().0,
+            nbytes: lease.bytes(),
+            stream: gpu.map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
+            lease: Mutex::new(Some(lease)),
+            producer: slf.clone().unbind(),
+        })
+    }
+
+    #[pyo3(signature = (slot, stream=None))]
+    fn publish(slf: &Bound<'_, Self>, slot: &Bound<'_, Slot>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let this = slf.get();
+        let slot = slot.get();
+        if !slot.producer.bind(slf.py()).is(slf) {
+            return Err(ForeignToken::new_err(format!("slot (frame {}) is another producer's", slot.seq)));
+        }
+        this.open_end()?;
+        let raw = stream_handle(stream)?.or(slot.stream);
+        let Some(lease) = lock(&slot.lease).take() else {
+            return Err(ReleasedError::new_err(format!("slot (frame {}) was published already", slot.seq)));
+        };
+        let gpu = this.gpu.as_ref();
+        let mut lease = Some(lease);
+        this.with_end(slf.py(), Duration::ZERO, false, |end, _| {
+            let s = gpu.map(|g| g.stream(raw));
+            let lease = lease.take().ok_or_else(|| FrameError::Config("publish ran twice".into()))?;
+            each_backend!(end, p => p.publish(lease, s.as_deref()))
+        })
+    }
+
+    #[pyo3(signature = (count=1, timeout=30.0))]
+    fn wait_for_consumers(&self, py: Python<'_>, count: usize, timeout: f64) -> PyResult<()> {
+        let total = seconds(timeout)?;
+        let start = std::time::Instant::now();
+        let result = self.with_end(py, total, true, |end, t| each_backend!(end, p => p.wait_for_consumers(count, t)));
+        // The core's message names the slice it waited; say the whole wait.
+        result.map_err(|e| {
+            if e.is_instance_of::<crate::errors::Timeout>(py) {
+                to_py(FrameError::Timeout {
+                    what: format!("{count} consumer(s) to attach ({} did)", self.consumers(py).unwrap_or(0)),
+                    waited: start.elapsed(),
+                })
+            } else {
+                e
+            }
+        })
+    }
+
+    #[pyo3(signature = (timeout=10.0, stream=None))]
+    fn drain(&self, py: Python<'_>, timeout: f64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let raw = stream_handle(stream)?;
+        let gpu = self.gpu.as_ref();
+        self.with_end(py, seconds(timeout)?, waits_on_cpu(self.sync), |end, t| {
+            let s = gpu.map(|g| g.stream(raw));
+            each_backend!(end, p => p.drain(s.as_deref(), t))
+        })
+    }
+
+    fn consumers(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_end(py, Duration::ZERO, false, |end, _| Ok(each_backend!(end, p => p.consumers())))
+    }
+
+    fn consumers_lost(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_end(py, Duration::ZERO, false, |end, _| Ok(each_backend!(end, p => p.consumers_lost())))
+    }
+
+    #[getter]
+    fn next_sequence(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with_end(py, Duration::ZERO, false, |end, _| Ok(each_backend!(end, p => p.next_sequence())))
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.close_end(py)
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    #[getter]
+    fn sync(&self) -> &'static str {
+        self.sync.name()
+    }
+
+    #[getter]
+    fn socket(&self) -> PathBuf {
+        self.socket.clone()
+    }
+
+    #[getter]
+    fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    #[getter]
+    fn device(&self) -> Option<i32> {
+        self.gpu.as_ref().map(|g| g.ordinal)
+    }
+
+    #[getter]
+    fn shape(&self) -> (i64, i64, i64) {
+        (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2])
+    }
+
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.layout.dtype_name
+    }
+
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Producer(socket={:?}, backend={:?}, sync={:?}, shape={:?}, slots={}{})",
+            self.socket.display().to_string(),
+            self.backend.name(),
+            self.sync.name(),
+            self.shape(),
+            self.slots,
+            if self.closed() { ", closed" } else { "" }
+        )
+    }
+}
+
+impl Slot {
+    fn view(&self, py: Python<'_>) -> PyResult<View> {
+        let producer = self.producer.get();
+        if producer.closed() {
+            return Err(ClosedError::new_err(format!("slot (frame {}): the producer is closed", self.seq)));
+        }
+        if lock(&self.lease).is_none() {
+            return Err(ReleasedError::new_err(format!(
+                "slot (frame {}) was published: its memory is the consumers' now",
+                self.seq
+            )));
+        }
+        let memory = match (&producer.gpu, &producer.host) {
+            (Some(gpu), _) => Memory::Cuda {
+                ctx: gpu.ctx.clone(),
+                ordinal: gpu.ordinal,
+                stream: self.stream.unwrap_or(LEGACY_DEFAULT_STREAM),
+            },
+            (None, Some(host)) => Memory::Host(host.clone()),
+            (None, None) => return Err(ClosedError::new_err("the producer holds no memory")),
+        };
+        let _ = py;
+        Ok(View { ptr: self.ptr, layout: producer.layout, memory })
+    }
+}
+
+#[pymethods]
+impl Slot {
+    #[getter]
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    #[getter]
+    fn slot(&self) -> u32 {
+        self.index
+    }
+
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    #[getter]
+    fn ptr(&self, py: Python<'_>) -> PyResult<u64> {
+        self.view(py).map(|v| v.ptr)
+    }
+
+    #[getter]
+    fn shape(&self) -> (i64, i64, i64) {
+        self.producer.get().shape()
+    }
+
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.producer.get().layout.dtype_name
+    }
+
+    #[getter]
+    fn stream(&self) -> Option<u64> {
+        self.stream
+    }
+
+    #[getter]
+    fn published(&self) -> bool {
+        lock(&self.lease).is_none()
+    }
+
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<&Bound<'_, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        self.view(py)?.dlpack(py, stream, max_version, dl_device, copy)
+    }
+
+    fn __dlpack_device__(&self, py: Python<'_>) -> PyResult<(u32, i32)> {
+        let device = self.view(py)?.device();
+        Ok((device.device_type.0, device.device_id))
+    }
+
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.view(py)?.cuda_array_interface(py)?.ok_or_else(|| {
+            pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Slot(seq={}, slot={}, nbytes={}{})",
+            self.seq,
+            self.index,
+            self.nbytes,
+            if self.published() { ", published" } else { "" }
+        )
+    }
+}

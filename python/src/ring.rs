@@ -1,0 +1,181 @@
+//! What `Producer` and `Consumer` share: the core's generic ends held as an enum of the concrete backends (a
+//! Python object cannot be generic), the state behind a `Mutex`, the fork guard, and the sliced waits that keep
+//! Ctrl-C working.
+//!
+//! Threads: the core's `Producer<B>` and `Consumer<B>` are `Send` (checked below at compile time) but take `&mut
+//! self`; each Python object holds its end in a `Mutex`, so it may be used from any thread, one call at a time.
+//! Every call that may block runs with the GIL released (`Python::detach`) and takes the lock inside, so a thread
+//! waiting for the lock never holds the GIL.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpu_ipc::BackendKind;
+use gpu_ipc::core::driver::{Borrowed, Context, Stream};
+use gpu_ipc::core::frames::FrameError;
+use gpu_ipc::core::wire::SyncStrategy;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::{ClosedError, GpuIpcError, to_py};
+use crate::stream::{LEGACY_DEFAULT_STREAM, borrow};
+
+/// The longest a call runs with the GIL released before it looks for a signal (Ctrl-C).
+pub const SLICE: Duration = Duration::from_millis(50);
+
+/// One value per backend: the core's producer or consumer of that backend.
+pub enum PerBackend<L, V, H> {
+    /// `legacy`.
+    Legacy(L),
+    /// `vmm`.
+    Vmm(V),
+    /// `host`.
+    Host(H),
+}
+
+/// Runs `$body` with `$x` bound to the backend's value, whatever the backend (each arm is compiled for its type).
+#[macro_export]
+macro_rules! each_backend {
+    ($value:expr, $x:ident => $body:expr) => {
+        match $value {
+            $crate::ring::PerBackend::Legacy($x) => $body,
+            $crate::ring::PerBackend::Vmm($x) => $body,
+            $crate::ring::PerBackend::Host($x) => $body,
+        }
+    };
+}
+
+/// A ring end held by a Python object: `None` once closed. Dropped in a child after `fork()`, it is forgotten, not
+/// torn down: the ring, its records and its threads are the parent's.
+pub struct Held<T> {
+    end: Option<T>,
+    pid: u32,
+}
+
+impl<T> Held<T> {
+    /// Holds `end`, made by this process.
+    pub fn new(end: T) -> Self {
+        Self { end: Some(end), pid: std::process::id() }
+    }
+
+    /// The end, or the error that says why there is none.
+    pub fn get(&mut self, what: &str) -> PyResult<&mut T> {
+        check_pid(self.pid, what)?;
+        self.end.as_mut().ok_or_else(|| ClosedError::new_err(format!("this {what} is closed")))
+    }
+
+    /// Takes the end out (closing), if this process made it.
+    pub fn take(&mut self, what: &str) -> PyResult<Option<T>> {
+        check_pid(self.pid, what)?;
+        Ok(self.end.take())
+    }
+}
+
+impl<T> Drop for Held<T> {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A forked child's copy: the parent owns the ring; leave its memory, records and socket alone.
+            std::mem::forget(self.end.take());
+        }
+    }
+}
+
+fn check_pid(pid: u32, what: &str) -> PyResult<()> {
+    let now = std::process::id();
+    if pid == now {
+        Ok(())
+    } else {
+        Err(GpuIpcError::new_err(format!(
+            "this {what} was made by process {pid}; this is process {now}, a child after fork(): make a new {what} here"
+        )))
+    }
+}
+
+/// Locks `m`, taking the value of a poisoned lock (a panic in the core is a bug, not a reason to stop).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A `timeout=` in seconds as a [`Duration`].
+pub fn seconds(timeout: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(timeout)
+        .map_err(|_| PyValueError::new_err(format!("timeout must be a non-negative number of seconds, not {timeout}")))
+}
+
+/// Whether a strategy's calls wait on the CPU (and may therefore be cut into slices and resumed); GPU-side
+/// strategies return as soon as their waits are queued.
+pub fn waits_on_cpu(sync: SyncStrategy) -> bool {
+    matches!(sync, SyncStrategy::CpuSpin | SyncStrategy::CpuSleep | SyncStrategy::IpcEvent)
+}
+
+/// Runs `op(slice_timeout)` with the GIL released, in slices of at most [`SLICE`], until it returns anything but
+/// [`FrameError::Timeout`] or `timeout` passed; between slices, takes the GIL back and runs the signal handlers
+/// (Ctrl-C raises `KeyboardInterrupt` here within about 50 ms). `sliced` false runs `op(timeout)` once (a call that
+/// queues GPU work must not be repeated).
+pub fn wait_in_slices<T: Send>(
+    py: Python<'_>,
+    timeout: Duration,
+    sliced: bool,
+    mut op: impl FnMut(Duration) -> Result<T, FrameError> + Send,
+) -> PyResult<T> {
+    if !sliced {
+        return py.detach(|| op(timeout)).map_err(to_py);
+    }
+    let start = Instant::now();
+    let deadline = start + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match py.detach(|| op(left.min(SLICE))) {
+            Err(FrameError::Timeout { what, .. }) if Instant::now() < deadline => {
+                py.check_signals()?;
+                let _ = what;
+            }
+            Err(FrameError::Timeout { what, .. }) => {
+                return Err(to_py(FrameError::Timeout { what, waited: start.elapsed() }));
+            }
+            other => return other.map_err(to_py),
+        }
+    }
+}
+
+/// The CUDA side of a GPU backend's end: the device's primary context and its ordinal.
+#[derive(Clone)]
+pub struct Gpu {
+    /// The device's primary context (retained).
+    pub ctx: Context,
+    /// The device ordinal.
+    pub ordinal: i32,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`.
+    pub fn open(ordinal: i32) -> Result<Self, FrameError> {
+        Ok(Self { ctx: Context::for_ordinal(ordinal)?, ordinal })
+    }
+
+    /// The stream a call runs on: the caller's, else the legacy default stream.
+    pub fn stream(&self, raw: Option<u64>) -> Borrowed<'_, Stream> {
+        borrow(&self.ctx, raw.unwrap_or(LEGACY_DEFAULT_STREAM))
+    }
+}
+
+/// Parses `backend=`.
+pub fn parse_backend(name: &str) -> PyResult<BackendKind> {
+    name.parse::<BackendKind>().map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Parses `sync=`.
+pub fn parse_sync(name: &str) -> PyResult<SyncStrategy> {
+    name.parse::<SyncStrategy>().map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The core's ends are `Send`: a Python object holding one in a `Mutex` may be used from any thread.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<gpu_ipc::core::frames::Producer<gpu_ipc::legacy::Legacy>>();
+    send::<gpu_ipc::core::frames::Producer<gpu_ipc::vmm::Vmm>>();
+    send::<gpu_ipc::core::frames::Producer<gpu_ipc::host::HostFake>>();
+    send::<gpu_ipc::core::frames::Consumer<gpu_ipc::legacy::Legacy>>();
+    send::<gpu_ipc::core::frames::Consumer<gpu_ipc::vmm::Vmm>>();
+    send::<gpu_ipc::core::frames::Consumer<gpu_ipc::host::HostFake>>();
+};

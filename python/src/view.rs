@@ -1,0 +1,247 @@
+//! A frame's or slot's memory as a tensor without a copy: DLPack (through `dlpark`) and, for the GPU backends,
+//! `__cuda_array_interface__` v3. What `Slot` and `Frame` share.
+
+use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
+use dlpark::metadata::Fixed;
+use dlpark::python::{CudaStreamRequest, DlpackExporter, ExportRequest, export_dlpack};
+use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
+use gpu_ipc::core::driver::{Context, Event, EventFlags};
+use gpu_ipc::core::wire::{FrameGeometry, PixelFormat};
+use gpu_ipc::host::HostRegion;
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::driver_to_py;
+use crate::stream::{LEGACY_DEFAULT_STREAM, borrow};
+
+/// How a frame is laid out as an array: `(height, width, channels)` of one element type, rows `pitch` apart.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    /// `(height, width, channels)`.
+    pub shape: [i64; 3],
+    /// Strides in elements.
+    pub strides: [i64; 3],
+    /// The element type.
+    pub dtype: DLDataType,
+    /// NumPy's name of the element type.
+    pub dtype_name: &'static str,
+    /// `__cuda_array_interface__`'s `typestr`.
+    pub typestr: &'static str,
+}
+
+impl Layout {
+    /// The layout of a frame of `geometry`.
+    pub fn of(geometry: FrameGeometry) -> PyResult<Self> {
+        let (channels, dtype, dtype_name, typestr) = match geometry.pixel_format() {
+            PixelFormat::Rgb8 => (3, DLDataType::U8, "uint8", "|u1"),
+            PixelFormat::Rgba8 | PixelFormat::Bgra8 => (4, DLDataType::U8, "uint8", "|u1"),
+            PixelFormat::Gray8 => (1, DLDataType::U8, "uint8", "|u1"),
+            PixelFormat::Gray16 => (1, DLDataType::U16, "uint16", "<u2"),
+            PixelFormat::RgbaF16 => (4, DLDataType::F16, "float16", "<f2"),
+            PixelFormat::RgbaF32 => (4, DLDataType::F32, "float32", "<f4"),
+            other => return Err(PyValueError::new_err(format!("pixel format {other:?} has no array layout here"))),
+        };
+        let element = i64::from(dtype.bits / 8);
+        Ok(Self {
+            shape: [i64::from(geometry.height()), i64::from(geometry.width()), channels],
+            strides: [i64::from(geometry.pitch_bytes()) / element, channels, 1],
+            dtype,
+            dtype_name,
+            typestr,
+        })
+    }
+}
+
+/// Parses a pixel format name: `rgb8`, `rgba8`, `bgra8`, `gray8`, `gray16`, `rgbaf16`, `rgbaf32`.
+pub fn parse_format(name: &str) -> PyResult<PixelFormat> {
+    Ok(match name {
+        "rgb8" => PixelFormat::Rgb8,
+        "rgba8" => PixelFormat::Rgba8,
+        "bgra8" => PixelFormat::Bgra8,
+        "gray8" => PixelFormat::Gray8,
+        "gray16" => PixelFormat::Gray16,
+        "rgbaf16" => PixelFormat::RgbaF16,
+        "rgbaf32" => PixelFormat::RgbaF32,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown pixel format {other:?}; use rgb8, rgba8, bgra8, gray8, gray16, rgbaf16 or rgbaf32"
+            )));
+        }
+    })
+}
+
+/// Where a view's memory is, and what keeps it there.
+#[derive(Clone)]
+pub enum Memory {
+    /// Host memory of the host backend: the exported tensor holds a reference to the mapping, so an array made
+    /// from a frame never points at unmapped memory (its contents still belong to the producer once released).
+    Host(HostRegion),
+    /// Device memory of a GPU backend, ready on `stream` (a raw `CUstream`) of `ctx`'s device.
+    Cuda {
+        /// The device's primary context.
+        ctx: Context,
+        /// The device ordinal.
+        ordinal: i32,
+        /// The stream the frame's GPU-side wait (or the slot's) was queued on.
+        stream: u64,
+    },
+}
+
+/// One view: what `__dlpack__` exports.
+pub struct View {
+    /// Address of the first element.
+    pub ptr: u64,
+    /// The layout.
+    pub layout: Layout,
+    /// The memory behind it.
+    pub memory: Memory,
+}
+
+impl View {
+    /// `__dlpack_device__()`: `(kDLCPU, 0)` or `(kDLCUDA, ordinal)`.
+    pub fn device(&self) -> DLDevice {
+        match &self.memory {
+            Memory::Host(_) => DLDevice::CPU,
+            Memory::Cuda { ordinal, .. } => DLDevice::cuda(*ordinal),
+        }
+    }
+
+    /// `__dlpack__`: a fresh capsule. `copy=True` copies a host frame into memory the capsule owns (flagged
+    /// `IS_COPIED`); on a GPU it is refused (copy the tensor on your stream instead: `torch.from_dlpack(f).clone()`).
+    pub fn dlpack(
+        &self,
+        py: Python<'_>,
+        stream: Option<&Bound<'_, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        if copy == Some(true) {
+            return self.copied(py, max_version);
+        }
+        let request = ExportRequest::parse(stream, max_version, dl_device, copy)?;
+        export_dlpack(self, py, request)
+    }
+
+    fn copied(&self, py: Python<'_>, max_version: Option<(u32, u32)>) -> PyResult<Py<PyAny>> {
+        let Memory::Host(region) = &self.memory else {
+            return Err(PyBufferError::new_err(
+                "copy=True is offered for host frames only; on a GPU copy on your stream, e.g. \
+                 torch.from_dlpack(frame).clone()",
+            ));
+        };
+        let len =
+            usize::try_from(self.layout.shape[0] * self.layout.strides[0] * i64::from(self.layout.dtype.bits / 8))
+                .map_err(|_| PyValueError::new_err("frame too large"))?;
+        let mut bytes = vec![0u8; len];
+        region
+            .read(gpu_ipc::core::driver::DevicePtr(self.ptr), &mut bytes)
+            .map_err(|e| crate::errors::to_py(e.into()))?;
+        let data = bytes.as_mut_ptr().cast();
+        let metadata = Fixed::new(self.layout.shape, self.layout.strides);
+        if max_version.is_some_and(|(major, _)| major >= 1) {
+            let mut init = metadata
+                .initialize_as::<DLManagedTensorVersioned>(Box::new(bytes))
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            init.set_data(data).set_dtype(self.layout.dtype).set_device(DLDevice::CPU);
+            #[allow(unsafe_code)]
+            // SAFETY: the capsule owns `bytes` (its context), a fresh copy no one else sees: IS_COPIED is true.
+            unsafe {
+                init.set_flags_unchecked(DlpackFlags::IS_COPIED);
+            }
+            Ok(finish(init).into_pyobject(py)?.unbind())
+        } else {
+            let mut init = metadata
+                .initialize_as::<DLManagedTensor>(Box::new(bytes))
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            init.set_data(data).set_dtype(self.layout.dtype).set_device(DLDevice::CPU);
+            Ok(finish(init).into_pyobject(py)?.unbind())
+        }
+    }
+
+    fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
+        let keep: Option<HostRegion> = match &self.memory {
+            Memory::Host(region) => Some(region.clone()),
+            Memory::Cuda { .. } => None,
+        };
+        let mut init = Fixed::new(self.layout.shape, self.layout.strides)
+            .initialize_as::<M>(Box::new(keep))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        init.set_data(self.ptr as usize as *mut std::ffi::c_void)
+            .set_dtype(self.layout.dtype)
+            .set_device(self.device());
+        Ok(finish(init))
+    }
+
+    /// `__cuda_array_interface__` (v3) for a GPU view; `None` for host memory (the attribute is then absent).
+    pub fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Memory::Cuda { stream, .. } = &self.memory else { return Ok(None) };
+        let d = PyDict::new(py);
+        d.set_item("shape", (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2]))?;
+        d.set_item("typestr", self.layout.typestr)?;
+        d.set_item("data", (self.ptr, false))?;
+        d.set_item("version", 3)?;
+        let element = i64::from(self.layout.dtype.bits / 8);
+        let s = self.layout.strides;
+        d.set_item("strides", (s[0] * element, s[1] * element, s[2] * element))?;
+        // 0 (the NULL stream) is not allowed there: it means the legacy default stream, which is 1.
+        d.set_item("stream", if *stream == 0 { LEGACY_DEFAULT_STREAM } else { *stream })?;
+        Ok(Some(d))
+    }
+}
+
+/// Finishes a descriptor whose pointer and metadata were set by this module.
+fn finish<M: ManagedTensorBase, S>(init: dlpark::allocation::Initialized<M, S>) -> Managed<M> {
+    #[allow(unsafe_code)]
+    // SAFETY: the shape and strides were copied into the allocation (explicit strides, rank 3); the data pointer is
+    // either the capsule's own copy, host memory the capsule keeps mapped (its context holds the region), or device
+    // memory of the ring, valid while the frame is held: the documented contract of every view (see `Frame`).
+    unsafe {
+        init.finish()
+    }
+}
+
+impl DlpackExporter for View {
+    fn device(&self) -> DLDevice {
+        View::device(self)
+    }
+
+    fn flags(&self) -> DlpackFlags {
+        DlpackFlags::empty()
+    }
+
+    /// Orders the consumer's stream after the stream the frame was waited for on: an event recorded there, waited
+    /// for on the consumer's (nothing when they are the same stream, when the consumer asks for no sync (`-1`),
+    /// or on the host).
+    fn prepare_export(&self, _py: Python<'_>, request: &ExportRequest<'_>) -> PyResult<()> {
+        let Memory::Cuda { ctx, stream, .. } = &self.memory else { return Ok(()) };
+        let consumer = match request.cuda_stream()? {
+            CudaStreamRequest::NoSync => return Ok(()),
+            CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => LEGACY_DEFAULT_STREAM,
+            CudaStreamRequest::PerThreadDefault => 0x2,
+            CudaStreamRequest::Pointer(p) => p as u64,
+        };
+        order_after(ctx, *stream, consumer)
+    }
+
+    fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
+        self.export()
+    }
+
+    fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
+        self.export()
+    }
+}
+
+/// Makes stream `later` wait for the work queued so far on stream `earlier` (nothing when they are the same).
+pub fn order_after(ctx: &Context, earlier: u64, later: u64) -> PyResult<()> {
+    let same = earlier == later || (earlier == 0 && later == LEGACY_DEFAULT_STREAM);
+    if same {
+        return Ok(());
+    }
+    let event = Event::new(ctx, EventFlags { timing: false, blocking_sync: false, interprocess: false })
+        .map_err(driver_to_py)?;
+    event.record(&borrow(ctx, earlier)).map_err(driver_to_py)?;
+    borrow(ctx, later).wait_event(&event).map_err(driver_to_py)
+}

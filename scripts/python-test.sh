@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The Python package's tests on the host backend (no GPU needed), as CI runs them (the last step of scripts/test.sh):
+#   scripts/python-test.sh [PYTEST_ARGS...]
+# Builds the Rust example programs (`producer`, `consumer`: the other end of the interop tests) and the wheel (dev
+# profile, scripts/build-wheel.sh --dev), installs the wheel into a fresh venv with pinned pytest, numpy and mypy,
+# runs pytest on python/tests, then checks the stubs against the native module (mypy.stubtest) and type-checks the
+# tests with mypy --strict against the stubs.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+WORK="$ROOT/target/py-test"
+VENV="$WORK/venv"
+
+echo "python-test: building the example programs (debug)" >&2
+cargo build --quiet --locked -p gpu-ipc-examples --bin producer --bin consumer
+WHEEL="$(scripts/build-wheel.sh --dev "$WORK/wheels")"
+
+echo "python-test: a fresh venv with the wheel, pytest, numpy, mypy" >&2
+rm -rf "$VENV"
+"$PYTHON" -m venv "$VENV"
+"$VENV/bin/pip" install --quiet --disable-pip-version-check pytest==9.2.0 numpy==2.4.6 mypy==2.4.1 "$WHEEL"
+
+export GPU_IPC_EXAMPLES_DIR="$ROOT/target/debug"
+echo "python-test: pytest python/tests" >&2
+"$VENV/bin/python" -m pytest python/tests -q -p no:cacheprovider "$@"
+
+echo "python-test: stubs match the module (mypy.stubtest gpu_ipc._gpu_ipc)" >&2
+"$VENV/bin/python" -m mypy.stubtest gpu_ipc._gpu_ipc --allowlist python/stubtest-allowlist.txt
+
+echo "python-test: the tests type-check against the stubs (mypy --strict)" >&2
+(cd python/tests && "$VENV/bin/python" -m mypy --strict --no-incremental --cache-dir=/dev/null .)
