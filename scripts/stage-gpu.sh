@@ -3,6 +3,7 @@
 #   stage/gpu-tests.tar.zst   a nextest archive of every test binary of the workspace (profile `gpu`)
 #   stage/bin/cargo-nextest   the standalone nextest runner (the GPU machine has no Rust toolchain)
 #   stage/bin/gpu-ipc         the CLI; stage/bin/producer, stage/bin/consumer: the examples (when built)
+#   stage/wheels/            the Python package's wheel (scripts/build-wheel.sh; scripts/python-gpu.sh installs it)
 #   stage/benches.tar.xz      the criterion benches gpu_memory, gpu_signal, api_cpu and bench-summary (xz: 12 MB of
 #                             binaries in under 2 MB; stage/ has little room), which scripts/bench-gpu.sh OUT_DIR runs
 # Then, on the GPU machine, from the project root: scripts/gpu-suite.sh OUT_DIR  (see docs/gpu-testing.md).
@@ -42,6 +43,10 @@ for bench in gpu_memory gpu_signal api_cpu bench-summary; do
 done
 tar -C "$BENCH_DIR" -cJf "$STAGE/benches.tar.xz" .
 rm -rf "$BENCH_DIR"
+
+# The Python package's wheel (release), which scripts/python-gpu.sh installs there (no registry on that machine).
+echo "stage-gpu: building the Python wheel (scripts/build-wheel.sh)" >&2
+scripts/build-wheel.sh "$STAGE/wheels" >/dev/null
 
 NEXTEST="$(command -v cargo-nextest)"
 strip -o "$STAGE/bin/cargo-nextest" "$NEXTEST"

@@ -49,4 +49,8 @@ if [ "${1:-}" != "--quick" ]; then
     step "generated kernel images are up to date"
     scripts/gen-kernels.sh --check
 fi
+# The Python package (python/): wheel, pytest on the host backend, stubs (scripts/python-test.sh).
+step "python package (wheel + pytest, host backend)"
+scripts/python-test.sh
+
 step "all checks passed"

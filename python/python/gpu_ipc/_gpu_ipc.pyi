@@ -19,6 +19,35 @@ from typing import Any, Protocol, final
 
 from typing_extensions import Self
 
+__all__ = [
+    "AdmissionError",
+    "BackendError",
+    "ClosedError",
+    "ConfigError",
+    "Consumer",
+    "DriverError",
+    "EndOfStream",
+    "Evicted",
+    "ForeignToken",
+    "Frame",
+    "GpuIpcError",
+    "GpuWaitGaveUp",
+    "LEGACY_DEFAULT_STREAM",
+    "NoDriver",
+    "NoProducer",
+    "PeerGone",
+    "Producer",
+    "ProducerGone",
+    "Refused",
+    "ReleasedError",
+    "RingError",
+    "Slot",
+    "StrategyUnavailable",
+    "Timeout",
+    "WireError",
+    "__version__",
+]
+
 __version__: str
 LEGACY_DEFAULT_STREAM: int
 """``CU_STREAM_LEGACY`` (1): the stream a GPU backend uses when a call is given none."""
@@ -26,7 +55,7 @@ LEGACY_DEFAULT_STREAM: int
 class _CudaStreamProtocol(Protocol):
     def __cuda_stream__(self) -> tuple[int, int]: ...
 
-StreamLike = int | _CudaStreamProtocol | Any | None
+_StreamLike = int | _CudaStreamProtocol | Any | None
 
 @final
 class Producer:
@@ -61,19 +90,19 @@ class Producer:
         device: int = 0,
         max_consumers: int = 16,
     ) -> Producer: ...
-    def acquire(self, timeout: float = 1.0, stream: StreamLike = None) -> Slot:
+    def acquire(self, timeout: float = 1.0, stream: _StreamLike = None) -> Slot:
         """Waits until the next frame's slot is free (every live consumer released what it held) and returns it.
 
         With a GPU-side strategy the wait is queued on ``stream`` and this returns at once. Raises ``Timeout``.
         """
-    def publish(self, slot: Slot, stream: StreamLike = None) -> None:
+    def publish(self, slot: Slot, stream: _StreamLike = None) -> None:
         """Publishes ``slot`` once the work queued on ``stream`` (default: the stream ``acquire`` used) is done.
 
         A slot is published once: again raises ``ReleasedError``; another producer's raises ``ForeignToken``.
         """
     def wait_for_consumers(self, count: int = 1, timeout: float = 30.0) -> None:
         """Admits consumers until ``count`` are attached; raises ``Timeout`` after ``timeout`` seconds."""
-    def drain(self, timeout: float = 10.0, stream: StreamLike = None) -> None:
+    def drain(self, timeout: float = 10.0, stream: _StreamLike = None) -> None:
         """Waits until every live consumer released every published frame: the end of a run."""
     def consumers(self) -> int:
         """Consumers attached and alive."""
@@ -184,13 +213,13 @@ class Consumer:
         wait_for_producer: float = 0.0,
         timeout: float = 5.0,
     ) -> Consumer: ...
-    def next_frame(self, timeout: float = 1.0, stream: StreamLike = None) -> Frame:
+    def next_frame(self, timeout: float = 1.0, stream: _StreamLike = None) -> Frame:
         """The next frame. CPU strategies return when it is published; GPU-side ones queue the wait on ``stream``.
 
         Raises ``EndOfStream`` after the last frame of a closed ring, ``ProducerGone`` when the producer died,
         ``Evicted``, ``Timeout``.
         """
-    def release(self, frame: Frame, stream: StreamLike = None) -> None:
+    def release(self, frame: Frame, stream: _StreamLike = None) -> None:
         """Gives ``frame`` back once the work on ``stream`` (default: the stream ``next_frame`` used) read it.
 
         Twice raises ``ReleasedError``; another consumer's frame raises ``ForeignToken``.
@@ -255,7 +284,7 @@ class Frame:
         """The stream ``next_frame`` queued its wait on (GPU backends)."""
     @property
     def released(self) -> bool: ...
-    def release(self, stream: StreamLike = None) -> None:
+    def release(self, stream: _StreamLike = None) -> None:
         """``consumer.release(self, stream)``."""
     def __dlpack__(
         self,
