@@ -55,10 +55,10 @@ pub fn stream_handle(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
 /// stream of the device's primary context, alive for the call, as every CUDA library that takes a raw handle does.
 pub fn borrow<'a>(ctx: &Context, raw: u64) -> Borrowed<'a, Stream> {
     #[allow(unsafe_code)]
-    // SAFETY: `raw` is a CUstream the caller handed us for this call (or CU_STREAM_LEGACY); the borrow lives only for
-    // the call that uses it (every caller drops it before returning to Python), and a borrowed stream is never
-    // destroyed by us. A handle that is not a stream is caught by the driver (CUDA_ERROR_INVALID_HANDLE), not
-    // dereferenced on the CPU.
+    // SAFETY: `raw` is a CUstream the Python caller handed us for this call (or CU_STREAM_LEGACY / the NULL stream,
+    // always valid); every caller drops the borrow before it returns to Python, and a borrowed stream is never
+    // destroyed by us. That the handle is a live stream of the device's primary context is the caller's word, as
+    // with every CUDA library that takes raw handles (PyTorch's `ExternalStream`, CuPy's): the stubs say so.
     unsafe {
         Stream::borrow_raw(ctx, raw as usize as sys::CUstream)
     }

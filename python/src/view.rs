@@ -3,7 +3,7 @@
 
 use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::metadata::Fixed;
-use dlpark::python::{CudaStreamRequest, DlpackExporter, ExportRequest, export_dlpack};
+use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use gpu_ipc::core::driver::{Context, Event, EventFlags};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat};
@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::driver_to_py;
-use crate::stream::{LEGACY_DEFAULT_STREAM, borrow};
+use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 
 /// How a frame is laid out as an array: `(height, width, channels)` of one element type, rows `pitch` apart.
 #[derive(Debug, Clone, Copy)]
@@ -216,11 +216,15 @@ impl DlpackExporter for View {
     /// or on the host).
     fn prepare_export(&self, _py: Python<'_>, request: &ExportRequest<'_>) -> PyResult<()> {
         let Memory::Cuda { ctx, stream, .. } = &self.memory else { return Ok(()) };
-        let consumer = match request.cuda_stream()? {
-            CudaStreamRequest::NoSync => return Ok(()),
-            CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => LEGACY_DEFAULT_STREAM,
-            CudaStreamRequest::PerThreadDefault => 0x2,
-            CudaStreamRequest::Pointer(p) => p as u64,
+        // Parsed here rather than with `ExportRequest::cuda_stream`, which refuses 0: some consumers pass 0 for the
+        // default stream, and the driver API reads the NULL stream as the legacy default one.
+        let consumer = match request.stream() {
+            None => LEGACY_DEFAULT_STREAM,
+            Some(obj) => match obj.extract::<i64>() {
+                Ok(-1) => return Ok(()), // the consumer asks for no synchronisation
+                Ok(0) => LEGACY_DEFAULT_STREAM,
+                _ => stream_handle(Some(obj))?.unwrap_or(LEGACY_DEFAULT_STREAM),
+            },
         };
         order_after(ctx, *stream, consumer)
     }
