@@ -57,8 +57,10 @@ pub struct Frame {
 }
 
 impl Consumer {
-    fn open_end(&self) -> PyResult<()> {
-        lock(&self.end).get("consumer").map(|_| ())
+    /// Whether the end is still open (and this process's). The lock is taken with the GIL released: another
+    /// thread may hold it for a whole call of the core.
+    fn open_end(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| lock(&self.end).get("consumer").map(|_| ()))
     }
 
     fn with_end<T: Send>(
@@ -68,7 +70,7 @@ impl Consumer {
         sliced: bool,
         mut f: impl FnMut(&mut End, Duration) -> Result<T, FrameError> + Send,
     ) -> PyResult<T> {
-        self.open_end()?;
+        self.open_end(py)?;
         wait_in_slices(py, timeout, sliced, |t| {
             let mut held = lock(&self.end);
             match held.get("consumer") {
@@ -78,8 +80,8 @@ impl Consumer {
         })
     }
 
-    fn take_end(&self) -> PyResult<Option<End>> {
-        let end = lock(&self.end).take("consumer")?;
+    fn take_end(&self, py: Python<'_>) -> PyResult<Option<End>> {
+        let end = py.detach(|| lock(&self.end).take("consumer"))?;
         self.closed.store(true, Ordering::Release);
         lock(&self.iterated).take();
         Ok(end)
@@ -105,7 +107,7 @@ impl Consumer {
 
     /// Gives `token`'s frame back on stream `raw`.
     fn release_token(&self, py: Python<'_>, token: &Token, seq: u64, raw: Option<u64>) -> PyResult<()> {
-        self.open_end()?;
+        self.open_end(py)?;
         let Some(frame) = lock(token).take() else {
             return Err(ReleasedError::new_err(format!("frame {seq} was released already")));
         };
@@ -235,14 +237,14 @@ impl Consumer {
     }
 
     fn detach(&self, py: Python<'_>) -> PyResult<()> {
-        if let Some(end) = self.take_end()? {
+        if let Some(end) = self.take_end(py)? {
             py.detach(move || each_backend!(end, c => c.detach()));
         }
         Ok(())
     }
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        if let Some(end) = self.take_end()? {
+        if let Some(end) = self.take_end(py)? {
             py.detach(move || drop(end));
         }
         Ok(())

@@ -51,8 +51,10 @@ pub struct Slot {
 }
 
 impl Producer {
-    fn open_end(&self) -> PyResult<()> {
-        lock(&self.end).get("producer").map(|_| ())
+    /// Whether the end is still open (and this process's). The lock is taken with the GIL released: another
+    /// thread may hold it for a whole call of the core.
+    fn open_end(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| lock(&self.end).get("producer").map(|_| ()))
     }
 
     /// Runs `f` on the core's producer with the GIL released, the lock taken inside.
@@ -63,7 +65,7 @@ impl Producer {
         sliced: bool,
         mut f: impl FnMut(&mut End, Duration) -> Result<T, FrameError> + Send,
     ) -> PyResult<T> {
-        self.open_end()?;
+        self.open_end(py)?;
         wait_in_slices(py, timeout, sliced, |t| {
             let mut held = lock(&self.end);
             match held.get("producer") {
@@ -74,7 +76,7 @@ impl Producer {
     }
 
     fn close_end(&self, py: Python<'_>) -> PyResult<()> {
-        let end = lock(&self.end).take("producer")?;
+        let end = py.detach(|| lock(&self.end).take("producer"))?;
         self.closed.store(true, Ordering::Release);
         // Dropping waits (bounded) for the stream's queued work on the ring, then closes it: consumers see the
         // end of the stream after the last frame.
@@ -170,7 +172,7 @@ impl Producer {
         if !slot.producer.bind(slf.py()).is(slf) {
             return Err(ForeignToken::new_err(format!("slot (frame {}) is another producer's", slot.seq)));
         }
-        this.open_end()?;
+        this.open_end(slf.py())?;
         let raw = stream_handle(stream)?.or(slot.stream);
         let Some(lease) = lock(&slot.lease).take() else {
             return Err(ReleasedError::new_err(format!("slot (frame {}) was published already", slot.seq)));
