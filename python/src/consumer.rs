@@ -25,7 +25,23 @@ type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<Host
 /// A frame's token, shared by the `Frame` object and (for the frame iteration handed out last) the consumer.
 type Token = Arc<Mutex<Option<CoreFrame>>>;
 
-/// The consuming end of a frame ring (see the stubs, `_gpu_ipc.pyi`, for the Python documentation).
+/// The consuming end of a frame ring: attaches once, then reads frames in place, in order.
+///
+/// ``wait_for_producer``: seconds to wait for the producer's socket to appear (default 0: fail at once with
+/// ``NoProducer``). ``timeout``: bound on the handshake, and on each frame's wait when iterating.
+///
+/// Example::
+///
+///     with gpu_ipc.Consumer("/tmp/frames.sock", backend="host", wait_for_producer=10) as consumer:
+///         for frame in consumer:                 # stops cleanly at the end of the stream
+///             image = numpy.from_dlpack(frame)   # (height, width, channels), no copy
+///             print(frame.seq, image[0, 0])
+///             # the frame is released when the next one is asked for
+///
+///     # or by hand:
+///     with consumer.next_frame(timeout=1.0) as frame:
+///         use(torch.from_dlpack(frame))
+///     # released here
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Consumer {
     end: Mutex<Held<End>>,
@@ -43,7 +59,13 @@ pub struct Consumer {
     iterated: Mutex<Option<(Token, Option<u64>)>>,
 }
 
-/// The right to read one published frame in place, until it is released (see the stubs).
+/// The right to read one published frame in place, until it is released.
+///
+/// ``torch.from_dlpack(frame)``, ``cupy.from_dlpack(frame)``, ``jax.dlpack.from_dlpack(frame)``,
+/// ``numpy.from_dlpack(frame)`` (host backend): no copy. Once the frame is released (or its consumer closed) the
+/// slot is the producer's again: this object raises ``ReleasedError`` on ``ptr`` and the array protocols, but
+/// tensors already made from it still point at the slot and will see later frames: copy what you keep
+/// (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Frame {
     token: Token,
@@ -198,12 +220,19 @@ impl Consumer {
         })
     }
 
+    /// The next frame. CPU strategies return when it is published; GPU-side ones queue the wait on ``stream``.
+    ///
+    /// Raises ``EndOfStream`` after the last frame of a closed ring, ``ProducerGone`` when the producer died,
+    /// ``Evicted``, ``Timeout``.
     #[pyo3(signature = (timeout=1.0, stream=None))]
     fn next_frame(slf: &Bound<'_, Self>, timeout: f64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Frame> {
         let raw = stream_handle(stream)?;
         Self::next(slf, seconds(timeout)?, raw)
     }
 
+    /// Gives ``frame`` back once the work on ``stream`` (default: the stream ``next_frame`` used) read it.
+    ///
+    /// Twice raises ``ReleasedError``; another consumer's frame raises ``ForeignToken``.
     #[pyo3(signature = (frame, stream=None))]
     fn release(slf: &Bound<'_, Self>, frame: &Bound<'_, Frame>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let frame = frame.get();
@@ -218,6 +247,8 @@ impl Consumer {
         slf
     }
 
+    /// The next frame (waiting up to ``timeout``), releasing the one iteration handed out before it if the
+    /// caller did not; stops at the end of the stream.
     fn __next__(slf: &Bound<'_, Self>) -> PyResult<Option<Frame>> {
         let py = slf.py();
         let this = slf.get();
@@ -236,6 +267,7 @@ impl Consumer {
         }
     }
 
+    /// Leaves the ring cleanly and tells the producer. Frames held become invalid. Idempotent.
     fn detach(&self, py: Python<'_>) -> PyResult<()> {
         if let Some(end) = self.take_end(py)? {
             py.detach(move || each_backend!(end, c => c.detach()));
@@ -243,6 +275,7 @@ impl Consumer {
         Ok(())
     }
 
+    /// As ``detach`` without the message. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         if let Some(end) = self.take_end(py)? {
             py.detach(move || drop(end));
@@ -275,6 +308,7 @@ impl Consumer {
         self.backend.name()
     }
 
+    /// The producer's sync strategy.
     #[getter]
     fn sync(&self) -> &'static str {
         self.sync.name()
@@ -386,6 +420,7 @@ impl Frame {
         self.consumer.get().layout.dtype_name
     }
 
+    /// The stream ``next_frame`` queued its wait on (GPU backends).
     #[getter]
     fn stream(&self) -> Option<u64> {
         self.stream
@@ -396,6 +431,7 @@ impl Frame {
         lock(&self.token).is_none()
     }
 
+    /// ``consumer.release(self, stream)``.
     #[pyo3(signature = (stream=None))]
     fn release(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let raw = stream_handle(stream)?;
@@ -430,8 +466,8 @@ impl Frame {
         slf
     }
 
-    /// Releases the frame unless it was released already (or its consumer closed); the clean end of the stream
-    /// found by the release (a frame queued past the end) is not an error here.
+    /// Releases the frame unless it was released already (or its consumer closed); the end of the stream found by
+    /// the release (a frame queued past the end) is not an error here.
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
         if self.released() || self.consumer.get().closed() {

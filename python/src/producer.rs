@@ -22,7 +22,23 @@ use crate::view::{Layout, Memory, View, parse_format};
 
 type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<HostFake>>;
 
-/// The producing end of a frame ring (see the stubs, `_gpu_ipc.pyi`, for the Python documentation).
+/// The producing end of a frame ring: publishes frames into ``slots`` slots of one shared allocation.
+///
+/// ``backend``: ``"vmm"`` (default), ``"legacy"`` or ``"host"`` (shared host memory, no GPU needed).
+/// ``sync``: ``"gpu-stream-ops"`` (default on a GPU: the GPU waits, no CPU per frame), ``"ipc-event"``,
+/// ``"cpu-spin"`` (default with ``backend="host"``), ``"cpu-sleep"``, or ``"gpu-poll"`` (MPS only).
+/// ``format``: ``rgb8`` (default), ``rgba8``, ``bgra8``, ``gray8``, ``gray16``, ``rgbaf16``, ``rgbaf32``; frames
+/// are ``(height, width, channels)`` arrays.
+///
+/// Example::
+///
+///     with gpu_ipc.Producer("/tmp/frames.sock", width=64, height=32, backend="host") as producer:
+///         producer.wait_for_consumers(1, timeout=10)
+///         slot = producer.acquire()
+///         numpy.from_dlpack(slot)[:] = 7     # writes the slot in place
+///         producer.publish(slot)
+///         producer.drain(timeout=5)
+///     # leaving the block closes the ring: consumers get every frame, then the end of the stream
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Producer {
     end: Mutex<Held<End>>,
@@ -37,7 +53,12 @@ pub struct Producer {
     socket: PathBuf,
 }
 
-/// The right to write one slot and publish it once (see the stubs).
+/// The right to write one slot, then publish it once (``Producer.publish``).
+///
+/// Read and write it in place as a tensor: ``torch.from_dlpack(slot)``, ``cupy.from_dlpack(slot)``,
+/// ``numpy.from_dlpack(slot)`` (host backend). Once published, this object raises ``ReleasedError`` on ``ptr``
+/// and the array protocols; tensors already made from it are the caller's responsibility: do not write them
+/// after ``publish``.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Slot {
     lease: Mutex<Option<SlotLease>>,
@@ -145,6 +166,9 @@ impl Producer {
         })
     }
 
+    /// Waits until the next frame's slot is free (every live consumer released what it held) and returns it.
+    ///
+    /// With a GPU-side strategy the wait is queued on ``stream`` and this returns at once. Raises ``Timeout``.
     #[pyo3(signature = (timeout=1.0, stream=None))]
     fn acquire(slf: &Bound<'_, Self>, timeout: f64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Slot> {
         let this = slf.get();
@@ -165,6 +189,9 @@ impl Producer {
         })
     }
 
+    /// Publishes ``slot`` once the work queued on ``stream`` (default: the stream ``acquire`` used) is done.
+    ///
+    /// A slot is published once: again raises ``ReleasedError``; another producer's raises ``ForeignToken``.
     #[pyo3(signature = (slot, stream=None))]
     fn publish(slf: &Bound<'_, Self>, slot: &Bound<'_, Slot>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let this = slf.get();
@@ -186,6 +213,7 @@ impl Producer {
         })
     }
 
+    /// Admits consumers until ``count`` are attached; raises ``Timeout`` after ``timeout`` seconds.
     #[pyo3(signature = (count=1, timeout=30.0))]
     fn wait_for_consumers(&self, py: Python<'_>, count: usize, timeout: f64) -> PyResult<()> {
         let total = seconds(timeout)?;
@@ -204,6 +232,7 @@ impl Producer {
         })
     }
 
+    /// Waits until every live consumer released every published frame: the end of a run.
     #[pyo3(signature = (timeout=10.0, stream=None))]
     fn drain(&self, py: Python<'_>, timeout: f64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let raw = stream_handle(stream)?;
@@ -214,19 +243,24 @@ impl Producer {
         })
     }
 
+    /// Consumers attached and alive.
     fn consumers(&self, py: Python<'_>) -> PyResult<usize> {
         self.with_end(py, Duration::ZERO, false, |end, _| Ok(each_backend!(end, p => p.consumers())))
     }
 
+    /// Consumers that vanished without detaching (killed, crashed).
     fn consumers_lost(&self, py: Python<'_>) -> PyResult<usize> {
         self.with_end(py, Duration::ZERO, false, |end, _| Ok(each_backend!(end, p => p.consumers_lost())))
     }
 
+    /// The sequence number the next ``acquire`` returns.
     #[getter]
     fn next_sequence(&self, py: Python<'_>) -> PyResult<u64> {
         self.with_end(py, Duration::ZERO, false, |end, _| Ok(each_backend!(end, p => p.next_sequence())))
     }
 
+    /// Closes the ring (waits, bounded, for the stream's work on it): consumers read the frames published,
+    /// then get ``EndOfStream``. Slots not published are lost. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         if self.closed.load(Ordering::Acquire) {
             return Ok(());
@@ -269,16 +303,19 @@ impl Producer {
         self.slots
     }
 
+    /// The CUDA device ordinal; ``None`` with the host backend.
     #[getter]
     fn device(&self) -> Option<i32> {
         self.gpu.as_ref().map(|g| g.ordinal)
     }
 
+    /// ``(height, width, channels)`` of every frame.
     #[getter]
     fn shape(&self) -> (i64, i64, i64) {
         (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2])
     }
 
+    /// The element type's NumPy name (``"uint8"`` for the 8-bit formats).
     #[getter]
     fn dtype(&self) -> &'static str {
         self.layout.dtype_name
@@ -330,11 +367,13 @@ impl Slot {
 
 #[pymethods]
 impl Slot {
+    /// The frame's sequence number (0, 1, 2, ...).
     #[getter]
     fn seq(&self) -> u64 {
         self.seq
     }
 
+    /// The slot index in the ring.
     #[getter]
     fn slot(&self) -> u32 {
         self.index
@@ -345,6 +384,7 @@ impl Slot {
         self.nbytes
     }
 
+    /// The slot's address (device address on a GPU, host address with the host backend).
     #[getter]
     fn ptr(&self, py: Python<'_>) -> PyResult<u64> {
         self.view(py).map(|v| v.ptr)
@@ -360,6 +400,7 @@ impl Slot {
         self.producer.get().layout.dtype_name
     }
 
+    /// The stream ``acquire`` queued its wait on (GPU backends).
     #[getter]
     fn stream(&self) -> Option<u64> {
         self.stream
@@ -370,6 +411,7 @@ impl Slot {
         lock(&self.lease).is_none()
     }
 
+    /// A DLPack capsule of the slot, no copy (the consumer's ``stream`` is ordered after ``acquire``'s).
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__(
         &self,
@@ -382,11 +424,13 @@ impl Slot {
         self.view(py)?.dlpack(py, stream, max_version, dl_device, copy)
     }
 
+    /// ``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) with the host backend.
     fn __dlpack_device__(&self, py: Python<'_>) -> PyResult<(u32, i32)> {
         let device = self.view(py)?.device();
         Ok((device.device_type.0, device.device_id))
     }
 
+    /// Version 3, with ``stream``; absent (``AttributeError``) with the host backend.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.view(py)?.cuda_array_interface(py)?.ok_or_else(|| {

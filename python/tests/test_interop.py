@@ -115,3 +115,27 @@ def test_sigkilled_python_consumer_does_not_stop_the_producer(sock: str) -> None
     assert summary["consumers_lost"] == 1
     assert seen == list(range(frames)) and bad == []
     survivor.close()
+
+
+def test_a_killed_rust_producer_is_producer_gone_not_the_end(sock: str) -> None:
+    producer = subprocess.Popen(
+        [example("producer"), "--backend", "host", "--sync", "cpu-sleep", "--width", str(WIDTH), "--height",
+         str(HEIGHT), "--socket", sock, "--frames", "0", "--until-stdin-closes", "--consumers", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        consumer = gpu_ipc.Consumer(sock, backend="host", wait_for_producer=20)
+        seen = 0
+        with pytest.raises(gpu_ipc.ProducerGone) as info:
+            for frame in consumer:
+                seen += 1
+                if seen == 20:
+                    producer.send_signal(signal.SIGKILL)
+        assert seen >= 20
+        assert info.value.pid == producer.pid
+        assert not isinstance(info.value, gpu_ipc.EndOfStream)
+    finally:
+        producer.kill()
+        producer.wait(5)
+    consumer.close()

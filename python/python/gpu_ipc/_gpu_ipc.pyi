@@ -299,7 +299,8 @@ class Frame:
     def __cuda_array_interface__(self) -> dict[str, Any]: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool:
-        """Releases the frame unless it was released already."""
+        """Releases the frame unless it was released already (or its consumer closed); the end of the stream found by
+        the release (a frame queued past the end) is not an error here."""
 
 class GpuIpcError(Exception):
     """The base of every gpu_ipc error; the message is the Rust core's."""
