@@ -286,3 +286,19 @@ def test_stream_arguments_are_parsed(sock: str) -> None:
         assert frame.stream is None  # host: no stream
     producer.close()
     consumer.close()
+
+
+def test_ctrl_c_interrupts_waiting_for_a_producer_or_consumers(sock: str) -> None:
+    main = threading.main_thread().ident
+    assert main is not None
+    threading.Timer(0.3, signal.pthread_kill, args=(main, signal.SIGINT)).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        gpu_ipc.Consumer(sock, backend="host", wait_for_producer=30)  # no producer comes
+    assert time.monotonic() - start < 2
+    producer = gpu_ipc.Producer(sock, width=WIDTH, height=HEIGHT, backend="host")
+    threading.Timer(0.3, signal.pthread_kill, args=(main, signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        producer.wait_for_consumers(1, timeout=30)  # no consumer comes
+    assert time.monotonic() - start < 4
+    producer.close()
