@@ -18,12 +18,20 @@ use crate::each_backend;
 use crate::errors::{ClosedError, EndOfStream, ForeignToken, ReleasedError, to_py};
 use crate::ring::{Gpu, Held, PerBackend, SLICE, lock, parse_backend, seconds, wait_in_slices, waits_on_cpu};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
-use crate::view::{Layout, Memory, View};
+use crate::view::{Layout, Memory, View, consumer_stream, order_after};
 
 type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<HostFake>>;
 
 /// A frame's token, shared by the `Frame` object and (for the frame iteration handed out last) the consumer.
-type Token = Arc<Mutex<Option<CoreFrame>>>;
+type Token = Arc<FrameToken>;
+
+/// The core's frame (until released) and the streams that took it through DLPack: its release is ordered after
+/// the work they queued, so a tensor read on another stream than the release's is never overwritten under it.
+#[derive(Default)]
+pub struct FrameToken {
+    frame: Mutex<Option<CoreFrame>>,
+    readers: Mutex<Vec<u64>>,
+}
 
 /// The consuming end of a frame ring: attaches once, then reads frames in place, in order.
 ///
@@ -122,7 +130,7 @@ impl Consumer {
             ptr: frame.ptr().0,
             nbytes: frame.bytes(),
             stream: gpu.map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
-            token: Arc::new(Mutex::new(Some(frame))),
+            token: Arc::new(FrameToken { frame: Mutex::new(Some(frame)), readers: Mutex::new(Vec::new()) }),
             consumer: slf.clone().unbind(),
         })
     }
@@ -130,10 +138,17 @@ impl Consumer {
     /// Gives `token`'s frame back on stream `raw`.
     fn release_token(&self, py: Python<'_>, token: &Token, seq: u64, raw: Option<u64>) -> PyResult<()> {
         self.open_end(py)?;
-        let Some(frame) = lock(token).take() else {
+        let gpu = self.gpu.as_ref();
+        if let Some(gpu) = gpu {
+            // Before the frame is taken: an error here leaves it to release again.
+            let release_stream = raw.unwrap_or(LEGACY_DEFAULT_STREAM);
+            for reader in lock(&token.readers).drain(..) {
+                order_after(&gpu.ctx, reader, release_stream)?;
+            }
+        }
+        let Some(frame) = lock(&token.frame).take() else {
             return Err(ReleasedError::new_err(format!("frame {seq} was released already")));
         };
-        let gpu = self.gpu.as_ref();
         let mut frame = Some(frame);
         self.with_end(py, Duration::ZERO, false, |end, _| {
             let s = gpu.map(|g| g.stream(raw));
@@ -145,7 +160,7 @@ impl Consumer {
     /// Releases the frame iteration handed out last, if the caller did not.
     fn release_iterated(&self, py: Python<'_>) -> PyResult<()> {
         let Some((token, raw)) = lock(&self.iterated).take() else { return Ok(()) };
-        let held = lock(&token).is_some();
+        let held = lock(&token.frame).is_some();
         if held { self.release_token(py, &token, 0, raw) } else { Ok(()) }
     }
 }
@@ -232,6 +247,9 @@ impl Consumer {
 
     /// Gives ``frame`` back once the work on ``stream`` (default: the stream ``next_frame`` used) read it.
     ///
+    /// The release also waits for the work queued so far on every other stream that took the frame through
+    /// ``__dlpack__`` (``torch.from_dlpack(frame)`` under another current stream): those streams must still exist.
+    /// Work on a stream that took the frame through ``__cuda_array_interface__`` is not tracked: pass that stream.
     /// Twice raises ``ReleasedError``; another consumer's frame raises ``ForeignToken``.
     #[pyo3(signature = (frame, stream=None))]
     fn release(slf: &Bound<'_, Self>, frame: &Bound<'_, Frame>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
@@ -365,7 +383,7 @@ impl Frame {
                 self.seq
             )));
         }
-        if lock(&self.token).is_none() {
+        if lock(&self.token.frame).is_none() {
             return Err(ReleasedError::new_err(format!(
                 "frame {} was released: its slot is the producer's again",
                 self.seq
@@ -428,7 +446,7 @@ impl Frame {
 
     #[getter]
     fn released(&self) -> bool {
-        lock(&self.token).is_none()
+        lock(&self.token.frame).is_none()
     }
 
     /// ``consumer.release(self, stream)``.
@@ -447,7 +465,17 @@ impl Frame {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        self.view()?.dlpack(py, stream, max_version, dl_device, copy)
+        let view = self.view()?;
+        if let Memory::Cuda { stream: frame_stream, .. } = &view.memory
+            && let Some(reader) = consumer_stream(stream)?
+            && reader != *frame_stream
+        {
+            let mut readers = lock(&self.token.readers);
+            if !readers.contains(&reader) {
+                readers.push(reader);
+            }
+        }
+        view.dlpack(py, stream, max_version, dl_device, copy)
     }
 
     fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {

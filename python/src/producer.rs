@@ -18,7 +18,7 @@ use crate::each_backend;
 use crate::errors::{ClosedError, ForeignToken, ReleasedError, to_py};
 use crate::ring::{Gpu, Held, PerBackend, lock, parse_backend, parse_sync, seconds, wait_in_slices, waits_on_cpu};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
-use crate::view::{Layout, Memory, View, parse_format};
+use crate::view::{Layout, Memory, View, consumer_stream, order_after, parse_format};
 
 type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<HostFake>>;
 
@@ -69,6 +69,8 @@ pub struct Slot {
     nbytes: u64,
     /// The stream `acquire` queued its wait on (GPU backends), the default of `publish`.
     stream: Option<u64>,
+    /// Other streams that took the slot through DLPack: the publish is ordered after the work they queued.
+    writers: Mutex<Vec<u64>>,
 }
 
 impl Producer {
@@ -186,12 +188,15 @@ impl Producer {
             stream: gpu.map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
             lease: Mutex::new(Some(lease)),
             producer: slf.clone().unbind(),
+            writers: Mutex::new(Vec::new()),
         })
     }
 
     /// Publishes ``slot`` once the work queued on ``stream`` (default: the stream ``acquire`` used) is done.
     ///
-    /// A slot is published once: again raises ``ReleasedError``; another producer's raises ``ForeignToken``.
+    /// Also once the work queued so far on every other stream that took the slot through ``__dlpack__`` is done
+    /// (those streams must still exist). A slot is published once: again raises ``ReleasedError``; another
+    /// producer's raises ``ForeignToken``.
     #[pyo3(signature = (slot, stream=None))]
     fn publish(slf: &Bound<'_, Self>, slot: &Bound<'_, Slot>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let this = slf.get();
@@ -201,10 +206,17 @@ impl Producer {
         }
         this.open_end(slf.py())?;
         let raw = stream_handle(stream)?.or(slot.stream);
+        let gpu = this.gpu.as_ref();
+        if let Some(gpu) = gpu {
+            // Before the lease is taken: an error here leaves the slot to publish again.
+            let publish_stream = raw.unwrap_or(LEGACY_DEFAULT_STREAM);
+            for writer in lock(&slot.writers).drain(..) {
+                order_after(&gpu.ctx, writer, publish_stream)?;
+            }
+        }
         let Some(lease) = lock(&slot.lease).take() else {
             return Err(ReleasedError::new_err(format!("slot (frame {}) was published already", slot.seq)));
         };
-        let gpu = this.gpu.as_ref();
         let mut lease = Some(lease);
         this.with_end(slf.py(), Duration::ZERO, false, |end, _| {
             let s = gpu.map(|g| g.stream(raw));
@@ -421,7 +433,17 @@ impl Slot {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        self.view(py)?.dlpack(py, stream, max_version, dl_device, copy)
+        let view = self.view(py)?;
+        if let Memory::Cuda { stream: slot_stream, .. } = &view.memory
+            && let Some(writer) = consumer_stream(stream)?
+            && writer != *slot_stream
+        {
+            let mut writers = lock(&self.writers);
+            if !writers.contains(&writer) {
+                writers.push(writer);
+            }
+        }
+        view.dlpack(py, stream, max_version, dl_device, copy)
     }
 
     /// ``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) with the host backend.

@@ -216,17 +216,10 @@ impl DlpackExporter for View {
     /// or on the host).
     fn prepare_export(&self, _py: Python<'_>, request: &ExportRequest<'_>) -> PyResult<()> {
         let Memory::Cuda { ctx, stream, .. } = &self.memory else { return Ok(()) };
-        // Parsed here rather than with `ExportRequest::cuda_stream`, which refuses 0: some consumers pass 0 for the
-        // default stream, and the driver API reads the NULL stream as the legacy default one.
-        let consumer = match request.stream() {
-            None => LEGACY_DEFAULT_STREAM,
-            Some(obj) => match obj.extract::<i64>() {
-                Ok(-1) => return Ok(()), // the consumer asks for no synchronisation
-                Ok(0) => LEGACY_DEFAULT_STREAM,
-                _ => stream_handle(Some(obj))?.unwrap_or(LEGACY_DEFAULT_STREAM),
-            },
-        };
-        order_after(ctx, *stream, consumer)
+        match consumer_stream(request.stream())? {
+            Some(consumer) => order_after(ctx, *stream, consumer),
+            None => Ok(()),
+        }
     }
 
     fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
@@ -236,6 +229,20 @@ impl DlpackExporter for View {
     fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
         self.export()
     }
+}
+
+/// The stream a DLPack consumer names in `__dlpack__(stream=...)`: `None` when it asks for no synchronisation
+/// (`-1`); omitted, `0` and `1` are the legacy default stream.
+///
+/// Parsed here rather than with dlpark's `ExportRequest::cuda_stream`, which refuses 0: some consumers pass 0 for
+/// the default stream, and the driver API reads the NULL stream as the legacy default one.
+pub fn consumer_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    let Some(obj) = stream else { return Ok(Some(LEGACY_DEFAULT_STREAM)) };
+    Ok(match obj.extract::<i64>() {
+        Ok(-1) => None,
+        Ok(0) => Some(LEGACY_DEFAULT_STREAM),
+        _ => Some(stream_handle(Some(obj))?.unwrap_or(LEGACY_DEFAULT_STREAM)),
+    })
 }
 
 /// Makes stream `later` wait for the work queued so far on stream `earlier` (nothing when they are the same).

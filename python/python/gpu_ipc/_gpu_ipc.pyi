@@ -98,7 +98,9 @@ class Producer:
     def publish(self, slot: Slot, stream: _StreamLike = None) -> None:
         """Publishes ``slot`` once the work queued on ``stream`` (default: the stream ``acquire`` used) is done.
 
-        A slot is published once: again raises ``ReleasedError``; another producer's raises ``ForeignToken``.
+        Also once the work queued so far on every other stream that took the slot through ``__dlpack__`` is done
+        (those streams must still exist). A slot is published once: again raises ``ReleasedError``; another
+        producer's raises ``ForeignToken``.
         """
     def wait_for_consumers(self, count: int = 1, timeout: float = 30.0) -> None:
         """Admits consumers until ``count`` are attached; raises ``Timeout`` after ``timeout`` seconds."""
@@ -222,6 +224,9 @@ class Consumer:
     def release(self, frame: Frame, stream: _StreamLike = None) -> None:
         """Gives ``frame`` back once the work on ``stream`` (default: the stream ``next_frame`` used) read it.
 
+        The release also waits for the work queued so far on every other stream that took the frame through
+        ``__dlpack__`` (``torch.from_dlpack(frame)`` under another current stream): those streams must still exist.
+        Work on a stream that took the frame through ``__cuda_array_interface__`` is not tracked: pass that stream.
         Twice raises ``ReleasedError``; another consumer's frame raises ``ForeignToken``.
         """
     def __iter__(self) -> Self: ...
