@@ -54,6 +54,8 @@ pub struct FrameToken {
 pub struct Consumer {
     end: Mutex<Held<End>>,
     closed: AtomicBool,
+    /// The process that made it (see `Drop`).
+    pid: u32,
     gpu: Option<Gpu>,
     host: Option<HostRegion>,
     backend: BackendKind,
@@ -223,6 +225,7 @@ impl Consumer {
             layout: Layout::of(geometry)?,
             end: Mutex::new(Held::new(end)),
             closed: AtomicBool::new(false),
+            pid: std::process::id(),
             gpu,
             host,
             backend,
@@ -371,6 +374,15 @@ impl Consumer {
             self.shape(),
             if self.closed() { ", closed" } else { "" }
         )
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A forked child's copy: CUDA is not usable here, and the context is the parent's to release.
+            std::mem::forget(self.gpu.take());
+        }
     }
 }
 

@@ -43,6 +43,8 @@ type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<Host
 pub struct Producer {
     end: Mutex<Held<End>>,
     closed: AtomicBool,
+    /// The process that made it (see `Drop`).
+    pid: u32,
     gpu: Option<Gpu>,
     host: Option<HostRegion>,
     backend: BackendKind,
@@ -157,6 +159,7 @@ impl Producer {
         Ok(Self {
             end: Mutex::new(Held::new(end)),
             closed: AtomicBool::new(false),
+            pid: std::process::id(),
             gpu,
             host,
             backend,
@@ -348,6 +351,15 @@ impl Producer {
             self.slots,
             if self.closed() { ", closed" } else { "" }
         )
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A forked child's copy: CUDA is not usable here, and the context is the parent's to release.
+            std::mem::forget(self.gpu.take());
+        }
     }
 }
 
