@@ -51,7 +51,7 @@ mod vmm;
 pub use batch::{MAX_OPS_PER_CALL, MemOp, MemOpBatch, MemOpScratch};
 pub use borrowed::Borrowed;
 pub use context::Context;
-pub use device::{ComputeMode, Device, DeviceUuid};
+pub use device::{ComputeMode, Device, DeviceUuid, InvalidDeviceUuid};
 pub use error::{DriverError, Result};
 pub use event::{Event, EventFlags, IpcEventHandle};
 pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer, RegistrableHostMemory};

@@ -2,8 +2,9 @@
 
 use super::codec::{Reader, len_u32, put_u16, put_u32, put_u64};
 use super::{IPC_HANDLE_BYTES, IpcHandleBytes, RefusalCode};
+use crate::wire::DeviceUuid;
 use crate::wire::error::WireError;
-use crate::wire::types::{BackendKind, DeviceUuid, FrameGeometry, HandleType, PixelFormat, SyncStrategy};
+use crate::wire::types::{BackendKind, FrameGeometry, HandleType, PixelFormat, SyncStrategy};
 
 /// Producer -> consumer: everything needed to import and use the ring.
 ///
