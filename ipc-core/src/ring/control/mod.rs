@@ -22,7 +22,7 @@ mod wait;
 pub use block::ControlBlock;
 pub use consumer::ConsumerControl;
 pub use producer::ProducerControl;
-pub use wait::wait_until;
+pub use wait::{bounded_wait, wait_until};
 
 use std::time::Duration;
 
