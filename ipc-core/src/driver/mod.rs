@@ -43,6 +43,7 @@ mod ipc;
 mod loader;
 mod memory;
 mod module;
+pub mod mps;
 mod pool;
 mod span;
 mod stream;

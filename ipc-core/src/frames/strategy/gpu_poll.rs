@@ -17,16 +17,13 @@
 //! gone, else [`FrameError::GpuWaitGaveUp`], which says to attach or create again). A dead peer's POISON (`2^62`)
 //! satisfies every poll (the comparison is unsigned `>=`), so the watchdog still ends them at once.
 
-use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
-use crate::driver::{
-    Context, Device, DeviceMemory, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys,
-};
+use crate::driver::mps::MpsEvidence;
+use crate::driver::{Context, DeviceMemory, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys};
 use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, depth_for};
 use crate::ring::layout::{ControlBlockLayout, MAX_CONSUMERS, MAX_SLOTS, published_offset, released_offset};
@@ -36,15 +33,8 @@ use crate::wire::SyncStrategy;
 
 const KIND: SyncStrategy = SyncStrategy::GpuPoll;
 
-/// Set by the environment to skip MPS detection: `1` assumes MPS runs, `0` assumes it does not (tests of the
-/// refusal); anything else, or unset, detects it.
-const ASSUME_MPS_ENV: &str = "GPU_IPC_ASSUME_MPS";
-
 /// The environment variable that forces the PTX image (as for the kernels crate): `1` skips the cubins.
 const FORCE_PTX_ENV: &str = "GPU_IPC_FORCE_PTX";
-
-/// The MPS pipe directory the CUDA driver uses when `CUDA_MPS_PIPE_DIRECTORY` is not set (as the doctor reads it).
-const DEFAULT_MPS_PIPE_DIRECTORY: &str = "/tmp/nvidia-mps";
 
 /// Bit 63 of an outcome word: the poll gave up at its deadline (the low bits are the frame's `seq + 1`).
 const TIMED_OUT: u64 = 1 << 63;
@@ -148,7 +138,9 @@ impl Strategy for GpuPoll {
                 ));
             }
         }
-        MpsEvidence::gather(device).verdict().map_err(|reason| unavailable(KIND, reason))
+        let evidence = MpsEvidence::gather(device);
+        tracing::debug!(?evidence, "gpu-poll: MPS detection");
+        mps_verdict(&evidence).map_err(|reason| unavailable(KIND, reason))
     }
 
     fn producer(&self, setup: Setup<'_>) -> Result<Box<dyn ProducerSide>, FrameError> {
@@ -162,74 +154,16 @@ impl Strategy for GpuPoll {
     }
 }
 
-/// What MPS detection found, for [`MpsEvidence::verdict`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct MpsEvidence {
-    /// [`ASSUME_MPS_ENV`]'s answer, when it gives one.
-    assumed: Option<bool>,
-    /// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`, when the driver knows it.
-    attribute: Option<bool>,
-    /// The MPS pipe directory this process's contexts would use.
-    pipe_directory: PathBuf,
-    /// Whether `<pipe_directory>/control` is a FIFO (the control daemon makes it).
-    control_pipe: bool,
-}
-
-impl MpsEvidence {
-    /// Reads the environment, the device attribute and the control pipe, as the doctor does.
-    fn gather(device: Device) -> Self {
-        let assumed = assume_mps(std::env::var_os(ASSUME_MPS_ENV).as_deref());
-        let attribute = device.attribute(sys::CU_DEVICE_ATTRIBUTE_MPS_ENABLED).ok().map(|v| v != 0);
-        let pipe_directory = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
-            .filter(|dir| !dir.is_empty())
-            .map_or_else(|| PathBuf::from(DEFAULT_MPS_PIPE_DIRECTORY), PathBuf::from);
-        let control_pipe = is_control_pipe(&pipe_directory);
-        let evidence = Self { assumed, attribute, pipe_directory, control_pipe };
-        tracing::debug!(?evidence, "gpu-poll: MPS detection");
-        evidence
-    }
-
-    /// `Ok` when MPS runs (or is assumed to); else the reason, with the fix.
-    fn verdict(&self) -> Result<(), String> {
-        let found = match self.assumed {
-            Some(assumed) => assumed,
-            None => self.attribute == Some(true) || self.control_pipe,
-        };
-        if found {
-            return Ok(());
-        }
-        let how = match self.assumed {
-            Some(_) => format!("{ASSUME_MPS_ENV}=0 says so"),
-            None => format!(
-                "the device reports {} and there is no control pipe at {}",
-                match self.attribute {
-                    Some(_) => "CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 0",
-                    None => "no MPS attribute",
-                },
-                self.pipe_directory.join("control").display()
-            ),
-        };
-        Err(format!(
+/// `Ok` when MPS runs (or is assumed to); else the reason, with the fix.
+fn mps_verdict(evidence: &MpsEvidence) -> Result<(), String> {
+    match evidence.why_not() {
+        None => Ok(()),
+        Some(how) => Err(format!(
             "it needs MPS, and MPS is not running ({how}): without MPS two processes' kernels never run at the same \
              time, so a polling kernel waits out whole time slices; start MPS: nvidia-cuda-mps-control -d, or use \
              gpu-stream-ops"
-        ))
+        )),
     }
-}
-
-/// [`ASSUME_MPS_ENV`]: `1` is yes, `0` is no, anything else asks for detection.
-fn assume_mps(value: Option<&OsStr>) -> Option<bool> {
-    match value?.to_str()? {
-        "1" => Some(true),
-        "0" => Some(false),
-        _ => None,
-    }
-}
-
-/// Whether `<pipe_directory>/control` is a FIFO.
-fn is_control_pipe(pipe_directory: &Path) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    std::fs::symlink_metadata(pipe_directory.join("control")).is_ok_and(|meta| meta.file_type().is_fifo())
 }
 
 /// How long a poll may run once it starts, with `left` until the caller's deadline: twice that, plus [`GRACE`].
@@ -624,7 +558,7 @@ mod tests {
     }
 
     fn evidence(assumed: Option<bool>, attribute: Option<bool>, control_pipe: bool) -> MpsEvidence {
-        MpsEvidence { assumed, attribute, pipe_directory: PathBuf::from("/tmp/nvidia-mps"), control_pipe }
+        MpsEvidence { assumed, attribute, pipe_directory: std::path::PathBuf::from("/tmp/nvidia-mps"), control_pipe }
     }
 
     #[test]
@@ -632,40 +566,16 @@ mod tests {
         for refused in
             [evidence(None, None, false), evidence(None, Some(false), false), evidence(Some(false), Some(true), true)]
         {
-            let reason = refused.verdict().unwrap_err();
+            let reason = mps_verdict(&refused).unwrap_err();
             assert!(reason.contains("start MPS: nvidia-cuda-mps-control -d, or use gpu-stream-ops"), "{reason}");
             assert!(reason.contains("time slices"), "{reason}");
         }
-        assert!(evidence(None, None, false).verdict().unwrap_err().contains("/tmp/nvidia-mps/control"));
-        assert!(evidence(Some(false), None, false).verdict().unwrap_err().contains("GPU_IPC_ASSUME_MPS=0"));
+        assert!(mps_verdict(&evidence(None, None, false)).unwrap_err().contains("/tmp/nvidia-mps/control"));
+        assert!(mps_verdict(&evidence(Some(false), None, false)).unwrap_err().contains("GPU_IPC_ASSUME_MPS=0"));
         for found in
             [evidence(None, Some(true), false), evidence(None, Some(false), true), evidence(Some(true), None, false)]
         {
-            assert_eq!(found.verdict(), Ok(()), "{found:?}");
+            assert_eq!(mps_verdict(&found), Ok(()), "{found:?}");
         }
-    }
-
-    #[test]
-    fn only_0_and_1_override_mps_detection() {
-        assert_eq!(assume_mps(Some(OsStr::new("1"))), Some(true));
-        assert_eq!(assume_mps(Some(OsStr::new("0"))), Some(false));
-        for other in ["", "yes", "true", " 1"] {
-            assert_eq!(assume_mps(Some(OsStr::new(other))), None, "{other:?}");
-        }
-        assert_eq!(assume_mps(None), None);
-    }
-
-    #[test]
-    fn only_a_fifo_is_a_control_pipe() {
-        let dir = std::env::temp_dir().join(format!("gpu-ipc-mps-pipe-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        assert!(!is_control_pipe(&dir), "nothing there");
-        std::fs::write(dir.join("control"), b"").unwrap();
-        assert!(!is_control_pipe(&dir), "a regular file");
-        std::fs::remove_file(dir.join("control")).unwrap();
-        rustix::fs::mknodat(rustix::fs::CWD, dir.join("control"), rustix::fs::FileType::Fifo, 0o600.into(), 0).unwrap();
-        assert!(is_control_pipe(&dir), "a FIFO");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
