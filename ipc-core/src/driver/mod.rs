@@ -39,6 +39,7 @@ mod device;
 mod error;
 mod event;
 mod host;
+pub mod image;
 mod ipc;
 mod loader;
 mod memory;
@@ -62,7 +63,7 @@ pub use memory::{
     DeviceBuffer, DeviceCopy, DevicePtr, copy_device_async, copy_device_to_host_memory, copy_from_device,
     copy_host_memory_to_device, copy_to_device, fill_u32_async,
 };
-pub use module::{Function, KernelArg, KernelParam, LaunchConfig, Module, pick_image};
+pub use module::{Function, KernelArg, KernelParam, LaunchConfig, Module};
 pub use pool::{ImportedPoolPointer, MemoryPool, PoolAllocation, PoolPointerExport, address_range};
 pub use span::{DeviceMemory, DeviceSpan};
 pub use stream::{Stream, WaitCondition};

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
+use crate::driver::image::{self, ComputeCapability, KernelImage};
 use crate::driver::mps::MpsEvidence;
 use crate::driver::{Context, DeviceMemory, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys};
 use crate::frames::FrameError;
@@ -32,9 +33,6 @@ use crate::sys::shm::{SharedMemory, SharedObject};
 use crate::wire::SyncStrategy;
 
 const KIND: SyncStrategy = SyncStrategy::GpuPoll;
-
-/// The environment variable that forces the PTX image (as for the kernels crate): `1` skips the cubins.
-const FORCE_PTX_ENV: &str = "GPU_IPC_FORCE_PTX";
 
 /// Bit 63 of an outcome word: the poll gave up at its deadline (the low bits are the frame's `seq + 1`).
 const TIMED_OUT: u64 = 1 << 63;
@@ -58,45 +56,28 @@ const WAIT_KERNEL: &str = "gpu_ipc_ring_wait";
 /// The release kernel (`kernels/cuda/ring_poll.cu`).
 const RELEASE_KERNEL: &str = "gpu_ipc_ring_release";
 
-/// One compiled image of the ring's kernels, from `ipc-core/ring-kernels/` (`scripts/gen-kernels.sh`).
-#[derive(Clone, Copy)]
-struct RingImage {
-    /// Compute capability it was compiled for.
-    arch: (u32, u32),
-    /// Machine code (a cubin) or PTX.
-    cubin: bool,
-    /// Its file name in `ipc-core/ring-kernels/`.
-    file: &'static str,
-    /// The image; the PTX ends with a NUL (not in the file), as the driver reads it as a C string.
-    bytes: &'static [u8],
-}
-
-const fn cubin(major: u32, minor: u32, file: &'static str, bytes: &'static [u8]) -> RingImage {
-    RingImage { arch: (major, minor), cubin: true, file, bytes }
-}
-
-/// The images, cubins in ascending architecture order, then the PTX (the last resort).
-static IMAGES: [RingImage; 8] = [
-    cubin(7, 5, "sm_75.cubin", include_bytes!("../../../ring-kernels/sm_75.cubin")),
-    cubin(8, 0, "sm_80.cubin", include_bytes!("../../../ring-kernels/sm_80.cubin")),
-    cubin(8, 6, "sm_86.cubin", include_bytes!("../../../ring-kernels/sm_86.cubin")),
-    cubin(8, 9, "sm_89.cubin", include_bytes!("../../../ring-kernels/sm_89.cubin")),
-    cubin(9, 0, "sm_90.cubin", include_bytes!("../../../ring-kernels/sm_90.cubin")),
-    cubin(10, 0, "sm_100.cubin", include_bytes!("../../../ring-kernels/sm_100.cubin")),
-    cubin(12, 0, "sm_120.cubin", include_bytes!("../../../ring-kernels/sm_120.cubin")),
-    RingImage {
-        arch: (7, 5),
-        cubin: false,
-        file: "compute_75.ptx",
-        bytes: concat!(include_str!("../../../ring-kernels/compute_75.ptx"), "\0").as_bytes(),
-    },
+/// The ring's kernels, from `ipc-core/ring-kernels/` (`scripts/gen-kernels.sh`): the cubins in ascending
+/// architecture order, then the PTX (the last resort).
+static IMAGES: [KernelImage; 8] = [
+    KernelImage::cubin(7, 5, "sm_75.cubin", include_bytes!("../../../ring-kernels/sm_75.cubin")),
+    KernelImage::cubin(8, 0, "sm_80.cubin", include_bytes!("../../../ring-kernels/sm_80.cubin")),
+    KernelImage::cubin(8, 6, "sm_86.cubin", include_bytes!("../../../ring-kernels/sm_86.cubin")),
+    KernelImage::cubin(8, 9, "sm_89.cubin", include_bytes!("../../../ring-kernels/sm_89.cubin")),
+    KernelImage::cubin(9, 0, "sm_90.cubin", include_bytes!("../../../ring-kernels/sm_90.cubin")),
+    KernelImage::cubin(10, 0, "sm_100.cubin", include_bytes!("../../../ring-kernels/sm_100.cubin")),
+    KernelImage::cubin(12, 0, "sm_120.cubin", include_bytes!("../../../ring-kernels/sm_120.cubin")),
+    KernelImage::ptx(
+        7,
+        5,
+        "compute_75.ptx",
+        concat!(include_str!("../../../ring-kernels/compute_75.ptx"), "\0").as_bytes(),
+    ),
 ];
 
-/// The image for a device of compute capability `device`, by the kernels crate's rule (docs/kernels.md): the exact
-/// cubin, else the cubin of the same major with the highest minor not above the device's, else the PTX (7.5 or
-/// newer); `None` below 7.5.
-fn select_image(device: (u32, u32), force_ptx: bool) -> Option<&'static RingImage> {
-    crate::driver::pick_image(&IMAGES, device, force_ptx, |image| (image.arch, image.cubin))
+/// The image for a device of compute capability `device`, by the one rule ([`image::select_image`], as for the
+/// kernels crate); `None` below 7.5.
+fn select_image(device: (u32, u32), force_ptx: bool) -> Option<&'static KernelImage> {
+    image::select_image(&IMAGES, ComputeCapability::new(device.0, device.1), force_ptx).ok()
 }
 
 /// The `GpuPoll` strategy.
@@ -196,7 +177,7 @@ struct Poller {
 impl Poller {
     fn new(cuda: &Context, setup: Setup<'_>) -> Result<Self, FrameError> {
         let (major, minor) = cuda.device().compute_capability()?;
-        let force_ptx = std::env::var_os(FORCE_PTX_ENV).is_some_and(|v| v == "1");
+        let force_ptx = image::force_ptx_from_env();
         let image = select_image((major, minor), force_ptx).ok_or_else(|| {
             unavailable(KIND, format!("no kernel image for compute capability {major}.{minor}; use gpu-stream-ops"))
         })?;
@@ -498,6 +479,7 @@ impl ConsumerSide for PollConsumer {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::driver::image::ImageKind;
 
     #[test]
     fn images_follow_the_kernels_crate_rule() {
@@ -514,11 +496,11 @@ mod tests {
     fn the_embedded_images_are_what_the_manifest_lists() {
         let manifest = include_str!("../../../ring-kernels/manifest.json");
         for image in &IMAGES {
-            let size = if image.cubin { image.bytes.len() } else { image.bytes.len() - 1 };
+            let size = image.file_len();
             let entry = format!("\"file\": \"{}\",", image.file);
             let at = manifest.find(&entry).unwrap_or_else(|| panic!("{} is not in the manifest", image.file));
             assert!(manifest[at..].contains(&format!("\"size\": {size},")), "{}: size {size}", image.file);
-            if image.cubin {
+            if image.kind == ImageKind::Cubin {
                 assert_eq!(&image.bytes[..4], b"\x7fELF", "{}", image.file);
             }
         }
