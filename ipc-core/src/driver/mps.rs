@@ -169,7 +169,7 @@ fn is_zombie(stat: &str) -> bool {
 }
 
 /// Which MPS binary a process runs, from its `comm` and (when readable) its NUL-separated `cmdline`; `None` when it
-/// is not an MPS process. `comm` alone cannot tell: it keeps 15 bytes, [`COMM_PREFIX`] for both.
+/// is not an MPS process. `comm` alone cannot tell: it keeps 15 bytes, `nvidia-cuda-mps` for both.
 pub fn mps_role(comm: &str, cmdline: Option<&[u8]>) -> Option<MpsRole> {
     if !comm.trim_end().starts_with(COMM_PREFIX) {
         return None;

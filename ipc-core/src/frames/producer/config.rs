@@ -61,12 +61,12 @@ impl ProducerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum SlowConsumerPolicy {
-    /// Wait for it (the default): `acquire` returns [`FrameError::Timeout`] at its own timeout and can be called
-    /// again, or the application calls [`Producer::evict`].
+    /// Wait for it (the default): `acquire` returns [`FrameError::Timeout`](crate::frames::FrameError::Timeout) at its own timeout and can be called
+    /// again, or the application calls [`Producer::evict`](super::Producer::evict).
     #[default]
     Block,
     /// Evict a consumer that has held up the next frame for this long: it stops counting, the producer goes on,
-    /// and its next call returns [`FrameError::Evicted`].
+    /// and its next call returns [`FrameError::Evicted`](crate::frames::FrameError::Evicted).
     Evict {
         /// How long a consumer may hold up a frame.
         after: Duration,

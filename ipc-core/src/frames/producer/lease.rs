@@ -4,7 +4,7 @@ use crate::driver::DevicePtr;
 use crate::ring::{Sequence, SlotIndex};
 
 /// The right to write one slot and publish it once: frame [`seq`](Self::seq) goes to [`slot`](Self::slot), at
-/// [`ptr`](Self::ptr), [`bytes`](Self::bytes) long. [`Producer::publish`] takes it by value, so a lease cannot be
+/// [`ptr`](Self::ptr), [`bytes`](Self::bytes) long. [`Producer::publish`](super::Producer::publish) takes it by value, so a lease cannot be
 /// published twice:
 ///
 /// ```compile_fail,E0382
@@ -44,7 +44,7 @@ impl SlotLease {
     }
 
     /// Where to write the frame, in this process's device address space (host address with the host backend).
-    /// [`Producer::slot_span`] gives the same memory as a bounds-checked span.
+    /// [`Producer::slot_span`](super::Producer::slot_span) gives the same memory as a bounds-checked span.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
     }

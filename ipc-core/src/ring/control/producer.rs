@@ -249,7 +249,7 @@ impl ProducerControl {
         self.block.layout().producer_heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
     }
 
-    /// Writes [`POISON`] again into the `released` counters of a consumer already marked dead. A dead process's
+    /// Writes [`POISON`](crate::ring::POISON) again into the `released` counters of a consumer already marked dead. A dead process's
     /// GPU work can still land after it was declared dead (its queued `cuStreamWriteValue64` stores are plain
     /// stores, not `max`), lowering the poison; the survivor repeats this until that work must have drained.
     pub fn repoison_released(&self, consumer: ConsumerId) -> Result<(), RingError> {
@@ -262,7 +262,7 @@ impl ProducerControl {
         Ok(())
     }
 
-    /// Declares `consumer` dead: it stops counting for back-pressure, and its `released` counters get [`POISON`]
+    /// Declares `consumer` dead: it stops counting for back-pressure, and its `released` counters get [`POISON`](crate::ring::POISON)
     /// so that GPU stream waits already enqueued on them complete.
     pub fn mark_consumer_dead(&self, consumer: ConsumerId) -> Result<(), RingError> {
         let record = self.block.record(consumer)?;
@@ -315,7 +315,7 @@ impl ProducerControl {
         Err(RingError::NotLive { consumer, found: ConsumerState::from_raw(word), found_epoch: state_epoch(word) })
     }
 
-    /// Writes [`POISON`] into the `released` counters of every record in use: at teardown, so that every GPU wait
+    /// Writes [`POISON`](crate::ring::POISON) into the `released` counters of every record in use: at teardown, so that every GPU wait
     /// the producer queued on them completes (nothing reads them after the producer).
     pub fn poison_all_released(&self) {
         for (index, record) in self.block.active_records() {

@@ -14,7 +14,7 @@ pub enum MessageType {
     RingOffer,
     /// Consumer -> producer: the ring is imported and the consumer is live.
     Attached,
-    /// Consumer -> producer: leaving (advisory; see [`Detach`]).
+    /// Consumer -> producer: leaving (advisory; see [`Detach`](super::Detach)).
     Detach,
     /// Producer -> consumer: not admitted.
     Refused,

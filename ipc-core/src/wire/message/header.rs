@@ -18,7 +18,7 @@ pub struct Header {
 }
 
 impl Header {
-    /// Decodes and checks the first [`HEADER_BYTES`] of `bytes` (more may follow).
+    /// Decodes and checks the first [`HEADER_BYTES`](super::HEADER_BYTES) of `bytes` (more may follow).
     ///
     /// Checks, in this order: length, magic, version, reserved bytes, message type, payload cap.
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {

@@ -153,7 +153,7 @@ impl RingOffer {
 pub struct Refused {
     /// Why, as a code.
     pub code: RefusalCode,
-    /// Why, in words (at most [`MAX_REFUSAL_MESSAGE_BYTES`] bytes of UTF-8).
+    /// Why, in words (at most [`MAX_REFUSAL_MESSAGE_BYTES`](super::MAX_REFUSAL_MESSAGE_BYTES) bytes of UTF-8).
     pub message: String,
 }
 
