@@ -2,7 +2,8 @@
 # On the GPU machine, from what scripts/stage-gpu.sh staged: frames through gpu-ipc written and checked by the
 # user's own NVRTC-compiled kernel (examples/src/bin/cudarc_frames.rs), launched by cudarc on the user's cudarc stream
 # against the same kernel launched by gpu-ipc's launcher on a gpu-ipc stream; then a consumer reading until the end
-# of the stream with each strategy after a clean producer exit, and after a producer SIGKILL.
+# of the stream with each strategy after a clean producer exit, and after a producer SIGKILL (gpu-poll under a
+# private MPS daemon, the only place it runs).
 #   scripts/interop-gpu.sh OUT_DIR [ROUNDS]     (ROUNDS of the throughput table, default 3; rows interleaved)
 # OUT_DIR receives interop.jsonl (one line per run), interop.md (the table, medians, ratios) and the logs.
 set -uo pipefail
@@ -81,6 +82,21 @@ for backend in legacy vmm; do
         pair "producer-killed" "$backend" "$sync" cudarc 1000000 0 3
     done
 done
+
+# gpu-poll runs only where MPS does: the same two checks under a private MPS daemon.
+# shellcheck source=scripts/mps.sh
+. "$ROOT/scripts/mps.sh"
+if mps_start; then
+    echo "interop-gpu: gpu-poll under a private MPS daemon" >&2
+    for backend in legacy vmm; do
+        pair "end-of-stream" "$backend" gpu-poll cudarc 2000 0
+        pair "producer-killed" "$backend" gpu-poll cudarc 1000000 0 3
+    done
+    mps_stop "$OUT/mps-logs"
+else
+    echo "interop-gpu: no MPS ($MPS_REASON): gpu-poll rows not run" >&2
+    RC=1
+fi
 
 python3 "$ROOT/scripts/interop_table.py" "$JSONL" >"$OUT/interop.md" || RC=1
 cat "$OUT/interop.md"

@@ -318,20 +318,11 @@ fn consume<B: GpuBackend>(
     let (cpu0, t0) = (cpu_time(), Instant::now());
     let (mut end, mut gone) = (None, None);
     while args.frames == 0 || consumer.next_sequence() - first < args.frames {
-        let frame = match consumer.next_frame(Some(stream), Duration::from_secs(10)) {
-            Ok(frame) => frame,
-            Err(FrameError::EndOfStream { published, .. }) => {
-                end = Some(published);
-                break;
-            }
-            Err(FrameError::ProducerGone { pid, how }) => {
-                gone = Some(format!("producer pid {pid}: {how}"));
-                break;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        check(&consumer, &frame, kernels, counters)?;
-        match consumer.release(frame, Some(stream)) {
+        let step = consumer.next_frame(Some(stream), Duration::from_secs(10)).and_then(|frame| {
+            check(&consumer, &frame, kernels, counters).map_err(|e| FrameError::Config(e.to_string()))?;
+            consumer.release(frame, Some(stream))
+        });
+        match step {
             Ok(()) => {}
             Err(FrameError::EndOfStream { published, .. }) => {
                 end = Some(published);
