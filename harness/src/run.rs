@@ -1,0 +1,163 @@
+//! How one measurement runs, the same for every probe and the pipeline benchmark: the options they all take
+//! ([`CommonArgs`]), the JSON envelope they all write ([`ProbeOutput`] with its [`Verdict`]), why one could not
+//! finish ([`ProbeError`]), and [`execute`], which collects the environment, runs, writes and prints.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use crate::child::ChannelError;
+use crate::env::{self, ProbeEnv};
+use crate::exit::{EXIT_FAILED, EXIT_OK};
+use crate::progress;
+
+/// The version of the probes' JSON; bumped when a field changes meaning.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Options every probe takes.
+#[derive(Debug, Clone, Args)]
+pub struct CommonArgs {
+    /// Print the result as JSON on stdout (the same document `--out` writes) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON result to this file.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// A short pass: fewer repetitions and sizes (minutes become seconds; the JSON says so).
+    #[arg(long)]
+    pub quick: bool,
+    /// The device to run on.
+    #[arg(long, default_value_t = 0)]
+    pub device: i32,
+    /// No progress bar on stderr.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// A probe's verdict: the answer in one plain sentence, and the figure it rests on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The answer, in plain words, one sentence.
+    pub answer: String,
+    /// The key figure, with its unit and what it is (e.g. "largest read-bandwidth difference: -0.4% (noise 1.2%)").
+    pub key_figure: String,
+}
+
+/// The document every probe writes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProbeOutput<R> {
+    /// `overhead`, `coherency`, `vmm-compat` or `crash`.
+    pub probe: String,
+    /// [`SCHEMA_VERSION`].
+    pub schema: u32,
+    /// Whether `--quick` was given.
+    pub quick: bool,
+    /// Where it ran.
+    pub env: ProbeEnv,
+    /// Wall time of the whole probe, in seconds.
+    pub seconds: f64,
+    /// The probe's own results.
+    pub results: R,
+    /// The answer.
+    pub verdict: Verdict,
+}
+
+/// Why a probe could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// A CUDA call failed.
+    #[error(transparent)]
+    Driver(#[from] gpu_ipc::core::driver::DriverError),
+    /// A kernel could not be loaded or launched.
+    #[error(transparent)]
+    Kernel(#[from] gpu_ipc::kernels::launch::KernelError),
+    /// A backend refused.
+    #[error(transparent)]
+    Backend(#[from] gpu_ipc::core::backend::BackendError),
+    /// Talking to a child process failed.
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    /// A child reported a failure.
+    #[error("the {role} child process failed: {reason}")]
+    Child {
+        /// Its role.
+        role: String,
+        /// What it said.
+        reason: String,
+    },
+    /// A helper process was given a role no room owns (a binary and its helper from different versions).
+    #[error("unknown helper role {0:?}")]
+    UnknownRole(String),
+    /// Anything else, said in words.
+    #[error("{0}")]
+    Other(String),
+    /// What was asked needs what this machine does not offer (e.g. a sync strategy that needs MPS): not a failure
+    /// of the thing measured.
+    #[error("unavailable here: {0}")]
+    Unavailable(String),
+}
+
+/// Runs one probe the way every probe runs: collect the environment (or stop with the doctor's message), run,
+/// write the JSON, print JSON or text. Returns the exit status.
+pub fn execute<R: Serialize>(
+    name: &str,
+    common: &CommonArgs,
+    run: impl FnOnce(&ProbeEnv, &progress::Progress) -> Result<(R, Verdict), ProbeError>,
+    render_text: impl FnOnce(&ProbeOutput<R>) -> String,
+) -> u8 {
+    let env = match env::collect() {
+        Ok(env) => env,
+        Err((line, code)) => {
+            eprintln!("{line}");
+            return code;
+        }
+    };
+    let progress = progress::Progress::new(name, !common.no_progress && !common.json);
+    let started = std::time::Instant::now();
+    let (results, verdict) = match run(&env, &progress) {
+        Ok(done) => done,
+        Err(e) => {
+            progress.finish();
+            eprintln!("gpu-ipc probe {name}: {e}");
+            return EXIT_FAILED;
+        }
+    };
+    progress.finish();
+    let output = ProbeOutput {
+        probe: name.to_owned(),
+        schema: SCHEMA_VERSION,
+        quick: common.quick,
+        env,
+        seconds: started.elapsed().as_secs_f64(),
+        results,
+        verdict,
+    };
+    let json = match serde_json::to_string_pretty(&output) {
+        Ok(json) => json,
+        Err(e) => {
+            eprintln!("gpu-ipc probe {name}: could not encode the result as JSON: {e}");
+            return EXIT_FAILED;
+        }
+    };
+    if let Some(path) = &common.out
+        && let Err(e) = write_file(path, &json)
+    {
+        eprintln!("gpu-ipc probe {name}: could not write {}: {e}", path.display());
+        return EXIT_FAILED;
+    }
+    let mut stdout = std::io::stdout().lock();
+    let printed = if common.json { writeln!(stdout, "{json}") } else { write!(stdout, "{}", render_text(&output)) };
+    if printed.is_err() {
+        return EXIT_FAILED;
+    }
+    EXIT_OK
+}
+
+fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, format!("{text}\n"))
+}

@@ -1,0 +1,706 @@
+//! The two sides of a coherency cell (reader here, writer in a child or beside it), the shared words, and the
+//! bounded run of one cell.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use gpu_ipc::core::driver::{
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, KernelArg,
+    LaunchConfig, Stream, WaitCondition,
+};
+use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject};
+use gpu_ipc::kernels::probe::{
+    COH_PAYLOAD_CHECK, COH_PAYLOAD_WRITE, ProbeKernels, coherency_layout as layout, coherency_reader, coherency_writer,
+};
+use serde::{Deserialize, Serialize};
+
+use harness::ProbeError;
+use harness::child::ChildFailure;
+use harness::child::{Channel, ChildProcess, ChildTask};
+use harness::regions::{HandleMessage, ImportedRegion};
+use harness::stats::Distribution;
+
+use super::*;
+/// Parameters of one cell, as the writer side needs them.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(super) struct CellPlan {
+    pub(super) writer: Writer,
+    pub(super) rounds: u64,
+    pub(super) round_timeout_ns: u64,
+}
+
+/// Messages from the parent to the writer child.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "kebab-case")]
+pub(super) enum ToWriter {
+    /// Import the device buffer (legacy handle bytes here; a VMM fd rides along).
+    ImportDevice(HandleMessage),
+    /// Map the host block (its memfd rides along).
+    MapHost,
+    /// Start a cell.
+    Start(CellPlan),
+    /// The reader is done (or aborted); finish and report.
+    Finish,
+    /// Leave.
+    Exit,
+}
+
+/// Messages from the writer child to the parent.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "kebab-case")]
+pub(super) enum FromWriter {
+    Ready,
+    Started,
+    Finished(WriterReport),
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct WriterReport {
+    pub(super) rounds_done: u64,
+    pub(super) timeouts: u64,
+    /// CPU writer only: flag store to ack seen, per round, in ns.
+    pub(super) round_trip_ns: Vec<f64>,
+    pub(super) error: Option<String>,
+}
+
+/// Host memory shared by a memfd and registered with CUDA in this process. The CPU sees it only as atomics
+/// (`SharedObject`), which is what makes lending it to kernels safe.
+pub(super) struct HostShared {
+    pub(super) block: Arc<SharedObject<HostBlock>>,
+    pub(super) registration: Arc<HostRegistration<SharedObject<HostBlock>>>,
+}
+
+impl HostShared {
+    pub(super) fn create(ctx: &Context) -> Result<Self, ProbeError> {
+        let memory = SharedMemory::create("gpu-ipc-coherency", HOST_WORDS * 8).map_err(other)?;
+        let block = Arc::new(SharedObject::new(memory).map_err(other)?);
+        let registration = Arc::new(HostRegistration::new(ctx, block.clone())?);
+        Ok(Self { block, registration })
+    }
+}
+
+/// An owner of a cell's words that the threads enqueueing GPU work can share.
+pub(super) type WordsOwner = Arc<dyn DeviceMemory + Send + Sync>;
+
+/// A cell's words as the GPU addresses them: flag, ack and payload at fixed offsets, then (in device memory) the
+/// writer's timestamps.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Words<'a> {
+    whole: DeviceSpan<'a>,
+    pub(super) flag: DeviceSpan<'a>,
+    pub(super) ack: DeviceSpan<'a>,
+    pub(super) payload: DeviceSpan<'a>,
+}
+
+impl<'a> Words<'a> {
+    pub(super) fn of(whole: DeviceSpan<'a>) -> Result<Self, DriverError> {
+        Ok(Self {
+            whole,
+            flag: whole.slice(layout::FLAG, 8)?,
+            ack: whole.slice(layout::ACK, 8)?,
+            payload: whole.slice(layout::PAYLOAD, PAYLOAD_WORDS * 4)?,
+        })
+    }
+
+    /// The writer's per-round timestamps, from [`WRITE_TS_OFFSET`] to the end (device memory only).
+    pub(super) fn write_ts(&self) -> Result<DeviceSpan<'a>, DriverError> {
+        self.whole.slice(WRITE_TS_OFFSET, self.whole.len().saturating_sub(WRITE_TS_OFFSET))
+    }
+}
+
+/// The shared words of a cell, as the reader (this process) sees them.
+pub(super) enum Memory<'a> {
+    Device(WordsOwner),
+    Host(&'a HostShared),
+}
+
+/// The shared words as a writer side owns or borrows them.
+#[derive(Clone)]
+pub(super) enum OwnedMemory {
+    Device(WordsOwner),
+    Host(Arc<SharedObject<HostBlock>>),
+}
+
+impl Memory<'_> {
+    pub(super) fn owned(&self) -> OwnedMemory {
+        match self {
+            Memory::Device(owner) => OwnedMemory::Device(owner.clone()),
+            Memory::Host(host) => OwnedMemory::Host(host.block.clone()),
+        }
+    }
+
+    /// The owner of the words as the GPU addresses them (device memory, or the host block's registration).
+    pub(super) fn device_words(&self) -> WordsOwner {
+        match self {
+            Memory::Device(owner) => owner.clone(),
+            Memory::Host(host) => host.registration.clone(),
+        }
+    }
+
+    /// Zeroes flag, ack and payload (synchronously).
+    pub(super) fn reset(&self, stream: &Stream) -> Result<(), ProbeError> {
+        match self {
+            Memory::Device(owner) => {
+                owner.span().slice(0, WRITE_TS_OFFSET)?.fill_u32_async(0, stream)?;
+                wait_idle(stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)?;
+            }
+            Memory::Host(host) => {
+                for word in host.block.get() {
+                    word.store(0, Ordering::SeqCst);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the abort value into flag and ack, releasing whatever waits on either.
+    pub(super) fn abort(&self) {
+        match self {
+            Memory::Device(owner) => {
+                let span = owner.span();
+                let _ = span.write(layout::FLAG, &[layout::ABORT]);
+                let _ = span.write(layout::ACK, &[layout::ABORT]);
+            }
+            Memory::Host(host) => {
+                let words = host.block.get();
+                words[(layout::FLAG / 8) as usize].store(layout::ABORT, Ordering::SeqCst);
+                words[(layout::ACK / 8) as usize].store(layout::ABORT, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// The reader's resources: kernels, a stream, result and timestamp buffers.
+pub(super) struct ReaderSide {
+    pub(super) ctx: Context,
+    pub(super) kernels: ProbeKernels,
+    pub(super) stream: Arc<Stream>,
+    pub(super) results: Arc<DeviceBuffer>,
+    pub(super) seen_ts: Arc<DeviceBuffer>,
+}
+
+impl ReaderSide {
+    pub(super) fn new(ctx: &Context, rounds: u64) -> Result<Self, ProbeError> {
+        Ok(Self {
+            ctx: ctx.clone(),
+            kernels: ProbeKernels::load(ctx)?,
+            stream: Arc::new(Stream::new(ctx)?),
+            results: Arc::new(DeviceBuffer::alloc(ctx, 8 * layout::RESULTS as u64)?),
+            seen_ts: Arc::new(DeviceBuffer::alloc(ctx, 8 * rounds.max(1))?),
+        })
+    }
+
+    /// Zeroes the results and timestamps (bounded wait), before the writer starts.
+    pub(super) fn prepare(&self) -> Result<(), ProbeError> {
+        self.results.fill_u32_async(0, &self.stream)?;
+        self.seen_ts.fill_u32_async(0, &self.stream)?;
+        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)
+    }
+
+    /// Queues (kernel reader) or starts enqueueing on a thread (stream-wait reader) the reader of one cell.
+    pub(super) fn start(
+        &self,
+        reader: Reader,
+        memory: &Memory<'_>,
+        plan: CellPlan,
+    ) -> Result<Option<std::thread::JoinHandle<Result<(), String>>>, ProbeError> {
+        let owner = memory.device_words();
+        match reader {
+            Reader::Kernel { load, payload: payload_load, fence } => {
+                let kernel = self.kernels.function(&coherency_reader(load, payload_load, fence))?;
+                let words = Words::of(owner.span())?;
+                kernel.launch_typed(
+                    &self.stream,
+                    LaunchConfig::linear(1, 32),
+                    &[
+                        KernelArg::Span(words.flag),
+                        KernelArg::Span(words.ack),
+                        KernelArg::Span(words.payload),
+                        KernelArg::U64(PAYLOAD_WORDS),
+                        KernelArg::U64(plan.rounds),
+                        KernelArg::U64(plan.round_timeout_ns),
+                        KernelArg::Span(self.seen_ts.span()),
+                        KernelArg::Span(self.results.span()),
+                    ],
+                )?;
+                Ok(None)
+            }
+            Reader::StreamWait => {
+                let check = self.kernels.function(COH_PAYLOAD_CHECK)?;
+                let (ctx, stream) = (self.ctx.clone(), self.stream.clone());
+                let (seen_ts, results) = (self.seen_ts.clone(), self.results.clone());
+                Ok(Some(std::thread::spawn(move || {
+                    ctx.bind().map_err(|e| e.to_string())?;
+                    let words = Words::of(owner.span()).map_err(|e| e.to_string())?;
+                    let mut throttle = Throttle::new(&ctx);
+                    for round in 1..=plan.rounds {
+                        throttle.before(&stream, round).map_err(|e| e.to_string())?;
+                        words
+                            .flag
+                            .wait_value_u64(&stream, 0, round, WaitCondition::AtLeast)
+                            .map_err(|e| e.to_string())?;
+                        check
+                            .launch_typed(
+                                &stream,
+                                LaunchConfig::linear(1, 32),
+                                &[
+                                    KernelArg::Span(words.flag),
+                                    KernelArg::Span(words.payload),
+                                    KernelArg::U64(PAYLOAD_WORDS),
+                                    KernelArg::U64(round),
+                                    KernelArg::Span(seen_ts.span()),
+                                    KernelArg::Span(results.span()),
+                                ],
+                            )
+                            .map_err(|e| e.to_string())?;
+                        words.ack.write_value_u64(&stream, 0, round).map_err(|e| e.to_string())?;
+                    }
+                    Ok(())
+                })))
+            }
+        }
+    }
+}
+
+/// Where the writer of a cell runs.
+pub(super) enum WriterAt<'a> {
+    /// In the child process behind this channel.
+    Child(&'a ChildProcess),
+    /// In this process (the control).
+    Here(&'a WriterSide),
+}
+
+/// The writer's resources (in the child, or in this process for the control).
+pub(super) struct WriterSide {
+    pub(super) ctx: Context,
+    pub(super) kernels: ProbeKernels,
+    pub(super) stream: Arc<Stream>,
+    pub(super) results: Arc<DeviceBuffer>,
+    pub(super) memory: Option<OwnedMemory>,
+}
+
+/// A writer that was started: the thread that enqueues or spins, and what it needs to finish.
+pub(super) struct RunningWriter {
+    pub(super) thread: std::thread::JoinHandle<WriterReport>,
+}
+
+impl WriterSide {
+    pub(super) fn new(ctx: &Context, memory: Option<OwnedMemory>) -> Result<Self, ProbeError> {
+        Ok(Self {
+            ctx: ctx.clone(),
+            kernels: ProbeKernels::load(ctx)?,
+            stream: Arc::new(Stream::new(ctx)?),
+            results: Arc::new(DeviceBuffer::alloc(ctx, 8 * layout::RESULTS as u64)?),
+            memory,
+        })
+    }
+
+    /// Starts the writer of `plan` on a thread: a kernel writer is one launch; a stream writer enqueues every round
+    /// (which blocks while the stream's queue is full); the CPU writer spins through the rounds itself.
+    pub(super) fn start(&self, plan: CellPlan) -> Result<RunningWriter, ProbeError> {
+        let memory = self.memory.clone().ok_or_else(|| ProbeError::Other("the writer has no memory".to_owned()))?;
+        self.results.fill_u32_async(0, &self.stream)?;
+        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)?;
+        let kernel = match plan.writer {
+            Writer::Kernel { store } => Some(self.kernels.function(&coherency_writer(store))?),
+            _ => None,
+        };
+        let payload_write = self.kernels.function(COH_PAYLOAD_WRITE)?;
+        let (ctx, stream, results) = (self.ctx.clone(), self.stream.clone(), self.results.clone());
+        let thread = std::thread::spawn(move || {
+            let run = || -> Result<WriterReport, ProbeError> {
+                ctx.bind()?;
+                match (&memory, plan.writer) {
+                    (OwnedMemory::Host(block), Writer::Cpu) => Ok(cpu_writer(block.get(), plan)),
+                    (OwnedMemory::Device(owner), Writer::Kernel { .. }) => {
+                        let kernel = kernel.ok_or_else(|| ProbeError::Other("no writer kernel".to_owned()))?;
+                        let words = Words::of(owner.span())?;
+                        kernel.launch_typed(
+                            &stream,
+                            LaunchConfig::linear(1, 32),
+                            &[
+                                KernelArg::Span(words.flag),
+                                KernelArg::Span(words.ack),
+                                KernelArg::Span(words.payload),
+                                KernelArg::U64(PAYLOAD_WORDS),
+                                KernelArg::U64(plan.rounds),
+                                KernelArg::U64(plan.round_timeout_ns),
+                                KernelArg::Span(words.write_ts()?),
+                                KernelArg::Span(results.span()),
+                            ],
+                        )?;
+                        Ok(WriterReport::default())
+                    }
+                    (OwnedMemory::Device(owner), Writer::StreamWrite) => {
+                        let words = Words::of(owner.span())?;
+                        let write_ts = words.write_ts()?;
+                        let mut throttle = Throttle::new(&ctx);
+                        for round in 1..=plan.rounds {
+                            throttle.before(&stream, round)?;
+                            if round > 1 {
+                                words.ack.wait_value_u64(&stream, 0, round - 1, WaitCondition::AtLeast)?;
+                            }
+                            payload_write.launch_typed(
+                                &stream,
+                                LaunchConfig::linear(1, 32),
+                                &[
+                                    KernelArg::Span(words.payload),
+                                    KernelArg::U64(PAYLOAD_WORDS),
+                                    KernelArg::U64(round),
+                                    KernelArg::Span(write_ts),
+                                ],
+                            )?;
+                            words.flag.write_value_u64(&stream, 0, round)?;
+                        }
+                        Ok(WriterReport { rounds_done: plan.rounds, ..WriterReport::default() })
+                    }
+                    _ => Err(ProbeError::Other(format!("writer {:?} does not run on this memory", plan.writer))),
+                }
+            };
+            run().unwrap_or_else(|e| WriterReport { error: Some(e.to_string()), ..WriterReport::default() })
+        });
+        Ok(RunningWriter { thread })
+    }
+
+    /// Waits (bounded) for the writer's thread and stream, and reads its results.
+    pub(super) fn finish(&self, running: RunningWriter, plan: CellPlan) -> WriterReport {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !running.thread.is_finished() {
+            if Instant::now() > deadline {
+                return WriterReport {
+                    error: Some("the writer's thread did not finish within 30 s".to_owned()),
+                    ..WriterReport::default()
+                };
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let mut report = running.thread.join().unwrap_or_else(|_| WriterReport {
+            error: Some("the writer's thread panicked".to_owned()),
+            ..WriterReport::default()
+        });
+        if let Err(e) = wait_idle(&self.stream, deadline) {
+            report.error.get_or_insert(e);
+            return report;
+        }
+        if let Writer::Kernel { .. } = plan.writer {
+            let mut words = [0u64; layout::RESULTS];
+            match self.ctx.bind().and_then(|()| self.results.read(0, &mut words)) {
+                Ok(()) => {
+                    report.rounds_done = words[layout::R_DONE];
+                    report.timeouts = words[layout::R_TIMEOUT];
+                }
+                Err(e) => report.error = Some(e.to_string()),
+            }
+        }
+        report
+    }
+}
+
+/// The CPU writer: relaxed payload stores, a release store of the flag, then a bounded spin for the ack.
+pub(super) fn cpu_writer(words: &HostBlock, plan: CellPlan) -> WriterReport {
+    let flag = &words[(layout::FLAG / 8) as usize];
+    let ack = &words[(layout::ACK / 8) as usize];
+    let payload = &words[(layout::PAYLOAD / 8) as usize..];
+    let timeout = Duration::from_nanos(plan.round_timeout_ns);
+    let mut report = WriterReport::default();
+    report.round_trip_ns.reserve(plan.rounds as usize);
+    for round in 1..=plan.rounds {
+        for (k, word) in payload.iter().take((PAYLOAD_WORDS / 2) as usize).enumerate() {
+            let k = k as u64;
+            let pair = u64::from(layout::value(round, 2 * k)) | (u64::from(layout::value(round, 2 * k + 1)) << 32);
+            word.store(pair, Ordering::Relaxed);
+        }
+        let stored = Instant::now();
+        flag.store(round, Ordering::Release);
+        loop {
+            let seen = ack.load(Ordering::Acquire);
+            if seen >= layout::ABORT {
+                return report;
+            }
+            if seen >= round {
+                break;
+            }
+            if stored.elapsed() > timeout {
+                report.timeouts = 1;
+                return report;
+            }
+            std::hint::spin_loop();
+        }
+        report.round_trip_ns.push(stored.elapsed().as_nanos() as f64);
+        report.rounds_done = round;
+    }
+    report
+}
+
+/// Keeps a stream-driven side from queueing more than [`THROTTLE_ROUNDS`] rounds ahead of the GPU: a stream's queue
+/// is finite, and a side that fills it blocks in the driver, which in one process can starve the other side's
+/// launches (a deadlock the cell deadline could not end). An event every [`THROTTLE_EVERY`] rounds; before queueing
+/// more, wait (bounded) until the event from [`THROTTLE_ROUNDS`] rounds back has completed.
+pub(super) struct Throttle {
+    pub(super) events: std::collections::VecDeque<(u64, Event)>,
+    pub(super) ctx: Context,
+}
+
+/// Rounds a stream-driven side may run ahead of the GPU.
+pub(super) const THROTTLE_ROUNDS: u64 = 128;
+/// Rounds between two throttle events.
+pub(super) const THROTTLE_EVERY: u64 = 32;
+
+impl Throttle {
+    pub(super) fn new(ctx: &Context) -> Self {
+        Self { events: std::collections::VecDeque::new(), ctx: ctx.clone() }
+    }
+
+    /// Call before queueing `round`.
+    pub(super) fn before(&mut self, stream: &Stream, round: u64) -> Result<(), ProbeError> {
+        if round.is_multiple_of(THROTTLE_EVERY) {
+            let event = Event::new(&self.ctx, EventFlags::default())?;
+            event.record(stream)?;
+            self.events.push_back((round, event));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Some((queued, event)) = self.events.front() {
+            if queued + THROTTLE_ROUNDS > round {
+                break;
+            }
+            if event.is_complete()? {
+                self.events.pop_front();
+                continue;
+            }
+            if Instant::now() > deadline {
+                return Err(ProbeError::Other(format!(
+                    "round {queued} did not complete within 30 s while queueing round {round}"
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn wait_idle(stream: &Stream, deadline: Instant) -> Result<(), String> {
+    loop {
+        match stream.is_idle() {
+            Ok(true) => return Ok(()),
+            Ok(false) if Instant::now() < deadline => std::thread::sleep(Duration::from_micros(100)),
+            Ok(false) => return Err("the GPU stream did not drain before the deadline".to_owned()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Runs one cell; never fails (a failure is the cell's outcome), never hangs (every wait has a deadline, and the
+/// abort value releases kernels and stream waits on both sides).
+pub(super) fn run_cell(
+    reader: &ReaderSide,
+    memory: &Memory<'_>,
+    writer_at: WriterAt<'_>,
+    plan: CellPlan,
+    reader_kind: Reader,
+    placement: Placement,
+) -> Cell {
+    let mut cell = Cell {
+        writer: plan.writer,
+        reader: reader_kind,
+        placement,
+        rounds_planned: plan.rounds,
+        rounds_done: 0,
+        stale_rounds: 0,
+        stale_words: 0,
+        first_stale_round: 0,
+        reader_timeouts: 0,
+        writer_timeouts: 0,
+        outcome: Outcome::Failed,
+        latency_ns: None,
+        latency_is_round_trip: plan.writer == Writer::Cpu,
+        note: None,
+    };
+    let started = Instant::now();
+    let result = run_cell_inner(reader, memory, &writer_at, plan, reader_kind, &mut cell);
+    tracing::info!(
+        writer = %plan.writer.label(),
+        reader = %reader_kind.label(),
+        placement = placement.label(),
+        outcome = ?cell.outcome,
+        rounds = cell.rounds_done,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        error = ?result.as_ref().err().map(ToString::to_string),
+        "coherency cell"
+    );
+    match result {
+        Ok(()) => {}
+        Err(e) => {
+            memory.abort();
+            let _ = wait_idle(&reader.stream, Instant::now() + Duration::from_secs(10));
+            cell.outcome = Outcome::Failed;
+            cell.note = Some(e.to_string());
+        }
+    }
+    cell
+}
+
+pub(super) fn run_cell_inner(
+    reader: &ReaderSide,
+    memory: &Memory<'_>,
+    writer_at: &WriterAt<'_>,
+    plan: CellPlan,
+    reader_kind: Reader,
+    cell: &mut Cell,
+) -> Result<(), ProbeError> {
+    reader.ctx.bind()?;
+    memory.reset(&reader.stream)?;
+    reader.prepare()?;
+    // The writer first: it waits for the reader's acks, the reader for its flags; either order works.
+    let running_here = match writer_at {
+        WriterAt::Child(child) => {
+            child.channel().send(&ToWriter::Start(plan), Vec::new())?;
+            match recv_from_writer(child, Duration::from_secs(30))? {
+                FromWriter::Started => None,
+                other => return Err(ProbeError::Other(format!("writer: expected started, got {other:?}"))),
+            }
+        }
+        WriterAt::Here(side) => Some(side.start(plan)?),
+    };
+    let enqueue = reader.start(reader_kind, memory, plan)?;
+
+    // Bounded wait for the reader; the kernel ends on its own at the first timed-out round.
+    let deadline = Instant::now() + Duration::from_secs(60) + Duration::from_micros(50 * plan.rounds);
+    let mut late = false;
+    loop {
+        let enqueued = enqueue.as_ref().is_none_or(std::thread::JoinHandle::is_finished);
+        if enqueued && reader.stream.is_idle()? {
+            break;
+        }
+        if Instant::now() > deadline {
+            late = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // Release whatever still waits (a writer whose reader gave up, or everything after the deadline).
+    memory.abort();
+    if let Some(thread) = enqueue {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !thread.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if thread.is_finished()
+            && let Ok(Err(e)) = thread.join()
+        {
+            cell.note = Some(format!("reader: {e}"));
+        }
+    }
+    wait_idle(&reader.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)?;
+
+    let writer_report = match writer_at {
+        WriterAt::Child(child) => {
+            child.channel().send(&ToWriter::Finish, Vec::new())?;
+            match recv_from_writer(child, Duration::from_secs(60))? {
+                FromWriter::Finished(report) => report,
+                other => return Err(ProbeError::Other(format!("writer: expected finished, got {other:?}"))),
+            }
+        }
+        WriterAt::Here(side) => match running_here {
+            Some(running) => side.finish(running, plan),
+            None => WriterReport::default(),
+        },
+    };
+
+    let mut words = [0u64; layout::RESULTS];
+    reader.results.read(0, &mut words)?;
+    cell.rounds_done = words[layout::R_DONE];
+    cell.stale_rounds = words[layout::R_STALE_ROUNDS];
+    cell.stale_words = words[layout::R_STALE_WORDS];
+    cell.first_stale_round = words[layout::R_FIRST_STALE];
+    cell.reader_timeouts = words[layout::R_TIMEOUT];
+    cell.writer_timeouts = writer_report.timeouts;
+    let aborted = words[layout::R_ABORTED] != 0;
+
+    cell.latency_ns = if plan.writer == Writer::Cpu {
+        Distribution::from_samples(&mut writer_report.round_trip_ns.clone())
+    } else {
+        let n = cell.rounds_done.min(plan.rounds) as usize;
+        let mut seen = vec![0u64; n];
+        let mut written = vec![0u64; n];
+        if n > 0 {
+            reader.seen_ts.read(0, &mut seen)?;
+            let owner = memory.device_words();
+            Words::of(owner.span())?.write_ts()?.read(0, &mut written)?;
+        }
+        let mut samples: Vec<f64> = seen.iter().zip(&written).map(|(&s, &w)| s.saturating_sub(w) as f64).collect();
+        Distribution::from_samples(&mut samples)
+    };
+    cell.outcome = classify(cell, aborted || late);
+    let mut notes: Vec<String> = cell.note.take().into_iter().collect();
+    if late {
+        notes.push("the reader did not finish before the cell's deadline and was aborted".to_owned());
+    } else if aborted && cell.rounds_done < plan.rounds {
+        notes.push("aborted".to_owned());
+    }
+    if let Some(e) = writer_report.error {
+        notes.push(format!("writer: {e}"));
+    }
+    cell.note = (!notes.is_empty()).then(|| notes.join("; "));
+    Ok(())
+}
+
+/// The outcome of a cell from its counts: stale data outranks everything (it is the failure that matters), then
+/// timeouts, then anything that kept the cell from finishing.
+pub fn classify(cell: &Cell, aborted: bool) -> Outcome {
+    if cell.stale_rounds > 0 {
+        Outcome::Stale
+    } else if cell.reader_timeouts > 0 {
+        Outcome::Timeout
+    } else if aborted || cell.rounds_done < cell.rounds_planned {
+        Outcome::Failed
+    } else {
+        Outcome::Correct
+    }
+}
+
+pub(super) fn recv_from_writer(child: &ChildProcess, timeout: Duration) -> Result<FromWriter, ProbeError> {
+    let reply: serde_json::Value = child.channel().recv_plain(timeout)?;
+    if let Ok(failure) = serde_json::from_value::<ChildFailure>(reply.clone()) {
+        return Err(ProbeError::Child { role: "coherency-writer".to_owned(), reason: failure.error });
+    }
+    serde_json::from_value(reply).map_err(|e| ProbeError::Other(format!("writer: malformed reply: {e}")))
+}
+
+/// The writer child: imports the memory it is sent, then runs cells on request.
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
+    let device = task.params["device"].as_i64().unwrap_or(0) as i32;
+    let ctx = Context::for_ordinal(device)?;
+    let mut side = WriterSide::new(&ctx, None)?;
+    let mut _imported: Option<WordsOwner> = None;
+    let mut running: Option<(RunningWriter, CellPlan)> = None;
+    loop {
+        let (message, mut fds): (ToWriter, _) = channel.recv(Duration::from_secs(3600))?;
+        match message {
+            ToWriter::ImportDevice(handle) => {
+                let region: WordsOwner = Arc::new(ImportedRegion::import(&ctx, &handle, fds.pop())?);
+                side.memory = Some(OwnedMemory::Device(region.clone()));
+                _imported = Some(region);
+                channel.send(&FromWriter::Ready, Vec::new())?;
+            }
+            ToWriter::MapHost => {
+                let fd = fds.pop().ok_or_else(|| ProbeError::Other("no memfd came with MapHost".to_owned()))?;
+                let memory = SharedMemory::from_fd(fd, HOST_WORDS * 8).map_err(other)?;
+                side.memory = Some(OwnedMemory::Host(Arc::new(SharedObject::new(memory).map_err(other)?)));
+                channel.send(&FromWriter::Ready, Vec::new())?;
+            }
+            ToWriter::Start(plan) => {
+                running = Some((side.start(plan)?, plan));
+                channel.send(&FromWriter::Started, Vec::new())?;
+            }
+            ToWriter::Finish => {
+                let report = match running.take() {
+                    Some((writer, plan)) => side.finish(writer, plan),
+                    None => WriterReport { error: Some("no cell was running".to_owned()), ..WriterReport::default() },
+                };
+                channel.send(&FromWriter::Finished(report), Vec::new())?;
+            }
+            ToWriter::Exit => return Ok(()),
+        }
+    }
+}
