@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         Command::Probe(probe) => probe.run(),
         Command::Report(args) => probes::report::main(&args),
         Command::Bench(command) => bench::main(&command),
-        Command::ProbeChild { socket } => harness::child::serve(&socket, |task, channel| {
+        Command::ProbeChild { socket } => harness::run::serve(&socket, |task, channel| {
             // A role is `<room>-<role>`: the benchmark's own, or a probe's.
             if task.role.starts_with(bench::ROLE_PREFIX) {
                 bench::child(task, channel)

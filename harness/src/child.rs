@@ -17,11 +17,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::wire::{WireError, recv_bytes, send_bytes};
-use serde::Deserialize;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::exit::{EXIT_FAILED, EXIT_OK};
-use crate::run::ProbeError;
 use serde::de::DeserializeOwned;
 
 /// Longest JSON message accepted (arrays of timestamps travel through shared memory, not here).
@@ -268,36 +265,6 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The helper process's side of `gpu-ipc probe-child --socket PATH`: connects, reads its task and hands it to
-/// `run`, the command's dispatch to the room that owns the task. Returns the exit status (0 done, 1 failed; the
-/// failure is also reported over the channel where possible).
-pub fn serve(socket: &Path, run: impl FnOnce(ChildTask, &Channel) -> Result<(), ProbeError>) -> u8 {
-    let channel = match Channel::connect(socket) {
-        Ok(channel) => channel,
-        Err(e) => {
-            eprintln!("gpu-ipc probe-child: {e}");
-            return EXIT_FAILED;
-        }
-    };
-    let task: ChildTask = match channel.recv_plain(Duration::from_secs(30)) {
-        Ok(task) => task,
-        Err(e) => {
-            eprintln!("gpu-ipc probe-child: no task: {e}");
-            return EXIT_FAILED;
-        }
-    };
-    let role = task.role.clone();
-    let result = run(task, &channel);
-    match result {
-        Ok(()) => EXIT_OK,
-        Err(e) => {
-            eprintln!("gpu-ipc probe-child ({role}): {e}");
-            let _ = channel.send(&ChildFailure { error: e.to_string() }, Vec::new());
-            EXIT_FAILED
-        }
     }
 }
 

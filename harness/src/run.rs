@@ -1,14 +1,16 @@
 //! How one measurement runs, the same for every probe and the pipeline benchmark: the options they all take
 //! ([`CommonArgs`]), the JSON envelope they all write ([`ProbeOutput`] with its [`Verdict`]), why one could not
-//! finish ([`ProbeError`]), and [`execute`], which collects the environment, runs, writes and prints.
+//! finish ([`ProbeError`]), and [`execute`], which collects the environment, runs, writes and prints; [`serve`] is
+//! the same for a helper process.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::child::ChannelError;
+use crate::child::{Channel, ChannelError, ChildFailure, ChildTask};
 use crate::env::{self, ProbeEnv};
 use crate::exit::{EXIT_FAILED, EXIT_OK};
 use crate::progress;
@@ -160,4 +162,34 @@ fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
         std::fs::create_dir_all(parent)?;
     }
     std::fs::write(path, format!("{text}\n"))
+}
+
+/// The helper process's side of `gpu-ipc probe-child --socket PATH`: connects, reads its task and hands it to
+/// `run`, the command's dispatch to the room that owns the task. Returns the exit status (0 done, 1 failed; the
+/// failure is also reported over the channel where possible).
+pub fn serve(socket: &Path, run: impl FnOnce(ChildTask, &Channel) -> Result<(), ProbeError>) -> u8 {
+    let channel = match Channel::connect(socket) {
+        Ok(channel) => channel,
+        Err(e) => {
+            eprintln!("gpu-ipc probe-child: {e}");
+            return EXIT_FAILED;
+        }
+    };
+    let task: ChildTask = match channel.recv_plain(Duration::from_secs(30)) {
+        Ok(task) => task,
+        Err(e) => {
+            eprintln!("gpu-ipc probe-child: no task: {e}");
+            return EXIT_FAILED;
+        }
+    };
+    let role = task.role.clone();
+    let result = run(task, &channel);
+    match result {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("gpu-ipc probe-child ({role}): {e}");
+            let _ = channel.send(&ChildFailure { error: e.to_string() }, Vec::new());
+            EXIT_FAILED
+        }
+    }
 }

@@ -34,7 +34,7 @@ pub trait Probe: Sync {
     /// The helper process's side: runs `task`, one of this probe's roles.
     ///
     /// # Errors
-    /// An unknown role, or the role's failure (reported to the parent by [`harness::child::serve`]).
+    /// An unknown role, or the role's failure (reported to the parent by [`harness::run::serve`]).
     fn child(&self, task: ChildTask, channel: &Channel) -> Result<(), ProbeError>;
 
     /// The verdict this version draws from recorded `results`, so that a report rendered later from recorded JSON

@@ -8,7 +8,7 @@
 //! observer, reads `cuMemGetInfo` from a context of its own before, during and after the trial (with
 //! `nvidia-smi` at the key points), which tells when the allocation's memory was given back. Every case runs on
 //! every backend, many times; the result is counts per outcome and distributions of times, and a verdict computed
-//! from them ([`model::verdict`]).
+//! from them ([`summary::verdict`]).
 //!
 //! Under MPS every client shares one server, and a death can fault the server: every client connected at that
 //! moment (the observer too, which never touches the shared memory) loses its context with a sticky error. Such a
@@ -22,6 +22,7 @@ mod child;
 pub mod model;
 pub mod protocol;
 pub mod render;
+pub mod summary;
 mod trial;
 
 use std::time::{Duration, Instant};
@@ -36,7 +37,8 @@ use harness::report::{Plots, ReportSection};
 use harness::{CommonArgs, ProbeError, ProbeOutput, Verdict};
 
 pub use child::child;
-pub use model::{CellSummary, CrashCase, TrialRecord};
+pub use model::{CrashCase, TrialRecord};
+pub use summary::CellSummary;
 pub use render::render_text;
 
 /// Repetitions of each case on each backend in a full pass.
@@ -101,7 +103,7 @@ pub struct Results {
 impl Results {
     /// Results from recorded trials: the cells are recomputed from them.
     pub fn from_trials(settings: CrashSettings, trials: Vec<TrialRecord>, stopped: Option<String>) -> Self {
-        Self { settings, cells: model::summarize(&trials), trials, stopped }
+        Self { settings, cells: summary::summarize(&trials), trials, stopped }
     }
 
     /// The results as the current probe reads them: trials recorded by an older probe that had no fault outcome
@@ -120,7 +122,7 @@ impl Results {
 
     /// The verdict on these results (`mps`: whether they were measured under MPS).
     pub fn verdict(&self, mps: bool) -> Verdict {
-        model::verdict(&self.cells, mps, self.stopped.as_deref())
+        summary::verdict(&self.cells, mps, self.stopped.as_deref())
     }
 }
 

@@ -3,7 +3,8 @@
 use std::fmt::Write as _;
 
 use super::Results;
-use super::model::{self, CellSummary, MemoryReturn, WaitOutcome};
+use super::model::{self, MemoryReturn, WaitOutcome};
+use super::summary::{self, CellSummary};
 use harness::ProbeOutput;
 use harness::report::{Plots, ReportSection};
 use harness::stats::Distribution;
@@ -175,7 +176,7 @@ pub fn report_section(
             run.env.commit
         );
         let _ = writeln!(body, "{}.\n", capitalized(&run_line(results)));
-        if let Some(finding) = model::fault_finding(&results.cells, run.env.mps) {
+        if let Some(finding) = summary::fault_finding(&results.cells, run.env.mps) {
             let _ = writeln!(body, "{}\n", fault_paragraph(&finding, results, run.env.mps));
         }
         body.push_str(&outcome_table(&results.cells));
@@ -639,7 +640,7 @@ mod recorded {
     #[test]
     fn a_recorded_run_reads_back_and_its_counts_and_verdict_are_recomputed() {
         let output: ProbeOutput<Results> = serde_json::from_str(RECORDED).unwrap();
-        assert_eq!(output.results.cells, model::summarize(&output.results.trials));
+        assert_eq!(output.results.cells, summary::summarize(&output.results.trials));
         assert_eq!(output.verdict, output.results.verdict(false));
         assert!(
             output.verdict.answer.starts_with("Partly: in 17 of 17 exporter deaths the importer kept reading"),

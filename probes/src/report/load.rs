@@ -8,11 +8,66 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::Pass;
-use super::render::{PassInput, ProbeInputs, ReportInputs};
-use super::run::{RUN_LOG_FILE, RunLog};
+use super::run::{RUN_LOG_FILE, RunLog, RunStatus};
 use crate::ProbeName;
 use harness::report::{Plots, ReportSection};
 use harness::{ProbeOutput, SCHEMA_VERSION};
+
+/// What the report is made from.
+#[derive(Debug)]
+pub struct ReportInputs {
+    /// Each probe, in report order.
+    pub probes: Vec<ProbeInputs>,
+    /// The passes asked for.
+    pub passes: Vec<Pass>,
+    /// The log of the report run that produced the documents, when known.
+    pub run_log: Option<RunLog>,
+    /// This report's command line.
+    pub command: String,
+    /// Where the documents were read from.
+    pub source_dir: PathBuf,
+}
+
+/// One probe's documents.
+#[derive(Debug)]
+pub struct ProbeInputs {
+    /// Which probe.
+    pub probe: ProbeName,
+    /// One per pass asked for.
+    pub passes: Vec<PassInput>,
+}
+
+/// One probe's document in one pass.
+#[derive(Debug)]
+pub struct PassInput {
+    /// Which pass.
+    pub pass: Pass,
+    /// The file it was read from.
+    pub source: PathBuf,
+    /// The document, or why there is none.
+    pub document: Result<ProbeOutput<Value>, String>,
+    /// How its run ended, when the run log says.
+    pub run: Option<RunStatus>,
+}
+
+impl PassInput {
+    pub(crate) fn doc(&self) -> Option<&ProbeOutput<Value>> {
+        self.document.as_ref().ok()
+    }
+
+    /// Why this pass has no document: its run's failure when known, else the loading error.
+    pub(crate) fn why_missing(&self) -> Option<String> {
+        let error = self.document.as_ref().err()?;
+        Some(match &self.run {
+            // A file that is there but does not read is named with its error even when the run failed.
+            Some(status) if !status.is_ok() && self.source.exists() => {
+                format!("{}: {}; {error}", self.pass.label(), status.describe())
+            }
+            Some(status) if !status.is_ok() => format!("{}: {}", self.pass.label(), status.describe()),
+            _ => format!("{}: {error}", self.pass.label()),
+        })
+    }
+}
 
 /// Reads `path` as a probe's document; `Err` names the file (as `shown_as`, so that a report reads the same
 /// wherever its documents were read from) and says what is wrong with it.
