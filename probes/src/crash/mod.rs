@@ -38,8 +38,8 @@ use harness::{CommonArgs, ProbeError, ProbeOutput, Verdict};
 
 pub use child::child;
 pub use model::{CrashCase, TrialRecord};
-pub use summary::CellSummary;
 pub use render::render_text;
+pub use summary::CellSummary;
 
 /// Repetitions of each case on each backend in a full pass.
 pub const FULL_REPETITIONS: u32 = 20;

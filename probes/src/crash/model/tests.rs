@@ -123,11 +123,8 @@ fn cuda_errors_are_named_by_their_code() {
 #[test]
 fn an_mps_fault_is_its_own_outcome_and_comes_first_in_the_verdict() {
     let results = mps_fault_run();
-    let cell = results
-        .cells
-        .iter()
-        .find(|c| c.backend == "vmm" && c.case == CrashCase::ImporterKillDuringGpuWait)
-        .unwrap();
+    let cell =
+        results.cells.iter().find(|c| c.backend == "vmm" && c.case == CrashCase::ImporterKillDuringGpuWait).unwrap();
     assert_eq!((cell.trials, cell.not_run, cell.faults, cell.completed), (1, 2, 1, 0));
     assert_eq!(cell.failed, vec![(FailureKind::MpsServerFault, 1)]);
     assert_eq!(cell.failed_total(), 1);
@@ -149,8 +146,7 @@ fn an_mps_fault_is_its_own_outcome_and_comes_first_in_the_verdict() {
     // Without MPS the same records name a lost context, not the server.
     let v = verdict(&results.cells, false, None);
     assert!(
-        v.answer
-            .contains("broke a process that was never killed: CUDA_ERROR_ILLEGAL_ADDRESS (700) in the observer"),
+        v.answer.contains("broke a process that was never killed: CUDA_ERROR_ILLEGAL_ADDRESS (700) in the observer"),
         "{}",
         v.answer
     );
@@ -180,10 +176,8 @@ fn a_fault_is_never_a_yes_and_everything_faulted_is_unknown_with_the_finding() {
     );
     // One healthy trial beside a fault: "Partly", never "Yes".
     let mut trials = healthy_run(1);
-    let t = trials
-        .iter_mut()
-        .find(|t| t.backend == "legacy" && t.case == CrashCase::ImporterKillDuringGpuWait)
-        .unwrap();
+    let t =
+        trials.iter_mut().find(|t| t.backend == "legacy" && t.case == CrashCase::ImporterKillDuringGpuWait).unwrap();
     t.failure = Some(TrialFailure {
         kind: FailureKind::MpsServerFault,
         stage: "observer after the death".into(),
@@ -196,9 +190,8 @@ fn a_fault_is_never_a_yes_and_everything_faulted_is_unknown_with_the_finding() {
 #[test]
 fn old_records_of_a_fault_are_reinterpreted_and_new_ones_left_alone() {
     let mut trials = healthy_run(1);
-    let observer_setup = |detail: &str| {
-        Some(TrialFailure { kind: FailureKind::Setup, stage: "observer".into(), detail: detail.into() })
-    };
+    let observer_setup =
+        |detail: &str| Some(TrialFailure { kind: FailureKind::Setup, stage: "observer".into(), detail: detail.into() });
     // Before any death: a setup failure of the observer stays one.
     trials[0].failure = observer_setup("probe channel: peer hung up during send");
     trials[0].victim_reap_ms = None;

@@ -50,11 +50,8 @@ impl SectionSource for FakeSections {
                 ReportSection {
                     probe: "overhead".into(),
                     question: "Is imported memory slower?".into(),
-                    answer: "No: imported memory reads at the same speed (largest difference -0.4%, noise 1.2%)"
-                        .into(),
-                    body: format!(
-                        "| size | local | imported |\n|---|---|---|\n| 256 MiB | 3010 | 3002 |\n\n{chart}"
-                    ),
+                    answer: "No: imported memory reads at the same speed (largest difference -0.4%, noise 1.2%)".into(),
+                    body: format!("| size | local | imported |\n|---|---|---|\n| 256 MiB | 3010 | 3002 |\n\n{chart}"),
                 }
             }
             "coherency" => ReportSection::missing("coherency"),
@@ -110,14 +107,10 @@ fn a_report_from_recorded_json() {
     assert!(lines[1].contains("A write is seen within 1.2 us with ld.acquire.sys"), "{}", lines[1]);
     assert!(lines[1].contains("; under MPS: A write is seen within 0.9 us"), "{}", lines[1]);
     // The panicking section is a problem in the report, and its verdicts stand in.
+    assert!(lines[2].starts_with("- **What can be shared how.** Legacy IPC shares cuMemAlloc memory"), "{}", lines[2]);
     assert!(
-        lines[2].starts_with("- **What can be shared how.** Legacy IPC shares cuMemAlloc memory"),
-        "{}",
-        lines[2]
+        md.contains("> **Problem:** the vmm-compat section could not be rendered (it panicked: index out of bounds)")
     );
-    assert!(md.contains(
-        "> **Problem:** the vmm-compat section could not be rendered (it panicked: index out of bounds)"
-    ));
     assert!(md.contains("> **Problem:** under MPS: TIMED OUT after 900 s (killed)"), "{md}");
     assert!(lines[3].starts_with("- **Surviving a crash.** Yes for the importer's death"));
     // The broken document is named with its error, and the run's failure is said.
@@ -145,27 +138,20 @@ fn a_report_from_recorded_json() {
 #[test]
 fn the_json_summary_names_every_pass() {
     let report = build(&inputs(), &FakeSections);
-    let json = serde_json::to_value(JsonSummary {
-        report: "x".into(),
-        complete: report.complete,
-        answers: report.answers,
-    })
-    .unwrap();
+    let json =
+        serde_json::to_value(JsonSummary { report: "x".into(), complete: report.complete, answers: report.answers })
+            .unwrap();
     assert_eq!(json["answers"].as_array().unwrap().len(), 4);
     assert_eq!(json["answers"][2]["probe"], "vmm-compat");
     assert_eq!(json["answers"][2]["passes"][1]["pass"], "mps");
     assert_eq!(json["answers"][2]["passes"][1]["status"], "under MPS: TIMED OUT after 900 s (killed)");
-    assert_eq!(
-        json["answers"][0]["passes"][0]["key_figure"],
-        "largest read-bandwidth difference: -0.4% (noise 1.2%)"
-    );
+    assert_eq!(json["answers"][0]["passes"][0]["key_figure"], "largest read-bandwidth difference: -0.4% (noise 1.2%)");
 }
 
 #[test]
 fn nothing_to_read_gives_a_report_that_says_so() {
     let empty = PrivateDir::new("test-empty").unwrap();
-    let inputs =
-        load_inputs(empty.path(), &ProbeName::all(), &[Pass::NoMps], None, "gpu-ipc report --from x --no-mps");
+    let inputs = load_inputs(empty.path(), &ProbeName::all(), &[Pass::NoMps], None, "gpu-ipc report --from x --no-mps");
     let report = build(&inputs, &FakeSections);
     assert!(!report.complete);
     let first = &report.answers[0].answer;
@@ -175,9 +161,7 @@ fn nothing_to_read_gives_a_report_that_says_so() {
     );
     assert!(report.markdown.contains("| Devices | unknown (no probe produced a result) |"));
     assert!(
-        report
-            .markdown
-            .contains("| Passes | without MPS: 0 of 4 probes produced a result; under MPS: not asked for |")
+        report.markdown.contains("| Passes | without MPS: 0 of 4 probes produced a result; under MPS: not asked for |")
     );
     assert!(report.charts.is_empty());
 }
@@ -202,9 +186,9 @@ fn a_skipped_mps_pass_is_reported_as_skipped() {
     );
     let report = build(&inputs, &FakeSections);
     assert!(
-        report.markdown.contains(
-            "| Passes | without MPS: ran; under MPS: SKIPPED (nvidia-cuda-mps-control not found on PATH) |"
-        ),
+        report
+            .markdown
+            .contains("| Passes | without MPS: ran; under MPS: SKIPPED (nvidia-cuda-mps-control not found on PATH) |"),
         "{}",
         report.markdown
     );
