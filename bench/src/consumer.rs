@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use gpu_ipc::BackendVisitor;
+use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, HostRegistration, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
@@ -83,7 +83,8 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     }
     let stamps = PublishStamps::open(fds.remove(0)).map_err(|e| ProbeError::Other(e.to_string()))?;
     let report = match plan.spec {
-        RowSpec::Ours { backend, .. } => backend.dispatch(OursConsumer { plan: &plan, stamps: &stamps })?,
+        RowSpec::Ours { backend, .. } => gpu_ipc::dispatch_gpu(backend, OursConsumer { plan: &plan, stamps: &stamps })
+            .unwrap_or_else(|e| Err(ProbeError::Other(e.to_string())))?,
         RowSpec::Study { design } => study_consumer(&plan, design, &setup, fds, &stamps, channel)?,
         RowSpec::SingleProcess | RowSpec::SingleProcessPipelined { .. } | RowSpec::Bandwidth => {
             return Err(ProbeError::Other("the references run without a consumer process".into()));
@@ -182,7 +183,7 @@ struct OursConsumer<'a> {
     stamps: &'a PublishStamps,
 }
 
-impl BackendVisitor for OursConsumer<'_> {
+impl GpuBackendVisitor for OursConsumer<'_> {
     type Output = Result<ConsumerReport, ProbeError>;
 
     fn visit<B: GpuBackend>(self) -> Self::Output {
@@ -205,7 +206,7 @@ impl BackendVisitor for OursConsumer<'_> {
         let mut window = Window::new(self.stamps, plan);
         while consumer.next_sequence() < plan.frames_total {
             let frame = consumer.next_frame(Some(&gpu.stream), timeout).map_err(frame_error)?;
-            let seq = frame.seq;
+            let seq = frame.seq().0;
             window.started(seq);
             let span = consumer.frame_span(&frame).map_err(frame_error)?;
             gpu.kernels.verify(&gpu.stream, span, seq, gpu.mismatches.span())?;

@@ -26,7 +26,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 
 use harness::child::{Channel, ChildTask};
 use harness::exit::{EXIT_FAILED, EXIT_OK};
@@ -76,7 +76,7 @@ pub struct PipelineArgs {
     pub rows: Vec<String>,
     /// Our rows for this backend only (default: every backend built in).
     #[arg(long)]
-    pub backend: Option<BackendChoice>,
+    pub backend: Option<BackendKind>,
     /// Start a private MPS daemon, run the bench as its client, and stop it (without this flag the bench measures
     /// the machine as it finds it: its JSON says whether MPS was on).
     #[arg(long)]
@@ -111,7 +111,7 @@ impl PipelineArgs {
 
     /// The rows this run selects, in the order they run.
     pub fn selected_rows(&self) -> Vec<RowSpec> {
-        let backends: Vec<BackendChoice> = self.backend.map_or_else(|| BackendChoice::ALL.to_vec(), |b| vec![b]);
+        let backends: Vec<BackendKind> = self.backend.map_or_else(|| gpu_ipc::COMPILED_GPU.to_vec(), |b| vec![b]);
         rows::select(&rows::all_rows(&backends, self.common.quick), &self.rows)
     }
 }

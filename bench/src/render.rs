@@ -262,7 +262,6 @@ mod tests {
     use super::*;
     use crate::results::{LatencySummary, Measurement};
     use crate::rows::Strategy;
-    use gpu_ipc::BackendChoice;
 
     fn measured(fps: f64, latency: Option<(f64, f64, f64)>, mismatches: u64) -> RowOutcome {
         RowOutcome::Measured(Measurement {
@@ -292,7 +291,7 @@ mod tests {
     }
 
     fn recorded() -> PipelineResults {
-        let backend = BackendChoice::ALL[0];
+        let backend = gpu_ipc::COMPILED_GPU[0];
         let ours = |strategy, slots, consumers| RowSpec::Ours { backend, strategy, slots, consumers };
         let mut results = PipelineResults {
             frame_bytes: 24_883_200,
@@ -345,7 +344,7 @@ mod tests {
     fn the_verdict_names_the_best_clean_row_and_the_seed() {
         let results = recorded();
         let v = verdict(&results);
-        let backend = BackendChoice::ALL[0].name();
+        let backend = gpu_ipc::COMPILED_GPU[0].name();
         // The cpu-spin row is faster but read wrong data: it is not the best.
         assert!(
             v.answer.contains(&format!("ours-{backend}-gpu-stream-ops-s8-c1, ran 56000 FPS, 0.88x")),
@@ -384,7 +383,7 @@ mod tests {
     fn charts_and_svgs() {
         let results = recorded();
         let charts = charts(&results);
-        let backend = BackendChoice::ALL[0].name();
+        let backend = gpu_ipc::COMPILED_GPU[0].name();
         let stems: Vec<&str> = charts.iter().map(|c| c.file_stem.as_str()).collect();
         assert_eq!(stems, [format!("pipeline-fps-{backend}-c1"), format!("pipeline-latency-cdf-{backend}")]);
         let fps = &charts[0];

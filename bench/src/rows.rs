@@ -1,7 +1,7 @@
 //! What `gpu-ipc bench pipeline` measures: the rows (two references, the research's four designs, and ours over
 //! every backend, strategy, ring depth and consumer count), their names, and which of them a run selects.
 
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 use gpu_ipc::core::wire::SyncStrategy;
 use serde::{Deserialize, Serialize};
 
@@ -132,7 +132,7 @@ pub enum RowSpec {
     /// The frame API: a `Producer` and `consumers` `Consumer` processes.
     Ours {
         /// The backend.
-        backend: BackendChoice,
+        backend: BackendKind,
         /// The sync strategy.
         strategy: Strategy,
         /// Ring slots.
@@ -168,7 +168,7 @@ pub const PIPELINED_SLOTS: [u32; 2] = [2, 8];
 
 /// Every row of a run, references first: the full grid, or with `quick` slots 1 and 4 and 4 consumers only at 4
 /// slots.
-pub fn all_rows(backends: &[BackendChoice], quick: bool) -> Vec<RowSpec> {
+pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
     let mut rows = vec![RowSpec::SingleProcess];
     rows.extend(PIPELINED_SLOTS.iter().map(|&slots| RowSpec::SingleProcessPipelined { slots }));
     rows.push(RowSpec::Bandwidth);
@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn the_full_grid_and_the_quick_one() {
-        let backends = BackendChoice::ALL;
+        let backends = gpu_ipc::COMPILED_GPU;
         let full = all_rows(backends, false);
         assert_eq!(full.len(), 4 + 4 + backends.len() * 5 * 6 * 2);
         assert_eq!(full[0], RowSpec::SingleProcess);
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn names() {
-        let backend = BackendChoice::ALL[0];
+        let backend = gpu_ipc::COMPILED_GPU[0];
         let row = RowSpec::Ours { backend, strategy: Strategy::GpuStreamOps, slots: 16, consumers: 4 };
         assert_eq!(row.name(), format!("ours-{}-gpu-stream-ops-s16-c4", backend.name()));
         assert_eq!(RowSpec::Study { design: StudyDesign::LegacyIpcSpin }.name(), "study-d-ipc-spin");
@@ -243,8 +243,8 @@ mod tests {
 
     #[test]
     fn selection_keeps_references_and_matches_every_part() {
-        let rows = all_rows(BackendChoice::ALL, false);
-        let backend = BackendChoice::ALL[0].name();
+        let rows = all_rows(gpu_ipc::COMPILED_GPU, false);
+        let backend = gpu_ipc::COMPILED_GPU[0].name();
         let picked = select(&rows, &[format!("{backend}+gpu-stream-ops+-c4")]);
         let names: Vec<String> = picked.iter().map(RowSpec::name).collect();
         assert_eq!(names.len(), 4 + 6, "{names:?}");

@@ -14,7 +14,7 @@ use gpu_ipc::core::driver::{
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::sys::shm::SharedMemory;
 use gpu_ipc::kernels::launch::PatternKernels;
-use gpu_ipc::{BackendChoice, BackendVisitor};
+use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
 use super::consumer::{CONSUMER_ROLE, ConsumerMessage, ConsumerPlan, Setup};
 use super::results::{ConsumerReport, Measurement, RowOutcome, cpu_us_per_frame, fps, merge_consumers};
@@ -83,7 +83,8 @@ pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
         RowSpec::Bandwidth => bandwidth(gpu, cfg),
         RowSpec::Study { design } => study(gpu, cfg, spec, design),
         RowSpec::Ours { backend, strategy, slots, consumers } => {
-            backend.dispatch(OursProducer { gpu, cfg, spec, strategy, slots, consumers })
+            gpu_ipc::dispatch_gpu(backend, OursProducer { gpu, cfg, spec, strategy, slots, consumers })
+                .unwrap_or_else(|e| Err(ProbeError::Other(e.to_string())))
         }
     };
     // Leave nothing of a failed row queued for the next one.
@@ -380,7 +381,7 @@ struct OursProducer<'a> {
     consumers: u32,
 }
 
-impl BackendVisitor for OursProducer<'_> {
+impl GpuBackendVisitor for OursProducer<'_> {
     type Output = Result<Measurement, ProbeError>;
 
     fn visit<B: GpuBackend>(self) -> Self::Output {
@@ -411,12 +412,12 @@ impl BackendVisitor for OursProducer<'_> {
                 }
                 let slot = producer.acquire(Some(&stream), cfg.frame_timeout).map_err(frame_error)?;
                 let span = producer.slot_span(&slot).map_err(frame_error)?;
-                gpu.kernels.fill(&stream, span, slot.seq)?;
+                gpu.kernels.fill(&stream, span, slot.seq().0)?;
                 if !self.strategy.publishes_on_gpu() {
                     // `publish` would synchronise first anyway; doing it here times the publish after the fill.
                     stream.synchronize()?;
                 }
-                stamps.record(slot.seq, monotonic_ns());
+                stamps.record(slot.seq().0, monotonic_ns());
                 producer.publish(slot, Some(&stream)).map_err(frame_error)?;
             }
             producer.drain(Some(&stream), cfg.frame_timeout).map_err(frame_error)?;
@@ -497,7 +498,7 @@ fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) ->
         }
         host = Some(memory);
     } else {
-        let legacy: BackendChoice = "legacy"
+        let legacy: BackendKind = "legacy"
             .parse()
             .map_err(|e| ProbeError::Other(format!("the study's IPC designs need the legacy backend: {e}")))?;
         let region = ExportedRegion::allocate(legacy, &gpu.ctx, bytes)?;

@@ -101,7 +101,7 @@ fn gpu_side_at_every_slot_count(mps: &PipelineResults) -> Judged {
             .find(|(r, _)| r.spec == RowSpec::Ours { backend, strategy, slots, consumers })
             .map(|(_, m)| m.fps)
     };
-    let mut cells: Vec<(gpu_ipc::BackendChoice, u32, u32)> = mps
+    let mut cells: Vec<(gpu_ipc::BackendKind, u32, u32)> = mps
         .rows
         .iter()
         .filter_map(|r| match r.spec {
@@ -264,7 +264,7 @@ pub fn targets_main(args: &TargetsArgs) -> u8 {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use gpu_ipc::BackendChoice;
+    use gpu_ipc::BackendKind;
 
     use super::*;
     use crate::results::RowOutcome;
@@ -289,7 +289,7 @@ mod tests {
     }
 
     fn ours(strategy: Strategy, slots: u32, fps: f64, cpu: f64) -> RowResult {
-        row(RowSpec::Ours { backend: BackendChoice::Vmm, strategy, slots, consumers: 1 }, fps, cpu)
+        row(RowSpec::Ours { backend: BackendKind::Vmm, strategy, slots, consumers: 1 }, fps, cpu)
     }
 
     fn results(rows: Vec<RowResult>) -> PipelineResults {

@@ -29,7 +29,7 @@ use gpu_ipc::core::driver::{
 use gpu_ipc::core::frames::Consumer;
 use gpu_ipc::core::wire::SyncStrategy;
 use gpu_ipc::kernels::probe::{MEM_CHASE, MEM_READ, MEM_STORE_LATENCY, MEM_WRITE, ProbeKernels};
-use gpu_ipc::{BackendChoice, legacy::Legacy, vmm::Vmm};
+use gpu_ipc::{BackendKind, legacy::Legacy, vmm::Vmm};
 use gpu_ipc_benches::harness;
 use gpu_ipc_benches::memory::{LINE, launches_for, scale_to_iters, stride_chain};
 use gpu_ipc_benches::peer::{self, Helper, Role, attach_retrying, flat_geometry, socket_path};
@@ -170,7 +170,7 @@ impl Kinds {
         let vmm_local = <Vmm as gpu_ipc::core::backend::Backend>::allocate(ctx, BYTES).expect("local VMM allocation");
         let geometry = flat_geometry(BYTES).expect("geometry");
         let mut helpers = Vec::new();
-        let mut exporter = |backend: BackendChoice| {
+        let mut exporter = |backend: BackendKind| {
             let socket = socket_path(&format!("memory-{backend}"));
             let role = Role::Exporter {
                 backend,
@@ -183,8 +183,8 @@ impl Kinds {
             helpers.push(Helper::spawn(&format!("{backend} exporter"), &role).expect("exporter helper"));
             socket
         };
-        let legacy_socket = exporter(BackendChoice::Legacy);
-        let vmm_socket = exporter(BackendChoice::Vmm);
+        let legacy_socket = exporter(BackendKind::Legacy);
+        let vmm_socket = exporter(BackendKind::Vmm);
         let legacy_imported = attach_retrying::<Legacy>(ctx, &legacy_socket, "memory-bench").expect("legacy import");
         let vmm_imported = attach_retrying::<Vmm>(ctx, &vmm_socket, "memory-bench").expect("vmm import");
         Self { local, vmm_local, legacy_imported, vmm_imported, _helpers: helpers }

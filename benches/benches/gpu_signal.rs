@@ -26,7 +26,7 @@ use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
-use gpu_ipc::{BackendChoice, BackendVisitor};
+use gpu_ipc::{BackendKind, GpuBackendVisitor};
 use gpu_ipc_benches::harness::{self, record_one_by_one};
 use gpu_ipc_benches::peer::{self, Helper, Role, STRATEGIES, WAIT, attach_retrying, flat_geometry, socket_path};
 
@@ -46,7 +46,7 @@ struct PingPong<B: GpuBackend> {
 }
 
 impl<B: GpuBackend> PingPong<B> {
-    fn new(ctx: &Context, backend: BackendChoice, sync: SyncStrategy) -> Result<Self, FrameError> {
+    fn new(ctx: &Context, backend: BackendKind, sync: SyncStrategy) -> Result<Self, FrameError> {
         let (ping_path, pong_path) =
             (socket_path(&format!("ping-{backend}-{sync}")), socket_path(&format!("pong-{backend}-{sync}")));
         let geometry = flat_geometry(256).map_err(FrameError::Config)?;
@@ -107,10 +107,10 @@ fn gpu_side(sync: SyncStrategy) -> bool {
 struct RoundTrips<'a> {
     c: &'a mut Criterion,
     ctx: &'a Context,
-    backend: BackendChoice,
+    backend: BackendKind,
 }
 
-impl BackendVisitor for RoundTrips<'_> {
+impl GpuBackendVisitor for RoundTrips<'_> {
     type Output = ();
     fn visit<B: GpuBackend>(self) {
         let group_name = format!("round-trip-{}", self.backend);
@@ -141,10 +141,10 @@ impl BackendVisitor for RoundTrips<'_> {
 struct Attaches<'a> {
     c: &'a mut Criterion,
     ctx: &'a Context,
-    backend: BackendChoice,
+    backend: BackendKind,
 }
 
-impl BackendVisitor for Attaches<'_> {
+impl GpuBackendVisitor for Attaches<'_> {
     type Output = ();
     fn visit<B: GpuBackend>(self) {
         let group_name = format!("attach-{}", self.backend);
@@ -217,11 +217,15 @@ fn main() {
     peer::run_if_helper();
     let Some(ctx) = harness::gpu_or_skip("gpu_signal") else { return };
     let mut c = harness::criterion();
-    for &backend in BackendChoice::ALL {
-        backend.dispatch(RoundTrips { c: &mut c, ctx: &ctx, backend });
+    for &backend in gpu_ipc::COMPILED_GPU {
+        if let Err(e) = gpu_ipc::dispatch_gpu(backend, RoundTrips { c: &mut c, ctx: &ctx, backend }) {
+            eprintln!("gpu_signal: {e}");
+        }
     }
-    for &backend in BackendChoice::ALL {
-        backend.dispatch(Attaches { c: &mut c, ctx: &ctx, backend });
+    for &backend in gpu_ipc::COMPILED_GPU {
+        if let Err(e) = gpu_ipc::dispatch_gpu(backend, Attaches { c: &mut c, ctx: &ctx, backend }) {
+            eprintln!("gpu_signal: {e}");
+        }
     }
     c.final_summary();
 }

@@ -19,7 +19,7 @@ use gpu_ipc::core::backend::{Backend, GpuBackend};
 use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, SyncStrategy, WireError};
-use gpu_ipc::{BackendChoice, BackendVisitor};
+use gpu_ipc::{BackendKind, GpuBackendVisitor};
 use serde::{Deserialize, Serialize};
 
 /// The environment variable that makes a bench binary a helper process.
@@ -45,7 +45,7 @@ pub enum Role {
     /// measures, and what the attach bench attaches to.
     Exporter {
         /// The backend that allocates and exports the ring.
-        backend: BackendChoice,
+        backend: BackendKind,
         /// The strategy it offers.
         sync: SyncStrategy,
         /// Where it listens.
@@ -61,7 +61,7 @@ pub enum Role {
     /// own ring `pong` (one slot each).
     Echo {
         /// The backend of both rings.
-        backend: BackendChoice,
+        backend: BackendKind,
         /// The strategy of both rings.
         sync: SyncStrategy,
         /// The bench's ring, which this helper consumes.
@@ -202,7 +202,10 @@ pub fn run(role: Role) -> ExitCode {
     let backend = match &role {
         Role::Exporter { backend, .. } | Role::Echo { backend, .. } => *backend,
     };
-    match backend.dispatch(Play(role)) {
+    match gpu_ipc::dispatch_gpu(backend, Play(role))
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench helper: {e}");
@@ -213,7 +216,7 @@ pub fn run(role: Role) -> ExitCode {
 
 struct Play(Role);
 
-impl BackendVisitor for Play {
+impl GpuBackendVisitor for Play {
     type Output = Result<(), FrameError>;
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let parent_gone = watch_stdin();
@@ -302,7 +305,7 @@ mod tests {
     #[test]
     fn roles_travel_as_json() {
         let role = Role::Echo {
-            backend: BackendChoice::ALL[0],
+            backend: gpu_ipc::COMPILED_GPU[0],
             sync: SyncStrategy::GpuStreamOps,
             ping: "/tmp/a.sock".into(),
             pong: "/tmp/b.sock".into(),

@@ -16,7 +16,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use clap::Args;
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 use harness::cuda;
 use harness::exit::EXIT_NO_CUDA;
 
@@ -33,7 +33,7 @@ pub struct DoctorArgs {
     pub device: i32,
     /// Self-test only this backend (default: every backend built in: legacy, vmm).
     #[arg(long)]
-    pub backend: Option<BackendChoice>,
+    pub backend: Option<BackendKind>,
     /// Skip the end-to-end self-tests (facts and findings only).
     #[arg(long)]
     pub no_self_test: bool,
@@ -47,7 +47,7 @@ pub struct DoctorArgs {
     pub timeout: u64,
     /// Internal: the child process of a self-test.
     #[arg(long, hide = true, value_name = "BACKEND")]
-    pub self_test_child: Option<BackendChoice>,
+    pub self_test_child: Option<BackendKind>,
     /// Internal: the sync strategy of a self-test's child.
     #[arg(long, hide = true, value_name = "SYNC")]
     pub self_test_sync: Option<String>,
@@ -68,18 +68,18 @@ pub fn main(args: &DoctorArgs) -> u8 {
     let system = system::collect(&system::SystemRoot::real());
     let driver = cuda::driver_section();
     let devices = cuda::devices();
-    let built: Vec<report::Backend> = BackendChoice::ALL.iter().map(|b| report_backend(*b)).collect();
+    let built: Vec<report::Backend> = gpu_ipc::COMPILED_GPU.iter().filter_map(|b| report_backend(*b)).collect();
     let mut self_tests = Vec::new();
     let cuda_usable = driver.error.is_none() && !devices.is_empty();
     if cuda_usable && !args.no_self_test {
-        let chosen: Vec<BackendChoice> = args.backend.map_or_else(|| BackendChoice::ALL.to_vec(), |b| vec![b]);
-        for backend in chosen {
+        let chosen: Vec<BackendKind> = args.backend.map_or_else(|| gpu_ipc::COMPILED_GPU.to_vec(), |b| vec![b]);
+        for (backend, reported) in chosen.into_iter().filter_map(|b| report_backend(b).map(|r| (b, r))) {
             if progress {
                 eprintln!("gpu-ipc doctor: self-test of the {backend} backend on device {}...", args.device);
             }
             let outcome = selftest::run(backend, args.device, Duration::from_secs(args.timeout));
             self_tests.push(SelfTestResult {
-                backend: report_backend(backend),
+                backend: reported,
                 device_ordinal: u32::try_from(args.device).ok(),
                 verdict: if outcome.passed { SelfTestVerdict::Pass } else { SelfTestVerdict::Fail },
                 duration_ms: outcome.duration.as_secs_f64() * 1e3,
@@ -132,11 +132,13 @@ fn emit(report: &DoctorReport, json: bool) -> u8 {
     code
 }
 
-fn report_backend(b: BackendChoice) -> report::Backend {
+/// The doctor's name of a GPU backend compiled in; `None` for the host fake (nothing on a GPU to check).
+fn report_backend(b: BackendKind) -> Option<report::Backend> {
     match b {
         #[cfg(feature = "legacy")]
-        BackendChoice::Legacy => report::Backend::Legacy,
+        BackendKind::Legacy => Some(report::Backend::Legacy),
         #[cfg(feature = "vmm")]
-        BackendChoice::Vmm => report::Backend::Vmm,
+        BackendKind::Vmm => Some(report::Backend::Vmm),
+        _ => None,
     }
 }

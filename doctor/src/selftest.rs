@@ -21,7 +21,7 @@ use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, DriverError, St
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy, WireError};
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
-use gpu_ipc::{BackendChoice, BackendVisitor};
+use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
 /// The frame: 2048 x 2048 bytes, two 2 MiB VMM granules.
 const SIDE: u32 = 2048;
@@ -137,9 +137,10 @@ fn fix_for_driver(e: &DriverError) -> &'static str {
 }
 
 /// Runs the self-test of `backend` on device `ordinal`, giving the whole test `timeout`.
-pub fn run(backend: BackendChoice, ordinal: i32, timeout: Duration) -> SelfTestOutcome {
+pub fn run(backend: BackendKind, ordinal: i32, timeout: Duration) -> SelfTestOutcome {
     let start = Instant::now();
-    let result = backend.dispatch(Parent { backend, ordinal, deadline: start + timeout });
+    let result = gpu_ipc::dispatch_gpu(backend, Parent { backend, ordinal, deadline: start + timeout })
+        .unwrap_or_else(|e| Err(Failure::new(e.to_string(), "choose a GPU backend compiled into this build")));
     let duration = start.elapsed();
     match result {
         Ok(detail) => SelfTestOutcome { passed: true, detail, reason: None, fix: None, duration },
@@ -154,7 +155,7 @@ pub fn run(backend: BackendChoice, ordinal: i32, timeout: Duration) -> SelfTestO
 }
 
 struct Parent {
-    backend: BackendChoice,
+    backend: BackendKind,
     ordinal: i32,
     deadline: Instant,
 }
@@ -195,7 +196,7 @@ fn strategy_from_name(name: &str) -> Option<SyncStrategy> {
     .find(|s| strategy_name(*s) == name)
 }
 
-impl BackendVisitor for Parent {
+impl GpuBackendVisitor for Parent {
     type Output = Result<String, Failure>;
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let Parent { backend, ordinal, deadline } = self;
@@ -253,14 +254,14 @@ fn publish_frames<B: GpuBackend>(
     for _ in 0..FRAMES {
         let lease = producer.acquire(Some(stream), remaining(deadline))?;
         let span = producer.slot_span(&lease)?;
-        kernels.fill(stream, span, lease.seq)?;
+        kernels.fill(stream, span, lease.seq().0)?;
         producer.publish(lease, Some(stream))?;
     }
     producer.drain(Some(stream), remaining(deadline))?;
     Ok(())
 }
 
-fn spawn_child(backend: BackendChoice, ordinal: i32, sync: SyncStrategy, socket: &Path) -> Result<Child, Failure> {
+fn spawn_child(backend: BackendKind, ordinal: i32, sync: SyncStrategy, socket: &Path) -> Result<Child, Failure> {
     let exe = std::env::current_exe()?;
     let child = Command::new(exe)
         .arg("doctor")
@@ -329,13 +330,16 @@ fn finish_child(child: &mut Child, deadline: Instant) -> Result<ChildReport, Fai
 
 /// The child side: `gpu-ipc doctor --self-test-child BACKEND --self-test-sync SYNC --socket PATH`. Prints one JSON
 /// line (its report, or its failure with the fix) and returns the process exit status.
-pub fn child_main(backend: BackendChoice, sync: Option<&str>, ordinal: i32, socket: Option<&Path>) -> u8 {
+pub fn child_main(backend: BackendKind, sync: Option<&str>, ordinal: i32, socket: Option<&Path>) -> u8 {
     let Some(socket) = socket else {
         eprintln!("gpu-ipc: --self-test-child is internal to `gpu-ipc doctor` and needs --socket");
         return 2;
     };
     let sync = sync.and_then(strategy_from_name).unwrap_or(SyncStrategy::CpuSpin);
-    let (line, code) = match backend.dispatch(ChildSide { ordinal, sync, socket: socket.to_path_buf() }) {
+    let child = ChildSide { ordinal, sync, socket: socket.to_path_buf() };
+    let result = gpu_ipc::dispatch_gpu(backend, child)
+        .unwrap_or_else(|e| Err(Failure::new(e.to_string(), "choose a GPU backend compiled into this build")));
+    let (line, code) = match result {
         Ok(report) => (ChildLine::Done(report), 0),
         Err(f) => (ChildLine::Failed(f), 1),
     };
@@ -352,7 +356,7 @@ struct ChildSide {
     socket: PathBuf,
 }
 
-impl BackendVisitor for ChildSide {
+impl GpuBackendVisitor for ChildSide {
     type Output = Result<ChildReport, Failure>;
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -383,7 +387,7 @@ impl BackendVisitor for ChildSide {
         while frames < FRAMES {
             let frame = consumer.next_frame(Some(&stream), remaining(deadline))?;
             let span = consumer.frame_span(&frame)?;
-            kernels.verify(&stream, span, frame.seq, counter.span())?;
+            kernels.verify(&stream, span, frame.seq().0, counter.span())?;
             consumer.release(frame, Some(&stream))?;
             frames += 1;
         }

@@ -1,16 +1,19 @@
-//! What the `producer` and `consumer` example programs share: their command-line vocabulary and the summary
-//! each prints (one JSON object with `--json`).
+//! What the `producer` and `consumer` example programs share: their command-line vocabulary, how they fill and
+//! check frames ([`work`]: on a GPU, or on the host backend without one) and the summary each prints (one JSON
+//! object with `--json`).
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::FrameError;
-use gpu_ipc::core::wire::{PixelFormat, SyncStrategy};
+use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
+
+pub mod work;
 
 /// What both programs set up on the GPU: the device's context, the frame-pattern kernels and one stream.
 pub struct Gpu {
@@ -46,10 +49,12 @@ pub struct CommonArgs {
     /// Rendezvous socket (the producer creates it, consumers connect to it).
     #[arg(long, default_value = "/tmp/gpu-ipc-frames.sock")]
     pub socket: PathBuf,
-    /// Backend: legacy or vmm (consumers must match the producer's).
+    /// Backend: legacy, vmm, or host (host memory, CPU strategies only: a demo that needs no GPU). Consumers must
+    /// match the producer's.
     #[arg(long, default_value = "vmm")]
-    pub backend: BackendChoice,
-    /// How long to wait for the other side to show up, in seconds.
+    pub backend: BackendKind,
+    /// How long to wait for the other side to show up, in seconds (the producer for its consumers, a consumer for
+    /// its producer's socket).
     #[arg(long, default_value_t = 30)]
     pub attach_timeout: u64,
     /// CUDA device.
@@ -58,36 +63,6 @@ pub struct CommonArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Parses a sync strategy as the flags spell it: `cpu-spin`, `cpu-sleep`, `ipc-event`, `gpu-stream-ops`,
-/// `gpu-poll`.
-///
-/// # Errors
-/// The list of valid names.
-pub fn parse_sync(s: &str) -> Result<SyncStrategy, String> {
-    SYNC_NAMES
-        .iter()
-        .find(|(name, _)| *name == s)
-        .map(|(_, sync)| *sync)
-        .ok_or_else(|| format!("unknown sync strategy `{s}`; use one of: {}", sync_names().join(", ")))
-}
-
-/// The flag spelling of a sync strategy.
-pub fn sync_name(sync: SyncStrategy) -> &'static str {
-    SYNC_NAMES.iter().find(|(_, s)| *s == sync).map_or("unknown", |(name, _)| name)
-}
-
-const SYNC_NAMES: &[(&str, SyncStrategy)] = &[
-    ("cpu-spin", SyncStrategy::CpuSpin),
-    ("cpu-sleep", SyncStrategy::CpuSleep),
-    ("ipc-event", SyncStrategy::IpcEvent),
-    ("gpu-stream-ops", SyncStrategy::GpuStreamOps),
-    ("gpu-poll", SyncStrategy::GpuPoll),
-];
-
-fn sync_names() -> Vec<&'static str> {
-    SYNC_NAMES.iter().map(|(n, _)| *n).collect()
 }
 
 /// Parses a pixel format: `rgb8`, `rgba8`, `gray8`.
@@ -123,8 +98,27 @@ pub fn cpu_time() -> Duration {
     Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32)
 }
 
-/// Exit status of a consumer whose producer went away.
+/// Exit status of a program that found no CUDA driver (the same as the `gpu-ipc` command's).
+pub const EXIT_NO_DRIVER: u8 = 3;
+
+/// Exit status of a consumer whose producer died (not a clean end of stream, which exits 0).
 pub const EXIT_PRODUCER_GONE: u8 = 4;
+
+/// The exit status and the one line a program prints for `e`: [`EXIT_NO_DRIVER`] when the CUDA driver is missing
+/// (with the hint that `--backend host` runs without one), else 1.
+pub fn exit_for(program: &str, e: &FrameError) -> (u8, String) {
+    use gpu_ipc::core::driver::DriverError;
+    let no_driver = matches!(
+        e,
+        FrameError::Driver(DriverError::LibraryNotFound { .. })
+            | FrameError::Backend(gpu_ipc::core::backend::BackendError::Driver(DriverError::LibraryNotFound { .. }))
+    );
+    if no_driver {
+        (EXIT_NO_DRIVER, format!("{program}: {e} (`--backend host` runs the demo without a GPU)"))
+    } else {
+        (1, format!("{program}: {e}"))
+    }
+}
 
 /// Exit status of a consumer the producer evicted (it stopped releasing frames; see `consumer --stall-after`).
 pub const EXIT_EVICTED: u8 = 5;
@@ -192,15 +186,6 @@ pub fn stdin_closed_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn sync_names_round_trip() {
-        for (name, sync) in SYNC_NAMES {
-            assert_eq!(parse_sync(name).unwrap(), *sync);
-            assert_eq!(sync_name(*sync), *name);
-        }
-        assert!(parse_sync("spin").unwrap_err().contains("cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops, gpu-poll"));
-    }
 
     #[test]
     fn gap_meter_keeps_the_longest_gap_and_restarts_series() {

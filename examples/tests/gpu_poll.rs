@@ -99,12 +99,12 @@ fn gpu_poll_moves_verified_frames_to_two_consumers() {
     let start = Instant::now();
     for seq in 0..FRAMES {
         let lease = producer.acquire(Some(&producer_stream), T).unwrap();
-        assert_eq!(lease.seq, seq);
+        assert_eq!(lease.seq().0, seq);
         kernels.fill(&producer_stream, producer.slot_span(&lease).unwrap(), seq).unwrap();
         producer.publish(lease, Some(&producer_stream)).unwrap();
         for ((consumer, stream), counter) in consumers.iter_mut().zip(&streams).zip(&counters) {
             let frame = consumer.next_frame(Some(stream), T).unwrap();
-            assert_eq!(frame.seq, seq);
+            assert_eq!(frame.seq().0, seq);
             // The verify runs after the poll on the same stream: it reads the frame only once it is published.
             kernels.verify(stream, consumer.frame_span(&frame).unwrap(), seq, counter.span()).unwrap();
             consumer.release(frame, Some(stream)).unwrap();

@@ -1,110 +1,135 @@
 //! gpu-ipc: share GPU memory between processes through the CUDA driver API.
 //!
-//! This is the crate applications depend on. It re-exports the core ([`core`]: driver layer, backend trait,
-//! wire protocol, frame ring), the backends compiled in by Cargo feature (`legacy`, `vmm`; both by default), the
-//! embedded kernels, and [`BackendChoice`], which picks a compiled-in backend at run time (`--backend`).
+//! This is the crate applications depend on:
+//!
+//! ```toml
+//! [dependencies]
+//! gpu-ipc = { path = "../gpu-ipc/gpu-ipc" }   # features: legacy, vmm (both by default), cudarc (interop)
+//! ```
+//!
+//! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring), the backends compiled
+//! in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the host-memory fake that needs no GPU),
+//! the embedded kernels, and [`BackendKind`], the one name of a backend, with [`dispatch`] and [`dispatch_gpu`]
+//! to run code generic over the backend for a choice made at run time (`--backend`).
+//!
+//! The library logs through [`tracing`](https://docs.rs/tracing): install a subscriber (for example
+//! `tracing_subscriber::fmt().init()`) to see what it says about consumers attaching, dying or being evicted.
 //!
 //! ```no_run
-//! use gpu_ipc::{BackendChoice, BackendVisitor};
+//! use gpu_ipc::{BackendKind, GpuBackendVisitor};
 //! use gpu_ipc::core::backend::{Backend, GpuBackend};
 //!
 //! struct Name;
-//! impl BackendVisitor for Name {
+//! impl GpuBackendVisitor for Name {
 //!     type Output = &'static str;
 //!     fn visit<B: GpuBackend>(self) -> &'static str {
-//!         B::NAME
+//!         B::KIND.name()
 //!     }
 //! }
-//! let choice: BackendChoice = "vmm".parse().unwrap();
-//! assert_eq!(choice.dispatch(Name), "vmm");
+//! let kind: BackendKind = "vmm".parse()?;
+//! assert_eq!(gpu_ipc::dispatch_gpu(kind, Name)?, "vmm");
+//! // The host backend shares host memory: code that needs a GPU is refused it, with the reason.
+//! assert!(gpu_ipc::dispatch_gpu(BackendKind::HostFake, Name).is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 pub use gpu_ipc_kernels as kernels;
 pub use ipc_core as core;
+pub use ipc_core::fake as host;
 #[cfg(feature = "legacy")]
 pub use ipc_legacy as legacy;
 #[cfg(feature = "vmm")]
 pub use ipc_vmm as vmm;
 
-use ipc_core::backend::GpuBackend;
+pub use ipc_core::wire::{BackendKind, SyncStrategy, UnknownName};
+
+use ipc_core::backend::{Backend, GpuBackend};
 
 #[cfg(not(any(feature = "legacy", feature = "vmm")))]
 compile_error!("enable at least one backend feature of gpu-ipc: `legacy` or `vmm`");
 
-/// A GPU backend compiled into this build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendChoice {
-    /// `cuIpcGetMemHandle` / `cuIpcOpenMemHandle` (feature `legacy`).
+/// Every backend compiled into this build, the host fake last (it is always there).
+pub const COMPILED: &[BackendKind] = &[
     #[cfg(feature = "legacy")]
-    Legacy,
-    /// `cuMemCreate` + POSIX fd over `SCM_RIGHTS` (feature `vmm`).
+    BackendKind::Legacy,
     #[cfg(feature = "vmm")]
-    Vmm,
-}
+    BackendKind::Vmm,
+    BackendKind::HostFake,
+];
 
-/// Code that is generic over the backend, run for a [`BackendChoice`] made at run time.
+/// The GPU backends compiled into this build (`legacy`, `vmm`).
+pub const COMPILED_GPU: &[BackendKind] = &[
+    #[cfg(feature = "legacy")]
+    BackendKind::Legacy,
+    #[cfg(feature = "vmm")]
+    BackendKind::Vmm,
+];
+
+/// Code generic over the backend, the host fake included, run for a [`BackendKind`] chosen at run time.
 pub trait BackendVisitor {
     /// What the code returns.
     type Output;
-    /// Runs the code with `B` as the backend (a [`GpuBackend`]: a CUDA context, and regions that lend their memory
-    /// to kernels as spans).
+    /// Runs the code with `B` as the backend.
+    fn visit<B: Backend>(self) -> Self::Output;
+}
+
+/// Code generic over a GPU backend (a CUDA context, and regions that lend their memory to kernels as spans), run
+/// for a [`BackendKind`] chosen at run time.
+pub trait GpuBackendVisitor {
+    /// What the code returns.
+    type Output;
+    /// Runs the code with `B` as the backend.
     fn visit<B: GpuBackend>(self) -> Self::Output;
 }
 
-impl BackendChoice {
-    /// Every backend compiled in.
-    pub const ALL: &'static [BackendChoice] = &[
+/// A backend this build cannot run for the code asked: not compiled in, or the host fake where a GPU is needed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", unavailable_message(*.kind, *.needs_gpu))]
+pub struct BackendUnavailable {
+    /// The backend asked for.
+    pub kind: BackendKind,
+    /// Whether the code needs a GPU backend.
+    pub needs_gpu: bool,
+}
+
+fn unavailable_message(kind: BackendKind, needs_gpu: bool) -> String {
+    let names = |list: &[BackendKind]| list.iter().map(|b| b.name()).collect::<Vec<_>>().join(", ");
+    if needs_gpu && !kind.is_gpu() {
+        format!("the {kind} backend shares host memory and runs no GPU work; use one of: {}", names(COMPILED_GPU))
+    } else {
+        format!(
+            "the {kind} backend is not compiled into this build (Cargo feature `{kind}` of gpu-ipc); this build has: {}",
+            names(if needs_gpu { COMPILED_GPU } else { COMPILED })
+        )
+    }
+}
+
+/// Runs `visitor` with `kind`'s backend type.
+///
+/// # Errors
+/// [`BackendUnavailable`] when `kind` is not compiled into this build.
+pub fn dispatch<V: BackendVisitor>(kind: BackendKind, visitor: V) -> Result<V::Output, BackendUnavailable> {
+    match kind {
         #[cfg(feature = "legacy")]
-        BackendChoice::Legacy,
+        BackendKind::Legacy => Ok(visitor.visit::<ipc_legacy::Legacy>()),
         #[cfg(feature = "vmm")]
-        BackendChoice::Vmm,
-    ];
-
-    /// The name `--backend` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            #[cfg(feature = "legacy")]
-            Self::Legacy => "legacy",
-            #[cfg(feature = "vmm")]
-            Self::Vmm => "vmm",
-        }
-    }
-
-    /// Runs `visitor` with this backend's type.
-    pub fn dispatch<V: BackendVisitor>(self, visitor: V) -> V::Output {
-        match self {
-            #[cfg(feature = "legacy")]
-            Self::Legacy => visitor.visit::<ipc_legacy::Legacy>(),
-            #[cfg(feature = "vmm")]
-            Self::Vmm => visitor.visit::<ipc_vmm::Vmm>(),
-        }
+        BackendKind::Vmm => Ok(visitor.visit::<ipc_vmm::Vmm>()),
+        BackendKind::HostFake => Ok(visitor.visit::<ipc_core::fake::HostFake>()),
+        _ => Err(BackendUnavailable { kind, needs_gpu: false }),
     }
 }
 
-impl std::fmt::Display for BackendChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A `--backend` value that names no compiled-in backend.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownBackend(pub String);
-
-impl std::fmt::Display for UnknownBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = BackendChoice::ALL.iter().map(|b| b.name()).collect();
-        write!(f, "unknown backend `{}`; this build has: {}", self.0, names.join(", "))
-    }
-}
-
-impl std::error::Error for UnknownBackend {}
-
-impl std::str::FromStr for BackendChoice {
-    type Err = UnknownBackend;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        BackendChoice::ALL.iter().copied().find(|b| b.name() == s).ok_or_else(|| UnknownBackend(s.to_owned()))
+/// Runs `visitor` with `kind`'s backend type, a GPU backend.
+///
+/// # Errors
+/// [`BackendUnavailable`] for the host fake, or a backend not compiled into this build.
+pub fn dispatch_gpu<V: GpuBackendVisitor>(kind: BackendKind, visitor: V) -> Result<V::Output, BackendUnavailable> {
+    match kind {
+        #[cfg(feature = "legacy")]
+        BackendKind::Legacy => Ok(visitor.visit::<ipc_legacy::Legacy>()),
+        #[cfg(feature = "vmm")]
+        BackendKind::Vmm => Ok(visitor.visit::<ipc_vmm::Vmm>()),
+        _ => Err(BackendUnavailable { kind, needs_gpu: true }),
     }
 }
 
@@ -114,27 +139,56 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_compiled_backend_round_trips_through_its_name() {
-        assert!(!BackendChoice::ALL.is_empty());
-        for b in BackendChoice::ALL {
-            assert_eq!(b.name().parse::<BackendChoice>().unwrap(), *b);
+    fn every_backend_round_trips_through_its_name_and_serde() {
+        for b in BackendKind::ALL {
+            assert_eq!(b.name().parse::<BackendKind>().unwrap(), b);
             assert_eq!(b.to_string(), b.name());
+            let json = serde_json::to_string(&b).unwrap();
+            assert_eq!(json, format!("\"{}\"", b.name()));
+            assert_eq!(serde_json::from_str::<BackendKind>(&json).unwrap(), b);
         }
-        let err = "cuda9".parse::<BackendChoice>().unwrap_err();
-        assert!(err.to_string().starts_with("unknown backend `cuda9`; this build has:"), "{err}");
+        // Names written before there was one word for a backend are still read.
+        assert_eq!(serde_json::from_str::<BackendKind>("\"HostFake\"").unwrap(), BackendKind::HostFake);
+        assert_eq!("host-fake".parse::<BackendKind>().unwrap(), BackendKind::HostFake);
+        let err = "cuda9".parse::<BackendKind>().unwrap_err();
+        assert_eq!(err.to_string(), "unknown backend `cuda9`; expected one of: legacy, vmm, host");
     }
 
-    #[cfg(all(feature = "legacy", feature = "vmm"))]
     #[test]
-    fn dispatch_runs_the_chosen_backend() {
-        struct Name;
-        impl BackendVisitor for Name {
-            type Output = &'static str;
-            fn visit<B: GpuBackend>(self) -> &'static str {
-                B::NAME
-            }
+    fn every_strategy_round_trips_through_its_cli_name_and_serde() {
+        for s in SyncStrategy::ALL {
+            assert_eq!(s.name().parse::<SyncStrategy>().unwrap(), s);
+            assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{}\"", s.name()));
         }
-        assert_eq!(BackendChoice::Legacy.dispatch(Name), "legacy");
-        assert_eq!(BackendChoice::Vmm.dispatch(Name), "vmm");
+        assert_eq!(serde_json::from_str::<SyncStrategy>("\"GpuStreamOps\"").unwrap(), SyncStrategy::GpuStreamOps);
+        let err = "gpu-spin".parse::<SyncStrategy>().unwrap_err();
+        assert!(err.to_string().contains("cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops, gpu-poll"), "{err}");
+    }
+
+    struct Name;
+    impl BackendVisitor for Name {
+        type Output = &'static str;
+        fn visit<B: Backend>(self) -> &'static str {
+            B::KIND.name()
+        }
+    }
+    impl GpuBackendVisitor for Name {
+        type Output = &'static str;
+        fn visit<B: GpuBackend>(self) -> &'static str {
+            B::KIND.name()
+        }
+    }
+
+    #[test]
+    fn dispatch_runs_the_chosen_backend_and_refuses_the_host_fake_where_a_gpu_is_needed() {
+        for &b in COMPILED {
+            assert_eq!(dispatch(b, Name).unwrap(), b.name());
+        }
+        for &b in COMPILED_GPU {
+            assert_eq!(dispatch_gpu(b, Name).unwrap(), b.name());
+        }
+        let err = dispatch_gpu(BackendKind::HostFake, Name).unwrap_err();
+        assert!(err.to_string().starts_with("the host backend shares host memory"), "{err}");
+        assert!(COMPILED.contains(&BackendKind::HostFake));
     }
 }

@@ -3,7 +3,7 @@
 
 use std::os::fd::OwnedFd;
 
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::{Backend, BackendError, ExportedHandle};
 use gpu_ipc::core::driver::{Context, DeviceMemory, DeviceSpan};
 
@@ -33,7 +33,7 @@ pub enum ImportedRegion {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct HandleMessage {
     /// The backend that made it.
-    pub backend: BackendChoice,
+    pub backend: BackendKind,
     /// The handle bytes (64 for legacy; empty for VMM, whose fd travels with `SCM_RIGHTS`).
     pub bytes: Vec<u8>,
     /// The allocation's size.
@@ -45,12 +45,13 @@ impl ExportedRegion {
     ///
     /// # Errors
     /// The backend's refusal or the driver's error.
-    pub fn allocate(backend: BackendChoice, ctx: &Context, bytes: u64) -> Result<Self, BackendError> {
+    pub fn allocate(backend: BackendKind, ctx: &Context, bytes: u64) -> Result<Self, BackendError> {
         Ok(match backend {
             #[cfg(feature = "legacy")]
-            BackendChoice::Legacy => Self::Legacy(gpu_ipc::legacy::Legacy::allocate(ctx, bytes)?),
+            BackendKind::Legacy => Self::Legacy(gpu_ipc::legacy::Legacy::allocate(ctx, bytes)?),
             #[cfg(feature = "vmm")]
-            BackendChoice::Vmm => Self::Vmm(gpu_ipc::vmm::Vmm::allocate(ctx, bytes)?),
+            BackendKind::Vmm => Self::Vmm(gpu_ipc::vmm::Vmm::allocate(ctx, bytes)?),
+            other => return Err(not_gpu(other)),
         })
     }
 
@@ -61,9 +62,9 @@ impl ExportedRegion {
     pub fn export(&self) -> Result<(HandleMessage, Option<OwnedFd>), BackendError> {
         let (backend, mut handle) = match self {
             #[cfg(feature = "legacy")]
-            Self::Legacy(region) => (BackendChoice::Legacy, gpu_ipc::legacy::Legacy::export(region)?),
+            Self::Legacy(region) => (BackendKind::Legacy, gpu_ipc::legacy::Legacy::export(region)?),
             #[cfg(feature = "vmm")]
-            Self::Vmm(region) => (BackendChoice::Vmm, gpu_ipc::vmm::Vmm::export(region)?),
+            Self::Vmm(region) => (BackendKind::Vmm, gpu_ipc::vmm::Vmm::export(region)?),
         };
         let fd = handle.fd.take();
         Ok((HandleMessage { backend, bytes: handle.bytes, size: handle.size }, fd))
@@ -91,9 +92,10 @@ impl ImportedRegion {
         let handle = ExportedHandle { bytes: message.bytes.clone(), fd, size: message.size };
         Ok(match message.backend {
             #[cfg(feature = "legacy")]
-            BackendChoice::Legacy => Self::Legacy(gpu_ipc::legacy::Legacy::import(ctx, handle)?),
+            BackendKind::Legacy => Self::Legacy(gpu_ipc::legacy::Legacy::import(ctx, handle)?),
             #[cfg(feature = "vmm")]
-            BackendChoice::Vmm => Self::Vmm(gpu_ipc::vmm::Vmm::import(ctx, handle)?),
+            BackendKind::Vmm => Self::Vmm(gpu_ipc::vmm::Vmm::import(ctx, handle)?),
+            other => return Err(not_gpu(other)),
         })
     }
 }
@@ -107,5 +109,14 @@ impl DeviceMemory for ImportedRegion {
             #[cfg(feature = "vmm")]
             Self::Vmm(region) => region.span(),
         }
+    }
+}
+
+/// A backend the probes cannot run: the host fake, or one not compiled in.
+fn not_gpu(kind: BackendKind) -> BackendError {
+    BackendError::Unsupported {
+        backend: kind.name(),
+        reason: "the probes measure GPU memory and this backend is not a GPU backend compiled into this build".into(),
+        fix: "choose legacy or vmm".into(),
     }
 }

@@ -39,10 +39,7 @@ pub trait Backend: Send + Sync + 'static {
     /// A consumer's mapping of it.
     type Imported: SharedRegion;
 
-    /// Short name, as the `--backend` flag spells it.
-    const NAME: &'static str;
-
-    /// The backend's code on the wire.
+    /// Which backend this is: its wire code and its name (`B::KIND.name()`, as `--backend` spells it).
     const KIND: BackendKind;
 
     /// The CUDA context behind `ctx`; `None` for the host fake, which therefore runs only the CPU sync strategies.

@@ -34,7 +34,7 @@ impl HostRegion {
             .and_then(|o| usize::try_from(o).ok())
             .filter(|o| o.checked_add(bytes).is_some_and(|end| end <= self.memory.len()))
             .ok_or_else(|| BackendError::MalformedHandle {
-                backend: HostFake::NAME,
+                backend: HostFake::KIND.name(),
                 problem: format!("{bytes} bytes at {ptr} are outside the region"),
             })
     }
@@ -75,7 +75,6 @@ impl Backend for HostFake {
     type Context = HostContext;
     type Exported = HostRegion;
     type Imported = HostRegion;
-    const NAME: &'static str = "host-fake";
     const KIND: BackendKind = BackendKind::HostFake;
 
     fn cuda_context(_ctx: &HostContext) -> Option<&crate::driver::Context> {
@@ -88,7 +87,7 @@ impl Backend for HostFake {
 
     fn allocate(_ctx: &HostContext, min_bytes: u64) -> Result<Self::Exported, BackendError> {
         let len = usize::try_from(min_bytes.max(1)).map_err(|_| BackendError::Unsupported {
-            backend: Self::NAME,
+            backend: Self::KIND.name(),
             reason: format!("{min_bytes} bytes do not fit this address space"),
             fix: "use a smaller ring".into(),
         })?;
@@ -108,12 +107,12 @@ impl Backend for HostFake {
     fn import(_ctx: &HostContext, handle: ExportedHandle) -> Result<Self::Imported, BackendError> {
         let Some(fd) = handle.fd else {
             return Err(BackendError::MalformedHandle {
-                backend: Self::NAME,
+                backend: Self::KIND.name(),
                 problem: "no file descriptor came with the handle".into(),
             });
         };
         let len = usize::try_from(handle.size).map_err(|_| BackendError::MalformedHandle {
-            backend: Self::NAME,
+            backend: Self::KIND.name(),
             problem: format!("size {} does not fit this address space", handle.size),
         })?;
         let memory = SharedMemory::from_fd(fd, len)

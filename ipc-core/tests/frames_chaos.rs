@@ -139,13 +139,16 @@ fn child(role: Role, socket: &Path, frames: u64) -> Result<String, FrameError> {
         let frame = match c.next_frame(None, T) {
             Ok(frame) => frame,
             Err(FrameError::ProducerGone { .. }) => return Ok(format!("gone read={read} bad={bad}")),
+            Err(FrameError::EndOfStream { published, .. }) => {
+                return Ok(format!("ended after {published} read={read} bad={bad}"));
+            }
             // Stopped (SIGSTOP) long enough to hold the producer up: the eviction policy let it go.
             Err(FrameError::Evicted { .. }) => return Ok(format!("evicted read={read} bad={bad}")),
             Err(e) => return Err(e),
         };
-        let mut got = vec![0u8; frame.bytes as usize];
-        c.region().read(frame.ptr, &mut got).unwrap();
-        let intact = got == frame_bytes(frame.seq, got.len());
+        let mut got = vec![0u8; frame.bytes() as usize];
+        c.region().read(frame.ptr(), &mut got).unwrap();
+        let intact = got == frame_bytes(frame.seq().0, got.len());
         if role == Role::Holder && read == frames / 2 {
             thread::sleep(Duration::from_millis(30));
         }
@@ -186,7 +189,7 @@ fn child_producer() {
     println!("CHILD listening");
     loop {
         let lease = p.acquire(None, T).unwrap();
-        p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+        p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
         p.publish(lease, None).unwrap();
     }
 }
@@ -276,7 +279,7 @@ fn run_producer(
     let mut last = Instant::now();
     let mut publish = |p: &mut Producer<HostFake>, run: &mut ProducerRun| -> Result<(), FrameError> {
         let lease = p.acquire(None, T)?;
-        p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+        p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
         p.publish(lease, None)?;
         run.published += 1;
         run.longest_gap = run.longest_gap.max(last.elapsed());
@@ -463,9 +466,9 @@ fn reader_until_gone(socket: PathBuf) -> thread::JoinHandle<Result<(u64, u64, In
         loop {
             match c.next_frame(None, T) {
                 Ok(frame) => {
-                    let mut got = vec![0u8; frame.bytes as usize];
-                    c.region().read(frame.ptr, &mut got).unwrap();
-                    bad += u64::from(got != frame_bytes(frame.seq, got.len()));
+                    let mut got = vec![0u8; frame.bytes() as usize];
+                    c.region().read(frame.ptr(), &mut got).unwrap();
+                    bad += u64::from(got != frame_bytes(frame.seq().0, got.len()));
                     read += 1;
                     if let Err(e) = c.release(frame, None) {
                         if matches!(e, FrameError::ProducerGone { .. }) {
@@ -661,13 +664,13 @@ fn a_paused_producer_is_waited_for_and_read_on_after() {
                 loop {
                     match c.next_frame(None, Duration::from_millis(200)) {
                         Ok(frame) => {
-                            if frame.seq != expected {
-                                return Err(format!("frame {} after {}", frame.seq, expected - 1));
+                            if frame.seq().0 != expected {
+                                return Err(format!("frame {} after {}", frame.seq().0, expected - 1));
                             }
-                            let mut got = vec![0u8; frame.bytes as usize];
-                            c.region().read(frame.ptr, &mut got).unwrap();
-                            if got != frame_bytes(frame.seq, got.len()) {
-                                return Err(format!("frame {} not intact", frame.seq));
+                            let mut got = vec![0u8; frame.bytes() as usize];
+                            c.region().read(frame.ptr(), &mut got).unwrap();
+                            if got != frame_bytes(frame.seq().0, got.len()) {
+                                return Err(format!("frame {} not intact", frame.seq().0));
                             }
                             match c.release(frame, None) {
                                 Ok(()) => {}

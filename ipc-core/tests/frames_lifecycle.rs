@@ -135,12 +135,12 @@ fn frames_published_before_the_producer_closed_are_all_delivered() {
                         match c.next_frame(None, Duration::from_secs(1)) {
                             Ok(frame) => {
                                 let mut word = [0u8; 8];
-                                c.region().read(frame.ptr, &mut word).unwrap();
-                                assert_eq!(u64::from_le_bytes(word), frame.seq, "frame {} intact", frame.seq);
-                                got.push(frame.seq);
+                                c.region().read(frame.ptr(), &mut word).unwrap();
+                                assert_eq!(u64::from_le_bytes(word), frame.seq().0, "frame {} intact", frame.seq().0);
+                                got.push(frame.seq().0);
                                 c.release(frame, None).unwrap();
                             }
-                            Err(FrameError::ProducerGone { .. }) => return got,
+                            Err(FrameError::EndOfStream { .. }) => return got,
                             Err(e) => panic!("{e}"),
                         }
                     }
@@ -255,8 +255,8 @@ fn consumers_attach_and_detach_while_the_producer_publishes_flat_out() {
         for _ in 0..4 {
             let frame = c.next_frame(None, T).unwrap();
             let mut word = [0u8; 8];
-            c.region().read(frame.ptr, &mut word).unwrap();
-            assert_eq!(u64::from_le_bytes(word), frame.seq, "cycle {cycle}: frame {} intact", frame.seq);
+            c.region().read(frame.ptr(), &mut word).unwrap();
+            assert_eq!(u64::from_le_bytes(word), frame.seq().0, "cycle {cycle}: frame {} intact", frame.seq().0);
             c.release(frame, None).unwrap();
         }
         c.detach();
@@ -280,7 +280,7 @@ fn a_consumer_attaches_while_the_producer_waits_for_a_slow_one() {
         thread::spawn(move || -> Result<(), FrameError> {
             let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
             let frame = c.next_frame(None, T)?;
-            held_tx.send(frame.seq).unwrap();
+            held_tx.send(frame.seq().0).unwrap();
             thread::sleep(Duration::from_secs(3));
             c.release(frame, None)?;
             let frame = c.next_frame(None, T)?;
@@ -298,9 +298,10 @@ fn a_consumer_attaches_while_the_producer_waits_for_a_slow_one() {
         let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options)?;
         let attached_after = started.elapsed();
         let frame = c.next_frame(None, T)?;
+        let seq = frame.seq().0;
         c.release(frame, None)?;
         c.detach();
-        Ok((attached_after, frame.seq))
+        Ok((attached_after, seq))
     });
     // Blocks about 3 s on A; B attaches meanwhile.
     assert_eq!(publish(&mut p, T).unwrap(), 1);

@@ -96,7 +96,7 @@ impl Rig {
                 let mut last = Instant::now();
                 while !stop.load(Ordering::Acquire) {
                     let lease = p.acquire(None, T)?;
-                    p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+                    p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
                     p.publish(lease, None)?;
                     let now = Instant::now();
                     longest_gap_us.fetch_max((now - last).as_micros() as u64, Ordering::Relaxed);
@@ -122,17 +122,17 @@ impl Rig {
                 loop {
                     let frame = match c.next_frame(None, T) {
                         Ok(frame) => frame,
-                        Err(FrameError::ProducerGone { .. }) => return Ok((frames, bad)),
+                        Err(e) if e.is_end_of_stream() => return Ok((frames, bad)),
                         Err(e) => return Err(e),
                     };
-                    let mut got = vec![0u8; frame.bytes as usize];
-                    c.region().read(frame.ptr, &mut got).unwrap();
-                    bad += u64::from(got != frame_bytes(frame.seq, got.len()));
+                    let mut got = vec![0u8; frame.bytes() as usize];
+                    c.region().read(frame.ptr(), &mut got).unwrap();
+                    bad += u64::from(got != frame_bytes(frame.seq().0, got.len()));
                     frames += 1;
                     streamed.store(frames, Ordering::Release);
                     match c.release(frame, None) {
                         Ok(()) => {}
-                        Err(FrameError::ProducerGone { .. }) => return Ok((frames, bad)),
+                        Err(e) if e.is_end_of_stream() => return Ok((frames, bad)),
                         Err(e) => return Err(e),
                     }
                 }
@@ -181,9 +181,9 @@ fn real_consumer_reads(path: &Path, frames: u64) {
         .unwrap_or_else(|e| panic!("a real consumer could not attach: {e}"));
     for _ in 0..frames {
         let frame = c.next_frame(None, T).unwrap();
-        let mut got = vec![0u8; frame.bytes as usize];
-        c.region().read(frame.ptr, &mut got).unwrap();
-        assert_eq!(got, frame_bytes(frame.seq, got.len()), "frame {}", frame.seq);
+        let mut got = vec![0u8; frame.bytes() as usize];
+        c.region().read(frame.ptr(), &mut got).unwrap();
+        assert_eq!(got, frame_bytes(frame.seq().0, got.len()), "frame {}", frame.seq().0);
         c.release(frame, None).unwrap();
     }
     c.detach();
@@ -533,7 +533,7 @@ fn produce_for_one_consumer(path: &Path) {
     while p.consumers() > 0 {
         assert!(Instant::now() < deadline, "the consumer never left");
         let lease = p.acquire(None, T).unwrap();
-        p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+        p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
         p.publish(lease, None).unwrap();
         thread::sleep(Duration::from_millis(1));
     }

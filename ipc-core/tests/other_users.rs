@@ -104,9 +104,9 @@ fn read_frames(socket: &Path, options: &AttachOptions) -> Result<(u64, u64), Fra
     let mut bad = 0;
     for _ in 0..100 {
         let frame = c.next_frame(None, T)?;
-        let mut got = vec![0u8; frame.bytes as usize];
-        c.region().read(frame.ptr, &mut got).unwrap();
-        bad += u64::from(got != frame_bytes(frame.seq, got.len()));
+        let mut got = vec![0u8; frame.bytes() as usize];
+        c.region().read(frame.ptr(), &mut got).unwrap();
+        bad += u64::from(got != frame_bytes(frame.seq().0, got.len()));
         c.release(frame, None)?;
     }
     c.detach();
@@ -169,7 +169,7 @@ fn as_nobody(role: &str, access: SocketAccess, name: &str) -> String {
             continue;
         }
         let lease = p.acquire(None, Duration::from_millis(200)).unwrap();
-        p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
+        p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
         p.publish(lease, None).unwrap();
     }
     let report = child.join().unwrap();

@@ -81,7 +81,7 @@ impl Legacy {
         if !pointer_is_legacy_ipc_capable(ptr)? {
             let vmm = pointer_allowed_handle_types(ptr).unwrap_or(0) != 0;
             return Err(BackendError::Unsupported {
-                backend: Self::NAME,
+                backend: Self::KIND.name(),
                 reason: if vmm {
                     format!(
                         "memory at {ptr} is a VMM (cuMemCreate) allocation, which cannot be exported as a legacy handle"
@@ -100,7 +100,6 @@ impl Backend for Legacy {
     type Exported = LegacyAllocation;
     type Imported = LegacyImport;
     type Context = Context;
-    const NAME: &'static str = "legacy";
     const KIND: BackendKind = BackendKind::Legacy;
 
     fn cuda_context(ctx: &Context) -> Option<&Context> {
@@ -111,7 +110,7 @@ impl Backend for Legacy {
         let device = ctx.device();
         if !device.flag(sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? {
             return Err(BackendError::Unsupported {
-                backend: Self::NAME,
+                backend: Self::KIND.name(),
                 reason: format!("device {} has no unified addressing, which legacy IPC requires", device.ordinal()),
                 fix: "use a 64-bit Linux system with a supported GPU".into(),
             });
@@ -131,19 +130,19 @@ impl Backend for Legacy {
 
     fn import(ctx: &Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError> {
         let bytes: [u8; 64] = handle.bytes.as_slice().try_into().map_err(|_| BackendError::MalformedHandle {
-            backend: Self::NAME,
+            backend: Self::KIND.name(),
             problem: format!("a legacy handle is 64 bytes, got {}", handle.bytes.len()),
         })?;
         if handle.fd.is_some() {
             return Err(BackendError::MalformedHandle {
-                backend: Self::NAME,
+                backend: Self::KIND.name(),
                 problem: "a file descriptor came with a legacy handle; the producer uses the vmm backend".into(),
             });
         }
         let mapping = IpcMapping::open(ctx, IpcMemHandle(bytes))?;
         if handle.size > mapping.len() {
             return Err(BackendError::MalformedHandle {
-                backend: Self::NAME,
+                backend: Self::KIND.name(),
                 problem: format!(
                     "the producer says the allocation has {} bytes, but the driver mapped {}",
                     handle.size,

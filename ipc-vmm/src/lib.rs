@@ -50,7 +50,6 @@ impl Backend for Vmm {
     type Exported = VmmRegion;
     type Imported = VmmRegion;
     type Context = Context;
-    const NAME: &'static str = "vmm";
     const KIND: BackendKind = BackendKind::Vmm;
 
     fn cuda_context(ctx: &Context) -> Option<&Context> {
@@ -60,7 +59,7 @@ impl Backend for Vmm {
     fn check_support(ctx: &Context) -> Result<(), BackendError> {
         let device = ctx.device();
         let unsupported = |reason: String| BackendError::Unsupported {
-            backend: Self::NAME,
+            backend: Self::KIND.name(),
             reason,
             fix: "use the legacy backend, or a driver and GPU with VMM POSIX-fd support".into(),
         };
@@ -91,7 +90,7 @@ impl Backend for Vmm {
     fn import(ctx: &Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError> {
         let Some(fd) = handle.fd else {
             return Err(BackendError::MalformedHandle {
-                backend: Self::NAME,
+                backend: Self::KIND.name(),
                 problem: "no file descriptor came with the handle; the producer uses the legacy backend".into(),
             });
         };

@@ -5,8 +5,14 @@
 //! ```text
 //! consumer --socket /tmp/frames.sock --backend vmm --frames 10000 --json
 //! ```
-//! Exit status: 0 all frames verified; 1 mismatches or another error; 4 the producer went away; 5 the producer
-//! evicted this consumer (after `--stall-after`).
+//! With `--frames 0` it reads until the end of the stream: a producer that closes its ring cleanly ends the run
+//! with status 0 and the number of frames read (frames a GPU-side strategy queued past the end are counted
+//! apart, never as read or mismatched); a producer that dies ends it with status 4.
+//!
+//! `--backend host` runs without a GPU (host memory, CPU strategies; the demo of the README).
+//!
+//! Exit status: 0 all frames verified; 1 mismatches or another error; 3 no CUDA driver (use `--backend host`);
+//! 4 the producer died; 5 the producer evicted this consumer (after `--stall-after`).
 //!
 //! For the stress harness (`gpu-ipc stress`): `--cycles N` attaches, reads `--frames` frames and detaches N times
 //! (the summary has the fds and free device memory after the first cycle and at the end); `--stall-after N` stops
@@ -19,14 +25,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use gpu_ipc::BackendVisitor;
-use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, Stream};
+use gpu_ipc::core::backend::Backend;
+use gpu_ipc::core::driver::Stream;
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
-use gpu_ipc::core::wire::{PeerPolicy, WireError};
+use gpu_ipc::core::wire::PeerPolicy;
+use gpu_ipc_examples::work::{FrameWork, ProgramVisitor, run_with_backend};
 use gpu_ipc_examples::{
-    CommonArgs, EXIT_EVICTED, EXIT_PRODUCER_GONE, GapMeter, Gpu, cpu_time, device_free_bytes, fps, kernel_error,
-    open_fds, print_summary, sync_name,
+    CommonArgs, EXIT_EVICTED, EXIT_PRODUCER_GONE, GapMeter, cpu_time, exit_for, fps, open_fds, print_summary,
 };
 
 /// Read and verify frames from shared GPU memory.
@@ -68,7 +73,7 @@ struct Args {
 struct Summary {
     role: &'static str,
     name: String,
-    backend: String,
+    backend: &'static str,
     sync: &'static str,
     first_seq: u64,
     frames: u64,
@@ -77,6 +82,11 @@ struct Summary {
     fps: f64,
     cpu_us_per_frame: f64,
     producer_gone: Option<String>,
+    /// When the producer closed the ring cleanly: how many frames it published in all.
+    end_of_stream_after: Option<u64>,
+    /// Frames a GPU-side strategy had queued work for past the end of the stream (never written; not counted in
+    /// `frames` nor in `mismatched_words`).
+    frames_past_end: u64,
     /// Attach-read-detach cycles done.
     cycles: u64,
     /// Longest time between two frames received within one attachment, in milliseconds.
@@ -96,59 +106,71 @@ struct Summary {
 
 struct Run(Args);
 
-impl BackendVisitor for Run {
-    type Output = Result<Summary, FrameError>;
-    fn visit<B: GpuBackend>(self) -> Self::Output {
+impl ProgramVisitor for Run {
+    type Output = Summary;
+    fn run<B: Backend, W: FrameWork<B>>(self) -> Result<Summary, FrameError> {
         let args = self.0;
         if args.cycles > 1 && args.frames == 0 {
             return Err(FrameError::Config("--cycles needs a --frames count to read in each cycle".into()));
         }
-        let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
-        let counter = DeviceBuffer::alloc(&ctx, 8)?;
-        counter.write(0, &[0u64])?;
+        let mut work = W::open(args.common.device)?;
         let producer = match args.producer_uids.as_slice() {
             [] => PeerPolicy::SameUser,
             uids => PeerPolicy::Users(uids.to_vec()),
         };
-        let options = AttachOptions { name: args.name.clone(), producer, ..AttachOptions::default() };
+        let options = AttachOptions {
+            name: args.name.clone(),
+            producer,
+            // Consumers may start before their producer.
+            wait_for_producer: Duration::from_secs(args.common.attach_timeout),
+            ..AttachOptions::default()
+        };
         let timeout = Duration::from_secs(10);
         let (cpu0, t0) = (cpu_time(), Instant::now());
         let mut frames = 0;
         let mut gone = None;
+        let mut ended: Option<u64> = None;
+        let mut past_end_total = 0u64;
         let mut stall_outcome = None;
         let mut gaps = GapMeter::default();
         let mut seen_mismatched = 0u64;
         let mut frames_never_published = 0u64;
+        // The last frame counted as read: frames past a clean end are taken back out of the count.
+        let mut last_counted: Option<u64> = None;
         let (mut first_seq, mut sync, mut cycles) = (None, None, 0);
         let (mut fds_after_first_cycle, mut device_free_after_first_cycle) = (None, None);
-        while cycles < args.cycles.max(1) && gone.is_none() && stall_outcome.is_none() {
-            let mut consumer = attach_retrying::<B>(&ctx, &args, &options)?;
+        while cycles < args.cycles.max(1) && gone.is_none() && ended.is_none() && stall_outcome.is_none() {
+            let mut consumer = Consumer::<B>::attach(work.ctx(), &args.common.socket, &options)?;
             first_seq.get_or_insert(consumer.next_sequence());
             sync.get_or_insert(consumer.offer().sync);
             gaps.restart();
             let mut read = 0;
             while args.frames == 0 || read < args.frames {
                 if args.stall_after.is_some_and(|n| frames >= n) {
-                    stall_outcome = Some(stall(&mut consumer, &stream, Duration::from_secs(args.stall_timeout)));
+                    stall_outcome = Some(stall(&mut consumer, work.stream(), Duration::from_secs(args.stall_timeout)));
                     break;
                 }
-                let step = consumer.next_frame(Some(&stream), timeout).and_then(|frame| {
-                    // The frame, as a span of the imported region (checked to lie inside it).
-                    let span = consumer.frame_span(&frame)?;
-                    kernels.verify(&stream, span, frame.seq, counter.span()).map_err(kernel_error)?;
-                    consumer.release(frame, Some(&stream))
+                let step = consumer.next_frame(work.stream(), timeout).and_then(|frame| {
+                    let seq = frame.seq().0;
+                    work.verify(&consumer, &frame)?;
+                    consumer.release(frame, work.stream()).map(|()| seq)
                 });
                 if args.check_each_frame {
-                    report_mismatch(&stream, &counter, consumer.next_sequence(), t0, &mut seen_mismatched)?;
+                    report_mismatch(&work, consumer.next_sequence(), t0, &mut seen_mismatched)?;
                 }
                 match step {
-                    Ok(()) => {
+                    Ok(seq) => {
                         frames += 1;
                         read += 1;
+                        last_counted = Some(seq);
                         gaps.tick();
                         if args.progress_every != 0 && frames % args.progress_every == 0 {
                             eprintln!("consumer {}: frame {frames}", args.name);
                         }
+                    }
+                    Err(FrameError::EndOfStream { published, .. }) => {
+                        ended = Some(published);
+                        break;
                     }
                     Err(FrameError::ProducerGone { pid, how }) => {
                         gone = Some(format!("producer pid {pid}: {how}"));
@@ -157,40 +179,52 @@ impl BackendVisitor for Run {
                     Err(e) => return Err(e),
                 }
             }
-            stream.synchronize()?;
-            if let Some(below) = consumer.published_below_at_hang_up() {
+            work.synchronize()?;
+            if let Some(below) = consumer.published_below_at_hang_up()
+                && ended.is_none()
+            {
                 frames_never_published += consumer.next_sequence().saturating_sub(below);
             }
+            let past_end = ended.map_or(0, |end| consumer.next_sequence().saturating_sub(end));
             if gone.is_none() {
                 consumer.detach();
             }
             cycles += 1;
             if cycles == 1 && args.cycles > 1 {
                 fds_after_first_cycle = Some(open_fds());
-                device_free_after_first_cycle = device_free_bytes(&ctx);
+                device_free_after_first_cycle = work.device_free();
+            }
+            if let Some(end) = ended {
+                // Frames at or past the end that were counted (their release returned before the end was known)
+                // were never written: take them back out.
+                let counted_past_end = last_counted.map_or(0, |last| (last + 1).saturating_sub(end));
+                frames -= counted_past_end.min(frames);
+                past_end_total += past_end;
             }
         }
         let elapsed = t0.elapsed();
-        let mut mismatched = [0u64];
-        counter.read(0, &mut mismatched)?;
+        // With a clean end, only the frames the producer published count: their last is `end - 1`.
+        let mismatched = work.mismatches(ended.map(|end| end.saturating_sub(1)))?;
         Ok(Summary {
             role: "consumer",
             name: args.name,
-            backend: B::NAME.to_owned(),
-            sync: sync.map_or("unknown", sync_name),
+            backend: B::KIND.name(),
+            sync: sync.map_or("unknown", |s| s.name()),
             first_seq: first_seq.unwrap_or(0),
             frames,
-            mismatched_words: mismatched[0],
+            mismatched_words: mismatched,
             seconds: elapsed.as_secs_f64(),
             fps: fps(frames, elapsed),
             cpu_us_per_frame: cpu_time().saturating_sub(cpu0).as_secs_f64() * 1e6 / frames.max(1) as f64,
             producer_gone: gone,
+            end_of_stream_after: ended,
+            frames_past_end: past_end_total,
             cycles,
             max_frame_gap_ms: gaps.max_ms(),
             fds_after_first_cycle,
             fds_at_end: open_fds(),
             device_free_after_first_cycle,
-            device_free_at_end: device_free_bytes(&ctx),
+            device_free_at_end: work.device_free(),
             stall_outcome,
             frames_never_published,
         })
@@ -199,14 +233,15 @@ impl BackendVisitor for Run {
 
 /// A stuck consumer: takes the next frame and never releases it; waits until the producer says something about
 /// it (evicts it, goes away) or `limit` passes. Returns `kind: detail`.
-fn stall<B: Backend<Context = Context>>(consumer: &mut Consumer<B>, stream: &Stream, limit: Duration) -> String {
-    let held = consumer.next_frame(Some(stream), Duration::from_secs(10));
-    eprintln!("consumer: stalling (holding frame {:?}, releasing nothing)", held.as_ref().map(|f| f.seq));
+fn stall<B: Backend>(consumer: &mut Consumer<B>, stream: Option<&Stream>, limit: Duration) -> String {
+    let held = consumer.next_frame(stream, Duration::from_secs(10));
+    eprintln!("consumer: stalling (holding frame {:?}, releasing nothing)", held.as_ref().map(|f| f.seq().0));
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         match consumer.check_producer() {
             Ok(()) => std::thread::sleep(Duration::from_millis(10)),
             Err(FrameError::ProducerGone { pid, how }) => return format!("producer-gone: producer pid {pid}: {how}"),
+            Err(e @ FrameError::EndOfStream { .. }) => return format!("producer-gone: {e}"),
             Err(e @ FrameError::Evicted { .. }) => return format!("evicted: {e}"),
             Err(e) => return format!("error: {e}"),
         }
@@ -214,32 +249,14 @@ fn stall<B: Backend<Context = Context>>(consumer: &mut Consumer<B>, stream: &Str
     format!("timeout: neither evicted nor told the producer is gone within {limit:?}")
 }
 
-/// Attaches, retrying while no producer listens yet (so consumers may start first).
-fn attach_retrying<B: Backend<Context = Context>>(
-    ctx: &Context,
-    args: &Args,
-    options: &AttachOptions,
-) -> Result<Consumer<B>, FrameError> {
-    let deadline = Instant::now() + Duration::from_secs(args.common.attach_timeout);
-    loop {
-        match Consumer::<B>::attach(ctx, &args.common.socket, options) {
-            Ok(c) => return Ok(c),
-            Err(FrameError::Wire(WireError::NoProducer { .. })) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     let json = args.common.json;
-    match args.common.backend.dispatch(Run(args)) {
+    match run_with_backend(args.common.backend, Run(args)) {
         Ok(s) => {
             print_summary(json, &s, |s| {
                 format!(
-                    "consumer {}: {} frames from #{} in {:.3} s: {:.1} frames/s, {} mismatched words, {:.1} us CPU/frame{}",
+                    "consumer {}: {} frames from #{} in {:.3} s: {:.1} frames/s, {} mismatched words, {:.1} us CPU/frame{}{}",
                     s.name,
                     s.frames,
                     s.first_seq,
@@ -247,6 +264,9 @@ fn main() -> ExitCode {
                     s.fps,
                     s.mismatched_words,
                     s.cpu_us_per_frame,
+                    s.end_of_stream_after
+                        .map(|n| format!("; end of stream: the producer closed the ring after {n} frames"))
+                        .unwrap_or_default(),
                     s.producer_gone.as_deref().map(|g| format!("; {g}")).unwrap_or_default()
                 )
             });
@@ -265,33 +285,32 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_PRODUCER_GONE)
         }
         Err(e) => {
-            eprintln!("consumer: {e}");
-            ExitCode::FAILURE
+            let (code, line) = exit_for("consumer", &e);
+            eprintln!("{line}");
+            ExitCode::from(code)
         }
     }
 }
 
-/// `--check-each-frame`: waits for the stream, and says on stderr when the mismatch counter grew with the frame
+/// `--check-each-frame`: waits for the work queued, and says on stderr when the mismatch count grew with the frame
 /// just checked (`seq_after` is the consumer's next sequence).
-fn report_mismatch(
-    stream: &Stream,
-    counter: &DeviceBuffer,
+fn report_mismatch<B: Backend, W: FrameWork<B>>(
+    work: &W,
     seq_after: u64,
     t0: Instant,
     seen: &mut u64,
 ) -> Result<(), FrameError> {
-    stream.synchronize()?;
-    let mut now = [0u64];
-    counter.read(0, &mut now)?;
-    if now[0] != *seen {
+    work.synchronize()?;
+    let now = work.mismatches(None)?;
+    if now != *seen {
         eprintln!(
             "consumer: frame {} mismatched {} words at {:.3} ms ({:.3} s since the epoch)",
             seq_after.saturating_sub(1),
-            now[0] - *seen,
+            now - *seen,
             t0.elapsed().as_secs_f64() * 1e3,
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
         );
-        *seen = now[0];
+        *seen = now;
     }
     Ok(())
 }

@@ -7,6 +7,11 @@
 //! It waits for `--consumers` consumers, produces `--frames` frames, waits until every live consumer released
 //! the last one, and prints frames per second (`--json`: one JSON object).
 //!
+//! Without a GPU, `--backend host` runs the same program on host memory with a CPU strategy (`cpu-spin`,
+//! `cpu-sleep`): a demo of the API and the protocol, with 640x480 frames unless `--width`/`--height` say otherwise.
+//!
+//! Exit status: 0 done; 1 an error; 3 no CUDA driver (use `--backend host`).
+//!
 //! For the stress harness (`gpu-ipc stress`): `--until-stdin-closes` runs until the parent closes the pipe,
 //! `--progress-every` reports progress on stderr, and the summary carries the longest gap between two publishes
 //! and the process's fds and the device's free memory at the start and the end.
@@ -17,13 +22,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use gpu_ipc::BackendVisitor;
-use gpu_ipc::core::backend::GpuBackend;
+use gpu_ipc::core::backend::Backend;
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SocketAccess, SyncStrategy};
+use gpu_ipc_examples::work::{FrameWork, ProgramVisitor, run_with_backend};
 use gpu_ipc_examples::{
-    CommonArgs, GapMeter, Gpu, cpu_time, device_free_bytes, fps, kernel_error, open_fds, parse_pixel_format,
-    parse_sync, print_summary, stdin_closed_flag, sync_name,
+    CommonArgs, GapMeter, cpu_time, exit_for, fps, open_fds, parse_pixel_format, print_summary, stdin_closed_flag,
 };
 
 /// Publish frames into shared GPU memory.
@@ -33,17 +37,17 @@ struct Args {
     #[command(flatten)]
     common: CommonArgs,
     /// Sync strategy: cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops or gpu-poll (needs MPS).
-    #[arg(long, default_value = "cpu-spin", value_parser = parse_sync)]
+    #[arg(long, default_value = "cpu-spin")]
     sync: SyncStrategy,
     /// Ring slots.
     #[arg(long, default_value_t = 2)]
     slots: u32,
-    /// Frame width in pixels.
-    #[arg(long, default_value_t = 3840)]
-    width: u32,
-    /// Frame height in pixels.
-    #[arg(long, default_value_t = 2160)]
-    height: u32,
+    /// Frame width in pixels (default 3840; 640 with `--backend host`).
+    #[arg(long)]
+    width: Option<u32>,
+    /// Frame height in pixels (default 2160; 480 with `--backend host`).
+    #[arg(long)]
+    height: Option<u32>,
     /// Pixel format: rgb8, rgba8 or gray8.
     #[arg(long, default_value = "rgb8", value_parser = parse_pixel_format)]
     format: PixelFormat,
@@ -75,7 +79,7 @@ struct Args {
 #[derive(Debug, serde::Serialize)]
 struct Summary {
     role: &'static str,
-    backend: String,
+    backend: &'static str,
     sync: &'static str,
     slots: u32,
     frame_bytes: u64,
@@ -101,12 +105,15 @@ struct Summary {
 
 struct Run(Args);
 
-impl BackendVisitor for Run {
-    type Output = Result<Summary, FrameError>;
-    fn visit<B: GpuBackend>(self) -> Self::Output {
+impl ProgramVisitor for Run {
+    type Output = Summary;
+    fn run<B: Backend, W: FrameWork<B>>(self) -> Result<Summary, FrameError> {
         let args = self.0;
-        let Gpu { ctx, kernels, stream } = Gpu::open(args.common.device)?;
-        let geometry = FrameGeometry::new(args.width, args.height, args.format)?;
+        let mut work = W::open(args.common.device)?;
+        let host = !B::KIND.is_gpu();
+        let (width, height) =
+            (args.width.unwrap_or(if host { 640 } else { 3840 }), args.height.unwrap_or(if host { 480 } else { 2160 }));
+        let geometry = FrameGeometry::new(width, height, args.format)?;
         let mut config = ProducerConfig::new(&args.common.socket, geometry, args.slots, args.sync);
         if let Some(gid) = args.socket_group {
             config.access = SocketAccess::group(gid);
@@ -116,8 +123,8 @@ impl BackendVisitor for Run {
         if let Some(ms) = args.evict_after_ms {
             config.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(ms) };
         }
-        let mut producer = Producer::<B>::create(&ctx, config)?;
-        let device_free_at_start = device_free_bytes(&ctx);
+        let mut producer = Producer::<B>::create(work.ctx(), config)?;
+        let device_free_at_start = work.device_free();
         let stop = args.until_stdin_closes.then(stdin_closed_flag);
         eprintln!("producer: waiting for {} consumer(s) on {}", args.consumers, args.common.socket.display());
         producer.wait_for_consumers(args.consumers, Duration::from_secs(args.common.attach_timeout))?;
@@ -129,11 +136,9 @@ impl BackendVisitor for Run {
         let stopped = || stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Acquire));
         let (cpu0, t0) = (cpu_time(), Instant::now());
         while (args.frames == 0 || produced < args.frames) && !stopped() {
-            let slot = producer.acquire(Some(&stream), timeout)?;
-            // The slot, as a span of the exported region (checked to lie inside it).
-            let span = producer.slot_span(&slot)?;
-            kernels.fill(&stream, span, slot.seq).map_err(kernel_error)?;
-            producer.publish(slot, Some(&stream))?;
+            let slot = producer.acquire(work.stream(), timeout)?;
+            work.fill(&producer, &slot)?;
+            producer.publish(slot, work.stream())?;
             gaps.tick();
             produced += 1;
             if args.progress_every != 0 && produced.is_multiple_of(args.progress_every) {
@@ -141,14 +146,14 @@ impl BackendVisitor for Run {
             }
         }
         // Done when every live consumer has released the last frame.
-        producer.drain(Some(&stream), timeout)?;
+        producer.drain(work.stream(), timeout)?;
         let elapsed = t0.elapsed();
         let cpu = cpu_time().saturating_sub(cpu0);
         let frames = produced;
         Ok(Summary {
             role: "producer",
-            backend: B::NAME.to_owned(),
-            sync: sync_name(args.sync),
+            backend: B::KIND.name(),
+            sync: args.sync.name(),
             slots: args.slots,
             frame_bytes: geometry.frame_bytes(),
             frames,
@@ -163,7 +168,7 @@ impl BackendVisitor for Run {
             fds_at_start,
             fds_at_end: open_fds(),
             device_free_at_start,
-            device_free_at_end: device_free_bytes(&ctx),
+            device_free_at_end: work.device_free(),
             stopped_by_stdin: stopped(),
         })
     }
@@ -172,7 +177,7 @@ impl BackendVisitor for Run {
 fn main() -> ExitCode {
     let args = Args::parse();
     let json = args.common.json;
-    match args.common.backend.dispatch(Run(args)) {
+    match run_with_backend(args.common.backend, Run(args)) {
         Ok(s) => {
             print_summary(json, &s, |s| {
                 format!(
@@ -192,8 +197,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("producer: {e}");
-            ExitCode::FAILURE
+            let (code, line) = exit_for("producer", &e);
+            eprintln!("{line}");
+            ExitCode::from(code)
         }
     }
 }

@@ -69,6 +69,49 @@ impl Context {
         d.check("cuCtxSetCurrent", unsafe { f(self.inner.raw) })
     }
 
+    /// The raw `CUcontext` (the device's primary context), for code built on other CUDA libraries. It stays
+    /// retained while any clone of this `Context` lives.
+    pub fn as_raw(&self) -> sys::CUcontext {
+        self.inner.raw
+    }
+
+    /// The `Context` of a raw context handle that another library holds (cudarc's `CudaContext::cu_ctx()`,
+    /// PyTorch's current context): it must be the primary context of one of this machine's devices, the one
+    /// cudarc, the CUDA runtime, PyTorch, CuPy and gpu-ipc all use. Retains it, so the returned value owns a
+    /// reference of its own. Only compares handles: `raw` is never dereferenced, so any value is safe to pass.
+    ///
+    /// # Errors
+    /// [`DriverError::NotPrimaryContext`](super::DriverError) when `raw` is no device's primary context (a context
+    /// made with `cuCtxCreate`: gpu-ipc works in the primary context; make the other library use it), driver
+    /// errors.
+    pub fn from_raw_primary(raw: sys::CUcontext) -> Result<Self> {
+        for ordinal in 0..Device::count()? {
+            let ctx = Self::for_ordinal(ordinal)?;
+            if ctx.inner.raw == raw {
+                return Ok(ctx);
+            }
+        }
+        Err(super::DriverError::NotPrimaryContext)
+    }
+
+    /// The context current on the calling thread (what another library made current), as a `Context`: see
+    /// [`Context::from_raw_primary`].
+    ///
+    /// # Errors
+    /// [`DriverError::NoCurrentContext`](super::DriverError) when the thread has none, else as
+    /// [`Context::from_raw_primary`].
+    pub fn current() -> Result<Self> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuCtxGetCurrent, "cuCtxGetCurrent")?;
+        let mut raw: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a valid local.
+        d.check("cuCtxGetCurrent", unsafe { f(&mut raw) })?;
+        if raw.is_null() {
+            return Err(super::DriverError::NoCurrentContext);
+        }
+        Self::from_raw_primary(raw)
+    }
+
     /// The device this context belongs to.
     pub fn device(&self) -> Device {
         self.inner.device

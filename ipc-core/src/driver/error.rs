@@ -57,6 +57,14 @@ pub enum DriverError {
         /// Why.
         problem: String,
     },
+    /// A context handle from another library that is no device's primary context.
+    #[error(
+        "the context handle is not a device's primary context (one made with cuCtxCreate?); gpu-ipc works in the primary context, which cudarc, the CUDA runtime, PyTorch and CuPy use by default: make the other library use it"
+    )]
+    NotPrimaryContext,
+    /// The calling thread has no current context to take.
+    #[error("no CUDA context is current on this thread; create or bind one first (or use Context::for_ordinal)")]
+    NoCurrentContext,
 }
 
 impl DriverError {

@@ -1,5 +1,6 @@
 //! Events, including inter-process events (legacy IPC).
 
+use super::borrowed::Borrowed;
 use super::context::Context;
 use super::error::Result;
 use super::loader::{Driver, entry, release_quietly};
@@ -82,6 +83,37 @@ impl Event {
 
     pub(crate) fn raw(&self) -> sys::CUevent {
         self.raw
+    }
+
+    /// The raw `CUevent`, for code built on other CUDA libraries. The handle stays this event's.
+    pub fn as_raw(&self) -> sys::CUevent {
+        self.raw
+    }
+
+    /// An event that another library owns (a cudarc `CudaEvent::cu_event()`, a torch or CuPy event's handle),
+    /// borrowed so that gpu-ipc streams can wait on it or record it. Dropping the borrow does not destroy it.
+    ///
+    /// # Safety
+    /// `raw` must be a valid event of `ctx`'s context and stay valid for `'a`; the returned value must not outlive
+    /// it.
+    pub unsafe fn borrow_raw<'a>(ctx: &Context, raw: sys::CUevent) -> Borrowed<'a, Event> {
+        Borrowed::new(Self { ctx: ctx.clone(), raw })
+    }
+
+    /// Takes ownership of an event created elsewhere: it is destroyed when the returned `Event` drops.
+    ///
+    /// # Safety
+    /// `raw` must be a valid event of `ctx`'s context that nothing else destroys.
+    pub unsafe fn from_raw_owned(ctx: &Context, raw: sys::CUevent) -> Self {
+        Self { ctx: ctx.clone(), raw }
+    }
+
+    /// Gives up ownership: the caller destroys the returned event (`cuEventDestroy`) when done.
+    pub fn into_raw(self) -> sys::CUevent {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used again, so `ctx` is moved out (and released) exactly once.
+        let _ctx = unsafe { std::ptr::read(&this.ctx) };
+        this.raw
     }
 
     /// Records the event after the work queued so far on `stream`.

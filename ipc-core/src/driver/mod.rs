@@ -31,6 +31,7 @@
 pub mod sys;
 
 mod batch;
+mod borrowed;
 mod context;
 mod device;
 mod error;
@@ -46,6 +47,7 @@ mod stream;
 mod vmm;
 
 pub use batch::{MAX_OPS_PER_CALL, MemOp, MemOpBatch, MemOpScratch};
+pub use borrowed::Borrowed;
 pub use context::Context;
 pub use device::{ComputeMode, Device, DeviceUuid};
 pub use error::{DriverError, Result};

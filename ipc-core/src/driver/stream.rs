@@ -1,6 +1,7 @@
 //! Streams, including the stream memory operations that let the GPU wait on and write 64-bit counters.
 
 use super::batch::{MAX_OPS_PER_CALL, MemOp};
+use super::borrowed::Borrowed;
 use super::context::Context;
 use super::error::Result;
 use super::event::Event;
@@ -63,6 +64,42 @@ impl Stream {
 
     pub(crate) fn raw(&self) -> sys::CUstream {
         self.raw
+    }
+
+    /// The raw `CUstream`, for code built on other CUDA libraries (cudarc's `CudaContext::wrap_borrowed_stream`,
+    /// `torch.cuda.ExternalStream`, CuPy's `ExternalStream`): they then queue work in order with what gpu-ipc
+    /// queues here. The handle stays this stream's: it is destroyed when the `Stream` drops.
+    pub fn as_raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
+    /// A stream that another library owns (a cudarc `CudaStream::cu_stream()`, a torch or CuPy stream's handle,
+    /// or null for the legacy default stream), borrowed so that the frame API queues its waits and publishes on
+    /// it: nothing gpu-ipc queues then needs a CPU synchronisation to be ordered with that library's work.
+    /// Dropping the borrow does not destroy the stream.
+    ///
+    /// # Safety
+    /// `raw` must be a valid stream of `ctx`'s context (or null) and stay valid for `'a`; the returned value must
+    /// not outlive it (`'a` says so to the borrow checker; choose it no longer than the owner lives).
+    pub unsafe fn borrow_raw<'a>(ctx: &Context, raw: sys::CUstream) -> Borrowed<'a, Stream> {
+        Borrowed::new(Self { ctx: ctx.clone(), raw })
+    }
+
+    /// Takes ownership of a stream created elsewhere: it is destroyed when the returned `Stream` drops.
+    ///
+    /// # Safety
+    /// `raw` must be a valid stream of `ctx`'s context that nothing else destroys.
+    pub unsafe fn from_raw_owned(ctx: &Context, raw: sys::CUstream) -> Self {
+        Self { ctx: ctx.clone(), raw }
+    }
+
+    /// Gives up ownership: the caller destroys the returned stream (`cuStreamDestroy`) when done.
+    pub fn into_raw(self) -> sys::CUstream {
+        let this = std::mem::ManuallyDrop::new(self);
+        // The context clone must still be released: read it out of the value whose Drop will not run.
+        // SAFETY: `this` is never used again, so `ctx` is moved out exactly once.
+        let _ctx = unsafe { std::ptr::read(&this.ctx) };
+        this.raw
     }
 
     /// The stream's context.

@@ -22,8 +22,12 @@ use crate::wire::{
 pub struct AttachOptions {
     /// A name for the producer's logs.
     pub name: String,
-    /// Bound on connecting and the handshake.
+    /// Bound on connecting and the handshake once a producer listens (default 5 s).
     pub timeout: Duration,
+    /// How long to wait for a producer to appear at the socket path (no socket file yet, or nobody listening)
+    /// before giving up with [`WireError::NoProducer`] ("start the producer first"). Default zero: fail at once,
+    /// so that a consumer started by mistake says so; set it when consumers may start before their producer.
+    pub wait_for_producer: Duration,
     /// Poll interval of `CpuSleep`.
     pub sleep_interval: Duration,
     /// Bound on each CPU wait for GPU work made without a caller's timeout: a CPU strategy's wait for the
@@ -39,6 +43,7 @@ impl Default for AttachOptions {
         Self {
             name: "consumer".into(),
             timeout: Duration::from_secs(5),
+            wait_for_producer: Duration::ZERO,
             sleep_interval: Duration::from_micros(20),
             gpu_timeout: Duration::from_secs(10),
             producer: PeerPolicy::SameUser,
@@ -46,18 +51,54 @@ impl Default for AttachOptions {
     }
 }
 
-/// A published frame, readable in place until it is released.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The right to read one published frame in place, until [`Consumer::release`] takes it back (by value, so a
+/// frame cannot be released twice, nor used after its release):
+///
+/// ```compile_fail,E0382
+/// # use std::time::Duration;
+/// # use ipc_core::fake::HostFake;
+/// # use ipc_core::frames::{Consumer, FrameError};
+/// # fn twice(consumer: &mut Consumer<HostFake>) -> Result<(), FrameError> {
+/// let frame = consumer.next_frame(None, Duration::from_secs(1))?;
+/// consumer.release(frame, None)?;
+/// println!("{}", frame.seq()); // error[E0382]: borrow of moved value: `frame`
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A frame of another consumer (or of an earlier attachment) is refused by `release` before anything is queued.
+#[derive(Debug, PartialEq, Eq)]
 #[must_use = "release the frame, or the producer stalls"]
 pub struct Frame {
-    /// Its sequence number.
-    pub seq: u64,
-    /// Its slot.
-    pub slot: u32,
-    /// Where it is, in this process's device address space.
-    pub ptr: DevicePtr,
+    seq: Sequence,
+    slot: SlotIndex,
+    ptr: DevicePtr,
+    bytes: u64,
+    /// The consumer that received it ([`super::owner_token`]).
+    owner: u64,
+}
+
+impl Frame {
+    /// Its sequence number (0, 1, 2, ... as the producer published them).
+    pub fn seq(&self) -> Sequence {
+        self.seq
+    }
+
+    /// The slot it occupies.
+    pub fn slot(&self) -> SlotIndex {
+        self.slot
+    }
+
+    /// Where it is, in this process's device address space (host address with the host backend).
+    /// [`Consumer::frame_span`] gives the same memory as a bounds-checked span.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
     /// Its size in bytes.
-    pub bytes: u64,
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 /// The consuming end of a frame ring: attached once, then frames are read in place, in order.
@@ -70,6 +111,8 @@ pub struct Consumer<B: Backend> {
     conn: PeerConnection,
     offer: RingOffer,
     next_seq: u64,
+    /// Tells this consumer's frames from any other's.
+    owner: u64,
     gpu_timeout: Duration,
     /// Set once teardown ran (by `detach`), so `Drop` does not run it again.
     left: bool,
@@ -84,9 +127,9 @@ impl<B: Backend> Consumer<B> {
     /// cannot run ([`FrameError::StrategyUnavailable`]), import errors. When the import fails the consumer tells
     /// the producer (`Detach(ImportFailed)`) before it returns.
     pub fn attach(ctx: &B::Context, socket_path: &Path, options: &AttachOptions) -> Result<Self, FrameError> {
+        let conn = connect_waiting(socket_path, options)?;
         let deadline = Instant::now() + options.timeout;
         let left = || deadline.saturating_duration_since(Instant::now());
-        let conn = PeerConnection::connect_with(socket_path, left(), &options.producer)?;
         let hello = ClientHello {
             protocol_version: PROTOCOL_VERSION,
             client_pid: std::process::id(),
@@ -152,7 +195,7 @@ impl<B: Backend> Consumer<B> {
                 )
                 .map_err(|e| FrameError::Config(format!("watching the producer's connection: {e}")))?;
         }
-        tracing::info!(consumer = offer.consumer_id, backend = B::NAME, sync = %offer.sync, first = next_seq, "attached");
+        tracing::info!(consumer = offer.consumer_id, backend = B::KIND.name(), sync = %offer.sync, first = next_seq, "attached");
         let shared =
             ConsumerShared { ring, producer_hung_up, producer_pid: offer.producer_pid, published_below_at_hang_up };
         Ok(Self {
@@ -163,6 +206,7 @@ impl<B: Backend> Consumer<B> {
             conn,
             offer,
             next_seq,
+            owner: super::owner_token(),
             gpu_timeout: options.gpu_timeout,
             left: false,
         })
@@ -263,7 +307,7 @@ impl<B: Backend> Consumer<B> {
     /// # Errors
     /// [`FrameError::ProducerGone`], [`FrameError::Evicted`].
     pub fn check_producer(&self) -> Result<(), FrameError> {
-        if self.shared.hung_up() {
+        if self.shared.hung_up() || self.shared.ring.closed_after().is_some() {
             return Err(self.shared.gone("its connection hung up (the process exited or was killed)"));
         }
         self.shared.ring.check_producer().map_err(|e| self.shared.map_ring(e, "producer"))?;
@@ -289,6 +333,12 @@ impl<B: Backend> Consumer<B> {
     pub fn next_frame(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<Frame, FrameError> {
         let seq = Sequence(self.next_seq);
         self.check_evicted()?;
+        // The end of a closed ring is known from the control block before any wait is queued for a frame past it.
+        if let Some(end) = self.shared.ring.closed_after()
+            && seq >= end
+        {
+            return Err(FrameError::EndOfStream { published: end.0, past_end: None });
+        }
         if !matches!(self.shared.ring.is_published(seq), Ok(true)) {
             self.check_producer()?;
         }
@@ -304,10 +354,11 @@ impl<B: Backend> Consumer<B> {
         }
         self.next_seq = seq.0 + 1;
         Ok(Frame {
-            seq: seq.0,
-            slot: slot.0,
+            seq,
+            slot,
             ptr: self.region.ptr().offset(self.offer.data_offset + self.offer.slot_stride_bytes * u64::from(slot.0)),
             bytes: self.offer.geometry.frame_bytes(),
+            owner: self.owner,
         })
     }
 
@@ -319,9 +370,14 @@ impl<B: Backend> Consumer<B> {
     /// hold partial data), [`FrameError::Evicted`], [`FrameError::Timeout`] when a CPU strategy's wait for the
     /// stream passes [`AttachOptions::gpu_timeout`].
     pub fn release(&mut self, frame: Frame, stream: Option<&Stream>) -> Result<(), FrameError> {
+        if frame.owner != self.owner {
+            return Err(FrameError::ForeignToken {
+                token: "frame",
+                problem: format!("frame {} was received by another consumer (or an earlier attachment)", frame.seq.0),
+            });
+        }
         let gpu_deadline = Instant::now() + self.gpu_timeout;
-        let seq = Sequence(frame.seq);
-        self.sync.release(&self.shared, seq, SlotIndex(frame.slot), stream, gpu_deadline)
+        self.sync.release(&self.shared, frame.seq, frame.slot, stream, gpu_deadline)
     }
 
     /// After [`FrameError::ProducerGone`] because the producer died: one past the highest frame it had published
@@ -388,6 +444,19 @@ where
 impl<B: Backend> Drop for Consumer<B> {
     fn drop(&mut self) {
         self.leave();
+    }
+}
+
+/// Connects to the producer, retrying while none listens for up to [`AttachOptions::wait_for_producer`].
+fn connect_waiting(socket_path: &Path, options: &AttachOptions) -> Result<PeerConnection, FrameError> {
+    let give_up = Instant::now() + options.wait_for_producer;
+    loop {
+        match PeerConnection::connect_with(socket_path, options.timeout, &options.producer) {
+            Err(WireError::NoProducer { .. }) if Instant::now() < give_up => {
+                std::thread::sleep(Duration::from_millis(20).min(give_up.saturating_duration_since(Instant::now())));
+            }
+            other => return Ok(other?),
+        }
     }
 }
 

@@ -52,6 +52,26 @@ pub enum FrameError {
     /// panic said): the consumers attached are served on, no other can attach. Create the producer again.
     #[error("the producer's admission thread stopped accepting consumers ({0}); create the producer again")]
     Admission(String),
+    /// The producer closed the ring (a clean end of stream, not a death): it published frames `0..published`, and
+    /// every one of them was delivered. With a GPU-side strategy, a wait queued ahead for a frame at or past the
+    /// end (`past_end`, from [`Consumer::release`](super::Consumer::release)) was released by the end, not by a
+    /// frame: discard what was computed from that frame.
+    #[error("end of stream: the producer closed the ring after {published} frames{}", past_end_words(*.past_end))]
+    EndOfStream {
+        /// Frames the producer published (sequences `0..published`).
+        published: u64,
+        /// A frame this consumer had queued work for that the producer never published.
+        past_end: Option<u64>,
+    },
+    /// A lease or frame that is not this producer's or consumer's to use (another's, an earlier ring's, or a frame
+    /// published already): refused before anything is queued.
+    #[error("this {token} cannot be used here: {problem}")]
+    ForeignToken {
+        /// `slot lease` or `frame`.
+        token: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The ring's configuration is not usable.
     #[error("invalid ring configuration: {0}")]
     Config(String),
@@ -78,4 +98,18 @@ pub enum FrameError {
     /// Protocol or socket error.
     #[error(transparent)]
     Wire(#[from] WireError),
+}
+
+fn past_end_words(past_end: Option<u64>) -> String {
+    past_end.map_or_else(String::new, |seq| {
+        format!("; frame {seq} was queued past the end and never written: discard what was computed from it")
+    })
+}
+
+impl FrameError {
+    /// Whether this is the clean end of a stream ([`FrameError::EndOfStream`]): the loop that reads frames ends here
+    /// with success.
+    pub fn is_end_of_stream(&self) -> bool {
+        matches!(self, Self::EndOfStream { .. })
+    }
 }

@@ -24,55 +24,73 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use ipc_core::backend::Backend;
-//! use ipc_core::driver::{Context, DevicePtr, Stream};
+//! use ipc_core::backend::GpuBackend;
+//! use ipc_core::driver::{Context, DeviceSpan, Stream};
 //! use ipc_core::frames::{FrameError, Producer, ProducerConfig};
 //! use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 //!
 //! // Generic over the backend: `ipc_legacy::Legacy` or `ipc_vmm::Vmm`.
-//! fn produce<B: Backend<Context = Context>>(
+//! fn produce<B: GpuBackend>(
 //!     ctx: &Context,
-//!     mut fill_frame: impl FnMut(DevicePtr, &Stream),
+//!     frames: u64,
+//!     mut fill_frame: impl FnMut(DeviceSpan<'_>, u64, &Stream),
 //! ) -> Result<(), FrameError> {
 //!     let geometry = FrameGeometry::new(3840, 2160, PixelFormat::Rgb8)?;
 //!     let config = ProducerConfig::new("/tmp/frames.sock", geometry, 4, SyncStrategy::GpuStreamOps);
 //!     let mut producer = Producer::<B>::create(ctx, config)?;
 //!     let stream = Stream::new(ctx)?;
-//!     loop {
+//!     producer.wait_for_consumers(1, Duration::from_secs(30))?;
+//!     for _ in 0..frames {
 //!         let slot = producer.acquire(Some(&stream), Duration::from_secs(1))?;
-//!         fill_frame(slot.ptr, &stream); // your kernel, queued on `stream`
-//!         producer.publish(slot, Some(&stream))?;
+//!         // Your kernel, queued on `stream`, writes the slot in place (a bounds-checked span of it).
+//!         fill_frame(producer.slot_span(&slot)?, slot.seq().0, &stream);
+//!         producer.publish(slot, Some(&stream))?; // takes the lease: it cannot be published twice
 //!     }
+//!     // Until every consumer released the last frame; dropping the producer then closes the ring: the clean end of
+//!     // the stream that consumers see as `FrameError::EndOfStream`.
+//!     producer.drain(Some(&stream), Duration::from_secs(10))
 //! }
 //! ```
 //!
-//! A consumer, in another process:
+//! A consumer, in another process, reading until the end of the stream:
 //!
 //! ```no_run
 //! use std::path::Path;
 //! use std::time::Duration;
-//! use ipc_core::backend::Backend;
-//! use ipc_core::driver::{Context, DevicePtr, Stream};
+//! use ipc_core::backend::GpuBackend;
+//! use ipc_core::driver::{Context, DeviceSpan, Stream};
 //! use ipc_core::frames::{AttachOptions, Consumer, FrameError};
 //!
-//! fn consume<B: Backend<Context = Context>>(
+//! fn consume<B: GpuBackend>(
 //!     ctx: &Context,
-//!     mut read_frame: impl FnMut(DevicePtr, u64, &Stream),
-//! ) -> Result<(), FrameError> {
+//!     mut read_frame: impl FnMut(DeviceSpan<'_>, u64, &Stream),
+//! ) -> Result<u64, FrameError> {
 //!     let options = AttachOptions { name: "detector".into(), ..AttachOptions::default() };
 //!     let mut consumer = Consumer::<B>::attach(ctx, Path::new("/tmp/frames.sock"), &options)?;
 //!     let stream = Stream::new(ctx)?;
-//!     loop {
+//!     let first = consumer.next_sequence();
+//!     let published = loop {
 //!         let frame = match consumer.next_frame(Some(&stream), Duration::from_secs(1)) {
 //!             Ok(frame) => frame,
-//!             Err(FrameError::ProducerGone { .. }) => break, // it stopped or died: every wait was released
+//!             // The producer closed the ring after `published` frames: every one was delivered.
+//!             Err(FrameError::EndOfStream { published, .. }) => break published,
+//!             // `ProducerGone`: it died. `Evicted`, `Timeout`: see their docs.
 //!             Err(e) => return Err(e),
 //!         };
-//!         read_frame(frame.ptr, frame.bytes, &stream); // your kernel, queued on `stream`, reads in place
-//!         consumer.release(frame, Some(&stream))?; // the producer may rewrite the slot once the kernel is done
-//!     }
+//!         // Your kernel, queued on `stream`, reads the frame in place.
+//!         read_frame(consumer.frame_span(&frame)?, frame.seq().0, &stream);
+//!         match consumer.release(frame, Some(&stream)) {
+//!             Ok(()) => {}
+//!             // A GPU-side strategy had queued this frame past the end: it was never written.
+//!             Err(FrameError::EndOfStream { published, .. }) => break published,
+//!             Err(e) => return Err(e),
+//!         }
+//!     };
+//!     // With a GPU-side strategy, frames numbered `published` and above that were handed out (their release may have
+//!     // returned before the end was known) were never written: discard what was computed from them.
+//!     let read = consumer.next_sequence().min(published).saturating_sub(first);
 //!     consumer.detach();
-//!     Ok(())
+//!     Ok(read)
 //! }
 //! ```
 
@@ -123,6 +141,13 @@ fn wait_for_event(
             None => std::hint::spin_loop(),
         }
     }
+}
+
+/// A number no other producer or consumer of this process has: what tells a lease or frame of one ring from
+/// another's.
+fn owner_token() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Bytes between slots: the frame size rounded up to 256 bytes, so every slot starts aligned for vector loads.

@@ -14,7 +14,7 @@ use crate::frames::admission::{Admission, AdmissionConfig, AdmissionEvent, Offer
 use crate::frames::strategy::{ProducerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
-use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, RingError, Sequence};
+use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, RingError, Sequence, SlotIndex};
 use crate::wire::{
     Detach, DetachReason, DeviceUuid, FrameGeometry, Message, PeerConnection, RefusalCode, RendezvousListener,
     RingOffer, SocketAccess, SyncStrategy,
@@ -72,18 +72,56 @@ impl ProducerConfig {
     }
 }
 
-/// A slot the producer may write: frame `seq` goes to `slot`, at `ptr`, `bytes` long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The right to write one slot and publish it once: frame [`seq`](Self::seq) goes to [`slot`](Self::slot), at
+/// [`ptr`](Self::ptr), [`bytes`](Self::bytes) long. [`Producer::publish`] takes it by value, so a lease cannot be
+/// published twice:
+///
+/// ```compile_fail,E0382
+/// # use std::time::Duration;
+/// # use ipc_core::fake::HostFake;
+/// # use ipc_core::frames::{FrameError, Producer};
+/// # fn twice(producer: &mut Producer<HostFake>) -> Result<(), FrameError> {
+/// let lease = producer.acquire(None, Duration::from_secs(1))?;
+/// producer.publish(lease, None)?;
+/// producer.publish(lease, None)?; // error[E0382]: use of moved value: `lease`
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A lease of another producer (or of an earlier ring at the same path) is refused by `publish` before anything is
+/// queued.
+#[derive(Debug, PartialEq, Eq)]
 #[must_use = "publish the slot, or the ring stalls"]
 pub struct SlotLease {
+    seq: Sequence,
+    slot: SlotIndex,
+    ptr: DevicePtr,
+    bytes: u64,
+    /// The producer that made it ([`super::owner_token`]).
+    owner: u64,
+}
+
+impl SlotLease {
     /// The frame's sequence number (0, 1, 2, ...).
-    pub seq: u64,
-    /// The slot it occupies.
-    pub slot: u32,
-    /// Where to write it, in this process's device address space.
-    pub ptr: DevicePtr,
-    /// Frame size in bytes.
-    pub bytes: u64,
+    pub fn seq(&self) -> Sequence {
+        self.seq
+    }
+
+    /// The slot the frame occupies.
+    pub fn slot(&self) -> SlotIndex {
+        self.slot
+    }
+
+    /// Where to write the frame, in this process's device address space (host address with the host backend).
+    /// [`Producer::slot_span`] gives the same memory as a bounds-checked span.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// The frame's size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 /// The producing end of a frame ring.
@@ -101,6 +139,8 @@ pub struct Producer<B: Backend> {
     config: ProducerConfig,
     stride: u64,
     next_seq: u64,
+    /// Tells this producer's leases from any other's.
+    owner: u64,
     generation: u64,
     device_uuid: DeviceUuid,
     lost: usize,
@@ -226,7 +266,7 @@ impl<B: Backend> Producer<B> {
         )
         .map_err(|e| FrameError::Config(format!("starting the admission thread: {e}")))?;
         tracing::info!(
-            backend = B::NAME,
+            backend = B::KIND.name(),
             sync = %strategy.kind(),
             slots = config.slots,
             frame_bytes = config.geometry.frame_bytes(),
@@ -245,6 +285,7 @@ impl<B: Backend> Producer<B> {
             config,
             stride,
             next_seq: 0,
+            owner: super::owner_token(),
             generation,
             device_uuid,
             lost: 0,
@@ -364,12 +405,13 @@ impl<B: Backend> Producer<B> {
                 Err(e) => return Err(e),
             }
         }
-        let slot = self.ring.slot_for(Sequence(seq)).0;
+        let slot = self.ring.slot_for(Sequence(seq));
         Ok(SlotLease {
-            seq,
+            seq: Sequence(seq),
             slot,
-            ptr: self.region.ptr().offset(self.stride * u64::from(slot)),
+            ptr: self.region.ptr().offset(self.stride * u64::from(slot.0)),
             bytes: self.config.geometry.frame_bytes(),
+            owner: self.owner,
         })
     }
 
@@ -434,9 +476,25 @@ impl<B: Backend> Producer<B> {
     /// Driver errors; a GPU strategy without a stream; [`FrameError::Timeout`] when a CPU strategy's wait for the
     /// frame's work passes [`ProducerConfig::gpu_timeout`].
     pub fn publish(&mut self, lease: SlotLease, stream: Option<&Stream>) -> Result<(), FrameError> {
+        // Checked before the strategy queues anything: a GPU strategy's counter store cannot be taken back.
+        if lease.owner != self.owner {
+            return Err(FrameError::ForeignToken {
+                token: "slot lease",
+                problem: format!("frame {} is another producer's (or an earlier ring's)", lease.seq.0),
+            });
+        }
+        if lease.seq.0 != self.next_seq {
+            return Err(FrameError::ForeignToken {
+                token: "slot lease",
+                problem: format!(
+                    "frame {} was published already with another lease; the next frame is {}",
+                    lease.seq.0, self.next_seq
+                ),
+            });
+        }
         let gpu_deadline = Instant::now() + self.config.gpu_timeout;
-        self.sync.publish(&self.ring, lease.seq, lease.slot, stream, gpu_deadline)?;
-        self.next_seq = lease.seq + 1;
+        self.sync.publish(&self.ring, lease.seq.0, lease.slot.0, stream, gpu_deadline)?;
+        self.next_seq = lease.seq.0 + 1;
         Ok(())
     }
 
@@ -679,9 +737,13 @@ impl<B: Backend> Drop for Producer<B> {
         // (bounded) for the stream to pass what we queued on the ring before freeing what it uses.
         self.ring.poison_all_released();
         let settled = self.sync.settle(Instant::now() + self.config.gpu_timeout);
-        // Consumers finish the frames already published (complete now, when settled), then get ProducerGone.
-        self.ring.close();
-        if !settled {
+        if settled {
+            // Every frame queued is published now: consumers finish them, then get EndOfStream.
+            self.ring.close();
+        } else {
+            // Not closed (the ring's own Drop would close it: keep it): frames queued may never be published, so
+            // consumers must see a producer that died, not a clean end.
+            std::mem::forget(self.ring.clone());
             tracing::error!(
                 "the producer's stream did not finish its work on the ring within {:?}: leaking the ring's memory \
                  rather than freeing it under the GPU",

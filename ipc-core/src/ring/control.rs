@@ -815,6 +815,14 @@ impl ConsumerControl {
         }
     }
 
+    /// `Some(n)` once the producer closed the ring cleanly after publishing frames `0..n` (a producer closes only
+    /// when everything it queued is done); `None` while it runs, or when it died without closing.
+    pub fn closed_after(&self) -> Option<Sequence> {
+        let header = &self.block.layout().header;
+        (header.producer_state.load(Ordering::Acquire) == ProducerState::Closed as u64)
+            .then(|| self.block.next_sequence())
+    }
+
     /// The highest sequence published so far according to the `published` counters (POISON ignored), or `None`
     /// when none is. Read before poisoning them, it says which frames a dead producer really wrote.
     pub fn highest_published(&self) -> Option<u64> {

@@ -21,4 +21,4 @@ pub use message::{
     PROTOCOL_VERSION, RING_OFFER_FIXED_BYTES, RefusalCode, Refused, RingOffer,
 };
 pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener, SocketAccess};
-pub use types::{BackendKind, DeviceUuid, FrameGeometry, HandleType, PixelFormat, SyncStrategy};
+pub use types::{BackendKind, DeviceUuid, FrameGeometry, HandleType, PixelFormat, SyncStrategy, UnknownName};

@@ -15,15 +15,37 @@ use super::error::WireError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum BackendKind {
-    /// `cuMemAlloc` + `cuIpcGetMemHandle` / `cuIpcOpenMemHandle`.
+    /// `cuMemAlloc` + `cuIpcGetMemHandle` / `cuIpcOpenMemHandle` (name `legacy`).
+    #[serde(rename = "legacy", alias = "Legacy")]
     Legacy,
-    /// `cuMemCreate` exported as a POSIX file descriptor.
+    /// `cuMemCreate` exported as a POSIX file descriptor (name `vmm`).
+    #[serde(rename = "vmm", alias = "Vmm")]
     Vmm,
-    /// Host memory in a memfd: lets the ring and protocol run without a GPU.
+    /// Host memory in a memfd: lets the ring and protocol run without a GPU, with the CPU sync strategies
+    /// (name `host`; `host-fake` is accepted too).
+    #[serde(rename = "host", alias = "HostFake", alias = "host-fake")]
     HostFake,
 }
 
 impl BackendKind {
+    /// Every backend, in wire-code order. Whether one is compiled into an application is the `gpu-ipc` crate's
+    /// business (its Cargo features); this type names them all.
+    pub const ALL: [BackendKind; 3] = [Self::Legacy, Self::Vmm, Self::HostFake];
+
+    /// The name the command line, JSON reports and logs use: `legacy`, `vmm`, `host`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Legacy => "legacy",
+            Self::Vmm => "vmm",
+            Self::HostFake => "host",
+        }
+    }
+
+    /// Whether the backend shares GPU memory (legacy, vmm); the host fake shares host memory.
+    pub const fn is_gpu(self) -> bool {
+        !matches!(self, Self::HostFake)
+    }
+
     /// Stable wire code.
     pub const fn code(self) -> u16 {
         match self {
@@ -55,12 +77,36 @@ impl BackendKind {
 
 impl fmt::Display for BackendKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Legacy => "legacy",
-            Self::Vmm => "vmm",
-            Self::HostFake => "host-fake",
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for BackendKind {
+    type Err = UnknownName;
+
+    /// Parses a name as [`BackendKind::name`] spells it (`host-fake` is accepted for `host`).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "host-fake" {
+            return Ok(Self::HostFake);
+        }
+        Self::ALL.into_iter().find(|b| b.name() == text).ok_or_else(|| UnknownName {
+            what: "backend",
+            given: text.to_owned(),
+            known: Self::ALL.iter().map(|b| b.name()).collect(),
         })
     }
+}
+
+/// A name that names no backend or sync strategy; says which names there are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{given}`; expected one of: {}", known.join(", "))]
+pub struct UnknownName {
+    /// What was being named (`backend`, `sync strategy`).
+    pub what: &'static str,
+    /// The name given.
+    pub given: String,
+    /// The names there are.
+    pub known: Vec<&'static str>,
 }
 
 /// How the frame allocation travels to a consumer.
@@ -119,19 +165,51 @@ impl fmt::Display for HandleType {
 #[non_exhaustive]
 pub enum SyncStrategy {
     /// CPU busy-polls the control block.
+    #[serde(rename = "cpu-spin", alias = "CpuSpin")]
     CpuSpin,
     /// CPU polls the control block with sleeps in between.
+    #[serde(rename = "cpu-sleep", alias = "CpuSleep")]
     CpuSleep,
     /// CUDA IPC events (`cuIpcGetEventHandle`), one or two per slot.
+    #[serde(rename = "ipc-event", alias = "IpcEvent")]
     IpcEvent,
     /// `cuStreamWaitValue64` / `cuStreamWriteValue64` on the control block: no CPU per frame.
+    #[serde(rename = "gpu-stream-ops", alias = "GpuStreamOps")]
     GpuStreamOps,
     /// A one-thread kernel polls the control block with `ld.acquire.sys` (bounded by `%globaltimer`) and another
     /// publishes with `st.release.sys`: no CPU per frame; only where MPS runs.
+    #[serde(rename = "gpu-poll", alias = "GpuPoll")]
     GpuPoll,
 }
 
 impl SyncStrategy {
+    /// Every strategy, in wire-code order.
+    pub const ALL: [SyncStrategy; 5] =
+        [Self::CpuSpin, Self::CpuSleep, Self::IpcEvent, Self::GpuStreamOps, Self::GpuPoll];
+
+    /// The name the command line, JSON reports and logs use (`cpu-spin`, `cpu-sleep`, `ipc-event`,
+    /// `gpu-stream-ops`, `gpu-poll`); [`FromStr`] parses it back.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::CpuSpin => "cpu-spin",
+            Self::CpuSleep => "cpu-sleep",
+            Self::IpcEvent => "ipc-event",
+            Self::GpuStreamOps => "gpu-stream-ops",
+            Self::GpuPoll => "gpu-poll",
+        }
+    }
+
+    /// Whether the GPU does the waiting (`gpu-stream-ops`, `gpu-poll`): the calls return once the work is queued,
+    /// and they need a stream.
+    pub const fn is_gpu_side(self) -> bool {
+        matches!(self, Self::GpuStreamOps | Self::GpuPoll)
+    }
+
+    /// Whether it needs a CUDA backend (everything but `cpu-spin` and `cpu-sleep`, the ones the host backend runs).
+    pub const fn needs_cuda(self) -> bool {
+        !matches!(self, Self::CpuSpin | Self::CpuSleep)
+    }
+
     /// Stable wire code.
     pub const fn code(self) -> u16 {
         match self {
@@ -158,12 +236,19 @@ impl SyncStrategy {
 
 impl fmt::Display for SyncStrategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::CpuSpin => "cpu-spin",
-            Self::CpuSleep => "cpu-sleep",
-            Self::IpcEvent => "ipc-event",
-            Self::GpuStreamOps => "gpu-stream-ops",
-            Self::GpuPoll => "gpu-poll",
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for SyncStrategy {
+    type Err = UnknownName;
+
+    /// Parses a name as [`SyncStrategy::name`] spells it.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|s| s.name() == text).ok_or_else(|| UnknownName {
+            what: "sync strategy",
+            given: text.to_owned(),
+            known: Self::ALL.iter().map(|s| s.name()).collect(),
         })
     }
 }

@@ -34,8 +34,8 @@ pub fn producer(path: PathBuf, sync: SyncStrategy, slots: u32) -> Producer<HostF
 /// Acquires the next slot, writes [`frame_bytes`] into it and publishes it; returns its sequence number.
 pub fn publish(p: &mut Producer<HostFake>, timeout: Duration) -> Result<u64, FrameError> {
     let lease = p.acquire(None, timeout)?;
-    p.region().write(lease.ptr, &frame_bytes(lease.seq, lease.bytes as usize)).unwrap();
-    let seq = lease.seq;
+    p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
+    let seq = lease.seq().0;
     p.publish(lease, None)?;
     Ok(seq)
 }

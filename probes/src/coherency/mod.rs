@@ -63,7 +63,7 @@ pub struct ProbeArgs {
     pub rounds: Option<u64>,
     /// Only this backend for the cross-process cells (default: every backend built in).
     #[arg(long)]
-    pub backend: Option<gpu_ipc::BackendChoice>,
+    pub backend: Option<gpu_ipc::BackendKind>,
     /// Skip the same-process control run.
     #[arg(long)]
     pub no_control: bool,
@@ -271,8 +271,7 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
     let reader = ReaderSide::new(&ctx, rounds)?;
     let (sass, sass_note) = disassemble(reader.kernels.image());
 
-    let backends: Vec<gpu_ipc::BackendChoice> =
-        args.backend.map_or_else(|| gpu_ipc::BackendChoice::ALL.to_vec(), |b| vec![b]);
+    let backends: Vec<gpu_ipc::BackendKind> = args.backend.map_or_else(|| gpu_ipc::COMPILED_GPU.to_vec(), |b| vec![b]);
     let device_writers: Vec<Writer> = Writer::all().into_iter().filter(|w| *w != Writer::Cpu).collect();
     let readers = Reader::all();
     let control_pairs = control_pairs();

@@ -14,7 +14,7 @@ use gpu_ipc::core::driver::{
 use gpu_ipc::kernels::launch::PatternKernels;
 use gpu_ipc::kernels::pattern::count_mismatches_host;
 use gpu_ipc::kernels::probe::{MEM_HAMMER, MEM_WAIT_FLAG, ProbeKernels};
-use gpu_ipc::{BackendChoice, BackendVisitor};
+use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
 use super::model::{SurvivorReport, WaitOutcome};
 use super::protocol::{
@@ -49,8 +49,9 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
         ROLE_EXPORTER | ROLE_IMPORTER => {
             let params: PeerParams = serde_json::from_value(task.params)
                 .map_err(|e| ProbeError::Other(format!("{}: bad parameters: {e}", task.role)))?;
-            let backend: BackendChoice = params.backend.parse().map_err(|e| ProbeError::Other(format!("{e}")))?;
-            backend.dispatch(PeerRole { device: params.device, channel })
+            let backend: BackendKind = params.backend.parse().map_err(|e| ProbeError::Other(format!("{e}")))?;
+            gpu_ipc::dispatch_gpu(backend, PeerRole { device: params.device, channel })
+                .unwrap_or_else(|e| Err(ProbeError::Other(e.to_string())))
         }
         other => Err(ProbeError::Other(format!("unknown crash child role {other:?}"))),
     }
@@ -80,7 +81,7 @@ struct PeerRole<'a> {
     channel: &'a Channel,
 }
 
-impl BackendVisitor for PeerRole<'_> {
+impl GpuBackendVisitor for PeerRole<'_> {
     type Output = Result<(), ProbeError>;
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let ctx = Context::for_ordinal(self.device)?;

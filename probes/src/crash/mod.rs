@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 
 use harness::env::ProbeEnv;
 use harness::progress::Progress;
@@ -148,9 +148,9 @@ pub fn main(args: &ProbeArgs) -> u8 {
     harness::execute("crash", &args.common, |env, progress| run(args, env, progress), render_text)
 }
 
-fn backends(args: &ProbeArgs) -> Result<Vec<BackendChoice>, ProbeError> {
+fn backends(args: &ProbeArgs) -> Result<Vec<BackendKind>, ProbeError> {
     if args.backend.is_empty() {
-        return Ok(BackendChoice::ALL.to_vec());
+        return Ok(gpu_ipc::COMPILED_GPU.to_vec());
     }
     args.backend.iter().map(|name| name.parse().map_err(|e| ProbeError::Other(format!("--backend: {e}")))).collect()
 }
@@ -166,7 +166,7 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
     let started = Instant::now();
     let mut stopped: Option<String> = None;
     // Cells whose death faulted the server: not repeated (each repetition would break every client again).
-    let mut faulted: Vec<(BackendChoice, CrashCase, String)> = Vec::new();
+    let mut faulted: Vec<(BackendKind, CrashCase, String)> = Vec::new();
     let mut trials = Vec::new();
     let destructive_from = schedule.iter().position(|(_, c, _)| c.kills_running_victim_kernel());
     for (i, &(backend, case, repetition)) in schedule.iter().enumerate() {

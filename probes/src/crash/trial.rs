@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::process::{Command as Process, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 use gpu_ipc::core::wire::WireError;
 
 use super::model::{CrashCase, FailureKind, MemoryReading, MemoryTrace, SurvivorReport, TrialFailure, TrialRecord};
@@ -247,7 +247,7 @@ pub fn parse_smi_used(text: &str, device: i32, uuid: Option<&str>) -> Option<u64
     })
 }
 
-fn spawn_peer(role: &str, plan: &Plan, backend: BackendChoice) -> Result<ChildProcess, AskError> {
+fn spawn_peer(role: &str, plan: &Plan, backend: BackendKind) -> Result<ChildProcess, AskError> {
     let params = PeerParams { backend: backend.name().to_owned(), device: plan.device };
     let task = ChildTask {
         role: role.to_owned(),
@@ -268,7 +268,7 @@ fn spawn_peer(role: &str, plan: &Plan, backend: BackendChoice) -> Result<ChildPr
 pub fn run_trial(
     plan: &Plan,
     observer: &Observer,
-    backend: BackendChoice,
+    backend: BackendKind,
     case: CrashCase,
     repetition: u32,
 ) -> TrialRecord {
@@ -367,7 +367,7 @@ fn after_death(stage: &'static str) -> impl Fn(AskError) -> TrialFailure {
 fn trial_steps(
     plan: &Plan,
     observer: &Observer,
-    backend: BackendChoice,
+    backend: BackendKind,
     record: &mut TrialRecord,
 ) -> Result<(), TrialFailure> {
     let case = record.case;

@@ -4,7 +4,7 @@
 use super::model::{AttachPoint, LINE, MIB, Measured};
 use std::time::{Duration, Instant};
 
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 use gpu_ipc::core::driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, KernelArg, LaunchConfig, Stream, sys,
 };
@@ -22,7 +22,7 @@ use harness::stats::Distribution;
 #[serde(tag = "msg", rename_all = "kebab-case")]
 pub(super) enum ToChild {
     /// Allocate `bytes` through `backend`, fill it, and send its handle back.
-    Allocate { backend: BackendChoice, bytes: u64 },
+    Allocate { backend: BackendKind, bytes: u64 },
     /// Import (the fd rides along), time it, close, import again, and report.
     Import(HandleMessage),
     /// Leave.
@@ -56,7 +56,7 @@ pub(super) fn recv_reply(child: &ChildProcess, timeout: Duration) -> Result<From
 
 pub(super) fn ask_export(
     exporter: &ChildProcess,
-    backend: BackendChoice,
+    backend: BackendKind,
     bytes: u64,
 ) -> Result<(HandleMessage, Option<std::os::fd::OwnedFd>), ProbeError> {
     exporter.channel().send(&ToChild::Allocate { backend, bytes }, Vec::new())?;
@@ -78,9 +78,9 @@ pub(super) fn peer_import(
     let peer_device = if device == 0 { 1 } else { 0 };
     let peer = spawn_child("overhead-exporter", peer_device)?;
     #[cfg(feature = "legacy")]
-    let backend = BackendChoice::Legacy;
+    let backend = BackendKind::Legacy;
     #[cfg(not(feature = "legacy"))]
-    let backend = BackendChoice::Vmm;
+    let backend = BackendKind::Vmm;
     let (message, fd) = ask_export(&peer, backend, bytes)?;
     let region = ImportedRegion::import(ctx, &message, fd)?;
     Ok((peer, region))
@@ -89,7 +89,7 @@ pub(super) fn peer_import(
 /// Times `reps` imports and closes of one exported allocation in this process.
 pub(super) fn time_attach(
     ctx: &Context,
-    backend: BackendChoice,
+    backend: BackendKind,
     message: &HandleMessage,
     fd: Option<std::os::fd::OwnedFd>,
     reps: u32,

@@ -16,7 +16,6 @@ mod verdict;
 
 use std::time::Duration;
 
-use gpu_ipc::BackendChoice;
 use gpu_ipc::core::driver::{Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan};
 
 use harness::env::ProbeEnv;
@@ -92,7 +91,7 @@ pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Res
     let local = DeviceBuffer::alloc(&ctx, buffer_bytes)?;
     let mut keep_imports: Vec<(MemoryKind, ImportedRegion)> = Vec::new();
     let mut keep_local: Vec<(MemoryKind, ExportedRegion)> = Vec::new();
-    for &backend in BackendChoice::ALL {
+    for &backend in gpu_ipc::COMPILED_GPU {
         let (message, fd) = ask_export(&exporter, backend, buffer_bytes)?;
         let imported = ImportedRegion::import(&ctx, &message, fd)?;
         let kind = if backend.name() == "legacy" { MemoryKind::LegacyImported } else { MemoryKind::VmmImported };
@@ -153,9 +152,9 @@ pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Res
     // Attach and detach: repeated imports in this process.
     let attach_sizes: Vec<u64> =
         [4 * MIB, 256 * MIB, 4 * GIB].into_iter().filter(|&b| b <= args.max_attach_mib * MIB).collect();
-    progress.stage("attach and detach", (BackendChoice::ALL.len() * attach_sizes.len()) as u64 + 1);
+    progress.stage("attach and detach", (gpu_ipc::COMPILED_GPU.len() * attach_sizes.len()) as u64 + 1);
     let mut attach = Vec::new();
-    for &backend in BackendChoice::ALL {
+    for &backend in gpu_ipc::COMPILED_GPU {
         for &bytes in &attach_sizes {
             let (message, fd) = ask_export(&exporter, backend, bytes)?;
             attach.push(time_attach(&ctx, backend, &message, fd, attach_reps)?);
@@ -165,7 +164,7 @@ pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Res
 
     // First imports of fresh processes.
     let mut firsts = Vec::new();
-    for &backend in BackendChoice::ALL {
+    for &backend in gpu_ipc::COMPILED_GPU {
         let (message, fd) = ask_export(&exporter, backend, 4 * MIB)?;
         let (mut context, mut first, mut second) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..first_imports {

@@ -1,6 +1,6 @@
 //! What the overhead probe measured: memory kinds, measurements, comparisons, results.
 
-use gpu_ipc::BackendChoice;
+use gpu_ipc::BackendKind;
 use serde::{Deserialize, Serialize};
 
 use harness::stats::Distribution;
@@ -93,7 +93,7 @@ pub struct KindResults {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttachPoint {
     /// The backend.
-    pub backend: BackendChoice,
+    pub backend: BackendKind,
     /// Allocation size in bytes.
     pub bytes: u64,
     /// Import + map (+ reserve + set access) in a process that imported before, ms.
@@ -106,7 +106,7 @@ pub struct AttachPoint {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FirstImport {
     /// The backend.
-    pub backend: BackendChoice,
+    pub backend: BackendKind,
     /// Allocation size in bytes.
     pub bytes: u64,
     /// Creating the CUDA context of the fresh process (cuInit + primary context), ms.

@@ -549,11 +549,9 @@ impl ConsumerSide for PollConsumer {
         let offset = released_offset(shared.ring.id().index(), slot);
         self.poller.store(stream, offset, seq.done_value())?;
         self.poller.run_ahead.after(seq.0, stream)?;
-        // The poll for this frame may have been satisfied by the poison written when the producer died, not by the
-        // frame: say so, so the caller discards what it computed from it.
-        if shared.hung_up() {
-            return Err(shared.gone("it died; this frame may hold partial data"));
-        }
+        // The poll for this frame may have been satisfied by the poison written when the producer hung up, not by
+        // the frame: say so, so the caller discards what it computed from it.
+        shared.check_queued_frame(seq)?;
         self.check_polls(shared)
     }
 

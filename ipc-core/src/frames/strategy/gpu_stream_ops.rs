@@ -323,13 +323,7 @@ impl ConsumerSide for GpuConsumer {
         self.trailing.clear();
         // The stream's wait for this frame may have been satisfied by the poison written when the producer
         // died, not by the frame: say so, so the caller discards what it computed from it.
-        if shared.hung_up() && !shared.published_before_hang_up(seq.0) {
-            return Err(shared.gone(format!(
-                "it died before it published frame {}: what was computed from that frame is garbage",
-                seq.0
-            )));
-        }
-        Ok(())
+        shared.check_queued_frame(seq)
     }
 
     fn settle(&mut self, deadline: Instant) -> bool {

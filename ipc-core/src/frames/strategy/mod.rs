@@ -143,9 +143,33 @@ pub(crate) struct ConsumerShared {
 }
 
 impl ConsumerShared {
-    /// [`FrameError::ProducerGone`] with `how`.
+    /// The producer is not there any more: [`FrameError::EndOfStream`] when it closed the ring (a clean end: it
+    /// closes only once everything it queued is done), else [`FrameError::ProducerGone`] with `how`.
     pub fn gone(&self, how: impl Into<String>) -> FrameError {
-        FrameError::ProducerGone { pid: self.producer_pid, how: how.into() }
+        match self.ring.closed_after() {
+            Some(published) => FrameError::EndOfStream { published: published.0, past_end: None },
+            None => FrameError::ProducerGone { pid: self.producer_pid, how: how.into() },
+        }
+    }
+
+    /// After a GPU-side wait for frame `seq` was queued: an error when that wait may have been released by the
+    /// poison written at the producer's hang-up rather than by the frame, i.e. when the producer never published
+    /// it: [`FrameError::EndOfStream`] naming the frame (queued past the end of a closed ring) or
+    /// [`FrameError::ProducerGone`] (it died first). What was computed from such a frame is garbage.
+    pub fn check_queued_frame(&self, seq: Sequence) -> Result<(), FrameError> {
+        if !self.hung_up() || self.published_before_hang_up(seq.0) {
+            return Ok(());
+        }
+        Err(match self.ring.closed_after() {
+            Some(published) => FrameError::EndOfStream { published: published.0, past_end: Some(seq.0) },
+            None => FrameError::ProducerGone {
+                pid: self.producer_pid,
+                how: format!(
+                    "it died before it published frame {}: what was computed from that frame is garbage",
+                    seq.0
+                ),
+            },
+        })
     }
 
     /// Whether the producer's connection hung up.
@@ -162,6 +186,7 @@ impl ConsumerShared {
     /// A ring error in the words of the frame API; this consumer's own record no longer live means it was evicted.
     pub fn map_ring(&self, e: RingError, what: &str) -> FrameError {
         match e {
+            RingError::ProducerGone { reason: GoneReason::Closed, .. } => self.gone("it closed the ring"),
             RingError::ProducerGone { reason, .. } => self.gone(match reason {
                 GoneReason::Closed => "it closed the ring".to_owned(),
                 other => format!("{other:?}"),

@@ -1,0 +1,194 @@
+//! What fills and checks frames in the example programs: the pattern kernels on a GPU stream, or the CPU on the
+//! host backend's memory (the demo that runs on any Linux machine, without a GPU).
+
+use gpu_ipc::core::backend::{Backend, GpuBackend};
+use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory, Stream};
+use gpu_ipc::core::fake::{HostContext, HostFake};
+use gpu_ipc::core::frames::{Consumer, Frame, FrameError, Producer, SlotLease};
+use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host};
+
+use crate::{Gpu, device_free_bytes, kernel_error};
+
+/// Frames whose running mismatch total is kept, per frame, on the GPU (more than any run-ahead: see
+/// [`FrameWork::mismatches`]).
+const SNAPSHOTS: u64 = 256;
+
+/// How an example program writes and checks frames with backend `B`.
+pub trait FrameWork<B: Backend>: Sized {
+    /// Opens device `ordinal` (ignored by the host backend).
+    ///
+    /// # Errors
+    /// No driver or device, or no kernel image for it.
+    fn open(ordinal: i32) -> Result<Self, FrameError>;
+    /// The backend's context.
+    fn ctx(&self) -> &B::Context;
+    /// The stream the program's work goes on (`None` on the host).
+    fn stream(&self) -> Option<&Stream>;
+    /// Writes frame `lease.seq()`'s pattern into its slot (queued on the stream on a GPU).
+    ///
+    /// # Errors
+    /// A slot outside the ring, a kernel or driver error.
+    fn fill(&mut self, producer: &Producer<B>, lease: &SlotLease) -> Result<(), FrameError>;
+    /// Checks `frame` against its pattern in place (queued on the stream on a GPU), counting mismatched words.
+    ///
+    /// # Errors
+    /// A frame outside the ring, a kernel or driver error.
+    fn verify(&mut self, consumer: &Consumer<B>, frame: &Frame) -> Result<(), FrameError>;
+    /// Waits for the work queued so far.
+    ///
+    /// # Errors
+    /// A driver error.
+    fn synchronize(&self) -> Result<(), FrameError>;
+    /// Mismatched words of the frames checked up to and including frame `last` (after [`synchronize`]). Frames
+    /// checked after it (queued past the end of a stream, whose waits the end released) do not count. `None`: every
+    /// frame checked.
+    ///
+    /// # Errors
+    /// A driver error.
+    ///
+    /// [`synchronize`]: FrameWork::synchronize
+    fn mismatches(&self, last: Option<u64>) -> Result<u64, FrameError>;
+    /// Free device memory, device-wide (`None` on the host).
+    fn device_free(&self) -> Option<u64>;
+}
+
+/// The GPU's side: the pattern kernels on one stream; mismatches counted on the GPU, with the running total
+/// copied after each frame's check into a ring of [`SNAPSHOTS`] words, so the total up to any recent frame can be
+/// read after the fact without a CPU synchronisation per frame.
+pub struct GpuWork {
+    gpu: Gpu,
+    counter: DeviceBuffer,
+    snapshots: DeviceBuffer,
+}
+
+impl<B: GpuBackend> FrameWork<B> for GpuWork {
+    fn open(ordinal: i32) -> Result<Self, FrameError> {
+        let gpu = Gpu::open(ordinal)?;
+        let counter = DeviceBuffer::alloc(&gpu.ctx, 8)?;
+        counter.write(0, &[0u64])?;
+        let snapshots = DeviceBuffer::alloc(&gpu.ctx, 8 * SNAPSHOTS)?;
+        snapshots.write(0, &[0u64; SNAPSHOTS as usize])?;
+        Ok(Self { gpu, counter, snapshots })
+    }
+
+    fn ctx(&self) -> &B::Context {
+        &self.gpu.ctx
+    }
+
+    fn stream(&self) -> Option<&Stream> {
+        Some(&self.gpu.stream)
+    }
+
+    fn fill(&mut self, producer: &Producer<B>, lease: &SlotLease) -> Result<(), FrameError> {
+        let span = producer.slot_span(lease)?;
+        self.gpu.kernels.fill(&self.gpu.stream, span, lease.seq().0).map_err(kernel_error)
+    }
+
+    fn verify(&mut self, consumer: &Consumer<B>, frame: &Frame) -> Result<(), FrameError> {
+        let span = consumer.frame_span(frame)?;
+        let seq = frame.seq().0;
+        self.gpu.kernels.verify(&self.gpu.stream, span, seq, self.counter.span()).map_err(kernel_error)?;
+        let snapshot = self.snapshots.span().slice(8 * (seq % SNAPSHOTS), 8)?;
+        Ok(snapshot.copy_from_async(&self.counter.span(), &self.gpu.stream)?)
+    }
+
+    fn synchronize(&self) -> Result<(), FrameError> {
+        Ok(self.gpu.stream.synchronize()?)
+    }
+
+    fn mismatches(&self, last: Option<u64>) -> Result<u64, FrameError> {
+        let mut value = [0u64];
+        match last {
+            Some(seq) => self.snapshots.read(8 * (seq % SNAPSHOTS), &mut value)?,
+            None => self.counter.read(0, &mut value)?,
+        }
+        Ok(value[0])
+    }
+
+    fn device_free(&self) -> Option<u64> {
+        device_free_bytes(&self.gpu.ctx)
+    }
+}
+
+/// The host backend's side: the CPU writes and checks the pattern in the shared host memory.
+#[derive(Default)]
+pub struct HostWork {
+    words: Vec<u32>,
+    bytes: Vec<u8>,
+    /// Mismatched words, and the frame each check ended at (to leave out frames past `last`).
+    checked: Vec<(u64, u64)>,
+}
+
+impl FrameWork<HostFake> for HostWork {
+    fn open(_ordinal: i32) -> Result<Self, FrameError> {
+        Ok(Self::default())
+    }
+
+    fn ctx(&self) -> &HostContext {
+        &HostContext
+    }
+
+    fn stream(&self) -> Option<&Stream> {
+        None
+    }
+
+    fn fill(&mut self, producer: &Producer<HostFake>, lease: &SlotLease) -> Result<(), FrameError> {
+        self.words.resize((lease.bytes() / 4) as usize, 0);
+        fill_pattern_host(&mut self.words, lease.seq().0);
+        self.bytes.clear();
+        self.bytes.extend(self.words.iter().flat_map(|w| w.to_le_bytes()));
+        self.bytes.resize(lease.bytes() as usize, 0);
+        Ok(producer.region().write(lease.ptr(), &self.bytes)?)
+    }
+
+    fn verify(&mut self, consumer: &Consumer<HostFake>, frame: &Frame) -> Result<(), FrameError> {
+        self.bytes.resize(frame.bytes() as usize, 0);
+        consumer.region().read(frame.ptr(), &mut self.bytes)?;
+        self.words.clear();
+        self.words.extend(self.bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])));
+        let bad = count_mismatches_host(&self.words, frame.seq().0);
+        if bad != 0 {
+            self.checked.push((frame.seq().0, bad));
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), FrameError> {
+        Ok(())
+    }
+
+    fn mismatches(&self, last: Option<u64>) -> Result<u64, FrameError> {
+        Ok(self.checked.iter().filter(|(seq, _)| last.is_none_or(|l| *seq <= l)).map(|(_, bad)| bad).sum())
+    }
+
+    fn device_free(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Runs `f` with the program's backend: the host fake, or a GPU backend compiled in (through
+/// [`gpu_ipc::dispatch_gpu`]).
+pub trait ProgramVisitor {
+    /// What the program returns.
+    type Output;
+    /// Runs the program with backend `B` and its frame work `W`.
+    fn run<B: Backend, W: FrameWork<B>>(self) -> Result<Self::Output, FrameError>;
+}
+
+/// Runs `program` with the backend `kind` names.
+///
+/// # Errors
+/// A backend not compiled in, or the program's error.
+pub fn run_with_backend<P: ProgramVisitor>(kind: gpu_ipc::BackendKind, program: P) -> Result<P::Output, FrameError> {
+    struct Gpu<P>(P);
+    impl<P: ProgramVisitor> gpu_ipc::GpuBackendVisitor for Gpu<P> {
+        type Output = Result<P::Output, FrameError>;
+        fn visit<B: GpuBackend>(self) -> Self::Output {
+            self.0.run::<B, GpuWork>()
+        }
+    }
+    match kind {
+        gpu_ipc::BackendKind::HostFake => program.run::<HostFake, HostWork>(),
+        gpu => gpu_ipc::dispatch_gpu(gpu, Gpu(program)).map_err(|e| FrameError::Config(e.to_string()))?,
+    }
+}
