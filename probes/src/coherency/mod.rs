@@ -18,13 +18,13 @@
 mod analysis;
 mod sass;
 mod sides;
+mod words;
 
 pub use analysis::{render_text, report_section, verdict};
 use sass::disassemble;
 pub use sides::child;
-use sides::{
-    CellPlan, FromWriter, HostShared, Memory, OwnedMemory, ReaderSide, ToWriter, WriterAt, WriterSide, run_cell,
-};
+use sides::{CellPlan, FromWriter, ReaderSide, ToWriter, WriterAt, WriterSide, run_cell};
+use words::{HostShared, Memory, OwnedMemory};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
