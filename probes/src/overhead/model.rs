@@ -134,7 +134,8 @@ pub struct Comparison {
     pub difference: f64,
     /// The larger of the two kinds' relative run-to-run spreads.
     pub noise: f64,
-    /// Whether |difference| exceeds the noise.
+    /// Whether the difference is a finding by `verdict::is_finding` (beyond twice the noise and at least 2%) in the
+    /// version that recorded it; the verdict judges afresh.
     pub measurable: bool,
 }
 

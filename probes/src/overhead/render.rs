@@ -1,6 +1,7 @@
 //! The overhead probe's text output and its section of the report.
 
 use super::model::{AttachPoint, Comparison, FirstImport, KindResults, Results, human};
+use super::verdict::FINDING_RULE;
 
 use harness::ProbeOutput;
 use harness::report::{LineChart, Plots, ReportSection, Series};
@@ -34,7 +35,7 @@ pub(super) fn comparison_table(comparisons: &[Comparison]) -> String {
             c.imported_value,
             100.0 * c.difference,
             100.0 * c.noise,
-            if c.measurable { "yes" } else { "no" }
+            if c.is_finding() { "yes" } else { "no" }
         ));
     }
     out
@@ -93,6 +94,7 @@ pub fn report_section(
          kernel's own `%globaltimer`), and a store followed by `__threadfence()`. Each figure is the median of several \
          runs; the noise band is the larger relative spread (max - min) / median of the two kinds compared.\n\n",
     );
+    body.push_str(&format!("Rule: {FINDING_RULE}; the column \"measurable\" applies it.\n\n"));
     for (name, run) in [("Without MPS", no_mps), ("With MPS", mps)] {
         let Some(run) = run else { continue };
         let r = &run.results;

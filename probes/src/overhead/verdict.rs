@@ -22,7 +22,7 @@ pub fn compare(kinds: &[KindResults]) -> Vec<Comparison> {
                 imported_value: i.summary.p50,
                 difference,
                 noise,
-                measurable: difference.abs() > noise,
+                measurable: is_finding(difference, noise),
             });
         };
         for (l, i) in local.bandwidth.iter().zip(&imported.bandwidth) {
@@ -41,23 +41,46 @@ pub fn compare(kinds: &[KindResults]) -> Vec<Comparison> {
     out
 }
 
+/// How many times the run-to-run spread a difference must exceed to count.
+pub const NOISE_MULTIPLE: f64 = 2.0;
+/// The smallest relative difference that counts, however quiet the runs: below it a difference is too small to
+/// matter to anyone choosing between own and imported memory, and a quick pass's few runs understate the spread.
+pub const MIN_EFFECT: f64 = 0.02;
+/// The rule of [`is_finding`], in the words the report uses.
+pub const FINDING_RULE: &str = "a difference counts only when it is beyond twice the run-to-run spread and at least 2% (the same rule for \
+     every metric and pass)";
+
+/// Whether a relative `difference` with run-to-run spread `noise` is a finding: beyond [`NOISE_MULTIPLE`] times the
+/// spread AND at least [`MIN_EFFECT`]. A difference just above the spread is what two equal memories give in one run
+/// of many metrics (the quick report once called +0.4% with a 0.4% spread "measurably slower").
+pub fn is_finding(difference: f64, noise: f64) -> bool {
+    let size = difference.abs();
+    size > NOISE_MULTIPLE * noise && size >= MIN_EFFECT
+}
+
 impl Comparison {
+    /// Whether this comparison is a finding by [`is_finding`], judged afresh (recorded results carry the
+    /// `measurable` of the version that wrote them).
+    pub fn is_finding(&self) -> bool {
+        is_finding(self.difference, self.noise)
+    }
+
     /// Whether the imported memory did worse: less bandwidth, or more latency.
     pub fn imported_is_worse(&self) -> bool {
         if self.metric.contains("GB/s") { self.difference < 0.0 } else { self.difference > 0.0 }
     }
 }
 
-/// The answer: for same-GPU imports, whether any metric was measurably worse than on local memory (beyond the
-/// run-to-run spread), in which direction the measurable differences went, and the largest difference with its
+/// The answer: for same-GPU imports, whether any metric was measurably worse than on local memory (a finding by
+/// [`is_finding`]: beyond twice the run-to-run spread and at least 2%), in which direction the measurable differences went, and the largest difference with its
 /// noise band. Peer-GPU memory is left out (it is another GPU's memory, not an IPC cost).
 pub fn verdict(results: &Results) -> Verdict {
     let same_gpu: Vec<&Comparison> =
         results.comparisons.iter().filter(|c| c.imported != MemoryKind::PeerImported).collect();
     let largest = same_gpu.iter().max_by(|a, b| a.difference.abs().total_cmp(&b.difference.abs()));
-    let mut worse: Vec<&&Comparison> = same_gpu.iter().filter(|c| c.measurable && c.imported_is_worse()).collect();
+    let mut worse: Vec<&&Comparison> = same_gpu.iter().filter(|c| c.is_finding() && c.imported_is_worse()).collect();
     worse.sort_by(|a, b| b.difference.abs().total_cmp(&a.difference.abs()));
-    let better: Vec<&&Comparison> = same_gpu.iter().filter(|c| c.measurable && !c.imported_is_worse()).collect();
+    let better: Vec<&&Comparison> = same_gpu.iter().filter(|c| c.is_finding() && !c.imported_is_worse()).collect();
     let describe = |c: &Comparison| {
         format!("{} {} {:+.1}% (noise {:.1}%)", c.imported.label(), c.metric, 100.0 * c.difference, 100.0 * c.noise)
     };
@@ -66,7 +89,7 @@ pub fn verdict(results: &Results) -> Verdict {
     } else if !worse.is_empty() {
         let list: Vec<String> = worse.iter().take(3).map(|c| describe(c)).collect();
         format!(
-            "Imported memory was measurably slower on {} of {} metrics: {}.",
+            "Imported memory was measurably slower on {} of {} metrics: {} ({FINDING_RULE}).",
             worse.len(),
             same_gpu.len(),
             list.join("; ")
@@ -75,15 +98,15 @@ pub fn verdict(results: &Results) -> Verdict {
         format!(
             "No: over {} metrics (bandwidth 64 MiB-1 GiB, load latency in L1, L2 and DRAM, store latency), kernels on \
              memory imported from another process (legacy and VMM) ran within the run-to-run spread of the same \
-             kernels on the process's own memory.",
+             kernels on the process's own memory ({FINDING_RULE}).",
             same_gpu.len()
         )
     } else {
         let list: Vec<String> = better.iter().take(2).map(|c| describe(c)).collect();
         format!(
             "No: over {} metrics (bandwidth 64 MiB-1 GiB, load latency in L1, L2 and DRAM, store latency) imported \
-             memory (legacy and VMM) was never measurably slower than the process's own; the {} difference(s) beyond \
-             the run-to-run spread favoured imported memory and are small ({}).",
+             memory (legacy and VMM) was never measurably slower than the process's own; the {} difference(s) that \
+             count favoured imported memory and are small ({}; {FINDING_RULE}).",
             same_gpu.len(),
             better.len(),
             list.join("; ")
