@@ -1,13 +1,14 @@
 //! The bench's outputs: the Markdown table, the verdict, and the plots (FPS against ring depth per strategy, and
 //! the latency CDF).
 
+use gpu_ipc::core::wire::SyncStrategy;
 use std::fmt::Write as _;
 
 use harness::report::{LineChart, Series};
 use harness::{ProbeOutput, Verdict};
 
 use super::results::{PipelineResults, RowOutcome, RowResult};
-use super::rows::{RowSpec, Strategy, StudyDesign};
+use super::rows::{RowSpec, StudyDesign};
 
 /// The verdict: the best of ours against the single-process limit and the seed architecture (study d), and
 /// anything that failed or mismatched.
@@ -176,7 +177,7 @@ pub fn charts(results: &PipelineResults) -> Vec<LineChart> {
     let mut charts = Vec::new();
     for &backend in &backends {
         for &count in &consumer_counts {
-            let series: Vec<Series> = Strategy::ALL
+            let series: Vec<Series> = SyncStrategy::ALL
                 .iter()
                 .map(|&strategy| Series {
                     name: strategy.name().to_owned(),
@@ -261,7 +262,6 @@ pub fn write_charts(charts: &[LineChart], dir: &std::path::Path) -> Result<Vec<s
 mod tests {
     use super::*;
     use crate::results::{LatencySummary, Measurement};
-    use crate::rows::Strategy;
 
     fn measured(fps: f64, latency: Option<(f64, f64, f64)>, mismatches: u64) -> RowOutcome {
         RowOutcome::Measured(Measurement {
@@ -307,9 +307,9 @@ mod tests {
                     measured(16_000.0, Some((60.0, 90.0, 200.0)), 0),
                 ),
                 row(RowSpec::Study { design: StudyDesign::PageableShm }, RowOutcome::Failed { reason: "a | b".into() }),
-                row(ours(Strategy::GpuStreamOps, 4, 1), measured(54_400.0, Some((30.0, 45.0, 80.0)), 0)),
-                row(ours(Strategy::GpuStreamOps, 8, 1), measured(56_000.0, Some((35.0, 50.0, 90.0)), 0)),
-                row(ours(Strategy::CpuSpin, 4, 1), measured(60_000.0, Some((20.0, 25.0, 30.0)), 7)),
+                row(ours(SyncStrategy::GpuStreamOps, 4, 1), measured(54_400.0, Some((30.0, 45.0, 80.0)), 0)),
+                row(ours(SyncStrategy::GpuStreamOps, 8, 1), measured(56_000.0, Some((35.0, 50.0, 90.0)), 0)),
+                row(ours(SyncStrategy::CpuSpin, 4, 1), measured(60_000.0, Some((20.0, 25.0, 30.0)), 7)),
             ],
         };
         results.fill_ratios();

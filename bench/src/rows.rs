@@ -60,52 +60,24 @@ impl StudyDesign {
     }
 }
 
-/// A sync strategy of the frame API, as the bench names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
-    /// `SyncStrategy::CpuSpin`.
-    CpuSpin,
-    /// `SyncStrategy::CpuSleep`.
-    CpuSleep,
-    /// `SyncStrategy::IpcEvent`.
-    IpcEvent,
-    /// `SyncStrategy::GpuStreamOps`.
-    GpuStreamOps,
-    /// `SyncStrategy::GpuPoll` (refused without MPS).
-    GpuPoll,
+/// Whether the producer's `publish` returns before the frame's work is done with `strategy` (so the bench cannot
+/// time the publish on the CPU after the work, only when it was queued).
+pub fn publishes_on_gpu(strategy: SyncStrategy) -> bool {
+    matches!(strategy, SyncStrategy::IpcEvent | SyncStrategy::GpuStreamOps | SyncStrategy::GpuPoll)
 }
 
-impl Strategy {
-    /// Every strategy.
-    pub const ALL: [Self; 5] = [Self::CpuSpin, Self::CpuSleep, Self::IpcEvent, Self::GpuStreamOps, Self::GpuPoll];
+/// A strategy in the bench's JSON by its name (`cpu-spin`, ...), as recorded results spell it.
+mod strategy_name {
+    use gpu_ipc::core::wire::SyncStrategy;
+    use serde::{Deserialize, Deserializer, Serializer};
 
-    /// `cpu-spin`, `cpu-sleep`, `ipc-event`, `gpu-stream-ops`, `gpu-poll`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::CpuSpin => "cpu-spin",
-            Self::CpuSleep => "cpu-sleep",
-            Self::IpcEvent => "ipc-event",
-            Self::GpuStreamOps => "gpu-stream-ops",
-            Self::GpuPoll => "gpu-poll",
-        }
+    pub fn serialize<S: Serializer>(strategy: &SyncStrategy, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(strategy.name())
     }
 
-    /// The frame API's strategy.
-    pub fn sync(self) -> SyncStrategy {
-        match self {
-            Self::CpuSpin => SyncStrategy::CpuSpin,
-            Self::CpuSleep => SyncStrategy::CpuSleep,
-            Self::IpcEvent => SyncStrategy::IpcEvent,
-            Self::GpuStreamOps => SyncStrategy::GpuStreamOps,
-            Self::GpuPoll => SyncStrategy::GpuPoll,
-        }
-    }
-
-    /// Whether the producer's `publish` returns before the frame's work is done (so the bench cannot time the
-    /// publish on the CPU after the work, only when it was queued).
-    pub fn publishes_on_gpu(self) -> bool {
-        matches!(self, Self::IpcEvent | Self::GpuStreamOps | Self::GpuPoll)
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SyncStrategy, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -134,7 +106,8 @@ pub enum RowSpec {
         /// The backend.
         backend: BackendKind,
         /// The sync strategy.
-        strategy: Strategy,
+        #[serde(with = "strategy_name")]
+        strategy: SyncStrategy,
         /// Ring slots.
         slots: u32,
         /// Consumer processes.
@@ -175,7 +148,7 @@ pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
     rows.extend(StudyDesign::ALL.iter().map(|&design| RowSpec::Study { design }));
     let slots: &[u32] = if quick { &QUICK_SLOTS } else { &SLOTS };
     for &backend in backends {
-        for strategy in Strategy::ALL {
+        for strategy in SyncStrategy::ALL {
             for &consumers in &CONSUMERS {
                 for &s in slots {
                     if quick && consumers > 1 && s != 4 {
@@ -235,7 +208,7 @@ mod tests {
     #[test]
     fn names() {
         let backend = gpu_ipc::COMPILED_GPU[0];
-        let row = RowSpec::Ours { backend, strategy: Strategy::GpuStreamOps, slots: 16, consumers: 4 };
+        let row = RowSpec::Ours { backend, strategy: SyncStrategy::GpuStreamOps, slots: 16, consumers: 4 };
         assert_eq!(row.name(), format!("ours-{}-gpu-stream-ops-s16-c4", backend.name()));
         assert_eq!(RowSpec::Study { design: StudyDesign::LegacyIpcSpin }.name(), "study-d-ipc-spin");
         assert_eq!(RowSpec::Bandwidth.name(), "bandwidth-floor");
@@ -258,14 +231,16 @@ mod tests {
 
     #[test]
     fn strategies_map_to_the_api() {
-        assert_eq!(Strategy::GpuStreamOps.sync(), SyncStrategy::GpuStreamOps);
-        for strategy in Strategy::ALL {
-            assert_eq!(strategy.sync().to_string(), strategy.name(), "one spelling everywhere");
+        for strategy in SyncStrategy::ALL {
+            assert_eq!(strategy.to_string(), strategy.name(), "one spelling everywhere");
         }
-        assert!(Strategy::GpuPoll.publishes_on_gpu());
-        assert!(Strategy::IpcEvent.publishes_on_gpu());
-        assert!(!Strategy::CpuSleep.publishes_on_gpu());
-        assert_eq!(serde_json::to_string(&Strategy::CpuSpin).unwrap(), "\"cpu-spin\"");
+        assert!(publishes_on_gpu(SyncStrategy::GpuPoll));
+        assert!(publishes_on_gpu(SyncStrategy::IpcEvent));
+        assert!(!publishes_on_gpu(SyncStrategy::CpuSleep));
+        let ours = RowSpec::Ours { backend: BackendKind::Vmm, strategy: SyncStrategy::CpuSpin, slots: 2, consumers: 1 };
+        let json = serde_json::to_string(&ours).unwrap();
+        assert!(json.contains(r#""strategy":"cpu-spin""#), "{json}");
+        assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), ours);
         let row = RowSpec::Study { design: StudyDesign::PinnedStaging };
         let json = serde_json::to_string(&row).unwrap();
         assert_eq!(json, r#"{"kind":"study","design":"pinned-staging"}"#);

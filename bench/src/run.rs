@@ -13,12 +13,13 @@ use gpu_ipc::core::driver::{
 };
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::sys::shm::SharedMemory;
+use gpu_ipc::core::wire::SyncStrategy;
 use gpu_ipc::kernels::launch::PatternKernels;
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
 use super::consumer::{CONSUMER_ROLE, ConsumerMessage, ConsumerPlan, Setup};
 use super::results::{ConsumerReport, Measurement, RowOutcome, cpu_us_per_frame, fps, merge_consumers};
-use super::rows::{RowSpec, Strategy, StudyDesign};
+use super::rows::{RowSpec, StudyDesign};
 use super::shared::{PublishStamps, StudyFlags, cpu_ns, flag, monotonic_ns};
 use harness::ProbeError;
 use harness::child::{ChildProcess, ChildTask};
@@ -376,7 +377,7 @@ struct OursProducer<'a> {
     gpu: &'a BenchGpu,
     cfg: &'a RunConfig,
     spec: RowSpec,
-    strategy: Strategy,
+    strategy: SyncStrategy,
     slots: u32,
     consumers: u32,
 }
@@ -392,7 +393,7 @@ impl GpuBackendVisitor for OursProducer<'_> {
         let geometry = FrameGeometry::new(width, height, PixelFormat::Rgb8)
             .map_err(|e| ProbeError::Other(format!("frame geometry: {e}")))?;
         let socket = socket_path();
-        let config = ProducerConfig::new(&socket, geometry, self.slots, self.strategy.sync());
+        let config = ProducerConfig::new(&socket, geometry, self.slots, self.strategy);
         // A stream of the row's own: a row that fails with GPU waits still queued cannot stall the next one.
         let stream = Stream::new(&gpu.ctx)?;
         let mut producer = Producer::<B>::create(&gpu.ctx, config).map_err(frame_error)?;
@@ -413,7 +414,7 @@ impl GpuBackendVisitor for OursProducer<'_> {
                 let slot = producer.acquire(Some(&stream), cfg.frame_timeout).map_err(frame_error)?;
                 let span = producer.slot_span(&slot).map_err(frame_error)?;
                 gpu.kernels.fill(&stream, span, slot.seq().0)?;
-                if !self.strategy.publishes_on_gpu() {
+                if !crate::rows::publishes_on_gpu(self.strategy) {
                     // `publish` would synchronise first anyway; doing it here times the publish after the fill.
                     stream.synchronize()?;
                 }
@@ -437,7 +438,7 @@ impl GpuBackendVisitor for OursProducer<'_> {
         };
         let reports = collect_reports(&mut children)?;
         let mut notes = Vec::new();
-        if self.strategy.publishes_on_gpu() {
+        if crate::rows::publishes_on_gpu(self.strategy) {
             notes.push("publish timed when queued (the fill may still run): latency includes the fill".to_owned());
         }
         let lost = producer.consumers_lost();

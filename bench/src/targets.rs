@@ -6,6 +6,7 @@
 //! event, the producer's stream waits on one) is neither and is compared with nothing; it still counts for "best".
 //! A row counts only when it was measured and read no wrong word.
 
+use gpu_ipc::core::wire::SyncStrategy;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -13,7 +14,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::results::{Measurement, PipelineResults, RowResult};
-use super::rows::{RowSpec, Strategy, StudyDesign};
+use super::rows::{RowSpec, StudyDesign};
 use harness::ProbeOutput;
 
 /// The targets.
@@ -23,8 +24,8 @@ pub const NO_MPS_OVER_SEED: f64 = 10.0;
 /// GPU-side strategies: CPU time per frame per process at full rate, microseconds.
 pub const GPU_SIDE_CPU_US: f64 = 5.0;
 
-const GPU_SIDE: [Strategy; 2] = [Strategy::GpuStreamOps, Strategy::GpuPoll];
-const CPU_SIDE: [Strategy; 2] = [Strategy::CpuSpin, Strategy::CpuSleep];
+const GPU_SIDE: [SyncStrategy; 2] = [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll];
+const CPU_SIDE: [SyncStrategy; 2] = [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep];
 
 /// Options of `gpu-ipc bench targets`.
 #[derive(Debug, Clone, Args)]
@@ -288,7 +289,7 @@ mod tests {
         RowResult { row: spec.name(), spec, outcome: RowOutcome::Measured(measured(fps, cpu)) }
     }
 
-    fn ours(strategy: Strategy, slots: u32, fps: f64, cpu: f64) -> RowResult {
+    fn ours(strategy: SyncStrategy, slots: u32, fps: f64, cpu: f64) -> RowResult {
         row(RowSpec::Ours { backend: BackendKind::Vmm, strategy, slots, consumers: 1 }, fps, cpu)
     }
 
@@ -306,12 +307,12 @@ mod tests {
     fn mps_run() -> PipelineResults {
         results(vec![
             row(RowSpec::SingleProcess, 60_000.0, 15.0),
-            ours(Strategy::CpuSpin, 1, 30_000.0, 30.0),
-            ours(Strategy::CpuSleep, 1, 10_000.0, 20.0),
-            ours(Strategy::GpuStreamOps, 1, 33_000.0, 4.0),
-            ours(Strategy::CpuSpin, 2, 34_000.0, 30.0),
-            ours(Strategy::GpuStreamOps, 2, 32_300.0, 4.5),
-            ours(Strategy::IpcEvent, 2, 55_000.0, 20.0),
+            ours(SyncStrategy::CpuSpin, 1, 30_000.0, 30.0),
+            ours(SyncStrategy::CpuSleep, 1, 10_000.0, 20.0),
+            ours(SyncStrategy::GpuStreamOps, 1, 33_000.0, 4.0),
+            ours(SyncStrategy::CpuSpin, 2, 34_000.0, 30.0),
+            ours(SyncStrategy::GpuStreamOps, 2, 32_300.0, 4.5),
+            ours(SyncStrategy::IpcEvent, 2, 55_000.0, 20.0),
         ])
     }
 
@@ -358,7 +359,7 @@ mod tests {
     fn no_mps_best_over_the_seed_and_the_cpu_cost_of_the_gpu_side_strategies() {
         let no_mps = results(vec![
             row(RowSpec::Study { design: StudyDesign::LegacyIpcSpin }, 3_000.0, 300.0),
-            ours(Strategy::IpcEvent, 32, 28_500.0, 35.0),
+            ours(SyncStrategy::IpcEvent, 32, 28_500.0, 35.0),
         ]);
         let j = no_mps_over_seed(&no_mps);
         assert_eq!(j.met, Some(false));

@@ -173,29 +173,6 @@ fn strategies(ctx: &Context) -> Vec<SyncStrategy> {
     list
 }
 
-fn strategy_name(sync: SyncStrategy) -> &'static str {
-    match sync {
-        SyncStrategy::CpuSpin => "cpu-spin",
-        SyncStrategy::CpuSleep => "cpu-sleep",
-        SyncStrategy::IpcEvent => "ipc-event",
-        SyncStrategy::GpuStreamOps => "gpu-stream-ops",
-        SyncStrategy::GpuPoll => "gpu-poll",
-        _ => "unknown",
-    }
-}
-
-fn strategy_from_name(name: &str) -> Option<SyncStrategy> {
-    [
-        SyncStrategy::CpuSpin,
-        SyncStrategy::CpuSleep,
-        SyncStrategy::IpcEvent,
-        SyncStrategy::GpuStreamOps,
-        SyncStrategy::GpuPoll,
-    ]
-    .into_iter()
-    .find(|s| strategy_name(*s) == name)
-}
-
 impl GpuBackendVisitor for Parent {
     type Output = Result<String, Failure>;
     fn visit<B: GpuBackend>(self) -> Self::Output {
@@ -224,7 +201,7 @@ impl GpuBackendVisitor for Parent {
                     format!(
                         "{}: the child checked {} of {FRAMES} frames and found {} mismatched words: the import maps \
                          other memory than was exported, or frames were overwritten while it read them",
-                        strategy_name(sync),
+                        sync.name(),
                         report.frames,
                         report.mismatches
                     ),
@@ -233,7 +210,7 @@ impl GpuBackendVisitor for Parent {
             }
             lines.push(format!(
                 "{}: pid {} attached in {:.2} ms and verified {FRAMES} frames ({} MiB each)",
-                strategy_name(sync),
+                sync.name(),
                 child.id(),
                 report.attach_ms,
                 geometry.frame_bytes() >> 20
@@ -268,7 +245,7 @@ fn spawn_child(backend: BackendKind, ordinal: i32, sync: SyncStrategy, socket: &
         .arg("--self-test-child")
         .arg(backend.name())
         .arg("--self-test-sync")
-        .arg(strategy_name(sync))
+        .arg(sync.name())
         .arg("--device")
         .arg(ordinal.to_string())
         .arg("--socket")
@@ -330,12 +307,12 @@ fn finish_child(child: &mut Child, deadline: Instant) -> Result<ChildReport, Fai
 
 /// The child side: `gpu-ipc doctor --self-test-child BACKEND --self-test-sync SYNC --socket PATH`. Prints one JSON
 /// line (its report, or its failure with the fix) and returns the process exit status.
-pub fn child_main(backend: BackendKind, sync: Option<&str>, ordinal: i32, socket: Option<&Path>) -> u8 {
+pub fn child_main(backend: BackendKind, sync: Option<SyncStrategy>, ordinal: i32, socket: Option<&Path>) -> u8 {
     let Some(socket) = socket else {
         eprintln!("gpu-ipc: --self-test-child is internal to `gpu-ipc doctor` and needs --socket");
         return 2;
     };
-    let sync = sync.and_then(strategy_from_name).unwrap_or(SyncStrategy::CpuSpin);
+    let sync = sync.unwrap_or(SyncStrategy::CpuSpin);
     let child = ChildSide { ordinal, sync, socket: socket.to_path_buf() };
     let result = gpu_ipc::dispatch_gpu(backend, child)
         .unwrap_or_else(|e| Err(Failure::new(e.to_string(), "choose a GPU backend compiled into this build")));
@@ -446,16 +423,11 @@ mod tests {
 
     #[test]
     fn strategies_round_trip_through_their_names() {
-        for sync in [
-            SyncStrategy::CpuSpin,
-            SyncStrategy::CpuSleep,
-            SyncStrategy::IpcEvent,
-            SyncStrategy::GpuStreamOps,
-            SyncStrategy::GpuPoll,
-        ] {
-            assert_eq!(strategy_from_name(strategy_name(sync)), Some(sync));
+        // The parent passes `sync.name()`; the child's `--self-test-sync` parses it back.
+        for sync in SyncStrategy::ALL {
+            assert_eq!(sync.name().parse::<SyncStrategy>().ok(), Some(sync));
         }
-        assert_eq!(strategy_from_name("nonsense"), None);
+        assert!("nonsense".parse::<SyncStrategy>().is_err());
     }
 
     #[test]
