@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::{ExportedHandle, GpuBackend};
 use gpu_ipc::core::driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, KernelArg, LaunchConfig, Stream, WaitCondition, sys,
@@ -14,7 +15,6 @@ use gpu_ipc::core::driver::{
 use gpu_ipc::kernels::launch::PatternKernels;
 use gpu_ipc::kernels::pattern::count_mismatches_host;
 use gpu_ipc::kernels::probe::{MEM_HAMMER, MEM_WAIT_FLAG, ProbeKernels};
-use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
 use super::model::{SurvivorReport, WaitOutcome};
 use super::protocol::{
@@ -49,8 +49,7 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
         ROLE_EXPORTER | ROLE_IMPORTER => {
             let params: PeerParams = serde_json::from_value(task.params)
                 .map_err(|e| ProbeError::Other(format!("{}: bad parameters: {e}", task.role)))?;
-            let backend: BackendKind = params.backend.parse().map_err(|e| ProbeError::Other(format!("{e}")))?;
-            gpu_ipc::dispatch_gpu(backend, PeerRole { device: params.device, channel })
+            gpu_ipc::dispatch_gpu(params.backend, PeerRole { device: params.device, channel })
                 .unwrap_or_else(|e| Err(ProbeError::Other(e.to_string())))
         }
         other => Err(ProbeError::Other(format!("unknown crash child role {other:?}"))),

@@ -60,7 +60,7 @@ pub struct ProbeArgs {
     pub mib: u64,
     /// Only this backend (repeatable); default every backend compiled in.
     #[arg(long, value_name = "NAME")]
-    pub backend: Vec<String>,
+    pub backend: Vec<BackendKind>,
     /// Start no new trial after this many seconds; the trials left are reported as not run.
     #[arg(long, value_name = "S", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_seconds: Option<u64>,
@@ -152,7 +152,12 @@ fn backends(args: &ProbeArgs) -> Result<Vec<BackendKind>, ProbeError> {
     if args.backend.is_empty() {
         return Ok(gpu_ipc::COMPILED_GPU.to_vec());
     }
-    args.backend.iter().map(|name| name.parse().map_err(|e| ProbeError::Other(format!("--backend: {e}")))).collect()
+    match args.backend.iter().find(|backend| !gpu_ipc::COMPILED_GPU.contains(backend)) {
+        Some(backend) => {
+            Err(ProbeError::Unavailable(format!("the {backend} backend is not a GPU backend of this build")))
+        }
+        None => Ok(args.backend.clone()),
+    }
 }
 
 fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results, Verdict), ProbeError> {

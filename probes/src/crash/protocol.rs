@@ -1,6 +1,7 @@
 //! The messages between the crash probe's parent and its children (`crash-exporter`, `crash-importer`,
 //! `crash-observer`), and the layout of the shared allocation.
 
+use gpu_ipc::BackendKind;
 use serde::{Deserialize, Serialize};
 
 use super::model::SurvivorReport;
@@ -33,8 +34,8 @@ pub const fn pattern_bytes(size: u64) -> u64 {
 /// Parameters of the exporter and importer roles.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PeerParams {
-    /// `legacy` or `vmm`.
-    pub backend: String,
+    /// The backend whose export and import the role runs.
+    pub backend: BackendKind,
     /// The device ordinal.
     pub device: i32,
 }

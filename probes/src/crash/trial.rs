@@ -248,7 +248,7 @@ pub fn parse_smi_used(text: &str, device: i32, uuid: Option<&str>) -> Option<u64
 }
 
 fn spawn_peer(role: &str, plan: &Plan, backend: BackendKind) -> Result<ChildProcess, AskError> {
-    let params = PeerParams { backend: backend.name().to_owned(), device: plan.device };
+    let params = PeerParams { backend, device: plan.device };
     let task = ChildTask {
         role: role.to_owned(),
         params: serde_json::to_value(params).map_err(|e| AskError::Failed(e.to_string()))?,
