@@ -76,18 +76,18 @@ pub enum ConsumerMessage {
 /// Anything that stops it; the caller reports it to the parent.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     let plan: ConsumerPlan = serde_json::from_value(task.params)
-        .map_err(|e| ProbeError::Other(format!("malformed bench consumer plan: {e}")))?;
+        .map_err(|source| ProbeError::Malformed { what: "bench consumer plan".to_owned(), source })?;
     let (setup, mut fds): (Setup, Vec<OwnedFd>) = channel.recv(Duration::from_secs(30))?;
     if fds.is_empty() {
-        return Err(ProbeError::Other("the producer sent no publish-stamp memfd".into()));
+        return Err(ProbeError::Missing("the producer sent no publish-stamp memfd"));
     }
-    let stamps = PublishStamps::open(fds.remove(0)).map_err(|e| ProbeError::Other(e.to_string()))?;
+    let stamps = PublishStamps::open(fds.remove(0))?;
     let report = match plan.spec {
         RowSpec::Ours { backend, .. } => gpu_ipc::dispatch_gpu(backend, OursConsumer { plan: &plan, stamps: &stamps })
-            .unwrap_or_else(|e| Err(ProbeError::Other(e.to_string())))?,
+            .unwrap_or_else(|e| Err(e.into()))?,
         RowSpec::Study { design } => study_consumer(&plan, design, &setup, fds, &stamps, channel)?,
         RowSpec::SingleProcess | RowSpec::SingleProcessPipelined { .. } | RowSpec::Bandwidth => {
-            return Err(ProbeError::Other("the references run without a consumer process".into()));
+            return Err(ProbeError::Missing("the references run without a consumer process"));
         }
     };
     channel.send(&ConsumerMessage::Report(report), Vec::new())?;
@@ -189,7 +189,7 @@ impl GpuBackendVisitor for OursConsumer<'_> {
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let plan = self.plan;
         let gpu = ConsumerGpu::open(plan.device)?;
-        let socket = plan.socket.as_deref().ok_or_else(|| ProbeError::Other("no rendezvous socket given".into()))?;
+        let socket = plan.socket.as_deref().ok_or_else(|| ProbeError::Missing("no rendezvous socket given"))?;
         let options = AttachOptions { name: format!("bench-consumer-{}", plan.index), ..AttachOptions::default() };
         let attach_deadline = Instant::now() + Duration::from_secs(60);
         let mut consumer = loop {
@@ -212,10 +212,10 @@ impl GpuBackendVisitor for OursConsumer<'_> {
             gpu.kernels.verify(&gpu.stream, span, seq, gpu.mismatches.span())?;
             consumer.release(frame, Some(&gpu.stream)).map_err(frame_error)?;
             let mut on_done = |seq: u64, ns: u64| window.done(seq, ns);
-            clock.after(seq, &gpu.stream, Instant::now() + timeout, &mut on_done).map_err(ProbeError::Other)?;
+            clock.after(seq, &gpu.stream, Instant::now() + timeout, &mut on_done).map_err(ProbeError::Wait)?;
         }
         let mut on_done = |seq: u64, ns: u64| window.done(seq, ns);
-        clock.finish(Instant::now() + timeout, &mut on_done).map_err(ProbeError::Other)?;
+        clock.finish(Instant::now() + timeout, &mut on_done).map_err(ProbeError::Wait)?;
         let mismatches = gpu.mismatches()?;
         let report = window.report(mismatches);
         consumer.detach();
@@ -224,7 +224,7 @@ impl GpuBackendVisitor for OursConsumer<'_> {
 }
 
 fn frame_error(e: FrameError) -> ProbeError {
-    ProbeError::Other(format!("frame API: {e}"))
+    ProbeError::Frames(e)
 }
 
 /// A study design's consumer: waits for the flag, brings the frame in (designs a and b) or reads it in place
@@ -239,9 +239,9 @@ fn study_consumer(
 ) -> Result<ConsumerReport, ProbeError> {
     let gpu = ConsumerGpu::open(plan.device)?;
     if fds.is_empty() {
-        return Err(ProbeError::Other("the producer sent no flag memfd".into()));
+        return Err(ProbeError::Missing("the producer sent no flag memfd"));
     }
-    let flags = StudyFlags::open(fds.remove(0)).map_err(|e| ProbeError::Other(e.to_string()))?;
+    let flags = StudyFlags::open(fds.remove(0))?;
     let bytes = usize::try_from(plan.frame_bytes).map_err(|_| ProbeError::Other("frame too large".into()))?;
     // Where the verify reads: our own device copy (a, b) or the producer's buffer in place (c, d).
     let mut own_copy = None;
@@ -250,23 +250,22 @@ fn study_consumer(
     let mut imported = None;
     if design.through_host() {
         if fds.is_empty() {
-            return Err(ProbeError::Other("the producer sent no host frame buffer".into()));
+            return Err(ProbeError::Missing("the producer sent no host frame buffer"));
         }
-        let memory =
-            Arc::new(SharedMemory::from_fd(fds.remove(0), bytes).map_err(|e| ProbeError::Other(e.to_string()))?);
+        let memory = Arc::new(SharedMemory::from_fd(fds.remove(0), bytes)?);
         if design == StudyDesign::PinnedStaging {
             registration = Some(HostRegistration::new(&gpu.ctx, Arc::clone(&memory))?);
         }
         host = Some(memory);
         own_copy = Some(DeviceBuffer::alloc(&gpu.ctx, plan.frame_bytes)?);
     } else {
-        let handle = setup.handle.as_ref().ok_or_else(|| ProbeError::Other("no device buffer handle sent".into()))?;
+        let handle = setup.handle.as_ref().ok_or_else(|| ProbeError::Missing("no device buffer handle sent"))?;
         imported = Some(ImportedRegion::import(&gpu.ctx, handle, None)?);
     }
     let frame = match (&own_copy, &imported) {
         (Some(buffer), _) => buffer.span(),
         (None, Some(region)) => region.span(),
-        (None, None) => return Err(ProbeError::Other("no frame buffer".into())),
+        (None, None) => return Err(ProbeError::Missing("no frame buffer")),
     }
     .slice(0, plan.frame_bytes)?;
     channel.send(&ConsumerMessage::Ready, Vec::new())?;
@@ -276,9 +275,9 @@ fn study_consumer(
     let result = (|| -> Result<(), ProbeError> {
         for seq in 0..plan.frames_total {
             if design.through_host() {
-                flags.wait(flag::READY, 1, true, nap, timeout).map_err(ProbeError::Other)?;
+                flags.wait(flag::READY, 1, true, nap, timeout).map_err(ProbeError::Wait)?;
             } else {
-                flags.wait(flag::PUBLISHED, seq + 1, false, nap, timeout).map_err(ProbeError::Other)?;
+                flags.wait(flag::PUBLISHED, seq + 1, false, nap, timeout).map_err(ProbeError::Wait)?;
             }
             window.started(seq);
             match (&host, &registration) {

@@ -85,7 +85,7 @@ pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
         RowSpec::Study { design } => study(gpu, cfg, spec, design),
         RowSpec::Ours { backend, strategy, slots, consumers } => {
             gpu_ipc::dispatch_gpu(backend, OursProducer { gpu, cfg, spec, strategy, slots, consumers })
-                .unwrap_or_else(|e| Err(ProbeError::Other(e.to_string())))
+                .unwrap_or_else(|e| Err(e.into()))
         }
     };
     // Leave nothing of a failed row queued for the next one.
@@ -106,7 +106,7 @@ fn wait_stream(ctx: &Context, stream: &Stream, timeout: Duration) -> Result<(), 
     let deadline = Instant::now() + timeout;
     while !event.is_complete()? {
         if Instant::now() >= deadline {
-            return Err(ProbeError::Other(format!("queued GPU work not done within {timeout:?}")));
+            return Err(ProbeError::Wait(format!("queued GPU work not done within {timeout:?}")));
         }
         std::thread::yield_now();
     }
@@ -253,11 +253,12 @@ fn spawn_consumers(
     setup: &Setup,
     extra: &dyn Fn() -> Result<Vec<OwnedFd>, ProbeError>,
 ) -> Result<Vec<ChildProcess>, ProbeError> {
-    let shm = |e: gpu_ipc::core::sys::shm::ShmError| ProbeError::Other(e.to_string());
+    let shm = ProbeError::SharedMemory;
     let mut children = Vec::with_capacity(count as usize);
     for index in 0..count {
         let plan = ConsumerPlan { index, ..plan.clone() };
-        let params = serde_json::to_value(&plan).map_err(|e| ProbeError::Other(e.to_string()))?;
+        let params = serde_json::to_value(&plan)
+            .map_err(|source| ProbeError::Malformed { what: "consumer plan".to_owned(), source })?;
         let task = ChildTask { role: CONSUMER_ROLE.to_owned(), params };
         let child = ChildProcess::spawn(&task, &[], Duration::from_secs(30))?;
         let mut fds = vec![stamps.fd().map_err(shm)?];
@@ -274,13 +275,16 @@ fn recv_message(child: &ChildProcess, timeout: Duration) -> Result<ConsumerMessa
     if let Some(error) = value.get("error").and_then(serde_json::Value::as_str) {
         return Err(ProbeError::Child { role: CONSUMER_ROLE.to_owned(), reason: error.to_owned() });
     }
-    serde_json::from_value(value).map_err(|e| ProbeError::Other(format!("malformed consumer message: {e}")))
+    serde_json::from_value(value)
+        .map_err(|source| ProbeError::Malformed { what: "consumer message".to_owned(), source })
 }
 
 fn recv_report(child: &ChildProcess, timeout: Duration) -> Result<ConsumerReport, ProbeError> {
     match recv_message(child, timeout)? {
         ConsumerMessage::Report(report) => Ok(report),
-        ConsumerMessage::Ready => Err(ProbeError::Other("a consumer said ready where its report was due".into())),
+        ConsumerMessage::Ready => {
+            Err(ProbeError::Unexpected { peer: "consumer", expected: "its report", got: "ready".to_owned() })
+        }
     }
 }
 
@@ -343,7 +347,7 @@ fn measurement(
 
 fn check_deadline(deadline: Instant, cfg: &RunConfig, seq: u64) -> Result<(), ProbeError> {
     if Instant::now() >= deadline {
-        return Err(ProbeError::Other(format!(
+        return Err(ProbeError::Wait(format!(
             "the row took longer than {:?} (stopped at frame {seq} of {})",
             cfg.row_timeout,
             cfg.total()
@@ -355,7 +359,7 @@ fn check_deadline(deadline: Instant, cfg: &RunConfig, seq: u64) -> Result<(), Pr
 fn frame_error(e: FrameError) -> ProbeError {
     match e {
         e @ FrameError::StrategyUnavailable { .. } => ProbeError::Unavailable(e.to_string()),
-        e => ProbeError::Other(format!("frame API: {e}")),
+        e => ProbeError::Frames(e),
     }
 }
 
@@ -397,7 +401,7 @@ impl GpuBackendVisitor for OursProducer<'_> {
         // A stream of the row's own: a row that fails with GPU waits still queued cannot stall the next one.
         let stream = Stream::new(&gpu.ctx)?;
         let mut producer = Producer::<B>::create(&gpu.ctx, config).map_err(frame_error)?;
-        let stamps = PublishStamps::create().map_err(|e| ProbeError::Other(e.to_string()))?;
+        let stamps = PublishStamps::create()?;
         let plan = base_plan(cfg, self.spec, Some(socket));
         let mut children =
             spawn_consumers(&plan, self.consumers, &stamps, &Setup { handle: None }, &|| Ok(Vec::new()))?;
@@ -464,11 +468,17 @@ fn wait_for_consumers<B: Backend>(producer: &mut Producer<B>, children: &[ChildP
                     match recv_message(child, Duration::from_millis(1)) {
                         Err(ProbeError::Channel(ChannelError::Wire(WireError::Timeout { .. }))) => {}
                         Err(e) => return Err(ProbeError::Other(format!("consumer {i} did not attach: {e}"))),
-                        Ok(_) => return Err(ProbeError::Other(format!("consumer {i} spoke before attaching"))),
+                        Ok(other) => {
+                            return Err(ProbeError::Unexpected {
+                                peer: "consumer",
+                                expected: "attached",
+                                got: format!("{other:?}"),
+                            });
+                        }
                     }
                 }
                 if Instant::now() >= deadline {
-                    return Err(ProbeError::Other(format!("waited {SETUP_TIMEOUT:?} for {what}")));
+                    return Err(ProbeError::Wait(format!("waited {SETUP_TIMEOUT:?} for {what}")));
                 }
             }
             Err(e) => return Err(frame_error(e)),
@@ -478,7 +488,7 @@ fn wait_for_consumers<B: Backend>(producer: &mut Producer<B>, children: &[ChildP
 
 /// A study design: the producer here, one consumer process, one frame buffer, CPU flags in a memfd.
 fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) -> Result<Measurement, ProbeError> {
-    let shm_error = |e: gpu_ipc::core::sys::shm::ShmError| ProbeError::Other(e.to_string());
+    let shm_error = ProbeError::SharedMemory;
     let bytes = cfg.frame_bytes();
     let host_bytes = usize::try_from(bytes).map_err(|_| ProbeError::Other("frame too large".into()))?;
     let deadline = Instant::now() + cfg.row_timeout;
@@ -510,7 +520,7 @@ fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) ->
     let frame: DeviceSpan<'_> = match (&own, &shared) {
         (Some(buffer), _) => buffer.span(),
         (None, Some(region)) => region.span(),
-        (None, None) => return Err(ProbeError::Other("no frame buffer".into())),
+        (None, None) => return Err(ProbeError::Missing("no frame buffer")),
     }
     .slice(0, bytes)?;
     let extra = || -> Result<Vec<OwnedFd>, ProbeError> {
@@ -526,7 +536,11 @@ fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) ->
         match recv_message(&children[0], SETUP_TIMEOUT)? {
             ConsumerMessage::Ready => {}
             ConsumerMessage::Report(_) => {
-                return Err(ProbeError::Other("a consumer reported before it was ready".into()));
+                return Err(ProbeError::Unexpected {
+                    peer: "consumer",
+                    expected: "ready",
+                    got: "its report".to_owned(),
+                });
             }
         }
         let (mut t0, mut cpu0) = (Instant::now(), cpu_ns());
@@ -537,12 +551,12 @@ fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) ->
             }
             if !design.through_host() {
                 // One shared device buffer: the next frame overwrites it only once the consumer is done with it.
-                flags.wait(flag::CONSUMED, seq, false, nap, cfg.frame_timeout).map_err(ProbeError::Other)?;
+                flags.wait(flag::CONSUMED, seq, false, nap, cfg.frame_timeout).map_err(ProbeError::Wait)?;
             }
             gpu.kernels.fill(&stream, frame, seq)?;
             if design.through_host() {
                 // Our own device buffer is ours to fill; the host buffer is free once the consumer copied it out.
-                flags.wait(flag::READY, 0, true, nap, cfg.frame_timeout).map_err(ProbeError::Other)?;
+                flags.wait(flag::READY, 0, true, nap, cfg.frame_timeout).map_err(ProbeError::Wait)?;
             }
             match (&host, &registration) {
                 (Some(_), Some(pinned)) => {
@@ -561,7 +575,7 @@ fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) ->
                 flags.word(flag::READY).store(1, Ordering::Release);
             }
         }
-        flags.wait(flag::CONSUMED, cfg.total(), false, nap, cfg.frame_timeout).map_err(ProbeError::Other)?;
+        flags.wait(flag::CONSUMED, cfg.total(), false, nap, cfg.frame_timeout).map_err(ProbeError::Wait)?;
         Ok((t0.elapsed().as_secs_f64(), cpu_ns().saturating_sub(cpu0)))
     })();
     let (seconds, cpu) = match produced {

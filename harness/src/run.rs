@@ -89,6 +89,47 @@ pub enum ProbeError {
         /// What it said.
         reason: String,
     },
+    /// A backend this build does not have was asked for.
+    #[error(transparent)]
+    BackendUnavailable(#[from] gpu_ipc::BackendUnavailable),
+    /// Shared host memory (a memfd) could not be made, sent or mapped.
+    #[error(transparent)]
+    SharedMemory(#[from] gpu_ipc::core::sys::shm::ShmError),
+    /// The frame API failed (producer or consumer).
+    #[error("frame API: {0}")]
+    Frames(#[from] gpu_ipc::core::frames::FrameError),
+    /// A message between the parent and a helper, or a helper's task, did not decode.
+    #[error("{what}: malformed: {source}")]
+    Malformed {
+        /// Which message or task.
+        what: String,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+    /// A helper (or the parent) said something other than what the protocol expects at this point.
+    #[error("{peer}: expected {expected}, got {got}")]
+    Unexpected {
+        /// Who spoke.
+        peer: &'static str,
+        /// What was due.
+        expected: &'static str,
+        /// What came, in debug form.
+        got: String,
+    },
+    /// Something a step needs did not come or does not exist (an fd with a message, a buffer, a sample).
+    #[error("{0}")]
+    Missing(&'static str),
+    /// A bounded wait ran out or failed; says what was waited for.
+    #[error("{0}")]
+    Wait(String),
+    /// A system call failed (duplicating an fd, writing a file).
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A helper process was given a role no room owns (a binary and its helper from different versions).
     #[error("unknown helper role {0:?}")]
     UnknownRole(String),

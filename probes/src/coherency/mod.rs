@@ -305,7 +305,7 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
     {
         let host = HostShared::create(&ctx)?;
         let child = spawn_writer(args.common.device)?;
-        child.channel().send(&ToWriter::MapHost, vec![host.block.memory().try_clone_fd().map_err(other)?])?;
+        child.channel().send(&ToWriter::MapHost, vec![host.block.memory().try_clone_fd()?])?;
         expect_ready(&child)?;
         let memory = Memory::Host(&host);
         for &r in &readers {
@@ -348,10 +348,6 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
     Ok((results, verdict))
 }
 
-fn other<E: std::fmt::Display>(e: E) -> ProbeError {
-    ProbeError::Other(e.to_string())
-}
-
 /// The pairs the one-process control runs: the kernel and CPU writers against the kernel readers. Stream-driven
 /// sides are left out of it: in one process, a `cuStreamWaitValue64` that is not yet satisfied can hold back the
 /// other streams of that process (under MPS on the H100 a stream writer waiting for an ack stalled the reader's
@@ -374,7 +370,7 @@ fn expect_ready(child: &ChildProcess) -> Result<(), ProbeError> {
     }
     match serde_json::from_value::<FromWriter>(reply) {
         Ok(FromWriter::Ready) => Ok(()),
-        other => Err(ProbeError::Other(format!("coherency writer: expected ready, got {other:?}"))),
+        other => Err(ProbeError::Unexpected { peer: "coherency writer", expected: "ready", got: format!("{other:?}") }),
     }
 }
 /// The coherency probe, as [`crate::PROBES`] lists it.

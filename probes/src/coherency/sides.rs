@@ -86,7 +86,7 @@ impl ReaderSide {
     pub(super) fn prepare(&self) -> Result<(), ProbeError> {
         self.results.fill_u32_async(0, &self.stream)?;
         self.seen_ts.fill_u32_async(0, &self.stream)?;
-        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)
+        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Wait)
     }
 
     /// Queues (kernel reader) or starts enqueueing on a thread (stream-wait reader) the reader of one cell.
@@ -190,9 +190,9 @@ impl WriterSide {
     /// Starts the writer of `plan` on a thread: a kernel writer is one launch; a stream writer enqueues every round
     /// (which blocks while the stream's queue is full); the CPU writer spins through the rounds itself.
     pub(super) fn start(&self, plan: CellPlan) -> Result<RunningWriter, ProbeError> {
-        let memory = self.memory.clone().ok_or_else(|| ProbeError::Other("the writer has no memory".to_owned()))?;
+        let memory = self.memory.clone().ok_or_else(|| ProbeError::Missing("the writer has no memory"))?;
         self.results.fill_u32_async(0, &self.stream)?;
-        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)?;
+        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Wait)?;
         let kernel = match plan.writer {
             Writer::Kernel { store } => Some(self.kernels.function(&coherency_writer(store))?),
             _ => None,
@@ -205,7 +205,7 @@ impl WriterSide {
                 match (&memory, plan.writer) {
                     (OwnedMemory::Host(block), Writer::Cpu) => Ok(cpu_writer(block.get(), plan)),
                     (OwnedMemory::Device(owner), Writer::Kernel { .. }) => {
-                        let kernel = kernel.ok_or_else(|| ProbeError::Other("no writer kernel".to_owned()))?;
+                        let kernel = kernel.ok_or_else(|| ProbeError::Missing("no writer kernel"))?;
                         let words = Words::of(owner.span())?;
                         kernel.launch_typed(
                             &stream,
@@ -391,7 +391,13 @@ pub(super) fn run_cell_inner(
             child.channel().send(&ToWriter::Start(plan), Vec::new())?;
             match recv_from_writer(child, Duration::from_secs(30))? {
                 FromWriter::Started => None,
-                other => return Err(ProbeError::Other(format!("writer: expected started, got {other:?}"))),
+                other => {
+                    return Err(ProbeError::Unexpected {
+                        peer: "writer",
+                        expected: "started",
+                        got: format!("{other:?}"),
+                    });
+                }
             }
         }
         WriterAt::Here(side) => Some(side.start(plan)?),
@@ -425,14 +431,20 @@ pub(super) fn run_cell_inner(
             cell.note = Some(format!("reader: {e}"));
         }
     }
-    wait_idle(&reader.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)?;
+    wait_idle(&reader.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Wait)?;
 
     let writer_report = match writer_at {
         WriterAt::Child(child) => {
             child.channel().send(&ToWriter::Finish, Vec::new())?;
             match recv_from_writer(child, Duration::from_secs(60))? {
                 FromWriter::Finished(report) => report,
-                other => return Err(ProbeError::Other(format!("writer: expected finished, got {other:?}"))),
+                other => {
+                    return Err(ProbeError::Unexpected {
+                        peer: "writer",
+                        expected: "finished",
+                        got: format!("{other:?}"),
+                    });
+                }
             }
         }
         WriterAt::Here(side) => match running_here {
@@ -498,7 +510,7 @@ pub(super) fn recv_from_writer(child: &ChildProcess, timeout: Duration) -> Resul
     if let Ok(failure) = serde_json::from_value::<ChildFailure>(reply.clone()) {
         return Err(ProbeError::Child { role: "coherency-writer".to_owned(), reason: failure.error });
     }
-    serde_json::from_value(reply).map_err(|e| ProbeError::Other(format!("writer: malformed reply: {e}")))
+    serde_json::from_value(reply).map_err(|source| ProbeError::Malformed { what: "writer".to_owned(), source })
 }
 
 /// The writer child: imports the memory it is sent, then runs cells on request.
@@ -518,9 +530,9 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
                 channel.send(&FromWriter::Ready, Vec::new())?;
             }
             ToWriter::MapHost => {
-                let fd = fds.pop().ok_or_else(|| ProbeError::Other("no memfd came with MapHost".to_owned()))?;
-                let memory = SharedMemory::from_fd(fd, HOST_WORDS * 8).map_err(other)?;
-                side.memory = Some(OwnedMemory::Host(Arc::new(SharedObject::new(memory).map_err(other)?)));
+                let fd = fds.pop().ok_or_else(|| ProbeError::Missing("no memfd came with MapHost"))?;
+                let memory = SharedMemory::from_fd(fd, HOST_WORDS * 8)?;
+                side.memory = Some(OwnedMemory::Host(Arc::new(SharedObject::new(memory)?)));
                 channel.send(&FromWriter::Ready, Vec::new())?;
             }
             ToWriter::Start(plan) => {

@@ -24,8 +24,8 @@ pub(super) struct HostShared {
 
 impl HostShared {
     pub(super) fn create(ctx: &Context) -> Result<Self, ProbeError> {
-        let memory = SharedMemory::create("gpu-ipc-coherency", HOST_WORDS * 8).map_err(other)?;
-        let block = Arc::new(SharedObject::new(memory).map_err(other)?);
+        let memory = SharedMemory::create("gpu-ipc-coherency", HOST_WORDS * 8)?;
+        let block = Arc::new(SharedObject::new(memory)?);
         let registration = Arc::new(HostRegistration::new(ctx, block.clone())?);
         Ok(Self { block, registration })
     }
@@ -94,7 +94,7 @@ impl Memory<'_> {
         match self {
             Memory::Device(owner) => {
                 owner.span().slice(0, WRITE_TS_OFFSET)?.fill_u32_async(0, stream)?;
-                wait_idle(stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Other)?;
+                wait_idle(stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Wait)?;
             }
             Memory::Host(host) => {
                 for word in host.block.get() {
@@ -158,7 +158,7 @@ impl Throttle {
                 continue;
             }
             if Instant::now() > deadline {
-                return Err(ProbeError::Other(format!(
+                return Err(ProbeError::Wait(format!(
                     "round {queued} did not complete within 30 s while queueing round {round}"
                 )));
             }

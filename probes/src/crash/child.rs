@@ -43,16 +43,16 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     match task.role.as_str() {
         ROLE_OBSERVER => {
             let params: ObserverParams = serde_json::from_value(task.params)
-                .map_err(|e| ProbeError::Other(format!("{ROLE_OBSERVER}: bad parameters: {e}")))?;
+                .map_err(|source| ProbeError::Malformed { what: format!("{ROLE_OBSERVER} parameters"), source })?;
             observer(params, channel)
         }
         ROLE_EXPORTER | ROLE_IMPORTER => {
             let params: PeerParams = serde_json::from_value(task.params)
-                .map_err(|e| ProbeError::Other(format!("{}: bad parameters: {e}", task.role)))?;
+                .map_err(|source| ProbeError::Malformed { what: format!("{} parameters", task.role), source })?;
             gpu_ipc::dispatch_gpu(params.backend, PeerRole { device: params.device, channel })
-                .unwrap_or_else(|e| Err(ProbeError::Other(e.to_string())))
+                .unwrap_or_else(|e| Err(e.into()))
         }
-        other => Err(ProbeError::Other(format!("unknown crash child role {other:?}"))),
+        other => Err(ProbeError::UnknownRole(other.to_owned())),
     }
 }
 
@@ -70,7 +70,13 @@ fn observer(params: ObserverParams, channel: &Channel) -> Result<(), ProbeError>
                 channel.send(&Reply::Bye, Vec::new())?;
                 return Ok(());
             }
-            other => return Err(ProbeError::Other(format!("the observer cannot {other:?}"))),
+            other => {
+                return Err(ProbeError::Unexpected {
+                    peer: "parent",
+                    expected: "an observer command",
+                    got: format!("{other:?}"),
+                });
+            }
         }
     }
 }
@@ -108,7 +114,13 @@ impl GpuBackendVisitor for PeerRole<'_> {
                     self.channel.send(&Reply::Bye, Vec::new())?;
                     return Ok(());
                 }
-                Command::Measure => return Err(ProbeError::Other("an exporter or importer cannot measure".into())),
+                Command::Measure => {
+                    return Err(ProbeError::Unexpected {
+                        peer: "parent",
+                        expected: "an exporter or importer command",
+                        got: "Measure".to_owned(),
+                    });
+                }
             };
             self.channel.send(&reply, reply_fds)?;
         }
@@ -194,7 +206,7 @@ impl<B: GpuBackend> Peer<B> {
         match (&self.exported, &self.imported) {
             (Some(r), _) => Ok(r.span()),
             (_, Some(r)) => Ok(r.span()),
-            _ => Err(ProbeError::Other("no shared memory yet (allocate or import first)".into())),
+            _ => Err(ProbeError::Missing("no shared memory yet (allocate or import first)")),
         }
     }
 

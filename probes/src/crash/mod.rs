@@ -271,7 +271,7 @@ fn respawn_observer(device: i32, uuid: Option<&str>) -> Result<trial::Observer, 
             Err(e) => last = Some(e),
         }
     }
-    Err(last.unwrap_or_else(|| ProbeError::Other("the observer did not start".into())))
+    Err(last.unwrap_or_else(|| ProbeError::Missing("the observer did not start")))
 }
 
 /// The crash probe, as [`crate::PROBES`] lists it.

@@ -118,7 +118,7 @@ impl Observer {
         let task = ChildTask {
             role: ROLE_OBSERVER.to_owned(),
             params: serde_json::to_value(ObserverParams { device })
-                .map_err(|e| ProbeError::Other(format!("observer parameters: {e}")))?,
+                .map_err(|source| ProbeError::Malformed { what: "observer parameters".to_owned(), source })?,
         };
         let child = ChildProcess::spawn(&task, &[], CONNECT_TIMEOUT)?;
         let observer = Self { child, device, device_uuid, smi_answered: std::cell::Cell::new(false) };

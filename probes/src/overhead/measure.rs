@@ -36,10 +36,6 @@ pub(super) enum FromChild {
     Imported { context_ms: f64, first_ms: f64, second_ms: f64 },
 }
 
-pub(super) fn other<E: std::fmt::Display>(e: E) -> ProbeError {
-    ProbeError::Other(e.to_string())
-}
-
 pub(super) fn spawn_child(role: &str, device: i32) -> Result<ChildProcess, ProbeError> {
     let task = ChildTask { role: role.to_owned(), params: serde_json::json!({ "device": device }) };
     Ok(ChildProcess::spawn(&task, &[], Duration::from_secs(30))?)
@@ -51,7 +47,7 @@ pub(super) fn recv_reply(child: &ChildProcess, timeout: Duration) -> Result<From
     if let Ok(failure) = serde_json::from_value::<ChildFailure>(reply.clone()) {
         return Err(ProbeError::Child { role: "overhead".to_owned(), reason: failure.error });
     }
-    serde_json::from_value(reply).map_err(|e| ProbeError::Other(format!("overhead child: malformed reply: {e}")))
+    serde_json::from_value(reply).map_err(|source| ProbeError::Malformed { what: "overhead child".to_owned(), source })
 }
 
 pub(super) fn ask_export(
@@ -66,7 +62,7 @@ pub(super) fn ask_export(
     }
     match serde_json::from_value(reply) {
         Ok(FromChild::Exported(message)) => Ok((message, fds.pop())),
-        other => Err(ProbeError::Other(format!("exporter: unexpected {other:?}"))),
+        other => Err(ProbeError::Unexpected { peer: "exporter", expected: "its reply", got: format!("{other:?}") }),
     }
 }
 
@@ -96,7 +92,11 @@ pub(super) fn time_attach(
 ) -> Result<AttachPoint, ProbeError> {
     let (mut attach, mut detach) = (Vec::new(), Vec::new());
     for _ in 0..reps {
-        let dup = fd.as_ref().map(std::os::fd::OwnedFd::try_clone).transpose().map_err(other)?;
+        let dup = fd
+            .as_ref()
+            .map(std::os::fd::OwnedFd::try_clone)
+            .transpose()
+            .map_err(|source| ProbeError::Io { op: "duplicate the fd", source })?;
         let started = Instant::now();
         let region = ImportedRegion::import(ctx, message, dup)?;
         attach.push(started.elapsed().as_secs_f64() * 1e3);
@@ -104,7 +104,7 @@ pub(super) fn time_attach(
         drop(region);
         detach.push(started.elapsed().as_secs_f64() * 1e3);
     }
-    let none = || ProbeError::Other("no attach samples".to_owned());
+    let none = || ProbeError::Missing("no attach samples");
     Ok(AttachPoint {
         backend,
         bytes: message.size,
@@ -279,7 +279,7 @@ pub(super) fn median(samples: &[f64]) -> f64 {
 
 pub(super) fn measured(values: Vec<f64>, samples: Option<Distribution>) -> Result<Measured, ProbeError> {
     let summary = Distribution::from_samples(&mut values.clone())
-        .ok_or_else(|| ProbeError::Other("a measurement produced no value".to_owned()))?;
+        .ok_or_else(|| ProbeError::Missing("a measurement produced no value"))?;
     Ok(Measured { runs: values, summary, samples })
 }
 
@@ -325,7 +325,11 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
             }
             ToChild::Import(handle) => {
                 let fd = fds.pop();
-                let dup = fd.as_ref().map(std::os::fd::OwnedFd::try_clone).transpose().map_err(other)?;
+                let dup = fd
+                    .as_ref()
+                    .map(std::os::fd::OwnedFd::try_clone)
+                    .transpose()
+                    .map_err(|source| ProbeError::Io { op: "duplicate the fd", source })?;
                 let t = Instant::now();
                 let first = ImportedRegion::import(&ctx, &handle, fd)?;
                 let first_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -169,7 +169,11 @@ pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Res
         let (mut context, mut first, mut second) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..first_imports {
             let importer = spawn_child("overhead-importer", device)?;
-            let dup = fd.as_ref().map(std::os::fd::OwnedFd::try_clone).transpose().map_err(other)?;
+            let dup = fd
+                .as_ref()
+                .map(std::os::fd::OwnedFd::try_clone)
+                .transpose()
+                .map_err(|source| ProbeError::Io { op: "duplicate the fd", source })?;
             importer.channel().send(&ToChild::Import(message.clone()), dup.into_iter().collect())?;
             match recv_reply(&importer, Duration::from_secs(60))? {
                 FromChild::Imported { context_ms, first_ms, second_ms } => {
@@ -177,7 +181,13 @@ pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Res
                     first.push(first_ms);
                     second.push(second_ms);
                 }
-                other => return Err(ProbeError::Other(format!("importer: unexpected {other:?}"))),
+                other => {
+                    return Err(ProbeError::Unexpected {
+                        peer: "importer",
+                        expected: "its reply",
+                        got: format!("{other:?}"),
+                    });
+                }
             }
         }
         if let (Some(context_ms), Some(first_attach_ms), Some(second_attach_ms)) = (

@@ -316,7 +316,7 @@ pub struct ImporterParams {
 /// Malformed parameters, no context, or a channel failure.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     let params: ImporterParams = serde_json::from_value(task.params)
-        .map_err(|e| ProbeError::Other(format!("vmm-compat-importer: bad parameters: {e}")))?;
+        .map_err(|source| ProbeError::Malformed { what: "vmm-compat-importer".to_owned(), source })?;
     let ctx = Context::for_ordinal(params.device)?;
     loop {
         let (request, fds): (ImportRequest, _) = channel.recv(REQUEST_TIMEOUT)?;

@@ -50,7 +50,7 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     match task.role.as_str() {
         "vmm-compat-importer" => importer::child(task, channel),
-        role => Err(ProbeError::Other(format!("unknown vmm-compat child role {role:?}"))),
+        role => Err(ProbeError::UnknownRole(role.to_owned())),
     }
 }
 
