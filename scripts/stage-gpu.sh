@@ -19,7 +19,7 @@ cargo nextest archive --workspace --cargo-profile gpu --archive-file "$STAGE/gpu
 
 echo "stage-gpu: building the binaries (profile gpu)" >&2
 cargo build --profile gpu --workspace --bins >&2
-for bin in gpu-ipc gpu-ipc-stress producer consumer; do
+for bin in gpu-ipc gpu-ipc-stress producer consumer cudarc_frames; do
     if [ -f "target/gpu/$bin" ]; then
         cp "target/gpu/$bin" "$STAGE/bin/"
     fi

@@ -244,7 +244,8 @@ impl GpuBackendVisitor for Play {
                 loop {
                     let frame = match frames.next_frame(Some(&stream), WAIT) {
                         Ok(frame) => frame,
-                        Err(FrameError::ProducerGone { .. }) => return Ok(()),
+                        // The bench closed its ring (the end of the stream) or died: either way, done.
+                        Err(FrameError::ProducerGone { .. } | FrameError::EndOfStream { .. }) => return Ok(()),
                         Err(FrameError::Timeout { .. }) if parent_gone.load(Ordering::Acquire) => return Ok(()),
                         Err(e) => return Err(e),
                     };

@@ -7,140 +7,17 @@
 //! there (the GPU suite runs this file once without MPS and once under a private MPS daemon).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+mod common;
+
+use std::io::Write;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+use common::{consumer, producer, socket};
 
 const BACKENDS: [&str; 2] = ["legacy", "vmm"];
 const STRATEGIES: [&str; 4] = ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops"];
 const FRAMES: u64 = 10_000;
-
-fn exe(name: &str) -> PathBuf {
-    // nextest sets NEXTEST_BIN_EXE_* when it replays an archive on another machine.
-    std::env::var_os(format!("NEXTEST_BIN_EXE_{name}")).map_or_else(
-        || {
-            PathBuf::from(if name == "producer" {
-                env!("CARGO_BIN_EXE_producer")
-            } else {
-                env!("CARGO_BIN_EXE_consumer")
-            })
-        },
-        PathBuf::from,
-    )
-}
-
-fn socket(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gpu-ipc-test-{}-{tag}.sock", std::process::id()))
-}
-
-/// A child process whose stderr lines arrive on a channel and whose stdout is kept for its JSON summary.
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    name: String,
-}
-
-impl Proc {
-    fn spawn(name: &str, program: PathBuf, args: &[String]) -> Self {
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, lines) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let tag = name.to_owned();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[{tag}] {line}");
-                let _ = tx.send(line);
-            }
-        });
-        Self { child, lines, name: name.to_owned() }
-    }
-
-    /// Waits for a stderr line containing `needle`.
-    fn wait_for_line(&self, needle: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return,
-                Ok(_) => {}
-                Err(_) => panic!("{}: no line containing {needle:?} within {timeout:?}", self.name),
-            }
-        }
-    }
-
-    /// Waits for exit; returns the status, how long it took, and the JSON summary on stdout.
-    fn finish(mut self, timeout: Duration) -> (ExitStatus, Duration, serde_json::Value) {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let mut out = String::new();
-                self.child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-                let json = serde_json::from_str(out.trim()).unwrap_or(serde_json::Value::Null);
-                return (status, start.elapsed(), json);
-            }
-            if start.elapsed() > timeout {
-                let _ = self.child.kill();
-                panic!("{} did not finish within {timeout:?}", self.name);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    fn kill9(&mut self) {
-        rustix::process::kill_process(rustix::process::Pid::from_child(&self.child), rustix::process::Signal::KILL)
-            .unwrap();
-    }
-}
-
-fn producer(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: usize) -> Proc {
-    let args: Vec<String> = [
-        "--socket",
-        sock.to_str().unwrap(),
-        "--backend",
-        backend,
-        "--sync",
-        sync,
-        "--slots",
-        "2",
-        "--frames",
-        &frames.to_string(),
-        "--consumers",
-        &consumers.to_string(),
-        "--json",
-    ]
-    .iter()
-    .map(ToString::to_string)
-    .collect();
-    Proc::spawn(&format!("producer {backend}/{sync}"), exe("producer"), &args)
-}
-
-fn consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
-    let args: Vec<String> = [
-        "--socket",
-        sock.to_str().unwrap(),
-        "--backend",
-        backend,
-        "--frames",
-        &frames.to_string(),
-        "--name",
-        name,
-        "--progress-every",
-        "500",
-        "--json",
-    ]
-    .iter()
-    .map(ToString::to_string)
-    .collect();
-    Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)
-}
 
 fn record(result: &serde_json::Value) {
     let Some(dir) = std::env::var_os("GPU_IPC_RESULTS_DIR") else { return };
@@ -230,6 +107,32 @@ fn a_producer_killed_mid_run_gives_consumers_producer_gone_within_a_second() {
             }
             record(&serde_json::json!({"test": "kill-producer", "backend": backend, "sync": sync,
                 "a_ms": a_after.as_secs_f64() * 1e3, "b_ms": b_after.as_secs_f64() * 1e3}));
+        }
+    }
+}
+
+/// A consumer reading "until the producer goes" ends with status 0 after a producer that exits cleanly, with
+/// every backend and strategy (GPU-side ones included: frames their waits were queued for past the end are
+/// neither read nor mismatched), and says how many frames it read.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn reading_until_the_end_of_the_stream_exits_0_with_every_backend_and_strategy() {
+    const ENDING: u64 = 2000;
+    for backend in BACKENDS {
+        for sync in STRATEGIES {
+            let sock = socket(&format!("eos-{backend}-{sync}"));
+            let p = producer(backend, sync, &sock, ENDING, 1);
+            let c = consumer("until-end", backend, &sock, 0);
+            let (ps, _, pj) = p.finish(Duration::from_secs(120));
+            let (cs, _, cj) = c.finish(Duration::from_secs(10));
+            assert!(ps.success(), "{backend}/{sync}: producer {ps} {pj}");
+            assert_eq!(cs.code(), Some(0), "{backend}/{sync}: consumer {cs} {cj}");
+            assert_eq!(cj["frames"], ENDING, "{backend}/{sync}: {cj}");
+            assert_eq!(cj["end_of_stream_after"], ENDING, "{backend}/{sync}: {cj}");
+            assert_eq!(cj["mismatched_words"], 0, "{backend}/{sync}: {cj}");
+            assert!(cj["producer_gone"].is_null(), "{backend}/{sync}: {cj}");
+            record(&serde_json::json!({"test": "end-of-stream", "backend": backend, "sync": sync,
+                "frames": cj["frames"], "frames_past_end": cj["frames_past_end"]}));
         }
     }
 }

@@ -48,6 +48,19 @@ use ipc_core::backend::{Backend, GpuBackend};
 #[cfg(not(any(feature = "legacy", feature = "vmm")))]
 compile_error!("enable at least one backend feature of gpu-ipc: `legacy` or `vmm`");
 
+#[cfg(feature = "cudarc")]
+pub mod cudarc_interop;
+
+/// The Rust snippets of `docs/frames.md`, compiled as doc tests with the paths an outside project uses.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/frames.md")]
+pub struct FramesDocTests;
+
+/// The Rust snippets of `docs/interop.md`, compiled as doc tests with the paths an outside project uses.
+#[cfg(all(doctest, feature = "cudarc", feature = "vmm"))]
+#[doc = include_str!("../../docs/interop.md")]
+pub struct InteropDocTests;
+
 /// Every backend compiled into this build, the host fake last (it is always there).
 pub const COMPILED: &[BackendKind] = &[
     #[cfg(feature = "legacy")]

@@ -33,3 +33,29 @@ impl<T: std::fmt::Debug> std::fmt::Debug for Borrowed<'_, T> {
         f.debug_tuple("Borrowed").field(&*self.inner).finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+
+    struct Owner(u32);
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            DROPS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_borrow_derefs_to_the_owner_type_and_never_runs_its_drop() {
+        {
+            let borrowed = Borrowed::new(Owner(7));
+            assert_eq!(borrowed.0, 7);
+        }
+        assert_eq!(DROPS.load(Ordering::SeqCst), 0, "the handle is someone else's to destroy");
+        drop(Owner(8));
+        assert_eq!(DROPS.load(Ordering::SeqCst), 1);
+    }
+}

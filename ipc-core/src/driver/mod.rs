@@ -33,6 +33,8 @@ pub mod sys;
 mod batch;
 mod borrowed;
 mod context;
+#[cfg(feature = "cudarc")]
+pub mod cudarc;
 mod device;
 mod error;
 mod event;

@@ -34,7 +34,9 @@ impl std::fmt::Debug for Module {
 }
 
 impl Module {
-    /// Loads a cubin or a PTX image (PTX is JIT-compiled by the driver).
+    /// Loads a cubin or a PTX image (PTX is JIT-compiled by the driver). PTX text need not end with a NUL: it is
+    /// copied and terminated here (anything after a NUL is ignored), so NVRTC's output or a `.ptx` file's bytes
+    /// can be passed as they are; a cubin (an ELF image) is passed to the driver unchanged.
     ///
     /// # Errors
     /// A failing `cuModuleLoadDataEx`: `CUDA_ERROR_NO_BINARY_FOR_GPU` for a cubin of another architecture,

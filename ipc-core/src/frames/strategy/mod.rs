@@ -322,6 +322,7 @@ impl ConsumerSide for Closed {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -339,6 +340,60 @@ mod tests {
         assert!(strategy(SyncStrategy::GpuStreamOps).gpu_writes_counters());
         assert!(strategy(SyncStrategy::GpuPoll).gpu_writes_counters());
         assert!(!strategy(SyncStrategy::CpuSpin).gpu_writes_counters());
+    }
+
+    /// A consumer's view of a ring whose producer published `published` frames, with the watchdog's hang-up flag
+    /// set as it sets it (what it read before poisoning, then the flag).
+    fn shared_after_hang_up(published: u64, closed: bool) -> (ProducerControl, ConsumerShared) {
+        use crate::ring::{LivenessPolicy, RingConfig};
+        let producer = ProducerControl::create(
+            RingConfig { slot_count: 4, max_consumers: 2, generation: 1 },
+            LivenessPolicy::default(),
+        )
+        .unwrap();
+        let id = producer.register_consumer(rustix::process::getpid()).unwrap();
+        let fd = producer.block().memory().try_clone_fd().unwrap();
+        let ring = Arc::new(ConsumerControl::attach(fd, id, LivenessPolicy::default()).unwrap());
+        for seq in 0..published {
+            producer.publish(Sequence(seq)).unwrap();
+        }
+        if closed {
+            producer.close();
+        }
+        let below = ring.highest_published().map_or(0, |s| s + 1);
+        ring.poison_published();
+        let shared = ConsumerShared {
+            ring,
+            producer_hung_up: Arc::new(AtomicBool::new(true)),
+            producer_pid: 42,
+            published_below_at_hang_up: Arc::new(AtomicU64::new(below)),
+        };
+        (producer, shared)
+    }
+
+    #[test]
+    fn a_frame_queued_past_a_clean_end_is_the_end_of_the_stream_by_number_and_its_published_frames_are_not() {
+        let (_producer, shared) = shared_after_hang_up(10, true);
+        // Frames the producer published before it closed are intact, hang-up or not.
+        for seq in 0..10 {
+            shared.check_queued_frame(Sequence(seq)).unwrap();
+        }
+        match shared.check_queued_frame(Sequence(10)) {
+            Err(FrameError::EndOfStream { published: 10, past_end: Some(10) }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(shared.gone("hung up"), FrameError::EndOfStream { published: 10, past_end: None }));
+    }
+
+    #[test]
+    fn a_frame_queued_past_what_a_dead_producer_published_is_its_death() {
+        let (_producer, shared) = shared_after_hang_up(10, false);
+        shared.check_queued_frame(Sequence(9)).unwrap();
+        match shared.check_queued_frame(Sequence(10)) {
+            Err(FrameError::ProducerGone { pid: 42, how }) => assert!(how.contains("before it published frame 10")),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(shared.gone("hung up"), FrameError::ProducerGone { .. }));
     }
 
     #[test]

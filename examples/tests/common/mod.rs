@@ -1,0 +1,142 @@
+//! What the example programs' process tests share: finding the binaries, a child process with its stderr lines
+//! and JSON summary, and the producer and consumer command lines.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub fn exe(name: &str) -> PathBuf {
+    // nextest sets NEXTEST_BIN_EXE_* when it replays an archive on another machine.
+    std::env::var_os(format!("NEXTEST_BIN_EXE_{name}")).map_or_else(
+        || {
+            PathBuf::from(if name == "producer" {
+                env!("CARGO_BIN_EXE_producer")
+            } else {
+                env!("CARGO_BIN_EXE_consumer")
+            })
+        },
+        PathBuf::from,
+    )
+}
+
+pub fn socket(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("gpu-ipc-test-{}-{tag}.sock", std::process::id()))
+}
+
+/// A child process whose stderr lines arrive on a channel and whose stdout is kept for its JSON summary.
+pub struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    name: String,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, program: PathBuf, args: &[String]) -> Self {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let tag = name.to_owned();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[{tag}] {line}");
+                let _ = tx.send(line);
+            }
+        });
+        Self { child, lines, name: name.to_owned() }
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    pub fn wait_for_line(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return,
+                Ok(_) => {}
+                Err(_) => panic!("{}: no line containing {needle:?} within {timeout:?}", self.name),
+            }
+        }
+    }
+
+    /// Waits for exit; returns the status, how long it took, and the JSON summary on stdout.
+    pub fn finish(mut self, timeout: Duration) -> (ExitStatus, Duration, serde_json::Value) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let mut out = String::new();
+                self.child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+                let json = serde_json::from_str(out.trim()).unwrap_or(serde_json::Value::Null);
+                return (status, start.elapsed(), json);
+            }
+            if start.elapsed() > timeout {
+                let _ = self.child.kill();
+                panic!("{} did not finish within {timeout:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        rustix::process::kill_process(rustix::process::Pid::from_child(&self.child), rustix::process::Signal::KILL)
+            .unwrap();
+    }
+}
+
+/// A producer of `frames` frames (`--slots 2`), waiting for `consumers`; `extra` adds options.
+pub fn producer(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: usize) -> Proc {
+    producer_with(backend, sync, sock, frames, consumers, &[])
+}
+
+/// As [`producer`], with more options.
+pub fn producer_with(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: usize, extra: &[&str]) -> Proc {
+    let args: Vec<String> = [
+        "--socket",
+        sock.to_str().unwrap(),
+        "--backend",
+        backend,
+        "--sync",
+        sync,
+        "--slots",
+        "2",
+        "--frames",
+        &frames.to_string(),
+        "--consumers",
+        &consumers.to_string(),
+        "--json",
+    ]
+    .iter()
+    .chain(extra)
+    .map(ToString::to_string)
+    .collect();
+    Proc::spawn(&format!("producer {backend}/{sync}"), exe("producer"), &args)
+}
+
+/// A consumer reading `frames` frames (0: until the end of the stream), reporting every 500 frames.
+pub fn consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
+    let args: Vec<String> = [
+        "--socket",
+        sock.to_str().unwrap(),
+        "--backend",
+        backend,
+        "--frames",
+        &frames.to_string(),
+        "--name",
+        name,
+        "--progress-every",
+        "500",
+        "--json",
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)
+}
