@@ -23,8 +23,14 @@ use harness::ProbeError;
 use harness::child::{Channel, ChildTask};
 use harness::regions::{HandleMessage, ImportedRegion};
 
-/// The child role of every consumer process of the bench.
-pub const CONSUMER_ROLE: &str = "bench-consumer";
+/// What a helper of the bench is asked to do (the envelope is [`ChildTask`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "role", content = "params")]
+pub enum BenchTask {
+    /// A consumer process of one row.
+    #[serde(rename = "bench-consumer")]
+    Consumer(ConsumerPlan),
+}
 
 /// Frames a consumer may have queued before it waits for the oldest to finish (the completion clock's depth): above
 /// the deepest run-ahead of the library (2 x 32 slots), so that the clock never holds the consumer back or spins
@@ -75,8 +81,8 @@ pub enum ConsumerMessage {
 /// # Errors
 /// Anything that stops it; the caller reports it to the parent.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
-    let plan: ConsumerPlan = serde_json::from_value(task.params)
-        .map_err(|source| ProbeError::Malformed { what: "bench consumer plan".to_owned(), source })?;
+    let BenchTask::Consumer(plan) =
+        task.decode().map_err(|source| ProbeError::Malformed { what: "bench task".to_owned(), source })?;
     let (setup, mut fds): (Setup, Vec<OwnedFd>) = channel.recv(Duration::from_secs(30))?;
     if fds.is_empty() {
         return Err(ProbeError::Missing("the producer sent no publish-stamp memfd"));

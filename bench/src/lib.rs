@@ -250,13 +250,10 @@ pub fn main(command: &BenchCommand) -> u8 {
     }
 }
 
-/// The bench's child processes (`bench-...` roles).
+/// The bench's child processes (its one role, [`consumer::BenchTask`]).
 ///
 /// # Errors
-/// The role's failure.
+/// A task that is not the bench's, or the role's failure.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
-    match task.role.as_str() {
-        consumer::CONSUMER_ROLE => consumer::child(task, channel),
-        _ => Err(ProbeError::UnknownRole(task.role)),
-    }
+    consumer::child(task, channel)
 }

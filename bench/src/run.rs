@@ -17,7 +17,7 @@ use gpu_ipc::core::wire::SyncStrategy;
 use gpu_ipc::kernels::launch::PatternKernels;
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
-use super::consumer::{CONSUMER_ROLE, ConsumerMessage, ConsumerPlan, Setup};
+use super::consumer::{BenchTask, ConsumerMessage, ConsumerPlan, Setup};
 use super::results::{ConsumerReport, Measurement, RowOutcome, cpu_us_per_frame, fps, merge_consumers};
 use super::rows::{RowSpec, StudyDesign};
 use super::shared::{PublishStamps, StudyFlags, cpu_ns, flag, monotonic_ns};
@@ -257,9 +257,8 @@ fn spawn_consumers(
     let mut children = Vec::with_capacity(count as usize);
     for index in 0..count {
         let plan = ConsumerPlan { index, ..plan.clone() };
-        let params = serde_json::to_value(&plan)
-            .map_err(|source| ProbeError::Malformed { what: "consumer plan".to_owned(), source })?;
-        let task = ChildTask { role: CONSUMER_ROLE.to_owned(), params };
+        let task = ChildTask::of(&BenchTask::Consumer(plan))
+            .map_err(|source| ProbeError::Malformed { what: "bench task".to_owned(), source })?;
         let child = ChildProcess::spawn(&task, &[], Duration::from_secs(30))?;
         let mut fds = vec![stamps.fd().map_err(shm)?];
         fds.extend(extra()?);
@@ -273,7 +272,7 @@ fn spawn_consumers(
 fn recv_message(child: &ChildProcess, timeout: Duration) -> Result<ConsumerMessage, ProbeError> {
     let value: serde_json::Value = child.channel().recv_plain(timeout)?;
     if let Some(error) = value.get("error").and_then(serde_json::Value::as_str) {
-        return Err(ProbeError::Child { role: CONSUMER_ROLE.to_owned(), reason: error.to_owned() });
+        return Err(ProbeError::Child { role: "bench-consumer".to_owned(), reason: error.to_owned() });
     }
     serde_json::from_value(value)
         .map_err(|source| ProbeError::Malformed { what: "consumer message".to_owned(), source })

@@ -135,13 +135,37 @@ impl Channel {
     }
 }
 
-/// What a child process is asked to do: the probe's name for the role, and its parameters as JSON.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+/// What a helper process is asked to do, as the channel carries it: the role (`<room>-<role>`, e.g.
+/// `crash-observer`, which routes it to the room that owns it) and the role's parameters.
+///
+/// Each room describes its roles as one typed enum, `#[serde(tag = "role", content = "params")]` with a variant per
+/// role renamed to the role's name; [`ChildTask::of`] wraps a value of it and [`ChildTask::decode`] turns the
+/// envelope back into it, so parameters are typed on both sides and an unknown role is a decoding error.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChildTask {
     /// The role, e.g. `"overhead-exporter"`.
     pub role: String,
-    /// The role's parameters.
+    /// The role's parameters (`null` for a role that has none).
+    #[serde(default)]
     pub params: serde_json::Value,
+}
+
+impl ChildTask {
+    /// The envelope of `task`, a room's typed task enum (see [`ChildTask`]).
+    ///
+    /// # Errors
+    /// A `task` that does not serialize as `{"role": ..., "params": ...}`.
+    pub fn of<T: Serialize>(task: &T) -> Result<Self, serde_json::Error> {
+        serde_json::from_value(serde_json::to_value(task)?)
+    }
+
+    /// This envelope as the room's typed task enum `T`.
+    ///
+    /// # Errors
+    /// A role `T` does not have, or parameters that do not fit it.
+    pub fn decode<T: DeserializeOwned>(self) -> Result<T, serde_json::Error> {
+        serde_json::from_value(serde_json::to_value(self)?)
+    }
 }
 
 /// A child process of a probe with its channel; killed (and reaped) on drop if it is still running.
@@ -332,6 +356,26 @@ mod tests {
         a.write_all(&0u32.to_le_bytes()).unwrap();
         let b = Channel { stream: b };
         assert!(matches!(b.recv_plain::<serde_json::Value>(Duration::from_secs(1)), Err(ChannelError::TooLarge(_))));
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(tag = "role", content = "params")]
+    enum Task {
+        #[serde(rename = "test-writer")]
+        Writer { device: i32 },
+        #[serde(rename = "test-idle")]
+        Idle,
+    }
+
+    #[test]
+    fn typed_tasks_travel_as_role_and_params() {
+        let task = ChildTask::of(&Task::Writer { device: 3 }).unwrap();
+        assert_eq!(task.role, "test-writer");
+        assert_eq!(task.params["device"], 3);
+        assert_eq!(task.decode::<Task>().unwrap(), Task::Writer { device: 3 });
+        assert_eq!(ChildTask::of(&Task::Idle).unwrap().decode::<Task>().unwrap(), Task::Idle);
+        let unknown = ChildTask { role: "test-reader".to_owned(), params: serde_json::Value::Null };
+        assert!(unknown.decode::<Task>().is_err());
     }
 
     fn tempfile_fd() -> std::fs::File {

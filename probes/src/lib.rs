@@ -198,3 +198,43 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
 pub(crate) fn test_name(name: &str) -> ProbeName {
     ProbeName::parse(name).expect("a probe of PROBES")
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_probe_is_found_by_its_name_and_in_report_order() {
+        let names: Vec<&str> = ProbeName::all().iter().map(|p| p.name()).collect();
+        assert_eq!(names, ["overhead", "coherency", "vmm-compat", "crash"]);
+        for name in names {
+            assert_eq!(ProbeName::parse(name).unwrap().name(), name);
+        }
+        let err = ProbeName::parse("bandwidth").unwrap_err();
+        assert!(err.contains("overhead, coherency, vmm-compat, crash"), "{err}");
+        assert!(test_name("overhead") < test_name("crash"));
+    }
+
+    #[test]
+    fn helper_roles_are_routed_to_the_probe_whose_name_they_start_with() {
+        let owner = |role: &str| owner_of_role(role).map(|probe| probe.name());
+        assert_eq!(owner("overhead-exporter"), Some("overhead"));
+        assert_eq!(owner("coherency-writer"), Some("coherency"));
+        assert_eq!(owner("vmm-compat-importer"), Some("vmm-compat"));
+        assert_eq!(owner("crash-observer"), Some("crash"));
+        assert_eq!(owner("bench-consumer"), None);
+        assert_eq!(owner("overheadless-x"), None);
+    }
+
+    #[test]
+    fn each_probe_has_a_subcommand_with_the_common_options() {
+        for probe in PROBES {
+            let command = probe.command();
+            assert_eq!(command.get_name(), probe.name());
+            for option in ["json", "out", "quick", "device", "no_progress"] {
+                assert!(command.get_arguments().any(|a| a.get_id() == option), "{} lacks --{option}", probe.name());
+            }
+        }
+    }
+}

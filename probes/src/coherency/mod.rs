@@ -359,7 +359,8 @@ pub fn control_pairs() -> Vec<(Writer, Reader)> {
 }
 
 fn spawn_writer(device: i32) -> Result<ChildProcess, ProbeError> {
-    let task = ChildTask { role: "coherency-writer".to_owned(), params: serde_json::json!({ "device": device }) };
+    let task = ChildTask::of(&sides::CoherencyTask::Writer { device })
+        .map_err(|source| ProbeError::Malformed { what: "coherency task".to_owned(), source })?;
     Ok(ChildProcess::spawn(&task, &[], Duration::from_secs(30))?)
 }
 

@@ -513,9 +513,22 @@ pub(super) fn recv_from_writer(child: &ChildProcess, timeout: Duration) -> Resul
     serde_json::from_value(reply).map_err(|source| ProbeError::Malformed { what: "writer".to_owned(), source })
 }
 
+/// What a coherency helper is asked to do (the envelope is [`ChildTask`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(tag = "role", content = "params")]
+pub enum CoherencyTask {
+    /// The writer of the cross-process cells, on `device`.
+    #[serde(rename = "coherency-writer")]
+    Writer {
+        /// The device ordinal.
+        device: i32,
+    },
+}
+
 /// The writer child: imports the memory it is sent, then runs cells on request.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
-    let device = task.params["device"].as_i64().unwrap_or(0) as i32;
+    let CoherencyTask::Writer { device } =
+        task.decode().map_err(|source| ProbeError::Malformed { what: "coherency task".to_owned(), source })?;
     let ctx = Context::for_ordinal(device)?;
     let mut side = WriterSide::new(&ctx, None)?;
     let mut _imported: Option<WordsOwner> = None;

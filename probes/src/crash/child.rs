@@ -18,8 +18,8 @@ use gpu_ipc::kernels::probe::{MEM_HAMMER, MEM_WAIT_FLAG, ProbeKernels};
 
 use super::model::{SurvivorReport, WaitOutcome};
 use super::protocol::{
-    Command, FLAG_AREA_BYTES, FLAG_RELEASE, FLAG_VICTIM_TARGET, ObserverParams, PeerParams, ROLE_EXPORTER,
-    ROLE_IMPORTER, ROLE_OBSERVER, Reply, SAMPLE_WORDS, SEQ_AFTER, SEQ_BEFORE, pattern_bytes,
+    Command, CrashTask, FLAG_AREA_BYTES, FLAG_RELEASE, FLAG_VICTIM_TARGET, ObserverParams, Reply, SAMPLE_WORDS,
+    SEQ_AFTER, SEQ_BEFORE, pattern_bytes,
 };
 use harness::ProbeError;
 use harness::child::{Channel, ChildTask};
@@ -40,19 +40,13 @@ const THREADS: u32 = 256;
 /// # Errors
 /// Unknown role or parameters, or a failure that ends the role (reported to the parent by `child_main`).
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
-    match task.role.as_str() {
-        ROLE_OBSERVER => {
-            let params: ObserverParams = serde_json::from_value(task.params)
-                .map_err(|source| ProbeError::Malformed { what: format!("{ROLE_OBSERVER} parameters"), source })?;
-            observer(params, channel)
-        }
-        ROLE_EXPORTER | ROLE_IMPORTER => {
-            let params: PeerParams = serde_json::from_value(task.params)
-                .map_err(|source| ProbeError::Malformed { what: format!("{} parameters", task.role), source })?;
+    let what = format!("{} task", task.role);
+    match task.decode::<CrashTask>().map_err(|source| ProbeError::Malformed { what, source })? {
+        CrashTask::Observer(params) => observer(params, channel),
+        CrashTask::Exporter(params) | CrashTask::Importer(params) => {
             gpu_ipc::dispatch_gpu(params.backend, PeerRole { device: params.device, channel })
                 .unwrap_or_else(|e| Err(e.into()))
         }
-        other => Err(ProbeError::UnknownRole(other.to_owned())),
     }
 }
 

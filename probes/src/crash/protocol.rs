@@ -6,12 +6,32 @@ use serde::{Deserialize, Serialize};
 
 use super::model::SurvivorReport;
 
-/// The child roles, as [`ChildTask::role`](harness::child::ChildTask) names them.
-pub const ROLE_EXPORTER: &str = "crash-exporter";
-/// The importer's role.
-pub const ROLE_IMPORTER: &str = "crash-importer";
-/// The observer's role: answers "free memory now" from its own context.
-pub const ROLE_OBSERVER: &str = "crash-observer";
+/// What a crash helper is asked to do: its role and that role's parameters (the envelope is
+/// [`harness::child::ChildTask`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "role", content = "params")]
+pub enum CrashTask {
+    /// The exporter: allocates, exports, and dies or survives as the case says.
+    #[serde(rename = "crash-exporter")]
+    Exporter(PeerParams),
+    /// The importer.
+    #[serde(rename = "crash-importer")]
+    Importer(PeerParams),
+    /// The observer: answers "free memory now" from its own context.
+    #[serde(rename = "crash-observer")]
+    Observer(ObserverParams),
+}
+
+impl CrashTask {
+    /// The role's name, for messages.
+    pub fn role(&self) -> &'static str {
+        match self {
+            Self::Exporter(_) => "exporter",
+            Self::Importer(_) => "importer",
+            Self::Observer(_) => "observer",
+        }
+    }
+}
 
 /// Bytes at the end of the allocation that hold the flag word (its own 128-byte line), outside the pattern area.
 pub const FLAG_AREA_BYTES: u64 = 4096;

@@ -11,7 +11,7 @@ use gpu_ipc::BackendKind;
 use gpu_ipc::core::wire::WireError;
 
 use super::model::{CrashCase, FailureKind, MemoryReading, MemoryTrace, SurvivorReport, TrialFailure, TrialRecord};
-use super::protocol::{Command, ObserverParams, PeerParams, ROLE_EXPORTER, ROLE_IMPORTER, ROLE_OBSERVER, Reply};
+use super::protocol::{Command, CrashTask, ObserverParams, PeerParams, Reply};
 use harness::ProbeError;
 use harness::child::{ChannelError, ChildProcess, ChildTask};
 
@@ -115,15 +115,12 @@ impl Observer {
     /// # Errors
     /// The child could not start or create its context.
     pub fn spawn(device: i32, device_uuid: Option<String>) -> Result<Self, ProbeError> {
-        let task = ChildTask {
-            role: ROLE_OBSERVER.to_owned(),
-            params: serde_json::to_value(ObserverParams { device })
-                .map_err(|source| ProbeError::Malformed { what: "observer parameters".to_owned(), source })?,
-        };
+        let task = ChildTask::of(&CrashTask::Observer(ObserverParams { device }))
+            .map_err(|source| ProbeError::Malformed { what: "observer task".to_owned(), source })?;
         let child = ChildProcess::spawn(&task, &[], CONNECT_TIMEOUT)?;
         let observer = Self { child, device, device_uuid, smi_answered: std::cell::Cell::new(false) };
         observer.ready().map_err(|e| ProbeError::Child {
-            role: ROLE_OBSERVER.to_owned(),
+            role: "crash-observer".to_owned(),
             reason: match e {
                 AskError::Hung(d) | AskError::Failed(d) => d,
             },
@@ -247,12 +244,11 @@ pub fn parse_smi_used(text: &str, device: i32, uuid: Option<&str>) -> Option<u64
     })
 }
 
-fn spawn_peer(role: &str, plan: &Plan, backend: BackendKind) -> Result<ChildProcess, AskError> {
+fn spawn_peer(exporter: bool, plan: &Plan, backend: BackendKind) -> Result<ChildProcess, AskError> {
     let params = PeerParams { backend, device: plan.device };
-    let task = ChildTask {
-        role: role.to_owned(),
-        params: serde_json::to_value(params).map_err(|e| AskError::Failed(e.to_string()))?,
-    };
+    let task = if exporter { CrashTask::Exporter(params) } else { CrashTask::Importer(params) };
+    let role = format!("crash-{}", task.role());
+    let task = ChildTask::of(&task).map_err(|e| AskError::Failed(e.to_string()))?;
     let child = ChildProcess::spawn(&task, &[], CONNECT_TIMEOUT).map_err(channel_error)?;
     let (value, _): (serde_json::Value, _) = child.channel().recv(READY_TIMEOUT).map_err(channel_error)?;
     match serde_json::from_value::<Reply>(value.clone()) {
@@ -372,9 +368,9 @@ fn trial_steps(
 ) -> Result<(), TrialFailure> {
     let case = record.case;
     let base = observer.reading(false).map_err(setup("observer"))?;
-    let exporter = spawn_peer(ROLE_EXPORTER, plan, backend).map_err(setup("exporter start"))?;
+    let exporter = spawn_peer(true, plan, backend).map_err(setup("exporter start"))?;
     let exporter_started = observer.reading(false).map_err(setup("observer"))?;
-    let importer = spawn_peer(ROLE_IMPORTER, plan, backend).map_err(setup("importer start"))?;
+    let importer = spawn_peer(false, plan, backend).map_err(setup("importer start"))?;
     let both_started = observer.reading(false).map_err(setup("observer"))?;
 
     let (handle, size, fds) =

@@ -36,8 +36,27 @@ pub(super) enum FromChild {
     Imported { context_ms: f64, first_ms: f64, second_ms: f64 },
 }
 
-pub(super) fn spawn_child(role: &str, device: i32) -> Result<ChildProcess, ProbeError> {
-    let task = ChildTask { role: role.to_owned(), params: serde_json::json!({ "device": device }) };
+/// What an overhead helper is asked to do (the envelope is [`ChildTask`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(tag = "role", content = "params")]
+pub enum OverheadTask {
+    /// Allocates and exports on request.
+    #[serde(rename = "overhead-exporter")]
+    Exporter {
+        /// The device ordinal.
+        device: i32,
+    },
+    /// A fresh process whose first import is timed.
+    #[serde(rename = "overhead-importer")]
+    Importer {
+        /// The device ordinal.
+        device: i32,
+    },
+}
+
+pub(super) fn spawn_child(task: OverheadTask) -> Result<ChildProcess, ProbeError> {
+    let task =
+        ChildTask::of(&task).map_err(|source| ProbeError::Malformed { what: "overhead task".to_owned(), source })?;
     Ok(ChildProcess::spawn(&task, &[], Duration::from_secs(30))?)
 }
 
@@ -72,7 +91,7 @@ pub(super) fn peer_import(
     bytes: u64,
 ) -> Result<(ChildProcess, ImportedRegion), ProbeError> {
     let peer_device = if device == 0 { 1 } else { 0 };
-    let peer = spawn_child("overhead-exporter", peer_device)?;
+    let peer = spawn_child(OverheadTask::Exporter { device: peer_device })?;
     #[cfg(feature = "legacy")]
     let backend = BackendKind::Legacy;
     #[cfg(not(feature = "legacy"))]
@@ -307,7 +326,9 @@ pub fn chain_words(lines: u64, seed: u64) -> Vec<u64> {
 /// The child processes: `overhead-exporter` allocates and exports on request; `overhead-importer` is a fresh process
 /// whose first import is timed.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
-    let device = task.params["device"].as_i64().unwrap_or(0) as i32;
+    // Both roles serve the same requests; the importer is asked only to import.
+    let (OverheadTask::Exporter { device } | OverheadTask::Importer { device }) =
+        task.decode().map_err(|source| ProbeError::Malformed { what: "overhead task".to_owned(), source })?;
     let started = Instant::now();
     let ctx = Context::for_ordinal(device)?;
     let context_ms = started.elapsed().as_secs_f64() * 1e3;

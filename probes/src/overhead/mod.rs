@@ -87,7 +87,7 @@ pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Res
     let mut notes = Vec::new();
 
     // The memory kinds: our own, and the exporter child's.
-    let exporter = spawn_child("overhead-exporter", device)?;
+    let exporter = spawn_child(OverheadTask::Exporter { device })?;
     let local = DeviceBuffer::alloc(&ctx, buffer_bytes)?;
     let mut keep_imports: Vec<(MemoryKind, ImportedRegion)> = Vec::new();
     let mut keep_local: Vec<(MemoryKind, ExportedRegion)> = Vec::new();
@@ -168,7 +168,7 @@ pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Res
         let (message, fd) = ask_export(&exporter, backend, 4 * MIB)?;
         let (mut context, mut first, mut second) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..first_imports {
-            let importer = spawn_child("overhead-importer", device)?;
+            let importer = spawn_child(OverheadTask::Importer { device })?;
             let dup = fd
                 .as_ref()
                 .map(std::os::fd::OwnedFd::try_clone)

@@ -303,11 +303,16 @@ fn serve_event(ctx: &Context, handle: [u8; 64]) -> Step {
     }
 }
 
-/// The parameters of the `vmm-compat-importer` role.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ImporterParams {
-    /// The device to import on.
-    pub device: i32,
+/// What a vmm-compat helper is asked to do (the envelope is [`ChildTask`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(tag = "role", content = "params")]
+pub enum CompatTask {
+    /// Imports what it is sent, on `device`, until `Done`.
+    #[serde(rename = "vmm-compat-importer")]
+    Importer {
+        /// The device to import on.
+        device: i32,
+    },
 }
 
 /// The child process's side: serve requests until `Done`.
@@ -315,9 +320,9 @@ pub struct ImporterParams {
 /// # Errors
 /// Malformed parameters, no context, or a channel failure.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
-    let params: ImporterParams = serde_json::from_value(task.params)
-        .map_err(|source| ProbeError::Malformed { what: "vmm-compat-importer".to_owned(), source })?;
-    let ctx = Context::for_ordinal(params.device)?;
+    let CompatTask::Importer { device } =
+        task.decode().map_err(|source| ProbeError::Malformed { what: "vmm-compat task".to_owned(), source })?;
+    let ctx = Context::for_ordinal(device)?;
     loop {
         let (request, fds): (ImportRequest, _) = channel.recv(REQUEST_TIMEOUT)?;
         if request == ImportRequest::Done {

@@ -11,8 +11,8 @@ use gpu_ipc::core::driver::{
 };
 
 use super::importer::{
-    ChildMessage, ImportReply, ImportRequest, ImporterParams, Pattern, Step, pattern_words, read_words, result_code,
-    serve, write_words,
+    ChildMessage, CompatTask, ImportReply, ImportRequest, Pattern, Step, pattern_words, read_words, result_code, serve,
+    write_words,
 };
 use super::model::{
     AllocationFacts, AllocationKind, Attempt, BackendCheck, CHILD_DIED, CHILD_TIMEOUT, Cell, DATA_MISMATCH,
@@ -143,11 +143,10 @@ impl Importer {
             return Err(Attempt::not_run("no second process in this run"));
         }
         if self.child.is_none() {
-            let task = ChildTask {
-                role: "vmm-compat-importer".to_owned(),
-                params: serde_json::to_value(ImporterParams { device: self.device }).unwrap_or_default(),
-            };
-            match ChildProcess::spawn(&task, &[], CONNECT_TIMEOUT) {
+            let spawned = ChildTask::of(&CompatTask::Importer { device: self.device })
+                .map_err(harness::child::ChannelError::Json)
+                .and_then(|task| ChildProcess::spawn(&task, &[], CONNECT_TIMEOUT));
+            match spawned {
                 Ok(child) => self.child = Some(child),
                 Err(e) => return Err(Attempt::fails(CHILD_DIED, format!("could not start the importer: {e}"))),
             }

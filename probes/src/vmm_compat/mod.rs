@@ -43,15 +43,12 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
     Ok((results, verdict))
 }
 
-/// The child process's side (role `vmm-compat-importer`).
+/// The child process's side (its one role, [`importer::CompatTask`]).
 ///
 /// # Errors
-/// An unknown role, or the importer's failure.
+/// A task that is not the importer's, or the importer's failure.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
-    match task.role.as_str() {
-        "vmm-compat-importer" => importer::child(task, channel),
-        role => Err(ProbeError::UnknownRole(role.to_owned())),
-    }
+    importer::child(task, channel)
 }
 
 /// The report's section, from the runs without and with MPS.
