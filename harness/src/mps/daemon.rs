@@ -58,21 +58,74 @@ pub struct MpsDaemon {
     stopped: bool,
 }
 
+/// Why a private MPS daemon could not be started or stopped; said so that the pass it was for can be skipped with
+/// the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum MpsError {
+    /// `nvidia-cuda-mps-control` is not installed here.
+    #[error("{MPS_CONTROL} not found on PATH")]
+    NotInstalled,
+    /// A file or folder the daemon needs could not be made.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `nvidia-cuda-mps-control -d` failed (often: a daemon already runs with the same pipe directory).
+    #[error("{MPS_CONTROL} -d failed ({status}): {output}")]
+    StartFailed {
+        /// Its exit status.
+        status: ExitStatus,
+        /// Its output, on one line.
+        output: String,
+    },
+    /// The daemon started but did not answer `get_server_list` in time.
+    #[error("the MPS daemon started but does not answer get_server_list ({last})")]
+    NoAnswer {
+        /// The last answer or failure.
+        last: String,
+    },
+    /// A control command did not finish within its limit.
+    #[error("`{MPS_CONTROL} {command}` did not finish within {seconds} s")]
+    CommandTimeout {
+        /// The command (its arguments or its stdin).
+        command: String,
+        /// The limit.
+        seconds: u64,
+    },
+    /// The daemon was still running after `quit` and the stop limit.
+    #[error("the private MPS daemon (pid {pid}) was still running {seconds} s after quit")]
+    StillRunning {
+        /// Its pid, or `unknown`.
+        pid: String,
+        /// The limit.
+        seconds: u64,
+    },
+}
+
 impl MpsDaemon {
     /// Starts the daemon and waits until it answers; `Err` says why the MPS pass must be skipped.
-    pub fn start(control: &MpsControl) -> Result<Self, String> {
+    ///
+    /// # Errors
+    /// [`MpsError`]: no control program, a failed start, or a daemon that does not answer.
+    pub fn start(control: &MpsControl) -> Result<Self, MpsError> {
         let Some(program) = control.program.clone() else {
-            return Err(format!("{MPS_CONTROL} not found on PATH"));
+            return Err(MpsError::NotInstalled);
         };
-        let dir = PrivateDir::new("mps").map_err(|e| format!("cannot create a temporary directory for MPS: {e}"))?;
+        let dir = PrivateDir::new("mps").map_err(|source| MpsError::Io {
+            what: "cannot create a temporary directory for MPS".to_owned(),
+            source,
+        })?;
         for sub in ["pipe", "log"] {
             std::fs::create_dir(dir.path().join(sub))
-                .map_err(|e| format!("cannot create the MPS {sub} directory: {e}"))?;
+                .map_err(|source| MpsError::Io { what: format!("cannot create the MPS {sub} directory"), source })?;
         }
         let mut daemon = Self { control: control.clone(), program, dir, pid: None, stopped: true };
         let started = daemon.control_command(&["-d"], None, "start")?;
         if !started.status.success() {
-            return Err(format!("{MPS_CONTROL} -d failed ({}): {}", started.status, one_line(&started.output)));
+            return Err(MpsError::StartFailed { status: started.status, output: one_line(&started.output) });
         }
         // From here on, the guard's Drop sends `quit` whatever happens.
         daemon.stopped = false;
@@ -82,10 +135,10 @@ impl MpsDaemon {
             match daemon.control_command(&[], Some("get_server_list"), "confirm") {
                 Ok(answer) if answer.status.success() => break,
                 Ok(answer) => last = format!("{}: {}", answer.status, one_line(&answer.output)),
-                Err(e) => last = e,
+                Err(e) => last = e.to_string(),
             }
             if Instant::now() >= deadline {
-                return Err(format!("the MPS daemon started but does not answer get_server_list ({last})"));
+                return Err(MpsError::NoAnswer { last });
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -113,8 +166,11 @@ impl MpsDaemon {
     }
 
     /// Sends `quit` and waits (bounded) until the daemon is gone: its pid no longer runs, or, when its pid is not
-    /// known, its pid file is gone. Idempotent; `Err` says what did not work.
-    pub fn stop(&mut self) -> Result<(), String> {
+    /// known, its pid file is gone. Idempotent.
+    ///
+    /// # Errors
+    /// [`MpsError`]: `quit` could not be sent, or the daemon outlived the stop limit.
+    pub fn stop(&mut self) -> Result<(), MpsError> {
         if self.stopped {
             return Ok(());
         }
@@ -126,11 +182,10 @@ impl MpsDaemon {
         let deadline = Instant::now() + self.control.stop_timeout;
         while !self.gone() {
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "the private MPS daemon (pid {}) was still running {} s after quit",
-                    self.pid.map_or_else(|| "unknown".to_owned(), |p| p.as_raw_nonzero().to_string()),
-                    self.control.stop_timeout.as_secs()
-                ));
+                return Err(MpsError::StillRunning {
+                    pid: self.pid.map_or_else(|| "unknown".to_owned(), |p| p.as_raw_nonzero().to_string()),
+                    seconds: self.control.stop_timeout.as_secs(),
+                });
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -166,10 +221,13 @@ impl MpsDaemon {
     /// Runs the control program with the daemon's environment, `args`, and `input` on stdin, bounded by the
     /// command limit. Its output goes to a file, not a pipe: `-d` forks a daemon that keeps whatever it inherited
     /// open, and a pipe would never reach end of file.
-    fn control_command(&self, args: &[&str], input: Option<&str>, what: &str) -> Result<ControlOutput, String> {
+    fn control_command(&self, args: &[&str], input: Option<&str>, what: &str) -> Result<ControlOutput, MpsError> {
         let out_path = self.dir.path().join(format!("{what}.out"));
-        let out = File::create(&out_path).map_err(|e| format!("cannot create {}: {e}", out_path.display()))?;
-        let err = out.try_clone().map_err(|e| format!("cannot duplicate a file handle: {e}"))?;
+        let out = File::create(&out_path)
+            .map_err(|source| MpsError::Io { what: format!("cannot create {}", out_path.display()), source })?;
+        let err = out
+            .try_clone()
+            .map_err(|source| MpsError::Io { what: "cannot duplicate a file handle".to_owned(), source })?;
         let mut command = Command::new(&self.program);
         command
             .args(args)
@@ -178,7 +236,9 @@ impl MpsDaemon {
             .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(out)
             .stderr(err);
-        let mut child = command.spawn().map_err(|e| format!("cannot run {}: {e}", self.program.display()))?;
+        let mut child = command
+            .spawn()
+            .map_err(|source| MpsError::Io { what: format!("cannot run {}", self.program.display()), source })?;
         if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
             // A control program that exits without reading is answered by its exit status, not by this write.
             let _ = writeln!(stdin, "{text}");
@@ -189,11 +249,10 @@ impl MpsDaemon {
             Ok(None) | Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "`{MPS_CONTROL} {}` did not finish within {} s",
-                    input.unwrap_or(&args.join(" ")),
-                    self.control.command_timeout.as_secs()
-                ));
+                return Err(MpsError::CommandTimeout {
+                    command: input.map_or_else(|| args.join(" "), str::to_owned),
+                    seconds: self.control.command_timeout.as_secs(),
+                });
             }
         };
         let output = std::fs::read_to_string(&out_path).unwrap_or_default();
@@ -316,7 +375,7 @@ exit 1
         let tmp = PrivateDir::new("test-mps").unwrap();
         let control = fake_control(tmp.path());
         std::fs::write(tmp.path().join("START_FAILS"), "").unwrap();
-        let reason = MpsDaemon::start(&control).unwrap_err();
+        let reason = MpsDaemon::start(&control).unwrap_err().to_string();
         assert!(reason.contains("-d failed"), "{reason}");
         assert!(reason.contains("already running"), "{reason}");
         assert_eq!(calls(tmp.path()).len(), 1, "nothing to quit after a failed start");
@@ -328,14 +387,14 @@ exit 1
         let mut control = fake_control(tmp.path());
         control.ready_timeout = Duration::from_millis(300);
         std::fs::write(tmp.path().join("MUTE"), "").unwrap();
-        let reason = MpsDaemon::start(&control).unwrap_err();
+        let reason = MpsDaemon::start(&control).unwrap_err().to_string();
         assert!(reason.contains("does not answer"), "{reason}");
         assert!(calls(tmp.path()).last().unwrap().starts_with("quit "), "the guard quit the daemon it started");
     }
 
     #[test]
     fn no_control_program_skips() {
-        let reason = MpsDaemon::start(&MpsControl::with_program(None)).unwrap_err();
+        let reason = MpsDaemon::start(&MpsControl::with_program(None)).unwrap_err().to_string();
         assert_eq!(reason, "nvidia-cuda-mps-control not found on PATH");
         assert_eq!(find_on_path(MPS_CONTROL, OsStr::new("/nonexistent:")), None);
     }

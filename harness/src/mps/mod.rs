@@ -5,7 +5,7 @@
 pub mod daemon;
 pub mod detect;
 
-pub use daemon::{MpsControl, MpsDaemon, find_on_path};
+pub use daemon::{MpsControl, MpsDaemon, MpsError, find_on_path};
 pub use detect::{
     DEFAULT_MPS_PIPE_DIRECTORY, MpsProcess, MpsRole, MpsStatus, active_here, mps_role, pipe_directory, probe_mps,
 };

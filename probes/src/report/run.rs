@@ -167,7 +167,7 @@ pub fn execute(plan: &RunPlan, progress: &RunProgress) -> std::io::Result<PlanOu
                     progress.note(&format!("MPS pass SKIPPED: {reason}"));
                     tracing::warn!(%reason, "MPS pass skipped");
                     for &probe in &plan.probes {
-                        let status = RunStatus::Skipped { reason: reason.clone() };
+                        let status = RunStatus::Skipped { reason: reason.to_string() };
                         log.runs.push(RunRecord { probe, pass, status, log: None });
                     }
                     continue;
@@ -209,8 +209,8 @@ pub fn execute(plan: &RunPlan, progress: &RunProgress) -> std::io::Result<PlanOu
         }
         if let Some(daemon) = daemon.as_mut() {
             if let Err(problem) = daemon.stop() {
-                progress.note(&problem);
-                log.notes.push(problem);
+                progress.note(&problem.to_string());
+                log.notes.push(problem.to_string());
             }
             daemon.copy_logs(&plan.raw_dir.join("mps-log"));
         }
