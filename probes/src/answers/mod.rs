@@ -28,6 +28,9 @@ pub const EXIT_OK: u8 = 0;
 /// (the report says which); or the report could not be written.
 pub const EXIT_INCOMPLETE: u8 = 1;
 
+/// Where the report goes by default: a folder of its own in the current directory, never the committed report.
+pub const DEFAULT_OUT: &str = "gpu-ipc-report";
+
 /// One probe's part of the report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReportSection {
@@ -227,8 +230,10 @@ pub struct ReportArgs {
     /// present) instead of running them.
     #[arg(long, value_name = "DIR")]
     pub from: Option<PathBuf>,
-    /// Where the report goes: `DIR/README.md`, `DIR/plots/*.svg`, `DIR/raw/*.json` and the probes' logs.
-    #[arg(long, value_name = "DIR", default_value = "docs/answers")]
+    /// Where the report goes: `DIR/README.md`, `DIR/plots/*.svg`, `DIR/raw/*.json` and the probes' logs. Files of
+    /// this run replace those of the same name; nothing else in DIR is deleted. The committed report is
+    /// docs/answers/: write there only to replace it on purpose.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_OUT)]
     pub out: PathBuf,
     /// Only this probe (repeatable; default: overhead, coherency, vmm-compat, crash).
     #[arg(long, value_name = "PROBE")]
@@ -277,6 +282,11 @@ pub fn main(args: &ReportArgs) -> u8 {
     let (source, run_log) = match &args.from {
         Some(dir) => (dir.clone(), load::read_run_log(dir)),
         None => {
+            // Before any file is touched: without a driver, one line and exit status 3.
+            if let Err((line, code)) = crate::probe::env::collect("gpu-ipc report") {
+                eprintln!("{line}");
+                return code;
+            }
             let exe = match std::env::current_exe() {
                 Ok(exe) => exe,
                 Err(e) => {
@@ -356,11 +366,11 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_every_probe_both_passes_into_docs_answers() {
+    fn defaults_are_every_probe_both_passes_into_a_folder_of_its_own() {
         let args = parse(&[]).unwrap();
         assert_eq!(args.probes(), ProbeName::ALL.to_vec());
         assert_eq!(args.passes(), vec![Pass::NoMps, Pass::Mps]);
-        assert_eq!(args.out, PathBuf::from("docs/answers"));
+        assert_eq!(args.out, PathBuf::from("gpu-ipc-report"));
         assert_eq!(args.timeout, 900);
         assert!(!args.quick && !args.json && args.from.is_none());
     }

@@ -131,6 +131,11 @@ pub fn pipeline_main(args: &PipelineArgs) -> u8 {
         return EXIT_OK;
     }
     if args.mps {
+        // No daemon is started, and nothing written, on a machine without a driver: the same one line as below.
+        if let Err((line, code)) = crate::probe::env::collect("gpu-ipc bench pipeline") {
+            eprintln!("{line}");
+            return code;
+        }
         return under_private_mps(args, selected.len());
     }
     let cfg = run::RunConfig {

@@ -37,8 +37,14 @@ pub fn render_json(report: &DoctorReport) -> Result<String, serde_json::Error> {
 /// One line that states the verdict and its main reason, starting with `gpu-ipc doctor:`. For [`Overall::NoCuda`]
 /// it names the missing library or the failing call, so it can stand alone on stderr.
 pub fn summary_line(report: &DoctorReport) -> String {
+    format!("gpu-ipc doctor: {}", summary(report))
+}
+
+/// [`summary_line`] without the command's name, for the other subcommands that stop with the same message in their
+/// own name (`gpu-ipc report: no CUDA driver: ...`).
+pub fn summary(report: &DoctorReport) -> String {
     let driver = &report.driver;
-    let body = match report.verdict {
+    match report.verdict {
         Overall::NoCuda if !driver.library_found => format!(
             "no CUDA driver: {} could not be loaded ({}). Install the NVIDIA driver or run on a machine with a GPU.",
             driver.library_name, driver.library_path_or_error
@@ -93,8 +99,7 @@ pub fn summary_line(report: &DoctorReport) -> String {
                 .collect();
             format!("not ready: {}.", problems.join("; "))
         }
-    };
-    format!("gpu-ipc doctor: {body}")
+    }
 }
 
 fn verdict_word(verdict: SelfTestVerdict) -> &'static str {

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::doctor;
-use crate::doctor::render::{EXIT_NO_CUDA, summary_line};
+use crate::doctor::render::{EXIT_NO_CUDA, summary};
 use crate::doctor::report::{DeviceReport, DoctorReport, Overall};
 
 /// The facts a probe's result is tied to.
@@ -41,9 +41,10 @@ impl ProbeEnv {
     }
 }
 
-/// Collects the environment, or returns the doctor's one-line explanation and exit status when CUDA cannot be
-/// used here (no driver, no device): every probe stops there with the same message as `gpu-ipc doctor`.
-pub fn collect() -> Result<ProbeEnv, (String, u8)> {
+/// Collects the environment, or returns the one-line explanation and exit status when CUDA cannot be used here
+/// (no driver, no device): every subcommand stops there with the doctor's message in its own name, `command` (e.g.
+/// `gpu-ipc probe overhead: no CUDA driver: ...`), and exit status 3.
+pub fn collect(command: &str) -> Result<ProbeEnv, (String, u8)> {
     let system = doctor::system::collect(&doctor::system::SystemRoot::real());
     let driver = doctor::cuda::driver_section();
     let devices = doctor::cuda::devices();
@@ -57,7 +58,7 @@ pub fn collect() -> Result<ProbeEnv, (String, u8)> {
         Vec::new(),
     );
     if report.verdict == Overall::NoCuda {
-        return Err((summary_line(&report), EXIT_NO_CUDA));
+        return Err((format!("{command}: {}", summary(&report)), EXIT_NO_CUDA));
     }
     Ok(ProbeEnv {
         devices,
