@@ -1,7 +1,6 @@
 //! `gpu-ipc bench ...`: end-to-end benchmarks. `bench pipeline` runs the research's 4K frame pipeline (a producer
 //! kernel writes each frame, each consumer kernel reads every byte of it) in every design worth comparing, all in
-//! one run against references measured in the same run (see docs/benchmarks.md and ARCHITECTURE.md, Performance
-//! method):
+//! one run against references measured in the same run (see docs/benchmarks.md, "Method"):
 //!
 //! 1. the single-process limit (fill + verify in one process) and the memory-bandwidth floor (a frame copy);
 //! 2. the study's four designs (pageable host copies, pinned staging, legacy IPC with a sleeping or spinning CPU);
@@ -50,8 +49,8 @@ pub enum BenchCommand {
     /// Exit status: 0 the bench ran (failed rows are in the results); 1 it could not run; 2 usage error; 3 no
     /// usable CUDA driver or no GPU.
     Pipeline(PipelineArgs),
-    /// The benchmarks issue's targets, judged from two `bench pipeline` JSONs of one session (without MPS, under
-    /// MPS), each figure against the references of its own run; needs no GPU.
+    /// The project's performance targets (docs/benchmarks.md), judged from two `bench pipeline` JSONs of one
+    /// session (without MPS, under MPS), each figure against the references of its own run; needs no GPU.
     ///
     /// Exit status: 0 judged (met or not: read the table); 1 a file could not be read or is not what it was given
     /// as; 2 usage error.
@@ -134,6 +133,11 @@ pub fn pipeline_main(args: &PipelineArgs) -> u8 {
         return EXIT_OK;
     }
     if args.mps {
+        // No daemon is started, and nothing written, on a machine without a driver: the same one line as below.
+        if let Err((line, code)) = harness::env::collect("gpu-ipc bench pipeline") {
+            eprintln!("{line}");
+            return code;
+        }
         return under_private_mps(args, selected.len());
     }
     let cfg = run::RunConfig {

@@ -1,5 +1,6 @@
-//! `gpu-ipc bench targets`: the benchmarks issue's targets, judged from two pipeline runs of the same session (one
-//! without MPS, one under MPS), each figure set against the references measured in its own run.
+//! `gpu-ipc bench targets`: the project's performance targets (docs/benchmarks.md, "Targets"), judged from two
+//! pipeline runs of the same session (one without MPS, one under MPS), each figure set against the references
+//! measured in its own run.
 //!
 //! Which strategies count as what: the *GPU-side* strategies are those whose waits the GPU does (`gpu-stream-ops`,
 //! `gpu-poll`); the *CPU* strategies are `cpu-spin` and `cpu-sleep`. `ipc-event` (the consumer's CPU polls an IPC
@@ -17,7 +18,7 @@ use super::results::{Measurement, PipelineResults, RowResult};
 use super::rows::{RowSpec, StudyDesign};
 use harness::ProbeOutput;
 
-/// The issue's targets.
+/// With MPS: best of ours over the single-process limit, same run (the project's targets, docs/benchmarks.md).
 pub const BEST_MPS_RATIO: f64 = 0.90;
 /// Without MPS: best of ours over the seed design (study d), same run.
 pub const NO_MPS_OVER_SEED: f64 = 10.0;
@@ -47,7 +48,7 @@ pub struct TargetsArgs {
 /// One target, judged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Judged {
-    /// What the issue asks.
+    /// The target, in words.
     pub target: String,
     /// What the runs measured, in words and figures.
     pub measured: String,

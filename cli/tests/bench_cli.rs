@@ -1,6 +1,6 @@
 //! `gpu-ipc bench pipeline` on the command line, without a GPU: `--help` lists its options, `--list` names the rows
-//! (the quick subset, the filters), and on a machine without a driver it stops with the doctor's one-line message
-//! and exit status 3 (the driver is hidden with `GPU_IPC_LIBCUDA`, so this also runs on the GPU machine).
+//! (the quick subset, the filters), and on a machine without a driver it stops with the doctor's one-line message in
+//! its own name and exit status 3 (the driver is hidden with `GPU_IPC_LIBCUDA`, so this also runs on the GPU machine).
 
 use std::process::Command;
 
@@ -29,11 +29,15 @@ fn help_lists_the_options() {
 
 #[test]
 fn without_a_driver_it_says_so_and_exits_3() {
-    let out = gpu_ipc(&["bench", "pipeline", "--quick", "--rows", "study"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{out:?}");
-    assert!(stderr.contains("no CUDA driver"), "{stderr}");
-    assert!(out.stdout.is_empty(), "nothing on stdout: {out:?}");
+    // Also with --mps: the driver is checked before a daemon is started.
+    for args in [&["bench", "pipeline", "--quick", "--rows", "study"][..], &["bench", "pipeline", "--quick", "--mps"]] {
+        let out = gpu_ipc(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {out:?}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.starts_with("gpu-ipc bench pipeline: no CUDA driver: "), "{stderr}");
+        assert!(out.stdout.is_empty(), "nothing on stdout: {out:?}");
+    }
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Every probe and the report on the command line, without a GPU: `--help` works, and on a machine without a driver
-//! each probe stops with the doctor's one-line message and exit status 3 (the driver is hidden with
+//! each probe stops with the doctor's one-line message in its own name and exit status 3 (the driver is hidden with
 //! `GPU_IPC_LIBCUDA`, so this also runs on the GPU machine).
 
 use std::process::Command;
@@ -29,7 +29,9 @@ fn without_a_driver_every_probe_says_so_and_exits_3() {
             .unwrap_or_else(|e| panic!("{e}"));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{probe}: {out:?}");
-        assert!(stderr.contains("no CUDA driver"), "{probe}: {stderr}");
+        // One line, in the subcommand's own name.
+        assert_eq!(stderr.lines().count(), 1, "{probe}: {stderr}");
+        assert!(stderr.starts_with(&format!("gpu-ipc probe {probe}: no CUDA driver: ")), "{probe}: {stderr}");
         assert!(out.stdout.is_empty(), "{probe} printed nothing on stdout: {out:?}");
     }
 }

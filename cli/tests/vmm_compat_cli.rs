@@ -33,7 +33,7 @@ fn the_matrix_runs_and_the_backends_agree_with_it() {
             .find(|c| c["allocation"] == allocation && c["operation"] == operation)
             .unwrap_or_else(|| panic!("{allocation} / {operation} missing"))
     };
-    // Documented and measured facts (docs/ARCHITECTURE: legacy IPC and VMM POSIX-fd work on the H100).
+    // Documented and measured facts (docs/answers/README.md: legacy IPC and VMM POSIX-fd work on the H100).
     assert_eq!(
         cell("mem-alloc", "legacy-import")["observed"]["outcome"],
         "works",

@@ -30,7 +30,13 @@ pub fn render_json(report: &DoctorReport) -> Result<String, serde_json::Error> {
 /// One line that states the verdict and its main reason, starting with `gpu-ipc doctor:`. For [`Overall::NoCuda`]
 /// it names the missing library or the failing call, so it can stand alone on stderr.
 pub fn summary_line(report: &DoctorReport) -> String {
-    let body = match report.verdict {
+    format!("gpu-ipc doctor: {}", summary(report))
+}
+
+/// [`summary_line`] without the command's name, for the other subcommands that stop with the same message in their
+/// own name (`gpu-ipc report: no CUDA driver: ...`).
+pub fn summary(report: &DoctorReport) -> String {
+    match report.verdict {
         Overall::NoCuda => no_cuda_reason(&report.driver, &report.devices)
             .unwrap_or_else(|| "no usable CUDA driver or no GPU.".to_owned()),
         Overall::Pass if report.self_tests.is_empty() => {
@@ -76,8 +82,7 @@ pub fn summary_line(report: &DoctorReport) -> String {
                 .collect();
             format!("not ready: {}.", problems.join("; "))
         }
-    };
-    format!("gpu-ipc doctor: {body}")
+    }
 }
 
 fn verdict_word(verdict: SelfTestVerdict) -> &'static str {

@@ -41,14 +41,14 @@ impl ProbeEnv {
     }
 }
 
-/// Collects the environment, or returns the doctor's one-line explanation and exit status when CUDA cannot be
-/// used here (no driver, no device): every probe stops there with the same message as `gpu-ipc doctor`.
-pub fn collect() -> Result<ProbeEnv, (String, u8)> {
+/// Collects the environment, or returns the one-line explanation and exit status when CUDA cannot be used here
+/// (no driver, no device): every subcommand stops there with the doctor's message in its own name, `command` (e.g.
+/// `gpu-ipc probe overhead: no CUDA driver: ...`), and exit status 3.
+pub fn collect(command: &str) -> Result<ProbeEnv, (String, u8)> {
     let driver = cuda::driver_section();
     let devices = cuda::devices();
     if let Some(reason) = cuda::no_cuda_reason(&driver, &devices) {
-        // The doctor's own words, so a probe and `gpu-ipc doctor` stop with the same line.
-        return Err((format!("gpu-ipc doctor: {reason}"), EXIT_NO_CUDA));
+        return Err((format!("{command}: {reason}"), EXIT_NO_CUDA));
     }
     let mps = mps::active_here();
     Ok(ProbeEnv {

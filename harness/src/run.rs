@@ -150,7 +150,12 @@ pub fn execute<R: Serialize>(
     run: impl FnOnce(&ProbeEnv, &progress::Progress) -> Result<(R, Verdict), ProbeError>,
     render_text: impl FnOnce(&ProbeOutput<R>) -> String,
 ) -> u8 {
-    let env = match env::collect() {
+    // Messages name the subcommand the user typed: `gpu-ipc probe overhead`, `gpu-ipc bench pipeline`.
+    let command = match name.strip_prefix("bench-") {
+        Some(bench) => format!("gpu-ipc bench {bench}"),
+        None => format!("gpu-ipc probe {name}"),
+    };
+    let env = match env::collect(&command) {
         Ok(env) => env,
         Err((line, code)) => {
             eprintln!("{line}");
@@ -163,7 +168,7 @@ pub fn execute<R: Serialize>(
         Ok(done) => done,
         Err(e) => {
             progress.finish();
-            eprintln!("gpu-ipc probe {name}: {e}");
+            eprintln!("{command}: {e}");
             return EXIT_FAILED;
         }
     };
@@ -180,14 +185,14 @@ pub fn execute<R: Serialize>(
     let json = match serde_json::to_string_pretty(&output) {
         Ok(json) => json,
         Err(e) => {
-            eprintln!("gpu-ipc probe {name}: could not encode the result as JSON: {e}");
+            eprintln!("{command}: could not encode the result as JSON: {e}");
             return EXIT_FAILED;
         }
     };
     if let Some(path) = &common.out
         && let Err(e) = write_file(path, &json)
     {
-        eprintln!("gpu-ipc probe {name}: could not write {}: {e}", path.display());
+        eprintln!("{command}: could not write {}: {e}", path.display());
         return EXIT_FAILED;
     }
     let mut stdout = std::io::stdout().lock();

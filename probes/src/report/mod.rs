@@ -24,6 +24,9 @@ use harness::mps::MpsControl;
 
 use crate::ProbeName;
 
+/// Where the report goes by default: a folder of its own in the current directory, never the committed report.
+pub const DEFAULT_OUT: &str = "gpu-ipc-report";
+
 /// One of the two passes every probe runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -76,8 +79,10 @@ pub struct ReportArgs {
     /// present) instead of running them.
     #[arg(long, value_name = "DIR")]
     pub from: Option<PathBuf>,
-    /// Where the report goes: `DIR/README.md`, `DIR/plots/*.svg`, `DIR/raw/*.json` and the probes' logs.
-    #[arg(long, value_name = "DIR", default_value = "docs/answers")]
+    /// Where the report goes: `DIR/README.md`, `DIR/plots/*.svg`, `DIR/raw/*.json` and the probes' logs. Files of
+    /// this run replace those of the same name; nothing else in DIR is deleted. The committed report is
+    /// docs/answers/: write there only to replace it on purpose.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_OUT)]
     pub out: PathBuf,
     /// Only this probe (repeatable; default: overhead, coherency, vmm-compat, crash).
     #[arg(long, value_name = "PROBE", value_parser = ProbeName::parse)]
@@ -126,6 +131,11 @@ pub fn main(args: &ReportArgs) -> u8 {
     let (source, run_log) = match &args.from {
         Some(dir) => (dir.clone(), load::read_run_log(dir)),
         None => {
+            // Before any file is touched: without a driver, one line and exit status 3.
+            if let Err((line, code)) = harness::env::collect("gpu-ipc report") {
+                eprintln!("{line}");
+                return code;
+            }
             let exe = match std::env::current_exe() {
                 Ok(exe) => exe,
                 Err(e) => {
@@ -205,11 +215,11 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_every_probe_both_passes_into_docs_answers() {
+    fn defaults_are_every_probe_both_passes_into_a_folder_of_its_own() {
         let args = parse(&[]).unwrap();
         assert_eq!(args.probes(), ProbeName::all());
         assert_eq!(args.passes(), vec![Pass::NoMps, Pass::Mps]);
-        assert_eq!(args.out, PathBuf::from("docs/answers"));
+        assert_eq!(args.out, PathBuf::from("gpu-ipc-report"));
         assert_eq!(args.timeout, 900);
         assert!(!args.quick && !args.json && args.from.is_none());
     }

@@ -389,18 +389,12 @@ fn cell(text: &str) -> String {
     one_line(text).replace('|', "\\|")
 }
 
-/// Writes `report` into `out`: `README.md`, `plots/<stem>.svg` (stale charts of an earlier report removed), and the
-/// documents, logs and run log copied into `raw/` when they were read from elsewhere.
+/// Writes `report` into `out`: `README.md`, `plots/<stem>.svg`, and the documents, logs and run log copied into
+/// `raw/` when they were read from elsewhere. Files of the same name are replaced; nothing else is deleted (charts
+/// of an earlier report in `out` stay, unreferenced).
 pub fn write(report: &Report, inputs: &ReportInputs, out: &Path) -> std::io::Result<()> {
     let plots_dir = out.join(PLOTS_DIR);
     std::fs::create_dir_all(&plots_dir)?;
-    let stems: BTreeSet<String> = report.charts.iter().map(|c| format!("{}.svg", c.file_stem)).collect();
-    for entry in std::fs::read_dir(&plots_dir)?.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".svg") && !stems.contains(&name) {
-            std::fs::remove_file(entry.path())?;
-        }
-    }
     for chart in &report.charts {
         let svg = plot::render_svg(chart).map_err(std::io::Error::other)?;
         std::fs::write(plots_dir.join(format!("{}.svg", chart.file_stem)), svg)?;

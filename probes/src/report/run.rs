@@ -254,10 +254,9 @@ pub fn run_probe(invocation: &ProbeInvocation) -> RunStatus {
     let started = Instant::now();
     let failed =
         |message: String| RunStatus::Failed { seconds: started.elapsed().as_secs_f64(), exit_code: None, message };
-    if let Some(json) = &invocation.json {
-        // A stale file from an earlier run must not pass for this run's result.
-        let _ = std::fs::remove_file(json);
-    }
+    // A file from an earlier run must not pass for this run's result, and is not this run's to delete: the JSON
+    // counts only if this run wrote it (it appeared, or changed).
+    let before = invocation.json.as_deref().map(FileStamp::of);
     let log = match File::create(&invocation.log) {
         Ok(log) => log,
         Err(e) => return failed(format!("cannot create {}: {e}", invocation.log.display())),
@@ -289,7 +288,7 @@ pub fn run_probe(invocation: &ProbeInvocation) -> RunStatus {
     let seconds = started.elapsed().as_secs_f64();
     if status.success() {
         match &invocation.json {
-            Some(json) if !json.exists() => RunStatus::Failed {
+            Some(json) if !before.as_ref().is_some_and(|before| before.written_since(json)) => RunStatus::Failed {
                 seconds,
                 exit_code: Some(0),
                 message: format!("exited 0 but wrote no {}", json.display()),
@@ -298,6 +297,27 @@ pub fn run_probe(invocation: &ProbeInvocation) -> RunStatus {
         }
     } else {
         RunStatus::Failed { seconds, exit_code: status.code(), message: failure_message(status, &invocation.log) }
+    }
+}
+
+/// What a file looked like before a run (`None`: it did not exist), to tell whether the run wrote it.
+#[derive(Debug, PartialEq)]
+struct FileStamp(Option<(std::time::SystemTime, i64, i64, u64, u64)>);
+
+impl FileStamp {
+    fn of(path: &Path) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self(
+            std::fs::metadata(path)
+                .ok()
+                .and_then(|m| Some((m.modified().ok()?, m.ctime(), m.ctime_nsec(), m.ino(), m.len()))),
+        )
+    }
+
+    /// Whether `path` exists now and was created or rewritten since this stamp was taken.
+    fn written_since(&self, path: &Path) -> bool {
+        let now = Self::of(path);
+        now.0.is_some() && now != *self
     }
 }
 
@@ -478,12 +498,14 @@ exit 1
             json.display()
         );
         assert!(matches!(run_probe(&invocation(tmp.path(), &ok, Duration::from_secs(10))), RunStatus::Ok { .. }));
-        // The stale JSON of the run above is removed before the next run: exiting 0 without one is a failure.
+        // The JSON of the run above does not pass for the next run's result (exiting 0 without writing one is a
+        // failure), and is left where it is: the report deletes nothing it did not write.
         let status = run_probe(&invocation(tmp.path(), "exit 0\n", Duration::from_secs(10)));
         assert!(
             matches!(&status, RunStatus::Failed { exit_code: Some(0), message, .. } if message.contains("wrote no")),
             "{status:?}"
         );
+        assert_eq!(std::fs::read_to_string(&json).unwrap(), "{}\n", "the earlier JSON is kept");
         let status = run_probe(&invocation(
             tmp.path(),
             "echo 'step 1' >&2; echo 'cuInit failed' >&2; exit 3\n",

@@ -208,7 +208,7 @@ fn writing_puts_readme_plots_and_raw_json_in_place() {
     assert_eq!(std::fs::read_to_string(out.path().join("README.md")).unwrap(), report.markdown);
     let svg = std::fs::read_to_string(out.path().join("plots/overhead-read.svg")).unwrap();
     assert!(svg.contains("Read bandwidth, own vs imported memory"));
-    assert!(!out.path().join("plots/stale.svg").exists());
+    assert!(out.path().join("plots/stale.svg").exists(), "what this run did not write is not deleted");
     assert!(out.path().join("plots/notes.txt").exists());
     for name in ["overhead-no-mps.json", "crash-no-mps.json", "runs.json", "crash-no-mps.log"] {
         assert!(out.path().join("raw").join(name).is_file(), "{name} copied");
