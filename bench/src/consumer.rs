@@ -218,10 +218,10 @@ impl GpuBackendVisitor for OursConsumer<'_> {
             gpu.kernels.verify(&gpu.stream, span, seq, gpu.mismatches.span())?;
             consumer.release(frame, Some(&gpu.stream)).map_err(frame_error)?;
             let mut on_done = |seq: u64, ns: u64| window.done(seq, ns);
-            clock.after(seq, &gpu.stream, Instant::now() + timeout, &mut on_done).map_err(ProbeError::Wait)?;
+            clock.after(seq, &gpu.stream, Instant::now() + timeout, &mut on_done)?;
         }
         let mut on_done = |seq: u64, ns: u64| window.done(seq, ns);
-        clock.finish(Instant::now() + timeout, &mut on_done).map_err(ProbeError::Wait)?;
+        clock.finish(Instant::now() + timeout, &mut on_done)?;
         let mismatches = gpu.mismatches()?;
         let report = window.report(mismatches);
         consumer.detach();
@@ -281,9 +281,9 @@ fn study_consumer(
     let result = (|| -> Result<(), ProbeError> {
         for seq in 0..plan.frames_total {
             if design.through_host() {
-                flags.wait(flag::READY, 1, true, nap, timeout).map_err(ProbeError::Wait)?;
+                flags.wait(flag::READY, 1, true, nap, timeout)?;
             } else {
-                flags.wait(flag::PUBLISHED, seq + 1, false, nap, timeout).map_err(ProbeError::Wait)?;
+                flags.wait(flag::PUBLISHED, seq + 1, false, nap, timeout)?;
             }
             window.started(seq);
             match (&host, &registration) {

@@ -173,7 +173,7 @@ pub fn pipeline_main(args: &PipelineArgs) -> u8 {
             results.fill_ratios();
             table = Some(render::markdown_table(&results));
             if let Some(dir) = &args.plots {
-                render::write_charts(&render::charts(&results), dir).map_err(ProbeError::Other)?;
+                render::write_charts(&render::charts(&results), dir)?;
             }
             let verdict = render::verdict(&results);
             Ok((results, verdict))

@@ -4,6 +4,7 @@
 use gpu_ipc::core::wire::SyncStrategy;
 use std::fmt::Write as _;
 
+use harness::ProbeError;
 use harness::report::{LineChart, Series};
 use harness::{ProbeOutput, Verdict};
 
@@ -245,13 +246,13 @@ pub fn charts(results: &PipelineResults) -> Vec<LineChart> {
 ///
 /// # Errors
 /// A chart that cannot be drawn or a file that cannot be written.
-pub fn write_charts(charts: &[LineChart], dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+pub fn write_charts(charts: &[LineChart], dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, ProbeError> {
+    std::fs::create_dir_all(dir).map_err(|source| ProbeError::Io { op: "create the charts folder", source })?;
     let mut written = Vec::new();
     for chart in charts {
         let svg = harness::plot::render_svg(chart)?;
         let path = dir.join(format!("{}.svg", chart.file_stem));
-        std::fs::write(&path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(&path, svg).map_err(|source| ProbeError::Io { op: "write a chart", source })?;
         written.push(path);
     }
     Ok(written)

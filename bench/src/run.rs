@@ -550,12 +550,12 @@ fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) ->
             }
             if !design.through_host() {
                 // One shared device buffer: the next frame overwrites it only once the consumer is done with it.
-                flags.wait(flag::CONSUMED, seq, false, nap, cfg.frame_timeout).map_err(ProbeError::Wait)?;
+                flags.wait(flag::CONSUMED, seq, false, nap, cfg.frame_timeout)?;
             }
             gpu.kernels.fill(&stream, frame, seq)?;
             if design.through_host() {
                 // Our own device buffer is ours to fill; the host buffer is free once the consumer copied it out.
-                flags.wait(flag::READY, 0, true, nap, cfg.frame_timeout).map_err(ProbeError::Wait)?;
+                flags.wait(flag::READY, 0, true, nap, cfg.frame_timeout)?;
             }
             match (&host, &registration) {
                 (Some(_), Some(pinned)) => {
@@ -574,7 +574,7 @@ fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) ->
                 flags.word(flag::READY).store(1, Ordering::Release);
             }
         }
-        flags.wait(flag::CONSUMED, cfg.total(), false, nap, cfg.frame_timeout).map_err(ProbeError::Wait)?;
+        flags.wait(flag::CONSUMED, cfg.total(), false, nap, cfg.frame_timeout)?;
         Ok((t0.elapsed().as_secs_f64(), cpu_ns().saturating_sub(cpu0)))
     })();
     let (seconds, cpu) = match produced {

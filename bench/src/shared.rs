@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::core::driver::{Context, Event, EventFlags, Stream};
 use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject, ShmError};
+use harness::ProbeError;
 
 /// Entries of the publish-time array: sequence `s` lives at `s % STAMP_SLOTS`. The producer is never more than 32
 /// frames ahead of a consumer, so an entry is read long before it is reused.
@@ -108,7 +109,7 @@ impl StudyFlags {
     /// spins). Bounded by `timeout`; stops when the abort flag is set.
     ///
     /// # Errors
-    /// Why it stopped waiting, in words.
+    /// [`ProbeError::Wait`]: why it stopped waiting.
     pub fn wait(
         &self,
         index: usize,
@@ -116,7 +117,7 @@ impl StudyFlags {
         equal: bool,
         nap: Option<Duration>,
         timeout: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProbeError> {
         let started = Instant::now();
         let mut polls = 0u32;
         loop {
@@ -127,10 +128,12 @@ impl StudyFlags {
             polls = polls.wrapping_add(1);
             if nap.is_some() || polls.is_multiple_of(256) {
                 if self.word(flag::ABORT).load(Ordering::Acquire) != 0 {
-                    return Err("the other side gave up".to_owned());
+                    return Err(ProbeError::Wait("the other side gave up".to_owned()));
                 }
                 if started.elapsed() >= timeout {
-                    return Err(format!("flag {index} stayed at {now}, not {value}, for {timeout:?}"));
+                    return Err(ProbeError::Wait(format!(
+                        "flag {index} stayed at {now}, not {value}, for {timeout:?}"
+                    )));
                 }
             }
             match nap {
@@ -189,13 +192,13 @@ impl CompletionClock {
         stream: &Stream,
         deadline: Instant,
         done: &mut impl FnMut(u64, u64),
-    ) -> Result<(), String> {
+    ) -> Result<(), ProbeError> {
         if self.pending.len() == self.events.len() {
             self.wait_oldest(deadline, done)?;
         }
         let index = self.next;
         self.next = (self.next + 1) % self.events.len();
-        self.events[index].record(stream).map_err(|e| e.to_string())?;
+        self.events[index].record(stream)?;
         self.pending.push_back((seq, index));
         self.poll(done)
     }
@@ -204,9 +207,9 @@ impl CompletionClock {
     ///
     /// # Errors
     /// Driver errors.
-    pub fn poll(&mut self, done: &mut impl FnMut(u64, u64)) -> Result<(), String> {
+    pub fn poll(&mut self, done: &mut impl FnMut(u64, u64)) -> Result<(), ProbeError> {
         while let Some(&(seq, index)) = self.pending.front() {
-            if !self.events[index].is_complete().map_err(|e| e.to_string())? {
+            if !self.events[index].is_complete()? {
                 break;
             }
             done(seq, monotonic_ns());
@@ -219,20 +222,20 @@ impl CompletionClock {
     ///
     /// # Errors
     /// Driver errors; frames not done by `deadline`.
-    pub fn finish(&mut self, deadline: Instant, done: &mut impl FnMut(u64, u64)) -> Result<(), String> {
+    pub fn finish(&mut self, deadline: Instant, done: &mut impl FnMut(u64, u64)) -> Result<(), ProbeError> {
         while !self.pending.is_empty() {
             self.wait_oldest(deadline, done)?;
         }
         Ok(())
     }
 
-    fn wait_oldest(&mut self, deadline: Instant, done: &mut impl FnMut(u64, u64)) -> Result<(), String> {
+    fn wait_oldest(&mut self, deadline: Instant, done: &mut impl FnMut(u64, u64)) -> Result<(), ProbeError> {
         let Some(&(seq, index)) = self.pending.front() else { return Ok(()) };
         let mut polls = 0u32;
-        while !self.events[index].is_complete().map_err(|e| e.to_string())? {
+        while !self.events[index].is_complete()? {
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(64) && Instant::now() >= deadline {
-                return Err(format!("frame {seq}'s work was not done in time"));
+                return Err(ProbeError::Wait(format!("frame {seq}'s work was not done in time")));
             }
             std::hint::spin_loop();
         }
@@ -270,11 +273,11 @@ mod tests {
         assert!(b.wait(flag::PUBLISHED, 2, true, Some(Duration::from_micros(1)), Duration::from_millis(20)).is_err());
         let started = Instant::now();
         let err = b.wait(flag::CONSUMED, 1, false, Some(Duration::from_micros(10)), Duration::from_millis(30));
-        assert!(err.unwrap_err().contains("stayed at 0"));
+        assert!(matches!(err, Err(ProbeError::Wait(why)) if why.contains("stayed at 0")));
         assert!(started.elapsed() < Duration::from_secs(1));
         a.abort();
         let err = b.wait(flag::CONSUMED, 1, false, None, Duration::from_secs(10)).unwrap_err();
-        assert_eq!(err, "the other side gave up");
+        assert!(matches!(&err, ProbeError::Wait(why) if why == "the other side gave up"), "{err}");
     }
 
     #[test]

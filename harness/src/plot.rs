@@ -25,8 +25,21 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(240, 228, 66),
 ];
 
+/// Why a chart could not be drawn: the plotting library's error, with the chart it was drawing.
+#[derive(Debug, thiserror::Error)]
+#[error("chart {chart}: {reason}")]
+pub struct PlotError {
+    /// The chart's file stem.
+    pub chart: String,
+    /// What the plotting library said.
+    pub reason: String,
+}
+
 /// Draws `chart` as an SVG document.
-pub fn render_svg(chart: &LineChart) -> Result<String, String> {
+///
+/// # Errors
+/// [`PlotError`]: the plotting library refused a step.
+pub fn render_svg(chart: &LineChart) -> Result<String, PlotError> {
     let mut dropped = 0usize;
     let series: Vec<Vec<(f64, f64)>> = chart
         .series
@@ -65,7 +78,7 @@ pub fn render_svg(chart: &LineChart) -> Result<String, String> {
             (false, true) => draw(&root, &labels, chart, &series, x0..x1, (y0..y1).log_scale()),
             (true, true) => draw(&root, &labels, chart, &series, (x0..x1).log_scale(), (y0..y1).log_scale()),
         }?;
-        root.present().map_err(|e| format!("chart {}: {e}", chart.file_stem))?;
+        root.present().map_err(|e| PlotError { chart: chart.file_stem.clone(), reason: e.to_string() })?;
     }
     Ok(svg)
 }
@@ -107,14 +120,14 @@ fn draw<XS, YS>(
     series: &[Vec<(f64, f64)>],
     x: XS,
     y: YS,
-) -> Result<(), String>
+) -> Result<(), PlotError>
 where
     XS: AsRangedCoord<Value = f64>,
     YS: AsRangedCoord<Value = f64>,
     XS::CoordDescType: ValueFormatter<f64>,
     YS::CoordDescType: ValueFormatter<f64>,
 {
-    let err = |e: &dyn std::fmt::Display| format!("chart {}: {e}", chart.file_stem);
+    let err = |e: &dyn std::fmt::Display| PlotError { chart: chart.file_stem.clone(), reason: e.to_string() };
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let mut ctx = ChartBuilder::on(root)
         .caption(&labels.title, ("sans-serif", 22))

@@ -122,6 +122,9 @@ pub enum ProbeError {
     /// A bounded wait ran out or failed; says what was waited for.
     #[error("{0}")]
     Wait(String),
+    /// A chart could not be drawn.
+    #[error(transparent)]
+    Plot(#[from] crate::plot::PlotError),
     /// A system call failed (duplicating an fd, writing a file).
     #[error("{op}: {source}")]
     Io {
