@@ -1,6 +1,7 @@
 //! The exporting side: makes each allocation, records its attributes, runs each export, and has each import
 //! done by a child process and, as the control, in this process.
 
+use gpu_ipc::BackendKind;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
@@ -445,7 +446,7 @@ fn run_kind(ctx: &Context, kind: AllocationKind, importer: &mut Importer, result
         let legacy =
             gpu_ipc::legacy::Legacy::check_support(ctx).and_then(|()| gpu_ipc::legacy::Legacy::export_ptr(ptr));
         results.backend_checks.push(BackendCheck {
-            backend: "legacy".to_owned(),
+            backend: BackendKind::Legacy,
             allocation: kind,
             accepted: legacy.is_ok(),
             error: legacy.err().map(|e| e.to_string()).unwrap_or_default(),
@@ -672,7 +673,7 @@ pub fn run_matrix(ctx: &Context, device: i32, progress: &Progress, cross_process
             .and_then(|()| Vmm::allocate(ctx, LARGE))
             .and_then(|region| Vmm::export(&region).map(|_| ()));
         results.backend_checks.push(BackendCheck {
-            backend: "vmm".to_owned(),
+            backend: BackendKind::Vmm,
             allocation: AllocationKind::VmmPosixFd,
             accepted: vmm.is_ok(),
             error: vmm.err().map(|e| e.to_string()).unwrap_or_default(),

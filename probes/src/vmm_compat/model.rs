@@ -1,6 +1,7 @@
 //! The probe's results: which allocations were made, what their pointer attributes said, and one cell per
 //! (allocation, operation) with the CUDA result code and whether data crossed.
 
+use gpu_ipc::BackendKind;
 use serde::{Deserialize, Serialize};
 
 /// A kind of allocation the matrix examines.
@@ -264,7 +265,7 @@ pub struct SharedBlock {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackendCheck {
     /// `legacy` or `vmm`.
-    pub backend: String,
+    pub backend: BackendKind,
     /// The allocation checked (for vmm: the backend's own allocation, `vmm-posix-fd`).
     pub allocation: AllocationKind,
     /// Whether the backend accepted (export for legacy; check, allocate and export for vmm).

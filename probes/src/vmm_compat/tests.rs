@@ -1,5 +1,6 @@
 //! Tests of `mod.rs` (kept apart so that the module reads in one screenful more).
 
+use gpu_ipc::BackendKind;
 use super::model::{AllocationKind, Attempt, Operation, Outcome};
 use super::verdict::{disagreements, predict, prediction};
 use super::*;
@@ -62,9 +63,9 @@ fn the_backends_capability_checks_agree_with_the_recorded_matrix() {
     let r = documented().results;
     assert_eq!(disagreements(&r), Vec::new());
     let legacy: Vec<_> =
-        r.backend_checks.iter().filter(|c| c.backend == "legacy" && c.accepted).map(|c| c.allocation).collect();
+        r.backend_checks.iter().filter(|c| c.backend == BackendKind::Legacy && c.accepted).map(|c| c.allocation).collect();
     assert_eq!(legacy, vec![AllocationKind::MemAlloc, AllocationKind::MemAllocSmallPair]);
-    assert!(r.backend_checks.iter().any(|c| c.backend == "vmm" && c.accepted));
+    assert!(r.backend_checks.iter().any(|c| c.backend == BackendKind::Vmm && c.accepted));
 }
 
 #[test]
@@ -74,9 +75,9 @@ fn a_backend_that_accepts_what_the_matrix_saw_fail_is_a_disagreement() {
     set(&mut r, AllocationKind::VmmPosixFd, Operation::FdImport, Attempt::fails("DATA_MISMATCH", ""));
     let d = disagreements(&r);
     assert_eq!(d.len(), 2);
-    assert_eq!((d[0].backend.as_str(), d[0].allocation), ("legacy", AllocationKind::MemAlloc));
+    assert_eq!((d[0].backend, d[0].allocation), (BackendKind::Legacy, AllocationKind::MemAlloc));
     assert!(d[0].backend_accepted && !d[0].matrix_works);
-    assert_eq!(d[1].backend, "vmm");
+    assert_eq!(d[1].backend, BackendKind::Vmm);
     assert!(verdict::verdict(&r).answer.contains("disagree with the matrix on 2 allocation(s)"));
 }
 
@@ -86,10 +87,10 @@ fn a_child_that_died_or_an_import_not_run_is_not_a_backend_disagreement() {
     let mut r = documented().results;
     set(&mut r, AllocationKind::MemAlloc, Operation::LegacyImport, Attempt::fails("CHILD_DIED", "killed"));
     set(&mut r, AllocationKind::VmmPosixFd, Operation::FdImport, Attempt::not_run("no second process"));
-    assert_eq!(matrix_says(&r, "legacy", AllocationKind::MemAlloc), None);
-    assert_eq!(matrix_says(&r, "vmm", AllocationKind::VmmPosixFd), None);
+    assert_eq!(matrix_says(&r, BackendKind::Legacy, AllocationKind::MemAlloc), None);
+    assert_eq!(matrix_says(&r, BackendKind::Vmm, AllocationKind::VmmPosixFd), None);
     // A refused export is a judgement even without an import.
-    assert_eq!(matrix_says(&r, "legacy", AllocationKind::Managed), Some(false));
+    assert_eq!(matrix_says(&r, BackendKind::Legacy, AllocationKind::Managed), Some(false));
     let a = backend_agreement(&r);
     assert_eq!((a.compared, a.not_comparable, a.disagreements.len()), (7, 2, 0));
     let v = verdict::verdict(&r);
@@ -344,7 +345,7 @@ fn backends_agree_with_the_in_process_matrix() {
     assert_eq!(r.cell(AllocationKind::MemAlloc, Operation::LegacyImport).unwrap().observed.outcome, Outcome::NotRun);
     // The backends agree with the exports the matrix saw.
     for check in &r.backend_checks {
-        let matrix = if check.backend == "legacy" {
+        let matrix = if check.backend == BackendKind::Legacy {
             works(check.allocation, Operation::LegacyExport)
         } else {
             works(AllocationKind::VmmPosixFd, Operation::FdExport)
@@ -355,7 +356,7 @@ fn backends_agree_with_the_in_process_matrix() {
     assert!(
         r.backend_checks
             .iter()
-            .any(|c| c.backend == "legacy" && c.allocation == AllocationKind::MemAlloc && c.accepted)
+            .any(|c| c.backend == BackendKind::Legacy && c.allocation == AllocationKind::MemAlloc && c.accepted)
     );
-    assert!(r.backend_checks.iter().any(|c| c.backend == "vmm" && c.accepted));
+    assert!(r.backend_checks.iter().any(|c| c.backend == BackendKind::Vmm && c.accepted));
 }

@@ -1,6 +1,7 @@
 //! The pure part of the probe: what the pointer and device attributes predict for each cell, where the matrix
 //! disagrees, whether the backends' own checks agree with it, and the one-sentence answer.
 
+use gpu_ipc::BackendKind;
 use gpu_ipc::core::driver::sys;
 
 use super::model::{AllocationKind, CHILD_DIED, CHILD_TIMEOUT, Operation, Outcome, Results};
@@ -34,7 +35,7 @@ pub struct Prediction {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Disagreement {
     /// `legacy` or `vmm`.
-    pub backend: String,
+    pub backend: BackendKind,
     /// The allocation.
     pub allocation: AllocationKind,
     /// What the backend said.
@@ -126,8 +127,8 @@ pub fn works(results: &Results, allocation: AllocationKind, operation: Operation
 }
 
 /// The export and import columns a backend's check stands for.
-fn backend_route(backend: &str) -> (Operation, Operation) {
-    if backend == "legacy" {
+fn backend_route(backend: BackendKind) -> (Operation, Operation) {
+    if backend == BackendKind::Legacy {
         (Operation::LegacyExport, Operation::LegacyImport)
     } else {
         (Operation::FdExport, Operation::FdImport)
@@ -138,7 +139,7 @@ fn backend_route(backend: &str) -> (Operation, Operation) {
 /// between two processes worked, `Some(false)` when the export failed or the import failed with a CUDA result or
 /// a data mismatch, `None` when it cannot say: the cells did not run (no second process, an earlier step failed),
 /// or the importing child died or hung, which is a failure of the probe's process, not of the route.
-pub fn matrix_says(results: &Results, backend: &str, allocation: AllocationKind) -> Option<bool> {
+pub fn matrix_says(results: &Results, backend: BackendKind, allocation: AllocationKind) -> Option<bool> {
     let (export, import) = backend_route(backend);
     match results.cell(allocation, export)?.observed.outcome {
         Outcome::Fails => return Some(false),
@@ -170,7 +171,7 @@ pub struct BackendAgreement {
 pub fn backend_agreement(results: &Results) -> BackendAgreement {
     let mut out = BackendAgreement { compared: 0, not_comparable: 0, disagreements: Vec::new() };
     for check in &results.backend_checks {
-        let Some(matrix_works) = matrix_says(results, &check.backend, check.allocation) else {
+        let Some(matrix_works) = matrix_says(results, check.backend, check.allocation) else {
             out.not_comparable += 1;
             continue;
         };
