@@ -74,7 +74,7 @@ pub struct CrashSettings {
     /// Bytes asked for per allocation.
     pub allocation_bytes: u64,
     /// Backends run.
-    pub backends: Vec<String>,
+    pub backends: Vec<BackendKind>,
     /// How long the survivor's hammer kernel runs across the death, in ms.
     pub hammer_ms: u64,
     /// How long after the hammer (or wait) is launched the victim dies, in ms.
@@ -195,7 +195,7 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
             .or_else(|| faulted.iter().find(|(b, c, _)| *b == backend && *c == case).map(|(_, _, why)| why.clone()));
         let Some(current) = observer.as_ref().filter(|_| skip.is_none()) else {
             let reason = skip.unwrap_or_else(|| "no observer".to_owned());
-            trials.push(TrialRecord::not_run(backend.name(), case, repetition, &reason));
+            trials.push(TrialRecord::not_run(backend, case, repetition, &reason));
             progress.step("not run");
             continue;
         };
@@ -238,7 +238,7 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
     let settings = CrashSettings {
         repetitions,
         allocation_bytes: plan.allocation_bytes,
-        backends: backends.iter().map(|b| b.name().to_owned()).collect(),
+        backends: backends.clone(),
         hammer_ms: trial::HAMMER_MS,
         kill_after_ms: trial::KILL_AFTER_MS,
         nvidia_smi: smi_answered,

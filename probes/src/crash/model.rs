@@ -2,6 +2,7 @@
 //! counts and the verdict drawn from them are in [`super::summary`]). Everything here is pure (no CUDA, no processes), so it is tested on hand-written
 //! records and on recorded JSON.
 
+use gpu_ipc::BackendKind;
 use serde::{Deserialize, Serialize};
 
 /// Which process dies, and what runs at that moment.
@@ -380,7 +381,7 @@ fn delta(later_free: u64, earlier_free: u64) -> i64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrialRecord {
     /// `legacy` or `vmm`.
-    pub backend: String,
+    pub backend: BackendKind,
     /// The case.
     pub case: CrashCase,
     /// The repetition, from 0.
@@ -399,9 +400,9 @@ pub struct TrialRecord {
 
 impl TrialRecord {
     /// A trial of the plan that was not started, with the reason.
-    pub fn not_run(backend: &str, case: CrashCase, repetition: u32, reason: &str) -> Self {
+    pub fn not_run(backend: BackendKind, case: CrashCase, repetition: u32, reason: &str) -> Self {
         Self {
-            backend: backend.to_owned(),
+            backend,
             case,
             repetition,
             failure: Some(TrialFailure {

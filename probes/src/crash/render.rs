@@ -42,7 +42,7 @@ pub fn render_text(output: &ProbeOutput<Results>) -> String {
         let _ = writeln!(
             text,
             "{:<8} {:<42} {:>6} {:>5} {:>5} {:>5} {:>5} {:>6} {:>6} {:>5} {:>7} {:>8} {:>12}",
-            c.backend,
+            c.backend.name(),
             c.case.label(),
             c.trials,
             c.not_run,
@@ -67,7 +67,7 @@ pub fn render_text(output: &ProbeOutput<Results>) -> String {
         let _ = writeln!(
             text,
             "  {:<6} {:<42} reap {}  memory back {}  read {}  first kernel {}  wait {}",
-            c.backend,
+            c.backend.name(),
             c.case.label(),
             dist(c.reap_ms.as_ref()),
             dist(c.return_after_death_ms.as_ref()),
@@ -171,7 +171,7 @@ pub fn report_section(
             s.repetitions,
             if run.quick { " (quick pass)" } else { "" },
             s.allocation_bytes >> 20,
-            s.backends.join(", "),
+            s.backends.iter().map(|b| b.name()).collect::<Vec<_>>().join(", "),
             run.env.date,
             run.env.commit
         );
@@ -220,7 +220,7 @@ fn fault_paragraph(finding: &str, results: &Results, mps: bool) -> String {
             let _ = write!(
                 text,
                 "\n\n- {} / {} (repetition {}), {}: `{}`",
-                t.backend,
+                t.backend.name(),
                 t.case.label(),
                 t.repetition,
                 f.stage,
@@ -245,7 +245,7 @@ fn outcome_table(cells: &[CellSummary]) -> String {
         let _ = writeln!(
             t,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} / {} | {} |",
-            c.backend,
+            c.backend.name(),
             c.case.label(),
             c.trials,
             c.not_run,
@@ -274,7 +274,7 @@ fn memory_table(cells: &[CellSummary]) -> String {
         let _ = writeln!(
             t,
             "| {} | {} | {} | {} | {} | {} | {} |",
-            c.backend,
+            c.backend.name(),
             c.case.label(),
             c.returned(MemoryReturn::AfterDeath),
             c.returned(MemoryReturn::AfterSurvivorClose),
@@ -295,7 +295,7 @@ fn times_table(cells: &[CellSummary]) -> String {
         let _ = writeln!(
             t,
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            c.backend,
+            c.backend.name(),
             c.case.label(),
             dist_md(c.reap_ms.as_ref()),
             dist_md(c.return_after_death_ms.as_ref()),

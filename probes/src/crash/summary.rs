@@ -2,6 +2,7 @@
 //! per side of the question, and the verdict. Pure functions of [`TrialRecord`]s, tested on hand-written records
 //! and on recorded JSON.
 
+use gpu_ipc::BackendKind;
 use serde::{Deserialize, Serialize};
 
 use harness::Verdict;
@@ -13,7 +14,7 @@ use super::model::{CrashCase, FailureKind, MemoryReturn, SurvivorReport, TrialRe
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellSummary {
     /// `legacy` or `vmm`.
-    pub backend: String,
+    pub backend: BackendKind,
     /// The case.
     pub case: CrashCase,
     /// Trials started.
@@ -86,10 +87,10 @@ impl CellSummary {
 
 /// Groups `trials` by backend (in order of first appearance) and case (in [`CrashCase::ALL`] order), and counts.
 pub fn summarize(trials: &[TrialRecord]) -> Vec<CellSummary> {
-    let mut backends: Vec<&str> = Vec::new();
+    let mut backends: Vec<BackendKind> = Vec::new();
     for t in trials {
-        if !backends.contains(&t.backend.as_str()) {
-            backends.push(&t.backend);
+        if !backends.contains(&t.backend) {
+            backends.push(t.backend);
         }
     }
     let mut cells = Vec::new();
@@ -104,7 +105,7 @@ pub fn summarize(trials: &[TrialRecord]) -> Vec<CellSummary> {
     cells
 }
 
-fn summarize_cell(backend: &str, case: CrashCase, all: &[&TrialRecord]) -> CellSummary {
+fn summarize_cell(backend: BackendKind, case: CrashCase, all: &[&TrialRecord]) -> CellSummary {
     let not_run = all.iter().filter(|t| !t.started()).count() as u64;
     let group: Vec<&TrialRecord> = all.iter().copied().filter(|t| t.started()).collect();
     let group = group.as_slice();
@@ -141,7 +142,7 @@ fn summarize_cell(backend: &str, case: CrashCase, all: &[&TrialRecord]) -> CellS
     memory_return.sort_by_key(|(p, _)| MemoryReturn::ALL.iter().position(|q| q == p));
     let dist = |values: Vec<f64>| Distribution::from_samples(&mut { values });
     CellSummary {
-        backend: backend.to_owned(),
+        backend,
         case,
         trials: group.len() as u64,
         not_run,

@@ -269,7 +269,7 @@ pub fn run_trial(
     repetition: u32,
 ) -> TrialRecord {
     let mut record = TrialRecord {
-        backend: backend.name().to_owned(),
+        backend,
         case,
         repetition,
         failure: None,

@@ -1,9 +1,9 @@
 //! Tests of `mod.rs` (kept apart so that the module reads in one screenful more).
 
-use gpu_ipc::BackendKind;
 use super::model::{AllocationKind, Attempt, Operation, Outcome};
 use super::verdict::{disagreements, predict, prediction};
 use super::*;
+use gpu_ipc::BackendKind;
 
 /// Test data: the first H100 run (driver 580, CUDA 13.0) with the four cells its read-back bug spoiled set to
 /// what the rest of the run shows (see `testdata/README.md`): legacy IPC only on `cuMemAlloc` memory,
@@ -62,8 +62,12 @@ fn attributes_predict_all_but_the_fabric_allocation_and_the_pool_fd() {
 fn the_backends_capability_checks_agree_with_the_recorded_matrix() {
     let r = documented().results;
     assert_eq!(disagreements(&r), Vec::new());
-    let legacy: Vec<_> =
-        r.backend_checks.iter().filter(|c| c.backend == BackendKind::Legacy && c.accepted).map(|c| c.allocation).collect();
+    let legacy: Vec<_> = r
+        .backend_checks
+        .iter()
+        .filter(|c| c.backend == BackendKind::Legacy && c.accepted)
+        .map(|c| c.allocation)
+        .collect();
     assert_eq!(legacy, vec![AllocationKind::MemAlloc, AllocationKind::MemAllocSmallPair]);
     assert!(r.backend_checks.iter().any(|c| c.backend == BackendKind::Vmm && c.accepted));
 }

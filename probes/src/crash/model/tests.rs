@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::crash::summary::*;
+use gpu_ipc::BackendKind;
 
 const GIB: u64 = 1 << 30;
 const CTX: u64 = 500 << 20;
@@ -52,9 +53,9 @@ pub(crate) fn healthy_survivor(case: CrashCase) -> SurvivorReport {
     }
 }
 
-pub(crate) fn trial(backend: &str, case: CrashCase, repetition: u32, point: MemoryReturn) -> TrialRecord {
+pub(crate) fn trial(backend: BackendKind, case: CrashCase, repetition: u32, point: MemoryReturn) -> TrialRecord {
     TrialRecord {
-        backend: backend.to_owned(),
+        backend,
         case,
         repetition,
         failure: None,
@@ -68,7 +69,7 @@ pub(crate) fn trial(backend: &str, case: CrashCase, repetition: u32, point: Memo
 /// Every case on both backends, `reps` times, all healthy; exporter deaths return memory at survivor close.
 pub(crate) fn healthy_run(reps: u32) -> Vec<TrialRecord> {
     let mut trials = Vec::new();
-    for backend in ["legacy", "vmm"] {
+    for backend in [BackendKind::Legacy, BackendKind::Vmm] {
         for case in CrashCase::ALL {
             for rep in 0..reps {
                 trials.push(trial(backend, case, rep, MemoryReturn::AfterSurvivorClose));
@@ -97,13 +98,13 @@ pub(crate) fn mps_fault_run() -> crate::crash::Results {
             t.memory = None;
         } else {
             let why = format!("not repeated: its first trial ({}, repetition 0) faulted the MPS server", t.backend);
-            *t = TrialRecord::not_run(&t.backend.clone(), t.case, t.repetition, &why);
+            *t = TrialRecord::not_run(t.backend, t.case, t.repetition, &why);
         }
     }
     let settings = crate::crash::CrashSettings {
         repetitions: 3,
         allocation_bytes: 64 << 20,
-        backends: vec!["legacy".into(), "vmm".into()],
+        backends: vec![BackendKind::Legacy, BackendKind::Vmm],
         hammer_ms: 400,
         kill_after_ms: 150,
         nvidia_smi: true,
@@ -123,8 +124,11 @@ fn cuda_errors_are_named_by_their_code() {
 #[test]
 fn an_mps_fault_is_its_own_outcome_and_comes_first_in_the_verdict() {
     let results = mps_fault_run();
-    let cell =
-        results.cells.iter().find(|c| c.backend == "vmm" && c.case == CrashCase::ImporterKillDuringGpuWait).unwrap();
+    let cell = results
+        .cells
+        .iter()
+        .find(|c| c.backend == BackendKind::Vmm && c.case == CrashCase::ImporterKillDuringGpuWait)
+        .unwrap();
     assert_eq!((cell.trials, cell.not_run, cell.faults, cell.completed), (1, 2, 1, 0));
     assert_eq!(cell.failed, vec![(FailureKind::MpsServerFault, 1)]);
     assert_eq!(cell.failed_total(), 1);
@@ -176,8 +180,10 @@ fn a_fault_is_never_a_yes_and_everything_faulted_is_unknown_with_the_finding() {
     );
     // One healthy trial beside a fault: "Partly", never "Yes".
     let mut trials = healthy_run(1);
-    let t =
-        trials.iter_mut().find(|t| t.backend == "legacy" && t.case == CrashCase::ImporterKillDuringGpuWait).unwrap();
+    let t = trials
+        .iter_mut()
+        .find(|t| t.backend == BackendKind::Legacy && t.case == CrashCase::ImporterKillDuringGpuWait)
+        .unwrap();
     t.failure = Some(TrialFailure {
         kind: FailureKind::MpsServerFault,
         stage: "observer after the death".into(),
@@ -237,27 +243,28 @@ fn memory_return_without_an_exit_reading_is_unknown_unless_seen_earlier() {
 fn cells_count_every_outcome() {
     let mut trials = healthy_run(3);
     // One legacy exporter-kill trial: data changed, write failed, wait stuck.
-    let bad = trials.iter_mut().find(|t| t.backend == "legacy" && t.case == CrashCase::ExporterKill).unwrap();
+    let bad =
+        trials.iter_mut().find(|t| t.backend == BackendKind::Legacy && t.case == CrashCase::ExporterKill).unwrap();
     let s = bad.survivor.as_mut().unwrap();
     s.data_mismatches = Some(17);
     s.write_error = Some("cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS".into());
     s.write_mismatches = None;
     s.wait = Some(WaitOutcome::Stuck);
     // One hung child.
-    let hung = trials.iter_mut().find(|t| t.backend == "vmm" && t.case == CrashCase::ExporterExit).unwrap();
+    let hung = trials.iter_mut().find(|t| t.backend == BackendKind::Vmm && t.case == CrashCase::ExporterExit).unwrap();
     hung.failure =
         Some(TrialFailure { kind: FailureKind::ChildHung, stage: "survivor checks".into(), detail: "30 s".into() });
     hung.survivor = None;
     let cells = summarize(&trials);
     assert_eq!(cells.len(), 10);
-    let kill = cells.iter().find(|c| c.backend == "legacy" && c.case == CrashCase::ExporterKill).unwrap();
+    let kill = cells.iter().find(|c| c.backend == BackendKind::Legacy && c.case == CrashCase::ExporterKill).unwrap();
     assert_eq!((kill.trials, kill.completed, kill.read_ok, kill.launch_ok), (3, 3, 3, 3));
     assert_eq!((kill.data_intact, kill.write_ok, kill.fully_usable), (2, 2, 2));
     assert_eq!(kill.waits(WaitOutcome::Released), 2);
     assert_eq!(kill.waits(WaitOutcome::Stuck), 1);
     assert_eq!(kill.returned(MemoryReturn::AfterSurvivorClose), 3);
     assert_eq!(kill.reap_ms.unwrap().max, 5.0);
-    let exit = cells.iter().find(|c| c.backend == "vmm" && c.case == CrashCase::ExporterExit).unwrap();
+    let exit = cells.iter().find(|c| c.backend == BackendKind::Vmm && c.case == CrashCase::ExporterExit).unwrap();
     assert_eq!((exit.trials, exit.completed, exit.failed_total()), (3, 2, 1));
     assert_eq!(exit.failed, vec![(FailureKind::ChildHung, 1)]);
     assert_eq!(exit.failure_examples, vec!["child hung (killed) (survivor checks): 30 s".to_owned()]);
@@ -280,7 +287,7 @@ fn verdict_yes_only_when_every_trial_is_clean() {
 #[test]
 fn verdict_partly_with_a_failure_and_dominant_memory_point() {
     let mut trials = healthy_run(2);
-    for t in trials.iter_mut().filter(|t| t.backend == "vmm" && t.case.exporter_dies()) {
+    for t in trials.iter_mut().filter(|t| t.backend == BackendKind::Vmm && t.case.exporter_dies()) {
         t.memory = Some(trace(t.case, MemoryReturn::AfterDeath));
     }
     trials[0].failure =

@@ -4,6 +4,7 @@ use super::*;
 use crate::crash::model::CrashCase;
 use crate::crash::model::tests::mps_fault_run;
 use crate::crash::{CrashSettings, Results};
+use gpu_ipc::BackendKind;
 
 fn output(results: Results, mps: bool, seconds: f64) -> ProbeOutput<Results> {
     super::tests::output_taking(results, mps, seconds)
@@ -21,12 +22,14 @@ fn the_recorded_mps_fault_of_run_2_is_reported_as_a_fault_with_the_trials_that_c
     // As recorded: "Partly" with 18 setup failures, the fault not named.
     assert!(recorded.verdict.answer.starts_with("Partly: in 9 of 9"), "{}", recorded.verdict.answer);
     let results = recorded.results.normalized(true);
-    let gpu_wait =
-        results.cells.iter().find(|c| c.backend == "legacy" && c.case == CrashCase::ImporterKillDuringGpuWait);
+    let gpu_wait = results
+        .cells
+        .iter()
+        .find(|c| c.backend == BackendKind::Legacy && c.case == CrashCase::ImporterKillDuringGpuWait);
     let gpu_wait = gpu_wait.unwrap();
     assert_eq!((gpu_wait.trials, gpu_wait.faults, gpu_wait.not_run, gpu_wait.completed), (1, 1, 2, 0));
     assert!(gpu_wait.fault_detail.as_deref().unwrap().contains("CUDA_ERROR_ILLEGAL_ADDRESS (700)"));
-    assert!(results.cells.iter().filter(|c| c.backend == "vmm").all(|c| c.trials == 0 && c.not_run == 3));
+    assert!(results.cells.iter().filter(|c| c.backend == BackendKind::Vmm).all(|c| c.trials == 0 && c.not_run == 3));
     let v = results.verdict(true);
     assert!(
         v.answer.starts_with(
@@ -102,12 +105,12 @@ fn a_pass_cut_by_max_seconds_says_how_many_ran() {
     let mut trials = crate::crash::model::tests::healthy_run(3);
     let reason = "--max-seconds 10 reached after 25 of 30 trials";
     for t in trials.iter_mut().rev().take(5) {
-        *t = model::TrialRecord::not_run(&t.backend.clone(), t.case, t.repetition, reason);
+        *t = model::TrialRecord::not_run(t.backend, t.case, t.repetition, reason);
     }
     let settings = CrashSettings {
         repetitions: 3,
         allocation_bytes: 64 << 20,
-        backends: vec!["legacy".into(), "vmm".into()],
+        backends: vec![BackendKind::Legacy, BackendKind::Vmm],
         hammer_ms: 400,
         kill_after_ms: 150,
         nvidia_smi: true,

@@ -6,13 +6,14 @@ use super::*;
 use crate::crash::model::tests::{healthy_run, trace};
 use crate::crash::model::{FailureKind, TrialFailure};
 use crate::crash::{CrashSettings, Results};
+use gpu_ipc::BackendKind;
 use harness::env::ProbeEnv;
 
 const RECORDED: &str = include_str!("../testdata/recorded-quick.json");
 
 fn sample() -> ProbeOutput<Results> {
     let mut trials = healthy_run(3);
-    for t in trials.iter_mut().filter(|t| t.backend == "vmm" && t.case.exporter_dies()) {
+    for t in trials.iter_mut().filter(|t| t.backend == BackendKind::Vmm && t.case.exporter_dies()) {
         t.memory = Some(trace(t.case, MemoryReturn::AfterDeath));
     }
     let hung = &mut trials[4];
@@ -25,7 +26,7 @@ fn sample() -> ProbeOutput<Results> {
     let settings = CrashSettings {
         repetitions: 3,
         allocation_bytes: 64 << 20,
-        backends: vec!["legacy".into(), "vmm".into()],
+        backends: vec![BackendKind::Legacy, BackendKind::Vmm],
         hammer_ms: 600,
         kill_after_ms: 300,
         nvidia_smi: true,

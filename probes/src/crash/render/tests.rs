@@ -4,6 +4,7 @@ use super::*;
 use crate::crash::model::FailureKind;
 use crate::crash::model::tests::healthy_run;
 use crate::crash::{CrashSettings, Results};
+use gpu_ipc::BackendKind;
 use harness::env::ProbeEnv;
 
 fn output(results: Results, mps: bool) -> ProbeOutput<Results> {
@@ -36,7 +37,7 @@ fn settings() -> CrashSettings {
     CrashSettings {
         repetitions: 3,
         allocation_bytes: 64 << 20,
-        backends: vec!["legacy".into(), "vmm".into()],
+        backends: vec![BackendKind::Legacy, BackendKind::Vmm],
         hammer_ms: 600,
         kill_after_ms: 300,
         nvidia_smi: true,
