@@ -178,7 +178,7 @@ pub fn backend_agreement(results: &Results) -> BackendAgreement {
         out.compared += 1;
         if matrix_works != check.accepted {
             out.disagreements.push(Disagreement {
-                backend: check.backend.clone(),
+                backend: check.backend,
                 allocation: check.allocation,
                 backend_accepted: check.accepted,
                 matrix_works,
