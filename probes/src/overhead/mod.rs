@@ -28,7 +28,7 @@ use measure::*;
 pub use measure::{chain_words, child};
 pub use model::*;
 pub use render::{render_text, report_section};
-pub use verdict::{compare, verdict};
+pub use verdict::{FINDING_RULE, MIN_EFFECT, NOISE_MULTIPLE, compare, is_finding, verdict};
 
 /// Options of `gpu-ipc probe overhead`.
 #[derive(Debug, Clone, clap::Args)]
