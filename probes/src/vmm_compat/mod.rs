@@ -7,6 +7,7 @@
 //! [`verdict`] and [`render`] are pure functions of the recorded [`Results`], tested without a GPU.
 
 pub mod importer;
+pub mod judge;
 pub mod matrix;
 pub mod model;
 pub mod render;

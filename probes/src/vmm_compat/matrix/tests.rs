@@ -1,7 +1,9 @@
 //! Tests of `matrix.rs` (kept apart so that the module reads in one screenful more).
 
 use super::*;
-use crate::vmm_compat::model::Outcome;
+use crate::vmm_compat::importer::{Step, pattern_words};
+use crate::vmm_compat::judge::*;
+use crate::vmm_compat::model::{Outcome, SUCCESS};
 
 /// The exporter's memory as vectors, with a log of every access in order.
 struct FakeMemory {
