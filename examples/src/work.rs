@@ -53,7 +53,7 @@ pub trait FrameWork<B: Backend>: Sized {
 }
 
 /// The GPU's side: the pattern kernels on one stream; mismatches counted on the GPU, with the running total
-/// copied after each frame's check into a ring of [`SNAPSHOTS`] words, so the total up to any recent frame can be
+/// copied after each frame's check into a ring of `SNAPSHOTS` words, so the total up to any recent frame can be
 /// read after the fact without a CPU synchronisation per frame.
 pub struct GpuWork {
     gpu: Gpu,

@@ -1,6 +1,7 @@
 //! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the frame ring and its sync
 //! strategies. See `docs/` for the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain
-//! `unsafe` code.
+//! `unsafe` code, plus one `unsafe impl` in [`ring::layout`]: the ring's own promise that its control block is made
+//! only of atomics ([`sys::shm::AtomicPlainData`]), kept next to the fields it is about.
 
 pub mod backend;
 #[allow(unsafe_code)]

@@ -1,11 +1,14 @@
 //! Devices: enumeration, identity and attributes.
 
 use std::ffi::{CStr, c_char};
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
 
 use super::error::Result;
 use super::loader::{Driver, entry};
 use super::sys;
-pub use crate::wire::DeviceUuid;
 
 /// A CUDA device, by ordinal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,9 +188,61 @@ fn read_c_string<const N: usize>(fill: impl FnOnce(*mut c_char, i32) -> Result<(
     Ok(text.to_string_lossy().into_owned())
 }
 
+/// A GPU's 16-byte UUID, as `cuDeviceGetUuid_v2` returns it.
+///
+/// Displays and parses in the form `nvidia-smi -L` prints: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`,
+/// so a user can match it against `nvidia-smi` output and `CUDA_VISIBLE_DEVICES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct DeviceUuid(pub [u8; 16]);
+
+impl fmt::Display for DeviceUuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("GPU-")?;
+        for (i, byte) in self.0.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                f.write_str("-")?;
+            }
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for DeviceUuid {
+    type Err = InvalidDeviceUuid;
+
+    /// Parses `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex digits in either case).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || InvalidDeviceUuid { text: text.to_owned() };
+        let rest = text.strip_prefix("GPU-").ok_or_else(bad)?;
+        let groups: Vec<&str> = rest.split('-').collect();
+        let lengths: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+        if lengths != [8, 4, 4, 4, 12] {
+            return Err(bad());
+        }
+        let hex: String = groups.concat();
+        let mut bytes = [0u8; 16];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            let pair = hex.get(2 * i..2 * i + 2).ok_or_else(bad)?;
+            *byte = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
+        }
+        Ok(Self(bytes))
+    }
+}
+
+/// Text that should be a GPU UUID in `nvidia-smi` form is not (what [`DeviceUuid`]'s `FromStr` returns).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a GPU UUID of the form GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")]
+pub struct InvalidDeviceUuid {
+    /// The text given.
+    pub text: String,
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::wire::WireError;
 
     #[test]
     fn compute_modes_decode() {
@@ -195,5 +250,21 @@ mod tests {
         assert_eq!(ComputeMode::from_raw(2), ComputeMode::Prohibited);
         assert_eq!(ComputeMode::from_raw(3), ComputeMode::ExclusiveProcess);
         assert_eq!(ComputeMode::from_raw(7), ComputeMode::Unknown(7));
+    }
+
+    #[test]
+    fn uuid_displays_like_nvidia_smi_and_parses_back() {
+        let uuid = DeviceUuid([
+            0x5d, 0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6, 0xe7, 0xf8,
+        ]);
+        let text = uuid.to_string();
+        assert_eq!(text, "GPU-5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8");
+        assert_eq!(text.parse::<DeviceUuid>().unwrap(), uuid);
+        assert_eq!("GPU-5D1A2B3C-4D5E-6F70-8192-A3B4C5D6E7F8".parse::<DeviceUuid>().unwrap(), uuid);
+        for bad in ["5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8", "GPU-5d1a", "GPU-zz1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"] {
+            assert!(matches!(bad.parse::<DeviceUuid>(), Err(InvalidDeviceUuid { text }) if text == bad), "{bad}");
+            // Where the wire layer parses one, `?` turns the error into the wire's own.
+            assert!(matches!(WireError::from(InvalidDeviceUuid { text: bad.into() }), WireError::InvalidUuid { .. }));
+        }
     }
 }

@@ -39,10 +39,12 @@ mod device;
 mod error;
 mod event;
 mod host;
+pub mod image;
 mod ipc;
 mod loader;
 mod memory;
 mod module;
+pub mod mps;
 mod pool;
 mod span;
 mod stream;
@@ -51,7 +53,7 @@ mod vmm;
 pub use batch::{MAX_OPS_PER_CALL, MemOp, MemOpBatch, MemOpScratch};
 pub use borrowed::Borrowed;
 pub use context::Context;
-pub use device::{ComputeMode, Device, DeviceUuid};
+pub use device::{ComputeMode, Device, DeviceUuid, InvalidDeviceUuid};
 pub use error::{DriverError, Result};
 pub use event::{Event, EventFlags, IpcEventHandle};
 pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer, RegistrableHostMemory};
@@ -61,7 +63,7 @@ pub use memory::{
     DeviceBuffer, DeviceCopy, DevicePtr, copy_device_async, copy_device_to_host_memory, copy_from_device,
     copy_host_memory_to_device, copy_to_device, fill_u32_async,
 };
-pub use module::{Function, KernelArg, KernelParam, LaunchConfig, Module, pick_image};
+pub use module::{Function, KernelArg, KernelParam, LaunchConfig, Module};
 pub use pool::{ImportedPoolPointer, MemoryPool, PoolAllocation, PoolPointerExport, address_range};
 pub use span::{DeviceMemory, DeviceSpan};
 pub use stream::{Stream, WaitCondition};

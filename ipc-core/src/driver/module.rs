@@ -319,24 +319,6 @@ impl Drop for Loaded {
     }
 }
 
-/// The image a device of compute capability `device` loads, by the project's one rule (docs/kernels.md): the exact
-/// cubin, else the cubin of the same major version with the highest minor not above the device's, else (or with
-/// `force_ptx`) the first PTX whose architecture is not above the device's; `None` when none fits. `describe`
-/// gives each image's architecture and whether it is a cubin (else PTX).
-pub fn pick_image<T>(
-    images: &[T],
-    device: (u32, u32),
-    force_ptx: bool,
-    describe: impl Fn(&T) -> ((u32, u32), bool),
-) -> Option<&T> {
-    let cubin = images
-        .iter()
-        .filter(|image| !force_ptx && describe(image).1)
-        .filter(|image| describe(image).0.0 == device.0 && describe(image).0.1 <= device.1)
-        .max_by_key(|image| describe(image).0.1);
-    cubin.or_else(|| images.iter().find(|image| !describe(image).1 && describe(image).0 <= device))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

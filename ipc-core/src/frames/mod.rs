@@ -102,13 +102,17 @@ mod run_ahead;
 mod strategy;
 mod watchdog;
 
+use crate::ring::{WaitMode, bounded_wait};
+
 pub use consumer::{AttachOptions, Consumer, Frame};
 pub use error::FrameError;
 pub use producer::{Producer, ProducerConfig, SlotLease, SlowConsumerPolicy};
 
 /// Polls `event` until it completes, `alive()` turns false ([`FrameError::PeerGone`]) or `deadline` passes
 /// ([`FrameError::Timeout`]): every CPU wait on GPU work in this module goes through here, so none is unbounded.
-/// `nap` `None` spins (lowest latency, one core busy); `Some(d)` sleeps `d` between polls.
+/// `nap` `None` spins (lowest latency, one core busy; `alive` and the clock are looked at every 64 polls); `Some(d)`
+/// sleeps `d` between polls and looks at both after each. The loop is the ring's [`bounded_wait`], so the event is
+/// polled once more before a gone peer or the deadline is reported.
 ///
 /// Why not `cuEventSynchronize` or `cuStreamWaitEvent`: neither has a timeout, and an IPC event recorded by a
 /// process that dies before the recorded work completes never completes, so a stream or thread made to wait on it
@@ -120,27 +124,16 @@ fn wait_for_event(
     alive: impl Fn() -> bool,
     what: impl Fn() -> String,
 ) -> Result<(), FrameError> {
-    let start = std::time::Instant::now();
-    let mut polls = 0u32;
-    loop {
-        if event.is_complete()? {
-            return Ok(());
-        }
-        polls = polls.wrapping_add(1);
-        if nap.is_some() || polls.is_multiple_of(64) {
-            if !alive() {
-                return Err(FrameError::PeerGone);
-            }
-            if std::time::Instant::now() >= deadline {
-                return Err(FrameError::Timeout { what: what(), waited: start.elapsed() });
-            }
-        }
-        match nap {
-            Some(d) => std::thread::sleep(d),
-            None if polls.is_multiple_of(64) => std::thread::yield_now(),
-            None => std::hint::spin_loop(),
-        }
-    }
+    let mode = nap.map_or(WaitMode::Spin, WaitMode::Sleep);
+    bounded_wait(
+        deadline,
+        mode,
+        // Zero: `alive` at every look at the clock (every 64 spins, or after every nap).
+        std::time::Duration::ZERO,
+        || Ok(event.is_complete()?),
+        || if alive() { Ok(()) } else { Err(FrameError::PeerGone) },
+        |waited| FrameError::Timeout { what: what(), waited },
+    )
 }
 
 /// A number no other producer or consumer of this process has: what tells a lease or frame of one ring from

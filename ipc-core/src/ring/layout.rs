@@ -13,6 +13,8 @@ use std::fmt;
 use std::mem::offset_of;
 use std::sync::atomic::AtomicU64;
 
+use crate::sys::shm::AtomicPlainData;
+
 /// First header word: "GIPCRING" in little-endian bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GIPCRING");
 
@@ -246,6 +248,14 @@ pub struct ControlBlockLayout {
     /// Consumer records.
     pub consumers: [ConsumerRecord; MAX_CONSUMERS as usize],
 }
+
+// The one `unsafe` outside the driver and sys layers: only this file knows what the layout holds, so the promise
+// that it is made of atomics alone is made here, next to the fields it is about (sys knows nothing of the ring).
+// SAFETY: `ControlBlockLayout` and the structs it nests are `#[repr(C)]` and have only `AtomicU64` fields (directly
+// or in arrays and nested `#[repr(C)]` structs); padding bytes from `align(128)` are never read as part of a
+// value because atomics are never copied out wholesale.
+#[allow(unsafe_code)]
+unsafe impl AtomicPlainData for ControlBlockLayout {}
 
 /// Byte offset of `published[slot]`. `slot` must be below [`MAX_SLOTS`] (checked by the ring, not here).
 pub const fn published_offset(slot: SlotIndex) -> usize {

@@ -11,7 +11,7 @@ pub mod layout;
 
 pub use control::{
     ConsumerControl, ControlBlock, LivenessPolicy, ProducerControl, ReleaseRequirement, RingConfig, WaitMode,
-    is_poisoned, monotonic_ns, wait_until,
+    bounded_wait, is_poisoned, monotonic_ns, wait_until,
 };
 pub use error::{GoneReason, RingError, WaitTarget};
 pub use layout::{ConsumerId, POISON, Sequence, SlotIndex};

@@ -323,10 +323,6 @@ pub unsafe trait AtomicPlainData: Sync {}
 unsafe impl AtomicPlainData for AtomicU64 {}
 // SAFETY: an array of valid-for-every-pattern atomics is itself valid for every pattern and has no padding.
 unsafe impl<T: AtomicPlainData, const N: usize> AtomicPlainData for [T; N] {}
-// SAFETY: `ControlBlockLayout` and the structs it nests are `#[repr(C)]` and have only `AtomicU64` fields (directly
-// or in arrays and nested `#[repr(C)]` structs); padding bytes from `align(128)` are never read as part of a
-// value because atomics are never copied out wholesale.
-unsafe impl AtomicPlainData for crate::ring::layout::ControlBlockLayout {}
 
 /// A [`SharedMemory`] whose first `size_of::<T>()` bytes are viewed as a `T` made only of atomics.
 #[derive(Debug)]

@@ -304,3 +304,9 @@ impl WireError {
         move |source| Self::Os { op, source }
     }
 }
+
+impl From<crate::driver::InvalidDeviceUuid> for WireError {
+    fn from(e: crate::driver::InvalidDeviceUuid) -> Self {
+        Self::InvalidUuid { text: e.text }
+    }
+}

@@ -13,6 +13,7 @@ mod message;
 mod rendezvous;
 mod types;
 
+pub use crate::driver::DeviceUuid;
 pub use error::WireError;
 pub use fdpass::{MessageReader, OfferFds, ReceivedMessage, recv_bytes, recv_message, send_bytes, send_message};
 pub use message::{
@@ -21,4 +22,4 @@ pub use message::{
     PROTOCOL_VERSION, RING_OFFER_FIXED_BYTES, RefusalCode, Refused, RingOffer,
 };
 pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener, SocketAccess};
-pub use types::{BackendKind, DeviceUuid, FrameGeometry, HandleType, PixelFormat, SyncStrategy, UnknownName};
+pub use types::{BackendKind, FrameGeometry, HandleType, PixelFormat, SyncStrategy, UnknownName};

@@ -406,66 +406,10 @@ fn invalid_geometry(reason: &str) -> WireError {
     WireError::InvalidField { field: "geometry", reason: reason.to_owned() }
 }
 
-/// A GPU's 16-byte UUID, as `cuDeviceGetUuid_v2` returns it.
-///
-/// Displays and parses in the form `nvidia-smi -L` prints: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`,
-/// so a user can match it against `nvidia-smi` output and `CUDA_VISIBLE_DEVICES`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-pub struct DeviceUuid(pub [u8; 16]);
-
-impl fmt::Display for DeviceUuid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("GPU-")?;
-        for (i, byte) in self.0.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                f.write_str("-")?;
-            }
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-impl FromStr for DeviceUuid {
-    type Err = WireError;
-
-    /// Parses `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex digits in either case).
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = || WireError::InvalidUuid { text: text.to_owned() };
-        let rest = text.strip_prefix("GPU-").ok_or_else(bad)?;
-        let groups: Vec<&str> = rest.split('-').collect();
-        let lengths: Vec<usize> = groups.iter().map(|g| g.len()).collect();
-        if lengths != [8, 4, 4, 4, 12] {
-            return Err(bad());
-        }
-        let hex: String = groups.concat();
-        let mut bytes = [0u8; 16];
-        for (i, byte) in bytes.iter_mut().enumerate() {
-            let pair = hex.get(2 * i..2 * i + 2).ok_or_else(bad)?;
-            *byte = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
-        }
-        Ok(Self(bytes))
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuid_displays_like_nvidia_smi_and_parses_back() {
-        let uuid = DeviceUuid([
-            0x5d, 0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6, 0xe7, 0xf8,
-        ]);
-        let text = uuid.to_string();
-        assert_eq!(text, "GPU-5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8");
-        assert_eq!(text.parse::<DeviceUuid>().unwrap(), uuid);
-        assert_eq!("GPU-5D1A2B3C-4D5E-6F70-8192-A3B4C5D6E7F8".parse::<DeviceUuid>().unwrap(), uuid);
-        for bad in ["5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8", "GPU-5d1a", "GPU-zz1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"] {
-            assert!(matches!(bad.parse::<DeviceUuid>(), Err(WireError::InvalidUuid { .. })), "{bad}");
-        }
-    }
 
     #[test]
     fn geometry_packs_pitch_and_validates() {

@@ -2,6 +2,7 @@
 //! producer's step that writes and publishes it. Each test file uses part of it.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod chaos;
 pub mod python;
 
 use std::path::PathBuf;

@@ -17,16 +17,14 @@
 //! gone, else [`FrameError::GpuWaitGaveUp`], which says to attach or create again). A dead peer's POISON (`2^62`)
 //! satisfies every poll (the comparison is unsigned `>=`), so the watchdog still ends them at once.
 
-use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
-use crate::driver::{
-    Context, Device, DeviceMemory, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys,
-};
+use crate::driver::image::{self, ComputeCapability, KernelImage};
+use crate::driver::mps::MpsEvidence;
+use crate::driver::{Context, DeviceMemory, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys};
 use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, depth_for};
 use crate::ring::layout::{ControlBlockLayout, MAX_CONSUMERS, MAX_SLOTS, published_offset, released_offset};
@@ -35,16 +33,6 @@ use crate::sys::shm::{SharedMemory, SharedObject};
 use crate::wire::SyncStrategy;
 
 const KIND: SyncStrategy = SyncStrategy::GpuPoll;
-
-/// Set by the environment to skip MPS detection: `1` assumes MPS runs, `0` assumes it does not (tests of the
-/// refusal); anything else, or unset, detects it.
-const ASSUME_MPS_ENV: &str = "GPU_IPC_ASSUME_MPS";
-
-/// The environment variable that forces the PTX image (as for the kernels crate): `1` skips the cubins.
-const FORCE_PTX_ENV: &str = "GPU_IPC_FORCE_PTX";
-
-/// The MPS pipe directory the CUDA driver uses when `CUDA_MPS_PIPE_DIRECTORY` is not set (as the doctor reads it).
-const DEFAULT_MPS_PIPE_DIRECTORY: &str = "/tmp/nvidia-mps";
 
 /// Bit 63 of an outcome word: the poll gave up at its deadline (the low bits are the frame's `seq + 1`).
 const TIMED_OUT: u64 = 1 << 63;
@@ -68,45 +56,28 @@ const WAIT_KERNEL: &str = "gpu_ipc_ring_wait";
 /// The release kernel (`kernels/cuda/ring_poll.cu`).
 const RELEASE_KERNEL: &str = "gpu_ipc_ring_release";
 
-/// One compiled image of the ring's kernels, from `ipc-core/ring-kernels/` (`scripts/gen-kernels.sh`).
-#[derive(Clone, Copy)]
-struct RingImage {
-    /// Compute capability it was compiled for.
-    arch: (u32, u32),
-    /// Machine code (a cubin) or PTX.
-    cubin: bool,
-    /// Its file name in `ipc-core/ring-kernels/`.
-    file: &'static str,
-    /// The image; the PTX ends with a NUL (not in the file), as the driver reads it as a C string.
-    bytes: &'static [u8],
-}
-
-const fn cubin(major: u32, minor: u32, file: &'static str, bytes: &'static [u8]) -> RingImage {
-    RingImage { arch: (major, minor), cubin: true, file, bytes }
-}
-
-/// The images, cubins in ascending architecture order, then the PTX (the last resort).
-static IMAGES: [RingImage; 8] = [
-    cubin(7, 5, "sm_75.cubin", include_bytes!("../../../ring-kernels/sm_75.cubin")),
-    cubin(8, 0, "sm_80.cubin", include_bytes!("../../../ring-kernels/sm_80.cubin")),
-    cubin(8, 6, "sm_86.cubin", include_bytes!("../../../ring-kernels/sm_86.cubin")),
-    cubin(8, 9, "sm_89.cubin", include_bytes!("../../../ring-kernels/sm_89.cubin")),
-    cubin(9, 0, "sm_90.cubin", include_bytes!("../../../ring-kernels/sm_90.cubin")),
-    cubin(10, 0, "sm_100.cubin", include_bytes!("../../../ring-kernels/sm_100.cubin")),
-    cubin(12, 0, "sm_120.cubin", include_bytes!("../../../ring-kernels/sm_120.cubin")),
-    RingImage {
-        arch: (7, 5),
-        cubin: false,
-        file: "compute_75.ptx",
-        bytes: concat!(include_str!("../../../ring-kernels/compute_75.ptx"), "\0").as_bytes(),
-    },
+/// The ring's kernels, from `ipc-core/ring-kernels/` (`scripts/gen-kernels.sh`): the cubins in ascending
+/// architecture order, then the PTX (the last resort).
+static IMAGES: [KernelImage; 8] = [
+    KernelImage::cubin(7, 5, "sm_75.cubin", include_bytes!("../../../ring-kernels/sm_75.cubin")),
+    KernelImage::cubin(8, 0, "sm_80.cubin", include_bytes!("../../../ring-kernels/sm_80.cubin")),
+    KernelImage::cubin(8, 6, "sm_86.cubin", include_bytes!("../../../ring-kernels/sm_86.cubin")),
+    KernelImage::cubin(8, 9, "sm_89.cubin", include_bytes!("../../../ring-kernels/sm_89.cubin")),
+    KernelImage::cubin(9, 0, "sm_90.cubin", include_bytes!("../../../ring-kernels/sm_90.cubin")),
+    KernelImage::cubin(10, 0, "sm_100.cubin", include_bytes!("../../../ring-kernels/sm_100.cubin")),
+    KernelImage::cubin(12, 0, "sm_120.cubin", include_bytes!("../../../ring-kernels/sm_120.cubin")),
+    KernelImage::ptx(
+        7,
+        5,
+        "compute_75.ptx",
+        concat!(include_str!("../../../ring-kernels/compute_75.ptx"), "\0").as_bytes(),
+    ),
 ];
 
-/// The image for a device of compute capability `device`, by the kernels crate's rule (docs/kernels.md): the exact
-/// cubin, else the cubin of the same major with the highest minor not above the device's, else the PTX (7.5 or
-/// newer); `None` below 7.5.
-fn select_image(device: (u32, u32), force_ptx: bool) -> Option<&'static RingImage> {
-    crate::driver::pick_image(&IMAGES, device, force_ptx, |image| (image.arch, image.cubin))
+/// The image for a device of compute capability `device`, by the one rule ([`image::select_image`], as for the
+/// kernels crate); `None` below 7.5.
+fn select_image(device: (u32, u32), force_ptx: bool) -> Option<&'static KernelImage> {
+    image::select_image(&IMAGES, ComputeCapability::new(device.0, device.1), force_ptx).ok()
 }
 
 /// The `GpuPoll` strategy.
@@ -148,7 +119,9 @@ impl Strategy for GpuPoll {
                 ));
             }
         }
-        MpsEvidence::gather(device).verdict().map_err(|reason| unavailable(KIND, reason))
+        let evidence = MpsEvidence::gather(device);
+        tracing::debug!(?evidence, "gpu-poll: MPS detection");
+        mps_verdict(&evidence).map_err(|reason| unavailable(KIND, reason))
     }
 
     fn producer(&self, setup: Setup<'_>) -> Result<Box<dyn ProducerSide>, FrameError> {
@@ -162,74 +135,16 @@ impl Strategy for GpuPoll {
     }
 }
 
-/// What MPS detection found, for [`MpsEvidence::verdict`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct MpsEvidence {
-    /// [`ASSUME_MPS_ENV`]'s answer, when it gives one.
-    assumed: Option<bool>,
-    /// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`, when the driver knows it.
-    attribute: Option<bool>,
-    /// The MPS pipe directory this process's contexts would use.
-    pipe_directory: PathBuf,
-    /// Whether `<pipe_directory>/control` is a FIFO (the control daemon makes it).
-    control_pipe: bool,
-}
-
-impl MpsEvidence {
-    /// Reads the environment, the device attribute and the control pipe, as the doctor does.
-    fn gather(device: Device) -> Self {
-        let assumed = assume_mps(std::env::var_os(ASSUME_MPS_ENV).as_deref());
-        let attribute = device.attribute(sys::CU_DEVICE_ATTRIBUTE_MPS_ENABLED).ok().map(|v| v != 0);
-        let pipe_directory = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
-            .filter(|dir| !dir.is_empty())
-            .map_or_else(|| PathBuf::from(DEFAULT_MPS_PIPE_DIRECTORY), PathBuf::from);
-        let control_pipe = is_control_pipe(&pipe_directory);
-        let evidence = Self { assumed, attribute, pipe_directory, control_pipe };
-        tracing::debug!(?evidence, "gpu-poll: MPS detection");
-        evidence
-    }
-
-    /// `Ok` when MPS runs (or is assumed to); else the reason, with the fix.
-    fn verdict(&self) -> Result<(), String> {
-        let found = match self.assumed {
-            Some(assumed) => assumed,
-            None => self.attribute == Some(true) || self.control_pipe,
-        };
-        if found {
-            return Ok(());
-        }
-        let how = match self.assumed {
-            Some(_) => format!("{ASSUME_MPS_ENV}=0 says so"),
-            None => format!(
-                "the device reports {} and there is no control pipe at {}",
-                match self.attribute {
-                    Some(_) => "CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 0",
-                    None => "no MPS attribute",
-                },
-                self.pipe_directory.join("control").display()
-            ),
-        };
-        Err(format!(
+/// `Ok` when MPS runs (or is assumed to); else the reason, with the fix.
+fn mps_verdict(evidence: &MpsEvidence) -> Result<(), String> {
+    match evidence.why_not() {
+        None => Ok(()),
+        Some(how) => Err(format!(
             "it needs MPS, and MPS is not running ({how}): without MPS two processes' kernels never run at the same \
              time, so a polling kernel waits out whole time slices; start MPS: nvidia-cuda-mps-control -d, or use \
              gpu-stream-ops"
-        ))
+        )),
     }
-}
-
-/// [`ASSUME_MPS_ENV`]: `1` is yes, `0` is no, anything else asks for detection.
-fn assume_mps(value: Option<&OsStr>) -> Option<bool> {
-    match value?.to_str()? {
-        "1" => Some(true),
-        "0" => Some(false),
-        _ => None,
-    }
-}
-
-/// Whether `<pipe_directory>/control` is a FIFO.
-fn is_control_pipe(pipe_directory: &Path) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    std::fs::symlink_metadata(pipe_directory.join("control")).is_ok_and(|meta| meta.file_type().is_fifo())
 }
 
 /// How long a poll may run once it starts, with `left` until the caller's deadline: twice that, plus [`GRACE`].
@@ -262,7 +177,7 @@ struct Poller {
 impl Poller {
     fn new(cuda: &Context, setup: Setup<'_>) -> Result<Self, FrameError> {
         let (major, minor) = cuda.device().compute_capability()?;
-        let force_ptx = std::env::var_os(FORCE_PTX_ENV).is_some_and(|v| v == "1");
+        let force_ptx = image::force_ptx_from_env();
         let image = select_image((major, minor), force_ptx).ok_or_else(|| {
             unavailable(KIND, format!("no kernel image for compute capability {major}.{minor}; use gpu-stream-ops"))
         })?;
@@ -564,6 +479,7 @@ impl ConsumerSide for PollConsumer {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::driver::image::ImageKind;
 
     #[test]
     fn images_follow_the_kernels_crate_rule() {
@@ -580,11 +496,11 @@ mod tests {
     fn the_embedded_images_are_what_the_manifest_lists() {
         let manifest = include_str!("../../../ring-kernels/manifest.json");
         for image in &IMAGES {
-            let size = if image.cubin { image.bytes.len() } else { image.bytes.len() - 1 };
+            let size = image.file_len();
             let entry = format!("\"file\": \"{}\",", image.file);
             let at = manifest.find(&entry).unwrap_or_else(|| panic!("{} is not in the manifest", image.file));
             assert!(manifest[at..].contains(&format!("\"size\": {size},")), "{}: size {size}", image.file);
-            if image.cubin {
+            if image.kind == ImageKind::Cubin {
                 assert_eq!(&image.bytes[..4], b"\x7fELF", "{}", image.file);
             }
         }
@@ -624,7 +540,7 @@ mod tests {
     }
 
     fn evidence(assumed: Option<bool>, attribute: Option<bool>, control_pipe: bool) -> MpsEvidence {
-        MpsEvidence { assumed, attribute, pipe_directory: PathBuf::from("/tmp/nvidia-mps"), control_pipe }
+        MpsEvidence { assumed, attribute, pipe_directory: std::path::PathBuf::from("/tmp/nvidia-mps"), control_pipe }
     }
 
     #[test]
@@ -632,40 +548,16 @@ mod tests {
         for refused in
             [evidence(None, None, false), evidence(None, Some(false), false), evidence(Some(false), Some(true), true)]
         {
-            let reason = refused.verdict().unwrap_err();
+            let reason = mps_verdict(&refused).unwrap_err();
             assert!(reason.contains("start MPS: nvidia-cuda-mps-control -d, or use gpu-stream-ops"), "{reason}");
             assert!(reason.contains("time slices"), "{reason}");
         }
-        assert!(evidence(None, None, false).verdict().unwrap_err().contains("/tmp/nvidia-mps/control"));
-        assert!(evidence(Some(false), None, false).verdict().unwrap_err().contains("GPU_IPC_ASSUME_MPS=0"));
+        assert!(mps_verdict(&evidence(None, None, false)).unwrap_err().contains("/tmp/nvidia-mps/control"));
+        assert!(mps_verdict(&evidence(Some(false), None, false)).unwrap_err().contains("GPU_IPC_ASSUME_MPS=0"));
         for found in
             [evidence(None, Some(true), false), evidence(None, Some(false), true), evidence(Some(true), None, false)]
         {
-            assert_eq!(found.verdict(), Ok(()), "{found:?}");
+            assert_eq!(mps_verdict(&found), Ok(()), "{found:?}");
         }
-    }
-
-    #[test]
-    fn only_0_and_1_override_mps_detection() {
-        assert_eq!(assume_mps(Some(OsStr::new("1"))), Some(true));
-        assert_eq!(assume_mps(Some(OsStr::new("0"))), Some(false));
-        for other in ["", "yes", "true", " 1"] {
-            assert_eq!(assume_mps(Some(OsStr::new(other))), None, "{other:?}");
-        }
-        assert_eq!(assume_mps(None), None);
-    }
-
-    #[test]
-    fn only_a_fifo_is_a_control_pipe() {
-        let dir = std::env::temp_dir().join(format!("gpu-ipc-mps-pipe-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        assert!(!is_control_pipe(&dir), "nothing there");
-        std::fs::write(dir.join("control"), b"").unwrap();
-        assert!(!is_control_pipe(&dir), "a regular file");
-        std::fs::remove_file(dir.join("control")).unwrap();
-        rustix::fs::mknodat(rustix::fs::CWD, dir.join("control"), rustix::fs::FileType::Fifo, 0o600.into(), 0).unwrap();
-        assert!(is_control_pipe(&dir), "a FIFO");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

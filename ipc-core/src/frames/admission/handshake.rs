@@ -1,0 +1,83 @@
+//! One handshake in flight: where it stands, and why it failed (what the peer is told).
+
+use std::time::Instant;
+
+use crate::ring::ConsumerId;
+use crate::wire::{MessageReader, PeerConnection, RefusalCode, WireError};
+
+/// Where a handshake stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// Waiting for the consumer's `ClientHello`.
+    Hello,
+    /// Hello valid; waiting for the producer to take a record and make the offer (the handshake's number).
+    Offer(u64),
+    /// Offer sent for record `id`, which the handshake now holds; waiting for `Attached`.
+    Attached(ConsumerId),
+}
+
+impl Stage {
+    pub(super) fn record(self) -> Option<ConsumerId> {
+        match self {
+            Self::Hello | Self::Offer(_) => None,
+            Self::Attached(id) => Some(id),
+        }
+    }
+}
+
+pub(super) struct Handshake {
+    pub(super) conn: PeerConnection,
+    pub(super) reader: MessageReader,
+    pub(super) accepted: Instant,
+    pub(super) deadline: Instant,
+    pub(super) stage: Stage,
+}
+
+/// Why a handshake ended without a consumer, and what to tell the peer.
+pub(super) struct Failure {
+    pub(super) refusal: Option<RefusalCode>,
+    pub(super) reason: String,
+}
+
+impl Failure {
+    pub(super) fn refuse(code: RefusalCode, reason: String) -> Self {
+        Self { refusal: Some(code), reason }
+    }
+
+    pub(super) fn silent(reason: String) -> Self {
+        Self { refusal: None, reason }
+    }
+}
+
+impl From<WireError> for Failure {
+    fn from(e: WireError) -> Self {
+        Self::silent(e.to_string())
+    }
+}
+
+/// What ends a handshake whose connection could not be read: before a valid hello the peer is told why (a
+/// version this build does not speak: `Refused` code 1; anything else malformed: code 6), unless it is gone or
+/// the socket failed; after the hello the connection is just closed.
+pub(super) fn read_failure(stage: Stage, error: WireError) -> Failure {
+    match (stage, error) {
+        (Stage::Hello, WireError::UnsupportedVersion { found, supported }) => Failure::refuse(
+            RefusalCode::UnsupportedVersion,
+            format!(
+                "this producer speaks wire protocol version {supported} only, the message was version {found}: \
+                 use a consumer of the same gpu-ipc protocol version"
+            ),
+        ),
+        (Stage::Hello, error @ (WireError::PeerHungUp { .. } | WireError::Os { .. })) => Failure::from(error),
+        (Stage::Hello, error) => Failure::refuse(RefusalCode::MalformedHello, format!("malformed hello: {error}")),
+        (_, error) => Failure::from(error),
+    }
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary.
+pub(super) fn truncate(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default().to_owned()
+}

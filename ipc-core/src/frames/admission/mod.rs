@@ -1,0 +1,210 @@
+//! The producer's front door: a thread that owns the rendezvous socket and every handshake in flight, so that no
+//! client, slow, silent, refused or hostile, can stop the producer or delay a frame.
+//!
+//! One thread serves every connection with `poll` and a non-blocking reader ([`MessageReader`]), each handshake
+//! bounded by its own deadline (`ProducerConfig::handshake_timeout`, from `accept` to `Attached`). At most
+//! `ProducerConfig::max_pending_handshakes` connections are in flight; when a new one arrives and there is no
+//! room, the oldest connection that has not yet said a valid hello is closed (a real consumer says hello right
+//! after connecting, so only silent clients are evicted). Open fds are thus bounded by that number, plus the
+//! listener and one wake-up socket.
+//!
+//! The thread never touches the GPU, nor the consumer records: once a hello is valid it asks the producer for the offer
+//! ([`AdmissionEvent::WantsOffer`]); the producer takes a consumer record and makes the offer (export, IPC events) in
+//! one step when it next drains the queue, in `acquire`, `wait_for_consumers` or `admit_pending`, without ever waiting;
+//! the thread sends the offer and waits for `Attached`. Taking the record on the producer's own thread, right before
+//! the offer leaves, is what keeps a joining consumer from holding the producer back before it has its offer: a record
+//! counts in back-pressure from the moment it is taken (the consumer joins at the producer's next frame), and a record
+//! taken here while the producer waited for its release would never get the offer that lets the consumer release (the
+//! producer serves offers only between frames). Every failure is logged and survived: a refused peer, a failed accept
+//! (with a back-off when the process is out of fds), a broken or abandoned handshake. A first message that is not a
+//! valid hello is answered with `Refused` (code 1 for another protocol version, 6 for anything else) before the
+//! connection is closed, so a client learns why instead of seeing a hang-up. A peer in a PID namespace the producer
+//! cannot see (`SO_PEERCRED` pid 0) is admitted with pid 0 in its record: only its connection tells whether it is
+//! alive. After `Attached` the thread hands the connection over and nothing reads it again: a consumer's `Detach` is
+//! advisory, its ring-level detach (the record's state) is what the producer goes by when it hangs up. A handshake that
+//! fails after the producer took a record for it marks the record dead (poisoning its release counters) and reports
+//! [`AdmissionEvent::Failed`], so the producer retires the record through the same quarantine as a consumer that died.
+
+mod front_door;
+mod handshake;
+
+use front_door::FrontDoor;
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustix::process::Pid;
+
+use crate::ring::{ConsumerId, ProducerControl};
+use crate::wire::{BackendKind, Message, PeerConnection, RefusalCode, RendezvousListener};
+
+/// Panics of the thread's loop survived within [`PANIC_WINDOW`] before it gives up: each fails the handshakes in
+/// flight (the one being served when it panicked is refused, code 6, the others see a hang-up and may attach again)
+/// and starts the loop afresh on the same socket; a loop that keeps panicking is a bug that some input sets off
+/// again and again, and accepting then stops (the socket file goes) rather than panic on.
+pub(crate) const MAX_PANICS: u32 = 8;
+/// Panics further apart than this do not add up towards [`MAX_PANICS`].
+const PANIC_WINDOW: Duration = Duration::from_secs(60);
+/// Longest the thread sleeps in `poll` when nothing has a nearer deadline.
+const IDLE_POLL: Duration = Duration::from_millis(100);
+/// How long accepting pauses after the process ran out of fds (`EMFILE`/`ENFILE`) or memory: the pending
+/// connection stays in the kernel's queue, and retrying at once would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long accepting pauses after any other accept error, for the same reason.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
+/// Connections accepted per wake-up, so that a flood of connections cannot starve the handshakes in flight.
+const ACCEPTS_PER_ROUND: usize = 32;
+/// Bound on sending the offer or a refusal: the peer's receive buffer is empty at that point (we sent nothing
+/// before), so this only matters for a peer that vanished.
+const SEND_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// What the admission thread tells the producer.
+pub(crate) enum AdmissionEvent {
+    /// A consumer said a valid hello: the producer takes a record for it, makes its offer and hands both over
+    /// with [`Admission::offer`] (or why it cannot).
+    WantsOffer {
+        /// The handshake's number, to answer with.
+        token: u64,
+        /// The pid to record (`None`: a PID namespace the producer cannot see; the record says 0).
+        pid: Option<Pid>,
+        /// Its name, for logs.
+        name: String,
+    },
+    /// The handshake is complete: the consumer is attached. Keep `conn` open for its lifetime.
+    Attached {
+        /// Its record.
+        id: ConsumerId,
+        /// Its pid (`SO_PEERCRED`); 0 when it is in a PID namespace the producer cannot see (then only the
+        /// connection's hang-up tells that it is gone; the full credentials are `conn.peer()`).
+        pid: u32,
+        /// The connection, whose hang-up says the consumer is gone.
+        conn: PeerConnection,
+    },
+    /// The handshake of record `id` failed after the record was taken; the thread has marked it dead, the
+    /// producer retires it.
+    Failed {
+        /// The record.
+        id: ConsumerId,
+    },
+}
+
+/// The producer's answer to [`AdmissionEvent::WantsOffer`]: the record it took (LIVE, joining at the producer's
+/// next frame), the offer and its fds; or the refusal to send instead.
+pub(crate) type OfferKit = Result<(ConsumerId, Message, Vec<OwnedFd>), (RefusalCode, String)>;
+
+/// Settings of the admission thread.
+pub(crate) struct AdmissionConfig {
+    /// The backend of the ring (a hello that wants another is refused).
+    pub(crate) backend: BackendKind,
+    /// Bound on one handshake, from accept to `Attached`.
+    pub(crate) handshake_timeout: Duration,
+    /// Connections in flight at most.
+    pub(crate) max_pending: usize,
+}
+
+/// The producer's handle on its admission thread.
+pub(crate) struct Admission {
+    /// In a mutex only so that the producer stays `Sync` (only its `&mut self` methods use it).
+    events: Mutex<mpsc::Receiver<AdmissionEvent>>,
+    offers: mpsc::Sender<(u64, OfferKit)>,
+    wake: UnixStream,
+    stop: Arc<AtomicBool>,
+    /// Set when the thread gave up after [`MAX_PANICS`] panics: what the last one said.
+    gave_up: Arc<Mutex<Option<String>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Admission {
+    /// Starts the thread; it owns `listener` (and so removes the socket file when it ends).
+    pub(crate) fn start(
+        listener: RendezvousListener,
+        ring: Arc<ProducerControl>,
+        config: AdmissionConfig,
+    ) -> std::io::Result<Self> {
+        let (events_tx, events) = mpsc::channel();
+        let (offers, offers_rx) = mpsc::channel();
+        let (wake, wake_rx) = UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let gave_up = Arc::new(Mutex::new(None));
+        let thread = {
+            let stop = stop.clone();
+            let gave_up = gave_up.clone();
+            let front_door = FrontDoor {
+                listener,
+                ring,
+                config,
+                events: events_tx,
+                offers: offers_rx,
+                wake: wake_rx,
+                pending: Vec::new(),
+                accept_paused_until: None,
+                next_token: 0,
+                stepping: None,
+            };
+            std::thread::Builder::new()
+                .name("gpu-ipc-admission".into())
+                .spawn(move || front_door.run_surviving_panics(&stop, &gave_up))?
+        };
+        Ok(Self { events: Mutex::new(events), offers, wake, stop, gave_up, thread: Some(thread) })
+    }
+
+    /// `Some(why)` once the thread gave up after [`MAX_PANICS`] panics, or ended in any other way while not told to
+    /// stop: no consumer can attach any more.
+    pub(crate) fn gave_up(&self) -> Option<String> {
+        let why = self.gave_up.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        why.or_else(|| {
+            let ended = self.thread.as_ref().is_some_and(JoinHandle::is_finished) && !self.stop.load(Ordering::Acquire);
+            ended.then(|| "it ended unexpectedly (a panic while it recovered from one)".to_owned())
+        })
+    }
+
+    /// The next event, without waiting.
+    pub(crate) fn try_next(&self) -> Option<AdmissionEvent> {
+        self.events.lock().ok()?.try_recv().ok()
+    }
+
+    /// Hands the thread the answer to handshake `token`'s [`AdmissionEvent::WantsOffer`]. When the thread is gone
+    /// nobody will send it: returns the record it held, which is then the caller's to give back.
+    #[must_use = "a record returned here was never offered: give it back"]
+    pub(crate) fn offer(&self, token: u64, kit: OfferKit) -> Option<ConsumerId> {
+        match self.offers.send((token, kit)) {
+            Ok(()) => {
+                self.wake_up();
+                None
+            }
+            Err(mpsc::SendError((_, kit))) => kit.ok().map(|(id, _, _)| id),
+        }
+    }
+
+    fn wake_up(&self) {
+        // A full buffer means a wake-up is already pending: nothing lost. `send` with `MSG_NOSIGNAL`: a thread that
+        // already ended has closed the other end, and a plain write would raise SIGPIPE in the application.
+        let _ = rustix::net::send(&self.wake, &[1], rustix::net::SendFlags::NOSIGNAL);
+    }
+
+    /// Stops the thread and waits for it (the socket file is gone when this returns).
+    pub(crate) fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake_up();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) mod tests;

@@ -1,0 +1,157 @@
+//! The numeric codes on the wire: message types, detach reasons, refusal codes.
+
+use std::fmt;
+
+use crate::wire::error::WireError;
+
+/// Message type codes (header offset 10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MessageType {
+    /// Consumer -> producer, first message.
+    ClientHello,
+    /// Producer -> consumer, with fds: the ring description.
+    RingOffer,
+    /// Consumer -> producer: the ring is imported and the consumer is live.
+    Attached,
+    /// Consumer -> producer: leaving (advisory; see [`Detach`](super::Detach)).
+    Detach,
+    /// Producer -> consumer: not admitted.
+    Refused,
+}
+
+impl MessageType {
+    /// Stable wire code.
+    pub const fn code(self) -> u16 {
+        match self {
+            Self::ClientHello => 1,
+            Self::RingOffer => 2,
+            Self::Attached => 3,
+            Self::Detach => 4,
+            Self::Refused => 5,
+        }
+    }
+
+    /// Decodes a wire code.
+    pub fn from_code(code: u16) -> Result<Self, WireError> {
+        match code {
+            1 => Ok(Self::ClientHello),
+            2 => Ok(Self::RingOffer),
+            3 => Ok(Self::Attached),
+            4 => Ok(Self::Detach),
+            5 => Ok(Self::Refused),
+            _ => Err(WireError::UnknownMessageType { code }),
+        }
+    }
+
+    /// Name used in errors and logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::ClientHello => "ClientHello",
+            Self::RingOffer => "RingOffer",
+            Self::Attached => "Attached",
+            Self::Detach => "Detach",
+            Self::Refused => "Refused",
+        }
+    }
+}
+
+/// Why a consumer or producer leaves (`Detach.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DetachReason {
+    /// The consumer has read what it wanted.
+    ConsumerDone,
+    /// The producer is shutting the ring down (never sent by the reference producer, which marks the control
+    /// block CLOSED and closes the connection instead; receivers accept it).
+    ProducerShutdown,
+    /// The consumer could not import the offered ring.
+    ImportFailed,
+    /// The producer evicts a consumer that held slots too long (no eviction in version 1: never sent).
+    TooSlow,
+    /// The peer violated the protocol (reserved: never sent by the reference implementation).
+    ProtocolError,
+}
+
+impl DetachReason {
+    /// Stable wire code.
+    pub const fn code(self) -> u16 {
+        match self {
+            Self::ConsumerDone => 1,
+            Self::ProducerShutdown => 2,
+            Self::ImportFailed => 3,
+            Self::TooSlow => 4,
+            Self::ProtocolError => 5,
+        }
+    }
+
+    /// Decodes a wire code.
+    pub fn from_code(code: u16) -> Result<Self, WireError> {
+        match code {
+            1 => Ok(Self::ConsumerDone),
+            2 => Ok(Self::ProducerShutdown),
+            3 => Ok(Self::ImportFailed),
+            4 => Ok(Self::TooSlow),
+            5 => Ok(Self::ProtocolError),
+            _ => Err(WireError::UnknownCode { field: "Detach.reason", code: u32::from(code) }),
+        }
+    }
+}
+
+/// Why the producer refuses a consumer (`Refused.code`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RefusalCode {
+    /// The consumer speaks another protocol version.
+    UnsupportedVersion,
+    /// The consumer asked for a backend this ring does not use.
+    BackendMismatch,
+    /// Every consumer place of the ring is taken.
+    RingFull,
+    /// The peer's credentials (`SO_PEERCRED`) are not allowed, e.g. another user.
+    PeerNotAllowed,
+    /// The producer is shutting down.
+    ShuttingDown,
+    /// The hello was malformed.
+    MalformedHello,
+}
+
+impl RefusalCode {
+    /// Stable wire code.
+    pub const fn code(self) -> u16 {
+        match self {
+            Self::UnsupportedVersion => 1,
+            Self::BackendMismatch => 2,
+            Self::RingFull => 3,
+            Self::PeerNotAllowed => 4,
+            Self::ShuttingDown => 5,
+            Self::MalformedHello => 6,
+        }
+    }
+
+    /// Decodes a wire code.
+    pub fn from_code(code: u16) -> Result<Self, WireError> {
+        match code {
+            1 => Ok(Self::UnsupportedVersion),
+            2 => Ok(Self::BackendMismatch),
+            3 => Ok(Self::RingFull),
+            4 => Ok(Self::PeerNotAllowed),
+            5 => Ok(Self::ShuttingDown),
+            6 => Ok(Self::MalformedHello),
+            _ => Err(WireError::UnknownCode { field: "Refused.code", code: u32::from(code) }),
+        }
+    }
+}
+
+impl fmt::Display for RefusalCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::UnsupportedVersion => "unsupported protocol version",
+            Self::BackendMismatch => "backend mismatch",
+            Self::RingFull => "ring full",
+            Self::PeerNotAllowed => "peer not allowed",
+            Self::ShuttingDown => "producer shutting down",
+            Self::MalformedHello => "malformed hello",
+        })
+    }
+}

@@ -1,0 +1,83 @@
+//! What a consumer says: [`ClientHello`], [`Attached`], [`Detach`], and the hello's payload codec.
+
+use super::codec::{Reader, check_text, len_u16, put_u16, put_u32};
+use super::{DetachReason, MAX_CONSUMER_NAME_BYTES};
+use crate::wire::error::WireError;
+use crate::wire::types::BackendKind;
+
+/// Consumer -> producer: who is asking and what it wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientHello {
+    /// Highest protocol version the consumer speaks (at least 1).
+    pub protocol_version: u16,
+    /// The consumer's pid, as it sees itself (the producer trusts `SO_PEERCRED` instead; this
+    /// one is for logs and for spotting a PID-namespace boundary).
+    pub client_pid: u32,
+    /// The backend the consumer was built or configured for; `None` accepts any.
+    pub wanted_backend: Option<BackendKind>,
+    /// A name for logs, at most [`MAX_CONSUMER_NAME_BYTES`] bytes of UTF-8.
+    pub consumer_name: String,
+}
+
+/// Consumer -> producer: the ring is imported; count this consumer in back-pressure from now on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attached {
+    /// The id the offer assigned.
+    pub consumer_id: u32,
+}
+
+/// Consumer -> producer: the consumer leaves (reason 1, after its ring-level detach) or could not import the
+/// offer (reason 3, instead of [`Attached`]); it closes the connection next.
+///
+/// Advisory after `Attached`: the producer reads nothing from an attached consumer's connection, and goes by the
+/// consumer's record in the control block when the connection hangs up (DETACHED: it left; still LIVE: it is
+/// lost). During the handshake it ends the handshake and frees the record. See `docs/protocol.md`, "Leaving".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Detach {
+    /// The consumer leaving or being removed.
+    pub consumer_id: u32,
+    /// Why.
+    pub reason: DetachReason,
+}
+
+pub(super) fn encode_hello(hello: &ClientHello, out: &mut Vec<u8>) -> Result<(), WireError> {
+    if hello.protocol_version == 0 {
+        return Err(WireError::InvalidField {
+            field: "ClientHello.protocol_version",
+            reason: "must be at least 1".to_owned(),
+        });
+    }
+    check_text(&hello.consumer_name, MAX_CONSUMER_NAME_BYTES, "ClientHello.consumer_name")?;
+    put_u16(out, hello.protocol_version);
+    put_u16(out, hello.wanted_backend.map_or(0, BackendKind::code));
+    put_u32(out, hello.client_pid);
+    put_u16(out, len_u16(hello.consumer_name.len()));
+    put_u16(out, 0);
+    out.extend_from_slice(hello.consumer_name.as_bytes());
+    Ok(())
+}
+
+pub(super) fn decode_hello(r: &mut Reader<'_>) -> Result<ClientHello, WireError> {
+    let protocol_version = r.u16()?;
+    if protocol_version == 0 {
+        return Err(WireError::InvalidField {
+            field: "ClientHello.protocol_version",
+            reason: "must be at least 1".to_owned(),
+        });
+    }
+    let wanted_backend = match r.u16()? {
+        0 => None,
+        code => Some(BackendKind::from_code(code, "ClientHello.wanted_backend")?),
+    };
+    let client_pid = r.u32()?;
+    let name_len = usize::from(r.u16()?);
+    r.reserved_u16("ClientHello.reserved")?;
+    if name_len > MAX_CONSUMER_NAME_BYTES {
+        return Err(WireError::InvalidField {
+            field: "ClientHello.name_len",
+            reason: format!("{name_len} bytes, at most {MAX_CONSUMER_NAME_BYTES}"),
+        });
+    }
+    let consumer_name = r.text(name_len, "ClientHello.consumer_name")?;
+    Ok(ClientHello { protocol_version, client_pid, wanted_backend, consumer_name })
+}

@@ -1,0 +1,182 @@
+//! Message encoding and decoding, by hand and byte for byte as `docs/protocol.md` specifies.
+//!
+//! No serde or bincode on the wire: the layout is fixed, little-endian, with explicit offsets,
+//! so a client in another language can implement it from the spec. Decoding is total: any
+//! input yields either a message or a specific [`WireError`], never a panic.
+
+mod codec;
+mod codes;
+mod header;
+mod hello;
+mod offer;
+
+pub use codes::{DetachReason, MessageType, RefusalCode};
+pub use header::Header;
+pub use hello::{Attached, ClientHello, Detach};
+pub use offer::{Refused, RingOffer};
+
+use codec::{Reader, check_text, len_u32, put_u16, put_u32};
+use hello::{decode_hello, encode_hello};
+use offer::{decode_offer, encode_offer};
+
+use super::error::WireError;
+
+/// The first 8 bytes of every message. `\r\n` catches a peer or proxy that mangles line endings.
+pub const MAGIC: [u8; 8] = *b"GPUIPC\r\n";
+/// The protocol version this build speaks (header offset 8).
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Size of the fixed header that precedes every payload.
+pub const HEADER_BYTES: usize = 24;
+/// Largest payload accepted; a header announcing more is rejected before anything is allocated.
+pub const MAX_PAYLOAD_BYTES: u32 = 64 * 1024;
+/// Most file descriptors any message carries ([`RingOffer`]: control memfd + data fd).
+pub const MAX_FDS_PER_MESSAGE: usize = 2;
+/// Longest consumer name in a [`ClientHello`], in UTF-8 bytes.
+pub const MAX_CONSUMER_NAME_BYTES: usize = 64;
+/// Longest human-readable text in a [`Refused`], in UTF-8 bytes.
+pub const MAX_REFUSAL_MESSAGE_BYTES: usize = 1024;
+/// Size of a CUDA IPC handle (`CUipcMemHandle`, `CUipcEventHandle`).
+pub const IPC_HANDLE_BYTES: usize = 64;
+/// Fixed part of a [`RingOffer`] payload; event handles follow it.
+pub const RING_OFFER_FIXED_BYTES: usize = 168;
+
+/// A 64-byte CUDA IPC handle, opaque to the protocol.
+pub type IpcHandleBytes = [u8; IPC_HANDLE_BYTES];
+
+/// Any protocol message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Message {
+    /// See [`ClientHello`].
+    ClientHello(ClientHello),
+    /// See [`RingOffer`].
+    RingOffer(RingOffer),
+    /// See [`Attached`].
+    Attached(Attached),
+    /// See [`Detach`].
+    Detach(Detach),
+    /// See [`Refused`].
+    Refused(Refused),
+}
+
+impl Message {
+    /// The type code of this message.
+    pub const fn message_type(&self) -> MessageType {
+        match self {
+            Self::ClientHello(_) => MessageType::ClientHello,
+            Self::RingOffer(_) => MessageType::RingOffer,
+            Self::Attached(_) => MessageType::Attached,
+            Self::Detach(_) => MessageType::Detach,
+            Self::Refused(_) => MessageType::Refused,
+        }
+    }
+
+    /// How many fds must travel with this message.
+    pub const fn fd_count(&self) -> usize {
+        match self {
+            Self::RingOffer(offer) => offer.fd_count(),
+            _ => 0,
+        }
+    }
+
+    /// Encodes header and payload; fails if a field is out of range (the same checks decoding
+    /// applies, so whatever encodes also decodes).
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        let mut payload = Vec::new();
+        match self {
+            Self::ClientHello(hello) => encode_hello(hello, &mut payload)?,
+            Self::RingOffer(offer) => encode_offer(offer, &mut payload)?,
+            Self::Attached(attached) => {
+                put_u32(&mut payload, attached.consumer_id);
+                put_u32(&mut payload, 0);
+            }
+            Self::Detach(detach) => {
+                put_u32(&mut payload, detach.consumer_id);
+                put_u16(&mut payload, detach.reason.code());
+                put_u16(&mut payload, 0);
+            }
+            Self::Refused(refused) => {
+                check_text(&refused.message, MAX_REFUSAL_MESSAGE_BYTES, "Refused.message")?;
+                put_u16(&mut payload, refused.code.code());
+                put_u16(&mut payload, 0);
+                put_u32(&mut payload, len_u32(refused.message.len()));
+                payload.extend_from_slice(refused.message.as_bytes());
+            }
+        }
+        let payload_len = u32::try_from(payload.len())
+            .ok()
+            .filter(|len| *len <= MAX_PAYLOAD_BYTES)
+            .ok_or(WireError::PayloadTooLarge { len: len_u32(payload.len()), max: MAX_PAYLOAD_BYTES })?;
+        let header = Header {
+            version: PROTOCOL_VERSION,
+            message_type: self.message_type(),
+            payload_len,
+            fd_count: len_u32(self.fd_count()),
+        };
+        let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+        header.encode_into(&mut out);
+        out.extend_from_slice(&payload);
+        Ok(out)
+    }
+
+    /// Decodes one complete message (header + payload, nothing after it).
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let header = Header::decode(bytes)?;
+        let payload = bytes.get(HEADER_BYTES..).unwrap_or_default();
+        let len = header.payload_len as usize;
+        if payload.len() < len {
+            return Err(WireError::Truncated { what: "payload", needed: len, available: payload.len() });
+        }
+        if payload.len() > len {
+            return Err(WireError::TrailingBytes { message: header.message_type.name(), extra: payload.len() - len });
+        }
+        Self::decode_payload(&header, payload)
+    }
+
+    /// Decodes a payload whose header has already been decoded; checks that the header's fd
+    /// count is the one the message requires.
+    pub fn decode_payload(header: &Header, payload: &[u8]) -> Result<Self, WireError> {
+        let name = header.message_type.name();
+        if payload.len() != header.payload_len as usize {
+            return Err(WireError::InvalidField {
+                field: "header.payload_len",
+                reason: format!("says {}, payload has {}", header.payload_len, payload.len()),
+            });
+        }
+        let mut r = Reader::new(payload, name);
+        let message = match header.message_type {
+            MessageType::ClientHello => Self::ClientHello(decode_hello(&mut r)?),
+            MessageType::RingOffer => Self::RingOffer(decode_offer(&mut r)?),
+            MessageType::Attached => {
+                let consumer_id = r.u32()?;
+                r.reserved_u32("Attached.reserved")?;
+                Self::Attached(Attached { consumer_id })
+            }
+            MessageType::Detach => {
+                let consumer_id = r.u32()?;
+                let reason = DetachReason::from_code(r.u16()?)?;
+                r.reserved_u16("Detach.reserved")?;
+                Self::Detach(Detach { consumer_id, reason })
+            }
+            MessageType::Refused => {
+                let code = RefusalCode::from_code(r.u16()?)?;
+                r.reserved_u16("Refused.reserved")?;
+                let len = r.u32()? as usize;
+                if len > MAX_REFUSAL_MESSAGE_BYTES {
+                    return Err(WireError::InvalidField {
+                        field: "Refused.message_len",
+                        reason: format!("{len} bytes, at most {MAX_REFUSAL_MESSAGE_BYTES}"),
+                    });
+                }
+                let message = r.text(len, "Refused.message")?;
+                Self::Refused(Refused { code, message })
+            }
+        };
+        r.finish()?;
+        let expected = message.fd_count();
+        if header.fd_count as usize != expected {
+            return Err(WireError::FdCountMismatch { message: name, expected, received: header.fd_count as usize });
+        }
+        Ok(message)
+    }
+}
