@@ -86,7 +86,7 @@ impl ReaderSide {
     pub(super) fn prepare(&self) -> Result<(), ProbeError> {
         self.results.fill_u32_async(0, &self.stream)?;
         self.seen_ts.fill_u32_async(0, &self.stream)?;
-        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Wait)
+        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10))
     }
 
     /// Queues (kernel reader) or starts enqueueing on a thread (stream-wait reader) the reader of one cell.
@@ -192,7 +192,7 @@ impl WriterSide {
     pub(super) fn start(&self, plan: CellPlan) -> Result<RunningWriter, ProbeError> {
         let memory = self.memory.clone().ok_or_else(|| ProbeError::Missing("the writer has no memory"))?;
         self.results.fill_u32_async(0, &self.stream)?;
-        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Wait)?;
+        wait_idle(&self.stream, Instant::now() + Duration::from_secs(10))?;
         let kernel = match plan.writer {
             Writer::Kernel { store } => Some(self.kernels.function(&coherency_writer(store))?),
             _ => None,
@@ -271,7 +271,7 @@ impl WriterSide {
             ..WriterReport::default()
         });
         if let Err(e) = wait_idle(&self.stream, deadline) {
-            report.error.get_or_insert(e);
+            report.error.get_or_insert(e.to_string());
             return report;
         }
         if let Writer::Kernel { .. } = plan.writer {
@@ -431,7 +431,7 @@ pub(super) fn run_cell_inner(
             cell.note = Some(format!("reader: {e}"));
         }
     }
-    wait_idle(&reader.stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Wait)?;
+    wait_idle(&reader.stream, Instant::now() + Duration::from_secs(10))?;
 
     let writer_report = match writer_at {
         WriterAt::Child(child) => {

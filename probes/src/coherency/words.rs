@@ -94,7 +94,7 @@ impl Memory<'_> {
         match self {
             Memory::Device(owner) => {
                 owner.span().slice(0, WRITE_TS_OFFSET)?.fill_u32_async(0, stream)?;
-                wait_idle(stream, Instant::now() + Duration::from_secs(10)).map_err(ProbeError::Wait)?;
+                wait_idle(stream, Instant::now() + Duration::from_secs(10))?;
             }
             Memory::Host(host) => {
                 for word in host.block.get() {
@@ -168,13 +168,13 @@ impl Throttle {
     }
 }
 
-pub(super) fn wait_idle(stream: &Stream, deadline: Instant) -> Result<(), String> {
+/// Waits (bounded by `deadline`) until `stream` has no work left.
+pub(super) fn wait_idle(stream: &Stream, deadline: Instant) -> Result<(), ProbeError> {
     loop {
-        match stream.is_idle() {
-            Ok(true) => return Ok(()),
-            Ok(false) if Instant::now() < deadline => std::thread::sleep(Duration::from_micros(100)),
-            Ok(false) => return Err("the GPU stream did not drain before the deadline".to_owned()),
-            Err(e) => return Err(e.to_string()),
+        match stream.is_idle()? {
+            true => return Ok(()),
+            false if Instant::now() < deadline => std::thread::sleep(Duration::from_micros(100)),
+            false => return Err(ProbeError::Wait("the GPU stream did not drain before the deadline".to_owned())),
         }
     }
 }
