@@ -9,7 +9,7 @@
 #    scripts/probes-gpu.sh.
 # 5. a consumer written in Python from the docs alone (scripts/python-gpu-consumer.sh: cuda-bindings + CuPy, legacy
 #    and vmm x cpu-spin, cpu-sleep, ipc-event, about 30 s) into OUT_DIR/python-gpu/; GPU_IPC_SKIP_PYTHON=1 skips it;
-# 6. the stress run (`gpu-ipc stress all`: hostile clients, a PID-namespace consumer, the random-kill matrix without
+# 6. the stress run (`gpu-ipc-stress all`, the development tool staged beside gpu-ipc: hostile clients, a PID-namespace consumer, the random-kill matrix without
 #    and under MPS, attach/detach cycles, eviction; about 9 minutes, `--quick` about 3) into OUT_DIR/stress/
 #    (stress.json, stress.md). GPU_IPC_SKIP_STRESS=1 skips it; GPU_IPC_STRESS_ARGS adds options (e.g. "--quick",
 #    "--only kills,cycles"). GPU_IPC_ALLOW_NO_MPS=1 lets its MPS pass be "not run" instead of failed.
@@ -103,7 +103,7 @@ if [ "${GPU_IPC_SKIP_STRESS:-0}" != 1 ]; then
     [ "${GPU_IPC_ALLOW_NO_MPS:-0}" = 1 ] && STRESS_OPTS+=(--allow-no-mps)
     # shellcheck disable=SC2206 # word splitting of the extra options is wanted
     STRESS_OPTS+=(${GPU_IPC_STRESS_ARGS:-})
-    "$STAGE/bin/gpu-ipc" stress all --bin-dir "$STAGE/bin" --out "$OUT/stress" "${STRESS_OPTS[@]}" \
+    "$STAGE/bin/gpu-ipc-stress" all --bin-dir "$STAGE/bin" --out "$OUT/stress" "${STRESS_OPTS[@]}" \
         >"$OUT/stress.txt" 2>"$WORK/stress.log"
     STRESS_RC=$?
     if [ "$STRESS_RC" -eq 0 ]; then STRESS_STATUS=passed; else STRESS_STATUS=failed; fi

@@ -2,8 +2,9 @@
 # Builds everything the GPU machine runs and stages it, stripped, in stage/ (ignored by git):
 #   stage/gpu-tests.tar.zst   a nextest archive of every test binary of the workspace (profile `gpu`)
 #   stage/bin/cargo-nextest   the standalone nextest runner (the GPU machine has no Rust toolchain)
-#   stage/bin/gpu-ipc         the CLI; stage/bin/producer, stage/bin/consumer: the examples (when built)
-#   stage/wheels/            the Python package's wheel (scripts/build-wheel.sh; scripts/python-gpu.sh installs it)
+#   stage/bin/gpu-ipc         the CLI; stage/bin/gpu-ipc-stress: the stress run (tools/stress);
+#                             stage/bin/producer, stage/bin/consumer: the examples (when built)
+#   stage/wheels/             the Python package's wheel (scripts/build-wheel.sh; scripts/python-gpu.sh installs it)
 #   stage/benches.tar.xz      the criterion benches gpu_memory, gpu_signal, api_cpu and bench-summary (xz: 12 MB of
 #                             binaries in under 2 MB; stage/ has little room), which scripts/bench-gpu.sh OUT_DIR runs
 # Then, on the GPU machine, from the project root: scripts/gpu-suite.sh OUT_DIR  (see docs/gpu-testing.md).
@@ -19,10 +20,14 @@ cargo nextest archive --workspace --cargo-profile gpu --archive-file "$STAGE/gpu
 
 echo "stage-gpu: building the binaries (profile gpu)" >&2
 cargo build --profile gpu --workspace --bins >&2
-for bin in gpu-ipc producer consumer cudarc_frames; do
+for bin in gpu-ipc gpu-ipc-stress producer consumer cudarc_frames; do
     if [ -f "target/gpu/$bin" ]; then
         cp "target/gpu/$bin" "$STAGE/bin/"
     fi
+done
+# The suite cannot run without these two (the examples are optional extras of some feature sets).
+for bin in gpu-ipc gpu-ipc-stress; do
+    [ -x "$STAGE/bin/$bin" ] || { echo "stage-gpu: $bin was not built" >&2; exit 1; }
 done
 
 echo "stage-gpu: building the criterion benches (profile gpu)" >&2

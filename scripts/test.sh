@@ -7,39 +7,53 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 CURRENT_STEP="start"
-step() { CURRENT_STEP="$*"; printf '\n== %s\n' "$*" >&2; }
+# Each step's header says how long the script has run, so a slow step shows in the log.
+step() { CURRENT_STEP="$*"; printf '\n== %s  [%d s]\n' "$*" "$SECONDS" >&2; }
 # Never a bare exit status: say which step failed.
 trap 'rc=$?; echo "scripts/test.sh: FAILED (exit $rc) at step: $CURRENT_STEP" >&2' ERR
+
+# One feature set for everything: every cargo command below selects the whole workspace (`--workspace`), so clippy's
+# check build, the test build, the benches, the doc tests and the docs each build once and share their dependencies.
+# A `-p PACKAGE` here would change feature unification and rebuild the workspace (minutes on 2 cores).
+CARGO_FLAGS=(--workspace --locked)
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "cargo clippy (all targets, -D warnings)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy "${CARGO_FLAGS[@]}" --all-targets -- -D warnings
 
-step "tests (GPU tests are listed as ignored on a machine without a GPU)"
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --locked --no-fail-fast
+    step "tests (GPU tests are listed as ignored on a machine without a GPU)"
+    cargo nextest run "${CARGO_FLAGS[@]}" --no-fail-fast
+    step "tests that need root (consumers running as another user)"
+    if [ "$(id -u)" = 0 ]; then
+        # The same build as above: only the filter differs.
+        cargo nextest run "${CARGO_FLAGS[@]}" --no-fail-fast --run-ignored only -E 'package(ipc-core) & binary(other_users)'
+    else
+        echo "(not root: the tests marked 'needs root' stay ignored)" >&2
+    fi
 else
+    step "tests (GPU tests are listed as ignored on a machine without a GPU)"
     echo "(cargo-nextest not installed: using cargo test)" >&2
-    cargo test --workspace --locked --no-fail-fast --lib --bins --tests
-fi
-
-step "tests that need root (consumers running as another user)"
-if [ "$(id -u)" = 0 ]; then
-    cargo test -p ipc-core --test other_users --locked -- --ignored
-else
-    echo "(not root: the tests marked 'needs root' stay ignored)" >&2
+    cargo test "${CARGO_FLAGS[@]}" --no-fail-fast --lib --bins --tests
+    step "tests that need root (consumers running as another user)"
+    if [ "$(id -u)" = 0 ]; then
+        cargo test "${CARGO_FLAGS[@]}" --test other_users -- --ignored
+    else
+        echo "(not root: the tests marked 'needs root' stay ignored)" >&2
+    fi
 fi
 
 step "benches, each run once (criterion's test mode; GPU benches say they are skipped without a GPU)"
-cargo test -p gpu-ipc-benches --benches --locked
+# `--bench '*'`: the bench targets only (`--benches` would also run every library's unit tests again).
+cargo test "${CARGO_FLAGS[@]}" --bench '*'
 
 step "doc tests"
-cargo test --workspace --doc --locked
+cargo test "${CARGO_FLAGS[@]}" --doc
 
 step "docs build without warnings"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc "${CARGO_FLAGS[@]}" --no-deps --quiet
 
 if [ "${1:-}" != "--quick" ]; then
     step "tools for the generated-file checks (libclang, bindgen-cli 0.72.1)"

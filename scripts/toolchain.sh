@@ -6,7 +6,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="$ROOT/.toolchain-cache"
 
-# Versions pinned by docs/toolchain.md; change both together.
+# The pinned versions (named in docs/driver-layer.md and docs/kernels.md): change them here, and there.
 CUDA_RUNTIME_WHEEL="nvidia_cuda_runtime_cu12-12.9.79-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
 CUDA_RUNTIME_SHA256="25bba2dfb01d48a9b59ca474a1ac43c6ebf7011f1b0b8cc44f54eb6ac48a96c3"
 NVRTC_WHEEL="nvidia_cuda_nvrtc_cu12-12.9.86-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl"

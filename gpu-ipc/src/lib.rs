@@ -51,6 +51,11 @@ compile_error!("enable at least one backend feature of gpu-ipc: `legacy` or `vmm
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;
 
+/// The Rust snippets of the README, compiled as doc tests with the paths an outside project uses.
+#[cfg(all(doctest, feature = "vmm"))]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDocTests;
+
 /// The Rust snippets of `docs/frames.md`, compiled as doc tests with the paths an outside project uses.
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/frames.md")]

@@ -1,0 +1,132 @@
+//! The one trait every research probe implements, and the glue that lets the command line and the report treat
+//! every probe alike: its subcommand is built from [`Probe::command`], its helper processes are routed by name,
+//! its recorded results are typed and rendered through [`Probe::report_section`].
+
+use clap::{ArgMatches, Args, Command, FromArgMatches};
+use harness::child::{Channel, ChildTask};
+use harness::report::{Plots, ReportSection};
+use harness::{ProbeError, ProbeOutput, Verdict};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// One research probe: the question it answers, the options of `gpu-ipc probe <name>`, the measurement, its helper
+/// processes, its verdict, and its part of the report.
+///
+/// A probe is a folder of this crate with one type that implements this trait, listed once in [`crate::PROBES`];
+/// nothing else names it.
+pub trait Probe: Sync {
+    /// The subcommand and file name, e.g. `vmm-compat`; the roles of its helper processes start with it and `-`.
+    fn name(&self) -> &'static str;
+
+    /// A short title for the list of answers, e.g. "Import overhead".
+    fn title(&self) -> &'static str;
+
+    /// The question it answers, as a heading and as the subcommand's help.
+    fn question(&self) -> &'static str;
+
+    /// The subcommand `gpu-ipc probe <name>` with its options (usually [`command_for`] of its clap `Args`).
+    fn command(&self) -> Command;
+
+    /// Runs the probe with the options parsed from [`Probe::command`]; returns the exit status
+    /// ([`harness::exit`]).
+    fn run(&self, matches: &ArgMatches) -> u8;
+
+    /// The helper process's side: runs `task`, one of this probe's roles.
+    ///
+    /// # Errors
+    /// An unknown role, or the role's failure (reported to the parent by [`harness::run::serve`]).
+    fn child(&self, task: ChildTask, channel: &Channel) -> Result<(), ProbeError>;
+
+    /// The verdict this version draws from recorded `results`, so that a report rendered later from recorded JSON
+    /// says what the current code concludes; `None` keeps the recorded verdict (the default).
+    fn revise_verdict(&self, results: &Value) -> Option<Verdict> {
+        let _ = results;
+        None
+    }
+
+    /// The probe's section of the report from its documents without and with MPS (either may be absent). Charts
+    /// go to `plots`; what the report should say went wrong (results that do not fit the probe's type) goes to
+    /// `problems`. Usually [`typed_section`] of the probe's own typed renderer.
+    fn report_section(
+        &self,
+        no_mps: Option<&ProbeOutput<Value>>,
+        mps: Option<&ProbeOutput<Value>>,
+        plots: &mut Plots,
+        problems: &mut Vec<String>,
+    ) -> ReportSection;
+}
+
+/// The subcommand `name` with the options of `A` and `about` as its help.
+pub fn command_for<A: Args>(name: &'static str, about: &'static str) -> Command {
+    // After the options: their struct's doc comment would otherwise be the subcommand's help.
+    A::augment_args(Command::new(name)).about(about).long_about(None)
+}
+
+/// The options of type `A` from `matches`; `Err` is clap's usage error.
+///
+/// # Errors
+/// Options that do not fit `A` (clap has already checked them, so this is a programming error).
+pub fn args_from<A: FromArgMatches>(matches: &ArgMatches) -> Result<A, clap::Error> {
+    A::from_arg_matches(matches)
+}
+
+/// Runs `main` with the options of type `A` from `matches`, or prints the usage error.
+pub fn run_with<A: FromArgMatches>(matches: &ArgMatches, main: impl FnOnce(&A) -> u8) -> u8 {
+    match args_from::<A>(matches) {
+        Ok(args) => main(&args),
+        Err(e) => {
+            let _ = e.print();
+            harness::exit::EXIT_USAGE
+        }
+    }
+}
+
+/// A probe's section renderer, typed with its results.
+pub type TypedRenderer<R> = fn(Option<&ProbeOutput<R>>, Option<&ProbeOutput<R>>, &mut Plots) -> ReportSection;
+
+/// The section of the probe `name`: each document's results typed as `R` (a document whose results do not fit is
+/// named in `problems` and left out), then `render`.
+pub fn typed_section<R: DeserializeOwned>(
+    name: &str,
+    no_mps: Option<&ProbeOutput<Value>>,
+    mps: Option<&ProbeOutput<Value>>,
+    plots: &mut Plots,
+    problems: &mut Vec<String>,
+    render: TypedRenderer<R>,
+) -> ReportSection {
+    let mut convert = |suffix: &str, doc: Option<&ProbeOutput<Value>>| {
+        let doc = doc?;
+        match typed_output::<R>(doc) {
+            Ok(typed) => Some(typed),
+            Err(e) => {
+                problems
+                    .push(format!("{name}-{suffix}.json: the results do not fit this version's {name} probe ({e})"));
+                None
+            }
+        }
+    };
+    let no_mps = convert("no-mps", no_mps);
+    let mps = convert("mps", mps);
+    render(no_mps.as_ref(), mps.as_ref(), plots)
+}
+
+/// `doc` with its results typed as `R`.
+///
+/// # Errors
+/// Results that do not deserialize as `R`.
+pub fn typed_output<R: DeserializeOwned>(doc: &ProbeOutput<Value>) -> Result<ProbeOutput<R>, serde_json::Error> {
+    Ok(ProbeOutput {
+        probe: doc.probe.clone(),
+        schema: doc.schema,
+        quick: doc.quick,
+        env: doc.env.clone(),
+        seconds: doc.seconds,
+        results: serde_json::from_value(doc.results.clone())?,
+        verdict: doc.verdict.clone(),
+    })
+}
+
+/// The verdict `verdict` draws from `results` typed as `R`; `None` when they do not fit.
+pub fn typed_verdict<R: DeserializeOwned>(results: &Value, verdict: fn(&R) -> Verdict) -> Option<Verdict> {
+    serde_json::from_value::<R>(results.clone()).ok().map(|r| verdict(&r))
+}

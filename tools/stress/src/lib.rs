@@ -1,0 +1,592 @@
+//! `gpu-ipc-stress ...`, a development tool (not a user command, so not in the `gpu-ipc` binary): the GPU-side
+//! evidence of the hardening issues, in one command, driving the staged
+//! `producer` and `consumer` programs (next to this program, or `--bin-dir`):
+//!
+//! - `hostile`: careless and hostile clients at a real producer's door while frames flow (issue 8): every
+//!   behaviour of [`hostile`], then a real consumer attaches; the producer's fds come back flat and neither it
+//!   nor its two streaming consumers go `--max-gap-ms` (100) without a frame;
+//! - `namespace`: a consumer in another PID namespace (`unshare --pid --fork --mount-proc`) attaches and verifies
+//!   frames, per backend (legacy failing there is recorded as a finding);
+//! - `users`: (root) a consumer running as uid/gid 65534 (`nobody`) imports the ring of a producer of ours, per
+//!   backend and strategy (cpu-spin, gpu-stream-ops), through a socket open by uid, and once by group; either
+//!   answer is recorded (imported and verified, or refused with the CUDA error: a finding) ([`users`]);
+//! - `kills`: the random-kill matrix (issue 9), backend x strategy x victim (under MPS `gpu-poll` too), `--kills`
+//!   SIGKILLs per cell at random points, without and under a private MPS daemon; hangs, lost frames, mismatches,
+//!   `ProducerGone` times;
+//! - `cycles`: 1,000 attach/detach cycles per backend with a GPU and a CPU strategy; fd and device-memory deltas;
+//! - `evict`: a stuck consumer evicted while the healthy one goes on.
+//!
+//! `all` runs every part (`--only` picks some). `--out DIR` writes `stress.json` and `stress.md` (tables for
+//! docs/results.md). Exit status: 0 every check passed (findings and parts that could not run for a documented
+//! reason do not fail it); 1 a check failed; 2 usage error. Progress goes to stderr.
+
+#![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
+
+pub mod hostile;
+pub mod outcome;
+pub mod procs;
+pub mod render;
+pub mod run;
+pub mod schedule;
+pub mod users;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use harness::mps::{MpsControl, MpsDaemon};
+use outcome::{CellCounts, Check, Status, Trial, TrialOutcome};
+use procs::ChildEnv;
+use run::{Ctx, CyclesRun, FrontDoorRun, NamespaceRun};
+use schedule::{BACKENDS, Sizes, SplitMix};
+use users::UsersReport;
+
+/// Version of the JSON document.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A part of the stress run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Part {
+    /// Every part (or those `--only` names).
+    All,
+    /// Hostile clients against a streaming producer.
+    Hostile,
+    /// A consumer in another PID namespace.
+    Namespace,
+    /// Consumers of another user (uid 65534) importing a root producer's memory.
+    Users,
+    /// The random-kill matrix.
+    Kills,
+    /// Attach/detach cycles.
+    Cycles,
+    /// Eviction of a stuck consumer.
+    Evict,
+}
+
+/// Which MPS modes the kill matrix runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MpsMode {
+    /// Without MPS only.
+    Off,
+    /// Under a private MPS daemon only.
+    On,
+    /// Both, without first.
+    Both,
+}
+
+/// Options of `gpu-ipc-stress`.
+#[derive(Debug, Clone, Args)]
+pub struct StressArgs {
+    /// What to run: all, hostile, namespace, users, kills, cycles or evict.
+    #[arg(value_enum)]
+    pub part: Part,
+    /// With `all`: only these parts (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Part>,
+    /// A short run (about 3 minutes on an H100): 3 kills per cell, 200 cycles.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print the JSON document on stdout instead of the text summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Write `stress.json` and `stress.md` (and the MPS daemon's logs) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Where the `producer` and `consumer` programs are [default: next to this program].
+    #[arg(long, value_name = "DIR")]
+    pub bin_dir: Option<PathBuf>,
+    /// Only this backend [default: legacy and vmm].
+    #[arg(long, value_parser = ["legacy", "vmm"])]
+    pub backend: Option<String>,
+    /// MPS modes of the kill matrix (the other parts run without MPS).
+    #[arg(long, value_enum, default_value = "both")]
+    pub mps: MpsMode,
+    /// An MPS pass that cannot start (no nvidia-cuda-mps-control, no daemon) is "not run" instead of a failure.
+    #[arg(long)]
+    pub allow_no_mps: bool,
+    /// Kills per matrix cell [default: 10; 3 with --quick].
+    #[arg(long, value_name = "N")]
+    pub kills: Option<u32>,
+    /// Attach/detach cycles per run [default: 1000; 200 with --quick].
+    #[arg(long, value_name = "N")]
+    pub cycles: Option<u64>,
+    /// Seed of the random kill points and bytes [default: from the clock; the JSON records it].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Frame width (RGB frames).
+    #[arg(long, default_value_t = 1280)]
+    pub width: u32,
+    /// Frame height.
+    #[arg(long, default_value_t = 720)]
+    pub height: u32,
+    /// The longest a producer may go without publishing, or a streaming consumer without a frame, in ms.
+    #[arg(long, default_value_t = 100)]
+    pub max_gap_ms: u64,
+    /// How soon after a producer's death every consumer must exit with ProducerGone, in ms.
+    #[arg(long, default_value_t = 2000)]
+    pub gone_bound_ms: u64,
+    /// After a kill, seconds the others have to finish before they count as hung.
+    #[arg(long, default_value_t = 20)]
+    pub hang_after: u64,
+    /// Sync strategy of the hostile and namespace runs.
+    #[arg(long, default_value = "cpu-spin", value_parser = ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops"])]
+    pub front_door_sync: String,
+}
+
+impl StressArgs {
+    /// The parts this run selects, in the order they run.
+    pub fn parts(&self) -> Vec<Part> {
+        selected_parts(self.part, &self.only)
+    }
+
+    /// The sizes, with the overrides.
+    pub fn sizes(&self) -> Sizes {
+        let base = if self.quick { Sizes::QUICK } else { Sizes::FULL };
+        Sizes {
+            kills_per_cell: self.kills.unwrap_or(base.kills_per_cell),
+            cycles: self.cycles.unwrap_or(base.cycles),
+            ..base
+        }
+    }
+
+    fn backends(&self) -> Vec<&'static str> {
+        BACKENDS.iter().copied().filter(|b| self.backend.as_deref().is_none_or(|x| x == *b)).collect()
+    }
+}
+
+/// `part` with `only`: the parts to run, in their fixed order.
+pub fn selected_parts(part: Part, only: &[Part]) -> Vec<Part> {
+    let every = [Part::Hostile, Part::Namespace, Part::Users, Part::Cycles, Part::Evict, Part::Kills];
+    match part {
+        Part::All if only.is_empty() || only.contains(&Part::All) => every.to_vec(),
+        Part::All => every.into_iter().filter(|p| only.contains(p)).collect(),
+        one => vec![one],
+    }
+}
+
+/// One pass of the kill matrix.
+#[derive(Debug, Clone, Serialize)]
+pub struct KillPass {
+    /// Under a private MPS daemon.
+    pub mps: bool,
+    /// Passed, failed, not run (no MPS).
+    pub status: Status,
+    /// Why not run, or notes.
+    pub note: String,
+    /// Times the MPS daemon stopped answering and was started again.
+    pub mps_restarts: u32,
+    /// Seconds.
+    pub seconds: f64,
+    /// Per-cell counts.
+    pub cells: Vec<CellCounts>,
+    /// Every trial.
+    pub trials: Vec<Trial>,
+}
+
+/// The document `--json` prints and `--out` writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct StressReport {
+    /// [`SCHEMA_VERSION`].
+    pub schema: u32,
+    /// `--quick`.
+    pub quick: bool,
+    /// The seed (replay with `--seed`).
+    pub seed: u64,
+    /// Parts run.
+    pub parts: Vec<Part>,
+    /// Counts.
+    pub sizes: Sizes,
+    /// Frame width and height.
+    pub frame: [u32; 2],
+    /// Seconds since the epoch at the start.
+    pub started_unix: u64,
+    /// Wall time of the whole run.
+    pub seconds: f64,
+    /// The kill matrix, per MPS mode.
+    pub kill_passes: Vec<KillPass>,
+    /// The hostile runs' figures.
+    pub front_door: Vec<FrontDoorRun>,
+    /// The namespace consumers.
+    pub namespace: Vec<NamespaceRun>,
+    /// The consumers of another user (`null` when the part was not selected).
+    pub users: Option<UsersReport>,
+    /// The cycles runs.
+    pub cycles: Vec<CyclesRun>,
+    /// Every check.
+    pub checks: Vec<Check>,
+    /// No check failed.
+    pub passed: bool,
+}
+
+/// `gpu-ipc-stress PART`. Returns the exit status.
+pub fn main(args: &StressArgs) -> u8 {
+    let bins = match procs::Bins::find(args.bin_dir.as_deref()) {
+        Ok(bins) => bins,
+        Err(e) => {
+            eprintln!("gpu-ipc-stress: {e}");
+            return 2;
+        }
+    };
+    let started = Instant::now();
+    let started_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    let parts = args.parts();
+    let ctx = Ctx {
+        bins,
+        env: ChildEnv::new(),
+        sizes: args.sizes(),
+        width: args.width,
+        height: args.height,
+        max_gap: Duration::from_millis(args.max_gap_ms),
+        gone_bound: Duration::from_millis(args.gone_bound_ms),
+        hang_after: Duration::from_secs(args.hang_after.max(1)),
+        front_door_sync: args.front_door_sync.clone(),
+        seed,
+        mps: false,
+    };
+    let mut report = StressReport {
+        schema: SCHEMA_VERSION,
+        quick: args.quick,
+        seed,
+        parts: parts.clone(),
+        sizes: ctx.sizes,
+        frame: [args.width, args.height],
+        started_unix,
+        seconds: 0.0,
+        kill_passes: Vec::new(),
+        front_door: Vec::new(),
+        namespace: Vec::new(),
+        users: None,
+        cycles: Vec::new(),
+        checks: Vec::new(),
+        passed: false,
+    };
+    eprintln!("gpu-ipc-stress: parts {parts:?}, seed {seed}, {}x{} RGB frames", args.width, args.height);
+    let backends = args.backends();
+    let (hostile_on, namespace_on) = (parts.contains(&Part::Hostile), parts.contains(&Part::Namespace));
+    if hostile_on || namespace_on {
+        for backend in &backends {
+            eprintln!(
+                "gpu-ipc-stress: front door ({backend}, {}): hostile {hostile_on}, namespace {namespace_on}",
+                ctx.front_door_sync
+            );
+            let from = report.checks.len();
+            let (run, ns) = run::front_door(&ctx, backend, hostile_on, namespace_on, &mut report.checks);
+            print_checks(&report.checks[from..]);
+            report.front_door.push(run);
+            report.namespace.extend(ns);
+        }
+    }
+    if parts.contains(&Part::Users) {
+        eprintln!("gpu-ipc-stress: consumers of uid {} against a producer of ours", procs::NOBODY);
+        let users = users::users(&ctx, &backends);
+        let from = report.checks.len();
+        report.checks.extend(users_checks(&users));
+        print_checks(&report.checks[from..]);
+        report.users = Some(users);
+    }
+    if parts.contains(&Part::Cycles) {
+        for backend in &backends {
+            for sync in ["gpu-stream-ops", "cpu-spin"] {
+                eprintln!("gpu-ipc-stress: {} attach/detach cycles ({backend}, {sync})", ctx.sizes.cycles);
+                let c = run::cycles(&ctx, backend, sync);
+                let check = Check::new(
+                    "cycles",
+                    format!(
+                        "{backend}/{sync}: {} attach/detach cycles leave fds and device memory flat",
+                        ctx.sizes.cycles
+                    ),
+                    c.status,
+                    c.detail.clone(),
+                );
+                print_checks(std::slice::from_ref(&check));
+                report.checks.push(check);
+                report.cycles.push(c);
+            }
+        }
+    }
+    if parts.contains(&Part::Evict) {
+        for backend in &backends {
+            let check = run::evict(&ctx, backend, "cpu-spin");
+            print_checks(std::slice::from_ref(&check));
+            report.checks.push(check);
+        }
+    }
+    if parts.contains(&Part::Kills) {
+        let modes: &[bool] = match args.mps {
+            MpsMode::Off => &[false],
+            MpsMode::On => &[true],
+            MpsMode::Both => &[false, true],
+        };
+        for &mps in modes {
+            let pass = kill_pass(&ctx, &backends, mps, args);
+            report.checks.extend(pass_checks(&pass, args.allow_no_mps));
+            report.kill_passes.push(pass);
+        }
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    report.passed = !report.checks.iter().any(|c| c.status == Status::Failed);
+    finish(&report, args)
+}
+
+fn print_checks(checks: &[Check]) {
+    for c in checks {
+        eprintln!("gpu-ipc-stress:   [{}] {}: {}", c.status.word(), c.name, c.detail);
+    }
+}
+
+/// One check per consumer of another user.
+fn users_checks(users: &UsersReport) -> Vec<Check> {
+    users
+        .runs
+        .iter()
+        .map(|r| {
+            Check::new(
+                "users",
+                format!(
+                    "{}/{}, socket {}: a consumer of uid {} imports the frames of a producer of uid {}",
+                    r.backend,
+                    r.sync,
+                    r.door.name(),
+                    users.consumer_uid,
+                    users.producer_uid
+                ),
+                r.status,
+                r.detail.clone(),
+            )
+        })
+        .collect()
+}
+
+/// The checks of a kill pass: one per cell, or the pass's own when it did not run.
+fn pass_checks(pass: &KillPass, allow_no_mps: bool) -> Vec<Check> {
+    let mode = if pass.mps { "MPS" } else { "no MPS" };
+    if pass.status == Status::NotRun {
+        let status = if pass.mps && !allow_no_mps { Status::Failed } else { Status::NotRun };
+        return vec![Check::new("kills", format!("kill matrix, {mode}"), status, pass.note.clone())];
+    }
+    pass.cells
+        .iter()
+        .map(|c| {
+            Check::new(
+                "kills",
+                format!("{mode}: {}", c.cell.name()),
+                c.status(),
+                format!(
+                    "{} kills: {} passed, {} hangs, {} failed, {} MPS faults; {} lost frames, {} mismatched words{}",
+                    c.kills,
+                    c.passed,
+                    c.hangs,
+                    c.failed,
+                    c.mps_faults,
+                    c.lost_frames,
+                    c.mismatched_words,
+                    c.gone_max_s.map(|g| format!("; ProducerGone within {g:.3} s")).unwrap_or_default()
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The kill matrix in one MPS mode.
+fn kill_pass(base: &Ctx, backends: &[&'static str], mps: bool, args: &StressArgs) -> KillPass {
+    let started = Instant::now();
+    let mut pass = KillPass {
+        mps,
+        status: Status::Passed,
+        note: String::new(),
+        mps_restarts: 0,
+        seconds: 0.0,
+        cells: Vec::new(),
+        trials: Vec::new(),
+    };
+    let control = MpsControl::from_path();
+    let mut daemon = None;
+    let mut ctx = base.clone();
+    ctx.mps = mps;
+    if mps {
+        match MpsDaemon::start(&control) {
+            Ok(d) => {
+                ctx.env = client_env(&d);
+                daemon = Some(d);
+            }
+            Err(reason) => {
+                pass.status = Status::NotRun;
+                pass.note = format!("no private MPS daemon: {reason}");
+                eprintln!("gpu-ipc-stress: kill matrix under MPS not run: {reason}");
+                return pass;
+            }
+        }
+    }
+    let cells = schedule::cells(backends, mps);
+    let total = cells.len() as u32 * ctx.sizes.kills_per_cell;
+    let mut rng = SplitMix::new(ctx.seed ^ u64::from(mps));
+    let mode = if mps { "MPS" } else { "no MPS" };
+    let mut n = 0;
+    'cells: for cell in cells {
+        let points =
+            schedule::kill_points(&mut rng, ctx.sizes.kills_per_cell, ctx.sizes.kill_frames, ctx.sizes.progress_every);
+        for (i, point) in points.into_iter().enumerate() {
+            n += 1;
+            let trial = run::kill_trial(&ctx, cell, i as u32, point);
+            eprintln!(
+                "gpu-ipc-stress: kills [{mode}] {n}/{total} {} #{i} at frame {}: {}",
+                cell.name(),
+                point.after_frames,
+                describe_outcome(&trial)
+            );
+            let bad = trial.outcome != TrialOutcome::Passed;
+            pass.trials.push(trial);
+            if mps
+                && bad
+                && let (Some(program), Some(d)) = (control.program.as_deref(), daemon.as_mut())
+                && !run::mps_answers(program, &ctx.env)
+            {
+                eprintln!("gpu-ipc-stress: the MPS daemon stopped answering; starting it again");
+                let _ = d.stop();
+                match MpsDaemon::start(&control) {
+                    Ok(fresh) => {
+                        ctx.env = client_env(&fresh);
+                        *d = fresh;
+                        pass.mps_restarts += 1;
+                    }
+                    Err(reason) => {
+                        pass.note = format!(
+                            "the MPS daemon died and could not be started again ({reason}); the matrix stopped there"
+                        );
+                        pass.status = Status::Failed;
+                        break 'cells;
+                    }
+                }
+            }
+        }
+    }
+    pass.cells = CellCounts::all(&pass.trials);
+    if pass.status == Status::Passed && pass.cells.iter().any(|c| c.status() == Status::Failed) {
+        pass.status = Status::Failed;
+    }
+    if let Some(mut d) = daemon {
+        if let Some(out) = &args.out {
+            d.copy_logs(&out.join(if pass.mps_restarts > 0 { "mps-log-last" } else { "mps-log" }));
+        }
+        if let Err(problem) = d.stop() {
+            eprintln!("gpu-ipc-stress: {problem}");
+        }
+    }
+    pass.seconds = started.elapsed().as_secs_f64();
+    pass
+}
+
+fn client_env(daemon: &MpsDaemon) -> ChildEnv {
+    daemon.client_env().into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect()
+}
+
+fn describe_outcome(t: &Trial) -> String {
+    match &t.outcome {
+        TrialOutcome::Passed if !t.gone_s.is_empty() => {
+            format!(
+                "passed (ProducerGone after {})",
+                t.gone_s.iter().map(|g| format!("{g:.3} s")).collect::<Vec<_>>().join(", ")
+            )
+        }
+        TrialOutcome::Passed => "passed".to_owned(),
+        TrialOutcome::Hang { who } => format!("HANG: {who}"),
+        TrialOutcome::MpsFault { detail } => format!("MPS fault (finding): {detail}"),
+        TrialOutcome::Failed { reason } => format!("FAILED: {reason}"),
+    }
+}
+
+fn finish(report: &StressReport, args: &StressArgs) -> u8 {
+    let code = if report.passed { 0 } else { 1 };
+    let json = match serde_json::to_string_pretty(report) {
+        Ok(json) => json,
+        Err(e) => {
+            eprintln!("gpu-ipc-stress: could not encode the report: {e}");
+            return 1;
+        }
+    };
+    if let Some(out) = &args.out {
+        let written = std::fs::create_dir_all(out)
+            .and_then(|()| std::fs::write(out.join("stress.json"), &json))
+            .and_then(|()| std::fs::write(out.join("stress.md"), render::markdown(report)));
+        if let Err(e) = written {
+            eprintln!("gpu-ipc-stress: could not write into {}: {e}", out.display());
+            return 1;
+        }
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", render::summary(report));
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: StressArgs,
+    }
+
+    fn parse(line: &[&str]) -> StressArgs {
+        Cli::try_parse_from(std::iter::once("stress").chain(line.iter().copied())).unwrap().args
+    }
+
+    #[test]
+    fn all_runs_every_part_and_only_picks_some_in_the_fixed_order() {
+        assert_eq!(
+            parse(&["all"]).parts(),
+            vec![Part::Hostile, Part::Namespace, Part::Users, Part::Cycles, Part::Evict, Part::Kills]
+        );
+        assert_eq!(parse(&["all", "--only", "kills,hostile"]).parts(), vec![Part::Hostile, Part::Kills]);
+        assert_eq!(parse(&["all", "--only", "users"]).parts(), vec![Part::Users]);
+        assert_eq!(parse(&["users"]).parts(), vec![Part::Users]);
+        assert_eq!(parse(&["cycles"]).parts(), vec![Part::Cycles]);
+    }
+
+    #[test]
+    fn quick_and_overrides_set_the_sizes() {
+        assert_eq!(parse(&["all"]).sizes(), Sizes::FULL);
+        assert_eq!(parse(&["all", "--quick"]).sizes().kills_per_cell, 3);
+        let s = parse(&["kills", "--quick", "--kills", "12", "--cycles", "5"]).sizes();
+        assert_eq!((s.kills_per_cell, s.cycles), (12, 5));
+        assert_eq!(parse(&["kills", "--backend", "vmm"]).backends(), vec!["vmm"]);
+        assert_eq!(parse(&["kills"]).backends(), vec!["legacy", "vmm"]);
+        assert!(Cli::try_parse_from(["stress", "kills", "--backend", "cuda"]).is_err());
+    }
+
+    #[test]
+    fn a_pass_without_mps_fails_unless_allowed() {
+        let pass = KillPass {
+            mps: true,
+            status: Status::NotRun,
+            note: "no daemon".into(),
+            mps_restarts: 0,
+            seconds: 0.0,
+            cells: vec![],
+            trials: vec![],
+        };
+        assert_eq!(pass_checks(&pass, false)[0].status, Status::Failed);
+        assert_eq!(pass_checks(&pass, true)[0].status, Status::NotRun);
+    }
+
+    #[test]
+    fn missing_programs_are_a_usage_error_that_says_what_to_do() {
+        let args = parse(&["all", "--bin-dir", "/nonexistent-gpu-ipc"]);
+        assert_eq!(main(&args), 2);
+        let e = procs::Bins::find(Some(std::path::Path::new("/nonexistent-gpu-ipc"))).unwrap_err();
+        assert!(e.contains("--bin-dir") && e.contains("producer"), "{e}");
+    }
+}
