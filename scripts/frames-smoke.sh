@@ -4,6 +4,9 @@
 #   scripts/frames-smoke.sh [FRAMES]
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=scripts/unpack-stage.sh
+. "$ROOT/scripts/unpack-stage.sh"
+unpack_stage "$ROOT"
 BIN="$ROOT/stage/bin"
 FRAMES="${1:-2000}"
 FAIL=0

@@ -21,6 +21,9 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+# shellcheck source=scripts/unpack-stage.sh
+. "$ROOT/scripts/unpack-stage.sh"
+unpack_stage "$ROOT"
 OUT="${1:?usage: scripts/gpu-suite.sh OUT_DIR}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"

@@ -9,6 +9,9 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+# shellcheck source=scripts/unpack-stage.sh
+. "$ROOT/scripts/unpack-stage.sh"
+unpack_stage "$ROOT"
 OUT="${1:?usage: scripts/interop-gpu.sh OUT_DIR [ROUNDS]}"
 ROUNDS="${2:-3}"
 mkdir -p "$OUT"

@@ -13,5 +13,8 @@ BIN="$ROOT/stage/bin/gpu-ipc"
 GPU_IPC_COMMIT="$(cat "$ROOT/stage/COMMIT" 2>/dev/null || echo unknown)"
 export GPU_IPC_COMMIT
 cd "$ROOT"
+# shellcheck source=scripts/unpack-stage.sh
+. "$ROOT/scripts/unpack-stage.sh"
+unpack_stage "$ROOT"
 "$BIN" report --out "$OUT" "$@" 2>&1 | tee "$OUT/report.log"
 exit "${PIPESTATUS[0]}"

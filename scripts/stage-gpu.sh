@@ -57,6 +57,10 @@ NEXTEST="$(command -v cargo-nextest)"
 strip -o "$STAGE/bin/cargo-nextest" "$NEXTEST"
 git rev-parse HEAD >"$STAGE/COMMIT" 2>/dev/null || echo unknown >"$STAGE/COMMIT"
 
+# The binaries travel packed (xz: 36 MB in about 9): unpacked by scripts/unpack-stage.sh on the GPU machine.
+tar -C "$STAGE/bin" -cJf "$STAGE/bin.tar.xz" .
+rm -rf "$STAGE/bin"
+
 TOTAL_KIB=$(du -sk "$STAGE" | cut -f1)
 echo "stage-gpu: staged $(( TOTAL_KIB / 1024 )) MiB in stage/:" >&2
 ls -la "$STAGE" "$STAGE/bin" >&2
