@@ -7,8 +7,8 @@
 # and a CuPy consumer row (vmm, gpu-stream-ops); every byte of every frame checked on the GPU, the consumer's FPS and
 # CPU time per frame, and the zero-copy checks (torch.from_dlpack(frame).data_ptr() == frame.ptr; CuPy's from_dlpack
 # and __cuda_array_interface__). PY_GPU_FRAMES frames per row (default 600); rows stop being started after 420 s.
-# Writes OUT_DIR/python-gpu.json, OUT_DIR/python-gpu.md (the table) and OUT_DIR/python-gpu.log (every process's
-# output). Exit status: 0 every row ok; 1 a row failed; 2 no wheel staged, no python3, or no GPU for torch.
+# Writes OUT_DIR/python-package.json, OUT_DIR/python-package.md (the table) and OUT_DIR/python-package.log (every
+# process's output; python-package.*, not python-gpu.*, which scripts/python-gpu-consumer.sh writes). Exit status: 0 every row ok; 1 a row failed; 2 no wheel staged, no python3, or no GPU for torch.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"

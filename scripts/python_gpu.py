@@ -1,7 +1,7 @@
 """The Python package on a GPU: a torch producer and a torch (or CuPy) consumer in two processes, 4K RGB frames.
 
 Run by scripts/python-gpu.sh (which installs the staged wheel into a venv that sees the machine's torch, CuPy):
-    python scripts/python_gpu.py run OUT_DIR            every row; writes OUT_DIR/python-gpu.{json,md}
+    python scripts/python_gpu.py run OUT_DIR            every row; writes OUT_DIR/python-package.{json,md,log}
     python scripts/python_gpu.py produce SOCK BACKEND SYNC FRAMES
     python scripts/python_gpu.py consume SOCK BACKEND torch|cupy FRAMES
 Each frame is checked on the GPU: the producer writes frame s as `(base + s) % 256`, where `base[i] = i % 251` (one
@@ -250,7 +250,7 @@ def run(out_dir: str, host: bool) -> int:
     frames = int(os.environ.get("PY_GPU_FRAMES", "600"))
     rows: list[dict[str, Any]] = []
     start = time.monotonic()
-    with open(out / "python-gpu.log", "w") as log:
+    with open(out / "python-package.log", "w") as log:
         for backend, sync, kind in HOST_ROWS if host else ROWS:
             if time.monotonic() - start > BUDGET:
                 rows.append({"backend": backend, "sync": sync, "consumer": kind, "ok": False,
@@ -259,9 +259,9 @@ def run(out_dir: str, host: bool) -> int:
             row = run_row(backend, sync, kind, frames, log)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    (out / "python-gpu.json").write_text(json.dumps({"device": device, "rows": rows}, indent=2) + "\n")
+    (out / "python-package.json").write_text(json.dumps({"device": device, "rows": rows}, indent=2) + "\n")
     table = markdown(rows, device)
-    (out / "python-gpu.md").write_text(table)
+    (out / "python-package.md").write_text(table)
     print(table)
     return 0 if all(r["ok"] for r in rows) else 1
 
