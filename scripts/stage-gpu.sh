@@ -63,7 +63,8 @@ rm -rf "$STAGE/bin"
 
 TOTAL_KIB=$(du -sk "$STAGE" | cut -f1)
 echo "stage-gpu: staged $(( TOTAL_KIB / 1024 )) MiB in stage/:" >&2
-ls -la "$STAGE" "$STAGE/bin" >&2
+ls -la "$STAGE" >&2
+tar -tvJf "$STAGE/bin.tar.xz" >&2
 if [ "$TOTAL_KIB" -gt $(( 48 * 1024 )) ]; then
     echo "stage-gpu: stage/ is over 48 MiB; the working tree plus stage/ must stay under 64 MiB" >&2
     exit 1
