@@ -5,6 +5,7 @@
 
 pub mod daemon;
 pub mod detect;
+pub mod fake;
 
 pub use daemon::{MpsControl, MpsDaemon, MpsError, find_on_path};
 pub use detect::{
