@@ -69,18 +69,18 @@ pub fn main(args: &DoctorArgs) -> u8 {
     let system = system::collect(&system::SystemRoot::real());
     let driver = cuda::driver_section();
     let devices = cuda::devices();
-    let built: Vec<report::Backend> = gpu_ipc::COMPILED_GPU.iter().filter_map(|b| report_backend(*b)).collect();
+    let built: Vec<BackendKind> = gpu_ipc::COMPILED_GPU.to_vec();
     let mut self_tests = Vec::new();
     let cuda_usable = driver.error.is_none() && !devices.is_empty();
     if cuda_usable && !args.no_self_test {
         let chosen: Vec<BackendKind> = args.backend.map_or_else(|| gpu_ipc::COMPILED_GPU.to_vec(), |b| vec![b]);
-        for (backend, reported) in chosen.into_iter().filter_map(|b| report_backend(b).map(|r| (b, r))) {
+        for backend in chosen.into_iter().filter(|b| b.is_gpu()) {
             if progress {
                 eprintln!("gpu-ipc doctor: self-test of the {backend} backend on device {}...", args.device);
             }
             let outcome = selftest::run(backend, args.device, Duration::from_secs(args.timeout));
             self_tests.push(SelfTestResult {
-                backend: reported,
+                backend,
                 device_ordinal: u32::try_from(args.device).ok(),
                 verdict: if outcome.passed { SelfTestVerdict::Pass } else { SelfTestVerdict::Fail },
                 duration_ms: outcome.duration.as_secs_f64() * 1e3,
@@ -131,15 +131,4 @@ fn emit(report: &DoctorReport, json: bool) -> u8 {
         eprintln!("{}", render::summary_line(report));
     }
     code
-}
-
-/// The doctor's name of a GPU backend compiled in; `None` for the host fake (nothing on a GPU to check).
-fn report_backend(b: BackendKind) -> Option<report::Backend> {
-    match b {
-        #[cfg(feature = "legacy")]
-        BackendKind::Legacy => Some(report::Backend::Legacy),
-        #[cfg(feature = "vmm")]
-        BackendKind::Vmm => Some(report::Backend::Vmm),
-        _ => None,
-    }
 }

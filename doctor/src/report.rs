@@ -4,6 +4,7 @@
 //! them, and bump [`REPORT_SCHEMA_VERSION`] when a change would break a reader. [`findings`] and [`overall`] are
 //! pure functions of the facts, so the table of findings is tested without a GPU.
 
+use gpu_ipc::BackendKind;
 use serde::{Deserialize, Serialize};
 
 use harness::cuda::{ComputeMode, DeviceReport, DriverSection};
@@ -25,7 +26,7 @@ pub struct DoctorReport {
     /// Version of the `gpu-ipc` tool that wrote it.
     pub tool_version: String,
     /// The backends compiled into this binary (Cargo features `legacy`, `vmm`).
-    pub built_backends: Vec<Backend>,
+    pub built_backends: Vec<BackendKind>,
     /// Whether the CUDA driver could be loaded and initialised.
     pub driver: DriverSection,
     /// One entry per CUDA device, in ordinal order.
@@ -44,7 +45,7 @@ impl DoctorReport {
     /// Assembles a report from the gathered facts and derives its findings and verdict.
     pub fn new(
         tool_version: String,
-        built_backends: Vec<Backend>,
+        built_backends: Vec<BackendKind>,
         driver: DriverSection,
         devices: Vec<DeviceReport>,
         system: SystemReport,
@@ -67,31 +68,11 @@ impl DoctorReport {
     }
 }
 
-/// A sharing backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Backend {
-    /// `cuIpcGetMemHandle` / `cuIpcOpenMemHandle`.
-    Legacy,
-    /// `cuMemCreate` with POSIX fd handles passed over `SCM_RIGHTS`.
-    Vmm,
-}
-
-impl Backend {
-    /// The name used on the command line and in JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Legacy => "legacy",
-            Backend::Vmm => "vmm",
-        }
-    }
-}
-
 /// The outcome of one backend's end-to-end self-test.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SelfTestResult {
     /// The backend tested.
-    pub backend: Backend,
+    pub backend: BackendKind,
     /// The device it ran on; `None` when it was skipped before one was chosen.
     pub device_ordinal: Option<u32>,
     /// Pass, fail or skipped.
@@ -177,7 +158,7 @@ pub fn findings(report: &DoctorReport) -> Vec<Finding> {
 
 /// Severity of a fact that stops `backend`: a failure when the backend is built into this binary, otherwise only
 /// worth knowing.
-fn backend_severity(report: &DoctorReport, backend: Backend) -> Severity {
+fn backend_severity(report: &DoctorReport, backend: BackendKind) -> Severity {
     if report.built_backends.contains(&backend) { Severity::Fail } else { Severity::Info }
 }
 
@@ -286,7 +267,7 @@ fn device_findings(report: &DoctorReport, device: &DeviceReport, found: &mut Vec
     if device.unified_addressing == Some(false) {
         found.push(Finding {
             id: "legacy-needs-unified-addressing".to_owned(),
-            severity: backend_severity(report, Backend::Legacy),
+            severity: backend_severity(report, BackendKind::Legacy),
             what: format!("legacy backend unavailable on {gpu}: no unified addressing"),
             why: "cuIpcGetMemHandle works only on devices with unified addressing".to_owned(),
             fix: Some("Use the vmm backend on this device.".to_owned()),
@@ -302,7 +283,7 @@ fn device_findings(report: &DoctorReport, device: &DeviceReport, found: &mut Vec
     if !vmm_missing.is_empty() {
         found.push(Finding {
             id: "vmm-unsupported".to_owned(),
-            severity: backend_severity(report, Backend::Vmm),
+            severity: backend_severity(report, BackendKind::Vmm),
             what: format!("vmm backend unavailable on {gpu}: no {}", vmm_missing.join(", no ")),
             why: "the vmm backend allocates with cuMemCreate and exports a POSIX fd; the device or driver supports \
                   neither or not both"
@@ -352,7 +333,7 @@ fn system_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
     if system.wsl == Fact::Known(true) {
         found.push(finding(
             "wsl-legacy-unsupported",
-            backend_severity(report, Backend::Legacy),
+            backend_severity(report, BackendKind::Legacy),
             "running under WSL".to_owned(),
             "CUDA on WSL does not support legacy IPC (cuIpc*)",
             Some("Use the vmm backend if its self-test passes here, or run on native Linux."),
@@ -459,7 +440,7 @@ pub fn overall(report: &DoctorReport, findings: &[Finding]) -> Overall {
             Overall::Pass
         };
     }
-    let backend_passed = |backend: Backend| {
+    let backend_passed = |backend: BackendKind| {
         let mut tests = report.self_tests.iter().filter(|test| test.backend == backend).peekable();
         tests.peek().is_some() && tests.all(|test| test.verdict == SelfTestVerdict::Pass)
     };
@@ -547,7 +528,7 @@ pub(crate) fn sample_report() -> DoctorReport {
     };
     let self_tests = vec![
         SelfTestResult {
-            backend: Backend::Legacy,
+            backend: BackendKind::Legacy,
             device_ordinal: Some(0),
             verdict: SelfTestVerdict::Pass,
             duration_ms: 412.5,
@@ -556,7 +537,7 @@ pub(crate) fn sample_report() -> DoctorReport {
             fix: None,
         },
         SelfTestResult {
-            backend: Backend::Vmm,
+            backend: BackendKind::Vmm,
             device_ordinal: Some(0),
             verdict: SelfTestVerdict::Fail,
             duration_ms: 388.0,
@@ -567,7 +548,7 @@ pub(crate) fn sample_report() -> DoctorReport {
     ];
     DoctorReport::new(
         "0.1.0".to_owned(),
-        vec![Backend::Legacy, Backend::Vmm],
+        vec![BackendKind::Legacy, BackendKind::Vmm],
         DriverSection {
             library_name: "libcuda.so.1".to_owned(),
             library_found: true,

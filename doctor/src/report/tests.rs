@@ -2,6 +2,7 @@
 
 use super::super::system::{ContainerHints, NamespaceInfo, ShmSpace};
 use super::*;
+use gpu_ipc::BackendKind;
 use harness::mps::{MpsProcess, MpsRole};
 
 fn ids(report: &DoctorReport) -> Vec<(String, Severity)> {
@@ -60,7 +61,7 @@ fn missing_capabilities_fail_only_built_backends() {
     report.devices[0].posix_fd_handles = Some(false);
     assert!(has(&report, "legacy-needs-unified-addressing", Severity::Fail));
     assert!(has(&report, "vmm-unsupported", Severity::Fail));
-    report.built_backends = vec![Backend::Legacy];
+    report.built_backends = vec![BackendKind::Legacy];
     assert!(has(&report, "vmm-unsupported", Severity::Info));
     report.devices[0].vmm_supported = None;
     assert!(has(&report, "capability-unknown", Severity::Warn));
@@ -144,7 +145,7 @@ fn overall_follows_self_tests_of_built_backends() {
 
     report.self_tests.truncate(1);
     assert_eq!(overall(&report, &[]), Overall::Fail, "vmm is built but has no self-test");
-    report.built_backends = vec![Backend::Legacy];
+    report.built_backends = vec![BackendKind::Legacy];
     assert_eq!(overall(&report, &[]), Overall::Pass);
 
     report.self_tests.clear();
