@@ -65,6 +65,16 @@ pub fn main(args: &DoctorArgs) -> u8 {
     if let Some(path) = &args.check_socket {
         return check_socket(path, args.json);
     }
+    if let Some(backend) = args.backend.filter(|b| !gpu_ipc::COMPILED_GPU.contains(b)) {
+        let names: Vec<&str> = gpu_ipc::COMPILED_GPU.iter().map(|b| b.name()).collect();
+        eprintln!(
+            "gpu-ipc doctor: --backend {backend}: the doctor checks the GPU backends built here ({}); the {} backend \
+             shares host memory and needs no check",
+            names.join(", "),
+            gpu_ipc::BackendKind::HostFake
+        );
+        return harness::exit::EXIT_USAGE;
+    }
     let progress = !args.json && std::io::stderr().is_terminal();
     let system = system::collect(&system::SystemRoot::real());
     let driver = cuda::driver_section();
@@ -74,7 +84,7 @@ pub fn main(args: &DoctorArgs) -> u8 {
     let cuda_usable = driver.error.is_none() && !devices.is_empty();
     if cuda_usable && !args.no_self_test {
         let chosen: Vec<BackendKind> = args.backend.map_or_else(|| gpu_ipc::COMPILED_GPU.to_vec(), |b| vec![b]);
-        for backend in chosen.into_iter().filter(|b| b.is_gpu()) {
+        for backend in chosen {
             if progress {
                 eprintln!("gpu-ipc doctor: self-test of the {backend} backend on device {}...", args.device);
             }
