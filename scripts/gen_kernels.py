@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Compiles kernels/cuda/*.cu with NVRTC (through ctypes) into the images gpu-ipc embeds.
 
-Called by scripts/gen-kernels.sh, which fetches the pinned NVRTC wheel and passes its library path. Two programs,
-each written as one cubin per architecture in CUBIN_ARCHS, one PTX for PTX_ARCH, and manifest.json describing them:
-  - the gpu-ipc-kernels crate's program, every kernels/cuda/*.cu except ring_*.cu, into --out;
+Called by scripts/gen-kernels.sh, which fetches the pinned NVRTC wheel and passes its library path. Three
+programs, each written as one cubin per architecture in CUBIN_ARCHS, one PTX for PTX_ARCH, and manifest.json
+describing them:
+  - the gpu-ipc-kernels crate's program, every kernels/cuda/*.cu except ring_*.cu and queue_*.cu, into --out;
   - the ring's sync kernels, kernels/cuda/ring_*.cu, into --ring-out, which ipc-core embeds (ipc-core cannot
-    depend on the kernels crate, which depends on it).
+    depend on the kernels crate, which depends on it);
+  - the work queue's kernels for the CPU side, kernels/cuda/queue_*.cu, into --queue-out, which ipc-core embeds.
+The headers kernels/cuda/*.cuh are given to NVRTC by name, so a source's `#include "NAME.cuh"` finds them as nvcc
+would next to the file; a program's manifest lists the headers its sources include.
 Python 3.11 standard library only. The output is byte-for-byte deterministic: no paths, times or host names go
 into the programs or the manifests.
 """
@@ -26,8 +30,13 @@ COMMON_FLAGS = ["--std=c++17", "--dopt=on"]
 # The names NVRTC records for the translation units; fixed so the output does not depend on the checkout path.
 PROGRAM_NAME = "gpu_ipc_kernels.cu"
 RING_PROGRAM_NAME = "gpu_ipc_ring_kernels.cu"
-# Sources of the ring's program (kernels/cuda/ring_*.cu); every other .cu belongs to the kernels crate's.
+# Sources of the ring's program (kernels/cuda/ring_*.cu) and of the work queue's (queue_*.cu); every other .cu
+# belongs to the kernels crate's.
 RING_PREFIX = "ring_"
+QUEUE_PREFIX = "queue_"
+QUEUE_PROGRAM_NAME = "gpu_ipc_queue_kernels.cu"
+# A source's include of one of the project's headers.
+INCLUDE_RE = re.compile(rb'^#include "([\w.]+\.cuh)"', re.MULTILINE)
 # The kernels, read from the PTX the compiler made (so kernels that a macro defines are listed too).
 ENTRY_RE = re.compile(rb"^\.visible \.entry (\w+)\(", re.MULTILINE)
 
@@ -85,12 +94,15 @@ class Nvrtc:
         self.check(get_fn, getattr(self.lib, get_fn)(prog, buf))
         return buf.raw
 
-    def compile(self, source: bytes, name: str, flags: list[str], kind: str) -> bytes:
-        """Compiles one program; returns the cubin, or the PTX without its terminating NUL."""
+    def compile(self, source: bytes, name: str, flags: list[str], kind: str, headers: dict[str, bytes]) -> bytes:
+        """Compiles one program with `headers` (include name -> text); returns the cubin, or the PTX without its
+        terminating NUL."""
         prog = ctypes.c_void_p()
+        texts = (ctypes.c_char_p * len(headers))(*headers.values())
+        names = (ctypes.c_char_p * len(headers))(*[n.encode() for n in headers])
         self.check(
             "nvrtcCreateProgram",
-            self.lib.nvrtcCreateProgram(ctypes.byref(prog), source, name.encode(), 0, None, None),
+            self.lib.nvrtcCreateProgram(ctypes.byref(prog), source, name.encode(), len(headers), texts, names),
         )
         try:
             argv = (ctypes.c_char_p * len(flags))(*[f.encode() for f in flags])
@@ -121,11 +133,26 @@ def translation_unit(root: pathlib.Path, sources: list[pathlib.Path]) -> bytes:
     return b"".join(parts)
 
 
+def included_headers(root: pathlib.Path, sources: list[pathlib.Path]) -> list[pathlib.Path]:
+    """The headers of kernels/cuda/ that `sources` (or those headers) include, in name order."""
+    found: set[pathlib.Path] = set()
+    todo = list(sources)
+    while todo:
+        for include in INCLUDE_RE.findall(todo.pop().read_bytes()):
+            header = root / "kernels" / "cuda" / include.decode()
+            if header not in found and header.is_file():
+                found.add(header)
+                todo.append(header)
+    return sorted(found)
+
+
 def build(
     nvrtc: Nvrtc, root: pathlib.Path, sources: list[pathlib.Path], name: str, out: pathlib.Path, toolchain: dict
 ) -> None:
     """Compiles `sources` as one program named `name` for every architecture; writes the images and the manifest."""
     program = translation_unit(root, sources)
+    header_files = included_headers(root, sources)
+    headers = {h.name: h.read_bytes() for h in header_files}
     jobs = [(arch, "cubin", f"{arch}.cubin") for arch in CUBIN_ARCHS]
     jobs.append((PTX_ARCH, "ptx", f"{PTX_ARCH}.ptx"))
     images = []
@@ -133,7 +160,7 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     for arch, kind, file in jobs:
         flags = [f"--gpu-architecture={arch}", *COMMON_FLAGS]
-        data = nvrtc.compile(program, name, flags, kind)
+        data = nvrtc.compile(program, name, flags, kind, headers)
         if kind == "ptx":
             kernels = sorted(entry.decode() for entry in ENTRY_RE.findall(data))
         (out / file).write_bytes(data)
@@ -146,7 +173,8 @@ def build(
         "program_name": name,
         "common_flags": COMMON_FLAGS,
         "sources": [
-            {"file": src.relative_to(root).as_posix(), "sha256": sha256(src.read_bytes())} for src in sources
+            {"file": src.relative_to(root).as_posix(), "sha256": sha256(src.read_bytes())}
+            for src in [*sources, *header_files]
         ],
         "kernels": kernels,
         "images": images,
@@ -165,13 +193,15 @@ def main() -> int:
     parser.add_argument("--root", required=True, type=pathlib.Path, help="repository root")
     parser.add_argument("--out", required=True, type=pathlib.Path, help="directory for the kernels crate's images")
     parser.add_argument("--ring-out", required=True, type=pathlib.Path, help="directory for the ring's images")
+    parser.add_argument("--queue-out", required=True, type=pathlib.Path, help="directory for the work queue's images")
     args = parser.parse_args()
 
     root = args.root.resolve()
     every = sorted((root / "kernels" / "cuda").glob("*.cu"))
-    sources = [src for src in every if not src.name.startswith(RING_PREFIX)]
+    sources = [src for src in every if not src.name.startswith((RING_PREFIX, QUEUE_PREFIX))]
     ring_sources = [src for src in every if src.name.startswith(RING_PREFIX)]
-    for what, found in [("kernel", sources), (f"{RING_PREFIX}*", ring_sources)]:
+    queue_sources = [src for src in every if src.name.startswith(QUEUE_PREFIX)]
+    for what, found in [("kernel", sources), (f"{RING_PREFIX}*", ring_sources), (f"{QUEUE_PREFIX}*", queue_sources)]:
         if not found:
             print(f"gen_kernels: no {what} .cu sources under {root / 'kernels' / 'cuda'}", file=sys.stderr)
             return 1
@@ -187,6 +217,7 @@ def main() -> int:
         }
         build(nvrtc, root, sources, PROGRAM_NAME, args.out, toolchain)
         build(nvrtc, root, ring_sources, RING_PROGRAM_NAME, args.ring_out, toolchain)
+        build(nvrtc, root, queue_sources, QUEUE_PROGRAM_NAME, args.queue_out, toolchain)
     except NvrtcError as e:
         print(f"gen_kernels: {e}", file=sys.stderr)
         return 1

@@ -217,6 +217,24 @@ impl SharedMemory {
         rustix::io::fcntl_dupfd_cloexec(&self.fd, 0).map_err(|source| ShmError::CloneFd { source })
     }
 
+    /// The `count` aligned 64-bit words from word index `first` on, as atomics: for layouts addressed by word
+    /// index rather than by a `#[repr(C)]` struct (the memory pool's directory, whose size is chosen at run time).
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfRange`] when they do not all lie inside the mapping.
+    pub fn words(&self, first: usize, count: usize) -> Result<&[AtomicU64], ShmError> {
+        let range = first.checked_mul(8).zip(count.checked_mul(8));
+        let Some((offset, bytes)) = range else {
+            return Err(ShmError::OutOfRange { offset: usize::MAX, bytes: usize::MAX, len: self.len });
+        };
+        self.check_range(offset, bytes)?;
+        // SAFETY: the words lie inside the mapping (checked above), which is page aligned, so each is aligned; the
+        // mapping lives as long as the returned borrow of `self`; any bit pattern is a valid `AtomicU64`, and Rust
+        // code reaches this memory only through `AtomicU64`s, so concurrent use from other threads or processes is
+        // atomic.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>().add(first), count) })
+    }
+
     fn check_range(&self, offset: usize, bytes: usize) -> Result<(), ShmError> {
         match offset.checked_add(bytes) {
             Some(end) if end <= self.len => Ok(()),

@@ -1,0 +1,257 @@
+//! The queue's operations done by the CPU on memory it can reach with atomics: the host fake's "device memory".
+//! The same state machine as the kernels' (`kernels/cuda/work_queue.cuh`), transition for transition; see
+//! `docs/work-queue.md` for why each step is a compare-and-swap.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::layout::{CLOSED, CellState, CellWord, Geometry, cell, header, lap_delta, worker};
+use super::ops::{PushFlags, PushRequest, Reclaimed, Status, TaskData};
+use crate::queue::error::QueueError;
+use crate::sys::shm::SharedMemory;
+
+/// Attempts of one operation against other peers' moves before it reports [`Status::Contended`].
+const MAX_TRIES: u32 = 4096;
+
+const ACQ: Ordering = Ordering::Acquire;
+const ACQ_REL: Ordering = Ordering::AcqRel;
+
+/// A queue in host memory, seen as atomics.
+pub(super) struct HostQueue<'a> {
+    memory: &'a SharedMemory,
+    words: &'a [AtomicU64],
+    g: Geometry,
+}
+
+impl<'a> HostQueue<'a> {
+    /// The queue laid out as `g` in `memory`.
+    ///
+    /// # Errors
+    /// Memory smaller than the layout.
+    pub(super) fn new(memory: &'a SharedMemory, g: Geometry) -> Result<Self, QueueError> {
+        let words = usize::try_from(g.total_bytes / 8)
+            .map_err(|_| QueueError::Layout(format!("{} bytes do not fit this address space", g.total_bytes)))?;
+        Ok(Self { memory, words: memory.words(0, words)?, g })
+    }
+
+    /// The word at byte `offset`; every offset passed here comes from the geometry, inside `total_bytes`.
+    fn word(&self, offset: u64) -> &AtomicU64 {
+        &self.words[(offset / 8) as usize]
+    }
+
+    fn state(&self, position: u64) -> &AtomicU64 {
+        self.word(self.g.cell(position) + cell::STATE)
+    }
+
+    fn cas(word: &AtomicU64, current: u64, new: u64) -> bool {
+        word.compare_exchange(current, new, ACQ_REL, ACQ).is_ok()
+    }
+
+    fn count(&self, slot: u16, counter: u64) {
+        self.word(self.g.worker_entry(slot) + counter).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writes the header (the memory must be zero: every cell EMPTY in lap 0).
+    pub(super) fn init(&self) {
+        for (i, value) in self.g.header_words().into_iter().enumerate() {
+            self.word(8 * i as u64).store(value, Ordering::Release);
+        }
+    }
+
+    /// Pushes `requests` in order, stopping at the first that does not go in.
+    pub(super) fn push(&self, slot: u16, requests: &[PushRequest<'_>], flags: PushFlags) -> Vec<(Status, u64)> {
+        let mut done = Vec::with_capacity(requests.len());
+        for request in requests {
+            let outcome = self.push_one(slot, request, flags);
+            done.push(outcome);
+            if outcome.0 != Status::Ok {
+                break;
+            }
+        }
+        done
+    }
+
+    fn push_one(&self, slot: u16, request: &PushRequest<'_>, flags: PushFlags) -> (Status, u64) {
+        let enqueue = self.word(header::ENQUEUE);
+        for _ in 0..MAX_TRIES {
+            let e = enqueue.load(ACQ);
+            let (closed, p) = (e & CLOSED, e & !CLOSED);
+            if closed != 0 && !flags.force {
+                return (Status::Closed, 0);
+            }
+            let lap = self.g.lap(p);
+            let state = self.state(p);
+            let s = state.load(ACQ);
+            let w = CellWord::unpack(s);
+            let d = lap_delta(w.lap, lap);
+            match w.state {
+                Some(CellState::Empty) if d == 0 => {
+                    let writing = CellWord::pack(lap, CellState::Writing, slot);
+                    if !Self::cas(state, s, writing) {
+                        continue;
+                    }
+                    let _ = enqueue.compare_exchange(e, (p + 1) | closed, ACQ_REL, ACQ);
+                    let id = request.id.unwrap_or(p);
+                    let at = self.g.cell(p);
+                    self.word(at + cell::ID).store(id, Ordering::Relaxed);
+                    let len = request.record.len() as u64;
+                    self.word(at + cell::ATTEMPT).store(u64::from(request.attempt) | len << 32, Ordering::Relaxed);
+                    // In range: the record fits the cell (checked by the caller), the cell fits the memory.
+                    if self.memory.write_bytes((at + cell::RECORD) as usize, request.record).is_err() {
+                        return (Status::Contended, id);
+                    }
+                    if !Self::cas(state, writing, CellWord::pack(lap, CellState::Full, 0)) {
+                        return (Status::LeaseLost, id);
+                    }
+                    if flags.count {
+                        self.count(slot, worker::PUSHED);
+                    }
+                    return (Status::Ok, id);
+                }
+                Some(CellState::Sealed) if d >= 0 => return (Status::Closed, 0),
+                // Position `p` was claimed (or is long done): help the enqueue position past it.
+                _ if d >= 0 => {
+                    let _ = enqueue.compare_exchange(e, (p + 1) | closed, ACQ_REL, ACQ);
+                }
+                // The task of the previous lap is still in this cell.
+                Some(state) if d == -1 && state != CellState::Empty => return (Status::Full, 0),
+                _ => {}
+            }
+        }
+        (Status::Contended, 0)
+    }
+
+    /// Pops up to `max` tasks; the status says why it stopped when it got fewer.
+    pub(super) fn pop(&self, slot: u16, max: usize) -> (Vec<TaskData>, Status) {
+        let mut tasks = Vec::new();
+        while tasks.len() < max {
+            match self.pop_one(slot) {
+                Ok(task) => tasks.push(task),
+                Err(status) => return (tasks, status),
+            }
+        }
+        (tasks, Status::Ok)
+    }
+
+    fn pop_one(&self, slot: u16) -> Result<TaskData, Status> {
+        let dequeue = self.word(header::DEQUEUE);
+        for _ in 0..MAX_TRIES {
+            let p = dequeue.load(ACQ);
+            let lap = self.g.lap(p);
+            let state = self.state(p);
+            let s = state.load(ACQ);
+            let w = CellWord::unpack(s);
+            let d = lap_delta(w.lap, lap);
+            match w.state {
+                Some(CellState::Full) if d == 0 => {
+                    if Self::cas(state, s, CellWord::pack(lap, CellState::Leased, slot)) {
+                        let _ = dequeue.compare_exchange(p, p + 1, ACQ_REL, ACQ);
+                        self.count(slot, worker::POPPED);
+                        return Ok(self.read_task(p));
+                    }
+                }
+                Some(CellState::Sealed) if d == 0 => return Err(Status::Closed),
+                Some(CellState::Writing) if d == 0 => return Err(Status::Empty),
+                Some(CellState::Empty) if d == 0 => {
+                    let e = self.word(header::ENQUEUE).load(ACQ);
+                    if e & CLOSED == 0 {
+                        return Err(Status::Empty);
+                    }
+                    if e & !CLOSED <= p && Self::cas(state, s, CellWord::pack(lap, CellState::Sealed, 0)) {
+                        return Err(Status::Closed);
+                    }
+                }
+                // Position `p` was popped (leased, done, or a push abandoned): help the dequeue position past it.
+                _ if d >= 1 || (d == 0 && w.state == Some(CellState::Leased)) => {
+                    let _ = dequeue.compare_exchange(p, p + 1, ACQ_REL, ACQ);
+                }
+                // The previous lap's task is still in this cell: nothing was pushed at `p` yet.
+                _ if d == -1 => return Err(Status::Empty),
+                _ => {}
+            }
+        }
+        Err(Status::Contended)
+    }
+
+    /// The task in the cell of `position` (leased by the caller, so nobody writes it).
+    fn read_task(&self, position: u64) -> TaskData {
+        let at = self.g.cell(position);
+        let id = self.word(at + cell::ID).load(Ordering::Relaxed);
+        let attempt_len = self.word(at + cell::ATTEMPT).load(Ordering::Relaxed);
+        let len = ((attempt_len >> 32) as usize).min(self.g.record_bytes as usize);
+        let mut record = vec![0; len];
+        // In range: `len` is at most the record size, which the cell holds.
+        let _ = self.memory.read_bytes((at + cell::RECORD) as usize, &mut record);
+        TaskData { position, id, attempt: attempt_len as u32, record }
+    }
+
+    /// Completes the leases of `positions` held by `slot`; `true` where the lease was still `slot`'s.
+    pub(super) fn complete(&self, slot: u16, positions: &[u64], count: bool) -> Vec<bool> {
+        positions
+            .iter()
+            .map(|&p| {
+                let lap = self.g.lap(p);
+                let leased = CellWord::pack(lap, CellState::Leased, slot);
+                let done = Self::cas(self.state(p), leased, CellWord::pack(lap + 1, CellState::Empty, 0));
+                if done && count {
+                    self.count(slot, worker::COMPLETED);
+                }
+                done
+            })
+            .collect()
+    }
+
+    /// Takes over up to `max` of `dead`'s leases for `owner` and turns its unfinished pushes into holes.
+    pub(super) fn reclaim(&self, owner: u16, dead: u16, max: usize) -> Reclaimed {
+        let mut reclaimed = Reclaimed::default();
+        for index in 0..self.g.capacity {
+            let state = self.word(self.g.cells_offset + index * u64::from(self.g.cell_bytes) + cell::STATE);
+            let s = state.load(ACQ);
+            let w = CellWord::unpack(s);
+            if w.holder != dead {
+                continue;
+            }
+            let position = (w.lap << self.g.capacity_log2) | index;
+            match w.state {
+                Some(CellState::Leased) if reclaimed.stolen.len() >= max => reclaimed.more = true,
+                Some(CellState::Leased) => {
+                    if Self::cas(state, s, CellWord::pack(w.lap, CellState::Leased, owner)) {
+                        reclaimed.stolen.push(self.read_task(position));
+                    }
+                }
+                Some(CellState::Writing) => {
+                    if Self::cas(state, s, CellWord::pack(w.lap + 1, CellState::Empty, 0)) {
+                        reclaimed.abandoned += 1;
+                        self.word(header::ABANDONED).fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                _ => {}
+            }
+        }
+        reclaimed
+    }
+
+    /// Adds `value` to the header counter at `offset`.
+    pub(super) fn add(&self, offset: u64, value: u64) {
+        self.word(offset).fetch_add(value, Ordering::Relaxed);
+    }
+
+    /// Closes the queue to pushes.
+    pub(super) fn close(&self) {
+        self.word(header::ENQUEUE).fetch_or(CLOSED, ACQ_REL);
+    }
+
+    /// The header and the worker table, word by word.
+    pub(super) fn snapshot(&self) -> Vec<u64> {
+        (0..self.g.cells_offset / 8).map(|i| self.word(8 * i).load(ACQ)).collect()
+    }
+
+    /// The first 64 bytes of the header.
+    pub(super) fn header(&self) -> [u64; 8] {
+        std::array::from_fn(|i| self.word(8 * i as u64).load(ACQ))
+    }
+}
+
+#[cfg(test)]
+#[path = "host_ops_tests.rs"]
+#[allow(clippy::unwrap_used)]
+mod tests;

@@ -1,0 +1,357 @@
+//! The owner's side: [`WorkQueue`] makes the queue's memory, serves it through an [`ObjectDoor`], gives each
+//! worker a slot, and takes back what a gone worker held (the reaper, `reaper.rs`).
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::body::QueueOffer;
+use super::layout::{Geometry, OWNER_SLOT};
+use super::local::Local;
+use super::ops::TaskData;
+use super::task::{LostTask, Task};
+use super::{DeviceQueue, QueueBackend, QueueConfig, QueueStats, reaper};
+use crate::backend::SharedRegion;
+use crate::door::{ObjectDoor, ObjectHost, ObjectKind, PeerInfo};
+use crate::driver::{DeviceUuid, Function, KernelArg, LaunchConfig, Stream};
+use crate::queue::error::QueueError;
+use crate::ring::{WaitMode, bounded_wait};
+use crate::wire::{BackendKind, RefusalCode};
+
+/// What a worker slot is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slot {
+    /// Free to offer.
+    Free,
+    /// Offered to, or held by, the door's peer with this number.
+    Peer(u32),
+    /// Its peer is gone; the reaper has not finished with its cells.
+    Reclaiming,
+}
+
+/// The owner's bookkeeping, shared by the application's thread, the door's and the reaper's.
+pub(super) struct OwnerState {
+    /// Index: slot number; slot 0 is the owner's and never offered.
+    pub(super) slots: Vec<Slot>,
+    /// Slots whose peer is gone, and when the reaper may take their cells back.
+    pub(super) gone: Vec<(u16, Instant)>,
+    /// Tasks taken back, to push again (attempt already counted).
+    pub(super) backlog: VecDeque<TaskData>,
+    /// Tasks taken back and not handed out again, until the application takes the list.
+    pub(super) lost: Vec<LostTask>,
+}
+
+/// What the owner's threads share.
+pub(super) struct Owner<B: QueueBackend> {
+    pub(super) local: Local<B::Exported>,
+    pub(super) config: QueueConfig,
+    /// The offer with worker slot 0, and the allocation's fd (fd-based backends), made once at creation.
+    template: QueueOffer,
+    fd: Option<OwnedFd>,
+    pub(super) state: Mutex<OwnerState>,
+    pub(super) wake: Condvar,
+    pub(super) stop: AtomicBool,
+}
+
+impl<B: QueueBackend> Owner<B> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, OwnerState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<B: QueueBackend> ObjectHost for Owner<B> {
+    fn kind(&self) -> ObjectKind {
+        ObjectKind::WorkQueue
+    }
+
+    fn backend(&self) -> BackendKind {
+        B::KIND
+    }
+
+    fn offer(&self, peer: &PeerInfo) -> Result<(Vec<u8>, Vec<OwnedFd>), (RefusalCode, String)> {
+        let mut state = self.lock();
+        let Some(slot) = state.slots.iter().position(|s| *s == Slot::Free) else {
+            let taken = state.slots.len() - 1;
+            return Err((
+                RefusalCode::RingFull,
+                format!("all {taken} worker slots of this queue are taken; create it with more max_workers"),
+            ));
+        };
+        let fds = match &self.fd {
+            Some(fd) => match fd.try_clone() {
+                Ok(fd) => vec![fd],
+                Err(e) => return Err((RefusalCode::ShuttingDown, format!("duplicating the queue's fd: {e}"))),
+            },
+            None => Vec::new(),
+        };
+        state.slots[slot] = Slot::Peer(peer.id);
+        let offer = QueueOffer { worker: slot as u16, ..self.template.clone() };
+        tracing::debug!(peer = peer.id, slot, name = %peer.name, "work queue: offered a worker slot");
+        Ok((offer.encode(), fds))
+    }
+
+    fn gone(&self, peer: &PeerInfo) {
+        let mut state = self.lock();
+        if let Some(slot) = state.slots.iter().position(|s| *s == Slot::Peer(peer.id)) {
+            state.slots[slot] = Slot::Reclaiming;
+            state.gone.push((slot as u16, Instant::now() + self.config.reclaim_after));
+            tracing::info!(
+                peer = peer.id,
+                slot,
+                pid = peer.pid,
+                "work queue: a worker is gone; its tasks will be taken back"
+            );
+            self.wake.notify_all();
+        }
+    }
+}
+
+/// A work queue's owner: it creates the queue, serves workers at its socket, and accounts for every task. Workers
+/// attach with [`QueueWorker::attach`](super::QueueWorker::attach); the owner may push and pop too.
+///
+/// Dropping it closes the socket and stops taking tasks back: workers then get [`QueueError::OwnerGone`].
+pub struct WorkQueue<B: QueueBackend> {
+    door: Option<ObjectDoor>,
+    reaper: Option<JoinHandle<()>>,
+    owner: Arc<Owner<B>>,
+    socket: PathBuf,
+    _ctx: B::Context,
+}
+
+impl<B: QueueBackend> std::fmt::Debug for WorkQueue<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkQueue")
+            .field("backend", &B::KIND)
+            .field("socket", &self.socket)
+            .field("geometry", &self.owner.local.g)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: QueueBackend> WorkQueue<B> {
+    /// Allocates the queue (`config.capacity` cells of `config.record_bytes`) with backend `B` in `ctx`, and
+    /// starts serving workers at `socket` (mode 0600; see [`QueueConfig::door`] for other users).
+    ///
+    /// # Errors
+    /// A configuration out of range ([`QueueError::Config`]), the backend's allocation or export error, the
+    /// queue's kernels not loading (GPU backends), or the socket not opening ([`QueueError::Door`]).
+    pub fn create(ctx: &B::Context, socket: impl AsRef<Path>, config: QueueConfig) -> Result<Self, QueueError> {
+        let g = Geometry::new(config.capacity, config.record_bytes, config.max_workers)?;
+        if config.max_deliveries == 0 {
+            return Err(QueueError::Config("max_deliveries 0: a task must be handed out at least once".into()));
+        }
+        B::check_support(ctx)?;
+        let cuda = B::cuda_context(ctx);
+        let region = B::allocate(ctx, g.total_bytes)?;
+        let local = Local::new(region, cuda, g, OWNER_SLOT)?;
+        local.engine().init(local.access())?;
+        let exported = B::export(local.region())?;
+        let legacy_mem_handle = match B::KIND {
+            BackendKind::Legacy => Some(<[u8; 64]>::try_from(exported.bytes.as_slice()).map_err(|_| {
+                QueueError::Layout(format!("the legacy handle is {} bytes, not 64", exported.bytes.len()))
+            })?),
+            _ => None,
+        };
+        let device_uuid = match cuda {
+            Some(c) => c.device().uuid()?,
+            None => DeviceUuid([0; 16]),
+        };
+        let template = QueueOffer {
+            backend: B::KIND,
+            worker: OWNER_SLOT,
+            geometry: g,
+            allocation_bytes: exported.size.max(local.region().len()),
+            device_uuid,
+            legacy_mem_handle,
+        };
+        let mut slots = vec![Slot::Free; g.max_workers as usize];
+        slots[usize::from(OWNER_SLOT)] = Slot::Peer(u32::MAX);
+        let state = OwnerState { slots, gone: Vec::new(), backlog: VecDeque::new(), lost: Vec::new() };
+        let door_config = config.door.clone();
+        let owner = Arc::new(Owner {
+            local,
+            config,
+            template,
+            fd: exported.fd,
+            state: Mutex::new(state),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let reaper = {
+            let owner = owner.clone();
+            std::thread::Builder::new()
+                .name("gpu-ipc-queue-reaper".into())
+                .spawn(move || reaper::run(&owner))
+                .map_err(|source| QueueError::Thread { what: "reaper", source })?
+        };
+        let socket = socket.as_ref().to_path_buf();
+        let host: Arc<dyn ObjectHost> = owner.clone();
+        let mut queue = Self { door: None, reaper: Some(reaper), owner, socket, _ctx: ctx.clone() };
+        let door = ObjectDoor::open(&queue.socket, host, door_config)?;
+        queue.socket = door.path().to_path_buf();
+        queue.door = Some(door);
+        tracing::info!(backend = B::KIND.name(), capacity = g.capacity, record_bytes = g.record_bytes, socket = %queue.socket.display(), "work queue ready");
+        Ok(queue)
+    }
+
+    /// The socket workers attach at.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Cells: tasks queued and in hand at most.
+    pub fn capacity(&self) -> u64 {
+        self.owner.local.g.capacity
+    }
+
+    /// Bytes of a record at most.
+    pub fn record_bytes(&self) -> u32 {
+        self.owner.local.g.record_bytes
+    }
+
+    /// Pushes `record` as a new task, waiting up to `timeout` while the queue is full; returns its id.
+    ///
+    /// # Errors
+    /// [`QueueError::Full`] at the deadline, [`QueueError::Closed`], [`QueueError::RecordTooLarge`], or the
+    /// GPU's error.
+    pub fn push(&self, record: &[u8], timeout: Duration) -> Result<u64, QueueError> {
+        self.owner.local.push(record, timeout, || Ok(()))
+    }
+
+    /// Pushes `record` if a cell is free now.
+    ///
+    /// # Errors
+    /// As [`WorkQueue::push`], without the wait.
+    pub fn try_push(&self, record: &[u8]) -> Result<Option<u64>, QueueError> {
+        self.owner.local.try_push(record)
+    }
+
+    /// Pushes as many of `records` as go in now, in order (on a GPU backend, one kernel launch per batch);
+    /// returns the ids of those pushed.
+    ///
+    /// # Errors
+    /// As [`WorkQueue::push`], without the wait.
+    pub fn try_push_many(&self, records: &[&[u8]]) -> Result<Vec<u64>, QueueError> {
+        self.owner.local.try_push_many(records)
+    }
+
+    /// Pops a task for the owner itself, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// [`QueueError::Timeout`], [`QueueError::Closed`] once closed and drained, or the GPU's error.
+    pub fn pop(&self, timeout: Duration) -> Result<Task<'_>, QueueError> {
+        let mut tasks = self.owner.local.pop_many(1, timeout, || Ok(()))?;
+        let data = tasks.pop().ok_or(QueueError::Timeout { waited: timeout })?;
+        Ok(self.owner.local.task(data))
+    }
+
+    /// Closes the queue to new pushes. Workers drain what is queued; then their pops say [`QueueError::Closed`].
+    /// Tasks taken back from a worker that dies after this are still handed out again while the queue is not
+    /// drained, and reported lost ([`LostReason::QueueClosed`](super::LostReason::QueueClosed)) once it is.
+    ///
+    /// # Errors
+    /// The GPU's error.
+    pub fn close(&self) -> Result<(), QueueError> {
+        self.owner.local.close()
+    }
+
+    /// The queue's counters.
+    ///
+    /// # Errors
+    /// The GPU's error.
+    pub fn stats(&self) -> Result<QueueStats, QueueError> {
+        self.owner.local.stats()
+    }
+
+    /// Tasks taken back from gone workers and waiting to be pushed again, plus gone workers whose cells are still
+    /// to be looked at (one each): 0 when nothing is left to hand out again.
+    pub fn pending_redeliveries(&self) -> usize {
+        let state = self.owner.lock();
+        state.backlog.len() + state.slots.iter().filter(|s| **s == Slot::Reclaiming).count()
+    }
+
+    /// The tasks reported lost since the last call.
+    pub fn take_lost(&self) -> Vec<LostTask> {
+        std::mem::take(&mut self.owner.lock().lost)
+    }
+
+    /// The workers attached now.
+    pub fn workers(&self) -> Vec<PeerInfo> {
+        self.door.as_ref().map(ObjectDoor::peers).unwrap_or_default()
+    }
+
+    /// Waits until `count` workers are attached, up to `timeout`.
+    ///
+    /// # Errors
+    /// [`QueueError::Timeout`].
+    pub fn wait_for_workers(&self, count: usize, timeout: Duration) -> Result<(), QueueError> {
+        bounded_wait(
+            Instant::now() + timeout,
+            WaitMode::Sleep(Duration::from_millis(5)),
+            Duration::ZERO,
+            || Ok(self.workers().len() >= count),
+            || Ok(()),
+            |waited| QueueError::Timeout { waited },
+        )
+    }
+
+    /// Waits until every task pushed so far was completed or reported lost (nothing queued, in hand, or waiting
+    /// to be handed out again), up to `timeout`; returns the counters then.
+    ///
+    /// # Errors
+    /// [`QueueError::Timeout`], or the GPU's error.
+    pub fn wait_until_done(&self, timeout: Duration) -> Result<QueueStats, QueueError> {
+        let mut stats = QueueStats::default();
+        bounded_wait(
+            Instant::now() + timeout,
+            WaitMode::Sleep(Duration::from_millis(1)),
+            Duration::ZERO,
+            || {
+                stats = self.stats()?;
+                Ok(stats.completed + stats.lost >= stats.pushed && self.pending_redeliveries() == 0)
+            },
+            || Ok(()),
+            |waited| QueueError::Timeout { waited },
+        )?;
+        Ok(stats)
+    }
+
+    /// The queue for the owner's own kernels (worker slot 0).
+    ///
+    /// # Errors
+    /// [`QueueError::NeedsGpu`] on the host backend.
+    pub fn device_queue(&self) -> Result<DeviceQueue<'_>, QueueError> {
+        self.owner.local.device_queue()
+    }
+
+    /// Launches `kernel` on `stream` with the queue and the owner's worker slot as its first two arguments
+    /// (`unsigned long long* queue, unsigned int worker`), then `args`. Dropping the queue waits for it (bounded).
+    ///
+    /// # Errors
+    /// [`QueueError::NeedsGpu`] on the host backend; the launch's error.
+    pub fn launch(
+        &self,
+        kernel: &Function,
+        stream: &Stream,
+        config: LaunchConfig,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), QueueError> {
+        self.owner.local.launch(kernel, stream, config, args)
+    }
+}
+
+impl<B: QueueBackend> Drop for WorkQueue<B> {
+    fn drop(&mut self) {
+        // No peer comes or goes once the door is shut; then the reaper stops.
+        self.door = None;
+        self.owner.stop.store(true, Ordering::Release);
+        self.owner.wake.notify_all();
+        if let Some(reaper) = self.reaper.take() {
+            let _ = reaper.join();
+        }
+    }
+}
