@@ -58,7 +58,7 @@ impl<B: QueueBackend> QueueWorker<B> {
     /// Attaches to the queue served at `socket`.
     ///
     /// # Errors
-    /// [`QueueError::Door`] (no owner: "start the process that creates the work queue first"; refused: another
+    /// [`QueueError::Door`] (no owner: "start the process that creates the work-queue first"; refused: another
     /// backend, every worker slot taken, another user), a malformed offer ([`QueueError::Wire`]), the import's
     /// error, or a queue on another GPU.
     pub fn attach(ctx: &B::Context, socket: impl AsRef<Path>, options: &WorkerOptions) -> Result<Self, QueueError> {
