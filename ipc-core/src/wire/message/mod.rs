@@ -4,7 +4,7 @@
 //! so a client in another language can implement it from the spec. Decoding is total: any
 //! input yields either a message or a specific [`WireError`], never a panic.
 
-mod codec;
+pub(crate) mod codec;
 mod codes;
 mod header;
 mod hello;
