@@ -378,7 +378,9 @@ impl SemaphoreBlock {
         let departure = match RecordState::from_raw(word) {
             Some(RecordState::Offered) => Departure::NeverAttached,
             Some(RecordState::Detached) => Departure::Detached,
-            Some(RecordState::Attached) if self.record_word(record, RECORD_FLAGS).load(Ordering::Acquire) & FLAG_POSTS != 0 => {
+            Some(RecordState::Attached)
+                if self.record_word(record, RECORD_FLAGS).load(Ordering::Acquire) & FLAG_POSTS != 0 =>
+            {
                 let pid = self.record_word(record, RECORD_PID).load(Ordering::Relaxed);
                 // The owner's door thread is the only writer of these two words: written before the state, read
                 // after it.
@@ -433,11 +435,7 @@ impl SemaphoreBlock {
 
 /// `Ok` for a post count in `1..=MAX_POST`.
 pub(crate) fn check_count(count: u64) -> Result<(), SemaphoreError> {
-    if (1..=MAX_POST).contains(&count) {
-        Ok(())
-    } else {
-        Err(SemaphoreError::InvalidPost { count, max: MAX_POST })
-    }
+    if (1..=MAX_POST).contains(&count) { Ok(()) } else { Err(SemaphoreError::InvalidPost { count, max: MAX_POST }) }
 }
 
 #[cfg(test)]

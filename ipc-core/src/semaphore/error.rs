@@ -138,7 +138,7 @@ pub enum SemaphoreError {
     Wire(#[from] WireError),
     /// Attaching through the socket failed.
     #[error(transparent)]
-    Door(#[from] super::door_host::DoorError),
+    Door(#[from] crate::door::DoorError),
     /// A thread could not be started.
     #[error("starting the semaphore's {what} thread failed: {source}")]
     Thread {
