@@ -403,27 +403,30 @@ impl SemaphoreBlock {
         departure
     }
 
-    /// Tickets of a departed peer that no post has reached: each would swallow a post.
+    /// Tickets of a departed peer that no post has reached: each would swallow a post. At most `taken - posted`
+    /// (only tickets handed out and unreached count), whatever the record holds.
     fn unreached_tickets(&self, record: PeerRecord) -> u64 {
         let posted = self.posted();
         let taken = self.taken();
-        let mut count = 0;
+        let mut tickets: Vec<u64> = Vec::with_capacity(TICKETS_PER_PEER);
         for slot in self.slots(record) {
             let value = slot.load(Ordering::Acquire);
             let Some(ticket) = (value & !TAKING).checked_sub(1) else { continue };
-            if ticket < posted {
-                // A post reached it (used, or indistinguishable from used).
+            if ticket < posted || ticket >= taken {
+                // A post reached it (used, or indistinguishable from used), or it was never handed out (a slot
+                // marked by a peer that died before its compare-and-swap, or garbage).
                 continue;
             }
-            if value & TAKING == 0 {
-                count += 1;
-            } else if ticket < taken && !self.held_elsewhere(record, ticket) {
-                // Died taking it: the ticket was handed out (a CPU take never takes an unreached ticket), and no
-                // other peer recorded it, so the compare-and-swap was this peer's.
-                count += 1;
+            // Died taking it: the ticket was handed out (a CPU take never takes an unreached ticket); it was this
+            // peer's unless another peer recorded it.
+            if value & TAKING == 0 || !self.held_elsewhere(record, ticket) {
+                tickets.push(ticket);
             }
         }
-        count
+        // A ticket counts once, however many slots name it (only garbage names one twice).
+        tickets.sort_unstable();
+        tickets.dedup();
+        tickets.len() as u64
     }
 
     fn held_elsewhere(&self, record: PeerRecord, ticket: u64) -> bool {
