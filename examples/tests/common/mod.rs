@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,8 @@ pub fn socket(tag: &str) -> PathBuf {
 /// A child process whose stderr lines arrive on a channel and whose stdout is kept for its JSON summary.
 pub struct Proc {
     child: Child,
+    /// The child's stdin, open until [`Proc::close_stdin`] (programs that serve until stdin closes).
+    stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
     name: String,
 }
@@ -37,7 +39,7 @@ impl Proc {
     pub fn spawn(name: &str, program: PathBuf, args: &[String]) -> Self {
         let mut child = Command::new(program)
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -51,7 +53,8 @@ impl Proc {
                 let _ = tx.send(line);
             }
         });
-        Self { child, lines, name: name.to_owned() }
+        let stdin = child.stdin.take();
+        Self { child, stdin, lines, name: name.to_owned() }
     }
 
     /// Waits for a stderr line containing `needle`.
@@ -83,6 +86,16 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Closes the child's stdin: a program that serves until stdin closes ends cleanly.
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn kill9(&mut self) {
