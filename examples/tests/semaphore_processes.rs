@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Proc, exe};
+use common::{Proc, field, semaphore, semaphore_owner, semaphore_poster, semaphore_waiter};
 
 /// How soon waiters must learn of a death (the bound).
 const WITHIN: Duration = Duration::from_secs(1);
@@ -17,37 +17,19 @@ fn sock(tag: &str) -> PathBuf {
 }
 
 fn spawn(name: &str, args: &[&str]) -> Proc {
-    let args: Vec<String> = ["--backend", "host", "--json"].iter().chain(args).map(ToString::to_string).collect();
-    Proc::spawn(name, exe("semaphore"), &args)
+    semaphore(name, "host", args)
 }
 
-/// An owner serving until its stdin closes; returns once it is ready.
 fn owner(path: &Path, initial: u64) -> Proc {
-    let p = spawn("owner", &["owner", "--socket", path.to_str().unwrap(), "--initial", &initial.to_string()]);
-    p.wait_for_line("ready", Duration::from_secs(10));
-    p
+    semaphore_owner("host", path, initial)
 }
 
 fn poster(name: &str, path: &Path, count: u64, hold_secs: u64) -> Proc {
-    let (count, hold) = (count.to_string(), hold_secs.to_string());
-    spawn(name, &["post", "--socket", path.to_str().unwrap(), "--count", &count, "--hold-secs", &hold])
+    semaphore_poster(name, "host", path, count, &["--hold-secs", &hold_secs.to_string()])
 }
 
-/// A pure waiter taking up to `count` posts, each wait bounded by `timeout_ms`; with `until_idle` a wait that times
-/// out ends the run as done.
 fn waiter(name: &str, path: &Path, count: u64, timeout_ms: u64, until_idle: bool) -> Proc {
-    let (count, timeout) = (count.to_string(), timeout_ms.to_string());
-    let mut args = vec!["wait", "--socket", path.to_str().unwrap(), "--count", &count, "--timeout-ms", &timeout];
-    if until_idle {
-        args.push("--until-idle");
-    }
-    let p = spawn(name, &args);
-    p.wait_for_line("attached", Duration::from_secs(10));
-    p
-}
-
-fn field<'a>(json: &'a serde_json::Value, key: &str) -> &'a serde_json::Value {
-    json.get(key).unwrap_or_else(|| panic!("no {key} in {json}"))
+    semaphore_waiter(name, "host", path, count, timeout_ms, if until_idle { &["--until-idle"] } else { &[] })
 }
 
 #[test]
@@ -153,6 +135,6 @@ fn the_cpu_round_trip_bench_runs_between_two_processes() {
     assert!(status.success(), "{json}");
     let trips = field(&json, "round_trips").as_array().unwrap();
     assert_eq!(trips.len(), 1, "{json}");
-    let (p50, p99) = (trips[0][2].as_f64().unwrap(), trips[0][3].as_f64().unwrap());
+    let (p50, p99) = (trips[0]["p50_us"].as_f64().unwrap(), trips[0]["p99_us"].as_f64().unwrap());
     assert!(p50 > 0.0 && p50 <= p99, "{json}");
 }

@@ -87,6 +87,9 @@ enum Cmd {
         /// Wait on a CUDA stream (`cuStreamWaitValue64`), then ask how the wait was released.
         #[arg(long)]
         stream: bool,
+        /// With `--stream`: queue this many waits before waiting for the stream (they hold tickets meanwhile).
+        #[arg(long, default_value_t = 1)]
+        stream_ahead: u64,
     },
     /// Round trips between this process and a partner it starts: CPU to CPU, and stream to stream.
     Bench {
@@ -124,8 +127,19 @@ struct Summary {
     ms: f64,
     /// Value of the semaphore at the end, as this process saw it.
     value: i64,
-    /// Round trips (bench): (mode, rounds, p50 us, p99 us, mean us).
-    round_trips: Vec<(String, u64, f64, f64, f64)>,
+    /// Round trips (bench).
+    round_trips: Vec<RoundTrip>,
+}
+
+/// One kind of round trip the bench measured.
+#[derive(Debug, serde::Serialize)]
+struct RoundTrip {
+    /// `cpu<->cpu` or `stream<->stream`.
+    mode: String,
+    rounds: u64,
+    p50_us: f64,
+    p99_us: f64,
+    mean_us: f64,
 }
 
 fn main() -> ExitCode {
@@ -143,8 +157,11 @@ fn main() -> ExitCode {
         let trips: Vec<String> = s
             .round_trips
             .iter()
-            .map(|(mode, n, p50, p99, mean)| {
-                format!("{mode} round trip over {n}: p50 {p50:.1} us, p99 {p99:.1} us, mean {mean:.1} us")
+            .map(|t| {
+                format!(
+                    "{} round trip over {}: p50 {:.1} us, p99 {:.1} us, mean {:.1} us",
+                    t.mode, t.rounds, t.p50_us, t.p99_us, t.mean_us
+                )
             })
             .collect();
         format!("semaphore {}: {} ({} in {:.1} ms) {}", s.role, s.outcome, s.count, s.ms, trips.join("; "))
@@ -153,11 +170,17 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
+    summary.role = match args.command {
+        Cmd::Owner { .. } => "owner",
+        Cmd::Post { .. } => "post",
+        Cmd::Wait { .. } => "wait",
+        Cmd::Bench { .. } => "bench",
+        Cmd::Pong { .. } => "pong",
+    };
     let device = Device::open(args.backend, args.device)?;
     let patience = Duration::from_secs(10);
     match &args.command {
         Cmd::Owner { socket, initial, hold_secs } => {
-            summary.role = "owner";
             let owner = device.create(socket, &OwnerOptions { initial: *initial, ..OwnerOptions::default() })?;
             eprintln!("semaphore owner: ready at {}", owner.path().display());
             if *hold_secs == 0 {
@@ -171,7 +194,6 @@ fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
             Ok(())
         }
         Cmd::Post { socket, count, interval_us, stream, hold_secs } => {
-            summary.role = "post";
             let sem =
                 device.attach(socket, &AttachOptions { name: "post".into(), ..AttachOptions::default() }, patience)?;
             eprintln!("semaphore post: attached");
@@ -194,8 +216,7 @@ fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
             summary.value = sem.value();
             Ok(())
         }
-        Cmd::Wait { socket, count, timeout_ms, until_idle, stream } => {
-            summary.role = "wait";
+        Cmd::Wait { socket, count, timeout_ms, until_idle, stream, stream_ahead } => {
             let options = AttachOptions { name: "wait".into(), posts: false, ..AttachOptions::default() };
             let sem = device.attach(socket, &options, patience)?;
             eprintln!("semaphore wait: attached");
@@ -203,11 +224,12 @@ fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
             let result = (|| {
                 while summary.count < *count {
                     if *stream {
-                        wait_on_stream(&device, &sem, timeout)?;
+                        let batch = (*stream_ahead).clamp(1, *count - summary.count);
+                        summary.count += wait_on_stream(&device, &sem, batch, timeout)?;
                     } else {
                         sem.wait(timeout)?;
+                        summary.count += 1;
                     }
-                    summary.count += 1;
                 }
                 Ok(())
             })();
@@ -218,26 +240,31 @@ fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
             }
         }
         Cmd::Bench { rounds, mode, dir } => {
-            summary.role = "bench";
             summary.round_trips = bench(&device, args, *rounds, mode, dir.clone())?;
             summary.count = *rounds;
             Ok(())
         }
-        Cmd::Pong { ping, pong, rounds, mode } => {
-            summary.role = "pong";
-            pong_side(&device, ping, pong, *rounds, mode)
-        }
+        Cmd::Pong { ping, pong, rounds, mode } => pong_side(&device, ping, pong, *rounds, mode),
     }
 }
 
-/// One stream wait, released by a post (Ok) or not (the error: the poison released it, or nothing did in time).
-fn wait_on_stream(device: &Device, sem: &Semaphore, timeout: Duration) -> Result<(), ExampleError> {
+/// Queues `batch` stream waits, waits (bounded) for the stream, and counts those a post released. The first one
+/// the poison released is the error; one still waiting at the timeout is a timeout.
+fn wait_on_stream(device: &Device, sem: &Semaphore, batch: u64, timeout: Duration) -> Result<u64, ExampleError> {
     let stream = device.stream()?;
-    let wait = sem.wait_on(stream)?;
+    let waits = (0..batch).map(|_| sem.wait_on(stream)).collect::<Result<Vec<_>, _>>()?;
+    eprintln!("semaphore wait: {batch} stream waits queued");
     if !stream_idle_within(stream, timeout)? {
         return Err(SemaphoreError::Timeout { waited: timeout }.into());
     }
-    if sem.wait_status(&wait)? { Ok(()) } else { Err(SemaphoreError::Timeout { waited: timeout }.into()) }
+    let mut released = 0;
+    for wait in &waits {
+        if !sem.wait_status(wait)? {
+            return Err(SemaphoreError::Timeout { waited: timeout }.into());
+        }
+        released += 1;
+    }
+    Ok(released)
 }
 
 /// Rounds a stream queues before it waits for itself (below the ticket slots a process has).
@@ -249,7 +276,7 @@ fn bench(
     rounds: u64,
     mode: &str,
     dir: Option<PathBuf>,
-) -> Result<Vec<(String, u64, f64, f64, f64)>, ExampleError> {
+) -> Result<Vec<RoundTrip>, ExampleError> {
     let dir = dir.unwrap_or_else(std::env::temp_dir);
     let tag = std::process::id();
     let mut out = Vec::new();
@@ -312,7 +339,13 @@ fn bench(
         times.sort();
         let mean = times.iter().sum::<Duration>().as_secs_f64() * 1e6 / times.len().max(1) as f64;
         let label = if mode == "cpu" { "cpu<->cpu" } else { "stream<->stream (per round, batches of 50)" };
-        out.push((label.to_owned(), rounds, percentile_us(&times, 50.0), percentile_us(&times, 99.0), mean));
+        out.push(RoundTrip {
+            mode: label.to_owned(),
+            rounds,
+            p50_us: percentile_us(&times, 50.0),
+            p99_us: percentile_us(&times, 99.0),
+            mean_us: mean,
+        });
     }
     Ok(out)
 }

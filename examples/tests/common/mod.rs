@@ -153,3 +153,45 @@ pub fn consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
     .collect();
     Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)
 }
+
+/// The `semaphore` example program with `--backend BACKEND --json` and `args`.
+pub fn semaphore(name: &str, backend: &str, args: &[&str]) -> Proc {
+    let args: Vec<String> = ["--backend", backend, "--json"].iter().chain(args).map(ToString::to_string).collect();
+    Proc::spawn(name, exe("semaphore"), &args)
+}
+
+/// A semaphore owner serving at `sock` until its stdin closes; returns once it is ready.
+pub fn semaphore_owner(backend: &str, sock: &Path, initial: u64) -> Proc {
+    let initial = initial.to_string();
+    let p = semaphore("owner", backend, &["owner", "--socket", sock.to_str().unwrap(), "--initial", &initial]);
+    p.wait_for_line("ready", Duration::from_secs(30));
+    p
+}
+
+/// A semaphore poster posting `count` times (`extra`: e.g. `--stream`, `--hold-secs N`).
+pub fn semaphore_poster(name: &str, backend: &str, sock: &Path, count: u64, extra: &[&str]) -> Proc {
+    let count = count.to_string();
+    let args: Vec<&str> = ["post", "--socket", sock.to_str().unwrap(), "--count", &count]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    semaphore(name, backend, &args)
+}
+
+/// A pure semaphore waiter taking up to `count` posts, each wait bounded by `timeout_ms` (`extra`: e.g.
+/// `--stream`, `--until-idle`); returns once it is attached.
+pub fn semaphore_waiter(name: &str, backend: &str, sock: &Path, count: u64, timeout_ms: u64, extra: &[&str]) -> Proc {
+    let (count, timeout) = (count.to_string(), timeout_ms.to_string());
+    let args: Vec<&str> = ["wait", "--socket", sock.to_str().unwrap(), "--count", &count, "--timeout-ms", &timeout]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let p = semaphore(name, backend, &args);
+    p.wait_for_line("attached", Duration::from_secs(30));
+    p
+}
+
+/// The field `key` of a JSON summary.
+pub fn field<'a>(json: &'a serde_json::Value, key: &str) -> &'a serde_json::Value {
+    json.get(key).unwrap_or_else(|| panic!("no {key} in {json}"))
+}
