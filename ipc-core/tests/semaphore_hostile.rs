@@ -7,7 +7,11 @@
 //! and the process's open fds come back to what they were before.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
+mod common;
+
+use common::door_client::{connect, hung_up_on, open_fds, random_bytes_are_refused};
+
+use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -35,11 +39,7 @@ const HANDSHAKE: Duration = Duration::from_millis(300);
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn sock(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gpu-ipc-sem-hostile-{}-{name}.sock", std::process::id()))
-}
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
+    common::sock("semaphore-hostile", name)
 }
 
 /// The most fds open over 100 ms: the door's service thread holds a duplicate of each attached peer's connection
@@ -156,12 +156,6 @@ fn survives(name: &str, bad_clients: impl FnOnce(&Path)) {
     rig.finish();
 }
 
-fn connect(path: &Path) -> UnixStream {
-    let stream = UnixStream::connect(path).unwrap();
-    stream.set_read_timeout(Some(T)).unwrap();
-    stream
-}
-
 fn hello(object: ObjectKind, wanted_backend: Option<BackendKind>) -> Vec<u8> {
     let hello = ClientHello {
         protocol_version: PROTOCOL_VERSION,
@@ -171,19 +165,6 @@ fn hello(object: ObjectKind, wanted_backend: Option<BackendKind>) -> Vec<u8> {
         object,
     };
     Message::ClientHello(hello).encode().unwrap()
-}
-
-/// Reads until the owner hangs up, which must be within 2 s; returns what it sent.
-fn hung_up_on(mut stream: UnixStream) -> Vec<u8> {
-    let started = Instant::now();
-    let mut got = Vec::new();
-    match stream.read_to_end(&mut got) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-        Err(e) => panic!("the owner kept a bad client for {:?}: {e}", started.elapsed()),
-    }
-    assert!(started.elapsed() < Duration::from_secs(2), "the owner kept a bad client for {:?}", started.elapsed());
-    got
 }
 
 fn expect_refused(path: &Path, bytes: &[u8], code: RefusalCode) -> String {
@@ -208,31 +189,7 @@ fn take_offer(path: &Path) -> (UnixStream, u32, SemaphoreOffer, OwnedFd) {
 
 #[test]
 fn random_bytes_and_truncated_headers() {
-    survives("random", |path| {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        for len in [1usize, 23, 24, 25, 100, 4096] {
-            let bytes: Vec<u8> = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
-            let stream = connect(path);
-            (&stream).write_all(&bytes).unwrap();
-            if len < 24 {
-                // Less than a header: silence, which the handshake bound ends; hang up ourselves.
-                drop(stream);
-            } else {
-                let answer = hung_up_on(stream);
-                assert!(
-                    matches!(Message::decode(&answer), Ok(Message::Refused(r)) if r.code == RefusalCode::MalformedHello),
-                    "answer to {len} random bytes: {answer:02x?}"
-                );
-            }
-        }
-    });
+    survives("random", random_bytes_are_refused);
 }
 
 #[test]
