@@ -54,6 +54,21 @@ fn posts_from_one_peer_are_taken_by_another_and_a_timed_out_wait_takes_nothing()
 }
 
 #[test]
+fn the_owner_tells_who_is_attached_and_in_which_role() {
+    let owner = SemaphoreOwner::create::<HostFake>(&HostContext, &sock("status"), 0).unwrap();
+    let _poster = attach(&owner, true);
+    let _waiter = attach(&owner, false);
+    eventually("two peers listed", || owner.peers().len() == 2);
+    let report = ipc_core::door::status(owner.path(), Duration::from_secs(5)).unwrap();
+    assert_eq!(report.kind, ipc_core::wire::ObjectKind::Semaphore);
+    let mut details: Vec<&str> = report.peers.iter().map(|p| p.detail.as_str()).collect();
+    details.sort_unstable();
+    assert_eq!(details.len(), 2, "{details:?}");
+    assert!(details[0].ends_with("posts, 0 stream waits queued"), "{details:?}");
+    assert!(details[1].ends_with("waits only, 0 stream waits queued"), "{details:?}");
+}
+
+#[test]
 fn a_waiter_blocked_in_wait_is_released_by_a_post_from_another_thread() {
     let owner = SemaphoreOwner::create::<HostFake>(&HostContext, &sock("release"), 0).unwrap();
     let waiter = Arc::new(attach(&owner, false));

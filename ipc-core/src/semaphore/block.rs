@@ -332,6 +332,17 @@ impl SemaphoreBlock {
                 .is_ok()
     }
 
+    /// Whether `record`'s peer posts, and how many of its stream waits no post has reached yet (for `gpu-ipc ps`).
+    pub(crate) fn peer_summary(&self, record: PeerRecord) -> (bool, usize) {
+        if record.index >= self.max_peers {
+            return (false, 0);
+        }
+        let posts = self.record_word(record, RECORD_FLAGS).load(Ordering::Acquire) & FLAG_POSTS != 0;
+        let posted = self.posted();
+        let queued = self.slots(record).filter(|slot| slot.load(Ordering::Acquire) & !TAKING > posted).count();
+        (posts, queued)
+    }
+
     /// Claims a free record for a connecting peer (the owner's side): `Offered` in a new epoch, with its pid.
     ///
     /// # Errors

@@ -77,6 +77,14 @@ impl ObjectHost for SemaphoreHost {
         }
     }
 
+    fn describe(&self, peer: &PeerInfo) -> String {
+        let record = self.records.lock().unwrap_or_else(PoisonError::into_inner).get(&peer.id).copied();
+        let Some(record) = record else { return String::new() };
+        let (posts, queued) = self.block.peer_summary(record);
+        let role = if posts { "posts" } else { "waits only" };
+        format!("record {}, {role}, {queued} stream waits queued", record.index)
+    }
+
     fn gone(&self, peer: &PeerInfo) {
         let Some(record) = self.take_record(peer) else { return };
         match self.block.peer_gone(record) {
