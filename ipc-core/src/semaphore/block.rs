@@ -40,7 +40,7 @@ impl PeerRecord {
     }
 }
 
-/// What the owner did when a peer's connection ended ([`SemaphoreBlock::peer_gone`]).
+/// What the owner did when a peer's connection ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Departure {
     /// It had detached cleanly; its record is free again.
