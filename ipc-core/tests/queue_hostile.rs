@@ -9,7 +9,9 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use common::door_client::{connect, hung_up_on, random_bytes_are_refused};
+
+use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -35,8 +37,8 @@ const SLOTS: u32 = 4;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Open files, each counted once however many fds name it: the door polls duplicates of attached peers'
-/// sockets, which come and go.
-fn open_fds() -> usize {
+/// sockets, which come and go (so `door_client::open_fds` would count one per attached worker now and then).
+fn open_files() -> usize {
     use std::os::unix::fs::MetadataExt;
     let mut files = std::collections::HashSet::new();
     for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
@@ -153,14 +155,16 @@ fn slots_come_back(rig: &Rig) -> u64 {
     let options = WorkerOptions { name: "late".into(), ..WorkerOptions::default() };
     // A slot offered to a client that has not hung up yet comes back when its handshake times out.
     let late: Vec<QueueWorker<HostFake>> = (0..SLOTS - 2)
-        .map(|i| loop {
-            match QueueWorker::<HostFake>::attach(&HostContext, &rig.path, &options) {
-                Ok(worker) => break worker,
-                Err(e) if Instant::now() < deadline => {
-                    assert!(e.to_string().contains("worker slots"), "late worker {i}: {e}");
-                    thread::sleep(Duration::from_millis(20));
+        .map(|i| {
+            loop {
+                match QueueWorker::<HostFake>::attach(&HostContext, &rig.path, &options) {
+                    Ok(worker) => break worker,
+                    Err(e) if Instant::now() < deadline => {
+                        assert!(e.to_string().contains("worker slots"), "late worker {i}: {e}");
+                        thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => panic!("late worker {i} could not attach: {e}"),
                 }
-                Err(e) => panic!("late worker {i} could not attach: {e}"),
             }
         })
         .collect();
@@ -173,7 +177,7 @@ fn slots_come_back(rig: &Rig) -> u64 {
 fn survives(name: &str, bad_clients: impl FnOnce(&Path)) {
     let _turn = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let rig = Rig::start(name);
-    let baseline = open_fds();
+    let baseline = open_files();
     bad_clients(&rig.path);
     rig.wait_done(100);
     rig.assert_streaming_on_time();
@@ -185,16 +189,10 @@ fn survives(name: &str, bad_clients: impl FnOnce(&Path)) {
 /// Waits up to 3 s for the process's open fds to come back to `baseline`.
 fn fds_back_to(baseline: usize, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(3);
-    while open_fds() > baseline {
-        assert!(Instant::now() < deadline, "{what}: {} fds open, {baseline} before", open_fds());
+    while open_files() > baseline {
+        assert!(Instant::now() < deadline, "{what}: {} fds open, {baseline} before", open_files());
         thread::sleep(Duration::from_millis(10));
     }
-}
-
-fn connect(path: &Path) -> UnixStream {
-    let stream = UnixStream::connect(path).unwrap();
-    stream.set_read_timeout(Some(T)).unwrap();
-    stream
 }
 
 fn hello(object: ObjectKind, backend: Option<BackendKind>) -> Vec<u8> {
@@ -210,13 +208,9 @@ fn hello(object: ObjectKind, backend: Option<BackendKind>) -> Vec<u8> {
 
 /// Sends `bytes` and returns what the owner said before it hung up (within 2 s).
 fn answer_then_hang_up(path: &Path, bytes: &[u8]) -> Vec<u8> {
-    let mut stream = connect(path);
+    let stream = connect(path);
     send_bytes(stream.as_fd(), bytes, Vec::new(), T).unwrap();
-    let started = Instant::now();
-    let mut got = Vec::new();
-    let _ = stream.read_to_end(&mut got);
-    assert!(started.elapsed() < Duration::from_secs(2), "the owner kept a bad client for {:?}", started.elapsed());
-    got
+    hung_up_on(stream)
 }
 
 fn refused_with(path: &Path, bytes: &[u8], code: RefusalCode) -> String {
@@ -229,18 +223,7 @@ fn refused_with(path: &Path, bytes: &[u8], code: RefusalCode) -> String {
 #[test]
 fn random_bytes_and_malformed_hellos() {
     survives("random", |path| {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        for len in [24usize, 25, 100, 4096] {
-            let bytes: Vec<u8> = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
-            refused_with(path, &bytes, RefusalCode::MalformedHello);
-        }
+        random_bytes_are_refused(path);
         let mut bad = hello(ObjectKind::WorkQueue, None);
         bad[32..34].copy_from_slice(&60u16.to_le_bytes());
         refused_with(path, &bad, RefusalCode::MalformedHello);

@@ -94,6 +94,14 @@ impl<B: QueueBackend> ObjectHost for Owner<B> {
         Ok((offer.encode(), fds))
     }
 
+    fn describe(&self, peer: &PeerInfo) -> String {
+        let state = self.lock();
+        match state.slots.iter().position(|s| *s == Slot::Peer(peer.id)) {
+            Some(slot) => format!("worker slot {slot}"),
+            None => String::new(),
+        }
+    }
+
     fn gone(&self, peer: &PeerInfo) {
         let mut state = self.lock();
         if let Some(slot) = state.slots.iter().position(|s| *s == Slot::Peer(peer.id)) {
