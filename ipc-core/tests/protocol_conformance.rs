@@ -12,6 +12,8 @@ use std::path::PathBuf;
 
 use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, MAGIC as RING_MAGIC};
 use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
+use ipc_core::queue::QueueOffer;
+use ipc_core::queue::layout::Geometry;
 use ipc_core::semaphore::SemaphoreOffer;
 use ipc_core::sys::shm::SharedMemory;
 use ipc_core::wire::{
@@ -144,6 +146,15 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 .encode(),
             }),
         ),
+        (
+            "object-offer-work-queue",
+            Message::ObjectOffer(ObjectOffer {
+                kind: ObjectKind::WorkQueue,
+                peer_id: 7,
+                fd_count: 1,
+                body: work_queue_offer().encode(),
+            }),
+        ),
         ("status-request", Message::StatusRequest(StatusRequest)),
         (
             "status-report",
@@ -172,6 +183,27 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
             Message::Refused(Refused { code: RefusalCode::UnsupportedVersion, message: "speak version 1".into() }),
         ),
     ])
+}
+
+/// The work queue offer of the `object-offer-work-queue` example.
+fn work_queue_offer() -> QueueOffer {
+    QueueOffer {
+        backend: BackendKind::Vmm,
+        worker: 3,
+        geometry: Geometry::new(1024, 16, 64).unwrap(),
+        allocation_bytes: 2 << 20,
+        device_uuid: UUID,
+        legacy_mem_handle: None,
+    }
+}
+
+#[test]
+fn the_work_queue_offer_body_decodes_to_its_value() {
+    let blocks = golden_blocks(&doc("protocol.md"), "protocol.md");
+    let Message::ObjectOffer(offer) = Message::decode(&blocks["object-offer-work-queue"]).unwrap() else {
+        panic!("object-offer-work-queue is not an ObjectOffer");
+    };
+    assert_eq!(QueueOffer::decode(&offer.body).unwrap(), work_queue_offer());
 }
 
 #[test]
