@@ -6,7 +6,7 @@
 #include "work_queue.cuh"
 
 // Words of a demo worker's result (see gpu_ipc_wq_demo_worker).
-#define GPU_IPC_WQ_DEMO_RESULT_WORDS 8
+#define GPU_IPC_WQ_DEMO_RESULT_WORDS 10
 
 // A 64-bit mix (the finaliser of MurmurHash3): the unit of the worker's "work".
 static __device__ __forceinline__ gpu_ipc_wq_u64 gpu_ipc_wq_demo_mix(gpu_ipc_wq_u64 x)
@@ -23,12 +23,16 @@ static __device__ __forceinline__ gpu_ipc_wq_u64 gpu_ipc_wq_demo_mix(gpu_ipc_wq_
 // words, each mixed `work_rounds` times) and checks that every word holds the value, lane 0 completes it. Ends when
 // the queue is closed and drained, or `timeout_ns` after the start. Adds into result[0..8]: tasks completed, sum of
 // their values, sum of their squares (wrapping), completions refused (lease lost), warps that reached the deadline,
-// XOR of the work, tasks that were redeliveries (attempt > 0), records with a word that was not the value.
+// XOR of the work, tasks that were redeliveries (attempt > 0), records with a word that was not the value; keeps in
+// result[8] the earliest %globaltimer at which a warp started (the caller sets it to ~0 first) and in result[9] the
+// latest at which one ended: the same clock in every process on the GPU, so runs in several processes can be timed
+// together.
 extern "C" __global__ void gpu_ipc_wq_demo_worker(gpu_ipc_wq_u64* q, unsigned int worker, gpu_ipc_wq_u64 work_rounds,
                                                   gpu_ipc_wq_u64 timeout_ns, gpu_ipc_wq_u64* result)
 {
     const unsigned int all = 0xffffffffu;
     unsigned int lane = threadIdx.x & 31;
+    gpu_ipc_wq_u64 started = gpu_ipc_wq_globaltimer();
     gpu_ipc_wq_u64 deadline = gpu_ipc_wq_deadline(timeout_ns);
     gpu_ipc_wq_u64 completed = 0, sum = 0, squares = 0, lost = 0, timed_out = 0, work = 0, again = 0, bad = 0;
     for (;;) {
@@ -88,6 +92,8 @@ extern "C" __global__ void gpu_ipc_wq_demo_worker(gpu_ipc_wq_u64* q, unsigned in
         atomicXor(&result[5], work);
         atomicAdd(&result[6], again);
         atomicAdd(&result[7], bad);
+        atomicMin(&result[8], started);
+        atomicMax(&result[9], gpu_ipc_wq_globaltimer());
     }
 }
 

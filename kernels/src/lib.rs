@@ -9,6 +9,8 @@
 //! - [`FILL_PATTERN`]`(unsigned int* dst, unsigned long long n_words, unsigned long long seq)`
 //! - [`VERIFY_PATTERN`]`(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
 //!   unsigned long long* mismatches)`
+//! - the work queue's demo worker and producer, [`work_queue::KERNELS`] (their device functions are in
+//!   `kernels/cuda/work_queue.cuh`, for your own kernels).
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -16,6 +18,7 @@ pub mod image;
 pub mod launch;
 pub mod pattern;
 pub mod probe;
+pub mod work_queue;
 
 /// `gpu_ipc_fill_pattern(unsigned int* dst, unsigned long long n_words, unsigned long long seq)`: writes
 /// [`pattern::pattern_word`]`(seq, i)` into word `i` of `dst` for every `i < n_words`.
@@ -39,7 +42,12 @@ mod tests {
         let manifest: serde_json::Value = serde_json::from_str(image::MANIFEST).unwrap();
         let listed: Vec<&str> =
             manifest["kernels"].as_array().unwrap().iter().map(|name| name.as_str().unwrap()).collect();
-        let mut known: Vec<String> = KERNELS.iter().map(|s| (*s).to_owned()).chain(probe::kernel_names()).collect();
+        let mut known: Vec<String> = KERNELS
+            .iter()
+            .map(|s| (*s).to_owned())
+            .chain(probe::kernel_names())
+            .chain(work_queue::KERNELS.iter().map(|s| (*s).to_owned()))
+            .collect();
         known.sort();
         assert_eq!(listed, known);
     }
