@@ -1,6 +1,6 @@
 //! What the example programs share. The `producer` and `consumer`: their command-line vocabulary, how they fill and
 //! check frames ([`work`]: on a GPU, or on the host backend without one) and the summary each prints (one JSON
-//! object with `--json`). The `semaphore` program: [`semaphore`].
+//! object with `--json`). The `semaphore` program: [`semaphore`]. The `work_queue` program: [`work_queue`].
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -14,6 +14,7 @@ use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
 pub mod semaphore;
+pub mod work_queue;
 pub mod work;
 
 /// What both programs set up on the GPU: the device's context, the frame-pattern kernels and one stream.

@@ -51,6 +51,8 @@ fn tasks_go_from_owner_to_workers_and_back_with_their_ids_and_records() {
     assert_eq!(b.stats().unwrap(), stats, "every peer reads the same counters");
     assert!(matches!(a.pop(Duration::from_millis(20)), Err(QueueError::Timeout { .. })));
     assert!(matches!(queue.push(&[0; 25], T), Err(QueueError::RecordTooLarge { len: 25, max: 24 })));
+    // The owner learns of an `Attached` on its door's thread, a moment after `attach` returned.
+    queue.wait_for_workers(2, T).unwrap();
     assert_eq!(queue.workers().len(), 2);
 }
 

@@ -308,7 +308,8 @@ impl<B: QueueBackend> WorkQueue<B> {
     }
 
     /// Waits until every task pushed so far was completed or reported lost (nothing queued, in hand, or waiting
-    /// to be handed out again), up to `timeout`; returns the counters then.
+    /// to be handed out again), up to `timeout`; returns the counters then. Workers that went after completing
+    /// everything they held do not hold this up.
     ///
     /// # Errors
     /// [`QueueError::Timeout`], or the GPU's error.
@@ -320,7 +321,9 @@ impl<B: QueueBackend> WorkQueue<B> {
             Duration::ZERO,
             || {
                 stats = self.stats()?;
-                Ok(stats.completed + stats.lost >= stats.pushed && self.pending_redeliveries() == 0)
+                // A task taken back (waiting to be pushed again, or still in a gone worker's cells) is neither
+                // completed nor lost yet, so this also waits for every redelivery.
+                Ok(stats.completed + stats.lost >= stats.pushed)
             },
             || Ok(()),
             |waited| QueueError::Timeout { waited },
