@@ -15,6 +15,7 @@ pub fn exe(name: &str) -> PathBuf {
             PathBuf::from(match name {
                 "producer" => env!("CARGO_BIN_EXE_producer"),
                 "semaphore" => env!("CARGO_BIN_EXE_semaphore"),
+                "work_queue" => env!("CARGO_BIN_EXE_work_queue"),
                 _ => env!("CARGO_BIN_EXE_consumer"),
             })
         },
@@ -189,6 +190,12 @@ pub fn semaphore_waiter(name: &str, backend: &str, sock: &Path, count: u64, time
     let p = semaphore(name, backend, &args);
     p.wait_for_line("attached", Duration::from_secs(30));
     p
+}
+
+/// The `work_queue` example program with `--backend BACKEND --json` and `args`.
+pub fn work_queue(name: &str, backend: &str, args: &[&str]) -> Proc {
+    let args: Vec<String> = ["--backend", backend, "--json"].iter().chain(args).map(ToString::to_string).collect();
+    Proc::spawn(name, exe("work_queue"), &args)
 }
 
 /// The field `key` of a JSON summary.
