@@ -100,6 +100,37 @@ fn a_gone_workers_tasks_are_handed_out_again_then_reported_lost() {
 }
 
 #[test]
+fn a_worker_dying_while_the_closed_queue_drains_loses_nothing() {
+    let queue = owner("close-death", QueueConfig { reclaim_after: Duration::from_millis(300), ..fast(8, 8) });
+    let survivor = worker(&queue, "survivor");
+    for i in 0..4u64 {
+        queue.push(&i.to_le_bytes(), T).unwrap();
+    }
+    let dying = worker(&queue, "dying");
+    let held = dying.pop_many(2, T).unwrap();
+    queue.close().unwrap();
+    for _ in 0..2 {
+        survivor.pop(T).unwrap().complete().unwrap();
+    }
+    std::mem::forget(held);
+    drop(dying);
+    // The owner hears of the death within milliseconds: from then on the drained queue is not sealed until the two
+    // tasks are back (after `reclaim_after`), so the survivor waits for them instead of seeing the end.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut again = Vec::new();
+    while again.len() < 2 {
+        let task = survivor.pop(T).unwrap();
+        again.push((task.id(), task.attempt()));
+        task.complete().unwrap();
+    }
+    again.sort_unstable();
+    assert_eq!(again, [(0, 1), (1, 1)]);
+    assert!(matches!(survivor.pop(T), Err(QueueError::Closed)));
+    let stats = queue.wait_until_done(T).unwrap();
+    assert_eq!((stats.completed, stats.redelivered, stats.lost), (4, 2, 0));
+}
+
+#[test]
 fn the_workers_slot_is_given_to_the_next_one_once_its_tasks_are_back() {
     let queue = owner("slots", QueueConfig { max_workers: 2, ..fast(8, 8) });
     let only = worker(&queue, "only");

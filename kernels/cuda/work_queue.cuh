@@ -37,6 +37,7 @@ typedef unsigned long long gpu_ipc_wq_u64;
 #define GPU_IPC_WQ_OFF_WORKERS 40
 #define GPU_IPC_WQ_OFF_CAPACITY_LOG2 56
 #define GPU_IPC_WQ_OFF_ABANDONED 80
+#define GPU_IPC_WQ_OFF_RECLAIMING 88
 #define GPU_IPC_WQ_OFF_ENQUEUE 128
 #define GPU_IPC_WQ_OFF_DEQUEUE 256
 // Worker table: one entry per worker slot, counters at these offsets.
@@ -309,6 +310,10 @@ static __device__ int gpu_ipc_wq_try_pop(gpu_ipc_wq_u64* q, unsigned int worker,
         } else if (d == 0 && state == GPU_IPC_WQ_STATE_EMPTY) {
             gpu_ipc_wq_u64 e = gpu_ipc_wq_load_acquire(GPU_IPC_WQ_U64(q, GPU_IPC_WQ_OFF_ENQUEUE));
             if ((e & GPU_IPC_WQ_CLOSED_BIT) == 0) {
+                return GPU_IPC_WQ_EMPTY;
+            }
+            // Tasks taken back from a gone worker may still come: not drained yet.
+            if (gpu_ipc_wq_load_acquire(GPU_IPC_WQ_U64(q, GPU_IPC_WQ_OFF_RECLAIMING)) != 0) {
                 return GPU_IPC_WQ_EMPTY;
             }
             // Closed, and nothing was pushed at p: seal the cell, so that no late push lands where nobody pops.

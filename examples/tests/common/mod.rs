@@ -89,6 +89,14 @@ impl Proc {
         }
     }
 
+    /// Writes `line` to the child's stdin (a program waiting for a go-ahead).
+    pub fn write_line(&mut self, line: &str) {
+        use std::io::Write;
+        if let Some(stdin) = self.stdin.as_mut() {
+            writeln!(stdin, "{line}").unwrap();
+        }
+    }
+
     /// Closes the child's stdin: a program that serves until stdin closes ends cleanly.
     pub fn close_stdin(&mut self) {
         self.stdin = None;

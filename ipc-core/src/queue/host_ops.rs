@@ -156,6 +156,10 @@ impl<'a> HostQueue<'a> {
                     if e & CLOSED == 0 {
                         return Err(Status::Empty);
                     }
+                    // Tasks taken back from a gone worker may still come: not drained yet.
+                    if self.word(header::RECLAIMING).load(ACQ) != 0 {
+                        return Err(Status::Empty);
+                    }
                     if e & !CLOSED <= p && Self::cas(state, s, CellWord::pack(lap, CellState::Sealed, 0)) {
                         return Err(Status::Closed);
                     }

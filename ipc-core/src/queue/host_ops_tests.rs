@@ -73,6 +73,20 @@ fn closing_refuses_pushes_drains_then_seals() {
 }
 
 #[test]
+fn a_closed_queue_is_not_sealed_while_the_owner_takes_tasks_back() {
+    let (memory, g) = queue(8, 8);
+    let q = HostQueue::new(&memory, g).unwrap();
+    q.close();
+    q.add(header::RECLAIMING, 1);
+    assert_eq!(pop(&q, 2), Err(Status::Empty), "tasks may still come back");
+    let again = PushRequest { record: b"aaaaaaaa", id: Some(5), attempt: 1 };
+    assert_eq!(q.push(OWNER_SLOT, &[again], PushFlags::AGAIN)[0], (Status::Ok, 5));
+    q.add(header::RECLAIMING, u64::MAX);
+    assert_eq!(pop(&q, 2).unwrap().id, 5);
+    assert_eq!(pop(&q, 2), Err(Status::Closed));
+}
+
+#[test]
 fn a_redelivery_passes_a_closed_queue_that_is_not_drained() {
     let (memory, g) = queue(8, 8);
     let q = HostQueue::new(&memory, g).unwrap();

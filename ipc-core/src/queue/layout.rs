@@ -70,6 +70,9 @@ pub mod header {
     pub const LOST: u64 = 72;
     /// u64 counter: pushes cut off by their pusher's end (never published, so never tasks).
     pub const ABANDONED: u64 = 80;
+    /// u64: nonzero while the owner is taking a gone worker's tasks back or pushing them again; pops do not seal a
+    /// closed queue meanwhile.
+    pub const RECLAIMING: u64 = 88;
     /// u64: the next position to push at, with [`CLOSED`](super::CLOSED) in bit 63. A 128-byte line of its own.
     pub const ENQUEUE: u64 = 128;
     /// u64: the next position to pop at. A 128-byte line of its own.
@@ -348,6 +351,7 @@ mod tests {
             ("GPU_IPC_WQ_OFF_WORKERS", header::WORKERS),
             ("GPU_IPC_WQ_OFF_CAPACITY_LOG2", header::CAPACITY_LOG2),
             ("GPU_IPC_WQ_OFF_ABANDONED", header::ABANDONED),
+            ("GPU_IPC_WQ_OFF_RECLAIMING", header::RECLAIMING),
             ("GPU_IPC_WQ_OFF_ENQUEUE", header::ENQUEUE),
             ("GPU_IPC_WQ_OFF_DEQUEUE", header::DEQUEUE),
             ("GPU_IPC_WQ_WORKER_ENTRY_BYTES", WORKER_ENTRY_BYTES),

@@ -29,7 +29,9 @@ const IDLE: Duration = Duration::from_millis(100);
 
 /// The reaper's loop, until the owner stops.
 pub(super) fn run<B: QueueBackend>(owner: &Owner<B>) {
+    let mut gate_raised = false;
     loop {
+        hold_the_seal(owner, &mut gate_raised);
         let due = {
             let mut state = owner.lock();
             if owner.stop.load(Ordering::Acquire) {
@@ -66,6 +68,25 @@ pub(super) fn run<B: QueueBackend>(owner: &Owner<B>) {
                 let state = owner.lock();
                 let _ = owner.wake.wait_timeout(state, RETRY);
             }
+        }
+    }
+}
+
+/// Keeps the header's `RECLAIMING` word nonzero while a gone worker's cells are still to be looked at or tasks
+/// taken back are still to be pushed again: pops do not seal a closed queue meanwhile (they say "empty", and the
+/// tasks come back to them), so that closing and a worker's death at the same time lose nothing. Raised as soon as
+/// the reaper hears of the death, long before `reclaim_after` has passed.
+fn hold_the_seal<B: QueueBackend>(owner: &Owner<B>, raised: &mut bool) {
+    let wanted = {
+        let state = owner.lock();
+        !state.backlog.is_empty() || state.slots.iter().any(|s| *s == Slot::Reclaiming)
+    };
+    if wanted != *raised {
+        let local = &owner.local;
+        let delta = if wanted { 1 } else { u64::MAX };
+        match local.engine().add(local.access(), header::RECLAIMING, delta) {
+            Ok(()) => *raised = wanted,
+            Err(error) => tracing::error!(%error, "work queue: the reclaim gate could not be moved; trying again"),
         }
     }
 }

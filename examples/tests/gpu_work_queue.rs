@@ -1,0 +1,146 @@
+//! The work queue on a real GPU, between processes (the `work_queue` example program), for both backends: tasks
+//! pushed from a kernel and popped by kernels of two other processes; pushed from the CPU and popped by a kernel
+//! and by the CPU; a worker SIGKILLed while its kernel pops (its tasks handed out again, none lost, none completed
+//! twice); and the tasks-per-second bench (one process on its own queue, 1 and 4 worker processes), whose rows are
+//! printed and (with `GPU_IPC_RESULTS_DIR` set) appended to `work-queue-<GPU_IPC_RESULTS_TAG>.jsonl` there.
+//! Ignored without a GPU.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{Proc, field, work_queue};
+use gpu_ipc::kernels::work_queue::DemoSums;
+
+const BACKENDS: [&str; 2] = ["legacy", "vmm"];
+const FINISH: Duration = Duration::from_secs(120);
+
+fn sock(backend: &str, tag: &str) -> PathBuf {
+    common::socket(&format!("gpu-wq-{backend}-{tag}"))
+}
+
+fn count(json: &serde_json::Value, key: &str) -> u64 {
+    field(json, key).as_u64().unwrap_or_else(|| panic!("{key} is not a number in {json}"))
+}
+
+fn sums(json: &serde_json::Value) -> DemoSums {
+    serde_json::from_value(field(json, "sums").clone()).unwrap()
+}
+
+fn owner(backend: &str, path: &str, tasks: u64, workers: usize, extra: &[&str]) -> Proc {
+    let (tasks, workers) = (tasks.to_string(), workers.to_string());
+    let args: Vec<&str> = ["owner", "--socket", path, "--tasks", &tasks, "--workers", &workers]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let p = work_queue("owner", backend, &args);
+    p.wait_for_line("serving", Duration::from_secs(60));
+    p
+}
+
+fn worker(name: &str, backend: &str, path: &str, extra: &[&str]) -> Proc {
+    let args: Vec<&str> = ["worker", "--socket", path, "--name", name].into_iter().chain(extra.iter().copied()).collect();
+    work_queue(name, backend, &args)
+}
+
+/// Finishes the owner and the workers; checks that every task was completed once and the workers' tasks add up.
+fn every_task_once(backend: &str, owner: Proc, workers: Vec<Proc>, tasks: u64) {
+    let (status, _, json) = owner.finish(FINISH);
+    assert!(status.success(), "{backend} owner: {json}");
+    let stats = field(&json, "stats");
+    assert_eq!((count(stats, "completed"), count(stats, "lost")), (tasks, 0), "{backend}: {json}");
+    let mut total = DemoSums::default();
+    for w in workers {
+        let (status, _, json) = w.finish(FINISH);
+        assert!(status.success(), "{backend} worker: {json}");
+        assert_eq!(count(&json, "bad_records"), 0, "{backend}: {json}");
+        total = total.merge(sums(&json));
+    }
+    assert_eq!(total, DemoSums::of_range(0, tasks), "{backend}: the workers' tasks are exactly those pushed");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tasks_pushed_by_a_kernel_are_popped_by_kernels_of_two_other_processes() {
+    const TASKS: u64 = 500_000;
+    for backend in BACKENDS {
+        let path = sock(backend, "kernels");
+        let p = path.to_str().unwrap();
+        let owner = owner(backend, p, TASKS, 2, &["--push", "kernel", "--capacity", "65536"]);
+        let workers = vec![
+            worker("kernel-a", backend, p, &["--pop", "kernel"]),
+            worker("kernel-b", backend, p, &["--pop", "kernel", "--work-rounds", "16"]),
+        ];
+        every_task_once(backend, owner, workers, TASKS);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tasks_pushed_from_the_cpu_are_popped_by_a_kernel_and_by_the_cpu() {
+    const TASKS: u64 = 100_000;
+    for backend in BACKENDS {
+        let path = sock(backend, "mixed");
+        let p = path.to_str().unwrap();
+        let owner = owner(backend, p, TASKS, 2, &["--record-bytes", "64"]);
+        let workers =
+            vec![worker("kernel", backend, p, &["--pop", "kernel"]), worker("cpu", backend, p, &["--batch", "128"])];
+        every_task_once(backend, owner, workers, TASKS);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_worker_killed_while_its_kernel_pops_loses_no_task() {
+    const TASKS: u64 = 1_000_000;
+    for backend in BACKENDS {
+        let path = sock(backend, "kill");
+        let p = path.to_str().unwrap();
+        let owner = owner(backend, p, TASKS, 2, &["--push", "kernel", "--capacity", "65536", "--reclaim-ms", "500"]);
+        // Slow work, so that both kernels are still popping when the victim dies.
+        let survivor = worker("survivor", backend, p, &["--pop", "kernel", "--work-rounds", "2000"]);
+        let mut victim = worker("victim", backend, p, &["--pop", "kernel", "--work-rounds", "2000", "--wait-go"]);
+        victim.wait_for_line("ready", FINISH);
+        victim.write_line("go");
+        std::thread::sleep(Duration::from_millis(1500));
+        victim.kill9();
+        let (status, _, json) = owner.finish(FINISH);
+        assert!(status.success(), "{backend} owner: {json}");
+        let stats = field(&json, "stats");
+        assert_eq!((count(stats, "completed"), count(stats, "lost")), (TASKS, 0), "{backend}: {json}");
+        assert!(count(stats, "redelivered") >= 1, "{backend}: the victim's kernel held no task when killed: {json}");
+        let (status, _, json) = survivor.finish(FINISH);
+        assert!(status.success(), "{backend} survivor: {json}");
+        assert_eq!(count(&json, "bad_records"), 0, "{backend}: {json}");
+        assert_eq!(count(&json, "redelivered"), count(stats, "redelivered"), "{backend}: the survivor took them all");
+        victim.finish(FINISH);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn kernels_popping_in_one_and_four_processes_against_one_process_on_its_own_queue() {
+    for backend in BACKENDS {
+        let (status, _, json) = work_queue("bench", backend, &["bench", "--tasks", "1000000", "--workers", "1,4"])
+            .finish(Duration::from_secs(300));
+        assert!(status.success(), "{backend} bench: {json}");
+        let rows = field(&json, "rows").as_array().unwrap();
+        let shape: Vec<(String, u64)> =
+            rows.iter().map(|r| (field(r, "mode").as_str().unwrap().to_owned(), count(r, "workers"))).collect();
+        assert_eq!(shape, [("local".into(), 1), ("processes".into(), 1), ("processes".into(), 4)], "{json}");
+        for row in rows {
+            assert_eq!(field(row, "ok"), true, "{backend}: {row}");
+            assert!(field(row, "tasks_per_s").as_f64().unwrap() > 0.0, "{backend}: {row}");
+            println!("work queue {backend}: {row}");
+        }
+        if let Ok(dir) = std::env::var("GPU_IPC_RESULTS_DIR") {
+            let tag = std::env::var("GPU_IPC_RESULTS_TAG").unwrap_or_else(|_| "run".into());
+            let path = PathBuf::from(dir).join(format!("work-queue-{tag}.jsonl"));
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+            writeln!(file, "{}", serde_json::json!({ "backend": backend, "rows": rows })).unwrap();
+        }
+    }
+}
