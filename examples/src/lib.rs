@@ -14,8 +14,8 @@ use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
 pub mod semaphore;
-pub mod work_queue;
 pub mod work;
+pub mod work_queue;
 
 /// What both programs set up on the GPU: the device's context, the frame-pattern kernels and one stream.
 pub struct Gpu {

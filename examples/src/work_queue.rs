@@ -60,7 +60,11 @@ pub trait QueueProgram {
 ///
 /// # Errors
 /// A backend not compiled into this build, no driver, or the program's error.
-pub fn run_queue_program<P: QueueProgram>(kind: BackendKind, ordinal: i32, program: P) -> Result<P::Output, ExampleError> {
+pub fn run_queue_program<P: QueueProgram>(
+    kind: BackendKind,
+    ordinal: i32,
+    program: P,
+) -> Result<P::Output, ExampleError> {
     if !kind.is_gpu() {
         return program.run::<HostFake>(&HostContext, None);
     }

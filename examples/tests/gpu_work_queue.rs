@@ -42,7 +42,8 @@ fn owner(backend: &str, path: &str, tasks: u64, workers: usize, extra: &[&str]) 
 }
 
 fn worker(name: &str, backend: &str, path: &str, extra: &[&str]) -> Proc {
-    let args: Vec<&str> = ["worker", "--socket", path, "--name", name].into_iter().chain(extra.iter().copied()).collect();
+    let args: Vec<&str> =
+        ["worker", "--socket", path, "--name", name].into_iter().chain(extra.iter().copied()).collect();
     work_queue(name, backend, &args)
 }
 

@@ -41,7 +41,8 @@ fn tasks_go_through_three_worker_processes_exactly_once_with_one_killed_while_ho
         work_queue("worker-a", "host", &["worker", "--socket", p, "--name", "a"]),
         work_queue("worker-b", "host", &["worker", "--socket", p, "--name", "b"]),
     ];
-    let mut victim = work_queue("victim", "host", &["worker", "--socket", p, "--name", "victim", "--stall-after", "2000"]);
+    let mut victim =
+        work_queue("victim", "host", &["worker", "--socket", p, "--name", "victim", "--stall-after", "2000"]);
     victim.wait_for_line("holding", FINISH);
     victim.kill9();
     let (status, _, json) = owner.finish(FINISH);

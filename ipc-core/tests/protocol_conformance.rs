@@ -10,10 +10,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, MAGIC as RING_MAGIC};
-use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
 use ipc_core::queue::QueueOffer;
 use ipc_core::queue::layout::Geometry;
+use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, MAGIC as RING_MAGIC};
+use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
 use ipc_core::semaphore::SemaphoreOffer;
 use ipc_core::sys::shm::SharedMemory;
 use ipc_core::wire::{

@@ -47,11 +47,11 @@ pub struct DemoSums {
 impl DemoSums {
     /// The sums of the values `first .. first + count`.
     pub fn of_range(first: u64, count: u64) -> Self {
-        (first..first + count).fold(Self::default(), |s, v| s.add(v))
+        (first..first + count).fold(Self::default(), |s, v| s.with(v))
     }
 
     /// With one more value.
-    pub fn add(self, value: u64) -> Self {
+    pub fn with(self, value: u64) -> Self {
         Self {
             count: self.count + 1,
             sum: self.sum.wrapping_add(value),
@@ -249,6 +249,6 @@ mod tests {
         assert_eq!(whole.count, 1000);
         assert_eq!(whole.sum, (10..1010).sum::<u64>());
         assert_eq!(DemoSums::of_range(10, 400).merge(DemoSums::of_range(410, 600)), whole);
-        assert_ne!(DemoSums::of_range(10, 999).add(10), whole, "a task done twice and one missed show");
+        assert_ne!(DemoSums::of_range(10, 999).with(10), whole, "a task done twice and one missed show");
     }
 }

@@ -196,7 +196,9 @@ fn main() -> ExitCode {
     }
     print_summary(args.json, &summary, |s| match (s.role, &s.stats) {
         ("bench", _) => s.rows.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>().join("\n"),
-        (_, Some(stats)) => format!("{}: {} in {:.3} s ({:.0} tasks/s): {stats:?}", s.role, s.outcome, s.seconds, s.tasks_per_s),
+        (_, Some(stats)) => {
+            format!("{}: {} in {:.3} s ({:.0} tasks/s): {stats:?}", s.role, s.outcome, s.seconds, s.tasks_per_s)
+        }
         _ => format!("{}: {} {:?} in {:.3} s ({:.0} tasks/s)", s.role, s.outcome, s.sums, s.seconds, s.tasks_per_s),
     });
     ExitCode::from(exit_status(&result))
@@ -246,10 +248,16 @@ impl QueueProgram for Owner<'_> {
     }
 }
 
-fn push_from_cpu<B: QueueBackend>(queue: &WorkQueue<B>, tasks: u64, record_bytes: u32, timeout: Duration) -> Result<(), ExampleError> {
+fn push_from_cpu<B: QueueBackend>(
+    queue: &WorkQueue<B>,
+    tasks: u64,
+    record_bytes: u32,
+    timeout: Duration,
+) -> Result<(), ExampleError> {
     let mut next = 0;
     while next < tasks {
-        let records: Vec<Vec<u8>> = (next..(next + 256).min(tasks)).map(|v| demo_record(v, record_bytes as usize)).collect();
+        let records: Vec<Vec<u8>> =
+            (next..(next + 256).min(tasks)).map(|v| demo_record(v, record_bytes as usize)).collect();
         let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
         let pushed = retry_until("pushing", timeout, Duration::from_micros(50), || {
             let ids = queue.try_push_many(&refs)?;
@@ -273,7 +281,9 @@ fn push_from_kernel<B: QueueBackend>(
     gpu.finish("the producer kernel", timeout + Duration::from_secs(5))?;
     match gpu.kernels.producer_result()? {
         (pushed, 0) if pushed == tasks => Ok(()),
-        (pushed, failed) => Err(ExampleError::Usage(format!("the producer kernel pushed {pushed} of {tasks} ({failed} failed)"))),
+        (pushed, failed) => {
+            Err(ExampleError::Usage(format!("the producer kernel pushed {pushed} of {tasks} ({failed} failed)")))
+        }
     }
 }
 
@@ -286,7 +296,8 @@ struct Worker<'a> {
 impl QueueProgram for Worker<'_> {
     type Output = ();
     fn run<B: QueueBackend>(self, ctx: &B::Context, gpu: Option<&Gpu>) -> Result<(), ExampleError> {
-        let Cmd::Worker { socket, name, pop, batch, stall_after, warps_per_sm, work_rounds, wait_go } = &self.args.command
+        let Cmd::Worker { socket, name, pop, batch, stall_after, warps_per_sm, work_rounds, wait_go } =
+            &self.args.command
         else {
             return Err(ExampleError::Usage("not a worker".into()));
         };
@@ -356,7 +367,7 @@ fn pop_on_cpu<B: QueueBackend>(
             summary.bad_records += u64::from(words.is_empty() || words.iter().any(|&w| w != value));
             summary.redelivered += u64::from(task.attempt() > 0);
             task.complete()?;
-            summary.sums = summary.sums.add(value);
+            summary.sums = summary.sums.with(value);
         }
     }
 }
@@ -429,8 +440,18 @@ impl Bench<'_> {
             let child = Command::new(&exe)
                 .args(["worker", "--pop", "kernel", "--wait-go", "--json", "--name", &format!("bench-{i}")])
                 .args(["--socket", &socket.display().to_string(), "--backend", self.args.backend.name()])
-                .args(["--device", &self.args.device.to_string(), "--timeout-secs", &self.args.timeout_secs.to_string()])
-                .args(["--warps-per-sm", &self.warps_per_sm.to_string(), "--work-rounds", &self.work_rounds.to_string()])
+                .args([
+                    "--device",
+                    &self.args.device.to_string(),
+                    "--timeout-secs",
+                    &self.args.timeout_secs.to_string(),
+                ])
+                .args([
+                    "--warps-per-sm",
+                    &self.warps_per_sm.to_string(),
+                    "--work-rounds",
+                    &self.work_rounds.to_string(),
+                ])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -459,8 +480,8 @@ impl Bench<'_> {
         for child in children {
             let out = child.wait_with_output().map_err(|e| ExampleError::Usage(format!("a worker: {e}")))?;
             let text = String::from_utf8_lossy(&out.stdout);
-            let json: serde_json::Value =
-                serde_json::from_str(text.trim()).map_err(|e| ExampleError::Usage(format!("a worker's summary: {e}: {text}")))?;
+            let json: serde_json::Value = serde_json::from_str(text.trim())
+                .map_err(|e| ExampleError::Usage(format!("a worker's summary: {e}: {text}")))?;
             if !out.status.success() {
                 return Err(ExampleError::Usage(format!("a worker failed ({}): {json}", out.status)));
             }

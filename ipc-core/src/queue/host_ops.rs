@@ -142,13 +142,15 @@ impl<'a> HostQueue<'a> {
             let w = CellWord::unpack(s);
             let d = lap_delta(w.lap, lap);
             match w.state {
-                Some(CellState::Full) if d == 0 => {
-                    if Self::cas(state, s, CellWord::pack(lap, CellState::Leased, slot)) {
-                        let _ = dequeue.compare_exchange(p, p + 1, ACQ_REL, ACQ);
-                        self.count(slot, worker::POPPED);
-                        return Ok(self.read_task(p));
-                    }
+                Some(CellState::Full)
+                    if d == 0 && Self::cas(state, s, CellWord::pack(lap, CellState::Leased, slot)) =>
+                {
+                    let _ = dequeue.compare_exchange(p, p + 1, ACQ_REL, ACQ);
+                    self.count(slot, worker::POPPED);
+                    return Ok(self.read_task(p));
                 }
+                // Another pop won the cell: look again.
+                Some(CellState::Full) if d == 0 => {}
                 Some(CellState::Sealed) if d == 0 => return Err(Status::Closed),
                 Some(CellState::Writing) if d == 0 => return Err(Status::Empty),
                 Some(CellState::Empty) if d == 0 => {
@@ -217,16 +219,12 @@ impl<'a> HostQueue<'a> {
             let position = (w.lap << self.g.capacity_log2) | index;
             match w.state {
                 Some(CellState::Leased) if reclaimed.stolen.len() >= max => reclaimed.more = true,
-                Some(CellState::Leased) => {
-                    if Self::cas(state, s, CellWord::pack(w.lap, CellState::Leased, owner)) {
-                        reclaimed.stolen.push(self.read_task(position));
-                    }
+                Some(CellState::Leased) if Self::cas(state, s, CellWord::pack(w.lap, CellState::Leased, owner)) => {
+                    reclaimed.stolen.push(self.read_task(position));
                 }
-                Some(CellState::Writing) => {
-                    if Self::cas(state, s, CellWord::pack(w.lap + 1, CellState::Empty, 0)) {
-                        reclaimed.abandoned += 1;
-                        self.word(header::ABANDONED).fetch_add(1, Ordering::Relaxed);
-                    }
+                Some(CellState::Writing) if Self::cas(state, s, CellWord::pack(w.lap + 1, CellState::Empty, 0)) => {
+                    reclaimed.abandoned += 1;
+                    self.word(header::ABANDONED).fetch_add(1, Ordering::Relaxed);
                 }
                 _ => {}
             }

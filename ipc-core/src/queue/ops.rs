@@ -90,7 +90,7 @@ pub(super) enum Engine {
     /// The CPU, on host memory.
     Host(Geometry),
     /// The GPU, through the queue's kernels (one stream and staging area, used by one thread at a time).
-    Gpu(Mutex<GpuOps>),
+    Gpu(Box<Mutex<GpuOps>>),
 }
 
 impl Engine {
@@ -101,7 +101,7 @@ impl Engine {
                 HostQueue::new(memory, g)?;
                 Ok(Self::Host(g))
             }
-            (MemoryAccess::Device(_), Some(ctx)) => Ok(Self::Gpu(Mutex::new(GpuOps::new(ctx, g)?))),
+            (MemoryAccess::Device(_), Some(ctx)) => Ok(Self::Gpu(Box::new(Mutex::new(GpuOps::new(ctx, g)?)))),
             (MemoryAccess::Device(_), None) => Err(QueueError::NeedsGpu { what: "a queue in device memory" }),
         }
     }

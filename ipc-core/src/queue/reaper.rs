@@ -79,7 +79,7 @@ pub(super) fn run<B: QueueBackend>(owner: &Owner<B>) {
 fn hold_the_seal<B: QueueBackend>(owner: &Owner<B>, raised: &mut bool) {
     let wanted = {
         let state = owner.lock();
-        !state.backlog.is_empty() || state.slots.iter().any(|s| *s == Slot::Reclaiming)
+        !state.backlog.is_empty() || state.slots.contains(&Slot::Reclaiming)
     };
     if wanted != *raised {
         let local = &owner.local;
