@@ -119,6 +119,28 @@ impl GpuOps {
         Ok(u64::from_le_bytes(bytes))
     }
 
+    /// Clears the result words and runs kernel `which` as `(queue, a, [b,] entries, count, out)`, the shape of every
+    /// staging kernel (`a`: the worker slot; `b`: flags, or the gone worker for the reclaim pass).
+    #[allow(clippy::too_many_arguments)]
+    fn run_staged(
+        &mut self,
+        which: usize,
+        queue: DeviceSpan<'_>,
+        a: u16,
+        b: Option<u32>,
+        count: usize,
+        blocks: u32,
+        threads: u32,
+    ) -> Result<(), QueueError> {
+        self.clear_out()?;
+        let staging = self.staging.clone();
+        let (out, entries) = spans(&staging)?;
+        let mut args = vec![KernelArg::Span(queue), KernelArg::U32(u32::from(a))];
+        args.extend(b.map(KernelArg::U32));
+        args.extend([KernelArg::Span(entries), KernelArg::U32(count as u32), KernelArg::Span(out)]);
+        self.run(which, blocks, threads, &args)
+    }
+
     /// Launches kernel `which` with one thread (or `grid` blocks for the reclaim pass) and waits for it.
     fn run(&mut self, which: usize, blocks: u32, threads: u32, args: &Args<'_>) -> Result<(), QueueError> {
         if self.stuck {
@@ -179,21 +201,8 @@ impl GpuOps {
                 self.memory().write_bytes(at, &head)?;
                 self.memory().write_bytes(at + cell::RECORD as usize, request.record)?;
             }
-            self.clear_out()?;
             let bits = u32::from(flags.count) | u32::from(flags.force) << 1;
-            {
-                let staging = self.staging.clone();
-                let (out, entries) = spans(&staging)?;
-                let args = vec![
-                    KernelArg::Span(queue),
-                    KernelArg::U32(u32::from(slot)),
-                    KernelArg::U32(bits),
-                    KernelArg::Span(entries),
-                    KernelArg::U32(chunk.len() as u32),
-                    KernelArg::Span(out),
-                ];
-                self.run(0, 1, 1, &args)?;
-            }
+            self.run_staged(0, queue, slot, Some(bits), chunk.len(), 1, 1)?;
             let attempted = (self.out_word(0)? as usize).min(chunk.len());
             for i in 0..attempted {
                 done.push((Status::from_code(self.entry_word(i, 0)?), self.entry_word(i, cell::ID)?));
@@ -212,19 +221,7 @@ impl GpuOps {
         max: usize,
     ) -> Result<(Vec<TaskData>, Status), QueueError> {
         let want = max.min(self.batch.max(1));
-        self.clear_out()?;
-        {
-            let staging = self.staging.clone();
-            let (out, entries) = spans(&staging)?;
-            let args = vec![
-                KernelArg::Span(queue),
-                KernelArg::U32(u32::from(slot)),
-                KernelArg::Span(entries),
-                KernelArg::U32(want as u32),
-                KernelArg::Span(out),
-            ];
-            self.run(1, 1, 1, &args)?;
-        }
+        self.run_staged(1, queue, slot, None, want, 1, 1)?;
         let got = (self.out_word(0)? as usize).min(want);
         let status = if got == want { Status::Ok } else { Status::from_code(self.out_word(1)?) };
         let tasks = (0..got).map(|i| self.read_entry(i)).collect::<Result<Vec<_>, _>>()?;
@@ -256,20 +253,7 @@ impl GpuOps {
         for chunk in positions.chunks(per_launch) {
             let bytes: Vec<u8> = chunk.iter().flat_map(|p| p.to_le_bytes()).collect();
             self.memory().write_bytes(OUT_BYTES as usize, &bytes)?;
-            self.clear_out()?;
-            {
-                let staging = self.staging.clone();
-                let (out, entries) = spans(&staging)?;
-                let args = vec![
-                    KernelArg::Span(queue),
-                    KernelArg::U32(u32::from(slot)),
-                    KernelArg::U32(u32::from(count)),
-                    KernelArg::Span(entries),
-                    KernelArg::U32(chunk.len() as u32),
-                    KernelArg::Span(out),
-                ];
-                self.run(2, 1, 1, &args)?;
-            }
+            self.run_staged(2, queue, slot, Some(u32::from(count)), chunk.len(), 1, 1)?;
             for i in 0..chunk.len() {
                 done.push(self.out_word(i)? == 1);
             }
@@ -285,21 +269,8 @@ impl GpuOps {
         max: usize,
     ) -> Result<Reclaimed, QueueError> {
         let want = max.min(self.batch.max(1));
-        self.clear_out()?;
         let blocks = self.g.capacity.div_ceil(u64::from(RECLAIM_THREADS)).min(1024) as u32;
-        {
-            let staging = self.staging.clone();
-            let (out, entries) = spans(&staging)?;
-            let args = vec![
-                KernelArg::Span(queue),
-                KernelArg::U32(u32::from(owner)),
-                KernelArg::U32(u32::from(dead)),
-                KernelArg::Span(entries),
-                KernelArg::U32(want as u32),
-                KernelArg::Span(out),
-            ];
-            self.run(3, blocks, RECLAIM_THREADS, &args)?;
-        }
+        self.run_staged(3, queue, owner, Some(u32::from(dead)), want, blocks, RECLAIM_THREADS)?;
         let (tickets, abandoned, put_back) = (self.out_word(0)?, self.out_word(1)?, self.out_word(2)?);
         let stolen = (tickets as usize).min(want);
         let stolen = (0..stolen).map(|i| self.read_entry(i)).collect::<Result<Vec<_>, _>>()?;

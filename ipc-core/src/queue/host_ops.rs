@@ -15,6 +15,21 @@ const MAX_TRIES: u32 = 4096;
 const ACQ: Ordering = Ordering::Acquire;
 const ACQ_REL: Ordering = Ordering::AcqRel;
 
+/// A position's cell as one look saw it.
+struct Look<'a> {
+    /// The position word as read (the enqueue position keeps its closed bit here).
+    e: u64,
+    /// The position.
+    p: u64,
+    lap: u64,
+    state: &'a AtomicU64,
+    /// The state word as read, and unpacked.
+    s: u64,
+    w: CellWord,
+    /// How far the cell's lap is from the position's.
+    d: i64,
+}
+
 /// A queue in host memory, seen as atomics.
 pub(super) struct HostQueue<'a> {
     memory: &'a SharedMemory,
@@ -40,6 +55,17 @@ impl<'a> HostQueue<'a> {
 
     fn state(&self, position: u64) -> &AtomicU64 {
         self.word(self.g.cell(position) + cell::STATE)
+    }
+
+    /// The cell of the position in `position_word`, as it is now.
+    fn look(&self, position_word: &AtomicU64) -> Look<'_> {
+        let e = position_word.load(ACQ);
+        let p = e & !CLOSED;
+        let lap = self.g.lap(p);
+        let state = self.state(p);
+        let s = state.load(ACQ);
+        let w = CellWord::unpack(s);
+        Look { e, p, lap, state, s, w, d: lap_delta(w.lap, lap) }
     }
 
     fn cas(word: &AtomicU64, current: u64, new: u64) -> bool {
@@ -73,16 +99,11 @@ impl<'a> HostQueue<'a> {
     fn push_one(&self, slot: u16, request: &PushRequest<'_>, flags: PushFlags) -> (Status, u64) {
         let enqueue = self.word(header::ENQUEUE);
         for _ in 0..MAX_TRIES {
-            let e = enqueue.load(ACQ);
-            let (closed, p) = (e & CLOSED, e & !CLOSED);
+            let Look { e, p, lap, state, s, w, d } = self.look(enqueue);
+            let closed = e & CLOSED;
             if closed != 0 && !flags.force {
                 return (Status::Closed, 0);
             }
-            let lap = self.g.lap(p);
-            let state = self.state(p);
-            let s = state.load(ACQ);
-            let w = CellWord::unpack(s);
-            let d = lap_delta(w.lap, lap);
             match w.state {
                 Some(CellState::Empty) if d == 0 => {
                     let writing = CellWord::pack(lap, CellState::Writing, slot);
@@ -135,12 +156,7 @@ impl<'a> HostQueue<'a> {
     fn pop_one(&self, slot: u16) -> Result<TaskData, Status> {
         let dequeue = self.word(header::DEQUEUE);
         for _ in 0..MAX_TRIES {
-            let p = dequeue.load(ACQ);
-            let lap = self.g.lap(p);
-            let state = self.state(p);
-            let s = state.load(ACQ);
-            let w = CellWord::unpack(s);
-            let d = lap_delta(w.lap, lap);
+            let Look { p, lap, state, s, w, d, .. } = self.look(dequeue);
             match w.state {
                 Some(CellState::Full)
                     if d == 0 && Self::cas(state, s, CellWord::pack(lap, CellState::Leased, slot)) =>
