@@ -213,7 +213,11 @@ mod tests {
                 Err(WireError::InvalidLayout { source: LayoutError::SlotBytes { .. }, .. })
             ));
         }
+        // A 2 x 2 gray8 frame (rows padded to 4 bytes) is 8 bytes too, but another tensor; a 4 x 4 one is 16 bytes.
         let frame = FrameGeometry::new(2, 2, PixelFormat::Gray8).unwrap();
+        let err = SlotLayout::tensors(t.clone()).check_is_frame(frame).unwrap_err();
+        assert!(matches!(err, LayoutError::NotTheFrame { what: "tensor", .. }), "{err}");
+        let frame = FrameGeometry::new(4, 4, PixelFormat::Gray8).unwrap();
         let err = SlotLayout::tensors(t).check_is_frame(frame).unwrap_err();
         assert!(matches!(err, LayoutError::NotTheFrame { what: "bytes", .. }), "{err}");
     }
