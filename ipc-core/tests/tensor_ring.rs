@@ -13,12 +13,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
-use rustix::event::{PollFd, PollFlags, Timespec};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use ipc_core::wire::{
     ClientHello, DType, HEADER_BYTES, Header, MAGIC, Message, ObjectKind, PixelFormat, RefusalCode, Refused,
     RendezvousListener, RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError, recv_bytes, send_bytes,
 };
+use rustix::event::{PollFd, PollFlags, Timespec};
 
 const T: Duration = Duration::from_secs(10);
 

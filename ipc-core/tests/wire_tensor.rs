@@ -4,9 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use ipc_core::wire::{
-    BackendKind, ClientHello, DType, DeviceUuid, FrameGeometry, HEADER_BYTES, HandleType, Header, LayoutError,
-    Message, ObjectKind, PROTOCOL_VERSION, PixelFormat, RING_OFFER_FIXED_BYTES, RING_OFFER_V2_FIXED_BYTES,
-    RefusalCode, Refused, RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError,
+    BackendKind, ClientHello, DType, DeviceUuid, FrameGeometry, HEADER_BYTES, HandleType, Header, LayoutError, Message,
+    ObjectKind, PROTOCOL_VERSION, PixelFormat, RING_OFFER_FIXED_BYTES, RING_OFFER_V2_FIXED_BYTES, RefusalCode, Refused,
+    RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError,
 };
 
 /// A host ring of 3 slots of 64 KiB, holding `layout`.
@@ -101,7 +101,9 @@ fn the_agreed_version_is_the_older_of_the_two() {
 fn a_code_1_refusal_becomes_an_error_that_says_what_to_do() {
     let refused = Refused { code: RefusalCode::UnsupportedVersion, message: "speak version 1".into() };
     let error = refused.into_error();
-    assert!(matches!(&error, WireError::VersionRefused { oldest: 1, newest: 2, message } if message == "speak version 1"));
+    assert!(
+        matches!(&error, WireError::VersionRefused { oldest: 1, newest: 2, message } if message == "speak version 1")
+    );
     let text = error.to_string();
     assert!(text.contains("versions 1 to 2") && text.contains("same gpu-ipc release"), "{text}");
     let other = Refused { code: RefusalCode::RingFull, message: "full".into() }.into_error();
@@ -160,7 +162,10 @@ fn mangled_tensor_offers_get_their_own_errors() {
     assert_eq!(layout_error(&nine), LayoutError::TooManyDims { ndim: 9, max: 8 });
     let ndim_255 = patched(tensor_offer(), NDIM, &[255]);
     assert_eq!(layout_error(&ndim_255), LayoutError::TooManyDims { ndim: 255, max: 8 });
-    assert_eq!(layout_error(&patched(tensor_offer(), SHAPE + 8, &u64le(0))), LayoutError::BadExtent { dim: 1, extent: 0 });
+    assert_eq!(
+        layout_error(&patched(tensor_offer(), SHAPE + 8, &u64le(0))),
+        LayoutError::BadExtent { dim: 1, extent: 0 }
+    );
     assert_eq!(
         layout_error(&patched(tensor_offer(), SHAPE, &u64le(1 << 63))),
         LayoutError::BadExtent { dim: 0, extent: 1 << 63 }
@@ -181,10 +186,7 @@ fn mangled_tensor_offers_get_their_own_errors() {
         layout_error(&patched(strided_offer(), strides, &u64le(1 << 62))),
         LayoutError::TooLarge { dtype: DType::BF16, .. }
     ));
-    assert!(matches!(
-        layout_error(&patched(strided_offer(), strides, &u64le(1024))),
-        LayoutError::ExceedsSlot { .. }
-    ));
+    assert!(matches!(layout_error(&patched(strided_offer(), strides, &u64le(1024))), LayoutError::ExceedsSlot { .. }));
     // The slot size: 0, not a multiple of 4, more than a slot's stride.
     for bytes in [0u64, 4098] {
         assert_eq!(layout_error(&patched(tensor_offer(), SLOT_BYTES, &u64le(bytes))), LayoutError::SlotBytes { bytes });
@@ -211,10 +213,7 @@ fn mangled_tensor_offers_get_their_own_errors() {
         Err(WireError::InvalidField { field: "RingOffer.ndim", .. })
     ));
     // Strides announced but not sent: the payload ends early.
-    assert!(matches!(
-        Message::decode(&patched(tensor_offer(), TENSOR_FLAGS, &[1])),
-        Err(WireError::Truncated { .. })
-    ));
+    assert!(matches!(Message::decode(&patched(tensor_offer(), TENSOR_FLAGS, &[1])), Err(WireError::Truncated { .. })));
     // No pixel format, but pixel fields.
     assert!(matches!(
         Message::decode(&patched(tensor_offer(), HEADER_BYTES + 40, &u32::to_le_bytes(64))),

@@ -369,7 +369,13 @@ impl PeerConnection {
     }
 
     /// Sends `message` with `fds` in protocol `version`: what both sides agreed on at the hello.
-    pub fn send_in(&self, version: u16, message: &Message, fds: Vec<OwnedFd>, timeout: Duration) -> Result<(), WireError> {
+    pub fn send_in(
+        &self,
+        version: u16,
+        message: &Message,
+        fds: Vec<OwnedFd>,
+        timeout: Duration,
+    ) -> Result<(), WireError> {
         send_message_in(self.socket.as_fd(), version, message, fds, timeout)
     }
 

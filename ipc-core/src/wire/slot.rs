@@ -114,11 +114,8 @@ impl SlotLayout {
         if let Some(frame) = self.frame {
             return frame;
         }
-        let width = if self.bytes <= u64::from(u32::MAX) {
-            self.bytes
-        } else {
-            1u64 << self.bytes.trailing_zeros().min(31)
-        };
+        let width =
+            if self.bytes <= u64::from(u32::MAX) { self.bytes } else { 1u64 << self.bytes.trailing_zeros().min(31) };
         let height = (self.bytes / width).min(u64::from(u32::MAX));
         // The size is a multiple of 4, so the width is one too, from 4 to below 2^32; the height is at least 1; the
         // frame, at most 2^31 * (2^32 - 1) bytes, is below 2^63: a valid gray8 frame.

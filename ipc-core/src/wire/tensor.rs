@@ -297,8 +297,10 @@ pub enum LayoutError {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TensorDesc {
     dtype: DType,
-    shape: Vec<u64>,
-    strides: Option<Vec<u64>>,
+    /// Whether strides follow the shape in `dims`.
+    strided: bool,
+    /// The shape, then the strides when given: one allocation, so that an offer stays small.
+    dims: Box<[u64]>,
 }
 
 impl TensorDesc {
@@ -338,16 +340,19 @@ impl TensorDesc {
                 return Err(invalid(LayoutError::StrideTooLarge { dim, stride }));
             }
         }
-        let tensor = Self { dtype, shape, strides };
+        let tensor = Self::trusted(dtype, shape, strides);
         match (tensor.checked_element_count(), tensor.checked_span_bytes()) {
             (Some(_), Some(_)) => Ok(tensor),
-            _ => Err(invalid(LayoutError::TooLarge { dtype, shape: tensor.shape })),
+            _ => Err(invalid(LayoutError::TooLarge { dtype, shape: tensor.shape().to_vec() })),
         }
     }
 
-    /// A description whose validity its caller has proven (a pixel frame's, see `FrameGeometry::tensor`).
-    pub(super) fn trusted(dtype: DType, shape: Vec<u64>, strides: Option<Vec<u64>>) -> Self {
-        Self { dtype, shape, strides }
+    /// A description whose validity its caller has proven (a pixel frame's, see `FrameGeometry::tensor`; and
+    /// [`TensorDesc::new`] before it checks the sizes).
+    pub(super) fn trusted(dtype: DType, mut shape: Vec<u64>, strides: Option<Vec<u64>>) -> Self {
+        let strided = strides.is_some();
+        shape.extend(strides.unwrap_or_default());
+        Self { dtype, strided, dims: shape.into_boxed_slice() }
     }
 
     /// Element type.
@@ -357,28 +362,29 @@ impl TensorDesc {
 
     /// Extent of each dimension, outermost first (empty for a scalar).
     pub fn shape(&self) -> &[u64] {
-        &self.shape
+        self.dims.get(..self.ndim()).unwrap_or_default()
     }
 
     /// The strides given, in elements; `None` for the contiguous row-major layout.
     pub fn strides(&self) -> Option<&[u64]> {
-        self.strides.as_deref()
+        self.strided.then(|| self.dims.get(self.ndim()..).unwrap_or_default())
     }
 
     /// Number of dimensions (0 to [`MAX_TENSOR_DIMS`]).
     pub fn ndim(&self) -> usize {
-        self.shape.len()
+        if self.strided { self.dims.len() / 2 } else { self.dims.len() }
     }
 
     /// The strides, given or those of the contiguous row-major layout, in elements.
     pub fn strides_or_contiguous(&self) -> Vec<u64> {
-        if let Some(strides) = &self.strides {
-            return strides.clone();
+        if let Some(strides) = self.strides() {
+            return strides.to_vec();
         }
-        let mut strides = vec![1u64; self.shape.len()];
-        for i in (0..self.shape.len().saturating_sub(1)).rev() {
+        let shape = self.shape();
+        let mut strides = vec![1u64; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
             // Each suffix product is at most the element count, which construction bounded.
-            strides[i] = strides[i + 1].saturating_mul(self.shape[i + 1]);
+            strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
         }
         strides
     }
@@ -394,12 +400,12 @@ impl TensorDesc {
     }
 
     fn checked_element_count(&self) -> Option<u64> {
-        self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).filter(|n| *n <= MAX_TENSOR_EXTENT)
+        self.shape().iter().try_fold(1u64, |n, &d| n.checked_mul(d)).filter(|n| *n <= MAX_TENSOR_EXTENT)
     }
 
     fn checked_span_bytes(&self) -> Option<u64> {
         let last = self
-            .shape
+            .shape()
             .iter()
             .zip(self.strides_or_contiguous())
             .try_fold(0u64, |offset, (&d, s)| offset.checked_add(d.checked_sub(1)?.checked_mul(s)?))?;
@@ -410,8 +416,8 @@ impl TensorDesc {
 impl fmt::Display for TensorDesc {
     /// `float32 [4, 1024, 1024]`, with `strides [..]` when they are given.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {:?}", self.dtype, self.shape)?;
-        if let Some(strides) = &self.strides {
+        write!(f, "{} {:?}", self.dtype, self.shape())?;
+        if let Some(strides) = self.strides() {
             write!(f, " strides {strides:?}")?;
         }
         Ok(())
@@ -487,7 +493,10 @@ mod tests {
             layout_error(TensorDesc::contiguous(DType::U8, [1; 9])),
             LayoutError::TooManyDims { ndim: 9, max: 8 }
         );
-        assert_eq!(layout_error(TensorDesc::contiguous(DType::U8, [3, 0])), LayoutError::BadExtent { dim: 1, extent: 0 });
+        assert_eq!(
+            layout_error(TensorDesc::contiguous(DType::U8, [3, 0])),
+            LayoutError::BadExtent { dim: 1, extent: 0 }
+        );
         assert_eq!(
             layout_error(TensorDesc::contiguous(DType::U8, [u64::MAX])),
             LayoutError::BadExtent { dim: 0, extent: u64::MAX }
@@ -518,10 +527,16 @@ mod tests {
         assert_eq!((t.dtype(), t.shape(), t.strides()), (DType::F32, &[4, 1024, 1024][..], None));
         assert_eq!("bfloat16:7".parse::<TensorDesc>().unwrap().shape(), &[7]);
         for bad in ["f32", "f33:4", "f32:4xx2", "f32:0", "u8:-1"] {
-            assert!(matches!(
-                bad.parse::<TensorDesc>(),
-                Err(WireError::InvalidLayout { source: LayoutError::Syntax { .. } | LayoutError::BadExtent { .. }, .. })
-            ), "{bad}");
+            assert!(
+                matches!(
+                    bad.parse::<TensorDesc>(),
+                    Err(WireError::InvalidLayout {
+                        source: LayoutError::Syntax { .. } | LayoutError::BadExtent { .. },
+                        ..
+                    })
+                ),
+                "{bad}"
+            );
         }
     }
 }

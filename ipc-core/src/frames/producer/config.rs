@@ -44,12 +44,7 @@ impl ProducerConfig {
     /// consumers waited for, 10 s bound on waits for GPU work). `slot` is what each slot holds: a
     /// [`FrameGeometry`](crate::wire::FrameGeometry) for a ring of pixel frames, a
     /// [`TensorDesc`](crate::wire::TensorDesc) for a ring of tensors, or any [`SlotLayout`].
-    pub fn new(
-        socket_path: impl Into<PathBuf>,
-        slot: impl Into<SlotLayout>,
-        slots: u32,
-        sync: SyncStrategy,
-    ) -> Self {
+    pub fn new(socket_path: impl Into<PathBuf>, slot: impl Into<SlotLayout>, slots: u32, sync: SyncStrategy) -> Self {
         Self {
             socket_path: socket_path.into(),
             access: SocketAccess::default(),

@@ -161,12 +161,8 @@ impl Message {
             .ok()
             .filter(|len| *len <= MAX_PAYLOAD_BYTES)
             .ok_or(WireError::PayloadTooLarge { len: len_u32(payload.len()), max: MAX_PAYLOAD_BYTES })?;
-        let header = Header {
-            version,
-            message_type: self.message_type(),
-            payload_len,
-            fd_count: len_u32(self.fd_count()),
-        };
+        let header =
+            Header { version, message_type: self.message_type(), payload_len, fd_count: len_u32(self.fd_count()) };
         let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
         header.encode_into(&mut out);
         out.extend_from_slice(&payload);

@@ -294,10 +294,9 @@ pub(super) fn decode_offer(r: &mut Reader<'_>, version: u16) -> Result<RingOffer
             let layout = decode_slot_layout(r)?;
             match frame {
                 Some(frame) => {
-                    layout.check_is_frame(frame).map_err(|source| WireError::InvalidLayout {
-                        field: "RingOffer.slot_layout",
-                        source,
-                    })?;
+                    layout
+                        .check_is_frame(frame)
+                        .map_err(|source| WireError::InvalidLayout { field: "RingOffer.slot_layout", source })?;
                     SlotLayout::frames(frame)
                 }
                 None => layout,
