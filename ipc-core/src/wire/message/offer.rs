@@ -5,7 +5,7 @@ use super::{IPC_HANDLE_BYTES, IpcHandleBytes, RefusalCode};
 use crate::wire::DeviceUuid;
 use crate::wire::error::WireError;
 use crate::wire::slot::SlotLayout;
-use crate::wire::tensor::{DType, MAX_TENSOR_DIMS, TensorDesc};
+use crate::wire::tensor::{DType, LayoutError, MAX_TENSOR_DIMS, TensorDesc};
 use crate::wire::types::{BackendKind, FrameGeometry, HandleType, PixelFormat, SyncStrategy};
 
 /// Producer -> consumer: everything needed to import and use the ring.
@@ -359,7 +359,7 @@ fn decode_slot_layout(r: &mut Reader<'_>) -> Result<SlotLayout, WireError> {
     let dtype = DType::from_code(dtype_code, "RingOffer.dtype")?;
     let ndim = usize::from(ndim);
     if ndim > MAX_TENSOR_DIMS {
-        return Err(invalid(crate::wire::tensor::LayoutError::TooManyDims { ndim, max: MAX_TENSOR_DIMS }));
+        return Err(invalid(LayoutError::TooManyDims { ndim, max: MAX_TENSOR_DIMS }));
     }
     let shape = (0..ndim).map(|_| r.u64()).collect::<Result<Vec<u64>, _>>()?;
     let strides = match tensor_flags & STRIDES_PRESENT {
@@ -371,7 +371,7 @@ fn decode_slot_layout(r: &mut Reader<'_>) -> Result<SlotLayout, WireError> {
 }
 
 /// An `InvalidLayout` from a constructor, renamed after the message field it came from.
-fn relabel(error: WireError, invalid: impl Fn(crate::wire::tensor::LayoutError) -> WireError) -> WireError {
+fn relabel(error: WireError, invalid: impl Fn(LayoutError) -> WireError) -> WireError {
     match error {
         WireError::InvalidLayout { source, .. } => invalid(source),
         other => other,
