@@ -43,9 +43,7 @@ fn tasks_go_from_owner_to_workers_and_back_with_their_ids_and_records() {
     let batch = a.pop_many(8, T).unwrap();
     let records: Vec<&[u8]> = batch.iter().map(|t| t.record()).collect();
     assert_eq!(records, [&[1u8; 24][..], &[2u8; 24][..], b"from a"]);
-    for task in batch {
-        task.complete().unwrap();
-    }
+    a.complete_many(batch).unwrap();
     let stats = queue.stats().unwrap();
     assert_eq!((stats.pushed, stats.popped, stats.completed, stats.in_hand, stats.queued), (4, 4, 4, 0, 0));
     assert_eq!(b.stats().unwrap(), stats, "every peer reads the same counters");

@@ -148,6 +148,10 @@ impl<R: QueueMemory> Local<R> {
         Task::new(self, data)
     }
 
+    pub(super) fn complete_all(&self, tasks: Vec<Task<'_>>) -> Result<(), QueueError> {
+        super::task::complete_all(self, tasks)
+    }
+
     pub(super) fn stats(&self) -> Result<QueueStats, QueueError> {
         self.engine.stats(self.access(), &self.g)
     }
@@ -204,9 +208,8 @@ impl<R: QueueMemory> Local<R> {
 }
 
 impl<R: QueueMemory> Lessor for Local<R> {
-    fn complete(&self, position: u64) -> Result<bool, QueueError> {
-        let done = self.engine.complete(self.access(), self.slot, &[position], true)?;
-        Ok(done.first().copied().unwrap_or(false))
+    fn complete(&self, positions: &[u64]) -> Result<Vec<bool>, QueueError> {
+        self.engine.complete(self.access(), self.slot, positions, true)
     }
 }
 

@@ -55,6 +55,8 @@ pub(super) struct Owner<B: QueueBackend> {
     pub(super) state: Mutex<OwnerState>,
     pub(super) wake: Condvar,
     pub(super) stop: AtomicBool,
+    /// Whether the reaper holds the header's `RECLAIMING` word up (only the reaper moves it, then `Drop`).
+    pub(super) seal_held: AtomicBool,
 }
 
 impl<B: QueueBackend> Owner<B> {
@@ -188,6 +190,7 @@ impl<B: QueueBackend> WorkQueue<B> {
             state: Mutex::new(state),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
+            seal_held: AtomicBool::new(false),
         });
         let reaper = {
             let owner = owner.clone();
@@ -255,6 +258,14 @@ impl<B: QueueBackend> WorkQueue<B> {
         let mut tasks = self.owner.local.pop_many(1, timeout, || Ok(()))?;
         let data = tasks.pop().ok_or(QueueError::Timeout { waited: timeout })?;
         Ok(self.owner.local.task(data))
+    }
+
+    /// Completes every task of `tasks` (on a GPU backend, those of this handle with one kernel launch per 64).
+    ///
+    /// # Errors
+    /// As [`QueueWorker::complete_many`](super::QueueWorker::complete_many).
+    pub fn complete_many(&self, tasks: Vec<Task<'_>>) -> Result<(), QueueError> {
+        self.owner.local.complete_all(tasks)
     }
 
     /// Closes the queue to new pushes. Workers drain what is queued; then their pops say [`QueueError::Closed`].
@@ -357,12 +368,17 @@ impl<B: QueueBackend> WorkQueue<B> {
 
 impl<B: QueueBackend> Drop for WorkQueue<B> {
     fn drop(&mut self) {
-        // No peer comes or goes once the door is shut; then the reaper stops.
-        self.door = None;
+        // The reaper stops first: nothing is handed out again from now on. So a closed queue's pops may see its end
+        // rather than wait for redeliveries that will not come; that is settled before the door shuts, so that a
+        // worker draining a closed queue sees `Closed` rather than the owner's hang-up.
         self.owner.stop.store(true, Ordering::Release);
         self.owner.wake.notify_all();
         if let Some(reaper) = self.reaper.take() {
             let _ = reaper.join();
         }
+        if let Err(error) = reaper::move_the_seal(&self.owner, false) {
+            tracing::warn!(%error, "work queue: could not let the closed queue end");
+        }
+        self.door = None;
     }
 }

@@ -29,9 +29,8 @@ const IDLE: Duration = Duration::from_millis(100);
 
 /// The reaper's loop, until the owner stops.
 pub(super) fn run<B: QueueBackend>(owner: &Owner<B>) {
-    let mut gate_raised = false;
     loop {
-        hold_the_seal(owner, &mut gate_raised);
+        hold_the_seal(owner);
         let due = {
             let mut state = owner.lock();
             if owner.stop.load(Ordering::Acquire) {
@@ -76,19 +75,24 @@ pub(super) fn run<B: QueueBackend>(owner: &Owner<B>) {
 /// taken back are still to be pushed again: pops do not seal a closed queue meanwhile (they say "empty", and the
 /// tasks come back to them), so that closing and a worker's death at the same time lose nothing. Raised as soon as
 /// the reaper hears of the death, long before `reclaim_after` has passed.
-fn hold_the_seal<B: QueueBackend>(owner: &Owner<B>, raised: &mut bool) {
+fn hold_the_seal<B: QueueBackend>(owner: &Owner<B>) {
     let wanted = {
         let state = owner.lock();
         !state.backlog.is_empty() || state.slots.contains(&Slot::Reclaiming)
     };
-    if wanted != *raised {
-        let local = &owner.local;
-        let delta = if wanted { 1 } else { u64::MAX };
-        match local.engine().add(local.access(), header::RECLAIMING, delta) {
-            Ok(()) => *raised = wanted,
-            Err(error) => tracing::error!(%error, "work queue: the reclaim gate could not be moved; trying again"),
-        }
+    if let Err(error) = move_the_seal(owner, wanted) {
+        tracing::error!(%error, "work queue: the reclaim gate could not be moved; trying again");
     }
+}
+
+/// Raises or lowers the header's `RECLAIMING` word (a no-op when it already is so).
+pub(super) fn move_the_seal<B: QueueBackend>(owner: &Owner<B>, raise: bool) -> Result<(), QueueError> {
+    if owner.seal_held.load(Ordering::Acquire) != raise {
+        let local = &owner.local;
+        local.engine().add(local.access(), header::RECLAIMING, if raise { 1 } else { u64::MAX })?;
+        owner.seal_held.store(raise, Ordering::Release);
+    }
+    Ok(())
 }
 
 /// Takes every lease and unfinished push of worker `slot` back.

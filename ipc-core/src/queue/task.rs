@@ -5,8 +5,36 @@ use crate::queue::error::QueueError;
 
 /// What a [`Task`] needs from the queue it came from.
 pub(super) trait Lessor: Sync {
-    /// Gives up the lease on `position`, counted as a completion; `false` when it was no longer this process's.
-    fn complete(&self, position: u64) -> Result<bool, QueueError>;
+    /// Gives up the leases on `positions`, counted as completions; `false` where one was no longer this process's.
+    fn complete(&self, positions: &[u64]) -> Result<Vec<bool>, QueueError>;
+}
+
+/// Completes `tasks` (those leased by `lessor` with one call, others each through their own queue handle).
+///
+/// # Errors
+/// [`QueueError::LeaseLost`] for the first task that was taken back (the others are completed all the same), or the
+/// GPU's error.
+pub(super) fn complete_all(lessor: &dyn Lessor, tasks: Vec<Task<'_>>) -> Result<(), QueueError> {
+    let (mine, others): (Vec<Task<'_>>, Vec<Task<'_>>) =
+        tasks.into_iter().partition(|t| std::ptr::addr_eq(t.lessor as *const dyn Lessor, lessor as *const dyn Lessor));
+    let positions: Vec<u64> = mine.iter().map(|t| t.data.position).collect();
+    let done = lessor.complete(&positions)?;
+    let mut first_lost = None;
+    for (mut task, completed) in mine.into_iter().zip(done) {
+        task.done = true;
+        if !completed && first_lost.is_none() {
+            first_lost = Some(task.data.id);
+        }
+    }
+    for task in others {
+        if let Err(e) = task.complete() {
+            first_lost.get_or_insert(match e {
+                QueueError::LeaseLost { id } => id,
+                other => return Err(other),
+            });
+        }
+    }
+    first_lost.map_or(Ok(()), |id| Err(QueueError::LeaseLost { id }))
 }
 
 /// A popped task, leased to this process until [`complete`](Task::complete)d. Move-only: completing consumes it,
@@ -60,7 +88,11 @@ impl<'q> Task<'q> {
     /// handed it to another worker: its result must not be reported. Or the GPU's error.
     pub fn complete(mut self) -> Result<(), QueueError> {
         self.done = true;
-        if self.lessor.complete(self.data.position)? { Ok(()) } else { Err(QueueError::LeaseLost { id: self.data.id }) }
+        if self.lessor.complete(&[self.data.position])?.first().copied().unwrap_or(false) {
+            Ok(())
+        } else {
+            Err(QueueError::LeaseLost { id: self.data.id })
+        }
     }
 }
 

@@ -152,6 +152,15 @@ impl<B: QueueBackend> QueueWorker<B> {
         Ok(tasks.into_iter().map(|data| self.local.task(data)).collect())
     }
 
+    /// Completes every task of `tasks` (on a GPU backend, those of this handle with one kernel launch per 64).
+    ///
+    /// # Errors
+    /// [`QueueError::LeaseLost`] naming the first task the owner had taken back (the others are completed all the
+    /// same), or the GPU's error.
+    pub fn complete_many(&self, tasks: Vec<Task<'_>>) -> Result<(), QueueError> {
+        self.local.complete_all(tasks)
+    }
+
     /// The queue's counters (those of every worker and of the owner).
     ///
     /// # Errors
