@@ -88,7 +88,8 @@ extern "C" __global__ void gpu_ipc_wq_host_complete(gpu_ipc_wq_u64* q, unsigned 
 
 // The owner's pass over a gone worker's cells (grid-stride, one cell per thread): its leases become the owner's
 // (up to `max`, copied into the entries; out[0] counts them, out[2] those put back for a later pass), its
-// unfinished pushes become holes that pops skip (out[1], and the header's abandoned counter).
+// unfinished pushes become holes that pops skip (out[1], and the header's abandoned counter). `out` is in device
+// memory (zeroed by the caller): the threads count there with atomics.
 extern "C" __global__ void gpu_ipc_wq_host_reclaim(gpu_ipc_wq_u64* q, unsigned int owner, unsigned int dead,
                                                    unsigned char* entries, unsigned int max, gpu_ipc_wq_u64* out)
 {

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use super::layout::{CELL_HEADER_BYTES, Geometry, cell};
 use super::ops::{PushFlags, PushRequest, Reclaimed, Status, TaskData};
 use crate::driver::image::{self, ComputeCapability, KernelImage};
-use crate::driver::{Context, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream};
+use crate::driver::{
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module,
+    Stream,
+};
 use crate::queue::error::QueueError;
 use crate::ring::{WaitMode, bounded_wait};
 use crate::sys::shm::SharedMemory;
@@ -63,6 +66,8 @@ pub(super) struct GpuOps {
     /// In an `Arc` so that teardown can leak it on purpose (see `Drop`).
     staging: Arc<HostRegistration<SharedMemory>>,
     kernels: [Function; 6],
+    /// Three counters of the reclaim pass, in device memory.
+    counters: Arc<DeviceBuffer>,
     /// Entries the staging area holds after its result words.
     batch: usize,
     /// An operation's kernel did not finish in time: its outputs may still be written, so no other is started.
@@ -93,7 +98,8 @@ impl GpuOps {
         let staging = Arc::new(HostRegistration::new(ctx, Arc::new(memory))?);
         let batch = ((bytes - OUT_BYTES) / u64::from(g.cell_bytes)).min(MAX_BATCH) as usize;
         tracing::debug!(image = chosen.file, batch, "work queue kernels loaded");
-        Ok(Self { g, stream: Stream::new(ctx)?, staging, kernels, batch, stuck: false })
+        let counters = Arc::new(DeviceBuffer::alloc(ctx, 32)?);
+        Ok(Self { g, stream: Stream::new(ctx)?, staging, kernels, counters, batch, stuck: false })
     }
 
     fn memory(&self) -> &SharedMemory {
@@ -270,7 +276,24 @@ impl GpuOps {
     ) -> Result<Reclaimed, QueueError> {
         let want = max.min(self.batch.max(1));
         let blocks = self.g.capacity.div_ceil(u64::from(RECLAIM_THREADS)).min(1024) as u32;
-        self.run_staged(3, queue, owner, Some(u32::from(dead)), want, blocks, RECLAIM_THREADS)?;
+        // The pass's threads count in device memory (no GPU atomics on host memory), copied out afterwards.
+        let scratch = self.counters.clone();
+        let counters = scratch.span();
+        counters.fill_u32_async(0, &self.stream)?;
+        let staging = self.staging.clone();
+        let (out, entries) = spans(&staging)?;
+        let args = vec![
+            KernelArg::Span(queue),
+            KernelArg::U32(u32::from(owner)),
+            KernelArg::U32(u32::from(dead)),
+            KernelArg::Span(entries),
+            KernelArg::U32(want as u32),
+            KernelArg::Span(counters),
+        ];
+        self.clear_out()?;
+        self.run(3, blocks, RECLAIM_THREADS, &args)?;
+        out.slice(0, counters.len())?.copy_from_async(&counters, &self.stream)?;
+        self.wait()?;
         let (tickets, abandoned, put_back) = (self.out_word(0)?, self.out_word(1)?, self.out_word(2)?);
         let stolen = (tickets as usize).min(want);
         let stolen = (0..stolen).map(|i| self.read_entry(i)).collect::<Result<Vec<_>, _>>()?;
@@ -316,7 +339,7 @@ impl GpuOps {
 
 /// The spans of a staging area's result words and of its entries.
 fn spans(staging: &HostRegistration<SharedMemory>) -> Result<(DeviceSpan<'_>, DeviceSpan<'_>), QueueError> {
-    let span = crate::driver::DeviceMemory::span(staging);
+    let span = staging.span();
     Ok((span.slice(0, OUT_BYTES)?, span.slice(OUT_BYTES, span.len() - OUT_BYTES)?))
 }
 
