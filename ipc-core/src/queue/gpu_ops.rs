@@ -66,7 +66,7 @@ pub(super) struct GpuOps {
     /// In an `Arc` so that teardown can leak it on purpose (see `Drop`).
     staging: Arc<HostRegistration<SharedMemory>>,
     kernels: [Function; 6],
-    /// Three counters of the reclaim pass, in device memory.
+    /// Three counters of the reclaim pass, in device memory; in an `Arc` for the same reason.
     counters: Arc<DeviceBuffer>,
     /// Entries the staging area holds after its result words.
     batch: usize,
@@ -349,6 +349,7 @@ impl Drop for GpuOps {
         if self.stuck || self.wait().is_err() {
             tracing::error!("a work-queue kernel did not finish: leaking its staging area rather than freeing it");
             std::mem::forget(self.staging.clone());
+            std::mem::forget(self.counters.clone());
         }
     }
 }
