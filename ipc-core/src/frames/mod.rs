@@ -94,7 +94,6 @@
 //! }
 //! ```
 
-mod admission;
 mod consumer;
 mod error;
 mod producer;

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, SharedRegion};
+use crate::door::admission::{Admission, AdmissionConfig};
 use crate::driver::{DeviceMemory, DeviceSpan, Stream};
 use crate::frames::FrameError;
-use crate::frames::admission::{Admission, AdmissionConfig};
 use crate::frames::strategy::{ProducerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
@@ -29,7 +29,7 @@ pub struct Producer<B: Backend> {
     /// In an `Arc` so that teardown can leak it on purpose (see `Drop`) without `unsafe`.
     region: Arc<B::Exported>,
     ring: Arc<ProducerControl>,
-    admission: Admission,
+    admission: Admission<ProducerControl>,
     peers: Vec<Peer>,
     watchdog: Watchdog,
     strategy: &'static dyn Strategy,

@@ -9,11 +9,11 @@ use rustix::process::Pid;
 
 use super::{Producer, granularity_of};
 use crate::backend::Backend;
+use crate::door::admission::{AdmissionEvent, OfferKit};
 use crate::frames::FrameError;
-use crate::frames::admission::{AdmissionEvent, OfferKit};
 use crate::frames::strategy::ProducerSide;
 use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
-use crate::ring::{ConsumerId, RingError};
+use crate::ring::{ConsumerId, ProducerControl, RingError};
 use crate::wire::{Message, PeerConnection, RefusalCode, RingOffer};
 
 /// A consumer's valid hello, waiting for the producer to take a record for it.
@@ -88,7 +88,7 @@ impl<B: Backend> Producer<B> {
         let thread_ended = self.admission.gave_up().is_some();
         while let Some(event) = self.admission.try_next() {
             match event {
-                AdmissionEvent::WantsOffer { token, pid, name } => {
+                AdmissionEvent::WantsOffer { token, pid, name, .. } => {
                     self.hellos.push(Hello { token, pid, name, since: Instant::now() });
                 }
                 AdmissionEvent::Attached { id, pid, conn } => {
@@ -181,7 +181,7 @@ impl<B: Backend> Producer<B> {
     /// Takes a consumer record for a consumer that said a valid hello (it joins at the next frame) and makes its
     /// offer; on failure gives the record back and says what to refuse with. Runs on the producer's thread between
     /// frames, so the offer leaves before the producer can wait for the new record's first release.
-    pub(super) fn take_record_and_offer(&mut self, pid: Option<Pid>, name: &str) -> OfferKit {
+    pub(super) fn take_record_and_offer(&mut self, pid: Option<Pid>, name: &str) -> OfferKit<ConsumerId> {
         let id = self.ring.register_consumer(pid).map_err(|e| (RefusalCode::RingFull, e.to_string()))?;
         match self.make_offer(id) {
             Ok((offer, fds)) => Ok((id, offer, fds)),
@@ -274,5 +274,21 @@ impl<B: Backend> Producer<B> {
         self.evicted.retain(|id| {
             matches!(block.consumer_state(id.index()), Some((state, epoch)) if epoch == id.epoch() && state != ConsumerState::Free)
         });
+    }
+}
+
+impl crate::door::admission::Records for ProducerControl {
+    type Id = ConsumerId;
+
+    fn object(&self) -> crate::wire::ObjectKind {
+        crate::wire::ObjectKind::Ring
+    }
+
+    fn wire_id(id: ConsumerId) -> u32 {
+        id.index()
+    }
+
+    fn mark_dead(&self, id: ConsumerId) -> Result<(), String> {
+        self.mark_consumer_dead(id).map_err(|e| e.to_string())
     }
 }
