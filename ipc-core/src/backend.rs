@@ -164,7 +164,10 @@ pub fn offset_in_allocation(
         return Err(unsupported(format!("nothing to export at {ptr}: the range is empty"), "share at least one byte"));
     }
     let offset = ptr.0.checked_sub(base.0).filter(|offset| *offset < size).ok_or_else(|| {
-        unsupported(format!("{ptr} lies outside the allocation {base}+{size} the driver reports for it"), "pass an address inside the allocation")
+        unsupported(
+            format!("{ptr} lies outside the allocation {base}+{size} the driver reports for it"),
+            "pass an address inside the allocation",
+        )
     })?;
     if offset.checked_add(len).is_none_or(|end| end > size) {
         return Err(unsupported(

@@ -1,5 +1,5 @@
 //! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the frame ring and its sync
-//! strategies. See `docs/` for the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain
+//! strategies, the object door and the toolkit's other primitives (the memory pool). See `docs/` for the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain
 //! `unsafe` code, plus one `unsafe impl` in [`ring::layout`]: the ring's own promise that its control block is made
 //! only of atomics ([`sys::shm::AtomicPlainData`]), kept next to the fields it is about.
 
@@ -9,6 +9,7 @@ pub mod door;
 pub mod driver;
 pub mod fake;
 pub mod frames;
+pub mod pool;
 pub mod ring;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -1,0 +1,119 @@
+//! An importer's mapped blocks, and the block channel it asks the owner for a block's handle on (once per block).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::directory::{Words, block_record};
+use super::error::PoolError;
+use super::layout::{BlockId, Geometry};
+use super::wire::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest};
+use crate::backend::{Backend, ExportedHandle, SharedRegion};
+use crate::driver::DevicePtr;
+use crate::wire::{WireError, recv_bytes, send_bytes};
+
+/// One block as this importer mapped it.
+pub(crate) struct ImportedBlock<B: Backend> {
+    pub(crate) id: BlockId,
+    pub(crate) region: B::Imported,
+}
+
+impl<B: Backend> ImportedBlock<B> {
+    /// Where the block starts in this process.
+    pub(crate) fn base(&self) -> DevicePtr {
+        self.region.ptr()
+    }
+
+    /// Its mapped length.
+    pub(crate) fn len(&self) -> u64 {
+        self.region.len()
+    }
+}
+
+/// Why a block could not be had.
+pub(crate) enum BlockMiss {
+    /// The owner no longer has that block (it was retired): look the name up again.
+    Gone,
+    /// Anything else.
+    Failed(PoolError),
+}
+
+impl From<PoolError> for BlockMiss {
+    fn from(e: PoolError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// The blocks this importer mapped, by index, and the channel to ask for more.
+pub(crate) struct BlockCache<B: Backend> {
+    ctx: B::Context,
+    path: PathBuf,
+    timeout: Duration,
+    channel: OwnedFd,
+    blocks: Mutex<HashMap<u32, Arc<ImportedBlock<B>>>>,
+}
+
+impl<B: Backend> BlockCache<B> {
+    pub(crate) fn new(ctx: B::Context, path: &Path, timeout: Duration, channel: OwnedFd) -> Self {
+        Self { ctx, path: path.to_path_buf(), timeout, channel, blocks: Mutex::new(HashMap::new()) }
+    }
+
+    /// Blocks mapped now.
+    pub(crate) fn mapped(&self) -> usize {
+        self.blocks.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Block `id`, mapped: from the cache, or asked for on the channel and imported (the only round trip to the
+    /// owner after attaching, once per block). Mappings of blocks the directory no longer lists are let go on the
+    /// way (views that hold them keep them until they drop).
+    pub(crate) fn get<W: Words + ?Sized>(
+        &self,
+        id: BlockId,
+        directory: &W,
+        geometry: Geometry,
+    ) -> Result<Arc<ImportedBlock<B>>, BlockMiss> {
+        let mut blocks = self.blocks.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(block) = blocks.get(&id.index).filter(|b| b.id == id) {
+            return Ok(block.clone());
+        }
+        blocks.retain(|index, block| {
+            block_record(directory, geometry, *index).is_some_and(|(_, s, _)| s == block.id.serial)
+        });
+        let block = Arc::new(self.import(id)?);
+        blocks.insert(id.index, block.clone());
+        Ok(block)
+    }
+
+    fn protocol(&self, problem: String) -> PoolError {
+        PoolError::Protocol { path: self.path.clone(), what: "block reply", problem }
+    }
+
+    fn import(&self, id: BlockId) -> Result<ImportedBlock<B>, BlockMiss> {
+        let gone = |e: WireError| match e {
+            WireError::PeerHungUp { .. } => PoolError::OwnerGone { path: self.path.clone(), how: "hung up" },
+            WireError::Timeout { after, .. } => PoolError::Timeout { what: "the owner's block reply", waited: after },
+            other => PoolError::Wire(other),
+        };
+        send_bytes(self.channel.as_fd(), &BlockRequest { block: id }.encode(), Vec::new(), self.timeout)
+            .map_err(gone)?;
+        let mut reply = [0u8; BLOCK_REPLY_BYTES];
+        let mut fds = recv_bytes(self.channel.as_fd(), &mut reply, self.timeout).map_err(gone)?;
+        let reply = BlockReply::decode(&reply, fds.len()).map_err(|e| self.protocol(e.to_string()))?;
+        match reply {
+            BlockReply::Gone { block } if block == id => Err(BlockMiss::Gone),
+            BlockReply::Grant { block, bytes, legacy_handle, .. } if block == id => {
+                let handle = ExportedHandle {
+                    bytes: legacy_handle.map(|h| h.to_vec()).unwrap_or_default(),
+                    fd: fds.pop(),
+                    size: bytes,
+                };
+                let region = B::import(&self.ctx, handle).map_err(PoolError::Backend)?;
+                tracing::debug!(block = id.index, serial = id.serial, bytes, "imported a pool block");
+                Ok(ImportedBlock { id, region })
+            }
+            other => Err(self.protocol(format!("asked for {id}, got an answer about {other:?}")).into()),
+        }
+    }
+}
