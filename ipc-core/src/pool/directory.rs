@@ -7,6 +7,7 @@
 //! relaxed 64-bit loads, the only atomic access Rust defines on the importers' read-only mapping.
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::time::{Duration, Instant};
 
 use super::layout::{
     BlockId, BlockKind, ENTRY_WORDS, EntryState, FLAG_STRIDES, Geometry, HEADER_WORDS, LAYOUT_VERSION, MAGIC,
@@ -15,9 +16,9 @@ use super::layout::{
 use super::tensor::{DType, MAX_DIMS, TensorDesc};
 use crate::sys::shm::{ReadOnlyMemory, SharedMemory, ShmError};
 
-/// Spins a reader waits for an entry the owner is writing (it writes one in well under a microsecond) before it
-/// calls the entry locked: an owner that died in the middle of a write.
-const LOCKED_SPINS: u32 = 100_000;
+/// How long a reader keeps trying to copy an entry the owner keeps writing (it writes one in well under a
+/// microsecond) before it calls the entry locked: an owner that died in the middle of a write.
+const LOCKED_AFTER: Duration = Duration::from_secs(1);
 
 /// Words of the directory, however they are mapped: loaded relaxed.
 pub(crate) trait Words {
@@ -121,7 +122,8 @@ impl RawEntry {
 fn read_raw<W: Words + ?Sized>(words: &W, geometry: Geometry, slot: u32) -> Result<(u64, RawEntry), DirectoryProblem> {
     let first = geometry.entry_word(slot);
     let out_of_range = || DirectoryProblem::Corrupt(format!("entry {slot} lies outside the directory"));
-    for spin in 0..LOCKED_SPINS {
+    let mut since: Option<Instant> = None;
+    for spin in 0u32.. {
         let before = words.word(first + entry::SEQ).ok_or_else(out_of_range)?;
         fence(Ordering::Acquire);
         if before % 2 == 0 {
@@ -135,6 +137,10 @@ fn read_raw<W: Words + ?Sized>(words: &W, geometry: Geometry, slot: u32) -> Resu
             }
         }
         if spin % 64 == 63 {
+            let started = *since.get_or_insert_with(Instant::now);
+            if started.elapsed() > LOCKED_AFTER {
+                break;
+            }
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
@@ -358,3 +364,101 @@ impl DirectoryWriter {
 
 // The header is one 128-byte line.
 const _: () = assert!(HEADER_WORDS * 8 == 128);
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn record(generation: u64) -> EntryRecord {
+        EntryRecord {
+            state: EntryState::Live,
+            generation,
+            block: BlockId { index: (generation % 3) as u32, serial: generation as u32 },
+            offset: generation * 3,
+            len: generation * 5,
+            name: format!("name-{generation}-{}", "x".repeat((generation % 90) as usize)),
+            desc: (generation % 2 == 0).then(|| TensorDesc::strided(DType::F16, vec![generation; 3], [1, 2, 3])),
+        }
+    }
+
+    #[test]
+    fn an_entry_reads_back_as_written_through_a_read_only_mapping() {
+        let geometry = Geometry { entry_slots: 16, block_slots: 4 };
+        let writer = DirectoryWriter::create(geometry, 77).unwrap();
+        let reader = ReadOnlyMemory::from_fd(writer.memory().try_clone_fd().unwrap(), geometry.directory_bytes()).unwrap();
+        check_header(&reader, geometry, 77).unwrap();
+        assert!(check_header(&reader, geometry, 78).unwrap_err().contains("pool id"));
+        let name = "weights/layer0";
+        let slot = geometry.home_slot(name_hash(name.as_bytes()));
+        let mut written = record(42);
+        written.name = name.into();
+        writer.write_entry(slot, &written);
+        let (found_slot, seq, found) = find(&reader, geometry, name).unwrap().unwrap();
+        assert_eq!((found_slot, seq % 2, &found), (slot, 0, &written));
+        assert_eq!(find(&reader, geometry, "weights/layer1").unwrap(), None);
+        writer.set_entry_state(slot, EntryState::Retired);
+        assert_eq!(find(&reader, geometry, name).unwrap(), None, "a retired entry is not found by name");
+        assert!(entry_seq(&reader, geometry, slot).unwrap() > seq, "every write moves seq");
+        writer.set_block(2, 9, BlockKind::Existing, 4096);
+        assert_eq!(block_record(&reader, geometry, 2), Some((BlockKind::Existing, 9, 4096)));
+        assert_eq!(owner_state(&reader), Some(OwnerState::Running));
+        writer.set_owner_state(OwnerState::Closed);
+        assert_eq!(owner_state(&reader), Some(OwnerState::Closed));
+    }
+
+    #[test]
+    fn a_reader_never_sees_a_torn_entry_while_the_owner_rewrites_it() {
+        let geometry = Geometry { entry_slots: 4, block_slots: 1 };
+        let writer = Arc::new(DirectoryWriter::create(geometry, 1).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let rewriter = {
+            let (writer, stop) = (writer.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut generation = 1;
+                while !stop.load(Ordering::Relaxed) {
+                    writer.write_entry(0, &record(generation));
+                    generation += 1;
+                }
+                generation
+            })
+        };
+        let reader = ReadOnlyMemory::from_fd(writer.memory().try_clone_fd().unwrap(), geometry.directory_bytes()).unwrap();
+        let (mut reads, start) = (0u64, Instant::now());
+        while start.elapsed() < Duration::from_millis(300) {
+            let (_, raw) = read_raw(&reader, geometry, 0).unwrap();
+            if raw.state() == Some(EntryState::Empty) {
+                continue;
+            }
+            let decoded = raw.decode(0).unwrap();
+            assert_eq!(decoded, record(decoded.generation), "a torn entry");
+            reads += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let written = rewriter.join().unwrap();
+        assert!(reads > 100 && written > 100, "{reads} reads of {written} writes");
+    }
+
+    #[test]
+    fn a_corrupt_entry_is_an_error_never_a_panic() {
+        let geometry = Geometry { entry_slots: 4, block_slots: 1 };
+        let writer = DirectoryWriter::create(geometry, 1).unwrap();
+        let words = writer.words();
+        let first = geometry.entry_word(1);
+        words[first + entry::STATE].store(1, Ordering::Relaxed);
+        words[first + entry::NAME_LEN].store(4096, Ordering::Relaxed);
+        assert!(matches!(live_entries(words, geometry), Err(DirectoryProblem::Corrupt(_))));
+        words[first + entry::NAME_LEN].store(0, Ordering::Relaxed);
+        words[first + entry::DTYPE].store(99, Ordering::Relaxed);
+        assert!(matches!(live_entries(words, geometry), Err(DirectoryProblem::Corrupt(_))));
+        words[first + entry::DTYPE].store(0, Ordering::Relaxed);
+        assert_eq!(live_entries(words, geometry).unwrap().len(), 1);
+        // An owner that died in the middle of a write leaves seq odd: the reader gives up, boundedly.
+        words[first + entry::SEQ].store(7, Ordering::Relaxed);
+        assert_eq!(live_entries(words, geometry).unwrap_err(), DirectoryProblem::Locked { slot: 1 });
+    }
+}

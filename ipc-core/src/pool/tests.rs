@@ -251,3 +251,96 @@ fn when_the_owner_closes_lookups_say_so_and_views_stay_readable() {
     view.read(0, &mut seen).unwrap();
     assert_eq!(seen, [3; 64], "the memory outlives the owner for the views that hold it");
 }
+
+/// A buffer's content in the model check: its generation in every 8 bytes.
+fn pattern(generation: u64, len: u64) -> Vec<u8> {
+    generation.to_le_bytes().iter().copied().cycle().take(len as usize).collect()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { name: u8, len: u64, align_log2: u32 },
+    Free { name: u8 },
+    Lookup { name: u8 },
+    DropView { pick: usize },
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0u8..12, 1u64..6000, 0u32..13).prop_map(|(name, len, align_log2)| Op::Alloc { name, len, align_log2 }),
+        3 => (0u8..12).prop_map(|name| Op::Free { name }),
+        3 => (0u8..12).prop_map(|name| Op::Lookup { name }),
+        2 => proptest::prelude::any::<usize>().prop_map(|pick| Op::DropView { pick }),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+
+    /// Owner and importer in one process, random alloc/free/lookup/drop: every live buffer keeps its own content
+    /// (no two overlap), every view keeps the content of the generation it holds until it is dropped (freed bytes
+    /// are never reused under it), and the byte counts add up.
+    #[test]
+    fn buffers_never_overlap_and_views_are_never_reused_under(ops in proptest::collection::vec(op(), 1..150)) {
+        use std::collections::HashMap;
+        let pool = pool("model", PoolConfig::new(64 * 1024));
+        let imp = importer(&pool);
+        let mut live: HashMap<u8, BufferHandle<HostFake>> = HashMap::new();
+        let mut views: Vec<BufferView<HostFake>> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Alloc { name, len, align_log2 } => {
+                    match pool.alloc(&format!("b{name}"), len, 1 << align_log2, None) {
+                        Ok(handle) => {
+                            proptest::prop_assert!(!live.contains_key(&name));
+                            proptest::prop_assert_eq!(handle.ptr().raw() % (1u64 << align_log2.max(8)), 0);
+                            handle.write(0, &pattern(handle.generation(), len)).unwrap();
+                            live.insert(name, handle);
+                        }
+                        Err(PoolError::NameTaken { .. }) => proptest::prop_assert!(live.contains_key(&name)),
+                        Err(PoolError::OutOfMemory { .. }) => {}
+                        Err(other) => proptest::prop_assert!(false, "{}", other),
+                    }
+                }
+                Op::Free { name } => match live.remove(&name) {
+                    Some(handle) => pool.free(handle).unwrap(),
+                    None => {
+                        let refused = matches!(pool.free_name(&format!("b{name}")), Err(PoolError::NotFound { .. }));
+                        proptest::prop_assert!(refused, "freeing a name that is not live");
+                    }
+                },
+                Op::Lookup { name } => match imp.lookup(&format!("b{name}")) {
+                    Ok(view) => {
+                        let handle = live.get(&name);
+                        proptest::prop_assert_eq!(Some(view.generation()), handle.map(BufferHandle::generation));
+                        views.push(view);
+                    }
+                    Err(PoolError::NotFound { .. }) => proptest::prop_assert!(!live.contains_key(&name)),
+                    Err(other) => proptest::prop_assert!(false, "{}", other),
+                },
+                Op::DropView { pick } if !views.is_empty() => drop(views.swap_remove(pick % views.len())),
+                Op::DropView { .. } => {}
+            }
+            for handle in live.values() {
+                let mut bytes = vec![0u8; handle.len() as usize];
+                handle.read(0, &mut bytes).unwrap();
+                proptest::prop_assert!(bytes == pattern(handle.generation(), handle.len()), "live {} overwritten", handle.name());
+            }
+            for view in &views {
+                let mut bytes = vec![0u8; view.len() as usize];
+                view.read(0, &mut bytes).unwrap();
+                proptest::prop_assert!(bytes == pattern(view.generation(), view.len()), "view of {} reused", view.name());
+            }
+            let stats = pool.stats();
+            proptest::prop_assert_eq!(stats.live_bytes + stats.pending_bytes + stats.free_bytes, stats.capacity_bytes);
+            proptest::prop_assert_eq!(stats.live_buffers as usize, live.len());
+        }
+        drop(views);
+        for (_, handle) in live.drain() {
+            pool.free(handle).unwrap();
+        }
+        let stats = pool.stats();
+        proptest::prop_assert_eq!((stats.live_bytes, stats.pending_bytes, stats.free_ranges), (0, 0, 1), "nothing leaks");
+    }
+}
