@@ -558,7 +558,8 @@ mod tests {
     fn probes_go_past_vacant_slots_and_vacant_slots_before_an_empty_one_become_empty() {
         let mut book = book();
         let (home, [a, b, c]) = colliding(&book);
-        let handles: Vec<_> = [&a, &b, &c].iter().map(|n| book.alloc(n, 64, 256, None, |_| unreachable!()).unwrap()).collect();
+        let handles: Vec<_> =
+            [&a, &b, &c].iter().map(|n| book.alloc(n, 64, 256, None, |_| unreachable!()).unwrap()).collect();
         let slots: Vec<u32> = handles.iter().map(BufferHandle::slot).collect();
         assert_eq!(slots, [home, home + 1, home + 2], "linear probing, side by side");
         book.free(&b, None).unwrap();

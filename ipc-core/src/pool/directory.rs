@@ -382,7 +382,7 @@ mod tests {
             offset: generation * 3,
             len: generation * 5,
             name: format!("name-{generation}-{}", "x".repeat((generation % 90) as usize)),
-            desc: (generation % 2 == 0).then(|| TensorDesc::strided(DType::F16, vec![generation; 3], [1, 2, 3])),
+            desc: generation.is_multiple_of(2).then(|| TensorDesc::strided(DType::F16, vec![generation; 3], [1, 2, 3])),
         }
     }
 
@@ -390,7 +390,8 @@ mod tests {
     fn an_entry_reads_back_as_written_through_a_read_only_mapping() {
         let geometry = Geometry { entry_slots: 16, block_slots: 4 };
         let writer = DirectoryWriter::create(geometry, 77).unwrap();
-        let reader = ReadOnlyMemory::from_fd(writer.memory().try_clone_fd().unwrap(), geometry.directory_bytes()).unwrap();
+        let reader =
+            ReadOnlyMemory::from_fd(writer.memory().try_clone_fd().unwrap(), geometry.directory_bytes()).unwrap();
         check_header(&reader, geometry, 77).unwrap();
         assert!(check_header(&reader, geometry, 78).unwrap_err().contains("pool id"));
         let name = "weights/layer0";
@@ -427,7 +428,8 @@ mod tests {
                 generation
             })
         };
-        let reader = ReadOnlyMemory::from_fd(writer.memory().try_clone_fd().unwrap(), geometry.directory_bytes()).unwrap();
+        let reader =
+            ReadOnlyMemory::from_fd(writer.memory().try_clone_fd().unwrap(), geometry.directory_bytes()).unwrap();
         let (mut reads, start) = (0u64, Instant::now());
         while start.elapsed() < Duration::from_millis(300) {
             let (_, raw) = read_raw(&reader, geometry, 0).unwrap();
