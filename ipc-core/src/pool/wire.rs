@@ -250,7 +250,7 @@ impl BlockReply {
 mod tests {
     use super::*;
 
-    /// The body `docs/protocol.md` shows (`golden-hex object-offer-pool`).
+    /// An offer whose body bytes the test pins (`docs/protocol.md` shows the same but for the device UUID).
     pub(crate) fn golden_offer() -> PoolOffer {
         let geometry = Geometry { entry_slots: 4096, block_slots: 64 };
         PoolOffer {
