@@ -13,6 +13,7 @@ use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
+pub mod pool_work;
 pub mod work;
 
 /// What both programs set up on the GPU: the device's context, the frame-pattern kernels and one stream.
