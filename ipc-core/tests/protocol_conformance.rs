@@ -17,8 +17,8 @@ use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
 use ipc_core::sys::shm::SharedMemory;
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES, HandleType,
-    Header, MAGIC, Message, MessageType, ObjectKind, ObjectOffer, PixelFormat, RefusalCode, Refused, RingOffer,
-    SyncStrategy,
+    Header, MAGIC, Message, MessageType, ObjectKind, ObjectOffer, PeerState, PeerStatus, PixelFormat, RefusalCode,
+    Refused, RingOffer, StatusReport, StatusRequest, SyncStrategy,
 };
 
 fn doc(name: &str) -> String {
@@ -137,6 +137,26 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 body: pool_offer().encode().unwrap(),
             }),
         ),
+        ("status-request", Message::StatusRequest(StatusRequest)),
+        (
+            "status-report",
+            Message::StatusReport(StatusReport {
+                kind: ObjectKind::Ring,
+                backend: BackendKind::Vmm,
+                owner_pid: 1234,
+                peers: vec![PeerStatus {
+                    id: 2,
+                    pid: Some(4242),
+                    uid: 1000,
+                    gid: 1000,
+                    since_unix_ms: 1_764_100_800_000,
+                    last_sign_ms: Some(120),
+                    state: PeerState::Attached,
+                    name: "viewer".into(),
+                    detail: "released frame 41".into(),
+                }],
+            }),
+        ),
         ("attached", Message::Attached(Attached { consumer_id: 0x0102_0304 })),
         ("detach-consumer-done", Message::Detach(Detach { consumer_id: 2, reason: DetachReason::ConsumerDone })),
         ("detach-import-failed", Message::Detach(Detach { consumer_id: 2, reason: DetachReason::ImportFailed })),
@@ -189,6 +209,8 @@ fn every_golden_message_encodes_to_its_bytes_and_decodes_to_its_value() {
         MessageType::Detach,
         MessageType::Refused,
         MessageType::ObjectOffer,
+        MessageType::StatusRequest,
+        MessageType::StatusReport,
     ] {
         assert!(shown.contains(&t), "no golden example of {}", t.name());
     }
@@ -285,7 +307,7 @@ fn words(debug: String) -> String {
 fn the_code_tables_are_the_codes_the_implementation_uses() {
     let text = doc("protocol.md");
     let t = table(&text, "type");
-    assert_eq!(t.len(), 6);
+    assert_eq!(t.len(), 8);
     for (name, code, _) in t {
         assert_eq!(MessageType::from_code(code).unwrap().name(), name);
     }

@@ -6,5 +6,5 @@
 pub(crate) mod admission;
 mod object;
 
-pub use crate::wire::{ObjectKind, ObjectOffer};
-pub use object::{DoorConfig, DoorError, ObjectDoor, ObjectHost, OwnerLink, PeerInfo, attach};
+pub use crate::wire::{ObjectKind, ObjectOffer, PeerState, PeerStatus, StatusReport};
+pub use object::{DoorConfig, DoorError, ObjectDoor, ObjectHost, OwnerLink, PeerInfo, WATCH_INTERVAL, attach, status};

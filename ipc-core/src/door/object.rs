@@ -19,8 +19,9 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use super::admission::{Admission, AdmissionConfig, AdmissionEvent, Records};
 use crate::wire::{
-    Attached, BackendKind, ClientHello, Detach, DetachReason, Message, ObjectKind, ObjectOffer, PROTOCOL_VERSION,
-    PeerConnection, PeerCredentials, RefusalCode, RendezvousListener, SocketAccess, WireError,
+    Attached, BackendKind, ClientHello, Detach, DetachReason, MAX_STATUS_DETAIL_BYTES, Message, ObjectKind,
+    ObjectOffer, PROTOCOL_VERSION, PeerConnection, PeerCredentials, PeerState, PeerStatus, RefusalCode,
+    RendezvousListener, SocketAccess, StatusReport, StatusRequest, WireError,
 };
 
 /// How often the door's service thread looks for new handshakes to answer; a hang-up wakes it at once.
@@ -58,6 +59,11 @@ pub trait ObjectHost: Send + Sync + 'static {
     fn offer(&self, peer: &PeerInfo) -> Result<(Vec<u8>, Vec<OwnedFd>), (RefusalCode, String)>;
     /// The peer confirmed the offer (`Attached`).
     fn attached(&self, _peer: &PeerInfo) {}
+    /// What the object knows of an attached peer, in a few words for `gpu-ipc ps` (e.g. "holds 3 tasks"); at most
+    /// 255 bytes are shown.
+    fn describe(&self, _peer: &PeerInfo) -> String {
+        String::new()
+    }
     /// A peer that was made an offer is gone: its handshake failed after the offer, or its connection hung up after
     /// `Attached`. The door cannot tell a death from a clean close; what the peer left in shared state can.
     fn gone(&self, peer: &PeerInfo);
@@ -110,6 +116,14 @@ pub enum DoorError {
         /// What it sent.
         what: String,
     },
+    /// The answer to a status request is not a report.
+    #[error("the owner at {} answered a status request with {what}, not a report", path.display())]
+    NotAReport {
+        /// The socket path.
+        path: PathBuf,
+        /// What it sent.
+        what: String,
+    },
     /// A wire or socket failure.
     #[error(transparent)]
     Wire(#[from] WireError),
@@ -143,16 +157,17 @@ struct Registry {
 }
 
 /// The front door's view of an object's records: peer numbers, which need no marking when a handshake fails (the
-/// service thread tells the host on `Failed`).
+/// service thread tells the host on `Failed`), and the registry a status report is made from.
 struct PeerNumbers {
-    kind: ObjectKind,
+    host: Arc<dyn ObjectHost>,
+    registry: Arc<Mutex<Registry>>,
 }
 
 impl Records for PeerNumbers {
     type Id = u32;
 
     fn object(&self) -> ObjectKind {
-        self.kind
+        self.host.kind()
     }
 
     fn wire_id(id: u32) -> u32 {
@@ -162,6 +177,39 @@ impl Records for PeerNumbers {
     fn mark_dead(&self, _id: u32) -> Result<(), String> {
         Ok(())
     }
+
+    fn peers(&self) -> Vec<PeerStatus> {
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let attached = registry.attached.iter().map(|(info, _)| (info, PeerState::Attached));
+        let joining = registry.offered.values().map(|info| (info, PeerState::Joining));
+        attached
+            .chain(joining)
+            .map(|(info, state)| PeerStatus {
+                id: info.id,
+                pid: info.pid,
+                uid: info.uid,
+                gid: info.gid,
+                since_unix_ms: info
+                    .since
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                last_sign_ms: None,
+                state,
+                name: info.name.clone(),
+                detail: truncate_detail(self.host.describe(info)),
+            })
+            .collect()
+    }
+}
+
+/// At most [`MAX_STATUS_DETAIL_BYTES`] bytes of `text`, cut at a character boundary.
+fn truncate_detail(mut text: String) -> String {
+    let mut end = text.len().min(MAX_STATUS_DETAIL_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
 }
 
 impl ObjectDoor {
@@ -173,9 +221,10 @@ impl ObjectDoor {
     pub fn open(path: &Path, host: Arc<dyn ObjectHost>, config: DoorConfig) -> Result<Self, DoorError> {
         let listener = RendezvousListener::bind_with(path, &config.access)?;
         let path = listener.path().to_path_buf();
+        let registry = Arc::new(Mutex::new(Registry::default()));
         let admission = Admission::start(
             listener,
-            Arc::new(PeerNumbers { kind: host.kind() }),
+            Arc::new(PeerNumbers { host: host.clone(), registry: registry.clone() }),
             AdmissionConfig {
                 backend: host.backend(),
                 handshake_timeout: config.handshake_timeout,
@@ -183,7 +232,6 @@ impl ObjectDoor {
             },
         )
         .map_err(DoorError::Thread)?;
-        let registry = Arc::new(Mutex::new(Registry::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let service = {
             let (registry, stop) = (registry.clone(), stop.clone());
@@ -426,6 +474,33 @@ pub fn attach<T, E: From<DoorError>>(
             let _ = conn.send(&Message::Detach(bye), Vec::new(), Duration::from_millis(200));
             Err(e)
         }
+    }
+}
+
+/// Asks the owner of the ring or object at `path` who is attached (what `gpu-ipc ps` shows). Needs no CUDA and
+/// takes no record: the owner answers and hangs up.
+///
+/// # Errors
+/// [`DoorError::NoOwner`] when nothing listens at `path`; [`DoorError::Refused`] (e.g. another user's socket);
+/// [`DoorError::NotAReport`]; an owner of an older build answers with a refusal, code 6 ([`DoorError::Refused`]); a
+/// timeout or wire failure.
+pub fn status(path: &Path, timeout: Duration) -> Result<StatusReport, DoorError> {
+    let deadline = Instant::now() + timeout;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let conn = PeerConnection::connect(path, timeout).map_err(|source| match source {
+        WireError::NoProducer { .. } => DoorError::NoOwner { path: path.to_path_buf(), kind: ObjectKind::Ring },
+        other => DoorError::Wire(other),
+    })?;
+    // (`NoOwner` names a ring: the common case; the words say to start the owner either way.)
+    let sent = conn.send(&Message::StatusRequest(StatusRequest), Vec::new(), left());
+    let answer = match (sent, conn.recv(left())) {
+        (_, Ok(answer)) => answer,
+        (Err(e), Err(_)) | (Ok(()), Err(e)) => return Err(DoorError::Wire(e)),
+    };
+    match answer.message {
+        Message::StatusReport(report) => Ok(report),
+        Message::Refused(refused) => Err(DoorError::Refused { code: refused.code, message: refused.message }),
+        other => Err(DoorError::NotAReport { path: path.to_path_buf(), what: other.message_type().name().to_owned() }),
     }
 }
 

@@ -436,6 +436,14 @@ impl<B: Backend> Book<B> {
         self.importers.contains_key(&peer)
     }
 
+    /// What importer `peer` pins now: (views, buffers), as its pin table says.
+    pub(crate) fn pins_of(&self, peer: u32) -> Option<(u64, u64)> {
+        let pins = self.importers.get(&peer)?;
+        let counts = pins.words(PINS_HEADER_WORDS, self.slots.len()).ok()?;
+        let held = counts.iter().map(|w| w.load(Ordering::Relaxed)).filter(|n| *n != 0);
+        Some(held.fold((0u64, 0u64), |(views, buffers), n| (views.saturating_add(n), buffers + 1)))
+    }
+
     /// Importers now.
     pub(crate) fn importer_count(&self) -> usize {
         self.importers.len()

@@ -81,6 +81,13 @@ impl<B: Backend> ObjectHost for PoolHost<B> {
         Ok((body, vec![directory_fd, pins_fd, OwnedFd::from(theirs)]))
     }
 
+    fn describe(&self, peer: &PeerInfo) -> String {
+        match self.shared.book().pins_of(peer.id) {
+            Some((views, buffers)) => format!("holds {views} views of {buffers} buffers"),
+            None => String::new(),
+        }
+    }
+
     fn gone(&self, peer: &PeerInfo) {
         if self.shared.book().remove_importer(peer.id) {
             tracing::info!(peer = peer.id, pid = peer.pid, name = %peer.name, "pool importer gone; its pins are dropped");

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::wire::{
     Attached, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, MessageReader, PeerCredentials, RefusalCode, Refused,
-    RendezvousListener, WireError,
+    RendezvousListener, StatusReport, WireError,
 };
 
 /// The thread's state.
@@ -258,6 +258,9 @@ impl<R: Records> FrontDoor<R> {
                 if let Stage::Attached(id) = handshake.stage {
                     let pid = handshake.conn.peer().pid.unwrap_or(0);
                     let _ = self.events.send(AdmissionEvent::Attached { id, pid, conn: handshake.conn });
+                } else {
+                    // A status request served: close in order.
+                    handshake.conn.discard_unread();
                 }
             }
             Err(failure) => {
@@ -292,6 +295,20 @@ impl<R: Records> FrontDoor<R> {
             }
             (Stage::Attached(_), Message::Detach(detach)) => {
                 Err(Failure::silent(format!("the consumer left during the handshake ({:?})", detach.reason)))
+            }
+            (Stage::Hello, Message::StatusRequest(_)) => {
+                let report = StatusReport {
+                    kind: self.records.object(),
+                    backend: self.config.backend,
+                    owner_pid: std::process::id(),
+                    peers: self.records.peers(),
+                };
+                if let Some(handshake) = self.pending.get(index) {
+                    handshake.conn.send(&Message::StatusReport(report), Vec::new(), SEND_TIMEOUT)?;
+                }
+                tracing::debug!(pid = peer.pid, "status served");
+                // Done: the connection closes without a record ever having been taken.
+                Ok(true)
             }
             (Stage::Hello, other) => Err(Failure::refuse(
                 RefusalCode::MalformedHello,

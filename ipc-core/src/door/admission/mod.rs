@@ -40,7 +40,9 @@ use std::time::Duration;
 
 use rustix::process::Pid;
 
-use crate::wire::{BackendKind, Message, ObjectKind, PeerConnection, PeerCredentials, RefusalCode, RendezvousListener};
+use crate::wire::{
+    BackendKind, Message, ObjectKind, PeerConnection, PeerCredentials, PeerStatus, RefusalCode, RendezvousListener,
+};
 
 /// Panics of the thread's loop survived within [`PANIC_WINDOW`] before it gives up: each fails the handshakes in
 /// flight (the one being served when it panicked is refused, code 6, the others see a hang-up and may attach again)
@@ -77,6 +79,8 @@ pub(crate) trait Records: Send + Sync + 'static {
     /// # Errors
     /// Why it could not be marked (logged; the record is retired anyway).
     fn mark_dead(&self, id: Self::Id) -> Result<(), String>;
+    /// Who is attached, as the owner knows it: the answer to a `StatusRequest` (`gpu-ipc ps`).
+    fn peers(&self) -> Vec<PeerStatus>;
 }
 
 /// What the admission thread tells the producer.

@@ -166,3 +166,31 @@ fn no_owner_says_start_it_first() {
     assert!(matches!(error, DoorError::NoOwner { .. }), "{error}");
     assert!(error.to_string().contains("start the process that creates the pool first"), "{error}");
 }
+
+#[test]
+fn a_status_request_lists_the_attached_peers_and_takes_no_record() {
+    let (_dir, path) = socket("status.sock");
+    let host = Recorder::new(ObjectKind::Semaphore);
+    let door = ObjectDoor::open(&path, host.clone(), DoorConfig::default()).unwrap();
+    let ((), link) =
+        attach(&path, ObjectKind::Semaphore, None, "poster", LIMIT, |_, _| Ok::<_, DoorError>(())).unwrap();
+    let start = Instant::now();
+    while door.peers().is_empty() && start.elapsed() < LIMIT {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let report = status(&path, LIMIT).unwrap();
+    assert_eq!(
+        (report.kind, report.backend, report.owner_pid),
+        (ObjectKind::Semaphore, BackendKind::HostFake, std::process::id())
+    );
+    assert_eq!(report.peers.len(), 1, "{report:?}");
+    let peer = report.peers.first().unwrap();
+    assert_eq!(
+        (peer.id, peer.pid, peer.state, peer.name.as_str()),
+        (link.peer_id(), Some(std::process::id()), PeerState::Attached, "poster")
+    );
+    assert_eq!(peer.uid, rustix::process::geteuid().as_raw());
+    assert!(peer.since_unix_ms > 0);
+    assert_eq!(*host.attached.lock().unwrap(), vec![link.peer_id()], "the status request attached nothing");
+    assert!(host.gone.lock().unwrap().is_empty());
+}

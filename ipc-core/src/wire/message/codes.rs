@@ -20,6 +20,10 @@ pub enum MessageType {
     Refused,
     /// Owner -> client, with fds: the offer of a toolkit object other than a ring (pool, semaphore, work queue).
     ObjectOffer,
+    /// Client -> owner, first message instead of a hello: who is attached?
+    StatusRequest,
+    /// Owner -> client: what the socket serves and who is attached.
+    StatusReport,
 }
 
 impl MessageType {
@@ -32,6 +36,8 @@ impl MessageType {
             Self::Detach => 4,
             Self::Refused => 5,
             Self::ObjectOffer => 6,
+            Self::StatusRequest => 7,
+            Self::StatusReport => 8,
         }
     }
 
@@ -44,6 +50,8 @@ impl MessageType {
             4 => Ok(Self::Detach),
             5 => Ok(Self::Refused),
             6 => Ok(Self::ObjectOffer),
+            7 => Ok(Self::StatusRequest),
+            8 => Ok(Self::StatusReport),
             _ => Err(WireError::UnknownMessageType { code }),
         }
     }
@@ -57,6 +65,8 @@ impl MessageType {
             Self::Detach => "Detach",
             Self::Refused => "Refused",
             Self::ObjectOffer => "ObjectOffer",
+            Self::StatusRequest => "StatusRequest",
+            Self::StatusReport => "StatusReport",
         }
     }
 }

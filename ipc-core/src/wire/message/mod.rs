@@ -10,17 +10,23 @@ mod header;
 mod hello;
 mod object;
 mod offer;
+mod status;
 
 pub use codes::{DetachReason, MessageType, RefusalCode};
 pub use header::Header;
 pub use hello::{Attached, ClientHello, Detach};
 pub use object::{OBJECT_OFFER_FIXED_BYTES, ObjectOffer};
 pub use offer::{Refused, RingOffer};
+pub use status::{
+    MAX_STATUS_DETAIL_BYTES, PeerState, PeerStatus, STATUS_PEER_FIXED_BYTES, STATUS_REPORT_FIXED_BYTES, StatusReport,
+    StatusRequest,
+};
 
 use codec::{Reader, check_text, len_u32, put_u16, put_u32};
 use hello::{decode_hello, encode_hello};
 use object::{decode_object_offer, encode_object_offer};
 use offer::{decode_offer, encode_offer};
+use status::{decode_status_report, encode_status_report};
 
 use super::error::WireError;
 
@@ -63,6 +69,10 @@ pub enum Message {
     Refused(Refused),
     /// Owner -> client, with fds: a toolkit object other than a ring.
     ObjectOffer(ObjectOffer),
+    /// Client -> owner, first message instead of a hello: who is attached?
+    StatusRequest(StatusRequest),
+    /// Owner -> client: the answer; the owner hangs up after it.
+    StatusReport(StatusReport),
 }
 
 impl Message {
@@ -75,6 +85,8 @@ impl Message {
             Self::Detach(_) => MessageType::Detach,
             Self::Refused(_) => MessageType::Refused,
             Self::ObjectOffer(_) => MessageType::ObjectOffer,
+            Self::StatusRequest(_) => MessageType::StatusRequest,
+            Self::StatusReport(_) => MessageType::StatusReport,
         }
     }
 
@@ -95,6 +107,8 @@ impl Message {
             Self::ClientHello(hello) => encode_hello(hello, &mut payload)?,
             Self::RingOffer(offer) => encode_offer(offer, &mut payload)?,
             Self::ObjectOffer(offer) => encode_object_offer(offer, &mut payload)?,
+            Self::StatusRequest(StatusRequest) => put_u32(&mut payload, 0),
+            Self::StatusReport(report) => encode_status_report(report, &mut payload)?,
             Self::Attached(attached) => {
                 put_u32(&mut payload, attached.consumer_id);
                 put_u32(&mut payload, 0);
@@ -157,6 +171,11 @@ impl Message {
             MessageType::ClientHello => Self::ClientHello(decode_hello(&mut r)?),
             MessageType::RingOffer => Self::RingOffer(decode_offer(&mut r)?),
             MessageType::ObjectOffer => Self::ObjectOffer(decode_object_offer(&mut r)?),
+            MessageType::StatusRequest => {
+                r.reserved_u32("StatusRequest.reserved")?;
+                Self::StatusRequest(StatusRequest)
+            }
+            MessageType::StatusReport => Self::StatusReport(decode_status_report(&mut r)?),
             MessageType::Attached => {
                 let consumer_id = r.u32()?;
                 r.reserved_u32("Attached.reserved")?;
