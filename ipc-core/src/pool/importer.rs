@@ -114,16 +114,17 @@ impl<B: Backend> ImporterInner<B> {
 /// An importer of a [`SharedPool`](super::SharedPool): attached once, it finds buffers by name.
 ///
 /// ```no_run
-/// use gpu_ipc::core::pool::{AttachOptions, PoolImporter};
-/// use gpu_ipc::vmm::Vmm;
+/// use ipc_core::backend::GpuBackend;
+/// use ipc_core::driver::Context;
+/// use ipc_core::pool::{AttachOptions, PoolImporter};
 ///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let ctx = gpu_ipc::core::driver::Context::for_ordinal(0)?;
-/// let pool = PoolImporter::<Vmm>::attach(&ctx, "/tmp/weights.sock", &AttachOptions::default())?;
-/// let layer0 = pool.lookup("weights/layer0")?; // pinned: its bytes are not reused while `layer0` lives
-/// let span = layer0.span()?; // for kernels and copies in this process
-/// # let _ = span;
-/// # Ok(()) }
+/// fn read_weights<B: GpuBackend>(ctx: &Context) -> Result<(), Box<dyn std::error::Error>> {
+///     let pool = PoolImporter::<B>::attach(ctx, "/tmp/weights.sock", &AttachOptions::default())?;
+///     let layer0 = pool.lookup("weights/layer0")?; // pinned: its bytes are not reused while `layer0` lives
+///     let mut first = [0u16; 16];
+///     layer0.span()?.read(0, &mut first)?; // the shared memory itself, in place
+///     Ok(())
+/// }
 /// ```
 pub struct PoolImporter<B: Backend> {
     inner: Arc<ImporterInner<B>>,

@@ -111,16 +111,19 @@ impl<B: Backend> PoolShared<B> {
 /// `docs/pool.md`.
 ///
 /// ```no_run
-/// use gpu_ipc::core::pool::{DType, PoolConfig, SharedPool, TensorDesc};
-/// use gpu_ipc::vmm::Vmm;
+/// use ipc_core::backend::GpuBackend;
+/// use ipc_core::driver::Context;
+/// use ipc_core::pool::{DType, PoolConfig, SharedPool, TensorDesc};
 ///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let ctx = gpu_ipc::core::driver::Context::for_ordinal(0)?;
-/// let pool = SharedPool::<Vmm>::create(&ctx, "/tmp/weights.sock", PoolConfig::new(1 << 30))?;
-/// let desc = TensorDesc::contiguous(DType::BF16, [4096, 4096]);
-/// let layer0 = pool.alloc("weights/layer0", 4096 * 4096 * 2, 256, Some(desc))?;
-/// layer0.span()?.write(0, &[0u16; 16])?;
-/// # Ok(()) }
+/// // `B` is `ipc_vmm::Vmm` or `ipc_legacy::Legacy` (`gpu_ipc::vmm::Vmm`, `gpu_ipc::legacy::Legacy`).
+/// fn share_weights<B: GpuBackend>(ctx: &Context) -> Result<SharedPool<B>, Box<dyn std::error::Error>> {
+///     let pool = SharedPool::<B>::create(ctx, "/tmp/weights.sock", PoolConfig::new(1 << 30))?;
+///     let desc = TensorDesc::contiguous(DType::BF16, [4096, 4096]);
+///     let layer0 = pool.alloc("weights/layer0", 4096 * 4096 * 2, 256, Some(desc))?;
+///     layer0.span()?.write(0, &[0u16; 16])?;
+///     std::mem::forget(layer0); // keep it allocated for the pool's life (or keep the handle to free it later)
+///     Ok(pool)
+/// }
 /// ```
 pub struct SharedPool<B: Backend> {
     shared: Arc<PoolShared<B>>,
