@@ -96,7 +96,8 @@ impl Backend for Vmm {
         if allowed & u64::from(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 {
             return Err(not_posix_fd_exportable(ptr, allowed));
         }
-        if pointer_is_from_pool(ptr)? {
+        // The attribute is only asked to name the cause; a driver that cannot answer it is not a refusal.
+        if pointer_is_from_pool(ptr).unwrap_or(false) {
             // Its pool may allow POSIX fds, but its pointers are exported through the pool, never one by one (the
             // vmm-compat probe: cuMemExportToShareableHandle on such memory is CUDA_ERROR_INVALID_VALUE).
             return Err(BackendError::Unsupported {

@@ -12,10 +12,10 @@ pub fn exe(name: &str) -> PathBuf {
     // nextest sets NEXTEST_BIN_EXE_* when it replays an archive on another machine.
     std::env::var_os(format!("NEXTEST_BIN_EXE_{name}")).map_or_else(
         || {
-            PathBuf::from(if name == "producer" {
-                env!("CARGO_BIN_EXE_producer")
-            } else {
-                env!("CARGO_BIN_EXE_consumer")
+            PathBuf::from(match name {
+                "producer" => env!("CARGO_BIN_EXE_producer"),
+                "pool" => env!("CARGO_BIN_EXE_pool"),
+                _ => env!("CARGO_BIN_EXE_consumer"),
             })
         },
         PathBuf::from,
