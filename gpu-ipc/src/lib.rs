@@ -7,7 +7,8 @@
 //! gpu-ipc = { path = "../gpu-ipc/gpu-ipc" }   # features: legacy, vmm (both by default), cudarc (interop)
 //! ```
 //!
-//! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring), the backends compiled
+//! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring; [`pool`], the memory
+//! pool with named buffers, with [`SharedPool`] and [`PoolImporter`] at the top), the backends compiled
 //! in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the host-memory fake that needs no GPU),
 //! the embedded kernels, and [`BackendKind`], the one name of a backend, with [`dispatch`] and [`dispatch_gpu`]
 //! to run code generic over the backend for a choice made at run time (`--backend`).
@@ -41,6 +42,8 @@ pub use ipc_legacy as legacy;
 #[cfg(feature = "vmm")]
 pub use ipc_vmm as vmm;
 
+pub use ipc_core::pool;
+pub use ipc_core::pool::{PoolImporter, SharedPool};
 pub use ipc_core::wire::{BackendKind, SyncStrategy, UnknownName};
 
 use ipc_core::backend::{Backend, GpuBackend};
@@ -60,6 +63,12 @@ pub struct ReadmeDocTests;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/frames.md")]
 pub struct FramesDocTests;
+
+/// The Rust snippets of `docs/pool.md`, compiled (and, for the host backend's, run) as doc tests with the paths an
+/// outside project uses.
+#[cfg(all(doctest, feature = "legacy", feature = "vmm"))]
+#[doc = include_str!("../../docs/pool.md")]
+pub struct PoolDocTests;
 
 /// The Rust snippets of `docs/interop.md`, compiled as doc tests with the paths an outside project uses.
 #[cfg(all(doctest, feature = "cudarc", feature = "vmm"))]
