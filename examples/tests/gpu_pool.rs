@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::{exe, socket};
@@ -25,11 +24,7 @@ use gpu_ipc_examples::pool_work::{checked_ranges, pattern_word, seed_of};
 const BACKENDS: [&str; 2] = ["legacy", "vmm"];
 
 fn record(result: &serde_json::Value) {
-    let Some(dir) = std::env::var_os("GPU_IPC_RESULTS_DIR") else { return };
-    let tag = std::env::var("GPU_IPC_RESULTS_TAG").unwrap_or_else(|_| "default".into());
-    let path = PathBuf::from(dir).join(format!("pool-{tag}.jsonl"));
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-    writeln!(file, "{result}").unwrap();
+    common::record("pool", result);
 }
 
 /// Runs the `pool` program with `args` and returns its JSON summary (it must succeed).

@@ -250,31 +250,30 @@ impl BlockReply {
 mod tests {
     use super::*;
 
-    /// An offer whose body bytes the test pins (`docs/protocol.md` shows the same but for the device UUID).
-    pub(crate) fn golden_offer() -> PoolOffer {
-        let geometry = Geometry { entry_slots: 4096, block_slots: 64 };
+    /// A small host-backend offer (`docs/protocol.md` shows a vmm one, which the conformance test checks).
+    fn host_offer() -> PoolOffer {
+        let geometry = Geometry { entry_slots: 8, block_slots: 2 };
         PoolOffer {
-            backend: BackendKind::Vmm,
-            owner_pid: 1234,
-            pool_id: 0x1_8765_4321,
+            backend: BackendKind::HostFake,
+            owner_pid: 7,
+            pool_id: 0x0102_0304_0506_0708,
             geometry,
             directory_bytes: geometry.directory_bytes() as u64,
             pins_bytes: geometry.pins_bytes() as u64,
-            device_uuid: DeviceUuid([0x5d; 16]),
+            device_uuid: DeviceUuid::default(),
         }
     }
 
     #[test]
     fn the_offer_body_has_pinned_bytes_and_round_trips() {
-        let offer = golden_offer();
+        let offer = host_offer();
         let bytes = offer.encode().unwrap();
-        let mut expected = vec![0x01, 0x00, 0x02, 0x00, 0xd2, 0x04, 0x00, 0x00];
-        expected.extend_from_slice(&0x1_8765_4321u64.to_le_bytes());
-        expected.extend_from_slice(&[0x00, 0x10, 0x00, 0x00, 0x40, 0x00, 0x00, 0x00]);
-        expected.extend_from_slice(&1_638_400u64.to_le_bytes());
+        let mut expected = vec![0x01, 0x00, 0x03, 0x00, 0x07, 0x00, 0x00, 0x00];
+        expected.extend_from_slice(&[0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01]);
+        expected.extend_from_slice(&[0x08, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00]);
         expected.extend_from_slice(&65_536u64.to_le_bytes());
-        expected.extend_from_slice(&[0x5d; 16]);
-        expected.extend_from_slice(&[0; 8]);
+        expected.extend_from_slice(&65_536u64.to_le_bytes());
+        expected.extend_from_slice(&[0; 24]);
         assert_eq!(bytes, expected);
         assert_eq!(bytes.len(), POOL_OFFER_BYTES);
         assert_eq!(PoolOffer::decode(&bytes).unwrap(), offer);
@@ -282,7 +281,7 @@ mod tests {
 
     #[test]
     fn a_body_that_breaks_a_rule_is_refused_with_the_field_named() {
-        let good = golden_offer().encode().unwrap();
+        let good = host_offer().encode().unwrap();
         let field = |bytes: &[u8]| match PoolOffer::decode(bytes).unwrap_err() {
             WireError::InvalidField { field, .. } => field.to_owned(),
             other => other.to_string(),
@@ -291,7 +290,7 @@ mod tests {
         version[0] = 2;
         assert_eq!(field(&version), "PoolOffer.layout_version");
         let mut slots = good.clone();
-        slots[16] = 3; // 4099 entry slots: not a power of two
+        slots[16] = 3; // 3 entry slots: not a power of two
         assert_eq!(field(&slots), "PoolOffer.entry_slots");
         let mut size = good.clone();
         size[24] ^= 1;
