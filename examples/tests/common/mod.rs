@@ -46,9 +46,19 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(name: &str, program: PathBuf, args: &[String]) -> Self {
+        Self::spawn_stdin(name, program, args, Stdio::null())
+    }
+
+    /// As [`Proc::spawn`], with a pipe on its standard input: the programs that serve until it closes
+    /// ([`Proc::close_stdin_and_finish`]).
+    pub fn spawn_with_stdin(name: &str, program: PathBuf, args: &[String]) -> Self {
+        Self::spawn_stdin(name, program, args, Stdio::piped())
+    }
+
+    fn spawn_stdin(name: &str, program: PathBuf, args: &[String], stdin: Stdio) -> Self {
         let mut child = Command::new(program)
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -94,6 +104,12 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Closes its standard input (the program's cue to finish), then [`Proc::finish`].
+    pub fn close_stdin_and_finish(mut self, timeout: Duration) -> (ExitStatus, Duration, serde_json::Value) {
+        drop(self.child.stdin.take());
+        self.finish(timeout)
     }
 
     pub fn kill9(&mut self) {

@@ -3,12 +3,13 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::directory::{Words, block_record};
 use super::error::PoolError;
-use super::layout::{BlockId, Geometry};
+use super::layout::{BlockId, BlockKind, Geometry, header};
 use super::wire::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest};
 use crate::backend::{Backend, ExportedHandle, SharedRegion};
 use crate::driver::DevicePtr;
@@ -32,6 +33,12 @@ impl<B: Backend> ImportedBlock<B> {
     }
 }
 
+/// Whether the directory still lists block `id` (same serial, in use).
+fn still_listed<W: Words + ?Sized>(directory: &W, geometry: Geometry, id: BlockId) -> bool {
+    block_record(directory, geometry, id.index)
+        .is_some_and(|(kind, serial, _)| kind != BlockKind::None && serial == id.serial)
+}
+
 /// Why a block could not be had.
 pub(crate) enum BlockMiss {
     /// The owner no longer has that block (it was retired): look the name up again.
@@ -53,16 +60,36 @@ pub(crate) struct BlockCache<B: Backend> {
     timeout: Duration,
     channel: OwnedFd,
     blocks: Mutex<HashMap<u32, Arc<ImportedBlock<B>>>>,
+    /// The directory's `CHANGES` word when the mappings were last compared with its block records.
+    seen_changes: AtomicU64,
 }
 
 impl<B: Backend> BlockCache<B> {
     pub(crate) fn new(ctx: B::Context, path: &Path, timeout: Duration, channel: OwnedFd) -> Self {
-        Self { ctx, path: path.to_path_buf(), timeout, channel, blocks: Mutex::new(HashMap::new()) }
+        Self {
+            ctx,
+            path: path.to_path_buf(),
+            timeout,
+            channel,
+            blocks: Mutex::new(HashMap::new()),
+            seen_changes: AtomicU64::new(u64::MAX),
+        }
     }
 
     /// Blocks mapped now.
     pub(crate) fn mapped(&self) -> usize {
         self.blocks.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Lets go of the mappings of blocks the owner retired (an existing allocation no longer shared), once the
+    /// directory changed since the last look: one load when it did not. Views that hold such a block keep it.
+    pub(crate) fn forget_retired<W: Words + ?Sized>(&self, directory: &W, geometry: Geometry) {
+        let changes = directory.word(header::CHANGES).unwrap_or(0);
+        if self.seen_changes.swap(changes, Ordering::Relaxed) == changes {
+            return;
+        }
+        let mut blocks = self.blocks.lock().unwrap_or_else(PoisonError::into_inner);
+        blocks.retain(|_, block| still_listed(directory, geometry, block.id));
     }
 
     /// Block `id`, mapped: from the cache, or asked for on the channel and imported (the only round trip to the
@@ -78,9 +105,7 @@ impl<B: Backend> BlockCache<B> {
         if let Some(block) = blocks.get(&id.index).filter(|b| b.id == id) {
             return Ok(block.clone());
         }
-        blocks.retain(|index, block| {
-            block_record(directory, geometry, *index).is_some_and(|(_, s, _)| s == block.id.serial)
-        });
+        blocks.retain(|_, block| still_listed(directory, geometry, block.id));
         let block = Arc::new(self.import(id)?);
         blocks.insert(id.index, block.clone());
         Ok(block)

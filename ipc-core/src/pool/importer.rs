@@ -177,6 +177,7 @@ impl<B: Backend> PoolImporter<B> {
         let inner = &self.inner;
         inner.check_owner()?;
         let geometry = inner.offer.geometry;
+        inner.blocks.forget_retired(&inner.directory, geometry);
         let started = Instant::now();
         for _ in 0..LOOKUP_TRIES {
             let found = find(&inner.directory, geometry, name).map_err(|e| inner.directory_error(e))?;

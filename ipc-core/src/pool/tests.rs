@@ -168,6 +168,10 @@ fn existing_allocations_are_shared_in_place_one_export_per_allocation() {
     assert_eq!(pool.stats().shared_allocations, 1);
     drop((v1, v2));
     assert!(eventually(|| pool.stats().shared_allocations == 0));
+    // The importer lets go of its mapping at its next lookup.
+    assert_eq!(imp.mapped_blocks(), 1);
+    assert!(matches!(imp.lookup("one"), Err(PoolError::NotFound { .. })));
+    assert_eq!(imp.mapped_blocks(), 0, "the retired allocation is unmapped");
     // Memory the backend cannot find, and a range that runs past its allocation, are refused with the reason.
     let err = pool.share_existing("nowhere", DevicePtr(8), 8, None).unwrap_err();
     assert!(err.to_string().contains("no live region"), "{err}");
