@@ -85,9 +85,10 @@ impl<B: Backend> BlockCache<B> {
     /// directory changed since the last look: one load when it did not. Views that hold such a block keep it.
     pub(crate) fn forget_retired<W: Words + ?Sized>(&self, directory: &W, geometry: Geometry) {
         let changes = directory.word(header::CHANGES).unwrap_or(0);
-        if self.seen_changes.swap(changes, Ordering::Relaxed) == changes {
+        if self.seen_changes.load(Ordering::Relaxed) == changes {
             return;
         }
+        self.seen_changes.store(changes, Ordering::Relaxed);
         let mut blocks = self.blocks.lock().unwrap_or_else(PoisonError::into_inner);
         blocks.retain(|_, block| still_listed(directory, geometry, block.id));
     }
