@@ -36,7 +36,7 @@ fn an_owner_program_serves_an_importer_program_until_its_stdin_closes() {
         .map(ToString::to_string)
         .chain(["--socket".to_owned(), sock.to_str().unwrap().to_owned()])
         .collect();
-    let owner = Proc::spawn_with_stdin("pool owner", exe("pool"), &owner_args);
+    let mut owner = Proc::spawn("pool owner", exe("pool"), &owner_args);
     owner.wait_for_line("READY", Duration::from_secs(20));
     let out = Command::new(exe("pool"))
         .args(["importer", "--backend", "host", "--attaches", "2", "--rounds", "10", "--json", "--socket"])
@@ -47,7 +47,8 @@ fn an_owner_program_serves_an_importer_program_until_its_stdin_closes() {
     assert!(out.status.success(), "{}", out.status);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((report["buffers"].as_u64(), report["verified"].as_u64()), (Some(8), Some(8)), "{report}");
-    let (status, _, summary) = owner.close_stdin_and_finish(Duration::from_secs(10));
+    owner.close_stdin();
+    let (status, _, summary) = owner.finish(Duration::from_secs(10));
     assert!(status.success(), "{status}");
     assert_eq!(summary["buffers"], 8, "{summary}");
     assert_eq!(summary["stats"]["importers"], 0, "{summary}");

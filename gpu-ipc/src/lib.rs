@@ -7,11 +7,12 @@
 //! gpu-ipc = { path = "../gpu-ipc/gpu-ipc" }   # features: legacy, vmm (both by default), cudarc (interop)
 //! ```
 //!
-//! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring; [`pool`], the memory
-//! pool with named buffers, with [`SharedPool`] and [`PoolImporter`] at the top), the backends compiled
-//! in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the host-memory fake that needs no GPU),
-//! the embedded kernels, and [`BackendKind`], the one name of a backend, with [`dispatch`] and [`dispatch_gpu`]
-//! to run code generic over the backend for a choice made at run time (`--backend`).
+//! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring, and the toolkit's
+//! [`semaphore`] and [`pool`], the memory pool with named buffers, whose [`SharedPool`] and [`PoolImporter`] are at
+//! the top too), the backends compiled in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the
+//! host-memory fake that needs no GPU), the embedded kernels, and [`BackendKind`], the one name of a backend, with
+//! [`dispatch`] and [`dispatch_gpu`] to run code generic over the backend for a choice made at run time
+//! (`--backend`).
 //!
 //! The library logs through [`tracing`](https://docs.rs/tracing): install a subscriber (for example
 //! `tracing_subscriber::fmt().init()`) to see what it says about consumers attaching, dying or being evicted.
@@ -37,6 +38,7 @@
 pub use gpu_ipc_kernels as kernels;
 pub use ipc_core as core;
 pub use ipc_core::fake as host;
+pub use ipc_core::semaphore;
 #[cfg(feature = "legacy")]
 pub use ipc_legacy as legacy;
 #[cfg(feature = "vmm")]
@@ -69,6 +71,12 @@ pub struct FramesDocTests;
 #[cfg(all(doctest, feature = "legacy", feature = "vmm"))]
 #[doc = include_str!("../../docs/pool.md")]
 pub struct PoolDocTests;
+
+/// The Rust snippets of `docs/semaphore.md`, compiled (and the host-backend one run) as doc tests with the paths an
+/// outside project uses.
+#[cfg(all(doctest, feature = "vmm"))]
+#[doc = include_str!("../../docs/semaphore.md")]
+pub struct SemaphoreDocTests;
 
 /// The Rust snippets of `docs/interop.md`, compiled as doc tests with the paths an outside project uses.
 #[cfg(all(doctest, feature = "cudarc", feature = "vmm"))]

@@ -6,10 +6,14 @@
 //! is gone.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
+mod common;
+
+use common::door_client::{connect, hung_up_on, open_fds, random_bytes_are_refused};
+
+use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -33,14 +37,6 @@ const MAX_CALL: Duration = Duration::from_millis(500);
 /// The fd counts are per process: the tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn sock(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gpu-ipc-pool-hostile-{}-{name}.sock", std::process::id()))
-}
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
 /// Polls `condition` for up to three seconds.
 fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -53,7 +49,9 @@ fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 /// Runs `bad_clients` against a pool and checks what the module comment says.
 fn survives(name: &str, bad_clients: impl FnOnce(&SharedPool<HostFake>)) {
     let _turn = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let pool = SharedPool::<HostFake>::create(&HostContext, sock(name), PoolConfig::new(1 << 20)).unwrap();
+    let pool =
+        SharedPool::<HostFake>::create(&HostContext, common::sock("pool-hostile", name), PoolConfig::new(1 << 20))
+            .unwrap();
     let baseline = open_fds();
     bad_clients(&pool);
     let started = Instant::now();
@@ -75,12 +73,6 @@ fn survives(name: &str, bad_clients: impl FnOnce(&SharedPool<HostFake>)) {
     });
 }
 
-fn connect(path: &Path) -> UnixStream {
-    let stream = UnixStream::connect(path).unwrap();
-    stream.set_read_timeout(Some(T)).unwrap();
-    stream
-}
-
 fn hello(object: ObjectKind, backend: BackendKind) -> Vec<u8> {
     let hello = ClientHello {
         object,
@@ -96,14 +88,7 @@ fn hello(object: ObjectKind, backend: BackendKind) -> Vec<u8> {
 fn answer_to(path: &Path, bytes: &[u8]) -> Vec<u8> {
     let mut stream = connect(path);
     stream.write_all(bytes).unwrap();
-    let mut got = Vec::new();
-    let started = Instant::now();
-    match stream.read_to_end(&mut got) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-        Err(e) => panic!("the owner kept a bad client for {:?}: {e}", started.elapsed()),
-    }
-    got
+    hung_up_on(stream)
 }
 
 fn refused_with(answer: &[u8]) -> Option<(RefusalCode, String)> {
@@ -116,17 +101,7 @@ fn refused_with(answer: &[u8]) -> Option<(RefusalCode, String)> {
 #[test]
 fn garbage_a_ring_hello_and_the_wrong_backend_are_refused_with_the_reason() {
     survives("refusals", |pool| {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let random: Vec<u8> = (0..300)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect();
-        let (code, _) = refused_with(&answer_to(pool.path(), &random)).unwrap();
-        assert_eq!(code, RefusalCode::MalformedHello);
+        random_bytes_are_refused(pool.path());
         let (code, message) =
             refused_with(&answer_to(pool.path(), &hello(ObjectKind::Ring, BackendKind::HostFake))).unwrap();
         assert_eq!(code, RefusalCode::WrongObject);

@@ -14,6 +14,7 @@ use ipc_core::pool::layout::{BlockId, Geometry};
 use ipc_core::pool::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest, PoolOffer};
 use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, MAGIC as RING_MAGIC};
 use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
+use ipc_core::semaphore::SemaphoreOffer;
 use ipc_core::sys::shm::SharedMemory;
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES, HandleType,
@@ -135,6 +136,23 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 peer_id: 3,
                 fd_count: 3,
                 body: pool_offer().encode().unwrap(),
+            }),
+        ),
+        (
+            "object-offer-semaphore",
+            Message::ObjectOffer(ObjectOffer {
+                kind: ObjectKind::Semaphore,
+                peer_id: 3,
+                fd_count: 1,
+                body: SemaphoreOffer {
+                    layout_version: 1,
+                    record: 3,
+                    epoch: 7,
+                    max_peers: 32,
+                    shared_bytes: 65536,
+                    generation: 0x1_8765_4321,
+                }
+                .encode(),
             }),
         ),
         ("status-request", Message::StatusRequest(StatusRequest)),
