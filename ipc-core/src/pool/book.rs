@@ -49,7 +49,6 @@ struct Used {
     offset: u64,
     /// Bytes taken from the block's allocator (0 for an existing allocation).
     reserved: u64,
-    retired: bool,
 }
 
 enum Slot {
@@ -79,6 +78,16 @@ pub(crate) struct Book<B: Backend> {
     importers: HashMap<u32, SharedMemory>,
     next_generation: u64,
     high_water: u64,
+    tally: Tally,
+}
+
+/// Buffers and their bytes (of the pool's own blocks), live and freed-but-pinned, kept as they change.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    live_buffers: u32,
+    pending_buffers: u32,
+    live_bytes: u64,
+    pending_bytes: u64,
 }
 
 impl<B: Backend> Book<B> {
@@ -96,6 +105,7 @@ impl<B: Backend> Book<B> {
             importers: HashMap::new(),
             next_generation: 1,
             high_water: 0,
+            tally: Tally::default(),
         }
     }
 
@@ -149,8 +159,8 @@ impl<B: Backend> Book<B> {
         if let Some(desc) = desc {
             desc.check(len).map_err(|reason| PoolError::InvalidRequest { name: name.to_owned(), reason })?;
         }
-        let used = self.slots.iter().filter(|s| matches!(s, Slot::Used(_))).count();
-        if used >= self.limits.max_buffers as usize {
+        let used = self.tally.live_buffers + self.tally.pending_buffers;
+        if used >= self.limits.max_buffers {
             return Err(PoolError::DirectoryFull { limit: self.limits.max_buffers });
         }
         let geometry = self.directory.geometry();
@@ -216,10 +226,7 @@ impl<B: Backend> Book<B> {
                 max_blocks: self.limits.max_pool_blocks,
             });
         };
-        let handle = self.publish(slot, name, block, offset, bytes, reserved, desc);
-        let stats = self.stats();
-        self.high_water = self.high_water.max(stats.live_bytes + stats.pending_bytes);
-        Ok(handle)
+        Ok(self.publish(slot, name, block, offset, bytes, reserved, desc))
     }
 
     /// Lists a buffer in an existing allocation, exported in place (one block per allocation: a second buffer in
@@ -295,8 +302,11 @@ impl<B: Backend> Book<B> {
         };
         self.directory.write_entry(slot, &record);
         if let Some(place) = self.slots.get_mut(slot as usize) {
-            *place = Slot::Used(Used { name: name.to_owned(), generation, block, offset, reserved, retired: false });
+            *place = Slot::Used(Used { name: name.to_owned(), generation, block, offset, reserved });
         }
+        self.tally.live_buffers += 1;
+        self.tally.live_bytes += reserved;
+        self.high_water = self.high_water.max(self.tally.live_bytes + self.tally.pending_bytes);
         self.names.insert(name.to_owned(), slot);
         BufferHandle::new(name.to_owned(), generation, slot, base.offset(offset), len, desc, region)
     }
@@ -327,8 +337,11 @@ impl<B: Backend> Book<B> {
             });
         }
         self.names.remove(name);
-        if let Some(Slot::Used(used)) = self.slots.get_mut(slot as usize) {
-            used.retired = true;
+        if let Some(Slot::Used(used)) = self.slots.get(slot as usize) {
+            self.tally.live_buffers -= 1;
+            self.tally.live_bytes -= used.reserved;
+            self.tally.pending_buffers += 1;
+            self.tally.pending_bytes += used.reserved;
         }
         self.directory.set_entry_state(slot, EntryState::Retired);
         // Pairs with the importer's fence between its pin and its recheck of the entry.
@@ -376,6 +389,8 @@ impl<B: Backend> Book<B> {
         else {
             return;
         };
+        self.tally.pending_buffers -= 1;
+        self.tally.pending_bytes -= used.reserved;
         let mut retire_block = false;
         match self.blocks.get_mut(used.block as usize).and_then(Option::as_mut) {
             Some(Block { origin: Origin::Pool { allocator, .. }, .. }) => {
@@ -486,25 +501,10 @@ impl<B: Backend> Book<B> {
                 Origin::Existing { .. } => stats.shared_allocations += 1,
             }
         }
-        for slot in &self.slots {
-            if let Slot::Used(used) = slot {
-                let pool = self
-                    .blocks
-                    .get(used.block as usize)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|b| matches!(b.origin, Origin::Pool { .. }));
-                match (used.retired, pool) {
-                    (false, true) => stats.live_bytes += used.reserved,
-                    (true, true) => stats.pending_bytes += used.reserved,
-                    _ => {}
-                }
-                if used.retired {
-                    stats.pending_buffers += 1;
-                } else {
-                    stats.live_buffers += 1;
-                }
-            }
-        }
+        stats.live_buffers = self.tally.live_buffers;
+        stats.pending_buffers = self.tally.pending_buffers;
+        stats.live_bytes = self.tally.live_bytes;
+        stats.pending_bytes = self.tally.pending_bytes;
         stats.fragmentation =
             if stats.free_bytes == 0 { 0.0 } else { 1.0 - stats.largest_free as f64 / stats.free_bytes as f64 };
         stats
