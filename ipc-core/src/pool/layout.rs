@@ -311,3 +311,85 @@ const _: () = {
     assert!(name_hash(b"") == 0xcbf2_9ce4_8422_2325);
     assert!(name_hash(b"a") == 0xaf63_dc4c_8601_ec8c);
 };
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::pool::DType;
+
+    const POOL_MD: &str = include_str!("../../../docs/pool.md");
+
+    /// The first cells of the rows of every `| word | field |` table of `docs/pool.md`, table by table.
+    fn word_tables() -> Vec<Vec<(String, String)>> {
+        let mut tables = Vec::new();
+        let mut lines = POOL_MD.lines().peekable();
+        while let Some(line) = lines.next() {
+            if line.trim() != "| word | field |" {
+                continue;
+            }
+            lines.next(); // the |---| row
+            let mut rows = Vec::new();
+            while let Some(row) = lines.next_if(|l| l.starts_with('|')) {
+                let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+                rows.push((cells[1].to_owned(), cells[2].to_owned()));
+            }
+            tables.push(rows);
+        }
+        tables
+    }
+
+    #[test]
+    fn the_word_tables_of_docs_pool_md_are_the_layout() {
+        let tables = word_tables();
+        assert_eq!(tables.len(), 2, "the header table and the entry table");
+        let header_words: Vec<String> = tables[0].iter().map(|(w, _)| w.clone()).collect();
+        let expected = [
+            header::MAGIC,
+            header::LAYOUT_VERSION,
+            header::TOTAL_BYTES,
+            header::ENTRY_SLOTS,
+            header::BLOCK_SLOTS,
+            header::POOL_ID,
+            header::OWNER_PID,
+            header::OWNER_STATE,
+            header::CHANGES,
+        ];
+        assert_eq!(header_words, expected.map(|w| w.to_string()));
+        let entry_words: Vec<String> = tables[1].iter().map(|(w, _)| w.clone()).collect();
+        let ranges = |first: usize, words: usize| format!("{first} .. {}", first + words - 1);
+        let expected = [
+            entry::SEQ.to_string(),
+            entry::STATE.to_string(),
+            entry::GENERATION.to_string(),
+            entry::BLOCK.to_string(),
+            entry::OFFSET.to_string(),
+            entry::LEN.to_string(),
+            entry::NAME_HASH.to_string(),
+            entry::NAME_LEN.to_string(),
+            entry::DTYPE.to_string(),
+            entry::NDIM.to_string(),
+            entry::FLAGS.to_string(),
+            ranges(entry::SHAPE, 8),
+            ranges(entry::STRIDES, 8),
+            ranges(entry::NAME, MAX_NAME_BYTES / 8),
+        ];
+        assert_eq!(entry_words, expected);
+        // The element type codes, as the entry table lists them.
+        let dtypes = &tables[1].iter().find(|(w, _)| *w == entry::DTYPE.to_string()).unwrap().1;
+        for d in DType::ALL {
+            assert!(dtypes.contains(&format!("{} {}", d.code(), d.name())), "{d} (code {}) in: {dtypes}", d.code());
+        }
+        let states = &tables[1].iter().find(|(w, _)| *w == entry::STATE.to_string()).unwrap().1;
+        for (state, name) in [
+            (EntryState::Empty, "empty"),
+            (EntryState::Live, "live"),
+            (EntryState::Retired, "retired"),
+            (EntryState::Vacant, "vacant"),
+        ] {
+            assert!(states.contains(&format!("{} {name}", state.code())), "{states}");
+        }
+        assert!(POOL_MD.contains(&format!("{} words ({} bytes) each", ENTRY_WORDS, ENTRY_WORDS * 8)));
+        assert!(POOL_MD.contains(&format!("at word {HEADER_WORDS}, {BLOCK_WORDS} words each")));
+    }
+}

@@ -348,3 +348,13 @@ proptest::proptest! {
         proptest::prop_assert_eq!((stats.live_bytes, stats.pending_bytes, stats.free_ranges), (0, 0, 1), "nothing leaks");
     }
 }
+
+#[test]
+fn the_pool_types_can_be_shared_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<SharedPool<HostFake>>();
+    send_sync::<PoolImporter<HostFake>>();
+    send_sync::<BufferView<HostFake>>();
+    send_sync::<BufferHandle<HostFake>>();
+    send_sync::<PoolStats>();
+}
