@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use super::blocks::{BlockCache, BlockMiss};
-use super::directory::{DirectoryProblem, check_header, entry_seq, find, live_entries, owner_state};
+use super::directory::{DirectoryProblem, block_record, check_header, entry_seq, find, live_entries, owner_state};
 use super::error::PoolError;
 use super::handle::BufferInfo;
-use super::layout::{BlockKind, LAYOUT_VERSION, OwnerState, PINS_HEADER_WORDS, PINS_MAGIC};
+use super::layout::{BlockId, BlockKind, LAYOUT_VERSION, OwnerState, PINS_HEADER_WORDS, PINS_MAGIC};
 use super::view::BufferView;
 use super::wire::{CHANNEL_FD_INDEX, DIRECTORY_FD_INDEX, PINS_FD_INDEX, POOL_OFFER_FDS, PoolOffer};
 use crate::backend::Backend;
@@ -163,6 +163,8 @@ impl<B: Backend> PoolImporter<B> {
             last_owner_check_ns: AtomicU64::new(monotonic_ns()),
             owner_hung_up: AtomicBool::new(false),
         };
+        // An error here drops the importer, whose connection's hang-up tells the owner.
+        import_pool_blocks(&inner)?;
         tracing::info!(path = %path.display(), peer = inner.link.peer_id(), blocks = inner.blocks.mapped(), "attached to a pool");
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -256,8 +258,8 @@ impl<B: Backend> PoolImporter<B> {
     }
 }
 
-/// The import step of the handshake: checks the offer, maps the directory and the pin table, imports the pool's
-/// blocks. Any error here is told to the owner (`Detach`, import failed), which then drops this importer.
+/// The import step of the handshake: checks the offer, maps the directory and the pin table, keeps the block
+/// channel. Any error here is told to the owner (`Detach`, import failed), which then drops this importer.
 fn import<B: Backend>(
     ctx: &B::Context,
     path: &Path,
@@ -296,15 +298,22 @@ fn import<B: Backend>(
         return Err(protocol("offer", "its block channel fd is not a socket".into()));
     }
     let blocks = BlockCache::new(ctx.clone(), path, timeout, channel);
+    Ok((body, directory, pins, blocks))
+}
+
+/// Imports every block of the pool's own memory the directory lists, so that lookups of buffers in them never wait
+/// for the owner. Runs after the handshake: however long the imports take (large blocks, many of them), the door's
+/// bound on a handshake does not cut the attach short.
+fn import_pool_blocks<B: Backend>(inner: &ImporterInner<B>) -> Result<(), PoolError> {
+    let geometry = inner.offer.geometry;
     for index in 0..geometry.block_slots {
-        let Some((BlockKind::Pool, serial, _)) = super::directory::block_record(&directory, geometry, index) else {
+        let Some((BlockKind::Pool, serial, _)) = block_record(&inner.directory, geometry, index) else {
             continue;
         };
-        let id = super::layout::BlockId { index, serial };
-        match blocks.get(id, &directory, geometry) {
+        match inner.blocks.get(BlockId { index, serial }, &inner.directory, geometry) {
             Ok(_) | Err(BlockMiss::Gone) => {}
             Err(BlockMiss::Failed(e)) => return Err(e),
         }
     }
-    Ok((body, directory, pins, blocks))
+    Ok(())
 }
