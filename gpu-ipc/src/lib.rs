@@ -9,10 +9,10 @@
 //!
 //! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring, and the toolkit's
 //! [`semaphore`] and [`pool`], the memory pool with named buffers, whose [`SharedPool`] and [`PoolImporter`] are at
-//! the top too), the backends compiled in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the
-//! host-memory fake that needs no GPU), the embedded kernels, and [`BackendKind`], the one name of a backend, with
-//! [`dispatch`] and [`dispatch_gpu`] to run code generic over the backend for a choice made at run time
-//! (`--backend`).
+//! the top too), the descriptions of what a ring's slots hold ([`SlotLayout`]: pixel frames or any tensor), the
+//! backends compiled in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the host-memory fake that
+//! needs no GPU), the embedded kernels, and [`BackendKind`], the one name of a backend, with [`dispatch`] and
+//! [`dispatch_gpu`] to run code generic over the backend for a choice made at run time (`--backend`).
 //!
 //! The library logs through [`tracing`](https://docs.rs/tracing): install a subscriber (for example
 //! `tracing_subscriber::fmt().init()`) to see what it says about consumers attaching, dying or being evicted.
@@ -47,6 +47,10 @@ pub use ipc_vmm as vmm;
 pub use ipc_core::pool;
 pub use ipc_core::pool::{PoolImporter, SharedPool};
 pub use ipc_core::wire::{BackendKind, SyncStrategy, UnknownName};
+/// What a ring's slots hold: pixel frames ([`FrameGeometry`]), any tensor ([`TensorDesc`], of a [`DType`]) or bare
+/// bytes, described by one [`SlotLayout`] (`ProducerConfig::new` takes any of them; `Consumer::slot_layout` says
+/// what a ring holds).
+pub use ipc_core::wire::{DType, FrameGeometry, PixelFormat, SlotLayout, TensorDesc};
 
 use ipc_core::backend::{Backend, GpuBackend};
 

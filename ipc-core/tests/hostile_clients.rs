@@ -260,11 +260,17 @@ fn wrong_magic_version_and_type() {
     survives("header", |path| {
         let malformed = RefusalCode::MalformedHello;
         send_then_expect_refused(path, &patched_hello(|b| b[0] ^= 0xff), Vec::new(), malformed);
-        // A version this build does not speak: told so (code 1), in version 1, before the hang-up.
-        for version in [0u16, 2, 0xffff] {
+        // A version this build does not speak (it speaks 1 and 2): told so (code 1), in version 1, before the hang-up.
+        for version in [0u16, 3, 0xffff] {
             let bytes = patched_hello(|b| b[8..10].copy_from_slice(&version.to_le_bytes()));
             send_then_expect_refused(path, &bytes, Vec::new(), RefusalCode::UnsupportedVersion);
         }
+        // A hello encoded in version 2 that announces only version 1 contradicts itself: malformed.
+        let bytes = patched_hello(|b| {
+            b[8..10].copy_from_slice(&2u16.to_le_bytes());
+            b[24..26].copy_from_slice(&1u16.to_le_bytes());
+        });
+        send_then_expect_refused(path, &bytes, Vec::new(), malformed);
         for unknown_type in [0u16, 6, 99] {
             let bytes = patched_hello(|b| b[10..12].copy_from_slice(&unknown_type.to_le_bytes()));
             send_then_expect_refused(path, &bytes, Vec::new(), malformed);

@@ -192,7 +192,7 @@ fn not_posix_fd_exportable(ptr: DevicePtr, allowed: u64) -> BackendError {
 /// ```
 pub mod frames {
     pub use ipc_core::frames::{AttachOptions, Frame, FrameError, ProducerConfig, SlotLease};
-    pub use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+    pub use ipc_core::wire::{DType, FrameGeometry, PixelFormat, SlotLayout, SyncStrategy, TensorDesc};
 
     /// A producer of frames in memory of the vmm backend.
     pub type Producer = ipc_core::frames::Producer<super::Vmm>;
