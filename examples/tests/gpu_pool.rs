@@ -122,7 +122,7 @@ fn share_and_check<B: GpuBackend>(ctx: &Context, memory: DeviceSpan<'_>, tag: &s
     for (name, offset, len) in ranges {
         let span = memory.slice(offset, len).unwrap();
         write_pattern(span, name);
-        let desc = TensorDesc::contiguous(DType::F32, [len / 4]);
+        let desc = TensorDesc::contiguous(DType::F32, [len / 4]).unwrap();
         handles.push(pool.share_existing(name, span.ptr(), len, Some(desc)).unwrap());
     }
     assert_eq!(pool.stats().shared_allocations, 1, "two ranges of one allocation: one export");

@@ -161,7 +161,7 @@ fn make_pool<B: Backend, M: PoolMemory<B>>(
     let mut handles = Vec::new();
     for i in 0..args.buffers {
         let name = format!("tensor/{i}");
-        let handle = pool.alloc(&name, each, 256, Some(TensorDesc::contiguous(DType::U8, [each])))?;
+        let handle = pool.alloc(&name, each, 256, Some(TensorDesc::contiguous(DType::U8, [each])?))?;
         fill::<B, M>(&handle, seed_of(&name))?;
         handles.push(handle);
     }

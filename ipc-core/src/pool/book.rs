@@ -16,11 +16,11 @@ use super::directory::{DirectoryWriter, EntryRecord};
 use super::error::PoolError;
 use super::handle::{BufferHandle, PoolStats};
 use super::layout::{BlockId, BlockKind, EntryState, PINS_HEADER_WORDS, name_hash};
-use super::tensor::TensorDesc;
 use super::wire::BlockReply;
 use crate::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion};
 use crate::driver::DevicePtr;
 use crate::sys::shm::SharedMemory;
+use crate::wire::TensorDesc;
 
 /// Every buffer's bytes start on this boundary and take a multiple of it (CUDA's own allocation alignment).
 pub(crate) const MIN_ALIGN: u64 = 256;
@@ -156,8 +156,11 @@ impl<B: Backend> Book<B> {
         if self.names.contains_key(name) {
             return Err(PoolError::NameTaken { name: name.to_owned() });
         }
-        if let Some(desc) = desc {
-            desc.check(len).map_err(|reason| PoolError::InvalidRequest { name: name.to_owned(), reason })?;
+        if let Some(desc) = desc
+            && desc.span_bytes() > len
+        {
+            let reason = format!("the tensor {desc} spans {} bytes, more than the buffer's {len}", desc.span_bytes());
+            return Err(PoolError::InvalidRequest { name: name.to_owned(), reason });
         }
         let used = self.tally.live_buffers + self.tally.pending_buffers;
         if used >= self.limits.max_buffers {

@@ -13,8 +13,8 @@ use super::layout::{
     BlockId, BlockKind, ENTRY_WORDS, EntryState, FLAG_STRIDES, Geometry, HEADER_WORDS, LAYOUT_VERSION, MAGIC,
     MAX_NAME_BYTES, OwnerState, block, entry, header, name_hash,
 };
-use super::tensor::{DType, MAX_DIMS, TensorDesc};
 use crate::sys::shm::{ReadOnlyMemory, SharedMemory, ShmError};
+use crate::wire::{DType, MAX_TENSOR_DIMS as MAX_DIMS, TensorDesc};
 
 /// How long a reader keeps trying to copy an entry the owner keeps writing (it writes one in well under a
 /// microsecond) before it calls the entry locked: an owner that died in the middle of a write.
@@ -97,13 +97,16 @@ impl RawEntry {
         let desc = match self.get(entry::DTYPE) {
             0 => None,
             code => {
-                let dtype = DType::from_code(code).ok_or_else(|| corrupt(format!("unknown element type {code}")))?;
+                let dtype = u16::try_from(code)
+                    .ok()
+                    .and_then(|c| DType::from_code(c, "entry.dtype").ok())
+                    .ok_or_else(|| corrupt(format!("unknown element type {code}")))?;
                 let ndim = usize::try_from(self.get(entry::NDIM)).ok().filter(|n| *n <= MAX_DIMS);
                 let ndim = ndim.ok_or_else(|| corrupt(format!("{} dimensions", self.get(entry::NDIM))))?;
                 let shape = self.0.get(entry::SHAPE..entry::SHAPE + ndim).unwrap_or_default().to_vec();
                 let strides = (self.get(entry::FLAGS) & FLAG_STRIDES != 0)
                     .then(|| self.0.get(entry::STRIDES..entry::STRIDES + ndim).unwrap_or_default().to_vec());
-                Some(TensorDesc { dtype, shape, strides })
+                Some(TensorDesc::new(dtype, shape, strides).map_err(|e| corrupt(e.to_string()))?)
             }
         };
         Ok(EntryRecord {
@@ -323,7 +326,7 @@ impl DirectoryWriter {
                 set(entry::NAME + i, u64::from_le_bytes(word));
             }
             let (dtype, shape, strides) = match &record.desc {
-                Some(desc) => (desc.dtype.code(), desc.shape.as_slice(), desc.strides.as_deref()),
+                Some(desc) => (u64::from(desc.dtype().code()), desc.shape(), desc.strides()),
                 None => (0, &[][..], None),
             };
             set(entry::DTYPE, dtype);
@@ -382,7 +385,9 @@ mod tests {
             offset: generation * 3,
             len: generation * 5,
             name: format!("name-{generation}-{}", "x".repeat((generation % 90) as usize)),
-            desc: generation.is_multiple_of(2).then(|| TensorDesc::strided(DType::F16, vec![generation; 3], [1, 2, 3])),
+            desc: generation
+                .is_multiple_of(2)
+                .then(|| TensorDesc::strided(DType::F16, vec![generation; 3], [1, 2, 3]).unwrap()),
         }
     }
 

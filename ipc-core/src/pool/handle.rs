@@ -6,10 +6,10 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::error::PoolError;
-use super::tensor::TensorDesc;
 use crate::backend::{Backend, GpuBackend};
 use crate::driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use crate::fake::HostFake;
+use crate::wire::TensorDesc;
 
 /// The owner's handle on a buffer it allocated or shared: its name, generation and memory. Moved into
 /// [`SharedPool::free`](super::SharedPool::free), so one handle frees one buffer once; a handle whose buffer was

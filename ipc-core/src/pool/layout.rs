@@ -84,7 +84,7 @@ pub mod entry {
     pub const NAME_HASH: usize = 6;
     /// Bytes of the name.
     pub const NAME_LEN: usize = 7;
-    /// [`DType`](crate::pool::DType) code; 0 = no tensor description.
+    /// [`DType`](crate::wire::DType) code; 0 = no tensor description.
     pub const DTYPE: usize = 8;
     /// Dimensions of the tensor description.
     pub const NDIM: usize = 9;
@@ -302,8 +302,8 @@ pub const fn name_hash(name: &[u8]) -> u64 {
 // The layout is an ABI shared with other processes (and other languages): pin it.
 const _: () = {
     assert!(entry::NAME + MAX_NAME_BYTES / 8 <= ENTRY_WORDS);
-    assert!(entry::STRIDES + crate::pool::tensor::MAX_DIMS == entry::NAME);
-    assert!(entry::SHAPE + crate::pool::tensor::MAX_DIMS == entry::STRIDES);
+    assert!(entry::STRIDES + crate::wire::MAX_TENSOR_DIMS == entry::NAME);
+    assert!(entry::SHAPE + crate::wire::MAX_TENSOR_DIMS == entry::STRIDES);
     let g = Geometry { entry_slots: 4096, block_slots: 64 };
     assert!(g.entries_word() == 272);
     assert!(g.directory_bytes() == 1_638_400);
@@ -316,7 +316,7 @@ const _: () = {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::pool::DType;
+    use crate::wire::DType;
 
     const POOL_MD: &str = include_str!("../../../docs/pool.md");
 

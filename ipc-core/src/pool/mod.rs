@@ -24,15 +24,14 @@ mod importer;
 pub mod layout;
 mod owner;
 mod server;
-mod tensor;
 mod view;
 mod wire;
 
+pub use crate::wire::{DType, TensorDesc};
 pub use error::PoolError;
 pub use handle::{BufferHandle, BufferInfo, PoolStats};
 pub use importer::{AttachOptions, PoolImporter};
 pub use owner::{PoolConfig, SharedPool};
-pub use tensor::{DType, MAX_DIMS, TensorDesc};
 pub use view::BufferView;
 pub use wire::{
     BLOCK_REPLY_BYTES, BLOCK_REQUEST_BYTES, BlockReply, BlockRequest, POOL_OFFER_BYTES, POOL_OFFER_FDS, PoolOffer,

@@ -12,11 +12,11 @@ use super::handle::{BufferHandle, PoolStats};
 use super::host::PoolHost;
 use super::layout::{Geometry, MAX_BLOCKS, MAX_ENTRY_SLOTS};
 use super::server::{BlockServer, ChannelSender, inbox};
-use super::tensor::TensorDesc;
 use crate::backend::Backend;
 use crate::door::{DoorConfig, ObjectDoor, PeerInfo};
 use crate::driver::DevicePtr;
 use crate::wire::DeviceUuid;
+use crate::wire::TensorDesc;
 
 /// How a pool is made: its first block, how it may grow, how many buffers, allocations and importers it serves.
 #[derive(Debug, Clone)]
@@ -118,7 +118,7 @@ impl<B: Backend> PoolShared<B> {
 /// // `B` is `ipc_vmm::Vmm` or `ipc_legacy::Legacy` (`gpu_ipc::vmm::Vmm`, `gpu_ipc::legacy::Legacy`).
 /// fn share_weights<B: GpuBackend>(ctx: &Context) -> Result<SharedPool<B>, Box<dyn std::error::Error>> {
 ///     let pool = SharedPool::<B>::create(ctx, "/tmp/weights.sock", PoolConfig::new(1 << 30))?;
-///     let desc = TensorDesc::contiguous(DType::BF16, [4096, 4096]);
+///     let desc = TensorDesc::contiguous(DType::BF16, [4096, 4096])?;
 ///     let layer0 = pool.alloc("weights/layer0", 4096 * 4096 * 2, 256, Some(desc))?;
 ///     layer0.span()?.write(0, &[0u16; 16])?;
 ///     std::mem::forget(layer0); // keep it allocated for the pool's life (or keep the handle to free it later)

@@ -36,7 +36,7 @@ fn eventually(mut condition: impl FnMut() -> bool) -> bool {
 #[test]
 fn an_importer_finds_buffers_made_before_and_after_it_attached_and_reads_their_bytes() {
     let pool = pool("names", PoolConfig::new(1 << 20));
-    let desc = TensorDesc::contiguous(DType::F32, [4, 8]);
+    let desc = TensorDesc::contiguous(DType::F32, [4, 8]).unwrap();
     let before = pool.alloc("weights/layer0", 128, 256, Some(desc.clone())).unwrap();
     before.write(0, &[7; 128]).unwrap();
     let imp = importer(&pool);
@@ -214,7 +214,7 @@ fn names_descriptions_and_limits_are_checked_with_the_reason() {
     assert!(matches!(pool.alloc(&long, 8, 8, None), Err(PoolError::InvalidName { .. })));
     assert!(matches!(pool.alloc("z", 0, 8, None), Err(PoolError::InvalidRequest { .. })));
     assert!(matches!(pool.alloc("z", 8, 3, None), Err(PoolError::InvalidRequest { .. })));
-    let too_big = TensorDesc::contiguous(DType::F64, [2, 2]);
+    let too_big = TensorDesc::contiguous(DType::F64, [2, 2]).unwrap();
     let err = pool.alloc("t", 16, 8, Some(too_big)).unwrap_err();
     assert!(err.to_string().contains("spans 32 bytes"), "{err}");
     let _x = pool.alloc("x", 8, 8, None).unwrap();

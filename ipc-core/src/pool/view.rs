@@ -7,10 +7,10 @@ use super::directory::{EntryRecord, find};
 use super::error::PoolError;
 use super::handle::{BufferInfo, check_range};
 use super::importer::ImporterInner;
-use super::tensor::TensorDesc;
 use crate::backend::{Backend, GpuBackend};
 use crate::driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use crate::fake::HostFake;
+use crate::wire::TensorDesc;
 
 /// A buffer an importer looked up: its address in this process, its length, tensor description and generation.
 ///
