@@ -1,7 +1,7 @@
 //! The work queue on a real GPU, between processes (the `work_queue` example program), for both backends: tasks
 //! pushed from a kernel and popped by kernels of two other processes; pushed from the CPU and popped by a kernel
 //! and by the CPU; a worker SIGKILLed while its kernel pops (its tasks handed out again, none lost, none completed
-//! twice); and the tasks-per-second bench (one process on its own queue, 1 and 4 worker processes), whose rows are
+//! twice); the CPU side and the demo kernels in one process; and the tasks-per-second bench (one process on its own queue, 1 and 4 worker processes), whose rows are
 //! printed and (with `GPU_IPC_RESULTS_DIR` set) appended to `work-queue-<GPU_IPC_RESULTS_TAG>.jsonl` there.
 //! Ignored without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -146,4 +146,62 @@ fn kernels_popping_in_one_and_four_processes_against_one_process_on_its_own_queu
             writeln!(file, "{}", serde_json::json!({ "backend": backend, "rows": rows })).unwrap();
         }
     }
+}
+
+/// The CPU side on a GPU backend, in one process (the queue's own kernels do every operation): pushes, a batch
+/// popped and completed, a worker dropped holding a task that the owner takes back (the reclaim kernel) and hands
+/// out again, the counters, closing; then the demo kernels pushing and popping through the same handles.
+fn cpu_side_in_one_process<B: gpu_ipc::queue::QueueBackend>(ctx: &B::Context, gpu: &gpu_ipc_examples::work_queue::Gpu) {
+    use gpu_ipc::queue::{QueueConfig, QueueError, QueueWorker, WorkQueue, WorkerOptions};
+    let t = Duration::from_secs(10);
+    let path = sock(B::KIND.name(), "one-process");
+    let config = QueueConfig { reclaim_after: Duration::from_millis(100), ..QueueConfig::new(64, 24) };
+    let queue = WorkQueue::<B>::create(ctx, &path, config).unwrap();
+    let ids: Vec<u64> = (0..3u8).map(|i| queue.push(&[i; 24], t).unwrap()).collect();
+    assert_eq!(ids, [0, 1, 2]);
+    let records: Vec<Vec<u8>> = (3..10u8).map(|i| vec![i; 8]).collect();
+    let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+    assert_eq!(queue.try_push_many(&refs).unwrap(), (3..10).collect::<Vec<u64>>());
+    let worker = QueueWorker::<B>::attach(ctx, &path, &WorkerOptions::default()).unwrap();
+    let batch = worker.pop_many(4, t).unwrap();
+    let got: Vec<(u64, Vec<u8>)> = batch.iter().map(|task| (task.id(), task.record().to_vec())).collect();
+    assert_eq!(got, [(0, vec![0; 24]), (1, vec![1; 24]), (2, vec![2; 24]), (3, vec![3; 8])]);
+    worker.complete_many(batch).unwrap();
+    let held = worker.pop(t).unwrap();
+    assert_eq!(held.id(), 4);
+    std::mem::forget(held);
+    drop(worker);
+    // The remaining five, then task 4 again once the owner took it back.
+    let mut again = Vec::new();
+    while again.len() < 6 {
+        let task = queue.pop(t).unwrap();
+        again.push((task.id(), task.attempt()));
+        task.complete().unwrap();
+    }
+    assert_eq!(again, [(5, 0), (6, 0), (7, 0), (8, 0), (9, 0), (4, 1)]);
+    let stats = queue.stats().unwrap();
+    assert_eq!((stats.pushed, stats.completed, stats.redelivered, stats.lost, stats.in_hand), (10, 10, 1, 0, 0));
+    // The demo kernels through the same handles: the owner's kernel pushes, a worker's kernel pops.
+    gpu.kernels.reset().unwrap();
+    let (config, args) = gpu.kernels.producer_launch(100, 1000, 24, 256, Duration::from_millis(200)).unwrap();
+    queue.launch(gpu.kernels.producer(), &gpu.stream, config, &args).unwrap();
+    assert!(gpu.kernels.wait(&gpu.stream, t).unwrap());
+    assert_eq!(gpu.kernels.producer_result().unwrap(), (64, 936), "a queue of 64 cells, nobody popping: 64 fit");
+    queue.close().unwrap();
+    let worker = QueueWorker::<B>::attach(ctx, &path, &WorkerOptions::default()).unwrap();
+    let (config, args) = gpu.kernels.worker_launch(1, 0, t);
+    worker.launch(gpu.kernels.worker(), &gpu.stream, config, &args).unwrap();
+    assert!(gpu.kernels.wait(&gpu.stream, t).unwrap());
+    let result = gpu.kernels.worker_result().unwrap();
+    assert_eq!(result.sums.count, 64, "{result:?}");
+    assert_eq!((result.bad_records, result.lease_lost, result.timed_out_warps), (0, 0, 0), "{result:?}");
+    assert!(matches!(worker.pop(Duration::from_millis(100)), Err(QueueError::Closed)));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_cpu_side_and_the_kernels_on_a_gpu_in_one_process() {
+    let gpu = gpu_ipc_examples::work_queue::Gpu::open(0).unwrap();
+    cpu_side_in_one_process::<gpu_ipc::legacy::Legacy>(&gpu.ctx, &gpu);
+    cpu_side_in_one_process::<gpu_ipc::vmm::Vmm>(&gpu.ctx, &gpu);
 }
