@@ -1,9 +1,9 @@
 //! The work queue on a real GPU, between processes (the `work_queue` example program), for both backends: tasks
 //! pushed from a kernel and popped by kernels of two other processes; pushed from the CPU and popped by a kernel
 //! and by the CPU; a worker SIGKILLed while its kernel pops (its tasks handed out again, none lost, none completed
-//! twice); the CPU side and the demo kernels in one process; and the tasks-per-second bench (one process on its own queue, 1 and 4 worker processes), whose rows are
-//! printed and (with `GPU_IPC_RESULTS_DIR` set) appended to `work-queue-<GPU_IPC_RESULTS_TAG>.jsonl` there.
-//! Ignored without a GPU.
+//! twice); the CPU side and the demo kernels in one process; and the tasks-per-second bench (one process on its own
+//! queue, 1 and 4 worker processes), whose rows are printed and (with `GPU_IPC_RESULTS_DIR` set) appended to
+//! `work-queue-<GPU_IPC_RESULTS_TAG>.jsonl` there. Ignored without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
