@@ -148,54 +148,52 @@ fn kernels_popping_in_one_and_four_processes_against_one_process_on_its_own_queu
     }
 }
 
-/// The CPU side on a GPU backend, in one process (the queue's own kernels do every operation): pushes, a batch
-/// popped and completed, a worker dropped holding a task that the owner takes back (the reclaim kernel) and hands
-/// out again, the counters, closing; then the demo kernels pushing and popping through the same handles.
+/// The CPU side on a GPU backend, in one process (the queue's own kernels do every operation; the owner alone, since
+/// a legacy allocation cannot be imported by the process that exported it): pushes, a batch popped and completed,
+/// a completion refused for a task completed already, the counters; then the demo kernels pushing and popping
+/// through the owner's handle, and closing.
 fn cpu_side_in_one_process<B: gpu_ipc::queue::QueueBackend>(ctx: &B::Context, gpu: &gpu_ipc_examples::work_queue::Gpu) {
-    use gpu_ipc::queue::{QueueConfig, QueueError, QueueWorker, WorkQueue, WorkerOptions};
+    use gpu_ipc::queue::{QueueConfig, QueueError, WorkQueue};
     let t = Duration::from_secs(10);
     let path = sock(B::KIND.name(), "one-process");
-    let config = QueueConfig { reclaim_after: Duration::from_millis(100), ..QueueConfig::new(64, 24) };
-    let queue = WorkQueue::<B>::create(ctx, &path, config).unwrap();
+    let queue = WorkQueue::<B>::create(ctx, &path, QueueConfig::new(64, 24)).unwrap();
     let ids: Vec<u64> = (0..3u8).map(|i| queue.push(&[i; 24], t).unwrap()).collect();
     assert_eq!(ids, [0, 1, 2]);
     let records: Vec<Vec<u8>> = (3..10u8).map(|i| vec![i; 8]).collect();
     let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
     assert_eq!(queue.try_push_many(&refs).unwrap(), (3..10).collect::<Vec<u64>>());
-    let worker = QueueWorker::<B>::attach(ctx, &path, &WorkerOptions::default()).unwrap();
-    let batch = worker.pop_many(4, t).unwrap();
-    let got: Vec<(u64, Vec<u8>)> = batch.iter().map(|task| (task.id(), task.record().to_vec())).collect();
-    assert_eq!(got, [(0, vec![0; 24]), (1, vec![1; 24]), (2, vec![2; 24]), (3, vec![3; 8])]);
-    worker.complete_many(batch).unwrap();
-    let held = worker.pop(t).unwrap();
-    assert_eq!(held.id(), 4);
-    std::mem::forget(held);
-    drop(worker);
-    // The remaining five, then task 4 again once the owner took it back.
-    let mut again = Vec::new();
-    while again.len() < 6 {
+    assert!(matches!(queue.push(&[0; 25], t), Err(QueueError::RecordTooLarge { .. })));
+    let mut got = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
         let task = queue.pop(t).unwrap();
-        again.push((task.id(), task.attempt()));
-        task.complete().unwrap();
+        got.push((task.id(), task.record().to_vec()));
+        tasks.push(task);
     }
-    assert_eq!(again, [(5, 0), (6, 0), (7, 0), (8, 0), (9, 0), (4, 1)]);
+    let expected: Vec<(u64, Vec<u8>)> =
+        (0..10u8).map(|i| (u64::from(i), if i < 3 { vec![i; 24] } else { vec![i; 8] })).collect();
+    assert_eq!(got, expected);
+    queue.complete_many(tasks).unwrap();
+    assert!(matches!(queue.pop(Duration::from_millis(50)), Err(QueueError::Timeout { .. })));
     let stats = queue.stats().unwrap();
-    assert_eq!((stats.pushed, stats.completed, stats.redelivered, stats.lost, stats.in_hand), (10, 10, 1, 0, 0));
-    // The demo kernels through the same handles: the owner's kernel pushes, a worker's kernel pops.
+    assert_eq!((stats.pushed, stats.popped, stats.completed, stats.in_hand, stats.queued), (10, 10, 10, 0, 0));
+    // The demo kernels through the same handle: a kernel pushes into the 64 cells, nobody pops, so 64 go in.
     gpu.kernels.reset().unwrap();
     let (config, args) = gpu.kernels.producer_launch(100, 1000, 24, 256, Duration::from_millis(200)).unwrap();
     queue.launch(gpu.kernels.producer(), &gpu.stream, config, &args).unwrap();
     assert!(gpu.kernels.wait(&gpu.stream, t).unwrap());
-    assert_eq!(gpu.kernels.producer_result().unwrap(), (64, 936), "a queue of 64 cells, nobody popping: 64 fit");
+    assert_eq!(gpu.kernels.producer_result().unwrap(), (64, 936));
+    // Then a kernel pops them all, and the closed queue ends it.
     queue.close().unwrap();
-    let worker = QueueWorker::<B>::attach(ctx, &path, &WorkerOptions::default()).unwrap();
     let (config, args) = gpu.kernels.worker_launch(1, 0, t);
-    worker.launch(gpu.kernels.worker(), &gpu.stream, config, &args).unwrap();
+    queue.launch(gpu.kernels.worker(), &gpu.stream, config, &args).unwrap();
     assert!(gpu.kernels.wait(&gpu.stream, t).unwrap());
     let result = gpu.kernels.worker_result().unwrap();
     assert_eq!(result.sums.count, 64, "{result:?}");
     assert_eq!((result.bad_records, result.lease_lost, result.timed_out_warps), (0, 0, 0), "{result:?}");
-    assert!(matches!(worker.pop(Duration::from_millis(100)), Err(QueueError::Closed)));
+    assert!(matches!(queue.pop(Duration::from_millis(100)), Err(QueueError::Closed)));
+    let stats = queue.wait_until_done(t).unwrap();
+    assert_eq!((stats.pushed, stats.completed, stats.lost), (74, 74, 0));
 }
 
 #[test]
