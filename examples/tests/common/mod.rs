@@ -1,5 +1,5 @@
 //! What the example programs' process tests share: finding the binaries, a child process with its stderr lines
-//! and JSON summary, and the producer and consumer command lines.
+//! and JSON summary, and the producer, consumer and pipeline stages' command lines.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -12,10 +12,10 @@ pub fn exe(name: &str) -> PathBuf {
     // nextest sets NEXTEST_BIN_EXE_* when it replays an archive on another machine.
     std::env::var_os(format!("NEXTEST_BIN_EXE_{name}")).map_or_else(
         || {
-            PathBuf::from(if name == "producer" {
-                env!("CARGO_BIN_EXE_producer")
-            } else {
-                env!("CARGO_BIN_EXE_consumer")
+            PathBuf::from(match name {
+                "producer" => env!("CARGO_BIN_EXE_producer"),
+                "pipeline" => env!("CARGO_BIN_EXE_pipeline"),
+                _ => env!("CARGO_BIN_EXE_consumer"),
             })
         },
         PathBuf::from,
@@ -139,4 +139,11 @@ pub fn consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
     .map(ToString::to_string)
     .collect();
     Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)
+}
+
+/// One role of the `pipeline` program (`generate`, `transform`, `verify`) with `args`, `--json` added, named `name`
+/// in the test's output.
+pub fn stage(name: &str, role: &str, args: &[&str]) -> Proc {
+    let args: Vec<String> = [role].iter().chain(args).chain(&["--json"]).map(ToString::to_string).collect();
+    Proc::spawn(name, exe("pipeline"), &args)
 }
