@@ -187,12 +187,14 @@ fn a_producer_abandoned_gives_its_consumers_producer_gone_not_the_end_of_the_str
     assert!(matches!(end, FrameError::ProducerGone { .. }), "{end}");
 }
 
-#[test]
-fn a_downstream_consumer_that_leaves_stops_the_stage_or_is_waited_for() {
-    // Fail (the default): the next frame is not taken, and the error says what to do.
-    let name = "downstream-leaves";
+/// A stage (`when_empty`) whose one downstream consumer read frame 0 and detached; returns the upstream producer,
+/// the stage and the downstream socket.
+fn stage_whose_consumer_left(
+    name: &str,
+    when_empty: DownstreamEmpty,
+) -> (Producer<HostFake>, Stage<HostFake, HostFake>, PathBuf) {
     let mut a = upstream(name, SyncStrategy::CpuSpin);
-    let stage = start_stage(name, SyncStrategy::CpuSpin, DownstreamEmpty::Fail);
+    let stage = start_stage(name, SyncStrategy::CpuSpin, when_empty);
     let path = sock(&format!("{name}-b"));
     let options = AttachOptions { wait_for_producer: T, ..AttachOptions::default() };
     let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options).unwrap();
@@ -203,6 +205,13 @@ fn a_downstream_consumer_that_leaves_stops_the_stage_or_is_waited_for() {
     let frame = c.next_frame(None, T).unwrap();
     c.release(frame, None).unwrap();
     c.detach();
+    (a, stage, path)
+}
+
+#[test]
+fn a_downstream_consumer_that_leaves_stops_the_stage() {
+    // Fail (the default): the next frame is not taken, and the error says what to do.
+    let (_a, mut stage, _) = stage_whose_consumer_left("downstream-leaves", DownstreamEmpty::Fail);
     let deadline = Instant::now() + T;
     let error = loop {
         match stage.process(None, invert) {
@@ -210,25 +219,16 @@ fn a_downstream_consumer_that_leaves_stops_the_stage_or_is_waited_for() {
             Ok(step) => assert!(Instant::now() < deadline, "still going: {step:?}"),
         }
     };
-    assert!(matches!(error, StageError::NoDownstreamConsumers { .. }), "{error}");
+    assert!(matches!(error, StageError::NoDownstreamConsumers { lost: 0, evicted: 0, .. }), "{error}");
     assert!(error.to_string().contains("start the next stage again"), "{error}");
-    drop(stage);
+}
 
-    // Wait: the stage waits for a new consumer, takes nothing meanwhile, and frames flow on to the new one.
-    let name = "downstream-replaced";
-    let mut a = upstream(name, SyncStrategy::CpuSpin);
-    let stage = start_stage(name, SyncStrategy::CpuSpin, DownstreamEmpty::Wait);
-    let path = sock(&format!("{name}-b"));
-    let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options).unwrap();
-    a.wait_for_consumers(1, T).unwrap();
-    let mut stage = stage.join().unwrap().unwrap();
-    publish(&mut a, T).unwrap();
-    assert_eq!(stage.process(None, invert).unwrap(), StageStep::Frame { upstream: 0, downstream: 0 });
-    let frame = c.next_frame(None, T).unwrap();
-    c.release(frame, None).unwrap();
-    c.detach();
+#[test]
+fn a_stage_told_to_wait_goes_on_with_a_new_downstream_consumer() {
+    let (mut a, mut stage, path) = stage_whose_consumer_left("downstream-replaced", DownstreamEmpty::Wait);
     let replacement = thread::spawn(move || {
         thread::sleep(Duration::from_millis(200));
+        let options = AttachOptions { wait_for_producer: T, ..AttachOptions::default() };
         let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options).unwrap();
         let frame = c.next_frame(None, T).unwrap();
         let mut got = vec![0u8; frame.bytes() as usize];
