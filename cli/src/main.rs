@@ -38,6 +38,11 @@ enum Command {
     /// Exit status: 0 the report was written; 1 a probe failed (the report says which); 2 usage error; 3 no usable
     /// CUDA driver or no GPU.
     Report(probes::report::ReportArgs),
+    /// Who is attached to a ring, pool, semaphore or work queue: asks its owner over SOCKET (no CUDA needed).
+    ///
+    /// Exit status: 0 the owner answered; 1 it could not be asked (nothing listens, another user's socket, no
+    /// answer in time); 2 usage error.
+    Ps(doctor::ps::PsArgs),
     /// End-to-end benchmarks against references measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -65,6 +70,7 @@ fn main() -> ExitCode {
         Command::Probe(probe) => probe.run(),
         Command::Report(args) => probes::report::main(&args),
         Command::Bench(command) => bench::main(&command),
+        Command::Ps(args) => doctor::ps::main(&args),
         Command::ProbeChild { socket } => harness::run::serve(&socket, |task, channel| {
             // A role is `<room>-<role>`: the benchmark's own, or a probe's.
             if task.role.starts_with(bench::ROLE_PREFIX) {

@@ -4,6 +4,7 @@
 //! only of atomics ([`sys::shm::AtomicPlainData`]), kept next to the fields it is about.
 
 pub mod backend;
+pub mod door;
 #[allow(unsafe_code)]
 pub mod driver;
 pub mod fake;

@@ -173,6 +173,7 @@ fn a_killed_consumers_record_is_quarantined_while_the_watchdog_may_write_it() {
         let (conn, offer) = loop {
             let conn = PeerConnection::connect(sock("quarantine"), T).unwrap();
             let hello = ClientHello {
+                object: Default::default(),
                 protocol_version: PROTOCOL_VERSION,
                 client_pid: std::process::id(),
                 wanted_backend: None,
@@ -320,6 +321,7 @@ fn a_client_evicted_before_it_attached_counts_as_evicted_not_lost() {
     let mut p = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
     let conn = PeerConnection::connect(sock("evicted-early"), T).unwrap();
     let hello = ClientHello {
+        object: Default::default(),
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: Some(ipc_core::wire::BackendKind::HostFake),

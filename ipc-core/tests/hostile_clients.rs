@@ -223,6 +223,7 @@ fn connect(path: &Path) -> UnixStream {
 
 fn hello_bytes() -> Vec<u8> {
     let hello = ClientHello {
+        object: Default::default(),
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: Some(BackendKind::HostFake),

@@ -15,7 +15,8 @@ use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
 use ipc_core::sys::shm::SharedMemory;
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES, HandleType,
-    Header, MAGIC, Message, MessageType, PixelFormat, RefusalCode, Refused, RingOffer, SyncStrategy,
+    Header, MAGIC, Message, MessageType, ObjectKind, ObjectOffer, PeerState, PeerStatus, PixelFormat, RefusalCode,
+    Refused, RingOffer, StatusReport, StatusRequest, SyncStrategy,
 };
 
 fn doc(name: &str) -> String {
@@ -57,6 +58,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
         (
             "client-hello",
             Message::ClientHello(ClientHello {
+                object: Default::default(),
                 protocol_version: 1,
                 wanted_backend: Some(BackendKind::Vmm),
                 client_pid: 4242,
@@ -105,6 +107,45 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 event_handles: vec![[0xe0; 64], [0xe1; 64]],
             }),
         ),
+        (
+            "client-hello-pool",
+            Message::ClientHello(ClientHello {
+                object: ObjectKind::Pool,
+                protocol_version: 1,
+                wanted_backend: Some(BackendKind::Vmm),
+                client_pid: 4242,
+                consumer_name: "viewer".into(),
+            }),
+        ),
+        (
+            "object-offer",
+            Message::ObjectOffer(ObjectOffer {
+                kind: ObjectKind::Pool,
+                peer_id: 3,
+                fd_count: 1,
+                body: vec![0xde, 0xad, 0xbe, 0xef],
+            }),
+        ),
+        ("status-request", Message::StatusRequest(StatusRequest)),
+        (
+            "status-report",
+            Message::StatusReport(StatusReport {
+                kind: ObjectKind::Ring,
+                backend: BackendKind::Vmm,
+                owner_pid: 1234,
+                peers: vec![PeerStatus {
+                    id: 2,
+                    pid: Some(4242),
+                    uid: 1000,
+                    gid: 1000,
+                    since_unix_ms: 1_764_100_800_000,
+                    last_sign_ms: Some(120),
+                    state: PeerState::Attached,
+                    name: "viewer".into(),
+                    detail: "released frame 41".into(),
+                }],
+            }),
+        ),
         ("attached", Message::Attached(Attached { consumer_id: 0x0102_0304 })),
         ("detach-consumer-done", Message::Detach(Detach { consumer_id: 2, reason: DetachReason::ConsumerDone })),
         ("detach-import-failed", Message::Detach(Detach { consumer_id: 2, reason: DetachReason::ImportFailed })),
@@ -138,6 +179,9 @@ fn every_golden_message_encodes_to_its_bytes_and_decodes_to_its_value() {
         MessageType::Attached,
         MessageType::Detach,
         MessageType::Refused,
+        MessageType::ObjectOffer,
+        MessageType::StatusRequest,
+        MessageType::StatusReport,
     ] {
         assert!(shown.contains(&t), "no golden example of {}", t.name());
     }
@@ -206,7 +250,7 @@ fn words(debug: String) -> String {
 fn the_code_tables_are_the_codes_the_implementation_uses() {
     let text = doc("protocol.md");
     let t = table(&text, "type");
-    assert_eq!(t.len(), 5);
+    assert_eq!(t.len(), 8);
     for (name, code, _) in t {
         assert_eq!(MessageType::from_code(code).unwrap().name(), name);
     }
@@ -236,9 +280,14 @@ fn the_code_tables_are_the_codes_the_implementation_uses() {
         assert_eq!(words(format!("{:?}", DetachReason::from_code(code).unwrap())), name);
     }
     let refusals = table(&text, "refusal code");
-    assert_eq!(refusals.len(), 6);
+    assert_eq!(refusals.len(), 7);
     for (name, code, _) in refusals {
         assert_eq!(RefusalCode::from_code(code).unwrap().to_string(), name);
+    }
+    let objects = table(&text, "object kind");
+    assert_eq!(objects.len(), ObjectKind::ALL.len());
+    for (name, code, _) in objects {
+        assert_eq!(ObjectKind::from_code(code, "object kind").unwrap().name(), name);
     }
     assert!(text.contains("`47 50 55 49 50 43 0d 0a`"));
     assert_eq!(&MAGIC, b"GPUIPC\r\n");

@@ -25,6 +25,7 @@ const TYPES: [MessageType; 5] = [
 fn samples() -> Vec<Vec<u8>> {
     [
         Message::ClientHello(ClientHello {
+            object: Default::default(),
             protocol_version: PROTOCOL_VERSION,
             client_pid: 42,
             wanted_backend: None,

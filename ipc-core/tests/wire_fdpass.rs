@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ipc_core::wire::{
-    Attached, BackendKind, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds, PeerConnection, PixelFormat,
-    RingOffer, SyncStrategy, WireError, recv_message, send_bytes, send_message,
+    Attached, BackendKind, DeviceUuid, FrameGeometry, HandleType, MAX_FDS_PER_MESSAGE, Message, OfferFds,
+    PeerConnection, PixelFormat, RingOffer, SyncStrategy, WireError, recv_message, send_bytes, send_message,
 };
 use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
 use rustix::io::{FdFlags, fcntl_getfd};
@@ -131,10 +131,10 @@ fn more_fds_than_the_receiver_has_room_for_is_an_error_and_leaks_nothing() {
     let (a, b) = PeerConnection::pair().unwrap();
     let before = open_fds();
     let bytes = Message::Attached(Attached { consumer_id: 1 }).encode().unwrap();
-    let fds = (0..3).map(|_| memfd_with(b"x", 1)).collect();
+    let fds = (0..=MAX_FDS_PER_MESSAGE).map(|_| memfd_with(b"x", 1)).collect();
     send_bytes(a.as_fd(), &bytes, fds, T).unwrap();
     let error = recv_message(b.as_fd(), T).unwrap_err();
-    assert!(matches!(error, WireError::FdsTruncated { room: 2 }), "{error:?}");
+    assert!(matches!(error, WireError::FdsTruncated { room: MAX_FDS_PER_MESSAGE }), "{error:?}");
     assert_eq!(open_fds(), before);
 }
 

@@ -59,12 +59,14 @@ fn vmm_offer() -> RingOffer {
 fn samples() -> Vec<Message> {
     vec![
         Message::ClientHello(ClientHello {
+            object: Default::default(),
             protocol_version: 1,
             client_pid: 1234,
             wanted_backend: Some(BackendKind::Vmm),
             consumer_name: "viewer-1 ✓".to_owned(),
         }),
         Message::ClientHello(ClientHello {
+            object: Default::default(),
             protocol_version: 1,
             client_pid: 0,
             wanted_backend: None,
@@ -156,6 +158,7 @@ fn attached() -> Vec<u8> {
 
 fn hello() -> Vec<u8> {
     encoded(Message::ClientHello(ClientHello {
+        object: Default::default(),
         protocol_version: 1,
         client_pid: 5,
         wanted_backend: None,
@@ -267,8 +270,8 @@ fn every_malformed_input_has_its_own_error() {
         ("hello name not UTF-8", patch(hello(), payload(12), &[0xc3, 0x28]), |e| {
             matches!(e, WireError::InvalidUtf8 { field: "ClientHello.consumer_name" })
         }),
-        ("hello reserved", patch(hello(), payload(10), &[1]), |e| {
-            matches!(e, WireError::ReservedNotZero { field: "ClientHello.reserved" })
+        ("hello unknown object kind", patch(hello(), payload(10), &[9]), |e| {
+            matches!(e, WireError::UnknownCode { field: "ClientHello.object", code: 9 })
         }),
         ("offer unknown backend", patch(offer(), payload(0), &9u16.to_le_bytes()), |e| {
             matches!(e, WireError::UnknownCode { field: "RingOffer.backend", code: 9 })
@@ -353,6 +356,7 @@ fn decoding_never_panics_on_prefixes_or_byte_flips() {
 #[test]
 fn encoding_refuses_what_decoding_would_refuse() {
     let long_name = Message::ClientHello(ClientHello {
+        object: Default::default(),
         protocol_version: 1,
         client_pid: 1,
         wanted_backend: None,

@@ -85,6 +85,7 @@ fn consume(path: &Path, name: &str) -> u64 {
     connection
         .send(
             &Message::ClientHello(ClientHello {
+                object: Default::default(),
                 protocol_version: PROTOCOL_VERSION,
                 client_pid: std::process::id(),
                 wanted_backend: Some(BackendKind::HostFake),
@@ -228,6 +229,7 @@ fn child_process_entry_point() {
             assert_eq!(connection.peer().pid, None, "the producer should be invisible from this PID namespace");
             assert_eq!(connection.peer().uid, rustix::process::geteuid().as_raw());
             let hello = ClientHello {
+                object: Default::default(),
                 protocol_version: PROTOCOL_VERSION,
                 client_pid: std::process::id(),
                 wanted_backend: None,

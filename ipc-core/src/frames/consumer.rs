@@ -133,6 +133,7 @@ impl<B: Backend> Consumer<B> {
         let deadline = Instant::now() + options.timeout;
         let left = || deadline.saturating_duration_since(Instant::now());
         let hello = ClientHello {
+            object: crate::wire::ObjectKind::Ring,
             protocol_version: PROTOCOL_VERSION,
             client_pid: std::process::id(),
             wanted_backend: Some(B::KIND),

@@ -97,7 +97,6 @@
 //! }
 //! ```
 
-mod admission;
 mod consumer;
 mod error;
 mod producer;

@@ -16,10 +16,13 @@ mod types;
 pub use crate::driver::DeviceUuid;
 pub use error::WireError;
 pub use fdpass::{MessageReader, OfferFds, ReceivedMessage, recv_bytes, recv_message, send_bytes, send_message};
+pub use message::codec;
 pub use message::{
     Attached, ClientHello, Detach, DetachReason, HEADER_BYTES, Header, IPC_HANDLE_BYTES, IpcHandleBytes, MAGIC,
-    MAX_CONSUMER_NAME_BYTES, MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES, MAX_REFUSAL_MESSAGE_BYTES, Message, MessageType,
-    PROTOCOL_VERSION, RING_OFFER_FIXED_BYTES, RefusalCode, Refused, RingOffer,
+    MAX_CONSUMER_NAME_BYTES, MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES, MAX_REFUSAL_MESSAGE_BYTES,
+    MAX_STATUS_DETAIL_BYTES, Message, MessageType, OBJECT_OFFER_FIXED_BYTES, ObjectOffer, PROTOCOL_VERSION, PeerState,
+    PeerStatus, RING_OFFER_FIXED_BYTES, RefusalCode, Refused, RingOffer, STATUS_PEER_FIXED_BYTES,
+    STATUS_REPORT_FIXED_BYTES, StatusReport, StatusRequest,
 };
 pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener, SocketAccess};
-pub use types::{BackendKind, FrameGeometry, HandleType, PixelFormat, SyncStrategy, UnknownName};
+pub use types::{BackendKind, FrameGeometry, HandleType, ObjectKind, PixelFormat, SyncStrategy, UnknownName};

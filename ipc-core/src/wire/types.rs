@@ -97,6 +97,61 @@ impl FromStr for BackendKind {
     }
 }
 
+/// What a rendezvous socket serves: a frame ring, or one of the toolkit's other objects. A client names the kind
+/// it expects in its hello (`ClientHello::object`), so a ring consumer pointed at a pool's socket is told so
+/// instead of misreading an offer. Unlike the other wire enums, code 0 is assigned: it is the ring, because the
+/// field was a reserved zero before the other kinds existed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum ObjectKind {
+    /// A frame ring (`RingOffer`).
+    #[default]
+    Ring,
+    /// An IPC memory pool with named buffers.
+    Pool,
+    /// A cross-process counting semaphore.
+    Semaphore,
+    /// A work queue of task records in device memory.
+    WorkQueue,
+}
+
+impl ObjectKind {
+    /// Every kind, in wire-code order.
+    pub const ALL: [ObjectKind; 4] = [Self::Ring, Self::Pool, Self::Semaphore, Self::WorkQueue];
+
+    /// The name logs, refusals and `gpu-ipc ps` use.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Ring => "ring",
+            Self::Pool => "pool",
+            Self::Semaphore => "semaphore",
+            Self::WorkQueue => "work-queue",
+        }
+    }
+
+    /// Stable wire code.
+    pub const fn code(self) -> u16 {
+        match self {
+            Self::Ring => 0,
+            Self::Pool => 1,
+            Self::Semaphore => 2,
+            Self::WorkQueue => 3,
+        }
+    }
+
+    /// Decodes a wire code; `field` names the message field for the error.
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
+        Self::ALL.into_iter().find(|k| k.code() == code).ok_or(WireError::UnknownCode { field, code: u32::from(code) })
+    }
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A name that names no backend or sync strategy; says which names there are.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {what} `{given}`; expected one of: {}", known.join(", "))]

@@ -44,6 +44,7 @@ fn connect(path: &Path) -> Result<UnixStream, String> {
 /// A valid hello, as bytes.
 pub fn hello_bytes() -> Vec<u8> {
     let hello = ClientHello {
+        object: Default::default(),
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: None,

@@ -7,15 +7,15 @@ mod peers;
 pub use config::{ProducerConfig, SlowConsumerPolicy};
 pub use lease::SlotLease;
 
-use peers::{Hello, Peer, Retired};
+use peers::{Hello, Peer, Retired, RingRecords};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, SharedRegion};
+use crate::door::admission::{Admission, AdmissionConfig};
 use crate::driver::{DeviceMemory, DeviceSpan, Stream};
 use crate::frames::FrameError;
-use crate::frames::admission::{Admission, AdmissionConfig};
 use crate::frames::strategy::{ProducerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
@@ -29,7 +29,9 @@ pub struct Producer<B: Backend> {
     /// In an `Arc` so that teardown can leak it on purpose (see `Drop`) without `unsafe`.
     region: Arc<B::Exported>,
     ring: Arc<ProducerControl>,
-    admission: Admission,
+    admission: Admission<RingRecords>,
+    /// Shared with the admission thread: who took which record (status reports).
+    records: Arc<RingRecords>,
     peers: Vec<Peer>,
     watchdog: Watchdog,
     strategy: &'static dyn Strategy,
@@ -94,9 +96,10 @@ impl<B: Backend> Producer<B> {
             sleep_interval: config.sleep_interval,
         })?;
         let listener = RendezvousListener::bind_with(&config.socket_path, &config.access)?;
+        let records = Arc::new(RingRecords::new(ring.clone()));
         let admission = Admission::start(
             listener,
-            ring.clone(),
+            records.clone(),
             AdmissionConfig {
                 backend: B::KIND,
                 handshake_timeout: config.handshake_timeout,
@@ -117,6 +120,7 @@ impl<B: Backend> Producer<B> {
             region,
             ring,
             admission,
+            records,
             peers: Vec::new(),
             watchdog: Watchdog::start(),
             strategy,

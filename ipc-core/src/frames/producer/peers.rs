@@ -1,20 +1,23 @@
 //! The producer's side of admission: answering hellos with a record and an offer, counting attached consumers
 //! in, reaping dead ones and freeing retired records.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustix::process::Pid;
 
 use super::{Producer, granularity_of};
 use crate::backend::Backend;
+use crate::door::admission::{AdmissionEvent, OfferKit};
 use crate::frames::FrameError;
-use crate::frames::admission::{AdmissionEvent, OfferKit};
 use crate::frames::strategy::ProducerSide;
 use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
-use crate::ring::{ConsumerId, RingError};
-use crate::wire::{Message, PeerConnection, RefusalCode, RingOffer};
+use crate::ring::{ConsumerId, ProducerControl, RingError, monotonic_ns};
+use crate::wire::{
+    Message, ObjectKind, PeerConnection, PeerCredentials, PeerState, PeerStatus, RefusalCode, RingOffer,
+};
 
 /// A consumer's valid hello, waiting for the producer to take a record for it.
 pub(super) struct Hello {
@@ -22,6 +25,8 @@ pub(super) struct Hello {
     pub(super) token: u64,
     pub(super) pid: Option<Pid>,
     pub(super) name: String,
+    /// Its credentials (`SO_PEERCRED`).
+    pub(super) peer: PeerCredentials,
     /// When the producer first tried.
     pub(super) since: Instant,
 }
@@ -88,8 +93,8 @@ impl<B: Backend> Producer<B> {
         let thread_ended = self.admission.gave_up().is_some();
         while let Some(event) = self.admission.try_next() {
             match event {
-                AdmissionEvent::WantsOffer { token, pid, name } => {
-                    self.hellos.push(Hello { token, pid, name, since: Instant::now() });
+                AdmissionEvent::WantsOffer { token, pid, name, peer } => {
+                    self.hellos.push(Hello { token, pid, name, peer, since: Instant::now() });
                 }
                 AdmissionEvent::Attached { id, pid, conn } => {
                     self.offered.retain(|&o| o != id);
@@ -119,7 +124,7 @@ impl<B: Backend> Producer<B> {
     /// some about to be freed, for at most [`RECORD_WAIT`]) nothing yet.
     pub(super) fn answer_hellos(&mut self) {
         for hello in std::mem::take(&mut self.hellos) {
-            let kit = self.take_record_and_offer(hello.pid, &hello.name);
+            let kit = self.take_record_and_offer(hello.pid, &hello.name, hello.peer);
             let full = matches!(kit, Err((RefusalCode::RingFull, _)));
             if full && !self.retired.is_empty() && hello.since.elapsed() < RECORD_WAIT {
                 self.hellos.push(hello);
@@ -181,8 +186,14 @@ impl<B: Backend> Producer<B> {
     /// Takes a consumer record for a consumer that said a valid hello (it joins at the next frame) and makes its
     /// offer; on failure gives the record back and says what to refuse with. Runs on the producer's thread between
     /// frames, so the offer leaves before the producer can wait for the new record's first release.
-    pub(super) fn take_record_and_offer(&mut self, pid: Option<Pid>, name: &str) -> OfferKit {
+    pub(super) fn take_record_and_offer(
+        &mut self,
+        pid: Option<Pid>,
+        name: &str,
+        peer: PeerCredentials,
+    ) -> OfferKit<ConsumerId> {
         let id = self.ring.register_consumer(pid).map_err(|e| (RefusalCode::RingFull, e.to_string()))?;
+        self.records.introduce(id, name, peer);
         match self.make_offer(id) {
             Ok((offer, fds)) => Ok((id, offer, fds)),
             Err(e) => {
@@ -274,5 +285,94 @@ impl<B: Backend> Producer<B> {
         self.evicted.retain(|id| {
             matches!(block.consumer_state(id.index()), Some((state, epoch)) if epoch == id.epoch() && state != ConsumerState::Free)
         });
+    }
+}
+
+/// The ring's records as its front door sees them: the control block, and what the producer learnt of each
+/// consumer at its hello (the control block keeps no names), for status reports.
+pub(crate) struct RingRecords {
+    pub(crate) ring: Arc<ProducerControl>,
+    book: Mutex<HashMap<u32, Introduction>>,
+}
+
+/// What a consumer said of itself, for the record it holds in one epoch.
+struct Introduction {
+    epoch: u32,
+    name: String,
+    uid: u32,
+    gid: u32,
+    since: SystemTime,
+}
+
+impl RingRecords {
+    pub(crate) fn new(ring: Arc<ProducerControl>) -> Self {
+        Self { ring, book: Mutex::default() }
+    }
+
+    /// Notes who took record `id`.
+    fn introduce(&self, id: ConsumerId, name: &str, peer: PeerCredentials) {
+        let intro = Introduction {
+            epoch: id.epoch(),
+            name: name.to_owned(),
+            uid: peer.uid,
+            gid: peer.gid,
+            since: SystemTime::now(),
+        };
+        self.book.lock().unwrap_or_else(PoisonError::into_inner).insert(id.index(), intro);
+    }
+}
+
+impl crate::door::admission::Records for RingRecords {
+    type Id = ConsumerId;
+
+    fn object(&self) -> ObjectKind {
+        ObjectKind::Ring
+    }
+
+    fn wire_id(id: ConsumerId) -> u32 {
+        id.index()
+    }
+
+    fn mark_dead(&self, id: ConsumerId) -> Result<(), String> {
+        self.ring.mark_consumer_dead(id).map_err(|e| e.to_string())
+    }
+
+    fn peers(&self) -> Vec<PeerStatus> {
+        let block = self.ring.block();
+        let next = block.next_sequence().0;
+        let now = monotonic_ns();
+        let book = self.book.lock().unwrap_or_else(PoisonError::into_inner);
+        (0..block.max_consumers())
+            .filter_map(|index| {
+                let activity = block.consumer_activity(index)?;
+                let state = match activity.state {
+                    ConsumerState::Free => return None,
+                    ConsumerState::Joining => PeerState::Joining,
+                    ConsumerState::Live => PeerState::Attached,
+                    ConsumerState::Detached => PeerState::Left,
+                    ConsumerState::Dead => PeerState::Lost,
+                };
+                let intro = book.get(&index).filter(|intro| intro.epoch == activity.epoch);
+                let since_unix_ms = intro
+                    .and_then(|i| i.since.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                let detail = match activity.last_released {
+                    Some(seq) => format!("released frame {seq}; the producer is at frame {next}"),
+                    None => format!("no frame released yet; the producer is at frame {next}"),
+                };
+                Some(PeerStatus {
+                    id: index,
+                    pid: u32::try_from(activity.pid).ok().filter(|pid| *pid != 0),
+                    uid: intro.map_or(0, |i| i.uid),
+                    gid: intro.map_or(0, |i| i.gid),
+                    since_unix_ms,
+                    last_sign_ms: (activity.heartbeat_ns != 0)
+                        .then(|| now.saturating_sub(activity.heartbeat_ns) / 1_000_000),
+                    state,
+                    name: intro.map(|i| i.name.clone()).unwrap_or_default(),
+                    detail,
+                })
+            })
+            .collect()
     }
 }

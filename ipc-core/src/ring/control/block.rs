@@ -118,6 +118,25 @@ impl ControlBlock {
         Some((ConsumerState::from_raw(word)?, state_epoch(word)))
     }
 
+    /// What record `index` says of its consumer, for a status report: state, epoch, pid, its last sign of life
+    /// (`CLOCK_MONOTONIC` ns, see [`super::monotonic_ns`]) and the newest frame it released (`None`: none yet, or
+    /// its counters are poisoned).
+    pub fn consumer_activity(&self, index: u32) -> Option<ConsumerActivity> {
+        let record = self.record_at(index)?;
+        let word = record.state.load(Ordering::Acquire);
+        let state = ConsumerState::from_raw(word)?;
+        let slots = record.released.iter().take(self.slot_count as usize);
+        let last_released =
+            slots.map(|c| c.value.load(Ordering::Relaxed)).filter(|v| *v != 0 && *v < POISON).max().map(|v| v - 1);
+        Some(ConsumerActivity {
+            state,
+            epoch: state_epoch(word),
+            pid: record.pid.load(Ordering::Relaxed),
+            heartbeat_ns: record.heartbeat_ns.value.load(Ordering::Relaxed),
+            last_released,
+        })
+    }
+
     pub(super) fn published(&self, slot: SlotIndex) -> &AtomicU64 {
         // `slot` comes from `slot_for`, below slot_count <= MAX_SLOTS = the array length.
         &self.layout().published[slot.0 as usize].value
@@ -180,4 +199,19 @@ fn header_count(value: u64, what: &'static str, max: u32) -> Result<u32, RingErr
         Ok(count) if (1..=max).contains(&count) => Ok(count),
         _ => Err(RingError::Corrupt { what, value }),
     }
+}
+
+/// What a consumer record says of its consumer ([`ControlBlock::consumer_activity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerActivity {
+    /// The record's state.
+    pub state: ConsumerState,
+    /// The record's epoch.
+    pub epoch: u32,
+    /// The pid the producer recorded (0: a PID namespace it cannot see).
+    pub pid: u64,
+    /// `CLOCK_MONOTONIC` ns of the consumer's last sign of life.
+    pub heartbeat_ns: u64,
+    /// The newest frame it released, if any.
+    pub last_released: Option<u64>,
 }

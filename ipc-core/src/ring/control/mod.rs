@@ -19,7 +19,7 @@ mod consumer;
 mod producer;
 mod wait;
 
-pub use block::ControlBlock;
+pub use block::{ConsumerActivity, ControlBlock};
 pub use consumer::ConsumerControl;
 pub use producer::ProducerControl;
 pub use wait::{bounded_wait, wait_until};

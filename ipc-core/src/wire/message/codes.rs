@@ -18,6 +18,12 @@ pub enum MessageType {
     Detach,
     /// Producer -> consumer: not admitted.
     Refused,
+    /// Owner -> client, with fds: the offer of a toolkit object other than a ring (pool, semaphore, work queue).
+    ObjectOffer,
+    /// Client -> owner, first message instead of a hello: who is attached?
+    StatusRequest,
+    /// Owner -> client: what the socket serves and who is attached.
+    StatusReport,
 }
 
 impl MessageType {
@@ -29,6 +35,9 @@ impl MessageType {
             Self::Attached => 3,
             Self::Detach => 4,
             Self::Refused => 5,
+            Self::ObjectOffer => 6,
+            Self::StatusRequest => 7,
+            Self::StatusReport => 8,
         }
     }
 
@@ -40,6 +49,9 @@ impl MessageType {
             3 => Ok(Self::Attached),
             4 => Ok(Self::Detach),
             5 => Ok(Self::Refused),
+            6 => Ok(Self::ObjectOffer),
+            7 => Ok(Self::StatusRequest),
+            8 => Ok(Self::StatusReport),
             _ => Err(WireError::UnknownMessageType { code }),
         }
     }
@@ -52,6 +64,9 @@ impl MessageType {
             Self::Attached => "Attached",
             Self::Detach => "Detach",
             Self::Refused => "Refused",
+            Self::ObjectOffer => "ObjectOffer",
+            Self::StatusRequest => "StatusRequest",
+            Self::StatusReport => "StatusReport",
         }
     }
 }
@@ -114,6 +129,8 @@ pub enum RefusalCode {
     ShuttingDown,
     /// The hello was malformed.
     MalformedHello,
+    /// The hello named another kind of object than the socket serves (e.g. a ring consumer at a pool's socket).
+    WrongObject,
 }
 
 impl RefusalCode {
@@ -126,6 +143,7 @@ impl RefusalCode {
             Self::PeerNotAllowed => 4,
             Self::ShuttingDown => 5,
             Self::MalformedHello => 6,
+            Self::WrongObject => 7,
         }
     }
 
@@ -138,6 +156,7 @@ impl RefusalCode {
             4 => Ok(Self::PeerNotAllowed),
             5 => Ok(Self::ShuttingDown),
             6 => Ok(Self::MalformedHello),
+            7 => Ok(Self::WrongObject),
             _ => Err(WireError::UnknownCode { field: "Refused.code", code: u32::from(code) }),
         }
     }
@@ -152,6 +171,7 @@ impl fmt::Display for RefusalCode {
             Self::PeerNotAllowed => "peer not allowed",
             Self::ShuttingDown => "producer shutting down",
             Self::MalformedHello => "malformed hello",
+            Self::WrongObject => "wrong object",
         })
     }
 }

@@ -3,7 +3,7 @@
 use super::codec::{Reader, check_text, len_u16, put_u16, put_u32};
 use super::{DetachReason, MAX_CONSUMER_NAME_BYTES};
 use crate::wire::error::WireError;
-use crate::wire::types::BackendKind;
+use crate::wire::types::{BackendKind, ObjectKind};
 
 /// Consumer -> producer: who is asking and what it wants.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +17,9 @@ pub struct ClientHello {
     pub wanted_backend: Option<BackendKind>,
     /// A name for logs, at most [`MAX_CONSUMER_NAME_BYTES`] bytes of UTF-8.
     pub consumer_name: String,
+    /// What the client expects the socket to serve (a ring unless it says otherwise; the field was a reserved
+    /// zero before the toolkit's other objects existed, so every older ring consumer says "ring").
+    pub object: ObjectKind,
 }
 
 /// Consumer -> producer: the ring is imported; count this consumer in back-pressure from now on.
@@ -52,7 +55,7 @@ pub(super) fn encode_hello(hello: &ClientHello, out: &mut Vec<u8>) -> Result<(),
     put_u16(out, hello.wanted_backend.map_or(0, BackendKind::code));
     put_u32(out, hello.client_pid);
     put_u16(out, len_u16(hello.consumer_name.len()));
-    put_u16(out, 0);
+    put_u16(out, hello.object.code());
     out.extend_from_slice(hello.consumer_name.as_bytes());
     Ok(())
 }
@@ -71,7 +74,7 @@ pub(super) fn decode_hello(r: &mut Reader<'_>) -> Result<ClientHello, WireError>
     };
     let client_pid = r.u32()?;
     let name_len = usize::from(r.u16()?);
-    r.reserved_u16("ClientHello.reserved")?;
+    let object = ObjectKind::from_code(r.u16()?, "ClientHello.object")?;
     if name_len > MAX_CONSUMER_NAME_BYTES {
         return Err(WireError::InvalidField {
             field: "ClientHello.name_len",
@@ -79,5 +82,5 @@ pub(super) fn decode_hello(r: &mut Reader<'_>) -> Result<ClientHello, WireError>
         });
     }
     let consumer_name = r.text(name_len, "ClientHello.consumer_name")?;
-    Ok(ClientHello { protocol_version, client_pid, wanted_backend, consumer_name })
+    Ok(ClientHello { protocol_version, client_pid, wanted_backend, consumer_name, object })
 }

@@ -4,20 +4,29 @@
 //! so a client in another language can implement it from the spec. Decoding is total: any
 //! input yields either a message or a specific [`WireError`], never a panic.
 
-mod codec;
+pub mod codec;
 mod codes;
 mod header;
 mod hello;
+mod object;
 mod offer;
+mod status;
 
 pub use codes::{DetachReason, MessageType, RefusalCode};
 pub use header::Header;
 pub use hello::{Attached, ClientHello, Detach};
+pub use object::{OBJECT_OFFER_FIXED_BYTES, ObjectOffer};
 pub use offer::{Refused, RingOffer};
+pub use status::{
+    MAX_STATUS_DETAIL_BYTES, PeerState, PeerStatus, STATUS_PEER_FIXED_BYTES, STATUS_REPORT_FIXED_BYTES, StatusReport,
+    StatusRequest,
+};
 
 use codec::{Reader, check_text, len_u32, put_u16, put_u32};
 use hello::{decode_hello, encode_hello};
+use object::{decode_object_offer, encode_object_offer};
 use offer::{decode_offer, encode_offer};
+use status::{decode_status_report, encode_status_report};
 
 use super::error::WireError;
 
@@ -29,8 +38,9 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const HEADER_BYTES: usize = 24;
 /// Largest payload accepted; a header announcing more is rejected before anything is allocated.
 pub const MAX_PAYLOAD_BYTES: u32 = 64 * 1024;
-/// Most file descriptors any message carries ([`RingOffer`]: control memfd + data fd).
-pub const MAX_FDS_PER_MESSAGE: usize = 2;
+/// Most file descriptors any message carries ([`RingOffer`]: control memfd + data fd; an [`ObjectOffer`] up to
+/// this many, e.g. a pool's directory and its blocks).
+pub const MAX_FDS_PER_MESSAGE: usize = 8;
 /// Longest consumer name in a [`ClientHello`], in UTF-8 bytes.
 pub const MAX_CONSUMER_NAME_BYTES: usize = 64;
 /// Longest human-readable text in a [`Refused`], in UTF-8 bytes.
@@ -57,6 +67,12 @@ pub enum Message {
     Detach(Detach),
     /// See [`Refused`].
     Refused(Refused),
+    /// Owner -> client, with fds: a toolkit object other than a ring.
+    ObjectOffer(ObjectOffer),
+    /// Client -> owner, first message instead of a hello: who is attached?
+    StatusRequest(StatusRequest),
+    /// Owner -> client: the answer; the owner hangs up after it.
+    StatusReport(StatusReport),
 }
 
 impl Message {
@@ -68,6 +84,9 @@ impl Message {
             Self::Attached(_) => MessageType::Attached,
             Self::Detach(_) => MessageType::Detach,
             Self::Refused(_) => MessageType::Refused,
+            Self::ObjectOffer(_) => MessageType::ObjectOffer,
+            Self::StatusRequest(_) => MessageType::StatusRequest,
+            Self::StatusReport(_) => MessageType::StatusReport,
         }
     }
 
@@ -75,6 +94,7 @@ impl Message {
     pub const fn fd_count(&self) -> usize {
         match self {
             Self::RingOffer(offer) => offer.fd_count(),
+            Self::ObjectOffer(offer) => offer.fd_count as usize,
             _ => 0,
         }
     }
@@ -86,6 +106,9 @@ impl Message {
         match self {
             Self::ClientHello(hello) => encode_hello(hello, &mut payload)?,
             Self::RingOffer(offer) => encode_offer(offer, &mut payload)?,
+            Self::ObjectOffer(offer) => encode_object_offer(offer, &mut payload)?,
+            Self::StatusRequest(StatusRequest) => put_u32(&mut payload, 0),
+            Self::StatusReport(report) => encode_status_report(report, &mut payload)?,
             Self::Attached(attached) => {
                 put_u32(&mut payload, attached.consumer_id);
                 put_u32(&mut payload, 0);
@@ -147,6 +170,12 @@ impl Message {
         let message = match header.message_type {
             MessageType::ClientHello => Self::ClientHello(decode_hello(&mut r)?),
             MessageType::RingOffer => Self::RingOffer(decode_offer(&mut r)?),
+            MessageType::ObjectOffer => Self::ObjectOffer(decode_object_offer(&mut r)?),
+            MessageType::StatusRequest => {
+                r.reserved_u32("StatusRequest.reserved")?;
+                Self::StatusRequest(StatusRequest)
+            }
+            MessageType::StatusReport => Self::StatusReport(decode_status_report(&mut r)?),
             MessageType::Attached => {
                 let consumer_id = r.u32()?;
                 r.reserved_u32("Attached.reserved")?;

@@ -40,8 +40,9 @@ use std::time::Duration;
 
 use rustix::process::Pid;
 
-use crate::ring::{ConsumerId, ProducerControl};
-use crate::wire::{BackendKind, Message, PeerConnection, RefusalCode, RendezvousListener};
+use crate::wire::{
+    BackendKind, Message, ObjectKind, PeerConnection, PeerCredentials, PeerStatus, RefusalCode, RendezvousListener,
+};
 
 /// Panics of the thread's loop survived within [`PANIC_WINDOW`] before it gives up: each fails the handshakes in
 /// flight (the one being served when it panicked is refused, code 6, the others see a hang-up and may attach again)
@@ -63,8 +64,27 @@ const ACCEPTS_PER_ROUND: usize = 32;
 /// before), so this only matters for a peer that vanished.
 const SEND_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// The owner's side of the records the front door hands out: what the socket serves, and how a record taken for a
+/// handshake that then failed is marked dead (a ring poisons the consumer's release counters; a toolkit object
+/// forgets the peer).
+pub(crate) trait Records: Send + Sync + 'static {
+    /// A record: a ring's `ConsumerId`, a toolkit object's peer number.
+    type Id: Copy + Eq + std::fmt::Debug + Send + 'static;
+    /// What the socket serves; a hello that names another kind is refused (`WrongObject`).
+    fn object(&self) -> ObjectKind;
+    /// The number the offer gives the peer, which its `Attached` must repeat.
+    fn wire_id(id: Self::Id) -> u32;
+    /// Marks record `id` dead: its handshake failed after the record was taken.
+    ///
+    /// # Errors
+    /// Why it could not be marked (logged; the record is retired anyway).
+    fn mark_dead(&self, id: Self::Id) -> Result<(), String>;
+    /// Who is attached, as the owner knows it: the answer to a `StatusRequest` (`gpu-ipc ps`).
+    fn peers(&self) -> Vec<PeerStatus>;
+}
+
 /// What the admission thread tells the producer.
-pub(crate) enum AdmissionEvent {
+pub(crate) enum AdmissionEvent<I> {
     /// A consumer said a valid hello: the producer takes a record for it, makes its offer and hands both over
     /// with [`Admission::offer`] (or why it cannot).
     WantsOffer {
@@ -74,11 +94,13 @@ pub(crate) enum AdmissionEvent {
         pid: Option<Pid>,
         /// Its name, for logs.
         name: String,
+        /// Its credentials (`SO_PEERCRED`).
+        peer: PeerCredentials,
     },
     /// The handshake is complete: the consumer is attached. Keep `conn` open for its lifetime.
     Attached {
         /// Its record.
-        id: ConsumerId,
+        id: I,
         /// Its pid (`SO_PEERCRED`); 0 when it is in a PID namespace the producer cannot see (then only the
         /// connection's hang-up tells that it is gone; the full credentials are `conn.peer()`).
         pid: u32,
@@ -89,13 +111,13 @@ pub(crate) enum AdmissionEvent {
     /// producer retires it.
     Failed {
         /// The record.
-        id: ConsumerId,
+        id: I,
     },
 }
 
 /// The producer's answer to [`AdmissionEvent::WantsOffer`]: the record it took (LIVE, joining at the producer's
 /// next frame), the offer and its fds; or the refusal to send instead.
-pub(crate) type OfferKit = Result<(ConsumerId, Message, Vec<OwnedFd>), (RefusalCode, String)>;
+pub(crate) type OfferKit<I> = Result<(I, Message, Vec<OwnedFd>), (RefusalCode, String)>;
 
 /// Settings of the admission thread.
 pub(crate) struct AdmissionConfig {
@@ -108,10 +130,10 @@ pub(crate) struct AdmissionConfig {
 }
 
 /// The producer's handle on its admission thread.
-pub(crate) struct Admission {
+pub(crate) struct Admission<R: Records> {
     /// In a mutex only so that the producer stays `Sync` (only its `&mut self` methods use it).
-    events: Mutex<mpsc::Receiver<AdmissionEvent>>,
-    offers: mpsc::Sender<(u64, OfferKit)>,
+    events: Mutex<mpsc::Receiver<AdmissionEvent<R::Id>>>,
+    offers: mpsc::Sender<(u64, OfferKit<R::Id>)>,
     wake: UnixStream,
     stop: Arc<AtomicBool>,
     /// Set when the thread gave up after [`MAX_PANICS`] panics: what the last one said.
@@ -119,11 +141,11 @@ pub(crate) struct Admission {
     thread: Option<JoinHandle<()>>,
 }
 
-impl Admission {
+impl<R: Records> Admission<R> {
     /// Starts the thread; it owns `listener` (and so removes the socket file when it ends).
     pub(crate) fn start(
         listener: RendezvousListener,
-        ring: Arc<ProducerControl>,
+        records: Arc<R>,
         config: AdmissionConfig,
     ) -> std::io::Result<Self> {
         let (events_tx, events) = mpsc::channel();
@@ -138,7 +160,7 @@ impl Admission {
             let gave_up = gave_up.clone();
             let front_door = FrontDoor {
                 listener,
-                ring,
+                records,
                 config,
                 events: events_tx,
                 offers: offers_rx,
@@ -166,14 +188,14 @@ impl Admission {
     }
 
     /// The next event, without waiting.
-    pub(crate) fn try_next(&self) -> Option<AdmissionEvent> {
+    pub(crate) fn try_next(&self) -> Option<AdmissionEvent<R::Id>> {
         self.events.lock().ok()?.try_recv().ok()
     }
 
     /// Hands the thread the answer to handshake `token`'s [`AdmissionEvent::WantsOffer`]. When the thread is gone
     /// nobody will send it: returns the record it held, which is then the caller's to give back.
     #[must_use = "a record returned here was never offered: give it back"]
-    pub(crate) fn offer(&self, token: u64, kit: OfferKit) -> Option<ConsumerId> {
+    pub(crate) fn offer(&self, token: u64, kit: OfferKit<R::Id>) -> Option<R::Id> {
         match self.offers.send((token, kit)) {
             Ok(()) => {
                 self.wake_up();
@@ -199,7 +221,7 @@ impl Admission {
     }
 }
 
-impl Drop for Admission {
+impl<R: Records> Drop for Admission<R> {
     fn drop(&mut self) {
         self.stop();
     }

@@ -15,23 +15,22 @@ use rustix::process::Pid;
 use super::handshake::{Failure, Handshake, Stage, read_failure, truncate};
 use super::{
     ACCEPT_BACKOFF, ACCEPT_ERROR_BACKOFF, ACCEPTS_PER_ROUND, AdmissionConfig, AdmissionEvent, IDLE_POLL, MAX_PANICS,
-    OfferKit, PANIC_WINDOW, SEND_TIMEOUT,
+    OfferKit, PANIC_WINDOW, Records, SEND_TIMEOUT,
 };
-use crate::ring::{ConsumerId, ProducerControl};
 use crate::wire::{
     Attached, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, MessageReader, PeerCredentials, RefusalCode, Refused,
-    RendezvousListener, WireError,
+    RendezvousListener, StatusReport, WireError,
 };
 
 /// The thread's state.
-pub(super) struct FrontDoor {
+pub(super) struct FrontDoor<R: Records> {
     pub(super) listener: RendezvousListener,
-    pub(super) ring: Arc<ProducerControl>,
+    pub(super) records: Arc<R>,
     pub(super) config: AdmissionConfig,
-    pub(super) events: mpsc::Sender<AdmissionEvent>,
-    pub(super) offers: mpsc::Receiver<(u64, OfferKit)>,
+    pub(super) events: mpsc::Sender<AdmissionEvent<R::Id>>,
+    pub(super) offers: mpsc::Receiver<(u64, OfferKit<R::Id>)>,
     pub(super) wake: UnixStream,
-    pub(super) pending: Vec<Handshake>,
+    pub(super) pending: Vec<Handshake<R::Id>>,
     pub(super) accept_paused_until: Option<Instant>,
     /// The number of the next hello sent to the producer.
     pub(super) next_token: u64,
@@ -39,7 +38,7 @@ pub(super) struct FrontDoor {
     pub(super) stepping: Option<usize>,
 }
 
-impl FrontDoor {
+impl<R: Records> FrontDoor<R> {
     /// [`FrontDoor::run`], started afresh after a panic (a bug: every failure a peer can cause is handled without
     /// one) once the handshakes in flight are failed, up to [`MAX_PANICS`] times; then it records why in
     /// `gave_up` and returns, which drops the listener (and removes the socket file).
@@ -259,6 +258,9 @@ impl FrontDoor {
                 if let Stage::Attached(id) = handshake.stage {
                     let pid = handshake.conn.peer().pid.unwrap_or(0);
                     let _ = self.events.send(AdmissionEvent::Attached { id, pid, conn: handshake.conn });
+                } else {
+                    // A status request served: close in order.
+                    handshake.conn.discard_unread();
                 }
             }
             Err(failure) => {
@@ -281,11 +283,11 @@ impl FrontDoor {
                 if let Some(handshake) = self.pending.get_mut(index) {
                     handshake.stage = Stage::Offer(token);
                 }
-                let _ = self.events.send(AdmissionEvent::WantsOffer { token, pid, name: hello.consumer_name });
+                let _ = self.events.send(AdmissionEvent::WantsOffer { token, pid, name: hello.consumer_name, peer });
                 Ok(false)
             }
-            (Stage::Attached(id), Message::Attached(Attached { consumer_id })) if consumer_id == id.index() => {
-                tracing::debug!(consumer = id.index(), "handshake complete");
+            (Stage::Attached(id), Message::Attached(Attached { consumer_id })) if consumer_id == R::wire_id(id) => {
+                tracing::debug!(record = ?id, "handshake complete");
                 Ok(true)
             }
             (Stage::Attached(_), Message::Refused(refused)) => {
@@ -293,6 +295,20 @@ impl FrontDoor {
             }
             (Stage::Attached(_), Message::Detach(detach)) => {
                 Err(Failure::silent(format!("the consumer left during the handshake ({:?})", detach.reason)))
+            }
+            (Stage::Hello, Message::StatusRequest(_)) => {
+                let report = StatusReport {
+                    kind: self.records.object(),
+                    backend: self.config.backend,
+                    owner_pid: std::process::id(),
+                    peers: self.records.peers(),
+                };
+                if let Some(handshake) = self.pending.get(index) {
+                    handshake.conn.send(&Message::StatusReport(report), Vec::new(), SEND_TIMEOUT)?;
+                }
+                tracing::debug!(pid = peer.pid, "status served");
+                // Done: the connection closes without a record ever having been taken.
+                Ok(true)
             }
             (Stage::Hello, other) => Err(Failure::refuse(
                 RefusalCode::MalformedHello,
@@ -311,6 +327,14 @@ impl FrontDoor {
         #[cfg(test)]
         if hello.consumer_name == super::tests::PANIC_NAME {
             panic!("a panic the tests asked for");
+        }
+        let serves = self.records.object();
+        if hello.object != serves {
+            let message = format!(
+                "this socket serves a {serves}, the client asked for a {}: point it at the {}'s socket",
+                hello.object, hello.object
+            );
+            return Err(Failure::refuse(RefusalCode::WrongObject, message));
         }
         if let Some(wanted) = hello.wanted_backend
             && wanted != self.config.backend
@@ -338,7 +362,7 @@ impl FrontDoor {
     }
 
     /// Sends the producer's answer to handshake `token`: the offer for the record it took, or its refusal.
-    fn deliver(&mut self, token: u64, kit: OfferKit) {
+    fn deliver(&mut self, token: u64, kit: OfferKit<R::Id>) {
         let Some(index) = self.pending.iter().position(|h| h.stage == Stage::Offer(token)) else {
             // That handshake failed meanwhile: give back the record the producer took for it (the kit's fds just
             // close).
@@ -369,7 +393,7 @@ impl FrontDoor {
     }
 
     /// Ends a handshake that did not attach: tells the peer why where that helps, gives its record back, logs.
-    fn fail(&self, handshake: Handshake, failure: Failure) {
+    fn fail(&self, handshake: Handshake<R::Id>, failure: Failure) {
         let pid = handshake.conn.peer().pid;
         if let Some(code) = failure.refusal {
             let refusal = Refused { code, message: truncate(&failure.reason, MAX_REFUSAL_MESSAGE_BYTES) };
@@ -378,15 +402,15 @@ impl FrontDoor {
             handshake.conn.discard_unread();
         }
         let record = handshake.stage.record();
-        tracing::warn!(pid, consumer = record.map(|id| id.index()), reason = %failure.reason, "a consumer failed to attach");
+        tracing::warn!(pid, record = ?record, reason = %failure.reason, "a peer failed to attach");
         // In this order: mark the record dead (a consumer that then finds its connection gone also finds its record
         // no longer LIVE, and knows it was dropped, not that the producer died: it must not poison the ring); hang
         // up; only then announce the record for reuse (a consumer that read its record's epoch while the connection
         // was still open knows that epoch was its own: docs/protocol.md, attaching, step 5).
         if let Some(id) = record
-            && let Err(e) = self.ring.mark_consumer_dead(id)
+            && let Err(e) = self.records.mark_dead(id)
         {
-            tracing::warn!(consumer = id.index(), error = %e, "could not mark a failed handshake's record dead");
+            tracing::warn!(record = ?id, error = %e, "could not mark a failed handshake's record dead");
         }
         drop(handshake);
         if let Some(id) = record {
@@ -396,9 +420,9 @@ impl FrontDoor {
 
     /// Marks record `id`, taken for a handshake that failed, dead (poisoning its release counters) and tells the
     /// producer, which retires it.
-    fn give_back(&self, id: ConsumerId) {
-        if let Err(e) = self.ring.mark_consumer_dead(id) {
-            tracing::warn!(consumer = id.index(), error = %e, "could not mark a failed handshake's record dead");
+    fn give_back(&self, id: R::Id) {
+        if let Err(e) = self.records.mark_dead(id) {
+            tracing::warn!(record = ?id, error = %e, "could not mark a failed handshake's record dead");
         }
         let _ = self.events.send(AdmissionEvent::Failed { id });
     }

@@ -2,22 +2,21 @@
 
 use std::time::Instant;
 
-use crate::ring::ConsumerId;
 use crate::wire::{MessageReader, PeerConnection, RefusalCode, WireError};
 
 /// Where a handshake stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Stage {
+pub(super) enum Stage<I> {
     /// Waiting for the consumer's `ClientHello`.
     Hello,
     /// Hello valid; waiting for the producer to take a record and make the offer (the handshake's number).
     Offer(u64),
     /// Offer sent for record `id`, which the handshake now holds; waiting for `Attached`.
-    Attached(ConsumerId),
+    Attached(I),
 }
 
-impl Stage {
-    pub(super) fn record(self) -> Option<ConsumerId> {
+impl<I: Copy> Stage<I> {
+    pub(super) fn record(self) -> Option<I> {
         match self {
             Self::Hello | Self::Offer(_) => None,
             Self::Attached(id) => Some(id),
@@ -25,12 +24,12 @@ impl Stage {
     }
 }
 
-pub(super) struct Handshake {
+pub(super) struct Handshake<I> {
     pub(super) conn: PeerConnection,
     pub(super) reader: MessageReader,
     pub(super) accepted: Instant,
     pub(super) deadline: Instant,
-    pub(super) stage: Stage,
+    pub(super) stage: Stage<I>,
 }
 
 /// Why a handshake ended without a consumer, and what to tell the peer.
@@ -58,7 +57,7 @@ impl From<WireError> for Failure {
 /// What ends a handshake whose connection could not be read: before a valid hello the peer is told why (a
 /// version this build does not speak: `Refused` code 1; anything else malformed: code 6), unless it is gone or
 /// the socket failed; after the hello the connection is just closed.
-pub(super) fn read_failure(stage: Stage, error: WireError) -> Failure {
+pub(super) fn read_failure<I>(stage: Stage<I>, error: WireError) -> Failure {
     match (stage, error) {
         (Stage::Hello, WireError::UnsupportedVersion { found, supported }) => Failure::refuse(
             RefusalCode::UnsupportedVersion,

@@ -78,6 +78,7 @@ fn connect(path: &Path) -> crate::wire::PeerConnection {
 fn say_hello(conn: &crate::wire::PeerConnection, name: &str) {
     use crate::wire::{ClientHello, Message, PROTOCOL_VERSION};
     let hello = ClientHello {
+        object: Default::default(),
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: None,
