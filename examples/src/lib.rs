@@ -1,6 +1,7 @@
-//! What the example programs share: their command-line vocabulary, how they fill, check and transform frames
-//! ([`work`]: on a GPU, or on the host backend without one) and the summary each prints (one JSON object with
-//! `--json`); the roles of the three-stage `pipeline` program ([`pipeline`]).
+//! What the example programs share. The `producer` and `consumer`: their command-line vocabulary, how they fill,
+//! check and transform frames ([`work`]: on a GPU, or on the host backend without one) and the summary each prints
+//! (one JSON object with `--json`). The roles of the three-stage `pipeline` program: [`pipeline`]. The `semaphore`
+//! program: [`semaphore`].
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -14,6 +15,7 @@ use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
 pub mod pipeline;
+pub mod semaphore;
 pub mod work;
 
 /// What both programs set up on the GPU: the device's context, the frame-pattern kernels and one stream.
