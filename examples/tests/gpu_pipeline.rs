@@ -10,8 +10,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{first_stage_killed, generate, socket, transform, verify};
@@ -27,11 +25,7 @@ const SYNCS: [(&str, &str); 4] = [
 const T: Duration = Duration::from_secs(120);
 
 fn record(result: &serde_json::Value) {
-    let Some(dir) = std::env::var_os("GPU_IPC_RESULTS_DIR") else { return };
-    let tag = std::env::var("GPU_IPC_RESULTS_TAG").unwrap_or_else(|_| "default".into());
-    let path = PathBuf::from(dir).join(format!("pipeline-{tag}.jsonl"));
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-    writeln!(file, "{result}").unwrap();
+    common::record("pipeline", result);
 }
 
 #[test]

@@ -23,6 +23,17 @@ pub fn exe(name: &str) -> PathBuf {
     )
 }
 
+/// With `GPU_IPC_RESULTS_DIR` set, appends `result` as one line to `<kind>-<GPU_IPC_RESULTS_TAG>.jsonl` there (the
+/// GPU suite keeps these files with its results).
+pub fn record(kind: &str, result: &serde_json::Value) {
+    use std::io::Write;
+    let Some(dir) = std::env::var_os("GPU_IPC_RESULTS_DIR") else { return };
+    let tag = std::env::var("GPU_IPC_RESULTS_TAG").unwrap_or_else(|_| "default".into());
+    let path = PathBuf::from(dir).join(format!("{kind}-{tag}.jsonl"));
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    writeln!(file, "{result}").unwrap();
+}
+
 pub fn socket(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("gpu-ipc-test-{}-{tag}.sock", std::process::id()))
 }
