@@ -15,6 +15,7 @@ use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
 pub mod pipeline;
+pub mod pool_work;
 pub mod semaphore;
 pub mod work;
 

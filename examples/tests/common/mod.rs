@@ -16,6 +16,7 @@ pub fn exe(name: &str) -> PathBuf {
                 "producer" => env!("CARGO_BIN_EXE_producer"),
                 "pipeline" => env!("CARGO_BIN_EXE_pipeline"),
                 "semaphore" => env!("CARGO_BIN_EXE_semaphore"),
+                "pool" => env!("CARGO_BIN_EXE_pool"),
                 _ => env!("CARGO_BIN_EXE_consumer"),
             })
         },
@@ -23,13 +24,13 @@ pub fn exe(name: &str) -> PathBuf {
     )
 }
 
-/// With `GPU_IPC_RESULTS_DIR` set, appends `result` as one line to `<kind>-<GPU_IPC_RESULTS_TAG>.jsonl` there (the
-/// GPU suite keeps these files with its results).
-pub fn record(kind: &str, result: &serde_json::Value) {
+/// Appends `result` as one JSON line to `<prefix>-<GPU_IPC_RESULTS_TAG>.jsonl` in `GPU_IPC_RESULTS_DIR`, when set
+/// (how the GPU suite keeps the figures of its runs).
+pub fn record(prefix: &str, result: &serde_json::Value) {
     use std::io::Write;
     let Some(dir) = std::env::var_os("GPU_IPC_RESULTS_DIR") else { return };
     let tag = std::env::var("GPU_IPC_RESULTS_TAG").unwrap_or_else(|_| "default".into());
-    let path = PathBuf::from(dir).join(format!("{kind}-{tag}.jsonl"));
+    let path = PathBuf::from(dir).join(format!("{prefix}-{tag}.jsonl"));
     let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
     writeln!(file, "{result}").unwrap();
 }
