@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::each_backend;
+use crate::mapping::MappingHold;
 use crate::errors::{ClosedError, EndOfStream, ForeignToken, ReleasedError, to_py};
 use crate::ring::{Gpu, Held, PerBackend, SLICE, lock, parse_backend, seconds, wait_in_slices, waits_on_cpu};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
@@ -58,6 +59,9 @@ pub struct Consumer {
     pid: u32,
     gpu: Option<Gpu>,
     host: Option<HostRegion>,
+    /// The GPU backends' hold on the ring's mapping, which every frame shares (see `crate::mapping`); dropped at
+    /// close, before the core's consumer, so that the core's teardown unmaps unless a tensor still holds it.
+    mapping: Mutex<Option<MappingHold>>,
     backend: BackendKind,
     sync: SyncStrategy,
     layout: Layout,
@@ -75,7 +79,9 @@ pub struct Consumer {
 /// ``numpy.from_dlpack(frame)`` (host backend): no copy. Once the frame is released (or its consumer closed) the
 /// slot is the producer's again: this object raises ``ReleasedError`` on ``ptr`` and the array protocols, but
 /// tensors already made from it still point at the slot and will see later frames: copy what you keep
-/// (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend.
+/// (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend. Such a tensor never points at unmapped
+/// memory: it (and this object) keeps the ring mapped in this process, even after the consumer closed, until the
+/// last of them is gone.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Frame {
     token: Token,
@@ -86,6 +92,8 @@ pub struct Frame {
     nbytes: u64,
     /// The stream `next_frame` queued its wait on (GPU backends), the default of `release`.
     stream: Option<u64>,
+    /// Keeps the ring mapped while this object lives (GPU backends).
+    hold: Option<MappingHold>,
 }
 
 impl Consumer {
@@ -116,6 +124,7 @@ impl Consumer {
         let end = py.detach(|| lock(&self.end).take("consumer"))?;
         self.closed.store(true, Ordering::Release);
         lock(&self.iterated).take();
+        lock(&self.mapping).take();
         Ok(end)
     }
 
@@ -132,6 +141,7 @@ impl Consumer {
             ptr: frame.ptr().0,
             nbytes: frame.bytes(),
             stream: gpu.map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
+            hold: lock(&this.mapping).clone(),
             token: Arc::new(FrameToken { frame: Mutex::new(Some(frame)), readers: Mutex::new(Vec::new()) }),
             consumer: slf.clone().unbind(),
         })
@@ -221,6 +231,11 @@ impl Consumer {
             PerBackend::Host(c) => Some(c.region().clone()),
             _ => host,
         };
+        let mapping = match (&end, &gpu) {
+            (PerBackend::Legacy(c), Some(g)) => Some(MappingHold::new(c.shared_region(), g.ctx.clone())),
+            (PerBackend::Vmm(c), Some(g)) => Some(MappingHold::new(c.shared_region(), g.ctx.clone())),
+            _ => None,
+        };
         Ok(Self {
             layout: Layout::of(geometry)?,
             end: Mutex::new(Held::new(end)),
@@ -228,6 +243,7 @@ impl Consumer {
             pid: std::process::id(),
             gpu,
             host,
+            mapping: Mutex::new(mapping),
             backend,
             sync,
             nbytes: geometry.frame_bytes(),
@@ -401,14 +417,15 @@ impl Frame {
                 self.seq
             )));
         }
-        let memory = match (&consumer.gpu, &consumer.host) {
-            (Some(gpu), _) => Memory::Cuda {
+        let memory = match (&consumer.gpu, &self.hold, &consumer.host) {
+            (Some(gpu), Some(hold), _) => Memory::Cuda {
                 ctx: gpu.ctx.clone(),
                 ordinal: gpu.ordinal,
                 stream: self.stream.unwrap_or(LEGACY_DEFAULT_STREAM),
+                hold: hold.clone(),
             },
-            (None, Some(host)) => Memory::Host(host.clone()),
-            (None, None) => return Err(ClosedError::new_err("the consumer holds no memory")),
+            (None, _, Some(host)) => Memory::Host(host.clone()),
+            _ => return Err(ClosedError::new_err("the consumer holds no memory")),
         };
         Ok(View { ptr: self.ptr, layout: consumer.layout, memory })
     }

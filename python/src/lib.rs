@@ -14,6 +14,7 @@
 
 mod consumer;
 mod errors;
+mod mapping;
 mod producer;
 mod ring;
 mod stream;

@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::each_backend;
+use crate::mapping::MappingHold;
 use crate::errors::{ClosedError, ForeignToken, ReleasedError, to_py};
 use crate::ring::{Gpu, Held, PerBackend, lock, parse_backend, parse_sync, seconds, wait_in_slices, waits_on_cpu};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
@@ -47,6 +48,9 @@ pub struct Producer {
     pid: u32,
     gpu: Option<Gpu>,
     host: Option<HostRegion>,
+    /// The GPU backends' hold on the ring's allocation, which every slot shares (see `crate::mapping`); dropped at
+    /// close, before the core's producer, so that the core's teardown frees it unless a tensor still holds it.
+    mapping: Mutex<Option<MappingHold>>,
     backend: BackendKind,
     sync: SyncStrategy,
     layout: Layout,
@@ -60,7 +64,8 @@ pub struct Producer {
 /// Read and write it in place as a tensor: ``torch.from_dlpack(slot)``, ``cupy.from_dlpack(slot)``,
 /// ``numpy.from_dlpack(slot)`` (host backend). Once published, this object raises ``ReleasedError`` on ``ptr``
 /// and the array protocols; tensors already made from it are the caller's responsibility: do not write them
-/// after ``publish``.
+/// after ``publish``. Such a tensor never points at freed memory: it (and this object) keeps the ring's allocation
+/// alive in this process, even after the producer closed, until the last of them is gone.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Slot {
     lease: Mutex<Option<SlotLease>>,
@@ -73,6 +78,8 @@ pub struct Slot {
     stream: Option<u64>,
     /// Other streams that took the slot through DLPack: the publish is ordered after the work they queued.
     writers: Mutex<Vec<u64>>,
+    /// Keeps the ring's allocation alive while this object lives (GPU backends).
+    hold: Option<MappingHold>,
 }
 
 impl Producer {
@@ -103,6 +110,7 @@ impl Producer {
     fn close_end(&self, py: Python<'_>) -> PyResult<()> {
         let end = py.detach(|| lock(&self.end).take("producer"))?;
         self.closed.store(true, Ordering::Release);
+        lock(&self.mapping).take();
         // Dropping waits (bounded) for the stream's queued work on the ring, then closes it: consumers see the
         // end of the stream after the last frame.
         py.detach(move || drop(end));
@@ -156,12 +164,18 @@ impl Producer {
             })
         });
         let (end, gpu, host) = made.map_err(to_py)?;
+        let mapping = match (&end, &gpu) {
+            (PerBackend::Legacy(p), Some(g)) => Some(MappingHold::new(p.shared_region(), g.ctx.clone())),
+            (PerBackend::Vmm(p), Some(g)) => Some(MappingHold::new(p.shared_region(), g.ctx.clone())),
+            _ => None,
+        };
         Ok(Self {
             end: Mutex::new(Held::new(end)),
             closed: AtomicBool::new(false),
             pid: std::process::id(),
             gpu,
             host,
+            mapping: Mutex::new(mapping),
             backend,
             sync,
             layout,
@@ -192,6 +206,7 @@ impl Producer {
             lease: Mutex::new(Some(lease)),
             producer: slf.clone().unbind(),
             writers: Mutex::new(Vec::new()),
+            hold: lock(&this.mapping).clone(),
         })
     }
 
@@ -375,14 +390,15 @@ impl Slot {
                 self.seq
             )));
         }
-        let memory = match (&producer.gpu, &producer.host) {
-            (Some(gpu), _) => Memory::Cuda {
+        let memory = match (&producer.gpu, &self.hold, &producer.host) {
+            (Some(gpu), Some(hold), _) => Memory::Cuda {
                 ctx: gpu.ctx.clone(),
                 ordinal: gpu.ordinal,
                 stream: self.stream.unwrap_or(LEGACY_DEFAULT_STREAM),
+                hold: hold.clone(),
             },
-            (None, Some(host)) => Memory::Host(host.clone()),
-            (None, None) => return Err(ClosedError::new_err("the producer holds no memory")),
+            (None, _, Some(host)) => Memory::Host(host.clone()),
+            _ => return Err(ClosedError::new_err("the producer holds no memory")),
         };
         let _ = py;
         Ok(View { ptr: self.ptr, layout: producer.layout, memory })

@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::driver_to_py;
+use crate::mapping::MappingHold;
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 
 /// How a frame is laid out as an array: `(height, width, channels)` of one element type, rows `pitch` apart.
@@ -85,7 +86,17 @@ pub enum Memory {
         ordinal: i32,
         /// The stream the frame's GPU-side wait (or the slot's) was queued on.
         stream: u64,
+        /// Keeps the ring mapped: the exported tensor holds a clone, so it never points at unmapped memory (its
+        /// contents still belong to the producer once released).
+        hold: MappingHold,
     },
+}
+
+/// What a capsule keeps alive: the memory it points at (held, never read: dropping it is the point).
+#[allow(dead_code)]
+enum Keep {
+    Host(HostRegion),
+    Gpu(MappingHold),
 }
 
 /// One view: what `__dlpack__` exports.
@@ -161,9 +172,9 @@ impl View {
     }
 
     fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
-        let keep: Option<HostRegion> = match &self.memory {
-            Memory::Host(region) => Some(region.clone()),
-            Memory::Cuda { .. } => None,
+        let keep = match &self.memory {
+            Memory::Host(region) => Keep::Host(region.clone()),
+            Memory::Cuda { hold, .. } => Keep::Gpu(hold.clone()),
         };
         let mut init = Fixed::new(self.layout.shape, self.layout.strides)
             .initialize_as::<M>(Box::new(keep))
@@ -195,8 +206,9 @@ impl View {
 fn finish<M: ManagedTensorBase, S>(init: dlpark::allocation::Initialized<M, S>) -> Managed<M> {
     #[allow(unsafe_code)]
     // SAFETY: the shape and strides were copied into the allocation (explicit strides, rank 3); the data pointer is
-    // either the capsule's own copy, host memory the capsule keeps mapped (its context holds the region), or device
-    // memory of the ring, valid while the frame is held: the documented contract of every view (see `Frame`).
+    // either the capsule's own copy, or the ring's host or device memory, which the capsule keeps mapped (its context
+    // holds the region, or a hold on the GPU mapping); what the memory holds once the frame is released is the
+    // documented contract of every view (see `Frame`).
     unsafe {
         init.finish()
     }

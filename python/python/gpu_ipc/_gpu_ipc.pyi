@@ -147,7 +147,8 @@ class Slot:
     Read and write it in place as a tensor: ``torch.from_dlpack(slot)``, ``cupy.from_dlpack(slot)``,
     ``numpy.from_dlpack(slot)`` (host backend). Once published, this object raises ``ReleasedError`` on ``ptr``
     and the array protocols; tensors already made from it are the caller's responsibility: do not write them
-    after ``publish``.
+    after ``publish``. Such a tensor never points at freed memory: it (and this object) keeps the ring's allocation
+    alive in this process, even after the producer closed, until the last of them is gone.
     """
 
     @property
@@ -269,7 +270,9 @@ class Frame:
     ``numpy.from_dlpack(frame)`` (host backend): no copy. Once the frame is released (or its consumer closed) the
     slot is the producer's again: this object raises ``ReleasedError`` on ``ptr`` and the array protocols, but
     tensors already made from it still point at the slot and will see later frames: copy what you keep
-    (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend.
+    (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend. Such a tensor never points at unmapped
+    memory: it (and this object) keeps the ring mapped in this process, even after the consumer closed, until the
+    last of them is gone.
     """
 
     @property
