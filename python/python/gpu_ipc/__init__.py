@@ -7,7 +7,7 @@ copy (DLPack, and ``__cuda_array_interface__`` on a GPU), then release it so the
 Producer::
 
     import torch, gpu_ipc
-    with gpu_ipc.Producer("/tmp/frames.sock", width=3840, height=2160, backend="vmm") as producer:
+    with gpu_ipc.Producer("/tmp/frames.sock", width=3840, height=2160, sync="ipc-event", backend="vmm") as producer:
         producer.wait_for_consumers(1, timeout=30)
         for i in range(1000):
             slot = producer.acquire()
