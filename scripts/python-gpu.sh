@@ -48,6 +48,7 @@ echo "python-gpu: $(basename "$WHEEL") in $WORK/venv; results in $OUT" >&2
 
 echo "python-gpu: the README's quick start, as written (python/README.md)" >&2
 "$VPY" scripts/python_readme.py python/README.md "$OUT"
+README_RC=$?
 
 echo "python-gpu: the rows (no MPS)" >&2
 "$VPY" scripts/python_gpu.py run "$OUT" --set main
@@ -61,3 +62,6 @@ else
 fi
 
 "$VPY" scripts/python_gpu.py report "$OUT"
+REPORT_RC=$?
+[ "$README_RC" -eq 0 ] || echo "python-gpu: the README's quick start did not run as written (exit $README_RC): $OUT/readme-example.log" >&2
+[ "$REPORT_RC" -eq 0 ] && [ "$README_RC" -eq 0 ]

@@ -131,6 +131,10 @@ def run_row(r: dict[str, Any], host: bool, log: Any) -> dict[str, Any]:
         row["producer_cpu_us_per_frame"] = p["cpu_us_per_frame"]
     errors = [line for o in outs.values() for line in o.splitlines()
               if not line.startswith("{") and ("Error" in line or "error" in line or "killed" in line)]
+    for name in ("consumer", "producer"):  # else the last words of a process that failed
+        said = [line for line in outs[name].splitlines() if line.strip() and not line.startswith("{")]
+        if not errors and row.get(f"{name}_exit") != 0 and said:
+            errors = [f"{name}: {said[-1]}"]
     row["error"] = errors[-1][:200] if errors else ""
     python_consumer = r["consumer"] != "rust"
     zero_copy = [v for k, v in row.items() if k.endswith("_is_the_frame")]
