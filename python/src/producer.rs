@@ -375,6 +375,9 @@ impl Drop for Producer {
             // A forked child's copy: CUDA is not usable here, and the context is the parent's to release.
             std::mem::forget(self.gpu.take());
         }
+        // Our hold goes first, so that the core's producer (dropped next, with the fields) is the last owner of the
+        // ring's memory unless a tensor still holds it, and its own teardown frees it.
+        lock(&self.mapping).take();
     }
 }
 
