@@ -92,6 +92,34 @@ def last_json(text: str) -> dict[str, Any] | None:
     return None
 
 
+def run_pair(commands: dict[str, list[str]], sock: str, cwd: str, timeout: float) -> tuple[dict[str, int], dict[str, str]]:
+    """Runs `commands["producer"]`, then `commands["consumer"]` once the producer listens at `sock` (so that the
+    consumer's time from its attach counts no producer start-up); each is killed after `timeout` seconds. Returns
+    their exit statuses and outputs (stdout and stderr together)."""
+    files = {name: open(os.path.join(cwd, name + ".out"), "w+") for name in ("producer", "consumer")}
+    procs = {"producer": subprocess.Popen(commands["producer"], cwd=cwd, stdout=files["producer"],
+                                          stderr=subprocess.STDOUT, text=True)}
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sock) and procs["producer"].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    procs["consumer"] = subprocess.Popen(commands["consumer"], cwd=cwd, stdout=files["consumer"],
+                                         stderr=subprocess.STDOUT, text=True)
+    exits, outs = {}, {}
+    for name in ("consumer", "producer"):
+        try:
+            procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            procs[name].kill()
+            procs[name].wait()
+            files[name].write(f"\n{name}: killed after {timeout} s\n")
+        files[name].flush()
+        files[name].seek(0)
+        outs[name] = files[name].read()
+        files[name].close()
+        exits[name] = procs[name].returncode
+    return exits, outs
+
+
 def run_row(r: dict[str, Any], host: bool, log: Any) -> dict[str, Any]:
     row = dict(r)
     label = f"{r['producer']} -> {r['consumer']}, {r['backend']} {r['sync']}"
@@ -100,29 +128,11 @@ def run_row(r: dict[str, Any], host: bool, log: Any) -> dict[str, Any]:
             return {**row, "ok": False, "error": f"no Rust examples in {examples_dir()} (scripts/stage-gpu.sh)"}
     with tempfile.TemporaryDirectory(prefix="gi-py-") as d:
         sock = os.path.join(d, "f.sock")
-        outs: dict[str, str] = {}
-        files = {name: open(os.path.join(d, name + ".out"), "w+") for name in ("producer", "consumer")}
-        producer = subprocess.Popen(command("producer", r["producer"], sock, r, host), stdout=files["producer"],
-                                    stderr=subprocess.STDOUT, text=True)
-        # The consumer starts once the producer listens, so that its time from attach counts no producer start-up.
-        deadline = time.monotonic() + 60
-        while not os.path.exists(sock) and producer.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        consumer = subprocess.Popen(command("consumer", r["consumer"], sock, r, host), stdout=files["consumer"],
-                                    stderr=subprocess.STDOUT, text=True)
-        for name, proc in (("consumer", consumer), ("producer", producer)):
-            try:
-                proc.wait(timeout=PROCESS_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                files[name].write(f"\n{name}: killed after {PROCESS_TIMEOUT} s\n")
-            files[name].flush()
-            files[name].seek(0)
-            outs[name] = files[name].read()
-            files[name].close()
-            row[f"{name}_exit"] = proc.returncode
-            log.write(f"== {label}: {name} (exit {proc.returncode}): {' '.join(proc.args)}\n{outs[name]}\n")
+        commands = {role: command(role, r[role], sock, r, host) for role in ("producer", "consumer")}
+        exits, outs = run_pair(commands, sock, d, PROCESS_TIMEOUT)
+    for name in ("producer", "consumer"):
+        row[f"{name}_exit"] = exits[name]
+        log.write(f"== {label}: {name} (exit {exits[name]}): {' '.join(commands[name])}\n{outs[name]}\n")
     c, p = last_json(outs["consumer"]), last_json(outs["producer"])
     if c:
         row.update({k: v for k, v in c.items() if k not in ("role", "kind", "name", "backend", "sync")})

@@ -13,14 +13,14 @@ exit 0 and every line is right, 1 otherwise.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from python_gpu import run_pair
 
 TIMEOUT = 180  # seconds, each process
 
@@ -69,27 +69,9 @@ def main() -> int:
     result: dict[str, Any] = {"readme": str(readme_path), "frames_expected": frames, "socket": sock}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gi-readme-") as cwd:
-        logs = {name: open(os.path.join(cwd, f"{name}.out"), "w+") for name in code}
-        producer = subprocess.Popen([sys.executable, str(scripts / "producer.py")], cwd=cwd, stdout=logs["producer"],
-                                    stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 60
-        while not os.path.exists(sock) and producer.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        consumer = subprocess.Popen([sys.executable, str(scripts / "consumer.py")], cwd=cwd, stdout=logs["consumer"],
-                                    stderr=subprocess.STDOUT, text=True)
-        outs = {}
-        for name, proc in (("consumer", consumer), ("producer", producer)):
-            try:
-                proc.wait(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                logs[name].write(f"\n{name}: killed after {TIMEOUT} s\n")
-            logs[name].flush()
-            logs[name].seek(0)
-            outs[name] = logs[name].read()
-            logs[name].close()
-            result[f"{name}_exit"] = proc.returncode
+        commands = {name: [sys.executable, str(scripts / f"{name}.py")] for name in ("producer", "consumer")}
+        exits, outs = run_pair(commands, sock, cwd, TIMEOUT)
+    result.update({f"{name}_exit": exits[name] for name in exits})
     result["seconds"] = time.monotonic() - start
     printed, wrong = check_output(outs["consumer"], frames)
     result.update({"frames_printed": printed, "wrong": wrong[:10]})
