@@ -15,8 +15,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::each_backend;
-use crate::mapping::MappingHold;
 use crate::errors::{ClosedError, ForeignToken, ReleasedError, to_py};
+use crate::mapping::MappingHold;
 use crate::ring::{Gpu, Held, PerBackend, lock, parse_backend, parse_sync, seconds, wait_in_slices, waits_on_cpu};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
 use crate::view::{Layout, Memory, View, consumer_stream, order_after, parse_format};
