@@ -1,9 +1,9 @@
 """The Python package on a GPU: Python and Rust ends of one ring in two processes, 4K RGB frames, one table.
 
 Run by scripts/python-gpu.sh (which installs the staged wheel into a venv that sees the machine's torch, CuPy, JAX):
-    python scripts/python_gpu.py run OUT_DIR [--set main|mps] [--host]    rows, appended to OUT_DIR/python-package.rows.jsonl
-    python scripts/python_gpu.py skip OUT_DIR --set mps --reason TEXT      the set's rows, recorded as not run
-    python scripts/python_gpu.py report OUT_DIR                            OUT_DIR/python-package.{json,md}; exit 0 iff all ok
+    python scripts/python_gpu.py run OUT_DIR [--set main|mps] [--host]   rows, added to OUT_DIR/python-package.rows.jsonl
+    python scripts/python_gpu.py skip OUT_DIR --set mps --reason TEXT     the set's rows, recorded as not run
+    python scripts/python_gpu.py report OUT_DIR                           OUT_DIR/python-package.{json,md}; 0: all ok
 Rows (`main`): a torch producer and a torch consumer for backend legacy, vmm x sync cpu-spin, cpu-sleep, ipc-event,
 gpu-stream-ops; a Rust producer -> torch consumer and a Rust producer -> Rust consumer in interleaved rounds (vmm,
 gpu-stream-ops: the torch consumer's FPS against the Rust consumer's, the same producer and check); a torch producer ->
@@ -92,7 +92,9 @@ def last_json(text: str) -> dict[str, Any] | None:
     return None
 
 
-def run_pair(commands: dict[str, list[str]], sock: str, cwd: str, timeout: float) -> tuple[dict[str, int], dict[str, str]]:
+def run_pair(
+    commands: dict[str, list[str]], sock: str, cwd: str, timeout: float
+) -> tuple[dict[str, int], dict[str, str]]:
     """Runs `commands["producer"]`, then `commands["consumer"]` once the producer listens at `sock` (so that the
     consumer's time from its attach counts no producer start-up); each is killed after `timeout` seconds. Returns
     their exit statuses and outputs (stdout and stderr together)."""
@@ -221,7 +223,8 @@ def comparison(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     ratio = statistics.median(python) / statistics.median(rust)
     return {"consumer": first["consumer"], "backend": first["backend"], "sync": first["sync"],
-            "frames": first["frames_asked"], "rust_fps": rust, "python_fps": python, "rust_median": statistics.median(rust),
+            "frames": first["frames_asked"], "rust_fps": rust, "python_fps": python,
+            "rust_median": statistics.median(rust),
             "python_median": statistics.median(python), "ratio": ratio, "goal": 0.9, "meets_goal": ratio >= 0.9}
 
 
@@ -277,7 +280,8 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], cmp: dict[str, Any
 def report(out: Path) -> int:
     sys.path.insert(0, str(HERE))
     rows_path = out / ROWS_FILE
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()] if rows_path.exists() else []
+    lines = rows_path.read_text().splitlines() if rows_path.exists() else []
+    rows = [json.loads(line) for line in lines if line.strip()]
     if any(r["backend"] == "host" for r in rows):
         os.environ["PY_GPU_HOST_DRY_RUN"] = "1"
     readme_path = out / "readme-example.json"

@@ -71,7 +71,7 @@ impl<T: Send + Sync + 'static> Drop for Hold<T> {
             match ctx.synchronize() {
                 Ok(()) => drop(last),
                 Err(error) => {
-                    tracing::error!(%error, "the device's work did not finish: leaking a ring mapping, not unmapping it");
+                    tracing::error!(%error, "the device's work did not end: leaking a ring mapping, not unmapping it");
                     std::mem::forget(last);
                 }
             }
