@@ -42,7 +42,7 @@ FUNCTIONS=(
     cuMemPoolCreate cuMemPoolDestroy cuMemPoolExportToShareableHandle cuMemPoolImportFromShareableHandle
     cuMemPoolExportPointer cuMemPoolImportPointer
     cuMemAllocManaged cuMemHostAlloc cuMemGetAddressRange_v2 cuMemRetainAllocationHandle
-    cuStreamBatchMemOp_v2
+    cuStreamBatchMemOp_v2 cuLaunchHostFunc
 )
 ALLOW_FN="^($(IFS='|'; echo "${FUNCTIONS[*]}"))\$"
 

@@ -48,7 +48,7 @@ fn offer() -> RingOffer {
         producer_pid: 42,
         generation: 1,
         consumer_id: 0,
-        geometry: FrameGeometry::new(3840, 2160, PixelFormat::Rgb8).expect("geometry"),
+        slot_layout: FrameGeometry::new(3840, 2160, PixelFormat::Rgb8).expect("geometry").into(),
         slot_count: 4,
         slot_stride_bytes: 24_883_200,
         data_offset: 0,

@@ -1,6 +1,6 @@
-//! What the `producer` and `consumer` example programs share: their command-line vocabulary, how they fill and
+//! What the example programs share. The `producer` and `consumer`: their command-line vocabulary, how they fill and
 //! check frames ([`work`]: on a GPU, or on the host backend without one) and the summary each prints (one JSON
-//! object with `--json`).
+//! object with `--json`). The `semaphore` program: [`semaphore`].
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -13,6 +13,7 @@ use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
+pub mod semaphore;
 pub mod work;
 
 /// What both programs set up on the GPU: the device's context, the frame-pattern kernels and one stream.

@@ -111,6 +111,33 @@ fn a_producer_killed_mid_run_gives_consumers_producer_gone_within_a_second() {
     }
 }
 
+/// A ring of tensors on each GPU backend (f32 [4, 1024, 1024], 16 MiB a slot): two consumers learn the layout
+/// from the offer and the verify kernel checks every word of every slot.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_ring_of_tensors_moves_verified_slots_on_every_backend() {
+    const TENSORS: u64 = 2000;
+    for backend in BACKENDS {
+        for sync in ["ipc-event", "gpu-stream-ops"] {
+            let sock = socket(&format!("tensor-{backend}-{sync}"));
+            let p = common::producer_with(backend, sync, &sock, TENSORS, 2, &["--tensor", "f32:4x1024x1024"]);
+            let a = consumer("a", backend, &sock, TENSORS);
+            let b = consumer("b", backend, &sock, TENSORS);
+            let (ps, _, pj) = p.finish(Duration::from_secs(120));
+            let (as_, _, aj) = a.finish(Duration::from_secs(10));
+            let (bs, _, bj) = b.finish(Duration::from_secs(10));
+            assert!(ps.success() && as_.success() && bs.success(), "{backend}/{sync}: {ps} {as_} {bs}");
+            for c in [&aj, &bj] {
+                assert_eq!(c["slot"], "float32 [4, 1024, 1024] tensors (16777216 bytes)", "{backend}/{sync}: {c}");
+                assert_eq!(c["frames"], TENSORS, "{backend}/{sync}: {c}");
+                assert_eq!(c["mismatched_words"], 0, "{backend}/{sync}: {c}");
+            }
+            record(&serde_json::json!({"test": "tensor-ring", "backend": backend, "sync": sync,
+                "producer": pj, "consumers": [aj, bj]}));
+        }
+    }
+}
+
 /// A consumer reading "until the producer goes" ends with status 0 after a producer that exits cleanly, with
 /// every backend and strategy (GPU-side ones included: frames their waits were queued for past the end are
 /// neither read nor mismatched), and says how many frames it read.

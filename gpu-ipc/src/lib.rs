@@ -7,10 +7,11 @@
 //! gpu-ipc = { path = "../gpu-ipc/gpu-ipc" }   # features: legacy, vmm (both by default), cudarc (interop)
 //! ```
 //!
-//! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring), the backends compiled
-//! in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the host-memory fake that needs no GPU),
-//! the embedded kernels, and [`BackendKind`], the one name of a backend, with [`dispatch`] and [`dispatch_gpu`]
-//! to run code generic over the backend for a choice made at run time (`--backend`).
+//! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring, and the toolkit's
+//! [`semaphore`]), the descriptions of what a ring's slots hold ([`SlotLayout`]: pixel frames or any tensor), the
+//! backends compiled in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the host-memory fake that
+//! needs no GPU), the embedded kernels, and [`BackendKind`], the one name of a backend, with [`dispatch`] and
+//! [`dispatch_gpu`] to run code generic over the backend for a choice made at run time (`--backend`).
 //!
 //! The library logs through [`tracing`](https://docs.rs/tracing): install a subscriber (for example
 //! `tracing_subscriber::fmt().init()`) to see what it says about consumers attaching, dying or being evicted.
@@ -36,12 +37,17 @@
 pub use gpu_ipc_kernels as kernels;
 pub use ipc_core as core;
 pub use ipc_core::fake as host;
+pub use ipc_core::semaphore;
 #[cfg(feature = "legacy")]
 pub use ipc_legacy as legacy;
 #[cfg(feature = "vmm")]
 pub use ipc_vmm as vmm;
 
 pub use ipc_core::wire::{BackendKind, SyncStrategy, UnknownName};
+/// What a ring's slots hold: pixel frames ([`FrameGeometry`]), any tensor ([`TensorDesc`], of a [`DType`]) or bare
+/// bytes, described by one [`SlotLayout`] (`ProducerConfig::new` takes any of them; `Consumer::slot_layout` says
+/// what a ring holds).
+pub use ipc_core::wire::{DType, FrameGeometry, PixelFormat, SlotLayout, TensorDesc};
 
 use ipc_core::backend::{Backend, GpuBackend};
 
@@ -60,6 +66,12 @@ pub struct ReadmeDocTests;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/frames.md")]
 pub struct FramesDocTests;
+
+/// The Rust snippets of `docs/semaphore.md`, compiled (and the host-backend one run) as doc tests with the paths an
+/// outside project uses.
+#[cfg(all(doctest, feature = "vmm"))]
+#[doc = include_str!("../../docs/semaphore.md")]
+pub struct SemaphoreDocTests;
 
 /// The Rust snippets of `docs/interop.md`, compiled as doc tests with the paths an outside project uses.
 #[cfg(all(doctest, feature = "cudarc", feature = "vmm"))]

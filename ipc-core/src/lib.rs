@@ -1,7 +1,8 @@
-//! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the frame ring and its sync
-//! strategies. See `docs/` for the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain
-//! `unsafe` code, plus one `unsafe impl` in [`ring::layout`]: the ring's own promise that its control block is made
-//! only of atomics ([`sys::shm::AtomicPlainData`]), kept next to the fields it is about.
+//! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the object door, the frame ring and
+//! its sync strategies, and the toolkit's other shared objects ([`semaphore`]). See `docs/` for the layering; only
+//! [`driver`] and [`sys`] (the OS shared-memory owner) contain `unsafe` code, plus one `unsafe impl` in
+//! [`ring::layout`]: the ring's own promise that its control block is made only of atomics
+//! ([`sys::shm::AtomicPlainData`]), kept next to the fields it is about.
 
 pub mod backend;
 pub mod door;
@@ -10,6 +11,7 @@ pub mod driver;
 pub mod fake;
 pub mod frames;
 pub mod ring;
+pub mod semaphore;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod wire;

@@ -12,9 +12,10 @@
 
 mod common;
 
+use common::door_client::{connect, hung_up_on, open_fds};
 use common::{frame_bytes, geometry};
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
@@ -49,10 +50,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn sock(name: &str) -> PathBuf {
     common::sock("hostile", name)
-}
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
 /// A producer thread publishing every millisecond and a consumer thread streaming every frame.
@@ -215,12 +212,6 @@ fn survives(name: &str, bad_clients: impl FnOnce(&Path)) {
     rig.finish();
 }
 
-fn connect(path: &Path) -> UnixStream {
-    let stream = UnixStream::connect(path).unwrap();
-    stream.set_read_timeout(Some(T)).unwrap();
-    stream
-}
-
 fn hello_bytes() -> Vec<u8> {
     let hello = ClientHello {
         object: Default::default(),
@@ -230,20 +221,6 @@ fn hello_bytes() -> Vec<u8> {
         consumer_name: "hostile".into(),
     };
     Message::ClientHello(hello).encode().unwrap()
-}
-
-/// Reads until the producer hangs up (what it sent before that is returned): a bad client is dropped at once,
-/// not when its handshake deadline passes.
-fn hung_up_on(mut stream: UnixStream) -> Vec<u8> {
-    let started = Instant::now();
-    let mut got = Vec::new();
-    match stream.read_to_end(&mut got) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-        Err(e) => panic!("the producer kept a bad client for {:?}: {e}", started.elapsed()),
-    }
-    assert!(started.elapsed() < Duration::from_secs(2), "the producer kept a bad client for {:?}", started.elapsed());
-    got
 }
 
 /// Sends `bytes` (and `fds`), then expects the producer to hang up.
@@ -275,31 +252,7 @@ fn memfd() -> OwnedFd {
 
 #[test]
 fn random_bytes() {
-    survives("random", |path| {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        for len in [1usize, 23, 24, 25, 100, 4096] {
-            let bytes: Vec<u8> = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
-            let stream = connect(path);
-            (&stream).write_all(&bytes).unwrap();
-            if len < 24 {
-                // Less than a header: the producer waits for the rest, so hang up ourselves.
-                drop(stream);
-            } else {
-                let answer = hung_up_on(stream);
-                assert!(
-                    matches!(Message::decode(&answer), Ok(Message::Refused(r)) if r.code == RefusalCode::MalformedHello),
-                    "answer to {len} random bytes: {answer:02x?}"
-                );
-            }
-        }
-    });
+    survives("random", common::door_client::random_bytes_are_refused);
 }
 
 #[test]
@@ -307,11 +260,17 @@ fn wrong_magic_version_and_type() {
     survives("header", |path| {
         let malformed = RefusalCode::MalformedHello;
         send_then_expect_refused(path, &patched_hello(|b| b[0] ^= 0xff), Vec::new(), malformed);
-        // A version this build does not speak: told so (code 1), in version 1, before the hang-up.
-        for version in [0u16, 2, 0xffff] {
+        // A version this build does not speak (it speaks 1 and 2): told so (code 1), in version 1, before the hang-up.
+        for version in [0u16, 3, 0xffff] {
             let bytes = patched_hello(|b| b[8..10].copy_from_slice(&version.to_le_bytes()));
             send_then_expect_refused(path, &bytes, Vec::new(), RefusalCode::UnsupportedVersion);
         }
+        // A hello encoded in version 2 that announces only version 1 contradicts itself: malformed.
+        let bytes = patched_hello(|b| {
+            b[8..10].copy_from_slice(&2u16.to_le_bytes());
+            b[24..26].copy_from_slice(&1u16.to_le_bytes());
+        });
+        send_then_expect_refused(path, &bytes, Vec::new(), malformed);
         for unknown_type in [0u16, 6, 99] {
             let bytes = patched_hello(|b| b[10..12].copy_from_slice(&unknown_type.to_le_bytes()));
             send_then_expect_refused(path, &bytes, Vec::new(), malformed);

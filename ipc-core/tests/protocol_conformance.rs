@@ -12,11 +12,12 @@ use std::path::PathBuf;
 
 use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, MAGIC as RING_MAGIC};
 use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
+use ipc_core::semaphore::SemaphoreOffer;
 use ipc_core::sys::shm::SharedMemory;
 use ipc_core::wire::{
-    Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES, HandleType,
-    Header, MAGIC, Message, MessageType, ObjectKind, ObjectOffer, PeerState, PeerStatus, PixelFormat, RefusalCode,
-    Refused, RingOffer, StatusReport, StatusRequest, SyncStrategy,
+    Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES,
+    HandleType, Header, MAGIC, Message, MessageType, ObjectKind, ObjectOffer, PeerState, PeerStatus, PixelFormat,
+    RefusalCode, Refused, RingOffer, StatusReport, StatusRequest, SyncStrategy, TensorDesc,
 };
 
 fn doc(name: &str) -> String {
@@ -75,7 +76,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 producer_pid: 1234,
                 generation: 0x1_8765_4321,
                 consumer_id: 2,
-                geometry: FrameGeometry::new(1920, 1080, PixelFormat::Rgba8).unwrap(),
+                slot_layout: FrameGeometry::new(1920, 1080, PixelFormat::Rgba8).unwrap().into(),
                 slot_count: 4,
                 slot_stride_bytes: 8_294_400,
                 data_offset: 0,
@@ -96,7 +97,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 producer_pid: 1234,
                 generation: 7,
                 consumer_id: 0,
-                geometry: FrameGeometry::new(640, 480, PixelFormat::Gray8).unwrap(),
+                slot_layout: FrameGeometry::new(640, 480, PixelFormat::Gray8).unwrap().into(),
                 slot_count: 1,
                 slot_stride_bytes: 307_200,
                 data_offset: 0,
@@ -105,6 +106,58 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 control_bytes: CONTROL_BLOCK_BYTES as u64,
                 legacy_mem_handle: Some(legacy_handle),
                 event_handles: vec![[0xe0; 64], [0xe1; 64]],
+            }),
+        ),
+        (
+            "client-hello-v2",
+            Message::ClientHello(ClientHello {
+                object: ObjectKind::Ring,
+                protocol_version: 2,
+                wanted_backend: Some(BackendKind::Vmm),
+                client_pid: 4242,
+                consumer_name: "viewer".into(),
+            }),
+        ),
+        (
+            "ring-offer-v2-tensor",
+            Message::RingOffer(RingOffer {
+                backend: BackendKind::Vmm,
+                handle_type: HandleType::PosixFd,
+                sync: SyncStrategy::GpuStreamOps,
+                device_uuid: UUID,
+                producer_pid: 1234,
+                generation: 0x1_8765_4321,
+                consumer_id: 1,
+                slot_layout: TensorDesc::contiguous(DType::F32, [4, 1024, 1024]).unwrap().into(),
+                slot_count: 4,
+                slot_stride_bytes: 16 << 20,
+                data_offset: 0,
+                allocation_bytes: 64 << 20,
+                granularity: 2 << 20,
+                control_bytes: CONTROL_BLOCK_BYTES as u64,
+                legacy_mem_handle: None,
+                event_handles: Vec::new(),
+            }),
+        ),
+        (
+            "ring-offer-v2-frames",
+            Message::RingOffer(RingOffer {
+                backend: BackendKind::HostFake,
+                handle_type: HandleType::HostMemfd,
+                sync: SyncStrategy::CpuSpin,
+                device_uuid: DeviceUuid([0; 16]),
+                producer_pid: 1234,
+                generation: 7,
+                consumer_id: 0,
+                slot_layout: FrameGeometry::with_pitch(3, 2, 12, PixelFormat::Rgb8).unwrap().into(),
+                slot_count: 1,
+                slot_stride_bytes: 256,
+                data_offset: 0,
+                allocation_bytes: 4096,
+                granularity: 4096,
+                control_bytes: CONTROL_BLOCK_BYTES as u64,
+                legacy_mem_handle: None,
+                event_handles: Vec::new(),
             }),
         ),
         (
@@ -124,6 +177,23 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 peer_id: 3,
                 fd_count: 1,
                 body: vec![0xde, 0xad, 0xbe, 0xef],
+            }),
+        ),
+        (
+            "object-offer-semaphore",
+            Message::ObjectOffer(ObjectOffer {
+                kind: ObjectKind::Semaphore,
+                peer_id: 3,
+                fd_count: 1,
+                body: SemaphoreOffer {
+                    layout_version: 1,
+                    record: 3,
+                    epoch: 7,
+                    max_peers: 32,
+                    shared_bytes: 65536,
+                    generation: 0x1_8765_4321,
+                }
+                .encode(),
             }),
         ),
         ("status-request", Message::StatusRequest(StatusRequest)),
@@ -165,9 +235,13 @@ fn every_golden_message_encodes_to_its_bytes_and_decodes_to_its_value() {
     assert_eq!(documented, known, "golden blocks in docs/protocol.md vs values in this test");
     for (name, value) in &values {
         let bytes = &blocks[*name];
-        assert_eq!(&value.encode().unwrap(), bytes, "{name}: the implementation encodes other bytes than the doc");
+        // Each example is in the version its name says (`-v2`: version 2, else version 1).
+        let version = if name.contains("-v2") && value.message_type() == MessageType::RingOffer { 2 } else { 1 };
+        let encoded = value.encode_in(version).unwrap();
+        assert_eq!(&encoded, bytes, "{name}: the implementation encodes other bytes than the doc");
         assert_eq!(&Message::decode(bytes).unwrap(), value, "{name}: the doc's bytes decode to another value");
         let header = Header::decode(bytes).unwrap();
+        assert_eq!(header.version, version, "{name}: version");
         assert_eq!(header.fd_count as usize, value.fd_count(), "{name}: fd_count");
         assert_eq!(header.payload_len as usize, bytes.len() - HEADER_BYTES, "{name}: payload_len");
     }
@@ -273,6 +347,15 @@ fn the_code_tables_are_the_codes_the_implementation_uses() {
         let format = PixelFormat::from_code(code, "pixel format").unwrap();
         assert_eq!(words(format!("{format:?}")).replace(' ', "-"), name);
         assert_eq!(format.bytes_per_pixel().to_string(), rest[0], "{name}");
+    }
+    let dtypes = table(&text, "dtype");
+    assert_eq!(dtypes.len(), DType::ALL.len());
+    for (name, code, rest) in dtypes {
+        let dtype = DType::from_code(code, "dtype").unwrap();
+        assert_eq!(dtype.name(), name);
+        assert_eq!(dtype.size_bytes().to_string(), rest[0], "{name}");
+        let dlpack = dtype.dlpack();
+        assert_eq!(format!("{}, {}", dlpack.code, dlpack.bits), rest[1], "{name}: DLPack");
     }
     let reasons = table(&text, "detach reason");
     assert_eq!(reasons.len(), 5);

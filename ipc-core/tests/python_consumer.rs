@@ -269,7 +269,7 @@ fn host_fake_offer(sync: SyncStrategy, generation: u64, consumer_id: u32) -> Rin
         producer_pid: std::process::id(),
         generation,
         consumer_id,
-        geometry: geometry(),
+        slot_layout: geometry().into(),
         slot_count: 2,
         slot_stride_bytes: 4096,
         data_offset: 0,

@@ -61,7 +61,7 @@ fn host_offer() -> RingOffer {
         producer_pid: std::process::id(),
         generation: 1,
         consumer_id: 0,
-        geometry: FrameGeometry::new(16, 16, PixelFormat::Rgba8).unwrap(),
+        slot_layout: FrameGeometry::new(16, 16, PixelFormat::Rgba8).unwrap().into(),
         slot_count: 2,
         slot_stride_bytes: 1024,
         data_offset: 0,

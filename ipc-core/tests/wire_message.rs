@@ -17,7 +17,7 @@ fn host_offer() -> RingOffer {
         producer_pid: 4242,
         generation: 0x0102_0304_0506_0708,
         consumer_id: 3,
-        geometry: FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap(),
+        slot_layout: FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap().into(),
         slot_count: 3,
         slot_stride_bytes: 4096,
         data_offset: 0,
@@ -46,7 +46,7 @@ fn vmm_offer() -> RingOffer {
         backend: BackendKind::Vmm,
         handle_type: HandleType::PosixFd,
         sync: SyncStrategy::GpuStreamOps,
-        geometry: FrameGeometry::with_pitch(3840, 2160, 15360, PixelFormat::Rgba8).unwrap(),
+        slot_layout: FrameGeometry::with_pitch(3840, 2160, 15360, PixelFormat::Rgba8).unwrap().into(),
         slot_count: 4,
         slot_stride_bytes: 3840 * 4 * 2160,
         data_offset: 0,
@@ -85,15 +85,27 @@ fn samples() -> Vec<Message> {
 }
 
 #[test]
-fn every_message_round_trips() {
+fn every_message_round_trips_in_every_version() {
     for message in samples() {
-        let bytes = message.encode().unwrap();
-        assert_eq!(Message::decode(&bytes).unwrap(), message);
-        let header = Header::decode(&bytes).unwrap();
-        assert_eq!(header.version, PROTOCOL_VERSION);
-        assert_eq!(header.message_type, message.message_type());
-        assert_eq!(header.payload_len as usize, bytes.len() - HEADER_BYTES);
-        assert_eq!(header.fd_count as usize, message.fd_count());
+        // `encode` picks the oldest version that carries the message: 1 for all of these (pixel frames).
+        assert_eq!(message.encode().unwrap(), message.encode_in(1).unwrap());
+        for version in 1..=PROTOCOL_VERSION {
+            let bytes = message.encode_in(version).unwrap();
+            if let Message::ClientHello(hello) = &message
+                && hello.protocol_version < version
+            {
+                // A hello announces at least the version it is encoded in.
+                let error = Message::decode(&bytes).unwrap_err();
+                assert!(matches!(error, WireError::InvalidField { field: "ClientHello.protocol_version", .. }));
+                continue;
+            }
+            assert_eq!(Message::decode(&bytes).unwrap(), message);
+            let header = Header::decode(&bytes).unwrap();
+            assert_eq!(header.version, version);
+            assert_eq!(header.message_type, message.message_type());
+            assert_eq!(header.payload_len as usize, bytes.len() - HEADER_BYTES);
+            assert_eq!(header.fd_count as usize, message.fd_count());
+        }
     }
 }
 
@@ -202,8 +214,11 @@ fn every_malformed_input_has_its_own_error() {
             patch(attached(), 0, b"HTTP/1.1"),
             |e| matches!(e, WireError::BadMagic { found } if found == b"HTTP/1.1"),
         ),
-        ("wrong version", patch(attached(), 8, &2u16.to_le_bytes()), |e| {
-            matches!(e, WireError::UnsupportedVersion { found: 2, supported: 1 })
+        ("version 0", patch(attached(), 8, &0u16.to_le_bytes()), |e| {
+            matches!(e, WireError::UnsupportedVersion { found: 0, oldest: 1, newest: 2 })
+        }),
+        ("version 3", patch(attached(), 8, &3u16.to_le_bytes()), |e| {
+            matches!(e, WireError::UnsupportedVersion { found: 3, oldest: 1, newest: 2 })
         }),
         ("unknown type", patch(attached(), 10, &99u16.to_le_bytes()), |e| {
             matches!(e, WireError::UnknownMessageType { code: 99 })

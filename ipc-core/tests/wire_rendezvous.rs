@@ -66,7 +66,7 @@ fn offer_for(consumer_id: u32) -> RingOffer {
         producer_pid: std::process::id(),
         generation: 77,
         consumer_id,
-        geometry: FrameGeometry::new(32, 8, PixelFormat::Gray8).unwrap(),
+        slot_layout: FrameGeometry::new(32, 8, PixelFormat::Gray8).unwrap().into(),
         slot_count: 2,
         slot_stride_bytes: 256,
         data_offset: 0,

@@ -127,7 +127,7 @@ impl Backend for Vmm {
 /// ```
 pub mod frames {
     pub use ipc_core::frames::{AttachOptions, Frame, FrameError, ProducerConfig, SlotLease};
-    pub use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+    pub use ipc_core::wire::{DType, FrameGeometry, PixelFormat, SlotLayout, SyncStrategy, TensorDesc};
 
     /// A producer of frames in memory of the vmm backend.
     pub type Producer = ipc_core::frames::Producer<super::Vmm>;

@@ -9,7 +9,8 @@
 //! with status 0 and the number of frames read (frames a GPU-side strategy queued past the end are counted
 //! apart, never as read or mismatched); a producer that dies ends it with status 4.
 //!
-//! `--backend host` runs without a GPU (host memory, CPU strategies; the demo of the README).
+//! `--backend host` runs without a GPU (host memory, CPU strategies; the demo of the README). A ring of tensors (a
+//! producer started with `--tensor`) is read the same way; the summary says what its slots hold (`slot`).
 //!
 //! Exit status: 0 all frames verified; 1 mismatches or another error; 3 no CUDA driver (use `--backend host`);
 //! 4 the producer died; 5 the producer evicted this consumer (after `--stall-after`).
@@ -75,6 +76,11 @@ struct Summary {
     name: String,
     backend: &'static str,
     sync: &'static str,
+    /// What each slot of the ring holds, as the producer described it (`float32 [4, 1024, 1024] tensors (16777216
+    /// bytes)`, `3840x2160 rgb8 frames (24883200 bytes)`).
+    slot: Option<String>,
+    /// The wire protocol version agreed with the producer.
+    protocol_version: Option<u16>,
     first_seq: u64,
     frames: u64,
     mismatched_words: u64,
@@ -138,11 +144,14 @@ impl ProgramVisitor for Run {
         // The last frame counted as read: frames past a clean end are taken back out of the count.
         let mut last_counted: Option<u64> = None;
         let (mut first_seq, mut sync, mut cycles) = (None, None, 0);
+        let (mut slot, mut protocol_version) = (None, None);
         let (mut fds_after_first_cycle, mut device_free_after_first_cycle) = (None, None);
         while cycles < args.cycles.max(1) && gone.is_none() && ended.is_none() && stall_outcome.is_none() {
             let mut consumer = Consumer::<B>::attach(work.ctx(), &args.common.socket, &options)?;
             first_seq.get_or_insert(consumer.next_sequence());
             sync.get_or_insert(consumer.offer().sync);
+            slot.get_or_insert_with(|| consumer.slot_layout().to_string());
+            protocol_version.get_or_insert(consumer.protocol_version());
             gaps.restart();
             let mut read = 0;
             while args.frames == 0 || read < args.frames {
@@ -210,6 +219,8 @@ impl ProgramVisitor for Run {
             name: args.name,
             backend: B::KIND.name(),
             sync: sync.map_or("unknown", |s| s.name()),
+            slot,
+            protocol_version,
             first_seq: first_seq.unwrap_or(0),
             frames,
             mismatched_words: mismatched,
@@ -256,9 +267,10 @@ fn main() -> ExitCode {
         Ok(s) => {
             print_summary(json, &s, |s| {
                 format!(
-                    "consumer {}: {} frames from #{} in {:.3} s: {:.1} frames/s, {} mismatched words, {:.1} us CPU/frame{}{}",
+                    "consumer {}: {} frames{} from #{} in {:.3} s: {:.1} frames/s, {} mismatched words, {:.1} us CPU/frame{}{}",
                     s.name,
                     s.frames,
+                    s.slot.as_deref().map(|slot| format!(" of {slot}")).unwrap_or_default(),
                     s.first_seq,
                     s.seconds,
                     s.fps,

@@ -10,6 +10,10 @@
 //! Without a GPU, `--backend host` runs the same program on host memory with a CPU strategy (`cpu-spin`,
 //! `cpu-sleep`): a demo of the API and the protocol, with 640x480 frames unless `--width`/`--height` say otherwise.
 //!
+//! `--tensor f32:4x1024x1024` makes a ring of tensors instead of pixel frames (any element type and shape; see
+//! `--help`): each slot holds that tensor, filled with the same pattern as a frame (words of its sequence number),
+//! and consumers of this release read it (those of protocol version 1 are refused, told why).
+//!
 //! Exit status: 0 done; 1 an error; 3 no CUDA driver (use `--backend host`).
 //!
 //! For the stress harness (`gpu-ipc stress`): `--until-stdin-closes` runs until the parent closes the pipe,
@@ -24,7 +28,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gpu_ipc::core::backend::Backend;
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
-use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SocketAccess, SyncStrategy};
+use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SlotLayout, SocketAccess, SyncStrategy, TensorDesc};
 use gpu_ipc_examples::work::{FrameWork, ProgramVisitor, run_with_backend};
 use gpu_ipc_examples::{
     CommonArgs, GapMeter, cpu_time, exit_for, fps, open_fds, parse_pixel_format, print_summary, stdin_closed_flag,
@@ -51,6 +55,10 @@ struct Args {
     /// Pixel format: rgb8, rgba8 or gray8.
     #[arg(long, default_value = "rgb8", value_parser = parse_pixel_format)]
     format: PixelFormat,
+    /// Slots of a tensor instead of pixel frames: DTYPE:SHAPE, e.g. f32:4x1024x1024 or bf16:8x4096 (element types:
+    /// u8 i8 u16 i16 u32 i32 u64 i64 f16 bf16 f32 f64 bool f8e4m3fn f8e5m2 c64 c128, or their NumPy names).
+    #[arg(long, value_name = "DTYPE:SHAPE", conflicts_with_all = ["width", "height", "format"])]
+    tensor: Option<TensorDesc>,
     /// Frames to produce.
     #[arg(long, default_value_t = 10_000)]
     frames: u64,
@@ -82,6 +90,9 @@ struct Summary {
     backend: &'static str,
     sync: &'static str,
     slots: u32,
+    /// What each slot holds, in words (`3840x2160 rgb8 frames (24883200 bytes)`, `float32 [4, 1024, 1024]
+    /// tensors (16777216 bytes)`).
+    slot: String,
     frame_bytes: u64,
     frames: u64,
     seconds: f64,
@@ -113,8 +124,12 @@ impl ProgramVisitor for Run {
         let host = !B::KIND.is_gpu();
         let (width, height) =
             (args.width.unwrap_or(if host { 640 } else { 3840 }), args.height.unwrap_or(if host { 480 } else { 2160 }));
-        let geometry = FrameGeometry::new(width, height, args.format)?;
-        let mut config = ProducerConfig::new(&args.common.socket, geometry, args.slots, args.sync);
+        let layout = match args.tensor {
+            Some(tensor) => SlotLayout::tensors(tensor),
+            None => FrameGeometry::new(width, height, args.format)?.into(),
+        };
+        let frame_bytes = layout.bytes();
+        let mut config = ProducerConfig::new(&args.common.socket, layout, args.slots, args.sync);
         if let Some(gid) = args.socket_group {
             config.access = SocketAccess::group(gid);
         } else if !args.allow_uids.is_empty() {
@@ -155,11 +170,12 @@ impl ProgramVisitor for Run {
             backend: B::KIND.name(),
             sync: args.sync.name(),
             slots: args.slots,
-            frame_bytes: geometry.frame_bytes(),
+            slot: producer.slot_layout().to_string(),
+            frame_bytes,
             frames,
             seconds: elapsed.as_secs_f64(),
             fps: fps(frames, elapsed),
-            gb_per_s: fps(frames, elapsed) * geometry.frame_bytes() as f64 / 1e9,
+            gb_per_s: fps(frames, elapsed) * frame_bytes as f64 / 1e9,
             cpu_us_per_frame: cpu.as_secs_f64() * 1e6 / frames.max(1) as f64,
             consumers_at_start,
             consumers_at_end: producer.consumers(),
@@ -181,10 +197,10 @@ fn main() -> ExitCode {
         Ok(s) => {
             print_summary(json, &s, |s| {
                 format!(
-                    "producer: {} frames of {} bytes in {:.3} s: {:.1} frames/s ({:.1} GB/s), {:.1} us CPU/frame, \
+                    "producer: {} frames of {} in {:.3} s: {:.1} frames/s ({:.1} GB/s), {:.1} us CPU/frame, \
                      consumers {} -> {} ({} lost)",
                     s.frames,
-                    s.frame_bytes,
+                    s.slot,
                     s.seconds,
                     s.fps,
                     s.gb_per_s,

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -12,10 +12,10 @@ pub fn exe(name: &str) -> PathBuf {
     // nextest sets NEXTEST_BIN_EXE_* when it replays an archive on another machine.
     std::env::var_os(format!("NEXTEST_BIN_EXE_{name}")).map_or_else(
         || {
-            PathBuf::from(if name == "producer" {
-                env!("CARGO_BIN_EXE_producer")
-            } else {
-                env!("CARGO_BIN_EXE_consumer")
+            PathBuf::from(match name {
+                "producer" => env!("CARGO_BIN_EXE_producer"),
+                "semaphore" => env!("CARGO_BIN_EXE_semaphore"),
+                _ => env!("CARGO_BIN_EXE_consumer"),
             })
         },
         PathBuf::from,
@@ -29,6 +29,8 @@ pub fn socket(tag: &str) -> PathBuf {
 /// A child process whose stderr lines arrive on a channel and whose stdout is kept for its JSON summary.
 pub struct Proc {
     child: Child,
+    /// The child's stdin, open until [`Proc::close_stdin`] (programs that serve until stdin closes).
+    stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
     name: String,
 }
@@ -37,7 +39,7 @@ impl Proc {
     pub fn spawn(name: &str, program: PathBuf, args: &[String]) -> Self {
         let mut child = Command::new(program)
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -51,7 +53,8 @@ impl Proc {
                 let _ = tx.send(line);
             }
         });
-        Self { child, lines, name: name.to_owned() }
+        let stdin = child.stdin.take();
+        Self { child, stdin, lines, name: name.to_owned() }
     }
 
     /// Waits for a stderr line containing `needle`.
@@ -83,6 +86,16 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Closes the child's stdin: a program that serves until stdin closes ends cleanly.
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn kill9(&mut self) {
@@ -139,4 +152,46 @@ pub fn consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
     .map(ToString::to_string)
     .collect();
     Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)
+}
+
+/// The `semaphore` example program with `--backend BACKEND --json` and `args`.
+pub fn semaphore(name: &str, backend: &str, args: &[&str]) -> Proc {
+    let args: Vec<String> = ["--backend", backend, "--json"].iter().chain(args).map(ToString::to_string).collect();
+    Proc::spawn(name, exe("semaphore"), &args)
+}
+
+/// A semaphore owner serving at `sock` until its stdin closes; returns once it is ready.
+pub fn semaphore_owner(backend: &str, sock: &Path, initial: u64) -> Proc {
+    let initial = initial.to_string();
+    let p = semaphore("owner", backend, &["owner", "--socket", sock.to_str().unwrap(), "--initial", &initial]);
+    p.wait_for_line("ready", Duration::from_secs(30));
+    p
+}
+
+/// A semaphore poster posting `count` times (`extra`: e.g. `--stream`, `--hold-secs N`).
+pub fn semaphore_poster(name: &str, backend: &str, sock: &Path, count: u64, extra: &[&str]) -> Proc {
+    let count = count.to_string();
+    let args: Vec<&str> = ["post", "--socket", sock.to_str().unwrap(), "--count", &count]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    semaphore(name, backend, &args)
+}
+
+/// A pure semaphore waiter taking up to `count` posts, each wait bounded by `timeout_ms` (`extra`: e.g.
+/// `--stream`, `--until-idle`); returns once it is attached.
+pub fn semaphore_waiter(name: &str, backend: &str, sock: &Path, count: u64, timeout_ms: u64, extra: &[&str]) -> Proc {
+    let (count, timeout) = (count.to_string(), timeout_ms.to_string());
+    let args: Vec<&str> = ["wait", "--socket", sock.to_str().unwrap(), "--count", &count, "--timeout-ms", &timeout]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let p = semaphore(name, backend, &args);
+    p.wait_for_line("attached", Duration::from_secs(30));
+    p
+}
+
+/// The field `key` of a JSON summary.
+pub fn field<'a>(json: &'a serde_json::Value, key: &str) -> &'a serde_json::Value {
+    json.get(key).unwrap_or_else(|| panic!("no {key} in {json}"))
 }

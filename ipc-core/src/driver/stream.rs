@@ -184,6 +184,46 @@ impl Stream {
     }
 }
 
+/// A closure queued with [`Stream::launch_host_fn`], boxed twice so that a thin pointer carries it through the
+/// driver.
+type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+/// The trampoline the driver calls on its own thread for [`Stream::launch_host_fn`].
+unsafe extern "C" fn run_host_fn(user_data: *mut std::ffi::c_void) {
+    // SAFETY: `user_data` is the `Box<HostFn>` that `launch_host_fn` leaked for exactly this call; the driver calls
+    // each queued host function once, so the box is reclaimed exactly once.
+    let host_fn = unsafe { Box::from_raw(user_data.cast::<HostFn>()) };
+    // A panic must not unwind into the driver's thread (undefined behaviour across `extern "C"`): log it instead.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(host_fn)).is_err() {
+        tracing::error!("a host function queued on a stream panicked");
+    }
+}
+
+impl Stream {
+    /// Queues `host_fn` to run on a driver thread once the stream's earlier work is done; the stream's later work
+    /// waits until it returns (`cuLaunchHostFunc`).
+    ///
+    /// The closure runs on a thread of the driver's, must not call CUDA, and must not wait for work queued after
+    /// it (the driver's rules): keep it to a few atomic operations. If the process exits first, it never runs.
+    ///
+    /// # Errors
+    /// A failing `cuLaunchHostFunc`; the closure is then dropped without running.
+    pub fn launch_host_fn(&self, host_fn: impl FnOnce() + Send + 'static) -> Result<()> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuLaunchHostFunc, "cuLaunchHostFunc")?;
+        let boxed: Box<HostFn> = Box::new(Box::new(host_fn));
+        let user_data = Box::into_raw(boxed);
+        // SAFETY: the stream is alive; `run_host_fn` matches `CUhostFn` and takes back the leaked box, which lives
+        // until the driver calls it.
+        let result = d.check("cuLaunchHostFunc", unsafe { f(self.raw, Some(run_host_fn), user_data.cast()) });
+        if result.is_err() {
+            // SAFETY: the launch failed, so the driver will never call `run_host_fn` with `user_data`: reclaim it.
+            drop(unsafe { Box::from_raw(user_data) });
+        }
+        result
+    }
+}
+
 /// The index ranges of `n` operations queued [`MAX_OPS_PER_CALL`] at a time.
 pub(super) fn chunks_of(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
     (0..n).step_by(MAX_OPS_PER_CALL).map(move |start| start..n.min(start + MAX_OPS_PER_CALL))

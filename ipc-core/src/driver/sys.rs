@@ -33,6 +33,7 @@ pub type CUpointer_attribute_enum = ::core::ffi::c_uint;
 pub type CUfunction_attribute_enum = ::core::ffi::c_uint;
 pub type CUcomputemode_enum = ::core::ffi::c_uint;
 pub type CUjit_option_enum = ::core::ffi::c_uint;
+pub type CUhostFn = ::core::option::Option<unsafe extern "C" fn(userData: *mut ::core::ffi::c_void)>;
 pub type CUoccupancyB2DSize = ::core::option::Option<unsafe extern "C" fn(blockSize: ::core::ffi::c_int) -> usize>;
 pub type CUmemGenericAllocationHandle_v1 = ::core::ffi::c_ulonglong;
 pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
@@ -560,6 +561,10 @@ pub struct CudaDriverApi {
             kernelParams: *mut *mut ::core::ffi::c_void,
             extra: *mut *mut ::core::ffi::c_void,
         ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuLaunchHostFunc: Result<
+        unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut ::core::ffi::c_void) -> CUresult,
         ::libloading::Error,
     >,
     pub cuOccupancyMaxPotentialBlockSize: Result<
@@ -1090,6 +1095,7 @@ impl CudaDriverApi {
         let cuFuncGetAttribute = __library.get(b"cuFuncGetAttribute\0").map(|sym| *sym);
         let cuFuncGetParamInfo = __library.get(b"cuFuncGetParamInfo\0").map(|sym| *sym);
         let cuLaunchKernel = __library.get(b"cuLaunchKernel\0").map(|sym| *sym);
+        let cuLaunchHostFunc = __library.get(b"cuLaunchHostFunc\0").map(|sym| *sym);
         let cuOccupancyMaxPotentialBlockSize = __library.get(b"cuOccupancyMaxPotentialBlockSize\0").map(|sym| *sym);
         let cuDeviceCanAccessPeer = __library.get(b"cuDeviceCanAccessPeer\0").map(|sym| *sym);
         let cuCtxEnablePeerAccess = __library.get(b"cuCtxEnablePeerAccess\0").map(|sym| *sym);
@@ -1182,6 +1188,7 @@ impl CudaDriverApi {
             cuFuncGetAttribute,
             cuFuncGetParamInfo,
             cuLaunchKernel,
+            cuLaunchHostFunc,
             cuOccupancyMaxPotentialBlockSize,
             cuDeviceCanAccessPeer,
             cuCtxEnablePeerAccess,
@@ -1722,6 +1729,14 @@ impl CudaDriverApi {
             kernelParams,
             extra,
         )
+    }
+    pub unsafe fn cuLaunchHostFunc(
+        &self,
+        hStream: CUstream,
+        fn_: CUhostFn,
+        userData: *mut ::core::ffi::c_void,
+    ) -> CUresult {
+        (self.cuLaunchHostFunc.as_ref().expect("Expected function, got error."))(hStream, fn_, userData)
     }
     pub unsafe fn cuOccupancyMaxPotentialBlockSize(
         &self,

@@ -14,7 +14,7 @@ use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex};
 use crate::wire::{
     Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,
-    PeerPolicy, RingOffer, WireError,
+    PeerPolicy, RingOffer, SlotLayout, WireError,
 };
 
 /// How a consumer attaches.
@@ -110,6 +110,8 @@ pub struct Consumer<B: Backend> {
     shared: ConsumerShared,
     conn: PeerConnection,
     offer: RingOffer,
+    /// The protocol version agreed with the producer (its offer's): what this consumer's messages go out in.
+    version: u16,
     next_seq: u64,
     /// Tells this consumer's frames from any other's.
     owner: u64,
@@ -123,8 +125,9 @@ impl<B: Backend> Consumer<B> {
     /// first frame it gets is the producer's next one.
     ///
     /// # Errors
-    /// No producer listening ("start the producer first"), a refusal, a backend mismatch, a strategy this device
-    /// cannot run ([`FrameError::StrategyUnavailable`]), import errors. When the import fails the consumer tells
+    /// No producer listening ("start the producer first"), a refusal, a backend mismatch, a producer with no
+    /// protocol version in common ([`WireError::VersionRefused`]), a strategy this device cannot run
+    /// ([`FrameError::StrategyUnavailable`]), import errors. When the import fails the consumer tells
     /// the producer (`Detach(ImportFailed)`) before it returns.
     pub fn attach(ctx: &B::Context, socket_path: &Path, options: &AttachOptions) -> Result<Self, FrameError> {
         let conn = connect_waiting(socket_path, options)?;
@@ -137,6 +140,8 @@ impl<B: Backend> Consumer<B> {
             wanted_backend: Some(B::KIND),
             consumer_name: options.name.clone(),
         };
+        // Encoded in version 1, which producers of every release read, announcing the newest version we speak: a
+        // producer that speaks only version 1 offers its pixel frames as before (docs/protocol.md, "Versions").
         if let Err(e) = conn.send(&Message::ClientHello(hello), Vec::new(), left()) {
             // A producer that refuses us at once (its uid check) sends `Refused` and hangs up, maybe before our
             // hello went out: its answer is still queued for us, and says more than the broken pipe.
@@ -145,8 +150,10 @@ impl<B: Backend> Consumer<B> {
             }
             return Err(e.into());
         }
-        let (offer, fds) = match conn.recv(left()) {
-            Ok(answer) => answer.into_ring_offer()?,
+        let (version, (offer, fds)) = match conn.recv(left()) {
+            // A producer answers in the newest version both speak (version 1 for a producer of an older release):
+            // this consumer speaks that one from now on.
+            Ok(answer) => (answer.version, answer.into_ring_offer()?),
             // A producer still running that hangs up before its offer dropped this handshake (it did not make the
             // offer within its handshake timeout): say so, so that the caller may attach again.
             Err(WireError::PeerHungUp { .. }) if conn.peer().pid.is_none_or(still_runs) => {
@@ -160,12 +167,12 @@ impl<B: Backend> Consumer<B> {
             Err(e) => {
                 // Tell the producer why, so its handshake ends now rather than at its deadline.
                 let bye = Detach { consumer_id: offer.consumer_id, reason: DetachReason::ImportFailed };
-                let _ = conn.send(&Message::Detach(bye), Vec::new(), Duration::from_millis(200));
+                let _ = conn.send_in(version, &Message::Detach(bye), Vec::new(), Duration::from_millis(200));
                 return Err(e);
             }
         };
         let next_seq = ring.join_sequence().0;
-        conn.send(&Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), left())?;
+        conn.send_in(version, &Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), left())?;
         let watchdog = Watchdog::start();
         let producer_hung_up = Arc::new(AtomicBool::new(false));
         let published_below_at_hang_up = Arc::new(AtomicU64::new(0));
@@ -206,6 +213,7 @@ impl<B: Backend> Consumer<B> {
             shared,
             conn,
             offer,
+            version,
             next_seq,
             owner: super::owner_token(),
             gpu_timeout: options.gpu_timeout,
@@ -283,9 +291,23 @@ impl<B: Backend> Consumer<B> {
         Ok((strategy, sync, region, ring))
     }
 
-    /// The geometry of every frame.
+    /// What each slot holds: pixel frames, a tensor (dtype, shape, strides) or bare bytes, as the producer
+    /// described it.
+    pub fn slot_layout(&self) -> &SlotLayout {
+        &self.offer.slot_layout
+    }
+
+    /// The geometry of every frame, for code written for rings of pixel frames ([`SlotLayout::pixel_view`]): a
+    /// ring of tensors or bytes is seen as rows of `gray8` bytes covering the slot; [`Consumer::slot_layout`]
+    /// says what the slots really hold.
     pub fn geometry(&self) -> FrameGeometry {
-        self.offer.geometry
+        self.offer.slot_layout.pixel_view()
+    }
+
+    /// The wire protocol version agreed with the producer: [`PROTOCOL_VERSION`] with a producer of this release,
+    /// 1 with one that speaks only version 1 (which offers pixel frames only).
+    pub fn protocol_version(&self) -> u16 {
+        self.version
     }
 
     /// What the producer offered (backend, strategy, slots, ...).
@@ -366,7 +388,7 @@ impl<B: Backend> Consumer<B> {
             seq,
             slot,
             ptr: self.region.ptr().offset(self.offer.data_offset + self.offer.slot_stride_bytes * u64::from(slot.0)),
-            bytes: self.offer.geometry.frame_bytes(),
+            bytes: self.offer.slot_layout.bytes(),
             owner: self.owner,
         })
     }
@@ -404,7 +426,7 @@ impl<B: Backend> Consumer<B> {
     pub fn detach(mut self) {
         if self.leave() {
             let bye = Detach { consumer_id: self.offer.consumer_id, reason: DetachReason::ConsumerDone };
-            let _ = self.conn.send(&Message::Detach(bye), Vec::new(), Duration::from_millis(200));
+            let _ = self.conn.send_in(self.version, &Message::Detach(bye), Vec::new(), Duration::from_millis(200));
         }
     }
 
@@ -513,7 +535,7 @@ fn dropped_handshake(conn: &PeerConnection) -> FrameError {
     if let Ok(answer) = conn.recv(Duration::ZERO)
         && let Message::Refused(refused) = answer.message
     {
-        return WireError::Refused { code: refused.code, message: refused.message }.into();
+        return refused.into_error().into();
     }
     FrameError::Config(
         "the producer dropped this handshake before the consumer joined (it did not end within the producer's \

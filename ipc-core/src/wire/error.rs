@@ -6,6 +6,7 @@ use std::time::Duration;
 use rustix::io::Errno;
 
 use super::message::RefusalCode;
+use super::tensor::LayoutError;
 
 /// Everything that can go wrong while encoding, decoding, sending or receiving a message, or
 /// while setting up the rendezvous socket. Each variant carries what a user needs to act on it.
@@ -23,14 +24,16 @@ pub enum WireError {
     },
     /// The header names a protocol version this build does not implement.
     #[error(
-        "peer speaks wire protocol version {found}, this build speaks {supported}: \
-         build producer and consumers from the same gpu-ipc release"
+        "peer speaks wire protocol version {found}, this build speaks versions {oldest} to {newest}: \
+         use a gpu-ipc release that speaks a version in common with the peer"
     )]
     UnsupportedVersion {
         /// Version in the received header.
         found: u16,
-        /// The version this build implements.
-        supported: u16,
+        /// The oldest version this build implements.
+        oldest: u16,
+        /// The newest version this build implements.
+        newest: u16,
     },
     /// The header names a message type this version does not define.
     #[error("unknown message type code {code}")]
@@ -85,6 +88,27 @@ pub enum WireError {
         field: &'static str,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A slot layout or tensor description breaks one of its rules (too many dimensions, an extent of 0, a
+    /// tensor reaching past its slot, ...).
+    #[error("invalid {field}: {source}")]
+    InvalidLayout {
+        /// Which field or value.
+        field: &'static str,
+        /// The rule it breaks.
+        #[source]
+        source: LayoutError,
+    },
+    /// A message cannot be encoded in the protocol version asked for: a ring whose slots are not pixel frames
+    /// cannot be described in version 1.
+    #[error("{what} cannot be encoded in wire protocol version {version}: it needs version {needs} or later")]
+    NeedsVersion {
+        /// What was being encoded.
+        what: String,
+        /// The version asked for.
+        version: u16,
+        /// The oldest version that can carry it.
+        needs: u16,
     },
     /// A text field is not valid UTF-8.
     #[error("field {field} is not valid UTF-8")]
@@ -189,6 +213,21 @@ pub enum WireError {
         expected: &'static str,
         /// What arrived.
         received: &'static str,
+    },
+    /// The producer refused the consumer's protocol version (`Refused` code 1): it speaks none of the versions
+    /// this build speaks, or its ring needs a newer one than the consumer announced.
+    #[error(
+        "the producer refused this consumer's wire protocol (this build speaks versions {oldest} to {newest}): \
+         {message}. Producer and consumer need a protocol version in common: use the same gpu-ipc release on \
+         both sides, or a release that speaks the version the producer names"
+    )]
+    VersionRefused {
+        /// Why, in words from the producer.
+        message: String,
+        /// The oldest version this build speaks.
+        oldest: u16,
+        /// The newest version this build speaks (what the consumer announced).
+        newest: u16,
     },
     /// The producer refused the consumer.
     #[error("producer refused: {code}: {message}")]

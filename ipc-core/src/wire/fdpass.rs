@@ -34,6 +34,8 @@ use super::types::HandleType;
 pub struct ReceivedMessage {
     /// The message.
     pub message: Message,
+    /// The protocol version it was encoded in (its header's): a consumer answers an offer in the offer's version.
+    pub version: u16,
     /// Its fds (already checked: count, and type where the protocol knows it).
     pub fds: Vec<OwnedFd>,
 }
@@ -71,21 +73,33 @@ impl ReceivedMessage {
                     _ => Err(WireError::FdCountMismatch { message: "RingOffer", expected: offer.fd_count(), received }),
                 }
             }
-            Message::Refused(refused) => Err(WireError::Refused { code: refused.code, message: refused.message }),
+            Message::Refused(refused) => Err(refused.into_error()),
             other => Err(WireError::UnexpectedMessage { expected: "RingOffer", received: other.message_type().name() }),
         }
     }
 }
 
-/// Encodes `message` and sends it with `fds` attached.
+/// Encodes `message` in the oldest version that carries it ([`Message::encode`]) and sends it with `fds` attached;
+/// see [`send_message_in`].
+pub fn send_message(
+    socket: BorrowedFd<'_>,
+    message: &Message,
+    fds: Vec<OwnedFd>,
+    timeout: Duration,
+) -> Result<(), WireError> {
+    send_message_in(socket, message.oldest_version(), message, fds, timeout)
+}
+
+/// Encodes `message` in protocol `version` and sends it with `fds` attached.
 ///
 /// `fds` must be exactly `message.fd_count()` long, in protocol order. They are taken by value
 /// and closed when this returns, whether the send succeeded or not: once the kernel has queued
 /// them the receiver holds its own references, and the exporter must not keep copies (a kept
 /// copy pins the GPU allocation after every importer has gone, and leaks into children). To
 /// send again, export again. NCCL's IPC socket does the same.
-pub fn send_message(
+pub fn send_message_in(
     socket: BorrowedFd<'_>,
+    version: u16,
     message: &Message,
     fds: Vec<OwnedFd>,
     timeout: Duration,
@@ -97,8 +111,8 @@ pub fn send_message(
             received: fds.len(),
         });
     }
-    let bytes = message.encode()?;
-    tracing::debug!(message = message.message_type().name(), bytes = bytes.len(), fds = fds.len(), "sending");
+    let bytes = message.encode_in(version)?;
+    tracing::debug!(message = message.message_type().name(), version, bytes = bytes.len(), fds = fds.len(), "sending");
     send_bytes(socket, &bytes, fds, timeout)
 }
 
@@ -299,7 +313,7 @@ fn finish_message(header: &Header, payload: &[u8], fds: Vec<OwnedFd>) -> Result<
     let message = Message::decode_payload(header, payload)?;
     check_fd_types(&message, &fds)?;
     tracing::debug!(message = name, fds = fds.len(), "received");
-    Ok(ReceivedMessage { message, fds })
+    Ok(ReceivedMessage { message, version: header.version, fds })
 }
 
 fn check_fd_types(message: &Message, fds: &[OwnedFd]) -> Result<(), WireError> {

@@ -11,18 +11,24 @@ mod error;
 mod fdpass;
 mod message;
 mod rendezvous;
+mod slot;
+mod tensor;
 mod types;
 
 pub use crate::driver::DeviceUuid;
 pub use error::WireError;
-pub use fdpass::{MessageReader, OfferFds, ReceivedMessage, recv_bytes, recv_message, send_bytes, send_message};
+pub use fdpass::{
+    MessageReader, OfferFds, ReceivedMessage, recv_bytes, recv_message, send_bytes, send_message, send_message_in,
+};
 pub use message::codec;
 pub use message::{
     Attached, ClientHello, Detach, DetachReason, HEADER_BYTES, Header, IPC_HANDLE_BYTES, IpcHandleBytes, MAGIC,
     MAX_CONSUMER_NAME_BYTES, MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES, MAX_REFUSAL_MESSAGE_BYTES,
-    MAX_STATUS_DETAIL_BYTES, Message, MessageType, OBJECT_OFFER_FIXED_BYTES, ObjectOffer, PROTOCOL_VERSION, PeerState,
-    PeerStatus, RING_OFFER_FIXED_BYTES, RefusalCode, Refused, RingOffer, STATUS_PEER_FIXED_BYTES,
-    STATUS_REPORT_FIXED_BYTES, StatusReport, StatusRequest,
+    MAX_STATUS_DETAIL_BYTES, Message, MessageType, OBJECT_OFFER_FIXED_BYTES, OLDEST_PROTOCOL_VERSION, ObjectOffer,
+    PROTOCOL_VERSION, PeerState, PeerStatus, RING_OFFER_FIXED_BYTES, RING_OFFER_V2_FIXED_BYTES, RefusalCode, Refused,
+    RingOffer, STATUS_PEER_FIXED_BYTES, STATUS_REPORT_FIXED_BYTES, StatusReport, StatusRequest,
 };
 pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener, SocketAccess};
+pub use slot::SlotLayout;
+pub use tensor::{DType, DlpackDtype, LayoutError, MAX_TENSOR_DIMS, MAX_TENSOR_EXTENT, TensorDesc};
 pub use types::{BackendKind, FrameGeometry, HandleType, ObjectKind, PixelFormat, SyncStrategy, UnknownName};

@@ -22,7 +22,7 @@ use rustix::net::{
 use rustix::process::geteuid;
 
 use super::error::WireError;
-use super::fdpass::{Deadline, ReceivedMessage, recv_message, send_message};
+use super::fdpass::{Deadline, ReceivedMessage, recv_message, send_message, send_message_in};
 use super::message::{Message, RefusalCode, Refused};
 use crate::sys::peercred::{RawPeerCred, peer_credentials};
 
@@ -362,9 +362,21 @@ impl PeerConnection {
         self.peer
     }
 
-    /// Sends `message` with `fds` (closed on return; see [`super::send_message`]).
+    /// Sends `message` with `fds` (closed on return; see [`super::send_message`]), in the oldest protocol version
+    /// that carries it.
     pub fn send(&self, message: &Message, fds: Vec<OwnedFd>, timeout: Duration) -> Result<(), WireError> {
         send_message(self.socket.as_fd(), message, fds, timeout)
+    }
+
+    /// Sends `message` with `fds` in protocol `version`: what both sides agreed on at the hello.
+    pub fn send_in(
+        &self,
+        version: u16,
+        message: &Message,
+        fds: Vec<OwnedFd>,
+        timeout: Duration,
+    ) -> Result<(), WireError> {
+        send_message_in(self.socket.as_fd(), version, message, fds, timeout)
     }
 
     /// Receives one message and its fds (see [`super::recv_message`]).

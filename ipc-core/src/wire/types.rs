@@ -356,6 +356,19 @@ impl PixelFormat {
         }
     }
 
+    /// The name protocol.md's table, logs and the command line use (`rgb8`, `rgba-f16`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Rgb8 => "rgb8",
+            Self::Rgba8 => "rgba8",
+            Self::Bgra8 => "bgra8",
+            Self::Gray8 => "gray8",
+            Self::Gray16 => "gray16",
+            Self::RgbaF16 => "rgba-f16",
+            Self::RgbaF32 => "rgba-f32",
+        }
+    }
+
     /// Bytes one pixel occupies.
     pub const fn bytes_per_pixel(self) -> u32 {
         match self {
@@ -374,7 +387,8 @@ impl PixelFormat {
 /// Invariants (checked by [`FrameGeometry::with_pitch`] and on deserialisation): width and height
 /// are non-zero, `pitch_bytes >= width * bytes_per_pixel`, and `pitch_bytes` is a multiple of 4,
 /// so a frame (`pitch_bytes * height`) is a whole number of 32-bit words, which the verify
-/// kernels read.
+/// kernels read; a frame is below 2^63 bytes (what DLPack's signed sizes count). A frame is also a
+/// tensor ([`FrameGeometry::tensor`]); [`SlotLayout`](super::SlotLayout) describes any slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "RawFrameGeometry")]
 pub struct FrameGeometry {
@@ -428,7 +442,17 @@ impl FrameGeometry {
                 reason: format!("pitch {pitch_bytes} is not a multiple of 4"),
             });
         }
+        let frame_bytes = u64::from(pitch_bytes) * u64::from(height);
+        if frame_bytes > i64::MAX as u64 {
+            return Err(invalid_geometry("a frame of 2^63 bytes or more"));
+        }
         Ok(Self { width, height, pitch_bytes, pixel_format })
+    }
+
+    /// Rows of `width` gray8 pixels, packed: the caller guarantees a width that is a multiple of 4 (at least 4), a
+    /// height of at least 1, and `width * height` below 2^63 (see `SlotLayout::pixel_view`).
+    pub(super) const fn gray8_rows(width: u32, height: u32) -> Self {
+        Self { width, height, pitch_bytes: width, pixel_format: PixelFormat::Gray8 }
     }
 
     /// Pixels per row.

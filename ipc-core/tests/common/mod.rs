@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod chaos;
+pub mod door_client;
 pub mod python;
 
 use std::path::PathBuf;

@@ -117,8 +117,9 @@ pub fn wrong_header(path: &Path) -> Verdict {
     all(vec![
         ("magic", send_then_hang_up(path, &patched_hello(|b| b[0] ^= 0xff), Vec::new())),
         (
-            "version 2",
-            send_then_hang_up(path, &patched_hello(|b| b[8..10].copy_from_slice(&2u16.to_le_bytes())), Vec::new()),
+            // Versions 1 and 2 are spoken: 3 is the first this build does not.
+            "version 3",
+            send_then_hang_up(path, &patched_hello(|b| b[8..10].copy_from_slice(&3u16.to_le_bytes())), Vec::new()),
         ),
         (
             "type 99",

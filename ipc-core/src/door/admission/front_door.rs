@@ -18,7 +18,7 @@ use super::{
     OfferKit, PANIC_WINDOW, Records, SEND_TIMEOUT,
 };
 use crate::wire::{
-    Attached, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, MessageReader, PeerCredentials, RefusalCode, Refused,
+    Attached, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, PeerCredentials, RefusalCode, Refused,
     RendezvousListener, StatusReport, WireError,
 };
 
@@ -157,13 +157,7 @@ impl<R: Records> FrontDoor<R> {
             match self.listener.accept(Duration::ZERO) {
                 Ok(conn) => {
                     let accepted = Instant::now();
-                    self.pending.push(Handshake {
-                        conn,
-                        reader: MessageReader::new(),
-                        accepted,
-                        deadline: accepted + self.config.handshake_timeout,
-                        stage: Stage::Hello,
-                    });
+                    self.pending.push(Handshake::new(conn, accepted, accepted + self.config.handshake_timeout));
                 }
                 Err(WireError::Timeout { .. }) => return,
                 // The listener has told the peer why (`Refused`, code 4) and logged it.
@@ -240,7 +234,7 @@ impl<R: Records> FrontDoor<R> {
                 Ok(Some(received)) => received,
                 Err(e) => break Err(read_failure(handshake.stage, e)),
             };
-            match self.advance(index, received.message) {
+            match self.advance(index, received.message, received.version) {
                 Ok(false) => {}
                 other => break other,
             }
@@ -270,13 +264,18 @@ impl<R: Records> FrontDoor<R> {
         }
     }
 
-    /// Handles one message of handshake `index`: `Ok(true)` when the consumer is attached.
-    fn advance(&mut self, index: usize, message: Message) -> Result<bool, Failure> {
+    /// Handles one message of handshake `index`, received in protocol `version`: `Ok(true)` when the consumer is
+    /// attached.
+    fn advance(&mut self, index: usize, message: Message, version: u16) -> Result<bool, Failure> {
         let Some((stage, peer)) = self.pending.get(index).map(|h| (h.stage, h.conn.peer())) else {
             return Ok(false);
         };
         match (stage, message) {
             (Stage::Hello, Message::ClientHello(hello)) => {
+                // From here on, answers go out in the version agreed with the hello (refusals too).
+                if let Some(handshake) = self.pending.get_mut(index) {
+                    handshake.version = hello.agreed_version();
+                }
                 let pid = self.admit_hello(peer, &hello)?;
                 let token = self.next_token;
                 self.next_token += 1;
@@ -304,7 +303,8 @@ impl<R: Records> FrontDoor<R> {
                     peers: self.records.peers(),
                 };
                 if let Some(handshake) = self.pending.get(index) {
-                    handshake.conn.send(&Message::StatusReport(report), Vec::new(), SEND_TIMEOUT)?;
+                    // In the request's version: the asker reads that one.
+                    handshake.conn.send_in(version, &Message::StatusReport(report), Vec::new(), SEND_TIMEOUT)?;
                 }
                 tracing::debug!(pid = peer.pid, "status served");
                 // Done: the connection closes without a record ever having been taken.
@@ -335,6 +335,9 @@ impl<R: Records> FrontDoor<R> {
                 hello.object, hello.object
             );
             return Err(Failure::refuse(RefusalCode::WrongObject, message));
+        }
+        if let Some(words) = self.records.refuse_version(hello.protocol_version) {
+            return Err(Failure::refuse(RefusalCode::UnsupportedVersion, words));
         }
         if let Some(wanted) = hello.wanted_backend
             && wanted != self.config.backend
@@ -377,7 +380,7 @@ impl<R: Records> FrontDoor<R> {
                 let sent = self.pending.get_mut(index).map(|handshake| {
                     // The record is the handshake's from here: a failure gives it back.
                     handshake.stage = Stage::Attached(id);
-                    handshake.conn.send(&message, fds, SEND_TIMEOUT)
+                    handshake.conn.send_in(handshake.version, &message, fds, SEND_TIMEOUT)
                 });
                 match sent {
                     Some(Err(e)) => Err(Failure::from(e)),
@@ -398,7 +401,7 @@ impl<R: Records> FrontDoor<R> {
         if let Some(code) = failure.refusal {
             let refusal = Refused { code, message: truncate(&failure.reason, MAX_REFUSAL_MESSAGE_BYTES) };
             // Best effort: the peer may be gone already.
-            let _ = handshake.conn.send(&Message::Refused(refusal), Vec::new(), SEND_TIMEOUT);
+            let _ = handshake.conn.send_in(handshake.version, &Message::Refused(refusal), Vec::new(), SEND_TIMEOUT);
             handshake.conn.discard_unread();
         }
         let record = handshake.stage.record();

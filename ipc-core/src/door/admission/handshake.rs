@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::wire::{MessageReader, PeerConnection, RefusalCode, WireError};
+use crate::wire::{MessageReader, OLDEST_PROTOCOL_VERSION, PeerConnection, RefusalCode, WireError};
 
 /// Where a handshake stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,22 @@ pub(super) struct Handshake<I> {
     pub(super) accepted: Instant,
     pub(super) deadline: Instant,
     pub(super) stage: Stage<I>,
+    /// The protocol version the answers go out in: the oldest until a valid hello, then the one agreed with it.
+    pub(super) version: u16,
+}
+
+impl<I> Handshake<I> {
+    /// A handshake at its start: waiting for the hello, until `deadline`.
+    pub(super) fn new(conn: PeerConnection, accepted: Instant, deadline: Instant) -> Self {
+        Self {
+            conn,
+            reader: MessageReader::new(),
+            accepted,
+            deadline,
+            stage: Stage::Hello,
+            version: OLDEST_PROTOCOL_VERSION,
+        }
+    }
 }
 
 /// Why a handshake ended without a consumer, and what to tell the peer.
@@ -59,11 +75,12 @@ impl From<WireError> for Failure {
 /// the socket failed; after the hello the connection is just closed.
 pub(super) fn read_failure<I>(stage: Stage<I>, error: WireError) -> Failure {
     match (stage, error) {
-        (Stage::Hello, WireError::UnsupportedVersion { found, supported }) => Failure::refuse(
+        (Stage::Hello, WireError::UnsupportedVersion { found, oldest, newest }) => Failure::refuse(
             RefusalCode::UnsupportedVersion,
             format!(
-                "this producer speaks wire protocol version {supported} only, the message was version {found}: \
-                 use a consumer of the same gpu-ipc protocol version"
+                "this producer speaks wire protocol versions {oldest} to {newest}, the message was version \
+                 {found}: send the hello in version 1, announcing the newest version you speak in its \
+                 protocol_version field"
             ),
         ),
         (Stage::Hello, error @ (WireError::PeerHungUp { .. } | WireError::Os { .. })) => Failure::from(error),

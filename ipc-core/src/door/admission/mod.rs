@@ -81,6 +81,13 @@ pub(crate) trait Records: Send + Sync + 'static {
     fn mark_dead(&self, id: Self::Id) -> Result<(), String>;
     /// Who is attached, as the owner knows it: the answer to a `StatusRequest` (`gpu-ipc ps`).
     fn peers(&self) -> Vec<PeerStatus>;
+    /// The words of a refusal (`Refused` code 1) for a client whose hello announces protocol version `speaks`, when
+    /// that is too old for what the socket serves (a ring of tensors needs version 2); `None` serves it. Default:
+    /// every version this build speaks is enough.
+    fn refuse_version(&self, speaks: u16) -> Option<String> {
+        let _ = speaks;
+        None
+    }
 }
 
 /// What the admission thread tells the producer.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::wire::{FrameGeometry, SocketAccess, SyncStrategy};
+use crate::wire::{SlotLayout, SocketAccess, SyncStrategy};
 
 /// How a producer sets up its ring.
 #[derive(Debug, Clone)]
@@ -13,8 +13,10 @@ pub struct ProducerConfig {
     /// Who may attach: the socket file's mode and group and the uid check on each consumer (default: the
     /// producer's user alone). See [`SocketAccess`] for serving consumers of other users.
     pub access: SocketAccess,
-    /// Layout of each frame.
-    pub geometry: FrameGeometry,
+    /// What each slot holds: pixel frames ([`FrameGeometry`](crate::wire::FrameGeometry)), a tensor
+    /// ([`TensorDesc`](crate::wire::TensorDesc)) or bare bytes. A ring of pixel frames serves consumers of every
+    /// protocol version; any other needs consumers of version 2 (older ones are refused, told why).
+    pub slot_layout: SlotLayout,
     /// Number of slots (1 to 32; 2 to 4 lets the producer work ahead of the consumers).
     pub slots: u32,
     /// How producer and consumers wait for each other.
@@ -39,12 +41,14 @@ pub struct ProducerConfig {
 
 impl ProducerConfig {
     /// A configuration with the usual defaults (16 consumers, 20 us sleeps, 10 s handshakes, 64 in flight, slow
-    /// consumers waited for, 10 s bound on waits for GPU work).
-    pub fn new(socket_path: impl Into<PathBuf>, geometry: FrameGeometry, slots: u32, sync: SyncStrategy) -> Self {
+    /// consumers waited for, 10 s bound on waits for GPU work). `slot` is what each slot holds: a
+    /// [`FrameGeometry`](crate::wire::FrameGeometry) for a ring of pixel frames, a
+    /// [`TensorDesc`](crate::wire::TensorDesc) for a ring of tensors, or any [`SlotLayout`].
+    pub fn new(socket_path: impl Into<PathBuf>, slot: impl Into<SlotLayout>, slots: u32, sync: SyncStrategy) -> Self {
         Self {
             socket_path: socket_path.into(),
             access: SocketAccess::default(),
-            geometry,
+            slot_layout: slot.into(),
             slots,
             sync,
             max_consumers: 16,

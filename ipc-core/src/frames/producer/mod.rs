@@ -20,7 +20,7 @@ use crate::frames::strategy::{ProducerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, Sequence};
-use crate::wire::{Detach, DetachReason, DeviceUuid, Message, RendezvousListener};
+use crate::wire::{Detach, DetachReason, DeviceUuid, Message, RendezvousListener, SlotLayout};
 
 /// The producing end of a frame ring.
 pub struct Producer<B: Backend> {
@@ -82,7 +82,7 @@ impl<B: Backend> Producer<B> {
             RingConfig { slot_count: config.slots, max_consumers: config.max_consumers, generation },
             LivenessPolicy::default(),
         )?);
-        let stride = super::slot_stride(config.geometry.frame_bytes());
+        let stride = super::slot_stride(config.slot_layout.bytes());
         let region = Arc::new(B::allocate(ctx, stride * u64::from(config.slots))?);
         let device_uuid = match cuda {
             Some(c) => c.device().uuid()?,
@@ -96,7 +96,7 @@ impl<B: Backend> Producer<B> {
             sleep_interval: config.sleep_interval,
         })?;
         let listener = RendezvousListener::bind_with(&config.socket_path, &config.access)?;
-        let records = Arc::new(RingRecords::new(ring.clone()));
+        let records = Arc::new(RingRecords::new(ring.clone(), config.slot_layout.clone()));
         let admission = Admission::start(
             listener,
             records.clone(),
@@ -111,7 +111,7 @@ impl<B: Backend> Producer<B> {
             backend = B::KIND.name(),
             sync = %strategy.kind(),
             slots = config.slots,
-            frame_bytes = config.geometry.frame_bytes(),
+            slot = %config.slot_layout,
             path = %config.socket_path.display(),
             "producer ready"
         );
@@ -189,6 +189,12 @@ impl<B: Backend> Producer<B> {
         }
     }
 
+    /// What each slot holds (pixel frames, a tensor, bytes): what consumers find in [`Consumer::slot_layout`](
+    /// crate::frames::Consumer::slot_layout).
+    pub fn slot_layout(&self) -> &SlotLayout {
+        &self.config.slot_layout
+    }
+
     /// The exported allocation that holds every slot.
     pub fn region(&self) -> &B::Exported {
         &self.region
@@ -261,7 +267,7 @@ impl<B: Backend> Producer<B> {
             seq: Sequence(seq),
             slot,
             ptr: self.region.ptr().offset(self.stride * u64::from(slot.0)),
-            bytes: self.config.geometry.frame_bytes(),
+            bytes: self.config.slot_layout.bytes(),
             owner: self.owner,
         })
     }

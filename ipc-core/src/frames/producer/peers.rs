@@ -16,7 +16,7 @@ use crate::frames::strategy::ProducerSide;
 use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
 use crate::ring::{ConsumerId, ProducerControl, RingError, monotonic_ns};
 use crate::wire::{
-    Message, ObjectKind, PeerConnection, PeerCredentials, PeerState, PeerStatus, RefusalCode, RingOffer,
+    Message, ObjectKind, PeerConnection, PeerCredentials, PeerState, PeerStatus, RefusalCode, RingOffer, SlotLayout,
 };
 
 /// A consumer's valid hello, waiting for the producer to take a record for it.
@@ -223,7 +223,7 @@ impl<B: Backend> Producer<B> {
             producer_pid: std::process::id(),
             generation: self.generation,
             consumer_id: id.index(),
-            geometry: self.config.geometry,
+            slot_layout: self.config.slot_layout.clone(),
             slot_count: self.config.slots,
             slot_stride_bytes: self.stride,
             data_offset: 0,
@@ -293,6 +293,8 @@ impl<B: Backend> Producer<B> {
 pub(crate) struct RingRecords {
     pub(crate) ring: Arc<ProducerControl>,
     book: Mutex<HashMap<u32, Introduction>>,
+    /// What the slots hold: a consumer must speak a protocol version that describes it.
+    layout: SlotLayout,
 }
 
 /// What a consumer said of itself, for the record it holds in one epoch.
@@ -305,8 +307,8 @@ struct Introduction {
 }
 
 impl RingRecords {
-    pub(crate) fn new(ring: Arc<ProducerControl>) -> Self {
-        Self { ring, book: Mutex::default() }
+    pub(crate) fn new(ring: Arc<ProducerControl>, layout: SlotLayout) -> Self {
+        Self { ring, book: Mutex::default(), layout }
     }
 
     /// Notes who took record `id`.
@@ -335,6 +337,18 @@ impl crate::door::admission::Records for RingRecords {
 
     fn mark_dead(&self, id: ConsumerId) -> Result<(), String> {
         self.ring.mark_consumer_dead(id).map_err(|e| e.to_string())
+    }
+
+    fn refuse_version(&self, speaks: u16) -> Option<String> {
+        let needs = self.layout.oldest_version();
+        (speaks < needs).then(|| {
+            format!(
+                "this ring carries tensors, not pixel frames (its slots hold {}), which wire protocol version \
+                 {speaks} cannot describe: the consumer needs protocol version {needs} (a gpu-ipc release that reads \
+                 tensor rings)",
+                self.layout
+            )
+        })
     }
 
     fn peers(&self) -> Vec<PeerStatus> {

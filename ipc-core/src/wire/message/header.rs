@@ -1,13 +1,13 @@
 //! The fixed 24-byte header in front of every payload.
 
 use super::codec::{Reader, put_u16, put_u32};
-use super::{MAGIC, MAX_PAYLOAD_BYTES, MessageType, PROTOCOL_VERSION};
+use super::{MAGIC, MAX_PAYLOAD_BYTES, MessageType, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use crate::wire::error::WireError;
 
 /// The fixed 24-byte header in front of every payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
-    /// Version the message is encoded in.
+    /// Version the message is encoded in ([`OLDEST_PROTOCOL_VERSION`] to [`PROTOCOL_VERSION`]).
     pub version: u16,
     /// What the payload is.
     pub message_type: MessageType,
@@ -32,8 +32,12 @@ impl Header {
         let payload_len = r.u32()?;
         let fd_count = r.u32()?;
         let reserved = r.u32()?;
-        if version != PROTOCOL_VERSION {
-            return Err(WireError::UnsupportedVersion { found: version, supported: PROTOCOL_VERSION });
+        if !(OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
+            return Err(WireError::UnsupportedVersion {
+                found: version,
+                oldest: OLDEST_PROTOCOL_VERSION,
+                newest: PROTOCOL_VERSION,
+            });
         }
         if reserved != 0 {
             return Err(WireError::ReservedNotZero { field: "header.reserved" });

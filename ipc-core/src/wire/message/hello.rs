@@ -1,14 +1,15 @@
 //! What a consumer says: [`ClientHello`], [`Attached`], [`Detach`], and the hello's payload codec.
 
 use super::codec::{Reader, check_text, len_u16, put_u16, put_u32};
-use super::{DetachReason, MAX_CONSUMER_NAME_BYTES};
+use super::{DetachReason, MAX_CONSUMER_NAME_BYTES, PROTOCOL_VERSION};
 use crate::wire::error::WireError;
 use crate::wire::types::{BackendKind, ObjectKind};
 
 /// Consumer -> producer: who is asking and what it wants.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientHello {
-    /// Highest protocol version the consumer speaks (at least 1).
+    /// Highest protocol version the client speaks (at least 1, and at least the version the hello is encoded in);
+    /// the answer comes in [`ClientHello::agreed_version`].
     pub protocol_version: u16,
     /// The consumer's pid, as it sees itself (the producer trusts `SO_PEERCRED` instead; this
     /// one is for logs and for spotting a PID-namespace boundary).
@@ -20,6 +21,14 @@ pub struct ClientHello {
     /// What the client expects the socket to serve (a ring unless it says otherwise; the field was a reserved
     /// zero before the toolkit's other objects existed, so every older ring consumer says "ring").
     pub object: ObjectKind,
+}
+
+impl ClientHello {
+    /// The version both sides speak from the answer to this hello on: the older of the one it announces and this
+    /// build's newest ([`PROTOCOL_VERSION`]).
+    pub fn agreed_version(&self) -> u16 {
+        self.protocol_version.clamp(1, PROTOCOL_VERSION)
+    }
 }
 
 /// Consumer -> producer: the ring is imported; count this consumer in back-pressure from now on.

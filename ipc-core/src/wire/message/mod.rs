@@ -16,7 +16,7 @@ pub use codes::{DetachReason, MessageType, RefusalCode};
 pub use header::Header;
 pub use hello::{Attached, ClientHello, Detach};
 pub use object::{OBJECT_OFFER_FIXED_BYTES, ObjectOffer};
-pub use offer::{Refused, RingOffer};
+pub use offer::{RING_OFFER_V2_FIXED_BYTES, Refused, RingOffer};
 pub use status::{
     MAX_STATUS_DETAIL_BYTES, PeerState, PeerStatus, STATUS_PEER_FIXED_BYTES, STATUS_REPORT_FIXED_BYTES, StatusReport,
     StatusRequest,
@@ -32,8 +32,11 @@ use super::error::WireError;
 
 /// The first 8 bytes of every message. `\r\n` catches a peer or proxy that mangles line endings.
 pub const MAGIC: [u8; 8] = *b"GPUIPC\r\n";
-/// The protocol version this build speaks (header offset 8).
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The newest protocol version this build speaks (header offset 8): what its consumers announce in their hello
+/// (`ClientHello::protocol_version`). Version 2 describes slots of any tensor; version 1, pixel frames only.
+pub const PROTOCOL_VERSION: u16 = 2;
+/// The oldest protocol version this build speaks: it serves, and attaches to, peers of version 1 too.
+pub const OLDEST_PROTOCOL_VERSION: u16 = 1;
 /// Size of the fixed header that precedes every payload.
 pub const HEADER_BYTES: usize = 24;
 /// Largest payload accepted; a header announcing more is rejected before anything is allocated.
@@ -47,7 +50,8 @@ pub const MAX_CONSUMER_NAME_BYTES: usize = 64;
 pub const MAX_REFUSAL_MESSAGE_BYTES: usize = 1024;
 /// Size of a CUDA IPC handle (`CUipcMemHandle`, `CUipcEventHandle`).
 pub const IPC_HANDLE_BYTES: usize = 64;
-/// Fixed part of a [`RingOffer`] payload; event handles follow it.
+/// Fixed part of a version-1 [`RingOffer`] payload; event handles follow it (version 2: see
+/// [`RING_OFFER_V2_FIXED_BYTES`]).
 pub const RING_OFFER_FIXED_BYTES: usize = 168;
 
 /// A 64-byte CUDA IPC handle, opaque to the protocol.
@@ -99,13 +103,40 @@ impl Message {
         }
     }
 
-    /// Encodes header and payload; fails if a field is out of range (the same checks decoding
-    /// applies, so whatever encodes also decodes).
+    /// The oldest protocol version that can carry this message: 1, except for a [`RingOffer`] whose slots are not
+    /// pixel frames (2).
+    pub const fn oldest_version(&self) -> u16 {
+        match self {
+            Self::RingOffer(offer) => offer.oldest_version(),
+            _ => OLDEST_PROTOCOL_VERSION,
+        }
+    }
+
+    /// Encodes header and payload in [`Message::oldest_version`], which every peer that can read the message
+    /// reads (a consumer's hello goes out so: version 1, announcing [`PROTOCOL_VERSION`] in its field); fails if a
+    /// field is out of range (the same checks decoding applies, so whatever encodes also decodes).
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        self.encode_in(self.oldest_version())
+    }
+
+    /// Encodes header and payload in protocol `version`: what a peer sends once both agreed on a version.
+    ///
+    /// # Errors
+    /// [`WireError::UnsupportedVersion`] for a version this build does not speak, [`WireError::NeedsVersion`] for
+    /// a message the version cannot carry (an offer of tensor slots in version 1), and the field checks of
+    /// [`Message::encode`].
+    pub fn encode_in(&self, version: u16) -> Result<Vec<u8>, WireError> {
+        if !(OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
+            return Err(WireError::UnsupportedVersion {
+                found: version,
+                oldest: OLDEST_PROTOCOL_VERSION,
+                newest: PROTOCOL_VERSION,
+            });
+        }
         let mut payload = Vec::new();
         match self {
             Self::ClientHello(hello) => encode_hello(hello, &mut payload)?,
-            Self::RingOffer(offer) => encode_offer(offer, &mut payload)?,
+            Self::RingOffer(offer) => encode_offer(offer, version, &mut payload)?,
             Self::ObjectOffer(offer) => encode_object_offer(offer, &mut payload)?,
             Self::StatusRequest(StatusRequest) => put_u32(&mut payload, 0),
             Self::StatusReport(report) => encode_status_report(report, &mut payload)?,
@@ -130,12 +161,8 @@ impl Message {
             .ok()
             .filter(|len| *len <= MAX_PAYLOAD_BYTES)
             .ok_or(WireError::PayloadTooLarge { len: len_u32(payload.len()), max: MAX_PAYLOAD_BYTES })?;
-        let header = Header {
-            version: PROTOCOL_VERSION,
-            message_type: self.message_type(),
-            payload_len,
-            fd_count: len_u32(self.fd_count()),
-        };
+        let header =
+            Header { version, message_type: self.message_type(), payload_len, fd_count: len_u32(self.fd_count()) };
         let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
         header.encode_into(&mut out);
         out.extend_from_slice(&payload);
@@ -156,8 +183,8 @@ impl Message {
         Self::decode_payload(&header, payload)
     }
 
-    /// Decodes a payload whose header has already been decoded; checks that the header's fd
-    /// count is the one the message requires.
+    /// Decodes a payload whose header has already been decoded, in the header's version; checks that the
+    /// header's fd count is the one the message requires, and that a hello is encoded in a version it announces.
     pub fn decode_payload(header: &Header, payload: &[u8]) -> Result<Self, WireError> {
         let name = header.message_type.name();
         if payload.len() != header.payload_len as usize {
@@ -168,8 +195,20 @@ impl Message {
         }
         let mut r = Reader::new(payload, name);
         let message = match header.message_type {
-            MessageType::ClientHello => Self::ClientHello(decode_hello(&mut r)?),
-            MessageType::RingOffer => Self::RingOffer(decode_offer(&mut r)?),
+            MessageType::ClientHello => {
+                let hello = decode_hello(&mut r)?;
+                if hello.protocol_version < header.version {
+                    return Err(WireError::InvalidField {
+                        field: "ClientHello.protocol_version",
+                        reason: format!(
+                            "announces version {}, older than the version {} the hello is encoded in",
+                            hello.protocol_version, header.version
+                        ),
+                    });
+                }
+                Self::ClientHello(hello)
+            }
+            MessageType::RingOffer => Self::RingOffer(decode_offer(&mut r, header.version)?),
             MessageType::ObjectOffer => Self::ObjectOffer(decode_object_offer(&mut r)?),
             MessageType::StatusRequest => {
                 r.reserved_u32("StatusRequest.reserved")?;

@@ -4,6 +4,8 @@ use super::codec::{Reader, len_u32, put_u16, put_u32, put_u64};
 use super::{IPC_HANDLE_BYTES, IpcHandleBytes, RefusalCode};
 use crate::wire::DeviceUuid;
 use crate::wire::error::WireError;
+use crate::wire::slot::SlotLayout;
+use crate::wire::tensor::{DType, LayoutError, MAX_TENSOR_DIMS, TensorDesc};
 use crate::wire::types::{BackendKind, FrameGeometry, HandleType, PixelFormat, SyncStrategy};
 
 /// Producer -> consumer: everything needed to import and use the ring.
@@ -29,11 +31,11 @@ pub struct RingOffer {
     pub generation: u64,
     /// The place in the control block assigned to this consumer.
     pub consumer_id: u32,
-    /// Frame layout inside each slot.
-    pub geometry: FrameGeometry,
+    /// What each slot holds: pixel frames (protocol version 1 and later), or any tensor or bare bytes (version 2).
+    pub slot_layout: SlotLayout,
     /// Number of frame slots (at least 1).
     pub slot_count: u32,
-    /// Bytes from one slot's start to the next (at least `geometry.frame_bytes()`, multiple of 4).
+    /// Bytes from one slot's start to the next (at least `slot_layout.bytes()`, multiple of 4).
     pub slot_stride_bytes: u64,
     /// Offset of slot 0 inside the allocation (multiple of 4).
     pub data_offset: u64,
@@ -64,6 +66,11 @@ impl RingOffer {
     /// Number of fds this offer travels with: 1, or 2 when the data travels as an fd.
     pub const fn fd_count(&self) -> usize {
         if self.handle_type.carries_data_fd() { 2 } else { 1 }
+    }
+
+    /// The oldest protocol version that can carry this offer: 1 for a ring of pixel frames, else 2.
+    pub const fn oldest_version(&self) -> u16 {
+        self.slot_layout.oldest_version()
     }
 
     /// Checks the fields against each other (called by both encode and decode).
@@ -103,13 +110,13 @@ impl RingOffer {
                 ),
             ));
         }
-        if self.slot_stride_bytes < self.geometry.frame_bytes() || !self.slot_stride_bytes.is_multiple_of(4) {
+        if self.slot_stride_bytes < self.slot_layout.bytes() || !self.slot_stride_bytes.is_multiple_of(4) {
             return Err(invalid(
                 "RingOffer.slot_stride_bytes",
                 format!(
-                    "{} must be a multiple of 4 and at least the frame size {}",
+                    "{} must be a multiple of 4 and at least the slot size {}",
                     self.slot_stride_bytes,
-                    self.geometry.frame_bytes()
+                    self.slot_layout.bytes()
                 ),
             ));
         }
@@ -157,19 +164,51 @@ pub struct Refused {
     pub message: String,
 }
 
-pub(super) fn encode_offer(offer: &RingOffer, out: &mut Vec<u8>) -> Result<(), WireError> {
+impl Refused {
+    /// The error a client reports for this refusal: [`WireError::VersionRefused`] for code 1 (unsupported protocol
+    /// version: it says what to do), [`WireError::Refused`] for the others.
+    pub fn into_error(self) -> WireError {
+        match self.code {
+            RefusalCode::UnsupportedVersion => WireError::VersionRefused {
+                message: self.message,
+                oldest: super::OLDEST_PROTOCOL_VERSION,
+                newest: super::PROTOCOL_VERSION,
+            },
+            code => WireError::Refused { code, message: self.message },
+        }
+    }
+}
+
+/// Fixed part of a version-2 [`RingOffer`] payload: the version-1 fields, then the slot layout's 16 fixed bytes;
+/// the shape and strides (8 bytes each per dimension) and the event handles follow it.
+pub const RING_OFFER_V2_FIXED_BYTES: usize = super::RING_OFFER_FIXED_BYTES + SLOT_LAYOUT_FIXED_BYTES;
+/// The slot layout's fixed bytes in a version-2 offer: slot_bytes, dtype, ndim, tensor_flags, reserved.
+const SLOT_LAYOUT_FIXED_BYTES: usize = 16;
+/// `tensor_flags` bit 0: strides follow the shape.
+const STRIDES_PRESENT: u8 = 1;
+
+/// Encodes `offer` in `version` (1 or 2; the caller checked that the version can carry it).
+pub(super) fn encode_offer(offer: &RingOffer, version: u16, out: &mut Vec<u8>) -> Result<(), WireError> {
     offer.validate()?;
+    let frame = offer.slot_layout.frame_geometry();
+    if version < offer.oldest_version() {
+        return Err(WireError::NeedsVersion {
+            what: format!("a RingOffer of {}", offer.slot_layout),
+            version,
+            needs: offer.oldest_version(),
+        });
+    }
     put_u16(out, offer.backend.code());
     put_u16(out, offer.handle_type.code());
     put_u16(out, offer.sync.code());
-    put_u16(out, offer.geometry.pixel_format().code());
+    put_u16(out, frame.map_or(0, |g| g.pixel_format().code()));
     out.extend_from_slice(&offer.device_uuid.0);
     put_u32(out, offer.producer_pid);
     put_u32(out, offer.consumer_id);
     put_u64(out, offer.generation);
-    put_u32(out, offer.geometry.width());
-    put_u32(out, offer.geometry.height());
-    put_u32(out, offer.geometry.pitch_bytes());
+    put_u32(out, frame.map_or(0, |g| g.width()));
+    put_u32(out, frame.map_or(0, |g| g.height()));
+    put_u32(out, frame.map_or(0, |g| g.pitch_bytes()));
     put_u32(out, offer.slot_count);
     put_u64(out, offer.slot_stride_bytes);
     put_u64(out, offer.data_offset);
@@ -179,25 +218,60 @@ pub(super) fn encode_offer(offer: &RingOffer, out: &mut Vec<u8>) -> Result<(), W
     put_u32(out, u32::from(offer.legacy_mem_handle.is_some()));
     put_u32(out, len_u32(offer.event_handles.len()));
     out.extend_from_slice(&offer.legacy_mem_handle.unwrap_or([0; IPC_HANDLE_BYTES]));
+    if version >= 2 {
+        encode_slot_layout(&offer.slot_layout, out);
+    }
     for handle in &offer.event_handles {
         out.extend_from_slice(handle);
     }
     Ok(())
 }
 
-pub(super) fn decode_offer(r: &mut Reader<'_>) -> Result<RingOffer, WireError> {
+/// The version-2 slot layout section: slot_bytes, dtype (0: none), ndim, tensor_flags, reserved, shape, strides.
+fn encode_slot_layout(layout: &SlotLayout, out: &mut Vec<u8>) {
+    put_u64(out, layout.bytes());
+    let tensor = layout.tensor();
+    put_u16(out, tensor.map_or(0, |t| t.dtype().code()));
+    // At most MAX_TENSOR_DIMS (8) dimensions.
+    out.push(tensor.map_or(0, |t| t.ndim() as u8));
+    out.push(tensor.and_then(TensorDesc::strides).map_or(0, |_| STRIDES_PRESENT));
+    put_u32(out, 0);
+    if let Some(tensor) = tensor {
+        for &extent in tensor.shape().iter().chain(tensor.strides().unwrap_or_default()) {
+            put_u64(out, extent);
+        }
+    }
+}
+
+/// Decodes an offer of `version` (1 or 2; the header was checked).
+pub(super) fn decode_offer(r: &mut Reader<'_>, version: u16) -> Result<RingOffer, WireError> {
     let backend = BackendKind::from_code(r.u16()?, "RingOffer.backend")?;
     let handle_type = HandleType::from_code(r.u16()?, "RingOffer.handle_type")?;
     let sync = SyncStrategy::from_code(r.u16()?, "RingOffer.sync")?;
-    let pixel_format = PixelFormat::from_code(r.u16()?, "RingOffer.pixel_format")?;
+    let pixel_code = r.u16()?;
+    // Version 2 says 0 for slots that are not pixel frames.
+    let pixel_format = match pixel_code {
+        0 if version >= 2 => None,
+        code => Some(PixelFormat::from_code(code, "RingOffer.pixel_format")?),
+    };
     let device_uuid = DeviceUuid(r.array::<16>()?);
     let producer_pid = r.u32()?;
     let consumer_id = r.u32()?;
     let generation = r.u64()?;
-    let width = r.u32()?;
-    let height = r.u32()?;
-    let pitch_bytes = r.u32()?;
-    let geometry = FrameGeometry::with_pitch(width, height, pitch_bytes, pixel_format)?;
+    let (width, height, pitch_bytes) = (r.u32()?, r.u32()?, r.u32()?);
+    let frame = match pixel_format {
+        Some(format) => Some(FrameGeometry::with_pitch(width, height, pitch_bytes, format)?),
+        None if (width, height, pitch_bytes) != (0, 0, 0) => {
+            return Err(WireError::InvalidField {
+                field: "RingOffer.width",
+                reason: format!(
+                    "width, height and pitch_bytes must be 0 when pixel_format is 0 (got {width}, {height}, \
+                     {pitch_bytes})"
+                ),
+            });
+        }
+        None => None,
+    };
     let slot_count = r.u32()?;
     let slot_stride_bytes = r.u64()?;
     let data_offset = r.u64()?;
@@ -214,6 +288,23 @@ pub(super) fn decode_offer(r: &mut Reader<'_>) -> Result<RingOffer, WireError> {
         return Err(WireError::ReservedNotZero { field: "RingOffer.legacy_mem_handle" });
     }
     let legacy_mem_handle = (flags & 1 != 0).then_some(legacy);
+    let slot_layout = match (version >= 2, frame) {
+        (false, Some(frame)) => SlotLayout::frames(frame),
+        (true, frame) => {
+            let layout = decode_slot_layout(r)?;
+            match frame {
+                Some(frame) => {
+                    layout
+                        .check_is_frame(frame)
+                        .map_err(|source| WireError::InvalidLayout { field: "RingOffer.slot_layout", source })?;
+                    SlotLayout::frames(frame)
+                }
+                None => layout,
+            }
+        }
+        // Version 1 always has a pixel format (checked above).
+        (false, None) => return Err(WireError::UnknownCode { field: "RingOffer.pixel_format", code: 0 }),
+    };
     // Bound the count by the bytes actually present before allocating for it.
     let needed = event_count.saturating_mul(IPC_HANDLE_BYTES);
     if needed > r.remaining() {
@@ -231,7 +322,7 @@ pub(super) fn decode_offer(r: &mut Reader<'_>) -> Result<RingOffer, WireError> {
         producer_pid,
         generation,
         consumer_id,
-        geometry,
+        slot_layout,
         slot_count,
         slot_stride_bytes,
         data_offset,
@@ -243,4 +334,46 @@ pub(super) fn decode_offer(r: &mut Reader<'_>) -> Result<RingOffer, WireError> {
     };
     offer.validate()?;
     Ok(offer)
+}
+
+/// The version-2 slot layout section (see [`encode_slot_layout`]), every rule checked.
+fn decode_slot_layout(r: &mut Reader<'_>) -> Result<SlotLayout, WireError> {
+    let bytes = r.u64()?;
+    let dtype_code = r.u16()?;
+    let [ndim] = r.array::<1>()?;
+    let [tensor_flags] = r.array::<1>()?;
+    r.reserved_u32("RingOffer.slot_layout.reserved")?;
+    if tensor_flags & !STRIDES_PRESENT != 0 {
+        return Err(WireError::ReservedNotZero { field: "RingOffer.tensor_flags" });
+    }
+    let invalid = |source| WireError::InvalidLayout { field: "RingOffer.slot_layout", source };
+    if dtype_code == 0 {
+        if ndim != 0 || tensor_flags != 0 {
+            return Err(WireError::InvalidField {
+                field: "RingOffer.ndim",
+                reason: format!("ndim {ndim} and tensor_flags {tensor_flags} must be 0 when dtype is 0 (no tensor)"),
+            });
+        }
+        return SlotLayout::raw(bytes).map_err(|e| relabel(e, invalid));
+    }
+    let dtype = DType::from_code(dtype_code, "RingOffer.dtype")?;
+    let ndim = usize::from(ndim);
+    if ndim > MAX_TENSOR_DIMS {
+        return Err(invalid(LayoutError::TooManyDims { ndim, max: MAX_TENSOR_DIMS }));
+    }
+    let shape = (0..ndim).map(|_| r.u64()).collect::<Result<Vec<u64>, _>>()?;
+    let strides = match tensor_flags & STRIDES_PRESENT {
+        0 => None,
+        _ => Some((0..ndim).map(|_| r.u64()).collect::<Result<Vec<u64>, _>>()?),
+    };
+    let tensor = TensorDesc::new(dtype, shape, strides).map_err(|e| relabel(e, invalid))?;
+    SlotLayout::tensors_in(bytes, tensor).map_err(|e| relabel(e, invalid))
+}
+
+/// An `InvalidLayout` from a constructor, renamed after the message field it came from.
+fn relabel(error: WireError, invalid: impl Fn(LayoutError) -> WireError) -> WireError {
+    match error {
+        WireError::InvalidLayout { source, .. } => invalid(source),
+        other => other,
+    }
 }
