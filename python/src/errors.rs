@@ -6,10 +6,12 @@
 //! ring, or a producer or consumer used after `close()`.
 
 use gpu_ipc::core::backend::BackendError as CoreBackendError;
+use gpu_ipc::core::door::DoorError;
 use gpu_ipc::core::driver::DriverError as CoreDriverError;
 use gpu_ipc::core::frames::FrameError;
+use gpu_ipc::core::semaphore::SemaphoreError;
 use gpu_ipc::core::wire::WireError as CoreWireError;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::{PyErr, create_exception};
 
@@ -32,7 +34,11 @@ create_exception!(gpu_ipc, RingError, GpuIpcError, "The ring's control block sai
 create_exception!(gpu_ipc, WireError, GpuIpcError, "Protocol or socket error.");
 create_exception!(gpu_ipc, NoProducer, WireError, "No producer listens at the socket path: start it first.");
 create_exception!(gpu_ipc, ReleasedError, GpuIpcError, "A frame or slot used after it went back to the ring.");
-create_exception!(gpu_ipc, ClosedError, GpuIpcError, "A producer or consumer used after close() or detach().");
+create_exception!(gpu_ipc, ClosedError, GpuIpcError, "A producer, consumer or semaphore used after close().");
+create_exception!(gpu_ipc, NoOwner, WireError, "Nothing listens at the socket path: start the owner first.");
+create_exception!(gpu_ipc, OwnerGone, GpuIpcError, "The process that owns the shared object is gone.");
+create_exception!(gpu_ipc, PosterDied, GpuIpcError, "A process that posts to the semaphore died owing posts.");
+create_exception!(gpu_ipc, SemaphoreClosed, GpuIpcError, "The semaphore's owner closed it.");
 
 /// Adds every exception class to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -57,6 +63,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NoProducer", py.get_type::<NoProducer>())?;
     m.add("ReleasedError", py.get_type::<ReleasedError>())?;
     m.add("ClosedError", py.get_type::<ClosedError>())?;
+    m.add("NoOwner", py.get_type::<NoOwner>())?;
+    m.add("OwnerGone", py.get_type::<OwnerGone>())?;
+    m.add("PosterDied", py.get_type::<PosterDied>())?;
+    m.add("SemaphoreClosed", py.get_type::<SemaphoreClosed>())?;
     Ok(())
 }
 
@@ -104,6 +114,11 @@ pub fn to_py(e: FrameError) -> PyErr {
         FrameError::Wire(_) => WireError::new_err(message),
         _ => GpuIpcError::new_err(message),
     };
+    with_attrs(err, attrs)
+}
+
+/// `err` with `attrs` set on the exception value.
+fn with_attrs(err: PyErr, attrs: Vec<(&str, Attr)>) -> PyErr {
     if !attrs.is_empty() {
         Python::attach(|py| {
             let value = err.value(py);
@@ -118,6 +133,47 @@ pub fn to_py(e: FrameError) -> PyErr {
         });
     }
     err
+}
+
+/// The Python exception for a semaphore's error, with the core's message: `PosterDied` (`.pid`, `.record`),
+/// `OwnerGone`, `SemaphoreClosed`, `Timeout` (`.what`, `.waited`), `NoOwner` and `Refused` from its door,
+/// `StrategyUnavailable` (no 64-bit stream memory operations), `ValueError` for a post count out of range,
+/// `ConfigError` for a misuse (a pure waiter posting, a stream of another context, too many stream waits).
+pub fn semaphore_to_py(e: SemaphoreError) -> PyErr {
+    let message = e.to_string();
+    match e {
+        SemaphoreError::PosterDied { pid, record } => with_attrs(
+            PosterDied::new_err(message),
+            vec![("pid", Attr::OptInt(pid.0.map(u64::from))), ("record", Attr::Int(u64::from(record)))],
+        ),
+        SemaphoreError::OwnerGone { .. } => OwnerGone::new_err(message),
+        SemaphoreError::Closed => SemaphoreClosed::new_err(message),
+        SemaphoreError::Timeout { waited } => with_attrs(
+            Timeout::new_err(message),
+            vec![("what", Attr::Str("a post".into())), ("waited", Attr::Float(waited.as_secs_f64()))],
+        ),
+        SemaphoreError::InvalidPost { .. } => PyValueError::new_err(message),
+        SemaphoreError::NoStreamMemOps => StrategyUnavailable::new_err(message),
+        SemaphoreError::Door(door) => door_to_py(door),
+        SemaphoreError::Driver(d) => to_py(FrameError::Driver(d)),
+        SemaphoreError::NotAPoster
+        | SemaphoreError::NoCudaContext
+        | SemaphoreError::WrongContext
+        | SemaphoreError::TooManyStreamWaits { .. }
+        | SemaphoreError::Full { .. } => ConfigError::new_err(message),
+        _ => GpuIpcError::new_err(message),
+    }
+}
+
+/// The Python exception for a shared object's door (attaching to a semaphore or a pool).
+pub fn door_to_py(e: DoorError) -> PyErr {
+    let message = e.to_string();
+    match e {
+        DoorError::NoOwner { .. } => NoOwner::new_err(message),
+        DoorError::Refused { .. } => Refused::new_err(message),
+        DoorError::Wire(CoreWireError::Timeout { .. }) => Timeout::new_err(message),
+        _ => WireError::new_err(message),
+    }
 }
 
 /// A value set as an attribute on an exception.

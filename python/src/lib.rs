@@ -5,7 +5,8 @@
 //! |---|---|
 //! | `Producer`, `Slot` | `gpu_ipc::core::frames::{Producer, SlotLease}` |
 //! | `Consumer`, `Frame` | `gpu_ipc::core::frames::{Consumer, Frame}` |
-//! | `GpuIpcError` and its subclasses | `gpu_ipc::core::frames::FrameError` |
+//! | `Semaphore`, `SemaphoreWait` | `gpu_ipc::core::semaphore::{SemaphoreOwner, Semaphore, StreamWait}` |
+//! | `GpuIpcError` and its subclasses | `gpu_ipc::core::frames::FrameError`, `semaphore::SemaphoreError` |
 //!
 //! The Python documentation lives in the stubs next to the package (`python/gpu_ipc/_gpu_ipc.pyi`), which CI
 //! checks against this module (`mypy.stubtest`). The backend is chosen at run time, so a Python object holds an
@@ -17,6 +18,7 @@ mod errors;
 mod mapping;
 mod producer;
 mod ring;
+mod semaphore;
 mod stream;
 mod view;
 
@@ -29,6 +31,8 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Slot>()?;
     m.add_class::<consumer::Consumer>()?;
     m.add_class::<consumer::Frame>()?;
+    m.add_class::<semaphore::Semaphore>()?;
+    m.add_class::<semaphore::SemaphoreWait>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LEGACY_DEFAULT_STREAM", stream::LEGACY_DEFAULT_STREAM)?;

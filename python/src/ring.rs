@@ -108,32 +108,55 @@ pub fn waits_on_cpu(sync: SyncStrategy) -> bool {
     matches!(sync, SyncStrategy::CpuSpin | SyncStrategy::CpuSleep | SyncStrategy::IpcEvent)
 }
 
-/// Runs `op(slice_timeout)` with the GIL released, in slices of at most [`SLICE`], until it returns anything but
-/// [`FrameError::Timeout`] or `timeout` passed; between slices, takes the GIL back and runs the signal handlers
-/// (Ctrl-C raises `KeyboardInterrupt` here within about 50 ms). `sliced` false runs `op(timeout)` once (a call that
-/// queues GPU work must not be repeated).
-pub fn wait_in_slices<T: Send>(
+/// An error of a bounded wait that may be cut into slices: whether it is the wait running out, and the Python
+/// exception it becomes.
+pub trait SlicedError: Sized + Send {
+    /// Whether the wait ran out (the next slice may go on).
+    fn is_timeout(&self) -> bool;
+    /// The error after `waited` in all, when the last slice ran out.
+    fn timed_out(self, waited: Duration) -> Self;
+    /// The Python exception.
+    fn into_py(self) -> PyErr;
+}
+
+impl SlicedError for FrameError {
+    fn is_timeout(&self) -> bool {
+        matches!(self, FrameError::Timeout { .. })
+    }
+
+    fn timed_out(self, waited: Duration) -> Self {
+        match self {
+            FrameError::Timeout { what, .. } => FrameError::Timeout { what, waited },
+            other => other,
+        }
+    }
+
+    fn into_py(self) -> PyErr {
+        to_py(self)
+    }
+}
+
+/// Runs `op(slice_timeout)` with the GIL released, in slices of at most [`SLICE`], until it returns anything but a
+/// timeout or `timeout` passed; between slices, takes the GIL back and runs the signal handlers (Ctrl-C raises
+/// `KeyboardInterrupt` here within about 50 ms). `sliced` false runs `op(timeout)` once (a call that queues GPU work
+/// must not be repeated).
+pub fn wait_in_slices<T: Send, E: SlicedError>(
     py: Python<'_>,
     timeout: Duration,
     sliced: bool,
-    mut op: impl FnMut(Duration) -> Result<T, FrameError> + Send,
+    mut op: impl FnMut(Duration) -> Result<T, E> + Send,
 ) -> PyResult<T> {
     if !sliced {
-        return py.detach(|| op(timeout)).map_err(to_py);
+        return py.detach(|| op(timeout)).map_err(E::into_py);
     }
     let start = Instant::now();
     let deadline = start + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match py.detach(|| op(left.min(SLICE))) {
-            Err(FrameError::Timeout { what, .. }) if Instant::now() < deadline => {
-                py.check_signals()?;
-                let _ = what;
-            }
-            Err(FrameError::Timeout { what, .. }) => {
-                return Err(to_py(FrameError::Timeout { what, waited: start.elapsed() }));
-            }
-            other => return other.map_err(to_py),
+            Err(e) if e.is_timeout() && Instant::now() < deadline => py.check_signals()?,
+            Err(e) if e.is_timeout() => return Err(e.timed_out(start.elapsed()).into_py()),
+            other => return other.map_err(E::into_py),
         }
     }
 }

@@ -34,13 +34,19 @@ __all__ = [
     "GpuWaitGaveUp",
     "LEGACY_DEFAULT_STREAM",
     "NoDriver",
+    "NoOwner",
     "NoProducer",
+    "OwnerGone",
     "PeerGone",
+    "PosterDied",
     "Producer",
     "ProducerGone",
     "Refused",
     "ReleasedError",
     "RingError",
+    "Semaphore",
+    "SemaphoreClosed",
+    "SemaphoreWait",
     "Slot",
     "StrategyUnavailable",
     "Timeout",
@@ -310,6 +316,86 @@ class Frame:
         """Releases the frame unless it was released already (or its consumer closed); the end of the stream found by
         the release (a frame queued past the end) is not an error here."""
 
+@final
+class Semaphore:
+    """A cross-process counting semaphore: posts from any process that attached, waits on the CPU or on a CUDA stream.
+
+    ``Semaphore.create(socket, initial=0)`` makes one and serves it at ``socket`` (this process is its owner: closing
+    it ends the semaphore for everyone); ``Semaphore(socket)`` attaches to one. ``backend``: ``"vmm"`` or
+    ``"legacy"`` (a GPU: stream posts and waits on ``device``'s primary context) or ``"host"`` (CPU posts and waits
+    only). A peer attached with ``posts=True`` (the default) that dies without closing ends the semaphore: every
+    waiter gets ``PosterDied``, since the posts it owed will never come; attach pure waiters with ``posts=False``.
+
+    Example::
+
+        # process A
+        with gpu_ipc.Semaphore.create("/tmp/ready.sock", backend="host") as ready:
+            ...
+            ready.post()                    # one more post
+        # process B
+        with gpu_ipc.Semaphore("/tmp/ready.sock", backend="host", posts=False, wait_for_owner=10) as ready:
+            ready.wait(timeout=5)           # takes one post, or raises Timeout
+
+    On a GPU, ``post(stream=s)`` adds the post once the work queued on ``s`` before it is done, and
+    ``wait_on(s)`` makes ``s`` wait for a post (the CPU returns at once) and returns the wait; ``wait_status(wait)``
+    then says whether a post released it, or raises when the semaphore ended and released it without one (discard
+    that work).
+    """
+
+    def __new__(
+        cls,
+        socket: str | os.PathLike[str],
+        backend: str = "vmm",
+        device: int = 0,
+        name: str = "semaphore-peer",
+        posts: bool = True,
+        timeout: float = 5.0,
+        wait_for_owner: float = 0.0,
+    ) -> Semaphore: ...
+    @staticmethod
+    def create(socket: str | os.PathLike[str], initial: int = 0, backend: str = "vmm", device: int = 0) -> Semaphore:
+        """Creates a semaphore holding ``initial`` posts and serves it at ``socket``; this process is its owner."""
+    def post(self, count: int = 1, stream: _StreamLike = None) -> None:
+        """Adds ``count`` posts: now, from the CPU; or, with ``stream``, once the work queued on it before is done
+        (the call returns at once)."""
+    def wait(self, timeout: float = 1.0) -> None:
+        """Waits up to ``timeout`` seconds, on the CPU, for a post and takes it; a wait that times out takes nothing.
+
+        Raises ``Timeout``, or ``PosterDied``, ``OwnerGone``, ``SemaphoreClosed`` as soon as the semaphore ends.
+        """
+    def try_wait(self) -> bool:
+        """Takes a post if one is there, without waiting."""
+    def wait_on(self, stream: _StreamLike) -> SemaphoreWait:
+        """Makes ``stream`` wait for a post (its later work runs once one is taken for it) and returns at once: the
+        wait, for ``wait_status``."""
+    def wait_status(self, wait: SemaphoreWait) -> bool:
+        """Whether the stream wait ``wait`` was released by a post (``False``: not yet). Raises the error that ended
+        the semaphore when that released it instead (the work queued after it ran without a post: discard it)."""
+    @property
+    def value(self) -> int:
+        """Posts not yet taken, minus stream waits still waiting (negative when streams wait for posts)."""
+    def check(self) -> None:
+        """Raises the error that ended the semaphore, if it ended (``PosterDied``, ``OwnerGone``, ``SemaphoreClosed``)."""
+    @property
+    def owner(self) -> bool:
+        """Whether this process created it (and closing it ends it for everyone)."""
+    @property
+    def socket(self) -> pathlib.Path: ...
+    def close(self) -> None:
+        """Detaches (an importer) or closes the semaphore for everyone (the owner). Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class SemaphoreWait:
+    """A stream wait queued by ``Semaphore.wait_on``: ask ``Semaphore.wait_status`` how it was released."""
+
+    @property
+    def ticket(self) -> int:
+        """The wait's ticket: post number ``ticket + 1`` releases it."""
+
 class GpuIpcError(Exception):
     """The base of every gpu_ipc error; the message is the Rust core's."""
 
@@ -344,3 +430,11 @@ class WireError(GpuIpcError): ...
 class NoProducer(WireError): ...
 class ReleasedError(GpuIpcError): ...
 class ClosedError(GpuIpcError): ...
+class NoOwner(WireError): ...
+class OwnerGone(GpuIpcError): ...
+
+class PosterDied(GpuIpcError):
+    pid: int | None
+    record: int
+
+class SemaphoreClosed(GpuIpcError): ...
