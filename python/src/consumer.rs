@@ -223,9 +223,9 @@ impl Consumer {
                 other => break other.map_err(to_py)?,
             }
         };
-        let (geometry, sync, slots, host) = each_backend!(&end, c => {
+        let (slot, sync, slots, host) = each_backend!(&end, c => {
             let offer = c.offer();
-            (c.geometry(), offer.sync, offer.slot_count, None::<HostRegion>)
+            (c.slot_layout().clone(), offer.sync, offer.slot_count, None::<HostRegion>)
         });
         let host = match &end {
             PerBackend::Host(c) => Some(c.region().clone()),
@@ -237,7 +237,7 @@ impl Consumer {
             _ => None,
         };
         Ok(Self {
-            layout: Layout::of(geometry)?,
+            layout: Layout::of_slot(&slot)?,
             end: Mutex::new(Held::new(end)),
             closed: AtomicBool::new(false),
             pid: std::process::id(),
@@ -246,7 +246,7 @@ impl Consumer {
             mapping: Mutex::new(mapping),
             backend,
             sync,
-            nbytes: geometry.frame_bytes(),
+            nbytes: slot.bytes(),
             slots,
             socket,
             timeout,
@@ -366,9 +366,11 @@ impl Consumer {
         self.gpu.as_ref().map(|g| g.ordinal)
     }
 
+    /// What each frame is as an array: ``(height, width, channels)`` of a pixel frame, the tensor's shape in a ring
+    /// of tensors, ``(nbytes,)`` in a ring of bare bytes.
     #[getter]
-    fn shape(&self) -> (i64, i64, i64) {
-        (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2])
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.layout.shape)
     }
 
     #[getter]
@@ -387,7 +389,7 @@ impl Consumer {
             self.socket.display().to_string(),
             self.backend.name(),
             self.sync.name(),
-            self.shape(),
+            self.layout.shape,
             if self.closed() { ", closed" } else { "" }
         )
     }
@@ -430,7 +432,7 @@ impl Frame {
             (None, _, Some(host)) => Memory::Host(host.clone()),
             _ => return Err(ClosedError::new_err("the consumer holds no memory")),
         };
-        Ok(View { ptr: self.ptr, layout: consumer.layout, memory })
+        Ok(View { ptr: self.ptr, layout: consumer.layout.clone(), memory })
     }
 
     fn release_here(&self, py: Python<'_>, raw: Option<u64>) -> PyResult<()> {
@@ -461,8 +463,8 @@ impl Frame {
     }
 
     #[getter]
-    fn shape(&self) -> (i64, i64, i64) {
-        self.consumer.get().shape()
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.consumer.get().layout.shape)
     }
 
     #[getter]

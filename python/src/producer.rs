@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::frames::{FrameError, Producer as CoreProducer, ProducerConfig, SlotLease};
-use gpu_ipc::core::wire::{FrameGeometry, SyncStrategy};
+use gpu_ipc::core::wire::{DType, FrameGeometry, SlotLayout, SyncStrategy, TensorDesc, UnknownName};
 use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -29,7 +30,9 @@ type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<Host
 /// ``sync``: ``"gpu-stream-ops"`` (default on a GPU: the GPU waits, no CPU per frame), ``"ipc-event"``,
 /// ``"cpu-spin"`` (default with ``backend="host"``), ``"cpu-sleep"``, or ``"gpu-poll"`` (MPS only).
 /// ``format``: ``rgb8`` (default), ``rgba8``, ``bgra8``, ``gray8``, ``gray16``, ``rgbaf16``, ``rgbaf32``; frames
-/// are ``(height, width, channels)`` arrays.
+/// are ``(height, width, channels)`` arrays (``width`` 3840 and ``height`` 2160 by default). Or slots of any tensor:
+/// ``shape=(8, 1024, 1024), dtype="float16"`` (contiguous; ``dtype`` is a NumPy / PyTorch name, ``uint8`` by default,
+/// and ``width``, ``height``, ``format`` are then not given).
 ///
 /// Example::
 ///
@@ -121,19 +124,21 @@ impl Producer {
 #[pymethods]
 impl Producer {
     #[new]
-    #[pyo3(signature = (socket, width=3840, height=2160, format="rgb8", slots=4, sync=None, backend="vmm", device=0, max_consumers=16))]
+    #[pyo3(signature = (socket, width=None, height=None, format=None, slots=4, sync=None, backend="vmm", device=0, max_consumers=16, shape=None, dtype=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         socket: PathBuf,
-        width: u32,
-        height: u32,
-        format: &str,
+        width: Option<u32>,
+        height: Option<u32>,
+        format: Option<&str>,
         slots: u32,
         sync: Option<&str>,
         backend: &str,
         device: i32,
         max_consumers: u32,
+        shape: Option<Vec<u64>>,
+        dtype: Option<&str>,
     ) -> PyResult<Self> {
         let backend = parse_backend(backend)?;
         let sync = match sync {
@@ -141,9 +146,10 @@ impl Producer {
             None if backend.is_gpu() => SyncStrategy::GpuStreamOps,
             None => SyncStrategy::CpuSpin,
         };
-        let geometry = FrameGeometry::new(width, height, parse_format(format)?).map_err(|e| to_py(e.into()))?;
-        let layout = Layout::of(geometry)?;
-        let mut config = ProducerConfig::new(&socket, geometry, slots, sync);
+        let slot = slot_layout(width, height, format, shape, dtype)?;
+        let layout = Layout::of_slot(&slot)?;
+        let nbytes = slot.bytes();
+        let mut config = ProducerConfig::new(&socket, slot, slots, sync);
         config.max_consumers = max_consumers;
         let made = py.detach(|| -> Result<(End, Option<Gpu>, Option<HostRegion>), FrameError> {
             Ok(match backend {
@@ -179,7 +185,7 @@ impl Producer {
             backend,
             sync,
             layout,
-            nbytes: geometry.frame_bytes(),
+            nbytes,
             slots,
             socket,
         })
@@ -339,10 +345,10 @@ impl Producer {
         self.gpu.as_ref().map(|g| g.ordinal)
     }
 
-    /// ``(height, width, channels)`` of every frame.
+    /// What each slot is as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's shape.
     #[getter]
-    fn shape(&self) -> (i64, i64, i64) {
-        (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2])
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.layout.shape)
     }
 
     /// The element type's NumPy name (``"uint8"`` for the 8-bit formats).
@@ -362,7 +368,7 @@ impl Producer {
             self.socket.display().to_string(),
             self.backend.name(),
             self.sync.name(),
-            self.shape(),
+            self.layout.shape,
             self.slots,
             if self.closed() { ", closed" } else { "" }
         )
@@ -379,6 +385,35 @@ impl Drop for Producer {
         // ring's memory unless a tensor still holds it, and its own teardown frees it.
         lock(&self.mapping).take();
     }
+}
+
+/// What each slot holds: pixel frames (`width`, `height`, `format`, with their defaults) or a contiguous tensor
+/// (`shape`, `dtype`), not both.
+fn slot_layout(
+    width: Option<u32>,
+    height: Option<u32>,
+    format: Option<&str>,
+    shape: Option<Vec<u64>>,
+    dtype: Option<&str>,
+) -> PyResult<SlotLayout> {
+    let Some(shape) = shape else {
+        if dtype.is_some() {
+            return Err(PyValueError::new_err("dtype= describes a tensor slot: give shape= too"));
+        }
+        let format = parse_format(format.unwrap_or("rgb8"))?;
+        let geometry =
+            FrameGeometry::new(width.unwrap_or(3840), height.unwrap_or(2160), format).map_err(|e| to_py(e.into()))?;
+        return Ok(SlotLayout::frames(geometry));
+    };
+    if width.is_some() || height.is_some() || format.is_some() {
+        return Err(PyValueError::new_err(
+            "shape= makes slots of a tensor; width=, height= and format= describe pixel frames: give one or the other",
+        ));
+    }
+    let dtype: DType =
+        dtype.unwrap_or("uint8").parse().map_err(|e: UnknownName| PyValueError::new_err(e.to_string()))?;
+    let desc = TensorDesc::contiguous(dtype, shape).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(SlotLayout::tensors(desc))
 }
 
 impl Slot {
@@ -404,7 +439,7 @@ impl Slot {
             _ => return Err(ClosedError::new_err("the producer holds no memory")),
         };
         let _ = py;
-        Ok(View { ptr: self.ptr, layout: producer.layout, memory })
+        Ok(View { ptr: self.ptr, layout: producer.layout.clone(), memory })
     }
 }
 
@@ -434,8 +469,8 @@ impl Slot {
     }
 
     #[getter]
-    fn shape(&self) -> (i64, i64, i64) {
-        self.producer.get().shape()
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.producer.get().layout.shape)
     }
 
     #[getter]

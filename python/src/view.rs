@@ -1,57 +1,89 @@
 //! A frame's or slot's memory as a tensor without a copy: DLPack (through `dlpark`) and, for the GPU backends,
 //! `__cuda_array_interface__` v3. What `Slot` and `Frame` share.
 
-use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
-use dlpark::metadata::Fixed;
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
+use dlpark::metadata::Dynamic;
 use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use gpu_ipc::core::driver::{Context, Event, EventFlags};
-use gpu_ipc::core::wire::{FrameGeometry, PixelFormat};
+use gpu_ipc::core::wire::{DType, PixelFormat, SlotLayout, TensorDesc};
 use gpu_ipc::host::HostRegion;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::driver_to_py;
 use crate::mapping::MappingHold;
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 
-/// How a frame is laid out as an array: `(height, width, channels)` of one element type, rows `pitch` apart.
-#[derive(Debug, Clone, Copy)]
+/// How a slot (or a shared buffer) is laid out as an array: `shape` of one element type, `strides` in elements.
+#[derive(Debug, Clone)]
 pub struct Layout {
-    /// `(height, width, channels)`.
-    pub shape: [i64; 3],
+    /// The extents (`(height, width, channels)` for a pixel frame).
+    pub shape: Vec<i64>,
     /// Strides in elements.
-    pub strides: [i64; 3],
+    pub strides: Vec<i64>,
     /// The element type.
     pub dtype: DLDataType,
     /// NumPy's name of the element type.
     pub dtype_name: &'static str,
-    /// `__cuda_array_interface__`'s `typestr`.
-    pub typestr: &'static str,
+    /// `__cuda_array_interface__`'s `typestr` (`|V<n>`, raw bytes, for types NumPy has no letter for).
+    pub typestr: String,
+    /// Bytes from the first element to one past the last one.
+    pub span_bytes: u64,
 }
 
 impl Layout {
-    /// The layout of a frame of `geometry`.
-    pub fn of(geometry: FrameGeometry) -> PyResult<Self> {
-        let (channels, dtype, dtype_name, typestr) = match geometry.pixel_format() {
-            PixelFormat::Rgb8 => (3, DLDataType::U8, "uint8", "|u1"),
-            PixelFormat::Rgba8 | PixelFormat::Bgra8 => (4, DLDataType::U8, "uint8", "|u1"),
-            PixelFormat::Gray8 => (1, DLDataType::U8, "uint8", "|u1"),
-            PixelFormat::Gray16 => (1, DLDataType::U16, "uint16", "<u2"),
-            PixelFormat::RgbaF16 => (4, DLDataType::F16, "float16", "<f2"),
-            PixelFormat::RgbaF32 => (4, DLDataType::F32, "float32", "<f4"),
-            other => return Err(PyValueError::new_err(format!("pixel format {other:?} has no array layout here"))),
-        };
-        let element = i64::from(dtype.bits / 8);
+    /// The layout of the tensor `desc` describes.
+    pub fn of_tensor(desc: &TensorDesc) -> PyResult<Self> {
+        let too_large = |_| PyValueError::new_err(format!("tensor {desc} has an extent or stride beyond 2^63"));
+        let shape = desc.shape().iter().map(|&d| i64::try_from(d).map_err(too_large)).collect::<PyResult<_>>()?;
+        let strides = desc
+            .strides_or_contiguous()
+            .into_iter()
+            .map(|d| i64::try_from(d).map_err(too_large))
+            .collect::<PyResult<_>>()?;
+        let dtype = desc.dtype();
+        let dl = dtype.dlpack();
         Ok(Self {
-            shape: [i64::from(geometry.height()), i64::from(geometry.width()), channels],
-            strides: [i64::from(geometry.pitch_bytes()) / element, channels, 1],
-            dtype,
-            dtype_name,
-            typestr,
+            shape,
+            strides,
+            dtype: DLDataType { code: DLDataTypeCode(dl.code), bits: dl.bits, lanes: dl.lanes },
+            dtype_name: dtype.name(),
+            typestr: typestr(dtype),
+            span_bytes: desc.span_bytes(),
         })
     }
+
+    /// The layout of a ring's slots: its tensor (a pixel frame is `(height, width, channels)`), else the slot's bytes
+    /// as a 1-D `uint8` array.
+    pub fn of_slot(slot: &SlotLayout) -> PyResult<Self> {
+        match slot.tensor() {
+            Some(desc) => Self::of_tensor(desc),
+            None => Self::bytes(slot.bytes()),
+        }
+    }
+
+    /// `bytes` bytes as a 1-D `uint8` array.
+    pub fn bytes(bytes: u64) -> PyResult<Self> {
+        let desc = TensorDesc::contiguous(DType::U8, [bytes]).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Self::of_tensor(&desc)
+    }
+}
+
+/// `__cuda_array_interface__`'s `typestr` of `dtype`.
+fn typestr(dtype: DType) -> String {
+    let size = dtype.size_bytes();
+    let kind = match dtype {
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 => 'i',
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 => 'u',
+        DType::F16 | DType::F32 | DType::F64 => 'f',
+        DType::C64 | DType::C128 => 'c',
+        DType::Bool => 'b',
+        _ => 'V',
+    };
+    let order = if size == 1 || kind == 'V' { '|' } else { '<' };
+    format!("{order}{kind}{size}")
 }
 
 /// Parses a pixel format name: `rgb8`, `rgba8`, `bgra8`, `gray8`, `gray16`, `rgbaf16`, `rgbaf32`.
@@ -142,15 +174,13 @@ impl View {
                  torch.from_dlpack(frame).clone()",
             ));
         };
-        let len =
-            usize::try_from(self.layout.shape[0] * self.layout.strides[0] * i64::from(self.layout.dtype.bits / 8))
-                .map_err(|_| PyValueError::new_err("frame too large"))?;
+        let len = usize::try_from(self.layout.span_bytes).map_err(|_| PyValueError::new_err("frame too large"))?;
         let mut bytes = vec![0u8; len];
         region
             .read(gpu_ipc::core::driver::DevicePtr(self.ptr), &mut bytes)
             .map_err(|e| crate::errors::to_py(e.into()))?;
         let data = bytes.as_mut_ptr().cast();
-        let metadata = Fixed::new(self.layout.shape, self.layout.strides);
+        let metadata = Dynamic::new(self.layout.shape.clone(), self.layout.strides.clone());
         if max_version.is_some_and(|(major, _)| major >= 1) {
             let mut init = metadata
                 .initialize_as::<DLManagedTensorVersioned>(Box::new(bytes))
@@ -176,7 +206,7 @@ impl View {
             Memory::Host(region) => Keep::Host(region.clone()),
             Memory::Cuda { hold, .. } => Keep::Gpu(hold.clone()),
         };
-        let mut init = Fixed::new(self.layout.shape, self.layout.strides)
+        let mut init = Dynamic::new(self.layout.shape.clone(), self.layout.strides.clone())
             .initialize_as::<M>(Box::new(keep))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         init.set_data(self.ptr as usize as *mut std::ffi::c_void)
@@ -189,13 +219,12 @@ impl View {
     pub fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Memory::Cuda { stream, .. } = &self.memory else { return Ok(None) };
         let d = PyDict::new(py);
-        d.set_item("shape", (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2]))?;
-        d.set_item("typestr", self.layout.typestr)?;
+        d.set_item("shape", PyTuple::new(py, &self.layout.shape)?)?;
+        d.set_item("typestr", &self.layout.typestr)?;
         d.set_item("data", (self.ptr, false))?;
         d.set_item("version", 3)?;
         let element = i64::from(self.layout.dtype.bits / 8);
-        let s = self.layout.strides;
-        d.set_item("strides", (s[0] * element, s[1] * element, s[2] * element))?;
+        d.set_item("strides", PyTuple::new(py, self.layout.strides.iter().map(|s| s * element))?)?;
         // 0 (the NULL stream) is not allowed there: it means the legacy default stream, which is 1.
         d.set_item("stream", if *stream == 0 { LEGACY_DEFAULT_STREAM } else { *stream })?;
         Ok(Some(d))

@@ -15,6 +15,7 @@ raises ``KeyboardInterrupt`` during a wait. Objects may be used from any thread 
 
 import os
 import pathlib
+from collections.abc import Sequence
 from typing import Any, Protocol, final
 
 from typing_extensions import Self
@@ -71,7 +72,9 @@ class Producer:
     ``sync``: ``"gpu-stream-ops"`` (default on a GPU: the GPU waits, no CPU per frame), ``"ipc-event"``,
     ``"cpu-spin"`` (default with ``backend="host"``), ``"cpu-sleep"``, or ``"gpu-poll"`` (MPS only).
     ``format``: ``rgb8`` (default), ``rgba8``, ``bgra8``, ``gray8``, ``gray16``, ``rgbaf16``, ``rgbaf32``; frames
-    are ``(height, width, channels)`` arrays.
+    are ``(height, width, channels)`` arrays (``width`` 3840 and ``height`` 2160 by default). Or slots of any tensor:
+    ``shape=(8, 1024, 1024), dtype="float16"`` (contiguous; ``dtype`` is a NumPy / PyTorch name, ``uint8`` by default,
+    and ``width``, ``height``, ``format`` are then not given).
 
     Example::
 
@@ -87,14 +90,16 @@ class Producer:
     def __new__(
         cls,
         socket: str | os.PathLike[str],
-        width: int = 3840,
-        height: int = 2160,
-        format: str = "rgb8",
+        width: int | None = None,
+        height: int | None = None,
+        format: str | None = None,
         slots: int = 4,
         sync: str | None = None,
         backend: str = "vmm",
         device: int = 0,
         max_consumers: int = 16,
+        shape: Sequence[int] | None = None,
+        dtype: str | None = None,
     ) -> Producer: ...
     def acquire(self, timeout: float = 1.0, stream: _StreamLike = None) -> Slot:
         """Waits until the next frame's slot is free (every live consumer released what it held) and returns it.
@@ -138,8 +143,8 @@ class Producer:
     def device(self) -> int | None:
         """The CUDA device ordinal; ``None`` with the host backend."""
     @property
-    def shape(self) -> tuple[int, int, int]:
-        """``(height, width, channels)`` of every frame."""
+    def shape(self) -> tuple[int, ...]:
+        """What each slot is as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's shape."""
     @property
     def dtype(self) -> str:
         """The element type's NumPy name (``"uint8"`` for the 8-bit formats)."""
@@ -169,7 +174,7 @@ class Slot:
     def ptr(self) -> int:
         """The slot's address (device address on a GPU, host address with the host backend)."""
     @property
-    def shape(self) -> tuple[int, int, int]: ...
+    def shape(self) -> tuple[int, ...]: ...
     @property
     def dtype(self) -> str: ...
     @property
@@ -262,7 +267,9 @@ class Consumer:
     @property
     def device(self) -> int | None: ...
     @property
-    def shape(self) -> tuple[int, int, int]: ...
+    def shape(self) -> tuple[int, ...]:
+        """What each frame is as an array: ``(height, width, channels)`` of a pixel frame, the tensor's shape in a ring
+        of tensors, ``(nbytes,)`` in a ring of bare bytes."""
     @property
     def dtype(self) -> str: ...
     @property
@@ -290,7 +297,7 @@ class Frame:
     @property
     def ptr(self) -> int: ...
     @property
-    def shape(self) -> tuple[int, int, int]: ...
+    def shape(self) -> tuple[int, ...]: ...
     @property
     def dtype(self) -> str: ...
     @property
