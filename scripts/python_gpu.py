@@ -59,6 +59,8 @@ def row_specs(which: str, host: bool) -> list[dict[str, Any]]:
     rows.append(spec(py, "rust", backend, sync))
     extra = ["jax"] if host else ["cupy", "jax"]
     rows += [spec(py, kind, backend, sync) for kind in extra]
+    if not host:  # CPU posts -> stream waits -> stream posts -> CPU waits, between two processes
+        rows.append(spec("semaphore", "semaphore", "vmm", "-", 2000))
     return rows
 
 
@@ -76,6 +78,9 @@ def command(role: str, kind: str, sock: str, r: dict[str, Any], host: bool) -> l
                     "--frames", str(r["frames_asked"]), "--consumers", "1", "--width", str(WIDTH),
                     "--height", str(HEIGHT)]
         return [str(examples_dir() / "consumer"), *common, "--frames", "0", "--name", "rust"]
+    if kind == "semaphore":
+        mode = "sem-owner" if role == "producer" else "sem-peer"
+        return [sys.executable, str(ENDS), mode, sock, r["backend"], str(r["frames_asked"])]
     if role == "producer":
         return [sys.executable, str(ENDS), "produce", sock, r["backend"], r["sync"], str(r["frames_asked"]), kind]
     return [sys.executable, str(ENDS), "consume", sock, r["backend"], str(r["frames_asked"]), kind]
@@ -141,6 +146,7 @@ def run_row(r: dict[str, Any], host: bool, log: Any) -> dict[str, Any]:
     if p:
         row["producer_fps"] = p["fps"]
         row["producer_cpu_us_per_frame"] = p["cpu_us_per_frame"]
+        row.update({k: v for k, v in p.items() if k in ("stream_waits_released_by_posts", "kernels_after_posts")})
     errors = [line for o in outs.values() for line in o.splitlines()
               if not line.startswith("{") and ("Error" in line or "error" in line or "killed" in line)]
     for name in ("consumer", "producer"):  # else the last words of a process that failed
@@ -148,11 +154,13 @@ def run_row(r: dict[str, Any], host: bool, log: Any) -> dict[str, Any]:
         if not errors and row.get(f"{name}_exit") != 0 and said:
             errors = [f"{name}: {said[-1]}"]
     row["error"] = errors[-1][:200] if errors else ""
-    python_consumer = r["consumer"] != "rust"
     zero_copy = [v for k, v in row.items() if k.endswith("_is_the_frame")]
     checks = [row.get("consumer_exit") == 0, row.get("producer_exit") == 0, row.get("frames") == r["frames_asked"],
               row.get("mismatched_words") == 0]
-    if python_consumer:
+    if r["consumer"] == "semaphore":
+        checks += [row.get("stream_waits_released_by_posts") is True,
+                   row.get("kernels_after_posts") == r["frames_asked"]]
+    elif r["consumer"] != "rust":
         checks += [bool(zero_copy) and all(zero_copy)]
         if r["consumer"] in ("torch", "cupy", "numpy"):
             checks += [row.get("tensor_after_close_reads") is True]
@@ -250,6 +258,9 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], cmp: dict[str, Any
         note = r.get("error", "").replace("|", "/")
         if r.get("compare_round"):
             note = f"comparison round {r['compare_round']}" + (f"; {note}" if note else "")
+        if r["consumer"] == "semaphore":
+            note = ("frames are round trips: CPU post, stream wait, kernel, stream post, CPU wait"
+                    + (f"; {note}" if note else ""))
         ok = {True: "yes", False: "NO", None: "skipped"}[r.get("ok")]
         after = {True: "reads", None: "-"}.get(r.get("tensor_after_close_reads"), "NO")
         out.append(f"| {r['producer']} | {r['consumer']} | {r['backend']} | {r['sync']} | {r.get('frames', '-')} "

@@ -2,6 +2,8 @@
 
     python scripts/python_gpu_ends.py produce SOCK BACKEND SYNC FRAMES torch|numpy
     python scripts/python_gpu_ends.py consume SOCK BACKEND FRAMES torch|cupy|jax|numpy
+    python scripts/python_gpu_ends.py sem-owner SOCK BACKEND ROUNDS      (torch; SOCK and SOCK.pong)
+    python scripts/python_gpu_ends.py sem-peer SOCK BACKEND ROUNDS
 
 Every frame carries the pattern of the Rust example programs (`kernels/src/pattern.rs`), so a Python end and a Rust
 `producer` or `consumer` check each other word for word: word i of frame s is `mix(i * 0x9E3779B1 ^ s * 0x85EBCA6B ^
@@ -313,12 +315,71 @@ def consume(sock: str, backend: str, frames: int, kind: str) -> dict[str, Any]:
             "cpu_us_per_frame": cpu * 1e6 / max(read, 1), **zero_copy, **after}
 
 
+def wait_idle(stream: Any, limit: float) -> None:
+    """Waits (bounded, on the CPU) until `stream` has done its work."""
+    deadline = time.monotonic() + limit
+    while not stream.query():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the stream's work did not finish within {limit} s")
+        time.sleep(0.0002)
+
+
+def semaphore_owner(sock: str, backend: str, rounds: int) -> dict[str, Any]:
+    """Round trips with a peer process through two semaphores: the peer posts `ping` from the CPU, a torch stream
+    waits for it (`wait_on`), runs a kernel, and posts `pong` from the stream, which the peer waits for on the CPU."""
+    import torch
+
+    import gpu_ipc
+
+    dev = torch.device("cuda:0")
+    ran = torch.zeros(rounds, dtype=torch.int64, device=dev)
+    stream = torch.cuda.Stream(dev)
+    with gpu_ipc.Semaphore.create(sock + ".pong", backend=backend) as pong, \
+            gpu_ipc.Semaphore.create(sock, backend=backend) as ping:
+        waits = []
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        for i in range(rounds):
+            waits.append(ping.wait_on(stream))
+            with torch.cuda.stream(stream):
+                ran[i].fill_(1)  # runs only once the peer's post came
+            pong.post(1, stream=stream)
+            if i % 8 == 7:  # at most 8 stream waits outstanding
+                wait_idle(stream, 30)
+        wait_idle(stream, 30)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        released = [ping.wait_status(w) for w in waits]
+        deadline = time.monotonic() + 30
+        while pong.value > 0 and time.monotonic() < deadline:  # the peer takes its last posts before we close
+            time.sleep(0.001)
+    return {"role": "producer", "kind": "semaphore", "frames": rounds, "fps": rounds / wall,
+            "cpu_us_per_frame": cpu * 1e6 / rounds, "stream_waits_released_by_posts": all(released),
+            "kernels_after_posts": int(ran.sum().item())}
+
+
+def semaphore_peer(sock: str, backend: str, rounds: int) -> dict[str, Any]:
+    import gpu_ipc
+
+    with gpu_ipc.Semaphore(sock, backend=backend, name="ping", wait_for_owner=60) as ping, \
+            gpu_ipc.Semaphore(sock + ".pong", backend=backend, name="pong", posts=False, wait_for_owner=60) as pong:
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        for _ in range(rounds):
+            ping.post()
+            pong.wait(timeout=30)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"role": "consumer", "kind": "semaphore", "frames": rounds, "published": rounds, "mismatched_words": 0,
+            "fps": rounds / wall, "cpu_us_per_frame": cpu * 1e6 / rounds, "round_trip_us": wall * 1e6 / rounds}
+
+
 def main() -> int:
     mode, sock, backend = sys.argv[1], sys.argv[2], sys.argv[3]
     if mode == "produce":
         result = produce(sock, backend, sys.argv[4], int(sys.argv[5]), sys.argv[6])
     elif mode == "consume":
         result = consume(sock, backend, int(sys.argv[4]), sys.argv[5])
+    elif mode == "sem-owner":
+        result = semaphore_owner(sock, backend, int(sys.argv[4]))
+    elif mode == "sem-peer":
+        result = semaphore_peer(sock, backend, int(sys.argv[4]))
     else:
         print(__doc__, file=sys.stderr)
         return 2
