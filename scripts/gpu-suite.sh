@@ -15,7 +15,7 @@
 #    "--only kills,cycles"). GPU_IPC_ALLOW_NO_MPS=1 lets its MPS pass be "not run" instead of failed.
 # OUT_DIR receives: summary.json, doctor.txt, python-gpu/ (step 5), frames.md (throughput table), answers-quick/ (the quick report:
 # README.md, plots/, raw/) with answers-quick.txt (its four answers), and results.tgz (environment.txt,
-# tests.log, junit.xml, tests-mps.log, doctor.json, frames-*.jsonl, mps logs).
+# tests.log, junit.xml, tests-mps.log, doctor.json, frames-*.jsonl, pool-*.jsonl, mps logs).
 # Exit status: 0 when the tests, the MPS pass, the doctor, the probes, the Python consumer and the stress run pass, 1 otherwise (a skipped MPS pass is a failure
 # unless GPU_IPC_ALLOW_NO_MPS=1; summary.json says "mps": "skipped" and why either way).
 set -uo pipefail

@@ -13,6 +13,7 @@ use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
+pub mod pool_work;
 pub mod semaphore;
 pub mod work;
 

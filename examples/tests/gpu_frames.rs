@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{consumer, producer, socket};
@@ -20,11 +18,7 @@ const STRATEGIES: [&str; 4] = ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream
 const FRAMES: u64 = 10_000;
 
 fn record(result: &serde_json::Value) {
-    let Some(dir) = std::env::var_os("GPU_IPC_RESULTS_DIR") else { return };
-    let tag = std::env::var("GPU_IPC_RESULTS_TAG").unwrap_or_else(|_| "default".into());
-    let path = PathBuf::from(dir).join(format!("frames-{tag}.jsonl"));
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-    writeln!(file, "{result}").unwrap();
+    common::record("frames", result);
 }
 
 #[test]

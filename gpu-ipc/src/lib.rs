@@ -8,7 +8,8 @@
 //! ```
 //!
 //! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring, and the toolkit's
-//! [`semaphore`]), the descriptions of what a ring's slots hold ([`SlotLayout`]: pixel frames or any tensor), the
+//! [`semaphore`] and [`pool`], the memory pool with named buffers, whose [`SharedPool`] and [`PoolImporter`] are at
+//! the top too), the descriptions of what a ring's slots hold ([`SlotLayout`]: pixel frames or any tensor), the
 //! backends compiled in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the host-memory fake that
 //! needs no GPU), the embedded kernels, and [`BackendKind`], the one name of a backend, with [`dispatch`] and
 //! [`dispatch_gpu`] to run code generic over the backend for a choice made at run time (`--backend`).
@@ -43,6 +44,8 @@ pub use ipc_legacy as legacy;
 #[cfg(feature = "vmm")]
 pub use ipc_vmm as vmm;
 
+pub use ipc_core::pool;
+pub use ipc_core::pool::{PoolImporter, SharedPool};
 pub use ipc_core::wire::{BackendKind, SyncStrategy, UnknownName};
 /// What a ring's slots hold: pixel frames ([`FrameGeometry`]), any tensor ([`TensorDesc`], of a [`DType`]) or bare
 /// bytes, described by one [`SlotLayout`] (`ProducerConfig::new` takes any of them; `Consumer::slot_layout` says
@@ -66,6 +69,12 @@ pub struct ReadmeDocTests;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/frames.md")]
 pub struct FramesDocTests;
+
+/// The Rust snippets of `docs/pool.md`, compiled (and, for the host backend's, run) as doc tests with the paths an
+/// outside project uses.
+#[cfg(all(doctest, feature = "legacy", feature = "vmm"))]
+#[doc = include_str!("../../docs/pool.md")]
+pub struct PoolDocTests;
 
 /// The Rust snippets of `docs/semaphore.md`, compiled (and the host-backend one run) as doc tests with the paths an
 /// outside project uses.

@@ -17,8 +17,24 @@ pub struct ExportedHandle {
     pub size: u64,
 }
 
+/// Memory that another allocator made (not [`Backend::allocate`]), exported in place by
+/// [`Backend::export_existing`]: what an importer maps is the whole allocation that holds the range.
+#[derive(Debug)]
+pub struct ExistingExport {
+    /// What an importer passes to [`Backend::import`]; its `size` is the allocation's (the part of it that is
+    /// mapped here), not the range's.
+    pub handle: ExportedHandle,
+    /// Start of that allocation in this process: the same allocation exported twice has the same base.
+    pub base: DevicePtr,
+    /// Where the range starts inside the allocation.
+    pub offset: u64,
+    /// What keeps the allocation alive for importers even if its allocator frees it here (VMM: a retained
+    /// allocation handle; host fake: the mapping); dropped with the export.
+    pub keep_alive: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
 /// Memory a backend allocated or imported: a device address range that stays valid while the value lives.
-pub trait SharedRegion: Send {
+pub trait SharedRegion: Send + Sync {
     /// Start of the range, as kernels in this process address it.
     fn ptr(&self) -> DevicePtr;
     /// Size in bytes.
@@ -63,6 +79,17 @@ pub trait Backend: Send + Sync + 'static {
     /// # Errors
     /// The driver's export error, mapped to a typed error where the cause is known.
     fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError>;
+
+    /// Exports, in place and without a copy, memory that another allocator made: the allocation that holds the
+    /// `len` bytes at `ptr` (e.g. a tensor of PyTorch's caching allocator). Legacy: a `cuMemAlloc` allocation
+    /// (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`); vmm: a `cuMemCreate` allocation made with the POSIX-fd
+    /// handle type (`CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`), retained by address; host fake: a region made by
+    /// its `allocate`. The range must lie inside one allocation.
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] naming why this memory cannot be exported by this backend and what to do
+    /// instead; the driver's error.
+    fn export_existing(ctx: &Self::Context, ptr: DevicePtr, len: u64) -> Result<ExistingExport, BackendError>;
 
     /// Maps memory exported by another process.
     ///
@@ -117,4 +144,39 @@ pub enum BackendError {
         /// The OS error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+/// Where the `len` bytes at `ptr` start inside the allocation `base .. base + size` that holds `ptr`, for
+/// [`Backend::export_existing`]: the one check every backend makes before exporting a range in place.
+///
+/// # Errors
+/// [`BackendError::Unsupported`] for an empty range, or one that runs past the end of the allocation (it spans
+/// several allocations, which no single export covers).
+pub fn offset_in_allocation(
+    backend: &'static str,
+    ptr: DevicePtr,
+    len: u64,
+    base: DevicePtr,
+    size: u64,
+) -> Result<u64, BackendError> {
+    let unsupported = |reason: String, fix: &str| BackendError::Unsupported { backend, reason, fix: fix.to_owned() };
+    if len == 0 {
+        return Err(unsupported(format!("nothing to export at {ptr}: the range is empty"), "share at least one byte"));
+    }
+    let offset = ptr.0.checked_sub(base.0).filter(|offset| *offset < size).ok_or_else(|| {
+        unsupported(
+            format!("{ptr} lies outside the allocation {base}+{size} the driver reports for it"),
+            "pass an address inside the allocation",
+        )
+    })?;
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(unsupported(
+            format!(
+                "the {len} bytes at {ptr} run past the end of the allocation that holds them ({base}+{size}): they span \
+                 more than one allocation, and one export covers one allocation"
+            ),
+            "share each allocation's part separately, or allocate the buffer in one piece",
+        ));
+    }
+    Ok(offset)
 }

@@ -4,9 +4,9 @@
 //!
 //! Only the CPU sync strategies work with it (nothing here can run a stream).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
+use crate::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
 use crate::driver::DevicePtr;
 use crate::sys::shm::SharedMemory;
 use crate::wire::BackendKind;
@@ -67,6 +67,20 @@ impl SharedRegion for HostRegion {
     }
 }
 
+/// Every region [`HostFake::allocate`] made that is still alive: the fake's stand-in for what the driver knows about
+/// the allocations of a process, so that [`Backend::export_existing`] can find the one that holds an address.
+static ALLOCATIONS: Mutex<Vec<Weak<SharedMemory>>> = Mutex::new(Vec::new());
+
+/// The live region that holds `ptr`, if any (dead entries are dropped on the way).
+fn allocation_holding(ptr: DevicePtr) -> Option<Arc<SharedMemory>> {
+    let mut allocations = ALLOCATIONS.lock().unwrap_or_else(PoisonError::into_inner);
+    allocations.retain(|weak| weak.strong_count() > 0);
+    allocations.iter().filter_map(Weak::upgrade).find(|memory| {
+        let base = memory.as_ptr() as u64;
+        ptr.0 >= base && ptr.0 - base < memory.len() as u64
+    })
+}
+
 /// The fake needs no context.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostContext;
@@ -93,7 +107,23 @@ impl Backend for HostFake {
         })?;
         let memory = SharedMemory::create("gpu-ipc-fake-frames", len)
             .map_err(|source| BackendError::Os { operation: "creating fake device memory", source: source.into() })?;
-        Ok(HostRegion { memory: Arc::new(memory) })
+        let memory = Arc::new(memory);
+        ALLOCATIONS.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&memory));
+        Ok(HostRegion { memory })
+    }
+
+    fn export_existing(_ctx: &HostContext, ptr: DevicePtr, len: u64) -> Result<ExistingExport, BackendError> {
+        let Some(memory) = allocation_holding(ptr) else {
+            return Err(BackendError::Unsupported {
+                backend: Self::KIND.name(),
+                reason: format!("no live region made by HostFake::allocate holds the address {ptr}"),
+                fix: "share memory the host backend allocated (HostFake::allocate)".into(),
+            });
+        };
+        let base = DevicePtr(memory.as_ptr() as u64);
+        let offset = offset_in_allocation(Self::KIND.name(), ptr, len, base, memory.len() as u64)?;
+        let handle = Self::export(&HostRegion { memory: memory.clone() })?;
+        Ok(ExistingExport { handle, base, offset, keep_alive: Some(Box::new(memory)) })
     }
 
     fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError> {

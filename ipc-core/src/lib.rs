@@ -1,7 +1,7 @@
 //! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the object door, the frame ring and
-//! its sync strategies, and the toolkit's other shared objects ([`semaphore`]). See `docs/` for the layering; only
-//! [`driver`] and [`sys`] (the OS shared-memory owner) contain `unsafe` code, plus one `unsafe impl` in
-//! [`ring::layout`]: the ring's own promise that its control block is made only of atomics
+//! its sync strategies, and the toolkit's other shared objects ([`semaphore`], [`pool`]). See `docs/` for the
+//! layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain `unsafe` code, plus one `unsafe impl`
+//! in [`ring::layout`]: the ring's own promise that its control block is made only of atomics
 //! ([`sys::shm::AtomicPlainData`]), kept next to the fields it is about.
 
 pub mod backend;
@@ -10,6 +10,7 @@ pub mod door;
 pub mod driver;
 pub mod fake;
 pub mod frames;
+pub mod pool;
 pub mod ring;
 pub mod semaphore;
 #[allow(unsafe_code)]

@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use ipc_core::pool::layout::{BlockId, Geometry};
+use ipc_core::pool::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest, PoolOffer};
 use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, MAGIC as RING_MAGIC};
 use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
 use ipc_core::semaphore::SemaphoreOffer;
@@ -180,6 +182,15 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
             }),
         ),
         (
+            "object-offer-pool",
+            Message::ObjectOffer(ObjectOffer {
+                kind: ObjectKind::Pool,
+                peer_id: 3,
+                fd_count: 3,
+                body: pool_offer().encode().unwrap(),
+            }),
+        ),
+        (
             "object-offer-semaphore",
             Message::ObjectOffer(ObjectOffer {
                 kind: ObjectKind::Semaphore,
@@ -226,9 +237,27 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
     ])
 }
 
+/// The pool's offer body in `golden-hex object-offer-pool`.
+fn pool_offer() -> PoolOffer {
+    let geometry = Geometry { entry_slots: 4096, block_slots: 64 };
+    PoolOffer {
+        backend: BackendKind::Vmm,
+        owner_pid: 1234,
+        pool_id: 0x1_8765_4321,
+        geometry,
+        directory_bytes: geometry.directory_bytes() as u64,
+        pins_bytes: geometry.pins_bytes() as u64,
+        device_uuid: UUID,
+    }
+}
+
+/// Golden blocks of the pool's block channel: fixed-size messages without a header.
+const BLOCK_CHANNEL_PREFIX: &str = "block-";
+
 #[test]
 fn every_golden_message_encodes_to_its_bytes_and_decodes_to_its_value() {
-    let blocks = golden_blocks(&doc("protocol.md"), "protocol.md");
+    let mut blocks = golden_blocks(&doc("protocol.md"), "protocol.md");
+    blocks.retain(|name, _| !name.starts_with(BLOCK_CHANNEL_PREFIX));
     let values = golden_messages();
     let documented: Vec<&str> = blocks.keys().map(String::as_str).collect();
     let known: Vec<&str> = values.keys().copied().collect();
@@ -258,6 +287,34 @@ fn every_golden_message_encodes_to_its_bytes_and_decodes_to_its_value() {
         MessageType::StatusReport,
     ] {
         assert!(shown.contains(&t), "no golden example of {}", t.name());
+    }
+}
+
+#[test]
+fn the_pool_block_channel_examples_are_what_the_pool_encodes_and_decodes() {
+    let mut blocks = golden_blocks(&doc("protocol.md"), "protocol.md");
+    blocks.retain(|name, _| name.starts_with(BLOCK_CHANNEL_PREFIX));
+    let block = BlockId { index: 7, serial: 3 };
+    let request = &blocks["block-request"];
+    assert_eq!(BlockRequest { block }.encode().as_slice(), request.as_slice());
+    assert_eq!(BlockRequest::decode(request.as_slice().try_into().unwrap()).unwrap(), BlockRequest { block });
+    let legacy_handle: [u8; 64] = std::array::from_fn(|i| 0x40 + i as u8);
+    let replies = [
+        (
+            "block-grant-legacy",
+            BlockReply::Grant { block, bytes: 64 << 20, legacy_handle: Some(legacy_handle), with_fd: false },
+        ),
+        ("block-grant-vmm", BlockReply::Grant { block, bytes: 64 << 20, legacy_handle: None, with_fd: true }),
+        ("block-gone", BlockReply::Gone { block }),
+    ];
+    let mut names: Vec<&str> = replies.iter().map(|(name, _)| *name).collect();
+    names.push("block-request");
+    names.sort_unstable();
+    assert_eq!(blocks.keys().map(String::as_str).collect::<Vec<_>>(), names, "block channel examples");
+    for (name, reply) in replies {
+        let bytes: &[u8; BLOCK_REPLY_BYTES] = blocks[name].as_slice().try_into().unwrap();
+        assert_eq!(&reply.encode(), bytes, "{name}: the pool encodes other bytes than the doc");
+        assert_eq!(BlockReply::decode(bytes, reply.fd_count()).unwrap(), reply, "{name}");
     }
 }
 

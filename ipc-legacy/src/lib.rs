@@ -16,10 +16,10 @@
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
-use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
+use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
 use ipc_core::driver::{
-    Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, pointer_allowed_handle_types,
-    pointer_is_legacy_ipc_capable, sys,
+    Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, address_range,
+    pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable, sys,
 };
 use ipc_core::wire::BackendKind;
 
@@ -80,17 +80,29 @@ impl Legacy {
     pub fn export_ptr(ptr: DevicePtr) -> Result<[u8; 64], BackendError> {
         if !pointer_is_legacy_ipc_capable(ptr)? {
             let vmm = pointer_allowed_handle_types(ptr).unwrap_or(0) != 0;
-            return Err(BackendError::Unsupported {
-                backend: Self::KIND.name(),
-                reason: if vmm {
+            let pool = !vmm && pointer_is_from_pool(ptr).unwrap_or(false);
+            let (reason, fix) = if vmm {
+                (
                     format!(
                         "memory at {ptr} is a VMM (cuMemCreate) allocation, which cannot be exported as a legacy handle"
-                    )
-                } else {
-                    format!("memory at {ptr} is not legacy-IPC capable (not from cuMemAlloc)")
-                },
-                fix: if vmm { "use the vmm backend".into() } else { "allocate it with cuMemAlloc".into() },
-            });
+                    ),
+                    "use the vmm backend",
+                )
+            } else if pool {
+                (
+                    format!(
+                        "memory at {ptr} comes from a stream-ordered memory pool (cuMemAllocAsync), which has no \
+                         legacy IPC handle"
+                    ),
+                    "allocate it with cuMemAlloc (PyTorch: the default caching allocator, not cudaMallocAsync)",
+                )
+            } else {
+                (
+                    format!("memory at {ptr} is not legacy-IPC capable (not from cuMemAlloc: host, managed or other)"),
+                    "allocate it with cuMemAlloc",
+                )
+            };
+            return Err(BackendError::Unsupported { backend: Self::KIND.name(), reason, fix: fix.into() });
         }
         Ok(IpcMemHandle::of(ptr)?.0)
     }
@@ -126,6 +138,20 @@ impl Backend for Legacy {
     fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError> {
         let bytes = Self::export_ptr(region.ptr())?;
         Ok(ExportedHandle { bytes: bytes.to_vec(), fd: None, size: region.len() })
+    }
+
+    fn export_existing(ctx: &Context, ptr: DevicePtr, len: u64) -> Result<ExistingExport, BackendError> {
+        ctx.bind()?;
+        let bytes = Self::export_ptr(ptr)?;
+        // The handle names the whole cuMemAlloc allocation; an importer maps all of it, at its base.
+        let (base, size) = address_range(ptr)?;
+        let offset = offset_in_allocation(Self::KIND.name(), ptr, len, base, size)?;
+        Ok(ExistingExport {
+            handle: ExportedHandle { bytes: bytes.to_vec(), fd: None, size },
+            base,
+            offset,
+            keep_alive: None,
+        })
     }
 
     fn import(ctx: &Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError> {

@@ -17,8 +17,11 @@
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
-use ipc_core::backend::{Backend, BackendError, ExportedHandle, SharedRegion};
-use ipc_core::driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, VmmAllocation, VmmGranularity, VmmMapping, sys};
+use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
+use ipc_core::driver::{
+    Context, DeviceMemory, DevicePtr, DeviceSpan, VmmAllocation, VmmGranularity, VmmMapping, address_range,
+    pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable, sys,
+};
 use ipc_core::wire::BackendKind;
 
 /// The VMM backend.
@@ -87,6 +90,41 @@ impl Backend for Vmm {
         Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd), size: region.len() })
     }
 
+    fn export_existing(ctx: &Context, ptr: DevicePtr, len: u64) -> Result<ExistingExport, BackendError> {
+        ctx.bind()?;
+        let allowed = pointer_allowed_handle_types(ptr)?;
+        if allowed & u64::from(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 {
+            return Err(not_posix_fd_exportable(ptr, allowed));
+        }
+        // The attribute is only asked to name the cause; a driver that cannot answer it is not a refusal.
+        if pointer_is_from_pool(ptr).unwrap_or(false) {
+            // Its pool may allow POSIX fds, but its pointers are exported through the pool, never one by one (the
+            // vmm-compat probe: cuMemExportToShareableHandle on such memory is CUDA_ERROR_INVALID_VALUE).
+            return Err(BackendError::Unsupported {
+                backend: Self::KIND.name(),
+                reason: format!(
+                    "memory at {ptr} comes from a stream-ordered memory pool (cuMemAllocFromPoolAsync), whose \
+                     allocations are not exported one by one"
+                ),
+                fix: "allocate it with cuMemCreate and the POSIX-fd handle type (PyTorch: \
+                      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), or export the pool itself"
+                    .into(),
+            });
+        }
+        // For VMM memory the driver reports the mapping of the one physical allocation that holds `ptr` (an
+        // expandable segment maps many of them side by side): a range must lie inside it.
+        let (base, size) = address_range(ptr)?;
+        let offset = offset_in_allocation(Self::KIND.name(), ptr, len, base, size)?;
+        let allocation = VmmAllocation::retain(ctx, base, size)?;
+        let fd = allocation.export_fd()?;
+        Ok(ExistingExport {
+            handle: ExportedHandle { bytes: Vec::new(), fd: Some(fd), size },
+            base,
+            offset,
+            keep_alive: Some(Box::new(allocation)),
+        })
+    }
+
     fn import(ctx: &Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError> {
         let Some(fd) = handle.fd else {
             return Err(BackendError::MalformedHandle {
@@ -99,6 +137,33 @@ impl Backend for Vmm {
         drop(fd);
         Ok(VmmRegion { mapping: VmmMapping::map(allocation)? })
     }
+}
+
+/// Why memory that does not allow the POSIX-fd handle type cannot be exported by the vmm backend, and what to do.
+fn not_posix_fd_exportable(ptr: DevicePtr, allowed: u64) -> BackendError {
+    let legacy = pointer_is_legacy_ipc_capable(ptr).unwrap_or(false);
+    let (reason, fix) = if legacy {
+        (format!("memory at {ptr} is a cuMemAlloc allocation, which has no POSIX-fd handle"), "use the legacy backend")
+    } else if allowed == 0 {
+        (
+            format!(
+                "memory at {ptr} allows no shareable handle type (CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES is 0): \
+                 it was made by cuMemCreate without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or it is host, \
+                 managed or stream-ordered pool memory"
+            ),
+            "allocate it with cuMemCreate and the POSIX-fd handle type (PyTorch: \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
+        )
+    } else {
+        (
+            format!(
+                "memory at {ptr} allows the handle types {allowed:#x} but not POSIX file descriptors ({:#x})",
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            ),
+            "allocate it with cuMemCreate and the POSIX-fd handle type",
+        )
+    };
+    BackendError::Unsupported { backend: Vmm::KIND.name(), reason, fix: fix.into() }
 }
 
 /// The frame-sharing API on the vmm backend, so that an application names the backend once, in its dependency:

@@ -15,11 +15,23 @@ pub fn exe(name: &str) -> PathBuf {
             PathBuf::from(match name {
                 "producer" => env!("CARGO_BIN_EXE_producer"),
                 "semaphore" => env!("CARGO_BIN_EXE_semaphore"),
+                "pool" => env!("CARGO_BIN_EXE_pool"),
                 _ => env!("CARGO_BIN_EXE_consumer"),
             })
         },
         PathBuf::from,
     )
+}
+
+/// Appends `result` as one JSON line to `<prefix>-<GPU_IPC_RESULTS_TAG>.jsonl` in `GPU_IPC_RESULTS_DIR`, when set
+/// (how the GPU suite keeps the figures of its runs).
+pub fn record(prefix: &str, result: &serde_json::Value) {
+    use std::io::Write;
+    let Some(dir) = std::env::var_os("GPU_IPC_RESULTS_DIR") else { return };
+    let tag = std::env::var("GPU_IPC_RESULTS_TAG").unwrap_or_else(|_| "default".into());
+    let path = PathBuf::from(dir).join(format!("{prefix}-{tag}.jsonl"));
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    writeln!(file, "{result}").unwrap();
 }
 
 pub fn socket(tag: &str) -> PathBuf {

@@ -24,7 +24,7 @@ use crate::wire::{
     RendezvousListener, SocketAccess, StatusReport, StatusRequest, WireError,
 };
 
-/// How often the door's service thread looks for new handshakes to answer; a hang-up wakes it at once.
+/// Longest the door's service thread waits in one poll: a hello to answer, an attached peer's hang-up wake it at once.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(20);
 
 /// A peer of an object, as its owner knows it: what `gpu-ipc ps` lists.
@@ -272,7 +272,7 @@ fn serve(admission: &Admission<PeerNumbers>, host: &dyn ObjectHost, registry: &M
         while let Some(event) = admission.try_next() {
             handle(admission, host, registry, event);
         }
-        watch_attached(host, registry);
+        watch_attached(host, registry, admission.news());
     }
     let mut registry = registry.lock().unwrap_or_else(PoisonError::into_inner);
     registry.attached.clear();
@@ -329,7 +329,7 @@ fn offer_for(host: &dyn ObjectHost, info: &PeerInfo) -> super::admission::OfferK
 
 /// Waits up to [`WATCH_INTERVAL`] for an attached peer's connection to hang up (or say anything: after `Attached`
 /// a peer only says `Detach` before it closes) and reports the ones that did.
-fn watch_attached(host: &dyn ObjectHost, registry: &Mutex<Registry>) {
+fn watch_attached(host: &dyn ObjectHost, registry: &Mutex<Registry>, news: BorrowedFd<'_>) {
     // Poll duplicates of the sockets, so that the registry is not locked while waiting.
     let watched: Vec<(u32, OwnedFd)> = {
         let registry = registry.lock().unwrap_or_else(PoisonError::into_inner);
@@ -339,18 +339,16 @@ fn watch_attached(host: &dyn ObjectHost, registry: &Mutex<Registry>) {
             .filter_map(|(info, conn)| Some((info.id, conn.as_fd().try_clone_to_owned().ok()?)))
             .collect()
     };
-    let mut fds: Vec<PollFd<'_>> =
-        watched.iter().map(|(_, fd)| PollFd::new(fd, PollFlags::IN | PollFlags::RDHUP)).collect();
+    // The admission thread's news first: a hello waiting for its offer wakes the thread at once.
+    let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::from_borrowed_fd(news, PollFlags::IN))
+        .chain(watched.iter().map(|(_, fd)| PollFd::new(fd, PollFlags::IN | PollFlags::RDHUP)))
+        .collect();
     let timeout = Timespec { tv_sec: 0, tv_nsec: i64::try_from(WATCH_INTERVAL.as_nanos()).unwrap_or(20_000_000) };
-    if fds.is_empty() {
-        std::thread::sleep(WATCH_INTERVAL);
-        return;
-    }
     if poll(&mut fds, Some(&timeout)).is_err() {
         return;
     }
     let stirred: Vec<u32> =
-        fds.iter().zip(&watched).filter(|(fd, _)| !fd.revents().is_empty()).map(|(_, (id, _))| *id).collect();
+        fds.iter().skip(1).zip(&watched).filter(|(fd, _)| !fd.revents().is_empty()).map(|(_, (id, _))| *id).collect();
     drop(fds);
     for id in stirred {
         let gone = {

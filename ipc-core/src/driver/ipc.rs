@@ -146,3 +146,20 @@ pub fn pointer_allowed_handle_types(ptr: DevicePtr) -> Result<u64> {
     })?;
     Ok(value)
 }
+
+/// Whether the memory at `ptr` comes from a stream-ordered memory pool (`cuMemAllocAsync`,
+/// `cuMemAllocFromPoolAsync`: `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE` is not null). Such memory is shared by
+/// exporting its pool ([`MemoryPool::export_fd`](super::MemoryPool::export_fd)), never by pointer alone.
+///
+/// # Errors
+/// A failing `cuPointerGetAttribute`.
+pub fn pointer_is_from_pool(ptr: DevicePtr) -> Result<bool> {
+    let d = Driver::get()?;
+    let f = entry!(d, cuPointerGetAttribute, "cuPointerGetAttribute")?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: this attribute writes one `CUmemoryPool` (a pointer-sized handle) into the valid local.
+    d.check("cuPointerGetAttribute", unsafe {
+        f((&mut pool as *mut sys::CUmemoryPool).cast(), sys::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, ptr.0)
+    })?;
+    Ok(!pool.is_null())
+}

@@ -57,7 +57,9 @@ pub use device::{ComputeMode, Device, DeviceUuid, InvalidDeviceUuid};
 pub use error::{DriverError, Result};
 pub use event::{Event, EventFlags, IpcEventHandle};
 pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer, RegistrableHostMemory};
-pub use ipc::{IpcMapping, IpcMemHandle, pointer_allowed_handle_types, pointer_is_legacy_ipc_capable};
+pub use ipc::{
+    IpcMapping, IpcMemHandle, pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable,
+};
 pub use loader::{Driver, DriverVersion};
 pub use memory::{
     DeviceBuffer, DeviceCopy, DevicePtr, copy_device_async, copy_device_to_host_memory, copy_from_device,

@@ -160,32 +160,12 @@ impl SharedMemory {
     /// Maps a memfd received from a peer, after checking that it is exactly `expected_len` bytes and sealed
     /// against shrinking and growing.
     pub fn from_fd(fd: OwnedFd, expected_len: usize) -> Result<Self, ShmError> {
-        if expected_len == 0 {
-            return Err(ShmError::ZeroLength { name: "<from fd>".to_owned() });
-        }
-        let seals =
-            rustix::fs::fcntl_get_seals(&fd).map_err(|source| ShmError::Seal { call: "F_GET_SEALS", source })?;
-        if !seals.contains(REQUIRED_SEALS) {
-            return Err(ShmError::NotSealed { found: seals.bits() });
-        }
-        let stat = rustix::fs::fstat(&fd).map_err(|source| ShmError::Stat { source })?;
-        // A negative size cannot happen for a memfd; map it to a value that fails the comparison.
-        let actual = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
-        if actual != expected_len as u64 {
-            return Err(ShmError::SizeMismatch { expected: expected_len, actual });
-        }
+        check_received(&fd, expected_len)?;
         Self::map(fd, expected_len)
     }
 
     fn map(fd: OwnedFd, len: usize) -> Result<Self, ShmError> {
-        // SAFETY: a null hint lets the kernel pick a fresh range, so no existing Rust object is aliased or
-        // replaced; `len` is non-zero and equals the file size, which the seals keep from shrinking, so every
-        // byte of the mapping stays backed by the file.
-        let raw = unsafe {
-            rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
-        }
-        .map_err(|source| ShmError::Map { len, source })?;
-        let ptr = NonNull::new(raw).ok_or(ShmError::Map { len, source: Errno::FAULT })?;
+        let ptr = map_shared(&fd, len, ProtFlags::READ | ProtFlags::WRITE)?;
         Ok(Self { ptr, len, fd })
     }
 
@@ -215,6 +195,34 @@ impl SharedMemory {
     /// A new close-on-exec descriptor for the same memfd.
     pub fn try_clone_fd(&self) -> Result<OwnedFd, ShmError> {
         rustix::io::fcntl_dupfd_cloexec(&self.fd, 0).map_err(|source| ShmError::CloneFd { source })
+    }
+
+    /// Adds `F_SEAL_FUTURE_WRITE` (Linux 5.1): from now on nobody can map the memfd writable, so peers that
+    /// receive it can only read it ([`ReadOnlyMemory`]); mappings made before, this one included, stay writable.
+    ///
+    /// # Errors
+    /// [`ShmError::Seal`] (`EINVAL` on a kernel older than 5.1).
+    pub fn seal_future_writes(&self) -> Result<(), ShmError> {
+        rustix::fs::fcntl_add_seals(&self.fd, SealFlags::FUTURE_WRITE)
+            .map_err(|source| ShmError::Seal { call: "F_ADD_SEALS(F_SEAL_FUTURE_WRITE)", source })
+    }
+
+    /// The `count` aligned 64-bit words from word index `first` on, as atomics: for layouts addressed by word
+    /// index rather than by a `#[repr(C)]` struct (the memory pool's directory, whose size is chosen at run time).
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfRange`] when they do not all lie inside the mapping.
+    pub fn words(&self, first: usize, count: usize) -> Result<&[AtomicU64], ShmError> {
+        let range = first.checked_mul(8).zip(count.checked_mul(8));
+        let Some((offset, bytes)) = range else {
+            return Err(ShmError::OutOfRange { offset: usize::MAX, bytes: usize::MAX, len: self.len });
+        };
+        self.check_range(offset, bytes)?;
+        // SAFETY: the words lie inside the mapping (checked above), which is page aligned, so each is aligned; the
+        // mapping lives as long as the returned borrow of `self`; any bit pattern is a valid `AtomicU64`, and Rust
+        // code reaches this memory only through `AtomicU64`s, so concurrent use from other threads or processes is
+        // atomic.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>().add(first), count) })
     }
 
     fn check_range(&self, offset: usize, bytes: usize) -> Result<(), ShmError> {
@@ -290,6 +298,34 @@ impl SharedMemory {
     }
 }
 
+/// Checks a memfd received from a peer: exactly `expected_len` bytes, sealed against shrinking and growing.
+fn check_received(fd: &OwnedFd, expected_len: usize) -> Result<(), ShmError> {
+    if expected_len == 0 {
+        return Err(ShmError::ZeroLength { name: "<from fd>".to_owned() });
+    }
+    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|source| ShmError::Seal { call: "F_GET_SEALS", source })?;
+    if !seals.contains(REQUIRED_SEALS) {
+        return Err(ShmError::NotSealed { found: seals.bits() });
+    }
+    let stat = rustix::fs::fstat(fd).map_err(|source| ShmError::Stat { source })?;
+    // A negative size cannot happen for a memfd; map it to a value that fails the comparison.
+    let actual = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
+    if actual != expected_len as u64 {
+        return Err(ShmError::SizeMismatch { expected: expected_len, actual });
+    }
+    Ok(())
+}
+
+/// `mmap(2)` of the whole `len`-byte file `MAP_SHARED` with `prot`.
+fn map_shared(fd: &OwnedFd, len: usize, prot: ProtFlags) -> Result<NonNull<c_void>, ShmError> {
+    // SAFETY: a null hint lets the kernel pick a fresh range, so no existing Rust object is aliased or replaced;
+    // `len` is non-zero and equals the file size, which the seals keep from shrinking, so every byte of the
+    // mapping stays backed by the file.
+    let raw = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0) }
+        .map_err(|source| ShmError::Map { len, source })?;
+    NonNull::new(raw).ok_or(ShmError::Map { len, source: Errno::FAULT })
+}
+
 /// `src`, written at `offset`, split where it crosses 8-byte boundaries: one chunk per aligned word it touches.
 fn word_chunks(offset: usize, src: &[u8]) -> impl Iterator<Item = &[u8]> {
     let head = ((8 - offset % 8) % 8).min(src.len());
@@ -305,6 +341,77 @@ impl Drop for SharedMemory {
         // Like memmap2: an unmap error cannot be acted on in `drop`; log it and go on (the fd closes after this).
         if let Err(error) = result {
             tracing::warn!(%error, len = self.len, "munmap of shared memory failed");
+        }
+    }
+}
+
+/// A read-only `MAP_SHARED` mapping of a sealed memfd that a peer writes (the memory pool's directory), and the
+/// fd; unmapped on drop. Read only as relaxed 64-bit atomic loads: the one atomic access Rust defines on memory
+/// mapped read-only (on x86-64 and AArch64, the targets of this crate); readers order them with fences.
+#[derive(Debug)]
+pub struct ReadOnlyMemory {
+    ptr: NonNull<c_void>,
+    len: usize,
+    _fd: OwnedFd,
+}
+
+// Relaxed 64-bit loads are guaranteed not to write (and so not to fault on a read-only page) only on targets whose
+// 64-bit atomic load is a plain load.
+const _: () = assert!(
+    cfg!(any(target_arch = "x86_64", target_arch = "aarch64")),
+    "ReadOnlyMemory relies on 64-bit relaxed atomic loads working on read-only pages (x86-64, AArch64)"
+);
+
+// SAFETY: as for `SharedMemory`: the value owns its mapping and fd, nothing in it is bound to a thread.
+unsafe impl Send for ReadOnlyMemory {}
+// SAFETY: through `&ReadOnlyMemory` the memory is only read, with atomic loads, so sharing it between threads
+// gives no data race.
+unsafe impl Sync for ReadOnlyMemory {}
+
+impl ReadOnlyMemory {
+    /// Maps a memfd received from a peer read-only, after checking that it is exactly `expected_len` bytes and
+    /// sealed against shrinking and growing (a memfd sealed with `F_SEAL_FUTURE_WRITE` can only be mapped so).
+    ///
+    /// # Errors
+    /// As [`SharedMemory::from_fd`].
+    pub fn from_fd(fd: OwnedFd, expected_len: usize) -> Result<Self, ShmError> {
+        check_received(&fd, expected_len)?;
+        let ptr = map_shared(&fd, expected_len, ProtFlags::READ)?;
+        Ok(Self { ptr, len: expected_len, _fd: fd })
+    }
+
+    /// Length of the mapping in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a mapping has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The aligned 64-bit word at index `word` (bytes `8 * word ..`), loaded with `Ordering::Relaxed`; `None` when
+    /// it does not lie wholly inside the mapping.
+    pub fn load(&self, word: usize) -> Option<u64> {
+        let end = word.checked_add(1)?.checked_mul(8)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: the word lies inside the mapping (checked above), which is page aligned, so it is aligned and
+        // mapped for as long as `self`; any bit pattern is a valid `AtomicU64`; the access is a relaxed 64-bit
+        // load, which Rust defines on read-only memory on this crate's targets (asserted above) and which races
+        // with the writer's atomic stores without a data race.
+        let atomic = unsafe { &*self.ptr.as_ptr().cast::<AtomicU64>().add(word) };
+        Some(atomic.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for ReadOnlyMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the range `from_fd` mapped, unmapped only here, once; no reference into
+        // it outlives `self` (`load` returns values).
+        if let Err(error) = unsafe { rustix::mm::munmap(self.ptr.as_ptr(), self.len) } {
+            tracing::warn!(%error, len = self.len, "munmap of read-only shared memory failed");
         }
     }
 }
@@ -455,6 +562,26 @@ mod tests {
         assert_eq!(&seen, b"cdef");
         other.write_bytes(12, b"XY").unwrap();
         assert_eq!(view.get()[1].load(Ordering::Acquire).to_ne_bytes(), *b"abcdXYgh");
+    }
+
+    #[test]
+    fn a_future_write_seal_leaves_the_owner_writing_and_peers_reading_only() {
+        let owner = SharedMemory::create("shm-future-write", 4096).unwrap();
+        owner.seal_future_writes().unwrap();
+        let words = owner.words(1, 3).unwrap();
+        words[2].store(0xabcd, Ordering::Release);
+        assert!(matches!(owner.words(511, 2), Err(ShmError::OutOfRange { offset: 4088, bytes: 16, len: 4096 })));
+        assert!(matches!(owner.words(usize::MAX, 1), Err(ShmError::OutOfRange { .. })));
+        // Nobody can map it writable any more.
+        let err = SharedMemory::from_fd(owner.try_clone_fd().unwrap(), 4096).unwrap_err();
+        assert!(matches!(err, ShmError::Map { source: Errno::PERM, .. }), "{err}");
+        let reader = ReadOnlyMemory::from_fd(owner.try_clone_fd().unwrap(), 4096).unwrap();
+        assert_eq!(reader.load(3), Some(0xabcd));
+        words[2].store(7, Ordering::Release);
+        assert_eq!(reader.load(3), Some(7), "the reader sees the owner's later writes");
+        assert_eq!((reader.load(511).is_some(), reader.load(512), reader.load(usize::MAX)), (true, None, None));
+        let err = ReadOnlyMemory::from_fd(owner.try_clone_fd().unwrap(), 8192).unwrap_err();
+        assert!(matches!(err, ShmError::SizeMismatch { expected: 8192, actual: 4096 }), "{err}");
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub(super) struct FrontDoor<R: Records> {
     pub(super) events: mpsc::Sender<AdmissionEvent<R::Id>>,
     pub(super) offers: mpsc::Receiver<(u64, OfferKit<R::Id>)>,
     pub(super) wake: UnixStream,
+    /// Written one byte after each event, so that an owner waiting in `poll` (the object door) wakes at once.
+    pub(super) news: UnixStream,
     pub(super) pending: Vec<Handshake<R::Id>>,
     pub(super) accept_paused_until: Option<Instant>,
     /// The number of the next hello sent to the producer.
@@ -39,6 +41,14 @@ pub(super) struct FrontDoor<R: Records> {
 }
 
 impl<R: Records> FrontDoor<R> {
+    /// Sends `event` to the owner and wakes it (a full buffer means a wake-up is pending already; `NOSIGNAL`: an
+    /// owner that is gone has closed the other end).
+    fn announce(&self, event: AdmissionEvent<R::Id>) {
+        let _ = self.events.send(event);
+        let _ =
+            rustix::net::send(&self.news, &[1], rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT);
+    }
+
     /// [`FrontDoor::run`], started afresh after a panic (a bug: every failure a peer can cause is handled without
     /// one) once the handshakes in flight are failed, up to [`MAX_PANICS`] times; then it records why in
     /// `gave_up` and returns, which drops the listener (and removes the socket file).
@@ -251,7 +261,7 @@ impl<R: Records> FrontDoor<R> {
                 let handshake = self.pending.swap_remove(index);
                 if let Stage::Attached(id) = handshake.stage {
                     let pid = handshake.conn.peer().pid.unwrap_or(0);
-                    let _ = self.events.send(AdmissionEvent::Attached { id, pid, conn: handshake.conn });
+                    self.announce(AdmissionEvent::Attached { id, pid, conn: handshake.conn });
                 } else {
                     // A status request served: close in order.
                     handshake.conn.discard_unread();
@@ -282,7 +292,7 @@ impl<R: Records> FrontDoor<R> {
                 if let Some(handshake) = self.pending.get_mut(index) {
                     handshake.stage = Stage::Offer(token);
                 }
-                let _ = self.events.send(AdmissionEvent::WantsOffer { token, pid, name: hello.consumer_name, peer });
+                self.announce(AdmissionEvent::WantsOffer { token, pid, name: hello.consumer_name, peer });
                 Ok(false)
             }
             (Stage::Attached(id), Message::Attached(Attached { consumer_id })) if consumer_id == R::wire_id(id) => {
@@ -417,7 +427,7 @@ impl<R: Records> FrontDoor<R> {
         }
         drop(handshake);
         if let Some(id) = record {
-            let _ = self.events.send(AdmissionEvent::Failed { id });
+            self.announce(AdmissionEvent::Failed { id });
         }
     }
 
@@ -427,7 +437,7 @@ impl<R: Records> FrontDoor<R> {
         if let Err(e) = self.records.mark_dead(id) {
             tracing::warn!(record = ?id, error = %e, "could not mark a failed handshake's record dead");
         }
-        let _ = self.events.send(AdmissionEvent::Failed { id });
+        self.announce(AdmissionEvent::Failed { id });
     }
 }
 

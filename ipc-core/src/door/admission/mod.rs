@@ -142,6 +142,8 @@ pub(crate) struct Admission<R: Records> {
     events: Mutex<mpsc::Receiver<AdmissionEvent<R::Id>>>,
     offers: mpsc::Sender<(u64, OfferKit<R::Id>)>,
     wake: UnixStream,
+    /// Readable when events are waiting (see [`Admission::news`]).
+    news: UnixStream,
     stop: Arc<AtomicBool>,
     /// Set when the thread gave up after [`MAX_PANICS`] panics: what the last one said.
     gave_up: Arc<Mutex<Option<String>>>,
@@ -160,6 +162,9 @@ impl<R: Records> Admission<R> {
         let (wake, wake_rx) = UnixStream::pair()?;
         wake.set_nonblocking(true)?;
         wake_rx.set_nonblocking(true)?;
+        let (news_tx, news) = UnixStream::pair()?;
+        news_tx.set_nonblocking(true)?;
+        news.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let gave_up = Arc::new(Mutex::new(None));
         let thread = {
@@ -172,6 +177,7 @@ impl<R: Records> Admission<R> {
                 events: events_tx,
                 offers: offers_rx,
                 wake: wake_rx,
+                news: news_tx,
                 pending: Vec::new(),
                 accept_paused_until: None,
                 next_token: 0,
@@ -181,7 +187,7 @@ impl<R: Records> Admission<R> {
                 .name("gpu-ipc-admission".into())
                 .spawn(move || front_door.run_surviving_panics(&stop, &gave_up))?
         };
-        Ok(Self { events: Mutex::new(events), offers, wake, stop, gave_up, thread: Some(thread) })
+        Ok(Self { events: Mutex::new(events), offers, wake, news, stop, gave_up, thread: Some(thread) })
     }
 
     /// `Some(why)` once the thread gave up after [`MAX_PANICS`] panics, or ended in any other way while not told to
@@ -194,8 +200,18 @@ impl<R: Records> Admission<R> {
         })
     }
 
+    /// A socket that turns readable when the thread sends an event: an owner that waits in `poll` for other
+    /// things too (the object door) adds it to wake at once; [`Admission::try_next`] drains it.
+    pub(crate) fn news(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.news)
+    }
+
     /// The next event, without waiting.
     pub(crate) fn try_next(&self) -> Option<AdmissionEvent<R::Id>> {
+        let mut sink = [0u8; 64];
+        while matches!(rustix::net::recv(&self.news, &mut sink, rustix::net::RecvFlags::DONTWAIT), Ok((n, _)) if n > 0)
+        {
+        }
         self.events.lock().ok()?.try_recv().ok()
     }
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The toolkit's figures on a GPU machine, from what scripts/stage-gpu.sh staged (no Rust needed there):
+#   scripts/toolkit-gpu.sh OUT_DIR
+# Without MPS, then under a private MPS daemon (started and stopped here): the pool's attach and lookup cost at 1 and
+# 16 GiB (stage/bin/pool bench), the semaphore's round trips CPU<->CPU and stream<->stream (stage/bin/semaphore
+# bench), and each further toolkit bench staged beside them (queue, pipeline) when present; legacy and vmm each.
+# OUT_DIR receives toolkit.jsonl (one JSON line per run, with "mps", "backend", "what" added), toolkit.log (every
+# command and its output) and environment.txt. Exit status: 0 when every run exited 0, 1 otherwise.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=scripts/unpack-stage.sh
+. "$ROOT/scripts/unpack-stage.sh"
+unpack_stage "$ROOT"
+OUT="${1:?usage: scripts/toolkit-gpu.sh OUT_DIR}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+BIN="$ROOT/stage/bin"
+[ -x "$BIN/pool" ] || { echo "toolkit-gpu: nothing staged; run scripts/stage-gpu.sh first" >&2; exit 2; }
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "commit: $(cat "$ROOT/stage/COMMIT")"
+    nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm,clocks.mem --format=csv 2>&1
+} >"$OUT/environment.txt"
+FAILED=0
+
+# run MPS BACKEND WHAT CMD...: runs CMD, logs it, appends its last JSON line (tagged) to toolkit.jsonl.
+run() {
+    local mps="$1" backend="$2" what="$3"
+    shift 3
+    echo "+ [$mps] $*" >>"$OUT/toolkit.log"
+    local out rc
+    out="$(timeout 300 "$@" 2>>"$OUT/toolkit.log")"
+    rc=$?
+    echo "$out" >>"$OUT/toolkit.log"
+    echo "  exit $rc" >>"$OUT/toolkit.log"
+    [ $rc -eq 0 ] || { FAILED=1; echo "toolkit-gpu: FAILED [$mps] $*" >&2; }
+    local line
+    line="$(echo "$out" | grep '^{' | tail -n 1)"
+    [ -n "$line" ] || line='{}'
+    python3 - "$mps" "$backend" "$what" "$rc" "$line" >>"$OUT/toolkit.jsonl" <<'PY'
+import json, sys
+mps, backend, what, rc, line = sys.argv[1:6]
+try:
+    row = json.loads(line)
+except ValueError:
+    row = {"unparsed": line}
+if not isinstance(row, dict):
+    row = {"value": row}
+row.update({"mps": mps, "backend": backend, "what": what, "exit": int(rc)})
+print(json.dumps(row))
+PY
+}
+
+pass() {
+    local mps="$1"
+    for backend in legacy vmm; do
+        for mib in 1024 16384; do
+            run "$mps" "$backend" "pool-attach-${mib}MiB" \
+                "$BIN/pool" bench --backend "$backend" --capacity-mib "$mib" --buffers 64 --attaches 20 --json
+        done
+        run "$mps" "$backend" semaphore-round-trip "$BIN/semaphore" bench --backend "$backend" --rounds 10000 --json
+        [ -x "$BIN/queue" ] && run "$mps" "$backend" queue "$BIN/queue" bench --backend "$backend" --json
+    done
+}
+
+echo "toolkit-gpu: without MPS" >&2
+pass no-mps
+# shellcheck source=scripts/mps.sh
+. "$ROOT/scripts/mps.sh"
+if mps_start; then
+    echo "toolkit-gpu: under a private MPS daemon" >&2
+    pass mps
+    mps_stop "$OUT/mps-log"
+else
+    echo "toolkit-gpu: MPS pass skipped: $MPS_REASON" | tee -a "$OUT/toolkit.log" >&2
+    mps_stop
+fi
+exit $FAILED
