@@ -232,8 +232,8 @@ impl Consumer {
             _ => host,
         };
         let mapping = match (&end, &gpu) {
-            (PerBackend::Legacy(c), Some(g)) => Some(MappingHold::new(c.shared_region(), g.ctx.clone())),
-            (PerBackend::Vmm(c), Some(g)) => Some(MappingHold::new(c.shared_region(), g.ctx.clone())),
+            (PerBackend::Legacy(c), Some(g)) => Some(MappingHold::new(c.shared_region(), Some(g.ctx.clone()))),
+            (PerBackend::Vmm(c), Some(g)) => Some(MappingHold::new(c.shared_region(), Some(g.ctx.clone()))),
             _ => None,
         };
         Ok(Self {

@@ -9,6 +9,7 @@ use gpu_ipc::core::backend::BackendError as CoreBackendError;
 use gpu_ipc::core::door::DoorError;
 use gpu_ipc::core::driver::DriverError as CoreDriverError;
 use gpu_ipc::core::frames::FrameError;
+use gpu_ipc::core::pool::PoolError;
 use gpu_ipc::core::semaphore::SemaphoreError;
 use gpu_ipc::core::wire::WireError as CoreWireError;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -39,6 +40,10 @@ create_exception!(gpu_ipc, NoOwner, WireError, "Nothing listens at the socket pa
 create_exception!(gpu_ipc, OwnerGone, GpuIpcError, "The process that owns the shared object is gone.");
 create_exception!(gpu_ipc, PosterDied, GpuIpcError, "A process that posts to the semaphore died owing posts.");
 create_exception!(gpu_ipc, SemaphoreClosed, GpuIpcError, "The semaphore's owner closed it.");
+create_exception!(gpu_ipc, NotFound, GpuIpcError, "No live buffer of the pool has that name.");
+create_exception!(gpu_ipc, StaleBuffer, GpuIpcError, "The pool buffer was freed (its name maybe reused).");
+create_exception!(gpu_ipc, NameTaken, GpuIpcError, "A live buffer of the pool has that name already.");
+create_exception!(gpu_ipc, PoolFull, GpuIpcError, "The pool has no room (memory, directory or allocations).");
 
 /// Adds every exception class to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -67,6 +72,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OwnerGone", py.get_type::<OwnerGone>())?;
     m.add("PosterDied", py.get_type::<PosterDied>())?;
     m.add("SemaphoreClosed", py.get_type::<SemaphoreClosed>())?;
+    m.add("NotFound", py.get_type::<NotFound>())?;
+    m.add("StaleBuffer", py.get_type::<StaleBuffer>())?;
+    m.add("NameTaken", py.get_type::<NameTaken>())?;
+    m.add("PoolFull", py.get_type::<PoolFull>())?;
     Ok(())
 }
 
@@ -161,6 +170,41 @@ pub fn semaphore_to_py(e: SemaphoreError) -> PyErr {
         | SemaphoreError::WrongContext
         | SemaphoreError::TooManyStreamWaits { .. }
         | SemaphoreError::Full { .. } => ConfigError::new_err(message),
+        _ => GpuIpcError::new_err(message),
+    }
+}
+
+/// The Python exception for a pool's error, with the core's message: `NotFound`, `StaleBuffer` (`.name`,
+/// `.held_generation`, `.current`), `NameTaken`, `PoolFull`, `OwnerGone`, `Timeout`, `BackendError` (memory this
+/// backend cannot share, with what to do instead), `NoOwner` and `Refused` from its door, `ValueError` for an invalid
+/// name, request or configuration.
+pub fn pool_to_py(e: PoolError) -> PyErr {
+    let message = e.to_string();
+    match e {
+        PoolError::NotFound { name } => with_attrs(NotFound::new_err(message), vec![("name", Attr::Str(name))]),
+        PoolError::StaleBuffer { name, held_generation, current } => with_attrs(
+            StaleBuffer::new_err(message),
+            vec![
+                ("name", Attr::Str(name)),
+                ("held_generation", Attr::Int(held_generation)),
+                ("current", Attr::OptInt(current)),
+            ],
+        ),
+        PoolError::NameTaken { .. } => NameTaken::new_err(message),
+        PoolError::OutOfMemory { .. } | PoolError::DirectoryFull { .. } | PoolError::TooManyAllocations { .. } => {
+            PoolFull::new_err(message)
+        }
+        PoolError::OwnerGone { .. } => OwnerGone::new_err(message),
+        PoolError::Timeout { what, waited } => with_attrs(
+            Timeout::new_err(message),
+            vec![("what", Attr::Str(what.into())), ("waited", Attr::Float(waited.as_secs_f64()))],
+        ),
+        PoolError::Backend(_) => BackendError::new_err(message),
+        PoolError::Door(door) => door_to_py(door),
+        PoolError::InvalidName { .. } | PoolError::InvalidRequest { .. } | PoolError::Config(_) => {
+            PyValueError::new_err(message)
+        }
+        PoolError::Wire(_) | PoolError::Protocol { .. } => WireError::new_err(message),
         _ => GpuIpcError::new_err(message),
     }
 }

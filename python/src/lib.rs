@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `Producer`, `Slot` | `gpu_ipc::core::frames::{Producer, SlotLease}` |
 //! | `Consumer`, `Frame` | `gpu_ipc::core::frames::{Consumer, Frame}` |
+//! | `SharedPool`, `SharedBuffer`, `PoolImporter`, `BufferView` | `gpu_ipc::core::pool::{SharedPool, BufferHandle, PoolImporter, BufferView}` |
 //! | `Semaphore`, `SemaphoreWait` | `gpu_ipc::core::semaphore::{SemaphoreOwner, Semaphore, StreamWait}` |
 //! | `GpuIpcError` and its subclasses | `gpu_ipc::core::frames::FrameError`, `semaphore::SemaphoreError` |
 //!
@@ -16,6 +17,7 @@
 mod consumer;
 mod errors;
 mod mapping;
+mod pool;
 mod producer;
 mod ring;
 mod semaphore;
@@ -32,6 +34,11 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<consumer::Consumer>()?;
     m.add_class::<consumer::Frame>()?;
     m.add_class::<semaphore::Semaphore>()?;
+    m.add_class::<pool::SharedPool>()?;
+    m.add_class::<pool::SharedBuffer>()?;
+    m.add_class::<pool::PoolImporter>()?;
+    m.add_class::<pool::BufferView>()?;
+    m.add_function(wrap_pyfunction!(pool::sharing_backend, m)?)?;
     m.add_class::<semaphore::SemaphoreWait>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,8 +1,9 @@
 //! Keeping a ring's GPU memory mapped for as long as a tensor made from it lives.
 //!
-//! A DLPack capsule (and so `torch.from_dlpack(frame)`, `cupy.from_dlpack(frame)`, ...) and a `Frame` or `Slot`
-//! object (which `__cuda_array_interface__` consumers keep as the memory's owner) each hold a [`MappingHold`]: one
-//! more owner of the core's shared region (`Consumer::shared_region`, `Producer::shared_region`). Closing the
+//! A DLPack capsule (and so `torch.from_dlpack(frame)`, `cupy.from_dlpack(frame)`, ...) and a `Frame`, `Slot` or
+//! `BufferView` object (which `__cuda_array_interface__` consumers keep as the memory's owner) each hold a
+//! [`MappingHold`]: one more owner of the core's shared region (`Consumer::shared_region`,
+//! `Producer::shared_region`) or of a pool's pinned view (which keeps its block mapped and its bytes from reuse). Closing the
 //! consumer (or producer) then drops the core's own reference only, and the memory stays mapped in this process
 //! until the last tensor made from it is gone: such a tensor never points at unmapped memory. What it reads there
 //! is another matter: the slot is the producer's again (see the `Frame` docs).
@@ -30,14 +31,15 @@ trait Holder: Send + Sync {
 struct Hold<T: Send + Sync + 'static> {
     /// `None` only during `drop`.
     region: Option<Arc<T>>,
-    ctx: Context,
+    /// The device's context; `None` for host memory (no GPU work to wait for: the last hold drops it at once).
+    ctx: Option<Context>,
     /// The process that made the hold (see the module docs on `fork`).
     pid: u32,
 }
 
 impl MappingHold {
-    /// A hold on `region`, whose memory belongs to `ctx`'s device.
-    pub fn new<T: Send + Sync + 'static>(region: Arc<T>, ctx: Context) -> Self {
+    /// A hold on `region`, whose memory belongs to `ctx`'s device (`None`: host memory).
+    pub fn new<T: Send + Sync + 'static>(region: Arc<T>, ctx: Option<Context>) -> Self {
         Self(Box::new(Hold { region: Some(region), ctx, pid: std::process::id() }))
     }
 }
@@ -63,7 +65,7 @@ impl<T: Send + Sync + 'static> Drop for Hold<T> {
         }
         // `into_inner` is atomic: of two holds dropped at once on two threads, exactly one gets the region.
         let Some(last) = Arc::into_inner(region) else { return };
-        let ctx = self.ctx.clone();
+        let Some(ctx) = self.ctx.clone() else { return drop(last) };
         let handed = Arc::new(Mutex::new(Some(last)));
         let theirs = handed.clone();
         let spawned = std::thread::Builder::new().name("gpu-ipc-unmap".into()).spawn(move || {

@@ -171,8 +171,8 @@ impl Producer {
         });
         let (end, gpu, host) = made.map_err(to_py)?;
         let mapping = match (&end, &gpu) {
-            (PerBackend::Legacy(p), Some(g)) => Some(MappingHold::new(p.shared_region(), g.ctx.clone())),
-            (PerBackend::Vmm(p), Some(g)) => Some(MappingHold::new(p.shared_region(), g.ctx.clone())),
+            (PerBackend::Legacy(p), Some(g)) => Some(MappingHold::new(p.shared_region(), Some(g.ctx.clone()))),
+            (PerBackend::Vmm(p), Some(g)) => Some(MappingHold::new(p.shared_region(), Some(g.ctx.clone()))),
             _ => None,
         };
         Ok(Self {

@@ -122,13 +122,21 @@ pub enum Memory {
         /// contents still belong to the producer once released).
         hold: MappingHold,
     },
+    /// A pool buffer's memory, kept mapped (and, for an importer, pinned) by `hold`: on device `ordinal`, or host
+    /// memory (`None`). No stream to order after: when it is ready is for the processes sharing it to agree on.
+    Pool {
+        /// The device ordinal; `None` with the host backend.
+        ordinal: Option<i32>,
+        /// Keeps it mapped.
+        hold: MappingHold,
+    },
 }
 
 /// What a capsule keeps alive: the memory it points at (held, never read: dropping it is the point).
 #[allow(dead_code)]
 enum Keep {
     Host(HostRegion),
-    Gpu(MappingHold),
+    Held(MappingHold),
 }
 
 /// One view: what `__dlpack__` exports.
@@ -145,8 +153,8 @@ impl View {
     /// `__dlpack_device__()`: `(kDLCPU, 0)` or `(kDLCUDA, ordinal)`.
     pub fn device(&self) -> DLDevice {
         match &self.memory {
-            Memory::Host(_) => DLDevice::CPU,
-            Memory::Cuda { ordinal, .. } => DLDevice::cuda(*ordinal),
+            Memory::Host(_) | Memory::Pool { ordinal: None, .. } => DLDevice::CPU,
+            Memory::Cuda { ordinal, .. } | Memory::Pool { ordinal: Some(ordinal), .. } => DLDevice::cuda(*ordinal),
         }
     }
 
@@ -170,7 +178,7 @@ impl View {
     fn copied(&self, py: Python<'_>, max_version: Option<(u32, u32)>) -> PyResult<Py<PyAny>> {
         let Memory::Host(region) = &self.memory else {
             return Err(PyBufferError::new_err(
-                "copy=True is offered for host frames only; on a GPU copy on your stream, e.g. \
+                "copy=True is offered for host ring frames only; elsewhere copy the tensor, e.g. \
                  torch.from_dlpack(frame).clone()",
             ));
         };
@@ -204,7 +212,7 @@ impl View {
     fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
         let keep = match &self.memory {
             Memory::Host(region) => Keep::Host(region.clone()),
-            Memory::Cuda { hold, .. } => Keep::Gpu(hold.clone()),
+            Memory::Cuda { hold, .. } | Memory::Pool { hold, .. } => Keep::Held(hold.clone()),
         };
         let mut init = Dynamic::new(self.layout.shape.clone(), self.layout.strides.clone())
             .initialize_as::<M>(Box::new(keep))
@@ -217,7 +225,11 @@ impl View {
 
     /// `__cuda_array_interface__` (v3) for a GPU view; `None` for host memory (the attribute is then absent).
     pub fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Memory::Cuda { stream, .. } = &self.memory else { return Ok(None) };
+        let stream = match &self.memory {
+            Memory::Cuda { stream, .. } => Some(*stream),
+            Memory::Pool { ordinal: Some(_), .. } => None,
+            Memory::Host(_) | Memory::Pool { ordinal: None, .. } => return Ok(None),
+        };
         let d = PyDict::new(py);
         d.set_item("shape", PyTuple::new(py, &self.layout.shape)?)?;
         d.set_item("typestr", &self.layout.typestr)?;
@@ -225,8 +237,8 @@ impl View {
         d.set_item("version", 3)?;
         let element = i64::from(self.layout.dtype.bits / 8);
         d.set_item("strides", PyTuple::new(py, self.layout.strides.iter().map(|s| s * element))?)?;
-        // 0 (the NULL stream) is not allowed there: it means the legacy default stream, which is 1.
-        d.set_item("stream", if *stream == 0 { LEGACY_DEFAULT_STREAM } else { *stream })?;
+        // 0 (the NULL stream) is not allowed there: it means the legacy default stream, which is 1. None: no sync.
+        d.set_item("stream", stream.map(|s| if s == 0 { LEGACY_DEFAULT_STREAM } else { s }))?;
         Ok(Some(d))
     }
 }

@@ -23,6 +23,7 @@ from typing_extensions import Self
 __all__ = [
     "AdmissionError",
     "BackendError",
+    "BufferView",
     "ClosedError",
     "ConfigError",
     "Consumer",
@@ -34,11 +35,15 @@ __all__ = [
     "GpuIpcError",
     "GpuWaitGaveUp",
     "LEGACY_DEFAULT_STREAM",
+    "NameTaken",
     "NoDriver",
     "NoOwner",
     "NoProducer",
+    "NotFound",
     "OwnerGone",
     "PeerGone",
+    "PoolFull",
+    "PoolImporter",
     "PosterDied",
     "Producer",
     "ProducerGone",
@@ -48,11 +53,15 @@ __all__ = [
     "Semaphore",
     "SemaphoreClosed",
     "SemaphoreWait",
+    "SharedBuffer",
+    "SharedPool",
     "Slot",
+    "StaleBuffer",
     "StrategyUnavailable",
     "Timeout",
     "WireError",
     "__version__",
+    "sharing_backend",
 ]
 
 __version__: str
@@ -403,6 +412,179 @@ class SemaphoreWait:
     def ticket(self) -> int:
         """The wait's ticket: post number ``ticket + 1`` releases it."""
 
+@final
+class SharedPool:
+    """The owner of a pool of named buffers, served at ``socket``: other processes find each buffer by name
+    (``gpu_ipc.open`` or ``PoolImporter``) and read it in place, with no copy.
+
+    ``share(tensor, name)`` shares memory another allocator made, in place: a PyTorch CUDA tensor (its caching
+    allocator's ``cuMemAlloc`` memory with ``backend="legacy"``; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+    its ``cuMemCreate`` memory with ``backend="vmm"``), a CuPy array, anything with ``__cuda_array_interface__``, or on
+    the host backend a NumPy view of memory the host backend allocated. ``alloc(name, shape, dtype)`` allocates a
+    buffer in the pool's own memory (``capacity`` bytes; 0, the default, makes a pool that only shares). Usually made
+    for you by ``gpu_ipc.share``.
+
+    Example::
+
+        pool = gpu_ipc.SharedPool("/tmp/weights.sock", backend="legacy")
+        weights = torch.randn(4096, 4096, device="cuda")
+        shared = pool.share(weights, "weights/layer0")   # importers find it by name from now on
+        ...
+        shared.free()                                     # no longer found; its bytes stay while importers view it
+    """
+
+    def __new__(
+        cls, socket: str | os.PathLike[str], backend: str = "vmm", device: int = 0, capacity: int = 0
+    ) -> SharedPool: ...
+    def share(self, obj: Any, name: str) -> SharedBuffer:
+        """Shares ``obj``'s memory in place under ``name`` (no copy) and returns the owner's handle on it. The pool
+        keeps a reference to ``obj`` until the buffer is freed, so its allocator does not take the memory back
+        meanwhile; write it only when the importers expect it."""
+    def alloc(self, name: str, shape: Sequence[int], dtype: str = "uint8") -> SharedBuffer:
+        """Allocates a buffer of ``shape`` and ``dtype`` (contiguous) in the pool's own memory, named ``name``; fill it
+        through its views (``torch.from_dlpack(buffer)``)."""
+    @property
+    def backend(self) -> str: ...
+    @property
+    def socket(self) -> pathlib.Path: ...
+    def close(self) -> None:
+        """Closes the pool: importers find nothing new (``OwnerGone``); views they hold stay valid. Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class SharedBuffer:
+    """The owner's handle on a buffer of its pool: ``free()`` it (or leave the ``with`` block) to stop sharing it.
+
+    A buffer made by ``SharedPool.alloc`` is read and written through its views (``torch.from_dlpack(buffer)``,
+    ``__cuda_array_interface__``); one made by ``share`` is the object that was shared (``.source``). After ``free``
+    importers no longer find it by name, and its bytes are reused once none views it: do not use tensors made from an
+    allocated buffer after that.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def generation(self) -> int:
+        """Tells this buffer from an earlier or later one of the same name."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def source(self) -> Any:
+        """The object shared with ``SharedPool.share`` (``None`` for an allocated buffer, or once freed)."""
+    @property
+    def freed(self) -> bool: ...
+    def free(self) -> None:
+        """Stops sharing: importers no longer find it by name; its bytes are reused (a shared object is let go) once
+        no importer views it. Twice raises ``ReleasedError``."""
+    def __dlpack__(
+        self,
+        *,
+        stream: _StreamLike = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool:
+        """Frees the buffer unless it was freed already."""
+
+@final
+class PoolImporter:
+    """One process's attachment to a pool: finds its buffers by name, with no round trip to the owner.
+
+    ``backend``: the pool's (``None``, the default: asked of the owner). Usually made for you by ``gpu_ipc.open``.
+    """
+
+    def __new__(
+        cls,
+        socket: str | os.PathLike[str],
+        backend: str | None = None,
+        device: int = 0,
+        name: str = "pool-importer",
+        timeout: float = 5.0,
+        wait_for_owner: float = 0.0,
+    ) -> PoolImporter: ...
+    def lookup(self, name: str) -> BufferView:
+        """The live buffer named ``name``, as a view pinned for as long as it (or a tensor made from it) lives: its
+        bytes are not reused meanwhile, even if the owner frees it. Raises ``NotFound``, ``OwnerGone``."""
+    def names(self) -> list[str]:
+        """The names of the live buffers, as the pool's directory lists them now."""
+    @property
+    def owner_gone(self) -> bool:
+        """Whether the owner closed the pool or went away (views already held stay valid)."""
+    @property
+    def backend(self) -> str: ...
+    @property
+    def socket(self) -> pathlib.Path: ...
+    def close(self) -> None:
+        """Detaches (views already made stay valid). Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class BufferView:
+    """A pool buffer as seen by an importer: read and write it in place as a tensor (``torch.from_dlpack(view)``,
+    ``cupy.from_dlpack(view)``, ``numpy.from_dlpack(view)`` on the host backend), no copy.
+
+    The view (and every tensor made from it) pins the buffer: its bytes are not reused, even after the owner freed
+    it, until the last of them is gone; then GPU work queued so far is waited for before the pin goes. No stream
+    orders it: when the bytes are ready is for the processes sharing it to agree on (a ``Semaphore``, say).
+    ``release()`` gives up this object's pin; tensors made from it keep theirs.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def generation(self) -> int:
+        """The generation this view holds (a buffer freed and allocated again under its name has another)."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def ptr(self) -> int:
+        """The address of its first byte in this process (a device address on a GPU)."""
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Its tensor's shape (``(nbytes,)`` for a buffer shared without a description)."""
+    @property
+    def dtype(self) -> str: ...
+    def check_current(self) -> None:
+        """Raises ``StaleBuffer`` once the owner freed the buffer (the view's bytes stay valid), ``ReleasedError`` after
+        ``release``."""
+    def release(self) -> None:
+        """Gives up this object's pin (tensors made from it keep theirs). Idempotent."""
+    @property
+    def released(self) -> bool: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: _StreamLike = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+def sharing_backend(obj: Any, device: int = 0) -> str:
+    """The backend that shares ``obj``'s memory in place: ``"host"`` for host memory (``__array_interface__``);
+    ``"legacy"`` for GPU memory from ``cuMemAlloc`` (PyTorch's default caching allocator, CuPy's); ``"vmm"``
+    otherwise (``cuMemCreate``: PyTorch's ``expandable_segments:True``). ``device``: the GPU it is on."""
+
 class GpuIpcError(Exception):
     """The base of every gpu_ipc error; the message is the Rust core's."""
 
@@ -445,3 +627,14 @@ class PosterDied(GpuIpcError):
     record: int
 
 class SemaphoreClosed(GpuIpcError): ...
+
+class NotFound(GpuIpcError):
+    name: str
+
+class StaleBuffer(GpuIpcError):
+    name: str
+    held_generation: int
+    current: int | None
+
+class NameTaken(GpuIpcError): ...
+class PoolFull(GpuIpcError): ...
