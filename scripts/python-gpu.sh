@@ -9,7 +9,10 @@
 # 3. the rows (scripts/python_gpu.py, ends in scripts/python_gpu_ends.py): torch producer -> torch consumer for
 #    legacy, vmm x cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops at 3840x2160 RGB (4 slots); a Rust producer ->
 #    torch consumer against a Rust producer -> Rust consumer in interleaved rounds (the torch consumer's FPS as a
-#    fraction of the Rust consumer's; goal >= 0.9); a torch producer -> Rust consumer; CuPy and JAX consumers; each
+#    fraction of the Rust consumer's; goal >= 0.9); a torch producer -> Rust consumer; CuPy and JAX consumers; a
+#    semaphore between two processes (CPU posts -> stream waits, stream posts -> CPU waits); a tensor PyTorch
+#    allocated itself shared by name and read in place by another process (gpu_ipc.share / gpu_ipc.open), with the
+#    default caching allocator (legacy) and with expandable_segments:True (vmm); each
 #    frame checked on the GPU against the Rust examples' pattern (0 mismatched words), the zero-copy checks, a tensor
 #    of a frame read after its consumer closed, FPS and CPU time per frame of both ends;
 # 4. gpu-poll, both backends, under a private MPS daemon (scripts/mps.sh; recorded as skipped when none starts).

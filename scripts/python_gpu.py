@@ -36,6 +36,7 @@ PROCESS_TIMEOUT = 120  # seconds, each process of a row
 BUDGET = {"main": 330, "mps": 90}  # no new row after this many seconds of a set
 ROWS_FILE = "python-package.rows.jsonl"
 COMPARE = ("vmm", "gpu-stream-ops")
+SHARED_WORDS = 4 << 20  # int32: a 16 MiB tensor
 
 
 def row_specs(which: str, host: bool) -> list[dict[str, Any]]:
@@ -61,6 +62,11 @@ def row_specs(which: str, host: bool) -> list[dict[str, Any]]:
     rows += [spec(py, kind, backend, sync) for kind in extra]
     if not host:  # CPU posts -> stream waits -> stream posts -> CPU waits, between two processes
         rows.append(spec("semaphore", "semaphore", "vmm", "-", 2000))
+        # A tensor PyTorch allocated itself, read by another process in place: its default caching allocator
+        # (cuMemAlloc: legacy) and expandable segments (cuMemCreate: vmm; 16 MiB, inside one of its 20 MiB chunks).
+        rows.append(spec("share", "open", "legacy", "-", 1, words=SHARED_WORDS, alloc_conf=""))
+        rows.append(spec("share", "open", "vmm", "-", 1, words=SHARED_WORDS,
+                         alloc_conf="expandable_segments:True"))
     return rows
 
 
@@ -81,6 +87,10 @@ def command(role: str, kind: str, sock: str, r: dict[str, Any], host: bool) -> l
     if kind == "semaphore":
         mode = "sem-owner" if role == "producer" else "sem-peer"
         return [sys.executable, str(ENDS), mode, sock, r["backend"], str(r["frames_asked"])]
+    if kind in ("share", "open"):
+        mode = "share-owner" if kind == "share" else "open-reader"
+        env = ["env", f"PYTORCH_CUDA_ALLOC_CONF={r['alloc_conf']}"] if r["alloc_conf"] else []
+        return [*env, sys.executable, str(ENDS), mode, sock, r["backend"], str(r["words"])]
     if role == "producer":
         return [sys.executable, str(ENDS), "produce", sock, r["backend"], r["sync"], str(r["frames_asked"]), kind]
     return [sys.executable, str(ENDS), "consume", sock, r["backend"], str(r["frames_asked"]), kind]
@@ -146,7 +156,9 @@ def run_row(r: dict[str, Any], host: bool, log: Any) -> dict[str, Any]:
     if p:
         row["producer_fps"] = p["fps"]
         row["producer_cpu_us_per_frame"] = p["cpu_us_per_frame"]
-        row.update({k: v for k, v in p.items() if k in ("stream_waits_released_by_posts", "kernels_after_posts")})
+        kept = ("stream_waits_released_by_posts", "kernels_after_posts", "share_ms", "backend_chosen",
+                "reader_write_seen")
+        row.update({k: v for k, v in p.items() if k in kept})
     errors = [line for o in outs.values() for line in o.splitlines()
               if not line.startswith("{") and ("Error" in line or "error" in line or "killed" in line)]
     for name in ("consumer", "producer"):  # else the last words of a process that failed
@@ -157,7 +169,10 @@ def run_row(r: dict[str, Any], host: bool, log: Any) -> dict[str, Any]:
     zero_copy = [v for k, v in row.items() if k.endswith("_is_the_frame")]
     checks = [row.get("consumer_exit") == 0, row.get("producer_exit") == 0, row.get("frames") == r["frames_asked"],
               row.get("mismatched_words") == 0]
-    if r["consumer"] == "semaphore":
+    if r["consumer"] == "open":
+        checks += [row.get("backend_chosen") == r["backend"], row.get("reader_write_seen") is True,
+                   row.get("torch_from_dlpack_is_the_frame") is True]
+    elif r["consumer"] == "semaphore":
         checks += [row.get("stream_waits_released_by_posts") is True,
                    row.get("kernels_after_posts") == r["frames_asked"]]
     elif r["consumer"] != "rust":
@@ -261,6 +276,12 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], cmp: dict[str, Any
         if r["consumer"] == "semaphore":
             note = ("frames are round trips: CPU post, stream wait, kernel, stream post, CPU wait"
                     + (f"; {note}" if note else ""))
+        if r["consumer"] == "open":
+            conf = r.get("alloc_conf") or "default caching allocator"
+            note = (f"a {r['words'] * 4 >> 20} MiB torch tensor ({conf}) shared in place, backend chosen "
+                    f"{r.get('backend_chosen', '-')}, share {r.get('share_ms', 0):.1f} ms, open "
+                    f"{r.get('open_ms', 0):.1f} ms, the reader's write seen by the owner: "
+                    f"{r.get('reader_write_seen', '-')}" + (f"; {note}" if note else ""))
         ok = {True: "yes", False: "NO", None: "skipped"}[r.get("ok")]
         after = {True: "reads", None: "-"}.get(r.get("tensor_after_close_reads"), "NO")
         out.append(f"| {r['producer']} | {r['consumer']} | {r['backend']} | {r['sync']} | {r.get('frames', '-')} "

@@ -4,6 +4,8 @@
     python scripts/python_gpu_ends.py consume SOCK BACKEND FRAMES torch|cupy|jax|numpy
     python scripts/python_gpu_ends.py sem-owner SOCK BACKEND ROUNDS      (torch; SOCK and SOCK.pong)
     python scripts/python_gpu_ends.py sem-peer SOCK BACKEND ROUNDS
+    python scripts/python_gpu_ends.py share-owner SOCK EXPECTED_BACKEND WORDS   (torch; SOCK.done: a semaphore)
+    python scripts/python_gpu_ends.py open-reader SOCK EXPECTED_BACKEND WORDS
 
 Every frame carries the pattern of the Rust example programs (`kernels/src/pattern.rs`), so a Python end and a Rust
 `producer` or `consumer` check each other word for word: word i of frame s is `mix(i * 0x9E3779B1 ^ s * 0x85EBCA6B ^
@@ -370,6 +372,53 @@ def semaphore_peer(sock: str, backend: str, rounds: int) -> dict[str, Any]:
             "fps": rounds / wall, "cpu_us_per_frame": cpu * 1e6 / rounds, "round_trip_us": wall * 1e6 / rounds}
 
 
+def share_owner(sock: str, expected: str, words: int) -> dict[str, Any]:
+    """Shares a tensor PyTorch allocated itself (`gpu_ipc.share`, the backend chosen from its pointer), waits for the
+    reader's semaphore post, and checks that the reader's write landed in the tensor: one memory, no copy."""
+    import torch
+
+    import gpu_ipc
+
+    tensor = torch.arange(words, dtype=torch.int32, device="cuda:0")
+    torch.cuda.synchronize()
+    with gpu_ipc.Semaphore.create(sock + ".done", backend=expected) as done:
+        t0 = time.perf_counter()
+        shared = gpu_ipc.share(tensor, "tensor", socket=sock)
+        share_ms = (time.perf_counter() - t0) * 1e3
+        backend = gpu_ipc.sharing_backend(tensor)
+        done.wait(timeout=60)  # the reader checked it, wrote word 0, and posted
+        seen = int(tensor[0].item())
+        shared.free()
+    return {"role": "producer", "kind": "share", "frames": 1, "fps": 0.0, "cpu_us_per_frame": 0.0,
+            "share_ms": share_ms, "backend_chosen": backend, "reader_write_seen": seen == -1,
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+
+
+def open_reader(sock: str, expected: str, words: int) -> dict[str, Any]:
+    """Opens the owner's tensor by name, reads it in place through torch.from_dlpack (checked on the GPU with one
+    reduction), writes word 0, and posts the owner's semaphore."""
+    import torch
+
+    import gpu_ipc
+
+    torch.zeros(1, device="cuda:0")  # CUDA up before the clock starts
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    view = gpu_ipc.open(sock, "tensor", wait_for_owner=60)
+    open_ms = (time.perf_counter() - t0) * 1e3
+    x = torch.from_dlpack(view)
+    expected_words = torch.arange(words, dtype=torch.int32, device=x.device)
+    mismatched = int(torch.count_nonzero(x != expected_words).item())
+    x[0] = -1
+    torch.cuda.synchronize()
+    cpu = time.process_time() - cpu0
+    with gpu_ipc.Semaphore(sock + ".done", backend=expected, name="reader") as done:
+        done.post()
+    return {"role": "consumer", "kind": "open", "frames": 1, "published": 1, "mismatched_words": mismatched,
+            "fps": 0.0, "cpu_us_per_frame": cpu * 1e6, "open_ms": open_ms, "shape": list(x.shape),
+            "dtype": str(x.dtype), "torch_from_dlpack_is_the_frame": x.data_ptr() == view.ptr,
+            "pool_backend": expected}
+
+
 def main() -> int:
     mode, sock, backend = sys.argv[1], sys.argv[2], sys.argv[3]
     if mode == "produce":
@@ -380,6 +429,10 @@ def main() -> int:
         result = semaphore_owner(sock, backend, int(sys.argv[4]))
     elif mode == "sem-peer":
         result = semaphore_peer(sock, backend, int(sys.argv[4]))
+    elif mode == "share-owner":
+        result = share_owner(sock, backend, int(sys.argv[4]))
+    elif mode == "open-reader":
+        result = open_reader(sock, backend, int(sys.argv[4]))
     else:
         print(__doc__, file=sys.stderr)
         return 2
