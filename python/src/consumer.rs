@@ -12,14 +12,14 @@ use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyTuple;
 
 use crate::each_backend;
 use crate::errors::{ClosedError, EndOfStream, ForeignToken, ReleasedError, to_py};
 use crate::mapping::MappingHold;
 use crate::ring::{Gpu, Held, PerBackend, SLICE, lock, parse_backend, seconds, wait_in_slices, waits_on_cpu};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
-use crate::view::{Layout, Memory, View, consumer_stream, order_after};
+use crate::view::{ArrayMemory, Layout, Memory, View, order_after};
 
 type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<HostFake>>;
 
@@ -407,7 +407,7 @@ impl Drop for Consumer {
     }
 }
 
-impl Frame {
+impl ArrayMemory for Frame {
     fn view(&self) -> PyResult<View> {
         let consumer = self.consumer.get();
         if consumer.closed() {
@@ -435,6 +435,18 @@ impl Frame {
         Ok(View { ptr: self.ptr, layout: consumer.layout.clone(), memory })
     }
 
+    /// The frame's release waits for the work queued on `stream` (ordered after the frame's wait when it took it).
+    fn taken_on(&self, stream: u64) {
+        let mut readers = lock(&self.token.readers);
+        if !readers.contains(&stream) {
+            readers.push(stream);
+        }
+    }
+}
+
+crate::array_protocols!(Frame);
+
+impl Frame {
     fn release_here(&self, py: Python<'_>, raw: Option<u64>) -> PyResult<()> {
         self.consumer.get().release_token(py, &self.token, self.seq, raw.or(self.stream))
     }
@@ -488,40 +500,6 @@ impl Frame {
     fn release(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let raw = stream_handle(stream)?;
         self.release_here(py, raw)
-    }
-
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__(
-        &self,
-        py: Python<'_>,
-        stream: Option<&Bound<'_, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(u32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Py<PyAny>> {
-        let view = self.view()?;
-        if let Memory::Cuda { stream: frame_stream, .. } = &view.memory
-            && let Some(reader) = consumer_stream(stream)?
-            && reader != *frame_stream
-        {
-            let mut readers = lock(&self.token.readers);
-            if !readers.contains(&reader) {
-                readers.push(reader);
-            }
-        }
-        view.dlpack(py, stream, max_version, dl_device, copy)
-    }
-
-    fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
-        let device = self.view()?.device();
-        Ok((device.device_type.0, device.device_id))
-    }
-
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.view()?.cuda_array_interface(py)?.ok_or_else(|| {
-            pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
-        })
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

@@ -24,7 +24,7 @@ use crate::each_backend;
 use crate::errors::{ClosedError, GpuIpcError, ReleasedError, door_to_py, pool_to_py, to_py};
 use crate::mapping::MappingHold;
 use crate::ring::{Gpu, PerBackend, SLICE, lock, parse_backend, seconds};
-use crate::view::{Layout, Memory, View};
+use crate::view::{ArrayMemory, Layout, Memory, View};
 
 type Owner = PerBackend<CorePool<Legacy>, CorePool<Vmm>, CorePool<HostFake>>;
 type Handle = PerBackend<BufferHandle<Legacy>, BufferHandle<Vmm>, BufferHandle<HostFake>>;
@@ -315,7 +315,9 @@ impl SharedBuffer {
             source: Mutex::new(source),
         }
     }
+}
 
+impl ArrayMemory for SharedBuffer {
     fn view(&self) -> PyResult<View> {
         let handle = lock(&self.handle)
             .clone()
@@ -334,6 +336,8 @@ impl SharedBuffer {
         Ok(View { ptr: self.ptr, layout: self.layout.clone(), memory })
     }
 }
+
+crate::array_protocols!(SharedBuffer);
 
 #[pymethods]
 impl SharedBuffer {
@@ -394,30 +398,6 @@ impl SharedBuffer {
         });
         lock(&self.source).take();
         freed.map_err(pool_to_py)
-    }
-
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__(
-        &self,
-        py: Python<'_>,
-        stream: Option<&Bound<'_, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(u32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Py<PyAny>> {
-        self.view()?.dlpack(py, stream, max_version, dl_device, copy)
-    }
-
-    fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
-        let device = self.view()?.device();
-        Ok((device.device_type.0, device.device_id))
-    }
-
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.view()?.cuda_array_interface(py)?.ok_or_else(|| {
-            pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
-        })
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -645,7 +625,9 @@ impl BufferView {
     fn held(&self) -> PyResult<Arc<Viewed>> {
         lock(&self.view).clone().ok_or_else(|| ReleasedError::new_err(format!("view of `{}` was released", self.name)))
     }
+}
 
+impl ArrayMemory for BufferView {
     fn view(&self) -> PyResult<View> {
         let viewed = self.held()?;
         let memory = Memory::Pool {
@@ -655,6 +637,8 @@ impl BufferView {
         Ok(View { ptr: self.ptr, layout: self.layout.clone(), memory })
     }
 }
+
+crate::array_protocols!(BufferView);
 
 #[pymethods]
 impl BufferView {
@@ -711,30 +695,6 @@ impl BufferView {
     #[getter]
     fn released(&self) -> bool {
         lock(&self.view).is_none()
-    }
-
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__(
-        &self,
-        py: Python<'_>,
-        stream: Option<&Bound<'_, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(u32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Py<PyAny>> {
-        self.view()?.dlpack(py, stream, max_version, dl_device, copy)
-    }
-
-    fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
-        let device = self.view()?.device();
-        Ok((device.device_type.0, device.device_id))
-    }
-
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.view()?.cuda_array_interface(py)?.ok_or_else(|| {
-            pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
-        })
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

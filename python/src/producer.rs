@@ -13,14 +13,14 @@ use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyTuple;
 
 use crate::each_backend;
 use crate::errors::{ClosedError, ForeignToken, ReleasedError, to_py};
 use crate::mapping::MappingHold;
 use crate::ring::{Gpu, Held, PerBackend, lock, parse_backend, parse_sync, seconds, wait_in_slices, waits_on_cpu};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
-use crate::view::{Layout, Memory, View, consumer_stream, order_after, parse_format};
+use crate::view::{ArrayMemory, Layout, Memory, View, order_after, parse_format};
 
 type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<HostFake>>;
 
@@ -416,8 +416,8 @@ fn slot_layout(
     Ok(SlotLayout::tensors(desc))
 }
 
-impl Slot {
-    fn view(&self, py: Python<'_>) -> PyResult<View> {
+impl ArrayMemory for Slot {
+    fn view(&self) -> PyResult<View> {
         let producer = self.producer.get();
         if producer.closed() {
             return Err(ClosedError::new_err(format!("slot (frame {}): the producer is closed", self.seq)));
@@ -438,10 +438,19 @@ impl Slot {
             (None, _, Some(host)) => Memory::Host(host.clone()),
             _ => return Err(ClosedError::new_err("the producer holds no memory")),
         };
-        let _ = py;
         Ok(View { ptr: self.ptr, layout: producer.layout.clone(), memory })
     }
+
+    /// The slot's publish waits for the work queued on `stream` (ordered after the slot's wait when it took it).
+    fn taken_on(&self, stream: u64) {
+        let mut writers = lock(&self.writers);
+        if !writers.contains(&stream) {
+            writers.push(stream);
+        }
+    }
 }
+
+crate::array_protocols!(Slot);
 
 #[pymethods]
 impl Slot {
@@ -464,8 +473,8 @@ impl Slot {
 
     /// The slot's address (device address on a GPU, host address with the host backend).
     #[getter]
-    fn ptr(&self, py: Python<'_>) -> PyResult<u64> {
-        self.view(py).map(|v| v.ptr)
+    fn ptr(&self) -> PyResult<u64> {
+        self.view().map(|v| v.ptr)
     }
 
     #[getter]
@@ -487,43 +496,6 @@ impl Slot {
     #[getter]
     fn published(&self) -> bool {
         lock(&self.lease).is_none()
-    }
-
-    /// A DLPack capsule of the slot, no copy (the consumer's ``stream`` is ordered after ``acquire``'s).
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__(
-        &self,
-        py: Python<'_>,
-        stream: Option<&Bound<'_, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(u32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Py<PyAny>> {
-        let view = self.view(py)?;
-        if let Memory::Cuda { stream: slot_stream, .. } = &view.memory
-            && let Some(writer) = consumer_stream(stream)?
-            && writer != *slot_stream
-        {
-            let mut writers = lock(&self.writers);
-            if !writers.contains(&writer) {
-                writers.push(writer);
-            }
-        }
-        view.dlpack(py, stream, max_version, dl_device, copy)
-    }
-
-    /// ``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) with the host backend.
-    fn __dlpack_device__(&self, py: Python<'_>) -> PyResult<(u32, i32)> {
-        let device = self.view(py)?.device();
-        Ok((device.device_type.0, device.device_id))
-    }
-
-    /// Version 3, with ``stream``; absent (``AttributeError``) with the host backend.
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.view(py)?.cuda_array_interface(py)?.ok_or_else(|| {
-            pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
-        })
     }
 
     fn __repr__(&self) -> String {

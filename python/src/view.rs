@@ -284,6 +284,87 @@ impl DlpackExporter for View {
     }
 }
 
+/// A Python object whose memory is one [`View`] (a frame, a slot, a pool buffer): it gets `__dlpack__`,
+/// `__dlpack_device__` and `__cuda_array_interface__` from [`array_protocols!`](crate::array_protocols).
+pub trait ArrayMemory {
+    /// The memory now; raises once the object may no longer be used (released, closed, freed).
+    fn view(&self) -> PyResult<View>;
+
+    /// `stream`, another stream than the one the memory is ready on, took it through DLPack: a frame's release (a
+    /// slot's publish) must wait for the work queued there. Nothing by default.
+    fn taken_on(&self, _stream: u64) {}
+}
+
+/// `__dlpack__` of `memory`: a fresh capsule, the consumer's `stream` ordered after the memory's own (and noted).
+pub fn dlpack_of(
+    memory: &impl ArrayMemory,
+    py: Python<'_>,
+    stream: Option<&Bound<'_, PyAny>>,
+    max_version: Option<(u32, u32)>,
+    dl_device: Option<(u32, i32)>,
+    copy: Option<bool>,
+) -> PyResult<Py<PyAny>> {
+    let view = memory.view()?;
+    if let Memory::Cuda { stream: ready, .. } = &view.memory
+        && let Some(taker) = consumer_stream(stream)?
+        && taker != *ready
+    {
+        memory.taken_on(taker);
+    }
+    view.dlpack(py, stream, max_version, dl_device, copy)
+}
+
+/// `__dlpack_device__` of `memory`.
+pub fn dlpack_device_of(memory: &impl ArrayMemory) -> PyResult<(u32, i32)> {
+    let device = memory.view()?.device();
+    Ok((device.device_type.0, device.device_id))
+}
+
+/// `__cuda_array_interface__` of `memory`: absent (`AttributeError`) for host memory.
+pub fn cuda_array_interface_of<'py>(memory: &impl ArrayMemory, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    memory.view()?.cuda_array_interface(py)?.ok_or_else(|| {
+        pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
+    })
+}
+
+/// The array protocols of a `#[pyclass]` that implements [`ArrayMemory`], in a `#[pymethods]` block of their own
+/// (PyO3's `multiple-pymethods`): one definition for frames, slots and pool buffers.
+#[macro_export]
+macro_rules! array_protocols {
+    ($class:ty) => {
+        #[pyo3::pymethods]
+        impl $class {
+            /// A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+            /// memory is ready on.
+            #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+            fn __dlpack__(
+                &self,
+                py: pyo3::Python<'_>,
+                stream: Option<&pyo3::Bound<'_, pyo3::PyAny>>,
+                max_version: Option<(u32, u32)>,
+                dl_device: Option<(u32, i32)>,
+                copy: Option<bool>,
+            ) -> pyo3::PyResult<pyo3::Py<pyo3::PyAny>> {
+                $crate::view::dlpack_of(self, py, stream, max_version, dl_device, copy)
+            }
+
+            /// ``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory.
+            fn __dlpack_device__(&self) -> pyo3::PyResult<(u32, i32)> {
+                $crate::view::dlpack_device_of(self)
+            }
+
+            /// Version 3, with ``stream``; absent (``AttributeError``) in host memory.
+            #[getter]
+            fn __cuda_array_interface__<'py>(
+                &self,
+                py: pyo3::Python<'py>,
+            ) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::types::PyDict>> {
+                $crate::view::cuda_array_interface_of(self, py)
+            }
+        }
+    };
+}
+
 /// The stream a DLPack consumer names in `__dlpack__(stream=...)`: `None` when it asks for no synchronisation
 /// (`-1`); omitted, `0` and `1` are the legacy default stream.
 ///

@@ -199,12 +199,13 @@ class Slot:
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
     ) -> Any:
-        """A DLPack capsule of the slot, no copy (the consumer's ``stream`` is ordered after ``acquire``'s)."""
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
     def __dlpack_device__(self) -> tuple[int, int]:
-        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) with the host backend."""
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """Version 3, with ``stream``; absent (``AttributeError``) with the host backend."""
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
 
 @final
 class Consumer:
@@ -323,10 +324,14 @@ class Frame:
         max_version: tuple[int, int] | None = None,
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
-    ) -> Any: ...
-    def __dlpack_device__(self) -> tuple[int, int]: ...
+    ) -> Any:
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
     @property
-    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool:
         """Releases the frame unless it was released already (or its consumer closed); the end of the stream found by
@@ -486,14 +491,18 @@ class SharedBuffer:
     def __dlpack__(
         self,
         *,
-        stream: _StreamLike = None,
+        stream: Any = None,
         max_version: tuple[int, int] | None = None,
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
-    ) -> Any: ...
-    def __dlpack_device__(self) -> tuple[int, int]: ...
+    ) -> Any:
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
     @property
-    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool:
         """Frees the buffer unless it was freed already."""
@@ -569,14 +578,18 @@ class BufferView:
     def __dlpack__(
         self,
         *,
-        stream: _StreamLike = None,
+        stream: Any = None,
         max_version: tuple[int, int] | None = None,
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
-    ) -> Any: ...
-    def __dlpack_device__(self) -> tuple[int, int]: ...
+    ) -> Any:
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
     @property
-    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
 
