@@ -408,6 +408,10 @@ impl Drop for Consumer {
 }
 
 impl ArrayMemory for Frame {
+    fn layout(&self) -> &Layout {
+        &self.consumer.get().layout
+    }
+
     fn view(&self) -> PyResult<View> {
         let consumer = self.consumer.get();
         if consumer.closed() {
@@ -472,16 +476,6 @@ impl Frame {
     #[getter]
     fn ptr(&self) -> PyResult<u64> {
         self.view().map(|v| v.ptr)
-    }
-
-    #[getter]
-    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.consumer.get().layout.shape)
-    }
-
-    #[getter]
-    fn dtype(&self) -> &'static str {
-        self.consumer.get().layout.dtype_name
     }
 
     /// The stream ``next_frame`` queued its wait on (GPU backends).

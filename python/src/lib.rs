@@ -18,6 +18,7 @@ mod consumer;
 mod errors;
 mod mapping;
 mod pool;
+mod pool_import;
 mod producer;
 mod ring;
 mod semaphore;
@@ -36,8 +37,8 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<semaphore::Semaphore>()?;
     m.add_class::<pool::SharedPool>()?;
     m.add_class::<pool::SharedBuffer>()?;
-    m.add_class::<pool::PoolImporter>()?;
-    m.add_class::<pool::BufferView>()?;
+    m.add_class::<pool_import::PoolImporter>()?;
+    m.add_class::<pool_import::BufferView>()?;
     m.add_function(wrap_pyfunction!(pool::sharing_backend, m)?)?;
     m.add_class::<semaphore::SemaphoreWait>()?;
     errors::register(m)?;

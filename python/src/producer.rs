@@ -417,6 +417,10 @@ fn slot_layout(
 }
 
 impl ArrayMemory for Slot {
+    fn layout(&self) -> &Layout {
+        &self.producer.get().layout
+    }
+
     fn view(&self) -> PyResult<View> {
         let producer = self.producer.get();
         if producer.closed() {
@@ -475,16 +479,6 @@ impl Slot {
     #[getter]
     fn ptr(&self) -> PyResult<u64> {
         self.view().map(|v| v.ptr)
-    }
-
-    #[getter]
-    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.producer.get().layout.shape)
-    }
-
-    #[getter]
-    fn dtype(&self) -> &'static str {
-        self.producer.get().layout.dtype_name
     }
 
     /// The stream ``acquire`` queued its wait on (GPU backends).

@@ -2,7 +2,7 @@
 //! from the CPU or on a CUDA stream.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
@@ -14,10 +14,9 @@ use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
-use crate::errors::{ClosedError, ConfigError, GpuIpcError, semaphore_to_py, to_py};
-use crate::ring::{Gpu, SLICE, SlicedError, lock, parse_backend, seconds, wait_in_slices};
+use crate::errors::{ConfigError, semaphore_to_py};
+use crate::ring::{Gpu, SLICE, Shared, SlicedError, parse_backend, seconds, wait_in_slices};
 use crate::stream::{borrow, stream_handle};
 
 impl SlicedError for SemaphoreError {
@@ -76,26 +75,16 @@ impl Held {
 /// that work).
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Semaphore {
-    held: Mutex<Option<Arc<Held>>>,
+    held: Shared<Held>,
     gpu: Option<Gpu>,
-    /// The process that made it: after `fork()` the child's copy refuses, and is forgotten when dropped.
-    pid: u32,
     owner: bool,
     socket: PathBuf,
 }
 
 impl Semaphore {
-    /// The handle, for one call (closing meanwhile waits for no call: the call keeps its `Arc`).
+    /// The handle, for one call.
     fn held(&self) -> PyResult<Arc<Held>> {
-        let now = std::process::id();
-        if self.pid != now {
-            return Err(GpuIpcError::new_err(format!(
-                "this semaphore was made by process {}; this is process {now}, a child after fork(): attach again \
-                 here",
-                self.pid
-            )));
-        }
-        lock(&self.held).clone().ok_or_else(|| ClosedError::new_err("this semaphore is closed"))
+        self.held.get("semaphore")
     }
 
     fn stream_of(&self, stream: &Bound<'_, PyAny>) -> PyResult<(u64, &Gpu)> {
@@ -123,7 +112,7 @@ impl Semaphore {
         wait_for_owner: f64,
     ) -> PyResult<Self> {
         let backend = parse_backend(backend)?;
-        let gpu = open_gpu(py, backend, device)?;
+        let gpu = Gpu::for_backend(py, backend, device)?;
         let options =
             AttachOptions { name: name.to_owned(), posts, timeout: seconds(timeout)?, ..AttachOptions::default() };
         let give_up = Instant::now() + seconds(wait_for_owner)?;
@@ -143,13 +132,7 @@ impl Semaphore {
                 other => break other.map_err(semaphore_to_py)?,
             }
         };
-        Ok(Self {
-            held: Mutex::new(Some(Arc::new(Held::Peer(handle)))),
-            gpu,
-            pid: std::process::id(),
-            owner: false,
-            socket,
-        })
+        Ok(Self { held: Shared::new(Held::Peer(handle)), gpu, owner: false, socket })
     }
 
     /// Creates a semaphore holding ``initial`` posts and serves it at ``socket``; this process is its owner.
@@ -157,7 +140,7 @@ impl Semaphore {
     #[pyo3(signature = (socket, initial=0, backend="vmm", device=0))]
     fn create(py: Python<'_>, socket: PathBuf, initial: u64, backend: &str, device: i32) -> PyResult<Self> {
         let backend = parse_backend(backend)?;
-        let gpu = open_gpu(py, backend, device)?;
+        let gpu = Gpu::for_backend(py, backend, device)?;
         let options = OwnerOptions { initial, ..OwnerOptions::default() };
         let owner = py
             .detach(|| match (backend, &gpu) {
@@ -167,13 +150,7 @@ impl Semaphore {
                 (_, None) => Err(SemaphoreError::NoCudaContext),
             })
             .map_err(semaphore_to_py)?;
-        Ok(Self {
-            held: Mutex::new(Some(Arc::new(Held::Owner(owner)))),
-            gpu,
-            pid: std::process::id(),
-            owner: true,
-            socket,
-        })
+        Ok(Self { held: Shared::new(Held::Owner(owner)), gpu, owner: true, socket })
     }
 
     /// Adds ``count`` posts: now, from the CPU; or, with ``stream``, once the work queued on it before is done
@@ -243,32 +220,6 @@ impl Semaphore {
         self.socket.clone()
     }
 
-    /// Detaches (an importer) or closes the semaphore for everyone (the owner). Idempotent.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let taken = lock(&self.held).take();
-        if self.pid != std::process::id() {
-            std::mem::forget(taken);
-            return Ok(());
-        }
-        py.detach(move || drop(taken));
-        Ok(())
-    }
-
-    #[getter]
-    fn closed(&self) -> bool {
-        lock(&self.held).is_none()
-    }
-
-    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
-        slf
-    }
-
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        self.close(py)?;
-        Ok(false)
-    }
-
     fn __repr__(&self) -> String {
         let value = self.held().map(|h| h.handle().value().to_string()).unwrap_or_else(|_| "closed".into());
         format!(
@@ -278,6 +229,12 @@ impl Semaphore {
         )
     }
 }
+
+crate::closable!(
+    Semaphore,
+    held,
+    "Detaches (an importer) or closes the semaphore for everyone (the owner). Idempotent."
+);
 
 /// A stream wait queued by ``Semaphore.wait_on``: ask ``Semaphore.wait_status`` how it was released.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
@@ -300,18 +257,9 @@ impl SemaphoreWait {
 
 impl Drop for Semaphore {
     fn drop(&mut self) {
-        if self.pid != std::process::id() {
-            // A forked child's copy: the semaphore, its records and threads are the parent's.
-            std::mem::forget(lock(&self.held).take());
+        if self.held.made_elsewhere() {
+            // A forked child's copy: CUDA is not usable here, and the context is the parent's to release.
             std::mem::forget(self.gpu.take());
         }
     }
-}
-
-/// The device's context for a GPU backend; `None` for the host backend.
-fn open_gpu(py: Python<'_>, backend: BackendKind, device: i32) -> PyResult<Option<Gpu>> {
-    if !backend.is_gpu() {
-        return Ok(None);
-    }
-    py.detach(|| Gpu::open(device)).map(Some).map_err(to_py)
 }

@@ -285,10 +285,14 @@ impl DlpackExporter for View {
 }
 
 /// A Python object whose memory is one [`View`] (a frame, a slot, a pool buffer): it gets `__dlpack__`,
-/// `__dlpack_device__` and `__cuda_array_interface__` from [`array_protocols!`](crate::array_protocols).
+/// `__dlpack_device__`, `__cuda_array_interface__`, `shape` and `dtype` from
+/// [`array_protocols!`](crate::array_protocols).
 pub trait ArrayMemory {
     /// The memory now; raises once the object may no longer be used (released, closed, freed).
     fn view(&self) -> PyResult<View>;
+
+    /// What the memory holds (readable after a release too).
+    fn layout(&self) -> &Layout;
 
     /// `stream`, another stream than the one the memory is ready on, took it through DLPack: a frame's release (a
     /// slot's publish) must wait for the work queued there. Nothing by default.
@@ -351,6 +355,19 @@ macro_rules! array_protocols {
             /// ``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory.
             fn __dlpack_device__(&self) -> pyo3::PyResult<(u32, i32)> {
                 $crate::view::dlpack_device_of(self)
+            }
+
+            /// Its shape as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's (``(nbytes,)``
+            /// for bare bytes).
+            #[getter]
+            fn shape<'py>(&self, py: pyo3::Python<'py>) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::types::PyTuple>> {
+                pyo3::types::PyTuple::new(py, &$crate::view::ArrayMemory::layout(self).shape)
+            }
+
+            /// The element type's NumPy name (``"uint8"``, ``"float32"``, ``"bfloat16"``, ...).
+            #[getter]
+            fn dtype(&self) -> &'static str {
+                $crate::view::ArrayMemory::layout(self).dtype_name
             }
 
             /// Version 3, with ``stream``; absent (``AttributeError``) in host memory.

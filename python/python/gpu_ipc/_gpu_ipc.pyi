@@ -565,7 +565,8 @@ class BufferView:
         """The address of its first byte in this process (a device address on a GPU)."""
     @property
     def shape(self) -> tuple[int, ...]:
-        """Its tensor's shape (``(nbytes,)`` for a buffer shared without a description)."""
+        """Its shape as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's (``(nbytes,)``
+        for bare bytes)."""
     @property
     def dtype(self) -> str: ...
     def check_current(self) -> None:
