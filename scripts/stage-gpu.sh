@@ -3,8 +3,7 @@
 #   stage/gpu-tests.tar.zst   a nextest archive of every test binary of the workspace (profile `gpu`)
 #   stage/bin/cargo-nextest   the standalone nextest runner (the GPU machine has no Rust toolchain)
 #   stage/bin/gpu-ipc         the CLI; stage/bin/gpu-ipc-stress: the stress run (tools/stress);
-#                             stage/bin/producer, stage/bin/consumer, stage/bin/semaphore, stage/bin/pool: the
-#                             examples (when built)
+#                             stage/bin/producer, consumer, pipeline, semaphore, pool: the examples (when built)
 #   stage/wheels/             the Python package's wheel (scripts/build-wheel.sh; scripts/python-gpu.sh installs it)
 #   stage/benches.tar.xz      the criterion benches gpu_memory, gpu_signal, api_cpu and bench-summary (xz: 12 MB of
 #                             binaries in under 2 MB; stage/ has little room), which scripts/bench-gpu.sh OUT_DIR runs
@@ -21,7 +20,7 @@ cargo nextest archive --workspace --cargo-profile gpu --archive-file "$STAGE/gpu
 
 echo "stage-gpu: building the binaries (profile gpu)" >&2
 cargo build --profile gpu --workspace --bins >&2
-for bin in gpu-ipc gpu-ipc-stress producer consumer cudarc_frames semaphore pool; do
+for bin in gpu-ipc gpu-ipc-stress producer consumer pipeline cudarc_frames semaphore pool; do
     if [ -f "target/gpu/$bin" ]; then
         cp "target/gpu/$bin" "$STAGE/bin/"
     fi

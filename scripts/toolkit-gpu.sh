@@ -3,9 +3,12 @@
 #   scripts/toolkit-gpu.sh OUT_DIR
 # Without MPS, then under a private MPS daemon (started and stopped here): the pool's attach and lookup cost at 1 and
 # 16 GiB (stage/bin/pool bench), the semaphore's round trips CPU<->CPU and stream<->stream (stage/bin/semaphore
-# bench), and each further toolkit bench staged beside them (queue, pipeline) when present; legacy and vmm each.
-# OUT_DIR receives toolkit.jsonl (one JSON line per run, with "mps", "backend", "what" added), toolkit.log (every
-# command and its output) and environment.txt. Exit status: 0 when every run exited 0, 1 otherwise.
+# bench), and each further toolkit bench staged beside them (queue) when present; legacy and vmm each. Then the
+# three-stage pipeline rows of `gpu-ipc bench pipeline` beside the two-process rings (--rows three-stage,-s4-c1,
+# both backends; docs/pipelines.md).
+# OUT_DIR receives toolkit.jsonl (one JSON line per run, with "mps", "backend", "what" added), pipeline-MPS.json
+# and pipeline-MPS.md (the bench's JSON and table, MPS = no-mps or mps), toolkit.log (every command and its output)
+# and environment.txt. Exit status: 0 when every run exited 0, 1 otherwise.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -62,6 +65,11 @@ pass() {
         run "$mps" "$backend" semaphore-round-trip "$BIN/semaphore" bench --backend "$backend" --rounds 10000 --json
         [ -x "$BIN/queue" ] && run "$mps" "$backend" queue "$BIN/queue" bench --backend "$backend" --json
     done
+    # The pipeline rows: one bench run (its own JSON document and table), the machine as this pass left it.
+    local bench=("$BIN/gpu-ipc" bench pipeline --rows 'three-stage,-s4-c1' --no-progress
+        --out "$OUT/pipeline-$mps.json" --markdown "$OUT/pipeline-$mps.md")
+    echo "+ [$mps] ${bench[*]}" >>"$OUT/toolkit.log"
+    timeout 600 "${bench[@]}" >>"$OUT/toolkit.log" 2>&1 || { FAILED=1; echo "toolkit-gpu: FAILED [$mps] ${bench[*]}" >&2; }
 }
 
 echo "toolkit-gpu: without MPS" >&2

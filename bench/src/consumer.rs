@@ -1,5 +1,6 @@
 //! The consumer side of a row, run in a `gpu-ipc probe-child` process with role `bench-consumer`: it reads and
-//! verifies every frame on the GPU and reports its latencies, CPU time and mismatches.
+//! verifies every frame on the GPU and reports its latencies, CPU time and mismatches. (The three-stage rows' middle
+//! stage is `bench-stage`, [`super::stage`].)
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::sys::shm::SharedMemory;
 use gpu_ipc::core::wire::WireError;
 use gpu_ipc::kernels::launch::PatternKernels;
+use gpu_ipc::kernels::pattern::xor_sequence;
 use serde::{Deserialize, Serialize};
 
 use super::results::ConsumerReport;
@@ -30,6 +32,9 @@ pub enum BenchTask {
     /// A consumer process of one row.
     #[serde(rename = "bench-consumer")]
     Consumer(ConsumerPlan),
+    /// The middle stage of a three-stage row.
+    #[serde(rename = "bench-stage")]
+    Stage(super::stage::StagePlan),
 }
 
 /// Frames a consumer may have queued before it waits for the oldest to finish (the completion clock's depth): above
@@ -56,6 +61,10 @@ pub struct ConsumerPlan {
     pub index: u32,
     /// Bound of every wait for one frame, in milliseconds.
     pub frame_timeout_ms: u64,
+    /// The mask every word of the frames was XORed with on the way (three-stage rows): frame `seq` is checked
+    /// against the pattern of `xor_sequence(seq, mask)`. `None`: the producer's frames as they are.
+    #[serde(default)]
+    pub expect_xor: Option<u32>,
 }
 
 /// Sent by the producer right after the task, with fds: the publish stamps, then (study rows) the flags, then
@@ -76,21 +85,29 @@ pub enum ConsumerMessage {
     Report(ConsumerReport),
 }
 
-/// Runs a `bench-consumer` child.
+/// Runs a bench child: a consumer, or a three-stage row's middle stage.
 ///
 /// # Errors
 /// Anything that stops it; the caller reports it to the parent.
 pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
-    let BenchTask::Consumer(plan) =
-        task.decode().map_err(|source| ProbeError::Malformed { what: "bench task".to_owned(), source })?;
+    match task.decode().map_err(|source| ProbeError::Malformed { what: "bench task".to_owned(), source })? {
+        BenchTask::Consumer(plan) => consumer_child(plan, channel),
+        BenchTask::Stage(plan) => super::stage::child(&plan, channel),
+    }
+}
+
+/// Runs a `bench-consumer` child.
+fn consumer_child(plan: ConsumerPlan, channel: &Channel) -> Result<(), ProbeError> {
     let (setup, mut fds): (Setup, Vec<OwnedFd>) = channel.recv(Duration::from_secs(30))?;
     if fds.is_empty() {
         return Err(ProbeError::Missing("the producer sent no publish-stamp memfd"));
     }
     let stamps = PublishStamps::open(fds.remove(0))?;
     let report = match plan.spec {
-        RowSpec::Ours { backend, .. } => gpu_ipc::dispatch_gpu(backend, OursConsumer { plan: &plan, stamps: &stamps })
-            .unwrap_or_else(|e| Err(e.into()))?,
+        RowSpec::Ours { backend, .. } | RowSpec::ThreeStage { backend, .. } => {
+            gpu_ipc::dispatch_gpu(backend, OursConsumer { plan: &plan, stamps: &stamps })
+                .unwrap_or_else(|e| Err(e.into()))?
+        }
         RowSpec::Study { design } => study_consumer(&plan, design, &setup, fds, &stamps, channel)?,
         RowSpec::SingleProcess | RowSpec::SingleProcessPipelined { .. } | RowSpec::Bandwidth => {
             return Err(ProbeError::Missing("the references run without a consumer process"));
@@ -215,7 +232,8 @@ impl GpuBackendVisitor for OursConsumer<'_> {
             let seq = frame.seq().0;
             window.started(seq);
             let span = consumer.frame_span(&frame).map_err(frame_error)?;
-            gpu.kernels.verify(&gpu.stream, span, seq, gpu.mismatches.span())?;
+            let expected = plan.expect_xor.map_or(seq, |mask| xor_sequence(seq, mask));
+            gpu.kernels.verify(&gpu.stream, span, expected, gpu.mismatches.span())?;
             consumer.release(frame, Some(&gpu.stream)).map_err(frame_error)?;
             let mut on_done = |seq: u64, ns: u64| window.done(seq, ns);
             clock.after(seq, &gpu.stream, Instant::now() + timeout, &mut on_done)?;
@@ -331,6 +349,7 @@ mod tests {
             socket: None,
             index: 0,
             frame_timeout_ms: 1000,
+            expect_xor: None,
         }
     }
 

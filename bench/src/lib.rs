@@ -4,10 +4,12 @@
 //!
 //! 1. the single-process limit (fill + verify in one process) and the memory-bandwidth floor (a frame copy);
 //! 2. the study's four designs (pageable host copies, pinned staging, legacy IPC with a sleeping or spinning CPU);
-//! 3. ours, through the real `Producer`/`Consumer` API: each backend x strategy x ring slots x consumer count.
+//! 3. ours, through the real `Producer`/`Consumer` API: each backend x strategy x ring slots x consumer count;
+//! 4. three-stage pipelines (A -> B -> C through two rings, B a `Stage` that inverts every word), each backend x
+//!    strategy at 4 slots, beside the two-process rows of the same backend, strategy and depth.
 //!
 //! Each row is its own set of processes: the producer is this process, each consumer a `gpu-ipc probe-child`
-//! with role `bench-consumer`. Every wait is bounded; a row that fails or hangs is recorded as failed, with why,
+//! with role `bench-consumer`, a three-stage row's middle stage one with role `bench-stage`. Every wait is bounded; a row that fails or hangs is recorded as failed, with why,
 //! and the bench goes on.
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
@@ -18,6 +20,7 @@ pub mod results;
 pub mod rows;
 pub mod run;
 pub mod shared;
+pub mod stage;
 pub mod targets;
 
 use std::path::PathBuf;
@@ -243,7 +246,7 @@ fn under_private_mps(args: &PipelineArgs, rows: usize) -> u8 {
     code
 }
 
-/// The prefix of the benchmark's helper roles (`bench-consumer`).
+/// The prefix of the benchmark's helper roles (`bench-consumer`, `bench-stage`).
 pub const ROLE_PREFIX: &str = "bench-";
 
 /// Runs `gpu-ipc bench ...`; returns the exit status.
@@ -254,7 +257,7 @@ pub fn main(command: &BenchCommand) -> u8 {
     }
 }
 
-/// The bench's child processes (its one role, [`consumer::BenchTask`]).
+/// The bench's child processes (its roles, [`consumer::BenchTask`]).
 ///
 /// # Errors
 /// A task that is not the bench's, or the role's failure.

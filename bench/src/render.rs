@@ -66,6 +66,9 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
             ratio(seed.ratio_to_single_process)
         );
     }
+    if let Some(line) = three_stage_words(results) {
+        let _ = write!(answer, " {line}");
+    }
     let failed = results.rows.iter().filter(|r| matches!(r.outcome, RowOutcome::Failed { .. })).count();
     let unavailable = results.rows.iter().filter(|r| matches!(r.outcome, RowOutcome::Unavailable { .. })).count();
     let mismatched = results.rows.iter().filter(|r| r.measured().is_some_and(|m| m.mismatches != 0)).count();
@@ -83,6 +86,32 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
         None => "best of ours / single-process limit: n/a".to_owned(),
     };
     Verdict { answer, key_figure }
+}
+
+/// The fastest clean three-stage row beside the two-process row of the same backend, strategy and depth (one
+/// consumer): FPS and latency p50 / p99 of each.
+fn three_stage_words(results: &PipelineResults) -> Option<String> {
+    let clean = |r: &&RowResult| r.measured().is_some_and(|m| m.mismatches == 0);
+    let (row, m) = results
+        .rows
+        .iter()
+        .filter(|r| matches!(r.spec, RowSpec::ThreeStage { .. }))
+        .filter(clean)
+        .filter_map(|r| r.measured().map(|m| (r, m)))
+        .max_by(|a, b| a.1.fps.total_cmp(&b.1.fps))?;
+    let figures = |m: &crate::results::Measurement| match &m.latency {
+        Some(l) => format!("{:.0} FPS, latency p50 {} / p99 {} us", m.fps, number(l.p50_us), number(l.p99_us)),
+        None => format!("{:.0} FPS", m.fps),
+    };
+    let mut line = format!("The fastest three-stage pipeline, {}, ran {} end to end", row.row, figures(m));
+    if let RowSpec::ThreeStage { backend, strategy, slots } = row.spec {
+        let two = RowSpec::Ours { backend, strategy, slots, consumers: 1 };
+        if let Some(t) = results.rows.iter().find(|r| r.spec == two).and_then(RowResult::measured) {
+            let _ = write!(line, "; the two-process ring {} ran {}", two.name(), figures(t));
+        }
+    }
+    line.push('.');
+    Some(line)
 }
 
 fn number(x: f64) -> String {
@@ -215,6 +244,7 @@ pub fn charts(results: &PipelineResults) -> Vec<LineChart> {
             .iter()
             .filter(|r| match r.spec {
                 RowSpec::Ours { backend: b, slots, consumers, .. } => b == backend && slots == 4 && consumers == 1,
+                RowSpec::ThreeStage { backend: b, slots, .. } => b == backend && slots == 4,
                 RowSpec::Study { .. } => true,
                 _ => false,
             })
@@ -228,7 +258,7 @@ pub fn charts(results: &PipelineResults) -> Vec<LineChart> {
             charts.push(LineChart {
                 file_stem: format!("pipeline-latency-cdf-{}", backend.name()),
                 title: format!(
-                    "4K pipeline, {} backend: latency CDF (4 slots, 1 consumer; study designs)",
+                    "4K pipeline, {} backend: latency CDF (4 slots, 1 consumer; three stages; study designs)",
                     backend.name()
                 ),
                 x_label: "publish to consumer done (us)".into(),
@@ -356,6 +386,30 @@ mod tests {
         assert!(v.answer.contains("1 of 7 rows failed"), "{}", v.answer);
         assert!(v.answer.contains("1 rows read WRONG DATA"), "{}", v.answer);
         assert_eq!(v.key_figure, "best of ours / single-process limit: 0.88x");
+    }
+
+    #[test]
+    fn the_verdict_puts_the_fastest_clean_three_stage_row_beside_its_two_process_ring() {
+        let mut results = recorded();
+        assert!(!verdict(&results).answer.contains("three-stage"), "none ran: nothing said");
+        let backend = gpu_ipc::COMPILED_GPU[0];
+        let three = |strategy| RowSpec::ThreeStage { backend, strategy, slots: 4 };
+        results.rows.push(row(three(SyncStrategy::GpuStreamOps), measured(30_000.0, Some((70.0, 120.0, 300.0)), 0)));
+        results.rows.push(row(three(SyncStrategy::CpuSpin), measured(40_000.0, Some((50.0, 60.0, 70.0)), 3)));
+        let v = verdict(&results);
+        let name = backend.name();
+        assert!(
+            v.answer.contains(&format!(
+                "The fastest three-stage pipeline, three-stage-{name}-gpu-stream-ops-s4, ran 30000 FPS, latency p50 \
+                 70.0 / p99 120 us end to end; the two-process ring ours-{name}-gpu-stream-ops-s4-c1 ran 54400 FPS, \
+                 latency p50 30.0 / p99 45.0 us."
+            )),
+            "{}",
+            v.answer
+        );
+        // The three-stage rows join the latency CDF of their backend.
+        let cdf = charts(&results).into_iter().find(|c| c.file_stem.starts_with("pipeline-latency-cdf")).unwrap();
+        assert!(cdf.series.iter().any(|s| s.name == format!("three-stage-{name}-gpu-stream-ops-s4")));
     }
 
     #[test]

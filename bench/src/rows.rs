@@ -1,5 +1,6 @@
-//! What `gpu-ipc bench pipeline` measures: the rows (two references, the research's four designs, and ours over
-//! every backend, strategy, ring depth and consumer count), their names, and which of them a run selects.
+//! What `gpu-ipc bench pipeline` measures: the rows (two references, the research's four designs, ours over every
+//! backend, strategy, ring depth and consumer count, and three-stage pipelines), their names, and which of them a
+//! run selects.
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::wire::SyncStrategy;
@@ -11,6 +12,11 @@ pub const SLOTS: [u32; 6] = [1, 2, 4, 8, 16, 32];
 pub const QUICK_SLOTS: [u32; 2] = [1, 4];
 /// Consumer counts of our rows.
 pub const CONSUMERS: [u32; 2] = [1, 4];
+/// Ring depth of the three-stage rows (both rings), the depth of the two-process rows they are read beside
+/// (`ours-BACKEND-STRATEGY-s4-c1`), in the quick grid too.
+pub const THREE_STAGE_SLOTS: u32 = 4;
+/// The mask the three-stage rows' middle stage XORs every word with (every bit inverted).
+pub const THREE_STAGE_MASK: u32 = u32::MAX;
 
 /// One of the four designs of the frame-pipeline study, reproduced as the study describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -113,10 +119,24 @@ pub enum RowSpec {
         /// Consumer processes.
         consumers: u32,
     },
+    /// A three-stage pipeline through the frame API: a `Producer` (A), a `Stage` process (B) that XORs every word
+    /// of each frame into its own ring (`gpu_ipc_xor_words`), and a `Consumer` process (C) that verifies the
+    /// transformed frames; latency from A's publish to C's verify done. Both rings have the same backend, strategy
+    /// and depth.
+    ThreeStage {
+        /// The backend of both rings.
+        backend: BackendKind,
+        /// The sync strategy of both rings.
+        #[serde(with = "strategy_name")]
+        strategy: SyncStrategy,
+        /// Slots of each ring.
+        slots: u32,
+    },
 }
 
 impl RowSpec {
-    /// The row's name: `single-process`, `bandwidth-floor`, `study-c-ipc-sleep`, `ours-vmm-gpu-stream-ops-s4-c1`.
+    /// The row's name: `single-process`, `bandwidth-floor`, `study-c-ipc-sleep`, `ours-vmm-gpu-stream-ops-s4-c1`,
+    /// `three-stage-vmm-gpu-stream-ops-s4`.
     pub fn name(&self) -> String {
         match self {
             Self::SingleProcess => "single-process".to_owned(),
@@ -125,6 +145,9 @@ impl RowSpec {
             Self::Study { design } => design.name().to_owned(),
             Self::Ours { backend, strategy, slots, consumers } => {
                 format!("ours-{}-{}-s{slots}-c{consumers}", backend.name(), strategy.name())
+            }
+            Self::ThreeStage { backend, strategy, slots } => {
+                format!("three-stage-{}-{}-s{slots}", backend.name(), strategy.name())
             }
         }
     }
@@ -140,7 +163,7 @@ impl RowSpec {
 pub const PIPELINED_SLOTS: [u32; 2] = [2, 8];
 
 /// Every row of a run, references first: the full grid, or with `quick` slots 1 and 4 and 4 consumers only at 4
-/// slots.
+/// slots; then the three-stage rows (every backend and strategy at [`THREE_STAGE_SLOTS`] slots), in both.
 pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
     let mut rows = vec![RowSpec::SingleProcess];
     rows.extend(PIPELINED_SLOTS.iter().map(|&slots| RowSpec::SingleProcessPipelined { slots }));
@@ -157,6 +180,11 @@ pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
                     rows.push(RowSpec::Ours { backend, strategy, slots: s, consumers });
                 }
             }
+        }
+    }
+    for &backend in backends {
+        for strategy in SyncStrategy::ALL {
+            rows.push(RowSpec::ThreeStage { backend, strategy, slots: THREE_STAGE_SLOTS });
         }
     }
     rows
@@ -187,18 +215,23 @@ mod tests {
     fn the_full_grid_and_the_quick_one() {
         let backends = gpu_ipc::COMPILED_GPU;
         let full = all_rows(backends, false);
-        assert_eq!(full.len(), 4 + 4 + backends.len() * 5 * 6 * 2);
+        assert_eq!(full.len(), 4 + 4 + backends.len() * 5 * 6 * 2 + backends.len() * 5);
         assert_eq!(full[0], RowSpec::SingleProcess);
         assert_eq!(full[1], RowSpec::SingleProcessPipelined { slots: 2 });
         assert_eq!(full[2].name(), "single-process-pipelined-s8");
         assert_eq!(full[3], RowSpec::Bandwidth);
         assert!(full[..4].iter().all(RowSpec::is_reference) && !full[4].is_reference());
         let quick = all_rows(backends, true);
-        assert_eq!(quick.len(), 4 + 4 + backends.len() * 5 * 3);
+        assert_eq!(quick.len(), 4 + 4 + backends.len() * 5 * 3 + backends.len() * 5);
         let names: Vec<String> = quick.iter().map(RowSpec::name).collect();
         let backend = backends[0].name();
         assert!(names.contains(&format!("ours-{backend}-cpu-spin-s4-c4")));
         assert!(!names.contains(&format!("ours-{backend}-cpu-spin-s1-c4")));
+        // Every three-stage row has its two-process row beside it in both grids.
+        for name in names.iter().filter(|n| n.starts_with("three-stage-")) {
+            let two = name.replace("three-stage-", "ours-") + "-c1";
+            assert!(names.contains(&two), "{name} without {two}");
+        }
         let mut unique = names.clone();
         unique.sort();
         unique.dedup();
@@ -212,6 +245,33 @@ mod tests {
         assert_eq!(row.name(), format!("ours-{}-gpu-stream-ops-s16-c4", backend.name()));
         assert_eq!(RowSpec::Study { design: StudyDesign::LegacyIpcSpin }.name(), "study-d-ipc-spin");
         assert_eq!(RowSpec::Bandwidth.name(), "bandwidth-floor");
+        let three = RowSpec::ThreeStage { backend, strategy: SyncStrategy::IpcEvent, slots: 4 };
+        assert_eq!(three.name(), format!("three-stage-{}-ipc-event-s4", backend.name()));
+        assert!(!three.is_reference());
+        let json = serde_json::to_string(&three).unwrap();
+        assert!(json.contains(r#""kind":"three-stage""#) && json.contains(r#""strategy":"ipc-event""#), "{json}");
+        assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), three);
+    }
+
+    #[test]
+    fn the_three_stage_rows_are_selected_alone_or_with_their_two_process_rows() {
+        let rows = all_rows(gpu_ipc::COMPILED_GPU, true);
+        let names = |filters: &[&str]| -> Vec<String> {
+            let filters: Vec<String> = filters.iter().map(|f| (*f).to_owned()).collect();
+            select(&rows, &filters).iter().map(RowSpec::name).collect()
+        };
+        let alone = names(&["three-stage"]);
+        assert_eq!(alone.len(), 4 + gpu_ipc::COMPILED_GPU.len() * 5, "{alone:?}");
+        let backend = gpu_ipc::COMPILED_GPU[0].name();
+        let pair = names(&[&format!("{backend}+gpu-stream-ops+s4")]);
+        assert_eq!(
+            pair[4..],
+            [
+                format!("ours-{backend}-gpu-stream-ops-s4-c1"),
+                format!("ours-{backend}-gpu-stream-ops-s4-c4"),
+                format!("three-stage-{backend}-gpu-stream-ops-s4")
+            ]
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The producer side of every row, in the bench process: the two references, the study's four designs, and ours
-//! through the real `Producer` API; consumers are `bench-consumer` children ([`super::consumer`]).
+//! through the real `Producer` API; consumers are `bench-consumer` children ([`super::consumer`]), a three-stage
+//! row's middle stage a `bench-stage` child ([`super::stage`]).
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -19,8 +20,9 @@ use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
 use super::consumer::{BenchTask, ConsumerMessage, ConsumerPlan, Setup};
 use super::results::{ConsumerReport, Measurement, RowOutcome, cpu_us_per_frame, fps, merge_consumers};
-use super::rows::{RowSpec, StudyDesign};
+use super::rows::{RowSpec, StudyDesign, THREE_STAGE_MASK};
 use super::shared::{PublishStamps, StudyFlags, cpu_ns, flag, monotonic_ns};
+use super::stage::StagePlan;
 use harness::ProbeError;
 use harness::child::{ChildProcess, ChildTask};
 use harness::regions::ExportedRegion;
@@ -84,8 +86,12 @@ pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
         RowSpec::Bandwidth => bandwidth(gpu, cfg),
         RowSpec::Study { design } => study(gpu, cfg, spec, design),
         RowSpec::Ours { backend, strategy, slots, consumers } => {
-            gpu_ipc::dispatch_gpu(backend, OursProducer { gpu, cfg, spec, strategy, slots, consumers })
-                .unwrap_or_else(|e| Err(e.into()))
+            let ours = OursProducer { gpu, cfg, spec, strategy, slots, consumers, three_stage: false };
+            gpu_ipc::dispatch_gpu(backend, ours).unwrap_or_else(|e| Err(e.into()))
+        }
+        RowSpec::ThreeStage { backend, strategy, slots } => {
+            let ours = OursProducer { gpu, cfg, spec, strategy, slots, consumers: 1, three_stage: true };
+            gpu_ipc::dispatch_gpu(backend, ours).unwrap_or_else(|e| Err(e.into()))
         }
     };
     // Leave nothing of a failed row queued for the next one.
@@ -371,11 +377,17 @@ fn base_plan(cfg: &RunConfig, spec: RowSpec, socket: Option<PathBuf>) -> Consume
         warmup: cfg.warmup,
         socket,
         index: 0,
-        frame_timeout_ms: u64::try_from(cfg.frame_timeout.as_millis()).unwrap_or(u64::MAX),
+        frame_timeout_ms: frame_timeout_ms(cfg),
+        expect_xor: None,
     }
 }
 
-/// Our rows: a `Producer` here, `consumers` `Consumer` processes.
+fn frame_timeout_ms(cfg: &RunConfig) -> u64 {
+    u64::try_from(cfg.frame_timeout.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Our rows: a `Producer` here, `consumers` `Consumer` processes; or, for a three-stage row, a `bench-stage`
+/// process attached to our ring and one `Consumer` process attached to the stage's.
 struct OursProducer<'a> {
     gpu: &'a BenchGpu,
     cfg: &'a RunConfig,
@@ -383,6 +395,37 @@ struct OursProducer<'a> {
     strategy: SyncStrategy,
     slots: u32,
     consumers: u32,
+    three_stage: bool,
+}
+
+impl OursProducer<'_> {
+    /// The row's child processes: the consumers; or the middle stage, then the consumer of its ring (the first
+    /// child is the one attached to our ring).
+    fn spawn_children(&self, socket: PathBuf, stamps: &PublishStamps) -> Result<Vec<ChildProcess>, ProbeError> {
+        let setup = Setup { handle: None };
+        if !self.three_stage {
+            let plan = base_plan(self.cfg, self.spec, Some(socket));
+            return spawn_consumers(&plan, self.consumers, stamps, &setup, &|| Ok(Vec::new()));
+        }
+        let downstream = socket_path();
+        let stage = StagePlan {
+            spec: self.spec,
+            device: self.cfg.device,
+            shape: self.cfg.shape,
+            upstream: socket,
+            downstream: downstream.clone(),
+            frames_total: self.cfg.total(),
+            warmup: self.cfg.warmup,
+            frame_timeout_ms: frame_timeout_ms(self.cfg),
+        };
+        let task = ChildTask::of(&BenchTask::Stage(stage))
+            .map_err(|source| ProbeError::Malformed { what: "bench task".to_owned(), source })?;
+        let mut children = vec![ChildProcess::spawn(&task, &[], Duration::from_secs(30))?];
+        let plan =
+            ConsumerPlan { expect_xor: Some(THREE_STAGE_MASK), ..base_plan(self.cfg, self.spec, Some(downstream)) };
+        children.extend(spawn_consumers(&plan, 1, stamps, &setup, &|| Ok(Vec::new()))?);
+        Ok(children)
+    }
 }
 
 impl GpuBackendVisitor for OursProducer<'_> {
@@ -401,11 +444,9 @@ impl GpuBackendVisitor for OursProducer<'_> {
         let stream = Stream::new(&gpu.ctx)?;
         let mut producer = Producer::<B>::create(&gpu.ctx, config).map_err(frame_error)?;
         let stamps = PublishStamps::create()?;
-        let plan = base_plan(cfg, self.spec, Some(socket));
-        let mut children =
-            spawn_consumers(&plan, self.consumers, &stamps, &Setup { handle: None }, &|| Ok(Vec::new()))?;
+        let mut children = self.spawn_children(socket, &stamps)?;
         let produced = (|| -> Result<(f64, u64), ProbeError> {
-            wait_for_consumers(&mut producer, &children)?;
+            wait_for_consumers(&mut producer, self.consumers as usize, &children)?;
             let (mut t0, mut cpu0) = (Instant::now(), cpu_ns());
             for seq in 0..cfg.total() {
                 check_deadline(deadline, cfg, seq)?;
@@ -441,6 +482,14 @@ impl GpuBackendVisitor for OursProducer<'_> {
         };
         let reports = collect_reports(&mut children)?;
         let mut notes = Vec::new();
+        if self.three_stage {
+            notes.push(
+                "A (this process) -> B (a Stage process: gpu_ipc_xor_words into its own ring, same strategy and \
+                 slots) -> C (a consumer verifying the inverted frames); latency A's publish to C's verify done; \
+                 consumer CPU is B's and C's"
+                    .to_owned(),
+            );
+        }
         if crate::rows::publishes_on_gpu(self.strategy) {
             notes.push("publish timed when queued (the fill may still run): latency includes the fill".to_owned());
         }
@@ -452,14 +501,18 @@ impl GpuBackendVisitor for OursProducer<'_> {
     }
 }
 
-/// Admits the row's consumers, in short bounded waits between which it looks for a consumer that failed to
-/// start (it says why over its channel, or hangs up), so such a row fails at once instead of after the limit.
-fn wait_for_consumers<B: Backend>(producer: &mut Producer<B>, children: &[ChildProcess]) -> Result<(), ProbeError> {
+/// Admits `count` consumers, in short bounded waits between which it looks for a child that failed to start (it
+/// says why over its channel, or hangs up), so such a row fails at once instead of after the limit.
+fn wait_for_consumers<B: Backend>(
+    producer: &mut Producer<B>,
+    count: usize,
+    children: &[ChildProcess],
+) -> Result<(), ProbeError> {
     use gpu_ipc::core::wire::WireError;
     use harness::child::ChannelError;
     let deadline = Instant::now() + SETUP_TIMEOUT;
     loop {
-        match producer.wait_for_consumers(children.len(), Duration::from_millis(200)) {
+        match producer.wait_for_consumers(count, Duration::from_millis(200)) {
             Ok(()) => return Ok(()),
             Err(FrameError::Timeout { what, .. }) => {
                 for (i, child) in children.iter().enumerate() {

@@ -53,6 +53,17 @@ fn list_names_the_selected_rows_without_a_gpu() {
     assert!(rows[5..].iter().all(|r| r.starts_with("ours-") && r.ends_with("gpu-stream-ops-s32-c4")), "{text}");
     assert!(rows.len() > 5, "{text}");
 
+    // The three-stage rows alone, or beside the two-process rows of the same depth (what docs/pipelines.md runs).
+    let out = gpu_ipc(&["bench", "pipeline", "--list", "--quick", "--rows", "three-stage,-s4-c1", "--backend", "vmm"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = text.lines().skip(4).collect();
+    for strategy in ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops", "gpu-poll"] {
+        assert!(rows.contains(&format!("ours-vmm-{strategy}-s4-c1").as_str()), "{text}");
+        assert!(rows.contains(&format!("three-stage-vmm-{strategy}-s4").as_str()), "{text}");
+    }
+    assert_eq!(rows.len(), 10, "{text}");
+
     let quick = gpu_ipc(&["bench", "pipeline", "--list", "--quick"]);
     let full = gpu_ipc(&["bench", "pipeline", "--list"]);
     let count = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).lines().count();
@@ -105,5 +116,36 @@ fn a_short_run_of_every_kind_of_row_reads_the_right_data() {
             assert_eq!(outcome["latency"]["count"], 100 * consumers, "{name}: {outcome}");
             assert!(outcome["latency"]["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{name}: {outcome}");
         }
+    }
+}
+
+/// A short real run of the three-stage rows (A here -> B, a `Stage` process inverting every word -> C verifying):
+/// every row measured (gpu-poll: unavailable without MPS), no mismatch, a latency (A's publish to C's done) for
+/// every measured frame, and the CPU time of both B and C.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_short_run_of_the_three_stage_rows_reads_the_right_data() {
+    let out = Command::new(common::gpu_ipc_exe())
+        .args(["bench", "pipeline", "--json", "--no-progress", "--frames", "100", "--warmup", "10"])
+        .args(["--rows", "three-stage", "--frame-timeout", "20", "--row-timeout", "120"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let rows = json["results"]["rows"].as_array().unwrap_or_else(|| panic!("rows: {json}"));
+    let three: Vec<&serde_json::Value> = rows.iter().filter(|r| r["spec"]["kind"] == "three-stage").collect();
+    assert!(three.len() >= 5, "every strategy of at least one backend: {json}");
+    for row in three {
+        let (name, outcome) = (&row["row"], &row["outcome"]);
+        if row["spec"]["strategy"] == "gpu-poll" && outcome["status"] == "unavailable" {
+            assert!(outcome["reason"].as_str().unwrap_or("").contains("MPS"), "{name}: {outcome}");
+            continue;
+        }
+        assert_eq!(outcome["status"], "measured", "{name}: {outcome}");
+        assert_eq!(outcome["mismatches"], 0, "{name}: {outcome}");
+        assert!(outcome["fps"].as_f64().unwrap_or(0.0) > 0.0, "{name}: {outcome}");
+        assert_eq!(outcome["latency"]["count"], 100, "{name}: {outcome}");
+        assert!(outcome["latency"]["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{name}: {outcome}");
+        assert_eq!(outcome["consumer_cpu_us_per_frame"].as_array().map_or(0, Vec::len), 2, "{name}: {outcome}");
     }
 }

@@ -1,6 +1,7 @@
-//! What the example programs share. The `producer` and `consumer`: their command-line vocabulary, how they fill and
-//! check frames ([`work`]: on a GPU, or on the host backend without one) and the summary each prints (one JSON
-//! object with `--json`). The `semaphore` program: [`semaphore`].
+//! What the example programs share. The `producer` and `consumer`: their command-line vocabulary, how they fill,
+//! check and transform frames ([`work`]: on a GPU, or on the host backend without one) and the summary each prints
+//! (one JSON object with `--json`). The roles of the three-stage `pipeline` program: [`pipeline`]. The `semaphore`
+//! program: [`semaphore`].
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -13,6 +14,7 @@ use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
+pub mod pipeline;
 pub mod pool_work;
 pub mod semaphore;
 pub mod work;

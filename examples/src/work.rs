@@ -1,11 +1,11 @@
-//! What fills and checks frames in the example programs: the pattern kernels on a GPU stream, or the CPU on the
-//! host backend's memory (the demo that runs on any Linux machine, without a GPU).
+//! What fills, checks and transforms frames in the example programs: the pattern kernels on a GPU stream, or the
+//! CPU on the host backend's memory (the demo that runs on any Linux machine, without a GPU).
 
 use gpu_ipc::core::backend::{Backend, GpuBackend};
 use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::core::fake::{HostContext, HostFake};
-use gpu_ipc::core::frames::{Consumer, Frame, FrameError, Producer, SlotLease};
-use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host};
+use gpu_ipc::core::frames::{Consumer, Frame, FrameError, Producer, SlotLease, StageIo};
+use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_words_host};
 
 use crate::{Gpu, device_free_bytes, kernel_error};
 
@@ -33,7 +33,26 @@ pub trait FrameWork<B: Backend>: Sized {
     ///
     /// # Errors
     /// A frame outside the ring, a kernel or driver error.
-    fn verify(&mut self, consumer: &Consumer<B>, frame: &Frame) -> Result<(), FrameError>;
+    fn verify(&mut self, consumer: &Consumer<B>, frame: &Frame) -> Result<(), FrameError> {
+        self.verify_as(consumer, frame, frame.seq().0)
+    }
+    /// Checks `frame` against the pattern of sequence `expected` (a frame that is not the producer's own, such as
+    /// the transform of another ring's frame), counting mismatched words; the bookkeeping of
+    /// [`FrameWork::mismatches`] goes by the frame's own sequence.
+    ///
+    /// # Errors
+    /// As [`FrameWork::verify`].
+    fn verify_as(&mut self, consumer: &Consumer<B>, frame: &Frame, expected: u64) -> Result<(), FrameError>;
+    /// Word 0 of `frame`, once the frame is there (on a GPU: after the work queued so far).
+    ///
+    /// # Errors
+    /// A frame outside the ring, a driver error.
+    fn first_word(&mut self, consumer: &Consumer<B>, frame: &Frame) -> Result<u32, FrameError>;
+    /// Starts counting mismatches from zero (after the work queued so far): a new attachment's count.
+    ///
+    /// # Errors
+    /// A driver error.
+    fn reset_mismatches(&mut self) -> Result<(), FrameError>;
     /// Waits for the work queued so far.
     ///
     /// # Errors
@@ -84,12 +103,24 @@ impl<B: GpuBackend> FrameWork<B> for GpuWork {
         self.gpu.kernels.fill(&self.gpu.stream, span, lease.seq().0).map_err(kernel_error)
     }
 
-    fn verify(&mut self, consumer: &Consumer<B>, frame: &Frame) -> Result<(), FrameError> {
+    fn verify_as(&mut self, consumer: &Consumer<B>, frame: &Frame, expected: u64) -> Result<(), FrameError> {
         let span = consumer.frame_span(frame)?;
         let seq = frame.seq().0;
-        self.gpu.kernels.verify(&self.gpu.stream, span, seq, self.counter.span()).map_err(kernel_error)?;
+        self.gpu.kernels.verify(&self.gpu.stream, span, expected, self.counter.span()).map_err(kernel_error)?;
         let snapshot = self.snapshots.span().slice(8 * (seq % SNAPSHOTS), 8)?;
         Ok(snapshot.copy_from_async(&self.counter.span(), &self.gpu.stream)?)
+    }
+
+    fn first_word(&mut self, consumer: &Consumer<B>, frame: &Frame) -> Result<u32, FrameError> {
+        self.gpu.stream.synchronize()?;
+        let mut word = [0u32];
+        consumer.frame_span(frame)?.read(0, &mut word)?;
+        Ok(word[0])
+    }
+
+    fn reset_mismatches(&mut self) -> Result<(), FrameError> {
+        self.gpu.stream.synchronize()?;
+        Ok(self.counter.write(0, &[0u64])?)
     }
 
     fn synchronize(&self) -> Result<(), FrameError> {
@@ -135,21 +166,26 @@ impl FrameWork<HostFake> for HostWork {
     fn fill(&mut self, producer: &Producer<HostFake>, lease: &SlotLease) -> Result<(), FrameError> {
         self.words.resize((lease.bytes() / 4) as usize, 0);
         fill_pattern_host(&mut self.words, lease.seq().0);
-        self.bytes.clear();
-        self.bytes.extend(self.words.iter().flat_map(|w| w.to_le_bytes()));
-        self.bytes.resize(lease.bytes() as usize, 0);
-        Ok(producer.region().write(lease.ptr(), &self.bytes)?)
+        self.write_words(producer, lease)
     }
 
-    fn verify(&mut self, consumer: &Consumer<HostFake>, frame: &Frame) -> Result<(), FrameError> {
-        self.bytes.resize(frame.bytes() as usize, 0);
-        consumer.region().read(frame.ptr(), &mut self.bytes)?;
-        self.words.clear();
-        self.words.extend(self.bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])));
-        let bad = count_mismatches_host(&self.words, frame.seq().0);
+    fn verify_as(&mut self, consumer: &Consumer<HostFake>, frame: &Frame, expected: u64) -> Result<(), FrameError> {
+        self.read_words(consumer, frame)?;
+        let bad = count_mismatches_host(&self.words, expected);
         if bad != 0 {
             self.checked.push((frame.seq().0, bad));
         }
+        Ok(())
+    }
+
+    fn first_word(&mut self, consumer: &Consumer<HostFake>, frame: &Frame) -> Result<u32, FrameError> {
+        let mut word = [0u8; 4];
+        consumer.region().read(frame.ptr(), &mut word)?;
+        Ok(u32::from_le_bytes(word))
+    }
+
+    fn reset_mismatches(&mut self) -> Result<(), FrameError> {
+        self.checked.clear();
         Ok(())
     }
 
@@ -163,6 +199,25 @@ impl FrameWork<HostFake> for HostWork {
 
     fn device_free(&self) -> Option<u64> {
         None
+    }
+}
+
+impl HostWork {
+    /// Reads `frame` into `self.words` (little-endian 32-bit words).
+    fn read_words(&mut self, consumer: &Consumer<HostFake>, frame: &Frame) -> Result<(), FrameError> {
+        self.bytes.resize(frame.bytes() as usize, 0);
+        consumer.region().read(frame.ptr(), &mut self.bytes)?;
+        self.words.clear();
+        self.words.extend(self.bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])));
+        Ok(())
+    }
+
+    /// Writes `self.words` (little-endian) into `lease`'s slot, padded with zeros to the frame's size.
+    fn write_words(&mut self, producer: &Producer<HostFake>, lease: &SlotLease) -> Result<(), FrameError> {
+        self.bytes.clear();
+        self.bytes.extend(self.words.iter().flat_map(|w| w.to_le_bytes()));
+        self.bytes.resize(lease.bytes() as usize, 0);
+        Ok(producer.region().write(lease.ptr(), &self.bytes)?)
     }
 }
 
@@ -190,5 +245,121 @@ pub fn run_with_backend<P: ProgramVisitor>(kind: gpu_ipc::BackendKind, program: 
     match kind {
         gpu_ipc::BackendKind::HostFake => program.run::<HostFake, HostWork>(),
         gpu => gpu_ipc::dispatch_gpu(gpu, Gpu(program)).map_err(|e| FrameError::Config(e.to_string()))?,
+    }
+}
+
+/// How the pipeline's middle stage transforms frames, upstream backend `U` to downstream backend `D`: every 32-bit
+/// word XORed with a mask (the kernel `gpu_ipc_xor_words` on a GPU, the CPU on the host backend).
+pub trait StageWork<U: Backend, D: Backend>: Sized {
+    /// Opens device `ordinal` (ignored by the host backend).
+    ///
+    /// # Errors
+    /// No driver or device, or no kernel image for it.
+    fn open(ordinal: i32) -> Result<Self, FrameError>;
+    /// The upstream and downstream backends' contexts.
+    fn contexts(&self) -> (&U::Context, &D::Context);
+    /// The stream the stage's work goes on (`None` on the host).
+    fn stream(&self) -> Option<&Stream>;
+    /// Writes `io.input ^ mask`, word by word, into `io.output` (queued on the stream on a GPU).
+    ///
+    /// # Errors
+    /// Frames of different sizes, a frame outside its ring, a kernel or driver error.
+    fn xor(&self, io: &StageIo<'_, U, D>, mask: u32) -> Result<(), FrameError>;
+}
+
+impl<U: GpuBackend, D: GpuBackend> StageWork<U, D> for GpuWork {
+    fn open(ordinal: i32) -> Result<Self, FrameError> {
+        <Self as FrameWork<U>>::open(ordinal)
+    }
+
+    fn contexts(&self) -> (&U::Context, &D::Context) {
+        (&self.gpu.ctx, &self.gpu.ctx)
+    }
+
+    fn stream(&self) -> Option<&Stream> {
+        Some(&self.gpu.stream)
+    }
+
+    fn xor(&self, io: &StageIo<'_, U, D>, mask: u32) -> Result<(), FrameError> {
+        let (dst, src) = (io.output_span()?, io.input_span()?);
+        self.gpu.kernels.xor_words(&self.gpu.stream, dst, src, mask).map_err(kernel_error)
+    }
+}
+
+impl StageWork<HostFake, HostFake> for HostWork {
+    fn open(_ordinal: i32) -> Result<Self, FrameError> {
+        Ok(Self::default())
+    }
+
+    fn contexts(&self) -> (&HostContext, &HostContext) {
+        (&HostContext, &HostContext)
+    }
+
+    fn stream(&self) -> Option<&Stream> {
+        None
+    }
+
+    fn xor(&self, io: &StageIo<'_, HostFake, HostFake>, mask: u32) -> Result<(), FrameError> {
+        if io.input.bytes() != io.output.bytes() {
+            return Err(FrameError::Config(format!(
+                "the upstream frame is {} bytes and the downstream slot {}: the XOR transform keeps the size; give \
+                 the stage the upstream frame's --width, --height and --format",
+                io.input.bytes(),
+                io.output.bytes()
+            )));
+        }
+        let mut bytes = vec![0u8; io.input.bytes() as usize];
+        io.upstream.region().read(io.input.ptr(), &mut bytes)?;
+        let input: Vec<u32> = bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+        let mut output = vec![0u32; input.len()];
+        xor_words_host(&mut output, &input, mask);
+        for (chunk, word) in bytes.chunks_exact_mut(4).zip(&output) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        Ok(io.downstream.region().write(io.output.ptr(), &bytes)?)
+    }
+}
+
+/// Runs a stage program with an upstream and a downstream backend chosen at run time.
+pub trait StageVisitor {
+    /// What the program returns.
+    type Output;
+    /// Runs the program with backends `U` (upstream) and `D` (downstream) and its work `W`.
+    fn run<U: Backend, D: Backend, W: StageWork<U, D>>(self) -> Result<Self::Output, FrameError>;
+}
+
+/// Runs `program` with the backends `upstream` and `downstream` name: both the host fake, or both GPU backends
+/// compiled in (the two may differ: legacy upstream, vmm downstream).
+///
+/// # Errors
+/// One side on the host and the other on a GPU, a backend not compiled in, or the program's error.
+pub fn run_with_stage_backends<P: StageVisitor>(
+    upstream: gpu_ipc::BackendKind,
+    downstream: gpu_ipc::BackendKind,
+    program: P,
+) -> Result<P::Output, FrameError> {
+    use gpu_ipc::BackendKind::HostFake as Host;
+    struct Up<P>(P, gpu_ipc::BackendKind);
+    struct Down<U, P>(P, std::marker::PhantomData<U>);
+    impl<P: StageVisitor> gpu_ipc::GpuBackendVisitor for Up<P> {
+        type Output = Result<P::Output, FrameError>;
+        fn visit<U: GpuBackend>(self) -> Self::Output {
+            gpu_ipc::dispatch_gpu(self.1, Down::<U, P>(self.0, std::marker::PhantomData))
+                .map_err(|e| FrameError::Config(e.to_string()))?
+        }
+    }
+    impl<U: GpuBackend, P: StageVisitor> gpu_ipc::GpuBackendVisitor for Down<U, P> {
+        type Output = Result<P::Output, FrameError>;
+        fn visit<D: GpuBackend>(self) -> Self::Output {
+            self.0.run::<U, D, GpuWork>()
+        }
+    }
+    match (upstream, downstream) {
+        (Host, Host) => program.run::<HostFake, HostFake, HostWork>(),
+        (Host, _) | (_, Host) => Err(FrameError::Config(format!(
+            "a stage's two rings must both be on the host or both on the GPU (upstream {upstream}, downstream \
+             {downstream}): its work reads one and writes the other"
+        ))),
+        (up, down) => gpu_ipc::dispatch_gpu(up, Up(program, down)).map_err(|e| FrameError::Config(e.to_string()))?,
     }
 }

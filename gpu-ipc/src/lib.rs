@@ -70,6 +70,12 @@ pub struct ReadmeDocTests;
 #[doc = include_str!("../../docs/frames.md")]
 pub struct FramesDocTests;
 
+/// The Rust snippets of `docs/pipelines.md`, compiled as doc tests with the paths an outside project uses (its
+/// host-backend example runs).
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/pipelines.md")]
+pub struct PipelinesDocTests;
+
 /// The Rust snippets of `docs/pool.md`, compiled (and, for the host backend's, run) as doc tests with the paths an
 /// outside project uses.
 #[cfg(all(doctest, feature = "legacy", feature = "vmm"))]

@@ -1,5 +1,6 @@
-// Frame check kernels of gpu-ipc: fill a frame with a pattern that depends on its sequence number, and count the
-// words of a frame that do not hold the pattern of the sequence the reader expects.
+// Frame check kernels of gpu-ipc: fill a frame with a pattern that depends on its sequence number, count the
+// words of a frame that do not hold the pattern of the sequence the reader expects, and XOR a frame into another
+// (the pipeline example's transform).
 //
 // No #include at all: NVRTC (scripts/gen_kernels.py) and nvcc both compile this file as it is, and the only
 // names used beyond the language are the ones both compilers predefine (uint4, make_uint4, __shfl_down_sync,
@@ -159,5 +160,37 @@ extern "C" __global__ void gpu_ipc_verify_pattern(const unsigned int* src, unsig
     }
     if (lane == 0 && bad != 0) {
         atomicAdd(mismatches, bad);
+    }
+}
+
+// dst[i] := src[i] ^ mask, for i in [0, n_words): a frame transformed word by word (mask 0xFFFFFFFF inverts every
+// bit), the middle stage of the pipeline example. dst and src are two buffers (two rings' slots) that must not
+// overlap. A pattern frame XORed with a constant is the pattern frame of another sequence (`xor_sequence` in
+// kernels/src/pattern.rs), so gpu_ipc_verify_pattern checks a transformed frame as it is.
+extern "C" __global__ void gpu_ipc_xor_words(unsigned int* dst, const unsigned int* src, unsigned long long n_words,
+                                             unsigned int mask)
+{
+    const unsigned long long first = gpu_ipc_thread_index();
+    const unsigned long long stride = gpu_ipc_thread_count();
+    if ((((unsigned long long)dst ^ (unsigned long long)src) & 15ull) != 0ull) {
+        // The two buffers are not aligned alike: word by word (the rings' slots always are: 256-byte aligned).
+        for (unsigned long long i = first; i < n_words; i += stride) {
+            dst[i] = src[i] ^ mask;
+        }
+    } else {
+        unsigned long long head;
+        unsigned long long n_vec;
+        gpu_ipc_split(dst, n_words, &head, &n_vec);
+        uint4* out = (uint4*)(dst + head);
+        const uint4* in = (const uint4*)(src + head);
+        for (unsigned long long v = first; v < n_vec; v += stride) {
+            const uint4 w = in[v];
+            out[v] = make_uint4(w.x ^ mask, w.y ^ mask, w.z ^ mask, w.w ^ mask);
+        }
+        const unsigned long long n_edge = n_words - 4ull * n_vec;
+        for (unsigned long long k = first; k < n_edge; k += stride) {
+            const unsigned long long i = gpu_ipc_edge_index(k, head, n_vec);
+            dst[i] = src[i] ^ mask;
+        }
     }
 }

@@ -6,7 +6,7 @@ use ipc_core::driver::{
 };
 
 use crate::image::{self, ComputeCapability, KernelImage, NoImageForDevice};
-use crate::{FILL_PATTERN, VERIFY_PATTERN};
+use crate::{FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS};
 
 /// Why the kernels could not be loaded or launched.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +36,14 @@ pub enum KernelError {
     UnalignedSize {
         /// The size given.
         bytes: u64,
+    },
+    /// Two buffers a kernel pairs word for word are not the same size.
+    #[error("the destination is {dst} bytes and the source {src}: a word-by-word transform needs the same size")]
+    SizeMismatch {
+        /// Bytes of the destination.
+        dst: u64,
+        /// Bytes of the source.
+        src: u64,
     },
     /// Any other driver error.
     #[error(transparent)]
@@ -72,8 +80,8 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
     Ok((module, image))
 }
 
-/// The frame-pattern kernels, loaded in one context: fill a frame with the pattern of a sequence number, and count
-/// the words of a frame that differ from it.
+/// The frame-pattern kernels, loaded in one context: fill a frame with the pattern of a sequence number, count the
+/// words of a frame that differ from it, and XOR a frame into another (a pipeline stage's transform).
 ///
 /// ```no_run
 /// use gpu_ipc_kernels::launch::PatternKernels;
@@ -91,6 +99,7 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
 pub struct PatternKernels {
     fill: Function,
     verify: Function,
+    xor: Function,
     counter: DeviceBuffer,
     image: &'static KernelImage,
     max_blocks: u32,
@@ -120,6 +129,7 @@ impl PatternKernels {
         Ok(Self {
             fill: module.function(FILL_PATTERN)?,
             verify: module.function(VERIFY_PATTERN)?,
+            xor: module.function(XOR_WORDS)?,
             counter: DeviceBuffer::alloc(ctx, 8)?,
             image,
             // Enough resident blocks to saturate memory bandwidth; the kernels loop over the rest.
@@ -174,6 +184,31 @@ impl PatternKernels {
             stream,
             config,
             &[KernelArg::Span(frame), KernelArg::U64(words), KernelArg::U64(seq), KernelArg::Span(counter)],
+        )?;
+        Ok(())
+    }
+
+    /// Queues `dst[i] = src[i] ^ mask` over every word of two spans of the same size that do not overlap (two
+    /// rings' slots): `mask` `0xFFFF_FFFF` inverts every bit. A frame of the pattern of `seq` becomes the frame of
+    /// the pattern of [`xor_sequence`](crate::pattern::xor_sequence)`(seq, mask)`.
+    ///
+    /// # Errors
+    /// Spans of different sizes, a size that is not a multiple of 4, or the launch error.
+    pub fn xor_words(
+        &self,
+        stream: &Stream,
+        dst: DeviceSpan<'_>,
+        src: DeviceSpan<'_>,
+        mask: u32,
+    ) -> Result<(), KernelError> {
+        if dst.len() != src.len() {
+            return Err(KernelError::SizeMismatch { dst: dst.len(), src: src.len() });
+        }
+        let (config, words) = self.config(dst.len())?;
+        self.xor.launch_typed(
+            stream,
+            config,
+            &[KernelArg::Span(dst), KernelArg::Span(src), KernelArg::U64(words), KernelArg::U32(mask)],
         )?;
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! - [`FILL_PATTERN`]`(unsigned int* dst, unsigned long long n_words, unsigned long long seq)`
 //! - [`VERIFY_PATTERN`]`(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
 //!   unsigned long long* mismatches)`
+//! - [`XOR_WORDS`]`(unsigned int* dst, const unsigned int* src, unsigned long long n_words, unsigned int mask)`
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -26,8 +27,13 @@ pub const FILL_PATTERN: &str = "gpu_ipc_fill_pattern";
 /// from [`pattern::pattern_word`]`(seq, i)`; the caller zeroes `*mismatches` first.
 pub const VERIFY_PATTERN: &str = "gpu_ipc_verify_pattern";
 
+/// `gpu_ipc_xor_words(unsigned int* dst, const unsigned int* src, unsigned long long n_words, unsigned int mask)`:
+/// `dst[i] = src[i] ^ mask` for every `i < n_words` (two buffers that do not overlap): the pipeline example's
+/// transform. A pattern frame so transformed is the pattern frame of [`pattern::xor_sequence`]`(seq, mask)`.
+pub const XOR_WORDS: &str = "gpu_ipc_xor_words";
+
 /// The frame-pattern kernels; [`probe::kernel_names`] lists the probes' kernels.
-pub const KERNELS: [&str; 2] = [FILL_PATTERN, VERIFY_PATTERN];
+pub const KERNELS: [&str; 3] = [FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS];
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

@@ -28,14 +28,72 @@ const SALT: u32 = 0xA5A5_A5A5;
 #[inline]
 pub const fn pattern_word(seq: u64, index: u64) -> u32 {
     // Truncation is the definition: both operands enter the hash modulo 2^32.
-    let x = (index as u32).wrapping_mul(INDEX_MUL) ^ (seq as u32).wrapping_mul(SEQ_MUL) ^ SALT;
+    mix((index as u32).wrapping_mul(INDEX_MUL) ^ (seq as u32).wrapping_mul(SEQ_MUL) ^ SALT)
+}
+
+/// The inverse of `SEQ_MUL` modulo 2^32 (an odd number has one), by Newton's iteration: each step doubles the
+/// correct low bits, and 3 are right to begin with.
+const SEQ_MUL_INV: u32 = {
+    let mut inverse = SEQ_MUL;
+    let mut step = 0;
+    while step < 5 {
+        inverse = inverse.wrapping_mul(2u32.wrapping_sub(SEQ_MUL.wrapping_mul(inverse)));
+        step += 1;
+    }
+    inverse
+};
+
+/// `x ^ (x >> 16)`: linear over the bits of `x`, and its own inverse (`mix(mix(x)) == x`).
+const fn mix(x: u32) -> u32 {
     x ^ (x >> 16)
+}
+
+/// The sequence whose pattern frame is the frame of `seq` with every word XORed with `mask`:
+/// `pattern_word(xor_sequence(seq, mask), i) == pattern_word(seq, i) ^ mask` for every word `i`. So a frame
+/// transformed by `gpu_ipc_xor_words` is checked by the verify kernel as it is, against this sequence.
+///
+/// Why it exists: `pattern = mix(s ^ t)` with `mix` linear and its own inverse, so `pattern ^ mask = mix(s ^
+/// mix(mask) ^ t)`, the pattern of the sequence whose term is `s ^ mix(mask)`. Like the pattern, it works on the
+/// low 32 bits of `seq` (the result is below 2^32), and it is its own inverse for a given `mask`.
+///
+/// ```
+/// use gpu_ipc_kernels::pattern::{pattern_word, xor_sequence};
+/// let inverted = xor_sequence(7, 0xFFFF_FFFF);
+/// assert_eq!(pattern_word(inverted, 100), !pattern_word(7, 100));
+/// assert_eq!(xor_sequence(inverted, 0xFFFF_FFFF), 7);
+/// ```
+#[inline]
+pub const fn xor_sequence(seq: u64, mask: u32) -> u64 {
+    // Truncation is the definition, as in `pattern_word`.
+    let term = (seq as u32).wrapping_mul(SEQ_MUL) ^ mix(mask);
+    term.wrapping_mul(SEQ_MUL_INV) as u64
+}
+
+/// The sequence (its low 32 bits) of the pattern frame whose first word is `word`: word 0 of a frame depends on
+/// the sequence alone, one to one, so a reader that does not know which frame it holds learns it here and then
+/// checks every word against that sequence. `sequence_of_first_word(pattern_word(seq, 0)) == seq % 2^32`.
+///
+/// ```
+/// use gpu_ipc_kernels::pattern::{pattern_word, sequence_of_first_word};
+/// assert_eq!(sequence_of_first_word(pattern_word(12_345, 0)), 12_345);
+/// ```
+#[inline]
+pub const fn sequence_of_first_word(word: u32) -> u64 {
+    (mix(word) ^ SALT).wrapping_mul(SEQ_MUL_INV) as u64
 }
 
 /// Fills `words` as `gpu_ipc_fill_pattern` fills a frame: `words[i] = pattern_word(seq, i)`.
 pub fn fill_pattern_host(words: &mut [u32], seq: u64) {
     for (index, word) in (0u64..).zip(words.iter_mut()) {
         *word = pattern_word(seq, index);
+    }
+}
+
+/// XORs every word of `src` with `mask` into `dst`, as `gpu_ipc_xor_words` does (`dst` and `src` the same length;
+/// extra words of the longer one are left alone).
+pub fn xor_words_host(dst: &mut [u32], src: &[u32], mask: u32) {
+    for (out, word) in dst.iter_mut().zip(src) {
+        *out = word ^ mask;
     }
 }
 
@@ -97,18 +155,52 @@ mod tests {
     /// than 2^32, and `(K^-1 * K) ^ 0 == (0 * K) ^ 1`. Ours tells them apart.
     #[test]
     fn sequences_across_a_2_pow_32_boundary_differ() {
-        // The inverse of SEQ_MUL modulo 2^32, by Newton's iteration.
-        let mut inverse: u32 = SEQ_MUL;
-        for _ in 0..5 {
-            inverse = inverse.wrapping_mul(2u32.wrapping_sub(SEQ_MUL.wrapping_mul(inverse)));
-        }
-        assert_eq!(inverse.wrapping_mul(SEQ_MUL), 1);
-        let (a, b) = (u64::from(inverse), 1u64 << 32);
+        assert_eq!(SEQ_MUL_INV.wrapping_mul(SEQ_MUL), 1);
+        let (a, b) = (u64::from(SEQ_MUL_INV), 1u64 << 32);
         assert!(b - a < 1 << 32);
         let mixes_high_bits = |seq: u64| (seq as u32).wrapping_mul(SEQ_MUL) ^ (seq >> 32) as u32;
         assert_eq!(mixes_high_bits(a), mixes_high_bits(b));
         for index in 0..1024 {
             assert_ne!(pattern_word(a, index), pattern_word(b, index));
+        }
+    }
+
+    #[test]
+    fn a_frame_xored_with_a_mask_is_the_pattern_frame_of_xor_sequence() {
+        let seqs = [0u64, 1, 2, 41, 0xFFFF_FFFF, 1 << 32, 0x1234_5678_9ABC_DEF0, u64::MAX];
+        let masks = [0u32, 0xFFFF_FFFF, 1, 0x8000_0000, 0xFFFF_0000, 0x0000_FFFF, 0xDEAD_BEEF];
+        for &seq in &seqs {
+            for &mask in &masks {
+                let other = xor_sequence(seq, mask);
+                assert!(other < 1 << 32);
+                for index in (0..64u64).chain([1 << 20, (1 << 32) - 1, 1 << 32, u64::MAX]) {
+                    assert_eq!(pattern_word(other, index), pattern_word(seq, index) ^ mask, "{seq:#x} {mask:#x}");
+                }
+                // Its own inverse, on the low 32 bits the pattern uses.
+                assert_eq!(xor_sequence(other, mask), seq & 0xFFFF_FFFF);
+            }
+            assert_eq!(xor_sequence(seq, 0), seq & 0xFFFF_FFFF);
+        }
+        // A transformed frame is checked against `xor_sequence`, and a frame that was not transformed fails in every
+        // word; so does the transform of a neighbouring frame.
+        let mut frame = vec![0u32; 1000];
+        fill_pattern_host(&mut frame, 77);
+        let inverted: Vec<u32> = frame.iter().map(|w| !w).collect();
+        assert_eq!(count_mismatches_host(&inverted, xor_sequence(77, u32::MAX)), 0);
+        assert_eq!(count_mismatches_host(&frame, xor_sequence(77, u32::MAX)), 1000);
+        assert_eq!(count_mismatches_host(&inverted, xor_sequence(76, u32::MAX)), 1000);
+        assert_eq!(count_mismatches_host(&inverted, xor_sequence(77, 0xFFFF_FFFE)), 1000);
+    }
+
+    #[test]
+    fn the_first_word_names_the_frame() {
+        for seq in [0u64, 1, 2, 999, 0xFFFF_FFFF, 0x1234_5678] {
+            assert_eq!(sequence_of_first_word(pattern_word(seq, 0)), seq);
+        }
+        assert_eq!(sequence_of_first_word(pattern_word((1 << 32) + 5, 0)), 5);
+        // Every word value is the first word of exactly one sequence: sample a stretch of them.
+        for word in (0..1 << 16).map(|w: u32| w.wrapping_mul(0x9E37_79B9)) {
+            assert_eq!(pattern_word(sequence_of_first_word(word), 0), word);
         }
     }
 

@@ -4,7 +4,7 @@
 
 use gpu_ipc_kernels::image::{ComputeCapability, ImageKind};
 use gpu_ipc_kernels::launch::PatternKernels;
-use gpu_ipc_kernels::pattern::{count_mismatches_host, fill_pattern_host};
+use gpu_ipc_kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_sequence};
 use gpu_ipc_kernels::{FILL_PATTERN, image};
 use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, DriverError, KernelArg, LaunchConfig, Module, Stream};
 
@@ -38,6 +38,30 @@ fn check_pattern_kernels(kernels: &PatternKernels, ctx: &Context) {
     assert!(kernels.fill(&stream, frame.span().slice(0, 4 * 1001 + 2).unwrap(), 7).is_err());
     // A counter span too short for the 64-bit count is refused before the launch.
     assert!(kernels.verify(&stream, part, 7, frame.span().slice(0, 4).unwrap()).is_err());
+    check_xor(kernels, ctx, &stream);
+}
+
+/// The pipeline example's transform: a 4K frame XORed into another buffer is the pattern frame of `xor_sequence`,
+/// word for word as on the host; buffers aligned differently take the scalar path; sizes must match.
+fn check_xor(kernels: &PatternKernels, ctx: &Context, stream: &Stream) {
+    let src = DeviceBuffer::alloc(ctx, FRAME_4K).unwrap();
+    let dst = DeviceBuffer::alloc(ctx, FRAME_4K + 16).unwrap();
+    kernels.fill(stream, src.span(), 9).unwrap();
+    let out = dst.span().slice(0, FRAME_4K).unwrap();
+    kernels.xor_words(stream, out, src.span(), u32::MAX).unwrap();
+    assert_eq!(kernels.count_mismatches(stream, out, xor_sequence(9, u32::MAX)).unwrap(), 0);
+    // Not transformed, or transformed with another mask: every word is wrong.
+    assert_eq!(kernels.count_mismatches(stream, src.span(), xor_sequence(9, u32::MAX)).unwrap(), FRAME_4K / 4);
+    kernels.xor_words(stream, out, src.span(), 0x0F0F_0F0F).unwrap();
+    assert_eq!(kernels.count_mismatches(stream, out, xor_sequence(9, u32::MAX)).unwrap(), FRAME_4K / 4);
+    // A destination 4 bytes off the source's 16-byte alignment: the word-by-word path, same result.
+    let bytes = 4 * 1003;
+    let shifted = dst.span().slice(4, bytes).unwrap();
+    let part = src.span().slice(0, bytes).unwrap();
+    kernels.xor_words(stream, shifted, part, 0xDEAD_BEEF).unwrap();
+    assert_eq!(kernels.count_mismatches(stream, shifted, xor_sequence(9, 0xDEAD_BEEF)).unwrap(), 0);
+    let err = kernels.xor_words(stream, out, part, 1).unwrap_err();
+    assert!(err.to_string().contains("same size"), "{err}");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! What the example programs' process tests share: finding the binaries, a child process with its stderr lines
-//! and JSON summary, and the producer and consumer command lines.
+//! and JSON summary, and the producer, consumer and pipeline stages' command lines.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -14,6 +14,7 @@ pub fn exe(name: &str) -> PathBuf {
         || {
             PathBuf::from(match name {
                 "producer" => env!("CARGO_BIN_EXE_producer"),
+                "pipeline" => env!("CARGO_BIN_EXE_pipeline"),
                 "semaphore" => env!("CARGO_BIN_EXE_semaphore"),
                 "pool" => env!("CARGO_BIN_EXE_pool"),
                 _ => env!("CARGO_BIN_EXE_consumer"),
@@ -164,6 +165,68 @@ pub fn consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
     .map(ToString::to_string)
     .collect();
     Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)
+}
+
+/// One role of the `pipeline` program (`generate`, `transform`, `verify`) with `args`, `--json` added, named `name`
+/// in the test's output.
+pub fn stage(name: &str, role: &str, args: &[&str]) -> Proc {
+    let args: Vec<String> = [role].iter().chain(args).chain(&["--json"]).map(ToString::to_string).collect();
+    Proc::spawn(name, exe("pipeline"), &args)
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Stage A of the pipeline: `generate` into ring `a`.
+pub fn generate(a: &Path, backend: &str, sync: &str, extra: &[&str]) -> Proc {
+    let mut args = vec!["--socket", path_str(a), "--backend", backend, "--sync", sync];
+    args.extend(extra);
+    stage("A generate", "generate", &args)
+}
+
+/// Stage B of the pipeline, named `name`: `transform` from ring `a` (backend `backends.0`) into ring `b`
+/// (`backends.1`).
+pub fn transform(name: &str, a: &Path, b: &Path, backends: (&str, &str), sync: &str, extra: &[&str]) -> Proc {
+    let mut args = vec!["--upstream", path_str(a), "--upstream-backend", backends.0, "--socket", path_str(b)];
+    args.extend(["--backend", backends.1, "--sync", sync]);
+    args.extend(extra);
+    stage(name, "transform", &args)
+}
+
+/// Stage C of the pipeline: `verify` of ring `b`.
+pub fn verify(b: &Path, backend: &str, extra: &[&str]) -> Proc {
+    let mut args = vec!["--socket", path_str(b), "--backend", backend];
+    args.extend(extra);
+    stage("C verify", "verify", &args)
+}
+
+/// A -> B -> C with `backend` and `sync` on both rings (`size` options for A and B), A SIGKILLed once C has read
+/// `after` frames: B must exit 4 (its upstream died) and C 4 (its producer ended as a death, not a clean end),
+/// each within a second, with no wrong word counted. Returns C's summary.
+pub fn first_stage_killed(tag: &str, backend: &str, sync: &str, size: &[&str], after: u64) -> serde_json::Value {
+    let (a, b) = (socket(&format!("{tag}-a")), socket(&format!("{tag}-b")));
+    let c = verify(&b, backend, &["--first-upstream", "0", "--progress-every", &after.to_string()]);
+    let t = transform("B transform", &a, &b, (backend, backend), sync, size);
+    let mut g = generate(&a, backend, sync, &[size, &["--frames", "0"]].concat());
+    c.wait_for_line(&format!("frame {after}"), Duration::from_secs(120));
+    g.kill9();
+    let killed = Instant::now();
+    // Each exit is seen within a millisecond of happening: the time since the kill bounds how long it took.
+    let (ts, _, _) = t.finish(Duration::from_secs(5));
+    let t_after = killed.elapsed();
+    let (cs, _, cj) = c.finish(Duration::from_secs(5));
+    let c_after = killed.elapsed();
+    let _ = g.finish(Duration::from_secs(5));
+    assert_eq!(ts.code(), Some(4), "{tag}: B, whose upstream died");
+    assert_eq!(cs.code(), Some(4), "{tag}: C, whose producer (B) ended as a death, not a clean end: {cj}");
+    assert!(cj["producer_gone"].is_string() && cj["end_of_stream_after"].is_null(), "{tag}: {cj}");
+    assert_eq!(cj["mismatched_words"], 0, "{tag}: {cj}");
+    assert!(
+        t_after < Duration::from_secs(1) && c_after < Duration::from_secs(1),
+        "{tag}: B {t_after:?}, C {c_after:?}"
+    );
+    cj
 }
 
 /// The `semaphore` example program with `--backend BACKEND --json` and `args`.

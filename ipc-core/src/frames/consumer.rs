@@ -11,10 +11,10 @@ use crate::frames::FrameError;
 use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
-use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex};
+use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex, WaitMode};
 use crate::wire::{
     Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,
-    PeerPolicy, RingOffer, SlotLayout, WireError,
+    PeerPolicy, RingOffer, SlotLayout, SyncStrategy, WireError,
 };
 
 /// How a consumer attaches.
@@ -116,6 +116,8 @@ pub struct Consumer<B: Backend> {
     /// Tells this consumer's frames from any other's.
     owner: u64,
     gpu_timeout: Duration,
+    /// Poll interval of `CpuSleep` ([`AttachOptions::sleep_interval`]).
+    sleep_interval: Duration,
     /// Set once teardown ran (by `detach`), so `Drop` does not run it again.
     left: bool,
 }
@@ -217,6 +219,7 @@ impl<B: Backend> Consumer<B> {
             next_seq,
             owner: super::owner_token(),
             gpu_timeout: options.gpu_timeout,
+            sleep_interval: options.sleep_interval,
             left: false,
         })
     }
@@ -393,6 +396,42 @@ impl<B: Backend> Consumer<B> {
         })
     }
 
+    /// Waits on the CPU, at most `timeout`, until `frame` is known to be published by its producer. With a CPU
+    /// strategy [`Consumer::next_frame`] hands out a frame only once it is, so this returns at once. With a GPU-side
+    /// strategy (`GpuStreamOps`, `GpuPoll`) `next_frame` only queued the stream's wait, and the end of the stream or
+    /// the producer's death releases that wait without the frame: call this before doing, with what was computed
+    /// from the frame, something that cannot be taken back, such as publishing it into another ring (what a
+    /// pipeline [`Stage`](crate::frames::Stage) does). It spins (sleeps between looks with `CpuSleep`).
+    ///
+    /// # Errors
+    /// [`FrameError::EndOfStream`] with `past_end` naming the frame when the producer closed the ring before it
+    /// (the frame was never written), [`FrameError::ProducerGone`], [`FrameError::Timeout`], a frame that is not
+    /// this consumer's ([`FrameError::ForeignToken`]).
+    pub fn wait_published(&self, frame: &Frame, timeout: Duration) -> Result<(), FrameError> {
+        self.check_owner(frame)?;
+        let mode = match self.offer.sync {
+            SyncStrategy::CpuSleep => WaitMode::Sleep(self.sleep_interval),
+            _ => WaitMode::Spin,
+        };
+        self.shared.wait_published(frame.seq, mode, Instant::now() + timeout).map_err(|e| match e {
+            FrameError::EndOfStream { published, .. } if frame.seq.0 >= published => {
+                FrameError::EndOfStream { published, past_end: Some(frame.seq.0) }
+            }
+            other => other,
+        })
+    }
+
+    /// [`FrameError::ForeignToken`] for a frame another consumer (or an earlier attachment) received.
+    fn check_owner(&self, frame: &Frame) -> Result<(), FrameError> {
+        if frame.owner != self.owner {
+            return Err(FrameError::ForeignToken {
+                token: "frame",
+                problem: format!("frame {} was received by another consumer (or an earlier attachment)", frame.seq.0),
+            });
+        }
+        Ok(())
+    }
+
     /// Releases `frame` once the work queued on `stream` (if any) has read it; the producer may then rewrite its
     /// slot.
     ///
@@ -401,12 +440,7 @@ impl<B: Backend> Consumer<B> {
     /// hold partial data), [`FrameError::Evicted`], [`FrameError::Timeout`] when a CPU strategy's wait for the
     /// stream passes [`AttachOptions::gpu_timeout`].
     pub fn release(&mut self, frame: Frame, stream: Option<&Stream>) -> Result<(), FrameError> {
-        if frame.owner != self.owner {
-            return Err(FrameError::ForeignToken {
-                token: "frame",
-                problem: format!("frame {} was received by another consumer (or an earlier attachment)", frame.seq.0),
-            });
-        }
+        self.check_owner(&frame)?;
         let gpu_deadline = Instant::now() + self.gpu_timeout;
         self.sync.release(&self.shared, frame.seq, frame.slot, stream, gpu_deadline)
     }

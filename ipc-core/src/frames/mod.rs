@@ -22,6 +22,9 @@
 //! before it holds a consumer record; from then on (the moment its offer leaves) it counts in back-pressure like any
 //! consumer, and [`SlowConsumerPolicy`] says what the producer does about one that stops releasing.
 //!
+//! A pipeline [`Stage`] is the consumer of one ring and the producer of another: each frame it takes, the caller's
+//! work turns into a frame it publishes, and the end of the stream (or the upstream's death) travels on.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use ipc_core::backend::GpuBackend;
@@ -98,6 +101,7 @@ mod consumer;
 mod error;
 mod producer;
 mod run_ahead;
+mod stage;
 mod strategy;
 mod watchdog;
 
@@ -106,6 +110,7 @@ use crate::ring::{WaitMode, bounded_wait};
 pub use consumer::{AttachOptions, Consumer, Frame};
 pub use error::FrameError;
 pub use producer::{Producer, ProducerConfig, SlotLease, SlowConsumerPolicy};
+pub use stage::{DownstreamEmpty, Stage, StageConfig, StageError, StageIo, StageStep, WorkError};
 
 /// Polls `event` until it completes, `alive()` turns false ([`FrameError::PeerGone`]) or `deadline` passes
 /// ([`FrameError::Timeout`]): every CPU wait on GPU work in this module goes through here, so none is unbounded.

@@ -356,6 +356,22 @@ impl<B: Backend> Producer<B> {
     }
 }
 
+impl<B: Backend> Producer<B> {
+    /// Ends this producer without ending its stream: its consumers get [`FrameError::ProducerGone`] (within about a
+    /// millisecond, from the hang-up), as after a crash, never the clean [`FrameError::EndOfStream`] that dropping
+    /// it gives. For a producer that cannot go on and must not let its consumers take what it published for a
+    /// whole stream: a pipeline stage whose upstream died, say ([`Stage`](crate::frames::Stage) does this). The
+    /// teardown is otherwise the same as dropping it (bounded waits for the GPU work queued on the ring).
+    pub fn abandon(self) {
+        self.mark_abandoned();
+    }
+
+    /// From now on, dropping this producer abandons its stream (see [`Producer::abandon`]).
+    pub(in crate::frames) fn mark_abandoned(&self) {
+        self.ring.abandon();
+    }
+}
+
 impl<B: Backend> Producer<B>
 where
     B::Exported: DeviceMemory,
@@ -378,7 +394,10 @@ impl<B: Backend> Drop for Producer<B> {
         // (bounded) for the stream to pass what we queued on the ring before freeing what it uses.
         self.ring.poison_all_released();
         let settled = self.sync.settle(Instant::now() + self.config.gpu_timeout);
-        if settled {
+        if settled && self.ring.is_abandoned() {
+            // Left running: consumers see the hang-up as a death (`abandon`).
+            tracing::warn!("producer abandoned: its consumers get ProducerGone, not the end of the stream");
+        } else if settled {
             // Every frame queued is published now: consumers finish them, then get EndOfStream.
             self.ring.close();
         } else {

@@ -1,6 +1,6 @@
 //! The producer's side of the control block: registration, reuse checks, poisoning, closing.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 
 use rustix::process::Pid;
@@ -15,11 +15,14 @@ use crate::ring::layout::{
     state_word,
 };
 
-/// The producer's side of the control block. Dropping it closes the ring.
+/// The producer's side of the control block. Dropping it closes the ring, unless it was
+/// [`abandon`](Self::abandon)ed.
 #[derive(Debug)]
 pub struct ProducerControl {
     block: ControlBlock,
     policy: LivenessPolicy,
+    /// Set by [`abandon`](Self::abandon): dropping leaves the ring running.
+    abandoned: AtomicBool,
     /// Per record, the host-side poisonings of it in flight in this process (the watchdog's thread, the
     /// producer's). [`reclaim_consumer`](Self::reclaim_consumer) waits for its record's count to reach zero after
     /// freeing it, so no poison that checked the old state can land in the counters of the record's next owner.
@@ -30,7 +33,7 @@ impl ProducerControl {
     /// Creates the control block in a new sealed memfd, with this process as the running producer.
     pub fn create(config: RingConfig, policy: LivenessPolicy) -> Result<Self, RingError> {
         let poisoning = (0..config.max_consumers).map(|_| AtomicU32::new(0)).collect();
-        Ok(Self { block: ControlBlock::create(config)?, policy, poisoning })
+        Ok(Self { block: ControlBlock::create(config)?, policy, abandoned: AtomicBool::new(false), poisoning })
     }
 
     /// Runs `poison` for record `index` counted as in flight (see `poisoning`). `SeqCst` on the count and on the
@@ -332,10 +335,24 @@ impl ProducerControl {
         // Release: everything published before closing is visible to whoever sees Closed.
         self.block.layout().header.producer_state.store(ProducerState::Closed as u64, Ordering::Release);
     }
+
+    /// Says that the producer goes away without ending its stream: dropping this control then leaves the ring
+    /// `Running` instead of closing it, so consumers learn of the producer's end from its hang-up, as of a death
+    /// (`ProducerGone`), never as a clean end of stream. Nothing else changes; it cannot be undone.
+    pub fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Release);
+    }
+
+    /// Whether [`abandon`](Self::abandon) was called.
+    pub fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for ProducerControl {
     fn drop(&mut self) {
-        self.close();
+        if !self.is_abandoned() {
+            self.close();
+        }
     }
 }
