@@ -142,7 +142,7 @@ impl<T> Drop for Shared<T> {
 }
 
 /// `close()`, `closed`, and the context manager (closing at the end of the block) of a `#[pyclass]` that holds a
-/// [`Shared`] in `$field`, in a `#[pymethods]` block of their own; `$doc` documents `close`.
+/// `Shared` in `$field`, in a `#[pymethods]` block of their own; `$doc` documents `close`.
 #[macro_export]
 macro_rules! closable {
     ($class:ty, $field:ident, $doc:literal) => {

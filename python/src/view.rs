@@ -331,7 +331,7 @@ pub fn cuda_array_interface_of<'py>(memory: &impl ArrayMemory, py: Python<'py>) 
     })
 }
 
-/// The array protocols of a `#[pyclass]` that implements [`ArrayMemory`], in a `#[pymethods]` block of their own
+/// The array protocols of a `#[pyclass]` that implements `view::ArrayMemory`, in a `#[pymethods]` block of their own
 /// (PyO3's `multiple-pymethods`): one definition for frames, slots and pool buffers.
 #[macro_export]
 macro_rules! array_protocols {
