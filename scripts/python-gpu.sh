@@ -1,17 +1,32 @@
 #!/usr/bin/env bash
-# The Python package on a GPU machine, from the wheel scripts/stage-gpu.sh staged (nothing is downloaded there):
+# The Python package on a GPU machine, from what scripts/stage-gpu.sh staged (the wheel in stage/wheels, the Rust
+# examples in stage/bin.tar.xz; nothing is downloaded there):
 #   scripts/python-gpu.sh OUT_DIR
-# Installs stage/wheels/gpu_ipc-*.whl (pip --no-index --no-deps) into a venv made with --system-site-packages, so
-# that it sees the machine's torch and CuPy, then runs scripts/python_gpu.py: a torch producer and a torch consumer
-# in two processes for backend legacy, vmm x sync cpu-spin, ipc-event, gpu-stream-ops at 3840x2160 RGB (4 slots),
-# and a CuPy consumer row (vmm, gpu-stream-ops); every byte of every frame checked on the GPU, the consumer's FPS and
-# CPU time per frame, and the zero-copy checks (torch.from_dlpack(frame).data_ptr() == frame.ptr; CuPy's from_dlpack
-# and __cuda_array_interface__). PY_GPU_FRAMES frames per row (default 600); rows stop being started after 420 s.
-# Writes OUT_DIR/python-package.json, OUT_DIR/python-package.md (the table) and OUT_DIR/python-package.log (every
-# process's output; python-package.*, not python-gpu.*, which scripts/python-gpu-consumer.sh writes). Exit status: 0 every row ok; 1 a row failed; 2 no wheel staged, no python3, or no GPU for torch.
+# 1. a fresh venv made with --system-site-packages (so that it sees the machine's torch, CuPy, JAX), the staged
+#    wheel installed with `pip install --no-index --no-deps`;
+# 2. the README's Python quick start run as written (scripts/python_readme.py: its producer and consumer blocks of
+#    python/README.md, two processes; every printed mean checked);
+# 3. the rows (scripts/python_gpu.py, ends in scripts/python_gpu_ends.py): torch producer -> torch consumer for
+#    legacy, vmm x cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops at 3840x2160 RGB (4 slots); a Rust producer ->
+#    torch consumer against a Rust producer -> Rust consumer in interleaved rounds (the torch consumer's FPS as a
+#    fraction of the Rust consumer's; goal >= 0.9); a torch producer -> Rust consumer; CuPy and JAX consumers; a
+#    semaphore between two processes (CPU posts -> stream waits, stream posts -> CPU waits); a tensor PyTorch
+#    allocated itself shared by name and read in place by another process (gpu_ipc.share / gpu_ipc.open), with the
+#    default caching allocator (legacy) and with expandable_segments:True (vmm); each
+#    frame checked on the GPU against the Rust examples' pattern (0 mismatched words), the zero-copy checks, a tensor
+#    of a frame read after its consumer closed, FPS and CPU time per frame of both ends;
+# 4. gpu-poll, both backends, under a private MPS daemon (scripts/mps.sh; recorded as skipped when none starts).
+# Writes OUT_DIR/python-package.md (the table, with device, date and commit), python-package.json,
+# python-package.rows.jsonl, python-package.log (every process's output), readme-example.{json,log} and readme/ (the
+# code that ran). Exit status: 0 every row ok (skipped gpu-poll rows aside), the comparison measured and the README
+# example right; 1 otherwise; 2 nothing staged, no python3, or no venv.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+# shellcheck source=scripts/unpack-stage.sh
+. "$ROOT/scripts/unpack-stage.sh"
+# shellcheck source=scripts/mps.sh
+. "$ROOT/scripts/mps.sh"
 OUT="${1:?usage: scripts/python-gpu.sh OUT_DIR}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
@@ -19,14 +34,37 @@ PYTHON="${PYTHON:-python3}"
 command -v "$PYTHON" >/dev/null || { echo "python-gpu: $PYTHON not found" >&2; exit 2; }
 WHEEL="$(ls stage/wheels/gpu_ipc-*.whl 2>/dev/null | head -n1)"
 [ -n "$WHEEL" ] || { echo "python-gpu: no stage/wheels/gpu_ipc-*.whl; run scripts/stage-gpu.sh first" >&2; exit 2; }
+unpack_stage "$ROOT"
+export GPU_IPC_EXAMPLES_DIR="${GPU_IPC_EXAMPLES_DIR:-$ROOT/stage/bin}"
+rm -f "$OUT"/python-package.* "$OUT"/readme-example.*
 
 WORK="$(mktemp -d /tmp/gpu-ipc-pygpu-XXXXXX)"
-trap 'rm -rf "$WORK"' EXIT
+trap 'mps_stop; rm -rf "$WORK"' EXIT
 "$PYTHON" -m venv --system-site-packages "$WORK/venv" || exit 2
 # When $PYTHON is itself a virtual environment (the GPU machine's python3 is /opt/torch/.venv), the new venv's
 # "system" is the base interpreter, without torch: let it also see the calling interpreter's site-packages.
 VENV_SITE="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' >"$VENV_SITE/gpu-ipc-parent-site.pth" || exit 2
 "$WORK/venv/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps "$WHEEL" || exit 2
+VPY="$WORK/venv/bin/python"
 echo "python-gpu: $(basename "$WHEEL") in $WORK/venv; results in $OUT" >&2
-"$WORK/venv/bin/python" scripts/python_gpu.py run "$OUT"
+
+echo "python-gpu: the README's quick start, as written (python/README.md)" >&2
+"$VPY" scripts/python_readme.py python/README.md "$OUT"
+README_RC=$?
+
+echo "python-gpu: the rows (no MPS)" >&2
+"$VPY" scripts/python_gpu.py run "$OUT" --set main
+
+echo "python-gpu: gpu-poll under a private MPS daemon" >&2
+if mps_start; then
+    "$VPY" scripts/python_gpu.py run "$OUT" --set mps
+    mps_stop "$OUT/mps-log"
+else
+    "$VPY" scripts/python_gpu.py skip "$OUT" --set mps --reason "no MPS daemon: $MPS_REASON"
+fi
+
+"$VPY" scripts/python_gpu.py report "$OUT"
+REPORT_RC=$?
+[ "$README_RC" -eq 0 ] || echo "python-gpu: the README's quick start did not run as written (exit $README_RC): $OUT/readme-example.log" >&2
+[ "$REPORT_RC" -eq 0 ] && [ "$README_RC" -eq 0 ]

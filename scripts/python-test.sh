@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python package's tests on the host backend (no GPU needed), as CI runs them (the last step of scripts/test.sh):
 #   scripts/python-test.sh [PYTEST_ARGS...]
-# Builds the Rust example programs (`producer`, `consumer`: the other end of the interop tests) and the wheel (dev
-# profile, scripts/build-wheel.sh --dev), installs the wheel into a fresh venv with pinned pytest, numpy and mypy,
+# Builds the Rust example programs (`producer`, `consumer`, `semaphore`: the other end of the interop tests) and the
+# wheel (dev profile, scripts/build-wheel.sh --dev), installs the wheel into a fresh venv with pinned pytest, numpy and mypy,
 # runs pytest on python/tests, then checks the stubs against the native module (mypy.stubtest) and type-checks the
 # tests with mypy --strict against the stubs.
 set -euo pipefail
@@ -13,7 +13,7 @@ WORK="$ROOT/target/py-test"
 VENV="$WORK/venv"
 
 echo "python-test: building the example programs (debug)" >&2
-cargo build --quiet --locked -p gpu-ipc-examples --bin producer --bin consumer
+cargo build --quiet --locked -p gpu-ipc-examples --bin producer --bin consumer --bin semaphore
 WHEEL="$(scripts/build-wheel.sh --dev "$WORK/wheels")"
 
 echo "python-test: a fresh venv with the wheel, pytest, numpy, mypy" >&2

@@ -1,21 +1,26 @@
-"""The Python package on a GPU: a torch producer and a torch (or CuPy) consumer in two processes, 4K RGB frames.
+"""The Python package on a GPU: Python and Rust ends of one ring in two processes, 4K RGB frames, one table.
 
-Run by scripts/python-gpu.sh (which installs the staged wheel into a venv that sees the machine's torch, CuPy):
-    python scripts/python_gpu.py run OUT_DIR            every row; writes OUT_DIR/python-package.{json,md,log}
-    python scripts/python_gpu.py produce SOCK BACKEND SYNC FRAMES
-    python scripts/python_gpu.py consume SOCK BACKEND torch|cupy FRAMES
-Each frame is checked on the GPU: the producer writes frame s as `(base + s) % 256`, where `base[i] = i % 251` (one
-kernel, in place through torch.from_dlpack(slot)); the consumer compares each byte with the same expression and
-counts mismatched bytes per frame on the GPU (no CPU sync per frame), summed over the frames the producer published.
-The consumer reports FPS (first frame to end of stream) and CPU time per frame; its first frame also checks that the
-tensors are the frame itself: torch.from_dlpack(frame).data_ptr() == frame.ptr (CuPy: from_dlpack and
-__cuda_array_interface__).
+Run by scripts/python-gpu.sh (which installs the staged wheel into a venv that sees the machine's torch, CuPy, JAX):
+    python scripts/python_gpu.py run OUT_DIR [--set main|mps] [--host]   rows, added to OUT_DIR/python-package.rows.jsonl
+    python scripts/python_gpu.py skip OUT_DIR --set mps --reason TEXT     the set's rows, recorded as not run
+    python scripts/python_gpu.py report OUT_DIR                           OUT_DIR/python-package.{json,md}; 0: all ok
+Rows (`main`): a torch producer and a torch consumer for backend legacy, vmm x sync cpu-spin, cpu-sleep, ipc-event,
+gpu-stream-ops; a Rust producer -> torch consumer and a Rust producer -> Rust consumer in interleaved rounds (vmm,
+gpu-stream-ops: the torch consumer's FPS against the Rust consumer's, the same producer and check); a torch producer ->
+Rust consumer; torch producer -> CuPy and -> JAX consumers. `mps`: gpu-poll, both backends (run under a private MPS
+daemon). `--host`: the same harness on the host backend with NumPy (and JAX where installed), 64x32 frames: a dry run
+without a GPU. The ends are scripts/python_gpu_ends.py and the Rust examples `producer` and `consumer`
+($GPU_IPC_EXAMPLES_DIR, default stage/bin); every frame carries their pattern and is checked on the device.
+PY_GPU_FRAMES frames per row (default 600), PY_GPU_COMPARE_FRAMES for the comparison rows (default 3000),
+PY_GPU_COMPARE_ROUNDS rounds (default 3).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,266 +28,319 @@ import time
 from pathlib import Path
 from typing import Any
 
-WIDTH, HEIGHT = 3840, 2160
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+ENDS = HERE / "python_gpu_ends.py"
 SLOTS = 4
-ROWS = [(b, s, "torch") for b in ("legacy", "vmm") for s in ("cpu-spin", "ipc-event", "gpu-stream-ops")] + [
-    ("vmm", "gpu-stream-ops", "cupy"),
-]
-# `run OUT_DIR --host`: the same script on the host backend with NumPy, small frames (a dry run of the harness on a
-# machine without a GPU).
-HOST_ROWS = [("host", "cpu-spin", "numpy"), ("host", "cpu-sleep", "numpy")]
-if os.environ.get("PY_GPU_HOST_DRY_RUN"):
-    WIDTH, HEIGHT = 64, 32
 PROCESS_TIMEOUT = 120  # seconds, each process of a row
-BUDGET = 420  # no new row after this many seconds
+BUDGET = {"main": 330, "mps": 90}  # no new row after this many seconds of a set
+ROWS_FILE = "python-package.rows.jsonl"
+COMPARE = ("vmm", "gpu-stream-ops")
+SHARED_WORDS = 4 << 20  # int32: a 16 MiB tensor
 
 
-def produce(sock: str, backend: str, sync: str, frames: int) -> dict[str, Any]:
-    import gpu_ipc
+def row_specs(which: str, host: bool) -> list[dict[str, Any]]:
+    """The rows of one set: producer and consumer kinds, backend, sync, frames, and what the row is for."""
+    frames = int(os.environ.get("PY_GPU_FRAMES", "600"))
+    compare_frames = int(os.environ.get("PY_GPU_COMPARE_FRAMES", "3000"))
+    rounds = int(os.environ.get("PY_GPU_COMPARE_ROUNDS", "3"))
+    py, backends = ("numpy", ["host"]) if host else ("torch", ["legacy", "vmm"])
+    backend, sync = ("host", "cpu-spin") if host else COMPARE
 
-    if backend == "host":
-        return produce_host(sock, sync, frames)
-    import torch
+    def spec(producer: str, consumer: str, b: str, s: str, n: int = frames, **extra: Any) -> dict[str, Any]:
+        return {"producer": producer, "consumer": consumer, "backend": b, "sync": s, "frames_asked": n, **extra}
 
-    dev = torch.device("cuda:0")
-    base = (torch.arange(HEIGHT * WIDTH * 3, device=dev, dtype=torch.int32) % 251).to(torch.uint8)
-    base = base.view(HEIGHT, WIDTH, 3)
-    stream = torch.cuda.Stream(dev)
-    with torch.cuda.stream(stream), gpu_ipc.Producer(
-        sock, width=WIDTH, height=HEIGHT, slots=SLOTS, sync=sync, backend=backend
-    ) as producer:
-        producer.wait_for_consumers(1, timeout=60)
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        for i in range(frames):
-            slot = producer.acquire(timeout=10, stream=stream)
-            torch.add(base, i % 256, out=torch.from_dlpack(slot))  # the slot in place, on `stream`
-            producer.publish(slot, stream=stream)
-        producer.drain(timeout=30, stream=stream)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        lost = producer.consumers_lost()
-    return {"role": "producer", "frames": frames, "fps": frames / wall, "cpu_us_per_frame": cpu * 1e6 / frames,
-            "consumers_lost": lost}
-
-
-def produce_host(sock: str, sync: str, frames: int) -> dict[str, Any]:
-    import numpy as np
-
-    import gpu_ipc
-
-    base = (np.arange(HEIGHT * WIDTH * 3) % 251).astype(np.uint8).reshape(HEIGHT, WIDTH, 3)
-    with gpu_ipc.Producer(sock, width=WIDTH, height=HEIGHT, slots=SLOTS, sync=sync, backend="host") as producer:
-        producer.wait_for_consumers(1, timeout=60)
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        for i in range(frames):
-            slot = producer.acquire(timeout=10)
-            np.add(base, np.uint8(i % 256), out=np.from_dlpack(slot))
-            producer.publish(slot)
-        producer.drain(timeout=30)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        lost = producer.consumers_lost()
-    return {"role": "producer", "frames": frames, "fps": frames / wall, "cpu_us_per_frame": cpu * 1e6 / frames,
-            "consumers_lost": lost}
+    if which == "mps":
+        return [spec(py, py, b, "gpu-poll") for b in backends]
+    syncs = ["cpu-spin", "cpu-sleep"] if host else ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops"]
+    rows = [spec(py, py, b, s) for b in backends for s in syncs]
+    for r in range(1, rounds + 1):  # interleaved, so that a drift of the machine hits both alike
+        rows.append(spec("rust", "rust", backend, sync, compare_frames, compare_round=r))
+        rows.append(spec("rust", py, backend, sync, compare_frames, compare_round=r))
+    rows.append(spec(py, "rust", backend, sync))
+    extra = ["jax"] if host else ["cupy", "jax"]
+    rows += [spec(py, kind, backend, sync) for kind in extra]
+    if not host:  # CPU posts -> stream waits -> stream posts -> CPU waits, between two processes
+        rows.append(spec("semaphore", "semaphore", "vmm", "-", 2000))
+        # A tensor PyTorch allocated itself, read by another process in place: its default caching allocator
+        # (cuMemAlloc: legacy) and expandable segments (cuMemCreate: vmm; 16 MiB, inside one of its 20 MiB chunks).
+        rows.append(spec("share", "open", "legacy", "-", 1, words=SHARED_WORDS, alloc_conf=""))
+        rows.append(spec("share", "open", "vmm", "-", 1, words=SHARED_WORDS,
+                         alloc_conf="expandable_segments:True"))
+    return rows
 
 
-def consume(sock: str, backend: str, kind: str, frames: int) -> dict[str, Any]:
-    import gpu_ipc
+def examples_dir() -> Path:
+    return Path(os.environ.get("GPU_IPC_EXAMPLES_DIR", ROOT / "stage" / "bin"))
 
-    if kind == "numpy":
-        import contextlib
 
-        import numpy as np
+def command(role: str, kind: str, sock: str, r: dict[str, Any], host: bool) -> list[str]:
+    if kind == "rust":
+        common = ["--socket", sock, "--backend", r["backend"], "--json"]
+        if role == "producer":
+            from python_gpu_ends import HEIGHT, WIDTH
 
-        base = (np.arange(HEIGHT * WIDTH * 3) % 251).astype(np.uint8).reshape(HEIGHT, WIDTH, 3)
-        expected = np.empty_like(base)
-        counts = np.zeros(frames + 64, dtype=np.int64)
-        stream: Any = None
-        context: Any = contextlib.nullcontext()
-        from_dlpack = np.from_dlpack
-
-        def check(x: Any, seq: int) -> None:
-            np.add(base, np.uint8(seq % 256), out=expected)
-            counts[seq] = np.count_nonzero(x != expected)
-
-        def zero_copy(frame: Any) -> dict[str, bool]:
-            return {"numpy_from_dlpack_is_the_frame": np.from_dlpack(frame).ctypes.data == frame.ptr}
-
-        def total(published: int) -> int:
-            return int(counts[:published].sum())
-    elif kind == "torch":
-        import torch
-
-        dev = torch.device("cuda:0")
-        base = (torch.arange(HEIGHT * WIDTH * 3, device=dev, dtype=torch.int32) % 251).to(torch.uint8)
-        base = base.view(HEIGHT, WIDTH, 3)
-        expected = torch.empty_like(base)
-        counts = torch.zeros(frames + 64, dtype=torch.int64, device=dev)
-        stream = torch.cuda.Stream(dev)
-        context = torch.cuda.stream(stream)
-        from_dlpack = torch.from_dlpack
-
-        def check(x: Any, seq: int) -> None:
-            torch.add(base, seq % 256, out=expected)
-            counts[seq] = torch.count_nonzero(x != expected)
-
-        def zero_copy(frame: Any) -> dict[str, bool]:
-            return {"torch_from_dlpack_is_the_frame": torch.from_dlpack(frame).data_ptr() == frame.ptr}
-
-        def total(published: int) -> int:
-            stream.synchronize()
-            return int(counts[:published].sum().item())
-    else:
-        import cupy as cp
-
-        base = (cp.arange(HEIGHT * WIDTH * 3, dtype=cp.int32) % 251).astype(cp.uint8).reshape(HEIGHT, WIDTH, 3)
-        expected = cp.empty_like(base)
-        counts = cp.zeros(frames + 64, dtype=cp.int64)
-        stream = cp.cuda.Stream(non_blocking=True)
-        context = stream
-        from_dlpack = cp.from_dlpack
-
-        def check(x: Any, seq: int) -> None:
-            cp.add(base, cp.uint8(seq % 256), out=expected)
-            counts[seq] = cp.count_nonzero(x != expected)
-
-        def zero_copy(frame: Any) -> dict[str, bool]:
-            return {
-                "cupy_from_dlpack_is_the_frame": cp.from_dlpack(frame).data.ptr == frame.ptr,
-                "cupy_cuda_array_interface_is_the_frame": cp.asarray(frame).data.ptr == frame.ptr,
-            }
-
-        def total(published: int) -> int:
-            stream.synchronize()
-            return int(counts[:published].sum())
-
-    read, published, checks = 0, -1, {}
-    t0 = cpu0 = 0.0
-    with context, gpu_ipc.Consumer(sock, backend=backend, name=kind, wait_for_producer=60, timeout=30) as consumer:
-        while True:
-            try:
-                frame = consumer.next_frame(timeout=10, stream=stream)
-            except gpu_ipc.EndOfStream as end:
-                published = end.published
-                break
-            if read == 0:
-                t0, cpu0 = time.perf_counter(), time.process_time()
-                checks = zero_copy(frame)
-            check(from_dlpack(frame), frame.seq)
-            try:
-                consumer.release(frame, stream=stream)
-            except gpu_ipc.EndOfStream as end:  # a frame queued past the end: never written, not counted
-                published = end.published
-                break
-            read += 1
-        mismatched = total(published)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    read = min(read, published)
-    return {"role": "consumer", "kind": kind, "frames": read, "published": published, "mismatched_bytes": mismatched,
-            "fps": read / wall if wall else 0.0, "cpu_us_per_frame": cpu * 1e6 / max(read, 1), **checks}
+            return [str(examples_dir() / "producer"), *common, "--sync", r["sync"], "--slots", str(SLOTS),
+                    "--frames", str(r["frames_asked"]), "--consumers", "1", "--width", str(WIDTH),
+                    "--height", str(HEIGHT)]
+        return [str(examples_dir() / "consumer"), *common, "--frames", "0", "--name", "rust"]
+    if kind == "semaphore":
+        mode = "sem-owner" if role == "producer" else "sem-peer"
+        return [sys.executable, str(ENDS), mode, sock, r["backend"], str(r["frames_asked"])]
+    if kind in ("share", "open"):
+        mode = "share-owner" if kind == "share" else "open-reader"
+        env = ["env", f"PYTORCH_CUDA_ALLOC_CONF={r['alloc_conf']}"] if r["alloc_conf"] else []
+        return [*env, sys.executable, str(ENDS), mode, sock, r["backend"], str(r["words"])]
+    if role == "producer":
+        return [sys.executable, str(ENDS), "produce", sock, r["backend"], r["sync"], str(r["frames_asked"]), kind]
+    return [sys.executable, str(ENDS), "consume", sock, r["backend"], str(r["frames_asked"]), kind]
 
 
 def last_json(text: str) -> dict[str, Any] | None:
-    lines = [line for line in text.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else None
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                parsed: dict[str, Any] = json.loads(line)
+                return parsed
+            except json.JSONDecodeError:
+                continue
+    return None
 
 
-def run_row(backend: str, sync: str, kind: str, frames: int, log: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {"backend": backend, "sync": sync, "consumer": kind, "frames_asked": frames}
+def run_pair(
+    commands: dict[str, list[str]], sock: str, cwd: str, timeout: float
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Runs `commands["producer"]`, then `commands["consumer"]` once the producer listens at `sock` (so that the
+    consumer's time from its attach counts no producer start-up); each is killed after `timeout` seconds. Returns
+    their exit statuses and outputs (stdout and stderr together)."""
+    files = {name: open(os.path.join(cwd, name + ".out"), "w+") for name in ("producer", "consumer")}
+    procs = {"producer": subprocess.Popen(commands["producer"], cwd=cwd, stdout=files["producer"],
+                                          stderr=subprocess.STDOUT, text=True)}
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sock) and procs["producer"].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    procs["consumer"] = subprocess.Popen(commands["consumer"], cwd=cwd, stdout=files["consumer"],
+                                         stderr=subprocess.STDOUT, text=True)
+    exits, outs = {}, {}
+    for name in ("consumer", "producer"):
+        try:
+            procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            procs[name].kill()
+            procs[name].wait()
+            files[name].write(f"\n{name}: killed after {timeout} s\n")
+        files[name].flush()
+        files[name].seek(0)
+        outs[name] = files[name].read()
+        files[name].close()
+        exits[name] = procs[name].returncode
+    return exits, outs
+
+
+def run_row(r: dict[str, Any], host: bool, log: Any) -> dict[str, Any]:
+    row = dict(r)
+    label = f"{r['producer']} -> {r['consumer']}, {r['backend']} {r['sync']}"
+    for kind in (r["producer"], r["consumer"]):
+        if kind == "rust" and not (examples_dir() / "producer").exists():
+            return {**row, "ok": False, "error": f"no Rust examples in {examples_dir()} (scripts/stage-gpu.sh)"}
     with tempfile.TemporaryDirectory(prefix="gi-py-") as d:
         sock = os.path.join(d, "f.sock")
-        me = [sys.executable, os.path.abspath(__file__)]
-        producer = subprocess.Popen(me + ["produce", sock, backend, sync, str(frames)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
-        consumer = subprocess.Popen(me + ["consume", sock, backend, kind, str(frames)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
-        outs = {}
-        for name, proc in (("consumer", consumer), ("producer", producer)):
-            try:
-                outs[name], _ = proc.communicate(timeout=PROCESS_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                outs[name] = (proc.communicate()[0] or "") + f"\n{name}: killed after {PROCESS_TIMEOUT} s"
-            row[f"{name}_exit"] = proc.returncode
-            log.write(f"== {backend} {sync} {kind}: {name} (exit {proc.returncode})\n{outs[name]}\n")
+        commands = {role: command(role, r[role], sock, r, host) for role in ("producer", "consumer")}
+        exits, outs = run_pair(commands, sock, d, PROCESS_TIMEOUT)
+    for name in ("producer", "consumer"):
+        row[f"{name}_exit"] = exits[name]
+        log.write(f"== {label}: {name} (exit {exits[name]}): {' '.join(commands[name])}\n{outs[name]}\n")
     c, p = last_json(outs["consumer"]), last_json(outs["producer"])
     if c:
-        row.update({k: v for k, v in c.items() if k != "role"})
+        row.update({k: v for k, v in c.items() if k not in ("role", "kind", "name", "backend", "sync")})
     if p:
         row["producer_fps"] = p["fps"]
         row["producer_cpu_us_per_frame"] = p["cpu_us_per_frame"]
-    errors = [line for o in outs.values() for line in o.splitlines() if "Error" in line or "error" in line]
+        kept = ("stream_waits_released_by_posts", "kernels_after_posts", "share_ms", "backend_chosen",
+                "reader_write_seen")
+        row.update({k: v for k, v in p.items() if k in kept})
+    errors = [line for o in outs.values() for line in o.splitlines()
+              if not line.startswith("{") and ("Error" in line or "error" in line or "killed" in line)]
+    for name in ("consumer", "producer"):  # else the last words of a process that failed
+        said = [line for line in outs[name].splitlines() if line.strip() and not line.startswith("{")]
+        if not errors and row.get(f"{name}_exit") != 0 and said:
+            errors = [f"{name}: {said[-1]}"]
     row["error"] = errors[-1][:200] if errors else ""
     zero_copy = [v for k, v in row.items() if k.endswith("_is_the_frame")]
-    row["ok"] = (row.get("consumer_exit") == 0 and row.get("producer_exit") == 0 and row.get("frames") == frames
-                 and row.get("mismatched_bytes") == 0 and bool(zero_copy) and all(zero_copy))
+    checks = [row.get("consumer_exit") == 0, row.get("producer_exit") == 0, row.get("frames") == r["frames_asked"],
+              row.get("mismatched_words") == 0]
+    if r["consumer"] == "open":
+        checks += [row.get("backend_chosen") == r["backend"], row.get("reader_write_seen") is True,
+                   row.get("torch_from_dlpack_is_the_frame") is True]
+    elif r["consumer"] == "semaphore":
+        checks += [row.get("stream_waits_released_by_posts") is True,
+                   row.get("kernels_after_posts") == r["frames_asked"]]
+    elif r["consumer"] != "rust":
+        checks += [bool(zero_copy) and all(zero_copy)]
+        if r["consumer"] in ("torch", "cupy", "numpy"):
+            checks += [row.get("tensor_after_close_reads") is True]
+    row["ok"] = all(checks)
     return row
 
 
-def markdown(rows: list[dict[str, Any]], device: str) -> str:
-    out = [f"# gpu_ipc (Python) on {device}: torch producer -> consumer, {WIDTH}x{HEIGHT} RGB, {SLOTS} slots", "",
-           "| backend | sync | consumer | frames | mismatched bytes | consumer FPS | consumer CPU us/frame "
-           "| producer FPS | producer CPU us/frame | zero copy | ok | error |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        zc = ", ".join(f"{k.removesuffix('_is_the_frame')}={v}" for k, v in r.items() if k.endswith("_is_the_frame"))
+def run(out: Path, which: str, host: bool) -> int:
+    if host:
+        os.environ["PY_GPU_HOST_DRY_RUN"] = "1"  # the ends use small frames too
+    sys.path.insert(0, str(HERE))
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(out / "python-package.log", "a") as log, open(out / ROWS_FILE, "a") as rows_file:
+        for r in row_specs(which, host):
+            if r["consumer"] == "jax" and host and not has_module("jax"):
+                row = {**r, "ok": None, "error": "not run: jax is not installed here"}
+            elif time.monotonic() - start > BUDGET[which]:
+                row = {**r, "ok": False, "error": f"not run: the {which} set passed its {BUDGET[which]} s budget"}
+            else:
+                row = run_row(r, host, log)
+            row["set"] = which
+            print(json.dumps(row), flush=True)
+            rows_file.write(json.dumps(row) + "\n")
+            rows_file.flush()
+    return 0
 
-        def num(key: str, fmt: str = "{:.1f}") -> str:
+
+def skip(out: Path, which: str, reason: str) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ROWS_FILE, "a") as rows_file:
+        for r in row_specs(which, host=False):
+            rows_file.write(json.dumps({**r, "set": which, "ok": None, "error": f"not run: {reason}"}) + "\n")
+    return 0
+
+
+def has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def environment() -> dict[str, str]:
+    """Device, driver, date and commit of this run."""
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()[0]
+        env["device"], env["driver"] = (part.strip() for part in smi.split(",", 1))
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        env["device"], env["driver"] = "no GPU (host backend dry run)", "-"
+    staged = ROOT / "stage" / "COMMIT"
+    if staged.exists():
+        env["commit"] = staged.read_text().strip()[:12]
+    else:
+        git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True)
+        env["commit"] = git.stdout.strip() or "unknown"
+    return env
+
+
+def comparison(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Python consumer's FPS against the Rust consumer's, both from their attach, median over the rounds."""
+    rust = [r["fps"] for r in rows if r.get("compare_round") and r["consumer"] == "rust" and r.get("ok")]
+    python = [r["fps_from_attach"] for r in rows if r.get("compare_round") and r["consumer"] != "rust" and r.get("ok")]
+    first = next((r for r in rows if r.get("compare_round") and r["consumer"] != "rust"), None)
+    if not rust or not python or first is None:
+        return None
+    ratio = statistics.median(python) / statistics.median(rust)
+    return {"consumer": first["consumer"], "backend": first["backend"], "sync": first["sync"],
+            "frames": first["frames_asked"], "rust_fps": rust, "python_fps": python,
+            "rust_median": statistics.median(rust),
+            "python_median": statistics.median(python), "ratio": ratio, "goal": 0.9, "meets_goal": ratio >= 0.9}
+
+
+def markdown(rows: list[dict[str, Any]], env: dict[str, str], cmp: dict[str, Any] | None,
+             readme: dict[str, Any] | None) -> str:
+    from python_gpu_ends import HEIGHT, WIDTH
+
+    out = [f"# gpu_ipc (Python) on {env['device']}", "",
+           f"Driver {env['driver']}, {env['date']}, commit `{env['commit']}`. {WIDTH}x{HEIGHT} RGB frames, {SLOTS} "
+           "slots; each frame checked on the device against the Rust examples' pattern (mismatched 32-bit words); "
+           "FPS of the consumer from its first frame (Rust consumers: from their attach); CPU time per frame from "
+           "`time.process_time` (Python) or the process CPU clock (Rust) around the loop.", "",
+           "| producer | consumer | backend | sync | frames | mismatched words | consumer FPS | consumer CPU us/frame "
+           "| producer FPS | producer CPU us/frame | zero copy | tensor after close | ok | note |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+    for r in rows:
+        zc = ", ".join(f"{k.removesuffix('_is_the_frame')}" for k, v in r.items() if k.endswith("_is_the_frame") and v)
+        bad = [k.removesuffix("_is_the_frame") for k, v in r.items() if k.endswith("_is_the_frame") and not v]
+
+        def num(key: str, fmt: str = "{:,.1f}") -> str:
             return fmt.format(r[key]) if isinstance(r.get(key), (int, float)) else "-"
 
-        out.append(f"| {r['backend']} | {r['sync']} | {r['consumer']} | {r.get('frames', '-')} "
-                   f"| {r.get('mismatched_bytes', '-')} | {num('fps')} | {num('cpu_us_per_frame')} "
-                   f"| {num('producer_fps')} | {num('producer_cpu_us_per_frame')} | {zc or '-'} "
-                   f"| {'yes' if r['ok'] else 'NO'} | {r['error'].replace('|', '/')} |")
-    return "\n".join(out) + "\n"
-
-
-def run(out_dir: str, host: bool) -> int:
-    if not host:
-        import torch
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if host:
-        device = "the host backend (dry run, no GPU)"
-    elif not torch.cuda.is_available():
-        print("python-gpu: torch sees no GPU", file=sys.stderr)
-        return 2
+        note = r.get("error", "").replace("|", "/")
+        if r.get("compare_round"):
+            note = f"comparison round {r['compare_round']}" + (f"; {note}" if note else "")
+        if r["consumer"] == "semaphore":
+            note = ("frames are round trips: CPU post, stream wait, kernel, stream post, CPU wait"
+                    + (f"; {note}" if note else ""))
+        if r["consumer"] == "open":
+            conf = r.get("alloc_conf") or "default caching allocator"
+            note = (f"a {r['words'] * 4 >> 20} MiB torch tensor ({conf}) shared in place, backend chosen "
+                    f"{r.get('backend_chosen', '-')}, share {r.get('share_ms', 0):.1f} ms, open "
+                    f"{r.get('open_ms', 0):.1f} ms, the reader's write seen by the owner: "
+                    f"{r.get('reader_write_seen', '-')}" + (f"; {note}" if note else ""))
+        ok = {True: "yes", False: "NO", None: "skipped"}[r.get("ok")]
+        after = {True: "reads", None: "-"}.get(r.get("tensor_after_close_reads"), "NO")
+        out.append(f"| {r['producer']} | {r['consumer']} | {r['backend']} | {r['sync']} | {r.get('frames', '-')} "
+                   f"| {r.get('mismatched_words', '-')} | {num('fps')} | {num('cpu_us_per_frame')} "
+                   f"| {num('producer_fps')} | {num('producer_cpu_us_per_frame')} "
+                   f"| {(zc or '-') + (' (copied: ' + ', '.join(bad) + ')' if bad else '')} | {after} | {ok} "
+                   f"| {note} |")
+    out.append("")
+    if cmp:
+        out += [f"**{cmp['consumer']} consumer against the Rust consumer** (Rust producer, {cmp['backend']} "
+                f"{cmp['sync']}, {cmp['frames']} frames, both timed from their attach, median of "
+                f"{len(cmp['rust_fps'])} interleaved rounds): "
+                f"{cmp['python_median']:,.0f} FPS against {cmp['rust_median']:,.0f}: **{cmp['ratio']:.3f}x** "
+                f"(goal >= {cmp['goal']}: {'met' if cmp['meets_goal'] else 'NOT met'}).", ""]
     else:
-        device = torch.cuda.get_device_name(0)
-    frames = int(os.environ.get("PY_GPU_FRAMES", "600"))
-    rows: list[dict[str, Any]] = []
-    start = time.monotonic()
-    with open(out / "python-package.log", "w") as log:
-        for backend, sync, kind in HOST_ROWS if host else ROWS:
-            if time.monotonic() - start > BUDGET:
-                rows.append({"backend": backend, "sync": sync, "consumer": kind, "ok": False,
-                             "error": f"not run: the script passed its {BUDGET} s budget"})
-                continue
-            row = run_row(backend, sync, kind, frames, log)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    (out / "python-package.json").write_text(json.dumps({"device": device, "rows": rows}, indent=2) + "\n")
-    table = markdown(rows, device)
+        out += ["**Python consumer against the Rust consumer**: not measured (a comparison row failed).", ""]
+    if readme:
+        verdict = "ran as written" if readme.get("ok") else "did NOT run as written"
+        out += [f"**The README's Python quick start** ({readme.get('readme', '-')}, producer and consumer as two "
+                f"processes, in a fresh venv with the wheel installed by `pip install --no-index`): {verdict}: "
+                f"producer exit {readme.get('producer_exit')}, consumer exit {readme.get('consumer_exit')}, "
+                f"{readme.get('frames_printed')} frames printed of {readme.get('frames_expected')}, "
+                f"{len(readme.get('wrong', []))} with a wrong mean, {readme.get('seconds', 0):.1f} s. "
+                f"{readme.get('error', '')}".rstrip(), ""]
+    return "\n".join(out)
+
+
+def report(out: Path) -> int:
+    sys.path.insert(0, str(HERE))
+    rows_path = out / ROWS_FILE
+    lines = rows_path.read_text().splitlines() if rows_path.exists() else []
+    rows = [json.loads(line) for line in lines if line.strip()]
+    if any(r["backend"] == "host" for r in rows):
+        os.environ["PY_GPU_HOST_DRY_RUN"] = "1"
+    readme_path = out / "readme-example.json"
+    readme = json.loads(readme_path.read_text()) if readme_path.exists() else None
+    env = environment()
+    cmp = comparison(rows)
+    (out / "python-package.json").write_text(json.dumps({**env, "rows": rows, "comparison": cmp,
+                                                         "readme_example": readme}, indent=2) + "\n")
+    table = markdown(rows, env, cmp, readme)
     (out / "python-package.md").write_text(table)
     print(table)
-    return 0 if all(r["ok"] for r in rows) else 1
+    failed = [r for r in rows if r.get("ok") is False]
+    return 0 if rows and not failed and cmp and (readme is None or readme.get("ok")) else 1
 
 
 def main() -> int:
-    mode = sys.argv[1]
+    args = sys.argv[1:]
+    if len(args) < 2 or args[0] not in ("run", "skip", "report"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    mode, out = args[0], Path(args[1])
+    which = args[args.index("--set") + 1] if "--set" in args else "main"
     if mode == "run":
-        host = sys.argv[3:] == ["--host"]
-        if host:
-            os.environ["PY_GPU_HOST_DRY_RUN"] = "1"  # the row processes use small frames too
-            global WIDTH, HEIGHT
-            WIDTH, HEIGHT = 64, 32
-        return run(sys.argv[2], host)
-    if mode == "produce":
-        print(json.dumps(produce(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))), flush=True)
-        return 0
-    if mode == "consume":
-        print(json.dumps(consume(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))), flush=True)
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+        return run(out, which, "--host" in args)
+    if mode == "skip":
+        return skip(out, which, args[args.index("--reason") + 1] if "--reason" in args else "skipped")
+    return report(out)
 
 
 if __name__ == "__main__":

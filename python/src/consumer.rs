@@ -12,13 +12,14 @@ use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyTuple;
 
 use crate::each_backend;
 use crate::errors::{ClosedError, EndOfStream, ForeignToken, ReleasedError, to_py};
+use crate::mapping::MappingHold;
 use crate::ring::{Gpu, Held, PerBackend, SLICE, lock, parse_backend, seconds, wait_in_slices, waits_on_cpu};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
-use crate::view::{Layout, Memory, View, consumer_stream, order_after};
+use crate::view::{ArrayMemory, Layout, Memory, View, order_after};
 
 type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<HostFake>>;
 
@@ -58,6 +59,9 @@ pub struct Consumer {
     pid: u32,
     gpu: Option<Gpu>,
     host: Option<HostRegion>,
+    /// The GPU backends' hold on the ring's mapping, which every frame shares (see `crate::mapping`); dropped at
+    /// close, before the core's consumer, so that the core's teardown unmaps unless a tensor still holds it.
+    mapping: Mutex<Option<MappingHold>>,
     backend: BackendKind,
     sync: SyncStrategy,
     layout: Layout,
@@ -75,7 +79,9 @@ pub struct Consumer {
 /// ``numpy.from_dlpack(frame)`` (host backend): no copy. Once the frame is released (or its consumer closed) the
 /// slot is the producer's again: this object raises ``ReleasedError`` on ``ptr`` and the array protocols, but
 /// tensors already made from it still point at the slot and will see later frames: copy what you keep
-/// (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend.
+/// (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend. Such a tensor never points at unmapped
+/// memory: it (and this object) keeps the ring mapped in this process, even after the consumer closed, until the
+/// last of them is gone.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Frame {
     token: Token,
@@ -86,6 +92,8 @@ pub struct Frame {
     nbytes: u64,
     /// The stream `next_frame` queued its wait on (GPU backends), the default of `release`.
     stream: Option<u64>,
+    /// Keeps the ring mapped while this object lives (GPU backends).
+    hold: Option<MappingHold>,
 }
 
 impl Consumer {
@@ -116,6 +124,7 @@ impl Consumer {
         let end = py.detach(|| lock(&self.end).take("consumer"))?;
         self.closed.store(true, Ordering::Release);
         lock(&self.iterated).take();
+        lock(&self.mapping).take();
         Ok(end)
     }
 
@@ -132,6 +141,7 @@ impl Consumer {
             ptr: frame.ptr().0,
             nbytes: frame.bytes(),
             stream: gpu.map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
+            hold: lock(&this.mapping).clone(),
             token: Arc::new(FrameToken { frame: Mutex::new(Some(frame)), readers: Mutex::new(Vec::new()) }),
             consumer: slf.clone().unbind(),
         })
@@ -213,24 +223,30 @@ impl Consumer {
                 other => break other.map_err(to_py)?,
             }
         };
-        let (geometry, sync, slots, host) = each_backend!(&end, c => {
+        let (slot, sync, slots, host) = each_backend!(&end, c => {
             let offer = c.offer();
-            (c.geometry(), offer.sync, offer.slot_count, None::<HostRegion>)
+            (c.slot_layout().clone(), offer.sync, offer.slot_count, None::<HostRegion>)
         });
         let host = match &end {
             PerBackend::Host(c) => Some(c.region().clone()),
             _ => host,
         };
+        let mapping = match (&end, &gpu) {
+            (PerBackend::Legacy(c), Some(g)) => Some(MappingHold::new(c.shared_region(), Some(g.ctx.clone()))),
+            (PerBackend::Vmm(c), Some(g)) => Some(MappingHold::new(c.shared_region(), Some(g.ctx.clone()))),
+            _ => None,
+        };
         Ok(Self {
-            layout: Layout::of(geometry)?,
+            layout: Layout::of_slot(&slot)?,
             end: Mutex::new(Held::new(end)),
             closed: AtomicBool::new(false),
             pid: std::process::id(),
             gpu,
             host,
+            mapping: Mutex::new(mapping),
             backend,
             sync,
-            nbytes: geometry.frame_bytes(),
+            nbytes: slot.bytes(),
             slots,
             socket,
             timeout,
@@ -350,9 +366,11 @@ impl Consumer {
         self.gpu.as_ref().map(|g| g.ordinal)
     }
 
+    /// What each frame is as an array: ``(height, width, channels)`` of a pixel frame, the tensor's shape in a ring
+    /// of tensors, ``(nbytes,)`` in a ring of bare bytes.
     #[getter]
-    fn shape(&self) -> (i64, i64, i64) {
-        (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2])
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.layout.shape)
     }
 
     #[getter]
@@ -371,7 +389,7 @@ impl Consumer {
             self.socket.display().to_string(),
             self.backend.name(),
             self.sync.name(),
-            self.shape(),
+            self.layout.shape,
             if self.closed() { ", closed" } else { "" }
         )
     }
@@ -383,10 +401,17 @@ impl Drop for Consumer {
             // A forked child's copy: CUDA is not usable here, and the context is the parent's to release.
             std::mem::forget(self.gpu.take());
         }
+        // Our hold goes first, so that the core's consumer (dropped next, with the fields) is the last owner of the
+        // ring's memory unless a tensor still holds it, and its own teardown frees it.
+        lock(&self.mapping).take();
     }
 }
 
-impl Frame {
+impl ArrayMemory for Frame {
+    fn layout(&self) -> &Layout {
+        &self.consumer.get().layout
+    }
+
     fn view(&self) -> PyResult<View> {
         let consumer = self.consumer.get();
         if consumer.closed() {
@@ -401,18 +426,31 @@ impl Frame {
                 self.seq
             )));
         }
-        let memory = match (&consumer.gpu, &consumer.host) {
-            (Some(gpu), _) => Memory::Cuda {
+        let memory = match (&consumer.gpu, &self.hold, &consumer.host) {
+            (Some(gpu), Some(hold), _) => Memory::Cuda {
                 ctx: gpu.ctx.clone(),
                 ordinal: gpu.ordinal,
                 stream: self.stream.unwrap_or(LEGACY_DEFAULT_STREAM),
+                hold: hold.clone(),
             },
-            (None, Some(host)) => Memory::Host(host.clone()),
-            (None, None) => return Err(ClosedError::new_err("the consumer holds no memory")),
+            (None, _, Some(host)) => Memory::Host(host.clone()),
+            _ => return Err(ClosedError::new_err("the consumer holds no memory")),
         };
-        Ok(View { ptr: self.ptr, layout: consumer.layout, memory })
+        Ok(View { ptr: self.ptr, layout: consumer.layout.clone(), memory })
     }
 
+    /// The frame's release waits for the work queued on `stream` (ordered after the frame's wait when it took it).
+    fn taken_on(&self, stream: u64) {
+        let mut readers = lock(&self.token.readers);
+        if !readers.contains(&stream) {
+            readers.push(stream);
+        }
+    }
+}
+
+crate::array_protocols!(Frame);
+
+impl Frame {
     fn release_here(&self, py: Python<'_>, raw: Option<u64>) -> PyResult<()> {
         self.consumer.get().release_token(py, &self.token, self.seq, raw.or(self.stream))
     }
@@ -440,16 +478,6 @@ impl Frame {
         self.view().map(|v| v.ptr)
     }
 
-    #[getter]
-    fn shape(&self) -> (i64, i64, i64) {
-        self.consumer.get().shape()
-    }
-
-    #[getter]
-    fn dtype(&self) -> &'static str {
-        self.consumer.get().layout.dtype_name
-    }
-
     /// The stream ``next_frame`` queued its wait on (GPU backends).
     #[getter]
     fn stream(&self) -> Option<u64> {
@@ -466,40 +494,6 @@ impl Frame {
     fn release(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let raw = stream_handle(stream)?;
         self.release_here(py, raw)
-    }
-
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__(
-        &self,
-        py: Python<'_>,
-        stream: Option<&Bound<'_, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(u32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Py<PyAny>> {
-        let view = self.view()?;
-        if let Memory::Cuda { stream: frame_stream, .. } = &view.memory
-            && let Some(reader) = consumer_stream(stream)?
-            && reader != *frame_stream
-        {
-            let mut readers = lock(&self.token.readers);
-            if !readers.contains(&reader) {
-                readers.push(reader);
-            }
-        }
-        view.dlpack(py, stream, max_version, dl_device, copy)
-    }
-
-    fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
-        let device = self.view()?.device();
-        Ok((device.device_type.0, device.device_id))
-    }
-
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.view()?.cuda_array_interface(py)?.ok_or_else(|| {
-            pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
-        })
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

@@ -6,10 +6,13 @@
 //! ring, or a producer or consumer used after `close()`.
 
 use gpu_ipc::core::backend::BackendError as CoreBackendError;
+use gpu_ipc::core::door::DoorError;
 use gpu_ipc::core::driver::DriverError as CoreDriverError;
 use gpu_ipc::core::frames::FrameError;
+use gpu_ipc::core::pool::PoolError;
+use gpu_ipc::core::semaphore::SemaphoreError;
 use gpu_ipc::core::wire::WireError as CoreWireError;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::{PyErr, create_exception};
 
@@ -32,7 +35,15 @@ create_exception!(gpu_ipc, RingError, GpuIpcError, "The ring's control block sai
 create_exception!(gpu_ipc, WireError, GpuIpcError, "Protocol or socket error.");
 create_exception!(gpu_ipc, NoProducer, WireError, "No producer listens at the socket path: start it first.");
 create_exception!(gpu_ipc, ReleasedError, GpuIpcError, "A frame or slot used after it went back to the ring.");
-create_exception!(gpu_ipc, ClosedError, GpuIpcError, "A producer or consumer used after close() or detach().");
+create_exception!(gpu_ipc, ClosedError, GpuIpcError, "A producer, consumer or semaphore used after close().");
+create_exception!(gpu_ipc, NoOwner, WireError, "Nothing listens at the socket path: start the owner first.");
+create_exception!(gpu_ipc, OwnerGone, GpuIpcError, "The process that owns the shared object is gone.");
+create_exception!(gpu_ipc, PosterDied, GpuIpcError, "A process that posts to the semaphore died owing posts.");
+create_exception!(gpu_ipc, SemaphoreClosed, GpuIpcError, "The semaphore's owner closed it.");
+create_exception!(gpu_ipc, NotFound, GpuIpcError, "No live buffer of the pool has that name.");
+create_exception!(gpu_ipc, StaleBuffer, GpuIpcError, "The pool buffer was freed (its name maybe reused).");
+create_exception!(gpu_ipc, NameTaken, GpuIpcError, "A live buffer of the pool has that name already.");
+create_exception!(gpu_ipc, PoolFull, GpuIpcError, "The pool has no room (memory, directory or allocations).");
 
 /// Adds every exception class to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -57,6 +68,14 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NoProducer", py.get_type::<NoProducer>())?;
     m.add("ReleasedError", py.get_type::<ReleasedError>())?;
     m.add("ClosedError", py.get_type::<ClosedError>())?;
+    m.add("NoOwner", py.get_type::<NoOwner>())?;
+    m.add("OwnerGone", py.get_type::<OwnerGone>())?;
+    m.add("PosterDied", py.get_type::<PosterDied>())?;
+    m.add("SemaphoreClosed", py.get_type::<SemaphoreClosed>())?;
+    m.add("NotFound", py.get_type::<NotFound>())?;
+    m.add("StaleBuffer", py.get_type::<StaleBuffer>())?;
+    m.add("NameTaken", py.get_type::<NameTaken>())?;
+    m.add("PoolFull", py.get_type::<PoolFull>())?;
     Ok(())
 }
 
@@ -104,6 +123,11 @@ pub fn to_py(e: FrameError) -> PyErr {
         FrameError::Wire(_) => WireError::new_err(message),
         _ => GpuIpcError::new_err(message),
     };
+    with_attrs(err, attrs)
+}
+
+/// `err` with `attrs` set on the exception value.
+fn with_attrs(err: PyErr, attrs: Vec<(&str, Attr)>) -> PyErr {
     if !attrs.is_empty() {
         Python::attach(|py| {
             let value = err.value(py);
@@ -118,6 +142,82 @@ pub fn to_py(e: FrameError) -> PyErr {
         });
     }
     err
+}
+
+/// The Python exception for a semaphore's error, with the core's message: `PosterDied` (`.pid`, `.record`),
+/// `OwnerGone`, `SemaphoreClosed`, `Timeout` (`.what`, `.waited`), `NoOwner` and `Refused` from its door,
+/// `StrategyUnavailable` (no 64-bit stream memory operations), `ValueError` for a post count out of range,
+/// `ConfigError` for a misuse (a pure waiter posting, a stream of another context, too many stream waits).
+pub fn semaphore_to_py(e: SemaphoreError) -> PyErr {
+    let message = e.to_string();
+    match e {
+        SemaphoreError::PosterDied { pid, record } => with_attrs(
+            PosterDied::new_err(message),
+            vec![("pid", Attr::OptInt(pid.0.map(u64::from))), ("record", Attr::Int(u64::from(record)))],
+        ),
+        SemaphoreError::OwnerGone { .. } => OwnerGone::new_err(message),
+        SemaphoreError::Closed => SemaphoreClosed::new_err(message),
+        SemaphoreError::Timeout { waited } => with_attrs(
+            Timeout::new_err(message),
+            vec![("what", Attr::Str("a post".into())), ("waited", Attr::Float(waited.as_secs_f64()))],
+        ),
+        SemaphoreError::InvalidPost { .. } => PyValueError::new_err(message),
+        SemaphoreError::NoStreamMemOps => StrategyUnavailable::new_err(message),
+        SemaphoreError::Door(door) => door_to_py(door),
+        SemaphoreError::Driver(d) => to_py(FrameError::Driver(d)),
+        SemaphoreError::NotAPoster
+        | SemaphoreError::NoCudaContext
+        | SemaphoreError::WrongContext
+        | SemaphoreError::TooManyStreamWaits { .. }
+        | SemaphoreError::Full { .. } => ConfigError::new_err(message),
+        _ => GpuIpcError::new_err(message),
+    }
+}
+
+/// The Python exception for a pool's error, with the core's message: `NotFound`, `StaleBuffer` (`.name`,
+/// `.held_generation`, `.current`), `NameTaken`, `PoolFull`, `OwnerGone`, `Timeout`, `BackendError` (memory this
+/// backend cannot share, with what to do instead), `NoOwner` and `Refused` from its door, `ValueError` for an invalid
+/// name, request or configuration.
+pub fn pool_to_py(e: PoolError) -> PyErr {
+    let message = e.to_string();
+    match e {
+        PoolError::NotFound { name } => with_attrs(NotFound::new_err(message), vec![("name", Attr::Str(name))]),
+        PoolError::StaleBuffer { name, held_generation, current } => with_attrs(
+            StaleBuffer::new_err(message),
+            vec![
+                ("name", Attr::Str(name)),
+                ("held_generation", Attr::Int(held_generation)),
+                ("current", Attr::OptInt(current)),
+            ],
+        ),
+        PoolError::NameTaken { .. } => NameTaken::new_err(message),
+        PoolError::OutOfMemory { .. } | PoolError::DirectoryFull { .. } | PoolError::TooManyAllocations { .. } => {
+            PoolFull::new_err(message)
+        }
+        PoolError::OwnerGone { .. } => OwnerGone::new_err(message),
+        PoolError::Timeout { what, waited } => with_attrs(
+            Timeout::new_err(message),
+            vec![("what", Attr::Str(what.into())), ("waited", Attr::Float(waited.as_secs_f64()))],
+        ),
+        PoolError::Backend(_) => BackendError::new_err(message),
+        PoolError::Door(door) => door_to_py(door),
+        PoolError::InvalidName { .. } | PoolError::InvalidRequest { .. } | PoolError::Config(_) => {
+            PyValueError::new_err(message)
+        }
+        PoolError::Wire(_) | PoolError::Protocol { .. } => WireError::new_err(message),
+        _ => GpuIpcError::new_err(message),
+    }
+}
+
+/// The Python exception for a shared object's door (attaching to a semaphore or a pool).
+pub fn door_to_py(e: DoorError) -> PyErr {
+    let message = e.to_string();
+    match e {
+        DoorError::NoOwner { .. } => NoOwner::new_err(message),
+        DoorError::Refused { .. } => Refused::new_err(message),
+        DoorError::Wire(CoreWireError::Timeout { .. }) => Timeout::new_err(message),
+        _ => WireError::new_err(message),
+    }
 }
 
 /// A value set as an attribute on an exception.

@@ -5,7 +5,9 @@
 //! |---|---|
 //! | `Producer`, `Slot` | `gpu_ipc::core::frames::{Producer, SlotLease}` |
 //! | `Consumer`, `Frame` | `gpu_ipc::core::frames::{Consumer, Frame}` |
-//! | `GpuIpcError` and its subclasses | `gpu_ipc::core::frames::FrameError` |
+//! | `SharedPool`, `SharedBuffer`, `PoolImporter`, `BufferView` | `gpu_ipc::core::pool::{SharedPool, BufferHandle, PoolImporter, BufferView}` |
+//! | `Semaphore`, `SemaphoreWait` | `gpu_ipc::core::semaphore::{SemaphoreOwner, Semaphore, StreamWait}` |
+//! | `GpuIpcError` and its subclasses | `gpu_ipc::core::frames::FrameError`, `semaphore::SemaphoreError` |
 //!
 //! The Python documentation lives in the stubs next to the package (`python/gpu_ipc/_gpu_ipc.pyi`), which CI
 //! checks against this module (`mypy.stubtest`). The backend is chosen at run time, so a Python object holds an
@@ -14,8 +16,12 @@
 
 mod consumer;
 mod errors;
+mod mapping;
+mod pool;
+mod pool_import;
 mod producer;
 mod ring;
+mod semaphore;
 mod stream;
 mod view;
 
@@ -28,6 +34,13 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Slot>()?;
     m.add_class::<consumer::Consumer>()?;
     m.add_class::<consumer::Frame>()?;
+    m.add_class::<semaphore::Semaphore>()?;
+    m.add_class::<pool::SharedPool>()?;
+    m.add_class::<pool::SharedBuffer>()?;
+    m.add_class::<pool_import::PoolImporter>()?;
+    m.add_class::<pool_import::BufferView>()?;
+    m.add_function(wrap_pyfunction!(pool::sharing_backend, m)?)?;
+    m.add_class::<semaphore::SemaphoreWait>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LEGACY_DEFAULT_STREAM", stream::LEGACY_DEFAULT_STREAM)?;

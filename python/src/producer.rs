@@ -7,18 +7,20 @@ use std::time::Duration;
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::frames::{FrameError, Producer as CoreProducer, ProducerConfig, SlotLease};
-use gpu_ipc::core::wire::{FrameGeometry, SyncStrategy};
+use gpu_ipc::core::wire::{DType, FrameGeometry, SlotLayout, SyncStrategy, TensorDesc, UnknownName};
 use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyTuple;
 
 use crate::each_backend;
 use crate::errors::{ClosedError, ForeignToken, ReleasedError, to_py};
+use crate::mapping::MappingHold;
 use crate::ring::{Gpu, Held, PerBackend, lock, parse_backend, parse_sync, seconds, wait_in_slices, waits_on_cpu};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
-use crate::view::{Layout, Memory, View, consumer_stream, order_after, parse_format};
+use crate::view::{ArrayMemory, Layout, Memory, View, order_after, parse_format};
 
 type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<HostFake>>;
 
@@ -28,7 +30,9 @@ type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<Host
 /// ``sync``: ``"gpu-stream-ops"`` (default on a GPU: the GPU waits, no CPU per frame), ``"ipc-event"``,
 /// ``"cpu-spin"`` (default with ``backend="host"``), ``"cpu-sleep"``, or ``"gpu-poll"`` (MPS only).
 /// ``format``: ``rgb8`` (default), ``rgba8``, ``bgra8``, ``gray8``, ``gray16``, ``rgbaf16``, ``rgbaf32``; frames
-/// are ``(height, width, channels)`` arrays.
+/// are ``(height, width, channels)`` arrays (``width`` 3840 and ``height`` 2160 by default). Or slots of any tensor:
+/// ``shape=(8, 1024, 1024), dtype="float16"`` (contiguous; ``dtype`` is a NumPy / PyTorch name, ``uint8`` by default,
+/// and ``width``, ``height``, ``format`` are then not given).
 ///
 /// Example::
 ///
@@ -47,6 +51,9 @@ pub struct Producer {
     pid: u32,
     gpu: Option<Gpu>,
     host: Option<HostRegion>,
+    /// The GPU backends' hold on the ring's allocation, which every slot shares (see `crate::mapping`); dropped at
+    /// close, before the core's producer, so that the core's teardown frees it unless a tensor still holds it.
+    mapping: Mutex<Option<MappingHold>>,
     backend: BackendKind,
     sync: SyncStrategy,
     layout: Layout,
@@ -60,7 +67,8 @@ pub struct Producer {
 /// Read and write it in place as a tensor: ``torch.from_dlpack(slot)``, ``cupy.from_dlpack(slot)``,
 /// ``numpy.from_dlpack(slot)`` (host backend). Once published, this object raises ``ReleasedError`` on ``ptr``
 /// and the array protocols; tensors already made from it are the caller's responsibility: do not write them
-/// after ``publish``.
+/// after ``publish``. Such a tensor never points at freed memory: it (and this object) keeps the ring's allocation
+/// alive in this process, even after the producer closed, until the last of them is gone.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Slot {
     lease: Mutex<Option<SlotLease>>,
@@ -73,6 +81,8 @@ pub struct Slot {
     stream: Option<u64>,
     /// Other streams that took the slot through DLPack: the publish is ordered after the work they queued.
     writers: Mutex<Vec<u64>>,
+    /// Keeps the ring's allocation alive while this object lives (GPU backends).
+    hold: Option<MappingHold>,
 }
 
 impl Producer {
@@ -103,6 +113,7 @@ impl Producer {
     fn close_end(&self, py: Python<'_>) -> PyResult<()> {
         let end = py.detach(|| lock(&self.end).take("producer"))?;
         self.closed.store(true, Ordering::Release);
+        lock(&self.mapping).take();
         // Dropping waits (bounded) for the stream's queued work on the ring, then closes it: consumers see the
         // end of the stream after the last frame.
         py.detach(move || drop(end));
@@ -113,19 +124,21 @@ impl Producer {
 #[pymethods]
 impl Producer {
     #[new]
-    #[pyo3(signature = (socket, width=3840, height=2160, format="rgb8", slots=4, sync=None, backend="vmm", device=0, max_consumers=16))]
+    #[pyo3(signature = (socket, width=None, height=None, format=None, slots=4, sync=None, backend="vmm", device=0, max_consumers=16, shape=None, dtype=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         socket: PathBuf,
-        width: u32,
-        height: u32,
-        format: &str,
+        width: Option<u32>,
+        height: Option<u32>,
+        format: Option<&str>,
         slots: u32,
         sync: Option<&str>,
         backend: &str,
         device: i32,
         max_consumers: u32,
+        shape: Option<Vec<u64>>,
+        dtype: Option<&str>,
     ) -> PyResult<Self> {
         let backend = parse_backend(backend)?;
         let sync = match sync {
@@ -133,9 +146,10 @@ impl Producer {
             None if backend.is_gpu() => SyncStrategy::GpuStreamOps,
             None => SyncStrategy::CpuSpin,
         };
-        let geometry = FrameGeometry::new(width, height, parse_format(format)?).map_err(|e| to_py(e.into()))?;
-        let layout = Layout::of(geometry)?;
-        let mut config = ProducerConfig::new(&socket, geometry, slots, sync);
+        let slot = slot_layout(width, height, format, shape, dtype)?;
+        let layout = Layout::of_slot(&slot)?;
+        let nbytes = slot.bytes();
+        let mut config = ProducerConfig::new(&socket, slot, slots, sync);
         config.max_consumers = max_consumers;
         let made = py.detach(|| -> Result<(End, Option<Gpu>, Option<HostRegion>), FrameError> {
             Ok(match backend {
@@ -156,16 +170,22 @@ impl Producer {
             })
         });
         let (end, gpu, host) = made.map_err(to_py)?;
+        let mapping = match (&end, &gpu) {
+            (PerBackend::Legacy(p), Some(g)) => Some(MappingHold::new(p.shared_region(), Some(g.ctx.clone()))),
+            (PerBackend::Vmm(p), Some(g)) => Some(MappingHold::new(p.shared_region(), Some(g.ctx.clone()))),
+            _ => None,
+        };
         Ok(Self {
             end: Mutex::new(Held::new(end)),
             closed: AtomicBool::new(false),
             pid: std::process::id(),
             gpu,
             host,
+            mapping: Mutex::new(mapping),
             backend,
             sync,
             layout,
-            nbytes: geometry.frame_bytes(),
+            nbytes,
             slots,
             socket,
         })
@@ -192,6 +212,7 @@ impl Producer {
             lease: Mutex::new(Some(lease)),
             producer: slf.clone().unbind(),
             writers: Mutex::new(Vec::new()),
+            hold: lock(&this.mapping).clone(),
         })
     }
 
@@ -324,10 +345,10 @@ impl Producer {
         self.gpu.as_ref().map(|g| g.ordinal)
     }
 
-    /// ``(height, width, channels)`` of every frame.
+    /// What each slot is as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's shape.
     #[getter]
-    fn shape(&self) -> (i64, i64, i64) {
-        (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2])
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.layout.shape)
     }
 
     /// The element type's NumPy name (``"uint8"`` for the 8-bit formats).
@@ -347,7 +368,7 @@ impl Producer {
             self.socket.display().to_string(),
             self.backend.name(),
             self.sync.name(),
-            self.shape(),
+            self.layout.shape,
             self.slots,
             if self.closed() { ", closed" } else { "" }
         )
@@ -360,11 +381,47 @@ impl Drop for Producer {
             // A forked child's copy: CUDA is not usable here, and the context is the parent's to release.
             std::mem::forget(self.gpu.take());
         }
+        // Our hold goes first, so that the core's producer (dropped next, with the fields) is the last owner of the
+        // ring's memory unless a tensor still holds it, and its own teardown frees it.
+        lock(&self.mapping).take();
     }
 }
 
-impl Slot {
-    fn view(&self, py: Python<'_>) -> PyResult<View> {
+/// What each slot holds: pixel frames (`width`, `height`, `format`, with their defaults) or a contiguous tensor
+/// (`shape`, `dtype`), not both.
+fn slot_layout(
+    width: Option<u32>,
+    height: Option<u32>,
+    format: Option<&str>,
+    shape: Option<Vec<u64>>,
+    dtype: Option<&str>,
+) -> PyResult<SlotLayout> {
+    let Some(shape) = shape else {
+        if dtype.is_some() {
+            return Err(PyValueError::new_err("dtype= describes a tensor slot: give shape= too"));
+        }
+        let format = parse_format(format.unwrap_or("rgb8"))?;
+        let geometry =
+            FrameGeometry::new(width.unwrap_or(3840), height.unwrap_or(2160), format).map_err(|e| to_py(e.into()))?;
+        return Ok(SlotLayout::frames(geometry));
+    };
+    if width.is_some() || height.is_some() || format.is_some() {
+        return Err(PyValueError::new_err(
+            "shape= makes slots of a tensor; width=, height= and format= describe pixel frames: give one or the other",
+        ));
+    }
+    let dtype: DType =
+        dtype.unwrap_or("uint8").parse().map_err(|e: UnknownName| PyValueError::new_err(e.to_string()))?;
+    let desc = TensorDesc::contiguous(dtype, shape).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(SlotLayout::tensors(desc))
+}
+
+impl ArrayMemory for Slot {
+    fn layout(&self) -> &Layout {
+        &self.producer.get().layout
+    }
+
+    fn view(&self) -> PyResult<View> {
         let producer = self.producer.get();
         if producer.closed() {
             return Err(ClosedError::new_err(format!("slot (frame {}): the producer is closed", self.seq)));
@@ -375,19 +432,29 @@ impl Slot {
                 self.seq
             )));
         }
-        let memory = match (&producer.gpu, &producer.host) {
-            (Some(gpu), _) => Memory::Cuda {
+        let memory = match (&producer.gpu, &self.hold, &producer.host) {
+            (Some(gpu), Some(hold), _) => Memory::Cuda {
                 ctx: gpu.ctx.clone(),
                 ordinal: gpu.ordinal,
                 stream: self.stream.unwrap_or(LEGACY_DEFAULT_STREAM),
+                hold: hold.clone(),
             },
-            (None, Some(host)) => Memory::Host(host.clone()),
-            (None, None) => return Err(ClosedError::new_err("the producer holds no memory")),
+            (None, _, Some(host)) => Memory::Host(host.clone()),
+            _ => return Err(ClosedError::new_err("the producer holds no memory")),
         };
-        let _ = py;
-        Ok(View { ptr: self.ptr, layout: producer.layout, memory })
+        Ok(View { ptr: self.ptr, layout: producer.layout.clone(), memory })
+    }
+
+    /// The slot's publish waits for the work queued on `stream` (ordered after the slot's wait when it took it).
+    fn taken_on(&self, stream: u64) {
+        let mut writers = lock(&self.writers);
+        if !writers.contains(&stream) {
+            writers.push(stream);
+        }
     }
 }
+
+crate::array_protocols!(Slot);
 
 #[pymethods]
 impl Slot {
@@ -410,18 +477,8 @@ impl Slot {
 
     /// The slot's address (device address on a GPU, host address with the host backend).
     #[getter]
-    fn ptr(&self, py: Python<'_>) -> PyResult<u64> {
-        self.view(py).map(|v| v.ptr)
-    }
-
-    #[getter]
-    fn shape(&self) -> (i64, i64, i64) {
-        self.producer.get().shape()
-    }
-
-    #[getter]
-    fn dtype(&self) -> &'static str {
-        self.producer.get().layout.dtype_name
+    fn ptr(&self) -> PyResult<u64> {
+        self.view().map(|v| v.ptr)
     }
 
     /// The stream ``acquire`` queued its wait on (GPU backends).
@@ -433,43 +490,6 @@ impl Slot {
     #[getter]
     fn published(&self) -> bool {
         lock(&self.lease).is_none()
-    }
-
-    /// A DLPack capsule of the slot, no copy (the consumer's ``stream`` is ordered after ``acquire``'s).
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__(
-        &self,
-        py: Python<'_>,
-        stream: Option<&Bound<'_, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(u32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Py<PyAny>> {
-        let view = self.view(py)?;
-        if let Memory::Cuda { stream: slot_stream, .. } = &view.memory
-            && let Some(writer) = consumer_stream(stream)?
-            && writer != *slot_stream
-        {
-            let mut writers = lock(&self.writers);
-            if !writers.contains(&writer) {
-                writers.push(writer);
-            }
-        }
-        view.dlpack(py, stream, max_version, dl_device, copy)
-    }
-
-    /// ``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) with the host backend.
-    fn __dlpack_device__(&self, py: Python<'_>) -> PyResult<(u32, i32)> {
-        let device = self.view(py)?.device();
-        Ok((device.device_type.0, device.device_id))
-    }
-
-    /// Version 3, with ``stream``; absent (``AttributeError``) with the host backend.
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.view(py)?.cuda_array_interface(py)?.ok_or_else(|| {
-            pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
-        })
     }
 
     fn __repr__(&self) -> String {

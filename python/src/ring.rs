@@ -7,7 +7,7 @@
 //! Every call that may block runs with the GIL released (`Python::detach`) and takes the lock inside, so a thread
 //! waiting for the lock never holds the GIL.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
@@ -91,6 +91,86 @@ fn check_pid(pid: u32, what: &str) -> PyResult<()> {
     }
 }
 
+/// A shared object's handle held by a Python object (a semaphore, a pool, a pool importer), whose calls take `&self`:
+/// each call clones the `Arc` and runs without the lock, so calls from several threads run at once and `close` waits
+/// for none of them (the last call's clone drops it). In a child after `fork()` it refuses, and is forgotten when
+/// dropped: the object, its records and threads are the parent's.
+pub struct Shared<T> {
+    inner: Mutex<Option<Arc<T>>>,
+    pid: u32,
+}
+
+impl<T: Send + Sync> Shared<T> {
+    /// Holds `value`, made by this process.
+    pub fn new(value: T) -> Self {
+        Self { inner: Mutex::new(Some(Arc::new(value))), pid: std::process::id() }
+    }
+
+    /// The value for one call, or the error that says why there is none (`what` names the object).
+    pub fn get(&self, what: &str) -> PyResult<Arc<T>> {
+        check_pid(self.pid, what)?;
+        lock(&self.inner).clone().ok_or_else(|| ClosedError::new_err(format!("this {what} is closed")))
+    }
+
+    /// Closes it (dropping it with the GIL released). Idempotent.
+    pub fn close(&self, py: Python<'_>) {
+        let taken = lock(&self.inner).take();
+        if self.pid == std::process::id() {
+            py.detach(move || drop(taken));
+        } else {
+            std::mem::forget(taken);
+        }
+    }
+
+    /// Whether it was closed.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.inner).is_none()
+    }
+
+    /// Whether another process made it (this is a child after `fork()`).
+    pub fn made_elsewhere(&self) -> bool {
+        self.pid != std::process::id()
+    }
+}
+
+impl<T> Drop for Shared<T> {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            std::mem::forget(lock(&self.inner).take());
+        }
+    }
+}
+
+/// `close()`, `closed`, and the context manager (closing at the end of the block) of a `#[pyclass]` that holds a
+/// `Shared` in `$field`, in a `#[pymethods]` block of their own; `$doc` documents `close`.
+#[macro_export]
+macro_rules! closable {
+    ($class:ty, $field:ident, $doc:literal) => {
+        #[pyo3::pymethods]
+        impl $class {
+            #[doc = $doc]
+            fn close(&self, py: pyo3::Python<'_>) {
+                self.$field.close(py);
+            }
+
+            #[getter]
+            fn closed(&self) -> bool {
+                self.$field.is_closed()
+            }
+
+            fn __enter__(slf: pyo3::Bound<'_, Self>) -> pyo3::Bound<'_, Self> {
+                slf
+            }
+
+            #[pyo3(signature = (*_args))]
+            fn __exit__(&self, py: pyo3::Python<'_>, _args: &pyo3::Bound<'_, pyo3::types::PyTuple>) -> bool {
+                self.$field.close(py);
+                false
+            }
+        }
+    };
+}
+
 /// Locks `m`, taking the value of a poisoned lock (a panic in the core is a bug, not a reason to stop).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -108,32 +188,55 @@ pub fn waits_on_cpu(sync: SyncStrategy) -> bool {
     matches!(sync, SyncStrategy::CpuSpin | SyncStrategy::CpuSleep | SyncStrategy::IpcEvent)
 }
 
-/// Runs `op(slice_timeout)` with the GIL released, in slices of at most [`SLICE`], until it returns anything but
-/// [`FrameError::Timeout`] or `timeout` passed; between slices, takes the GIL back and runs the signal handlers
-/// (Ctrl-C raises `KeyboardInterrupt` here within about 50 ms). `sliced` false runs `op(timeout)` once (a call that
-/// queues GPU work must not be repeated).
-pub fn wait_in_slices<T: Send>(
+/// An error of a bounded wait that may be cut into slices: whether it is the wait running out, and the Python
+/// exception it becomes.
+pub trait SlicedError: Sized + Send {
+    /// Whether the wait ran out (the next slice may go on).
+    fn is_timeout(&self) -> bool;
+    /// The error after `waited` in all, when the last slice ran out.
+    fn timed_out(self, waited: Duration) -> Self;
+    /// The Python exception.
+    fn into_py(self) -> PyErr;
+}
+
+impl SlicedError for FrameError {
+    fn is_timeout(&self) -> bool {
+        matches!(self, FrameError::Timeout { .. })
+    }
+
+    fn timed_out(self, waited: Duration) -> Self {
+        match self {
+            FrameError::Timeout { what, .. } => FrameError::Timeout { what, waited },
+            other => other,
+        }
+    }
+
+    fn into_py(self) -> PyErr {
+        to_py(self)
+    }
+}
+
+/// Runs `op(slice_timeout)` with the GIL released, in slices of at most [`SLICE`], until it returns anything but a
+/// timeout or `timeout` passed; between slices, takes the GIL back and runs the signal handlers (Ctrl-C raises
+/// `KeyboardInterrupt` here within about 50 ms). `sliced` false runs `op(timeout)` once (a call that queues GPU work
+/// must not be repeated).
+pub fn wait_in_slices<T: Send, E: SlicedError>(
     py: Python<'_>,
     timeout: Duration,
     sliced: bool,
-    mut op: impl FnMut(Duration) -> Result<T, FrameError> + Send,
+    mut op: impl FnMut(Duration) -> Result<T, E> + Send,
 ) -> PyResult<T> {
     if !sliced {
-        return py.detach(|| op(timeout)).map_err(to_py);
+        return py.detach(|| op(timeout)).map_err(E::into_py);
     }
     let start = Instant::now();
     let deadline = start + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match py.detach(|| op(left.min(SLICE))) {
-            Err(FrameError::Timeout { what, .. }) if Instant::now() < deadline => {
-                py.check_signals()?;
-                let _ = what;
-            }
-            Err(FrameError::Timeout { what, .. }) => {
-                return Err(to_py(FrameError::Timeout { what, waited: start.elapsed() }));
-            }
-            other => return other.map_err(to_py),
+            Err(e) if e.is_timeout() && Instant::now() < deadline => py.check_signals()?,
+            Err(e) if e.is_timeout() => return Err(e.timed_out(start.elapsed()).into_py()),
+            other => return other.map_err(E::into_py),
         }
     }
 }
@@ -151,6 +254,14 @@ impl Gpu {
     /// Opens device `ordinal`.
     pub fn open(ordinal: i32) -> Result<Self, FrameError> {
         Ok(Self { ctx: Context::for_ordinal(ordinal)?, ordinal })
+    }
+
+    /// The device's context for a GPU backend (opened with the GIL released); `None` for the host backend.
+    pub fn for_backend(py: Python<'_>, backend: BackendKind, ordinal: i32) -> PyResult<Option<Self>> {
+        if !backend.is_gpu() {
+            return Ok(None);
+        }
+        py.detach(|| Self::open(ordinal)).map(Some).map_err(to_py)
     }
 
     /// The stream a call runs on: the caller's, else the legacy default stream.

@@ -1,56 +1,89 @@
 //! A frame's or slot's memory as a tensor without a copy: DLPack (through `dlpark`) and, for the GPU backends,
 //! `__cuda_array_interface__` v3. What `Slot` and `Frame` share.
 
-use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
-use dlpark::metadata::Fixed;
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
+use dlpark::metadata::Dynamic;
 use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use gpu_ipc::core::driver::{Context, Event, EventFlags};
-use gpu_ipc::core::wire::{FrameGeometry, PixelFormat};
+use gpu_ipc::core::wire::{DType, PixelFormat, SlotLayout, TensorDesc};
 use gpu_ipc::host::HostRegion;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::driver_to_py;
+use crate::mapping::MappingHold;
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 
-/// How a frame is laid out as an array: `(height, width, channels)` of one element type, rows `pitch` apart.
-#[derive(Debug, Clone, Copy)]
+/// How a slot (or a shared buffer) is laid out as an array: `shape` of one element type, `strides` in elements.
+#[derive(Debug, Clone)]
 pub struct Layout {
-    /// `(height, width, channels)`.
-    pub shape: [i64; 3],
+    /// The extents (`(height, width, channels)` for a pixel frame).
+    pub shape: Vec<i64>,
     /// Strides in elements.
-    pub strides: [i64; 3],
+    pub strides: Vec<i64>,
     /// The element type.
     pub dtype: DLDataType,
     /// NumPy's name of the element type.
     pub dtype_name: &'static str,
-    /// `__cuda_array_interface__`'s `typestr`.
-    pub typestr: &'static str,
+    /// `__cuda_array_interface__`'s `typestr` (`|V<n>`, raw bytes, for types NumPy has no letter for).
+    pub typestr: String,
+    /// Bytes from the first element to one past the last one.
+    pub span_bytes: u64,
 }
 
 impl Layout {
-    /// The layout of a frame of `geometry`.
-    pub fn of(geometry: FrameGeometry) -> PyResult<Self> {
-        let (channels, dtype, dtype_name, typestr) = match geometry.pixel_format() {
-            PixelFormat::Rgb8 => (3, DLDataType::U8, "uint8", "|u1"),
-            PixelFormat::Rgba8 | PixelFormat::Bgra8 => (4, DLDataType::U8, "uint8", "|u1"),
-            PixelFormat::Gray8 => (1, DLDataType::U8, "uint8", "|u1"),
-            PixelFormat::Gray16 => (1, DLDataType::U16, "uint16", "<u2"),
-            PixelFormat::RgbaF16 => (4, DLDataType::F16, "float16", "<f2"),
-            PixelFormat::RgbaF32 => (4, DLDataType::F32, "float32", "<f4"),
-            other => return Err(PyValueError::new_err(format!("pixel format {other:?} has no array layout here"))),
-        };
-        let element = i64::from(dtype.bits / 8);
+    /// The layout of the tensor `desc` describes.
+    pub fn of_tensor(desc: &TensorDesc) -> PyResult<Self> {
+        let too_large = |_| PyValueError::new_err(format!("tensor {desc} has an extent or stride beyond 2^63"));
+        let shape = desc.shape().iter().map(|&d| i64::try_from(d).map_err(too_large)).collect::<PyResult<_>>()?;
+        let strides = desc
+            .strides_or_contiguous()
+            .into_iter()
+            .map(|d| i64::try_from(d).map_err(too_large))
+            .collect::<PyResult<_>>()?;
+        let dtype = desc.dtype();
+        let dl = dtype.dlpack();
         Ok(Self {
-            shape: [i64::from(geometry.height()), i64::from(geometry.width()), channels],
-            strides: [i64::from(geometry.pitch_bytes()) / element, channels, 1],
-            dtype,
-            dtype_name,
-            typestr,
+            shape,
+            strides,
+            dtype: DLDataType { code: DLDataTypeCode(dl.code), bits: dl.bits, lanes: dl.lanes },
+            dtype_name: dtype.name(),
+            typestr: typestr(dtype),
+            span_bytes: desc.span_bytes(),
         })
     }
+
+    /// The layout of a ring's slots: its tensor (a pixel frame is `(height, width, channels)`), else the slot's bytes
+    /// as a 1-D `uint8` array.
+    pub fn of_slot(slot: &SlotLayout) -> PyResult<Self> {
+        match slot.tensor() {
+            Some(desc) => Self::of_tensor(desc),
+            None => Self::bytes(slot.bytes()),
+        }
+    }
+
+    /// `bytes` bytes as a 1-D `uint8` array.
+    pub fn bytes(bytes: u64) -> PyResult<Self> {
+        let desc = TensorDesc::contiguous(DType::U8, [bytes]).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Self::of_tensor(&desc)
+    }
+}
+
+/// `__cuda_array_interface__`'s `typestr` of `dtype`.
+fn typestr(dtype: DType) -> String {
+    let size = dtype.size_bytes();
+    let kind = match dtype {
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 => 'i',
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 => 'u',
+        DType::F16 | DType::F32 | DType::F64 => 'f',
+        DType::C64 | DType::C128 => 'c',
+        DType::Bool => 'b',
+        _ => 'V',
+    };
+    let order = if size == 1 || kind == 'V' { '|' } else { '<' };
+    format!("{order}{kind}{size}")
 }
 
 /// Parses a pixel format name: `rgb8`, `rgba8`, `bgra8`, `gray8`, `gray16`, `rgbaf16`, `rgbaf32`.
@@ -85,7 +118,25 @@ pub enum Memory {
         ordinal: i32,
         /// The stream the frame's GPU-side wait (or the slot's) was queued on.
         stream: u64,
+        /// Keeps the ring mapped: the exported tensor holds a clone, so it never points at unmapped memory (its
+        /// contents still belong to the producer once released).
+        hold: MappingHold,
     },
+    /// A pool buffer's memory, kept mapped (and, for an importer, pinned) by `hold`: on device `ordinal`, or host
+    /// memory (`None`). No stream to order after: when it is ready is for the processes sharing it to agree on.
+    Pool {
+        /// The device ordinal; `None` with the host backend.
+        ordinal: Option<i32>,
+        /// Keeps it mapped.
+        hold: MappingHold,
+    },
+}
+
+/// What a capsule keeps alive: the memory it points at (held, never read: dropping it is the point).
+#[allow(dead_code)]
+enum Keep {
+    Host(HostRegion),
+    Held(MappingHold),
 }
 
 /// One view: what `__dlpack__` exports.
@@ -102,8 +153,8 @@ impl View {
     /// `__dlpack_device__()`: `(kDLCPU, 0)` or `(kDLCUDA, ordinal)`.
     pub fn device(&self) -> DLDevice {
         match &self.memory {
-            Memory::Host(_) => DLDevice::CPU,
-            Memory::Cuda { ordinal, .. } => DLDevice::cuda(*ordinal),
+            Memory::Host(_) | Memory::Pool { ordinal: None, .. } => DLDevice::CPU,
+            Memory::Cuda { ordinal, .. } | Memory::Pool { ordinal: Some(ordinal), .. } => DLDevice::cuda(*ordinal),
         }
     }
 
@@ -127,19 +178,17 @@ impl View {
     fn copied(&self, py: Python<'_>, max_version: Option<(u32, u32)>) -> PyResult<Py<PyAny>> {
         let Memory::Host(region) = &self.memory else {
             return Err(PyBufferError::new_err(
-                "copy=True is offered for host frames only; on a GPU copy on your stream, e.g. \
+                "copy=True is offered for host ring frames only; elsewhere copy the tensor, e.g. \
                  torch.from_dlpack(frame).clone()",
             ));
         };
-        let len =
-            usize::try_from(self.layout.shape[0] * self.layout.strides[0] * i64::from(self.layout.dtype.bits / 8))
-                .map_err(|_| PyValueError::new_err("frame too large"))?;
+        let len = usize::try_from(self.layout.span_bytes).map_err(|_| PyValueError::new_err("frame too large"))?;
         let mut bytes = vec![0u8; len];
         region
             .read(gpu_ipc::core::driver::DevicePtr(self.ptr), &mut bytes)
             .map_err(|e| crate::errors::to_py(e.into()))?;
         let data = bytes.as_mut_ptr().cast();
-        let metadata = Fixed::new(self.layout.shape, self.layout.strides);
+        let metadata = Dynamic::new(self.layout.shape.clone(), self.layout.strides.clone());
         if max_version.is_some_and(|(major, _)| major >= 1) {
             let mut init = metadata
                 .initialize_as::<DLManagedTensorVersioned>(Box::new(bytes))
@@ -161,11 +210,11 @@ impl View {
     }
 
     fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
-        let keep: Option<HostRegion> = match &self.memory {
-            Memory::Host(region) => Some(region.clone()),
-            Memory::Cuda { .. } => None,
+        let keep = match &self.memory {
+            Memory::Host(region) => Keep::Host(region.clone()),
+            Memory::Cuda { hold, .. } | Memory::Pool { hold, .. } => Keep::Held(hold.clone()),
         };
-        let mut init = Fixed::new(self.layout.shape, self.layout.strides)
+        let mut init = Dynamic::new(self.layout.shape.clone(), self.layout.strides.clone())
             .initialize_as::<M>(Box::new(keep))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         init.set_data(self.ptr as usize as *mut std::ffi::c_void)
@@ -176,17 +225,20 @@ impl View {
 
     /// `__cuda_array_interface__` (v3) for a GPU view; `None` for host memory (the attribute is then absent).
     pub fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Memory::Cuda { stream, .. } = &self.memory else { return Ok(None) };
+        let stream = match &self.memory {
+            Memory::Cuda { stream, .. } => Some(*stream),
+            Memory::Pool { ordinal: Some(_), .. } => None,
+            Memory::Host(_) | Memory::Pool { ordinal: None, .. } => return Ok(None),
+        };
         let d = PyDict::new(py);
-        d.set_item("shape", (self.layout.shape[0], self.layout.shape[1], self.layout.shape[2]))?;
-        d.set_item("typestr", self.layout.typestr)?;
+        d.set_item("shape", PyTuple::new(py, &self.layout.shape)?)?;
+        d.set_item("typestr", &self.layout.typestr)?;
         d.set_item("data", (self.ptr, false))?;
         d.set_item("version", 3)?;
         let element = i64::from(self.layout.dtype.bits / 8);
-        let s = self.layout.strides;
-        d.set_item("strides", (s[0] * element, s[1] * element, s[2] * element))?;
-        // 0 (the NULL stream) is not allowed there: it means the legacy default stream, which is 1.
-        d.set_item("stream", if *stream == 0 { LEGACY_DEFAULT_STREAM } else { *stream })?;
+        d.set_item("strides", PyTuple::new(py, self.layout.strides.iter().map(|s| s * element))?)?;
+        // 0 (the NULL stream) is not allowed there: it means the legacy default stream, which is 1. None: no sync.
+        d.set_item("stream", stream.map(|s| if s == 0 { LEGACY_DEFAULT_STREAM } else { s }))?;
         Ok(Some(d))
     }
 }
@@ -195,8 +247,9 @@ impl View {
 fn finish<M: ManagedTensorBase, S>(init: dlpark::allocation::Initialized<M, S>) -> Managed<M> {
     #[allow(unsafe_code)]
     // SAFETY: the shape and strides were copied into the allocation (explicit strides, rank 3); the data pointer is
-    // either the capsule's own copy, host memory the capsule keeps mapped (its context holds the region), or device
-    // memory of the ring, valid while the frame is held: the documented contract of every view (see `Frame`).
+    // either the capsule's own copy, or the ring's host or device memory, which the capsule keeps mapped (its context
+    // holds the region, or a hold on the GPU mapping); what the memory holds once the frame is released is the
+    // documented contract of every view (see `Frame`).
     unsafe {
         init.finish()
     }
@@ -229,6 +282,104 @@ impl DlpackExporter for View {
     fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
         self.export()
     }
+}
+
+/// A Python object whose memory is one [`View`] (a frame, a slot, a pool buffer): it gets `__dlpack__`,
+/// `__dlpack_device__`, `__cuda_array_interface__`, `shape` and `dtype` from
+/// [`array_protocols!`](crate::array_protocols).
+pub trait ArrayMemory {
+    /// The memory now; raises once the object may no longer be used (released, closed, freed).
+    fn view(&self) -> PyResult<View>;
+
+    /// What the memory holds (readable after a release too).
+    fn layout(&self) -> &Layout;
+
+    /// `stream`, another stream than the one the memory is ready on, took it through DLPack: a frame's release (a
+    /// slot's publish) must wait for the work queued there. Nothing by default.
+    fn taken_on(&self, _stream: u64) {}
+}
+
+/// `__dlpack__` of `memory`: a fresh capsule, the consumer's `stream` ordered after the memory's own (and noted).
+pub fn dlpack_of(
+    memory: &impl ArrayMemory,
+    py: Python<'_>,
+    stream: Option<&Bound<'_, PyAny>>,
+    max_version: Option<(u32, u32)>,
+    dl_device: Option<(u32, i32)>,
+    copy: Option<bool>,
+) -> PyResult<Py<PyAny>> {
+    let view = memory.view()?;
+    if let Memory::Cuda { stream: ready, .. } = &view.memory
+        && let Some(taker) = consumer_stream(stream)?
+        && taker != *ready
+    {
+        memory.taken_on(taker);
+    }
+    view.dlpack(py, stream, max_version, dl_device, copy)
+}
+
+/// `__dlpack_device__` of `memory`.
+pub fn dlpack_device_of(memory: &impl ArrayMemory) -> PyResult<(u32, i32)> {
+    let device = memory.view()?.device();
+    Ok((device.device_type.0, device.device_id))
+}
+
+/// `__cuda_array_interface__` of `memory`: absent (`AttributeError`) for host memory.
+pub fn cuda_array_interface_of<'py>(memory: &impl ArrayMemory, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    memory.view()?.cuda_array_interface(py)?.ok_or_else(|| {
+        pyo3::exceptions::PyAttributeError::new_err("host memory has no __cuda_array_interface__; use __dlpack__")
+    })
+}
+
+/// The array protocols of a `#[pyclass]` that implements `view::ArrayMemory`, in a `#[pymethods]` block of their own
+/// (PyO3's `multiple-pymethods`): one definition for frames, slots and pool buffers.
+#[macro_export]
+macro_rules! array_protocols {
+    ($class:ty) => {
+        #[pyo3::pymethods]
+        impl $class {
+            /// A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+            /// memory is ready on.
+            #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+            fn __dlpack__(
+                &self,
+                py: pyo3::Python<'_>,
+                stream: Option<&pyo3::Bound<'_, pyo3::PyAny>>,
+                max_version: Option<(u32, u32)>,
+                dl_device: Option<(u32, i32)>,
+                copy: Option<bool>,
+            ) -> pyo3::PyResult<pyo3::Py<pyo3::PyAny>> {
+                $crate::view::dlpack_of(self, py, stream, max_version, dl_device, copy)
+            }
+
+            /// ``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory.
+            fn __dlpack_device__(&self) -> pyo3::PyResult<(u32, i32)> {
+                $crate::view::dlpack_device_of(self)
+            }
+
+            /// Its shape as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's (``(nbytes,)``
+            /// for bare bytes).
+            #[getter]
+            fn shape<'py>(&self, py: pyo3::Python<'py>) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::types::PyTuple>> {
+                pyo3::types::PyTuple::new(py, &$crate::view::ArrayMemory::layout(self).shape)
+            }
+
+            /// The element type's NumPy name (``"uint8"``, ``"float32"``, ``"bfloat16"``, ...).
+            #[getter]
+            fn dtype(&self) -> &'static str {
+                $crate::view::ArrayMemory::layout(self).dtype_name
+            }
+
+            /// Version 3, with ``stream``; absent (``AttributeError``) in host memory.
+            #[getter]
+            fn __cuda_array_interface__<'py>(
+                &self,
+                py: pyo3::Python<'py>,
+            ) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::types::PyDict>> {
+                $crate::view::cuda_array_interface_of(self, py)
+            }
+        }
+    };
 }
 
 /// The stream a DLPack consumer names in `__dlpack__(stream=...)`: `None` when it asks for no synchronisation

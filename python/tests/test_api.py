@@ -116,6 +116,20 @@ def test_use_after_close(sock: str) -> None:
         producer.drain()
 
 
+def test_a_slot_array_outlives_its_producer(sock: str) -> None:
+    producer, consumer = host_pair(sock)
+    slot = producer.acquire()
+    array = np.from_dlpack(slot)
+    array[:] = 9
+    consumer.close()
+    producer.close()
+    with pytest.raises(gpu_ipc.ClosedError, match="producer is closed"):
+        _ = slot.ptr
+    # The capsule keeps the ring's memory: the array still reads (and writes) mapped memory.
+    array[0, 0] = (1, 2, 3)
+    assert int(array[1:].sum()) == 9 * array[1:].size and tuple(array[0, 0]) == (1, 2, 3)
+
+
 def test_foreign_frames_and_slots_are_refused(sock: str) -> None:
     producer, consumer = host_pair(sock)
     other_sock = sock + "2"

@@ -323,6 +323,14 @@ impl<B: Backend> Consumer<B> {
         &self.region
     }
 
+    /// The same mapping, shared: a view of a frame that may outlive this consumer (a DLPack tensor in Python)
+    /// holds a clone, so the memory stays mapped until the last holder drops it. Whoever drops the last clone
+    /// unmaps it, and must first make sure no queued GPU work still reads it (this consumer's own teardown waits
+    /// only for the work it queued).
+    pub fn shared_region(&self) -> Arc<B::Imported> {
+        self.region.clone()
+    }
+
     /// The sequence number the next [`Consumer::next_frame`] returns.
     pub fn next_sequence(&self) -> u64 {
         self.next_seq

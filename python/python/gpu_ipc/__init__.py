@@ -7,7 +7,7 @@ copy (DLPack, and ``__cuda_array_interface__`` on a GPU), then release it so the
 Producer::
 
     import torch, gpu_ipc
-    with gpu_ipc.Producer("/tmp/frames.sock", width=3840, height=2160, backend="vmm") as producer:
+    with gpu_ipc.Producer("/tmp/frames.sock", width=3840, height=2160, sync="ipc-event", backend="vmm") as producer:
         producer.wait_for_consumers(1, timeout=30)
         for i in range(1000):
             slot = producer.acquire()
@@ -23,14 +23,26 @@ Consumer, in another process::
             image = torch.from_dlpack(frame)        # (height, width, 3) uint8 on the GPU, no copy
             print(frame.seq, image.float().mean())  # the frame is released when the next one is asked for
 
+Named buffers, without a ring: :func:`share` a tensor in one process (a PyTorch tensor its caching allocator made,
+in place), :func:`open` it by name in another::
+
+    shared = gpu_ipc.share(weights, "weights/layer0", socket="/tmp/weights.sock")   # process A
+    view = gpu_ipc.open("/tmp/weights.sock", "weights/layer0")                     # process B
+    w = torch.from_dlpack(view)                                                      # A's memory itself
+
 Without a GPU, ``backend="host"`` runs the same API on shared host memory (CPU strategies ``cpu-spin`` and
 ``cpu-sleep``), and ``numpy.from_dlpack(frame)`` reads it in place.
 """
+
+import os as _os
+import threading as _threading
+from typing import Any as _Any
 
 from gpu_ipc._gpu_ipc import (
     LEGACY_DEFAULT_STREAM,
     AdmissionError,
     BackendError,
+    BufferView,
     ClosedError,
     ConfigError,
     Consumer,
@@ -41,25 +53,40 @@ from gpu_ipc._gpu_ipc import (
     Frame,
     GpuIpcError,
     GpuWaitGaveUp,
+    NameTaken,
     NoDriver,
+    NoOwner,
     NoProducer,
+    NotFound,
+    OwnerGone,
     PeerGone,
+    PoolFull,
+    PoolImporter,
+    PosterDied,
     Producer,
     ProducerGone,
     Refused,
     ReleasedError,
     RingError,
+    Semaphore,
+    SemaphoreClosed,
+    SemaphoreWait,
+    SharedBuffer,
+    SharedPool,
     Slot,
+    StaleBuffer,
     StrategyUnavailable,
     Timeout,
     WireError,
     __version__,
+    sharing_backend,
 )
 
 __all__ = [
     "LEGACY_DEFAULT_STREAM",
     "AdmissionError",
     "BackendError",
+    "BufferView",
     "ClosedError",
     "ConfigError",
     "Consumer",
@@ -70,17 +97,95 @@ __all__ = [
     "Frame",
     "GpuIpcError",
     "GpuWaitGaveUp",
+    "NameTaken",
     "NoDriver",
+    "NoOwner",
     "NoProducer",
+    "NotFound",
+    "OwnerGone",
     "PeerGone",
+    "PoolFull",
+    "PoolImporter",
+    "PosterDied",
     "Producer",
     "ProducerGone",
     "Refused",
     "ReleasedError",
     "RingError",
+    "Semaphore",
+    "SemaphoreClosed",
+    "SemaphoreWait",
+    "SharedBuffer",
+    "SharedPool",
     "Slot",
+    "StaleBuffer",
     "StrategyUnavailable",
     "Timeout",
     "WireError",
     "__version__",
+    "open",
+    "share",
+    "sharing_backend",
 ]
+
+# This process's pools (one per socket path, made by the first `share` there) and attachments (one per socket path,
+# made by the first `open` there), so that sharing or opening many buffers costs one attach.
+_pools: dict[str, SharedPool] = {}
+_importers: dict[str, PoolImporter] = {}
+_lock = _threading.Lock()
+
+
+def _key(socket: "str | _os.PathLike[str]") -> str:
+    return _os.path.abspath(_os.fspath(socket))
+
+
+def share(
+    obj: _Any,
+    name: str,
+    socket: "str | _os.PathLike[str]",
+    backend: "str | None" = None,
+    device: "int | None" = None,
+) -> SharedBuffer:
+    """Shares ``obj``'s memory in place (no copy) under ``name`` in this process's pool at ``socket``, which the first
+    ``share`` there creates; another process reads it with ``gpu_ipc.open(socket, name)``.
+
+    ``obj``: anything with ``__cuda_array_interface__`` (a PyTorch CUDA tensor, a CuPy array) or, on the host backend,
+    ``__array_interface__``. ``backend``: the pool's when it is created; by default the one that can share ``obj``
+    (``sharing_backend``): ``"legacy"`` for PyTorch's default caching allocator, ``"vmm"`` with
+    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. ``device``: the GPU (by default ``obj``'s). The pool keeps
+    ``obj`` alive until the returned buffer is freed (``free()``, or the end of a ``with`` block).
+    """
+    if device is None:
+        device = obj.__dlpack_device__()[1] if hasattr(obj, "__dlpack_device__") else 0
+    key = _key(socket)
+    with _lock:
+        pool = _pools.get(key)
+        if pool is None or pool.closed:
+            chosen = backend if backend is not None else sharing_backend(obj, device)
+            pool = SharedPool(socket, backend=chosen, device=device)
+            _pools[key] = pool
+    return pool.share(obj, name)
+
+
+def open(
+    socket: "str | _os.PathLike[str]",
+    name: str,
+    backend: "str | None" = None,
+    device: int = 0,
+    timeout: float = 5.0,
+    wait_for_owner: float = 0.0,
+) -> BufferView:
+    """The buffer another process shared under ``name`` at ``socket``, as a view that DLPack and
+    ``__cuda_array_interface__`` consumers read in place (``torch.from_dlpack(view)``), pinned while it or a tensor
+    made from it lives. This process attaches to the pool once (the first ``open`` there; again after its owner
+    went away). Raises ``NotFound``, ``NoOwner`` (``wait_for_owner`` seconds to wait for the owner to appear),
+    ``OwnerGone``.
+    """
+    key = _key(socket)
+    with _lock:
+        importer = _importers.get(key)
+        if importer is None or importer.closed or importer.owner_gone:
+            importer = PoolImporter(socket, backend=backend, device=device, timeout=timeout,
+                                    wait_for_owner=wait_for_owner)
+            _importers[key] = importer
+    return importer.lookup(name)

@@ -15,6 +15,7 @@ raises ``KeyboardInterrupt`` during a wait. Objects may be used from any thread 
 
 import os
 import pathlib
+from collections.abc import Sequence
 from typing import Any, Protocol, final
 
 from typing_extensions import Self
@@ -22,6 +23,7 @@ from typing_extensions import Self
 __all__ = [
     "AdmissionError",
     "BackendError",
+    "BufferView",
     "ClosedError",
     "ConfigError",
     "Consumer",
@@ -33,19 +35,33 @@ __all__ = [
     "GpuIpcError",
     "GpuWaitGaveUp",
     "LEGACY_DEFAULT_STREAM",
+    "NameTaken",
     "NoDriver",
+    "NoOwner",
     "NoProducer",
+    "NotFound",
+    "OwnerGone",
     "PeerGone",
+    "PoolFull",
+    "PoolImporter",
+    "PosterDied",
     "Producer",
     "ProducerGone",
     "Refused",
     "ReleasedError",
     "RingError",
+    "Semaphore",
+    "SemaphoreClosed",
+    "SemaphoreWait",
+    "SharedBuffer",
+    "SharedPool",
     "Slot",
+    "StaleBuffer",
     "StrategyUnavailable",
     "Timeout",
     "WireError",
     "__version__",
+    "sharing_backend",
 ]
 
 __version__: str
@@ -65,7 +81,9 @@ class Producer:
     ``sync``: ``"gpu-stream-ops"`` (default on a GPU: the GPU waits, no CPU per frame), ``"ipc-event"``,
     ``"cpu-spin"`` (default with ``backend="host"``), ``"cpu-sleep"``, or ``"gpu-poll"`` (MPS only).
     ``format``: ``rgb8`` (default), ``rgba8``, ``bgra8``, ``gray8``, ``gray16``, ``rgbaf16``, ``rgbaf32``; frames
-    are ``(height, width, channels)`` arrays.
+    are ``(height, width, channels)`` arrays (``width`` 3840 and ``height`` 2160 by default). Or slots of any tensor:
+    ``shape=(8, 1024, 1024), dtype="float16"`` (contiguous; ``dtype`` is a NumPy / PyTorch name, ``uint8`` by default,
+    and ``width``, ``height``, ``format`` are then not given).
 
     Example::
 
@@ -81,14 +99,16 @@ class Producer:
     def __new__(
         cls,
         socket: str | os.PathLike[str],
-        width: int = 3840,
-        height: int = 2160,
-        format: str = "rgb8",
+        width: int | None = None,
+        height: int | None = None,
+        format: str | None = None,
         slots: int = 4,
         sync: str | None = None,
         backend: str = "vmm",
         device: int = 0,
         max_consumers: int = 16,
+        shape: Sequence[int] | None = None,
+        dtype: str | None = None,
     ) -> Producer: ...
     def acquire(self, timeout: float = 1.0, stream: _StreamLike = None) -> Slot:
         """Waits until the next frame's slot is free (every live consumer released what it held) and returns it.
@@ -132,8 +152,8 @@ class Producer:
     def device(self) -> int | None:
         """The CUDA device ordinal; ``None`` with the host backend."""
     @property
-    def shape(self) -> tuple[int, int, int]:
-        """``(height, width, channels)`` of every frame."""
+    def shape(self) -> tuple[int, ...]:
+        """What each slot is as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's shape."""
     @property
     def dtype(self) -> str:
         """The element type's NumPy name (``"uint8"`` for the 8-bit formats)."""
@@ -147,7 +167,8 @@ class Slot:
     Read and write it in place as a tensor: ``torch.from_dlpack(slot)``, ``cupy.from_dlpack(slot)``,
     ``numpy.from_dlpack(slot)`` (host backend). Once published, this object raises ``ReleasedError`` on ``ptr``
     and the array protocols; tensors already made from it are the caller's responsibility: do not write them
-    after ``publish``.
+    after ``publish``. Such a tensor never points at freed memory: it (and this object) keeps the ring's allocation
+    alive in this process, even after the producer closed, until the last of them is gone.
     """
 
     @property
@@ -162,7 +183,7 @@ class Slot:
     def ptr(self) -> int:
         """The slot's address (device address on a GPU, host address with the host backend)."""
     @property
-    def shape(self) -> tuple[int, int, int]: ...
+    def shape(self) -> tuple[int, ...]: ...
     @property
     def dtype(self) -> str: ...
     @property
@@ -178,12 +199,13 @@ class Slot:
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
     ) -> Any:
-        """A DLPack capsule of the slot, no copy (the consumer's ``stream`` is ordered after ``acquire``'s)."""
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
     def __dlpack_device__(self) -> tuple[int, int]:
-        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) with the host backend."""
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """Version 3, with ``stream``; absent (``AttributeError``) with the host backend."""
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
 
 @final
 class Consumer:
@@ -255,7 +277,9 @@ class Consumer:
     @property
     def device(self) -> int | None: ...
     @property
-    def shape(self) -> tuple[int, int, int]: ...
+    def shape(self) -> tuple[int, ...]:
+        """What each frame is as an array: ``(height, width, channels)`` of a pixel frame, the tensor's shape in a ring
+        of tensors, ``(nbytes,)`` in a ring of bare bytes."""
     @property
     def dtype(self) -> str: ...
     @property
@@ -269,7 +293,9 @@ class Frame:
     ``numpy.from_dlpack(frame)`` (host backend): no copy. Once the frame is released (or its consumer closed) the
     slot is the producer's again: this object raises ``ReleasedError`` on ``ptr`` and the array protocols, but
     tensors already made from it still point at the slot and will see later frames: copy what you keep
-    (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend.
+    (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend. Such a tensor never points at unmapped
+    memory: it (and this object) keeps the ring mapped in this process, even after the consumer closed, until the
+    last of them is gone.
     """
 
     @property
@@ -281,7 +307,7 @@ class Frame:
     @property
     def ptr(self) -> int: ...
     @property
-    def shape(self) -> tuple[int, int, int]: ...
+    def shape(self) -> tuple[int, ...]: ...
     @property
     def dtype(self) -> str: ...
     @property
@@ -298,14 +324,280 @@ class Frame:
         max_version: tuple[int, int] | None = None,
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
-    ) -> Any: ...
-    def __dlpack_device__(self) -> tuple[int, int]: ...
+    ) -> Any:
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
     @property
-    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool:
         """Releases the frame unless it was released already (or its consumer closed); the end of the stream found by
         the release (a frame queued past the end) is not an error here."""
+
+@final
+class Semaphore:
+    """A cross-process counting semaphore: posts from any process that attached, waits on the CPU or on a CUDA stream.
+
+    ``Semaphore.create(socket, initial=0)`` makes one and serves it at ``socket`` (this process is its owner: closing
+    it ends the semaphore for everyone); ``Semaphore(socket)`` attaches to one. ``backend``: ``"vmm"`` or
+    ``"legacy"`` (a GPU: stream posts and waits on ``device``'s primary context) or ``"host"`` (CPU posts and waits
+    only). A peer attached with ``posts=True`` (the default) that dies without closing ends the semaphore: every
+    waiter gets ``PosterDied``, since the posts it owed will never come; attach pure waiters with ``posts=False``.
+
+    Example::
+
+        # process A
+        with gpu_ipc.Semaphore.create("/tmp/ready.sock", backend="host") as ready:
+            ...
+            ready.post()                    # one more post
+        # process B
+        with gpu_ipc.Semaphore("/tmp/ready.sock", backend="host", posts=False, wait_for_owner=10) as ready:
+            ready.wait(timeout=5)           # takes one post, or raises Timeout
+
+    On a GPU, ``post(stream=s)`` adds the post once the work queued on ``s`` before it is done, and
+    ``wait_on(s)`` makes ``s`` wait for a post (the CPU returns at once) and returns the wait; ``wait_status(wait)``
+    then says whether a post released it, or raises when the semaphore ended and released it without one (discard
+    that work).
+    """
+
+    def __new__(
+        cls,
+        socket: str | os.PathLike[str],
+        backend: str = "vmm",
+        device: int = 0,
+        name: str = "semaphore-peer",
+        posts: bool = True,
+        timeout: float = 5.0,
+        wait_for_owner: float = 0.0,
+    ) -> Semaphore: ...
+    @staticmethod
+    def create(socket: str | os.PathLike[str], initial: int = 0, backend: str = "vmm", device: int = 0) -> Semaphore:
+        """Creates a semaphore holding ``initial`` posts and serves it at ``socket``; this process is its owner."""
+    def post(self, count: int = 1, stream: _StreamLike = None) -> None:
+        """Adds ``count`` posts: now, from the CPU; or, with ``stream``, once the work queued on it before is done
+        (the call returns at once)."""
+    def wait(self, timeout: float = 1.0) -> None:
+        """Waits up to ``timeout`` seconds, on the CPU, for a post and takes it; a wait that times out takes nothing.
+
+        Raises ``Timeout``, or ``PosterDied``, ``OwnerGone``, ``SemaphoreClosed`` as soon as the semaphore ends.
+        """
+    def try_wait(self) -> bool:
+        """Takes a post if one is there, without waiting."""
+    def wait_on(self, stream: _StreamLike) -> SemaphoreWait:
+        """Makes ``stream`` wait for a post (its later work runs once one is taken for it) and returns at once: the
+        wait, for ``wait_status``."""
+    def wait_status(self, wait: SemaphoreWait) -> bool:
+        """Whether the stream wait ``wait`` was released by a post (``False``: not yet). Raises the error that ended
+        the semaphore when that released it instead (the work queued after it ran without a post: discard it)."""
+    @property
+    def value(self) -> int:
+        """Posts not yet taken, minus stream waits still waiting (negative when streams wait for posts)."""
+    def check(self) -> None:
+        """Raises the error that ended the semaphore, if it ended (``PosterDied``, ``OwnerGone``, ``SemaphoreClosed``)."""
+    @property
+    def owner(self) -> bool:
+        """Whether this process created it (and closing it ends it for everyone)."""
+    @property
+    def socket(self) -> pathlib.Path: ...
+    def close(self) -> None:
+        """Detaches (an importer) or closes the semaphore for everyone (the owner). Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class SemaphoreWait:
+    """A stream wait queued by ``Semaphore.wait_on``: ask ``Semaphore.wait_status`` how it was released."""
+
+    @property
+    def ticket(self) -> int:
+        """The wait's ticket: post number ``ticket + 1`` releases it."""
+
+@final
+class SharedPool:
+    """The owner of a pool of named buffers, served at ``socket``: other processes find each buffer by name
+    (``gpu_ipc.open`` or ``PoolImporter``) and read it in place, with no copy.
+
+    ``share(tensor, name)`` shares memory another allocator made, in place: a PyTorch CUDA tensor (its caching
+    allocator's ``cuMemAlloc`` memory with ``backend="legacy"``; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+    its ``cuMemCreate`` memory with ``backend="vmm"``), a CuPy array, anything with ``__cuda_array_interface__``, or on
+    the host backend a NumPy view of memory the host backend allocated. ``alloc(name, shape, dtype)`` allocates a
+    buffer in the pool's own memory (``capacity`` bytes; 0, the default, makes a pool that only shares). Usually made
+    for you by ``gpu_ipc.share``.
+
+    Example::
+
+        pool = gpu_ipc.SharedPool("/tmp/weights.sock", backend="legacy")
+        weights = torch.randn(4096, 4096, device="cuda")
+        shared = pool.share(weights, "weights/layer0")   # importers find it by name from now on
+        ...
+        shared.free()                                     # no longer found; its bytes stay while importers view it
+    """
+
+    def __new__(
+        cls, socket: str | os.PathLike[str], backend: str = "vmm", device: int = 0, capacity: int = 0
+    ) -> SharedPool: ...
+    def share(self, obj: Any, name: str) -> SharedBuffer:
+        """Shares ``obj``'s memory in place under ``name`` (no copy) and returns the owner's handle on it. The pool
+        keeps a reference to ``obj`` until the buffer is freed, so its allocator does not take the memory back
+        meanwhile; write it only when the importers expect it."""
+    def alloc(self, name: str, shape: Sequence[int], dtype: str = "uint8") -> SharedBuffer:
+        """Allocates a buffer of ``shape`` and ``dtype`` (contiguous) in the pool's own memory, named ``name``; fill it
+        through its views (``torch.from_dlpack(buffer)``)."""
+    @property
+    def backend(self) -> str: ...
+    @property
+    def socket(self) -> pathlib.Path: ...
+    def close(self) -> None:
+        """Closes the pool: importers find nothing new (``OwnerGone``); views they hold stay valid. Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class SharedBuffer:
+    """The owner's handle on a buffer of its pool: ``free()`` it (or leave the ``with`` block) to stop sharing it.
+
+    A buffer made by ``SharedPool.alloc`` is read and written through its views (``torch.from_dlpack(buffer)``,
+    ``__cuda_array_interface__``); one made by ``share`` is the object that was shared (``.source``). After ``free``
+    importers no longer find it by name, and its bytes are reused once none views it: do not use tensors made from an
+    allocated buffer after that.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def generation(self) -> int:
+        """Tells this buffer from an earlier or later one of the same name."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def source(self) -> Any:
+        """The object shared with ``SharedPool.share`` (``None`` for an allocated buffer, or once freed)."""
+    @property
+    def freed(self) -> bool: ...
+    def free(self) -> None:
+        """Stops sharing: importers no longer find it by name; its bytes are reused (a shared object is let go) once
+        no importer views it. Twice raises ``ReleasedError``."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool:
+        """Frees the buffer unless it was freed already."""
+
+@final
+class PoolImporter:
+    """One process's attachment to a pool: finds its buffers by name, with no round trip to the owner.
+
+    ``backend``: the pool's (``None``, the default: asked of the owner). Usually made for you by ``gpu_ipc.open``.
+    """
+
+    def __new__(
+        cls,
+        socket: str | os.PathLike[str],
+        backend: str | None = None,
+        device: int = 0,
+        name: str = "pool-importer",
+        timeout: float = 5.0,
+        wait_for_owner: float = 0.0,
+    ) -> PoolImporter: ...
+    def lookup(self, name: str) -> BufferView:
+        """The live buffer named ``name``, as a view pinned for as long as it (or a tensor made from it) lives: its
+        bytes are not reused meanwhile, even if the owner frees it. Raises ``NotFound``, ``OwnerGone``."""
+    def names(self) -> list[str]:
+        """The names of the live buffers, as the pool's directory lists them now."""
+    @property
+    def owner_gone(self) -> bool:
+        """Whether the owner closed the pool or went away (views already held stay valid)."""
+    @property
+    def backend(self) -> str: ...
+    @property
+    def socket(self) -> pathlib.Path: ...
+    def close(self) -> None:
+        """Detaches (views already made stay valid). Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class BufferView:
+    """A pool buffer as seen by an importer: read and write it in place as a tensor (``torch.from_dlpack(view)``,
+    ``cupy.from_dlpack(view)``, ``numpy.from_dlpack(view)`` on the host backend), no copy.
+
+    The view (and every tensor made from it) pins the buffer: its bytes are not reused, even after the owner freed
+    it, until the last of them is gone; then GPU work queued so far is waited for before the pin goes. No stream
+    orders it: when the bytes are ready is for the processes sharing it to agree on (a ``Semaphore``, say).
+    ``release()`` gives up this object's pin; tensors made from it keep theirs.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def generation(self) -> int:
+        """The generation this view holds (a buffer freed and allocated again under its name has another)."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def ptr(self) -> int:
+        """The address of its first byte in this process (a device address on a GPU)."""
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Its shape as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's (``(nbytes,)``
+        for bare bytes)."""
+    @property
+    def dtype(self) -> str: ...
+    def check_current(self) -> None:
+        """Raises ``StaleBuffer`` once the owner freed the buffer (the view's bytes stay valid), ``ReleasedError`` after
+        ``release``."""
+    def release(self) -> None:
+        """Gives up this object's pin (tensors made from it keep theirs). Idempotent."""
+    @property
+    def released(self) -> bool: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+def sharing_backend(obj: Any, device: int = 0) -> str:
+    """The backend that shares ``obj``'s memory in place: ``"host"`` for host memory (``__array_interface__``);
+    ``"legacy"`` for GPU memory from ``cuMemAlloc`` (PyTorch's default caching allocator, CuPy's); ``"vmm"``
+    otherwise (``cuMemCreate``: PyTorch's ``expandable_segments:True``). ``device``: the GPU it is on."""
 
 class GpuIpcError(Exception):
     """The base of every gpu_ipc error; the message is the Rust core's."""
@@ -341,3 +633,22 @@ class WireError(GpuIpcError): ...
 class NoProducer(WireError): ...
 class ReleasedError(GpuIpcError): ...
 class ClosedError(GpuIpcError): ...
+class NoOwner(WireError): ...
+class OwnerGone(GpuIpcError): ...
+
+class PosterDied(GpuIpcError):
+    pid: int | None
+    record: int
+
+class SemaphoreClosed(GpuIpcError): ...
+
+class NotFound(GpuIpcError):
+    name: str
+
+class StaleBuffer(GpuIpcError):
+    name: str
+    held_generation: int
+    current: int | None
+
+class NameTaken(GpuIpcError): ...
+class PoolFull(GpuIpcError): ...

@@ -200,6 +200,14 @@ impl<B: Backend> Producer<B> {
         &self.region
     }
 
+    /// The same allocation, shared: a view of a slot that may outlive this producer (a DLPack tensor in Python)
+    /// holds a clone, so the memory stays allocated until the last holder drops it. Whoever drops the last clone
+    /// frees it, and must first make sure no queued GPU work still uses it (this producer's own teardown waits
+    /// only for the work it queued).
+    pub fn shared_region(&self) -> Arc<B::Exported> {
+        self.region.clone()
+    }
+
     /// The sequence number the next [`Producer::acquire`] returns.
     pub fn next_sequence(&self) -> u64 {
         self.next_seq

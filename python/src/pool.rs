@@ -1,0 +1,392 @@
+//! `gpu_ipc.SharedPool` and `SharedBuffer`: the owner's side of named buffers shared between processes (the core's
+//! `pool`), including memory another allocator made (a PyTorch tensor), shared in place. The importers' side is
+//! `pool_import`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use gpu_ipc::BackendKind;
+use gpu_ipc::core::driver::{DevicePtr, pointer_is_legacy_ipc_capable};
+use gpu_ipc::core::pool::{BufferHandle, PoolConfig, PoolError, SharedPool as CorePool};
+use gpu_ipc::core::wire::{DType, TensorDesc};
+use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::legacy::Legacy;
+use gpu_ipc::vmm::Vmm;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::each_backend;
+use crate::errors::{ReleasedError, pool_to_py, to_py};
+use crate::mapping::MappingHold;
+use crate::ring::{Gpu, PerBackend, Shared, lock, parse_backend};
+use crate::view::{ArrayMemory, Layout, Memory, View};
+
+type Owner = PerBackend<CorePool<Legacy>, CorePool<Vmm>, CorePool<HostFake>>;
+type Handle = PerBackend<BufferHandle<Legacy>, BufferHandle<Vmm>, BufferHandle<HostFake>>;
+
+/// The owner of a pool of named buffers, served at ``socket``: other processes find each buffer by name
+/// (``gpu_ipc.open`` or ``PoolImporter``) and read it in place, with no copy.
+///
+/// ``share(tensor, name)`` shares memory another allocator made, in place: a PyTorch CUDA tensor (its caching
+/// allocator's ``cuMemAlloc`` memory with ``backend="legacy"``; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+/// its ``cuMemCreate`` memory with ``backend="vmm"``), a CuPy array, anything with ``__cuda_array_interface__``, or on
+/// the host backend a NumPy view of memory the host backend allocated. ``alloc(name, shape, dtype)`` allocates a
+/// buffer in the pool's own memory (``capacity`` bytes; 0, the default, makes a pool that only shares). Usually made
+/// for you by ``gpu_ipc.share``.
+///
+/// Example::
+///
+///     pool = gpu_ipc.SharedPool("/tmp/weights.sock", backend="legacy")
+///     weights = torch.randn(4096, 4096, device="cuda")
+///     shared = pool.share(weights, "weights/layer0")   # importers find it by name from now on
+///     ...
+///     shared.free()                                     # no longer found; its bytes stay while importers view it
+#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
+pub struct SharedPool {
+    pool: Shared<Owner>,
+    gpu: Option<Gpu>,
+    backend: BackendKind,
+    socket: PathBuf,
+}
+
+/// What `share` learned about an object: where its bytes are and what tensor they hold.
+struct Described {
+    ptr: u64,
+    bytes: u64,
+    desc: TensorDesc,
+    on_gpu: bool,
+}
+
+impl SharedPool {
+    fn owner(&self) -> PyResult<Arc<Owner>> {
+        self.pool.get("pool")
+    }
+}
+
+#[pymethods]
+impl SharedPool {
+    #[new]
+    #[pyo3(signature = (socket, backend="vmm", device=0, capacity=0))]
+    fn new(py: Python<'_>, socket: PathBuf, backend: &str, device: i32, capacity: u64) -> PyResult<Self> {
+        let backend = parse_backend(backend)?;
+        let gpu = Gpu::for_backend(py, backend, device)?;
+        let config = if capacity == 0 { PoolConfig::sharing_only() } else { PoolConfig::new(capacity) };
+        let pool = py
+            .detach(|| -> Result<Owner, PoolError> {
+                Ok(match (backend, &gpu) {
+                    (BackendKind::HostFake, _) => PerBackend::Host(CorePool::create(&HostContext, &socket, config)?),
+                    (BackendKind::Legacy, Some(g)) => PerBackend::Legacy(CorePool::create(&g.ctx, &socket, config)?),
+                    (_, Some(g)) => PerBackend::Vmm(CorePool::create(&g.ctx, &socket, config)?),
+                    (other, None) => return Err(PoolError::Unsupported(format!("backend {other} needs a GPU"))),
+                })
+            })
+            .map_err(pool_to_py)?;
+        Ok(Self { pool: Shared::new(pool), gpu, backend, socket })
+    }
+
+    /// Shares ``obj``'s memory in place under ``name`` (no copy) and returns the owner's handle on it. The pool
+    /// keeps a reference to ``obj`` until the buffer is freed, so its allocator does not take the memory back
+    /// meanwhile; write it only when the importers expect it.
+    fn share(slf: &Bound<'_, Self>, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<SharedBuffer> {
+        let this = slf.get();
+        let owner = this.owner()?;
+        let described = describe(obj)?;
+        if described.on_gpu != this.backend.is_gpu() {
+            return Err(PyValueError::new_err(format!(
+                "this {} pool shares {} memory; the object's is {}",
+                this.backend.name(),
+                if this.backend.is_gpu() { "GPU" } else { "host" },
+                if described.on_gpu { "on a GPU" } else { "host memory" }
+            )));
+        }
+        let Described { ptr, bytes, desc, .. } = described;
+        let layout = Layout::of_tensor(&desc)?;
+        let handle = slf
+            .py()
+            .detach(|| -> Result<Handle, PoolError> {
+                let at = DevicePtr(ptr);
+                Ok(match &*owner {
+                    PerBackend::Legacy(p) => PerBackend::Legacy(p.share_existing(name, at, bytes, Some(desc))?),
+                    PerBackend::Vmm(p) => PerBackend::Vmm(p.share_existing(name, at, bytes, Some(desc))?),
+                    PerBackend::Host(p) => PerBackend::Host(p.share_existing(name, at, bytes, Some(desc))?),
+                })
+            })
+            .map_err(pool_to_py)?;
+        Ok(SharedBuffer::new(slf, handle, layout, Some(obj.clone().unbind())))
+    }
+
+    /// Allocates a buffer of ``shape`` and ``dtype`` (contiguous) in the pool's own memory, named ``name``; fill it
+    /// through its views (``torch.from_dlpack(buffer)``).
+    #[pyo3(signature = (name, shape, dtype="uint8"))]
+    fn alloc(slf: &Bound<'_, Self>, name: &str, shape: Vec<u64>, dtype: &str) -> PyResult<SharedBuffer> {
+        let owner = slf.get().owner()?;
+        let dtype: DType =
+            dtype.parse().map_err(|e: gpu_ipc::core::wire::UnknownName| PyValueError::new_err(e.to_string()))?;
+        let desc = TensorDesc::contiguous(dtype, shape).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let layout = Layout::of_tensor(&desc)?;
+        let bytes = desc.span_bytes();
+        let handle = slf
+            .py()
+            .detach(|| -> Result<Handle, PoolError> {
+                Ok(match &*owner {
+                    PerBackend::Legacy(p) => PerBackend::Legacy(p.alloc(name, bytes, 256, Some(desc))?),
+                    PerBackend::Vmm(p) => PerBackend::Vmm(p.alloc(name, bytes, 256, Some(desc))?),
+                    PerBackend::Host(p) => PerBackend::Host(p.alloc(name, bytes, 256, Some(desc))?),
+                })
+            })
+            .map_err(pool_to_py)?;
+        Ok(SharedBuffer::new(slf, handle, layout, None))
+    }
+
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    #[getter]
+    fn socket(&self) -> PathBuf {
+        self.socket.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "SharedPool(socket={:?}, backend={:?}{})",
+            self.socket.display().to_string(),
+            self.backend.name(),
+            if self.closed() { ", closed" } else { "" }
+        )
+    }
+}
+
+crate::closable!(
+    SharedPool,
+    pool,
+    "Closes the pool: importers find nothing new (``OwnerGone``); views they hold stay valid. Idempotent."
+);
+
+impl Drop for SharedPool {
+    fn drop(&mut self) {
+        if self.pool.made_elsewhere() {
+            std::mem::forget(self.gpu.take());
+        }
+    }
+}
+
+/// Where an object's bytes are and what they hold, from ``__cuda_array_interface__`` (GPU) or ``__array_interface__``
+/// (host memory): the data pointer, the shape, the type string and the strides (in bytes; none: contiguous).
+fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
+    let (interface, on_gpu) = if let Ok(cai) = obj.getattr("__cuda_array_interface__") {
+        (cai, true)
+    } else if let Ok(ai) = obj.getattr("__array_interface__") {
+        (ai, false)
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "cannot share a {}: share takes an object with __cuda_array_interface__ (a PyTorch CUDA tensor, a CuPy \
+             array) or __array_interface__ (a NumPy array, on the host backend)",
+            obj.get_type().name()?
+        )));
+    };
+    let interface = interface.cast::<PyDict>()?;
+    let get = |key: &str| {
+        interface.get_item(key)?.ok_or_else(|| PyValueError::new_err(format!("the array interface has no {key:?}")))
+    };
+    let (ptr, _read_only): (u64, bool) = get("data")?.extract()?;
+    let shape: Vec<u64> = get("shape")?.extract()?;
+    let typestr: String = get("typestr")?.extract()?;
+    let dtype = dtype_of(&typestr)?;
+    let size = dtype.size_bytes();
+    let strides: Option<Vec<u64>> = match interface.get_item("strides")? {
+        Some(s) if !s.is_none() => {
+            let bytes: Vec<i64> = s.extract()?;
+            let elements = bytes
+                .iter()
+                .map(|&b| u64::try_from(b).ok().filter(|b| b % size == 0).map(|b| b / size))
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| PyValueError::new_err("only non-negative strides of whole elements can be shared"))?;
+            Some(elements)
+        }
+        _ => None,
+    };
+    let desc = TensorDesc::new(dtype, shape, strides).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(Described { ptr, bytes: desc.span_bytes(), desc, on_gpu })
+}
+
+/// The element type of an array interface's `typestr` (`<f4`, `|u1`, `<i8`, `|b1`, ...).
+fn dtype_of(typestr: &str) -> PyResult<DType> {
+    let unknown = || PyValueError::new_err(format!("cannot share elements of type {typestr:?}"));
+    let (order, rest) = typestr.split_at_checked(1).ok_or_else(unknown)?;
+    if order == ">" {
+        return Err(PyValueError::new_err("big-endian arrays cannot be shared"));
+    }
+    Ok(match rest {
+        "u1" => DType::U8,
+        "i1" => DType::I8,
+        "u2" => DType::U16,
+        "i2" => DType::I16,
+        "u4" => DType::U32,
+        "i4" => DType::I32,
+        "u8" => DType::U64,
+        "i8" => DType::I64,
+        "f2" => DType::F16,
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        "b1" => DType::Bool,
+        "c8" => DType::C64,
+        "c16" => DType::C128,
+        _ => return Err(unknown()),
+    })
+}
+
+/// The owner's handle on a buffer of its pool: ``free()`` it (or leave the ``with`` block) to stop sharing it.
+///
+/// A buffer made by ``SharedPool.alloc`` is read and written through its views (``torch.from_dlpack(buffer)``,
+/// ``__cuda_array_interface__``); one made by ``share`` is the object that was shared (``.source``). After ``free``
+/// importers no longer find it by name, and its bytes are reused once none views it: do not use tensors made from an
+/// allocated buffer after that.
+#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
+pub struct SharedBuffer {
+    handle: Mutex<Option<Arc<Handle>>>,
+    pool: Py<SharedPool>,
+    name: String,
+    generation: u64,
+    ptr: u64,
+    layout: Layout,
+    /// The shared object, kept alive while shared; `None` for a buffer of the pool's own memory.
+    source: Mutex<Option<Py<PyAny>>>,
+}
+
+impl SharedBuffer {
+    fn new(pool: &Bound<'_, SharedPool>, handle: Handle, layout: Layout, source: Option<Py<PyAny>>) -> Self {
+        let (name, generation, ptr) = each_backend!(&handle, h => (h.name().to_owned(), h.generation(), h.ptr().0));
+        Self {
+            handle: Mutex::new(Some(Arc::new(handle))),
+            pool: pool.clone().unbind(),
+            name,
+            generation,
+            ptr,
+            layout,
+            source: Mutex::new(source),
+        }
+    }
+}
+
+impl ArrayMemory for SharedBuffer {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn view(&self) -> PyResult<View> {
+        let handle = lock(&self.handle)
+            .clone()
+            .ok_or_else(|| ReleasedError::new_err(format!("buffer `{}` was freed", self.name)))?;
+        if lock(&self.source).is_some() {
+            return Err(PyTypeError::new_err(format!(
+                "buffer `{}` is memory another allocator made: use the object you shared (.source)",
+                self.name
+            )));
+        }
+        let gpu = self.pool.get().gpu.clone();
+        let memory = Memory::Pool {
+            ordinal: gpu.as_ref().map(|g| g.ordinal),
+            hold: MappingHold::new(handle, gpu.map(|g| g.ctx)),
+        };
+        Ok(View { ptr: self.ptr, layout: self.layout.clone(), memory })
+    }
+}
+
+crate::array_protocols!(SharedBuffer);
+
+#[pymethods]
+impl SharedBuffer {
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Tells this buffer from an earlier or later one of the same name.
+    #[getter]
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.layout.span_bytes
+    }
+
+    /// The object shared with ``SharedPool.share`` (``None`` for an allocated buffer, or once freed).
+    #[getter]
+    fn source(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        lock(&self.source).as_ref().map(|s| s.clone_ref(py))
+    }
+
+    #[getter]
+    fn freed(&self) -> bool {
+        lock(&self.handle).is_none()
+    }
+
+    /// Stops sharing: importers no longer find it by name; its bytes are reused (a shared object is let go) once
+    /// no importer views it. Twice raises ``ReleasedError``.
+    fn free(&self, py: Python<'_>) -> PyResult<()> {
+        let handle = lock(&self.handle)
+            .take()
+            .ok_or_else(|| ReleasedError::new_err(format!("buffer `{}` was freed already", self.name)))?;
+        let owner = self.pool.get().owner()?;
+        let name = self.name.clone();
+        let freed = py.detach(move || match Arc::try_unwrap(handle) {
+            Ok(handle) => match (&*owner, handle) {
+                (PerBackend::Legacy(p), PerBackend::Legacy(h)) => p.free(h),
+                (PerBackend::Vmm(p), PerBackend::Vmm(h)) => p.free(h),
+                (PerBackend::Host(p), PerBackend::Host(h)) => p.free(h),
+                _ => Err(PoolError::Unsupported("a handle of another pool".into())),
+            },
+            // Views of it are still alive in this process: free it by name (only this handle frees it).
+            Err(_) => each_backend!(&*owner, p => p.free_name(&name)),
+        });
+        lock(&self.source).take();
+        freed.map_err(pool_to_py)
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// Frees the buffer unless it was freed already.
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        if !self.freed() {
+            self.free(py)?;
+        }
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "SharedBuffer(name={:?}, generation={}, shape={:?}, dtype={:?}{})",
+            self.name,
+            self.generation,
+            self.layout.shape,
+            self.layout.dtype_name,
+            if self.freed() { ", freed" } else { "" }
+        )
+    }
+}
+
+/// The backend that shares ``obj``'s memory in place: ``"host"`` for host memory (``__array_interface__``);
+/// ``"legacy"`` for GPU memory from ``cuMemAlloc`` (PyTorch's default caching allocator, CuPy's); ``"vmm"``
+/// otherwise (``cuMemCreate``: PyTorch's ``expandable_segments:True``). ``device``: the GPU it is on.
+#[pyfunction]
+#[pyo3(signature = (obj, device=0))]
+pub fn sharing_backend(py: Python<'_>, obj: &Bound<'_, PyAny>, device: i32) -> PyResult<&'static str> {
+    let described = describe(obj)?;
+    if !described.on_gpu {
+        return Ok("host");
+    }
+    let gpu = py.detach(|| Gpu::open(device)).map_err(to_py)?;
+    let ptr = DevicePtr(described.ptr);
+    let legacy = py
+        .detach(|| gpu.ctx.bind().and_then(|()| pointer_is_legacy_ipc_capable(ptr)))
+        .map_err(crate::errors::driver_to_py)?;
+    Ok(if legacy { "legacy" } else { "vmm" })
+}

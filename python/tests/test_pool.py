@@ -1,0 +1,127 @@
+"""Named buffers between processes (gpu_ipc.share / gpu_ipc.open, SharedPool, PoolImporter) on the host backend."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gpu_ipc
+
+
+def test_alloc_open_read_in_place(sock: str) -> None:
+    with gpu_ipc.SharedPool(sock, backend="host", capacity=1 << 20) as pool:
+        weights = pool.alloc("weights/layer0", (4, 8), dtype="float32")
+        assert weights.shape == (4, 8) and weights.dtype == "float32" and weights.nbytes == 128
+        assert weights.source is None and not weights.freed
+        written = np.from_dlpack(weights)
+        written[:] = np.arange(32, dtype=np.float32).reshape(4, 8)
+
+        view = gpu_ipc.open(sock, "weights/layer0")
+        assert view.name == "weights/layer0" and view.generation == weights.generation
+        assert view.shape == (4, 8) and view.dtype == "float32" and view.nbytes == 128
+        read = np.from_dlpack(view)
+        assert read.ctypes.data == view.ptr  # no copy: the pool's memory mapped here
+        assert np.array_equal(read, np.arange(32, dtype=np.float32).reshape(4, 8))
+        written[0, 0] = 99  # one memory: the importer sees the owner's write
+        assert read[0, 0] == 99
+        assert gpu_ipc.open(sock, "weights/layer0").ptr == view.ptr  # one attach per socket in this process
+        view.check_current()
+        weights.free()
+        with pytest.raises(gpu_ipc.NotFound, match="no buffer named `weights/layer0`") as missing:
+            gpu_ipc.open(sock, "weights/layer0")
+        assert missing.value.name == "weights/layer0"
+        with pytest.raises(gpu_ipc.StaleBuffer) as stale:
+            view.check_current()
+        assert stale.value.name == "weights/layer0" and stale.value.held_generation == view.generation
+        assert stale.value.current is None
+        assert read[0, 0] == 99  # the view still pins the bytes
+        with pytest.raises(gpu_ipc.ReleasedError, match="freed already"):
+            weights.free()
+
+
+def test_share_existing_memory_in_place(sock: str) -> None:
+    # On the host backend, memory another allocator made means memory the host backend allocated: a buffer of
+    # another pool here (on a GPU: a PyTorch tensor; see scripts/python_gpu.py).
+    with gpu_ipc.SharedPool(sock + "a", backend="host", capacity=1 << 20) as other:
+        block = other.alloc("block", (256,), dtype="uint8")
+        source = np.from_dlpack(block)[64:192]  # a slice inside that allocation
+        source[:] = np.arange(128, dtype=np.uint8)
+        assert gpu_ipc.sharing_backend(source) == "host"
+        with gpu_ipc.share(source, "slice", socket=sock) as shared:
+            assert shared.source is source and shared.shape == (128,) and shared.dtype == "uint8"
+            with pytest.raises(TypeError, match="use the object you shared"):
+                np.from_dlpack(shared)
+            view = gpu_ipc.open(sock, "slice")
+            assert np.array_equal(np.from_dlpack(view), np.arange(128, dtype=np.uint8))
+            with pytest.raises(gpu_ipc.NameTaken):
+                gpu_ipc.share(source, "slice", socket=sock)
+        assert shared.freed and shared.source is None
+        with pytest.raises(gpu_ipc.NotFound):
+            gpu_ipc.open(sock, "slice")
+        view.release()
+
+
+def test_memory_that_cannot_be_shared_says_why(sock: str) -> None:
+    private = np.zeros(16, dtype=np.uint8)  # malloc'd by NumPy: no other process can map it
+    with pytest.raises(gpu_ipc.BackendError, match="share memory the host backend allocated"):
+        gpu_ipc.share(private, "private", socket=sock)
+    with pytest.raises(TypeError, match="__cuda_array_interface__"):
+        gpu_ipc.share(b"bytes", "bytes", socket=sock)
+    with pytest.raises(gpu_ipc.NoOwner, match="start the process that creates the pool first"):
+        gpu_ipc.open(sock + "-nobody", "x")
+
+
+def test_another_process_reads_the_buffer(sock: str) -> None:
+    with gpu_ipc.SharedPool(sock, backend="host", capacity=1 << 20) as pool:
+        buffer = pool.alloc("counts", (1000,), dtype="int64")
+        np.from_dlpack(buffer)[:] = np.arange(1000)
+        code = (
+            "import numpy as np, gpu_ipc\n"
+            f"view = gpu_ipc.open({sock!r}, 'counts')\n"
+            "a = np.from_dlpack(view)\n"
+            "print(a.dtype, a.shape, int(a.sum()))\n"
+            "a[0] = -7\n"  # writes go to the owner's memory
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["int64", "(1000,)", str(sum(range(1000)))]
+        assert np.from_dlpack(buffer)[0] == -7
+
+
+def test_views_outlive_the_owner_and_release(sock: str) -> None:
+    pool = gpu_ipc.SharedPool(sock, backend="host", capacity=1 << 20)
+    np.from_dlpack(pool.alloc("b", (8,), dtype="uint8"))[:] = 5
+    importer = gpu_ipc.PoolImporter(sock)
+    assert importer.backend == "host" and importer.names() == ["b"]  # the backend asked of the owner
+    view = importer.lookup("b")
+    array = np.from_dlpack(view)
+    pool.close()
+    assert importer.owner_gone
+    with pytest.raises(gpu_ipc.OwnerGone, match="attach to a new owner"):
+        importer.lookup("b")
+    assert list(array) == [5] * 8  # views held stay valid
+    view.release()
+    view.release()  # idempotent
+    with pytest.raises(gpu_ipc.ReleasedError):
+        _ = view.ptr
+    with pytest.raises(gpu_ipc.ReleasedError):
+        np.from_dlpack(view)
+    assert list(array) == [5] * 8  # the array keeps its own pin
+    importer.close()
+    with pytest.raises(gpu_ipc.ClosedError):
+        importer.lookup("b")
+
+
+def test_bad_requests(sock: str) -> None:
+    with gpu_ipc.SharedPool(sock, backend="host", capacity=4096) as pool:
+        with pytest.raises(ValueError, match="element type"):
+            pool.alloc("x", (4,), dtype="float128")
+        with pytest.raises(gpu_ipc.PoolFull, match="no room"):
+            pool.alloc("big", (1 << 20,))
+        with pytest.raises(ValueError, match="invalid buffer name"):
+            pool.alloc("", (4,))
+    with pytest.raises(gpu_ipc.ClosedError):
+        pool.alloc("late", (4,))
