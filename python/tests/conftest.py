@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -25,6 +26,20 @@ def pattern(seq: int, nbytes: int) -> np.ndarray:
     x = (index * np.uint32(0x9E3779B1)) ^ np.uint32((seq * 0x85EBCA6B) & 0xFFFFFFFF) ^ np.uint32(0xA5A5A5A5)
     words = x ^ (x >> np.uint32(16))
     return words.astype("<u4").view(np.uint8)
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in every test, even when the suite was started with SIGINT ignored (a shell's
+    background job: Python then leaves it ignored), so the Ctrl-C tests test the package, not how pytest was run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture
