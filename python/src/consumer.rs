@@ -340,49 +340,6 @@ impl Consumer {
         self.with_end(py, Duration::ZERO, false, |end, _| Ok(each_backend!(end, c => c.next_sequence())))
     }
 
-    #[getter]
-    fn backend(&self) -> &'static str {
-        self.backend.name()
-    }
-
-    /// The producer's sync strategy.
-    #[getter]
-    fn sync(&self) -> &'static str {
-        self.sync.name()
-    }
-
-    #[getter]
-    fn socket(&self) -> PathBuf {
-        self.socket.clone()
-    }
-
-    #[getter]
-    fn slots(&self) -> u32 {
-        self.slots
-    }
-
-    #[getter]
-    fn device(&self) -> Option<i32> {
-        self.gpu.as_ref().map(|g| g.ordinal)
-    }
-
-    /// What each frame is as an array: ``(height, width, channels)`` of a pixel frame, the tensor's shape in a ring
-    /// of tensors, ``(nbytes,)`` in a ring of bare bytes.
-    #[getter]
-    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.layout.shape)
-    }
-
-    #[getter]
-    fn dtype(&self) -> &'static str {
-        self.layout.dtype_name
-    }
-
-    #[getter]
-    fn nbytes(&self) -> u64 {
-        self.nbytes
-    }
-
     fn __repr__(&self) -> String {
         format!(
             "Consumer(socket={:?}, backend={:?}, sync={:?}, shape={:?}{})",
@@ -523,3 +480,5 @@ impl Frame {
         )
     }
 }
+
+crate::ring_end_getters!(Consumer);

@@ -319,49 +319,6 @@ impl Producer {
         Ok(false)
     }
 
-    #[getter]
-    fn backend(&self) -> &'static str {
-        self.backend.name()
-    }
-
-    #[getter]
-    fn sync(&self) -> &'static str {
-        self.sync.name()
-    }
-
-    #[getter]
-    fn socket(&self) -> PathBuf {
-        self.socket.clone()
-    }
-
-    #[getter]
-    fn slots(&self) -> u32 {
-        self.slots
-    }
-
-    /// The CUDA device ordinal; ``None`` with the host backend.
-    #[getter]
-    fn device(&self) -> Option<i32> {
-        self.gpu.as_ref().map(|g| g.ordinal)
-    }
-
-    /// What each slot is as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's shape.
-    #[getter]
-    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.layout.shape)
-    }
-
-    /// The element type's NumPy name (``"uint8"`` for the 8-bit formats).
-    #[getter]
-    fn dtype(&self) -> &'static str {
-        self.layout.dtype_name
-    }
-
-    #[getter]
-    fn nbytes(&self) -> u64 {
-        self.nbytes
-    }
-
     fn __repr__(&self) -> String {
         format!(
             "Producer(socket={:?}, backend={:?}, sync={:?}, shape={:?}, slots={}{})",
@@ -502,3 +459,5 @@ impl Slot {
         )
     }
 }
+
+crate::ring_end_getters!(Producer);

@@ -290,3 +290,63 @@ const _: () = {
     send::<gpu_ipc::core::frames::Consumer<gpu_ipc::vmm::Vmm>>();
     send::<gpu_ipc::core::frames::Consumer<gpu_ipc::host::HostFake>>();
 };
+
+/// The read-only description a `Producer` and a `Consumer` share (backend, sync, socket, slots, device, shape, dtype,
+/// nbytes), in a `#[pymethods]` block of their own (PyO3's `multiple-pymethods`): one definition for both ends. The
+/// class needs the fields `backend`, `sync`, `socket`, `slots`, `gpu`, `layout` and `nbytes`.
+#[macro_export]
+macro_rules! ring_end_getters {
+    ($class:ty) => {
+        #[pyo3::pymethods]
+        impl $class {
+            /// The backend's name: ``"legacy"``, ``"vmm"`` or ``"host"``.
+            #[getter]
+            fn backend(&self) -> &'static str {
+                self.backend.name()
+            }
+
+            /// The ring's sync strategy.
+            #[getter]
+            fn sync(&self) -> &'static str {
+                self.sync.name()
+            }
+
+            /// The rendezvous socket's path.
+            #[getter]
+            fn socket(&self) -> std::path::PathBuf {
+                self.socket.clone()
+            }
+
+            /// The number of slots in the ring.
+            #[getter]
+            fn slots(&self) -> u32 {
+                self.slots
+            }
+
+            /// The CUDA device ordinal; ``None`` with the host backend.
+            #[getter]
+            fn device(&self) -> Option<i32> {
+                self.gpu.as_ref().map(|g| g.ordinal)
+            }
+
+            /// What each slot is as an array: ``(height, width, channels)`` of a pixel frame, the tensor's shape in a
+            /// ring of tensors, ``(nbytes,)`` in a ring of bare bytes.
+            #[getter]
+            fn shape<'py>(&self, py: pyo3::Python<'py>) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::types::PyTuple>> {
+                pyo3::types::PyTuple::new(py, &self.layout.shape)
+            }
+
+            /// The element type's NumPy name (``"uint8"`` for the 8-bit formats).
+            #[getter]
+            fn dtype(&self) -> &'static str {
+                self.layout.dtype_name
+            }
+
+            /// Bytes in one slot.
+            #[getter]
+            fn nbytes(&self) -> u64 {
+                self.nbytes
+            }
+        }
+    };
+}

@@ -141,24 +141,30 @@ class Producer:
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
     @property
-    def backend(self) -> str: ...
+    def backend(self) -> str:
+        """The backend's name: ``"legacy"``, ``"vmm"`` or ``"host"``."""
     @property
-    def sync(self) -> str: ...
+    def sync(self) -> str:
+        """The ring's sync strategy."""
     @property
-    def socket(self) -> pathlib.Path: ...
+    def socket(self) -> pathlib.Path:
+        """The rendezvous socket's path."""
     @property
-    def slots(self) -> int: ...
+    def slots(self) -> int:
+        """The number of slots in the ring."""
     @property
     def device(self) -> int | None:
         """The CUDA device ordinal; ``None`` with the host backend."""
     @property
     def shape(self) -> tuple[int, ...]:
-        """What each slot is as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's shape."""
+        """What each slot is as an array: ``(height, width, channels)`` of a pixel frame, the tensor's shape in a
+        ring of tensors, ``(nbytes,)`` in a ring of bare bytes."""
     @property
     def dtype(self) -> str:
         """The element type's NumPy name (``"uint8"`` for the 8-bit formats)."""
     @property
-    def nbytes(self) -> int: ...
+    def nbytes(self) -> int:
+        """Bytes in one slot."""
 
 @final
 class Slot:
@@ -266,24 +272,30 @@ class Consumer:
     @property
     def next_sequence(self) -> int: ...
     @property
-    def backend(self) -> str: ...
+    def backend(self) -> str:
+        """The backend's name: ``"legacy"``, ``"vmm"`` or ``"host"``."""
     @property
     def sync(self) -> str:
-        """The producer's sync strategy."""
+        """The ring's sync strategy."""
     @property
-    def socket(self) -> pathlib.Path: ...
+    def socket(self) -> pathlib.Path:
+        """The rendezvous socket's path."""
     @property
-    def slots(self) -> int: ...
+    def slots(self) -> int:
+        """The number of slots in the ring."""
     @property
-    def device(self) -> int | None: ...
+    def device(self) -> int | None:
+        """The CUDA device ordinal; ``None`` with the host backend."""
     @property
     def shape(self) -> tuple[int, ...]:
-        """What each frame is as an array: ``(height, width, channels)`` of a pixel frame, the tensor's shape in a ring
-        of tensors, ``(nbytes,)`` in a ring of bare bytes."""
+        """What each slot is as an array: ``(height, width, channels)`` of a pixel frame, the tensor's shape in a
+        ring of tensors, ``(nbytes,)`` in a ring of bare bytes."""
     @property
-    def dtype(self) -> str: ...
+    def dtype(self) -> str:
+        """The element type's NumPy name (``"uint8"`` for the 8-bit formats)."""
     @property
-    def nbytes(self) -> int: ...
+    def nbytes(self) -> int:
+        """Bytes in one slot."""
 
 @final
 class Frame:
