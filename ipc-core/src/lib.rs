@@ -1,8 +1,6 @@
 //! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the object door, the frame ring and
 //! its sync strategies, and the toolkit's other shared objects ([`semaphore`], [`pool`], [`queue`]). See `docs/` for
-//! the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain `unsafe` code, plus one `unsafe
-//! impl` in [`ring::layout`]: the ring's own promise that its control block is made only of atomics
-//! ([`sys::shm::AtomicPlainData`]), kept next to the fields it is about.
+//! the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain `unsafe` code.
 
 pub mod backend;
 pub mod door;

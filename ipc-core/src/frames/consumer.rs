@@ -285,6 +285,7 @@ impl<B: Backend> Consumer<B> {
             Setup {
                 cuda,
                 block: ring.block().shared(),
+                layout: ring.block().layout(),
                 slots: offer.slot_count,
                 max_consumers: ring.block().max_consumers(),
                 sleep_interval: options.sleep_interval,

@@ -77,12 +77,15 @@ pub enum RingError {
         found: u64,
     },
     /// The producer uses another layout version.
-    #[error("control block layout version {found}, this build speaks {expected}; rebuild both sides from one release")]
+    #[error(
+        "control block layout version {found}, this build reads versions 1 to {newest}; use a gpu-ipc release on this \
+         side that reads layout {found}, or give the ring a slot count this build's layouts hold"
+    )]
     LayoutVersion {
         /// Version found.
         found: u64,
-        /// Version of this build.
-        expected: u64,
+        /// Newest version this build reads.
+        newest: u64,
     },
     /// A header or state word holds a value no version of this layout writes.
     #[error("control block {what} holds invalid value {value:#x}; the shared memory is corrupt")]

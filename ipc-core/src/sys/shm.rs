@@ -164,6 +164,20 @@ impl SharedMemory {
         Self::map(fd, expected_len)
     }
 
+    /// As [`from_fd`](Self::from_fd), for a peer whose memfd may have any of several sizes (one per layout version
+    /// of what it holds): `accept` picks, from the size `fstat` reports, the size to expect, or `None` to refuse it
+    /// with [`ShmError::SizeMismatch`] naming `expected_for_error`. Returns the mapping.
+    pub fn from_fd_of_size(
+        fd: OwnedFd,
+        accept: impl FnOnce(u64) -> Option<usize>,
+        expected_for_error: usize,
+    ) -> Result<Self, ShmError> {
+        let stat = rustix::fs::fstat(&fd).map_err(|source| ShmError::Stat { source })?;
+        let actual = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
+        let len = accept(actual).ok_or(ShmError::SizeMismatch { expected: expected_for_error, actual })?;
+        Self::from_fd(fd, len)
+    }
+
     fn map(fd: OwnedFd, len: usize) -> Result<Self, ShmError> {
         let ptr = map_shared(&fd, len, ProtFlags::READ | ProtFlags::WRITE)?;
         Ok(Self { ptr, len, fd })
@@ -223,6 +237,16 @@ impl SharedMemory {
         // code reaches this memory only through `AtomicU64`s, so concurrent use from other threads or processes is
         // atomic.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>().add(first), count) })
+    }
+
+    /// Every whole aligned 64-bit word of the mapping, as atomics: for layouts addressed by byte offset whose size
+    /// depends on a version read at run time (the ring's control block). Word `i` is bytes `8 * i ..`.
+    pub fn as_words(&self) -> &[AtomicU64] {
+        // SAFETY: `len / 8` words from the start lie inside the mapping, which is page aligned, so each is aligned;
+        // the mapping lives as long as the returned borrow of `self`; any bit pattern is a valid `AtomicU64`, and
+        // Rust code reaches this memory only through `AtomicU64`s, so concurrent use from other threads or
+        // processes is atomic.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>(), self.len / 8) }
     }
 
     fn check_range(&self, offset: usize, bytes: usize) -> Result<(), ShmError> {

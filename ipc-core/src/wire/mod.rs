@@ -22,11 +22,11 @@ pub use fdpass::{
 };
 pub use message::codec;
 pub use message::{
-    Attached, ClientHello, Detach, DetachReason, HEADER_BYTES, Header, IPC_HANDLE_BYTES, IpcHandleBytes, MAGIC,
+    Attached, ClientHello, DEEP_RING_VERSION, Detach, DetachReason, HEADER_BYTES, Header, IPC_HANDLE_BYTES, IpcHandleBytes, MAGIC,
     MAX_CONSUMER_NAME_BYTES, MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES, MAX_REFUSAL_MESSAGE_BYTES,
     MAX_STATUS_DETAIL_BYTES, Message, MessageType, OBJECT_OFFER_FIXED_BYTES, OLDEST_PROTOCOL_VERSION, ObjectOffer,
     PROTOCOL_VERSION, PeerState, PeerStatus, RING_OFFER_FIXED_BYTES, RING_OFFER_V2_FIXED_BYTES, RefusalCode, Refused,
-    RingOffer, STATUS_PEER_FIXED_BYTES, STATUS_REPORT_FIXED_BYTES, StatusReport, StatusRequest,
+    RingOffer, SHALLOW_RING_MAX_SLOTS, STATUS_PEER_FIXED_BYTES, STATUS_REPORT_FIXED_BYTES, StatusReport, StatusRequest,
 };
 pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener, SocketAccess};
 pub use slot::SlotLayout;

@@ -91,6 +91,7 @@ impl<B: Backend> Producer<B> {
         let sync = strategy.producer(Setup {
             cuda,
             block: ring.block().shared(),
+            layout: ring.block().layout(),
             slots: config.slots,
             max_consumers: config.max_consumers,
             sleep_interval: config.sleep_interval,

@@ -13,11 +13,14 @@ use crate::backend::Backend;
 use crate::door::admission::{AdmissionEvent, OfferKit};
 use crate::frames::FrameError;
 use crate::frames::strategy::ProducerSide;
-use crate::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
+use crate::ring::layout::{ConsumerState, RingLayout};
 use crate::ring::{ConsumerId, ProducerControl, RingError, monotonic_ns};
 use crate::wire::{
-    Message, ObjectKind, PeerConnection, PeerCredentials, PeerState, PeerStatus, RefusalCode, RingOffer, SlotLayout,
+    DEEP_RING_VERSION, Message, ObjectKind, PeerConnection, PeerCredentials, PeerState, PeerStatus, RefusalCode, RingOffer, SlotLayout,
 };
+
+// The wire's bound on rings that protocol versions 1 and 2 can offer is control-block layout 1's.
+const _: () = assert!(crate::wire::SHALLOW_RING_MAX_SLOTS == crate::ring::layout::LAYOUT_1_MAX_SLOTS);
 
 /// A consumer's valid hello, waiting for the producer to take a record for it.
 pub(super) struct Hello {
@@ -229,7 +232,7 @@ impl<B: Backend> Producer<B> {
             data_offset: 0,
             allocation_bytes: exported.size,
             granularity: granularity_of(exported.size),
-            control_bytes: CONTROL_BLOCK_BYTES as u64,
+            control_bytes: self.ring.block().memory().len() as u64,
             legacy_mem_handle,
             event_handles,
         };
@@ -341,12 +344,27 @@ impl crate::door::admission::Records for RingRecords {
 
     fn refuse_version(&self, speaks: u16) -> Option<String> {
         let needs = self.layout.oldest_version();
-        (speaks < needs).then(|| {
-            format!(
+        if speaks < needs {
+            return Some(format!(
                 "this ring carries tensors, not pixel frames (its slots hold {}), which wire protocol version \
                  {speaks} cannot describe: the consumer needs protocol version {needs} (a gpu-ipc release that reads \
                  tensor rings)",
                 self.layout
+            ));
+        }
+        let block = self.ring.block();
+        let layout = block.layout();
+        (layout != RingLayout::V1 && speaks < DEEP_RING_VERSION).then(|| {
+            format!(
+                "this ring has {} slots, in control-block layout {} (rings of more than {} slots), which a consumer \
+                 of wire protocol version {speaks} cannot map (it reads control-block layout 1 only): the consumer \
+                 needs protocol version {DEEP_RING_VERSION} (a gpu-ipc release that reads control-block layout {}), \
+                 or the producer must use at most {} slots",
+                block.slot_count(),
+                layout.version(),
+                RingLayout::V1.max_slots(),
+                layout.version(),
+                RingLayout::V1.max_slots(),
             )
         })
     }

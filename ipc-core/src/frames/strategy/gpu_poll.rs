@@ -27,7 +27,7 @@ use crate::driver::mps::MpsEvidence;
 use crate::driver::{Context, DeviceMemory, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys};
 use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, depth_for};
-use crate::ring::layout::{ControlBlockLayout, MAX_CONSUMERS, MAX_SLOTS, published_offset, released_offset};
+use crate::ring::layout::{MAX_CONSUMERS, MAX_SLOTS, RingLayout};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::sys::shm::{SharedMemory, SharedObject};
 use crate::wire::SyncStrategy;
@@ -165,7 +165,9 @@ type StatusWords = [AtomicU64; OUTCOME_WORDS + 1];
 struct Poller {
     wait: Function,
     release: Function,
-    block: HostRegistration<SharedObject<ControlBlockLayout>>,
+    block: HostRegistration<SharedMemory>,
+    /// Where the counters are in `block`.
+    layout: RingLayout,
     status: HostRegistration<SharedObject<StatusWords>>,
     run_ahead: RunAhead,
     /// The budget each outcome word's poll was given, for errors.
@@ -201,6 +203,7 @@ impl Poller {
             wait: module.function(WAIT_KERNEL)?,
             release: module.function(RELEASE_KERNEL)?,
             block: HostRegistration::new(cuda, setup.block)?,
+            layout: setup.layout,
             status: HostRegistration::new(cuda, status)?,
             run_ahead: RunAhead::new(cuda, depth)?,
             budgets: vec![Duration::ZERO; depth.max(1)],
@@ -364,8 +367,10 @@ impl ProducerSide for PollProducer {
             }
             mask |= 1 << index;
         }
-        let stride = released_offset(1, slot) - released_offset(0, slot);
-        self.poller.wait(stream, released_offset(0, slot), stride, mask, target, seq, deadline)?;
+        // Consumer i's counter of the slot is `i` records after consumer 0's.
+        let layout = self.poller.layout;
+        let first = layout.released_offset(0, slot);
+        self.poller.wait(stream, first, layout.record_stride(), mask, target, seq, deadline)?;
         // Marks the poll, so that teardown can tell when the stream is past it (see `settle`).
         self.poller.run_ahead.mark_tail(stream)?;
         Ok(())
@@ -380,7 +385,8 @@ impl ProducerSide for PollProducer {
         _gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        self.poller.store(stream, published_offset(SlotIndex(slot)), Sequence(seq).done_value())?;
+        let offset = self.poller.layout.published_offset(SlotIndex(slot));
+        self.poller.store(stream, offset, Sequence(seq).done_value())?;
         self.poller.run_ahead.after(seq, stream)?;
         Ok(ring.advance(Sequence(seq))?)
     }
@@ -447,7 +453,8 @@ impl ConsumerSide for PollConsumer {
         let ahead = self.poller.run_ahead.before(seq.0, deadline);
         self.check_polls(shared)?;
         ahead?;
-        self.poller.wait(stream, published_offset(slot), 0, 1, seq.done_value(), seq.0, deadline)?;
+        let offset = self.poller.layout.published_offset(slot);
+        self.poller.wait(stream, offset, 0, 1, seq.done_value(), seq.0, deadline)?;
         // Marks the poll, so that teardown can tell when the stream is past it (see `settle`).
         Ok(self.poller.run_ahead.mark_tail(stream)?)
     }
@@ -461,7 +468,7 @@ impl ConsumerSide for PollConsumer {
         _gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        let offset = released_offset(shared.ring.id().index(), slot);
+        let offset = self.poller.layout.released_offset(shared.ring.id().index(), slot);
         self.poller.store(stream, offset, seq.done_value())?;
         self.poller.run_ahead.after(seq.0, stream)?;
         // The poll for this frame may have been satisfied by the poison written when the producer hung up, not by

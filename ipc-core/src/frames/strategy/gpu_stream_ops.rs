@@ -19,9 +19,8 @@ use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cu
 use crate::driver::{Context, DeviceMemory, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys};
 use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, Tail, depth_for};
-use crate::ring::layout::{ControlBlockLayout, published_offset, released_offset};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
-use crate::sys::shm::SharedObject;
+use crate::sys::shm::SharedMemory;
 use crate::wire::SyncStrategy;
 
 const KIND: SyncStrategy = SyncStrategy::GpuStreamOps;
@@ -118,34 +117,23 @@ impl QueuedWaits {
 }
 
 /// This side's registration of the control block, in an `Arc` so that teardown can leak it (see `settle_side`).
-type BlockRegistration = Arc<HostRegistration<SharedObject<ControlBlockLayout>>>;
+type BlockRegistration = Arc<HostRegistration<SharedMemory>>;
 
 /// A wait queued after the last mark, as the CPU can check it: a counter of the control block that must reach
 /// `at_least`.
 #[derive(Debug, Clone, Copy)]
 struct Trailing {
-    counter: Counter,
+    /// Byte offset of the counter in the control block (from its layout).
+    offset: usize,
     at_least: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Counter {
-    Published(SlotIndex),
-    /// Record index, slot.
-    Released(u32, SlotIndex),
 }
 
 impl Trailing {
     /// Whether the host word the wait names has reached its value (then the stream passes the wait at its next
-    /// look, and the wait reads nothing else).
-    fn holds(&self, layout: &ControlBlockLayout) -> bool {
-        let word = match self.counter {
-            Counter::Published(slot) => layout.published.get(slot.0 as usize),
-            Counter::Released(record, slot) => {
-                layout.consumers.get(record as usize).and_then(|r| r.released.get(slot.0 as usize))
-            }
-        };
-        word.is_some_and(|w| w.value.load(Ordering::Acquire) >= self.at_least)
+    /// look, and the wait reads nothing else). A word outside the block never holds.
+    fn holds(&self, block: &SharedMemory) -> bool {
+        let word = block.words(self.offset / 8, 1).ok().and_then(|words| words.first());
+        self.offset.is_multiple_of(8) && word.is_some_and(|w| w.load(Ordering::Acquire) >= self.at_least)
     }
 }
 
@@ -163,8 +151,8 @@ fn settle_side(
     match run_ahead.settle(deadline) {
         Ok(Tail::Clear) => true,
         Ok(Tail::UnmarkedWait) => {
-            let layout = registration.memory().get();
-            while !trailing.iter().all(|t| t.holds(layout)) {
+            let block = registration.memory();
+            while !trailing.iter().all(|t| t.holds(block)) {
                 if Instant::now() >= deadline {
                     return false;
                 }
@@ -224,10 +212,7 @@ impl ProducerSide for GpuProducer {
         // No mark: the publish's mark covers the waits (see `settle`).
         self.waits.queued(seq, self.run_ahead.next_mark());
         self.run_ahead.submit_unmarked(batch, stream)?;
-        self.trailing.extend(self.pending.iter().map(|need| Trailing {
-            counter: Counter::Released(need.consumer.index(), need.slot),
-            at_least: need.at_least,
-        }));
+        self.trailing.extend(self.pending.iter().map(|need| Trailing { offset: need.offset, at_least: need.at_least }));
         Ok(())
     }
 
@@ -242,7 +227,8 @@ impl ProducerSide for GpuProducer {
         let stream = need_stream(stream, KIND)?;
         let span = self.registration.span();
         let mut batch = MemOpBatch::new(&mut self.scratch);
-        batch.write_u64(&span, published_offset(SlotIndex(slot)) as u64, Sequence(seq).done_value())?;
+        let offset = ring.block().layout().published_offset(SlotIndex(slot));
+        batch.write_u64(&span, offset as u64, Sequence(seq).done_value())?;
         self.run_ahead.submit(batch, stream, Some(seq))?;
         self.trailing.clear();
         Ok(ring.advance(Sequence(seq))?)
@@ -297,12 +283,13 @@ impl ConsumerSide for GpuConsumer {
             // a system-wide memory barrier): work queued from now on reads the frame, as with the CPU strategies.
             return Ok(());
         }
+        let offset = shared.ring.block().layout().published_offset(slot);
         let span = self.registration.span();
         let mut batch = MemOpBatch::new(&mut self.scratch);
-        batch.wait_u64(&span, published_offset(slot) as u64, seq.done_value(), WaitCondition::AtLeast)?;
+        batch.wait_u64(&span, offset as u64, seq.done_value(), WaitCondition::AtLeast)?;
         // No mark: the release's mark covers the wait (see `settle`).
         self.run_ahead.submit_unmarked(batch, stream)?;
-        self.trailing.push(Trailing { counter: Counter::Published(slot), at_least: seq.done_value() });
+        self.trailing.push(Trailing { offset, at_least: seq.done_value() });
         Ok(())
     }
 
@@ -315,7 +302,7 @@ impl ConsumerSide for GpuConsumer {
         _gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        let offset = released_offset(shared.ring.id().index(), slot);
+        let offset = shared.ring.block().layout().released_offset(shared.ring.id().index(), slot);
         let span = self.registration.span();
         let mut batch = MemOpBatch::new(&mut self.scratch);
         batch.write_u64(&span, offset as u64, seq.done_value())?;
@@ -339,22 +326,26 @@ mod tests {
     #[test]
     fn a_trailing_wait_holds_once_its_host_counter_reaches_the_value() {
         use crate::ring::{LivenessPolicy, RingConfig};
-        let ring = ProducerControl::create(
-            RingConfig { slot_count: 4, max_consumers: 2, generation: 1 },
-            LivenessPolicy::default(),
-        )
-        .unwrap();
-        let layout = ring.block().layout();
-        let published = Trailing { counter: Counter::Published(SlotIndex(2)), at_least: 5 };
-        let released = Trailing { counter: Counter::Released(1, SlotIndex(3)), at_least: 7 };
-        assert!(!published.holds(layout) && !released.holds(layout));
-        layout.published[2].value.store(5, Ordering::Release);
-        layout.consumers[1].released[3].value.store(crate::ring::POISON, Ordering::Release);
-        assert!(published.holds(layout), "reached");
-        assert!(released.holds(layout), "poison satisfies every wait");
-        assert!(!Trailing { at_least: 6, ..published }.holds(layout));
-        // A counter outside the layout never holds.
-        assert!(!Trailing { counter: Counter::Released(99, SlotIndex(0)), at_least: 0 }.holds(layout));
+        // One ring of each layout: 4 slots (version 1) and 200 (version 2).
+        for slot_count in [4, 200] {
+            let ring = ProducerControl::create(
+                RingConfig { slot_count, max_consumers: 2, generation: 1 },
+                LivenessPolicy::default(),
+            )
+            .unwrap();
+            let (block, layout) = (ring.block(), ring.block().layout());
+            let published = Trailing { offset: layout.published_offset(SlotIndex(2)), at_least: 5 };
+            let released = Trailing { offset: layout.released_offset(1, SlotIndex(3)), at_least: 7 };
+            assert!(!published.holds(block.memory()) && !released.holds(block.memory()));
+            block.published(SlotIndex(2)).store(5, Ordering::Release);
+            block.record_at(1).unwrap().released(SlotIndex(3)).store(crate::ring::POISON, Ordering::Release);
+            assert!(published.holds(block.memory()), "reached");
+            assert!(released.holds(block.memory()), "poison satisfies every wait");
+            assert!(!Trailing { at_least: 6, ..published }.holds(block.memory()));
+            // A counter outside the block, or not aligned, never holds.
+            assert!(!Trailing { offset: block.memory().len(), at_least: 0 }.holds(block.memory()));
+            assert!(!Trailing { offset: 4, at_least: 0 }.holds(block.memory()));
+        }
     }
 
     #[test]

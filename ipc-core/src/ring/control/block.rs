@@ -7,78 +7,151 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::{RingConfig, monotonic_ns};
 use crate::ring::error::RingError;
 use crate::ring::layout::{
-    CONTROL_BLOCK_BYTES, ConsumerId, ConsumerRecord, ConsumerState, ControlBlockLayout, LAYOUT_VERSION, MAGIC,
-    MAX_CONSUMERS, MAX_SLOTS, POISON, ProducerState, Sequence, SlotIndex, state_epoch, state_word,
+    ConsumerId, ConsumerState, MAGIC, MAX_CONSUMERS, MAX_SLOTS, POISON, ProducerState, RingLayout, Sequence,
+    SlotIndex, header, state_epoch, state_word,
 };
-use crate::sys::shm::{SharedMemory, SharedObject};
+use crate::sys::shm::SharedMemory;
 
 /// The control block mapping, validated: what both sides share. Read-only queries live here.
+///
+/// Every word is reached through the offsets of the block's [`RingLayout`], the same numbers GPU strategies add to
+/// the mapping's device base.
 #[derive(Debug)]
 pub struct ControlBlock {
-    pub(super) object: Arc<SharedObject<ControlBlockLayout>>,
+    pub(super) memory: Arc<SharedMemory>,
+    pub(super) layout: RingLayout,
     pub(super) slot_count: u32,
     pub(super) max_consumers: u32,
+}
+
+/// One consumer record of a [`ControlBlock`], as its words.
+#[derive(Debug, Clone, Copy)]
+pub struct ConsumerRecord<'a> {
+    block: &'a ControlBlock,
+    index: u32,
+}
+
+impl<'a> ConsumerRecord<'a> {
+    /// `epoch << 8 | ConsumerState`, see [`state_word`].
+    pub fn state(&self) -> &'a AtomicU64 {
+        self.block.word(self.block.layout.consumer_state_offset(self.index))
+    }
+
+    /// Consumer's pid as the producer saw it (`SO_PEERCRED`).
+    pub fn pid(&self) -> &'a AtomicU64 {
+        self.block.word(self.block.layout.consumer_pid_offset(self.index))
+    }
+
+    /// First frame this consumer reads; frames before it never wait for it.
+    pub fn join_sequence(&self) -> &'a AtomicU64 {
+        self.block.word(self.block.layout.join_sequence_offset(self.index))
+    }
+
+    /// `CLOCK_MONOTONIC` nanoseconds of the consumer's last sign of life.
+    pub fn heartbeat_ns(&self) -> &'a AtomicU64 {
+        self.block.word(self.block.layout.consumer_heartbeat_offset(self.index))
+    }
+
+    /// `released[slot]`: `s + 1` once this consumer is done with frame `s` in that slot; 0 = nothing yet;
+    /// [`POISON`] once the consumer is gone. `slot` must be below the ring's slot count.
+    pub fn released(&self, slot: SlotIndex) -> &'a AtomicU64 {
+        self.block.word(self.block.layout.released_offset(self.index, slot))
+    }
+
+    /// The `released` counters of the ring's slots, slot 0 first.
+    pub fn released_counters(&self) -> impl Iterator<Item = &'a AtomicU64> + use<'a> {
+        let record = *self;
+        (0..record.block.slot_count).map(move |slot| record.released(SlotIndex(slot)))
+    }
 }
 
 impl ControlBlock {
     pub(super) fn create(config: RingConfig) -> Result<Self, RingError> {
         check_range("slot_count", config.slot_count, MAX_SLOTS)?;
         check_range("max_consumers", config.max_consumers, MAX_CONSUMERS)?;
-        let memory = SharedMemory::create("gpu-ipc-ring-control", CONTROL_BLOCK_BYTES)?;
-        let object = Arc::new(SharedObject::<ControlBlockLayout>::new(memory)?);
-        let layout = object.get();
-        let header = &layout.header;
+        let layout = RingLayout::for_slots(config.slot_count).ok_or(RingError::InvalidConfig {
+            what: "slot_count",
+            value: u64::from(config.slot_count),
+            max: u64::from(MAX_SLOTS),
+        })?;
+        let bytes = layout.block_bytes();
+        let memory = Arc::new(SharedMemory::create("gpu-ipc-ring-control", bytes)?);
+        let block = Self { memory, layout, slot_count: config.slot_count, max_consumers: config.max_consumers };
         // Nobody else can see the memfd yet; Relaxed stores, then the magic with Release so that a peer that
         // checks the magic with Acquire sees a complete header however the fd reached it.
-        header.layout_version.store(LAYOUT_VERSION, Ordering::Relaxed);
-        header.total_bytes.store(CONTROL_BLOCK_BYTES as u64, Ordering::Relaxed);
-        header.slot_count.store(u64::from(config.slot_count), Ordering::Relaxed);
-        header.max_consumers.store(u64::from(config.max_consumers), Ordering::Relaxed);
-        header.generation.store(config.generation, Ordering::Relaxed);
-        header.producer_pid.store(rustix::process::getpid().as_raw_pid() as u64, Ordering::Relaxed);
-        header.producer_state.store(ProducerState::Running as u64, Ordering::Relaxed);
-        layout.producer_heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
-        header.magic.store(MAGIC, Ordering::Release);
-        tracing::debug!(?config, bytes = CONTROL_BLOCK_BYTES, "created ring control block");
-        Ok(Self { object, slot_count: config.slot_count, max_consumers: config.max_consumers })
+        for (offset, value) in [
+            (header::LAYOUT_VERSION, layout.version()),
+            (header::TOTAL_BYTES, bytes as u64),
+            (header::SLOT_COUNT, u64::from(config.slot_count)),
+            (header::MAX_CONSUMERS, u64::from(config.max_consumers)),
+            (header::GENERATION, config.generation),
+            (header::PRODUCER_PID, rustix::process::getpid().as_raw_pid() as u64),
+            (header::PRODUCER_STATE, ProducerState::Running as u64),
+            (layout.producer_heartbeat_offset(), monotonic_ns()),
+        ] {
+            block.word(offset).store(value, Ordering::Relaxed);
+        }
+        block.word(header::MAGIC).store(MAGIC, Ordering::Release);
+        tracing::debug!(?config, %layout, bytes, "created ring control block");
+        Ok(block)
     }
 
-    /// Maps a control block received from the producer and validates its header.
+    /// Maps a control block received from the producer and validates its header, in either layout: its size says
+    /// which layout to expect, and its header must say the same.
     pub fn attach(fd: OwnedFd) -> Result<Self, RingError> {
-        let memory = SharedMemory::from_fd(fd, CONTROL_BLOCK_BYTES)?;
-        let object = Arc::new(SharedObject::<ControlBlockLayout>::new(memory)?);
-        let header = &object.get().header;
-        let magic = header.magic.load(Ordering::Acquire);
+        let sizes = |actual: u64| RingLayout::from_block_bytes(actual).map(RingLayout::block_bytes);
+        let memory = Arc::new(SharedMemory::from_fd_of_size(fd, sizes, RingLayout::V1.block_bytes())?);
+        let Some(sized) = RingLayout::from_block_bytes(memory.len() as u64) else {
+            return Err(RingError::Corrupt { what: "control block size", value: memory.len() as u64 });
+        };
+        // The header is the same in every layout: read it before trusting the size's layout.
+        let probe = Self { memory, layout: sized, slot_count: 1, max_consumers: 1 };
+        let magic = probe.word(header::MAGIC).load(Ordering::Acquire);
         if magic != MAGIC {
             return Err(RingError::BadMagic { found: magic });
         }
-        let version = header.layout_version.load(Ordering::Relaxed);
-        if version != LAYOUT_VERSION {
-            return Err(RingError::LayoutVersion { found: version, expected: LAYOUT_VERSION });
-        }
-        let total = header.total_bytes.load(Ordering::Relaxed);
-        if total != CONTROL_BLOCK_BYTES as u64 {
+        let version = probe.word(header::LAYOUT_VERSION).load(Ordering::Relaxed);
+        let Some(layout) = RingLayout::from_version(version) else {
+            return Err(RingError::LayoutVersion { found: version, newest: RingLayout::V2.version() });
+        };
+        let total = probe.word(header::TOTAL_BYTES).load(Ordering::Relaxed);
+        if layout != sized || total != layout.block_bytes() as u64 {
             return Err(RingError::Corrupt { what: "total_bytes", value: total });
         }
-        let slot_count = header_count(header.slot_count.load(Ordering::Relaxed), "slot_count", MAX_SLOTS)?;
-        let max_consumers = header_count(header.max_consumers.load(Ordering::Relaxed), "max_consumers", MAX_CONSUMERS)?;
-        Ok(Self { object, slot_count, max_consumers })
+        let slots = probe.word(header::SLOT_COUNT).load(Ordering::Relaxed);
+        let slot_count = header_count(slots, "slot_count", layout.max_slots())?;
+        let consumers = probe.word(header::MAX_CONSUMERS).load(Ordering::Relaxed);
+        let max_consumers = header_count(consumers, "max_consumers", MAX_CONSUMERS)?;
+        Ok(Self { memory: probe.memory, layout, slot_count, max_consumers })
     }
 
-    /// The shared layout. Its fields are atomics; prefer the state-machine methods to writing them directly.
-    pub fn layout(&self) -> &ControlBlockLayout {
-        self.object.get()
+    /// The block's byte layout: where every counter is (what GPU strategies add to the mapping's device base).
+    pub fn layout(&self) -> RingLayout {
+        self.layout
     }
 
     /// The mapping: its fd to send to consumers, its base address and length for `cuMemHostRegister`.
     pub fn memory(&self) -> &SharedMemory {
-        self.object.memory()
+        &self.memory
     }
 
     /// The mapping itself, shareable: what GPU strategies register with `cuMemHostRegister` so streams can wait
     /// on and write the counters at `base + offset`.
-    pub fn shared(&self) -> Arc<SharedObject<ControlBlockLayout>> {
-        self.object.clone()
+    pub fn shared(&self) -> Arc<SharedMemory> {
+        self.memory.clone()
+    }
+
+    /// The 64-bit word at byte `offset` of the block, if `offset` is an aligned offset inside it: for tests and
+    /// tools that look at a counter by the offset a [`RingLayout`] gives. Prefer the state-machine methods to
+    /// writing it.
+    pub fn counter(&self, offset: usize) -> Option<&AtomicU64> {
+        if offset.is_multiple_of(8) { self.memory.as_words().get(offset / 8) } else { None }
+    }
+
+    /// The word at `offset`, which the caller computed from the layout for a slot below `slot_count` and a record
+    /// below `max_consumers` (the layout's assertions keep every such word inside the block).
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        &self.memory.as_words()[offset / 8]
     }
 
     /// Number of slots N.
@@ -93,12 +166,27 @@ impl ControlBlock {
 
     /// Generation chosen by the producer.
     pub fn generation(&self) -> u64 {
-        self.layout().header.generation.load(Ordering::Relaxed)
+        self.word(header::GENERATION).load(Ordering::Relaxed)
     }
 
     /// Producer pid from the header.
     pub fn producer_pid(&self) -> u64 {
-        self.layout().header.producer_pid.load(Ordering::Relaxed)
+        self.word(header::PRODUCER_PID).load(Ordering::Relaxed)
+    }
+
+    /// The header's producer state word (a [`ProducerState`]).
+    pub fn producer_state(&self) -> &AtomicU64 {
+        self.word(self.layout.producer_state_offset())
+    }
+
+    /// `CLOCK_MONOTONIC` ns of the producer's last sign of life.
+    pub fn producer_heartbeat_ns(&self) -> &AtomicU64 {
+        self.word(self.layout.producer_heartbeat_offset())
+    }
+
+    /// The `next_sequence` word (see [`next_sequence`](Self::next_sequence)).
+    pub fn next_sequence_counter(&self) -> &AtomicU64 {
+        self.word(self.layout.next_sequence_offset())
     }
 
     /// Slot of frame `seq`: `seq % N`.
@@ -109,12 +197,12 @@ impl ControlBlock {
 
     /// First sequence not yet published (or enqueued for publication).
     pub fn next_sequence(&self) -> Sequence {
-        Sequence(self.layout().next_sequence.value.load(Ordering::Acquire))
+        Sequence(self.next_sequence_counter().load(Ordering::Acquire))
     }
 
     /// State and epoch of consumer record `index`, or `None` for an index outside the ring or an invalid word.
     pub fn consumer_state(&self, index: u32) -> Option<(ConsumerState, u32)> {
-        let word = self.record_at(index)?.state.load(Ordering::Acquire);
+        let word = self.record_at(index)?.state().load(Ordering::Acquire);
         Some((ConsumerState::from_raw(word)?, state_epoch(word)))
     }
 
@@ -123,33 +211,40 @@ impl ControlBlock {
     /// its counters are poisoned).
     pub fn consumer_activity(&self, index: u32) -> Option<ConsumerActivity> {
         let record = self.record_at(index)?;
-        let word = record.state.load(Ordering::Acquire);
+        let word = record.state().load(Ordering::Acquire);
         let state = ConsumerState::from_raw(word)?;
-        let slots = record.released.iter().take(self.slot_count as usize);
-        let last_released =
-            slots.map(|c| c.value.load(Ordering::Relaxed)).filter(|v| *v != 0 && *v < POISON).max().map(|v| v - 1);
+        let last_released = record
+            .released_counters()
+            .map(|c| c.load(Ordering::Relaxed))
+            .filter(|v| *v != 0 && *v < POISON)
+            .max()
+            .map(|v| v - 1);
         Some(ConsumerActivity {
             state,
             epoch: state_epoch(word),
-            pid: record.pid.load(Ordering::Relaxed),
-            heartbeat_ns: record.heartbeat_ns.value.load(Ordering::Relaxed),
+            pid: record.pid().load(Ordering::Relaxed),
+            heartbeat_ns: record.heartbeat_ns().load(Ordering::Relaxed),
             last_released,
         })
     }
 
-    pub(super) fn published(&self, slot: SlotIndex) -> &AtomicU64 {
-        // `slot` comes from `slot_for`, below slot_count <= MAX_SLOTS = the array length.
-        &self.layout().published[slot.0 as usize].value
+    /// `published[slot]`: `s + 1` once frame `s` in that slot is complete; 0 = never; [`POISON`] once the producer
+    /// is gone. `slot` must be below the ring's slot count (as [`slot_for`](Self::slot_for) gives).
+    pub fn published(&self, slot: SlotIndex) -> &AtomicU64 {
+        self.word(self.layout.published_offset(slot))
     }
 
-    pub(super) fn record_at(&self, index: u32) -> Option<&ConsumerRecord> {
-        if index >= self.max_consumers {
-            return None;
-        }
-        self.layout().consumers.get(index as usize)
+    /// The `published` counters of the ring's slots, slot 0 first.
+    pub fn published_counters(&self) -> impl Iterator<Item = &AtomicU64> {
+        (0..self.slot_count).map(|slot| self.published(SlotIndex(slot)))
     }
 
-    pub(super) fn record(&self, consumer: ConsumerId) -> Result<&ConsumerRecord, RingError> {
+    /// Consumer record `index`, or `None` outside the ring's records.
+    pub fn record_at(&self, index: u32) -> Option<ConsumerRecord<'_>> {
+        (index < self.max_consumers).then_some(ConsumerRecord { block: self, index })
+    }
+
+    pub(super) fn record(&self, consumer: ConsumerId) -> Result<ConsumerRecord<'_>, RingError> {
         self.record_at(consumer.index())
             .ok_or(RingError::UnknownConsumer { consumer, max_consumers: self.max_consumers })
     }
@@ -159,9 +254,9 @@ impl ControlBlock {
         &self,
         consumer: ConsumerId,
         expected: ConsumerState,
-    ) -> Result<&ConsumerRecord, RingError> {
+    ) -> Result<ConsumerRecord<'_>, RingError> {
         let record = self.record(consumer)?;
-        let word = record.state.load(Ordering::Acquire);
+        let word = record.state().load(Ordering::Acquire);
         if word == state_word(consumer.epoch(), expected) {
             Ok(record)
         } else {
@@ -169,19 +264,14 @@ impl ControlBlock {
         }
     }
 
-    pub(super) fn active_records(&self) -> impl Iterator<Item = (u32, &ConsumerRecord)> {
-        self.layout()
-            .consumers
-            .iter()
-            .take(self.max_consumers as usize)
-            .enumerate()
-            .map(|(index, record)| (index as u32, record))
+    pub(super) fn active_records(&self) -> impl Iterator<Item = (u32, ConsumerRecord<'_>)> {
+        (0..self.max_consumers).map(|index| (index, ConsumerRecord { block: self, index }))
     }
 
     /// Writes [`POISON`] into every `released` counter of a record (the owner is gone or left).
-    pub(super) fn poison_released(&self, record: &ConsumerRecord) {
-        for counter in record.released.iter().take(self.slot_count as usize) {
-            counter.value.fetch_max(POISON, Ordering::Release);
+    pub(super) fn poison_released(&self, record: ConsumerRecord<'_>) {
+        for counter in record.released_counters() {
+            counter.fetch_max(POISON, Ordering::Release);
         }
     }
 }

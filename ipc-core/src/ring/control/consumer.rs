@@ -24,7 +24,7 @@ impl ConsumerControl {
     pub fn attach(fd: OwnedFd, id: ConsumerId, policy: LivenessPolicy) -> Result<Self, RingError> {
         let block = ControlBlock::attach(fd)?;
         let record = block.record_in(id, ConsumerState::Live)?;
-        let join = Sequence(record.join_sequence.load(Ordering::Relaxed));
+        let join = Sequence(record.join_sequence().load(Ordering::Relaxed));
         Ok(Self { block, id, join, policy, leave_on_drop: true })
     }
 
@@ -57,12 +57,12 @@ impl ConsumerControl {
     }
 
     fn join_index(block: ControlBlock, index: u32, policy: LivenessPolicy) -> Result<Self, RingError> {
-        let epoch = block.record_at(index).map(|record| state_epoch(record.state.load(Ordering::Acquire))).ok_or(
+        let epoch = block.record_at(index).map(|record| state_epoch(record.state().load(Ordering::Acquire))).ok_or(
             RingError::UnknownConsumer { consumer: ConsumerId::new(index, 0), max_consumers: block.max_consumers },
         )?;
         let id = ConsumerId::new(index, epoch);
         let record = block.record_in(id, ConsumerState::Live)?;
-        let join = Sequence(record.join_sequence.load(Ordering::Relaxed));
+        let join = Sequence(record.join_sequence().load(Ordering::Relaxed));
         Ok(Self { block, id, join, policy, leave_on_drop: true })
     }
 
@@ -97,8 +97,7 @@ impl ConsumerControl {
         if is_poisoned(value) {
             // The producer's hang-up poisons every slot. After a clean close that hides frames it did publish:
             // they are intact (nothing writes the slots any more), so they are still delivered.
-            let header = &self.block.layout().header;
-            let closed = header.producer_state.load(Ordering::Acquire) == ProducerState::Closed as u64;
+            let closed = self.block.producer_state().load(Ordering::Acquire) == ProducerState::Closed as u64;
             if closed && seq < self.block.next_sequence() {
                 return Ok(true);
             }
@@ -132,26 +131,25 @@ impl ConsumerControl {
         let record = self.block.record_in(self.id, ConsumerState::Live)?;
         // Release: our reads of the frame happen before the producer, Acquire-loading this, rewrites the slot.
         // fetch_max: never lowers a POISON written by a producer that declared us dead meanwhile.
-        record.released[self.block.slot_for(seq).0 as usize].value.fetch_max(seq.done_value(), Ordering::Release);
-        record.heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
+        record.released(self.block.slot_for(seq)).fetch_max(seq.done_value(), Ordering::Release);
+        record.heartbeat_ns().store(monotonic_ns(), Ordering::Relaxed);
         Ok(())
     }
 
     /// Records a sign of life.
     pub fn heartbeat(&self) {
         if let Ok(record) = self.block.record(self.id) {
-            record.heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
+            record.heartbeat_ns().store(monotonic_ns(), Ordering::Relaxed);
         }
     }
 
     /// `ProducerGone` if the producer closed the ring, its process exited, or its heartbeat is stale.
     pub fn check_producer(&self) -> Result<(), RingError> {
-        let header = &self.block.layout().header;
-        let pid = header.producer_pid.load(Ordering::Relaxed);
-        let state = header.producer_state.load(Ordering::Acquire);
+        let pid = self.block.producer_pid();
+        let state = self.block.producer_state().load(Ordering::Acquire);
         let reason = match ProducerState::from_raw(state) {
             Some(ProducerState::Running) => {
-                let heartbeat = self.block.layout().producer_heartbeat_ns.value.load(Ordering::Relaxed);
+                let heartbeat = self.block.producer_heartbeat_ns().load(Ordering::Relaxed);
                 peer_gone(&self.policy, pid, heartbeat)
             }
             Some(ProducerState::Closed) => Some(GoneReason::Closed),
@@ -168,8 +166,7 @@ impl ConsumerControl {
     /// `Some(n)` once the producer closed the ring cleanly after publishing frames `0..n` (a producer closes only
     /// when everything it queued is done); `None` while it runs, or when it died without closing.
     pub fn closed_after(&self) -> Option<Sequence> {
-        let header = &self.block.layout().header;
-        (header.producer_state.load(Ordering::Acquire) == ProducerState::Closed as u64)
+        (self.block.producer_state().load(Ordering::Acquire) == ProducerState::Closed as u64)
             .then(|| self.block.next_sequence())
     }
 
@@ -177,11 +174,8 @@ impl ConsumerControl {
     /// when none is. Read before poisoning them, it says which frames a dead producer really wrote.
     pub fn highest_published(&self) -> Option<u64> {
         self.block
-            .layout()
-            .published
-            .iter()
-            .take(self.block.slot_count as usize)
-            .map(|counter| counter.value.load(Ordering::Acquire) & !POISON)
+            .published_counters()
+            .map(|counter| counter.load(Ordering::Acquire) & !POISON)
             .filter(|&value| value != 0)
             .max()
             .map(|value| value - 1)
@@ -193,8 +187,8 @@ impl ConsumerControl {
         // `fetch_or`, not `fetch_max`: the value keeps the frame it held in its low bits, so whoever poisons first
         // (every consumer of the ring does it at the producer's hang-up) does not hide from the others which frames
         // the producer really published (`highest_published`).
-        for counter in self.block.layout().published.iter().take(self.block.slot_count as usize) {
-            counter.value.fetch_or(POISON, Ordering::Release);
+        for counter in self.block.published_counters() {
+            counter.fetch_or(POISON, Ordering::Release);
         }
     }
 
@@ -217,10 +211,10 @@ impl ConsumerControl {
         // Poison first, while the record is still ours: once it says Detached the producer may free it and give
         // it to the next consumer, whose counters a late poison from here would corrupt. (Poisoned counters of a
         // live record read as "released", which is true: a detaching consumer reads nothing more.)
-        if record.state.load(Ordering::Acquire) == live {
+        if record.state().load(Ordering::Acquire) == live {
             self.block.poison_released(record);
         }
-        match record.state.compare_exchange(live, detached, Ordering::AcqRel, Ordering::Acquire) {
+        match record.state().compare_exchange(live, detached, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 tracing::info!(consumer = %self.id, "consumer detached");
                 Ok(())

@@ -11,7 +11,8 @@
 //!   store of the state (pid, join sequence, reset counters).
 //! - Counters only grow, and host-side writers use `fetch_max`, so [`POISON`] is sticky.
 //!
-//! GPU strategies use the same counters through the offsets in [`super::layout`]; the conditions are the ones
+//! GPU strategies use the same counters through the offsets of the block's
+//! [`RingLayout`](super::layout::RingLayout); the conditions are the ones
 //! [`ProducerControl::pending_releases`] and [`ConsumerControl::is_published`] evaluate.
 
 mod block;
@@ -19,7 +20,7 @@ mod consumer;
 mod producer;
 mod wait;
 
-pub use block::{ConsumerActivity, ControlBlock};
+pub use block::{ConsumerActivity, ConsumerRecord, ControlBlock};
 pub use consumer::ConsumerControl;
 pub use producer::ProducerControl;
 pub use wait::{bounded_wait, wait_until};
@@ -35,7 +36,7 @@ use super::layout::{ConsumerId, POISON, SlotIndex};
 /// Geometry and identity of a ring, chosen by the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingConfig {
-    /// Number of slots N, `1..=MAX_SLOTS`. Frame `s` lives in slot `s % N`; the producer runs at most N frames
+    /// Number of slots N, `1..=MAX_SLOTS` (above 32 the block uses layout version 2). Frame `s` lives in slot `s % N`; the producer runs at most N frames
     /// ahead of the slowest live consumer.
     pub slot_count: u32,
     /// Consumer records in use, `1..=MAX_CONSUMERS`.

@@ -6,14 +6,12 @@ use std::time::Instant;
 use rustix::process::Pid;
 
 use super::{
-    ControlBlock, LivenessPolicy, ReleaseRequirement, RingConfig, WaitMode, is_poisoned, monotonic_ns, peer_gone,
+    ConsumerRecord, ControlBlock, LivenessPolicy, ReleaseRequirement, RingConfig, WaitMode, is_poisoned, monotonic_ns, peer_gone,
     wait_until,
 };
 use crate::ring::error::{GoneReason, RingError, WaitTarget};
 use crate::ring::layout::{
-    ConsumerId, ConsumerRecord, ConsumerState, ProducerState, Sequence, SlotIndex, released_offset, state_epoch,
-    state_word,
-};
+    ConsumerId, ConsumerState, ProducerState, Sequence, SlotIndex, state_epoch, state_word};
 
 /// The producer's side of the control block. Dropping it closes the ring, unless it was
 /// [`abandon`](Self::abandon)ed.
@@ -71,10 +69,9 @@ impl ProducerControl {
     /// a `next_sequence` past every frame that check was for, and the consumer never reads those frames.
     pub fn register_consumer(&self, pid: impl Into<Option<Pid>>) -> Result<ConsumerId, RingError> {
         let pid = pid.into().map_or(0, |pid| pid.as_raw_pid());
-        let layout = self.block.layout();
         let mut reclaimable = 0;
         for (index, record) in self.block.active_records() {
-            let word = record.state.load(Ordering::Acquire);
+            let word = record.state().load(Ordering::Acquire);
             match ConsumerState::from_raw(word) {
                 Some(ConsumerState::Free) => {}
                 Some(ConsumerState::Detached | ConsumerState::Dead) => {
@@ -85,21 +82,21 @@ impl ProducerControl {
             }
             let epoch = state_epoch(word).wrapping_add(1);
             if record
-                .state
+                .state()
                 .compare_exchange(word, state_word(epoch, ConsumerState::Joining), Ordering::SeqCst, Ordering::Relaxed)
                 .is_err()
             {
                 continue;
             }
-            record.pid.store(pid as u64, Ordering::Relaxed);
-            record.heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
-            for counter in &record.released {
-                counter.value.store(0, Ordering::Relaxed);
+            record.pid().store(pid as u64, Ordering::Relaxed);
+            record.heartbeat_ns().store(monotonic_ns(), Ordering::Relaxed);
+            for counter in record.released_counters() {
+                counter.store(0, Ordering::Relaxed);
             }
-            let join = layout.next_sequence.value.load(Ordering::SeqCst);
-            record.join_sequence.store(join, Ordering::Relaxed);
+            let join = self.block.next_sequence_counter().load(Ordering::SeqCst);
+            record.join_sequence().store(join, Ordering::Relaxed);
             // Release: the pid, heartbeat, zeroed counters and join sequence are visible to whoever sees Live.
-            record.state.store(state_word(epoch, ConsumerState::Live), Ordering::Release);
+            record.state().store(state_word(epoch, ConsumerState::Live), Ordering::Release);
             let id = ConsumerId::new(index, epoch);
             tracing::info!(%id, pid, join, "consumer registered");
             return Ok(id);
@@ -145,7 +142,7 @@ impl ProducerControl {
         let slot = self.block.slot_for(seq);
         for (index, record) in self.block.active_records() {
             // SeqCst: second half of the registration handshake (see register_consumer).
-            let word = record.state.load(Ordering::SeqCst);
+            let word = record.state().load(Ordering::SeqCst);
             match ConsumerState::from_raw(word) {
                 Some(ConsumerState::Free | ConsumerState::Detached | ConsumerState::Dead) => {
                     continue;
@@ -156,19 +153,19 @@ impl ProducerControl {
                     return Err(RingError::Corrupt { what: "consumer state", value: word });
                 }
             }
-            if record.join_sequence.load(Ordering::Relaxed) > previous {
+            if record.join_sequence().load(Ordering::Relaxed) > previous {
                 // Joined after frame `previous`: it never reads it.
                 continue;
             }
             let at_least = previous + 1;
             // Acquire: the consumer's reads of frame `previous` happen before our rewrite.
-            if record.released[slot.0 as usize].value.load(Ordering::Acquire) >= at_least {
+            if record.released(slot).load(Ordering::Acquire) >= at_least {
                 continue;
             }
             let requirement = ReleaseRequirement {
                 consumer: ConsumerId::new(index, state_epoch(word)),
                 slot,
-                offset: released_offset(index, slot),
+                offset: self.block.layout().released_offset(index, slot),
                 at_least,
             };
             if !on_pending(requirement) {
@@ -181,12 +178,12 @@ impl ProducerControl {
     /// Returns `ConsumerGone` for the first live consumer whose process exited or whose heartbeat is stale.
     pub fn check_consumers(&self) -> Result<(), RingError> {
         for (index, record) in self.block.active_records() {
-            let word = record.state.load(Ordering::Acquire);
+            let word = record.state().load(Ordering::Acquire);
             if ConsumerState::from_raw(word) != Some(ConsumerState::Live) {
                 continue;
             }
-            let pid = record.pid.load(Ordering::Relaxed);
-            let heartbeat = record.heartbeat_ns.value.load(Ordering::Relaxed);
+            let pid = record.pid().load(Ordering::Relaxed);
+            let heartbeat = record.heartbeat_ns().load(Ordering::Relaxed);
             if let Some(reason) = peer_gone(&self.policy, pid, heartbeat) {
                 return Err(RingError::ConsumerGone {
                     consumer: ConsumerId::new(index, state_epoch(word)),
@@ -237,19 +234,19 @@ impl ProducerControl {
 
     fn check_in_order(&self, seq: Sequence) -> Result<(), RingError> {
         // Only the producer writes next_sequence, so its own Relaxed read is current.
-        let expected = Sequence(self.block.layout().next_sequence.value.load(Ordering::Relaxed));
+        let expected = Sequence(self.block.next_sequence_counter().load(Ordering::Relaxed));
         if seq == expected { Ok(()) } else { Err(RingError::OutOfOrder { expected, got: seq }) }
     }
 
     fn store_next(&self, seq: Sequence) {
         // SeqCst: first half of the registration handshake (see register_consumer).
-        self.block.layout().next_sequence.value.store(seq.done_value(), Ordering::SeqCst);
+        self.block.next_sequence_counter().store(seq.done_value(), Ordering::SeqCst);
         self.heartbeat();
     }
 
     /// Records a sign of life (`CLOCK_MONOTONIC` now). Publishing and waiting do it; call it when idle for long.
     pub fn heartbeat(&self) {
-        self.block.layout().producer_heartbeat_ns.value.store(monotonic_ns(), Ordering::Relaxed);
+        self.block.producer_heartbeat_ns().store(monotonic_ns(), Ordering::Relaxed);
     }
 
     /// Writes [`POISON`](crate::ring::POISON) again into the `released` counters of a consumer already marked dead. A dead process's
@@ -258,7 +255,7 @@ impl ProducerControl {
     pub fn repoison_released(&self, consumer: ConsumerId) -> Result<(), RingError> {
         let record = self.block.record(consumer)?;
         self.poisoning(consumer.index(), || {
-            if record.state.load(Ordering::SeqCst) == state_word(consumer.epoch(), ConsumerState::Dead) {
+            if record.state().load(Ordering::SeqCst) == state_word(consumer.epoch(), ConsumerState::Dead) {
                 self.block.poison_released(record);
             }
         });
@@ -272,8 +269,8 @@ impl ProducerControl {
         self.poisoning(consumer.index(), || self.mark_dead_now(consumer, record))
     }
 
-    fn mark_dead_now(&self, consumer: ConsumerId, record: &ConsumerRecord) -> Result<(), RingError> {
-        let mut word = record.state.load(Ordering::SeqCst);
+    fn mark_dead_now(&self, consumer: ConsumerId, record: ConsumerRecord<'_>) -> Result<(), RingError> {
+        let mut word = record.state().load(Ordering::SeqCst);
         loop {
             let state = ConsumerState::from_raw(word);
             let movable = matches!(state, Some(ConsumerState::Live | ConsumerState::Detached));
@@ -284,13 +281,13 @@ impl ProducerControl {
                 return Err(RingError::NotLive { consumer, found: state, found_epoch: state_epoch(word) });
             }
             let dead = state_word(consumer.epoch(), ConsumerState::Dead);
-            match record.state.compare_exchange(word, dead, Ordering::SeqCst, Ordering::SeqCst) {
+            match record.state().compare_exchange(word, dead, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => break,
                 Err(current) => word = current,
             }
         }
         self.block.poison_released(record);
-        tracing::warn!(%consumer, pid = record.pid.load(Ordering::Relaxed), "consumer marked dead");
+        tracing::warn!(%consumer, pid = record.pid().load(Ordering::Relaxed), "consumer marked dead");
         Ok(())
     }
 
@@ -305,7 +302,7 @@ impl ProducerControl {
         let free = state_word(consumer.epoch(), ConsumerState::Free);
         for from in [ConsumerState::Detached, ConsumerState::Dead] {
             let word = state_word(consumer.epoch(), from);
-            if record.state.compare_exchange(word, free, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            if record.state().compare_exchange(word, free, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
                 if let Some(count) = self.poisoning.get(consumer.index() as usize) {
                     while count.load(Ordering::SeqCst) != 0 {
                         std::hint::spin_loop();
@@ -314,7 +311,7 @@ impl ProducerControl {
                 return Ok(());
             }
         }
-        let word = record.state.load(Ordering::Acquire);
+        let word = record.state().load(Ordering::Acquire);
         Err(RingError::NotLive { consumer, found: ConsumerState::from_raw(word), found_epoch: state_epoch(word) })
     }
 
@@ -323,7 +320,7 @@ impl ProducerControl {
     pub fn poison_all_released(&self) {
         for (index, record) in self.block.active_records() {
             self.poisoning(index, || {
-                if ConsumerState::from_raw(record.state.load(Ordering::SeqCst)) != Some(ConsumerState::Free) {
+                if ConsumerState::from_raw(record.state().load(Ordering::SeqCst)) != Some(ConsumerState::Free) {
                     self.block.poison_released(record);
                 }
             });
@@ -333,7 +330,7 @@ impl ProducerControl {
     /// Marks the ring closed: consumers finish the frames already published, then get `ProducerGone`.
     pub fn close(&self) {
         // Release: everything published before closing is visible to whoever sees Closed.
-        self.block.layout().header.producer_state.store(ProducerState::Closed as u64, Ordering::Release);
+        self.block.producer_state().store(ProducerState::Closed as u64, Ordering::Release);
     }
 
     /// Says that the producer goes away without ending its stream: dropping this control then leaves the ring

@@ -16,7 +16,7 @@ pub use codes::{DetachReason, MessageType, RefusalCode};
 pub use header::Header;
 pub use hello::{Attached, ClientHello, Detach};
 pub use object::{OBJECT_OFFER_FIXED_BYTES, ObjectOffer};
-pub use offer::{RING_OFFER_V2_FIXED_BYTES, Refused, RingOffer};
+pub use offer::{DEEP_RING_VERSION, RING_OFFER_V2_FIXED_BYTES, Refused, RingOffer, SHALLOW_RING_MAX_SLOTS};
 pub use status::{
     MAX_STATUS_DETAIL_BYTES, PeerState, PeerStatus, STATUS_PEER_FIXED_BYTES, STATUS_REPORT_FIXED_BYTES, StatusReport,
     StatusRequest,
@@ -33,8 +33,9 @@ use super::error::WireError;
 /// The first 8 bytes of every message. `\r\n` catches a peer or proxy that mangles line endings.
 pub const MAGIC: [u8; 8] = *b"GPUIPC\r\n";
 /// The newest protocol version this build speaks (header offset 8): what its consumers announce in their hello
-/// (`ClientHello::protocol_version`). Version 2 describes slots of any tensor; version 1, pixel frames only.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// (`ClientHello::protocol_version`). Version 3 adds rings of more than 32 slots (control-block layout 2, the
+/// messages are version 2's); version 2 describes slots of any tensor; version 1, pixel frames only.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The oldest protocol version this build speaks: it serves, and attaches to, peers of version 1 too.
 pub const OLDEST_PROTOCOL_VERSION: u16 = 1;
 /// Size of the fixed header that precedes every payload.

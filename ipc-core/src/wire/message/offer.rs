@@ -57,6 +57,13 @@ pub struct RingOffer {
     pub event_handles: Vec<IpcHandleBytes>,
 }
 
+/// Most slots a ring offered in protocol version 1 or 2 can have: what control-block layout 1 holds.
+pub const SHALLOW_RING_MAX_SLOTS: u32 = 32;
+
+/// The protocol version that adds rings of more than [`SHALLOW_RING_MAX_SLOTS`] slots, whose control block uses
+/// layout 2 (`docs/ring.md`); its messages are encoded as in version 2.
+pub const DEEP_RING_VERSION: u16 = 3;
+
 impl RingOffer {
     /// Position of the control block memfd in the message's fd list.
     pub const CONTROL_FD_INDEX: usize = 0;
@@ -68,9 +75,25 @@ impl RingOffer {
         if self.handle_type.carries_data_fd() { 2 } else { 1 }
     }
 
-    /// The oldest protocol version that can carry this offer: 1 for a ring of pixel frames, else 2.
+    /// The oldest protocol version that can carry this offer: 1 for a ring of pixel frames, 2 for other slots, and
+    /// [`DEEP_RING_VERSION`] for a ring of more than [`SHALLOW_RING_MAX_SLOTS`] slots (whatever its slots hold).
     pub const fn oldest_version(&self) -> u16 {
-        self.slot_layout.oldest_version()
+        let for_slots = self.slot_layout.oldest_version();
+        if self.slot_count > SHALLOW_RING_MAX_SLOTS && for_slots < DEEP_RING_VERSION {
+            DEEP_RING_VERSION
+        } else {
+            for_slots
+        }
+    }
+
+    /// What needs [`oldest_version`](Self::oldest_version), for errors: the slot count of a deep ring, else what
+    /// the slots hold.
+    fn needs_what(&self) -> String {
+        if self.slot_count > SHALLOW_RING_MAX_SLOTS {
+            format!("a RingOffer of {} slots (control-block layout 2)", self.slot_count)
+        } else {
+            format!("a RingOffer of {}", self.slot_layout)
+        }
     }
 
     /// Checks the fields against each other (called by both encode and decode).
@@ -192,11 +215,7 @@ pub(super) fn encode_offer(offer: &RingOffer, version: u16, out: &mut Vec<u8>) -
     offer.validate()?;
     let frame = offer.slot_layout.frame_geometry();
     if version < offer.oldest_version() {
-        return Err(WireError::NeedsVersion {
-            what: format!("a RingOffer of {}", offer.slot_layout),
-            version,
-            needs: offer.oldest_version(),
-        });
+        return Err(WireError::NeedsVersion { what: offer.needs_what(), version, needs: offer.oldest_version() });
     }
     put_u16(out, offer.backend.code());
     put_u16(out, offer.handle_type.code());
@@ -333,6 +352,10 @@ pub(super) fn decode_offer(r: &mut Reader<'_>, version: u16) -> Result<RingOffer
         event_handles,
     };
     offer.validate()?;
+    if version < offer.oldest_version() {
+        // A producer never sends it: a consumer of this version cannot map the control block of such a ring.
+        return Err(WireError::NeedsVersion { what: offer.needs_what(), version, needs: offer.oldest_version() });
+    }
     Ok(offer)
 }
 
