@@ -14,8 +14,8 @@ use ipc_core::pool::layout::{BlockId, Geometry};
 use ipc_core::pool::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest, PoolOffer};
 use ipc_core::queue::QueueOffer;
 use ipc_core::queue::layout::Geometry as QueueGeometry;
-use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, MAGIC as RING_MAGIC};
-use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig};
+use ipc_core::ring::layout::{MAGIC as RING_MAGIC, header};
+use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig, RingLayout, SlotIndex};
 use ipc_core::semaphore::SemaphoreOffer;
 use ipc_core::sys::shm::SharedMemory;
 use ipc_core::wire::{
@@ -86,7 +86,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 data_offset: 0,
                 allocation_bytes: 33_554_432,
                 granularity: 2 << 20,
-                control_bytes: CONTROL_BLOCK_BYTES as u64,
+                control_bytes: RingLayout::V1.block_bytes() as u64,
                 legacy_mem_handle: None,
                 event_handles: Vec::new(),
             }),
@@ -107,7 +107,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 data_offset: 0,
                 allocation_bytes: 307_200,
                 granularity: 4096,
-                control_bytes: CONTROL_BLOCK_BYTES as u64,
+                control_bytes: RingLayout::V1.block_bytes() as u64,
                 legacy_mem_handle: Some(legacy_handle),
                 event_handles: vec![[0xe0; 64], [0xe1; 64]],
             }),
@@ -138,7 +138,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 data_offset: 0,
                 allocation_bytes: 64 << 20,
                 granularity: 2 << 20,
-                control_bytes: CONTROL_BLOCK_BYTES as u64,
+                control_bytes: RingLayout::V1.block_bytes() as u64,
                 legacy_mem_handle: None,
                 event_handles: Vec::new(),
             }),
@@ -159,7 +159,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 data_offset: 0,
                 allocation_bytes: 4096,
                 granularity: 4096,
-                control_bytes: CONTROL_BLOCK_BYTES as u64,
+                control_bytes: RingLayout::V1.block_bytes() as u64,
                 legacy_mem_handle: None,
                 event_handles: Vec::new(),
             }),
@@ -351,35 +351,107 @@ fn the_pool_block_channel_examples_are_what_the_pool_encodes_and_decodes() {
 }
 
 #[test]
-fn the_control_block_header_image_is_what_a_ring_writes_and_what_a_consumer_reads() {
+fn the_control_block_header_images_are_what_a_ring_writes_and_what_a_consumer_reads() {
     let blocks = golden_blocks(&doc("ring.md"), "ring.md");
-    assert_eq!(blocks.keys().collect::<Vec<_>>(), ["control-block-header"], "golden blocks in docs/ring.md");
-    let image = &blocks["control-block-header"];
-    assert_eq!(image.len(), 64);
-    assert_eq!(u64::from_le_bytes(image[..8].try_into().unwrap()), RING_MAGIC);
-    assert_eq!(&image[..8], b"GIPCRING");
+    let names = ["control-block-header", "control-block-header-v2"];
+    assert_eq!(blocks.keys().collect::<Vec<_>>(), names, "golden blocks in docs/ring.md");
+    // (image, slots, layout): version 1 at 4 slots, version 2 at 256.
+    for (name, slots, layout) in [(names[0], 4, RingLayout::V1), (names[1], 256, RingLayout::V2)] {
+        let image = &blocks[name];
+        assert_eq!(image.len(), 64, "{name}");
+        assert_eq!(u64::from_le_bytes(image[..8].try_into().unwrap()), RING_MAGIC);
+        assert_eq!(&image[..8], b"GIPCRING");
 
-    // Encode: a ring made with the image's settings has exactly that header (but for the pid: ours).
-    let ring = ProducerControl::create(
-        RingConfig { slot_count: 4, max_consumers: 16, generation: 0x1_8765_4321 },
-        LivenessPolicy::default(),
-    )
-    .unwrap();
-    let mut written = [0u8; 64];
-    ring.block().memory().read_bytes(0, &mut written).unwrap();
-    let mut expected = image.clone();
-    expected[48..56].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
-    assert_eq!(written.as_slice(), expected.as_slice(), "the header a ring writes differs from docs/ring.md");
+        // Encode: a ring made with the image's settings has exactly that header (but for the pid: ours).
+        let ring = ProducerControl::create(
+            RingConfig { slot_count: slots, max_consumers: 16, generation: 0x1_8765_4321 },
+            LivenessPolicy::default(),
+        )
+        .unwrap();
+        assert_eq!(ring.block().layout(), layout, "{name}");
+        let mut written = [0u8; 64];
+        ring.block().memory().read_bytes(0, &mut written).unwrap();
+        let mut expected = image.clone();
+        expected[48..56].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+        assert_eq!(
+            written.as_slice(),
+            expected.as_slice(),
+            "{name}: the header a ring writes differs from docs/ring.md"
+        );
 
-    // Decode: a sealed memfd holding the image attaches, and reads back the image's fields.
-    let memory = SharedMemory::create("golden-control-block", CONTROL_BLOCK_BYTES).unwrap();
-    memory.write_bytes(0, image).unwrap();
-    let block = ControlBlock::attach(memory.try_clone_fd().unwrap()).unwrap();
-    assert_eq!(block.slot_count(), 4);
-    assert_eq!(block.max_consumers(), 16);
-    assert_eq!(block.generation(), 0x1_8765_4321);
-    assert_eq!(block.producer_pid(), 1234);
-    assert_eq!(memory.len(), 131_072, "docs say 131072 bytes");
+        // Decode: a sealed memfd holding the image attaches, and reads back the image's fields.
+        let memory = SharedMemory::create("golden-control-block", layout.block_bytes()).unwrap();
+        memory.write_bytes(0, image).unwrap();
+        let block = ControlBlock::attach(memory.try_clone_fd().unwrap()).unwrap();
+        assert_eq!((block.layout(), block.slot_count(), block.max_consumers()), (layout, slots, 16), "{name}");
+        assert_eq!(block.generation(), 0x1_8765_4321);
+        assert_eq!(block.producer_pid(), 1234);
+    }
+    assert_eq!(RingLayout::V1.block_bytes(), 131_072, "docs say 131072 bytes");
+    assert_eq!(RingLayout::V2.block_bytes(), 65_536, "docs say 65536 bytes");
+}
+
+/// The offset a ring.md layout table's cell names, for consumer `c` and slot `i`: terms joined by ` + `, each a
+/// number, `N·i`, `N·c`, or `…` (the record's start: the state row's offset).
+fn table_offset(cell: &str, record: usize, c: usize, i: usize) -> usize {
+    cell.split(" + ")
+        .map(|term| match term.split_once('·') {
+            Some((n, "i")) => n.parse::<usize>().unwrap() * i,
+            Some((n, "c")) => n.parse::<usize>().unwrap() * c,
+            None if term == "…" => record,
+            _ => term.parse().unwrap_or_else(|_| panic!("ring.md: offset term {term:?} in {cell:?}")),
+        })
+        .sum()
+}
+
+#[test]
+fn the_control_block_tables_are_the_offsets_the_code_uses() {
+    let text = doc("ring.md");
+    for (heading, layout) in [("## Layout version 1", RingLayout::V1), ("## Layout version 2", RingLayout::V2)] {
+        let section = text.split(heading).nth(1).unwrap_or_else(|| panic!("ring.md has no {heading:?}"));
+        let rows =
+            section.lines().skip_while(|l| !l.starts_with("| Offset |")).skip(2).take_while(|l| l.starts_with('|'));
+        let mut fields = Vec::new();
+        // A consumer and a slot other than 0, so that every stride counts.
+        let (c, i) = (3u32, 5u32);
+        let mut record = 0;
+        for row in rows {
+            let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+            let field = cells[1].trim_matches('`').split('`').next().unwrap().to_owned();
+            let offset = table_offset(cells[0], record, c as usize, i as usize);
+            let slot = SlotIndex(i);
+            let expected = match field.as_str() {
+                "header.magic" => header::MAGIC,
+                "header.layout_version" => header::LAYOUT_VERSION,
+                "header.total_bytes" => header::TOTAL_BYTES,
+                "header.slot_count" => header::SLOT_COUNT,
+                "header.max_consumers" => header::MAX_CONSUMERS,
+                "header.generation" => header::GENERATION,
+                "header.producer_pid" => header::PRODUCER_PID,
+                "header.producer_state" => layout.producer_state_offset(),
+                "producer_heartbeat_ns" => layout.producer_heartbeat_offset(),
+                "next_sequence" => layout.next_sequence_offset(),
+                "published[i]" => layout.published_offset(slot),
+                "consumers[c].state" => {
+                    record = offset;
+                    layout.consumer_state_offset(c)
+                }
+                "consumers[c].pid" => layout.consumer_pid_offset(c),
+                "consumers[c].join_sequence" => layout.join_sequence_offset(c),
+                "consumers[c].heartbeat_ns" => layout.consumer_heartbeat_offset(c),
+                "consumers[c].released[i]" => layout.released_offset(c, slot),
+                other => panic!("ring.md {heading}: unknown field {other:?}"),
+            };
+            assert_eq!(offset, expected, "ring.md {heading}: {field} at {:?}", cells[0]);
+            fields.push(field);
+        }
+        assert_eq!(fields.len(), 16, "ring.md {heading}: every field has its row: {fields:?}");
+        // The table's header values are the layout's.
+        let value_of = |field: &str| section.lines().find(|l| l.contains(&format!("`{field}`"))).unwrap().to_owned();
+        assert!(value_of("header.layout_version").contains(&format!("| `{}` |", layout.version())), "{heading}");
+        assert!(value_of("header.total_bytes").contains(&format!("| `{}` |", layout.block_bytes())), "{heading}");
+        assert!(value_of("header.slot_count").contains(&format!("1..={}", layout.max_slots())), "{heading}");
+    }
 }
 
 /// Rows `(name, code, rest)` of the markdown table whose first header cell is `first_header`; the name is the

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
-use ipc_core::ring::layout::{CONTROL_BLOCK_BYTES, ConsumerState};
+use ipc_core::ring::RingLayout;
+use ipc_core::ring::layout::ConsumerState;
 use ipc_core::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, Sequence};
 use ipc_core::wire::{
     BackendKind, Detach, DetachReason, DeviceUuid, HandleType, Message, OfferFds, RefusalCode, Refused,
@@ -275,7 +276,7 @@ fn host_fake_offer(sync: SyncStrategy, generation: u64, consumer_id: u32) -> Rin
         data_offset: 0,
         allocation_bytes: 8192,
         granularity: 8192,
-        control_bytes: CONTROL_BLOCK_BYTES as u64,
+        control_bytes: RingLayout::V1.block_bytes() as u64,
         legacy_mem_handle: None,
         event_handles: Vec::new(),
     }
@@ -304,7 +305,7 @@ fn a_python_consumer_offered_a_gpu_strategy_says_import_failed_and_exits_2() {
     let mut c = py_consumer(&python, &path, 10, "gpu");
     let connection = accept_hello(&listener, "gpu");
     let offer = host_fake_offer(SyncStrategy::GpuStreamOps, 1, 3);
-    let fds = OfferFds { control: sealed_memfd(CONTROL_BLOCK_BYTES as u64), data: Some(sealed_memfd(8192)) };
+    let fds = OfferFds { control: sealed_memfd(RingLayout::V1.block_bytes() as u64), data: Some(sealed_memfd(8192)) };
     connection.send(&Message::RingOffer(offer), fds.into_vec(), T).unwrap();
     let answer = connection.recv(T).unwrap().message;
     assert_eq!(answer, Message::Detach(Detach { consumer_id: 3, reason: DetachReason::ImportFailed }));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ipc_core::ring::layout::ConsumerState;
 use ipc_core::ring::{
     ConsumerControl, ConsumerId, GoneReason, LivenessPolicy, POISON, ProducerControl, RingConfig, RingError, Sequence,
-    WaitMode,
+    SlotIndex, WaitMode,
 };
 use ipc_core::sys::shm::{SharedMemory, SharedObject};
 use rustix::io::FdFlags;
@@ -211,9 +211,9 @@ fn producer_survives_a_killed_consumer() {
     assert!(gone[0].0 >= KILL_AT && gone[0].0 <= KILL_AT + u64::from(SLOTS), "{gone:?}");
     assert_eq!(ring.producer.block().next_sequence(), Sequence(TOTAL));
     assert_eq!(ring.producer.block().consumer_state(id.index()), Some((ConsumerState::Dead, id.epoch())));
-    let record = &ring.producer.block().layout().consumers[id.index() as usize];
-    for slot in 0..SLOTS as usize {
-        assert_eq!(record.released[slot].value.load(Ordering::SeqCst), POISON);
+    let record = ring.producer.block().record_at(id.index()).unwrap();
+    for slot in 0..SLOTS {
+        assert_eq!(record.released(SlotIndex(slot)).load(Ordering::SeqCst), POISON);
     }
 }
 
@@ -253,6 +253,6 @@ fn killed_producer_is_reported_within_a_second() {
     // Survivor duty: release every GPU wait on frames that will never come.
     let last = consumer.highest_published();
     consumer.poison_published();
-    assert!(ipc_core::ring::is_poisoned(consumer.block().layout().published[0].value.load(Ordering::SeqCst)));
+    assert!(ipc_core::ring::is_poisoned(consumer.block().published(SlotIndex(0)).load(Ordering::SeqCst)));
     assert_eq!(consumer.highest_published(), last, "the poison keeps which frames were published");
 }

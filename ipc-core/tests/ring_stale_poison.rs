@@ -39,15 +39,15 @@ fn a_repoisoned_dead_record_never_poisons_its_next_owner() {
     let (mut cycles, mut poisoned) = (0u64, 0u64);
     while start.elapsed() < budget && cycles < 2_000_000 {
         let id = ring.register_consumer(getpid()).unwrap();
-        let record = &ring.block().layout().consumers[id.index() as usize];
+        let record = ring.block().record_at(id.index()).unwrap();
         // Its counters start clean and nobody may touch them while it is live and has released nothing.
         for _ in 0..8 {
             std::hint::spin_loop();
         }
-        if record.released.iter().any(|c| c.value.load(Ordering::Acquire) == POISON) {
+        if record.released_counters().any(|c| c.load(Ordering::Acquire) == POISON) {
             poisoned += 1;
         }
-        assert_eq!(record.state.load(Ordering::Acquire), state_word(id.epoch(), ConsumerState::Live));
+        assert_eq!(record.state().load(Ordering::Acquire), state_word(id.epoch(), ConsumerState::Live));
         ring.mark_consumer_dead(id).unwrap();
         // The watchdog now re-poisons `id` until told otherwise; the record is freed at once.
         *dead.lock().unwrap() = Some(id);

@@ -5,11 +5,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ipc_core::ring::layout::{
-    CONTROL_BLOCK_BYTES, ConsumerState, MAX_CONSUMERS, MAX_SLOTS, consumer_heartbeat_offset, consumer_state_offset,
-    next_sequence_offset, producer_heartbeat_offset, producer_state_offset, published_offset, released_offset,
-    state_word,
-};
+use ipc_core::ring::layout::{ConsumerState, LAYOUT_1_MAX_SLOTS, MAX_CONSUMERS, MAX_SLOTS, RingLayout, state_word};
 use ipc_core::ring::{
     ConsumerControl, ConsumerId, ControlBlock, GoneReason, LivenessPolicy, POISON, ProducerControl, ReleaseRequirement,
     RingConfig, RingError, Sequence, SlotIndex, WaitMode, WaitTarget,
@@ -38,49 +34,100 @@ fn soon() -> Instant {
 
 #[test]
 fn offsets_are_aligned_and_hot_counters_own_their_lines() {
-    let producer = producer(MAX_SLOTS, MAX_CONSUMERS);
+    // Version 1: every per-frame counter alone on a 128-byte line, whoever writes it.
+    let producer = producer(LAYOUT_1_MAX_SLOTS, MAX_CONSUMERS);
     let block = producer.block();
+    let layout = block.layout();
+    assert_eq!(layout, RingLayout::V1);
     let base = block.memory().as_ptr() as usize;
     assert_eq!(base % 4096, 0, "mapping page aligned");
-    assert_eq!(block.memory().len(), CONTROL_BLOCK_BYTES);
-    assert_eq!(CONTROL_BLOCK_BYTES % (64 * 1024), 0);
+    assert_eq!(block.memory().len(), 131_072);
     let addr = |counter: &AtomicU64| counter as *const AtomicU64 as usize - base;
-    let layout = block.layout();
 
     let mut hot = vec![
-        (next_sequence_offset(), addr(&layout.next_sequence.value)),
-        (producer_heartbeat_offset(), addr(&layout.producer_heartbeat_ns.value)),
+        (layout.next_sequence_offset(), addr(block.next_sequence_counter())),
+        (layout.producer_heartbeat_offset(), addr(block.producer_heartbeat_ns())),
     ];
-    for slot in 0..MAX_SLOTS {
-        hot.push((published_offset(SlotIndex(slot)), addr(&layout.published[slot as usize].value)));
+    for slot in 0..LAYOUT_1_MAX_SLOTS {
+        hot.push((layout.published_offset(SlotIndex(slot)), addr(block.published(SlotIndex(slot)))));
     }
     for consumer in 0..MAX_CONSUMERS {
-        let record = &layout.consumers[consumer as usize];
-        hot.push((consumer_heartbeat_offset(consumer), addr(&record.heartbeat_ns.value)));
-        for slot in 0..MAX_SLOTS {
-            let offset = released_offset(consumer, SlotIndex(slot));
-            hot.push((offset, addr(&record.released[slot as usize].value)));
+        let record = block.record_at(consumer).unwrap();
+        hot.push((layout.consumer_heartbeat_offset(consumer), addr(record.heartbeat_ns())));
+        for slot in 0..LAYOUT_1_MAX_SLOTS {
+            let offset = layout.released_offset(consumer, SlotIndex(slot));
+            hot.push((offset, addr(record.released(SlotIndex(slot)))));
         }
-        assert_eq!(consumer_state_offset(consumer), addr(&record.state));
-        assert_eq!(consumer_state_offset(consumer) % 128, 0);
+        assert_eq!(layout.consumer_state_offset(consumer), addr(record.state()));
+        assert_eq!(layout.consumer_state_offset(consumer) % 128, 0);
     }
-    assert_eq!(producer_state_offset(), addr(&layout.header.producer_state));
+    assert_eq!(layout.producer_state_offset(), addr(block.producer_state()));
     assert_eq!(hot.len(), 2 + 32 + 16 * 33);
 
     let mut lines_64 = HashSet::new();
     let mut lines_128 = HashSet::new();
     for (offset, actual) in &hot {
-        assert_eq!(offset, actual, "offset function disagrees with the struct");
+        assert_eq!(offset, actual, "offset function disagrees with the block's accessor");
         assert_eq!(offset % 8, 0);
-        assert!(offset + 8 <= CONTROL_BLOCK_BYTES);
+        assert!(offset + 8 <= 131_072);
         assert!(lines_64.insert(offset / 64), "offset {offset} shares a 64-byte line");
         assert!(lines_128.insert(offset / 128), "offset {offset} shares a 128-byte line");
     }
     // Spot values that the documentation's offset table states.
-    assert_eq!(next_sequence_offset(), 256);
-    assert_eq!(published_offset(SlotIndex(1)), 512);
-    assert_eq!(released_offset(0, SlotIndex(0)), 4736);
-    assert_eq!(released_offset(1, SlotIndex(2)), 4480 + 4352 + 256 + 2 * 128);
+    assert_eq!(layout.next_sequence_offset(), 256);
+    assert_eq!(layout.published_offset(SlotIndex(1)), 512);
+    assert_eq!(layout.released_offset(0, SlotIndex(0)), 4736);
+    assert_eq!(layout.released_offset(1, SlotIndex(2)), 4480 + 4352 + 256 + 2 * 128);
+}
+
+#[test]
+fn a_ring_of_more_than_32_slots_uses_layout_2_and_packs_each_writers_counters() {
+    for slots in [33, 64, 128, MAX_SLOTS] {
+        let producer = producer(slots, MAX_CONSUMERS);
+        let block = producer.block();
+        let layout = block.layout();
+        assert_eq!(layout, RingLayout::V2, "{slots} slots");
+        assert_eq!(block.memory().len(), 65_536);
+        let base = block.memory().as_ptr() as usize;
+        let addr = |counter: &AtomicU64| counter as *const AtomicU64 as usize - base;
+        for slot in [0, 1, slots - 1] {
+            assert_eq!(addr(block.published(SlotIndex(slot))), 384 + 8 * slot as usize);
+            for consumer in [0, 1, MAX_CONSUMERS - 1] {
+                let record = block.record_at(consumer).unwrap();
+                let offset = 2432 + 2304 * consumer as usize + 256 + 8 * slot as usize;
+                assert_eq!(layout.released_offset(consumer, SlotIndex(slot)), offset);
+                assert_eq!(addr(record.released(SlotIndex(slot))), offset);
+                assert_eq!(addr(record.state()), 2432 + 2304 * consumer as usize);
+                assert_eq!(addr(record.heartbeat_ns()), 2432 + 2304 * consumer as usize + 128);
+            }
+        }
+        // The header words are where version 1 has them; only the version and the size differ.
+        let header: Vec<u64> = (0..8).map(|w| block.counter(8 * w).unwrap().load(Ordering::SeqCst)).collect();
+        assert_eq!(header[1..5], [2, 65_536, u64::from(slots), u64::from(MAX_CONSUMERS)]);
+        // A consumer attaches to it as to any ring.
+        let fd = block.memory().try_clone_fd().unwrap();
+        let attached = ControlBlock::attach(fd).unwrap();
+        assert_eq!((attached.layout(), attached.slot_count()), (RingLayout::V2, slots));
+    }
+}
+
+#[test]
+fn attach_refuses_a_block_whose_header_disagrees_with_its_size() {
+    // A version-2 block whose header says version 1 (or an unknown version) is refused before anything is read.
+    let producer = producer(64, 2);
+    let version = producer.block().counter(8).unwrap();
+    version.store(1, Ordering::SeqCst);
+    let err = ControlBlock::attach(producer.block().memory().try_clone_fd().unwrap()).unwrap_err();
+    assert!(matches!(err, RingError::Corrupt { what: "total_bytes", .. }), "{err}");
+    version.store(9, Ordering::SeqCst);
+    let err = ControlBlock::attach(producer.block().memory().try_clone_fd().unwrap()).unwrap_err();
+    assert!(matches!(err, RingError::LayoutVersion { found: 9, newest: 2 }), "{err}");
+    assert!(err.to_string().contains("layout version 9"), "{err}");
+    // A version-2 header with more slots than version 1 holds, in a block of version 1's size.
+    let shallow = self::producer(4, 2);
+    shallow.block().counter(8).unwrap().store(2, Ordering::SeqCst);
+    let err = ControlBlock::attach(shallow.block().memory().try_clone_fd().unwrap()).unwrap_err();
+    assert!(matches!(err, RingError::Corrupt { what: "total_bytes", value: 131_072 }), "{err}");
 }
 
 #[test]
@@ -94,7 +141,7 @@ fn header_is_initialised_and_attach_validates() {
     assert_eq!(block.producer_pid(), getpid().as_raw_pid() as u64);
     assert_eq!(block.next_sequence(), Sequence(0));
 
-    let blank = SharedMemory::create("blank", CONTROL_BLOCK_BYTES).unwrap();
+    let blank = SharedMemory::create("blank", RingLayout::V1.block_bytes()).unwrap();
     let err = ControlBlock::attach(blank.try_clone_fd().unwrap()).unwrap_err();
     assert!(matches!(err, RingError::BadMagic { found: 0 }), "{err}");
 
@@ -104,7 +151,7 @@ fn header_is_initialised_and_attach_validates() {
 
     let bad = RingConfig { slot_count: MAX_SLOTS + 1, max_consumers: 1, generation: 0 };
     let err = ProducerControl::create(bad, LivenessPolicy::default()).unwrap_err();
-    assert!(matches!(err, RingError::InvalidConfig { what: "slot_count", value: 33, max: 32 }), "{err}");
+    assert!(matches!(err, RingError::InvalidConfig { what: "slot_count", value: 257, max: 256 }), "{err}");
 }
 
 #[test]
@@ -125,7 +172,7 @@ fn one_consumer_back_pressure() {
         vec![ReleaseRequirement {
             consumer: consumer.id(),
             slot: SlotIndex(1),
-            offset: released_offset(consumer.id().index(), SlotIndex(1)),
+            offset: RingLayout::V1.released_offset(consumer.id().index(), SlotIndex(1)),
             at_least: 2,
         }]
     );
@@ -137,7 +184,7 @@ fn one_consumer_back_pressure() {
     assert!(!producer.can_reuse(Sequence(5)).unwrap());
     producer.publish(Sequence(4)).unwrap();
     assert!(consumer.is_published(Sequence(4)).unwrap());
-    assert_eq!(producer.block().layout().published[0].value.load(Ordering::SeqCst), 5);
+    assert_eq!(producer.block().published(SlotIndex(0)).load(Ordering::SeqCst), 5);
     // Frame 0's slot now holds frame 4: asking for frame 0 again is an overrun, not a stale "yes".
     let err = consumer.is_published(Sequence(0)).unwrap_err();
     assert!(matches!(err, RingError::Overrun { found: 5, .. }), "{err}");
@@ -228,12 +275,12 @@ fn joining_record_holds_back_reuse() {
     producer.publish(Sequence(0)).unwrap();
     producer.publish(Sequence(1)).unwrap();
     // A registration caught between its claim and its join decision.
-    let record = &producer.block().layout().consumers[1];
-    record.state.store(state_word(1, ConsumerState::Joining), Ordering::SeqCst);
+    let record = producer.block().record_at(1).unwrap();
+    record.state().store(state_word(1, ConsumerState::Joining), Ordering::SeqCst);
     assert!(!producer.can_reuse(Sequence(2)).unwrap());
     let err = producer.pending_releases(Sequence(2), &mut Vec::new()).unwrap_err();
     assert!(matches!(err, RingError::JoinInProgress { index: 1 }), "{err}");
-    record.state.store(state_word(1, ConsumerState::Free), Ordering::SeqCst);
+    record.state().store(state_word(1, ConsumerState::Free), Ordering::SeqCst);
     assert!(producer.can_reuse(Sequence(2)).unwrap());
 }
 
@@ -248,9 +295,9 @@ fn detach_stops_counting_and_record_is_reclaimed() {
     consumer.detach().unwrap();
     assert!(producer.can_reuse(Sequence(2)).unwrap());
     assert_eq!(producer.block().consumer_state(0), Some((ConsumerState::Detached, id.epoch())));
-    let record = &producer.block().layout().consumers[0];
-    assert_eq!(record.released[0].value.load(Ordering::SeqCst), POISON);
-    assert_eq!(record.released[1].value.load(Ordering::SeqCst), POISON);
+    let record = producer.block().record_at(0).unwrap();
+    assert_eq!(record.released(SlotIndex(0)).load(Ordering::SeqCst), POISON);
+    assert_eq!(record.released(SlotIndex(1)).load(Ordering::SeqCst), POISON);
 
     let err = producer.register_consumer(getpid()).unwrap_err();
     assert!(matches!(err, RingError::RingFull { max_consumers: 1, reclaimable: 1 }), "{err}");
@@ -258,7 +305,7 @@ fn detach_stops_counting_and_record_is_reclaimed() {
     let again = producer.register_consumer(getpid()).unwrap();
     assert_eq!(again.index(), 0);
     assert_eq!(again.epoch(), id.epoch() + 1);
-    assert_eq!(record.released[0].value.load(Ordering::SeqCst), 0, "counters reset for the new owner");
+    assert_eq!(record.released(SlotIndex(0)).load(Ordering::SeqCst), 0, "counters reset for the new owner");
     assert_eq!(ConsumerId::from_u64(again.to_u64()), again);
 
     // The old id is refused everywhere instead of acting on the newcomer.
@@ -303,8 +350,8 @@ fn dead_consumer_stops_counting_and_is_poisoned() {
     producer.mark_consumer_dead(dead).unwrap();
     producer.mark_consumer_dead(dead).unwrap(); // idempotent
     assert!(producer.can_reuse(Sequence(2)).unwrap());
-    let record = &producer.block().layout().consumers[dead.index() as usize];
-    assert_eq!(record.released[0].value.load(Ordering::SeqCst), POISON);
+    let record = producer.block().record_at(dead.index()).unwrap();
+    assert_eq!(record.released(SlotIndex(0)).load(Ordering::SeqCst), POISON);
     producer.check_consumers().unwrap();
     // A consumer declared dead that wakes up is told so, and cannot lower the poison.
     let zombie = attach(&producer, alive.id());
@@ -318,7 +365,7 @@ fn sequences_beyond_u32() {
     let producer = producer(3, 2);
     let start = (1u64 << 32) + 5;
     // Stand in for a producer that has already run for 2^32 frames.
-    producer.block().layout().next_sequence.value.store(start, Ordering::SeqCst);
+    producer.block().next_sequence_counter().store(start, Ordering::SeqCst);
     let consumer = join_consumer(&producer);
     assert_eq!(consumer.join_sequence(), Sequence(start));
     for s in start..start + 10 {
@@ -327,7 +374,7 @@ fn sequences_beyond_u32() {
         assert!(consumer.is_published(Sequence(s)).unwrap());
         let slot = producer.slot_for(Sequence(s));
         assert_eq!(slot, SlotIndex((s % 3) as u32));
-        assert_eq!(producer.block().layout().published[slot.0 as usize].value.load(Ordering::SeqCst), s + 1);
+        assert_eq!(producer.block().published(slot).load(Ordering::SeqCst), s + 1);
         consumer.release(Sequence(s)).unwrap();
     }
     assert!(start + 10 > u64::from(u32::MAX));
@@ -372,13 +419,13 @@ fn poison_releases_everyone() {
     let producer = producer(2, 2);
     let consumer = join_consumer(&producer);
     consumer.poison_published();
-    assert_eq!(producer.block().layout().published[1].value.load(Ordering::SeqCst), POISON);
+    assert_eq!(producer.block().published(SlotIndex(1)).load(Ordering::SeqCst), POISON);
     let err = consumer.is_published(Sequence(0)).unwrap_err();
     assert!(matches!(err, RingError::ProducerGone { reason: GoneReason::Poisoned, .. }), "{err}");
     // A producer that was only presumed dead learns it from publish, and cannot lower the poison.
     let err = producer.publish(Sequence(0)).unwrap_err();
     assert!(matches!(err, RingError::ProducerGone { reason: GoneReason::Poisoned, .. }), "{err}");
-    assert_eq!(producer.block().layout().published[0].value.load(Ordering::SeqCst), POISON);
+    assert_eq!(producer.block().published(SlotIndex(0)).load(Ordering::SeqCst), POISON);
 }
 
 #[test]

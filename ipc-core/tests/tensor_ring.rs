@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use ipc_core::wire::{
-    ClientHello, DType, HEADER_BYTES, Header, MAGIC, Message, ObjectKind, PixelFormat, RefusalCode, Refused,
-    RendezvousListener, RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError, recv_bytes, send_bytes,
+    ClientHello, DType, HEADER_BYTES, Header, MAGIC, Message, ObjectKind, PROTOCOL_VERSION, PixelFormat, RefusalCode,
+    Refused, RendezvousListener, RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError, recv_bytes, send_bytes,
 };
 use rustix::event::{PollFd, PollFlags, Timespec};
 
@@ -138,7 +138,7 @@ fn a_consumer_of_this_release_reads_a_ring_of_tensors() {
         p.publish(lease, None).unwrap();
     }
     let ((layout_seen, version, view), frames) = consumer.join().unwrap();
-    assert_eq!((layout_seen, version), (layout, 2));
+    assert_eq!((layout_seen, version), (layout, PROTOCOL_VERSION));
     // Code written for pixel rings sees the slot as one row of 64 gray8 bytes.
     assert_eq!((view.width(), view.height(), view.pixel_format()), (64, 1, PixelFormat::Gray8));
     for (seq, data) in frames {
@@ -174,7 +174,7 @@ fn a_consumer_refused_for_its_protocol_version_says_what_to_do() {
         let hello = conn.recv(T).unwrap();
         assert_eq!(hello.version, 1, "the hello goes out in version 1");
         let Message::ClientHello(hello) = hello.message else { panic!("not a hello") };
-        assert_eq!(hello.protocol_version, 2, "announcing the newest version the consumer speaks");
+        assert_eq!(hello.protocol_version, PROTOCOL_VERSION, "announcing the newest version the consumer speaks");
         let refused = Refused { code: RefusalCode::UnsupportedVersion, message: "speak version 1".into() };
         conn.send(&Message::Refused(refused), Vec::new(), T).unwrap();
         conn.discard_unread();
@@ -184,7 +184,7 @@ fn a_consumer_refused_for_its_protocol_version_says_what_to_do() {
     let FrameError::Wire(WireError::VersionRefused { message, oldest, newest }) = &error else {
         panic!("expected VersionRefused, got {error}")
     };
-    assert_eq!((message.as_str(), *oldest, *newest), ("speak version 1", 1, 2));
+    assert_eq!((message.as_str(), *oldest, *newest), ("speak version 1", 1, PROTOCOL_VERSION));
     let text = error.to_string();
     assert!(text.contains("speak version 1") && text.contains("same gpu-ipc release"), "{text}");
 }

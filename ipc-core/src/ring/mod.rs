@@ -10,8 +10,8 @@ pub mod error;
 pub mod layout;
 
 pub use control::{
-    ConsumerActivity, ConsumerControl, ConsumerRecord, ControlBlock, LivenessPolicy, ProducerControl, ReleaseRequirement, RingConfig,
-    WaitMode, bounded_wait, is_poisoned, monotonic_ns, wait_until,
+    ConsumerActivity, ConsumerControl, ConsumerRecord, ControlBlock, LivenessPolicy, ProducerControl,
+    ReleaseRequirement, RingConfig, WaitMode, bounded_wait, is_poisoned, monotonic_ns, wait_until,
 };
 pub use error::{GoneReason, RingError, WaitTarget};
 pub use layout::{ConsumerId, POISON, RingLayout, Sequence, SlotIndex};

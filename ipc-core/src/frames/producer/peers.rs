@@ -16,7 +16,8 @@ use crate::frames::strategy::ProducerSide;
 use crate::ring::layout::{ConsumerState, RingLayout};
 use crate::ring::{ConsumerId, ProducerControl, RingError, monotonic_ns};
 use crate::wire::{
-    DEEP_RING_VERSION, Message, ObjectKind, PeerConnection, PeerCredentials, PeerState, PeerStatus, RefusalCode, RingOffer, SlotLayout,
+    DEEP_RING_VERSION, Message, ObjectKind, PeerConnection, PeerCredentials, PeerState, PeerStatus, RefusalCode,
+    RingOffer, SlotLayout,
 };
 
 // The wire's bound on rings that protocol versions 1 and 2 can offer is control-block layout 1's.

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::{RingConfig, monotonic_ns};
 use crate::ring::error::RingError;
 use crate::ring::layout::{
-    ConsumerId, ConsumerState, MAGIC, MAX_CONSUMERS, MAX_SLOTS, POISON, ProducerState, RingLayout, Sequence,
-    SlotIndex, header, state_epoch, state_word,
+    ConsumerId, ConsumerState, MAGIC, MAX_CONSUMERS, MAX_SLOTS, POISON, ProducerState, RingLayout, Sequence, SlotIndex,
+    header, state_epoch, state_word,
 };
 use crate::sys::shm::SharedMemory;
 

@@ -6,12 +6,11 @@ use std::time::Instant;
 use rustix::process::Pid;
 
 use super::{
-    ConsumerRecord, ControlBlock, LivenessPolicy, ReleaseRequirement, RingConfig, WaitMode, is_poisoned, monotonic_ns, peer_gone,
-    wait_until,
+    ConsumerRecord, ControlBlock, LivenessPolicy, ReleaseRequirement, RingConfig, WaitMode, is_poisoned, monotonic_ns,
+    peer_gone, wait_until,
 };
 use crate::ring::error::{GoneReason, RingError, WaitTarget};
-use crate::ring::layout::{
-    ConsumerId, ConsumerState, ProducerState, Sequence, SlotIndex, state_epoch, state_word};
+use crate::ring::layout::{ConsumerId, ConsumerState, ProducerState, Sequence, SlotIndex, state_epoch, state_word};
 
 /// The producer's side of the control block. Dropping it closes the ring, unless it was
 /// [`abandon`](Self::abandon)ed.
