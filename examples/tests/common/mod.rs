@@ -131,8 +131,9 @@ pub fn producer(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: 
     producer_with(backend, sync, sock, frames, consumers, &[])
 }
 
-/// As [`producer`], with more options.
+/// As [`producer`], with more options (`--slots` among them replaces the default 2).
 pub fn producer_with(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: usize, extra: &[&str]) -> Proc {
+    let slots: &[&str] = if extra.contains(&"--slots") { &[] } else { &["--slots", "2"] };
     let args: Vec<String> = [
         "--socket",
         sock.to_str().unwrap(),
@@ -140,8 +141,6 @@ pub fn producer_with(backend: &str, sync: &str, sock: &Path, frames: u64, consum
         backend,
         "--sync",
         sync,
-        "--slots",
-        "2",
         "--frames",
         &frames.to_string(),
         "--consumers",
@@ -149,6 +148,7 @@ pub fn producer_with(backend: &str, sync: &str, sock: &Path, frames: u64, consum
         "--json",
     ]
     .iter()
+    .chain(slots)
     .chain(extra)
     .map(ToString::to_string)
     .collect();
