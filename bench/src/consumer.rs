@@ -38,9 +38,9 @@ pub enum BenchTask {
 }
 
 /// Frames a consumer may have queued before it waits for the oldest to finish (the completion clock's depth): above
-/// the deepest run-ahead of the library (2 x 32 slots), so that the clock never holds the consumer back or spins
+/// the deepest run-ahead of the library (2 x 256 slots), so that the clock never holds the consumer back or spins
 /// where the library itself would not.
-const IN_FLIGHT: usize = 128;
+const IN_FLIGHT: usize = 4 * gpu_ipc::core::ring::layout::MAX_SLOTS as usize;
 
 /// What a consumer process is asked to do (the task's parameters).
 #[derive(Debug, Clone, Serialize, Deserialize)]

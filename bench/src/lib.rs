@@ -95,6 +95,10 @@ pub struct PipelineArgs {
     /// Bound of one row, in seconds (a row past it is recorded as failed).
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub row_timeout: u64,
+    /// Our rows at these ring depths only (comma-separated, each 1 to 256; above 32 the ring's control block uses
+    /// layout 2), every strategy and consumer count, instead of the grid's depths; `--rows` still filters them.
+    #[arg(long, value_delimiter = ',', value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub slots: Vec<u32>,
     /// Print the names of the rows that would run, and exit (needs no GPU).
     #[arg(long)]
     pub list: bool,
@@ -114,7 +118,11 @@ impl PipelineArgs {
     /// The rows this run selects, in the order they run.
     pub fn selected_rows(&self) -> Vec<RowSpec> {
         let backends: Vec<BackendKind> = self.backend.map_or_else(|| gpu_ipc::COMPILED_GPU.to_vec(), |b| vec![b]);
-        rows::select(&rows::all_rows(&backends, self.common.quick), &self.rows)
+        let grid = match self.slots.as_slice() {
+            [] => rows::all_rows(&backends, self.common.quick),
+            slots => rows::rows_at_slots(&backends, slots),
+        };
+        rows::select(&grid, &self.rows)
     }
 }
 

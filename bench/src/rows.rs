@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 
 /// Ring depths of our rows.
 pub const SLOTS: [u32; 6] = [1, 2, 4, 8, 16, 32];
+/// Ring depths of the deep rows (control-block layout 2), beyond [`SLOTS`]: where the ring's depth still hides
+/// the time-slicing of two processes without MPS.
+pub const DEEP_SLOTS: [u32; 3] = [64, 128, 256];
 /// Ring depths of our rows with `--quick`.
 pub const QUICK_SLOTS: [u32; 2] = [1, 4];
 /// Consumer counts of our rows.
@@ -187,6 +190,39 @@ pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
             rows.push(RowSpec::ThreeStage { backend, strategy, slots: THREE_STAGE_SLOTS });
         }
     }
+    if !quick {
+        rows.extend(deep_rows(backends, &DEEP_SLOTS));
+    }
+    rows
+}
+
+/// Our rows at ring depths `slots` (each 1 to 256), one consumer, for the strategies whose frames the CPU does not
+/// wait for one by one (`ipc-event`, `gpu-stream-ops`, `gpu-poll`: the ones a deeper ring lets run further
+/// ahead; the CPU strategies wait for every frame on the CPU, so depth past the grid's changes nothing for them).
+pub fn deep_rows(backends: &[BackendKind], slots: &[u32]) -> Vec<RowSpec> {
+    let mut rows = Vec::new();
+    for &backend in backends {
+        for strategy in SyncStrategy::ALL.into_iter().filter(|&s| publishes_on_gpu(s)) {
+            rows.extend(slots.iter().map(|&slots| RowSpec::Ours { backend, strategy, slots, consumers: 1 }));
+        }
+    }
+    rows
+}
+
+/// Every row of a run given `--slots`: the references and the study's designs, then our rows at those depths only
+/// (every strategy and consumer count of the grid), in place of the grid's depths; no three-stage rows.
+pub fn rows_at_slots(backends: &[BackendKind], slots: &[u32]) -> Vec<RowSpec> {
+    let mut rows: Vec<RowSpec> = all_rows(backends, true)
+        .into_iter()
+        .filter(|r| !matches!(r, RowSpec::Ours { .. } | RowSpec::ThreeStage { .. }))
+        .collect();
+    for &backend in backends {
+        for strategy in SyncStrategy::ALL {
+            for &consumers in &CONSUMERS {
+                rows.extend(slots.iter().map(|&slots| RowSpec::Ours { backend, strategy, slots, consumers }));
+            }
+        }
+    }
     rows
 }
 
@@ -215,7 +251,8 @@ mod tests {
     fn the_full_grid_and_the_quick_one() {
         let backends = gpu_ipc::COMPILED_GPU;
         let full = all_rows(backends, false);
-        assert_eq!(full.len(), 4 + 4 + backends.len() * 5 * 6 * 2 + backends.len() * 5);
+        let deep = backends.len() * 3 * DEEP_SLOTS.len();
+        assert_eq!(full.len(), 4 + 4 + backends.len() * 5 * 6 * 2 + backends.len() * 5 + deep);
         assert_eq!(full[0], RowSpec::SingleProcess);
         assert_eq!(full[1], RowSpec::SingleProcessPipelined { slots: 2 });
         assert_eq!(full[2].name(), "single-process-pipelined-s8");
@@ -236,6 +273,26 @@ mod tests {
         unique.sort();
         unique.dedup();
         assert_eq!(unique.len(), names.len(), "row names are unique");
+    }
+
+    #[test]
+    fn the_deep_rows_run_the_strategies_a_deeper_ring_helps_at_64_128_and_256_slots() {
+        let backend = gpu_ipc::COMPILED_GPU[0];
+        let names: Vec<String> = all_rows(&[backend], false).iter().map(RowSpec::name).collect();
+        let b = backend.name();
+        for slots in DEEP_SLOTS {
+            for strategy in ["ipc-event", "gpu-stream-ops", "gpu-poll"] {
+                assert!(names.contains(&format!("ours-{b}-{strategy}-s{slots}-c1")), "{strategy} at {slots}");
+            }
+            assert!(!names.contains(&format!("ours-{b}-cpu-spin-s{slots}-c1")), "cpu-spin at {slots}");
+        }
+        let quick: Vec<String> = all_rows(&[backend], true).iter().map(RowSpec::name).collect();
+        assert!(quick.iter().all(|n| !n.contains("-s256-")), "no deep row in the quick grid");
+        // `--slots`: the references and the study, then every strategy and consumer count at the given depths only.
+        let at = rows_at_slots(&[backend], &[200]);
+        assert_eq!(at.len(), 4 + 4 + 5 * 2, "{at:?}");
+        assert!(at[8..].iter().all(|r| matches!(r, RowSpec::Ours { slots: 200, .. })));
+        assert_eq!(at[8].name(), format!("ours-{b}-cpu-spin-s200-c1"));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use gpu_ipc::core::driver::{Context, Event, EventFlags, Stream};
 use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject, ShmError};
 use harness::ProbeError;
 
-/// Entries of the publish-time array: sequence `s` lives at `s % STAMP_SLOTS`. The producer is never more than 32
+/// Entries of the publish-time array: sequence `s` lives at `s % STAMP_SLOTS`. The producer is never more than 256
 /// frames ahead of a consumer, so an entry is read long before it is reused.
 pub const STAMP_SLOTS: usize = 1 << 16;
 
