@@ -123,6 +123,16 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
             }),
         ),
         (
+            "client-hello-v3",
+            Message::ClientHello(ClientHello {
+                object: ObjectKind::Ring,
+                protocol_version: 3,
+                wanted_backend: Some(BackendKind::Vmm),
+                client_pid: 4242,
+                consumer_name: "viewer".into(),
+            }),
+        ),
+        (
             "ring-offer-v2-tensor",
             Message::RingOffer(RingOffer {
                 backend: BackendKind::Vmm,

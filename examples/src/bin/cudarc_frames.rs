@@ -83,7 +83,7 @@ struct Args {
     /// Frames to produce, or to read (0: a consumer reads until the end of the stream).
     #[arg(long, default_value_t = 2000)]
     frames: u64,
-    /// Ring slots (producer).
+    /// Ring slots (producer), 1 to 256.
     #[arg(long, default_value_t = 4)]
     slots: u32,
     /// Frame width, height (RGB, 8 bits per channel).

@@ -43,7 +43,7 @@ struct Args {
     /// Sync strategy: cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops or gpu-poll (needs MPS).
     #[arg(long, default_value = "cpu-spin")]
     sync: SyncStrategy,
-    /// Ring slots.
+    /// Ring slots, 1 to 256 (above 32: control-block layout 2, for consumers of this release).
     #[arg(long, default_value_t = 2)]
     slots: u32,
     /// Frame width in pixels (default 3840; 640 with `--backend host`).

@@ -42,7 +42,7 @@ pub struct RingArgs {
     /// (needs MPS).
     #[arg(long, default_value = "cpu-spin")]
     pub sync: SyncStrategy,
-    /// Ring slots.
+    /// Ring slots, 1 to 256.
     #[arg(long, default_value_t = 2)]
     pub slots: u32,
     /// Frame width in pixels (default 3840; 640 with `--backend host`).

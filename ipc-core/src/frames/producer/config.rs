@@ -17,7 +17,9 @@ pub struct ProducerConfig {
     /// ([`TensorDesc`](crate::wire::TensorDesc)) or bare bytes. A ring of pixel frames serves consumers of every
     /// protocol version; any other needs consumers of version 2 (older ones are refused, told why).
     pub slot_layout: SlotLayout,
-    /// Number of slots (1 to 32; 2 to 4 lets the producer work ahead of the consumers).
+    /// Number of slots (1 to 256; 2 to 4 lets the producer work ahead of the consumers). Up to 32 the control block
+    /// uses layout 1, which every consumer reads; a deeper ring uses layout 2, which only consumers of wire protocol
+    /// version 3 (this release) are offered: older ones are refused at the handshake.
     pub slots: u32,
     /// How producer and consumers wait for each other.
     pub sync: SyncStrategy,
