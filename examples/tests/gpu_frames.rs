@@ -1,7 +1,8 @@
 //! The frame-sharing API end to end on a real GPU, in separate processes: for each backend and each sync
 //! strategy, one producer and two consumers exchange 10,000 4K RGB frames, every frame checked by a kernel;
 //! a consumer killed with SIGKILL mid-run leaves the others running to the end; a producer killed with SIGKILL
-//! gives every consumer `ProducerGone` within a second. Ignored without a GPU.
+//! gives every consumer `ProducerGone` within a second; a ring of 256 slots (control-block layout 2) serves a late
+//! joiner and survives a killed consumer. Ignored without a GPU.
 //!
 //! With `GPU_IPC_RESULTS_DIR` set, each run's figures are appended to `frames-<GPU_IPC_RESULTS_TAG>.jsonl`
 //! there (the GPU suite runs this file once without MPS and once under a private MPS daemon).
@@ -154,6 +155,51 @@ fn reading_until_the_end_of_the_stream_exits_0_with_every_backend_and_strategy()
             assert!(cj["producer_gone"].is_null(), "{backend}/{sync}: {cj}");
             record(&serde_json::json!({"test": "end-of-stream", "backend": backend, "sync": sync,
                 "frames": cj["frames"], "frames_past_end": cj["frames_past_end"]}));
+        }
+    }
+}
+
+/// A ring of 256 slots (control-block layout 2, 1080p rgb8 frames: 1.6 GB a ring) on each GPU backend with the
+/// strategies a deeper ring lets run ahead: two consumers from the start and one that joins late read every frame
+/// verified by the kernel, and a fourth, SIGKILLed mid-run, stalls nobody.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_256_slot_ring_serves_a_late_joiner_and_survives_a_killed_consumer() {
+    const DEEP: [&str; 7] = ["--slots", "256", "--width", "1920", "--height", "1080", "--until-stdin-closes"];
+    for backend in BACKENDS {
+        for sync in ["ipc-event", "gpu-stream-ops"] {
+            let sock = socket(&format!("deep-{backend}-{sync}"));
+            let mut p = common::producer_with(backend, sync, &sock, 0, 2, &DEEP);
+            let a = consumer("a", backend, &sock, 0);
+            let b = consumer("b", backend, &sock, 0);
+            a.wait_for_line("frame 1000", Duration::from_secs(60));
+            let late = consumer("late", backend, &sock, 0);
+            let mut victim = consumer("victim", backend, &sock, 0);
+            victim.wait_for_line("frame 500", Duration::from_secs(60));
+            victim.kill9();
+            let (vs, _, _) = victim.finish(Duration::from_secs(5));
+            assert!(!vs.success());
+            late.wait_for_line("frame 2000", Duration::from_secs(60));
+            p.close_stdin();
+            let (ps, _, pj) = p.finish(Duration::from_secs(120));
+            assert!(ps.success(), "{backend}/{sync}: producer {ps} {pj}");
+            assert_eq!(pj["slots"], 256, "{pj}");
+            let total = pj["frames"].as_u64().unwrap();
+            assert_eq!(pj["consumers_lost"], 1, "{backend}/{sync}: {pj}");
+            let mut readers = Vec::new();
+            for c in [a, b, late] {
+                let (status, _, json) = c.finish(Duration::from_secs(10));
+                assert_eq!(status.code(), Some(0), "{backend}/{sync}: {json}");
+                assert_eq!(json["protocol_version"], 3, "{backend}/{sync}: {json}");
+                assert_eq!(json["mismatched_words"], 0, "{backend}/{sync}: {json}");
+                assert_eq!(json["end_of_stream_after"], total, "{backend}/{sync}: {json}");
+                let first = json["first_seq"].as_u64().unwrap();
+                assert_eq!(json["frames"].as_u64().unwrap(), total - first, "{backend}/{sync}: {json}");
+                readers.push(json);
+            }
+            assert!(readers[2]["first_seq"].as_u64().unwrap() > 0, "{backend}/{sync}: the late one joined late");
+            record(&serde_json::json!({"test": "deep-ring", "backend": backend, "sync": sync,
+                "producer": pj, "consumers": readers}));
         }
     }
 }

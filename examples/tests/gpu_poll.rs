@@ -83,13 +83,24 @@ fn wait_idle(stream: &Stream, timeout: Duration) -> bool {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_poll_moves_verified_frames_to_two_consumers() {
+    moves_verified_frames_to_two_consumers("frames", 2, 600);
+}
+
+/// A ring of 256 slots (control-block layout 2): the consumers' counters of a slot are 8 bytes apart within a
+/// record and one record (2,304 bytes) apart across consumers, which the producer's poll mask walks.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_poll_moves_verified_frames_through_256_slots() {
+    moves_verified_frames_to_two_consumers("deep", 256, 1200);
+}
+
+fn moves_verified_frames_to_two_consumers(tag: &str, slots: u32, frames: u64) {
     assume_mps();
-    const FRAMES: u64 = 600;
     let ctx = Context::for_ordinal(0).unwrap();
     ctx.bind().unwrap();
     let kernels = PatternKernels::load(&ctx).unwrap();
-    let mut producer = producer(&ctx, "frames", 2);
-    let mut consumers = attach(&ctx, &mut producer, "frames", 2);
+    let mut producer = producer(&ctx, tag, slots);
+    let mut consumers = attach(&ctx, &mut producer, tag, 2);
     let producer_stream = Stream::new(&ctx).unwrap();
     let streams: Vec<Stream> = consumers.iter().map(|_| Stream::new(&ctx).unwrap()).collect();
     let counters: Vec<DeviceBuffer> = consumers.iter().map(|_| DeviceBuffer::alloc(&ctx, 8).unwrap()).collect();
@@ -97,7 +108,7 @@ fn gpu_poll_moves_verified_frames_to_two_consumers() {
         counter.span().fill_u32_async(0, stream).unwrap();
     }
     let start = Instant::now();
-    for seq in 0..FRAMES {
+    for seq in 0..frames {
         let lease = producer.acquire(Some(&producer_stream), T).unwrap();
         assert_eq!(lease.seq().0, seq);
         kernels.fill(&producer_stream, producer.slot_span(&lease).unwrap(), seq).unwrap();
@@ -118,7 +129,7 @@ fn gpu_poll_moves_verified_frames_to_two_consumers() {
         assert_eq!(mismatches[0], 0, "words that were not the published frame's");
     }
     let took = start.elapsed();
-    eprintln!("gpu-poll: {FRAMES} frames of 1280x720 rgb8 to 2 consumers in {took:?}");
+    eprintln!("gpu-poll: {frames} frames of 1280x720 rgb8 through {slots} slots to 2 consumers in {took:?}");
     for consumer in consumers {
         consumer.detach();
     }

@@ -38,7 +38,7 @@ const KIND: SyncStrategy = SyncStrategy::GpuPoll;
 const TIMED_OUT: u64 = 1 << 63;
 
 /// Outcome words per side: one per frame in flight, and at most `depth_for(MAX_SLOTS)` = `2 * MAX_SLOTS` frames
-/// are in flight.
+/// are in flight (512 at 256 slots: 4 KiB, inside the 64 KiB status memfd).
 const OUTCOME_WORDS: usize = 2 * MAX_SLOTS as usize;
 
 /// The index of the side's abort word, after the outcome words: non-zero makes every poll give up.
@@ -160,6 +160,8 @@ fn first_timed_out(words: impl Iterator<Item = u64>) -> Option<u64> {
 /// The status words of one side, host memory registered for the device: an outcome word per frame in flight,
 /// where each poll stores whether it was satisfied, then the abort word. The CPU side reaches them only as atomics.
 type StatusWords = [AtomicU64; OUTCOME_WORDS + 1];
+
+const _: () = assert!(size_of::<StatusWords>() <= OUTCOME_BYTES);
 
 /// What both sides share: the kernels, the registered control block, the outcome words, the run-ahead bound.
 struct Poller {

@@ -8,7 +8,7 @@
 //! and queues nothing when the CPU already sees the counter satisfied. The run-ahead reads the stream's progress
 //! from a word of host memory the stream writes: no event per frame. Waits carry no mark (the frame's next mark
 //! covers them); a wait left after the last mark at teardown leaks this side's registration of the control block
-//! (128 KiB of page-locked host memory) rather than unregister memory the stream may still poll.
+//! (64 or 128 KiB of page-locked host memory) rather than unregister memory the stream may still poll.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -141,7 +141,7 @@ impl Trailing {
 /// waiting; the caller leaks the ring). Waits queued after the last mark (`trailing`) have no mark to tell whether
 /// the stream passed them: they are checked on the host, until `deadline`; once every one holds, the stream passes
 /// them without touching the ring, but may still poll the control block, so this side's registration of it is
-/// leaked (128 KiB of page-locked host memory), never unregistered under the stream.
+/// leaked (the 64 or 128 KiB control block, page-locked), never unregistered under the stream.
 fn settle_side(
     run_ahead: &RunAhead,
     registration: &BlockRegistration,

@@ -19,6 +19,16 @@ use crate::wire::SyncStrategy;
 
 const KIND: SyncStrategy = SyncStrategy::IpcEvent;
 
+// The offer of the deepest ring (2 handles per slot, a tensor of the most dimensions, with strides) fits one message:
+// at 256 slots, 512 handles of 64 bytes, about half the payload limit.
+const _: () = {
+    use crate::ring::layout::MAX_SLOTS;
+    use crate::wire::{IPC_HANDLE_BYTES, MAX_PAYLOAD_BYTES, MAX_TENSOR_DIMS, RING_OFFER_V2_FIXED_BYTES};
+    let shape_and_strides = 2 * 8 * MAX_TENSOR_DIMS;
+    let handles = 2 * MAX_SLOTS as usize * IPC_HANDLE_BYTES;
+    assert!(RING_OFFER_V2_FIXED_BYTES + shape_and_strides + handles <= MAX_PAYLOAD_BYTES as usize);
+};
+
 /// The `IpcEvent` strategy.
 pub(crate) struct IpcEvent;
 

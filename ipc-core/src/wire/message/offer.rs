@@ -47,7 +47,7 @@ pub struct RingOffer {
     /// `cuMemGetAllocationGranularity`.
     pub granularity: u64,
     /// Size of the control block memfd: the memfd must be exactly this big and sealed against shrinking and
-    /// growing (131072 bytes in control-block layout version 1).
+    /// growing (131072 bytes in control-block layout 1, 65536 in layout 2: rings of more than 32 slots).
     pub control_bytes: u64,
     /// The `CUipcMemHandle` of the data: present exactly when `handle_type` is `LegacyIpc`.
     pub legacy_mem_handle: Option<IpcHandleBytes>,
