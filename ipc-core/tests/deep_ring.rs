@@ -8,8 +8,7 @@
 
 mod common;
 
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -19,11 +18,7 @@ use common::{frame_bytes, producer, publish};
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer};
 use ipc_core::ring::RingLayout;
-use ipc_core::wire::{
-    ClientHello, HEADER_BYTES, Header, Message, ObjectKind, PROTOCOL_VERSION, RefusalCode, Refused, SyncStrategy,
-    recv_bytes, send_bytes,
-};
-use rustix::event::{PollFd, PollFlags, Timespec};
+use ipc_core::wire::{ClientHello, Message, ObjectKind, PROTOCOL_VERSION, RefusalCode, Refused, SyncStrategy};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -31,8 +26,8 @@ fn sock(name: &str) -> PathBuf {
     common::sock("deep", name)
 }
 
-/// Connects to `name`'s socket, sends a hello announcing `version` (encoded in version 1, as every client sends
-/// it), and reads the answer and its fds while the producer serves its front door.
+/// The answer of the producer at socket `name` to a hello announcing `version` (encoded in version 1, as every
+/// client sends it), and its fds.
 fn answer_to(p: &mut Producer<HostFake>, name: &str, version: u16) -> (Message, Vec<OwnedFd>) {
     let hello = ClientHello {
         protocol_version: version,
@@ -41,20 +36,7 @@ fn answer_to(p: &mut Producer<HostFake>, name: &str, version: u16) -> (Message, 
         consumer_name: format!("speaks-{version}"),
         object: ObjectKind::Ring,
     };
-    let stream = UnixStream::connect(sock(name)).unwrap();
-    send_bytes(stream.as_fd(), &Message::ClientHello(hello).encode().unwrap(), Vec::new(), T).unwrap();
-    let deadline = Instant::now() + T;
-    let mut poll = [PollFd::new(&stream, PollFlags::IN)];
-    while rustix::event::poll(&mut poll, Some(&Timespec { tv_sec: 0, tv_nsec: 1_000_000 })).unwrap() == 0 {
-        p.admit_pending().unwrap();
-        assert!(Instant::now() < deadline, "no answer");
-    }
-    let mut bytes = vec![0u8; HEADER_BYTES];
-    let fds = recv_bytes(stream.as_fd(), &mut bytes, T).unwrap();
-    let header = Header::decode(&bytes).unwrap();
-    let mut payload = vec![0u8; header.payload_len as usize];
-    recv_bytes(stream.as_fd(), &mut payload, T).unwrap();
-    bytes.extend(payload);
+    let (bytes, fds, _stream) = common::raw_answer(p, &sock(name), &Message::ClientHello(hello).encode().unwrap());
     (Message::decode(&bytes).unwrap(), fds)
 }
 

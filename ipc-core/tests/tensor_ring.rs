@@ -10,15 +10,14 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use ipc_core::wire::{
     ClientHello, DType, HEADER_BYTES, Header, MAGIC, Message, ObjectKind, PROTOCOL_VERSION, PixelFormat, RefusalCode,
-    Refused, RendezvousListener, RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError, recv_bytes, send_bytes,
+    Refused, RendezvousListener, RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError, send_bytes,
 };
-use rustix::event::{PollFd, PollFlags, Timespec};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -44,24 +43,9 @@ fn v1_hello_bytes(name: &str) -> Vec<u8> {
     bytes
 }
 
-/// Connects, sends `hello`, and reads the raw answer (header and payload) and its fds while the producer serves
-/// its front door.
+/// The raw answer of the producer at socket `name` to `hello` (see [`common::raw_answer`]).
 fn raw_answer(p: &mut Producer<HostFake>, name: &str, hello: &[u8]) -> (Vec<u8>, Vec<OwnedFd>, UnixStream) {
-    let stream = UnixStream::connect(sock(name)).unwrap();
-    send_bytes(stream.as_fd(), hello, Vec::new(), T).unwrap();
-    let deadline = Instant::now() + T;
-    let mut poll = [PollFd::new(&stream, PollFlags::IN)];
-    while rustix::event::poll(&mut poll, Some(&Timespec { tv_sec: 0, tv_nsec: 1_000_000 })).unwrap() == 0 {
-        p.admit_pending().unwrap();
-        assert!(Instant::now() < deadline, "no answer");
-    }
-    let mut bytes = vec![0u8; HEADER_BYTES];
-    let fds = recv_bytes(stream.as_fd(), &mut bytes, T).unwrap();
-    let header = Header::decode(&bytes).unwrap();
-    let mut payload = vec![0u8; header.payload_len as usize];
-    recv_bytes(stream.as_fd(), &mut payload, T).unwrap();
-    bytes.extend(payload);
-    (bytes, fds, stream)
+    common::raw_answer(p, &sock(name), hello)
 }
 
 fn tensor() -> TensorDesc {

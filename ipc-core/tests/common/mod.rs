@@ -6,12 +6,14 @@ pub mod chaos;
 pub mod door_client;
 pub mod python;
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{FrameError, Producer, ProducerConfig};
-use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+use ipc_core::wire::{FrameGeometry, HEADER_BYTES, Header, PixelFormat, SyncStrategy, recv_bytes, send_bytes};
 
 /// A socket path in the temporary directory, unique to this test process, `tag` (the test file) and `name`.
 pub fn sock(tag: &str, name: &str) -> PathBuf {
@@ -40,4 +42,26 @@ pub fn publish(p: &mut Producer<HostFake>, timeout: Duration) -> Result<u64, Fra
     let seq = lease.seq().0;
     p.publish(lease, None)?;
     Ok(seq)
+}
+
+/// Connects to the producer's socket `path`, sends the raw `hello`, and reads the raw answer (header and payload) and
+/// its fds while the producer serves its front door; the stream stays open for what the test sends next.
+pub fn raw_answer(p: &mut Producer<HostFake>, path: &Path, hello: &[u8]) -> (Vec<u8>, Vec<OwnedFd>, UnixStream) {
+    let timeout = Duration::from_secs(10);
+    let stream = UnixStream::connect(path).unwrap();
+    send_bytes(stream.as_fd(), hello, Vec::new(), timeout).unwrap();
+    let deadline = Instant::now() + timeout;
+    let mut poll = [rustix::event::PollFd::new(&stream, rustix::event::PollFlags::IN)];
+    let nap = rustix::event::Timespec { tv_sec: 0, tv_nsec: 1_000_000 };
+    while rustix::event::poll(&mut poll, Some(&nap)).unwrap() == 0 {
+        p.admit_pending().unwrap();
+        assert!(Instant::now() < deadline, "no answer");
+    }
+    let mut bytes = vec![0u8; HEADER_BYTES];
+    let fds = recv_bytes(stream.as_fd(), &mut bytes, timeout).unwrap();
+    let header = Header::decode(&bytes).unwrap();
+    let mut payload = vec![0u8; header.payload_len as usize];
+    recv_bytes(stream.as_fd(), &mut payload, timeout).unwrap();
+    bytes.extend(payload);
+    (bytes, fds, stream)
 }
