@@ -313,6 +313,7 @@ mod tests {
             consumer_cpu_us_per_frame: vec![12.0, 20.5],
             mismatches,
             bandwidth_gb_s: None,
+            frame_gb_s: None,
             note: None,
         })
     }

@@ -282,6 +282,7 @@ mod tests {
             consumer_cpu_us_per_frame: vec![producer_cpu + 1.0],
             mismatches: 0,
             bandwidth_gb_s: None,
+            frame_gb_s: None,
             note: None,
         }
     }
