@@ -29,6 +29,7 @@ pub mod run;
 pub mod shared;
 pub mod stage;
 pub mod study;
+pub mod tables;
 pub mod targets;
 
 use std::path::PathBuf;

@@ -127,8 +127,10 @@ impl StudyDesign {
 #[serde(rename_all = "kebab-case")]
 pub enum MemoryTest {
     /// Copies of a frame from page-locked host memory to a device buffer.
+    #[serde(rename = "pinned-htod")]
     PinnedHtoD,
     /// Copies of a frame from a device buffer to page-locked host memory.
+    #[serde(rename = "pinned-dtoh")]
     PinnedDtoH,
     /// The fill kernel writing a frame into host memory mapped for the device.
     MappedKernelWrite,
