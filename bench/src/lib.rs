@@ -55,8 +55,9 @@ pub const FRAME_SHAPE: [u32; 3] = [3840, 2160, 3];
 /// The benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
-    /// The 4K frame pipeline: the single-process limit, the bandwidth floor, the study's four designs and ours
-    /// (every backend, sync strategy, ring depth and consumer count), each row in its own processes.
+    /// The 4K frame pipeline: the single-process limit, the bandwidth floor, each kernel alone, the study's designs
+    /// and ours (every backend, sync strategy, ring depth and consumer count; three stages; paced at 60, 240 and
+    /// 1,000 FPS), and the memory benchmarks, each row in its own processes.
     ///
     /// Exit status: 0 the bench ran (failed rows are in the results); 1 it could not run; 2 usage error; 3 no
     /// usable CUDA driver or no GPU.
@@ -87,7 +88,8 @@ pub struct PipelineArgs {
     /// always run.
     #[arg(long, value_delimiter = ',', value_name = "FILTER")]
     pub rows: Vec<String>,
-    /// Our rows for this backend only (default: every backend built in).
+    /// Our rows, the paced rows and the imported-buffer rows for this backend only (default: every backend built
+    /// in; the paced rows use one, vmm when built in).
     #[arg(long)]
     pub backend: Option<BackendKind>,
     /// Start a private MPS daemon, run the bench as its client, and stop it (without this flag the bench measures

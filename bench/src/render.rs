@@ -10,7 +10,7 @@ use harness::{ProbeOutput, Verdict};
 
 use super::results::{PipelineResults, RowOutcome, RowResult};
 use super::rows::{RowSpec, StudyDesign};
-use super::tables::{number, paced_table, research_table};
+use super::tables::{number, paced_table, research_table, verdict_words};
 
 /// The verdict: the best of ours against the single-process limit and the seed architecture (study d), and
 /// anything that failed or mismatched.
@@ -68,6 +68,9 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
         );
     }
     if let Some(line) = three_stage_words(results) {
+        let _ = write!(answer, " {line}");
+    }
+    for line in verdict_words(results) {
         let _ = write!(answer, " {line}");
     }
     let failed = results.rows.iter().filter(|r| matches!(r.outcome, RowOutcome::Failed { .. })).count();

@@ -153,6 +153,62 @@ pub fn research_table(results: &PipelineResults) -> Option<String> {
     ))
 }
 
+/// What the verdict says of the paced rows (the spread of p99.9 at the highest pace that ran) and of the study's
+/// designs added for the research (mapped zero-copy; the basic design with 16 ms sleeps beside 1 ms).
+pub fn verdict_words(results: &PipelineResults) -> Vec<String> {
+    let clean = |r: &&RowResult| r.measured().is_some_and(|m| m.mismatches == 0);
+    let mut words = Vec::new();
+    let top = results
+        .rows
+        .iter()
+        .filter(clean)
+        .filter_map(|r| match r.spec {
+            RowSpec::Paced { fps, .. } => Some(fps),
+            _ => None,
+        })
+        .max();
+    if let Some(top) = top {
+        let p999: Vec<(f64, &'static str)> = results
+            .rows
+            .iter()
+            .filter(clean)
+            .filter_map(|r| match (r.spec, r.measured().and_then(|m| m.latency.as_ref())) {
+                (RowSpec::Paced { fps, strategy, .. }, Some(l)) if fps == top => Some((l.p999_us, strategy.name())),
+                _ => None,
+            })
+            .collect();
+        let lo = p999.iter().min_by(|a, b| a.0.total_cmp(&b.0));
+        let hi = p999.iter().max_by(|a, b| a.0.total_cmp(&b.0));
+        if let (Some(lo), Some(hi)) = (lo, hi) {
+            words.push(format!(
+                "Paced at {top} FPS, p99.9 latency ran from {} us ({}) to {} us ({}).",
+                number(lo.0),
+                lo.1,
+                number(hi.0),
+                hi.1
+            ));
+        }
+    }
+    let fps = |design| {
+        results
+            .rows
+            .iter()
+            .filter(clean)
+            .find(|r| r.spec == RowSpec::Study { design })
+            .and_then(RowResult::measured)
+            .map(|m| number(m.fps))
+    };
+    use super::rows::StudyDesign;
+    if let Some(mapped) = fps(StudyDesign::MappedZeroCopy) {
+        words.push(format!("The study's mapped zero-copy design ran {mapped} FPS."));
+    }
+    if let Some(slow) = fps(StudyDesign::PageableShm16ms) {
+        let fast = fps(StudyDesign::PageableShm).map_or_else(String::new, |f| format!(" (with 1 ms sleeps {f} FPS)"));
+        words.push(format!("Its basic design with 16 ms sleeps ran {slow} FPS{fast}."));
+    }
+    words
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -223,6 +279,30 @@ mod tests {
         assert_eq!(lines[5], "| gpu-poll | - | not run | unavailable | not run | not run |");
         assert_eq!(lines.len(), 6, "strategies with no row are left out: {table}");
         assert!(paced_table(&results(Vec::new())).is_none());
+        assert_eq!(
+            verdict_words(&run),
+            ["Paced at 1000 FPS, p99.9 latency ran from 19.0 us (cpu-spin) to 19.0 us (cpu-spin)."]
+        );
+        let mut more = run.clone();
+        more.rows.push(RowResult {
+            row: "paced-1000-vmm-ipc-event-s4".into(),
+            spec: paced(SyncStrategy::IpcEvent, 1_000),
+            outcome: measured(1_000.0, Some((30.0, 40.0, 55.5)), None),
+        });
+        for (design, fps) in
+            [(crate::rows::StudyDesign::PageableShm16ms, 31.0), (crate::rows::StudyDesign::MappedZeroCopy, 420.0)]
+        {
+            let spec = RowSpec::Study { design };
+            more.rows.push(RowResult { row: spec.name(), spec, outcome: measured(fps, None, None) });
+        }
+        assert_eq!(
+            verdict_words(&more),
+            [
+                "Paced at 1000 FPS, p99.9 latency ran from 19.0 us (cpu-spin) to 55.5 us (ipc-event).",
+                "The study's mapped zero-copy design ran 420 FPS.",
+                "Its basic design with 16 ms sleeps ran 31.0 FPS."
+            ]
+        );
     }
 
     #[test]
