@@ -71,35 +71,46 @@ pub(crate) fn memory(gpu: &BenchGpu, cfg: &RunConfig, test: MemoryTest) -> Resul
     let bytes = cfg.frame_bytes();
     let ctx = gpu.context();
     match test {
-        MemoryTest::PinnedHtoD | MemoryTest::PinnedDtoH => {
+        MemoryTest::PinnedHtoD
+        | MemoryTest::PinnedDtoH
+        | MemoryTest::MappedKernelWrite
+        | MemoryTest::MappedKernelRead => {
             let host = pinned_host(ctx, bytes)?;
-            let device = DeviceBuffer::alloc(ctx, bytes)?;
-            let (host_span, device_span) = (host.span().slice(0, bytes)?, device.span());
-            let m = if test == MemoryTest::PinnedHtoD {
-                let note = "cuMemcpyDtoDAsync from page-locked host memory (a registered memfd, by its mapped address) \
-                            into a device buffer; FPS = copies per second";
-                copies(gpu, cfg, device_span, host_span, note.into())?
-            } else {
-                let note = "cuMemcpyDtoDAsync from a device buffer into page-locked host memory (a registered memfd, \
-                            by its mapped address); FPS = copies per second";
-                copies(gpu, cfg, host_span, device_span, note.into())?
+            let host_span = host.span().slice(0, bytes)?;
+            let measured = match test {
+                MemoryTest::PinnedHtoD => {
+                    let device = DeviceBuffer::alloc(ctx, bytes)?;
+                    let note = "cuMemcpyDtoDAsync from page-locked host memory (a registered memfd, by its mapped \
+                                address) into a device buffer; FPS = copies per second";
+                    copies(gpu, cfg, device.span(), host_span, note.into())
+                }
+                MemoryTest::PinnedDtoH => {
+                    let device = DeviceBuffer::alloc(ctx, bytes)?;
+                    let note = "cuMemcpyDtoDAsync from a device buffer into page-locked host memory (a registered \
+                                memfd, by its mapped address); FPS = copies per second";
+                    copies(gpu, cfg, host_span, device.span(), note.into())
+                }
+                _ => {
+                    let (kernel, what) = if test == MemoryTest::MappedKernelWrite {
+                        (KernelAlone::Fill, "the fill kernel writing a frame into")
+                    } else {
+                        (KernelAlone::Verify, "the verify kernel reading a frame from")
+                    };
+                    let note = format!(
+                        "{what} host memory mapped for the device (a memfd registered with DEVICEMAP), over PCIe; FPS \
+                         = kernels per second"
+                    );
+                    kernel_rows(gpu, cfg, host_span, kernel, note)
+                }
             };
+            // Unregistered only once nothing queued may still touch it (after a failure too); else leaked.
+            if let Err(stuck) = wait_stream(ctx, gpu.stream(), cfg.frame_timeout) {
+                tracing::warn!(%stuck, "work on registered host memory did not drain; leaking its registration");
+                std::mem::forget(host);
+                return Err(stuck);
+            }
             drop(host);
-            Ok(m)
-        }
-        MemoryTest::MappedKernelWrite => {
-            let host = pinned_host(ctx, bytes)?;
-            let frame = host.span().slice(0, bytes)?;
-            let note = "the fill kernel writing a frame into host memory mapped for the device (a memfd registered \
-                        with DEVICEMAP), over PCIe; FPS = kernels per second";
-            kernel_rows(gpu, cfg, frame, KernelAlone::Fill, note.into())
-        }
-        MemoryTest::MappedKernelRead => {
-            let host = pinned_host(ctx, bytes)?;
-            let frame = host.span().slice(0, bytes)?;
-            let note = "the verify kernel reading a frame from host memory mapped for the device (a memfd registered \
-                        with DEVICEMAP), over PCIe; FPS = kernels per second";
-            kernel_rows(gpu, cfg, frame, KernelAlone::Verify, note.into())
+            measured
         }
         MemoryTest::LocalWithin => {
             let local = DeviceBuffer::alloc(ctx, 2 * bytes)?;
