@@ -133,11 +133,11 @@ impl PipelineArgs {
 
 /// How the latency is timed, as the results record it.
 const LATENCY_METHOD: &str = "CLOCK_MONOTONIC at the producer's publish (after its fill completed for the CPU \
-    strategies and the study's designs; when the publish was queued for ipc-event and gpu-stream-ops), stored in a \
-    shared memfd indexed by sequence, to the first moment the consumer's CPU saw its verify of that frame complete \
-    (an event after the verify, polled); percentiles from an HDR histogram (3 significant digits) over every \
-    consumer's measured frames; paced rows: the consumer waits for each frame's verify to complete before it asks \
-    for the next frame, so every frame's completion is seen within one poll";
+    strategies and the study's designs; when the publish was queued for ipc-event, gpu-stream-ops and gpu-poll), \
+    stored in a shared memfd indexed by sequence, to the first moment the consumer's CPU saw its verify of that \
+    frame complete (an event after the verify, polled); percentiles from an HDR histogram (3 significant digits) \
+    over every consumer's measured frames; paced rows: the consumer waits for each frame's verify to complete \
+    before it asks for the next frame, so every frame's completion is seen within one poll";
 
 /// `gpu-ipc bench pipeline`. Returns the exit status.
 pub fn pipeline_main(args: &PipelineArgs) -> u8 {
