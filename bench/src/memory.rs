@@ -3,7 +3,7 @@
 //! chapter's bandwidth tests against an imported buffer (copies to, from and within a buffer that a helper process,
 //! role `bench-exporter`, allocated and exported through a backend, imported here, beside the same copy within a
 //! local allocation), and each pattern kernel alone (generation only, processing only) beside the single-process
-//! limit. One frame per operation, operations back to back on one stream, timed by [`in_process`]; every
+//! limit. One frame per operation, operations back to back on one stream, timed as the references are; every
 //! destination is checked with the verify kernel afterwards (the row's mismatches).
 
 use std::sync::Arc;

@@ -54,7 +54,7 @@ impl PaceSchedule {
     }
 }
 
-/// Waits until `due`: sleeps while more than [`SPIN_BEFORE`] remains, then spins (returns at once for a past time).
+/// Waits until `due`: sleeps while more than 200 us remain, then spins (returns at once for a past time).
 pub fn sleep_until(due: Instant) {
     loop {
         let now = Instant::now();
