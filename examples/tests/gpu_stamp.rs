@@ -7,8 +7,9 @@
 //!   its end with 0 mismatched words, leaves at once when its producer is killed, and its round trip through a
 //!   one-slot ring is printed (`device API round trip`).
 //!
-//! gpu-poll needs MPS: without it `GPU_IPC_ASSUME_MPS=1` is set for the children (slow, but correct: kernels of
-//! two processes then take turns). Ignored without a GPU.
+//! gpu-poll and persistent kernels need MPS (without it the kernels of two processes take turns on the GPU, a time
+//! slice per frame): without MPS those cases print `skipped (needs MPS: ...)` and the rest runs; the GPU suite runs
+//! this binary again under its private MPS daemon. Ignored without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -17,6 +18,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Proc, consumer, exe, producer, socket};
+use gpu_ipc::core::driver::Context;
+use gpu_ipc::core::driver::mps::MpsEvidence;
 
 const BACKENDS: [&str; 2] = ["legacy", "vmm"];
 const GPU_SIDE: [&str; 2] = ["gpu-stream-ops", "gpu-poll"];
@@ -25,19 +28,10 @@ fn record(result: &serde_json::Value) {
     common::record("stamp", result);
 }
 
-/// Whether the children may run gpu-poll here: under MPS, or told to assume it.
-fn allow_gpu_poll() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os("GPU_IPC_ASSUME_MPS").is_none() {
-            #[allow(unsafe_code)]
-            // SAFETY: every test of this binary calls this before it starts a thread or a child, and `call_once`
-            // holds the others until the write is done, so no thread of ours reads the environment meanwhile.
-            unsafe {
-                std::env::set_var("GPU_IPC_ASSUME_MPS", "1");
-            }
-        }
-    });
+/// `Err(why)` when MPS does not run for device 0 (as the strategies judge it: `MpsEvidence`).
+fn mps() -> Result<(), String> {
+    let ctx = Context::for_ordinal(0).expect("a CUDA device");
+    MpsEvidence::gather(ctx.device()).why_not().map_or(Ok(()), Err)
 }
 
 /// A producer of small frames (640x360 rgb8) on `slots` slots, reporting every 500 frames.
@@ -92,9 +86,13 @@ fn persistent_consumer(backend: &str, sock: &Path, frames: u64) -> Proc {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn after_a_producer_sigkill_gpu_side_consumers_skip_the_frames_it_never_wrote_and_mismatch_no_word() {
-    allow_gpu_poll();
+    let mps = mps();
     for backend in BACKENDS {
         for sync in GPU_SIDE {
+            if let (Err(why), "gpu-poll") = (&mps, sync) {
+                println!("stamp kill {backend}/{sync}: skipped (needs MPS: {why})");
+                continue;
+            }
             let sock = socket(&format!("stamp-kill-{backend}-{sync}"));
             let mut p = producer(backend, sync, &sock, u64::MAX / 4, 2);
             let a = consumer("a", backend, &sock, 0);
@@ -132,7 +130,10 @@ fn after_a_producer_sigkill_gpu_side_consumers_skip_the_frames_it_never_wrote_an
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_persistent_consumer_reads_a_stream_to_its_end_and_leaves_when_its_producer_is_killed() {
-    allow_gpu_poll();
+    if let Err(why) = mps() {
+        println!("persistent consumer: skipped (needs MPS: {why})");
+        return;
+    }
     for backend in BACKENDS {
         for sync in GPU_SIDE {
             let sock = socket(&format!("persistent-{backend}-{sync}"));
@@ -173,7 +174,10 @@ fn a_persistent_consumer_reads_a_stream_to_its_end_and_leaves_when_its_producer_
 #[ignore = "needs a CUDA GPU"]
 fn device_api_round_trip_through_a_one_slot_ring() {
     const FRAMES: u64 = 20_000;
-    allow_gpu_poll();
+    if let Err(why) = mps() {
+        println!("device API round trip: skipped (needs MPS: {why})");
+        return;
+    }
     for sync in GPU_SIDE {
         let sock = socket(&format!("persistent-rtt-{sync}"));
         let p = small_producer("vmm", sync, &sock, FRAMES, 1);
