@@ -17,7 +17,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Proc, consumer, exe, producer, socket};
+use common::{Proc, consumer, consumer_with, producer, producer_on, socket};
 use gpu_ipc::core::driver::Context;
 use gpu_ipc::core::driver::mps::MpsEvidence;
 
@@ -34,53 +34,15 @@ fn mps() -> Result<(), String> {
     MpsEvidence::gather(ctx.device()).why_not().map_or(Ok(()), Err)
 }
 
-/// A producer of small frames (640x360 rgb8) on `slots` slots, reporting every 500 frames.
+/// A producer of small frames (640x360 rgb8) on `slots` slots, for one consumer, reporting every 500 frames.
 fn small_producer(backend: &str, sync: &str, sock: &Path, frames: u64, slots: u32) -> Proc {
-    let args: Vec<String> = [
-        "--socket",
-        sock.to_str().unwrap(),
-        "--backend",
-        backend,
-        "--sync",
-        sync,
-        "--slots",
-        &slots.to_string(),
-        "--width",
-        "640",
-        "--height",
-        "360",
-        "--frames",
-        &frames.to_string(),
-        "--consumers",
-        "1",
-        "--progress-every",
-        "500",
-        "--json",
-    ]
-    .iter()
-    .map(ToString::to_string)
-    .collect();
-    Proc::spawn(&format!("producer {backend}/{sync}"), exe("producer"), &args)
+    let extra = ["--width", "640", "--height", "360", "--progress-every", "500"];
+    producer_on(backend, sync, sock, frames, 1, slots, &extra)
 }
 
 /// A `consumer --persistent` of `frames` frames.
 fn persistent_consumer(backend: &str, sock: &Path, frames: u64) -> Proc {
-    let args: Vec<String> = [
-        "--socket",
-        sock.to_str().unwrap(),
-        "--backend",
-        backend,
-        "--frames",
-        &frames.to_string(),
-        "--name",
-        "persistent",
-        "--persistent",
-        "--json",
-    ]
-    .iter()
-    .map(ToString::to_string)
-    .collect();
-    Proc::spawn("consumer persistent", exe("consumer"), &args)
+    consumer_with("persistent", backend, sock, frames, &["--persistent"])
 }
 
 #[test]
@@ -109,7 +71,10 @@ fn after_a_producer_sigkill_gpu_side_consumers_skip_the_frames_it_never_wrote_an
                 let skipped = json["skipped_frames"].as_u64();
                 let never = json["frames_never_published"].as_u64().unwrap();
                 assert!(skipped.is_some(), "{backend}/{sync}: frames were not checked behind their stamp: {json}");
-                assert!(skipped.unwrap() <= never, "{backend}/{sync}: skipped frames the producer had published: {json}");
+                assert!(
+                    skipped.unwrap() <= never,
+                    "{backend}/{sync}: skipped frames the producer had published: {json}"
+                );
             }
             println!(
                 "stamp kill {backend}/{sync}: mismatched words {} and {}; skipped frames {} and {} (never published {} \

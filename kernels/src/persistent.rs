@@ -152,6 +152,8 @@ mod tests {
         let source = include_str!("../cuda/pattern.cu");
         assert!(source.contains("#define GPU_IPC_PERSISTENT_STAMP_INVALID 3ull"));
         let header = include_str!("../cuda/gpu_ipc_ring.cuh");
-        assert!(header.contains("#define GPU_IPC_RING_TIMED_OUT 1") && header.contains("#define GPU_IPC_RING_ABORTED 2"));
+        assert!(
+            header.contains("#define GPU_IPC_RING_TIMED_OUT 1") && header.contains("#define GPU_IPC_RING_ABORTED 2")
+        );
     }
 }

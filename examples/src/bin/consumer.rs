@@ -319,7 +319,9 @@ fn main() -> ExitCode {
                     s.seconds,
                     s.fps,
                     s.mismatched_words,
-                    s.skipped_frames.map(|n| format!(", {n} frames skipped (stamp not the producer's)")).unwrap_or_default(),
+                    s.skipped_frames
+                        .map(|n| format!(", {n} frames skipped (stamp not the producer's)"))
+                        .unwrap_or_default(),
                     s.cpu_us_per_frame,
                     s.end_of_stream_after
                         .map(|n| format!("; end of stream: the producer closed the ring after {n} frames"))

@@ -14,8 +14,8 @@ use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strat
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex, WaitMode};
-pub use device_ring::{FrameStamp, RingDescriptor, STAMP_MASK};
 use device_ring::{AbortWord, RingPort};
+pub use device_ring::{FrameStamp, RingDescriptor, STAMP_MASK};
 
 use crate::wire::{
     Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,

@@ -377,7 +377,9 @@ mod tests {
         let md = markdown(&report());
         assert!(md.contains("**FAILED**: 4 checks, 1 failed, 1 findings, 1 not run"), "{md}");
         assert!(
-            md.contains("| yes | vmm | gpu-stream-ops | producer | 2 | 1 | 0 | 0 | 1 | 0 | 3 | 0 | 0 | 0.250 / 0.250 |"),
+            md.contains(
+                "| yes | vmm | gpu-stream-ops | producer | 2 | 1 | 0 | 0 | 1 | 0 | 3 | 0 | 0 | 0.250 / 0.250 |"
+            ),
             "{md}"
         );
         assert!(md.contains("| no | not run: skipped \\| reason |"), "{md}");

@@ -10,12 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::driver::{
-    DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig,
-    Stream,
-};
 use super::{Consumer, Frame};
 use crate::backend::{Backend, SharedRegion};
+use crate::driver::{
+    DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream,
+};
 use crate::frames::FrameError;
 use crate::ring::layout::{SlotIndex, published_offset, released_offset};
 use crate::ring::{POISON, RingError};
@@ -207,9 +206,13 @@ impl RingPort {
             self.words.memory().get()[ABORT].store(1, Ordering::Release);
         }
         if let Some(event) = &self.running {
-            super::super::wait_for_event(event, deadline, Some(Duration::from_micros(50)), || true, || {
-                "the kernel launched on the ring".to_owned()
-            })?;
+            super::super::wait_for_event(
+                event,
+                deadline,
+                Some(Duration::from_micros(50)),
+                || true,
+                || "the kernel launched on the ring".to_owned(),
+            )?;
         }
         self.running = None;
         Ok(self.words.memory().get()[PROGRESS].load(Ordering::Acquire))
