@@ -419,7 +419,7 @@ impl Frame {
 #[pymethods]
 impl Frame {
     #[getter]
-    fn seq(&self) -> u64 {
+    pub(crate) fn seq(&self) -> u64 {
         self.seq
     }
 
