@@ -5,6 +5,7 @@ use gpu_ipc::core::backend::{Backend, GpuBackend};
 use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::core::fake::{HostContext, HostFake};
 use gpu_ipc::core::frames::{Consumer, Frame, FrameError, Producer, SlotLease, StageIo};
+use gpu_ipc::kernels::launch::Stamp;
 use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_words_host};
 use gpu_ipc::kernels::persistent::{PersistentResult, PersistentVerify};
 
@@ -135,13 +136,14 @@ impl<B: GpuBackend> FrameWork<B> for GpuWork {
         let span = consumer.frame_span(frame)?;
         let seq = frame.seq().0;
         let (stream, kernels) = (&self.gpu.stream, &self.gpu.kernels);
-        match consumer.stamp_span(frame)? {
-            Some(stamp) => {
+        match (consumer.stamp_span(frame)?, frame.stamp()) {
+            (Some(word), Some(stamp)) => {
                 self.stamped = true;
                 let (counter, skipped) = (self.counter.span(), self.skipped.span());
+                let stamp = Stamp { word, expected: stamp.expected };
                 kernels.verify_stamped(stream, span, expected, stamp, counter, skipped).map_err(kernel_error)?;
             }
-            None => kernels.verify(stream, span, expected, self.counter.span()).map_err(kernel_error)?,
+            _ => kernels.verify(stream, span, expected, self.counter.span()).map_err(kernel_error)?,
         }
         let snapshot = self.snapshots.span().slice(8 * (seq % SNAPSHOTS), 8)?;
         Ok(snapshot.copy_from_async(&self.counter.span(), &self.gpu.stream)?)

@@ -176,18 +176,19 @@ extern "C" __global__ void gpu_ipc_verify_pattern(const unsigned int* src, unsig
 }
 
 // As gpu_ipc_verify_pattern, behind the frame's stamp: thread 0 of each block first reads *stamp (the ring's
-// published[seq % N], registered host memory) with ld.acquire.sys; when it does not say that frame `seq` is the
-// producer's (the stamp rule, gpu_ipc_ring_frame_valid), the block touches no word of the frame, and block 0 adds 1
-// to *skipped. Every frame is counted once: as skipped (by block 0), or by its mismatched words. The stamp only goes
+// published[slot], registered host memory) with ld.acquire.sys; when (*stamp & (POISON - 1)) != stamp_expected (the
+// stamp rule: stamp_expected is the frame's own sequence + 1, which may differ from the pattern's `seq`, as for a
+// transformed frame), the block touches no word of the frame, and block 0 adds 1 to *skipped. Every frame is counted once: as skipped (by block 0), or by its mismatched words. The stamp only goes
 // from "not this frame" to "this frame" when the producer publishes it, after its words are written, so a block
 // that sees it valid reads the finished frame.
 extern "C" __global__ void gpu_ipc_verify_stamped(const unsigned int* src, unsigned long long n_words,
                                                   unsigned long long seq, unsigned long long* mismatches,
-                                                  const unsigned long long* stamp, unsigned long long* skipped)
+                                                  const unsigned long long* stamp,
+                                                  unsigned long long stamp_expected, unsigned long long* skipped)
 {
     __shared__ int valid;
     if (threadIdx.x == 0) {
-        valid = gpu_ipc_ring_frame_valid(gpu_ipc_ring_load_acquire(stamp), seq) ? 1 : 0;
+        valid = gpu_ipc_ring_frame_valid(gpu_ipc_ring_load_acquire(stamp), stamp_expected - 1ull) ? 1 : 0;
         if (!valid && blockIdx.x == 0) {
             atomicAdd(skipped, 1ull);
         }

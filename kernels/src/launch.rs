@@ -108,6 +108,16 @@ pub struct PatternKernels {
 
 const THREADS: u32 = 256;
 
+/// A frame's stamp as a kernel checks it (docs/ring.md, the stamp rule): the word, and what it holds, under
+/// `ipc_core::frames::STAMP_MASK`, when the frame is the producer's.
+#[derive(Debug, Clone, Copy)]
+pub struct Stamp<'a> {
+    /// The frame's stamp word (`Consumer::stamp_span`).
+    pub word: DeviceSpan<'a>,
+    /// `Frame::stamp().expected`: the frame's own sequence + 1, whatever pattern it is checked against.
+    pub expected: u64,
+}
+
 impl PatternKernels {
     /// Loads the image that suits the context's device (exact cubin, closest cubin of the same major, else PTX;
     /// `GPU_IPC_FORCE_PTX=1` forces the PTX).
@@ -190,10 +200,10 @@ impl PatternKernels {
         Ok(())
     }
 
-    /// As [`PatternKernels::verify`], behind the frame's stamp: `stamp` is the frame's stamp word
-    /// (`Consumer::stamp_span`). When it does not say frame `seq` is the producer's (a dead producer's poison
-    /// released the stream's wait for a frame it never wrote), the kernel reads no word of the frame and adds 1 to
-    /// the 64-bit counter at the start of `skipped` instead; either counter is read after the stream is done.
+    /// As [`PatternKernels::verify`], behind the frame's [`Stamp`]. When its word does not say the frame is the
+    /// producer's (a dead producer's poison released the stream's wait for a frame it never wrote), the kernel
+    /// reads no word of the frame and adds 1 to the 64-bit counter at the start of `skipped` instead; either counter
+    /// is read after the stream is done.
     ///
     /// # Errors
     /// A frame length that is not a multiple of 4, a stamp or counter span shorter than 8 bytes, or the launch error.
@@ -202,12 +212,12 @@ impl PatternKernels {
         stream: &Stream,
         frame: DeviceSpan<'_>,
         seq: u64,
-        stamp: DeviceSpan<'_>,
+        stamp: Stamp<'_>,
         mismatches: DeviceSpan<'_>,
         skipped: DeviceSpan<'_>,
     ) -> Result<(), KernelError> {
         let (config, words) = self.config(frame.len())?;
-        let (stamp, mismatches, skipped) = (stamp.slice(0, 8)?, mismatches.slice(0, 8)?, skipped.slice(0, 8)?);
+        let (word, mismatches, skipped) = (stamp.word.slice(0, 8)?, mismatches.slice(0, 8)?, skipped.slice(0, 8)?);
         self.verify_stamped.launch_typed(
             stream,
             config,
@@ -216,7 +226,8 @@ impl PatternKernels {
                 KernelArg::U64(words),
                 KernelArg::U64(seq),
                 KernelArg::Span(mismatches),
-                KernelArg::Span(stamp),
+                KernelArg::Span(word),
+                KernelArg::U64(stamp.expected),
                 KernelArg::Span(skipped),
             ],
         )?;

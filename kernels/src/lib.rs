@@ -11,7 +11,8 @@
 //!   unsigned long long* mismatches)`
 //! - [`XOR_WORDS`]`(unsigned int* dst, const unsigned int* src, unsigned long long n_words, unsigned int mask)`
 //! - [`VERIFY_STAMPED`]`(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
-//!   unsigned long long* mismatches, const unsigned long long* stamp, unsigned long long* skipped)`
+//!   unsigned long long* mismatches, const unsigned long long* stamp, unsigned long long stamp_expected,
+//!   unsigned long long* skipped)`
 //! - [`PERSISTENT_VERIFY`]`(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
 //!   unsigned long long timeout_ns, unsigned long long* result)`, the example of the ring's device API
 //!   (`kernels/cuda/gpu_ipc_ring.cuh`; launched by [`persistent`])
@@ -42,10 +43,10 @@ pub const VERIFY_PATTERN: &str = "gpu_ipc_verify_pattern";
 pub const XOR_WORDS: &str = "gpu_ipc_xor_words";
 
 /// `gpu_ipc_verify_stamped(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
-/// unsigned long long* mismatches, const unsigned long long* stamp, unsigned long long* skipped)`: as
-/// [`VERIFY_PATTERN`], behind the frame's stamp (`ipc_core::frames::Frame::stamp`): when `*stamp` does not say that
-/// frame `seq` is the producer's (the stamp rule of docs/ring.md), no word of the frame is read and `*skipped` grows
-/// by 1 instead.
+/// unsigned long long* mismatches, const unsigned long long* stamp, unsigned long long stamp_expected,
+/// unsigned long long* skipped)`: as [`VERIFY_PATTERN`], behind the frame's stamp (`ipc_core::frames::Frame::stamp`):
+/// when `(*stamp & (POISON - 1)) != stamp_expected` (the stamp rule of docs/ring.md) no word of the frame is read
+/// and `*skipped` grows by 1 instead.
 pub const VERIFY_STAMPED: &str = "gpu_ipc_verify_stamped";
 
 /// `gpu_ipc_persistent_verify(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
