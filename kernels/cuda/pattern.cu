@@ -178,9 +178,10 @@ extern "C" __global__ void gpu_ipc_verify_pattern(const unsigned int* src, unsig
 // As gpu_ipc_verify_pattern, behind the frame's stamp: thread 0 of each block first reads *stamp (the ring's
 // published[slot], registered host memory) with ld.acquire.sys; when (*stamp & (POISON - 1)) != stamp_expected (the
 // stamp rule: stamp_expected is the frame's own sequence + 1, which may differ from the pattern's `seq`, as for a
-// transformed frame), the block touches no word of the frame, and block 0 adds 1 to *skipped. Every frame is counted once: as skipped (by block 0), or by its mismatched words. The stamp only goes
-// from "not this frame" to "this frame" when the producer publishes it, after its words are written, so a block
-// that sees it valid reads the finished frame.
+// transformed frame), the block touches no word of the frame, and block 0 adds 1 to *skipped. Every frame is
+// counted once: as skipped (by block 0), or by its mismatched words. The stamp only goes from "not this frame" to
+// "this frame" when the producer publishes it, after its words are written, so a block that sees it valid reads the
+// finished frame (a block that saw it not yet valid skipped its part: never a false mismatch).
 extern "C" __global__ void gpu_ipc_verify_stamped(const unsigned int* src, unsigned long long n_words,
                                                   unsigned long long seq, unsigned long long* mismatches,
                                                   const unsigned long long* stamp,

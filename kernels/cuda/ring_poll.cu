@@ -16,12 +16,12 @@
 #define RING_TIMED_OUT (1ull << 63)
 
 // Waits until counters[first_word + i * word_stride] >= target for every bit i set in `mask`, or until
-// %globaltimer has advanced `timeout_ns` past the kernel's start, or until *abort is non-zero (read at the start and
-// every GPU_IPC_RING_ABORT_CHECK polls). Then stores into *outcome, with st.release.sys, `outcome_value` when every counter
-// got there, or `outcome_value | 2^63` when it gave up; giving up also stores 1 into *abort, so the polls queued
-// behind this one give up at once (the host sets *abort too, at teardown). Only the first thread of the first block
-// works; launch it with one thread. The host checks that every word the mask can name lies inside the span it
-// passes as `counters`.
+// %globaltimer has advanced `timeout_ns` past the kernel's start, or until *abort is non-zero (read before each
+// counter's wait and every GPU_IPC_RING_ABORT_CHECK polls). Then stores into *outcome, with st.release.sys,
+// `outcome_value` when every counter got there, or `outcome_value | 2^63` when it gave up; giving up also stores 1
+// into *abort, so the polls queued behind this one give up at once (the host sets *abort too, at teardown). Only the
+// first thread of the first block works; launch it with one thread. The host checks that every word the mask can
+// name lies inside the span it passes as `counters`. The wait is the ring's device API (gpu_ipc_ring.cuh).
 
 extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters, unsigned long long first_word,
                                              unsigned long long word_stride, unsigned int mask,

@@ -154,9 +154,9 @@ impl RingPort {
         let memory = SharedMemory::create("gpu-ipc-ring-port", PORT_BYTES).map_err(RingError::from)?;
         let object = Arc::new(SharedObject::<PortWords>::new(memory).map_err(RingError::from)?);
         let words = HostRegistration::new(stream.context(), object.clone())?;
-        // A port replaced (never: one per consumer) would keep the first one's abort word; raise both anyway.
+        // One port per consumer (made at its first launch), so the watchdog's handle is still empty here.
         if abort.0.set(object).is_err() {
-            tracing::debug!("ring port: abort word already set");
+            tracing::debug!("ring port: the abort word was already handed to the watchdog");
         }
         Ok(Self { words, running: None })
     }
