@@ -301,6 +301,7 @@ impl<B: Backend> Consumer<B> {
         if self.port.is_none() {
             self.port = Some(RingPort::new(stream, &self.abort)?);
         }
+        // Both exist now: the control block was checked above, the port made.
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
         let port = self.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;
         if port.aborted() {
@@ -323,13 +324,15 @@ impl<B: Backend> Consumer<B> {
         Ok(self.next_seq)
     }
 
-    /// [`FrameError::Config`] while a kernel launched on the ring may still run: it owns the frames.
-    pub(super) fn check_no_ring_kernel(&self) -> Result<(), FrameError> {
+    /// [`FrameError::Config`] while a kernel launched on the ring may still run: it owns the frames. One that has
+    /// finished gives them back (as [`Consumer::finish_ring_kernel`]).
+    pub(super) fn check_no_ring_kernel(&mut self) -> Result<(), FrameError> {
         match &self.port {
             Some(port) if port.busy()? => Err(FrameError::Config(
                 "a kernel launched on the ring still reads its frames: call finish_ring_kernel first".into(),
             )),
-            _ => Ok(()),
+            Some(_) => self.finish_ring_kernel(Duration::ZERO).map(|_| ()),
+            None => Ok(()),
         }
     }
 }
