@@ -24,6 +24,14 @@ NIXL_MODULES = ("nixl_cu13", "nixl_cu12", "nixl")  # the CUDA wheels export the 
 GPU_DIRECT = ("cuda_ipc", "rc", "dc", "ud", "gdr", "srd")
 
 
+def _failure(what: str, e: Exception) -> BridgeError:
+    """NIXL's exception as the bridge's: the peer's disconnection as :class:`PeerGone`, the rest as
+    :class:`TransportError`."""
+    if "DISCONNECT" in repr(e) or "REMOTE" in type(e).__name__.upper():
+        return PeerGone(f"{what}: {e!r}: the other end died or is unreachable", repr(e))
+    return TransportError(f"{what}: {e!r}")
+
+
 class NixlMissing(BridgeError):
     """NIXL's Python package is not installed (or does not load)."""
 
@@ -188,8 +196,7 @@ class NixlTransport:
         try:
             self.agent.send_notif(self.peer, message)
         except Exception as e:
-            raise PeerGone(f"NIXL could not notify {self.peer!r}: {e!r} (the other end died or is unreachable)",
-                           repr(e)) from e
+            raise _failure(f"NIXL could not notify {self.peer!r}", e) from e
 
     def receive(self) -> list[bytes]:
         try:
@@ -231,7 +238,7 @@ class NixlTransport:
                 self._handles[key] = handle
             state = self.agent.transfer(handle, notification)
         except Exception as e:
-            raise TransportError(f"NIXL could not start a WRITE of {nbytes} bytes to {self.peer!r}: {e!r}") from e
+            raise _failure(f"NIXL could not start a WRITE of {nbytes} bytes to {self.peer!r}", e) from e
         if state == "ERR":
             raise TransportError(f"NIXL's WRITE of {nbytes} bytes to {self.peer!r} failed at once (peer gone?)")
         return handle
