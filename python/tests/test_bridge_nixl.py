@@ -50,9 +50,19 @@ class Bridge:
         self.sender = subprocess.Popen(
             [sys.executable, "-m", "gpu_ipc.bridge", "send", "--socket", self.sock_a, "--connect", "127.0.0.1",
              *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.producer.wait_for_consumers(1, timeout=30)
-        self.consumer = gpu_ipc.Consumer(self.sock_b, backend="host", name="reader", wait_for_producer=30,
-                                         timeout=30)
+        self.consumer: gpu_ipc.Consumer | None = None
+        try:
+            self.producer.wait_for_consumers(1, timeout=30)
+            self.consumer = gpu_ipc.Consumer(self.sock_b, backend="host", name="reader", wait_for_producer=30,
+                                             timeout=30)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def reader(self) -> gpu_ipc.Consumer:
+        assert self.consumer is not None
+        return self.consumer
 
     def result(self, proc: subprocess.Popen[str], timeout: float = 20) -> tuple[int, dict[str, Any], str]:
         out, err = proc.communicate(timeout=timeout)
@@ -60,11 +70,15 @@ class Bridge:
         return proc.returncode, json.loads(lines[-1]) if lines else {}, err
 
     def close(self) -> None:
-        for p in (self.sender, self.receiver):
+        for p, side in ((self.sender, "send"), (self.receiver, "receive")):
             if p.poll() is None:
                 p.kill()
-                p.communicate(timeout=10)
-        self.consumer.close()
+            if p.stdout is not None and not p.stdout.closed:
+                out, err = p.communicate(timeout=10)
+                # What each end said, for a failing test's report.
+                print(f"--- {side} (exit {p.returncode})\n{out}{err}", file=sys.stderr)
+        if self.consumer is not None:
+            self.consumer.close()
         self.producer.close()
 
 
@@ -92,13 +106,13 @@ def read_all(b: Bridge, delay: float, released: list[int]) -> tuple[int, int, in
     bad = read = 0
     while True:
         try:
-            frame = b.consumer.next_frame(timeout=20)
+            frame = b.reader.next_frame(timeout=20)
         except gpu_ipc.EndOfStream as end:
             return read, bad, end.published
         got = np.from_dlpack(frame).reshape(-1)
         bad += int(np.count_nonzero(got != pattern(frame.seq, frame.nbytes)))
         time.sleep(delay)
-        b.consumer.release(frame)
+        b.reader.release(frame)
         read += 1
         released[0] = read
 
@@ -134,7 +148,7 @@ def test_a_killed_end_is_an_error_on_the_other_within_a_second(bridge: Bridge, v
     t.start()
     try:
         for _ in range(20):  # mid-stream
-            with bridge.consumer.next_frame(timeout=20):
+            with bridge.reader.next_frame(timeout=20):
                 pass
         killed, other = ((bridge.sender, bridge.receiver) if victim == "sender"
                          else (bridge.receiver, bridge.sender))
@@ -149,7 +163,7 @@ def test_a_killed_end_is_an_error_on_the_other_within_a_second(bridge: Bridge, v
             # The receiving end left ring B as a death, not a clean end.
             with pytest.raises(gpu_ipc.ProducerGone):
                 while True:
-                    with bridge.consumer.next_frame(timeout=5):
+                    with bridge.reader.next_frame(timeout=5):
                         pass
             assert "PeerGone" in err
     finally:

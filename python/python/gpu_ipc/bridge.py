@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     except NixlMissing as e:
         _log(args.side, str(e))
         return 2
-    except (gpu_ipc.GpuIpcError, OSError) as e:
+    except Exception as e:  # the command's boundary: every failure is reported the same way
         _log(args.side, f"error: {type(e).__name__}: {e}")
         print(json.dumps({"side": args.side, "outcome": "error", "error": f"{type(e).__name__}: {e}"}), flush=True)
         if ABANDONED:

@@ -202,7 +202,7 @@ class NixlTransport:
         try:
             notifs = self.agent.get_new_notifs()
         except Exception as e:
-            raise TransportError(f"NIXL could not read notifications: {e!r}") from e
+            raise _failure("NIXL could not read notifications", e) from e
         return list(notifs.get(self.peer, []))
 
     def expose(self, ptr: int, nbytes: int, device: int) -> bytes:
@@ -222,7 +222,7 @@ class NixlTransport:
             try:
                 self.agent.add_remote_agent(info)
             except Exception as e:
-                raise TransportError(f"NIXL could not load the receiving end's new registration: {e!r}") from e
+                raise _failure("NIXL could not load the receiving end's new registration", e) from e
 
     def write(self, ptr: int, nbytes: int, device: int, remote_ptr: int, remote_device: int,
               notification: bytes) -> Any:
@@ -244,7 +244,10 @@ class NixlTransport:
         return handle
 
     def done(self, handle: Any) -> bool:
-        state = self.agent.check_xfer_state(handle)
+        try:
+            state = self.agent.check_xfer_state(handle)
+        except Exception as e:
+            raise _failure(f"NIXL could not tell the state of a WRITE to {self.peer!r}", e) from e
         if state == "ERR":
             raise TransportError(f"NIXL's WRITE to {self.peer!r} ended in error: the other end died or the "
                                  "network failed")

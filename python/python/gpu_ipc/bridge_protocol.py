@@ -232,8 +232,7 @@ class SendingEnd:
                     except Timeout:
                         continue
                     except EndOfStream:
-                        self.live.send(encode(END, _END.pack(self.stats.frames)))
-                        self.stats.outcome = "end of stream"
+                        self._finish()
                         return self.stats.summary()
                 if not self.grants:
                     time.sleep(POLL_S)
@@ -255,6 +254,23 @@ class SendingEnd:
         except BaseException as e:
             self.live.fail(f"the sending end failed: {e!r}")
             raise
+
+    def _finish(self) -> None:
+        """Passes the end of the stream and waits for the receiving end to have published every frame written
+        (its acknowledgement; until then this end's agent must live, since the last written notification may still
+        be on its way)."""
+        self.live.send(encode(END, _END.pack(self.stats.frames)))
+        while True:
+            for kind, body in self.live.receive():
+                if kind == END:
+                    (published,) = _unpack(_END, body, "end")
+                    if published != self.stats.frames:
+                        raise ProtocolError(f"the receiving end published {published} of {self.stats.frames} frames")
+                    self.stats.outcome = "end of stream"
+                    return
+                if kind != GRANT:  # a grant sent before our end crossed it: never used
+                    raise ProtocolError(f"the receiving end sent {kind!r} after the end of the stream")
+            time.sleep(POLL_S)
 
     def _write(self, frame: Any, grant: Grant) -> None:
         note = encode(WRITTEN, _WRITTEN.pack(grant.seq, frame.seq))
@@ -303,6 +319,7 @@ class ReceivingEnd:
         granted: Any = None
         since = time.monotonic()
         written_total: int | None = None
+        ended = 0.0
         try:
             while True:
                 for kind, body in self.live.receive():
@@ -318,12 +335,17 @@ class ReceivingEnd:
                         granted, since = None, time.monotonic()
                     elif kind == END:
                         (written_total,) = _unpack(_END, body, "end")
+                        ended = time.monotonic()
                     else:
                         raise ProtocolError(f"the sending end sent {kind!r} where frames were expected")
                 if written_total is not None:
                     if self.stats.frames >= written_total:
+                        self.live.send(encode(END, _END.pack(self.stats.frames)))  # the sending end may go now
                         self.stats.outcome = "end of stream"
                         return self.stats.summary()
+                    if time.monotonic() - ended > self.live.peer_timeout:
+                        raise ProtocolError(f"the sending end wrote {written_total} frames but only "
+                                            f"{self.stats.frames} written notifications came")
                     time.sleep(POLL_S)  # the last written notification is on its way
                     continue
                 if granted is None:
