@@ -79,7 +79,11 @@ EOF
     mkdir -p "$(dirname "$OUT")"
     tar -C "$WORK/tree" -cJf "$OUT" .
     echo "fetch-nixl: $(du -h "$OUT" | cut -f1) $OUT ($PACKAGE $NIXL_VERSION, CPython $VER, reduced)" >&2
-    if [ "$VER" = "$HERE_VER" ]; then
+    if [ "$VER" != "$HERE_VER" ]; then
+        echo "fetch-nixl: not loaded here (CPython $HERE_VER, the tree is for $VER)" >&2
+    elif ! "$PYTHON" -c 'import numpy' 2>/dev/null; then
+        echo "fetch-nixl: not loaded here: $PYTHON has no numpy (NIXL's module imports it)" >&2
+    else
         NIXL_PLUGIN_DIR="$WORK/tree/.nixl_cu13.mesonpy.libs/plugins" PYTHONPATH="$WORK/tree" "$PYTHON" -c '
 import nixl_cu13 as n
 a = n.nixl_agent("fetch-nixl-check", n.nixl_agent_config(backends=["UCX"]))
