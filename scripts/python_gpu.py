@@ -54,9 +54,12 @@ def row_specs(which: str, host: bool) -> list[dict[str, Any]]:
         return [spec(py, py, b, "gpu-poll") for b in backends]
     syncs = ["cpu-spin", "cpu-sleep"] if host else ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops"]
     rows = [spec(py, py, b, s) for b in backends for s in syncs]
-    for r in range(1, rounds + 1):  # interleaved, so that a drift of the machine hits both alike
+    # torch with the Rust consumer's own check kernel (the same GPU work per frame: the comparison the goal is
+    # about) and with a check written in torch operations (three passes: what a torch user's own work costs).
+    compared = [py] if host else [py, "torch-ops"]
+    for r in range(1, rounds + 1):  # interleaved, so that a drift of the machine hits them alike
         rows.append(spec("rust", "rust", backend, sync, compare_frames, compare_round=r))
-        rows.append(spec("rust", py, backend, sync, compare_frames, compare_round=r))
+        rows += [spec("rust", kind, backend, sync, compare_frames, compare_round=r) for kind in compared]
     rows.append(spec(py, "rust", backend, sync))
     extra = ["jax"] if host else ["cupy", "jax"]
     rows += [spec(py, kind, backend, sync) for kind in extra]
@@ -177,7 +180,7 @@ def run_row(r: dict[str, Any], host: bool, log: Any) -> dict[str, Any]:
                    row.get("kernels_after_posts") == r["frames_asked"]]
     elif r["consumer"] != "rust":
         checks += [bool(zero_copy) and all(zero_copy)]
-        if r["consumer"] in ("torch", "cupy", "numpy"):
+        if r["consumer"] in ("torch", "torch-ops", "cupy", "numpy"):
             checks += [row.get("tensor_after_close_reads") is True]
     row["ok"] = all(checks)
     return row
@@ -237,21 +240,28 @@ def environment() -> dict[str, str]:
     return env
 
 
-def comparison(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The Python consumer's FPS against the Rust consumer's, both from their attach, median over the rounds."""
+def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each Python consumer's FPS against the Rust consumer's, both from their attach, median over the rounds; the
+    goal (0.9) is judged on the first kind, which does the Rust consumer's GPU work per frame."""
     rust = [r["fps"] for r in rows if r.get("compare_round") and r["consumer"] == "rust" and r.get("ok")]
-    python = [r["fps_from_attach"] for r in rows if r.get("compare_round") and r["consumer"] != "rust" and r.get("ok")]
-    first = next((r for r in rows if r.get("compare_round") and r["consumer"] != "rust"), None)
-    if not rust or not python or first is None:
-        return None
-    ratio = statistics.median(python) / statistics.median(rust)
-    return {"consumer": first["consumer"], "backend": first["backend"], "sync": first["sync"],
-            "frames": first["frames_asked"], "rust_fps": rust, "python_fps": python,
-            "rust_median": statistics.median(rust),
-            "python_median": statistics.median(python), "ratio": ratio, "goal": 0.9, "meets_goal": ratio >= 0.9}
+    kinds = list(dict.fromkeys(r["consumer"] for r in rows if r.get("compare_round") and r["consumer"] != "rust"))
+    out = []
+    for i, kind in enumerate(kinds):
+        mine = [r for r in rows if r.get("compare_round") and r["consumer"] == kind]
+        python = [r["fps_from_attach"] for r in mine if r.get("ok")]
+        if not rust or not python or len(python) < len(mine):
+            return []  # a comparison row failed: nothing to compare
+        ratio = statistics.median(python) / statistics.median(rust)
+        out.append({"consumer": kind, "backend": mine[0]["backend"], "sync": mine[0]["sync"],
+                    "frames": mine[0]["frames_asked"], "rust_fps": rust, "python_fps": python,
+                    "rust_median": statistics.median(rust), "python_median": statistics.median(python),
+                    "python_cpu_us_per_frame": statistics.median(r["cpu_us_per_frame"] for r in mine),
+                    "ratio": ratio, "goal": 0.9 if i == 0 else None,
+                    "meets_goal": ratio >= 0.9 if i == 0 else None})
+    return out
 
 
-def markdown(rows: list[dict[str, Any]], env: dict[str, str], cmp: dict[str, Any] | None,
+def markdown(rows: list[dict[str, Any]], env: dict[str, str], cmp: list[dict[str, Any]],
              readme: dict[str, Any] | None) -> str:
     from python_gpu_ends import HEIGHT, WIDTH
 
@@ -290,13 +300,18 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], cmp: dict[str, Any
                    f"| {(zc or '-') + (' (copied: ' + ', '.join(bad) + ')' if bad else '')} | {after} | {ok} "
                    f"| {note} |")
     out.append("")
-    if cmp:
-        out += [f"**{cmp['consumer']} consumer against the Rust consumer** (Rust producer, {cmp['backend']} "
-                f"{cmp['sync']}, {cmp['frames']} frames, both timed from their attach, median of "
-                f"{len(cmp['rust_fps'])} interleaved rounds): "
-                f"{cmp['python_median']:,.0f} FPS against {cmp['rust_median']:,.0f}: **{cmp['ratio']:.3f}x** "
-                f"(goal >= {cmp['goal']}: {'met' if cmp['meets_goal'] else 'NOT met'}).", ""]
-    else:
+    what = {"torch": "with the Rust consumer's check kernel (gpu_ipc.testing.Pattern) on its torch stream: the same "
+                     "GPU work per frame",
+            "torch-ops": "with a check in torch operations (XOR, compare, count: three passes over each frame)"}
+    for c in cmp:
+        goal = (f"goal >= {c['goal']}: {'met' if c['meets_goal'] else 'NOT met'}" if c["goal"] is not None
+                else "not judged: more GPU work per frame than the Rust consumer's")
+        out += [f"**{c['consumer']} consumer against the Rust consumer**, {what.get(c['consumer'], '')} (Rust "
+                f"producer, {c['backend']} {c['sync']}, {c['frames']} frames, both timed from their attach, median "
+                f"of {len(c['rust_fps'])} interleaved rounds): {c['python_median']:,.0f} FPS against "
+                f"{c['rust_median']:,.0f}: **{c['ratio']:.3f}x** ({goal}); its CPU time "
+                f"{c['python_cpu_us_per_frame']:.1f} us per frame.", ""]
+    if not cmp:
         out += ["**Python consumer against the Rust consumer**: not measured (a comparison row failed).", ""]
     if readme:
         verdict = "ran as written" if readme.get("ok") else "did NOT run as written"

@@ -1,7 +1,7 @@
 """The two ends of a row of scripts/python_gpu.py: a Python producer or consumer of gpu_ipc, one per process.
 
     python scripts/python_gpu_ends.py produce SOCK BACKEND SYNC FRAMES torch|numpy
-    python scripts/python_gpu_ends.py consume SOCK BACKEND FRAMES torch|cupy|jax|numpy
+    python scripts/python_gpu_ends.py consume SOCK BACKEND FRAMES torch|torch-ops|cupy|jax|numpy
     python scripts/python_gpu_ends.py sem-owner SOCK BACKEND ROUNDS      (torch; SOCK and SOCK.pong)
     python scripts/python_gpu_ends.py sem-peer SOCK BACKEND ROUNDS
     python scripts/python_gpu_ends.py share-owner SOCK EXPECTED_BACKEND WORDS   (torch; SOCK.done: a semaphore)
@@ -11,8 +11,9 @@ Every frame carries the pattern of the Rust example programs (`kernels/src/patte
 `producer` or `consumer` check each other word for word: word i of frame s is `mix(i * 0x9E3779B1 ^ s * 0x85EBCA6B ^
 0xA5A5A5A5)` (32-bit arithmetic), where `mix(x) = x ^ (x >> 16)`. `mix` is linear over XOR, so the frame is
 `base ^ key(s)` with `base[i] = mix(i * 0x9E3779B1)` computed once and `key(s)` one 32-bit number: a producer writes
-a frame with one XOR kernel, a consumer checks it with one pass on the GPU (torch: XOR, compare, count; CuPy: one
-kernel, the Rust consumer's own; JAX: one jitted function), and the mismatched words of each frame stay on the GPU
+a frame with one XOR kernel, a consumer checks it with one pass on the GPU (torch: the Rust consumer's own kernel
+through `gpu_ipc.testing.Pattern` on the torch stream, or `torch-ops`: XOR, compare, count; CuPy: the same kernel
+compiled by CuPy; JAX: one jitted function), and the mismatched words of each frame stay on the GPU
 until the end (no CPU synchronisation per frame). Frames queued past the end of the stream are not counted.
 
 Each process prints one JSON line: FPS (a consumer also from its attach, as the Rust consumer counts), CPU time per
@@ -135,6 +136,43 @@ class Check:
 
 
 class TorchCheck(Check):
+    """A torch consumer checking each frame with the Rust consumer's own kernel (`gpu_ipc.testing.Pattern.verify`)
+    on its torch stream: the same GPU work per frame as the Rust consumer, so the two compare; the frame is taken
+    with `torch.from_dlpack` as a torch program would (no copy)."""
+
+    def __init__(self, frames: int) -> None:
+        import torch
+
+        from gpu_ipc.testing import Pattern
+
+        super().__init__(frames)
+        self.torch = torch
+        # One counter per frame, room for the frames a GPU-side wait queues past the end of the stream.
+        self.pattern = Pattern(frames=frames + 4096)
+        self.stream = torch.cuda.Stream(torch.device("cuda:0"))
+        self.context = torch.cuda.stream(self.stream)
+
+    def keep(self, frame: Any) -> Any:
+        return self.torch.from_dlpack(frame)
+
+    def frame(self, frame: Any) -> None:
+        self.torch.from_dlpack(frame)  # the tensor a torch program works on, no copy
+        self.pattern.verify(frame, stream=self.stream)
+
+    def zero_copy(self, frame: Any) -> dict[str, bool]:
+        return {"torch_from_dlpack_is_the_frame": self.torch.from_dlpack(frame).data_ptr() == frame.ptr}
+
+    def total(self, published: int) -> int:
+        return int(self.pattern.mismatches(below=published))  # frames queued past the end were never written
+
+    def after_close(self, kept: Any) -> dict[str, Any]:
+        return TorchOpsCheck.after_close(self, kept)  # type: ignore[arg-type]
+
+
+class TorchOpsCheck(Check):
+    """A check written with torch's own operations: XOR, compare, count (three passes over the frame, twice the
+    memory traffic of one fused kernel, and a 24 MB tensor written per frame)."""
+
     def __init__(self, frames: int) -> None:
         import torch
 
@@ -275,7 +313,7 @@ class NumpyCheck(Check):
         return {"tensor_after_close_reads": True}
 
 
-CHECKS = {"torch": TorchCheck, "cupy": CupyCheck, "jax": JaxCheck, "numpy": NumpyCheck}
+CHECKS = {"torch": TorchCheck, "torch-ops": TorchOpsCheck, "cupy": CupyCheck, "jax": JaxCheck, "numpy": NumpyCheck}
 
 
 def consume(sock: str, backend: str, frames: int, kind: str) -> dict[str, Any]:

@@ -35,6 +35,9 @@ pub enum BenchTask {
     /// The middle stage of a three-stage row.
     #[serde(rename = "bench-stage")]
     Stage(super::stage::StagePlan),
+    /// The exporter of an imported-buffer row.
+    #[serde(rename = "bench-exporter")]
+    Exporter(super::memory::ExporterPlan),
 }
 
 /// Frames a consumer may have queued before it waits for the oldest to finish (the completion clock's depth): above
@@ -85,7 +88,7 @@ pub enum ConsumerMessage {
     Report(ConsumerReport),
 }
 
-/// Runs a bench child: a consumer, or a three-stage row's middle stage.
+/// Runs a bench child: a consumer, a three-stage row's middle stage, or an imported-buffer row's exporter.
 ///
 /// # Errors
 /// Anything that stops it; the caller reports it to the parent.
@@ -93,6 +96,7 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     match task.decode().map_err(|source| ProbeError::Malformed { what: "bench task".to_owned(), source })? {
         BenchTask::Consumer(plan) => consumer_child(plan, channel),
         BenchTask::Stage(plan) => super::stage::child(&plan, channel),
+        BenchTask::Exporter(plan) => super::memory::exporter_child(&plan, channel),
     }
 }
 
@@ -104,13 +108,18 @@ fn consumer_child(plan: ConsumerPlan, channel: &Channel) -> Result<(), ProbeErro
     }
     let stamps = PublishStamps::open(fds.remove(0))?;
     let report = match plan.spec {
-        RowSpec::Ours { backend, .. } | RowSpec::ThreeStage { backend, .. } => {
+        RowSpec::Ours { backend, .. } | RowSpec::ThreeStage { backend, .. } | RowSpec::Paced { backend, .. } => {
             gpu_ipc::dispatch_gpu(backend, OursConsumer { plan: &plan, stamps: &stamps })
                 .unwrap_or_else(|e| Err(e.into()))?
         }
         RowSpec::Study { design } => study_consumer(&plan, design, &setup, fds, &stamps, channel)?,
-        RowSpec::SingleProcess | RowSpec::SingleProcessPipelined { .. } | RowSpec::Bandwidth => {
-            return Err(ProbeError::Missing("the references run without a consumer process"));
+        RowSpec::SingleProcess
+        | RowSpec::SingleProcessPipelined { .. }
+        | RowSpec::Bandwidth
+        | RowSpec::Memory { .. }
+        | RowSpec::Imported { .. }
+        | RowSpec::Kernel { .. } => {
+            return Err(ProbeError::Missing("the references and the memory rows run without a consumer process"));
         }
     };
     channel.send(&ConsumerMessage::Report(report), Vec::new())?;
@@ -227,6 +236,8 @@ impl GpuBackendVisitor for OursConsumer<'_> {
         let timeout = Duration::from_millis(plan.frame_timeout_ms);
         let mut clock = CompletionClock::new(&gpu.ctx, IN_FLIGHT)?;
         let mut window = Window::new(self.stamps, plan);
+        // Paced, the next frame is not due for a while: see each frame's completion before waiting for it.
+        let paced = matches!(plan.spec, RowSpec::Paced { .. });
         while consumer.next_sequence() < plan.frames_total {
             let frame = consumer.next_frame(Some(&gpu.stream), timeout).map_err(frame_error)?;
             let seq = frame.seq().0;
@@ -237,6 +248,9 @@ impl GpuBackendVisitor for OursConsumer<'_> {
             consumer.release(frame, Some(&gpu.stream)).map_err(frame_error)?;
             let mut on_done = |seq: u64, ns: u64| window.done(seq, ns);
             clock.after(seq, &gpu.stream, Instant::now() + timeout, &mut on_done)?;
+            if paced {
+                clock.finish(Instant::now() + timeout, &mut on_done)?;
+            }
         }
         let mut on_done = |seq: u64, ns: u64| window.done(seq, ns);
         clock.finish(Instant::now() + timeout, &mut on_done)?;
@@ -252,7 +266,8 @@ fn frame_error(e: FrameError) -> ProbeError {
 }
 
 /// A study design's consumer: waits for the flag, brings the frame in (designs a and b) or reads it in place
-/// (c and d), verifies it, synchronises, and says it is done.
+/// (mapped zero-copy: in host memory; c and d: in the producer's device buffer), verifies it, synchronises, and
+/// says it is done.
 fn study_consumer(
     plan: &ConsumerPlan,
     design: StudyDesign,
@@ -272,24 +287,27 @@ fn study_consumer(
     let mut host = None;
     let mut registration = None;
     let mut imported = None;
-    if design.through_host() {
+    if design.in_host_memory() {
         if fds.is_empty() {
             return Err(ProbeError::Missing("the producer sent no host frame buffer"));
         }
         let memory = Arc::new(SharedMemory::from_fd(fds.remove(0), bytes)?);
-        if design == StudyDesign::PinnedStaging {
+        if design.pinned() {
             registration = Some(HostRegistration::new(&gpu.ctx, Arc::clone(&memory))?);
         }
         host = Some(memory);
-        own_copy = Some(DeviceBuffer::alloc(&gpu.ctx, plan.frame_bytes)?);
     } else {
         let handle = setup.handle.as_ref().ok_or_else(|| ProbeError::Missing("no device buffer handle sent"))?;
         imported = Some(ImportedRegion::import(&gpu.ctx, handle, None)?);
     }
-    let frame = match (&own_copy, &imported) {
-        (Some(buffer), _) => buffer.span(),
-        (None, Some(region)) => region.span(),
-        (None, None) => return Err(ProbeError::Missing("no frame buffer")),
+    if design.through_host() {
+        own_copy = Some(DeviceBuffer::alloc(&gpu.ctx, plan.frame_bytes)?);
+    }
+    let frame = match (&own_copy, &registration, &imported) {
+        (Some(buffer), _, _) => buffer.span(),
+        (None, Some(mapped), _) => mapped.span(),
+        (None, None, Some(region)) => region.span(),
+        (None, None, None) => return Err(ProbeError::Missing("no frame buffer")),
     }
     .slice(0, plan.frame_bytes)?;
     channel.send(&ConsumerMessage::Ready, Vec::new())?;
@@ -305,6 +323,8 @@ fn study_consumer(
             }
             window.started(seq);
             match (&host, &registration) {
+                // Mapped zero-copy: the verify reads the host memory in place.
+                _ if !design.through_host() => {}
                 (Some(_), Some(pinned)) => {
                     frame.copy_from_async(&pinned.span().slice(0, plan.frame_bytes)?, &gpu.stream)?;
                     gpu.stream.synchronize()?;

@@ -6,21 +6,30 @@
 //! 2. the study's four designs (pageable host copies, pinned staging, legacy IPC with a sleeping or spinning CPU);
 //! 3. ours, through the real `Producer`/`Consumer` API: each backend x strategy x ring slots x consumer count;
 //! 4. three-stage pipelines (A -> B -> C through two rings, B a `Stage` that inverts every word), each backend x
-//!    strategy at 4 slots, beside the two-process rows of the same backend, strategy and depth.
+//!    strategy at 4 slots, beside the two-process rows of the same backend, strategy and depth;
+//! 5. ours with the producer paced at 60, 240 and 1,000 FPS (latency under a frame rate), every strategy;
+//! 6. the research's other measurements: its mapped zero-copy design, its basic design with the 16 ms sleeps it had,
+//!    the memory benchmarks (pinned copies, kernels on mapped host memory, copies with an imported buffer) and
+//!    each kernel alone.
 //!
 //! Each row is its own set of processes: the producer is this process, each consumer a `gpu-ipc probe-child`
-//! with role `bench-consumer`, a three-stage row's middle stage one with role `bench-stage`. Every wait is bounded; a row that fails or hangs is recorded as failed, with why,
-//! and the bench goes on.
+//! with role `bench-consumer`, a three-stage row's middle stage one with role `bench-stage`, the exporter of an
+//! imported-buffer row one with role `bench-exporter`. Every wait is bounded; a row that fails or hangs is recorded
+//! as failed, with why, and the bench goes on.
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
 pub mod consumer;
+pub mod memory;
+pub mod paced;
 pub mod render;
 pub mod results;
 pub mod rows;
 pub mod run;
 pub mod shared;
 pub mod stage;
+pub mod study;
+pub mod tables;
 pub mod targets;
 
 use std::path::PathBuf;
@@ -46,8 +55,9 @@ pub const FRAME_SHAPE: [u32; 3] = [3840, 2160, 3];
 /// The benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
-    /// The 4K frame pipeline: the single-process limit, the bandwidth floor, the study's four designs and ours
-    /// (every backend, sync strategy, ring depth and consumer count), each row in its own processes.
+    /// The 4K frame pipeline: the single-process limit, the bandwidth floor, each kernel alone, the study's designs
+    /// and ours (every backend, sync strategy, ring depth and consumer count; three stages; paced at 60, 240 and
+    /// 1,000 FPS), and the memory benchmarks, each row in its own processes.
     ///
     /// Exit status: 0 the bench ran (failed rows are in the results); 1 it could not run; 2 usage error; 3 no
     /// usable CUDA driver or no GPU.
@@ -73,10 +83,13 @@ pub struct PipelineArgs {
     #[arg(long, value_name = "N")]
     pub warmup: Option<u64>,
     /// Only the rows matching one of these filters (comma-separated; a filter matches a row whose name contains
-    /// each of its `+`-separated parts, e.g. `study,vmm+gpu-stream-ops`). The references always run.
+    /// each of its `+`-separated parts, e.g. `study,vmm+gpu-stream-ops`; `paced` the rows paced at a frame rate,
+    /// `memory` the memory benchmarks, `kernel` the kernels alone; `--list` shows the names). The references
+    /// always run.
     #[arg(long, value_delimiter = ',', value_name = "FILTER")]
     pub rows: Vec<String>,
-    /// Our rows for this backend only (default: every backend built in).
+    /// Our rows, the paced rows and the imported-buffer rows for this backend only (default: every backend built
+    /// in; the paced rows use one, vmm when built in).
     #[arg(long)]
     pub backend: Option<BackendKind>,
     /// Start a private MPS daemon, run the bench as its client, and stop it (without this flag the bench measures
@@ -120,10 +133,11 @@ impl PipelineArgs {
 
 /// How the latency is timed, as the results record it.
 const LATENCY_METHOD: &str = "CLOCK_MONOTONIC at the producer's publish (after its fill completed for the CPU \
-    strategies and the study's designs; when the publish was queued for ipc-event and gpu-stream-ops), stored in a \
-    shared memfd indexed by sequence, to the first moment the consumer's CPU saw its verify of that frame complete \
-    (an event after the verify, polled); percentiles from an HDR histogram (3 significant digits) over every \
-    consumer's measured frames";
+    strategies and the study's designs; when the publish was queued for ipc-event, gpu-stream-ops and gpu-poll), \
+    stored in a shared memfd indexed by sequence, to the first moment the consumer's CPU saw its verify of that \
+    frame complete (an event after the verify, polled); percentiles from an HDR histogram (3 significant digits) \
+    over every consumer's measured frames; paced rows: the consumer waits for each frame's verify to complete \
+    before it asks for the next frame, so every frame's completion is seen within one poll";
 
 /// `gpu-ipc bench pipeline`. Returns the exit status.
 pub fn pipeline_main(args: &PipelineArgs) -> u8 {
@@ -173,7 +187,7 @@ pub fn pipeline_main(args: &PipelineArgs) -> u8 {
                 results.rows.push(RowResult { row: spec.name(), spec: *spec, outcome });
                 progress.step(&spec.name());
             }
-            results.fill_ratios();
+            results.fill_derived();
             table = Some(render::markdown_table(&results));
             if let Some(dir) = &args.plots {
                 render::write_charts(&render::charts(&results), dir)?;

@@ -10,6 +10,7 @@ use harness::{ProbeOutput, Verdict};
 
 use super::results::{PipelineResults, RowOutcome, RowResult};
 use super::rows::{RowSpec, StudyDesign};
+use super::tables::{number, paced_table, research_table, verdict_words};
 
 /// The verdict: the best of ours against the single-process limit and the seed architecture (study d), and
 /// anything that failed or mismatched.
@@ -69,6 +70,9 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
     if let Some(line) = three_stage_words(results) {
         let _ = write!(answer, " {line}");
     }
+    for line in verdict_words(results) {
+        let _ = write!(answer, " {line}");
+    }
     let failed = results.rows.iter().filter(|r| matches!(r.outcome, RowOutcome::Failed { .. })).count();
     let unavailable = results.rows.iter().filter(|r| matches!(r.outcome, RowOutcome::Unavailable { .. })).count();
     let mismatched = results.rows.iter().filter(|r| r.measured().is_some_and(|m| m.mismatches != 0)).count();
@@ -114,22 +118,13 @@ fn three_stage_words(results: &PipelineResults) -> Option<String> {
     Some(line)
 }
 
-fn number(x: f64) -> String {
-    if x >= 100.0 {
-        format!("{x:.0}")
-    } else if x >= 10.0 {
-        format!("{x:.1}")
-    } else {
-        format!("{x:.2}")
-    }
-}
-
-/// The results as a Markdown table, one line per row.
+/// The results as a Markdown table, one line per row (GB/s: frame bytes x FPS), followed by the summary tables
+/// when their rows ran ([`paced_table`], [`research_table`]).
 pub fn markdown_table(results: &PipelineResults) -> String {
     let mut out = String::new();
     out.push_str(
-        "| row | FPS | x single-process | latency p50 / p99 / p99.9 (us) | CPU us/frame producer | CPU us/frame \
-         consumers (max) | mismatches | note |\n|---|---:|---:|---|---:|---:|---:|---|\n",
+        "| row | FPS | GB/s | x single-process | latency p50 / p99 / p99.9 (us) | CPU us/frame producer | CPU \
+         us/frame consumers (max) | mismatches | note |\n|---|---:|---:|---:|---|---:|---:|---:|---|\n",
     );
     for row in &results.rows {
         match &row.outcome {
@@ -146,9 +141,10 @@ pub fn markdown_table(results: &PipelineResults) -> String {
                 }
                 let mismatches =
                     if m.mismatches == 0 { "0".to_owned() } else { format!("**{} (WRONG DATA)**", m.mismatches) };
+                let gb = m.frame_gb_s.map_or_else(|| "-".to_owned(), number);
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {latency} | {} | {consumer_cpu} | {mismatches} | {} |",
+                    "| {} | {} | {gb} | {} | {latency} | {} | {consumer_cpu} | {mismatches} | {} |",
                     row.row,
                     number(m.fps),
                     m.ratio_to_single_process.map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
@@ -157,13 +153,22 @@ pub fn markdown_table(results: &PipelineResults) -> String {
                 );
             }
             RowOutcome::Failed { reason } => {
-                let _ = writeln!(out, "| {} | failed | - | - | - | - | - | {} |", row.row, reason.replace('|', "/"));
+                let _ =
+                    writeln!(out, "| {} | failed | - | - | - | - | - | - | {} |", row.row, reason.replace('|', "/"));
             }
             RowOutcome::Unavailable { reason } => {
-                let _ =
-                    writeln!(out, "| {} | unavailable | - | - | - | - | - | {} |", row.row, reason.replace('|', "/"));
+                let _ = writeln!(
+                    out,
+                    "| {} | unavailable | - | - | - | - | - | - | {} |",
+                    row.row,
+                    reason.replace('|', "/")
+                );
             }
         }
+    }
+    for table in [paced_table(results), research_table(results)].into_iter().flatten() {
+        out.push('\n');
+        out.push_str(&table);
     }
     out
 }
@@ -313,6 +318,7 @@ mod tests {
             consumer_cpu_us_per_frame: vec![12.0, 20.5],
             mismatches,
             bandwidth_gb_s: None,
+            frame_gb_s: None,
             note: None,
         })
     }
@@ -343,7 +349,7 @@ mod tests {
                 row(ours(SyncStrategy::CpuSpin, 4, 1), measured(60_000.0, Some((20.0, 25.0, 30.0)), 7)),
             ],
         };
-        results.fill_ratios();
+        results.fill_derived();
         results
     }
 
@@ -418,9 +424,9 @@ mod tests {
         let table = markdown_table(&results);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 2 + results.rows.len());
-        assert!(lines[2].starts_with("| single-process | 64000 | 1.00 | - | 15.0 | 20.5 | 0 |"), "{}", lines[2]);
-        assert!(lines[4].contains("| study-d-ipc-spin | 16000 | 0.25 | 60.0 / 90.0 / 200 |"), "{}", lines[4]);
-        assert_eq!(lines[5], "| study-a-pageable-shm | failed | - | - | - | - | - | a / b |");
+        assert!(lines[2].starts_with("| single-process | 64000 | 1593 | 1.00 | - | 15.0 | 20.5 | 0 |"), "{}", lines[2]);
+        assert!(lines[4].contains("| study-d-ipc-spin | 16000 | 398 | 0.25 | 60.0 / 90.0 / 200 |"), "{}", lines[4]);
+        assert_eq!(lines[5], "| study-a-pageable-shm | failed | - | - | - | - | - | - | a / b |");
         assert!(lines[8].contains("**7 (WRONG DATA)**"), "{}", lines[8]);
     }
 

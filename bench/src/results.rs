@@ -103,8 +103,13 @@ pub struct Measurement {
     pub consumer_cpu_us_per_frame: Vec<f64>,
     /// Mismatched words over every consumer (must be 0).
     pub mismatches: u64,
-    /// Bytes read plus bytes written per second by the bandwidth floor's copies, in GB/s.
+    /// Bytes read plus bytes written per second by a device-to-device copy row (the bandwidth floor, the copies
+    /// within one allocation and with an imported buffer), in GB/s.
     pub bandwidth_gb_s: Option<f64>,
+    /// Frame bytes times `fps`, in GB/s (10^9 bytes): what the row moves through the pipeline; filled in with the
+    /// ratio ([`PipelineResults::fill_derived`]). Absent in results recorded before it existed.
+    #[serde(default)]
+    pub frame_gb_s: Option<f64>,
     /// What a reader must know about how this row was measured.
     pub note: Option<String>,
 }
@@ -180,11 +185,28 @@ impl PipelineResults {
             }
         }
     }
+
+    /// Fills in what every measured row's figures imply: its ratio to the single-process limit
+    /// ([`PipelineResults::fill_ratios`]) and its frame GB/s ([`frame_gb_s`]).
+    pub fn fill_derived(&mut self) {
+        self.fill_ratios();
+        let bytes = self.frame_bytes;
+        for row in &mut self.rows {
+            if let RowOutcome::Measured(m) = &mut row.outcome {
+                m.frame_gb_s = Some(frame_gb_s(bytes, m.fps));
+            }
+        }
+    }
 }
 
 /// `value / reference`, `None` when the reference is not a positive number.
 pub fn ratio(value: f64, reference: f64) -> Option<f64> {
     (reference > 0.0 && reference.is_finite()).then(|| value / reference)
+}
+
+/// GB/s (10^9 bytes per second) of `fps` frames of `frame_bytes` each.
+pub fn frame_gb_s(frame_bytes: u64, fps: f64) -> f64 {
+    frame_bytes as f64 * fps / 1e9
 }
 
 /// Frames per second: `frames` over `seconds` (0 for an empty window).
@@ -265,6 +287,9 @@ mod tests {
         assert_eq!(ratio(1.0, f64::NAN), None);
         assert_eq!(cpu_us_per_frame(3_000_000, 1000), 3.0);
         assert_eq!(cpu_us_per_frame(5, 0), 0.0);
+        // 2,700 frames per second of 24,883,200 bytes each.
+        assert!(close(frame_gb_s(24_883_200, 2_700.0), 67.184_64, 1e-9));
+        assert_eq!(frame_gb_s(1_000, 0.0), 0.0);
     }
 
     #[test]

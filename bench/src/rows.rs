@@ -1,6 +1,6 @@
-//! What `gpu-ipc bench pipeline` measures: the rows (two references, the research's four designs, ours over every
-//! backend, strategy, ring depth and consumer count, and three-stage pipelines), their names, and which of them a
-//! run selects.
+//! What `gpu-ipc bench pipeline` measures: the rows (the references, the research's designs, ours over every
+//! backend, strategy, ring depth and consumer count, three-stage pipelines, ours paced at a frame rate, the memory
+//! benchmarks and each kernel alone), their names, how many frames each measures, and which of them a run selects.
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::wire::SyncStrategy;
@@ -18,13 +18,37 @@ pub const THREE_STAGE_SLOTS: u32 = 4;
 /// The mask the three-stage rows' middle stage XORs every word with (every bit inverted).
 pub const THREE_STAGE_MASK: u32 = u32::MAX;
 
-/// One of the four designs of the frame-pipeline study, reproduced as the study describes it.
+/// Frame rates of the paced rows (`paced-FPS-...`): a video rate, a fast display's, and 1 ms per frame.
+pub const PACES: [u32; 3] = [60, 240, 1_000];
+/// Ring depth of the paced rows, the depth of the unpaced rows they are read beside (`ours-BACKEND-STRATEGY-s4-c1`).
+pub const PACED_SLOTS: u32 = 4;
+/// A paced row measures at least this many frames (so that its p99.9 rests on a thousand frames), or
+/// [`PACED_MIN_SECONDS`] of them if that is more, and never more than `--frames`.
+pub const PACED_MIN_FRAMES: u64 = 1_000;
+/// A paced row measures at least this long (when `--frames` allows).
+pub const PACED_MIN_SECONDS: u64 = 2;
+/// Warm-up frames of a paced row (at its pace).
+pub const PACED_WARMUP: u64 = 10;
+/// Frames of the study's basic design with its 16 ms sleeps (each frame waits a sleep or two on each side).
+pub const SLOW_STUDY_FRAMES: u64 = 100;
+/// Frames (or copies) of the rows that move every byte over PCIe: the mapped zero-copy design, the pinned copies
+/// and the kernels on mapped host memory.
+pub const PCIE_FRAMES: u64 = 500;
+
+/// One of the designs of the frame-pipeline study, reproduced as the study describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StudyDesign {
     /// (a) Host shared memory (a memfd), pageable `cuMemcpyDtoH` in the producer and `cuMemcpyHtoD` in the
     /// consumer, a CPU flag polled with 1 ms sleeps.
     PageableShm,
+    /// (a) as the study ran it: the same, the flag polled with 16 ms sleeps (the study's cap).
+    PageableShm16ms,
+    /// The study's mapped zero-copy design: one memfd page-locked and mapped for the device in both processes
+    /// (`cuMemHostRegister` with `DEVICEMAP`, `cuMemHostGetDevicePointer`); the producer's fill kernel writes the
+    /// frame straight into host memory and the consumer's verify kernel reads it from there, over PCIe; the flags of
+    /// design (b), polled with 1 us sleeps.
+    MappedZeroCopy,
     /// (b) The same buffer page-locked (`cuMemHostRegister`) in each process, async copies on a stream, an atomic
     /// frame counter and a ready flag in shared memory, polled with 1 us sleeps.
     PinnedStaging,
@@ -36,12 +60,21 @@ pub enum StudyDesign {
 
 impl StudyDesign {
     /// Every design, in the study's order.
-    pub const ALL: [Self; 4] = [Self::PageableShm, Self::PinnedStaging, Self::LegacyIpcSleep, Self::LegacyIpcSpin];
+    pub const ALL: [Self; 6] = [
+        Self::PageableShm16ms,
+        Self::PageableShm,
+        Self::PinnedStaging,
+        Self::MappedZeroCopy,
+        Self::LegacyIpcSleep,
+        Self::LegacyIpcSpin,
+    ];
 
     /// The row name, e.g. `study-d-ipc-spin`.
     pub fn name(self) -> &'static str {
         match self {
+            Self::PageableShm16ms => "study-a-pageable-shm-16ms",
             Self::PageableShm => "study-a-pageable-shm",
+            Self::MappedZeroCopy => "study-mapped-zero-copy",
             Self::PinnedStaging => "study-b-pinned-staging",
             Self::LegacyIpcSleep => "study-c-ipc-sleep",
             Self::LegacyIpcSpin => "study-d-ipc-spin",
@@ -52,17 +85,130 @@ impl StudyDesign {
     pub fn poll_interval(self) -> Option<std::time::Duration> {
         use std::time::Duration;
         match self {
-            // The study capped its sleep at 16 ms; 1 ms is the shortest `Sleep(1)` a WDDM thread gets.
+            // The study capped its sleep at 16 ms (the design as it was); 1 ms is the shortest `Sleep(1)` a WDDM
+            // thread gets (today's variant).
+            Self::PageableShm16ms => Some(Duration::from_millis(16)),
             Self::PageableShm => Some(Duration::from_millis(1)),
-            Self::PinnedStaging => Some(Duration::from_micros(1)),
+            Self::PinnedStaging | Self::MappedZeroCopy => Some(Duration::from_micros(1)),
             Self::LegacyIpcSleep => Some(Duration::from_micros(10)),
             Self::LegacyIpcSpin => None,
         }
     }
 
-    /// Whether the frame travels through host memory (designs a and b) rather than a shared device buffer.
+    /// Whether the frame is copied through a host staging buffer (designs a and b): each side has its own device
+    /// buffer, and the producer may fill its next frame while the consumer copies the last one out.
     pub fn through_host(self) -> bool {
-        matches!(self, Self::PageableShm | Self::PinnedStaging)
+        matches!(self, Self::PageableShm | Self::PageableShm16ms | Self::PinnedStaging)
+    }
+
+    /// Whether a shared memfd carries the frame (copied through it, or read and written in place when mapped).
+    pub fn in_host_memory(self) -> bool {
+        self.through_host() || self == Self::MappedZeroCopy
+    }
+
+    /// Whether the memfd is page-locked (registered) in both processes.
+    pub fn pinned(self) -> bool {
+        matches!(self, Self::PinnedStaging | Self::MappedZeroCopy)
+    }
+
+    /// Frames this design measures at most (the slow ones fewer than `--frames`).
+    pub fn frame_cap(self) -> Option<u64> {
+        match self {
+            Self::PageableShm16ms => Some(SLOW_STUDY_FRAMES),
+            Self::MappedZeroCopy => Some(PCIE_FRAMES),
+            _ => None,
+        }
+    }
+}
+
+/// A memory benchmark of the research (device, pinned and mapped host memory) or of the course chapter (copies to,
+/// from and within an imported buffer), one frame per operation, in the bench process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryTest {
+    /// Copies of a frame from page-locked host memory to a device buffer.
+    #[serde(rename = "pinned-htod")]
+    PinnedHtoD,
+    /// Copies of a frame from a device buffer to page-locked host memory.
+    #[serde(rename = "pinned-dtoh")]
+    PinnedDtoH,
+    /// The fill kernel writing a frame into host memory mapped for the device.
+    MappedKernelWrite,
+    /// The verify kernel reading a frame from host memory mapped for the device.
+    MappedKernelRead,
+    /// Copies within one local allocation of two frames (first half to second half): the reference of
+    /// [`ImportedCopy::Within`].
+    LocalWithin,
+}
+
+impl MemoryTest {
+    /// Every test, in run order.
+    pub const ALL: [Self; 5] =
+        [Self::PinnedHtoD, Self::PinnedDtoH, Self::MappedKernelWrite, Self::MappedKernelRead, Self::LocalWithin];
+
+    /// The row name, e.g. `memory-pinned-htod`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PinnedHtoD => "memory-pinned-htod",
+            Self::PinnedDtoH => "memory-pinned-dtoh",
+            Self::MappedKernelWrite => "memory-mapped-kernel-write",
+            Self::MappedKernelRead => "memory-mapped-kernel-read",
+            Self::LocalWithin => "memory-local-within",
+        }
+    }
+
+    /// Whether every byte crosses PCIe (the row measures [`PCIE_FRAMES`] operations at most).
+    pub fn over_pcie(self) -> bool {
+        self != Self::LocalWithin
+    }
+}
+
+/// Which copy a course-chapter bandwidth row makes with a buffer another process exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ImportedCopy {
+    /// A local device buffer into the imported one.
+    To,
+    /// The imported buffer into a local one.
+    From,
+    /// The imported buffer's first frame into its second.
+    Within,
+}
+
+impl ImportedCopy {
+    /// Every copy.
+    pub const ALL: [Self; 3] = [Self::To, Self::From, Self::Within];
+
+    /// The name's suffix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::To => "to",
+            Self::From => "from",
+            Self::Within => "within",
+        }
+    }
+}
+
+/// One of the pattern kernels alone, back to back in one process: the parts of the single-process limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelAlone {
+    /// Generation only: the fill kernel.
+    Fill,
+    /// Processing only: the verify kernel.
+    Verify,
+}
+
+impl KernelAlone {
+    /// Both.
+    pub const ALL: [Self; 2] = [Self::Fill, Self::Verify];
+
+    /// The row name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fill => "kernel-fill-only",
+            Self::Verify => "kernel-verify-only",
+        }
     }
 }
 
@@ -132,6 +278,36 @@ pub enum RowSpec {
         /// Slots of each ring.
         slots: u32,
     },
+    /// As [`RowSpec::Ours`] with one consumer, the producer paced at `fps` frames per second (each frame starts at
+    /// its due time on a fixed schedule): the latency a real-time user sees, not the maximum rate.
+    Paced {
+        /// The backend.
+        backend: BackendKind,
+        /// The sync strategy.
+        #[serde(with = "strategy_name")]
+        strategy: SyncStrategy,
+        /// Ring slots.
+        slots: u32,
+        /// Frames per second the producer publishes.
+        fps: u32,
+    },
+    /// A memory benchmark in the bench process.
+    Memory {
+        /// Which.
+        test: MemoryTest,
+    },
+    /// A copy with a buffer a helper process allocated and exported through `backend`, imported here.
+    Imported {
+        /// The backend that exported it.
+        backend: BackendKind,
+        /// Which copy.
+        copy: ImportedCopy,
+    },
+    /// One pattern kernel alone, back to back in one process.
+    Kernel {
+        /// Which.
+        kernel: KernelAlone,
+    },
 }
 
 impl RowSpec {
@@ -149,6 +325,28 @@ impl RowSpec {
             Self::ThreeStage { backend, strategy, slots } => {
                 format!("three-stage-{}-{}-s{slots}", backend.name(), strategy.name())
             }
+            Self::Paced { backend, strategy, slots, fps } => {
+                format!("paced-{fps}-{}-{}-s{slots}", backend.name(), strategy.name())
+            }
+            Self::Memory { test } => test.name().to_owned(),
+            Self::Imported { backend, copy } => format!("memory-imported-{}-{}", backend.name(), copy.name()),
+            Self::Kernel { kernel } => kernel.name().to_owned(),
+        }
+    }
+
+    /// The frames (or operations) this row measures and its warm-up, from the run's `frames` and `warmup`: the
+    /// run's own, fewer for the slow designs and for what crosses PCIe, and for a paced row as many as
+    /// [`paced_frames`] says.
+    pub fn budget(&self, frames: u64, warmup: u64) -> (u64, u64) {
+        let capped = |cap: u64| {
+            let frames = frames.min(cap).max(1);
+            (frames, warmup.min((frames / 10).max(5)))
+        };
+        match self {
+            Self::Paced { fps, .. } => (paced_frames(*fps, frames), warmup.min(PACED_WARMUP)),
+            Self::Study { design } => design.frame_cap().map_or((frames, warmup), capped),
+            Self::Memory { test } if test.over_pcie() => capped(PCIE_FRAMES),
+            _ => (frames, warmup),
         }
     }
 
@@ -162,12 +360,27 @@ impl RowSpec {
 /// the depth where the frame API's best rows are.
 pub const PIPELINED_SLOTS: [u32; 2] = [2, 8];
 
+/// Frames a row paced at `fps` measures: at least [`PACED_MIN_FRAMES`] and [`PACED_MIN_SECONDS`] of frames, at
+/// most `frames` (the run's `--frames`).
+pub fn paced_frames(fps: u32, frames: u64) -> u64 {
+    PACED_MIN_FRAMES.max(u64::from(fps) * PACED_MIN_SECONDS).min(frames).max(1)
+}
+
+/// The backend of the paced rows: one backend only, to keep the run short (each paced row lasts seconds whatever
+/// the GPU), `vmm` when it is among `backends`, else the first.
+pub fn paced_backend(backends: &[BackendKind]) -> Option<BackendKind> {
+    backends.iter().copied().find(|b| b.name() == "vmm").or_else(|| backends.first().copied())
+}
+
 /// Every row of a run, references first: the full grid, or with `quick` slots 1 and 4 and 4 consumers only at 4
-/// slots; then the three-stage rows (every backend and strategy at [`THREE_STAGE_SLOTS`] slots), in both.
+/// slots; then the three-stage rows (every backend and strategy at [`THREE_STAGE_SLOTS`] slots), the paced rows
+/// (every strategy at each of [`PACES`], [`paced_backend`], [`PACED_SLOTS`] slots, one consumer), the memory
+/// benchmarks (the imported-buffer copies for every backend) and the kernels alone, in both.
 pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
     let mut rows = vec![RowSpec::SingleProcess];
     rows.extend(PIPELINED_SLOTS.iter().map(|&slots| RowSpec::SingleProcessPipelined { slots }));
     rows.push(RowSpec::Bandwidth);
+    rows.extend(KernelAlone::ALL.iter().map(|&kernel| RowSpec::Kernel { kernel }));
     rows.extend(StudyDesign::ALL.iter().map(|&design| RowSpec::Study { design }));
     let slots: &[u32] = if quick { &QUICK_SLOTS } else { &SLOTS };
     for &backend in backends {
@@ -186,6 +399,17 @@ pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
         for strategy in SyncStrategy::ALL {
             rows.push(RowSpec::ThreeStage { backend, strategy, slots: THREE_STAGE_SLOTS });
         }
+    }
+    if let Some(backend) = paced_backend(backends) {
+        for fps in PACES {
+            for strategy in SyncStrategy::ALL {
+                rows.push(RowSpec::Paced { backend, strategy, slots: PACED_SLOTS, fps });
+            }
+        }
+    }
+    rows.extend(MemoryTest::ALL.iter().map(|&test| RowSpec::Memory { test }));
+    for &backend in backends {
+        rows.extend(ImportedCopy::ALL.iter().map(|&copy| RowSpec::Imported { backend, copy }));
     }
     rows
 }
@@ -211,31 +435,131 @@ pub fn select(rows: &[RowSpec], filters: &[String]) -> Vec<RowSpec> {
 mod tests {
     use super::*;
 
+    /// Rows besides ours and the three-stage ones: references, kernels alone, study designs, paced, memory.
+    fn others(backends: usize) -> usize {
+        4 + 2 + 6 + PACES.len() * 5 + MemoryTest::ALL.len() + backends * 3
+    }
+
     #[test]
     fn the_full_grid_and_the_quick_one() {
         let backends = gpu_ipc::COMPILED_GPU;
         let full = all_rows(backends, false);
-        assert_eq!(full.len(), 4 + 4 + backends.len() * 5 * 6 * 2 + backends.len() * 5);
+        assert_eq!(full.len(), others(backends.len()) + backends.len() * 5 * 6 * 2 + backends.len() * 5);
         assert_eq!(full[0], RowSpec::SingleProcess);
         assert_eq!(full[1], RowSpec::SingleProcessPipelined { slots: 2 });
         assert_eq!(full[2].name(), "single-process-pipelined-s8");
         assert_eq!(full[3], RowSpec::Bandwidth);
         assert!(full[..4].iter().all(RowSpec::is_reference) && !full[4].is_reference());
+        // The kernels alone right after the references, then the study's designs, the basic one as it was first.
+        assert_eq!(full[4].name(), "kernel-fill-only");
+        assert_eq!(full[5].name(), "kernel-verify-only");
+        assert_eq!(full[6].name(), "study-a-pageable-shm-16ms");
+        assert_eq!(full[7].name(), "study-a-pageable-shm");
         let quick = all_rows(backends, true);
-        assert_eq!(quick.len(), 4 + 4 + backends.len() * 5 * 3 + backends.len() * 5);
+        assert_eq!(quick.len(), others(backends.len()) + backends.len() * 5 * 3 + backends.len() * 5);
         let names: Vec<String> = quick.iter().map(RowSpec::name).collect();
         let backend = backends[0].name();
         assert!(names.contains(&format!("ours-{backend}-cpu-spin-s4-c4")));
         assert!(!names.contains(&format!("ours-{backend}-cpu-spin-s1-c4")));
-        // Every three-stage row has its two-process row beside it in both grids.
+        // Every three-stage and every paced row has its two-process row beside it in both grids.
         for name in names.iter().filter(|n| n.starts_with("three-stage-")) {
             let two = name.replace("three-stage-", "ours-") + "-c1";
+            assert!(names.contains(&two), "{name} without {two}");
+        }
+        let paced: Vec<&String> = names.iter().filter(|n| n.starts_with("paced-")).collect();
+        assert_eq!(paced.len(), 15);
+        for name in paced {
+            let rest = name.splitn(3, '-').nth(2).unwrap();
+            let two = format!("ours-{rest}-c1");
             assert!(names.contains(&two), "{name} without {two}");
         }
         let mut unique = names.clone();
         unique.sort();
         unique.dedup();
         assert_eq!(unique.len(), names.len(), "row names are unique");
+    }
+
+    #[test]
+    fn the_paced_rows_use_one_backend_vmm_first() {
+        assert_eq!(paced_backend(&[BackendKind::Legacy, BackendKind::Vmm]), Some(BackendKind::Vmm));
+        assert_eq!(paced_backend(&[BackendKind::Legacy]), Some(BackendKind::Legacy));
+        assert_eq!(paced_backend(&[]), None);
+        let rows = all_rows(&[], false);
+        assert!(rows.iter().all(|r| !matches!(r, RowSpec::Paced { .. } | RowSpec::Imported { .. })));
+        let row =
+            RowSpec::Paced { backend: BackendKind::Vmm, strategy: SyncStrategy::GpuStreamOps, slots: 4, fps: 240 };
+        assert_eq!(row.name(), "paced-240-vmm-gpu-stream-ops-s4");
+        let json = serde_json::to_string(&row).unwrap();
+        assert_eq!(json, r#"{"kind":"paced","backend":"vmm","strategy":"gpu-stream-ops","slots":4,"fps":240}"#);
+        assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), row);
+    }
+
+    #[test]
+    fn budgets_per_row() {
+        let vmm = BackendKind::Vmm;
+        let paced = |fps| RowSpec::Paced { backend: vmm, strategy: SyncStrategy::CpuSpin, slots: 4, fps };
+        // At least 1,000 frames and 2 s, at most --frames.
+        assert_eq!(paced_frames(60, 2_000), 1_000);
+        assert_eq!(paced_frames(1_000, 2_000), 2_000);
+        assert_eq!(paced_frames(1_000, 5_000), 2_000);
+        assert_eq!(paced_frames(60, 300), 300);
+        assert_eq!(paced_frames(60, 0), 1);
+        assert_eq!(paced(240).budget(2_000, 200), (1_000, PACED_WARMUP));
+        assert_eq!(paced(1_000).budget(300, 30), (300, 10));
+        // The 16 ms design and what crosses PCIe measure fewer; everything else the run's own.
+        let study = |design| RowSpec::Study { design };
+        assert_eq!(study(StudyDesign::PageableShm16ms).budget(2_000, 200), (SLOW_STUDY_FRAMES, 10));
+        assert_eq!(study(StudyDesign::MappedZeroCopy).budget(2_000, 200), (PCIE_FRAMES, 50));
+        assert_eq!(study(StudyDesign::MappedZeroCopy).budget(300, 30), (300, 30));
+        assert_eq!(study(StudyDesign::LegacyIpcSpin).budget(2_000, 200), (2_000, 200));
+        assert_eq!(RowSpec::Memory { test: MemoryTest::PinnedHtoD }.budget(2_000, 200), (PCIE_FRAMES, 50));
+        assert_eq!(RowSpec::Memory { test: MemoryTest::LocalWithin }.budget(2_000, 200), (2_000, 200));
+        assert_eq!(RowSpec::Imported { backend: vmm, copy: ImportedCopy::To }.budget(2_000, 200), (2_000, 200));
+        assert_eq!(RowSpec::SingleProcess.budget(7, 3), (7, 3));
+    }
+
+    #[test]
+    fn the_new_rows_names_and_json() {
+        let names: Vec<String> = all_rows(&[BackendKind::Legacy, BackendKind::Vmm], false)
+            .iter()
+            .map(RowSpec::name)
+            .filter(|n| n.starts_with("memory-") || n.starts_with("kernel-") || n.contains("zero-copy"))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "kernel-fill-only",
+                "kernel-verify-only",
+                "study-mapped-zero-copy",
+                "memory-pinned-htod",
+                "memory-pinned-dtoh",
+                "memory-mapped-kernel-write",
+                "memory-mapped-kernel-read",
+                "memory-local-within",
+                "memory-imported-legacy-to",
+                "memory-imported-legacy-from",
+                "memory-imported-legacy-within",
+                "memory-imported-vmm-to",
+                "memory-imported-vmm-from",
+                "memory-imported-vmm-within",
+            ]
+        );
+        for row in [
+            RowSpec::Memory { test: MemoryTest::MappedKernelRead },
+            RowSpec::Imported { backend: BackendKind::Legacy, copy: ImportedCopy::Within },
+            RowSpec::Kernel { kernel: KernelAlone::Verify },
+            RowSpec::Study { design: StudyDesign::PageableShm16ms },
+        ] {
+            let json = serde_json::to_string(&row).unwrap();
+            assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), row, "{json}");
+        }
+        assert_eq!(
+            serde_json::to_string(&RowSpec::Memory { test: MemoryTest::PinnedDtoH }).unwrap(),
+            r#"{"kind":"memory","test":"pinned-dtoh"}"#
+        );
+        assert!(StudyDesign::MappedZeroCopy.in_host_memory() && !StudyDesign::MappedZeroCopy.through_host());
+        assert!(StudyDesign::PageableShm16ms.through_host() && !StudyDesign::PageableShm16ms.pinned());
+        assert_eq!(StudyDesign::PageableShm16ms.poll_interval(), Some(std::time::Duration::from_millis(16)));
     }
 
     #[test]
@@ -263,7 +587,8 @@ mod tests {
         let alone = names(&["three-stage"]);
         assert_eq!(alone.len(), 4 + gpu_ipc::COMPILED_GPU.len() * 5, "{alone:?}");
         let backend = gpu_ipc::COMPILED_GPU[0].name();
-        let pair = names(&[&format!("{backend}+gpu-stream-ops+s4")]);
+        let mut pair = names(&[&format!("{backend}+gpu-stream-ops+s4")]);
+        pair.retain(|n| !n.starts_with("paced-"));
         assert_eq!(
             pair[4..],
             [
@@ -285,7 +610,9 @@ mod tests {
         assert_eq!(names[3], "bandwidth-floor");
         assert!(names[4..].iter().all(|n| n.contains("gpu-stream-ops") && n.ends_with("-c4")));
         let study = select(&rows, &["study".to_owned(), "nothing-matches".to_owned()]);
-        assert_eq!(study.len(), 4 + 4);
+        assert_eq!(study.len(), 4 + 6);
+        let paced = select(&rows, &["paced-60-".to_owned()]);
+        assert_eq!(paced.len(), 4 + 5, "one pace, every strategy");
         assert_eq!(select(&rows, &[]).len(), rows.len());
     }
 

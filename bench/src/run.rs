@@ -1,34 +1,31 @@
-//! The producer side of every row, in the bench process: the two references, the study's four designs, and ours
-//! through the real `Producer` API; consumers are `bench-consumer` children ([`super::consumer`]), a three-stage
-//! row's middle stage a `bench-stage` child ([`super::stage`]).
+//! The producer side of every row, in the bench process: the references, and ours through the real `Producer` API
+//! (unpaced, paced at a frame rate, or three-stage); the study's designs are in [`super::study`], the memory
+//! benchmarks and the kernels alone in [`super::memory`]. Consumers are `bench-consumer` children
+//! ([`super::consumer`]), a three-stage row's middle stage a `bench-stage` child ([`super::stage`]).
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, HostRegistration, Stream,
-};
+use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, Event, EventFlags, Stream};
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
-use gpu_ipc::core::sys::shm::SharedMemory;
 use gpu_ipc::core::wire::SyncStrategy;
 use gpu_ipc::kernels::launch::PatternKernels;
-use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
 use super::consumer::{BenchTask, ConsumerMessage, ConsumerPlan, Setup};
+use super::paced::{PaceSchedule, paced_note, sleep_until};
 use super::results::{ConsumerReport, Measurement, RowOutcome, cpu_us_per_frame, fps, merge_consumers};
-use super::rows::{RowSpec, StudyDesign, THREE_STAGE_MASK};
-use super::shared::{PublishStamps, StudyFlags, cpu_ns, flag, monotonic_ns};
+use super::rows::{RowSpec, THREE_STAGE_MASK};
+use super::shared::{PublishStamps, cpu_ns, monotonic_ns};
 use super::stage::StagePlan;
 use harness::ProbeError;
 use harness::child::{ChildProcess, ChildTask};
-use harness::regions::ExportedRegion;
 
 /// How long a consumer process has to start, set up CUDA and attach or say it is ready.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The bench process's GPU state, made once for every row.
 pub struct BenchGpu {
@@ -47,6 +44,21 @@ impl BenchGpu {
         let kernels = PatternKernels::load(&ctx)?;
         let stream = Stream::new(&ctx)?;
         Ok(Self { ctx, kernels, stream })
+    }
+
+    /// The bench process's context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The pattern kernels, loaded in [`BenchGpu::context`].
+    pub fn kernels(&self) -> &PatternKernels {
+        &self.kernels
+    }
+
+    /// The stream the references use.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
     }
 }
 
@@ -73,26 +85,41 @@ impl RunConfig {
         self.shape.iter().map(|&x| u64::from(x)).product()
     }
 
-    fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.warmup + self.frames
+    }
+
+    /// This configuration with the frames and warm-up of `spec` ([`RowSpec::budget`]).
+    pub fn for_row(&self, spec: RowSpec) -> Self {
+        let (frames, warmup) = spec.budget(self.frames, self.warmup);
+        Self { frames, warmup, ..self.clone() }
     }
 }
 
 /// Runs one row; a failure (including a hang cut short by a bound) is its outcome, not an error.
 pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
+    let cfg = &cfg.for_row(spec);
     let result = match spec {
         RowSpec::SingleProcess => single_process(gpu, cfg),
         RowSpec::SingleProcessPipelined { slots } => single_process_pipelined(gpu, cfg, slots),
         RowSpec::Bandwidth => bandwidth(gpu, cfg),
-        RowSpec::Study { design } => study(gpu, cfg, spec, design),
+        RowSpec::Study { design } => super::study::study(gpu, cfg, spec, design),
         RowSpec::Ours { backend, strategy, slots, consumers } => {
-            let ours = OursProducer { gpu, cfg, spec, strategy, slots, consumers, three_stage: false };
+            let ours = OursProducer { gpu, cfg, spec, strategy, slots, consumers, three_stage: false, pace: None };
             gpu_ipc::dispatch_gpu(backend, ours).unwrap_or_else(|e| Err(e.into()))
         }
         RowSpec::ThreeStage { backend, strategy, slots } => {
-            let ours = OursProducer { gpu, cfg, spec, strategy, slots, consumers: 1, three_stage: true };
+            let ours = OursProducer { gpu, cfg, spec, strategy, slots, consumers: 1, three_stage: true, pace: None };
             gpu_ipc::dispatch_gpu(backend, ours).unwrap_or_else(|e| Err(e.into()))
         }
+        RowSpec::Paced { backend, strategy, slots, fps } => {
+            let ours =
+                OursProducer { gpu, cfg, spec, strategy, slots, consumers: 1, three_stage: false, pace: Some(fps) };
+            gpu_ipc::dispatch_gpu(backend, ours).unwrap_or_else(|e| Err(e.into()))
+        }
+        RowSpec::Memory { test } => super::memory::memory(gpu, cfg, test),
+        RowSpec::Imported { backend, copy } => super::memory::imported(gpu, cfg, backend, copy),
+        RowSpec::Kernel { kernel } => super::memory::kernel_alone(gpu, cfg, kernel),
     };
     // Leave nothing of a failed row queued for the next one.
     if let Err(e) = wait_stream(&gpu.ctx, &gpu.stream, cfg.frame_timeout) {
@@ -106,7 +133,7 @@ pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
 }
 
 /// Waits for the work queued on `stream`, at most `timeout` (an event polled, never an unbounded synchronise).
-fn wait_stream(ctx: &Context, stream: &Stream, timeout: Duration) -> Result<(), ProbeError> {
+pub(crate) fn wait_stream(ctx: &Context, stream: &Stream, timeout: Duration) -> Result<(), ProbeError> {
     let event = Event::new(ctx, EventFlags::default())?;
     event.record(stream)?;
     let deadline = Instant::now() + timeout;
@@ -183,7 +210,7 @@ fn single_process_pipelined(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Resu
 /// A reference row run in this process: `run(from, to)` queues frames `from..to` and waits for them; the warm-up
 /// first, then the measured window, timed on the wall clock and this process's CPU clock; `counter` holds the
 /// verify kernels' mismatches.
-fn in_process(
+pub(crate) fn in_process(
     cfg: &RunConfig,
     run: impl Fn(u64, u64) -> Result<(), ProbeError>,
     counter: &DeviceBuffer,
@@ -204,6 +231,7 @@ fn in_process(
         consumer_cpu_us_per_frame: Vec::new(),
         mismatches: read_counter(counter)?,
         bandwidth_gb_s: None,
+        frame_gb_s: None,
         note: Some(note),
     })
 }
@@ -235,6 +263,7 @@ fn bandwidth(gpu: &BenchGpu, cfg: &RunConfig) -> Result<Measurement, ProbeError>
         consumer_cpu_us_per_frame: Vec::new(),
         mismatches: 0,
         bandwidth_gb_s: Some(if seconds > 0.0 { moved / seconds / 1e9 } else { 0.0 }),
+        frame_gb_s: None,
         note: Some(
             "cuMemcpyDtoDAsync of one frame between two buffers; a copy reads and writes one frame, as fill + \
              verify do, so the implied FPS is copies per second"
@@ -252,7 +281,7 @@ fn socket_path() -> PathBuf {
 }
 
 /// Starts `count` consumers with `plan` (numbered) and sends each its setup: the stamps' fd, then `extra` fds.
-fn spawn_consumers(
+pub(crate) fn spawn_consumers(
     plan: &ConsumerPlan,
     count: u32,
     stamps: &PublishStamps,
@@ -275,7 +304,7 @@ fn spawn_consumers(
 }
 
 /// Receives a consumer's next message; a child that reported a failure becomes [`ProbeError::Child`].
-fn recv_message(child: &ChildProcess, timeout: Duration) -> Result<ConsumerMessage, ProbeError> {
+pub(crate) fn recv_message(child: &ChildProcess, timeout: Duration) -> Result<ConsumerMessage, ProbeError> {
     let value: serde_json::Value = child.channel().recv_plain(timeout)?;
     if let Some(error) = value.get("error").and_then(serde_json::Value::as_str) {
         return Err(ProbeError::Child { role: "bench-consumer".to_owned(), reason: error.to_owned() });
@@ -294,7 +323,7 @@ fn recv_report(child: &ChildProcess, timeout: Duration) -> Result<ConsumerReport
 }
 
 /// After the producer side failed: what the consumers said, if any said something within a moment.
-fn with_consumer_failures(error: ProbeError, children: &[ChildProcess]) -> ProbeError {
+pub(crate) fn with_consumer_failures(error: ProbeError, children: &[ChildProcess]) -> ProbeError {
     let said: Vec<String> = children
         .iter()
         .enumerate()
@@ -307,7 +336,7 @@ fn with_consumer_failures(error: ProbeError, children: &[ChildProcess]) -> Probe
 }
 
 /// Collects every consumer's report and waits for it to exit.
-fn collect_reports(children: &mut [ChildProcess]) -> Result<Vec<ConsumerReport>, ProbeError> {
+pub(crate) fn collect_reports(children: &mut [ChildProcess]) -> Result<Vec<ConsumerReport>, ProbeError> {
     let mut reports = Vec::with_capacity(children.len());
     for child in children.iter_mut() {
         reports.push(recv_report(child, SETUP_TIMEOUT)?);
@@ -320,7 +349,7 @@ fn collect_reports(children: &mut [ChildProcess]) -> Result<Vec<ConsumerReport>,
 }
 
 /// The row's measurement from the producer's window and the consumers' reports.
-fn measurement(
+pub(crate) fn measurement(
     cfg: &RunConfig,
     seconds: f64,
     producer_cpu_ns: u64,
@@ -346,11 +375,12 @@ fn measurement(
         consumer_cpu_us_per_frame: consumer_cpu,
         mismatches,
         bandwidth_gb_s: None,
+        frame_gb_s: None,
         note: (!notes.is_empty()).then(|| notes.join("; ")),
     })
 }
 
-fn check_deadline(deadline: Instant, cfg: &RunConfig, seq: u64) -> Result<(), ProbeError> {
+pub(crate) fn check_deadline(deadline: Instant, cfg: &RunConfig, seq: u64) -> Result<(), ProbeError> {
     if Instant::now() >= deadline {
         return Err(ProbeError::Wait(format!(
             "the row took longer than {:?} (stopped at frame {seq} of {})",
@@ -368,7 +398,7 @@ fn frame_error(e: FrameError) -> ProbeError {
     }
 }
 
-fn base_plan(cfg: &RunConfig, spec: RowSpec, socket: Option<PathBuf>) -> ConsumerPlan {
+pub(crate) fn base_plan(cfg: &RunConfig, spec: RowSpec, socket: Option<PathBuf>) -> ConsumerPlan {
     ConsumerPlan {
         spec,
         device: cfg.device,
@@ -396,6 +426,8 @@ struct OursProducer<'a> {
     slots: u32,
     consumers: u32,
     three_stage: bool,
+    /// Frames per second of a paced row.
+    pace: Option<u32>,
 }
 
 impl OursProducer<'_> {
@@ -445,11 +477,16 @@ impl GpuBackendVisitor for OursProducer<'_> {
         let mut producer = Producer::<B>::create(&gpu.ctx, config).map_err(frame_error)?;
         let stamps = PublishStamps::create()?;
         let mut children = self.spawn_children(socket, &stamps)?;
+        let mut schedule = None;
         let produced = (|| -> Result<(f64, u64), ProbeError> {
             wait_for_consumers(&mut producer, self.consumers as usize, &children)?;
             let (mut t0, mut cpu0) = (Instant::now(), cpu_ns());
+            schedule = self.pace.map(|fps| PaceSchedule::new(fps, Instant::now()));
             for seq in 0..cfg.total() {
                 check_deadline(deadline, cfg, seq)?;
+                if let Some(schedule) = &mut schedule {
+                    sleep_until(schedule.start(seq, Instant::now()));
+                }
                 if seq == cfg.warmup {
                     // GPU strategies run ahead: the warm-up's queued work is not part of the window.
                     wait_stream(&gpu.ctx, &stream, cfg.frame_timeout)?;
@@ -492,6 +529,9 @@ impl GpuBackendVisitor for OursProducer<'_> {
         }
         if crate::rows::publishes_on_gpu(self.strategy) {
             notes.push("publish timed when queued (the fill may still run): latency includes the fill".to_owned());
+        }
+        if let (Some(fps), Some(schedule)) = (self.pace, &schedule) {
+            notes.push(paced_note(fps, schedule.behind()));
         }
         let lost = producer.consumers_lost();
         if lost > 0 {
@@ -536,127 +576,6 @@ fn wait_for_consumers<B: Backend>(
             Err(e) => return Err(frame_error(e)),
         }
     }
-}
-
-/// A study design: the producer here, one consumer process, one frame buffer, CPU flags in a memfd.
-fn study(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec, design: StudyDesign) -> Result<Measurement, ProbeError> {
-    let shm_error = ProbeError::SharedMemory;
-    let bytes = cfg.frame_bytes();
-    let host_bytes = usize::try_from(bytes).map_err(|_| ProbeError::Other("frame too large".into()))?;
-    let deadline = Instant::now() + cfg.row_timeout;
-    let stream = Stream::new(&gpu.ctx)?;
-    let flags = StudyFlags::create().map_err(shm_error)?;
-    let stamps = PublishStamps::create().map_err(shm_error)?;
-    let mut setup = Setup { handle: None };
-    // The frame: our own device buffer plus a host buffer (a, b), or a device buffer shared by handle (c, d).
-    let mut own = None;
-    let mut host = None;
-    let mut registration = None;
-    let mut shared = None;
-    if design.through_host() {
-        own = Some(DeviceBuffer::alloc(&gpu.ctx, bytes)?);
-        let memory = Arc::new(SharedMemory::create("gpu-ipc-bench-frame", host_bytes).map_err(shm_error)?);
-        if design == StudyDesign::PinnedStaging {
-            registration = Some(HostRegistration::new(&gpu.ctx, Arc::clone(&memory))?);
-        }
-        host = Some(memory);
-    } else {
-        let legacy: BackendKind = "legacy"
-            .parse()
-            .map_err(|e| ProbeError::Other(format!("the study's IPC designs need the legacy backend: {e}")))?;
-        let region = ExportedRegion::allocate(legacy, &gpu.ctx, bytes)?;
-        let (message, _no_fd) = region.export()?;
-        setup.handle = Some(message);
-        shared = Some(region);
-    }
-    let frame: DeviceSpan<'_> = match (&own, &shared) {
-        (Some(buffer), _) => buffer.span(),
-        (None, Some(region)) => region.span(),
-        (None, None) => return Err(ProbeError::Missing("no frame buffer")),
-    }
-    .slice(0, bytes)?;
-    let extra = || -> Result<Vec<OwnedFd>, ProbeError> {
-        let mut fds = vec![flags.fd().map_err(shm_error)?];
-        if let Some(memory) = &host {
-            fds.push(memory.try_clone_fd().map_err(shm_error)?);
-        }
-        Ok(fds)
-    };
-    let mut children = spawn_consumers(&base_plan(cfg, spec, None), 1, &stamps, &setup, &extra)?;
-    let nap = design.poll_interval();
-    let produced = (|| -> Result<(f64, u64), ProbeError> {
-        match recv_message(&children[0], SETUP_TIMEOUT)? {
-            ConsumerMessage::Ready => {}
-            ConsumerMessage::Report(_) => {
-                return Err(ProbeError::Unexpected {
-                    peer: "consumer",
-                    expected: "ready",
-                    got: "its report".to_owned(),
-                });
-            }
-        }
-        let (mut t0, mut cpu0) = (Instant::now(), cpu_ns());
-        for seq in 0..cfg.total() {
-            check_deadline(deadline, cfg, seq)?;
-            if seq == cfg.warmup {
-                (t0, cpu0) = (Instant::now(), cpu_ns());
-            }
-            if !design.through_host() {
-                // One shared device buffer: the next frame overwrites it only once the consumer is done with it.
-                flags.wait(flag::CONSUMED, seq, false, nap, cfg.frame_timeout)?;
-            }
-            gpu.kernels.fill(&stream, frame, seq)?;
-            if design.through_host() {
-                // Our own device buffer is ours to fill; the host buffer is free once the consumer copied it out.
-                flags.wait(flag::READY, 0, true, nap, cfg.frame_timeout)?;
-            }
-            match (&host, &registration) {
-                (Some(_), Some(pinned)) => {
-                    pinned.span().slice(0, bytes)?.copy_from_async(&frame, &stream)?;
-                    stream.synchronize()?;
-                }
-                (Some(memory), None) => {
-                    stream.synchronize()?;
-                    frame.copy_to_host_memory(memory.as_ref(), 0)?;
-                }
-                _ => stream.synchronize()?,
-            }
-            stamps.record(seq, monotonic_ns());
-            flags.word(flag::PUBLISHED).store(seq + 1, Ordering::Release);
-            if design.through_host() {
-                flags.word(flag::READY).store(1, Ordering::Release);
-            }
-        }
-        flags.wait(flag::CONSUMED, cfg.total(), false, nap, cfg.frame_timeout)?;
-        Ok((t0.elapsed().as_secs_f64(), cpu_ns().saturating_sub(cpu0)))
-    })();
-    let (seconds, cpu) = match produced {
-        Ok(done) => done,
-        Err(e) => {
-            flags.abort();
-            let e = with_consumer_failures(e, &children);
-            drop(children);
-            if let Err(stuck) = wait_stream(&gpu.ctx, &stream, cfg.frame_timeout) {
-                tracing::warn!(%stuck, "the failed row's stream did not drain");
-            }
-            return Err(e);
-        }
-    };
-    let reports = collect_reports(&mut children)?;
-    let poll = match nap {
-        Some(d) => format!("both sides poll the flag with {d:?} sleeps"),
-        None => "both sides spin on the flag".to_owned(),
-    };
-    let how = match design {
-        StudyDesign::PageableShm => "pageable cuMemcpyDtoH into a memfd, pageable cuMemcpyHtoD out of it",
-        StudyDesign::PinnedStaging => "memfd page-locked in both processes, cuMemcpyAsync in and out, then sync",
-        StudyDesign::LegacyIpcSleep | StudyDesign::LegacyIpcSpin => {
-            "one cuMemAlloc buffer shared by a legacy IPC handle; stream synchronised per frame on both sides"
-        }
-    };
-    // Unregister before the memory goes (the registration holds its own reference).
-    drop(registration);
-    measurement(cfg, seconds, cpu, &reports, vec![format!("{how}; {poll}")])
 }
 
 #[cfg(test)]

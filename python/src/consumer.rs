@@ -416,7 +416,7 @@ impl Frame {
 #[pymethods]
 impl Frame {
     #[getter]
-    fn seq(&self) -> u64 {
+    pub(crate) fn seq(&self) -> u64 {
         self.seq
     }
 

@@ -7,6 +7,7 @@
 //! | `Consumer`, `Frame` | `gpu_ipc::core::frames::{Consumer, Frame}` |
 //! | `SharedPool`, `SharedBuffer`, `PoolImporter`, `BufferView` | `gpu_ipc::core::pool::{SharedPool, BufferHandle, PoolImporter, BufferView}` |
 //! | `Semaphore`, `SemaphoreWait` | `gpu_ipc::core::semaphore::{SemaphoreOwner, Semaphore, StreamWait}` |
+//! | `testing.Pattern` | `gpu_ipc::kernels::{launch::PatternKernels, pattern}` |
 //! | `GpuIpcError` and its subclasses | `gpu_ipc::core::frames::FrameError`, `semaphore::SemaphoreError` |
 //!
 //! The Python documentation lives in the stubs next to the package (`python/gpu_ipc/_gpu_ipc.pyi`), which CI
@@ -17,6 +18,7 @@
 mod consumer;
 mod errors;
 mod mapping;
+mod pattern;
 mod pool;
 mod pool_import;
 mod producer;
@@ -41,6 +43,7 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool_import::BufferView>()?;
     m.add_function(wrap_pyfunction!(pool::sharing_backend, m)?)?;
     m.add_class::<semaphore::SemaphoreWait>()?;
+    m.add_class::<pattern::Pattern>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LEGACY_DEFAULT_STREAM", stream::LEGACY_DEFAULT_STREAM)?;

@@ -417,7 +417,7 @@ crate::array_protocols!(Slot);
 impl Slot {
     /// The frame's sequence number (0, 1, 2, ...).
     #[getter]
-    fn seq(&self) -> u64 {
+    pub(crate) fn seq(&self) -> u64 {
         self.seq
     }
 

@@ -72,7 +72,7 @@ def test_harness_rows_on_the_host_backend(tmp_path: Path) -> None:
     reported = run_script(str(SCRIPTS / "python_gpu.py"), "report", str(tmp_path), env=env)
     assert reported.returncode == 0, reported.stdout + reported.stderr
     summary = json.loads((tmp_path / "python-package.json").read_text())
-    assert summary["comparison"]["consumer"] == "numpy" and summary["comparison"]["ratio"] > 0
+    assert summary["comparison"][0]["consumer"] == "numpy" and summary["comparison"][0]["ratio"] > 0
     table = (tmp_path / "python-package.md").read_text()
     assert "| rust | numpy | host | cpu-spin |" in table and "against the Rust consumer" in table
 

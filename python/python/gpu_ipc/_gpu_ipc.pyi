@@ -41,6 +41,7 @@ __all__ = [
     "NoProducer",
     "NotFound",
     "OwnerGone",
+    "Pattern",
     "PeerGone",
     "PoolFull",
     "PoolImporter",
@@ -605,6 +606,52 @@ class BufferView:
         """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class Pattern:
+    """The pattern every frame of the Rust example programs carries (``gpu_ipc.testing.Pattern``): word ``i`` of
+    frame ``seq`` is ``mix(i * 0x9E3779B1 ^ seq * 0x85EBCA6B ^ 0xA5A5A5A5)`` (32-bit products),
+    ``mix(x) = x ^ (x >> 16)``.
+
+    ``fill`` writes it into a slot, ``verify`` checks a frame against it: on a GPU with the kernels the Rust
+    ``producer`` and ``consumer`` launch (embedded in the package: no CUDA toolkit, no compiler), queued on
+    ``stream`` (default: the stream the slot or frame is ready on) with no CPU synchronisation; with the host
+    backend on the CPU. ``mismatches()`` waits for the device and returns the mismatched words counted so far.
+    ``frames``: keep one counter per sequence below it (so that ``mismatches(below=n)`` leaves out frames queued
+    past the end of a stream), instead of one for every frame.
+
+    Example::
+
+        check = gpu_ipc.testing.Pattern()
+        with gpu_ipc.Consumer(sock) as consumer:
+            for frame in consumer:
+                check.verify(frame)           # frame.seq's pattern, on frame.stream
+        assert check.mismatches() == 0
+    """
+
+    def __new__(cls, frames: int | None = None) -> Self: ...
+    @staticmethod
+    def word(seq: int, index: int) -> int:
+        """Word ``index`` of frame ``seq``'s pattern."""
+    def fill(
+        self, target: Slot | SharedBuffer | BufferView, seq: int | None = None, *, stream: _StreamLike = None
+    ) -> None:
+        """Writes frame ``seq``'s pattern (default: the slot's own sequence) into every word of ``target`` (a
+        ``Slot``, or a pool buffer), queued on ``stream`` (default: the stream the slot is ready on; another stream
+        is ordered after it, and the publish after that stream)."""
+    def verify(
+        self, target: Frame | SharedBuffer | BufferView, seq: int | None = None, *, stream: _StreamLike = None
+    ) -> None:
+        """Checks every word of ``target`` (a ``Frame``, or a pool buffer) against frame ``seq``'s pattern (default:
+        the frame's own sequence) and adds the mismatched words to this object's count: queued on ``stream``
+        (default: the stream the frame is ready on; another stream is ordered after it, and the release after that
+        stream), no CPU synchronisation. Read the count with ``mismatches()``."""
+    def mismatches(self, below: int | None = None) -> int:
+        """The mismatched words ``verify`` counted since the last ``reset()`` (with per-frame counters: those of the
+        frames with a sequence below ``below``, default all): waits for the device's queued work
+        (``cuCtxSynchronize``) first."""
+    def reset(self) -> None:
+        """Sets the counts back to 0 (after waiting for the device)."""
 
 def sharing_backend(obj: Any, device: int = 0) -> str:
     """The backend that shares ``obj``'s memory in place: ``"host"`` for host memory (``__array_interface__``);
