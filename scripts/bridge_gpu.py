@@ -161,7 +161,7 @@ def row(kind: str, backend: str, frames: int, ucx_env: dict[str, str], log: Any)
     r["exit_codes"] = rcs
     ok = all(rc == 0 for rc in rcs.values()) and c1.get("frames") == frames and c2.get("frames") == frames
     counts = [c.get("mismatched_words") for c in (c1, c2)]
-    r["mismatched_words"] = sum(counts) if None not in counts else None  # type: ignore[arg-type]
+    r["mismatched_words"] = sum(c for c in counts if c is not None) if None not in counts else None
     if ok:
         pub = prod["published"]
         done = [max(x, y) for x, y in zip(c1["done"], c2["done"])]

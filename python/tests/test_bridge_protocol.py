@@ -200,7 +200,7 @@ def test_an_upstream_death_reaches_the_receiving_end_as_a_failure() -> None:
     with pytest.raises(gpu_ipc.ProducerGone):
         SendingEnd(FakeTransport(link, "send"), DyingSource(), 0).run()
     recv = ReceivingEnd(FakeTransport(link, "receive"))
-    with pytest.raises(PeerGone, match="producer died") as info:
+    with pytest.raises(PeerGone, match="sending end failed: ProducerGone") as info:
         recv.live.receive()
     assert "pid 1" in info.value.reason
 

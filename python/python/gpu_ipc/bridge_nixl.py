@@ -22,6 +22,7 @@ NIXL_MODULES = ("nixl_cu13", "nixl_cu12", "nixl")  # the CUDA wheels export the 
 # Transports that carry GPU memory without staging it through host memory (CUDA IPC inside a node; RDMA verbs,
 # with GPUDirect, across nodes). A VRAM WRITE over anything else (tcp) is the silent fallback worth a warning.
 GPU_DIRECT = ("cuda_ipc", "rc", "dc", "ud", "gdr", "srd")
+RETRY_S = 0.5  # how often the sending end asks the receiving end's listener again while it has no answer
 
 
 def _failure(what: str, e: Exception) -> BridgeError:
@@ -175,16 +176,22 @@ class NixlTransport:
 
     def connect(self, timeout: float) -> None:
         """Exchanges agent metadata through NIXL's listener: the sending end fetches the receiving end's and sends
-        its own; both wait until they know the peer, within ``timeout``."""
-        try:
-            if self.connect_to is not None:
-                self.agent.fetch_remote_metadata(self.peer, self.connect_to, self.port)
-                self.agent.send_local_metadata(self.connect_to, self.port)
-        except Exception as e:
-            raise PeerGone(f"could not reach the receiving end's NIXL listener at {self.connect_to}:{self.port}: "
-                           f"{e!r}") from e
+        its own (again every ``RETRY_S`` until it has the peer's: a listener that was not up yet drops them, and once
+        more after); both wait until they know the peer, within ``timeout``."""
         deadline = time.monotonic() + timeout
-        while not self.agent.check_remote_metadata(self.peer):
+        asked = 0.0
+        while True:
+            try:
+                known = bool(self.agent.check_remote_metadata(self.peer))
+                if self.connect_to is not None and (known or time.monotonic() - asked >= RETRY_S):
+                    if not known:
+                        self.agent.fetch_remote_metadata(self.peer, self.connect_to, self.port)
+                    self.agent.send_local_metadata(self.connect_to, self.port)
+                    asked = time.monotonic()
+            except Exception as e:
+                raise _failure(f"NIXL could not exchange metadata with {self.peer!r}", e) from e
+            if known:
+                return
             if time.monotonic() > deadline:
                 where = (f"at {self.connect_to}:{self.port}" if self.connect_to is not None
                          else f"on port {self.port}")

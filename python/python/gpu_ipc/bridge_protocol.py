@@ -22,11 +22,12 @@ import json
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpu_ipc._gpu_ipc import EndOfStream, GpuIpcError, ProducerGone, Timeout
+from gpu_ipc._gpu_ipc import EndOfStream, GpuIpcError, Timeout
 
 MAGIC = b"gib1"  # every notification of the bridge starts with this (and names the protocol's version)
 HELLO, GRANT, WRITTEN, BEAT, END, FAIL = b"H", b"G", b"W", b"B", b"E", b"X"
@@ -159,6 +160,19 @@ class Liveness:
             self.send(encode(BEAT))
         return [(k, b) for k, b in messages if k != BEAT]
 
+    @contextmanager
+    def failures(self, stats: Stats, side: str) -> Iterator[None]:
+        """Tells the peer why this end (``side``) fails, unless the peer's own failure or death is why."""
+        try:
+            yield
+        except PeerGone:
+            stats.outcome = "peer gone"
+            raise
+        except BaseException as e:
+            stats.outcome = "failed"
+            self.fail(f"{side} failed: {type(e).__name__}: {e}")
+            raise
+
     def fail(self, reason: str) -> None:
         """Tells the peer (best effort) that this end fails."""
         try:
@@ -223,7 +237,7 @@ class SendingEnd:
 
     def run(self) -> dict[str, Any]:
         frame: Any = None
-        try:
+        with self.live.failures(self.stats, "the sending end"):
             while True:
                 self._pump()
                 if frame is None:
@@ -244,16 +258,6 @@ class SendingEnd:
                 self.source.release(frame)
                 frame = None
                 self.stats.count(grant.nbytes)
-        except ProducerGone as e:
-            self.live.fail(f"the sending end's producer died: {e}")
-            self.stats.outcome = "upstream died"
-            raise
-        except PeerGone:
-            self.stats.outcome = "peer gone"
-            raise
-        except BaseException as e:
-            self.live.fail(f"the sending end failed: {e!r}")
-            raise
 
     def _finish(self) -> None:
         """Passes the end of the stream and waits for the receiving end to have published every frame written
@@ -320,7 +324,7 @@ class ReceivingEnd:
         since = time.monotonic()
         written_total: int | None = None
         ended = 0.0
-        try:
+        with self.live.failures(self.stats, "the receiving end"):
             while True:
                 for kind, body in self.live.receive():
                     if kind == WRITTEN:
@@ -362,9 +366,3 @@ class ReceivingEnd:
                         Grant(granted.seq, granted.slot, granted.ptr, granted.nbytes, device, reach)))
                 else:
                     time.sleep(POLL_S)
-        except PeerGone:
-            self.stats.outcome = "peer gone"
-            raise
-        except BaseException as e:
-            self.live.fail(f"the receiving end failed: {e!r}")
-            raise
