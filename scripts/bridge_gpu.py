@@ -175,6 +175,8 @@ def row(kind: str, backend: str, frames: int, ucx_env: dict[str, str], log: Any)
         r["ucx_writes"] = sent.get("ucx_writes")
         r["transport"] = ", ".join(sorted({t for v in (sent.get("ucx_writes") or {}).values() for t in v})) or None
         r["transport_warning"] = sent.get("transport_warning")
+        r["staged"] = sent.get("staged")  # frames copied through the sending end's own buffer (bridge_staging)
+        r["staged_because"] = sent.get("staged_because")
     r["ok"] = bool(ok and r["mismatched_words"] == 0)
     return r
 
@@ -251,6 +253,8 @@ def markdown(rows: list[dict[str, Any]], kills: list[dict[str, Any]], env: dict[
     for r in rows:
         fmt = (lambda k: f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-")
         transport = r.get("transport") or "-"
+        if r.get("staged"):
+            transport += " (staged through the sending end's own buffer)"
         if r.get("transport_warning"):
             transport += f" (WARNING: {r['transport_warning']})"
         lines.append(f"| {r['row']} | {'yes' if r['ok'] else 'NO ' + json.dumps(r.get('exit_codes'))} | "

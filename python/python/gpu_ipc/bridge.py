@@ -49,7 +49,7 @@ def _log(side: str, text: str) -> None:
 
 def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, backend: str = "vmm",
          device: int = 0, wait_for_producer: float = 10.0, connect_timeout: float = 10.0,
-         peer_timeout: float = 0.6, tables: ProtocolTables | None = None) -> dict[str, Any]:
+         peer_timeout: float = 0.6, tables: ProtocolTables | None = None, staging: str = "auto") -> dict[str, Any]:
     """The sending end: attaches to ring ``socket`` as a consumer and writes every frame to the receiving end at
     ``connect``:``port`` until the ring's end of stream. Returns a summary (frames, FPS, the UCX transports seen).
 
@@ -62,13 +62,17 @@ def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAUL
         if consumer.sync not in CPU_STRATEGIES:
             raise BridgeError(f"ring {socket} uses sync {consumer.sync!r}: the bridge reads frames when the CPU "
                               f"knows they are ready; start its producer with one of {', '.join(CPU_STRATEGIES)}")
-        transport = NixlTransport(f"{name}.send", f"{name}.receive", memory, port, connect_to=connect, tables=tables)
+        transport = NixlTransport(f"{name}.send", f"{name}.receive", memory, port, connect_to=connect, tables=tables,
+                                  staging=staging)
         try:
             transport.connect(connect_timeout)
             end = SendingEnd(transport, consumer, 0 if backend == "host" else device, peer_timeout=peer_timeout)
             end.hello()
             _log("send", f"connected to {connect}:{port}; {consumer.nbytes} bytes a frame ({memory})")
             summary = end.run()
+            summary["staged"] = transport.staging is not None
+            if transport.staging is not None:
+                summary["staged_because"] = transport.staging_reason
         finally:
             transport.close()
     if tables is not None:
@@ -145,6 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     snd.add_argument("--connect", required=True, help="the receiving end's address (IP or host name)")
     snd.add_argument("--wait-for-producer", type=float, default=10.0)
     snd.add_argument("--connect-timeout", type=float, default=10.0)
+    snd.add_argument("--staging", choices=["auto", "always", "never"], default="auto",
+                     help="copy GPU frames through a buffer of this process's own before sending: when NIXL cannot "
+                          "register ring A's memory (auto), always, or never")
     snd.add_argument("--expect", choices=["gpu-direct", "any"], default="any",
                      help="gpu-direct: fail (exit 3) when GPU frames went over TCP instead of CUDA IPC or RDMA")
     rcv.add_argument("--slots", type=int, default=None, help="slots of the ring made (default: as the sender's)")
@@ -168,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             tables.start()
             try:
                 summary = send(args.socket, args.connect, args.port, args.name, args.backend, args.device,
-                               args.wait_for_producer, args.connect_timeout, args.peer_timeout, tables)
+                               args.wait_for_producer, args.connect_timeout, args.peer_timeout, tables,
+                               args.staging)
             finally:
                 tables.stop()
             _log("send", f"UCX transports of the frame writes: {summary['transport']}")

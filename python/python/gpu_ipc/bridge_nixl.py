@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from gpu_ipc.bridge_protocol import BridgeError, PeerGone, TransportError
+from gpu_ipc.bridge_staging import DeviceStaging
 
 NIXL_MODULES = ("nixl_cu13", "nixl_cu12", "nixl")  # the CUDA wheels export the API themselves; `nixl` picks one
 # Transports that carry GPU memory without staging it through host memory (CUDA IPC inside a node; RDMA verbs,
@@ -147,11 +148,12 @@ class NixlTransport:
     """One NIXL agent, one peer. The receiving end listens on ``port``; the sending end listens on a free port and
     exchanges metadata with the receiving end's listener (``ip``:``port``).
 
-    ``memory``: ``"VRAM"`` (GPU rings) or ``"DRAM"`` (``backend="host"``).
+    ``memory``: ``"VRAM"`` (GPU rings) or ``"DRAM"`` (``backend="host"``). ``staging``: ``"auto"`` (copy frames
+    through a buffer of this process's own when NIXL cannot register the source memory), ``"always"``, ``"never"``.
     """
 
     def __init__(self, name: str, peer: str, memory: str, port: int, connect_to: str | None = None,
-                 tables: ProtocolTables | None = None) -> None:
+                 tables: ProtocolTables | None = None, staging: str = "auto") -> None:
         nixl = load_nixl()
         self.memory = memory
         self.name = name
@@ -173,6 +175,11 @@ class NixlTransport:
         self._local: dict[tuple[int, int], Any] = {}  # (ptr, nbytes) -> registration
         self._exposed: dict[tuple[int, int], Any] = {}
         self._handles: dict[tuple[int, int, int], Any] = {}
+        # Frames from memory UCX cannot register (imported from another process) go through a buffer of our own:
+        # "auto" when registering fails, "always", or "never" (the failure is the error).
+        self.staging_mode = staging
+        self.staging: DeviceStaging | None = None
+        self.staging_reason = ""
 
     def connect(self, timeout: float) -> None:
         """Exchanges agent metadata through NIXL's listener: the sending end fetches the receiving end's and sends
@@ -233,9 +240,21 @@ class NixlTransport:
 
     def write(self, ptr: int, nbytes: int, device: int, remote_ptr: int, remote_device: int,
               notification: bytes) -> Any:
-        try:
-            if (ptr, nbytes) not in self._local:
+        if self.staging is None and (ptr, nbytes) not in self._local:
+            try:
+                if self.staging_mode == "always" and self.memory == "VRAM":
+                    raise TransportError("staging asked for (--staging always)")
                 self._local[(ptr, nbytes)] = self.agent.register_memory([(ptr, nbytes, device, "")], self.memory)
+            except Exception as e:
+                if self.memory != "VRAM" or self.staging_mode == "never":
+                    raise _failure(f"NIXL could not register {nbytes} bytes at {ptr:#x} (device {device})", e) from e
+                self.staging = DeviceStaging(nbytes, device)
+                self.staging_reason = repr(e)
+                self._local[(self.staging.ptr, nbytes)] = self.agent.register_memory(
+                    [(self.staging.ptr, nbytes, device, "")], self.memory)
+        if self.staging is not None:
+            ptr = self.staging.copy_in(ptr, nbytes)
+        try:
             key = (ptr, remote_ptr, nbytes)
             handle = self._handles.get(key)
             if handle is None:
@@ -275,3 +294,5 @@ class NixlTransport:
                 pass
         self._local.clear()
         self._exposed.clear()
+        if self.staging is not None:
+            self.staging.close()
