@@ -151,7 +151,7 @@ def row(kind: str, backend: str, frames: int, ucx_env: dict[str, str], log: Any)
             read_sock = b
         for n in ("c1", "c2"):
             procs[n] = spawn([*me, "consume", read_sock, backend, n, *host], log)
-        results = {n: finish(p, log, 180) for n, p in procs.items()}
+        results = {n: finish(p, log, 60) for n, p in procs.items()}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -242,10 +242,12 @@ def kill_trial(victim: str, backend: str, log: Any) -> dict[str, Any]:
 
 
 def markdown(rows: list[dict[str, Any]], kills: list[dict[str, Any]], env: dict[str, str]) -> str:
+    from python_gpu_ends import HEIGHT, WIDTH
+
     lines = [f"# The bridge over NIXL: {env.get('device')}, driver {env.get('driver')}, {env.get('date')}, commit "
              f"{env.get('commit')}", "",
              "Both ends on this machine (loopback): a node boundary is imitated with UCX_TLS=tcp,cuda_copy, not "
-             "crossed. 4K RGB frames, two consumers checking every word; latency from ring A's publish to the later "
+             f"crossed. {WIDTH}x{HEIGHT} RGB frames, two consumers checking every word; latency from ring A's publish to the later "
              f"consumer's done, past the first {WARMUP} frames. UCX transport: what UCX's protocol tables name for "
              "the sending end's remote writes (bridge.json has the tables' rows).", "",
              "| row | ok | frames | FPS | p50 ms | p99 ms | mismatched words | UCX transport of the writes |",
