@@ -288,8 +288,9 @@ class SendingEnd:
 
 
 class ReceivingEnd:
-    """Owns a local ring as its producer (``make_sink(layout)`` creates it from the sending end's hello: a
-    ``gpu_ipc.Producer`` with a CPU sync strategy) and publishes each slot once the sending end wrote it.
+    """Owns a local ring as its producer (``sink`` of :meth:`run`: a ``gpu_ipc.Producer`` with a CPU sync strategy,
+    made like the sending end's ring from :meth:`wait_hello`'s layout) and publishes each slot once the sending end
+    wrote it.
     :meth:`run` returns after the sending end's end of stream (every frame written published); raises
     :class:`PeerGone` (the caller decides what its own consumers see) or :class:`BridgeError` when its consumers
     hold a slot longer than ``stall_timeout``."""
