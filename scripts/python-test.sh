@@ -2,7 +2,8 @@
 # The Python package's tests on the host backend (no GPU needed), as CI runs them (the last step of scripts/test.sh):
 #   scripts/python-test.sh [PYTEST_ARGS...]
 # Builds the Rust example programs (`producer`, `consumer`, `semaphore`: the other end of the interop tests) and the
-# wheel (dev profile, scripts/build-wheel.sh --dev), installs the wheel into a fresh venv with pinned pytest, numpy and mypy,
+# wheel (dev profile, scripts/build-wheel.sh --dev), installs the wheel into a fresh venv with pinned pytest, numpy, mypy
+# and NIXL (scripts/fetch-nixl.sh),
 # runs pytest on python/tests, then checks the stubs against the native module (mypy.stubtest) and type-checks the
 # tests with mypy --strict against the stubs.
 set -euo pipefail
@@ -20,6 +21,16 @@ echo "python-test: a fresh venv with the wheel, pytest, numpy, mypy" >&2
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check pytest==9.2.0 numpy==2.4.6 mypy==2.4.1 "$WHEEL"
+# NIXL for the bridge's tests (python/tests/test_bridge_nixl.py: DRAM over UCX between processes; skipped without
+# it): the pinned wheel, cached in target/nixl (about 2 s to download once, 2 s to install; --no-deps: it names
+# torch, which it does not need for host memory). GPU_IPC_TEST_NIXL=0 leaves it out.
+if [ "${GPU_IPC_TEST_NIXL:-1}" != 0 ]; then
+    if NIXL_WHEEL="$(PYTHON="$VENV/bin/python" scripts/fetch-nixl.sh wheel)"; then
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps "$NIXL_WHEEL"
+    else
+        echo "python-test: no NIXL wheel (offline?): the bridge's NIXL tests will be skipped" >&2
+    fi
+fi
 
 export GPU_IPC_EXAMPLES_DIR="$ROOT/target/debug"
 echo "python-test: pytest python/tests" >&2

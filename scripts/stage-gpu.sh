@@ -8,10 +8,17 @@
 #   stage/wheels/             the Python package's wheel (scripts/build-wheel.sh; scripts/python-gpu.sh installs it)
 #   stage/benches.tar.xz      the criterion benches gpu_memory, gpu_signal, api_cpu and bench-summary (xz: 12 MB of
 #                             binaries in under 2 MB; stage/ has little room), which scripts/bench-gpu.sh OUT_DIR runs
+#   stage/nixl.tar.xz         with --nixl only: NIXL's Python package for the GPU machine's CPython (NIXL_PYVER,
+#                             default 3.12), reduced to its UCX backend (scripts/fetch-nixl.sh pack; about 9 MB),
+#                             which scripts/bridge-gpu.sh OUT_DIR unpacks onto PYTHONPATH
 # Then, on the GPU machine, from the project root: scripts/gpu-suite.sh OUT_DIR  (see docs/gpu-testing.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+WITH_NIXL=0
+if [ "${1:-}" = "--nixl" ]; then
+    WITH_NIXL=1
+fi
 STAGE="$ROOT/stage"
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin"
@@ -53,6 +60,11 @@ rm -rf "$BENCH_DIR"
 # The Python package's wheel (release), which scripts/python-gpu.sh installs there (no registry on that machine).
 echo "stage-gpu: building the Python wheel (scripts/build-wheel.sh)" >&2
 scripts/build-wheel.sh "$STAGE/wheels" >/dev/null
+
+if [ "$WITH_NIXL" = 1 ]; then
+    echo "stage-gpu: NIXL for the bridge (scripts/fetch-nixl.sh pack)" >&2
+    scripts/fetch-nixl.sh pack "$STAGE/nixl.tar.xz" "${NIXL_PYVER:-3.12}"
+fi
 
 NEXTEST="$(command -v cargo-nextest)"
 strip -o "$STAGE/bin/cargo-nextest" "$NEXTEST"

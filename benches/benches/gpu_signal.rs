@@ -8,6 +8,13 @@
 //!   the waits are queued) the figure is the GPU's round trip with the run-ahead bound's CPU naps included.
 //!   After criterion's measurement, 10,000 round trips are timed one by one (for `gpu-stream-ops`, each followed
 //!   by a stream sync) for their percentiles (printed, and written where `GPU_IPC_BENCH_SAMPLES` points).
+//! - `device-api-round-trip-<backend>/<strategy>`: the ring's device API for persistent kernels. This process
+//!   publishes 256-byte frames on a one-slot ring (`gpu-stream-ops` or `gpu-poll`); a helper process consumes them
+//!   with one persistent kernel (`gpu_ipc_persistent_verify`, launched once through `Consumer::launch_on_ring`),
+//!   which waits for each frame with `ld.acquire.sys` and releases it with `st.release.sys`. One iteration is one
+//!   round trip: this process's stream waits for the kernel's release of the previous frame, then publishes the
+//!   next; timed over the batch, ending with a stream sync. Under MPS only (without it the kernel and this
+//!   process's stream take turns on the GPU): it says NOT MEASURED otherwise.
 //! - `attach-<backend>/<strategy>`: `Consumer::attach` end to end (connect, handshake, control block, import of
 //!   a ring of two 4K RGB frames, the strategy's setup) against a helper producer that admits continuously; the
 //!   detach after each attach is not timed. After the measurement, 50 attaches and detaches are timed one by one.
@@ -23,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode};
 use gpu_ipc::core::backend::GpuBackend;
+use gpu_ipc::core::driver::mps::MpsEvidence;
 use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
@@ -138,6 +146,65 @@ impl GpuBackendVisitor for RoundTrips<'_> {
     }
 }
 
+/// This process's end of the device API's round trip: its producer, then the helper whose kernel consumes.
+struct PersistentPair<B: GpuBackend> {
+    ping: Producer<B>,
+    _helper: Helper,
+    stream: Stream,
+}
+
+impl<B: GpuBackend> PersistentPair<B> {
+    fn new(ctx: &Context, backend: BackendKind, sync: SyncStrategy) -> Result<Self, FrameError> {
+        let path = socket_path(&format!("persistent-{backend}-{sync}"));
+        let geometry = flat_geometry(256).map_err(FrameError::Config)?;
+        let mut ping = Producer::<B>::create(ctx, ProducerConfig::new(&path, geometry, 1, sync))?;
+        let role = Role::PersistentSink { backend, ping: path, device: harness::device_ordinal() };
+        let helper = Helper::spawn(&format!("persistent sink {backend} {sync}"), &role).map_err(FrameError::Config)?;
+        ping.wait_for_consumers(1, WAIT)?;
+        Ok(Self { ping, _helper: helper, stream: Stream::new(ctx)? })
+    }
+
+    fn batch(&mut self, iters: u64) -> Duration {
+        let stream = Some(&self.stream);
+        let started = Instant::now();
+        for _ in 0..iters {
+            let lease = self.ping.acquire(stream, WAIT).expect("acquire");
+            self.ping.publish(lease, stream).expect("publish");
+        }
+        self.stream.synchronize().expect("the round trips complete");
+        started.elapsed()
+    }
+}
+
+struct DeviceApiRoundTrips<'a> {
+    c: &'a mut Criterion,
+    ctx: &'a Context,
+    backend: BackendKind,
+}
+
+impl GpuBackendVisitor for DeviceApiRoundTrips<'_> {
+    type Output = ();
+    fn visit<B: GpuBackend>(self) {
+        let group_name = format!("device-api-round-trip-{}", self.backend);
+        if let Some(why) = MpsEvidence::gather(self.ctx.device()).why_not() {
+            eprintln!("{group_name}: NOT MEASURED: a persistent kernel needs MPS here ({why})");
+            return;
+        }
+        let mut group = self.c.benchmark_group(&group_name);
+        for sync in [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll] {
+            let mut pair = match PersistentPair::<B>::new(self.ctx, self.backend, sync) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    eprintln!("{group_name}/{sync}: NOT MEASURED: {e}");
+                    continue;
+                }
+            };
+            group.bench_function(sync.to_string(), |b| b.iter_custom(|iters| pair.batch(iters)));
+        }
+        group.finish();
+    }
+}
+
 struct Attaches<'a> {
     c: &'a mut Criterion,
     ctx: &'a Context,
@@ -219,6 +286,11 @@ fn main() {
     let mut c = harness::criterion();
     for &backend in gpu_ipc::COMPILED_GPU {
         if let Err(e) = gpu_ipc::dispatch_gpu(backend, RoundTrips { c: &mut c, ctx: &ctx, backend }) {
+            eprintln!("gpu_signal: {e}");
+        }
+    }
+    for &backend in gpu_ipc::COMPILED_GPU {
+        if let Err(e) = gpu_ipc::dispatch_gpu(backend, DeviceApiRoundTrips { c: &mut c, ctx: &ctx, backend }) {
             eprintln!("gpu_signal: {e}");
         }
     }

@@ -20,6 +20,7 @@ use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, SyncStrategy, WireError};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
+use gpu_ipc_kernels::persistent::PersistentVerify;
 use serde::{Deserialize, Serialize};
 
 /// The environment variable that makes a bench binary a helper process.
@@ -68,6 +69,16 @@ pub enum Role {
         ping: PathBuf,
         /// This helper's ring, which the bench consumes.
         pong: PathBuf,
+        /// CUDA device ordinal.
+        device: i32,
+    },
+    /// A persistent kernel on the ring's device API (`gpu_ipc_kernels::persistent`) that consumes every frame of
+    /// ring `ping` (one slot) and releases it, with no launch and no CPU work per frame.
+    PersistentSink {
+        /// The backend of the ring.
+        backend: BackendKind,
+        /// The bench's ring, which this helper's kernel consumes.
+        ping: PathBuf,
         /// CUDA device ordinal.
         device: i32,
     },
@@ -200,7 +211,7 @@ pub fn run_if_helper() {
 /// Plays `role` until the bench closes this process's stdin.
 pub fn run(role: Role) -> ExitCode {
     let backend = match &role {
-        Role::Exporter { backend, .. } | Role::Echo { backend, .. } => *backend,
+        Role::Exporter { backend, .. } | Role::Echo { backend, .. } | Role::PersistentSink { backend, .. } => *backend,
     };
     match gpu_ipc::dispatch_gpu(backend, Play(role))
         .map_err(|e| e.to_string())
@@ -252,6 +263,24 @@ impl GpuBackendVisitor for Play {
                     frames.release(frame, Some(&stream))?;
                     let lease = answers.acquire(Some(&stream), WAIT)?;
                     answers.publish(lease, Some(&stream))?;
+                }
+            }
+            Role::PersistentSink { ping, device, .. } => {
+                let ctx = Context::for_ordinal(device)?;
+                let stream = Stream::new(&ctx)?;
+                let kernel = PersistentVerify::load(&ctx).map_err(|e| FrameError::Config(e.to_string()))?;
+                say_ready();
+                let mut frames = attach_retrying::<B>(&ctx, &ping, "persistent-sink")?;
+                // Until the bench's ring ends (the watchdog raises the kernel's abort word at the hang-up) or the
+                // bench is done (dropping the consumer raises it).
+                kernel.launch(&mut frames, &stream, u64::MAX / 4, WAIT)?;
+                loop {
+                    match kernel.finish(&mut frames, Duration::from_millis(100)) {
+                        Ok(_) => return Ok(()),
+                        Err(FrameError::Timeout { .. }) if !parent_gone.load(Ordering::Acquire) => {}
+                        Err(FrameError::Timeout { .. }) => return Ok(()),
+                        Err(e) => return Err(e),
+                    }
                 }
             }
         }

@@ -5,7 +5,9 @@ use gpu_ipc::core::backend::{Backend, GpuBackend};
 use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::core::fake::{HostContext, HostFake};
 use gpu_ipc::core::frames::{Consumer, Frame, FrameError, Producer, SlotLease, StageIo};
+use gpu_ipc::kernels::launch::Stamp;
 use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_words_host};
+use gpu_ipc::kernels::persistent::{PersistentResult, PersistentVerify};
 
 use crate::{Gpu, device_free_bytes, kernel_error};
 
@@ -38,7 +40,9 @@ pub trait FrameWork<B: Backend>: Sized {
     }
     /// Checks `frame` against the pattern of sequence `expected` (a frame that is not the producer's own, such as
     /// the transform of another ring's frame), counting mismatched words; the bookkeeping of
-    /// [`FrameWork::mismatches`] goes by the frame's own sequence.
+    /// [`FrameWork::mismatches`] goes by the frame's own sequence. On a GPU, a frame with a stamp
+    /// ([`Frame::stamp`]: the GPU-side strategies) is checked behind it: a frame the producer never wrote (its death
+    /// released the stream's wait) is skipped, never read ([`FrameWork::skipped`]).
     ///
     /// # Errors
     /// As [`FrameWork::verify`].
@@ -69,6 +73,25 @@ pub trait FrameWork<B: Backend>: Sized {
     fn mismatches(&self, last: Option<u64>) -> Result<u64, FrameError>;
     /// Free device memory, device-wide (`None` on the host).
     fn device_free(&self) -> Option<u64>;
+    /// Frames skipped because their stamp said the producer never wrote them (after [`synchronize`]); `None` when
+    /// no frame checked had a stamp (the strategy hands out only frames the host saw published).
+    ///
+    /// # Errors
+    /// A driver error.
+    ///
+    /// [`synchronize`]: FrameWork::synchronize
+    fn skipped(&self) -> Result<Option<u64>, FrameError>;
+    /// Verifies and releases the consumer's next `frames` frames in one persistent kernel on the ring's device API
+    /// (no launch and no CPU work per frame), waiting at most `per_frame` for each, and waits for it (bounded).
+    ///
+    /// # Errors
+    /// A strategy other than gpu-stream-ops or gpu-poll, the host backend, a kernel or driver error.
+    fn run_persistent(
+        &mut self,
+        consumer: &mut Consumer<B>,
+        frames: u64,
+        per_frame: std::time::Duration,
+    ) -> Result<PersistentResult, FrameError>;
 }
 
 /// The GPU's side: the pattern kernels on one stream; mismatches counted on the GPU, with the running total
@@ -78,6 +101,10 @@ pub struct GpuWork {
     gpu: Gpu,
     counter: DeviceBuffer,
     snapshots: DeviceBuffer,
+    /// Frames whose stamp did not match (`gpu_ipc_verify_stamped`).
+    skipped: DeviceBuffer,
+    /// Whether a frame was checked behind its stamp.
+    stamped: bool,
 }
 
 impl<B: GpuBackend> FrameWork<B> for GpuWork {
@@ -87,7 +114,9 @@ impl<B: GpuBackend> FrameWork<B> for GpuWork {
         counter.write(0, &[0u64])?;
         let snapshots = DeviceBuffer::alloc(&gpu.ctx, 8 * SNAPSHOTS)?;
         snapshots.write(0, &[0u64; SNAPSHOTS as usize])?;
-        Ok(Self { gpu, counter, snapshots })
+        let skipped = DeviceBuffer::alloc(&gpu.ctx, 8)?;
+        skipped.write(0, &[0u64])?;
+        Ok(Self { gpu, counter, snapshots, skipped, stamped: false })
     }
 
     fn ctx(&self) -> &B::Context {
@@ -106,7 +135,16 @@ impl<B: GpuBackend> FrameWork<B> for GpuWork {
     fn verify_as(&mut self, consumer: &Consumer<B>, frame: &Frame, expected: u64) -> Result<(), FrameError> {
         let span = consumer.frame_span(frame)?;
         let seq = frame.seq().0;
-        self.gpu.kernels.verify(&self.gpu.stream, span, expected, self.counter.span()).map_err(kernel_error)?;
+        let (stream, kernels) = (&self.gpu.stream, &self.gpu.kernels);
+        match (consumer.stamp_span(frame)?, frame.stamp()) {
+            (Some(word), Some(stamp)) => {
+                self.stamped = true;
+                let (counter, skipped) = (self.counter.span(), self.skipped.span());
+                let stamp = Stamp { word, expected: stamp.expected };
+                kernels.verify_stamped(stream, span, expected, stamp, counter, skipped).map_err(kernel_error)?;
+            }
+            _ => kernels.verify(stream, span, expected, self.counter.span()).map_err(kernel_error)?,
+        }
         let snapshot = self.snapshots.span().slice(8 * (seq % SNAPSHOTS), 8)?;
         Ok(snapshot.copy_from_async(&self.counter.span(), &self.gpu.stream)?)
     }
@@ -138,6 +176,28 @@ impl<B: GpuBackend> FrameWork<B> for GpuWork {
 
     fn device_free(&self) -> Option<u64> {
         device_free_bytes(&self.gpu.ctx)
+    }
+
+    fn skipped(&self) -> Result<Option<u64>, FrameError> {
+        if !self.stamped {
+            return Ok(None);
+        }
+        let mut value = [0u64];
+        self.skipped.read(0, &mut value)?;
+        Ok(Some(value[0]))
+    }
+
+    fn run_persistent(
+        &mut self,
+        consumer: &mut Consumer<B>,
+        frames: u64,
+        per_frame: std::time::Duration,
+    ) -> Result<PersistentResult, FrameError> {
+        let kernel = PersistentVerify::load(&self.gpu.ctx).map_err(kernel_error)?;
+        kernel.launch(consumer, &self.gpu.stream, frames, per_frame)?;
+        // Every frame may take up to `per_frame`; the kernel leaves sooner on the abort word.
+        let bound = per_frame.saturating_mul(u32::try_from(frames).unwrap_or(u32::MAX).saturating_add(1));
+        kernel.finish(consumer, bound.saturating_add(std::time::Duration::from_secs(10)))
     }
 }
 
@@ -199,6 +259,19 @@ impl FrameWork<HostFake> for HostWork {
 
     fn device_free(&self) -> Option<u64> {
         None
+    }
+
+    fn skipped(&self) -> Result<Option<u64>, FrameError> {
+        Ok(None)
+    }
+
+    fn run_persistent(
+        &mut self,
+        _consumer: &mut Consumer<HostFake>,
+        _frames: u64,
+        _per_frame: std::time::Duration,
+    ) -> Result<PersistentResult, FrameError> {
+        Err(FrameError::Config("--persistent runs a kernel on the ring: it needs a GPU backend (legacy or vmm)".into()))
     }
 }
 

@@ -165,11 +165,11 @@ fn reading_until_the_end_of_the_stream_exits_0_with_every_backend_and_strategy()
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_256_slot_ring_serves_a_late_joiner_and_survives_a_killed_consumer() {
-    const DEEP: [&str; 7] = ["--slots", "256", "--width", "1920", "--height", "1080", "--until-stdin-closes"];
+    const DEEP: [&str; 5] = ["--width", "1920", "--height", "1080", "--until-stdin-closes"];
     for backend in BACKENDS {
         for sync in ["ipc-event", "gpu-stream-ops"] {
             let sock = socket(&format!("deep-{backend}-{sync}"));
-            let mut p = common::producer_with(backend, sync, &sock, 0, 2, &DEEP);
+            let mut p = common::producer_on(backend, sync, &sock, 0, 2, 256, &DEEP);
             let a = consumer("a", backend, &sock, 0);
             let b = consumer("b", backend, &sock, 0);
             a.wait_for_line("frame 1000", Duration::from_secs(60));

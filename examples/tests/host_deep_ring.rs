@@ -8,32 +8,25 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Proc, exe, producer_with, socket};
+use common::{consumer_with, producer_on, socket};
 
-/// 256 slots of small frames (64x32 rgb8, 6 KiB).
-const DEEP: [&str; 6] = ["--slots", "256", "--width", "64", "--height", "32"];
+/// Small frames (64x32 rgb8, 6 KiB), 256 of them in the ring.
+const SMALL: [&str; 4] = ["--width", "64", "--height", "32"];
 /// How long a frame may be held before the producer evicts its consumer.
 const EVICT_MS: u64 = 1500;
 /// Frames the stalling consumer reads before it stops releasing.
 const STALL_AFTER: u64 = 300;
-
-fn consumer(name: &str, sock: &std::path::Path, extra: &[&str]) -> Proc {
-    let sock = sock.to_str().unwrap();
-    let base = ["--socket", sock, "--backend", "host", "--name", name, "--progress-every", "500", "--json"];
-    let args: Vec<String> = base.iter().chain(extra).map(ToString::to_string).collect();
-    Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)
-}
 
 #[test]
 fn a_256_slot_ring_holds_back_serves_late_joiners_and_survives_a_killed_consumer() {
     for sync in ["cpu-spin", "cpu-sleep"] {
         let sock = socket(&format!("deep-{sync}"));
         let evict = EVICT_MS.to_string();
-        let options = [&DEEP[..], &["--until-stdin-closes", "--evict-after-ms", &evict]].concat();
-        let mut p = producer_with("host", sync, &sock, 0, 2, &options);
-        let a = consumer("first", &sock, &["--frames", "0"]);
+        let options = [&SMALL[..], &["--until-stdin-closes", "--evict-after-ms", &evict]].concat();
+        let mut p = producer_on("host", sync, &sock, 0, 2, 256, &options);
+        let a = consumer_with("first", "host", &sock, 0, &[]);
         let stall = STALL_AFTER.to_string();
-        let stalled = consumer("stalled", &sock, &["--frames", "0", "--stall-after", &stall, "--stall-timeout", "20"]);
+        let stalled = consumer_with("stalled", "host", &sock, 0, &["--stall-after", &stall, "--stall-timeout", "20"]);
         // The stalled consumer holds frame 300: the producer may publish up to frame 300 + 255 and then must wait
         // for it, until it evicts it.
         let (ss, _, sj) = stalled.finish(Duration::from_secs(60));
@@ -43,8 +36,8 @@ fn a_256_slot_ring_holds_back_serves_late_joiners_and_survives_a_killed_consumer
         assert_eq!(sj["mismatched_words"], 0, "{sync}: {sj}");
 
         a.wait_for_line("frame 5000", Duration::from_secs(60));
-        let late = consumer("late", &sock, &["--frames", "0"]);
-        let mut victim = consumer("victim", &sock, &["--frames", "0"]);
+        let late = consumer_with("late", "host", &sock, 0, &[]);
+        let mut victim = consumer_with("victim", "host", &sock, 0, &[]);
         victim.wait_for_line("frame 1000", Duration::from_secs(60));
         victim.kill9();
         let (vs, _, _) = victim.finish(Duration::from_secs(10));

@@ -247,3 +247,25 @@ fn a_consumer_slow_to_import_still_attaches_within_the_default_deadline() {
     assert!(!conn.is_peer_gone().unwrap(), "the producer hung up on a consumer that attached in time");
     assert_eq!(p.consumers(), 1);
 }
+
+/// CPU strategies hand out only frames the host saw published: no stamp for a kernel to check, no descriptor for a
+/// kernel on the ring, and a finish with nothing launched leaves the next sequence as it is.
+#[test]
+fn cpu_strategies_give_no_stamp_and_no_ring_descriptor() {
+    let mut p = producer("stampless", SyncStrategy::CpuSpin, 2);
+    let path = sock("stampless");
+    let consumer = thread::spawn(move || {
+        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let frame = c.next_frame(None, T).unwrap();
+        assert_eq!(frame.stamp(), None);
+        assert!(c.stamp_span(&frame).unwrap().is_none());
+        assert_eq!(c.ring_descriptor(), None);
+        c.release(frame, None).unwrap();
+        assert_eq!(c.finish_ring_kernel(Duration::ZERO).unwrap(), 1);
+        c.detach();
+    });
+    p.wait_for_consumers(1, T).unwrap();
+    produce(&mut p, 1);
+    p.drain(None, T).unwrap();
+    consumer.join().unwrap();
+}

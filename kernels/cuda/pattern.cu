@@ -1,10 +1,13 @@
 // Frame check kernels of gpu-ipc: fill a frame with a pattern that depends on its sequence number, count the
-// words of a frame that do not hold the pattern of the sequence the reader expects, and XOR a frame into another
-// (the pipeline example's transform).
+// words of a frame that do not hold the pattern of the sequence the reader expects (also behind the frame's stamp,
+// so that a frame a dead producer never wrote is skipped, not counted), and XOR a frame into another (the pipeline
+// example's transform).
 //
-// No #include at all: NVRTC (scripts/gen_kernels.py) and nvcc both compile this file as it is, and the only
-// names used beyond the language are the ones both compilers predefine (uint4, make_uint4, __shfl_down_sync,
-// atomicAdd, threadIdx and friends).
+// The only #include is the ring's device API (gpu_ipc_ring.cuh, for the stamp rule): NVRTC (scripts/gen_kernels.py)
+// and nvcc both compile this file as it is, and the only names used beyond the language are the ones both
+// compilers predefine (uint4, make_uint4, __shfl_down_sync, atomicAdd, threadIdx and friends).
+
+#include "gpu_ipc_ring.cuh"
 //
 // The pattern (docs/kernels.md; the Rust host reference is kernels/src/pattern.rs and must match bit for bit):
 //
@@ -117,9 +120,11 @@ extern "C" __global__ void gpu_ipc_fill_pattern(unsigned int* dst, unsigned long
     }
 }
 
-// *mismatches += the number of words i in [0, n_words) of src with src[i] != pattern(seq, i).
-extern "C" __global__ void gpu_ipc_verify_pattern(const unsigned int* src, unsigned long long n_words,
-                                                  unsigned long long seq, unsigned long long* mismatches)
+// *mismatches += the number of words i in [0, n_words) of src with src[i] != pattern(seq, i). Every thread of the
+// grid calls it (the warp sum needs every live lane).
+static __device__ __forceinline__ void gpu_ipc_count_mismatches(const unsigned int* src, unsigned long long n_words,
+                                                                unsigned long long seq,
+                                                                unsigned long long* mismatches)
 {
     const unsigned int seq_term = gpu_ipc_seq_term(seq);
     const unsigned long long first = gpu_ipc_thread_index();
@@ -163,6 +168,40 @@ extern "C" __global__ void gpu_ipc_verify_pattern(const unsigned int* src, unsig
     }
 }
 
+// *mismatches += the number of words i in [0, n_words) of src with src[i] != pattern(seq, i).
+extern "C" __global__ void gpu_ipc_verify_pattern(const unsigned int* src, unsigned long long n_words,
+                                                  unsigned long long seq, unsigned long long* mismatches)
+{
+    gpu_ipc_count_mismatches(src, n_words, seq, mismatches);
+}
+
+// As gpu_ipc_verify_pattern, behind the frame's stamp: thread 0 of each block first reads *stamp (the ring's
+// published[slot], registered host memory) with ld.acquire.sys; when (*stamp & (POISON - 1)) != stamp_expected (the
+// stamp rule: stamp_expected is the frame's own sequence + 1, which may differ from the pattern's `seq`, as for a
+// transformed frame), the block touches no word of the frame, and block 0 adds 1 to *skipped. Every frame is
+// counted once: as skipped (by block 0), or by its mismatched words. The stamp only goes from "not this frame" to
+// "this frame" when the producer publishes it, after its words are written, so a block that sees it valid reads the
+// finished frame (a block that saw it not yet valid skipped its part: never a false mismatch).
+extern "C" __global__ void gpu_ipc_verify_stamped(const unsigned int* src, unsigned long long n_words,
+                                                  unsigned long long seq, unsigned long long* mismatches,
+                                                  const unsigned long long* stamp,
+                                                  unsigned long long stamp_expected, unsigned long long* skipped)
+{
+    __shared__ int valid;
+    if (threadIdx.x == 0) {
+        valid = gpu_ipc_ring_frame_valid(gpu_ipc_ring_load_acquire(stamp), stamp_expected - 1ull) ? 1 : 0;
+        if (!valid && blockIdx.x == 0) {
+            atomicAdd(skipped, 1ull);
+        }
+    }
+    // The barrier orders this block's reads of the frame after thread 0's acquire.
+    __syncthreads();
+    if (!valid) {
+        return;
+    }
+    gpu_ipc_count_mismatches(src, n_words, seq, mismatches);
+}
+
 // dst[i] := src[i] ^ mask, for i in [0, n_words): a frame transformed word by word (mask 0xFFFFFFFF inverts every
 // bit), the middle stage of the pipeline example. dst and src are two buffers (two rings' slots) that must not
 // overlap. A pattern frame XORed with a constant is the pattern frame of another sequence (`xor_sequence` in
@@ -192,5 +231,72 @@ extern "C" __global__ void gpu_ipc_xor_words(unsigned int* dst, const unsigned i
             const unsigned long long i = gpu_ipc_edge_index(k, head, n_vec);
             dst[i] = src[i] ^ mask;
         }
+    }
+}
+
+// Outcomes of gpu_ipc_persistent_verify, in result[2]: every frame done, or why it left early (the device API's
+// GPU_IPC_RING_TIMED_OUT and GPU_IPC_RING_ABORTED, or a frame whose stamp was not the producer's).
+#define GPU_IPC_PERSISTENT_DONE 0ull
+#define GPU_IPC_PERSISTENT_STAMP_INVALID 3ull
+
+// A persistent consumer on the ring's device API (gpu_ipc_ring.cuh): one launch for `frames` frames from
+// ring->first_sequence on, no CPU work per frame. For each frame, thread 0 waits for it (bounded by `timeout_ns`
+// per frame and by the abort word) and checks its stamp; the block counts the words that differ from the pattern,
+// then thread 0 releases the frame and moves the progress word. It leaves at the first frame that does not come
+// (timed out, aborted) or whose stamp is not the producer's (it died), without touching that frame. Launch it with
+// ONE block (of any size): the frame's release must follow every read of it, which a barrier gives within a block.
+// result[0] frames released, result[1] mismatched words, result[2] outcome (above), result[3] the frame it stopped at.
+extern "C" __global__ void gpu_ipc_persistent_verify(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
+                                                     unsigned long long timeout_ns, unsigned long long* result)
+{
+    __shared__ gpu_ipc_ring_descriptor d;
+    __shared__ unsigned long long outcome;
+    __shared__ unsigned long long bad;
+    if (blockIdx.x != 0) {
+        return;
+    }
+    if (threadIdx.x == 0) {
+        d = *ring;
+        bad = 0;
+    }
+    __syncthreads();
+    const unsigned long long n_words = d.slot_bytes / 4ull;
+    unsigned long long done = 0;
+    for (; done < frames; ++done) {
+        const unsigned long long seq = d.first_sequence + done;
+        if (threadIdx.x == 0) {
+            unsigned long long stamp = 0;
+            const int waited = gpu_ipc_ring_wait_frame(&d, seq, gpu_ipc_ring_deadline(timeout_ns), &stamp);
+            outcome = waited != GPU_IPC_RING_OK             ? (unsigned long long)waited
+                      : gpu_ipc_ring_frame_valid(stamp, seq) ? GPU_IPC_PERSISTENT_DONE
+                                                             : GPU_IPC_PERSISTENT_STAMP_INVALID;
+        }
+        // Every thread sees the outcome, and reads the frame only after thread 0's acquire.
+        __syncthreads();
+        if (outcome != GPU_IPC_PERSISTENT_DONE) {
+            break;
+        }
+        const unsigned int* words = (const unsigned int*)gpu_ipc_ring_frame(&d, seq);
+        const unsigned int seq_term = gpu_ipc_seq_term(seq);
+        unsigned long long mine = 0;
+        for (unsigned long long i = threadIdx.x; i < n_words; i += blockDim.x) {
+            mine += (unsigned long long)(words[i] != gpu_ipc_pattern(seq_term, i));
+        }
+        if (mine != 0) {
+            atomicAdd(&bad, mine);
+        }
+        // Every read of the frame is done before thread 0 releases it (and before it writes `outcome` again).
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            gpu_ipc_ring_release_frame(&d, seq);
+            gpu_ipc_ring_set_progress(&d, seq + 1ull);
+        }
+    }
+    if (threadIdx.x == 0) {
+        result[0] = done;
+        result[1] = bad;
+        result[2] = done == frames ? GPU_IPC_PERSISTENT_DONE : outcome;
+        result[3] = d.first_sequence + done;
+        __threadfence_system();
     }
 }

@@ -11,35 +11,17 @@
 // Comparison: a wait is satisfied when counter >= target, unsigned. Counters only grow, and a survivor writes
 // POISON = 2^62 into a dead peer's counters, which is above every sequence number, so poison ends every wait.
 
+#include "gpu_ipc_ring.cuh"
+
 #define RING_TIMED_OUT (1ull << 63)
 
-static __device__ __forceinline__ unsigned long long ring_globaltimer()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-static __device__ __forceinline__ unsigned long long ring_load_acquire_sys(const unsigned long long* p)
-{
-    unsigned long long v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-static __device__ __forceinline__ void ring_store_release_sys(unsigned long long* p, unsigned long long v)
-{
-    asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
-}
-
 // Waits until counters[first_word + i * word_stride] >= target for every bit i set in `mask`, or until
-// %globaltimer has advanced `timeout_ns` past the kernel's start, or until *abort is non-zero (read at the start and
-// every RING_ABORT_CHECK polls). Then stores into *outcome, with st.release.sys, `outcome_value` when every counter
-// got there, or `outcome_value | 2^63` when it gave up; giving up also stores 1 into *abort, so the polls queued
-// behind this one give up at once (the host sets *abort too, at teardown). Only the first thread of the first block
-// works; launch it with one thread. The host checks that every word the mask can name lies inside the span it
-// passes as `counters`.
-#define RING_ABORT_CHECK 1024u
+// %globaltimer has advanced `timeout_ns` past the kernel's start, or until *abort is non-zero (read before each
+// counter's wait and every GPU_IPC_RING_ABORT_CHECK polls). Then stores into *outcome, with st.release.sys,
+// `outcome_value` when every counter got there, or `outcome_value | 2^63` when it gave up; giving up also stores 1
+// into *abort, so the polls queued behind this one give up at once (the host sets *abort too, at teardown). Only the
+// first thread of the first block works; launch it with one thread. The host checks that every word the mask can
+// name lies inside the span it passes as `counters`. The wait is the ring's device API (gpu_ipc_ring.cuh).
 
 extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters, unsigned long long first_word,
                                              unsigned long long word_stride, unsigned int mask,
@@ -50,26 +32,18 @@ extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters,
     if (threadIdx.x != 0 || blockIdx.x != 0) {
         return;
     }
-    unsigned long long start = ring_globaltimer();
-    // Saturating: a huge timeout means "no deadline" rather than a deadline in the past.
-    unsigned long long deadline = start + timeout_ns < start ? ~0ull : start + timeout_ns;
-    bool gave_up = ring_load_acquire_sys(abort) != 0;
+    // One deadline for every counter; the wait itself is the device API's (gpu_ipc_ring.cuh).
+    unsigned long long deadline = gpu_ipc_ring_deadline(timeout_ns);
+    bool gave_up = gpu_ipc_ring_load_acquire(abort) != 0;
     for (unsigned int bits = mask; bits != 0 && !gave_up; bits &= bits - 1) {
         unsigned int i = (unsigned int)(__ffs((int)bits) - 1);
         const unsigned long long* word = counters + first_word + (unsigned long long)i * word_stride;
-        unsigned int polls = 0;
-        while (ring_load_acquire_sys(word) < target) {
-            if (ring_globaltimer() >= deadline ||
-                (++polls % RING_ABORT_CHECK == 0 && ring_load_acquire_sys(abort) != 0)) {
-                gave_up = true;
-                break;
-            }
-        }
+        gave_up = gpu_ipc_ring_wait_at_least(word, target, deadline, abort) != GPU_IPC_RING_OK;
     }
     if (gave_up) {
-        ring_store_release_sys(abort, 1);
+        gpu_ipc_ring_store_release(abort, 1);
     }
-    ring_store_release_sys(outcome, gave_up ? (outcome_value | RING_TIMED_OUT) : outcome_value);
+    gpu_ipc_ring_store_release(outcome, gave_up ? (outcome_value | RING_TIMED_OUT) : outcome_value);
 }
 
 // Stores `value` into *counter with st.release.sys: every write of the work queued before this kernel on its stream
@@ -77,6 +51,6 @@ extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters,
 extern "C" __global__ void gpu_ipc_ring_release(unsigned long long* counter, unsigned long long value)
 {
     if (threadIdx.x == 0 && blockIdx.x == 0) {
-        ring_store_release_sys(counter, value);
+        gpu_ipc_ring_store_release(counter, value);
     }
 }

@@ -6,7 +6,7 @@ use ipc_core::driver::{
 };
 
 use crate::image::{self, ComputeCapability, KernelImage, NoImageForDevice};
-use crate::{FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS};
+use crate::{FILL_PATTERN, VERIFY_PATTERN, VERIFY_STAMPED, XOR_WORDS};
 
 /// Why the kernels could not be loaded or launched.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +99,7 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
 pub struct PatternKernels {
     fill: Function,
     verify: Function,
+    verify_stamped: Function,
     xor: Function,
     counter: DeviceBuffer,
     image: &'static KernelImage,
@@ -106,6 +107,16 @@ pub struct PatternKernels {
 }
 
 const THREADS: u32 = 256;
+
+/// A frame's stamp as a kernel checks it (docs/ring.md, the stamp rule): the word, and what it holds, under
+/// `ipc_core::frames::STAMP_MASK`, when the frame is the producer's.
+#[derive(Debug, Clone, Copy)]
+pub struct Stamp<'a> {
+    /// The frame's stamp word (`Consumer::stamp_span`).
+    pub word: DeviceSpan<'a>,
+    /// `Frame::stamp().expected`: the frame's own sequence + 1, whatever pattern it is checked against.
+    pub expected: u64,
+}
 
 impl PatternKernels {
     /// Loads the image that suits the context's device (exact cubin, closest cubin of the same major, else PTX;
@@ -129,6 +140,7 @@ impl PatternKernels {
         Ok(Self {
             fill: module.function(FILL_PATTERN)?,
             verify: module.function(VERIFY_PATTERN)?,
+            verify_stamped: module.function(VERIFY_STAMPED)?,
             xor: module.function(XOR_WORDS)?,
             counter: DeviceBuffer::alloc(ctx, 8)?,
             image,
@@ -184,6 +196,40 @@ impl PatternKernels {
             stream,
             config,
             &[KernelArg::Span(frame), KernelArg::U64(words), KernelArg::U64(seq), KernelArg::Span(counter)],
+        )?;
+        Ok(())
+    }
+
+    /// As [`PatternKernels::verify`], behind the frame's [`Stamp`]. When its word does not say the frame is the
+    /// producer's (a dead producer's poison released the stream's wait for a frame it never wrote), the kernel
+    /// reads no word of the frame and adds 1 to the 64-bit counter at the start of `skipped` instead; either counter
+    /// is read after the stream is done.
+    ///
+    /// # Errors
+    /// A frame length that is not a multiple of 4, a stamp or counter span shorter than 8 bytes, or the launch error.
+    pub fn verify_stamped(
+        &self,
+        stream: &Stream,
+        frame: DeviceSpan<'_>,
+        seq: u64,
+        stamp: Stamp<'_>,
+        mismatches: DeviceSpan<'_>,
+        skipped: DeviceSpan<'_>,
+    ) -> Result<(), KernelError> {
+        let (config, words) = self.config(frame.len())?;
+        let (word, mismatches, skipped) = (stamp.word.slice(0, 8)?, mismatches.slice(0, 8)?, skipped.slice(0, 8)?);
+        self.verify_stamped.launch_typed(
+            stream,
+            config,
+            &[
+                KernelArg::Span(frame),
+                KernelArg::U64(words),
+                KernelArg::U64(seq),
+                KernelArg::Span(mismatches),
+                KernelArg::Span(word),
+                KernelArg::U64(stamp.expected),
+                KernelArg::Span(skipped),
+            ],
         )?;
         Ok(())
     }

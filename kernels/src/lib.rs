@@ -10,6 +10,12 @@
 //! - [`VERIFY_PATTERN`]`(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
 //!   unsigned long long* mismatches)`
 //! - [`XOR_WORDS`]`(unsigned int* dst, const unsigned int* src, unsigned long long n_words, unsigned int mask)`
+//! - [`VERIFY_STAMPED`]`(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
+//!   unsigned long long* mismatches, const unsigned long long* stamp, unsigned long long stamp_expected,
+//!   unsigned long long* skipped)`
+//! - [`PERSISTENT_VERIFY`]`(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
+//!   unsigned long long timeout_ns, unsigned long long* result)`, the example of the ring's device API
+//!   (`kernels/cuda/gpu_ipc_ring.cuh`; launched by [`persistent`])
 //! - the work queue's demo worker and producer, [`work_queue::KERNELS`] (their device functions are in
 //!   `kernels/cuda/work_queue.cuh`, for your own kernels).
 
@@ -18,6 +24,7 @@
 pub mod image;
 pub mod launch;
 pub mod pattern;
+pub mod persistent;
 pub mod probe;
 pub mod work_queue;
 
@@ -35,8 +42,20 @@ pub const VERIFY_PATTERN: &str = "gpu_ipc_verify_pattern";
 /// transform. A pattern frame so transformed is the pattern frame of [`pattern::xor_sequence`]`(seq, mask)`.
 pub const XOR_WORDS: &str = "gpu_ipc_xor_words";
 
+/// `gpu_ipc_verify_stamped(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
+/// unsigned long long* mismatches, const unsigned long long* stamp, unsigned long long stamp_expected,
+/// unsigned long long* skipped)`: as [`VERIFY_PATTERN`], behind the frame's stamp (`ipc_core::frames::Frame::stamp`):
+/// when `(*stamp & (POISON - 1)) != stamp_expected` (the stamp rule of docs/ring.md) no word of the frame is read
+/// and `*skipped` grows by 1 instead.
+pub const VERIFY_STAMPED: &str = "gpu_ipc_verify_stamped";
+
+/// `gpu_ipc_persistent_verify(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
+/// unsigned long long timeout_ns, unsigned long long* result)`: a persistent consumer that waits for, checks and
+/// releases `frames` frames on the ring's device API; see [`persistent`].
+pub const PERSISTENT_VERIFY: &str = "gpu_ipc_persistent_verify";
+
 /// The frame-pattern kernels; [`probe::kernel_names`] lists the probes' kernels.
-pub const KERNELS: [&str; 3] = [FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS];
+pub const KERNELS: [&str; 5] = [FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS, VERIFY_STAMPED, PERSISTENT_VERIFY];
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

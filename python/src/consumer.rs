@@ -92,6 +92,8 @@ pub struct Frame {
     nbytes: u64,
     /// The stream `next_frame` queued its wait on (GPU backends), the default of `release`.
     stream: Option<u64>,
+    /// The device address of the frame's stamp word and the value it must hold (GPU-side strategies).
+    stamp: Option<(u64, u64)>,
     /// Keeps the ring mapped while this object lives (GPU backends).
     hold: Option<MappingHold>,
 }
@@ -141,6 +143,7 @@ impl Consumer {
             ptr: frame.ptr().0,
             nbytes: frame.bytes(),
             stream: gpu.map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
+            stamp: frame.stamp().map(|stamp| (stamp.device_ptr.raw(), stamp.expected)),
             hold: lock(&this.mapping).clone(),
             token: Arc::new(FrameToken { frame: Mutex::new(Some(frame)), readers: Mutex::new(Vec::new()) }),
             consumer: slf.clone().unbind(),
@@ -439,6 +442,23 @@ impl Frame {
     #[getter]
     fn stream(&self) -> Option<u64> {
         self.stream
+    }
+
+    /// Device address of the frame's stamp word (gpu-stream-ops, gpu-poll; ``None`` otherwise): check it in your
+    /// kernel before reading the frame (``(word & STAMP_MASK) == stamp_expected``, read with ld.acquire.sys); a dead
+    /// producer's poison releases the stream's wait for a frame it never wrote. Raises ``ReleasedError`` once the
+    /// frame is released or its consumer closed (the word is unregistered when the consumer closes).
+    #[getter]
+    fn stamp_ptr(&self) -> PyResult<Option<u64>> {
+        self.view()?;
+        Ok(self.stamp.map(|(ptr, _)| ptr))
+    }
+
+    /// The value the stamp word holds, under ``STAMP_MASK``, when the frame is the producer's: ``seq + 1``
+    /// (``None`` without a stamp).
+    #[getter]
+    fn stamp_expected(&self) -> Option<u64> {
+        self.stamp.map(|(_, expected)| expected)
     }
 
     #[getter]

@@ -47,5 +47,6 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LEGACY_DEFAULT_STREAM", stream::LEGACY_DEFAULT_STREAM)?;
+    m.add("STAMP_MASK", gpu_ipc::core::frames::STAMP_MASK)?;
     Ok(())
 }

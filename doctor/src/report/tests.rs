@@ -49,6 +49,7 @@ fn compute_modes_map_to_findings() {
     report.system.mps.processes = Fact::Known(vec![MpsProcess { pid: 7, role: MpsRole::Control }]);
     assert!(has(&report, "compute-mode-exclusive-process", Severity::Info));
     assert!(has(&report, "mps-active", Severity::Info));
+    assert!(has(&report, "mps-persistent-kernels", Severity::Info));
 
     report.devices[1].compute_mode = ComputeMode::Unknown(1);
     assert!(has(&report, "compute-mode-unknown", Severity::Warn));

@@ -15,6 +15,12 @@
 //! Exit status: 0 all frames verified; 1 mismatches or another error; 3 no CUDA driver (use `--backend host`);
 //! 4 the producer died; 5 the producer evicted this consumer (after `--stall-after`).
 //!
+//! With a GPU-side strategy (gpu-stream-ops, gpu-poll) each frame is checked behind its stamp
+//! (`Frame::stamp`, `gpu_ipc_verify_stamped`): a frame a dead producer never wrote is skipped, never read, and
+//! counted in `skipped_frames`, so `mismatched_words` stays 0 after a producer is killed. `--persistent` verifies
+//! the frames in one persistent kernel on the ring's device API instead (`gpu_ipc_persistent_verify`: no launch
+//! and no CPU work per frame; the summary's `persistent` says how it ended).
+//!
 //! For the stress harness (`gpu-ipc stress`): `--cycles N` attaches, reads `--frames` frames and detaches N times
 //! (the summary has the fds and free device memory after the first cycle and at the end); `--stall-after N` stops
 //! releasing after N frames, as a stuck consumer would, and waits for the producer to evict it. The summary has the
@@ -30,6 +36,7 @@ use gpu_ipc::core::backend::Backend;
 use gpu_ipc::core::driver::Stream;
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::wire::PeerPolicy;
+use gpu_ipc::kernels::persistent::{PersistentOutcome, PersistentResult};
 use gpu_ipc_examples::work::{FrameWork, ProgramVisitor, run_with_backend};
 use gpu_ipc_examples::{
     CommonArgs, EXIT_EVICTED, EXIT_PRODUCER_GONE, GapMeter, cpu_time, exit_for, fps, open_fds, print_summary,
@@ -65,6 +72,10 @@ struct Args {
     /// ahead.
     #[arg(long)]
     check_each_frame: bool,
+    /// Verify and release the `--frames` frames in one persistent kernel on the ring's device API (gpu-stream-ops
+    /// or gpu-poll; read docs/kernels.md about MPS first).
+    #[arg(long)]
+    persistent: bool,
     /// Also accept a producer running as this uid (repeatable; default: our own uid only).
     #[arg(long = "producer-uid", value_name = "UID")]
     producer_uids: Vec<u32>,
@@ -108,6 +119,12 @@ struct Summary {
     /// When the producer died: frames this consumer took that it had never published (their waits were released
     /// by the poison; `Consumer::published_below_at_hang_up`). Mismatched words can only come from these.
     frames_never_published: u64,
+    /// Frames whose stamp said the producer never wrote them (a GPU-side strategy's wait released by a dead
+    /// producer's poison): checked on the device before the kernel read a word, skipped, and not counted in
+    /// `mismatched_words`. `None` when no frame had a stamp (CPU strategies, ipc-event, the host backend).
+    skipped_frames: Option<u64>,
+    /// With `--persistent`: what the persistent kernel reported.
+    persistent: Option<PersistentResult>,
 }
 
 struct Run(Args);
@@ -119,6 +136,12 @@ impl ProgramVisitor for Run {
         if args.cycles > 1 && args.frames == 0 {
             return Err(FrameError::Config("--cycles needs a --frames count to read in each cycle".into()));
         }
+        if args.persistent && (args.frames == 0 || args.stall_after.is_some() || args.check_each_frame) {
+            return Err(FrameError::Config(
+                "--persistent needs a --frames count, and neither --stall-after nor --check-each-frame".into(),
+            ));
+        }
+        let mut persistent = None;
         let mut work = W::open(args.common.device)?;
         let producer = match args.producer_uids.as_slice() {
             [] => PeerPolicy::SameUser,
@@ -154,7 +177,25 @@ impl ProgramVisitor for Run {
             protocol_version.get_or_insert(consumer.protocol_version());
             gaps.restart();
             let mut read = 0;
-            while args.frames == 0 || read < args.frames {
+            if args.persistent {
+                let result = work.run_persistent(&mut consumer, args.frames, timeout)?;
+                frames += result.frames;
+                read = result.frames;
+                if result.outcome != PersistentOutcome::Done {
+                    match consumer.check_producer() {
+                        Err(FrameError::ProducerGone { pid, how }) => gone = Some(format!("producer pid {pid}: {how}")),
+                        Err(FrameError::EndOfStream { published, .. }) => ended = Some(published),
+                        _ => {
+                            return Err(FrameError::Config(format!(
+                                "the persistent kernel stopped at frame {} ({:?}) with the producer still there",
+                                result.stopped_at, result.outcome
+                            )));
+                        }
+                    }
+                }
+                persistent = Some(result);
+            }
+            while !args.persistent && (args.frames == 0 || read < args.frames) {
                 if args.stall_after.is_some_and(|n| frames >= n) {
                     stall_outcome = Some(stall(&mut consumer, work.stream(), Duration::from_secs(args.stall_timeout)));
                     break;
@@ -213,7 +254,8 @@ impl ProgramVisitor for Run {
         }
         let elapsed = t0.elapsed();
         // With a clean end, only the frames the producer published count: their last is `end - 1`.
-        let mismatched = work.mismatches(ended.map(|end| end.saturating_sub(1)))?;
+        let mismatched = work.mismatches(ended.map(|end| end.saturating_sub(1)))?
+            + persistent.map_or(0, |p: PersistentResult| p.mismatched_words);
         Ok(Summary {
             role: "consumer",
             name: args.name,
@@ -238,6 +280,8 @@ impl ProgramVisitor for Run {
             device_free_at_end: work.device_free(),
             stall_outcome,
             frames_never_published,
+            skipped_frames: work.skipped()?,
+            persistent,
         })
     }
 }
@@ -267,7 +311,7 @@ fn main() -> ExitCode {
         Ok(s) => {
             print_summary(json, &s, |s| {
                 format!(
-                    "consumer {}: {} frames{} from #{} in {:.3} s: {:.1} frames/s, {} mismatched words, {:.1} us CPU/frame{}{}",
+                    "consumer {}: {} frames{} from #{} in {:.3} s: {:.1} frames/s, {} mismatched words{}, {:.1} us CPU/frame{}{}",
                     s.name,
                     s.frames,
                     s.slot.as_deref().map(|slot| format!(" of {slot}")).unwrap_or_default(),
@@ -275,6 +319,9 @@ fn main() -> ExitCode {
                     s.seconds,
                     s.fps,
                     s.mismatched_words,
+                    s.skipped_frames
+                        .map(|n| format!(", {n} frames skipped (stamp not the producer's)"))
+                        .unwrap_or_default(),
                     s.cpu_us_per_frame,
                     s.end_of_stream_after
                         .map(|n| format!("; end of stream: the producer closed the ring after {n} frames"))

@@ -131,9 +131,22 @@ pub fn producer(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: 
     producer_with(backend, sync, sock, frames, consumers, &[])
 }
 
-/// As [`producer`], with more options (`--slots` among them replaces the default 2).
+/// As [`producer`], with more options.
 pub fn producer_with(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: usize, extra: &[&str]) -> Proc {
-    let slots: &[&str] = if extra.contains(&"--slots") { &[] } else { &["--slots", "2"] };
+    producer_on(backend, sync, sock, frames, consumers, 2, extra)
+}
+
+/// As [`producer_with`], on a ring of `slots` slots.
+pub fn producer_on(
+    backend: &str,
+    sync: &str,
+    sock: &Path,
+    frames: u64,
+    consumers: usize,
+    slots: u32,
+    extra: &[&str],
+) -> Proc {
+    let slots = slots.to_string();
     let args: Vec<String> = [
         "--socket",
         sock.to_str().unwrap(),
@@ -141,6 +154,8 @@ pub fn producer_with(backend: &str, sync: &str, sock: &Path, frames: u64, consum
         backend,
         "--sync",
         sync,
+        "--slots",
+        &slots,
         "--frames",
         &frames.to_string(),
         "--consumers",
@@ -148,7 +163,6 @@ pub fn producer_with(backend: &str, sync: &str, sock: &Path, frames: u64, consum
         "--json",
     ]
     .iter()
-    .chain(slots)
     .chain(extra)
     .map(ToString::to_string)
     .collect();
@@ -157,6 +171,11 @@ pub fn producer_with(backend: &str, sync: &str, sock: &Path, frames: u64, consum
 
 /// A consumer reading `frames` frames (0: until the end of the stream), reporting every 500 frames.
 pub fn consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
+    consumer_with(name, backend, sock, frames, &[])
+}
+
+/// As [`consumer`], with more options.
+pub fn consumer_with(name: &str, backend: &str, sock: &Path, frames: u64, extra: &[&str]) -> Proc {
     let args: Vec<String> = [
         "--socket",
         sock.to_str().unwrap(),
@@ -171,6 +190,7 @@ pub fn consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
         "--json",
     ]
     .iter()
+    .chain(extra)
     .map(ToString::to_string)
     .collect();
     Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)

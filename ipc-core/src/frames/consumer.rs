@@ -1,5 +1,7 @@
 //! The consuming side of a frame ring.
 
+mod device_ring;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,6 +14,9 @@ use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strat
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex, WaitMode};
+use device_ring::{AbortWord, RingPort};
+pub use device_ring::{FrameStamp, RingDescriptor, STAMP_MASK};
+
 use crate::wire::{
     Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,
     PeerPolicy, RingOffer, SlotLayout, SyncStrategy, WireError,
@@ -74,6 +79,8 @@ pub struct Frame {
     slot: SlotIndex,
     ptr: DevicePtr,
     bytes: u64,
+    /// Where a kernel checks that the frame is the producer's (GPU-side strategies).
+    stamp: Option<FrameStamp>,
     /// The consumer that received it ([`super::owner_token`]).
     owner: u64,
 }
@@ -99,6 +106,18 @@ impl Frame {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Where a kernel checks, on the device, that this frame is the one the producer published, before it reads a
+    /// word of it: the device address of the `published` word of its slot and the value it must hold (the stamp
+    /// rule: `(word & STAMP_MASK) == expected`, see [`FrameStamp`] and `docs/ring.md`). `Some` with the GPU-side
+    /// strategies (`GpuStreamOps`, `GpuPoll`), which register the control block for the device: their stream waits
+    /// are released by a dead producer's poison too, and a kernel queued behind them would otherwise read a frame
+    /// that was never written. `None` with the CPU strategies and `IpcEvent`, which hand out a frame only once the
+    /// host saw it published. The address is valid while the consumer is attached; [`Consumer::stamp_span`] gives
+    /// it as a span borrowed from the consumer.
+    pub fn stamp(&self) -> Option<FrameStamp> {
+        self.stamp
+    }
 }
 
 /// The consuming end of a frame ring: attached once, then frames are read in place, in order.
@@ -120,6 +139,10 @@ pub struct Consumer<B: Backend> {
     sleep_interval: Duration,
     /// Set once teardown ran (by `detach`), so `Drop` does not run it again.
     left: bool,
+    /// The abort word of kernels launched on the ring, raised by the watchdog at the producer's hang-up.
+    abort: Arc<AbortWord>,
+    /// Where kernels launched on the ring find their descriptor (made at the first launch).
+    port: Option<RingPort>,
 }
 
 impl<B: Backend> Consumer<B> {
@@ -178,8 +201,10 @@ impl<B: Backend> Consumer<B> {
         let watchdog = Watchdog::start();
         let producer_hung_up = Arc::new(AtomicBool::new(false));
         let published_below_at_hang_up = Arc::new(AtomicU64::new(0));
+        let abort = Arc::new(AbortWord::default());
         {
             let (ring, flag, below) = (ring.clone(), producer_hung_up.clone(), published_below_at_hang_up.clone());
+            let abort = abort.clone();
             let gpu_writes = strategy.gpu_writes_counters();
             watchdog
                 .watch(
@@ -197,6 +222,8 @@ impl<B: Backend> Consumer<B> {
                             // What it really published, read before the poison hides it.
                             below.store(ring.highest_published().map_or(0, |s| s + 1), Ordering::Release);
                             flag.store(true, Ordering::Release);
+                            // A kernel launched on the ring leaves at once (docs/kernels.md, persistent kernels).
+                            abort.raise();
                         }
                         ring.poison_published();
                         // The producer's queued GPU stores of `published` may still land: repeat.
@@ -221,6 +248,8 @@ impl<B: Backend> Consumer<B> {
             gpu_timeout: options.gpu_timeout,
             sleep_interval: options.sleep_interval,
             left: false,
+            abort,
+            port: None,
         })
     }
 
@@ -367,6 +396,7 @@ impl<B: Backend> Consumer<B> {
     /// [`FrameError::Timeout`].
     pub fn next_frame(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<Frame, FrameError> {
         let seq = Sequence(self.next_seq);
+        self.check_no_ring_kernel()?;
         self.check_evicted()?;
         // The end of a closed ring is known from the control block before any wait is queued for a frame past it.
         if let Some(end) = self.shared.ring.closed_after()
@@ -388,11 +418,16 @@ impl<B: Backend> Consumer<B> {
             return Err(e);
         }
         self.next_seq = seq.0 + 1;
+        let stamp = self.sync.control_block().map(|control| FrameStamp {
+            device_ptr: control.ptr().offset(self.shared.ring.block().layout().published_offset(slot) as u64),
+            expected: seq.done_value(),
+        });
         Ok(Frame {
             seq,
             slot,
             ptr: self.region.ptr().offset(self.offer.data_offset + self.offer.slot_stride_bytes * u64::from(slot.0)),
             bytes: self.offer.slot_layout.bytes(),
+            stamp,
             owner: self.owner,
         })
     }
@@ -473,7 +508,10 @@ impl<B: Backend> Consumer<B> {
             return false;
         }
         self.left = true;
-        let settled = self.sync.settle(Instant::now() + self.gpu_timeout);
+        let deadline = Instant::now() + self.gpu_timeout;
+        // A kernel launched on the ring leaves on the abort word; the ring is freed only once it has.
+        let kernel_left = self.port.as_mut().is_none_or(|port| port.finish(deadline, true).is_ok());
+        let settled = kernel_left && self.sync.settle(deadline);
         if settled {
             if let Err(error) = self.shared.ring.leave() {
                 tracing::debug!(%error, "consumer detach: record no longer live");
@@ -487,6 +525,7 @@ impl<B: Backend> Consumer<B> {
             std::mem::forget(self.region.clone());
             std::mem::forget(self.shared.ring.clone());
             std::mem::forget(std::mem::replace(&mut self.sync, Box::new(Closed)));
+            std::mem::forget(self.port.take());
         }
         self.watchdog.stop();
         settled

@@ -107,7 +107,7 @@ mod watchdog;
 
 use crate::ring::{WaitMode, bounded_wait};
 
-pub use consumer::{AttachOptions, Consumer, Frame};
+pub use consumer::{AttachOptions, Consumer, Frame, FrameStamp, RingDescriptor, STAMP_MASK};
 pub use error::FrameError;
 pub use producer::{Producer, ProducerConfig, SlotLease, SlowConsumerPolicy};
 pub use stage::{DownstreamEmpty, Stage, StageConfig, StageError, StageIo, StageStep, WorkError};

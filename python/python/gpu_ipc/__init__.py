@@ -40,6 +40,7 @@ from typing import Any as _Any
 
 from gpu_ipc._gpu_ipc import (
     LEGACY_DEFAULT_STREAM,
+    STAMP_MASK,
     AdmissionError,
     BackendError,
     BufferView,
@@ -84,6 +85,7 @@ from gpu_ipc._gpu_ipc import (
 
 __all__ = [
     "LEGACY_DEFAULT_STREAM",
+    "STAMP_MASK",
     "AdmissionError",
     "BackendError",
     "BufferView",

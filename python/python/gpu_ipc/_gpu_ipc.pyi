@@ -35,6 +35,7 @@ __all__ = [
     "GpuIpcError",
     "GpuWaitGaveUp",
     "LEGACY_DEFAULT_STREAM",
+    "STAMP_MASK",
     "NameTaken",
     "NoDriver",
     "NoOwner",
@@ -68,6 +69,8 @@ __all__ = [
 __version__: str
 LEGACY_DEFAULT_STREAM: int
 """``CU_STREAM_LEGACY`` (1): the stream a GPU backend uses when a call is given none."""
+STAMP_MASK: int
+"""``2**62 - 1``: the bits of a frame's stamp word that name the frame (``Frame.stamp_ptr``)."""
 
 class _CudaStreamProtocol(Protocol):
     def __cuda_stream__(self) -> tuple[int, int]: ...
@@ -326,6 +329,16 @@ class Frame:
     @property
     def stream(self) -> int | None:
         """The stream ``next_frame`` queued its wait on (GPU backends)."""
+    @property
+    def stamp_ptr(self) -> int | None:
+        """Device address of the frame's stamp word (gpu-stream-ops, gpu-poll; ``None`` otherwise): check it in your
+        kernel before reading the frame (``(word & STAMP_MASK) == stamp_expected``, read with ld.acquire.sys); a dead
+        producer's poison releases the stream's wait for a frame it never wrote. Raises ``ReleasedError`` once the
+        frame is released or its consumer closed (the word is unregistered when the consumer closes)."""
+    @property
+    def stamp_expected(self) -> int | None:
+        """The value the stamp word holds, under ``STAMP_MASK``, when the frame is the producer's: ``seq + 1``
+        (``None`` without a stamp)."""
     @property
     def released(self) -> bool: ...
     def release(self, stream: _StreamLike = None) -> None:

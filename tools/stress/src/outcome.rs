@@ -165,12 +165,15 @@ pub struct Trial {
     pub mismatched_words: u64,
     /// Producer killed: frames the consumers took that it had never published (the API says which).
     pub frames_never_published: u64,
+    /// Producer killed: frames the consumers' kernels skipped because their stamp was not the producer's.
+    pub frames_skipped: u64,
 }
 
 /// Classifies a trial whose producer was killed: each consumer must exit with `ProducerGone` within `bound`.
-/// Mismatched words are allowed only in frames a consumer was told the dead producer never published (its
-/// `frames_never_published`, `frame_words` each: with a GPU-side strategy the poison releases the stream's waits
-/// for them, and `Consumer::published_below_at_hang_up` says which they are).
+/// A consumer that checks frames behind their stamp (it reports `skipped_frames`: the GPU-side strategies) reads
+/// only frames the producer wrote, so any mismatched word of it fails the trial, and so does skipping more frames
+/// than it took unpublished (a published frame skipped). For one that does not, mismatched words are allowed only in
+/// frames it was told the dead producer never published (its `frames_never_published`, `frame_words` each).
 pub fn producer_killed(
     consumers: &[ProcEnd],
     bound: Duration,
@@ -204,7 +207,20 @@ pub fn producer_killed(
         );
         return (TrialOutcome::Failed { reason }, gone_s, mismatched);
     }
-    let flagged: u64 = consumers.iter().filter_map(|c| c.count("frames_never_published")).sum();
+    for c in consumers {
+        let Some(skipped) = c.count("skipped_frames") else { continue };
+        let (words, never) = (c.count("mismatched_words").unwrap_or(0), c.count("frames_never_published").unwrap_or(0));
+        let problem = if words != 0 {
+            format!("{words} mismatched words in frames whose stamp said the producer wrote them")
+        } else if skipped > never {
+            format!("{skipped} frames skipped, more than the {never} it took that the producer never published")
+        } else {
+            continue;
+        };
+        return (TrialOutcome::Failed { reason: format!("{}: {problem}", c.name) }, gone_s, mismatched);
+    }
+    let unstamped = consumers.iter().filter(|c| c.count("skipped_frames").is_none());
+    let flagged: u64 = unstamped.filter_map(|c| c.count("frames_never_published")).sum();
     if mismatched > flagged.saturating_mul(frame_words) {
         return (
             TrialOutcome::Failed {
@@ -277,6 +293,8 @@ pub struct CellCounts {
     pub mps_faults: u32,
     /// Frames consumers took that the dead producer never published (told by the API; their words may mismatch).
     pub never_published: u64,
+    /// Frames consumers' kernels skipped because their stamp was not the producer's.
+    pub skipped: u64,
     /// Frames survivors should have read and did not.
     pub lost_frames: u64,
     /// Mismatched words.
@@ -301,6 +319,7 @@ impl CellCounts {
             failed: count(&|o| matches!(o, TrialOutcome::Failed { .. })),
             mps_faults: count(&|o| matches!(o, TrialOutcome::MpsFault { .. })),
             never_published: trials.iter().map(|t| t.frames_never_published).sum(),
+            skipped: trials.iter().map(|t| t.frames_skipped).sum(),
             lost_frames: trials.iter().map(|t| t.lost_frames).sum(),
             mismatched_words: trials.iter().map(|t| t.mismatched_words).sum(),
             gone_max_s: gone.last().copied(),
@@ -370,6 +389,25 @@ mod tests {
     }
 
     #[test]
+    fn a_consumer_that_checks_stamps_fails_on_any_mismatch_or_on_skipping_a_published_frame() {
+        let stamped = |name: &str, words: u64, never: u64, skipped: u64| ProcEnd {
+            after_kill_s: Some(0.2),
+            ..end(
+                name,
+                Some(4),
+                serde_json::json!({"mismatched_words": words, "frames_never_published": never, "skipped_frames": skipped}),
+            )
+        };
+        let (o, _, m) = producer_killed(&[stamped("a", 0, 3, 3), stamped("b", 0, 2, 1)], B, false, 100);
+        assert_eq!((o, m), (TrialOutcome::Passed, 0));
+        // Mismatched words inside the frames flagged never published: no excuse once the stamp was checked.
+        let (o, ..) = producer_killed(&[stamped("a", 100, 3, 2), stamped("b", 0, 2, 2)], B, false, 100);
+        assert!(matches!(o, TrialOutcome::Failed { ref reason } if reason.contains("a: 100 mismatched")), "{o:?}");
+        let (o, ..) = producer_killed(&[stamped("a", 0, 3, 3), stamped("b", 0, 2, 4)], B, false, 100);
+        assert!(matches!(o, TrialOutcome::Failed { ref reason } if reason.contains("b: 4 frames skipped")), "{o:?}");
+    }
+
+    #[test]
     fn a_producer_kill_fails_on_a_slow_or_wrong_exit_and_counts_hangs() {
         let (o, ..) = producer_killed(&[gone("a", 0.2), gone("b", 2.5)], B, false, 691_200);
         assert!(matches!(o, TrialOutcome::Failed { ref reason } if reason.contains("b saw ProducerGone 2.500 s")));
@@ -432,6 +470,7 @@ mod tests {
             lost_frames: 1,
             mismatched_words: 0,
             frames_never_published: 0,
+            frames_skipped: 0,
         };
         let trials = vec![
             trial(cell, TrialOutcome::Passed, vec![0.2, 0.3]),

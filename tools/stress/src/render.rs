@@ -41,16 +41,16 @@ pub fn markdown(r: &StressReport) -> String {
         let _ = writeln!(
             md,
             "## Random-kill matrix\n\nSIGKILL of the producer or of one of two consumers at a random frame of a {}-frame run \
-             (first half), {} kills per cell. Producer killed: every consumer must exit with ProducerGone within the bound. \
-             Consumer killed: the producer serves the other to the end with 0 mismatched words.\n",
+             (first half), {} kills per cell. Producer killed: every consumer must exit with ProducerGone within the bound, and \
+             one that checks frames behind their stamp (GPU-side strategies) with 0 mismatched words. Consumer killed: the producer serves the other to the end with 0 mismatched words.\n",
             r.sizes.kill_frames, r.sizes.kills_per_cell
         );
-        md.push_str("| MPS | backend | sync | victim | kills | passed | hangs | failed | MPS faults | frames never published (flagged) | lost frames | mismatched words | ProducerGone median / max (s) |\n");
-        md.push_str("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        md.push_str("| MPS | backend | sync | victim | kills | passed | hangs | failed | MPS faults | frames never published (flagged) | frames skipped (stamp) | lost frames | mismatched words | ProducerGone median / max (s) |\n");
+        md.push_str("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for pass in &r.kill_passes {
             let mode = if pass.mps { "yes" } else { "no" };
             if pass.status == Status::NotRun {
-                let _ = writeln!(md, "| {mode} | not run: {} ||||||||||||", cell(&pass.note));
+                let _ = writeln!(md, "| {mode} | not run: {} |||||||||||||", cell(&pass.note));
             }
             for c in &pass.cells {
                 let gone = match (c.gone_median_s, c.gone_max_s) {
@@ -59,7 +59,7 @@ pub fn markdown(r: &StressReport) -> String {
                 };
                 let _ = writeln!(
                     md,
-                    "| {mode} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {gone} |",
+                    "| {mode} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {gone} |",
                     c.cell.backend,
                     c.cell.sync,
                     c.cell.victim.name(),
@@ -69,6 +69,7 @@ pub fn markdown(r: &StressReport) -> String {
                     c.failed,
                     c.mps_faults,
                     c.never_published,
+                    c.skipped,
                     c.lost_frames,
                     c.mismatched_words
                 );
@@ -270,6 +271,7 @@ mod tests {
                 lost_frames: 0,
                 mismatched_words: 0,
                 frames_never_published: 0,
+                frames_skipped: 3,
             },
             Trial {
                 cell,
@@ -281,6 +283,7 @@ mod tests {
                 lost_frames: 0,
                 mismatched_words: 0,
                 frames_never_published: 0,
+                frames_skipped: 0,
             },
         ];
         let pass = KillPass {
@@ -374,7 +377,9 @@ mod tests {
         let md = markdown(&report());
         assert!(md.contains("**FAILED**: 4 checks, 1 failed, 1 findings, 1 not run"), "{md}");
         assert!(
-            md.contains("| yes | vmm | gpu-stream-ops | producer | 2 | 1 | 0 | 0 | 1 | 0 | 0 | 0 | 0.250 / 0.250 |"),
+            md.contains(
+                "| yes | vmm | gpu-stream-ops | producer | 2 | 1 | 0 | 0 | 1 | 0 | 3 | 0 | 0 | 0.250 / 0.250 |"
+            ),
             "{md}"
         );
         assert!(md.contains("| no | not run: skipped \\| reason |"), "{md}");

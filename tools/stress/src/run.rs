@@ -330,6 +330,7 @@ pub fn kill_trial(ctx: &Ctx, cell: Cell, trial: u32, kill: KillPoint) -> Trial {
         lost_frames: 0,
         mismatched_words: 0,
         frames_never_published: 0,
+        frames_skipped: 0,
     };
     let mut children = Vec::new();
     let spawned = (|| -> Result<(), String> {
@@ -384,6 +385,7 @@ pub fn kill_trial(ctx: &Ctx, cell: Cell, trial: u32, kill: KillPoint) -> Trial {
             let (outcome, gone, mismatched) = producer_killed(&ends[1..], ctx.gone_bound, ctx.mps, frame_words);
             (record.outcome, record.gone_s, record.mismatched_words) = (outcome, gone, mismatched);
             record.frames_never_published = ends[1..].iter().filter_map(|c| c.count("frames_never_published")).sum();
+            record.frames_skipped = ends[1..].iter().filter_map(|c| c.count("skipped_frames")).sum();
         }
         Victim::Consumer => {
             let (outcome, lost, mismatched) = consumer_killed(&ends[0], &ends[2], s.kill_frames, ctx.mps);

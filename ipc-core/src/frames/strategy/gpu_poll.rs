@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
 use crate::driver::image::{self, ComputeCapability, KernelImage};
 use crate::driver::mps::MpsEvidence;
-use crate::driver::{Context, DeviceMemory, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys};
+use crate::driver::{
+    Context, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys,
+};
 use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, depth_for};
 use crate::ring::layout::{MAX_CONSUMERS, MAX_SLOTS, RingLayout};
@@ -481,6 +483,10 @@ impl ConsumerSide for PollConsumer {
 
     fn settle(&mut self, deadline: Instant) -> bool {
         self.poller.abort_and_settle(deadline)
+    }
+
+    fn control_block(&self) -> Option<DeviceSpan<'_>> {
+        Some(self.poller.block.span())
     }
 }
 

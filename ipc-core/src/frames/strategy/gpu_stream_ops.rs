@@ -16,7 +16,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
-use crate::driver::{Context, DeviceMemory, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys};
+use crate::driver::{
+    Context, DeviceMemory, DeviceSpan, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys,
+};
 use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, Tail, depth_for};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
@@ -315,6 +317,10 @@ impl ConsumerSide for GpuConsumer {
 
     fn settle(&mut self, deadline: Instant) -> bool {
         settle_side(&self.run_ahead, &self.registration, &self.trailing, deadline)
+    }
+
+    fn control_block(&self) -> Option<DeviceSpan<'_>> {
+        Some(self.registration.span())
     }
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::driver::{Context, Stream};
+use crate::driver::{Context, DeviceSpan, Stream};
 use crate::frames::FrameError;
 use crate::ring::{ConsumerControl, ConsumerId, GoneReason, ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
 use crate::wire::SyncStrategy;
@@ -237,6 +237,12 @@ pub(crate) trait ConsumerSide: Send + Sync {
     /// As [`ProducerSide::settle`].
     fn settle(&mut self, _deadline: Instant) -> bool {
         true
+    }
+
+    /// The control block as this side registered it for the device (GPU-side strategies), where a kernel reads the
+    /// frames' stamps (`published`) and the ring's counters; `None` when the strategy does not register it.
+    fn control_block(&self) -> Option<DeviceSpan<'_>> {
+        None
     }
 }
 

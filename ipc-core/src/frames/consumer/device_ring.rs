@@ -1,0 +1,432 @@
+//! The ring as a consumer's kernels see it: the stamp a kernel checks before it reads a frame, and the descriptor
+//! that hands a persistent kernel the ring's counters (the device API of `kernels/cuda/gpu_ipc_ring.cuh`).
+//!
+//! The stamp rule (docs/ring.md): frame `s` in slot `s % N` is the one the producer published iff
+//! `(published[s % N] & (POISON - 1)) == s + 1`. The survivor of a dead producer ORs [`POISON`] into `published`,
+//! which releases every GPU-side wait on it (so a kernel queued behind such a wait runs) and keeps the last real
+//! frame in the low bits: a kernel that checks the stamp first never reads a frame the producer did not write.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::{Consumer, Frame};
+use crate::backend::{Backend, SharedRegion};
+use crate::driver::{
+    DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream,
+};
+use crate::frames::FrameError;
+use crate::ring::layout::{RingLayout, SlotIndex};
+use crate::ring::{POISON, RingError};
+use crate::sys::shm::{SharedMemory, SharedObject};
+
+/// Where a kernel finds frame `seq`'s stamp, and what it must hold: see [`Frame::stamp`](super::Frame::stamp).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrameStamp {
+    /// Device address (in this process) of the `published` word of the frame's slot: a 64-bit word of the
+    /// control block, host memory registered for the device. Valid while the consumer is attached; read it with
+    /// `ld.acquire.sys` (or `cuda::atomic_ref<..., thread_scope_system>::load(memory_order_acquire)`).
+    pub device_ptr: DevicePtr,
+    /// `seq + 1`: the frame is real iff `(word & STAMP_MASK) == expected` ([`FrameStamp::matches`]).
+    pub expected: u64,
+}
+
+/// The bits of a `published` word that hold the frame (`s + 1`); the bit above them is [`POISON`].
+pub const STAMP_MASK: u64 = POISON - 1;
+
+impl FrameStamp {
+    /// The stamp rule: whether `word`, read from [`FrameStamp::device_ptr`], says the frame is the producer's.
+    pub const fn matches(&self, word: u64) -> bool {
+        word & STAMP_MASK == self.expected
+    }
+}
+
+/// What a kernel needs to act on the ring as one consumer, all `u64` and `#[repr(C)]`: the mirror of
+/// `struct gpu_ipc_ring_descriptor` in `kernels/cuda/gpu_ipc_ring.cuh` (a test checks both agree, field by field).
+/// Offsets and strides come from the layout's offset functions, so kernels need no layout constants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct RingDescriptor {
+    /// [`RingDescriptor::VERSION`].
+    pub version: u64,
+    /// Device address of the control block (host memory registered for the device).
+    pub control: u64,
+    /// Byte offset of `published[0]` in the control block.
+    pub published_offset: u64,
+    /// Bytes from `published[i]` to `published[i + 1]`.
+    pub published_stride: u64,
+    /// Byte offset of this consumer's `released[0]`.
+    pub released_offset: u64,
+    /// Bytes from its `released[i]` to `released[i + 1]`.
+    pub released_stride: u64,
+    /// Device address of slot 0's frame, in this process's mapping.
+    pub slots: u64,
+    /// Bytes from one slot to the next.
+    pub slot_stride: u64,
+    /// Bytes of a frame.
+    pub slot_bytes: u64,
+    /// Slots in the ring.
+    pub slot_count: u64,
+    /// This consumer's record index.
+    pub consumer_index: u64,
+    /// The first frame the kernel is to read: the consumer's next sequence when it launched the kernel.
+    pub first_sequence: u64,
+    /// Device address of the abort word: non-zero tells the kernel to leave (the host sets it when the producer
+    /// dies or the consumer is dropped).
+    pub abort: u64,
+    /// Device address of the progress word: the first frame the kernel has not released (it stores it).
+    pub progress: u64,
+}
+
+impl RingDescriptor {
+    /// `GPU_IPC_RING_DESCRIPTOR_VERSION` in the header.
+    pub const VERSION: u64 = 1;
+    /// Its size in 64-bit words.
+    pub const WORDS: usize = size_of::<Self>() / 8;
+
+    /// The fields in order, as the kernel reads them.
+    pub fn to_words(&self) -> [u64; Self::WORDS] {
+        [
+            self.version,
+            self.control,
+            self.published_offset,
+            self.published_stride,
+            self.released_offset,
+            self.released_stride,
+            self.slots,
+            self.slot_stride,
+            self.slot_bytes,
+            self.slot_count,
+            self.consumer_index,
+            self.first_sequence,
+            self.abort,
+            self.progress,
+        ]
+    }
+
+    /// The layout part of a consumer's descriptor: offsets and strides from the block's layout's offset functions
+    /// (128-byte strides in layout 1, 8-byte ones in layout 2: rings of more than 32 slots).
+    pub(super) fn offsets(layout: RingLayout, consumer_index: u32) -> [u64; 4] {
+        let published = layout.published_offset(SlotIndex(0)) as u64;
+        let released = layout.released_offset(consumer_index, SlotIndex(0)) as u64;
+        [
+            published,
+            layout.published_offset(SlotIndex(1)) as u64 - published,
+            released,
+            layout.released_offset(consumer_index, SlotIndex(1)) as u64 - released,
+        ]
+    }
+}
+
+const _: () = assert!(size_of::<RingDescriptor>() == 8 * RingDescriptor::WORDS);
+
+/// Words of the port: the abort word, the progress word, then the descriptor.
+const ABORT: usize = 0;
+const PROGRESS: usize = 1;
+const DESCRIPTOR: usize = 2;
+type PortWords = [AtomicU64; DESCRIPTOR + RingDescriptor::WORDS];
+
+/// Bytes of the port's memfd: 64 KiB, whole pages on every Linux page size, as `cuMemHostRegister` wants.
+const PORT_BYTES: usize = 64 * 1024;
+
+/// The abort word of a consumer's ring kernels, shared with its watchdog: set once the port exists.
+#[derive(Debug, Default)]
+pub(super) struct AbortWord(OnceLock<Arc<SharedObject<PortWords>>>);
+
+impl AbortWord {
+    /// Tells every kernel on the ring to leave (nothing when none was ever launched).
+    pub fn raise(&self) {
+        if let Some(words) = self.0.get() {
+            words.get()[ABORT].store(1, Ordering::Release);
+        }
+    }
+}
+
+/// A consumer's port for kernels on the ring: its host-registered words and the kernel running, if any.
+pub(super) struct RingPort {
+    words: HostRegistration<SharedObject<PortWords>>,
+    /// Recorded after the kernel launched on the ring, until it is seen complete.
+    running: Option<Event>,
+}
+
+impl RingPort {
+    /// Creates the words (abort 0) in `stream`'s context and hands them to `abort`.
+    pub fn new(stream: &Stream, abort: &AbortWord) -> Result<Self, FrameError> {
+        let memory = SharedMemory::create("gpu-ipc-ring-port", PORT_BYTES).map_err(RingError::from)?;
+        let object = Arc::new(SharedObject::<PortWords>::new(memory).map_err(RingError::from)?);
+        let words = HostRegistration::new(stream.context(), object.clone())?;
+        // One port per consumer (made at its first launch), so the watchdog's handle is still empty here.
+        if abort.0.set(object).is_err() {
+            tracing::debug!("ring port: the abort word was already handed to the watchdog");
+        }
+        Ok(Self { words, running: None })
+    }
+
+    /// Whether a kernel launched on the ring may still run.
+    pub fn busy(&self) -> Result<bool, FrameError> {
+        Ok(match &self.running {
+            Some(event) => !event.is_complete()?,
+            None => false,
+        })
+    }
+
+    /// The descriptor's addresses of the abort and progress words.
+    pub fn word_addresses(&self) -> (u64, u64) {
+        let base = self.words.device_ptr().raw();
+        (base + 8 * ABORT as u64, base + 8 * PROGRESS as u64)
+    }
+
+    /// Writes `descriptor` and `progress`, launches `kernel` with the descriptor as its first argument, then
+    /// records the event that says when it is done.
+    pub fn launch(
+        &mut self,
+        descriptor: &RingDescriptor,
+        kernel: &Function,
+        stream: &Stream,
+        config: LaunchConfig,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), FrameError> {
+        let words = self.words.memory().get();
+        words[PROGRESS].store(descriptor.first_sequence, Ordering::Release);
+        for (word, value) in words[DESCRIPTOR..].iter().zip(descriptor.to_words()) {
+            word.store(value, Ordering::Release);
+        }
+        let span = self.words.span().slice(8 * DESCRIPTOR as u64, 8 * RingDescriptor::WORDS as u64)?;
+        let all: Vec<KernelArg<'_>> = std::iter::once(KernelArg::Span(span)).chain(args.iter().copied()).collect();
+        kernel.launch_typed(stream, config, &all)?;
+        let event = Event::new(stream.context(), EventFlags::default())?;
+        event.record(stream)?;
+        self.running = Some(event);
+        Ok(())
+    }
+
+    /// Waits until the kernel launched on the ring is done, at most until `deadline` (raising the abort word when
+    /// `abort_first`); then the progress word: the first frame the kernel did not release.
+    pub fn finish(&mut self, deadline: Instant, abort_first: bool) -> Result<u64, FrameError> {
+        if abort_first {
+            self.words.memory().get()[ABORT].store(1, Ordering::Release);
+        }
+        if let Some(event) = &self.running {
+            super::super::wait_for_event(
+                event,
+                deadline,
+                Some(Duration::from_micros(50)),
+                || true,
+                || "the kernel launched on the ring".to_owned(),
+            )?;
+        }
+        self.running = None;
+        Ok(self.words.memory().get()[PROGRESS].load(Ordering::Acquire))
+    }
+
+    /// The abort word's current value (non-zero once raised).
+    pub fn aborted(&self) -> bool {
+        self.words.memory().get()[ABORT].load(Ordering::Acquire) != 0
+    }
+}
+
+/// The span of frame stamps: the 8 bytes of `published[slot]` in `control`, a block of `layout`.
+pub(super) fn stamp_span<'a>(
+    control: DeviceSpan<'a>,
+    layout: RingLayout,
+    slot: SlotIndex,
+) -> Result<DeviceSpan<'a>, FrameError> {
+    Ok(control.slice(layout.published_offset(slot) as u64, 8)?)
+}
+
+impl<B: Backend> Consumer<B> {
+    /// The span of `frame`'s stamp word ([`Frame::stamp`]), borrowed from the consumer so that it cannot outlive
+    /// the control block's registration: what a launcher passes to a kernel that checks the stamp first (the
+    /// kernels crate's `gpu_ipc_verify_stamped`). `None` when the strategy does not register the control block.
+    ///
+    /// # Errors
+    /// A frame that is not this consumer's ([`FrameError::ForeignToken`]).
+    pub fn stamp_span(&self, frame: &Frame) -> Result<Option<DeviceSpan<'_>>, FrameError> {
+        self.check_owner(frame)?;
+        let layout = self.shared.ring.block().layout();
+        self.sync.control_block().map(|control| stamp_span(control, layout, frame.slot())).transpose()
+    }
+
+    /// The descriptor a kernel launched now by [`Consumer::launch_on_ring`] gets: this consumer's counters, the
+    /// slots in this process's mapping, the next frame to read. `None` when the strategy does not register the
+    /// control block for the device (use `GpuStreamOps` or `GpuPoll`), or before the first launch made the abort
+    /// and progress words (their addresses are then 0).
+    pub fn ring_descriptor(&self) -> Option<RingDescriptor> {
+        let control = self.sync.control_block()?;
+        let index = self.shared.ring.id().index();
+        let layout = self.shared.ring.block().layout();
+        let [published_offset, published_stride, released_offset, released_stride] =
+            RingDescriptor::offsets(layout, index);
+        let (abort, progress) = self.port.as_ref().map_or((0, 0), RingPort::word_addresses);
+        Some(RingDescriptor {
+            version: RingDescriptor::VERSION,
+            control: control.ptr().raw(),
+            published_offset,
+            published_stride,
+            released_offset,
+            released_stride,
+            slots: self.region.ptr().offset(self.offer.data_offset).raw(),
+            slot_stride: self.offer.slot_stride_bytes,
+            slot_bytes: self.offer.slot_layout.bytes(),
+            slot_count: u64::from(self.offer.slot_count),
+            consumer_index: u64::from(index),
+            first_sequence: self.next_seq,
+            abort,
+            progress,
+        })
+    }
+
+    /// Launches `kernel` on `stream` with the ring's descriptor as its first argument
+    /// (`const gpu_ipc_ring_descriptor* ring`, `kernels/cuda/gpu_ipc_ring.cuh`), then `args`: a persistent kernel
+    /// that waits for, checks and releases frames from [`Consumer::next_sequence`] on, with no launch and no CPU
+    /// work per frame. Until [`Consumer::finish_ring_kernel`] the kernel owns the frames: `next_frame` refuses.
+    /// The host keeps watching the producer: at its hang-up, and when the consumer is detached or dropped, the
+    /// abort word is raised and the kernel must leave (every wait in the header is bounded by it and by
+    /// `%globaltimer`). Read docs/kernels.md before using one under MPS: a process killed while its kernel polls
+    /// host memory faults the MPS server for every client.
+    ///
+    /// # Errors
+    /// A strategy that does not register the control block ([`FrameError::StrategyUnavailable`]: use
+    /// `gpu-stream-ops` or `gpu-poll`), a kernel already running on the ring, the producer gone, this consumer
+    /// evicted, a driver error.
+    pub fn launch_on_ring(
+        &mut self,
+        kernel: &Function,
+        stream: &Stream,
+        config: LaunchConfig,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), FrameError> {
+        if self.sync.control_block().is_none() {
+            return Err(FrameError::StrategyUnavailable {
+                strategy: self.offer.sync.to_string(),
+                reason: "a kernel on the ring reads the control block registered for the device, which only \
+                         gpu-stream-ops and gpu-poll do; start the producer with one of them"
+                    .into(),
+            });
+        }
+        self.check_no_ring_kernel()?;
+        self.check_producer()?;
+        if self.port.is_none() {
+            self.port = Some(RingPort::new(stream, &self.abort)?);
+        }
+        // Both exist now: the control block was checked above, the port made.
+        let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
+        let port = self.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;
+        if port.aborted() {
+            return Err(self.shared.gone("its connection hung up (the process exited or was killed)"));
+        }
+        port.launch(&descriptor, kernel, stream, config, args)
+    }
+
+    /// Waits, at most `timeout`, until the kernel launched by [`Consumer::launch_on_ring`] is done, and takes the
+    /// frames back: the consumer's next sequence becomes the first frame the kernel did not release (its progress
+    /// word), which this returns. Nothing launched: the next sequence as it is.
+    ///
+    /// # Errors
+    /// [`FrameError::Timeout`] when the kernel is still running (call again, or drop the consumer, which raises
+    /// the abort word first), a driver error.
+    pub fn finish_ring_kernel(&mut self, timeout: Duration) -> Result<u64, FrameError> {
+        if let Some(port) = self.port.as_mut() {
+            self.next_seq = self.next_seq.max(port.finish(Instant::now() + timeout, false)?);
+        }
+        Ok(self.next_seq)
+    }
+
+    /// [`FrameError::Config`] while a kernel launched on the ring may still run: it owns the frames. One that has
+    /// finished gives them back (as [`Consumer::finish_ring_kernel`]).
+    pub(super) fn check_no_ring_kernel(&mut self) -> Result<(), FrameError> {
+        match &self.port {
+            Some(port) if port.busy()? => Err(FrameError::Config(
+                "a kernel launched on the ring still reads its frames: call finish_ring_kernel first".into(),
+            )),
+            Some(_) => self.finish_ring_kernel(Duration::ZERO).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stamp_rule_keeps_the_frame_under_poison_and_refuses_every_other_value() {
+        let stamp = FrameStamp { device_ptr: DevicePtr(0), expected: 8 };
+        assert!(stamp.matches(8));
+        assert!(stamp.matches(8 | POISON), "a producer that published frame 7 and then died");
+        assert!(!stamp.matches(POISON), "poisoned before anything was published in the slot");
+        assert!(!stamp.matches(4 | POISON), "the slot's previous frame, then the poison: frame 7 never came");
+        assert!(!stamp.matches(4), "not yet published");
+        assert!(!stamp.matches(12), "overwritten by a later frame");
+    }
+
+    #[test]
+    fn the_descriptor_mirrors_the_cuda_header_field_by_field() {
+        let header = include_str!("../../../../kernels/cuda/gpu_ipc_ring.cuh");
+        let body = &header[header.find("struct gpu_ipc_ring_descriptor {").unwrap()..];
+        let body = &body[..body.find("};").unwrap()];
+        let fields: Vec<&str> = body
+            .lines()
+            .skip(1)
+            .filter_map(|line| line.trim().strip_prefix("gpu_ipc_ring_u64 "))
+            .map(|rest| rest.split(';').next().unwrap().trim())
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "version",
+                "control",
+                "published_offset",
+                "published_stride",
+                "released_offset",
+                "released_stride",
+                "slots",
+                "slot_stride",
+                "slot_bytes",
+                "slot_count",
+                "consumer_index",
+                "first_sequence",
+                "abort",
+                "progress"
+            ]
+        );
+        assert_eq!(fields.len(), RingDescriptor::WORDS);
+        assert!(header.contains(&format!("#define GPU_IPC_RING_DESCRIPTOR_VERSION {}ull", RingDescriptor::VERSION)));
+        assert!(header.contains(&format!("#define GPU_IPC_RING_POISON (1ull << {})", POISON.trailing_zeros())));
+        // Each field lands where its name says: a descriptor of distinct values, in declaration order.
+        let d = RingDescriptor {
+            version: 0,
+            control: 1,
+            published_offset: 2,
+            published_stride: 3,
+            released_offset: 4,
+            released_stride: 5,
+            slots: 6,
+            slot_stride: 7,
+            slot_bytes: 8,
+            slot_count: 9,
+            consumer_index: 10,
+            first_sequence: 11,
+            abort: 12,
+            progress: 13,
+        };
+        assert_eq!(d.to_words().to_vec(), (0..14).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn descriptor_offsets_come_from_the_layout_functions() {
+        for (layout, stride) in [(RingLayout::V1, 128), (RingLayout::V2, 8)] {
+            let [published, published_stride, released, released_stride] = RingDescriptor::offsets(layout, 3);
+            assert_eq!((published_stride, released_stride), (stride, stride), "{layout}");
+            assert_eq!(published, layout.published_offset(SlotIndex(0)) as u64);
+            assert_eq!(published + 5 * published_stride, layout.published_offset(SlotIndex(5)) as u64);
+            assert_eq!(released + 7 * released_stride, layout.released_offset(3, SlotIndex(7)) as u64);
+        }
+    }
+
+    #[test]
+    fn raising_an_abort_word_that_no_port_set_does_nothing() {
+        AbortWord::default().raise();
+    }
+}

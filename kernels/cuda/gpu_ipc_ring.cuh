@@ -1,0 +1,189 @@
+// gpu-ipc frame ring: device functions for kernels that wait for, check and release frames on the ring's own
+// counters (docs/ring.md, docs/kernels.md "The ring's device API").
+//
+//   #include "gpu_ipc_ring.cuh"
+//   extern "C" __global__ void my_consumer(const gpu_ipc_ring_descriptor* ring, unsigned long long frames, ...)
+//   {
+//       gpu_ipc_ring_descriptor d = *ring;                 // once: the descriptor does not change
+//       for (unsigned long long seq = d.first_sequence; seq < d.first_sequence + frames; ++seq) {
+//           unsigned long long stamp;
+//           if (gpu_ipc_ring_wait_frame(&d, seq, gpu_ipc_ring_deadline(1000000000ull), &stamp) != GPU_IPC_RING_OK
+//               || !gpu_ipc_ring_frame_valid(stamp, seq)) {
+//               break;                                     // aborted, timed out, or the producer is gone
+//           }
+//           ... read gpu_ipc_ring_frame(&d, seq) (d.slot_bytes bytes) ...
+//           gpu_ipc_ring_release_frame(&d, seq);           // after every thread that read it is done
+//           gpu_ipc_ring_set_progress(&d, seq + 1);
+//       }
+//   }
+//
+// `ring` comes from Rust: `Consumer::launch_on_ring` passes it as the kernel's first argument. Its fields mirror
+// `ipc_core::frames::RingDescriptor` (#[repr(C)], every field a u64; a unit test checks both agree). Offsets and
+// strides come from the descriptor, never from constants here, so the functions work with every control-block
+// layout the Rust side describes.
+//
+// This first version is the consumer's side: wait for frame N, check it, release it. The producer's side (acquire a
+// slot once every live consumer released it, publish) stays on the host, which reads the consumer records.
+//
+// Memory ordering: the rule `gpu-ipc probe coherency` established (docs/kernels.md): every counter another process
+// writes is read with ld.acquire.sys, every counter this kernel publishes is stored with st.release.sys, and every
+// wait is bounded by %globaltimer and by the abort word, which the host sets when a peer dies or the consumer is
+// dropped. The counters live in the ring's control block, host memory registered for the device. No runtime
+// headers: NVRTC and nvcc compile it alike.
+//
+// The stamp rule (docs/ring.md): frame s in slot s % N is the one its producer published iff
+// (published[s % N] & (POISON - 1)) == s + 1. A survivor ORs POISON = 2^62 into `published` when the producer dies,
+// which releases every wait and keeps the last real frame in the low bits; a frame whose stamp does not match was
+// never written (or was overwritten) and must not be used.
+
+#ifndef GPU_IPC_RING_CUH
+#define GPU_IPC_RING_CUH
+
+typedef unsigned long long gpu_ipc_ring_u64;
+
+// The value a survivor ORs into a dead peer's counters (ipc_core::ring::POISON).
+#define GPU_IPC_RING_POISON (1ull << 62)
+// The version of gpu_ipc_ring_descriptor (ipc_core::frames::RingDescriptor::VERSION).
+#define GPU_IPC_RING_DESCRIPTOR_VERSION 1ull
+// How many polls pass between two looks at the abort word (a look is a read over the bus).
+#define GPU_IPC_RING_ABORT_CHECK 1024u
+
+// Outcomes of a wait.
+#define GPU_IPC_RING_OK 0
+#define GPU_IPC_RING_TIMED_OUT 1
+#define GPU_IPC_RING_ABORTED 2
+
+// What a kernel needs to act on the ring as one consumer: device addresses and byte offsets, all u64.
+struct gpu_ipc_ring_descriptor {
+    gpu_ipc_ring_u64 version;           // GPU_IPC_RING_DESCRIPTOR_VERSION
+    gpu_ipc_ring_u64 control;           // device address of the control block (registered host memory)
+    gpu_ipc_ring_u64 published_offset;  // byte offset of published[0] in the control block
+    gpu_ipc_ring_u64 published_stride;  // bytes from published[i] to published[i + 1]
+    gpu_ipc_ring_u64 released_offset;   // byte offset of this consumer's released[0]
+    gpu_ipc_ring_u64 released_stride;   // bytes from its released[i] to released[i + 1]
+    gpu_ipc_ring_u64 slots;             // device address of slot 0's frame (this process's mapping)
+    gpu_ipc_ring_u64 slot_stride;       // bytes from one slot to the next
+    gpu_ipc_ring_u64 slot_bytes;        // bytes of a frame
+    gpu_ipc_ring_u64 slot_count;        // N
+    gpu_ipc_ring_u64 consumer_index;    // this consumer's record
+    gpu_ipc_ring_u64 first_sequence;    // the first frame this kernel is to read
+    gpu_ipc_ring_u64 abort;             // device address of the abort word: non-zero means leave now
+    gpu_ipc_ring_u64 progress;          // device address of the progress word: the next frame not yet released
+};
+
+static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_globaltimer()
+{
+    gpu_ipc_ring_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// %globaltimer `timeout_ns` from now, saturating: a huge timeout means "no deadline", not one in the past.
+static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_deadline(gpu_ipc_ring_u64 timeout_ns)
+{
+    gpu_ipc_ring_u64 now = gpu_ipc_ring_globaltimer();
+    return now + timeout_ns < now ? ~0ull : now + timeout_ns;
+}
+
+static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_load_acquire(const gpu_ipc_ring_u64* p)
+{
+    gpu_ipc_ring_u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ void gpu_ipc_ring_store_release(gpu_ipc_ring_u64* p, gpu_ipc_ring_u64 v)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+// Waits until *word >= target (unsigned: POISON satisfies every wait), %globaltimer passes `deadline`, or *abort is
+// non-zero (looked at first, then every GPU_IPC_RING_ABORT_CHECK polls; `abort` may be null). One thread.
+static __device__ __forceinline__ int gpu_ipc_ring_wait_at_least(const gpu_ipc_ring_u64* word,
+                                                                  gpu_ipc_ring_u64 target, gpu_ipc_ring_u64 deadline,
+                                                                  const gpu_ipc_ring_u64* abort)
+{
+    if (abort != 0 && gpu_ipc_ring_load_acquire(abort) != 0) {
+        return GPU_IPC_RING_ABORTED;
+    }
+    unsigned int polls = 0;
+    while (gpu_ipc_ring_load_acquire(word) < target) {
+        if (gpu_ipc_ring_globaltimer() >= deadline) {
+            return GPU_IPC_RING_TIMED_OUT;
+        }
+        if (++polls % GPU_IPC_RING_ABORT_CHECK == 0 && abort != 0 && gpu_ipc_ring_load_acquire(abort) != 0) {
+            return GPU_IPC_RING_ABORTED;
+        }
+    }
+    return GPU_IPC_RING_OK;
+}
+
+// The stamp rule: whether `stamp`, a value read from published[seq % N], says frame `seq` is the producer's.
+static __device__ __forceinline__ bool gpu_ipc_ring_frame_valid(gpu_ipc_ring_u64 stamp, gpu_ipc_ring_u64 seq)
+{
+    return (stamp & (GPU_IPC_RING_POISON - 1ull)) == seq + 1ull;
+}
+
+static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_slot(const gpu_ipc_ring_descriptor* d,
+                                                                     gpu_ipc_ring_u64 seq)
+{
+    return seq % d->slot_count;
+}
+
+// The counter published[seq % N].
+static __device__ __forceinline__ gpu_ipc_ring_u64* gpu_ipc_ring_published_word(const gpu_ipc_ring_descriptor* d,
+                                                                                gpu_ipc_ring_u64 seq)
+{
+    return (gpu_ipc_ring_u64*)(d->control + d->published_offset + gpu_ipc_ring_slot(d, seq) * d->published_stride);
+}
+
+// This consumer's counter released[seq % N].
+static __device__ __forceinline__ gpu_ipc_ring_u64* gpu_ipc_ring_released_word(const gpu_ipc_ring_descriptor* d,
+                                                                               gpu_ipc_ring_u64 seq)
+{
+    return (gpu_ipc_ring_u64*)(d->control + d->released_offset + gpu_ipc_ring_slot(d, seq) * d->released_stride);
+}
+
+// The first byte of frame `seq` (d->slot_bytes bytes, 256-byte aligned).
+static __device__ __forceinline__ void* gpu_ipc_ring_frame(const gpu_ipc_ring_descriptor* d, gpu_ipc_ring_u64 seq)
+{
+    return (void*)(d->slots + gpu_ipc_ring_slot(d, seq) * d->slot_stride);
+}
+
+// Waits (one thread) until frame `seq` is published or the producer is gone (its poison), bounded by `deadline`
+// and the abort word; on GPU_IPC_RING_OK stores the published word into *stamp: check it with
+// gpu_ipc_ring_frame_valid before reading the frame. The acquire load orders the frame's reads after it for this
+// thread; share the answer with the others through a barrier (__syncthreads) before they read.
+static __device__ __forceinline__ int gpu_ipc_ring_wait_frame(const gpu_ipc_ring_descriptor* d, gpu_ipc_ring_u64 seq,
+                                                              gpu_ipc_ring_u64 deadline, gpu_ipc_ring_u64* stamp)
+{
+    const gpu_ipc_ring_u64* word = gpu_ipc_ring_published_word(d, seq);
+    int outcome = gpu_ipc_ring_wait_at_least(word, seq + 1ull, deadline, (const gpu_ipc_ring_u64*)d->abort);
+    if (outcome == GPU_IPC_RING_OK) {
+        *stamp = gpu_ipc_ring_load_acquire(word);
+    }
+    return outcome;
+}
+
+// Releases frame `seq` (one thread, after every read of it: a barrier first when several threads read it): the
+// producer may rewrite its slot once every live consumer has.
+static __device__ __forceinline__ void gpu_ipc_ring_release_frame(const gpu_ipc_ring_descriptor* d,
+                                                                  gpu_ipc_ring_u64 seq)
+{
+    gpu_ipc_ring_store_release(gpu_ipc_ring_released_word(d, seq), seq + 1ull);
+}
+
+// Tells the host how far the kernel got: `next` is the first frame it has not released.
+static __device__ __forceinline__ void gpu_ipc_ring_set_progress(const gpu_ipc_ring_descriptor* d,
+                                                                 gpu_ipc_ring_u64 next)
+{
+    gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)d->progress, next);
+}
+
+// Whether the host asked the kernel to leave (a peer died, the consumer is being dropped).
+static __device__ __forceinline__ bool gpu_ipc_ring_aborted(const gpu_ipc_ring_descriptor* d)
+{
+    return gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)d->abort) != 0;
+}
+
+#endif // GPU_IPC_RING_CUH

@@ -1,0 +1,207 @@
+"""A ring bridged over NIXL (UCX), so that consumers on another machine read the same frames.
+
+Two ends, each its own process::
+
+    # on the machine of ring A (its producer runs with a CPU sync strategy: ipc-event, cpu-spin or cpu-sleep)
+    python -m gpu_ipc.bridge send --socket /tmp/a.sock --connect 10.0.0.2:5600
+    # on the other machine: ring B, made alike, which local consumers attach to as usual
+    python -m gpu_ipc.bridge receive --socket /tmp/b.sock --port 5600 --consumers 2
+
+The sending end is an ordinary consumer of ring A; the receiving end is ring B's producer. Each frame is written by
+NIXL straight from A's slot into a slot of B that B's producer holds (granted for it), then published; A's frame is
+released once the write is complete, so a slow consumer of B slows A's producer, as a local consumer would. Agent
+metadata goes through NIXL's listener (the receiving end listens on ``--port``, TCP); frames and notifications go
+through UCX (CUDA IPC, RDMA, or TCP as a fallback: the sending end says which, and warns on TCP for GPU frames).
+
+Failures: either end's death (or the network's) is an error on the other within ``--peer-timeout`` (heartbeats;
+at once when UCX reports the peer unreachable). The receiving end then exits without closing ring B, so B's
+consumers get ``ProducerGone``, not a clean end; the end of A's stream passes through as B's end of stream, and the
+death of A's producer as a failure. Needs NIXL (``pip install nixl-cu13``); see docs/beyond-one-machine.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import gpu_ipc
+from gpu_ipc.bridge_nixl import NixlMissing, NixlTransport, ProtocolTables, transport_findings
+from gpu_ipc.bridge_protocol import BridgeError, PeerGone, ProtocolError, ReceivingEnd, SendingEnd, TransportError
+
+__all__ = ["BridgeError", "NixlMissing", "PeerGone", "ProtocolError", "TransportError", "receive", "send"]
+
+DEFAULT_PORT = 5600
+DEFAULT_NAME = "gpu-ipc-bridge"
+CPU_STRATEGIES = ("cpu-spin", "cpu-sleep", "ipc-event")
+
+
+def _memory(backend: str) -> str:
+    return "DRAM" if backend == "host" else "VRAM"
+
+
+def _log(side: str, text: str) -> None:
+    print(f"bridge {side}: {text}", file=sys.stderr, flush=True)
+
+
+def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, backend: str = "vmm",
+         device: int = 0, wait_for_producer: float = 10.0, connect_timeout: float = 10.0,
+         peer_timeout: float = 0.6, tables: ProtocolTables | None = None, staging: str = "auto") -> dict[str, Any]:
+    """The sending end: attaches to ring ``socket`` as a consumer and writes every frame to the receiving end at
+    ``connect``:``port`` until the ring's end of stream. Returns a summary (frames, FPS, the UCX transports seen).
+
+    Raises :class:`PeerGone` (the receiving end died, went silent or failed), :class:`TransportError`,
+    ``gpu_ipc.ProducerGone`` (ring's producer died: the receiving end is told), :class:`BridgeError`.
+    """
+    memory = _memory(backend)
+    with gpu_ipc.Consumer(socket, backend=backend, name="bridge-send", device=device,
+                          wait_for_producer=wait_for_producer) as consumer:
+        if consumer.sync not in CPU_STRATEGIES:
+            raise BridgeError(f"ring {socket} uses sync {consumer.sync!r}: the bridge reads frames when the CPU "
+                              f"knows they are ready; start its producer with one of {', '.join(CPU_STRATEGIES)}")
+        transport = NixlTransport(f"{name}.send", f"{name}.receive", memory, port, connect_to=connect, tables=tables,
+                                  staging=staging)
+        try:
+            transport.connect(connect_timeout)
+            end = SendingEnd(transport, consumer, 0 if backend == "host" else device, peer_timeout=peer_timeout)
+            end.hello()
+            _log("send", f"connected to {connect}:{port}; {consumer.nbytes} bytes a frame ({memory})")
+            summary = end.run()
+            summary["staged"] = transport.staging is not None
+            if transport.staging is not None:
+                summary["staged_because"] = transport.staging_reason
+        finally:
+            transport.close()
+    if tables is not None:
+        writes = tables.write_transports()
+        account, warning = transport_findings(writes, memory)
+        summary["ucx_writes"] = writes
+        summary["transport"] = account
+        summary["transport_warning"] = warning
+    return summary
+
+
+def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, backend: str = "vmm", device: int = 0,
+            slots: int | None = None, sync: str | None = None, consumers: int = 1, wait_for_sender: float = 60.0,
+            wait_for_consumers: float = 60.0, peer_timeout: float = 0.6, stall_timeout: float = 30.0,
+            on_publish: Any = None) -> dict[str, Any]:
+    """The receiving end: listens on ``port`` for the sending end, makes ring ``socket`` like the sending end's
+    (slots: ``slots`` or as many), admits ``consumers`` consumers, then publishes every frame written into it until
+    the sending end's end of stream, and closes the ring (its consumers get ``EndOfStream``).
+
+    On any failure (:class:`PeerGone` above all) ring ``socket`` is left open, not closed (kept alive in ``ABANDONED``): closing it would
+    tell its consumers that the stream ended cleanly. End the process (the command does at once), so that they get
+    ``ProducerGone``.
+    """
+    sync = sync or ("cpu-spin" if backend == "host" else "ipc-event")
+    if sync not in CPU_STRATEGIES:
+        raise BridgeError(f"sync {sync!r}: the receiving end publishes on the CPU; use one of "
+                          f"{', '.join(CPU_STRATEGIES)}")
+    transport = NixlTransport(f"{name}.receive", f"{name}.send", _memory(backend), port)
+    try:
+        _log("receive", f"NIXL listener on port {port}; waiting for agent {name}.send")
+        transport.connect(wait_for_sender)
+        end = ReceivingEnd(transport, peer_timeout=peer_timeout, stall_timeout=stall_timeout)
+        end.on_publish = on_publish
+        layout = end.wait_hello(wait_for_sender)
+        producer = gpu_ipc.Producer(socket, shape=layout["shape"], dtype=layout["dtype"],
+                                    slots=slots or int(layout["slots"]), sync=sync, backend=backend, device=device)
+        try:
+            _log("receive", f"ring {socket}: {layout['shape']} {layout['dtype']}; waiting for {consumers} consumers")
+            deadline = time.monotonic() + wait_for_consumers
+            while True:  # in slices, answering the sending end's heartbeats
+                try:
+                    producer.wait_for_consumers(consumers, timeout=0.05)
+                    break
+                except gpu_ipc.Timeout:
+                    if time.monotonic() > deadline:
+                        raise
+                    for kind, _body in end.live.receive():
+                        raise ProtocolError(f"the sending end sent {kind!r} before its first grant")
+            summary = end.run(producer, 0 if backend == "host" else device)
+        except BaseException:
+            ABANDONED.append(producer)
+            raise
+        producer.close()
+        return summary
+    finally:
+        transport.close()
+
+
+ABANDONED: list[Any] = []  # rings whose sending end died: left open for the process to end (see `receive`)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpu_ipc.bridge", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="side", required=True)
+    for side in ("send", "receive"):
+        s = sub.add_parser(side)
+        s.add_argument("--socket", required=True, help="the local ring's socket (read: send; created: receive)")
+        s.add_argument("--port", type=int, default=DEFAULT_PORT, help="the receiving end's NIXL listener port")
+        s.add_argument("--name", default=DEFAULT_NAME, help="agent names <name>.send / <name>.receive (both ends)")
+        s.add_argument("--backend", default="vmm", choices=["vmm", "legacy", "host"])
+        s.add_argument("--device", type=int, default=0)
+        s.add_argument("--peer-timeout", type=float, default=0.6, help="seconds of silence that mean the peer died")
+    snd, rcv = sub.choices["send"], sub.choices["receive"]
+    snd.add_argument("--connect", required=True, help="the receiving end's address (IP or host name)")
+    snd.add_argument("--wait-for-producer", type=float, default=10.0)
+    snd.add_argument("--connect-timeout", type=float, default=10.0)
+    snd.add_argument("--staging", choices=["auto", "always", "never"], default="auto",
+                     help="copy GPU frames through a buffer of this process's own before sending: when NIXL cannot "
+                          "register ring A's memory (auto), always, or never")
+    snd.add_argument("--expect", choices=["gpu-direct", "any"], default="any",
+                     help="gpu-direct: fail (exit 3) when GPU frames went over TCP instead of CUDA IPC or RDMA")
+    rcv.add_argument("--slots", type=int, default=None, help="slots of the ring made (default: as the sender's)")
+    rcv.add_argument("--sync", default=None, choices=list(CPU_STRATEGIES))
+    rcv.add_argument("--consumers", type=int, default=1, help="consumers to admit before the first frame")
+    rcv.add_argument("--wait-for-sender", type=float, default=60.0)
+    rcv.add_argument("--wait-for-consumers", type=float, default=60.0)
+    rcv.add_argument("--stall-timeout", type=float, default=30.0,
+                     help="seconds the ring's consumers may hold a slot before the bridge gives up")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: one JSON summary line on stdout, progress and errors on stderr. Exit 0: the end of the stream
+    passed; 1: a failure (the message says which end and why); 2: NIXL missing or bad arguments; 3: ``--expect
+    gpu-direct`` and the frames went over something else."""
+    args = _parser().parse_args(argv)
+    tables = ProtocolTables()
+    try:
+        if args.side == "send":
+            tables.start()
+            try:
+                summary = send(args.socket, args.connect, args.port, args.name, args.backend, args.device,
+                               args.wait_for_producer, args.connect_timeout, args.peer_timeout, tables,
+                               args.staging)
+            finally:
+                tables.stop()
+            _log("send", f"UCX transports of the frame writes: {summary['transport']}")
+            if summary["transport_warning"]:
+                _log("send", f"WARNING: {summary['transport_warning']}")
+        else:
+            summary = receive(args.socket, args.port, args.name, args.backend, args.device, args.slots, args.sync,
+                              args.consumers, args.wait_for_sender, args.wait_for_consumers, args.peer_timeout,
+                              args.stall_timeout)
+    except NixlMissing as e:
+        _log(args.side, str(e))
+        return 2
+    except Exception as e:  # the command's boundary: every failure is reported the same way
+        _log(args.side, f"error: {type(e).__name__}: {e}")
+        print(json.dumps({"side": args.side, "outcome": "error", "error": f"{type(e).__name__}: {e}"}), flush=True)
+        if ABANDONED:
+            # Not closed: the ring's consumers get ProducerGone from this process's end, not EndOfStream.
+            sys.stderr.flush()
+            os._exit(1)
+        return 1
+    print(json.dumps({"side": args.side, **summary}), flush=True)
+    if args.side == "send" and args.expect == "gpu-direct" and summary["transport_warning"]:
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
