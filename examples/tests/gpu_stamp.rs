@@ -132,6 +132,31 @@ fn a_persistent_consumer_reads_a_stream_to_its_end_and_leaves_when_its_producer_
     }
 }
 
+/// A ring of 256 slots (control-block layout 2): the persistent kernel finds its counters through the descriptor's
+/// 8-byte strides, and reads every frame intact to the end of the stream.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_persistent_consumer_reads_a_256_slot_ring() {
+    if let Err(why) = mps() {
+        println!("persistent consumer, 256 slots: skipped (needs MPS: {why})");
+        return;
+    }
+    for backend in BACKENDS {
+        for sync in GPU_SIDE {
+            let sock = socket(&format!("persistent-deep-{backend}-{sync}"));
+            let p = small_producer(backend, sync, &sock, 3000, 256);
+            let c = persistent_consumer(backend, &sock, 3000);
+            let (ps, _, pj) = p.finish(Duration::from_secs(120));
+            let (cs, _, cj) = c.finish(Duration::from_secs(30));
+            assert!(ps.success() && cs.success(), "{backend}/{sync}: producer {ps} {pj}, consumer {cs} {cj}");
+            assert_eq!(pj["slots"], 256, "{pj}");
+            assert_eq!(cj["frames"], 3000, "{backend}/{sync}: {cj}");
+            assert_eq!(cj["mismatched_words"], 0, "{backend}/{sync}: {cj}");
+            assert_eq!(cj["persistent"]["outcome"], "done", "{backend}/{sync}: {cj}");
+        }
+    }
+}
+
 /// A one-slot ring of small frames: the producer may write frame s + 1 only once the persistent kernel released
 /// frame s, so each frame costs one round trip (producer publish, kernel sees it, kernel releases, producer sees
 /// that) plus a small fill and check. Prints the figure; asserts only that every frame arrived intact.
