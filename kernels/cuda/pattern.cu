@@ -175,28 +175,35 @@ extern "C" __global__ void gpu_ipc_verify_pattern(const unsigned int* src, unsig
     gpu_ipc_count_mismatches(src, n_words, seq, mismatches);
 }
 
-// As gpu_ipc_verify_pattern, behind the frame's stamp: thread 0 of each block first reads *stamp (the ring's
-// published[slot], registered host memory) with ld.acquire.sys; when (*stamp & (POISON - 1)) != stamp_expected (the
-// stamp rule: stamp_expected is the frame's own sequence + 1, which may differ from the pattern's `seq`, as for a
-// transformed frame), the block touches no word of the frame, and block 0 adds 1 to *skipped. Every frame is
-// counted once: as skipped (by block 0), or by its mismatched words. The stamp only goes from "not this frame" to
-// "this frame" when the producer publishes it, after its words are written, so a block that sees it valid reads the
-// finished frame (a block that saw it not yet valid skipped its part: never a false mismatch).
+// The frame's stamp, read once: thread 0 loads *stamp (the ring's published[slot], registered host memory) with
+// ld.acquire.sys and stores into *valid (device memory) 1 when (*stamp & (POISON - 1)) == stamp_expected (the stamp
+// rule: stamp_expected is the frame's own sequence + 1, which may differ from the pattern's `seq`, as for a
+// transformed frame), else 0, adding 1 to *skipped. Launch it with one thread, then gpu_ipc_verify_stamped on the
+// same stream: the stream orders every read of the frame after this acquire. One read of host memory per frame:
+// a read in each block of the check (one per block, over PCIe, at a thousand blocks) made a 4K frame's check
+// milliseconds long.
+extern "C" __global__ void gpu_ipc_check_stamp(const unsigned long long* stamp, unsigned long long stamp_expected,
+                                               unsigned long long* valid, unsigned long long* skipped)
+{
+    if (threadIdx.x != 0 || blockIdx.x != 0) {
+        return;
+    }
+    const bool ok = gpu_ipc_ring_frame_valid(gpu_ipc_ring_load_acquire(stamp), stamp_expected - 1ull);
+    *valid = ok ? 1ull : 0ull;
+    if (!ok) {
+        atomicAdd(skipped, 1ull);
+    }
+}
+
+// As gpu_ipc_verify_pattern when *valid (written by gpu_ipc_check_stamp, earlier on the same stream) is non-zero;
+// otherwise no word of the frame is read. Every frame is counted once: as skipped (by gpu_ipc_check_stamp), or by its
+// mismatched words. The stamp only goes from "not this frame" to "this frame" when the producer publishes it, after
+// its words are written, so a frame seen valid is read finished.
 extern "C" __global__ void gpu_ipc_verify_stamped(const unsigned int* src, unsigned long long n_words,
                                                   unsigned long long seq, unsigned long long* mismatches,
-                                                  const unsigned long long* stamp,
-                                                  unsigned long long stamp_expected, unsigned long long* skipped)
+                                                  const unsigned long long* valid)
 {
-    __shared__ int valid;
-    if (threadIdx.x == 0) {
-        valid = gpu_ipc_ring_frame_valid(gpu_ipc_ring_load_acquire(stamp), stamp_expected - 1ull) ? 1 : 0;
-        if (!valid && blockIdx.x == 0) {
-            atomicAdd(skipped, 1ull);
-        }
-    }
-    // The barrier orders this block's reads of the frame after thread 0's acquire.
-    __syncthreads();
-    if (!valid) {
+    if (*valid == 0ull) {
         return;
     }
     gpu_ipc_count_mismatches(src, n_words, seq, mismatches);

@@ -6,7 +6,7 @@ use ipc_core::driver::{
 };
 
 use crate::image::{self, ComputeCapability, KernelImage, NoImageForDevice};
-use crate::{FILL_PATTERN, VERIFY_PATTERN, VERIFY_STAMPED, XOR_WORDS};
+use crate::{CHECK_STAMP, FILL_PATTERN, VERIFY_PATTERN, VERIFY_STAMPED, XOR_WORDS};
 
 /// Why the kernels could not be loaded or launched.
 #[derive(Debug, thiserror::Error)]
@@ -99,9 +99,12 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
 pub struct PatternKernels {
     fill: Function,
     verify: Function,
+    check_stamp: Function,
     verify_stamped: Function,
     xor: Function,
     counter: DeviceBuffer,
+    /// Whether the frame being checked is its producer's: written by `check_stamp`, read by `verify_stamped`.
+    stamp_valid: DeviceBuffer,
     image: &'static KernelImage,
     max_blocks: u32,
 }
@@ -140,9 +143,11 @@ impl PatternKernels {
         Ok(Self {
             fill: module.function(FILL_PATTERN)?,
             verify: module.function(VERIFY_PATTERN)?,
+            check_stamp: module.function(CHECK_STAMP)?,
             verify_stamped: module.function(VERIFY_STAMPED)?,
             xor: module.function(XOR_WORDS)?,
             counter: DeviceBuffer::alloc(ctx, 8)?,
+            stamp_valid: DeviceBuffer::alloc(ctx, 8)?,
             image,
             // Enough resident blocks to saturate memory bandwidth; the kernels loop over the rest.
             max_blocks: sms * 8,
@@ -201,9 +206,11 @@ impl PatternKernels {
     }
 
     /// As [`PatternKernels::verify`], behind the frame's [`Stamp`]. When its word does not say the frame is the
-    /// producer's (a dead producer's poison released the stream's wait for a frame it never wrote), the kernel
-    /// reads no word of the frame and adds 1 to the 64-bit counter at the start of `skipped` instead; either counter
-    /// is read after the stream is done.
+    /// producer's (a dead producer's poison released the stream's wait for a frame it never wrote), no word of the
+    /// frame is read and 1 is added to the 64-bit counter at the start of `skipped` instead; either counter is read
+    /// after the stream is done. Two launches: a one-thread kernel reads the stamp once (host memory, over the bus)
+    /// into a word of this object's device memory, then the check reads that word. So calls on two streams at once
+    /// need two `PatternKernels`.
     ///
     /// # Errors
     /// A frame length that is not a multiple of 4, a stamp or counter span shorter than 8 bytes, or the launch error.
@@ -218,6 +225,12 @@ impl PatternKernels {
     ) -> Result<(), KernelError> {
         let (config, words) = self.config(frame.len())?;
         let (word, mismatches, skipped) = (stamp.word.slice(0, 8)?, mismatches.slice(0, 8)?, skipped.slice(0, 8)?);
+        let valid = self.stamp_valid.span();
+        self.check_stamp.launch_typed(
+            stream,
+            LaunchConfig::linear(1, 32),
+            &[KernelArg::Span(word), KernelArg::U64(stamp.expected), KernelArg::Span(valid), KernelArg::Span(skipped)],
+        )?;
         self.verify_stamped.launch_typed(
             stream,
             config,
@@ -226,9 +239,7 @@ impl PatternKernels {
                 KernelArg::U64(words),
                 KernelArg::U64(seq),
                 KernelArg::Span(mismatches),
-                KernelArg::Span(word),
-                KernelArg::U64(stamp.expected),
-                KernelArg::Span(skipped),
+                KernelArg::Span(valid),
             ],
         )?;
         Ok(())

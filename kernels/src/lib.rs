@@ -42,11 +42,15 @@ pub const VERIFY_PATTERN: &str = "gpu_ipc_verify_pattern";
 /// transform. A pattern frame so transformed is the pattern frame of [`pattern::xor_sequence`]`(seq, mask)`.
 pub const XOR_WORDS: &str = "gpu_ipc_xor_words";
 
+/// `gpu_ipc_check_stamp(const unsigned long long* stamp, unsigned long long stamp_expected, unsigned long long* valid,
+/// unsigned long long* skipped)`: one thread reads the frame's stamp (`ipc_core::frames::Frame::stamp`) once and
+/// stores into `*valid` (device memory) whether `(*stamp & (POISON - 1)) == stamp_expected` (the stamp rule of
+/// docs/ring.md), adding 1 to `*skipped` when not.
+pub const CHECK_STAMP: &str = "gpu_ipc_check_stamp";
+
 /// `gpu_ipc_verify_stamped(const unsigned int* src, unsigned long long n_words, unsigned long long seq,
-/// unsigned long long* mismatches, const unsigned long long* stamp, unsigned long long stamp_expected,
-/// unsigned long long* skipped)`: as [`VERIFY_PATTERN`], behind the frame's stamp (`ipc_core::frames::Frame::stamp`):
-/// when `(*stamp & (POISON - 1)) != stamp_expected` (the stamp rule of docs/ring.md) no word of the frame is read
-/// and `*skipped` grows by 1 instead.
+/// unsigned long long* mismatches, const unsigned long long* valid)`: as [`VERIFY_PATTERN`] when `*valid` (written by
+/// [`CHECK_STAMP`] earlier on the same stream) is non-zero; no word of the frame is read otherwise.
 pub const VERIFY_STAMPED: &str = "gpu_ipc_verify_stamped";
 
 /// `gpu_ipc_persistent_verify(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
@@ -55,7 +59,8 @@ pub const VERIFY_STAMPED: &str = "gpu_ipc_verify_stamped";
 pub const PERSISTENT_VERIFY: &str = "gpu_ipc_persistent_verify";
 
 /// The frame-pattern kernels; [`probe::kernel_names`] lists the probes' kernels.
-pub const KERNELS: [&str; 5] = [FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS, VERIFY_STAMPED, PERSISTENT_VERIFY];
+pub const KERNELS: [&str; 6] =
+    [FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS, CHECK_STAMP, VERIFY_STAMPED, PERSISTENT_VERIFY];
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
