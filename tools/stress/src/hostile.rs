@@ -117,9 +117,14 @@ pub fn wrong_header(path: &Path) -> Verdict {
     all(vec![
         ("magic", send_then_hang_up(path, &patched_hello(|b| b[0] ^= 0xff), Vec::new())),
         (
-            // Versions 1 and 2 are spoken: 3 is the first this build does not.
-            "version 3",
-            send_then_hang_up(path, &patched_hello(|b| b[8..10].copy_from_slice(&3u16.to_le_bytes())), Vec::new()),
+            // Every version up to PROTOCOL_VERSION is spoken: the next one is the first this build does not (a
+            // spoken one is a real consumer, which holds the ring back until it reads or leaves).
+            "the first unspoken version",
+            send_then_hang_up(
+                path,
+                &patched_hello(|b| b[8..10].copy_from_slice(&(PROTOCOL_VERSION + 1).to_le_bytes())),
+                Vec::new(),
+            ),
         ),
         (
             "type 99",
