@@ -12,6 +12,7 @@ pub mod report;
 pub mod selftest;
 pub mod socket;
 pub mod system;
+pub mod transport;
 
 use std::io::IsTerminal;
 use std::time::Duration;

@@ -299,6 +299,7 @@ fn system_rows(system: &SystemReport) -> Vec<(&'static str, String)> {
                 if nodes.is_empty() { "no /dev/nvidia* nodes".to_owned() } else { nodes.join(" ") }
             }),
         ),
+        ("to other machines", crate::transport::describe(&system.transport)),
     ]
 }
 

@@ -151,6 +151,7 @@ pub fn findings(report: &DoctorReport) -> Vec<Finding> {
         device_findings(report, device, &mut found);
     }
     system_findings(report, &mut found);
+    found.extend(crate::transport::findings(&report.system.transport));
     // A stable sort keeps driver, then device, then system order within one severity.
     found.sort_by_key(|finding| std::cmp::Reverse(finding.severity));
     found
@@ -533,6 +534,12 @@ pub(crate) fn sample_report() -> DoctorReport {
             open: true,
             description: "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build".to_owned(),
         }),
+        transport: crate::transport::NetworkTransport {
+            rdma_devices: Fact::Known(Vec::new()),
+            gpudirect_rdma: Fact::Known(false),
+            ucx_tls: None,
+            ucx_net_devices: None,
+        },
         device_nodes: Fact::Known(vec![
             "nvidia-uvm".to_owned(),
             "nvidia0".to_owned(),

@@ -11,6 +11,8 @@ use harness::fact::Fact;
 use harness::mps::{MpsStatus, probe_mps};
 use serde::{Deserialize, Serialize};
 
+use crate::transport::NetworkTransport;
+
 /// Inode of the initial PID namespace (`PROC_PID_INIT_INO` in the kernel's `proc_ns.h`, fixed since Linux 3.8).
 pub const INITIAL_PID_NAMESPACE_INODE: u64 = 0xEFFF_FFFC;
 
@@ -37,10 +39,14 @@ pub struct SystemRoot {
     pub mps_pipe_directory: PathBuf,
     /// Whether `mps_pipe_directory` came from `CUDA_MPS_PIPE_DIRECTORY`.
     pub mps_pipe_directory_from_env: bool,
+    /// The sysfs mount, normally `/sys` (RDMA devices).
+    pub sys_dir: PathBuf,
+    /// `UCX_TLS` and `UCX_NET_DEVICES` of the environment, if set.
+    pub ucx_env: (Option<String>, Option<String>),
 }
 
 impl SystemRoot {
-    /// The real machine: `/proc`, `/dev`, `/dev/shm`, `/`, and the process environment.
+    /// The real machine: `/proc`, `/dev`, `/dev/shm`, `/sys`, `/`, and the process environment.
     pub fn real() -> Self {
         let (mps_pipe_directory, mps_pipe_directory_from_env) = harness::mps::pipe_directory();
         Self {
@@ -51,10 +57,12 @@ impl SystemRoot {
             container_env: std::env::var("container").ok().filter(|value| !value.is_empty()),
             mps_pipe_directory,
             mps_pipe_directory_from_env,
+            sys_dir: PathBuf::from("/sys"),
+            ucx_env: (std::env::var("UCX_TLS").ok(), std::env::var("UCX_NET_DEVICES").ok()),
         }
     }
 
-    /// A fake machine whose `/proc`, `/dev`, `/dev/shm`, `/` and `/tmp/nvidia-mps` all lie under `root`, with no
+    /// A fake machine whose `/proc`, `/dev`, `/dev/shm`, `/sys`, `/` and `/tmp/nvidia-mps` all lie under `root`, with no
     /// environment variables set.
     #[cfg(test)]
     pub fn under(root: &Path) -> Self {
@@ -66,6 +74,8 @@ impl SystemRoot {
             container_env: None,
             mps_pipe_directory: root.join("tmp/nvidia-mps"),
             mps_pipe_directory_from_env: false,
+            sys_dir: root.join("sys"),
+            ucx_env: (None, None),
         }
     }
 }
@@ -100,6 +110,10 @@ pub struct SystemReport {
     pub nvidia_kernel_module: Fact<NvidiaKernelModule>,
     /// Names of the `/dev/nvidia*` device nodes (e.g. `nvidia0`, `nvidiactl`, `nvidia-uvm`), sorted.
     pub device_nodes: Fact<Vec<String>>,
+    /// What a ring bridged to another machine over NIXL (UCX) could move its frames with (absent from reports
+    /// written before it was collected).
+    #[serde(default)]
+    pub transport: NetworkTransport,
 }
 
 /// A Linux namespace this process is in.
@@ -156,6 +170,12 @@ pub fn collect(root: &SystemRoot) -> SystemReport {
         mps: probe_mps(&root.proc_dir, &root.mps_pipe_directory, root.mps_pipe_directory_from_env),
         nvidia_kernel_module: probe_nvidia_kernel_module(&root.proc_dir),
         device_nodes: probe_device_nodes(&root.dev_dir),
+        transport: crate::transport::probe(
+            &root.sys_dir,
+            &root.proc_dir,
+            root.ucx_env.0.clone(),
+            root.ucx_env.1.clone(),
+        ),
     };
     tracing::debug!(?report, "system probes done");
     report

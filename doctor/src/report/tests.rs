@@ -23,9 +23,12 @@ fn healthy() -> DoctorReport {
 }
 
 #[test]
-fn healthy_machine_only_has_the_mps_note_and_passes() {
+fn healthy_machine_only_has_the_mps_and_rdma_notes_and_passes() {
     let report = healthy();
-    assert_eq!(ids(&report), vec![("mps-inactive".to_owned(), Severity::Info)]);
+    assert_eq!(
+        ids(&report),
+        vec![("mps-inactive".to_owned(), Severity::Info), ("no-rdma-device".to_owned(), Severity::Info)]
+    );
     assert_eq!(overall(&report, &findings(&report)), Overall::Pass);
 }
 
@@ -132,7 +135,7 @@ fn findings_are_sorted_most_severe_first() {
     report.devices[0].ipc_events = Some(false);
     report.devices[1].compute_mode = ComputeMode::Prohibited;
     let severities: Vec<Severity> = findings(&report).into_iter().map(|f| f.severity).collect();
-    assert_eq!(severities, vec![Severity::Fail, Severity::Warn, Severity::Info, Severity::Info]);
+    assert_eq!(severities, vec![Severity::Fail, Severity::Warn, Severity::Info, Severity::Info, Severity::Info]);
 }
 
 #[test]
