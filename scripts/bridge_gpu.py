@@ -2,13 +2,14 @@
 
     python scripts/bridge_gpu.py run OUT_DIR [--host]      every row, then OUT_DIR/bridge.md and bridge.json
     python scripts/bridge_gpu.py produce SOCK BACKEND FRAMES CONSUMERS    (one end, for `run`)
-    python scripts/bridge_gpu.py consume SOCK BACKEND NAME
+    python scripts/bridge_gpu.py consume SOCK BACKEND NAME [--device N]
 
 Rows, 4K RGB frames (64x32 with --host, the host backend and NumPy: a dry run of the harness without a GPU):
   ring      a torch producer -> ring A -> two torch consumers (the plain one-machine ring)
   bridge    a torch producer -> ring A -> `gpu_ipc.bridge send` -> NIXL -> `gpu_ipc.bridge receive` -> ring B -> two
             torch consumers, with UCX's default transports and with UCX_TLS=tcp,cuda_copy (a node boundary without
-            RDMA), for each backend in BACKENDS
+            RDMA), for each backend in BACKENDS; on a machine with two GPUs, the same again with ring B (the
+            receiving end and its consumers) on the second GPU (BRIDGE_CROSS_ONLY=1: only those rows, no kills)
 Every consumer checks every word of every frame on the GPU (scripts/python_gpu_ends.py's checks) and notes when it
 was done with each (time.monotonic: one clock for the processes of a machine); the producer notes each publish.
 Latency: A's publish to the later of the two consumers' done, p50 / p99 past a warm-up; FPS: frames over the consumers' span.
@@ -37,6 +38,8 @@ if "--host" in sys.argv:
     os.environ["PY_GPU_HOST_DRY_RUN"] = "1"
 
 KILLS = int(os.environ.get("BRIDGE_KILLS", "10"))
+# BRIDGE_CROSS_ONLY=1: only the rows with ring B on the second GPU (a machine with two), no kill trials.
+CROSS_ONLY = os.environ.get("BRIDGE_CROSS_ONLY") == "1"
 BACKENDS = os.environ.get("BRIDGE_BACKENDS", "legacy,vmm").split(",")
 SLOTS = 4
 WARMUP = 3 * SLOTS  # frames left out of the latency percentiles
@@ -77,15 +80,19 @@ def produce(sock: str, backend: str, frames: int, consumers: int) -> dict[str, A
     return {"role": "producer", "frames": frames, "published": published}
 
 
-def consume(sock: str, backend: str, name: str) -> dict[str, Any]:
+def consume(sock: str, backend: str, name: str, device: int = 0) -> dict[str, Any]:
     import gpu_ipc
     from python_gpu_ends import CHECKS
 
+    if device != 0:
+        import torch
+
+        torch.cuda.set_device(device)  # the check's stream and tensors on the ring's GPU
     check = CHECKS["numpy" if backend == "host" else "torch"](0)
     done: list[float] = []
     published = -1
     with check.context, gpu_ipc.Consumer(sock, backend=backend, name=name, wait_for_producer=60,
-                                         timeout=60) as consumer:
+                                         timeout=60, device=device) as consumer:
         while True:
             try:
                 frame = consumer.next_frame(timeout=30, stream=check.stream)
@@ -122,22 +129,35 @@ def finish(p: subprocess.Popen[str], log: Any, timeout: float) -> tuple[int, dic
     return p.returncode, last_json(out) or {}
 
 
+def gpu_count() -> int:
+    """GPUs this machine shows (0 when torch cannot tell)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except (ImportError, RuntimeError):
+        return 0
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def row(kind: str, backend: str, frames: int, ucx_env: dict[str, str], log: Any) -> dict[str, Any]:
-    """One measured row: the plain ring or the bridge, two checking consumers."""
+def row(kind: str, backend: str, frames: int, ucx_env: dict[str, str], log: Any, device_b: int = 0) -> dict[str, Any]:
+    """One measured row: the plain ring or the bridge, two checking consumers; ring B (the receiving end and its
+    consumers) on GPU `device_b`, ring A on GPU 0."""
     me = [sys.executable, str(Path(__file__))]
     host = ["--host"] if backend == "host" else []
     tmp = tempfile.mkdtemp(prefix="gi-br-", dir="/tmp")
     a, b = f"{tmp}/a.sock", f"{tmp}/b.sock"
     port = 5600 + (os.getpid() + int(time.monotonic() * 1000)) % 300
-    label = f"{kind} {backend}" + (f" UCX_TLS={ucx_env['UCX_TLS']}" if ucx_env else "")
+    label = (f"{kind} {backend}" + (f" UCX_TLS={ucx_env['UCX_TLS']}" if ucx_env else "")
+             + (f", ring B on GPU {device_b}" if device_b else ""))
     log.write(f"\n=== {label}\n")
     procs: dict[str, subprocess.Popen[str]] = {}
-    r: dict[str, Any] = {"row": label, "kind": kind, "backend": backend, "ucx_tls": ucx_env.get("UCX_TLS", "default")}
+    r: dict[str, Any] = {"row": label, "kind": kind, "backend": backend, "ucx_tls": ucx_env.get("UCX_TLS", "default"),
+                         "device_b": device_b}
     try:
         if kind == "ring":
             procs["producer"] = spawn([*me, "produce", a, backend, str(frames), "2", *host], log)
@@ -145,12 +165,14 @@ def row(kind: str, backend: str, frames: int, ucx_env: dict[str, str], log: Any)
         else:
             procs["producer"] = spawn([*me, "produce", a, backend, str(frames), "1", *host], log)
             procs["receive"] = spawn([sys.executable, "-m", "gpu_ipc.bridge", "receive", "--socket", b, "--port",
-                                      str(port), "--backend", backend, "--consumers", "2"], log, ucx_env)
+                                      str(port), "--backend", backend, "--consumers", "2", "--device",
+                                      str(device_b)], log, ucx_env)
             procs["send"] = spawn([sys.executable, "-m", "gpu_ipc.bridge", "send", "--socket", a, "--connect",
                                    "127.0.0.1", "--port", str(port), "--backend", backend], log, ucx_env)
             read_sock = b
         for n in ("c1", "c2"):
-            procs[n] = spawn([*me, "consume", read_sock, backend, n, *host], log)
+            on = ["--device", str(device_b)] if kind == "bridge" and device_b else []
+            procs[n] = spawn([*me, "consume", read_sock, backend, n, *on, *host], log)
         results = {n: finish(p, log, 60) for n, p in procs.items()}
     finally:
         for p in procs.values():
@@ -283,13 +305,18 @@ def run(out: Path, host: bool) -> int:
     kills: list[dict[str, Any]] = []
     with open(out / "bridge.log", "w") as log:
         for backend in backends:
-            rows.append(row("ring", backend, frames, {}, log))
-            rows.append(row("bridge", backend, frames, {}, log))
-            rows.append(row("bridge", backend, tcp_frames, {"UCX_TLS": "tcp,cuda_copy"}, log))
+            if not CROSS_ONLY:
+                rows.append(row("ring", backend, frames, {}, log))
+                rows.append(row("bridge", backend, frames, {}, log))
+                rows.append(row("bridge", backend, tcp_frames, {"UCX_TLS": "tcp,cuda_copy"}, log))
+            if not host and gpu_count() > 1:  # ring B on the second GPU
+                rows.append(row("bridge", backend, frames, {}, log, device_b=1))
+                rows.append(row("bridge", backend, tcp_frames, {"UCX_TLS": "tcp,cuda_copy"}, log, device_b=1))
+            mine = [r for r in rows if r["backend"] == backend]
             print(f"bridge-gpu: {backend}: " + "; ".join(f"{r['row']}: {'ok' if r['ok'] else 'FAILED'}"
-                                                       for r in rows[-3:]), file=sys.stderr, flush=True)
+                                                       for r in mine), file=sys.stderr, flush=True)
         for victim in ("send", "receive"):
-            for _ in range(KILLS):
+            for _ in range(0 if CROSS_ONLY else KILLS):
                 kills.append(kill_trial(victim, backends[0], log))
         print(f"bridge-gpu: kill trials: {sum(k['ok'] for k in kills)}/{len(kills)} ok", file=sys.stderr, flush=True)
     env = environment()
@@ -311,7 +338,8 @@ def main() -> int:
     if args[0] == "produce":
         result = produce(args[1], args[2], int(args[3]), int(args[4]))
     elif args[0] == "consume":
-        result = consume(args[1], args[2], args[3])
+        device = int(args[args.index("--device") + 1]) if "--device" in args else 0
+        result = consume(args[1], args[2], args[3], device)
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -149,7 +149,7 @@ class TorchCheck(Check):
         self.torch = torch
         # One counter per frame, room for the frames a GPU-side wait queues past the end of the stream.
         self.pattern = Pattern(frames=frames + 4096)
-        self.stream = torch.cuda.Stream(torch.device("cuda:0"))
+        self.stream = torch.cuda.Stream()  # on the current device (torch.cuda.set_device)
         self.context = torch.cuda.stream(self.stream)
 
     def keep(self, frame: Any) -> Any:
