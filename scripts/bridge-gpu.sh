@@ -29,11 +29,7 @@ export GPU_IPC_EXAMPLES_DIR="${GPU_IPC_EXAMPLES_DIR:-$ROOT/stage/bin}"
 
 WORK="$(mktemp -d /tmp/gpu-ipc-bridge-XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
-"$PYTHON" -m venv --system-site-packages "$WORK/venv" || exit 2
-# As in scripts/python-gpu.sh: the machine's python3 is itself a venv; let the new one see its site-packages.
-VENV_SITE="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-"$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' >"$VENV_SITE/gpu-ipc-parent-site.pth" || exit 2
-"$WORK/venv/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps "$WHEEL" || exit 2
+PYTHON="$PYTHON" wheel_venv "$WORK/venv" "$WHEEL" || exit 2
 mkdir -p "$WORK/nixl"
 tar -C "$WORK/nixl" -xJf stage/nixl.tar.xz || exit 2
 VPY="$WORK/venv/bin/python"

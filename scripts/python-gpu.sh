@@ -40,12 +40,7 @@ rm -f "$OUT"/python-package.* "$OUT"/readme-example.*
 
 WORK="$(mktemp -d /tmp/gpu-ipc-pygpu-XXXXXX)"
 trap 'mps_stop; rm -rf "$WORK"' EXIT
-"$PYTHON" -m venv --system-site-packages "$WORK/venv" || exit 2
-# When $PYTHON is itself a virtual environment (the GPU machine's python3 is /opt/torch/.venv), the new venv's
-# "system" is the base interpreter, without torch: let it also see the calling interpreter's site-packages.
-VENV_SITE="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-"$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' >"$VENV_SITE/gpu-ipc-parent-site.pth" || exit 2
-"$WORK/venv/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps "$WHEEL" || exit 2
+PYTHON="$PYTHON" wheel_venv "$WORK/venv" "$WHEEL" || exit 2
 VPY="$WORK/venv/bin/python"
 echo "python-gpu: $(basename "$WHEEL") in $WORK/venv; results in $OUT" >&2
 

@@ -7,3 +7,14 @@ unpack_stage() {
         tar -C "$root/stage/bin" -xJf "$root/stage/bin.tar.xz"
     fi
 }
+
+# A venv at $1 that sees the calling interpreter's packages (the GPU machine's torch, CuPy, JAX: its python3 is
+# itself a venv, so --system-site-packages alone would see only the base interpreter's), with the staged wheel $2
+# installed from the file (nothing is downloaded). The interpreter is $PYTHON (default python3). Non-zero on failure.
+wheel_venv() {
+    local venv="$1" wheel="$2" python="${PYTHON:-python3}" site
+    "$python" -m venv --system-site-packages "$venv" || return 1
+    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || return 1
+    "$python" -c 'import site; print("\n".join(site.getsitepackages()))' >"$site/gpu-ipc-parent-site.pth" || return 1
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps "$wheel"
+}

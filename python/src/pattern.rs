@@ -198,11 +198,25 @@ impl Pattern {
         })
     }
 
-    /// The host memory of `view` (host backend), or `None` for device memory.
-    fn host(view: &View) -> Option<HostRegion> {
+    /// What `fill` and `verify` start from: the target, the sequence whose pattern to use, its memory now, and the
+    /// stream asked for.
+    fn prepare<'py>(
+        target: &Bound<'py, PyAny>,
+        seq: Option<u64>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(Target<'py>, u64, View, Option<u64>)> {
+        let raw = stream_handle(stream)?;
+        let target = Target::of(target)?;
+        let seq = target.seq(seq)?;
+        let view = target.memory().view()?;
+        Ok((target, seq, view, raw))
+    }
+
+    /// The host memory of `view` (host backend) and its length in words, or `None` for device memory.
+    fn host(view: &View) -> PyResult<Option<(HostRegion, usize)>> {
         match &view.memory {
-            Memory::Host(region) => Some(region.clone()),
-            _ => None,
+            Memory::Host(region) => Ok(Some((region.clone(), words(view.layout.span_bytes)?))),
+            _ => Ok(None),
         }
     }
 }
@@ -246,12 +260,8 @@ impl Pattern {
         seq: Option<u64>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let raw = stream_handle(stream)?;
-        let target = Target::of(target)?;
-        let seq = target.seq(seq)?;
-        let view = target.memory().view()?;
-        if let Some(region) = Self::host(&view) {
-            let n = words(view.layout.span_bytes)?;
+        let (target, seq, view, raw) = Self::prepare(target, seq, stream)?;
+        if let Some((region, n)) = Self::host(&view)? {
             let bytes: Vec<u8> = (0..n as u64).flat_map(|i| pattern_word(seq, i).to_le_bytes()).collect();
             return py
                 .detach(|| region.write(DevicePtr(view.ptr), &bytes))
@@ -272,13 +282,9 @@ impl Pattern {
         seq: Option<u64>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let raw = stream_handle(stream)?;
-        let target = Target::of(target)?;
-        let seq = target.seq(seq)?;
+        let (target, seq, view, raw) = Self::prepare(target, seq, stream)?;
         let index = self.counter_index(target.own_seq().unwrap_or(seq))?;
-        let view = target.memory().view()?;
-        if let Some(region) = Self::host(&view) {
-            let n = words(view.layout.span_bytes)?;
+        if let Some((region, n)) = Self::host(&view)? {
             let mut bytes = vec![0u8; n * 4];
             let ptr = DevicePtr(view.ptr);
             py.detach(|| region.read(ptr, &mut bytes))
