@@ -110,6 +110,14 @@ use crate::ring::{WaitMode, bounded_wait};
 pub use consumer::{AttachOptions, Consumer, Frame, FrameStamp, RingDescriptor, STAMP_MASK};
 pub use error::FrameError;
 pub use producer::{Producer, ProducerConfig, SlotLease, SlowConsumerPolicy};
+/// How many frames a GPU-side end (gpu-stream-ops, gpu-poll) of a ring of `slots` slots may queue on its stream
+/// beyond what the stream has run (its run-ahead bound: twice the slots, at least 32). A producer killed with frames
+/// queued has told its consumers those frames were published (its count passed them as it queued them), though its
+/// stream never ran them: their stamps say so.
+pub const fn run_ahead_depth(slots: u32) -> usize {
+    run_ahead::depth_for(slots)
+}
+
 pub use stage::{DownstreamEmpty, Stage, StageConfig, StageError, StageIo, StageStep, WorkError};
 
 /// Polls `event` until it completes, `alive()` turns false ([`FrameError::PeerGone`]) or `deadline` passes

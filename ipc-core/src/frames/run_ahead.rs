@@ -41,8 +41,9 @@ const PROGRESS_OFFSET: u64 = 0;
 pub(crate) const MIN_DEPTH: usize = 32;
 
 /// The run-ahead bound of a side of a ring of `slots` slots.
-pub(crate) fn depth_for(slots: u32) -> usize {
-    (2 * slots as usize).max(MIN_DEPTH)
+pub(crate) const fn depth_for(slots: u32) -> usize {
+    let twice = 2 * slots as usize;
+    if twice > MIN_DEPTH { twice } else { MIN_DEPTH }
 }
 
 /// Before queueing frame `seq`, the CPU naps until frame `seq - depth` has gone through the stream, or the

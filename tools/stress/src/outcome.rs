@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use gpu_ipc::core::frames::run_ahead_depth;
 use serde::Serialize;
 
 use super::schedule::{Cell, KillPoint};
@@ -169,11 +170,14 @@ pub struct Trial {
     pub frames_skipped: u64,
 }
 
+/// Ring slots of the kill trials.
+pub const KILL_TRIAL_SLOTS: u32 = 2;
+
 /// Frames a GPU-side producer may have queued that its stream never ran before the kill: its run-ahead depth
-/// (ipc-core's frames layer: twice the slots, at least 32; the kill trials use 2 slots). The consumers are told such
-/// frames were published (the producer's host count passed them when it queued them), but their stamps say the
-/// device never wrote them, and a stamped consumer rightly skips them: measured on an H100, 1 or 2 per trial.
-pub const QUEUED_NEVER_RUN: u64 = 32;
+/// ([`run_ahead_depth`]). The consumers are told such frames were published (the producer's host count passed them
+/// when it queued them), but their stamps say the device never wrote them, and a stamped consumer rightly skips
+/// them: measured on an H100, 1 or 2 per trial.
+pub const QUEUED_NEVER_RUN: u64 = run_ahead_depth(KILL_TRIAL_SLOTS) as u64;
 
 /// Classifies a trial whose producer was killed: each consumer must exit with `ProducerGone` within `bound`.
 /// A consumer that checks frames behind their stamp (it reports `skipped_frames`: the GPU-side strategies) reads

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::hostile;
-use super::outcome::{Check, EXIT_EVICTED, ProcEnd, Status, Trial, TrialOutcome, consumer_killed, producer_killed};
+use super::outcome::{
+    Check, EXIT_EVICTED, KILL_TRIAL_SLOTS, ProcEnd, Status, Trial, TrialOutcome, consumer_killed, producer_killed,
+};
 use super::procs::{Bins, Child, ChildEnv, args, fd_count, fds_settle, finish_all, socket_path};
 use super::schedule::{Cell, KillPoint, Sizes, Victim};
 
@@ -338,7 +340,16 @@ pub fn kill_trial(ctx: &Ctx, cell: Cell, trial: u32, kill: KillPoint) -> Trial {
             &socket,
             cell.backend,
             cell.sync,
-            &["--slots", "2", "--consumers", "2", "--frames", &frames, "--progress-every", &every],
+            &[
+                "--slots",
+                &KILL_TRIAL_SLOTS.to_string(),
+                "--consumers",
+                "2",
+                "--frames",
+                &frames,
+                "--progress-every",
+                &every,
+            ],
         )?);
         for name in ["a", "b"] {
             children.push(ctx.consumer(
