@@ -2,7 +2,8 @@
 # Runs the whole GPU suite from what scripts/stage-gpu.sh staged, on a machine with an NVIDIA GPU and no Rust.
 #   scripts/gpu-suite.sh OUT_DIR
 # 1. every test of the workspace, GPU tests included (time-sliced GPU: no MPS);
-# 2. the frame-throughput test and examples/tests/gpu_stamp.rs (stamps after a producer kill, persistent kernels)
+# 2. the frame-throughput test, examples/tests/gpu_stamp.rs (stamps after a producer kill, persistent kernels) and
+#    examples/tests/gpu_device_producer.rs (persistent producers)
 #    again under a private MPS daemon (started here, stopped here);
 # 3. gpu-ipc doctor (text and --json);
 # 4. the research probes, a quick pass of each without and under a private MPS daemon (`gpu-ipc report --quick`,
@@ -52,7 +53,7 @@ TESTS_RC=${PIPESTATUS[0]}
 JUNIT=$(find "$ROOT/target" -path '*nextest/gpu/junit.xml' 2>/dev/null | head -1)
 [ -n "$JUNIT" ] && cp "$JUNIT" "$WORK/junit.xml"
 
-echo "gpu-suite: [2/6] frame throughput, stamps and persistent kernels (gpu_stamp) under a private MPS daemon" >&2
+echo "gpu-suite: [2/6] frame throughput, stamps and persistent kernels (gpu_stamp, gpu_device_producer) under a private MPS daemon" >&2
 # MPS_STATUS: passed | failed | skipped (no nvidia-cuda-mps-control, or the daemon would not start). A skipped MPS
 # pass is reported as skipped in summary.json and in the table, and fails the suite unless GPU_IPC_ALLOW_NO_MPS=1.
 MPS_RC=0
@@ -62,7 +63,7 @@ MPS_REASON=""
 . "$ROOT/scripts/mps.sh"
 if mps_start; then
     GPU_IPC_RESULTS_TAG=mps "${NEXTEST[@]}" --run-ignored only \
-        -E 'test(every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers) | binary(gpu_stamp)' 2>&1 |
+        -E 'test(every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers) | binary(gpu_stamp) | binary(gpu_device_producer)' 2>&1 |
         tee "$WORK/tests-mps.log"
     MPS_RC=${PIPESTATUS[0]}
     if [ "$MPS_RC" -eq 0 ]; then MPS_STATUS=passed; else MPS_STATUS=failed; fi

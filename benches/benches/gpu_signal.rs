@@ -14,7 +14,10 @@
 //!   which waits for each frame with `ld.acquire.sys` and releases it with `st.release.sys`. One iteration is one
 //!   round trip: this process's stream waits for the kernel's release of the previous frame, then publishes the
 //!   next; timed over the batch, ending with a stream sync. Under MPS only (without it the kernel and this
-//!   process's stream take turns on the GPU): it says NOT MEASURED otherwise.
+//!   process's stream take turns on the GPU): it says NOT MEASURED otherwise. `<strategy>-both-persistent`: the
+//!   same, with this process's frames published by a persistent kernel too (`gpu_ipc_persistent_fill`, launched
+//!   through `Producer::launch_on_ring`), so no stream and no CPU is on the path: one iteration is one frame of a
+//!   kernel launched for the whole batch, timed from its launch to its end.
 //! - `attach-<backend>/<strategy>`: `Consumer::attach` end to end (connect, handshake, control block, import of
 //!   a ring of two 4K RGB frames, the strategy's setup) against a helper producer that admits continuously; the
 //!   detach after each attach is not timed. After the measurement, 50 attaches and detaches are timed one by one.
@@ -37,6 +40,7 @@ use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 use gpu_ipc_benches::harness::{self, record_one_by_one};
 use gpu_ipc_benches::peer::{self, Helper, Role, STRATEGIES, WAIT, attach_retrying, flat_geometry, socket_path};
+use gpu_ipc_kernels::persistent::{PersistentFill, PersistentOutcome};
 
 /// Round trips timed one by one after criterion's measurement (after as many untimed).
 const ONE_BY_ONE_ROUND_TRIPS: usize = 10_000;
@@ -146,25 +150,38 @@ impl GpuBackendVisitor for RoundTrips<'_> {
     }
 }
 
-/// This process's end of the device API's round trip: its producer, then the helper whose kernel consumes.
+/// This process's end of the device API's round trip: its producer, then the helper whose kernel consumes; with
+/// `fill`, a persistent kernel publishes this side's frames too.
 struct PersistentPair<B: GpuBackend> {
     ping: Producer<B>,
     _helper: Helper,
     stream: Stream,
+    fill: Option<PersistentFill>,
 }
 
 impl<B: GpuBackend> PersistentPair<B> {
-    fn new(ctx: &Context, backend: BackendKind, sync: SyncStrategy) -> Result<Self, FrameError> {
-        let path = socket_path(&format!("persistent-{backend}-{sync}"));
+    fn new(ctx: &Context, backend: BackendKind, sync: SyncStrategy, both: bool) -> Result<Self, FrameError> {
+        let tag = if both { "both" } else { "one" };
+        let path = socket_path(&format!("persistent-{tag}-{backend}-{sync}"));
         let geometry = flat_geometry(256).map_err(FrameError::Config)?;
         let mut ping = Producer::<B>::create(ctx, ProducerConfig::new(&path, geometry, 1, sync))?;
         let role = Role::PersistentSink { backend, ping: path, device: harness::device_ordinal() };
         let helper = Helper::spawn(&format!("persistent sink {backend} {sync}"), &role).map_err(FrameError::Config)?;
         ping.wait_for_consumers(1, WAIT)?;
-        Ok(Self { ping, _helper: helper, stream: Stream::new(ctx)? })
+        let fill =
+            if both { Some(PersistentFill::load(ctx).map_err(|e| FrameError::Config(e.to_string()))?) } else { None };
+        Ok(Self { ping, _helper: helper, stream: Stream::new(ctx)?, fill })
     }
 
     fn batch(&mut self, iters: u64) -> Duration {
+        if let Some(fill) = &self.fill {
+            let started = Instant::now();
+            fill.launch(&mut self.ping, &self.stream, iters, WAIT).expect("launch the persistent producer");
+            let result = fill.finish(&mut self.ping, WAIT.saturating_mul(4)).expect("the persistent producer ends");
+            let elapsed = started.elapsed();
+            assert_eq!((result.frames, result.outcome), (iters, PersistentOutcome::Done), "{result:?}");
+            return elapsed;
+        }
         let stream = Some(&self.stream);
         let started = Instant::now();
         for _ in 0..iters {
@@ -192,14 +209,17 @@ impl GpuBackendVisitor for DeviceApiRoundTrips<'_> {
         }
         let mut group = self.c.benchmark_group(&group_name);
         for sync in [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll] {
-            let mut pair = match PersistentPair::<B>::new(self.ctx, self.backend, sync) {
-                Ok(pair) => pair,
-                Err(e) => {
-                    eprintln!("{group_name}/{sync}: NOT MEASURED: {e}");
-                    continue;
-                }
-            };
-            group.bench_function(sync.to_string(), |b| b.iter_custom(|iters| pair.batch(iters)));
+            for both in [false, true] {
+                let id = if both { format!("{sync}-both-persistent") } else { sync.to_string() };
+                let mut pair = match PersistentPair::<B>::new(self.ctx, self.backend, sync, both) {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        eprintln!("{group_name}/{id}: NOT MEASURED: {e}");
+                        continue;
+                    }
+                };
+                group.bench_function(id, |b| b.iter_custom(|iters| pair.batch(iters)));
+            }
         }
         group.finish();
     }

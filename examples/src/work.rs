@@ -7,7 +7,7 @@ use gpu_ipc::core::fake::{HostContext, HostFake};
 use gpu_ipc::core::frames::{Consumer, Frame, FrameError, Producer, SlotLease, StageIo};
 use gpu_ipc::kernels::launch::Stamp;
 use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_words_host};
-use gpu_ipc::kernels::persistent::{PersistentResult, PersistentVerify};
+use gpu_ipc::kernels::persistent::{PersistentFill, PersistentResult, PersistentVerify};
 
 use crate::{Gpu, device_free_bytes, kernel_error};
 
@@ -92,6 +92,25 @@ pub trait FrameWork<B: Backend>: Sized {
         frames: u64,
         per_frame: std::time::Duration,
     ) -> Result<PersistentResult, FrameError>;
+    /// Writes and publishes the producer's next `frames` frames in one persistent kernel on the ring's device API
+    /// (no launch and no CPU work per frame), waiting at most `per_frame` for each slot, and waits for it (bounded;
+    /// consumers that knock meanwhile are admitted).
+    ///
+    /// # Errors
+    /// A strategy other than gpu-stream-ops or gpu-poll, the host backend, a kernel or driver error.
+    fn run_persistent_fill(
+        &mut self,
+        producer: &mut Producer<B>,
+        frames: u64,
+        per_frame: std::time::Duration,
+    ) -> Result<PersistentResult, FrameError>;
+}
+
+/// How long to wait for a persistent kernel of `frames` frames, each allowed `per_frame` (it leaves sooner on its
+/// abort word).
+fn persistent_bound(frames: u64, per_frame: std::time::Duration) -> std::time::Duration {
+    let bound = per_frame.saturating_mul(u32::try_from(frames).unwrap_or(u32::MAX).saturating_add(1));
+    bound.saturating_add(std::time::Duration::from_secs(10))
 }
 
 /// The GPU's side: the pattern kernels on one stream; mismatches counted on the GPU, with the running total
@@ -195,9 +214,18 @@ impl<B: GpuBackend> FrameWork<B> for GpuWork {
     ) -> Result<PersistentResult, FrameError> {
         let kernel = PersistentVerify::load(&self.gpu.ctx).map_err(kernel_error)?;
         kernel.launch(consumer, &self.gpu.stream, frames, per_frame)?;
-        // Every frame may take up to `per_frame`; the kernel leaves sooner on the abort word.
-        let bound = per_frame.saturating_mul(u32::try_from(frames).unwrap_or(u32::MAX).saturating_add(1));
-        kernel.finish(consumer, bound.saturating_add(std::time::Duration::from_secs(10)))
+        kernel.finish(consumer, persistent_bound(frames, per_frame))
+    }
+
+    fn run_persistent_fill(
+        &mut self,
+        producer: &mut Producer<B>,
+        frames: u64,
+        per_frame: std::time::Duration,
+    ) -> Result<PersistentResult, FrameError> {
+        let kernel = PersistentFill::load(&self.gpu.ctx).map_err(kernel_error)?;
+        kernel.launch(producer, &self.gpu.stream, frames, per_frame)?;
+        kernel.finish(producer, persistent_bound(frames, per_frame))
     }
 }
 
@@ -268,6 +296,15 @@ impl FrameWork<HostFake> for HostWork {
     fn run_persistent(
         &mut self,
         _consumer: &mut Consumer<HostFake>,
+        _frames: u64,
+        _per_frame: std::time::Duration,
+    ) -> Result<PersistentResult, FrameError> {
+        Err(FrameError::Config("--persistent runs a kernel on the ring: it needs a GPU backend (legacy or vmm)".into()))
+    }
+
+    fn run_persistent_fill(
+        &mut self,
+        _producer: &mut Producer<HostFake>,
         _frames: u64,
         _per_frame: std::time::Duration,
     ) -> Result<PersistentResult, FrameError> {

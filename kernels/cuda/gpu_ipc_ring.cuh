@@ -22,8 +22,10 @@
 // strides come from the descriptor, never from constants here, so the functions work with every control-block
 // layout the Rust side describes.
 //
-// This first version is the consumer's side: wait for frame N, check it, release it. The producer's side (acquire a
-// slot once every live consumer released it, publish) stays on the host, which reads the consumer records.
+// Both sides: a consumer's kernel waits for frame N, checks it and releases it (gpu_ipc_ring_descriptor, from
+// `Consumer::launch_on_ring`); a producer's kernel waits until frame N's slot is free (every live consumer released
+// the frame it held, read from the consumer records as the host producer reads them) and publishes it
+// (gpu_ipc_ring_producer_descriptor, from `Producer::launch_on_ring`).
 //
 // Memory ordering: the rule `gpu-ipc probe coherency` established (docs/kernels.md): every counter another process
 // writes is read with ld.acquire.sys, every counter this kernel publishes is stored with st.release.sys, and every
@@ -45,6 +47,13 @@ typedef unsigned long long gpu_ipc_ring_u64;
 #define GPU_IPC_RING_POISON (1ull << 62)
 // The version of gpu_ipc_ring_descriptor (ipc_core::frames::RingDescriptor::VERSION).
 #define GPU_IPC_RING_DESCRIPTOR_VERSION 1ull
+// The version of gpu_ipc_ring_producer_descriptor (ipc_core::frames::ProducerRingDescriptor::VERSION).
+#define GPU_IPC_RING_PRODUCER_DESCRIPTOR_VERSION 1ull
+// A consumer record's state word is (epoch << 8) | state; the states a producer's kernel acts on
+// (ipc_core::ring::layout::ConsumerState).
+#define GPU_IPC_RING_STATE_MASK 0xffull
+#define GPU_IPC_RING_STATE_JOINING 1ull
+#define GPU_IPC_RING_STATE_LIVE 2ull
 // How many polls pass between two looks at the abort word (a look is a read over the bus).
 #define GPU_IPC_RING_ABORT_CHECK 1024u
 
@@ -184,6 +193,124 @@ static __device__ __forceinline__ void gpu_ipc_ring_set_progress(const gpu_ipc_r
 static __device__ __forceinline__ bool gpu_ipc_ring_aborted(const gpu_ipc_ring_descriptor* d)
 {
     return gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)d->abort) != 0;
+}
+
+// ---- The producer's side ----------------------------------------------------------------------------------------
+
+// What a kernel needs to act on the ring as its producer: device addresses and byte offsets, all u64. Mirrors
+// `ipc_core::frames::ProducerRingDescriptor` (a unit test checks both agree).
+struct gpu_ipc_ring_producer_descriptor {
+    gpu_ipc_ring_u64 version;                // GPU_IPC_RING_PRODUCER_DESCRIPTOR_VERSION
+    gpu_ipc_ring_u64 control;                // device address of the control block (registered host memory)
+    gpu_ipc_ring_u64 published_offset;       // byte offset of published[0]
+    gpu_ipc_ring_u64 published_stride;       // bytes from published[i] to published[i + 1]
+    gpu_ipc_ring_u64 next_sequence_offset;   // byte offset of next_sequence (the first frame not yet published)
+    gpu_ipc_ring_u64 records_offset;         // byte offset of consumer record 0 (its state word)
+    gpu_ipc_ring_u64 record_stride;          // bytes from one consumer record to the next
+    gpu_ipc_ring_u64 join_offset;            // bytes from a record's state word to its join sequence
+    gpu_ipc_ring_u64 released_offset;        // bytes from a record's state word to its released[0]
+    gpu_ipc_ring_u64 released_stride;        // bytes from a record's released[i] to released[i + 1]
+    gpu_ipc_ring_u64 consumer_records;       // records in use (the ring's max consumers)
+    gpu_ipc_ring_u64 slots;                  // device address of slot 0's frame
+    gpu_ipc_ring_u64 slot_stride;            // bytes from one slot to the next
+    gpu_ipc_ring_u64 slot_bytes;             // bytes of a frame
+    gpu_ipc_ring_u64 slot_count;             // N
+    gpu_ipc_ring_u64 first_sequence;         // the first frame this kernel is to publish
+    gpu_ipc_ring_u64 abort;                  // device address of the abort word: non-zero means leave now
+    gpu_ipc_ring_u64 progress;               // device address of the progress word: the next frame not published
+};
+
+static __device__ __forceinline__ gpu_ipc_ring_u64* gpu_ipc_ring_control_word(gpu_ipc_ring_u64 control,
+                                                                              gpu_ipc_ring_u64 offset)
+{
+    return (gpu_ipc_ring_u64*)(control + offset);
+}
+
+// The first byte of frame `seq`'s slot, to write before publishing it.
+static __device__ __forceinline__ void* gpu_ipc_ring_slot_to_write(const gpu_ipc_ring_producer_descriptor* d,
+                                                                   gpu_ipc_ring_u64 seq)
+{
+    return (void*)(d->slots + (seq % d->slot_count) * d->slot_stride);
+}
+
+// Waits (one thread) until consumer record `i` no longer holds frame `previous`: it is not live, it joined after that
+// frame, or it released it (a dead consumer's counters hold POISON, which satisfies the wait). While it waits the
+// record's state word is looked at again every GPU_IPC_RING_ABORT_CHECK polls: a record that changed hands (the
+// consumer left, died, or a new one took the record) is judged again. A record mid-registration (Joining) is
+// waited out: the host decides its join sequence in microseconds.
+static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_ring_producer_descriptor* d,
+                                                               gpu_ipc_ring_u64 i, gpu_ipc_ring_u64 previous,
+                                                               gpu_ipc_ring_u64 deadline)
+{
+    const gpu_ipc_ring_u64 record = d->records_offset + i * d->record_stride;
+    const gpu_ipc_ring_u64* state = gpu_ipc_ring_control_word(d->control, record);
+    const gpu_ipc_ring_u64* released = gpu_ipc_ring_control_word(
+        d->control, record + d->released_offset + (previous % d->slot_count) * d->released_stride);
+    const gpu_ipc_ring_u64* abort = (const gpu_ipc_ring_u64*)d->abort;
+    unsigned int polls = 0;
+    for (;;) {
+        const gpu_ipc_ring_u64 word = gpu_ipc_ring_load_acquire(state);
+        const gpu_ipc_ring_u64 kind = word & GPU_IPC_RING_STATE_MASK;
+        bool holds = false;
+        if (kind == GPU_IPC_RING_STATE_LIVE) {
+            // Acquire on the state orders this read after the host's registration, which wrote it before Live.
+            holds = gpu_ipc_ring_load_acquire(gpu_ipc_ring_control_word(d->control, record + d->join_offset))
+                    <= previous;
+        }
+        if (kind != GPU_IPC_RING_STATE_JOINING && !holds) {
+            return GPU_IPC_RING_OK;
+        }
+        // Poll the release (or the registration) until the record's state changes.
+        do {
+            if (kind == GPU_IPC_RING_STATE_LIVE && gpu_ipc_ring_load_acquire(released) > previous) {
+                return GPU_IPC_RING_OK;
+            }
+            if (gpu_ipc_ring_globaltimer() >= deadline) {
+                return GPU_IPC_RING_TIMED_OUT;
+            }
+            if (++polls % GPU_IPC_RING_ABORT_CHECK == 0 && gpu_ipc_ring_load_acquire(abort) != 0) {
+                return GPU_IPC_RING_ABORTED;
+            }
+        } while (polls % GPU_IPC_RING_ABORT_CHECK != 0 || gpu_ipc_ring_load_acquire(state) == word);
+    }
+}
+
+// Waits (one thread) until frame `seq`'s slot may be written: every consumer that is live and joined at or before
+// frame seq - N has released it (the rule of the host producer, docs/ring.md). Bounded by `deadline` and the abort
+// word. Share the answer with the block through a barrier before any thread writes the slot.
+static __device__ __forceinline__ int gpu_ipc_ring_acquire_slot(const gpu_ipc_ring_producer_descriptor* d,
+                                                                gpu_ipc_ring_u64 seq, gpu_ipc_ring_u64 deadline)
+{
+    if (gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)d->abort) != 0) {
+        return GPU_IPC_RING_ABORTED;
+    }
+    if (seq < d->slot_count) {
+        return GPU_IPC_RING_OK;  // the slot never held a frame
+    }
+    const gpu_ipc_ring_u64 previous = seq - d->slot_count;
+    for (gpu_ipc_ring_u64 i = 0; i < d->consumer_records; ++i) {
+        const int outcome = gpu_ipc_ring_wait_record(d, i, previous, deadline);
+        if (outcome != GPU_IPC_RING_OK) {
+            return outcome;
+        }
+    }
+    return GPU_IPC_RING_OK;
+}
+
+// Publishes frame `seq` (one thread, after every write of the frame: a barrier first when several threads wrote
+// it): published[seq % N] = seq + 1 with st.release.sys, then next_sequence and the progress word. The full fence
+// after next_sequence pairs with the host's registration of a consumer (it claims a record, then reads
+// next_sequence as the consumer's join sequence): the next acquire's reads of the records come after it, so a
+// consumer joining now is either seen or joins after this frame.
+static __device__ __forceinline__ void gpu_ipc_ring_publish_frame(const gpu_ipc_ring_producer_descriptor* d,
+                                                                  gpu_ipc_ring_u64 seq)
+{
+    gpu_ipc_ring_store_release(
+        gpu_ipc_ring_control_word(d->control, d->published_offset + (seq % d->slot_count) * d->published_stride),
+        seq + 1ull);
+    gpu_ipc_ring_store_release(gpu_ipc_ring_control_word(d->control, d->next_sequence_offset), seq + 1ull);
+    asm volatile("fence.sc.sys;" : : : "memory");
+    gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)d->progress, seq + 1ull);
 }
 
 #endif // GPU_IPC_RING_CUH

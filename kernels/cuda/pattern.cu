@@ -307,3 +307,55 @@ extern "C" __global__ void gpu_ipc_persistent_verify(const gpu_ipc_ring_descript
         __threadfence_system();
     }
 }
+
+// A persistent producer on the ring's device API (gpu_ipc_ring.cuh): one launch for `frames` frames from
+// ring->first_sequence on, no CPU work per frame. For each frame, thread 0 waits until its slot is free (every live
+// consumer released the frame it held; bounded by `timeout_ns` per frame and by the abort word), the block writes
+// the frame's pattern, then thread 0 publishes it. It leaves at the first slot that does not come free (timed out,
+// aborted). Launch it with ONE block (of any size): the publish must follow every write of the frame, which a
+// barrier gives within a block. result[0] frames published, result[1] 0, result[2] outcome (as
+// gpu_ipc_persistent_verify's), result[3] the frame it stopped at (the first not published).
+extern "C" __global__ void gpu_ipc_persistent_fill(const gpu_ipc_ring_producer_descriptor* ring,
+                                                   unsigned long long frames, unsigned long long timeout_ns,
+                                                   unsigned long long* result)
+{
+    __shared__ gpu_ipc_ring_producer_descriptor d;
+    __shared__ int outcome;
+    if (blockIdx.x != 0) {
+        return;
+    }
+    if (threadIdx.x == 0) {
+        d = *ring;
+    }
+    __syncthreads();
+    const unsigned long long n_words = d.slot_bytes / 4ull;
+    unsigned long long done = 0;
+    for (; done < frames; ++done) {
+        const unsigned long long seq = d.first_sequence + done;
+        if (threadIdx.x == 0) {
+            outcome = gpu_ipc_ring_acquire_slot(&d, seq, gpu_ipc_ring_deadline(timeout_ns));
+        }
+        // Every thread sees the outcome, and writes the slot only after thread 0's acquire of the releases.
+        __syncthreads();
+        if (outcome != GPU_IPC_RING_OK) {
+            break;
+        }
+        unsigned int* words = (unsigned int*)gpu_ipc_ring_slot_to_write(&d, seq);
+        const unsigned int seq_term = gpu_ipc_seq_term(seq);
+        for (unsigned long long i = threadIdx.x; i < n_words; i += blockDim.x) {
+            words[i] = gpu_ipc_pattern(seq_term, i);
+        }
+        // Every write of the frame is done before thread 0 publishes it (and before it writes `outcome` again).
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            gpu_ipc_ring_publish_frame(&d, seq);
+        }
+    }
+    if (threadIdx.x == 0) {
+        result[0] = done;
+        result[1] = 0;
+        result[2] = done == frames ? GPU_IPC_PERSISTENT_DONE : (unsigned long long)outcome;
+        result[3] = d.first_sequence + done;
+        __threadfence_system();
+    }
+}

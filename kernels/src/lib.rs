@@ -16,6 +16,8 @@
 //! - [`PERSISTENT_VERIFY`]`(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
 //!   unsigned long long timeout_ns, unsigned long long* result)`, the example of the ring's device API
 //!   (`kernels/cuda/gpu_ipc_ring.cuh`; launched by [`persistent`])
+//! - [`PERSISTENT_FILL`]`(const gpu_ipc_ring_producer_descriptor* ring, unsigned long long frames,
+//!   unsigned long long timeout_ns, unsigned long long* result)`, its producer's side
 //! - the work queue's demo worker and producer, [`work_queue::KERNELS`] (their device functions are in
 //!   `kernels/cuda/work_queue.cuh`, for your own kernels).
 
@@ -58,9 +60,14 @@ pub const VERIFY_STAMPED: &str = "gpu_ipc_verify_stamped";
 /// releases `frames` frames on the ring's device API; see [`persistent`].
 pub const PERSISTENT_VERIFY: &str = "gpu_ipc_persistent_verify";
 
+/// `gpu_ipc_persistent_fill(const gpu_ipc_ring_producer_descriptor* ring, unsigned long long frames,
+/// unsigned long long timeout_ns, unsigned long long* result)`: a persistent producer that waits for each slot to be
+/// free, writes the frame's pattern and publishes `frames` frames on the ring's device API; see [`persistent`].
+pub const PERSISTENT_FILL: &str = "gpu_ipc_persistent_fill";
+
 /// The frame-pattern kernels; [`probe::kernel_names`] lists the probes' kernels.
-pub const KERNELS: [&str; 6] =
-    [FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS, CHECK_STAMP, VERIFY_STAMPED, PERSISTENT_VERIFY];
+pub const KERNELS: [&str; 7] =
+    [FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS, CHECK_STAMP, VERIFY_STAMPED, PERSISTENT_VERIFY, PERSISTENT_FILL];
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

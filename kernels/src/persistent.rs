@@ -1,7 +1,11 @@
-//! The example persistent consumer of the ring's device API (`kernels/cuda/gpu_ipc_ring.cuh`):
-//! `gpu_ipc_persistent_verify`, one launch that waits for, checks and releases frames with no launch and no CPU work
-//! per frame, launched through `Consumer::launch_on_ring` (which hands it the ring's descriptor and raises its abort
-//! word when the producer dies or the consumer is dropped).
+//! The example persistent kernels of the ring's device API (`kernels/cuda/gpu_ipc_ring.cuh`), one launch for many
+//! frames with no launch and no CPU work per frame:
+//! - [`PersistentVerify`] (`gpu_ipc_persistent_verify`), a consumer: waits for, checks and releases frames; launched
+//!   through `Consumer::launch_on_ring`, which hands it the ring's descriptor and raises its abort word when the
+//!   producer dies or the consumer is dropped.
+//! - [`PersistentFill`] (`gpu_ipc_persistent_fill`), a producer: waits until each slot is free, writes the frame's
+//!   pattern and publishes it; launched through `Producer::launch_on_ring` (abort word raised when the producer is
+//!   dropped; consumers that die release its waits through their poisoned counters).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -25,10 +29,10 @@ use std::time::Duration;
 
 use ipc_core::backend::Backend;
 use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, Function, KernelArg, LaunchConfig, Stream};
-use ipc_core::frames::{Consumer, FrameError};
+use ipc_core::frames::{Consumer, FrameError, Producer};
 
-use crate::PERSISTENT_VERIFY;
 use crate::launch::{KernelError, load_module};
+use crate::{PERSISTENT_FILL, PERSISTENT_VERIFY};
 
 /// Threads of the kernel's one block.
 const THREADS: u32 = 1024;
@@ -61,12 +65,12 @@ impl PersistentOutcome {
     }
 }
 
-/// What the persistent kernel reports.
+/// What a persistent kernel reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PersistentResult {
-    /// Frames verified and released.
+    /// Frames verified and released (the consumer), or written and published (the producer).
     pub frames: u64,
-    /// Words of those frames that differed from their pattern (0 when all is well).
+    /// Words of those frames that differed from their pattern (0 when all is well; always 0 for the producer).
     pub mismatched_words: u64,
     /// Why it stopped.
     pub outcome: PersistentOutcome,
@@ -74,10 +78,39 @@ pub struct PersistentResult {
     pub stopped_at: u64,
 }
 
+/// The four result words a persistent kernel writes at its end (`result[0..4]` of the kernels).
+struct ResultWords(DeviceBuffer);
+
+impl ResultWords {
+    fn new(ctx: &Context) -> Result<Self, KernelError> {
+        Ok(Self(DeviceBuffer::alloc(ctx, 32)?))
+    }
+
+    /// "Not written" until the kernel writes them.
+    fn reset(&self) -> Result<(), FrameError> {
+        Ok(self.0.write(0, &[0u64, 0, u64::MAX, 0])?)
+    }
+
+    fn read(&self) -> Result<PersistentResult, FrameError> {
+        let mut words = [0u64; 4];
+        self.0.read(0, &mut words)?;
+        Ok(PersistentResult {
+            frames: words[0],
+            mismatched_words: words[1],
+            outcome: PersistentOutcome::from_raw(words[2]),
+            stopped_at: words[3],
+        })
+    }
+}
+
+fn timeout_ns(per_frame: Duration) -> u64 {
+    u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// The persistent consumer kernel, loaded in one context, with its result words.
 pub struct PersistentVerify {
     kernel: Function,
-    result: DeviceBuffer,
+    result: ResultWords,
 }
 
 impl PersistentVerify {
@@ -87,7 +120,7 @@ impl PersistentVerify {
     /// [`KernelError::NoImage`] or [`KernelError::ImageRejected`].
     pub fn load(ctx: &Context) -> Result<Self, KernelError> {
         let (module, _) = load_module(ctx, crate::image::force_ptx_from_env())?;
-        Ok(Self { kernel: module.function(PERSISTENT_VERIFY)?, result: DeviceBuffer::alloc(ctx, 32)? })
+        Ok(Self { kernel: module.function(PERSISTENT_VERIFY)?, result: ResultWords::new(ctx)? })
     }
 
     /// Launches the kernel on the consumer's ring: it verifies the next `frames` frames against their pattern and
@@ -103,14 +136,12 @@ impl PersistentVerify {
         frames: u64,
         per_frame: Duration,
     ) -> Result<(), FrameError> {
-        // The result holds "not written" until the kernel writes it.
-        self.result.write(0, &[0u64, 0, u64::MAX, 0])?;
-        let timeout_ns = u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX);
+        self.result.reset()?;
         consumer.launch_on_ring(
             &self.kernel,
             stream,
             LaunchConfig::linear(1, THREADS),
-            &[KernelArg::U64(frames), KernelArg::U64(timeout_ns), KernelArg::Span(self.result.span())],
+            &[KernelArg::U64(frames), KernelArg::U64(timeout_ns(per_frame)), KernelArg::Span(self.result.0.span())],
         )
     }
 
@@ -125,14 +156,79 @@ impl PersistentVerify {
         timeout: Duration,
     ) -> Result<PersistentResult, FrameError> {
         consumer.finish_ring_kernel(timeout)?;
-        let mut words = [0u64; 4];
-        self.result.read(0, &mut words)?;
-        Ok(PersistentResult {
-            frames: words[0],
-            mismatched_words: words[1],
-            outcome: PersistentOutcome::from_raw(words[2]),
-            stopped_at: words[3],
-        })
+        self.result.read()
+    }
+}
+
+/// The persistent producer kernel, loaded in one context, with its result words.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use gpu_ipc_kernels::persistent::PersistentFill;
+/// use ipc_core::backend::GpuBackend;
+/// use ipc_core::driver::{Context, Stream};
+/// use ipc_core::frames::Producer;
+///
+/// fn publish_frames<B: GpuBackend>(ctx: &Context, producer: &mut Producer<B>) -> Result<(), Box<dyn std::error::Error>> {
+///     let kernel = PersistentFill::load(ctx)?;
+///     let stream = Stream::new(ctx)?;
+///     kernel.launch(producer, &stream, 1000, Duration::from_secs(1))?;
+///     // finish_ring_kernel admits consumers that knock while the kernel publishes.
+///     let result = kernel.finish(producer, Duration::from_secs(30))?;
+///     assert_eq!(result.frames, 1000);
+///     Ok(())
+/// }
+/// ```
+pub struct PersistentFill {
+    kernel: Function,
+    result: ResultWords,
+}
+
+impl PersistentFill {
+    /// Loads the image that suits the context's device (`GPU_IPC_FORCE_PTX=1` forces the PTX).
+    ///
+    /// # Errors
+    /// [`KernelError::NoImage`] or [`KernelError::ImageRejected`].
+    pub fn load(ctx: &Context) -> Result<Self, KernelError> {
+        let (module, _) = load_module(ctx, crate::image::force_ptx_from_env())?;
+        Ok(Self { kernel: module.function(PERSISTENT_FILL)?, result: ResultWords::new(ctx)? })
+    }
+
+    /// Launches the kernel on the producer's ring: it publishes the next `frames` frames, each written with its
+    /// pattern once its slot is free, waiting at most `per_frame` for each slot (and leaving at once on the abort
+    /// word). One block.
+    ///
+    /// # Errors
+    /// As `Producer::launch_on_ring` (a strategy other than gpu-stream-ops or gpu-poll, a kernel already on the
+    /// ring), a driver error.
+    pub fn launch<B: Backend>(
+        &self,
+        producer: &mut Producer<B>,
+        stream: &Stream,
+        frames: u64,
+        per_frame: Duration,
+    ) -> Result<(), FrameError> {
+        self.result.reset()?;
+        producer.launch_on_ring(
+            &self.kernel,
+            stream,
+            LaunchConfig::linear(1, THREADS),
+            &[KernelArg::U64(frames), KernelArg::U64(timeout_ns(per_frame)), KernelArg::Span(self.result.0.span())],
+        )
+    }
+
+    /// Waits at most `timeout` for the kernel (`Producer::finish_ring_kernel`, which admits consumers meanwhile),
+    /// then reads what it reports.
+    ///
+    /// # Errors
+    /// [`FrameError::Timeout`] when it is still running, a driver error.
+    pub fn finish<B: Backend>(
+        &self,
+        producer: &mut Producer<B>,
+        timeout: Duration,
+    ) -> Result<PersistentResult, FrameError> {
+        producer.finish_ring_kernel(timeout)?;
+        self.result.read()
     }
 }
 
@@ -143,7 +239,10 @@ mod tests {
     #[test]
     fn outcomes_are_the_kernels_codes() {
         let ptx = crate::image::IMAGES.iter().find(|i| i.file.ends_with(".ptx")).map(|i| i.bytes);
-        assert!(ptx.is_some_and(|p| String::from_utf8_lossy(p).contains(&format!(".entry {PERSISTENT_VERIFY}("))));
+        let ptx = ptx.map(String::from_utf8_lossy).unwrap_or_default();
+        for kernel in [PERSISTENT_VERIFY, PERSISTENT_FILL] {
+            assert!(ptx.contains(&format!(".entry {kernel}(")), "{kernel}");
+        }
         assert_eq!(PersistentOutcome::from_raw(0), PersistentOutcome::Done);
         assert_eq!(PersistentOutcome::from_raw(1), PersistentOutcome::TimedOut);
         assert_eq!(PersistentOutcome::from_raw(2), PersistentOutcome::Aborted);

@@ -14,6 +14,10 @@
 //! `--help`): each slot holds that tensor, filled with the same pattern as a frame (words of its sequence number),
 //! and consumers of this release read it (those of protocol version 1 are refused, told why).
 //!
+//! `--persistent` writes and publishes the `--frames` frames in one persistent kernel on the ring's device API
+//! instead (`gpu_ipc_persistent_fill`, gpu-stream-ops or gpu-poll: no launch and no CPU work per frame; consumers of
+//! any kind read them; the summary's `persistent` says how it ended).
+//!
 //! Exit status: 0 done; 1 an error; 3 no CUDA driver (use `--backend host`).
 //!
 //! For the stress harness (`gpu-ipc stress`): `--until-stdin-closes` runs until the parent closes the pipe,
@@ -29,6 +33,7 @@ use clap::Parser;
 use gpu_ipc::core::backend::Backend;
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SlotLayout, SocketAccess, SyncStrategy, TensorDesc};
+use gpu_ipc::kernels::persistent::{PersistentOutcome, PersistentResult};
 use gpu_ipc_examples::work::{FrameWork, ProgramVisitor, run_with_backend};
 use gpu_ipc_examples::{
     CommonArgs, GapMeter, cpu_time, exit_for, fps, open_fds, parse_pixel_format, print_summary, stdin_closed_flag,
@@ -82,6 +87,10 @@ struct Args {
     /// membership (supplementary groups included).
     #[arg(long, value_name = "GID")]
     socket_group: Option<u32>,
+    /// Write and publish the `--frames` frames in one persistent kernel on the ring's device API (gpu-stream-ops or
+    /// gpu-poll; read docs/kernels.md before using it under MPS).
+    #[arg(long, conflicts_with_all = ["until_stdin_closes", "evict_after_ms", "progress_every"])]
+    persistent: bool,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -112,6 +121,8 @@ struct Summary {
     device_free_at_end: Option<u64>,
     /// Whether standard input closing ended the run (`--until-stdin-closes`).
     stopped_by_stdin: bool,
+    /// With `--persistent`: what the persistent kernel reported.
+    persistent: Option<PersistentResult>,
 }
 
 struct Run(Args);
@@ -120,6 +131,9 @@ impl ProgramVisitor for Run {
     type Output = Summary;
     fn run<B: Backend, W: FrameWork<B>>(self) -> Result<Summary, FrameError> {
         let args = self.0;
+        if args.persistent && args.frames == 0 {
+            return Err(FrameError::Config("--persistent needs a --frames count".into()));
+        }
         let mut work = W::open(args.common.device)?;
         let host = !B::KIND.is_gpu();
         let (width, height) =
@@ -150,7 +164,19 @@ impl ProgramVisitor for Run {
         let mut produced = 0u64;
         let stopped = || stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Acquire));
         let (cpu0, t0) = (cpu_time(), Instant::now());
-        while (args.frames == 0 || produced < args.frames) && !stopped() {
+        let mut persistent = None;
+        if args.persistent {
+            let result = work.run_persistent_fill(&mut producer, args.frames, timeout)?;
+            produced = result.frames;
+            if result.outcome != PersistentOutcome::Done {
+                return Err(FrameError::Config(format!(
+                    "the persistent kernel stopped at frame {} ({:?})",
+                    result.stopped_at, result.outcome
+                )));
+            }
+            persistent = Some(result);
+        }
+        while !args.persistent && (args.frames == 0 || produced < args.frames) && !stopped() {
             let slot = producer.acquire(work.stream(), timeout)?;
             work.fill(&producer, &slot)?;
             producer.publish(slot, work.stream())?;
@@ -186,6 +212,7 @@ impl ProgramVisitor for Run {
             device_free_at_start,
             device_free_at_end: work.device_free(),
             stopped_by_stdin: stopped(),
+            persistent,
         })
     }
 }

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, ExportedHandle, SharedRegion};
 use crate::driver::{DeviceMemory, DevicePtr, DeviceSpan, Stream};
 use crate::frames::FrameError;
+use crate::frames::ring_port::{AbortWord, RingPort};
 use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex, WaitMode};
-use device_ring::{AbortWord, RingPort};
 pub use device_ring::{FrameStamp, RingDescriptor, STAMP_MASK};
 
 use crate::wire::{

@@ -100,6 +100,7 @@
 mod consumer;
 mod error;
 mod producer;
+mod ring_port;
 mod run_ahead;
 mod stage;
 mod strategy;
@@ -109,7 +110,7 @@ use crate::ring::{WaitMode, bounded_wait};
 
 pub use consumer::{AttachOptions, Consumer, Frame, FrameStamp, RingDescriptor, STAMP_MASK};
 pub use error::FrameError;
-pub use producer::{Producer, ProducerConfig, SlotLease, SlowConsumerPolicy};
+pub use producer::{Producer, ProducerConfig, ProducerRingDescriptor, SlotLease, SlowConsumerPolicy};
 /// How many frames a GPU-side end (gpu-stream-ops, gpu-poll) of a ring of `slots` slots may queue on its stream
 /// beyond what the stream has run (its run-ahead bound: twice the slots, at least 32). A producer killed with frames
 /// queued has told its consumers those frames were published (its count passed them as it queued them), though its

@@ -6,19 +6,15 @@
 //! which releases every GPU-side wait on it (so a kernel queued behind such a wait runs) and keeps the last real
 //! frame in the low bits: a kernel that checks the stamp first never reads a frame the producer did not write.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{Consumer, Frame};
 use crate::backend::{Backend, SharedRegion};
-use crate::driver::{
-    DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream,
-};
+use crate::driver::{DevicePtr, DeviceSpan, Function, KernelArg, LaunchConfig, Stream};
 use crate::frames::FrameError;
+use crate::frames::ring_port::RingPort;
+use crate::ring::POISON;
 use crate::ring::layout::{RingLayout, SlotIndex};
-use crate::ring::{POISON, RingError};
-use crate::sys::shm::{SharedMemory, SharedObject};
 
 /// Where a kernel finds frame `seq`'s stamp, and what it must hold: see [`Frame::stamp`](super::Frame::stamp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,111 +116,6 @@ impl RingDescriptor {
 
 const _: () = assert!(size_of::<RingDescriptor>() == 8 * RingDescriptor::WORDS);
 
-/// Words of the port: the abort word, the progress word, then the descriptor.
-const ABORT: usize = 0;
-const PROGRESS: usize = 1;
-const DESCRIPTOR: usize = 2;
-type PortWords = [AtomicU64; DESCRIPTOR + RingDescriptor::WORDS];
-
-/// Bytes of the port's memfd: 64 KiB, whole pages on every Linux page size, as `cuMemHostRegister` wants.
-const PORT_BYTES: usize = 64 * 1024;
-
-/// The abort word of a consumer's ring kernels, shared with its watchdog: set once the port exists.
-#[derive(Debug, Default)]
-pub(super) struct AbortWord(OnceLock<Arc<SharedObject<PortWords>>>);
-
-impl AbortWord {
-    /// Tells every kernel on the ring to leave (nothing when none was ever launched).
-    pub fn raise(&self) {
-        if let Some(words) = self.0.get() {
-            words.get()[ABORT].store(1, Ordering::Release);
-        }
-    }
-}
-
-/// A consumer's port for kernels on the ring: its host-registered words and the kernel running, if any.
-pub(super) struct RingPort {
-    words: HostRegistration<SharedObject<PortWords>>,
-    /// Recorded after the kernel launched on the ring, until it is seen complete.
-    running: Option<Event>,
-}
-
-impl RingPort {
-    /// Creates the words (abort 0) in `stream`'s context and hands them to `abort`.
-    pub fn new(stream: &Stream, abort: &AbortWord) -> Result<Self, FrameError> {
-        let memory = SharedMemory::create("gpu-ipc-ring-port", PORT_BYTES).map_err(RingError::from)?;
-        let object = Arc::new(SharedObject::<PortWords>::new(memory).map_err(RingError::from)?);
-        let words = HostRegistration::new(stream.context(), object.clone())?;
-        // One port per consumer (made at its first launch), so the watchdog's handle is still empty here.
-        if abort.0.set(object).is_err() {
-            tracing::debug!("ring port: the abort word was already handed to the watchdog");
-        }
-        Ok(Self { words, running: None })
-    }
-
-    /// Whether a kernel launched on the ring may still run.
-    pub fn busy(&self) -> Result<bool, FrameError> {
-        Ok(match &self.running {
-            Some(event) => !event.is_complete()?,
-            None => false,
-        })
-    }
-
-    /// The descriptor's addresses of the abort and progress words.
-    pub fn word_addresses(&self) -> (u64, u64) {
-        let base = self.words.device_ptr().raw();
-        (base + 8 * ABORT as u64, base + 8 * PROGRESS as u64)
-    }
-
-    /// Writes `descriptor` and `progress`, launches `kernel` with the descriptor as its first argument, then
-    /// records the event that says when it is done.
-    pub fn launch(
-        &mut self,
-        descriptor: &RingDescriptor,
-        kernel: &Function,
-        stream: &Stream,
-        config: LaunchConfig,
-        args: &[KernelArg<'_>],
-    ) -> Result<(), FrameError> {
-        let words = self.words.memory().get();
-        words[PROGRESS].store(descriptor.first_sequence, Ordering::Release);
-        for (word, value) in words[DESCRIPTOR..].iter().zip(descriptor.to_words()) {
-            word.store(value, Ordering::Release);
-        }
-        let span = self.words.span().slice(8 * DESCRIPTOR as u64, 8 * RingDescriptor::WORDS as u64)?;
-        let all: Vec<KernelArg<'_>> = std::iter::once(KernelArg::Span(span)).chain(args.iter().copied()).collect();
-        kernel.launch_typed(stream, config, &all)?;
-        let event = Event::new(stream.context(), EventFlags::default())?;
-        event.record(stream)?;
-        self.running = Some(event);
-        Ok(())
-    }
-
-    /// Waits until the kernel launched on the ring is done, at most until `deadline` (raising the abort word when
-    /// `abort_first`); then the progress word: the first frame the kernel did not release.
-    pub fn finish(&mut self, deadline: Instant, abort_first: bool) -> Result<u64, FrameError> {
-        if abort_first {
-            self.words.memory().get()[ABORT].store(1, Ordering::Release);
-        }
-        if let Some(event) = &self.running {
-            super::super::wait_for_event(
-                event,
-                deadline,
-                Some(Duration::from_micros(50)),
-                || true,
-                || "the kernel launched on the ring".to_owned(),
-            )?;
-        }
-        self.running = None;
-        Ok(self.words.memory().get()[PROGRESS].load(Ordering::Acquire))
-    }
-
-    /// The abort word's current value (non-zero once raised).
-    pub fn aborted(&self) -> bool {
-        self.words.memory().get()[ABORT].load(Ordering::Acquire) != 0
-    }
-}
-
 /// The span of frame stamps: the 8 bytes of `published[slot]` in `control`, a block of `layout`.
 pub(super) fn stamp_span<'a>(
     control: DeviceSpan<'a>,
@@ -315,7 +206,7 @@ impl<B: Backend> Consumer<B> {
         if port.aborted() {
             return Err(self.shared.gone("its connection hung up (the process exited or was killed)"));
         }
-        port.launch(&descriptor, kernel, stream, config, args)
+        port.launch(&descriptor.to_words(), descriptor.first_sequence, kernel, stream, config, args)
     }
 
     /// Waits, at most `timeout`, until the kernel launched by [`Consumer::launch_on_ring`] is done, and takes the
@@ -423,10 +314,5 @@ mod tests {
             assert_eq!(published + 5 * published_stride, layout.published_offset(SlotIndex(5)) as u64);
             assert_eq!(released + 7 * released_stride, layout.released_offset(3, SlotIndex(7)) as u64);
         }
-    }
-
-    #[test]
-    fn raising_an_abort_word_that_no_port_set_does_nothing() {
-        AbortWord::default().raise();
     }
 }

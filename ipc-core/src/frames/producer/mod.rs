@@ -1,10 +1,12 @@
 //! The producing side of a frame ring.
 
 mod config;
+mod device_ring;
 mod lease;
 mod peers;
 
 pub use config::{ProducerConfig, SlowConsumerPolicy};
+pub use device_ring::ProducerRingDescriptor;
 pub use lease::SlotLease;
 
 use peers::{Hello, Peer, Retired, RingRecords};
@@ -16,6 +18,7 @@ use crate::backend::{Backend, SharedRegion};
 use crate::door::admission::{Admission, AdmissionConfig};
 use crate::driver::{DeviceMemory, DeviceSpan, Stream};
 use crate::frames::FrameError;
+use crate::frames::ring_port::{AbortWord, RingPort};
 use crate::frames::strategy::{ProducerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
@@ -57,6 +60,10 @@ pub struct Producer<B: Backend> {
     /// Records offered whose handshake has not ended yet (no `Attached` or `Failed` from the admission thread): given
     /// back here should that thread end without ending them.
     offered: Vec<ConsumerId>,
+    /// The abort word of kernels launched on the ring ([`Producer::launch_on_ring`]).
+    abort: AbortWord,
+    /// Made at the first kernel launched on the ring.
+    port: Option<RingPort>,
 }
 
 /// How often `acquire` serves the front door while consumers hold the slot it waits for (strategies whose wait can
@@ -139,6 +146,8 @@ impl<B: Backend> Producer<B> {
             holding_up: Vec::new(),
             hellos: Vec::new(),
             offered: Vec::new(),
+            abort: AbortWord::default(),
+            port: None,
         })
     }
 
@@ -225,6 +234,7 @@ impl<B: Backend> Producer<B> {
     /// # Errors
     /// [`FrameError::Timeout`] when consumers do not release in time, driver errors.
     pub fn acquire(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<SlotLease, FrameError> {
+        self.check_no_ring_kernel()?;
         self.serve_front_door();
         let seq = self.next_seq;
         let started = Instant::now();
@@ -332,8 +342,9 @@ impl<B: Backend> Producer<B> {
     ///
     /// # Errors
     /// Driver errors; a GPU strategy without a stream; [`FrameError::Timeout`] when a CPU strategy's wait for the
-    /// frame's work passes [`ProducerConfig::gpu_timeout`].
+    /// frame's work passes [`ProducerConfig::gpu_timeout`]; a kernel launched on the ring still running.
     pub fn publish(&mut self, lease: SlotLease, stream: Option<&Stream>) -> Result<(), FrameError> {
+        self.check_no_ring_kernel()?;
         // Checked before the strategy queues anything: a GPU strategy's counter store cannot be taken back.
         if lease.owner != self.owner {
             return Err(FrameError::ForeignToken {
@@ -391,6 +402,20 @@ where
 impl<B: Backend> Drop for Producer<B> {
     fn drop(&mut self) {
         self.admission.stop();
+        // A kernel publishing on the ring leaves on the abort word; the ring is freed only once it has.
+        let deadline = Instant::now() + self.config.gpu_timeout;
+        if let Some(mut port) = self.port.take()
+            && port.finish(deadline, true).is_err()
+        {
+            tracing::error!("the kernel launched on the ring did not leave on its abort word: leaking the ring");
+            std::mem::forget(port);
+            self.ring.abandon();
+            std::mem::forget(self.ring.clone());
+            std::mem::forget(self.region.clone());
+            std::mem::forget(std::mem::replace(&mut self.sync, Box::new(super::strategy::Closed)));
+            self.watchdog.stop();
+            return;
+        }
         // Every wait our stream holds on a consumer's counters completes once they are poisoned; then wait
         // (bounded) for the stream to pass what we queued on the ring before freeing what it uses.
         self.ring.poison_all_released();

@@ -416,6 +416,10 @@ impl ProducerSide for PollProducer {
     fn settle(&mut self, deadline: Instant) -> bool {
         self.poller.abort_and_settle(deadline)
     }
+
+    fn control_block(&self) -> Option<DeviceSpan<'_>> {
+        Some(self.poller.block.span())
+    }
 }
 
 struct PollConsumer {

@@ -259,6 +259,10 @@ impl ProducerSide for GpuProducer {
     fn settle(&mut self, deadline: Instant) -> bool {
         settle_side(&self.run_ahead, &self.registration, &self.trailing, deadline)
     }
+
+    fn control_block(&self) -> Option<DeviceSpan<'_>> {
+        Some(self.registration.span())
+    }
 }
 
 struct GpuConsumer {

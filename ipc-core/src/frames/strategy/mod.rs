@@ -128,6 +128,12 @@ pub(crate) trait ProducerSide: Send + Sync {
     fn settle(&mut self, _deadline: Instant) -> bool {
         true
     }
+
+    /// The control block as this side registered it for the device (GPU-side strategies), where a kernel launched
+    /// on the ring reads and writes the ring's counters; `None` when the strategy does not register it.
+    fn control_block(&self) -> Option<DeviceSpan<'_>> {
+        None
+    }
 }
 
 /// What a consumer's side shares with the consumer: its control, the producer's hang-up flag, how to word

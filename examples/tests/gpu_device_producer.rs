@@ -1,0 +1,163 @@
+//! The producer's half of the ring's device API (`gpu_ipc_ring.cuh`: acquire a slot, publish), on a real GPU with the
+//! example programs in separate processes: `producer --persistent` writes and publishes every frame in one persistent
+//! kernel (`gpu_ipc_persistent_fill`), no launch and no CPU work per frame.
+//! - its frames reach an ordinary consumer (one kernel per frame) and a persistent consumer intact, on both backends
+//!   with gpu-stream-ops and gpu-poll rings, and both sides persistent give the device API's round trip through a
+//!   one-slot ring (printed);
+//! - a consumer SIGKILLed mid-stream does not stop it (the watchdog poisons the dead consumer's counters, which
+//!   releases the kernel's wait), and the other consumer still reads every frame intact;
+//! - a consumer that attaches while the kernel publishes is admitted (`Producer::finish_ring_kernel` serves the front
+//!   door) and reads intact frames from its join on;
+//!
+//! Not here: SIGKILL of the process whose kernel publishes. Under MPS a process killed while its kernel polls memory
+//! shared with another process can fault the MPS server for every client (docs/kernels.md, "When not to use a
+//! persistent kernel"), which would take the rest of the suite with it.
+//!
+//! Persistent kernels need MPS (without it the kernels of two processes take turns on the GPU, a time slice per
+//! frame): without MPS every case prints `skipped (needs MPS: ...)`; the GPU suite runs this binary again under its
+//! private MPS daemon. Ignored without a GPU.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Proc, consumer, consumer_with, producer_on, socket};
+use gpu_ipc::core::driver::Context;
+use gpu_ipc::core::driver::mps::MpsEvidence;
+
+const BACKENDS: [&str; 2] = ["legacy", "vmm"];
+const GPU_SIDE: [&str; 2] = ["gpu-stream-ops", "gpu-poll"];
+
+fn record(result: &serde_json::Value) {
+    common::record("device-producer", result);
+}
+
+/// `Err(why)` when MPS does not run for device 0 (as the strategies judge it: `MpsEvidence`).
+fn mps() -> Result<(), String> {
+    let ctx = Context::for_ordinal(0).expect("a CUDA device");
+    MpsEvidence::gather(ctx.device()).why_not().map_or(Ok(()), Err)
+}
+
+/// A `producer --persistent` of `frames` small frames (640x360 rgb8) on `slots` slots, waiting for `consumers`.
+fn persistent_producer(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: usize, slots: u32) -> Proc {
+    let extra = ["--width", "640", "--height", "360", "--persistent"];
+    producer_on(backend, sync, sock, frames, consumers, slots, &extra)
+}
+
+/// A `consumer --persistent` of `frames` frames.
+fn persistent_consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
+    consumer_with(name, backend, sock, frames, &["--persistent"])
+}
+
+fn assert_intact(what: &str, json: &serde_json::Value, frames: u64) {
+    assert_eq!(json["frames"], frames, "{what}: {json}");
+    assert_eq!(json["mismatched_words"], 0, "{what}: {json}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_persistent_producer_feeds_ordinary_and_persistent_consumers() {
+    const FRAMES: u64 = 3000;
+    if let Err(why) = mps() {
+        println!("persistent producer: skipped (needs MPS: {why})");
+        return;
+    }
+    for backend in BACKENDS {
+        for sync in GPU_SIDE {
+            let what = format!("{backend}/{sync}");
+            let sock = socket(&format!("dp-{backend}-{sync}"));
+            let p = persistent_producer(backend, sync, &sock, FRAMES, 2, 4);
+            let a = consumer("a", backend, &sock, FRAMES);
+            let b = persistent_consumer("b", backend, &sock, FRAMES);
+            let (ps, _, pj) = p.finish(Duration::from_secs(120));
+            let (a_status, _, aj) = a.finish(Duration::from_secs(30));
+            let (b_status, _, bj) = b.finish(Duration::from_secs(30));
+            assert!(ps.success(), "{what}: producer {ps} {pj}");
+            assert!(a_status.success() && b_status.success(), "{what}: consumers {a_status} {aj}, {b_status} {bj}");
+            assert_eq!(pj["persistent"]["outcome"], "done", "{what}: {pj}");
+            assert_eq!(pj["frames"], FRAMES, "{what}: {pj}");
+            assert_intact(&what, &aj, FRAMES);
+            assert_intact(&what, &bj, FRAMES);
+            assert_eq!(bj["persistent"]["outcome"], "done", "{what}: {bj}");
+            println!(
+                "persistent producer {what}: {:.0} frames/s, {:.2} us CPU/frame; consumers 0 mismatched words",
+                pj["fps"].as_f64().unwrap(),
+                pj["cpu_us_per_frame"].as_f64().unwrap()
+            );
+            record(&serde_json::json!({"test": "persistent-producer", "backend": backend, "sync": sync,
+                "producer": pj, "consumers": [aj, bj]}));
+        }
+    }
+}
+
+/// Both sides persistent on a one-slot ring of small frames: each frame is one round trip through the device API
+/// (the producer's kernel publishes, the consumer's kernel sees it and releases, the producer's kernel sees that),
+/// plus a 640x360 fill and check. Prints the figure; asserts only that every frame arrived intact.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn both_sides_persistent_through_a_one_slot_ring() {
+    const FRAMES: u64 = 20_000;
+    if let Err(why) = mps() {
+        println!("both sides persistent: skipped (needs MPS: {why})");
+        return;
+    }
+    for sync in GPU_SIDE {
+        let sock = socket(&format!("dp-rtt-{sync}"));
+        let p = persistent_producer("vmm", sync, &sock, FRAMES, 1, 1);
+        let c = persistent_consumer("c", "vmm", &sock, FRAMES);
+        let (ps, _, pj) = p.finish(Duration::from_secs(120));
+        let (cs, _, cj) = c.finish(Duration::from_secs(30));
+        assert!(ps.success() && cs.success(), "{sync}: producer {ps} {pj}, consumer {cs} {cj}");
+        assert_intact(sync, &cj, FRAMES);
+        let fps = pj["fps"].as_f64().unwrap();
+        println!(
+            "both sides persistent ({sync} ring, 1 slot, 640x360 rgb8): {:.2} us per frame ({fps:.0} frames/s), \
+             producer CPU {:.3} us/frame",
+            1e6 / fps,
+            pj["cpu_us_per_frame"].as_f64().unwrap()
+        );
+        record(&serde_json::json!({"test": "both-persistent-round-trip", "sync": sync, "us_per_frame": 1e6 / fps,
+            "producer": pj, "consumer": cj}));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_persistent_producer_outlives_a_killed_consumer_and_admits_a_new_one() {
+    const FRAMES: u64 = 20_000;
+    if let Err(why) = mps() {
+        println!("persistent producer, consumers come and go: skipped (needs MPS: {why})");
+        return;
+    }
+    for backend in BACKENDS {
+        let sync = "gpu-stream-ops";
+        let what = format!("{backend}/{sync}");
+        let sock = socket(&format!("dp-churn-{backend}"));
+        let p = persistent_producer(backend, sync, &sock, FRAMES, 2, 2);
+        let a = consumer("a", backend, &sock, 0);
+        let mut b = consumer("b", backend, &sock, 0);
+        b.wait_for_line("frame 1000", Duration::from_secs(60));
+        b.kill9();
+        let _ = b.finish(Duration::from_secs(5));
+        // Attaches while the kernel publishes: admitted by finish_ring_kernel, joins at the kernel's next frame.
+        let late = consumer("late", backend, &sock, 0);
+        let (ps, _, pj) = p.finish(Duration::from_secs(120));
+        let (a_status, _, aj) = a.finish(Duration::from_secs(30));
+        let (late_status, _, lj) = late.finish(Duration::from_secs(30));
+        assert!(ps.success(), "{what}: producer {ps} {pj}");
+        assert_eq!(pj["persistent"]["outcome"], "done", "{what}: {pj}");
+        assert!(a_status.success() && late_status.success(), "{what}: {a_status} {aj}, {late_status} {lj}");
+        assert_intact(&what, &aj, FRAMES);
+        assert_eq!(lj["mismatched_words"], 0, "{what}: {lj}");
+        let late_frames = lj["frames"].as_u64().unwrap();
+        assert!(late_frames > 0 && late_frames < FRAMES, "{what}: the late consumer read {late_frames} frames: {lj}");
+        assert_eq!(pj["consumers_lost"], 1, "{what}: {pj}");
+        println!(
+            "persistent producer {what}: consumer b killed, a read {FRAMES}, the late one {late_frames}, all intact"
+        );
+        record(&serde_json::json!({"test": "persistent-producer-churn", "backend": backend, "producer": pj,
+            "consumers": [aj, lj]}));
+    }
+}

@@ -1,0 +1,140 @@
+//! The port of kernels launched on a ring (the device API of `kernels/cuda/gpu_ipc_ring.cuh`), one per side that
+//! launches them: page-locked words registered for the device that hold the abort word (non-zero: leave now), the
+//! progress word (the kernel's next frame) and the descriptor the kernel gets as its first argument, and the event
+//! that says when the kernel is done. Consumers (`Consumer::launch_on_ring`) and producers
+//! (`Producer::launch_on_ring`) share it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::driver::{DeviceMemory, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream};
+use crate::frames::FrameError;
+use crate::ring::RingError;
+use crate::sys::shm::{SharedMemory, SharedObject};
+
+/// Words of the port: the abort word, the progress word, then the descriptor.
+const ABORT: usize = 0;
+const PROGRESS: usize = 1;
+const DESCRIPTOR: usize = 2;
+/// Most words a descriptor may have (the producer's has 18, the consumer's 14).
+pub(super) const MAX_DESCRIPTOR_WORDS: usize = 30;
+type PortWords = [AtomicU64; DESCRIPTOR + MAX_DESCRIPTOR_WORDS];
+
+/// Bytes of the port's memfd: 64 KiB, whole pages on every Linux page size, as `cuMemHostRegister` wants.
+const PORT_BYTES: usize = 64 * 1024;
+
+/// The abort word of a side's ring kernels, shared with its watchdog: set once the port exists.
+#[derive(Debug, Default)]
+pub(super) struct AbortWord(OnceLock<Arc<SharedObject<PortWords>>>);
+
+impl AbortWord {
+    /// Tells every kernel on the ring to leave (nothing when none was ever launched).
+    pub fn raise(&self) {
+        if let Some(words) = self.0.get() {
+            words.get()[ABORT].store(1, Ordering::Release);
+        }
+    }
+}
+
+/// A side's port for kernels on the ring: its host-registered words and the kernel running, if any.
+pub(super) struct RingPort {
+    words: HostRegistration<SharedObject<PortWords>>,
+    /// Recorded after the kernel launched on the ring, until it is seen complete.
+    running: Option<Event>,
+}
+
+impl RingPort {
+    /// Creates the words (abort 0) in `stream`'s context and hands them to `abort`.
+    pub fn new(stream: &Stream, abort: &AbortWord) -> Result<Self, FrameError> {
+        let memory = SharedMemory::create("gpu-ipc-ring-port", PORT_BYTES).map_err(RingError::from)?;
+        let object = Arc::new(SharedObject::<PortWords>::new(memory).map_err(RingError::from)?);
+        let words = HostRegistration::new(stream.context(), object.clone())?;
+        // One port per consumer (made at its first launch), so the watchdog's handle is still empty here.
+        if abort.0.set(object).is_err() {
+            tracing::debug!("ring port: the abort word was already handed to the watchdog");
+        }
+        Ok(Self { words, running: None })
+    }
+
+    /// Whether a kernel launched on the ring may still run.
+    pub fn busy(&self) -> Result<bool, FrameError> {
+        Ok(match &self.running {
+            Some(event) => !event.is_complete()?,
+            None => false,
+        })
+    }
+
+    /// The descriptor's addresses of the abort and progress words.
+    pub fn word_addresses(&self) -> (u64, u64) {
+        let base = self.words.device_ptr().raw();
+        (base + 8 * ABORT as u64, base + 8 * PROGRESS as u64)
+    }
+
+    /// Writes the descriptor's `words` and the progress word (`first_sequence`), launches `kernel` with the
+    /// descriptor as its first argument, then records the event that says when it is done.
+    pub fn launch(
+        &mut self,
+        words: &[u64],
+        first_sequence: u64,
+        kernel: &Function,
+        stream: &Stream,
+        config: LaunchConfig,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), FrameError> {
+        if words.len() > MAX_DESCRIPTOR_WORDS {
+            return Err(FrameError::Config(format!("a ring descriptor of {} words", words.len())));
+        }
+        let port = self.words.memory().get();
+        port[PROGRESS].store(first_sequence, Ordering::Release);
+        for (word, &value) in port[DESCRIPTOR..].iter().zip(words) {
+            word.store(value, Ordering::Release);
+        }
+        let span = self.words.span().slice(8 * DESCRIPTOR as u64, 8 * words.len() as u64)?;
+        let all: Vec<KernelArg<'_>> = std::iter::once(KernelArg::Span(span)).chain(args.iter().copied()).collect();
+        kernel.launch_typed(stream, config, &all)?;
+        let event = Event::new(stream.context(), EventFlags::default())?;
+        event.record(stream)?;
+        self.running = Some(event);
+        Ok(())
+    }
+
+    /// Waits until the kernel launched on the ring is done, at most until `deadline` (raising the abort word when
+    /// `abort_first`); then the progress word: the first frame the kernel did not release.
+    pub fn finish(&mut self, deadline: Instant, abort_first: bool) -> Result<u64, FrameError> {
+        if abort_first {
+            self.words.memory().get()[ABORT].store(1, Ordering::Release);
+        }
+        if let Some(event) = &self.running {
+            super::wait_for_event(
+                event,
+                deadline,
+                Some(Duration::from_micros(50)),
+                || true,
+                || "the kernel launched on the ring".to_owned(),
+            )?;
+        }
+        self.running = None;
+        Ok(self.words.memory().get()[PROGRESS].load(Ordering::Acquire))
+    }
+
+    /// The progress word: the kernel's next frame (the first it has not released or published).
+    pub fn progress(&self) -> u64 {
+        self.words.memory().get()[PROGRESS].load(Ordering::Acquire)
+    }
+
+    /// The abort word's current value (non-zero once raised).
+    pub fn aborted(&self) -> bool {
+        self.words.memory().get()[ABORT].load(Ordering::Acquire) != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raising_an_abort_word_that_no_port_set_does_nothing() {
+        AbortWord::default().raise();
+    }
+}
