@@ -106,23 +106,36 @@ static __device__ __forceinline__ void gpu_ipc_ring_store_release(gpu_ipc_ring_u
     asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
 
+// For words only the host reads after the kernel ends (the progress word) and for stores a later fence orders: no
+// fence of its own, so it does not wait for the stores before it.
+static __device__ __forceinline__ void gpu_ipc_ring_store_relaxed(gpu_ipc_ring_u64* p, gpu_ipc_ring_u64 v)
+{
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
 // Waits until *word >= target (unsigned: POISON satisfies every wait), %globaltimer passes `deadline`, or *abort is
-// non-zero (looked at first, then every GPU_IPC_RING_ABORT_CHECK polls; `abort` may be null). One thread.
+// non-zero (looked at first, then every GPU_IPC_RING_ABORT_CHECK polls; `abort` may be null). One thread. On
+// GPU_IPC_RING_OK the value seen is stored into *seen when `seen` is not null (no second read over the bus).
 static __device__ __forceinline__ int gpu_ipc_ring_wait_at_least(const gpu_ipc_ring_u64* word,
                                                                   gpu_ipc_ring_u64 target, gpu_ipc_ring_u64 deadline,
-                                                                  const gpu_ipc_ring_u64* abort)
+                                                                  const gpu_ipc_ring_u64* abort,
+                                                                  gpu_ipc_ring_u64* seen = 0)
 {
     if (abort != 0 && gpu_ipc_ring_load_acquire(abort) != 0) {
         return GPU_IPC_RING_ABORTED;
     }
     unsigned int polls = 0;
-    while (gpu_ipc_ring_load_acquire(word) < target) {
+    gpu_ipc_ring_u64 value;
+    while ((value = gpu_ipc_ring_load_acquire(word)) < target) {
         if (gpu_ipc_ring_globaltimer() >= deadline) {
             return GPU_IPC_RING_TIMED_OUT;
         }
         if (++polls % GPU_IPC_RING_ABORT_CHECK == 0 && abort != 0 && gpu_ipc_ring_load_acquire(abort) != 0) {
             return GPU_IPC_RING_ABORTED;
         }
+    }
+    if (seen != 0) {
+        *seen = value;
     }
     return GPU_IPC_RING_OK;
 }
@@ -166,12 +179,8 @@ static __device__ __forceinline__ void* gpu_ipc_ring_frame(const gpu_ipc_ring_de
 static __device__ __forceinline__ int gpu_ipc_ring_wait_frame(const gpu_ipc_ring_descriptor* d, gpu_ipc_ring_u64 seq,
                                                               gpu_ipc_ring_u64 deadline, gpu_ipc_ring_u64* stamp)
 {
-    const gpu_ipc_ring_u64* word = gpu_ipc_ring_published_word(d, seq);
-    int outcome = gpu_ipc_ring_wait_at_least(word, seq + 1ull, deadline, (const gpu_ipc_ring_u64*)d->abort);
-    if (outcome == GPU_IPC_RING_OK) {
-        *stamp = gpu_ipc_ring_load_acquire(word);
-    }
-    return outcome;
+    return gpu_ipc_ring_wait_at_least(gpu_ipc_ring_published_word(d, seq), seq + 1ull, deadline,
+                                      (const gpu_ipc_ring_u64*)d->abort, stamp);
 }
 
 // Releases frame `seq` (one thread, after every read of it: a barrier first when several threads read it): the
@@ -182,11 +191,12 @@ static __device__ __forceinline__ void gpu_ipc_ring_release_frame(const gpu_ipc_
     gpu_ipc_ring_store_release(gpu_ipc_ring_released_word(d, seq), seq + 1ull);
 }
 
-// Tells the host how far the kernel got: `next` is the first frame it has not released.
+// Tells the host how far the kernel got: `next` is the first frame it has not released. A relaxed store: the host
+// reads the word once the kernel has ended (or, for its bookkeeping only, while it runs).
 static __device__ __forceinline__ void gpu_ipc_ring_set_progress(const gpu_ipc_ring_descriptor* d,
                                                                  gpu_ipc_ring_u64 next)
 {
-    gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)d->progress, next);
+    gpu_ipc_ring_store_relaxed((gpu_ipc_ring_u64*)d->progress, next);
 }
 
 // Whether the host asked the kernel to leave (a peer died, the consumer is being dropped).
@@ -233,11 +243,12 @@ static __device__ __forceinline__ void* gpu_ipc_ring_slot_to_write(const gpu_ipc
     return (void*)(d->slots + (seq % d->slot_count) * d->slot_stride);
 }
 
-// Waits (one thread) until consumer record `i` no longer holds frame `previous`: it is not live, it joined after that
-// frame, or it released it (a dead consumer's counters hold POISON, which satisfies the wait). While it waits the
-// record's state word is looked at again every GPU_IPC_RING_ABORT_CHECK polls: a record that changed hands (the
-// consumer left, died, or a new one took the record) is judged again. A record mid-registration (Joining) is
-// waited out: the host decides its join sequence in microseconds.
+// Waits (one thread) until consumer record `i` no longer holds frame `previous`: it released it (a dead consumer's
+// counters hold POISON, which satisfies the wait), it is not live, or it joined after that frame. The release is
+// looked at first (one read over the bus when the consumer is ahead); then the record's state, again every
+// GPU_IPC_RING_ABORT_CHECK polls while it waits: a record that changed hands (the consumer left, died, or a new one
+// took the record) is judged again. A record mid-registration (Joining) is waited out: the host decides its join
+// sequence in microseconds.
 static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_ring_producer_descriptor* d,
                                                                gpu_ipc_ring_u64 i, gpu_ipc_ring_u64 previous,
                                                                gpu_ipc_ring_u64 deadline)
@@ -247,6 +258,9 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_rin
     const gpu_ipc_ring_u64* released = gpu_ipc_ring_control_word(
         d->control, record + d->released_offset + (previous % d->slot_count) * d->released_stride);
     const gpu_ipc_ring_u64* abort = (const gpu_ipc_ring_u64*)d->abort;
+    if (gpu_ipc_ring_load_acquire(released) > previous) {
+        return GPU_IPC_RING_OK;
+    }
     unsigned int polls = 0;
     for (;;) {
         const gpu_ipc_ring_u64 word = gpu_ipc_ring_load_acquire(state);
@@ -275,42 +289,48 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_rin
     }
 }
 
-// Waits (one thread) until frame `seq`'s slot may be written: every consumer that is live and joined at or before
-// frame seq - N has released it (the rule of the host producer, docs/ring.md). Bounded by `deadline` and the abort
-// word. Share the answer with the block through a barrier before any thread writes the slot.
+// Waits until frame `seq`'s slot may be written: every consumer that is live and joined at or before frame seq - N
+// has released it (the rule of the host producer, docs/ring.md). Call it with ALL 32 lanes of one warp: lane L
+// looks after records L, L + 32, ..., so the records' words are read over the bus side by side, not one after
+// another; every lane returns the same outcome. Bounded by `deadline` and the abort word. Share the answer with
+// the block through a barrier before any thread writes the slot.
 static __device__ __forceinline__ int gpu_ipc_ring_acquire_slot(const gpu_ipc_ring_producer_descriptor* d,
                                                                 gpu_ipc_ring_u64 seq, gpu_ipc_ring_u64 deadline)
 {
+    int outcome = GPU_IPC_RING_OK;
     if (gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)d->abort) != 0) {
-        return GPU_IPC_RING_ABORTED;
-    }
-    if (seq < d->slot_count) {
-        return GPU_IPC_RING_OK;  // the slot never held a frame
-    }
-    const gpu_ipc_ring_u64 previous = seq - d->slot_count;
-    for (gpu_ipc_ring_u64 i = 0; i < d->consumer_records; ++i) {
-        const int outcome = gpu_ipc_ring_wait_record(d, i, previous, deadline);
-        if (outcome != GPU_IPC_RING_OK) {
-            return outcome;
+        outcome = GPU_IPC_RING_ABORTED;
+    } else if (seq >= d->slot_count) {
+        const gpu_ipc_ring_u64 previous = seq - d->slot_count;
+        for (gpu_ipc_ring_u64 i = threadIdx.x % 32u; i < d->consumer_records; i += 32u) {
+            outcome = gpu_ipc_ring_wait_record(d, i, previous, deadline);
+            if (outcome != GPU_IPC_RING_OK) {
+                break;
+            }
         }
     }
-    return GPU_IPC_RING_OK;
+    // The warp agrees on the worst outcome (ABORTED > TIMED_OUT > OK).
+    for (int lanes = 16; lanes > 0; lanes /= 2) {
+        const int other = __shfl_xor_sync(0xffffffffu, outcome, lanes);
+        outcome = other > outcome ? other : outcome;
+    }
+    return outcome;
 }
 
 // Publishes frame `seq` (one thread, after every write of the frame: a barrier first when several threads wrote
 // it): published[seq % N] = seq + 1 with st.release.sys, then next_sequence and the progress word. The full fence
 // after next_sequence pairs with the host's registration of a consumer (it claims a record, then reads
 // next_sequence as the consumer's join sequence): the next acquire's reads of the records come after it, so a
-// consumer joining now is either seen or joins after this frame.
+// consumer joining now is either seen or joins after this frame. The progress word is for the host's bookkeeping.
 static __device__ __forceinline__ void gpu_ipc_ring_publish_frame(const gpu_ipc_ring_producer_descriptor* d,
                                                                   gpu_ipc_ring_u64 seq)
 {
     gpu_ipc_ring_store_release(
         gpu_ipc_ring_control_word(d->control, d->published_offset + (seq % d->slot_count) * d->published_stride),
         seq + 1ull);
-    gpu_ipc_ring_store_release(gpu_ipc_ring_control_word(d->control, d->next_sequence_offset), seq + 1ull);
+    gpu_ipc_ring_store_relaxed(gpu_ipc_ring_control_word(d->control, d->next_sequence_offset), seq + 1ull);
     asm volatile("fence.sc.sys;" : : : "memory");
-    gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)d->progress, seq + 1ull);
+    gpu_ipc_ring_store_relaxed((gpu_ipc_ring_u64*)d->progress, seq + 1ull);
 }
 
 #endif // GPU_IPC_RING_CUH

@@ -309,11 +309,11 @@ extern "C" __global__ void gpu_ipc_persistent_verify(const gpu_ipc_ring_descript
 }
 
 // A persistent producer on the ring's device API (gpu_ipc_ring.cuh): one launch for `frames` frames from
-// ring->first_sequence on, no CPU work per frame. For each frame, thread 0 waits until its slot is free (every live
+// ring->first_sequence on, no CPU work per frame. For each frame, the first warp waits until its slot is free (every live
 // consumer released the frame it held; bounded by `timeout_ns` per frame and by the abort word), the block writes
 // the frame's pattern, then thread 0 publishes it. It leaves at the first slot that does not come free (timed out,
-// aborted). Launch it with ONE block (of any size): the publish must follow every write of the frame, which a
-// barrier gives within a block. result[0] frames published, result[1] 0, result[2] outcome (as
+// aborted). Launch it with ONE block of at least 32 threads (whole warps): the publish must follow every write of
+// the frame, which a barrier gives within a block. result[0] frames published, result[1] 0, result[2] outcome (as
 // gpu_ipc_persistent_verify's), result[3] the frame it stopped at (the first not published).
 extern "C" __global__ void gpu_ipc_persistent_fill(const gpu_ipc_ring_producer_descriptor* ring,
                                                    unsigned long long frames, unsigned long long timeout_ns,
@@ -332,8 +332,12 @@ extern "C" __global__ void gpu_ipc_persistent_fill(const gpu_ipc_ring_producer_d
     unsigned long long done = 0;
     for (; done < frames; ++done) {
         const unsigned long long seq = d.first_sequence + done;
-        if (threadIdx.x == 0) {
-            outcome = gpu_ipc_ring_acquire_slot(&d, seq, gpu_ipc_ring_deadline(timeout_ns));
+        if (threadIdx.x < 32u) {
+            // The first warp reads the consumer records side by side.
+            const int acquired = gpu_ipc_ring_acquire_slot(&d, seq, gpu_ipc_ring_deadline(timeout_ns));
+            if (threadIdx.x == 0) {
+                outcome = acquired;
+            }
         }
         // Every thread sees the outcome, and writes the slot only after thread 0's acquire of the releases.
         __syncthreads();
