@@ -114,23 +114,23 @@ static __device__ __forceinline__ void gpu_ipc_ring_store_relaxed(gpu_ipc_ring_u
 }
 
 // Waits until *word >= target (unsigned: POISON satisfies every wait), %globaltimer passes `deadline`, or *abort is
-// non-zero (looked at first, then every GPU_IPC_RING_ABORT_CHECK polls; `abort` may be null). One thread. On
-// GPU_IPC_RING_OK the value seen is stored into *seen when `seen` is not null (no second read over the bus).
+// non-zero (`abort` may be null). One thread. The word is read first: a wait that is already satisfied costs one
+// read over the bus; the abort word is looked at after the first poll that falls short, then every
+// GPU_IPC_RING_ABORT_CHECK polls (a kernel that must not start on an aborted ring reads it itself first, as
+// gpu_ipc_ring_wait does). On GPU_IPC_RING_OK the value seen is stored into *seen when `seen` is not null (no second
+// read over the bus).
 static __device__ __forceinline__ int gpu_ipc_ring_wait_at_least(const gpu_ipc_ring_u64* word,
                                                                   gpu_ipc_ring_u64 target, gpu_ipc_ring_u64 deadline,
                                                                   const gpu_ipc_ring_u64* abort,
                                                                   gpu_ipc_ring_u64* seen = 0)
 {
-    if (abort != 0 && gpu_ipc_ring_load_acquire(abort) != 0) {
-        return GPU_IPC_RING_ABORTED;
-    }
     unsigned int polls = 0;
     gpu_ipc_ring_u64 value;
     while ((value = gpu_ipc_ring_load_acquire(word)) < target) {
         if (gpu_ipc_ring_globaltimer() >= deadline) {
             return GPU_IPC_RING_TIMED_OUT;
         }
-        if (++polls % GPU_IPC_RING_ABORT_CHECK == 0 && abort != 0 && gpu_ipc_ring_load_acquire(abort) != 0) {
+        if (polls++ % GPU_IPC_RING_ABORT_CHECK == 0 && abort != 0 && gpu_ipc_ring_load_acquire(abort) != 0) {
             return GPU_IPC_RING_ABORTED;
         }
     }
@@ -244,8 +244,9 @@ static __device__ __forceinline__ void* gpu_ipc_ring_slot_to_write(const gpu_ipc
 }
 
 // Waits (one thread) until consumer record `i` no longer holds frame `previous`: it released it (a dead consumer's
-// counters hold POISON, which satisfies the wait), it is not live, or it joined after that frame. The release is
-// looked at first (one read over the bus when the consumer is ahead); then the record's state, again every
+// counters hold POISON, which satisfies the wait), it is not live, or it joined after that frame. The release and
+// the record's state are read together first (one trip over the bus when the consumer is ahead or the record is
+// free); then the state again every
 // GPU_IPC_RING_ABORT_CHECK polls while it waits: a record that changed hands (the consumer left, died, or a new one
 // took the record) is judged again. A record mid-registration (Joining) is waited out: the host decides its join
 // sequence in microseconds.
@@ -258,7 +259,14 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_rin
     const gpu_ipc_ring_u64* released = gpu_ipc_ring_control_word(
         d->control, record + d->released_offset + (previous % d->slot_count) * d->released_stride);
     const gpu_ipc_ring_u64* abort = (const gpu_ipc_ring_u64*)d->abort;
-    if (gpu_ipc_ring_load_acquire(released) > previous) {
+    // The release and the state side by side (two relaxed reads in flight at once), then a fence that gives both
+    // acquire ordering: a consumer ahead of the producer, or a record nobody holds, costs one trip over the bus.
+    gpu_ipc_ring_u64 seen_released, seen_state;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen_released) : "l"(released) : "memory");
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen_state) : "l"(state) : "memory");
+    asm volatile("fence.acq_rel.sys;" : : : "memory");
+    const gpu_ipc_ring_u64 seen_kind = seen_state & GPU_IPC_RING_STATE_MASK;
+    if (seen_released > previous || (seen_kind != GPU_IPC_RING_STATE_LIVE && seen_kind != GPU_IPC_RING_STATE_JOINING)) {
         return GPU_IPC_RING_OK;
     }
     unsigned int polls = 0;
@@ -298,7 +306,8 @@ static __device__ __forceinline__ int gpu_ipc_ring_acquire_slot(const gpu_ipc_ri
                                                                 gpu_ipc_ring_u64 seq, gpu_ipc_ring_u64 deadline)
 {
     int outcome = GPU_IPC_RING_OK;
-    if (gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)d->abort) != 0) {
+    // The last lane looks at the abort word (with 31 records or fewer it holds none: no trip on the others' path).
+    if (threadIdx.x % 32u == 31u && gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)d->abort) != 0) {
         outcome = GPU_IPC_RING_ABORTED;
     } else if (seq >= d->slot_count) {
         const gpu_ipc_ring_u64 previous = seq - d->slot_count;
