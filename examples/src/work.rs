@@ -4,7 +4,7 @@
 use gpu_ipc::core::backend::{Backend, GpuBackend};
 use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::core::fake::{HostContext, HostFake};
-use gpu_ipc::core::frames::{Consumer, Frame, FrameError, Producer, SlotLease, StageIo};
+use gpu_ipc::core::frames::{Consumer, Frame, FrameError, FrameGraphs, Producer, SlotLease, StageIo};
 use gpu_ipc::kernels::launch::Stamp;
 use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_words_host};
 use gpu_ipc::kernels::persistent::{PersistentFill, PersistentResult, PersistentVerify};
@@ -104,6 +104,68 @@ pub trait FrameWork<B: Backend>: Sized {
         frames: u64,
         per_frame: std::time::Duration,
     ) -> Result<PersistentResult, FrameError>;
+    /// Writes and publishes `frames` frames with the producer's frame graphs (one per slot: wait for the slot, the
+    /// pattern fill, publish; one `cuGraphLaunch` per frame), then waits for them (bounded).
+    ///
+    /// # Errors
+    /// A strategy other than gpu-stream-ops or gpu-poll, the host backend, a capture, kernel or driver error.
+    fn run_graph_fill(
+        &mut self,
+        producer: &mut Producer<B>,
+        frames: u64,
+        per_frame: std::time::Duration,
+        progress_every: u64,
+    ) -> Result<GraphRun, FrameError>;
+    /// Verifies and releases `frames` frames (0: until the end of the stream) with the consumer's frame graphs (one
+    /// per slot: wait and stamp check, the pattern check, release), then waits for them (bounded).
+    ///
+    /// # Errors
+    /// As [`FrameWork::run_graph_fill`].
+    fn run_graph_verify(
+        &mut self,
+        consumer: &mut Consumer<B>,
+        frames: u64,
+        per_frame: std::time::Duration,
+        progress_every: u64,
+    ) -> Result<GraphRun, FrameError>;
+}
+
+/// What a run of frame graphs did (`producer --graph`, `consumer --graph`).
+#[derive(Debug)]
+pub struct GraphRun {
+    /// Graphs launched: one per frame.
+    pub launched: u64,
+    /// Of those, frames a consumer's graphs did not read (their stamp was not the producer's, their wait gave up,
+    /// or they came past the end of the stream); 0 for a producer.
+    pub skipped: u64,
+    /// Mismatched words of the frames read (a consumer's).
+    pub mismatched_words: u64,
+    /// How the run ended before its count: the end of the stream, the producer gone (a consumer's).
+    pub ended: Option<FrameError>,
+}
+
+/// Launches `side`'s frame graphs until `frames` are launched (0: until `launch` fails with the end of the stream or
+/// the producer gone), printing `what: frame N` every `progress_every` frames.
+fn launch_graphs(
+    frames: u64,
+    progress_every: u64,
+    what: &str,
+    mut launch: impl FnMut() -> Result<u64, FrameError>,
+) -> Result<(u64, Option<FrameError>), FrameError> {
+    let mut launched = 0u64;
+    while frames == 0 || launched < frames {
+        match launch() {
+            Ok(_) => launched += 1,
+            Err(e @ (FrameError::EndOfStream { .. } | FrameError::ProducerGone { .. })) => {
+                return Ok((launched, Some(e)));
+            }
+            Err(e) => return Err(e),
+        }
+        if progress_every != 0 && launched.is_multiple_of(progress_every) {
+            eprintln!("{what}: frame {launched}");
+        }
+    }
+    Ok((launched, None))
 }
 
 /// How long to wait for a persistent kernel of `frames` frames, each allowed `per_frame` (it leaves sooner on its
@@ -227,6 +289,44 @@ impl<B: GpuBackend> FrameWork<B> for GpuWork {
         kernel.launch(producer, &self.gpu.stream, frames, per_frame)?;
         kernel.finish(producer, persistent_bound(frames, per_frame))
     }
+
+    fn run_graph_fill(
+        &mut self,
+        producer: &mut Producer<B>,
+        frames: u64,
+        per_frame: std::time::Duration,
+        progress_every: u64,
+    ) -> Result<GraphRun, FrameError> {
+        let Gpu { kernels, stream, .. } = &self.gpu;
+        let mut graphs: FrameGraphs = producer.capture_frame_graphs(stream, per_frame, |slot, s| {
+            kernels.fill_at(s, slot.span, slot.frame_state).map_err(kernel_error)
+        })?;
+        let (launched, ended) =
+            launch_graphs(frames, progress_every, "producer", || producer.launch_frame_graph(&mut graphs, stream))?;
+        producer.finish_frame_graphs(persistent_bound(launched.min(1 << 20), per_frame))?;
+        Ok(GraphRun { launched, skipped: 0, mismatched_words: 0, ended })
+    }
+
+    fn run_graph_verify(
+        &mut self,
+        consumer: &mut Consumer<B>,
+        frames: u64,
+        per_frame: std::time::Duration,
+        progress_every: u64,
+    ) -> Result<GraphRun, FrameError> {
+        let Gpu { kernels, stream, ctx } = &self.gpu;
+        let counter = DeviceBuffer::alloc(ctx, 8)?;
+        counter.write(0, &[0u64])?;
+        let mut graphs = consumer.capture_frame_graphs(stream, per_frame, |slot, s| {
+            kernels.verify_at(s, slot.span, slot.frame_state, counter.span()).map_err(kernel_error)
+        })?;
+        let (launched, ended) =
+            launch_graphs(frames, progress_every, "consumer", || consumer.launch_frame_graph(&mut graphs, stream))?;
+        consumer.finish_frame_graphs(persistent_bound(launched.min(1 << 20), per_frame))?;
+        let mut mismatched = [0u64];
+        counter.read(0, &mut mismatched)?;
+        Ok(GraphRun { launched, skipped: graphs.skipped()?, mismatched_words: mismatched[0], ended })
+    }
 }
 
 /// The host backend's side: the CPU writes and checks the pattern in the shared host memory.
@@ -309,6 +409,26 @@ impl FrameWork<HostFake> for HostWork {
         _per_frame: std::time::Duration,
     ) -> Result<PersistentResult, FrameError> {
         Err(FrameError::Config("--persistent runs a kernel on the ring: it needs a GPU backend (legacy or vmm)".into()))
+    }
+
+    fn run_graph_fill(
+        &mut self,
+        _producer: &mut Producer<HostFake>,
+        _frames: u64,
+        _per_frame: std::time::Duration,
+        _progress_every: u64,
+    ) -> Result<GraphRun, FrameError> {
+        Err(FrameError::Config("--graph captures CUDA graphs: it needs a GPU backend (legacy or vmm)".into()))
+    }
+
+    fn run_graph_verify(
+        &mut self,
+        _consumer: &mut Consumer<HostFake>,
+        _frames: u64,
+        _per_frame: std::time::Duration,
+        _progress_every: u64,
+    ) -> Result<GraphRun, FrameError> {
+        Err(FrameError::Config("--graph captures CUDA graphs: it needs a GPU backend (legacy or vmm)".into()))
     }
 }
 

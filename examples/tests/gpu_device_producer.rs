@@ -1,6 +1,8 @@
-//! The producer's half of the ring's device API (`gpu_ipc_ring.cuh`: acquire a slot, publish), on a real GPU with the
-//! example programs in separate processes: `producer --persistent` writes and publishes every frame in one persistent
-//! kernel (`gpu_ipc_persistent_fill`), no launch and no CPU work per frame.
+//! The producer's half of the ring's device API (`gpu_ipc_ring.cuh`: acquire a slot, publish) and frame graphs, on a
+//! real GPU with the example programs in separate processes: `producer --persistent` writes and publishes every
+//! frame in one persistent kernel (`gpu_ipc_persistent_fill`), no launch and no CPU work per frame; `--graph` (both
+//! programs) runs each frame as one launch of a CUDA graph captured per slot (ring step, the pattern kernel, ring
+//! step).
 //! - its frames reach an ordinary consumer (one kernel per frame) and a persistent consumer intact, on both backends
 //!   with gpu-stream-ops and gpu-poll rings, and both sides persistent give the device API's round trip through a
 //!   one-slot ring (printed);
@@ -8,6 +10,9 @@
 //!   releases the kernel's wait), and the other consumer still reads every frame intact;
 //! - a consumer that attaches while the kernel publishes is admitted (`Producer::finish_ring_kernel` serves the front
 //!   door) and reads intact frames from its join on;
+//! - frame graphs on both sides move 4K frames intact beside an ordinary consumer, and their CPU time per frame is
+//!   printed beside the same programs without graphs (`frame graphs`); a graph consumer whose producer is SIGKILLed
+//!   leaves with `ProducerGone` and 0 mismatched words (the frames it never wrote are skipped by the stamp check).
 //!
 //! Not here: SIGKILL of the process whose kernel publishes. Under MPS a process killed while its kernel polls memory
 //! shared with another process can fault the MPS server for every client (docs/kernels.md, "When not to use a
@@ -159,5 +164,76 @@ fn a_persistent_producer_outlives_a_killed_consumer_and_admits_a_new_one() {
         );
         record(&serde_json::json!({"test": "persistent-producer-churn", "backend": backend, "producer": pj,
             "consumers": [aj, lj]}));
+    }
+}
+
+/// A producer of 4K frames on 4 slots, `--graph` or not.
+fn producer_4k(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: usize, graph: bool) -> Proc {
+    let extra: &[&str] = if graph { &["--graph", "--progress-every", "500"] } else { &["--progress-every", "500"] };
+    producer_on(backend, sync, sock, frames, consumers, 4, extra)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn frame_graphs_move_every_frame_intact_with_little_cpu_per_frame() {
+    const FRAMES: u64 = 3000;
+    if let Err(why) = mps() {
+        println!("frame graphs: skipped (needs MPS: {why})");
+        return;
+    }
+    for backend in BACKENDS {
+        for sync in GPU_SIDE {
+            for graph in [false, true] {
+                let what = format!("{backend}/{sync}{}", if graph { " graphs" } else { "" });
+                let sock = socket(&format!("graph-{backend}-{sync}-{graph}"));
+                let p = producer_4k(backend, sync, &sock, FRAMES, 2, graph);
+                let extra: &[&str] = if graph { &["--graph"] } else { &[] };
+                let a = consumer_with("a", backend, &sock, FRAMES, extra);
+                let b = consumer("b", backend, &sock, FRAMES);
+                let (ps, _, pj) = p.finish(Duration::from_secs(120));
+                let (a_status, _, aj) = a.finish(Duration::from_secs(30));
+                let (b_status, _, bj) = b.finish(Duration::from_secs(30));
+                assert!(ps.success(), "{what}: producer {ps} {pj}");
+                assert!(a_status.success() && b_status.success(), "{what}: {a_status} {aj}, {b_status} {bj}");
+                assert_eq!(pj["frames"], FRAMES, "{what}: {pj}");
+                assert_intact(&what, &aj, FRAMES);
+                assert_intact(&what, &bj, FRAMES);
+                println!(
+                    "frame graphs {what}: {:.0} frames/s; CPU per frame: producer {:.2} us, consumer a {:.2} us \
+                     (consumer b, no graphs: {:.2} us)",
+                    pj["fps"].as_f64().unwrap(),
+                    pj["cpu_us_per_frame"].as_f64().unwrap(),
+                    aj["cpu_us_per_frame"].as_f64().unwrap(),
+                    bj["cpu_us_per_frame"].as_f64().unwrap()
+                );
+                record(&serde_json::json!({"test": "frame-graphs", "backend": backend, "sync": sync, "graph": graph,
+                    "producer": pj, "consumers": [aj, bj]}));
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_graph_consumer_leaves_when_its_producer_is_killed_and_mismatches_no_word() {
+    if let Err(why) = mps() {
+        println!("frame graphs, producer killed: skipped (needs MPS: {why})");
+        return;
+    }
+    for backend in BACKENDS {
+        let sync = "gpu-stream-ops";
+        let what = format!("{backend}/{sync}");
+        let sock = socket(&format!("graph-kill-{backend}"));
+        let mut p = producer_4k(backend, sync, &sock, u64::MAX / 4, 1, false);
+        let c = consumer_with("g", backend, &sock, 0, &["--graph"]);
+        c.wait_for_line("frame 1000", Duration::from_secs(60));
+        p.kill9();
+        let (cs, _, cj) = c.finish(Duration::from_secs(15));
+        let _ = p.finish(Duration::from_secs(5));
+        assert_eq!(cs.code(), Some(4), "{what}: consumer exit {cs}, {cj}");
+        assert_eq!(cj["mismatched_words"], 0, "{what}: {cj}");
+        let skipped = cj["skipped_frames"].as_u64().unwrap();
+        println!("graph consumer, producer killed {what}: 0 mismatched words, {skipped} frames skipped");
+        record(&serde_json::json!({"test": "graph-consumer-producer-killed", "backend": backend, "consumer": cj}));
     }
 }

@@ -342,4 +342,18 @@ static __device__ __forceinline__ void gpu_ipc_ring_publish_frame(const gpu_ipc_
     gpu_ipc_ring_store_relaxed((gpu_ipc_ring_u64*)d->progress, seq + 1ull);
 }
 
+// ---- Frame graphs ----------------------------------------------------------------------------------------------
+
+// The frame graphs' per-ring state, in device memory (docs/frames.md, "Frame graphs"): one CUDA graph per slot is
+// captured once, its kernels' arguments fixed, so the frame a graph launch is for lives here. The ring step that
+// opens a frame (gpu_ipc_graph_wait_frame, gpu_ipc_graph_acquire_slot) writes `valid`; the one that closes it
+// advances `sequence`. The application's kernels in the graph read `sequence` (which frame) and `valid` (0: the
+// wait gave up or the frame is not the producer's; do not read or write the slot).
+struct gpu_ipc_graph_frame {
+    gpu_ipc_ring_u64 sequence;  // the frame the graph launched now is for
+    gpu_ipc_ring_u64 valid;     // 1 when the slot may be used
+    gpu_ipc_ring_u64 skipped;   // frames whose wait gave up or whose stamp was not the producer's (consumer side)
+    gpu_ipc_ring_u64 reserved;
+};
+
 #endif // GPU_IPC_RING_CUH

@@ -94,8 +94,9 @@ static __device__ __forceinline__ unsigned long long gpu_ipc_thread_count()
     return (unsigned long long)gridDim.x * blockDim.x;
 }
 
-// Word i of dst := pattern(seq, i), for i in [0, n_words).
-extern "C" __global__ void gpu_ipc_fill_pattern(unsigned int* dst, unsigned long long n_words, unsigned long long seq)
+// Word i of dst := pattern(seq, i), for i in [0, n_words). Every thread of the grid calls it.
+static __device__ __forceinline__ void gpu_ipc_fill(unsigned int* dst, unsigned long long n_words,
+                                                    unsigned long long seq)
 {
     const unsigned int seq_term = gpu_ipc_seq_term(seq);
     const unsigned long long first = gpu_ipc_thread_index();
@@ -118,6 +119,12 @@ extern "C" __global__ void gpu_ipc_fill_pattern(unsigned int* dst, unsigned long
         const unsigned long long i = gpu_ipc_edge_index(k, head, n_vec);
         dst[i] = gpu_ipc_pattern(seq_term, i);
     }
+}
+
+// Word i of dst := pattern(seq, i), for i in [0, n_words).
+extern "C" __global__ void gpu_ipc_fill_pattern(unsigned int* dst, unsigned long long n_words, unsigned long long seq)
+{
+    gpu_ipc_fill(dst, n_words, seq);
 }
 
 // *mismatches += the number of words i in [0, n_words) of src with src[i] != pattern(seq, i). Every thread of the
@@ -362,4 +369,25 @@ extern "C" __global__ void gpu_ipc_persistent_fill(const gpu_ipc_ring_producer_d
         result[3] = d.first_sequence + done;
         __threadfence_system();
     }
+}
+
+// The pattern kernels for frame graphs (docs/frames.md, "Frame graphs"), whose arguments are fixed when the graph is
+// captured: the sequence is read from the frame state (struct gpu_ipc_graph_frame, device memory) that the graph's
+// ring step wrote, and nothing is done when the state says the slot may not be used (valid == 0).
+extern "C" __global__ void gpu_ipc_fill_pattern_at(unsigned int* dst, unsigned long long n_words,
+                                                   const gpu_ipc_graph_frame* state)
+{
+    if (state->valid == 0ull) {
+        return;
+    }
+    gpu_ipc_fill(dst, n_words, state->sequence);
+}
+
+extern "C" __global__ void gpu_ipc_verify_pattern_at(const unsigned int* src, unsigned long long n_words,
+                                                     const gpu_ipc_graph_frame* state, unsigned long long* mismatches)
+{
+    if (state->valid == 0ull) {
+        return;
+    }
+    gpu_ipc_count_mismatches(src, n_words, state->sequence, mismatches);
 }

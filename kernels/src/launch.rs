@@ -6,7 +6,7 @@ use ipc_core::driver::{
 };
 
 use crate::image::{self, ComputeCapability, KernelImage, NoImageForDevice};
-use crate::{CHECK_STAMP, FILL_PATTERN, VERIFY_PATTERN, VERIFY_STAMPED, XOR_WORDS};
+use crate::{CHECK_STAMP, FILL_PATTERN, FILL_PATTERN_AT, VERIFY_PATTERN, VERIFY_PATTERN_AT, VERIFY_STAMPED, XOR_WORDS};
 
 /// Why the kernels could not be loaded or launched.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +99,8 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
 pub struct PatternKernels {
     fill: Function,
     verify: Function,
+    fill_at: Function,
+    verify_at: Function,
     check_stamp: Function,
     verify_stamped: Function,
     xor: Function,
@@ -143,6 +145,8 @@ impl PatternKernels {
         Ok(Self {
             fill: module.function(FILL_PATTERN)?,
             verify: module.function(VERIFY_PATTERN)?,
+            fill_at: module.function(FILL_PATTERN_AT)?,
+            verify_at: module.function(VERIFY_PATTERN_AT)?,
             check_stamp: module.function(CHECK_STAMP)?,
             verify_stamped: module.function(VERIFY_STAMPED)?,
             xor: module.function(XOR_WORDS)?,
@@ -179,6 +183,50 @@ impl PatternKernels {
             stream,
             config,
             &[KernelArg::Span(frame), KernelArg::U64(words), KernelArg::U64(seq)],
+        )?;
+        Ok(())
+    }
+
+    /// Queues a fill of the whole of `frame` with the pattern of the frame a frame graph's launch is for (the
+    /// sequence in `frame_state`, `ipc_core::frames::GraphSlot::frame_state`), nothing when the state says the slot
+    /// may not be used: what a producer's frame graph records.
+    ///
+    /// # Errors
+    /// A length that is not a multiple of 4, or the launch error.
+    pub fn fill_at(
+        &self,
+        stream: &Stream,
+        frame: DeviceSpan<'_>,
+        frame_state: DeviceSpan<'_>,
+    ) -> Result<(), KernelError> {
+        let (config, words) = self.config(frame.len())?;
+        self.fill_at.launch_typed(
+            stream,
+            config,
+            &[KernelArg::Span(frame), KernelArg::U64(words), KernelArg::Span(frame_state)],
+        )?;
+        Ok(())
+    }
+
+    /// As [`PatternKernels::verify`] for the frame a frame graph's launch is for (the sequence in `frame_state`),
+    /// nothing when the state says the frame is not valid (its stamp was not the producer's, or the wait gave up):
+    /// what a consumer's frame graph records.
+    ///
+    /// # Errors
+    /// As [`PatternKernels::verify`].
+    pub fn verify_at(
+        &self,
+        stream: &Stream,
+        frame: DeviceSpan<'_>,
+        frame_state: DeviceSpan<'_>,
+        mismatches: DeviceSpan<'_>,
+    ) -> Result<(), KernelError> {
+        let (config, words) = self.config(frame.len())?;
+        let counter = mismatches.slice(0, 8)?;
+        self.verify_at.launch_typed(
+            stream,
+            config,
+            &[KernelArg::Span(frame), KernelArg::U64(words), KernelArg::Span(frame_state), KernelArg::Span(counter)],
         )?;
         Ok(())
     }

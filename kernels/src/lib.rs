@@ -18,6 +18,7 @@
 //!   (`kernels/cuda/gpu_ipc_ring.cuh`; launched by [`persistent`])
 //! - [`PERSISTENT_FILL`]`(const gpu_ipc_ring_producer_descriptor* ring, unsigned long long frames,
 //!   unsigned long long timeout_ns, unsigned long long* result)`, its producer's side
+//! - [`FILL_PATTERN_AT`] and [`VERIFY_PATTERN_AT`], the fill and the check inside frame graphs
 //! - the work queue's demo worker and producer, [`work_queue::KERNELS`] (their device functions are in
 //!   `kernels/cuda/work_queue.cuh`, for your own kernels).
 
@@ -65,9 +66,28 @@ pub const PERSISTENT_VERIFY: &str = "gpu_ipc_persistent_verify";
 /// free, writes the frame's pattern and publishes `frames` frames on the ring's device API; see [`persistent`].
 pub const PERSISTENT_FILL: &str = "gpu_ipc_persistent_fill";
 
+/// `gpu_ipc_fill_pattern_at(unsigned int* dst, unsigned long long n_words, const gpu_ipc_graph_frame* state)`: as
+/// [`FILL_PATTERN`] for the frame `state->sequence`, nothing when `state->valid` is 0: the fill inside a frame graph
+/// (`ipc_core::frames::GraphSlot`), whose arguments are fixed when it is captured.
+pub const FILL_PATTERN_AT: &str = "gpu_ipc_fill_pattern_at";
+
+/// `gpu_ipc_verify_pattern_at(const unsigned int* src, unsigned long long n_words, const gpu_ipc_graph_frame* state,
+/// unsigned long long* mismatches)`: as [`VERIFY_PATTERN`] for the frame `state->sequence`, nothing when
+/// `state->valid` is 0 (the frame's stamp was not the producer's, or the wait gave up): the check inside a frame graph.
+pub const VERIFY_PATTERN_AT: &str = "gpu_ipc_verify_pattern_at";
+
 /// The frame-pattern kernels; [`probe::kernel_names`] lists the probes' kernels.
-pub const KERNELS: [&str; 7] =
-    [FILL_PATTERN, VERIFY_PATTERN, XOR_WORDS, CHECK_STAMP, VERIFY_STAMPED, PERSISTENT_VERIFY, PERSISTENT_FILL];
+pub const KERNELS: [&str; 9] = [
+    FILL_PATTERN,
+    VERIFY_PATTERN,
+    XOR_WORDS,
+    CHECK_STAMP,
+    VERIFY_STAMPED,
+    PERSISTENT_VERIFY,
+    PERSISTENT_FILL,
+    FILL_PATTERN_AT,
+    VERIFY_PATTERN_AT,
+];
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

@@ -76,6 +76,10 @@ struct Args {
     /// or gpu-poll; read docs/kernels.md about MPS first).
     #[arg(long)]
     persistent: bool,
+    /// Verify and release the frames with frame graphs: one CUDA graph per slot (wait and stamp check, the check,
+    /// release), one launch per frame (gpu-stream-ops or gpu-poll, under MPS).
+    #[arg(long, conflicts_with_all = ["persistent", "stall_after", "check_each_frame"])]
+    graph: bool,
     /// Also accept a producer running as this uid (repeatable; default: our own uid only).
     #[arg(long = "producer-uid", value_name = "UID")]
     producer_uids: Vec<u32>,
@@ -136,12 +140,17 @@ impl ProgramVisitor for Run {
         if args.cycles > 1 && args.frames == 0 {
             return Err(FrameError::Config("--cycles needs a --frames count to read in each cycle".into()));
         }
+        if args.graph && args.cycles > 1 {
+            return Err(FrameError::Config("--graph reads one attachment: leave out --cycles".into()));
+        }
         if args.persistent && (args.frames == 0 || args.stall_after.is_some() || args.check_each_frame) {
             return Err(FrameError::Config(
                 "--persistent needs a --frames count, and neither --stall-after nor --check-each-frame".into(),
             ));
         }
         let mut persistent = None;
+        let mut graph_mismatched = 0u64;
+        let mut graph_skipped = None;
         let mut work = W::open(args.common.device)?;
         let producer = match args.producer_uids.as_slice() {
             [] => PeerPolicy::SameUser,
@@ -195,7 +204,27 @@ impl ProgramVisitor for Run {
                 }
                 persistent = Some(result);
             }
-            while !args.persistent && (args.frames == 0 || read < args.frames) {
+            if args.graph {
+                let run = work.run_graph_verify(&mut consumer, args.frames, timeout, args.progress_every)?;
+                let past_end = match run.ended {
+                    Some(FrameError::EndOfStream { published, .. }) => {
+                        ended = Some(published);
+                        consumer.next_sequence().saturating_sub(published)
+                    }
+                    Some(FrameError::ProducerGone { pid, how }) => {
+                        gone = Some(format!("producer pid {pid}: {how}"));
+                        0
+                    }
+                    _ => 0,
+                };
+                read = run.launched - run.skipped;
+                frames += read;
+                graph_mismatched = run.mismatched_words;
+                graph_skipped = Some(run.skipped.saturating_sub(past_end));
+                // Frames past the end were launched and skipped, not read: `frames` already leaves them out.
+                last_counted = None;
+            }
+            while !args.persistent && !args.graph && (args.frames == 0 || read < args.frames) {
                 if args.stall_after.is_some_and(|n| frames >= n) {
                     stall_outcome = Some(stall(&mut consumer, work.stream(), Duration::from_secs(args.stall_timeout)));
                     break;
@@ -255,7 +284,8 @@ impl ProgramVisitor for Run {
         let elapsed = t0.elapsed();
         // With a clean end, only the frames the producer published count: their last is `end - 1`.
         let mismatched = work.mismatches(ended.map(|end| end.saturating_sub(1)))?
-            + persistent.map_or(0, |p: PersistentResult| p.mismatched_words);
+            + persistent.map_or(0, |p: PersistentResult| p.mismatched_words)
+            + graph_mismatched;
         Ok(Summary {
             role: "consumer",
             name: args.name,
@@ -280,7 +310,10 @@ impl ProgramVisitor for Run {
             device_free_at_end: work.device_free(),
             stall_outcome,
             frames_never_published,
-            skipped_frames: work.skipped()?,
+            skipped_frames: match graph_skipped {
+                Some(skipped) => Some(skipped),
+                None => work.skipped()?,
+            },
             persistent,
         })
     }

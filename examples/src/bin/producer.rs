@@ -18,6 +18,9 @@
 //! instead (`gpu_ipc_persistent_fill`, gpu-stream-ops or gpu-poll: no launch and no CPU work per frame; consumers of
 //! any kind read them; the summary's `persistent` says how it ended).
 //!
+//! `--graph` publishes them with frame graphs instead (one CUDA graph per slot: the wait for the slot, the pattern
+//! fill, the publish; one `cuGraphLaunch` per frame; gpu-stream-ops or gpu-poll, under MPS).
+//!
 //! Exit status: 0 done; 1 an error; 3 no CUDA driver (use `--backend host`).
 //!
 //! For the stress harness (`gpu-ipc stress`): `--until-stdin-closes` runs until the parent closes the pipe,
@@ -91,6 +94,10 @@ struct Args {
     /// gpu-poll; read docs/kernels.md before using it under MPS).
     #[arg(long, conflicts_with_all = ["until_stdin_closes", "evict_after_ms", "progress_every"])]
     persistent: bool,
+    /// Publish the `--frames` frames with frame graphs: one CUDA graph per slot (wait for the slot, fill, publish),
+    /// one launch per frame (gpu-stream-ops or gpu-poll, under MPS).
+    #[arg(long, conflicts_with_all = ["until_stdin_closes", "evict_after_ms", "persistent"])]
+    graph: bool,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -131,8 +138,8 @@ impl ProgramVisitor for Run {
     type Output = Summary;
     fn run<B: Backend, W: FrameWork<B>>(self) -> Result<Summary, FrameError> {
         let args = self.0;
-        if args.persistent && args.frames == 0 {
-            return Err(FrameError::Config("--persistent needs a --frames count".into()));
+        if (args.persistent || args.graph) && args.frames == 0 {
+            return Err(FrameError::Config("--persistent and --graph need a --frames count".into()));
         }
         let mut work = W::open(args.common.device)?;
         let host = !B::KIND.is_gpu();
@@ -176,7 +183,10 @@ impl ProgramVisitor for Run {
             }
             persistent = Some(result);
         }
-        while !args.persistent && (args.frames == 0 || produced < args.frames) && !stopped() {
+        if args.graph {
+            produced = work.run_graph_fill(&mut producer, args.frames, timeout, args.progress_every)?.launched;
+        }
+        while !args.persistent && !args.graph && (args.frames == 0 || produced < args.frames) && !stopped() {
             let slot = producer.acquire(work.stream(), timeout)?;
             work.fill(&producer, &slot)?;
             producer.publish(slot, work.stream())?;

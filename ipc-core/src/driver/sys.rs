@@ -13,6 +13,8 @@ pub type CUmodule = *mut CUmod_st;
 pub type CUfunction = *mut CUfunc_st;
 pub type CUevent = *mut CUevent_st;
 pub type CUstream = *mut CUstream_st;
+pub type CUgraph = *mut CUgraph_st;
+pub type CUgraphExec = *mut CUgraphExec_st;
 pub type CUmemoryPool = *mut CUmemPoolHandle_st;
 pub type CUuuid = CUuuid_st;
 pub type CUipcEventHandle_v1 = CUipcEventHandle_st;
@@ -34,6 +36,7 @@ pub type CUfunction_attribute_enum = ::core::ffi::c_uint;
 pub type CUcomputemode_enum = ::core::ffi::c_uint;
 pub type CUjit_option_enum = ::core::ffi::c_uint;
 pub type CUhostFn = ::core::option::Option<unsafe extern "C" fn(userData: *mut ::core::ffi::c_void)>;
+pub type CUstreamCaptureMode_enum = ::core::ffi::c_uint;
 pub type CUoccupancyB2DSize = ::core::option::Option<unsafe extern "C" fn(blockSize: ::core::ffi::c_int) -> usize>;
 pub type CUmemGenericAllocationHandle_v1 = ::core::ffi::c_ulonglong;
 pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
@@ -75,6 +78,16 @@ pub struct CUevent_st {
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUstream_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUgraph_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUgraphExec_st {
     _unused: [u8; 0],
 }
 #[repr(C)]
@@ -473,6 +486,10 @@ pub struct CudaDriverApi {
         unsafe extern "C" fn(hStream: CUstream, hEvent: CUevent, Flags: ::core::ffi::c_uint) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuStreamBeginCapture_v2:
+        Result<unsafe extern "C" fn(hStream: CUstream, mode: CUstreamCaptureMode) -> CUresult, ::libloading::Error>,
+    pub cuStreamEndCapture:
+        Result<unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult, ::libloading::Error>,
     pub cuStreamQuery: Result<unsafe extern "C" fn(hStream: CUstream) -> CUresult, ::libloading::Error>,
     pub cuStreamSynchronize: Result<unsafe extern "C" fn(hStream: CUstream) -> CUresult, ::libloading::Error>,
     pub cuStreamDestroy_v2: Result<unsafe extern "C" fn(hStream: CUstream) -> CUresult, ::libloading::Error>,
@@ -567,6 +584,18 @@ pub struct CudaDriverApi {
         unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut ::core::ffi::c_void) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuGraphInstantiateWithFlags: Result<
+        unsafe extern "C" fn(
+            phGraphExec: *mut CUgraphExec,
+            hGraph: CUgraph,
+            flags: ::core::ffi::c_ulonglong,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphLaunch:
+        Result<unsafe extern "C" fn(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult, ::libloading::Error>,
+    pub cuGraphExecDestroy: Result<unsafe extern "C" fn(hGraphExec: CUgraphExec) -> CUresult, ::libloading::Error>,
+    pub cuGraphDestroy: Result<unsafe extern "C" fn(hGraph: CUgraph) -> CUresult, ::libloading::Error>,
     pub cuOccupancyMaxPotentialBlockSize: Result<
         unsafe extern "C" fn(
             minGridSize: *mut ::core::ffi::c_int,
@@ -849,6 +878,9 @@ pub const CU_JIT_MIN_CTA_PER_SM: CUjit_option_enum = 31;
 pub const CU_JIT_MAX_THREADS_PER_BLOCK: CUjit_option_enum = 32;
 pub const CU_JIT_OVERRIDE_DIRECTIVE_VALUES: CUjit_option_enum = 33;
 pub const CU_JIT_NUM_OPTIONS: CUjit_option_enum = 34;
+pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode_enum = 0;
+pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode_enum = 1;
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode_enum = 2;
 pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType_enum = 0;
 pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType_enum = 1;
 pub const CU_MEM_HANDLE_TYPE_WIN32: CUmemAllocationHandleType_enum = 2;
@@ -1078,6 +1110,8 @@ impl CudaDriverApi {
         let cuPointerGetAttribute = __library.get(b"cuPointerGetAttribute\0").map(|sym| *sym);
         let cuStreamCreate = __library.get(b"cuStreamCreate\0").map(|sym| *sym);
         let cuStreamWaitEvent = __library.get(b"cuStreamWaitEvent\0").map(|sym| *sym);
+        let cuStreamBeginCapture_v2 = __library.get(b"cuStreamBeginCapture_v2\0").map(|sym| *sym);
+        let cuStreamEndCapture = __library.get(b"cuStreamEndCapture\0").map(|sym| *sym);
         let cuStreamQuery = __library.get(b"cuStreamQuery\0").map(|sym| *sym);
         let cuStreamSynchronize = __library.get(b"cuStreamSynchronize\0").map(|sym| *sym);
         let cuStreamDestroy_v2 = __library.get(b"cuStreamDestroy_v2\0").map(|sym| *sym);
@@ -1096,6 +1130,10 @@ impl CudaDriverApi {
         let cuFuncGetParamInfo = __library.get(b"cuFuncGetParamInfo\0").map(|sym| *sym);
         let cuLaunchKernel = __library.get(b"cuLaunchKernel\0").map(|sym| *sym);
         let cuLaunchHostFunc = __library.get(b"cuLaunchHostFunc\0").map(|sym| *sym);
+        let cuGraphInstantiateWithFlags = __library.get(b"cuGraphInstantiateWithFlags\0").map(|sym| *sym);
+        let cuGraphLaunch = __library.get(b"cuGraphLaunch\0").map(|sym| *sym);
+        let cuGraphExecDestroy = __library.get(b"cuGraphExecDestroy\0").map(|sym| *sym);
+        let cuGraphDestroy = __library.get(b"cuGraphDestroy\0").map(|sym| *sym);
         let cuOccupancyMaxPotentialBlockSize = __library.get(b"cuOccupancyMaxPotentialBlockSize\0").map(|sym| *sym);
         let cuDeviceCanAccessPeer = __library.get(b"cuDeviceCanAccessPeer\0").map(|sym| *sym);
         let cuCtxEnablePeerAccess = __library.get(b"cuCtxEnablePeerAccess\0").map(|sym| *sym);
@@ -1171,6 +1209,8 @@ impl CudaDriverApi {
             cuPointerGetAttribute,
             cuStreamCreate,
             cuStreamWaitEvent,
+            cuStreamBeginCapture_v2,
+            cuStreamEndCapture,
             cuStreamQuery,
             cuStreamSynchronize,
             cuStreamDestroy_v2,
@@ -1189,6 +1229,10 @@ impl CudaDriverApi {
             cuFuncGetParamInfo,
             cuLaunchKernel,
             cuLaunchHostFunc,
+            cuGraphInstantiateWithFlags,
+            cuGraphLaunch,
+            cuGraphExecDestroy,
+            cuGraphDestroy,
             cuOccupancyMaxPotentialBlockSize,
             cuDeviceCanAccessPeer,
             cuCtxEnablePeerAccess,
@@ -1608,6 +1652,12 @@ impl CudaDriverApi {
     pub unsafe fn cuStreamWaitEvent(&self, hStream: CUstream, hEvent: CUevent, Flags: ::core::ffi::c_uint) -> CUresult {
         (self.cuStreamWaitEvent.as_ref().expect("Expected function, got error."))(hStream, hEvent, Flags)
     }
+    pub unsafe fn cuStreamBeginCapture_v2(&self, hStream: CUstream, mode: CUstreamCaptureMode) -> CUresult {
+        (self.cuStreamBeginCapture_v2.as_ref().expect("Expected function, got error."))(hStream, mode)
+    }
+    pub unsafe fn cuStreamEndCapture(&self, hStream: CUstream, phGraph: *mut CUgraph) -> CUresult {
+        (self.cuStreamEndCapture.as_ref().expect("Expected function, got error."))(hStream, phGraph)
+    }
     pub unsafe fn cuStreamQuery(&self, hStream: CUstream) -> CUresult {
         (self.cuStreamQuery.as_ref().expect("Expected function, got error."))(hStream)
     }
@@ -1738,6 +1788,23 @@ impl CudaDriverApi {
     ) -> CUresult {
         (self.cuLaunchHostFunc.as_ref().expect("Expected function, got error."))(hStream, fn_, userData)
     }
+    pub unsafe fn cuGraphInstantiateWithFlags(
+        &self,
+        phGraphExec: *mut CUgraphExec,
+        hGraph: CUgraph,
+        flags: ::core::ffi::c_ulonglong,
+    ) -> CUresult {
+        (self.cuGraphInstantiateWithFlags.as_ref().expect("Expected function, got error."))(phGraphExec, hGraph, flags)
+    }
+    pub unsafe fn cuGraphLaunch(&self, hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult {
+        (self.cuGraphLaunch.as_ref().expect("Expected function, got error."))(hGraphExec, hStream)
+    }
+    pub unsafe fn cuGraphExecDestroy(&self, hGraphExec: CUgraphExec) -> CUresult {
+        (self.cuGraphExecDestroy.as_ref().expect("Expected function, got error."))(hGraphExec)
+    }
+    pub unsafe fn cuGraphDestroy(&self, hGraph: CUgraph) -> CUresult {
+        (self.cuGraphDestroy.as_ref().expect("Expected function, got error."))(hGraph)
+    }
     pub unsafe fn cuOccupancyMaxPotentialBlockSize(
         &self,
         minGridSize: *mut ::core::ffi::c_int,
@@ -1783,6 +1850,7 @@ pub use self::CUmemAttach_flags_enum as CUmemAttach_flags;
 pub use self::CUmemLocationType_enum as CUmemLocationType;
 pub use self::CUpointer_attribute_enum as CUpointer_attribute;
 pub use self::CUstreamBatchMemOpType_enum as CUstreamBatchMemOpType;
+pub use self::CUstreamCaptureMode_enum as CUstreamCaptureMode;
 pub use self::CUstreamWaitValue_flags_enum as CUstreamWaitValue_flags;
 pub use self::CUstreamWriteValue_flags_enum as CUstreamWriteValue_flags;
 pub use self::CUstream_flags_enum as CUstream_flags;

@@ -1,6 +1,7 @@
 //! The consuming side of a frame ring.
 
 mod device_ring;
+mod graphs;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -37,11 +37,14 @@ impl AbortWord {
     }
 }
 
-/// A side's port for kernels on the ring: its host-registered words and the kernel running, if any.
+/// A side's port for kernels on the ring: its host-registered words and the kernel (or frame graphs) running, if
+/// any.
 pub(super) struct RingPort {
     words: HostRegistration<SharedObject<PortWords>>,
-    /// Recorded after the kernel launched on the ring, until it is seen complete.
-    running: Option<Event>,
+    /// Recorded after the last work launched on the ring (made once, recorded again at each launch).
+    event: Option<Event>,
+    /// Whether `event` was recorded and not yet seen complete by `finish`.
+    running: bool,
 }
 
 impl RingPort {
@@ -54,15 +57,31 @@ impl RingPort {
         if abort.0.set(object).is_err() {
             tracing::debug!("ring port: the abort word was already handed to the watchdog");
         }
-        Ok(Self { words, running: None })
+        Ok(Self { words, event: None, running: false })
     }
 
     /// Whether a kernel launched on the ring may still run.
     pub fn busy(&self) -> Result<bool, FrameError> {
-        Ok(match &self.running {
-            Some(event) => !event.is_complete()?,
-            None => false,
+        Ok(match &self.event {
+            Some(event) if self.running => !event.is_complete()?,
+            _ => false,
         })
+    }
+
+    /// Records the port's event after the work queued on `stream` so far: `busy` and `finish` then cover it.
+    pub fn record(&mut self, stream: &Stream) -> Result<(), FrameError> {
+        let event = match &self.event {
+            Some(event) => event,
+            None => self.event.insert(Event::new(stream.context(), EventFlags::default())?),
+        };
+        event.record(stream)?;
+        self.running = true;
+        Ok(())
+    }
+
+    /// Stores `next` into the progress word (before work that starts from it is launched).
+    pub fn set_progress(&self, next: u64) {
+        self.words.memory().get()[PROGRESS].store(next, Ordering::Release);
     }
 
     /// The descriptor's addresses of the abort and progress words.
@@ -93,10 +112,7 @@ impl RingPort {
         let span = self.words.span().slice(8 * DESCRIPTOR as u64, 8 * words.len() as u64)?;
         let all: Vec<KernelArg<'_>> = std::iter::once(KernelArg::Span(span)).chain(args.iter().copied()).collect();
         kernel.launch_typed(stream, config, &all)?;
-        let event = Event::new(stream.context(), EventFlags::default())?;
-        event.record(stream)?;
-        self.running = Some(event);
-        Ok(())
+        self.record(stream)
     }
 
     /// Waits until the kernel launched on the ring is done, at most until `deadline` (raising the abort word when
@@ -105,7 +121,7 @@ impl RingPort {
         if abort_first {
             self.words.memory().get()[ABORT].store(1, Ordering::Release);
         }
-        if let Some(event) = &self.running {
+        if let Some(event) = self.event.as_ref().filter(|_| self.running) {
             super::wait_for_event(
                 event,
                 deadline,
@@ -114,7 +130,7 @@ impl RingPort {
                 || "the kernel launched on the ring".to_owned(),
             )?;
         }
-        self.running = None;
+        self.running = false;
         Ok(self.words.memory().get()[PROGRESS].load(Ordering::Acquire))
     }
 

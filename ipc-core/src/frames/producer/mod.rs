@@ -2,6 +2,7 @@
 
 mod config;
 mod device_ring;
+mod graphs;
 mod lease;
 mod peers;
 

@@ -82,6 +82,23 @@ fn select_image(device: (u32, u32), force_ptx: bool) -> Option<&'static KernelIm
     image::select_image(&IMAGES, ComputeCapability::new(device.0, device.1), force_ptx).ok()
 }
 
+/// Loads the ring's kernels (`ipc-core/ring-kernels/`) in `cuda`: the gpu-poll strategy's and the frame graphs'
+/// steps. `what` names the user in the error (`"gpu-poll"`, `"frame graphs"`).
+pub(crate) fn ring_module(cuda: &Context, what: &str) -> Result<Module, FrameError> {
+    let (major, minor) = cuda.device().compute_capability()?;
+    let image = select_image((major, minor), image::force_ptx_from_env()).ok_or_else(|| {
+        FrameError::Config(format!(
+            "{what}: no kernel image for compute capability {major}.{minor} (the ring's kernels need 7.5 or newer)"
+        ))
+    })?;
+    Module::load(cuda, image.bytes).map_err(|e| {
+        FrameError::Config(format!(
+            "{what}: loading the ring's kernels ({}) failed: {e}; update the driver",
+            image.file
+        ))
+    })
+}
+
 /// The `GpuPoll` strategy.
 pub(crate) struct GpuPoll;
 

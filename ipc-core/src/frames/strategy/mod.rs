@@ -10,6 +10,7 @@ mod cpu;
 mod cpu_sleep;
 mod cpu_spin;
 mod gpu_poll;
+pub(crate) use gpu_poll::ring_module;
 mod gpu_stream_ops;
 mod ipc_event;
 

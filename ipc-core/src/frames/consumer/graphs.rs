@@ -1,0 +1,109 @@
+//! A consumer's frame graphs (`crate::frames::graph`): one graph per slot that waits for the frame and checks its
+//! stamp, runs the application's kernels on it, and releases it; one `cuGraphLaunch` per frame.
+
+use std::time::Duration;
+
+use super::Consumer;
+use crate::backend::Backend;
+use crate::driver::{DeviceMemory, Stream};
+use crate::frames::graph::{self, CONSUMER_STEPS, FrameGraphs, GraphSlot};
+use crate::frames::ring_port::RingPort;
+use crate::frames::{FrameError, run_ahead};
+
+impl<B: Backend> Consumer<B>
+where
+    B::Imported: DeviceMemory,
+{
+    /// Captures the consumer's frame graphs on `stream`: for each slot, a wait for the frame (bounded by
+    /// `per_frame` and the abort word the watchdog raises when the producer dies) that checks its stamp, then what
+    /// `record` queues for the slot (the application's kernels reading [`GraphSlot::span`]; they should do nothing
+    /// when the frame state says the frame is not valid), then the frame's release. Nothing runs now: launch them
+    /// with [`Consumer::launch_frame_graph`]. Under MPS (the waits are kernels, as with gpu-poll).
+    ///
+    /// # Errors
+    /// A strategy that does not register the control block ([`FrameError::StrategyUnavailable`]: use
+    /// `gpu-stream-ops` or `gpu-poll`), a kernel or graphs still on the ring, `record`'s error, a capture error.
+    pub fn capture_frame_graphs(
+        &mut self,
+        stream: &Stream,
+        per_frame: Duration,
+        record: impl FnMut(&GraphSlot<'_>, &Stream) -> Result<(), FrameError>,
+    ) -> Result<FrameGraphs, FrameError> {
+        if self.sync.control_block().is_none() {
+            return Err(FrameError::StrategyUnavailable {
+                strategy: self.offer.sync.to_string(),
+                reason: "frame graphs wait on the control block registered for the device, which only \
+                         gpu-stream-ops and gpu-poll do; start the producer with one of them"
+                    .into(),
+            });
+        }
+        self.check_no_ring_kernel()?;
+        if self.port.is_none() {
+            self.port = Some(RingPort::new(stream, &self.abort)?);
+        }
+        let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
+        let owner = descriptor.abort;
+        let region = self.region.span();
+        let (offset, stride, bytes) =
+            (self.offer.data_offset, self.offer.slot_stride_bytes, self.offer.slot_layout.bytes());
+        let slots = (0..u64::from(self.offer.slot_count))
+            .map(|slot| region.slice(offset + stride * slot, bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        let depth = run_ahead::depth_for(self.offer.slot_count) as u64;
+        graph::capture(
+            stream.context(),
+            stream,
+            &CONSUMER_STEPS,
+            &descriptor.to_words(),
+            &slots,
+            owner,
+            depth,
+            per_frame,
+            record,
+        )
+    }
+
+    /// Launches the graph of the consumer's next frame on `stream` (one `cuGraphLaunch`, after napping while the
+    /// graphs launched are as far ahead of the GPU as the run-ahead bound allows) and returns the frame's
+    /// sequence. The frames belong to the graphs until [`Consumer::finish_frame_graphs`] (`next_frame` refuses
+    /// while they run).
+    ///
+    /// # Errors
+    /// [`FrameError::ProducerGone`] once the producer died; [`FrameError::GpuWaitGaveUp`] when a graph's wait
+    /// gave up (the frames from then on were not read; the consumer cannot go on); graphs another consumer
+    /// captured; a driver error.
+    pub fn launch_frame_graph(&mut self, graphs: &mut FrameGraphs, stream: &Stream) -> Result<u64, FrameError> {
+        let seq = self.next_seq;
+        // The abort word is raised when the producer hangs up: say why, the end of the stream first.
+        let ended = match self.shared.ring.closed_after() {
+            Some(end) if seq >= end.0 => Some(FrameError::EndOfStream { published: end.0, past_end: None }),
+            _ => None,
+        };
+        let gone = if self.port.as_ref().is_some_and(RingPort::aborted) {
+            ended.or_else(|| self.check_producer().err())
+        } else {
+            None
+        };
+        let Some(port) = self.port.as_mut() else {
+            return Err(FrameError::Config("no frame graphs were captured by this consumer".into()));
+        };
+        graph::launch(graphs, port, seq, stream, |waited| match gone {
+            Some(e) => e,
+            None => FrameError::GpuWaitGaveUp {
+                what: format!("frame {seq} or one before it, in a frame graph (gpu_ipc_graph_wait_frame)"),
+                waited,
+            },
+        })?;
+        self.next_seq = seq + 1;
+        Ok(seq)
+    }
+
+    /// Waits, at most `timeout`, until the frame graphs launched have run, and returns the consumer's next
+    /// sequence: `next_frame` may be called again.
+    ///
+    /// # Errors
+    /// [`FrameError::Timeout`] when they are still running, a driver error.
+    pub fn finish_frame_graphs(&mut self, timeout: Duration) -> Result<u64, FrameError> {
+        self.finish_ring_kernel(timeout)
+    }
+}

@@ -1,0 +1,195 @@
+//! Frame graphs: one CUDA graph per slot, captured once, holding the ring step that opens a frame (a consumer's wait
+//! for it, a producer's wait for its slot), the application's own kernels for that slot, and the step that closes it
+//! (release, publish). Each frame is then one `cuGraphLaunch`: no stream memory operation, no ring bookkeeping and
+//! no launch of the application's kernels on the CPU per frame (docs/frames.md, "Frame graphs").
+//!
+//! A graph's kernel arguments are fixed when it is captured, so the frame it runs for lives in device memory: the
+//! frame state (`struct gpu_ipc_graph_frame`, `kernels/cuda/gpu_ipc_ring.cuh`), which the opening step reads
+//! (`sequence`) and marks (`valid`), and the closing step advances. The application's kernels read it through
+//! [`GraphSlot::frame_state`]. The steps are the ring's device API (`kernels/cuda/ring_graph.cu`); they wait on the
+//! GPU, bounded by the per-frame timeout and the side's abort word, so the side's waits are kernels, as with
+//! `gpu-poll`: use frame graphs under MPS (without it a waiting kernel holds its context's time slice).
+
+use std::time::{Duration, Instant};
+
+use super::FrameError;
+use super::ring_port::RingPort;
+use super::strategy::ring_module;
+use crate::driver::{
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, Graph, KernelArg, LaunchConfig, Module, Stream,
+};
+
+/// Bytes of the frame state (`struct gpu_ipc_graph_frame`: sequence, valid, skipped, reserved).
+const STATE_BYTES: u64 = 32;
+/// How long the CPU naps while the graphs launched are as far ahead of the GPU as allowed.
+const NAP: Duration = Duration::from_micros(20);
+
+/// What the application's work for one slot gets while its graph is captured ([`crate::frames::Consumer::
+/// capture_frame_graphs`], [`crate::frames::Producer::capture_frame_graphs`]). Launch kernels on the stream passed
+/// with it; they run at each launch of the slot's graph.
+#[derive(Debug, Clone, Copy)]
+pub struct GraphSlot<'a> {
+    /// The slot (0..N) the graph is for.
+    pub slot: u32,
+    /// The slot's frame: what the consumer's kernels read, the producer's write.
+    pub span: DeviceSpan<'a>,
+    /// The frame state (32 bytes of device memory, `struct gpu_ipc_graph_frame` of `gpu_ipc_ring.cuh`): word 0 the
+    /// sequence of the frame the launch is for, word 1 non-zero when the slot may be used (0: the wait gave up, or
+    /// the frame's stamp is not the producer's: do not read or write the slot). Pass it to kernels that need either
+    /// (the kernels crate's `gpu_ipc_fill_pattern_at` and `gpu_ipc_verify_pattern_at` do).
+    pub frame_state: DeviceSpan<'a>,
+}
+
+/// The graphs of one side of one ring, from `capture_frame_graphs`: launch them in order with the same side's
+/// `launch_frame_graph`.
+pub struct FrameGraphs {
+    graphs: Vec<Graph>,
+    /// The ring's program the graphs' steps come from: unloaded after them.
+    _module: Module,
+    state: DeviceBuffer,
+    _descriptor: DeviceBuffer,
+    /// The abort word's address of the side that captured them: whose graphs these are.
+    owner: u64,
+    /// The sequence the frame state holds once every graph launched so far has run.
+    next: Option<u64>,
+    /// Frames allowed in flight.
+    depth: u64,
+    per_frame: Duration,
+}
+
+impl std::fmt::Debug for FrameGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameGraphs").field("slots", &self.graphs.len()).field("next", &self.next).finish()
+    }
+}
+
+impl FrameGraphs {
+    /// One graph per slot.
+    pub fn slots(&self) -> usize {
+        self.graphs.len()
+    }
+
+    /// The frame state's counter of frames a consumer's graphs skipped (their wait gave up or their stamp was not
+    /// the producer's: a dead producer's). Read it once the graphs are finished (a synchronous copy).
+    ///
+    /// # Errors
+    /// A driver error.
+    pub fn skipped(&self) -> Result<u64, FrameError> {
+        let mut words = [0u64; 4];
+        self.state.read(0, &mut words)?;
+        Ok(words[2])
+    }
+}
+
+/// The two ring steps of a side, from the ring's program, and the threads of the opening one.
+pub(super) struct Steps {
+    pub open: &'static str,
+    pub close: &'static str,
+    pub open_threads: u32,
+}
+
+/// Consumer: wait for the frame, check its stamp; release it.
+pub(super) const CONSUMER_STEPS: Steps =
+    Steps { open: "gpu_ipc_graph_wait_frame", close: "gpu_ipc_graph_release_frame", open_threads: 1 };
+/// Producer: wait for the slot (one warp); publish.
+pub(super) const PRODUCER_STEPS: Steps =
+    Steps { open: "gpu_ipc_graph_acquire_slot", close: "gpu_ipc_graph_publish_frame", open_threads: 32 };
+
+/// Captures one graph per slot: `steps.open`, then what `record` queues for the slot, then `steps.close`.
+/// `descriptor` is the side's descriptor (its words, copied to device memory), `slots` each slot's frame, `owner`
+/// the side's abort-word address, `depth` the frames allowed in flight.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn capture<'a>(
+    ctx: &Context,
+    stream: &Stream,
+    steps: &Steps,
+    descriptor: &[u64],
+    slots: &[DeviceSpan<'a>],
+    owner: u64,
+    depth: u64,
+    per_frame: Duration,
+    mut record: impl FnMut(&GraphSlot<'_>, &Stream) -> Result<(), FrameError>,
+) -> Result<FrameGraphs, FrameError> {
+    let module = ring_module(ctx, "frame graphs")?;
+    let (open, close): (Function, Function) = (module.function(steps.open)?, module.function(steps.close)?);
+    let device_descriptor = DeviceBuffer::alloc(ctx, 8 * descriptor.len() as u64)?;
+    device_descriptor.write(0, descriptor)?;
+    let state = DeviceBuffer::alloc(ctx, STATE_BYTES)?;
+    state.write(0, &[0u64; 4])?;
+    let timeout_ns = u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX);
+    let mut graphs = Vec::with_capacity(slots.len());
+    for (slot, span) in (0u32..).zip(slots) {
+        let graph = Graph::capture(stream, |s| -> Result<(), FrameError> {
+            let (d, st) = (device_descriptor.span(), state.span());
+            open.launch_typed(
+                s,
+                LaunchConfig::linear(1, steps.open_threads),
+                &[KernelArg::Span(d), KernelArg::Span(st), KernelArg::U64(u64::from(slot)), KernelArg::U64(timeout_ns)],
+            )?;
+            record(&GraphSlot { slot, span: *span, frame_state: st }, s)?;
+            close.launch_typed(s, LaunchConfig::linear(1, 1), &[KernelArg::Span(d), KernelArg::Span(st)])?;
+            Ok(())
+        })?;
+        graphs.push(graph);
+    }
+    Ok(FrameGraphs {
+        graphs,
+        _module: module,
+        state,
+        _descriptor: device_descriptor,
+        owner,
+        next: None,
+        depth,
+        per_frame,
+    })
+}
+
+/// Launches the graph of frame `seq` on `stream` after checking that `graphs` are this side's and that the GPU is
+/// no more than the depth behind (napping until it is, at most the per-frame timeout), then records the port's
+/// event after it. `gave_up` makes the error for a raised abort word (the side's peer died, or a step gave up).
+pub(super) fn launch(
+    graphs: &mut FrameGraphs,
+    port: &mut RingPort,
+    seq: u64,
+    stream: &Stream,
+    gave_up: impl FnOnce(Duration) -> FrameError,
+) -> Result<(), FrameError> {
+    if graphs.owner != port.word_addresses().0 {
+        return Err(FrameError::ForeignToken {
+            token: "frame graphs",
+            problem: "they were captured by another producer or consumer".into(),
+        });
+    }
+    if port.aborted() {
+        return Err(gave_up(graphs.per_frame));
+    }
+    if graphs.next != Some(seq) {
+        // The first launch, or frames taken on the CPU since: the frame state starts again from `seq`, which needs
+        // the graphs launched before to be done.
+        if port.busy()? {
+            return Err(FrameError::Config(
+                "frames were taken on the CPU while frame graphs were in flight: finish_frame_graphs first".into(),
+            ));
+        }
+        graphs.state.write(0, &[seq, 0])?;
+        port.set_progress(seq);
+    }
+    let deadline = Instant::now() + graphs.per_frame;
+    while seq.saturating_sub(port.progress()) >= graphs.depth {
+        if port.aborted() {
+            return Err(gave_up(graphs.per_frame));
+        }
+        if Instant::now() >= deadline {
+            return Err(FrameError::Timeout {
+                what: format!("frame {} to go through the frame graphs", seq - graphs.depth),
+                waited: graphs.per_frame,
+            });
+        }
+        std::thread::sleep(NAP);
+    }
+    let slot = (seq % graphs.graphs.len() as u64) as usize;
+    graphs.graphs[slot].launch(stream)?;
+    port.record(stream)?;
+    graphs.next = Some(seq + 1);
+    Ok(())
+}
