@@ -270,8 +270,12 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_rin
         return GPU_IPC_RING_OK;
     }
     unsigned int polls = 0;
-    for (;;) {
-        const gpu_ipc_ring_u64 word = gpu_ipc_ring_load_acquire(state);
+    // The state seen above (the fence gave it acquire ordering) is judged first; later rounds read it again.
+    gpu_ipc_ring_u64 word = seen_state;
+    for (bool first = true;; first = false) {
+        if (!first) {
+            word = gpu_ipc_ring_load_acquire(state);
+        }
         const gpu_ipc_ring_u64 kind = word & GPU_IPC_RING_STATE_MASK;
         bool holds = false;
         if (kind == GPU_IPC_RING_STATE_LIVE) {
