@@ -50,9 +50,11 @@ where
             .map(|slot| region.slice(offset + stride * slot, bytes))
             .collect::<Result<Vec<_>, _>>()?;
         let depth = run_ahead::depth_for(self.offer.slot_count) as u64;
+        let port = self.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;
         graph::capture(
             stream.context(),
             stream,
+            port,
             &CONSUMER_STEPS,
             &descriptor.to_words(),
             &slots,
@@ -74,26 +76,24 @@ where
     /// captured; a driver error.
     pub fn launch_frame_graph(&mut self, graphs: &mut FrameGraphs, stream: &Stream) -> Result<u64, FrameError> {
         let seq = self.next_seq;
-        // The abort word is raised when the producer hangs up: say why, the end of the stream first.
-        let ended = match self.shared.ring.closed_after() {
-            Some(end) if seq >= end.0 => Some(FrameError::EndOfStream { published: end.0, past_end: None }),
-            _ => None,
-        };
-        let gone = if self.port.as_ref().is_some_and(RingPort::aborted) {
-            ended.or_else(|| self.check_producer().err())
-        } else {
-            None
-        };
         let Some(port) = self.port.as_mut() else {
             return Err(FrameError::Config("no frame graphs were captured by this consumer".into()));
         };
-        graph::launch(graphs, port, seq, stream, |waited| match gone {
-            Some(e) => e,
-            None => FrameError::GpuWaitGaveUp {
-                what: format!("frame {seq} or one before it, in a frame graph (gpu_ipc_graph_wait_frame)"),
-                waited,
-            },
-        })?;
+        let launched = graph::launch(graphs, port, seq, stream, |waited| FrameError::GpuWaitGaveUp {
+            what: format!("frame {seq} or one before it, in a frame graph (gpu_ipc_graph_wait_frame)"),
+            waited,
+        });
+        if let Err(FrameError::GpuWaitGaveUp { .. }) = &launched {
+            // The abort word is also raised when the producer hangs up (after the watchdog recorded it): say why, the
+            // end of the stream first.
+            if let Some(end) = self.shared.ring.closed_after()
+                && seq >= end.0
+            {
+                return Err(FrameError::EndOfStream { published: end.0, past_end: None });
+            }
+            self.check_producer()?;
+        }
+        launched?;
         self.next_seq = seq + 1;
         Ok(seq)
     }
