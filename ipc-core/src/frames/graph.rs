@@ -102,7 +102,6 @@ pub(super) const PRODUCER_STEPS: Steps =
 pub(super) fn capture<'a>(
     ctx: &Context,
     stream: &Stream,
-    port: &mut RingPort,
     steps: &Steps,
     descriptor: &[u64],
     slots: &[DeviceSpan<'a>],
@@ -118,9 +117,6 @@ pub(super) fn capture<'a>(
     let state = DeviceBuffer::alloc(ctx, STATE_BYTES)?;
     state.write(0, &[0u64; 4])?;
     let timeout_ns = u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX);
-    // Each graph ends by recording the port's event: the CPU records nothing per frame, and the port's `busy` and
-    // `finish` (teardown included) wait for the latest launch.
-    let event = port.event(ctx)?;
     let mut graphs = Vec::with_capacity(slots.len());
     for (slot, span) in (0u32..).zip(slots) {
         let graph = Graph::capture(stream, |s| -> Result<(), FrameError> {
@@ -132,7 +128,6 @@ pub(super) fn capture<'a>(
             )?;
             record(&GraphSlot { slot, span: *span, frame_state: st }, s)?;
             close.launch_typed(s, LaunchConfig::linear(1, 1), &[KernelArg::Span(d), KernelArg::Span(st)])?;
-            event.record(s)?;
             Ok(())
         })?;
         graphs.push(graph);
@@ -150,8 +145,8 @@ pub(super) fn capture<'a>(
 }
 
 /// Launches the graph of frame `seq` on `stream` after checking that `graphs` are this side's and that the GPU is
-/// no more than the depth behind (napping until it is, at most the per-frame timeout); the graph records the port's
-/// event itself. `gave_up` makes the error for a raised abort word (the side's peer died, or a step gave up).
+/// no more than the depth behind (napping until it is, at most the per-frame timeout), then records the port's
+/// event after it. `gave_up` makes the error for a raised abort word (the side's peer died, or a step gave up).
 pub(super) fn launch(
     graphs: &mut FrameGraphs,
     port: &mut RingPort,
@@ -198,7 +193,10 @@ pub(super) fn launch(
     }
     let slot = (seq % graphs.graphs.len() as u64) as usize;
     graphs.graphs[slot].launch(stream)?;
-    port.mark_running();
+    // The port's event after each launch: what `busy`, `finish` and teardown wait for. (A record node captured in
+    // the graphs would spare the CPU this call, but the driver refuses `cuEventQuery` on an event whose last record
+    // was captured: CUDA_ERROR_INVALID_VALUE, H100, driver 580.)
+    port.record(stream)?;
     graphs.next = Some(seq + 1);
     Ok(())
 }

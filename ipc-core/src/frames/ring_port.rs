@@ -8,9 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::driver::{
-    Context, DeviceMemory, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream,
-};
+use crate::driver::{DeviceMemory, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream};
 use crate::frames::FrameError;
 use crate::ring::RingError;
 use crate::sys::shm::{SharedMemory, SharedObject};
@@ -70,26 +68,17 @@ impl RingPort {
         })
     }
 
-    /// The port's event (made at first use): recorded after the work launched on the ring, by `record` or by a
-    /// record node of a frame graph.
-    pub fn event(&mut self, ctx: &Context) -> Result<&Event, FrameError> {
-        if self.event.is_none() {
-            self.event = Some(Event::new(ctx, EventFlags::default())?);
-        }
-        self.event.as_ref().ok_or_else(|| FrameError::Config("no port event".into()))
-    }
-
-    /// Records the port's event after the work queued on `stream` so far: `busy` and `finish` then cover it.
+    /// Records the port's event (made at first use) after the work queued on `stream` so far: `busy` and `finish`
+    /// then cover it.
     pub fn record(&mut self, stream: &Stream) -> Result<(), FrameError> {
-        self.event(stream.context())?.record(stream)?;
+        if self.event.is_none() {
+            self.event = Some(Event::new(stream.context(), EventFlags::default())?);
+        }
+        if let Some(event) = &self.event {
+            event.record(stream)?;
+        }
         self.running = true;
         Ok(())
-    }
-
-    /// Says that work which records the port's event itself (a frame graph, whose last node records it at each
-    /// launch) was launched: `busy` and `finish` then wait for that record.
-    pub fn mark_running(&mut self) {
-        self.running = true;
     }
 
     /// Stores `next` into the progress word (before work that starts from it is launched).

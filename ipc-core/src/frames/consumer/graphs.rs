@@ -50,11 +50,9 @@ where
             .map(|slot| region.slice(offset + stride * slot, bytes))
             .collect::<Result<Vec<_>, _>>()?;
         let depth = run_ahead::depth_for(self.offer.slot_count) as u64;
-        let port = self.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;
         graph::capture(
             stream.context(),
             stream,
-            port,
             &CONSUMER_STEPS,
             &descriptor.to_words(),
             &slots,

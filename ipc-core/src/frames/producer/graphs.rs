@@ -52,11 +52,9 @@ where
             .map(|slot| region.slice(self.stride * slot, bytes))
             .collect::<Result<Vec<_>, _>>()?;
         let depth = run_ahead::depth_for(self.config.slots) as u64;
-        let port = self.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;
         graph::capture(
             stream.context(),
             stream,
-            port,
             &PRODUCER_STEPS,
             &descriptor.to_words(),
             &slots,
