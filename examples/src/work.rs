@@ -168,6 +168,11 @@ fn launch_graphs(
     Ok((launched, None))
 }
 
+/// The host backend's answer to what only a GPU backend does.
+fn needs_gpu(what: &str) -> FrameError {
+    FrameError::Config(format!("{what}: it needs a GPU backend (legacy or vmm)"))
+}
+
 /// How long to wait for a persistent kernel of `frames` frames, each allowed `per_frame` (it leaves sooner on its
 /// abort word).
 fn persistent_bound(frames: u64, per_frame: std::time::Duration) -> std::time::Duration {
@@ -399,7 +404,7 @@ impl FrameWork<HostFake> for HostWork {
         _frames: u64,
         _per_frame: std::time::Duration,
     ) -> Result<PersistentResult, FrameError> {
-        Err(FrameError::Config("--persistent runs a kernel on the ring: it needs a GPU backend (legacy or vmm)".into()))
+        Err(needs_gpu("--persistent runs a kernel on the ring"))
     }
 
     fn run_persistent_fill(
@@ -408,7 +413,7 @@ impl FrameWork<HostFake> for HostWork {
         _frames: u64,
         _per_frame: std::time::Duration,
     ) -> Result<PersistentResult, FrameError> {
-        Err(FrameError::Config("--persistent runs a kernel on the ring: it needs a GPU backend (legacy or vmm)".into()))
+        Err(needs_gpu("--persistent runs a kernel on the ring"))
     }
 
     fn run_graph_fill(
@@ -418,7 +423,7 @@ impl FrameWork<HostFake> for HostWork {
         _per_frame: std::time::Duration,
         _progress_every: u64,
     ) -> Result<GraphRun, FrameError> {
-        Err(FrameError::Config("--graph captures CUDA graphs: it needs a GPU backend (legacy or vmm)".into()))
+        Err(needs_gpu("--graph captures CUDA graphs"))
     }
 
     fn run_graph_verify(
@@ -428,7 +433,7 @@ impl FrameWork<HostFake> for HostWork {
         _per_frame: std::time::Duration,
         _progress_every: u64,
     ) -> Result<GraphRun, FrameError> {
-        Err(FrameError::Config("--graph captures CUDA graphs: it needs a GPU backend (legacy or vmm)".into()))
+        Err(needs_gpu("--graph captures CUDA graphs"))
     }
 }
 

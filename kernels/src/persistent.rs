@@ -78,22 +78,31 @@ pub struct PersistentResult {
     pub stopped_at: u64,
 }
 
-/// The four result words a persistent kernel writes at its end (`result[0..4]` of the kernels).
-struct ResultWords(DeviceBuffer);
+/// What both example kernels share: the function, and the four result words it writes at its end (`result[0..4]`
+/// of the kernels).
+struct Persistent {
+    kernel: Function,
+    result: DeviceBuffer,
+}
 
-impl ResultWords {
-    fn new(ctx: &Context) -> Result<Self, KernelError> {
-        Ok(Self(DeviceBuffer::alloc(ctx, 32)?))
+impl Persistent {
+    fn load(ctx: &Context, name: &str) -> Result<Self, KernelError> {
+        let (module, _) = load_module(ctx, crate::image::force_ptx_from_env())?;
+        Ok(Self { kernel: module.function(name)?, result: DeviceBuffer::alloc(ctx, 32)? })
     }
 
-    /// "Not written" until the kernel writes them.
-    fn reset(&self) -> Result<(), FrameError> {
-        Ok(self.0.write(0, &[0u64, 0, u64::MAX, 0])?)
+    /// Resets the result words to "not written", then gives the launch's shape and its arguments after the ring's
+    /// descriptor: `frames`, the timeout per frame in ns, the result words.
+    fn launch_args(&self, frames: u64, per_frame: Duration) -> Result<(LaunchConfig, [KernelArg<'_>; 3]), FrameError> {
+        self.result.write(0, &[0u64, 0, u64::MAX, 0])?;
+        let timeout_ns = u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX);
+        let args = [KernelArg::U64(frames), KernelArg::U64(timeout_ns), KernelArg::Span(self.result.span())];
+        Ok((LaunchConfig::linear(1, THREADS), args))
     }
 
     fn read(&self) -> Result<PersistentResult, FrameError> {
         let mut words = [0u64; 4];
-        self.0.read(0, &mut words)?;
+        self.result.read(0, &mut words)?;
         Ok(PersistentResult {
             frames: words[0],
             mismatched_words: words[1],
@@ -103,15 +112,8 @@ impl ResultWords {
     }
 }
 
-fn timeout_ns(per_frame: Duration) -> u64 {
-    u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// The persistent consumer kernel, loaded in one context, with its result words.
-pub struct PersistentVerify {
-    kernel: Function,
-    result: ResultWords,
-}
+pub struct PersistentVerify(Persistent);
 
 impl PersistentVerify {
     /// Loads the image that suits the context's device (`GPU_IPC_FORCE_PTX=1` forces the PTX).
@@ -119,8 +121,7 @@ impl PersistentVerify {
     /// # Errors
     /// [`KernelError::NoImage`] or [`KernelError::ImageRejected`].
     pub fn load(ctx: &Context) -> Result<Self, KernelError> {
-        let (module, _) = load_module(ctx, crate::image::force_ptx_from_env())?;
-        Ok(Self { kernel: module.function(PERSISTENT_VERIFY)?, result: ResultWords::new(ctx)? })
+        Ok(Self(Persistent::load(ctx, PERSISTENT_VERIFY)?))
     }
 
     /// Launches the kernel on the consumer's ring: it verifies the next `frames` frames against their pattern and
@@ -136,13 +137,8 @@ impl PersistentVerify {
         frames: u64,
         per_frame: Duration,
     ) -> Result<(), FrameError> {
-        self.result.reset()?;
-        consumer.launch_on_ring(
-            &self.kernel,
-            stream,
-            LaunchConfig::linear(1, THREADS),
-            &[KernelArg::U64(frames), KernelArg::U64(timeout_ns(per_frame)), KernelArg::Span(self.result.0.span())],
-        )
+        let (config, args) = self.0.launch_args(frames, per_frame)?;
+        consumer.launch_on_ring(&self.0.kernel, stream, config, &args)
     }
 
     /// Waits at most `timeout` for the kernel (`Consumer::finish_ring_kernel`: the consumer's next sequence moves
@@ -156,7 +152,7 @@ impl PersistentVerify {
         timeout: Duration,
     ) -> Result<PersistentResult, FrameError> {
         consumer.finish_ring_kernel(timeout)?;
-        self.result.read()
+        self.0.read()
     }
 }
 
@@ -179,10 +175,7 @@ impl PersistentVerify {
 ///     Ok(())
 /// }
 /// ```
-pub struct PersistentFill {
-    kernel: Function,
-    result: ResultWords,
-}
+pub struct PersistentFill(Persistent);
 
 impl PersistentFill {
     /// Loads the image that suits the context's device (`GPU_IPC_FORCE_PTX=1` forces the PTX).
@@ -190,8 +183,7 @@ impl PersistentFill {
     /// # Errors
     /// [`KernelError::NoImage`] or [`KernelError::ImageRejected`].
     pub fn load(ctx: &Context) -> Result<Self, KernelError> {
-        let (module, _) = load_module(ctx, crate::image::force_ptx_from_env())?;
-        Ok(Self { kernel: module.function(PERSISTENT_FILL)?, result: ResultWords::new(ctx)? })
+        Ok(Self(Persistent::load(ctx, PERSISTENT_FILL)?))
     }
 
     /// Launches the kernel on the producer's ring: it publishes the next `frames` frames, each written with its
@@ -208,13 +200,8 @@ impl PersistentFill {
         frames: u64,
         per_frame: Duration,
     ) -> Result<(), FrameError> {
-        self.result.reset()?;
-        producer.launch_on_ring(
-            &self.kernel,
-            stream,
-            LaunchConfig::linear(1, THREADS),
-            &[KernelArg::U64(frames), KernelArg::U64(timeout_ns(per_frame)), KernelArg::Span(self.result.0.span())],
-        )
+        let (config, args) = self.0.launch_args(frames, per_frame)?;
+        producer.launch_on_ring(&self.0.kernel, stream, config, &args)
     }
 
     /// Waits at most `timeout` for the kernel (`Producer::finish_ring_kernel`, which admits consumers meanwhile),
@@ -228,7 +215,7 @@ impl PersistentFill {
         timeout: Duration,
     ) -> Result<PersistentResult, FrameError> {
         producer.finish_ring_kernel(timeout)?;
-        self.result.read()
+        self.0.read()
     }
 }
 

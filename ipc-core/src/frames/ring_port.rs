@@ -37,6 +37,32 @@ impl AbortWord {
     }
 }
 
+/// Makes `port` ready for a kernel or frame graphs on the ring of a side whose strategy is `strategy`: the control
+/// block must be registered for the device (`registered`: the GPU-side strategies), else
+/// [`FrameError::StrategyUnavailable`] saying that `user` needs it and what to `fix`; the port is made at first use.
+pub(super) fn open_port(
+    port: &mut Option<RingPort>,
+    registered: bool,
+    strategy: impl std::fmt::Display,
+    (user, fix): (&str, &str),
+    stream: &Stream,
+    abort: &AbortWord,
+) -> Result<(), FrameError> {
+    if !registered {
+        return Err(FrameError::StrategyUnavailable {
+            strategy: strategy.to_string(),
+            reason: format!(
+                "{user} the control block registered for the device, which only gpu-stream-ops and gpu-poll do; \
+                 {fix} with one of them"
+            ),
+        });
+    }
+    if port.is_none() {
+        *port = Some(RingPort::new(stream, abort)?);
+    }
+    Ok(())
+}
+
 /// A side's port for kernels on the ring: its host-registered words and the kernel (or frame graphs) running, if
 /// any.
 pub(super) struct RingPort {

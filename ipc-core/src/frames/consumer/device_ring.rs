@@ -12,7 +12,10 @@ use super::{Consumer, Frame};
 use crate::backend::{Backend, SharedRegion};
 use crate::driver::{DevicePtr, DeviceSpan, Function, KernelArg, LaunchConfig, Stream};
 use crate::frames::FrameError;
-use crate::frames::ring_port::RingPort;
+use crate::frames::ring_port::{RingPort, open_port};
+
+/// Who needs the registered control block, and what to do without it (a consumer's kernel on the ring).
+const CONSUMER_KERNEL: (&str, &str) = ("a kernel on the ring reads", "start the producer");
 use crate::ring::POISON;
 use crate::ring::layout::{RingLayout, SlotIndex};
 
@@ -187,19 +190,10 @@ impl<B: Backend> Consumer<B> {
         config: LaunchConfig,
         args: &[KernelArg<'_>],
     ) -> Result<(), FrameError> {
-        if self.sync.control_block().is_none() {
-            return Err(FrameError::StrategyUnavailable {
-                strategy: self.offer.sync.to_string(),
-                reason: "a kernel on the ring reads the control block registered for the device, which only \
-                         gpu-stream-ops and gpu-poll do; start the producer with one of them"
-                    .into(),
-            });
-        }
+        let registered = self.sync.control_block().is_some();
+        open_port(&mut self.port, registered, self.offer.sync, CONSUMER_KERNEL, stream, &self.abort)?;
         self.check_no_ring_kernel()?;
         self.check_producer()?;
-        if self.port.is_none() {
-            self.port = Some(RingPort::new(stream, &self.abort)?);
-        }
         // Both exist now: the control block was checked above, the port made.
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
         let port = self.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;

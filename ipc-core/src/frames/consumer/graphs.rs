@@ -7,7 +7,7 @@ use super::Consumer;
 use crate::backend::Backend;
 use crate::driver::{DeviceMemory, Stream};
 use crate::frames::graph::{self, CONSUMER_STEPS, FrameGraphs, GraphSlot};
-use crate::frames::ring_port::RingPort;
+use crate::frames::ring_port::open_port;
 use crate::frames::{FrameError, run_ahead};
 
 impl<B: Backend> Consumer<B>
@@ -29,18 +29,10 @@ where
         per_frame: Duration,
         record: impl FnMut(&GraphSlot<'_>, &Stream) -> Result<(), FrameError>,
     ) -> Result<FrameGraphs, FrameError> {
-        if self.sync.control_block().is_none() {
-            return Err(FrameError::StrategyUnavailable {
-                strategy: self.offer.sync.to_string(),
-                reason: "frame graphs wait on the control block registered for the device, which only \
-                         gpu-stream-ops and gpu-poll do; start the producer with one of them"
-                    .into(),
-            });
-        }
+        let registered = self.sync.control_block().is_some();
+        let user = ("frame graphs wait on", "start the producer");
+        open_port(&mut self.port, registered, self.offer.sync, user, stream, &self.abort)?;
         self.check_no_ring_kernel()?;
-        if self.port.is_none() {
-            self.port = Some(RingPort::new(stream, &self.abort)?);
-        }
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
         let owner = descriptor.abort;
         let region = self.region.span();

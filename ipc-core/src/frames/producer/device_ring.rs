@@ -15,7 +15,10 @@ use super::Producer;
 use crate::backend::{Backend, SharedRegion};
 use crate::driver::{Function, KernelArg, LaunchConfig, Stream};
 use crate::frames::FrameError;
-use crate::frames::ring_port::RingPort;
+use crate::frames::ring_port::{RingPort, open_port};
+
+/// Who needs the registered control block, and what to do without it (a producer's kernel on the ring).
+const PRODUCER_KERNEL: (&str, &str) = ("a kernel on the ring reads", "create the producer");
 use crate::ring::layout::{RingLayout, SlotIndex};
 
 /// What a kernel needs to act on the ring as its producer, all `u64` and `#[repr(C)]`: the mirror of
@@ -179,21 +182,12 @@ impl<B: Backend> Producer<B> {
         config: LaunchConfig,
         args: &[KernelArg<'_>],
     ) -> Result<(), FrameError> {
-        if self.sync.control_block().is_none() {
-            return Err(FrameError::StrategyUnavailable {
-                strategy: self.strategy.kind().to_string(),
-                reason: "a kernel on the ring reads the control block registered for the device, which only \
-                         gpu-stream-ops and gpu-poll do; create the producer with one of them"
-                    .into(),
-            });
-        }
+        let registered = self.sync.control_block().is_some();
+        open_port(&mut self.port, registered, self.strategy.kind(), PRODUCER_KERNEL, stream, &self.abort)?;
         self.check_no_ring_kernel()?;
         self.serve_front_door();
         // The frames queued so far go through the stream before the kernel publishes the next ones.
         self.sync.drain(Some(stream), Instant::now() + self.config.gpu_timeout)?;
-        if self.port.is_none() {
-            self.port = Some(RingPort::new(stream, &self.abort)?);
-        }
         // Both exist now: the control block was checked above, the port made.
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
         let port = self.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;

@@ -7,7 +7,7 @@ use super::Producer;
 use crate::backend::Backend;
 use crate::driver::{DeviceMemory, Stream};
 use crate::frames::graph::{self, FrameGraphs, GraphSlot, PRODUCER_STEPS};
-use crate::frames::ring_port::RingPort;
+use crate::frames::ring_port::open_port;
 use crate::frames::{FrameError, run_ahead};
 
 /// How often (in frames) launching frame graphs serves the front door (consumers that knock are admitted and join
@@ -33,18 +33,10 @@ where
         per_frame: Duration,
         record: impl FnMut(&GraphSlot<'_>, &Stream) -> Result<(), FrameError>,
     ) -> Result<FrameGraphs, FrameError> {
-        if self.sync.control_block().is_none() {
-            return Err(FrameError::StrategyUnavailable {
-                strategy: self.strategy.kind().to_string(),
-                reason: "frame graphs wait on the control block registered for the device, which only \
-                         gpu-stream-ops and gpu-poll do; create the producer with one of them"
-                    .into(),
-            });
-        }
+        let registered = self.sync.control_block().is_some();
+        let user = ("frame graphs wait on", "create the producer");
+        open_port(&mut self.port, registered, self.strategy.kind(), user, stream, &self.abort)?;
         self.check_no_ring_kernel()?;
-        if self.port.is_none() {
-            self.port = Some(RingPort::new(stream, &self.abort)?);
-        }
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
         let region = self.region.span();
         let bytes = self.config.slot_layout.bytes();
