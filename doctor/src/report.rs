@@ -405,11 +405,11 @@ fn system_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
             "Under MPS, a process killed while its kernel waits on shared memory takes the MPS server down".to_owned(),
             "the crash probe found that SIGKILLing a process whose kernel waited on memory shared with another process \
              faulted the MPS server, and every client on the GPU with it (CUDA_ERROR_ILLEGAL_ADDRESS in processes \
-             that never touched that memory); persistent kernels on the ring's device API (gpu_ipc_ring.cuh) and \
-             gpu-poll's polling kernels are such kernels",
+             that never touched that memory); persistent kernels on the ring's device API (gpu_ipc_ring.cuh, either \
+             side), the ring steps of frame graphs and gpu-poll's polling kernels are such kernels",
             Some(
                 "Use persistent kernels only in processes that are not killed while they run, and make them leave on \
-                 the ring's abort word (Consumer::launch_on_ring raises it at a peer's death and on drop); where a \
+                 the ring's abort word (launch_on_ring and frame graphs raise it at a peer's death and on drop); where a \
                  process may be SIGKILLed, use gpu-stream-ops (the driver's waits) instead (docs/kernels.md)",
             ),
         ));
