@@ -4,7 +4,7 @@
 use gpu_ipc::core::backend::{Backend, GpuBackend};
 use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::core::fake::{HostContext, HostFake};
-use gpu_ipc::core::frames::{Consumer, Frame, FrameError, FrameGraphs, Producer, SlotLease, StageIo};
+use gpu_ipc::core::frames::{Consumer, Frame, FrameError, FrameGraphs, GraphOptions, Producer, SlotLease, StageIo};
 use gpu_ipc::kernels::launch::Stamp;
 use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_words_host};
 use gpu_ipc::kernels::persistent::{PersistentFill, PersistentResult, PersistentVerify};
@@ -144,10 +144,11 @@ pub struct GraphRun {
     pub ended: Option<FrameError>,
 }
 
-/// Launches `side`'s frame graphs until `frames` are launched (0: until `launch` fails with the end of the stream or
-/// the producer gone), printing `what: frame N` every `progress_every` frames.
+/// Launches `side`'s frame graphs, `per_launch` frames at a time, until `frames` are launched (0: until `launch`
+/// fails with the end of the stream or the producer gone), printing `what: frame N` every `progress_every` frames.
 fn launch_graphs(
     frames: u64,
+    per_launch: u64,
     progress_every: u64,
     what: &str,
     mut launch: impl FnMut() -> Result<u64, FrameError>,
@@ -155,17 +156,24 @@ fn launch_graphs(
     let mut launched = 0u64;
     while frames == 0 || launched < frames {
         match launch() {
-            Ok(_) => launched += 1,
+            Ok(_) => launched += per_launch,
             Err(e @ (FrameError::EndOfStream { .. } | FrameError::ProducerGone { .. })) => {
                 return Ok((launched, Some(e)));
             }
             Err(e) => return Err(e),
         }
-        if progress_every != 0 && launched.is_multiple_of(progress_every) {
-            eprintln!("{what}: frame {launched}");
+        if progress_every != 0 && launched % progress_every < per_launch {
+            eprintln!("{what}: frame {}", launched - launched % progress_every);
         }
     }
     Ok((launched, None))
+}
+
+/// The frame graphs' options of a run of `frames` frames (0: until the end) through `slots` slots: a whole lap of the
+/// ring per launch when the run is a whole number of laps, else one frame per launch.
+fn graph_options(frames: u64, slots: u32, per_frame: std::time::Duration) -> GraphOptions {
+    let lap = if frames.is_multiple_of(u64::from(slots)) { slots } else { 1 };
+    GraphOptions::new(per_frame).frames_per_launch(lap)
 }
 
 /// The host backend's answer to what only a GPU backend does.
@@ -303,11 +311,14 @@ impl<B: GpuBackend> FrameWork<B> for GpuWork {
         progress_every: u64,
     ) -> Result<GraphRun, FrameError> {
         let Gpu { kernels, stream, .. } = &self.gpu;
-        let mut graphs: FrameGraphs = producer.capture_frame_graphs(stream, per_frame, |slot, s| {
+        let options = graph_options(frames, producer.slots(), per_frame);
+        let mut graphs: FrameGraphs = producer.capture_frame_graphs(stream, options, |slot, s| {
             kernels.fill_at(s, slot.span, slot.frame_state).map_err(kernel_error)
         })?;
-        let (launched, ended) =
-            launch_graphs(frames, progress_every, "producer", || producer.launch_frame_graph(&mut graphs, stream))?;
+        let per_launch = graphs.frames_per_launch();
+        let (launched, ended) = launch_graphs(frames, per_launch, progress_every, "producer", || {
+            producer.launch_frame_graph(&mut graphs, stream)
+        })?;
         producer.finish_frame_graphs(persistent_bound(launched.min(1 << 20), per_frame))?;
         Ok(GraphRun { launched, skipped: 0, mismatched_words: 0, ended })
     }
@@ -322,11 +333,14 @@ impl<B: GpuBackend> FrameWork<B> for GpuWork {
         let Gpu { kernels, stream, ctx } = &self.gpu;
         let counter = DeviceBuffer::alloc(ctx, 8)?;
         counter.write(0, &[0u64])?;
-        let mut graphs = consumer.capture_frame_graphs(stream, per_frame, |slot, s| {
+        let options = graph_options(frames, consumer.offer().slot_count, per_frame);
+        let mut graphs = consumer.capture_frame_graphs(stream, options, |slot, s| {
             kernels.verify_at(s, slot.span, slot.frame_state, counter.span()).map_err(kernel_error)
         })?;
-        let (launched, ended) =
-            launch_graphs(frames, progress_every, "consumer", || consumer.launch_frame_graph(&mut graphs, stream))?;
+        let per_launch = graphs.frames_per_launch();
+        let (launched, ended) = launch_graphs(frames, per_launch, progress_every, "consumer", || {
+            consumer.launch_frame_graph(&mut graphs, stream)
+        })?;
         consumer.finish_frame_graphs(persistent_bound(launched.min(1 << 20), per_frame))?;
         let mut mismatched = [0u64];
         counter.read(0, &mut mismatched)?;

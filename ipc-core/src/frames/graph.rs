@@ -24,6 +24,36 @@ const STATE_BYTES: u64 = 32;
 /// How long the CPU naps while the graphs launched are as far ahead of the GPU as allowed.
 const NAP: Duration = Duration::from_micros(20);
 
+/// How frame graphs are captured ([`crate::frames::Consumer::capture_frame_graphs`],
+/// [`crate::frames::Producer::capture_frame_graphs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphOptions {
+    /// Bound on each ring step's wait on the GPU (the slot to come free, the frame to come).
+    pub per_frame: Duration,
+    /// Frames each graph holds, one after the other: `launch_frame_graph` launches that many frames with one
+    /// `cuGraphLaunch`, so the CPU's cost per frame is divided by it (1 to 256; default 1). The side's frames then go
+    /// in batches of this many: a consumer that stops in the middle of a batch has launched its rest, and a
+    /// producer publishes whole batches.
+    pub frames_per_launch: u32,
+}
+
+impl GraphOptions {
+    /// One frame per launch, each wait bounded by `per_frame`.
+    pub fn new(per_frame: Duration) -> Self {
+        Self { per_frame, frames_per_launch: 1 }
+    }
+
+    /// `frames` frames per launch (see [`GraphOptions::frames_per_launch`]).
+    #[must_use]
+    pub fn frames_per_launch(mut self, frames: u32) -> Self {
+        self.frames_per_launch = frames;
+        self
+    }
+}
+
+/// Most frames one graph may hold.
+const MAX_FRAMES_PER_LAUNCH: u32 = 256;
+
 /// What the application's work for one slot gets while its graph is captured ([`crate::frames::Consumer::
 /// capture_frame_graphs`], [`crate::frames::Producer::capture_frame_graphs`]). Launch kernels on the stream passed
 /// with it; they run at each launch of the slot's graph.
@@ -55,6 +85,8 @@ pub struct FrameGraphs {
     /// Frames allowed in flight.
     depth: u64,
     per_frame: Duration,
+    /// Frames each graph holds.
+    frames_per_launch: u64,
 }
 
 impl std::fmt::Debug for FrameGraphs {
@@ -64,9 +96,14 @@ impl std::fmt::Debug for FrameGraphs {
 }
 
 impl FrameGraphs {
-    /// One graph per slot.
+    /// One graph per slot (the slot of the first frame it holds).
     pub fn slots(&self) -> usize {
         self.graphs.len()
+    }
+
+    /// Frames each launch runs ([`GraphOptions::frames_per_launch`]).
+    pub fn frames_per_launch(&self) -> u64 {
+        self.frames_per_launch
     }
 
     /// The frame state's counter of frames a consumer's graphs skipped (their wait gave up or their stamp was not
@@ -95,9 +132,10 @@ pub(super) const CONSUMER_STEPS: Steps =
 pub(super) const PRODUCER_STEPS: Steps =
     Steps { open: "gpu_ipc_graph_acquire_slot", close: "gpu_ipc_graph_publish_frame", open_threads: 32 };
 
-/// Captures one graph per slot: `steps.open`, then what `record` queues for the slot, then `steps.close`.
-/// `descriptor` is the side's descriptor (its words, copied to device memory), `slots` each slot's frame, `owner`
-/// the side's abort-word address, `depth` the frames allowed in flight.
+/// Captures one graph per slot: for each of `options.frames_per_launch` frames from that slot on, `steps.open`, then
+/// what `record` queues for the frame's slot, then `steps.close`. `descriptor` is the side's descriptor (its words,
+/// copied to device memory), `slots` each slot's frame, `owner` the side's abort-word address, `depth` the frames
+/// allowed in flight.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn capture<'a>(
     ctx: &Context,
@@ -107,9 +145,16 @@ pub(super) fn capture<'a>(
     slots: &[DeviceSpan<'a>],
     owner: u64,
     depth: u64,
-    per_frame: Duration,
+    options: GraphOptions,
     mut record: impl FnMut(&GraphSlot<'_>, &Stream) -> Result<(), FrameError>,
 ) -> Result<FrameGraphs, FrameError> {
+    let GraphOptions { per_frame, frames_per_launch } = options;
+    if !(1..=MAX_FRAMES_PER_LAUNCH).contains(&frames_per_launch) {
+        return Err(FrameError::Config(format!(
+            "frames per launch must be 1 to {MAX_FRAMES_PER_LAUNCH}, not {frames_per_launch}"
+        )));
+    }
+    let n = slots.len() as u32;
     let module = ring_module(ctx, "frame graphs")?;
     let (open, close): (Function, Function) = (module.function(steps.open)?, module.function(steps.close)?);
     let device_descriptor = DeviceBuffer::alloc(ctx, 8 * descriptor.len() as u64)?;
@@ -118,16 +163,20 @@ pub(super) fn capture<'a>(
     state.write(0, &[0u64; 4])?;
     let timeout_ns = u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX);
     let mut graphs = Vec::with_capacity(slots.len());
-    for (slot, span) in (0u32..).zip(slots) {
+    for first in 0..n {
         let graph = Graph::capture(stream, |s| -> Result<(), FrameError> {
             let (d, st) = (device_descriptor.span(), state.span());
-            open.launch_typed(
-                s,
-                LaunchConfig::linear(1, steps.open_threads),
-                &[KernelArg::Span(d), KernelArg::Span(st), KernelArg::U64(u64::from(slot)), KernelArg::U64(timeout_ns)],
-            )?;
-            record(&GraphSlot { slot, span: *span, frame_state: st }, s)?;
-            close.launch_typed(s, LaunchConfig::linear(1, 1), &[KernelArg::Span(d), KernelArg::Span(st)])?;
+            for slot in (first..first + frames_per_launch).map(|k| k % n) {
+                let args = [
+                    KernelArg::Span(d),
+                    KernelArg::Span(st),
+                    KernelArg::U64(u64::from(slot)),
+                    KernelArg::U64(timeout_ns),
+                ];
+                open.launch_typed(s, LaunchConfig::linear(1, steps.open_threads), &args)?;
+                record(&GraphSlot { slot, span: slots[slot as usize], frame_state: st }, s)?;
+                close.launch_typed(s, LaunchConfig::linear(1, 1), &[KernelArg::Span(d), KernelArg::Span(st)])?;
+            }
             Ok(())
         })?;
         graphs.push(graph);
@@ -139,12 +188,13 @@ pub(super) fn capture<'a>(
         _descriptor: device_descriptor,
         owner,
         next: None,
-        depth,
+        depth: depth.max(2 * u64::from(frames_per_launch)),
         per_frame,
+        frames_per_launch: u64::from(frames_per_launch),
     })
 }
 
-/// Launches the graph of frame `seq` on `stream` after checking that `graphs` are this side's and that the GPU is
+/// Launches the graph whose first frame is `seq` (it holds `frames_per_launch` frames) on `stream` after checking that `graphs` are this side's and that the GPU is
 /// no more than the depth behind (napping until it is, at most the per-frame timeout), then records the port's
 /// event after it. `gave_up` makes the error for a raised abort word (the side's peer died, or a step gave up).
 pub(super) fn launch(
@@ -197,6 +247,6 @@ pub(super) fn launch(
     // the graphs would spare the CPU this call, but the driver refuses `cuEventQuery` on an event whose last record
     // was captured: CUDA_ERROR_INVALID_VALUE, H100, driver 580.)
     port.record(stream)?;
-    graphs.next = Some(seq + 1);
+    graphs.next = Some(seq + graphs.frames_per_launch);
     Ok(())
 }

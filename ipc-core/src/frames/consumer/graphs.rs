@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::Consumer;
 use crate::backend::Backend;
 use crate::driver::{DeviceMemory, Stream};
-use crate::frames::graph::{self, CONSUMER_STEPS, FrameGraphs, GraphSlot};
+use crate::frames::graph::{self, CONSUMER_STEPS, FrameGraphs, GraphOptions, GraphSlot};
 use crate::frames::ring_port::open_port;
 use crate::frames::{FrameError, run_ahead};
 
@@ -15,7 +15,7 @@ where
     B::Imported: DeviceMemory,
 {
     /// Captures the consumer's frame graphs on `stream`: for each slot, a wait for the frame (bounded by
-    /// `per_frame` and the abort word the watchdog raises when the producer dies) that checks its stamp, then what
+    /// `options.per_frame` and the abort word the watchdog raises when the producer dies) that checks its stamp, then what
     /// `record` queues for the slot (the application's kernels reading [`GraphSlot::span`]; they should do nothing
     /// when the frame state says the frame is not valid), then the frame's release. Nothing runs now: launch them
     /// with [`Consumer::launch_frame_graph`]. Under MPS (the waits are kernels, as with gpu-poll).
@@ -26,7 +26,7 @@ where
     pub fn capture_frame_graphs(
         &mut self,
         stream: &Stream,
-        per_frame: Duration,
+        options: GraphOptions,
         record: impl FnMut(&GraphSlot<'_>, &Stream) -> Result<(), FrameError>,
     ) -> Result<FrameGraphs, FrameError> {
         let registered = self.sync.control_block().is_some();
@@ -50,14 +50,14 @@ where
             &slots,
             owner,
             depth,
-            per_frame,
+            options,
             record,
         )
     }
 
-    /// Launches the graph of the consumer's next frame on `stream` (one `cuGraphLaunch`, after napping while the
-    /// graphs launched are as far ahead of the GPU as the run-ahead bound allows) and returns the frame's
-    /// sequence. The frames belong to the graphs until [`Consumer::finish_frame_graphs`] (`next_frame` refuses
+    /// Launches the graph of the consumer's next frames on `stream` (one `cuGraphLaunch` for
+    /// [`FrameGraphs::frames_per_launch`] frames, after napping while the graphs launched are as far ahead of the GPU
+    /// as the run-ahead bound allows) and returns the first frame's sequence. The frames belong to the graphs until [`Consumer::finish_frame_graphs`] (`next_frame` refuses
     /// while they run).
     ///
     /// # Errors
@@ -84,7 +84,7 @@ where
             self.check_producer()?;
         }
         launched?;
-        self.next_seq = seq + 1;
+        self.next_seq = seq + graphs.frames_per_launch();
         Ok(seq)
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::Producer;
 use crate::backend::Backend;
 use crate::driver::{DeviceMemory, Stream};
-use crate::frames::graph::{self, FrameGraphs, GraphSlot, PRODUCER_STEPS};
+use crate::frames::graph::{self, FrameGraphs, GraphOptions, GraphSlot, PRODUCER_STEPS};
 use crate::frames::ring_port::open_port;
 use crate::frames::{FrameError, run_ahead};
 
@@ -19,7 +19,7 @@ where
     B::Exported: DeviceMemory,
 {
     /// Captures the producer's frame graphs on `stream`: for each slot, a wait until every live consumer released
-    /// the frame the slot held (bounded by `per_frame` and the abort word, raised when the producer is dropped),
+    /// the frame the slot held (bounded by `options.per_frame` and the abort word, raised when the producer is dropped),
     /// then what `record` queues for the slot (the application's kernels writing [`GraphSlot::span`]; they should
     /// do nothing when the frame state says the slot is not valid), then the frame's publish. Nothing runs now:
     /// launch them with [`Producer::launch_frame_graph`]. Under MPS (the waits are kernels, as with gpu-poll).
@@ -30,7 +30,7 @@ where
     pub fn capture_frame_graphs(
         &mut self,
         stream: &Stream,
-        per_frame: Duration,
+        options: GraphOptions,
         record: impl FnMut(&GraphSlot<'_>, &Stream) -> Result<(), FrameError>,
     ) -> Result<FrameGraphs, FrameError> {
         let registered = self.sync.control_block().is_some();
@@ -52,14 +52,14 @@ where
             &slots,
             descriptor.abort,
             depth,
-            per_frame,
+            options,
             record,
         )
     }
 
-    /// Launches the graph of the producer's next frame on `stream` (one `cuGraphLaunch`, after napping while the
-    /// graphs launched are as far ahead of the GPU as the run-ahead bound allows) and returns the frame's
-    /// sequence. The frames queued on `stream` before the first launch go through it first. Every 32 frames the
+    /// Launches the graph of the producer's next frames on `stream` (one `cuGraphLaunch` for
+    /// [`FrameGraphs::frames_per_launch`] frames, after napping while the graphs launched are as far ahead of the GPU
+    /// as the run-ahead bound allows) and returns the first frame's sequence. The frames queued on `stream` before the first launch go through it first. Every 32 frames the
     /// front door is served. The ring belongs to the graphs until [`Producer::finish_frame_graphs`] (`acquire`
     /// and `publish` refuse while they run).
     ///
@@ -69,7 +69,7 @@ where
     /// error.
     pub fn launch_frame_graph(&mut self, graphs: &mut FrameGraphs, stream: &Stream) -> Result<u64, FrameError> {
         let seq = self.next_seq;
-        if seq.is_multiple_of(FRONT_DOOR_EVERY) {
+        if seq % FRONT_DOOR_EVERY < graphs.frames_per_launch() {
             self.serve_front_door();
         }
         let Some(port) = self.port.as_mut() else {
@@ -82,7 +82,7 @@ where
             ),
             waited,
         })?;
-        self.next_seq = seq + 1;
+        self.next_seq = seq + graphs.frames_per_launch();
         Ok(seq)
     }
 

@@ -219,6 +219,11 @@ impl<B: Backend> Producer<B> {
         self.region.clone()
     }
 
+    /// Slots in the ring.
+    pub fn slots(&self) -> u32 {
+        self.config.slots
+    }
+
     /// The sequence number the next [`Producer::acquire`] returns.
     pub fn next_sequence(&self) -> u64 {
         self.next_seq
