@@ -21,8 +21,12 @@ use crate::driver::{
 
 /// Bytes of the frame state (`struct gpu_ipc_graph_frame`: sequence, valid, skipped, reserved).
 const STATE_BYTES: u64 = 32;
-/// How long the CPU naps while the graphs launched are as far ahead of the GPU as allowed.
-const NAP: Duration = Duration::from_micros(20);
+/// The shortest and the longest nap while the graphs launched are as far ahead of the GPU as allowed. Between them
+/// a nap lasts as long as the frames it waits for should take at the pace the GPU went at since the last one: every
+/// wake-up costs the CPU a few microseconds of system time, and a fixed 20 us nap (70 us with the kernel's timer
+/// slack) woke it several times per frame of 4K.
+const MIN_NAP: Duration = Duration::from_micros(20);
+const MAX_NAP: Duration = Duration::from_millis(1);
 
 /// How frame graphs are captured ([`crate::frames::Consumer::capture_frame_graphs`],
 /// [`crate::frames::Producer::capture_frame_graphs`]).
@@ -87,6 +91,10 @@ pub struct FrameGraphs {
     per_frame: Duration,
     /// Frames each graph holds.
     frames_per_launch: u64,
+    /// The GPU's pace, as the naps saw it: the progress word and when it was read.
+    pace: Option<(u64, Instant)>,
+    /// Nanoseconds per frame, from the last two readings.
+    frame_ns: u64,
 }
 
 impl std::fmt::Debug for FrameGraphs {
@@ -191,6 +199,8 @@ pub(super) fn capture<'a>(
         depth: depth.max(2 * u64::from(frames_per_launch)),
         per_frame,
         frames_per_launch: u64::from(frames_per_launch),
+        pace: None,
+        frame_ns: 0,
     })
 }
 
@@ -239,7 +249,17 @@ pub(super) fn launch(
                 waited: graphs.per_frame,
             });
         }
-        std::thread::sleep(NAP);
+        let progress = port.progress();
+        let now = Instant::now();
+        if let Some((before, at)) = graphs.pace
+            && progress > before
+        {
+            let ns = u64::try_from(now.duration_since(at).as_nanos()).unwrap_or(u64::MAX);
+            graphs.frame_ns = ns / (progress - before);
+        }
+        graphs.pace = Some((progress, now));
+        let frames = (seq + 1).saturating_sub(bound).saturating_sub(progress).max(1);
+        std::thread::sleep(Duration::from_nanos(graphs.frame_ns.saturating_mul(frames)).clamp(MIN_NAP, MAX_NAP));
     }
     let slot = (seq % graphs.graphs.len() as u64) as usize;
     graphs.graphs[slot].launch(stream)?;
