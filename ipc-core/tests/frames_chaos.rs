@@ -333,7 +333,10 @@ fn frozen_consumers_are_evicted_and_the_producer_goes_on() {
         let status = child.child.wait().unwrap();
         let line = report(&mut child);
         evicted_seen += u32::from(line.starts_with("evicted"));
-        if !status.success() || !line.contains(" bad=0") {
+        // A reader spawned (or thawed into a new attach) as the run ended may knock while the producer shuts down:
+        // the clean refusal it gets then is the protocol working, not a failure.
+        let refused_at_shutdown = line.contains("producer shutting down");
+        if !refused_at_shutdown && (!status.success() || !line.contains(" bad=0")) {
             failures.push(format!("reader (seed {seed}): {status}: {line}"));
         }
     }
