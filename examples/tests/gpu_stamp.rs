@@ -17,21 +17,10 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Proc, consumer, consumer_with, producer, producer_on, socket};
-use gpu_ipc::core::driver::Context;
-use gpu_ipc::core::driver::mps::MpsEvidence;
-
-const BACKENDS: [&str; 2] = ["legacy", "vmm"];
-const GPU_SIDE: [&str; 2] = ["gpu-stream-ops", "gpu-poll"];
+use common::{BACKENDS, GPU_SIDE, Proc, consumer, consumer_with, mps, producer, producer_on, socket};
 
 fn record(result: &serde_json::Value) {
     common::record("stamp", result);
-}
-
-/// `Err(why)` when MPS does not run for device 0 (as the strategies judge it: `MpsEvidence`).
-fn mps() -> Result<(), String> {
-    let ctx = Context::for_ordinal(0).expect("a CUDA device");
-    MpsEvidence::gather(ctx.device()).why_not().map_or(Ok(()), Err)
 }
 
 /// A producer of small frames (640x360 rgb8) on `slots` slots, for one consumer, reporting every 500 frames.

@@ -8,6 +8,18 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The GPU backends every GPU test runs.
+pub const BACKENDS: [&str; 2] = ["legacy", "vmm"];
+/// The strategies whose waits run on the GPU (their frames carry a stamp; persistent kernels need one of them).
+pub const GPU_SIDE: [&str; 2] = ["gpu-stream-ops", "gpu-poll"];
+
+/// `Err(why)` when MPS does not run for device 0, as the strategies judge it (`MpsEvidence`): the gpu-poll,
+/// persistent-kernel and frame-graph cases skip then (the GPU suite runs their binaries again under MPS).
+pub fn mps() -> Result<(), String> {
+    let ctx = gpu_ipc::core::driver::Context::for_ordinal(0).expect("a CUDA device");
+    gpu_ipc::core::driver::mps::MpsEvidence::gather(ctx.device()).why_not().map_or(Ok(()), Err)
+}
+
 pub fn exe(name: &str) -> PathBuf {
     // nextest sets NEXTEST_BIN_EXE_* when it replays an archive on another machine.
     std::env::var_os(format!("NEXTEST_BIN_EXE_{name}")).map_or_else(
