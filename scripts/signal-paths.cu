@@ -8,6 +8,15 @@
 //   signal-paths single N                     fill + verify of a 4K RGB frame N times, one process, one stream
 //   signal-paths cpu N                        CPU cost per driver call (one process)
 //   signal-paths rt MEM MECH N                round trip between two processes, MEM host|dev, MECH ops|batch1|ours|ours-lite
+//   signal-paths rtk MEM STEPS N              round trip between two persistent kernels (MPS), one per process, each
+//                                             waiting with ld.acquire.sys and answering with st.release.sys; STEPS adds
+//                                             the per-frame steps of gpu-ipc's device API one at a time ("-": none):
+//                                             f fence.sc.sys after the publish, s the extra relaxed stores (next
+//                                             sequence, progress words), r the release and state read together with a
+//                                             fence.acq_rel.sys first, j the join word read before polling, w a 256-byte
+//                                             write / read by 256 threads between two barriers, a the abort word read
+//                                             after the first poll that falls short, o one fence.sc.sys before a
+//                                             relaxed publish in place of f and the release
 //   signal-paths killwait MEM MECH            SIGKILL an importer holding a GPU-side wait (MECH stream|kernel) on
 //                                             shared memory; does the exporter's context survive?
 //   signal-paths frames MEM SLOTS N [C]       producer fill -> C consumers' verify (default 1) of N 4K frames
@@ -422,6 +431,166 @@ static int run_frames(bool dev, uint64_t slots, uint64_t n, int consumers) {
 // exporter (parent): MECH stream (cuStreamWaitValue64) or kernel (a polling kernel, 10 s bound). The parent
 // SIGKILLs it and then checks that its own context still works (a kernel and a copy). Under MPS a fault of the
 // server shows here as an error in the parent, which never waited on anything.
+// ---- rtk: persistent kernels in both processes ----------------------------------------------------------------
+#define RTK_FENCE 1u
+#define RTK_STORES 2u
+#define RTK_RECORDS 4u
+#define RTK_JOIN 8u
+#define RTK_WRITE 16u
+#define RTK_ABORT 32u
+#define RTK_ONE_FENCE 64u
+
+struct RtkArgs {
+    uint64_t *mine, *theirs;                   // the counter this side stores, the one it waits on
+    uint64_t *next_seq, *state, *join, *abort, *progress;
+    unsigned *buf;                             // 256 words of device memory
+    uint64_t n;
+    unsigned steps;
+    unsigned long long *result;                // [0] ns from the first round trip's end to the last's, [1] failures
+};
+
+__device__ __forceinline__ void st_relaxed_sys(uint64_t *p, uint64_t v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t *p) {
+    uint64_t v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Waits until *p >= v; with RTK_ABORT reads the abort word after the first poll that falls short (as gpu-ipc).
+__device__ bool rtk_wait(const RtkArgs &a, const uint64_t *p, uint64_t v) {
+    uint64_t start = gtimer();
+    unsigned polls = 0;
+    while (ld_acquire_sys(p) < v) {
+        if (gtimer() - start > SPIN_LIMIT_NS) return false;
+        if ((a.steps & RTK_ABORT) && polls++ % 1024 == 0 && ld_acquire_sys(a.abort) != 0) return false;
+    }
+    return true;
+}
+
+// One block of 256 threads. The producer publishes v = 1..n into `mine` once the consumer's `theirs` reached
+// v - 1; the consumer waits for v and answers with v.
+__global__ void k_rtk(RtkArgs a, bool producer) {
+    __shared__ int ok;
+    const bool write = (a.steps & RTK_WRITE) != 0;
+    if (threadIdx.x != 0 && !write) return;
+    uint64_t t0 = 0;
+    unsigned long long sink = 0;
+    for (uint64_t v = 1; v <= a.n; v++) {
+        if (threadIdx.x == 0) {
+            bool good = true;
+            if (producer && v > 1) {
+                bool done = false;
+                if (a.steps & RTK_RECORDS) {
+                    uint64_t seen = ld_relaxed_sys(a.theirs);
+                    uint64_t state = ld_relaxed_sys(a.state);
+                    asm volatile("fence.acq_rel.sys;" ::: "memory");
+                    done = seen >= v - 1 || state != 2;
+                }
+                if (!done) {
+                    if (a.steps & RTK_JOIN) good = ld_acquire_sys(a.join) < v;
+                    good = good && rtk_wait(a, a.theirs, v - 1);
+                }
+                if (v == 2) t0 = gtimer();
+            } else if (!producer) {
+                good = rtk_wait(a, a.theirs, v);
+            }
+            ok = good;
+        }
+        if (write) {
+            __syncthreads();
+            if (!ok) break;
+            if (producer)
+                a.buf[threadIdx.x] = (unsigned)v;
+            else
+                sink += a.buf[threadIdx.x];
+            __syncthreads();
+        } else if (!ok) {
+            break;
+        }
+        if (threadIdx.x == 0) {
+            if (producer && (a.steps & RTK_ONE_FENCE)) {
+                if (a.steps & RTK_STORES) st_relaxed_sys(a.next_seq, v);
+                asm volatile("fence.sc.sys;" ::: "memory");
+                st_relaxed_sys(a.mine, v);
+            } else {
+                st_release_sys(a.mine, v);
+                if (producer && (a.steps & RTK_STORES)) st_relaxed_sys(a.next_seq, v);
+                if (producer && (a.steps & RTK_FENCE)) asm volatile("fence.sc.sys;" ::: "memory");
+            }
+            if (a.steps & RTK_STORES) st_relaxed_sys(a.progress, v);
+        }
+    }
+    if (threadIdx.x == 0) {
+        bool good = ok && (!producer || rtk_wait(a, a.theirs, a.n));
+        if (producer) a.result[0] = gtimer() - t0;
+        a.result[1] = !good;
+        __threadfence_system();
+    }
+    if (sink == 0xffffffffffffull) a.result[1] = 2;  // keeps the consumer's reads
+}
+
+static unsigned rtk_steps(const char *steps) {
+    unsigned bits = 0;
+    for (const char *p = steps; *p; p++) {
+        switch (*p) {
+        case 'f': bits |= RTK_FENCE; break;
+        case 's': bits |= RTK_STORES; break;
+        case 'r': bits |= RTK_RECORDS; break;
+        case 'j': bits |= RTK_JOIN; break;
+        case 'w': bits |= RTK_WRITE; break;
+        case 'a': bits |= RTK_ABORT; break;
+        case 'o': bits |= RTK_ONE_FENCE; break;
+        case '-': break;
+        default: fprintf(stderr, "rtk: unknown step '%c'\n", *p); exit(2);
+        }
+    }
+    return bits;
+}
+
+// rtk MEM STEPS N: the round trip of two persistent kernels (needs MPS: both must run at once).
+static int run_rtk(bool dev, const char *steps, uint64_t n) {
+    unsigned bits = rtk_steps(steps);
+    Pair pair = start_pair(dev);
+    Counters c = pair.c;
+    // The extra words: c.released[1..6] (same memory kind as the counters). The record's state says LIVE (2).
+    if (pair.first) {
+        uint64_t live = 2;
+        CK(cudaMemcpy(c.released[2], &live, 8, cudaMemcpyDefault));
+    }
+    barrier(pair.s, 1);
+    RtkArgs a;
+    a.mine = pair.first ? c.ping : c.pong;
+    a.theirs = pair.first ? c.pong : c.ping;
+    a.next_seq = c.released[1];
+    a.state = c.released[2];
+    a.join = c.released[3];
+    a.abort = c.released[4];
+    a.progress = pair.first ? c.released[5] : c.released[6];
+    CK(cudaMalloc((void **)&a.buf, 256 * sizeof(unsigned)));
+    a.n = n;
+    a.steps = bits;
+    unsigned long long *result_host;
+    CK(cudaHostAlloc((void **)&result_host, 16, cudaHostAllocMapped));
+    memset(result_host, 0, 16);
+    CK(cudaHostGetDevicePointer((void **)&a.result, result_host, 0));
+    k_rtk<<<1, 256, 0, pair.st>>>(a, pair.first);
+    CK(cudaStreamSynchronize(pair.st));
+    const char *mem = dev ? "dev" : "host";
+    if (pair.first) {
+        if (result_host[1])
+            printf("rtk.%s.%s.failed 1 (a wait timed out: are both kernels running at once? MPS)\n", mem, steps);
+        else
+            printf("rtk.%s.%s.round_trip_us %.3f us (%lu round trips, persistent kernels in both processes)\n", mem,
+                   steps, result_host[0] / 1000.0 / (double)(n - 1), (unsigned long)n);
+        int status = 0;
+        waitpid(pair.child, &status, 0);
+        return result_host[1] ? 1 : (WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+    }
+    _exit(result_host[1] ? 1 : 0);
+}
+
 static int run_killwait(bool dev, const char *mech) {
     Pair pair = start_pair(dev);
     Shared *s = pair.s;
@@ -552,6 +721,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "single")) return run_single(strtoull(argv[2], 0, 10));
     if (!strcmp(mode, "cpu")) return run_cpu(strtoull(argv[2], 0, 10));
     if (!strcmp(mode, "rt") && argc == 5) return run_rt(!strcmp(argv[2], "dev"), argv[3], strtoull(argv[4], 0, 10));
+    if (!strcmp(mode, "rtk") && argc == 5) return run_rtk(!strcmp(argv[2], "dev"), argv[3], strtoull(argv[4], 0, 10));
     if (!strcmp(mode, "killwait") && argc == 4) return run_killwait(!strcmp(argv[2], "dev"), argv[3]);
     if (!strcmp(mode, "frames") && (argc == 5 || argc == 6)) {
         int consumers = argc == 6 ? atoi(argv[5]) : 1;

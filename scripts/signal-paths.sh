@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds scripts/signal-paths.cu with nvcc and runs it on the GPU machine, without and under a private MPS daemon:
 # the floor the CUDA driver gives for the handoffs gpu-ipc's strategies make (no gpu-ipc code involved).
-#   scripts/signal-paths.sh OUT_DIR [FRAMES]
+#   scripts/signal-paths.sh OUT_DIR [FRAMES] [rtk]
 # OUT_DIR receives signal-paths.txt (every figure, "pass key value unit"), environment.txt and build.log.
-# FRAMES: frames per `frames` run (default 3000). About 1-2 minutes in all.
+# FRAMES: frames per `frames` run (default 3000). About 1-2 minutes in all. With `rtk`, only the round trips of
+# persistent kernels (under MPS): what each per-frame step of the ring's device API costs (about 30 s).
 # Exit status: 0 every run ended (read the figures), 1 a run failed or timed out (the text says which), 2 no nvcc.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:?usage: scripts/signal-paths.sh OUT_DIR [FRAMES]}"
 FRAMES="${2:-3000}"
+ONLY="${3:-}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
@@ -52,10 +54,25 @@ every() {
     done
 }
 
-every no-mps
+# persistent PASS: round trips of two persistent kernels, the device API's per-frame steps added one at a time
+# (signal-paths.cu, `rtk`); "fsrjwa" is every step gpu-ipc's kernels take, "osrjwa" the same with one fence.
+persistent() {
+    local pass="$1"
+    for mem in host dev; do
+        for steps in - f s r j w a fsrjwa osrjwa o; do one "$pass" rtk "$mem" "$steps" 20000; done
+    done
+}
+
+[ "$ONLY" = rtk ] || every no-mps
 # shellcheck source=scripts/mps.sh
 . "$ROOT/scripts/mps.sh"
 if mps_start; then
+    persistent mps
+    if [ "$ONLY" = rtk ]; then
+        mps_stop "$OUT/mps-log"
+        rm -f "$OUT/run.tmp"
+        exit "$FAILED"
+    fi
     every mps
     # Last, each under a fresh daemon: a kill may break the server for every client.
     for mem in host dev; do
