@@ -74,6 +74,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Unsupported device, or the driver's allocation error.
     fn allocate(ctx: &Self::Context, min_bytes: u64) -> Result<Self::Exported, BackendError>;
 
+    /// Sets `len` bytes of `region` from byte `offset` to zero (synchronous), in the context it was allocated in.
+    ///
+    /// # Errors
+    /// A range outside the region, or the driver's error.
+    fn zero(region: &Self::Exported, offset: u64, len: u64) -> Result<(), BackendError>;
+
     /// Makes what an importer needs. Fd-based backends create a new fd on each call: send it, then drop it.
     ///
     /// # Errors

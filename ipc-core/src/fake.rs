@@ -126,6 +126,18 @@ impl Backend for HostFake {
         Ok(ExistingExport { handle, base, offset, keep_alive: Some(Box::new(memory)) })
     }
 
+    fn zero(region: &Self::Exported, offset: u64, len: u64) -> Result<(), BackendError> {
+        // Regions are fresh memfds, which the kernel fills with zeros; only the range is checked.
+        if offset.checked_add(len).is_none_or(|end| end > region.len()) {
+            return Err(BackendError::Unsupported {
+                backend: Self::KIND.name(),
+                reason: format!("{len} bytes at {offset} lie outside a region of {} bytes", region.len()),
+                fix: "zero a range inside the region".into(),
+            });
+        }
+        Ok(())
+    }
+
     fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError> {
         let fd = region.memory.try_clone_fd().map_err(|source| BackendError::Os {
             operation: "duplicating the fake memory fd",

@@ -5,9 +5,11 @@
 //   extern "C" __global__ void my_consumer(const gpu_ipc_ring_descriptor* ring, unsigned long long frames, ...)
 //   {
 //       gpu_ipc_ring_descriptor d = *ring;                 // once: the descriptor does not change
+//       gpu_ipc_ring_consumer_view view;                   // what the waits learn, kept across frames
+//       gpu_ipc_ring_consumer_view_init(&view);
 //       for (unsigned long long seq = d.first_sequence; seq < d.first_sequence + frames; ++seq) {
 //           unsigned long long stamp;
-//           if (gpu_ipc_ring_wait_frame(&d, seq, gpu_ipc_ring_deadline(1000000000ull), &stamp) != GPU_IPC_RING_OK
+//           if (gpu_ipc_ring_wait_frame(&d, &view, seq, gpu_ipc_ring_deadline(1000000000ull), &stamp) != GPU_IPC_RING_OK
 //               || !gpu_ipc_ring_frame_valid(stamp, seq)) {
 //               break;                                     // aborted, timed out, or the producer is gone
 //           }
@@ -19,19 +21,29 @@
 //
 // `ring` comes from Rust: `Consumer::launch_on_ring` passes it as the kernel's first argument. Its fields mirror
 // `ipc_core::frames::RingDescriptor` (#[repr(C)], every field a u64; a unit test checks both agree). Offsets and
-// strides come from the descriptor, never from constants here, so the functions work with every control-block
-// layout the Rust side describes.
+// strides come from the descriptor, never from constants here (the device words' fixed layout aside), so the
+// functions work with every control-block layout the Rust side describes.
 //
 // Both sides: a consumer's kernel waits for frame N, checks it and releases it (gpu_ipc_ring_descriptor, from
 // `Consumer::launch_on_ring`); a producer's kernel waits until frame N's slot is free (every live consumer released
-// the frame it held, read from the consumer records as the host producer reads them) and publishes it
+// the frame it held, by the host producer's rule on the consumer records) and publishes it
 // (gpu_ipc_ring_producer_descriptor, from `Producer::launch_on_ring`).
+//
+// Device words (docs/ring.md, "Device words"): a ring made by a producer with a GPU-side strategy also keeps a copy
+// of `published` and of every consumer's `released` in device memory, at the end of the frame allocation. These
+// functions write both copies and poll the device copy, which another kernel on the GPU sees in about 1 us where
+// the host copy takes about 2.4 us each way (`scripts/signal-paths.sh OUT 3000 rtk`). Peers that write only the host
+// copy (the host-side strategies' streams) are noticed by a look at it every GPU_IPC_RING_HOST_CHECK polls; a
+// kernel that keeps a view (gpu_ipc_ring_consumer_view, gpu_ipc_ring_producer_view) then polls that peer's host copy
+// from the next frame on. A descriptor whose device_words is 0 (a ring without them) uses the host copy only.
 //
 // Memory ordering: the rule `gpu-ipc probe coherency` established (docs/kernels.md): every counter another process
 // writes is read with ld.acquire.sys, every counter this kernel publishes is stored with st.release.sys, and every
 // wait is bounded by %globaltimer and by the abort word, which the host sets when a peer dies or the consumer is
-// dropped. The counters live in the ring's control block, host memory registered for the device. No runtime
-// headers: NVRTC and nvcc compile it alike.
+// dropped. A poll of two copies reads both relaxed and gives the one that got there acquire ordering with a
+// fence.acq_rel.sys; a store to both copies follows one fence.acq_rel.sys. The counters live in the ring's control
+// block, host memory registered for the device, and in the device words. No runtime headers: NVRTC and nvcc
+// compile it alike.
 //
 // The stamp rule (docs/ring.md): frame s in slot s % N is the one its producer published iff
 // (published[s % N] & (POISON - 1)) == s + 1. A survivor ORs POISON = 2^62 into `published` when the producer dies,
@@ -46,9 +58,19 @@ typedef unsigned long long gpu_ipc_ring_u64;
 // The value a survivor ORs into a dead peer's counters (ipc_core::ring::POISON).
 #define GPU_IPC_RING_POISON (1ull << 62)
 // The version of gpu_ipc_ring_descriptor (ipc_core::frames::RingDescriptor::VERSION).
-#define GPU_IPC_RING_DESCRIPTOR_VERSION 1ull
+#define GPU_IPC_RING_DESCRIPTOR_VERSION 2ull
 // The version of gpu_ipc_ring_producer_descriptor (ipc_core::frames::ProducerRingDescriptor::VERSION).
-#define GPU_IPC_RING_PRODUCER_DESCRIPTOR_VERSION 1ull
+#define GPU_IPC_RING_PRODUCER_DESCRIPTOR_VERSION 2ull
+// The device words' layout (ipc_core::frames::device_words): published[i] at 8 i, consumer c's released[i] at
+// GPU_IPC_RING_DEVICE_RELEASED + c GPU_IPC_RING_DEVICE_RECORD + 8 i.
+#define GPU_IPC_RING_DEVICE_RELEASED 2048ull
+#define GPU_IPC_RING_DEVICE_RECORD 2048ull
+// How many polls of a device word pass between two looks at its host copy (and at the abort word).
+#define GPU_IPC_RING_HOST_CHECK 64u
+// How many frames a producer's view of the consumer records serves (gpu_ipc_ring_acquire_slot with a view): the
+// records are read, with a fence.sc.sys, once per that many frames, and a consumer registering meanwhile joins up
+// to that many frames later.
+#define GPU_IPC_RING_VIEW_FRAMES 16ull
 // A consumer record's state word is (epoch << 8) | state; the states a producer's kernel acts on
 // (ipc_core::ring::layout::ConsumerState).
 #define GPU_IPC_RING_STATE_MASK 0xffull
@@ -78,6 +100,7 @@ struct gpu_ipc_ring_descriptor {
     gpu_ipc_ring_u64 first_sequence;    // the first frame this kernel is to read
     gpu_ipc_ring_u64 abort;             // device address of the abort word: non-zero means leave now
     gpu_ipc_ring_u64 progress;          // device address of the progress word: the next frame not yet released
+    gpu_ipc_ring_u64 device_words;      // device address of the ring's device words (this mapping), 0: none
 };
 
 static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_globaltimer()
@@ -104,6 +127,20 @@ static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_load_acquire(con
 static __device__ __forceinline__ void gpu_ipc_ring_store_release(gpu_ipc_ring_u64* p, gpu_ipc_ring_u64 v)
 {
     asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_load_relaxed(const gpu_ipc_ring_u64* p)
+{
+    gpu_ipc_ring_u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// After a relaxed load that saw a peer's release: acquire ordering for what follows; before relaxed stores: release
+// ordering for what came before.
+static __device__ __forceinline__ void gpu_ipc_ring_fence_acq_rel()
+{
+    asm volatile("fence.acq_rel.sys;" : : : "memory");
 }
 
 // For words only the host reads after the kernel ends (the progress word) and for stores a later fence orders: no
@@ -140,6 +177,46 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_at_least(const gpu_ipc_r
     return GPU_IPC_RING_OK;
 }
 
+// Waits as gpu_ipc_ring_wait_at_least for a counter kept twice: `host` (the control block) and `device`, its copy
+// among the device words (null: none; then this is gpu_ipc_ring_wait_at_least). `*host_first` picks the copy to
+// poll and is updated for the next wait: 0 polls the device copy and looks at the host copy (and the abort word)
+// every GPU_IPC_RING_HOST_CHECK polls, switching to 1 when the host copy got there first (a peer that does not
+// write the device copy, or a poison); 1 reads both every poll (two loads in flight) and switches back to 0 when the
+// device copy got there. On GPU_IPC_RING_OK the value seen is stored into *seen (when not null).
+static __device__ __forceinline__ int gpu_ipc_ring_wait_mirrored(const gpu_ipc_ring_u64* host,
+                                                                 const gpu_ipc_ring_u64* device,
+                                                                 gpu_ipc_ring_u64 target, gpu_ipc_ring_u64 deadline,
+                                                                 const gpu_ipc_ring_u64* abort,
+                                                                 gpu_ipc_ring_u64* host_first,
+                                                                 gpu_ipc_ring_u64* seen = 0)
+{
+    if (device == 0) {
+        return gpu_ipc_ring_wait_at_least(host, target, deadline, abort, seen);
+    }
+    for (unsigned int polls = 0;; ++polls) {
+        const bool both = *host_first != 0;
+        const bool look = both || polls % GPU_IPC_RING_HOST_CHECK == GPU_IPC_RING_HOST_CHECK - 1u;
+        const gpu_ipc_ring_u64 on_device = gpu_ipc_ring_load_relaxed(device);
+        const gpu_ipc_ring_u64 on_host = look ? gpu_ipc_ring_load_relaxed(host) : 0ull;
+        if (on_device >= target || on_host >= target) {
+            gpu_ipc_ring_fence_acq_rel();
+            *host_first = on_device >= target ? 0ull : 1ull;
+            if (seen != 0) {
+                *seen = on_device >= target ? on_device : on_host;
+            }
+            return GPU_IPC_RING_OK;
+        }
+        if (gpu_ipc_ring_globaltimer() >= deadline) {
+            return GPU_IPC_RING_TIMED_OUT;
+        }
+        // The abort word with the host copy (device copy first), or as gpu_ipc_ring_wait_at_least does.
+        const bool abort_now = both ? polls % GPU_IPC_RING_ABORT_CHECK == 0u : look;
+        if (abort_now && abort != 0 && gpu_ipc_ring_load_relaxed(abort) != 0) {
+            return GPU_IPC_RING_ABORTED;
+        }
+    }
+}
+
 // The stamp rule: whether `stamp`, a value read from published[seq % N], says frame `seq` is the producer's.
 static __device__ __forceinline__ bool gpu_ipc_ring_frame_valid(gpu_ipc_ring_u64 stamp, gpu_ipc_ring_u64 seq)
 {
@@ -172,23 +249,69 @@ static __device__ __forceinline__ void* gpu_ipc_ring_frame(const gpu_ipc_ring_de
     return (void*)(d->slots + gpu_ipc_ring_slot(d, seq) * d->slot_stride);
 }
 
+// What a consumer's kernel learned about the ring between two frames: keep one (per waiting thread) for the
+// kernel's life, start it with gpu_ipc_ring_consumer_view_init.
+struct gpu_ipc_ring_consumer_view {
+    gpu_ipc_ring_u64 host_first;  // 1: the producer's frames were last seen in host memory first (see
+                                  // gpu_ipc_ring_wait_mirrored)
+};
+
+static __device__ __forceinline__ void gpu_ipc_ring_consumer_view_init(gpu_ipc_ring_consumer_view* view)
+{
+    view->host_first = 0;
+}
+
+// The device copy of published[seq % N] (null without device words).
+static __device__ __forceinline__ const gpu_ipc_ring_u64* gpu_ipc_ring_device_published(
+    const gpu_ipc_ring_descriptor* d, gpu_ipc_ring_u64 seq)
+{
+    return d->device_words == 0 ? 0 : (const gpu_ipc_ring_u64*)(d->device_words + 8ull * gpu_ipc_ring_slot(d, seq));
+}
+
+// The device copy of this consumer's released[seq % N] (null without device words).
+static __device__ __forceinline__ gpu_ipc_ring_u64* gpu_ipc_ring_device_released(const gpu_ipc_ring_descriptor* d,
+                                                                                 gpu_ipc_ring_u64 seq)
+{
+    return d->device_words == 0
+               ? 0
+               : (gpu_ipc_ring_u64*)(d->device_words + GPU_IPC_RING_DEVICE_RELEASED +
+                                     d->consumer_index * GPU_IPC_RING_DEVICE_RECORD + 8ull * gpu_ipc_ring_slot(d, seq));
+}
+
 // Waits (one thread) until frame `seq` is published or the producer is gone (its poison), bounded by `deadline`
 // and the abort word; on GPU_IPC_RING_OK stores the published word into *stamp: check it with
-// gpu_ipc_ring_frame_valid before reading the frame. The acquire load orders the frame's reads after it for this
-// thread; share the answer with the others through a barrier (__syncthreads) before they read.
+// gpu_ipc_ring_frame_valid before reading the frame. Acquire ordering: the frame's reads by this thread come after
+// it; share the answer with the others through a barrier (__syncthreads) before they read. With a view (kept
+// across frames) it polls the device copy of the counter when the producer writes it; without one it reads both
+// copies every poll.
+static __device__ __forceinline__ int gpu_ipc_ring_wait_frame(const gpu_ipc_ring_descriptor* d,
+                                                              gpu_ipc_ring_consumer_view* view, gpu_ipc_ring_u64 seq,
+                                                              gpu_ipc_ring_u64 deadline, gpu_ipc_ring_u64* stamp)
+{
+    return gpu_ipc_ring_wait_mirrored(gpu_ipc_ring_published_word(d, seq), gpu_ipc_ring_device_published(d, seq),
+                                      seq + 1ull, deadline, (const gpu_ipc_ring_u64*)d->abort, &view->host_first,
+                                      stamp);
+}
+
 static __device__ __forceinline__ int gpu_ipc_ring_wait_frame(const gpu_ipc_ring_descriptor* d, gpu_ipc_ring_u64 seq,
                                                               gpu_ipc_ring_u64 deadline, gpu_ipc_ring_u64* stamp)
 {
-    return gpu_ipc_ring_wait_at_least(gpu_ipc_ring_published_word(d, seq), seq + 1ull, deadline,
-                                      (const gpu_ipc_ring_u64*)d->abort, stamp);
+    gpu_ipc_ring_consumer_view view = {1ull};
+    return gpu_ipc_ring_wait_frame(d, &view, seq, deadline, stamp);
 }
 
 // Releases frame `seq` (one thread, after every read of it: a barrier first when several threads read it): the
-// producer may rewrite its slot once every live consumer has.
+// producer may rewrite its slot once every live consumer has. A fence.acq_rel.sys, then the device copy and the
+// host copy of released[seq % N].
 static __device__ __forceinline__ void gpu_ipc_ring_release_frame(const gpu_ipc_ring_descriptor* d,
                                                                   gpu_ipc_ring_u64 seq)
 {
-    gpu_ipc_ring_store_release(gpu_ipc_ring_released_word(d, seq), seq + 1ull);
+    gpu_ipc_ring_fence_acq_rel();
+    gpu_ipc_ring_u64* device = gpu_ipc_ring_device_released(d, seq);
+    if (device != 0) {
+        gpu_ipc_ring_store_relaxed(device, seq + 1ull);
+    }
+    gpu_ipc_ring_store_relaxed(gpu_ipc_ring_released_word(d, seq), seq + 1ull);
 }
 
 // Tells the host how far the kernel got: `next` is the first frame it has not released. A relaxed store: the host
@@ -228,6 +351,7 @@ struct gpu_ipc_ring_producer_descriptor {
     gpu_ipc_ring_u64 first_sequence;         // the first frame this kernel is to publish
     gpu_ipc_ring_u64 abort;                  // device address of the abort word: non-zero means leave now
     gpu_ipc_ring_u64 progress;               // device address of the progress word: the next frame not published
+    gpu_ipc_ring_u64 device_words;           // device address of the ring's device words, 0: none
 };
 
 static __device__ __forceinline__ gpu_ipc_ring_u64* gpu_ipc_ring_control_word(gpu_ipc_ring_u64 control,
@@ -243,84 +367,134 @@ static __device__ __forceinline__ void* gpu_ipc_ring_slot_to_write(const gpu_ipc
     return (void*)(d->slots + (seq % d->slot_count) * d->slot_stride);
 }
 
-// Waits (one thread) until consumer record `i` no longer holds frame `previous`: it released it (a dead consumer's
-// counters hold POISON, which satisfies the wait), it is not live, or it joined after that frame. The release and
-// the record's state are read together first (one trip over the bus when the consumer is ahead or the record is
-// free); then the state again every
-// GPU_IPC_RING_ABORT_CHECK polls while it waits: a record that changed hands (the consumer left, died, or a new one
-// took the record) is judged again. A record mid-registration (Joining) is waited out: the host decides its join
-// sequence in microseconds.
-static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_ring_producer_descriptor* d,
-                                                               gpu_ipc_ring_u64 i, gpu_ipc_ring_u64 previous,
-                                                               gpu_ipc_ring_u64 deadline)
+// What a producer's kernel learned about the consumer records: one per lane of the warp that calls
+// gpu_ipc_ring_acquire_slot, kept for the kernel's life, started with gpu_ipc_ring_producer_view_init. Lane L looks
+// after record L (a ring has at most 16).
+struct gpu_ipc_ring_producer_view {
+    gpu_ipc_ring_u64 until;       // the records below were read for the frames before this one (0: not yet read)
+    gpu_ipc_ring_u64 state;       // the lane's record's state word as read then
+    gpu_ipc_ring_u64 join;        // its join sequence (meaningful when the state says Live)
+    gpu_ipc_ring_u64 host_first;  // 1: its releases were last seen in host memory first (gpu_ipc_ring_wait_mirrored)
+};
+
+static __device__ __forceinline__ void gpu_ipc_ring_producer_view_init(gpu_ipc_ring_producer_view* view)
 {
-    const gpu_ipc_ring_u64 record = d->records_offset + i * d->record_stride;
-    const gpu_ipc_ring_u64* state = gpu_ipc_ring_control_word(d->control, record);
-    const gpu_ipc_ring_u64* released = gpu_ipc_ring_control_word(
-        d->control, record + d->released_offset + (previous % d->slot_count) * d->released_stride);
-    const gpu_ipc_ring_u64* abort = (const gpu_ipc_ring_u64*)d->abort;
-    // The release and the state side by side (two relaxed reads in flight at once), then a fence that gives both
-    // acquire ordering: a consumer ahead of the producer, or a record nobody holds, costs one trip over the bus.
-    gpu_ipc_ring_u64 seen_released, seen_state;
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen_released) : "l"(released) : "memory");
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen_state) : "l"(state) : "memory");
-    asm volatile("fence.acq_rel.sys;" : : : "memory");
-    const gpu_ipc_ring_u64 seen_kind = seen_state & GPU_IPC_RING_STATE_MASK;
-    if (seen_released > previous || (seen_kind != GPU_IPC_RING_STATE_LIVE && seen_kind != GPU_IPC_RING_STATE_JOINING)) {
-        return GPU_IPC_RING_OK;
+    view->until = 0;
+    view->state = 0;
+    view->join = 0;
+    view->host_first = 0;
+}
+
+// Reads the consumer records for frames seq .. seq + frames - 1 into each lane's view (one warp, all lanes): first
+// next_sequence := seq + frames and a fence.sc.sys. That pairs with the host's registration of a consumer (it
+// claims a record, then reads next_sequence as the consumer's join sequence): a consumer this read misses joins at
+// seq + frames or later, so it holds none of the slots these frames overwrite. A record mid-registration (Joining)
+// is waited out (the host sets its join sequence in microseconds). Lane 31 looks at the abort word.
+static __device__ __forceinline__ int gpu_ipc_ring_read_records(const gpu_ipc_ring_producer_descriptor* d,
+                                                                gpu_ipc_ring_producer_view* view,
+                                                                gpu_ipc_ring_u64 seq, gpu_ipc_ring_u64 frames,
+                                                                gpu_ipc_ring_u64 deadline)
+{
+    const unsigned int lane = threadIdx.x % 32u;
+    if (lane == 0) {
+        gpu_ipc_ring_store_relaxed(gpu_ipc_ring_control_word(d->control, d->next_sequence_offset), seq + frames);
     }
+    __syncwarp();
+    asm volatile("fence.sc.sys;" : : : "memory");
+    const gpu_ipc_ring_u64 record = d->records_offset + lane * d->record_stride;
+    const gpu_ipc_ring_u64* state_word = gpu_ipc_ring_control_word(d->control, record);
+    const gpu_ipc_ring_u64* join_word = gpu_ipc_ring_control_word(d->control, record + d->join_offset);
+    const bool mine = lane < d->consumer_records;
+    // The state, the join sequence and the abort word side by side, then one fence gives them acquire ordering.
+    gpu_ipc_ring_u64 state = mine ? gpu_ipc_ring_load_relaxed(state_word) : 0ull;
+    gpu_ipc_ring_u64 join = mine ? gpu_ipc_ring_load_relaxed(join_word) : 0ull;
+    const gpu_ipc_ring_u64 aborted = lane == 31u ? gpu_ipc_ring_load_relaxed((const gpu_ipc_ring_u64*)d->abort) : 0ull;
+    gpu_ipc_ring_fence_acq_rel();
+    int outcome = aborted != 0 ? GPU_IPC_RING_ABORTED : GPU_IPC_RING_OK;
     unsigned int polls = 0;
-    // The state seen above (the fence gave it acquire ordering) is judged first; later rounds read it again.
-    gpu_ipc_ring_u64 word = seen_state;
-    for (bool first = true;; first = false) {
-        if (!first) {
-            word = gpu_ipc_ring_load_acquire(state);
+    while (outcome == GPU_IPC_RING_OK && (state & GPU_IPC_RING_STATE_MASK) == GPU_IPC_RING_STATE_JOINING) {
+        if (gpu_ipc_ring_globaltimer() >= deadline) {
+            outcome = GPU_IPC_RING_TIMED_OUT;
+        } else if (++polls % GPU_IPC_RING_ABORT_CHECK == 0 &&
+                   gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)d->abort) != 0) {
+            outcome = GPU_IPC_RING_ABORTED;
+        } else {
+            // Acquire on the state orders the join read after the host's registration, which wrote it before Live.
+            state = gpu_ipc_ring_load_acquire(state_word);
+            join = gpu_ipc_ring_load_acquire(join_word);
         }
-        const gpu_ipc_ring_u64 kind = word & GPU_IPC_RING_STATE_MASK;
-        bool holds = false;
-        if (kind == GPU_IPC_RING_STATE_LIVE) {
-            // Acquire on the state orders this read after the host's registration, which wrote it before Live.
-            holds = gpu_ipc_ring_load_acquire(gpu_ipc_ring_control_word(d->control, record + d->join_offset))
-                    <= previous;
-        }
-        if (kind != GPU_IPC_RING_STATE_JOINING && !holds) {
+    }
+    view->until = seq + frames;
+    view->state = state;
+    view->join = join;
+    return outcome;
+}
+
+// Waits (one lane) until its record no longer holds frame `previous`: it released it (a dead or departed consumer's
+// counters hold POISON, which satisfies the wait), or its state word is no longer the one the view read (the
+// consumer left, died, or a newcomer took the record: a newcomer joined after the frames the view serves). The
+// release is polled as gpu_ipc_ring_wait_mirrored does; the state is looked at with the host copy.
+static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_ring_producer_descriptor* d,
+                                                               gpu_ipc_ring_producer_view* view,
+                                                               gpu_ipc_ring_u64 previous, gpu_ipc_ring_u64 deadline)
+{
+    const unsigned int lane = threadIdx.x % 32u;
+    const gpu_ipc_ring_u64 record = d->records_offset + lane * d->record_stride;
+    const gpu_ipc_ring_u64 slot = previous % d->slot_count;
+    const gpu_ipc_ring_u64* state_word = gpu_ipc_ring_control_word(d->control, record);
+    const gpu_ipc_ring_u64* host = gpu_ipc_ring_control_word(
+        d->control, record + d->released_offset + slot * d->released_stride);
+    const gpu_ipc_ring_u64* device =
+        d->device_words == 0 ? 0
+                             : (const gpu_ipc_ring_u64*)(d->device_words + GPU_IPC_RING_DEVICE_RELEASED +
+                                                         lane * GPU_IPC_RING_DEVICE_RECORD + 8ull * slot);
+    const gpu_ipc_ring_u64* abort = (const gpu_ipc_ring_u64*)d->abort;
+    const gpu_ipc_ring_u64 target = previous + 1ull;
+    for (unsigned int polls = 0;; ++polls) {
+        const bool both = view->host_first != 0 || device == 0;
+        const bool look = both || polls % GPU_IPC_RING_HOST_CHECK == GPU_IPC_RING_HOST_CHECK - 1u;
+        const bool look_at_state = both ? polls % GPU_IPC_RING_ABORT_CHECK == GPU_IPC_RING_ABORT_CHECK - 1u : look;
+        const gpu_ipc_ring_u64 on_device = device != 0 ? gpu_ipc_ring_load_relaxed(device) : 0ull;
+        const gpu_ipc_ring_u64 on_host = look ? gpu_ipc_ring_load_relaxed(host) : 0ull;
+        const gpu_ipc_ring_u64 state = look_at_state ? gpu_ipc_ring_load_relaxed(state_word) : view->state;
+        const gpu_ipc_ring_u64 aborted = look_at_state ? gpu_ipc_ring_load_relaxed(abort) : 0ull;
+        if (on_device >= target || on_host >= target || state != view->state) {
+            gpu_ipc_ring_fence_acq_rel();
+            if (device != 0 && (on_device >= target || on_host >= target)) {
+                view->host_first = on_device >= target ? 0ull : 1ull;
+            }
             return GPU_IPC_RING_OK;
         }
-        // Poll the release (or the registration) until the record's state changes.
-        do {
-            if (kind == GPU_IPC_RING_STATE_LIVE && gpu_ipc_ring_load_acquire(released) > previous) {
-                return GPU_IPC_RING_OK;
-            }
-            if (gpu_ipc_ring_globaltimer() >= deadline) {
-                return GPU_IPC_RING_TIMED_OUT;
-            }
-            if (++polls % GPU_IPC_RING_ABORT_CHECK == 0 && gpu_ipc_ring_load_acquire(abort) != 0) {
-                return GPU_IPC_RING_ABORTED;
-            }
-        } while (polls % GPU_IPC_RING_ABORT_CHECK != 0 || gpu_ipc_ring_load_acquire(state) == word);
+        if (aborted != 0) {
+            return GPU_IPC_RING_ABORTED;
+        }
+        if (gpu_ipc_ring_globaltimer() >= deadline) {
+            return GPU_IPC_RING_TIMED_OUT;
+        }
     }
 }
 
 // Waits until frame `seq`'s slot may be written: every consumer that is live and joined at or before frame seq - N
-// has released it (the rule of the host producer, docs/ring.md). Call it with ALL 32 lanes of one warp: lane L
-// looks after records L, L + 32, ..., so the records' words are read over the bus side by side, not one after
-// another; every lane returns the same outcome. Bounded by `deadline` and the abort word. Share the answer with
-// the block through a barrier before any thread writes the slot.
+// has released it (the rule of the host producer, docs/ring.md). Call it with ALL 32 lanes of one warp, each with
+// its own view, for frames in order: lane L looks after record L, so the records are waited for side by side;
+// every lane returns the same outcome. The records themselves (state, join sequence) are read once every
+// GPU_IPC_RING_VIEW_FRAMES frames (gpu_ipc_ring_read_records), so the frames between touch only the released words,
+// in device memory when the consumers write the device copy. Bounded by `deadline` and the abort word (looked at
+// when the records are read and while a wait falls short). Share the answer with the block through a barrier
+// before any thread writes the slot.
 static __device__ __forceinline__ int gpu_ipc_ring_acquire_slot(const gpu_ipc_ring_producer_descriptor* d,
-                                                                gpu_ipc_ring_u64 seq, gpu_ipc_ring_u64 deadline)
+                                                                gpu_ipc_ring_producer_view* view,
+                                                                gpu_ipc_ring_u64 seq, gpu_ipc_ring_u64 deadline,
+                                                                gpu_ipc_ring_u64 frames = GPU_IPC_RING_VIEW_FRAMES)
 {
     int outcome = GPU_IPC_RING_OK;
-    // The last lane looks at the abort word (with 31 records or fewer it holds none: no trip on the others' path).
-    if (threadIdx.x % 32u == 31u && gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)d->abort) != 0) {
-        outcome = GPU_IPC_RING_ABORTED;
-    } else if (seq >= d->slot_count) {
-        const gpu_ipc_ring_u64 previous = seq - d->slot_count;
-        for (gpu_ipc_ring_u64 i = threadIdx.x % 32u; i < d->consumer_records; i += 32u) {
-            outcome = gpu_ipc_ring_wait_record(d, i, previous, deadline);
-            if (outcome != GPU_IPC_RING_OK) {
-                break;
-            }
-        }
+    if (seq >= view->until) {
+        outcome = gpu_ipc_ring_read_records(d, view, seq, frames, deadline);
+    }
+    const unsigned int lane = threadIdx.x % 32u;
+    if (outcome == GPU_IPC_RING_OK && seq >= d->slot_count && lane < d->consumer_records &&
+        (view->state & GPU_IPC_RING_STATE_MASK) == GPU_IPC_RING_STATE_LIVE && view->join <= seq - d->slot_count) {
+        outcome = gpu_ipc_ring_wait_record(d, view, seq - d->slot_count, deadline);
     }
     // The warp agrees on the worst outcome (ABORTED > TIMED_OUT > OK).
     for (int lanes = 16; lanes > 0; lanes /= 2) {
@@ -330,19 +504,31 @@ static __device__ __forceinline__ int gpu_ipc_ring_acquire_slot(const gpu_ipc_ri
     return outcome;
 }
 
+// Without a view: the records are read for this frame alone (next_sequence := seq + 1 and a fence.sc.sys each
+// call), and both copies of each release are read every poll. For kernels that make one frame per launch.
+static __device__ __forceinline__ int gpu_ipc_ring_acquire_slot(const gpu_ipc_ring_producer_descriptor* d,
+                                                                gpu_ipc_ring_u64 seq, gpu_ipc_ring_u64 deadline)
+{
+    gpu_ipc_ring_producer_view view;
+    gpu_ipc_ring_producer_view_init(&view);
+    view.host_first = 1;
+    return gpu_ipc_ring_acquire_slot(d, &view, seq, deadline, 1ull);
+}
+
 // Publishes frame `seq` (one thread, after every write of the frame: a barrier first when several threads wrote
-// it): published[seq % N] = seq + 1 with st.release.sys, then next_sequence and the progress word. The full fence
-// after next_sequence pairs with the host's registration of a consumer (it claims a record, then reads
-// next_sequence as the consumer's join sequence): the next acquire's reads of the records come after it, so a
-// consumer joining now is either seen or joins after this frame. The progress word is for the host's bookkeeping.
+// it): a fence.acq_rel.sys, then published[seq % N] = seq + 1 in device memory (when the ring has device words) and
+// in the control block, then the progress word (for the host's bookkeeping). next_sequence is not touched here:
+// gpu_ipc_ring_acquire_slot moved it past this frame when it read the records.
 static __device__ __forceinline__ void gpu_ipc_ring_publish_frame(const gpu_ipc_ring_producer_descriptor* d,
                                                                   gpu_ipc_ring_u64 seq)
 {
-    gpu_ipc_ring_store_release(
-        gpu_ipc_ring_control_word(d->control, d->published_offset + (seq % d->slot_count) * d->published_stride),
-        seq + 1ull);
-    gpu_ipc_ring_store_relaxed(gpu_ipc_ring_control_word(d->control, d->next_sequence_offset), seq + 1ull);
-    asm volatile("fence.sc.sys;" : : : "memory");
+    const gpu_ipc_ring_u64 slot = seq % d->slot_count;
+    gpu_ipc_ring_fence_acq_rel();
+    if (d->device_words != 0) {
+        gpu_ipc_ring_store_relaxed((gpu_ipc_ring_u64*)(d->device_words + 8ull * slot), seq + 1ull);
+    }
+    gpu_ipc_ring_store_relaxed(gpu_ipc_ring_control_word(d->control, d->published_offset + slot * d->published_stride),
+                               seq + 1ull);
     gpu_ipc_ring_store_relaxed((gpu_ipc_ring_u64*)d->progress, seq + 1ull);
 }
 

@@ -275,12 +275,15 @@ extern "C" __global__ void gpu_ipc_persistent_verify(const gpu_ipc_ring_descript
     }
     __syncthreads();
     const unsigned long long n_words = d.slot_bytes / 4ull;
+    // Thread 0's view of the ring, kept across frames (which copy of `published` to poll).
+    gpu_ipc_ring_consumer_view view;
+    gpu_ipc_ring_consumer_view_init(&view);
     unsigned long long done = 0;
     for (; done < frames; ++done) {
         const unsigned long long seq = d.first_sequence + done;
         if (threadIdx.x == 0) {
             unsigned long long stamp = 0;
-            const int waited = gpu_ipc_ring_wait_frame(&d, seq, gpu_ipc_ring_deadline(timeout_ns), &stamp);
+            const int waited = gpu_ipc_ring_wait_frame(&d, &view, seq, gpu_ipc_ring_deadline(timeout_ns), &stamp);
             outcome = waited != GPU_IPC_RING_OK             ? (unsigned long long)waited
                       : gpu_ipc_ring_frame_valid(stamp, seq) ? GPU_IPC_PERSISTENT_DONE
                                                              : GPU_IPC_PERSISTENT_STAMP_INVALID;
@@ -336,12 +339,15 @@ extern "C" __global__ void gpu_ipc_persistent_fill(const gpu_ipc_ring_producer_d
     }
     __syncthreads();
     const unsigned long long n_words = d.slot_bytes / 4ull;
+    // Each lane of the first warp keeps its view of one consumer record across frames.
+    gpu_ipc_ring_producer_view view;
+    gpu_ipc_ring_producer_view_init(&view);
     unsigned long long done = 0;
     for (; done < frames; ++done) {
         const unsigned long long seq = d.first_sequence + done;
         if (threadIdx.x < 32u) {
-            // The first warp reads the consumer records side by side.
-            const int acquired = gpu_ipc_ring_acquire_slot(&d, seq, gpu_ipc_ring_deadline(timeout_ns));
+            // The first warp waits for the consumer records side by side.
+            const int acquired = gpu_ipc_ring_acquire_slot(&d, &view, seq, gpu_ipc_ring_deadline(timeout_ns));
             if (threadIdx.x == 0) {
                 outcome = acquired;
             }

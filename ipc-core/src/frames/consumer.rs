@@ -144,6 +144,8 @@ pub struct Consumer<B: Backend> {
     abort: Arc<AbortWord>,
     /// Where kernels launched on the ring find their descriptor (made at the first launch).
     port: Option<RingPort>,
+    /// Byte offset of the ring's device words in the allocation ([`super::device_words`]), 0: none.
+    device_words: u64,
 }
 
 impl<B: Backend> Consumer<B> {
@@ -198,6 +200,8 @@ impl<B: Backend> Consumer<B> {
             }
         };
         let next_seq = ring.join_sequence().0;
+        // Checked against the offer in `join`; written once by the producer before its offers.
+        let device_words = ring.block().device_words_offset();
         conn.send_in(version, &Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), left())?;
         let watchdog = Watchdog::start();
         let producer_hung_up = Arc::new(AtomicBool::new(false));
@@ -251,6 +255,7 @@ impl<B: Backend> Consumer<B> {
             left: false,
             abort,
             port: None,
+            device_words,
         })
     }
 
@@ -305,6 +310,13 @@ impl<B: Backend> Consumer<B> {
             return Err(dropped_handshake(conn));
         }
         let ring = Arc::new(control);
+        // Kernels on the ring write the device words: they must lie after the slots, inside the allocation.
+        let device_words = ring.block().device_words_offset();
+        let slots_end = offer.slot_stride_bytes.saturating_mul(u64::from(offer.slot_count)).saturating_add(offer.data_offset);
+        if device_words != 0 {
+            super::device_words::check(device_words, slots_end, offer.allocation_bytes)
+                .map_err(|problem| FrameError::Config(format!("the producer's control block is malformed: {problem}")))?;
+        }
         let handle = ExportedHandle {
             bytes: offer.legacy_mem_handle.map(|h| h.to_vec()).unwrap_or_default(),
             fd: fds.data,

@@ -98,6 +98,7 @@
 //! ```
 
 mod consumer;
+pub mod device_words;
 mod error;
 mod graph;
 mod producer;

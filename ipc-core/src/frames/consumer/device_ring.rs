@@ -75,11 +75,14 @@ pub struct RingDescriptor {
     pub abort: u64,
     /// Device address of the progress word: the first frame the kernel has not released (it stores it).
     pub progress: u64,
+    /// Device address of the ring's device words ([`crate::frames::device_words`]) in this process's mapping, 0
+    /// when the ring has none.
+    pub device_words: u64,
 }
 
 impl RingDescriptor {
     /// `GPU_IPC_RING_DESCRIPTOR_VERSION` in the header.
-    pub const VERSION: u64 = 1;
+    pub const VERSION: u64 = 2;
     /// Its size in 64-bit words.
     pub const WORDS: usize = size_of::<Self>() / 8;
 
@@ -100,6 +103,7 @@ impl RingDescriptor {
             self.first_sequence,
             self.abort,
             self.progress,
+            self.device_words,
         ]
     }
 
@@ -167,6 +171,7 @@ impl<B: Backend> Consumer<B> {
             first_sequence: self.next_seq,
             abort,
             progress,
+            device_words: if self.device_words == 0 { 0 } else { self.region.ptr().offset(self.device_words).raw() },
         })
     }
 
@@ -273,7 +278,8 @@ mod tests {
                 "consumer_index",
                 "first_sequence",
                 "abort",
-                "progress"
+                "progress",
+                "device_words"
             ]
         );
         assert_eq!(fields.len(), RingDescriptor::WORDS);
@@ -295,8 +301,9 @@ mod tests {
             first_sequence: 11,
             abort: 12,
             progress: 13,
+            device_words: 14,
         };
-        assert_eq!(d.to_words().to_vec(), (0..14).collect::<Vec<u64>>());
+        assert_eq!(d.to_words().to_vec(), (0..15).collect::<Vec<u64>>());
     }
 
     #[test]

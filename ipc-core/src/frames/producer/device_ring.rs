@@ -64,11 +64,13 @@ pub struct ProducerRingDescriptor {
     pub abort: u64,
     /// Device address of the progress word: the first frame the kernel has not published (it stores it).
     pub progress: u64,
+    /// Device address of the ring's device words ([`crate::frames::device_words`]), 0 when the ring has none.
+    pub device_words: u64,
 }
 
 impl ProducerRingDescriptor {
     /// `GPU_IPC_RING_PRODUCER_DESCRIPTOR_VERSION` in the header.
-    pub const VERSION: u64 = 1;
+    pub const VERSION: u64 = 2;
     /// Its size in 64-bit words.
     pub const WORDS: usize = size_of::<Self>() / 8;
 
@@ -93,6 +95,7 @@ impl ProducerRingDescriptor {
             self.first_sequence,
             self.abort,
             self.progress,
+            self.device_words,
         ]
     }
 
@@ -157,6 +160,7 @@ impl<B: Backend> Producer<B> {
             first_sequence: self.next_seq,
             abort,
             progress,
+            device_words: if self.device_words == 0 { 0 } else { self.region.ptr().raw() + self.device_words },
         })
     }
 
@@ -196,8 +200,8 @@ impl<B: Backend> Producer<B> {
 
     /// Waits, at most `timeout`, until the kernel launched by [`Producer::launch_on_ring`] is done, serving the
     /// front door meanwhile (consumers that knock are admitted and join at the kernel's next frame), and takes the
-    /// ring back: the producer's next sequence becomes the first frame the kernel did not publish (its progress
-    /// word), which this returns. Nothing launched: the next sequence as it is.
+    /// ring back: the producer's next sequence, and the control block's `next_sequence`, become the first frame the
+    /// kernel did not publish (its progress word), which this returns. Nothing launched: the next sequence as it is.
     ///
     /// # Errors
     /// [`FrameError::Timeout`] when the kernel is still running (call again, or drop the producer, which raises the
@@ -208,10 +212,7 @@ impl<B: Backend> Producer<B> {
             let Some(port) = self.port.as_mut() else { return Ok(self.next_seq) };
             let step = (Instant::now() + FINISH_POLL).min(deadline);
             match port.finish(step, false) {
-                Ok(progress) => {
-                    self.next_seq = self.next_seq.max(progress);
-                    return Ok(self.next_seq);
-                }
+                Ok(progress) => return Ok(self.take_ring_back(progress)),
                 Err(FrameError::Timeout { .. }) if Instant::now() < deadline => {
                     // Retired records and new consumers are judged at the kernel's frame, not the host's last.
                     self.next_seq = self.next_seq.max(port.progress());
@@ -220,6 +221,15 @@ impl<B: Backend> Producer<B> {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Takes the ring back from the kernel (or frame graphs) that ended at `progress` (its progress word): the next
+    /// sequence becomes the first frame not published, here and in the control block, where the kernel may have
+    /// moved `next_sequence` ahead of its frames (gpu_ipc_ring_acquire_slot's view of the records).
+    pub(super) fn take_ring_back(&mut self, progress: u64) -> u64 {
+        self.next_seq = self.next_seq.max(progress);
+        self.ring.rewind_next(crate::ring::Sequence(self.next_seq));
+        self.next_seq
     }
 
     /// [`FrameError::Config`] while a kernel launched on the ring may still run: it owns the ring. One that has
@@ -271,7 +281,8 @@ mod tests {
                 "slot_count",
                 "first_sequence",
                 "abort",
-                "progress"
+                "progress",
+                "device_words"
             ]
         );
         assert_eq!(fields.len(), ProducerRingDescriptor::WORDS);

@@ -42,6 +42,8 @@ pub struct Producer<B: Backend> {
     sync: Box<dyn ProducerSide>,
     config: ProducerConfig,
     stride: u64,
+    /// Byte offset of the ring's device words in the allocation ([`super::device_words`]), 0: none.
+    device_words: u64,
     next_seq: u64,
     /// Tells this producer's leases from any other's.
     owner: u64,
@@ -91,7 +93,15 @@ impl<B: Backend> Producer<B> {
             LivenessPolicy::default(),
         )?);
         let stride = super::slot_stride(config.slot_layout.bytes());
-        let region = Arc::new(B::allocate(ctx, stride * u64::from(config.slots))?);
+        let slots_end = stride * u64::from(config.slots);
+        // Kernels on the ring (GPU-side strategies) poll the device copy of the counters: reserve and zero it.
+        let device_words = if strategy.gpu_writes_counters() { super::device_words::place(slots_end) } else { 0 };
+        let bytes = if device_words == 0 { slots_end } else { device_words + super::device_words::BYTES };
+        let region = Arc::new(B::allocate(ctx, bytes)?);
+        if device_words != 0 {
+            B::zero(&region, device_words, super::device_words::BYTES)?;
+            ring.set_device_words(device_words);
+        }
         let device_uuid = match cuda {
             Some(c) => c.device().uuid()?,
             None => DeviceUuid([0; 16]),
@@ -136,6 +146,7 @@ impl<B: Backend> Producer<B> {
             sync,
             config,
             stride,
+            device_words,
             next_seq: 0,
             owner: super::owner_token(),
             generation,
@@ -410,9 +421,11 @@ impl<B: Backend> Drop for Producer<B> {
         self.admission.stop();
         // A kernel publishing on the ring leaves on the abort word; the ring is freed only once it has.
         let deadline = Instant::now() + self.config.gpu_timeout;
-        if let Some(mut port) = self.port.take()
-            && port.finish(deadline, true).is_err()
-        {
+        let finished = self.port.take().map(|mut port| port.finish(deadline, true).map_err(|_| port));
+        if let Some(Ok(progress)) = finished {
+            // Consumers that see the ring closed take frames below next_sequence as published.
+            self.take_ring_back(progress);
+        } else if let Some(Err(port)) = finished {
             tracing::error!("the kernel launched on the ring did not leave on its abort word: leaking the ring");
             std::mem::forget(port);
             self.ring.abandon();

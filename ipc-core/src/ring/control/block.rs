@@ -184,6 +184,17 @@ impl ControlBlock {
         self.word(self.layout.producer_heartbeat_offset())
     }
 
+    /// Byte offset of the ring's device words in the frame allocation (`header.device_words`), 0 when it has none:
+    /// what the producer stored before its first offer ([`ProducerControl::set_device_words`](
+    /// super::ProducerControl::set_device_words)). Unchecked here: a consumer checks it against the allocation.
+    pub fn device_words_offset(&self) -> u64 {
+        self.word(header::DEVICE_WORDS).load(Ordering::Acquire)
+    }
+
+    pub(super) fn device_words_counter(&self) -> &AtomicU64 {
+        self.word(header::DEVICE_WORDS)
+    }
+
     /// The `next_sequence` word (see [`next_sequence`](Self::next_sequence)).
     pub fn next_sequence_counter(&self) -> &AtomicU64 {
         self.word(self.layout.next_sequence_offset())

@@ -231,6 +231,20 @@ impl ProducerControl {
         Ok(())
     }
 
+    /// Sets `next_sequence` to `seq` whichever way it moves: for taking the ring back from a kernel that published
+    /// on it, which may have moved the word up to `GPU_IPC_RING_VIEW_FRAMES` frames past its last frame (a
+    /// consumer that registered meanwhile joins there; frames before it are simply not for that consumer). Call it
+    /// only when no kernel publishes on the ring.
+    pub fn rewind_next(&self, seq: Sequence) {
+        self.block.next_sequence_counter().store(seq.0, Ordering::SeqCst);
+    }
+
+    /// Stores `header.device_words`: the byte offset of the ring's device words in the frame allocation (see
+    /// [`ControlBlock::device_words_offset`]). Call it once, before the first offer leaves.
+    pub fn set_device_words(&self, offset: u64) {
+        self.block.device_words_counter().store(offset, Ordering::Release);
+    }
+
     fn check_in_order(&self, seq: Sequence) -> Result<(), RingError> {
         // Only the producer writes next_sequence, so its own Relaxed read is current.
         let expected = Sequence(self.block.next_sequence_counter().load(Ordering::Relaxed));

@@ -21,7 +21,7 @@ pub const MAX_SLOTS: u32 = 256;
 /// Most slots a ring of layout version 1 can have; a ring of more slots uses version 2.
 pub const LAYOUT_1_MAX_SLOTS: u32 = 32;
 
-/// Byte offsets of the header's words, the same in every layout (the first 64 bytes of the block).
+/// Byte offsets of the header's words, the same in every layout (the first 72 bytes of the block).
 pub mod header {
     /// [`MAGIC`](super::super::MAGIC), written last at creation with release ordering.
     pub const MAGIC: usize = 0;
@@ -39,6 +39,10 @@ pub mod header {
     pub const PRODUCER_PID: usize = 48;
     /// A [`ProducerState`](super::super::ProducerState).
     pub const PRODUCER_STATE: usize = 56;
+    /// Byte offset, in the frame allocation, of the ring's device words (a copy of `published` and of every
+    /// consumer's `released` in device memory, for kernels on the ring); 0 when the ring has none. Written once by
+    /// the producer before its first offer; a block made before the word existed holds 0 there.
+    pub const DEVICE_WORDS: usize = 64;
 }
 
 /// `producer_heartbeat_ns`: `CLOCK_MONOTONIC` ns of the producer's last sign of life, on its own line.
