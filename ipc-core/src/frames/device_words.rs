@@ -46,6 +46,7 @@ pub fn check(offset: u64, slots_end: u64, allocation_bytes: u64) -> Result<(), S
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
