@@ -16,7 +16,11 @@
 //                                             fence.acq_rel.sys first, j the join word read before polling, w a 256-byte
 //                                             write / read by 256 threads between two barriers, a the abort word read
 //                                             after the first poll that falls short, o one fence.sc.sys before a
-//                                             relaxed publish in place of f and the release
+//                                             relaxed publish in place of f and the release; with MEM dev, m a copy
+//                                             of each store in host memory, p the progress word in host memory, c a
+//                                             look at the host copy and the abort word every 64 polls, v the
+//                                             producer's view of the records (in host memory) once per 16 frames;
+//                                             W blocks of 1,024 threads instead of 256 (with w: the barriers' cost)
 //   signal-paths killwait MEM MECH            SIGKILL an importer holding a GPU-side wait (MECH stream|kernel) on
 //                                             shared memory; does the exporter's context survive?
 //   signal-paths frames MEM SLOTS N [C]       producer fill -> C consumers' verify (default 1) of N 4K frames
@@ -151,6 +155,7 @@ static void barrier(Shared *s, uint64_t round, uint64_t parties = 2) {
 struct Counters {
     uint64_t *ping, *pong, *gate, *mark;
     uint64_t *released[MAX_CONSUMERS];  // for `frames`: consumer c's counter (released[0] == pong)
+    uint64_t *host_words;                // the registered page's more_released[] (device address), whatever MEM
     unsigned long long *timeouts;
 };
 
@@ -160,6 +165,7 @@ static Counters counters(Shared *s, bool dev, bool first) {
     uint64_t *hs;
     CK(cudaHostGetDevicePointer((void **)&hs, (void *)s, 0));
     c.gate = (uint64_t *)((char *)hs + offsetof(Shared, gate));
+    c.host_words = (uint64_t *)((char *)hs + offsetof(Shared, more_released));
     if (!dev) {
         c.ping = (uint64_t *)((char *)hs + offsetof(Shared, ping));
         c.pong = (uint64_t *)((char *)hs + offsetof(Shared, pong));
@@ -439,10 +445,18 @@ static int run_frames(bool dev, uint64_t slots, uint64_t n, int consumers) {
 #define RTK_WRITE 16u
 #define RTK_ABORT 32u
 #define RTK_ONE_FENCE 64u
+#define RTK_MIRROR 128u
+#define RTK_HOST_PROGRESS 256u
+#define RTK_HOST_CHECK 512u
+#define RTK_VIEW 1024u
+#define RTK_WIDE 2048u
 
 struct RtkArgs {
     uint64_t *mine, *theirs;                   // the counter this side stores, the one it waits on
     uint64_t *next_seq, *state, *join, *abort, *progress;
+    // Host-memory words (the registered page) for m, p, c, v: the host copies of mine and theirs, this side's
+    // progress, and the record words a producer's view reads.
+    uint64_t *host_mine, *host_theirs, *host_progress, *host_next_seq, *host_state, *host_join, *host_abort;
     unsigned *buf;                             // 256 words of device memory
     uint64_t n;
     unsigned steps;
@@ -464,7 +478,13 @@ __device__ bool rtk_wait(const RtkArgs &a, const uint64_t *p, uint64_t v) {
     unsigned polls = 0;
     while (ld_acquire_sys(p) < v) {
         if (gtimer() - start > SPIN_LIMIT_NS) return false;
-        if ((a.steps & RTK_ABORT) && polls++ % 1024 == 0 && ld_acquire_sys(a.abort) != 0) return false;
+        if ((a.steps & RTK_ABORT) && polls % 1024 == 0 && ld_acquire_sys(a.abort) != 0) return false;
+        if ((a.steps & RTK_HOST_CHECK) && polls % 64 == 63) {
+            // gpu-ipc's look at the host copy and the abort word (two loads in flight) every 64 polls.
+            uint64_t h = ld_relaxed_sys(a.host_theirs), x = ld_relaxed_sys(a.host_abort);
+            if (x != 0 || h == 0xffffffffffffffffull) return false;
+        }
+        polls++;
     }
     return true;
 }
@@ -480,6 +500,16 @@ __global__ void k_rtk(RtkArgs a, bool producer) {
     for (uint64_t v = 1; v <= a.n; v++) {
         if (threadIdx.x == 0) {
             bool good = true;
+            if (producer && (a.steps & RTK_VIEW) && v % 16 == 1) {
+                // gpu-ipc's view of the records, once per 16 frames: next_sequence ahead, a fence.sc.sys, the
+                // record's state and join sequence and the abort word side by side.
+                st_relaxed_sys(a.host_next_seq, v + 16);
+                asm volatile("fence.sc.sys;" ::: "memory");
+                uint64_t st = ld_relaxed_sys(a.host_state), jn = ld_relaxed_sys(a.host_join);
+                uint64_t x = ld_relaxed_sys(a.host_abort);
+                asm volatile("fence.acq_rel.sys;" ::: "memory");
+                good = st == 2 && jn == 0 && x == 0;
+            }
             if (producer && v > 1) {
                 bool done = false;
                 if (a.steps & RTK_RECORDS) {
@@ -489,7 +519,7 @@ __global__ void k_rtk(RtkArgs a, bool producer) {
                     done = seen >= v - 1 || state != 2;
                 }
                 if (!done) {
-                    if (a.steps & RTK_JOIN) good = ld_acquire_sys(a.join) < v;
+                    if (a.steps & RTK_JOIN) good = good && ld_acquire_sys(a.join) < v;
                     good = good && rtk_wait(a, a.theirs, v - 1);
                 }
                 if (v == 2) t0 = gtimer();
@@ -516,10 +546,11 @@ __global__ void k_rtk(RtkArgs a, bool producer) {
                 st_relaxed_sys(a.mine, v);
             } else {
                 st_release_sys(a.mine, v);
+                if (a.steps & RTK_MIRROR) st_relaxed_sys(a.host_mine, v);
                 if (producer && (a.steps & RTK_STORES)) st_relaxed_sys(a.next_seq, v);
                 if (producer && (a.steps & RTK_FENCE)) asm volatile("fence.sc.sys;" ::: "memory");
             }
-            if (a.steps & RTK_STORES) st_relaxed_sys(a.progress, v);
+            if (a.steps & RTK_STORES) st_relaxed_sys((a.steps & RTK_HOST_PROGRESS) ? a.host_progress : a.progress, v);
         }
     }
     if (threadIdx.x == 0) {
@@ -542,6 +573,11 @@ static unsigned rtk_steps(const char *steps) {
         case 'w': bits |= RTK_WRITE; break;
         case 'a': bits |= RTK_ABORT; break;
         case 'o': bits |= RTK_ONE_FENCE; break;
+        case 'm': bits |= RTK_MIRROR; break;
+        case 'p': bits |= RTK_HOST_PROGRESS; break;
+        case 'c': bits |= RTK_HOST_CHECK; break;
+        case 'v': bits |= RTK_VIEW; break;
+        case 'W': bits |= RTK_WIDE; break;
         case '-': break;
         default: fprintf(stderr, "rtk: unknown step '%c'\n", *p); exit(2);
         }
@@ -558,6 +594,7 @@ static int run_rtk(bool dev, const char *steps, uint64_t n) {
     if (pair.first) {
         uint64_t live = 2;
         CK(cudaMemcpy(c.released[2], &live, 8, cudaMemcpyDefault));
+        pair.s->more_released[16 * 5] = 2;  // host[5]: the state word a producer's view reads
     }
     barrier(pair.s, 1);
     RtkArgs a;
@@ -568,6 +605,16 @@ static int run_rtk(bool dev, const char *steps, uint64_t n) {
     a.join = c.released[3];
     a.abort = c.released[4];
     a.progress = pair.first ? c.released[5] : c.released[6];
+    // host[k]: the registered page's more_released[16 k] (not the counters in host mode: use these letters with dev).
+    uint64_t *host[8];
+    for (int k = 0; k < 8; k++) host[k] = c.host_words + 16 * k;
+    a.host_mine = pair.first ? host[0] : host[1];
+    a.host_theirs = pair.first ? host[1] : host[0];
+    a.host_progress = pair.first ? host[2] : host[3];
+    a.host_next_seq = host[4];
+    a.host_state = host[5];
+    a.host_join = host[6];
+    a.host_abort = host[7];
     CK(cudaMalloc((void **)&a.buf, 256 * sizeof(unsigned)));
     a.n = n;
     a.steps = bits;
@@ -575,7 +622,7 @@ static int run_rtk(bool dev, const char *steps, uint64_t n) {
     CK(cudaHostAlloc((void **)&result_host, 16, cudaHostAllocMapped));
     memset(result_host, 0, 16);
     CK(cudaHostGetDevicePointer((void **)&a.result, result_host, 0));
-    k_rtk<<<1, 256, 0, pair.st>>>(a, pair.first);
+    k_rtk<<<1, (bits & RTK_WIDE) ? 1024 : 256, 0, pair.st>>>(a, pair.first);
     CK(cudaStreamSynchronize(pair.st));
     const char *mem = dev ? "dev" : "host";
     if (pair.first) {

@@ -61,6 +61,9 @@ persistent() {
     for mem in host dev; do
         for steps in - f s r j w a fsrjwa osrjwa o; do one "$pass" rtk "$mem" "$steps" 20000; done
     done
+    # Device words as gpu-ipc keeps them (counters polled in device memory, a copy of each store, the progress
+    # words and the view of the records in host memory), one host-side step at a time.
+    for steps in w wm ws wsp wc wv wmsp wmspc wmspv wmspcv wW wmspcvW; do one "$pass" rtk dev "$steps" 20000; done
 }
 
 [ "$ONLY" = rtk ] || every no-mps

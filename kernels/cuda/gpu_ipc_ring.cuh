@@ -40,9 +40,9 @@
 // Memory ordering: the rule `gpu-ipc probe coherency` established (docs/kernels.md): every counter another process
 // writes is read with ld.acquire.sys, every counter this kernel publishes is stored with st.release.sys, and every
 // wait is bounded by %globaltimer and by the abort word, which the host sets when a peer dies or the consumer is
-// dropped. A poll of two copies reads both relaxed and gives the one that got there acquire ordering with a
-// fence.acq_rel.sys; a store to both copies follows one fence.acq_rel.sys. The counters live in the ring's control
-// block, host memory registered for the device, and in the device words. No runtime headers: NVRTC and nvcc
+// dropped. Every fence.sys costs a trip to the memory system (the dearest step of a handoff), so a counter seen in
+// its polled copy needs none; a store to both copies is two releases, device copy first. The counters live in the
+// ring's control block, host memory registered for the device, and in the device words. No runtime headers: NVRTC and nvcc
 // compile it alike.
 //
 // The stamp rule (docs/ring.md): frame s in slot s % N is the one its producer published iff
@@ -66,7 +66,7 @@ typedef unsigned long long gpu_ipc_ring_u64;
 #define GPU_IPC_RING_DEVICE_RELEASED 2048ull
 #define GPU_IPC_RING_DEVICE_RECORD 2048ull
 // How many polls of a device word pass between two looks at its host copy (and at the abort word).
-#define GPU_IPC_RING_HOST_CHECK 64u
+#define GPU_IPC_RING_HOST_CHECK 256u
 // How many frames a producer's view of the consumer records serves (gpu_ipc_ring_acquire_slot with a view): the
 // records are read, with a fence.sc.sys, once per that many frames, and a consumer registering meanwhile joins up
 // to that many frames later.
@@ -179,10 +179,13 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_at_least(const gpu_ipc_r
 
 // Waits as gpu_ipc_ring_wait_at_least for a counter kept twice: `host` (the control block) and `device`, its copy
 // among the device words (null: none; then this is gpu_ipc_ring_wait_at_least). `*host_first` picks the copy to
-// poll and is updated for the next wait: 0 polls the device copy and looks at the host copy (and the abort word)
-// every GPU_IPC_RING_HOST_CHECK polls, switching to 1 when the host copy got there first (a peer that does not
-// write the device copy, or a poison); 1 reads both every poll (two loads in flight) and switches back to 0 when the
-// device copy got there. On GPU_IPC_RING_OK the value seen is stored into *seen (when not null).
+// poll and is updated for the next wait: 0 polls the device copy with ld.acquire.sys and looks at the host copy (and
+// the abort word) every GPU_IPC_RING_HOST_CHECK polls, switching to 1 when the host copy got there first (a peer
+// that does not write the device copy, or a poison); 1 reads both every poll (the host copy with ld.acquire.sys, the
+// device copy relaxed beside it, then a fence.acq_rel.sys if it got there) and switches back to 0 when the device
+// copy got there. A frame seen
+// in the device copy costs no fence: a fence.sys is the dearest step of a handoff (docs/benchmarks.md). On
+// GPU_IPC_RING_OK the value seen is stored into *seen (when not null).
 static __device__ __forceinline__ int gpu_ipc_ring_wait_mirrored(const gpu_ipc_ring_u64* host,
                                                                  const gpu_ipc_ring_u64* device,
                                                                  gpu_ipc_ring_u64 target, gpu_ipc_ring_u64 deadline,
@@ -194,25 +197,43 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_mirrored(const gpu_ipc_r
         return gpu_ipc_ring_wait_at_least(host, target, deadline, abort, seen);
     }
     for (unsigned int polls = 0;; ++polls) {
-        const bool both = *host_first != 0;
-        const bool look = both || polls % GPU_IPC_RING_HOST_CHECK == GPU_IPC_RING_HOST_CHECK - 1u;
-        const gpu_ipc_ring_u64 on_device = gpu_ipc_ring_load_relaxed(device);
-        const gpu_ipc_ring_u64 on_host = look ? gpu_ipc_ring_load_relaxed(host) : 0ull;
-        if (on_device >= target || on_host >= target) {
-            gpu_ipc_ring_fence_acq_rel();
-            *host_first = on_device >= target ? 0ull : 1ull;
+        gpu_ipc_ring_u64 value = 0;
+        bool aborted = false;
+        if (*host_first == 0) {
+            value = gpu_ipc_ring_load_acquire(device);
+            if (value < target && polls % GPU_IPC_RING_HOST_CHECK == GPU_IPC_RING_HOST_CHECK - 1u) {
+                const gpu_ipc_ring_u64 on_host = gpu_ipc_ring_load_relaxed(host);
+                aborted = abort != 0 && gpu_ipc_ring_load_relaxed(abort) != 0;
+                if (on_host >= target) {
+                    gpu_ipc_ring_fence_acq_rel();
+                    *host_first = 1;
+                    value = on_host;
+                }
+            }
+        } else {
+            const gpu_ipc_ring_u64 on_device = gpu_ipc_ring_load_relaxed(device);
+            const gpu_ipc_ring_u64 on_host = gpu_ipc_ring_load_acquire(host);
+            if (on_device >= target) {
+                gpu_ipc_ring_fence_acq_rel();
+                *host_first = 0;
+                value = on_device;
+            } else if (on_host >= target) {
+                value = on_host;
+            } else if (polls % GPU_IPC_RING_ABORT_CHECK == 0u) {
+                aborted = abort != 0 && gpu_ipc_ring_load_relaxed(abort) != 0;
+            }
+        }
+        if (value >= target) {
             if (seen != 0) {
-                *seen = on_device >= target ? on_device : on_host;
+                *seen = value;
             }
             return GPU_IPC_RING_OK;
         }
+        if (aborted) {
+            return GPU_IPC_RING_ABORTED;
+        }
         if (gpu_ipc_ring_globaltimer() >= deadline) {
             return GPU_IPC_RING_TIMED_OUT;
-        }
-        // The abort word with the host copy (device copy first), or as gpu_ipc_ring_wait_at_least does.
-        const bool abort_now = both ? polls % GPU_IPC_RING_ABORT_CHECK == 0u : look;
-        if (abort_now && abort != 0 && gpu_ipc_ring_load_relaxed(abort) != 0) {
-            return GPU_IPC_RING_ABORTED;
         }
     }
 }
@@ -301,17 +322,16 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_frame(const gpu_ipc_ring
 }
 
 // Releases frame `seq` (one thread, after every read of it: a barrier first when several threads read it): the
-// producer may rewrite its slot once every live consumer has. A fence.acq_rel.sys, then the device copy and the
-// host copy of released[seq % N].
+// producer may rewrite its slot once every live consumer has. st.release.sys of the device copy of released[seq % N]
+// (the one a producer's kernel polls), then of the host copy: the second release waits only for the first store.
 static __device__ __forceinline__ void gpu_ipc_ring_release_frame(const gpu_ipc_ring_descriptor* d,
                                                                   gpu_ipc_ring_u64 seq)
 {
-    gpu_ipc_ring_fence_acq_rel();
     gpu_ipc_ring_u64* device = gpu_ipc_ring_device_released(d, seq);
     if (device != 0) {
-        gpu_ipc_ring_store_relaxed(device, seq + 1ull);
+        gpu_ipc_ring_store_release(device, seq + 1ull);
     }
-    gpu_ipc_ring_store_relaxed(gpu_ipc_ring_released_word(d, seq), seq + 1ull);
+    gpu_ipc_ring_store_release(gpu_ipc_ring_released_word(d, seq), seq + 1ull);
 }
 
 // Tells the host how far the kernel got: `next` is the first frame it has not released. A relaxed store: the host
@@ -451,21 +471,42 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_rin
     const gpu_ipc_ring_u64* abort = (const gpu_ipc_ring_u64*)d->abort;
     const gpu_ipc_ring_u64 target = previous + 1ull;
     for (unsigned int polls = 0;; ++polls) {
-        const bool both = view->host_first != 0 || device == 0;
-        const bool look = both || polls % GPU_IPC_RING_HOST_CHECK == GPU_IPC_RING_HOST_CHECK - 1u;
-        const bool look_at_state = both ? polls % GPU_IPC_RING_ABORT_CHECK == GPU_IPC_RING_ABORT_CHECK - 1u : look;
-        const gpu_ipc_ring_u64 on_device = device != 0 ? gpu_ipc_ring_load_relaxed(device) : 0ull;
-        const gpu_ipc_ring_u64 on_host = look ? gpu_ipc_ring_load_relaxed(host) : 0ull;
-        const gpu_ipc_ring_u64 state = look_at_state ? gpu_ipc_ring_load_relaxed(state_word) : view->state;
-        const gpu_ipc_ring_u64 aborted = look_at_state ? gpu_ipc_ring_load_relaxed(abort) : 0ull;
-        if (on_device >= target || on_host >= target || state != view->state) {
-            gpu_ipc_ring_fence_acq_rel();
-            if (device != 0 && (on_device >= target || on_host >= target)) {
-                view->host_first = on_device >= target ? 0ull : 1ull;
+        bool done = false;
+        bool aborted = false;
+        if (device != 0 && view->host_first == 0) {
+            // The device copy with ld.acquire.sys; the host copy, the state and the abort word now and then.
+            done = gpu_ipc_ring_load_acquire(device) >= target;
+            if (!done && polls % GPU_IPC_RING_HOST_CHECK == GPU_IPC_RING_HOST_CHECK - 1u) {
+                const gpu_ipc_ring_u64 on_host = gpu_ipc_ring_load_relaxed(host);
+                const gpu_ipc_ring_u64 state = gpu_ipc_ring_load_relaxed(state_word);
+                aborted = gpu_ipc_ring_load_relaxed(abort) != 0;
+                if (on_host >= target || state != view->state) {
+                    gpu_ipc_ring_fence_acq_rel();
+                    view->host_first = on_host >= target ? 1ull : view->host_first;
+                    done = true;
+                }
             }
+        } else {
+            // The host copy with ld.acquire.sys (and the device copy beside it, when there is one); the state and
+            // the abort word every GPU_IPC_RING_ABORT_CHECK polls.
+            const gpu_ipc_ring_u64 on_device = device != 0 ? gpu_ipc_ring_load_relaxed(device) : 0ull;
+            done = gpu_ipc_ring_load_acquire(host) >= target;
+            if (!done && on_device >= target) {
+                gpu_ipc_ring_fence_acq_rel();
+                view->host_first = 0;
+                done = true;
+            }
+            if (!done && polls % GPU_IPC_RING_ABORT_CHECK == GPU_IPC_RING_ABORT_CHECK - 1u) {
+                aborted = gpu_ipc_ring_load_relaxed(abort) != 0;
+                if (gpu_ipc_ring_load_acquire(state_word) != view->state) {
+                    done = true;
+                }
+            }
+        }
+        if (done) {
             return GPU_IPC_RING_OK;
         }
-        if (aborted != 0) {
+        if (aborted) {
             return GPU_IPC_RING_ABORTED;
         }
         if (gpu_ipc_ring_globaltimer() >= deadline) {
@@ -516,19 +557,18 @@ static __device__ __forceinline__ int gpu_ipc_ring_acquire_slot(const gpu_ipc_ri
 }
 
 // Publishes frame `seq` (one thread, after every write of the frame: a barrier first when several threads wrote
-// it): a fence.acq_rel.sys, then published[seq % N] = seq + 1 in device memory (when the ring has device words) and
-// in the control block, then the progress word (for the host's bookkeeping). next_sequence is not touched here:
+// it): st.release.sys of published[seq % N] = seq + 1 in the device words (when the ring has them), then in the
+// control block, then the progress word (for the host's bookkeeping). next_sequence is not touched here:
 // gpu_ipc_ring_acquire_slot moved it past this frame when it read the records.
 static __device__ __forceinline__ void gpu_ipc_ring_publish_frame(const gpu_ipc_ring_producer_descriptor* d,
                                                                   gpu_ipc_ring_u64 seq)
 {
     const gpu_ipc_ring_u64 slot = seq % d->slot_count;
-    gpu_ipc_ring_fence_acq_rel();
     if (d->device_words != 0) {
-        gpu_ipc_ring_store_relaxed((gpu_ipc_ring_u64*)(d->device_words + 8ull * slot), seq + 1ull);
+        gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)(d->device_words + 8ull * slot), seq + 1ull);
     }
-    gpu_ipc_ring_store_relaxed(gpu_ipc_ring_control_word(d->control, d->published_offset + slot * d->published_stride),
-                               seq + 1ull);
+    gpu_ipc_ring_store_release(
+        gpu_ipc_ring_control_word(d->control, d->published_offset + slot * d->published_stride), seq + 1ull);
     gpu_ipc_ring_store_relaxed((gpu_ipc_ring_u64*)d->progress, seq + 1ull);
 }
 
