@@ -70,7 +70,7 @@ typedef unsigned long long gpu_ipc_ring_u64;
 // How many frames a producer's view of the consumer records serves (gpu_ipc_ring_acquire_slot with a view): the
 // records are read, with a fence.sc.sys, once per that many frames, and a consumer registering meanwhile joins up
 // to that many frames later.
-#define GPU_IPC_RING_VIEW_FRAMES 16ull
+#define GPU_IPC_RING_VIEW_FRAMES 64ull
 // A consumer record's state word is (epoch << 8) | state; the states a producer's kernel acts on
 // (ipc_core::ring::layout::ConsumerState).
 #define GPU_IPC_RING_STATE_MASK 0xffull
@@ -148,6 +148,20 @@ static __device__ __forceinline__ void gpu_ipc_ring_fence_acq_rel()
 static __device__ __forceinline__ void gpu_ipc_ring_store_relaxed(gpu_ipc_ring_u64* p, gpu_ipc_ring_u64 v)
 {
     asm volatile("st.relaxed.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+// Slot of frame `seq` in a ring of `count` slots (1 to 256): seq % count without a 64-bit division, which is a
+// routine of dozens of instructions on the GPU and lies on the path of every handoff: a mask for a power of two,
+// 32-bit arithmetic while the sequence fits.
+static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_slot_of(gpu_ipc_ring_u64 seq, gpu_ipc_ring_u64 count)
+{
+    if ((count & (count - 1ull)) == 0ull) {
+        return seq & (count - 1ull);
+    }
+    if ((seq >> 32) == 0ull) {
+        return (gpu_ipc_ring_u64)((unsigned int)seq % (unsigned int)count);
+    }
+    return seq % count;
 }
 
 // Waits until *word >= target (unsigned: POISON satisfies every wait), %globaltimer passes `deadline`, or *abort is
@@ -247,7 +261,7 @@ static __device__ __forceinline__ bool gpu_ipc_ring_frame_valid(gpu_ipc_ring_u64
 static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_slot(const gpu_ipc_ring_descriptor* d,
                                                                      gpu_ipc_ring_u64 seq)
 {
-    return seq % d->slot_count;
+    return gpu_ipc_ring_slot_of(seq, d->slot_count);
 }
 
 // The counter published[seq % N].
@@ -384,7 +398,7 @@ static __device__ __forceinline__ gpu_ipc_ring_u64* gpu_ipc_ring_control_word(gp
 static __device__ __forceinline__ void* gpu_ipc_ring_slot_to_write(const gpu_ipc_ring_producer_descriptor* d,
                                                                    gpu_ipc_ring_u64 seq)
 {
-    return (void*)(d->slots + (seq % d->slot_count) * d->slot_stride);
+    return (void*)(d->slots + gpu_ipc_ring_slot_of(seq, d->slot_count) * d->slot_stride);
 }
 
 // What a producer's kernel learned about the consumer records: one per lane of the warp that calls
@@ -460,7 +474,7 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_rin
 {
     const unsigned int lane = threadIdx.x % 32u;
     const gpu_ipc_ring_u64 record = d->records_offset + lane * d->record_stride;
-    const gpu_ipc_ring_u64 slot = previous % d->slot_count;
+    const gpu_ipc_ring_u64 slot = gpu_ipc_ring_slot_of(previous, d->slot_count);
     const gpu_ipc_ring_u64* state_word = gpu_ipc_ring_control_word(d->control, record);
     const gpu_ipc_ring_u64* host = gpu_ipc_ring_control_word(
         d->control, record + d->released_offset + slot * d->released_stride);
@@ -563,7 +577,7 @@ static __device__ __forceinline__ int gpu_ipc_ring_acquire_slot(const gpu_ipc_ri
 static __device__ __forceinline__ void gpu_ipc_ring_publish_frame(const gpu_ipc_ring_producer_descriptor* d,
                                                                   gpu_ipc_ring_u64 seq)
 {
-    const gpu_ipc_ring_u64 slot = seq % d->slot_count;
+    const gpu_ipc_ring_u64 slot = gpu_ipc_ring_slot_of(seq, d->slot_count);
     if (d->device_words != 0) {
         gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)(d->device_words + 8ull * slot), seq + 1ull);
     }
