@@ -34,8 +34,16 @@ use ipc_core::frames::{Consumer, FrameError, Producer};
 use crate::launch::{KernelError, load_module};
 use crate::{PERSISTENT_FILL, PERSISTENT_VERIFY};
 
-/// Threads of the kernel's one block.
-const THREADS: u32 = 1024;
+/// Most threads of the kernel's one block.
+const MAX_THREADS: u32 = 1024;
+
+/// Threads of the one block for frames of `slot_bytes`: a thread per 16 bytes in whole warps, 32 to 1,024. A
+/// block no wider than its frame: every frame costs two block barriers on the handoff's path, and a barrier of
+/// 1,024 threads is dearer than one of 32 (the 256-byte frames of the round-trip bench need one warp).
+fn threads_for(slot_bytes: u64) -> u32 {
+    let wanted = slot_bytes.div_ceil(16).next_multiple_of(32).clamp(32, u64::from(MAX_THREADS));
+    u32::try_from(wanted).unwrap_or(MAX_THREADS)
+}
 
 /// Why the persistent kernel stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -93,11 +101,16 @@ impl Persistent {
 
     /// Resets the result words to "not written", then gives the launch's shape and its arguments after the ring's
     /// descriptor: `frames`, the timeout per frame in ns, the result words.
-    fn launch_args(&self, frames: u64, per_frame: Duration) -> Result<(LaunchConfig, [KernelArg<'_>; 3]), FrameError> {
+    fn launch_args(
+        &self,
+        frames: u64,
+        per_frame: Duration,
+        slot_bytes: u64,
+    ) -> Result<(LaunchConfig, [KernelArg<'_>; 3]), FrameError> {
         self.result.write(0, &[0u64, 0, u64::MAX, 0])?;
         let timeout_ns = u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX);
         let args = [KernelArg::U64(frames), KernelArg::U64(timeout_ns), KernelArg::Span(self.result.span())];
-        Ok((LaunchConfig::linear(1, THREADS), args))
+        Ok((LaunchConfig::linear(1, threads_for(slot_bytes)), args))
     }
 
     fn read(&self) -> Result<PersistentResult, FrameError> {
@@ -137,7 +150,7 @@ impl PersistentVerify {
         frames: u64,
         per_frame: Duration,
     ) -> Result<(), FrameError> {
-        let (config, args) = self.0.launch_args(frames, per_frame)?;
+        let (config, args) = self.0.launch_args(frames, per_frame, consumer.slot_layout().bytes())?;
         consumer.launch_on_ring(&self.0.kernel, stream, config, &args)
     }
 
@@ -200,7 +213,7 @@ impl PersistentFill {
         frames: u64,
         per_frame: Duration,
     ) -> Result<(), FrameError> {
-        let (config, args) = self.0.launch_args(frames, per_frame)?;
+        let (config, args) = self.0.launch_args(frames, per_frame, producer.slot_layout().bytes())?;
         producer.launch_on_ring(&self.0.kernel, stream, config, &args)
     }
 
@@ -222,6 +235,14 @@ impl PersistentFill {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_block_is_as_wide_as_the_frame_in_whole_warps() {
+        assert_eq!(threads_for(256), 32);
+        assert_eq!(threads_for(4), 32);
+        assert_eq!(threads_for(16 * 100), 128);
+        assert_eq!(threads_for(640 * 360 * 3), 1024);
+    }
 
     #[test]
     fn outcomes_are_the_kernels_codes() {
