@@ -66,11 +66,11 @@ typedef unsigned long long gpu_ipc_ring_u64;
 #define GPU_IPC_RING_DEVICE_RELEASED 2048ull
 #define GPU_IPC_RING_DEVICE_RECORD 2048ull
 // How many polls of a device word pass between two looks at its host copy (and at the abort word).
-#define GPU_IPC_RING_HOST_CHECK 256u
+#define GPU_IPC_RING_HOST_CHECK 1024u
 // How many frames a producer's view of the consumer records serves (gpu_ipc_ring_acquire_slot with a view): the
 // records are read, with a fence.sc.sys, once per that many frames, and a consumer registering meanwhile joins up
 // to that many frames later.
-#define GPU_IPC_RING_VIEW_FRAMES 64ull
+#define GPU_IPC_RING_VIEW_FRAMES 128ull
 // A consumer record's state word is (epoch << 8) | state; the states a producer's kernel acts on
 // (ipc_core::ring::layout::ConsumerState).
 #define GPU_IPC_RING_STATE_MASK 0xffull
@@ -551,11 +551,15 @@ static __device__ __forceinline__ int gpu_ipc_ring_acquire_slot(const gpu_ipc_ri
         (view->state & GPU_IPC_RING_STATE_MASK) == GPU_IPC_RING_STATE_LIVE && view->join <= seq - d->slot_count) {
         outcome = gpu_ipc_ring_wait_record(d, view, seq - d->slot_count, deadline);
     }
-    // The warp agrees on the worst outcome (ABORTED > TIMED_OUT > OK).
+    // The warp agrees on the worst outcome (ABORTED > TIMED_OUT > OK): one instruction from sm_80 on.
+#if __CUDA_ARCH__ >= 800
+    outcome = (int)__reduce_max_sync(0xffffffffu, (unsigned int)outcome);
+#else
     for (int lanes = 16; lanes > 0; lanes /= 2) {
         const int other = __shfl_xor_sync(0xffffffffu, outcome, lanes);
         outcome = other > outcome ? other : outcome;
     }
+#endif
     return outcome;
 }
 
