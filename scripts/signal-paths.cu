@@ -17,10 +17,11 @@
 //                                             write / read by 256 threads between two barriers, a the abort word read
 //                                             after the first poll that falls short, o one fence.sc.sys before a
 //                                             relaxed publish in place of f and the release; with MEM dev, m a copy
-//                                             of each store in host memory, p the progress word in host memory, c a
+//                                             of each store in host memory (a second release), p the progress word in host memory, c a
 //                                             look at the host copy and the abort word every 64 polls, v the
 //                                             producer's view of the records (in host memory) once per 16 frames;
-//                                             W blocks of 1,024 threads instead of 256 (with w: the barriers' cost)
+//                                             W blocks of 1,024 threads instead of 256 (with w: the barriers' cost);
+//                                             g the two counters at .gpu scope (ld.acquire.gpu, st.release.gpu)
 //   signal-paths killwait MEM MECH            SIGKILL an importer holding a GPU-side wait (MECH stream|kernel) on
 //                                             shared memory; does the exporter's context survive?
 //   signal-paths frames MEM SLOTS N [C]       producer fill -> C consumers' verify (default 1) of N 4K frames
@@ -450,6 +451,7 @@ static int run_frames(bool dev, uint64_t slots, uint64_t n, int consumers) {
 #define RTK_HOST_CHECK 512u
 #define RTK_VIEW 1024u
 #define RTK_WIDE 2048u
+#define RTK_GPU_SCOPE 4096u
 
 struct RtkArgs {
     uint64_t *mine, *theirs;                   // the counter this side stores, the one it waits on
@@ -473,10 +475,23 @@ __device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t *p) {
 }
 
 // Waits until *p >= v; with RTK_ABORT reads the abort word after the first poll that falls short (as gpu-ipc).
+__device__ __forceinline__ uint64_t rtk_load(const RtkArgs &a, const uint64_t *p) {
+    if (!(a.steps & RTK_GPU_SCOPE)) return ld_acquire_sys(p);
+    uint64_t v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void rtk_store(const RtkArgs &a, uint64_t *p, uint64_t v) {
+    if (a.steps & RTK_GPU_SCOPE)
+        asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    else
+        st_release_sys(p, v);
+}
+
 __device__ bool rtk_wait(const RtkArgs &a, const uint64_t *p, uint64_t v) {
     uint64_t start = gtimer();
     unsigned polls = 0;
-    while (ld_acquire_sys(p) < v) {
+    while (rtk_load(a, p) < v) {
         if (gtimer() - start > SPIN_LIMIT_NS) return false;
         if ((a.steps & RTK_ABORT) && polls % 1024 == 0 && ld_acquire_sys(a.abort) != 0) return false;
         if ((a.steps & RTK_HOST_CHECK) && polls % 64 == 63) {
@@ -545,8 +560,9 @@ __global__ void k_rtk(RtkArgs a, bool producer) {
                 asm volatile("fence.sc.sys;" ::: "memory");
                 st_relaxed_sys(a.mine, v);
             } else {
-                st_release_sys(a.mine, v);
-                if (a.steps & RTK_MIRROR) st_relaxed_sys(a.host_mine, v);
+                rtk_store(a, a.mine, v);
+                // gpu-ipc's host copy: a second release (its fence waits only for the first store).
+                if (a.steps & RTK_MIRROR) st_release_sys(a.host_mine, v);
                 if (producer && (a.steps & RTK_STORES)) st_relaxed_sys(a.next_seq, v);
                 if (producer && (a.steps & RTK_FENCE)) asm volatile("fence.sc.sys;" ::: "memory");
             }
@@ -578,6 +594,7 @@ static unsigned rtk_steps(const char *steps) {
         case 'c': bits |= RTK_HOST_CHECK; break;
         case 'v': bits |= RTK_VIEW; break;
         case 'W': bits |= RTK_WIDE; break;
+        case 'g': bits |= RTK_GPU_SCOPE; break;
         case '-': break;
         default: fprintf(stderr, "rtk: unknown step '%c'\n", *p); exit(2);
         }

@@ -63,7 +63,7 @@ persistent() {
     done
     # Device words as gpu-ipc keeps them (counters polled in device memory, a copy of each store, the progress
     # words and the view of the records in host memory), one host-side step at a time.
-    for steps in w wm ws wsp wc wv wmsp wmspc wmspv wmspcv wW wmspcvW; do one "$pass" rtk dev "$steps" 20000; done
+    for steps in w wm ws wsp wc wv wmsp wmspc wmspv wmspcv wW wmspcvW g wg wmspcvg; do one "$pass" rtk dev "$steps" 20000; done
 }
 
 [ "$ONLY" = rtk ] || every no-mps

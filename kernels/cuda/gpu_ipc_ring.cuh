@@ -35,14 +35,16 @@
 // the host copy takes about 2.4 us each way (`scripts/signal-paths.sh OUT 3000 rtk`). Peers that write only the host
 // copy (the host-side strategies' streams) are noticed by a look at it every GPU_IPC_RING_HOST_CHECK polls; a
 // kernel that keeps a view (gpu_ipc_ring_consumer_view, gpu_ipc_ring_producer_view) then polls that peer's host copy
-// from the next frame on. A descriptor whose device_words is 0 (a ring without them) uses the host copy only.
+// from the next frame on. A descriptor whose device_words is 0 (a ring without them, or a consumer on a peer GPU)
+// uses the host copy only. The device copy is stored and polled at .gpu scope (st.release.gpu, ld.acquire.gpu): only
+// kernels on the ring's own GPU touch it, and a fence.gpu does not wait for writes still crossing the bus.
 //
 // Memory ordering: the rule `gpu-ipc probe coherency` established (docs/kernels.md): every counter another process
 // writes is read with ld.acquire.sys, every counter this kernel publishes is stored with st.release.sys, and every
 // wait is bounded by %globaltimer and by the abort word, which the host sets when a peer dies or the consumer is
 // dropped. Every fence.sys costs a trip to the memory system (the dearest step of a handoff), so a counter seen in
 // its polled copy needs none; a store to both copies is two releases, device copy first. The counters live in the
-// ring's control block, host memory registered for the device, and in the device words. No runtime headers: NVRTC and nvcc
+// ring's control block, host memory registered for the device, and in the device words (.gpu scope, above). No runtime headers: NVRTC and nvcc
 // compile it alike.
 //
 // The stamp rule (docs/ring.md): frame s in slot s % N is the one its producer published iff
@@ -127,6 +129,20 @@ static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_load_acquire(con
 static __device__ __forceinline__ void gpu_ipc_ring_store_release(gpu_ipc_ring_u64* p, gpu_ipc_ring_u64 v)
 {
     asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+// The device words are read and written by kernels on the ring's own GPU only (a consumer on a peer GPU gets none in
+// its descriptor): .gpu scope, whose fence drains no writes over the bus (a fence.sys waits for them).
+static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_load_acquire_gpu(const gpu_ipc_ring_u64* p)
+{
+    gpu_ipc_ring_u64 v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ void gpu_ipc_ring_store_release_gpu(gpu_ipc_ring_u64* p, gpu_ipc_ring_u64 v)
+{
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
 
 static __device__ __forceinline__ gpu_ipc_ring_u64 gpu_ipc_ring_load_relaxed(const gpu_ipc_ring_u64* p)
@@ -214,7 +230,7 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_mirrored(const gpu_ipc_r
         gpu_ipc_ring_u64 value = 0;
         bool aborted = false;
         if (*host_first == 0) {
-            value = gpu_ipc_ring_load_acquire(device);
+            value = gpu_ipc_ring_load_acquire_gpu(device);
             if (value < target && polls % GPU_IPC_RING_HOST_CHECK == GPU_IPC_RING_HOST_CHECK - 1u) {
                 const gpu_ipc_ring_u64 on_host = gpu_ipc_ring_load_relaxed(host);
                 aborted = abort != 0 && gpu_ipc_ring_load_relaxed(abort) != 0;
@@ -343,7 +359,7 @@ static __device__ __forceinline__ void gpu_ipc_ring_release_frame(const gpu_ipc_
 {
     gpu_ipc_ring_u64* device = gpu_ipc_ring_device_released(d, seq);
     if (device != 0) {
-        gpu_ipc_ring_store_release(device, seq + 1ull);
+        gpu_ipc_ring_store_release_gpu(device, seq + 1ull);
     }
     gpu_ipc_ring_store_release(gpu_ipc_ring_released_word(d, seq), seq + 1ull);
 }
@@ -489,7 +505,7 @@ static __device__ __forceinline__ int gpu_ipc_ring_wait_record(const gpu_ipc_rin
         bool aborted = false;
         if (device != 0 && view->host_first == 0) {
             // The device copy with ld.acquire.sys; the host copy, the state and the abort word now and then.
-            done = gpu_ipc_ring_load_acquire(device) >= target;
+            done = gpu_ipc_ring_load_acquire_gpu(device) >= target;
             if (!done && polls % GPU_IPC_RING_HOST_CHECK == GPU_IPC_RING_HOST_CHECK - 1u) {
                 const gpu_ipc_ring_u64 on_host = gpu_ipc_ring_load_relaxed(host);
                 const gpu_ipc_ring_u64 state = gpu_ipc_ring_load_relaxed(state_word);
@@ -583,7 +599,7 @@ static __device__ __forceinline__ void gpu_ipc_ring_publish_frame(const gpu_ipc_
 {
     const gpu_ipc_ring_u64 slot = gpu_ipc_ring_slot_of(seq, d->slot_count);
     if (d->device_words != 0) {
-        gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)(d->device_words + 8ull * slot), seq + 1ull);
+        gpu_ipc_ring_store_release_gpu((gpu_ipc_ring_u64*)(d->device_words + 8ull * slot), seq + 1ull);
     }
     gpu_ipc_ring_store_release(
         gpu_ipc_ring_control_word(d->control, d->published_offset + slot * d->published_stride), seq + 1ull);

@@ -144,7 +144,8 @@ pub struct Consumer<B: Backend> {
     abort: Arc<AbortWord>,
     /// Where kernels launched on the ring find their descriptor (made at the first launch).
     port: Option<RingPort>,
-    /// Byte offset of the ring's device words in the allocation ([`super::device_words`]), 0: none.
+    /// Byte offset of the ring's device words in the allocation ([`super::device_words`]), 0: none, or this
+    /// consumer is on another GPU than the ring.
     device_words: u64,
 }
 
@@ -200,8 +201,11 @@ impl<B: Backend> Consumer<B> {
             }
         };
         let next_seq = ring.join_sequence().0;
-        // Checked against the offer in `join`; written once by the producer before its offers.
-        let device_words = ring.block().device_words_offset();
+        // Checked against the offer in `join`; written once by the producer before its offers. Kernels use them only
+        // on the ring's own GPU: their stores and polls are scoped to it (gpu_ipc_ring.cuh), so a consumer on a
+        // peer GPU hands its kernels none and they use the control block's copy.
+        let same_gpu = B::cuda_context(ctx).and_then(|c| c.device().uuid().ok()) == Some(offer.device_uuid);
+        let device_words = if same_gpu { ring.block().device_words_offset() } else { 0 };
         conn.send_in(version, &Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), left())?;
         let watchdog = Watchdog::start();
         let producer_hung_up = Arc::new(AtomicBool::new(false));
