@@ -34,6 +34,9 @@ fn persistent_consumer(backend: &str, sock: &Path, frames: u64) -> Proc {
     consumer_with("persistent", backend, sock, frames, &["--persistent"])
 }
 
+/// Frames a SIGKILLed producer's stream may still publish (its run-ahead depth for 2 slots: max(2 N, 32)).
+const LATE_STREAM_FRAMES: u64 = 32;
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn after_a_producer_sigkill_gpu_side_consumers_skip_the_frames_it_never_wrote_and_mismatch_no_word() {
@@ -60,8 +63,12 @@ fn after_a_producer_sigkill_gpu_side_consumers_skip_the_frames_it_never_wrote_an
                 let skipped = json["skipped_frames"].as_u64();
                 let never = json["frames_never_published"].as_u64().unwrap();
                 assert!(skipped.is_some(), "{backend}/{sync}: frames were not checked behind their stamp: {json}");
+                // A dead producer's stream may still publish the frames it had queued (at most its run-ahead
+                // depth, max(2 N, 32) frames) after a consumer's stamp check skipped them and before its watchdog
+                // counted what was published (docs/ring.md, "Detach and dead peers"): skipping those is the safe
+                // side. More than that would be frames the producer had published long before.
                 assert!(
-                    skipped.unwrap() <= never,
+                    skipped.unwrap() <= never + LATE_STREAM_FRAMES,
                     "{backend}/{sync}: skipped frames the producer had published: {json}"
                 );
             }
