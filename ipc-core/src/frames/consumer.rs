@@ -316,10 +316,12 @@ impl<B: Backend> Consumer<B> {
         let ring = Arc::new(control);
         // Kernels on the ring write the device words: they must lie after the slots, inside the allocation.
         let device_words = ring.block().device_words_offset();
-        let slots_end = offer.slot_stride_bytes.saturating_mul(u64::from(offer.slot_count)).saturating_add(offer.data_offset);
+        let slots_end =
+            offer.slot_stride_bytes.saturating_mul(u64::from(offer.slot_count)).saturating_add(offer.data_offset);
         if device_words != 0 {
-            super::device_words::check(device_words, slots_end, offer.allocation_bytes)
-                .map_err(|problem| FrameError::Config(format!("the producer's control block is malformed: {problem}")))?;
+            super::device_words::check(device_words, slots_end, offer.allocation_bytes).map_err(|problem| {
+                FrameError::Config(format!("the producer's control block is malformed: {problem}"))
+            })?;
         }
         let handle = ExportedHandle {
             bytes: offer.legacy_mem_handle.map(|h| h.to_vec()).unwrap_or_default(),
