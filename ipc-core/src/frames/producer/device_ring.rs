@@ -170,8 +170,9 @@ impl<B: Backend> Producer<B> {
     /// [`Producer::next_sequence`] on, with no launch and no CPU work per frame. Until
     /// [`Producer::finish_ring_kernel`] the kernel owns the ring: `acquire` and `publish` refuse. The work queued
     /// on `stream` before (the frames published with `acquire`/`publish`) is waited for first, so the kernel's
-    /// frames follow them. Consumers may attach while it runs (`finish_ring_kernel` admits them; they join at the
-    /// kernel's next frame) and may die (the watchdog poisons their counters, which releases the kernel's waits);
+    /// frames follow them. Consumers may attach while it runs (`finish_ring_kernel` admits them; they join up to
+    /// 128 frames after the kernel's current one, where it keeps `next_sequence`) and may die (the watchdog poisons
+    /// their counters, which releases the kernel's waits);
     /// a consumer that holds a slot is never evicted while a kernel publishes. When the producer is dropped the
     /// abort word is raised and the kernel must leave. Read docs/kernels.md before using one under MPS.
     ///
@@ -199,9 +200,10 @@ impl<B: Backend> Producer<B> {
     }
 
     /// Waits, at most `timeout`, until the kernel launched by [`Producer::launch_on_ring`] is done, serving the
-    /// front door meanwhile (consumers that knock are admitted and join at the kernel's next frame), and takes the
-    /// ring back: the producer's next sequence, and the control block's `next_sequence`, become the first frame the
-    /// kernel did not publish (its progress word), which this returns. Nothing launched: the next sequence as it is.
+    /// front door meanwhile (consumers that knock are admitted and join where the kernel keeps `next_sequence`),
+    /// and takes the ring back: the producer's next sequence, and the control block's `next_sequence`, become the
+    /// first frame the kernel did not publish (its progress word), which this returns. Nothing launched: the next
+    /// sequence as it is.
     ///
     /// # Errors
     /// [`FrameError::Timeout`] when the kernel is still running (call again, or drop the producer, which raises the
