@@ -152,6 +152,27 @@ pub enum BackendError {
     },
 }
 
+/// [`Backend::zero`] for the GPU backends: `len` bytes (whole 64-bit words) of `region` from byte `offset`, with a
+/// synchronous copy of zeros.
+///
+/// # Errors
+/// [`BackendError::Unsupported`] for a length that is not whole words, a range outside the region, or the driver's
+/// error.
+pub fn zero_words<M: DeviceMemory>(
+    region: &M,
+    backend: BackendKind,
+    offset: u64,
+    len: u64,
+) -> Result<(), BackendError> {
+    let words =
+        usize::try_from(len / 8).ok().filter(|_| len.is_multiple_of(8)).ok_or_else(|| BackendError::Unsupported {
+            backend: backend.name(),
+            reason: format!("zeroing {len} bytes: only whole 64-bit words are zeroed"),
+            fix: "zero a multiple of 8 bytes".into(),
+        })?;
+    Ok(region.span().write(offset, &vec![0u64; words])?)
+}
+
 /// Where the `len` bytes at `ptr` start inside the allocation `base .. base + size` that holds `ptr`, for
 /// [`Backend::export_existing`]: the one check every backend makes before exporting a range in place.
 ///

@@ -86,14 +86,7 @@ impl Backend for Vmm {
     }
 
     fn zero(region: &Self::Exported, offset: u64, len: u64) -> Result<(), BackendError> {
-        let words = usize::try_from(len / 8).ok().filter(|_| len.is_multiple_of(8)).ok_or_else(|| {
-            BackendError::Unsupported {
-                backend: Self::KIND.name(),
-                reason: format!("zeroing {len} bytes: only whole 64-bit words are zeroed"),
-                fix: "zero a multiple of 8 bytes".into(),
-            }
-        })?;
-        Ok(region.span().write(offset, &vec![0u64; words])?)
+        ipc_core::backend::zero_words(region, Self::KIND, offset, len)
     }
 
     fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError> {
