@@ -119,6 +119,8 @@ impl ProducerRingDescriptor {
 
 const _: () = assert!(size_of::<ProducerRingDescriptor>() == 8 * ProducerRingDescriptor::WORDS);
 const _: () = assert!(ProducerRingDescriptor::WORDS <= crate::frames::ring_port::MAX_DESCRIPTOR_WORDS);
+// gpu_ipc_ring_acquire_slot gives each consumer record a lane of one warp.
+const _: () = assert!(crate::ring::layout::MAX_CONSUMERS <= 32);
 
 /// How often [`Producer::finish_ring_kernel`] serves the front door and looks at the kernel.
 const FINISH_POLL: Duration = Duration::from_micros(200);
