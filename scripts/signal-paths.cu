@@ -22,6 +22,8 @@
 //                                             producer's view of the records (in host memory) once per 16 frames;
 //                                             W blocks of 1,024 threads instead of 256 (with w: the barriers' cost);
 //                                             g the two counters at .gpu scope (ld.acquire.gpu, st.release.gpu)
+//   signal-paths pipe PROCS MECH SLOTS N      fill -> verify through SLOTS buffers, every kernel stamped with
+//                                             %globaltimer: where the time per frame goes (signal-paths-pipe.cuh)
 //   signal-paths killwait MEM MECH            SIGKILL an importer holding a GPU-side wait (MECH stream|kernel) on
 //                                             shared memory; does the exporter's context survive?
 //   signal-paths frames MEM SLOTS N [C]       producer fill -> C consumers' verify (default 1) of N 4K frames
@@ -439,6 +441,7 @@ static int run_frames(bool dev, uint64_t slots, uint64_t n, int consumers) {
 // SIGKILLs it and then checks that its own context still works (a kernel and a copy). Under MPS a fault of the
 // server shows here as an error in the parent, which never waited on anything.
 #include "signal-paths-rtk.cuh"
+#include "signal-paths-pipe.cuh"
 
 static int run_killwait(bool dev, const char *mech) {
     Pair pair = start_pair(dev);
@@ -571,6 +574,8 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "cpu")) return run_cpu(strtoull(argv[2], 0, 10));
     if (!strcmp(mode, "rt") && argc == 5) return run_rt(!strcmp(argv[2], "dev"), argv[3], strtoull(argv[4], 0, 10));
     if (!strcmp(mode, "rtk") && argc == 5) return run_rtk(!strcmp(argv[2], "dev"), argv[3], strtoull(argv[4], 0, 10));
+    if (!strcmp(mode, "pipe") && argc == 6)
+        return run_pipe(atoi(argv[2]), argv[3], strtoull(argv[4], 0, 10), strtoull(argv[5], 0, 10));
     if (!strcmp(mode, "killwait") && argc == 4) return run_killwait(!strcmp(argv[2], "dev"), argv[3]);
     if (!strcmp(mode, "frames") && (argc == 5 || argc == 6)) {
         int consumers = argc == 6 ? atoi(argv[5]) : 1;

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds scripts/signal-paths.cu with nvcc and runs it on the GPU machine, without and under a private MPS daemon:
 # the floor the CUDA driver gives for the handoffs gpu-ipc's strategies make (no gpu-ipc code involved).
-#   scripts/signal-paths.sh OUT_DIR [FRAMES] [rtk]
+#   scripts/signal-paths.sh OUT_DIR [FRAMES] [rtk|pipe]
 # OUT_DIR receives signal-paths.txt (every figure, "pass key value unit"), environment.txt and build.log.
 # FRAMES: frames per `frames` run (default 3000). About 1-2 minutes in all. With `rtk`, only the round trips of
-# persistent kernels (under MPS): what each per-frame step of the ring's device API costs (about 30 s).
+# persistent kernels (under MPS): what each per-frame step of the ring's device API costs (about 30 s). With `pipe`,
+# only the stamped pipelines (`pipe`, without and under MPS): where a frame's time goes, events against stream
+# memory operations, one process against two (about 1 minute).
 # Exit status: 0 every run ended (read the figures), 1 a run failed or timed out (the text says which), 2 no nvcc.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -66,10 +68,30 @@ persistent() {
     for steps in w wm ws wsp wc wv wmsp wmspc wmspv wmspcv wW wmspcvW g wg wmspcvg; do one "$pass" rtk dev "$steps" 20000; done
 }
 
-[ "$ONLY" = rtk ] || every no-mps
+# pipes PASS: fill -> verify timelines, one process and two, events and stream memory operations.
+pipes() {
+    local pass="$1"
+    for procs in 1 2; do
+        for mech in event host dev; do
+            for slots in 1 2 8; do one "$pass" pipe "$procs" "$mech" "$slots" "$FRAMES"; done
+        done
+    done
+}
+
+case "$ONLY" in
+rtk) ;;
+pipe) pipes no-mps ;;
+*) every no-mps ;;
+esac
 # shellcheck source=scripts/mps.sh
 . "$ROOT/scripts/mps.sh"
 if mps_start; then
+    if [ "$ONLY" = pipe ]; then
+        pipes mps
+        mps_stop "$OUT/mps-log"
+        rm -f "$OUT/run.tmp"
+        exit "$FAILED"
+    fi
     persistent mps
     if [ "$ONLY" = rtk ]; then
         mps_stop "$OUT/mps-log"
