@@ -9,7 +9,10 @@
 //                             MECH event: cuStreamWaitEvent on the other side's event (PROCS 2: IPC events; each CPU
 //                             queues its wait once the other has queued the record, so no CPU waits for the GPU);
 //                             host / dev: cuStreamWaitValue64 / cuStreamWriteValue64 on counters in registered host
-//                             memory / device memory (what gpu-ipc's gpu-stream-ops does).
+//                             memory / device memory (what gpu-ipc's gpu-stream-ops does). khost / kdev: a one-warp
+//                             kernel polls the counter (host memory, ld.acquire.sys; device memory, ld.acquire.gpu)
+//                             and a one-thread kernel stores it (st.release.sys / .gpu): gpu-ipc's gpu-poll, on the
+//                             control block or on device words (two processes: under MPS only).
 #include <algorithm>
 #include <vector>
 
@@ -32,6 +35,36 @@ __global__ void k_verify_t(const uint4 *p, size_t n, uint32_t v, unsigned long l
     if (b) atomicAdd(bad, b);
     __syncthreads();
     if (threadIdx.x == 0) atomicMax(t1, (unsigned long long)gtimer());
+}
+
+// The polling handoff of `khost` / `kdev`: wait until *p >= v (bounded), store *p = v.
+__global__ void k_wait_counter(const uint64_t *p, uint64_t v, int gpu_scope) {
+    uint64_t start = gtimer(), seen;
+    do {
+        if (gpu_scope)
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(p) : "memory");
+        else
+            seen = ld_acquire_sys(p);
+    } while (seen < v && gtimer() - start < SPIN_LIMIT_NS);
+}
+__global__ void k_store_counter(uint64_t *p, uint64_t v, int gpu_scope) {
+    if (gpu_scope)
+        asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    else
+        st_release_sys(p, v);
+}
+
+// One side's handoff step: wait for *p >= v, or store *p = v, by MECH.
+static void pipe_step(const char *mech, cudaStream_t st, uint64_t *p, uint64_t v, bool wait) {
+    if (mech[0] == 'k') {
+        int gpu_scope = !strcmp(mech, "kdev");
+        if (wait)
+            k_wait_counter<<<1, 32, 0, st>>>(p, v, gpu_scope);
+        else
+            k_store_counter<<<1, 1, 0, st>>>(p, v, gpu_scope);
+    } else {
+        mem_op((CUstream)st, p, v, wait);
+    }
 }
 
 // Shared between the two processes of `pipe 2 event`: how far each CPU has queued, and the IPC event handles.
@@ -107,9 +140,9 @@ static void pipe_report(const char *row, const std::vector<uint64_t> *stamps, ui
 }
 
 static int run_pipe(int procs, const char *mech, uint64_t slots, uint64_t n) {
-    bool event = !strcmp(mech, "event"), dev = !strcmp(mech, "dev");
-    if ((!event && !dev && strcmp(mech, "host")) || slots < 1 || slots > 32 || (procs != 1 && procs != 2)) {
-        fprintf(stderr, "pipe: PROCS 1|2, MECH event|host|dev, SLOTS 1..32\n");
+    bool event = !strcmp(mech, "event"), dev = !strcmp(mech, "dev") || !strcmp(mech, "kdev");
+    if ((!event && !dev && strcmp(mech, "host") && strcmp(mech, "khost")) || slots < 1 || slots > 32 || (procs != 1 && procs != 2)) {
+        fprintf(stderr, "pipe: PROCS 1|2, MECH event|host|dev|khost|kdev, SLOTS 1..32\n");
         return 2;
     }
     const uint64_t warm = 200, total = warm + n;
@@ -194,7 +227,7 @@ static int run_pipe(int procs, const char *mech, uint64_t slots, uint64_t n) {
                     if (procs == 2) spin_until(&ps->released_queued, seq - slots);
                     CK(cudaStreamWaitEvent(fill_st, verified[slot], 0));
                 } else {
-                    mem_op((CUstream)fill_st, c.pong, seq - slots, true);
+                    pipe_step(mech, fill_st, c.pong, seq - slots, true);
                 }
             }
             k_fill_t<<<grid, 512, 0, fill_st>>>(frame, words, (uint32_t)seq, t[0] + seq, t[1] + seq);
@@ -202,7 +235,7 @@ static int run_pipe(int procs, const char *mech, uint64_t slots, uint64_t n) {
                 CK(cudaEventRecord(filled[slot], fill_st));
                 __atomic_store_n(&ps->published_queued, seq, __ATOMIC_RELEASE);
             } else {
-                mem_op((CUstream)fill_st, c.ping, seq, false);
+                pipe_step(mech, fill_st, c.ping, seq, false);
             }
         }
         if (consumer) {
@@ -210,14 +243,14 @@ static int run_pipe(int procs, const char *mech, uint64_t slots, uint64_t n) {
                 if (procs == 2) spin_until(&ps->published_queued, seq);
                 CK(cudaStreamWaitEvent(verify_st, filled[slot], 0));
             } else {
-                mem_op((CUstream)verify_st, c.ping, seq, true);
+                pipe_step(mech, verify_st, c.ping, seq, true);
             }
             k_verify_t<<<grid, 512, 0, verify_st>>>(frame, words, (uint32_t)seq, bad, t[2] + seq, t[3] + seq);
             if (event) {
                 CK(cudaEventRecord(verified[slot], verify_st));
                 __atomic_store_n(&ps->released_queued, seq, __ATOMIC_RELEASE);
             } else {
-                mem_op((CUstream)verify_st, c.pong, seq, false);
+                pipe_step(mech, verify_st, c.pong, seq, false);
             }
         }
     }

@@ -72,7 +72,9 @@ persistent() {
 pipes() {
     local pass="$1"
     for procs in 1 2; do
-        for mech in event host dev; do
+        for mech in event host dev khost kdev; do
+            # Two processes' polling kernels run at once only under MPS.
+            [ "$procs$pass" = 2no-mps ] && [ "${mech#k}" != "$mech" ] && continue
             for slots in 1 2 8; do one "$pass" pipe "$procs" "$mech" "$slots" "$FRAMES"; done
         done
     done
