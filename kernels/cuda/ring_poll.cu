@@ -8,11 +8,12 @@
 //
 // The memory-ordering rule is the one `gpu-ipc probe coherency` established (docs/kernels.md, docs/answers):
 // publish with st.release.sys, poll with ld.acquire.sys, bound every poll by %globaltimer. The counters live in the
-// ring's control block, host memory registered for the device (the same words the other strategies use), and, for
-// peers on the ring's GPU, in its device words (docs/ring.md, "Device words"): the release kernel stores the device
-// copy (st.release.gpu) before the control block's, and the wait polls the device copy as the device API does
-// (gpu_ipc_ring_wait_mirrored), looking at the control block's copy too, so a peer that writes only that one (another
-// implementation, a peer GPU) is still seen.
+// ring's control block, host memory registered for the device (the same words the other strategies use). The release
+// kernel also stores the counter's copy among the ring's device words first (st.release.gpu; docs/ring.md, "Device
+// words"), for kernels on the ring that poll it (the device API). The wait does not poll the device words: under
+// MPS, a process SIGKILLed while its kernel polls device memory shared with another process faults the MPS server
+// for every client (`gpu-ipc probe crash`; seen again with this kernel polling them), while one polling the control
+// block does not (the stress run's producer kills).
 //
 // Comparison: a wait is satisfied when counter >= target, unsigned. Counters only grow, and a survivor writes
 // POISON = 2^62 into a dead peer's counters, which is above every sequence number, so poison ends every wait.
@@ -27,18 +28,14 @@
 // `outcome_value` when every counter got there, or `outcome_value | 2^63` when it gave up; giving up also stores 1
 // into *abort, so the polls queued behind this one give up at once (the host sets *abort too, at teardown). Only the
 // first thread of the first block works; launch it with one thread. The host checks that every word the mask can
-// name lies inside the span it passes as `counters`. The wait is the ring's device API (gpu_ipc_ring.cuh).
-// `mirror` (null: none): the device words; counter i's copy there is mirror[mirror_first_word + i * mirror_stride],
-// and host_first[i] (device memory the side keeps, zeroed) is the wait's choice of copy between launches. Last,
+// name lies inside the span it passes as `counters`. The wait is the ring's device API (gpu_ipc_ring.cuh). Last,
 // `mark` is stored into *progress (null: none) with st.release.sys: the side's run-ahead mark.
 
 extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters, unsigned long long first_word,
                                              unsigned long long word_stride, unsigned int mask,
                                              unsigned long long target, unsigned long long timeout_ns,
                                              unsigned long long* outcome, unsigned long long outcome_value,
-                                             unsigned long long* abort, const unsigned long long* mirror,
-                                             unsigned long long mirror_first_word, unsigned long long mirror_stride,
-                                             unsigned long long* host_first, unsigned long long* progress,
+                                             unsigned long long* abort, unsigned long long* progress,
                                              unsigned long long mark)
 {
     if (threadIdx.x != 0 || blockIdx.x != 0) {
@@ -50,9 +47,7 @@ extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters,
     for (unsigned int bits = mask; bits != 0 && !gave_up; bits &= bits - 1) {
         unsigned int i = (unsigned int)(__ffs((int)bits) - 1);
         const unsigned long long* word = counters + first_word + (unsigned long long)i * word_stride;
-        const unsigned long long* copy =
-            mirror == 0 ? 0 : mirror + mirror_first_word + (unsigned long long)i * mirror_stride;
-        gave_up = gpu_ipc_ring_wait_mirrored(word, copy, target, deadline, abort, host_first + i) != GPU_IPC_RING_OK;
+        gave_up = gpu_ipc_ring_wait_at_least(word, target, deadline, abort) != GPU_IPC_RING_OK;
     }
     if (gave_up) {
         gpu_ipc_ring_store_release(abort, 1);
