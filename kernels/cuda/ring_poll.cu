@@ -1,19 +1,12 @@
 // Ring sync kernels of the gpu-poll strategy (ipc-core/src/frames/strategy/gpu_poll.rs): a one-thread kernel that
 // polls the ring's 64-bit counters until they reach a target, and a one-thread kernel that publishes a counter.
-// Each also stores the side's run-ahead mark when it is done (ipc-core/src/frames/run_ahead.rs): no stream memory
-// operation between the kernels.
 //
 // Files named ring_*.cu are not part of the gpu-ipc-kernels program: scripts/gen_kernels.py compiles them as their
 // own program into ipc-core/ring-kernels/, which ipc-core embeds (ipc-core cannot depend on the kernels crate).
 //
 // The memory-ordering rule is the one `gpu-ipc probe coherency` established (docs/kernels.md, docs/answers):
 // publish with st.release.sys, poll with ld.acquire.sys, bound every poll by %globaltimer. The counters live in the
-// ring's control block, host memory registered for the device (the same words the other strategies use). The release
-// kernel also stores the counter's copy among the ring's device words first (st.release.gpu; docs/ring.md, "Device
-// words"), for kernels on the ring that poll it (the device API). The wait does not poll the device words: under
-// MPS, a process SIGKILLed while its kernel polls device memory shared with another process faults the MPS server
-// for every client (`gpu-ipc probe crash`; seen again with this kernel polling them), while one polling the control
-// block does not (the stress run's producer kills).
+// ring's control block, host memory registered for the device (the same words the other strategies use).
 //
 // Comparison: a wait is satisfied when counter >= target, unsigned. Counters only grow, and a survivor writes
 // POISON = 2^62 into a dead peer's counters, which is above every sequence number, so poison ends every wait.
@@ -28,15 +21,13 @@
 // `outcome_value` when every counter got there, or `outcome_value | 2^63` when it gave up; giving up also stores 1
 // into *abort, so the polls queued behind this one give up at once (the host sets *abort too, at teardown). Only the
 // first thread of the first block works; launch it with one thread. The host checks that every word the mask can
-// name lies inside the span it passes as `counters`. The wait is the ring's device API (gpu_ipc_ring.cuh). Last,
-// `mark` is stored into *progress (null: none) with st.release.sys: the side's run-ahead mark.
+// name lies inside the span it passes as `counters`. The wait is the ring's device API (gpu_ipc_ring.cuh).
 
 extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters, unsigned long long first_word,
                                              unsigned long long word_stride, unsigned int mask,
                                              unsigned long long target, unsigned long long timeout_ns,
                                              unsigned long long* outcome, unsigned long long outcome_value,
-                                             unsigned long long* abort, unsigned long long* progress,
-                                             unsigned long long mark)
+                                             unsigned long long* abort)
 {
     if (threadIdx.x != 0 || blockIdx.x != 0) {
         return;
@@ -53,25 +44,13 @@ extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters,
         gpu_ipc_ring_store_release(abort, 1);
     }
     gpu_ipc_ring_store_release(outcome, gave_up ? (outcome_value | RING_TIMED_OUT) : outcome_value);
-    if (progress != 0) {
-        gpu_ipc_ring_store_release(progress, mark);
-    }
 }
 
-// Stores `value` into *mirror (the counter's device copy; null: none) with st.release.gpu, then into *counter with
-// st.release.sys: every write of the work queued before this kernel on its stream is visible to whoever acquires
-// either. Then `mark` into *progress (null: none), the side's run-ahead mark. Launch it with one thread.
-extern "C" __global__ void gpu_ipc_ring_release(unsigned long long* counter, unsigned long long value,
-                                                unsigned long long* mirror, unsigned long long* progress,
-                                                unsigned long long mark)
+// Stores `value` into *counter with st.release.sys: every write of the work queued before this kernel on its stream
+// is visible to whoever acquires the counter. Launch it with one thread.
+extern "C" __global__ void gpu_ipc_ring_release(unsigned long long* counter, unsigned long long value)
 {
     if (threadIdx.x == 0 && blockIdx.x == 0) {
-        if (mirror != 0) {
-            gpu_ipc_ring_store_release_gpu(mirror, value);
-        }
         gpu_ipc_ring_store_release(counter, value);
-        if (progress != 0) {
-            gpu_ipc_ring_store_release(progress, mark);
-        }
     }
 }

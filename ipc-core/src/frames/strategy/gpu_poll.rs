@@ -1,13 +1,9 @@
 //! `GpuPoll`: the GPU does the waiting, in a kernel. A one-thread kernel queued on the caller's stream polls the
-//! ring's counters until a frame is published or released, and another stores the counter after the stream's work
-//! (`kernels/cuda/ring_poll.cu`). The counters are the control block's (registered for the device, the same words
-//! the other strategies use: `ld.acquire.sys` / `st.release.sys`, the rule `gpu-ipc probe coherency` established,
-//! docs/kernels.md). On the ring's GPU the store first writes the counter's copy among the ring's device words
-//! ([`device_words`], `st.release.gpu`), which kernels on the ring poll (the device API); the wait does not poll
-//! them: under MPS, a process SIGKILLed while its kernel polls device memory shared with another process faults the
-//! MPS server for every client (kernels/cuda/ring_poll.cu says more). Each kernel also stores the side's run-ahead
-//! mark when it is done: no stream memory operation between two kernels. No CPU in the per-frame path: calls return once the kernels are queued, and the
-//! run-ahead bound keeps the CPU at most `max(2 * slots, 32)` frames ahead of the stream.
+//! control block's counters (registered for the device, the same words the other strategies use) with
+//! `ld.acquire.sys` until a frame is published or released, and another stores the counter with `st.release.sys`
+//! after the stream's work: the rule `gpu-ipc probe coherency` established (docs/kernels.md). No CPU in the
+//! per-frame path: calls return once the kernels are queued, and the run-ahead bound keeps the CPU at most
+//! `max(2 * slots, 32)` frames ahead of the stream.
 //!
 //! Only where MPS runs: without it two processes' kernels never run at the same time, so a kernel that polls for
 //! another process's kernel waits out whole time slices (milliseconds per frame). [`Strategy::check`] refuses then.
@@ -31,8 +27,8 @@ use crate::driver::mps::MpsEvidence;
 use crate::driver::{
     Context, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys,
 };
+use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, depth_for};
-use crate::frames::{FrameError, device_words};
 use crate::ring::layout::{MAX_CONSUMERS, MAX_SLOTS, RingLayout};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::sys::shm::{SharedMemory, SharedObject};
@@ -186,13 +182,6 @@ type StatusWords = [AtomicU64; OUTCOME_WORDS + 1];
 
 const _: () = assert!(size_of::<StatusWords>() <= OUTCOME_BYTES);
 
-/// Where a counter's copy is among the ring's device words ([`device_words`]): `published[slot]`, or consumer
-/// `consumer`'s `released[slot]`; a byte offset.
-fn mirror_offset(consumer: Option<u32>, slot: u32) -> u64 {
-    let record = consumer.map_or(0, |c| device_words::RELEASED + u64::from(c) * device_words::RECORD);
-    record + 8 * u64::from(slot)
-}
-
 /// What both sides share: the kernels, the registered control block, the outcome words, the run-ahead bound.
 struct Poller {
     wait: Function,
@@ -201,8 +190,6 @@ struct Poller {
     /// Where the counters are in `block`.
     layout: RingLayout,
     status: HostRegistration<SharedObject<StatusWords>>,
-    /// Device address of the ring's device words in this process, 0: none.
-    device_words: u64,
     run_ahead: RunAhead,
     /// The budget each outcome word's poll was given, for errors.
     budgets: Vec<Duration>,
@@ -239,7 +226,6 @@ impl Poller {
             block: HostRegistration::new(cuda, setup.block)?,
             layout: setup.layout,
             status: HostRegistration::new(cuda, status)?,
-            device_words: setup.device_words,
             run_ahead: RunAhead::new(cuda, depth)?,
             budgets: vec![Duration::ZERO; depth.max(1)],
             failed: None,
@@ -296,7 +282,6 @@ impl Poller {
         let budget = gpu_budget(deadline.saturating_duration_since(Instant::now()));
         self.budgets[index] = budget;
         let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
-        let (progress, mark) = self.run_ahead.kernel_mark()?;
         self.wait.launch_typed(
             stream,
             LaunchConfig::linear(1, 1),
@@ -310,12 +295,8 @@ impl Poller {
                 KernelArg::Span(outcome),
                 KernelArg::U64(seq + 1),
                 KernelArg::Span(abort),
-                KernelArg::Span(progress),
-                KernelArg::U64(mark),
             ],
         )?;
-        // The kernel stores the mark when it is done: teardown can tell when the stream is past it (see `settle`).
-        self.run_ahead.marked(mark, None);
         Ok(())
     }
 
@@ -327,30 +308,17 @@ impl Poller {
     }
 
     /// Queues on `stream`, after its earlier work, a store of `value` into the counter at byte `offset` of the
-    /// control block, and first into its copy at byte `mirror` of the device words (when the ring has them here);
-    /// the kernel then stores frame `seq`'s run-ahead mark.
-    fn store(&self, stream: &Stream, offset: usize, mirror: u64, value: u64, seq: u64) -> Result<(), FrameError> {
+    /// control block.
+    fn store(&self, stream: &Stream, offset: usize, value: u64) -> Result<(), FrameError> {
         if !offset.is_multiple_of(8) {
             return Err(FrameError::Config(format!("gpu-poll: counter offset {offset} is not 8-byte aligned")));
         }
         let counter = self.block.span().slice(offset as u64, 8)?;
-        if mirror + 8 > device_words::BYTES {
-            return Err(FrameError::Config(format!("gpu-poll: device word at byte {mirror} is past the device words")));
-        }
-        let copy = if self.device_words == 0 { 0 } else { self.device_words + mirror };
-        let (progress, mark) = self.run_ahead.kernel_mark()?;
         self.release.launch_typed(
             stream,
             LaunchConfig::linear(1, 1),
-            &[
-                KernelArg::Span(counter),
-                KernelArg::U64(value),
-                KernelArg::U64(copy),
-                KernelArg::Span(progress),
-                KernelArg::U64(mark),
-            ],
+            &[KernelArg::Span(counter), KernelArg::U64(value)],
         )?;
-        self.run_ahead.marked(mark, Some(seq));
         Ok(())
     }
 }
@@ -423,7 +391,10 @@ impl ProducerSide for PollProducer {
         // Consumer i's counter of the slot is `i` records after consumer 0's.
         let layout = self.poller.layout;
         let first = layout.released_offset(0, slot);
-        self.poller.wait(stream, first, layout.record_stride(), mask, target, seq, deadline)
+        self.poller.wait(stream, first, layout.record_stride(), mask, target, seq, deadline)?;
+        // Marks the poll, so that teardown can tell when the stream is past it (see `settle`).
+        self.poller.run_ahead.mark_tail(stream)?;
+        Ok(())
     }
 
     fn publish(
@@ -436,8 +407,8 @@ impl ProducerSide for PollProducer {
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
         let offset = self.poller.layout.published_offset(SlotIndex(slot));
-        let mirror = mirror_offset(None, slot);
-        self.poller.store(stream, offset, mirror, Sequence(seq).done_value(), seq)?;
+        self.poller.store(stream, offset, Sequence(seq).done_value())?;
+        self.poller.run_ahead.after(seq, stream)?;
         Ok(ring.advance(Sequence(seq))?)
     }
 
@@ -508,7 +479,9 @@ impl ConsumerSide for PollConsumer {
         self.check_polls(shared)?;
         ahead?;
         let offset = self.poller.layout.published_offset(slot);
-        self.poller.wait(stream, offset, 0, 1, seq.done_value(), seq.0, deadline)
+        self.poller.wait(stream, offset, 0, 1, seq.done_value(), seq.0, deadline)?;
+        // Marks the poll, so that teardown can tell when the stream is past it (see `settle`).
+        Ok(self.poller.run_ahead.mark_tail(stream)?)
     }
 
     fn release(
@@ -520,10 +493,9 @@ impl ConsumerSide for PollConsumer {
         _gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        let consumer = shared.ring.id().index();
-        let offset = self.poller.layout.released_offset(consumer, slot);
-        let mirror = mirror_offset(Some(consumer), slot.0);
-        self.poller.store(stream, offset, mirror, seq.done_value(), seq.0)?;
+        let offset = self.poller.layout.released_offset(shared.ring.id().index(), slot);
+        self.poller.store(stream, offset, seq.done_value())?;
+        self.poller.run_ahead.after(seq.0, stream)?;
         // The poll for this frame may have been satisfied by the poison written when the producer hung up, not by
         // the frame: say so, so the caller discards what it computed from it.
         shared.check_queued_frame(seq)?;
@@ -585,19 +557,8 @@ mod tests {
         assert!(wait.contains("%globaltimer"), "{wait}");
         assert!(wait.contains("setp.ge.u64") || wait.contains("setp.lt.u64"), "unsigned comparison: {wait}");
         assert!(wait.contains("st.release.sys.global.u64"), "{wait}");
-        // The device words: stored at .gpu scope before the control block's copy, never polled (see ring_poll.cu).
-        assert!(!wait.contains(".gpu.global"), "{wait}");
         let release = &ptx[ptx.find(&format!(".entry {RELEASE_KERNEL}(")).unwrap()..];
-        let release = &release[..release[1..].find(".entry").map_or(release.len(), |end| end + 1)];
-        let (device, host) = (release.find("st.release.gpu.global.u64"), release.find("st.release.sys.global.u64"));
-        assert!(device.zip(host).is_some_and(|(d, h)| d < h), "device copy first: {release}");
-    }
-
-    #[test]
-    fn mirrors_are_where_the_device_words_keep_each_counter() {
-        use crate::frames::device_words::{RECORD, RELEASED};
-        assert_eq!(mirror_offset(None, 5), 40);
-        assert_eq!(mirror_offset(Some(2), 7), RELEASED + 2 * RECORD + 56);
+        assert!(release.contains("st.release.sys.global.u64"), "{release}");
     }
 
     #[test]
