@@ -3,7 +3,10 @@
 //! the consumer's poll give up in bounded time, a killed producer (the `producer` example, SIGKILLed) ends it at
 //! once (the watchdog's poison), and teardown never waits out a poll. The VMM backend; producer and consumers in one
 //! process (it may import its own export) except for the kill, so MPS is not needed: `GPU_IPC_ASSUME_MPS=1` is set
-//! here (and for the child) unless the environment already sets it. Ignored without a GPU.
+//! here (and for the child) unless the environment already sets it. Ignored without a GPU. Not for a run under MPS:
+//! there the producer's SIGKILL while its poll spins (the consumer has stopped releasing) faults the MPS server, and
+//! the consumer's stream fails with `CUDA_ERROR_ILLEGAL_ADDRESS` (docs/frames.md, gpu-poll; seen on an H100 on
+//! 2026-11-26 with the library of `be534d8` as with later ones).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;

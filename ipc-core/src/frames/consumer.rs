@@ -191,7 +191,7 @@ impl<B: Backend> Consumer<B> {
             Err(e) => return Err(e.into()),
         };
         let joined = Self::join(ctx, &conn, &offer, fds, options);
-        let (strategy, sync, region, ring) = match joined {
+        let (strategy, sync, region, ring, device_words) = match joined {
             Ok(parts) => parts,
             Err(e) => {
                 // Tell the producer why, so its handshake ends now rather than at its deadline.
@@ -201,11 +201,6 @@ impl<B: Backend> Consumer<B> {
             }
         };
         let next_seq = ring.join_sequence().0;
-        // Checked against the offer in `join`; written once by the producer before its offers. Kernels use them only
-        // on the ring's own GPU: their stores and polls are scoped to it (gpu_ipc_ring.cuh), so a consumer on a
-        // peer GPU hands its kernels none and they use the control block's copy.
-        let same_gpu = B::cuda_context(ctx).and_then(|c| c.device().uuid().ok()) == Some(offer.device_uuid);
-        let device_words = if same_gpu { ring.block().device_words_offset() } else { 0 };
         conn.send_in(version, &Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), left())?;
         let watchdog = Watchdog::start();
         let producer_hung_up = Arc::new(AtomicBool::new(false));
@@ -264,6 +259,8 @@ impl<B: Backend> Consumer<B> {
     }
 
     /// Maps the control block, imports the data and sets up the strategy's side.
+    ///
+    /// Also returns the device words' offset in the allocation as this side's kernels use it (0: none).
     #[allow(clippy::type_complexity)]
     fn join(
         ctx: &B::Context,
@@ -271,7 +268,8 @@ impl<B: Backend> Consumer<B> {
         offer: &RingOffer,
         fds: OfferFds,
         options: &AttachOptions,
-    ) -> Result<(&'static dyn Strategy, Box<dyn ConsumerSide>, B::Imported, Arc<ConsumerControl>), FrameError> {
+    ) -> Result<(&'static dyn Strategy, Box<dyn ConsumerSide>, B::Imported, Arc<ConsumerControl>, u64), FrameError>
+    {
         let strategy = super::strategy::strategy(offer.sync);
         let cuda = B::cuda_context(ctx);
         strategy.check(cuda)?;
@@ -329,6 +327,11 @@ impl<B: Backend> Consumer<B> {
             size: offer.allocation_bytes,
         };
         let region = B::import(ctx, handle)?;
+        // Written once by the producer before its offers, checked above. Kernels use them only on the ring's own GPU:
+        // their stores and polls are scoped to it (gpu_ipc_ring.cuh), so a consumer on a peer GPU hands its kernels
+        // none and they use the control block's copy.
+        let same_gpu = cuda.and_then(|c| c.device().uuid().ok()) == Some(offer.device_uuid);
+        let device_words = if same_gpu { device_words } else { 0 };
         let sync = strategy.consumer(
             Setup {
                 cuda,
@@ -337,10 +340,11 @@ impl<B: Backend> Consumer<B> {
                 slots: offer.slot_count,
                 max_consumers: ring.block().max_consumers(),
                 sleep_interval: options.sleep_interval,
+                device_words: if device_words == 0 { 0 } else { region.ptr().offset(device_words).raw() },
             },
             &offer.event_handles,
         )?;
-        Ok((strategy, sync, region, ring))
+        Ok((strategy, sync, region, ring, device_words))
     }
 
     /// What each slot holds: pixel frames, a tensor (dtype, shape, strides) or bare bytes, as the producer

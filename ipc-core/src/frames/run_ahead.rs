@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::driver::{Context, DeviceMemory, DriverError, Event, EventFlags, HostRegistration, MemOpBatch, Stream};
+use crate::driver::{
+    Context, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, MemOpBatch, Stream,
+};
 use crate::frames::FrameError;
 use crate::ring::RingError;
 use crate::sys::shm::{SharedMemory, SharedObject};
@@ -135,28 +137,26 @@ impl RunAhead {
         })
     }
 
-    /// Queues on `stream` frame `seq`'s mark (one `cuStreamWriteValue64`): for work queued without
-    /// [`submit`](Self::submit).
+    /// The progress word and the next mark, for a kernel that stores the mark itself when it is done (gpu-poll's
+    /// kernels: no stream memory operation between two kernels). Call [`marked`](Self::marked) once the kernel is
+    /// queued.
     ///
     /// # Errors
-    /// A failing `cuStreamWriteValue64`.
-    #[allow(dead_code, reason = "kept for strategies whose frames end with their own work (gpu-poll)")]
-    pub(crate) fn after(&self, seq: u64, stream: &Stream) -> Result<(), DriverError> {
-        self.mark(Some(seq), stream)
+    /// None in practice (the word lies inside the progress page).
+    pub(crate) fn kernel_mark(&self) -> Result<(DeviceSpan<'_>, u64), DriverError> {
+        Ok((self.progress.span().slice(PROGRESS_OFFSET, 8)?, self.next_mark()))
     }
 
-    /// Queues on `stream` a mark of the latest work (e.g. a wait queued outside the frame marks).
-    ///
-    /// # Errors
-    /// A failing `cuStreamWriteValue64`.
-    pub(crate) fn mark_tail(&self, stream: &Stream) -> Result<(), DriverError> {
-        self.mark(None, stream)
-    }
-
-    fn mark(&self, frame: Option<u64>, stream: &Stream) -> Result<(), DriverError> {
-        let mark = self.queued.load(Ordering::Relaxed) + 1;
-        self.progress.write_value_u64(stream, PROGRESS_OFFSET as usize, mark)?;
+    /// Records that `mark` ([`kernel_mark`](Self::kernel_mark)) was queued, as frame `frame`'s mark when given.
+    pub(crate) fn marked(&self, mark: u64, frame: Option<u64>) {
         self.record(mark, frame);
+    }
+
+    /// Queues on `stream` a mark of the latest work (one `cuStreamWriteValue64`).
+    fn mark(&self, stream: &Stream) -> Result<(), DriverError> {
+        let mark = self.next_mark();
+        self.progress.write_value_u64(stream, PROGRESS_OFFSET as usize, mark)?;
+        self.record(mark, None);
         Ok(())
     }
 
@@ -202,7 +202,7 @@ impl RunAhead {
     /// # Errors
     /// [`FrameError::Timeout`], driver errors.
     pub(crate) fn drain(&self, stream: &Stream, deadline: Instant) -> Result<(), FrameError> {
-        self.mark_tail(stream)?;
+        self.mark(stream)?;
         self.wait_for(self.queued.load(Ordering::Relaxed), deadline, || "the stream to drain".to_owned())
     }
 
@@ -285,7 +285,7 @@ mod tests {
             let mut scratch = MemOpScratch::default();
             run_ahead.submit(MemOpBatch::new(&mut scratch), &stream, Some(seq)).unwrap();
         }
-        run_ahead.mark_tail(&stream).unwrap();
+        run_ahead.mark(&stream).unwrap();
         assert_eq!(run_ahead.next_mark(), 8);
         assert_eq!(run_ahead.settle(soon()).unwrap(), Tail::Clear);
         assert_eq!(run_ahead.progress(), 7);

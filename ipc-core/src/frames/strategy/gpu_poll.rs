@@ -1,9 +1,13 @@
 //! `GpuPoll`: the GPU does the waiting, in a kernel. A one-thread kernel queued on the caller's stream polls the
-//! control block's counters (registered for the device, the same words the other strategies use) with
-//! `ld.acquire.sys` until a frame is published or released, and another stores the counter with `st.release.sys`
-//! after the stream's work: the rule `gpu-ipc probe coherency` established (docs/kernels.md). No CPU in the
-//! per-frame path: calls return once the kernels are queued, and the run-ahead bound keeps the CPU at most
-//! `max(2 * slots, 32)` frames ahead of the stream.
+//! ring's counters until a frame is published or released, and another stores the counter after the stream's work
+//! (`kernels/cuda/ring_poll.cu`). The counters are the control block's (registered for the device, the same words
+//! the other strategies use: `ld.acquire.sys` / `st.release.sys`, the rule `gpu-ipc probe coherency` established,
+//! docs/kernels.md) and, on the ring's GPU, their copies among the ring's device words ([`device_words`]): the store
+//! writes the device copy first (`st.release.gpu`), and the wait polls it (`ld.acquire.gpu`), looking at the control
+//! block's copy as the device API does, so a peer that writes only that one (another implementation, a peer GPU, a
+//! poison) is still seen. Each kernel also stores the side's run-ahead mark when it is done: no stream memory
+//! operation between two kernels. No CPU in the per-frame path: calls return once the kernels are queued, and the
+//! run-ahead bound keeps the CPU at most `max(2 * slots, 32)` frames ahead of the stream.
 //!
 //! Only where MPS runs: without it two processes' kernels never run at the same time, so a kernel that polls for
 //! another process's kernel waits out whole time slices (milliseconds per frame). [`Strategy::check`] refuses then.
@@ -25,10 +29,11 @@ use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cu
 use crate::driver::image::{self, ComputeCapability, KernelImage};
 use crate::driver::mps::MpsEvidence;
 use crate::driver::{
-    Context, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module, Stream, sys,
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module,
+    Stream, sys,
 };
-use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, depth_for};
+use crate::frames::{FrameError, device_words};
 use crate::ring::layout::{MAX_CONSUMERS, MAX_SLOTS, RingLayout};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::sys::shm::{SharedMemory, SharedObject};
@@ -182,6 +187,55 @@ type StatusWords = [AtomicU64; OUTCOME_WORDS + 1];
 
 const _: () = assert!(size_of::<StatusWords>() <= OUTCOME_BYTES);
 
+/// Words of the waits' choice of copy, one per bit of a wait's mask.
+const HOST_FIRST_WORDS: usize = u32::BITS as usize;
+
+/// A zeroed buffer of `words` 64-bit words of device memory.
+fn zeroed(cuda: &Context, words: usize) -> Result<DeviceBuffer, FrameError> {
+    let buffer = DeviceBuffer::alloc(cuda, 8 * words as u64)?;
+    buffer.write(0, &vec![0u64; words])?;
+    Ok(buffer)
+}
+
+/// Where the counters of a wait or a store are among the ring's device words ([`device_words`]): counter `i` at
+/// word `first_word + i * stride_words`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mirror {
+    first_word: u64,
+    stride_words: u64,
+}
+
+impl Mirror {
+    /// `published[slot]`.
+    fn published(slot: SlotIndex) -> Self {
+        Self { first_word: u64::from(slot.0), stride_words: 0 }
+    }
+
+    /// Consumer `consumer`'s `released[slot]`; counter `i` of a wait is consumer `consumer + i`'s.
+    fn released(consumer: u32, slot: u32) -> Self {
+        let first = device_words::RELEASED + u64::from(consumer) * device_words::RECORD + 8 * u64::from(slot);
+        Self { first_word: first / 8, stride_words: device_words::RECORD / 8 }
+    }
+
+    /// The device words' address for a kernel whose counters go up to `highest`, or 0 when the ring has none here
+    /// (`device_words` 0).
+    ///
+    /// # Errors
+    /// A counter outside the device words.
+    fn base(&self, device_words: u64, highest: u64) -> Result<u64, FrameError> {
+        if device_words == 0 {
+            return Ok(0);
+        }
+        let last = self.stride_words.checked_mul(highest).and_then(|w| w.checked_add(self.first_word));
+        if last.is_none_or(|word| word >= device_words::BYTES / 8) {
+            return Err(FrameError::Config(format!(
+                "gpu-poll: device word {last:?} is outside the ring's device words"
+            )));
+        }
+        Ok(device_words)
+    }
+}
+
 /// What both sides share: the kernels, the registered control block, the outcome words, the run-ahead bound.
 struct Poller {
     wait: Function,
@@ -190,6 +244,10 @@ struct Poller {
     /// Where the counters are in `block`.
     layout: RingLayout,
     status: HostRegistration<SharedObject<StatusWords>>,
+    /// Device address of the ring's device words in this process, 0: none (the waits poll the control block).
+    device_words: u64,
+    /// The waits' choice of copy per consumer record between launches (`host_first` of the wait kernel).
+    host_first: DeviceBuffer,
     run_ahead: RunAhead,
     /// The budget each outcome word's poll was given, for errors.
     budgets: Vec<Duration>,
@@ -226,6 +284,8 @@ impl Poller {
             block: HostRegistration::new(cuda, setup.block)?,
             layout: setup.layout,
             status: HostRegistration::new(cuda, status)?,
+            device_words: setup.device_words,
+            host_first: zeroed(cuda, HOST_FIRST_WORDS)?,
             run_ahead: RunAhead::new(cuda, depth)?,
             budgets: vec![Duration::ZERO; depth.max(1)],
             failed: None,
@@ -248,13 +308,15 @@ impl Poller {
     }
 
     /// Queues on `stream` a poll until the 64-bit counters at byte `first_offset + i * stride` of the control
-    /// block reach `target`, for every bit `i` of `mask`; frame `seq`'s outcome word records how it ended.
+    /// block reach `target`, for every bit `i` of `mask`; frame `seq`'s outcome word records how it ended. `mirror`:
+    /// where their copies are among the device words (polled first when the ring has them here).
     #[allow(clippy::too_many_arguments)]
     fn wait(
         &mut self,
         stream: &Stream,
         first_offset: usize,
         stride: usize,
+        mirror: Mirror,
         mask: u32,
         target: u64,
         seq: u64,
@@ -282,6 +344,8 @@ impl Poller {
         let budget = gpu_budget(deadline.saturating_duration_since(Instant::now()));
         self.budgets[index] = budget;
         let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        let copies = mirror.base(self.device_words, highest)?;
+        let (progress, mark) = self.run_ahead.kernel_mark()?;
         self.wait.launch_typed(
             stream,
             LaunchConfig::linear(1, 1),
@@ -295,8 +359,16 @@ impl Poller {
                 KernelArg::Span(outcome),
                 KernelArg::U64(seq + 1),
                 KernelArg::Span(abort),
+                KernelArg::U64(copies),
+                KernelArg::U64(mirror.first_word),
+                KernelArg::U64(mirror.stride_words),
+                KernelArg::Span(self.host_first.span()),
+                KernelArg::Span(progress),
+                KernelArg::U64(mark),
             ],
         )?;
+        // The kernel stores the mark when it is done: teardown can tell when the stream is past it (see `settle`).
+        self.run_ahead.marked(mark, None);
         Ok(())
     }
 
@@ -308,17 +380,30 @@ impl Poller {
     }
 
     /// Queues on `stream`, after its earlier work, a store of `value` into the counter at byte `offset` of the
-    /// control block.
-    fn store(&self, stream: &Stream, offset: usize, value: u64) -> Result<(), FrameError> {
+    /// control block, and first into its copy among the device words (`mirror`, when the ring has them here); the
+    /// kernel then stores frame `seq`'s run-ahead mark.
+    fn store(&self, stream: &Stream, offset: usize, mirror: Mirror, value: u64, seq: u64) -> Result<(), FrameError> {
         if !offset.is_multiple_of(8) {
             return Err(FrameError::Config(format!("gpu-poll: counter offset {offset} is not 8-byte aligned")));
         }
         let counter = self.block.span().slice(offset as u64, 8)?;
+        let copy = match mirror.base(self.device_words, 0)? {
+            0 => 0,
+            base => base + mirror.first_word * 8,
+        };
+        let (progress, mark) = self.run_ahead.kernel_mark()?;
         self.release.launch_typed(
             stream,
             LaunchConfig::linear(1, 1),
-            &[KernelArg::Span(counter), KernelArg::U64(value)],
+            &[
+                KernelArg::Span(counter),
+                KernelArg::U64(value),
+                KernelArg::U64(copy),
+                KernelArg::Span(progress),
+                KernelArg::U64(mark),
+            ],
         )?;
+        self.run_ahead.marked(mark, Some(seq));
         Ok(())
     }
 }
@@ -391,10 +476,8 @@ impl ProducerSide for PollProducer {
         // Consumer i's counter of the slot is `i` records after consumer 0's.
         let layout = self.poller.layout;
         let first = layout.released_offset(0, slot);
-        self.poller.wait(stream, first, layout.record_stride(), mask, target, seq, deadline)?;
-        // Marks the poll, so that teardown can tell when the stream is past it (see `settle`).
-        self.poller.run_ahead.mark_tail(stream)?;
-        Ok(())
+        let mirror = Mirror::released(0, slot.0);
+        self.poller.wait(stream, first, layout.record_stride(), mirror, mask, target, seq, deadline)
     }
 
     fn publish(
@@ -407,8 +490,8 @@ impl ProducerSide for PollProducer {
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
         let offset = self.poller.layout.published_offset(SlotIndex(slot));
-        self.poller.store(stream, offset, Sequence(seq).done_value())?;
-        self.poller.run_ahead.after(seq, stream)?;
+        let mirror = Mirror::published(SlotIndex(slot));
+        self.poller.store(stream, offset, mirror, Sequence(seq).done_value(), seq)?;
         Ok(ring.advance(Sequence(seq))?)
     }
 
@@ -479,9 +562,7 @@ impl ConsumerSide for PollConsumer {
         self.check_polls(shared)?;
         ahead?;
         let offset = self.poller.layout.published_offset(slot);
-        self.poller.wait(stream, offset, 0, 1, seq.done_value(), seq.0, deadline)?;
-        // Marks the poll, so that teardown can tell when the stream is past it (see `settle`).
-        Ok(self.poller.run_ahead.mark_tail(stream)?)
+        self.poller.wait(stream, offset, 0, Mirror::published(slot), 1, seq.done_value(), seq.0, deadline)
     }
 
     fn release(
@@ -493,9 +574,10 @@ impl ConsumerSide for PollConsumer {
         _gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        let offset = self.poller.layout.released_offset(shared.ring.id().index(), slot);
-        self.poller.store(stream, offset, seq.done_value())?;
-        self.poller.run_ahead.after(seq.0, stream)?;
+        let consumer = shared.ring.id().index();
+        let offset = self.poller.layout.released_offset(consumer, slot);
+        let mirror = Mirror::released(consumer, slot.0);
+        self.poller.store(stream, offset, mirror, seq.done_value(), seq.0)?;
         // The poll for this frame may have been satisfied by the poison written when the producer hung up, not by
         // the frame: say so, so the caller discards what it computed from it.
         shared.check_queued_frame(seq)?;
@@ -557,8 +639,27 @@ mod tests {
         assert!(wait.contains("%globaltimer"), "{wait}");
         assert!(wait.contains("setp.ge.u64") || wait.contains("setp.lt.u64"), "unsigned comparison: {wait}");
         assert!(wait.contains("st.release.sys.global.u64"), "{wait}");
+        // The device words: polled at .gpu scope, stored at .gpu scope before the control block's copy.
+        assert!(wait.contains("ld.acquire.gpu.global.u64"), "{wait}");
         let release = &ptx[ptx.find(&format!(".entry {RELEASE_KERNEL}(")).unwrap()..];
-        assert!(release.contains("st.release.sys.global.u64"), "{release}");
+        let release = &release[..release[1..].find(".entry").map_or(release.len(), |end| end + 1)];
+        let (device, host) = (release.find("st.release.gpu.global.u64"), release.find("st.release.sys.global.u64"));
+        assert!(device.zip(host).is_some_and(|(d, h)| d < h), "device copy first: {release}");
+    }
+
+    #[test]
+    fn mirrors_are_where_the_device_words_keep_each_counter() {
+        use crate::frames::device_words::{BYTES, RECORD, RELEASED};
+        assert_eq!(Mirror::published(SlotIndex(5)), Mirror { first_word: 5, stride_words: 0 });
+        let released = Mirror::released(2, 7);
+        assert_eq!(released.first_word * 8, RELEASED + 2 * RECORD + 56);
+        assert_eq!(released.stride_words * 8, RECORD);
+        assert_eq!(released.base(0, 31).unwrap(), 0, "no device words here: the control block only");
+        assert_eq!(released.base(0x1000, 13).unwrap(), 0x1000);
+        // Consumer 2 + 14 = 16 is past the last record.
+        assert!(released.base(0x1000, 14).is_err());
+        assert!(Mirror::published(SlotIndex(255)).base(0x1000, 0).is_ok());
+        assert!(Mirror { first_word: BYTES / 8, stride_words: 0 }.base(0x1000, 0).is_err());
     }
 
     #[test]

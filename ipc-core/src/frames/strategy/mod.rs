@@ -37,6 +37,9 @@ pub(crate) struct Setup<'a> {
     pub max_consumers: u32,
     /// Poll interval of `CpuSleep`.
     pub sleep_interval: Duration,
+    /// Device address of the ring's device words in this process ([`crate::frames::device_words`]), 0 when the
+    /// ring has none or this side's GPU is not the ring's (kernels on the ring then use the control block only).
+    pub device_words: u64,
 }
 
 /// A sync strategy: checks what it needs and builds each side.
