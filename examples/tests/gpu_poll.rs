@@ -9,6 +9,8 @@
 //! 2026-11-26 with the library of `be534d8` as with later ones).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Once;
 use std::time::{Duration, Instant};
@@ -287,4 +289,29 @@ fn a_consumer_dropped_during_a_poll_aborts_it_and_leaves_cleanly() {
     producer.drain(Some(&producer_stream), T).unwrap();
     assert_eq!(producer.consumers(), 0);
     assert_eq!(producer.consumers_lost(), 0, "the consumer left cleanly");
+}
+
+/// A peer whose kernels use the control block only (`GPU_IPC_DEVICE_WORDS=0`, as a consumer on another GPU or another
+/// implementation of the protocol does): the other side's polls, which poll the device words, see its stores in the
+/// control block and go on. Each way round, with the producer and consumer programs: 300 frames, every word checked.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_peer_that_writes_only_the_control_block_is_still_seen() {
+    assume_mps();
+    let words = gpu_ipc::core::frames::device_words::ENV;
+    for (producer_words, consumer_words) in [("1", "0"), ("0", "1")] {
+        let tag = format!("words-{producer_words}{consumer_words}");
+        let sock = socket(&tag);
+        let args = common::producer_args("vmm", "gpu-poll", &sock, 300, 1, 2, &["--width", "640", "--height", "360"]);
+        let producer = common::Proc::spawn_env(&tag, producer_exe(), &args, &[(words, producer_words)]);
+        let args = common::consumer_args(&tag, "vmm", &sock, 300, &[]);
+        let consumer = common::Proc::spawn_env(&tag, common::exe("consumer"), &args, &[(words, consumer_words)]);
+        let (status, took, summary) = consumer.finish(Duration::from_secs(60));
+        assert!(status.success(), "{tag}: consumer {status:?}: {summary}");
+        assert_eq!(summary["frames"], 300, "{tag}: {summary}");
+        assert_eq!(summary["mismatched_words"], 0, "{tag}: {summary}");
+        let (status, _, summary) = producer.finish(Duration::from_secs(30));
+        assert!(status.success(), "{tag}: producer {status:?}: {summary}");
+        eprintln!("{tag}: 300 frames in {took:?}");
+    }
 }

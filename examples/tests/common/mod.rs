@@ -63,8 +63,14 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(name: &str, program: PathBuf, args: &[String]) -> Self {
+        Self::spawn_env(name, program, args, &[])
+    }
+
+    /// As [`Proc::spawn`], with these variables added to the child's environment.
+    pub fn spawn_env(name: &str, program: PathBuf, args: &[String], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -158,8 +164,22 @@ pub fn producer_on(
     slots: u32,
     extra: &[&str],
 ) -> Proc {
+    let args = producer_args(backend, sync, sock, frames, consumers, slots, extra);
+    Proc::spawn(&format!("producer {backend}/{sync}"), exe("producer"), &args)
+}
+
+/// The producer's command line of [`producer_on`].
+pub fn producer_args(
+    backend: &str,
+    sync: &str,
+    sock: &Path,
+    frames: u64,
+    consumers: usize,
+    slots: u32,
+    extra: &[&str],
+) -> Vec<String> {
     let slots = slots.to_string();
-    let args: Vec<String> = [
+    [
         "--socket",
         sock.to_str().unwrap(),
         "--backend",
@@ -177,8 +197,7 @@ pub fn producer_on(
     .iter()
     .chain(extra)
     .map(ToString::to_string)
-    .collect();
-    Proc::spawn(&format!("producer {backend}/{sync}"), exe("producer"), &args)
+    .collect()
 }
 
 /// A consumer reading `frames` frames (0: until the end of the stream), reporting every 500 frames.
@@ -188,7 +207,13 @@ pub fn consumer(name: &str, backend: &str, sock: &Path, frames: u64) -> Proc {
 
 /// As [`consumer`], with more options.
 pub fn consumer_with(name: &str, backend: &str, sock: &Path, frames: u64, extra: &[&str]) -> Proc {
-    let args: Vec<String> = [
+    let args = consumer_args(name, backend, sock, frames, extra);
+    Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)
+}
+
+/// The consumer's command line of [`consumer_with`].
+pub fn consumer_args(name: &str, backend: &str, sock: &Path, frames: u64, extra: &[&str]) -> Vec<String> {
+    [
         "--socket",
         sock.to_str().unwrap(),
         "--backend",
@@ -204,8 +229,7 @@ pub fn consumer_with(name: &str, backend: &str, sock: &Path, frames: u64, extra:
     .iter()
     .chain(extra)
     .map(ToString::to_string)
-    .collect();
-    Proc::spawn(&format!("consumer {name}"), exe("consumer"), &args)
+    .collect()
 }
 
 /// One role of the `pipeline` program (`generate`, `transform`, `verify`) with `args`, `--json` added, named `name`

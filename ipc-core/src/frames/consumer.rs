@@ -331,7 +331,7 @@ impl<B: Backend> Consumer<B> {
         // their stores and polls are scoped to it (gpu_ipc_ring.cuh), so a consumer on a peer GPU hands its kernels
         // none and they use the control block's copy.
         let same_gpu = cuda.and_then(|c| c.device().uuid().ok()) == Some(offer.device_uuid);
-        let device_words = if same_gpu { device_words } else { 0 };
+        let device_words = if same_gpu && super::device_words::enabled() { device_words } else { 0 };
         let sync = strategy.consumer(
             Setup {
                 cuda,

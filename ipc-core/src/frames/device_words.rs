@@ -12,7 +12,27 @@
 //! Layout (docs/ring.md, "Device words"): `published[i]` at `8 i`, consumer `c`'s `released[i]` at
 //! `RELEASED + c * RECORD + 8 i`; `i < 256`, `c < 16`.
 
+use std::ffi::OsStr;
+
 use crate::ring::layout::{MAX_CONSUMERS, MAX_SLOTS};
+
+/// `GPU_IPC_DEVICE_WORDS=0`: this process's kernels on a ring use its control block only, as a peer on another GPU
+/// does (the producer still reserves and names the device words for its peers). For diagnosis and same-binary
+/// comparisons; anything else, or unset, uses them.
+pub const ENV: &str = "GPU_IPC_DEVICE_WORDS";
+
+/// Whether this process's kernels use the device words ([`ENV`]), read from the environment.
+pub fn enabled() -> bool {
+    let on = enabled_by(std::env::var_os(ENV).as_deref());
+    if !on {
+        tracing::info!("{ENV}=0: this process's kernels on the ring use its control block only");
+    }
+    on
+}
+
+fn enabled_by(value: Option<&OsStr>) -> bool {
+    value.is_none_or(|v| v != "0")
+}
 
 /// Byte offset of consumer 0's `released[0]` in the device words.
 pub const RELEASED: u64 = 8 * MAX_SLOTS as u64;
@@ -56,6 +76,14 @@ mod tests {
         assert!(header.contains(&format!("#define GPU_IPC_RING_DEVICE_RELEASED {RELEASED}ull")));
         assert!(header.contains(&format!("#define GPU_IPC_RING_DEVICE_RECORD {RECORD}ull")));
         assert_eq!(BYTES, 34_816);
+    }
+
+    #[test]
+    fn only_zero_turns_them_off() {
+        assert!(enabled_by(None));
+        assert!(enabled_by(Some(OsStr::new("1"))));
+        assert!(enabled_by(Some(OsStr::new(""))));
+        assert!(!enabled_by(Some(OsStr::new("0"))));
     }
 
     #[test]

@@ -162,7 +162,11 @@ impl<B: Backend> Producer<B> {
             first_sequence: self.next_seq,
             abort,
             progress,
-            device_words: if self.device_words == 0 { 0 } else { self.region.ptr().raw() + self.device_words },
+            device_words: if self.device_words == 0 || !crate::frames::device_words::enabled() {
+                0
+            } else {
+                self.region.ptr().raw() + self.device_words
+            },
         })
     }
 

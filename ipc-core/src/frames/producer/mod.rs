@@ -113,7 +113,11 @@ impl<B: Backend> Producer<B> {
             slots: config.slots,
             max_consumers: config.max_consumers,
             sleep_interval: config.sleep_interval,
-            device_words: if device_words == 0 { 0 } else { region.ptr().raw() + device_words },
+            device_words: if device_words == 0 || !super::device_words::enabled() {
+                0
+            } else {
+                region.ptr().raw() + device_words
+            },
         })?;
         let listener = RendezvousListener::bind_with(&config.socket_path, &config.access)?;
         let records = Arc::new(RingRecords::new(ring.clone(), config.slot_layout.clone()));
