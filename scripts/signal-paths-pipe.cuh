@@ -12,7 +12,9 @@
 //                             memory / device memory (what gpu-ipc's gpu-stream-ops does). khost / kdev: a one-warp
 //                             kernel polls the counter (host memory, ld.acquire.sys; device memory, ld.acquire.gpu)
 //                             and a one-thread kernel stores it (st.release.sys / .gpu): gpu-ipc's gpu-poll, on the
-//                             control block or on device words (two processes: under MPS only).
+//                             control block or on device words (two processes: under MPS only); kdevm: kdev with
+//                             the stores gpu-poll's kernels add (an outcome and a progress mark after a wait, the
+//                             counter's host copy and the mark after a store).
 #include <algorithm>
 #include <vector>
 
@@ -54,9 +56,32 @@ __global__ void k_store_counter(uint64_t *p, uint64_t v, int gpu_scope) {
         st_release_sys(p, v);
 }
 
-// One side's handoff step: wait for *p >= v, or store *p = v, by MECH.
-static void pipe_step(const char *mech, cudaStream_t st, uint64_t *p, uint64_t v, bool wait) {
-    if (mech[0] == 'k') {
+// `kdevm`: kdev with the stores gpu-ipc's gpu-poll kernels add (host_words: this side's words in registered host
+// memory): after a wait, an outcome word (relaxed) and a progress mark (st.release.sys); a store also writes the
+// counter's copy in host memory (st.release.sys) and then the mark.
+__global__ void k_wait_counter_m(const uint64_t *p, uint64_t v, uint64_t *host_words, uint64_t mark) {
+    uint64_t start = gtimer(), seen;
+    do {
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(p) : "memory");
+    } while (seen < v && gtimer() - start < SPIN_LIMIT_NS);
+    st_relaxed_sys(host_words + 1, v);
+    st_release_sys(host_words + 2, mark);
+}
+__global__ void k_store_counter_m(uint64_t *p, uint64_t v, uint64_t *host_words, uint64_t mark) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    st_release_sys(host_words, v);
+    st_release_sys(host_words + 2, mark);
+}
+
+// One side's handoff step: wait for *p >= v, or store *p = v, by MECH (`host_words`, `mark`: for kdevm).
+static void pipe_step(const char *mech, cudaStream_t st, uint64_t *p, uint64_t v, bool wait, uint64_t *host_words,
+                      uint64_t mark) {
+    if (!strcmp(mech, "kdevm")) {
+        if (wait)
+            k_wait_counter_m<<<1, 32, 0, st>>>(p, v, host_words, mark);
+        else
+            k_store_counter_m<<<1, 1, 0, st>>>(p, v, host_words, mark);
+    } else if (mech[0] == 'k') {
         int gpu_scope = !strcmp(mech, "kdev");
         if (wait)
             k_wait_counter<<<1, 32, 0, st>>>(p, v, gpu_scope);
@@ -140,9 +165,9 @@ static void pipe_report(const char *row, const std::vector<uint64_t> *stamps, ui
 }
 
 static int run_pipe(int procs, const char *mech, uint64_t slots, uint64_t n) {
-    bool event = !strcmp(mech, "event"), dev = !strcmp(mech, "dev") || !strcmp(mech, "kdev");
+    bool event = !strcmp(mech, "event"), dev = !strcmp(mech, "dev") || !strcmp(mech, "kdev") || !strcmp(mech, "kdevm");
     if ((!event && !dev && strcmp(mech, "host") && strcmp(mech, "khost")) || slots < 1 || slots > 32 || (procs != 1 && procs != 2)) {
-        fprintf(stderr, "pipe: PROCS 1|2, MECH event|host|dev|khost|kdev, SLOTS 1..32\n");
+        fprintf(stderr, "pipe: PROCS 1|2, MECH event|host|dev|khost|kdev|kdevm, SLOTS 1..32\n");
         return 2;
     }
     const uint64_t warm = 200, total = warm + n;
@@ -227,7 +252,7 @@ static int run_pipe(int procs, const char *mech, uint64_t slots, uint64_t n) {
                     if (procs == 2) spin_until(&ps->released_queued, seq - slots);
                     CK(cudaStreamWaitEvent(fill_st, verified[slot], 0));
                 } else {
-                    pipe_step(mech, fill_st, c.pong, seq - slots, true);
+                    pipe_step(mech, fill_st, c.pong, seq - slots, true, c.host_words, 2 * seq);
                 }
             }
             k_fill_t<<<grid, 512, 0, fill_st>>>(frame, words, (uint32_t)seq, t[0] + seq, t[1] + seq);
@@ -235,7 +260,7 @@ static int run_pipe(int procs, const char *mech, uint64_t slots, uint64_t n) {
                 CK(cudaEventRecord(filled[slot], fill_st));
                 __atomic_store_n(&ps->published_queued, seq, __ATOMIC_RELEASE);
             } else {
-                pipe_step(mech, fill_st, c.ping, seq, false);
+                pipe_step(mech, fill_st, c.ping, seq, false, c.host_words, 2 * seq + 1);
             }
         }
         if (consumer) {
@@ -243,14 +268,14 @@ static int run_pipe(int procs, const char *mech, uint64_t slots, uint64_t n) {
                 if (procs == 2) spin_until(&ps->published_queued, seq);
                 CK(cudaStreamWaitEvent(verify_st, filled[slot], 0));
             } else {
-                pipe_step(mech, verify_st, c.ping, seq, true);
+                pipe_step(mech, verify_st, c.ping, seq, true, c.host_words + 8, 2 * seq);
             }
             k_verify_t<<<grid, 512, 0, verify_st>>>(frame, words, (uint32_t)seq, bad, t[2] + seq, t[3] + seq);
             if (event) {
                 CK(cudaEventRecord(verified[slot], verify_st));
                 __atomic_store_n(&ps->released_queued, seq, __ATOMIC_RELEASE);
             } else {
-                pipe_step(mech, verify_st, c.pong, seq, false);
+                pipe_step(mech, verify_st, c.pong, seq, false, c.host_words + 8, 2 * seq + 1);
             }
         }
     }

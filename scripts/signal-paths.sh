@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds scripts/signal-paths.cu with nvcc and runs it on the GPU machine, without and under a private MPS daemon:
 # the floor the CUDA driver gives for the handoffs gpu-ipc's strategies make (no gpu-ipc code involved).
-#   scripts/signal-paths.sh OUT_DIR [FRAMES] [rtk|pipe]
+#   scripts/signal-paths.sh OUT_DIR [FRAMES] [rtk|pipe|pipek]
 # OUT_DIR receives signal-paths.txt (every figure, "pass key value unit"), environment.txt and build.log.
 # FRAMES: frames per `frames` run (default 3000). About 1-2 minutes in all. With `rtk`, only the round trips of
 # persistent kernels (under MPS): what each per-frame step of the ring's device API costs (about 30 s). With `pipe`,
 # only the stamped pipelines (`pipe`, without and under MPS): where a frame's time goes, events against stream
-# memory operations, one process against two (about 1 minute).
+# memory operations, one process against two (about 1 minute); with `pipek`, only two processes under MPS, events,
+# stream operations and polling kernels, three interleaved rounds (about 1 minute).
 # Exit status: 0 every run ended (read the figures), 1 a run failed or timed out (the text says which), 2 no nvcc.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -80,16 +81,25 @@ pipes() {
     done
 }
 
+# pipek: two processes, the handoffs a frame ring can use on the GPU, three interleaved rounds (under MPS only).
+pipek() {
+    for round in 1 2 3; do
+        for mech in event dev kdev kdevm khost; do
+            for slots in 1 8; do one "mps-r$round" pipe 2 "$mech" "$slots" "$FRAMES"; done
+        done
+    done
+}
+
 case "$ONLY" in
-rtk) ;;
+rtk | pipek) ;;
 pipe) pipes no-mps ;;
 *) every no-mps ;;
 esac
 # shellcheck source=scripts/mps.sh
 . "$ROOT/scripts/mps.sh"
 if mps_start; then
-    if [ "$ONLY" = pipe ]; then
-        pipes mps
+    if [ "$ONLY" = pipe ] || [ "$ONLY" = pipek ]; then
+        if [ "$ONLY" = pipe ]; then pipes mps; else pipek; fi
         mps_stop "$OUT/mps-log"
         rm -f "$OUT/run.tmp"
         exit "$FAILED"
