@@ -372,8 +372,8 @@ impl Poller {
         Ok(())
     }
 
-    /// Makes every poll of this side give up (those running within about a thousand polls, those queued at once),
-    /// then waits until `deadline` for the stream to pass the marks: teardown, after which the side is not used.
+    /// Makes every poll of this side give up (running or queued, each within about a thousand polls), then waits
+    /// until `deadline` for the stream to pass the marks: teardown, after which the side is not used.
     fn abort_and_settle(&self, deadline: Instant) -> bool {
         self.status.memory().get()[ABORT_WORD].store(1, Ordering::Release);
         self.run_ahead.settle(deadline).is_ok()
