@@ -12,8 +12,8 @@
 //!   publishes 256-byte frames on a one-slot ring (`gpu-stream-ops` or `gpu-poll`); a helper process consumes them
 //!   with one persistent kernel (`gpu_ipc_persistent_verify`, launched once through `Consumer::launch_on_ring`),
 //!   which waits for each frame and releases it through the device API (`kernels/cuda/gpu_ipc_ring.cuh`: the
-//!   ring's device words when the publisher writes them, the control block's counters when it does not, as a
-//!   stream does). One iteration is one
+//!   ring's device words when the publisher writes them, as gpu-poll's release kernel and a persistent kernel do,
+//!   the control block's counters when it does not, as a gpu-stream-ops stream does). One iteration is one
 //!   round trip: this process's stream waits for the kernel's release of the previous frame, then publishes the
 //!   next; timed over the batch, ending with a stream sync. Under MPS only (without it the kernel and this
 //!   process's stream take turns on the GPU): it says NOT MEASURED otherwise. `<strategy>-both-persistent`: the
