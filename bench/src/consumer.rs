@@ -112,9 +112,12 @@ fn consumer_child(plan: ConsumerPlan, channel: &Channel) -> Result<(), ProbeErro
             gpu_ipc::dispatch_gpu(backend, OursConsumer { plan: &plan, stamps: &stamps })
                 .unwrap_or_else(|e| Err(e.into()))?
         }
+        RowSpec::Graphs { backend, .. } => gpu_ipc::dispatch_gpu(backend, super::graphs::GraphConsumer { plan: &plan })
+            .unwrap_or_else(|e| Err(e.into()))?,
         RowSpec::Study { design } => study_consumer(&plan, design, &setup, fds, &stamps, channel)?,
         RowSpec::SingleProcess
         | RowSpec::SingleProcessPipelined { .. }
+        | RowSpec::SingleProcessMemOps { .. }
         | RowSpec::Bandwidth
         | RowSpec::Memory { .. }
         | RowSpec::Imported { .. }
@@ -127,15 +130,16 @@ fn consumer_child(plan: ConsumerPlan, channel: &Channel) -> Result<(), ProbeErro
 }
 
 /// The GPU state every consumer sets up.
-struct ConsumerGpu {
-    ctx: Context,
-    kernels: PatternKernels,
-    stream: Stream,
-    mismatches: DeviceBuffer,
+pub(crate) struct ConsumerGpu {
+    pub(crate) ctx: Context,
+    pub(crate) kernels: PatternKernels,
+    pub(crate) stream: Stream,
+    /// The verify kernels' count of mismatched words.
+    pub(crate) mismatches: DeviceBuffer,
 }
 
 impl ConsumerGpu {
-    fn open(device: i32) -> Result<Self, ProbeError> {
+    pub(crate) fn open(device: i32) -> Result<Self, ProbeError> {
         let ctx = Context::for_ordinal(device)?;
         let kernels = PatternKernels::load(&ctx)?;
         let stream = Stream::new(&ctx)?;
@@ -144,7 +148,7 @@ impl ConsumerGpu {
         Ok(Self { ctx, kernels, stream, mismatches })
     }
 
-    fn mismatches(&self) -> Result<u64, ProbeError> {
+    pub(crate) fn mismatches(&self) -> Result<u64, ProbeError> {
         self.stream.synchronize()?;
         let mut count = [0u64];
         self.mismatches.read(0, &mut count)?;
@@ -221,18 +225,7 @@ impl GpuBackendVisitor for OursConsumer<'_> {
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let plan = self.plan;
         let gpu = ConsumerGpu::open(plan.device)?;
-        let socket = plan.socket.as_deref().ok_or_else(|| ProbeError::Missing("no rendezvous socket given"))?;
-        let options = AttachOptions { name: format!("bench-consumer-{}", plan.index), ..AttachOptions::default() };
-        let attach_deadline = Instant::now() + Duration::from_secs(60);
-        let mut consumer = loop {
-            match Consumer::<B>::attach(&gpu.ctx, socket, &options) {
-                Ok(c) => break c,
-                Err(FrameError::Wire(WireError::NoProducer { .. })) if Instant::now() < attach_deadline => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) => return Err(frame_error(e)),
-            }
-        };
+        let mut consumer = attach::<B>(&gpu.ctx, plan)?;
         let timeout = Duration::from_millis(plan.frame_timeout_ms);
         let mut clock = CompletionClock::new(&gpu.ctx, IN_FLIGHT)?;
         let mut window = Window::new(self.stamps, plan);
@@ -258,6 +251,22 @@ impl GpuBackendVisitor for OursConsumer<'_> {
         let report = window.report(mismatches);
         consumer.detach();
         Ok(report)
+    }
+}
+
+/// Attaches a consumer of the row's ring, retrying while the producer's socket is not there yet (at most 60 s).
+pub(crate) fn attach<B: GpuBackend>(ctx: &Context, plan: &ConsumerPlan) -> Result<Consumer<B>, ProbeError> {
+    let socket = plan.socket.as_deref().ok_or_else(|| ProbeError::Missing("no rendezvous socket given"))?;
+    let options = AttachOptions { name: format!("bench-consumer-{}", plan.index), ..AttachOptions::default() };
+    let attach_deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match Consumer::<B>::attach(ctx, socket, &options) {
+            Ok(c) => return Ok(c),
+            Err(FrameError::Wire(WireError::NoProducer { .. })) if Instant::now() < attach_deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(frame_error(e)),
+        }
     }
 }
 

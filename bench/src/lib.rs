@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
 pub mod consumer;
+pub mod graphs;
 pub mod memory;
 pub mod paced;
 pub mod render;
@@ -84,7 +85,8 @@ pub struct PipelineArgs {
     pub warmup: Option<u64>,
     /// Only the rows matching one of these filters (comma-separated; a filter matches a row whose name contains
     /// each of its `+`-separated parts, e.g. `study,vmm+gpu-stream-ops`; `paced` the rows paced at a frame rate,
-    /// `memory` the memory benchmarks, `kernel` the kernels alone; `--list` shows the names). The references
+    /// `graphs` the rows on frame graphs, `memory` the memory benchmarks, `kernel` the kernels alone; `--list`
+    /// shows the names). The references
     /// always run.
     #[arg(long, value_delimiter = ',', value_name = "FILTER")]
     pub rows: Vec<String>,

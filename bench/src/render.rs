@@ -59,6 +59,19 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
             pipelined.join(", ")
         );
     }
+    let memops: Vec<String> = results
+        .rows
+        .iter()
+        .filter_map(|r| match (r.spec, r.measured()) {
+            (RowSpec::SingleProcessMemOps { slots }, Some(m)) => {
+                Some(format!("{slots} buffers {:.0} FPS ({})", m.fps, ratio(m.ratio_to_single_process)))
+            }
+            _ => None,
+        })
+        .collect();
+    if !memops.is_empty() {
+        let _ = write!(answer, " Handed over by stream memory operations instead of events: {}.", memops.join(", "));
+    }
     if let Some(seed) = seed {
         let _ = write!(
             answer,
@@ -68,6 +81,9 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
         );
     }
     if let Some(line) = three_stage_words(results) {
+        let _ = write!(answer, " {line}");
+    }
+    if let Some(line) = graph_words(results) {
         let _ = write!(answer, " {line}");
     }
     for line in verdict_words(results) {
@@ -112,6 +128,37 @@ fn three_stage_words(results: &PipelineResults) -> Option<String> {
         let two = RowSpec::Ours { backend, strategy, slots, consumers: 1 };
         if let Some(t) = results.rows.iter().find(|r| r.spec == two).and_then(RowResult::measured) {
             let _ = write!(line, "; the two-process ring {} ran {}", two.name(), figures(t));
+        }
+    }
+    line.push('.');
+    Some(line)
+}
+
+/// The frame-graph rows' CPU per frame (producer, consumer: the most of any clean row) and the fastest of them
+/// beside the same ring driven call by call.
+fn graph_words(results: &PipelineResults) -> Option<String> {
+    let graphs: Vec<(&RowResult, &crate::results::Measurement)> = results
+        .rows
+        .iter()
+        .filter(|r| matches!(r.spec, RowSpec::Graphs { .. }))
+        .filter_map(|r| r.measured().filter(|m| m.mismatches == 0).map(|m| (r, m)))
+        .collect();
+    let (row, m) = graphs.iter().max_by(|a, b| a.1.fps.total_cmp(&b.1.fps))?;
+    let producer = graphs.iter().map(|(_, m)| m.producer_cpu_us_per_frame).fold(0.0, f64::max);
+    let consumer = graphs.iter().flat_map(|(_, m)| m.consumer_cpu_us_per_frame.iter().copied()).fold(0.0, f64::max);
+    let mut line = format!(
+        "On frame graphs ({} rows) the CPU spent at most {} us per frame in the producer and {} us in the consumer; \
+         the fastest, {}, ran {:.0} FPS",
+        graphs.len(),
+        number(producer),
+        number(consumer),
+        row.row,
+        m.fps
+    );
+    if let RowSpec::Graphs { backend, strategy, slots } = row.spec {
+        let calls = RowSpec::Ours { backend, strategy, slots, consumers: 1 };
+        if let Some(c) = results.rows.iter().find(|r| r.spec == calls).and_then(RowResult::measured) {
+            let _ = write!(line, " ({} call by call: {:.0} FPS)", calls.name(), c.fps);
         }
     }
     line.push('.');

@@ -249,6 +249,14 @@ pub enum RowSpec {
         /// Frame buffers.
         slots: u32,
     },
+    /// As [`RowSpec::SingleProcessPipelined`], each buffer handed over by stream memory operations instead of
+    /// events (`cuStreamWaitValue64` / `cuStreamWriteValue64` on two counters in registered host memory, as
+    /// `gpu-stream-ops` waits and publishes): what that handoff allows with no IPC at all, the floor of
+    /// `gpu-stream-ops` against the pipelined reference.
+    SingleProcessMemOps {
+        /// Frame buffers.
+        slots: u32,
+    },
     /// A device-to-device copy of a frame, repeated: the memory-bandwidth floor.
     Bandwidth,
     /// One of the study's designs.
@@ -306,6 +314,19 @@ pub enum RowSpec {
         /// Which copy.
         copy: ImportedCopy,
     },
+    /// As [`RowSpec::Ours`] with one consumer, both sides on frame graphs (`capture_frame_graphs`: one CUDA graph
+    /// per slot holding the ring's wait, the pattern kernel and the publish or release; a lap of the ring per
+    /// `cuGraphLaunch`): the CPU's cost per frame when no ring call is made per frame. Under MPS only (the graphs'
+    /// waits are kernels).
+    Graphs {
+        /// The backend.
+        backend: BackendKind,
+        /// The sync strategy: one whose waits the GPU does (`gpu-stream-ops`, `gpu-poll`).
+        #[serde(with = "strategy_name")]
+        strategy: SyncStrategy,
+        /// Ring slots.
+        slots: u32,
+    },
     /// One pattern kernel alone, back to back in one process.
     Kernel {
         /// Which.
@@ -320,6 +341,7 @@ impl RowSpec {
         match self {
             Self::SingleProcess => "single-process".to_owned(),
             Self::SingleProcessPipelined { slots } => format!("single-process-pipelined-s{slots}"),
+            Self::SingleProcessMemOps { slots } => format!("single-process-memops-s{slots}"),
             Self::Bandwidth => "bandwidth-floor".to_owned(),
             Self::Study { design } => design.name().to_owned(),
             Self::Ours { backend, strategy, slots, consumers } => {
@@ -333,6 +355,9 @@ impl RowSpec {
             }
             Self::Memory { test } => test.name().to_owned(),
             Self::Imported { backend, copy } => format!("memory-imported-{}-{}", backend.name(), copy.name()),
+            Self::Graphs { backend, strategy, slots } => {
+                format!("graphs-{}-{}-s{slots}", backend.name(), strategy.name())
+            }
             Self::Kernel { kernel } => kernel.name().to_owned(),
         }
     }
@@ -355,8 +380,26 @@ impl RowSpec {
 
     /// Whether this row is a reference (always run: the ratios need them).
     pub fn is_reference(&self) -> bool {
-        matches!(self, Self::SingleProcess | Self::SingleProcessPipelined { .. } | Self::Bandwidth)
+        matches!(
+            self,
+            Self::SingleProcess
+                | Self::SingleProcessPipelined { .. }
+                | Self::SingleProcessMemOps { .. }
+                | Self::Bandwidth
+        )
     }
+}
+
+/// Strategies of the frame-graph rows: those whose waits the GPU does.
+pub const GRAPH_STRATEGIES: [SyncStrategy; 2] = [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll];
+/// Ring depths of the frame-graph rows (a lap per launch: 4 and 8 frames per `cuGraphLaunch`).
+pub const GRAPH_SLOTS: [u32; 2] = [4, 8];
+
+/// Frames per `cuGraphLaunch` of a frame-graph row of `slots` slots measuring `frames` after `warmup`: a lap of the
+/// ring when both are whole laps (the warm-up ends between launches), else one.
+pub fn graph_lap(slots: u32, frames: u64, warmup: u64) -> u32 {
+    let lap = u64::from(slots.max(1));
+    if frames.is_multiple_of(lap) && warmup.is_multiple_of(lap) { slots.max(1) } else { 1 }
 }
 
 /// Buffers of the pipelined single-process references: the shallowest ring that overlaps a fill with a verify, and
@@ -377,11 +420,13 @@ pub fn paced_backend(backends: &[BackendKind]) -> Option<BackendKind> {
 
 /// Every row of a run, references first: the full grid, or with `quick` slots 1 and 4 and 4 consumers only at 4
 /// slots; then the three-stage rows (every backend and strategy at [`THREE_STAGE_SLOTS`] slots), the paced rows
-/// (every strategy at each of [`PACES`], [`paced_backend`], [`PACED_SLOTS`] slots, one consumer), the memory
-/// benchmarks (the imported-buffer copies for every backend) and the kernels alone, in both.
+/// (every strategy at each of [`PACES`], [`paced_backend`], [`PACED_SLOTS`] slots, one consumer), the frame-graph
+/// rows ([`GRAPH_STRATEGIES`] at [`GRAPH_SLOTS`], every backend), the memory benchmarks (the imported-buffer copies
+/// for every backend) and the kernels alone, in both.
 pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
     let mut rows = vec![RowSpec::SingleProcess];
     rows.extend(PIPELINED_SLOTS.iter().map(|&slots| RowSpec::SingleProcessPipelined { slots }));
+    rows.extend(PIPELINED_SLOTS.iter().map(|&slots| RowSpec::SingleProcessMemOps { slots }));
     rows.push(RowSpec::Bandwidth);
     rows.extend(KernelAlone::ALL.iter().map(|&kernel| RowSpec::Kernel { kernel }));
     rows.extend(StudyDesign::ALL.iter().map(|&design| RowSpec::Study { design }));
@@ -408,6 +453,11 @@ pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
             for strategy in SyncStrategy::ALL {
                 rows.push(RowSpec::Paced { backend, strategy, slots: PACED_SLOTS, fps });
             }
+        }
+    }
+    for &backend in backends {
+        for strategy in GRAPH_STRATEGIES {
+            rows.extend(GRAPH_SLOTS.iter().map(|&slots| RowSpec::Graphs { backend, strategy, slots }));
         }
     }
     rows.extend(MemoryTest::ALL.iter().map(|&test| RowSpec::Memory { test }));
@@ -470,228 +520,4 @@ pub fn select(rows: &[RowSpec], filters: &[String]) -> Vec<RowSpec> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    /// Rows besides ours and the three-stage ones: references, kernels alone, study designs, paced, memory.
-    fn others(backends: usize) -> usize {
-        4 + 2 + 6 + PACES.len() * 5 + MemoryTest::ALL.len() + backends * 3
-    }
-
-    #[test]
-    fn the_full_grid_and_the_quick_one() {
-        let backends = gpu_ipc::COMPILED_GPU;
-        let full = all_rows(backends, false);
-        let deep = backends.len() * 3 * DEEP_SLOTS.len();
-        assert_eq!(full.len(), others(backends.len()) + backends.len() * 5 * 6 * 2 + backends.len() * 5 + deep);
-        assert_eq!(full[0], RowSpec::SingleProcess);
-        assert_eq!(full[1], RowSpec::SingleProcessPipelined { slots: 2 });
-        assert_eq!(full[2].name(), "single-process-pipelined-s8");
-        assert_eq!(full[3], RowSpec::Bandwidth);
-        assert!(full[..4].iter().all(RowSpec::is_reference) && !full[4].is_reference());
-        // The kernels alone right after the references, then the study's designs, the basic one as it was first.
-        assert_eq!(full[4].name(), "kernel-fill-only");
-        assert_eq!(full[5].name(), "kernel-verify-only");
-        assert_eq!(full[6].name(), "study-a-pageable-shm-16ms");
-        assert_eq!(full[7].name(), "study-a-pageable-shm");
-        let quick = all_rows(backends, true);
-        assert_eq!(quick.len(), others(backends.len()) + backends.len() * 5 * 3 + backends.len() * 5);
-        let names: Vec<String> = quick.iter().map(RowSpec::name).collect();
-        let backend = backends[0].name();
-        assert!(names.contains(&format!("ours-{backend}-cpu-spin-s4-c4")));
-        assert!(!names.contains(&format!("ours-{backend}-cpu-spin-s1-c4")));
-        // Every three-stage and every paced row has its two-process row beside it in both grids.
-        for name in names.iter().filter(|n| n.starts_with("three-stage-")) {
-            let two = name.replace("three-stage-", "ours-") + "-c1";
-            assert!(names.contains(&two), "{name} without {two}");
-        }
-        let paced: Vec<&String> = names.iter().filter(|n| n.starts_with("paced-")).collect();
-        assert_eq!(paced.len(), 15);
-        for name in paced {
-            let rest = name.splitn(3, '-').nth(2).unwrap();
-            let two = format!("ours-{rest}-c1");
-            assert!(names.contains(&two), "{name} without {two}");
-        }
-        let mut unique = names.clone();
-        unique.sort();
-        unique.dedup();
-        assert_eq!(unique.len(), names.len(), "row names are unique");
-    }
-
-    #[test]
-    fn the_deep_rows_run_the_strategies_a_deeper_ring_helps_at_64_128_and_256_slots() {
-        let backend = gpu_ipc::COMPILED_GPU[0];
-        let names: Vec<String> = all_rows(&[backend], false).iter().map(RowSpec::name).collect();
-        let b = backend.name();
-        for slots in DEEP_SLOTS {
-            for strategy in ["ipc-event", "gpu-stream-ops", "gpu-poll"] {
-                assert!(names.contains(&format!("ours-{b}-{strategy}-s{slots}-c1")), "{strategy} at {slots}");
-            }
-            assert!(!names.contains(&format!("ours-{b}-cpu-spin-s{slots}-c1")), "cpu-spin at {slots}");
-        }
-        let quick: Vec<String> = all_rows(&[backend], true).iter().map(RowSpec::name).collect();
-        assert!(quick.iter().all(|n| !n.contains("-s256-")), "no deep row in the quick grid");
-        // `--slots`: the references and the study, then every strategy and consumer count at the given depths only.
-        let at = rows_at_slots(&[backend], &[200]);
-        let base = base_rows(&[backend]).len();
-        assert!(at[..base].iter().all(|r| r.is_reference() || matches!(r, RowSpec::Study { .. })), "{at:?}");
-        assert_eq!(at.len(), base + 5 * 2, "{at:?}");
-        assert!(at[base..].iter().all(|r| matches!(r, RowSpec::Ours { slots: 200, .. })));
-        assert_eq!(at[base].name(), format!("ours-{b}-cpu-spin-s200-c1"));
-    }
-
-    #[test]
-    fn the_paced_rows_use_one_backend_vmm_first() {
-        assert_eq!(paced_backend(&[BackendKind::Legacy, BackendKind::Vmm]), Some(BackendKind::Vmm));
-        assert_eq!(paced_backend(&[BackendKind::Legacy]), Some(BackendKind::Legacy));
-        assert_eq!(paced_backend(&[]), None);
-        let rows = all_rows(&[], false);
-        assert!(rows.iter().all(|r| !matches!(r, RowSpec::Paced { .. } | RowSpec::Imported { .. })));
-        let row =
-            RowSpec::Paced { backend: BackendKind::Vmm, strategy: SyncStrategy::GpuStreamOps, slots: 4, fps: 240 };
-        assert_eq!(row.name(), "paced-240-vmm-gpu-stream-ops-s4");
-        let json = serde_json::to_string(&row).unwrap();
-        assert_eq!(json, r#"{"kind":"paced","backend":"vmm","strategy":"gpu-stream-ops","slots":4,"fps":240}"#);
-        assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), row);
-    }
-
-    #[test]
-    fn budgets_per_row() {
-        let vmm = BackendKind::Vmm;
-        let paced = |fps| RowSpec::Paced { backend: vmm, strategy: SyncStrategy::CpuSpin, slots: 4, fps };
-        // At least 1,000 frames and 2 s, at most --frames.
-        assert_eq!(paced_frames(60, 2_000), 1_000);
-        assert_eq!(paced_frames(1_000, 2_000), 2_000);
-        assert_eq!(paced_frames(1_000, 5_000), 2_000);
-        assert_eq!(paced_frames(60, 300), 300);
-        assert_eq!(paced_frames(60, 0), 1);
-        assert_eq!(paced(240).budget(2_000, 200), (1_000, PACED_WARMUP));
-        assert_eq!(paced(1_000).budget(300, 30), (300, 10));
-        // The 16 ms design and what crosses PCIe measure fewer; everything else the run's own.
-        let study = |design| RowSpec::Study { design };
-        assert_eq!(study(StudyDesign::PageableShm16ms).budget(2_000, 200), (SLOW_STUDY_FRAMES, 10));
-        assert_eq!(study(StudyDesign::MappedZeroCopy).budget(2_000, 200), (PCIE_FRAMES, 50));
-        assert_eq!(study(StudyDesign::MappedZeroCopy).budget(300, 30), (300, 30));
-        assert_eq!(study(StudyDesign::LegacyIpcSpin).budget(2_000, 200), (2_000, 200));
-        assert_eq!(RowSpec::Memory { test: MemoryTest::PinnedHtoD }.budget(2_000, 200), (PCIE_FRAMES, 50));
-        assert_eq!(RowSpec::Memory { test: MemoryTest::LocalWithin }.budget(2_000, 200), (2_000, 200));
-        assert_eq!(RowSpec::Imported { backend: vmm, copy: ImportedCopy::To }.budget(2_000, 200), (2_000, 200));
-        assert_eq!(RowSpec::SingleProcess.budget(7, 3), (7, 3));
-    }
-
-    #[test]
-    fn the_new_rows_names_and_json() {
-        let names: Vec<String> = all_rows(&[BackendKind::Legacy, BackendKind::Vmm], false)
-            .iter()
-            .map(RowSpec::name)
-            .filter(|n| n.starts_with("memory-") || n.starts_with("kernel-") || n.contains("zero-copy"))
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "kernel-fill-only",
-                "kernel-verify-only",
-                "study-mapped-zero-copy",
-                "memory-pinned-htod",
-                "memory-pinned-dtoh",
-                "memory-mapped-kernel-write",
-                "memory-mapped-kernel-read",
-                "memory-local-within",
-                "memory-imported-legacy-to",
-                "memory-imported-legacy-from",
-                "memory-imported-legacy-within",
-                "memory-imported-vmm-to",
-                "memory-imported-vmm-from",
-                "memory-imported-vmm-within",
-            ]
-        );
-        for row in [
-            RowSpec::Memory { test: MemoryTest::MappedKernelRead },
-            RowSpec::Imported { backend: BackendKind::Legacy, copy: ImportedCopy::Within },
-            RowSpec::Kernel { kernel: KernelAlone::Verify },
-            RowSpec::Study { design: StudyDesign::PageableShm16ms },
-        ] {
-            let json = serde_json::to_string(&row).unwrap();
-            assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), row, "{json}");
-        }
-        assert_eq!(
-            serde_json::to_string(&RowSpec::Memory { test: MemoryTest::PinnedDtoH }).unwrap(),
-            r#"{"kind":"memory","test":"pinned-dtoh"}"#
-        );
-        assert!(StudyDesign::MappedZeroCopy.in_host_memory() && !StudyDesign::MappedZeroCopy.through_host());
-        assert!(StudyDesign::PageableShm16ms.through_host() && !StudyDesign::PageableShm16ms.pinned());
-        assert_eq!(StudyDesign::PageableShm16ms.poll_interval(), Some(std::time::Duration::from_millis(16)));
-    }
-
-    #[test]
-    fn names() {
-        let backend = gpu_ipc::COMPILED_GPU[0];
-        let row = RowSpec::Ours { backend, strategy: SyncStrategy::GpuStreamOps, slots: 16, consumers: 4 };
-        assert_eq!(row.name(), format!("ours-{}-gpu-stream-ops-s16-c4", backend.name()));
-        assert_eq!(RowSpec::Study { design: StudyDesign::LegacyIpcSpin }.name(), "study-d-ipc-spin");
-        assert_eq!(RowSpec::Bandwidth.name(), "bandwidth-floor");
-        let three = RowSpec::ThreeStage { backend, strategy: SyncStrategy::IpcEvent, slots: 4 };
-        assert_eq!(three.name(), format!("three-stage-{}-ipc-event-s4", backend.name()));
-        assert!(!three.is_reference());
-        let json = serde_json::to_string(&three).unwrap();
-        assert!(json.contains(r#""kind":"three-stage""#) && json.contains(r#""strategy":"ipc-event""#), "{json}");
-        assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), three);
-    }
-
-    #[test]
-    fn the_three_stage_rows_are_selected_alone_or_with_their_two_process_rows() {
-        let rows = all_rows(gpu_ipc::COMPILED_GPU, true);
-        let names = |filters: &[&str]| -> Vec<String> {
-            let filters: Vec<String> = filters.iter().map(|f| (*f).to_owned()).collect();
-            select(&rows, &filters).iter().map(RowSpec::name).collect()
-        };
-        let alone = names(&["three-stage"]);
-        assert_eq!(alone.len(), 4 + gpu_ipc::COMPILED_GPU.len() * 5, "{alone:?}");
-        let backend = gpu_ipc::COMPILED_GPU[0].name();
-        let mut pair = names(&[&format!("{backend}+gpu-stream-ops+s4")]);
-        pair.retain(|n| !n.starts_with("paced-"));
-        assert_eq!(
-            pair[4..],
-            [
-                format!("ours-{backend}-gpu-stream-ops-s4-c1"),
-                format!("ours-{backend}-gpu-stream-ops-s4-c4"),
-                format!("three-stage-{backend}-gpu-stream-ops-s4")
-            ]
-        );
-    }
-
-    #[test]
-    fn selection_keeps_references_and_matches_every_part() {
-        let rows = all_rows(gpu_ipc::COMPILED_GPU, false);
-        let backend = gpu_ipc::COMPILED_GPU[0].name();
-        let picked = select(&rows, &[format!("{backend}+gpu-stream-ops+-c4")]);
-        let names: Vec<String> = picked.iter().map(RowSpec::name).collect();
-        assert_eq!(names.len(), 4 + 6, "{names:?}");
-        assert_eq!(names[0], "single-process");
-        assert_eq!(names[3], "bandwidth-floor");
-        assert!(names[4..].iter().all(|n| n.contains("gpu-stream-ops") && n.ends_with("-c4")));
-        let study = select(&rows, &["study".to_owned(), "nothing-matches".to_owned()]);
-        assert_eq!(study.len(), 4 + 6);
-        let paced = select(&rows, &["paced-60-".to_owned()]);
-        assert_eq!(paced.len(), 4 + 5, "one pace, every strategy");
-        assert_eq!(select(&rows, &[]).len(), rows.len());
-    }
-
-    #[test]
-    fn strategies_map_to_the_api() {
-        for strategy in SyncStrategy::ALL {
-            assert_eq!(strategy.to_string(), strategy.name(), "one spelling everywhere");
-        }
-        assert!(publishes_on_gpu(SyncStrategy::GpuPoll));
-        assert!(publishes_on_gpu(SyncStrategy::IpcEvent));
-        assert!(!publishes_on_gpu(SyncStrategy::CpuSleep));
-        let ours = RowSpec::Ours { backend: BackendKind::Vmm, strategy: SyncStrategy::CpuSpin, slots: 2, consumers: 1 };
-        let json = serde_json::to_string(&ours).unwrap();
-        assert!(json.contains(r#""strategy":"cpu-spin""#), "{json}");
-        assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), ours);
-        let row = RowSpec::Study { design: StudyDesign::PinnedStaging };
-        let json = serde_json::to_string(&row).unwrap();
-        assert_eq!(json, r#"{"kind":"study","design":"pinned-staging"}"#);
-        assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), row);
-    }
-}
+mod tests;

@@ -102,6 +102,7 @@ pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
     let result = match spec {
         RowSpec::SingleProcess => single_process(gpu, cfg),
         RowSpec::SingleProcessPipelined { slots } => single_process_pipelined(gpu, cfg, slots),
+        RowSpec::SingleProcessMemOps { slots } => single_process_memops(gpu, cfg, slots),
         RowSpec::Bandwidth => bandwidth(gpu, cfg),
         RowSpec::Study { design } => super::study::study(gpu, cfg, spec, design),
         RowSpec::Ours { backend, strategy, slots, consumers } => {
@@ -120,6 +121,7 @@ pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
         RowSpec::Memory { test } => super::memory::memory(gpu, cfg, test),
         RowSpec::Imported { backend, copy } => super::memory::imported(gpu, cfg, backend, copy),
         RowSpec::Kernel { kernel } => super::memory::kernel_alone(gpu, cfg, kernel),
+        RowSpec::Graphs { backend, strategy, slots } => super::graphs::row(gpu, cfg, spec, backend, strategy, slots),
     };
     // Leave nothing of a failed row queued for the next one.
     if let Err(e) = wait_stream(&gpu.ctx, &gpu.stream, cfg.frame_timeout) {
@@ -207,6 +209,46 @@ fn single_process_pipelined(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Resu
     in_process(cfg, run, &counter, note)
 }
 
+/// As [`single_process_pipelined`], each buffer handed over by stream memory operations on two counters in
+/// registered host memory, as `gpu-stream-ops` waits and publishes: the fill of frame `seq` waits until the verify
+/// stream has released frame `seq - slots` (`released >= seq + 1 - slots`), then writes `published = seq + 1`;
+/// the verify waits for `published >= seq + 1`, then writes `released = seq + 1`.
+fn single_process_memops(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Result<Measurement, ProbeError> {
+    use gpu_ipc::core::driver::{HostRegistration, WaitCondition};
+    use gpu_ipc::core::sys::shm::SharedMemory;
+    const PUBLISHED: usize = 0;
+    const RELEASED: usize = 64;
+    let bytes = cfg.frame_bytes();
+    let depth = u64::from(slots.max(1));
+    let frames = (0..depth).map(|_| DeviceBuffer::alloc(&gpu.ctx, bytes)).collect::<Result<Vec<_>, _>>()?;
+    let words =
+        std::sync::Arc::new(SharedMemory::create("gpu-ipc-bench-memops", 128).map_err(ProbeError::SharedMemory)?);
+    let counters = HostRegistration::new(&gpu.ctx, words)?;
+    let counter = DeviceBuffer::alloc(&gpu.ctx, 8)?;
+    counter.write(0, &[0u64])?;
+    let verify_stream = Stream::new(&gpu.ctx)?;
+    let run = |from: u64, to: u64| -> Result<(), ProbeError> {
+        for seq in from..to {
+            let frame = frames[(seq % depth) as usize].span();
+            if seq >= depth {
+                counters.wait_value_u64(&gpu.stream, RELEASED, seq + 1 - depth, WaitCondition::AtLeast)?;
+            }
+            gpu.kernels.fill(&gpu.stream, frame, seq)?;
+            counters.write_value_u64(&gpu.stream, PUBLISHED, seq + 1)?;
+            counters.wait_value_u64(&verify_stream, PUBLISHED, seq + 1, WaitCondition::AtLeast)?;
+            gpu.kernels.verify(&verify_stream, frame, seq, counter.span())?;
+            counters.write_value_u64(&verify_stream, RELEASED, seq + 1)?;
+        }
+        wait_stream(&gpu.ctx, &gpu.stream, cfg.row_timeout)?;
+        wait_stream(&gpu.ctx, &verify_stream, cfg.row_timeout)
+    };
+    let note = format!(
+        "one process, {depth} frame buffers, fill on one stream and verify on another, handed over by stream memory \
+         operations on counters in registered host memory (as gpu-stream-ops): that handoff's own cost"
+    );
+    in_process(cfg, run, &counter, note)
+}
+
 /// A reference row run in this process: `run(from, to)` queues frames `from..to` and waits for them; the warm-up
 /// first, then the measured window, timed on the wall clock and this process's CPU clock; `counter` holds the
 /// verify kernels' mismatches.
@@ -273,7 +315,15 @@ fn bandwidth(gpu: &BenchGpu, cfg: &RunConfig) -> Result<Measurement, ProbeError>
 }
 
 /// A temporary rendezvous socket path for one row.
-fn socket_path() -> PathBuf {
+/// The geometry of the row's frames (RGB, 8 bits a channel) from `[width, height, bytes per pixel]`.
+pub(crate) fn frame_geometry(shape: [u32; 3]) -> Result<gpu_ipc::core::wire::FrameGeometry, ProbeError> {
+    use gpu_ipc::core::wire::{FrameGeometry, PixelFormat};
+    let [width, height, _] = shape;
+    FrameGeometry::new(width, height, PixelFormat::Rgb8).map_err(|e| ProbeError::Other(format!("frame geometry: {e}")))
+}
+
+/// A fresh rendezvous socket path for one row.
+pub(crate) fn socket_path() -> PathBuf {
     use std::sync::atomic::AtomicU64;
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -391,7 +441,7 @@ pub(crate) fn check_deadline(deadline: Instant, cfg: &RunConfig, seq: u64) -> Re
     Ok(())
 }
 
-fn frame_error(e: FrameError) -> ProbeError {
+pub(crate) fn frame_error(e: FrameError) -> ProbeError {
     match e {
         e @ FrameError::StrategyUnavailable { .. } => ProbeError::Unavailable(e.to_string()),
         e => ProbeError::Frames(e),
@@ -464,12 +514,9 @@ impl GpuBackendVisitor for OursProducer<'_> {
     type Output = Result<Measurement, ProbeError>;
 
     fn visit<B: GpuBackend>(self) -> Self::Output {
-        use gpu_ipc::core::wire::{FrameGeometry, PixelFormat};
         let (gpu, cfg) = (self.gpu, self.cfg);
         let deadline = Instant::now() + cfg.row_timeout;
-        let [width, height, _] = cfg.shape;
-        let geometry = FrameGeometry::new(width, height, PixelFormat::Rgb8)
-            .map_err(|e| ProbeError::Other(format!("frame geometry: {e}")))?;
+        let geometry = frame_geometry(cfg.shape)?;
         let socket = socket_path();
         let config = ProducerConfig::new(&socket, geometry, self.slots, self.strategy);
         // A stream of the row's own: a row that fails with GPU waits still queued cannot stall the next one.
@@ -543,7 +590,7 @@ impl GpuBackendVisitor for OursProducer<'_> {
 
 /// Admits `count` consumers, in short bounded waits between which it looks for a child that failed to start (it
 /// says why over its channel, or hangs up), so such a row fails at once instead of after the limit.
-fn wait_for_consumers<B: Backend>(
+pub(crate) fn wait_for_consumers<B: Backend>(
     producer: &mut Producer<B>,
     count: usize,
     children: &[ChildProcess],

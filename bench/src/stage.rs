@@ -10,7 +10,6 @@ use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{ProducerConfig, Stage, StageConfig, StageError, StageStep};
-use gpu_ipc::core::wire::{FrameGeometry, PixelFormat};
 use gpu_ipc::kernels::launch::PatternKernels;
 use serde::{Deserialize, Serialize};
 
@@ -74,9 +73,7 @@ impl GpuBackendVisitor for MiddleStage<'_> {
         let ctx = Context::for_ordinal(plan.device)?;
         let kernels = PatternKernels::load(&ctx)?;
         let stream = Stream::new(&ctx)?;
-        let [width, height, _] = plan.shape;
-        let geometry = FrameGeometry::new(width, height, PixelFormat::Rgb8)
-            .map_err(|e| ProbeError::Other(format!("frame geometry: {e}")))?;
+        let geometry = super::run::frame_geometry(plan.shape)?;
         let mut config =
             StageConfig::new(&plan.upstream, ProducerConfig::new(&plan.downstream, geometry, slots, strategy));
         config.attach.name = "bench-stage".into();

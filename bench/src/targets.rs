@@ -29,6 +29,8 @@ pub const BEST_MPS_RATIO: f64 = 0.90;
 pub const NO_MPS_OVER_SEED: f64 = 10.0;
 /// GPU-side strategies: CPU time per frame per process at full rate, microseconds.
 pub const GPU_SIDE_CPU_US: f64 = 5.0;
+/// Frame graphs: CPU time per frame per process at full rate, microseconds.
+pub const GRAPH_CPU_US: f64 = 4.0;
 /// A paced row keeps its pace when its producer's rate is at least this share of it.
 pub const PACE_HELD: f64 = 0.99;
 /// ipc-event and gpu-stream-ops, one consumer, against the same kernels pipelined in one process through as many
@@ -94,6 +96,7 @@ pub fn judge(no_mps: &PipelineResults, mps: &PipelineResults) -> Vec<Judged> {
         gpu_side_at_every_slot_count(mps),
         no_mps_over_seed(no_mps),
         gpu_side_cpu(mps),
+        graph_cpu(mps),
         over_pipelined(mps),
         paced_latency(no_mps, "without MPS"),
         paced_latency(mps, "with MPS"),
@@ -270,17 +273,98 @@ fn over_pipelined(mps: &PipelineResults) -> Judged {
     let (worst, best) = range(pairs.iter().map(|(_, ratio)| *ratio));
     let below: Vec<&str> =
         pairs.iter().filter(|(_, ratio)| *ratio < OVER_PIPELINED).map(|(row, _)| row.as_str()).collect();
-    Judged {
-        target,
-        measured: format!(
-            "{:.2}x-{:.2}x over {} rows{}",
-            worst,
-            best,
-            pairs.len(),
-            if below.is_empty() { String::new() } else { format!("; below: {}", below.join(", ")) }
-        ),
-        met: Some(below.is_empty()),
+    let mut measured = format!(
+        "{:.2}x-{:.2}x over {} rows{}",
+        worst,
+        best,
+        pairs.len(),
+        if below.is_empty() { String::new() } else { format!("; below: {}", below.join(", ")) }
+    );
+    if let Some(floor) = memops_floor(mps, &reference) {
+        let _ = write!(measured, "; {floor}");
     }
+    Judged { target, measured, met: Some(below.is_empty()) }
+}
+
+/// The handoff's own floor, measured in the same run: the same kernels in one process handed over by stream memory
+/// operations (`single-process-memops-sN`) against the event-handed reference at the same depth, and each clean
+/// one-consumer gpu-stream-ops row against that floor.
+fn memops_floor(mps: &PipelineResults, events: &dyn Fn(u32) -> Option<f64>) -> Option<String> {
+    let memops = |want: u32| {
+        clean(&mps.rows)
+            .find(|(r, _)| r.spec == RowSpec::SingleProcessMemOps { slots: want })
+            .map(|(_, m)| m.fps)
+            .filter(|fps| *fps > 0.0)
+    };
+    let floors: Vec<f64> = clean(&mps.rows)
+        .filter_map(|(r, _)| match r.spec {
+            RowSpec::SingleProcessMemOps { slots } => Some(memops(slots)? / events(slots)?),
+            _ => None,
+        })
+        .collect();
+    if floors.is_empty() {
+        return None;
+    }
+    let over_floor: Vec<f64> = clean(&mps.rows)
+        .filter_map(|(r, m)| match r.spec {
+            RowSpec::Ours { strategy: SyncStrategy::GpuStreamOps, slots, consumers: 1, .. } => {
+                Some(m.fps / memops(slots)?)
+            }
+            _ => None,
+        })
+        .collect();
+    let (lo, hi) = range(floors.into_iter());
+    let mut words = format!(
+        "the same kernels in one process handed over by stream memory operations instead of events reach \
+         {lo:.2}x-{hi:.2}x the reference (that handoff's floor, same run)"
+    );
+    if !over_floor.is_empty() {
+        let (lo, hi) = range(over_floor.into_iter());
+        let _ = write!(words, "; gpu-stream-ops is {lo:.2}x-{hi:.2}x that floor");
+    }
+    Some(words)
+}
+
+/// With MPS: the frame-graph rows' CPU time per frame, producer and consumer, each at most [`GRAPH_CPU_US`].
+fn graph_cpu(mps: &PipelineResults) -> Judged {
+    let target = format!(
+        "frame graphs: at most {GRAPH_CPU_US:.0} us of CPU per frame for the producer and the consumer (MPS, full rate)"
+    );
+    let rows: Vec<(&RowResult, &Measurement)> =
+        clean(&mps.rows).filter(|(r, _)| matches!(r.spec, RowSpec::Graphs { .. })).collect();
+    let failed: Vec<&str> = mps
+        .rows
+        .iter()
+        .filter(|r| matches!(r.spec, RowSpec::Graphs { .. }))
+        .filter(|r| !rows.iter().any(|(clean, _)| clean.row == r.row))
+        .map(|r| r.row.as_str())
+        .collect();
+    if rows.is_empty() {
+        let measured = if failed.is_empty() {
+            "no frame-graph row in the MPS run".to_owned()
+        } else {
+            format!("no clean frame-graph row (not clean: {})", failed.join(", "))
+        };
+        return Judged { target, measured, met: None };
+    }
+    let producer = range(rows.iter().map(|(_, m)| m.producer_cpu_us_per_frame));
+    let consumer = range(rows.iter().flat_map(|(_, m)| m.consumer_cpu_us_per_frame.iter().copied()));
+    let fps = range(rows.iter().map(|(_, m)| m.fps));
+    let mut measured = format!(
+        "producer {:.1}-{:.1} us, consumer {:.1}-{:.1} us over {} rows ({}-{} FPS)",
+        producer.0,
+        producer.1,
+        consumer.0,
+        consumer.1,
+        rows.len(),
+        number(fps.0),
+        number(fps.1)
+    );
+    if !failed.is_empty() {
+        let _ = write!(measured, "; not clean: {}", failed.join(", "));
+    }
+    let met = producer.1 <= GRAPH_CPU_US && consumer.1 <= GRAPH_CPU_US && failed.is_empty();
+    Judged { target, measured, met: Some(met) }
 }
 
 fn best_under_mps(mps: &PipelineResults) -> Judged {

@@ -122,7 +122,7 @@ fn no_mps_best_over_the_seed_and_the_cpu_cost_of_the_gpu_side_strategies() {
 fn the_table_says_which_targets_were_missed() {
     let table = markdown(&judge(&results(vec![]), &mps_run()));
     assert!(table.starts_with("| target | measured | met |"));
-    assert_eq!(table.lines().count(), 11);
+    assert_eq!(table.lines().count(), 12);
     assert!(table.contains("| **no** |"));
     assert!(table.contains("| not measured |"));
     assert!(table.contains("| without MPS: every strategy paced at 60, 240 and 1,000 FPS"), "{table}");
@@ -229,4 +229,48 @@ fn ipc_event_and_gpu_stream_ops_are_judged_against_the_pipelined_reference_of_th
     assert!(judged.measured.contains("below: ours-vmm-gpu-stream-ops-s2-c1"), "{}", judged.measured);
 
     assert_eq!(over_pipelined(&results(vec![pipelined(2, 50_000.0)])).met, None);
+
+    // The handoff's floor from the same run: the memory-operations reference over the event one, and the
+    // gpu-stream-ops rows over that floor; the target itself is still judged against the event reference.
+    let mut floor = slower;
+    floor.rows.push(row(RowSpec::SingleProcessMemOps { slots: 2 }, 40_000.0, 15.0));
+    let judged = over_pipelined(&floor);
+    assert_eq!(judged.met, Some(false));
+    assert!(
+        judged.measured.ends_with(
+            "stream memory operations instead of events reach 0.80x-0.80x the reference (that handoff's floor, \
+             same run); gpu-stream-ops is 1.00x-1.00x that floor"
+        ),
+        "{}",
+        judged.measured
+    );
+}
+
+#[test]
+fn frame_graphs_are_judged_on_both_sides_cpu_per_frame() {
+    let graphs =
+        |strategy, slots, fps, cpu| row(RowSpec::Graphs { backend: BackendKind::Vmm, strategy, slots }, fps, cpu);
+    // Producer 1.0 and 2.5 us, consumers 2.0 and 3.5 us: met.
+    let run = results(vec![
+        graphs(SyncStrategy::GpuStreamOps, 4, 40_000.0, 1.0),
+        graphs(SyncStrategy::GpuPoll, 8, 45_000.0, 2.5),
+    ]);
+    let j = graph_cpu(&run);
+    assert_eq!(j.met, Some(true), "{j:?}");
+    assert_eq!(j.measured, "producer 1.0-2.5 us, consumer 2.0-3.5 us over 2 rows (40000-45000 FPS)");
+    // One consumer above 4 us: missed.
+    let mut slow = run.clone();
+    slow.rows.push(graphs(SyncStrategy::GpuPoll, 4, 30_000.0, 3.5));
+    assert_eq!(graph_cpu(&slow).met, Some(false));
+    // A row that failed is named, and the target is not met.
+    let mut failed = run;
+    failed.rows.push(RowResult {
+        row: "graphs-vmm-gpu-poll-s4".into(),
+        spec: RowSpec::Graphs { backend: BackendKind::Vmm, strategy: SyncStrategy::GpuPoll, slots: 4 },
+        outcome: RowOutcome::Failed { reason: "hung".into() },
+    });
+    let j = graph_cpu(&failed);
+    assert_eq!(j.met, Some(false));
+    assert!(j.measured.ends_with("; not clean: graphs-vmm-gpu-poll-s4"), "{}", j.measured);
+    assert_eq!(graph_cpu(&results(vec![])).met, None);
 }
