@@ -402,9 +402,10 @@ pub fn graph_lap(slots: u32, frames: u64, warmup: u64) -> u32 {
     if frames.is_multiple_of(lap) && warmup.is_multiple_of(lap) { slots.max(1) } else { 1 }
 }
 
-/// Buffers of the pipelined single-process references: the shallowest ring that overlaps a fill with a verify, and
-/// the depth where the frame API's best rows are.
-pub const PIPELINED_SLOTS: [u32; 2] = [2, 8];
+/// Buffers of the pipelined single-process references (by events and by stream memory operations): the shallowest
+/// ring that overlaps a fill with a verify, the depth of the paced, three-stage and frame-graph rows, and the depth
+/// where the frame API's best rows are.
+pub const PIPELINED_SLOTS: [u32; 3] = [2, 4, 8];
 
 /// Frames a row paced at `fps` measures: at least [`PACED_MIN_FRAMES`] and [`PACED_MIN_SECONDS`] of frames, at
 /// most `frames` (the run's `--frames`).

@@ -4,7 +4,7 @@ use super::*;
 
 /// References in every run: the single-process limit, the pipelined ones handed over by events and by stream memory
 /// operations, the bandwidth floor.
-const REFERENCES: usize = 6;
+const REFERENCES: usize = 8;
 
 /// Rows besides ours and the three-stage ones: references, kernels alone, study designs, paced, frame graphs,
 /// memory.
@@ -26,16 +26,16 @@ fn the_full_grid_and_the_quick_one() {
     assert_eq!(full.len(), others(backends.len()) + backends.len() * 5 * 6 * 2 + backends.len() * 5 + deep);
     assert_eq!(full[0], RowSpec::SingleProcess);
     assert_eq!(full[1], RowSpec::SingleProcessPipelined { slots: 2 });
-    assert_eq!(full[2].name(), "single-process-pipelined-s8");
-    assert_eq!(full[3], RowSpec::SingleProcessMemOps { slots: 2 });
-    assert_eq!(full[4].name(), "single-process-memops-s8");
-    assert_eq!(full[5], RowSpec::Bandwidth);
+    assert_eq!(full[3].name(), "single-process-pipelined-s8");
+    assert_eq!(full[4], RowSpec::SingleProcessMemOps { slots: 2 });
+    assert_eq!(full[6].name(), "single-process-memops-s8");
+    assert_eq!(full[7], RowSpec::Bandwidth);
     assert!(full[..REFERENCES].iter().all(RowSpec::is_reference) && !full[REFERENCES].is_reference());
     // The kernels alone right after the references, then the study's designs, the basic one as it was first.
-    assert_eq!(full[6].name(), "kernel-fill-only");
-    assert_eq!(full[7].name(), "kernel-verify-only");
-    assert_eq!(full[8].name(), "study-a-pageable-shm-16ms");
-    assert_eq!(full[9].name(), "study-a-pageable-shm");
+    assert_eq!(full[8].name(), "kernel-fill-only");
+    assert_eq!(full[9].name(), "kernel-verify-only");
+    assert_eq!(full[10].name(), "study-a-pageable-shm-16ms");
+    assert_eq!(full[11].name(), "study-a-pageable-shm");
     let quick = all_rows(backends, true);
     assert_eq!(quick.len(), others(backends.len()) + backends.len() * 5 * 3 + backends.len() * 5);
     let names: Vec<String> = quick.iter().map(RowSpec::name).collect();

@@ -217,7 +217,7 @@ fn ipc_event_and_gpu_stream_ops_are_judged_against_the_pipelined_reference_of_th
         ours(SyncStrategy::IpcEvent, 2, 48_000.0, 20.0),
         ours(SyncStrategy::GpuStreamOps, 8, 38_500.0, 5.0),
         ours(SyncStrategy::CpuSpin, 2, 10_000.0, 30.0), // not judged: a CPU strategy
-        ours(SyncStrategy::IpcEvent, 4, 1_000.0, 20.0), // not judged: no reference at 4 buffers
+        ours(SyncStrategy::IpcEvent, 16, 1_000.0, 20.0), // not judged: no reference at 16 buffers
     ]);
     let judged = over_pipelined(&run);
     assert_eq!(judged.met, Some(true), "{}", judged.measured);
@@ -241,6 +241,19 @@ fn ipc_event_and_gpu_stream_ops_are_judged_against_the_pipelined_reference_of_th
             "stream memory operations instead of events reach 0.80x-0.80x the reference (that handoff's floor, \
              same run); gpu-stream-ops is 1.00x-1.00x that floor"
         ),
+        "{}",
+        judged.measured
+    );
+    // The frame-graph rows against the same references, in words only.
+    floor.rows.push(row(
+        RowSpec::Graphs { backend: BackendKind::Vmm, strategy: SyncStrategy::GpuPoll, slots: 2 },
+        48_000.0,
+        1.0,
+    ));
+    let judged = over_pipelined(&floor);
+    assert_eq!(judged.met, Some(false));
+    assert!(
+        judged.measured.ends_with("; the same rings on frame graphs (both sides' waits in kernels): 0.96x-0.96x"),
         "{}",
         judged.measured
     );

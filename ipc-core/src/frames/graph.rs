@@ -27,6 +27,43 @@ const STATE_BYTES: u64 = 32;
 /// slack) woke it several times per frame of 4K.
 const MIN_NAP: Duration = Duration::from_micros(20);
 const MAX_NAP: Duration = Duration::from_millis(1);
+/// A reading of the progress word older than this says nothing of the GPU's pace now (the application was away,
+/// and the GPU may have waited for it): the measure starts again from the next reading.
+const STALE_READING: Duration = Duration::from_millis(4);
+
+/// The GPU's pace through a side's frame graphs, as the naps see it: nanoseconds per frame between two readings of
+/// the progress word at which it had moved. A reading at which it had not moved keeps the older one: measuring
+/// from it would time only the last nap, so that naps shorter than a frame would measure the pace as the nap's
+/// own length and stay that short (the CPU then wakes several times per frame: 5.3-5.5 us of CPU per frame on
+/// both sides of one frame-graph row of the bench where the others spent 0.8-1.9 us).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Pace {
+    /// The progress word and when it was read, at the last reading at which it had moved.
+    since: Option<(u64, Instant)>,
+    /// Nanoseconds per frame between the last two such readings (0: not known yet).
+    frame_ns: u64,
+}
+
+impl Pace {
+    /// Takes a reading of the progress word.
+    fn observe(&mut self, progress: u64, now: Instant) {
+        match self.since {
+            Some((before, at)) if now.saturating_duration_since(at) <= STALE_READING => {
+                if progress > before {
+                    let ns = u64::try_from(now.saturating_duration_since(at).as_nanos()).unwrap_or(u64::MAX);
+                    self.frame_ns = ns / (progress - before);
+                    self.since = Some((progress, now));
+                }
+            }
+            _ => self.since = Some((progress, now)),
+        }
+    }
+
+    /// How long to nap for `frames` frames at this pace, within [`MIN_NAP`, `MAX_NAP`].
+    fn nap(&self, frames: u64) -> Duration {
+        Duration::from_nanos(self.frame_ns.saturating_mul(frames)).clamp(MIN_NAP, MAX_NAP)
+    }
+}
 
 /// How frame graphs are captured ([`crate::frames::Consumer::capture_frame_graphs`],
 /// [`crate::frames::Producer::capture_frame_graphs`]).
@@ -91,10 +128,8 @@ pub struct FrameGraphs {
     per_frame: Duration,
     /// Frames each graph holds.
     frames_per_launch: u64,
-    /// The GPU's pace, as the naps saw it: the progress word and when it was read.
-    pace: Option<(u64, Instant)>,
-    /// Nanoseconds per frame, from the last two readings.
-    frame_ns: u64,
+    /// The GPU's pace, as the naps saw it.
+    pace: Pace,
 }
 
 impl std::fmt::Debug for FrameGraphs {
@@ -199,8 +234,7 @@ pub(super) fn capture<'a>(
         depth: depth.max(2 * u64::from(frames_per_launch)),
         per_frame,
         frames_per_launch: u64::from(frames_per_launch),
-        pace: None,
-        frame_ns: 0,
+        pace: Pace::default(),
     })
 }
 
@@ -250,16 +284,9 @@ pub(super) fn launch(
             });
         }
         let progress = port.progress();
-        let now = Instant::now();
-        if let Some((before, at)) = graphs.pace
-            && progress > before
-        {
-            let ns = u64::try_from(now.duration_since(at).as_nanos()).unwrap_or(u64::MAX);
-            graphs.frame_ns = ns / (progress - before);
-        }
-        graphs.pace = Some((progress, now));
+        graphs.pace.observe(progress, Instant::now());
         let frames = (seq + 1).saturating_sub(bound).saturating_sub(progress).max(1);
-        std::thread::sleep(Duration::from_nanos(graphs.frame_ns.saturating_mul(frames)).clamp(MIN_NAP, MAX_NAP));
+        std::thread::sleep(graphs.pace.nap(frames));
     }
     let slot = (seq % graphs.graphs.len() as u64) as usize;
     graphs.graphs[slot].launch(stream)?;
@@ -269,4 +296,38 @@ pub(super) fn launch(
     port.record(stream)?;
     graphs.next = Some(seq + graphs.frames_per_launch);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pace_is_measured_between_readings_at_which_the_progress_moved() {
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        let mut pace = Pace::default();
+        assert_eq!(pace.nap(4), MIN_NAP, "not known yet: the shortest nap");
+        pace.observe(100, at(0));
+        // Frames of 20 us, read every 5 us: the readings at which nothing moved do not shorten the measure.
+        for reading in 1..=3 {
+            pace.observe(100, at(5 * reading));
+            assert_eq!(pace.frame_ns, 0);
+        }
+        pace.observe(101, at(20));
+        assert_eq!(pace.frame_ns, 20_000);
+        pace.observe(101, at(25));
+        pace.observe(101, at(35));
+        pace.observe(102, at(40));
+        assert_eq!(pace.frame_ns, 20_000, "measured from the reading at 20 us, not from the one at 35 us");
+        pace.observe(106, at(120));
+        assert_eq!(pace.frame_ns, 20_000);
+        assert_eq!(pace.nap(4), Duration::from_micros(80));
+        assert_eq!(pace.nap(1_000), MAX_NAP);
+        // A reading long after the last says nothing of the pace: the measure starts again from it.
+        pace.observe(200, at(120 + 10_000));
+        assert_eq!(pace.frame_ns, 20_000);
+        pace.observe(202, at(120 + 10_060));
+        assert_eq!(pace.frame_ns, 30_000);
+    }
 }
