@@ -20,7 +20,7 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
     let best = results
         .rows
         .iter()
-        .filter(|r| matches!(r.spec, RowSpec::Ours { .. }))
+        .filter(|r| matches!(r.spec, RowSpec::Ours { .. } | RowSpec::Graphs { .. }))
         .filter(clean)
         .filter_map(|r| r.measured().map(|m| (r, m)))
         .max_by(|a, b| a.1.fps.total_cmp(&b.1.fps));

@@ -60,6 +60,15 @@ fn best_with_mps_is_judged_against_the_single_process_limit_of_its_run() {
     let j = best_under_mps(&slow);
     assert_eq!(j.met, Some(false));
     assert!(j.measured.starts_with("0.57x"), "{}", j.measured);
+    // A frame-graph row is a configuration of ours too.
+    slow.rows.push(row(
+        RowSpec::Graphs { backend: BackendKind::Vmm, strategy: SyncStrategy::GpuPoll, slots: 8 },
+        55_000.0,
+        1.0,
+    ));
+    let j = best_under_mps(&slow);
+    assert_eq!(j.met, Some(true));
+    assert!(j.measured.starts_with("0.92x (graphs-vmm-gpu-poll-s8"), "{}", j.measured);
 }
 
 #[test]
