@@ -46,18 +46,27 @@ fn list_names_the_selected_rows_without_a_gpu() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<&str> = text.lines().collect();
-    let references =
-        ["single-process", "single-process-pipelined-s2", "single-process-pipelined-s8", "bandwidth-floor"];
-    assert_eq!(rows[..4], references, "{text}");
-    assert_eq!(rows[4], "study-d-ipc-spin", "{text}");
-    assert!(rows[5..].iter().all(|r| r.starts_with("ours-") && r.ends_with("gpu-stream-ops-s32-c4")), "{text}");
-    assert!(rows.len() > 5, "{text}");
+    let references = [
+        "single-process",
+        "single-process-pipelined-s2",
+        "single-process-pipelined-s4",
+        "single-process-pipelined-s8",
+        "single-process-memops-s2",
+        "single-process-memops-s4",
+        "single-process-memops-s8",
+        "bandwidth-floor",
+    ];
+    let n = references.len();
+    assert_eq!(rows[..n], references, "{text}");
+    assert_eq!(rows[n], "study-d-ipc-spin", "{text}");
+    assert!(rows[n + 1..].iter().all(|r| r.starts_with("ours-") && r.ends_with("gpu-stream-ops-s32-c4")), "{text}");
+    assert!(rows.len() > n + 1, "{text}");
 
     // The three-stage rows alone, or beside the two-process rows of the same depth (what docs/pipelines.md runs).
     let out = gpu_ipc(&["bench", "pipeline", "--list", "--quick", "--rows", "three-stage,-s4-c1", "--backend", "vmm"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<&str> = text.lines().skip(4).collect();
+    let rows: Vec<&str> = text.lines().skip(n).collect();
     for strategy in ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops", "gpu-poll"] {
         assert!(rows.contains(&format!("ours-vmm-{strategy}-s4-c1").as_str()), "{text}");
         assert!(rows.contains(&format!("three-stage-vmm-{strategy}-s4").as_str()), "{text}");
@@ -92,7 +101,7 @@ fn a_short_run_of_every_kind_of_row_reads_the_right_data() {
     assert_eq!(json["probe"], "bench-pipeline");
     assert_eq!(json["results"]["frame_bytes"], 24_883_200);
     let rows = json["results"]["rows"].as_array().unwrap_or_else(|| panic!("rows: {json}"));
-    assert!(rows.len() > 4 + 4 + 4, "references, study designs and at least one backend: {json}");
+    assert!(rows.len() > 8 + 4 + 4, "references, study designs and at least one backend: {json}");
     assert!(rows.iter().any(|r| r["row"] == "single-process-pipelined-s8"), "{json}");
     for row in rows {
         let name = &row["row"];
@@ -109,8 +118,9 @@ fn a_short_run_of_every_kind_of_row_reads_the_right_data() {
         let ratio = outcome["ratio_to_single_process"].as_f64().unwrap_or(-1.0);
         assert!(ratio > 0.0 && ratio < 10.0, "{name}: {outcome}");
         // The references run in the bench process alone: no consumer, no latency.
-        let reference =
-            ["single-process", "single-process-pipelined", "bandwidth"].iter().any(|k| row["spec"]["kind"] == *k);
+        let reference = ["single-process", "single-process-pipelined", "single-process-mem-ops", "bandwidth"]
+            .iter()
+            .any(|k| row["spec"]["kind"] == *k);
         if !reference {
             let consumers = outcome["consumer_cpu_us_per_frame"].as_array().map_or(0, Vec::len) as u64;
             assert_eq!(outcome["latency"]["count"], 100 * consumers, "{name}: {outcome}");
