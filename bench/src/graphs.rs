@@ -19,8 +19,8 @@ use super::consumer::{ConsumerGpu, ConsumerPlan, Setup, attach};
 use super::results::{ConsumerReport, Measurement};
 use super::rows::{RowSpec, graph_lap};
 use super::run::{
-    BenchGpu, RunConfig, base_plan, check_deadline, collect_reports, frame_error, frame_geometry, measurement,
-    socket_path, spawn_consumers, wait_for_consumers, wait_stream, with_consumer_failures,
+    BenchGpu, RunConfig, base_plan, check_deadline, collect_reports, failed_row, frame_error, frame_geometry,
+    measurement, socket_path, spawn_consumers, wait_for_consumers, wait_stream,
 };
 use super::shared::{PublishStamps, cpu_ns};
 use harness::ProbeError;
@@ -102,14 +102,7 @@ impl GpuBackendVisitor for GraphProducer<'_> {
         })();
         let (seconds, cpu) = match produced {
             Ok(done) => done,
-            Err(e) => {
-                let e = with_consumer_failures(e, &children);
-                drop(children);
-                if let Err(stuck) = wait_stream(gpu.context(), &stream, cfg.frame_timeout) {
-                    tracing::warn!(%stuck, "the failed row's stream did not drain");
-                }
-                return Err(e);
-            }
+            Err(e) => return Err(failed_row(e, children, gpu.context(), &stream, cfg.frame_timeout)),
         };
         let reports = collect_reports(&mut children)?;
         let notes = vec![format!(

@@ -42,35 +42,27 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
         }
         (None, _) => "None of our rows ran cleanly.".to_owned(),
     };
-    let pipelined: Vec<String> = results
-        .rows
-        .iter()
-        .filter_map(|r| match (r.spec, r.measured()) {
-            (RowSpec::SingleProcessPipelined { slots }, Some(m)) => {
-                Some(format!("{slots} buffers {:.0} FPS ({})", m.fps, ratio(m.ratio_to_single_process)))
-            }
-            _ => None,
-        })
-        .collect();
-    if !pipelined.is_empty() {
-        let _ = write!(
-            answer,
-            " The same kernels in one process, the next fill overlapping the current verify: {}.",
-            pipelined.join(", ")
-        );
-    }
-    let memops: Vec<String> = results
-        .rows
-        .iter()
-        .filter_map(|r| match (r.spec, r.measured()) {
-            (RowSpec::SingleProcessMemOps { slots }, Some(m)) => {
-                Some(format!("{slots} buffers {:.0} FPS ({})", m.fps, ratio(m.ratio_to_single_process)))
-            }
-            _ => None,
-        })
-        .collect();
-    if !memops.is_empty() {
-        let _ = write!(answer, " Handed over by stream memory operations instead of events: {}.", memops.join(", "));
+    // The in-process references of each depth: handed over by events, then by stream memory operations.
+    let depths = |by_events: bool| -> Vec<String> {
+        results
+            .rows
+            .iter()
+            .filter_map(|r| match (r.spec, r.measured()) {
+                (RowSpec::SingleProcessPipelined { slots }, Some(m)) if by_events => Some((slots, m)),
+                (RowSpec::SingleProcessMemOps { slots }, Some(m)) if !by_events => Some((slots, m)),
+                _ => None,
+            })
+            .map(|(slots, m)| format!("{slots} buffers {:.0} FPS ({})", m.fps, ratio(m.ratio_to_single_process)))
+            .collect()
+    };
+    for (by_events, words) in [
+        (true, "The same kernels in one process, the next fill overlapping the current verify"),
+        (false, "Handed over by stream memory operations instead of events"),
+    ] {
+        let figures = depths(by_events);
+        if !figures.is_empty() {
+            let _ = write!(answer, " {words}: {}.", figures.join(", "));
+        }
     }
     if let Some(seed) = seed {
         let _ = write!(
@@ -421,6 +413,43 @@ mod tests {
             v.answer.contains("the next fill overlapping the current verify: 2 buffers 48000 FPS (0.75x), 8 buffers 45000 FPS (0.70x)."),
             "{}",
             v.answer
+        );
+        assert!(!v.answer.contains("stream memory operations"), "{}", v.answer);
+        results.rows.insert(3, row(RowSpec::SingleProcessMemOps { slots: 8 }, measured(38_400.0, None, 0)));
+        results.fill_ratios();
+        let v = verdict(&results);
+        assert!(
+            v.answer
+                .contains("Handed over by stream memory operations instead of events: 8 buffers 38400 FPS (0.60x)."),
+            "{}",
+            v.answer
+        );
+    }
+
+    #[test]
+    fn the_verdict_gives_the_frame_graphs_cpu_and_their_rate_beside_the_same_ring_call_by_call() {
+        let mut results = recorded();
+        assert!(graph_words(&results).is_none(), "no graph row: nothing said");
+        let backend = gpu_ipc::COMPILED_GPU[0];
+        let graphs = |slots, fps, cpu| {
+            let mut outcome = measured(fps, None, 0);
+            if let RowOutcome::Measured(m) = &mut outcome {
+                m.producer_cpu_us_per_frame = cpu;
+                m.consumer_cpu_us_per_frame = vec![cpu + 0.5];
+            }
+            row(RowSpec::Graphs { backend, strategy: SyncStrategy::GpuStreamOps, slots }, outcome)
+        };
+        results.rows.push(graphs(4, 47_000.0, 1.4));
+        results.rows.push(graphs(8, 48_000.0, 0.7));
+        let line = graph_words(&results).unwrap();
+        let b = backend.name();
+        assert_eq!(
+            line,
+            format!(
+                "On frame graphs (2 rows) the CPU spent at most 1.40 us per frame in the producer and 1.90 us in the \
+                 consumer; the fastest, graphs-{b}-gpu-stream-ops-s8, ran 48000 FPS (ours-{b}-gpu-stream-ops-s8-c1 \
+                 call by call: 56000 FPS)."
+            )
         );
     }
 

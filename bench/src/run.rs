@@ -372,8 +372,26 @@ fn recv_report(child: &ChildProcess, timeout: Duration) -> Result<ConsumerReport
     }
 }
 
+/// A row whose producer side failed: `e` with what its consumers said; the children are killed (dropped) and the
+/// row's stream given `timeout` to drain (killed consumers are noticed by the producer's watchdog, which releases
+/// the stream's waits).
+pub(crate) fn failed_row(
+    e: ProbeError,
+    children: Vec<ChildProcess>,
+    ctx: &Context,
+    stream: &Stream,
+    timeout: Duration,
+) -> ProbeError {
+    let e = with_consumer_failures(e, &children);
+    drop(children);
+    if let Err(stuck) = wait_stream(ctx, stream, timeout) {
+        tracing::warn!(%stuck, "the failed row's stream did not drain");
+    }
+    e
+}
+
 /// After the producer side failed: what the consumers said, if any said something within a moment.
-pub(crate) fn with_consumer_failures(error: ProbeError, children: &[ChildProcess]) -> ProbeError {
+fn with_consumer_failures(error: ProbeError, children: &[ChildProcess]) -> ProbeError {
     let said: Vec<String> = children
         .iter()
         .enumerate()
@@ -554,15 +572,7 @@ impl GpuBackendVisitor for OursProducer<'_> {
         })();
         let (seconds, cpu) = match produced {
             Ok(done) => done,
-            Err(e) => {
-                let e = with_consumer_failures(e, &children);
-                // Killed consumers are noticed by the producer's watchdog, which releases the stream's waits.
-                drop(children);
-                if let Err(stuck) = wait_stream(&gpu.ctx, &stream, cfg.frame_timeout) {
-                    tracing::warn!(%stuck, "the failed row's stream did not drain");
-                }
-                return Err(e);
-            }
+            Err(e) => return Err(failed_row(e, children, &gpu.ctx, &stream, cfg.frame_timeout)),
         };
         let reports = collect_reports(&mut children)?;
         let mut notes = Vec::new();

@@ -16,8 +16,8 @@ use super::consumer::{ConsumerMessage, Setup};
 use super::results::Measurement;
 use super::rows::{RowSpec, StudyDesign};
 use super::run::{
-    BenchGpu, RunConfig, SETUP_TIMEOUT, base_plan, check_deadline, collect_reports, measurement, recv_message,
-    spawn_consumers, wait_stream, with_consumer_failures,
+    BenchGpu, RunConfig, SETUP_TIMEOUT, base_plan, check_deadline, collect_reports, failed_row, measurement,
+    recv_message, spawn_consumers,
 };
 use super::shared::{PublishStamps, StudyFlags, cpu_ns, flag, monotonic_ns};
 use harness::ProbeError;
@@ -148,12 +148,7 @@ pub(crate) fn study(
         Ok(done) => done,
         Err(e) => {
             flags.abort();
-            let e = with_consumer_failures(e, &children);
-            drop(children);
-            if let Err(stuck) = wait_stream(gpu.context(), &stream, cfg.frame_timeout) {
-                tracing::warn!(%stuck, "the failed row's stream did not drain");
-            }
-            return Err(e);
+            return Err(failed_row(e, children, gpu.context(), &stream, cfg.frame_timeout));
         }
     };
     let reports = collect_reports(&mut children)?;
