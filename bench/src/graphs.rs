@@ -48,7 +48,9 @@ fn kernel_error(e: KernelError) -> FrameError {
     FrameError::Config(e.to_string())
 }
 
-/// How long the last graphs launched may take to finish: a frame each for the run-ahead's depth, doubled.
+/// How long the last graphs launched may take to finish: twice one step's bound. A step that gives up raises the
+/// abort word, and every step queued behind it then returns at once, so the graphs in flight end within one bound
+/// of the first give-up.
 fn finish_bound(per_frame: Duration) -> Duration {
     per_frame * 2
 }
