@@ -318,7 +318,8 @@ impl Consumer {
     /// The next frame. CPU strategies return when it is published; GPU-side ones queue the wait on ``stream``.
     ///
     /// Raises ``EndOfStream`` after the last frame of a closed ring, ``ProducerGone`` when the producer died,
-    /// ``Evicted``, ``Timeout``.
+    /// ``Evicted``, ``Timeout``. Ctrl-C during the wait raises ``KeyboardInterrupt`` (within about 50 ms; gpu-poll:
+    /// when the wait returns); a frame found as it came is given back unread, never returned.
     #[pyo3(signature = (timeout=1.0, stream=None))]
     fn next_frame(slf: &Bound<'_, Self>, timeout: f64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Frame> {
         let raw = stream_handle(stream)?;
@@ -365,7 +366,9 @@ impl Consumer {
         }
     }
 
-    /// Leaves the ring cleanly and tells the producer. Frames held become invalid. Idempotent.
+    /// Leaves the ring cleanly and tells the producer. Frames held become invalid. Idempotent. With a GPU-side
+    /// strategy it waits at most 0.2 s (none after Ctrl-C) for the stream to pass the waits queued on the ring;
+    /// a stream a quiet producer still holds is left to a background thread to finish the teardown.
     fn detach(&self, py: Python<'_>) -> PyResult<()> {
         match self.take_end(py)? {
             Some(end) => self.tear_down(Some(py), end, true),
