@@ -12,8 +12,9 @@ use gpu_ipc::core::wire::{SyncStrategy, WireError};
 use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
+use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyTuple, PyType};
 
 use crate::each_backend;
 use crate::errors::{ClosedError, EndOfStream, ForeignToken, ReleasedError, to_py};
@@ -137,10 +138,11 @@ impl Consumer {
     /// Tears the core's end down (`detach`: saying `Detach` to the producer). A GPU-side strategy's teardown waits
     /// (up to `AttachOptions::gpu_timeout`, 10 s) for the stream to pass the waits it queued on the ring, which a
     /// quiet producer may never satisfy: it runs on a thread of its own, and the caller waits for it at most
-    /// [`TEARDOWN_WAIT`] (not at all after Ctrl-C, or from `Drop`), so that neither `close()`, the end of a `with`
-    /// block, nor the process's exit blocks on the GPU. A process that exits meanwhile leaves the ring as a killed
-    /// one does: the producer sees the hang-up and counts the consumer gone.
-    fn tear_down(&self, py: Option<Python<'_>>, end: End, detach: bool) -> PyResult<()> {
+    /// `wait` (`None`: not at all: from `Drop`, or leaving a `with` block on Ctrl-C; nor once Ctrl-C was seen in
+    /// one of the package's waits), so that neither `close()`, the end of a `with` block, nor the process's exit
+    /// blocks on the GPU. A process that exits meanwhile leaves the ring as a killed one does: the producer sees the
+    /// hang-up and counts the consumer gone.
+    fn tear_down(&self, py: Option<Python<'_>>, end: End, detach: bool, wait: Option<Duration>) -> PyResult<()> {
         let finish = move || each_backend!(end, c => if detach { c.detach() } else { drop(c) });
         if waits_on_cpu(self.sync) {
             // No GPU-side wait to settle (CPU strategies, ipc-event, the host backend): at once.
@@ -150,8 +152,8 @@ impl Consumer {
             }
             return Ok(());
         }
-        let (Some(py), Some(mut finished)) = (py, spawn_teardown(finish)) else { return Ok(()) };
-        let deadline = Instant::now() + TEARDOWN_WAIT;
+        let (Some(py), Some(wait), Some(mut finished)) = (py, wait, spawn_teardown(finish)) else { return Ok(()) };
+        let deadline = Instant::now() + wait;
         while !interrupted() {
             let left = deadline.saturating_duration_since(Instant::now());
             // The receiver travels into the GIL-free closure and back (it is `Send`, not `Sync`).
@@ -172,6 +174,14 @@ impl Consumer {
             }
         }
         Ok(())
+    }
+
+    /// `detach` (saying so to the producer) or `close`, waiting at most `wait` for a GPU-side strategy's teardown.
+    fn leave(&self, py: Python<'_>, detach: bool, wait: Option<Duration>) -> PyResult<()> {
+        match self.take_end(py)? {
+            Some(end) => self.tear_down(Some(py), end, detach, wait),
+            None => Ok(()),
+        }
     }
 
     fn next(slf: &Bound<'_, Self>, timeout: Duration, raw: Option<u64>) -> PyResult<Frame> {
@@ -370,18 +380,12 @@ impl Consumer {
     /// strategy it waits at most 0.2 s (none after Ctrl-C) for the stream to pass the waits queued on the ring;
     /// a stream a quiet producer still holds is left to a background thread to finish the teardown.
     fn detach(&self, py: Python<'_>) -> PyResult<()> {
-        match self.take_end(py)? {
-            Some(end) => self.tear_down(Some(py), end, true),
-            None => Ok(()),
-        }
+        self.leave(py, true, Some(TEARDOWN_WAIT))
     }
 
     /// As ``detach`` without the message. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        match self.take_end(py)? {
-            Some(end) => self.tear_down(Some(py), end, false),
-            None => Ok(()),
-        }
+        self.leave(py, false, Some(TEARDOWN_WAIT))
     }
 
     #[getter]
@@ -393,9 +397,14 @@ impl Consumer {
         slf
     }
 
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        self.detach(py)?;
+    #[pyo3(signature = (*args))]
+    fn __exit__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        // Left on Ctrl-C or `sys.exit()`: the process is on its way out, so the GPU is not waited for.
+        let leaving = args.get_item(0).ok().and_then(|kind| kind.cast_into::<PyType>().ok()).is_some_and(|kind| {
+            kind.is_subclass_of::<PyKeyboardInterrupt>().unwrap_or(false)
+                || kind.is_subclass_of::<PySystemExit>().unwrap_or(false)
+        });
+        self.leave(py, true, (!leaving).then_some(TEARDOWN_WAIT))?;
         Ok(false)
     }
 
@@ -427,7 +436,7 @@ impl Drop for Consumer {
         lock(&self.mapping).take();
         // Never waits for the GPU here: a consumer dropped by the garbage collector or at the interpreter's exit.
         if let Ok(Some(end)) = lock(&self.end).take("consumer") {
-            let _ = self.tear_down(None, end, false);
+            let _ = self.tear_down(None, end, false, None);
         }
     }
 }
