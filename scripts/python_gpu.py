@@ -7,7 +7,8 @@ Run by scripts/python-gpu.sh (which installs the staged wheel into a venv that s
 Rows (`main`): a torch producer and a torch consumer for backend legacy, vmm x sync cpu-spin, cpu-sleep, ipc-event,
 gpu-stream-ops; a Rust producer -> torch consumer and a Rust producer -> Rust consumer in interleaved rounds (vmm,
 gpu-stream-ops: the torch consumer's FPS against the Rust consumer's, the same producer and check); a torch producer ->
-Rust consumer; torch producer -> CuPy and -> JAX consumers. `mps`: gpu-poll, both backends (run under a private MPS
+Rust consumer; torch producer -> CuPy and -> JAX consumers; last, Ctrl-C and SIGTERM against torch consumers whose
+gpu-stream-ops waits a quiet producer never satisfies (scripts/python_gpu_sigint.py; not with --host). `mps`: gpu-poll, both backends (run under a private MPS
 daemon). `--host`: the same harness on the host backend with NumPy (and JAX where installed), 64x32 frames: a dry run
 without a GPU. The ends are scripts/python_gpu_ends.py and the Rust examples `producer` and `consumer`
 ($GPU_IPC_EXAMPLES_DIR, default stage/bin); every frame carries their pattern and is checked on the device.
@@ -34,6 +35,7 @@ ENDS = HERE / "python_gpu_ends.py"
 SLOTS = 4
 PROCESS_TIMEOUT = 120  # seconds, each process of a row
 BUDGET = {"main": 330, "mps": 90}  # no new row after this many seconds of a set
+SIGINT_BUDGET = 150  # seconds, the signal cases (scripts/python_gpu_sigint.py) at the end of the main set
 ROWS_FILE = "python-package.rows.jsonl"
 COMPARE = ("vmm", "gpu-stream-ops")
 SHARED_WORDS = 4 << 20  # int32: a 16 MiB tensor
@@ -204,6 +206,18 @@ def run(out: Path, which: str, host: bool) -> int:
             print(json.dumps(row), flush=True)
             rows_file.write(json.dumps(row) + "\n")
             rows_file.flush()
+        if which == "main" and not host:
+            # Ctrl-C and SIGTERM against a torch consumer whose gpu-stream-ops waits a quiet producer never
+            # satisfies (scripts/python_gpu_sigint.py): one row per case, within a budget of its own.
+            import python_gpu_sigint as sigint
+
+            for case in sigint.cases(host, budget=SIGINT_BUDGET):
+                row = {"producer": "torch", "consumer": f"torch, {case['case']}, {case['signal']}",
+                       "backend": case["backend"], "sync": case["sync"], "frames": sigint.PUBLISHED,
+                       "ok": case["ok"], "error": f"signals: {sigint.note(case)}", "set": which}
+                print(json.dumps(row), flush=True)
+                rows_file.write(json.dumps(row) + "\n")
+                rows_file.flush()
     return 0
 
 

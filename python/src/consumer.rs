@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,13 +12,17 @@ use gpu_ipc::core::wire::{SyncStrategy, WireError};
 use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
+use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyTuple, PyType};
 
 use crate::each_backend;
 use crate::errors::{ClosedError, EndOfStream, ForeignToken, ReleasedError, to_py};
 use crate::mapping::MappingHold;
-use crate::ring::{Gpu, Held, PerBackend, SLICE, lock, parse_backend, seconds, wait_in_slices, waits_on_cpu};
+use crate::ring::{
+    Gpu, Held, PerBackend, SLICE, check_signals, interrupted, lock, parse_backend, seconds, wait_in_slices,
+    waits_in_slices, waits_on_cpu,
+};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
 use crate::view::{ArrayMemory, Layout, Memory, View, order_after};
 
@@ -130,13 +135,78 @@ impl Consumer {
         Ok(end)
     }
 
+    /// Tears the core's end down (`detach`: saying `Detach` to the producer). A GPU-side strategy's teardown waits
+    /// (up to `AttachOptions::gpu_timeout`, 10 s) for the stream to pass the waits it queued on the ring, which a
+    /// quiet producer may never satisfy: it runs on a thread of its own, and the caller waits for it at most
+    /// `wait` (`None`: not at all: from `Drop`, or leaving a `with` block on Ctrl-C; nor once Ctrl-C was seen in
+    /// one of the package's waits), so that neither `close()`, the end of a `with` block, nor the process's exit
+    /// blocks on the GPU. A process that exits meanwhile leaves the ring as a killed one does: the producer sees the
+    /// hang-up and counts the consumer gone.
+    fn tear_down(&self, py: Option<Python<'_>>, end: End, detach: bool, wait: Option<Duration>) -> PyResult<()> {
+        let finish = move || each_backend!(end, c => if detach { c.detach() } else { drop(c) });
+        if waits_on_cpu(self.sync) {
+            // No GPU-side wait to settle (CPU strategies, ipc-event, the host backend): at once.
+            match py {
+                Some(py) => py.detach(finish),
+                None => finish(),
+            }
+            return Ok(());
+        }
+        let (Some(py), Some(wait), Some(mut finished)) = (py, wait, spawn_teardown(finish)) else { return Ok(()) };
+        let deadline = Instant::now() + wait;
+        while !interrupted() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // The receiver travels into the GIL-free closure and back (it is `Send`, not `Sync`).
+            let (back, outcome) = py.detach(move || {
+                let outcome = finished.recv_timeout(left.min(SLICE));
+                (finished, outcome)
+            });
+            finished = back;
+            match outcome {
+                Err(RecvTimeoutError::Timeout) if !left.is_zero() => check_signals(py)?,
+                Err(RecvTimeoutError::Timeout) => {
+                    tracing::debug!(
+                        "consumer teardown: the stream still waits on the ring; finishing in the background"
+                    );
+                    break;
+                }
+                Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// `detach` (saying so to the producer) or `close`, waiting at most `wait` for a GPU-side strategy's teardown.
+    fn leave(&self, py: Python<'_>, detach: bool, wait: Option<Duration>) -> PyResult<()> {
+        match self.take_end(py)? {
+            Some(end) => self.tear_down(Some(py), end, detach, wait),
+            None => Ok(()),
+        }
+    }
+
     fn next(slf: &Bound<'_, Self>, timeout: Duration, raw: Option<u64>) -> PyResult<Frame> {
         let this = slf.get();
+        let py = slf.py();
         let gpu = this.gpu.as_ref();
-        let frame = this.with_end(slf.py(), timeout, waits_on_cpu(this.sync), |end, t| {
+        let frame = this.with_end(py, timeout, waits_in_slices(this.sync), |end, t| {
             let s = gpu.map(|g| g.stream(raw));
             each_backend!(end, c => c.next_frame(s.as_deref(), t))
         })?;
+        // A signal that came while the frame was being taken (in the slice that found it): never hand the frame
+        // out then, or Ctrl-C would leave it taken and never released. It goes back unread (its sequence number is
+        // skipped) and the handler's exception is raised.
+        if let Err(interrupt) = check_signals(py) {
+            let mut frame = Some(frame);
+            let gave_back = this.with_end(py, Duration::ZERO, false, |end, _| {
+                let s = gpu.map(|g| g.stream(raw));
+                let frame = frame.take().ok_or_else(|| FrameError::Config("release ran twice".into()))?;
+                each_backend!(end, c => c.release(frame, s.as_deref()))
+            });
+            if let Err(error) = gave_back {
+                tracing::debug!(%error, "giving back a frame taken during an interrupt");
+            }
+            return Err(interrupt);
+        }
         Ok(Frame {
             seq: frame.seq().0,
             index: frame.slot().0,
@@ -220,9 +290,7 @@ impl Consumer {
                 })
             });
             match attached {
-                Err(FrameError::Wire(WireError::NoProducer { .. })) if Instant::now() < give_up => {
-                    py.check_signals()?
-                }
+                Err(FrameError::Wire(WireError::NoProducer { .. })) if Instant::now() < give_up => check_signals(py)?,
                 other => break other.map_err(to_py)?,
             }
         };
@@ -260,7 +328,8 @@ impl Consumer {
     /// The next frame. CPU strategies return when it is published; GPU-side ones queue the wait on ``stream``.
     ///
     /// Raises ``EndOfStream`` after the last frame of a closed ring, ``ProducerGone`` when the producer died,
-    /// ``Evicted``, ``Timeout``.
+    /// ``Evicted``, ``Timeout``. Ctrl-C during the wait raises ``KeyboardInterrupt`` (within about 50 ms; gpu-poll:
+    /// when the wait returns); a frame found as it came is given back unread, never returned.
     #[pyo3(signature = (timeout=1.0, stream=None))]
     fn next_frame(slf: &Bound<'_, Self>, timeout: f64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Frame> {
         let raw = stream_handle(stream)?;
@@ -307,20 +376,16 @@ impl Consumer {
         }
     }
 
-    /// Leaves the ring cleanly and tells the producer. Frames held become invalid. Idempotent.
+    /// Leaves the ring cleanly and tells the producer. Frames held become invalid. Idempotent. With a GPU-side
+    /// strategy it waits at most 0.2 s (none after Ctrl-C) for the stream to pass the waits queued on the ring;
+    /// a stream a quiet producer still holds is left to a background thread to finish the teardown.
     fn detach(&self, py: Python<'_>) -> PyResult<()> {
-        if let Some(end) = self.take_end(py)? {
-            py.detach(move || each_backend!(end, c => c.detach()));
-        }
-        Ok(())
+        self.leave(py, true, Some(TEARDOWN_WAIT))
     }
 
     /// As ``detach`` without the message. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        if let Some(end) = self.take_end(py)? {
-            py.detach(move || drop(end));
-        }
-        Ok(())
+        self.leave(py, false, Some(TEARDOWN_WAIT))
     }
 
     #[getter]
@@ -332,9 +397,14 @@ impl Consumer {
         slf
     }
 
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        self.detach(py)?;
+    #[pyo3(signature = (*args))]
+    fn __exit__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        // Left on Ctrl-C or `sys.exit()`: the process is on its way out, so the GPU is not waited for.
+        let leaving = args.get_item(0).ok().and_then(|kind| kind.cast_into::<PyType>().ok()).is_some_and(|kind| {
+            kind.is_subclass_of::<PyKeyboardInterrupt>().unwrap_or(false)
+                || kind.is_subclass_of::<PySystemExit>().unwrap_or(false)
+        });
+        self.leave(py, true, (!leaving).then_some(TEARDOWN_WAIT))?;
         Ok(false)
     }
 
@@ -361,9 +431,41 @@ impl Drop for Consumer {
             // A forked child's copy: CUDA is not usable here, and the context is the parent's to release.
             std::mem::forget(self.gpu.take());
         }
-        // Our hold goes first, so that the core's consumer (dropped next, with the fields) is the last owner of the
-        // ring's memory unless a tensor still holds it, and its own teardown frees it.
+        // Our hold goes first, so that the core's consumer (dropped next) is the last owner of the ring's memory
+        // unless a tensor still holds it, and its own teardown frees it.
         lock(&self.mapping).take();
+        // Never waits for the GPU here: a consumer dropped by the garbage collector or at the interpreter's exit.
+        if let Ok(Some(end)) = lock(&self.end).take("consumer") {
+            let _ = self.tear_down(None, end, false, None);
+        }
+    }
+}
+
+/// How long `close()` and `detach()` wait for a GPU-side strategy's teardown before they leave it to finish in
+/// the background: long enough for a stream that is merely busy, short enough that a stream stuck on a quiet
+/// producer's frame does not hold up the caller (nor the process's exit).
+const TEARDOWN_WAIT: Duration = Duration::from_millis(200);
+
+/// Runs `finish` (a core consumer's teardown) on a thread of its own; what tells when it is over, or `None` when it
+/// ran here (no thread could be made).
+fn spawn_teardown(finish: impl FnOnce() + Send + 'static) -> Option<Receiver<()>> {
+    let (done, finished) = channel();
+    let handed = Arc::new(Mutex::new(Some(finish)));
+    let theirs = handed.clone();
+    let spawned = std::thread::Builder::new().name("gpu-ipc-teardown".into()).spawn(move || {
+        if let Some(finish) = lock(&theirs).take() {
+            finish();
+        }
+        let _ = done.send(());
+    });
+    match spawned {
+        Ok(_) => Some(finished),
+        Err(_) => {
+            if let Some(finish) = lock(&handed).take() {
+                finish();
+            }
+            None
+        }
     }
 }
 

@@ -18,7 +18,9 @@ use pyo3::types::PyTuple;
 use crate::each_backend;
 use crate::errors::{ClosedError, ForeignToken, ReleasedError, to_py};
 use crate::mapping::MappingHold;
-use crate::ring::{Gpu, Held, PerBackend, lock, parse_backend, parse_sync, seconds, wait_in_slices, waits_on_cpu};
+use crate::ring::{
+    Gpu, Held, PerBackend, lock, parse_backend, parse_sync, seconds, wait_in_slices, waits_in_slices, waits_on_cpu,
+};
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
 use crate::view::{ArrayMemory, Layout, Memory, View, order_after, parse_format};
 
@@ -199,7 +201,7 @@ impl Producer {
         let this = slf.get();
         let raw = stream_handle(stream)?;
         let gpu = this.gpu.as_ref();
-        let lease = this.with_end(slf.py(), seconds(timeout)?, waits_on_cpu(this.sync), |end, t| {
+        let lease = this.with_end(slf.py(), seconds(timeout)?, waits_in_slices(this.sync), |end, t| {
             let s = gpu.map(|g| g.stream(raw));
             each_backend!(end, p => p.acquire(s.as_deref(), t))
         })?;

@@ -7,6 +7,7 @@
 //! Every call that may block runs with the GIL released (`Python::detach`) and takes the lock inside, so a thread
 //! waiting for the lock never holds the GIL.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -188,6 +189,30 @@ pub fn waits_on_cpu(sync: SyncStrategy) -> bool {
     matches!(sync, SyncStrategy::CpuSpin | SyncStrategy::CpuSleep | SyncStrategy::IpcEvent)
 }
 
+/// Whether a wait for a frame (`Consumer.next_frame`) or for a slot (`Producer.acquire`) may be cut into slices
+/// (called again after a `Timeout` as if nothing happened): the CPU strategies, and gpu-stream-ops, whose one CPU
+/// wait (the run-ahead bound: the stream is too far behind, e.g. stuck on a frame a quiet producer has not published)
+/// comes before it queues anything (the core slices the producer's itself, `ProducerSide::wait_in_slices`). Not
+/// gpu-poll: its deadline also sets the polling kernel's budget on the GPU, which a slice would cut short.
+pub fn waits_in_slices(sync: SyncStrategy) -> bool {
+    waits_on_cpu(sync) || sync == SyncStrategy::GpuStreamOps
+}
+
+/// Set once a signal handler raised (Ctrl-C's `KeyboardInterrupt`) between the slices of one of the package's
+/// waits: from then on this process's teardown of a GPU-side consumer does not wait for its stream (see
+/// `Consumer`'s teardown). For the whole process, as Ctrl-C is.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Runs the signal handlers (`Python::check_signals`), noting an interrupt when one raises.
+pub fn check_signals(py: Python<'_>) -> PyResult<()> {
+    py.check_signals().inspect_err(|_| INTERRUPTED.store(true, Ordering::Release))
+}
+
+/// Whether a signal handler raised in one of the package's waits in this process ([`check_signals`]).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Acquire)
+}
+
 /// An error of a bounded wait that may be cut into slices: whether it is the wait running out, and the Python
 /// exception it becomes.
 pub trait SlicedError: Sized + Send {
@@ -217,9 +242,9 @@ impl SlicedError for FrameError {
 }
 
 /// Runs `op(slice_timeout)` with the GIL released, in slices of at most [`SLICE`], until it returns anything but a
-/// timeout or `timeout` passed; between slices, takes the GIL back and runs the signal handlers (Ctrl-C raises
-/// `KeyboardInterrupt` here within about 50 ms). `sliced` false runs `op(timeout)` once (a call that queues GPU work
-/// must not be repeated).
+/// timeout or `timeout` passed; between slices, takes the GIL back and runs the signal handlers ([`check_signals`]:
+/// Ctrl-C raises `KeyboardInterrupt` here within about 50 ms). `sliced` false runs `op(timeout)` once (a call whose
+/// timeout may come after it queued GPU work, or whose deadline is also a GPU-side budget, must not be repeated).
 pub fn wait_in_slices<T: Send, E: SlicedError>(
     py: Python<'_>,
     timeout: Duration,
@@ -234,7 +259,7 @@ pub fn wait_in_slices<T: Send, E: SlicedError>(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match py.detach(|| op(left.min(SLICE))) {
-            Err(e) if e.is_timeout() && Instant::now() < deadline => py.check_signals()?,
+            Err(e) if e.is_timeout() && Instant::now() < deadline => check_signals(py)?,
             Err(e) if e.is_timeout() => return Err(e.timed_out(start.elapsed()).into_py()),
             other => return other.map_err(E::into_py),
         }
