@@ -10,8 +10,9 @@
 //! expectation, stated in its name: it passes only when the consumer reads every frame intact (a fallback that waits
 //! on the control block when `cuIpcOpenEventHandle` fails with `CUDA_ERROR_MAP_FAILED` in another IPC namespace); a
 //! raw CUDA error, any nonzero exit (a refusal included) or a producer left waiting fails it. Under MPS the `gpu-poll`
-//! cell's client must also reach the MPS server from its own IPC namespace: a client that fails before its first frame
-//! with an MPS or CUDA error there is a *finding* (the documented limit: MPS wants the host's IPC namespace), not a
+//! cell's container keeps the host's IPC namespace and `/dev/shm` ([`Ipc::Host`], Docker's `--ipc=host`: MPS clients
+//! need it, and without it they fail to connect, crash or hang); its own PID, network and mount namespaces stay. A
+//! client there that fails before its first frame with an MPS or CUDA error, or a signal, is a *finding*, not a
 //! failure.
 //!
 //! Toolkit cells ([`TOOLKIT`]): the pool's importer, the semaphore's poster and waiter (stream waits on a GPU
@@ -40,6 +41,18 @@ pub const TOOLKIT: [&str; 4] = ["pool", "semaphore", "work-queue", "pipeline"];
 pub const PRODUCER_AFTER: Duration = Duration::from_secs(10);
 /// The shell line run inside the namespaces: a private tmpfs on /dev/shm, then the program.
 const INSIDE: &str = "mount -t tmpfs -o mode=1777,size=64m gpu-ipc-shm /dev/shm && exec \"$0\" \"$@\"";
+/// The same with the host's IPC namespace: the host's /dev/shm stays.
+const INSIDE_HOST_IPC: &str = "exec \"$0\" \"$@\"";
+
+/// A container's IPC namespace and `/dev/shm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ipc {
+    /// Its own, with a private tmpfs on `/dev/shm` (Docker's default).
+    Private,
+    /// The host's, and the host's `/dev/shm` (Docker's `--ipc=host`, which MPS clients need).
+    Host,
+}
 /// Posts the semaphore cell makes and takes.
 const SEMAPHORE_POSTS: u64 = 200;
 /// Tasks of the work-queue cell.
@@ -89,10 +102,21 @@ impl Isolation {
         Ok((iso, seen))
     }
 
-    /// `program args` in a fresh container.
+    /// `program args` in a fresh container (its own IPC namespace and `/dev/shm`).
     pub fn command(&self, program: &Path, program_args: &[String]) -> Command {
+        self.command_with(Ipc::Private, program, program_args)
+    }
+
+    /// `program args` in a fresh container with `ipc`.
+    pub fn command_with(&self, ipc: Ipc, program: &Path, program_args: &[String]) -> Command {
         let mut c = Command::new(&self.unshare);
-        c.args(UNSHARE_FLAGS).args(["/bin/sh", "-c", INSIDE]).arg(program).args(program_args);
+        match ipc {
+            Ipc::Private => c.args(UNSHARE_FLAGS).args(["/bin/sh", "-c", INSIDE]),
+            Ipc::Host => {
+                c.args(UNSHARE_FLAGS.iter().filter(|f| **f != "--ipc")).args(["/bin/sh", "-c", INSIDE_HOST_IPC])
+            }
+        };
+        c.arg(program).args(program_args);
         c
     }
 }
@@ -129,6 +153,8 @@ pub struct ContainerRun {
     pub sync: Option<String>,
     /// Under a private MPS daemon.
     pub mps: bool,
+    /// The container's IPC namespace and `/dev/shm`: private, or the host's (MPS cells).
+    pub ipc: Ipc,
     /// What must happen for it to pass, in words.
     pub expectation: String,
     /// Frames (or posts, tasks, buffers) the client in the container verified.
@@ -150,6 +176,7 @@ impl ContainerRun {
             backend: backend.to_owned(),
             sync: sync.map(str::to_owned),
             mps,
+            ipc: if mps { Ipc::Host } else { Ipc::Private },
             expectation: expectation(what, sync),
             verified: 0,
             mismatched_words: 0,
@@ -161,7 +188,7 @@ impl ContainerRun {
 
     /// Its name in checks and tables, e.g. `vmm/ipc-event ring (MPS)`.
     pub fn name(&self) -> String {
-        let mode = if self.mps { " (MPS)" } else { "" };
+        let mode = if self.mps { " (MPS, host IPC)" } else { "" };
         match &self.sync {
             Some(sync) => format!("{}/{sync} {}{mode}", self.backend, self.what),
             None => format!("{}/{}{mode}", self.backend, self.what),
@@ -183,8 +210,8 @@ pub fn expectation(what: &str, sync: Option<&str>) -> String {
              nonzero exit or a producer left waiting fails"
         ),
         ("ring", Some("gpu-poll")) => format!(
-            "a consumer in a container verifies all {CONTAINER_FRAMES} frames under MPS (a client that cannot reach \
-             the MPS server from its own IPC namespace is a finding)"
+            "a consumer in a container with the host's IPC namespace and /dev/shm (docker --ipc=host, as MPS needs) \
+             verifies all {CONTAINER_FRAMES} frames under MPS (an MPS client that cannot start there is a finding)"
         ),
         ("ring", _) => {
             format!("a consumer in a container verifies all {CONTAINER_FRAMES} frames, the producer finishes")
@@ -279,7 +306,8 @@ fn ring(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Verdict, 
     }
     let consumer_args =
         Ctx::consumer_args(&socket, &cell.backend, "boxed", &["--frames", &n, "--progress-every", "50"]);
-    let consumer = match boxed(ctx, iso, "consumer", &ctx.bins.consumer, &consumer_args) {
+    let mut command = iso.command_with(cell.ipc, &ctx.bins.consumer, &consumer_args);
+    let consumer = match Child::spawn_command("consumer (container)", &mut command, &ctx.env) {
         Ok(c) => c.finish(Instant::now() + START_LIMIT),
         Err(e) => ProcEnd { name: "consumer (container)".into(), stderr_tail: e, ..ProcEnd::default() },
     };
@@ -292,8 +320,8 @@ fn ring(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Verdict, 
 
 /// The verdict of a ring cell of `sync` (under MPS when `mps`): the consumer in the container must have verified all
 /// `frames` with 0 mismatched words and exited 0, the producer must have made them all and ended 0 (not hung:
-/// left waiting). Under MPS, a gpu-poll consumer that failed before its first frame with an MPS or CUDA error is a
-/// finding.
+/// left waiting). Under MPS, a gpu-poll consumer that failed before its first frame with an MPS or CUDA error, or
+/// was ended by a signal, is a finding.
 pub fn judge_ring(sync: &str, mps: bool, consumer: &ProcEnd, producer: &ProcEnd, frames: u64) -> Verdict {
     let (read, words) = (consumer.count("frames").unwrap_or(0), consumer.count("mismatched_words").unwrap_or(0));
     let seen =
@@ -304,8 +332,9 @@ pub fn judge_ring(sync: &str, mps: bool, consumer: &ProcEnd, producer: &ProcEnd,
     let consumer_ok = consumer.exit == Some(0) && read == frames && words == 0;
     if !consumer_ok {
         let raw = consumer.stderr_tail.contains("CUDA_ERROR");
-        if mps && sync == "gpu-poll" && read == 0 && (raw || looks_like_mps_fault(&consumer.stderr_tail)) {
-            return (Status::Finding, format!("an MPS client in its own IPC namespace: {seen}"));
+        let crashed = consumer.exit.is_none();
+        if mps && sync == "gpu-poll" && read == 0 && (raw || crashed || looks_like_mps_fault(&consumer.stderr_tail)) {
+            return (Status::Finding, format!("an MPS client in a container could not start: {seen}"));
         }
         let why = if raw { "a raw CUDA error" } else { "the consumer did not verify every frame" };
         return (Status::Failed, format!("{why}: {seen}"));
@@ -556,6 +585,8 @@ mod tests {
         assert_eq!(judge_ring("gpu-poll", true, &refused, &waiting, 200).0, Status::Finding);
         assert_eq!(judge_ring("gpu-stream-ops", true, &refused, &waiting, 200).0, Status::Failed);
         assert_eq!(judge_ring("gpu-poll", false, &refused, &waiting, 200).0, Status::Failed);
+        let crashed = ProcEnd { exit: None, ..end("consumer", None, serde_json::json!({}), "") };
+        assert_eq!(judge_ring("gpu-poll", true, &crashed, &waiting, 200).0, Status::Finding);
     }
 
     #[test]
@@ -572,8 +603,8 @@ mod tests {
             "vmm/semaphore",
             "vmm/work-queue",
             "vmm/gpu-stream-ops pipeline",
-            "legacy/gpu-poll ring (MPS)",
-            "vmm/gpu-poll ring (MPS)",
+            "legacy/gpu-poll ring (MPS, host IPC)",
+            "vmm/gpu-poll ring (MPS, host IPC)",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
         }
@@ -602,5 +633,11 @@ mod tests {
         }
         assert!(a.iter().any(|x| x.contains("tmpfs") && x.contains("/dev/shm")));
         assert_eq!(&a[a.len() - 3..], ["/bin/consumer", "--frames", "5"]);
+        // MPS cells keep the host's IPC namespace and /dev/shm (docker --ipc=host).
+        let c = iso.command_with(Ipc::Host, Path::new("/bin/consumer"), &args(&["--frames", "5"]));
+        let a: Vec<String> = c.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert!(!a.iter().any(|x| x == "--ipc" || x.contains("/dev/shm")), "{a:?}");
+        assert!(a.iter().any(|x| x == "--net") && a.iter().any(|x| x == "--pid"));
+        assert_eq!(cells(&["vmm"], true).last().unwrap().ipc, Ipc::Host);
     }
 }

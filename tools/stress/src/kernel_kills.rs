@@ -339,9 +339,8 @@ pub fn judge(
         .collect::<Vec<_>>()
         .join("; ");
     let detail = format!("{counted} ({each}){when}");
-    let status = if ends.iter().any(|(_, e)| matches!(e, ClientEnd::Wrong(_))) {
-        Status::Failed
-    } else if faulted > 0 && !mps {
+    // A fault without MPS is no known effect: a failure like any other wrong ending.
+    let status = if ends.iter().any(|(_, e)| matches!(e, ClientEnd::Wrong(_))) || (faulted > 0 && !mps) {
         Status::Failed
     } else if faulted > 0 {
         Status::Finding
@@ -425,6 +424,72 @@ mod tests {
             ..end("consumer", Some(4), serde_json::json!({"mismatched_words": 5, "skipped_frames": 0}), "")
         };
         assert_eq!(judge(true, Victim::Producer, &mismatched, &fine_bystanders(), 100, B).0, Status::Failed);
+    }
+
+    /// Stand-ins for the example programs (no GPU here): a producer that makes its frames at once (or, with
+    /// `--until-stdin-closes`, waits for its stdin to close and leaves a `.done` file beside its socket), a consumer
+    /// that reports progress until killed (or, as the bystander, until that file appears).
+    const STAND_IN: &str = r#"#!/bin/sh
+frames=0; name=p; every=100; until=0; socket=x
+while [ $# -gt 0 ]; do
+  case "$1" in --frames) frames=$2; shift;; --name) name=$2; shift;; --progress-every) every=$2; shift;;
+    --socket) socket=$2; shift;; --until-stdin-closes) until=1;; esac
+  shift
+done
+case "$0" in
+  *producer)
+    if [ "$until" = 1 ]; then cat >/dev/null; touch "$socket.done"; echo '{"frames": 10}'; exit 0; fi
+    i=0; while [ "$i" -lt "$frames" ]; do i=$((i + every)); echo "producer: frame $i" >&2; done
+    echo "{\"frames\": $frames, \"consumers_lost\": 1}"; exit 0;;
+  *)
+    i=0
+    while :; do
+      i=$((i + every)); echo "consumer $name: frame $i" >&2; sleep 0.01
+      if [ "$name" = bystander ] && [ -e "$socket.done" ]; then
+        rm -f "$socket.done"; echo '{"frames": 5, "mismatched_words": 0}'; exit 0
+      fi
+    done;;
+esac
+"#;
+
+    #[test]
+    fn a_consumer_kill_trial_runs_with_its_bystanders_on_stand_ins() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gpu-ipc-stress-kernel-kill-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["producer", "consumer"] {
+            let path = dir.join(name);
+            std::fs::write(&path, STAND_IN).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let ctx = Ctx {
+            bins: crate::procs::Bins::find(Some(&dir)).unwrap(),
+            env: crate::procs::ChildEnv::new(),
+            sizes: crate::schedule::Sizes::QUICK,
+            width: 64,
+            height: 16,
+            max_gap: Duration::from_millis(100),
+            gone_bound: Duration::from_secs(2),
+            hang_after: Duration::from_secs(10),
+            front_door_sync: "cpu-spin".into(),
+            seed: 1,
+            mps: false,
+        };
+        let cell = KernelCell { backend: "vmm", kind: KernelKind::Graph, victim: Victim::Consumer, mps: false };
+        let run = trial(&ctx, cell);
+        assert_eq!(run.status, Status::Passed, "{run:?}");
+        assert!(
+            run.detail.starts_with(
+                "clients faulted: 0/3 (no MPS) (survivor fine; bystander producer fine; bystander consumer fine)"
+            ),
+            "{}",
+            run.detail
+        );
+        assert!(run.killed_at_ms.is_some());
+        // Without MPS, a persistent kernel is not run, with why.
+        let cell = KernelCell { kind: KernelKind::Persistent, ..cell };
+        assert_eq!(trial(&ctx, cell).status, Status::NotRun);
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
