@@ -27,7 +27,7 @@ use super::run::{Ctx, START_LIMIT};
 use super::schedule::Victim;
 
 /// Frames of the pair under test (enough that it is still running at the kill).
-pub const TRIAL_FRAMES: u64 = 100_000;
+pub const TRIAL_FRAMES: u64 = 20_000;
 /// The victim is killed once the survivor has reported this many frames.
 pub const KILL_AFTER: u64 = 500;
 /// Progress reports every this many frames.
