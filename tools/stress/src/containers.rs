@@ -37,6 +37,9 @@ pub const CONTAINER_FRAMES: u64 = 200;
 pub const RING_SYNCS: [&str; 4] = ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops"];
 /// The toolkit primitives of the part.
 pub const TOOLKIT: [&str; 4] = ["pool", "semaphore", "work-queue", "pipeline"];
+/// How long a client in a container may take, start-up included, before it counts as hung (each cell's work takes
+/// a second or two on a GPU; a hang costs no more than this).
+pub const CLIENT_LIMIT: Duration = Duration::from_secs(30);
 /// How long after its consumer ended a producer (or owner) may take to finish before it counts as left waiting.
 pub const PRODUCER_AFTER: Duration = Duration::from_secs(10);
 /// The shell line run inside the namespaces: a private tmpfs on /dev/shm, then the program.
@@ -308,7 +311,7 @@ fn ring(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Verdict, 
         Ctx::consumer_args(&socket, &cell.backend, "boxed", &["--frames", &n, "--progress-every", "50"]);
     let mut command = iso.command_with(cell.ipc, &ctx.bins.consumer, &consumer_args);
     let consumer = match Child::spawn_command("consumer (container)", &mut command, &ctx.env) {
-        Ok(c) => c.finish(Instant::now() + START_LIMIT),
+        Ok(c) => c.finish(Instant::now() + CLIENT_LIMIT),
         Err(e) => ProcEnd { name: "consumer (container)".into(), stderr_tail: e, ..ProcEnd::default() },
     };
     let producer = producer.finish(Instant::now() + PRODUCER_AFTER);
@@ -367,7 +370,13 @@ fn pool(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Verdict, 
     }
     let mut importer_args = args(&["importer", "--socket", &s, "--attaches", "3", "--rounds", "100"]);
     importer_args.extend(tool_common(&cell.backend));
-    let importer = boxed(ctx, iso, "pool importer", &program, &importer_args)?.finish(Instant::now() + START_LIMIT);
+    let importer = match boxed(ctx, iso, "pool importer", &program, &importer_args) {
+        Ok(i) => i.finish(Instant::now() + CLIENT_LIMIT),
+        Err(e) => {
+            let _ = owner.finish(Instant::now());
+            return Err(e);
+        }
+    };
     owner.close_stdin();
     let owner = owner.finish(Instant::now() + PRODUCER_AFTER);
     let _ = std::fs::remove_file(&socket);
@@ -412,7 +421,7 @@ fn semaphore(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Verd
     let spawned = boxed(ctx, iso, "semaphore wait", &program, &wait_args)
         .and_then(|w| Ok((w, boxed(ctx, iso, "semaphore post", &program, &post_args)?)));
     let ends = match spawned {
-        Ok((w, p)) => finish_all(vec![w, p], Instant::now() + START_LIMIT, None),
+        Ok((w, p)) => finish_all(vec![w, p], Instant::now() + CLIENT_LIMIT, None),
         Err(e) => {
             let _ = owner.finish(Instant::now());
             return Err(e);
@@ -455,7 +464,7 @@ fn work_queue(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Ver
     let mut worker_args = args(&["worker", "--socket", &s, "--name", "boxed", "--pop", pop]);
     worker_args.extend(tool_common(&cell.backend));
     let worker = match boxed(ctx, iso, "work_queue worker", &program, &worker_args) {
-        Ok(w) => w.finish(Instant::now() + START_LIMIT),
+        Ok(w) => w.finish(Instant::now() + CLIENT_LIMIT),
         Err(e) => {
             let _ = owner.finish(Instant::now());
             return Err(e);
@@ -505,7 +514,7 @@ fn pipeline(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Verdi
         let _ = finish_all(children, Instant::now(), None);
         return Err(e);
     }
-    let ends = finish_all(children, Instant::now() + START_LIMIT, None);
+    let ends = finish_all(children, Instant::now() + CLIENT_LIMIT, None);
     let _ = (std::fs::remove_file(&a), std::fs::remove_file(&b));
     let verify = &ends[2];
     let (frames, words) = (verify.count("frames").unwrap_or(0), verify.count("mismatched_words").unwrap_or(0));
