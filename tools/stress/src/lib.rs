@@ -941,6 +941,32 @@ mod tests {
     }
 
     #[test]
+    fn the_soak_line_of_the_issue_parses_with_4k_frames_under_mps() {
+        let a = parse(&["soak", "--frames", "10000000", "--mps"]);
+        assert_eq!((a.part, a.frames, a.mps, a.frame()), (Part::Soak, 10_000_000, MpsMode::On, (3840, 2160)));
+        assert_eq!(a.one_backend(), "vmm");
+        assert_eq!(a.sync, "gpu-stream-ops");
+        assert_eq!(parse(&["soak", "--mps", "off", "--graph"]).mps, MpsMode::Off);
+        assert_eq!(parse(&["all"]).mps, MpsMode::Both);
+        assert_eq!(parse(&["all"]).frame(), (1280, 720));
+        assert_eq!(parse(&["soak", "--backend", "legacy"]).one_backend(), "legacy");
+        assert_eq!(parse(&["containers", "--backend", "host"]).backends(), vec!["host"]);
+        // --backend host runs only the containers' CPU cells and the soak.
+        assert_eq!(main(&parse(&["all", "--backend", "host"])), 2);
+        let list = list_cells(&parse(&["all", "--only", "containers,mps-kills", "--list"]));
+        assert!(
+            list.contains("containers  vmm/ipc-event ring: a consumer in a container verifies all 200 frames"),
+            "{list}"
+        );
+        assert!(
+            list.contains("mps-kills   vmm/persistent kernel/producer killed (no MPS): not run: needs MPS"),
+            "{list}"
+        );
+        assert!(list.contains("mps-kills   vmm/gpu-poll wait/consumer killed (MPS): no hang"), "{list}");
+        assert_eq!(main(&parse(&["soak", "--list"])), 0);
+    }
+
+    #[test]
     fn a_pass_without_mps_fails_unless_allowed() {
         let pass = KillPass {
             mps: true,
