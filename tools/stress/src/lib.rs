@@ -159,6 +159,10 @@ pub struct StressArgs {
     /// Soak: frame graphs on both sides (gpu-stream-ops or gpu-poll).
     #[arg(long)]
     pub graph: bool,
+    /// Soak: the longest it may run, start-up included; past it both programs are killed and the soak fails with
+    /// the figures so far (the default leaves a 10-minute call time to write the report).
+    #[arg(long, default_value_t = 570)]
+    pub max_seconds: u64,
     /// The longest a producer may go without publishing, or a streaming consumer without a frame, in ms.
     #[arg(long, default_value_t = 100)]
     pub max_gap_ms: u64,
@@ -585,6 +589,7 @@ fn run_soak(ctx: &Ctx, args: &StressArgs, report: &mut StressReport) {
         frame: [ctx.width, ctx.height],
         slots: soak::SOAK_SLOTS,
         frames_wanted: args.frames,
+        max_seconds: args.max_seconds,
         ..SoakReport::default()
     };
     let name = format!(
