@@ -426,9 +426,10 @@ mod tests {
         assert_eq!(judge(true, Victim::Producer, &mismatched, &fine_bystanders(), 100, B).0, Status::Failed);
     }
 
-    /// Stand-ins for the example programs (no GPU here): a producer that makes its frames at once (or, with
-    /// `--until-stdin-closes`, waits for its stdin to close and leaves a `.done` file beside its socket), a consumer
-    /// that reports progress until killed (or, as the bystander, until that file appears).
+    /// Stand-ins for the example programs (no GPU here): a producer that leaves its pid beside its socket and makes
+    /// its frames (or, with `--until-stdin-closes`, waits for its stdin to close and leaves a `.done` file); a
+    /// consumer that reports progress until its frames are read (exit 0), its producer is gone (exit 4, as
+    /// ProducerGone) or, as the bystander, the `.done` file appears.
     const STAND_IN: &str = r#"#!/bin/sh
 frames=0; name=p; every=100; until=0; socket=x
 while [ $# -gt 0 ]; do
@@ -439,7 +440,8 @@ done
 case "$0" in
   *producer)
     if [ "$until" = 1 ]; then cat >/dev/null; touch "$socket.done"; echo '{"frames": 10}'; exit 0; fi
-    i=0; while [ "$i" -lt "$frames" ]; do i=$((i + every)); echo "producer: frame $i" >&2; done
+    echo $$ > "$socket.pid"
+    i=0; while [ "$i" -lt "$frames" ]; do i=$((i + 1000)); echo "producer: frame $i" >&2; sleep 0.01; done
     echo "{\"frames\": $frames, \"consumers_lost\": 1}"; exit 0;;
   *)
     i=0
@@ -448,14 +450,16 @@ case "$0" in
       if [ "$name" = bystander ] && [ -e "$socket.done" ]; then
         rm -f "$socket.done"; echo '{"frames": 5, "mismatched_words": 0}'; exit 0
       fi
+      if [ "$name" != bystander ] && [ -e "$socket.pid" ] && ! kill -0 "$(cat "$socket.pid")" 2>/dev/null; then
+        echo '{"mismatched_words": 0, "skipped_frames": 1}'; exit 4
+      fi
     done;;
 esac
 "#;
 
-    #[test]
-    fn a_consumer_kill_trial_runs_with_its_bystanders_on_stand_ins() {
+    fn stand_in_ctx(tag: &str) -> (std::path::PathBuf, Ctx) {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("gpu-ipc-stress-kernel-kill-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("gpu-ipc-stress-kernel-kill-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         for name in ["producer", "consumer"] {
             let path = dir.join(name);
@@ -475,6 +479,12 @@ esac
             seed: 1,
             mps: false,
         };
+        (dir, ctx)
+    }
+
+    #[test]
+    fn a_consumer_kill_trial_runs_with_its_bystanders_on_stand_ins() {
+        let (dir, ctx) = stand_in_ctx("consumer");
         let cell = KernelCell { backend: "vmm", kind: KernelKind::Graph, victim: Victim::Consumer, mps: false };
         let run = trial(&ctx, cell);
         assert_eq!(run.status, Status::Passed, "{run:?}");
@@ -489,6 +499,17 @@ esac
         // Without MPS, a persistent kernel is not run, with why.
         let cell = KernelCell { kind: KernelKind::Persistent, ..cell };
         assert_eq!(trial(&ctx, cell).status, Status::NotRun);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_producer_kill_trial_times_the_survivors_producer_gone_on_stand_ins() {
+        let (dir, ctx) = stand_in_ctx("producer");
+        let cell = KernelCell { backend: "legacy", kind: KernelKind::Graph, victim: Victim::Producer, mps: false };
+        let run = trial(&ctx, cell);
+        assert_eq!(run.status, Status::Passed, "{run:?}");
+        assert!(run.survivor_end_s.is_some_and(|s| s < 2.0), "{run:?}");
+        assert!(run.detail.contains("the survivor ended"), "{}", run.detail);
         let _ = std::fs::remove_dir_all(dir);
     }
 
