@@ -399,20 +399,7 @@ fn system_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
              directory and run as the user that started the daemon",
             None,
         ));
-        found.push(finding(
-            "mps-persistent-kernels",
-            Severity::Info,
-            "Under MPS, a process killed while its kernel waits on shared memory takes the MPS server down".to_owned(),
-            "the crash probe found that SIGKILLing a process whose kernel waited on memory shared with another process \
-             faulted the MPS server, and every client on the GPU with it (CUDA_ERROR_ILLEGAL_ADDRESS in processes \
-             that never touched that memory); persistent kernels on the ring's device API (gpu_ipc_ring.cuh, either \
-             side), the ring steps of frame graphs and gpu-poll's polling kernels are such kernels",
-            Some(
-                "Use persistent kernels only in processes that are not killed while they run, and make them leave on \
-                 the ring's abort word (launch_on_ring and frame graphs raise it at a peer's death and on drop); where a \
-                 process may be SIGKILLed, use gpu-stream-ops (the driver's waits) instead (docs/kernels.md)",
-            ),
-        ));
+        found.push(mps_kill_warning());
     } else {
         found.push(finding(
             "mps-inactive",
@@ -423,6 +410,27 @@ fn system_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
             Some("For concurrent kernels across processes, start MPS: nvidia-cuda-mps-control -d"),
         ));
     }
+}
+
+/// The warning while MPS runs: a SIGKILL of a process whose kernel polls shared memory (gpu-poll, persistent
+/// kernels, frame graphs' ring steps) can fault every MPS client on the GPU, and what to do about it.
+pub fn mps_kill_warning() -> Finding {
+    finding(
+        "mps-persistent-kernels",
+        Severity::Warn,
+        "Under MPS, SIGKILL of a process whose kernel polls shared memory can fault every MPS client".to_owned(),
+        "the crash probe found that SIGKILLing a process whose kernel waited on memory shared with another process \
+         faulted the MPS server, and every client on the GPU with it (CUDA_ERROR_ILLEGAL_ADDRESS, error 700, in \
+         processes that never touched that memory); gpu-poll's polling kernels, persistent kernels on the ring's \
+         device API (gpu_ipc_ring.cuh, either side) and the ring steps of frame graphs are such kernels, while a \
+         pending cuStreamWaitValue64 (gpu-stream-ops) is not; `gpu-ipc-stress all --only mps-kills` measures it \
+         (\"mps clients faulted: k/3\")",
+        Some(
+            "Make every such kernel leave on the ring's abort word (launch_on_ring and frame graphs raise it at a \
+             peer's death and on drop), run them only in processes that are not SIGKILLed while they run, and prefer \
+             gpu-stream-ops (the driver's waits) wherever a process may be killed (docs/kernels.md)",
+        ),
+    )
 }
 
 /// Bytes as a short human figure with binary units, e.g. `64.0 MiB`.

@@ -52,7 +52,7 @@ fn compute_modes_map_to_findings() {
     report.system.mps.processes = Fact::Known(vec![MpsProcess { pid: 7, role: MpsRole::Control }]);
     assert!(has(&report, "compute-mode-exclusive-process", Severity::Info));
     assert!(has(&report, "mps-active", Severity::Info));
-    assert!(has(&report, "mps-persistent-kernels", Severity::Info));
+    assert!(has(&report, "mps-persistent-kernels", Severity::Warn));
 
     report.devices[1].compute_mode = ComputeMode::Unknown(1);
     assert!(has(&report, "compute-mode-unknown", Severity::Warn));
@@ -155,4 +155,22 @@ fn overall_follows_self_tests_of_built_backends() {
     report.self_tests.clear();
     report.devices[0].compute_mode = ComputeMode::Prohibited;
     assert_eq!(overall(&report, &findings(&report)), Overall::Fail, "no self-tests: fail findings decide");
+}
+
+#[test]
+fn under_mps_a_warning_says_a_kill_of_a_polling_process_can_fault_every_client_and_what_to_do() {
+    let mut report = healthy();
+    assert!(!findings(&report).iter().any(|f| f.id == "mps-persistent-kernels"));
+    report.system.mps.processes = Fact::Known(vec![MpsProcess { pid: 7, role: MpsRole::Server }]);
+    let all = findings(&report);
+    let warning = all.iter().find(|f| f.id == "mps-persistent-kernels").unwrap();
+    assert_eq!(warning.severity, Severity::Warn);
+    assert!(warning.what.contains("SIGKILL") && warning.what.contains("every MPS client"), "{}", warning.what);
+    for named in ["gpu-poll", "persistent kernels", "frame graphs", "error 700", "cuStreamWaitValue64"] {
+        assert!(warning.why.contains(named), "{named} not in {}", warning.why);
+    }
+    let fix = warning.fix.as_deref().unwrap();
+    assert!(fix.contains("abort word") && fix.contains("prefer gpu-stream-ops"), "{fix}");
+    // A warning does not fail the doctor by itself.
+    assert_ne!(overall(&report, &all), Overall::Fail);
 }

@@ -14,20 +14,32 @@
 //!   SIGKILLs per cell at random points, without and under a private MPS daemon; hangs, lost frames, mismatches,
 //!   `ProducerGone` times;
 //! - `cycles`: 1,000 attach/detach cycles per backend with a GPU and a CPU strategy; fd and device-memory deltas;
-//! - `evict`: a stuck consumer evicted while the healthy one goes on.
+//! - `evict`: a stuck consumer evicted while the healthy one goes on;
+//! - `containers`: every ring strategy and every toolkit primitive (pool, semaphore, work queue, pipeline) with its
+//!   client in an isolated container (own PID, IPC, network and mount namespaces, a private `/dev/shm`), per backend
+//!   ([`containers`]);
+//! - `mps-kills`: SIGKILL of a process while its persistent kernel, frame graphs or gpu-poll wait runs, without and
+//!   under MPS, with an unrelated pair of MPS clients beside it: how many clients faulted is recorded
+//!   ([`kernel_kills`]).
 //!
-//! `all` runs every part (`--only` picks some). `--out DIR` writes `stress.json` and `stress.md` (tables for
+//! `soak` (not part of `all`): 10,000,000 4K frames from a producer process to a consumer process, every word
+//! checked on the GPU ([`soak`]).
+//!
+//! `all` runs every part (`--only` picks some); `--list` prints the cells instead of running them. `--out DIR` writes `stress.json` and `stress.md` (tables for
 //! docs/results.md). Exit status: 0 every check passed (findings and parts that could not run for a documented
 //! reason do not fail it); 1 a check failed; 2 usage error. Progress goes to stderr.
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
+pub mod containers;
 pub mod hostile;
+pub mod kernel_kills;
 pub mod outcome;
 pub mod procs;
 pub mod render;
 pub mod run;
 pub mod schedule;
+pub mod soak;
 pub mod users;
 
 use std::path::PathBuf;
@@ -36,15 +48,18 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use containers::ContainerRun;
 use harness::mps::{MpsControl, MpsDaemon};
+use kernel_kills::KernelKillRun;
 use outcome::{CellCounts, Check, Status, Trial, TrialOutcome};
 use procs::ChildEnv;
 use run::{Ctx, CyclesRun, FrontDoorRun, NamespaceRun};
 use schedule::{BACKENDS, Sizes, SplitMix};
+use soak::SoakReport;
 use users::UsersReport;
 
 /// Version of the JSON document.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A part of the stress run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
@@ -64,6 +79,12 @@ pub enum Part {
     Cycles,
     /// Eviction of a stuck consumer.
     Evict,
+    /// Every ring strategy and toolkit primitive with its client in an isolated container.
+    Containers,
+    /// SIGKILL while a persistent kernel, frame graphs or a gpu-poll wait runs; MPS clients faulted, recorded.
+    MpsKills,
+    /// 10,000,000 4K frames between two processes, every word checked (not part of `all`).
+    Soak,
 }
 
 /// Which MPS modes the kill matrix runs in.
@@ -81,9 +102,13 @@ pub enum MpsMode {
 /// Options of `gpu-ipc-stress`.
 #[derive(Debug, Clone, Args)]
 pub struct StressArgs {
-    /// What to run: all, hostile, namespace, users, kills, cycles or evict.
+    /// What to run: all, hostile, namespace, users, kills, cycles, evict, containers, mps-kills, or soak (not in
+    /// all).
     #[arg(value_enum)]
     pub part: Part,
+    /// Print the cells the selected parts would run, with what each must do, and exit.
+    #[arg(long)]
+    pub list: bool,
     /// With `all`: only these parts (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Part>,
@@ -99,11 +124,13 @@ pub struct StressArgs {
     /// Where the `producer` and `consumer` programs are [default: next to this program].
     #[arg(long, value_name = "DIR")]
     pub bin_dir: Option<PathBuf>,
-    /// Only this backend [default: legacy and vmm].
-    #[arg(long, value_parser = ["legacy", "vmm"])]
+    /// Only this backend [default: legacy and vmm; mps-kills and soak: vmm]. `host` (no GPU) runs only the CPU cells
+    /// of `containers` and `soak --sync cpu-spin`: the harness's own check.
+    #[arg(long, value_parser = ["legacy", "vmm", "host"])]
     pub backend: Option<String>,
-    /// MPS modes of the kill matrix (the other parts run without MPS).
-    #[arg(long, value_enum, default_value = "both")]
+    /// MPS modes of the kill matrix, mps-kills and the containers' gpu-poll cells (the other parts run without MPS);
+    /// the soak runs under MPS unless `off`. A bare `--mps` is `on`.
+    #[arg(long, value_enum, default_value = "both", num_args = 0..=1, default_missing_value = "on")]
     pub mps: MpsMode,
     /// An MPS pass that cannot start (no nvidia-cuda-mps-control, no daemon) is "not run" instead of a failure.
     #[arg(long)]
@@ -117,12 +144,25 @@ pub struct StressArgs {
     /// Seed of the random kill points and bytes [default: from the clock; the JSON records it].
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Frame width (RGB frames).
-    #[arg(long, default_value_t = 1280)]
-    pub width: u32,
-    /// Frame height.
-    #[arg(long, default_value_t = 720)]
-    pub height: u32,
+    /// Frame width (RGB frames) [default: 1280; soak: 3840].
+    #[arg(long)]
+    pub width: Option<u32>,
+    /// Frame height [default: 720; soak: 2160].
+    #[arg(long)]
+    pub height: Option<u32>,
+    /// Soak: frames to send.
+    #[arg(long, default_value_t = soak::SOAK_FRAMES)]
+    pub frames: u64,
+    /// Soak: sync strategy.
+    #[arg(long, default_value = "gpu-stream-ops", value_parser = ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops", "gpu-poll"])]
+    pub sync: String,
+    /// Soak: frame graphs on both sides (gpu-stream-ops or gpu-poll).
+    #[arg(long)]
+    pub graph: bool,
+    /// Soak: the longest it may run, start-up included; past it both programs are killed and the soak fails with
+    /// the figures so far (the default leaves a 10-minute call time to write the report).
+    #[arg(long, default_value_t = 570)]
+    pub max_seconds: u64,
     /// The longest a producer may go without publishing, or a streaming consumer without a frame, in ms.
     #[arg(long, default_value_t = 100)]
     pub max_gap_ms: u64,
@@ -154,13 +194,45 @@ impl StressArgs {
     }
 
     fn backends(&self) -> Vec<&'static str> {
+        if self.backend.as_deref() == Some("host") {
+            return vec!["host"];
+        }
         BACKENDS.iter().copied().filter(|b| self.backend.as_deref().is_none_or(|x| x == *b)).collect()
+    }
+
+    /// The one backend of mps-kills and the soak: `--backend`, else vmm.
+    fn one_backend(&self) -> &'static str {
+        self.backends().first().copied().filter(|_| self.backend.is_some()).unwrap_or("vmm")
+    }
+
+    /// The frame size: `--width`/`--height`, else 1280x720 (soak: 3840x2160).
+    pub fn frame(&self) -> (u32, u32) {
+        let (w, h) = if self.part == Part::Soak { soak::SOAK_SIZE } else { (1280, 720) };
+        (self.width.unwrap_or(w), self.height.unwrap_or(h))
+    }
+
+    /// The MPS modes (`false`: without) of the parts that run in both.
+    fn mps_modes(&self) -> &'static [bool] {
+        match self.mps {
+            MpsMode::Off => &[false],
+            MpsMode::On => &[true],
+            MpsMode::Both => &[false, true],
+        }
     }
 }
 
 /// `part` with `only`: the parts to run, in their fixed order.
 pub fn selected_parts(part: Part, only: &[Part]) -> Vec<Part> {
-    let every = [Part::Hostile, Part::Namespace, Part::Users, Part::Cycles, Part::Evict, Part::Kills];
+    let every = [
+        Part::Hostile,
+        Part::Namespace,
+        Part::Users,
+        Part::Containers,
+        Part::Cycles,
+        Part::Evict,
+        Part::Kills,
+        Part::MpsKills,
+    ];
     match part {
         Part::All if only.is_empty() || only.contains(&Part::All) => every.to_vec(),
         Part::All => every.into_iter().filter(|p| only.contains(p)).collect(),
@@ -216,6 +288,14 @@ pub struct StressReport {
     pub users: Option<UsersReport>,
     /// The cycles runs.
     pub cycles: Vec<CyclesRun>,
+    /// What the containers' check saw inside one (`null` when the part was not selected or could not run).
+    pub container_proof: Option<String>,
+    /// The containers' cells.
+    pub containers: Vec<ContainerRun>,
+    /// The kills while a kernel waits, per MPS mode.
+    pub mps_kills: Vec<KernelKillRun>,
+    /// The soak (`null` unless `soak` ran).
+    pub soak: Option<SoakReport>,
     /// Every check.
     pub checks: Vec<Check>,
     /// No check failed.
@@ -224,6 +304,20 @@ pub struct StressReport {
 
 /// `gpu-ipc-stress PART`. Returns the exit status.
 pub fn main(args: &StressArgs) -> u8 {
+    if args.list {
+        print!("{}", list_cells(args));
+        return 0;
+    }
+    let parts = args.parts();
+    if args.backend.as_deref() == Some("host")
+        && let Some(part) = parts.iter().find(|p| !matches!(p, Part::Containers | Part::Soak))
+    {
+        eprintln!(
+            "gpu-ipc-stress: --backend host runs only the containers part's CPU cells and the soak (not {part:?}): \
+             pass --only containers, or soak --sync cpu-spin"
+        );
+        return 2;
+    }
     let bins = match procs::Bins::find(args.bin_dir.as_deref()) {
         Ok(bins) => bins,
         Err(e) => {
@@ -236,13 +330,13 @@ pub fn main(args: &StressArgs) -> u8 {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });
-    let parts = args.parts();
+    let (width, height) = args.frame();
     let ctx = Ctx {
         bins,
         env: ChildEnv::new(),
         sizes: args.sizes(),
-        width: args.width,
-        height: args.height,
+        width,
+        height,
         max_gap: Duration::from_millis(args.max_gap_ms),
         gone_bound: Duration::from_millis(args.gone_bound_ms),
         hang_after: Duration::from_secs(args.hang_after.max(1)),
@@ -256,7 +350,7 @@ pub fn main(args: &StressArgs) -> u8 {
         seed,
         parts: parts.clone(),
         sizes: ctx.sizes,
-        frame: [args.width, args.height],
+        frame: [width, height],
         started_unix,
         seconds: 0.0,
         kill_passes: Vec::new(),
@@ -264,10 +358,14 @@ pub fn main(args: &StressArgs) -> u8 {
         namespace: Vec::new(),
         users: None,
         cycles: Vec::new(),
+        container_proof: None,
+        containers: Vec::new(),
+        mps_kills: Vec::new(),
+        soak: None,
         checks: Vec::new(),
         passed: false,
     };
-    eprintln!("gpu-ipc-stress: parts {parts:?}, seed {seed}, {}x{} RGB frames", args.width, args.height);
+    eprintln!("gpu-ipc-stress: parts {parts:?}, seed {seed}, {width}x{height} RGB frames");
     let backends = args.backends();
     let (hostile_on, namespace_on) = (parts.contains(&Part::Hostile), parts.contains(&Part::Namespace));
     if hostile_on || namespace_on {
@@ -290,6 +388,9 @@ pub fn main(args: &StressArgs) -> u8 {
         report.checks.extend(users_checks(&users));
         print_checks(&report.checks[from..]);
         report.users = Some(users);
+    }
+    if parts.contains(&Part::Containers) {
+        run_containers(&ctx, &backends, args, &mut report);
     }
     if parts.contains(&Part::Cycles) {
         for backend in &backends {
@@ -330,9 +431,274 @@ pub fn main(args: &StressArgs) -> u8 {
             report.kill_passes.push(pass);
         }
     }
+    if parts.contains(&Part::MpsKills) {
+        run_mps_kills(&ctx, args, &mut report);
+    }
+    if parts.contains(&Part::Soak) {
+        run_soak(&ctx, args, &mut report);
+    }
     report.seconds = started.elapsed().as_secs_f64();
     report.passed = !report.checks.iter().any(|c| c.status == Status::Failed);
     finish(&report, args)
+}
+
+/// A private MPS daemon and its clients' environment.
+fn start_mps(control: &MpsControl) -> Result<(MpsDaemon, ChildEnv), String> {
+    let daemon = MpsDaemon::start(control).map_err(|e| e.to_string())?;
+    let env = client_env(&daemon);
+    Ok((daemon, env))
+}
+
+/// Stops `daemon`, copying its logs into `--out`/`name` first.
+fn stop_mps(mut daemon: MpsDaemon, args: &StressArgs, name: &str) {
+    if let Some(out) = &args.out {
+        daemon.copy_logs(&out.join(name));
+    }
+    if let Err(problem) = daemon.stop() {
+        eprintln!("gpu-ipc-stress: {problem}");
+    }
+}
+
+/// The check of a pass that needed MPS and could not start it: failed, unless `--allow-no-mps`.
+fn no_mps_check(part: &str, what: &str, reason: &str, allow_no_mps: bool) -> Check {
+    let status = if allow_no_mps { Status::NotRun } else { Status::Failed };
+    Check::new(part, format!("{what}, MPS"), status, format!("no private MPS daemon: {reason}"))
+}
+
+/// The `containers` part: the isolation's check, then every cell without MPS, then the gpu-poll cells under MPS.
+fn run_containers(ctx: &Ctx, backends: &[&'static str], args: &StressArgs, report: &mut StressReport) {
+    eprintln!("gpu-ipc-stress: containers (own PID, IPC, network and mount namespaces, private /dev/shm)");
+    let from = report.checks.len();
+    let modes = args.mps_modes();
+    let wanted_mps = modes.contains(&true) && !backends.contains(&"host");
+    let cells = containers::cells(backends, wanted_mps);
+    let iso = match containers::Isolation::find() {
+        Ok((iso, proof)) => {
+            report.checks.push(Check::new(
+                "containers",
+                "a container isolates pid, ipc, net, mnt and /dev/shm",
+                Status::Passed,
+                proof.clone(),
+            ));
+            print_checks(&report.checks[from..]);
+            report.container_proof = Some(proof);
+            iso
+        }
+        Err(why) => {
+            for mut cell in cells {
+                cell.detail = why.clone();
+                report.checks.push(cell.check());
+                report.containers.push(cell);
+            }
+            print_checks(&report.checks[from..]);
+            return;
+        }
+    };
+    let (plain, under_mps): (Vec<ContainerRun>, Vec<ContainerRun>) = cells.into_iter().partition(|c| !c.mps);
+    for cell in plain {
+        let cell = containers::run_cell(ctx, &iso, cell);
+        let check = cell.check();
+        print_checks(std::slice::from_ref(&check));
+        report.checks.push(check);
+        report.containers.push(cell);
+    }
+    if under_mps.is_empty() {
+        return;
+    }
+    match start_mps(&MpsControl::from_path()) {
+        Ok((daemon, env)) => {
+            let mps_ctx = Ctx { env, mps: true, ..ctx.clone() };
+            for cell in under_mps {
+                let cell = containers::run_cell(&mps_ctx, &iso, cell);
+                let check = cell.check();
+                print_checks(std::slice::from_ref(&check));
+                report.checks.push(check);
+                report.containers.push(cell);
+            }
+            stop_mps(daemon, args, "mps-log-containers");
+        }
+        Err(reason) => {
+            let check = no_mps_check("containers", "gpu-poll rings in containers", &reason, args.allow_no_mps);
+            print_checks(std::slice::from_ref(&check));
+            report.checks.push(check);
+        }
+    }
+}
+
+/// The `mps-kills` part, on one backend (`--backend`, else vmm), in the MPS modes of `--mps`.
+fn run_mps_kills(ctx: &Ctx, args: &StressArgs, report: &mut StressReport) {
+    let backend = args.one_backend();
+    let control = MpsControl::from_path();
+    for &mps in args.mps_modes() {
+        let mode = if mps { "MPS" } else { "no MPS" };
+        eprintln!("gpu-ipc-stress: kills while a kernel waits ({backend}, {mode}), with a bystander pair");
+        let mut daemon = None;
+        let mut cell_ctx = Ctx { mps, ..ctx.clone() };
+        if mps {
+            match start_mps(&control) {
+                Ok((d, env)) => {
+                    cell_ctx.env = env;
+                    daemon = Some(d);
+                }
+                Err(reason) => {
+                    let check = no_mps_check("mps-kills", "kills while a kernel waits", &reason, args.allow_no_mps);
+                    print_checks(std::slice::from_ref(&check));
+                    report.checks.push(check);
+                    continue;
+                }
+            }
+        }
+        for cell in kernel_kills::cells(backend, mps) {
+            let run = kernel_kills::trial(&cell_ctx, cell);
+            let check = Check::new("mps-kills", cell.name(), run.status, run.detail.clone());
+            print_checks(std::slice::from_ref(&check));
+            report.checks.push(check);
+            // After a fault (or anything wrong) under MPS, a fresh daemon, so that the next cell starts clean.
+            let spoiled = run.faulted > 0 || run.status == Status::Failed;
+            report.mps_kills.push(run);
+            if spoiled && let Some(d) = daemon.take() {
+                stop_mps(d, args, "mps-log-mps-kills-fault");
+                match start_mps(&control) {
+                    Ok((d, env)) => {
+                        cell_ctx.env = env;
+                        daemon = Some(d);
+                    }
+                    Err(reason) => {
+                        let check = no_mps_check("mps-kills", "restarting MPS after a fault", &reason, false);
+                        print_checks(std::slice::from_ref(&check));
+                        report.checks.push(check);
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(d) = daemon {
+            stop_mps(d, args, "mps-log-mps-kills");
+        }
+    }
+}
+
+/// `soak`: under a private MPS daemon unless `--mps off`.
+fn run_soak(ctx: &Ctx, args: &StressArgs, report: &mut StressReport) {
+    let mps = args.mps != MpsMode::Off && args.backend.as_deref() != Some("host");
+    let settings = SoakReport {
+        backend: args.one_backend().to_owned(),
+        sync: args.sync.clone(),
+        graph: args.graph,
+        mps,
+        frame: [ctx.width, ctx.height],
+        slots: soak::SOAK_SLOTS,
+        frames_wanted: args.frames,
+        max_seconds: args.max_seconds,
+        ..SoakReport::default()
+    };
+    let name = format!(
+        "{}/{}{}{}: {} frames of {}x{} rgb8 from one process to another, every word checked by the consumer{}, 0 \
+         mismatched",
+        settings.backend,
+        settings.sync,
+        if settings.graph { " (frame graphs)" } else { "" },
+        if mps { ", MPS" } else { "" },
+        settings.frames_wanted,
+        ctx.width,
+        ctx.height,
+        if settings.backend == "host" { " (host backend: on the CPU)" } else { " (on the GPU)" }
+    );
+    eprintln!("gpu-ipc-stress: soak {name}");
+    let (daemon, env) = if mps {
+        match start_mps(&MpsControl::from_path()) {
+            Ok((d, env)) => (Some(d), env),
+            Err(reason) => {
+                report.checks.push(no_mps_check("soak", &name, &reason, args.allow_no_mps));
+                print_checks(&report.checks[report.checks.len() - 1..]);
+                return;
+            }
+        }
+    } else {
+        (None, ctx.env.clone())
+    };
+    let run = soak::soak(&Ctx { env, mps, ..ctx.clone() }, settings);
+    if let Some(d) = daemon {
+        stop_mps(d, args, "mps-log-soak");
+    }
+    let check = Check::new("soak", name, run.status, run.detail.clone());
+    print_checks(std::slice::from_ref(&check));
+    report.checks.push(check);
+    report.soak = Some(run);
+}
+
+/// `--list`: every cell of the selected parts, one a line: part, cell, what it must do.
+pub fn list_cells(args: &StressArgs) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let backends = args.backends();
+    let modes = args.mps_modes();
+    for part in args.parts() {
+        let mut line = |cell: &str, must: &str| {
+            let _ = writeln!(
+                out,
+                "{:<11} {cell}: {must}",
+                serde_json::to_value(part).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+            );
+        };
+        match part {
+            Part::Hostile => {
+                line("per backend", "hostile clients at a streaming producer; fds flat, gaps < --max-gap-ms")
+            }
+            Part::Namespace => line("per backend", "a consumer in another PID namespace verifies 50 frames"),
+            Part::Users => {
+                for r in users::rows(&backends) {
+                    line(
+                        &format!("{}/{} {}", r.backend, r.sync, r.door.name()),
+                        "a consumer of uid 65534 imports and verifies, or is refused (finding)",
+                    );
+                }
+            }
+            Part::Containers => {
+                let mps = modes.contains(&true) && !backends.contains(&"host");
+                for c in containers::cells(&backends, mps) {
+                    let must = containers::needs_gpu(&c.backend, c.sync.as_deref())
+                        .map_or(c.expectation.clone(), |why| format!("not run: {why}"));
+                    line(&c.name(), &must);
+                }
+            }
+            Part::Cycles => {
+                line("per backend x gpu-stream-ops, cpu-spin", "attach/detach cycles leave fds and device memory flat")
+            }
+            Part::Evict => line("per backend", "a stuck consumer is evicted, the healthy one reads every frame"),
+            Part::Kills => {
+                for &mps in modes {
+                    for c in schedule::cells(&backends, mps) {
+                        line(
+                            &format!("{} ({})", c.name(), if mps { "MPS" } else { "no MPS" }),
+                            "random SIGKILLs; ProducerGone in bound or the survivor reads all",
+                        );
+                    }
+                }
+            }
+            Part::MpsKills => {
+                for &mps in modes {
+                    for c in kernel_kills::cells(args.one_backend(), mps) {
+                        let must = kernel_kills::unavailable(c.kind, mps)
+                            .map_or(kernel_kills::EXPECTATION.to_owned(), |why| format!("not run: {why}"));
+                        line(&c.name(), &must);
+                    }
+                }
+            }
+            Part::Soak => {
+                let (w, h) = args.frame();
+                line(
+                    &format!("{}/{}{}", args.one_backend(), args.sync, if args.graph { " (frame graphs)" } else { "" }),
+                    &format!(
+                        "{} frames of {w}x{h} rgb8, every word checked on the GPU, 0 mismatched (MPS unless --mps off)",
+                        args.frames
+                    ),
+                );
+            }
+            Part::All => {}
+        }
+    }
+    out
 }
 
 fn print_checks(checks: &[Check]) {
@@ -548,8 +914,20 @@ mod tests {
     fn all_runs_every_part_and_only_picks_some_in_the_fixed_order() {
         assert_eq!(
             parse(&["all"]).parts(),
-            vec![Part::Hostile, Part::Namespace, Part::Users, Part::Cycles, Part::Evict, Part::Kills]
+            vec![
+                Part::Hostile,
+                Part::Namespace,
+                Part::Users,
+                Part::Containers,
+                Part::Cycles,
+                Part::Evict,
+                Part::Kills,
+                Part::MpsKills
+            ]
         );
+        // The soak is not part of `all`.
+        assert_eq!(parse(&["all", "--only", "soak,containers"]).parts(), vec![Part::Containers]);
+        assert_eq!(parse(&["soak"]).parts(), vec![Part::Soak]);
         assert_eq!(parse(&["all", "--only", "kills,hostile"]).parts(), vec![Part::Hostile, Part::Kills]);
         assert_eq!(parse(&["all", "--only", "users"]).parts(), vec![Part::Users]);
         assert_eq!(parse(&["users"]).parts(), vec![Part::Users]);
@@ -565,6 +943,32 @@ mod tests {
         assert_eq!(parse(&["kills", "--backend", "vmm"]).backends(), vec!["vmm"]);
         assert_eq!(parse(&["kills"]).backends(), vec!["legacy", "vmm"]);
         assert!(Cli::try_parse_from(["stress", "kills", "--backend", "cuda"]).is_err());
+    }
+
+    #[test]
+    fn the_soak_line_of_the_issue_parses_with_4k_frames_under_mps() {
+        let a = parse(&["soak", "--frames", "10000000", "--mps"]);
+        assert_eq!((a.part, a.frames, a.mps, a.frame()), (Part::Soak, 10_000_000, MpsMode::On, (3840, 2160)));
+        assert_eq!(a.one_backend(), "vmm");
+        assert_eq!(a.sync, "gpu-stream-ops");
+        assert_eq!(parse(&["soak", "--mps", "off", "--graph"]).mps, MpsMode::Off);
+        assert_eq!(parse(&["all"]).mps, MpsMode::Both);
+        assert_eq!(parse(&["all"]).frame(), (1280, 720));
+        assert_eq!(parse(&["soak", "--backend", "legacy"]).one_backend(), "legacy");
+        assert_eq!(parse(&["containers", "--backend", "host"]).backends(), vec!["host"]);
+        // --backend host runs only the containers' CPU cells and the soak.
+        assert_eq!(main(&parse(&["all", "--backend", "host"])), 2);
+        let list = list_cells(&parse(&["all", "--only", "containers,mps-kills", "--list"]));
+        assert!(
+            list.contains("containers  vmm/ipc-event ring: a consumer in a container verifies all 200 frames"),
+            "{list}"
+        );
+        assert!(
+            list.contains("mps-kills   vmm/persistent kernel/producer killed (no MPS): not run: needs MPS"),
+            "{list}"
+        );
+        assert!(list.contains("mps-kills   vmm/gpu-poll wait/consumer killed (MPS): no hang"), "{list}");
+        assert_eq!(main(&parse(&["soak", "--list"])), 0);
     }
 
     #[test]

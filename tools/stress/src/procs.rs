@@ -52,6 +52,20 @@ impl Bins {
         };
         Ok(Self { producer: find("producer")?, consumer: find("consumer")? })
     }
+
+    /// Another staged example (`pool`, `semaphore`, `work_queue`, `pipeline`) beside the producer.
+    ///
+    /// # Errors
+    /// It is not there, and what to do.
+    pub fn tool(&self, name: &str) -> Result<PathBuf, String> {
+        let dir = self.producer.parent().unwrap_or(Path::new("."));
+        let path = dir.join(name);
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("no `{name}` program in {} (scripts/stage-gpu.sh stages it)", dir.display()))
+        }
+    }
 }
 
 /// The environment every child gets on top of ours (the MPS client variables, when a daemon runs).
@@ -126,7 +140,7 @@ impl Child {
     ///
     /// # Errors
     /// The process ended first (its last lines), or `deadline` passed.
-    pub fn wait_line(&mut self, wanted: impl Fn(&str) -> bool, deadline: Instant) -> Result<(), String> {
+    pub fn wait_line(&mut self, mut wanted: impl FnMut(&str) -> bool, deadline: Instant) -> Result<(), String> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left.min(Duration::from_millis(100))) {
@@ -150,6 +164,25 @@ impl Child {
     /// As [`Child::wait_line`].
     pub fn wait_progress(&mut self, frames: u64, deadline: Instant) -> Result<(), String> {
         self.wait_line(|line| progress_frames(line).is_some_and(|n| n >= frames), deadline)
+    }
+
+    /// The frame count of its next `frame N` progress report.
+    ///
+    /// # Errors
+    /// As [`Child::wait_line`].
+    pub fn next_progress(&mut self, deadline: Instant) -> Result<u64, String> {
+        let mut seen = None;
+        self.wait_line(
+            |line| {
+                let n = progress_frames(line);
+                if n.is_some() {
+                    seen = n;
+                }
+                n.is_some()
+            },
+            deadline,
+        )?;
+        seen.ok_or_else(|| format!("{}: no progress line", self.name))
     }
 
     /// Writes `text` to its stdin (best effort: a program that exits without reading is answered by its status).

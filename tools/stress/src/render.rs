@@ -144,6 +144,9 @@ pub fn markdown(r: &StressReport) -> String {
         md.push('\n');
     }
     checks_table(&mut md, r, "evict", "Eviction of a stuck consumer");
+    containers_table(&mut md, r);
+    mps_kills_table(&mut md, r);
+    soak_table(&mut md, r);
     let notable: Vec<_> = r.checks.iter().filter(|c| c.status != Status::Passed).collect();
     if !notable.is_empty() {
         md.push_str("## Failures, findings, not run\n\n");
@@ -186,6 +189,93 @@ fn users_table(md: &mut String, u: &UsersReport) {
         );
     }
     md.push('\n');
+}
+
+/// The `containers` part: one row per cell, with what it must do.
+fn containers_table(md: &mut String, r: &StressReport) {
+    if r.containers.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "## Clients in isolated containers\n\nEach client runs in its own PID, IPC, network and mount namespaces with a \
+         private /dev/shm (`unshare`, root); the producer or owner runs outside, the socket is a path both see. {}\n",
+        cell(r.container_proof.as_deref().unwrap_or("The container could not be made."))
+    );
+    md.push_str(
+        "| cell | must | verified | mismatched | seconds | result | detail |\n|---|---|---:|---:|---:|---|---|\n",
+    );
+    for c in &r.containers {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.1} | {} | {} |",
+            cell(&c.name()),
+            cell(&c.expectation),
+            c.verified,
+            c.mismatched_words,
+            c.seconds,
+            c.status.word(),
+            cell(&c.detail)
+        );
+    }
+    md.push('\n');
+}
+
+/// The `mps-kills` part: one row per trial, the fault count first.
+fn mps_kills_table(md: &mut String, r: &StressReport) {
+    if r.mps_kills.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "## Kills while a kernel waits on shared memory\n\nThe side running the kernel is SIGKILLed once the other has \
+         reported {} frames; an unrelated cpu-spin ring pair streams beside them. Expectation: {}.\n",
+        super::kernel_kills::KILL_AFTER,
+        super::kernel_kills::EXPECTATION
+    );
+    md.push_str("| MPS | backend | kernel | victim | clients faulted | survivor ended after (s) | result | detail |\n|---|---|---|---|---:|---:|---|---|\n");
+    for k in &r.mps_kills {
+        let faulted = if k.status == Status::NotRun { "-".to_owned() } else { format!("{}/{}", k.faulted, k.clients) };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {faulted} | {} | {} | {} |",
+            if k.cell.mps { "yes" } else { "no" },
+            k.cell.backend,
+            k.cell.kind.name(),
+            k.cell.victim.name(),
+            k.survivor_end_s.map_or_else(|| "-".to_owned(), |s| format!("{s:.3}")),
+            k.status.word(),
+            cell(&k.detail)
+        );
+    }
+    md.push('\n');
+}
+
+/// The soak: one row.
+fn soak_table(md: &mut String, r: &StressReport) {
+    let Some(s) = &r.soak else { return };
+    md.push_str("## Soak\n\n| backend | sync | MPS | frame | frames | words checked | mismatched words | seconds | frames/s | GB/s | result |\n");
+    md.push_str("|---|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
+    let _ = writeln!(
+        md,
+        "| {} | {}{} | {} | {}x{} rgb8 | {} | {} | {} | {:.1} | {:.0} | {:.1} | {} |\n",
+        s.backend,
+        s.sync,
+        if s.graph { " (graphs)" } else { "" },
+        if s.mps { "yes" } else { "no" },
+        s.frame[0],
+        s.frame[1],
+        s.frames,
+        s.words_checked,
+        s.mismatched_words,
+        s.seconds,
+        s.fps,
+        s.gb_per_s,
+        s.status.word()
+    );
+    if s.status != Status::Passed {
+        let _ = writeln!(md, "{}\n", cell(&s.detail));
+    }
 }
 
 fn checks_table(md: &mut String, r: &StressReport, part: &str, title: &str) {
@@ -362,6 +452,10 @@ mod tests {
                 producer_fd_delta: Some(-1),
                 ..CyclesRun::default()
             }],
+            container_proof: Some("inside: pid 1".into()),
+            containers: vec![],
+            mps_kills: vec![],
+            soak: None,
             checks: vec![
                 Check::new("hostile", "vmm: random bytes", Status::Passed, "6 clients"),
                 Check::new("namespace", "legacy: pid ns", Status::Finding, "exit 1"),
@@ -427,7 +521,7 @@ mod tests {
     #[test]
     fn the_json_document_has_the_fields_a_reader_needs() {
         let json = serde_json::to_value(report()).unwrap();
-        assert_eq!(json["schema"], 1);
+        assert_eq!(json["schema"], 2);
         assert_eq!(json["kill_passes"][1]["cells"][0]["mps_faults"], 1);
         assert_eq!(json["kill_passes"][1]["trials"][1]["outcome"]["kind"], "mps-fault");
         assert_eq!(json["kill_passes"][1]["trials"][0]["cell"]["victim"], "producer");
@@ -443,5 +537,106 @@ mod tests {
         assert_eq!(users["runs"][1]["answer"]["kind"], "verified");
         assert_eq!(users["runs"][1]["door"], "group");
         assert_eq!(users["runs"][2]["answer"]["kind"], "not-run");
+    }
+}
+
+#[cfg(test)]
+mod new_parts_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::containers::{ContainerRun, cells};
+    use crate::kernel_kills::{KernelCell, KernelKillRun, KernelKind};
+    use crate::schedule::Victim;
+    use crate::soak::SoakReport;
+
+    fn with_new_parts() -> StressReport {
+        let mut r = base();
+        let mut event: ContainerRun =
+            cells(&["vmm"], false).into_iter().find(|c| c.name() == "vmm/ipc-event ring").unwrap();
+        event.status = Status::Failed;
+        event.detail = "a raw CUDA error: consumer (container): exit 1: CUDA_ERROR_MAP_FAILED | x".into();
+        r.containers = vec![event];
+        r.container_proof = Some("inside: pid 1, ipc:[9]".into());
+        let cell = KernelCell { backend: "vmm", kind: KernelKind::GpuPoll, victim: Victim::Producer, mps: true };
+        r.mps_kills = vec![KernelKillRun {
+            cell,
+            status: Status::Finding,
+            detail: "mps clients faulted: 3/3 (survivor FAULTED: ...)".into(),
+            clients: 3,
+            faulted: 3,
+            survivor_end_s: Some(0.012),
+            killed_at_ms: Some(800.0),
+            seconds: 4.0,
+        }];
+        r.soak = Some(SoakReport {
+            backend: "vmm".into(),
+            sync: "gpu-stream-ops".into(),
+            mps: true,
+            frame: [3840, 2160],
+            slots: 4,
+            frames_wanted: 10_000_000,
+            frames: 10_000_000,
+            producer_frames: 10_000_000,
+            words_checked: 62_208_000_000_000,
+            seconds: 200.0,
+            fps: 50_000.0,
+            gb_per_s: 1244.2,
+            status: Status::Passed,
+            ..SoakReport::default()
+        });
+        r
+    }
+
+    fn base() -> StressReport {
+        StressReport {
+            schema: crate::SCHEMA_VERSION,
+            quick: false,
+            seed: 1,
+            parts: vec![crate::Part::Containers, crate::Part::MpsKills],
+            sizes: crate::schedule::Sizes::FULL,
+            frame: [1280, 720],
+            started_unix: 0,
+            seconds: 1.0,
+            kill_passes: vec![],
+            front_door: vec![],
+            namespace: vec![],
+            users: None,
+            cycles: vec![],
+            container_proof: None,
+            containers: vec![],
+            mps_kills: vec![],
+            soak: None,
+            checks: vec![],
+            passed: true,
+        }
+    }
+
+    #[test]
+    fn the_new_parts_have_their_tables_with_the_fault_count_and_the_soak_figures() {
+        let r = with_new_parts();
+        let md = markdown(&r);
+        assert!(md.contains("## Clients in isolated containers"), "{md}");
+        assert!(md.contains("inside: pid 1, ipc:[9]"), "{md}");
+        assert!(md.contains("| vmm/ipc-event ring | a consumer in a container verifies all 200 frames"), "{md}");
+        assert!(md.contains("| 0 | 0 | 0.0 | FAILED | a raw CUDA error"), "{md}");
+        assert!(
+            md.contains("| yes | vmm | gpu-poll wait | producer | 3/3 | 0.012 | finding | mps clients faulted: 3/3"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| vmm | gpu-stream-ops | yes | 3840x2160 rgb8 | 10000000 | 62208000000000 | 0 | 200.0 | 50000 | 1244.2 | passed |"),
+            "{md}"
+        );
+        let pipes = |line: &str| line.replace("\\|", "").matches('|').count();
+        for table in md.split("\n\n").filter(|t| t.starts_with('|')) {
+            let header = pipes(table.lines().next().unwrap());
+            assert!(table.lines().all(|l| pipes(l) == header), "{table}");
+        }
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["mps_kills"][0]["cell"]["kind"], "gpu-poll");
+        assert_eq!(json["mps_kills"][0]["faulted"], 3);
+        assert_eq!(json["containers"][0]["sync"], "ipc-event");
+        assert_eq!(json["soak"]["mismatched_words"], 0);
+        assert_eq!(json["soak"]["frames"], 10_000_000);
     }
 }
