@@ -41,8 +41,8 @@ def nixl() -> None:
         return
     if NIXL_ASKED:
         pytest.fail(f"GPU_IPC_TEST_NIXL=1 asks for the NIXL tests and NIXL cannot be loaded: {NIXL_REASON}")
-    pytest.skip(f"NIXL not installed: {NIXL_REASON} (scripts/python-test.sh installs the pinned wheel when it can "
-                "fetch it; GPU_IPC_TEST_NIXL=1 makes this a failure)")
+    pytest.skip(f"{NIXL_REASON} (scripts/python-test.sh installs the pinned wheel when it can fetch it; "
+                "GPU_IPC_TEST_NIXL=1 makes this a failure)")
 
 
 def free_port() -> int:
