@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs the whole GPU suite from what scripts/stage-gpu.sh staged, on a machine with an NVIDIA GPU and no Rust.
 #   scripts/gpu-suite.sh OUT_DIR
-# 1. every test of the workspace, GPU tests included (time-sliced GPU: no MPS);
-# 2. the frame-throughput test, examples/tests/gpu_stamp.rs (stamps after a producer kill, persistent kernels) and
-#    examples/tests/gpu_device_producer.rs (persistent producers)
-#    again under a private MPS daemon (started here, stopped here);
+# 1. every test of the workspace, GPU tests and the tests ignored "needs root" included (time-sliced GPU: no MPS),
+#    less the tests that need MPS (those of `under_mps` modules, ignored "needs a CUDA GPU with MPS running"). Run it
+#    as root, as the GPU machine does: a "needs root" test run without root fails, saying so;
+# 2. the tests that need MPS (`under_mps::*`: gpu-poll and persistent kernels between processes, frame graphs), with
+#    the frame-throughput test, examples/tests/gpu_stamp.rs and examples/tests/gpu_device_producer.rs again, under a
+#    private MPS daemon (started here, stopped here); a test of `under_mps` that finds no MPS fails, never passes;
 # 3. gpu-ipc doctor (text and --json);
 # 4. the research probes, a quick pass of each without and under a private MPS daemon (`gpu-ipc report --quick`,
 #    about 5 minutes; GPU_IPC_SKIP_PROBES=1 skips it, which summary.json then says). The full report is
@@ -15,6 +17,9 @@
 #    and under MPS, attach/detach cycles, eviction; about 9 minutes, `--quick` about 3) into OUT_DIR/stress/
 #    (stress.json, stress.md). GPU_IPC_SKIP_STRESS=1 skips it; GPU_IPC_STRESS_ARGS adds options (e.g. "--quick",
 #    "--only kills,cycles"). GPU_IPC_ALLOW_NO_MPS=1 lets its MPS pass be "not run" instead of failed.
+# The tests find the files they read (docs/, ipc-core/tests/python/, testdata) at run time through CARGO_MANIFEST_DIR,
+# which nextest sets to this tree (`--workspace-remap .`): the project may sit at any path here, whatever the path it
+# was built at.
 # OUT_DIR receives: summary.json, doctor.txt, python-gpu/ (step 5), frames.md (throughput table), answers-quick/ (the quick report:
 # README.md, plots/, raw/) with answers-quick.txt (its four answers), and results.tgz (environment.txt,
 # tests.log, junit.xml, tests-mps.log, doctor.json, frames-*.jsonl, pool-*.jsonl, mps logs).
@@ -46,14 +51,19 @@ START=$(date +%s)
     nvidia-smi 2>&1
 } >"$WORK/environment.txt"
 
-echo "gpu-suite: [1/6] all tests, GPU tests included (no MPS)" >&2
+# The tests that need MPS: every test of an `under_mps` module (each fails where MPS does not run).
+MPS_TESTS='test(/^under_mps::/)'
+[ "$(id -u)" = 0 ] || echo "gpu-suite: not root: the tests ignored \"needs root\" will fail in step 1" >&2
+
+echo "gpu-suite: [1/6] all tests, GPU tests included (no MPS; the tests that need MPS come in step 2)" >&2
 # The child-process entry points are ignored tests that the cross-process tests run; on their own they do nothing.
-GPU_IPC_RESULTS_TAG=no-mps "${NEXTEST[@]}" --run-ignored all -E 'not test(child_process_entry_point)' 2>&1 | tee "$WORK/tests.log"
+GPU_IPC_RESULTS_TAG=no-mps "${NEXTEST[@]}" --run-ignored all -E "not test(child_process_entry_point) & not ($MPS_TESTS)" 2>&1 |
+    tee "$WORK/tests.log"
 TESTS_RC=${PIPESTATUS[0]}
 JUNIT=$(find "$ROOT/target" -path '*nextest/gpu/junit.xml' 2>/dev/null | head -1)
 [ -n "$JUNIT" ] && cp "$JUNIT" "$WORK/junit.xml"
 
-echo "gpu-suite: [2/6] frame throughput, stamps and persistent kernels (gpu_stamp, gpu_device_producer) under a private MPS daemon" >&2
+echo "gpu-suite: [2/6] the tests that need MPS (under_mps::*), frame throughput, gpu_stamp and gpu_device_producer under a private MPS daemon" >&2
 # MPS_STATUS: passed | failed | skipped (no nvidia-cuda-mps-control, or the daemon would not start). A skipped MPS
 # pass is reported as skipped in summary.json and in the table, and fails the suite unless GPU_IPC_ALLOW_NO_MPS=1.
 MPS_RC=0
@@ -63,7 +73,7 @@ MPS_REASON=""
 . "$ROOT/scripts/mps.sh"
 if mps_start; then
     GPU_IPC_RESULTS_TAG=mps "${NEXTEST[@]}" --run-ignored only \
-        -E 'test(every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers) | binary(gpu_stamp) | binary(gpu_device_producer)' 2>&1 |
+        -E "$MPS_TESTS | test(every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers) | binary(gpu_stamp) | binary(gpu_device_producer)" 2>&1 |
         tee "$WORK/tests-mps.log"
     MPS_RC=${PIPESTATUS[0]}
     if [ "$MPS_RC" -eq 0 ]; then MPS_STATUS=passed; else MPS_STATUS=failed; fi

@@ -21,20 +21,27 @@ echo "python-test: a fresh venv with the wheel, pytest, numpy, mypy" >&2
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check pytest==9.2.0 numpy==2.4.6 mypy==2.4.1 "$WHEEL"
-# NIXL for the bridge's tests (python/tests/test_bridge_nixl.py: DRAM over UCX between processes; skipped without
-# it): the pinned wheel, cached in target/nixl (about 2 s to download once, 2 s to install; --no-deps: it names
-# torch, which it does not need for host memory). GPU_IPC_TEST_NIXL=0 leaves it out.
-if [ "${GPU_IPC_TEST_NIXL:-1}" != 0 ]; then
-    if NIXL_WHEEL="$(PYTHON="$VENV/bin/python" scripts/fetch-nixl.sh wheel)"; then
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps "$NIXL_WHEEL"
-    else
-        echo "python-test: no NIXL wheel (offline?): the bridge's NIXL tests will be skipped" >&2
-    fi
+# NIXL for the bridge's tests (python/tests/test_bridge_nixl.py: DRAM over UCX between processes): the pinned wheel,
+# cached in target/nixl (about 2 s to download once, 2 s to install; --no-deps: it names torch, which it does not
+# need for host memory). GPU_IPC_TEST_NIXL unset: installed when it can be fetched, else pytest reports those tests
+# as skipped with the reason; GPU_IPC_TEST_NIXL=1: a wheel that cannot be fetched fails this script, and a NIXL that
+# does not load fails the tests; GPU_IPC_TEST_NIXL=0: left out (the tests show as skipped).
+NIXL_WANTED="${GPU_IPC_TEST_NIXL:-}"
+if [ "$NIXL_WANTED" = 0 ]; then
+    echo "python-test: GPU_IPC_TEST_NIXL=0: NIXL left out; the bridge's NIXL tests will show as skipped" >&2
+elif NIXL_WHEEL="$(PYTHON="$VENV/bin/python" scripts/fetch-nixl.sh wheel)"; then
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps "$NIXL_WHEEL"
+elif [ "$NIXL_WANTED" = 1 ]; then
+    echo "python-test: GPU_IPC_TEST_NIXL=1 and the NIXL wheel could not be fetched (scripts/fetch-nixl.sh wheel)" >&2
+    exit 1
+else
+    echo "python-test: no NIXL wheel (offline?): the bridge's NIXL tests will show as skipped" >&2
 fi
 
 export GPU_IPC_EXAMPLES_DIR="$ROOT/target/debug"
 echo "python-test: pytest python/tests" >&2
-"$VENV/bin/python" -m pytest python/tests -q -p no:cacheprovider "$@"
+# -rs: each skipped test's reason in the summary (a skip is reported, never counted as a pass).
+"$VENV/bin/python" -m pytest python/tests -q -rs -p no:cacheprovider "$@"
 
 echo "python-test: stubs match the module (mypy.stubtest gpu_ipc._gpu_ipc)" >&2
 "$VENV/bin/python" -m mypy.stubtest gpu_ipc._gpu_ipc --allowlist python/stubtest-allowlist.txt

@@ -12,6 +12,9 @@
 #                             default 3.12), reduced to its UCX backend (scripts/fetch-nixl.sh pack; about 9 MB),
 #                             which scripts/bridge-gpu.sh OUT_DIR unpacks onto PYTHONPATH
 # Then, on the GPU machine, from the project root: scripts/gpu-suite.sh OUT_DIR  (see docs/gpu-testing.md).
+# The project may sit at any path there: the tests find the files they read (docs/, ipc-core/tests/python/, testdata)
+# at run time through CARGO_MANIFEST_DIR, which `cargo-nextest nextest run --archive-file ... --workspace-remap .` sets
+# to the tree it runs in. A test binary run by hand from the archive needs CARGO_MANIFEST_DIR=TREE/<its package dir>.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"

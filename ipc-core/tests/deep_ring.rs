@@ -72,10 +72,9 @@ fn a_32_slot_ring_still_offers_control_block_layout_1_to_every_client() {
 #[test]
 fn the_independent_python_consumer_of_layout_1_is_refused_by_a_256_slot_ring_and_says_why() {
     let python = common::python::python(8);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/consumer.py");
     let mut p = producer(sock("python"), SyncStrategy::CpuSleep, 256);
     let args = ["--name", "layout-1", "--timeout", "10", "--frames", "10"];
-    let mut c = PyScript::spawn(&python, script, "python consumer", &sock("python"), &args);
+    let mut c = PyScript::spawn(&python, "consumer.py", "python consumer", &sock("python"), &args);
     let deadline = Instant::now() + T;
     while !c.has_exited() {
         assert!(Instant::now() < deadline, "the Python consumer neither attached nor left");

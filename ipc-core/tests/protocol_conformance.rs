@@ -7,8 +7,9 @@
 //! example cannot be added, removed or renamed on one side only.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use ipc_core::pool::layout::{BlockId, Geometry};
 use ipc_core::pool::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest, PoolOffer};
@@ -25,7 +26,7 @@ use ipc_core::wire::{
 };
 
 fn doc(name: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs").join(name);
+    let path = common::package_file(&format!("../docs/{name}"));
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 

@@ -38,7 +38,7 @@ use ipc_core::wire::{
 use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
 
 const T: Duration = Duration::from_secs(10);
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/consumer.py");
+const SCRIPT: &str = "consumer.py";
 
 fn sock(name: &str) -> PathBuf {
     common::sock("py", name)
@@ -505,7 +505,7 @@ fn a_consumer_that_reads_its_given_back_record_is_told_its_handshake_was_dropped
 // against the real producer only on a GPU machine (`scripts/python-gpu-consumer.sh`). What can be checked here:
 // its frame check pattern against the table of vectors in docs/kernels.md, and that without CUDA (or without a
 // producer) it stops with one line saying what is missing, not a traceback.
-const CUDA_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/cuda_consumer.py");
+const CUDA_SCRIPT: &str = "cuda_consumer.py";
 
 #[test]
 fn the_cuda_consumer_s_pattern_matches_the_vectors_of_docs_kernels_md() {

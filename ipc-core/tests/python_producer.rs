@@ -25,7 +25,7 @@ use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError};
 
 const T: Duration = Duration::from_secs(10);
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/producer.py");
+const SCRIPT: &str = "producer.py";
 /// Environment of the child consumer process (see [`child_process_entry_point`]).
 const ROLE: &str = "GPU_IPC_PYPROD_ROLE";
 const SOCKET: &str = "GPU_IPC_PYPROD_SOCKET";

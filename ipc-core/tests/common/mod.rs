@@ -15,6 +15,24 @@ use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{FrameError, Producer, ProducerConfig};
 use ipc_core::wire::{FrameGeometry, HEADER_BYTES, Header, PixelFormat, SyncStrategy, recv_bytes, send_bytes};
 
+/// The file `relative` to ipc-core's directory (`tests/python/consumer.py`, `../docs/protocol.md`), found at run time,
+/// so a suite built at one path runs from a checkout at another (a nextest archive replayed on the GPU machine with
+/// `--workspace-remap`, a copied tree): cargo test and cargo-nextest set `CARGO_MANIFEST_DIR` in the test process
+/// (nextest to the remapped tree), and the path compiled in is only the fallback for a test binary run by hand. Fails
+/// the test, saying how to point it at a checkout, when the file is not there.
+pub fn package_file(relative: &str) -> PathBuf {
+    let dir =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    let path = dir.join(relative);
+    assert!(
+        path.exists(),
+        "{} does not exist: run the tests from a checkout of the project (cargo nextest run, or an archive with \
+         --workspace-remap CHECKOUT), or set CARGO_MANIFEST_DIR=CHECKOUT/ipc-core for a test binary run by hand",
+        path.display()
+    );
+    path
+}
+
 /// A socket path in the temporary directory, unique to this test process, `tag` (the test file) and `name`.
 pub fn sock(tag: &str, name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("gpu-ipc-{tag}-{}-{name}.sock", std::process::id()))

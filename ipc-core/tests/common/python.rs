@@ -95,10 +95,12 @@ pub struct PyScript {
 }
 
 impl PyScript {
-    /// Starts `python script --socket <socket> <options>`; `what` names it in messages.
+    /// Starts `python tests/python/<script> --socket <socket> <options>` (the script found at run time,
+    /// [`super::package_file`]); `what` names it in messages.
     pub fn spawn(python: &str, script: &str, what: &str, socket: &Path, options: &[&str]) -> Self {
+        let script = super::package_file(&format!("tests/python/{script}"));
         let mut child = Command::new(python)
-            .arg(script)
+            .arg(&script)
             .arg("--socket")
             .arg(socket)
             .args(options)
@@ -106,7 +108,7 @@ impl PyScript {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|err| panic!("cannot start `{python} {script}`: {err}"));
+            .unwrap_or_else(|err| panic!("cannot start `{python} {}`: {err}", script.display()));
         let stdout = line_reader(child.stdout.take().unwrap());
         let stderr = Some(read_all(child.stderr.take().unwrap()));
         let child = KillOnDrop(child);
