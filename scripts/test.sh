@@ -23,13 +23,18 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, -D warnings)"
 cargo clippy "${CARGO_FLAGS[@]}" --all-targets -- -D warnings
 
+# The tests ignored as "needs root" (each runs a child as another user); run below when this script runs as root.
+ROOT_TESTS='(package(ipc-core) & (binary(other_users) | test(=another_user_is_kept_out)
+    | test(=a_refused_other_user_peer_does_not_end_the_producer)))
+    | (package(gpu-ipc-stress) & test(/as_root_the_consumer_runs_as_nobody/))'
+
 if cargo nextest --version >/dev/null 2>&1; then
     step "tests (GPU tests are listed as ignored on a machine without a GPU)"
     cargo nextest run "${CARGO_FLAGS[@]}" --no-fail-fast
     step "tests that need root (consumers running as another user)"
     if [ "$(id -u)" = 0 ]; then
         # The same build as above: only the filter differs.
-        cargo nextest run "${CARGO_FLAGS[@]}" --no-fail-fast --run-ignored only -E 'package(ipc-core) & binary(other_users)'
+        cargo nextest run "${CARGO_FLAGS[@]}" --no-fail-fast --run-ignored only -E "$ROOT_TESTS"
     else
         echo "(not root: the tests marked 'needs root' stay ignored)" >&2
     fi
@@ -40,6 +45,9 @@ else
     step "tests that need root (consumers running as another user)"
     if [ "$(id -u)" = 0 ]; then
         cargo test "${CARGO_FLAGS[@]}" --test other_users -- --ignored
+        cargo test "${CARGO_FLAGS[@]}" --test wire_rendezvous -- --ignored --exact another_user_is_kept_out
+        cargo test "${CARGO_FLAGS[@]}" --test hostile_clients -- --ignored --exact \
+            a_refused_other_user_peer_does_not_end_the_producer
     else
         echo "(not root: the tests marked 'needs root' stay ignored)" >&2
     fi

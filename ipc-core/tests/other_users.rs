@@ -113,27 +113,6 @@ fn read_frames(socket: &Path, options: &AttachOptions) -> Result<(u64, u64), Fra
     Ok((100, bad))
 }
 
-/// A copy of this test binary that `nobody` can run (the build directory may be closed to other users).
-/// Made once: the tests run on threads of one process, and a file being written cannot be run.
-fn binary_for_nobody() -> PathBuf {
-    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    COPY.get_or_init(|| {
-        // Copies left by earlier runs whose process is gone.
-        for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let pid = name.strip_prefix("gpu-ipc-users-").and_then(|rest| rest.strip_suffix("-child"));
-            if pid.and_then(|p| p.parse::<u32>().ok()).is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-        let copy = std::env::temp_dir().join(format!("gpu-ipc-users-{}-child", std::process::id()));
-        std::fs::copy(std::env::current_exe().unwrap(), &copy).unwrap();
-        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-        copy
-    })
-    .clone()
-}
-
 /// Runs a child as `nobody` against a producer at `socket` that publishes while it runs; returns its report.
 fn as_nobody(role: &str, access: SocketAccess, name: &str) -> String {
     assert!(rustix::process::geteuid().is_root(), "this test needs root (it runs a consumer as nobody)");
@@ -143,7 +122,7 @@ fn as_nobody(role: &str, access: SocketAccess, name: &str) -> String {
     let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let child = {
-        let (binary, socket, role, stop) = (binary_for_nobody(), socket.clone(), role.to_owned(), stop.clone());
+        let (binary, socket, role, stop) = (common::binary_for_nobody(), socket.clone(), role.to_owned(), stop.clone());
         thread::spawn(move || {
             let out = Command::new(binary)
                 .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])

@@ -7,6 +7,7 @@ pub mod door_client;
 pub mod python;
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -82,4 +83,25 @@ pub fn raw_answer(p: &mut Producer<HostFake>, path: &Path, hello: &[u8]) -> (Vec
     recv_bytes(stream.as_fd(), &mut payload, timeout).unwrap();
     bytes.extend(payload);
     (bytes, fds, stream)
+}
+
+/// A copy of this test binary that `nobody` can run (the build directory may be closed to other users).
+/// Root-only tests run children from it. Made once: the tests run on threads of one process, and a file being written cannot be run.
+pub fn binary_for_nobody() -> PathBuf {
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        // Copies left by earlier runs whose process is gone.
+        for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name.strip_prefix("gpu-ipc-users-").and_then(|rest| rest.strip_suffix("-child"));
+            if pid.and_then(|p| p.parse::<u32>().ok()).is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        let copy = std::env::temp_dir().join(format!("gpu-ipc-users-{}-child", std::process::id()));
+        std::fs::copy(std::env::current_exe().unwrap(), &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        copy
+    })
+    .clone()
 }
