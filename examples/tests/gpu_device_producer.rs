@@ -256,7 +256,9 @@ mod under_mps {
             assert_eq!(cs.code(), Some(4), "{what}: consumer exit {cs}, {cj}");
             assert_eq!(cj["mismatched_words"], 0, "{what}: {cj}");
             let skipped = cj["skipped_frames"].as_u64().unwrap();
-            println!("graph consumer, producer killed {what}: 0 mismatched words, {skipped} frames passed over behind their stamp");
+            println!(
+                "graph consumer, producer killed {what}: 0 mismatched words, {skipped} frames passed over behind their stamp"
+            );
             record(&serde_json::json!({"test": "graph-consumer-producer-killed", "backend": backend, "consumer": cj}));
         }
     }
