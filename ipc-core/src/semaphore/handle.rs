@@ -12,7 +12,7 @@ use super::owner::import_offer;
 use super::watchdog::Watchdog;
 use crate::backend::Backend;
 use crate::door::{self, ObjectKind, OwnerLink};
-use crate::driver::{Context, DevicePtr, Stream};
+use crate::driver::{Context, DevicePtr, DeviceSpan, Stream};
 use crate::ring::{WaitMode, bounded_wait};
 
 /// How a CPU-side wait passes time: it spins first (lowest latency), then sleeps in short naps.
@@ -320,6 +320,31 @@ impl Semaphore {
     pub fn wait_status(&self, wait: &StreamWait) -> Result<bool, SemaphoreError> {
         let _ = self.liveness();
         self.peer.block.ticket_released(wait.ticket)
+    }
+
+    /// Queues on `stream` a copy of the word that tells how `wait` was released into `dst` (8 bytes of device
+    /// memory, in this handle's context), so that the kernels queued after it on `stream` read the verdict from
+    /// ordinary device memory: a post released the wait iff [`StreamWait::released_by_post`] holds for the `u64`
+    /// at `dst` (`(word & COUNT_MASK) > ticket`). Queue it right after [`wait_on`](Self::wait_on) on the same
+    /// stream: the copy runs once the wait is released, so it sees the post or the poison that released it.
+    /// (Kernels may instead read [`StreamWait::status_word`] themselves.)
+    ///
+    /// # Errors
+    /// [`SemaphoreError::NoCudaContext`]; no stream wait queued by this handle yet (nothing registered:
+    /// [`SemaphoreError::NoCudaContext`] too); `dst` not 8 bytes, or the driver's error.
+    pub fn copy_status_on(
+        &self,
+        stream: &Stream,
+        wait: &StreamWait,
+        dst: &DeviceSpan<'_>,
+    ) -> Result<(), SemaphoreError> {
+        let gpu = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(side) = &gpu.side else { return Err(SemaphoreError::NoCudaContext) };
+        if !side.same_context(stream) {
+            return Err(SemaphoreError::WrongContext);
+        }
+        tracing::trace!(ticket = wait.ticket, "semaphore: status word copied after a stream wait");
+        side.copy_status(stream, dst)
     }
 
     /// Queues on `stream` a post of `count`: it lands once the stream's earlier work is done (a host function,
