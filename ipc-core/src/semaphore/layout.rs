@@ -249,6 +249,14 @@ mod tests {
     }
 
     #[test]
+    fn the_device_headers_count_mask_is_this_one() {
+        let header = include_str!("../../../kernels/cuda/gpu_ipc_semaphore.cuh");
+        let line = header.lines().find(|l| l.starts_with("#define GPU_IPC_SEMAPHORE_COUNT_MASK")).unwrap_or_default();
+        let hex = line.split_whitespace().nth(2).unwrap_or_default().trim_end_matches("ull").trim_start_matches("0x");
+        assert_eq!(u64::from_str_radix(hex, 16).ok(), Some(COUNT_MASK), "{line}");
+    }
+
+    #[test]
     fn poison_passes_the_gpu_comparison_for_every_ticket_and_keeps_the_count() {
         // cuStreamWaitValue64 GEQ: (int64)(*addr - value) >= 0.
         let geq = |word: u64, value: u64| (word.wrapping_sub(value) as i64) >= 0;
