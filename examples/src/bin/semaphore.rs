@@ -301,6 +301,8 @@ fn wait_on_stream(
     }
     eprintln!("semaphore wait: {batch} stream waits queued");
     if !stream_idle_within(stream, timeout)? {
+        // The stream may still copy into the buffer once a post comes: never free it under queued work.
+        std::mem::forget(status);
         return Err(SemaphoreError::Timeout { waited: timeout }.into());
     }
     let mut words = vec![0u64; batch as usize];
