@@ -292,7 +292,9 @@ fn wait_on_stream(
     gpu_poisoned: &mut u64,
 ) -> Result<u64, ExampleError> {
     let (ctx, stream) = device.gpu.as_ref().ok_or(SemaphoreError::NoCudaContext)?;
-    let status = DeviceBuffer::alloc(ctx, 8 * batch)?;
+    // Freed only once the stream is idle: on any early return the stream may still copy into it, so it is left
+    // allocated (a few bytes, in a process about to exit).
+    let status = std::mem::ManuallyDrop::new(DeviceBuffer::alloc(ctx, 8 * batch)?);
     let mut waits = Vec::new();
     for i in 0..batch {
         let wait = sem.wait_on(stream)?;
@@ -301,12 +303,11 @@ fn wait_on_stream(
     }
     eprintln!("semaphore wait: {batch} stream waits queued");
     if !stream_idle_within(stream, timeout)? {
-        // The stream may still copy into the buffer once a post comes: never free it under queued work.
-        std::mem::forget(status);
         return Err(SemaphoreError::Timeout { waited: timeout }.into());
     }
     let mut words = vec![0u64; batch as usize];
     status.span().read(0, &mut words)?;
+    drop(std::mem::ManuallyDrop::into_inner(status));
     let poisoned = waits.iter().zip(&words).filter(|&(wait, &word)| !wait.released_by_post(word)).count() as u64;
     *gpu_poisoned += poisoned;
     eprintln!("semaphore wait: the GPU saw {poisoned} of {batch} stream waits released by the poison");
