@@ -1,7 +1,7 @@
 //! What the example programs share. The `producer` and `consumer`: their command-line vocabulary, how they fill,
 //! check and transform frames ([`work`]: on a GPU, or on the host backend without one) and the summary each prints
 //! (one JSON object with `--json`). The roles of the three-stage `pipeline` program: [`pipeline`]. The `semaphore`
-//! program: [`semaphore`]. The `work_queue` program: [`work_queue`].
+//! program: [`semaphore`]. The `work_queue` program: [`work_queue`]. Every program's exit statuses: [`exit`].
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -14,6 +14,7 @@ use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::PixelFormat;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
+pub mod exit;
 pub mod pipeline;
 pub mod pool_work;
 pub mod semaphore;
@@ -103,14 +104,14 @@ pub fn cpu_time() -> Duration {
     Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32)
 }
 
-/// Exit status of a program that found no CUDA driver (the same as the `gpu-ipc` command's).
-pub const EXIT_NO_DRIVER: u8 = 3;
+pub use exit::{EXIT_EVICTED, EXIT_FAILURE, EXIT_NO_DRIVER};
 
-/// Exit status of a consumer whose producer died (not a clean end of stream, which exits 0).
-pub const EXIT_PRODUCER_GONE: u8 = 4;
+/// Exit status of a consumer whose producer died (not a clean end of stream, which exits 0): the table's
+/// [`exit::EXIT_PEER_GONE`].
+pub const EXIT_PRODUCER_GONE: u8 = exit::EXIT_PEER_GONE;
 
 /// The exit status and the one line a program prints for `e`: [`EXIT_NO_DRIVER`] when the CUDA driver is missing
-/// (with the hint that `--backend host` runs without one), else 1.
+/// (with the hint that `--backend host` runs without one), else [`EXIT_FAILURE`].
 pub fn exit_for(program: &str, e: &FrameError) -> (u8, String) {
     use gpu_ipc::core::driver::DriverError;
     let no_driver = matches!(
@@ -121,12 +122,9 @@ pub fn exit_for(program: &str, e: &FrameError) -> (u8, String) {
     if no_driver {
         (EXIT_NO_DRIVER, format!("{program}: {e} (`--backend host` runs the demo without a GPU)"))
     } else {
-        (1, format!("{program}: {e}"))
+        (EXIT_FAILURE, format!("{program}: {e}"))
     }
 }
-
-/// Exit status of a consumer the producer evicted (it stopped releasing frames; see `consumer --stall-after`).
-pub const EXIT_EVICTED: u8 = 5;
 
 /// Open file descriptors of this process (entries of `/proc/self/fd`, including the one reading it), or 0 when
 /// `/proc` cannot be read.

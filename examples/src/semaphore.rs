@@ -10,8 +10,9 @@ use gpu_ipc::core::semaphore::{AttachOptions, OwnerOptions, Semaphore, Semaphore
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
-/// Exit status when the semaphore ended under the program (a poster or the owner died, or it was closed).
-pub const EXIT_SEMAPHORE_ENDED: u8 = 4;
+/// Exit status when the semaphore ended under the program (poisoned by a dead poster, the owner died, or it was
+/// closed): the table's [`EXIT_PEER_GONE`](crate::exit::EXIT_PEER_GONE).
+pub const EXIT_SEMAPHORE_ENDED: u8 = crate::exit::EXIT_PEER_GONE;
 
 /// The backend the program runs with: its kind, and on a GPU the device's context and one stream.
 pub struct Device {
@@ -152,9 +153,9 @@ pub fn outcome_word(result: &Result<(), ExampleError>) -> &'static str {
 /// semaphore ended, 1 for any other error.
 pub fn exit_status(result: &Result<(), ExampleError>) -> u8 {
     match outcome_word(result) {
-        "done" => 0,
+        "done" => crate::exit::EXIT_OK,
         "poster-died" | "owner-gone" | "closed" => EXIT_SEMAPHORE_ENDED,
-        _ => 1,
+        _ => crate::exit::EXIT_FAILURE,
     }
 }
 

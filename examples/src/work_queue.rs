@@ -11,7 +11,7 @@ use gpu_ipc::kernels::launch::KernelError;
 use gpu_ipc::kernels::work_queue::QueueDemoKernels;
 
 /// Exit status when the queue ended under a worker (its owner died).
-pub const EXIT_OWNER_GONE: u8 = 4;
+pub const EXIT_OWNER_GONE: u8 = crate::exit::EXIT_PEER_GONE;
 
 /// A GPU program's context, stream and demo kernels.
 pub struct Gpu {
@@ -137,10 +137,10 @@ pub fn outcome_word<T>(result: &Result<T, ExampleError>) -> &'static str {
 /// The exit status for an outcome: 0 done, 3 no CUDA driver, [`EXIT_OWNER_GONE`], 1 otherwise.
 pub fn exit_status<T>(result: &Result<T, ExampleError>) -> u8 {
     match outcome_word(result) {
-        "done" => 0,
+        "done" => crate::exit::EXIT_OK,
         "no-driver" => crate::EXIT_NO_DRIVER,
         "owner-gone" => EXIT_OWNER_GONE,
-        _ => 1,
+        _ => crate::exit::EXIT_FAILURE,
     }
 }
 

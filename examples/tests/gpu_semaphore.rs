@@ -1,7 +1,8 @@
 //! The semaphore's stream side on a real GPU, between processes (the `semaphore` example program), for both
 //! backends: a stream wait released by a CPU post of another process; a stream post taken by a CPU waiter; stream
 //! waits released by the poison when the poster is SIGKILLed, and by an importer's watchdog when the owner is; a
-//! dead waiter's queued stream waits swallowing no post; and the round trips, CPU and stream, which are printed and
+//! dead waiter's queued stream waits swallowing no post; the status word each stream wait leaves for the work
+//! queued after it (copied on the GPU right after the wait: a post, or the poison); and the round trips, CPU and stream, which are printed and
 //! (with `GPU_IPC_RESULTS_DIR` set) appended to `semaphore-<GPU_IPC_RESULTS_TAG>.jsonl` there. Ignored without a
 //! GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -42,6 +43,7 @@ fn a_stream_wait_is_released_by_a_cpu_post_of_another_process() {
         done("poster", p);
         let json = done("stream waiter", w);
         assert_eq!(field(&json, "count"), 3, "{backend}: {json}");
+        assert_eq!(field(&json, "gpu_poisoned"), 0, "{backend}: the GPU saw posts release every wait: {json}");
         owner.close_stdin();
         let json = done("owner", owner);
         assert_eq!(field(&json, "value"), 0, "{backend}: {json}");
@@ -81,6 +83,8 @@ fn stream_waits_are_released_by_the_poison_when_the_poster_is_sigkilled() {
         assert!(after < WITHIN, "{backend}: the stream waiter learnt of the death after {after:?}: {json}");
         assert_eq!(status.code(), Some(4), "{backend}: {json}");
         assert_eq!(field(&json, "outcome"), "poster-died", "{backend}: {json}");
+        // Two posts came for the first four waits: the work queued after the other two saw the poison on the GPU.
+        assert_eq!(field(&json, "gpu_poisoned"), 2, "{backend}: {json}");
         let _ = p.finish(FINISH);
         owner.close_stdin();
         let _ = owner.finish(FINISH);
@@ -102,6 +106,7 @@ fn stream_waits_are_released_by_an_importers_watchdog_when_the_owner_is_sigkille
         assert!(after < WITHIN, "{backend}: the stream waiter learnt of the death after {after:?}: {json}");
         assert_eq!(status.code(), Some(4), "{backend}: {json}");
         assert_eq!(field(&json, "outcome"), "owner-gone", "{backend}: {json}");
+        assert_eq!(field(&json, "gpu_poisoned"), 4, "{backend}: {json}");
         let _ = owner.finish(FINISH);
     }
 }
@@ -150,5 +155,34 @@ fn round_trips_cpu_and_stream_between_two_processes() {
             writeln!(file, "{}", serde_json::json!({ "test": "round-trip", "backend": backend, "bench": json }))
                 .unwrap();
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_stream_waiter_sigkilled_breaks_nothing_and_a_reset_makes_stream_waits_work_again() {
+    for backend in BACKENDS {
+        let path = sock(backend, "reset");
+        let args = ["owner", "--socket", path.to_str().unwrap(), "--reset-when-poisoned"];
+        let mut owner = semaphore("owner", backend, &args);
+        owner.wait_for_line("ready", Duration::from_secs(30));
+        // A stream waiter that never posted dies with waits queued: nothing breaks.
+        let mut doomed = semaphore_waiter("doomed", backend, &path, 4, 30_000, &["--stream", "--stream-ahead", "4"]);
+        doomed.wait_for_line("stream waits queued", Duration::from_secs(30));
+        doomed.kill9();
+        let _ = doomed.finish(FINISH);
+        // A poster that posted dies: poisoned, then reset by the owner.
+        let mut p = semaphore_poster("doomed-poster", backend, &path, 1, &["--stream", "--hold-secs", "60"]);
+        p.wait_for_line("posted 1", Duration::from_secs(30));
+        p.kill9();
+        let _ = p.finish(FINISH);
+        owner.wait_for_line("owner: reset (value", Duration::from_secs(10));
+        let w = semaphore_waiter("stream-waiter", backend, &path, 3, 30_000, &["--stream"]);
+        done("poster", semaphore_poster("poster", backend, &path, 3, &["--stream"]));
+        let json = done("stream waiter", w);
+        assert_eq!((field(&json, "count"), field(&json, "gpu_poisoned")), (&3.into(), &0.into()), "{backend}: {json}");
+        owner.close_stdin();
+        let json = done("owner", owner);
+        assert_eq!(field(&json, "resets"), 1, "{backend}: {json}");
     }
 }

@@ -1,5 +1,6 @@
 //! The semaphore between real processes on the host backend (the `semaphore` example program): posts and waits
-//! counted across processes, a poster SIGKILLed while others wait, the owner SIGKILLed, the owner closing.
+//! counted across processes, a poster SIGKILLed while others wait (and a newcomer after it), peers that never
+//! posted SIGKILLed, the ignore rule, the owner's reset, the owner SIGKILLed, the owner closing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -83,14 +84,95 @@ fn a_poster_sigkilled_while_others_wait_ends_their_waits_within_a_second() {
     }
     assert_eq!(taken, 3, "the posts made before the death were taken");
     let _ = poster.finish(Duration::from_secs(5));
-    // A newcomer is refused with the reason.
+    // A newcomer is told why, with the documented status and the semaphore's words.
     let late = spawn("late", &["wait", "--socket", path.to_str().unwrap(), "--timeout-ms", "1000"]);
     let (status, _, json) = late.finish(Duration::from_secs(10));
-    assert!(!status.success(), "{json}");
-    assert!(field(&json, "message").as_str().unwrap().contains("died without detaching"), "{json}");
+    assert_eq!(status.code(), Some(4), "{json}");
+    assert_eq!(field(&json, "outcome"), "poster-died", "{json}");
+    let message = field(&json, "message").as_str().unwrap();
+    assert!(message.contains("poisoned by a dead poster") && message.contains("died without detaching"), "{json}");
+    assert!(!message.contains("producer shutting down"), "{json}");
     owner.close_stdin();
     let (status, _, json) = owner.finish(Duration::from_secs(10));
     assert_eq!(status.code(), Some(4), "the owner reports the broken semaphore too: {json}");
+}
+
+/// An owner with `extra` options (e.g. `--dead-poster ignore`); returns once it is ready.
+fn owner_with(path: &Path, extra: &[&str]) -> Proc {
+    let args: Vec<&str> =
+        ["owner", "--socket", path.to_str().unwrap()].into_iter().chain(extra.iter().copied()).collect();
+    let p = spawn("owner", &args);
+    p.wait_for_line("ready", Duration::from_secs(30));
+    p
+}
+
+#[test]
+fn peers_that_never_posted_sigkilled_break_nothing() {
+    let path = sock("never-posted");
+    let mut owner = owner(&path, 0);
+    // Attached with the default options, as a poster would be; it only never posts.
+    let mut idle = poster("idle", &path, 0, 60);
+    idle.wait_for_line("posted 0", Duration::from_secs(10));
+    let doomed = waiter("doomed-waiter", &path, 100, 30_000, false);
+    std::thread::sleep(Duration::from_millis(100));
+    idle.kill9();
+    let mut doomed = doomed;
+    doomed.kill9();
+    let _ = (idle.finish(Duration::from_secs(5)), doomed.finish(Duration::from_secs(5)));
+    std::thread::sleep(Duration::from_millis(300));
+    let w = waiter("survivor", &path, 2, 5_000, false);
+    let (status, _, json) = poster("poster", &path, 2, 0).finish(Duration::from_secs(30));
+    assert!(status.success(), "{json}");
+    let (status, _, json) = w.finish(Duration::from_secs(30));
+    assert!(status.success(), "the semaphore still works: {json}");
+    assert_eq!(field(&json, "count"), 2, "{json}");
+    owner.close_stdin();
+    let (status, _, json) = owner.finish(Duration::from_secs(10));
+    assert!(status.success(), "never poisoned: {json}");
+    assert_eq!(field(&json, "value"), 0, "{json}");
+}
+
+#[test]
+fn under_the_ignore_rule_a_poster_sigkilled_breaks_nothing() {
+    let path = sock("ignore");
+    let mut owner = owner_with(&path, &["--dead-poster", "ignore"]);
+    let w = waiter("waiter", &path, 5, 30_000, false);
+    let mut doomed = poster("doomed-poster", &path, 3, 60);
+    doomed.wait_for_line("posted 3", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(200));
+    doomed.kill9();
+    let _ = doomed.finish(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, _, json) = poster("poster", &path, 2, 0).finish(Duration::from_secs(30));
+    assert!(status.success(), "{json}");
+    let (status, _, json) = w.finish(Duration::from_secs(30));
+    assert!(status.success(), "{json}");
+    assert_eq!((field(&json, "outcome"), field(&json, "count")), (&"done".into(), &5.into()), "{json}");
+    owner.close_stdin();
+    let (status, _, json) = owner.finish(Duration::from_secs(10));
+    assert!(status.success(), "{json}");
+}
+
+#[test]
+fn the_owner_resets_a_poisoned_semaphore_and_waits_work_again() {
+    let path = sock("reset");
+    let mut owner = owner_with(&path, &["--reset-when-poisoned"]);
+    let mut doomed = poster("doomed-poster", &path, 1, 60);
+    doomed.wait_for_line("posted 1", Duration::from_secs(10));
+    doomed.kill9();
+    let _ = doomed.finish(Duration::from_secs(5));
+    owner.wait_for_line("owner: reset (value", Duration::from_secs(10));
+    // The post made before the death was not taken: the reset keeps it.
+    let w = waiter("waiter", &path, 3, 5_000, false);
+    let (status, _, json) = poster("poster", &path, 2, 0).finish(Duration::from_secs(30));
+    assert!(status.success(), "{json}");
+    let (status, _, json) = w.finish(Duration::from_secs(30));
+    assert!(status.success(), "waits work again: {json}");
+    assert_eq!(field(&json, "count"), 3, "{json}");
+    owner.close_stdin();
+    let (status, _, json) = owner.finish(Duration::from_secs(10));
+    assert!(status.success(), "{json}");
+    assert_eq!((field(&json, "resets"), field(&json, "value")), (&1.into(), &0.into()), "{json}");
 }
 
 #[test]

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use ipc_core::door::DoorConfig;
 use ipc_core::fake::{HostContext, HostFake};
-use ipc_core::semaphore::layout::{FLAG_POSTS, RECORD_FLAGS, RECORD_TICKETS, RECORD_WORDS, RECORDS_WORD, SHARED_BYTES};
+use ipc_core::semaphore::layout::{
+    FLAG_POSTED, RECORD_FLAGS, RECORD_TICKETS, RECORD_WORDS, RECORDS_WORD, SHARED_BYTES,
+};
 use ipc_core::semaphore::{
     AttachOptions, MAX_PEERS, OwnerOptions, Semaphore, SemaphoreError, SemaphoreOffer, SemaphoreOwner,
 };
@@ -233,7 +235,7 @@ fn waiters_that_attach_scribble_over_their_record_and_die_break_nothing() {
             let (stream, peer_id, body, fd) = take_offer(path);
             let memory = SharedMemory::from_fd(fd, SHARED_BYTES).unwrap();
             let record = RECORDS_WORD + body.record as usize * RECORD_WORDS;
-            // Garbage in its ticket slots (not in its flags: a peer that says it posts and dies does break it).
+            // Garbage in its ticket slots (not in its flags: a peer whose record says it posted and dies does break it).
             let garbage: Vec<u8> =
                 (0..64u64).flat_map(|i| (i.wrapping_mul(0x9e37_79b9) ^ u64::from(round)).to_le_bytes()).collect();
             memory.write_bytes((record + RECORD_TICKETS) * 8, &garbage).unwrap();
@@ -254,11 +256,11 @@ fn a_poster_that_hangs_up_without_detaching_breaks_the_semaphore_for_every_peer(
         let waiter = Arc::clone(&waiter);
         thread::spawn(move || waiter.wait(Duration::from_secs(30)))
     };
-    // A poster as a process that dies leaves it: flags say it posts, the record is attached, the socket closes.
+    // A poster as a process that dies leaves it: flags say it posted, the record is attached, the socket closes.
     let (stream, peer_id, body, fd) = take_offer(owner.path());
     let memory = SharedMemory::from_fd(fd, SHARED_BYTES).unwrap();
     let flags = RECORDS_WORD + body.record as usize * RECORD_WORDS + RECORD_FLAGS;
-    memory.write_bytes(flags * 8, &FLAG_POSTS.to_le_bytes()).unwrap();
+    memory.write_bytes(flags * 8, &FLAG_POSTED.to_le_bytes()).unwrap();
     let attached = Message::Attached(Attached { consumer_id: peer_id }).encode().unwrap();
     send_bytes(stream.as_fd(), &attached, Vec::new(), T).unwrap();
     thread::sleep(Duration::from_millis(50));
@@ -269,7 +271,15 @@ fn a_poster_that_hangs_up_without_detaching_breaks_the_semaphore_for_every_peer(
     assert!(matches!(result, Err(SemaphoreError::PosterDied { record, .. }) if record == body.record), "{result:?}");
     assert!(after < Duration::from_secs(1), "the waiter learnt it after {after:?}");
     assert!(matches!(owner.semaphore().check(), Err(SemaphoreError::PosterDied { .. })));
-    // Newcomers are told why.
+    // Newcomers are told why, in the semaphore's words (not a ring's "producer shutting down").
     let err = Semaphore::attach::<HostFake>(&HostContext, owner.path(), &AttachOptions::default()).unwrap_err();
-    assert!(err.to_string().contains("died without detaching"), "{err}");
+    assert!(matches!(err, SemaphoreError::PosterDied { record, .. } if record == body.record), "{err}");
+    assert!(err.to_string().contains("poisoned by a dead poster"), "{err}");
+    // The owner resets it: the peer attached before and newcomers work again.
+    assert_eq!(owner.reset().unwrap(), 0);
+    assert!(waiter.check().is_ok());
+    let newcomer = peer(owner.path(), "newcomer", true);
+    newcomer.post(1).unwrap();
+    waiter.wait(Duration::from_secs(5)).unwrap();
+    assert_eq!(owner.semaphore().value(), 0);
 }

@@ -38,7 +38,12 @@ create_exception!(gpu_ipc, ReleasedError, GpuIpcError, "A frame or slot used aft
 create_exception!(gpu_ipc, ClosedError, GpuIpcError, "A producer, consumer or semaphore used after close().");
 create_exception!(gpu_ipc, NoOwner, WireError, "Nothing listens at the socket path: start the owner first.");
 create_exception!(gpu_ipc, OwnerGone, GpuIpcError, "The process that owns the shared object is gone.");
-create_exception!(gpu_ipc, PosterDied, GpuIpcError, "A process that posts to the semaphore died owing posts.");
+create_exception!(
+    gpu_ipc,
+    PosterDied,
+    GpuIpcError,
+    "A peer that had posted died without detaching: the semaphore is poisoned until its owner resets it."
+);
 create_exception!(gpu_ipc, SemaphoreClosed, GpuIpcError, "The semaphore's owner closed it.");
 create_exception!(gpu_ipc, NotFound, GpuIpcError, "No live buffer of the pool has that name.");
 create_exception!(gpu_ipc, StaleBuffer, GpuIpcError, "The pool buffer was freed (its name maybe reused).");

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::door::DoorError;
 use gpu_ipc::core::semaphore::{
-    AttachOptions, OwnerOptions, Semaphore as CoreSemaphore, SemaphoreError, SemaphoreOwner, StreamWait,
+    AttachOptions, DeadPoster, OwnerOptions, Semaphore as CoreSemaphore, SemaphoreError, SemaphoreOwner, StreamWait,
 };
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
@@ -56,8 +56,11 @@ impl Held {
 /// ``Semaphore.create(socket, initial=0)`` makes one and serves it at ``socket`` (this process is its owner: closing
 /// it ends the semaphore for everyone); ``Semaphore(socket)`` attaches to one. ``backend``: ``"vmm"`` or
 /// ``"legacy"`` (a GPU: stream posts and waits on ``device``'s primary context) or ``"host"`` (CPU posts and waits
-/// only). A peer attached with ``posts=True`` (the default) that dies without closing ends the semaphore: every
-/// waiter gets ``PosterDied``, since the posts it owed will never come; attach pure waiters with ``posts=False``.
+/// only). A peer becomes a poster with its first post: a peer that has posted and dies without closing poisons the
+/// semaphore (``dead_poster="poison"``, the default at ``create``): every waiter, and every newcomer, gets
+/// ``PosterDied``, since posts it owed may never come, until the owner calls ``reset()``. With
+/// ``dead_poster="ignore"`` the semaphore goes on. A peer that never posted breaks nothing by dying (``posts=False``
+/// is no longer needed; it is kept, and makes ``post`` refuse).
 ///
 /// Example::
 ///
@@ -66,7 +69,7 @@ impl Held {
 ///         ...
 ///         ready.post()                    # one more post
 ///     # process B
-///     with gpu_ipc.Semaphore("/tmp/ready.sock", backend="host", posts=False, wait_for_owner=10) as ready:
+///     with gpu_ipc.Semaphore("/tmp/ready.sock", backend="host", wait_for_owner=10) as ready:
 ///         ready.wait(timeout=5)           # takes one post, or raises Timeout
 ///
 /// On a GPU, ``post(stream=s)`` adds the post once the work queued on ``s`` before it is done, and
@@ -136,12 +139,30 @@ impl Semaphore {
     }
 
     /// Creates a semaphore holding ``initial`` posts and serves it at ``socket``; this process is its owner.
+    /// ``dead_poster``: what the death of a peer that has posted does, ``"poison"`` (the default: the semaphore
+    /// breaks until ``reset()``) or ``"ignore"`` (it goes on).
     #[staticmethod]
-    #[pyo3(signature = (socket, initial=0, backend="vmm", device=0))]
-    fn create(py: Python<'_>, socket: PathBuf, initial: u64, backend: &str, device: i32) -> PyResult<Self> {
+    #[pyo3(signature = (socket, initial=0, backend="vmm", device=0, dead_poster="poison"))]
+    fn create(
+        py: Python<'_>,
+        socket: PathBuf,
+        initial: u64,
+        backend: &str,
+        device: i32,
+        dead_poster: &str,
+    ) -> PyResult<Self> {
+        let dead_poster = match dead_poster {
+            "poison" => DeadPoster::Poison,
+            "ignore" => DeadPoster::Ignore,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "unknown dead_poster rule {other:?}; use \"poison\" or \"ignore\""
+                )));
+            }
+        };
         let backend = parse_backend(backend)?;
         let gpu = Gpu::for_backend(py, backend, device)?;
-        let options = OwnerOptions { initial, ..OwnerOptions::default() };
+        let options = OwnerOptions { initial, dead_poster, ..OwnerOptions::default() };
         let owner = py
             .detach(|| match (backend, &gpu) {
                 (BackendKind::HostFake, _) => SemaphoreOwner::create_with::<HostFake>(&HostContext, &socket, &options),
@@ -209,6 +230,19 @@ impl Semaphore {
         self.held()?.handle().check().map_err(semaphore_to_py)
     }
 
+    /// The owner's: makes a semaphore a dead poster poisoned work again, for every peer, and returns its value
+    /// afterwards. Posts made before the death and not taken are kept; stream waits the poison released count as
+    /// served (``value`` becomes ``max(0, posts - takes)``). An open semaphore is left as it is.
+    fn reset(&self) -> PyResult<i64> {
+        let held = self.held()?;
+        match &*held {
+            Held::Owner(owner) => owner.reset().map_err(semaphore_to_py),
+            Held::Peer(_) => Err(ConfigError::new_err(
+                "only the semaphore's owner (the process that called Semaphore.create) can reset it",
+            )),
+        }
+    }
+
     /// Whether this process created it (and closing it ends it for everyone).
     #[getter]
     fn owner(&self) -> bool {
@@ -248,6 +282,18 @@ impl SemaphoreWait {
     #[getter]
     fn ticket(&self) -> u64 {
         self.wait.ticket()
+    }
+
+    /// The device address of the word that says how the wait was released, for kernels queued after it: a post
+    /// released it iff ``(word & ((1 << 62) - 1)) > ticket`` (``released_by_post``). Read-only for kernels.
+    #[getter]
+    fn status_word(&self) -> u64 {
+        self.wait.status_word().raw()
+    }
+
+    /// Whether ``word`` (the value read at ``status_word``) says a post, not the poison, released this wait.
+    fn released_by_post(&self, word: u64) -> bool {
+        self.wait.released_by_post(word)
     }
 
     fn __repr__(&self) -> String {

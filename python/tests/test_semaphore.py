@@ -54,7 +54,7 @@ def test_misuse_is_refused_with_the_core_words(sock: str) -> None:
     with gpu_ipc.Semaphore.create(sock, backend="host") as owner:
         with pytest.raises(ValueError, match="cannot post 0"):
             owner.post(0)
-        waiter = gpu_ipc.Semaphore(sock, backend="host", posts=False)
+        waiter = gpu_ipc.Semaphore(sock, backend="host", posts=False)  # kept for compatibility
         with pytest.raises(gpu_ipc.ConfigError, match="posts = false"):
             waiter.post()
         with pytest.raises(gpu_ipc.ConfigError, match="no streams"):
@@ -115,25 +115,95 @@ def test_rust_peers_post_and_wait(sock: str) -> None:
         assert owner.value == 0
 
 
-def test_a_poster_killed_ends_the_semaphore(sock: str) -> None:
+def _doomed_peer(sock: str, posts: int) -> subprocess.Popen[str]:
+    """A Python peer attached with the default options that posts `posts` times, says so, and sleeps."""
     code = (
         "import sys, time, gpu_ipc\n"
         f"s = gpu_ipc.Semaphore({sock!r}, backend='host', name='doomed')\n"
+        f"for _ in range({posts}): s.post()\n"
         "print('attached', flush=True)\n"
         "time.sleep(60)\n"
     )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "attached"
+    return child
+
+
+def _kill(child: subprocess.Popen[str]) -> None:
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(10)
+
+
+def test_a_poster_killed_ends_the_semaphore(sock: str) -> None:
     with gpu_ipc.Semaphore.create(sock, backend="host") as owner:
-        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        child = _doomed_peer(sock, posts=1)
         try:
-            assert child.stdout is not None and child.stdout.readline().strip() == "attached"
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait(10)
+            owner.wait(timeout=5)  # its post
+            _kill(child)
             start = time.monotonic()
             with pytest.raises(gpu_ipc.PosterDied) as info:
                 owner.wait(timeout=10)
             assert time.monotonic() - start < 5
             assert info.value.pid == child.pid and info.value.record > 0
             assert "died without detaching" in str(info.value)
+            assert "poisoned by a dead poster" in str(info.value)
+            # A newcomer is told the same.
+            with pytest.raises(gpu_ipc.PosterDied, match="poisoned by a dead poster"):
+                gpu_ipc.Semaphore(sock, backend="host")
+        finally:
+            child.kill()
+
+
+def test_a_peer_that_never_posted_killed_breaks_nothing(sock: str) -> None:
+    with gpu_ipc.Semaphore.create(sock, backend="host") as owner:
+        child = _doomed_peer(sock, posts=0)  # the default options: no posts=False needed
+        try:
+            _kill(child)
+            time.sleep(0.3)
+            owner.check()
+            owner.post()
+            peer = gpu_ipc.Semaphore(sock, backend="host")
+            peer.wait(timeout=5)
+            peer.close()
+        finally:
+            child.kill()
+
+
+def test_under_the_ignore_rule_a_dead_poster_breaks_nothing(sock: str) -> None:
+    with gpu_ipc.Semaphore.create(sock, backend="host", dead_poster="ignore") as owner:
+        child = _doomed_peer(sock, posts=2)
+        try:
+            _kill(child)
+            time.sleep(0.3)
+            owner.check()
+            owner.wait(timeout=5)
+            owner.wait(timeout=5)
+            assert owner.value == 0
+        finally:
+            child.kill()
+    with pytest.raises(ValueError, match="poison"):
+        gpu_ipc.Semaphore.create(sock, backend="host", dead_poster="later")  # type: ignore[arg-type]
+
+
+def test_the_owner_resets_a_poisoned_semaphore(sock: str) -> None:
+    with gpu_ipc.Semaphore.create(sock, backend="host") as owner:
+        peer = gpu_ipc.Semaphore(sock, backend="host")
+        child = _doomed_peer(sock, posts=2)
+        try:
+            owner.wait(timeout=5)
+            _kill(child)
+            with pytest.raises(gpu_ipc.PosterDied):
+                peer.wait(timeout=10)
+            with pytest.raises(gpu_ipc.ConfigError, match="only the semaphore's owner"):
+                peer.reset()
+            assert owner.reset() == 1  # the post nobody took is kept
+            peer.check()
+            peer.wait(timeout=1)
+            owner.post()
+            peer.wait(timeout=1)
+            assert owner.value == 0
+            assert owner.reset() == 0  # an open semaphore is left as it is
+            peer.close()
         finally:
             child.kill()
 

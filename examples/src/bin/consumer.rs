@@ -44,7 +44,7 @@ use gpu_ipc_examples::{
 
 /// Read and verify frames from shared GPU memory.
 #[derive(Debug, Clone, Parser)]
-#[command(version)]
+#[command(version, after_help = gpu_ipc_examples::exit::HELP)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
@@ -367,7 +367,7 @@ fn main() -> ExitCode {
             } else if s.producer_gone.is_some() {
                 ExitCode::from(EXIT_PRODUCER_GONE)
             } else if s.mismatched_words != 0 {
-                ExitCode::FAILURE
+                ExitCode::from(gpu_ipc_examples::exit::EXIT_FAILURE)
             } else {
                 ExitCode::SUCCESS
             }

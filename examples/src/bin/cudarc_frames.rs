@@ -62,7 +62,7 @@ extern "C" __global__ void snapshot(const unsigned long long* total, unsigned lo
 
 /// Frames published, or read and checked, by your own kernel on your own stream.
 #[derive(Debug, Clone, Parser)]
-#[command(version)]
+#[command(version, after_help = gpu_ipc_examples::exit::HELP)]
 struct Args {
     /// producer or consumer.
     #[arg(long)]
@@ -459,7 +459,7 @@ fn main() -> ExitCode {
             if s.producer_gone.is_some() {
                 ExitCode::from(EXIT_PRODUCER_GONE)
             } else if s.mismatched_words != 0 {
-                ExitCode::FAILURE
+                ExitCode::from(gpu_ipc_examples::exit::EXIT_FAILURE)
             } else {
                 ExitCode::SUCCESS
             }
@@ -475,7 +475,11 @@ fn main() -> ExitCode {
                     .downcast_ref::<gpu_ipc::core::driver::DriverError>()
                     .is_some_and(|d| matches!(d, gpu_ipc::core::driver::DriverError::LibraryNotFound { .. }));
                 eprintln!("cudarc_frames: {other}");
-                ExitCode::from(if no_driver { gpu_ipc_examples::EXIT_NO_DRIVER } else { 1 })
+                ExitCode::from(if no_driver {
+                    gpu_ipc_examples::EXIT_NO_DRIVER
+                } else {
+                    gpu_ipc_examples::exit::EXIT_FAILURE
+                })
             }
         },
     }

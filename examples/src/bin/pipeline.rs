@@ -28,7 +28,7 @@ use gpu_ipc_examples::{EXIT_PRODUCER_GONE, exit_for, print_summary};
 
 /// One stage of a frame pipeline: generate -> transform -> verify.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, after_help = gpu_ipc_examples::exit::HELP)]
 struct Args {
     #[command(subcommand)]
     role: Role,
@@ -107,7 +107,7 @@ fn main() -> ExitCode {
                         )
                     });
                     if s.mismatched_words != 0 || s.out_of_order != 0 {
-                        ExitCode::FAILURE
+                        ExitCode::from(gpu_ipc_examples::exit::EXIT_FAILURE)
                     } else if s.producer_gone.is_some() {
                         ExitCode::from(EXIT_PRODUCER_GONE)
                     } else {

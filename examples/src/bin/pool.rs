@@ -31,7 +31,7 @@ use gpu_ipc_examples::{EXIT_NO_DRIVER, print_summary, stdin_closed_flag};
 
 /// Share named GPU buffers between processes through one pool.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, after_help = gpu_ipc_examples::exit::HELP)]
 struct Args {
     #[command(subcommand)]
     role: Role,
@@ -302,14 +302,14 @@ fn main() -> ExitCode {
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+        Ok(false) => ExitCode::from(gpu_ipc_examples::exit::EXIT_FAILURE),
         Err(e) if no_driver(&e) => {
             eprintln!("pool: {e} (`--backend host` runs without a GPU)");
             ExitCode::from(EXIT_NO_DRIVER)
         }
         Err(e) => {
             eprintln!("pool: {e}");
-            ExitCode::from(1)
+            ExitCode::from(gpu_ipc_examples::exit::EXIT_FAILURE)
         }
     }
 }

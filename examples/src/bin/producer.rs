@@ -44,7 +44,7 @@ use gpu_ipc_examples::{
 
 /// Publish frames into shared GPU memory.
 #[derive(Debug, Clone, Parser)]
-#[command(version)]
+#[command(version, after_help = gpu_ipc_examples::exit::HELP)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,

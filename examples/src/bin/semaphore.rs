@@ -8,11 +8,16 @@
 //! semaphore bench --backend vmm --rounds 10000                       # CPU and stream round trips between 2 processes
 //! ```
 //!
-//! `wait` attaches as a pure waiter (`posts = false`): its death breaks nothing. `post` attaches as a poster: if it
-//! dies without detaching, every waiter gets `poster-died` (exit status 4) within a second. `--stream` posts and
-//! waits on a CUDA stream (GPU backends). With `--json` each prints one JSON summary on stdout.
+//! Every process attaches the same way: a peer becomes a poster with its first post, so `wait`'s death breaks
+//! nothing, while a `post` that dies without detaching after posting poisons the semaphore: every waiter gets
+//! `poster-died` (exit status 4) within a second, and so does a newcomer. `owner --dead-poster ignore` makes a
+//! semaphore that goes on instead; `owner --reset-when-poisoned` resets a poisoned one. `--stream` posts and waits
+//! on a CUDA stream (GPU backends); a stream `wait` also copies, on the stream after each wait, the word that says
+//! whether a post or the poison released it, and reports what the GPU saw (`gpu_poisoned`). With `--json` each
+//! prints one JSON summary on stdout.
 //!
-//! Exit status: 0 done; 1 an error; 4 the semaphore ended (a poster or the owner died, or it was closed).
+//! Exit status (one table for every example program: `docs/exit-codes.md`): 0 done; 1 an error; 4 the semaphore
+//! ended (poisoned by a dead poster, the owner died, or it was closed).
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
@@ -23,13 +28,16 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::semaphore::{AttachOptions, OwnerOptions, Semaphore, SemaphoreError};
-use gpu_ipc_examples::print_summary;
+use std::sync::atomic::Ordering;
+
+use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory};
+use gpu_ipc::core::semaphore::{AttachOptions, DeadPoster, OwnerOptions, Semaphore, SemaphoreError};
 use gpu_ipc_examples::semaphore::{Device, ExampleError, exit_status, outcome_word, percentile_us, stream_idle_within};
+use gpu_ipc_examples::{print_summary, stdin_closed_flag};
 
 /// A cross-process counting semaphore.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, after_help = gpu_ipc_examples::exit::HELP)]
 struct Args {
     #[command(subcommand)]
     command: Cmd,
@@ -56,6 +64,12 @@ enum Cmd {
         /// Serve this long, then close (0: until stdin closes).
         #[arg(long, default_value_t = 0)]
         hold_secs: u64,
+        /// What the death of a peer that has posted does: `poison` (the semaphore breaks) or `ignore`.
+        #[arg(long, default_value = "poison", value_parser = parse_dead_poster)]
+        dead_poster: DeadPoster,
+        /// Reset the semaphore whenever a dead poster poisons it (prints "reset").
+        #[arg(long)]
+        reset_when_poisoned: bool,
     },
     /// Attach as a poster and post `--count` times, one post at a time.
     Post {
@@ -73,7 +87,8 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         hold_secs: u64,
     },
-    /// Attach as a pure waiter and take `--count` posts, each wait bounded by `--timeout-ms`.
+    /// Attach (as every peer does: it never posts, so its death breaks nothing) and take `--count` posts, each wait
+    /// bounded by `--timeout-ms`.
     Wait {
         #[arg(long)]
         socket: PathBuf,
@@ -129,6 +144,10 @@ struct Summary {
     value: i64,
     /// Round trips (bench).
     round_trips: Vec<RoundTrip>,
+    /// Stream waits whose status word, copied on the GPU right after the wait, said the poison released them.
+    gpu_poisoned: u64,
+    /// Resets the owner made (`--reset-when-poisoned`).
+    resets: u64,
 }
 
 /// One kind of round trip the bench measured.
@@ -180,10 +199,23 @@ fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
     let device = Device::open(args.backend, args.device)?;
     let patience = Duration::from_secs(10);
     match &args.command {
-        Cmd::Owner { socket, initial, hold_secs } => {
-            let owner = device.create(socket, &OwnerOptions { initial: *initial, ..OwnerOptions::default() })?;
+        Cmd::Owner { socket, initial, hold_secs, dead_poster, reset_when_poisoned } => {
+            let options = OwnerOptions { initial: *initial, dead_poster: *dead_poster, ..OwnerOptions::default() };
+            let owner = device.create(socket, &options)?;
             eprintln!("semaphore owner: ready at {}", owner.path().display());
-            if *hold_secs == 0 {
+            if *reset_when_poisoned {
+                // Until stdin closes (or --hold-secs), resetting whenever a dead poster poisons it.
+                let closed = stdin_closed_flag();
+                let until = (*hold_secs > 0).then(|| Instant::now() + Duration::from_secs(*hold_secs));
+                while !closed.load(Ordering::Acquire) && until.is_none_or(|t| Instant::now() < t) {
+                    if let Err(e @ SemaphoreError::PosterDied { .. }) = owner.semaphore().check() {
+                        let value = owner.reset()?;
+                        summary.resets += 1;
+                        eprintln!("semaphore owner: reset (value {value}) after: {e}");
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            } else if *hold_secs == 0 {
                 // Until stdin closes (the test or shell that started it ends it that way).
                 let _ = std::io::stdin().read_to_end(&mut Vec::new());
             } else {
@@ -217,7 +249,7 @@ fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
             Ok(())
         }
         Cmd::Wait { socket, count, timeout_ms, until_idle, stream, stream_ahead } => {
-            let options = AttachOptions { name: "wait".into(), posts: false, ..AttachOptions::default() };
+            let options = AttachOptions { name: "wait".into(), ..AttachOptions::default() };
             let sem = device.attach(socket, &options, patience)?;
             eprintln!("semaphore wait: attached");
             let timeout = Duration::from_millis(*timeout_ms);
@@ -225,7 +257,7 @@ fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
                 while summary.count < *count {
                     if *stream {
                         let batch = (*stream_ahead).clamp(1, *count - summary.count);
-                        summary.count += wait_on_stream(&device, &sem, batch, timeout)?;
+                        summary.count += wait_on_stream(&device, &sem, batch, timeout, &mut summary.gpu_poisoned)?;
                     } else {
                         sem.wait(timeout)?;
                         summary.count += 1;
@@ -248,19 +280,49 @@ fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
     }
 }
 
-/// Queues `batch` stream waits, waits (bounded) for the stream, and counts those a post released. The first one
-/// the poison released is the error; one still waiting at the timeout is a timeout.
-fn wait_on_stream(device: &Device, sem: &Semaphore, batch: u64, timeout: Duration) -> Result<u64, ExampleError> {
-    let stream = device.stream()?;
-    let waits = (0..batch).map(|_| sem.wait_on(stream)).collect::<Result<Vec<_>, _>>()?;
+/// Queues `batch` stream waits, each followed on the stream by a copy of its status word into device memory (what
+/// a kernel queued after the wait would read), waits (bounded) for the stream, and counts those a post released.
+/// Adds to `gpu_poisoned` how many the GPU-side status showed released by the poison. The first one the poison
+/// released is the error; one still waiting at the timeout is a timeout.
+fn wait_on_stream(
+    device: &Device,
+    sem: &Semaphore,
+    batch: u64,
+    timeout: Duration,
+    gpu_poisoned: &mut u64,
+) -> Result<u64, ExampleError> {
+    let (ctx, stream) = device.gpu.as_ref().ok_or(SemaphoreError::NoCudaContext)?;
+    // Freed only once the stream is idle: on any early return the stream may still copy into it, so it is left
+    // allocated (a few bytes, in a process about to exit).
+    let status = std::mem::ManuallyDrop::new(DeviceBuffer::alloc(ctx, 8 * batch)?);
+    let mut waits = Vec::new();
+    for i in 0..batch {
+        let wait = sem.wait_on(stream)?;
+        sem.copy_status_on(stream, &wait, &status.span().slice(8 * i, 8)?)?;
+        waits.push(wait);
+    }
     eprintln!("semaphore wait: {batch} stream waits queued");
     if !stream_idle_within(stream, timeout)? {
         return Err(SemaphoreError::Timeout { waited: timeout }.into());
     }
+    let mut words = vec![0u64; batch as usize];
+    status.span().read(0, &mut words)?;
+    drop(std::mem::ManuallyDrop::into_inner(status));
+    let poisoned = waits.iter().zip(&words).filter(|&(wait, &word)| !wait.released_by_post(word)).count() as u64;
+    *gpu_poisoned += poisoned;
+    eprintln!("semaphore wait: the GPU saw {poisoned} of {batch} stream waits released by the poison");
     let mut released = 0;
-    for wait in &waits {
-        if !sem.wait_status(wait)? {
-            return Err(SemaphoreError::Timeout { waited: timeout }.into());
+    for (wait, &word) in waits.iter().zip(&words) {
+        match sem.wait_status(wait) {
+            Ok(true) => {}
+            Ok(false) => return Err(SemaphoreError::Timeout { waited: timeout }.into()),
+            Err(e) => {
+                // What the GPU saw must agree with what the CPU is told.
+                if wait.released_by_post(word) {
+                    eprintln!("semaphore wait: the GPU saw a post for ticket {} the CPU calls poisoned", wait.ticket());
+                }
+                return Err(e.into());
+            }
         }
         released += 1;
     }
@@ -302,7 +364,7 @@ fn bench(
             .stdout(Stdio::null())
             .spawn()
             .map_err(|e| SemaphoreError::Thread { what: "bench partner", source: e })?;
-        let options = AttachOptions { name: "bench".into(), posts: false, ..AttachOptions::default() };
+        let options = AttachOptions { name: "bench".into(), ..AttachOptions::default() };
         let pong = device.attach(&pong_path, &options, Duration::from_secs(30))?;
         let ping = ping.semaphore();
         let mut times = Vec::with_capacity(rounds as usize);
@@ -358,7 +420,7 @@ fn pong_side(
     mode: &str,
 ) -> Result<(), ExampleError> {
     let owner = device.create(pong, &OwnerOptions::default())?;
-    let options = AttachOptions { name: "pong".into(), posts: false, ..AttachOptions::default() };
+    let options = AttachOptions { name: "pong".into(), ..AttachOptions::default() };
     let ping = device.attach(ping, &options, Duration::from_secs(30))?;
     let pong = owner.semaphore();
     let timeout = Duration::from_secs(10);
@@ -391,4 +453,12 @@ fn pong_side(
     }
     ping.check()?;
     Ok(())
+}
+
+fn parse_dead_poster(s: &str) -> Result<DeadPoster, String> {
+    match s {
+        "poison" => Ok(DeadPoster::Poison),
+        "ignore" => Ok(DeadPoster::Ignore),
+        _ => Err(format!("unknown rule `{s}`; use poison or ignore")),
+    }
 }

@@ -37,7 +37,7 @@ use gpu_ipc_examples::work_queue::{
 
 /// A work queue between processes.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, after_help = gpu_ipc_examples::exit::HELP)]
 struct Args {
     #[command(subcommand)]
     command: Cmd,

@@ -15,7 +15,7 @@ pub mod transform;
 pub mod verify;
 
 /// Exit status of `transform` when no downstream consumer is left (and it was not told to wait for one).
-pub const EXIT_NO_CONSUMER: u8 = 6;
+pub const EXIT_NO_CONSUMER: u8 = crate::exit::EXIT_NO_CONSUMER;
 
 /// Parses a 32-bit mask: decimal, or hexadecimal with `0x`.
 ///

@@ -10,6 +10,11 @@
 //!   owner can tell a ticket taken by a peer that died in between.
 //! - The state word leaves `Open` once, by compare-and-swap, *before* the poison is ORed into `posted`: whoever
 //!   sees a poisoned `posted` (a GPU wait that passed) and then reads the state finds the reason.
+//! - A peer marks its record [`FLAG_POSTED`] (`SeqCst` `fetch_or`) before its first post is added or queued, so
+//!   the owner, reading the flag after the peer's hang-up, counts as a poster every peer whose post could have
+//!   landed, and no peer that never posted.
+//! - A reset (the owner's, from `Broken` only) writes the fence words, then clears the poison while raising the
+//!   count to `taken` by compare-and-swap on `posted`, then moves the state back to `Open`.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -17,10 +22,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::{PeerPid, SemaphoreError};
 use super::layout::{
-    BROKEN_PID_WORD, BROKEN_RECORD_WORD, COUNT_MASK, FLAG_POSTS, GENERATION_WORD, LAYOUT_VERSION, MAGIC, MAGIC_WORD,
-    MAX_PEERS, MAX_PEERS_WORD, MAX_POST, OWNER_PID_WORD, POISON, POSTED_WORD, RECORD_FLAGS, RECORD_PID, RECORD_STATE,
-    RECORD_TICKETS, RecordState, SHARED_BYTES, STATE_WORD, SemaphoreState, SharedWords, TAKEN_WORD, TAKING,
-    TICKETS_PER_PEER, TOTAL_BYTES_WORD, VERSION_WORD, record_epoch, record_word, record_word_index,
+    BROKEN_PID_WORD, BROKEN_RECORD_WORD, COUNT_MASK, DEAD_POSTER_WORD, DeadPoster, FLAG_POSTED, GENERATION_WORD,
+    LAYOUT_VERSION, MAGIC, MAGIC_WORD, MAX_PEERS, MAX_PEERS_WORD, MAX_POST, OWNER_PID_WORD, POISON, POSTED_WORD,
+    RECORD_FLAGS, RECORD_PID, RECORD_STATE, RECORD_TICKETS, RESET_FROM_WORD, RESET_TO_WORD, RESETS_WORD, RecordState,
+    SHARED_BYTES, STATE_WORD, SemaphoreState, SharedWords, TAKEN_WORD, TAKING, TICKETS_PER_PEER, TOTAL_BYTES_WORD,
+    VERSION_WORD, record_epoch, record_word, record_word_index,
 };
 use crate::sys::shm::{SharedMemory, SharedObject};
 
@@ -50,7 +56,13 @@ pub enum Departure {
     /// It posted and died without detaching: the semaphore is now broken and poisoned (unless it had already
     /// ended for another reason).
     PosterDied,
-    /// It only waited and died: the tickets its GPU-side waits held and no post had reached were given back, so
+    /// It posted and died without detaching, and the semaphore ignores dead posters ([`DeadPoster::Ignore`]): its
+    /// unreached stream waits' tickets were given back, as a waiter's, and the semaphore goes on.
+    PosterDiedIgnored {
+        /// Tickets given back.
+        refunded: u64,
+    },
+    /// It never posted and died: the tickets its GPU-side waits held and no post had reached were given back, so
     /// they swallow no post.
     WaiterDied {
         /// Tickets given back.
@@ -68,8 +80,8 @@ pub struct SemaphoreBlock {
 }
 
 impl SemaphoreBlock {
-    /// Creates the block with `initial` posts, the owner in record 0.
-    pub(crate) fn create(initial: u64, generation: u64) -> Result<Self, SemaphoreError> {
+    /// Creates the block with `initial` posts, the owner in record 0, and what a dead poster does.
+    pub(crate) fn create(initial: u64, generation: u64, dead_poster: DeadPoster) -> Result<Self, SemaphoreError> {
         if initial > MAX_POST {
             return Err(SemaphoreError::InvalidPost { count: initial, max: MAX_POST });
         }
@@ -83,10 +95,10 @@ impl SemaphoreBlock {
         block.word(GENERATION_WORD).store(generation, Ordering::Relaxed);
         block.word(POSTED_WORD).store(initial, Ordering::Relaxed);
         block.word(STATE_WORD).store(SemaphoreState::Open as u64, Ordering::Relaxed);
+        block.word(DEAD_POSTER_WORD).store(dead_poster as u64, Ordering::Relaxed);
         let owner = record_word_index(0);
         block.word(owner + RECORD_STATE).store(record_word(1, RecordState::Attached), Ordering::Relaxed);
         block.word(owner + RECORD_PID).store(block.owner_pid(), Ordering::Relaxed);
-        block.word(owner + RECORD_FLAGS).store(FLAG_POSTS, Ordering::Relaxed);
         block.word(MAGIC_WORD).store(MAGIC, Ordering::Release);
         Ok(block)
     }
@@ -120,6 +132,10 @@ impl SemaphoreBlock {
             Ok(n) if (1..=MAX_PEERS).contains(&n) => n,
             _ => return Err(SemaphoreError::Corrupt { what: "max_peers", value: peers }),
         };
+        let rule = words[DEAD_POSTER_WORD].load(Ordering::Relaxed);
+        if DeadPoster::from_raw(rule).is_none() {
+            return Err(SemaphoreError::Corrupt { what: "dead_poster", value: rule });
+        }
         Ok(Self { object, max_peers })
     }
 
@@ -153,6 +169,17 @@ impl SemaphoreBlock {
         self.word(GENERATION_WORD).load(Ordering::Relaxed)
     }
 
+    /// What the death of a peer that has posted does, as the owner chose at creation.
+    pub fn dead_poster(&self) -> DeadPoster {
+        // Validated when the block was attached; a peer that rewrote it since gets the default rule.
+        DeadPoster::from_raw(self.word(DEAD_POSTER_WORD).load(Ordering::Relaxed)).unwrap_or_default()
+    }
+
+    /// How many times the owner has reset the semaphore.
+    pub fn resets(&self) -> u64 {
+        self.word(RESETS_WORD).load(Ordering::Acquire)
+    }
+
     /// The state word, decoded (`None`: a value no owner writes).
     pub fn state(&self) -> Option<SemaphoreState> {
         SemaphoreState::from_raw(self.word(STATE_WORD).load(Ordering::Acquire))
@@ -167,16 +194,57 @@ impl SemaphoreBlock {
         let raw = self.word(STATE_WORD).load(Ordering::Acquire);
         match SemaphoreState::from_raw(raw) {
             Some(SemaphoreState::Open) => Ok(()),
-            Some(SemaphoreState::Broken) => {
-                let pid = self.word(BROKEN_PID_WORD).load(Ordering::Relaxed);
-                let record = self.word(BROKEN_RECORD_WORD).load(Ordering::Relaxed) as u32;
-                let pid = PeerPid(u32::try_from(pid).ok().filter(|&p| p != 0));
-                Err(SemaphoreError::PosterDied { pid, record })
-            }
+            Some(SemaphoreState::Broken) => Err(self.poster_died()),
             Some(SemaphoreState::OwnerGone) => Err(SemaphoreError::OwnerGone { owner_pid: self.owner_pid() }),
             Some(SemaphoreState::Closed) => Err(SemaphoreError::Closed),
             Some(SemaphoreState::Uninitialised) | None => Err(SemaphoreError::Corrupt { what: "state", value: raw }),
         }
+    }
+
+    /// The error that names the poster whose death broke the semaphore (the last time it broke).
+    fn poster_died(&self) -> SemaphoreError {
+        let pid = self.word(BROKEN_PID_WORD).load(Ordering::Relaxed);
+        let record = self.word(BROKEN_RECORD_WORD).load(Ordering::Relaxed) as u32;
+        let pid = PeerPid(u32::try_from(pid).ok().filter(|&p| p != 0));
+        SemaphoreError::PosterDied { pid, record }
+    }
+
+    /// Makes a broken semaphore work again (the owner's [`reset`](super::SemaphoreOwner::reset)): posts nobody
+    /// took are kept; the stream waits the poison released keep their tickets, which now count as served (no post
+    /// is owed to them, and a stream wait not yet evaluated passes at once). So `posted` becomes
+    /// `max(posted, taken)` without the poison and the value `max(0, posted - taken)`. Returns the value after the
+    /// reset. A semaphore that is open is left as it is.
+    ///
+    /// # Errors
+    /// A semaphore that ended for another reason than a dead poster (closed, owner gone), or a corrupt state word.
+    pub(crate) fn reset(&self) -> Result<i64, SemaphoreError> {
+        match self.check() {
+            Ok(()) => return Ok(self.value()),
+            Err(SemaphoreError::PosterDied { .. }) => {}
+            Err(other) => return Err(other),
+        }
+        let posted = self.word(POSTED_WORD);
+        let mut word = posted.load(Ordering::SeqCst);
+        loop {
+            let count = word & COUNT_MASK;
+            let taken = self.taken();
+            // Tickets [count, taken) were released by the poison: `wait_status` keeps saying so.
+            self.word(RESET_FROM_WORD).store(count, Ordering::SeqCst);
+            self.word(RESET_TO_WORD).store(taken.max(count), Ordering::SeqCst);
+            match posted.compare_exchange(word, count.max(taken), Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => break,
+                Err(now) => word = now,
+            }
+        }
+        self.word(RESETS_WORD).fetch_add(1, Ordering::SeqCst);
+        // Only the owner resets, and nothing else moves the state out of `Broken`.
+        let _ = self.word(STATE_WORD).compare_exchange(
+            SemaphoreState::Broken as u64,
+            SemaphoreState::Open as u64,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        Ok(self.value())
     }
 
     /// Ends the semaphore for `reason` (if it is still open) and poisons `posted`, which releases every GPU-side
@@ -208,15 +276,33 @@ impl SemaphoreBlock {
         i64::try_from(value).unwrap_or(if value < 0 { i64::MIN } else { i64::MAX })
     }
 
-    /// Adds `count` posts.
+    /// Adds `count` posts as `record`'s peer, which is marked as a poster first.
     ///
     /// # Errors
     /// A count outside `1..=MAX_POST`; a semaphore that is not open.
-    pub fn post(&self, count: u64) -> Result<(), SemaphoreError> {
+    pub(crate) fn post_as(&self, record: PeerRecord, count: u64) -> Result<(), SemaphoreError> {
         check_count(count)?;
         self.check()?;
+        self.mark_poster(record);
         self.add_posts(count);
         Ok(())
+    }
+
+    /// Marks `record`'s peer as one that has posted, before its first post can land (a crash in between leaves
+    /// it counted as a poster, the safe side). Once set, the flag stays until the record is freed.
+    pub(crate) fn mark_poster(&self, record: PeerRecord) {
+        if record.index < self.max_peers {
+            let flags = self.record_word(record, RECORD_FLAGS);
+            if flags.load(Ordering::Relaxed) & FLAG_POSTED == 0 {
+                flags.fetch_or(FLAG_POSTED, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Whether `record`'s peer has posted.
+    pub fn has_posted(&self, record: PeerRecord) -> bool {
+        record.index < self.max_peers
+            && self.record_word(record, RECORD_FLAGS).load(Ordering::Acquire) & FLAG_POSTED != 0
     }
 
     /// The addition itself, for a post already checked (a stream's post runs it later, from a host function).
@@ -280,6 +366,12 @@ impl SemaphoreBlock {
     /// # Errors
     /// Why the semaphore is no longer open, when no post reached the ticket.
     pub fn ticket_released(&self, ticket: u64) -> Result<bool, SemaphoreError> {
+        let from = self.word(RESET_FROM_WORD).load(Ordering::SeqCst);
+        let to = self.word(RESET_TO_WORD).load(Ordering::SeqCst);
+        if (from..to).contains(&ticket) {
+            // The poison released it before the last reset raised the count past it.
+            return Err(self.poster_died());
+        }
         if self.posted() > ticket {
             return Ok(true);
         }
@@ -313,11 +405,6 @@ impl SemaphoreBlock {
             && self.record_word(record, RECORD_STATE).load(Ordering::Acquire) == record_word(record.epoch, state)
     }
 
-    /// Sets the peer's flags (whether it posts). The peer does it once, while its record is offered to it.
-    pub(crate) fn set_flags(&self, record: PeerRecord, posts: bool) {
-        self.record_word(record, RECORD_FLAGS).store(if posts { FLAG_POSTS } else { 0 }, Ordering::Release);
-    }
-
     /// Moves `record` from `from` to `to` in its epoch; false when it is not in `from` (or not this epoch's).
     pub(crate) fn move_record(&self, record: PeerRecord, from: RecordState, to: RecordState) -> bool {
         record.index < self.max_peers
@@ -332,12 +419,12 @@ impl SemaphoreBlock {
                 .is_ok()
     }
 
-    /// Whether `record`'s peer posts, and how many of its stream waits no post has reached yet (for `gpu-ipc ps`).
+    /// Whether `record`'s peer has posted, and how many of its stream waits no post has reached yet (for `gpu-ipc ps`).
     pub(crate) fn peer_summary(&self, record: PeerRecord) -> (bool, usize) {
         if record.index >= self.max_peers {
             return (false, 0);
         }
-        let posts = self.record_word(record, RECORD_FLAGS).load(Ordering::Acquire) & FLAG_POSTS != 0;
+        let posts = self.has_posted(record);
         let posted = self.posted();
         let queued = self.slots(record).filter(|slot| slot.load(Ordering::Acquire) & !TAKING > posted).count();
         (posts, queued)
@@ -377,7 +464,8 @@ impl SemaphoreBlock {
     }
 
     /// The owner's side of a peer's connection ending: frees its record, and breaks the semaphore (a peer that
-    /// posts and did not detach) or gives back its GPU-side waits' tickets (a peer that only waits).
+    /// has posted and did not detach, under [`DeadPoster::Poison`]) or gives back its GPU-side waits' tickets (a
+    /// peer that never posted, or any peer under [`DeadPoster::Ignore`]).
     pub(crate) fn peer_gone(&self, record: PeerRecord) -> Departure {
         if record.index == 0 || record.index >= self.max_peers {
             return Departure::Stale;
@@ -389,9 +477,7 @@ impl SemaphoreBlock {
         let departure = match RecordState::from_raw(word) {
             Some(RecordState::Offered) => Departure::NeverAttached,
             Some(RecordState::Detached) => Departure::Detached,
-            Some(RecordState::Attached)
-                if self.record_word(record, RECORD_FLAGS).load(Ordering::Acquire) & FLAG_POSTS != 0 =>
-            {
+            Some(RecordState::Attached) if self.has_posted(record) && self.dead_poster() == DeadPoster::Poison => {
                 let pid = self.record_word(record, RECORD_PID).load(Ordering::Relaxed);
                 // The owner's door thread is the only writer of these two words: written before the state, read
                 // after it.
@@ -401,11 +487,12 @@ impl SemaphoreBlock {
                 Departure::PosterDied
             }
             Some(RecordState::Attached) => {
+                let posted = self.has_posted(record);
                 let refunded = self.unreached_tickets(record);
                 if refunded > 0 {
                     self.add_posts(refunded);
                 }
-                Departure::WaiterDied { refunded }
+                if posted { Departure::PosterDiedIgnored { refunded } } else { Departure::WaiterDied { refunded } }
             }
             Some(RecordState::Free) | None => return Departure::Stale,
         };

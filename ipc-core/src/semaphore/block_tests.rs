@@ -6,7 +6,18 @@ use super::*;
 use crate::semaphore::layout::{POSTED_WORD, RECORD_TICKETS};
 
 fn block(initial: u64) -> SemaphoreBlock {
-    SemaphoreBlock::create(initial, 7).unwrap()
+    SemaphoreBlock::create(initial, 7, DeadPoster::Poison).unwrap()
+}
+
+/// Posts as the owner (record 0), as the owner's handle does.
+trait PostAsOwner {
+    fn post(&self, count: u64) -> Result<(), SemaphoreError>;
+}
+
+impl PostAsOwner for SemaphoreBlock {
+    fn post(&self, count: u64) -> Result<(), SemaphoreError> {
+        self.post_as(SemaphoreBlock::OWNER_RECORD, count)
+    }
 }
 
 /// A second mapping of the same memfd, as another process would have.
@@ -14,11 +25,13 @@ fn peer_view(block: &SemaphoreBlock) -> SemaphoreBlock {
     SemaphoreBlock::attach(block.shared().memory().try_clone_fd().unwrap()).unwrap()
 }
 
-/// An attached peer's record, as the owner and the peer set it up.
+/// An attached peer's record, as the owner and the peer set it up; a poster has posted once.
 fn attach_peer(block: &SemaphoreBlock, posts: bool) -> PeerRecord {
     let record = block.claim_record(Some(4242)).unwrap();
-    block.set_flags(record, posts);
     assert!(block.move_record(record, RecordState::Offered, RecordState::Attached));
+    if posts {
+        block.post_as(record, 1).unwrap();
+    }
     record
 }
 
@@ -45,7 +58,7 @@ fn a_fresh_block_attaches_and_a_foreign_one_is_refused() {
     assert!(matches!(err, SemaphoreError::Shm(_)), "{err}");
     owner.word(VERSION_WORD).store(9, Ordering::Relaxed);
     let err = SemaphoreBlock::attach(owner.shared().memory().try_clone_fd().unwrap()).unwrap_err();
-    assert!(matches!(err, SemaphoreError::LayoutVersion { found: 9, expected: 1 }), "{err}");
+    assert!(matches!(err, SemaphoreError::LayoutVersion { found: 9, expected: 2 }), "{err}");
 }
 
 #[test]
@@ -59,7 +72,10 @@ fn posts_are_taken_exactly_once_and_bad_counts_are_refused() {
     for bad in [0, MAX_POST + 1] {
         assert!(matches!(b.post(bad), Err(SemaphoreError::InvalidPost { count, .. }) if count == bad));
     }
-    assert!(matches!(SemaphoreBlock::create(MAX_POST + 1, 0), Err(SemaphoreError::InvalidPost { .. })));
+    assert!(matches!(
+        SemaphoreBlock::create(MAX_POST + 1, 0, DeadPoster::Poison),
+        Err(SemaphoreError::InvalidPost { .. })
+    ));
 }
 
 #[test]
@@ -97,8 +113,8 @@ fn a_dead_poster_breaks_the_semaphore_and_poison_releases_every_gpu_wait() {
     let poster = attach_peer(&owner, true);
     let waiter = attach_peer(&owner, false);
     let mut hint = 0;
+    // The poster's one post (made at attach) reaches ticket 0.
     let tickets: Vec<u64> = (0..3).map(|_| owner.take_ticket(waiter, &mut hint).unwrap()).collect();
-    owner.post(1).unwrap();
     assert_eq!(owner.peer_gone(poster), Departure::PosterDied);
     let peer = peer_view(&owner);
     let err = peer.check().unwrap_err();
@@ -106,7 +122,8 @@ fn a_dead_poster_breaks_the_semaphore_and_poison_releases_every_gpu_wait() {
         matches!(err, SemaphoreError::PosterDied { pid: PeerPid(Some(4242)), record } if record == poster.index),
         "{err}"
     );
-    assert!(err.to_string().contains("pid 4242") && err.to_string().contains("create the semaphore again"), "{err}");
+    let words = err.to_string();
+    assert!(words.contains("pid 4242") && words.contains("poisoned by a dead poster"), "{err}");
     for &t in &tickets {
         assert!(gpu_wait_passes(&peer, t), "ticket {t}");
     }
@@ -226,4 +243,87 @@ fn threads_posting_and_taking_see_every_post_taken_exactly_once() {
     });
     assert_eq!(took.load(Ordering::Relaxed), 4 * PER_THREAD);
     assert_eq!((b.posted(), b.taken(), b.try_take().unwrap()), (4 * PER_THREAD, 4 * PER_THREAD, false));
+}
+
+#[test]
+fn a_peer_that_never_posted_never_poisons_and_one_that_posted_does() {
+    let b = block(0);
+    // Attached with nothing said about its role: only its first post makes it a poster.
+    let waiter = attach_peer(&b, false);
+    let mut hint = 0;
+    b.take_ticket(waiter, &mut hint).unwrap();
+    assert!(!b.has_posted(waiter));
+    assert_eq!(b.peer_gone(waiter), Departure::WaiterDied { refunded: 1 });
+    assert!(b.check().is_ok(), "a peer that never posted broke the semaphore");
+
+    let peer = b.claim_record(Some(77)).unwrap();
+    assert!(b.move_record(peer, RecordState::Offered, RecordState::Attached));
+    assert!(!b.has_posted(peer));
+    // The flag is set before the post is added: a crash in between still counts it as a poster.
+    b.mark_poster(peer);
+    assert!(b.has_posted(peer) && b.posted() == 1, "the refund only");
+    assert_eq!(b.peer_gone(peer), Departure::PosterDied);
+    assert!(matches!(b.check(), Err(SemaphoreError::PosterDied { pid: PeerPid(Some(77)), .. })));
+}
+
+#[test]
+fn under_the_ignore_rule_a_dead_poster_breaks_nothing_and_every_peer_sees_the_rule() {
+    let b = SemaphoreBlock::create(0, 7, DeadPoster::Ignore).unwrap();
+    let peer = peer_view(&b);
+    assert_eq!((b.dead_poster(), peer.dead_poster()), (DeadPoster::Ignore, DeadPoster::Ignore));
+    assert_eq!(block(0).dead_poster(), DeadPoster::Poison, "poison is the default rule");
+    let poster = attach_peer(&b, true);
+    let mut hint = 0;
+    b.take_ticket(poster, &mut hint).unwrap(); // ticket 0: reached by the poster's post
+    b.take_ticket(poster, &mut hint).unwrap(); // ticket 1: unreached, given back
+    assert_eq!(b.peer_gone(poster), Departure::PosterDiedIgnored { refunded: 1 });
+    assert!(peer.check().is_ok(), "{:?}", peer.check());
+    assert_eq!(peer.value(), 0);
+    b.post(1).unwrap();
+    assert!(peer.try_take().unwrap());
+    // A rule no owner writes is refused when attaching.
+    b.word(DEAD_POSTER_WORD).store(9, Ordering::Relaxed);
+    let err = SemaphoreBlock::attach(b.shared().memory().try_clone_fd().unwrap()).unwrap_err();
+    assert!(matches!(err, SemaphoreError::Corrupt { what: "dead_poster", value: 9 }), "{err}");
+}
+
+#[test]
+fn the_owner_resets_a_poisoned_semaphore_keeping_untaken_posts_and_serving_released_tickets() {
+    let b = block(0);
+    let poster = attach_peer(&b, true); // posts 1
+    let waiter = attach_peer(&b, false);
+    b.post(2).unwrap(); // 3 posts
+    assert!(b.try_take().unwrap()); // ticket 0
+    let mut hint = 0;
+    let reached = b.take_ticket(waiter, &mut hint).unwrap(); // ticket 1: posted
+    assert_eq!(b.peer_gone(poster), Departure::PosterDied);
+    assert!(b.reset().is_ok());
+    assert_eq!(b.check().unwrap(), (), "open again");
+    assert_eq!((b.value(), b.resets()), (1, 1), "the untaken post is kept");
+    assert!(b.ticket_released(reached).unwrap());
+
+    // Broken with stream waits the poison released: they count as served, and say how they were released.
+    let poster = attach_peer(&b, true); // posts 1: value 2
+    assert!(b.try_take().unwrap() && b.try_take().unwrap());
+    let poisoned: Vec<u64> = (0..2).map(|_| b.take_ticket(waiter, &mut hint).unwrap()).collect();
+    assert_eq!(b.value(), -2);
+    assert_eq!(b.peer_gone(poster), Departure::PosterDied);
+    for &t in &poisoned {
+        assert!(gpu_wait_passes(&b, t) && b.ticket_released(t).is_err());
+    }
+    assert_eq!(b.reset().unwrap(), 0, "the debt of released waits is dropped");
+    let peer = peer_view(&b);
+    assert!(peer.check().is_ok());
+    for &t in &poisoned {
+        assert!(gpu_wait_passes(&peer, t), "a wait not yet evaluated passes at once");
+        assert!(matches!(peer.ticket_released(t), Err(SemaphoreError::PosterDied { .. })), "still told");
+    }
+    assert!(!peer.try_take().unwrap());
+    b.post(1).unwrap();
+    let next = peer.take_ticket(waiter, &mut hint).unwrap();
+    assert!(peer.ticket_released(next).unwrap() && gpu_wait_passes(&peer, next));
+    assert!(!peer.try_take().unwrap());
+    // A closed semaphore is not reset.
+    b.end(SemaphoreState::Closed);
+    assert!(matches!(b.reset(), Err(SemaphoreError::Closed)));
 }

@@ -24,12 +24,13 @@ impl fmt::Display for PeerPid {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SemaphoreError {
-    /// A peer that posts died without detaching: the posts it owed will never come. Every GPU-side wait was
-    /// released by the poison; work queued after one ran without a post.
+    /// A peer that had posted died without detaching: the posts it owed may never come. The semaphore is
+    /// poisoned; every GPU-side wait was released by the poison, and work queued after one ran without a post
+    /// (kernels that check [`StreamWait::status_word`](super::StreamWait::status_word) saw it).
     #[error(
-        "a peer that posts to this semaphore (record {record}, {pid}) died without detaching, so posts it owed \
-         will never come; GPU-side waits were released without a post: discard work queued after them, and create \
-         the semaphore again"
+        "the semaphore is poisoned by a dead poster: a peer that posted to it (record {record}, {pid}) died \
+         without detaching, so posts it owed may never come; GPU-side waits were released without a post: discard \
+         work queued after them; its owner can reset() it (or create the semaphore again)"
     )]
     PosterDied {
         /// Its pid as the owner saw it.
@@ -58,10 +59,10 @@ pub enum SemaphoreError {
         /// How long the call waited.
         waited: Duration,
     },
-    /// This handle was attached as a pure waiter.
+    /// This handle was attached with `posts = false` (a promise not to post; no longer needed for anything).
     #[error(
-        "this handle was attached with posts = false, so the owner would not notice if this process died owing \
-         posts; attach with AttachOptions::posts = true to post"
+        "this handle was attached with posts = false, a promise not to post; attach with the default \
+         AttachOptions (posts = true) to post: a peer that never posts breaks nothing by dying either way"
     )]
     NotAPoster,
     /// A post count outside `1..=MAX_POST`.

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use super::block::SemaphoreBlock;
 use super::error::SemaphoreError;
 use super::layout::{POSTED_OFFSET, SharedWords};
-use crate::driver::{Context, Event, EventFlags, HostRegistration, Stream, WaitCondition, sys};
+use crate::driver::{
+    Context, DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, HostRegistration, Stream, WaitCondition, sys,
+};
 use crate::sys::shm::SharedObject;
 
 /// How long teardown waits for streams to pass waits whose tickets a post has reached.
@@ -39,6 +41,19 @@ impl GpuSide {
         }
         let registration = Arc::new(HostRegistration::new(ctx, Arc::clone(block.shared()))?);
         Ok(Self { ctx: ctx.clone(), registration, marks: VecDeque::new(), spare: Vec::new() })
+    }
+
+    /// The device address of `posted` in this side's context: what kernels after a wait read.
+    pub(super) fn status_word(&self) -> DevicePtr {
+        self.registration.device_ptr().offset(POSTED_OFFSET as u64)
+    }
+
+    /// Queues on `stream` a copy of the `posted` word into `dst` (8 bytes of device memory): a stream-ordered
+    /// snapshot, taken once the stream's earlier work (a wait) is done, for kernels queued after it.
+    pub(super) fn copy_status(&self, stream: &Stream, dst: &DeviceSpan<'_>) -> Result<(), SemaphoreError> {
+        let word = self.registration.span().slice(POSTED_OFFSET as u64, 8)?;
+        dst.copy_from_async(&word, stream)?;
+        Ok(())
     }
 
     /// Whether `stream` belongs to this side's context.

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use super::block::{PeerRecord, SemaphoreBlock, check_count};
 use super::error::SemaphoreError;
 use super::gpu::GpuSide;
-use super::layout::{RecordState, SemaphoreState};
+use super::layout::{COUNT_MASK, RecordState, SemaphoreState};
 use super::owner::import_offer;
 use super::watchdog::Watchdog;
 use crate::backend::Backend;
 use crate::door::{self, ObjectKind, OwnerLink};
-use crate::driver::{Context, Stream};
+use crate::driver::{Context, DevicePtr, DeviceSpan, Stream};
 use crate::ring::{WaitMode, bounded_wait};
 
 /// How a CPU-side wait passes time: it spins first (lowest latency), then sleeps in short naps.
@@ -42,9 +42,10 @@ impl Default for WaitPolicy {
 pub struct AttachOptions {
     /// The name the owner's peer list shows (at most 64 bytes).
     pub name: String,
-    /// Whether this process posts (default true). The owner takes the death of a peer that posts, without
-    /// detaching, as the end of the semaphore (waiters would otherwise wait for posts that never come); a peer
-    /// attached with `false` may only wait, and its death breaks nothing.
+    /// Whether this process may post (default true). **No longer needed**: the owner counts a peer as a poster
+    /// from its first post on (the peer marks its record before the post can land), so a peer that only waits
+    /// never breaks the semaphore by dying, whatever this says. Kept for compatibility: `false` is a promise not
+    /// to post, which [`post`](Semaphore::post) keeps by refusing ([`SemaphoreError::NotAPoster`]).
     pub posts: bool,
     /// Bound on connecting and attaching (default 5 s).
     pub timeout: Duration,
@@ -63,18 +64,38 @@ impl Default for AttachOptions {
     }
 }
 
-/// A GPU-side wait queued by [`Semaphore::wait_on`]: its ticket, to ask [`Semaphore::wait_status`] how it was
-/// released.
+/// A GPU-side wait queued by [`Semaphore::wait_on`]: its ticket, and the device address of the word that says
+/// how it was released, for the kernels queued after it ([`status_word`](Self::status_word)); on the CPU, ask
+/// [`Semaphore::wait_status`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use = "ask wait_status after the stream's work, to know whether a post or the poison released the wait"]
+#[must_use = "give the kernels queued after the wait its status_word and ticket, or ask wait_status after the \
+              stream's work, to know whether a post or the poison released the wait"]
 pub struct StreamWait {
     ticket: u64,
+    status_word: DevicePtr,
 }
 
 impl StreamWait {
     /// The ticket: the wait is released by post `ticket + 1`.
     pub fn ticket(&self) -> u64 {
         self.ticket
+    }
+
+    /// The device address (in the context of the handle that queued the wait) of the semaphore's `posted` word,
+    /// for the kernels queued after the wait: pass it and [`ticket`](Self::ticket) to them, and let them read the
+    /// word once (`ld.acquire.sys.u64`, or a `volatile` load) and go on only if
+    /// [`released_by_post`](Self::released_by_post) holds for it; otherwise the poison released the wait (a poster
+    /// died, the owner died or closed) and the kernel must not use the data the post would have announced. The
+    /// word is read-only for kernels. `kernels/cuda/gpu_ipc_semaphore.cuh` has the check as a device function.
+    pub fn status_word(&self) -> DevicePtr {
+        self.status_word
+    }
+
+    /// The rule a kernel applies to the word at [`status_word`](Self::status_word): whether a post, not the
+    /// poison, released the wait with this ticket. The real count sits in the low 62 bits and only grows, so the
+    /// answer does not change once true (until the owner resets a broken semaphore: see `docs/semaphore.md`).
+    pub fn released_by_post(&self, word: u64) -> bool {
+        (word & COUNT_MASK) > self.ticket
     }
 }
 
@@ -155,7 +176,11 @@ impl Semaphore {
             })?;
         tracing::info!(socket = %socket.display(), record = peer.record.index, "attached to a semaphore");
         peer.link = Some(Arc::new(link));
-        Self::new(peer, B::cuda_context(ctx).cloned(), options.wait)
+        let semaphore = Self::new(peer, B::cuda_context(ctx).cloned(), options.wait)?;
+        // A semaphore a dead poster broke is still served (its owner may reset it): a newcomer learns why it
+        // does not work, in the semaphore's words, and leaves cleanly (dropping the handle detaches).
+        semaphore.peer.block.check()?;
+        Ok(semaphore)
     }
 
     /// The shared block (its counters and state, for inspection).
@@ -207,7 +232,7 @@ impl Semaphore {
     /// A handle attached with `posts = false`; a count outside `1..=MAX_POST`; a semaphore that no longer works.
     pub fn post(&self, count: u64) -> Result<(), SemaphoreError> {
         self.may_post(count)?;
-        self.peer.block.post(count)
+        self.peer.block.post_as(self.peer.record, count)
     }
 
     /// Takes a post if one is there, without waiting.
@@ -274,15 +299,16 @@ impl Semaphore {
         }
         let block = &self.peer.block;
         let ticket = block.take_ticket(self.peer.record, hint)?;
+        let wait = StreamWait { ticket, status_word: side.status_word() };
         if block.posted() > ticket {
             // Already posted, as the CPU sees (an acquire load): the stream needs no wait.
-            return Ok(StreamWait { ticket });
+            return Ok(wait);
         }
         if let Err(e) = side.queue_wait(stream, ticket) {
             block.give_back(self.peer.record, ticket);
             return Err(e);
         }
-        Ok(StreamWait { ticket })
+        Ok(wait)
     }
 
     /// How a stream wait was released: `Ok(true)` by a post, `Ok(false)` not yet (the stream still waits), or the
@@ -296,6 +322,31 @@ impl Semaphore {
         self.peer.block.ticket_released(wait.ticket)
     }
 
+    /// Queues on `stream` a copy of the word that tells how `wait` was released into `dst` (8 bytes of device
+    /// memory, in this handle's context), so that the kernels queued after it on `stream` read the verdict from
+    /// ordinary device memory: a post released the wait iff [`StreamWait::released_by_post`] holds for the `u64`
+    /// at `dst` (`(word & COUNT_MASK) > ticket`). Queue it right after [`wait_on`](Self::wait_on) on the same
+    /// stream: the copy runs once the wait is released, so it sees the post or the poison that released it.
+    /// (Kernels may instead read [`StreamWait::status_word`] themselves.)
+    ///
+    /// # Errors
+    /// [`SemaphoreError::NoCudaContext`]; no stream wait queued by this handle yet (nothing registered:
+    /// [`SemaphoreError::NoCudaContext`] too); `dst` not 8 bytes, or the driver's error.
+    pub fn copy_status_on(
+        &self,
+        stream: &Stream,
+        wait: &StreamWait,
+        dst: &DeviceSpan<'_>,
+    ) -> Result<(), SemaphoreError> {
+        let gpu = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(side) = &gpu.side else { return Err(SemaphoreError::NoCudaContext) };
+        if !side.same_context(stream) {
+            return Err(SemaphoreError::WrongContext);
+        }
+        tracing::trace!(ticket = wait.ticket, "semaphore: status word copied after a stream wait");
+        side.copy_status(stream, dst)
+    }
+
     /// Queues on `stream` a post of `count`: it lands once the stream's earlier work is done (a host function,
     /// `cuLaunchHostFunc`, adds it from a driver thread). Returns at once; the handle may be dropped before it
     /// lands (the connection to the owner then stays open until it has).
@@ -305,6 +356,8 @@ impl Semaphore {
     pub fn post_on(&self, stream: &Stream, count: u64) -> Result<(), SemaphoreError> {
         self.may_post(count)?;
         self.check()?;
+        // A poster from now on: if this process dies before the post lands, the post is owed.
+        self.peer.block.mark_poster(self.peer.record);
         let peer = Arc::clone(&self.peer);
         stream.launch_host_fn(move || peer.block.add_posts(count))?;
         Ok(())

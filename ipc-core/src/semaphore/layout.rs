@@ -17,11 +17,15 @@
 //! | 6 | semaphore state ([`SemaphoreState`]) |
 //! | 7 | pid of the peer whose death broke the semaphore (0 = unknown) |
 //! | 8 | record of that peer (`epoch << 32 \| index`) |
+//! | 9 | what a dead poster does ([`DeadPoster`]: 0 poison, 1 ignore), set at creation |
+//! | 10 | resets so far (the owner's [`reset`](super::SemaphoreOwner::reset)) |
+//! | 11 | first ticket the last reset found unreached by a post (released by the poison) |
+//! | 12 | `taken` at the last reset: tickets `[word 11, word 12)` were released by the poison |
 //! | 16 | `posted`: posts so far (bit 62 = poison) |
 //! | 32 | `taken`: tickets handed out so far |
 //! | 48 + 128 r | record `r`: state word (`epoch << 8 \| RecordState`) |
 //! | 48 + 128 r + 1 | record `r`: pid |
-//! | 48 + 128 r + 2 | record `r`: flags (bit 0: the peer posts) |
+//! | 48 + 128 r + 2 | record `r`: flags (bit 0: the peer has posted, set by the peer before its first post) |
 //! | 48 + 128 r + 8 + i | record `r`: ticket slot `i` (0 = empty, `t + 1` = ticket `t`, bit 63 = being taken) |
 
 use std::sync::atomic::AtomicU64;
@@ -30,7 +34,7 @@ use std::sync::atomic::AtomicU64;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GIPCSEMA");
 
 /// Version of this layout; bumped on any change to offsets or meanings.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Size of the memfd: 64 KiB, a whole number of pages on every Linux page size, as `cuMemHostRegister` wants.
 pub const SHARED_BYTES: usize = 64 * 1024;
@@ -63,6 +67,15 @@ pub const BROKEN_PID_WORD: usize = 7;
 /// Header word: the record of that peer, `epoch << 32 | index`.
 pub const BROKEN_RECORD_WORD: usize = 8;
 
+/// Header word: what a dead poster does, a [`DeadPoster`] (written at creation, never changed).
+pub const DEAD_POSTER_WORD: usize = 9;
+/// Header word: resets so far.
+pub const RESETS_WORD: usize = 10;
+/// Header word: the real count of `posted` when the last reset happened: tickets from here ...
+pub const RESET_FROM_WORD: usize = 11;
+/// Header word: ... up to `taken` at the last reset (this word, excluded) were released by the poison.
+pub const RESET_TO_WORD: usize = 12;
+
 /// Word of `posted`, the number of posts so far; bit 62 ([`POISON`]) once the semaphore is broken or closed.
 pub const POSTED_WORD: usize = LINE_WORDS;
 /// Word of `taken`, the number of tickets handed out so far (post `t + 1` is ticket `t`'s).
@@ -81,15 +94,17 @@ pub const MAX_PEERS: u32 = 32;
 pub const RECORD_STATE: usize = 0;
 /// Record word: the peer's pid as the owner saw it (0 = unknown).
 pub const RECORD_PID: usize = 1;
-/// Record word: flags, [`FLAG_POSTS`].
+/// Record word: flags, [`FLAG_POSTED`].
 pub const RECORD_FLAGS: usize = 2;
 /// Record word: first ticket slot.
 pub const RECORD_TICKETS: usize = 8;
 /// Ticket slots per record: how many stream waits of one peer may wait at once.
 pub const TICKETS_PER_PEER: usize = RECORD_WORDS - RECORD_TICKETS;
 
-/// Record flag: the peer posts, so its death without detaching breaks the semaphore.
-pub const FLAG_POSTS: u64 = 1;
+/// Record flag: the peer has posted (or queued a stream post), so its death without detaching may leave posts it
+/// owed unmade. The peer sets it itself, atomically, before its first post can land: a peer that never posted
+/// never has it, so its death never poisons.
+pub const FLAG_POSTED: u64 = 1;
 
 /// Ticket slot bit: the peer is taking ticket `(slot & !TAKING) - 1` (the compare-and-swap on `taken` may or may
 /// not have happened).
@@ -132,6 +147,32 @@ impl SemaphoreState {
             2 => Some(Self::Broken),
             3 => Some(Self::OwnerGone),
             4 => Some(Self::Closed),
+            _ => None,
+        }
+    }
+}
+
+/// What the death of a peer that has posted does to the semaphore, chosen by the owner at creation
+/// ([`OwnerOptions::dead_poster`](super::OwnerOptions::dead_poster)) and kept in the shared block (header word
+/// [`DEAD_POSTER_WORD`]), so every peer sees the same rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u64)]
+pub enum DeadPoster {
+    /// The semaphore breaks (state `Broken`, `posted` poisoned): every waiter learns that posts may never come.
+    /// The owner can [`reset`](super::SemaphoreOwner::reset) it.
+    #[default]
+    Poison = 0,
+    /// The death is logged and its unreached stream waits are made good, as a waiter's; the semaphore goes on.
+    /// For posters that are interchangeable (any live one will post what is needed).
+    Ignore = 1,
+}
+
+impl DeadPoster {
+    /// Decodes the header word; an unknown value (corrupt or newer owner) is `None`.
+    pub const fn from_raw(raw: u64) -> Option<Self> {
+        match raw {
+            0 => Some(Self::Poison),
+            1 => Some(Self::Ignore),
             _ => None,
         }
     }
@@ -182,6 +223,7 @@ pub const fn record_word_index(index: u32) -> usize {
 // The layout is an ABI shared with other processes (and other languages): pin it.
 const _: () = {
     assert!(BROKEN_RECORD_WORD < LINE_WORDS);
+    assert!(RESET_TO_WORD < LINE_WORDS);
     assert!(POSTED_OFFSET == 128);
     assert!(TAKEN_WORD * 8 == 256);
     assert!(RECORDS_WORD * 8 == 384);
@@ -204,6 +246,14 @@ mod tests {
         assert_eq!(SemaphoreState::from_raw(2), Some(SemaphoreState::Broken));
         assert_eq!(SemaphoreState::from_raw(5), None);
         assert_eq!(MAGIC.to_le_bytes(), *b"GIPCSEMA");
+    }
+
+    #[test]
+    fn the_device_headers_count_mask_is_this_one() {
+        let header = include_str!("../../../kernels/cuda/gpu_ipc_semaphore.cuh");
+        let line = header.lines().find(|l| l.starts_with("#define GPU_IPC_SEMAPHORE_COUNT_MASK")).unwrap_or_default();
+        let hex = line.split_whitespace().nth(2).unwrap_or_default().trim_end_matches("ull").trim_start_matches("0x");
+        assert_eq!(u64::from_str_radix(hex, 16).ok(), Some(COUNT_MASK), "{line}");
     }
 
     #[test]

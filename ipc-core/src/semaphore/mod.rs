@@ -17,12 +17,15 @@
 //! PCIe-attached GPU in an x86 machine). So a stream post is a host function (`cuLaunchHostFunc`) that does the
 //! CPU's `fetch_add`: correct on every platform, at the cost of a driver callback per post.
 //!
-//! **Dead peers.** A peer that posts and hangs up without detaching breaks the semaphore: the owner writes the
-//! state `Broken` and ORs the poison `2^62` into `posted`, which releases every GPU-side wait, queued or future;
-//! CPU waits return [`SemaphoreError::PosterDied`]. A peer that only waits and dies has its unreached tickets made
-//! good (they would swallow posts). The owner dying: each importer's watchdog sees its connection hang up and
-//! writes `OwnerGone` and the poison itself (the memfd stays mapped in every process). A released stream wait
-//! tells how it was released: [`Semaphore::wait_status`].
+//! **Dead peers.** A peer counts as a poster from its first post (it marks its record before the post can land).
+//! A poster that hangs up without detaching breaks the semaphore ([`DeadPoster::Poison`], the default): the owner
+//! writes the state `Broken` and ORs the poison `2^62` into `posted`, which releases every GPU-side wait, queued
+//! or future; CPU waits return [`SemaphoreError::PosterDied`]; the owner can [`SemaphoreOwner::reset`] it. Under
+//! [`DeadPoster::Ignore`] (chosen at creation, kept in the shared block) the semaphore goes on. A peer that never
+//! posted and dies has its unreached tickets made good (they would swallow posts). The owner dying: each
+//! importer's watchdog sees its connection hang up and writes `OwnerGone` and the poison itself (the memfd stays
+//! mapped in every process). A released stream wait tells how it was released, on the GPU to the kernels queued
+//! after it ([`StreamWait::status_word`]) and on the CPU ([`Semaphore::wait_status`]).
 //!
 //! See `docs/semaphore.md` for when to use it, what each death does, and an example.
 
@@ -39,5 +42,5 @@ pub use block::{Departure, PeerRecord, SemaphoreBlock};
 pub use body::{SEMAPHORE_OFFER_BYTES, SEMAPHORE_OFFER_FDS, SemaphoreOffer};
 pub use error::{PeerPid, SemaphoreError};
 pub use handle::{AttachOptions, Semaphore, StreamWait, WaitPolicy};
-pub use layout::{MAX_PEERS, MAX_POST, POISON, SemaphoreState, TICKETS_PER_PEER};
+pub use layout::{COUNT_MASK, DeadPoster, MAX_PEERS, MAX_POST, POISON, SemaphoreState, TICKETS_PER_PEER};
 pub use owner::{OwnerOptions, SemaphoreOwner};

@@ -12,7 +12,7 @@ use super::block::{Departure, PeerRecord, SemaphoreBlock};
 use super::body::{SEMAPHORE_OFFER_FDS, SemaphoreOffer};
 use super::error::SemaphoreError;
 use super::handle::{PeerSide, Semaphore, WaitPolicy};
-use super::layout::{LAYOUT_VERSION, RecordState, SHARED_BYTES, SemaphoreState};
+use super::layout::{DeadPoster, LAYOUT_VERSION, RecordState, SHARED_BYTES, SemaphoreState};
 use crate::backend::Backend;
 use crate::door::{DoorConfig, ObjectDoor, ObjectHost, ObjectKind, ObjectOffer, PeerInfo};
 use crate::wire::{BackendKind, RefusalCode};
@@ -22,6 +22,9 @@ use crate::wire::{BackendKind, RefusalCode};
 pub struct OwnerOptions {
     /// Posts it starts with.
     pub initial: u64,
+    /// What the death of a peer that has posted does: break the semaphore ([`DeadPoster::Poison`], the
+    /// default) or go on ([`DeadPoster::Ignore`]). Kept in the shared block, so every peer sees it.
+    pub dead_poster: DeadPoster,
     /// How the owner's own CPU-side waits pass time.
     pub wait: WaitPolicy,
     /// The door's settings (handshake bound, pending connections, who may connect).
@@ -52,8 +55,11 @@ impl ObjectHost for SemaphoreHost {
     }
 
     fn offer(&self, peer: &PeerInfo) -> Result<(Vec<u8>, Vec<OwnedFd>), (RefusalCode, String)> {
-        if let Err(ended) = self.block.check() {
-            return Err((RefusalCode::ShuttingDown, ended.to_string()));
+        match self.block.check() {
+            // Broken by a dead poster: still offered, so that a newcomer's attach reads why from the block (and
+            // says so in the semaphore's words); the owner may reset it.
+            Ok(()) | Err(SemaphoreError::PosterDied { .. }) => {}
+            Err(ended) => return Err((RefusalCode::ShuttingDown, ended.to_string())),
         }
         let fd = self.block.shared().memory().try_clone_fd().map_err(|e| (RefusalCode::ShuttingDown, e.to_string()))?;
         let record = self.block.claim_record(peer.pid).map_err(|e| (RefusalCode::RingFull, e.to_string()))?;
@@ -82,6 +88,7 @@ impl ObjectHost for SemaphoreHost {
         let Some(record) = record else { return String::new() };
         let (posts, queued) = self.block.peer_summary(record);
         let role = if posts { "posts" } else { "waits only" };
+        // "posts": it has posted (its death without detaching counts as a dead poster's).
         format!("record {}, {role}, {queued} stream waits queued", record.index)
     }
 
@@ -93,7 +100,14 @@ impl ObjectHost for SemaphoreHost {
                 pid = peer.pid,
                 name = %peer.name,
                 record = record.index,
-                "a peer that posts died without detaching: semaphore broken, GPU waits released"
+                "a peer that posted died without detaching: semaphore poisoned, GPU waits released"
+            ),
+            Departure::PosterDiedIgnored { refunded } => tracing::warn!(
+                peer = peer.id,
+                pid = peer.pid,
+                name = %peer.name,
+                refunded,
+                "a peer that posted died without detaching; this semaphore ignores dead posters: it goes on"
             ),
             Departure::WaiterDied { refunded } => tracing::warn!(
                 peer = peer.id,
@@ -108,7 +122,7 @@ impl ObjectHost for SemaphoreHost {
 }
 
 /// Reads a semaphore offer (the importer's side of [`crate::door::attach`]): the body, the one fd, the shared
-/// block, and the record offered; sets whether this peer posts.
+/// block, and the record offered. `posts: false` only makes this handle refuse to post.
 pub(super) fn import_offer(offer: &ObjectOffer, fds: Vec<OwnedFd>, posts: bool) -> Result<PeerSide, SemaphoreError> {
     let body = SemaphoreOffer::decode(&offer.body)?;
     if body.layout_version != LAYOUT_VERSION {
@@ -131,7 +145,6 @@ pub(super) fn import_offer(offer: &ObjectOffer, fds: Vec<OwnedFd>, posts: bool) 
     if record.index == 0 || !block.record_is(record, RecordState::Offered) {
         return Err(SemaphoreError::Corrupt { what: "offered record", value: u64::from(record.index) });
     }
-    block.set_flags(record, posts);
     Ok(PeerSide { block, record, posts, link: None })
 }
 
@@ -170,12 +183,17 @@ impl SemaphoreOwner {
         options: &OwnerOptions,
     ) -> Result<Self, SemaphoreError> {
         let generation = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_nanos() as u64;
-        let block = SemaphoreBlock::create(options.initial, generation)?;
+        let block = SemaphoreBlock::create(options.initial, generation, options.dead_poster)?;
         let host = Arc::new(SemaphoreHost { block: block.clone(), backend: B::KIND, records: Mutex::default() });
         let door = ObjectDoor::open(socket, host, options.door.clone())?;
         let side = PeerSide { block, record: SemaphoreBlock::OWNER_RECORD, posts: true, link: None };
         let semaphore = Semaphore::new(side, B::cuda_context(ctx).cloned(), options.wait)?;
-        tracing::info!(socket = %door.path().display(), initial = options.initial, "semaphore created");
+        tracing::info!(
+            socket = %door.path().display(),
+            initial = options.initial,
+            dead_poster = ?options.dead_poster,
+            "semaphore created"
+        );
         Ok(Self { door: Some(door), semaphore })
     }
 
@@ -192,6 +210,27 @@ impl SemaphoreOwner {
     /// The peers attached now (what `gpu-ipc ps` lists).
     pub fn peers(&self) -> Vec<PeerInfo> {
         self.door.as_ref().map_or_else(Vec::new, ObjectDoor::peers)
+    }
+
+    /// Makes a semaphore that a dead poster broke work again, for every peer; returns its value afterwards.
+    ///
+    /// What it resets to: posts made before the break and not taken are kept; every ticket handed out before the
+    /// reset counts as served (the stream waits the poison released do not wait again, and a stream wait queued
+    /// but not yet reached by its stream passes at once). So `posted` becomes `max(posted, taken)` without the
+    /// poison, and the value `max(0, posted - taken)`. [`Semaphore::wait_status`] still reports the waits the
+    /// poison released (the last reset's). Peers attached before the reset go on with their handles. A semaphore
+    /// that is open is left as it is.
+    ///
+    /// # Errors
+    /// None today for a broken or open semaphore; [`SemaphoreError::Corrupt`] if a peer wrote garbage in the
+    /// state word.
+    pub fn reset(&self) -> Result<i64, SemaphoreError> {
+        let broken = self.semaphore.block().check().err().map(|e| e.to_string());
+        let value = self.semaphore.block().reset()?;
+        if let Some(why) = broken {
+            tracing::warn!(value, %why, "semaphore reset by its owner");
+        }
+        Ok(value)
     }
 
     /// Closes the semaphore now (as dropping the owner does).

@@ -16,7 +16,7 @@ raises ``KeyboardInterrupt`` during a wait. Objects may be used from any thread 
 import os
 import pathlib
 from collections.abc import Sequence
-from typing import Any, Protocol, final
+from typing import Any, Literal, Protocol, final
 
 from typing_extensions import Self
 
@@ -373,8 +373,11 @@ class Semaphore:
     ``Semaphore.create(socket, initial=0)`` makes one and serves it at ``socket`` (this process is its owner: closing
     it ends the semaphore for everyone); ``Semaphore(socket)`` attaches to one. ``backend``: ``"vmm"`` or
     ``"legacy"`` (a GPU: stream posts and waits on ``device``'s primary context) or ``"host"`` (CPU posts and waits
-    only). A peer attached with ``posts=True`` (the default) that dies without closing ends the semaphore: every
-    waiter gets ``PosterDied``, since the posts it owed will never come; attach pure waiters with ``posts=False``.
+    only). A peer becomes a poster with its first post: a peer that has posted and dies without closing poisons the
+    semaphore (``dead_poster="poison"``, the default at ``create``): every waiter, and every newcomer, gets
+    ``PosterDied``, since posts it owed may never come, until the owner calls ``reset()``. With
+    ``dead_poster="ignore"`` the semaphore goes on. A peer that never posted breaks nothing by dying (``posts=False``
+    is no longer needed; it is kept, and makes ``post`` refuse).
 
     Example::
 
@@ -383,7 +386,7 @@ class Semaphore:
             ...
             ready.post()                    # one more post
         # process B
-        with gpu_ipc.Semaphore("/tmp/ready.sock", backend="host", posts=False, wait_for_owner=10) as ready:
+        with gpu_ipc.Semaphore("/tmp/ready.sock", backend="host", wait_for_owner=10) as ready:
             ready.wait(timeout=5)           # takes one post, or raises Timeout
 
     On a GPU, ``post(stream=s)`` adds the post once the work queued on ``s`` before it is done, and
@@ -403,8 +406,16 @@ class Semaphore:
         wait_for_owner: float = 0.0,
     ) -> Semaphore: ...
     @staticmethod
-    def create(socket: str | os.PathLike[str], initial: int = 0, backend: str = "vmm", device: int = 0) -> Semaphore:
-        """Creates a semaphore holding ``initial`` posts and serves it at ``socket``; this process is its owner."""
+    def create(
+        socket: str | os.PathLike[str],
+        initial: int = 0,
+        backend: str = "vmm",
+        device: int = 0,
+        dead_poster: Literal["poison", "ignore"] = "poison",
+    ) -> Semaphore:
+        """Creates a semaphore holding ``initial`` posts and serves it at ``socket``; this process is its owner.
+        ``dead_poster``: what the death of a peer that has posted does, ``"poison"`` (the default: the semaphore
+        breaks until ``reset()``) or ``"ignore"`` (it goes on)."""
     def post(self, count: int = 1, stream: _StreamLike = None) -> None:
         """Adds ``count`` posts: now, from the CPU; or, with ``stream``, once the work queued on it before is done
         (the call returns at once)."""
@@ -426,6 +437,10 @@ class Semaphore:
         """Posts not yet taken, minus stream waits still waiting (negative when streams wait for posts)."""
     def check(self) -> None:
         """Raises the error that ended the semaphore, if it ended (``PosterDied``, ``OwnerGone``, ``SemaphoreClosed``)."""
+    def reset(self) -> int:
+        """The owner's: makes a semaphore a dead poster poisoned work again, for every peer, and returns its value
+        afterwards. Posts made before the death and not taken are kept; stream waits the poison released count as
+        served (``value`` becomes ``max(0, posts - takes)``). An open semaphore is left as it is."""
     @property
     def owner(self) -> bool:
         """Whether this process created it (and closing it ends it for everyone)."""
@@ -445,6 +460,12 @@ class SemaphoreWait:
     @property
     def ticket(self) -> int:
         """The wait's ticket: post number ``ticket + 1`` releases it."""
+    @property
+    def status_word(self) -> int:
+        """The device address of the word that says how the wait was released, for kernels queued after it: a post
+        released it iff ``(word & ((1 << 62) - 1)) > ticket`` (``released_by_post``). Read-only for kernels."""
+    def released_by_post(self, word: int) -> bool:
+        """Whether ``word`` (the value read at ``status_word``) says a post, not the poison, released this wait."""
 
 @final
 class SharedPool:
