@@ -210,7 +210,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
                 peer_id: 3,
                 fd_count: 1,
                 body: SemaphoreOffer {
-                    layout_version: 1,
+                    layout_version: 2,
                     record: 3,
                     epoch: 7,
                     max_peers: 32,
