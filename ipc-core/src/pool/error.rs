@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::backend::BackendError;
 use crate::door::DoorError;
 use crate::sys::shm::ShmError;
-use crate::wire::WireError;
+use crate::wire::{DeviceUuid, WireError};
 
 /// Why a pool operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +113,21 @@ pub enum PoolError {
         path: PathBuf,
         /// How it left: "closed the pool" or "hung up".
         how: &'static str,
+    },
+    /// The pool's memory is on another GPU than the importer's context.
+    #[error(
+        "the pool at {} is on device {offered}, this importer's context is on device {here}: attach from a context \
+         on the pool's GPU (the ordinal `nvidia-smi -L` lists with {offered}, counted as CUDA_VISIBLE_DEVICES orders \
+         them)",
+        path.display()
+    )]
+    WrongDevice {
+        /// The pool's socket.
+        path: PathBuf,
+        /// The device UUID the owner's offer names.
+        offered: DeviceUuid,
+        /// The device UUID of the importer's context.
+        here: DeviceUuid,
     },
     /// The owner sent something no owner of this layout sends.
     #[error("the pool at {} sent a malformed {what}: {problem}", path.display())]
