@@ -56,7 +56,7 @@ pub enum PoolError {
     /// No block has a free range that holds the buffer, and the pool may not grow.
     #[error(
         "no room for {bytes} bytes aligned to {align} (buffer `{name}`): the largest free range is {largest_free} \
-         bytes, {pending_reuse} bytes of freed buffers wait for importers to drop their views, {blocks} of at most \
+         bytes, {pending_reuse} bytes of freed buffers wait for importers' views, the owner's handles or GPU work to end, {blocks} of at most \
          {max_blocks} blocks exist; raise PoolConfig::capacity or PoolConfig::max_blocks, or free buffers"
     )]
     OutOfMemory {
@@ -68,7 +68,7 @@ pub enum PoolError {
         align: u64,
         /// The longest free range of any block.
         largest_free: u64,
-        /// Bytes freed but still pinned by importers.
+        /// Bytes freed but still held (importers' views, the owner's handles, GPU work).
         pending_reuse: u64,
         /// Blocks the pool has.
         blocks: u32,

@@ -19,15 +19,22 @@ pub(crate) struct BufferLife {
     /// Set when the buffer is freed (by handle or by name): the handle refuses from then on.
     freed: AtomicBool,
     /// Cleared when the handle drops: while it lives, the freed buffer's bytes are not reused (a span borrowed
-    /// from it may still be in use).
+    /// from it may still be in use). Never set for an existing allocation shared in place (its handle gives no
+    /// access to the bytes).
     handle_alive: AtomicBool,
     /// Set when the bytes went back to the pool (or the existing allocation stopped being shared).
     reclaimed: AtomicBool,
 }
 
 impl BufferLife {
-    fn new() -> Self {
-        Self { freed: AtomicBool::new(false), handle_alive: AtomicBool::new(true), reclaimed: AtomicBool::new(false) }
+    /// The life of a buffer whose handle gives access to its bytes (`holds_bytes`: the pool's own memory) or not
+    /// (an existing allocation shared in place: its owner reaches it through its own allocator's handle).
+    fn new(holds_bytes: bool) -> Self {
+        Self {
+            freed: AtomicBool::new(false),
+            handle_alive: AtomicBool::new(holds_bytes),
+            reclaimed: AtomicBool::new(false),
+        }
     }
 
     pub(crate) fn mark_freed(&self) {
@@ -75,8 +82,8 @@ impl ReclaimWatch {
 ///
 /// Once its buffer is freed (by name, [`SharedPool::free_name`](super::SharedPool::free_name)), the handle refuses
 /// every use ([`span`](Self::span), `read`, `write`, [`free`](super::SharedPool::free)) with
-/// [`PoolError::StaleBuffer`], and the buffer's bytes are not reused while it lives: a span borrowed from it
-/// before the free never points into another buffer. Drop it to let the bytes go back.
+/// [`PoolError::StaleBuffer`], and a buffer of the pool's own memory is not reused while it lives: a span borrowed
+/// from it before the free never points into another buffer. Drop it to let the bytes go back.
 ///
 /// A handle of the pool's own memory keeps that memory mapped while it lives (even past the pool's drop), so its
 /// [`span`](BufferHandle::span) stays valid.
@@ -119,7 +126,7 @@ impl<B: Backend> BufferHandle<B> {
         region: Option<Arc<B::Exported>>,
         directory: Arc<DirectoryWriter>,
     ) -> (Self, Arc<BufferLife>) {
-        let life = Arc::new(BufferLife::new());
+        let life = Arc::new(BufferLife::new(region.is_some()));
         (Self { name, generation, slot, ptr, len, desc, region, life: life.clone(), directory }, life)
     }
 
