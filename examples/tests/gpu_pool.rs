@@ -2,7 +2,9 @@
 //! in place by the importer; the attach cost at 1 GiB and 16 GiB and the per-lookup cost (printed, and appended to
 //! `pool-<GPU_IPC_RESULTS_TAG>.jsonl` in `GPU_IPC_RESULTS_DIR` when set); memory another allocator made
 //! (`cuMemAlloc`, and `cuMemCreate` with the POSIX-fd handle type) shared in place and read by another process;
-//! memory that cannot be shared so refused with the reason. Ignored without a GPU.
+//! memory that cannot be shared so refused with the reason; a freed buffer's bytes waiting for the stream its work
+//! was queued on, and its stale handle refusing its span; an importer on another GPU refused (two GPUs). Ignored
+//! without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -13,10 +15,10 @@ use std::process::{Command, Stdio};
 use common::{exe, socket};
 use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, PoolAllocation, VmmAllocation, VmmGranularity,
-    VmmMapping, sys,
+    Context, Device, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, PoolAllocation, Stream, VmmAllocation,
+    VmmGranularity, VmmMapping, sys,
 };
-use gpu_ipc::core::pool::{DType, PoolConfig, PoolError, SharedPool, TensorDesc};
+use gpu_ipc::core::pool::{AttachOptions, DType, PoolConfig, PoolError, PoolImporter, SharedPool, TensorDesc};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
 use gpu_ipc_examples::pool_work::{checked_ranges, pattern_word, seed_of};
@@ -189,4 +191,64 @@ fn memory_that_cannot_be_shared_in_place_is_refused_with_the_reason() {
     assert!(e.contains("run past the end of the allocation"), "{e}");
     let e = refusal::<Vmm>(&ctx, vmm.ptr().offset(4096), granularity.minimum, "vmm-past-end");
     assert!(e.contains("run past the end of the allocation"), "{e}");
+}
+
+/// Frees a buffer of a pool of backend `B` while its stream is held busy: its bytes wait for the stream; a handle
+/// kept after `free_name` refuses its span and holds its bytes until dropped.
+fn freed_bytes_wait_for_the_gpu<B: GpuBackend>(ctx: &Context, tag: &str) {
+    let pool = SharedPool::<B>::create(ctx, socket(&format!("fence-{tag}")), PoolConfig::new(4 << 20)).unwrap();
+    let a = pool.alloc("a", 1 << 20, 256, None).unwrap();
+    a.span().unwrap().write(0, &[7u32; 64]).unwrap();
+    let watch = a.reclaim_watch();
+    let stream = Stream::new(ctx).unwrap();
+    // The stream's work "runs" until the test lets it go (bounded: 20 s).
+    let (go, gate) = std::sync::mpsc::channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv_timeout(std::time::Duration::from_secs(20));
+        })
+        .unwrap();
+    pool.free_after(a, &stream).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(pool.reclaim(), 0, "{tag}: the stream's work is not done");
+    assert!(watch.is_freed() && !watch.is_reclaimed());
+    assert_eq!(pool.stats().pending_buffers, 1);
+    go.send(()).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(pool.reclaim(), 1, "{tag}: the stream finished and nobody pins it");
+    assert!(watch.is_reclaimed());
+
+    let b = pool.alloc("b", 1 << 20, 256, None).unwrap();
+    pool.free_name("b").unwrap(); // waits for the context's work, then the name is gone
+    assert!(matches!(b.span(), Err(PoolError::StaleBuffer { ref name, current: None, .. }) if name == "b"));
+    assert_eq!((pool.reclaim(), pool.stats().pending_buffers), (0, 1), "{tag}: the handle holds the bytes");
+    drop(b);
+    assert_eq!(pool.reclaim(), 1);
+    record(&serde_json::json!({ "test": "pool-free-waits-for-gpu", "backend": tag, "ok": true }));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_freed_buffer_waits_for_its_stream_and_a_stale_handle_refuses_its_span() {
+    let ctx = Context::for_ordinal(0).unwrap();
+    freed_bytes_wait_for_the_gpu::<Legacy>(&ctx, "legacy");
+    freed_bytes_wait_for_the_gpu::<Vmm>(&ctx, "vmm");
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn an_importer_on_another_gpu_is_refused_naming_both() {
+    let count = Device::count().unwrap();
+    assert!(count >= 2, "this test needs two GPUs; this machine has {count}");
+    let (ctx0, ctx1) = (Context::for_ordinal(0).unwrap(), Context::for_ordinal(1).unwrap());
+    let (uuid0, uuid1) = (ctx0.device().uuid().unwrap(), ctx1.device().uuid().unwrap());
+    let pool = SharedPool::<Vmm>::create(&ctx0, socket("other-gpu"), PoolConfig::new(2 << 20)).unwrap();
+    let err = PoolImporter::<Vmm>::attach(&ctx1, pool.path(), &AttachOptions::default()).unwrap_err();
+    match &err {
+        PoolError::WrongDevice { offered, here, .. } => assert_eq!((*offered, *here), (uuid0, uuid1)),
+        other => panic!("expected WrongDevice, got {other}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains(&uuid0.to_string()) && message.contains(&uuid1.to_string()), "{message}");
+    assert!(PoolImporter::<Vmm>::attach(&ctx0, pool.path(), &AttachOptions::default()).is_ok());
 }

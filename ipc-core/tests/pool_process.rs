@@ -254,7 +254,7 @@ fn churn_with_four_importer_processes_keeps_every_buffer_intact_and_leaks_nothin
         }
     }
     let churn_time = start.elapsed();
-    let _stop = pool.alloc(STOP, 8, 8, None).unwrap();
+    let stop = pool.alloc(STOP, 8, 8, None).unwrap();
     let (mut lookups, mut stale) = (0, 0);
     for mut child in children {
         let mut out = String::new();
@@ -276,7 +276,7 @@ fn churn_with_four_importer_processes_keeps_every_buffer_intact_and_leaks_nothin
         owner_check(&handle);
         pool.free(handle).unwrap();
     }
-    pool.free_name(STOP).unwrap();
+    pool.free(stop).unwrap();
     // The importers are gone: nothing pinned, one free range, no importer's fd or mapping left.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

@@ -181,8 +181,8 @@ pub fn semaphore_to_py(e: SemaphoreError) -> PyErr {
 
 /// The Python exception for a pool's error, with the core's message: `NotFound`, `StaleBuffer` (`.name`,
 /// `.held_generation`, `.current`), `NameTaken`, `PoolFull`, `OwnerGone`, `Timeout`, `BackendError` (memory this
-/// backend cannot share, with what to do instead), `NoOwner` and `Refused` from its door, `ValueError` for an invalid
-/// name, request or configuration.
+/// backend cannot share, with what to do instead; a pool on another GPU), `NoOwner` and `Refused` from its door,
+/// `ValueError` for an invalid name, request or configuration.
 pub fn pool_to_py(e: PoolError) -> PyErr {
     let message = e.to_string();
     match e {
@@ -204,7 +204,7 @@ pub fn pool_to_py(e: PoolError) -> PyErr {
             Timeout::new_err(message),
             vec![("what", Attr::Str(what.into())), ("waited", Attr::Float(waited.as_secs_f64()))],
         ),
-        PoolError::Backend(_) => BackendError::new_err(message),
+        PoolError::Backend(_) | PoolError::WrongDevice { .. } => BackendError::new_err(message),
         PoolError::Door(door) => door_to_py(door),
         PoolError::InvalidName { .. } | PoolError::InvalidRequest { .. } | PoolError::Config(_) => {
             PyValueError::new_err(message)

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::driver::{DevicePtr, pointer_is_legacy_ipc_capable};
-use gpu_ipc::core::pool::{BufferHandle, PoolConfig, PoolError, SharedPool as CorePool};
+use gpu_ipc::core::pool::{BufferHandle, PoolConfig, PoolError, ReclaimWatch, SharedPool as CorePool};
 use gpu_ipc::core::wire::{DType, TensorDesc};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
@@ -20,6 +20,7 @@ use crate::each_backend;
 use crate::errors::{ReleasedError, pool_to_py, to_py};
 use crate::mapping::MappingHold;
 use crate::ring::{Gpu, PerBackend, Shared, lock, parse_backend};
+use crate::stream::{borrow, stream_handle};
 use crate::view::{ArrayMemory, Layout, Memory, View};
 
 type Owner = PerBackend<CorePool<Legacy>, CorePool<Vmm>, CorePool<HostFake>>;
@@ -41,13 +42,27 @@ type Handle = PerBackend<BufferHandle<Legacy>, BufferHandle<Vmm>, BufferHandle<H
 ///     weights = torch.randn(4096, 4096, device="cuda")
 ///     shared = pool.share(weights, "weights/layer0")   # importers find it by name from now on
 ///     ...
-///     shared.free()                                     # no longer found; its bytes stay while importers view it
+///     shared.free()                                     # no longer found; the tensor is kept while importers view it
+///
+/// A shared object is let go (given back to its allocator) only once its buffer is freed, no importer views it and
+/// the GPU work queued on it when it was freed has finished: checked at every ``share``, ``alloc``, ``free`` and
+/// ``reclaim``. Closing the pool frees what it shares; objects importers still view then are kept for the life of
+/// the process.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct SharedPool {
     pool: Shared<Owner>,
     gpu: Option<Gpu>,
     backend: BackendKind,
     socket: PathBuf,
+    /// The objects shared in place, each held until the core says its buffer went back.
+    kept: Mutex<Vec<Kept>>,
+}
+
+/// An object shared in place, and the watch that says when the pool may let go of it.
+struct Kept {
+    name: String,
+    watch: ReclaimWatch,
+    object: Py<PyAny>,
 }
 
 /// What `share` learned about an object: where its bytes are and what tensor they hold.
@@ -61,6 +76,42 @@ struct Described {
 impl SharedPool {
     fn owner(&self) -> PyResult<Arc<Owner>> {
         self.pool.get("pool")
+    }
+
+    /// Gives back what no importer pins any more (the core's `reclaim`) and lets go of the objects whose buffers
+    /// went back; returns how many buffers went back. Nothing once closed.
+    fn sweep(&self, py: Python<'_>) -> usize {
+        let Ok(owner) = self.owner() else { return 0 };
+        let reclaimed = py.detach(|| each_backend!(&*owner, p => p.reclaim()));
+        let released: Vec<Kept> = {
+            let mut kept = lock(&self.kept);
+            let (gone, still) = std::mem::take(&mut *kept).into_iter().partition(|k| k.watch.is_reclaimed());
+            *kept = still;
+            gone
+        };
+        drop(released); // with the GIL held: the objects' allocators get them back now
+        reclaimed
+    }
+
+    /// The object shared as the buffer of `generation`, while the pool holds it.
+    fn kept_object(&self, py: Python<'_>, generation: u64) -> Option<Py<PyAny>> {
+        self.sweep(py);
+        lock(&self.kept).iter().find(|k| k.watch.generation() == generation).map(|k| k.object.clone_ref(py))
+    }
+
+    /// Keeps the objects still held for the life of the process: once the pool is closed nothing says when
+    /// importers stop reading them.
+    fn keep_for_good(&self) {
+        let kept = std::mem::take(&mut *lock(&self.kept));
+        if !kept.is_empty() {
+            tracing::warn!(
+                objects = kept.len(),
+                "the pool closed while it held shared objects (live, or viewed by importers): kept for the process's life"
+            );
+        }
+        for k in kept {
+            std::mem::forget(k.object);
+        }
     }
 }
 
@@ -82,15 +133,16 @@ impl SharedPool {
                 })
             })
             .map_err(pool_to_py)?;
-        Ok(Self { pool: Shared::new(pool), gpu, backend, socket })
+        Ok(Self { pool: Shared::new(pool), gpu, backend, socket, kept: Mutex::new(Vec::new()) })
     }
 
     /// Shares ``obj``'s memory in place under ``name`` (no copy) and returns the owner's handle on it. The pool
-    /// keeps a reference to ``obj`` until the buffer is freed, so its allocator does not take the memory back
-    /// meanwhile; write it only when the importers expect it.
+    /// keeps a reference to ``obj`` until the buffer is freed and no importer views it, so its allocator does not
+    /// hand the memory to another tensor meanwhile; write it only when the importers expect it.
     fn share(slf: &Bound<'_, Self>, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<SharedBuffer> {
         let this = slf.get();
         let owner = this.owner()?;
+        this.sweep(slf.py());
         let described = describe(obj)?;
         if described.on_gpu != this.backend.is_gpu() {
             return Err(PyValueError::new_err(format!(
@@ -113,7 +165,9 @@ impl SharedPool {
                 })
             })
             .map_err(pool_to_py)?;
-        Ok(SharedBuffer::new(slf, handle, layout, Some(obj.clone().unbind())))
+        let watch = each_backend!(&handle, h => h.reclaim_watch());
+        lock(&this.kept).push(Kept { name: name.to_owned(), watch, object: obj.clone().unbind() });
+        Ok(SharedBuffer::new(slf, handle, layout, true))
     }
 
     /// Allocates a buffer of ``shape`` and ``dtype`` (contiguous) in the pool's own memory, named ``name``; fill it
@@ -121,6 +175,7 @@ impl SharedPool {
     #[pyo3(signature = (name, shape, dtype="uint8"))]
     fn alloc(slf: &Bound<'_, Self>, name: &str, shape: Vec<u64>, dtype: &str) -> PyResult<SharedBuffer> {
         let owner = slf.get().owner()?;
+        slf.get().sweep(slf.py());
         let dtype: DType =
             dtype.parse().map_err(|e: gpu_ipc::core::wire::UnknownName| PyValueError::new_err(e.to_string()))?;
         let desc = TensorDesc::contiguous(dtype, shape).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -136,7 +191,48 @@ impl SharedPool {
                 })
             })
             .map_err(pool_to_py)?;
-        Ok(SharedBuffer::new(slf, handle, layout, None))
+        Ok(SharedBuffer::new(slf, handle, layout, false))
+    }
+
+    /// Gives back the bytes of freed buffers no importer views any more (and lets go of their shared objects);
+    /// returns how many. ``share``, ``alloc`` and ``free`` do this too.
+    fn reclaim(&self, py: Python<'_>) -> PyResult<usize> {
+        self.owner()?;
+        Ok(self.sweep(py))
+    }
+
+    /// Closes the pool: importers find nothing new (``OwnerGone``); views they hold stay valid. Shared objects are
+    /// let go as ``free`` lets them go, but those importers still view are kept for the life of the process.
+    /// Idempotent.
+    fn close(&self, py: Python<'_>) {
+        if let Ok(owner) = self.owner() {
+            let live: Vec<String> =
+                lock(&self.kept).iter().filter(|k| !k.watch.is_freed()).map(|k| k.name.clone()).collect();
+            py.detach(|| {
+                for name in &live {
+                    // Freed by name: a buffer freed meanwhile on another thread says NotFound, which is fine.
+                    let _ = each_backend!(&*owner, p => p.free_name(name));
+                }
+            });
+        }
+        self.sweep(py);
+        self.pool.close(py);
+        self.keep_for_good();
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.pool.is_closed()
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
+        self.close(py);
+        false
     }
 
     #[getter]
@@ -159,17 +255,16 @@ impl SharedPool {
     }
 }
 
-crate::closable!(
-    SharedPool,
-    pool,
-    "Closes the pool: importers find nothing new (``OwnerGone``); views they hold stay valid. Idempotent."
-);
-
 impl Drop for SharedPool {
     fn drop(&mut self) {
         if self.pool.made_elsewhere() {
             std::mem::forget(self.gpu.take());
+            std::mem::forget(std::mem::take(&mut *lock(&self.kept)));
+            return;
         }
+        // The core pool closes once this drops: free what it shares in place first; what importers still view must
+        // outlive it.
+        Python::attach(|py| self.close(py));
     }
 }
 
@@ -242,8 +337,8 @@ fn dtype_of(typestr: &str) -> PyResult<DType> {
 ///
 /// A buffer made by ``SharedPool.alloc`` is read and written through its views (``torch.from_dlpack(buffer)``,
 /// ``__cuda_array_interface__``); one made by ``share`` is the object that was shared (``.source``). After ``free``
-/// importers no longer find it by name, and its bytes are reused once none views it: do not use tensors made from an
-/// allocated buffer after that.
+/// importers no longer find it by name, and its bytes are reused only once no importer views it, no tensor made from
+/// it here lives and the GPU work queued on it has finished (a shared object is let go then).
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct SharedBuffer {
     handle: Mutex<Option<Arc<Handle>>>,
@@ -252,12 +347,12 @@ pub struct SharedBuffer {
     generation: u64,
     ptr: u64,
     layout: Layout,
-    /// The shared object, kept alive while shared; `None` for a buffer of the pool's own memory.
-    source: Mutex<Option<Py<PyAny>>>,
+    /// Memory another allocator made, shared in place (the pool holds the object: `SharedPool::kept`).
+    in_place: bool,
 }
 
 impl SharedBuffer {
-    fn new(pool: &Bound<'_, SharedPool>, handle: Handle, layout: Layout, source: Option<Py<PyAny>>) -> Self {
+    fn new(pool: &Bound<'_, SharedPool>, handle: Handle, layout: Layout, in_place: bool) -> Self {
         let (name, generation, ptr) = each_backend!(&handle, h => (h.name().to_owned(), h.generation(), h.ptr().0));
         Self {
             handle: Mutex::new(Some(Arc::new(handle))),
@@ -266,7 +361,7 @@ impl SharedBuffer {
             generation,
             ptr,
             layout,
-            source: Mutex::new(source),
+            in_place,
         }
     }
 }
@@ -280,7 +375,7 @@ impl ArrayMemory for SharedBuffer {
         let handle = lock(&self.handle)
             .clone()
             .ok_or_else(|| ReleasedError::new_err(format!("buffer `{}` was freed", self.name)))?;
-        if lock(&self.source).is_some() {
+        if self.in_place {
             return Err(PyTypeError::new_err(format!(
                 "buffer `{}` is memory another allocator made: use the object you shared (.source)",
                 self.name
@@ -315,10 +410,14 @@ impl SharedBuffer {
         self.layout.span_bytes
     }
 
-    /// The object shared with ``SharedPool.share`` (``None`` for an allocated buffer, or once freed).
+    /// The object shared with ``SharedPool.share``, while the pool holds it: until it is freed and no importer views
+    /// it (``None`` for an allocated buffer, or once let go).
     #[getter]
     fn source(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        lock(&self.source).as_ref().map(|s| s.clone_ref(py))
+        if !self.in_place {
+            return None;
+        }
+        self.pool.get().kept_object(py, self.generation)
     }
 
     #[getter]
@@ -326,25 +425,35 @@ impl SharedBuffer {
         lock(&self.handle).is_none()
     }
 
-    /// Stops sharing: importers no longer find it by name; its bytes are reused (a shared object is let go) once
-    /// no importer views it. Twice raises ``ReleasedError``.
-    fn free(&self, py: Python<'_>) -> PyResult<()> {
+    /// Stops sharing: importers no longer find it by name, at once. Its bytes are reused (a shared object is let go)
+    /// only once no importer views it, no tensor made from it in this process lives, and the GPU work queued on it
+    /// has finished: with ``stream=None`` this waits for the device's queued work (every stream); with a stream (an
+    /// int handle, or an object with ``__cuda_stream__``, ``.cuda_stream`` or ``.ptr``) it does not wait, and the
+    /// bytes wait for the work queued on that stream so far. Twice raises ``ReleasedError``.
+    #[pyo3(signature = (stream=None))]
+    fn free(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let stream = stream_handle(stream)?;
+        let pool = self.pool.get();
+        let owner = pool.owner()?;
         let handle = lock(&self.handle)
             .take()
             .ok_or_else(|| ReleasedError::new_err(format!("buffer `{}` was freed already", self.name)))?;
-        let owner = self.pool.get().owner()?;
         let name = self.name.clone();
+        let ctx = pool.gpu.as_ref().map(|g| g.ctx.clone());
         let freed = py.detach(move || match Arc::try_unwrap(handle) {
-            Ok(handle) => match (&*owner, handle) {
-                (PerBackend::Legacy(p), PerBackend::Legacy(h)) => p.free(h),
-                (PerBackend::Vmm(p), PerBackend::Vmm(h)) => p.free(h),
-                (PerBackend::Host(p), PerBackend::Host(h)) => p.free(h),
+            Ok(handle) => match (&*owner, handle, stream.zip(ctx)) {
+                (PerBackend::Legacy(p), PerBackend::Legacy(h), Some((raw, ctx))) => p.free_after(h, &borrow(&ctx, raw)),
+                (PerBackend::Vmm(p), PerBackend::Vmm(h), Some((raw, ctx))) => p.free_after(h, &borrow(&ctx, raw)),
+                (PerBackend::Legacy(p), PerBackend::Legacy(h), None) => p.free(h),
+                (PerBackend::Vmm(p), PerBackend::Vmm(h), None) => p.free(h),
+                (PerBackend::Host(p), PerBackend::Host(h), _) => p.free(h),
                 _ => Err(PoolError::Unsupported("a handle of another pool".into())),
             },
-            // Views of it are still alive in this process: free it by name (only this handle frees it).
+            // Tensors made from it are still alive in this process: free it by name; they hold its bytes (through
+            // their clones of the handle) until the last of them goes, after the device's queued work.
             Err(_) => each_backend!(&*owner, p => p.free_name(&name)),
         });
-        lock(&self.source).take();
+        pool.sweep(py);
         freed.map_err(pool_to_py)
     }
 
@@ -356,7 +465,7 @@ impl SharedBuffer {
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
         if !self.freed() {
-            self.free(py)?;
+            self.free(py, None)?;
         }
         Ok(false)
     }

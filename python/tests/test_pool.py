@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -58,10 +60,79 @@ def test_share_existing_memory_in_place(sock: str) -> None:
             assert np.array_equal(np.from_dlpack(view), np.arange(128, dtype=np.uint8))
             with pytest.raises(gpu_ipc.NameTaken):
                 gpu_ipc.share(source, "slice", socket=sock)
-        assert shared.freed and shared.source is None
+        # Freed while this process's importer views it: not found any more, but the object is still held.
+        assert shared.freed and shared.source is source
         with pytest.raises(gpu_ipc.NotFound):
             gpu_ipc.open(sock, "slice")
         view.release()
+        assert shared.source is None  # let go once nobody views it
+
+
+def test_a_freed_shared_object_is_held_while_an_importer_views_it_and_let_go_after(sock: str) -> None:
+    with gpu_ipc.SharedPool(sock + "a", backend="host", capacity=1 << 20) as other, \
+            gpu_ipc.SharedPool(sock, backend="host") as pool:
+        block = other.alloc("block", (256,), dtype="uint8")
+        source = np.from_dlpack(block)[:128]
+        source[:] = 42
+        alive = weakref.ref(source)
+        shared = pool.share(source, "t")
+        del source
+        importer = gpu_ipc.PoolImporter(sock)
+        view = importer.lookup("t")
+        read = np.from_dlpack(view)  # a tensor made from the view pins too
+        shared.free()
+        with pytest.raises(gpu_ipc.NotFound):
+            importer.lookup("t")  # new lookups are refused at once
+        assert "t" not in importer.names()
+        for _ in range(3):  # however often the owner polls, the object stays the pool's while it is viewed
+            assert pool.reclaim() == 0
+            gc.collect()
+            assert alive() is not None and shared.source is alive()
+        view.release()
+        assert pool.reclaim() == 0 and alive() is not None  # the array made from the view still pins it
+        assert (read == 42).all()
+        del read
+        assert pool.reclaim() == 1
+        gc.collect()
+        assert alive() is None and shared.source is None  # given back to its allocator
+        importer.close()
+
+
+def test_closing_the_pool_lets_go_of_what_nobody_views_and_keeps_what_importers_view(sock: str) -> None:
+    with gpu_ipc.SharedPool(sock + "a", backend="host", capacity=1 << 20) as other:
+        whole = np.from_dlpack(other.alloc("block", (512,), dtype="uint8"))
+        viewed, idle = whole[:256], whole[256:]
+        viewed_alive, idle_alive = weakref.ref(viewed), weakref.ref(idle)
+        pool = gpu_ipc.SharedPool(sock, backend="host")
+        pool.share(viewed, "viewed")
+        pool.share(idle, "idle")
+        del viewed, idle
+        importer = gpu_ipc.PoolImporter(sock)
+        view = importer.lookup("viewed")
+        pool.close()
+        gc.collect()
+        assert idle_alive() is None  # nobody viewed it: given back at close
+        assert viewed_alive() is not None  # an importer still reads it: kept, never handed to another tensor
+        view.release()
+        importer.close()
+
+
+def test_tensors_made_from_a_freed_buffer_keep_its_bytes_from_reuse(sock: str) -> None:
+    with gpu_ipc.SharedPool(sock, backend="host", capacity=4096) as pool:
+        first = pool.alloc("a", (4096,), dtype="uint8")
+        kept = np.from_dlpack(first)
+        kept[:] = 7
+        first.free()
+        with pytest.raises(gpu_ipc.ReleasedError, match="was freed"):
+            np.from_dlpack(first)
+        with pytest.raises(gpu_ipc.PoolFull, match="bytes of freed buffers wait for"):
+            pool.alloc("b", (4096,), dtype="uint8")  # the one block is still the freed buffer's
+        assert (kept == 7).all()
+        del kept
+        assert pool.reclaim() == 1
+        second = pool.alloc("b", (4096,), dtype="uint8")
+        np.from_dlpack(second)[:] = 1
+        second.free()
 
 
 def test_memory_that_cannot_be_shared_says_why(sock: str) -> None:

@@ -2,8 +2,9 @@
 //! freed buffers that importers still pin, the importers' pin tables; and every write to the directory.
 //!
 //! A freed buffer's entry is first marked retired (not found by name any more), then, once no live importer pins
-//! its slot, its bytes go back to the allocator (or its existing allocation loses a user) and the slot becomes
-//! vacant. The mark and the pin check are a store-then-load pair against the importer's pin-then-recheck, with a
+//! its slot, the owner's handle on it is gone and the GPU work queued on it at free time has finished (its
+//! [`Fence`]), its bytes go back to the allocator (or its existing allocation loses a user) and the slot becomes
+//! vacant. Whether a retired buffer can go back is checked lazily: on every alloc, free, stats and reclaim. The mark and the pin check are a store-then-load pair against the importer's pin-then-recheck, with a
 //! `SeqCst` fence on each side, so at least one side sees the other: either the owner sees the pin and waits, or the
 //! importer sees the entry change and lets go ([`super::importer`]).
 
@@ -14,11 +15,11 @@ use std::sync::atomic::{Ordering, fence};
 use super::alloc::RangeAllocator;
 use super::directory::{DirectoryWriter, EntryRecord};
 use super::error::PoolError;
-use super::handle::{BufferHandle, PoolStats};
+use super::handle::{BufferHandle, BufferLife, PoolStats};
 use super::layout::{BlockId, BlockKind, EntryState, PINS_HEADER_WORDS, name_hash};
 use super::wire::BlockReply;
 use crate::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion};
-use crate::driver::DevicePtr;
+use crate::driver::{DevicePtr, Event};
 use crate::sys::shm::SharedMemory;
 use crate::wire::TensorDesc;
 
@@ -49,6 +50,40 @@ struct Used {
     offset: u64,
     /// Bytes taken from the block's allocator (0 for an existing allocation).
     reserved: u64,
+    /// Shared with the owner's handle: freed, handle alive, reclaimed.
+    life: Arc<BufferLife>,
+    /// The GPU work a freed buffer waits for before its bytes go back ([`Fence::Done`] while live).
+    fence: Fence,
+}
+
+/// What a freed buffer's bytes wait for on the GPU before they go back.
+pub(crate) enum Fence {
+    /// Nothing (the host backend; or the work is known finished).
+    Done,
+    /// The owner is waiting for its context's queued work (`cuCtxSynchronize`) outside the pool's lock.
+    Syncing,
+    /// An event recorded at free time on the stream the owner named.
+    Event(Event),
+    /// Waiting for the GPU failed (a broken context): the bytes are kept for the pool's life rather than reused.
+    Failed,
+}
+
+impl Fence {
+    /// Whether the GPU work it stands for has finished; an event whose query fails becomes [`Fence::Failed`].
+    fn passed(&mut self, name: &str) -> bool {
+        match self {
+            Self::Done => true,
+            Self::Syncing | Self::Failed => false,
+            Self::Event(event) => match event.is_complete() {
+                Ok(done) => done,
+                Err(error) => {
+                    tracing::error!(%error, buffer = name, "a freed buffer's event failed: its bytes are kept, never reused");
+                    *self = Self::Failed;
+                    false
+                }
+            },
+        }
+    }
 }
 
 enum Slot {
@@ -68,7 +103,7 @@ pub(crate) struct Limits {
 
 /// The owner's state; see the module documentation.
 pub(crate) struct Book<B: Backend> {
-    directory: DirectoryWriter,
+    directory: Arc<DirectoryWriter>,
     limits: Limits,
     blocks: Vec<Option<Block<B>>>,
     next_serial: u32,
@@ -97,7 +132,7 @@ impl<B: Backend> Book<B> {
         Self {
             blocks: (0..geometry.block_slots).map(|_| None).collect(),
             slots: (0..geometry.entry_slots).map(|_| Slot::Empty).collect(),
-            directory,
+            directory: Arc::new(directory),
             limits,
             next_serial: 1,
             names: HashMap::new(),
@@ -304,22 +339,40 @@ impl<B: Backend> Book<B> {
             desc: desc.clone(),
         };
         self.directory.write_entry(slot, &record);
+        let (handle, life) = BufferHandle::new(
+            name.to_owned(),
+            generation,
+            slot,
+            base.offset(offset),
+            len,
+            desc,
+            region,
+            self.directory.clone(),
+        );
         if let Some(place) = self.slots.get_mut(slot as usize) {
-            *place = Slot::Used(Used { name: name.to_owned(), generation, block, offset, reserved });
+            let used = Used { name: name.to_owned(), generation, block, offset, reserved, life, fence: Fence::Done };
+            *place = Slot::Used(used);
         }
         self.tally.live_buffers += 1;
         self.tally.live_bytes += reserved;
         self.high_water = self.high_water.max(self.tally.live_bytes + self.tally.pending_bytes);
         self.names.insert(name.to_owned(), slot);
-        BufferHandle::new(name.to_owned(), generation, slot, base.offset(offset), len, desc, region)
+        handle
     }
 
     /// Frees the live buffer `name` (of generation `generation`, when given): it is no longer found by name at
-    /// once; its bytes are reused once no importer pins it.
+    /// once, and its handle refuses; its bytes are reused once no importer pins it, its handle is dropped and
+    /// `fence` has passed. Returns its slot and generation (for [`Book::fence_passed`]).
     ///
     /// # Errors
     /// [`PoolError::NotFound`]; [`PoolError::StaleBuffer`] when the name now holds another generation.
-    pub(crate) fn free(&mut self, name: &str, generation: Option<u64>) -> Result<(), PoolError> {
+    pub(crate) fn free(
+        &mut self,
+        name: &str,
+        generation: Option<u64>,
+        gpu_fence: Fence,
+    ) -> Result<(u32, u64), PoolError> {
+        self.reclaim();
         let Some(&slot) = self.names.get(name) else {
             return match generation {
                 Some(held) => {
@@ -340,7 +393,9 @@ impl<B: Backend> Book<B> {
             });
         }
         self.names.remove(name);
-        if let Some(Slot::Used(used)) = self.slots.get(slot as usize) {
+        if let Some(Slot::Used(used)) = self.slots.get_mut(slot as usize) {
+            used.life.mark_freed();
+            used.fence = gpu_fence;
             self.tally.live_buffers -= 1;
             self.tally.live_bytes -= used.reserved;
             self.tally.pending_buffers += 1;
@@ -349,12 +404,35 @@ impl<B: Backend> Book<B> {
         self.directory.set_entry_state(slot, EntryState::Retired);
         // Pairs with the importer's fence between its pin and its recheck of the entry.
         fence(Ordering::SeqCst);
-        if self.pinned(slot) {
-            self.pending.push(slot);
-        } else {
+        if self.reusable(slot) {
             self.vacate(slot);
+        } else {
+            self.pending.push(slot);
         }
-        Ok(())
+        Ok((slot, current))
+    }
+
+    /// Records that the GPU work a freed buffer waited for has finished (`passed`), or that waiting failed (its
+    /// bytes are then kept for the pool's life); reclaims what can go back.
+    pub(crate) fn fence_passed(&mut self, slot: u32, generation: u64, passed: bool) {
+        if let Some(Slot::Used(used)) = self.slots.get_mut(slot as usize)
+            && used.generation == generation
+        {
+            used.fence = if passed { Fence::Done } else { Fence::Failed };
+        }
+        self.reclaim();
+    }
+
+    /// Whether a retired buffer's bytes can go back now: no live importer pins it, its handle is gone, and the GPU
+    /// work queued on it at free time has finished.
+    fn reusable(&mut self, slot: u32) -> bool {
+        if self.pinned(slot) {
+            return false;
+        }
+        match self.slots.get_mut(slot as usize) {
+            Some(Slot::Used(used)) => !used.life.handle_alive() && used.fence.passed(&used.name),
+            _ => true,
+        }
     }
 
     /// Whether any live importer pins `slot` (a counter a hostile importer wrote counts too: it only delays reuse
@@ -378,7 +456,7 @@ impl<B: Backend> Book<B> {
         }
         fence(Ordering::SeqCst);
         let (free, still): (Vec<u32>, Vec<u32>) =
-            std::mem::take(&mut self.pending).into_iter().partition(|s| !self.pinned(*s));
+            std::mem::take(&mut self.pending).into_iter().partition(|s| self.reusable(*s));
         self.pending = still;
         for &slot in &free {
             self.vacate(slot);
@@ -394,6 +472,7 @@ impl<B: Backend> Book<B> {
         };
         self.tally.pending_buffers -= 1;
         self.tally.pending_bytes -= used.reserved;
+        used.life.mark_reclaimed();
         let mut retire_block = false;
         match self.blocks.get_mut(used.block as usize).and_then(Option::as_mut) {
             Some(Block { origin: Origin::Pool { allocator, .. }, .. }) => {
@@ -573,19 +652,43 @@ mod tests {
             [&a, &b, &c].iter().map(|n| book.alloc(n, 64, 256, None, |_| unreachable!()).unwrap()).collect();
         let slots: Vec<u32> = handles.iter().map(BufferHandle::slot).collect();
         assert_eq!(slots, [home, home + 1, home + 2], "linear probing, side by side");
-        book.free(&b, None).unwrap();
+        let freed_generation = handles[1].generation();
+        drop(handles); // a live handle would hold a freed buffer's bytes
+        book.free(&b, None, Fence::Done).unwrap();
         assert_eq!(state(&book, home + 1), EntryState::Vacant);
         let geometry = book.directory.geometry();
         let (slot, _, found) = find(book.directory.words(), geometry, &c).unwrap().unwrap();
         assert_eq!((slot, found.name.as_str()), (home + 2, c.as_str()), "found past the vacant slot");
         // Freeing the last of the run empties it, and the vacant slot before it.
-        book.free(&c, None).unwrap();
+        book.free(&c, None, Fence::Done).unwrap();
         assert_eq!((state(&book, home + 1), state(&book, home + 2)), (EntryState::Empty, EntryState::Empty));
         assert_eq!(state(&book, home), EntryState::Live);
         // A new name reuses the first free slot of its probe.
         let again = book.alloc(&b, 64, 256, None, |_| unreachable!()).unwrap();
         assert_eq!(again.slot(), home + 1);
-        assert!(again.generation() > handles[1].generation());
+        assert!(again.generation() > freed_generation);
+    }
+
+    #[test]
+    fn a_freed_buffer_waits_for_its_gpu_fence_and_a_failed_wait_keeps_its_bytes_for_good() {
+        let mut book = book();
+        let a = book.alloc("a", 1 << 15, 256, None, |_| unreachable!()).unwrap();
+        let b = book.alloc("b", 1 << 15, 256, None, |_| unreachable!()).unwrap();
+        let (a_watch, b_watch) = (a.reclaim_watch(), b.reclaim_watch());
+        let (a_gen, b_gen) = (a.generation(), b.generation());
+        drop((a, b));
+        let (a_slot, _) = book.free("a", Some(a_gen), Fence::Syncing).unwrap();
+        let (b_slot, _) = book.free("b", Some(b_gen), Fence::Syncing).unwrap();
+        assert_eq!((book.reclaim(), book.pending()), (0, 2), "nobody pins them, but the GPU may still use them");
+        book.fence_passed(a_slot, a_gen, true);
+        assert!(a_watch.is_reclaimed() && !b_watch.is_reclaimed());
+        book.fence_passed(b_slot, b_gen, false);
+        assert_eq!((book.reclaim(), book.pending()), (0, 1), "a failed wait never lets the bytes go");
+        assert!(!b_watch.is_reclaimed());
+        // A late report for a slot reused by a new buffer changes nothing.
+        let c = book.alloc("c", 256, 256, None, |_| unreachable!()).unwrap();
+        book.fence_passed(c.slot(), a_gen, false);
+        assert!(!c.is_freed());
     }
 
     #[test]
@@ -595,8 +698,10 @@ mod tests {
         let a = book.alloc("a", 1 << 16, 256, None, |_| unreachable!()).unwrap();
         pins.words(PINS_HEADER_WORDS + a.slot() as usize, 1).unwrap()[0].store(1, Ordering::SeqCst);
         book.add_importer(3, pins);
-        book.free("a", Some(a.generation())).unwrap();
-        assert_eq!((state(&book, a.slot()), book.pending()), (EntryState::Retired, 1));
+        let (generation, slot) = (a.generation(), a.slot());
+        drop(a);
+        book.free("a", Some(generation), Fence::Done).unwrap();
+        assert_eq!((state(&book, slot), book.pending()), (EntryState::Retired, 1));
         assert_eq!(book.reclaim(), 0);
         assert!(matches!(book.alloc("b", 256, 256, None, |_| unreachable!()), Err(PoolError::OutOfMemory { .. })));
         assert!(book.remove_importer(3), "gone: its pins stop counting");

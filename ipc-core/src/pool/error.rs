@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::backend::BackendError;
 use crate::door::DoorError;
 use crate::sys::shm::ShmError;
-use crate::wire::WireError;
+use crate::wire::{DeviceUuid, WireError};
 
 /// Why a pool operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,7 @@ pub enum PoolError {
     /// No block has a free range that holds the buffer, and the pool may not grow.
     #[error(
         "no room for {bytes} bytes aligned to {align} (buffer `{name}`): the largest free range is {largest_free} \
-         bytes, {pending_reuse} bytes of freed buffers wait for importers to drop their views, {blocks} of at most \
+         bytes, {pending_reuse} bytes of freed buffers wait for importers' views, the owner's handles or GPU work to end, {blocks} of at most \
          {max_blocks} blocks exist; raise PoolConfig::capacity or PoolConfig::max_blocks, or free buffers"
     )]
     OutOfMemory {
@@ -68,7 +68,7 @@ pub enum PoolError {
         align: u64,
         /// The longest free range of any block.
         largest_free: u64,
-        /// Bytes freed but still pinned by importers.
+        /// Bytes freed but still held (importers' views, the owner's handles, GPU work).
         pending_reuse: u64,
         /// Blocks the pool has.
         blocks: u32,
@@ -113,6 +113,21 @@ pub enum PoolError {
         path: PathBuf,
         /// How it left: "closed the pool" or "hung up".
         how: &'static str,
+    },
+    /// The pool's memory is on another GPU than the importer's context.
+    #[error(
+        "the pool at {} is on device {offered}, this importer's context is on device {here}: attach from a context \
+         on the pool's GPU (the ordinal `nvidia-smi -L` lists with {offered}, counted as CUDA_VISIBLE_DEVICES orders \
+         them)",
+        path.display()
+    )]
+    WrongDevice {
+        /// The pool's socket.
+        path: PathBuf,
+        /// The device UUID the owner's offer names.
+        offered: DeviceUuid,
+        /// The device UUID of the importer's context.
+        here: DeviceUuid,
     },
     /// The owner sent something no owner of this layout sends.
     #[error("the pool at {} sent a malformed {what}: {problem}", path.display())]

@@ -2,18 +2,88 @@
 //! pool's numbers ([`PoolStats`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 
+use super::directory::{DirectoryWriter, find};
 use super::error::PoolError;
 use crate::backend::{Backend, GpuBackend};
 use crate::driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use crate::fake::HostFake;
 use crate::wire::TensorDesc;
 
+/// Where one buffer is in its life, shared by its [`BufferHandle`], the owner's book and any [`ReclaimWatch`].
+#[derive(Debug, Default)]
+pub(crate) struct BufferLife {
+    /// Set when the buffer is freed (by handle or by name): the handle refuses from then on.
+    freed: AtomicBool,
+    /// Cleared when the handle drops: while it lives, the freed buffer's bytes are not reused (a span borrowed
+    /// from it may still be in use). Never set for an existing allocation shared in place (its handle gives no
+    /// access to the bytes).
+    handle_alive: AtomicBool,
+    /// Set when the bytes went back to the pool (or the existing allocation stopped being shared).
+    reclaimed: AtomicBool,
+}
+
+impl BufferLife {
+    /// The life of a buffer whose handle gives access to its bytes (`holds_bytes`: the pool's own memory) or not
+    /// (an existing allocation shared in place: its owner reaches it through its own allocator's handle).
+    fn new(holds_bytes: bool) -> Self {
+        Self {
+            freed: AtomicBool::new(false),
+            handle_alive: AtomicBool::new(holds_bytes),
+            reclaimed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn mark_freed(&self) {
+        self.freed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn handle_alive(&self) -> bool {
+        self.handle_alive.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_reclaimed(&self) {
+        self.reclaimed.store(true, Ordering::Release);
+    }
+}
+
+/// Tells whether a buffer's bytes went back to the pool: freed, no importer pinning it, its handle dropped and
+/// the GPU work queued on it at free time finished. Made by [`BufferHandle::reclaim_watch`]; outlives the handle.
+/// What holds memory another allocator made (a Python front end's tensor) lets go of it when this says so.
+#[derive(Debug, Clone)]
+pub struct ReclaimWatch {
+    life: Arc<BufferLife>,
+    generation: u64,
+}
+
+impl ReclaimWatch {
+    /// True once the buffer's bytes were given back (checked when the owner calls
+    /// [`SharedPool::reclaim`](super::SharedPool::reclaim), `alloc`, `free` or `stats`).
+    pub fn is_reclaimed(&self) -> bool {
+        self.life.reclaimed.load(Ordering::Acquire)
+    }
+
+    /// True once the buffer was freed.
+    pub fn is_freed(&self) -> bool {
+        self.life.freed.load(Ordering::Acquire)
+    }
+
+    /// The generation of the buffer it watches.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
 /// The owner's handle on a buffer it allocated or shared: its name, generation and memory. Moved into
-/// [`SharedPool::free`](super::SharedPool::free), so one handle frees one buffer once; a handle whose buffer was
-/// freed by name meanwhile is refused there ([`PoolError::StaleBuffer`]).
+/// [`SharedPool::free`](super::SharedPool::free), so one handle frees one buffer once.
+///
+/// Once its buffer is freed (by name, [`SharedPool::free_name`](super::SharedPool::free_name)), the handle refuses
+/// every use ([`span`](Self::span), `read`, `write`, [`free`](super::SharedPool::free)) with
+/// [`PoolError::StaleBuffer`], and a buffer of the pool's own memory is not reused while it lives: a span borrowed
+/// from it before the free never points into another buffer. Drop it to let the bytes go back.
 ///
 /// A handle of the pool's own memory keeps that memory mapped while it lives (even past the pool's drop), so its
 /// [`span`](BufferHandle::span) stays valid.
@@ -27,6 +97,9 @@ pub struct BufferHandle<B: Backend> {
     desc: Option<TensorDesc>,
     /// The block of the pool's own memory it lies in; `None` for an existing allocation shared in place.
     region: Option<Arc<B::Exported>>,
+    life: Arc<BufferLife>,
+    /// The pool's directory, to say which generation the name holds once this one is stale.
+    directory: Arc<DirectoryWriter>,
 }
 
 impl<B: Backend> std::fmt::Debug for BufferHandle<B> {
@@ -41,6 +114,8 @@ impl<B: Backend> std::fmt::Debug for BufferHandle<B> {
 }
 
 impl<B: Backend> BufferHandle<B> {
+    /// A handle on a buffer just published, and the life the book keeps of it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: String,
         generation: u64,
@@ -49,8 +124,37 @@ impl<B: Backend> BufferHandle<B> {
         len: u64,
         desc: Option<TensorDesc>,
         region: Option<Arc<B::Exported>>,
-    ) -> Self {
-        Self { name, generation, slot, ptr, len, desc, region }
+        directory: Arc<DirectoryWriter>,
+    ) -> (Self, Arc<BufferLife>) {
+        let life = Arc::new(BufferLife::new(region.is_some()));
+        (Self { name, generation, slot, ptr, len, desc, region, life: life.clone(), directory }, life)
+    }
+
+    /// `Ok` while the buffer is live; [`PoolError::StaleBuffer`] (with the generation its name holds now, if
+    /// any) once it was freed.
+    ///
+    /// # Errors
+    /// [`PoolError::StaleBuffer`].
+    pub fn check_current(&self) -> Result<(), PoolError> {
+        if !self.life.freed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let current = find(self.directory.words(), self.directory.geometry(), &self.name)
+            .ok()
+            .flatten()
+            .map(|(_, _, record)| record.generation)
+            .filter(|g| *g != self.generation);
+        Err(PoolError::StaleBuffer { name: self.name.clone(), held_generation: self.generation, current })
+    }
+
+    /// True once the buffer was freed (the handle refuses every use then).
+    pub fn is_freed(&self) -> bool {
+        self.life.freed.load(Ordering::Acquire)
+    }
+
+    /// A watch that says when the buffer's bytes went back to the pool, after it is freed.
+    pub fn reclaim_watch(&self) -> ReclaimWatch {
+        ReclaimWatch { life: self.life.clone(), generation: self.generation }
     }
 
     /// The buffer's name.
@@ -93,7 +197,9 @@ impl<B: Backend> BufferHandle<B> {
         BufferInfo { name: self.name.clone(), generation: self.generation, len: self.len, desc: self.desc.clone() }
     }
 
+    /// The block it lies in, once the buffer is checked to be live.
     fn pool_region(&self) -> Result<&B::Exported, PoolError> {
+        self.check_current()?;
         self.region.as_deref().ok_or_else(|| {
             PoolError::Unsupported(format!(
                 "buffer `{}` is an existing allocation shared in place: write it through your own handle on it",
@@ -103,11 +209,20 @@ impl<B: Backend> BufferHandle<B> {
     }
 }
 
+impl<B: Backend> Drop for BufferHandle<B> {
+    fn drop(&mut self) {
+        self.life.handle_alive.store(false, Ordering::Release);
+    }
+}
+
 impl<B: GpuBackend> BufferHandle<B> {
-    /// The buffer's memory, for kernels and copies in the owner's process.
+    /// The buffer's memory, for kernels and copies in the owner's process. Work queued on it must be on the stream
+    /// given to [`SharedPool::free_after`](super::SharedPool::free_after), or finished when
+    /// [`SharedPool::free`](super::SharedPool::free) returns (it waits for the context's queued work).
     ///
     /// # Errors
-    /// [`PoolError::Unsupported`] for an existing allocation shared in place (it is yours already).
+    /// [`PoolError::StaleBuffer`] once the buffer was freed; [`PoolError::Unsupported`] for an existing allocation
+    /// shared in place (it is yours already).
     pub fn span(&self) -> Result<DeviceSpan<'_>, PoolError> {
         let region = self.pool_region()?;
         region.span().sub_span_at(self.ptr, self.len).map_err(|e| PoolError::Backend(e.into()))
@@ -118,7 +233,8 @@ impl BufferHandle<HostFake> {
     /// Writes `src` at byte `offset` of the buffer (the host backend's stand-in for a kernel).
     ///
     /// # Errors
-    /// A range past the buffer's end; [`PoolError::Unsupported`] for an existing allocation shared in place.
+    /// [`PoolError::StaleBuffer`] once the buffer was freed; a range past the buffer's end;
+    /// [`PoolError::Unsupported`] for an existing allocation shared in place.
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), PoolError> {
         let region = self.pool_region()?;
         check_range(&self.name, self.len, offset, src.len())?;

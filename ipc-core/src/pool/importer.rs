@@ -16,12 +16,14 @@ use super::directory::{DirectoryProblem, block_record, check_header, entry_seq, 
 use super::error::PoolError;
 use super::handle::BufferInfo;
 use super::layout::{BlockId, BlockKind, LAYOUT_VERSION, OwnerState, PINS_HEADER_WORDS, PINS_MAGIC};
+use super::owner::device_uuid;
 use super::view::BufferView;
 use super::wire::{CHANNEL_FD_INDEX, DIRECTORY_FD_INDEX, PINS_FD_INDEX, POOL_OFFER_FDS, PoolOffer};
 use crate::backend::Backend;
 use crate::door::{ObjectKind, ObjectOffer, OwnerLink, attach};
 use crate::ring::monotonic_ns;
 use crate::sys::shm::{ReadOnlyMemory, SharedMemory};
+use crate::wire::DeviceUuid;
 
 /// Times a lookup starts over because the entry changed under it before it gives up.
 const LOOKUP_TRIES: u32 = 64;
@@ -273,6 +275,7 @@ fn import<B: Backend>(
     if body.backend != B::KIND {
         return Err(protocol("offer", format!("it offers a {} pool, this importer is {}", body.backend, B::KIND)));
     }
+    check_device(path, body.device_uuid, device_uuid::<B>(ctx)?)?;
     let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
     if fds.len() != POOL_OFFER_FDS {
         return Err(protocol("offer", format!("{} fds came with it, a pool sends {POOL_OFFER_FDS}", fds.len())));
@@ -299,6 +302,17 @@ fn import<B: Backend>(
     }
     let blocks = BlockCache::new(ctx.clone(), path, timeout, channel);
     Ok((body, directory, pins, blocks))
+}
+
+/// Refuses an offer of memory on another device than the importer's (the host backend's device is all zeros).
+///
+/// # Errors
+/// [`PoolError::WrongDevice`] naming both devices.
+fn check_device(path: &Path, offered: DeviceUuid, here: DeviceUuid) -> Result<(), PoolError> {
+    if offered != here {
+        return Err(PoolError::WrongDevice { path: path.to_path_buf(), offered, here });
+    }
+    Ok(())
 }
 
 /// Imports every block of the pool's own memory the directory lists, so that lookups of buffers in them never wait

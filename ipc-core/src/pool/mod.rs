@@ -3,7 +3,9 @@
 //! those allocated after they attached, with no new attach and no round trip to the owner.
 //!
 //! - [`SharedPool`] (owner): [`alloc`](SharedPool::alloc), [`share_existing`](SharedPool::share_existing) (memory
-//!   another allocator made, exported in place), [`free`](SharedPool::free), [`stats`](SharedPool::stats).
+//!   another allocator made, exported in place), [`free`](SharedPool::free) (names go at once, bytes once no
+//!   importer pins them and the GPU work on them is done), [`reclaim`](SharedPool::reclaim),
+//!   [`stats`](SharedPool::stats).
 //! - [`PoolImporter`]: [`attach`](PoolImporter::attach), [`lookup`](PoolImporter::lookup) (a pinned
 //!   [`BufferView`]), [`list`](PoolImporter::list).
 //!
@@ -29,7 +31,7 @@ mod wire;
 
 pub use crate::wire::{DType, TensorDesc};
 pub use error::PoolError;
-pub use handle::{BufferHandle, BufferInfo, PoolStats};
+pub use handle::{BufferHandle, BufferInfo, PoolStats, ReclaimWatch};
 pub use importer::{AttachOptions, PoolImporter};
 pub use owner::{PoolConfig, SharedPool};
 pub use view::BufferView;

@@ -5,16 +5,16 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
-use super::book::{Book, Limits, check_name};
+use super::book::{Book, Fence, Limits, check_name};
 use super::directory::DirectoryWriter;
 use super::error::PoolError;
 use super::handle::{BufferHandle, PoolStats};
 use super::host::PoolHost;
 use super::layout::{Geometry, MAX_BLOCKS, MAX_ENTRY_SLOTS};
 use super::server::{BlockServer, ChannelSender, inbox};
-use crate::backend::Backend;
+use crate::backend::{Backend, GpuBackend};
 use crate::door::{DoorConfig, ObjectDoor, PeerInfo};
-use crate::driver::DevicePtr;
+use crate::driver::{DevicePtr, Event, EventFlags, Stream};
 use crate::wire::DeviceUuid;
 use crate::wire::TensorDesc;
 
@@ -148,12 +148,18 @@ impl<B: Backend> SharedPool<B> {
     /// An invalid configuration; the backend's support check or allocation error; shared memory; the socket
     /// (a live owner already listens there, a path too long, ...).
     pub fn create(ctx: &B::Context, socket: impl AsRef<Path>, config: PoolConfig) -> Result<Self, PoolError> {
-        let geometry = config.geometry()?;
         B::check_support(ctx)?;
-        let device_uuid = match B::cuda_context(ctx) {
-            Some(cuda) => cuda.device().uuid().map_err(|e| PoolError::Backend(e.into()))?,
-            None => DeviceUuid::default(),
-        };
+        Self::create_on(ctx, socket.as_ref(), config, device_uuid::<B>(ctx)?)
+    }
+
+    /// [`create`](Self::create) with the device UUID the offer names (tests give the host backend another one).
+    pub(super) fn create_on(
+        ctx: &B::Context,
+        socket: &Path,
+        config: PoolConfig,
+        device_uuid: DeviceUuid,
+    ) -> Result<Self, PoolError> {
+        let geometry = config.geometry()?;
         let pool_id = pool_id();
         let limits = Limits {
             max_pool_blocks: config.max_blocks,
@@ -177,7 +183,7 @@ impl<B: Backend> SharedPool<B> {
         });
         let server = BlockServer::start(shared.clone(), server_end)
             .map_err(|e| PoolError::Unsupported(format!("starting the pool's block channel thread: {e}")))?;
-        let door = ObjectDoor::open(socket.as_ref(), Arc::new(PoolHost::new(shared.clone())), config.door)?;
+        let door = ObjectDoor::open(socket, Arc::new(PoolHost::new(shared.clone())), config.door)?;
         tracing::info!(path = %door.path().display(), backend = %B::KIND, capacity = config.capacity, "pool open");
         Ok(Self { shared, door: Some(door), server })
     }
@@ -224,21 +230,53 @@ impl<B: Backend> SharedPool<B> {
         self.shared.book().share_existing(name, ptr, bytes, desc, export)
     }
 
-    /// Frees the buffer `handle` stands for. Importers no longer find it by name; its bytes are reused once every
-    /// importer has dropped its views of it (an existing allocation stops being shared then).
+    /// Frees the buffer `handle` stands for. Importers no longer find it by name, at once; its bytes go back to the
+    /// pool (an existing allocation stops being shared) only when no importer pins it any more and the GPU work
+    /// queued in the owner's process has finished: on a GPU, `free` waits for the context's queued work
+    /// (`cuCtxSynchronize`, every stream) before it returns; [`free_after`](Self::free_after) waits for one stream's
+    /// instead, without blocking. Pins are checked lazily, on later `alloc`, `free`, `stats` and
+    /// [`reclaim`](Self::reclaim) calls; an importer that dies stops pinning.
     ///
     /// # Errors
-    /// [`PoolError::StaleBuffer`] when the buffer was freed by name meanwhile (and the name maybe reused).
+    /// [`PoolError::StaleBuffer`] when the buffer was freed by name meanwhile (and the name maybe reused); on a GPU,
+    /// [`PoolError::Backend`] when waiting for the context's work failed (the buffer is freed, its bytes kept for
+    /// the pool's life rather than reused).
     pub fn free(&self, handle: BufferHandle<B>) -> Result<(), PoolError> {
-        self.shared.book().free(handle.name(), Some(handle.generation()))
+        let (name, generation) = (handle.name().to_owned(), handle.generation());
+        // The handle goes first: while it lives, its buffer's bytes are held.
+        drop(handle);
+        self.free_synced(&name, Some(generation))
     }
 
-    /// Frees the live buffer named `name`, as [`free`](Self::free) does.
+    /// Frees the live buffer named `name`, as [`free`](Self::free) does. A [`BufferHandle`] of it still held refuses
+    /// every use from now on ([`PoolError::StaleBuffer`]) and keeps the bytes from reuse until it is dropped.
     ///
     /// # Errors
-    /// [`PoolError::NotFound`].
+    /// [`PoolError::NotFound`]; as [`free`](Self::free).
     pub fn free_name(&self, name: &str) -> Result<(), PoolError> {
-        self.shared.book().free(name, None)
+        self.free_synced(name, None)
+    }
+
+    /// Retires the buffer at once, then (on a GPU) waits for the context's queued work outside the lock.
+    fn free_synced(&self, name: &str, generation: Option<u64>) -> Result<(), PoolError> {
+        let Some(cuda) = B::cuda_context(&self.shared.ctx) else {
+            self.shared.book().free(name, generation, Fence::Done)?;
+            return Ok(());
+        };
+        let (slot, generation) = self.shared.book().free(name, generation, Fence::Syncing)?;
+        let synced = cuda.synchronize();
+        if let Err(error) = &synced {
+            tracing::error!(%error, buffer = name, "waiting for the GPU failed: the freed buffer's bytes are kept");
+        }
+        self.shared.book().fence_passed(slot, generation, synced.is_ok());
+        synced.map_err(|e| PoolError::Backend(e.into()))
+    }
+
+    /// Gives back the bytes of every freed buffer that no importer pins any more, whose handle is gone and whose
+    /// GPU fence has passed; returns how many. `alloc`, `free` and `stats` do this too; call it to let go sooner
+    /// (a front end that holds memory another allocator made lets go of it then: [`BufferHandle::reclaim_watch`]).
+    pub fn reclaim(&self) -> usize {
+        self.shared.book().reclaim()
     }
 
     /// The pool's numbers now (after reusing what importers no longer hold).
@@ -264,11 +302,47 @@ impl<B: Backend> SharedPool<B> {
     }
 }
 
+impl<B: GpuBackend> SharedPool<B> {
+    /// Frees the buffer `handle` stands for, as [`free`](Self::free) does, but without blocking: the bytes wait for
+    /// the work queued on `stream` so far (an event recorded on it now), besides the importers' pins. Use it when
+    /// every kernel and copy on the buffer in this process was queued on `stream`.
+    ///
+    /// # Errors
+    /// As [`free`](Self::free); when the event cannot be made or recorded, it waits as `free` does.
+    pub fn free_after(&self, handle: BufferHandle<B>, stream: &Stream) -> Result<(), PoolError> {
+        let (name, generation) = (handle.name().to_owned(), handle.generation());
+        drop(handle);
+        let Some(cuda) = B::cuda_context(&self.shared.ctx) else {
+            self.shared.book().free(&name, Some(generation), Fence::Done)?;
+            return Ok(());
+        };
+        let recorded = Event::new(cuda, EventFlags::default()).and_then(|event| event.record(stream).map(|()| event));
+        match recorded {
+            Ok(event) => self.shared.book().free(&name, Some(generation), Fence::Event(event)).map(|_| ()),
+            Err(error) => {
+                tracing::warn!(%error, buffer = %name, "no event on the stream: waiting for the context instead");
+                self.free_synced(&name, Some(generation))
+            }
+        }
+    }
+}
+
+/// The UUID of the device `ctx` is on (all zeros for the host backend).
+pub(super) fn device_uuid<B: Backend>(ctx: &B::Context) -> Result<DeviceUuid, PoolError> {
+    match B::cuda_context(ctx) {
+        Some(cuda) => cuda.device().uuid().map_err(|e| PoolError::Backend(e.into())),
+        None => Ok(DeviceUuid::default()),
+    }
+}
+
 impl<B: Backend> Drop for SharedPool<B> {
     fn drop(&mut self) {
         // In this order: importers read "closed" before their connections hang up, so they know it was no crash.
         self.shared.closing.store(true, std::sync::atomic::Ordering::Release);
-        self.shared.book().close();
+        let mut book = self.shared.book();
+        book.reclaim();
+        book.close();
+        drop(book);
         self.door = None;
         self.server.stop();
     }

@@ -122,6 +122,90 @@ fn a_view_sees_when_its_name_was_given_to_a_new_buffer() {
 }
 
 #[test]
+fn a_handle_kept_after_its_buffer_was_freed_refuses_every_use_and_holds_the_bytes_until_dropped() {
+    let pool = pool("stale-handle", PoolConfig::new(4096));
+    let a = pool.alloc("a", 4096, 256, None).unwrap();
+    a.write(0, &[1; 16]).unwrap();
+    a.check_current().unwrap();
+    pool.free_name("a").unwrap();
+    assert!(a.is_freed());
+    let stale = |e: PoolError| matches!(e, PoolError::StaleBuffer { ref name, held_generation, current: None } if name == "a" && held_generation == a.generation());
+    assert!(stale(a.write(0, &[2; 16]).unwrap_err()), "a write through a freed handle is refused");
+    let mut seen = [0u8; 16];
+    assert!(stale(a.read(0, &mut seen).unwrap_err()));
+    assert!(stale(a.check_current().unwrap_err()));
+    // The handle holds the bytes (a span borrowed before the free may still be in use): nothing fits meanwhile.
+    assert_eq!(pool.stats().pending_buffers, 1);
+    assert!(matches!(pool.alloc("b", 4096, 256, None), Err(PoolError::OutOfMemory { pending_reuse: 4096, .. })));
+    let a_gen = a.generation();
+    drop(a);
+    let b = pool.alloc("a", 4096, 256, None).unwrap();
+    assert!(b.generation() > a_gen);
+    b.write(0, &[3; 16]).unwrap();
+    // A stale handle of a name given to a new buffer says which generation the name holds now.
+    let old = pool.alloc("d", 256, 256, None);
+    assert!(matches!(old, Err(PoolError::OutOfMemory { .. })), "the block is b's");
+    drop(old);
+    pool.free(b).unwrap();
+    let d = pool.alloc("d", 256, 256, None).unwrap();
+    pool.free_name("d").unwrap();
+    let e = pool.alloc("d", 256, 256, None).unwrap();
+    match d.write(0, &[4; 4]).unwrap_err() {
+        PoolError::StaleBuffer { held_generation, current, .. } => {
+            assert_eq!((held_generation, current), (d.generation(), Some(e.generation())));
+        }
+        other => panic!("{other}"),
+    }
+    assert_ne!(d.ptr(), e.ptr(), "the bytes d's handle holds were not given to e");
+}
+
+#[test]
+fn a_freed_buffer_is_not_found_at_once_and_goes_back_only_when_unpinned_and_its_handle_is_gone() {
+    let pool = pool("reclaim", PoolConfig::sharing_only());
+    let imp = importer(&pool);
+    let region = HostFake::allocate(&HostContext, 4096).unwrap();
+    let base = crate::backend::SharedRegion::ptr(&region);
+    region.write(base.offset(64), b"held").unwrap();
+    let shared = pool.share_existing("t", base.offset(64), 4, None).unwrap();
+    let watch = shared.reclaim_watch();
+    let view = imp.lookup("t").unwrap();
+    pool.free(shared).unwrap();
+    assert!(watch.is_freed() && !watch.is_reclaimed());
+    assert!(matches!(imp.lookup("t"), Err(PoolError::NotFound { .. })), "no new lookup once freed");
+    assert!(!imp.list().unwrap().iter().any(|b| b.name == "t"));
+    // Pinned: the memory another allocator made stays the pool's, however often the owner polls.
+    for _ in 0..3 {
+        assert_eq!(pool.reclaim(), 0);
+        assert!(!watch.is_reclaimed());
+        assert_eq!(pool.stats().shared_allocations, 1);
+    }
+    let mut seen = [0u8; 4];
+    view.read(0, &mut seen).unwrap();
+    assert_eq!(&seen, b"held");
+    drop(view);
+    assert_eq!(pool.reclaim(), 1, "unpinned: it goes back at the next poll");
+    assert!(watch.is_reclaimed());
+    assert_eq!(pool.stats().shared_allocations, 0);
+}
+
+#[test]
+fn an_importer_refuses_a_pool_on_another_device_naming_both() {
+    let other = crate::wire::DeviceUuid([7; 16]);
+    let pool = SharedPool::<HostFake>::create_on(&HostContext, &sock("uuid"), PoolConfig::new(4096), other).unwrap();
+    let err = PoolImporter::<HostFake>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap_err();
+    match &err {
+        PoolError::WrongDevice { offered, here, .. } => {
+            assert_eq!((*offered, *here), (other, crate::wire::DeviceUuid::default()));
+        }
+        other => panic!("{other}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains(&other.to_string()) && message.contains(&crate::wire::DeviceUuid::default().to_string()));
+    assert!(message.contains("attach from a context on the pool's GPU"), "{message}");
+    assert!(eventually(|| pool.stats().importers == 0), "the refused importer is not counted");
+}
+
+#[test]
 fn the_pool_grows_by_blocks_up_to_its_limit_and_importers_map_new_blocks_on_first_lookup() {
     let mut config = PoolConfig::new(4096);
     config.max_blocks = 3;
@@ -166,7 +250,7 @@ fn existing_allocations_are_shared_in_place_one_export_per_allocation() {
     pool.free(one).unwrap();
     pool.free_name("two").unwrap();
     assert_eq!(pool.stats().shared_allocations, 1);
-    drop((v1, v2));
+    drop((v1, v2)); // `_two`, a handle of memory shared in place, gives no access to it: it holds nothing
     assert!(eventually(|| pool.stats().shared_allocations == 0));
     // The importer lets go of its mapping at its next lookup.
     assert_eq!(imp.mapped_blocks(), 1);
@@ -356,5 +440,6 @@ fn the_pool_types_can_be_shared_between_threads() {
     send_sync::<PoolImporter<HostFake>>();
     send_sync::<BufferView<HostFake>>();
     send_sync::<BufferHandle<HostFake>>();
+    send_sync::<ReclaimWatch>();
     send_sync::<PoolStats>();
 }

@@ -155,7 +155,8 @@ def share(
     ``__array_interface__``. ``backend``: the pool's when it is created; by default the one that can share ``obj``
     (``sharing_backend``): ``"legacy"`` for PyTorch's default caching allocator, ``"vmm"`` with
     ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. ``device``: the GPU (by default ``obj``'s). The pool keeps
-    ``obj`` alive until the returned buffer is freed (``free()``, or the end of a ``with`` block).
+    ``obj`` alive until the returned buffer is freed (``free()``, or the end of a ``with`` block) and no importer
+    views it (``SharedPool.reclaim`` lets go sooner).
     """
     if device is None:
         device = obj.__dlpack_device__()[1] if hasattr(obj, "__dlpack_device__") else 0

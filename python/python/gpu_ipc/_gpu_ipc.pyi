@@ -485,7 +485,12 @@ class SharedPool:
         weights = torch.randn(4096, 4096, device="cuda")
         shared = pool.share(weights, "weights/layer0")   # importers find it by name from now on
         ...
-        shared.free()                                     # no longer found; its bytes stay while importers view it
+        shared.free()                                     # no longer found; the tensor is kept while importers view it
+
+    A shared object is let go (given back to its allocator) only once its buffer is freed, no importer views it and
+    the GPU work queued on it when it was freed has finished: checked at every ``share``, ``alloc``, ``free`` and
+    ``reclaim``. Closing the pool frees what it shares; objects importers still view then are kept for the life of
+    the process.
     """
 
     def __new__(
@@ -493,17 +498,22 @@ class SharedPool:
     ) -> SharedPool: ...
     def share(self, obj: Any, name: str) -> SharedBuffer:
         """Shares ``obj``'s memory in place under ``name`` (no copy) and returns the owner's handle on it. The pool
-        keeps a reference to ``obj`` until the buffer is freed, so its allocator does not take the memory back
-        meanwhile; write it only when the importers expect it."""
+        keeps a reference to ``obj`` until the buffer is freed and no importer views it, so its allocator does not
+        hand the memory to another tensor meanwhile; write it only when the importers expect it."""
     def alloc(self, name: str, shape: Sequence[int], dtype: str = "uint8") -> SharedBuffer:
         """Allocates a buffer of ``shape`` and ``dtype`` (contiguous) in the pool's own memory, named ``name``; fill it
         through its views (``torch.from_dlpack(buffer)``)."""
+    def reclaim(self) -> int:
+        """Gives back the bytes of freed buffers no importer views any more (and lets go of their shared objects);
+        returns how many. ``share``, ``alloc`` and ``free`` do this too."""
     @property
     def backend(self) -> str: ...
     @property
     def socket(self) -> pathlib.Path: ...
     def close(self) -> None:
-        """Closes the pool: importers find nothing new (``OwnerGone``); views they hold stay valid. Idempotent."""
+        """Closes the pool: importers find nothing new (``OwnerGone``); views they hold stay valid. Shared objects are
+        let go as ``free`` lets them go, but those importers still view are kept for the life of the process.
+        Idempotent."""
     @property
     def closed(self) -> bool: ...
     def __enter__(self) -> Self: ...
@@ -515,8 +525,8 @@ class SharedBuffer:
 
     A buffer made by ``SharedPool.alloc`` is read and written through its views (``torch.from_dlpack(buffer)``,
     ``__cuda_array_interface__``); one made by ``share`` is the object that was shared (``.source``). After ``free``
-    importers no longer find it by name, and its bytes are reused once none views it: do not use tensors made from an
-    allocated buffer after that.
+    importers no longer find it by name, and its bytes are reused only once no importer views it, no tensor made from
+    it here lives and the GPU work queued on it has finished (a shared object is let go then).
     """
 
     @property
@@ -532,12 +542,16 @@ class SharedBuffer:
     def dtype(self) -> str: ...
     @property
     def source(self) -> Any:
-        """The object shared with ``SharedPool.share`` (``None`` for an allocated buffer, or once freed)."""
+        """The object shared with ``SharedPool.share``, while the pool holds it: until it is freed and no importer views
+        it (``None`` for an allocated buffer, or once let go)."""
     @property
     def freed(self) -> bool: ...
-    def free(self) -> None:
-        """Stops sharing: importers no longer find it by name; its bytes are reused (a shared object is let go) once
-        no importer views it. Twice raises ``ReleasedError``."""
+    def free(self, stream: Any = None) -> None:
+        """Stops sharing: importers no longer find it by name, at once. Its bytes are reused (a shared object is let go)
+        only once no importer views it, no tensor made from it in this process lives, and the GPU work queued on it
+        has finished: with ``stream=None`` this waits for the device's queued work (every stream); with a stream (an
+        int handle, or an object with ``__cuda_stream__``, ``.cuda_stream`` or ``.ptr``) it does not wait, and the
+        bytes wait for the work queued on that stream so far. Twice raises ``ReleasedError``."""
     def __dlpack__(
         self,
         *,
