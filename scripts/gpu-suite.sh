@@ -53,11 +53,22 @@ START=$(date +%s)
 
 # The tests that need MPS: every test of an `under_mps` module (each fails where MPS does not run).
 MPS_TESTS='test(/^under_mps::/)'
+# The tests that need two GPUs (`two_gpus` modules, ignored "needs two CUDA GPUs"): run where there are two, else
+# left out and said so (summary.json: "two_gpu_tests").
+GPUS=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU')
+if [ "$GPUS" -ge 2 ]; then
+    TWO_GPU_FILTER=''
+    TWO_GPU_TESTS="run ($GPUS GPUs)"
+else
+    TWO_GPU_FILTER=' & not test(/^two_gpus::/)'
+    TWO_GPU_TESTS="not run: $GPUS GPU(s) here; they need two"
+    echo "gpu-suite: $TWO_GPU_TESTS (the two_gpus:: tests are left out)" >&2
+fi
 [ "$(id -u)" = 0 ] || echo "gpu-suite: not root: the tests ignored \"needs root\" will fail in step 1" >&2
 
 echo "gpu-suite: [1/6] all tests, GPU tests included (no MPS; the tests that need MPS come in step 2)" >&2
 # The child-process entry points are ignored tests that the cross-process tests run; on their own they do nothing.
-GPU_IPC_RESULTS_TAG=no-mps "${NEXTEST[@]}" --run-ignored all -E "not test(child_process_entry_point) & not ($MPS_TESTS)" 2>&1 |
+GPU_IPC_RESULTS_TAG=no-mps "${NEXTEST[@]}" --run-ignored all -E "not test(child_process_entry_point) & not ($MPS_TESTS)$TWO_GPU_FILTER" 2>&1 |
     tee "$WORK/tests.log"
 TESTS_RC=${PIPESTATUS[0]}
 JUNIT=$(find "$ROOT/target" -path '*nextest/gpu/junit.xml' 2>/dev/null | head -1)
@@ -130,7 +141,7 @@ cat "$OUT/frames.md"
 
 END=$(date +%s)
 cat >"$OUT/summary.json" <<JSON
-{"commit": "$(cat "$STAGE/COMMIT")", "tests_exit": $TESTS_RC, "mps": "$MPS_STATUS", "mps_reason": "$MPS_REASON", "mps_tests_exit": $MPS_RC, "doctor_exit": $DOCTOR_RC, "probes": "$PROBES_STATUS", "probes_exit": $PROBES_RC, "python": "$PYTHON_STATUS", "python_exit": $PYTHON_RC, "stress": "$STRESS_STATUS", "stress_exit": $STRESS_RC, "seconds": $((END - START))}
+{"commit": "$(cat "$STAGE/COMMIT")", "tests_exit": $TESTS_RC, "mps": "$MPS_STATUS", "mps_reason": "$MPS_REASON", "mps_tests_exit": $MPS_RC, "doctor_exit": $DOCTOR_RC, "probes": "$PROBES_STATUS", "probes_exit": $PROBES_RC, "python": "$PYTHON_STATUS", "python_exit": $PYTHON_RC, "stress": "$STRESS_STATUS", "stress_exit": $STRESS_RC, "two_gpu_tests": "$TWO_GPU_TESTS", "seconds": $((END - START))}
 JSON
 tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$WORK"
 cat "$OUT/summary.json"
