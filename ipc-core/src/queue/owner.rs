@@ -431,3 +431,8 @@ impl<B: QueueBackend> Drop for WorkQueue<B> {
         self.door = None;
     }
 }
+
+#[cfg(test)]
+#[path = "owner_tests.rs"]
+#[allow(clippy::unwrap_used)]
+mod tests;
