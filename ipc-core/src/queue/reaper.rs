@@ -31,6 +31,8 @@ use crate::queue::error::QueueError;
 const PASS: usize = 256;
 /// How soon the reaper tries again to push tasks that did not fit, or to reclaim a slot after an error.
 const RETRY: Duration = Duration::from_millis(5);
+/// How often it sweeps a closed queue with nothing queued and tasks still in hand (its end waits for a sweep).
+const TAIL_SWEEP: Duration = Duration::from_millis(5);
 /// How long it sleeps at most with nothing to do (a gone worker or a stop wakes it at once).
 const IDLE: Duration = Duration::from_millis(100);
 
@@ -73,7 +75,14 @@ pub(super) fn run<B: QueueBackend>(owner: &Owner<B>) {
             if sweep {
                 next_sweep = Instant::now() + owner.config.sweep_every;
                 match sweep_all(owner) {
-                    Ok(census) => hold_the_seal(owner, Some(census)),
+                    Ok(census) => {
+                        hold_the_seal(owner, Some(census));
+                        // The end of a closed queue waits for a sweep that sees nothing in flight: look often once
+                        // nothing is queued, so that the last completion ends it soon.
+                        if owner.closed.load(Ordering::Acquire) && census.full == 0 && census.in_flight() > 0 {
+                            next_sweep = Instant::now() + owner.config.sweep_every.min(TAIL_SWEEP);
+                        }
+                    }
                     Err(error) => tracing::error!(%error, "work queue: the sweep over the cells failed; trying again"),
                 }
             }
