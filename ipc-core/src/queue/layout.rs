@@ -43,6 +43,8 @@ pub const GIVEN_BACK: u16 = 0xfffe;
 /// The holder of a LEASED cell the owner has taken over (its holder gone, its lease expired, or given back) while
 /// it copies the task out and frees the cell: nobody else can complete it any more.
 pub const TAKEN: u16 = 0xffff;
+// Neither is ever a worker slot, so no worker's compare-and-swap matches a task on its way back.
+const _: () = assert!(GIVEN_BACK as u32 >= MAX_WORKERS && TAKEN as u32 >= MAX_WORKERS);
 /// Bit 63 of the enqueue position: the queue is closed to new pushes.
 pub const CLOSED: u64 = 1 << 63;
 /// Bits of the lap in a state word.
@@ -333,6 +335,17 @@ mod tests {
         words[2] = 128;
         let error = g.check_header(&words).unwrap_err().to_string();
         assert!(error.contains("capacity is 0x80"), "{error}");
+    }
+
+    /// The holders of a task on its way back to the owner are those of `kernels/cuda/queue_host_ops.cu`.
+    #[test]
+    fn the_holders_on_the_way_back_match_the_queue_kernels() {
+        let cu = include_str!("../../../kernels/cuda/queue_host_ops.cu");
+        for (name, value) in [("GPU_IPC_WQ_GIVEN_BACK", GIVEN_BACK), ("GPU_IPC_WQ_TAKEN", TAKEN)] {
+            let line = cu.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap();
+            let hex = line.split_whitespace().nth(2).unwrap().trim_start_matches("0x").trim_end_matches('u');
+            assert_eq!(u16::from_str_radix(hex, 16).unwrap(), value, "{name}");
+        }
     }
 
     /// The offsets and constants of `kernels/cuda/work_queue.cuh` are these.
