@@ -86,13 +86,14 @@ fn an_expired_lease_is_handed_out_again_and_only_one_completion_counts() {
 
 #[test]
 fn a_lease_completed_in_time_is_not_handed_out_again() {
-    let queue = owner("in-time", Duration::from_millis(300));
+    let queue = owner("in-time", Duration::from_millis(400));
     let (a, b) = (worker(&queue, "a"), worker(&queue, "b"));
     queue.push(b"on time!", T).unwrap();
     let task = a.pop(T).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    std::thread::sleep(Duration::from_millis(50));
     task.complete().unwrap();
-    assert!(matches!(b.pop(Duration::from_millis(500)), Err(QueueError::Timeout { .. })));
+    // Well past the lease and a sweep: nothing comes back.
+    assert!(matches!(b.pop(Duration::from_millis(700)), Err(QueueError::Timeout { .. })));
     let stats = queue.wait_until_done(T).unwrap();
     assert_eq!((stats.pushed, stats.completed, stats.redelivered), (1, 1, 0));
 }
