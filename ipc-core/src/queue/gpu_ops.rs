@@ -66,7 +66,6 @@ type Args<'a> = Vec<KernelArg<'a>>;
 /// The queue's kernels, a stream and a staging area in one process.
 pub(super) struct GpuOps {
     g: Geometry,
-    ctx: Context,
     stream: Stream,
     /// In an `Arc` so that teardown can leak it on purpose (see `Drop`).
     staging: Arc<HostRegistration<SharedMemory>>,
@@ -80,6 +79,8 @@ pub(super) struct GpuOps {
     batch: usize,
     /// An operation's kernel did not finish in time: its outputs may still be written, so no other is started.
     stuck: bool,
+    /// For the sweep's record, made on first use; declared last, so dropped after everything made in it.
+    ctx: Context,
 }
 
 impl GpuOps {
