@@ -133,13 +133,14 @@ fn a_worker_killed_while_its_kernel_pops_loses_no_task() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_worker_killed_while_it_provably_holds_tasks_has_every_one_handed_out_again() {
-    const TASKS: u64 = 20_000;
+    const TASKS: u64 = 1_000_000;
     const HELD: u64 = 8;
     for backend in BACKENDS {
         let path = sock(backend, "kill-held");
         let p = path.to_str().unwrap();
-        let owner = owner(backend, p, TASKS, 2, &["--reclaim-ms", "200"]);
-        // Slow work, so that tasks are still queued when the victim pops.
+        let owner = owner(backend, p, TASKS, 2, &["--push", "kernel", "--capacity", "65536", "--reclaim-ms", "200"]);
+        // Many tasks and slow work, so that tasks are still queued when the victim pops (its pops are kernel launches
+        // that take turns with the survivor's kernel without MPS).
         let survivor = worker("survivor", backend, p, &["--pop", "kernel", "--work-rounds", "2000"]);
         let held = HELD.to_string();
         let mut victim = worker("victim", backend, p, &["--stall-after", "0", "--hold", &held]);
