@@ -128,7 +128,9 @@ pub fn outcome_word<T>(result: &Result<T, ExampleError>) -> &'static str {
     match result {
         Ok(_) => "done",
         Err(ExampleError::Queue(QueueError::OwnerGone { .. })) => "owner-gone",
-        Err(ExampleError::Queue(QueueError::Timeout { .. } | QueueError::Full { .. })) => "timeout",
+        Err(ExampleError::Queue(QueueError::Timeout { .. } | QueueError::Full { .. } | QueueError::NotDone { .. })) => {
+            "timeout"
+        }
         Err(ExampleError::Queue(QueueError::Driver(DriverError::LibraryNotFound { .. }))) => "no-driver",
         Err(_) => "error",
     }

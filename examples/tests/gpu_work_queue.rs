@@ -1,7 +1,8 @@
 //! The work queue on a real GPU, between processes (the `work_queue` example program), for both backends: tasks
 //! pushed from a kernel and popped by kernels of two other processes; pushed from the CPU and popped by a kernel
 //! and by the CPU; a worker SIGKILLed while its kernel pops (its tasks handed out again, none lost, none completed
-//! twice); the CPU side and the demo kernels in one process; and the tasks-per-second bench (one process on its own
+//! twice); a worker SIGKILLed while it provably holds tasks it popped (every one handed out again: the GPU reclaim
+//! path); the CPU side and the demo kernels in one process; and the tasks-per-second bench (one process on its own
 //! queue, 1 and 4 worker processes), whose rows are printed and (with `GPU_IPC_RESULTS_DIR` set) appended to
 //! `work-queue-<GPU_IPC_RESULTS_TAG>.jsonl` there. Ignored without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -122,6 +123,44 @@ fn a_worker_killed_while_its_kernel_pops_loses_no_task() {
         assert!(status.success(), "{backend} survivor: {json}");
         assert_eq!(count(&json, "bad_records"), 0, "{backend}: {json}");
         assert_eq!(count(&json, "redelivered"), count(stats, "redelivered"), "{backend}: the survivor took them all");
+        victim.finish(FINISH);
+    }
+}
+
+/// A victim that pops tasks in device memory (through the queue's own kernels), says it holds them, and is
+/// SIGKILLed before completing any: the owner's GPU reclaim path must take every one of them back, and a kernel in
+/// another process completes them.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_worker_killed_while_it_provably_holds_tasks_has_every_one_handed_out_again() {
+    const TASKS: u64 = 1_000_000;
+    const HELD: u64 = 8;
+    for backend in BACKENDS {
+        let path = sock(backend, "kill-held");
+        let p = path.to_str().unwrap();
+        let owner = owner(backend, p, TASKS, 2, &["--push", "kernel", "--capacity", "65536", "--reclaim-ms", "200"]);
+        // Many tasks and slow work, so that tasks are still queued when the victim pops (its pops are kernel launches
+        // that take turns with the survivor's kernel without MPS).
+        let survivor = worker("survivor", backend, p, &["--pop", "kernel", "--work-rounds", "2000"]);
+        let held = HELD.to_string();
+        let mut victim = worker("victim", backend, p, &["--stall-after", "0", "--hold", &held]);
+        victim.wait_for_line(&format!("holding {HELD} tasks"), FINISH);
+        victim.kill9();
+        let (status, _, json) = owner.finish(FINISH);
+        assert!(status.success(), "{backend} owner: {json}");
+        let stats = field(&json, "stats");
+        assert_eq!(
+            (count(stats, "pushed"), count(stats, "completed"), count(stats, "lost")),
+            (TASKS, TASKS, 0),
+            "{backend}: {json}"
+        );
+        let redelivered = count(stats, "redelivered");
+        assert!(redelivered >= HELD, "{backend}: the victim held {HELD}, {redelivered} were handed out again: {json}");
+        let (status, _, json) = survivor.finish(FINISH);
+        assert!(status.success(), "{backend} survivor: {json}");
+        assert_eq!(count(&json, "bad_records"), 0, "{backend}: {json}");
+        assert_eq!(count(&json, "redelivered"), redelivered, "{backend}: the survivor took them all");
+        assert_eq!(sums(&json), DemoSums::of_range(0, TASKS), "{backend}: the survivor completed every task");
         victim.finish(FINISH);
     }
 }

@@ -14,8 +14,8 @@
 //! lost. A worker pops until the queue is closed and drained (`--pop cpu`, or `--pop kernel`: a persistent kernel
 //! in which each warp pops, checks, works on and completes tasks), and reports the count, sum and sum of squares
 //! of what it completed, which must add up over the workers to those of the tasks. `--stall-after N` makes a worker
-//! hold tasks after N and wait to be killed (the owner then hands them out again). With `--json` each prints one
-//! JSON summary on stdout.
+//! pop `--hold` tasks after N, say `holding H tasks`, and wait to be killed while it holds them (the owner then hands
+//! every one out again). With `--json` each prints one JSON summary on stdout.
 //!
 //! Exit status: 0 done; 1 an error (or a run that does not add up); 3 no CUDA driver; 4 the owner died.
 
@@ -97,9 +97,13 @@ enum Cmd {
         /// Tasks popped at once (CPU).
         #[arg(long, default_value_t = 64)]
         batch: usize,
-        /// Complete this many tasks, then pop a batch, hold it and wait to be killed (CPU).
+        /// Complete this many tasks, then pop `--hold` tasks, say `holding N tasks` on stderr, hold them without
+        /// completing them and wait to be killed (CPU pops, any backend).
         #[arg(long)]
         stall_after: Option<u64>,
+        /// How many tasks a stalled worker holds (`--stall-after`).
+        #[arg(long, default_value_t = 8)]
+        hold: usize,
         /// Warps per multiprocessor popping (kernel).
         #[arg(long, default_value_t = 4)]
         warps_per_sm: u32,
@@ -296,7 +300,7 @@ struct Worker<'a> {
 impl QueueProgram for Worker<'_> {
     type Output = ();
     fn run<B: QueueBackend>(self, ctx: &B::Context, gpu: Option<&Gpu>) -> Result<(), ExampleError> {
-        let Cmd::Worker { socket, name, pop, batch, stall_after, warps_per_sm, work_rounds, wait_go } =
+        let Cmd::Worker { socket, name, pop, batch, stall_after, hold, warps_per_sm, work_rounds, wait_go } =
             &self.args.command
         else {
             return Err(ExampleError::Usage("not a worker".into()));
@@ -310,7 +314,10 @@ impl QueueProgram for Worker<'_> {
         }
         let start = Instant::now();
         match pop {
-            Side::Cpu => pop_on_cpu(&worker, *batch, *stall_after, self.timeout, self.summary)?,
+            Side::Cpu => {
+                let stall = stall_after.map(|after| (after, *hold));
+                pop_on_cpu(&worker, *batch, stall, self.timeout, self.summary)?;
+            }
             Side::Kernel => {
                 let gpu = gpu.ok_or(QueueError::NeedsGpu { what: "--pop kernel" })?;
                 gpu.kernels.reset()?;
@@ -341,17 +348,25 @@ impl QueueProgram for Worker<'_> {
     }
 }
 
+/// Pops and completes until the queue is closed and drained; with `stall` = (after, hold), once `after` tasks are
+/// completed, pops until it holds `hold` tasks, says so, and waits to be killed while holding them.
 fn pop_on_cpu<B: QueueBackend>(
     worker: &QueueWorker<B>,
     batch: usize,
-    stall_after: Option<u64>,
+    stall: Option<(u64, usize)>,
     timeout: Duration,
     summary: &mut Summary,
 ) -> Result<(), ExampleError> {
     loop {
-        if stall_after.is_some_and(|n| summary.sums.count >= n) {
-            let held = worker.pop_many(8, timeout)?;
-            eprintln!("work_queue worker: holding {}", held.len());
+        if let Some((_, hold)) = stall.filter(|(after, _)| summary.sums.count >= *after) {
+            let deadline = Instant::now() + timeout;
+            let mut held = Vec::with_capacity(hold);
+            while held.len() < hold {
+                let left = deadline.saturating_duration_since(Instant::now());
+                held.extend(worker.pop_many(hold - held.len(), left)?);
+            }
+            // Popped and not completed: the owner must hand every one of them out again once this process is killed.
+            eprintln!("work_queue worker: holding {} tasks", held.len());
             std::thread::sleep(timeout);
             return Err(ExampleError::Usage("stalled and was not killed".into()));
         }

@@ -31,6 +31,30 @@ pub enum QueueError {
         /// How long it waited.
         waited: Duration,
     },
+    /// `wait_until_done` reached its deadline with tasks not done: what the owner saw then.
+    #[error(
+        "{completed} of {pushed} tasks completed, {in_flight} in flight ({queued} queued, {in_hand} in workers' \
+         hands, {pending} taken back and waiting to be pushed again), {lost} lost; timed out after {waited:?}"
+    )]
+    NotDone {
+        /// How long it waited.
+        waited: Duration,
+        /// Tasks pushed (redeliveries not counted).
+        pushed: u64,
+        /// Tasks completed.
+        completed: u64,
+        /// Of those pushed, how many are neither completed nor lost: `queued + in_hand + pending` (and pushes still
+        /// being written).
+        in_flight: u64,
+        /// Tasks queued.
+        queued: u64,
+        /// Tasks leased to workers (or given back and not yet taken).
+        in_hand: u64,
+        /// Tasks taken back and not yet pushed again, or a gone worker's cells not yet looked at.
+        pending: u64,
+        /// Tasks reported lost.
+        lost: u64,
+    },
     /// The owner closed the queue: a push is refused; a pop finds it drained.
     #[error("the work queue is closed: its owner takes no more tasks, and every task pushed before was handed out")]
     Closed,
@@ -44,10 +68,11 @@ pub enum QueueError {
         /// The queue's socket.
         socket: PathBuf,
     },
-    /// The owner took this worker's task back: it had declared the worker gone (its connection hung up).
+    /// The owner took this worker's task back: its lease expired, or the owner declared the worker gone (its
+    /// connection hung up), or it was given back already.
     #[error(
-        "task {id}: the owner took it back from this worker (it saw this worker's connection hang up) and handed \
-         it to another; do not report its result"
+        "task {id}: the owner took it back from this worker (its lease expired, or the owner saw this worker's \
+         connection hang up) to hand it to another; do not report its result"
     )]
     LeaseLost {
         /// The task's id.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::layout::{CELL_HEADER_BYTES, Geometry, cell};
-use super::ops::{PushFlags, PushRequest, Reclaimed, Status, TaskData};
+use super::ops::{Census, PushFlags, PushRequest, Reclaimed, Status, Swept, TaskData};
 use crate::driver::image::{self, ComputeCapability, KernelImage};
 use crate::driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module,
@@ -38,13 +38,14 @@ static IMAGES: [KernelImage; 8] = [
 ];
 
 /// The kernels' names (`kernels/cuda/queue_host_ops.cu`).
-const KERNELS: [&str; 6] = [
+const KERNELS: [&str; 7] = [
     "gpu_ipc_wq_host_push",
     "gpu_ipc_wq_host_pop",
     "gpu_ipc_wq_host_complete",
     "gpu_ipc_wq_host_reclaim",
     "gpu_ipc_wq_host_add",
     "gpu_ipc_wq_host_close",
+    "gpu_ipc_wq_host_sweep",
 ];
 
 /// Bytes of the staging area's result words, before its entries.
@@ -53,8 +54,11 @@ const OUT_BYTES: u64 = 512;
 const MAX_BATCH: u64 = 256;
 /// How long one operation's kernel may take before the queue reports the GPU busy.
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Threads of the reclaim kernel's grid (one cell each, grid-stride).
+/// Threads of the reclaim and sweep kernels' blocks (one cell each, grid-stride).
 const RECLAIM_THREADS: u32 = 256;
+/// Words of the passes' counters: tickets, put back (reclaim) or more (sweep), abandoned, and the sweep's census
+/// (writing, full, leased).
+const COUNTER_WORDS: u64 = 8;
 
 /// A kernel launch's arguments.
 type Args<'a> = Vec<KernelArg<'a>>;
@@ -65,13 +69,18 @@ pub(super) struct GpuOps {
     stream: Stream,
     /// In an `Arc` so that teardown can leak it on purpose (see `Drop`).
     staging: Arc<HostRegistration<SharedMemory>>,
-    kernels: [Function; 6],
-    /// Three counters of the reclaim pass, in device memory; in an `Arc` for the same reason.
+    kernels: [Function; 7],
+    /// The counters of the reclaim and sweep passes, in device memory; in an `Arc` for the same reason.
     counters: Arc<DeviceBuffer>,
+    /// The owner's record of the leases its sweeps saw (per cell: the state word, and the `%globaltimer` at which a
+    /// sweep first saw it), in device memory; made by the first sweep (only the owner sweeps).
+    seen: Option<Arc<DeviceBuffer>>,
     /// Entries the staging area holds after its result words.
     batch: usize,
     /// An operation's kernel did not finish in time: its outputs may still be written, so no other is started.
     stuck: bool,
+    /// For the sweep's record, made on first use; declared last, so dropped after everything made in it.
+    ctx: Context,
 }
 
 impl GpuOps {
@@ -90,7 +99,7 @@ impl GpuOps {
         for name in KERNELS {
             kernels.push(module.function(name).map_err(|source| QueueError::Kernels { image: chosen.file, source })?);
         }
-        let kernels: [Function; 6] =
+        let kernels: [Function; 7] =
             kernels.try_into().map_err(|_| QueueError::Layout("the queue kernels did not all load".into()))?;
         let entries = (MAX_BATCH * u64::from(g.cell_bytes)).max(g.cells_offset);
         let bytes = (OUT_BYTES + entries).next_multiple_of(64 * 1024);
@@ -98,8 +107,18 @@ impl GpuOps {
         let staging = Arc::new(HostRegistration::new(ctx, Arc::new(memory))?);
         let batch = ((bytes - OUT_BYTES) / u64::from(g.cell_bytes)).min(MAX_BATCH) as usize;
         tracing::debug!(image = chosen.file, batch, "work queue kernels loaded");
-        let counters = Arc::new(DeviceBuffer::alloc(ctx, 32)?);
-        Ok(Self { g, stream: Stream::new(ctx)?, staging, kernels, counters, batch, stuck: false })
+        let counters = Arc::new(DeviceBuffer::alloc(ctx, 8 * COUNTER_WORDS)?);
+        Ok(Self {
+            g,
+            ctx: ctx.clone(),
+            stream: Stream::new(ctx)?,
+            staging,
+            kernels,
+            counters,
+            seen: None,
+            batch,
+            stuck: false,
+        })
     }
 
     fn memory(&self) -> &SharedMemory {
@@ -300,6 +319,82 @@ impl GpuOps {
         Ok(Reclaimed { stolen, abandoned, more: put_back > 0 })
     }
 
+    pub(super) fn give_back(
+        &mut self,
+        queue: DeviceSpan<'_>,
+        slot: u16,
+        positions: &[u64],
+    ) -> Result<Vec<bool>, QueueError> {
+        let mut done = Vec::with_capacity(positions.len());
+        let per_launch = (OUT_BYTES as usize / 8).min(self.batch.max(1));
+        for chunk in positions.chunks(per_launch) {
+            let bytes: Vec<u8> = chunk.iter().flat_map(|p| p.to_le_bytes()).collect();
+            self.memory().write_bytes(OUT_BYTES as usize, &bytes)?;
+            // Flags bit 1: give the leases back rather than complete them.
+            self.run_staged(2, queue, slot, Some(2), chunk.len(), 1, 1)?;
+            for i in 0..chunk.len() {
+                done.push(self.out_word(i)? == 1);
+            }
+        }
+        Ok(done)
+    }
+
+    pub(super) fn sweep(&mut self, queue: DeviceSpan<'_>, lease: Duration, max: usize) -> Result<Swept, QueueError> {
+        let want = max.min(self.batch.max(1));
+        let blocks = self.g.capacity.div_ceil(u64::from(RECLAIM_THREADS)).min(1024) as u32;
+        let seen = match &self.seen {
+            Some(seen) => seen.clone(),
+            None => {
+                let seen = Arc::new(DeviceBuffer::alloc(&self.ctx, 16 * self.g.capacity)?);
+                seen.span().fill_u32_async(0, &self.stream)?;
+                self.seen = Some(seen.clone());
+                seen
+            }
+        };
+        let scratch = self.counters.clone();
+        let counters = scratch.span();
+        counters.fill_u32_async(0, &self.stream)?;
+        let staging = self.staging.clone();
+        let (out, entries) = spans(&staging)?;
+        let lease_ns = u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX);
+        let args = vec![
+            KernelArg::Span(queue),
+            KernelArg::Span(seen.span()),
+            KernelArg::U64(lease_ns),
+            KernelArg::Span(entries),
+            KernelArg::U32(want as u32),
+            KernelArg::Span(counters),
+        ];
+        self.clear_out()?;
+        self.run(6, blocks, RECLAIM_THREADS, &args)?;
+        out.slice(0, counters.len())?.copy_from_async(&counters, &self.stream)?;
+        self.wait()?;
+        let tickets = (self.out_word(0)? as usize).min(want);
+        let mut stolen = Vec::with_capacity(tickets);
+        for i in 0..tickets {
+            // A ticket whose compare-and-swap lost (the holder completed meanwhile) is marked with position ~0.
+            if self.entry_word(i, 0)? != u64::MAX {
+                stolen.push(self.read_entry(i)?);
+            }
+        }
+        let census = Census { writing: self.out_word(2)?, full: self.out_word(3)?, leased: self.out_word(4)? };
+        Ok(Swept { stolen, more: self.out_word(1)? > 0, census })
+    }
+
+    /// The word at byte `offset` of the queue (a copy through the staging area).
+    pub(super) fn word(&mut self, queue: DeviceSpan<'_>, offset: u64) -> Result<u64, QueueError> {
+        if self.stuck {
+            return Err(QueueError::GpuBusy { waited: OP_TIMEOUT });
+        }
+        {
+            let staging = self.staging.clone();
+            let (_, entries) = spans(&staging)?;
+            entries.slice(0, 8)?.copy_from_async(&queue.slice(offset, 8)?, &self.stream)?;
+        }
+        self.wait()?;
+        self.entry_word(0, 0)
+    }
+
     pub(super) fn add(&mut self, queue: DeviceSpan<'_>, offset: u64, value: u64) -> Result<(), QueueError> {
         let args = vec![KernelArg::Span(queue.slice(offset, 8)?), KernelArg::U64(value)];
         self.run(4, 1, 1, &args)
@@ -350,6 +445,7 @@ impl Drop for GpuOps {
             tracing::error!("a work-queue kernel did not finish: leaking its staging area rather than freeing it");
             std::mem::forget(self.staging.clone());
             std::mem::forget(self.counters.clone());
+            std::mem::forget(self.seen.clone());
         }
     }
 }

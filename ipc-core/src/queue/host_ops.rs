@@ -3,9 +3,10 @@
 //! `docs/work-queue.md` for why each step is a compare-and-swap.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use super::layout::{CLOSED, CellState, CellWord, Geometry, cell, header, lap_delta, worker};
-use super::ops::{PushFlags, PushRequest, Reclaimed, Status, TaskData};
+use super::layout::{CLOSED, CellState, CellWord, GIVEN_BACK, Geometry, TAKEN, cell, header, lap_delta, worker};
+use super::ops::{PushFlags, PushRequest, Reclaimed, Status, Swept, TaskData};
 use crate::queue::error::QueueError;
 use crate::sys::shm::SharedMemory;
 
@@ -220,6 +221,63 @@ impl<'a> HostQueue<'a> {
                 done
             })
             .collect()
+    }
+
+    /// Hands the leases of `positions` held by `slot` to the owner: LEASED(L, slot) to LEASED(L, GIVEN_BACK), one
+    /// compare-and-swap each; `true` where the lease was still `slot`'s.
+    pub(super) fn give_back(&self, slot: u16, positions: &[u64]) -> Vec<bool> {
+        positions
+            .iter()
+            .map(|&p| {
+                let lap = self.g.lap(p);
+                let leased = CellWord::pack(lap, CellState::Leased, slot);
+                Self::cas(self.state(p), leased, CellWord::pack(lap, CellState::Leased, GIVEN_BACK))
+            })
+            .collect()
+    }
+
+    /// The owner's sweep (see [`Engine::sweep`](super::ops::Engine::sweep)): `seen` holds, per cell, the LEASED
+    /// word the last pass saw there and when it first saw it.
+    pub(super) fn sweep(&self, seen: &mut Vec<(u64, Instant)>, lease: Duration, max: usize) -> Swept {
+        let now = Instant::now();
+        seen.resize(self.g.capacity as usize, (0, now));
+        let mut swept = Swept::default();
+        for (index, (seen_word, since)) in seen.iter_mut().enumerate() {
+            let state = self.word(self.g.cells_offset + index as u64 * u64::from(self.g.cell_bytes) + cell::STATE);
+            let s = state.load(ACQ);
+            let w = CellWord::unpack(s);
+            match w.state {
+                Some(CellState::Writing) => swept.census.writing += 1,
+                Some(CellState::Full) => swept.census.full += 1,
+                Some(CellState::Leased) => swept.census.leased += 1,
+                _ => {}
+            }
+            if w.state != Some(CellState::Leased) || w.holder == TAKEN {
+                continue;
+            }
+            if w.holder != GIVEN_BACK {
+                if *seen_word != s {
+                    (*seen_word, *since) = (s, now);
+                    continue;
+                }
+                if now.saturating_duration_since(*since) < lease {
+                    continue;
+                }
+            }
+            if swept.stolen.len() >= max {
+                swept.more = true;
+                continue;
+            }
+            if Self::cas(state, s, CellWord::pack(w.lap, CellState::Leased, TAKEN)) {
+                swept.stolen.push(self.read_task((w.lap << self.g.capacity_log2) | index as u64));
+            }
+        }
+        swept
+    }
+
+    /// The word at byte `offset`.
+    pub(super) fn word_at(&self, offset: u64) -> u64 {
+        self.word(offset).load(ACQ)
     }
 
     /// Takes over up to `max` of `dead`'s leases for `owner` and turns its unfinished pushes into holes.

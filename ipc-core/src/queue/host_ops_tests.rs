@@ -180,3 +180,41 @@ fn threads_push_and_pop_every_task_exactly_once() {
     let stats = stats_of(&q.snapshot(), &g);
     assert_eq!((stats.pushed, stats.popped, stats.completed), (3 * PER_PUSHER, 3 * PER_PUSHER, 3 * PER_PUSHER));
 }
+
+#[test]
+fn a_sweep_takes_what_was_given_back_at_once_and_a_lease_once_seen_held_for_the_lease() {
+    use crate::queue::layout::TAKEN;
+    use crate::queue::ops::Census;
+    use std::time::Duration;
+    let (memory, g) = queue(8, 8);
+    let q = HostQueue::new(&memory, g).unwrap();
+    for i in 0..3u8 {
+        push(&q, 1, &[i; 8]);
+    }
+    let a = pop(&q, 2).unwrap();
+    let b = pop(&q, 3).unwrap();
+    assert_eq!(q.give_back(2, &[b.position]), [false], "only its holder gives a task back");
+    assert_eq!(q.give_back(3, &[b.position]), [true]);
+    assert_eq!(q.give_back(3, &[b.position]), [false], "once");
+    let ids = |swept: &Swept| swept.stolen.iter().map(|t| (t.id, t.record.clone())).collect::<Vec<_>>();
+    let mut seen = Vec::new();
+    // The first sweep takes b at once and sees a's lease for the first time: not due yet, even with a lease of 0.
+    let first = q.sweep(&mut seen, Duration::ZERO, 8);
+    assert_eq!(ids(&first), [(b.id, vec![1; 8])]);
+    assert_eq!(first.census, Census { writing: 0, full: 1, leased: 2 });
+    let second = q.sweep(&mut seen, Duration::ZERO, 8);
+    assert_eq!(ids(&second), [(a.id, vec![0; 8])]);
+    // Its holder's late completion and give-back fail; the owner frees both cells.
+    assert_eq!(q.complete(2, &[a.position], true), [false]);
+    assert_eq!(q.give_back(2, &[a.position]), [false]);
+    assert_eq!(q.complete(TAKEN, &[a.position, b.position], false), [true, true]);
+    // A lease of a minute is not taken by sweeps a moment apart.
+    let c = pop(&q, 4).unwrap();
+    for _ in 0..3 {
+        let swept = q.sweep(&mut seen, Duration::from_secs(60), 8);
+        assert!(swept.stolen.is_empty());
+        assert_eq!(swept.census, Census { writing: 0, full: 0, leased: 1 });
+    }
+    assert_eq!(q.complete(4, &[c.position], true), [true]);
+    assert_eq!(q.sweep(&mut seen, Duration::ZERO, 8).census, Census::default());
+}

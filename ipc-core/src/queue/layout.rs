@@ -7,7 +7,8 @@
 //! A cell's state word packs three fields: `lap << 24 | state << 16 | holder`. The lap is the cell's round
 //! (`position / capacity`, wrapping in 40 bits), so a cell's word names the one position it is about and a stale
 //! compare-and-swap can never succeed on a later round. The holder is the worker slot that is writing (`WRITING`)
-//! or holds (`LEASED`) the task; the other states carry 0.
+//! or holds (`LEASED`) the task ([`GIVEN_BACK`] and [`TAKEN`] on the way back to the owner); the other states
+//! carry 0.
 
 use crate::queue::error::QueueError;
 
@@ -35,6 +36,15 @@ pub const MIN_WORKERS: u32 = 2;
 pub const MAX_WORKERS: u32 = 4096;
 /// The owner's worker slot; attached workers get 1 and up.
 pub const OWNER_SLOT: u16 = 0;
+/// The holder of a LEASED cell whose holder gave the task back ([`Task::give_back`](super::Task::give_back), or a
+/// `Task` dropped without being completed): the owner's next sweep takes it and pushes it again. Never a worker
+/// slot (those stop at [`MAX_WORKERS`]).
+pub const GIVEN_BACK: u16 = 0xfffe;
+/// The holder of a LEASED cell the owner has taken over (its holder gone, its lease expired, or given back) while
+/// it copies the task out and frees the cell: nobody else can complete it any more.
+pub const TAKEN: u16 = 0xffff;
+// Neither is ever a worker slot, so no worker's compare-and-swap matches a task on its way back.
+const _: () = assert!(GIVEN_BACK as u32 >= MAX_WORKERS && TAKEN as u32 >= MAX_WORKERS);
 /// Bit 63 of the enqueue position: the queue is closed to new pushes.
 pub const CLOSED: u64 = 1 << 63;
 /// Bits of the lap in a state word.
@@ -325,6 +335,17 @@ mod tests {
         words[2] = 128;
         let error = g.check_header(&words).unwrap_err().to_string();
         assert!(error.contains("capacity is 0x80"), "{error}");
+    }
+
+    /// The holders of a task on its way back to the owner are those of `kernels/cuda/queue_host_ops.cu`.
+    #[test]
+    fn the_holders_on_the_way_back_match_the_queue_kernels() {
+        let cu = include_str!("../../../kernels/cuda/queue_host_ops.cu");
+        for (name, value) in [("GPU_IPC_WQ_GIVEN_BACK", GIVEN_BACK), ("GPU_IPC_WQ_TAKEN", TAKEN)] {
+            let line = cu.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap();
+            let hex = line.split_whitespace().nth(2).unwrap().trim_start_matches("0x").trim_end_matches('u');
+            assert_eq!(u16::from_str_radix(hex, 16).unwrap(), value, "{name}");
+        }
     }
 
     /// The offsets and constants of `kernels/cuda/work_queue.cuh` are these.

@@ -211,6 +211,10 @@ impl<R: QueueMemory> Lessor for Local<R> {
     fn complete(&self, positions: &[u64]) -> Result<Vec<bool>, QueueError> {
         self.engine.complete(self.access(), self.slot, positions, true)
     }
+
+    fn give_back(&self, positions: &[u64]) -> Result<Vec<bool>, QueueError> {
+        self.engine.give_back(self.access(), self.slot, positions)
+    }
 }
 
 impl<R: QueueMemory> Drop for Local<R> {

@@ -4,13 +4,15 @@
 //! functions of `kernels/cuda/work_queue.cuh`). See `docs/work-queue.md`.
 //!
 //! **Exactly once, or reported.** A popped [`Task`] is leased to the worker that popped it: the cell's state word
-//! names the worker until it completes the task. When a worker goes (its connection to the owner hangs up: death
-//! or a clean detach), the owner waits [`QueueConfig::reclaim_after`], takes its leases over with a
-//! compare-and-swap (so a late completion by the dead worker fails), and pushes those tasks again with
-//! [`Task::attempt`] one higher; after [`QueueConfig::max_deliveries`] deliveries it reports the task lost
+//! names the worker until it completes the task, a single compare-and-swap that is also the completion's count
+//! (the owner derives its counts from the cells, see [`WorkQueue::stats`]). A lease comes back to the owner when
+//! the worker goes (its connection hangs up: death or a clean detach; after [`QueueConfig::reclaim_after`]), when
+//! it has been held for [`QueueConfig::lease`], or when the worker gives it back ([`Task::give_back`], or drops
+//! the `Task`). The owner takes it over with a compare-and-swap, so a late completion by the old holder fails with
+//! [`QueueError::LeaseLost`] (the current lease wins: exactly one completion counts), and pushes the task again
+//! with [`Task::attempt`] one higher; after [`QueueConfig::max_deliveries`] deliveries it reports the task lost
 //! ([`WorkQueue::take_lost`]) instead. So a task is completed at most once, and never silently dropped; a task
-//! handed out again may have been worked on, in part or in full, by the worker that died, which its `attempt`
-//! says.
+//! handed out again may have been worked on, in part or in full, by an earlier holder, which its `attempt` says.
 //!
 //! **Where the words live.** Everything is in the queue's one allocation of device memory: every change of state
 //! is a read-modify-write, and the CPU's atomics and the GPU's are not atomic with each other on host memory
@@ -141,6 +143,15 @@ pub struct QueueConfig {
     /// How long after a worker's hang-up the owner takes its tasks back (default 1 s): long enough for a killed
     /// process's kernels to have stopped writing.
     pub reclaim_after: Duration,
+    /// How long a worker may hold a task (default 30 s, as SQS's visibility timeout): a lease the owner's sweeps
+    /// have seen held for this long is taken back and the task pushed again, as for a gone worker, and the late
+    /// holder's `complete` says [`QueueError::LeaseLost`]. The owner looks every [`QueueConfig::sweep_every`], so a
+    /// lease ends between `lease` and `lease + sweep_every` after the pop. Set it above your longest task;
+    /// `Duration::MAX`: never.
+    pub lease: Duration,
+    /// How often the owner looks over every cell (default 50 ms): for expired leases, for tasks given back
+    /// ([`Task::give_back`], or a `Task` dropped), and, once the queue is closed, for tasks still in flight.
+    pub sweep_every: Duration,
     /// The socket's settings: handshake bound, pending handshakes, who may connect.
     pub door: DoorConfig,
 }
@@ -154,6 +165,8 @@ impl QueueConfig {
             max_workers: 64,
             max_deliveries: 3,
             reclaim_after: Duration::from_secs(1),
+            lease: Duration::from_secs(30),
+            sweep_every: Duration::from_millis(50),
             door: DoorConfig::default(),
         }
     }

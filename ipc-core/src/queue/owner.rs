@@ -55,13 +55,22 @@ pub(super) struct Owner<B: QueueBackend> {
     pub(super) state: Mutex<OwnerState>,
     pub(super) wake: Condvar,
     pub(super) stop: AtomicBool,
-    /// Whether the reaper holds the header's `RECLAIMING` word up (only the reaper moves it, then `Drop`).
+    /// Whether the header's `RECLAIMING` word is held up (moved under `taking`, then by `Drop`).
     pub(super) seal_held: AtomicBool,
+    /// Whether [`WorkQueue::close`] was called.
+    pub(super) closed: AtomicBool,
+    /// Held while the owner moves tasks between cells and its backlog (the reaper's steps) and while it looks at
+    /// whether every task is done, so that the look sees every task in one place or the other.
+    taking: Mutex<()>,
 }
 
 impl<B: QueueBackend> Owner<B> {
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, OwnerState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn taking(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.taking.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -154,6 +163,12 @@ impl<B: QueueBackend> WorkQueue<B> {
         if config.max_deliveries == 0 {
             return Err(QueueError::Config("max_deliveries 0: a task must be handed out at least once".into()));
         }
+        if config.sweep_every.is_zero() || config.lease.is_zero() {
+            return Err(QueueError::Config(format!(
+                "lease {:?}, sweep_every {:?}: both must be above zero (Duration::MAX: leases never expire)",
+                config.lease, config.sweep_every
+            )));
+        }
         B::check_support(ctx)?;
         let cuda = B::cuda_context(ctx);
         let region = B::allocate(ctx, g.total_bytes)?;
@@ -191,6 +206,8 @@ impl<B: QueueBackend> WorkQueue<B> {
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             seal_held: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            taking: Mutex::new(()),
         });
         let reaper = {
             let owner = owner.clone();
@@ -268,22 +285,34 @@ impl<B: QueueBackend> WorkQueue<B> {
         self.owner.local.complete_all(tasks)
     }
 
-    /// Closes the queue to new pushes. Workers drain what is queued; then their pops say [`QueueError::Closed`].
-    /// Tasks taken back from a worker that dies after this are still handed out again while the queue is not
-    /// drained, and reported lost ([`LostReason::QueueClosed`](super::LostReason::QueueClosed)) once it is.
+    /// Closes the queue to new pushes. Workers drain what is queued; their pops say [`QueueError::Closed`] once
+    /// nothing is queued or in anyone's hands (the owner holds the end open, within a
+    /// [`sweep_every`](super::QueueConfig::sweep_every), while a task is in flight, since it may yet come back:
+    /// given back, expired, or its worker gone). A task taken back once the queue has ended anyway (a worker that
+    /// popped and died in the last few milliseconds) is reported lost
+    /// ([`LostReason::QueueClosed`](super::LostReason::QueueClosed)).
     ///
     /// # Errors
     /// The GPU's error.
     pub fn close(&self) -> Result<(), QueueError> {
-        self.owner.local.close()
+        {
+            let _taking = self.owner.taking();
+            self.owner.closed.store(true, Ordering::Release);
+            reaper::move_the_seal(&self.owner, true)?;
+            self.owner.local.close()?;
+        }
+        self.owner.wake.notify_all();
+        Ok(())
     }
 
-    /// The queue's counters.
+    /// The queue's counters: `pushed`, `completed`, `queued` and `in_hand` derived from the cells' state words and
+    /// the owner's own counters (exact whatever became of the workers, once they stop), the rest from the shared
+    /// counters. Looks over every cell (a kernel on a GPU backend), and takes back what is due meanwhile.
     ///
     /// # Errors
     /// The GPU's error.
     pub fn stats(&self) -> Result<QueueStats, QueueError> {
-        self.owner.local.stats()
+        Ok(reaper::settle(&self.owner)?.1)
     }
 
     /// Tasks taken back from gone workers and waiting to be pushed again, plus gone workers whose cells are still
@@ -319,27 +348,47 @@ impl<B: QueueBackend> WorkQueue<B> {
     }
 
     /// Waits until every task pushed so far was completed or reported lost (nothing queued, in hand, or waiting
-    /// to be handed out again), up to `timeout`; returns the counters then. Workers that went after completing
-    /// everything they held do not hold this up.
+    /// to be handed out again), up to `timeout`; returns the statistics then (see [`WorkQueue::stats`]). Workers
+    /// that went after completing everything they held do not hold this up, and nor does a worker killed between
+    /// a completion and its count: the owner looks at the cells themselves (every millisecond at the workers'
+    /// counters, and at least every 20 ms over every cell).
     ///
     /// # Errors
-    /// [`QueueError::Timeout`], or the GPU's error.
+    /// [`QueueError::NotDone`] at the deadline, saying how many tasks were completed, in flight and lost; or the
+    /// GPU's error.
     pub fn wait_until_done(&self, timeout: Duration) -> Result<QueueStats, QueueError> {
-        let mut stats = QueueStats::default();
-        bounded_wait(
-            Instant::now() + timeout,
-            WaitMode::Sleep(Duration::from_millis(1)),
-            Duration::ZERO,
-            || {
-                stats = self.stats()?;
-                // A task taken back (waiting to be pushed again, or still in a gone worker's cells) is neither
-                // completed nor lost yet, so this also waits for every redelivery.
-                Ok(stats.completed + stats.lost >= stats.pushed)
-            },
-            || Ok(()),
-            |waited| QueueError::Timeout { waited },
-        )?;
-        Ok(stats)
+        const LOOK_EVERY: Duration = Duration::from_millis(20);
+        let start = Instant::now();
+        let deadline = start + timeout;
+        // The workers' counters say when to look sooner (but not more often than every 2 ms: they can say "done"
+        // while a task is not, when a pusher was killed before its count).
+        let (mut next_look, mut next_quick) = (start, start);
+        loop {
+            let counted = self.owner.local.stats()?;
+            let now = Instant::now();
+            let counted_done = counted.completed + counted.lost >= counted.pushed;
+            if (counted_done && now >= next_quick) || now >= next_look || now >= deadline {
+                let (quiet, stats, pending) = reaper::settle(&self.owner)?;
+                if quiet {
+                    return Ok(stats);
+                }
+                if Instant::now() >= deadline {
+                    return Err(QueueError::NotDone {
+                        waited: start.elapsed(),
+                        pushed: stats.pushed,
+                        completed: stats.completed,
+                        in_flight: stats.pushed.saturating_sub(stats.completed + stats.lost),
+                        queued: stats.queued,
+                        in_hand: stats.in_hand,
+                        pending,
+                        lost: stats.lost,
+                    });
+                }
+                next_quick = Instant::now() + Duration::from_millis(2);
+                next_look = Instant::now() + LOOK_EVERY;
+            }
+            std::thread::sleep(Duration::from_millis(1).min(deadline.saturating_duration_since(Instant::now())));
+        }
     }
 
     /// The queue for the owner's own kernels (worker slot 0).
@@ -382,3 +431,8 @@ impl<B: QueueBackend> Drop for WorkQueue<B> {
         self.door = None;
     }
 }
+
+#[cfg(test)]
+#[path = "owner_tests.rs"]
+#[allow(clippy::unwrap_used)]
+mod tests;

@@ -7,6 +7,9 @@ use crate::queue::error::QueueError;
 pub(super) trait Lessor: Sync {
     /// Gives up the leases on `positions`, counted as completions; `false` where one was no longer this process's.
     fn complete(&self, positions: &[u64]) -> Result<Vec<bool>, QueueError>;
+    /// Hands the leases on `positions` back to the owner, to be pushed again; `false` where one was no longer this
+    /// process's.
+    fn give_back(&self, positions: &[u64]) -> Result<Vec<bool>, QueueError>;
 }
 
 /// Completes `tasks` (those leased by `lessor` with one call, others each through their own queue handle).
@@ -37,12 +40,14 @@ pub(super) fn complete_all(lessor: &dyn Lessor, tasks: Vec<Task<'_>>) -> Result<
     first_lost.map_or(Ok(()), |id| Err(QueueError::LeaseLost { id }))
 }
 
-/// A popped task, leased to this process until [`complete`](Task::complete)d. Move-only: completing consumes it,
-/// so it cannot be completed twice, and it cannot outlive the queue handle it came from.
+/// A popped task, leased to this process until [`complete`](Task::complete)d or [`give_back`](Task::give_back)n.
+/// Move-only: completing consumes it, so it cannot be completed twice, and it cannot outlive the queue handle it
+/// came from.
 ///
-/// Dropping it without completing leaves it leased: it is handed out again only once this worker is gone
-/// (detached or dead), by the owner, with [`attempt`](Task::attempt) one higher.
-#[must_use = "a task stays leased to this worker until it is completed"]
+/// Dropping it without completing gives it back (as [`Task::give_back`] does, errors logged): the owner's next
+/// sweep pushes it again, with [`attempt`](Task::attempt) one higher. A lease also ends on its own after the
+/// queue's [`lease`](super::QueueConfig::lease), and when this worker goes.
+#[must_use = "a task dropped without being completed is handed out again"]
 pub struct Task<'q> {
     lessor: &'q dyn Lessor,
     data: TaskData,
@@ -81,14 +86,32 @@ impl<'q> Task<'q> {
         &self.data.record
     }
 
-    /// Marks it done: from now on it is never handed out again.
+    /// Marks it done: from now on it is never handed out again. One compare-and-swap of the cell's state word,
+    /// which is also what the owner counts, so a crash right after it loses no count.
     ///
     /// # Errors
-    /// [`QueueError::LeaseLost`] when the owner had taken it back (it saw this worker's connection hang up) and
-    /// handed it to another worker: its result must not be reported. Or the GPU's error.
+    /// [`QueueError::LeaseLost`] when the owner had taken it back (this worker's connection hung up, or the lease
+    /// expired) to hand it to another worker: its result must not be reported; the redelivered copy's completion
+    /// is the one that counts. Or the GPU's error.
     pub fn complete(mut self) -> Result<(), QueueError> {
         self.done = true;
         if self.lessor.complete(&[self.data.position])?.first().copied().unwrap_or(false) {
+            Ok(())
+        } else {
+            Err(QueueError::LeaseLost { id: self.data.id })
+        }
+    }
+
+    /// Gives it back without doing it: the owner's next sweep (within
+    /// [`QueueConfig::sweep_every`](super::QueueConfig::sweep_every)) pushes it again for any worker, with
+    /// [`attempt`](Task::attempt) one higher (a give-back counts as a delivery towards
+    /// [`max_deliveries`](super::QueueConfig::max_deliveries)). One compare-and-swap.
+    ///
+    /// # Errors
+    /// [`QueueError::LeaseLost`] when the owner had taken it back already. Or the GPU's error.
+    pub fn give_back(mut self) -> Result<(), QueueError> {
+        self.done = true;
+        if self.lessor.give_back(&[self.data.position])?.first().copied().unwrap_or(false) {
             Ok(())
         } else {
             Err(QueueError::LeaseLost { id: self.data.id })
@@ -98,11 +121,20 @@ impl<'q> Task<'q> {
 
 impl Drop for Task<'_> {
     fn drop(&mut self) {
-        if !self.done {
-            tracing::warn!(
+        if self.done {
+            return;
+        }
+        match self.lessor.give_back(&[self.data.position]) {
+            Ok(back) if back.first().copied().unwrap_or(false) => {
+                tracing::debug!(id = self.data.id, "a task was dropped without being completed: given back");
+            }
+            Ok(_) => tracing::debug!(id = self.data.id, "a task was dropped after the owner had taken it back"),
+            Err(error) => tracing::warn!(
                 id = self.data.id,
-                "a task was dropped without being completed: it stays leased to this worker until the worker goes"
-            );
+                %error,
+                "a task was dropped without being completed and could not be given back: it comes back when its \
+                 lease expires or this worker goes"
+            ),
         }
     }
 }
@@ -130,10 +162,14 @@ pub enum LostReason {
     QueueClosed,
 }
 
-/// Counts over the queue's life, from its shared counters (approximate while peers run; exact when they stop).
+/// Counts over the queue's life (approximate while peers run; exact when they stop).
 ///
-/// Every delivery ends in exactly one of: `completed`, `redelivered` (taken back from a gone worker and pushed
-/// again), `lost` (taken back and reported, see [`LostTask`]), or it is still `in_hand`.
+/// Every delivery ends in exactly one of: `completed`, `redelivered` (taken back, from a gone worker, an expired
+/// lease or a give-back, and pushed again), `lost` (taken back and reported, see [`LostTask`]), or it is still
+/// `in_hand`. The owner's [`WorkQueue::stats`](super::WorkQueue::stats) derives `pushed`, `completed`, `queued`
+/// and `in_hand` from the cells' state words and its own counters, so they hold even when a peer was killed in
+/// the middle of an operation; a worker's [`QueueWorker::stats`](super::QueueWorker::stats) sums the workers'
+/// counters, which can fall one short for each peer killed between a state change and its count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueStats {
     /// Tasks pushed (redeliveries not counted).
@@ -142,7 +178,7 @@ pub struct QueueStats {
     pub popped: u64,
     /// Tasks completed.
     pub completed: u64,
-    /// Tasks taken back from a gone worker and pushed again.
+    /// Tasks taken back (a gone worker's, expired, or given back) and pushed again.
     pub redelivered: u64,
     /// Tasks taken back and reported as lost.
     pub lost: u64,
