@@ -82,7 +82,7 @@ mod tests {
     }
 
     const GOLDEN: SemaphoreOffer = SemaphoreOffer {
-        layout_version: 1,
+        layout_version: 2,
         record: 3,
         epoch: 7,
         max_peers: 32,
