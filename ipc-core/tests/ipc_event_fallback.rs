@@ -102,10 +102,7 @@ fn a_consumer_without_events_joins_a_ring_already_running() {
     produce(&mut p, 50);
     let late = spawn_consumer(&path, false, 150);
     // It joins at whatever frame is next when its record is taken; the producer serves it between frames.
-    while p.consumers() < 2 {
-        p.admit_pending().unwrap();
-        thread::sleep(Duration::from_millis(1));
-    }
+    p.wait_for_consumers(2, T).unwrap();
     produce(&mut p, 150);
     p.drain(None, T).unwrap();
     assert_eq!(early.join().unwrap().unwrap(), Read { without_events: false, first: 0, frames: 200, bad: 0 });
