@@ -190,7 +190,7 @@ fn a_256_slot_ring_serves_a_late_joiner_and_survives_a_killed_consumer() {
             for c in [a, b, late] {
                 let (status, _, json) = c.finish(Duration::from_secs(10));
                 assert_eq!(status.code(), Some(0), "{backend}/{sync}: {json}");
-                assert_eq!(json["protocol_version"], 3, "{backend}/{sync}: {json}");
+                assert_eq!(json["protocol_version"], gpu_ipc::core::wire::PROTOCOL_VERSION, "{backend}/{sync}: {json}");
                 assert_eq!(json["mismatched_words"], 0, "{backend}/{sync}: {json}");
                 assert_eq!(json["end_of_stream_after"], total, "{backend}/{sync}: {json}");
                 let first = json["first_seq"].as_u64().unwrap();

@@ -56,7 +56,7 @@ fn a_256_slot_ring_holds_back_serves_late_joiners_and_survives_a_killed_consumer
         let total = pj["frames"].as_u64().unwrap();
         for (status, json) in [(as_, &aj), (ls, &lj)] {
             assert_eq!(status.code(), Some(0), "{sync}: {json}");
-            assert_eq!(json["protocol_version"], 3, "{sync}: {json}");
+            assert_eq!(json["protocol_version"], gpu_ipc::core::wire::PROTOCOL_VERSION, "{sync}: {json}");
             assert_eq!(json["mismatched_words"], 0, "{sync}: {json}");
             assert_eq!(json["end_of_stream_after"], total, "{sync}: {json}");
             let first = json["first_seq"].as_u64().unwrap();

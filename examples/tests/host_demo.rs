@@ -45,7 +45,7 @@ fn a_ring_of_tensors_runs_across_processes() {
     for (status, json) in [(as_, &aj), (bs, &bj)] {
         assert_eq!(status.code(), Some(0), "{json}");
         assert_eq!(json["slot"], slot, "{json}");
-        assert_eq!(json["protocol_version"], 3, "{json}");
+        assert_eq!(json["protocol_version"], gpu_ipc::core::wire::PROTOCOL_VERSION, "{json}");
         assert_eq!(json["frames"], 300, "{json}");
         assert_eq!(json["mismatched_words"], 0, "{json}");
     }

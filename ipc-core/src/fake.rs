@@ -2,12 +2,16 @@
 //! GPU (CI). "Device memory" is a sealed memfd mapped `MAP_SHARED`; its "device pointer" is the host address of
 //! the mapping; export passes the memfd with `SCM_RIGHTS`, like the VMM backend passes its fd.
 //!
-//! Only the CPU sync strategies work with it (nothing here can run a stream).
+//! Nothing here can run a stream: the CPU sync strategies work with it, and so does `IpcEvent`, through
+//! [`HostEvent`]s that stand in for CUDA IPC events (the fake's "device work" is done when the call that made it
+//! returns, so every event is complete). [`set_ipc_events_openable`] (or the environment variable
+//! [`UNOPENABLE_EVENTS_ENV`]) makes importing them fail as `cuIpcOpenEventHandle` fails in a container with its own
+//! IPC namespace, so that the consumer's way around that runs in CI.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
-use crate::driver::DevicePtr;
+use crate::driver::{DevicePtr, DriverError};
 use crate::sys::shm::SharedMemory;
 use crate::wire::BackendKind;
 
@@ -160,5 +164,59 @@ impl Backend for HostFake {
         let memory = SharedMemory::from_fd(fd, len)
             .map_err(|source| BackendError::Os { operation: "mapping fake device memory", source: source.into() })?;
         Ok(HostRegion { memory: Arc::new(memory) })
+    }
+}
+
+/// Set to `map-failed` in a process's environment, makes every [`HostEvent::open_ipc`] of that process fail with
+/// [`DriverError::IpcEventUnreachable`], as `cuIpcOpenEventHandle` fails (`CUDA_ERROR_MAP_FAILED`) in a container
+/// with its own IPC namespace; for tests that spawn consumers as processes.
+pub const UNOPENABLE_EVENTS_ENV: &str = "GPU_IPC_FAKE_IPC_EVENTS";
+
+std::thread_local! {
+    /// Whether [`HostEvent::open_ipc`] succeeds on this thread: `None` while not set (the environment decides).
+    static EVENTS_OPENABLE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Test knob of the fake backend: `false` makes every later [`HostEvent::open_ipc`] on the calling thread fail with
+/// [`DriverError::IpcEventUnreachable`], as `cuIpcOpenEventHandle` does in a container with its own IPC namespace
+/// (Docker's and Kubernetes' default); `true` undoes it. Per thread, so that consumers on threads of one test
+/// process can stand in for consumers inside and outside a container; it overrides [`UNOPENABLE_EVENTS_ENV`].
+pub fn set_ipc_events_openable(openable: bool) {
+    EVENTS_OPENABLE.with(|cell| cell.set(Some(openable)));
+}
+
+fn ipc_events_openable() -> bool {
+    EVENTS_OPENABLE
+        .with(std::cell::Cell::get)
+        .unwrap_or_else(|| std::env::var_os(UNOPENABLE_EVENTS_ENV).is_none_or(|v| v != "map-failed"))
+}
+
+/// The fake's stand-in for a CUDA IPC event. Work on the fake's "device" is done when the call that made it
+/// returns (there are no streams), so a `HostEvent` is complete from the moment it is recorded: what it carries is
+/// the handshake of the `IpcEvent` strategy (handles offered, opened or not), not a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostEvent;
+
+impl HostEvent {
+    /// The 64 bytes every host event is exported as.
+    pub const HANDLE: [u8; 64] = *b"gpu-ipc host fake IPC event: complete once recorded.............";
+
+    /// Opens an exported host event, as [`Event::open_ipc`](crate::driver::Event::open_ipc) opens a CUDA one.
+    ///
+    /// # Errors
+    /// [`DriverError::IpcEventUnreachable`] while [`set_ipc_events_openable`]`(false)` (or
+    /// [`UNOPENABLE_EVENTS_ENV`]) simulates a separate IPC namespace; [`DriverError::InvalidArgument`] for bytes
+    /// that are not a host event's handle.
+    pub fn open_ipc(handle: &[u8; 64]) -> Result<Self, DriverError> {
+        if !ipc_events_openable() {
+            return Err(DriverError::IpcEventUnreachable);
+        }
+        if *handle != Self::HANDLE {
+            return Err(DriverError::InvalidArgument {
+                function: "HostEvent::open_ipc",
+                problem: "the handle is not a host fake event's".into(),
+            });
+        }
+        Ok(Self)
     }
 }

@@ -174,7 +174,8 @@ fn attaching_without_a_producer_says_to_start_it() {
 
 #[test]
 fn gpu_strategies_need_a_gpu_backend() {
-    for sync in [SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps] {
+    // IpcEvent runs on the host fake backend, with stand-ins for its events (tests/ipc_event_fallback.rs).
+    for sync in [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll] {
         let err =
             Producer::<HostFake>::create(&HostContext, ProducerConfig::new(sock("nogpu"), geometry(), 2, sync)).err();
         assert!(matches!(err, Some(FrameError::StrategyUnavailable { .. })), "{sync}: {err:?}");

@@ -260,8 +260,8 @@ fn wrong_magic_version_and_type() {
     survives("header", |path| {
         let malformed = RefusalCode::MalformedHello;
         send_then_expect_refused(path, &patched_hello(|b| b[0] ^= 0xff), Vec::new(), malformed);
-        // A version this build does not speak (it speaks 1 to 3): told so (code 1), in version 1, before the hang-up.
-        for version in [0u16, 4, 0xffff] {
+        // A version this build does not speak (it speaks 1 to 4): told so (code 1), in version 1, before the hang-up.
+        for version in [0u16, 5, 0xffff] {
             let bytes = patched_hello(|b| b[8..10].copy_from_slice(&version.to_le_bytes()));
             send_then_expect_refused(path, &bytes, Vec::new(), RefusalCode::UnsupportedVersion);
         }

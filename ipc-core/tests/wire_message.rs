@@ -215,10 +215,10 @@ fn every_malformed_input_has_its_own_error() {
             |e| matches!(e, WireError::BadMagic { found } if found == b"HTTP/1.1"),
         ),
         ("version 0", patch(attached(), 8, &0u16.to_le_bytes()), |e| {
-            matches!(e, WireError::UnsupportedVersion { found: 0, oldest: 1, newest: 3 })
+            matches!(e, WireError::UnsupportedVersion { found: 0, oldest: 1, newest: 4 })
         }),
-        ("version 4", patch(attached(), 8, &4u16.to_le_bytes()), |e| {
-            matches!(e, WireError::UnsupportedVersion { found: 4, oldest: 1, newest: 3 })
+        ("version 5", patch(attached(), 8, &5u16.to_le_bytes()), |e| {
+            matches!(e, WireError::UnsupportedVersion { found: 5, oldest: 1, newest: 4 })
         }),
         ("unknown type", patch(attached(), 10, &99u16.to_le_bytes()), |e| {
             matches!(e, WireError::UnknownMessageType { code: 99 })

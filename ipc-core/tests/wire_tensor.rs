@@ -71,8 +71,8 @@ fn every_layout_round_trips_in_version_2_and_frames_in_version_1_too() {
         }
     }
     assert!(matches!(
-        Message::RingOffer(offer(layouts().remove(0))).encode_in(4),
-        Err(WireError::UnsupportedVersion { found: 4, oldest: 1, newest: 3 })
+        Message::RingOffer(offer(layouts().remove(0))).encode_in(5),
+        Err(WireError::UnsupportedVersion { found: 5, oldest: 1, newest: 4 })
     ));
 }
 
@@ -102,10 +102,10 @@ fn a_code_1_refusal_becomes_an_error_that_says_what_to_do() {
     let refused = Refused { code: RefusalCode::UnsupportedVersion, message: "speak version 1".into() };
     let error = refused.into_error();
     assert!(
-        matches!(&error, WireError::VersionRefused { oldest: 1, newest: 3, message } if message == "speak version 1")
+        matches!(&error, WireError::VersionRefused { oldest: 1, newest: 4, message } if message == "speak version 1")
     );
     let text = error.to_string();
-    assert!(text.contains("versions 1 to 3") && text.contains("same gpu-ipc release"), "{text}");
+    assert!(text.contains("versions 1 to 4") && text.contains("same gpu-ipc release"), "{text}");
     let other = Refused { code: RefusalCode::RingFull, message: "full".into() }.into_error();
     assert!(matches!(other, WireError::Refused { code: RefusalCode::RingFull, .. }));
 }

@@ -65,6 +65,17 @@ pub enum DriverError {
     /// The calling thread has no current context to take.
     #[error("no CUDA context is current on this thread; create or bind one first (or use Context::for_ordinal)")]
     NoCurrentContext,
+    /// `cuIpcOpenEventHandle` returned `CUDA_ERROR_MAP_FAILED` (205): the exporter's IPC event lives in shared
+    /// memory this process cannot map, which is what a separate IPC namespace (a container's default under Docker
+    /// and Kubernetes) or a private `/dev/shm` does. GPU memory handles still work there; events do not.
+    #[error(
+        "cuIpcOpenEventHandle failed: CUDA_ERROR_MAP_FAILED (205): this process cannot open the other process's \
+         CUDA IPC event, because it runs in another IPC namespace (a container's default under Docker and \
+         Kubernetes) or with a private /dev/shm; GPU memory can still be shared, IPC events cannot: use the \
+         gpu-stream-ops, cpu-spin or cpu-sleep strategy, or share the IPC namespace (docker run --ipc=host, \
+         Kubernetes hostIPC: true)"
+    )]
+    IpcEventUnreachable,
 }
 
 impl DriverError {
@@ -72,6 +83,7 @@ impl DriverError {
     pub fn cuda_code(&self) -> Option<u32> {
         match self {
             Self::Call { code, .. } => Some(*code),
+            Self::IpcEventUnreachable => Some(sys::cudaError_enum::CUDA_ERROR_MAP_FAILED.0),
             _ => None,
         }
     }
@@ -100,6 +112,7 @@ pub(crate) fn fallback_name(code: u32) -> &'static str {
         201 => "CUDA_ERROR_INVALID_CONTEXT",
         209 => "CUDA_ERROR_NO_BINARY_FOR_GPU",
         218 => "CUDA_ERROR_INVALID_PTX",
+        205 => "CUDA_ERROR_MAP_FAILED",
         222 => "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
         400 => "CUDA_ERROR_INVALID_HANDLE",
         500 => "CUDA_ERROR_NOT_FOUND",
@@ -134,6 +147,18 @@ mod tests {
         assert_eq!(fallback_name(209), "CUDA_ERROR_NO_BINARY_FOR_GPU");
         assert_eq!(fallback_name(222), "CUDA_ERROR_UNSUPPORTED_PTX_VERSION");
         assert_eq!(fallback_name(12345), "CUDA_ERROR_(unnamed)");
+    }
+
+    #[test]
+    fn an_ipc_event_that_cannot_be_mapped_names_the_namespace_and_the_fixes() {
+        let e = DriverError::IpcEventUnreachable;
+        let s = e.to_string();
+        assert!(s.starts_with("cuIpcOpenEventHandle failed: CUDA_ERROR_MAP_FAILED (205)"), "{s}");
+        for words in ["IPC namespace", "gpu-stream-ops", "cpu-spin", "--ipc=host", "hostIPC: true"] {
+            assert!(s.contains(words), "{words}: {s}");
+        }
+        assert!(e.is(sys::cudaError_enum::CUDA_ERROR_MAP_FAILED));
+        assert_eq!(fallback_name(205), "CUDA_ERROR_MAP_FAILED");
     }
 
     #[test]

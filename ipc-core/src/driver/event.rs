@@ -182,7 +182,9 @@ impl Event {
     /// Opens an event exported by another process.
     ///
     /// # Errors
-    /// A failing `cuIpcOpenEventHandle` (e.g. the exporter is gone, or is this very process).
+    /// [`DriverError::IpcEventUnreachable`](super::DriverError::IpcEventUnreachable) for `CUDA_ERROR_MAP_FAILED`
+    /// (this process is in another IPC namespace than the exporter, e.g. a container's own); any other failing
+    /// `cuIpcOpenEventHandle` (e.g. the exporter is gone, or is this very process).
     pub fn open_ipc(ctx: &Context, handle: IpcEventHandle) -> Result<Self> {
         ctx.bind()?;
         let d = Driver::get()?;
@@ -190,7 +192,11 @@ impl Event {
         let mut raw: sys::CUevent = std::ptr::null_mut();
         let h = sys::CUipcEventHandle { reserved: handle.0.map(|b| b as std::ffi::c_char) };
         // SAFETY: the out-pointer is a valid local; the handle is passed by value.
-        d.check("cuIpcOpenEventHandle", unsafe { f(&mut raw, h) })?;
+        let rc = unsafe { f(&mut raw, h) };
+        if rc == sys::cudaError_enum::CUDA_ERROR_MAP_FAILED {
+            return Err(super::DriverError::IpcEventUnreachable);
+        }
+        d.check("cuIpcOpenEventHandle", rc)?;
         Ok(Self { ctx: ctx.clone(), raw })
     }
 

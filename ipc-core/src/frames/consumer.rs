@@ -20,7 +20,7 @@ pub use device_ring::{FrameStamp, RingDescriptor, STAMP_MASK};
 
 use crate::wire::{
     Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,
-    PeerPolicy, RingOffer, SlotLayout, SyncStrategy, WireError,
+    PeerPolicy, RingOffer, SlotLayout, SyncStrategy, WITHOUT_EVENTS_VERSION, WireError,
 };
 
 /// How a consumer attaches.
@@ -190,7 +190,7 @@ impl<B: Backend> Consumer<B> {
             }
             Err(e) => return Err(e.into()),
         };
-        let joined = Self::join(ctx, &conn, &offer, fds, options);
+        let joined = Self::join(ctx, &conn, &offer, fds, options, version);
         let (strategy, sync, region, ring, device_words) = match joined {
             Ok(parts) => parts,
             Err(e) => {
@@ -201,7 +201,12 @@ impl<B: Backend> Consumer<B> {
             }
         };
         let next_seq = ring.join_sequence().0;
-        conn.send_in(version, &Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), left())?;
+        let attached = Attached { consumer_id: offer.consumer_id };
+        // A consumer that could not open the ring's IPC events says so: the producer then publishes its frames only
+        // once they are done, and waits for its releases on the counters alone.
+        let attached =
+            if sync.without_events() { Message::AttachedWithoutEvents(attached) } else { Message::Attached(attached) };
+        conn.send_in(version, &attached, Vec::new(), left())?;
         let watchdog = Watchdog::start();
         let producer_hung_up = Arc::new(AtomicBool::new(false));
         let published_below_at_hang_up = Arc::new(AtomicU64::new(0));
@@ -258,7 +263,8 @@ impl<B: Backend> Consumer<B> {
         })
     }
 
-    /// Maps the control block, imports the data and sets up the strategy's side.
+    /// Maps the control block, imports the data and sets up the strategy's side; `version` is the protocol version
+    /// agreed with the producer.
     ///
     /// Also returns the device words' offset in the allocation as this side's kernels use it (0: none).
     #[allow(clippy::type_complexity)]
@@ -268,6 +274,7 @@ impl<B: Backend> Consumer<B> {
         offer: &RingOffer,
         fds: OfferFds,
         options: &AttachOptions,
+        version: u16,
     ) -> Result<(&'static dyn Strategy, Box<dyn ConsumerSide>, B::Imported, Arc<ConsumerControl>, u64), FrameError>
     {
         let strategy = super::strategy::strategy(offer.sync);
@@ -344,6 +351,9 @@ impl<B: Backend> Consumer<B> {
             },
             &offer.event_handles,
         )?;
+        if sync.without_events() && version < WITHOUT_EVENTS_VERSION {
+            return Err(events_unreachable_and_producer_too_old(version));
+        }
         Ok((strategy, sync, region, ring, device_words))
     }
 
@@ -364,6 +374,14 @@ impl<B: Backend> Consumer<B> {
     /// 1 with one that speaks only version 1 (which offers pixel frames only).
     pub fn protocol_version(&self) -> u16 {
         self.version
+    }
+
+    /// Whether this consumer runs an `ipc-event` ring without the IPC events it was offered: it could not open them
+    /// (`cuIpcOpenEventHandle` fails with `CUDA_ERROR_MAP_FAILED` from another IPC namespace, a container's
+    /// default), so it waits for frames on the ring's counters as `cpu-spin` does, and its producer publishes frames
+    /// only once they are done while it is attached (`docs/containers.md`). False with every other strategy.
+    pub fn without_ipc_events(&self) -> bool {
+        self.sync.without_events()
     }
 
     /// What the producer offered (backend, strategy, slots, ...).
@@ -572,6 +590,22 @@ where
 impl<B: Backend> Drop for Consumer<B> {
     fn drop(&mut self) {
         self.leave();
+    }
+}
+
+/// Why a consumer that cannot open the ring's IPC events cannot run it without them: the producer, speaking protocol
+/// `version`, is of a release that cannot be told so.
+fn events_unreachable_and_producer_too_old(version: u16) -> FrameError {
+    FrameError::StrategyUnavailable {
+        strategy: SyncStrategy::IpcEvent.to_string(),
+        reason: format!(
+            "this process cannot open the producer's CUDA IPC events (cuIpcOpenEventHandle: CUDA_ERROR_MAP_FAILED): \
+             it runs in another IPC namespace than the producer (a container's default under Docker and Kubernetes) \
+             or with a private /dev/shm; the producer speaks wire protocol version {version}, older than \
+             {WITHOUT_EVENTS_VERSION}, so it cannot run the ring without events for this consumer; use the \
+             gpu-stream-ops, cpu-spin or cpu-sleep strategy, share the IPC namespace (docker run --ipc=host, \
+             Kubernetes hostIPC: true), or upgrade the producer"
+        ),
     }
 }
 

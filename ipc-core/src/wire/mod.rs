@@ -27,6 +27,7 @@ pub use message::{
     MAX_STATUS_DETAIL_BYTES, Message, MessageType, OBJECT_OFFER_FIXED_BYTES, OLDEST_PROTOCOL_VERSION, ObjectOffer,
     PROTOCOL_VERSION, PeerState, PeerStatus, RING_OFFER_FIXED_BYTES, RING_OFFER_V2_FIXED_BYTES, RefusalCode, Refused,
     RingOffer, SHALLOW_RING_MAX_SLOTS, STATUS_PEER_FIXED_BYTES, STATUS_REPORT_FIXED_BYTES, StatusReport, StatusRequest,
+    WITHOUT_EVENTS_VERSION,
 };
 pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener, SocketAccess};
 pub use slot::SlotLayout;

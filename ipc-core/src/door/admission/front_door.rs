@@ -18,7 +18,7 @@ use super::{
     OfferKit, PANIC_WINDOW, Records, SEND_TIMEOUT,
 };
 use crate::wire::{
-    Attached, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, PeerCredentials, RefusalCode, Refused,
+    Attached, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, ObjectKind, PeerCredentials, RefusalCode, Refused,
     RendezvousListener, StatusReport, WireError,
 };
 
@@ -261,7 +261,8 @@ impl<R: Records> FrontDoor<R> {
                 let handshake = self.pending.swap_remove(index);
                 if let Stage::Attached(id) = handshake.stage {
                     let pid = handshake.conn.peer().pid.unwrap_or(0);
-                    self.announce(AdmissionEvent::Attached { id, pid, conn: handshake.conn });
+                    let without_events = handshake.without_events;
+                    self.announce(AdmissionEvent::Attached { id, pid, conn: handshake.conn, without_events });
                 } else {
                     // A status request served: close in order.
                     handshake.conn.discard_unread();
@@ -297,6 +298,15 @@ impl<R: Records> FrontDoor<R> {
             }
             (Stage::Attached(id), Message::Attached(Attached { consumer_id })) if consumer_id == R::wire_id(id) => {
                 tracing::debug!(record = ?id, "handshake complete");
+                Ok(true)
+            }
+            (Stage::Attached(id), Message::AttachedWithoutEvents(Attached { consumer_id }))
+                if consumer_id == R::wire_id(id) && self.records.object() == ObjectKind::Ring =>
+            {
+                tracing::info!(record = ?id, "handshake complete; the consumer runs the ring without IPC events");
+                if let Some(handshake) = self.pending.get_mut(index) {
+                    handshake.without_events = true;
+                }
                 Ok(true)
             }
             (Stage::Attached(_), Message::Refused(refused)) => {

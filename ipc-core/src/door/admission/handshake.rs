@@ -32,6 +32,8 @@ pub(super) struct Handshake<I> {
     pub(super) stage: Stage<I>,
     /// The protocol version the answers go out in: the oldest until a valid hello, then the one agreed with it.
     pub(super) version: u16,
+    /// The consumer said `AttachedWithoutEvents`: it could not open the ring's IPC events.
+    pub(super) without_events: bool,
 }
 
 impl<I> Handshake<I> {
@@ -44,6 +46,7 @@ impl<I> Handshake<I> {
             deadline,
             stage: Stage::Hello,
             version: OLDEST_PROTOCOL_VERSION,
+            without_events: false,
         }
     }
 }

@@ -113,6 +113,9 @@ pub(crate) enum AdmissionEvent<I> {
         pid: u32,
         /// The connection, whose hang-up says the consumer is gone.
         conn: PeerConnection,
+        /// It said `AttachedWithoutEvents` (rings only): it could not open the ring's IPC events, and runs the ring
+        /// without them.
+        without_events: bool,
     },
     /// The handshake of record `id` failed after the record was taken; the thread has marked it dead, the
     /// producer retires it.

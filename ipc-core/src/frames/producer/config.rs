@@ -19,7 +19,7 @@ pub struct ProducerConfig {
     pub slot_layout: SlotLayout,
     /// Number of slots (1 to 256; 2 to 4 lets the producer work ahead of the consumers). Up to 32 the control block
     /// uses layout 1, which every consumer reads; a deeper ring uses layout 2, which only consumers of wire protocol
-    /// version 3 (this release) are offered: older ones are refused at the handshake.
+    /// version 3 and later are offered: older ones are refused at the handshake.
     pub slots: u32,
     /// How producer and consumers wait for each other.
     pub sync: SyncStrategy,

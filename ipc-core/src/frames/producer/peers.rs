@@ -100,8 +100,9 @@ impl<B: Backend> Producer<B> {
                 AdmissionEvent::WantsOffer { token, pid, name, peer } => {
                     self.hellos.push(Hello { token, pid, name, peer, since: Instant::now() });
                 }
-                AdmissionEvent::Attached { id, pid, conn } => {
+                AdmissionEvent::Attached { id, pid, conn, without_events } => {
                     self.offered.retain(|&o| o != id);
+                    self.sync.consumer_attached(id, without_events);
                     self.count_in(id, pid, conn);
                 }
                 AdmissionEvent::Failed { id } => {

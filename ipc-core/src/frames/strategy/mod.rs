@@ -109,6 +109,10 @@ pub(crate) trait ProducerSide: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// The consumer of record `id` finished its handshake; `without_events`: it said `AttachedWithoutEvents` (it
+    /// could not open the IPC events offered to it, and runs the ring without them).
+    fn consumer_attached(&mut self, _id: ConsumerId, _without_events: bool) {}
+
     /// Whether nothing this side queued can still read the counters of a record whose consumer left when the
     /// producer was at sequence `left_at`.
     fn record_reusable(&self, _left_at: u64) -> bool {
@@ -247,6 +251,12 @@ pub(crate) trait ConsumerSide: Send + Sync {
     /// As [`ProducerSide::settle`].
     fn settle(&mut self, _deadline: Instant) -> bool {
         true
+    }
+
+    /// Whether this side runs an `IpcEvent` ring without the IPC events it was offered (it could not open them,
+    /// from another IPC namespace): the consumer then says `AttachedWithoutEvents` at the handshake.
+    fn without_events(&self) -> bool {
+        false
     }
 
     /// The control block as this side registered it for the device (GPU-side strategies), where a kernel reads the
@@ -416,12 +426,14 @@ mod tests {
 
     #[test]
     fn cuda_strategies_refuse_a_backend_without_cuda_and_say_what_to_use() {
-        for sync in [SyncStrategy::IpcEvent, SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll] {
+        for sync in [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll] {
             match strategy(sync).check(None) {
                 Err(FrameError::StrategyUnavailable { reason, .. }) => assert!(reason.contains("cpu-spin"), "{reason}"),
                 other => panic!("{sync}: {other:?}"),
             }
         }
         assert!(strategy(SyncStrategy::CpuSleep).check(None).is_ok());
+        // The host fake backend runs IpcEvent with stand-ins for the events (fake::HostEvent).
+        assert!(strategy(SyncStrategy::IpcEvent).check(None).is_ok());
     }
 }

@@ -24,6 +24,10 @@ pub enum MessageType {
     StatusRequest,
     /// Owner -> client: what the socket serves and who is attached.
     StatusReport,
+    /// Consumer -> producer, instead of `Attached` (protocol version 4 and later): the ring is imported and the
+    /// consumer is live, but it could not open the ring's IPC events (another IPC namespace) and runs the ring
+    /// without them.
+    AttachedWithoutEvents,
 }
 
 impl MessageType {
@@ -38,6 +42,7 @@ impl MessageType {
             Self::ObjectOffer => 6,
             Self::StatusRequest => 7,
             Self::StatusReport => 8,
+            Self::AttachedWithoutEvents => 9,
         }
     }
 
@@ -52,6 +57,7 @@ impl MessageType {
             6 => Ok(Self::ObjectOffer),
             7 => Ok(Self::StatusRequest),
             8 => Ok(Self::StatusReport),
+            9 => Ok(Self::AttachedWithoutEvents),
             _ => Err(WireError::UnknownMessageType { code }),
         }
     }
@@ -67,6 +73,7 @@ impl MessageType {
             Self::ObjectOffer => "ObjectOffer",
             Self::StatusRequest => "StatusRequest",
             Self::StatusReport => "StatusReport",
+            Self::AttachedWithoutEvents => "AttachedWithoutEvents",
         }
     }
 }

@@ -33,9 +33,14 @@ use super::error::WireError;
 /// The first 8 bytes of every message. `\r\n` catches a peer or proxy that mangles line endings.
 pub const MAGIC: [u8; 8] = *b"GPUIPC\r\n";
 /// The newest protocol version this build speaks (header offset 8): what its consumers announce in their hello
-/// (`ClientHello::protocol_version`). Version 3 adds rings of more than 32 slots (control-block layout 2, the
-/// messages are version 2's); version 2 describes slots of any tensor; version 1, pixel frames only.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// (`ClientHello::protocol_version`). Version 4 adds [`Message::AttachedWithoutEvents`] (a consumer that cannot
+/// open the ring's IPC events runs the ring without them; the other messages are version 3's); version 3 adds rings
+/// of more than 32 slots (control-block layout 2, the messages are version 2's); version 2 describes slots of any
+/// tensor; version 1, pixel frames only.
+pub const PROTOCOL_VERSION: u16 = 4;
+/// The protocol version that adds [`Message::AttachedWithoutEvents`]: a consumer may run an `IpcEvent` ring without
+/// IPC events only with a producer that speaks it.
+pub const WITHOUT_EVENTS_VERSION: u16 = 4;
 /// The oldest protocol version this build speaks: it serves, and attaches to, peers of version 1 too.
 pub const OLDEST_PROTOCOL_VERSION: u16 = 1;
 /// Size of the fixed header that precedes every payload.
@@ -68,6 +73,13 @@ pub enum Message {
     RingOffer(RingOffer),
     /// See [`Attached`].
     Attached(Attached),
+    /// Consumer -> producer, instead of [`Message::Attached`], protocol version [`WITHOUT_EVENTS_VERSION`] and
+    /// later: the consumer is attached, but could not open the ring's IPC events (`cuIpcOpenEventHandle` fails
+    /// with `CUDA_ERROR_MAP_FAILED` in another IPC namespace, a container's default) and runs the `IpcEvent` ring
+    /// without them: it waits for frames on the published counters, and stores `released` only once its own reads
+    /// are done. The producer, while such a consumer is attached, stores `published` only once the frame's work is
+    /// done. Same payload as `Attached`.
+    AttachedWithoutEvents(Attached),
     /// See [`Detach`].
     Detach(Detach),
     /// See [`Refused`].
@@ -87,6 +99,7 @@ impl Message {
             Self::ClientHello(_) => MessageType::ClientHello,
             Self::RingOffer(_) => MessageType::RingOffer,
             Self::Attached(_) => MessageType::Attached,
+            Self::AttachedWithoutEvents(_) => MessageType::AttachedWithoutEvents,
             Self::Detach(_) => MessageType::Detach,
             Self::Refused(_) => MessageType::Refused,
             Self::ObjectOffer(_) => MessageType::ObjectOffer,
@@ -105,10 +118,11 @@ impl Message {
     }
 
     /// The oldest protocol version that can carry this message: 1, except for a [`RingOffer`] whose slots are not
-    /// pixel frames (2).
+    /// pixel frames (2) or that has more than 32 slots (3), and [`Message::AttachedWithoutEvents`] (4).
     pub const fn oldest_version(&self) -> u16 {
         match self {
             Self::RingOffer(offer) => offer.oldest_version(),
+            Self::AttachedWithoutEvents(_) => WITHOUT_EVENTS_VERSION,
             _ => OLDEST_PROTOCOL_VERSION,
         }
     }
@@ -134,6 +148,13 @@ impl Message {
                 newest: PROTOCOL_VERSION,
             });
         }
+        if version < self.oldest_version() && !matches!(self, Self::RingOffer(_)) {
+            return Err(WireError::NeedsVersion {
+                what: self.message_type().name().to_owned(),
+                version,
+                needs: self.oldest_version(),
+            });
+        }
         let mut payload = Vec::new();
         match self {
             Self::ClientHello(hello) => encode_hello(hello, &mut payload)?,
@@ -141,7 +162,7 @@ impl Message {
             Self::ObjectOffer(offer) => encode_object_offer(offer, &mut payload)?,
             Self::StatusRequest(StatusRequest) => put_u32(&mut payload, 0),
             Self::StatusReport(report) => encode_status_report(report, &mut payload)?,
-            Self::Attached(attached) => {
+            Self::Attached(attached) | Self::AttachedWithoutEvents(attached) => {
                 put_u32(&mut payload, attached.consumer_id);
                 put_u32(&mut payload, 0);
             }
@@ -220,6 +241,18 @@ impl Message {
                 let consumer_id = r.u32()?;
                 r.reserved_u32("Attached.reserved")?;
                 Self::Attached(Attached { consumer_id })
+            }
+            MessageType::AttachedWithoutEvents => {
+                if header.version < WITHOUT_EVENTS_VERSION {
+                    return Err(WireError::NeedsVersion {
+                        what: name.to_owned(),
+                        version: header.version,
+                        needs: WITHOUT_EVENTS_VERSION,
+                    });
+                }
+                let consumer_id = r.u32()?;
+                r.reserved_u32("AttachedWithoutEvents.reserved")?;
+                Self::AttachedWithoutEvents(Attached { consumer_id })
             }
             MessageType::Detach => {
                 let consumer_id = r.u32()?;

@@ -210,7 +210,7 @@ const SLOT_LAYOUT_FIXED_BYTES: usize = 16;
 /// `tensor_flags` bit 0: strides follow the shape.
 const STRIDES_PRESENT: u8 = 1;
 
-/// Encodes `offer` in `version` (1 to 3; the caller checked that the version can carry it).
+/// Encodes `offer` in `version` (1 to 4; the caller checked that the version can carry it).
 pub(super) fn encode_offer(offer: &RingOffer, version: u16, out: &mut Vec<u8>) -> Result<(), WireError> {
     offer.validate()?;
     let frame = offer.slot_layout.frame_geometry();
@@ -262,7 +262,7 @@ fn encode_slot_layout(layout: &SlotLayout, out: &mut Vec<u8>) {
     }
 }
 
-/// Decodes an offer of `version` (1 to 3; the header was checked).
+/// Decodes an offer of `version` (1 to 4; the header was checked).
 pub(super) fn decode_offer(r: &mut Reader<'_>, version: u16) -> Result<RingOffer, WireError> {
     let backend = BackendKind::from_code(r.u16()?, "RingOffer.backend")?;
     let handle_type = HandleType::from_code(r.u16()?, "RingOffer.handle_type")?;
