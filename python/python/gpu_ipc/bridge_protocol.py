@@ -124,8 +124,9 @@ def decode_hello(body: bytes) -> dict[str, Any]:
         layout = json.loads(body)
     except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON (both ValueErrors), or nesting too deep
         raise ProtocolError(f"a hello that is not JSON: {e}") from None
-    ok = (isinstance(layout, dict)
-          and isinstance(layout.get("shape"), list)
+    if not isinstance(layout, dict):
+        raise ProtocolError(f"a hello that is not a JSON object: {bytes(body[:120])!r}")
+    ok = (isinstance(layout.get("shape"), list)
           and all(type(d) is int and d >= 0 for d in layout["shape"])
           and isinstance(layout.get("dtype"), str)
           and type(layout.get("nbytes")) is int and layout["nbytes"] >= 0
