@@ -75,4 +75,9 @@ fi
 step "python package (wheel + pytest, host backend)"
 scripts/python-test.sh
 
+# Coverage-guided fuzzing of the decoders a peer feeds (fuzz/, docs/fuzzing.md): a short run, 12 s per target, from
+# the committed corpus (which replays every past crash first); the build is a one-time few minutes.
+step "fuzz targets, a short run (scripts/fuzz.sh --seconds 12)"
+scripts/fuzz.sh --seconds 12
+
 step "all checks passed"

@@ -8,6 +8,8 @@ pub mod door;
 pub mod driver;
 pub mod fake;
 pub mod frames;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod pool;
 pub mod queue;
 pub mod ring;

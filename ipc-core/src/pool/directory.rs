@@ -109,12 +109,18 @@ impl RawEntry {
                 Some(TensorDesc::new(dtype, shape, strides).map_err(|e| corrupt(e.to_string()))?)
             }
         };
+        // The owner never writes a tensor larger than its buffer (`book.rs`); an importer hands the tensor out as a
+        // view of the buffer's memory (DLPack), so one that is larger would reach past it.
+        let len = self.get(entry::LEN);
+        if let Some(desc) = desc.as_ref().filter(|d| d.span_bytes() > len) {
+            return Err(corrupt(format!("a tensor of {} bytes in a buffer of {len} bytes", desc.span_bytes())));
+        }
         Ok(EntryRecord {
             state,
             generation: self.get(entry::GENERATION),
             block: BlockId::from_word(self.get(entry::BLOCK)),
             offset: self.get(entry::OFFSET),
-            len: self.get(entry::LEN),
+            len,
             name,
             desc,
         })
@@ -383,7 +389,8 @@ mod tests {
             generation,
             block: BlockId { index: (generation % 3) as u32, serial: generation as u32 },
             offset: generation * 3,
-            len: generation * 5,
+            // At least the tensor's span (12 * generation - 10 bytes), as the owner writes it.
+            len: generation * 12,
             name: format!("name-{generation}-{}", "x".repeat((generation % 90) as usize)),
             desc: generation
                 .is_multiple_of(2)
@@ -464,6 +471,18 @@ mod tests {
         assert!(matches!(live_entries(words, geometry), Err(DirectoryProblem::Corrupt(_))));
         words[first + entry::DTYPE].store(0, Ordering::Relaxed);
         assert_eq!(live_entries(words, geometry).unwrap().len(), 1);
+        // Found by fuzzing (`fuzz/`, pool_directory): a tensor larger than its buffer was accepted, and the
+        // importer's DLPack view would have reached past the buffer.
+        words[first + entry::LEN].store(48, Ordering::Relaxed);
+        words[first + entry::DTYPE].store(u64::from(DType::F32.code()), Ordering::Relaxed);
+        words[first + entry::NDIM].store(2, Ordering::Relaxed);
+        words[first + entry::SHAPE].store(4, Ordering::Relaxed);
+        words[first + entry::SHAPE + 1].store(4, Ordering::Relaxed);
+        let error = live_entries(words, geometry).unwrap_err();
+        assert!(matches!(&error, DirectoryProblem::Corrupt(e) if e.contains("64 bytes in a buffer of 48")), "{error}");
+        words[first + entry::SHAPE + 1].store(3, Ordering::Relaxed);
+        assert_eq!(live_entries(words, geometry).unwrap()[0].1.desc.as_ref().unwrap().span_bytes(), 48);
+        words[first + entry::DTYPE].store(0, Ordering::Relaxed);
         // An owner that died in the middle of a write leaves seq odd: the reader gives up, boundedly.
         words[first + entry::SEQ].store(7, Ordering::Relaxed);
         assert_eq!(live_entries(words, geometry).unwrap_err(), DirectoryProblem::Locked { slot: 1 });

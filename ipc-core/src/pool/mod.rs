@@ -20,6 +20,8 @@ mod blocks;
 mod book;
 mod directory;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzzing;
 mod handle;
 mod host;
 mod importer;

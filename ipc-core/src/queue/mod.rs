@@ -41,6 +41,8 @@
 
 mod body;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzzing;
 mod gpu_ops;
 mod host_ops;
 pub mod layout;

@@ -341,6 +341,11 @@ impl SemaphoreBlock {
         let taken = self.word(TAKEN_WORD);
         loop {
             let t = taken.load(Ordering::SeqCst);
+            // No peer takes 2^62 tickets: a count that high was written by a broken or hostile peer, and `t + 1`
+            // would overflow or run into the `TAKING` mark.
+            if t >= COUNT_MASK {
+                return Err(SemaphoreError::Corrupt { what: "taken", value: t });
+            }
             slot.store((t + 1) | TAKING, Ordering::SeqCst);
             if taken.compare_exchange(t, t + 1, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
                 slot.store(t + 1, Ordering::Release);

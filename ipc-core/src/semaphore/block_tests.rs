@@ -216,6 +216,23 @@ fn garbage_in_a_record_never_panics_the_owner_nor_makes_up_posts() {
     assert!(matches!(b.check(), Err(SemaphoreError::Corrupt { what: "state", value: 77 })));
 }
 
+/// Found by fuzzing (`fuzz/`, semaphore_block): a `taken` count a peer set to `u64::MAX` made the next stream
+/// ticket overflow (a panic with overflow checks, a wrapped count without).
+#[test]
+fn a_taken_count_no_peer_reaches_is_corrupt_for_the_next_ticket() {
+    let b = block(0);
+    let peer = attach_peer(&b, false);
+    let mut hint = 0;
+    for taken in [u64::MAX, TAKING, COUNT_MASK] {
+        b.word(TAKEN_WORD).store(taken, Ordering::SeqCst);
+        let error = b.take_ticket(peer, &mut hint).unwrap_err();
+        assert!(matches!(error, SemaphoreError::Corrupt { what: "taken", value } if value == taken), "{error}");
+        assert_eq!(b.taken(), taken, "nothing was taken");
+    }
+    b.word(TAKEN_WORD).store(COUNT_MASK - 1, Ordering::SeqCst);
+    assert_eq!(b.take_ticket(peer, &mut hint).unwrap(), COUNT_MASK - 1);
+}
+
 #[test]
 fn threads_posting_and_taking_see_every_post_taken_exactly_once() {
     const PER_THREAD: u64 = 20_000;

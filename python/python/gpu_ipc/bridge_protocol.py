@@ -117,6 +117,25 @@ def decode_grant(body: bytes) -> Grant:
     return Grant(seq, slot, ptr, nbytes, device, bytes(body[_GRANT.size:]))
 
 
+def decode_hello(body: bytes) -> dict[str, Any]:
+    """The sending end's layout (``shape``, ``dtype``, ``nbytes``, ``slots``) from its hello; :class:`ProtocolError`
+    for a body that is not that JSON object, whatever it holds (a ring is made from it)."""
+    try:
+        layout = json.loads(body)
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON (both ValueErrors), or nesting too deep
+        raise ProtocolError(f"a hello that is not JSON: {e}") from None
+    if not isinstance(layout, dict):
+        raise ProtocolError(f"a hello that is not a JSON object: {bytes(body[:120])!r}")
+    ok = (isinstance(layout.get("shape"), list)
+          and all(type(d) is int and d >= 0 for d in layout["shape"])
+          and isinstance(layout.get("dtype"), str)
+          and type(layout.get("nbytes")) is int and layout["nbytes"] >= 0
+          and type(layout.get("slots")) is int and layout["slots"] >= 1)
+    if not ok:
+        raise ProtocolError(f"a hello without a frame layout (shape, dtype, nbytes, slots): {bytes(body[:120])!r}")
+    return layout
+
+
 def _unpack(s: struct.Struct, body: bytes, what: str) -> tuple[int, ...]:
     if len(body) != s.size:
         raise ProtocolError(f"a {what} notification of {len(body)} bytes (expected {s.size})")
@@ -313,7 +332,7 @@ class ReceivingEnd:
             for kind, body in self.live.receive():
                 if kind != HELLO:
                     raise ProtocolError(f"the sending end sent {kind!r} before its hello")
-                layout: dict[str, Any] = json.loads(body)
+                layout = decode_hello(body)
                 self.live.heard = time.monotonic()
                 return layout
             time.sleep(POLL_S)
