@@ -138,13 +138,16 @@ fn a_worker_killed_while_it_provably_holds_tasks_has_every_one_handed_out_again(
     for backend in BACKENDS {
         let path = sock(backend, "kill-held");
         let p = path.to_str().unwrap();
-        let owner = owner(backend, p, TASKS, 2, &["--push", "kernel", "--capacity", "65536", "--reclaim-ms", "200"]);
-        // Many tasks and slow work, so that tasks are still queued when the victim pops (its pops are kernel launches
-        // that take turns with the survivor's kernel without MPS).
-        let survivor = worker("survivor", backend, p, &["--pop", "kernel", "--work-rounds", "2000"]);
+        // The owner starts pushing once one worker (the victim) is there; the queue holds 65,536, so it is still
+        // pushing when the survivor joins.
+        let owner = owner(backend, p, TASKS, 1, &["--push", "kernel", "--capacity", "65536", "--reclaim-ms", "200"]);
+        // The victim first: it holds its tasks before the survivor starts, so a fast survivor cannot drain the
+        // queue (and the owner close it) before the victim's first pop. The survivor then gets the victim's tasks
+        // back from the owner's sweep.
         let held = HELD.to_string();
         let mut victim = worker("victim", backend, p, &["--stall-after", "0", "--hold", &held]);
         victim.wait_for_line(&format!("holding {HELD} tasks"), FINISH);
+        let survivor = worker("survivor", backend, p, &["--pop", "kernel", "--work-rounds", "2000"]);
         victim.kill9();
         let (status, _, json) = owner.finish(FINISH);
         assert!(status.success(), "{backend} owner: {json}");
