@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::driver::{Context, DeviceSpan, Stream};
 use crate::frames::FrameError;
-use crate::ring::{ConsumerControl, ConsumerId, GoneReason, ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
+use crate::ring::{ConsumerControl, ConsumerId, ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
 use crate::wire::SyncStrategy;
 
 /// What a strategy needs to set up either side.
@@ -413,6 +413,7 @@ mod tests {
 
     #[test]
     fn a_gone_producer_is_described_in_words() {
+        use crate::ring::GoneReason;
         let (_producer, shared) = shared_after_hang_up(10, false);
         let reasons = [
             (GoneReason::ProcessExited, "its process no longer exists"),
