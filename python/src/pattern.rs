@@ -205,9 +205,10 @@ impl Pattern {
         self.with_device(&ctx, ordinal, |on| {
             #[allow(unsafe_code)]
             // SAFETY: `view` was just taken from a live frame, slot or buffer of this package (its `view()` raises
-            // once released, closed or freed), whose memory is device memory of `ordinal`'s device, `span_bytes`
-            // long (a frame's or slot's size, which is its slot's, or a pool buffer's span), that no Rust reference covers; the mapping outlives the queued kernel: the last hold on a
-            // mapping unmaps only after `cuCtxSynchronize` (`crate::mapping`).
+            // once released, closed or freed), whose memory is device memory of `ordinal`'s device, at least `bytes`
+            // long (a frame's or slot's `nbytes` is its slot's frame size; a pool buffer's is its tensor's span),
+            // that no Rust reference covers; the mapping outlives the queued kernel: the last hold on a mapping
+            // unmaps only after `cuCtxSynchronize` (`crate::mapping`).
             let span = unsafe { DeviceSpan::from_raw_parts(DevicePtr(view.ptr), bytes) };
             launch(on, &borrow(&on.ctx, raw), span).map_err(kernel_to_py)
         })

@@ -311,8 +311,8 @@ fn what_listens(path: &Path) -> String {
         )
     } else {
         format!(
-            "another process's ring, pool or semaphore listens at {} already: share into that pool from its own \
-             process, stop it, or pass another socket path",
+            "a ring, pool or semaphore listens at {} already (not a SharedPool of this process): if it is a pool, \
+             share into it in the process that made it; else stop it, or pass another socket path",
             path.display()
         )
     }

@@ -31,7 +31,7 @@ in place), :func:`open` it by name in another::
     w = torch.from_dlpack(view)                                                      # A's memory itself
 
 Without a GPU, ``backend="host"`` runs the same API on shared host memory (CPU strategies ``cpu-spin`` and
-``cpu-sleep``), and ``numpy.from_dlpack(frame)`` reads it in place (``pip install ./python[numpy]``).
+``cpu-sleep``), and ``numpy.from_dlpack(frame)`` reads it in place (``pip install "./python[numpy]"``).
 
 ``open`` is not in ``__all__``: ``from gpu_ipc import *`` leaves the built-in ``open`` alone; call it
 ``gpu_ipc.open``. ``gpu_ipc.testing`` (the Rust example programs' frame pattern) is imported with the package.
@@ -172,11 +172,14 @@ def share(
         pool = gpu_ipc.SharedPool(socket, backend="host", capacity=1 << 20)
         numpy.from_dlpack(pool.alloc(name, array.shape, str(array.dtype)))[...] = array
 
-    A ``SharedPool`` of this process already at ``socket``: share into it (``pool.share(obj, name)``). ``backend``: the pool's when it is created; by default the one that can share ``obj``
-    (``sharing_backend``): ``"legacy"`` for PyTorch's default caching allocator, ``"vmm"`` with
+    Where this process made a ``SharedPool`` at ``socket`` itself, share into that one (``pool.share(obj, name)``).
+
+    ``backend``: the pool's when it is created; by default the one that can share ``obj`` (``sharing_backend``):
+    ``"legacy"`` for PyTorch's default caching allocator, ``"vmm"`` with
     ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. ``device``: the GPU (by default ``obj``'s). The pool keeps
     ``obj`` alive until the returned buffer is freed (``free()``, or the end of a ``with`` block) and no importer
-    views it (``SharedPool.reclaim`` lets go sooner).
+    views it (``SharedPool.reclaim`` lets go sooner). A first ``share`` at ``socket`` that fails closes the pool it
+    made there.
     """
     if device is None:
         device = obj.__dlpack_device__()[1] if hasattr(obj, "__dlpack_device__") else 0
