@@ -76,6 +76,8 @@ pub struct Consumer {
     timeout: Duration,
     /// The frame iteration handed out last, and its stream: released when the next one is asked for.
     iterated: Mutex<Option<(Token, Option<u64>)>>,
+    /// The `EndOfStream` this consumer raised (or that stopped its iteration), for `end`.
+    end_of_stream: Mutex<Option<Py<PyAny>>>,
 }
 
 /// The right to read one published frame in place, until it is released.
@@ -87,6 +89,11 @@ pub struct Consumer {
 /// (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend. Such a tensor never points at unmapped
 /// memory: it (and this object) keeps the ring mapped in this process, even after the consumer closed, until the
 /// last of them is gone.
+///
+/// A frame is writable, and it is shared: its views are the slot itself, the memory every consumer of the ring
+/// reads that frame from. What one consumer writes into a frame (``numpy.from_dlpack(frame)[:] = 0``, an in-place
+/// torch op) the others read too, if they read it after the write; nothing marks the views read-only. Treat frames
+/// as read-only, or copy first (``tensor.clone()``) and change the copy.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct Frame {
     token: Token,
@@ -177,6 +184,13 @@ impl Consumer {
     }
 
     /// `detach` (saying so to the producer) or `close`, waiting at most `wait` for a GPU-side strategy's teardown.
+    /// Keeps `e` for `end` when it is the end of the stream.
+    fn note_end(&self, py: Python<'_>, e: &PyErr) {
+        if e.is_instance_of::<EndOfStream>(py) {
+            *lock(&self.end_of_stream) = Some(e.value(py).clone().into_any().unbind());
+        }
+    }
+
     fn leave(&self, py: Python<'_>, detach: bool, wait: Option<Duration>) -> PyResult<()> {
         match self.take_end(py)? {
             Some(end) => self.tear_down(Some(py), end, detach, wait),
@@ -266,7 +280,7 @@ impl Consumer {
         let backend = parse_backend(backend)?;
         let timeout = seconds(timeout)?;
         let give_up = Instant::now() + seconds(wait_for_producer)?;
-        let gpu = if backend.is_gpu() { Some(py.detach(|| Gpu::open(device)).map_err(to_py)?) } else { None };
+        let gpu = Gpu::for_backend(py, backend, device)?;
         // Attaching waits for a producer to appear in slices, so that Ctrl-C works while it waits.
         let end = loop {
             let options = AttachOptions {
@@ -322,6 +336,7 @@ impl Consumer {
             socket,
             timeout,
             iterated: Mutex::new(None),
+            end_of_stream: Mutex::new(None),
         })
     }
 
@@ -333,7 +348,7 @@ impl Consumer {
     #[pyo3(signature = (timeout=1.0, stream=None))]
     fn next_frame(slf: &Bound<'_, Self>, timeout: f64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Frame> {
         let raw = stream_handle(stream)?;
-        Self::next(slf, seconds(timeout)?, raw)
+        Self::next(slf, seconds(timeout)?, raw).inspect_err(|e| slf.get().note_end(slf.py(), e))
     }
 
     /// Gives ``frame`` back once the work on ``stream`` (default: the stream ``next_frame`` used) read it.
@@ -349,7 +364,7 @@ impl Consumer {
             return Err(ForeignToken::new_err(format!("frame {} was received by another consumer", frame.seq)));
         }
         let raw = stream_handle(stream)?.or(frame.stream);
-        slf.get().release_token(slf.py(), &frame.token, frame.seq, raw)
+        slf.get().release_token(slf.py(), &frame.token, frame.seq, raw).inspect_err(|e| slf.get().note_end(slf.py(), e))
     }
 
     fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -361,7 +376,10 @@ impl Consumer {
     fn __next__(slf: &Bound<'_, Self>) -> PyResult<Option<Frame>> {
         let py = slf.py();
         let this = slf.get();
-        let end_of_stream = |e: &PyErr| e.is_instance_of::<EndOfStream>(py);
+        let end_of_stream = |e: &PyErr| {
+            this.note_end(py, e);
+            e.is_instance_of::<EndOfStream>(py)
+        };
         match this.release_iterated(py) {
             Err(e) if end_of_stream(&e) => return Ok(None),
             other => other?,
@@ -374,6 +392,21 @@ impl Consumer {
             Err(e) if end_of_stream(&e) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The ``EndOfStream`` that ended this consumer's stream, once it did: what stopped its iteration (a ``for``
+    /// loop over it ends without one), or what ``next_frame`` or ``release`` raised. Read ``.published`` (the
+    /// frames the producer published: keep what was computed from frames with ``seq`` below it) and ``.past_end``
+    /// there. ``None`` until the end was seen.
+    ///
+    /// Example::
+    ///
+    ///     for frame in consumer:
+    ///         ...
+    ///     assert consumer.end is not None and consumer.end.published == frames_seen
+    #[getter]
+    fn end(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        lock(&self.end_of_stream).as_ref().map(|e| e.clone_ref(py))
     }
 
     /// Leaves the ring cleanly and tells the producer. Frames held become invalid. Idempotent. With a GPU-side
@@ -531,7 +564,7 @@ impl Frame {
     }
 
     #[getter]
-    fn nbytes(&self) -> u64 {
+    pub(crate) fn nbytes(&self) -> u64 {
         self.nbytes
     }
 

@@ -1,6 +1,8 @@
 //! Python exceptions that mirror the core's [`FrameError`], one class per variant, with the core's message text.
 //!
-//! Every class derives from `gpu_ipc.GpuIpcError`. The wrapped layers (`BackendError`, `DriverError`,
+//! The classes are defined in Python (`gpu_ipc/_errors.py`) and imported here (`import_exception!`): an argument
+//! error derives from both `GpuIpcError` and `ValueError` (`ArgumentError`) or `TypeError` (`ArgumentTypeError`),
+//! and their metaclass keeps `help()` to each class's own text. Every class derives from `gpu_ipc.GpuIpcError`. The wrapped layers (`BackendError`, `DriverError`,
 //! `RingError`, `WireError`) get one class each, with `NoDriver` and `NoProducer` below them for the two a user acts
 //! on. `ReleasedError` and `ClosedError` are this package's own: a frame or slot used after it went back to the
 //! ring, or a producer or consumer used after `close()`.
@@ -12,48 +14,46 @@ use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::pool::PoolError;
 use gpu_ipc::core::semaphore::SemaphoreError;
 use gpu_ipc::core::wire::WireError as CoreWireError;
-use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
-use pyo3::{PyErr, create_exception};
+use pyo3::{PyErr, import_exception};
 
-create_exception!(gpu_ipc, GpuIpcError, PyException, "The base of every gpu_ipc error.");
-create_exception!(gpu_ipc, ProducerGone, GpuIpcError, "The producer died (or hung up): not a clean end of stream.");
-create_exception!(gpu_ipc, PeerGone, GpuIpcError, "The peer awaited died during the wait.");
-create_exception!(gpu_ipc, Evicted, GpuIpcError, "The producer evicted this consumer; attach again to go on.");
-create_exception!(gpu_ipc, Timeout, GpuIpcError, "A bounded wait ran out.");
-create_exception!(gpu_ipc, GpuWaitGaveUp, GpuIpcError, "A GPU-side wait of gpu-poll gave up at its deadline.");
-create_exception!(gpu_ipc, AdmissionError, GpuIpcError, "The producer's admission thread stopped accepting.");
-create_exception!(gpu_ipc, EndOfStream, GpuIpcError, "The producer closed the ring: the clean end of a stream.");
-create_exception!(gpu_ipc, ForeignToken, GpuIpcError, "A slot or frame that is not this producer's or consumer's.");
-create_exception!(gpu_ipc, ConfigError, GpuIpcError, "The ring's configuration (or an argument) is not usable.");
-create_exception!(gpu_ipc, StrategyUnavailable, GpuIpcError, "The sync strategy cannot run on this backend/device.");
-create_exception!(gpu_ipc, Refused, GpuIpcError, "The producer refused to attach this consumer.");
-create_exception!(gpu_ipc, BackendError, GpuIpcError, "Allocation, export or import failed.");
-create_exception!(gpu_ipc, DriverError, GpuIpcError, "A CUDA driver call failed.");
-create_exception!(gpu_ipc, NoDriver, DriverError, "No CUDA driver on this machine (use backend=\"host\").");
-create_exception!(gpu_ipc, RingError, GpuIpcError, "The ring's control block said no.");
-create_exception!(gpu_ipc, WireError, GpuIpcError, "Protocol or socket error.");
-create_exception!(gpu_ipc, NoProducer, WireError, "No producer listens at the socket path: start it first.");
-create_exception!(gpu_ipc, ReleasedError, GpuIpcError, "A frame or slot used after it went back to the ring.");
-create_exception!(gpu_ipc, ClosedError, GpuIpcError, "A producer, consumer or semaphore used after close().");
-create_exception!(gpu_ipc, NoOwner, WireError, "Nothing listens at the socket path: start the owner first.");
-create_exception!(gpu_ipc, OwnerGone, GpuIpcError, "The process that owns the shared object is gone.");
-create_exception!(
-    gpu_ipc,
-    PosterDied,
-    GpuIpcError,
-    "A peer that had posted died without detaching: the semaphore is poisoned until its owner resets it."
-);
-create_exception!(gpu_ipc, SemaphoreClosed, GpuIpcError, "The semaphore's owner closed it.");
-create_exception!(gpu_ipc, NotFound, GpuIpcError, "No live buffer of the pool has that name.");
-create_exception!(gpu_ipc, StaleBuffer, GpuIpcError, "The pool buffer was freed (its name maybe reused).");
-create_exception!(gpu_ipc, NameTaken, GpuIpcError, "A live buffer of the pool has that name already.");
-create_exception!(gpu_ipc, PoolFull, GpuIpcError, "The pool has no room (memory, directory or allocations).");
+import_exception!(gpu_ipc._errors, GpuIpcError);
+import_exception!(gpu_ipc._errors, ArgumentError);
+import_exception!(gpu_ipc._errors, ArgumentTypeError);
+import_exception!(gpu_ipc._errors, ProducerGone);
+import_exception!(gpu_ipc._errors, PeerGone);
+import_exception!(gpu_ipc._errors, Evicted);
+import_exception!(gpu_ipc._errors, Timeout);
+import_exception!(gpu_ipc._errors, GpuWaitGaveUp);
+import_exception!(gpu_ipc._errors, AdmissionError);
+import_exception!(gpu_ipc._errors, EndOfStream);
+import_exception!(gpu_ipc._errors, ForeignToken);
+import_exception!(gpu_ipc._errors, ConfigError);
+import_exception!(gpu_ipc._errors, StrategyUnavailable);
+import_exception!(gpu_ipc._errors, Refused);
+import_exception!(gpu_ipc._errors, BackendError);
+import_exception!(gpu_ipc._errors, DriverError);
+import_exception!(gpu_ipc._errors, NoDriver);
+import_exception!(gpu_ipc._errors, RingError);
+import_exception!(gpu_ipc._errors, WireError);
+import_exception!(gpu_ipc._errors, NoProducer);
+import_exception!(gpu_ipc._errors, ReleasedError);
+import_exception!(gpu_ipc._errors, ClosedError);
+import_exception!(gpu_ipc._errors, NoOwner);
+import_exception!(gpu_ipc._errors, OwnerGone);
+import_exception!(gpu_ipc._errors, PosterDied);
+import_exception!(gpu_ipc._errors, SemaphoreClosed);
+import_exception!(gpu_ipc._errors, NotFound);
+import_exception!(gpu_ipc._errors, StaleBuffer);
+import_exception!(gpu_ipc._errors, NameTaken);
+import_exception!(gpu_ipc._errors, PoolFull);
 
 /// Adds every exception class to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("GpuIpcError", py.get_type::<GpuIpcError>())?;
+    m.add("ArgumentError", py.get_type::<ArgumentError>())?;
+    m.add("ArgumentTypeError", py.get_type::<ArgumentTypeError>())?;
     m.add("ProducerGone", py.get_type::<ProducerGone>())?;
     m.add("PeerGone", py.get_type::<PeerGone>())?;
     m.add("Evicted", py.get_type::<Evicted>())?;
@@ -84,6 +84,15 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
+/// What `CUDA_ERROR_NOT_INITIALIZED` means most often from Python: a forked child of a process that used CUDA.
+const FORKED_CHILD_HINT: &str = " (a child forked from a process that used CUDA cannot use it: start the child as a \
+    new process instead, multiprocessing.get_context(\"spawn\") or \"forkserver\", or subprocess)";
+
+/// Whether `e` is the driver's `CUDA_ERROR_NOT_INITIALIZED` (3).
+fn is_not_initialized(e: &CoreDriverError) -> bool {
+    matches!(e, CoreDriverError::Call { code: 3, .. })
+}
+
 fn is_no_driver(e: &CoreDriverError) -> bool {
     matches!(e, CoreDriverError::LibraryNotFound { .. })
 }
@@ -92,7 +101,12 @@ fn is_no_driver(e: &CoreDriverError) -> bool {
 /// attributes (`EndOfStream.published`, `.past_end`; `Timeout.what`, `.waited` in seconds; `ProducerGone.pid`;
 /// `Evicted.consumer`).
 pub fn to_py(e: FrameError) -> PyErr {
-    let message = e.to_string();
+    let mut message = e.to_string();
+    if let FrameError::Backend(CoreBackendError::Driver(d)) | FrameError::Driver(d) = &e
+        && is_not_initialized(d)
+    {
+        message.push_str(FORKED_CHILD_HINT);
+    }
     let attrs: Vec<(&str, Attr)> = match &e {
         FrameError::EndOfStream { published, past_end } => {
             vec![("published", Attr::Int(*published)), ("past_end", Attr::OptInt(*past_end))]
@@ -166,7 +180,7 @@ pub fn semaphore_to_py(e: SemaphoreError) -> PyErr {
             Timeout::new_err(message),
             vec![("what", Attr::Str("a post".into())), ("waited", Attr::Float(waited.as_secs_f64()))],
         ),
-        SemaphoreError::InvalidPost { .. } => PyValueError::new_err(message),
+        SemaphoreError::InvalidPost { .. } => ArgumentError::new_err(message),
         SemaphoreError::NoStreamMemOps => StrategyUnavailable::new_err(message),
         SemaphoreError::Door(door) => door_to_py(door),
         SemaphoreError::Driver(d) => to_py(FrameError::Driver(d)),
@@ -207,7 +221,7 @@ pub fn pool_to_py(e: PoolError) -> PyErr {
         PoolError::Backend(_) | PoolError::WrongDevice { .. } => BackendError::new_err(message),
         PoolError::Door(door) => door_to_py(door),
         PoolError::InvalidName { .. } | PoolError::InvalidRequest { .. } | PoolError::Config(_) => {
-            PyValueError::new_err(message)
+            ArgumentError::new_err(message)
         }
         PoolError::Wire(_) | PoolError::Protocol { .. } => WireError::new_err(message),
         _ => GpuIpcError::new_err(message),

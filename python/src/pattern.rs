@@ -9,11 +9,10 @@ use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, DevicePtr, Devi
 use gpu_ipc::host::HostRegion;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 use gpu_ipc::kernels::pattern::pattern_word;
-use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::consumer::Frame;
-use crate::errors::{DriverError, driver_to_py};
+use crate::errors::{ArgumentError, ArgumentTypeError, DriverError, driver_to_py};
 use crate::pool::SharedBuffer;
 use crate::pool_import::BufferView;
 use crate::producer::Slot;
@@ -43,6 +42,11 @@ struct OnDevice {
 /// backend on the CPU. ``mismatches()`` waits for the device and returns the mismatched words counted so far.
 /// ``frames``: keep one counter per sequence below it (so that ``mismatches(below=n)`` leaves out frames queued
 /// past the end of a stream), instead of one for every frame.
+///
+/// A frame or slot is covered whole, as the Rust programs cover it: its ``nbytes``, rows padded to the pitch
+/// included (a 33x7 ``rgb8`` frame is 7 rows of 100 bytes, 700 bytes, 175 words). Where the length is not a whole
+/// number of words (a tensor ring of odd size), the host backend writes the bytes past the last whole word as zeros
+/// and does not check them; the GPU kernels refuse such a length.
 ///
 /// Example::
 ///
@@ -82,7 +86,7 @@ impl<'py> Target<'py> {
         if let Ok(view) = obj.cast::<BufferView>() {
             return Ok(Self::Imported(view.clone()));
         }
-        Err(PyTypeError::new_err(format!(
+        Err(ArgumentTypeError::new_err(format!(
             "Pattern works on a gpu_ipc Frame, Slot, SharedBuffer or BufferView, not {}",
             obj.get_type().name()?
         )))
@@ -106,16 +110,26 @@ impl<'py> Target<'py> {
         }
     }
 
+    /// The bytes the pattern covers, as the Rust example programs count them: a frame's or slot's whole size (a
+    /// pixel frame's rows padded to the pitch included, `pitch * height`), a pool buffer's tensor.
+    fn pattern_bytes(&self, view: &View) -> u64 {
+        match self {
+            Self::Frame(frame) => frame.get().nbytes(),
+            Self::Slot(slot) => slot.get().nbytes(),
+            Self::Shared(_) | Self::Imported(_) => view.layout.span_bytes,
+        }
+    }
+
     /// The sequence whose pattern to use: the one given, else a frame's or slot's own.
     fn seq(&self, given: Option<u64>) -> PyResult<u64> {
-        given.or(self.own_seq()).ok_or_else(|| PyValueError::new_err("a pool buffer has no sequence: pass seq="))
+        given.or(self.own_seq()).ok_or_else(|| ArgumentError::new_err("a pool buffer has no sequence: pass seq="))
     }
 }
 
 fn kernel_to_py(e: KernelError) -> PyErr {
     match e {
         KernelError::Driver(e) => driver_to_py(e),
-        KernelError::UnalignedSize { .. } => PyValueError::new_err(e.to_string()),
+        KernelError::UnalignedSize { .. } => ArgumentError::new_err(e.to_string()),
         other => DriverError::new_err(other.to_string()),
     }
 }
@@ -131,7 +145,7 @@ impl Pattern {
         match self.frames {
             None => Ok(0),
             Some(n) if seq < n => Ok(seq as usize),
-            Some(n) => Err(PyValueError::new_err(format!(
+            Some(n) => Err(ArgumentError::new_err(format!(
                 "frame {seq}: this Pattern counts frames 0 to {} (Pattern(frames={n}))",
                 n - 1
             ))),
@@ -150,7 +164,7 @@ impl Pattern {
         }
         let Some(on) = device.as_ref() else { return Err(DriverError::new_err("the pattern kernels did not load")) };
         if on.ordinal != ordinal {
-            return Err(PyValueError::new_err(format!(
+            return Err(ArgumentError::new_err(format!(
                 "this Pattern counts on device {}; use another Pattern for device {ordinal}",
                 on.ordinal
             )));
@@ -173,13 +187,14 @@ impl Pattern {
                 (Context::for_ordinal(*ordinal).map_err(driver_to_py)?, *ordinal, None)
             }
             Memory::Host(_) | Memory::Pool { ordinal: None, .. } => {
-                return Err(PyValueError::new_err(
+                return Err(ArgumentError::new_err(
                     "Pattern checks frames and slots of the host backend, not its pool buffers: read those with numpy.from_dlpack",
                 ));
             }
         };
+        let bytes = target.pattern_bytes(&view);
         let Some(raw) = stream.or(ready) else {
-            return Err(PyValueError::new_err("a pool buffer has no stream of its own: pass stream="));
+            return Err(ArgumentError::new_err("a pool buffer has no stream of its own: pass stream="));
         };
         if let Some(ready) = ready
             && ready != raw
@@ -190,10 +205,11 @@ impl Pattern {
         self.with_device(&ctx, ordinal, |on| {
             #[allow(unsafe_code)]
             // SAFETY: `view` was just taken from a live frame, slot or buffer of this package (its `view()` raises
-            // once released, closed or freed), whose memory is device memory of `ordinal`'s device, `span_bytes`
-            // long, that no Rust reference covers; the mapping outlives the queued kernel: the last hold on a
-            // mapping unmaps only after `cuCtxSynchronize` (`crate::mapping`).
-            let span = unsafe { DeviceSpan::from_raw_parts(DevicePtr(view.ptr), view.layout.span_bytes) };
+            // once released, closed or freed), whose memory is device memory of `ordinal`'s device, at least `bytes`
+            // long (a frame's or slot's `nbytes` is its slot's frame size; a pool buffer's is its tensor's span),
+            // that no Rust reference covers; the mapping outlives the queued kernel: the last hold on a mapping
+            // unmaps only after `cuCtxSynchronize` (`crate::mapping`).
+            let span = unsafe { DeviceSpan::from_raw_parts(DevicePtr(view.ptr), bytes) };
             launch(on, &borrow(&on.ctx, raw), span).map_err(kernel_to_py)
         })
     }
@@ -212,20 +228,17 @@ impl Pattern {
         Ok((target, seq, view, raw))
     }
 
-    /// The host memory of `view` (host backend) and its length in words, or `None` for device memory.
-    fn host(view: &View) -> PyResult<Option<(HostRegion, usize)>> {
+    /// The host memory of `view` (host backend) and the bytes the pattern covers there, or `None` for device memory.
+    fn host(target: &Target<'_>, view: &View) -> PyResult<Option<(HostRegion, usize)>> {
         match &view.memory {
-            Memory::Host(region) => Ok(Some((region.clone(), words(view.layout.span_bytes)?))),
+            Memory::Host(region) => {
+                let bytes = usize::try_from(target.pattern_bytes(view))
+                    .map_err(|_| ArgumentError::new_err("too large for this machine"))?;
+                Ok(Some((region.clone(), bytes)))
+            }
             _ => Ok(None),
         }
     }
-}
-
-fn words(bytes: u64) -> PyResult<usize> {
-    if !bytes.is_multiple_of(4) {
-        return Err(PyValueError::new_err(format!("{bytes} bytes is not a whole number of 32-bit words")));
-    }
-    usize::try_from(bytes / 4).map_err(|_| PyValueError::new_err("too large for this machine"))
 }
 
 #[pymethods]
@@ -234,7 +247,7 @@ impl Pattern {
     #[pyo3(signature = (frames=None))]
     fn new(frames: Option<u64>) -> PyResult<Self> {
         if frames == Some(0) || frames.is_some_and(|n| n > MAX_FRAME_COUNTERS) {
-            return Err(PyValueError::new_err(format!(
+            return Err(ArgumentError::new_err(format!(
                 "frames is the number of per-frame counters, 1 to {MAX_FRAME_COUNTERS} (or None: one for all)"
             )));
         }
@@ -261,8 +274,10 @@ impl Pattern {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (target, seq, view, raw) = Self::prepare(target, seq, stream)?;
-        if let Some((region, n)) = Self::host(&view)? {
-            let bytes: Vec<u8> = (0..n as u64).flat_map(|i| pattern_word(seq, i).to_le_bytes()).collect();
+        if let Some((region, n)) = Self::host(&target, &view)? {
+            // As the Rust programs' host side: the whole words, then zeros to the end (a length not a multiple of 4).
+            let mut bytes: Vec<u8> = (0..(n / 4) as u64).flat_map(|i| pattern_word(seq, i).to_le_bytes()).collect();
+            bytes.resize(n, 0);
             return py
                 .detach(|| region.write(DevicePtr(view.ptr), &bytes))
                 .map_err(|e| crate::errors::BackendError::new_err(e.to_string()));
@@ -284,8 +299,9 @@ impl Pattern {
     ) -> PyResult<()> {
         let (target, seq, view, raw) = Self::prepare(target, seq, stream)?;
         let index = self.counter_index(target.own_seq().unwrap_or(seq))?;
-        if let Some((region, n)) = Self::host(&view)? {
-            let mut bytes = vec![0u8; n * 4];
+        if let Some((region, n)) = Self::host(&target, &view)? {
+            // The whole words only, as the Rust programs' host side checks them.
+            let mut bytes = vec![0u8; n];
             let ptr = DevicePtr(view.ptr);
             py.detach(|| region.read(ptr, &mut bytes))
                 .map_err(|e| crate::errors::BackendError::new_err(e.to_string()))?;

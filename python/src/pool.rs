@@ -2,22 +2,23 @@
 //! `pool`), including memory another allocator made (a PyTorch tensor), shared in place. The importers' side is
 //! `pool_import`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use gpu_ipc::BackendKind;
+use gpu_ipc::core::backend::BackendError as CoreBackendError;
+use gpu_ipc::core::door::DoorError;
 use gpu_ipc::core::driver::{DevicePtr, pointer_is_legacy_ipc_capable};
 use gpu_ipc::core::pool::{BufferHandle, PoolConfig, PoolError, ReclaimWatch, SharedPool as CorePool};
-use gpu_ipc::core::wire::{DType, TensorDesc};
+use gpu_ipc::core::wire::{DType, TensorDesc, WireError as CoreWireError};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
-use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::each_backend;
-use crate::errors::{ReleasedError, pool_to_py, to_py};
+use crate::errors::{ArgumentError, ArgumentTypeError, BackendError, ReleasedError, WireError, pool_to_py, to_py};
 use crate::mapping::MappingHold;
 use crate::ring::{Gpu, PerBackend, Shared, lock, parse_backend};
 use crate::stream::{borrow, stream_handle};
@@ -132,7 +133,11 @@ impl SharedPool {
                     (other, None) => return Err(PoolError::Unsupported(format!("backend {other} needs a GPU"))),
                 })
             })
-            .map_err(pool_to_py)?;
+            .map_err(|e| match path_in_use(&e) {
+                Some(path) => WireError::new_err(what_listens(path)),
+                None => pool_to_py(e),
+            })?;
+        lock(&OPEN_POOLS).push(std::path::absolute(&socket).unwrap_or_else(|_| socket.clone()));
         Ok(Self { pool: Shared::new(pool), gpu, backend, socket, kept: Mutex::new(Vec::new()) })
     }
 
@@ -145,7 +150,7 @@ impl SharedPool {
         this.sweep(slf.py());
         let described = describe(obj)?;
         if described.on_gpu != this.backend.is_gpu() {
-            return Err(PyValueError::new_err(format!(
+            return Err(ArgumentError::new_err(format!(
                 "this {} pool shares {} memory; the object's is {}",
                 this.backend.name(),
                 if this.backend.is_gpu() { "GPU" } else { "host" },
@@ -164,7 +169,12 @@ impl SharedPool {
                     PerBackend::Host(p) => PerBackend::Host(p.share_existing(name, at, bytes, Some(desc))?),
                 })
             })
-            .map_err(pool_to_py)?;
+            .map_err(|e| match e {
+                PoolError::Backend(CoreBackendError::Unsupported { .. }) if !this.backend.is_gpu() => {
+                    BackendError::new_err(HOST_SHARES_ITS_OWN)
+                }
+                e => pool_to_py(e),
+            })?;
         let watch = each_backend!(&handle, h => h.reclaim_watch());
         lock(&this.kept).push(Kept { name: name.to_owned(), watch, object: obj.clone().unbind() });
         Ok(SharedBuffer::new(slf, handle, layout, true))
@@ -177,8 +187,8 @@ impl SharedPool {
         let owner = slf.get().owner()?;
         slf.get().sweep(slf.py());
         let dtype: DType =
-            dtype.parse().map_err(|e: gpu_ipc::core::wire::UnknownName| PyValueError::new_err(e.to_string()))?;
-        let desc = TensorDesc::contiguous(dtype, shape).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            dtype.parse().map_err(|e: gpu_ipc::core::wire::UnknownName| ArgumentError::new_err(e.to_string()))?;
+        let desc = TensorDesc::contiguous(dtype, shape).map_err(|e| ArgumentError::new_err(e.to_string()))?;
         let layout = Layout::of_tensor(&desc)?;
         let bytes = desc.span_bytes();
         let handle = slf
@@ -216,6 +226,10 @@ impl SharedPool {
             });
         }
         self.sweep(py);
+        if !self.pool.is_closed() && !self.pool.made_elsewhere() {
+            let here = std::path::absolute(&self.socket).unwrap_or_else(|_| self.socket.clone());
+            lock(&OPEN_POOLS).retain(|open| *open != here);
+        }
         self.pool.close(py);
         self.keep_for_good();
     }
@@ -268,6 +282,42 @@ impl Drop for SharedPool {
     }
 }
 
+/// Why the host backend refused to share an array's own memory, and what to do instead.
+const HOST_SHARES_ITS_OWN: &str = "the host backend shares only memory a host pool allocated, not an array's own \
+    memory: make the pool with room, pool = gpu_ipc.SharedPool(socket, backend=\"host\", capacity=n_bytes), then \
+    buffer = pool.alloc(name, shape, dtype) and copy the array in, numpy.from_dlpack(buffer)[...] = array (importers \
+    see it under that name)";
+
+/// The socket paths of this process's open pools: what listens at a path another pool is asked to listen at.
+static OPEN_POOLS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// The path of a pool's creation that failed because something listens there already.
+fn path_in_use(e: &PoolError) -> Option<&Path> {
+    match e {
+        PoolError::Wire(CoreWireError::PathInUse { path })
+        | PoolError::Door(DoorError::Wire(CoreWireError::PathInUse { path })) => Some(path),
+        _ => None,
+    }
+}
+
+/// What listens at `path`, where a pool could not, and what to do.
+fn what_listens(path: &Path) -> String {
+    let here = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if lock(&OPEN_POOLS).contains(&here) {
+        format!(
+            "this process has a SharedPool at {} already: share into that pool (pool.share(obj, name)), or pass \
+             another socket path",
+            path.display()
+        )
+    } else {
+        format!(
+            "a ring, pool or semaphore listens at {} already (not a SharedPool of this process): if it is a pool, \
+             share into it in the process that made it; else stop it, or pass another socket path",
+            path.display()
+        )
+    }
+}
+
 /// Where an object's bytes are and what they hold, from ``__cuda_array_interface__`` (GPU) or ``__array_interface__``
 /// (host memory): the data pointer, the shape, the type string and the strides (in bytes; none: contiguous).
 fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
@@ -276,7 +326,7 @@ fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
     } else if let Ok(ai) = obj.getattr("__array_interface__") {
         (ai, false)
     } else {
-        return Err(PyTypeError::new_err(format!(
+        return Err(ArgumentTypeError::new_err(format!(
             "cannot share a {}: share takes an object with __cuda_array_interface__ (a PyTorch CUDA tensor, a CuPy \
              array) or __array_interface__ (a NumPy array, on the host backend)",
             obj.get_type().name()?
@@ -284,7 +334,7 @@ fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
     };
     let interface = interface.cast::<PyDict>()?;
     let get = |key: &str| {
-        interface.get_item(key)?.ok_or_else(|| PyValueError::new_err(format!("the array interface has no {key:?}")))
+        interface.get_item(key)?.ok_or_else(|| ArgumentError::new_err(format!("the array interface has no {key:?}")))
     };
     let (ptr, _read_only): (u64, bool) = get("data")?.extract()?;
     let shape: Vec<u64> = get("shape")?.extract()?;
@@ -298,21 +348,21 @@ fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
                 .iter()
                 .map(|&b| u64::try_from(b).ok().filter(|b| b % size == 0).map(|b| b / size))
                 .collect::<Option<Vec<u64>>>()
-                .ok_or_else(|| PyValueError::new_err("only non-negative strides of whole elements can be shared"))?;
+                .ok_or_else(|| ArgumentError::new_err("only non-negative strides of whole elements can be shared"))?;
             Some(elements)
         }
         _ => None,
     };
-    let desc = TensorDesc::new(dtype, shape, strides).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let desc = TensorDesc::new(dtype, shape, strides).map_err(|e| ArgumentError::new_err(e.to_string()))?;
     Ok(Described { ptr, bytes: desc.span_bytes(), desc, on_gpu })
 }
 
 /// The element type of an array interface's `typestr` (`<f4`, `|u1`, `<i8`, `|b1`, ...).
 fn dtype_of(typestr: &str) -> PyResult<DType> {
-    let unknown = || PyValueError::new_err(format!("cannot share elements of type {typestr:?}"));
+    let unknown = || ArgumentError::new_err(format!("cannot share elements of type {typestr:?}"));
     let (order, rest) = typestr.split_at_checked(1).ok_or_else(unknown)?;
     if order == ">" {
-        return Err(PyValueError::new_err("big-endian arrays cannot be shared"));
+        return Err(ArgumentError::new_err("big-endian arrays cannot be shared"));
     }
     Ok(match rest {
         "u1" => DType::U8,
@@ -376,7 +426,7 @@ impl ArrayMemory for SharedBuffer {
             .clone()
             .ok_or_else(|| ReleasedError::new_err(format!("buffer `{}` was freed", self.name)))?;
         if self.in_place {
-            return Err(PyTypeError::new_err(format!(
+            return Err(ArgumentTypeError::new_err(format!(
                 "buffer `{}` is memory another allocator made: use the object you shared (.source)",
                 self.name
             )));
@@ -492,6 +542,7 @@ pub fn sharing_backend(py: Python<'_>, obj: &Bound<'_, PyAny>, device: i32) -> P
     if !described.on_gpu {
         return Ok("host");
     }
+    Gpu::not_in_forked_child()?;
     let gpu = py.detach(|| Gpu::open(device)).map_err(to_py)?;
     let ptr = DevicePtr(described.ptr);
     let legacy = py

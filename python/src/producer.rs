@@ -11,12 +11,11 @@ use gpu_ipc::core::wire::{DType, FrameGeometry, SlotLayout, SyncStrategy, Tensor
 use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::each_backend;
-use crate::errors::{ClosedError, ForeignToken, ReleasedError, to_py};
+use crate::errors::{ArgumentError, ClosedError, ForeignToken, ReleasedError, to_py};
 use crate::mapping::MappingHold;
 use crate::ring::{
     Gpu, Held, PerBackend, lock, parse_backend, parse_sync, seconds, wait_in_slices, waits_in_slices, waits_on_cpu,
@@ -153,6 +152,9 @@ impl Producer {
         let nbytes = slot.bytes();
         let mut config = ProducerConfig::new(&socket, slot, slots, sync);
         config.max_consumers = max_consumers;
+        if backend.is_gpu() {
+            Gpu::not_in_forked_child()?;
+        }
         let made = py.detach(|| -> Result<(End, Option<Gpu>, Option<HostRegion>), FrameError> {
             Ok(match backend {
                 BackendKind::HostFake => {
@@ -357,7 +359,7 @@ fn slot_layout(
 ) -> PyResult<SlotLayout> {
     let Some(shape) = shape else {
         if dtype.is_some() {
-            return Err(PyValueError::new_err("dtype= describes a tensor slot: give shape= too"));
+            return Err(ArgumentError::new_err("dtype= describes a tensor slot: give shape= too"));
         }
         let format = parse_format(format.unwrap_or("rgb8"))?;
         let geometry =
@@ -365,13 +367,13 @@ fn slot_layout(
         return Ok(SlotLayout::frames(geometry));
     };
     if width.is_some() || height.is_some() || format.is_some() {
-        return Err(PyValueError::new_err(
+        return Err(ArgumentError::new_err(
             "shape= makes slots of a tensor; width=, height= and format= describe pixel frames: give one or the other",
         ));
     }
     let dtype: DType =
-        dtype.unwrap_or("uint8").parse().map_err(|e: UnknownName| PyValueError::new_err(e.to_string()))?;
-    let desc = TensorDesc::contiguous(dtype, shape).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        dtype.unwrap_or("uint8").parse().map_err(|e: UnknownName| ArgumentError::new_err(e.to_string()))?;
+    let desc = TensorDesc::contiguous(dtype, shape).map_err(|e| ArgumentError::new_err(e.to_string()))?;
     Ok(SlotLayout::tensors(desc))
 }
 
@@ -430,7 +432,7 @@ impl Slot {
     }
 
     #[getter]
-    fn nbytes(&self) -> u64 {
+    pub(crate) fn nbytes(&self) -> u64 {
         self.nbytes
     }
 

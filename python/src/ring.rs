@@ -7,7 +7,7 @@
 //! Every call that may block runs with the GIL released (`Python::detach`) and takes the lock inside, so a thread
 //! waiting for the lock never holds the GIL.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -15,10 +15,9 @@ use gpu_ipc::BackendKind;
 use gpu_ipc::core::driver::{Borrowed, Context, Stream};
 use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::SyncStrategy;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::errors::{ClosedError, GpuIpcError, to_py};
+use crate::errors::{ArgumentError, ClosedError, GpuIpcError, to_py};
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow};
 
 /// The longest a call runs with the GIL released before it looks for a signal (Ctrl-C).
@@ -180,7 +179,7 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A `timeout=` in seconds as a [`Duration`].
 pub fn seconds(timeout: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(timeout)
-        .map_err(|_| PyValueError::new_err(format!("timeout must be a non-negative number of seconds, not {timeout}")))
+        .map_err(|_| ArgumentError::new_err(format!("timeout must be a non-negative number of seconds, not {timeout}")))
 }
 
 /// Whether a strategy's calls wait on the CPU (and may therefore be cut into slices and resumed); GPU-side
@@ -275,10 +274,30 @@ pub struct Gpu {
     pub ordinal: i32,
 }
 
+/// The process that first opened a device through this package (0: none yet). A child forked from it inherits the
+/// value, and CUDA does not work there: the driver answers `CUDA_ERROR_NOT_INITIALIZED` to every call.
+static CUDA_OPENED_BY: AtomicU32 = AtomicU32::new(0);
+
 impl Gpu {
-    /// Opens device `ordinal`.
+    /// Opens device `ordinal`. Call [`Gpu::not_in_forked_child`] first (with the GIL), so that a forked child hears
+    /// why CUDA fails there.
     pub fn open(ordinal: i32) -> Result<Self, FrameError> {
-        Ok(Self { ctx: Context::for_ordinal(ordinal)?, ordinal })
+        let ctx = Context::for_ordinal(ordinal)?;
+        let _ = CUDA_OPENED_BY.compare_exchange(0, std::process::id(), Ordering::AcqRel, Ordering::Acquire);
+        Ok(Self { ctx, ordinal })
+    }
+
+    /// Refuses, in words, to use CUDA in a child forked from a process that used it through this package.
+    pub fn not_in_forked_child() -> PyResult<()> {
+        let parent = CUDA_OPENED_BY.load(Ordering::Acquire);
+        if parent == 0 || parent == std::process::id() {
+            return Ok(());
+        }
+        Err(GpuIpcError::new_err(format!(
+            "this process was forked from process {parent} after that one used CUDA, and CUDA does not work in a \
+             forked child (CUDA_ERROR_NOT_INITIALIZED): start the child as a new process instead, \
+             multiprocessing.get_context(\"spawn\") (or \"forkserver\"), or subprocess"
+        )))
     }
 
     /// The device's context for a GPU backend (opened with the GIL released); `None` for the host backend.
@@ -286,6 +305,7 @@ impl Gpu {
         if !backend.is_gpu() {
             return Ok(None);
         }
+        Self::not_in_forked_child()?;
         py.detach(|| Self::open(ordinal)).map(Some).map_err(to_py)
     }
 
@@ -297,12 +317,12 @@ impl Gpu {
 
 /// Parses `backend=`.
 pub fn parse_backend(name: &str) -> PyResult<BackendKind> {
-    name.parse::<BackendKind>().map_err(|e| PyValueError::new_err(e.to_string()))
+    name.parse::<BackendKind>().map_err(|e| ArgumentError::new_err(e.to_string()))
 }
 
 /// Parses `sync=`.
 pub fn parse_sync(name: &str) -> PyResult<SyncStrategy> {
-    name.parse::<SyncStrategy>().map_err(|e| PyValueError::new_err(e.to_string()))
+    name.parse::<SyncStrategy>().map_err(|e| ArgumentError::new_err(e.to_string()))
 }
 
 /// The core's ends are `Send`: a Python object holding one in a `Mutex` may be used from any thread.

@@ -155,7 +155,7 @@ impl Semaphore {
             "poison" => DeadPoster::Poison,
             "ignore" => DeadPoster::Ignore,
             other => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                return Err(crate::errors::ArgumentError::new_err(format!(
                     "unknown dead_poster rule {other:?}; use \"poison\" or \"ignore\""
                 )));
             }

@@ -2,8 +2,8 @@
 //! `__cuda_stream__` protocol, PyTorch's `.cuda_stream`, CuPy's `.ptr`); and the borrowed [`Stream`] the core's
 //! GPU-side strategies queue their waits and publishes on.
 
+use crate::errors::{ArgumentError, ArgumentTypeError};
 use gpu_ipc::core::driver::{Borrowed, Context, Stream, sys};
-use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -23,7 +23,7 @@ pub fn stream_handle(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     if let Ok(raw) = obj.extract::<i64>() {
         return u64::try_from(raw)
             .map(Some)
-            .map_err(|_| PyValueError::new_err(format!("a stream handle is a CUstream address, not {raw}")));
+            .map_err(|_| ArgumentError::new_err(format!("a stream handle is a CUstream address, not {raw}")));
     }
     // cuda.core: `__cuda_stream__()` returns `(version, handle)`.
     if let Ok(protocol) = obj.getattr("__cuda_stream__") {
@@ -42,7 +42,7 @@ pub fn stream_handle(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     if let Ok(handle) = obj.getattr("ptr") {
         return stream_handle(Some(&handle));
     }
-    Err(PyTypeError::new_err(format!(
+    Err(ArgumentTypeError::new_err(format!(
         "stream must be None, an int (a CUstream handle), or an object with __cuda_stream__, .cuda_stream or .ptr; \
          got {}",
         obj.get_type().name()?

@@ -8,11 +8,11 @@ use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use gpu_ipc::core::driver::{Context, Event, EventFlags};
 use gpu_ipc::core::wire::{DType, PixelFormat, SlotLayout, TensorDesc};
 use gpu_ipc::host::HostRegion;
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::errors::driver_to_py;
+use crate::errors::{ArgumentError, driver_to_py};
 use crate::mapping::MappingHold;
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 
@@ -36,7 +36,7 @@ pub struct Layout {
 impl Layout {
     /// The layout of the tensor `desc` describes.
     pub fn of_tensor(desc: &TensorDesc) -> PyResult<Self> {
-        let too_large = |_| PyValueError::new_err(format!("tensor {desc} has an extent or stride beyond 2^63"));
+        let too_large = |_| ArgumentError::new_err(format!("tensor {desc} has an extent or stride beyond 2^63"));
         let shape = desc.shape().iter().map(|&d| i64::try_from(d).map_err(too_large)).collect::<PyResult<_>>()?;
         let strides = desc
             .strides_or_contiguous()
@@ -66,7 +66,7 @@ impl Layout {
 
     /// `bytes` bytes as a 1-D `uint8` array.
     pub fn bytes(bytes: u64) -> PyResult<Self> {
-        let desc = TensorDesc::contiguous(DType::U8, [bytes]).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let desc = TensorDesc::contiguous(DType::U8, [bytes]).map_err(|e| ArgumentError::new_err(e.to_string()))?;
         Self::of_tensor(&desc)
     }
 }
@@ -97,7 +97,7 @@ pub fn parse_format(name: &str) -> PyResult<PixelFormat> {
         "rgbaf16" => PixelFormat::RgbaF16,
         "rgbaf32" => PixelFormat::RgbaF32,
         other => {
-            return Err(PyValueError::new_err(format!(
+            return Err(ArgumentError::new_err(format!(
                 "unknown pixel format {other:?}; use rgb8, rgba8, bgra8, gray8, gray16, rgbaf16 or rgbaf32"
             )));
         }
@@ -182,7 +182,7 @@ impl View {
                  torch.from_dlpack(frame).clone()",
             ));
         };
-        let len = usize::try_from(self.layout.span_bytes).map_err(|_| PyValueError::new_err("frame too large"))?;
+        let len = usize::try_from(self.layout.span_bytes).map_err(|_| ArgumentError::new_err("frame too large"))?;
         let mut bytes = vec![0u8; len];
         region
             .read(gpu_ipc::core::driver::DevicePtr(self.ptr), &mut bytes)
@@ -192,7 +192,7 @@ impl View {
         if max_version.is_some_and(|(major, _)| major >= 1) {
             let mut init = metadata
                 .initialize_as::<DLManagedTensorVersioned>(Box::new(bytes))
-                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                .map_err(|e| ArgumentError::new_err(e.to_string()))?;
             init.set_data(data).set_dtype(self.layout.dtype).set_device(DLDevice::CPU);
             #[allow(unsafe_code)]
             // SAFETY: the capsule owns `bytes` (its context), a fresh copy no one else sees: IS_COPIED is true.
@@ -203,7 +203,7 @@ impl View {
         } else {
             let mut init = metadata
                 .initialize_as::<DLManagedTensor>(Box::new(bytes))
-                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                .map_err(|e| ArgumentError::new_err(e.to_string()))?;
             init.set_data(data).set_dtype(self.layout.dtype).set_device(DLDevice::CPU);
             Ok(finish(init).into_pyobject(py)?.unbind())
         }
@@ -216,7 +216,7 @@ impl View {
         };
         let mut init = Dynamic::new(self.layout.shape.clone(), self.layout.strides.clone())
             .initialize_as::<M>(Box::new(keep))
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            .map_err(|e| ArgumentError::new_err(e.to_string()))?;
         init.set_data(self.ptr as usize as *mut std::ffi::c_void)
             .set_dtype(self.layout.dtype)
             .set_device(self.device());

@@ -137,7 +137,7 @@ def test_tensors_made_from_a_freed_buffer_keep_its_bytes_from_reuse(sock: str) -
 
 def test_memory_that_cannot_be_shared_says_why(sock: str) -> None:
     private = np.zeros(16, dtype=np.uint8)  # malloc'd by NumPy: no other process can map it
-    with pytest.raises(gpu_ipc.BackendError, match="share memory the host backend allocated"):
+    with pytest.raises(gpu_ipc.BackendError, match="shares only memory a host pool allocated"):
         gpu_ipc.share(private, "private", socket=sock)
     with pytest.raises(TypeError, match="__cuda_array_interface__"):
         gpu_ipc.share(b"bytes", "bytes", socket=sock)

@@ -131,8 +131,9 @@ pub enum RingError {
     },
     /// The record of a consumer id is no longer (or not yet) in the expected state for this registration.
     #[error(
-        "{consumer} is not live: its record is {found:?} in epoch {found_epoch} (detached, declared dead, or \
-         reclaimed); re-attach through the producer"
+        "{consumer} is not live: its record is {} in epoch {found_epoch} (detached, declared dead, or \
+         reclaimed); re-attach through the producer",
+        record_state(*found)
     )]
     NotLive {
         /// The id.
@@ -202,4 +203,31 @@ pub enum RingError {
         /// Why.
         reason: GoneReason,
     },
+}
+
+/// A consumer record's state in words, for messages (never the variant's name).
+fn record_state(found: Option<ConsumerState>) -> &'static str {
+    match found {
+        Some(ConsumerState::Free) => "free",
+        Some(ConsumerState::Joining) => "joining",
+        Some(ConsumerState::Live) => "live",
+        Some(ConsumerState::Detached) => "detached",
+        Some(ConsumerState::Dead) => "declared dead",
+        None => "unreadable",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_that_is_not_live_is_described_in_words() {
+        let e =
+            RingError::NotLive { consumer: ConsumerId::new(3, 7), found: Some(ConsumerState::Dead), found_epoch: 8 };
+        let message = e.to_string();
+        assert!(message.contains("its record is declared dead in epoch 8"), "{message}");
+        let e = RingError::NotLive { consumer: ConsumerId::new(3, 7), found: None, found_epoch: 8 };
+        assert!(e.to_string().contains("its record is unreadable in epoch 8"));
+    }
 }

@@ -31,7 +31,19 @@ in place), :func:`open` it by name in another::
     w = torch.from_dlpack(view)                                                      # A's memory itself
 
 Without a GPU, ``backend="host"`` runs the same API on shared host memory (CPU strategies ``cpu-spin`` and
-``cpu-sleep``), and ``numpy.from_dlpack(frame)`` reads it in place.
+``cpu-sleep``), and ``numpy.from_dlpack(frame)`` reads it in place (``pip install "./python[numpy]"``).
+
+``open`` is not in ``__all__``: ``from gpu_ipc import *`` leaves the built-in ``open`` alone; call it
+``gpu_ipc.open``. ``gpu_ipc.testing`` (the Rust example programs' frame pattern) is imported with the package.
+
+Errors: every error is a :class:`GpuIpcError`; an argument the package refuses raises :class:`ArgumentError` (a
+``ValueError`` too) or :class:`ArgumentTypeError` (a ``TypeError`` too). A consumer's iteration stops at the end of
+the stream and keeps the :class:`EndOfStream` in ``consumer.end`` (``.published``).
+
+Processes: a child needs its own objects, and with a GPU it must be a fresh process, not a ``fork()`` of one that
+used CUDA: start it with ``multiprocessing.get_context("spawn")`` (or ``"forkserver"``), or ``subprocess``. In a
+forked child CUDA does not work (``CUDA_ERROR_NOT_INITIALIZED``); the package says so with a ``GpuIpcError`` when
+this process's CUDA was set up by the parent.
 """
 
 import os as _os
@@ -42,6 +54,8 @@ from gpu_ipc._gpu_ipc import (
     LEGACY_DEFAULT_STREAM,
     STAMP_MASK,
     AdmissionError,
+    ArgumentError,
+    ArgumentTypeError,
     BackendError,
     BufferView,
     ClosedError,
@@ -87,6 +101,8 @@ __all__ = [
     "LEGACY_DEFAULT_STREAM",
     "STAMP_MASK",
     "AdmissionError",
+    "ArgumentError",
+    "ArgumentTypeError",
     "BackendError",
     "BufferView",
     "ClosedError",
@@ -125,7 +141,6 @@ __all__ = [
     "Timeout",
     "WireError",
     "__version__",
-    "open",
     "share",
     "sharing_backend",
 ]
@@ -151,12 +166,20 @@ def share(
     """Shares ``obj``'s memory in place (no copy) under ``name`` in this process's pool at ``socket``, which the first
     ``share`` there creates; another process reads it with ``gpu_ipc.open(socket, name)``.
 
-    ``obj``: anything with ``__cuda_array_interface__`` (a PyTorch CUDA tensor, a CuPy array) or, on the host backend,
-    ``__array_interface__``. ``backend``: the pool's when it is created; by default the one that can share ``obj``
-    (``sharing_backend``): ``"legacy"`` for PyTorch's default caching allocator, ``"vmm"`` with
+    ``obj``: anything with ``__cuda_array_interface__`` (a PyTorch CUDA tensor, a CuPy array). The host backend
+    shares only memory its own pool allocated, so there make the pool with room and copy into one of its buffers::
+
+        pool = gpu_ipc.SharedPool(socket, backend="host", capacity=1 << 20)
+        numpy.from_dlpack(pool.alloc(name, array.shape, str(array.dtype)))[...] = array
+
+    Where this process made a ``SharedPool`` at ``socket`` itself, share into that one (``pool.share(obj, name)``).
+
+    ``backend``: the pool's when it is created; by default the one that can share ``obj`` (``sharing_backend``):
+    ``"legacy"`` for PyTorch's default caching allocator, ``"vmm"`` with
     ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. ``device``: the GPU (by default ``obj``'s). The pool keeps
     ``obj`` alive until the returned buffer is freed (``free()``, or the end of a ``with`` block) and no importer
-    views it (``SharedPool.reclaim`` lets go sooner).
+    views it (``SharedPool.reclaim`` lets go sooner). A first ``share`` at ``socket`` that fails closes the pool it
+    made there.
     """
     if device is None:
         device = obj.__dlpack_device__()[1] if hasattr(obj, "__dlpack_device__") else 0
@@ -167,7 +190,20 @@ def share(
             chosen = backend if backend is not None else sharing_backend(obj, device)
             pool = SharedPool(socket, backend=chosen, device=device)
             _pools[key] = pool
-    return pool.share(obj, name)
+            made = True
+        else:
+            made = False
+    try:
+        return pool.share(obj, name)
+    except BaseException:
+        if made:
+            # A pool that shares nothing would keep listening at `socket` and stand in the way of the one the
+            # message says to make there.
+            with _lock:
+                if _pools.get(key) is pool:
+                    del _pools[key]
+            pool.close()
+        raise
 
 
 def open(
@@ -192,3 +228,6 @@ def open(
                                     wait_for_owner=wait_for_owner)
             _importers[key] = importer
     return importer.lookup(name)
+
+
+from gpu_ipc import testing as testing  # noqa: E402  (`gpu_ipc.testing.Pattern` after `import gpu_ipc`)

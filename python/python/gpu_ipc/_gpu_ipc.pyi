@@ -10,7 +10,10 @@ PyTorch, CuPy and JAX use). The host backend ignores streams.
 
 Blocking calls release the GIL; CPU waits run in slices of 50 ms and look for signals between them, so Ctrl-C
 raises ``KeyboardInterrupt`` during a wait. Objects may be used from any thread (one call at a time each). After
-``fork()``, the child must make its own producer or consumer: the parent's raise ``GpuIpcError`` there.
+``fork()``, the child must make its own producer or consumer: the parent's raise ``GpuIpcError`` there. With a GPU
+the child must be a new process, not a fork of one that used CUDA (CUDA does not work there:
+``CUDA_ERROR_NOT_INITIALIZED``): start it with ``multiprocessing.get_context("spawn")`` (or ``"forkserver"``) or
+``subprocess``.
 """
 
 import os
@@ -20,8 +23,43 @@ from typing import Any, Literal, Protocol, final
 
 from typing_extensions import Self
 
+from gpu_ipc._errors import (
+    GpuIpcError as GpuIpcError,
+    ArgumentError as ArgumentError,
+    ArgumentTypeError as ArgumentTypeError,
+    ProducerGone as ProducerGone,
+    PeerGone as PeerGone,
+    Evicted as Evicted,
+    Timeout as Timeout,
+    GpuWaitGaveUp as GpuWaitGaveUp,
+    AdmissionError as AdmissionError,
+    EndOfStream as EndOfStream,
+    ForeignToken as ForeignToken,
+    ConfigError as ConfigError,
+    StrategyUnavailable as StrategyUnavailable,
+    Refused as Refused,
+    BackendError as BackendError,
+    DriverError as DriverError,
+    NoDriver as NoDriver,
+    RingError as RingError,
+    WireError as WireError,
+    NoProducer as NoProducer,
+    ReleasedError as ReleasedError,
+    ClosedError as ClosedError,
+    NoOwner as NoOwner,
+    OwnerGone as OwnerGone,
+    PosterDied as PosterDied,
+    SemaphoreClosed as SemaphoreClosed,
+    NotFound as NotFound,
+    StaleBuffer as StaleBuffer,
+    NameTaken as NameTaken,
+    PoolFull as PoolFull,
+)
+
 __all__ = [
     "AdmissionError",
+    "ArgumentError",
+    "ArgumentTypeError",
     "BackendError",
     "BufferView",
     "ClosedError",
@@ -265,7 +303,20 @@ class Consumer:
     def __iter__(self) -> Self: ...
     def __next__(self) -> Frame:
         """The next frame (waiting up to ``timeout``), releasing the one iteration handed out before it if the
-        caller did not; stops at the end of the stream."""
+        caller did not; stops at the end of the stream (the ``EndOfStream`` is kept in ``end``)."""
+    @property
+    def end(self) -> EndOfStream | None:
+        """The ``EndOfStream`` that ended this consumer's stream, once it did: what stopped its iteration (a ``for``
+        loop over it ends without one), or what ``next_frame`` or ``release`` raised. Read ``.published`` (the
+        frames the producer published: keep what was computed from frames with ``seq`` below it) and ``.past_end``
+        there. ``None`` until the end was seen.
+
+        Example::
+
+            for frame in consumer:
+                ...
+            assert consumer.end is not None and consumer.end.published == frames_seen
+        """
     def detach(self) -> None:
         """Leaves the ring cleanly and tells the producer. Frames held become invalid. Idempotent. With a GPU-side
         strategy it waits at most 0.2 s (none after Ctrl-C) for the stream to pass the waits queued on the ring;
@@ -315,6 +366,11 @@ class Frame:
     (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend. Such a tensor never points at unmapped
     memory: it (and this object) keeps the ring mapped in this process, even after the consumer closed, until the
     last of them is gone.
+
+    A frame is writable, and it is shared: its views are the slot itself, the memory every consumer of the ring
+    reads that frame from. What one consumer writes into a frame (``numpy.from_dlpack(frame)[:] = 0``, an in-place
+    torch op) the others read too, if they read it after the write; nothing marks the views read-only. Treat frames
+    as read-only, or copy first (``tensor.clone()``) and change the copy.
     """
 
     @property
@@ -671,6 +727,11 @@ class Pattern:
     ``frames``: keep one counter per sequence below it (so that ``mismatches(below=n)`` leaves out frames queued
     past the end of a stream), instead of one for every frame.
 
+    A frame or slot is covered whole, as the Rust programs cover it: its ``nbytes``, rows padded to the pitch
+    included (a 33x7 ``rgb8`` frame is 7 rows of 100 bytes, 700 bytes, 175 words). Where the length is not a whole
+    number of words (a tensor ring of odd size), the host backend writes the bytes past the last whole word as zeros
+    and does not check them; the GPU kernels refuse such a length.
+
     Example::
 
         check = gpu_ipc.testing.Pattern()
@@ -708,57 +769,3 @@ def sharing_backend(obj: Any, device: int = 0) -> str:
     """The backend that shares ``obj``'s memory in place: ``"host"`` for host memory (``__array_interface__``);
     ``"legacy"`` for GPU memory from ``cuMemAlloc`` (PyTorch's default caching allocator, CuPy's); ``"vmm"``
     otherwise (``cuMemCreate``: PyTorch's ``expandable_segments:True``). ``device``: the GPU it is on."""
-
-class GpuIpcError(Exception):
-    """The base of every gpu_ipc error; the message is the Rust core's."""
-
-class ProducerGone(GpuIpcError):
-    pid: int
-
-class PeerGone(GpuIpcError): ...
-
-class Evicted(GpuIpcError):
-    consumer: int
-
-class Timeout(GpuIpcError):
-    what: str
-    waited: float
-
-class GpuWaitGaveUp(GpuIpcError): ...
-class AdmissionError(GpuIpcError): ...
-
-class EndOfStream(GpuIpcError):
-    published: int
-    past_end: int | None
-
-class ForeignToken(GpuIpcError): ...
-class ConfigError(GpuIpcError): ...
-class StrategyUnavailable(GpuIpcError): ...
-class Refused(GpuIpcError): ...
-class BackendError(GpuIpcError): ...
-class DriverError(GpuIpcError): ...
-class NoDriver(DriverError): ...
-class RingError(GpuIpcError): ...
-class WireError(GpuIpcError): ...
-class NoProducer(WireError): ...
-class ReleasedError(GpuIpcError): ...
-class ClosedError(GpuIpcError): ...
-class NoOwner(WireError): ...
-class OwnerGone(GpuIpcError): ...
-
-class PosterDied(GpuIpcError):
-    pid: int | None
-    record: int
-
-class SemaphoreClosed(GpuIpcError): ...
-
-class NotFound(GpuIpcError):
-    name: str
-
-class StaleBuffer(GpuIpcError):
-    name: str
-    held_generation: int
-    current: int | None
-
-class NameTaken(GpuIpcError): ...
-class PoolFull(GpuIpcError): ...

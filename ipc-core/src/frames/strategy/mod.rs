@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::driver::{Context, DeviceSpan, Stream};
 use crate::frames::FrameError;
-use crate::ring::{ConsumerControl, ConsumerId, GoneReason, ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
+use crate::ring::{ConsumerControl, ConsumerId, ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
 use crate::wire::SyncStrategy;
 
 /// What a strategy needs to set up either side.
@@ -202,11 +202,8 @@ impl ConsumerShared {
     /// A ring error in the words of the frame API; this consumer's own record no longer live means it was evicted.
     pub fn map_ring(&self, e: RingError, what: &str) -> FrameError {
         match e {
-            RingError::ProducerGone { reason: GoneReason::Closed, .. } => self.gone("it closed the ring"),
-            RingError::ProducerGone { reason, .. } => self.gone(match reason {
-                GoneReason::Closed => "it closed the ring".to_owned(),
-                other => format!("{other:?}"),
-            }),
+            // In words (`GoneReason`'s Display), never the variant's name: this reaches users' messages.
+            RingError::ProducerGone { reason, .. } => self.gone(reason.to_string()),
             RingError::Timeout { waited, .. } => FrameError::Timeout { what: what.to_owned(), waited },
             RingError::NotLive { consumer, .. } => FrameError::Evicted { consumer: consumer.index() },
             other => other.into(),
@@ -422,6 +419,23 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(shared.gone("hung up"), FrameError::ProducerGone { .. }));
+    }
+
+    #[test]
+    fn a_gone_producer_is_described_in_words() {
+        use crate::ring::GoneReason;
+        let (_producer, shared) = shared_after_hang_up(10, false);
+        let reasons = [
+            (GoneReason::ProcessExited, "its process no longer exists"),
+            (GoneReason::Poisoned, "a peer declared it dead and poisoned the ring's counters"),
+            (GoneReason::HeartbeatStale { age: Duration::from_secs(3) }, "its heartbeat is 3s old"),
+        ];
+        for (reason, words) in reasons {
+            match shared.map_ring(RingError::ProducerGone { pid: 42, reason }, "frame 10") {
+                FrameError::ProducerGone { how, .. } => assert_eq!(how, words),
+                other => panic!("{reason:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]
