@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Renders the frame-throughput results of the GPU suite as a Markdown table.
 
-Usage: scripts/frames-table.py RESULTS_DIR [--mps-status passed|failed|skipped] [--mps-reason TEXT]
+Usage: scripts/frames_table.py RESULTS_DIR [--mps-status passed|failed|skipped] [--mps-reason TEXT]
 (reads frames-no-mps.jsonl and frames-mps.jsonl). A skipped MPS pass shows as "skipped" in its columns, never as
 missing numbers that could pass for a failure or a success.
 Each line of those files is one test run written by examples/tests/gpu_frames.rs; only "throughput" runs are

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Quick end-to-end check of the staged example programs on a GPU machine: for each backend and sync strategy, one
 # producer and two consumers exchange FRAMES (default 2000) 4K frames. Prints one line per run; exit 1 on failure.
-#   scripts/frames-smoke.sh [FRAMES]
+#   tools/scripts/frames-smoke.sh [FRAMES]
 set -uo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=scripts/unpack-stage.sh
 . "$ROOT/scripts/unpack-stage.sh"
 unpack_stage "$ROOT"

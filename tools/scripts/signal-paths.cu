@@ -3,7 +3,7 @@
 // A reference measurement for issue 10 ("what is in the way"): the same handoffs gpu-ipc's GPU-side strategies
 // make, written directly against the CUDA driver in two processes (a fork before CUDA is touched), so that the
 // library's figures can be set against the floor the driver gives. Built and run on the GPU machine by
-// scripts/signal-paths.sh (nvcc is there, Rust is not). Every wait is bounded (alarm, %globaltimer).
+// tools/scripts/signal-paths.sh (nvcc is there, Rust is not). Every wait is bounded (alarm, %globaltimer).
 //
 //   signal-paths single N                     fill + verify of a 4K RGB frame N times, one process, one stream
 //   signal-paths cpu N                        CPU cost per driver call (one process)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds scripts/signal-paths.cu with nvcc and runs it on the GPU machine, without and under a private MPS daemon:
+# Builds tools/scripts/signal-paths.cu with nvcc and runs it on the GPU machine, without and under a private MPS daemon:
 # the floor the CUDA driver gives for the handoffs gpu-ipc's strategies make (no gpu-ipc code involved).
-#   scripts/signal-paths.sh OUT_DIR [FRAMES] [rtk|pipe|pipek]
+#   tools/scripts/signal-paths.sh OUT_DIR [FRAMES] [rtk|pipe|pipek]
 # OUT_DIR receives signal-paths.txt (every figure, "pass key value unit"), environment.txt and build.log.
 # FRAMES: frames per `frames` run (default 3000). About 1-2 minutes in all. With `rtk`, only the round trips of
 # persistent kernels (under MPS): what each per-frame step of the ring's device API costs (about 30 s). With `pipe`,
@@ -10,8 +10,8 @@
 # stream operations and polling kernels, three interleaved rounds (about 1 minute).
 # Exit status: 0 every run ended (read the figures), 1 a run failed or timed out (the text says which), 2 no nvcc.
 set -uo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${1:?usage: scripts/signal-paths.sh OUT_DIR [FRAMES]}"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+OUT="${1:?usage: tools/scripts/signal-paths.sh OUT_DIR [FRAMES]}"
 FRAMES="${2:-3000}"
 ONLY="${3:-}"
 mkdir -p "$OUT"
@@ -19,7 +19,7 @@ OUT="$(cd "$OUT" && pwd)"
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 [ -x "$NVCC" ] || { echo "signal-paths: nvcc not found" >&2; exit 2; }
 BIN="$(mktemp -d)/signal-paths"
-"$NVCC" -O2 -std=c++17 -arch=native -o "$BIN" "$ROOT/scripts/signal-paths.cu" -lcuda >"$OUT/build.log" 2>&1 ||
+"$NVCC" -O2 -std=c++17 -arch=native -o "$BIN" "$ROOT/tools/scripts/signal-paths.cu" -lcuda >"$OUT/build.log" 2>&1 ||
     { cat "$OUT/build.log" >&2; exit 1; }
 {
     echo "date: $(date -u +%FT%TZ)"
