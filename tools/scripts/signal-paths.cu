@@ -1,6 +1,6 @@
 // signal-paths: what the hardware and the driver cost for a cross-process handoff, without gpu-ipc.
 //
-// A reference measurement for issue 10 ("what is in the way"): the same handoffs gpu-ipc's GPU-side strategies
+// A reference measurement ("what is in the way"): the same handoffs gpu-ipc's GPU-side strategies
 // make, written directly against the CUDA driver in two processes (a fork before CUDA is touched), so that the
 // library's figures can be set against the floor the driver gives. Built and run on the GPU machine by
 // tools/scripts/signal-paths.sh (nvcc is there, Rust is not). Every wait is bounded (alarm, %globaltimer).
