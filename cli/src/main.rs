@@ -29,9 +29,11 @@ enum Command {
     /// Exit status: 0 every built backend passed its self-test; 1 a backend failed (the report says why and what
     /// to do); 2 usage error; 3 no usable CUDA driver or no GPU.
     Doctor(doctor::DoctorArgs),
-    /// Answer one question about shared GPU memory on this machine, by measurement: is imported memory slower for
-    /// kernels (overhead), when does another process see a write (coherency), what can be shared how (vmm-compat),
-    /// does shared memory survive a process's death (crash). `gpu-ipc report` answers all four.
+    /// Answer one question about shared GPU memory on this machine, by measurement.
+    ///
+    /// `overhead`: is memory imported from another process slower for kernels? `coherency`: when does another
+    /// process see a write? `vmm-compat`: what can be shared how? `crash`: does shared memory survive a process's
+    /// death? `gpu-ipc report` answers all four.
     ///
     /// Exit status: 0 the probe ran and printed its verdict; 1 it could not finish; 2 usage error; 3 no usable
     /// CUDA driver or no GPU.
