@@ -136,7 +136,7 @@ if [ "${GPU_IPC_SKIP_STRESS:-0}" != 1 ]; then
     cat "$OUT/stress.txt"
 fi
 
-python3 "$ROOT/scripts/frames-table.py" "$WORK" --mps-status "$MPS_STATUS" --mps-reason "$MPS_REASON" >"$OUT/frames.md" 2>&1
+python3 "$ROOT/scripts/frames_table.py" "$WORK" --mps-status "$MPS_STATUS" --mps-reason "$MPS_REASON" >"$OUT/frames.md" 2>&1
 cat "$OUT/frames.md"
 
 END=$(date +%s)

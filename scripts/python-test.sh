@@ -17,7 +17,7 @@ echo "python-test: building the example programs (debug)" >&2
 cargo build --quiet --locked -p gpu-ipc-examples --bin producer --bin consumer --bin semaphore
 WHEEL="$(scripts/build-wheel.sh --dev "$WORK/wheels")"
 
-echo "python-test: a fresh venv with the wheel, pytest, numpy, mypy" >&2
+echo "python-test: installing the wheel, pytest, numpy, mypy into a fresh venv, $VENV (nothing system-wide)" >&2
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check pytest==9.2.0 numpy==2.4.6 mypy==2.4.1 "$WHEEL"

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM against a Python consumer whose producer has gone quiet (issue 30, item 5), one table.
+"""Ctrl-C and SIGTERM against a Python consumer whose producer has gone quiet, one table.
 
     python scripts/python_gpu_sigint.py run OUT_DIR [--host]   every case; OUT_DIR/python-sigint.{json,md}; 0: all ok
     python scripts/python_gpu_sigint.py producer SOCK BACKEND SYNC FRAMES      (a case's producer)

@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # The project's test command (README, CI): formatting, lints, every test (GPU tests show as ignored on a machine
-# without a GPU), doc tests, and the generated-file checks (bindings and kernels regenerate byte for byte).
+# without a GPU), doc tests, the generated-file checks (bindings and kernels regenerate byte for byte) and the Python
+# package's tests.
 #   scripts/test.sh            everything
 #   scripts/test.sh --quick    skip the generated-file checks (no bindgen / NVRTC download needed)
+#
+# What it installs, and where (each is printed as it happens):
+#   - libclang-dev, a Debian package, with apt-get, only when no libclang is found and only as root (otherwise it
+#     stops and says how to install it): scripts/install-gen-tools.sh, not with --quick.
+#   - bindgen-cli 0.72.1 with `cargo install`, into ~/.cargo/bin (global for this user), when that version is not
+#     on PATH: scripts/install-gen-tools.sh, not with --quick.
+#   - the pinned CUDA wheels (headers, NVRTC) downloaded with `pip download` and unpacked into .toolchain-cache/ in
+#     the checkout, nothing installed: scripts/toolchain.sh, for the generated-file checks, not with --quick.
+#   - maturin into the venv target/py-venv (scripts/build-wheel.sh), then the wheel, pytest, numpy, mypy and, when it
+#     can be fetched, NIXL into a fresh venv target/py-test/venv (scripts/python-test.sh). Nothing goes into the
+#     system's Python.
+# At the end, pass or fail, it removes what the kill tests' killed processes could not: their sockets and folders
+# named gpu-ipc-* in the temporary directory (cleanup_tmp below).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -11,6 +25,27 @@ CURRENT_STEP="start"
 step() { CURRENT_STEP="$*"; printf '\n== %s  [%d s]\n' "$*" "$SECONDS" >&2; }
 # Never a bare exit status: say which step failed.
 trap 'rc=$?; echo "scripts/test.sh: FAILED (exit $rc) at step: $CURRENT_STEP" >&2' ERR
+
+# A SIGKILLed producer, owner or stress child cannot unlink its socket (nor a dying test its folder): the tests name
+# each such file gpu-ipc-*-<pid of the test process>-* in the temporary directory. On exit, remove those this run
+# made (newer than the mark below, ours, and whose test process has ended); another run's live files stay.
+TMP_DIR="${TMPDIR:-/tmp}"
+START_MARK="$(mktemp "$TMP_DIR/test-sh-start.XXXXXX")"
+cleanup_tmp() {
+    local f pid removed=0
+    for f in "$TMP_DIR"/gpu-ipc-*; do
+        [ -e "$f" ] || [ -L "$f" ] || continue
+        [ -O "$f" ] && [ "$f" -nt "$START_MARK" ] || continue
+        pid="$(basename "$f" | grep -oE -- '-[0-9]+(-|\.|$)' | head -n 1 | tr -dc '0-9')" || true
+        if [ -n "$pid" ] && [ -d "/proc/$pid" ]; then continue; fi
+        rm -rf -- "$f" && removed=$((removed + 1))
+    done
+    rm -f -- "$START_MARK"
+    if [ "$removed" -gt 0 ]; then
+        echo "scripts/test.sh: removed $removed socket(s) and folder(s) the tests' killed processes left in $TMP_DIR" >&2
+    fi
+}
+trap cleanup_tmp EXIT
 
 # One feature set for everything: every cargo command below selects the whole workspace (`--workspace`), so clippy's
 # check build, the test build, the benches, the doc tests and the docs each build once and share their dependencies.

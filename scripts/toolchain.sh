@@ -20,6 +20,7 @@ fetch_wheel() { # pip-spec wheel-file sha256
             echo "toolchain: python3 with pip is needed to fetch $spec: install python3-pip (Debian/Ubuntu)" >&2
             exit 1
         fi
+        echo "toolchain: downloading $spec into $CACHE/wheels/ (unpacked there; nothing is installed)" >&2
         python3 -m pip download --quiet --no-deps --only-binary=:all: \
             --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
             --platform manylinux2010_x86_64 --platform manylinux_2_12_x86_64 \

@@ -63,8 +63,9 @@ pub enum BenchCommand {
     /// Exit status: 0 the bench ran (failed rows are in the results); 1 it could not run; 2 usage error; 3 no
     /// usable CUDA driver or no GPU.
     Pipeline(PipelineArgs),
-    /// The project's performance targets (docs/benchmarks.md), judged from two `bench pipeline` JSONs of one
-    /// session (without MPS, under MPS), each figure against the references of its own run; needs no GPU.
+    /// Whether this machine meets the project's performance targets (docs/benchmarks.md), judged from two `bench
+    /// pipeline` JSONs of one machine (without MPS, under MPS), each figure against the references of its own run;
+    /// needs no GPU.
     ///
     /// Exit status: 0 judged (met or not: read the table); 1 a file could not be read or is not what it was given
     /// as; 2 usage error.

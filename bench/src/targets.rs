@@ -1,5 +1,5 @@
 //! `gpu-ipc bench targets`: the project's performance targets (docs/benchmarks.md, "Targets"), judged from two
-//! pipeline runs of the same session (one without MPS, one under MPS), each figure set against the references
+//! pipeline runs on the same machine (one without MPS, one under MPS), each figure set against the references
 //! measured in its own run.
 //!
 //! Which strategies count as what: the *GPU-side* strategies are those whose waits the GPU does (`gpu-stream-ops`,
@@ -49,7 +49,7 @@ pub struct TargetsArgs {
     /// The JSON of `gpu-ipc bench pipeline --json --out FILE` run without MPS.
     #[arg(long, value_name = "FILE")]
     pub no_mps: PathBuf,
-    /// The JSON of `gpu-ipc bench pipeline --mps --out FILE` from the same session.
+    /// The JSON of `gpu-ipc bench pipeline --mps --out FILE` on the same machine.
     #[arg(long, value_name = "FILE")]
     pub mps: PathBuf,
     /// Print the judgement as JSON instead of a Markdown table.

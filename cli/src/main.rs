@@ -1,7 +1,9 @@
 //! The `gpu-ipc` command line, a thin command tree over the rooms that do the work: `gpu-ipc doctor` (the
-//! `doctor` crate) checks whether CUDA IPC works on this machine and says why not; `gpu-ipc probe ...` measures the
-//! four research questions and `gpu-ipc report` runs them all and writes the answers (the `probes` crate);
-//! `gpu-ipc bench ...` runs the end-to-end benchmarks (the `bench` crate). Helper processes of the probes and the
+//! `doctor` crate) checks whether CUDA IPC works on this machine and says why not; `gpu-ipc probe ...` answers, by
+//! measurement, one of the four questions people ask before they trust shared GPU memory (is imported memory slower,
+//! when is a write seen by another process, what can be shared how, what survives a crash) and `gpu-ipc report`
+//! answers all four and writes the answers (the `probes` crate); `gpu-ipc bench ...` measures how fast frames move
+//! between processes (the `bench` crate). Helper processes of the probes and the
 //! benchmark are copies of this binary (`probe-child`, `harness::child`).
 
 use std::process::ExitCode;
@@ -27,13 +29,18 @@ enum Command {
     /// Exit status: 0 every built backend passed its self-test; 1 a backend failed (the report says why and what
     /// to do); 2 usage error; 3 no usable CUDA driver or no GPU.
     Doctor(doctor::DoctorArgs),
-    /// Measure one of the four research questions on this machine (see `gpu-ipc report` for all four).
+    /// Answer one question about shared GPU memory on this machine, by measurement.
+    ///
+    /// `overhead`: is memory imported from another process slower for kernels? `coherency`: when does another
+    /// process see a write? `vmm-compat`: what can be shared how? `crash`: does shared memory survive a process's
+    /// death? `gpu-ipc report` answers all four.
     ///
     /// Exit status: 0 the probe ran and printed its verdict; 1 it could not finish; 2 usage error; 3 no usable
     /// CUDA driver or no GPU.
     #[command(subcommand)]
     Probe(probes::ProbeCommand),
-    /// Run every probe (without MPS, then under a private MPS daemon) and write the answers: Markdown, plots, JSON.
+    /// Answer all four questions of `gpu-ipc probe` on this machine (without MPS, then under a private MPS daemon)
+    /// and write the answers: Markdown, plots, JSON.
     ///
     /// Exit status: 0 the report was written; 1 a probe failed (the report says which); 2 usage error; 3 no usable
     /// CUDA driver or no GPU.
@@ -43,7 +50,8 @@ enum Command {
     /// Exit status: 0 the owner answered; 1 it could not be asked (nothing listens, another user's socket, no
     /// answer in time); 2 usage error.
     Ps(doctor::ps::PsArgs),
-    /// End-to-end benchmarks against references measured in the same run.
+    /// How fast frames move between processes here: end-to-end benchmarks against references measured in the same
+    /// run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Internal: a helper process of a probe or a benchmark.

@@ -79,6 +79,7 @@ fn a_tensor_and_a_pixel_geometry_cannot_both_be_asked_for() {
 #[test]
 fn after_a_producer_sigkill_the_consumer_says_it_died() {
     let sock = socket("host-kill");
+    let _cleanup = common::RemoveOnDrop(sock.clone());
     let mut p = producer_with("host", "cpu-spin", &sock, 0, 1, &SMALL);
     let c = consumer("victim-of", "host", &sock, 0);
     c.wait_for_line("frame 1000", Duration::from_secs(60));

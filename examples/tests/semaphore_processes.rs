@@ -178,6 +178,7 @@ fn the_owner_resets_a_poisoned_semaphore_and_waits_work_again() {
 #[test]
 fn the_owner_sigkilled_ends_every_importers_wait_within_a_second() {
     let path = sock("owner-killed");
+    let _cleanup = common::RemoveOnDrop(path.clone());
     let mut owner = owner(&path, 0);
     let waiters = [waiter("waiter-a", &path, 10, 30_000, false), waiter("waiter-b", &path, 10, 30_000, false)];
     std::thread::sleep(Duration::from_millis(100));

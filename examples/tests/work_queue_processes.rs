@@ -70,6 +70,7 @@ fn tasks_go_through_three_worker_processes_exactly_once_with_one_killed_while_ho
 #[test]
 fn a_waiting_worker_learns_of_its_owners_death_within_a_second() {
     let path = sock("owner-killed");
+    let _cleanup = common::RemoveOnDrop(path.clone());
     let p = path.to_str().unwrap();
     // The owner waits for two workers before it pushes anything: the one worker waits for tasks.
     let mut owner = owner(p, 1000, 2);

@@ -10,7 +10,7 @@
 mod common;
 
 use common::chaos::{ROLE, Rng, SOCKET, T};
-use common::frame_bytes;
+use common::{RemoveOnDrop, frame_bytes};
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -79,6 +79,7 @@ fn producer_kills(sync: &str) {
     let (mut rng, seed) = Rng::seeded();
     eprintln!("producer kills {sync}: seed {seed} (GPU_IPC_CHAOS_SEED=<seed> replays its schedule)");
     let socket = std::env::temp_dir().join(format!("gpu-ipc-chaos-{}-producer-{sync}.sock", std::process::id()));
+    let _cleanup = RemoveOnDrop(socket.clone());
     let mut slowest = Duration::ZERO;
     let mut frames = 0;
     for round in 0..12 {
@@ -136,6 +137,7 @@ fn a_paused_producer_is_waited_for_and_read_on_after() {
     use rustix::process::{Pid, Signal, kill_process};
     use std::sync::atomic::AtomicU64;
     let socket = std::env::temp_dir().join(format!("gpu-ipc-chaos-{}-paused.sock", std::process::id()));
+    let _cleanup = RemoveOnDrop(socket.clone());
     let mut producer = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
         .env(ROLE, "producer")

@@ -184,6 +184,7 @@ fn consumers_of_a_killed_python_producer_get_producer_gone_within_2_s() {
         &["--slots", "2", "--frames", "5", "--consumers", "1", "--end", "gone", "--timeout", "60"],
     );
     let socket = p.socket.clone();
+    let _cleanup = common::RemoveOnDrop(socket.clone());
     let (read_tx, read_rx) = mpsc::channel();
     let waiter = thread::spawn(move || {
         let mut c = attach(&socket).unwrap();

@@ -59,6 +59,16 @@ pub fn socket(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("gpu-ipc-test-{}-{tag}.sock", std::process::id()))
 }
 
+/// Removes a socket file when dropped, even when the test fails: a SIGKILLed owner cannot unlink its own socket,
+/// and the kill tests would otherwise leave one in the temporary directory per run.
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A child process whose stderr lines arrive on a channel and whose stdout is kept for its JSON summary.
 pub struct Proc {
     child: Child,
@@ -278,6 +288,7 @@ pub fn verify(b: &Path, backend: &str, extra: &[&str]) -> Proc {
 /// each within a second, with no wrong word counted. Returns C's summary.
 pub fn first_stage_killed(tag: &str, backend: &str, sync: &str, size: &[&str], after: u64) -> serde_json::Value {
     let (a, b) = (socket(&format!("{tag}-a")), socket(&format!("{tag}-b")));
+    let _cleanup = (RemoveOnDrop(a.clone()), RemoveOnDrop(b.clone()));
     let c = verify(&b, backend, &["--first-upstream", "0", "--progress-every", &after.to_string()]);
     let t = transform("B transform", &a, &b, (backend, backend), sync, size);
     let mut g = generate(&a, backend, sync, &[size, &["--frames", "0"]].concat());

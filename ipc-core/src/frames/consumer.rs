@@ -410,7 +410,8 @@ impl<B: Backend> Consumer<B> {
     /// Checks that the producer is alive and has not closed the ring, and that it has not evicted this consumer.
     ///
     /// # Errors
-    /// [`FrameError::ProducerGone`], [`FrameError::Evicted`].
+    /// [`FrameError::EndOfStream`] when the producer closed the ring (a clean end), [`FrameError::ProducerGone`]
+    /// when it died (or abandoned the ring), [`FrameError::Evicted`].
     pub fn check_producer(&self) -> Result<(), FrameError> {
         if self.shared.hung_up() || self.shared.ring.closed_after().is_some() {
             return Err(self.shared.gone("its connection hung up (the process exited or was killed)"));
@@ -430,11 +431,12 @@ impl<B: Backend> Consumer<B> {
 
     /// Waits for the next frame. CPU strategies return when it is published; GPU-side strategies make `stream`
     /// wait for it (the GPU does the waiting). Frames published before the producer closed the ring are still
-    /// delivered; after them comes [`FrameError::ProducerGone`].
+    /// delivered; after them comes [`FrameError::EndOfStream`] (the clean end of the stream), never
+    /// [`FrameError::ProducerGone`], which means the producer died (or abandoned the ring).
     ///
     /// # Errors
-    /// [`FrameError::ProducerGone`] (within about a millisecond of the producer's death), [`FrameError::Evicted`],
-    /// [`FrameError::Timeout`].
+    /// [`FrameError::EndOfStream`] once every frame of a closed ring was handed out, [`FrameError::ProducerGone`]
+    /// (within about a millisecond of the producer's death), [`FrameError::Evicted`], [`FrameError::Timeout`].
     pub fn next_frame(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<Frame, FrameError> {
         let seq = Sequence(self.next_seq);
         self.check_no_ring_kernel()?;
@@ -513,6 +515,8 @@ impl<B: Backend> Consumer<B> {
     /// slot.
     ///
     /// # Errors
+    /// [`FrameError::EndOfStream`] with `past_end` naming the frame when the producer closed the ring before it
+    /// published it (a GPU-side strategy's wait queued past the end: discard what was computed from the frame),
     /// [`FrameError::ProducerGone`] with a GPU-side strategy when the producer died meanwhile (the frame may then
     /// hold partial data), [`FrameError::Evicted`], [`FrameError::Timeout`] when a CPU strategy's wait for the
     /// stream passes [`AttachOptions::gpu_timeout`].

@@ -3,7 +3,7 @@
 //!
 //! A kernel polling a counter in the control block (host memory registered for the device) sees another process's
 //! store about 2.4 us later; in device memory, about 0.9 us (H200, MPS, two persistent kernels ping-ponging:
-//! 4.88 us against 1.80 us per round trip, `scripts/signal-paths.sh OUT 3000 rtk`). So a producer whose strategy
+//! 4.88 us against 1.80 us per round trip, `tools/scripts/signal-paths.sh OUT 3000 rtk`). So a producer whose strategy
 //! runs on the GPU (`gpu-stream-ops`, `gpu-poll`) reserves [`BYTES`] after its slots, zeroes them, and names their
 //! offset in the control block's header (`header.device_words`). The device API's stores write both copies; its
 //! waits poll the device copy and look at the host copy every few dozen polls (peers that write only the host

@@ -11,8 +11,12 @@ use crate::wire::WireError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FrameError {
-    /// The producer is gone (its process exited or was killed, or it closed the ring). Frames obtained after it
-    /// went may hold partial data.
+    /// The producer died: its connection hung up (the process exited or was killed) without closing the ring,
+    /// or it gave the ring up with [`Producer::abandon`](super::Producer::abandon). A producer that closed the
+    /// ring (dropped once its work was done) gives [`FrameError::EndOfStream`] instead. With a GPU-side strategy,
+    /// what was computed from frames at or above
+    /// [`Consumer::published_below_at_hang_up`](super::Consumer::published_below_at_hang_up) may hold partial
+    /// data: discard it.
     #[error("the producer (pid {pid}) is gone: {how}")]
     ProducerGone {
         /// The producer's pid.

@@ -6,8 +6,8 @@
 //! batches that end a frame (a publish, a release) end with a write of the next *mark* (1, 2, 3, ...) to that word.
 //! The CPU learns how far the stream got with one atomic load: no event is recorded or queried per frame. Batches of
 //! waits carry no mark of their own (a mark after a wait cost 1.1 us of GPU time per wait on an H100 under MPS,
-//! `scripts/signal-paths.sh`, "ours" against "ours-lite"): the frame's next mark covers them, and teardown reports a
-//! wait queued after the last mark (see [`Tail`]).
+//! `tools/scripts/signal-paths.sh`, "ours" against "ours-lite"): the frame's next mark covers them, and teardown
+//! reports a wait queued after the last mark (see [`Tail`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,7 +38,7 @@ const PROGRESS_OFFSET: u64 = 0;
 /// kernel's timer slack), and the CPU resumes queueing only when half the depth is through the stream (see
 /// [`RunAhead::before`]), so half the depth must hold more GPU work than one nap, or the GPU idles while the CPU
 /// sleeps. A one-slot round trip through two processes' streams is about 8 us of GPU work under MPS
-/// (`scripts/signal-paths.sh`, "ours"); with a depth of 8 the library's round trip measured 20-21 us, the stream
+/// (`tools/scripts/signal-paths.sh`, "ours"); with a depth of 8 the library's round trip measured 20-21 us, the stream
 /// idling behind the naps (docs/benchmarks.md). 16 such frames are about 130 us.
 pub(crate) const MIN_DEPTH: usize = 32;
 

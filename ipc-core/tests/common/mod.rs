@@ -39,6 +39,16 @@ pub fn sock(tag: &str, name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("gpu-ipc-{tag}-{}-{name}.sock", std::process::id()))
 }
 
+/// Removes a socket file when dropped, even when the test fails: a SIGKILLed producer cannot unlink its own socket,
+/// and the kill tests would otherwise leave one in the temporary directory per run.
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The frame every fake-backend test moves: 64 x 16 RGBA, 4096 bytes (512 words).
 pub fn geometry() -> FrameGeometry {
     FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap()
