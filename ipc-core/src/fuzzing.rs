@@ -8,10 +8,12 @@ pub use crate::pool::fuzzing::pool_directory;
 pub use crate::queue::fuzzing::queue_memory;
 
 use crate::semaphore::layout::{
-    MAGIC, MAGIC_WORD, MAX_PEERS, MAX_PEERS_WORD, RECORD_STATE, SHARED_BYTES, STATE_WORD, TOTAL_BYTES_WORD,
-    VERSION_WORD, record_epoch, record_word_index,
+    MAGIC, MAGIC_WORD, MAX_PEERS, MAX_PEERS_WORD, RECORD_STATE, RESET_FROM_WORD, RESET_TO_WORD, SHARED_BYTES,
+    STATE_WORD, TOTAL_BYTES_WORD, VERSION_WORD, record_epoch, record_word_index,
 };
-use crate::semaphore::{PeerRecord, SemaphoreBlock, SemaphoreState};
+use std::sync::atomic::Ordering;
+
+use crate::semaphore::{DeadPoster, PeerRecord, SemaphoreBlock, SemaphoreState};
 
 /// Runs the semaphore block's readers, on a peer's side and on the owner's, on a block whose words a fuzzer
 /// chose: byte 0 says whether the header stays valid (bit 0, so the checks after attaching are reached), which
@@ -24,7 +26,9 @@ use crate::semaphore::{PeerRecord, SemaphoreBlock, SemaphoreState};
 pub fn semaphore_block(data: &[u8]) {
     let [mode, rest @ ..] = data else { return };
     let mode = *mode;
-    let Ok(owner) = SemaphoreBlock::create(1, 7) else { return };
+    // The dead-poster rule from the input's length: both rules' owner paths are reached.
+    let rule = if rest.len() % 2 == 0 { DeadPoster::Poison } else { DeadPoster::Ignore };
+    let Ok(owner) = SemaphoreBlock::create(1, 7, rule) else { return };
     let memory = owner.shared().memory();
     let keep_header = mode & 1 != 0;
     let at = if keep_header { 8 * (STATE_WORD) } else { 0 };
@@ -53,15 +57,22 @@ pub fn semaphore_block(data: &[u8]) {
     assert!(i128::from(value) == i128::from(peer.posted()) - i128::from(peer.taken()) || value == i64::MIN);
     let index = u32::from(mode >> 1 & 0x1f) % peer.max_peers();
     let state = memory.words(record_word_index(index) + RECORD_STATE, 1).ok().and_then(|w| w.first());
-    let epoch = state.map_or(0, |w| record_epoch(w.load(std::sync::atomic::Ordering::Relaxed)));
+    let epoch = state.map_or(0, |w| record_epoch(w.load(Ordering::Relaxed)));
     let record = PeerRecord { index, epoch };
     let mut hint = usize::from(mode);
     for _ in 0..=(mode >> 6) {
         let _ = peer.ticket_released(peer.taken());
         let _ = peer.try_take();
-        let _ = peer.post(1);
+        let _ = peer.post_as(record, 1);
+        let _ = peer.has_posted(record);
         if let Ok(ticket) = peer.take_ticket(record, &mut hint) {
-            assert!(peer.ticket_released(ticket).is_ok() || peer.check().is_err());
+            // A fresh ticket is released, pending, or the semaphore ended; or the block's reset range (which a
+            // peer could write) says the poison released it: an error, never a panic.
+            let reset_range = || {
+                let word = |w| memory.words(w, 1).ok().and_then(|w| w.first()).map(|w| w.load(Ordering::Relaxed));
+                word(RESET_FROM_WORD).unwrap_or(0)..word(RESET_TO_WORD).unwrap_or(0)
+            };
+            assert!(peer.ticket_released(ticket).is_ok() || peer.check().is_err() || reset_range().contains(&ticket));
             peer.give_back(record, ticket);
         }
         let _ = peer.peer_summary(record);
@@ -69,18 +80,18 @@ pub fn semaphore_block(data: &[u8]) {
     // The owner's side: a peer's connection ends, and the owner reads the record the peer could write.
     for index in 0..=MAX_PEERS {
         let word = memory.words(record_word_index(index.min(MAX_PEERS - 1)) + RECORD_STATE, 1).ok();
-        let epoch =
-            word.and_then(|w| w.first()).map_or(0, |w| record_epoch(w.load(std::sync::atomic::Ordering::Relaxed)));
+        let epoch = word.and_then(|w| w.first()).map_or(0, |w| record_epoch(w.load(Ordering::Relaxed)));
         let _ = owner.peer_summary(PeerRecord { index, epoch });
         let _ = owner.peer_gone(PeerRecord { index, epoch });
     }
     let _ = owner.claim_record(Some(1));
+    let _ = owner.reset();
 }
 
 /// Inputs for [`semaphore_block`]: the block as the owner creates it, whole (mode 0) and after its fixed header
 /// words (mode 1), with a few operations.
 pub fn semaphore_block_seeds() -> Vec<Vec<u8>> {
-    let Ok(owner) = SemaphoreBlock::create(3, 9) else { return Vec::new() };
+    let Ok(owner) = SemaphoreBlock::create(3, 9, DeadPoster::Poison) else { return Vec::new() };
     let Ok(record) = owner.claim_record(Some(42)) else { return Vec::new() };
     let _ = owner.move_record(
         record,
