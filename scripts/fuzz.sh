@@ -6,7 +6,7 @@
 #   scripts/fuzz.sh                          every target, 10 s each
 #   scripts/fuzz.sh --seconds 300 pool_directory queue_memory
 #   scripts/fuzz.sh --build-only
-# New inputs that add coverage go to fuzz/work/<target>/ (ignored by git); crashes to fuzz/artifacts/<target>/.
+# New inputs that add coverage go to fuzz/grown/<target>/ (ignored by git); crashes to fuzz/artifacts/<target>/.
 # After a fix, copy the crash into fuzz/corpus/<target>/ (every run starts by replaying it) and add a unit test.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -48,13 +48,13 @@ mkdir -p "$LOGS"
 failed=()
 printf '%-16s %12s %10s %8s %8s %7s  %s\n' target executions exec/s cov ft corpus result
 for t in "${TARGETS[@]}"; do
-    mkdir -p "$FUZZ/work/$t" "$FUZZ/artifacts/$t"
+    mkdir -p "$FUZZ/grown/$t" "$FUZZ/artifacts/$t"
     log="$LOGS/$t.log"
     rc=0
     # The first folder receives new inputs; the committed corpus (seeds and past crashes) is read, never written.
     # -timeout: one input running this long is a hang; -rss_limit_mb: an input that needs this much is an OOM.
     "$BIN/$t" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 \
-        -artifact_prefix="$FUZZ/artifacts/$t/" "$FUZZ/work/$t" "$FUZZ/corpus/$t" >"$log" 2>&1 || rc=$?
+        -artifact_prefix="$FUZZ/artifacts/$t/" "$FUZZ/grown/$t" "$FUZZ/corpus/$t" >"$log" 2>&1 || rc=$?
     execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
     rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
     # The last status line: "#N DONE cov: C ft: F corp: U/S ..." (or the last pulse before a crash).

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 #[test]
 fn every_committed_input_runs_clean() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let root = PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("run with cargo test, which sets CARGO_MANIFEST_DIR"),
+    )
+    .join("corpus");
     for target in gpu_ipc_fuzz::TARGETS {
         let mut inputs = 0;
         for entry in std::fs::read_dir(root.join(target)).expect("a corpus folder per target").flatten() {
@@ -20,7 +23,10 @@ fn every_committed_input_runs_clean() {
 
 #[test]
 fn the_committed_seeds_are_what_the_encoders_make() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let root = PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("run with cargo test, which sets CARGO_MANIFEST_DIR"),
+    )
+    .join("corpus");
     for (target, seeds) in gpu_ipc_fuzz::seeds() {
         assert!(!seeds.is_empty(), "{target}");
         for (i, seed) in seeds.iter().enumerate() {

@@ -23,9 +23,17 @@ fn rust_blocks(markdown: &str) -> Vec<(usize, String, Vec<String>)> {
     blocks
 }
 
+/// `file` of the checkout, found at run time (cargo and cargo-nextest set `CARGO_MANIFEST_DIR` to this package's
+/// directory, nextest to the remapped tree), so the suite runs from a checkout at another path than its build's.
+fn checkout_file(file: &str) -> std::path::PathBuf {
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|| panic!("CARGO_MANIFEST_DIR is not set: run the tests with cargo or cargo-nextest"));
+    Path::new(&dir).join("..").join(file)
+}
+
 /// What a reader's copy of `file` would lack or skip, one line each.
 fn problems(file: &str) -> Vec<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+    let path = checkout_file(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut found = Vec::new();
     for (fence, info, lines) in rust_blocks(&text) {
@@ -52,7 +60,7 @@ fn readme_and_interop_examples_compile_as_pasted() {
 #[test]
 fn both_files_have_rust_examples_to_check() {
     for file in ["README.md", "docs/interop.md"] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+        let path = checkout_file(file);
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(!rust_blocks(&text).is_empty(), "{file} has no Rust example: this test checks nothing there");
     }

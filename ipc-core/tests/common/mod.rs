@@ -19,11 +19,14 @@ use ipc_core::wire::{FrameGeometry, HEADER_BYTES, Header, PixelFormat, SyncStrat
 /// The file `relative` to ipc-core's directory (`tests/python/consumer.py`, `../docs/protocol.md`), found at run time,
 /// so a suite built at one path runs from a checkout at another (a nextest archive replayed on the GPU machine with
 /// `--workspace-remap`, a copied tree): cargo test and cargo-nextest set `CARGO_MANIFEST_DIR` in the test process
-/// (nextest to the remapped tree), and the path compiled in is only the fallback for a test binary run by hand. Fails
+/// (nextest to the remapped tree); a test binary run by hand needs it set (no path is compiled in). Fails
 /// the test, saying how to point it at a checkout, when the file is not there.
 pub fn package_file(relative: &str) -> PathBuf {
-    let dir =
-        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| {
+        panic!(
+            "CARGO_MANIFEST_DIR is not set: run the tests with cargo or cargo-nextest, or set it to CHECKOUT/ipc-core"
+        )
+    }));
     let path = dir.join(relative);
     assert!(
         path.exists(),

@@ -12,8 +12,9 @@ use harness::{plot, report::Series};
 /// cargo-nextest set `CARGO_MANIFEST_DIR` in the test process, and the path compiled in is only the fallback for a
 /// test binary run by hand. Fails the test, saying how to point it at a checkout, when the file is not there.
 pub(crate) fn package_file(relative: &str) -> PathBuf {
-    let dir =
-        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| {
+        panic!("CARGO_MANIFEST_DIR is not set: run the tests with cargo or cargo-nextest, or set it to CHECKOUT/probes")
+    }));
     let path = dir.join(relative);
     assert!(
         path.exists(),
