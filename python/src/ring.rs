@@ -185,16 +185,14 @@ pub fn seconds(timeout: f64) -> PyResult<Duration> {
 /// Whether a strategy's calls wait on the CPU (and may therefore be cut into slices and resumed); GPU-side
 /// strategies return as soon as their waits are queued.
 pub fn waits_on_cpu(sync: SyncStrategy) -> bool {
-    matches!(sync, SyncStrategy::CpuSpin | SyncStrategy::CpuSleep | SyncStrategy::IpcEvent)
+    !sync.is_gpu_side()
 }
 
 /// Whether a wait for a frame (`Consumer.next_frame`) or for a slot (`Producer.acquire`) may be cut into slices
-/// (called again after a `Timeout` as if nothing happened): the CPU strategies, and gpu-stream-ops, whose one CPU
-/// wait (the run-ahead bound: the stream is too far behind, e.g. stuck on a frame a quiet producer has not published)
-/// comes before it queues anything (the core slices the producer's itself, `ProducerSide::wait_in_slices`). Not
-/// gpu-poll: its deadline also sets the polling kernel's budget on the GPU, which a slice would cut short.
+/// (called again after a `Timeout` as if nothing happened): the strategy's descriptor says (`waits_in_slices`; the
+/// core slices the producer's itself, `ProducerSide::wait_in_slices`).
 pub fn waits_in_slices(sync: SyncStrategy) -> bool {
-    waits_on_cpu(sync) || sync == SyncStrategy::GpuStreamOps
+    sync.traits().waits_in_slices
 }
 
 /// Set once a signal handler raised (Ctrl-C's `KeyboardInterrupt`) between the slices of one of the package's

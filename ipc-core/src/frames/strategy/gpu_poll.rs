@@ -112,10 +112,6 @@ impl Strategy for GpuPoll {
         KIND
     }
 
-    fn gpu_writes_counters(&self) -> bool {
-        true
-    }
-
     fn check(&self, cuda: Option<&Context>) -> Result<(), FrameError> {
         let cuda = need_cuda(KIND, cuda)?;
         let device = cuda.device();
@@ -435,8 +431,8 @@ impl PollProducer {
 
 impl ProducerSide for PollProducer {
     fn wait_in_slices(&self) -> bool {
-        // The deadline also sets the polling kernel's time budget on the GPU: a slice would cut that short.
-        false
+        // False: the deadline also sets the polling kernel's time budget on the GPU: a slice would cut that short.
+        KIND.traits().waits_in_slices
     }
 
     fn wait_slot_free(

@@ -35,10 +35,6 @@ impl Strategy for GpuStreamOps {
         KIND
     }
 
-    fn gpu_writes_counters(&self) -> bool {
-        true
-    }
-
     fn check(&self, cuda: Option<&Context>) -> Result<(), FrameError> {
         let cuda = need_cuda(KIND, cuda)?;
         let device = cuda.device();

@@ -50,7 +50,7 @@ pub(crate) trait Strategy: Sync {
     /// Whether a peer's GPU work writes the ring's counters: then a dead peer's queued stores can still land after
     /// it died, so its counters are re-poisoned and its record quarantined for a while (see the watchdog).
     fn gpu_writes_counters(&self) -> bool {
-        false
+        self.kind().traits().gpu_writes_counters
     }
 
     /// Checks, at `Producer::create` and `Consumer::attach`, that this backend and device can run the strategy:
