@@ -81,7 +81,7 @@ pub(crate) trait ProducerSide: Send + Sync {
     fn wait_slot_free(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
+        seq: Sequence,
         stream: Option<&Stream>,
         deadline: Instant,
     ) -> Result<(), FrameError>;
@@ -98,8 +98,8 @@ pub(crate) trait ProducerSide: Send + Sync {
     fn publish(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
-        slot: u32,
+        seq: Sequence,
+        slot: SlotIndex,
         stream: Option<&Stream>,
         gpu_deadline: Instant,
     ) -> Result<(), FrameError>;
@@ -115,15 +115,15 @@ pub(crate) trait ProducerSide: Send + Sync {
 
     /// Whether nothing this side queued can still read the counters of a record whose consumer left when the
     /// producer was at sequence `left_at`.
-    fn record_reusable(&self, _left_at: u64) -> bool {
+    fn record_reusable(&self, _left_at: Sequence) -> bool {
         true
     }
 
     /// Appends the consumers that hold up frame `seq` (have not released the frame its slot held): what a
     /// slow-consumer policy evicts after a timeout.
-    fn holding_up(&self, ring: &ProducerControl, seq: u64, out: &mut Vec<ConsumerId>) {
+    fn holding_up(&self, ring: &ProducerControl, seq: Sequence, out: &mut Vec<ConsumerId>) {
         let mut pending = Vec::new();
-        if ring.pending_releases(Sequence(seq), &mut pending).is_ok() {
+        if ring.pending_releases(seq, &mut pending).is_ok() {
             out.extend(pending.iter().map(|p| p.consumer));
         }
     }
@@ -265,9 +265,9 @@ pub(crate) trait ConsumerSide: Send + Sync {
 
 /// Appends, once each, the consumers that have not released for some frame in `from..=to`: with a GPU-side strategy
 /// the stream is stuck behind a wait queued for one of the frames in flight, and whoever these are hold it up.
-pub(crate) fn holding_up_frames(ring: &ProducerControl, from: u64, to: u64, out: &mut Vec<ConsumerId>) {
+pub(crate) fn holding_up_frames(ring: &ProducerControl, from: Sequence, to: Sequence, out: &mut Vec<ConsumerId>) {
     let mut pending = Vec::new();
-    for s in from..=to {
+    for s in from.0..=to.0 {
         pending.clear();
         if ring.pending_releases(Sequence(s), &mut pending).is_ok() {
             out.extend(pending.iter().map(|p| p.consumer));
@@ -299,7 +299,7 @@ impl ProducerSide for Closed {
     fn wait_slot_free(
         &mut self,
         _: &ProducerControl,
-        _: u64,
+        _: Sequence,
         _: Option<&Stream>,
         _: Instant,
     ) -> Result<(), FrameError> {
@@ -309,8 +309,8 @@ impl ProducerSide for Closed {
     fn publish(
         &mut self,
         _: &ProducerControl,
-        _: u64,
-        _: u32,
+        _: Sequence,
+        _: SlotIndex,
         _: Option<&Stream>,
         _: Instant,
     ) -> Result<(), FrameError> {
