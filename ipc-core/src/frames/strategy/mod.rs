@@ -13,6 +13,8 @@ mod gpu_poll;
 pub(crate) use gpu_poll::ring_module;
 mod gpu_stream_ops;
 mod ipc_event;
+#[cfg(test)]
+mod sixth;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,7 +175,7 @@ impl ConsumerShared {
     /// it: [`FrameError::EndOfStream`] naming the frame (queued past the end of a closed ring) or
     /// [`FrameError::ProducerGone`] (it died first). What was computed from such a frame is garbage.
     pub fn check_queued_frame(&self, seq: Sequence) -> Result<(), FrameError> {
-        if !self.hung_up() || self.published_before_hang_up(seq.0) {
+        if !self.hung_up() || self.published_before_hang_up(seq) {
             return Ok(());
         }
         Err(match self.ring.closed_after() {
@@ -195,8 +197,8 @@ impl ConsumerShared {
 
     /// After the producer hung up: whether it had published frame `seq` by then. Frames it had not were never
     /// written; a GPU-side wait for them was released by the poison, and what was computed from them is garbage.
-    pub fn published_before_hang_up(&self, seq: u64) -> bool {
-        seq < self.published_below_at_hang_up.load(Ordering::Acquire)
+    pub fn published_before_hang_up(&self, seq: Sequence) -> bool {
+        seq.0 < self.published_below_at_hang_up.load(Ordering::Acquire)
     }
 
     /// A ring error in the words of the frame API; this consumer's own record no longer live means it was evicted.
