@@ -90,7 +90,7 @@ def consumer(sock: str, backend: str, case: str) -> None:
 
     start = time.monotonic()
     with gpu_ipc.Consumer(sock, backend=backend, wait_for_producer=30, timeout=60) as c:
-        gpu_side = c.sync in ("gpu-stream-ops", "gpu-poll")
+        gpu_side = any(s["name"] == c.sync and s["waits"] == "gpu" for s in gpu_ipc.sync_strategies())
         for _ in range(PUBLISHED):
             with c.next_frame(timeout=10, stream=stream) as frame:
                 use(frame)

@@ -3,7 +3,7 @@
 //! benchmarks and each kernel alone), their names, how many frames each measures, and which of them a run selects.
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::wire::SyncStrategy;
+use gpu_ipc::core::wire::{SyncSide, SyncStrategy};
 use serde::{Deserialize, Serialize};
 
 /// Ring depths of our rows.
@@ -218,7 +218,7 @@ impl KernelAlone {
 /// Whether the producer's `publish` returns before the frame's work is done with `strategy` (so the bench cannot
 /// time the publish on the CPU after the work, only when it was queued).
 pub fn publishes_on_gpu(strategy: SyncStrategy) -> bool {
-    matches!(strategy, SyncStrategy::IpcEvent | SyncStrategy::GpuStreamOps | SyncStrategy::GpuPoll)
+    strategy.traits().publishes == SyncSide::Gpu
 }
 
 /// A strategy in the bench's JSON by its name (`cpu-spin`, ...), as recorded results spell it.
@@ -390,8 +390,10 @@ impl RowSpec {
     }
 }
 
-/// Strategies of the frame-graph rows: those whose waits the GPU does.
-pub const GRAPH_STRATEGIES: [SyncStrategy; 2] = [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll];
+/// Strategies of the frame-graph rows: those whose waits the GPU does (the strategy's descriptor says which).
+pub fn graph_strategies() -> impl Iterator<Item = SyncStrategy> {
+    SyncStrategy::ALL.into_iter().filter(|s| s.is_gpu_side())
+}
 /// Ring depths of the frame-graph rows (a lap per launch: 4 and 8 frames per `cuGraphLaunch`).
 pub const GRAPH_SLOTS: [u32; 2] = [4, 8];
 
@@ -422,7 +424,7 @@ pub fn paced_backend(backends: &[BackendKind]) -> Option<BackendKind> {
 /// Every row of a run, references first: the full grid, or with `quick` slots 1 and 4 and 4 consumers only at 4
 /// slots; then the three-stage rows (every backend and strategy at [`THREE_STAGE_SLOTS`] slots), the paced rows
 /// (every strategy at each of [`PACES`], [`paced_backend`], [`PACED_SLOTS`] slots, one consumer), the frame-graph
-/// rows ([`GRAPH_STRATEGIES`] at [`GRAPH_SLOTS`], every backend), the memory benchmarks (the imported-buffer copies
+/// rows ([`graph_strategies`] at [`GRAPH_SLOTS`], every backend), the memory benchmarks (the imported-buffer copies
 /// for every backend) and the kernels alone, in both.
 pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
     let mut rows = vec![RowSpec::SingleProcess];
@@ -457,7 +459,7 @@ pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
         }
     }
     for &backend in backends {
-        for strategy in GRAPH_STRATEGIES {
+        for strategy in graph_strategies() {
             rows.extend(GRAPH_SLOTS.iter().map(|&slots| RowSpec::Graphs { backend, strategy, slots }));
         }
     }

@@ -11,7 +11,7 @@
 //! on being measured at all, in both runs, and the paced rows on what a real-time user needs of them (each keeps its
 //! pace, and finishes its frames within one frame interval at p99.9).
 
-use gpu_ipc::core::wire::SyncStrategy;
+use gpu_ipc::core::wire::{SyncSide, SyncStrategy};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -40,8 +40,18 @@ pub const OVER_PIPELINED: f64 = 0.95;
 /// Most slots of a ring in control-block layout 1; deeper rings use layout 2.
 const SHALLOW_MAX_SLOTS: u32 = gpu_ipc::core::ring::layout::LAYOUT_1_MAX_SLOTS;
 
-const GPU_SIDE: [SyncStrategy; 2] = [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll];
-const CPU_SIDE: [SyncStrategy; 2] = [SyncStrategy::CpuSpin, SyncStrategy::CpuSleep];
+/// The strategies whose waits the GPU does, as the strategy's descriptor says.
+fn gpu_side() -> impl Iterator<Item = SyncStrategy> {
+    SyncStrategy::ALL.into_iter().filter(|s| s.is_gpu_side())
+}
+
+/// The strategies the CPU does everything for (waits and publishes): what a GPU-side one is compared with.
+fn cpu_side() -> impl Iterator<Item = SyncStrategy> {
+    SyncStrategy::ALL.into_iter().filter(|s| {
+        let t = s.traits();
+        t.waits == SyncSide::Cpu && t.publishes == SyncSide::Cpu
+    })
+}
 
 /// Options of `gpu-ipc bench targets`.
 #[derive(Debug, Clone, Args)]
@@ -415,13 +425,12 @@ fn gpu_side_at_every_slot_count(mps: &PipelineResults) -> Judged {
     let mut words = Vec::new();
     let mut all_met = true;
     let mut any = false;
-    for strategy in GPU_SIDE {
+    for strategy in gpu_side() {
         let (mut won, mut compared) = (0, 0);
         let mut worst: Option<(f64, String)> = None;
         for &(backend, consumers, slots) in &cells {
             let Some(gpu) = fps_of(backend, strategy, slots, consumers) else { continue };
-            let Some(cpu) = CPU_SIDE.iter().filter_map(|&s| fps_of(backend, s, slots, consumers)).reduce(f64::max)
-            else {
+            let Some(cpu) = cpu_side().filter_map(|s| fps_of(backend, s, slots, consumers)).reduce(f64::max) else {
                 continue;
             };
             compared += 1;
@@ -485,7 +494,7 @@ fn gpu_side_cpu(mps: &PipelineResults) -> Judged {
     let mut words = Vec::new();
     let mut all_met = true;
     let mut any = false;
-    for strategy in GPU_SIDE {
+    for strategy in gpu_side() {
         let rows: Vec<&Measurement> = clean(&mps.rows)
             .filter(|(r, _)| matches!(r.spec, RowSpec::Ours { strategy: s, .. } if s == strategy))
             .map(|(_, m)| m)

@@ -41,7 +41,7 @@ use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, Produ
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 use gpu_ipc_benches::harness::{self, record_one_by_one};
-use gpu_ipc_benches::peer::{self, Helper, Role, STRATEGIES, WAIT, attach_retrying, flat_geometry, socket_path};
+use gpu_ipc_benches::peer::{self, Helper, Role, WAIT, attach_retrying, flat_geometry, socket_path};
 use gpu_ipc_kernels::persistent::{PersistentFill, PersistentOutcome};
 
 /// Round trips timed one by one after criterion's measurement (after as many untimed).
@@ -112,12 +112,6 @@ impl<B: GpuBackend> PingPong<B> {
     }
 }
 
-/// Whether the strategy's calls return before the wait is done (the GPU waits): every strategy but the CPU ones
-/// and `ipc-event`, whose waits the CPU polls.
-fn gpu_side(sync: SyncStrategy) -> bool {
-    !matches!(sync, SyncStrategy::CpuSpin | SyncStrategy::CpuSleep | SyncStrategy::IpcEvent)
-}
-
 struct RoundTrips<'a> {
     c: &'a mut Criterion,
     ctx: &'a Context,
@@ -129,7 +123,7 @@ impl GpuBackendVisitor for RoundTrips<'_> {
     fn visit<B: GpuBackend>(self) {
         let group_name = format!("round-trip-{}", self.backend);
         let mut group = self.c.benchmark_group(&group_name);
-        for sync in STRATEGIES {
+        for sync in SyncStrategy::ALL {
             let id = format!("{group_name}/{sync}");
             let mut pair = match PingPong::<B>::new(self.ctx, self.backend, sync) {
                 Ok(pair) => pair,
@@ -144,8 +138,8 @@ impl GpuBackendVisitor for RoundTrips<'_> {
                 b.iter_custom(|iters| pair.batch(iters));
             });
             if ran && harness::measuring() {
-                let what = if gpu_side(sync) { "one round trip, then a stream sync" } else { "one round trip" };
-                record_one_by_one(&id, what, pair.one_by_one(gpu_side(sync)));
+                let what = if sync.is_gpu_side() { "one round trip, then a stream sync" } else { "one round trip" };
+                record_one_by_one(&id, what, pair.one_by_one(sync.is_gpu_side()));
             }
         }
         group.finish();

@@ -26,15 +26,6 @@ use serde::{Deserialize, Serialize};
 /// The environment variable that makes a bench binary a helper process.
 pub const ROLE_ENV: &str = "GPU_IPC_BENCH_ROLE";
 
-/// Every strategy, in the order reports list them.
-pub const STRATEGIES: [SyncStrategy; 5] = [
-    SyncStrategy::CpuSpin,
-    SyncStrategy::CpuSleep,
-    SyncStrategy::IpcEvent,
-    SyncStrategy::GpuStreamOps,
-    SyncStrategy::GpuPoll,
-];
-
 /// Bound on each wait of a helper and of the bench's own calls against it.
 pub const WAIT: Duration = Duration::from_secs(30);
 
@@ -103,7 +94,7 @@ pub fn socket_path(tag: &str) -> PathBuf {
 
 /// A strategy by the name `--sync` takes (`cpu-spin`, ...).
 pub fn strategy_by_name(name: &str) -> Option<SyncStrategy> {
-    STRATEGIES.iter().copied().find(|s| s.to_string() == name)
+    name.parse().ok()
 }
 
 /// A running helper process; dropping it closes its stdin (which tells it to leave), then waits for it.
@@ -356,7 +347,7 @@ mod tests {
 
     #[test]
     fn strategies_by_their_flag_names() {
-        for s in STRATEGIES {
+        for s in SyncStrategy::ALL {
             assert_eq!(strategy_by_name(&s.to_string()), Some(s));
         }
         assert_eq!(strategy_by_name("gpu-push"), None);

@@ -164,9 +164,16 @@ fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
 }
 
+/// The self-test's first strategy, deliberately not [`SyncStrategy::DEFAULT`]: the first one whose waits the CPU
+/// does and that needs no CUDA feature (so no MPS, no stream memory operations), so it runs on every device and
+/// tells a broken ring from a missing feature.
+fn cpu_strategy() -> SyncStrategy {
+    SyncStrategy::ALL.into_iter().find(|s| !s.is_gpu_side() && !s.needs_cuda()).unwrap_or(SyncStrategy::CpuSpin)
+}
+
 /// The strategies the self-test runs on this device: one CPU-side, and the GPU-side one where it is available.
 fn strategies(ctx: &Context) -> Vec<SyncStrategy> {
-    let mut list = vec![SyncStrategy::CpuSpin];
+    let mut list = vec![cpu_strategy()];
     if ctx.device().flag(sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS).unwrap_or(false) {
         list.push(SyncStrategy::GpuStreamOps);
     }
@@ -312,7 +319,7 @@ pub fn child_main(backend: BackendKind, sync: Option<SyncStrategy>, ordinal: i32
         eprintln!("gpu-ipc: --self-test-child is internal to `gpu-ipc doctor` and needs --socket");
         return 2;
     };
-    let sync = sync.unwrap_or(SyncStrategy::CpuSpin);
+    let sync = sync.unwrap_or_else(cpu_strategy);
     let child = ChildSide { ordinal, sync, socket: socket.to_path_buf() };
     let result = gpu_ipc::dispatch_gpu(backend, child)
         .unwrap_or_else(|e| Err(Failure::new(e.to_string(), "choose a GPU backend compiled into this build")));

@@ -74,7 +74,7 @@ fn producer_4k(backend: &str, sync: &str, sock: &Path, frames: u64, consumers: u
 mod under_mps {
     use std::time::Duration;
 
-    use super::common::{BACKENDS, GPU_SIDE, consumer, consumer_with, require_mps, socket};
+    use super::common::{BACKENDS, consumer, consumer_with, gpu_side, require_mps, socket};
     use super::{
         CPU_US_PER_FRAME_BOUND, assert_intact, measured, persistent_consumer, persistent_producer, producer_4k, record,
     };
@@ -85,7 +85,7 @@ mod under_mps {
         const FRAMES: u64 = 3000;
         require_mps();
         for backend in BACKENDS {
-            for sync in GPU_SIDE {
+            for sync in gpu_side() {
                 let what = format!("{backend}/{sync}");
                 let sock = socket(&format!("dp-{backend}-{sync}"));
                 let p = persistent_producer(backend, sync, &sock, FRAMES, 2, 4);
@@ -120,7 +120,7 @@ mod under_mps {
     fn both_sides_persistent_through_a_one_slot_ring() {
         const FRAMES: u64 = 20_000;
         require_mps();
-        for sync in GPU_SIDE {
+        for sync in gpu_side() {
             let sock = socket(&format!("dp-rtt-{sync}"));
             let p = persistent_producer("vmm", sync, &sock, FRAMES, 1, 1);
             let c = persistent_consumer("c", "vmm", &sock, FRAMES);
@@ -186,7 +186,7 @@ mod under_mps {
         const FRAMES: u64 = 20_000;
         require_mps();
         for backend in BACKENDS {
-            for sync in GPU_SIDE {
+            for sync in gpu_side() {
                 for graph in [false, true] {
                     let what = format!("{backend}/{sync}{}", if graph { " graphs" } else { "" });
                     let sock = socket(&format!("graph-{backend}-{sync}-{graph}"));

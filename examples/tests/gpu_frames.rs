@@ -12,10 +12,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{consumer, producer, socket};
+use common::{consumer, producer, socket, without_mps};
 
 const BACKENDS: [&str; 2] = ["legacy", "vmm"];
-const STRATEGIES: [&str; 4] = ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops"];
 const FRAMES: u64 = 10_000;
 
 fn record(result: &serde_json::Value) {
@@ -26,7 +25,7 @@ fn record(result: &serde_json::Value) {
 #[ignore = "needs a CUDA GPU"]
 fn every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers() {
     for backend in BACKENDS {
-        for sync in STRATEGIES {
+        for sync in without_mps() {
             let sock = socket(&format!("{backend}-{sync}"));
             let p = producer(backend, sync, &sock, FRAMES, 2);
             let a = consumer("a", backend, &sock, FRAMES);
@@ -55,7 +54,7 @@ fn every_backend_and_strategy_moves_10000_verified_4k_frames_to_two_consumers() 
 #[ignore = "needs a CUDA GPU"]
 fn a_consumer_killed_mid_run_stalls_nobody() {
     for backend in BACKENDS {
-        for sync in STRATEGIES {
+        for sync in without_mps() {
             let sock = socket(&format!("kill-consumer-{backend}-{sync}"));
             let p = producer(backend, sync, &sock, FRAMES, 2);
             let mut victim = consumer("victim", backend, &sock, FRAMES);
@@ -81,7 +80,7 @@ fn a_consumer_killed_mid_run_stalls_nobody() {
 #[ignore = "needs a CUDA GPU"]
 fn a_producer_killed_mid_run_gives_consumers_producer_gone_within_a_second() {
     for backend in BACKENDS {
-        for sync in STRATEGIES {
+        for sync in without_mps() {
             let sock = socket(&format!("kill-producer-{backend}-{sync}"));
             let mut p = producer(backend, sync, &sock, u64::MAX / 4, 2);
             let a = consumer("a", backend, &sock, 0);
@@ -141,7 +140,7 @@ fn a_ring_of_tensors_moves_verified_slots_on_every_backend() {
 fn reading_until_the_end_of_the_stream_exits_0_with_every_backend_and_strategy() {
     const ENDING: u64 = 2000;
     for backend in BACKENDS {
-        for sync in STRATEGIES {
+        for sync in without_mps() {
             let sock = socket(&format!("eos-{backend}-{sync}"));
             let p = producer(backend, sync, &sock, ENDING, 1);
             let c = consumer("until-end", backend, &sock, 0);

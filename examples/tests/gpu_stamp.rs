@@ -92,7 +92,7 @@ fn after_a_producer_sigkill_gpu_stream_ops_consumers_skip_the_frames_it_never_wr
 mod under_mps {
     use std::time::{Duration, Instant};
 
-    use super::common::{BACKENDS, GPU_SIDE, require_mps, socket};
+    use super::common::{BACKENDS, gpu_side, require_mps, socket};
     use super::{persistent_consumer, record, small_producer, stamp_kill};
 
     #[test]
@@ -109,7 +109,7 @@ mod under_mps {
     fn a_persistent_consumer_reads_a_stream_to_its_end_and_leaves_when_its_producer_is_killed() {
         require_mps();
         for backend in BACKENDS {
-            for sync in GPU_SIDE {
+            for sync in gpu_side() {
                 let sock = socket(&format!("persistent-{backend}-{sync}"));
                 let p = small_producer(backend, sync, &sock, 3000, 4);
                 let c = persistent_consumer(backend, &sock, 3000);
@@ -148,7 +148,7 @@ mod under_mps {
     fn a_persistent_consumer_reads_a_256_slot_ring() {
         require_mps();
         for backend in BACKENDS {
-            for sync in GPU_SIDE {
+            for sync in gpu_side() {
                 let sock = socket(&format!("persistent-deep-{backend}-{sync}"));
                 let p = small_producer(backend, sync, &sock, 3000, 256);
                 let c = persistent_consumer(backend, &sock, 3000);
@@ -171,7 +171,7 @@ mod under_mps {
     fn device_api_round_trip_through_a_one_slot_ring() {
         const FRAMES: u64 = 20_000;
         require_mps();
-        for sync in GPU_SIDE {
+        for sync in gpu_side() {
             let sock = socket(&format!("persistent-rtt-{sync}"));
             let p = small_producer("vmm", sync, &sock, FRAMES, 1);
             let c = persistent_consumer("vmm", &sock, FRAMES);

@@ -42,6 +42,8 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool_import::PoolImporter>()?;
     m.add_class::<pool_import::BufferView>()?;
     m.add_function(wrap_pyfunction!(pool::sharing_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(ring::sync_strategies, m)?)?;
+    m.add_function(wrap_pyfunction!(ring::default_sync, m)?)?;
     m.add_class::<semaphore::SemaphoreWait>()?;
     m.add_class::<pattern::Pattern>()?;
     errors::register(m)?;

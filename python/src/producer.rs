@@ -144,8 +144,7 @@ impl Producer {
         let backend = parse_backend(backend)?;
         let sync = match sync {
             Some(name) => parse_sync(name)?,
-            None if backend.is_gpu() => SyncStrategy::GpuStreamOps,
-            None => SyncStrategy::CpuSpin,
+            None => SyncStrategy::default_for(backend),
         };
         let slot = slot_layout(width, height, format, shape, dtype)?;
         let layout = Layout::of_slot(&slot)?;

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::driver::{Borrowed, Context, Stream};
 use gpu_ipc::core::frames::FrameError;
-use gpu_ipc::core::wire::SyncStrategy;
+use gpu_ipc::core::wire::{SyncSide, SyncStrategy};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::errors::{ArgumentError, ClosedError, GpuIpcError, to_py};
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow};
@@ -185,16 +186,14 @@ pub fn seconds(timeout: f64) -> PyResult<Duration> {
 /// Whether a strategy's calls wait on the CPU (and may therefore be cut into slices and resumed); GPU-side
 /// strategies return as soon as their waits are queued.
 pub fn waits_on_cpu(sync: SyncStrategy) -> bool {
-    matches!(sync, SyncStrategy::CpuSpin | SyncStrategy::CpuSleep | SyncStrategy::IpcEvent)
+    !sync.is_gpu_side()
 }
 
 /// Whether a wait for a frame (`Consumer.next_frame`) or for a slot (`Producer.acquire`) may be cut into slices
-/// (called again after a `Timeout` as if nothing happened): the CPU strategies, and gpu-stream-ops, whose one CPU
-/// wait (the run-ahead bound: the stream is too far behind, e.g. stuck on a frame a quiet producer has not published)
-/// comes before it queues anything (the core slices the producer's itself, `ProducerSide::wait_in_slices`). Not
-/// gpu-poll: its deadline also sets the polling kernel's budget on the GPU, which a slice would cut short.
+/// (called again after a `Timeout` as if nothing happened): the strategy's descriptor says (`waits_in_slices`; the
+/// core slices the producer's itself, `ProducerSide::wait_in_slices`).
 pub fn waits_in_slices(sync: SyncStrategy) -> bool {
-    waits_on_cpu(sync) || sync == SyncStrategy::GpuStreamOps
+    sync.traits().waits_in_slices
 }
 
 /// Set once a signal handler raised (Ctrl-C's `KeyboardInterrupt`) between the slices of one of the package's
@@ -318,6 +317,40 @@ impl Gpu {
 /// Parses `backend=`.
 pub fn parse_backend(name: &str) -> PyResult<BackendKind> {
     name.parse::<BackendKind>().map_err(|e| ArgumentError::new_err(e.to_string()))
+}
+
+/// Every sync strategy in wire-code order, as the core's descriptor (`SyncStrategy::traits`) describes it: ``name``,
+/// ``waits`` and ``publishes`` (``"cpu"`` or ``"gpu"``: who waits for a frame or a slot, who marks a frame
+/// published), ``needs_cuda``, ``needs_mps``, ``isolated_container`` (a consumer in its own IPC namespace can run
+/// it), ``default`` (the one default strategy where a GPU backend runs).
+#[pyfunction]
+pub fn sync_strategies(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    let side = |s: SyncSide| match s {
+        SyncSide::Cpu => "cpu",
+        SyncSide::Gpu => "gpu",
+    };
+    SyncStrategy::ALL
+        .into_iter()
+        .map(|s| {
+            let t = s.traits();
+            let d = PyDict::new(py);
+            d.set_item("name", t.name)?;
+            d.set_item("waits", side(t.waits))?;
+            d.set_item("publishes", side(t.publishes))?;
+            d.set_item("needs_cuda", t.needs_cuda)?;
+            d.set_item("needs_mps", t.needs_mps)?;
+            d.set_item("isolated_container", t.isolated_container)?;
+            d.set_item("default", s == SyncStrategy::DEFAULT)?;
+            Ok(d)
+        })
+        .collect()
+}
+
+/// The strategy a ring made with ``backend`` uses when none is named: ``"gpu-stream-ops"`` where a GPU backend
+/// runs (the GPU waits, no MPS needed), ``"cpu-spin"`` with ``"host"``.
+#[pyfunction]
+pub fn default_sync(backend: &str) -> PyResult<&'static str> {
+    Ok(SyncStrategy::default_for(parse_backend(backend)?).name())
 }
 
 /// Parses `sync=`.

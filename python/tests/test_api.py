@@ -319,3 +319,23 @@ def test_ctrl_c_interrupts_waiting_for_a_producer_or_consumers(sock: str) -> Non
         producer.wait_for_consumers(1, timeout=30)  # no consumer comes
     assert time.monotonic() - start < 4
     producer.close()
+
+
+def test_the_strategies_describe_themselves_once_and_there_is_one_default() -> None:
+    strategies = gpu_ipc.sync_strategies()
+    assert [s["name"] for s in strategies] == ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops", "gpu-poll"]
+    assert [s["name"] for s in strategies if s["waits"] == "gpu"] == ["gpu-stream-ops", "gpu-poll"]
+    assert [s["name"] for s in strategies if s["needs_mps"]] == ["gpu-poll"]
+    assert [s["name"] for s in strategies if s["default"]] == ["gpu-stream-ops"]
+    assert gpu_ipc.default_sync("vmm") == gpu_ipc.default_sync("legacy") == "gpu-stream-ops"
+    assert gpu_ipc.default_sync("host") == "cpu-spin"
+    with pytest.raises(gpu_ipc.ArgumentError):
+        gpu_ipc.default_sync("cuda")
+
+
+def test_the_bridge_asks_the_descriptor_for_its_cpu_strategies_and_its_default() -> None:
+    from gpu_ipc import bridge
+
+    assert bridge.CPU_STRATEGIES == ("cpu-spin", "cpu-sleep", "ipc-event")
+    assert bridge._default_sync("vmm") == "ipc-event"
+    assert bridge._default_sync("host") == "cpu-spin"

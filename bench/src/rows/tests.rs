@@ -13,7 +13,7 @@ fn others(backends: usize) -> usize {
         + 2
         + 6
         + PACES.len() * 5
-        + backends * GRAPH_STRATEGIES.len() * GRAPH_SLOTS.len()
+        + backends * graph_strategies().count() * GRAPH_SLOTS.len()
         + MemoryTest::ALL.len()
         + backends * 3
 }

@@ -74,7 +74,7 @@ struct Args {
     #[arg(long, default_value = "vmm")]
     backend: BackendKind,
     /// Sync strategy (the producer's choice; consumers follow it).
-    #[arg(long, default_value = "gpu-stream-ops")]
+    #[arg(long, default_value_t = SyncStrategy::DEFAULT)]
     sync: SyncStrategy,
     /// cudarc: your kernel launched by cudarc on your cudarc stream; gpu-ipc: the same kernel launched by
     /// gpu-ipc's launcher on a gpu-ipc stream.

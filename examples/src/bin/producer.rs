@@ -48,9 +48,10 @@ use gpu_ipc_examples::{
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
-    /// Sync strategy: cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops or gpu-poll (needs MPS).
-    #[arg(long, default_value = "cpu-spin")]
-    sync: SyncStrategy,
+    /// Sync strategy: cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops or gpu-poll (needs MPS); by default
+    /// gpu-stream-ops on a GPU backend, cpu-spin on the host backend (`SyncStrategy::default_for`).
+    #[arg(long)]
+    sync: Option<SyncStrategy>,
     /// Ring slots, 1 to 256 (above 32: control-block layout 2, for consumers of this release).
     #[arg(long, default_value_t = 2)]
     slots: u32,
@@ -138,6 +139,7 @@ impl ProgramVisitor for Run {
     type Output = Summary;
     fn run<B: Backend, W: FrameWork<B>>(self) -> Result<Summary, FrameError> {
         let args = self.0;
+        let sync = args.sync.unwrap_or_else(|| SyncStrategy::default_for(B::KIND));
         if (args.persistent || args.graph) && args.frames == 0 {
             return Err(FrameError::Config("--persistent and --graph need a --frames count".into()));
         }
@@ -150,7 +152,7 @@ impl ProgramVisitor for Run {
             None => FrameGeometry::new(width, height, args.format)?.into(),
         };
         let frame_bytes = layout.bytes();
-        let mut config = ProducerConfig::new(&args.common.socket, layout, args.slots, args.sync);
+        let mut config = ProducerConfig::new(&args.common.socket, layout, args.slots, sync);
         if let Some(gid) = args.socket_group {
             config.access = SocketAccess::group(gid);
         } else if !args.allow_uids.is_empty() {
@@ -204,7 +206,7 @@ impl ProgramVisitor for Run {
         Ok(Summary {
             role: "producer",
             backend: B::KIND.name(),
-            sync: args.sync.name(),
+            sync: sync.name(),
             slots: args.slots,
             slot: producer.slot_layout().to_string(),
             frame_bytes,

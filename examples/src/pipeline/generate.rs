@@ -74,7 +74,7 @@ impl ProgramVisitor for Generate {
         let args = self.0;
         let mut work = W::open(args.common.device)?;
         let geometry = args.ring.geometry(B::KIND)?;
-        let config = ProducerConfig::new(&args.common.socket, geometry, args.ring.slots, args.ring.sync);
+        let config = ProducerConfig::new(&args.common.socket, geometry, args.ring.slots, args.ring.sync(B::KIND));
         let mut producer = Producer::<B>::create(work.ctx(), config)?;
         let patience = Duration::from_secs(args.common.attach_timeout);
         eprintln!("generate: waiting for a consumer on {}", args.common.socket.display());
@@ -112,7 +112,7 @@ impl ProgramVisitor for Generate {
         Ok(GenerateSummary {
             role: "generate",
             backend: B::KIND.name(),
-            sync: args.ring.sync.name(),
+            sync: args.ring.sync(B::KIND).name(),
             frame_bytes: geometry.frame_bytes(),
             frames: produced,
             seconds: elapsed.as_secs_f64(),

@@ -39,9 +39,10 @@ pub fn mask_name(mask: u32) -> String {
 #[derive(Debug, Clone, clap::Args)]
 pub struct RingArgs {
     /// Sync strategy of the ring this role creates: cpu-spin, cpu-sleep, ipc-event, gpu-stream-ops or gpu-poll
-    /// (needs MPS).
-    #[arg(long, default_value = "cpu-spin")]
-    pub sync: SyncStrategy,
+    /// (needs MPS); by default gpu-stream-ops on a GPU backend, cpu-spin on the host backend
+    /// (`SyncStrategy::default_for`).
+    #[arg(long)]
+    pub sync: Option<SyncStrategy>,
     /// Ring slots, 1 to 256.
     #[arg(long, default_value_t = 2)]
     pub slots: u32,
@@ -66,6 +67,11 @@ impl RingArgs {
         let width = self.width.unwrap_or(if host { 640 } else { 3840 });
         let height = self.height.unwrap_or(if host { 480 } else { 2160 });
         Ok(FrameGeometry::new(width, height, self.format)?)
+    }
+
+    /// The ring's sync strategy: `--sync`, else the default for `backend` (`SyncStrategy::default_for`).
+    pub fn sync(&self, backend: BackendKind) -> SyncStrategy {
+        self.sync.unwrap_or_else(|| SyncStrategy::default_for(backend))
     }
 }
 

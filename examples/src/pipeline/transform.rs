@@ -102,7 +102,7 @@ impl StageVisitor for Transform {
         let work = W::open(args.common.device)?;
         let geometry = args.ring.geometry(D::KIND)?;
         let patience = Duration::from_secs(args.common.attach_timeout);
-        let downstream = ProducerConfig::new(&args.common.socket, geometry, args.ring.slots, args.ring.sync);
+        let downstream = ProducerConfig::new(&args.common.socket, geometry, args.ring.slots, args.ring.sync(D::KIND));
         let mut config = StageConfig::new(&args.upstream, downstream);
         config.attach = AttachOptions { name: "transform".into(), wait_for_producer: patience, ..config.attach };
         config.consumer_timeout = patience;
@@ -148,7 +148,7 @@ impl StageVisitor for Transform {
             upstream_backend: U::KIND.name(),
             upstream_sync,
             backend: D::KIND.name(),
-            sync: args.ring.sync.name(),
+            sync: args.ring.sync(D::KIND).name(),
             xor: mask_name(mask),
             first_upstream,
             frames,

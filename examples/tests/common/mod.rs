@@ -10,8 +10,16 @@ use std::time::{Duration, Instant};
 
 /// The GPU backends every GPU test runs.
 pub const BACKENDS: [&str; 2] = ["legacy", "vmm"];
-/// The strategies whose waits run on the GPU (their frames carry a stamp; persistent kernels need one of them).
-pub const GPU_SIDE: [&str; 2] = ["gpu-stream-ops", "gpu-poll"];
+/// The strategies whose waits run on the GPU (their frames carry a stamp; persistent kernels need one of them), as
+/// the strategy's descriptor says.
+pub fn gpu_side() -> impl Iterator<Item = &'static str> {
+    gpu_ipc::core::wire::SyncStrategy::ALL.into_iter().filter(|s| s.is_gpu_side()).map(|s| s.name())
+}
+
+/// The strategies that run without MPS, as the strategy's descriptor says.
+pub fn without_mps() -> impl Iterator<Item = &'static str> {
+    gpu_ipc::core::wire::SyncStrategy::ALL.into_iter().filter(|s| !s.traits().needs_mps).map(|s| s.name())
+}
 
 /// Fails the test, saying why, unless MPS runs for device 0 as the strategies judge it (`MpsEvidence`). The gpu-poll,
 /// persistent-kernel and frame-graph cases call it first: they sit in `under_mps` modules marked

@@ -32,4 +32,7 @@ pub use message::{
 pub use rendezvous::{PeerConnection, PeerCredentials, PeerPolicy, RendezvousListener, SocketAccess};
 pub use slot::SlotLayout;
 pub use tensor::{DType, DlpackDtype, LayoutError, MAX_TENSOR_DIMS, MAX_TENSOR_EXTENT, TensorDesc};
-pub use types::{BackendKind, FrameGeometry, HandleType, ObjectKind, PixelFormat, SyncStrategy, UnknownName};
+pub use types::{
+    BackendKind, FrameGeometry, HandleType, ObjectKind, PixelFormat, StrategyTraits, SyncSide, SyncStrategy,
+    UnknownName,
+};

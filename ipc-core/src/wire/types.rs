@@ -237,55 +237,123 @@ pub enum SyncStrategy {
     GpuPoll,
 }
 
+/// Which side of the machine does a strategy's per-frame work: the CPU (the call returns once it is done) or the
+/// GPU (the call returns once the work is queued on the caller's stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SyncSide {
+    /// The CPU, in the call.
+    Cpu,
+    /// The GPU, in work queued on the caller's stream.
+    Gpu,
+}
+
+/// What a sync strategy is, in one place: every front end (the benchmark's rows and targets, the criterion benches,
+/// the Python package, the doctor) asks this rather than matching on [`SyncStrategy`]'s variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StrategyTraits {
+    /// The name the command line, JSON reports and logs use (`--sync cpu-spin`).
+    pub name: &'static str,
+    /// Stable wire code.
+    pub code: u16,
+    /// Who waits for a frame (consumer) and for a free slot (producer). [`SyncSide::Gpu`]: the calls return once the
+    /// wait is queued, and they need a stream.
+    pub waits: SyncSide,
+    /// Who marks a frame published. [`SyncSide::Gpu`]: `publish` returns before the frame's work is done (an event
+    /// recorded, a stream write queued), so a caller cannot time the publish on the CPU after the work.
+    pub publishes: SyncSide,
+    /// Whether a peer's queued GPU work writes the ring's counters (so a dead peer's stores can land after it died).
+    pub gpu_writes_counters: bool,
+    /// Whether it needs a CUDA backend (legacy or vmm); the others also run on the host backend (which runs
+    /// `ipc-event` too, with stand-ins for the events, for tests).
+    pub needs_cuda: bool,
+    /// Whether it needs MPS (two processes' kernels running at the same time).
+    pub needs_mps: bool,
+    /// Whether a consumer in its own IPC namespace (a container's default) can run it.
+    pub isolated_container: bool,
+    /// Whether a wait may be given a near deadline and called again after its `Timeout` as if nothing happened
+    /// (what lets the Python package check for Ctrl-C between slices).
+    pub waits_in_slices: bool,
+}
+
 impl SyncStrategy {
     /// Every strategy, in wire-code order.
     pub const ALL: [SyncStrategy; 5] =
         [Self::CpuSpin, Self::CpuSleep, Self::IpcEvent, Self::GpuStreamOps, Self::GpuPoll];
 
+    /// The one default strategy, where a GPU backend runs: the GPU waits (no CPU per frame), it needs no MPS, and it
+    /// runs in an isolated container. With the host backend, [`SyncStrategy::default_for`] picks the first strategy
+    /// that needs no CUDA.
+    pub const DEFAULT: SyncStrategy = Self::GpuStreamOps;
+
+    /// What this strategy is: who waits, who publishes, what it needs. The only place these facts are written.
+    pub const fn traits(self) -> StrategyTraits {
+        const fn t(name: &'static str, code: u16, waits: SyncSide, publishes: SyncSide) -> StrategyTraits {
+            let gpu = matches!(waits, SyncSide::Gpu);
+            StrategyTraits {
+                name,
+                code,
+                waits,
+                publishes,
+                gpu_writes_counters: gpu,
+                needs_cuda: true,
+                needs_mps: false,
+                isolated_container: true,
+                waits_in_slices: true,
+            }
+        }
+        match self {
+            Self::CpuSpin => StrategyTraits { needs_cuda: false, ..t("cpu-spin", 1, SyncSide::Cpu, SyncSide::Cpu) },
+            Self::CpuSleep => StrategyTraits { needs_cuda: false, ..t("cpu-sleep", 2, SyncSide::Cpu, SyncSide::Cpu) },
+            // In its own IPC namespace a consumer cannot open the events and runs the ring without them.
+            Self::IpcEvent => t("ipc-event", 3, SyncSide::Cpu, SyncSide::Gpu),
+            // Its one CPU wait (the run-ahead bound) comes before it queues anything, so it may be sliced.
+            Self::GpuStreamOps => t("gpu-stream-ops", 4, SyncSide::Gpu, SyncSide::Gpu),
+            // MPS clients share the host's IPC namespace (docker --ipc=host); the deadline also sets the polling
+            // kernel's budget on the GPU, which a slice would cut short.
+            Self::GpuPoll => StrategyTraits {
+                needs_mps: true,
+                isolated_container: false,
+                waits_in_slices: false,
+                ..t("gpu-poll", 5, SyncSide::Gpu, SyncSide::Gpu)
+            },
+        }
+    }
+
+    /// The default strategy for `backend`: [`SyncStrategy::DEFAULT`], or, where the backend has no CUDA, the first
+    /// strategy that needs none (`cpu-spin`).
+    pub fn default_for(backend: BackendKind) -> SyncStrategy {
+        if backend.is_gpu() || !Self::DEFAULT.traits().needs_cuda {
+            return Self::DEFAULT;
+        }
+        Self::ALL.into_iter().find(|s| !s.traits().needs_cuda).unwrap_or(Self::CpuSpin)
+    }
+
     /// The name the command line, JSON reports and logs use (`cpu-spin`, `cpu-sleep`, `ipc-event`,
     /// `gpu-stream-ops`, `gpu-poll`); [`FromStr`] parses it back.
     pub const fn name(self) -> &'static str {
-        match self {
-            Self::CpuSpin => "cpu-spin",
-            Self::CpuSleep => "cpu-sleep",
-            Self::IpcEvent => "ipc-event",
-            Self::GpuStreamOps => "gpu-stream-ops",
-            Self::GpuPoll => "gpu-poll",
-        }
+        self.traits().name
     }
 
     /// Whether the GPU does the waiting (`gpu-stream-ops`, `gpu-poll`): the calls return once the work is queued,
     /// and they need a stream.
     pub const fn is_gpu_side(self) -> bool {
-        matches!(self, Self::GpuStreamOps | Self::GpuPoll)
+        matches!(self.traits().waits, SyncSide::Gpu)
     }
 
     /// Whether it needs a CUDA backend (everything but `cpu-spin` and `cpu-sleep`, the ones the host backend runs).
     pub const fn needs_cuda(self) -> bool {
-        !matches!(self, Self::CpuSpin | Self::CpuSleep)
+        self.traits().needs_cuda
     }
 
     /// Stable wire code.
     pub const fn code(self) -> u16 {
-        match self {
-            Self::CpuSpin => 1,
-            Self::CpuSleep => 2,
-            Self::IpcEvent => 3,
-            Self::GpuStreamOps => 4,
-            Self::GpuPoll => 5,
-        }
+        self.traits().code
     }
 
     /// Decodes a wire code; `field` names the message field for the error.
     pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
-        match code {
-            1 => Ok(Self::CpuSpin),
-            2 => Ok(Self::CpuSleep),
-            3 => Ok(Self::IpcEvent),
-            4 => Ok(Self::GpuStreamOps),
-            5 => Ok(Self::GpuPoll),
-            _ => Err(WireError::UnknownCode { field, code: u32::from(code) }),
-        }
+        Self::ALL.into_iter().find(|s| s.code() == code).ok_or(WireError::UnknownCode { field, code: u32::from(code) })
     }
 }
 
@@ -511,20 +579,43 @@ mod tests {
         for h in [HandleType::LegacyIpc, HandleType::PosixFd, HandleType::HostMemfd] {
             assert_eq!(HandleType::from_code(h.code(), "h").unwrap(), h);
         }
-        for s in [
-            SyncStrategy::CpuSpin,
-            SyncStrategy::CpuSleep,
-            SyncStrategy::IpcEvent,
-            SyncStrategy::GpuStreamOps,
-            SyncStrategy::GpuPoll,
-        ] {
+        for s in SyncStrategy::ALL {
             assert_eq!(SyncStrategy::from_code(s.code(), "s").unwrap(), s);
+            assert_eq!(s.name().parse::<SyncStrategy>().unwrap(), s);
         }
         assert_eq!((SyncStrategy::GpuPoll.code(), SyncStrategy::GpuPoll.to_string().as_str()), (5, "gpu-poll"));
         assert!(matches!(SyncStrategy::from_code(6, "s"), Err(WireError::UnknownCode { field: "s", code: 6 })));
+        let codes: Vec<u16> = SyncStrategy::ALL.iter().map(|s| s.code()).collect();
+        assert_eq!(codes, [1, 2, 3, 4, 5], "wire codes never change meaning");
         for code in 1..=7 {
             assert_eq!(PixelFormat::from_code(code, "p").unwrap().code(), code);
         }
         assert!(matches!(PixelFormat::from_code(0, "p"), Err(WireError::UnknownCode { field: "p", code: 0 })));
+    }
+
+    #[test]
+    fn the_strategy_descriptor_says_who_waits_and_what_each_needs() {
+        let gpu_side: Vec<_> = SyncStrategy::ALL.into_iter().filter(|s| s.is_gpu_side()).map(|s| s.name()).collect();
+        assert_eq!(gpu_side, ["gpu-stream-ops", "gpu-poll"]);
+        let gpu_publishes: Vec<_> =
+            SyncStrategy::ALL.into_iter().filter(|s| s.traits().publishes == SyncSide::Gpu).map(|s| s.name()).collect();
+        assert_eq!(gpu_publishes, ["ipc-event", "gpu-stream-ops", "gpu-poll"]);
+        let host: Vec<_> = SyncStrategy::ALL.into_iter().filter(|s| !s.needs_cuda()).map(|s| s.name()).collect();
+        assert_eq!(host, ["cpu-spin", "cpu-sleep"]);
+        let mps: Vec<_> = SyncStrategy::ALL.into_iter().filter(|s| s.traits().needs_mps).collect();
+        assert_eq!(mps, [SyncStrategy::GpuPoll]);
+        assert!(!SyncStrategy::GpuPoll.traits().waits_in_slices && !SyncStrategy::GpuPoll.traits().isolated_container);
+        for s in SyncStrategy::ALL {
+            assert_eq!(s.traits().gpu_writes_counters, s.is_gpu_side(), "{s}");
+        }
+    }
+
+    #[test]
+    fn one_default_strategy_and_the_host_backend_gets_the_first_that_needs_no_cuda() {
+        let d = SyncStrategy::DEFAULT.traits();
+        assert_eq!((d.waits, d.needs_mps, d.isolated_container), (SyncSide::Gpu, false, true));
+        assert_eq!(SyncStrategy::default_for(BackendKind::Vmm), SyncStrategy::DEFAULT);
+        assert_eq!(SyncStrategy::default_for(BackendKind::Legacy), SyncStrategy::DEFAULT);
+        assert_eq!(SyncStrategy::default_for(BackendKind::HostFake), SyncStrategy::CpuSpin);
     }
 }

@@ -94,7 +94,9 @@ from gpu_ipc._gpu_ipc import (
     Timeout,
     WireError,
     __version__,
+    default_sync,
     sharing_backend,
+    sync_strategies,
 )
 
 __all__ = [
@@ -141,8 +143,10 @@ __all__ = [
     "Timeout",
     "WireError",
     "__version__",
+    "default_sync",
     "share",
     "sharing_backend",
+    "sync_strategies",
 ]
 
 # This process's pools (one per socket path, made by the first `share` there) and attachments (one per socket path,

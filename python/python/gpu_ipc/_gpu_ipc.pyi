@@ -101,7 +101,9 @@ __all__ = [
     "Timeout",
     "WireError",
     "__version__",
+    "default_sync",
     "sharing_backend",
+    "sync_strategies",
 ]
 
 __version__: str
@@ -769,3 +771,13 @@ def sharing_backend(obj: Any, device: int = 0) -> str:
     """The backend that shares ``obj``'s memory in place: ``"host"`` for host memory (``__array_interface__``);
     ``"legacy"`` for GPU memory from ``cuMemAlloc`` (PyTorch's default caching allocator, CuPy's); ``"vmm"``
     otherwise (``cuMemCreate``: PyTorch's ``expandable_segments:True``). ``device``: the GPU it is on."""
+
+def sync_strategies() -> list[dict[str, str | bool]]:
+    """Every sync strategy in wire-code order, as the core's descriptor (``SyncStrategy::traits``) describes it:
+    ``name``, ``waits`` and ``publishes`` (``"cpu"`` or ``"gpu"``: who waits for a frame or a slot, who marks a frame
+    published), ``needs_cuda``, ``needs_mps``, ``isolated_container`` (a consumer in its own IPC namespace can run
+    it), ``default`` (the one default strategy where a GPU backend runs)."""
+
+def default_sync(backend: str) -> str:
+    """The strategy a ring made with ``backend`` uses when none is named: ``"gpu-stream-ops"`` where a GPU backend
+    runs (the GPU waits, no MPS needed), ``"cpu-spin"`` with ``"host"``."""

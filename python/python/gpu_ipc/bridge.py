@@ -36,7 +36,19 @@ __all__ = ["BridgeError", "NixlMissing", "PeerGone", "ProtocolError", "Transport
 
 DEFAULT_PORT = 5600
 DEFAULT_NAME = "gpu-ipc-bridge"
-CPU_STRATEGIES = ("cpu-spin", "cpu-sleep", "ipc-event")
+# The bridge reads and publishes frames when the CPU knows they are ready: the strategies whose waits the CPU does,
+# as the core's descriptor says (gpu_ipc.sync_strategies()).
+CPU_STRATEGIES = tuple(str(s["name"]) for s in gpu_ipc.sync_strategies() if s["waits"] == "cpu")
+
+
+def _default_sync(backend: str) -> str:
+    """Deliberately not gpu_ipc.default_sync (a GPU-waiting strategy): the first CPU-waiting strategy the backend
+    runs, preferring one whose publish the GPU marks (ipc-event: the receiving end does not wait on the CPU for each
+    frame's copy); cpu-spin with the host backend."""
+    runs = [s for s in gpu_ipc.sync_strategies()
+            if s["waits"] == "cpu" and (backend != "host" or not s["needs_cuda"])]
+    gpu_marked = [s for s in runs if s["publishes"] == "gpu"]
+    return str((gpu_marked or runs)[0]["name"])
 
 
 def _memory(backend: str) -> str:
@@ -96,7 +108,7 @@ def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, bac
     tell its consumers that the stream ended cleanly. End the process (the command does at once), so that they get
     ``ProducerGone``.
     """
-    sync = sync or ("cpu-spin" if backend == "host" else "ipc-event")
+    sync = sync or _default_sync(backend)
     if sync not in CPU_STRATEGIES:
         raise BridgeError(f"sync {sync!r}: the receiving end publishes on the CPU; use one of "
                           f"{', '.join(CPU_STRATEGIES)}")

@@ -4,7 +4,7 @@
 //! ([`Isolation`]). The producer (or owner) runs here, outside; the socket is a path both see, as a shared volume
 //! would be.
 //!
-//! Ring cells ([`RING_SYNCS`], and under MPS `gpu-poll`): a producer of [`CONTAINER_FRAMES`] frames waits for one
+//! Ring cells ([`ring_syncs`], and under MPS `gpu-poll`): a producer of [`CONTAINER_FRAMES`] frames waits for one
 //! consumer, which runs in the container and must verify every frame with 0 mismatched words; the producer must then
 //! finish within [`PRODUCER_AFTER`] (else it was left waiting: a failure). The `ipc-event` cell has the same
 //! expectation, stated in its name: it passes only when the consumer reads every frame intact (a fallback that waits
@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use gpu_ipc::core::wire::SyncStrategy;
 use serde::Serialize;
 
 use super::outcome::{Check, ProcEnd, Status, looks_like_mps_fault};
@@ -34,7 +35,9 @@ use super::run::{Ctx, START_LIMIT};
 /// Frames each ring cell's consumer must verify.
 pub const CONTAINER_FRAMES: u64 = 200;
 /// The ring strategies of the part (without MPS; under MPS `gpu-poll` too).
-pub const RING_SYNCS: [&str; 4] = ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops"];
+pub fn ring_syncs() -> impl Iterator<Item = &'static str> {
+    super::schedule::strategies(false)
+}
 /// The toolkit primitives of the part.
 pub const TOOLKIT: [&str; 4] = ["pool", "semaphore", "work-queue", "pipeline"];
 /// How long a client in a container may take, start-up included, before it counts as hung (each cell's work takes
@@ -239,25 +242,27 @@ pub fn expectation(what: &str, sync: Option<&str>) -> String {
 pub fn cells(backends: &[&str], mps: bool) -> Vec<ContainerRun> {
     let mut cells = Vec::new();
     for &backend in backends {
-        cells.extend(RING_SYNCS.iter().map(|&s| ContainerRun::new("ring", backend, Some(s), false)));
+        cells.extend(ring_syncs().map(|s| ContainerRun::new("ring", backend, Some(s), false)));
         for what in TOOLKIT {
             let sync = (what == "pipeline").then(|| pipeline_sync(backend));
             cells.push(ContainerRun::new(what, backend, sync, false));
         }
     }
     if mps {
-        cells.extend(backends.iter().map(|&b| ContainerRun::new("ring", b, Some("gpu-poll"), true)));
+        for sync in super::schedule::strategies(true) {
+            cells.extend(backends.iter().map(|&b| ContainerRun::new("ring", b, Some(sync), true)));
+        }
     }
     cells
 }
 
 fn pipeline_sync(backend: &str) -> &'static str {
-    if backend == "host" { "cpu-spin" } else { "gpu-stream-ops" }
+    backend.parse().map_or(SyncStrategy::DEFAULT, SyncStrategy::default_for).name()
 }
 
 /// Why a cell cannot run on `backend`, or `None`.
 pub fn needs_gpu(backend: &str, sync: Option<&str>) -> Option<String> {
-    let gpu_sync = sync.is_some_and(|s| !matches!(s, "cpu-spin" | "cpu-sleep"));
+    let gpu_sync = sync.is_some_and(|s| !matches!(s.parse::<SyncStrategy>(), Ok(s) if !s.needs_cuda()));
     (backend == "host" && gpu_sync).then(|| format!("{} needs a GPU backend (legacy or vmm)", sync.unwrap_or_default()))
 }
 

@@ -1,12 +1,16 @@
 //! What runs when: the kill matrix's cells and each trial's random kill point, from a seed (so a failing trial
 //! can be replayed with `--seed`), and the sizes of a full and a `--quick` run.
 
+use gpu_ipc::core::wire::SyncStrategy;
 use serde::Serialize;
 
 /// Backends the harness drives, as the example programs spell them.
 pub const BACKENDS: [&str; 2] = ["legacy", "vmm"];
-/// Sync strategies, as the example programs spell them.
-pub const STRATEGIES: [&str; 4] = ["cpu-spin", "cpu-sleep", "ipc-event", "gpu-stream-ops"];
+/// Sync strategies, as the example programs spell them: those that run without MPS (`mps: false`) or only under it
+/// (`mps: true`), as the strategy's descriptor says.
+pub fn strategies(mps: bool) -> impl Iterator<Item = &'static str> {
+    SyncStrategy::ALL.into_iter().filter(move |s| s.traits().needs_mps == mps).map(SyncStrategy::name)
+}
 
 /// A small, seedable generator (SplitMix64): reproducible kill points without a dependency.
 #[derive(Debug, Clone)]
@@ -121,16 +125,13 @@ impl Sizes {
     pub const QUICK: Sizes = Sizes { kills_per_cell: 3, cycles: 200, ..Sizes::FULL };
 }
 
-/// The strategy that runs only under MPS (a polling kernel): in the kill matrix of the MPS pass only.
-pub const MPS_ONLY_STRATEGY: &str = "gpu-poll";
-
 /// The kill matrix: every backend x strategy x victim (filtered by `backends`), in that order; under MPS also
 /// `gpu-poll`, last for each backend.
 pub fn cells(backends: &[&'static str], mps: bool) -> Vec<Cell> {
     let mut cells = Vec::new();
-    let mps_only: &[&'static str] = if mps { &[MPS_ONLY_STRATEGY] } else { &[] };
     for backend in BACKENDS.iter().filter(|b| backends.contains(b)) {
-        for &sync in STRATEGIES.iter().chain(mps_only) {
+        // The strategies that run only under MPS (a polling kernel) are in the kill matrix of the MPS pass only.
+        for sync in strategies(false).chain(strategies(true).filter(|_| mps)) {
             for victim in [Victim::Producer, Victim::Consumer] {
                 cells.push(Cell { backend, sync, victim });
             }

@@ -258,7 +258,7 @@ impl<B: Backend> Producer<B> {
     pub fn acquire(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<SlotLease, FrameError> {
         self.check_no_ring_kernel()?;
         self.serve_front_door();
-        let seq = self.next_seq;
+        let seq = Sequence(self.next_seq);
         let started = Instant::now();
         let deadline = started + timeout;
         let evict_after = match self.config.slow_consumer {
@@ -295,9 +295,9 @@ impl<B: Backend> Producer<B> {
                 Err(e) => return Err(e),
             }
         }
-        let slot = self.ring.slot_for(Sequence(seq));
+        let slot = self.ring.slot_for(seq);
         Ok(SlotLease {
-            seq: Sequence(seq),
+            seq,
             slot,
             ptr: self.region.ptr().offset(self.stride * u64::from(slot.0)),
             bytes: self.config.slot_layout.bytes(),
@@ -306,7 +306,7 @@ impl<B: Backend> Producer<B> {
     }
 
     /// Evicts the consumers holding up frame `seq`; returns how many.
-    fn evict_holding_up(&mut self, seq: u64) -> usize {
+    fn evict_holding_up(&mut self, seq: Sequence) -> usize {
         let mut holding = std::mem::take(&mut self.holding_up);
         holding.clear();
         self.sync.holding_up(&self.ring, seq, &mut holding);
@@ -355,7 +355,7 @@ impl<B: Backend> Producer<B> {
         // Frame `s` may be overwritten once `s - slots` is released: the next `slots` sequences cover every frame
         // still held.
         for seq in self.next_seq..self.next_seq + u64::from(self.config.slots) {
-            self.sync.wait_slot_free(&self.ring, seq, stream, deadline)?;
+            self.sync.wait_slot_free(&self.ring, Sequence(seq), stream, deadline)?;
         }
         self.sync.drain(stream, deadline)
     }
@@ -384,8 +384,8 @@ impl<B: Backend> Producer<B> {
             });
         }
         let gpu_deadline = Instant::now() + self.config.gpu_timeout;
-        self.sync.publish(&self.ring, lease.seq.0, lease.slot.0, stream, gpu_deadline)?;
-        self.next_seq = lease.seq.0 + 1;
+        self.sync.publish(&self.ring, lease.seq, lease.slot, stream, gpu_deadline)?;
+        self.next_seq = lease.seq.next().0;
         Ok(())
     }
 }

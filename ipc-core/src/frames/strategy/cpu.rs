@@ -10,12 +10,12 @@ use crate::ring::{ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
 /// Waits on the CPU until frame `seq`'s slot may be rewritten; a consumer found dead meanwhile stops counting.
 pub(crate) fn wait_reusable(
     ring: &ProducerControl,
-    seq: u64,
+    seq: Sequence,
     mode: WaitMode,
     deadline: Instant,
 ) -> Result<(), FrameError> {
     loop {
-        match ring.wait_reusable(Sequence(seq), deadline, mode) {
+        match ring.wait_reusable(seq, deadline, mode) {
             Ok(()) => return Ok(()),
             // A consumer died while we waited: stop counting it and wait again.
             Err(RingError::ConsumerGone { consumer, .. }) => {
@@ -75,7 +75,7 @@ impl ProducerSide for CpuProducer {
     fn wait_slot_free(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
+        seq: Sequence,
         _stream: Option<&Stream>,
         deadline: Instant,
     ) -> Result<(), FrameError> {
@@ -85,15 +85,15 @@ impl ProducerSide for CpuProducer {
     fn publish(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
-        _slot: u32,
+        seq: Sequence,
+        _slot: SlotIndex,
         stream: Option<&Stream>,
         gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         if let Some(stream) = stream {
             self.fence.wait(stream, gpu_deadline)?;
         }
-        Ok(ring.publish(Sequence(seq))?)
+        Ok(ring.publish(seq)?)
     }
 
     fn drain(&mut self, stream: Option<&Stream>, deadline: Instant) -> Result<(), FrameError> {

@@ -112,10 +112,6 @@ impl Strategy for GpuPoll {
         KIND
     }
 
-    fn gpu_writes_counters(&self) -> bool {
-        true
-    }
-
     fn check(&self, cuda: Option<&Context>) -> Result<(), FrameError> {
         let cuda = need_cuda(KIND, cuda)?;
         let device = cuda.device();
@@ -435,26 +431,26 @@ impl PollProducer {
 
 impl ProducerSide for PollProducer {
     fn wait_in_slices(&self) -> bool {
-        // The deadline also sets the polling kernel's time budget on the GPU: a slice would cut that short.
-        false
+        // False: the deadline also sets the polling kernel's time budget on the GPU: a slice would cut that short.
+        KIND.traits().waits_in_slices
     }
 
     fn wait_slot_free(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
+        seq: Sequence,
         stream: Option<&Stream>,
         deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        let ahead = self.poller.run_ahead.before(seq, deadline);
+        let ahead = self.poller.run_ahead.before(seq.0, deadline);
         self.check_polls()?;
         ahead?;
         // Frame `seq - depth` and all before it have gone through the stream.
-        self.done_below = self.done_below.max((seq + 1).saturating_sub(self.poller.run_ahead.depth()));
+        self.done_below = self.done_below.max((seq.0 + 1).saturating_sub(self.poller.run_ahead.depth()));
         loop {
             self.pending.clear();
-            match ring.pending_releases(Sequence(seq), &mut self.pending) {
+            match ring.pending_releases(seq, &mut self.pending) {
                 Ok(()) => break,
                 Err(RingError::JoinInProgress { .. }) if Instant::now() < deadline => std::thread::yield_now(),
                 Err(e) => return Err(e.into()),
@@ -477,34 +473,34 @@ impl ProducerSide for PollProducer {
         let layout = self.poller.layout;
         let first = layout.released_offset(0, slot);
         let mirror = Mirror::released(0, slot.0);
-        self.poller.wait(stream, first, layout.record_stride(), mirror, mask, target, seq, deadline)
+        self.poller.wait(stream, first, layout.record_stride(), mirror, mask, target, seq.0, deadline)
     }
 
     fn publish(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
-        slot: u32,
+        seq: Sequence,
+        slot: SlotIndex,
         stream: Option<&Stream>,
         _gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        let offset = self.poller.layout.published_offset(SlotIndex(slot));
-        let mirror = Mirror::published(SlotIndex(slot));
-        self.poller.store(stream, offset, mirror, Sequence(seq).done_value(), seq)?;
-        Ok(ring.advance(Sequence(seq))?)
+        let offset = self.poller.layout.published_offset(slot);
+        let mirror = Mirror::published(slot);
+        self.poller.store(stream, offset, mirror, seq.done_value(), seq.0)?;
+        Ok(ring.advance(seq)?)
     }
 
-    fn record_reusable(&self, left_at: u64) -> bool {
+    fn record_reusable(&self, left_at: Sequence) -> bool {
         // The stream may still hold polls of the record's counters, queued before the consumer left; a new owner
         // starts them at 0, which would hold the poll until its deadline.
-        left_at <= self.done_below
+        left_at.0 <= self.done_below
     }
 
-    fn holding_up(&self, ring: &ProducerControl, seq: u64, out: &mut Vec<ConsumerId>) {
+    fn holding_up(&self, ring: &ProducerControl, seq: Sequence, out: &mut Vec<ConsumerId>) {
         // The stream is stuck behind a poll queued for some frame in flight: whoever has not released for any of
         // them holds it up.
-        super::holding_up_frames(ring, self.done_below.min(seq), seq, out);
+        super::holding_up_frames(ring, Sequence(self.done_below.min(seq.0)), seq, out);
     }
 
     fn drain(&mut self, stream: Option<&Stream>, deadline: Instant) -> Result<(), FrameError> {

@@ -35,10 +35,6 @@ impl Strategy for GpuStreamOps {
         KIND
     }
 
-    fn gpu_writes_counters(&self) -> bool {
-        true
-    }
-
     fn check(&self, cuda: Option<&Context>) -> Result<(), FrameError> {
         let cuda = need_cuda(KIND, cuda)?;
         let device = cuda.device();
@@ -187,16 +183,16 @@ impl ProducerSide for GpuProducer {
     fn wait_slot_free(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
+        seq: Sequence,
         stream: Option<&Stream>,
         deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        self.run_ahead.before(seq, deadline)?;
+        self.run_ahead.before(seq.0, deadline)?;
         self.waits.passed(self.run_ahead.progress());
         loop {
             self.pending.clear();
-            match ring.pending_releases(Sequence(seq), &mut self.pending) {
+            match ring.pending_releases(seq, &mut self.pending) {
                 Ok(()) => break,
                 Err(RingError::JoinInProgress { .. }) if Instant::now() < deadline => std::thread::yield_now(),
                 Err(e) => return Err(e.into()),
@@ -212,7 +208,7 @@ impl ProducerSide for GpuProducer {
             batch.wait_u64(&span, need.offset as u64, need.at_least, WaitCondition::AtLeast)?;
         }
         // No mark: the publish's mark covers the waits (see `settle`).
-        self.waits.queued(seq, self.run_ahead.next_mark());
+        self.waits.queued(seq.0, self.run_ahead.next_mark());
         self.run_ahead.submit_unmarked(batch, stream)?;
         self.trailing.extend(self.pending.iter().map(|need| Trailing { offset: need.offset, at_least: need.at_least }));
         Ok(())
@@ -221,32 +217,32 @@ impl ProducerSide for GpuProducer {
     fn publish(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
-        slot: u32,
+        seq: Sequence,
+        slot: SlotIndex,
         stream: Option<&Stream>,
         _gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
         let span = self.registration.span();
         let mut batch = MemOpBatch::new(&mut self.scratch);
-        let offset = ring.block().layout().published_offset(SlotIndex(slot));
-        batch.write_u64(&span, offset as u64, Sequence(seq).done_value())?;
-        self.run_ahead.submit(batch, stream, Some(seq))?;
+        let offset = ring.block().layout().published_offset(slot);
+        batch.write_u64(&span, offset as u64, seq.done_value())?;
+        self.run_ahead.submit(batch, stream, Some(seq.0))?;
         self.trailing.clear();
-        Ok(ring.advance(Sequence(seq))?)
+        Ok(ring.advance(seq)?)
     }
 
-    fn record_reusable(&self, left_at: u64) -> bool {
+    fn record_reusable(&self, left_at: Sequence) -> bool {
         // The stream may still hold waits on the record's counters, queued before the consumer left; a new owner
         // starts them at 0, which would hold the stream forever.
-        self.waits.none_before(left_at, self.run_ahead.progress())
+        self.waits.none_before(left_at.0, self.run_ahead.progress())
     }
 
-    fn holding_up(&self, ring: &ProducerControl, seq: u64, out: &mut Vec<ConsumerId>) {
+    fn holding_up(&self, ring: &ProducerControl, seq: Sequence, out: &mut Vec<ConsumerId>) {
         // The stream is stuck behind a wait queued for some frame in flight: whoever has not released for any of
         // them holds it up.
-        let first = self.waits.oldest_pending(self.run_ahead.progress()).map_or(seq, |frame| frame.min(seq));
-        super::holding_up_frames(ring, first, seq, out);
+        let first = self.waits.oldest_pending(self.run_ahead.progress()).map_or(seq.0, |frame| frame.min(seq.0));
+        super::holding_up_frames(ring, Sequence(first), seq, out);
     }
 
     fn drain(&mut self, stream: Option<&Stream>, deadline: Instant) -> Result<(), FrameError> {

@@ -212,7 +212,7 @@ impl ProducerSide for EventProducer {
     fn wait_slot_free(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
+        seq: Sequence,
         stream: Option<&Stream>,
         deadline: Instant,
     ) -> Result<(), FrameError> {
@@ -221,7 +221,7 @@ impl ProducerSide for EventProducer {
         // The counter says a consumer recorded its release event; the event says its reads are done. A consumer
         // without events stores the counter only once its reads are done. An offered event its consumer never
         // recorded (one without events, before the producer heard so) is complete.
-        let slot = ring.slot_for(Sequence(seq)).0 as usize;
+        let slot = ring.slot_for(seq).0 as usize;
         let block = ring.block();
         // Every consumer offered the ring, attached or still finishing its handshake: one that is not live any
         // more (gone, or its handshake failed) no longer reads anything.
@@ -241,20 +241,24 @@ impl ProducerSide for EventProducer {
     fn publish(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
-        slot: u32,
+        seq: Sequence,
+        slot: SlotIndex,
         stream: Option<&Stream>,
         gpu_deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = self.events.stream(stream)?;
-        let event = &self.published[slot as usize];
+        let event = &self.published[slot.0 as usize];
         event.record(stream)?;
-        self.last_published = Some(slot as usize);
+        self.last_published = Some(slot.0 as usize);
         if self.counter_alone_read(ring) {
             // Some consumer sees only the counter: store it once the frame's work is done.
-            event.wait(gpu_deadline, || true, || format!("frame {seq}'s work, for a consumer without IPC events"))?;
+            event.wait(
+                gpu_deadline,
+                || true,
+                || format!("frame {}'s work, for a consumer without IPC events", seq.0),
+            )?;
         }
-        Ok(ring.publish(Sequence(seq))?)
+        Ok(ring.publish(seq)?)
     }
 
     fn settle(&mut self, deadline: Instant) -> bool {

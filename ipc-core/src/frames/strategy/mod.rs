@@ -13,6 +13,8 @@ mod gpu_poll;
 pub(crate) use gpu_poll::ring_module;
 mod gpu_stream_ops;
 mod ipc_event;
+#[cfg(test)]
+mod sixth;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,7 +52,7 @@ pub(crate) trait Strategy: Sync {
     /// Whether a peer's GPU work writes the ring's counters: then a dead peer's queued stores can still land after
     /// it died, so its counters are re-poisoned and its record quarantined for a while (see the watchdog).
     fn gpu_writes_counters(&self) -> bool {
-        false
+        self.kind().traits().gpu_writes_counters
     }
 
     /// Checks, at `Producer::create` and `Consumer::attach`, that this backend and device can run the strategy:
@@ -81,7 +83,7 @@ pub(crate) trait ProducerSide: Send + Sync {
     fn wait_slot_free(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
+        seq: Sequence,
         stream: Option<&Stream>,
         deadline: Instant,
     ) -> Result<(), FrameError>;
@@ -98,8 +100,8 @@ pub(crate) trait ProducerSide: Send + Sync {
     fn publish(
         &mut self,
         ring: &ProducerControl,
-        seq: u64,
-        slot: u32,
+        seq: Sequence,
+        slot: SlotIndex,
         stream: Option<&Stream>,
         gpu_deadline: Instant,
     ) -> Result<(), FrameError>;
@@ -115,15 +117,15 @@ pub(crate) trait ProducerSide: Send + Sync {
 
     /// Whether nothing this side queued can still read the counters of a record whose consumer left when the
     /// producer was at sequence `left_at`.
-    fn record_reusable(&self, _left_at: u64) -> bool {
+    fn record_reusable(&self, _left_at: Sequence) -> bool {
         true
     }
 
     /// Appends the consumers that hold up frame `seq` (have not released the frame its slot held): what a
     /// slow-consumer policy evicts after a timeout.
-    fn holding_up(&self, ring: &ProducerControl, seq: u64, out: &mut Vec<ConsumerId>) {
+    fn holding_up(&self, ring: &ProducerControl, seq: Sequence, out: &mut Vec<ConsumerId>) {
         let mut pending = Vec::new();
-        if ring.pending_releases(Sequence(seq), &mut pending).is_ok() {
+        if ring.pending_releases(seq, &mut pending).is_ok() {
             out.extend(pending.iter().map(|p| p.consumer));
         }
     }
@@ -173,7 +175,7 @@ impl ConsumerShared {
     /// it: [`FrameError::EndOfStream`] naming the frame (queued past the end of a closed ring) or
     /// [`FrameError::ProducerGone`] (it died first). What was computed from such a frame is garbage.
     pub fn check_queued_frame(&self, seq: Sequence) -> Result<(), FrameError> {
-        if !self.hung_up() || self.published_before_hang_up(seq.0) {
+        if !self.hung_up() || self.published_before_hang_up(seq) {
             return Ok(());
         }
         Err(match self.ring.closed_after() {
@@ -195,8 +197,8 @@ impl ConsumerShared {
 
     /// After the producer hung up: whether it had published frame `seq` by then. Frames it had not were never
     /// written; a GPU-side wait for them was released by the poison, and what was computed from them is garbage.
-    pub fn published_before_hang_up(&self, seq: u64) -> bool {
-        seq < self.published_below_at_hang_up.load(Ordering::Acquire)
+    pub fn published_before_hang_up(&self, seq: Sequence) -> bool {
+        seq.0 < self.published_below_at_hang_up.load(Ordering::Acquire)
     }
 
     /// A ring error in the words of the frame API; this consumer's own record no longer live means it was evicted.
@@ -265,9 +267,9 @@ pub(crate) trait ConsumerSide: Send + Sync {
 
 /// Appends, once each, the consumers that have not released for some frame in `from..=to`: with a GPU-side strategy
 /// the stream is stuck behind a wait queued for one of the frames in flight, and whoever these are hold it up.
-pub(crate) fn holding_up_frames(ring: &ProducerControl, from: u64, to: u64, out: &mut Vec<ConsumerId>) {
+pub(crate) fn holding_up_frames(ring: &ProducerControl, from: Sequence, to: Sequence, out: &mut Vec<ConsumerId>) {
     let mut pending = Vec::new();
-    for s in from..=to {
+    for s in from.0..=to.0 {
         pending.clear();
         if ring.pending_releases(Sequence(s), &mut pending).is_ok() {
             out.extend(pending.iter().map(|p| p.consumer));
@@ -299,7 +301,7 @@ impl ProducerSide for Closed {
     fn wait_slot_free(
         &mut self,
         _: &ProducerControl,
-        _: u64,
+        _: Sequence,
         _: Option<&Stream>,
         _: Instant,
     ) -> Result<(), FrameError> {
@@ -309,8 +311,8 @@ impl ProducerSide for Closed {
     fn publish(
         &mut self,
         _: &ProducerControl,
-        _: u64,
-        _: u32,
+        _: Sequence,
+        _: SlotIndex,
         _: Option<&Stream>,
         _: Instant,
     ) -> Result<(), FrameError> {
