@@ -361,6 +361,24 @@ fn tool_common(backend: &str) -> Vec<String> {
     args(&["--backend", backend, "--json"])
 }
 
+/// Starts a toolkit owner (outside the container) and waits for the line with `marker` that says it serves; if it
+/// does not come, the owner is stopped and the error says what it printed.
+fn start_owner(
+    ctx: &Ctx,
+    label: &str,
+    what: &str,
+    program: &std::path::Path,
+    owner_args: &[String],
+    marker: &str,
+) -> Result<Child, String> {
+    let mut owner = Child::spawn(label, program, owner_args, &ctx.env)?;
+    if let Err(e) = owner.wait_line(|l| l.contains(marker), Instant::now() + START_LIMIT) {
+        let end = owner.finish(Instant::now() + Duration::from_secs(5));
+        return Err(format!("{what} did not start: {e}; {}", end.describe()));
+    }
+    Ok(owner)
+}
+
 fn pool(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Verdict, String> {
     let program = ctx.bins.tool("pool")?;
     let socket = socket_path("box-pool");
@@ -368,11 +386,7 @@ fn pool(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Verdict, 
     let mut owner_args =
         args(&["owner", "--socket", &s, "--capacity-mib", "64", "--buffers", "8", "--hold-secs", "120"]);
     owner_args.extend(tool_common(&cell.backend));
-    let mut owner = Child::spawn("pool owner", &program, &owner_args, &ctx.env)?;
-    if let Err(e) = owner.wait_line(|l| l.contains("READY"), Instant::now() + START_LIMIT) {
-        let end = owner.finish(Instant::now() + Duration::from_secs(5));
-        return Err(format!("the pool owner did not start: {e}; {}", end.describe()));
-    }
+    let mut owner = start_owner(ctx, "pool owner", "the pool owner", &program, &owner_args, "READY")?;
     let mut importer_args = args(&["importer", "--socket", &s, "--attaches", "3", "--rounds", "100"]);
     importer_args.extend(tool_common(&cell.backend));
     let importer = match boxed(ctx, iso, "pool importer", &program, &importer_args) {
@@ -409,11 +423,7 @@ fn semaphore(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Verd
     let posts = SEMAPHORE_POSTS.to_string();
     let mut owner_args = args(&["owner", "--socket", &s]);
     owner_args.extend(tool_common(&cell.backend));
-    let mut owner = Child::spawn("semaphore owner", &program, &owner_args, &ctx.env)?;
-    if let Err(e) = owner.wait_line(|l| l.contains("ready at"), Instant::now() + START_LIMIT) {
-        let end = owner.finish(Instant::now() + Duration::from_secs(5));
-        return Err(format!("the semaphore owner did not start: {e}; {}", end.describe()));
-    }
+    let mut owner = start_owner(ctx, "semaphore owner", "the semaphore owner", &program, &owner_args, "ready at")?;
     let gpu = cell.backend != "host";
     let mut wait_args = args(&["wait", "--socket", &s, "--count", &posts, "--timeout-ms", "20000"]);
     let mut post_args = args(&["post", "--socket", &s, "--count", &posts]);
@@ -460,11 +470,7 @@ fn work_queue(ctx: &Ctx, iso: &Isolation, cell: &mut ContainerRun) -> Result<Ver
     let tasks = QUEUE_TASKS.to_string();
     let mut owner_args = args(&["owner", "--socket", &s, "--tasks", &tasks, "--workers", "1"]);
     owner_args.extend(tool_common(&cell.backend));
-    let mut owner = Child::spawn("work_queue owner", &program, &owner_args, &ctx.env)?;
-    if let Err(e) = owner.wait_line(|l| l.contains("serving"), Instant::now() + START_LIMIT) {
-        let end = owner.finish(Instant::now() + Duration::from_secs(5));
-        return Err(format!("the work-queue owner did not start: {e}; {}", end.describe()));
-    }
+    let owner = start_owner(ctx, "work_queue owner", "the work-queue owner", &program, &owner_args, "serving")?;
     let pop = if cell.backend == "host" { "cpu" } else { "kernel" };
     let mut worker_args = args(&["worker", "--socket", &s, "--name", "boxed", "--pop", pop]);
     worker_args.extend(tool_common(&cell.backend));
