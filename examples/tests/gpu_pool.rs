@@ -18,8 +18,8 @@ use gpu_ipc::core::driver::{
     Context, Device, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, PoolAllocation, Stream, VmmAllocation,
     VmmGranularity, VmmMapping, sys,
 };
-use gpu_ipc::core::pool::{AttachOptions, DType, PoolConfig, PoolError, PoolImporter, SharedPool, TensorDesc};
 use gpu_ipc::legacy::Legacy;
+use gpu_ipc::pool::{AttachOptions, DType, PoolConfig, PoolError, PoolImporter, SharedPool, TensorDesc};
 use gpu_ipc::vmm::Vmm;
 use gpu_ipc_examples::pool_work::{checked_ranges, pattern_word, seed_of};
 

@@ -4,18 +4,18 @@
 //! description accepted that reaches outside the memory it describes. See `docs/fuzzing.md`.
 #![allow(clippy::expect_used)]
 
-use ipc_core::pool::layout::{BlockId, Geometry};
-use ipc_core::pool::{BlockReply, BlockRequest, PoolOffer};
-use ipc_core::queue::QueueOffer;
-use ipc_core::queue::layout::Geometry as QueueGeometry;
-use ipc_core::semaphore::SemaphoreOffer;
+use ipc_toolkit::pool::layout::{BlockId, Geometry};
+use ipc_toolkit::pool::{BlockReply, BlockRequest, PoolOffer};
+use ipc_toolkit::queue::QueueOffer;
+use ipc_toolkit::queue::layout::Geometry as QueueGeometry;
+use ipc_toolkit::semaphore::SemaphoreOffer;
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Header,
     MAX_PAYLOAD_BYTES, Message, MessageType, ObjectKind, ObjectOffer, PROTOCOL_VERSION, PeerState, PeerStatus,
     PixelFormat, RefusalCode, Refused, RingOffer, SlotLayout, StatusReport, StatusRequest, SyncStrategy, TensorDesc,
 };
 
-pub use ipc_core::fuzzing::{pool_directory, queue_memory, semaphore_block};
+pub use ipc_toolkit::fuzzing::{pool_directory, queue_memory, semaphore_block};
 
 /// Every target, by the name of its binary and corpus folder.
 pub const TARGETS: [&str; 5] = ["wire_message", "object_offers", "pool_directory", "queue_memory", "semaphore_block"];
@@ -275,6 +275,6 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         .concat(),
     ];
     let mut all = vec![("wire_message", wire), ("object_offers", offers)];
-    all.extend(ipc_core::fuzzing::seeds());
+    all.extend(ipc_toolkit::fuzzing::seeds());
     all
 }

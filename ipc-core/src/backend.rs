@@ -3,7 +3,8 @@
 
 use std::os::fd::OwnedFd;
 
-use crate::driver::{Context, DeviceMemory, DevicePtr, DriverError};
+use crate::driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, DriverError};
+use crate::sys::shm::SharedMemory;
 use crate::wire::BackendKind;
 
 /// What travels from the exporting process to an importer for one allocation.
@@ -42,6 +43,28 @@ pub trait SharedRegion: Send + Sync {
     /// True for an empty range (backends never make one).
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// How this process reaches a region's bytes.
+#[derive(Debug, Clone, Copy)]
+pub enum MemoryAccess<'a> {
+    /// Host memory the CPU reaches with atomics (the host backend).
+    Host(&'a SharedMemory),
+    /// Device memory, reached through kernels.
+    Device(DeviceSpan<'a>),
+}
+
+/// A backend's region whose bytes this process can reach, in host or device memory: every backend's regions
+/// (legacy, vmm, host). What the toolkit's work queue lives in.
+pub trait ReachableRegion: SharedRegion + Sync {
+    /// How this process reaches it.
+    fn access(&self) -> MemoryAccess<'_>;
+}
+
+impl<T: DeviceMemory + SharedRegion + Sync> ReachableRegion for T {
+    fn access(&self) -> MemoryAccess<'_> {
+        MemoryAccess::Device(self.span())
     }
 }
 

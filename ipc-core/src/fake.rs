@@ -10,7 +10,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
+use crate::backend::{
+    Backend, BackendError, ExistingExport, ExportedHandle, MemoryAccess, ReachableRegion, SharedRegion,
+    offset_in_allocation,
+};
 use crate::driver::{DevicePtr, DriverError};
 use crate::sys::shm::SharedMemory;
 use crate::wire::BackendKind;
@@ -59,6 +62,12 @@ impl HostRegion {
     pub fn read(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<(), BackendError> {
         let offset = self.offset_of(ptr, dst.len())?;
         self.memory.read_bytes(offset, dst).map_err(|e| BackendError::Os { operation: "reading", source: e.into() })
+    }
+}
+
+impl ReachableRegion for HostRegion {
+    fn access(&self) -> MemoryAccess<'_> {
+        MemoryAccess::Host(self.memory())
     }
 }
 

@@ -1,6 +1,6 @@
-//! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the object door, the frame ring and
-//! its sync strategies, and the toolkit's other shared objects ([`semaphore`], [`pool`], [`queue`]). See `docs/` for
-//! the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain `unsafe` code.
+//! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the front door's admission, the
+//! frame ring and its sync strategies. The toolkit's other shared objects (pool, semaphore, work queue) stand on it in
+//! `ipc-toolkit`. See `docs/layout.md` for the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain `unsafe` code.
 
 pub mod backend;
 pub mod door;
@@ -8,12 +8,7 @@ pub mod door;
 pub mod driver;
 pub mod fake;
 pub mod frames;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
-pub mod pool;
-pub mod queue;
 pub mod ring;
-pub mod semaphore;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod wire;

@@ -1,7 +1,7 @@
 //! The work queue's demo kernels (`kernels/cuda/work_queue_demo.cu`), with launch helpers: a persistent worker
 //! that pops tasks, works on each and completes it, and a producer that pushes tasks from a kernel. Both take the
 //! queue and the process's worker slot as their first two arguments, which the queue handles' `launch` passes
-//! (`WorkQueue::launch`, `QueueWorker::launch` in `ipc_core::queue`); the helpers here give the rest.
+//! (`WorkQueue::launch`, `QueueWorker::launch` in `ipc_toolkit::queue`); the helpers here give the rest.
 //!
 //! A demo task's record is `record_bytes` long (a multiple of 8) and holds its value in every 64-bit word
 //! ([`demo_record`]); the worker checks that, and sums the values and their squares, so that a run can be checked
