@@ -23,11 +23,11 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput};
-use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, Function, KernelArg, LaunchConfig, Stream, sys,
-};
 use gpu_ipc::core::frames::Consumer;
 use gpu_ipc::core::wire::SyncStrategy;
+use gpu_ipc::driver::{
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, Function, KernelArg, LaunchConfig, Stream, sys,
+};
 use gpu_ipc::kernels::probe::{MEM_CHASE, MEM_READ, MEM_STORE_LATENCY, MEM_WRITE, ProbeKernels};
 use gpu_ipc::{BackendKind, legacy::Legacy, vmm::Vmm};
 use gpu_ipc_benches::harness;

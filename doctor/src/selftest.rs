@@ -17,9 +17,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::{BackendError, GpuBackend};
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, DriverError, Stream, sys};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy, WireError};
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, DriverError, Stream, sys};
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 

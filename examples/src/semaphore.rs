@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::{Context, Stream};
+use gpu_ipc::driver::{Context, Stream};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::semaphore::{AttachOptions, OwnerOptions, Semaphore, SemaphoreError, SemaphoreOwner};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
@@ -127,8 +127,8 @@ impl From<SemaphoreError> for ExampleError {
     }
 }
 
-impl From<gpu_ipc::core::driver::DriverError> for ExampleError {
-    fn from(e: gpu_ipc::core::driver::DriverError) -> Self {
+impl From<gpu_ipc::driver::DriverError> for ExampleError {
+    fn from(e: gpu_ipc::driver::DriverError) -> Self {
         Self::Semaphore(e.into())
     }
 }

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::{Context, DriverError, Stream};
+use gpu_ipc::driver::{Context, DriverError, Stream};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::kernels::launch::KernelError;
 use gpu_ipc::kernels::work_queue::QueueDemoKernels;

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 
 use common::{exe, socket};
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::{
+use gpu_ipc::driver::{
     Context, Device, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, PoolAllocation, Stream, VmmAllocation,
     VmmGranularity, VmmMapping, sys,
 };

@@ -36,6 +36,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub use gpu_ipc_driver as driver;
 pub use gpu_ipc_kernels as kernels;
 pub use ipc_core as core;
 pub use ipc_core::fake as host;

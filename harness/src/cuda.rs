@@ -1,7 +1,7 @@
 //! The CUDA facts of a machine: the driver, and each device's identity and IPC-relevant attributes. The doctor
 //! reports them and every probe records them ([`crate::env`]), so they are read in one place.
 
-use gpu_ipc::core::driver::{self, Device, Driver, DriverError, VmmGranularity, sys};
+use gpu_ipc::driver::{self, Device, Driver, DriverError, VmmGranularity, sys};
 
 use serde::{Deserialize, Serialize};
 

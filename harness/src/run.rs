@@ -71,7 +71,7 @@ pub struct ProbeOutput<R> {
 pub enum ProbeError {
     /// A CUDA call failed.
     #[error(transparent)]
-    Driver(#[from] gpu_ipc::core::driver::DriverError),
+    Driver(#[from] gpu_ipc::driver::DriverError),
     /// A kernel could not be loaded or launched.
     #[error(transparent)]
     Kernel(#[from] gpu_ipc::kernels::launch::KernelError),

@@ -3,9 +3,9 @@
 
 use std::os::fd::OwnedFd;
 
-use crate::driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, DriverError};
 use crate::sys::shm::SharedMemory;
 use crate::wire::BackendKind;
+use gpu_ipc_driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, DriverError};
 
 /// What travels from the exporting process to an importer for one allocation.
 #[derive(Debug)]
@@ -128,7 +128,7 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// A backend on a real GPU: a CUDA [`Context`], and regions that lend their memory to kernels and copies as
-/// [`DeviceSpan`](crate::driver::DeviceSpan)s ([`DeviceMemory`]). Implemented for every backend that fits; the host
+/// [`DeviceSpan`](gpu_ipc_driver::DeviceSpan)s ([`DeviceMemory`]). Implemented for every backend that fits; the host
 /// fake does not (its "device memory" is host memory).
 pub trait GpuBackend: Backend<Context = Context, Exported: DeviceMemory, Imported: DeviceMemory> {}
 

@@ -14,9 +14,9 @@ use crate::backend::{
     Backend, BackendError, ExistingExport, ExportedHandle, MemoryAccess, ReachableRegion, SharedRegion,
     offset_in_allocation,
 };
-use crate::driver::{DevicePtr, DriverError};
 use crate::sys::shm::SharedMemory;
 use crate::wire::BackendKind;
+use gpu_ipc_driver::{DevicePtr, DriverError};
 
 /// The host-memory fake backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -104,7 +104,7 @@ impl Backend for HostFake {
     type Imported = HostRegion;
     const KIND: BackendKind = BackendKind::HostFake;
 
-    fn cuda_context(_ctx: &HostContext) -> Option<&crate::driver::Context> {
+    fn cuda_context(_ctx: &HostContext) -> Option<&gpu_ipc_driver::Context> {
         None
     }
 
@@ -210,7 +210,7 @@ impl HostEvent {
     /// The 64 bytes every host event is exported as.
     pub const HANDLE: [u8; 64] = *b"gpu-ipc host fake IPC event: complete once recorded.............";
 
-    /// Opens an exported host event, as [`Event::open_ipc`](crate::driver::Event::open_ipc) opens a CUDA one.
+    /// Opens an exported host event, as [`Event::open_ipc`](gpu_ipc_driver::Event::open_ipc) opens a CUDA one.
     ///
     /// # Errors
     /// [`DriverError::IpcEventUnreachable`] while [`set_ipc_events_openable`]`(false)` (or

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ipc_core::driver::{
+use gpu_ipc_driver::{
     Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, HostRegistration, IpcMemHandle, Stream,
     VmmAllocation, VmmGranularity, VmmMapping, WaitCondition, copy_from_device, copy_to_device,
     pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, sys,

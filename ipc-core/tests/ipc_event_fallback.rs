@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::driver::DriverError;
+use gpu_ipc_driver::DriverError;
 use ipc_core::fake::{HostContext, HostEvent, HostFake, set_ipc_events_openable};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer};
 use ipc_core::wire::{

@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use ipc_core::backend::Backend;
-//! use ipc_core::driver::Context;
+//! use gpu_ipc_driver::Context;
 //! use ipc_legacy::Legacy;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -16,11 +16,11 @@
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
-use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
-use ipc_core::driver::{
+use gpu_ipc_driver::{
     Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, address_range,
     pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable, sys,
 };
+use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
 use ipc_core::wire::BackendKind;
 
 /// The legacy IPC backend.
@@ -189,7 +189,7 @@ impl Backend for Legacy {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use ipc_core::driver::{Context, Stream};
+/// use gpu_ipc_driver::{Context, Stream};
 /// use ipc_legacy::frames::{AttachOptions, FrameGeometry, PixelFormat, ProducerConfig, SyncStrategy};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

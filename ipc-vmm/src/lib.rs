@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! use ipc_core::backend::Backend;
-//! use ipc_core::driver::Context;
+//! use gpu_ipc_driver::Context;
 //! use ipc_vmm::Vmm;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,11 +17,11 @@
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
-use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
-use ipc_core::driver::{
+use gpu_ipc_driver::{
     Context, DeviceMemory, DevicePtr, DeviceSpan, VmmAllocation, VmmGranularity, VmmMapping, address_range,
     pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable, sys,
 };
+use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
 use ipc_core::wire::BackendKind;
 
 /// The VMM backend.
@@ -175,7 +175,7 @@ fn not_posix_fd_exportable(ptr: DevicePtr, allowed: u64) -> BackendError {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use ipc_core::driver::{Context, Stream};
+/// use gpu_ipc_driver::{Context, Stream};
 /// use ipc_vmm::frames::{AttachOptions, FrameGeometry, PixelFormat, ProducerConfig, SyncStrategy};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

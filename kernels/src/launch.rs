@@ -1,6 +1,6 @@
 //! Typed launchers of the embedded kernels: load the right image for the device, then fill and verify frames.
 
-use ipc_core::driver::{
+use gpu_ipc_driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, DriverError, Function, KernelArg, LaunchConfig, Module, Stream,
     sys,
 };
@@ -67,7 +67,7 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
         } else {
             "report this with the output of `gpu-ipc doctor --json`"
         };
-        let driver = ipc_core::driver::Driver::load().map(|d| d.version().to_string()).unwrap_or_default();
+        let driver = gpu_ipc_driver::Driver::load().map(|d| d.version().to_string()).unwrap_or_default();
         KernelError::ImageRejected {
             image: image.file,
             driver,
@@ -85,7 +85,7 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
 ///
 /// ```no_run
 /// use gpu_ipc_kernels::launch::PatternKernels;
-/// use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, Stream};
+/// use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, Stream};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = Context::for_ordinal(0)?;

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, Function, KernelArg, LaunchConfig, Stream, sys};
+use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, Function, KernelArg, LaunchConfig, Stream, sys};
 
 use crate::launch::{KernelError, load_module};
 

@@ -8,9 +8,9 @@
 //! ring, or a producer or consumer used after `close()`.
 
 use gpu_ipc::core::backend::BackendError as CoreBackendError;
-use gpu_ipc::core::driver::DriverError as CoreDriverError;
 use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::WireError as CoreWireError;
+use gpu_ipc::driver::DriverError as CoreDriverError;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::semaphore::SemaphoreError;
 use gpu_ipc::toolkit::door::DoorError;

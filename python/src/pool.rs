@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::BackendError as CoreBackendError;
-use gpu_ipc::core::driver::{DevicePtr, pointer_is_legacy_ipc_capable};
 use gpu_ipc::core::wire::{DType, TensorDesc, WireError as CoreWireError};
+use gpu_ipc::driver::{DevicePtr, pointer_is_legacy_ipc_capable};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::{BufferHandle, PoolConfig, PoolError, ReclaimWatch, SharedPool as CorePool};

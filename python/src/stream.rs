@@ -3,7 +3,7 @@
 //! GPU-side strategies queue their waits and publishes on.
 
 use crate::errors::{ArgumentError, ArgumentTypeError};
-use gpu_ipc::core::driver::{Borrowed, Context, Stream, sys};
+use gpu_ipc::driver::{Borrowed, Context, Stream, sys};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::driver::Context;
 use gpu_ipc::core::fake::{HostContext, HostFake};
+use gpu_ipc::driver::Context;
 use gpu_ipc::pool::{DType, PoolConfig, PoolError, PoolStats, SharedPool, TensorDesc};
 use gpu_ipc_examples::pool_work::{
     GpuMemory, HostMemory, ImporterReport, PoolMemory, fill, no_driver, run_importer, seed_of,

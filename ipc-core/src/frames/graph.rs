@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::FrameError;
 use super::ring_port::RingPort;
 use super::strategy::ring_module;
-use crate::driver::{
+use gpu_ipc_driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, Graph, KernelArg, LaunchConfig, Module, Stream,
 };
 

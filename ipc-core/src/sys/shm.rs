@@ -494,7 +494,7 @@ impl<T: AtomicPlainData> SharedObject<T> {
 // SAFETY: the mapping is page aligned (mmap), stays mapped at the same address until the `SharedMemory` drops, and
 // Rust code accesses it only through atomics (`SharedObject`) or raw pointers, so the device writing it at any time
 // breaks no aliasing rule.
-unsafe impl crate::driver::RegistrableHostMemory for SharedMemory {
+unsafe impl gpu_ipc_driver::RegistrableHostMemory for SharedMemory {
     fn as_ptr(&self) -> *mut u8 {
         SharedMemory::as_ptr(self)
     }
@@ -504,7 +504,7 @@ unsafe impl crate::driver::RegistrableHostMemory for SharedMemory {
 }
 
 // SAFETY: as for `SharedMemory`, which this owns; `T` is made only of atomics (`AtomicPlainData`).
-unsafe impl<T: AtomicPlainData + Send> crate::driver::RegistrableHostMemory for SharedObject<T> {
+unsafe impl<T: AtomicPlainData + Send> gpu_ipc_driver::RegistrableHostMemory for SharedObject<T> {
     fn as_ptr(&self) -> *mut u8 {
         self.memory().as_ptr()
     }

@@ -11,8 +11,8 @@ use super::directory::{Words, block_record};
 use super::error::PoolError;
 use super::layout::{BlockId, BlockKind, Geometry, header};
 use super::wire::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest};
+use gpu_ipc_driver::DevicePtr;
 use ipc_core::backend::{Backend, ExportedHandle, SharedRegion};
-use ipc_core::driver::DevicePtr;
 use ipc_core::wire::{WireError, recv_bytes, send_bytes};
 
 /// One block as this importer mapped it.

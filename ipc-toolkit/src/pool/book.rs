@@ -18,8 +18,8 @@ use super::error::PoolError;
 use super::handle::{BufferHandle, BufferLife, PoolStats};
 use super::layout::{BlockId, BlockKind, EntryState, PINS_HEADER_WORDS, name_hash};
 use super::wire::BlockReply;
+use gpu_ipc_driver::{DevicePtr, Event};
 use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion};
-use ipc_core::driver::{DevicePtr, Event};
 use ipc_core::sys::shm::SharedMemory;
 use ipc_core::wire::TensorDesc;
 

@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use super::directory::{DirectoryWriter, find};
 use super::error::PoolError;
+use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use ipc_core::backend::{Backend, GpuBackend};
-use ipc_core::driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use ipc_core::fake::HostFake;
 use ipc_core::wire::TensorDesc;
 

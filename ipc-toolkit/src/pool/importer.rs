@@ -117,7 +117,7 @@ impl<B: Backend> ImporterInner<B> {
 ///
 /// ```no_run
 /// use ipc_core::backend::GpuBackend;
-/// use ipc_core::driver::Context;
+/// use gpu_ipc_driver::Context;
 /// use ipc_toolkit::pool::{AttachOptions, PoolImporter};
 ///
 /// fn read_weights<B: GpuBackend>(ctx: &Context) -> Result<(), Box<dyn std::error::Error>> {

@@ -13,8 +13,8 @@ use super::host::PoolHost;
 use super::layout::{Geometry, MAX_BLOCKS, MAX_ENTRY_SLOTS};
 use super::server::{BlockServer, ChannelSender, inbox};
 use crate::door::{DoorConfig, ObjectDoor, PeerInfo};
+use gpu_ipc_driver::{DevicePtr, Event, EventFlags, Stream};
 use ipc_core::backend::{Backend, GpuBackend};
-use ipc_core::driver::{DevicePtr, Event, EventFlags, Stream};
 use ipc_core::wire::DeviceUuid;
 use ipc_core::wire::TensorDesc;
 
@@ -112,7 +112,7 @@ impl<B: Backend> PoolShared<B> {
 ///
 /// ```no_run
 /// use ipc_core::backend::GpuBackend;
-/// use ipc_core::driver::Context;
+/// use gpu_ipc_driver::Context;
 /// use ipc_toolkit::pool::{DType, PoolConfig, SharedPool, TensorDesc};
 ///
 /// // `B` is `ipc_vmm::Vmm` or `ipc_legacy::Legacy` (`gpu_ipc::vmm::Vmm`, `gpu_ipc::legacy::Legacy`).

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::*;
+use gpu_ipc_driver::DevicePtr;
 use ipc_core::backend::Backend;
-use ipc_core::driver::DevicePtr;
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::wire::RefusalCode;
 

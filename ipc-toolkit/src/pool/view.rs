@@ -7,8 +7,8 @@ use super::directory::{EntryRecord, find};
 use super::error::PoolError;
 use super::handle::{BufferInfo, check_range};
 use super::importer::ImporterInner;
+use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use ipc_core::backend::{Backend, GpuBackend};
-use ipc_core::driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use ipc_core::fake::HostFake;
 use ipc_core::wire::TensorDesc;
 

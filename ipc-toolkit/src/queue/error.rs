@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::door::DoorError;
+use gpu_ipc_driver::DriverError;
 use ipc_core::backend::BackendError;
-use ipc_core::driver::DriverError;
 use ipc_core::sys::shm::ShmError;
 use ipc_core::wire::WireError;
 

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use super::layout::{CELL_HEADER_BYTES, Geometry, cell};
 use super::ops::{Census, PushFlags, PushRequest, Reclaimed, Status, Swept, TaskData};
 use crate::queue::error::QueueError;
-use ipc_core::driver::image::{self, ComputeCapability, KernelImage};
-use ipc_core::driver::{
+use gpu_ipc_driver::image::{self, ComputeCapability, KernelImage};
+use gpu_ipc_driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module,
     Stream,
 };

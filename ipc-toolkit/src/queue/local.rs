@@ -9,7 +9,7 @@ use super::ops::{Engine, PushFlags, PushRequest, Status, TaskData};
 use super::task::{Lessor, Task};
 use super::{DeviceQueue, MemoryAccess, QueueMemory, QueueStats};
 use crate::queue::error::QueueError;
-use ipc_core::driver::{Context, Event, EventFlags, Function, KernelArg, LaunchConfig, Stream};
+use gpu_ipc_driver::{Context, Event, EventFlags, Function, KernelArg, LaunchConfig, Stream};
 use ipc_core::ring::{WaitMode, bounded_wait};
 
 /// Nap between two looks at a full or empty queue.

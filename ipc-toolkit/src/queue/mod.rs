@@ -62,9 +62,9 @@ pub use task::{LostReason, LostTask, QueueStats, Task};
 pub use worker::{QueueWorker, WorkerOptions};
 
 use crate::door::DoorConfig;
+use gpu_ipc_driver::{DeviceSpan, KernelArg};
 pub use ipc_core::backend::MemoryAccess;
 use ipc_core::backend::{Backend, ReachableRegion};
-use ipc_core::driver::{DeviceSpan, KernelArg};
 
 /// Memory a queue can live in: a backend's region, host or device.
 pub trait QueueMemory: ReachableRegion {}

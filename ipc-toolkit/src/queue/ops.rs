@@ -9,7 +9,7 @@ use super::host_ops::HostQueue;
 use super::layout::{Geometry, header, worker};
 use super::{MemoryAccess, QueueStats};
 use crate::queue::error::QueueError;
-use ipc_core::driver::Context;
+use gpu_ipc_driver::Context;
 
 /// What became of one operation; the codes are those of `kernels/cuda/work_queue.cuh` (`GPU_IPC_WQ_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +142,7 @@ impl Engine {
         &self,
         access: MemoryAccess<'_>,
         host: impl FnOnce(&HostQueue<'_>) -> T,
-        gpu: impl FnOnce(&mut GpuOps, ipc_core::driver::DeviceSpan<'_>) -> Result<T, QueueError>,
+        gpu: impl FnOnce(&mut GpuOps, gpu_ipc_driver::DeviceSpan<'_>) -> Result<T, QueueError>,
     ) -> Result<T, QueueError> {
         match (self, access) {
             (Self::Host(g, _), MemoryAccess::Host(memory)) => Ok(host(&HostQueue::new(memory, *g)?)),

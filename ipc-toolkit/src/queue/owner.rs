@@ -17,8 +17,8 @@ use super::task::{LostTask, Task};
 use super::{DeviceQueue, QueueBackend, QueueConfig, QueueStats, reaper};
 use crate::door::{ObjectDoor, ObjectHost, ObjectKind, PeerInfo};
 use crate::queue::error::QueueError;
+use gpu_ipc_driver::{DeviceUuid, Function, KernelArg, LaunchConfig, Stream};
 use ipc_core::backend::SharedRegion;
-use ipc_core::driver::{DeviceUuid, Function, KernelArg, LaunchConfig, Stream};
 use ipc_core::ring::{WaitMode, bounded_wait};
 use ipc_core::wire::{BackendKind, RefusalCode};
 

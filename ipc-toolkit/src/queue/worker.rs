@@ -11,8 +11,8 @@ use super::task::Task;
 use super::{DeviceQueue, QueueBackend, QueueStats};
 use crate::door::{self, DoorError, ObjectKind, ObjectOffer, OwnerLink};
 use crate::queue::error::QueueError;
+use gpu_ipc_driver::{Function, KernelArg, LaunchConfig, Stream};
 use ipc_core::backend::{ExportedHandle, SharedRegion};
-use ipc_core::driver::{Function, KernelArg, LaunchConfig, Stream};
 
 /// How a worker attaches.
 #[derive(Debug, Clone)]

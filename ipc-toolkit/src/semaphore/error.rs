@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use ipc_core::driver::DriverError;
+use gpu_ipc_driver::DriverError;
 use ipc_core::sys::shm::ShmError;
 use ipc_core::wire::WireError;
 

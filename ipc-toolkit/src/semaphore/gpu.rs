@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::block::SemaphoreBlock;
 use super::error::SemaphoreError;
 use super::layout::{POSTED_OFFSET, SharedWords};
-use ipc_core::driver::{
+use gpu_ipc_driver::{
     Context, DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, HostRegistration, Stream, WaitCondition, sys,
 };
 use ipc_core::sys::shm::SharedObject;

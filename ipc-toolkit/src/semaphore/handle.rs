@@ -11,8 +11,8 @@ use super::layout::{COUNT_MASK, RecordState, SemaphoreState};
 use super::owner::import_offer;
 use super::watchdog::Watchdog;
 use crate::door::{self, ObjectKind, OwnerLink};
+use gpu_ipc_driver::{Context, DevicePtr, DeviceSpan, Stream};
 use ipc_core::backend::Backend;
-use ipc_core::driver::{Context, DevicePtr, DeviceSpan, Stream};
 use ipc_core::ring::{WaitMode, bounded_wait};
 
 /// How a CPU-side wait passes time: it spins first (lowest latency), then sleeps in short naps.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::{ExportedHandle, GpuBackend};
-use gpu_ipc::core::driver::{
+use gpu_ipc::driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, KernelArg, LaunchConfig, Stream, WaitCondition, sys,
 };
 use gpu_ipc::kernels::launch::PatternKernels;

@@ -5,7 +5,7 @@ use super::model::{AttachPoint, LINE, MIB, Measured};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::{
+use gpu_ipc::driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, KernelArg, LaunchConfig, Stream, sys,
 };
 use gpu_ipc::kernels::probe::{MEM_CHASE, MEM_READ, MEM_STORE_LATENCY, MEM_WRITE, ProbeKernels};
@@ -136,10 +136,10 @@ pub(super) fn time_attach(
 pub(super) struct Bench {
     ctx: Context,
     stream: Stream,
-    read: gpu_ipc::core::driver::Function,
-    write: gpu_ipc::core::driver::Function,
-    chase: gpu_ipc::core::driver::Function,
-    store: gpu_ipc::core::driver::Function,
+    read: gpu_ipc::driver::Function,
+    write: gpu_ipc::driver::Function,
+    chase: gpu_ipc::driver::Function,
+    store: gpu_ipc::driver::Function,
     scratch: DeviceBuffer,
     blocks: u32,
     start: Event,

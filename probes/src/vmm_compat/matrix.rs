@@ -5,7 +5,7 @@ use gpu_ipc::BackendKind;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::driver::{
+use gpu_ipc::driver::{
     Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, DriverError, Event, EventFlags, IpcMemHandle,
     ManagedBuffer, MemoryPool, PinnedHostBuffer, PoolAllocation, Stream, VmmAllocation, VmmGranularity, VmmMapping,
     address_range, pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, sys,

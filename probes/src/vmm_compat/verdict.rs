@@ -2,7 +2,7 @@
 //! disagrees, whether the backends' own checks agree with it, and the one-sentence answer.
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::sys;
+use gpu_ipc::driver::sys;
 
 use super::model::{AllocationKind, CHILD_DIED, CHILD_TIMEOUT, Operation, Outcome, Results};
 use harness::Verdict;

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use super::Producer;
 use crate::backend::Backend;
-use crate::driver::{DeviceMemory, Stream};
 use crate::frames::graph::{self, FrameGraphs, GraphOptions, GraphSlot, PRODUCER_STEPS};
 use crate::frames::ring_port::open_port;
 use crate::frames::{FrameError, run_ahead};
+use gpu_ipc_driver::{DeviceMemory, Stream};
 
 /// How often (in frames) launching frame graphs serves the front door (consumers that knock are admitted and join
 /// at the next frame the GPU publishes).

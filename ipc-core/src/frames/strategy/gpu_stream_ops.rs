@@ -16,14 +16,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
-use crate::driver::{
-    Context, DeviceMemory, DeviceSpan, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys,
-};
 use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, Tail, depth_for};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::sys::shm::SharedMemory;
 use crate::wire::SyncStrategy;
+use gpu_ipc_driver::{
+    Context, DeviceMemory, DeviceSpan, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys,
+};
 
 const KIND: SyncStrategy = SyncStrategy::GpuStreamOps;
 

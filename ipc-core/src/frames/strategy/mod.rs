@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::driver::{Context, DeviceSpan, Stream};
 use crate::frames::FrameError;
 use crate::ring::{ConsumerControl, ConsumerId, ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
 use crate::wire::SyncStrategy;
+use gpu_ipc_driver::{Context, DeviceSpan, Stream};
 
 /// What a strategy needs to set up either side.
 pub(crate) struct Setup<'a> {

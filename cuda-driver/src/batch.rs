@@ -2,7 +2,7 @@
 //! call instead of one driver call each (the CPU cost of a GPU-side sync strategy is mostly driver calls).
 //!
 //! ```no_run
-//! use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, MemOpBatch, MemOpScratch, Stream, WaitCondition};
+//! use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, MemOpBatch, MemOpScratch, Stream, WaitCondition};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let ctx = Context::for_ordinal(0)?;

@@ -297,11 +297,24 @@ pub unsafe fn fill_u32_async(dst: DevicePtr, bytes: u64, value: u32, stream: &St
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::sys::shm::SharedMemory;
+    use crate::RegistrableHostMemory;
+
+    /// Host memory of the test's own, only ever handed to the range checks.
+    struct HostBytes(Box<[std::sync::atomic::AtomicU8]>);
+
+    // SAFETY: the boxed bytes stay allocated and in place while the value lives, and are only reached as atomics.
+    unsafe impl RegistrableHostMemory for HostBytes {
+        fn as_ptr(&self) -> *mut u8 {
+            self.0.as_ptr().cast_mut().cast()
+        }
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+    }
 
     #[test]
     fn host_memory_copies_refuse_ranges_beyond_the_memory_before_calling_the_driver() {
-        let memory = SharedMemory::create("copy-range-test", 4096).unwrap();
+        let memory = HostBytes((0..4096).map(|_| std::sync::atomic::AtomicU8::new(0)).collect());
         for (offset, bytes) in [(0, 4097), (4000, 97), (usize::MAX, 2)] {
             // SAFETY: the range check fails before the driver is called, so no device address is used.
             let err = unsafe { copy_device_to_host_memory(&memory, offset, DevicePtr(0), bytes) }.unwrap_err();

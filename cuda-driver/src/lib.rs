@@ -15,6 +15,9 @@
 //! Threads: every owner keeps its [`Context`] alive. CUDA binds a context per thread, so a thread other than the
 //! one that created the context calls [`Context::bind`] once before its first call.
 
+// The one crate of the workspace that calls into libcuda: every `unsafe` block here has a `// SAFETY:` line.
+#![allow(unsafe_code)]
+
 #[allow(
     missing_docs,
     non_camel_case_types,

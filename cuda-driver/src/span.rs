@@ -24,7 +24,7 @@ use super::stream::{Stream, WaitCondition};
 /// release memory only through the driver, which reports, rather than corrupts, a late access).
 ///
 /// ```no_run
-/// use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory};
+/// use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = Context::for_ordinal(0)?;
