@@ -125,11 +125,11 @@ impl Device {
         Ok(bytes as u64)
     }
 
-    /// One device attribute (`CU_DEVICE_ATTRIBUTE_*` from [`sys`](super::sys)).
+    /// One device attribute (`CU_DEVICE_ATTRIBUTE_*`).
     ///
     /// # Errors
     /// `CUDA_ERROR_INVALID_VALUE` for an attribute this driver does not know.
-    pub fn attribute(self, attribute: sys::CUdevice_attribute) -> Result<i32> {
+    pub(crate) fn attribute(self, attribute: sys::CUdevice_attribute) -> Result<i32> {
         let d = Driver::get()?;
         let f = entry!(d, cuDeviceGetAttribute, "cuDeviceGetAttribute")?;
         let mut value = 0;
@@ -138,18 +138,38 @@ impl Device {
         Ok(value)
     }
 
-    /// A boolean attribute.
+    /// Whether the device has `feature` (its `CU_DEVICE_ATTRIBUTE_*` is non-zero).
     ///
     /// # Errors
-    /// As [`Device::attribute`].
-    pub fn flag(self, attribute: sys::CUdevice_attribute) -> Result<bool> {
-        Ok(self.attribute(attribute)? != 0)
+    /// A failing `cuDeviceGetAttribute` (`CUDA_ERROR_INVALID_VALUE` from a driver too old to know the attribute).
+    pub fn supports(self, feature: DeviceFeature) -> Result<bool> {
+        Ok(self.attribute(feature.attribute())? != 0)
+    }
+
+    /// How many streaming multiprocessors the device has (`CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`), at least 1:
+    /// what a grid is sized by (one block per SM, a few per SM).
+    ///
+    /// # Errors
+    /// A failing `cuDeviceGetAttribute`.
+    pub fn sm_count(self) -> Result<u32> {
+        let count = self.attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(u32::try_from(count).unwrap_or(0).max(1))
+    }
+
+    /// The handle types a stream-ordered memory pool on this device may export
+    /// (`CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`).
+    ///
+    /// # Errors
+    /// A failing `cuDeviceGetAttribute`.
+    pub fn memory_pool_handle_types(self) -> Result<HandleTypes> {
+        let mask = self.attribute(sys::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)?;
+        Ok(HandleTypes::from_bits(u64::from(mask as u32)))
     }
 
     /// Compute capability `(major, minor)`.
     ///
     /// # Errors
-    /// As [`Device::attribute`].
+    /// A failing `cuDeviceGetAttribute`.
     pub fn compute_capability(self) -> Result<(u32, u32)> {
         let major = self.attribute(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = self.attribute(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -159,7 +179,7 @@ impl Device {
     /// The compute mode.
     ///
     /// # Errors
-    /// As [`Device::attribute`].
+    /// A failing `cuDeviceGetAttribute`.
     pub fn compute_mode(self) -> Result<ComputeMode> {
         Ok(ComputeMode::from_raw(self.attribute(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)?))
     }
@@ -238,6 +258,117 @@ pub struct InvalidDeviceUuid {
     pub text: String,
 }
 
+/// A capability of a device, read from its `CU_DEVICE_ATTRIBUTE_*` ([`Device::supports`]): what a backend or a
+/// sync strategy checks before it relies on it, so a missing one is an error that names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceFeature {
+    /// One address space for host and device (`CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING`).
+    UnifiedAddressing,
+    /// Host memory can be mapped into the device's address space (`CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`).
+    MapHostMemory,
+    /// 64-bit stream memory operations, `cuStreamWaitValue64`/`cuStreamWriteValue64`
+    /// (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`).
+    StreamMemOps64,
+    /// The NOR condition of `cuStreamWaitValue*` (`CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR`).
+    StreamWaitValueNor,
+    /// `CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES` (`CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES`).
+    FlushRemoteWrites,
+    /// The VMM API, `cuMemCreate` and `cuMemMap` (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`).
+    VirtualMemoryManagement,
+    /// VMM allocations exported as POSIX file descriptors
+    /// (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`).
+    PosixFdHandles,
+    /// VMM allocations exported as fabric handles (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`).
+    FabricHandles,
+    /// Legacy IPC event handles, `cuIpcGetEventHandle` (`CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED`).
+    IpcEvents,
+    /// Stream-ordered memory pools, `cuMemAllocAsync` (`CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`).
+    MemoryPools,
+    /// Managed memory, `cuMemAllocManaged` (`CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`).
+    ManagedMemory,
+    /// The device uses the host pointer of registered memory as its own
+    /// (`CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`).
+    HostPointerForRegisteredMemory,
+}
+
+impl DeviceFeature {
+    /// The driver's name of the attribute, as its documentation and error messages spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::UnifiedAddressing => "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING",
+            Self::MapHostMemory => "CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY",
+            Self::StreamMemOps64 => "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS",
+            Self::StreamWaitValueNor => "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR",
+            Self::FlushRemoteWrites => "CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES",
+            Self::VirtualMemoryManagement => "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
+            Self::PosixFdHandles => "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
+            Self::FabricHandles => "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED",
+            Self::IpcEvents => "CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED",
+            Self::MemoryPools => "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED",
+            Self::ManagedMemory => "CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY",
+            Self::HostPointerForRegisteredMemory => "CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM",
+        }
+    }
+
+    fn attribute(self) -> sys::CUdevice_attribute {
+        match self {
+            Self::UnifiedAddressing => sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+            Self::MapHostMemory => sys::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
+            Self::StreamMemOps64 => sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+            Self::StreamWaitValueNor => sys::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR,
+            Self::FlushRemoteWrites => sys::CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES,
+            Self::VirtualMemoryManagement => sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            Self::PosixFdHandles => sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            Self::FabricHandles => sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+            Self::IpcEvents => sys::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED,
+            Self::MemoryPools => sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            Self::ManagedMemory => sys::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY,
+            Self::HostPointerForRegisteredMemory => sys::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceFeature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A set of the shareable handle types an allocation may be exported as (`CU_MEM_HANDLE_TYPE_*` bits, as
+/// `CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES` reports them and `cuMemCreate`/`cuMemPoolCreate` take them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct HandleTypes(u64);
+
+impl HandleTypes {
+    /// No shareable handle: memory that stays in this process (`CU_MEM_HANDLE_TYPE_NONE`).
+    pub const NONE: Self = Self(sys::CU_MEM_HANDLE_TYPE_NONE as u64);
+    /// A POSIX file descriptor, passed to another process with `SCM_RIGHTS`
+    /// (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
+    pub const POSIX_FD: Self = Self(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR as u64);
+    /// A fabric handle, 64 opaque bytes that work across nodes with an IMEX channel (`CU_MEM_HANDLE_TYPE_FABRIC`).
+    pub const FABRIC: Self = Self(sys::CU_MEM_HANDLE_TYPE_FABRIC as u64);
+
+    /// The set of a `CU_MEM_HANDLE_TYPE_*` bit mask.
+    pub const fn from_bits(bits: u64) -> Self {
+        Self(bits)
+    }
+
+    /// Its `CU_MEM_HANDLE_TYPE_*` bit mask.
+    pub const fn bits(self) -> u64 {
+        self.0
+    }
+
+    /// Whether every handle type of `other` is in the set.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    pub(crate) fn raw(self) -> sys::CUmemAllocationHandleType {
+        self.0 as sys::CUmemAllocationHandleType
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -263,5 +394,30 @@ mod tests {
         for bad in ["5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8", "GPU-5d1a", "GPU-zz1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"] {
             assert!(matches!(bad.parse::<DeviceUuid>(), Err(InvalidDeviceUuid { text }) if text == bad), "{bad}");
         }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn an_unknown_attribute_is_a_typed_error_naming_the_call() {
+        let dev = Device::get(0).unwrap();
+        let err = dev.attribute(1_000_000).unwrap_err();
+        assert!(err.to_string().starts_with("cuDeviceGetAttribute failed: CUDA_ERROR_INVALID_VALUE"), "{err}");
+    }
+
+    #[test]
+    fn handle_type_sets_hold_the_driver_bits() {
+        assert_eq!(HandleTypes::NONE.bits(), 0);
+        assert_eq!(HandleTypes::POSIX_FD.bits(), 1);
+        assert_eq!(HandleTypes::FABRIC.bits(), 8);
+        let both = HandleTypes::from_bits(HandleTypes::POSIX_FD.bits() | HandleTypes::FABRIC.bits());
+        assert!(both.contains(HandleTypes::POSIX_FD) && both.contains(HandleTypes::FABRIC));
+        assert!(!HandleTypes::FABRIC.contains(HandleTypes::POSIX_FD));
+    }
+
+    #[test]
+    fn each_feature_names_its_attribute() {
+        assert_eq!(DeviceFeature::StreamMemOps64.to_string(), "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS");
+        assert_eq!(DeviceFeature::StreamMemOps64.attribute(), sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS);
+        assert_eq!(DeviceFeature::MapHostMemory.attribute(), sys::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY);
     }
 }

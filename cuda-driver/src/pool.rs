@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use super::context::Context;
+use super::device::HandleTypes;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
@@ -58,17 +59,17 @@ impl MemoryPool {
     }
 
     /// Creates a pool of pinned device memory on the context's device whose memory may be exported as the
-    /// `handle_types` (a `CU_MEM_HANDLE_TYPE_*` mask; `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` to share it).
+    /// `handle_types` ([`HandleTypes::POSIX_FD`] to share it).
     ///
     /// # Errors
     /// A failing `cuMemPoolCreate` (e.g. `CUDA_ERROR_NOT_SUPPORTED` for a handle type the device lacks).
-    pub fn create(ctx: &Context, handle_types: sys::CUmemAllocationHandleType) -> Result<Self> {
+    pub fn create(ctx: &Context, handle_types: HandleTypes) -> Result<Self> {
         ctx.bind()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemPoolCreate, "cuMemPoolCreate")?;
         let props = sys::CUmemPoolProps {
             allocType: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-            handleTypes: handle_types,
+            handleTypes: handle_types.raw(),
             location: sys::CUmemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: ctx.device().ordinal() },
             win32SecurityAttributes: std::ptr::null_mut(),
             maxSize: 0,

@@ -4,7 +4,7 @@
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::context::Context;
-use super::device::Device;
+use super::device::{Device, HandleTypes};
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
@@ -89,21 +89,17 @@ impl VmmAllocation {
     /// # Errors
     /// A size that is not a multiple of the granularity; a failing `cuMemCreate`.
     pub fn create(ctx: &Context, size: u64) -> Result<Self> {
-        Self::create_with_handle_types(ctx, size, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        Self::create_with_handle_types(ctx, size, HandleTypes::POSIX_FD)
     }
 
     /// Creates `size` bytes (a multiple of the minimum [`VmmGranularity`]) that may be exported as the
-    /// `handle_types` (a `CU_MEM_HANDLE_TYPE_*` mask: `CU_MEM_HANDLE_TYPE_NONE` for memory that stays in this
-    /// process, `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, `CU_MEM_HANDLE_TYPE_FABRIC`).
+    /// `handle_types` ([`HandleTypes::NONE`] for memory that stays in this process, [`HandleTypes::POSIX_FD`],
+    /// [`HandleTypes::FABRIC`]).
     ///
     /// # Errors
     /// A size that is not a multiple of the granularity; a failing `cuMemCreate` (a fabric handle is refused,
     /// e.g. with `CUDA_ERROR_NOT_SUPPORTED` or `CUDA_ERROR_NOT_PERMITTED`, where no IMEX channel is set up).
-    pub fn create_with_handle_types(
-        ctx: &Context,
-        size: u64,
-        handle_types: sys::CUmemAllocationHandleType,
-    ) -> Result<Self> {
+    pub fn create_with_handle_types(ctx: &Context, size: u64, handle_types: HandleTypes) -> Result<Self> {
         let granularity = VmmGranularity::for_device(ctx.device())?;
         if size == 0 || !size.is_multiple_of(granularity.minimum) {
             return Err(DriverError::InvalidArgument {
@@ -117,7 +113,7 @@ impl VmmAllocation {
         ctx.bind()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemCreate, "cuMemCreate")?;
-        let prop = allocation_props(ctx.device(), handle_types);
+        let prop = allocation_props(ctx.device(), handle_types.raw());
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: the out-pointer is a valid local; `prop` is fully initialised; flags must be 0.
         d.check("cuMemCreate", unsafe { f(&mut handle, size as usize, &prop, 0) })?;

@@ -17,8 +17,8 @@
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
 use gpu_ipc_driver::{
-    Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, address_range,
-    pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable, sys,
+    Context, DeviceBuffer, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, address_range,
+    pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable,
 };
 use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
 use ipc_core::wire::BackendKind;
@@ -120,7 +120,7 @@ impl Backend for Legacy {
 
     fn check_support(ctx: &Context) -> Result<(), BackendError> {
         let device = ctx.device();
-        if !device.flag(sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? {
+        if !device.supports(DeviceFeature::UnifiedAddressing)? {
             return Err(BackendError::Unsupported {
                 backend: Self::KIND.name(),
                 reason: format!("device {} has no unified addressing, which legacy IPC requires", device.ordinal()),

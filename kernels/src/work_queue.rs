@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, Function, KernelArg, LaunchConfig, Stream, sys};
+use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, Function, KernelArg, LaunchConfig, Stream};
 
 use crate::launch::{KernelError, load_module};
 
@@ -104,7 +104,7 @@ impl QueueDemoKernels {
     /// [`KernelError::NoImage`] or [`KernelError::ImageRejected`].
     pub fn load(ctx: &Context) -> Result<Self, KernelError> {
         let (module, _) = load_module(ctx, crate::image::force_ptx_from_env())?;
-        let sms = ctx.device().attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let sms = ctx.device().sm_count()?;
         Ok(Self {
             worker: module.function(DEMO_WORKER)?,
             producer: module.function(DEMO_PRODUCER)?,

@@ -10,7 +10,8 @@ use super::block::SemaphoreBlock;
 use super::error::SemaphoreError;
 use super::layout::{POSTED_OFFSET, SharedWords};
 use gpu_ipc_driver::{
-    Context, DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, HostRegistration, Stream, WaitCondition, sys,
+    Context, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, HostRegistration, Stream,
+    WaitCondition,
 };
 use ipc_core::sys::shm::SharedObject;
 
@@ -36,7 +37,7 @@ pub(super) struct GpuSide {
 impl GpuSide {
     /// Checks that the device can queue 64-bit stream waits and registers the block in `ctx`.
     pub(super) fn new(ctx: &Context, block: &SemaphoreBlock) -> Result<Self, SemaphoreError> {
-        if !ctx.device().flag(sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)? {
+        if !ctx.device().supports(DeviceFeature::StreamMemOps64)? {
             return Err(SemaphoreError::NoStreamMemOps);
         }
         let registration = Arc::new(HostRegistration::new(ctx, Arc::clone(block.shared()))?);

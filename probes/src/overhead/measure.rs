@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::driver::{
-    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, KernelArg, LaunchConfig, Stream, sys,
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, KernelArg, LaunchConfig, Stream,
 };
 use gpu_ipc::kernels::probe::{MEM_CHASE, MEM_READ, MEM_STORE_LATENCY, MEM_WRITE, ProbeKernels};
 use serde::{Deserialize, Serialize};
@@ -152,7 +152,7 @@ pub(super) const CHASE_STEPS: u64 = 4096;
 impl Bench {
     pub(super) fn new(ctx: &Context) -> Result<Self, ProbeError> {
         let kernels = ProbeKernels::load(ctx)?;
-        let sms = ctx.device().attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let sms = ctx.device().sm_count()?;
         Ok(Self {
             ctx: ctx.clone(),
             stream: Stream::new(ctx)?,

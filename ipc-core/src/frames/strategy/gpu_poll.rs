@@ -35,8 +35,8 @@ use crate::wire::SyncStrategy;
 use gpu_ipc_driver::image::{self, ComputeCapability, KernelImage};
 use gpu_ipc_driver::mps::MpsEvidence;
 use gpu_ipc_driver::{
-    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module,
-    Stream, sys,
+    Context, DeviceBuffer, DeviceFeature, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg,
+    LaunchConfig, Module, Stream,
 };
 
 const KIND: SyncStrategy = SyncStrategy::GpuPoll;
@@ -125,11 +125,9 @@ impl Strategy for GpuPoll {
                 ),
             ));
         }
-        for (attribute, name) in [
-            (sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING"),
-            (sys::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, "CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY"),
-        ] {
-            if !device.flag(attribute)? {
+        for feature in [DeviceFeature::UnifiedAddressing, DeviceFeature::MapHostMemory] {
+            if !device.supports(feature)? {
+                let name = feature.name();
                 return Err(unavailable(
                     KIND,
                     format!(

@@ -22,7 +22,7 @@ use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Se
 use crate::sys::shm::SharedMemory;
 use crate::wire::SyncStrategy;
 use gpu_ipc_driver::{
-    Context, DeviceMemory, DeviceSpan, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys,
+    Context, DeviceFeature, DeviceMemory, DeviceSpan, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition,
 };
 
 const KIND: SyncStrategy = SyncStrategy::GpuStreamOps;
@@ -39,7 +39,7 @@ impl Strategy for GpuStreamOps {
         let cuda = need_cuda(KIND, cuda)?;
         let device = cuda.device();
         // The ring's counters are 64-bit: 32-bit stream operations would compare only their low halves.
-        let ops = device.flag(sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)?;
+        let ops = device.supports(DeviceFeature::StreamMemOps64)?;
         if !ops {
             return Err(unavailable(
                 KIND,
