@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::sys::shm::SharedMemory;
+use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, DeviceSpan, HostRegistration};
 use serde::{Deserialize, Serialize};
 

@@ -214,7 +214,7 @@ fn single_process_pipelined(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Resu
 /// stream has released frame `seq - slots` (`released >= seq + 1 - slots`), then writes `published = seq + 1`;
 /// the verify waits for `published >= seq + 1`, then writes `released = seq + 1`.
 fn single_process_memops(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Result<Measurement, ProbeError> {
-    use gpu_ipc::core::sys::shm::SharedMemory;
+    use gpu_ipc::core::shm::SharedMemory;
     use gpu_ipc::driver::{HostRegistration, WaitCondition};
     const PUBLISHED: usize = 0;
     const RELEASED: usize = 64;

@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject, ShmError};
+use gpu_ipc::core::shm::{SharedMemory, SharedObject, ShmError};
 use gpu_ipc::driver::{Context, Event, EventFlags, Stream};
 use harness::ProbeError;
 

@@ -94,7 +94,7 @@ pub enum ProbeError {
     BackendUnavailable(#[from] gpu_ipc::BackendUnavailable),
     /// Shared host memory (a memfd) could not be made, sent or mapped.
     #[error(transparent)]
-    SharedMemory(#[from] gpu_ipc::core::sys::shm::ShmError),
+    SharedMemory(#[from] gpu_ipc::core::shm::ShmError),
     /// The frame API failed (producer or consumer).
     #[error("frame API: {0}")]
     Frames(#[from] gpu_ipc::core::frames::FrameError),

@@ -3,7 +3,7 @@
 
 use std::os::fd::OwnedFd;
 
-use crate::sys::shm::SharedMemory;
+use crate::shm::SharedMemory;
 use crate::wire::BackendKind;
 use gpu_ipc_driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, DriverError};
 

@@ -14,7 +14,7 @@ use crate::backend::{
     Backend, BackendError, ExistingExport, ExportedHandle, MemoryAccess, ReachableRegion, SharedRegion,
     offset_in_allocation,
 };
-use crate::sys::shm::SharedMemory;
+use crate::shm::SharedMemory;
 use crate::wire::BackendKind;
 use gpu_ipc_driver::{DevicePtr, DriverError};
 

@@ -1,7 +1,7 @@
 //! Core of gpu-ipc: the backend trait, the wire protocol, the front door's admission, the frame ring and its sync
 //! strategies, on the CUDA driver layer of `gpu-ipc-driver`. The toolkit's other shared objects (pool, semaphore,
-//! work queue) stand on it in `ipc-toolkit`. See `docs/layout.md` for the layering; only [`sys`] (the OS
-//! shared-memory owner) contains `unsafe` code here.
+//! work queue) stand on it in `ipc-toolkit`. See `docs/layout.md` for the layering; only [`shm`] (the OS
+//! shared-memory owner) and the wire layer's `SO_PEERCRED` read contain `unsafe` code here.
 
 pub mod backend;
 pub mod door;
@@ -9,5 +9,5 @@ pub mod fake;
 pub mod frames;
 pub mod ring;
 #[allow(unsafe_code)]
-pub mod sys;
+pub mod shm;
 pub mod wire;

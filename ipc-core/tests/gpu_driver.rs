@@ -11,7 +11,7 @@ use gpu_ipc_driver::{
     HostRegistration, IpcMemHandle, Stream, VmmAllocation, VmmGranularity, VmmMapping, WaitCondition, copy_from_device,
     copy_to_device, pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, raw::CUresult,
 };
-use ipc_core::sys::shm::{SharedMemory, SharedObject};
+use ipc_core::shm::{SharedMemory, SharedObject};
 
 fn ctx() -> Context {
     Context::for_ordinal(0).expect("device 0 and its primary context")

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
-use ipc_core::sys::shm::SharedMemory;
+use ipc_core::shm::SharedMemory;
 use ipc_core::wire::{
     BackendKind, ClientHello, Message, PROTOCOL_VERSION, RefusalCode, WireError, recv_bytes, send_bytes,
 };

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use ipc_core::ring::layout::{MAGIC as RING_MAGIC, header};
 use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig, RingLayout, SlotIndex};
-use ipc_core::sys::shm::SharedMemory;
+use ipc_core::shm::SharedMemory;
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES,
     HandleType, Header, MAGIC, Message, MessageType, ObjectKind, ObjectOffer, PeerState, PeerStatus, PixelFormat,

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
-use ipc_core::sys::shm::SharedMemory;
+use ipc_core::shm::SharedMemory;
 use ipc_toolkit::queue::{QueueConfig, QueueError, QueueWorker, WorkQueue, WorkerOptions};
 use rustix::io::FdFlags;
 

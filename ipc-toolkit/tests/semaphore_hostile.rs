@@ -22,7 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ipc_core::fake::{HostContext, HostFake};
-use ipc_core::sys::shm::SharedMemory;
+use ipc_core::shm::SharedMemory;
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, Message, ObjectKind, PROTOCOL_VERSION, RefusalCode, recv_message, send_bytes,
 };

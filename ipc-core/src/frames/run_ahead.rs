@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::frames::FrameError;
 use crate::ring::RingError;
-use crate::sys::shm::{SharedMemory, SharedObject};
+use crate::shm::{SharedMemory, SharedObject};
 use gpu_ipc_driver::{
     Context, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, MemOpBatch, Stream,
 };

@@ -10,6 +10,9 @@
 mod error;
 mod fdpass;
 mod message;
+// The one socket option rustix cannot read soundly: the only `unsafe` of the wire layer.
+#[allow(unsafe_code)]
+mod peercred;
 mod rendezvous;
 mod slot;
 mod tensor;

@@ -20,7 +20,7 @@ use super::layout::{BlockId, BlockKind, EntryState, PINS_HEADER_WORDS, name_hash
 use super::wire::BlockReply;
 use gpu_ipc_driver::{DevicePtr, Event};
 use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion};
-use ipc_core::sys::shm::SharedMemory;
+use ipc_core::shm::SharedMemory;
 use ipc_core::wire::TensorDesc;
 
 /// Every buffer's bytes start on this boundary and take a multiple of it (CUDA's own allocation alignment).

@@ -13,7 +13,7 @@ use super::layout::{
     BlockId, BlockKind, ENTRY_WORDS, EntryState, FLAG_STRIDES, Geometry, HEADER_WORDS, LAYOUT_VERSION, MAGIC,
     MAX_NAME_BYTES, OwnerState, block, entry, header, name_hash,
 };
-use ipc_core::sys::shm::{ReadOnlyMemory, SharedMemory, ShmError};
+use ipc_core::shm::{ReadOnlyMemory, SharedMemory, ShmError};
 use ipc_core::wire::{DType, MAX_TENSOR_DIMS as MAX_DIMS, TensorDesc};
 
 /// How long a reader keeps trying to copy an entry the owner keeps writing (it writes one in well under a

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::door::DoorError;
 use ipc_core::backend::BackendError;
-use ipc_core::sys::shm::ShmError;
+use ipc_core::shm::ShmError;
 use ipc_core::wire::{DeviceUuid, WireError};
 
 /// Why a pool operation failed.

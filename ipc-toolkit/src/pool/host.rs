@@ -11,7 +11,7 @@ use super::owner::PoolShared;
 use super::wire::PoolOffer;
 use crate::door::{ObjectHost, PeerInfo};
 use ipc_core::backend::Backend;
-use ipc_core::sys::shm::SharedMemory;
+use ipc_core::shm::SharedMemory;
 use ipc_core::wire::{BackendKind, ObjectKind, RefusalCode};
 
 /// The door's view of a pool.

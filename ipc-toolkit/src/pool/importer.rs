@@ -22,7 +22,7 @@ use super::wire::{CHANNEL_FD_INDEX, DIRECTORY_FD_INDEX, PINS_FD_INDEX, POOL_OFFE
 use crate::door::{ObjectKind, ObjectOffer, OwnerLink, attach};
 use ipc_core::backend::Backend;
 use ipc_core::ring::monotonic_ns;
-use ipc_core::sys::shm::{ReadOnlyMemory, SharedMemory};
+use ipc_core::shm::{ReadOnlyMemory, SharedMemory};
 use ipc_core::wire::DeviceUuid;
 
 /// Times a lookup starts over because the entry changed under it before it gives up.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::door::DoorError;
 use gpu_ipc_driver::DriverError;
 use ipc_core::backend::BackendError;
-use ipc_core::sys::shm::ShmError;
+use ipc_core::shm::ShmError;
 use ipc_core::wire::WireError;
 
 /// Why a work-queue call failed.

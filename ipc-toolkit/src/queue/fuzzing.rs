@@ -4,7 +4,7 @@
 use super::host_ops::HostQueue;
 use super::layout::{Geometry, header};
 use super::ops::{PushFlags, PushRequest, stats_of};
-use ipc_core::sys::shm::SharedMemory;
+use ipc_core::shm::SharedMemory;
 
 /// Runs a script of queue operations on a small queue whose memory starts as `data`: bytes 0 to 2 pick the
 /// capacity (2 to 16), record size (1 to 64) and worker slots (2 to 8), byte 3 the number of operations (up to

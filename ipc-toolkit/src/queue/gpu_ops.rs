@@ -17,7 +17,7 @@ use gpu_ipc_driver::{
     Stream,
 };
 use ipc_core::ring::{WaitMode, bounded_wait};
-use ipc_core::sys::shm::SharedMemory;
+use ipc_core::shm::SharedMemory;
 
 /// The queue's kernels, from `ipc-toolkit/queue-kernels/` (`scripts/gen-kernels.sh`): the cubins in ascending
 /// architecture order, then the PTX (the last resort).

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::layout::{CLOSED, CellState, CellWord, GIVEN_BACK, Geometry, TAKEN, cell, header, lap_delta, worker};
 use super::ops::{PushFlags, PushRequest, Reclaimed, Status, Swept, TaskData};
 use crate::queue::error::QueueError;
-use ipc_core::sys::shm::SharedMemory;
+use ipc_core::shm::SharedMemory;
 
 /// Attempts of one operation against other peers' moves before it reports [`Status::Contended`].
 const MAX_TRIES: u32 = 4096;

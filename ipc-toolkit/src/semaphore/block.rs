@@ -28,7 +28,7 @@ use super::layout::{
     SHARED_BYTES, STATE_WORD, SemaphoreState, SharedWords, TAKEN_WORD, TAKING, TICKETS_PER_PEER, TOTAL_BYTES_WORD,
     VERSION_WORD, record_epoch, record_word, record_word_index,
 };
-use ipc_core::sys::shm::{SharedMemory, SharedObject};
+use ipc_core::shm::{SharedMemory, SharedObject};
 
 /// A peer record claimed for one attachment: its index and the epoch of the claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use gpu_ipc_driver::DriverError;
-use ipc_core::sys::shm::ShmError;
+use ipc_core::shm::ShmError;
 use ipc_core::wire::WireError;
 
 /// A pid as the owner saw it, for messages: "pid 1234", or "a pid in another PID namespace" when unknown.

@@ -13,7 +13,7 @@ use gpu_ipc_driver::{
     Context, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, HostRegistration, Stream,
     WaitCondition,
 };
-use ipc_core::sys::shm::SharedObject;
+use ipc_core::shm::SharedObject;
 
 /// How long teardown waits for streams to pass waits whose tickets a post has reached.
 const SETTLE: Duration = Duration::from_secs(1);

@@ -110,11 +110,11 @@ pub const FLAG_POSTED: u64 = 1;
 /// not have happened).
 pub const TAKING: u64 = 1 << 63;
 
-/// What a survivor ORs into `posted` to release every GPU-side wait: `2^62`, as the ring's poison and for the same
+/// What a survivor ORs into `posted` to release every GPU-side wait: the ring's poison, `2^62`, for the same
 /// reason: `cuStreamWaitValue64`'s `GEQ` is the wrap-around `(int64)(*addr - value) >= 0`, which `2^62 + low`
 /// passes for every ticket below `2^62`. The low bits keep the real count, so a ticket can still tell whether a
 /// real post released it.
-pub const POISON: u64 = 1 << 62;
+pub use ipc_core::ring::POISON;
 
 /// Mask of the real count in `posted`.
 pub const COUNT_MASK: u64 = POISON - 1;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject};
+use gpu_ipc::core::shm::{SharedMemory, SharedObject};
 use gpu_ipc::driver::{Context, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, Stream};
 use gpu_ipc::kernels::probe::coherency_layout as layout;
 

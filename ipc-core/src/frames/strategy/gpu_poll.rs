@@ -30,7 +30,7 @@ use crate::frames::run_ahead::{RunAhead, depth_for};
 use crate::frames::{FrameError, device_words};
 use crate::ring::layout::{MAX_CONSUMERS, MAX_SLOTS, RingLayout};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
-use crate::sys::shm::{SharedMemory, SharedObject};
+use crate::shm::{SharedMemory, SharedObject};
 use crate::wire::SyncStrategy;
 use gpu_ipc_driver::image::{self, ComputeCapability, KernelImage};
 use gpu_ipc_driver::mps::MpsEvidence;

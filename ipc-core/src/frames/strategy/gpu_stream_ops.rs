@@ -19,7 +19,7 @@ use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cu
 use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, Tail, depth_for};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
-use crate::sys::shm::SharedMemory;
+use crate::shm::SharedMemory;
 use crate::wire::SyncStrategy;
 use gpu_ipc_driver::{
     Context, DeviceFeature, DeviceMemory, DeviceSpan, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition,

@@ -30,7 +30,7 @@ pub(crate) struct Setup<'a> {
     /// The CUDA context, for backends that have one.
     pub cuda: Option<&'a Context>,
     /// The ring's control block mapping (GPU-side strategies register it for the device).
-    pub block: Arc<crate::sys::shm::SharedMemory>,
+    pub block: Arc<crate::shm::SharedMemory>,
     /// Its byte layout: where each counter is, from the mapping's start.
     pub layout: crate::ring::RingLayout,
     /// Slots in the ring.

@@ -4,6 +4,10 @@
 //! `cuMemHostRegister`, their GPU streams) read and write the very same 64-bit counters. The fd travels to peers
 //! over the rendezvous socket with `SCM_RIGHTS`; each peer rebuilds a [`SharedMemory`] with
 //! [`SharedMemory::from_fd`].
+//!
+//! With the wire layer's `SO_PEERCRED` read, this is the only code of ipc-core that needs `unsafe`: the only pointer
+//! casts the ring needs (a mapping viewed as a `#[repr(C)]` struct of atomics) are made here, once, behind
+//! [`AtomicPlainData`].
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
