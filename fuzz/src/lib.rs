@@ -9,11 +9,8 @@ use ipc_toolkit::pool::{BlockReply, BlockRequest, PoolOffer};
 use ipc_toolkit::queue::QueueOffer;
 use ipc_toolkit::queue::layout::Geometry as QueueGeometry;
 use ipc_toolkit::semaphore::SemaphoreOffer;
-use ipc_core::wire::{
-    Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Header,
-    MAX_PAYLOAD_BYTES, Message, MessageType, ObjectKind, ObjectOffer, PROTOCOL_VERSION, PeerState, PeerStatus,
-    PixelFormat, RefusalCode, Refused, RingOffer, SlotLayout, StatusReport, StatusRequest, SyncStrategy, TensorDesc,
-};
+use gpu_ipc_driver::DeviceUuid;
+use ipc_core::wire::{Attached, BackendKind, ClientHello, DType, Detach, DetachReason, FrameGeometry, HandleType, Header, MAX_PAYLOAD_BYTES, Message, MessageType, ObjectKind, ObjectOffer, PROTOCOL_VERSION, PeerState, PeerStatus, PixelFormat, RefusalCode, Refused, RingOffer, SlotLayout, StatusReport, StatusRequest, SyncStrategy, TensorDesc};
 
 pub use ipc_toolkit::fuzzing::{pool_directory, queue_memory, semaphore_block};
 

@@ -12,13 +12,14 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::ring::layout::{MAGIC as RING_MAGIC, header};
 use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig, RingLayout, SlotIndex};
 use ipc_core::shm::SharedMemory;
 use ipc_core::wire::{
-    Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES,
-    HandleType, Header, MAGIC, Message, MessageType, ObjectKind, ObjectOffer, PeerState, PeerStatus, PixelFormat,
-    RefusalCode, Refused, RingOffer, StatusReport, StatusRequest, SyncStrategy, TensorDesc,
+    Attached, BackendKind, ClientHello, DType, Detach, DetachReason, FrameGeometry, HEADER_BYTES, HandleType, Header,
+    MAGIC, Message, MessageType, ObjectKind, ObjectOffer, PeerState, PeerStatus, PixelFormat, RefusalCode, Refused,
+    RingOffer, StatusReport, StatusRequest, SyncStrategy, TensorDesc,
 };
 use ipc_toolkit::pool::layout::{BlockId, Geometry};
 use ipc_toolkit::pool::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest, PoolOffer};

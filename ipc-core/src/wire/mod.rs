@@ -22,7 +22,6 @@ pub use error::WireError;
 pub use fdpass::{
     MessageReader, OfferFds, ReceivedMessage, recv_bytes, recv_message, send_bytes, send_message, send_message_in,
 };
-pub use gpu_ipc_driver::DeviceUuid;
 pub use message::codec;
 pub use message::{
     Attached, ClientHello, DEEP_RING_VERSION, Detach, DetachReason, HEADER_BYTES, Header, IPC_HANDLE_BYTES,

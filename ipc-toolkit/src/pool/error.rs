@@ -4,9 +4,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::door::DoorError;
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::backend::BackendError;
 use ipc_core::shm::ShmError;
-use ipc_core::wire::{DeviceUuid, WireError};
+use ipc_core::wire::WireError;
 
 /// Why a pool operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -20,10 +20,10 @@ use super::owner::device_uuid;
 use super::view::BufferView;
 use super::wire::{CHANNEL_FD_INDEX, DIRECTORY_FD_INDEX, PINS_FD_INDEX, POOL_OFFER_FDS, PoolOffer};
 use crate::door::{ObjectKind, ObjectOffer, OwnerLink, attach};
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::backend::Backend;
 use ipc_core::ring::monotonic_ns;
 use ipc_core::shm::{ReadOnlyMemory, SharedMemory};
-use ipc_core::wire::DeviceUuid;
 
 /// Times a lookup starts over because the entry changed under it before it gives up.
 const LOOKUP_TRIES: u32 = 64;

@@ -13,9 +13,9 @@ use super::host::PoolHost;
 use super::layout::{Geometry, MAX_BLOCKS, MAX_ENTRY_SLOTS};
 use super::server::{BlockServer, ChannelSender, inbox};
 use crate::door::{DoorConfig, ObjectDoor, PeerInfo};
+use gpu_ipc_driver::DeviceUuid;
 use gpu_ipc_driver::{DevicePtr, Event, EventFlags, Stream};
 use ipc_core::backend::{Backend, GpuBackend};
-use ipc_core::wire::DeviceUuid;
 use ipc_core::wire::TensorDesc;
 
 /// How a pool is made: its first block, how it may grow, how many buffers, allocations and importers it serves.

@@ -190,18 +190,18 @@ fn a_freed_buffer_is_not_found_at_once_and_goes_back_only_when_unpinned_and_its_
 
 #[test]
 fn an_importer_refuses_a_pool_on_another_device_naming_both() {
-    let other = ipc_core::wire::DeviceUuid([7; 16]);
+    let other = gpu_ipc_driver::DeviceUuid([7; 16]);
     let pool = SharedPool::<HostFake>::create_on(&HostContext, &sock("uuid"), PoolConfig::new(4096), other).unwrap();
     let err = PoolImporter::<HostFake>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap_err();
     match &err {
         PoolError::WrongDevice { offered, here, .. } => {
-            assert_eq!((*offered, *here), (other, ipc_core::wire::DeviceUuid::default()));
+            assert_eq!((*offered, *here), (other, gpu_ipc_driver::DeviceUuid::default()));
         }
         other => panic!("{other}"),
     }
     let message = err.to_string();
     assert!(
-        message.contains(&other.to_string()) && message.contains(&ipc_core::wire::DeviceUuid::default().to_string())
+        message.contains(&other.to_string()) && message.contains(&gpu_ipc_driver::DeviceUuid::default().to_string())
     );
     assert!(message.contains("attach from a context on the pool's GPU"), "{message}");
     assert!(eventually(|| pool.stats().importers == 0), "the refused importer is not counted");

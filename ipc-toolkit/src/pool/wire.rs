@@ -6,8 +6,9 @@
 //! on which the importer asks for the handle of a block the first time an entry it looks up lies in it.
 
 use super::layout::{BlockId, Geometry, LAYOUT_VERSION};
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::wire::codec::{Reader, put_u16, put_u32, put_u64};
-use ipc_core::wire::{BackendKind, DeviceUuid, IPC_HANDLE_BYTES, IpcHandleBytes, WireError};
+use ipc_core::wire::{BackendKind, IPC_HANDLE_BYTES, IpcHandleBytes, WireError};
 
 /// Bytes of a [`PoolOffer`] body.
 pub const POOL_OFFER_BYTES: usize = 64;

@@ -2,8 +2,9 @@
 //! (byte for byte in `docs/protocol.md`, "Work queue offer").
 
 use super::layout::{Geometry, LAYOUT_VERSION, OWNER_SLOT};
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::wire::codec::{Reader, put_u16, put_u32, put_u64};
-use ipc_core::wire::{BackendKind, DeviceUuid, HandleType, IPC_HANDLE_BYTES, IpcHandleBytes, WireError};
+use ipc_core::wire::{BackendKind, HandleType, IPC_HANDLE_BYTES, IpcHandleBytes, WireError};
 
 /// Bytes of a work queue offer's body.
 pub const QUEUE_OFFER_BYTES: usize = 144;

@@ -23,7 +23,8 @@ use crate::frames::strategy::{ProducerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, Sequence};
-use crate::wire::{Detach, DetachReason, DeviceUuid, Message, RendezvousListener, SlotLayout};
+use crate::wire::{Detach, DetachReason, Message, RendezvousListener, SlotLayout};
+use gpu_ipc_driver::DeviceUuid;
 use gpu_ipc_driver::{DeviceMemory, DeviceSpan, Stream};
 
 /// The producing end of a frame ring.
