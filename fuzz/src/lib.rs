@@ -4,13 +4,17 @@
 //! description accepted that reaches outside the memory it describes. See `docs/fuzzing.md`.
 #![allow(clippy::expect_used)]
 
+use gpu_ipc_driver::DeviceUuid;
+use ipc_core::wire::{
+    Attached, BackendKind, ClientHello, DType, Detach, DetachReason, FrameGeometry, HandleType, Header,
+    MAX_PAYLOAD_BYTES, Message, MessageType, ObjectKind, ObjectOffer, PROTOCOL_VERSION, PeerState, PeerStatus,
+    PixelFormat, RefusalCode, Refused, RingOffer, SlotLayout, StatusReport, StatusRequest, SyncStrategy, TensorDesc,
+};
 use ipc_toolkit::pool::layout::{BlockId, Geometry};
 use ipc_toolkit::pool::{BlockReply, BlockRequest, PoolOffer};
 use ipc_toolkit::queue::QueueOffer;
 use ipc_toolkit::queue::layout::Geometry as QueueGeometry;
 use ipc_toolkit::semaphore::SemaphoreOffer;
-use gpu_ipc_driver::DeviceUuid;
-use ipc_core::wire::{Attached, BackendKind, ClientHello, DType, Detach, DetachReason, FrameGeometry, HandleType, Header, MAX_PAYLOAD_BYTES, Message, MessageType, ObjectKind, ObjectOffer, PROTOCOL_VERSION, PeerState, PeerStatus, PixelFormat, RefusalCode, Refused, RingOffer, SlotLayout, StatusReport, StatusRequest, SyncStrategy, TensorDesc};
 
 pub use ipc_toolkit::fuzzing::{pool_directory, queue_memory, semaphore_block};
 

@@ -7,13 +7,14 @@
 //! gpu-ipc = { path = "../gpu-ipc/gpu-ipc" }   # features: legacy, vmm (both by default), cudarc (interop)
 //! ```
 //!
-//! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring), the toolkit
-//! ([`toolkit`]: the [`semaphore`], the [`pool`], the memory pool with named buffers, whose [`SharedPool`] and
-//! [`PoolImporter`] are at the top too, the work [`queue`], and the object door they are reached through), the descriptions of what a ring's slots hold ([`SlotLayout`]: pixel frames or any
-//! tensor), the backends compiled in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the
-//! host-memory fake that needs no GPU), the embedded kernels, and [`BackendKind`], the one name of a backend, with
-//! [`dispatch`] and [`dispatch_gpu`] to run code generic over the backend for a choice made at run time
-//! (`--backend`).
+//! It re-exports the driver layer ([`driver`]: CUDA contexts, streams, memory, device queries), the core
+//! ([`core`]: backend trait, wire protocol, frame ring), the toolkit ([`toolkit`]: the [`semaphore`], the [`pool`],
+//! the memory pool with named buffers, whose [`SharedPool`] and [`PoolImporter`] are at the top too, the work
+//! [`queue`], and the object door they are reached through), the descriptions of what a ring's slots hold
+//! ([`SlotLayout`]: pixel frames or any tensor), the backends compiled in by Cargo feature (`legacy`, `vmm`; both by
+//! default, and [`host`], the host-memory fake that needs no GPU), the embedded kernels, and [`BackendKind`], the one
+//! name of a backend, with [`dispatch`] and [`dispatch_gpu`] to run code generic over the backend for a choice made at
+//! run time (`--backend`).
 //!
 //! The library logs through [`tracing`](https://docs.rs/tracing): install a subscriber (for example
 //! `tracing_subscriber::fmt().init()`) to see what it says about consumers attaching, dying or being evicted.

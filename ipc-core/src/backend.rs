@@ -128,7 +128,7 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// A backend on a real GPU: a CUDA [`Context`], and regions that lend their memory to kernels and copies as
-/// [`DeviceSpan`](gpu_ipc_driver::DeviceSpan)s ([`DeviceMemory`]). Implemented for every backend that fits; the host
+/// [`DeviceSpan`]s ([`DeviceMemory`]). Implemented for every backend that fits; the host
 /// fake does not (its "device memory" is host memory).
 pub trait GpuBackend: Backend<Context = Context, Exported: DeviceMemory, Imported: DeviceMemory> {}
 

@@ -1,8 +1,9 @@
 //! The producer's front door: a thread that owns the rendezvous socket and every handshake in flight, so that no
 //! client, slow, silent, refused or hostile, can stop the producer or delay a frame.
 //!
-//! One thread serves every connection with `poll` and a non-blocking reader ([`MessageReader`]), each handshake
-//! bounded by its own deadline (`ProducerConfig::handshake_timeout`, from `accept` to `Attached`). At most
+//! One thread serves every connection with `poll` and a non-blocking reader
+//! ([`MessageReader`](crate::wire::MessageReader)), each handshake bounded by its own deadline
+//! (`ProducerConfig::handshake_timeout`, from `accept` to `Attached`). At most
 //! `ProducerConfig::max_pending_handshakes` connections are in flight; when a new one arrives and there is no
 //! room, the oldest connection that has not yet said a valid hello is closed (a real consumer says hello right
 //! after connecting, so only silent clients are evicted). Open fds are thus bounded by that number, plus the
@@ -189,7 +190,7 @@ impl<R: Records> Admission<R> {
         Ok(Self { events: Mutex::new(events), offers, wake, news, stop, gave_up, thread: Some(thread) })
     }
 
-    /// `Some(why)` once the thread gave up after [`MAX_PANICS`] panics, or ended in any other way while not told to
+    /// `Some(why)` once the thread gave up after `MAX_PANICS` (8) panics, or ended in any other way while not told to
     /// stop: no consumer can attach any more.
     pub fn gave_up(&self) -> Option<String> {
         let why = self.gave_up.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
