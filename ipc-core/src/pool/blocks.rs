@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::directory::{Words, block_record};
 use super::error::PoolError;
 use super::layout::{BlockId, BlockKind, Geometry, header};
-use super::wire::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest};
-use crate::backend::{Backend, ExportedHandle, SharedRegion};
+use super::wire::{BLOCK_PIECES_BYTES, BLOCK_REPLY_BYTES, BlockPieces, BlockReply, BlockRequest};
+use crate::backend::{Backend, ExportedHandle, SharedRegion, SpanPiece};
 use crate::driver::DevicePtr;
 use crate::wire::{WireError, recv_bytes, send_bytes};
 
@@ -129,6 +129,12 @@ impl<B: Backend> BlockCache<B> {
         let reply = BlockReply::decode(&reply, fds.len()).map_err(|e| self.protocol(e.to_string()))?;
         match reply {
             BlockReply::Gone { block } if block == id => Err(BlockMiss::Gone),
+            BlockReply::Grant { block, bytes, pieces, .. } if block == id && pieces > 1 => {
+                let span = self.receive_pieces(id, pieces, bytes)?;
+                let region = B::import_span(&self.ctx, span).map_err(PoolError::Backend)?;
+                tracing::debug!(block = id.index, serial = id.serial, bytes, pieces, "imported a pool block");
+                Ok(ImportedBlock { id, region })
+            }
             BlockReply::Grant { block, bytes, legacy_handle, .. } if block == id => {
                 let handle = ExportedHandle {
                     bytes: legacy_handle.map(|h| h.to_vec()).unwrap_or_default(),
@@ -141,5 +147,43 @@ impl<B: Backend> BlockCache<B> {
             }
             other => Err(self.protocol(format!("asked for {id}, got an answer about {other:?}")).into()),
         }
+    }
+
+    /// The `count` allocations of block `id` (`bytes` in all), from the messages that follow its grant, with their
+    /// fds: checked to follow one another from offset 0 and to add up to `bytes` before anything is imported.
+    fn receive_pieces(&self, id: BlockId, count: u32, bytes: u64) -> Result<Vec<SpanPiece>, BlockMiss> {
+        let gone = |e: WireError| match e {
+            WireError::PeerHungUp { .. } => PoolError::OwnerGone { path: self.path.clone(), how: "hung up" },
+            WireError::Timeout { after, .. } => PoolError::Timeout { what: "the owner's block allocations", waited: after },
+            other => PoolError::Wire(other),
+        };
+        let mut span = Vec::with_capacity(count as usize);
+        while span.len() < count as usize {
+            let mut message = [0u8; BLOCK_PIECES_BYTES];
+            let fds = recv_bytes(self.channel.as_fd(), &mut message, self.timeout).map_err(gone)?;
+            let pieces = BlockPieces::decode(&message, fds.len()).map_err(|e| self.protocol(e.to_string()))?;
+            if pieces.block != id || pieces.first as usize != span.len() {
+                let problem = format!(
+                    "allocations {}.. of {} after the grant of allocations {}.. of {id}",
+                    pieces.first,
+                    pieces.block,
+                    span.len()
+                );
+                return Err(self.protocol(problem).into());
+            }
+            if span.len() + pieces.pieces.len() > count as usize {
+                let problem = format!("more allocations than the {count} the grant of {id} announced");
+                return Err(self.protocol(problem).into());
+            }
+            for ((offset, size), fd) in pieces.pieces.into_iter().zip(fds) {
+                span.push(SpanPiece { offset, handle: ExportedHandle { bytes: Vec::new(), fd: Some(fd), size } });
+            }
+        }
+        let total = crate::backend::check_span(B::KIND.name(), &span).map_err(PoolError::Backend)?;
+        if total != bytes {
+            let problem = format!("the {count} allocations of {id} add up to {total} bytes, the grant says {bytes}");
+            return Err(self.protocol(problem).into());
+        }
+        Ok(span)
     }
 }
