@@ -359,3 +359,90 @@ pub fn check_span(backend: &'static str, pieces: &[SpanPiece]) -> Result<u64, Ba
     }
     Ok(end)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Allocations side by side at 0x1000 (sizes 0x100, 0x200, 0x100), then a hole, then one at 0x1500.
+    fn table(at: DevicePtr) -> Result<(DevicePtr, u64), BackendError> {
+        let allocations = [(0x1000u64, 0x100u64), (0x1100, 0x200), (0x1300, 0x100), (0x1500, 0x100)];
+        allocations.iter().find(|(start, size)| at.0 >= *start && at.0 < start + size).map_or_else(
+            || Err(BackendError::Unsupported { backend: "t", reason: format!("nothing at {at}"), fix: String::new() }),
+            |&(start, size)| Ok((DevicePtr(start), size)),
+        )
+    }
+
+    #[test]
+    fn a_walk_finds_every_allocation_a_range_touches_and_nothing_more() {
+        let inside = walk_allocations("t", DevicePtr(0x1010), 0x20, table).unwrap();
+        assert_eq!(inside, AllocationWalk { base: DevicePtr(0x1000), offset: 0x10, allocations: vec![(DevicePtr(0x1000), 0x100)] });
+        // Up to the last byte of the second allocation: two; one byte more: three.
+        let two = walk_allocations("t", DevicePtr(0x10f0), 0x210, table).unwrap();
+        assert_eq!(two.allocations, vec![(DevicePtr(0x1000), 0x100), (DevicePtr(0x1100), 0x200)]);
+        assert_eq!(two.offset, 0xf0);
+        let three = walk_allocations("t", DevicePtr(0x10f0), 0x211, table).unwrap();
+        assert_eq!(three.allocations.len(), 3);
+        // Starting in the middle one: the walk starts there.
+        let later = walk_allocations("t", DevicePtr(0x1200), 0x180, table).unwrap();
+        assert_eq!((later.base, later.offset, later.allocations.len()), (DevicePtr(0x1100), 0x100, 2));
+    }
+
+    #[test]
+    fn a_walk_refuses_holes_empty_ranges_and_too_many_allocations_with_the_reason() {
+        let reason = |e: BackendError| match e {
+            BackendError::Unsupported { reason, .. } => reason,
+            other => panic!("{other}"),
+        };
+        let hole = reason(walk_allocations("t", DevicePtr(0x1300), 0x101, table).unwrap_err());
+        assert!(hole.contains("run past the memory mapped there") && hole.contains("at 0x1400"), "{hole}");
+        assert!(reason(walk_allocations("t", DevicePtr(0x1000), 0, table).unwrap_err()).contains("empty"));
+        assert!(reason(walk_allocations("t", DevicePtr(u64::MAX - 4), 8, table).unwrap_err()).contains("address space"));
+        // A lookup that reports an allocation not holding the address.
+        let liar = |_at: DevicePtr| Ok((DevicePtr(0x1000), 0x10));
+        assert!(reason(walk_allocations("t", DevicePtr(0x2000), 8, liar).unwrap_err()).contains("lies outside"));
+        // ... or one that does not start where the one before ended.
+        let mut calls = 0;
+        let overlapping = |at: DevicePtr| {
+            calls += 1;
+            Ok(if calls == 1 { (at, 0x100) } else { (DevicePtr(at.0 - 0x10), 0x100) })
+        };
+        assert!(reason(walk_allocations("t", DevicePtr(0x1000), 0x200, overlapping).unwrap_err()).contains("not one that starts there"));
+        // Endless allocations of one byte: refused past the limit.
+        let tiny = |at: DevicePtr| Ok((at, 1));
+        let many = reason(walk_allocations("t", DevicePtr(0x1000), 4096, tiny).unwrap_err());
+        assert!(many.contains(&format!("more than {MAX_SPAN_ALLOCATIONS} allocations")), "{many}");
+        assert_eq!(walk_allocations("t", DevicePtr(0x1000), MAX_SPAN_ALLOCATIONS as u64, tiny).unwrap().allocations.len(), MAX_SPAN_ALLOCATIONS);
+    }
+
+    fn piece(offset: u64, size: u64) -> SpanPiece {
+        SpanPiece { offset, handle: ExportedHandle { bytes: Vec::new(), fd: None, size } }
+    }
+
+    #[test]
+    fn a_peers_pieces_must_follow_one_another_from_zero() {
+        assert_eq!(check_span("t", &[piece(0, 4096), piece(4096, 8192), piece(12_288, 4096)]).unwrap(), 16_384);
+        let problem = |pieces: &[SpanPiece]| match check_span("t", pieces).unwrap_err() {
+            BackendError::MalformedHandle { problem, .. } => problem,
+            other => panic!("{other}"),
+        };
+        assert!(problem(&[piece(0, 4096), piece(2048, 4096)]).contains("overlaps"));
+        assert!(problem(&[piece(0, 4096), piece(8192, 4096)]).contains("gap"));
+        assert!(problem(&[piece(4096, 4096)]).contains("gap"), "the first starts at 0");
+        assert!(problem(&[piece(0, 0)]).contains("0 bytes"));
+        assert!(problem(&[]).contains("between 1 and"));
+        assert!(problem(&[piece(0, u64::MAX), piece(u64::MAX, 2)]).contains("2^64"));
+        let too_many: Vec<SpanPiece> = (0..=MAX_SPAN_ALLOCATIONS as u64).map(|i| piece(i, 1)).collect();
+        assert!(problem(&too_many).contains("between 1 and"));
+    }
+
+    #[test]
+    fn a_range_past_one_allocation_is_refused_with_the_backends_reason_and_fix() {
+        let err = offset_in_allocation("legacy", DevicePtr(0x1080), 0x100, (DevicePtr(0x1000), 0x100), ("why", "fix it"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("more than one allocation, and why") && err.ends_with("fix it"), "{err}");
+        assert_eq!(offset_in_allocation("legacy", DevicePtr(0x1080), 0x80, (DevicePtr(0x1000), 0x100), ("", "")).unwrap(), 0x80);
+    }
+}

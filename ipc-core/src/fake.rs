@@ -162,6 +162,18 @@ impl Backend for HostFake {
                 reason: format!("no live region made by HostFake::allocate holds the address {at}"),
                 fix: "share memory the host backend allocated (HostFake::allocate)".into(),
             })?;
+            // Regions the fake made separately may lie side by side by chance (mmap places them as it likes): the
+            // fake walks only the allocations of one region, its model of one reserved range, so that what it
+            // refuses does not depend on where the kernel put things.
+            if let Some(first) = found.first().map(|first: &HeldAllocation| &first.memory)
+                && !Arc::ptr_eq(first, &held.memory)
+            {
+                return Err(BackendError::Unsupported {
+                    backend: Self::KIND.name(),
+                    reason: format!("{at} is in another region than the range's start"),
+                    fix: "share a range inside one region".into(),
+                });
+            }
             let reported = (held.start, held.size);
             found.push(held);
             Ok(reported)

@@ -759,6 +759,53 @@ mod tests {
     }
 
     #[test]
+    fn memfds_side_by_side_are_one_range_here_and_in_a_peer_that_maps_their_pieces() {
+        let page = rustix::param::page_size();
+        let owner = SharedMemory::create_side_by_side("shm-side", &[2 * page, page, 3 * page]).unwrap();
+        assert_eq!(owner.len(), 6 * page);
+        assert_eq!(owner.pieces(), vec![(0, 2 * page), (2 * page, page), (3 * page, 3 * page)]);
+        // Bytes written across both boundaries.
+        let pattern: Vec<u8> = (0..4 * page).map(|i| (i * 7 % 251) as u8).collect();
+        owner.write_bytes(page + 5, &pattern).unwrap();
+        assert!(matches!(owner.try_clone_fd(), Err(ShmError::SideBySide { pieces: 3 })));
+        // A peer maps the three memfds side by side too, and sees the same bytes at the same offsets.
+        let fds = (0..3).map(|i| owner.try_clone_piece_fd(i).unwrap());
+        let peer = SharedMemory::side_by_side(fds.zip([2 * page, page, 3 * page]).collect()).unwrap();
+        let mut seen = vec![0u8; pattern.len()];
+        peer.read_bytes(page + 5, &mut seen).unwrap();
+        assert_eq!(seen, pattern);
+        // Each memfd holds its own part: the middle one, mapped alone, starts where the range's third page does.
+        let middle = SharedMemory::from_fd(owner.try_clone_piece_fd(1).unwrap(), page).unwrap();
+        let mut first = [0u8; 8];
+        middle.read_bytes(0, &mut first).unwrap();
+        assert_eq!(first, pattern[page - 5..page + 3]);
+        assert!(owner.try_clone_piece_fd(3).is_err());
+        // Pieces in another order put other bytes at those offsets (the order is the peer's to keep).
+        let fds = [2, 1, 0].map(|i| owner.try_clone_piece_fd(i).unwrap());
+        let swapped = SharedMemory::side_by_side(fds.into_iter().zip([3 * page, page, 2 * page]).collect()).unwrap();
+        swapped.read_bytes(page + 5, &mut seen).unwrap();
+        assert_ne!(seen, pattern);
+    }
+
+    #[test]
+    fn memfds_side_by_side_are_checked_one_by_one() {
+        let page = rustix::param::page_size();
+        let owner = SharedMemory::create_side_by_side("shm-side-check", &[page, page]).unwrap();
+        let pair = |a: usize, b: usize| vec![(owner.try_clone_piece_fd(0).unwrap(), a), (owner.try_clone_piece_fd(1).unwrap(), b)];
+        assert!(matches!(SharedMemory::side_by_side(pair(page, 2 * page)), Err(ShmError::SizeMismatch { .. })));
+        assert!(matches!(SharedMemory::side_by_side(pair(page, 100)), Err(ShmError::NotWholePages { len: 100, .. })));
+        assert!(matches!(SharedMemory::side_by_side(Vec::new()), Err(ShmError::ZeroLength { .. })));
+        let unsealed = rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&unsealed, page as u64).unwrap();
+        let mixed = vec![(owner.try_clone_piece_fd(0).unwrap(), page), (unsealed, page)];
+        assert!(matches!(SharedMemory::side_by_side(mixed), Err(ShmError::NotSealed { .. })));
+        assert!(matches!(SharedMemory::create_side_by_side("odd", &[page, 12]), Err(ShmError::NotWholePages { .. })));
+        // One piece is an ordinary mapping.
+        let one = SharedMemory::side_by_side(vec![(owner.try_clone_piece_fd(1).unwrap(), page)]).unwrap();
+        assert!(one.try_clone_fd().is_ok() && one.pieces() == vec![(0, page)]);
+    }
+
+    #[test]
     fn view_that_does_not_fit_is_refused() {
         let shm = SharedMemory::create("shm-small", 16).unwrap();
         let err = SharedObject::<[AtomicU64; 4]>::new(shm).unwrap_err();
