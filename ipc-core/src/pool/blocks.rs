@@ -187,3 +187,100 @@ impl<B: Backend> BlockCache<B> {
         Ok(span)
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    //! An owner that answers a block request with a hostile grant of several allocations: the importer refuses it
+    //! before it maps anything, with the reason.
+
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+    use crate::fake::{HostContext, HostFake};
+    use crate::pool::wire::{BLOCK_REQUEST_BYTES, BlockPieces};
+    use crate::sys::shm::SharedMemory;
+
+    const ID: BlockId = BlockId { index: 1, serial: 5 };
+
+    /// What the hostile owner sends after the request: the grant (`pieces` allocations, `bytes` in all), then
+    /// messages of (offset, bytes) pairs, each sent with as many fds as `fds_with` says for it.
+    struct Answer {
+        pieces: u32,
+        bytes: u64,
+        messages: Vec<(BlockId, u32, Vec<(u64, u64)>, usize)>,
+    }
+
+    /// Asks a hostile owner that sends `answer` (memfds of one page each) for block [`ID`]; the import's outcome.
+    fn import_from(answer: Answer) -> Result<u64, String> {
+        let page = rustix::param::page_size() as u64;
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let owner = std::thread::spawn(move || {
+            let mut request = [0u8; BLOCK_REQUEST_BYTES];
+            recv_bytes(theirs.as_fd(), &mut request, Duration::from_secs(5)).unwrap();
+            let grant =
+                BlockReply::Grant { block: ID, bytes: answer.bytes, legacy_handle: None, with_fd: false, pieces: answer.pieces };
+            send_bytes(theirs.as_fd(), &grant.encode(), Vec::new(), Duration::from_secs(5)).unwrap();
+            let memory = SharedMemory::create_side_by_side("hostile", &[page as usize; 4]).unwrap();
+            for (block, first, pieces, fds) in answer.messages {
+                let bytes = BlockPieces { block, first, pieces }.encode().unwrap();
+                let fds = (0..fds).map(|i| memory.try_clone_piece_fd(i % 4).unwrap()).collect();
+                if send_bytes(theirs.as_fd(), &bytes, fds, Duration::from_secs(5)).is_err() {
+                    break; // the importer gave up
+                }
+            }
+            theirs // kept open until the importer is done
+        });
+        let cache = BlockCache::<HostFake>::new(HostContext, Path::new("hostile.sock"), Duration::from_secs(2), ours.into());
+        let outcome = match cache.import(ID) {
+            Ok(block) => Ok(block.len()),
+            Err(BlockMiss::Gone) => Err("gone".to_owned()),
+            Err(BlockMiss::Failed(error)) => Err(error.to_string()),
+        };
+        drop(cache);
+        drop(owner.join().unwrap());
+        outcome
+    }
+
+    #[test]
+    fn a_grant_of_several_allocations_is_imported_only_when_its_pieces_add_up() {
+        let page = rustix::param::page_size() as u64;
+        let p = |n: u64| n * page;
+        // Right: 3 allocations side by side, in two messages (2 + 1).
+        let good = Answer {
+            pieces: 3,
+            bytes: p(3),
+            messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 2), (ID, 2, vec![(p(2), p(1))], 1)],
+        };
+        assert_eq!(import_from(good), Ok(p(3)));
+
+        let refused = |answer: Answer, expected: &str| {
+            let err = import_from(answer).unwrap_err();
+            assert!(err.contains(expected), "expected {expected:?} in: {err}");
+        };
+        // Overlapping pieces.
+        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 0, vec![(0, p(1)), (p(1) / 2, p(1))], 2)] }, "overlaps");
+        // A gap between them.
+        refused(Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(2), p(1))], 2)] }, "gap");
+        // Sizes that do not add up to the grant's.
+        refused(Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 2)] }, "add up to");
+        // More allocations than announced; a message for another block; one out of order.
+        refused(
+            Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1)), (p(2), p(1))], 3)] },
+            "more allocations than the 2",
+        );
+        let other = BlockId { index: 2, serial: 5 };
+        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(other, 0, vec![(0, p(1)), (p(1), p(1))], 2)] }, "after the grant");
+        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 1, vec![(0, p(1)), (p(1), p(1))], 2)] }, "after the grant");
+        // Fewer fds than the message says (and more, which a message of 8 cannot carry): refused as a mismatch.
+        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 1)] }, "expected 2 file descriptors, got 1");
+        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 3)] }, "expected 2 file descriptors, got 3");
+        // A size that is not the memfd's.
+        refused(Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(2))], 2)] }, "expected");
+        // Too many allocations announced: refused before any is read.
+        let many = crate::backend::MAX_SPAN_ALLOCATIONS as u32 + 1;
+        refused(Answer { pieces: many, bytes: p(1) * u64::from(many), messages: Vec::new() }, "BlockReply.pieces");
+        // Nothing follows the grant: the importer waits its timeout, no longer.
+        refused(Answer { pieces: 2, bytes: p(2), messages: Vec::new() }, "timed out");
+    }
+}
