@@ -144,7 +144,9 @@ fn share_ranges_and_check<B: GpuBackend>(
     let n = ranges.len() as u64;
     assert_eq!((report["buffers"].as_u64(), report["verified"].as_u64()), (Some(n), Some(n)), "{report}");
     assert_eq!(report["mismatched_words"], 0, "{report}");
-    record(&serde_json::json!({ "test": "pool-share-existing", "tag": tag, "backend": B::KIND.name(), "importer": report }));
+    record(
+        &serde_json::json!({ "test": "pool-share-existing", "tag": tag, "backend": B::KIND.name(), "importer": report }),
+    );
     for handle in handles {
         pool.free(handle).unwrap();
     }

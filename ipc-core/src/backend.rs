@@ -318,7 +318,9 @@ pub fn walk_allocations(
         })?;
         if start != at || size == 0 {
             return Err(unsupported(
-                format!("at {at}, inside the range, the allocation reported is {start}+{size}, not one that starts there"),
+                format!(
+                    "at {at}, inside the range, the allocation reported is {start}+{size}, not one that starts there"
+                ),
                 "share a range of allocations mapped side by side",
             ));
         }
@@ -337,10 +339,7 @@ pub fn walk_allocations(
 pub fn check_span(backend: &'static str, pieces: &[SpanPiece]) -> Result<u64, BackendError> {
     let malformed = |problem: String| BackendError::MalformedHandle { backend, problem };
     if pieces.is_empty() || pieces.len() > MAX_SPAN_ALLOCATIONS {
-        return Err(malformed(format!(
-            "a span of {} allocations: between 1 and {MAX_SPAN_ALLOCATIONS}",
-            pieces.len()
-        )));
+        return Err(malformed(format!("a span of {} allocations: between 1 and {MAX_SPAN_ALLOCATIONS}", pieces.len())));
     }
     let mut end = 0u64;
     for (index, piece) in pieces.iter().enumerate() {
@@ -377,7 +376,10 @@ mod tests {
     #[test]
     fn a_walk_finds_every_allocation_a_range_touches_and_nothing_more() {
         let inside = walk_allocations("t", DevicePtr(0x1010), 0x20, table).unwrap();
-        assert_eq!(inside, AllocationWalk { base: DevicePtr(0x1000), offset: 0x10, allocations: vec![(DevicePtr(0x1000), 0x100)] });
+        assert_eq!(
+            inside,
+            AllocationWalk { base: DevicePtr(0x1000), offset: 0x10, allocations: vec![(DevicePtr(0x1000), 0x100)] }
+        );
         // Up to the last byte of the second allocation: two; one byte more: three.
         let two = walk_allocations("t", DevicePtr(0x10f0), 0x210, table).unwrap();
         assert_eq!(two.allocations, vec![(DevicePtr(0x1000), 0x100), (DevicePtr(0x1100), 0x200)]);
@@ -398,7 +400,9 @@ mod tests {
         let hole = reason(walk_allocations("t", DevicePtr(0x1300), 0x101, table).unwrap_err());
         assert!(hole.contains("run past the memory mapped there") && hole.contains("at 0x1400"), "{hole}");
         assert!(reason(walk_allocations("t", DevicePtr(0x1000), 0, table).unwrap_err()).contains("empty"));
-        assert!(reason(walk_allocations("t", DevicePtr(u64::MAX - 4), 8, table).unwrap_err()).contains("address space"));
+        assert!(
+            reason(walk_allocations("t", DevicePtr(u64::MAX - 4), 8, table).unwrap_err()).contains("address space")
+        );
         // A lookup that reports an allocation not holding the address.
         let liar = |_at: DevicePtr| Ok((DevicePtr(0x1000), 0x10));
         assert!(reason(walk_allocations("t", DevicePtr(0x2000), 8, liar).unwrap_err()).contains("lies outside"));
@@ -408,12 +412,18 @@ mod tests {
             calls += 1;
             Ok(if calls == 1 { (at, 0x100) } else { (DevicePtr(at.0 - 0x10), 0x100) })
         };
-        assert!(reason(walk_allocations("t", DevicePtr(0x1000), 0x200, overlapping).unwrap_err()).contains("not one that starts there"));
+        assert!(
+            reason(walk_allocations("t", DevicePtr(0x1000), 0x200, overlapping).unwrap_err())
+                .contains("not one that starts there")
+        );
         // Endless allocations of one byte: refused past the limit.
         let tiny = |at: DevicePtr| Ok((at, 1));
         let many = reason(walk_allocations("t", DevicePtr(0x1000), 4096, tiny).unwrap_err());
         assert!(many.contains(&format!("more than {MAX_SPAN_ALLOCATIONS} allocations")), "{many}");
-        assert_eq!(walk_allocations("t", DevicePtr(0x1000), MAX_SPAN_ALLOCATIONS as u64, tiny).unwrap().allocations.len(), MAX_SPAN_ALLOCATIONS);
+        assert_eq!(
+            walk_allocations("t", DevicePtr(0x1000), MAX_SPAN_ALLOCATIONS as u64, tiny).unwrap().allocations.len(),
+            MAX_SPAN_ALLOCATIONS
+        );
     }
 
     fn piece(offset: u64, size: u64) -> SpanPiece {
@@ -439,10 +449,14 @@ mod tests {
 
     #[test]
     fn a_range_past_one_allocation_is_refused_with_the_backends_reason_and_fix() {
-        let err = offset_in_allocation("legacy", DevicePtr(0x1080), 0x100, (DevicePtr(0x1000), 0x100), ("why", "fix it"))
-            .unwrap_err()
-            .to_string();
+        let err =
+            offset_in_allocation("legacy", DevicePtr(0x1080), 0x100, (DevicePtr(0x1000), 0x100), ("why", "fix it"))
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("more than one allocation, and why") && err.ends_with("fix it"), "{err}");
-        assert_eq!(offset_in_allocation("legacy", DevicePtr(0x1080), 0x80, (DevicePtr(0x1000), 0x100), ("", "")).unwrap(), 0x80);
+        assert_eq!(
+            offset_in_allocation("legacy", DevicePtr(0x1080), 0x80, (DevicePtr(0x1000), 0x100), ("", "")).unwrap(),
+            0x80
+        );
     }
 }

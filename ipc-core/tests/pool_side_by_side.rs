@@ -55,7 +55,8 @@ fn child_process_entry_point() {
     let path = PathBuf::from(std::env::var(SOCKET).unwrap());
     let options = AttachOptions { name: "side-by-side".into(), timeout: Duration::from_secs(10) };
     let pool = PoolImporter::<HostFake>::attach(&HostContext, &path, &options).unwrap();
-    let views: Vec<_> = ranges().into_iter().map(|(name, offset, len)| (pool.lookup(name).unwrap(), offset, len)).collect();
+    let views: Vec<_> =
+        ranges().into_iter().map(|(name, offset, len)| (pool.lookup(name).unwrap(), offset, len)).collect();
     let check = |round: &str| {
         for (view, offset, len) in &views {
             let mut seen = vec![0u8; *len as usize];
@@ -94,7 +95,7 @@ fn ranges_over_allocations_side_by_side_are_read_by_another_process_byte_for_byt
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut results = |lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>, round: &str| {
+    let results = |lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>, round: &str| {
         let mut seen = Vec::new();
         while seen.len() < ranges().len() {
             let line = lines.next().expect("the child ended early").unwrap();

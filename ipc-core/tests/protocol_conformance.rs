@@ -367,7 +367,8 @@ fn the_pool_block_channel_examples_are_what_the_pool_encodes_and_decodes() {
     let mut names: Vec<&str> = replies.iter().map(|(name, _)| *name).collect();
     names.push("block-request");
     names.push("block-pieces");
-    let pieces = BlockPieces { block, first: 0, pieces: vec![(0, 20 << 20), (20 << 20, 20 << 20), (40 << 20, 20 << 20)] };
+    let pieces =
+        BlockPieces { block, first: 0, pieces: vec![(0, 20 << 20), (20 << 20, 20 << 20), (40 << 20, 20 << 20)] };
     let pieces_bytes: &[u8; BLOCK_PIECES_BYTES] = blocks["block-pieces"].as_slice().try_into().unwrap();
     assert_eq!(&pieces.encode().unwrap(), pieces_bytes, "block-pieces: the pool encodes other bytes than the doc");
     assert_eq!(BlockPieces::decode(pieces_bytes, 3).unwrap(), pieces, "block-pieces");

@@ -303,7 +303,8 @@ impl VmmMapping {
                 )));
             }
             offsets.push(size);
-            size = size.checked_add(allocation.size).ok_or_else(|| invalid("the allocations exceed 2^64 bytes".into()))?;
+            size =
+                size.checked_add(allocation.size).ok_or_else(|| invalid("the allocations exceed 2^64 bytes".into()))?;
         }
         let reserve = entry!(d, cuMemAddressReserve, "cuMemAddressReserve")?;
         let mut base: sys::CUdeviceptr = 0;

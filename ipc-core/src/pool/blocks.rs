@@ -154,7 +154,9 @@ impl<B: Backend> BlockCache<B> {
     fn receive_pieces(&self, id: BlockId, count: u32, bytes: u64) -> Result<Vec<SpanPiece>, BlockMiss> {
         let gone = |e: WireError| match e {
             WireError::PeerHungUp { .. } => PoolError::OwnerGone { path: self.path.clone(), how: "hung up" },
-            WireError::Timeout { after, .. } => PoolError::Timeout { what: "the owner's block allocations", waited: after },
+            WireError::Timeout { after, .. } => {
+                PoolError::Timeout { what: "the owner's block allocations", waited: after }
+            }
             other => PoolError::Wire(other),
         };
         let mut span = Vec::with_capacity(count as usize);
@@ -203,12 +205,15 @@ mod tests {
 
     const ID: BlockId = BlockId { index: 1, serial: 5 };
 
+    /// One `BlockPieces` message as the hostile owner sends it: block, first, (offset, bytes) pairs, fds sent.
+    type Sent = (BlockId, u32, Vec<(u64, u64)>, usize);
+
     /// What the hostile owner sends after the request: the grant (`pieces` allocations, `bytes` in all), then
     /// messages of (offset, bytes) pairs, each sent with as many fds as `fds_with` says for it.
     struct Answer {
         pieces: u32,
         bytes: u64,
-        messages: Vec<(BlockId, u32, Vec<(u64, u64)>, usize)>,
+        messages: Vec<Sent>,
     }
 
     /// Asks a hostile owner that sends `answer` (memfds of one page each) for block [`ID`]; the import's outcome.
@@ -218,8 +223,13 @@ mod tests {
         let owner = std::thread::spawn(move || {
             let mut request = [0u8; BLOCK_REQUEST_BYTES];
             recv_bytes(theirs.as_fd(), &mut request, Duration::from_secs(5)).unwrap();
-            let grant =
-                BlockReply::Grant { block: ID, bytes: answer.bytes, legacy_handle: None, with_fd: false, pieces: answer.pieces };
+            let grant = BlockReply::Grant {
+                block: ID,
+                bytes: answer.bytes,
+                legacy_handle: None,
+                with_fd: false,
+                pieces: answer.pieces,
+            };
             send_bytes(theirs.as_fd(), &grant.encode(), Vec::new(), Duration::from_secs(5)).unwrap();
             let memory = SharedMemory::create_side_by_side("hostile", &[page as usize; 4]).unwrap();
             for (block, first, pieces, fds) in answer.messages {
@@ -231,7 +241,8 @@ mod tests {
             }
             theirs // kept open until the importer is done
         });
-        let cache = BlockCache::<HostFake>::new(HostContext, Path::new("hostile.sock"), Duration::from_secs(2), ours.into());
+        let cache =
+            BlockCache::<HostFake>::new(HostContext, Path::new("hostile.sock"), Duration::from_secs(2), ours.into());
         let outcome = match cache.import(ID) {
             Ok(block) => Ok(block.len()),
             Err(BlockMiss::Gone) => Err("gone".to_owned()),
@@ -259,24 +270,45 @@ mod tests {
             assert!(err.contains(expected), "expected {expected:?} in: {err}");
         };
         // Overlapping pieces.
-        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 0, vec![(0, p(1)), (p(1) / 2, p(1))], 2)] }, "overlaps");
+        refused(
+            Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 0, vec![(0, p(1)), (p(1) / 2, p(1))], 2)] },
+            "overlaps",
+        );
         // A gap between them.
         refused(Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(2), p(1))], 2)] }, "gap");
         // Sizes that do not add up to the grant's.
-        refused(Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 2)] }, "add up to");
+        refused(
+            Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 2)] },
+            "add up to",
+        );
         // More allocations than announced; a message for another block; one out of order.
         refused(
             Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1)), (p(2), p(1))], 3)] },
             "more allocations than the 2",
         );
         let other = BlockId { index: 2, serial: 5 };
-        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(other, 0, vec![(0, p(1)), (p(1), p(1))], 2)] }, "after the grant");
-        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 1, vec![(0, p(1)), (p(1), p(1))], 2)] }, "after the grant");
+        refused(
+            Answer { pieces: 2, bytes: p(2), messages: vec![(other, 0, vec![(0, p(1)), (p(1), p(1))], 2)] },
+            "after the grant",
+        );
+        refused(
+            Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 1, vec![(0, p(1)), (p(1), p(1))], 2)] },
+            "after the grant",
+        );
         // Fewer fds than the message says (and more, which a message of 8 cannot carry): refused as a mismatch.
-        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 1)] }, "expected 2 file descriptors, got 1");
-        refused(Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 3)] }, "expected 2 file descriptors, got 3");
+        refused(
+            Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 1)] },
+            "expected 2 file descriptors, got 1",
+        );
+        refused(
+            Answer { pieces: 2, bytes: p(2), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(1))], 3)] },
+            "expected 2 file descriptors, got 3",
+        );
         // A size that is not the memfd's.
-        refused(Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(2))], 2)] }, "expected");
+        refused(
+            Answer { pieces: 2, bytes: p(3), messages: vec![(ID, 0, vec![(0, p(1)), (p(1), p(2))], 2)] },
+            "expected",
+        );
         // Too many allocations announced: refused before any is read.
         let many = crate::backend::MAX_SPAN_ALLOCATIONS as u32 + 1;
         refused(Answer { pieces: many, bytes: p(1) * u64::from(many), messages: Vec::new() }, "BlockReply.pieces");

@@ -281,7 +281,8 @@ fn a_range_over_several_allocations_side_by_side_is_shared_as_one_span_and_read_
     let mut all: Vec<u8> = (0..8 * page as usize).map(span_byte).collect();
     region.write(base, &all).unwrap();
     // Inside the first allocation; over the first two; from the second to the last; all of it.
-    let ranges = [("inside", 100, 1000), ("two", page + 8, page), ("three", 2 * page + 64, 5 * page), ("all", 0, 8 * page)];
+    let ranges =
+        [("inside", 100, 1000), ("two", page + 8, page), ("three", 2 * page + 64, 5 * page), ("all", 0, 8 * page)];
     let mut handles = Vec::new();
     for (name, offset, len) in ranges {
         handles.push(pool.share_existing(name, base.offset(offset), len, None).unwrap());

@@ -6,8 +6,8 @@
 //! on which the importer asks for the handle of a block the first time an entry it looks up lies in it.
 
 use super::layout::{BlockId, Geometry, LAYOUT_VERSION};
-use crate::wire::codec::{Reader, put_u16, put_u32, put_u64};
 use crate::backend::MAX_SPAN_ALLOCATIONS;
+use crate::wire::codec::{Reader, put_u16, put_u32, put_u64};
 use crate::wire::{BackendKind, DeviceUuid, IPC_HANDLE_BYTES, IpcHandleBytes, MAX_FDS_PER_MESSAGE, WireError};
 
 /// Bytes of a [`PoolOffer`] body.
@@ -199,7 +199,9 @@ impl BlockReply {
     /// The reply's bytes.
     pub fn encode(&self) -> [u8; BLOCK_REPLY_BYTES] {
         let (kind, block, bytes, legacy, pieces) = match *self {
-            Self::Grant { block, bytes, legacy_handle, pieces, .. } => (GRANT_TYPE, block, bytes, legacy_handle, pieces),
+            Self::Grant { block, bytes, legacy_handle, pieces, .. } => {
+                (GRANT_TYPE, block, bytes, legacy_handle, pieces)
+            }
             Self::Gone { block } => (GONE_TYPE, block, 0, None, 0),
         };
         let mut out = Vec::with_capacity(BLOCK_REPLY_BYTES);
@@ -445,7 +447,10 @@ mod tests {
         assert!(BlockReply::decode(&legacy, 0).is_err());
         let mut too_many = bytes;
         too_many[24..28].copy_from_slice(&(MAX_SPAN_ALLOCATIONS as u32 + 1).to_le_bytes());
-        assert!(matches!(BlockReply::decode(&too_many, 0), Err(WireError::InvalidField { field: "BlockReply.pieces", .. })));
+        assert!(matches!(
+            BlockReply::decode(&too_many, 0),
+            Err(WireError::InvalidField { field: "BlockReply.pieces", .. })
+        ));
         let mut none = BlockReply::Grant { block, bytes: 4096, legacy_handle: None, with_fd: true, pieces: 1 }.encode();
         none[24] = 0;
         assert!(BlockReply::decode(&none, 1).is_err());
@@ -461,7 +466,10 @@ mod tests {
         assert!(matches!(BlockPieces::decode(&unused, 2), Err(WireError::ReservedNotZero { .. })));
         let mut empty = bytes;
         empty[24..32].copy_from_slice(&[0; 8]);
-        assert!(matches!(BlockPieces::decode(&empty, 2), Err(WireError::InvalidField { field: "BlockPieces.bytes", .. })));
+        assert!(matches!(
+            BlockPieces::decode(&empty, 2),
+            Err(WireError::InvalidField { field: "BlockPieces.bytes", .. })
+        ));
         let mut nine = bytes;
         nine[2] = 9;
         assert!(BlockPieces::decode(&nine, 9).is_err(), "more fds than one message carries");

@@ -108,7 +108,9 @@ pub enum ShmError {
         pieces: usize,
     },
     /// A memfd mapped side by side with others must be a whole number of pages, so the next one starts on a page.
-    #[error("a memfd mapped side by side with others must be a positive multiple of the {page}-byte page, not {len} bytes")]
+    #[error(
+        "a memfd mapped side by side with others must be a positive multiple of the {page}-byte page, not {len} bytes"
+    )]
     NotWholePages {
         /// Its length.
         len: usize,
@@ -279,24 +281,19 @@ impl SharedMemory {
 
 /// A sealed memfd of `len` bytes (zero-filled by the kernel).
 fn sealed_memfd(name: &str, len: usize) -> Result<OwnedFd, ShmError> {
-        if len == 0 {
-            return Err(ShmError::ZeroLength { name: name.to_owned() });
-        }
-        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .map_err(|source| ShmError::Create { name: name.to_owned(), source })?;
-        rustix::fs::ftruncate(&fd, len as u64).map_err(|source| ShmError::Resize {
-            name: name.to_owned(),
-            len,
-            source,
-        })?;
-        rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS)
-            .map_err(|source| ShmError::Seal { call: "F_ADD_SEALS", source })?;
-        tracing::debug!(name, len, "created sealed memfd");
-        Ok(fd)
+    if len == 0 {
+        return Err(ShmError::ZeroLength { name: name.to_owned() });
+    }
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|source| ShmError::Create { name: name.to_owned(), source })?;
+    rustix::fs::ftruncate(&fd, len as u64).map_err(|source| ShmError::Resize { name: name.to_owned(), len, source })?;
+    rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS)
+        .map_err(|source| ShmError::Seal { call: "F_ADD_SEALS", source })?;
+    tracing::debug!(name, len, "created sealed memfd");
+    Ok(fd)
 }
 
 impl SharedMemory {
-
     /// Maps a memfd received from a peer, after checking that it is exactly `expected_len` bytes and sealed
     /// against shrinking and growing.
     pub fn from_fd(fd: OwnedFd, expected_len: usize) -> Result<Self, ShmError> {
@@ -791,7 +788,9 @@ mod tests {
     fn memfds_side_by_side_are_checked_one_by_one() {
         let page = rustix::param::page_size();
         let owner = SharedMemory::create_side_by_side("shm-side-check", &[page, page]).unwrap();
-        let pair = |a: usize, b: usize| vec![(owner.try_clone_piece_fd(0).unwrap(), a), (owner.try_clone_piece_fd(1).unwrap(), b)];
+        let pair = |a: usize, b: usize| {
+            vec![(owner.try_clone_piece_fd(0).unwrap(), a), (owner.try_clone_piece_fd(1).unwrap(), b)]
+        };
         assert!(matches!(SharedMemory::side_by_side(pair(page, 2 * page)), Err(ShmError::SizeMismatch { .. })));
         assert!(matches!(SharedMemory::side_by_side(pair(page, 100)), Err(ShmError::NotWholePages { len: 100, .. })));
         assert!(matches!(SharedMemory::side_by_side(Vec::new()), Err(ShmError::ZeroLength { .. })));
