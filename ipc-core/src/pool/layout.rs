@@ -55,6 +55,9 @@ pub mod header {
     /// Bumped (release) after every change of an entry or a block: a reader that sees the same value twice saw
     /// the same directory.
     pub const CHANGES: usize = 8;
+    /// A value the pool's user publishes for every importer to read without a round trip (the weights' newest
+    /// generation), 0 until set; stored with release ordering, never decreases.
+    pub const NOTE: usize = 9;
 }
 
 /// Word indices in a block record.
