@@ -47,6 +47,8 @@ pub use ipc_legacy as legacy;
 pub use ipc_vmm as vmm;
 
 pub use ipc_core::pool;
+pub use ipc_core::weights;
+pub use ipc_core::weights::{WeightsOwner, WeightsReader};
 pub use ipc_core::pool::{PoolImporter, SharedPool};
 pub use ipc_core::wire::{BackendKind, SyncStrategy, UnknownName};
 /// What a ring's slots hold: pixel frames ([`FrameGeometry`]), any tensor ([`TensorDesc`], of a [`DType`]) or bare

@@ -75,6 +75,11 @@ fn a_reader_gets_every_tensor_and_moves_only_when_it_refreshes() {
     assert_eq!((reader.latest().unwrap(), reader.generation()), (3, 1));
     // Generation 1 was retired while the reader held it: its bytes are intact, and the owner says who holds it.
     check_held(&first, 1);
+    // (The door records the reader's `Attached` on its own thread, a moment after `open` returned.)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while owner.readers().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
     let holds = owner.readers();
     assert_eq!(holds.len(), 1);
     assert_eq!(holds[0].generations, vec![1]);
