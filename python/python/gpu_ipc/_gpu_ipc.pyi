@@ -99,6 +99,9 @@ __all__ = [
     "StaleBuffer",
     "StrategyUnavailable",
     "Timeout",
+    "WeightsOwner",
+    "WeightsReader",
+    "WeightsTensor",
     "WireError",
     "__version__",
     "default_sync",
@@ -786,8 +789,8 @@ def default_sync(backend: str) -> str:
 class WeightsOwner:
     """The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         socket: str | os.PathLike[str],
         name: str,
         layout: Sequence[tuple[str, str, Sequence[int]]],
@@ -796,7 +799,7 @@ class WeightsOwner:
         keep: int = 2,
         checksums: bool = False,
         max_arenas: int | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def generation(self) -> int:
         """The newest published generation (0 before the first commit)."""
@@ -835,14 +838,14 @@ class WeightsOwner:
 class WeightsReader:
     """A reader of a weight set (``gpu_ipc.weights.open`` makes one): holds one generation at a time."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         socket: str | os.PathLike[str],
         name: str,
         backend: str | None = None,
         device: int = 0,
         timeout: float = 10.0,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def generation(self) -> int:
         """The generation held now."""

@@ -110,7 +110,9 @@ def _describe(name: str, t: Any) -> _Tensor:
     except ImportError as e:  # pragma: no cover - numpy is how host memory is read
         raise ArgumentTypeError(f"tensor {name!r}: a {type(t).__name__} is not a tensor this module reads") from e
     try:
-        a = numpy.ascontiguousarray(numpy.asarray(t))
+        a = numpy.asarray(t)
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")  # (numpy.ascontiguousarray would make a scalar 1-d)
     except Exception as e:
         raise ArgumentTypeError(
             f"tensor {name!r}: a {type(t).__name__} is neither a PyTorch tensor nor an array with "
