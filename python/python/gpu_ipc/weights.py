@@ -92,7 +92,9 @@ def _describe(name: str, t: Any) -> _Tensor:
         dtype = str(t.dtype).removeprefix("torch.")
         device = t.device.index if t.device.type == "cuda" else None
         if t.device.type == "cuda" and device is None:
-            device = 0
+            import torch
+
+            device = torch.cuda.current_device()
         if t.device.type not in ("cuda", "cpu"):
             raise ArgumentError(f"tensor {name!r} is on {t.device}: publish takes CUDA or CPU tensors")
         return _Tensor(t, dtype, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size(), device)
@@ -204,7 +206,9 @@ class Publisher:
     def backend(self) -> str:
         return self._owner.backend
 
-    def _copy(self, state_dict: Mapping[str, Any], stream: Any) -> None:
+    def _copy(self, state_dict: Mapping[str, Any], stream: Any) -> list[_Tensor]:
+        """Queues the copies into the staged arena; returns the sources, to hold until ``commit`` (which waits for
+        the device): a contiguous copy made here must not go back to its allocator under a queued copy."""
         if set(state_dict) != set(self._layout):
             missing = sorted(set(self._layout) - set(state_dict))
             extra = sorted(set(state_dict) - set(self._layout))
@@ -214,8 +218,10 @@ class Publisher:
                 f"unknown {extra[:5]}{'...' if len(extra) > 5 else ''})"
             )
         device = self._owner.device
+        sources = []
         for name, obj in state_dict.items():
             t = _describe(name, obj)
+            sources.append(t)
             dtype, shape = self._layout[name]
             if (t.dtype, t.shape) != (dtype, shape):
                 raise ArgumentError(
@@ -227,13 +233,16 @@ class Publisher:
                 self._owner.copy_in(name, t.ptr, t.nbytes, _stream_of(stream, device))
             else:
                 self._owner.write(name, _host_bytes(t))
+        return sources
 
     def update(self, state_dict: Mapping[str, Any] | Any, stream: Any = None) -> int:
         """Copies ``state_dict`` (same names, dtypes and shapes as published) into an arena no reader holds (or a new
         one), device-to-device on ``stream`` (default: PyTorch's current stream), and publishes it; returns the new
         generation. Readers keep the generation they hold until they refresh."""
-        self._copy(_state_dict(state_dict), stream)
-        return self._owner.commit()
+        sources = self._copy(_state_dict(state_dict), stream)
+        generation = self._owner.commit()
+        del sources  # the device finished the copies (commit waited)
+        return generation
 
     def stage(self) -> dict[str, WeightsTensor]:
         """The next generation's tensors, writable in place (``torch.from_dlpack(t).copy_(...)``); ``commit()``
