@@ -5,16 +5,16 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::door::{self, DoorError};
 use gpu_ipc::core::driver::{DevicePtr, DeviceSpan};
 use gpu_ipc::core::pool::PoolError;
-use gpu_ipc::core::wire::{DType, ObjectKind, TensorDesc};
 use gpu_ipc::core::weights::{
     HeldGeneration, WeightsError, WeightsOptions, WeightsOwner as CoreOwner, WeightsReader as CoreReader,
 };
+use gpu_ipc::core::wire::{DType, ObjectKind, TensorDesc};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
@@ -87,7 +87,8 @@ impl WeightsOwner {
         let tensors = layout
             .into_iter()
             .map(|(tensor, dtype, shape)| {
-                let dtype: DType = dtype.parse().map_err(|e| ArgumentError::new_err(format!("tensor {tensor:?}: {e}")))?;
+                let dtype: DType =
+                    dtype.parse().map_err(|e| ArgumentError::new_err(format!("tensor {tensor:?}: {e}")))?;
                 let desc = TensorDesc::contiguous(dtype, shape)
                     .map_err(|e| ArgumentError::new_err(format!("tensor {tensor:?}: {e}")))?;
                 Ok((tensor, desc))
@@ -148,34 +149,50 @@ impl WeightsOwner {
             .into_iter()
             .map(|(name, desc, ptr, generation)| {
                 let hold = MappingHold::new(owner.clone(), ctx.clone());
-                let tensor = WeightsTensor { name: name.clone(), generation, ptr, layout: Layout::of_tensor(&desc)?, ordinal, hold };
+                let tensor = WeightsTensor {
+                    name: name.clone(),
+                    generation,
+                    ptr,
+                    layout: Layout::of_tensor(&desc)?,
+                    ordinal,
+                    hold,
+                };
                 Ok((name, tensor))
             })
             .collect()
     }
 
-    /// Copies ``nbytes`` of device memory at ``ptr`` (a tensor of the set's device) into the staged tensor
-    /// ``name`` on ``stream`` (``cuMemcpyAsync``). Stages the next generation first if none is.
-    #[pyo3(signature = (name, ptr, nbytes, stream=None))]
-    fn copy_in(&self, py: Python<'_>, name: &str, ptr: u64, nbytes: u64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    /// Copies each ``(name, ptr, nbytes)``: ``nbytes`` of device memory at ``ptr`` (a tensor of the set's device)
+    /// into the staged tensor ``name``, on ``stream`` (``cuMemcpyAsync``, one call for the lot). Stages the next
+    /// generation first if none is.
+    #[pyo3(signature = (tensors, stream=None))]
+    fn copy_in(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<(String, u64, u64)>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let gpu = gpu_of(self.gpu.as_ref())?;
         let raw = stream_handle(stream)?.unwrap_or(crate::stream::LEGACY_DEFAULT_STREAM);
         let owner = self.owner()?;
         py.detach(|| -> PyResult<()> {
             let mut guard = lock(&*owner);
             let stream = borrow(&gpu.ctx, raw);
-            match &mut *guard {
-                PerBackend::Legacy(o) => {
-                    let staged = o.stage().map_err(weights_to_py)?;
-                    staged.span_of(name).map_err(weights_to_py)?.copy_from_async(&caller_span(ptr, nbytes), &stream)
-                }
-                PerBackend::Vmm(o) => {
-                    let staged = o.stage().map_err(weights_to_py)?;
-                    staged.span_of(name).map_err(weights_to_py)?.copy_from_async(&caller_span(ptr, nbytes), &stream)
-                }
-                PerBackend::Host(_) => return Err(ArgumentError::new_err("copy_in is for GPU backends; use write")),
+            macro_rules! copy_all {
+                ($o:expr) => {{
+                    let staged = $o.stage().map_err(weights_to_py)?;
+                    for (name, ptr, nbytes) in &tensors {
+                        let dst = staged.span_of(name).map_err(weights_to_py)?;
+                        dst.copy_from_async(&caller_span(*ptr, *nbytes), &stream).map_err(driver_to_py)?;
+                    }
+                    Ok(())
+                }};
             }
-            .map_err(driver_to_py)
+            match &mut *guard {
+                PerBackend::Legacy(o) => copy_all!(o),
+                PerBackend::Vmm(o) => copy_all!(o),
+                PerBackend::Host(_) => Err(ArgumentError::new_err("copy_in is for GPU backends; use write")),
+            }
         })
     }
 
@@ -245,7 +262,12 @@ impl WeightsOwner {
 
     fn __repr__(&self) -> String {
         let generation = self.generation().unwrap_or(0);
-        format!("WeightsOwner(name={:?}, socket={:?}, backend={:?}, generation={generation})", self.name, self.socket, self.backend.name())
+        format!(
+            "WeightsOwner(name={:?}, socket={:?}, backend={:?}, generation={generation})",
+            self.name,
+            self.socket,
+            self.backend.name()
+        )
     }
 }
 
@@ -295,7 +317,14 @@ impl WeightsReader {
 impl WeightsReader {
     #[new]
     #[pyo3(signature = (socket, name, backend=None, device=0, timeout=10.0))]
-    fn new(py: Python<'_>, socket: PathBuf, name: &str, backend: Option<&str>, device: i32, timeout: f64) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        socket: PathBuf,
+        name: &str,
+        backend: Option<&str>,
+        device: i32,
+        timeout: f64,
+    ) -> PyResult<Self> {
         let timeout = seconds(timeout)?;
         let backend = match backend {
             Some(b) => parse_backend(b)?,
@@ -308,8 +337,12 @@ impl WeightsReader {
         let reader = py
             .detach(|| -> Result<Reader, WeightsError> {
                 Ok(match (backend, &gpu) {
-                    (BackendKind::HostFake, _) => PerBackend::Host(CoreReader::open(&HostContext, &socket, name, timeout)?),
-                    (BackendKind::Legacy, Some(g)) => PerBackend::Legacy(CoreReader::open(&g.ctx, &socket, name, timeout)?),
+                    (BackendKind::HostFake, _) => {
+                        PerBackend::Host(CoreReader::open(&HostContext, &socket, name, timeout)?)
+                    }
+                    (BackendKind::Legacy, Some(g)) => {
+                        PerBackend::Legacy(CoreReader::open(&g.ctx, &socket, name, timeout)?)
+                    }
                     (_, Some(g)) => PerBackend::Vmm(CoreReader::open(&g.ctx, &socket, name, timeout)?),
                     (other, None) => {
                         return Err(WeightsError::Pool(PoolError::Unsupported(format!("backend {other} needs a GPU"))));
@@ -354,7 +387,12 @@ impl WeightsReader {
             match waited {
                 Err(WeightsError::Timeout { .. }) if left.is_none_or(|l| l > slice) => py.check_signals()?,
                 Err(WeightsError::Timeout { set, wanted, latest, .. }) => {
-                    return Err(weights_to_py(WeightsError::Timeout { set, wanted, latest, waited: started.elapsed() }));
+                    return Err(weights_to_py(WeightsError::Timeout {
+                        set,
+                        wanted,
+                        latest,
+                        waited: started.elapsed(),
+                    }));
                 }
                 other => return other.map_err(weights_to_py),
             }
@@ -424,23 +462,35 @@ impl WeightsReader {
         Ok(PyBytes::new(py, &bytes))
     }
 
-    /// Copies the held tensor ``name`` into ``nbytes`` of device memory at ``ptr`` on ``stream``
-    /// (``cuMemcpyAsync``): what ``load_into`` does per tensor. The held generation stays mapped until the device's
-    /// queued work is done, whatever ``refresh`` does meanwhile.
-    #[pyo3(signature = (name, ptr, nbytes, stream=None))]
-    fn copy_out(&self, py: Python<'_>, name: &str, ptr: u64, nbytes: u64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    /// Copies each ``(name, ptr, nbytes)``: the held tensor ``name`` into ``nbytes`` of device memory at ``ptr``,
+    /// on ``stream`` (``cuMemcpyAsync``, one call for the lot): what ``load_into`` does. The held generation stays
+    /// mapped until the device's queued work is done, whatever ``refresh`` does meanwhile.
+    #[pyo3(signature = (tensors, stream=None))]
+    fn copy_out(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<(String, u64, u64)>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let gpu = gpu_of(self.gpu.as_ref())?;
         let raw = stream_handle(stream)?.unwrap_or(crate::stream::LEGACY_DEFAULT_STREAM);
         let held = self.held()?;
         let copied = py.detach(|| -> PyResult<()> {
             let stream = borrow(&gpu.ctx, raw);
-            let dst = caller_span(ptr, nbytes);
-            match &held {
-                PerBackend::Legacy(h) => dst.copy_from_async(&h.span_of(name).map_err(weights_to_py)?, &stream),
-                PerBackend::Vmm(h) => dst.copy_from_async(&h.span_of(name).map_err(weights_to_py)?, &stream),
-                PerBackend::Host(_) => return Err(ArgumentError::new_err("copy_out is for GPU backends; use read")),
+            macro_rules! copy_all {
+                ($h:expr) => {{
+                    for (name, ptr, nbytes) in &tensors {
+                        let src = $h.span_of(name).map_err(weights_to_py)?;
+                        caller_span(*ptr, *nbytes).copy_from_async(&src, &stream).map_err(driver_to_py)?;
+                    }
+                    Ok(())
+                }};
             }
-            .map_err(driver_to_py)
+            match &held {
+                PerBackend::Legacy(h) => copy_all!(h),
+                PerBackend::Vmm(h) => copy_all!(h),
+                PerBackend::Host(_) => Err(ArgumentError::new_err("copy_out is for GPU backends; use read")),
+            }
         });
         self.let_go(held);
         copied
@@ -474,7 +524,12 @@ impl WeightsReader {
 
     fn __repr__(&self) -> String {
         let generation = self.generation().unwrap_or(0);
-        format!("WeightsReader(name={:?}, socket={:?}, backend={:?}, generation={generation})", self.name, self.socket, self.backend.name())
+        format!(
+            "WeightsReader(name={:?}, socket={:?}, backend={:?}, generation={generation})",
+            self.name,
+            self.socket,
+            self.backend.name()
+        )
     }
 }
 
@@ -545,7 +600,3 @@ impl WeightsTensor {
         )
     }
 }
-
-/// A bound on one wait slice: what `wait_for` waits in before it checks for Ctrl-C.
-#[allow(dead_code)]
-const _: Duration = SLICE;

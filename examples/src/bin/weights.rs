@@ -120,7 +120,13 @@ fn publish<B: ArenaBytes>(owner: &mut WeightsOwner<B>) -> Result<u64, WeightsErr
     owner.commit()
 }
 
-fn bench<B: ArenaBytes>(ctx: &B::Context, common: &Common, n: u64, mib: u64, generations: u64) -> Result<BenchSummary, WeightsError> {
+fn bench<B: ArenaBytes>(
+    ctx: &B::Context,
+    common: &Common,
+    n: u64,
+    mib: u64,
+    generations: u64,
+) -> Result<BenchSummary, WeightsError> {
     let socket = std::env::temp_dir().join(format!("gpu-ipc-weights-bench-{}.sock", std::process::id()));
     let start = Instant::now();
     let options = WeightsOptions { checksums: true, ..WeightsOptions::default() };
@@ -143,7 +149,9 @@ fn bench<B: ArenaBytes>(ctx: &B::Context, common: &Common, n: u64, mib: u64, gen
     while owner.generation() < generations {
         // One generation at a time, once the reader holds the one before (it checks each whole).
         let want = owner.generation();
-        while !owner.readers().iter().any(|r| r.generations.contains(&want)) && Instant::now() < deadline + Duration::from_secs(60) {
+        while !owner.readers().iter().any(|r| r.generations.contains(&want))
+            && Instant::now() < deadline + Duration::from_secs(60)
+        {
             std::thread::sleep(Duration::from_micros(200));
         }
         let start = Instant::now();
@@ -186,7 +194,11 @@ fn reader<B: ArenaBytes>(ctx: &B::Context, socket: &Path, generations: u64) -> R
             let mut got = vec![0u8; e.span_bytes() as usize];
             held.read(&e.name, &mut got)?;
             if got != bytes_of(held.generation(), i, e.span_bytes()) {
-                return Err(WeightsError::Invalid(format!("{} of generation {}: other bytes", e.name, held.generation())));
+                return Err(WeightsError::Invalid(format!(
+                    "{} of generation {}: other bytes",
+                    e.name,
+                    held.generation()
+                )));
             }
         }
         Ok(())

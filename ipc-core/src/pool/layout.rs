@@ -357,6 +357,7 @@ mod tests {
             header::OWNER_PID,
             header::OWNER_STATE,
             header::CHANGES,
+            header::NOTE,
         ];
         assert_eq!(header_words, expected.map(|w| w.to_string()));
         let entry_words: Vec<String> = tables[1].iter().map(|(w, _)| w.clone()).collect();

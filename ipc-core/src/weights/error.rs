@@ -74,7 +74,9 @@ pub enum WeightsError {
         problem: String,
     },
     /// A tensor's bytes do not match the checksum its manifest carries.
-    #[error("weight set `{set}` generation {generation}, tensor {name:?}: checksum {found:#018x}, manifest says {expected:#018x}")]
+    #[error(
+        "weight set `{set}` generation {generation}, tensor {name:?}: checksum {found:#018x}, manifest says {expected:#018x}"
+    )]
     ChecksumMismatch {
         /// The set.
         set: String,

@@ -118,7 +118,9 @@ pub enum ManifestError {
         found: [u8; 8],
     },
     /// A version this build does not read.
-    #[error("manifest format version {found}; this build reads version {MANIFEST_VERSION}: use the same gpu-ipc release on both sides")]
+    #[error(
+        "manifest format version {found}; this build reads version {MANIFEST_VERSION}: use the same gpu-ipc release on both sides"
+    )]
     UnsupportedVersion {
         /// The version found.
         found: u16,
@@ -152,7 +154,9 @@ pub enum ManifestError {
         problem: String,
     },
     /// A tensor whose bytes reach outside the arena (or into the manifest).
-    #[error("tensor {index} ({name}): {bytes} bytes at offset {offset} lie outside the arena's tensor bytes {start}..{end}")]
+    #[error(
+        "tensor {index} ({name}): {bytes} bytes at offset {offset} lie outside the arena's tensor bytes {start}..{end}"
+    )]
     OutOfBounds {
         /// The entry's index.
         index: u32,
@@ -488,10 +492,13 @@ fn read_entry(
         return Err(bad(&field("name length"), format!("{name_len}: 1 to {MAX_TENSOR_NAME_BYTES}")));
     }
     let name = utf8(r.take("tensor name", name_len)?, &field("name"))?;
-    let dtype = DType::from_code(code, "dtype")
-        .map_err(|_| ManifestError::UnknownDType { index, name: name.clone(), code })?;
-    let desc = TensorDesc::new(dtype, shape, strides)
-        .map_err(|e| ManifestError::BadTensor { index, name: name.clone(), problem: e.to_string() })?;
+    let dtype =
+        DType::from_code(code, "dtype").map_err(|_| ManifestError::UnknownDType { index, name: name.clone(), code })?;
+    let desc = TensorDesc::new(dtype, shape, strides).map_err(|e| ManifestError::BadTensor {
+        index,
+        name: name.clone(),
+        problem: e.to_string(),
+    })?;
     let bytes = desc.span_bytes();
     if offset < start || offset.checked_add(bytes).is_none_or(|last| last > end) {
         return Err(ManifestError::OutOfBounds { index, name, offset, bytes, start, end });

@@ -86,10 +86,10 @@ impl<B: ArenaBytes> StagedGeneration<B> {
     /// # Errors
     /// [`WeightsError::UnknownTensor`].
     pub fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
-        self.index.get(name).and_then(|i| self.manifest.entries.get(*i)).ok_or_else(|| WeightsError::UnknownTensor {
-            set: self.manifest.set_name.clone(),
-            name: name.to_owned(),
-        })
+        self.index
+            .get(name)
+            .and_then(|i| self.manifest.entries.get(*i))
+            .ok_or_else(|| WeightsError::UnknownTensor { set: self.manifest.set_name.clone(), name: name.to_owned() })
     }
 
     /// The arena's pool buffer (on a GPU, its span is the whole arena, manifest included).
@@ -280,7 +280,8 @@ impl<B: ArenaBytes> WeightsOwner<B> {
             let generation = self.generation + 1;
             let mut manifest = self.layout.clone();
             manifest.generation = generation;
-            let handle = self.pool.alloc(&arena_name(&self.set, generation), manifest.arena_bytes, TENSOR_ALIGN, None)?;
+            let handle =
+                self.pool.alloc(&arena_name(&self.set, generation), manifest.arena_bytes, TENSOR_ALIGN, None)?;
             B::write_owned(&handle, 0, &manifest.encode())?;
             self.staged = Some(StagedGeneration { manifest, index: self.index.clone(), handle });
         }
@@ -399,5 +400,11 @@ fn lay_out(set: &str, tensors: Vec<(String, TensorDesc)>, checksums: bool) -> Re
             .ok_or_else(|| WeightsError::Invalid("the tensors' bytes overflow 64 bits".into()))?;
         laid.push(entry);
     }
-    Ok(Manifest { set_name: set.to_owned(), generation: 0, device_uuid: DeviceUuid::default(), arena_bytes: at, entries: laid })
+    Ok(Manifest {
+        set_name: set.to_owned(),
+        generation: 0,
+        device_uuid: DeviceUuid::default(),
+        arena_bytes: at,
+        entries: laid,
+    })
 }

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::arena_name;
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{MANIFEST_HEADER_BYTES, Manifest, ManifestError, TensorEntry, checksum};
-use super::arena_name;
 use crate::backend::GpuBackend;
 use crate::driver::{DevicePtr, DeviceSpan};
 use crate::pool::{AttachOptions, BufferView, PoolError, PoolImporter};
@@ -50,10 +50,10 @@ impl<B: ArenaBytes> HeldGeneration<B> {
     /// # Errors
     /// [`WeightsError::UnknownTensor`].
     pub fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
-        self.index.get(name).and_then(|i| self.manifest.entries.get(*i)).ok_or_else(|| WeightsError::UnknownTensor {
-            set: self.manifest.set_name.clone(),
-            name: name.to_owned(),
-        })
+        self.index
+            .get(name)
+            .and_then(|i| self.manifest.entries.get(*i))
+            .ok_or_else(|| WeightsError::UnknownTensor { set: self.manifest.set_name.clone(), name: name.to_owned() })
     }
 
     /// The arena's view (its address in this process, its length).
@@ -150,7 +150,12 @@ impl<B: ArenaBytes> WeightsReader<B> {
     /// # Errors
     /// The pool's attach errors (no owner, refused, another device); [`WeightsError::NoSuchSet`];
     /// [`WeightsError::Timeout`]; [`WeightsError::Manifest`] for an arena whose manifest fails its checks.
-    pub fn open(ctx: &B::Context, socket: impl AsRef<Path>, set: &str, timeout: Duration) -> Result<Self, WeightsError> {
+    pub fn open(
+        ctx: &B::Context,
+        socket: impl AsRef<Path>,
+        set: &str,
+        timeout: Duration,
+    ) -> Result<Self, WeightsError> {
         let path = socket.as_ref().to_path_buf();
         let options = AttachOptions { name: format!("weights reader of {set}"), timeout };
         let importer = PoolImporter::<B>::attach(ctx, &path, &options).map_err(|e| WeightsError::from_pool(set, e))?;
@@ -164,7 +169,12 @@ impl<B: ArenaBytes> WeightsReader<B> {
                 return Err(WeightsError::OwnerGone { set: set.to_owned(), path, how: "hung up" });
             }
             if started.elapsed() >= timeout {
-                return Err(WeightsError::Timeout { set: set.to_owned(), wanted: 1, latest: 0, waited: started.elapsed() });
+                return Err(WeightsError::Timeout {
+                    set: set.to_owned(),
+                    wanted: 1,
+                    latest: 0,
+                    waited: started.elapsed(),
+                });
             }
             std::thread::sleep(POLL);
         };

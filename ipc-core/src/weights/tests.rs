@@ -29,7 +29,9 @@ fn bytes_for(layout: &Manifest, generation: u64) -> Vec<(String, Vec<u8>)> {
         .entries
         .iter()
         .enumerate()
-        .map(|(i, e)| (e.name.clone(), vec![(generation as u8).wrapping_mul(7).wrapping_add(i as u8); e.span_bytes() as usize]))
+        .map(|(i, e)| {
+            (e.name.clone(), vec![(generation as u8).wrapping_mul(7).wrapping_add(i as u8); e.span_bytes() as usize])
+        })
         .collect()
 }
 
@@ -95,7 +97,10 @@ fn a_reader_gets_every_tensor_and_moves_only_when_it_refreshes() {
     assert_eq!(publish(&mut owner), 4);
     assert_eq!(owner.arenas(), 2, "generation 1's and 2's arenas were reused, not kept");
     assert_eq!(reader.wait_for(4, Some(Duration::from_millis(10))).unwrap(), 4);
-    assert!(matches!(reader.wait_for(5, Some(Duration::from_millis(20))), Err(WeightsError::Timeout { wanted: 5, latest: 4, .. })));
+    assert!(matches!(
+        reader.wait_for(5, Some(Duration::from_millis(20))),
+        Err(WeightsError::Timeout { wanted: 5, latest: 4, .. })
+    ));
 
     drop(reader);
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -369,7 +374,10 @@ fn a_hostile_arena_is_refused_and_the_reader_keeps_what_it_held() {
     staged.handle().write(0, &bad.encode()).unwrap();
     owner.commit().unwrap();
     let e = reader.refresh().unwrap_err();
-    assert!(matches!(e, WeightsError::Manifest { generation: 2, source: ManifestError::OutOfBounds { .. }, .. }), "{e}");
+    assert!(
+        matches!(e, WeightsError::Manifest { generation: 2, source: ManifestError::OutOfBounds { .. }, .. }),
+        "{e}"
+    );
     assert_eq!(reader.generation(), 1);
     check_held(&reader.held(), 1);
     // Garbage where the manifest should be.

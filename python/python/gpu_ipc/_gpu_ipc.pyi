@@ -805,9 +805,10 @@ class WeightsOwner:
         """The newest published generation (0 before the first commit)."""
     def stage(self) -> list[tuple[str, WeightsTensor]]:
         """Makes (or returns) the next generation's arena and returns its tensors, writable, as ``(name, view)`` pairs."""
-    def copy_in(self, name: str, ptr: int, nbytes: int, stream: Any = None) -> None:
-        """Copies ``nbytes`` of device memory at ``ptr`` (a tensor of the set's device) into the staged tensor
-        ``name`` on ``stream`` (``cuMemcpyAsync``). Stages the next generation first if none is."""
+    def copy_in(self, tensors: Sequence[tuple[str, int, int]], stream: Any = None) -> None:
+        """Copies each ``(name, ptr, nbytes)``: ``nbytes`` of device memory at ``ptr`` (a tensor of the set's device)
+        into the staged tensor ``name``, on ``stream`` (``cuMemcpyAsync``, one call for the lot). Stages the next
+        generation first if none is."""
     def write(self, name: str, data: bytes) -> None:
         """Writes ``data`` (the tensor's bytes) into the staged tensor ``name`` (from host memory: ``cuMemcpyHtoD`` on
         a GPU). Stages the next generation first if none is."""
@@ -865,10 +866,10 @@ class WeightsReader:
         (0 when the owner published none). Raises ``GpuIpcError`` naming the first that differs."""
     def read(self, name: str) -> bytes:
         """Tensor ``name``'s bytes, copied to host memory."""
-    def copy_out(self, name: str, ptr: int, nbytes: int, stream: Any = None) -> None:
-        """Copies the held tensor ``name`` into ``nbytes`` of device memory at ``ptr`` on ``stream``
-        (``cuMemcpyAsync``): what ``load_into`` does per tensor. The held generation stays mapped until the device's
-        queued work is done, whatever ``refresh`` does meanwhile."""
+    def copy_out(self, tensors: Sequence[tuple[str, int, int]], stream: Any = None) -> None:
+        """Copies each ``(name, ptr, nbytes)``: the held tensor ``name`` into ``nbytes`` of device memory at ``ptr``,
+        on ``stream`` (``cuMemcpyAsync``, one call for the lot): what ``load_into`` does. The held generation stays
+        mapped until the device's queued work is done, whatever ``refresh`` does meanwhile."""
     @property
     def owner_gone(self) -> bool:
         """Whether the owner closed the set or went away (what is held stays readable)."""

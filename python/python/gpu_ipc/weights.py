@@ -219,6 +219,7 @@ class Publisher:
             )
         device = self._owner.device
         sources = []
+        on_device = []
         for name, obj in state_dict.items():
             t = _describe(name, obj)
             sources.append(t)
@@ -230,9 +231,11 @@ class Publisher:
             if device is not None and t.device is not None:
                 if t.device != device:
                     raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
-                self._owner.copy_in(name, t.ptr, t.nbytes, _stream_of(stream, device))
+                on_device.append((name, t.ptr, t.nbytes))
             else:
                 self._owner.write(name, _host_bytes(t))
+        if on_device:
+            self._owner.copy_in(on_device, _stream_of(stream, device))
         return sources
 
     def update(self, state_dict: Mapping[str, Any] | Any, stream: Any = None) -> int:
@@ -246,7 +249,8 @@ class Publisher:
 
     def stage(self) -> dict[str, WeightsTensor]:
         """The next generation's tensors, writable in place (``torch.from_dlpack(t).copy_(...)``); ``commit()``
-        publishes them. Write every tensor: the arena holds an older generation's bytes (or zeros)."""
+        publishes them. Write every tensor: the arena holds an older generation's bytes (or zeros). The views keep
+        the owner alive: drop them before ``close()``."""
         return dict(self._owner.stage())
 
     def commit(self) -> int:
@@ -408,13 +412,16 @@ class Reader:
                 )
             described[name] = t
         device = self._reader.device
+        on_device = []
         for name, t in described.items():
             if device is not None and t.device is not None:
                 if t.device != device:
                     raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
-                self._reader.copy_out(name, t.ptr, t.nbytes, _stream_of(stream, device))
+                on_device.append((name, t.ptr, t.nbytes))
             else:
                 _fill_host(t, self._reader.read(name))
+        if on_device:
+            self._reader.copy_out(on_device, _stream_of(stream, device))
         return len(described)
 
     def close(self) -> None:
