@@ -56,6 +56,8 @@ pub use ipc_core::wire::{BackendKind, SyncStrategy, UnknownName};
 pub use ipc_core::wire::{DType, FrameGeometry, PixelFormat, SlotLayout, TensorDesc};
 pub use ipc_toolkit::pool;
 pub use ipc_toolkit::pool::{PoolImporter, SharedPool};
+pub use ipc_toolkit::weights;
+pub use ipc_toolkit::weights::{WeightsOwner, WeightsReader};
 
 use ipc_core::backend::{Backend, GpuBackend};
 
@@ -86,6 +88,12 @@ pub struct PipelinesDocTests;
 #[cfg(all(doctest, feature = "legacy", feature = "vmm"))]
 #[doc = include_str!("../../docs/pool.md")]
 pub struct PoolDocTests;
+
+/// The Rust snippets of `docs/weights.md`, compiled and run (host backend) as doc tests with the paths an outside
+/// project uses.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/weights.md")]
+pub struct WeightsDocTests;
 
 /// The Rust snippets of `docs/semaphore.md`, compiled (and the host-backend one run) as doc tests with the paths an
 /// outside project uses.

@@ -1,6 +1,6 @@
 //! Core of gpu-ipc: the backend trait, the wire protocol, the front door's admission, the frame ring and its sync
 //! strategies, on the CUDA driver layer of `gpu-ipc-driver`. The toolkit's other shared objects (pool, semaphore,
-//! work queue) stand on it in `ipc-toolkit`. See `docs/layout.md` for the layering; only [`shm`] (the OS
+//! work queue, weights) stand on it in `ipc-toolkit`. See `docs/layout.md` for the layering; only [`shm`] (the OS
 //! shared-memory owner) and the wire layer's `SO_PEERCRED` read contain `unsafe` code here.
 
 pub mod backend;

@@ -9,3 +9,4 @@ pub mod fuzzing;
 pub mod pool;
 pub mod queue;
 pub mod semaphore;
+pub mod weights;

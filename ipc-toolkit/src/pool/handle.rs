@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::directory::{DirectoryWriter, find};
 use super::error::PoolError;
 use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan};
-use ipc_core::backend::{Backend, GpuBackend};
+use ipc_core::backend::{Backend, GpuBackend, MemoryAccess, ReachableRegion};
 use ipc_core::fake::HostFake;
 use ipc_core::wire::TensorDesc;
 
@@ -250,6 +250,76 @@ impl BufferHandle<HostFake> {
         check_range(&self.name, self.len, offset, dst.len())?;
         Ok(region.read(self.ptr.offset(offset), dst)?)
     }
+}
+
+impl<B: Backend> BufferHandle<B>
+where
+    B::Exported: ReachableRegion,
+{
+    /// Copies `src` into the buffer at byte `offset` from the host, on any backend (what the weights owner writes
+    /// tensors with).
+    pub(crate) fn write_from_host(&self, offset: u64, src: &[u8]) -> Result<(), PoolError> {
+        let region = self.pool_region()?;
+        copy_into_region(region, &self.name, self.ptr, self.len, offset, src)
+    }
+
+    /// Copies the buffer's bytes at byte `offset` into `dst`, on any backend.
+    pub(crate) fn read_to_host(&self, offset: u64, dst: &mut [u8]) -> Result<(), PoolError> {
+        let region = self.pool_region()?;
+        copy_from_region(region, &self.name, self.ptr, self.len, offset, dst)
+    }
+}
+
+/// Writes `src` at byte `offset` of the buffer of `len` bytes at `ptr` in `region`: through its device span in GPU
+/// memory, through the shared mapping in the host backend's.
+pub(crate) fn copy_into_region<R: ReachableRegion>(
+    region: &R,
+    name: &str,
+    ptr: DevicePtr,
+    len: u64,
+    offset: u64,
+    src: &[u8],
+) -> Result<(), PoolError> {
+    check_range(name, len, offset, src.len())?;
+    match region.access() {
+        MemoryAccess::Device(span) => span
+            .sub_span_at(ptr, len)
+            .and_then(|buffer| buffer.write(offset, src))
+            .map_err(|e| PoolError::Backend(e.into())),
+        MemoryAccess::Host(memory) => Ok(memory.write_bytes(host_offset(memory, name, ptr, offset)?, src)?),
+    }
+}
+
+/// Reads `dst.len()` bytes at byte `offset` of the buffer of `len` bytes at `ptr` in `region`.
+pub(crate) fn copy_from_region<R: ReachableRegion>(
+    region: &R,
+    name: &str,
+    ptr: DevicePtr,
+    len: u64,
+    offset: u64,
+    dst: &mut [u8],
+) -> Result<(), PoolError> {
+    check_range(name, len, offset, dst.len())?;
+    match region.access() {
+        MemoryAccess::Device(span) => span
+            .sub_span_at(ptr, len)
+            .and_then(|buffer| buffer.read(offset, dst))
+            .map_err(|e| PoolError::Backend(e.into())),
+        MemoryAccess::Host(memory) => Ok(memory.read_bytes(host_offset(memory, name, ptr, offset)?, dst)?),
+    }
+}
+
+/// Where byte `offset` of the buffer at `ptr` lies in the host backend's mapping (its "device addresses" are the
+/// mapping's own); the mapping checks the end of the range.
+fn host_offset(
+    memory: &ipc_core::shm::SharedMemory,
+    name: &str,
+    ptr: DevicePtr,
+    offset: u64,
+) -> Result<usize, PoolError> {
+    ptr.offset(offset).0.checked_sub(memory.as_ptr() as u64).and_then(|at| usize::try_from(at).ok()).ok_or_else(|| {
+        PoolError::InvalidRequest { name: name.to_owned(), reason: format!("{ptr} is outside the pool's memory") }
+    })
 }
 
 /// `InvalidRequest` unless `bytes` at `offset` lie inside a buffer of `len` bytes.

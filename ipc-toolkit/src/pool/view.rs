@@ -5,10 +5,10 @@ use std::sync::Arc;
 use super::blocks::ImportedBlock;
 use super::directory::{EntryRecord, find};
 use super::error::PoolError;
-use super::handle::{BufferInfo, check_range};
+use super::handle::{BufferInfo, check_range, copy_from_region};
 use super::importer::ImporterInner;
 use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan};
-use ipc_core::backend::{Backend, GpuBackend};
+use ipc_core::backend::{Backend, GpuBackend, ReachableRegion};
 use ipc_core::fake::HostFake;
 use ipc_core::wire::TensorDesc;
 
@@ -145,6 +145,16 @@ impl<B: GpuBackend> BufferView<B> {
     /// Never for a view the importer made (it checked the buffer lies inside its block).
     pub fn span(&self) -> Result<DeviceSpan<'_>, PoolError> {
         self.block.region.span().sub_span_at(self.ptr, self.info.len).map_err(|e| PoolError::Backend(e.into()))
+    }
+}
+
+impl<B: Backend> BufferView<B>
+where
+    B::Imported: ReachableRegion,
+{
+    /// Copies the buffer's bytes at byte `offset` into `dst`, on any backend (what the weights reader reads with).
+    pub(crate) fn read_to_host(&self, offset: u64, dst: &mut [u8]) -> Result<(), PoolError> {
+        copy_from_region(&self.block.region, &self.info.name, self.ptr, self.info.len, offset, dst)
     }
 }
 
