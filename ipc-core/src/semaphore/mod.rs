@@ -31,6 +31,7 @@
 
 mod block;
 mod body;
+mod count;
 mod error;
 mod gpu;
 mod handle;
@@ -39,8 +40,8 @@ mod owner;
 mod watchdog;
 
 pub use block::{Departure, PeerRecord, SemaphoreBlock};
-pub use body::{SEMAPHORE_OFFER_BYTES, SEMAPHORE_OFFER_FDS, SemaphoreOffer};
+pub use body::{OfferedCount, SEMAPHORE_OFFER_BYTES, SEMAPHORE_OFFER_FDS, SemaphoreOffer};
 pub use error::{PeerPid, SemaphoreError};
 pub use handle::{AttachOptions, Semaphore, StreamWait, WaitPolicy};
-pub use layout::{COUNT_MASK, DeadPoster, MAX_PEERS, MAX_POST, POISON, SemaphoreState, TICKETS_PER_PEER};
+pub use layout::{COUNT_MASK, CountPlace, DeadPoster, MAX_PEERS, MAX_POST, POISON, SemaphoreState, TICKETS_PER_PEER};
 pub use owner::{OwnerOptions, SemaphoreOwner};
