@@ -29,11 +29,10 @@ use super::count::DeviceCount;
 use super::error::{PeerPid, SemaphoreError};
 use super::layout::{
     BROKEN_PID_WORD, BROKEN_RECORD_WORD, COUNT_MASK, COUNT_PLACE_WORD, COUNT_WORD, CountPlace, DEAD_POSTER_WORD,
-    DeadPoster, FLAG_POSTED, GENERATION_WORD,
-    LAYOUT_VERSION, MAGIC, MAGIC_WORD, MAX_PEERS, MAX_PEERS_WORD, MAX_POST, OWNER_PID_WORD, POISON, POSTED_WORD,
-    RECORD_FLAGS, RECORD_PID, RECORD_STATE, RECORD_TICKETS, RESET_FROM_WORD, RESET_TO_WORD, RESETS_WORD, RecordState,
-    SHARED_BYTES, STATE_WORD, SemaphoreState, SharedWords, TAKEN_WORD, TAKING, TICKETS_PER_PEER, TOTAL_BYTES_WORD,
-    VERSION_WORD, record_epoch, record_word, record_word_index,
+    DeadPoster, FLAG_POSTED, GENERATION_WORD, LAYOUT_VERSION, MAGIC, MAGIC_WORD, MAX_PEERS, MAX_PEERS_WORD, MAX_POST,
+    OWNER_PID_WORD, POISON, POSTED_WORD, RECORD_FLAGS, RECORD_PID, RECORD_STATE, RECORD_TICKETS, RESET_FROM_WORD,
+    RESET_TO_WORD, RESETS_WORD, RecordState, SHARED_BYTES, STATE_WORD, SemaphoreState, SharedWords, TAKEN_WORD, TAKING,
+    TICKETS_PER_PEER, TOTAL_BYTES_WORD, VERSION_WORD, record_epoch, record_word, record_word_index,
 };
 use crate::sys::shm::{SharedMemory, SharedObject};
 
@@ -157,7 +156,11 @@ impl SemaphoreBlock {
     /// Moves the count into device memory (the owner, before serving the block: `initial` posts there), or gives
     /// this process its handle on the count there (an importer). Every change of the count then goes through
     /// `device`'s kernels.
-    pub(crate) fn with_device_count(mut self, device: DeviceCount, initial: Option<u64>) -> Result<Self, SemaphoreError> {
+    pub(crate) fn with_device_count(
+        mut self,
+        device: DeviceCount,
+        initial: Option<u64>,
+    ) -> Result<Self, SemaphoreError> {
         if let Some(initial) = initial {
             device.initialise(initial)?;
             self.word(COUNT_WORD).store(0, Ordering::Relaxed);

@@ -200,3 +200,37 @@ impl DeviceCount {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels `DeviceCount::new` loads.
+    const KERNELS: [&str; 3] = ["gpu_ipc_semaphore_post", "gpu_ipc_semaphore_poison", "gpu_ipc_semaphore_reset"];
+
+    #[test]
+    fn the_embedded_images_are_what_the_manifest_lists() {
+        let manifest = include_str!("../../semaphore-kernels/manifest.json");
+        for image in &IMAGES {
+            let size = image.bytes.len() - usize::from(image.kind == image::ImageKind::Ptx);
+            let entry = format!("\"file\": \"{}\"", image.file);
+            let at = manifest.find(&entry).unwrap_or_else(|| panic!("{} is not in the manifest", image.file));
+            assert!(manifest[at..].contains(&format!("\"size\": {size},")), "{}: size {size}", image.file);
+        }
+        for name in KERNELS {
+            assert!(manifest.contains(&format!("\"{name}\"")), "{name} is not in the manifest");
+        }
+        assert!(manifest.contains("\"kernels/cuda/semaphore_count.cu\""));
+        assert!(manifest.contains("\"kernels/cuda/gpu_ipc_semaphore.cuh\""));
+    }
+
+    #[test]
+    fn the_ptx_changes_the_count_with_system_scope_atomics_and_mirrors_with_release_stores() {
+        let ptx = include_str!("../../semaphore-kernels/compute_75.ptx");
+        assert!(ptx.contains("atom.release.sys.global.add.u64"), "a post is a release add at system scope");
+        assert!(ptx.contains("atom.release.sys.global.or.b64"), "the poison is an atomic OR");
+        assert!(ptx.contains("atom.acq_rel.sys.global.cas.b64"), "the reset is a compare-and-swap");
+        assert!(ptx.contains("st.release.sys.global.u64"), "the mirror is stored with release");
+        assert!(ptx.contains("ld.acquire.sys.global.u64"), "the count is read back with acquire");
+    }
+}

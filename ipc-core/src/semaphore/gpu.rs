@@ -114,10 +114,8 @@ impl GpuSide {
             if self.marks.is_empty() {
                 return;
             }
-            let reached = self
-                .marks
-                .iter()
-                .all(|mark| mark.ticket.is_none_or(|t| block.posted() > t) || block.check().is_err());
+            let reached =
+                self.marks.iter().all(|mark| mark.ticket.is_none_or(|t| block.posted() > t) || block.check().is_err());
             if !reached || Instant::now() >= deadline {
                 tracing::debug!(
                     queued = self.marks.len(),

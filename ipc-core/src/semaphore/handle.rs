@@ -11,8 +11,8 @@ use super::layout::{COUNT_MASK, RecordState, SemaphoreState};
 use super::owner::import_offer;
 use super::watchdog::Watchdog;
 use crate::door::{self, ObjectKind, OwnerLink};
-use crate::queue::QueueBackend;
 use crate::driver::{DevicePtr, DeviceSpan, Stream};
+use crate::queue::QueueBackend;
 use crate::ring::{WaitMode, bounded_wait};
 
 /// How a CPU-side wait passes time: it spins first (lowest latency), then sleeps in short naps.

@@ -15,8 +15,8 @@ use super::error::SemaphoreError;
 use super::handle::{PeerSide, Semaphore, WaitPolicy};
 use super::layout::{CountPlace, DeadPoster, LAYOUT_VERSION, RecordState, SHARED_BYTES, SemaphoreState};
 use crate::backend::ExportedHandle;
-use crate::queue::{QueueBackend, QueueMemory};
 use crate::door::{DoorConfig, ObjectDoor, ObjectHost, ObjectKind, ObjectOffer, PeerInfo};
+use crate::queue::{QueueBackend, QueueMemory};
 use crate::wire::{BackendKind, RefusalCode};
 
 /// How an owner creates its semaphore ([`SemaphoreOwner::create_with`]).
@@ -178,7 +178,9 @@ pub(super) fn import_offer<B: QueueBackend>(
             let device = DeviceCount::new(cuda, region, block.shared())?;
             block = block.with_device_count(device, None)?;
         }
-        (_, place) => return Err(SemaphoreError::Corrupt { what: "count place (block and offer disagree)", value: place as u64 }),
+        (_, place) => {
+            return Err(SemaphoreError::Corrupt { what: "count place (block and offer disagree)", value: place as u64 });
+        }
     }
     let record = PeerRecord { index: body.record, epoch: body.epoch };
     if record.index == 0 || !block.record_is(record, RecordState::Offered) {
