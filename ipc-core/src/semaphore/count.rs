@@ -127,12 +127,15 @@ impl DeviceCount {
 
     /// Writes the count's first value (the owner's, before anyone else sees the allocation).
     pub(super) fn initialise(&self, initial: u64) -> Result<(), SemaphoreError> {
+        self.ctx.bind()?;
         self.span()?.write(0, &[initial])?;
         Ok(())
     }
 
     /// Queues on `stream` a post of `n` (0: only mirrors the count again).
     pub(super) fn post_on(&self, stream: &Stream, n: u64) -> Result<(), SemaphoreError> {
+        // The caller's thread may have no context current (the owner's door thread, an importer's watchdog).
+        self.ctx.bind()?;
         let args = [KernelArg::Span(self.span()?), KernelArg::Span(self.mirror()?), KernelArg::U64(n)];
         self.post.launch_typed(stream, LaunchConfig::linear(1, 1), &args)?;
         Ok(())
@@ -140,7 +143,6 @@ impl DeviceCount {
 
     /// Adds `n` posts now (0: mirrors the count again), waiting for the kernel.
     pub(super) fn add(&self, n: u64) -> Result<(), SemaphoreError> {
-        self.ctx.bind()?;
         self.post_on(&self.stream, n)?;
         self.finish()
     }
@@ -170,6 +172,7 @@ impl DeviceCount {
 
     /// The count now, read from the device (the mirror may lag it by a kernel in flight).
     pub(super) fn exact(&self) -> Result<u64, SemaphoreError> {
+        self.ctx.bind()?;
         let mut value = [0u64];
         self.span()?.read(0, &mut value)?;
         Ok(value[0])
@@ -177,12 +180,14 @@ impl DeviceCount {
 
     /// Queues on `stream` a wait until the count reaches `value`.
     pub(super) fn wait_on(&self, stream: &Stream, value: u64) -> Result<(), SemaphoreError> {
+        self.ctx.bind()?;
         self.span()?.wait_value_u64(stream, 0, value, WaitCondition::AtLeast)?;
         Ok(())
     }
 
     /// Queues on `stream` a copy of the count into `dst`.
     pub(super) fn copy_on(&self, stream: &Stream, dst: &DeviceSpan<'_>) -> Result<(), SemaphoreError> {
+        self.ctx.bind()?;
         dst.copy_from_async(&self.span()?, stream)?;
         Ok(())
     }
