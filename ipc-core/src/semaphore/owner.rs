@@ -179,7 +179,10 @@ pub(super) fn import_offer<B: QueueBackend>(
             block = block.with_device_count(device, None)?;
         }
         (_, place) => {
-            return Err(SemaphoreError::Corrupt { what: "count place (block and offer disagree)", value: place as u64 });
+            return Err(SemaphoreError::Corrupt {
+                what: "count place (block and offer disagree)",
+                value: place as u64,
+            });
         }
     }
     let record = PeerRecord { index: body.record, epoch: body.epoch };
