@@ -145,7 +145,8 @@ pub enum SemaphoreError {
     Backend(#[from] crate::backend::BackendError),
     /// The semaphore's count kernels could not be loaded.
     #[error(
-        "loading the semaphore's kernels ({image}) failed: {reason}; set GPU_IPC_FORCE_PTX=1 to try the PTX, or          update the driver"
+        "loading the semaphore's kernels ({image}) failed: {reason}; set GPU_IPC_FORCE_PTX=1 to try the PTX, or \
+         update the driver"
     )]
     Kernels {
         /// The image tried.
@@ -156,7 +157,8 @@ pub enum SemaphoreError {
     /// A change of the count (a kernel on the semaphore's own stream) did not finish in time: the GPU is busy or
     /// broken.
     #[error(
-        "the semaphore's count kernel did not finish within {waited:?}: the GPU is stuck or overloaded; check          nvidia-smi and the other processes on it"
+        "the semaphore's count kernel did not finish within {waited:?}: the GPU is stuck or overloaded; check \
+         nvidia-smi and the other processes on it"
     )]
     GpuBusy {
         /// How long it was waited for.
@@ -164,7 +166,8 @@ pub enum SemaphoreError {
     },
     /// The semaphore counts in device memory, and this process attached without a CUDA context.
     #[error(
-        "this semaphore counts in GPU memory ({backend} backend): attach with a context of that GPU, with the          {backend} backend (the host backend cannot reach it)"
+        "this semaphore counts in GPU memory ({backend} backend): attach with a context of that GPU, with the \
+         {backend} backend (the host backend cannot reach it)"
     )]
     CountOnGpu {
         /// The owner's backend.

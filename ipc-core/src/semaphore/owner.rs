@@ -301,3 +301,59 @@ impl Drop for SemaphoreOwner {
         self.door = None;
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::fake::{HostContext, HostFake};
+    use crate::semaphore::layout::COUNT_PLACE_WORD;
+    use crate::sys::shm::SharedMemory;
+
+    /// A block whose count the owner moved to a GPU (as a vmm owner does), and the offer of its record 1.
+    fn gpu_owned(count: OfferedCount) -> (SemaphoreBlock, ObjectOffer, Vec<OwnedFd>) {
+        let block = SemaphoreBlock::create(0, 7, DeadPoster::Poison).unwrap();
+        let memory = block.shared().memory();
+        memory.write_bytes(8 * COUNT_PLACE_WORD, &(CountPlace::Device as u64).to_le_bytes()).unwrap();
+        let record = block.claim_record(Some(1)).unwrap();
+        let body = SemaphoreOffer {
+            layout_version: LAYOUT_VERSION,
+            record: record.index,
+            epoch: record.epoch,
+            max_peers: block.max_peers(),
+            shared_bytes: SHARED_BYTES as u64,
+            generation: block.generation(),
+            count,
+        };
+        let mut fds = vec![memory.try_clone_fd().unwrap()];
+        if body.fd_count() == 2 {
+            // Stands in for the count allocation's vmm fd; the importer never gets as far as mapping it.
+            fds.push(SharedMemory::create("count", 4096).unwrap().try_clone_fd().unwrap());
+        }
+        let fd_count = fds.len() as u16;
+        let offer = ObjectOffer { kind: ObjectKind::Semaphore, peer_id: 1, fd_count, body: body.encode() };
+        (block, offer, fds)
+    }
+
+    #[test]
+    fn a_host_backend_peer_of_a_gpu_semaphore_is_told_to_attach_with_the_owners_backend() {
+        let count = OfferedCount::Device { backend: BackendKind::Vmm, bytes: 2 << 20, legacy_mem_handle: None };
+        let (_block, offer, fds) = gpu_owned(count);
+        let err = import_offer::<HostFake>(&HostContext, &offer, fds, true).err().unwrap();
+        assert!(matches!(err, SemaphoreError::CountOnGpu { backend: BackendKind::Vmm }), "{err}");
+        assert!(err.to_string().contains("attach with a context of that GPU, with the vmm backend"), "{err}");
+    }
+
+    #[test]
+    fn an_offer_whose_count_place_disagrees_with_the_block_is_refused() {
+        let (_block, offer, fds) = gpu_owned(OfferedCount::Block);
+        let err = import_offer::<HostFake>(&HostContext, &offer, fds, true).err().unwrap();
+        assert!(matches!(err, SemaphoreError::Corrupt { what: "count place (block and offer disagree)", .. }), "{err}");
+        // An offer with the wrong number of fds for its count is refused before anything is mapped.
+        let count = OfferedCount::Device { backend: BackendKind::Vmm, bytes: 2 << 20, legacy_mem_handle: None };
+        let (_block, offer, mut fds) = gpu_owned(count);
+        fds.pop();
+        let err = import_offer::<HostFake>(&HostContext, &offer, fds, true).err().unwrap();
+        assert!(matches!(err, SemaphoreError::Corrupt { what: "offer fd count", value: 1 }), "{err}");
+    }
+}
