@@ -253,7 +253,7 @@ impl SemaphoreBlock {
         self.word(record_word_index(record.index) + field)
     }
 
-    /// The mapping, shareable: what a stream registration and a queued host function keep alive.
+    /// The mapping, shareable: what a registration for the device and a queued host function keep alive.
     pub fn shared(&self) -> &Arc<SharedObject<SharedWords>> {
         &self.object
     }

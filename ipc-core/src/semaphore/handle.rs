@@ -81,8 +81,8 @@ impl StreamWait {
         self.ticket
     }
 
-    /// The device address (in the context of the handle that queued the wait) of the semaphore's `posted` word,
-    /// for the kernels queued after the wait: pass it and [`ticket`](Self::ticket) to them, and let them read the
+    /// The device address (in the context of the handle that queued the wait) of the semaphore's count, a word of
+    /// device memory, for the kernels queued after the wait: pass it and [`ticket`](Self::ticket) to them, and let them read the
     /// word once (`ld.acquire.sys.u64`, or a `volatile` load) and go on only if
     /// [`released_by_post`](Self::released_by_post) holds for it; otherwise the poison released the wait (a poster
     /// died, the owner died or closed) and the kernel must not use the data the post would have announced. The
