@@ -44,8 +44,9 @@ static IMAGES: [KernelImage; 8] = [
     ),
 ];
 
-/// Bytes the owner asks its backend for (the backend rounds up: 2 MiB for vmm). The count is word 0.
-pub(super) const COUNT_ALLOCATION_BYTES: u64 = 128;
+/// Bytes the owner asks its backend for: vmm's granularity, and for legacy a whole allocation of its own rather
+/// than a small one the driver may place beside others (legacy IPC maps whole allocations). The count is word 0.
+pub(super) const COUNT_ALLOCATION_BYTES: u64 = 2 << 20;
 
 /// How long a CPU-side change of the count (a kernel on the private stream) may take before it is an error.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
