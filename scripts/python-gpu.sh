@@ -16,6 +16,8 @@
 #    frame checked on the GPU against the Rust examples' pattern (0 mismatched words), the zero-copy checks, a tensor
 #    of a frame read after its consumer closed, FPS and CPU time per frame of both ends;
 #    then a freed shared tensor under PyTorch's caching allocator (scripts/python_gpu_pool_free.py, pool-free.log);
+#    then tensors of 4 KiB to 1 GiB made with expandable_segments:True, some straddling PyTorch's allocations, shared
+#    and read byte for byte by another process (scripts/python_gpu_expandable.py, expandable.{log,json});
 # 4. gpu-poll, both backends, under a private MPS daemon (scripts/mps.sh; recorded as skipped when none starts).
 # Writes OUT_DIR/python-package.md (the table, with device, date and commit), python-package.json,
 # python-package.rows.jsonl, python-package.log (every process's output), readme-example.{json,log} and readme/ (the
@@ -53,6 +55,10 @@ echo "python-gpu: a freed shared tensor under PyTorch's caching allocator (scrip
 "$VPY" scripts/python_gpu_pool_free.py --backend both 2>&1 | tee "$OUT/pool-free.log"
 POOL_FREE_RC=${PIPESTATUS[0]}
 
+echo "python-gpu: expandable segments, tensors over several allocations (scripts/python_gpu_expandable.py)" >&2
+"$VPY" scripts/python_gpu_expandable.py --json "$OUT/expandable.json" 2>&1 | tee "$OUT/expandable.log"
+EXPANDABLE_RC=${PIPESTATUS[0]}
+
 echo "python-gpu: the rows (no MPS)" >&2
 "$VPY" scripts/python_gpu.py run "$OUT" --set main
 
@@ -68,4 +74,5 @@ fi
 REPORT_RC=$?
 [ "$README_RC" -eq 0 ] || echo "python-gpu: the README's quick start did not run as written (exit $README_RC): $OUT/readme-example.log" >&2
 [ "$POOL_FREE_RC" -eq 0 ] || echo "python-gpu: the freed-tensor check failed (exit $POOL_FREE_RC): $OUT/pool-free.log" >&2
-[ "$REPORT_RC" -eq 0 ] && [ "$README_RC" -eq 0 ] && [ "$POOL_FREE_RC" -eq 0 ]
+[ "$EXPANDABLE_RC" -eq 0 ] || echo "python-gpu: the expandable-segments check failed (exit $EXPANDABLE_RC): $OUT/expandable.log" >&2
+[ "$REPORT_RC" -eq 0 ] && [ "$README_RC" -eq 0 ] && [ "$POOL_FREE_RC" -eq 0 ] && [ "$EXPANDABLE_RC" -eq 0 ]

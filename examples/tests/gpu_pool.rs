@@ -117,21 +117,36 @@ fn write_pattern(span: DeviceSpan<'_>, name: &str) {
 /// Shares two ranges of `memory` (made by another allocator) through a pool of backend `B`, and has an importer
 /// process check both in place.
 fn share_and_check<B: GpuBackend>(ctx: &Context, memory: DeviceSpan<'_>, tag: &str) {
+    let ranges = [("torch/0", 64 * 1024, 1 << 20), ("torch/1", 2 << 20, 512 * 1024)];
+    share_ranges_and_check::<B>(ctx, memory, tag, &ranges, 1);
+}
+
+/// Shares `ranges` (name, offset, bytes) of `memory` through a pool of backend `B`, expecting `allocations` shared
+/// allocations (blocks), and has an importer process check every one in place.
+fn share_ranges_and_check<B: GpuBackend>(
+    ctx: &Context,
+    memory: DeviceSpan<'_>,
+    tag: &str,
+    ranges: &[(&str, u64, u64)],
+    allocations: u32,
+) {
     let path = socket(&format!("existing-{tag}"));
     let pool = SharedPool::<B>::create(ctx, &path, PoolConfig::sharing_only()).unwrap();
-    let ranges = [("torch/0", 64 * 1024, 1 << 20), ("torch/1", 2 << 20, 512 * 1024)];
     let mut handles = Vec::new();
-    for (name, offset, len) in ranges {
+    for &(name, offset, len) in ranges {
         let span = memory.slice(offset, len).unwrap();
         write_pattern(span, name);
         let desc = TensorDesc::contiguous(DType::F32, [len / 4]).unwrap();
         handles.push(pool.share_existing(name, span.ptr(), len, Some(desc)).unwrap());
     }
-    assert_eq!(pool.stats().shared_allocations, 1, "two ranges of one allocation: one export");
+    assert_eq!(pool.stats().shared_allocations, allocations, "one export per allocation (or run of them) shared");
     let report = importer_checks(B::KIND.name(), &path);
-    assert_eq!((report["buffers"].as_u64(), report["verified"].as_u64()), (Some(2), Some(2)), "{report}");
+    let n = ranges.len() as u64;
+    assert_eq!((report["buffers"].as_u64(), report["verified"].as_u64()), (Some(n), Some(n)), "{report}");
     assert_eq!(report["mismatched_words"], 0, "{report}");
-    record(&serde_json::json!({ "test": "pool-share-existing", "backend": B::KIND.name(), "importer": report }));
+    record(
+        &serde_json::json!({ "test": "pool-share-existing", "tag": tag, "backend": B::KIND.name(), "importer": report }),
+    );
     for handle in handles {
         pool.free(handle).unwrap();
     }
@@ -153,6 +168,25 @@ fn a_vmm_allocation_with_the_posix_fd_handle_type_is_shared_in_place_and_read_by
     let size = VmmGranularity::for_device(ctx.device()).unwrap().round_up(8 << 20);
     let memory = VmmMapping::map(VmmAllocation::create(&ctx, size).unwrap()).unwrap();
     share_and_check::<Vmm>(&ctx, memory.span(), "vmm");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_range_over_vmm_allocations_side_by_side_is_shared_as_one_span_and_read_by_another_process() {
+    // What PyTorch's expandable segments make: many cuMemCreate allocations mapped one after the other. Here 12 of
+    // the minimum granularity (more than the 8 fds one block-channel message carries).
+    let ctx = Context::for_ordinal(0).unwrap();
+    let g = VmmGranularity::for_device(ctx.device()).unwrap().minimum;
+    let allocations = (0..12).map(|_| VmmAllocation::create(&ctx, g).unwrap()).collect();
+    let memory = VmmMapping::map_side_by_side(allocations).unwrap();
+    assert_eq!(memory.allocations().count(), 12);
+    let ranges = [
+        ("torch/inside", 64 * 1024, 1 << 20),
+        ("torch/straddles-2", g - 4096, 8192),
+        ("torch/straddles-3", 3 * g - (256 << 10), g + (512 << 10)),
+        ("torch/all-12", 0, 12 * g),
+    ];
+    share_ranges_and_check::<Vmm>(&ctx, memory.span(), "vmm-side-by-side", &ranges, 4);
 }
 
 /// The error `share_existing` gives for `len` bytes at `ptr` through a sharing-only pool of backend `B`.
@@ -188,9 +222,16 @@ fn memory_that_cannot_be_shared_in_place_is_refused_with_the_reason() {
     let e = refusal::<Vmm>(&ctx, stream_ordered.ptr(), 4096, "vmm-async");
     assert!(e.contains("stream-ordered") || e.contains("allows no shareable handle type"), "{e}");
     let e = refusal::<Legacy>(&ctx, plain.ptr().offset(4096), 1 << 20, "legacy-past-end");
-    assert!(e.contains("run past the end of the allocation"), "{e}");
-    let e = refusal::<Vmm>(&ctx, vmm.ptr().offset(4096), granularity.minimum, "vmm-past-end");
-    assert!(e.contains("run past the end of the allocation"), "{e}");
+    assert!(e.contains("run past the end of the allocation") && e.contains("cuIpcGetMemHandle covers one"), "{e}");
+    assert!(e.contains("use the vmm backend"), "{e}");
+    // A range that runs from a shareable allocation into one side by side with it that is not: refused, naming why.
+    let mixed = VmmMapping::map_side_by_side(vec![
+        VmmAllocation::create(&ctx, granularity.minimum).unwrap(),
+        VmmAllocation::create_with_handle_types(&ctx, granularity.minimum, sys::CU_MEM_HANDLE_TYPE_NONE).unwrap(),
+    ])
+    .unwrap();
+    let e = refusal::<Vmm>(&ctx, mixed.ptr().offset(4096), granularity.minimum, "vmm-into-private");
+    assert!(e.contains("run past the memory mapped there") && e.contains("allows no shareable handle type"), "{e}");
 }
 
 /// Frees a buffer of a pool of backend `B` while its stream is held busy: its bytes wait for the stream; a handle

@@ -5,7 +5,7 @@
 #![allow(clippy::expect_used)]
 
 use ipc_core::pool::layout::{BlockId, Geometry};
-use ipc_core::pool::{BlockReply, BlockRequest, PoolOffer};
+use ipc_core::pool::{BLOCK_PIECES_BYTES, BlockPieces, BlockReply, BlockRequest, PoolOffer};
 use ipc_core::queue::QueueOffer;
 use ipc_core::queue::layout::Geometry as QueueGeometry;
 use ipc_core::semaphore::{OfferedCount, SemaphoreOffer};
@@ -114,7 +114,8 @@ fn object_body(kind: ObjectKind, body: &[u8]) {
 }
 
 /// The toolkit objects' offers and the pool's block channel: byte 0 picks the decoder (pool, work queue,
-/// semaphore body; block request; block reply with 0 to 2 fds), the rest is its input.
+/// semaphore body; block request; block reply with 0 to 2 fds, or, for an input of its length, the block pieces
+/// that follow a grant of several allocations with 0 to 9 fds), the rest is its input.
 pub fn object_offers(data: &[u8]) {
     let [which, rest @ ..] = data else { return };
     match which % 5 {
@@ -126,6 +127,16 @@ pub fn object_offers(data: &[u8]) {
                 && let Ok(request) = BlockRequest::decode(bytes)
             {
                 assert_eq!(&request.encode(), bytes);
+            }
+        }
+        _ if rest.len() == BLOCK_PIECES_BYTES => {
+            let fds = usize::from(which / 5 % 10);
+            if let Ok(bytes) = rest.try_into()
+                && let Ok(pieces) = BlockPieces::decode(bytes, fds)
+            {
+                assert_eq!(pieces.pieces.len(), fds);
+                assert!(pieces.pieces.iter().all(|(_, size)| *size > 0), "{pieces:?}");
+                assert_eq!(&pieces.encode().expect("what decodes encodes"), bytes, "{pieces:?}");
             }
         }
         _ => {
@@ -274,11 +285,28 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         [&[3u8][..], &BlockRequest { block }.encode()[..]].concat(),
         // Byte 0 = 4 + 5 * fds.
         [&[4u8][..], &BlockReply::Gone { block }.encode()[..]].concat(),
-        [&[9u8][..], &BlockReply::Grant { block, bytes: 4096, legacy_handle: None, with_fd: true }.encode()[..]]
-            .concat(),
+        [
+            &[9u8][..],
+            &BlockReply::Grant { block, bytes: 4096, legacy_handle: None, with_fd: true, pieces: 1 }.encode()[..],
+        ]
+        .concat(),
         [
             &[4u8][..],
-            &BlockReply::Grant { block, bytes: 1 << 21, legacy_handle: Some([1; 64]), with_fd: false }.encode()[..],
+            &BlockReply::Grant { block, bytes: 1 << 21, legacy_handle: Some([1; 64]), with_fd: false, pieces: 1 }
+                .encode()[..],
+        ]
+        .concat(),
+        [
+            &[4u8][..],
+            &BlockReply::Grant { block, bytes: 3 << 21, legacy_handle: None, with_fd: false, pieces: 3 }.encode()[..],
+        ]
+        .concat(),
+        // Byte 0 = 4 + 5 * fds: block pieces with 3 fds.
+        [
+            &[19u8][..],
+            &BlockPieces { block, first: 8, pieces: vec![(0, 1 << 21), (1 << 21, 1 << 21), (2 << 21, 1 << 21)] }
+                .encode()
+                .expect("valid pieces")[..],
         ]
         .concat(),
     ];

@@ -10,7 +10,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
+use crate::backend::{
+    Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, SpanPiece, check_span, walk_allocations,
+};
 use crate::driver::{DevicePtr, DriverError};
 use crate::sys::shm::SharedMemory;
 use crate::wire::BackendKind;
@@ -71,18 +73,54 @@ impl SharedRegion for HostRegion {
     }
 }
 
-/// Every region [`HostFake::allocate`] made that is still alive: the fake's stand-in for what the driver knows about
-/// the allocations of a process, so that [`Backend::export_existing`] can find the one that holds an address.
+/// Every region [`HostFake::allocate`] and [`HostFake::allocate_side_by_side`] made that is still alive: the fake's
+/// stand-in for what the driver knows about the allocations of a process, so that [`Backend::export_existing`] can
+/// find the one that holds an address (each memfd of a region made side by side is an allocation of its own).
 static ALLOCATIONS: Mutex<Vec<Weak<SharedMemory>>> = Mutex::new(Vec::new());
 
-/// The live region that holds `ptr`, if any (dead entries are dropped on the way).
-fn allocation_holding(ptr: DevicePtr) -> Option<Arc<SharedMemory>> {
+/// One allocation the fake knows: the memfd `piece` of `memory`, at `start`, `size` bytes.
+struct HeldAllocation {
+    memory: Arc<SharedMemory>,
+    piece: usize,
+    start: DevicePtr,
+    size: u64,
+}
+
+/// The live allocation that holds `ptr`, if any (dead entries are dropped on the way).
+fn allocation_holding(ptr: DevicePtr) -> Option<HeldAllocation> {
     let mut allocations = ALLOCATIONS.lock().unwrap_or_else(PoisonError::into_inner);
     allocations.retain(|weak| weak.strong_count() > 0);
-    allocations.iter().filter_map(Weak::upgrade).find(|memory| {
+    allocations.iter().filter_map(Weak::upgrade).find_map(|memory| {
         let base = memory.as_ptr() as u64;
-        ptr.0 >= base && ptr.0 - base < memory.len() as u64
+        let within = ptr.0.checked_sub(base).filter(|offset| *offset < memory.len() as u64)?;
+        let (piece, (offset, len)) =
+            memory.pieces().into_iter().enumerate().find(|(_, (offset, len))| within < (offset + len) as u64)?;
+        Some(HeldAllocation { start: DevicePtr(base + offset as u64), size: len as u64, piece, memory })
     })
+}
+
+impl HostFake {
+    /// Allocates one region made of several allocations side by side, one per size (each a whole number of pages),
+    /// in one contiguous range: the host's model of what PyTorch's expandable segments make on a GPU (many
+    /// `cuMemCreate` allocations mapped one after the other), so that sharing a range over several allocations
+    /// ([`Backend::export_existing`], [`Backend::import_span`]) runs without a GPU.
+    ///
+    /// # Errors
+    /// No size, a size that is not a whole number of pages, or the OS's error.
+    pub fn allocate_side_by_side(_ctx: &HostContext, sizes: &[u64]) -> Result<HostRegion, BackendError> {
+        let sizes = sizes.iter().map(|&size| usize::try_from(size)).collect::<Result<Vec<_>, _>>().map_err(|_| {
+            BackendError::Unsupported {
+                backend: Self::KIND.name(),
+                reason: "a size does not fit this address space".into(),
+                fix: "use smaller allocations".into(),
+            }
+        })?;
+        let memory = SharedMemory::create_side_by_side("gpu-ipc-fake-segment", &sizes)
+            .map_err(|source| BackendError::Os { operation: "creating fake device memory", source: source.into() })?;
+        let memory = Arc::new(memory);
+        ALLOCATIONS.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&memory));
+        Ok(HostRegion { memory })
+    }
 }
 
 /// The fake needs no context.
@@ -117,17 +155,42 @@ impl Backend for HostFake {
     }
 
     fn export_existing(_ctx: &HostContext, ptr: DevicePtr, len: u64) -> Result<ExistingExport, BackendError> {
-        let Some(memory) = allocation_holding(ptr) else {
-            return Err(BackendError::Unsupported {
+        let mut found = Vec::new();
+        let walk = walk_allocations(Self::KIND.name(), ptr, len, |at| {
+            let held = allocation_holding(at).ok_or_else(|| BackendError::Unsupported {
                 backend: Self::KIND.name(),
-                reason: format!("no live region made by HostFake::allocate holds the address {ptr}"),
+                reason: format!("no live region made by HostFake::allocate holds the address {at}"),
                 fix: "share memory the host backend allocated (HostFake::allocate)".into(),
-            });
-        };
-        let base = DevicePtr(memory.as_ptr() as u64);
-        let offset = offset_in_allocation(Self::KIND.name(), ptr, len, base, memory.len() as u64)?;
-        let handle = Self::export(&HostRegion { memory: memory.clone() })?;
-        Ok(ExistingExport { handle, base, offset, keep_alive: Some(Box::new(memory)) })
+            })?;
+            // Regions the fake made separately may lie side by side by chance (mmap places them as it likes): the
+            // fake walks only the allocations of one region, its model of one reserved range, so that what it
+            // refuses does not depend on where the kernel put things.
+            if let Some(first) = found.first().map(|first: &HeldAllocation| &first.memory)
+                && !Arc::ptr_eq(first, &held.memory)
+            {
+                return Err(BackendError::Unsupported {
+                    backend: Self::KIND.name(),
+                    reason: format!("{at} is in another region than the range's start"),
+                    fix: "share a range inside one region".into(),
+                });
+            }
+            let reported = (held.start, held.size);
+            found.push(held);
+            Ok(reported)
+        })?;
+        // Each successful lookup of the walk is one of its allocations, in order.
+        let mut pieces = Vec::with_capacity(found.len());
+        let mut kept = Vec::with_capacity(found.len());
+        for held in found {
+            let fd = held.memory.try_clone_piece_fd(held.piece).map_err(|source| BackendError::Os {
+                operation: "duplicating the fake memory fd",
+                source: source.into(),
+            })?;
+            let handle = ExportedHandle { bytes: Vec::new(), fd: Some(fd), size: held.size };
+            pieces.push(SpanPiece { offset: held.start.0 - walk.base.0, handle });
+            kept.push(held.memory);
+        }
+        Ok(ExistingExport { pieces, base: walk.base, offset: walk.offset, keep_alive: Some(Box::new(kept)) })
     }
 
     fn zero(region: &Self::Exported, offset: u64, len: u64) -> Result<(), BackendError> {
@@ -162,6 +225,21 @@ impl Backend for HostFake {
             problem: format!("size {} does not fit this address space", handle.size),
         })?;
         let memory = SharedMemory::from_fd(fd, len)
+            .map_err(|source| BackendError::Os { operation: "mapping fake device memory", source: source.into() })?;
+        Ok(HostRegion { memory: Arc::new(memory) })
+    }
+
+    fn import_span(_ctx: &HostContext, pieces: Vec<SpanPiece>) -> Result<Self::Imported, BackendError> {
+        check_span(Self::KIND.name(), &pieces)?;
+        let mut memfds = Vec::with_capacity(pieces.len());
+        for (index, piece) in pieces.into_iter().enumerate() {
+            let malformed = |problem: String| BackendError::MalformedHandle { backend: Self::KIND.name(), problem };
+            let fd = piece.handle.fd.ok_or_else(|| malformed(format!("no fd came with allocation {index}")))?;
+            let len = usize::try_from(piece.handle.size)
+                .map_err(|_| malformed(format!("allocation {index}: {} bytes", piece.handle.size)))?;
+            memfds.push((fd, len));
+        }
+        let memory = SharedMemory::side_by_side(memfds)
             .map_err(|source| BackendError::Os { operation: "mapping fake device memory", source: source.into() })?;
         Ok(HostRegion { memory: Arc::new(memory) })
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ipc_core::driver::{
     Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, HostRegistration, IpcMemHandle, Stream,
-    VmmAllocation, VmmGranularity, VmmMapping, WaitCondition, copy_from_device, copy_to_device,
+    VmmAllocation, VmmGranularity, VmmMapping, WaitCondition, address_range, copy_from_device, copy_to_device,
     pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, sys,
 };
 use ipc_core::sys::shm::{SharedMemory, SharedObject};
@@ -207,6 +207,51 @@ fn vmm_allocation_exports_and_imports_through_an_fd() {
 
     // A size that is not a multiple of the granularity is refused before the driver is called.
     assert!(VmmAllocation::create(&ctx, granularity.minimum + 1).is_err());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_allocations_side_by_side_are_walked_exported_one_by_one_and_mapped_side_by_side_again() {
+    // What PyTorch's expandable segments make: allocations mapped one after the other in one reserved range.
+    let ctx = ctx();
+    let g = VmmGranularity::for_device(ctx.device()).unwrap().minimum;
+    let sizes = [g, 2 * g, g];
+    let exporter =
+        VmmMapping::map_side_by_side(sizes.iter().map(|&size| VmmAllocation::create(&ctx, size).unwrap()).collect())
+            .unwrap();
+    let total: u64 = sizes.iter().sum();
+    assert_eq!((exporter.size(), exporter.span().len()), (total, total));
+    let offsets: Vec<u64> = exporter.allocations().map(|(offset, _)| offset).collect();
+    assert_eq!(offsets, [0, g, 3 * g]);
+    // The driver reports each allocation's own range, wherever in it it is asked.
+    for (offset, size) in [(0, g), (g, 2 * g), (3 * g, g)] {
+        for probe in [offset, offset + size / 2, offset + size - 1] {
+            assert_eq!(address_range(exporter.ptr().offset(probe)).unwrap(), (exporter.ptr().offset(offset), size));
+        }
+    }
+    let data: Vec<u64> = (0..total / 8).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+    exporter.span().write(0, &data).unwrap();
+    // Each allocation exported once (retained by address, as export_existing does), imported and mapped side by
+    // side again: the same bytes at the same offsets, across both boundaries.
+    let imported = exporter
+        .allocations()
+        .map(|(offset, allocation)| {
+            let retained = VmmAllocation::retain(&ctx, exporter.ptr().offset(offset), allocation.size()).unwrap();
+            let fd = retained.export_fd().unwrap();
+            VmmAllocation::import_fd(&ctx, std::os::fd::AsFd::as_fd(&fd), allocation.size()).unwrap()
+        })
+        .collect();
+    let importer = VmmMapping::map_side_by_side(imported).unwrap();
+    assert_ne!(importer.ptr(), exporter.ptr());
+    let mut back = vec![0u64; data.len()];
+    importer.span().read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    // The importer's mapping outlives the exporter's.
+    drop(exporter);
+    importer.span().read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    // Nothing to map is refused before the driver is called.
+    assert!(VmmMapping::map_side_by_side(Vec::new()).is_err());
 }
 
 #[test]

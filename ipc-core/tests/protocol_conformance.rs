@@ -12,7 +12,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use ipc_core::pool::layout::{BlockId, Geometry};
-use ipc_core::pool::{BLOCK_REPLY_BYTES, BlockReply, BlockRequest, PoolOffer};
+use ipc_core::pool::{BLOCK_PIECES_BYTES, BLOCK_REPLY_BYTES, BlockPieces, BlockReply, BlockRequest, PoolOffer};
 use ipc_core::queue::QueueOffer;
 use ipc_core::queue::layout::Geometry as QueueGeometry;
 use ipc_core::ring::layout::{MAGIC as RING_MAGIC, header};
@@ -353,13 +353,26 @@ fn the_pool_block_channel_examples_are_what_the_pool_encodes_and_decodes() {
     let replies = [
         (
             "block-grant-legacy",
-            BlockReply::Grant { block, bytes: 64 << 20, legacy_handle: Some(legacy_handle), with_fd: false },
+            BlockReply::Grant { block, bytes: 64 << 20, legacy_handle: Some(legacy_handle), with_fd: false, pieces: 1 },
         ),
-        ("block-grant-vmm", BlockReply::Grant { block, bytes: 64 << 20, legacy_handle: None, with_fd: true }),
+        (
+            "block-grant-vmm",
+            BlockReply::Grant { block, bytes: 64 << 20, legacy_handle: None, with_fd: true, pieces: 1 },
+        ),
+        (
+            "block-grant-span",
+            BlockReply::Grant { block, bytes: 60 << 20, legacy_handle: None, with_fd: false, pieces: 3 },
+        ),
         ("block-gone", BlockReply::Gone { block }),
     ];
     let mut names: Vec<&str> = replies.iter().map(|(name, _)| *name).collect();
     names.push("block-request");
+    names.push("block-pieces");
+    let pieces =
+        BlockPieces { block, first: 0, pieces: vec![(0, 20 << 20), (20 << 20, 20 << 20), (40 << 20, 20 << 20)] };
+    let pieces_bytes: &[u8; BLOCK_PIECES_BYTES] = blocks["block-pieces"].as_slice().try_into().unwrap();
+    assert_eq!(&pieces.encode().unwrap(), pieces_bytes, "block-pieces: the pool encodes other bytes than the doc");
+    assert_eq!(BlockPieces::decode(pieces_bytes, 3).unwrap(), pieces, "block-pieces");
     names.sort_unstable();
     assert_eq!(blocks.keys().map(String::as_str).collect::<Vec<_>>(), names, "block channel examples");
     for (name, reply) in replies {

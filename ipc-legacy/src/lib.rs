@@ -16,7 +16,9 @@
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
-use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
+use ipc_core::backend::{
+    Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, SpanPiece, offset_in_allocation,
+};
 use ipc_core::driver::{
     Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, address_range,
     pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable, sys,
@@ -149,9 +151,18 @@ impl Backend for Legacy {
         let bytes = Self::export_ptr(ptr)?;
         // The handle names the whole cuMemAlloc allocation; an importer maps all of it, at its base.
         let (base, size) = address_range(ptr)?;
-        let offset = offset_in_allocation(Self::KIND.name(), ptr, len, base, size)?;
+        // cuIpcOpenMemHandle maps a handle's allocation wherever the importer's driver puts it, so allocations
+        // that lie side by side here cannot be put side by side there: a range must lie inside one.
+        let one = (
+            "cuIpcGetMemHandle covers one cuMemAlloc allocation, which an importer maps wherever its driver chooses, \
+             so several cannot be mapped side by side there",
+            "use the vmm backend with memory made by cuMemCreate (PyTorch: \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which shares a range over several allocations, or \
+             share each allocation's part separately",
+        );
+        let offset = offset_in_allocation(Self::KIND.name(), ptr, len, (base, size), one)?;
         Ok(ExistingExport {
-            handle: ExportedHandle { bytes: bytes.to_vec(), fd: None, size },
+            pieces: vec![SpanPiece { offset: 0, handle: ExportedHandle { bytes: bytes.to_vec(), fd: None, size } }],
             base,
             offset,
             keep_alive: None,

@@ -17,7 +17,9 @@
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
-use ipc_core::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, offset_in_allocation};
+use ipc_core::backend::{
+    Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, SpanPiece, check_span, walk_allocations,
+};
 use ipc_core::driver::{
     Context, DeviceMemory, DevicePtr, DeviceSpan, VmmAllocation, VmmGranularity, VmmMapping, address_range,
     pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable, sys,
@@ -90,6 +92,13 @@ impl Backend for Vmm {
     }
 
     fn export(region: &Self::Exported) -> Result<ExportedHandle, BackendError> {
+        if region.mapping.allocations().nth(1).is_some() {
+            return Err(BackendError::Unsupported {
+                backend: Self::KIND.name(),
+                reason: "this region maps several allocations side by side; one fd covers one allocation".into(),
+                fix: "export it with export_existing, one piece per allocation".into(),
+            });
+        }
         let fd = region.mapping.allocation().export_fd()?;
         Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd), size: region.len() })
     }
@@ -115,18 +124,33 @@ impl Backend for Vmm {
                     .into(),
             });
         }
-        // For VMM memory the driver reports the mapping of the one physical allocation that holds `ptr` (an
-        // expandable segment maps many of them side by side): a range must lie inside it.
-        let (base, size) = address_range(ptr)?;
-        let offset = offset_in_allocation(Self::KIND.name(), ptr, len, base, size)?;
-        let allocation = VmmAllocation::retain(ctx, base, size)?;
-        let fd = allocation.export_fd()?;
-        Ok(ExistingExport {
-            handle: ExportedHandle { bytes: Vec::new(), fd: Some(fd), size },
-            base,
-            offset,
-            keep_alive: Some(Box::new(allocation)),
-        })
+        // For VMM memory the driver reports the mapping of the one physical allocation that holds an address; an
+        // expandable segment maps many of them side by side, so a range is walked allocation by allocation, each
+        // checked as the first one was, retained (so it outlives its allocator here) and exported once.
+        let walk = walk_allocations(Self::KIND.name(), ptr, len, |at| {
+            if at != ptr {
+                let allowed = pointer_allowed_handle_types(at)?;
+                if allowed & u64::from(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 {
+                    return Err(not_posix_fd_exportable(at, allowed));
+                }
+            }
+            Ok(address_range(at)?)
+        })?;
+        let mut pieces = Vec::with_capacity(walk.allocations.len());
+        let mut retained = Vec::with_capacity(walk.allocations.len());
+        for (start, size) in walk.allocations {
+            let allocation = VmmAllocation::retain(ctx, start, size)?;
+            let fd = allocation.export_fd()?;
+            pieces.push(SpanPiece {
+                offset: start.0 - walk.base.0,
+                handle: ExportedHandle { bytes: Vec::new(), fd: Some(fd), size },
+            });
+            retained.push(allocation);
+        }
+        if pieces.len() > 1 {
+            tracing::debug!(%ptr, len, allocations = pieces.len(), "sharing a range over several VMM allocations");
+        }
+        Ok(ExistingExport { pieces, base: walk.base, offset: walk.offset, keep_alive: Some(Box::new(retained)) })
     }
 
     fn import(ctx: &Context, handle: ExportedHandle) -> Result<Self::Imported, BackendError> {
@@ -140,6 +164,22 @@ impl Backend for Vmm {
         // The imported handle keeps the memory alive; our copy of the fd is no longer needed.
         drop(fd);
         Ok(VmmRegion { mapping: VmmMapping::map(allocation)? })
+    }
+
+    fn import_span(ctx: &Context, pieces: Vec<SpanPiece>) -> Result<Self::Imported, BackendError> {
+        check_span(Self::KIND.name(), &pieces)?;
+        let mut allocations = Vec::with_capacity(pieces.len());
+        for (index, piece) in pieces.into_iter().enumerate() {
+            let Some(fd) = piece.handle.fd else {
+                return Err(BackendError::MalformedHandle {
+                    backend: Self::KIND.name(),
+                    problem: format!("no file descriptor came with allocation {index} of the span"),
+                });
+            };
+            // The imported handle keeps the memory alive; the fd closes at the end of this iteration.
+            allocations.push(VmmAllocation::import_fd(ctx, std::os::fd::AsFd::as_fd(&fd), piece.handle.size)?);
+        }
+        Ok(VmmRegion { mapping: VmmMapping::map_side_by_side(allocations)? })
     }
 }
 

@@ -242,16 +242,25 @@ impl Drop for VmmAllocation {
 }
 
 /// A [`VmmAllocation`] mapped at a reserved device address and made readable and writable by the context's
-/// device; unmapped, unreserved and released on drop.
+/// device; or several, side by side in one reserved range ([`VmmMapping::map_side_by_side`]: how an importer sees a
+/// range PyTorch's expandable segments made of many allocations). Unmapped, unreserved and released on drop.
 pub struct VmmMapping {
-    allocation: VmmAllocation,
+    ctx: Context,
+    /// The allocations, in address order, each at its offset from `base`.
+    allocations: Vec<(u64, VmmAllocation)>,
     base: DevicePtr,
-    mapped: bool,
+    size: u64,
+    /// How many allocations (from the first) are mapped: what `Drop` unmaps.
+    mapped: usize,
 }
 
 impl std::fmt::Debug for VmmMapping {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VmmMapping").field("base", &self.base).field("size", &self.allocation.size).finish()
+        f.debug_struct("VmmMapping")
+            .field("base", &self.base)
+            .field("size", &self.size)
+            .field("allocations", &self.allocations.len())
+            .finish()
     }
 }
 
@@ -261,28 +270,65 @@ impl VmmMapping {
     /// # Errors
     /// A failing `cuMemAddressReserve`, `cuMemMap` or `cuMemSetAccess`; whatever was done is undone.
     pub fn map(allocation: VmmAllocation) -> Result<Self> {
-        let ctx = allocation.ctx.clone();
+        Self::map_side_by_side(vec![allocation])
+    }
+
+    /// Reserves one address range for all the allocations, maps each there right after the one before (in the
+    /// order given, each whole, at offset 0 of the allocation), and grants the device read-write access to the
+    /// whole range: one contiguous span, as the exporter had them.
+    ///
+    /// # Errors
+    /// No allocation, or allocations of other contexts; a size that is not a multiple of the granularity; a
+    /// failing `cuMemAddressReserve`, `cuMemMap` or `cuMemSetAccess`; whatever was done is undone (the mapped
+    /// pieces unmapped, the range freed, the allocations released).
+    pub fn map_side_by_side(allocations: Vec<VmmAllocation>) -> Result<Self> {
+        let invalid = |problem: String| DriverError::InvalidArgument { function: "cuMemMap", problem };
+        let Some(ctx) = allocations.first().map(|a| a.ctx.clone()) else {
+            return Err(invalid("no allocation to map".into()));
+        };
+        if allocations.iter().any(|a| a.ctx.as_raw() != ctx.as_raw()) {
+            return Err(invalid("allocations of several contexts cannot be mapped side by side".into()));
+        }
         ctx.bind()?;
         let d = Driver::get()?;
         let granularity = VmmGranularity::for_device(ctx.device())?;
+        let mut offsets = Vec::with_capacity(allocations.len());
+        let mut size = 0u64;
+        for allocation in &allocations {
+            if allocations.len() > 1 && !allocation.size.is_multiple_of(granularity.minimum.max(1)) {
+                return Err(invalid(format!(
+                    "an allocation of {} bytes is not a multiple of the {}-byte granularity: the next one could not \
+                     be mapped right after it",
+                    allocation.size, granularity.minimum
+                )));
+            }
+            offsets.push(size);
+            size =
+                size.checked_add(allocation.size).ok_or_else(|| invalid("the allocations exceed 2^64 bytes".into()))?;
+        }
         let reserve = entry!(d, cuMemAddressReserve, "cuMemAddressReserve")?;
         let mut base: sys::CUdeviceptr = 0;
-        let size = allocation.size as usize;
         // SAFETY: the out-pointer is a valid local; no fixed address is requested (addr 0); flags 0.
-        d.check("cuMemAddressReserve", unsafe { reserve(&mut base, size, granularity.minimum as usize, 0, 0) })?;
+        d.check("cuMemAddressReserve", unsafe {
+            reserve(&mut base, size as usize, granularity.minimum as usize, 0, 0)
+        })?;
         // From here on Drop undoes what was done.
-        let mut mapping = Self { allocation, base: DevicePtr(base), mapped: false };
+        let allocations = offsets.into_iter().zip(allocations).collect();
+        let mut mapping = Self { ctx: ctx.clone(), allocations, base: DevicePtr(base), size, mapped: 0 };
         let map = entry!(d, cuMemMap, "cuMemMap")?;
-        // SAFETY: the range [base, base+size) was just reserved by us and the handle is alive; offset 0, flags 0.
-        d.check("cuMemMap", unsafe { map(base, size, 0, mapping.allocation.handle, 0) })?;
-        mapping.mapped = true;
+        for (offset, allocation) in &mapping.allocations {
+            // SAFETY: [base + offset, + size) lies inside the range just reserved by us, after the pieces mapped
+            // before; the handle is alive; offset into the allocation 0, flags 0.
+            d.check("cuMemMap", unsafe { map(base + offset, allocation.size as usize, 0, allocation.handle, 0) })?;
+            mapping.mapped += 1;
+        }
         let set_access = entry!(d, cuMemSetAccess, "cuMemSetAccess")?;
         let access = sys::CUmemAccessDesc {
             location: sys::CUmemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: ctx.device().ordinal() },
             flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the range is mapped; one descriptor is passed, by pointer to a valid local.
-        d.check("cuMemSetAccess", unsafe { set_access(base, size, &access, 1) })?;
+        // SAFETY: the whole range is mapped; one descriptor is passed, by pointer to a valid local.
+        d.check("cuMemSetAccess", unsafe { set_access(base, size as usize, &access, 1) })?;
         Ok(mapping)
     }
 
@@ -291,41 +337,47 @@ impl VmmMapping {
         self.base
     }
 
-    /// Size in bytes.
+    /// Size in bytes (of every allocation mapped, side by side).
     pub fn size(&self) -> u64 {
-        self.allocation.size
+        self.size
     }
 
-    /// The allocation behind the mapping (to export it).
+    /// The (first) allocation behind the mapping (to export it).
     pub fn allocation(&self) -> &VmmAllocation {
-        &self.allocation
+        // `map_side_by_side` refuses to make a mapping of no allocation.
+        &self.allocations[0].1
+    }
+
+    /// Every allocation behind the mapping, in address order, each with its offset from [`ptr`](Self::ptr).
+    pub fn allocations(&self) -> impl Iterator<Item = (u64, &VmmAllocation)> {
+        self.allocations.iter().map(|(offset, allocation)| (*offset, allocation))
     }
 }
 
 impl DeviceMemory for VmmMapping {
     fn span(&self) -> DeviceSpan<'_> {
-        // `map` mapped exactly `size` bytes at `base` (cuMemMap refuses a size the allocation does not have).
-        DeviceSpan::of_owner(self.base, self.allocation.size)
+        // `map_side_by_side` mapped exactly `size` bytes at `base` (cuMemMap refuses a size the allocation does not
+        // have), and made all of them accessible.
+        DeviceSpan::of_owner(self.base, self.size)
     }
 }
 
 impl Drop for VmmMapping {
     fn drop(&mut self) {
-        let size = self.allocation.size as usize;
-        if self.mapped {
+        for (offset, allocation) in self.allocations.iter().take(self.mapped) {
             release_quietly("unmapping a VMM range", |d| {
-                self.allocation.ctx.bind()?;
+                self.ctx.bind()?;
                 let f = entry!(d, cuMemUnmap, "cuMemUnmap")?;
-                // SAFETY: the range was mapped by `map` and is unmapped exactly once, here.
-                d.check("cuMemUnmap", unsafe { f(self.base.0, size) })
+                // SAFETY: this piece was mapped by `map_side_by_side` and is unmapped exactly once, here.
+                d.check("cuMemUnmap", unsafe { f(self.base.0 + offset, allocation.size as usize) })
             });
         }
         release_quietly("freeing a VMM address range", |d| {
-            self.allocation.ctx.bind()?;
+            self.ctx.bind()?;
             let f = entry!(d, cuMemAddressFree, "cuMemAddressFree")?;
-            // SAFETY: the range was reserved by `map` and is freed exactly once, after unmapping.
-            d.check("cuMemAddressFree", unsafe { f(self.base.0, size) })
+            // SAFETY: the range was reserved by `map_side_by_side` and is freed exactly once, after unmapping.
+            d.check("cuMemAddressFree", unsafe { f(self.base.0, self.size as usize) })
         });
-        // `allocation` drops after this, releasing the physical handle.
+        // `allocations` drop after this, releasing the physical handles.
     }
 }

@@ -17,8 +17,8 @@ use super::directory::{DirectoryWriter, EntryRecord};
 use super::error::PoolError;
 use super::handle::{BufferHandle, BufferLife, PoolStats};
 use super::layout::{BlockId, BlockKind, EntryState, PINS_HEADER_WORDS, name_hash};
-use super::wire::BlockReply;
-use crate::backend::{Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion};
+use super::wire::{BlockPieces, BlockReply, PIECES_PER_MESSAGE};
+use crate::backend::{Backend, BackendError, ExistingExport, SharedRegion, SpanPiece};
 use crate::driver::{DevicePtr, Event};
 use crate::sys::shm::SharedMemory;
 use crate::wire::TensorDesc;
@@ -38,8 +38,30 @@ enum Origin<B: Backend> {
 struct Block<B: Backend> {
     serial: u32,
     base: DevicePtr,
-    export: ExportedHandle,
+    /// The allocations it is made of, side by side: one, except for memory shared in place over several.
+    pieces: Vec<SpanPiece>,
     origin: Origin<B>,
+}
+
+impl<B: Backend> Block<B> {
+    /// Bytes an importer maps.
+    fn size(&self) -> u64 {
+        self.pieces.iter().map(|piece| piece.handle.size).sum()
+    }
+}
+
+/// The answer to a block request: the reply, the fd that travels with it, and for a block of several allocations
+/// the messages that follow it, each with its fds (duplicates, closed once sent).
+pub(crate) struct BlockGrant {
+    pub(crate) reply: BlockReply,
+    pub(crate) fd: Option<std::os::fd::OwnedFd>,
+    pub(crate) pieces: Vec<(BlockPieces, Vec<std::os::fd::OwnedFd>)>,
+}
+
+impl BlockGrant {
+    fn gone(block: BlockId) -> Self {
+        Self { reply: BlockReply::Gone { block }, fd: None, pieces: Vec::new() }
+    }
 }
 
 /// A buffer's place in the directory, as the owner knows it.
@@ -150,7 +172,7 @@ impl<B: Backend> Book<B> {
     }
 
     /// Lists a new block; returns its index.
-    fn add_block(&mut self, base: DevicePtr, export: ExportedHandle, origin: Origin<B>) -> Option<u32> {
+    fn add_block(&mut self, base: DevicePtr, pieces: Vec<SpanPiece>, origin: Origin<B>) -> Option<u32> {
         let index = self.blocks.iter().position(Option::is_none)?;
         let serial = self.next_serial;
         self.next_serial = self.next_serial.checked_add(1).unwrap_or(1);
@@ -159,9 +181,10 @@ impl<B: Backend> Book<B> {
             Origin::Existing { .. } => BlockKind::Existing,
         };
         let index32 = u32::try_from(index).ok()?;
-        self.directory.set_block(index32, serial, kind, export.size);
+        let block = Block { serial, base, pieces, origin };
+        self.directory.set_block(index32, serial, kind, block.size());
         if let Some(place) = self.blocks.get_mut(index) {
-            *place = Some(Block { serial, base, export, origin });
+            *place = Some(block);
         }
         Some(index32)
     }
@@ -174,7 +197,8 @@ impl<B: Backend> Book<B> {
         let export = B::export(&region)?;
         let (base, len) = (region.ptr(), region.len());
         let origin = Origin::Pool { region: Arc::new(region), allocator: RangeAllocator::new(len) };
-        self.add_block(base, export, origin).ok_or(PoolError::TooManyAllocations { limit: self.limits.max_existing })
+        let pieces = vec![SpanPiece { offset: 0, handle: export }];
+        self.add_block(base, pieces, origin).ok_or(PoolError::TooManyAllocations { limit: self.limits.max_existing })
     }
 
     fn pool_blocks(&self) -> u32 {
@@ -267,8 +291,8 @@ impl<B: Backend> Book<B> {
         Ok(self.publish(slot, name, block, offset, bytes, reserved, desc))
     }
 
-    /// Lists a buffer in an existing allocation, exported in place (one block per allocation: a second buffer in
-    /// the same allocation uses the block the first one made).
+    /// Lists a buffer in existing memory, exported in place (one block per allocation, or per run of allocations
+    /// side by side that a range spans: a second buffer in the same allocations uses the block the first one made).
     pub(crate) fn share_existing(
         &mut self,
         name: &str,
@@ -279,7 +303,10 @@ impl<B: Backend> Book<B> {
     ) -> Result<BufferHandle<B>, PoolError> {
         let slot = self.admit(name, bytes, desc.as_ref())?;
         let same = |b: &Block<B>| {
-            matches!(b.origin, Origin::Existing { .. }) && b.base == export.base && b.export.size == export.handle.size
+            matches!(b.origin, Origin::Existing { .. })
+                && b.base == export.base
+                && b.pieces.len() == export.pieces.len()
+                && b.size() == export.span_bytes()
         };
         let known = self.blocks.iter().position(|b| b.as_ref().is_some_and(same));
         let block = match known {
@@ -289,7 +316,7 @@ impl<B: Backend> Book<B> {
                     return Err(PoolError::TooManyAllocations { limit: self.limits.max_existing });
                 }
                 let origin = Origin::Existing { _keep_alive: export.keep_alive, users: 0 };
-                self.add_block(export.base, export.handle, origin)
+                self.add_block(export.base, export.pieces, origin)
                     .ok_or(PoolError::TooManyAllocations { limit: self.limits.max_existing })?
             }
         };
@@ -546,21 +573,50 @@ impl<B: Backend> Book<B> {
         self.importers.len()
     }
 
-    /// The answer to a block request, and the fd to send with it (a duplicate, closed once sent).
-    pub(crate) fn grant(&self, id: BlockId) -> (BlockReply, Option<std::os::fd::OwnedFd>) {
+    /// The answer to a block request, with the fds to send (duplicates, closed once sent).
+    pub(crate) fn grant(&self, id: BlockId) -> BlockGrant {
         let block = self.blocks.get(id.index as usize).and_then(Option::as_ref).filter(|b| b.serial == id.serial);
-        let Some(block) = block else { return (BlockReply::Gone { block: id }, None) };
-        let fd = block.export.fd.as_ref().and_then(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0).ok());
-        if block.export.fd.is_some() && fd.is_none() {
+        let Some(block) = block else { return BlockGrant::gone(id) };
+        let duplicate = |piece: &SpanPiece| piece.handle.fd.as_ref().map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0));
+        let out_of_fds = || {
             tracing::warn!(
                 block = id.index,
                 "could not duplicate a block's fd (out of fds?): telling the importer it is gone"
             );
-            return (BlockReply::Gone { block: id }, None);
+            BlockGrant::gone(id)
+        };
+        match block.pieces.as_slice() {
+            [piece] => {
+                let fd = match duplicate(piece) {
+                    Some(Ok(fd)) => Some(fd),
+                    Some(Err(_)) => return out_of_fds(),
+                    None => None,
+                };
+                let legacy_handle = <[u8; 64]>::try_from(piece.handle.bytes.as_slice()).ok();
+                let with_fd = fd.is_some();
+                let reply = BlockReply::Grant { block: id, bytes: block.size(), legacy_handle, with_fd, pieces: 1 };
+                BlockGrant { reply, fd, pieces: Vec::new() }
+            }
+            several => {
+                let mut messages = Vec::with_capacity(several.len().div_ceil(PIECES_PER_MESSAGE));
+                for (n, chunk) in several.chunks(PIECES_PER_MESSAGE).enumerate() {
+                    let mut fds = Vec::with_capacity(chunk.len());
+                    for piece in chunk {
+                        match duplicate(piece) {
+                            Some(Ok(fd)) => fds.push(fd),
+                            _ => return out_of_fds(),
+                        }
+                    }
+                    let first = (n * PIECES_PER_MESSAGE) as u32;
+                    let pieces = chunk.iter().map(|piece| (piece.offset, piece.handle.size)).collect();
+                    messages.push((BlockPieces { block: id, first, pieces }, fds));
+                }
+                let pieces = several.len() as u32;
+                let reply =
+                    BlockReply::Grant { block: id, bytes: block.size(), legacy_handle: None, with_fd: false, pieces };
+                BlockGrant { reply, fd: None, pieces: messages }
+            }
         }
-        let legacy_handle = <[u8; 64]>::try_from(block.export.bytes.as_slice()).ok();
-        let reply = BlockReply::Grant { block: id, bytes: block.export.size, legacy_handle, with_fd: fd.is_some() };
-        (reply, fd)
     }
 
     /// The pool's numbers now.

@@ -15,8 +15,9 @@ use std::fmt;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GIPCPOOL");
 /// First word of a pin table: "GIPCPINS".
 pub const PINS_MAGIC: u64 = u64::from_le_bytes(*b"GIPCPINS");
-/// Version of these layouts (and of the offer body); bumped on any change.
-pub const LAYOUT_VERSION: u64 = 1;
+/// Version of these layouts (and of the offer body and the block channel); bumped on any change. 2: a grant may
+/// map several allocations side by side (`BlockPieces`).
+pub const LAYOUT_VERSION: u64 = 2;
 
 /// Longest buffer name, in UTF-8 bytes.
 pub const MAX_NAME_BYTES: usize = 128;

@@ -38,7 +38,8 @@ pub use importer::{AttachOptions, PoolImporter};
 pub use owner::{PoolConfig, SharedPool};
 pub use view::BufferView;
 pub use wire::{
-    BLOCK_REPLY_BYTES, BLOCK_REQUEST_BYTES, BlockReply, BlockRequest, POOL_OFFER_BYTES, POOL_OFFER_FDS, PoolOffer,
+    BLOCK_PIECES_BYTES, BLOCK_REPLY_BYTES, BLOCK_REQUEST_BYTES, BlockPieces, BlockReply, BlockRequest,
+    PIECES_PER_MESSAGE, POOL_OFFER_BYTES, POOL_OFFER_FDS, PoolOffer,
 };
 
 #[cfg(test)]

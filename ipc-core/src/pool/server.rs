@@ -179,9 +179,14 @@ fn serve<B: Backend>(shared: &PoolShared<B>, channel: &mut Channel) -> Result<()
         }
         channel.filled = 0;
         let request = BlockRequest::decode(&channel.inbox).map_err(|e| format!("malformed block request: {e}"))?;
-        let (reply, fd) = shared.book().grant(request.block);
+        let grant = shared.book().grant(request.block);
         // Non-blocking: an importer that does not read its replies is not waited for.
-        send_bytes(channel.stream.as_fd(), &reply.encode(), fd.into_iter().collect(), Duration::ZERO)
+        send_bytes(channel.stream.as_fd(), &grant.reply.encode(), grant.fd.into_iter().collect(), Duration::ZERO)
             .map_err(|e| format!("could not send a block reply: {e}"))?;
+        for (pieces, fds) in grant.pieces {
+            let bytes = pieces.encode().map_err(|e| format!("could not encode a block's allocations: {e}"))?;
+            send_bytes(channel.stream.as_fd(), &bytes, fds, Duration::ZERO)
+                .map_err(|e| format!("could not send a block's allocations: {e}"))?;
+        }
     }
 }

@@ -260,8 +260,92 @@ fn existing_allocations_are_shared_in_place_one_export_per_allocation() {
     let err = pool.share_existing("nowhere", DevicePtr(8), 8, None).unwrap_err();
     assert!(err.to_string().contains("no live region"), "{err}");
     let err = pool.share_existing("long", base.offset(8000), 500, None).unwrap_err();
-    assert!(err.to_string().contains("run past the end of the allocation"), "{err}");
+    assert!(err.to_string().contains("run past the memory mapped there"), "{err}");
     assert!(matches!(pool.alloc("x", 8, 8, None), Err(PoolError::OutOfMemory { max_blocks: 0, .. })));
+}
+
+/// The bytes a test writes at offset `i` of a range made of several allocations.
+fn span_byte(i: usize) -> u8 {
+    (i * 31 % 253) as u8
+}
+
+#[test]
+fn a_range_over_several_allocations_side_by_side_is_shared_as_one_span_and_read_across_their_boundaries() {
+    let page = rustix::param::page_size() as u64;
+    let pool = pool("side-by-side", PoolConfig::sharing_only());
+    let imp = importer(&pool);
+    // Four allocations side by side, as an expandable segment maps them: 2, 1, 3 and 2 pages.
+    let sizes = [2 * page, page, 3 * page, 2 * page];
+    let region = HostFake::allocate_side_by_side(&HostContext, &sizes).unwrap();
+    let base = crate::backend::SharedRegion::ptr(&region);
+    let mut all: Vec<u8> = (0..8 * page as usize).map(span_byte).collect();
+    region.write(base, &all).unwrap();
+    // Inside the first allocation; over the first two; from the second to the last; all of it.
+    let ranges =
+        [("inside", 100, 1000), ("two", page + 8, page), ("three", 2 * page + 64, 5 * page), ("all", 0, 8 * page)];
+    let mut handles = Vec::new();
+    for (name, offset, len) in ranges {
+        handles.push(pool.share_existing(name, base.offset(offset), len, None).unwrap());
+    }
+    assert_eq!(pool.stats().shared_allocations, 4, "one block per run of allocations a range spans");
+    for (name, offset, len) in ranges {
+        let view = imp.lookup(name).unwrap();
+        let mut seen = vec![0u8; len as usize];
+        view.read(0, &mut seen).unwrap();
+        let wrong = seen.iter().zip(&all[offset as usize..]).filter(|(a, b)| a != b).count();
+        assert_eq!(wrong, 0, "{name}: {wrong} wrong bytes");
+        // The importer writes over the boundary at 3 pages; the owner sees it there.
+        if name == "three" {
+            view.write(3 * page - 4 - offset, b"boundary").unwrap();
+            let mut back = [0u8; 8];
+            region.read(base.offset(3 * page - 4), &mut back).unwrap();
+            assert_eq!(&back, b"boundary");
+            all[3 * page as usize - 4..3 * page as usize + 4].copy_from_slice(b"boundary");
+        }
+    }
+    // The same run of allocations shared again uses its block; a range that runs past the region is refused.
+    let again = pool.share_existing("again", base.offset(page + 16), page, None).unwrap();
+    assert_eq!(pool.stats().shared_allocations, 4);
+    let err = pool.share_existing("past", base.offset(7 * page), 2 * page, None).unwrap_err();
+    assert!(err.to_string().contains("run past the memory mapped there"), "{err}");
+    // The allocations stay alive for the importer after the owner's allocator let go of them.
+    let view = imp.lookup("all").unwrap();
+    drop(region);
+    for handle in handles.into_iter().chain([again]) {
+        pool.free(handle).unwrap();
+    }
+    let mut seen = vec![0u8; 8 * page as usize];
+    view.read(0, &mut seen).unwrap();
+    assert!(seen == all, "the importer's view is intact after the owner let go");
+    drop(view);
+    assert!(eventually(|| pool.stats().shared_allocations == 0), "every block goes once no view holds it");
+}
+
+#[test]
+fn an_importer_refuses_a_span_whose_pieces_overlap_leave_gaps_do_not_fit_or_are_too_many() {
+    let page = rustix::param::page_size() as u64;
+    let region = HostFake::allocate_side_by_side(&HostContext, &[page, page]).unwrap();
+    let export = HostFake::export_existing(&HostContext, crate::backend::SharedRegion::ptr(&region), 2 * page).unwrap();
+    assert_eq!((export.pieces.len(), export.span_bytes(), export.offset), (2, 2 * page, 0));
+    let fd = |i: usize| region.memory().try_clone_piece_fd(i).unwrap();
+    let piece = |i: usize, offset: u64, size: u64| crate::backend::SpanPiece {
+        offset,
+        handle: crate::backend::ExportedHandle { bytes: Vec::new(), fd: Some(fd(i)), size },
+    };
+    let refusal = |pieces| HostFake::import_span(&HostContext, pieces).unwrap_err().to_string();
+    assert!(refusal(vec![piece(0, 0, page), piece(1, page / 2, page)]).contains("overlaps"));
+    assert!(refusal(vec![piece(0, 0, page), piece(1, 2 * page, page)]).contains("gap"));
+    // A size that is not the memfd's, and one that is not whole pages.
+    assert!(refusal(vec![piece(0, 0, page), piece(1, page, 2 * page)]).contains("expected"));
+    assert!(refusal(vec![piece(0, 0, page - 8), piece(1, page - 8, page)]).contains("multiple"));
+    let many: Vec<_> = (0..=crate::backend::MAX_SPAN_ALLOCATIONS as u64).map(|i| piece(0, i * page, page)).collect();
+    assert!(refusal(many).contains("between 1 and"));
+    let mut no_fd = vec![piece(0, 0, page), piece(1, page, page)];
+    no_fd[1].handle.fd = None;
+    assert!(refusal(no_fd).contains("no fd"));
+    // And the right pieces map.
+    let span = HostFake::import_span(&HostContext, vec![piece(0, 0, page), piece(1, page, page)]).unwrap();
+    assert_eq!(crate::backend::SharedRegion::len(&span), 2 * page);
 }
 
 #[test]

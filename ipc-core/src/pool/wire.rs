@@ -6,8 +6,9 @@
 //! on which the importer asks for the handle of a block the first time an entry it looks up lies in it.
 
 use super::layout::{BlockId, Geometry, LAYOUT_VERSION};
+use crate::backend::MAX_SPAN_ALLOCATIONS;
 use crate::wire::codec::{Reader, put_u16, put_u32, put_u64};
-use crate::wire::{BackendKind, DeviceUuid, IPC_HANDLE_BYTES, IpcHandleBytes, WireError};
+use crate::wire::{BackendKind, DeviceUuid, IPC_HANDLE_BYTES, IpcHandleBytes, MAX_FDS_PER_MESSAGE, WireError};
 
 /// Bytes of a [`PoolOffer`] body.
 pub const POOL_OFFER_BYTES: usize = 64;
@@ -23,6 +24,10 @@ pub const CHANNEL_FD_INDEX: usize = 2;
 pub const BLOCK_REQUEST_BYTES: usize = 16;
 /// Bytes of a [`BlockReply`].
 pub const BLOCK_REPLY_BYTES: usize = 96;
+/// Allocations one [`BlockPieces`] message describes at most (one fd each): [`MAX_FDS_PER_MESSAGE`].
+pub const PIECES_PER_MESSAGE: usize = MAX_FDS_PER_MESSAGE;
+/// Bytes of a [`BlockPieces`] message: a 16-byte head and 16 bytes per allocation it can describe.
+pub const BLOCK_PIECES_BYTES: usize = 16 + 16 * PIECES_PER_MESSAGE;
 
 /// The `ObjectOffer` body of a pool: what an importer needs to map its directory and pin table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +128,8 @@ const REQUEST_TYPE: u16 = 1;
 /// Type codes of a [`BlockReply`].
 const GRANT_TYPE: u16 = 2;
 const GONE_TYPE: u16 = 3;
+/// Type code of a [`BlockPieces`] message.
+const PIECES_TYPE: u16 = 4;
 
 impl BlockRequest {
     /// The request's bytes.
@@ -168,6 +175,10 @@ pub enum BlockReply {
         legacy_handle: Option<IpcHandleBytes>,
         /// Whether an fd travels with the message.
         with_fd: bool,
+        /// Allocations the block is made of, side by side (memory shared in place over several, PyTorch's
+        /// expandable segments): 1, or more, in which case no fd or handle travels with the grant and
+        /// `pieces.div_ceil(8)` [`BlockPieces`] messages follow it with the allocations' fds.
+        pieces: u32,
     },
     /// No block has that index and serial any more (it was retired): look the name up again.
     Gone {
@@ -187,9 +198,11 @@ impl BlockReply {
 
     /// The reply's bytes.
     pub fn encode(&self) -> [u8; BLOCK_REPLY_BYTES] {
-        let (kind, block, bytes, legacy) = match *self {
-            Self::Grant { block, bytes, legacy_handle, .. } => (GRANT_TYPE, block, bytes, legacy_handle),
-            Self::Gone { block } => (GONE_TYPE, block, 0, None),
+        let (kind, block, bytes, legacy, pieces) = match *self {
+            Self::Grant { block, bytes, legacy_handle, pieces, .. } => {
+                (GRANT_TYPE, block, bytes, legacy_handle, pieces)
+            }
+            Self::Gone { block } => (GONE_TYPE, block, 0, None, 0),
         };
         let mut out = Vec::with_capacity(BLOCK_REPLY_BYTES);
         put_u16(&mut out, kind);
@@ -198,7 +211,8 @@ impl BlockReply {
         put_u32(&mut out, block.serial);
         put_u32(&mut out, u32::from(legacy.is_some()));
         put_u64(&mut out, bytes);
-        put_u64(&mut out, 0);
+        put_u32(&mut out, pieces);
+        put_u32(&mut out, 0);
         out.extend_from_slice(&legacy.unwrap_or([0; IPC_HANDLE_BYTES]));
         let mut encoded = [0u8; BLOCK_REPLY_BYTES];
         encoded.copy_from_slice(&out);
@@ -216,7 +230,7 @@ impl BlockReply {
         let block = BlockId { index: r.u32()?, serial: r.u32()? };
         let flags = r.u32()?;
         let size = r.u64()?;
-        r.reserved_u32("BlockReply.reserved")?;
+        let pieces = r.u32()?;
         r.reserved_u32("BlockReply.reserved")?;
         let handle: IpcHandleBytes = r.array()?;
         if fd_count != fds || fd_count > 1 {
@@ -226,7 +240,26 @@ impl BlockReply {
             return Err(WireError::ReservedNotZero { field: "BlockReply.flags" });
         }
         match kind {
+            GRANT_TYPE if pieces > 1 => {
+                if pieces as usize > MAX_SPAN_ALLOCATIONS {
+                    let reason = format!("{pieces}, at most {MAX_SPAN_ALLOCATIONS}");
+                    return Err(WireError::InvalidField { field: "BlockReply.pieces", reason });
+                }
+                if fd_count != 0 || flags != 0 {
+                    return Err(WireError::InvalidField {
+                        field: "BlockReply.flags",
+                        reason: "a grant of several allocations carries no fd or handle: they follow it".into(),
+                    });
+                }
+                Ok(Self::Grant { block, bytes: size, legacy_handle: None, with_fd: false, pieces })
+            }
             GRANT_TYPE => {
+                if pieces != 1 {
+                    return Err(WireError::InvalidField {
+                        field: "BlockReply.pieces",
+                        reason: format!("{pieces}; a grant maps at least one allocation"),
+                    });
+                }
                 let legacy_handle = (flags & 1 != 0).then_some(handle);
                 if legacy_handle.is_some() == (fd_count == 1) {
                     return Err(WireError::InvalidField {
@@ -234,14 +267,86 @@ impl BlockReply {
                         reason: "a grant carries either a legacy handle or an fd".into(),
                     });
                 }
-                Ok(Self::Grant { block, bytes: size, legacy_handle, with_fd: fd_count == 1 })
+                Ok(Self::Grant { block, bytes: size, legacy_handle, with_fd: fd_count == 1, pieces })
             }
-            GONE_TYPE if fd_count == 0 && flags == 0 && size == 0 => Ok(Self::Gone { block }),
+            GONE_TYPE if fd_count == 0 && flags == 0 && size == 0 && pieces == 0 => Ok(Self::Gone { block }),
             GONE_TYPE => Err(WireError::ReservedNotZero { field: "BlockReply (gone)" }),
             other => {
                 Err(WireError::InvalidField { field: "BlockReply.type", reason: format!("{other}, expected 2 or 3") })
             }
         }
+    }
+}
+
+/// Owner -> importer on the block channel, after a [`BlockReply::Grant`] of several allocations: up to
+/// [`PIECES_PER_MESSAGE`] of them, each an fd that travels with the message and its place in the block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockPieces {
+    /// The block granted.
+    pub block: BlockId,
+    /// Index (in the block) of the first allocation this message describes.
+    pub first: u32,
+    /// (offset in the block, bytes) of each allocation, in order; one fd each, in the same order.
+    pub pieces: Vec<(u64, u64)>,
+}
+
+impl BlockPieces {
+    /// The message's bytes.
+    ///
+    /// # Errors
+    /// [`WireError::InvalidField`] for no allocation or more than [`PIECES_PER_MESSAGE`].
+    pub fn encode(&self) -> Result<[u8; BLOCK_PIECES_BYTES], WireError> {
+        if self.pieces.is_empty() || self.pieces.len() > PIECES_PER_MESSAGE {
+            let reason = format!("{} allocations, 1 to {PIECES_PER_MESSAGE}", self.pieces.len());
+            return Err(WireError::InvalidField { field: "BlockPieces.fd_count", reason });
+        }
+        let mut out = Vec::with_capacity(BLOCK_PIECES_BYTES);
+        put_u16(&mut out, PIECES_TYPE);
+        put_u16(&mut out, self.pieces.len() as u16);
+        put_u32(&mut out, self.block.index);
+        put_u32(&mut out, self.block.serial);
+        put_u32(&mut out, self.first);
+        for &(offset, bytes) in &self.pieces {
+            put_u64(&mut out, offset);
+            put_u64(&mut out, bytes);
+        }
+        let mut encoded = [0u8; BLOCK_PIECES_BYTES];
+        encoded.get_mut(..out.len()).unwrap_or_default().copy_from_slice(&out);
+        Ok(encoded)
+    }
+
+    /// Decodes a message; `fds` is how many fds came with it.
+    ///
+    /// # Errors
+    /// Another type, an fd count of 0, more than [`PIECES_PER_MESSAGE`] or not what came, an allocation of 0
+    /// bytes, unused entries that are not zero.
+    pub fn decode(bytes: &[u8; BLOCK_PIECES_BYTES], fds: usize) -> Result<Self, WireError> {
+        let mut r = Reader::new(bytes, "block pieces");
+        let kind = r.u16()?;
+        if kind != PIECES_TYPE {
+            return Err(WireError::InvalidField { field: "BlockPieces.type", reason: format!("{kind}, expected 4") });
+        }
+        let count = usize::from(r.u16()?);
+        if count != fds || count == 0 || count > PIECES_PER_MESSAGE {
+            return Err(WireError::FdCountMismatch { message: "BlockPieces", expected: count, received: fds });
+        }
+        let block = BlockId { index: r.u32()?, serial: r.u32()? };
+        let first = r.u32()?;
+        let mut pieces = Vec::with_capacity(count);
+        for index in 0..PIECES_PER_MESSAGE {
+            let (offset, size) = (r.u64()?, r.u64()?);
+            if index < count {
+                if size == 0 {
+                    let reason = format!("allocation {} has 0 bytes", u64::from(first) + index as u64);
+                    return Err(WireError::InvalidField { field: "BlockPieces.bytes", reason });
+                }
+                pieces.push((offset, size));
+            } else if offset != 0 || size != 0 {
+                return Err(WireError::ReservedNotZero { field: "BlockPieces (unused entry)" });
+            }
+        }
+        r.finish()?;
+        Ok(Self { block, first, pieces })
     }
 }
 
@@ -268,7 +373,7 @@ mod tests {
     fn the_offer_body_has_pinned_bytes_and_round_trips() {
         let offer = host_offer();
         let bytes = offer.encode().unwrap();
-        let mut expected = vec![0x01, 0x00, 0x03, 0x00, 0x07, 0x00, 0x00, 0x00];
+        let mut expected = vec![0x02, 0x00, 0x03, 0x00, 0x07, 0x00, 0x00, 0x00];
         expected.extend_from_slice(&[0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01]);
         expected.extend_from_slice(&[0x08, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00]);
         expected.extend_from_slice(&65_536u64.to_le_bytes());
@@ -287,7 +392,7 @@ mod tests {
             other => other.to_string(),
         };
         let mut version = good.clone();
-        version[0] = 2;
+        version[0] = 1; // the layout before grants of several allocations
         assert_eq!(field(&version), "PoolOffer.layout_version");
         let mut slots = good.clone();
         slots[16] = 3; // 3 entry slots: not a power of two
@@ -313,8 +418,9 @@ mod tests {
         assert!(BlockRequest::decode(&bad).is_err());
 
         let replies = [
-            BlockReply::Grant { block, bytes: 1 << 21, legacy_handle: None, with_fd: true },
-            BlockReply::Grant { block, bytes: 4096, legacy_handle: Some([0x42; 64]), with_fd: false },
+            BlockReply::Grant { block, bytes: 1 << 21, legacy_handle: None, with_fd: true, pieces: 1 },
+            BlockReply::Grant { block, bytes: 4096, legacy_handle: Some([0x42; 64]), with_fd: false, pieces: 1 },
+            BlockReply::Grant { block, bytes: 3 << 21, legacy_handle: None, with_fd: false, pieces: 3 },
             BlockReply::Gone { block },
         ];
         for reply in replies {
@@ -326,5 +432,48 @@ mod tests {
         let mut empty = replies[0].encode();
         empty[2] = 0;
         assert!(BlockReply::decode(&empty, 0).is_err());
+    }
+
+    #[test]
+    fn a_grant_of_several_allocations_and_its_pieces_round_trip_and_refuse_what_does_not_add_up() {
+        let block = BlockId { index: 2, serial: 9 };
+        let several = BlockReply::Grant { block, bytes: 10 << 21, legacy_handle: None, with_fd: false, pieces: 10 };
+        let bytes = several.encode();
+        assert_eq!(&bytes[24..32], &[10, 0, 0, 0, 0, 0, 0, 0], "the pieces count follows the size");
+        // With an fd, with a legacy handle, with too many pieces, or a single grant that claims none: refused.
+        assert!(BlockReply::decode(&bytes, 1).is_err());
+        let mut legacy = bytes;
+        legacy[12] = 1;
+        assert!(BlockReply::decode(&legacy, 0).is_err());
+        let mut too_many = bytes;
+        too_many[24..28].copy_from_slice(&(MAX_SPAN_ALLOCATIONS as u32 + 1).to_le_bytes());
+        assert!(matches!(
+            BlockReply::decode(&too_many, 0),
+            Err(WireError::InvalidField { field: "BlockReply.pieces", .. })
+        ));
+        let mut none = BlockReply::Grant { block, bytes: 4096, legacy_handle: None, with_fd: true, pieces: 1 }.encode();
+        none[24] = 0;
+        assert!(BlockReply::decode(&none, 1).is_err());
+
+        let message = BlockPieces { block, first: 8, pieces: vec![(16 << 21, 1 << 21), (17 << 21, 2 << 21)] };
+        let bytes = message.encode().unwrap();
+        assert_eq!(&bytes[..16], &[4, 0, 2, 0, 2, 0, 0, 0, 9, 0, 0, 0, 8, 0, 0, 0]);
+        assert_eq!(BlockPieces::decode(&bytes, 2).unwrap(), message);
+        assert!(matches!(BlockPieces::decode(&bytes, 1), Err(WireError::FdCountMismatch { .. })), "an fd missing");
+        assert!(matches!(BlockPieces::decode(&bytes, 3), Err(WireError::FdCountMismatch { .. })), "an fd too many");
+        let mut unused = bytes;
+        unused[BLOCK_PIECES_BYTES - 1] = 1;
+        assert!(matches!(BlockPieces::decode(&unused, 2), Err(WireError::ReservedNotZero { .. })));
+        let mut empty = bytes;
+        empty[24..32].copy_from_slice(&[0; 8]);
+        assert!(matches!(
+            BlockPieces::decode(&empty, 2),
+            Err(WireError::InvalidField { field: "BlockPieces.bytes", .. })
+        ));
+        let mut nine = bytes;
+        nine[2] = 9;
+        assert!(BlockPieces::decode(&nine, 9).is_err(), "more fds than one message carries");
+        assert!(BlockPieces { block, first: 0, pieces: vec![(0, 1); 9] }.encode().is_err());
+        assert!(BlockPieces { block, first: 0, pieces: Vec::new() }.encode().is_err());
     }
 }

@@ -101,6 +101,22 @@ pub enum ShmError {
         /// OS error.
         source: Errno,
     },
+    /// Memory made of several memfds side by side has no single fd to send: each piece is sent on its own.
+    #[error("this shared memory is {pieces} memfds side by side, not one: send each piece's fd (try_clone_piece_fd)")]
+    SideBySide {
+        /// How many memfds it is made of.
+        pieces: usize,
+    },
+    /// A memfd mapped side by side with others must be a whole number of pages, so the next one starts on a page.
+    #[error(
+        "a memfd mapped side by side with others must be a positive multiple of the {page}-byte page, not {len} bytes"
+    )]
+    NotWholePages {
+        /// Its length.
+        len: usize,
+        /// The page size.
+        page: usize,
+    },
     /// A typed view does not fit the mapping.
     #[error("cannot view {len}-byte mapping as `{type_name}` ({size} bytes, alignment {align})")]
     ViewDoesNotFit {
@@ -117,10 +133,25 @@ pub enum ShmError {
 
 /// One `MAP_SHARED`, read-write mapping of a sealed memfd, and the fd itself. Unmapped on drop.
 ///
+/// Or, made by [`SharedMemory::side_by_side`], several sealed memfds mapped one after the other in one reserved
+/// address range (the host's model of VMM allocations mapped side by side, as PyTorch's expandable segments map
+/// them): one contiguous range to read and write, whose pieces are sent one by one.
+///
 /// The mapping starts on a page boundary (`mmap` guarantees it), which is what `cuMemHostRegister` needs.
 #[derive(Debug)]
 pub struct SharedMemory {
     ptr: NonNull<c_void>,
+    len: usize,
+    /// The memfd (the first one, for memfds side by side).
+    fd: OwnedFd,
+    /// The memfds mapped after the first one, each at its offset; empty for one memfd.
+    rest: Vec<SidePiece>,
+}
+
+/// A memfd mapped after the first one, side by side.
+#[derive(Debug)]
+struct SidePiece {
+    offset: usize,
     len: usize,
     fd: OwnedFd,
 }
@@ -141,22 +172,128 @@ impl SharedMemory {
     /// `memfd_create(2)` with `MFD_CLOEXEC | MFD_ALLOW_SEALING`, `ftruncate(2)`, `F_ADD_SEALS` with
     /// `F_SEAL_SHRINK | F_SEAL_GROW`, then `mmap(2)` `MAP_SHARED`.
     pub fn create(name: &str, len: usize) -> Result<Self, ShmError> {
-        if len == 0 {
-            return Err(ShmError::ZeroLength { name: name.to_owned() });
-        }
-        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .map_err(|source| ShmError::Create { name: name.to_owned(), source })?;
-        rustix::fs::ftruncate(&fd, len as u64).map_err(|source| ShmError::Resize {
-            name: name.to_owned(),
-            len,
-            source,
-        })?;
-        rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS)
-            .map_err(|source| ShmError::Seal { call: "F_ADD_SEALS", source })?;
-        tracing::debug!(name, len, "created sealed memfd");
-        Self::map(fd, len)
+        Self::map(sealed_memfd(name, len)?, len)
     }
 
+    /// Creates one sealed memfd per size (zero-filled, each a whole number of pages) and maps them side by side in
+    /// one address range, in order: see [`side_by_side`](Self::side_by_side).
+    ///
+    /// # Errors
+    /// As [`create`](Self::create); [`ShmError::NotWholePages`].
+    pub fn create_side_by_side(name: &str, sizes: &[usize]) -> Result<Self, ShmError> {
+        let pieces = sizes.iter().map(|&len| Ok((sealed_memfd(name, len)?, len))).collect::<Result<Vec<_>, _>>()?;
+        Self::side_by_side(pieces)
+    }
+
+    /// Maps several sealed memfds (each exactly its given length, a whole number of pages; checked as
+    /// [`from_fd`](Self::from_fd) checks one) one after the other in one reserved address range: `mmap` of the
+    /// whole length `PROT_NONE`, then each memfd `MAP_FIXED` at its offset inside it. One piece gives what
+    /// [`from_fd`](Self::from_fd) gives.
+    ///
+    /// # Errors
+    /// No piece, a piece that fails the checks, [`ShmError::NotWholePages`], a failing `mmap` (what was mapped is
+    /// unmapped).
+    pub fn side_by_side(mut pieces: Vec<(OwnedFd, usize)>) -> Result<Self, ShmError> {
+        if pieces.len() == 1
+            && let Some((fd, len)) = pieces.pop()
+        {
+            return Self::from_fd(fd, len);
+        }
+        let page = rustix::param::page_size();
+        let mut total = 0usize;
+        for (fd, len) in &pieces {
+            if *len == 0 || !len.is_multiple_of(page) {
+                return Err(ShmError::NotWholePages { len: *len, page });
+            }
+            check_received(fd, *len)?;
+            total = total.checked_add(*len).ok_or(ShmError::Map { len: usize::MAX, source: Errno::NOMEM })?;
+        }
+        if total == 0 {
+            return Err(ShmError::ZeroLength { name: "<side by side>".to_owned() });
+        }
+        // SAFETY: a null hint lets the kernel pick a fresh range, so no existing Rust object is aliased or replaced;
+        // `total` is non-zero; the range is anonymous, private and inaccessible until pieces are mapped over it.
+        let raw = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                total,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }
+        .map_err(|source| ShmError::Map { len: total, source })?;
+        let ptr = NonNull::new(raw).ok_or(ShmError::Map { len: total, source: Errno::FAULT })?;
+        let mut offset = 0usize;
+        let mut first = None;
+        let mut rest = Vec::with_capacity(pieces.len().saturating_sub(1));
+        for (fd, len) in pieces {
+            // SAFETY: `[offset, offset + len)` lies inside the range reserved above, which this function owns and
+            // no Rust object refers to, so MAP_FIXED replaces only our own reservation; `len` is the memfd's
+            // sealed size (checked), so every byte stays backed by the file.
+            let mapped = unsafe {
+                rustix::mm::mmap(
+                    ptr.as_ptr().cast::<u8>().add(offset).cast(),
+                    len,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::SHARED | MapFlags::FIXED,
+                    &fd,
+                    0,
+                )
+            };
+            if let Err(source) = mapped {
+                // SAFETY: the whole reservation (and what was mapped over it) is ours and unmapped once, here.
+                let _ = unsafe { rustix::mm::munmap(ptr.as_ptr(), total) };
+                return Err(ShmError::Map { len, source });
+            }
+            if first.is_none() {
+                first = Some(fd);
+            } else {
+                rest.push(SidePiece { offset, len, fd });
+            }
+            offset += len;
+        }
+        let Some(fd) = first else {
+            // SAFETY: as above.
+            let _ = unsafe { rustix::mm::munmap(ptr.as_ptr(), total) };
+            return Err(ShmError::ZeroLength { name: "<side by side>".to_owned() });
+        };
+        Ok(Self { ptr, len: total, fd, rest })
+    }
+
+    /// The memfds this memory is made of, as (offset, length) in order: one for a single memfd.
+    pub fn pieces(&self) -> Vec<(usize, usize)> {
+        let first = self.rest.first().map_or(self.len, |piece| piece.offset);
+        std::iter::once((0, first)).chain(self.rest.iter().map(|piece| (piece.offset, piece.len))).collect()
+    }
+
+    /// A new close-on-exec descriptor for the memfd of piece `index` (see [`pieces`](Self::pieces)).
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfRange`] for a piece that does not exist; [`ShmError::CloneFd`].
+    pub fn try_clone_piece_fd(&self, index: usize) -> Result<OwnedFd, ShmError> {
+        let fd = match index.checked_sub(1) {
+            None => &self.fd,
+            Some(i) => &self.rest.get(i).ok_or(ShmError::OutOfRange { offset: index, bytes: 1, len: self.len })?.fd,
+        };
+        rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|source| ShmError::CloneFd { source })
+    }
+}
+
+/// A sealed memfd of `len` bytes (zero-filled by the kernel).
+fn sealed_memfd(name: &str, len: usize) -> Result<OwnedFd, ShmError> {
+    if len == 0 {
+        return Err(ShmError::ZeroLength { name: name.to_owned() });
+    }
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|source| ShmError::Create { name: name.to_owned(), source })?;
+    rustix::fs::ftruncate(&fd, len as u64).map_err(|source| ShmError::Resize { name: name.to_owned(), len, source })?;
+    rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS)
+        .map_err(|source| ShmError::Seal { call: "F_ADD_SEALS", source })?;
+    tracing::debug!(name, len, "created sealed memfd");
+    Ok(fd)
+}
+
+impl SharedMemory {
     /// Maps a memfd received from a peer, after checking that it is exactly `expected_len` bytes and sealed
     /// against shrinking and growing.
     pub fn from_fd(fd: OwnedFd, expected_len: usize) -> Result<Self, ShmError> {
@@ -180,7 +317,7 @@ impl SharedMemory {
 
     fn map(fd: OwnedFd, len: usize) -> Result<Self, ShmError> {
         let ptr = map_shared(&fd, len, ProtFlags::READ | ProtFlags::WRITE)?;
-        Ok(Self { ptr, len, fd })
+        Ok(Self { ptr, len, fd, rest: Vec::new() })
     }
 
     /// Start of the mapping (page aligned). For `cuMemHostRegister` and for computing device addresses as
@@ -201,13 +338,20 @@ impl SharedMemory {
         self.len == 0
     }
 
-    /// The memfd, borrowed: to send over `SCM_RIGHTS` (the kernel duplicates it into the peer).
+    /// The memfd, borrowed: to send over `SCM_RIGHTS` (the kernel duplicates it into the peer). For memfds side
+    /// by side, the first one's (see [`pieces`](Self::pieces)).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
     /// A new close-on-exec descriptor for the same memfd.
+    ///
+    /// # Errors
+    /// [`ShmError::SideBySide`] for several memfds side by side; [`ShmError::CloneFd`].
     pub fn try_clone_fd(&self) -> Result<OwnedFd, ShmError> {
+        if !self.rest.is_empty() {
+            return Err(ShmError::SideBySide { pieces: self.rest.len() + 1 });
+        }
         rustix::io::fcntl_dupfd_cloexec(&self.fd, 0).map_err(|source| ShmError::CloneFd { source })
     }
 
@@ -217,8 +361,11 @@ impl SharedMemory {
     /// # Errors
     /// [`ShmError::Seal`] (`EINVAL` on a kernel older than 5.1).
     pub fn seal_future_writes(&self) -> Result<(), ShmError> {
-        rustix::fs::fcntl_add_seals(&self.fd, SealFlags::FUTURE_WRITE)
-            .map_err(|source| ShmError::Seal { call: "F_ADD_SEALS(F_SEAL_FUTURE_WRITE)", source })
+        for fd in std::iter::once(&self.fd).chain(self.rest.iter().map(|piece| &piece.fd)) {
+            rustix::fs::fcntl_add_seals(fd, SealFlags::FUTURE_WRITE)
+                .map_err(|source| ShmError::Seal { call: "F_ADD_SEALS(F_SEAL_FUTURE_WRITE)", source })?;
+        }
+        Ok(())
     }
 
     /// The `count` aligned 64-bit words from word index `first` on, as atomics: for layouts addressed by word
@@ -606,6 +753,55 @@ mod tests {
         assert_eq!((reader.load(511).is_some(), reader.load(512), reader.load(usize::MAX)), (true, None, None));
         let err = ReadOnlyMemory::from_fd(owner.try_clone_fd().unwrap(), 8192).unwrap_err();
         assert!(matches!(err, ShmError::SizeMismatch { expected: 8192, actual: 4096 }), "{err}");
+    }
+
+    #[test]
+    fn memfds_side_by_side_are_one_range_here_and_in_a_peer_that_maps_their_pieces() {
+        let page = rustix::param::page_size();
+        let owner = SharedMemory::create_side_by_side("shm-side", &[2 * page, page, 3 * page]).unwrap();
+        assert_eq!(owner.len(), 6 * page);
+        assert_eq!(owner.pieces(), vec![(0, 2 * page), (2 * page, page), (3 * page, 3 * page)]);
+        // Bytes written across both boundaries.
+        let pattern: Vec<u8> = (0..4 * page).map(|i| (i * 7 % 251) as u8).collect();
+        owner.write_bytes(page + 5, &pattern).unwrap();
+        assert!(matches!(owner.try_clone_fd(), Err(ShmError::SideBySide { pieces: 3 })));
+        // A peer maps the three memfds side by side too, and sees the same bytes at the same offsets.
+        let fds = (0..3).map(|i| owner.try_clone_piece_fd(i).unwrap());
+        let peer = SharedMemory::side_by_side(fds.zip([2 * page, page, 3 * page]).collect()).unwrap();
+        let mut seen = vec![0u8; pattern.len()];
+        peer.read_bytes(page + 5, &mut seen).unwrap();
+        assert_eq!(seen, pattern);
+        // Each memfd holds its own part: the middle one, mapped alone, starts where the range's third page does.
+        let middle = SharedMemory::from_fd(owner.try_clone_piece_fd(1).unwrap(), page).unwrap();
+        let mut first = [0u8; 8];
+        middle.read_bytes(0, &mut first).unwrap();
+        assert_eq!(first, pattern[page - 5..page + 3]);
+        assert!(owner.try_clone_piece_fd(3).is_err());
+        // Pieces in another order put other bytes at those offsets (the order is the peer's to keep).
+        let fds = [2, 1, 0].map(|i| owner.try_clone_piece_fd(i).unwrap());
+        let swapped = SharedMemory::side_by_side(fds.into_iter().zip([3 * page, page, 2 * page]).collect()).unwrap();
+        swapped.read_bytes(page + 5, &mut seen).unwrap();
+        assert_ne!(seen, pattern);
+    }
+
+    #[test]
+    fn memfds_side_by_side_are_checked_one_by_one() {
+        let page = rustix::param::page_size();
+        let owner = SharedMemory::create_side_by_side("shm-side-check", &[page, page]).unwrap();
+        let pair = |a: usize, b: usize| {
+            vec![(owner.try_clone_piece_fd(0).unwrap(), a), (owner.try_clone_piece_fd(1).unwrap(), b)]
+        };
+        assert!(matches!(SharedMemory::side_by_side(pair(page, 2 * page)), Err(ShmError::SizeMismatch { .. })));
+        assert!(matches!(SharedMemory::side_by_side(pair(page, 100)), Err(ShmError::NotWholePages { len: 100, .. })));
+        assert!(matches!(SharedMemory::side_by_side(Vec::new()), Err(ShmError::ZeroLength { .. })));
+        let unsealed = rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&unsealed, page as u64).unwrap();
+        let mixed = vec![(owner.try_clone_piece_fd(0).unwrap(), page), (unsealed, page)];
+        assert!(matches!(SharedMemory::side_by_side(mixed), Err(ShmError::NotSealed { .. })));
+        assert!(matches!(SharedMemory::create_side_by_side("odd", &[page, 12]), Err(ShmError::NotWholePages { .. })));
+        // One piece is an ordinary mapping.
+        let one = SharedMemory::side_by_side(vec![(owner.try_clone_piece_fd(1).unwrap(), page)]).unwrap();
+        assert!(one.try_clone_fd().is_ok() && one.pieces() == vec![(0, page)]);
     }
 
     #[test]

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Sharing ranges over several allocations side by side (PyTorch's expandable segments) on a GPU machine, from what
+# scripts/stage-gpu.sh staged (no Rust needed there):
+#   scripts/expandable-gpu.sh OUT_DIR
+# 1. the Rust GPU tests of it (examples/tests/gpu_pool.rs: a range over 12 vmm allocations side by side and ranges
+#    straddling 2 and 3 of them, checked in place by another process; a range running into a private allocation and
+#    a legacy range past its allocation refused with the reason; the single-allocation cases beside them), from the
+#    staged nextest archive, about 30 s;
+# 2. scripts/python_gpu_expandable.py in a venv with the staged wheel: torch tensors of 4 KiB to 1 GiB made with
+#    expandable_segments:True, some straddling PyTorch's allocations, shared by name and read byte for byte by
+#    another process, again after the owner freed them; about 1 minute.
+# OUT_DIR receives tests.log, expandable.log (the table), expandable.json and environment.txt. Exit status: 0 when
+# both pass, 1 otherwise, 2 when nothing is staged.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=scripts/unpack-stage.sh
+. "$ROOT/scripts/unpack-stage.sh"
+unpack_stage "$ROOT"
+OUT="${1:?usage: scripts/expandable-gpu.sh OUT_DIR}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+STAGE="$ROOT/stage"
+[ -x "$STAGE/bin/cargo-nextest" ] || { echo "expandable-gpu: nothing staged; run scripts/stage-gpu.sh first" >&2; exit 2; }
+WHEEL="$(ls "$STAGE"/wheels/gpu_ipc-*.whl 2>/dev/null | head -n1)"
+[ -n "$WHEEL" ] || { echo "expandable-gpu: no stage/wheels/gpu_ipc-*.whl; run scripts/stage-gpu.sh first" >&2; exit 2; }
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "commit: $(cat "$STAGE/COMMIT")"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+} >"$OUT/environment.txt"
+
+echo "expandable-gpu: [1/2] the Rust GPU tests (examples/tests/gpu_pool.rs)" >&2
+FILTER='test(/side_by_side|shared_in_place|cannot_be_shared_in_place/)'
+GPU_IPC_RESULTS_DIR="$OUT" "$STAGE/bin/cargo-nextest" nextest run --archive-file "$STAGE/gpu-tests.tar.zst" \
+    --workspace-remap . --run-ignored all -E "$FILTER & not test(child_process_entry_point)" 2>&1 |
+    tee "$OUT/tests.log"
+TESTS_RC=${PIPESTATUS[0]}
+
+echo "expandable-gpu: [2/2] torch tensors with expandable segments (scripts/python_gpu_expandable.py)" >&2
+WORK="$(mktemp -d /tmp/gpu-ipc-expandable-XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+if PYTHON="${PYTHON:-python3}" wheel_venv "$WORK/venv" "$WHEEL"; then
+    "$WORK/venv/bin/python" scripts/python_gpu_expandable.py --json "$OUT/expandable.json" 2>&1 |
+        tee "$OUT/expandable.log"
+    PY_RC=${PIPESTATUS[0]}
+else
+    echo "expandable-gpu: no venv with the wheel" | tee "$OUT/expandable.log"
+    PY_RC=2
+fi
+
+echo "expandable-gpu: tests exit $TESTS_RC, python_gpu_expandable.py exit $PY_RC; results in $OUT" >&2
+[ "$TESTS_RC" -eq 0 ] && [ "$PY_RC" -eq 0 ]

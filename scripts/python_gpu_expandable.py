@@ -1,0 +1,275 @@
+"""Tensors PyTorch allocated with expandable segments, shared by name and read byte for byte by another process.
+
+Run on the GPU machine with the wheel installed (scripts/python-gpu.sh's venv, or any python3 that imports torch,
+cuda-bindings and gpu_ipc):
+    python scripts/python_gpu_expandable.py [--max-mib N] [--json FILE]
+An owner process A, started with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (PyTorch then maps many
+cuMemCreate allocations side by side, about 20 MiB each for large tensors, 2 MiB for small ones), and a reader B:
+  1. A makes uint8 tensors of 4 KiB to 1 GiB (by default), filled with a pattern on the GPU, plus tensors placed to
+     straddle the boundaries between PyTorch's allocations (small-pool and large-pool ones, found by allocating
+     tensors one after another until one straddles). For each it counts the allocations the tensor lies over
+     (cuMemGetAddressRange, walked from its first byte to its last) and shares it with gpu_ipc.share (vmm).
+  2. B opens each by name (gpu_ipc.open) and compares every byte with the pattern on the GPU: the number of wrong
+     bytes, and how long open + check took.
+  3. A frees every buffer, drops its tensors, empties PyTorch's cache and writes new tensors of the same sizes;
+     B checks every byte again (the pool keeps what B views alive).
+Prints a table (size, allocations, straddles, wrong bytes in both checks, open time) and `expandable: PASS|FAIL`.
+PASS needs 0 wrong bytes everywhere, every row opened, the 1 GiB row (or the largest, above 20 MiB) over several
+allocations, and at least one tensor of 20 MiB or less straddling a boundary. Exit status 0 only on PASS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from typing import IO, Any
+
+LINE_TIMEOUT = 300.0  # seconds a process waits for the other's next line (1 GiB fills and checks included)
+CHUNK = 64 << 20  # bytes generated or compared at a time
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def read_line(stream: IO[str], timeout: float = LINE_TIMEOUT) -> str:
+    """The next line from `stream`, or an error after `timeout` seconds or at its end."""
+    ready, _, _ = select.select([stream], [], [], timeout)
+    if not ready:
+        raise TimeoutError(f"no line within {timeout} s")
+    line = stream.readline()
+    if not line:
+        raise EOFError("the other process ended")
+    return line.strip()
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def pattern(torch: Any, start: int, count: int, seed: int) -> Any:
+    """Bytes `start .. start + count` of the pattern of tensor `seed`, made on the GPU (uint8)."""
+    i = torch.arange(start, start + count, dtype=torch.int64, device="cuda")
+    return ((i * 2654435761 + seed * 40503) >> 7).remainder(251).to(torch.uint8)
+
+
+def fill(torch: Any, tensor: Any, seed: int) -> None:
+    for start in range(0, tensor.numel(), CHUNK):
+        count = min(CHUNK, tensor.numel() - start)
+        tensor[start:start + count].copy_(pattern(torch, start, count, seed))
+
+
+def wrong_bytes(torch: Any, tensor: Any, seed: int) -> int:
+    wrong = 0
+    for start in range(0, tensor.numel(), CHUNK):
+        count = min(CHUNK, tensor.numel() - start)
+        wrong += int((tensor[start:start + count] != pattern(torch, start, count, seed)).sum())
+    return wrong
+
+
+def driver() -> Any:
+    """cuda-python's driver module (cuda-bindings 12.x or 13.x, or the older cuda.cuda)."""
+    try:
+        from cuda.bindings import driver as cu  # type: ignore[import-not-found]
+    except ImportError:
+        from cuda import cuda as cu  # type: ignore[import-not-found,no-redef]
+    return cu
+
+
+def allocations_over(cu: Any, ptr: int, nbytes: int) -> int:
+    """How many allocations (cuMemGetAddressRange ranges) the `nbytes` at `ptr` lie over."""
+    count, at, end = 0, ptr, ptr + nbytes
+    while at < end:
+        err, base, size = cu.cuMemGetAddressRange(at)
+        if int(err) != 0:
+            raise RuntimeError(f"cuMemGetAddressRange({at:#x}) failed: {err}")
+        count += 1
+        at = int(base) + int(size)
+    return count
+
+
+def reader(sock: str) -> int:
+    """Process B: open each name A announces, check its bytes, answer on stdout; check again when asked."""
+    import torch
+
+    import gpu_ipc
+
+    rows: list[tuple[str, int, Any, Any]] = []
+    while True:
+        line = read_line(sys.stdin)
+        if line.startswith("OPEN "):
+            _, name, seed = line.split()
+            started = time.perf_counter()
+            try:
+                view = gpu_ipc.open(sock, name, wait_for_owner=10.0)
+                tensor = torch.from_dlpack(view)
+                wrong = wrong_bytes(torch, tensor, int(seed))
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - reported to the owner, who fails the row
+                say(f"ERROR {name} {type(e).__name__}: {e}".replace("\n", " "))
+                continue
+            ms = (time.perf_counter() - started) * 1e3
+            rows.append((name, int(seed), view, tensor))
+            say(f"CHECKED {name} {tensor.numel()} {wrong} {ms:.2f}")
+        elif line == "RECHECK":
+            for name, seed, _, tensor in rows:
+                wrong = wrong_bytes(torch, tensor, seed)
+                torch.cuda.synchronize()
+                say(f"RECHECKED {name} {tensor.numel()} {wrong}")
+            say("DONE")
+        elif line == "BYE":
+            return 0
+        else:
+            say(f"UNKNOWN {line}")
+            return 1
+
+
+def owner(max_mib: int, json_path: str | None) -> int:
+    """Process A: make, share and have B check the tensors; print the table and the verdict."""
+    import torch
+
+    import gpu_ipc
+
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" not in conf:
+        say(f"FAIL: PYTORCH_CUDA_ALLOC_CONF is {conf!r}, not expandable_segments:True")
+        return 1
+    cu = driver()
+    torch.cuda.init()
+    sock = os.path.join(tempfile.mkdtemp(prefix="gpu-ipc-expandable-"), "pool.sock")
+    sizes = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB]
+    sizes = [s for s in sizes if s <= max_mib * MIB] or [4 * KIB]
+    kept: list[Any] = []  # fillers and shared tensors, alive until the end
+    rows: list[dict[str, Any]] = []
+
+    def add(kind: str, tensor: Any) -> None:
+        seed = len(rows) + 1
+        fill(torch, tensor, seed)
+        torch.cuda.synchronize()
+        n = allocations_over(cu, tensor.data_ptr(), tensor.numel())
+        rows.append({"name": f"t{seed}", "kind": kind, "bytes": tensor.numel(), "seed": seed, "allocations": n,
+                     "tensor": tensor})
+
+    for size in sizes:
+        add("size", torch.empty(size, dtype=torch.uint8, device="cuda"))
+    # Tensors that straddle a boundary between PyTorch's allocations: one of the small pool (blocks up to 1 MiB, in
+    # 2 MiB allocations) and one of the large pool (20 MiB allocations), found by allocating one after another.
+    for kind, size in (("straddle-small", 768 * KIB), ("straddle-large", 12 * MIB)):
+        for _ in range(64):
+            t = torch.empty(size, dtype=torch.uint8, device="cuda")
+            if allocations_over(cu, t.data_ptr(), size) > 1:
+                add(kind, t)
+                break
+            kept.append(t)
+    failures: list[str] = []
+    for row in rows:
+        try:
+            row["shared"] = gpu_ipc.share(row["tensor"], row["name"], sock, backend="vmm")
+        except Exception as e:  # noqa: BLE001 - the row fails, with the reason
+            failures.append(f"{row['name']} ({row['bytes']} bytes over {row['allocations']} allocations) not shared: "
+                            f"{type(e).__name__}: {e}")
+
+    b = subprocess.Popen([sys.executable, __file__, "reader", sock], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert b.stdin is not None and b.stdout is not None
+
+    def tell(line: str) -> None:
+        assert b.stdin is not None
+        b.stdin.write(line + "\n")
+        b.stdin.flush()
+
+    try:
+        for row in [r for r in rows if "shared" in r]:
+            tell(f"OPEN {row['name']} {row['seed']}")
+            answer = read_line(b.stdout).split()
+            if answer[:1] != ["CHECKED"] or answer[1] != row["name"]:
+                failures.append(f"{row['name']}: {' '.join(answer)}")
+                continue
+            row["seen_bytes"], row["wrong"], row["open_check_ms"] = int(answer[2]), int(answer[3]), float(answer[4])
+        # A lets go of everything; what B views must stay as it was.
+        for row in rows:
+            if "shared" in row:
+                row.pop("shared").free()
+            row.pop("tensor", None)
+        kept.clear()
+        torch.cuda.empty_cache()
+        fresh = [torch.full((row["bytes"],), 0xA5, dtype=torch.uint8, device="cuda") for row in rows]
+        torch.cuda.synchronize()
+        tell("RECHECK")
+        while True:
+            answer = read_line(b.stdout).split()
+            if answer == ["DONE"]:
+                break
+            name = answer[1]
+            for row in rows:
+                if row["name"] == name:
+                    row["wrong_after_free"] = int(answer[3])
+        del fresh
+        tell("BYE")
+        if b.wait(timeout=LINE_TIMEOUT) != 0:
+            failures.append("B did not exit cleanly")
+    except (TimeoutError, EOFError, subprocess.TimeoutExpired) as e:
+        failures.append(f"B: {e}")
+    finally:
+        if b.poll() is None:
+            b.kill()
+            b.wait()
+
+    say(f"{'name':<6} {'kind':<15} {'bytes':>12} {'allocations':>11} {'wrong':>7} {'wrong after free':>16} "
+        f"{'open+check ms':>13}")
+    for row in rows:
+        say(f"{row['name']:<6} {row['kind']:<15} {row['bytes']:>12} {row['allocations']:>11} "
+            f"{row.get('wrong', '-')!s:>7} {row.get('wrong_after_free', '-')!s:>16} "
+            f"{row.get('open_check_ms', float('nan')):>13.2f}")
+        if row.get("seen_bytes") != row["bytes"]:
+            failures.append(f"{row['name']}: B saw {row.get('seen_bytes')} bytes of {row['bytes']}")
+        if row.get("wrong") != 0 or row.get("wrong_after_free") != 0:
+            failures.append(f"{row['name']}: wrong bytes {row.get('wrong')}, after free {row.get('wrong_after_free')}")
+    largest = max((r for r in rows if r["kind"] == "size"), key=lambda r: r["bytes"])
+    if largest["bytes"] > 20 * MIB and largest["allocations"] < 2:
+        failures.append(f"the {largest['bytes']}-byte tensor lies in one allocation: expandable segments are off?")
+    for kind in ("straddle-small", "straddle-large"):
+        if not any(r["kind"] == kind for r in rows):
+            say(f"  info no {kind} tensor found within 64 tries")
+    if not any(r["allocations"] > 1 and r["bytes"] <= 20 * MIB for r in rows):
+        failures.append("no tensor of 20 MiB or less straddles a boundary between allocations")
+    for failure in failures:
+        say(f"  FAIL {failure}")
+    verdict = "PASS" if not failures else "FAIL"
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            plain = [{k: v for k, v in row.items() if k not in ("tensor", "shared")} for row in rows]
+            json.dump({"verdict": verdict, "rows": plain, "failures": failures,
+                       "device": torch.cuda.get_device_name(), "torch": torch.__version__}, f, indent=1)
+    say(f"expandable: {verdict}" + ("" if not failures else f" ({len(failures)} failure(s))"))
+    return 0 if not failures else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("role", nargs="?", default="main", choices=["main", "owner", "reader"])
+    parser.add_argument("arg", nargs="?", help="the socket (reader)")
+    parser.add_argument("--max-mib", type=int, default=1024, help="the largest tensor, in MiB (default 1024)")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    if args.role == "reader":
+        return reader(args.arg)
+    if args.role == "owner":
+        return owner(args.max_mib, args.json)
+    env = dict(os.environ)
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    command = [sys.executable, __file__, "owner", "--max-mib", str(args.max_mib)]
+    if args.json:
+        command += ["--json", args.json]
+    try:
+        return subprocess.run(command, env=env, timeout=900).returncode
+    except subprocess.TimeoutExpired:
+        say("expandable: FAIL (timed out)")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
