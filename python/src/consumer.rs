@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::frames::{AttachOptions, Consumer as CoreConsumer, Frame as CoreFrame, FrameError};
+use gpu_ipc::core::sys::shm::SharedMemory;
 use gpu_ipc::core::wire::{SyncStrategy, WireError};
 use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;
@@ -25,6 +26,9 @@ use crate::ring::{
 };
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
 use crate::view::{ArrayMemory, Layout, Memory, View, order_after};
+
+/// The layout of every frame's stamp word: one 0-d `int64`.
+static STAMP_LAYOUT: std::sync::LazyLock<Layout> = std::sync::LazyLock::new(Layout::word);
 
 type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<HostFake>>;
 
@@ -106,6 +110,8 @@ pub struct Frame {
     stream: Option<u64>,
     /// The device address of the frame's stamp word and the value it must hold (GPU-side strategies).
     stamp: Option<(u64, u64)>,
+    /// The same word in host memory (every strategy): the control block's mapping and the word's offset in it.
+    stamp_word: (Arc<SharedMemory>, usize),
     /// Keeps the ring mapped while this object lives (GPU backends).
     hold: Option<MappingHold>,
 }
@@ -221,7 +227,9 @@ impl Consumer {
             }
             return Err(interrupt);
         }
+        let stamp_word = each_backend!(&*lock(&this.end).get("consumer")?, c => c.published_word(&frame));
         Ok(Frame {
+            stamp_word,
             seq: frame.seq().0,
             index: frame.slot().0,
             ptr: frame.ptr().0,
@@ -589,11 +597,30 @@ impl Frame {
         Ok(self.stamp.map(|(ptr, _)| ptr))
     }
 
-    /// The value the stamp word holds, under ``STAMP_MASK``, when the frame is the producer's: ``seq + 1``
-    /// (``None`` without a stamp).
+    /// The value the stamp word holds, under ``STAMP_MASK``, while the frame is the producer's: ``seq + 1``.
     #[getter]
-    fn stamp_expected(&self) -> Option<u64> {
-        self.stamp.map(|(_, expected)| expected)
+    fn stamp_expected(&self) -> u64 {
+        self.seq + 1
+    }
+
+    /// The frame's stamp word as a 0-d ``int64`` array, no copy, to check on the device (no host sync) that the
+    /// frame is the producer's before using what was computed from it::
+    ///
+    ///     valid = (torch.from_dlpack(frame.stamp) & gpu_ipc.STAMP_MASK) == frame.stamp_expected
+    ///
+    /// With gpu-stream-ops and gpu-poll the word is device-readable host memory (a CUDA tensor; ordered after the
+    /// frame's wait like the frame); a dead producer's poison releases the stream's wait for a frame it never
+    /// wrote, and ``valid`` is then false. With the CPU strategies, ipc-event and the host backend it is the same
+    /// word read by the CPU (a CPU tensor, ``numpy.from_dlpack(frame.stamp)``): such a frame was seen published
+    /// before it was handed out, and its stamp matches until its slot carries a later frame. Read the array before
+    /// the frame is released (queue the comparison before ``release``): afterwards the word belongs to the next
+    /// frame of the slot, and with a GPU-side strategy it is unregistered when the consumer closes. Raises
+    /// ``ReleasedError`` once the frame is released or its consumer closed.
+    #[getter]
+    fn stamp(slf: &Bound<'_, Self>) -> PyResult<Stamp> {
+        let frame = slf.get();
+        frame.view()?;
+        Ok(Stamp { frame: slf.clone().unbind() })
     }
 
     #[getter]
@@ -637,3 +664,58 @@ impl Frame {
 }
 
 crate::ring_end_getters!(Consumer);
+
+/// A frame's stamp word, as an array (``Frame.stamp``): ``torch.from_dlpack(frame.stamp)``,
+/// ``cupy.from_dlpack(frame.stamp)``, ``numpy.from_dlpack(frame.stamp)`` give a 0-d ``int64`` view of it, no copy.
+/// ``(view & STAMP_MASK) == frame.stamp_expected`` says whether the frame is the producer's.
+#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
+pub struct Stamp {
+    frame: Py<Frame>,
+}
+
+impl ArrayMemory for Stamp {
+    fn layout(&self) -> &Layout {
+        &STAMP_LAYOUT
+    }
+
+    fn view(&self) -> PyResult<View> {
+        let frame = self.frame.get();
+        let memory = frame.view()?.memory;
+        Ok(match (memory, frame.stamp) {
+            (memory @ Memory::Cuda { .. }, Some((device_ptr, _))) => {
+                View { ptr: device_ptr, layout: STAMP_LAYOUT.clone(), memory }
+            }
+            _ => {
+                let (control, offset) = &frame.stamp_word;
+                let ptr = control.as_ptr() as u64 + *offset as u64;
+                View { ptr, layout: STAMP_LAYOUT.clone(), memory: Memory::Control(control.clone()) }
+            }
+        })
+    }
+
+    fn taken_on(&self, stream: u64) {
+        self.frame.get().taken_on(stream);
+    }
+}
+
+crate::array_protocols!(Stamp);
+
+#[pymethods]
+impl Stamp {
+    /// ``frame.stamp_expected``: the value the word holds, under ``STAMP_MASK``, while the frame is the producer's.
+    #[getter]
+    fn expected(&self) -> u64 {
+        self.frame.get().seq + 1
+    }
+
+    /// The word's address: a device address with gpu-stream-ops and gpu-poll (``Frame.stamp_ptr``), else a host
+    /// address. Raises ``ReleasedError`` once the frame is released or its consumer closed.
+    #[getter]
+    fn ptr(&self) -> PyResult<u64> {
+        self.view().map(|v| v.ptr)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Stamp(seq={}, expected={})", self.frame.get().seq, self.frame.get().seq + 1)
+    }
+}
