@@ -97,6 +97,7 @@ __all__ = [
     "SharedPool",
     "Slot",
     "StaleBuffer",
+    "Stamp",
     "StrategyUnavailable",
     "Timeout",
     "WireError",
