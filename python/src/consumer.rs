@@ -3,11 +3,12 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::frames::{AttachOptions, Consumer as CoreConsumer, Frame as CoreFrame, FrameError};
+use gpu_ipc::core::ring::SlotIndex;
 use gpu_ipc::core::sys::shm::SharedMemory;
 use gpu_ipc::core::wire::{SyncStrategy, WireError};
 use gpu_ipc::host::{HostContext, HostFake, HostRegion};
@@ -18,11 +19,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 
 use crate::each_backend;
-use crate::errors::{ClosedError, EndOfStream, ForeignToken, ReleasedError, to_py};
+use crate::errors::{ClosedError, EndOfStream, ForeignToken, GpuIpcError, ReleasedError, to_py};
 use crate::mapping::MappingHold;
 use crate::ring::{
-    Gpu, Held, PerBackend, SLICE, check_signals, interrupted, lock, parse_backend, seconds, wait_in_slices,
-    waits_in_slices, waits_on_cpu,
+    Gpu, Held, PerBackend, SLICE, SlicedError, check_signals, interrupted, lock, parse_backend, seconds,
+    wait_in_slices, waits_in_slices, waits_on_cpu,
 };
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
 use crate::view::{ArrayMemory, Layout, Memory, View, order_after};
@@ -82,6 +83,9 @@ pub struct Consumer {
     iterated: Mutex<Option<(Token, Option<u64>)>>,
     /// The `EndOfStream` this consumer raised (or that stopped its iteration), for `end`.
     end_of_stream: Mutex<Option<Py<PyAny>>>,
+    /// The ring's control block in host memory and the offset there of each slot's `published` word (its frame's
+    /// stamp, whatever the strategy): what `Frame.stamp` reads on the CPU.
+    stamp_words: (Arc<SharedMemory>, Vec<usize>),
 }
 
 /// The right to read one published frame in place, until it is released.
@@ -110,17 +114,37 @@ pub struct Frame {
     stream: Option<u64>,
     /// The device address of the frame's stamp word and the value it must hold (GPU-side strategies).
     stamp: Option<(u64, u64)>,
-    /// The same word in host memory (every strategy): the control block's mapping and the word's offset in it.
-    stamp_word: (Arc<SharedMemory>, usize),
     /// Keeps the ring mapped while this object lives (GPU backends).
     hold: Option<MappingHold>,
 }
 
 impl Consumer {
-    /// Whether the end is still open (and this process's). The lock is taken with the GIL released: another
-    /// thread may hold it for a whole call of the core.
+    /// Whether the end is still open (and this process's).
     fn open_end(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| lock(&self.end).get("consumer").map(|_| ()))
+        self.on_held(py, |held| held.get("consumer").map(|_| ()))
+    }
+
+    /// Runs `f` on the held end: with the GIL held when the lock is free (`f` must not wait: a check, a release),
+    /// else with the GIL released while the lock is taken, since another thread may hold it for a whole call of the
+    /// core (its wait for a frame). Releasing and taking back the GIL around a call of a microsecond was most of
+    /// such a call's cost.
+    fn on_held<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Held<End>) -> PyResult<T> + Send) -> PyResult<T> {
+        match self.end.try_lock() {
+            Ok(mut held) => f(&mut held),
+            Err(TryLockError::Poisoned(poisoned)) => f(&mut poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => py.detach(|| f(&mut lock(&self.end))),
+        }
+    }
+
+    /// `f(end)` with the GIL held, at once, when the end's lock is free and the end open; `None` otherwise (the
+    /// caller goes the usual way, which says why). For calls that return at once: `f` is given no time to wait.
+    fn now<T>(&self, f: impl FnOnce(&mut End) -> Result<T, FrameError>) -> Option<Result<T, FrameError>> {
+        let mut held = match self.end.try_lock() {
+            Ok(held) => held,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        held.get("consumer").ok().map(f)
     }
 
     fn with_end<T: Send>(
@@ -208,10 +232,25 @@ impl Consumer {
         let this = slf.get();
         let py = slf.py();
         let gpu = this.gpu.as_ref();
-        let frame = this.with_end(py, timeout, waits_in_slices(this.sync), |end, t| {
-            let s = gpu.map(|g| g.stream(raw));
-            each_backend!(end, c => c.next_frame(s.as_deref(), t))
-        })?;
+        let sliced = waits_in_slices(this.sync);
+        // A frame published already is taken at once, with the GIL held; a wait (a timeout of this attempt, which a
+        // strategy whose waits may be sliced leaves without a trace) goes the usual way, in slices without the GIL.
+        let at_once = if sliced {
+            this.now(|end| {
+                let s = gpu.map(|g| g.stream(raw));
+                each_backend!(end, c => c.next_frame(s.as_deref(), Duration::ZERO))
+            })
+        } else {
+            None
+        };
+        let frame = match at_once {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) if !e.is_timeout() => return Err(to_py(e)),
+            _ => this.with_end(py, timeout, sliced, |end, t| {
+                let s = gpu.map(|g| g.stream(raw));
+                each_backend!(end, c => c.next_frame(s.as_deref(), t))
+            })?,
+        };
         // A signal that came while the frame was being taken (in the slice that found it): never hand the frame
         // out then, or Ctrl-C would leave it taken and never released. It goes back unread (its sequence number is
         // skipped) and the handler's exception is raised.
@@ -227,9 +266,7 @@ impl Consumer {
             }
             return Err(interrupt);
         }
-        let stamp_word = each_backend!(&*lock(&this.end).get("consumer")?, c => c.published_word(&frame));
         Ok(Frame {
-            stamp_word,
             seq: frame.seq().0,
             index: frame.slot().0,
             ptr: frame.ptr().0,
@@ -256,11 +293,13 @@ impl Consumer {
         let Some(frame) = lock(&token.frame).take() else {
             return Err(ReleasedError::new_err(format!("frame {seq} was released already")));
         };
-        let mut frame = Some(frame);
-        self.with_end(py, Duration::ZERO, false, |end, _| {
+        // A release does not wait: with the GIL held unless another thread holds the end.
+        self.on_held(py, |held| {
+            let end = held
+                .get("consumer")
+                .map_err(|_| to_py(FrameError::Config("the consumer was closed by another thread".into())))?;
             let s = gpu.map(|g| g.stream(raw));
-            let frame = frame.take().ok_or_else(|| FrameError::Config("release ran twice".into()))?;
-            each_backend!(end, c => c.release(frame, s.as_deref()))
+            each_backend!(end, c => c.release(frame, s.as_deref())).map_err(to_py)
         })
     }
 
@@ -320,6 +359,13 @@ impl Consumer {
             let offer = c.offer();
             (c.slot_layout().clone(), offer.sync, offer.slot_count, None::<HostRegion>)
         });
+        let words =
+            each_backend!(&end, c => (0..slots).map(|s| c.published_word(SlotIndex(s))).collect::<Option<Vec<_>>>());
+        let control = words.as_ref().and_then(|w| w.first()).map(|(control, _)| control.clone());
+        let (Some(words), Some(control)) = (words, control) else {
+            return Err(GpuIpcError::new_err("the ring's control block has no published word for each slot"));
+        };
+        let stamp_words = (control, words.into_iter().map(|(_, offset)| offset).collect());
         let host = match &end {
             PerBackend::Host(c) => Some(c.region().clone()),
             _ => host,
@@ -345,6 +391,7 @@ impl Consumer {
             timeout,
             iterated: Mutex::new(None),
             end_of_stream: Mutex::new(None),
+            stamp_words,
         })
     }
 
@@ -686,8 +733,11 @@ impl ArrayMemory for Stamp {
                 View { ptr: device_ptr, layout: STAMP_LAYOUT.clone(), memory }
             }
             _ => {
-                let (control, offset) = &frame.stamp_word;
-                let ptr = control.as_ptr() as u64 + *offset as u64;
+                let (control, offsets) = &frame.consumer.get().stamp_words;
+                let offset = offsets.get(frame.index as usize).copied().ok_or_else(|| {
+                    GpuIpcError::new_err(format!("frame {}: slot {} is not in the ring", frame.seq, frame.index))
+                })?;
+                let ptr = control.as_ptr() as u64 + offset as u64;
                 View { ptr, layout: STAMP_LAYOUT.clone(), memory: Memory::Control(control.clone()) }
             }
         })

@@ -403,15 +403,16 @@ impl<B: Backend> Consumer<B> {
         self.region.clone()
     }
 
-    /// The `published` word of `frame`'s slot in the ring's control block, as host memory: the mapping (it stays
-    /// mapped while the `Arc` lives, even after this consumer is gone) and the word's byte offset in it. While the
-    /// frame is the producer's the word holds its stamp, `(word & STAMP_MASK) == frame.seq().done_value()`, whatever
-    /// the strategy; once its slot carries a later frame (or a dead producer's poison) it does not. What a host-side
-    /// stamp check reads (the Python package's `Frame.stamp` on the host backend and with the CPU strategies), where
-    /// [`Frame::stamp`] gives the device address. Read it only as an aligned 64-bit atomic.
-    pub fn published_word(&self, frame: &Frame) -> (Arc<SharedMemory>, usize) {
+    /// The `published` word of slot `slot` in the ring's control block, as host memory: the mapping (it stays
+    /// mapped while the `Arc` lives, even after this consumer is gone) and the word's byte offset in it, or `None`
+    /// for a slot the ring does not have. While a frame of that slot is the producer's the word holds its stamp,
+    /// `(word & STAMP_MASK) == frame.seq().done_value()`, whatever the strategy; once the slot carries a later frame
+    /// (or a dead producer's poison) it does not. What a host-side stamp check reads (the Python package's
+    /// `Frame.stamp` on the host backend and with the CPU strategies), where [`Frame::stamp`] gives the device
+    /// address. Read it only as an aligned 64-bit atomic.
+    pub fn published_word(&self, slot: SlotIndex) -> Option<(Arc<SharedMemory>, usize)> {
         let block = self.shared.ring.block();
-        (block.shared(), block.layout().published_offset(frame.slot))
+        (slot.0 < block.slot_count()).then(|| (block.shared(), block.layout().published_offset(slot)))
     }
 
     /// The sequence number the next [`Consumer::next_frame`] returns.
