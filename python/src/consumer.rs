@@ -6,6 +6,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
+use dlpark::ffi::DLDevice;
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::frames::{AttachOptions, Consumer as CoreConsumer, Frame as CoreFrame, FrameError};
 use gpu_ipc::core::ring::SlotIndex;
@@ -562,20 +563,17 @@ impl ArrayMemory for Frame {
         &self.consumer.get().layout
     }
 
+    fn device(&self) -> PyResult<DLDevice> {
+        self.usable()?;
+        Ok(match &self.consumer.get().gpu {
+            Some(gpu) => DLDevice::cuda(gpu.ordinal),
+            None => DLDevice::CPU,
+        })
+    }
+
     fn view(&self) -> PyResult<View> {
+        self.usable()?;
         let consumer = self.consumer.get();
-        if consumer.closed() {
-            return Err(ReleasedError::new_err(format!(
-                "frame {}: its consumer is closed, the ring is no longer mapped here",
-                self.seq
-            )));
-        }
-        if lock(&self.token.frame).is_none() {
-            return Err(ReleasedError::new_err(format!(
-                "frame {} was released: its slot is the producer's again",
-                self.seq
-            )));
-        }
         let memory = match (&consumer.gpu, &self.hold, &consumer.host) {
             (Some(gpu), Some(hold), _) => Memory::Cuda {
                 ctx: gpu.ctx.clone(),
@@ -601,6 +599,23 @@ impl ArrayMemory for Frame {
 crate::array_protocols!(Frame);
 
 impl Frame {
+    /// Raises `ReleasedError` once the frame is released or its consumer closed.
+    fn usable(&self) -> PyResult<()> {
+        if self.consumer.get().closed() {
+            return Err(ReleasedError::new_err(format!(
+                "frame {}: its consumer is closed, the ring is no longer mapped here",
+                self.seq
+            )));
+        }
+        if lock(&self.token.frame).is_none() {
+            return Err(ReleasedError::new_err(format!(
+                "frame {} was released: its slot is the producer's again",
+                self.seq
+            )));
+        }
+        Ok(())
+    }
+
     fn release_here(&self, py: Python<'_>, raw: Option<u64>) -> PyResult<()> {
         self.consumer.get().release_token(py, &self.token, self.seq, raw.or(self.stream))
     }
@@ -665,8 +680,7 @@ impl Frame {
     /// ``ReleasedError`` once the frame is released or its consumer closed.
     #[getter]
     fn stamp(slf: &Bound<'_, Self>) -> PyResult<Stamp> {
-        let frame = slf.get();
-        frame.view()?;
+        slf.get().usable()?;
         Ok(Stamp { frame: slf.clone().unbind() })
     }
 

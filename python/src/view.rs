@@ -314,6 +314,12 @@ pub trait ArrayMemory {
     /// What the memory holds (readable after a release too).
     fn layout(&self) -> &Layout;
 
+    /// Where the memory is (`__dlpack_device__`, which DLPack consumers ask before each `__dlpack__`); raises as
+    /// `view` does. By default from `view`.
+    fn device(&self) -> PyResult<DLDevice> {
+        Ok(self.view()?.device())
+    }
+
     /// `stream`, another stream than the one the memory is ready on, took it through DLPack: a frame's release (a
     /// slot's publish) must wait for the work queued there. Nothing by default.
     fn taken_on(&self, _stream: u64) {}
@@ -340,7 +346,7 @@ pub fn dlpack_of(
 
 /// `__dlpack_device__` of `memory`.
 pub fn dlpack_device_of(memory: &impl ArrayMemory) -> PyResult<(u32, i32)> {
-    let device = memory.view()?.device();
+    let device = memory.device()?;
     Ok((device.device_type.0, device.device_id))
 }
 
