@@ -3,7 +3,7 @@
 #   stage/gpu-tests.tar.zst   a nextest archive of every test binary of the workspace (profile `gpu`)
 #   stage/bin/cargo-nextest   the standalone nextest runner (the GPU machine has no Rust toolchain)
 #   stage/bin/gpu-ipc         the CLI; stage/bin/gpu-ipc-stress: the stress run (tools/stress);
-#                             stage/bin/producer, consumer, pipeline, semaphore, pool, work_queue: the examples
+#                             stage/bin/producer, consumer, pipeline, semaphore, pool, work_queue, consumer_overhead: the examples
 #                             (when built)
 #   stage/wheels/             the Python package's wheel (scripts/build-wheel.sh; scripts/python-gpu.sh installs it)
 #   stage/benches.tar.xz      the criterion benches gpu_memory, gpu_signal, api_cpu and bench-summary (xz: 12 MB of
@@ -31,7 +31,7 @@ cargo nextest archive --workspace --cargo-profile gpu --archive-file "$STAGE/gpu
 
 echo "stage-gpu: building the binaries (profile gpu)" >&2
 cargo build --profile gpu --workspace --bins >&2
-for bin in gpu-ipc gpu-ipc-stress producer consumer pipeline cudarc_frames semaphore pool work_queue; do
+for bin in gpu-ipc gpu-ipc-stress producer consumer pipeline cudarc_frames semaphore pool work_queue consumer_overhead; do
     if [ -f "target/gpu/$bin" ]; then
         cp "target/gpu/$bin" "$STAGE/bin/"
     fi

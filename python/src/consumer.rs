@@ -3,11 +3,14 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
+use dlpark::ffi::DLDevice;
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::frames::{AttachOptions, Consumer as CoreConsumer, Frame as CoreFrame, FrameError};
+use gpu_ipc::core::ring::SlotIndex;
+use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::core::wire::{SyncStrategy, WireError};
 use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;
@@ -17,14 +20,17 @@ use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 
 use crate::each_backend;
-use crate::errors::{ClosedError, EndOfStream, ForeignToken, ReleasedError, to_py};
+use crate::errors::{ClosedError, EndOfStream, ForeignToken, GpuIpcError, ReleasedError, to_py};
 use crate::mapping::MappingHold;
 use crate::ring::{
-    Gpu, Held, PerBackend, SLICE, check_signals, interrupted, lock, parse_backend, seconds, wait_in_slices,
-    waits_in_slices, waits_on_cpu,
+    Gpu, Held, PerBackend, SLICE, SlicedError, check_signals, interrupted, lock, parse_backend, seconds,
+    wait_in_slices, waits_in_slices, waits_on_cpu,
 };
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
 use crate::view::{ArrayMemory, Layout, Memory, View, order_after};
+
+/// The layout of every frame's stamp word: one 0-d `int64`.
+static STAMP_LAYOUT: std::sync::LazyLock<Layout> = std::sync::LazyLock::new(Layout::word);
 
 type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<HostFake>>;
 
@@ -78,6 +84,9 @@ pub struct Consumer {
     iterated: Mutex<Option<(Token, Option<u64>)>>,
     /// The `EndOfStream` this consumer raised (or that stopped its iteration), for `end`.
     end_of_stream: Mutex<Option<Py<PyAny>>>,
+    /// The ring's control block in host memory and the offset there of each slot's `published` word (its frame's
+    /// stamp, whatever the strategy): what `Frame.stamp` reads on the CPU.
+    stamp_words: (Arc<SharedMemory>, Vec<usize>),
 }
 
 /// The right to read one published frame in place, until it is released.
@@ -111,10 +120,32 @@ pub struct Frame {
 }
 
 impl Consumer {
-    /// Whether the end is still open (and this process's). The lock is taken with the GIL released: another
-    /// thread may hold it for a whole call of the core.
+    /// Whether the end is still open (and this process's).
     fn open_end(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| lock(&self.end).get("consumer").map(|_| ()))
+        self.on_held(py, |held| held.get("consumer").map(|_| ()))
+    }
+
+    /// Runs `f` on the held end: with the GIL held when the lock is free (`f` must not wait: a check, a release),
+    /// else with the GIL released while the lock is taken, since another thread may hold it for a whole call of the
+    /// core (its wait for a frame). Releasing and taking back the GIL around a call of a microsecond was most of
+    /// such a call's cost.
+    fn on_held<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Held<End>) -> PyResult<T> + Send) -> PyResult<T> {
+        match self.end.try_lock() {
+            Ok(mut held) => f(&mut held),
+            Err(TryLockError::Poisoned(poisoned)) => f(&mut poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => py.detach(|| f(&mut lock(&self.end))),
+        }
+    }
+
+    /// `f(end)` with the GIL held, at once, when the end's lock is free and the end open; `None` otherwise (the
+    /// caller goes the usual way, which says why). For calls that return at once: `f` is given no time to wait.
+    fn now<T>(&self, f: impl FnOnce(&mut End) -> Result<T, FrameError>) -> Option<Result<T, FrameError>> {
+        let mut held = match self.end.try_lock() {
+            Ok(held) => held,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        held.get("consumer").ok().map(f)
     }
 
     fn with_end<T: Send>(
@@ -202,10 +233,25 @@ impl Consumer {
         let this = slf.get();
         let py = slf.py();
         let gpu = this.gpu.as_ref();
-        let frame = this.with_end(py, timeout, waits_in_slices(this.sync), |end, t| {
-            let s = gpu.map(|g| g.stream(raw));
-            each_backend!(end, c => c.next_frame(s.as_deref(), t))
-        })?;
+        let sliced = waits_in_slices(this.sync);
+        // A frame published already is taken at once, with the GIL held; a wait (a timeout of this attempt, which a
+        // strategy whose waits may be sliced leaves without a trace) goes the usual way, in slices without the GIL.
+        let at_once = if sliced {
+            this.now(|end| {
+                let s = gpu.map(|g| g.stream(raw));
+                each_backend!(end, c => c.next_frame(s.as_deref(), Duration::ZERO))
+            })
+        } else {
+            None
+        };
+        let frame = match at_once {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) if !e.is_timeout() => return Err(to_py(e)),
+            _ => this.with_end(py, timeout, sliced, |end, t| {
+                let s = gpu.map(|g| g.stream(raw));
+                each_backend!(end, c => c.next_frame(s.as_deref(), t))
+            })?,
+        };
         // A signal that came while the frame was being taken (in the slice that found it): never hand the frame
         // out then, or Ctrl-C would leave it taken and never released. It goes back unread (its sequence number is
         // skipped) and the handler's exception is raised.
@@ -248,11 +294,13 @@ impl Consumer {
         let Some(frame) = lock(&token.frame).take() else {
             return Err(ReleasedError::new_err(format!("frame {seq} was released already")));
         };
-        let mut frame = Some(frame);
-        self.with_end(py, Duration::ZERO, false, |end, _| {
+        // A release does not wait: with the GIL held unless another thread holds the end.
+        self.on_held(py, |held| {
+            let end = held
+                .get("consumer")
+                .map_err(|_| to_py(FrameError::Config("the consumer was closed by another thread".into())))?;
             let s = gpu.map(|g| g.stream(raw));
-            let frame = frame.take().ok_or_else(|| FrameError::Config("release ran twice".into()))?;
-            each_backend!(end, c => c.release(frame, s.as_deref()))
+            each_backend!(end, c => c.release(frame, s.as_deref())).map_err(to_py)
         })
     }
 
@@ -312,6 +360,13 @@ impl Consumer {
             let offer = c.offer();
             (c.slot_layout().clone(), offer.sync, offer.slot_count, None::<HostRegion>)
         });
+        let words =
+            each_backend!(&end, c => (0..slots).map(|s| c.published_word(SlotIndex(s))).collect::<Option<Vec<_>>>());
+        let control = words.as_ref().and_then(|w| w.first()).map(|(control, _)| control.clone());
+        let (Some(words), Some(control)) = (words, control) else {
+            return Err(GpuIpcError::new_err("the ring's control block has no published word for each slot"));
+        };
+        let stamp_words = (control, words.into_iter().map(|(_, offset)| offset).collect());
         let host = match &end {
             PerBackend::Host(c) => Some(c.region().clone()),
             _ => host,
@@ -337,6 +392,7 @@ impl Consumer {
             timeout,
             iterated: Mutex::new(None),
             end_of_stream: Mutex::new(None),
+            stamp_words,
         })
     }
 
@@ -507,20 +563,17 @@ impl ArrayMemory for Frame {
         &self.consumer.get().layout
     }
 
+    fn device(&self) -> PyResult<DLDevice> {
+        self.usable()?;
+        Ok(match &self.consumer.get().gpu {
+            Some(gpu) => DLDevice::cuda(gpu.ordinal),
+            None => DLDevice::CPU,
+        })
+    }
+
     fn view(&self) -> PyResult<View> {
+        self.usable()?;
         let consumer = self.consumer.get();
-        if consumer.closed() {
-            return Err(ReleasedError::new_err(format!(
-                "frame {}: its consumer is closed, the ring is no longer mapped here",
-                self.seq
-            )));
-        }
-        if lock(&self.token.frame).is_none() {
-            return Err(ReleasedError::new_err(format!(
-                "frame {} was released: its slot is the producer's again",
-                self.seq
-            )));
-        }
         let memory = match (&consumer.gpu, &self.hold, &consumer.host) {
             (Some(gpu), Some(hold), _) => Memory::Cuda {
                 ctx: gpu.ctx.clone(),
@@ -546,6 +599,23 @@ impl ArrayMemory for Frame {
 crate::array_protocols!(Frame);
 
 impl Frame {
+    /// Raises `ReleasedError` once the frame is released or its consumer closed.
+    fn usable(&self) -> PyResult<()> {
+        if self.consumer.get().closed() {
+            return Err(ReleasedError::new_err(format!(
+                "frame {}: its consumer is closed, the ring is no longer mapped here",
+                self.seq
+            )));
+        }
+        if lock(&self.token.frame).is_none() {
+            return Err(ReleasedError::new_err(format!(
+                "frame {} was released: its slot is the producer's again",
+                self.seq
+            )));
+        }
+        Ok(())
+    }
+
     fn release_here(&self, py: Python<'_>, raw: Option<u64>) -> PyResult<()> {
         self.consumer.get().release_token(py, &self.token, self.seq, raw.or(self.stream))
     }
@@ -589,11 +659,29 @@ impl Frame {
         Ok(self.stamp.map(|(ptr, _)| ptr))
     }
 
-    /// The value the stamp word holds, under ``STAMP_MASK``, when the frame is the producer's: ``seq + 1``
-    /// (``None`` without a stamp).
+    /// The value the stamp word holds, under ``STAMP_MASK``, while the frame is the producer's: ``seq + 1``.
     #[getter]
-    fn stamp_expected(&self) -> Option<u64> {
-        self.stamp.map(|(_, expected)| expected)
+    fn stamp_expected(&self) -> u64 {
+        self.seq + 1
+    }
+
+    /// The frame's stamp word as a 0-d ``int64`` array, no copy, to check on the device (no host sync) that the
+    /// frame is the producer's before using what was computed from it::
+    ///
+    ///     valid = (torch.from_dlpack(frame.stamp) & gpu_ipc.STAMP_MASK) == frame.stamp_expected
+    ///
+    /// With gpu-stream-ops and gpu-poll the word is device-readable host memory (a CUDA tensor; ordered after the
+    /// frame's wait like the frame); a dead producer's poison releases the stream's wait for a frame it never
+    /// wrote, and ``valid`` is then false. With the CPU strategies, ipc-event and the host backend it is the same
+    /// word read by the CPU (a CPU tensor, ``numpy.from_dlpack(frame.stamp)``): such a frame was seen published
+    /// before it was handed out, and its stamp matches until its slot carries a later frame. Read the array before
+    /// the frame is released (queue the comparison before ``release``): afterwards the word belongs to the next
+    /// frame of the slot, and with a GPU-side strategy it is unregistered when the consumer closes. Raises
+    /// ``ReleasedError`` once the frame is released or its consumer closed.
+    #[getter]
+    fn stamp(slf: &Bound<'_, Self>) -> PyResult<Stamp> {
+        slf.get().usable()?;
+        Ok(Stamp { frame: slf.clone().unbind() })
     }
 
     #[getter]
@@ -637,3 +725,61 @@ impl Frame {
 }
 
 crate::ring_end_getters!(Consumer);
+
+/// A frame's stamp word, as an array (``Frame.stamp``): ``torch.from_dlpack(frame.stamp)``,
+/// ``cupy.from_dlpack(frame.stamp)``, ``numpy.from_dlpack(frame.stamp)`` give a 0-d ``int64`` view of it, no copy.
+/// ``(view & STAMP_MASK) == frame.stamp_expected`` says whether the frame is the producer's.
+#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
+pub struct Stamp {
+    frame: Py<Frame>,
+}
+
+impl ArrayMemory for Stamp {
+    fn layout(&self) -> &Layout {
+        &STAMP_LAYOUT
+    }
+
+    fn view(&self) -> PyResult<View> {
+        let frame = self.frame.get();
+        let memory = frame.view()?.memory;
+        Ok(match (memory, frame.stamp) {
+            (memory @ Memory::Cuda { .. }, Some((device_ptr, _))) => {
+                View { ptr: device_ptr, layout: STAMP_LAYOUT.clone(), memory }
+            }
+            _ => {
+                let (control, offsets) = &frame.consumer.get().stamp_words;
+                let offset = offsets.get(frame.index as usize).copied().ok_or_else(|| {
+                    GpuIpcError::new_err(format!("frame {}: slot {} is not in the ring", frame.seq, frame.index))
+                })?;
+                let ptr = control.as_ptr() as u64 + offset as u64;
+                View { ptr, layout: STAMP_LAYOUT.clone(), memory: Memory::Control(control.clone()) }
+            }
+        })
+    }
+
+    fn taken_on(&self, stream: u64) {
+        self.frame.get().taken_on(stream);
+    }
+}
+
+crate::array_protocols!(Stamp);
+
+#[pymethods]
+impl Stamp {
+    /// ``frame.stamp_expected``: the value the word holds, under ``STAMP_MASK``, while the frame is the producer's.
+    #[getter]
+    fn expected(&self) -> u64 {
+        self.frame.get().seq + 1
+    }
+
+    /// The word's address: a device address with gpu-stream-ops and gpu-poll (``Frame.stamp_ptr``), else a host
+    /// address. Raises ``ReleasedError`` once the frame is released or its consumer closed.
+    #[getter]
+    fn ptr(&self) -> PyResult<u64> {
+        self.view().map(|v| v.ptr)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Stamp(seq={}, expected={})", self.frame.get().seq, self.frame.get().seq + 1)
+    }
+}

@@ -38,6 +38,7 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Slot>()?;
     m.add_class::<consumer::Consumer>()?;
     m.add_class::<consumer::Frame>()?;
+    m.add_class::<consumer::Stamp>()?;
     m.add_class::<semaphore::Semaphore>()?;
     m.add_class::<pool::SharedPool>()?;
     m.add_class::<pool::SharedBuffer>()?;

@@ -186,7 +186,7 @@ impl Pattern {
             Memory::Pool { ordinal: Some(ordinal), .. } => {
                 (Context::for_ordinal(*ordinal).map_err(driver_to_py)?, *ordinal, None)
             }
-            Memory::Host(_) | Memory::Pool { ordinal: None, .. } => {
+            Memory::Host(_) | Memory::Pool { ordinal: None, .. } | Memory::Control(_) => {
                 return Err(ArgumentError::new_err(
                     "Pattern checks frames and slots of the host backend, not its pool buffers: read those with numpy.from_dlpack",
                 ));

@@ -1,10 +1,13 @@
 //! A frame's or slot's memory as a tensor without a copy: DLPack (through `dlpark`) and, for the GPU backends,
 //! `__cuda_array_interface__` v3. What `Slot` and `Frame` share.
 
+use std::sync::Arc;
+
 use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::metadata::Dynamic;
 use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
+use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::core::wire::{DType, PixelFormat, SlotLayout, TensorDesc};
 use gpu_ipc::driver::{Context, Event, EventFlags};
 use gpu_ipc::host::HostRegion;
@@ -61,6 +64,18 @@ impl Layout {
         match slot.tensor() {
             Some(desc) => Self::of_tensor(desc),
             None => Self::bytes(slot.bytes()),
+        }
+    }
+
+    /// One 64-bit word as a 0-d `int64` array (a frame's stamp word: its values stay below 2^63).
+    pub fn word() -> Self {
+        Self {
+            shape: Vec::new(),
+            strides: Vec::new(),
+            dtype: DLDataType { code: DLDataTypeCode::INT, bits: 64, lanes: 1 },
+            dtype_name: "int64",
+            typestr: "<i8".to_owned(),
+            span_bytes: 8,
         }
     }
 
@@ -130,6 +145,9 @@ pub enum Memory {
         /// Keeps it mapped.
         hold: MappingHold,
     },
+    /// A word of a ring's control block, in host memory read by the CPU (a frame's stamp on the host backend and
+    /// with the CPU strategies): the exported tensor keeps the mapping.
+    Control(Arc<SharedMemory>),
 }
 
 /// What a capsule keeps alive: the memory it points at (held, never read: dropping it is the point).
@@ -137,6 +155,7 @@ pub enum Memory {
 enum Keep {
     Host(HostRegion),
     Held(MappingHold),
+    Control(Arc<SharedMemory>),
 }
 
 /// One view: what `__dlpack__` exports.
@@ -153,7 +172,7 @@ impl View {
     /// `__dlpack_device__()`: `(kDLCPU, 0)` or `(kDLCUDA, ordinal)`.
     pub fn device(&self) -> DLDevice {
         match &self.memory {
-            Memory::Host(_) | Memory::Pool { ordinal: None, .. } => DLDevice::CPU,
+            Memory::Host(_) | Memory::Pool { ordinal: None, .. } | Memory::Control(_) => DLDevice::CPU,
             Memory::Cuda { ordinal, .. } | Memory::Pool { ordinal: Some(ordinal), .. } => DLDevice::cuda(*ordinal),
         }
     }
@@ -211,6 +230,7 @@ impl View {
         let keep = match &self.memory {
             Memory::Host(region) => Keep::Host(region.clone()),
             Memory::Cuda { hold, .. } | Memory::Pool { hold, .. } => Keep::Held(hold.clone()),
+            Memory::Control(memory) => Keep::Control(memory.clone()),
         };
         let mut init = Dynamic::new(self.layout.shape.clone(), self.layout.strides.clone())
             .initialize_as::<M>(Box::new(keep))
@@ -226,7 +246,7 @@ impl View {
         let stream = match &self.memory {
             Memory::Cuda { stream, .. } => Some(*stream),
             Memory::Pool { ordinal: Some(_), .. } => None,
-            Memory::Host(_) | Memory::Pool { ordinal: None, .. } => return Ok(None),
+            Memory::Host(_) | Memory::Pool { ordinal: None, .. } | Memory::Control(_) => return Ok(None),
         };
         let d = PyDict::new(py);
         d.set_item("shape", PyTuple::new(py, &self.layout.shape)?)?;
@@ -292,6 +312,12 @@ pub trait ArrayMemory {
     /// What the memory holds (readable after a release too).
     fn layout(&self) -> &Layout;
 
+    /// Where the memory is (`__dlpack_device__`, which DLPack consumers ask before each `__dlpack__`); raises as
+    /// `view` does. By default from `view`.
+    fn device(&self) -> PyResult<DLDevice> {
+        Ok(self.view()?.device())
+    }
+
     /// `stream`, another stream than the one the memory is ready on, took it through DLPack: a frame's release (a
     /// slot's publish) must wait for the work queued there. Nothing by default.
     fn taken_on(&self, _stream: u64) {}
@@ -318,7 +344,7 @@ pub fn dlpack_of(
 
 /// `__dlpack_device__` of `memory`.
 pub fn dlpack_device_of(memory: &impl ArrayMemory) -> PyResult<(u32, i32)> {
-    let device = memory.view()?.device();
+    let device = memory.device()?;
     Ok((device.device_type.0, device.device_id))
 }
 

@@ -298,8 +298,8 @@ def test_stream_arguments_are_parsed(sock: str) -> None:
         producer.acquire(stream="default")
     with consumer.next_frame(stream=None) as frame:
         assert frame.stream is None  # host: no stream
-        # A CPU strategy hands out only published frames: no stamp to check on a device.
-        assert frame.stamp_ptr is None and frame.stamp_expected is None
+        # A CPU strategy hands out only published frames: no stamp to check on a device (the host word, below).
+        assert frame.stamp_ptr is None and frame.stamp_expected == frame.seq + 1
     assert gpu_ipc.STAMP_MASK == 2**62 - 1
     producer.close()
     consumer.close()

@@ -15,6 +15,7 @@ use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strat
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex, WaitMode};
+use crate::shm::SharedMemory;
 pub use device_ring::{FrameStamp, RingDescriptor, STAMP_MASK};
 use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan, Stream};
 
@@ -400,6 +401,18 @@ impl<B: Backend> Consumer<B> {
     /// only for the work it queued).
     pub fn shared_region(&self) -> Arc<B::Imported> {
         self.region.clone()
+    }
+
+    /// The `published` word of slot `slot` in the ring's control block, as host memory: the mapping (it stays
+    /// mapped while the `Arc` lives, even after this consumer is gone) and the word's byte offset in it, or `None`
+    /// for a slot the ring does not have. While a frame of that slot is the producer's the word holds its stamp,
+    /// `(word & STAMP_MASK) == frame.seq().done_value()`, whatever the strategy; once the slot carries a later frame
+    /// (or a dead producer's poison) it does not. What a host-side stamp check reads (the Python package's
+    /// `Frame.stamp` on the host backend and with the CPU strategies), where [`Frame::stamp`] gives the device
+    /// address. Read it only as an aligned 64-bit atomic.
+    pub fn published_word(&self, slot: SlotIndex) -> Option<(Arc<SharedMemory>, usize)> {
+        let block = self.shared.ring.block();
+        (slot.0 < block.slot_count()).then(|| (block.shared(), block.layout().published_offset(slot)))
     }
 
     /// The sequence number the next [`Consumer::next_frame`] returns.

@@ -97,6 +97,7 @@ __all__ = [
     "SharedPool",
     "Slot",
     "StaleBuffer",
+    "Stamp",
     "StrategyUnavailable",
     "Timeout",
     "WeightsOwner",
@@ -400,9 +401,23 @@ class Frame:
         producer's poison releases the stream's wait for a frame it never wrote. Raises ``ReleasedError`` once the
         frame is released or its consumer closed (the word is unregistered when the consumer closes)."""
     @property
-    def stamp_expected(self) -> int | None:
-        """The value the stamp word holds, under ``STAMP_MASK``, when the frame is the producer's: ``seq + 1``
-        (``None`` without a stamp)."""
+    def stamp_expected(self) -> int:
+        """The value the stamp word holds, under ``STAMP_MASK``, while the frame is the producer's: ``seq + 1``."""
+    @property
+    def stamp(self) -> Stamp:
+        """The frame's stamp word as a 0-d ``int64`` array, no copy, to check on the device (no host sync) that the
+        frame is the producer's before using what was computed from it::
+
+            valid = (torch.from_dlpack(frame.stamp) & gpu_ipc.STAMP_MASK) == frame.stamp_expected
+
+        With gpu-stream-ops and gpu-poll the word is device-readable host memory (a CUDA tensor; ordered after the
+        frame's wait like the frame); a dead producer's poison releases the stream's wait for a frame it never
+        wrote, and ``valid`` is then false. With the CPU strategies, ipc-event and the host backend it is the same
+        word read by the CPU (a CPU tensor, ``numpy.from_dlpack(frame.stamp)``): such a frame was seen published
+        before it was handed out, and its stamp matches until its slot carries a later frame. Read the array before
+        the frame is released (queue the comparison before ``release``): afterwards the word belongs to the next
+        frame of the slot, and with a GPU-side strategy it is unregistered when the consumer closes. Raises
+        ``ReleasedError`` once the frame is released or its consumer closed."""
     @property
     def released(self) -> bool: ...
     def release(self, stream: _StreamLike = None) -> None:
@@ -426,6 +441,40 @@ class Frame:
     def __exit__(self, *_args: object) -> bool:
         """Releases the frame unless it was released already (or its consumer closed); the end of the stream found by
         the release (a frame queued past the end) is not an error here."""
+
+@final
+class Stamp:
+    """A frame's stamp word, as an array (``Frame.stamp``): ``torch.from_dlpack(frame.stamp)``,
+    ``cupy.from_dlpack(frame.stamp)``, ``numpy.from_dlpack(frame.stamp)`` give a 0-d ``int64`` view of it, no copy.
+    ``(view & STAMP_MASK) == frame.stamp_expected`` says whether the frame is the producer's.
+    """
+
+    @property
+    def expected(self) -> int:
+        """``frame.stamp_expected``: the value the word holds, under ``STAMP_MASK``, while the frame is the producer's."""
+    @property
+    def ptr(self) -> int:
+        """The word's address: a device address with gpu-stream-ops and gpu-poll (``Frame.stamp_ptr``), else a host
+        address. Raises ``ReleasedError`` once the frame is released or its consumer closed."""
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
 
 @final
 class Semaphore:
