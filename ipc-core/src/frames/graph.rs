@@ -321,8 +321,11 @@ pub(super) fn capture<'a>(
 /// `graph_waits::producer_wants`).
 pub(super) struct LaunchWaits<'a, 'f> {
     pub control: Option<DeviceSpan<'a>>,
-    pub for_frame: &'f mut dyn FnMut(u64, &mut Vec<WaitOn>) -> Result<(), FrameError>,
+    pub for_frame: &'f mut FrameWants<'f>,
 }
+
+/// Computes the waits of frame `seq` into the vector (cleared first).
+pub(super) type FrameWants<'f> = dyn FnMut(u64, &mut Vec<WaitOn>) -> Result<(), FrameError> + 'f;
 
 /// Launches the graph whose first frame is `seq` (it holds `frames_per_launch` frames) on `stream` after checking that `graphs` are this side's and that the GPU is
 /// no more than the depth behind (napping until it is, at most the per-frame timeout), then records the port's
