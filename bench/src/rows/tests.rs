@@ -13,7 +13,7 @@ fn others(backends: usize) -> usize {
         + 2
         + 6
         + PACES.len() * 5
-        + backends * graph_strategies().count() * GRAPH_SLOTS.len()
+        + backends * graph_strategies().count() * GRAPH_SLOTS.len() * GraphWait::ALL.len()
         + MemoryTest::ALL.len()
         + backends * 3
 }
@@ -216,7 +216,7 @@ fn selection_keeps_references_and_matches_every_part() {
     let paced = select(&rows, &["paced-60-".to_owned()]);
     assert_eq!(paced.len(), REFERENCES + 5, "one pace, every strategy");
     let graphs = select(&rows, &["graphs-".to_owned()]);
-    assert_eq!(graphs.len(), REFERENCES + gpu_ipc::COMPILED_GPU.len() * 4, "two strategies at two depths");
+    assert_eq!(graphs.len(), REFERENCES + gpu_ipc::COMPILED_GPU.len() * 8, "two strategies at two depths, two waits");
     assert_eq!(select(&rows, &[]).len(), rows.len());
 }
 
