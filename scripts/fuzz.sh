@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
         *) TARGETS+=("$1"); shift ;;
     esac
 done
-ALL_TARGETS=(wire_message object_offers pool_directory queue_memory semaphore_block)
+ALL_TARGETS=(wire_message object_offers pool_directory queue_memory semaphore_block weights_manifest)
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL_TARGETS[@]}")
 
 # What cargo-fuzz passes on nightly, minus `-Zsanitizer`: sancov's inline 8-bit counters and PC table are what

@@ -18,6 +18,7 @@
 #    then a freed shared tensor under PyTorch's caching allocator (scripts/python_gpu_pool_free.py, pool-free.log);
 #    then tensors of 4 KiB to 1 GiB made with expandable_segments:True, some straddling PyTorch's allocations, shared
 #    and read byte for byte by another process (scripts/python_gpu_expandable.py, expandable.{log,json});
+#    a state_dict shared with gpu_ipc.weights, both backends (scripts/python_gpu_weights.py, weights.{log,json});
 # 4. gpu-poll, both backends, under a private MPS daemon (scripts/mps.sh; recorded as skipped when none starts).
 # Writes OUT_DIR/python-package.md (the table, with device, date and commit), python-package.json,
 # python-package.rows.jsonl, python-package.log (every process's output), readme-example.{json,log} and readme/ (the
@@ -59,6 +60,10 @@ echo "python-gpu: expandable segments, tensors over several allocations (scripts
 "$VPY" scripts/python_gpu_expandable.py --json "$OUT/expandable.json" 2>&1 | tee "$OUT/expandable.log"
 EXPANDABLE_RC=${PIPESTATUS[0]}
 
+echo "python-gpu: a state_dict published and read by another process (scripts/python_gpu_weights.py)" >&2
+"$VPY" scripts/python_gpu_weights.py --backend both --json "$OUT/weights.json" 2>&1 | tee "$OUT/weights.log"
+WEIGHTS_RC=${PIPESTATUS[0]}
+
 echo "python-gpu: the rows (no MPS)" >&2
 "$VPY" scripts/python_gpu.py run "$OUT" --set main
 
@@ -73,6 +78,7 @@ fi
 "$VPY" scripts/python_gpu.py report "$OUT"
 REPORT_RC=$?
 [ "$README_RC" -eq 0 ] || echo "python-gpu: the README's quick start did not run as written (exit $README_RC): $OUT/readme-example.log" >&2
+[ "$WEIGHTS_RC" -eq 0 ] || echo "python-gpu: the weights check failed (exit $WEIGHTS_RC): $OUT/weights.log" >&2
 [ "$POOL_FREE_RC" -eq 0 ] || echo "python-gpu: the freed-tensor check failed (exit $POOL_FREE_RC): $OUT/pool-free.log" >&2
 [ "$EXPANDABLE_RC" -eq 0 ] || echo "python-gpu: the expandable-segments check failed (exit $EXPANDABLE_RC): $OUT/expandable.log" >&2
-[ "$REPORT_RC" -eq 0 ] && [ "$README_RC" -eq 0 ] && [ "$POOL_FREE_RC" -eq 0 ] && [ "$EXPANDABLE_RC" -eq 0 ]
+[ "$REPORT_RC" -eq 0 ] && [ "$README_RC" -eq 0 ] && [ "$POOL_FREE_RC" -eq 0 ] && [ "$EXPANDABLE_RC" -eq 0 ] && [ "$WEIGHTS_RC" -eq 0 ]

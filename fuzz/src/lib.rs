@@ -9,6 +9,7 @@ use ipc_core::pool::{BLOCK_PIECES_BYTES, BlockPieces, BlockReply, BlockRequest, 
 use ipc_core::queue::QueueOffer;
 use ipc_core::queue::layout::Geometry as QueueGeometry;
 use ipc_core::semaphore::SemaphoreOffer;
+use ipc_core::weights::{Manifest, TensorEntry};
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Header,
     MAX_PAYLOAD_BYTES, Message, MessageType, ObjectKind, ObjectOffer, PROTOCOL_VERSION, PeerState, PeerStatus,
@@ -18,7 +19,8 @@ use ipc_core::wire::{
 pub use ipc_core::fuzzing::{pool_directory, queue_memory, semaphore_block};
 
 /// Every target, by the name of its binary and corpus folder.
-pub const TARGETS: [&str; 5] = ["wire_message", "object_offers", "pool_directory", "queue_memory", "semaphore_block"];
+pub const TARGETS: [&str; 6] =
+    ["wire_message", "object_offers", "pool_directory", "queue_memory", "semaphore_block", "weights_manifest"];
 
 /// Runs target `name` on `data` (the seeds' replay test, and a crash's reproduction without libFuzzer).
 pub fn run(name: &str, data: &[u8]) {
@@ -28,6 +30,7 @@ pub fn run(name: &str, data: &[u8]) {
         "pool_directory" => pool_directory(data),
         "queue_memory" => queue_memory(data),
         "semaphore_block" => semaphore_block(data),
+        "weights_manifest" => weights_manifest(data),
         other => panic!("no fuzz target named {other}"),
     }
 }
@@ -202,6 +205,62 @@ fn semaphore_offer() -> SemaphoreOffer {
     SemaphoreOffer { layout_version: 1, record: 2, epoch: 5, max_peers: 32, shared_bytes: 65_536, generation: 9 }
 }
 
+/// A weights manifest (`ipc_core::weights::Manifest::decode`) on the fuzzer's bytes: byte 0 picks the extent
+/// mapped (its low bits shift a 64 GiB extent down). What decodes must encode back to the same bytes, and every
+/// entry must lie after the manifest and inside the arena, inside the mapped extent.
+///
+/// # Panics
+/// When the decoder accepts a manifest that breaks one of those rules.
+pub fn weights_manifest(data: &[u8]) {
+    let [shift, bytes @ ..] = data else { return };
+    let mapped = (64u64 << 30) >> (shift % 40);
+    let _ = Manifest::declared_len(bytes);
+    let Ok(manifest) = Manifest::decode(bytes, mapped) else { return };
+    assert!(manifest.arena_bytes <= mapped, "an arena larger than the mapping accepted");
+    for entry in &manifest.entries {
+        let end = entry.offset.checked_add(entry.span_bytes()).expect("an entry whose end overflows accepted");
+        assert!(entry.offset >= bytes.len() as u64, "entry {} overlaps the manifest", entry.name);
+        assert!(end <= manifest.arena_bytes, "entry {} reaches past the arena", entry.name);
+    }
+    assert_eq!(manifest.encode(), bytes, "a manifest that does not encode back to its bytes");
+}
+
+/// Manifests the owner writes: the seeds of `weights_manifest` (byte 0 = 0: a 64 GiB extent).
+fn manifest_seeds() -> Vec<Vec<u8>> {
+    let tensors = [
+        ("embed.weight", TensorDesc::contiguous(DType::BF16, [32, 16]).expect("a valid tensor")),
+        ("layers.0.proj", TensorDesc::strided(DType::F16, [4, 8], [1, 4]).expect("a valid tensor")),
+        ("step", TensorDesc::contiguous(DType::I64, Vec::<u64>::new()).expect("a valid tensor")),
+    ];
+    [false, true]
+        .into_iter()
+        .map(|checksums| {
+            let mut manifest = Manifest {
+                set_name: "llama".into(),
+                generation: 7,
+                device_uuid: DeviceUuid([3; 16]),
+                arena_bytes: 0,
+                entries: tensors
+                    .iter()
+                    .map(|(name, desc)| TensorEntry {
+                        name: (*name).to_owned(),
+                        desc: desc.clone(),
+                        offset: 0,
+                        checksum: checksums.then_some(0x1234),
+                    })
+                    .collect(),
+            };
+            let mut at = (manifest.encode().len() as u64).next_multiple_of(256);
+            for entry in &mut manifest.entries {
+                entry.offset = at;
+                at = (at + entry.span_bytes()).next_multiple_of(256);
+            }
+            manifest.arena_bytes = at;
+            [&[0u8][..], &manifest.encode()].concat()
+        })
+        .collect()
+}
+
 /// Valid encodings of every message and body, made by the encoders: the seed corpus.
 pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     let layouts = [
@@ -302,7 +361,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ]
         .concat(),
     ];
-    let mut all = vec![("wire_message", wire), ("object_offers", offers)];
+    let mut all = vec![("wire_message", wire), ("object_offers", offers), ("weights_manifest", manifest_seeds())];
     all.extend(ipc_core::fuzzing::seeds());
     all
 }

@@ -48,6 +48,8 @@ pub use ipc_vmm as vmm;
 
 pub use ipc_core::pool;
 pub use ipc_core::pool::{PoolImporter, SharedPool};
+pub use ipc_core::weights;
+pub use ipc_core::weights::{WeightsOwner, WeightsReader};
 pub use ipc_core::wire::{BackendKind, SyncStrategy, UnknownName};
 /// What a ring's slots hold: pixel frames ([`FrameGeometry`]), any tensor ([`TensorDesc`], of a [`DType`]) or bare
 /// bytes, described by one [`SlotLayout`] (`ProducerConfig::new` takes any of them; `Consumer::slot_layout` says
@@ -83,6 +85,12 @@ pub struct PipelinesDocTests;
 #[cfg(all(doctest, feature = "legacy", feature = "vmm"))]
 #[doc = include_str!("../../docs/pool.md")]
 pub struct PoolDocTests;
+
+/// The Rust snippets of `docs/weights.md`, compiled and run (host backend) as doc tests with the paths an outside
+/// project uses.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/weights.md")]
+pub struct WeightsDocTests;
 
 /// The Rust snippets of `docs/semaphore.md`, compiled (and the host-backend one run) as doc tests with the paths an
 /// outside project uses.

@@ -13,6 +13,7 @@ use gpu_ipc::core::driver::DriverError as CoreDriverError;
 use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::pool::PoolError;
 use gpu_ipc::core::semaphore::SemaphoreError;
+use gpu_ipc::core::weights::WeightsError;
 use gpu_ipc::core::wire::WireError as CoreWireError;
 use pyo3::prelude::*;
 use pyo3::{PyErr, import_exception};
@@ -224,6 +225,24 @@ pub fn pool_to_py(e: PoolError) -> PyErr {
             ArgumentError::new_err(message)
         }
         PoolError::Wire(_) | PoolError::Protocol { .. } => WireError::new_err(message),
+        _ => GpuIpcError::new_err(message),
+    }
+}
+
+/// The Python exception for a weight set's error: `OwnerGone`, `Timeout`, `NotFound` (no such set or tensor),
+/// `WireError` (a manifest refused), `ArgumentError`, the pool's otherwise.
+pub fn weights_to_py(e: WeightsError) -> PyErr {
+    let message = e.to_string();
+    match e {
+        WeightsError::Pool(pool) => pool_to_py(pool),
+        WeightsError::OwnerGone { .. } => OwnerGone::new_err(message),
+        WeightsError::Timeout { waited, .. } => with_attrs(
+            Timeout::new_err(message),
+            vec![("what", Attr::Str("a generation".into())), ("waited", Attr::Float(waited.as_secs_f64()))],
+        ),
+        WeightsError::NoSuchSet { .. } | WeightsError::UnknownTensor { .. } => NotFound::new_err(message),
+        WeightsError::Manifest { .. } => WireError::new_err(message),
+        WeightsError::Mismatch { .. } | WeightsError::Invalid(_) => ArgumentError::new_err(message),
         _ => GpuIpcError::new_err(message),
     }
 }

@@ -7,6 +7,7 @@
 //! | `Consumer`, `Frame` | `gpu_ipc::core::frames::{Consumer, Frame}` |
 //! | `SharedPool`, `SharedBuffer`, `PoolImporter`, `BufferView` | `gpu_ipc::core::pool::{SharedPool, BufferHandle, PoolImporter, BufferView}` |
 //! | `Semaphore`, `SemaphoreWait` | `gpu_ipc::core::semaphore::{SemaphoreOwner, Semaphore, StreamWait}` |
+//! | `WeightsOwner`, `WeightsReader`, `WeightsTensor` (under `gpu_ipc.weights`) | `gpu_ipc::core::weights::{WeightsOwner, WeightsReader, HeldGeneration}` |
 //! | `testing.Pattern` | `gpu_ipc::kernels::{launch::PatternKernels, pattern}` |
 //! | `GpuIpcError` and its subclasses | `gpu_ipc::core::frames::FrameError`, `semaphore::SemaphoreError` |
 //!
@@ -26,6 +27,7 @@ mod ring;
 mod semaphore;
 mod stream;
 mod view;
+mod weights;
 
 use pyo3::prelude::*;
 
@@ -46,6 +48,9 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ring::default_sync, m)?)?;
     m.add_class::<semaphore::SemaphoreWait>()?;
     m.add_class::<pattern::Pattern>()?;
+    m.add_class::<weights::WeightsOwner>()?;
+    m.add_class::<weights::WeightsReader>()?;
+    m.add_class::<weights::WeightsTensor>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LEGACY_DEFAULT_STREAM", stream::LEGACY_DEFAULT_STREAM)?;

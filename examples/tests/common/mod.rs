@@ -45,6 +45,7 @@ pub fn exe(name: &str) -> PathBuf {
                 "semaphore" => env!("CARGO_BIN_EXE_semaphore"),
                 "pool" => env!("CARGO_BIN_EXE_pool"),
                 "work_queue" => env!("CARGO_BIN_EXE_work_queue"),
+                "weights" => env!("CARGO_BIN_EXE_weights"),
                 _ => env!("CARGO_BIN_EXE_consumer"),
             })
         },

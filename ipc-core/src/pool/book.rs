@@ -568,6 +568,23 @@ impl<B: Backend> Book<B> {
         Some(held.fold((0u64, 0u64), |(views, buffers), n| (views.saturating_add(n), buffers + 1)))
     }
 
+    /// The names and generations of the buffers importer `peer` pins now, as its pin table says.
+    pub(crate) fn pinned_by(&self, peer: u32) -> Vec<(String, u64)> {
+        let Some(counts) = self.importers.get(&peer).and_then(|p| p.words(PINS_HEADER_WORDS, self.slots.len()).ok())
+        else {
+            return Vec::new();
+        };
+        counts
+            .iter()
+            .zip(&self.slots)
+            .filter(|(count, _)| count.load(Ordering::Relaxed) != 0)
+            .filter_map(|(_, slot)| match slot {
+                Slot::Used(used) => Some((used.name.clone(), used.generation)),
+                Slot::Empty | Slot::Vacant => None,
+            })
+            .collect()
+    }
+
     /// Importers now.
     pub(crate) fn importer_count(&self) -> usize {
         self.importers.len()

@@ -236,6 +236,11 @@ pub(crate) fn check_header<W: Words + ?Sized>(words: &W, geometry: Geometry, poo
     Ok(())
 }
 
+/// The header's note word (0 until the owner sets one).
+pub(crate) fn note<W: Words + ?Sized>(words: &W) -> u64 {
+    words.word(header::NOTE).unwrap_or(0)
+}
+
 /// The owner's state as the header says it.
 pub(crate) fn owner_state<W: Words + ?Sized>(words: &W) -> Option<OwnerState> {
     OwnerState::from_code(words.word(header::OWNER_STATE)?)
@@ -360,6 +365,13 @@ impl DirectoryWriter {
         }
         if let Some(changes) = words.get(header::CHANGES) {
             changes.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Publishes the header's note word (release ordering).
+    pub(crate) fn set_note(&self, value: u64) {
+        if let Some(word) = self.words().get(header::NOTE) {
+            word.store(value, Ordering::Release);
         }
     }
 

@@ -82,7 +82,14 @@ impl<B: Backend> ObjectHost for PoolHost<B> {
     }
 
     fn describe(&self, peer: &PeerInfo) -> String {
-        match self.shared.book().pins_of(peer.id) {
+        let book = self.shared.book();
+        match book.pins_of(peer.id) {
+            // The names too (a weight set's arenas are `SET/GENERATION`: who holds which generation), as many as
+            // fit the status line.
+            Some((views, buffers)) if buffers > 0 => {
+                let names: Vec<String> = book.pinned_by(peer.id).into_iter().map(|(name, _)| name).collect();
+                format!("holds {views} views of {buffers} buffers: {}", names.join(", "))
+            }
             Some((views, buffers)) => format!("holds {views} views of {buffers} buffers"),
             None => String::new(),
         }

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use super::blocks::{BlockCache, BlockMiss};
-use super::directory::{DirectoryProblem, block_record, check_header, entry_seq, find, live_entries, owner_state};
+use super::directory::{
+    DirectoryProblem, block_record, check_header, entry_seq, find, live_entries, note, owner_state,
+};
 use super::error::PoolError;
 use super::handle::BufferInfo;
 use super::layout::{BlockId, BlockKind, LAYOUT_VERSION, OwnerState, PINS_HEADER_WORDS, PINS_MAGIC};
@@ -242,6 +244,12 @@ impl<B: Backend> PoolImporter<B> {
     /// Whether the owner has closed the pool or gone away (its process ended). Views already held stay valid.
     pub fn owner_gone(&self) -> bool {
         owner_state(&self.inner.directory) == Some(OwnerState::Closed) || self.inner.link.owner_gone()
+    }
+
+    /// The directory's note word, as the owner last set it ([`SharedPool::set_note`](super::SharedPool::set_note));
+    /// 0 until then. A shared-memory read: no round trip.
+    pub fn note(&self) -> u64 {
+        note(&self.inner.directory)
     }
 
     /// The pool instance's id (changes when the owner makes the pool anew).

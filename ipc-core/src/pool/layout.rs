@@ -56,6 +56,9 @@ pub mod header {
     /// Bumped (release) after every change of an entry or a block: a reader that sees the same value twice saw
     /// the same directory.
     pub const CHANGES: usize = 8;
+    /// A value the pool's user publishes for every importer to read without a round trip (the weights' newest
+    /// generation), 0 until set; stored with release ordering, never decreases.
+    pub const NOTE: usize = 9;
 }
 
 /// Word indices in a block record.
@@ -355,6 +358,7 @@ mod tests {
             header::OWNER_PID,
             header::OWNER_STATE,
             header::CHANGES,
+            header::NOTE,
         ];
         assert_eq!(header_words, expected.map(|w| w.to_string()));
         let entry_words: Vec<String> = tables[1].iter().map(|(w, _)| w.clone()).collect();

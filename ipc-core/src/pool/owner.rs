@@ -296,6 +296,22 @@ impl<B: Backend> SharedPool<B> {
         self.door.as_ref().map(ObjectDoor::peers).unwrap_or_default()
     }
 
+    /// The UUID of the device the pool's memory is on, as its offers name it (zeros on the host backend).
+    pub fn device_uuid(&self) -> DeviceUuid {
+        self.shared.device_uuid
+    }
+
+    /// Publishes `value` in the directory's note word, which every importer reads with
+    /// [`PoolImporter::note`](super::PoolImporter::note) without a round trip (the weights' newest generation).
+    pub fn set_note(&self, value: u64) {
+        self.shared.book().directory().set_note(value);
+    }
+
+    /// The names and pool generations of the buffers importer `peer` (a [`PeerInfo::id`]) pins now.
+    pub fn pinned_by(&self, peer: u32) -> Vec<(String, u64)> {
+        self.shared.book().pinned_by(peer)
+    }
+
     /// This pool instance's id (in its offers and directory): tells it from an earlier pool at the same path.
     pub fn pool_id(&self) -> u64 {
         self.shared.pool_id

@@ -34,7 +34,9 @@ Without a GPU, ``backend="host"`` runs the same API on shared host memory (CPU s
 ``cpu-sleep``), and ``numpy.from_dlpack(frame)`` reads it in place (``pip install "./python[numpy]"``).
 
 ``open`` is not in ``__all__``: ``from gpu_ipc import *`` leaves the built-in ``open`` alone; call it
-``gpu_ipc.open``. ``gpu_ipc.testing`` (the Rust example programs' frame pattern) is imported with the package.
+``gpu_ipc.open``. ``gpu_ipc.testing`` (the Rust example programs' frame pattern) and ``gpu_ipc.weights`` (a whole
+state_dict shared by name, versioned: ``gpu_ipc.weights.publish``, ``gpu_ipc.weights.open``) are imported with the
+package.
 
 Errors: every error is a :class:`GpuIpcError`; an argument the package refuses raises :class:`ArgumentError` (a
 ``ValueError`` too) or :class:`ArgumentTypeError` (a ``TypeError`` too). A consumer's iteration stops at the end of
@@ -235,3 +237,4 @@ def open(
 
 
 from gpu_ipc import testing as testing  # noqa: E402  (`gpu_ipc.testing.Pattern` after `import gpu_ipc`)
+from gpu_ipc import weights as weights  # noqa: E402  (`gpu_ipc.weights.publish` after `import gpu_ipc`)

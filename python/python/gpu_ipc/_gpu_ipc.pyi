@@ -99,6 +99,9 @@ __all__ = [
     "StaleBuffer",
     "StrategyUnavailable",
     "Timeout",
+    "WeightsOwner",
+    "WeightsReader",
+    "WeightsTensor",
     "WireError",
     "__version__",
     "default_sync",
@@ -781,3 +784,145 @@ def sync_strategies() -> list[dict[str, str | bool]]:
 def default_sync(backend: str) -> str:
     """The strategy a ring made with ``backend`` uses when none is named: ``"gpu-stream-ops"`` where a GPU backend
     runs (the GPU waits, no MPS needed), ``"cpu-spin"`` with ``"host"``."""
+
+@final
+class WeightsOwner:
+    """The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made."""
+
+    def __new__(
+        cls,
+        socket: str | os.PathLike[str],
+        name: str,
+        layout: Sequence[tuple[str, str, Sequence[int]]],
+        backend: str = "vmm",
+        device: int = 0,
+        keep: int = 2,
+        checksums: bool = False,
+        max_arenas: int | None = None,
+    ) -> Self: ...
+    @property
+    def generation(self) -> int:
+        """The newest published generation (0 before the first commit)."""
+    def stage(self) -> list[tuple[str, WeightsTensor]]:
+        """Makes (or returns) the next generation's arena and returns its tensors, writable, as ``(name, view)`` pairs."""
+    def copy_in(self, tensors: Sequence[tuple[str, int, int]], stream: Any = None) -> None:
+        """Copies each ``(name, ptr, nbytes)``: ``nbytes`` of device memory at ``ptr`` (a tensor of the set's device)
+        into the staged tensor ``name``, on ``stream`` (``cuMemcpyAsync``, one call for the lot). Stages the next
+        generation first if none is."""
+    def write(self, name: str, data: bytes) -> None:
+        """Writes ``data`` (the tensor's bytes) into the staged tensor ``name`` (from host memory: ``cuMemcpyHtoD`` on
+        a GPU). Stages the next generation first if none is."""
+    def commit(self) -> int:
+        """Publishes the staged generation, after the device's queued work (the copies) has finished; returns it."""
+    def readers(self) -> list[tuple[int | None, list[int]]]:
+        """The readers attached now: ``(pid, generations held)`` each (pid ``None`` in another PID namespace)."""
+    def arenas(self) -> int:
+        """Arenas made and not reused yet (published, staged, retired but held by readers)."""
+    def layout(self) -> list[tuple[str, str, list[int]]]:
+        """The set's tensors: ``(name, dtype, shape)`` each, in order."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def device(self) -> int | None: ...
+    @property
+    def socket(self) -> pathlib.Path: ...
+    def close(self) -> None:
+        """Stops serving the set (readers keep what they hold). Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class WeightsReader:
+    """A reader of a weight set (``gpu_ipc.weights.open`` makes one): holds one generation at a time."""
+
+    def __new__(
+        cls,
+        socket: str | os.PathLike[str],
+        name: str,
+        backend: str | None = None,
+        device: int = 0,
+        timeout: float = 10.0,
+    ) -> Self: ...
+    @property
+    def generation(self) -> int:
+        """The generation held now."""
+    def latest(self) -> int:
+        """The newest published generation: a word in shared memory, no round trip. Raises ``OwnerGone``."""
+    def refresh(self) -> int:
+        """Moves to the newest generation and returns it; tensors of the old one stay valid until dropped."""
+    def wait_for(self, generation: int, timeout: float | None = None) -> int:
+        """Blocks until ``generation`` or a newer one is published (``timeout`` seconds at most, ``None``: no bound),
+        in 50 ms slices (Ctrl-C works); returns the newest. Raises ``Timeout``, ``OwnerGone``."""
+    def tensors(self) -> list[tuple[str, WeightsTensor]]:
+        """The held generation's tensors as ``(name, view)`` pairs; each view keeps the generation alive."""
+    def manifest(self) -> list[tuple[str, str, list[int], list[int], int, int | None]]:
+        """The held generation's manifest: ``(name, dtype, shape, strides, offset, checksum)`` per tensor."""
+    def verify(self) -> int:
+        """Checks the held generation's bytes against its manifest's checksums; returns how many tensors were checked
+        (0 when the owner published none). Raises ``GpuIpcError`` naming the first that differs."""
+    def read(self, name: str) -> bytes:
+        """Tensor ``name``'s bytes, copied to host memory."""
+    def copy_out(self, tensors: Sequence[tuple[str, int, int]], stream: Any = None) -> None:
+        """Copies each ``(name, ptr, nbytes)``: the held tensor ``name`` into ``nbytes`` of device memory at ``ptr``,
+        on ``stream`` (``cuMemcpyAsync``, one call for the lot): what ``load_into`` does. The held generation stays
+        mapped until the device's queued work is done, whatever ``refresh`` does meanwhile."""
+    @property
+    def owner_gone(self) -> bool:
+        """Whether the owner closed the set or went away (what is held stays readable)."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def device(self) -> int | None: ...
+    @property
+    def socket(self) -> pathlib.Path: ...
+    def close(self) -> None:
+        """Lets go of the set (tensors already made stay valid). Idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class WeightsTensor:
+    """One tensor of a weight set's generation, in place: ``torch.from_dlpack(t)``, ``cupy.from_dlpack(t)``,
+    ``numpy.from_dlpack(t)`` on the host backend. It keeps its generation (its arena, mapped and held from reuse)
+    alive while it, or a tensor made from it, lives."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def generation(self) -> int:
+        """The generation it belongs to."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def ptr(self) -> int:
+        """The address of its first byte in this process (a device address on a GPU)."""
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Its shape as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's (``(nbytes,)``
+        for bare bytes)."""
+    @property
+    def dtype(self) -> str:
+        """The element type's NumPy name (``"uint8"``, ``"float32"``, ``"bfloat16"``, ...)."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""

@@ -1,0 +1,485 @@
+"""Model weights between processes: a whole ``state_dict`` shared by name, versioned, updated in place.
+
+The owner (a trainer, a loader) publishes a ``state_dict``; every tensor is copied into **one arena** per
+generation (device-to-device on a GPU), exported once, with a plain-data manifest in front of the tensors (names,
+dtypes, shapes, strides, offsets, device UUID, generation, optional checksums: never pickle). Readers (inference
+engines) open the set by socket and name and get every tensor in place, whatever their number, with one import::
+
+    # trainer
+    import torch, gpu_ipc.weights
+    pub = gpu_ipc.weights.publish(model.state_dict(), "llama", socket="/tmp/w.sock")   # generation 1
+    ...
+    pub.update(model.state_dict())                                                     # generation 2
+
+    # inference, another process
+    import torch, gpu_ipc.weights
+    r = gpu_ipc.weights.open("/tmp/w.sock", "llama")
+    r.load_into(model)                     # copies generation 1 into the model's own tensors (pointers unchanged)
+    ...
+    if r.latest() > r.generation:
+        r.refresh()                        # moves to the newest; never a mix of two generations
+        r.load_into(model)
+
+or, to read the arena's tensors directly (N processes on one GPU, one copy of the model)::
+
+    weights = {k: torch.from_dlpack(v) for k, v in r.tensors().items()}
+
+A generation's memory is reused only when no reader holds it (a reader holds what it last opened or refreshed to,
+and what tensors made from it still reference); ``keep`` bounds the arenas kept without readers. The owner's death
+is seen by readers at once (``latest()``, ``wait_for`` raise ``OwnerGone``); what they hold stays readable until
+they let go. ``backend="host"`` runs the same API on shared host memory (NumPy arrays) without a GPU.
+
+The tensors' names, dtypes and shapes are fixed when the set is published: ``update`` takes a ``state_dict`` of the
+same layout. Non-contiguous tensors are published contiguous. One device per set for now.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpu_ipc._gpu_ipc import ArgumentError, ArgumentTypeError, WeightsOwner, WeightsReader, WeightsTensor
+
+__all__ = ["Publisher", "Reader", "WeightsTensor", "open", "publish"]
+
+# NumPy's names of the element types the manifest knows, from the typestr of __cuda_array_interface__ and
+# __array_interface__.
+_TYPESTR = {
+    "u1": "uint8",
+    "i1": "int8",
+    "u2": "uint16",
+    "i2": "int16",
+    "u4": "uint32",
+    "i4": "int32",
+    "u8": "uint64",
+    "i8": "int64",
+    "f2": "float16",
+    "f4": "float32",
+    "f8": "float64",
+    "b1": "bool",
+    "c8": "complex64",
+    "c16": "complex128",
+}
+
+
+class _Tensor:
+    """What the native layer needs of one tensor: its dtype name, shape, where its bytes are, and the object that
+    owns them (held for the call)."""
+
+    __slots__ = ("dtype", "shape", "ptr", "nbytes", "device", "obj", "host_bytes")
+
+    def __init__(self, obj: Any, dtype: str, shape: tuple[int, ...], ptr: int, nbytes: int, device: int | None):
+        self.obj = obj
+        self.dtype = dtype
+        self.shape = shape
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.device = device  # CUDA ordinal; None: host memory
+        self.host_bytes: bytes | None = None
+
+
+def _is_torch(t: Any) -> bool:
+    return type(t).__module__.startswith("torch") and hasattr(t, "data_ptr")
+
+
+def _describe(name: str, t: Any) -> _Tensor:
+    """A contiguous description of tensor ``t`` (a contiguous copy is made of a non-contiguous one)."""
+    if _is_torch(t):
+        t = t.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        dtype = str(t.dtype).removeprefix("torch.")
+        device = t.device.index if t.device.type == "cuda" else None
+        if t.device.type == "cuda" and device is None:
+            import torch
+
+            device = torch.cuda.current_device()
+        if t.device.type not in ("cuda", "cpu"):
+            raise ArgumentError(f"tensor {name!r} is on {t.device}: publish takes CUDA or CPU tensors")
+        return _Tensor(t, dtype, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size(), device)
+    if hasattr(t, "__cuda_array_interface__"):
+        cai = t.__cuda_array_interface__
+        dtype = _dtype_of(name, cai["typestr"])
+        shape = tuple(int(d) for d in cai["shape"])
+        if cai.get("strides") is not None and not _contiguous(shape, cai["strides"], cai["typestr"]):
+            raise ArgumentError(f"tensor {name!r} is not contiguous: pass a contiguous copy")
+        device = t.__dlpack_device__()[1] if hasattr(t, "__dlpack_device__") else 0
+        nbytes = _count(shape) * int(cai["typestr"][2:])
+        return _Tensor(t, dtype, shape, int(cai["data"][0]), nbytes, device)
+    try:
+        import numpy
+    except ImportError as e:  # pragma: no cover - numpy is how host memory is read
+        raise ArgumentTypeError(f"tensor {name!r}: a {type(t).__name__} is not a tensor this module reads") from e
+    try:
+        a = numpy.asarray(t)
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")  # (numpy.ascontiguousarray would make a scalar 1-d)
+    except Exception as e:
+        raise ArgumentTypeError(
+            f"tensor {name!r}: a {type(t).__name__} is neither a PyTorch tensor nor an array with "
+            "__cuda_array_interface__ or __array_interface__"
+        ) from e
+    dtype = a.dtype.name
+    described = _Tensor(a, dtype, tuple(a.shape), int(a.ctypes.data), int(a.nbytes), None)
+    return described
+
+
+def _dtype_of(name: str, typestr: str) -> str:
+    kind = typestr[1:]
+    if typestr[0] == ">" or kind not in _TYPESTR:
+        raise ArgumentError(f"tensor {name!r}: element type {typestr!r} cannot be published")
+    return _TYPESTR[kind]
+
+
+def _count(shape: Iterable[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _contiguous(shape: tuple[int, ...], strides: Iterable[int], typestr: str) -> bool:
+    expected, size = [], int(typestr[2:])
+    for d in reversed(shape):
+        expected.append(size)
+        size *= d
+    return list(strides) == list(reversed(expected))
+
+
+def _host_bytes(t: _Tensor) -> bytes:
+    """The tensor's bytes, from host memory (the host backend's copies, and CPU tensors on a GPU set)."""
+    obj = t.obj
+    if _is_torch(obj):
+        obj = obj.cpu()
+        import torch
+
+        return obj.contiguous().view(torch.uint8).numpy().tobytes() if obj.numel() else b""
+    import numpy
+
+    return numpy.ascontiguousarray(obj).view(numpy.uint8).tobytes()
+
+
+def _state_dict(obj: Any) -> Mapping[str, Any]:
+    if hasattr(obj, "state_dict") and callable(obj.state_dict):
+        return obj.state_dict()  # type: ignore[no-any-return]
+    if isinstance(obj, Mapping):
+        return obj
+    raise ArgumentTypeError(f"expected a Mapping[str, tensor] or a module with state_dict(), got {type(obj).__name__}")
+
+
+def _stream_of(stream: Any, device: int | None) -> Any:
+    """The stream to copy on: the caller's, else PyTorch's current stream on ``device`` when torch is loaded (so a
+    copy is ordered with the caller's work), else the legacy default stream (``None``)."""
+    if stream is not None or device is None:
+        return stream
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.current_stream(device).cuda_stream
+    return None
+
+
+class Publisher:
+    """The owner of a weight set: ``publish`` makes one. Context manager; ``close()`` stops serving (readers keep
+    what they hold)."""
+
+    def __init__(self, owner: WeightsOwner, layout: list[tuple[str, str, tuple[int, ...]]]):
+        self._owner = owner
+        self._layout = {name: (dtype, tuple(shape)) for name, dtype, shape in layout}
+
+    @property
+    def generation(self) -> int:
+        """The newest published generation."""
+        return self._owner.generation
+
+    @property
+    def name(self) -> str:
+        return self._owner.name
+
+    @property
+    def socket(self) -> str:
+        return os.fspath(self._owner.socket)
+
+    @property
+    def backend(self) -> str:
+        return self._owner.backend
+
+    def _copy(self, state_dict: Mapping[str, Any], stream: Any) -> list[_Tensor]:
+        """Queues the copies into the staged arena; returns the sources, to hold until ``commit`` (which waits for
+        the device): a contiguous copy made here must not go back to its allocator under a queued copy."""
+        if set(state_dict) != set(self._layout):
+            missing = sorted(set(self._layout) - set(state_dict))
+            extra = sorted(set(state_dict) - set(self._layout))
+            raise ArgumentError(
+                f"weight set {self.name!r}: the state_dict's names differ from the published layout "
+                f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"unknown {extra[:5]}{'...' if len(extra) > 5 else ''})"
+            )
+        device = self._owner.device
+        sources = []
+        on_device = []
+        for name, obj in state_dict.items():
+            t = _describe(name, obj)
+            sources.append(t)
+            dtype, shape = self._layout[name]
+            if (t.dtype, t.shape) != (dtype, shape):
+                raise ArgumentError(
+                    f"tensor {name!r} is {t.dtype} {list(t.shape)}, the set has it as {dtype} {list(shape)}"
+                )
+            if device is not None and t.device is not None:
+                if t.device != device:
+                    raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
+                on_device.append((name, t.ptr, t.nbytes))
+            else:
+                self._owner.write(name, _host_bytes(t))
+        if on_device:
+            self._owner.copy_in(on_device, _stream_of(stream, device))
+        return sources
+
+    def update(self, state_dict: Mapping[str, Any] | Any, stream: Any = None) -> int:
+        """Copies ``state_dict`` (same names, dtypes and shapes as published) into an arena no reader holds (or a new
+        one), device-to-device on ``stream`` (default: PyTorch's current stream), and publishes it; returns the new
+        generation. Readers keep the generation they hold until they refresh."""
+        sources = self._copy(_state_dict(state_dict), stream)
+        generation = self._owner.commit()
+        del sources  # the device finished the copies (commit waited)
+        return generation
+
+    def stage(self) -> dict[str, WeightsTensor]:
+        """The next generation's tensors, writable in place (``torch.from_dlpack(t).copy_(...)``); ``commit()``
+        publishes them. Write every tensor: the arena holds an older generation's bytes (or zeros). The views keep
+        the owner alive: drop them before ``close()``."""
+        return dict(self._owner.stage())
+
+    def commit(self) -> int:
+        """Publishes the staged generation (after the device's queued work finished) and returns it."""
+        return self._owner.commit()
+
+    def readers(self) -> list[tuple[int | None, int]]:
+        """``(pid, generation)`` for every generation each attached reader holds (pid ``None`` for a reader in a
+        PID namespace this process cannot see)."""
+        return [(pid, g) for pid, generations in self._owner.readers() for g in generations]
+
+    def arenas(self) -> int:
+        """Arenas in use: published, staged, and retired ones readers still hold."""
+        return self._owner.arenas()
+
+    def close(self) -> None:
+        self._owner.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._owner.closed
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *_args: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Publisher(name={self.name!r}, socket={self.socket!r}, generation={self.generation})"
+
+
+def publish(
+    state_dict: Mapping[str, Any] | Any,
+    name: str,
+    socket: str | os.PathLike[str],
+    backend: str | None = None,
+    keep: int = 2,
+    checksums: bool = False,
+    device: int | None = None,
+    max_arenas: int | None = None,
+) -> Publisher:
+    """Publishes ``state_dict`` (a ``Mapping[str, tensor]`` of PyTorch / CuPy / JAX / NumPy tensors, or a module) as
+    generation 1 of the weight set ``name``, served at ``socket``.
+
+    ``backend``: ``"vmm"`` (default for CUDA tensors), ``"legacy"``, or ``"host"`` (default for host arrays; no GPU).
+    ``keep``: arenas kept without readers (the newest and older ones; at least 1). ``checksums``: a checksum of every
+    tensor in each manifest (computed from the arena: a read-back on the GPU), which ``Reader.verify()`` checks.
+    ``device``: the GPU (default: the tensors'). ``max_arenas``: arenas at most, held by readers or not.
+    """
+    sd = _state_dict(state_dict)
+    if not sd:
+        raise ArgumentError("the state_dict is empty")
+    described = {k: _describe(k, v) for k, v in sd.items()}
+    devices = {t.device for t in described.values() if t.device is not None}
+    if len(devices) > 1:
+        raise ArgumentError(
+            f"the state_dict spans devices {sorted(devices)}: publish one set per device for now "
+            "(e.g. one per tensor-parallel rank)"
+        )
+    if device is None:
+        device = next(iter(devices)) if devices else 0
+    if backend is None:
+        backend = "vmm" if devices else "host"
+    layout = [(k, t.dtype, t.shape) for k, t in described.items()]
+    owner = WeightsOwner(
+        socket,
+        name,
+        [(k, d, list(s)) for k, d, s in layout],
+        backend=backend,
+        device=device,
+        keep=keep,
+        checksums=checksums,
+        max_arenas=max_arenas,
+    )
+    publisher = Publisher(owner, layout)
+    try:
+        publisher.update(sd)
+    except BaseException:
+        owner.close()
+        raise
+    return publisher
+
+
+class Reader:
+    """A reader of a weight set: ``open`` makes one. Context manager; ``close()`` lets go (tensors made from it stay
+    valid)."""
+
+    def __init__(self, reader: WeightsReader):
+        self._reader = reader
+
+    @property
+    def generation(self) -> int:
+        """The generation this reader holds now."""
+        return self._reader.generation
+
+    @property
+    def name(self) -> str:
+        return self._reader.name
+
+    @property
+    def backend(self) -> str:
+        return self._reader.backend
+
+    @property
+    def owner_gone(self) -> bool:
+        return self._reader.owner_gone
+
+    def tensors(self) -> dict[str, WeightsTensor]:
+        """The held generation's tensors, in place (``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack``,
+        ``numpy.from_dlpack`` on the host backend); each keeps its generation alive while it (or a tensor made from
+        it) lives. Read-only by convention: the owner's, and every reader's."""
+        return dict(self._reader.tensors())
+
+    def manifest(self) -> list[tuple[str, str, list[int], list[int], int, int | None]]:
+        """``(name, dtype, shape, strides, offset, checksum)`` of every tensor of the held generation."""
+        return self._reader.manifest()
+
+    def latest(self) -> int:
+        """The newest published generation (a word in shared memory, no round trip). Raises ``OwnerGone``."""
+        return self._reader.latest()
+
+    def refresh(self) -> int:
+        """Moves to the newest generation and returns it (old tensors stay valid until dropped)."""
+        return self._reader.refresh()
+
+    def wait_for(self, generation: int, timeout: float | None = None) -> int:
+        """Blocks until ``generation`` or newer is published (Ctrl-C-able); returns the newest. Does not move: call
+        ``refresh()``. Raises ``Timeout``, ``OwnerGone``."""
+        return self._reader.wait_for(generation, timeout)
+
+    def verify(self) -> int:
+        """Checks the held generation against its manifest's checksums; returns the tensors checked (0 without)."""
+        return self._reader.verify()
+
+    def load_into(self, module_or_dict: Any, stream: Any = None, strict: bool = True) -> int:
+        """Copies the held generation into existing tensors in place (their pointers unchanged, so CUDA graphs that
+        captured them stay valid): a module's ``state_dict()`` or a ``Mapping[str, tensor]``. On a GPU the copies
+        are queued on ``stream`` (default: PyTorch's current stream) with ``cuMemcpyAsync`` (copy engines); the
+        held generation stays mapped until they are done. Shapes and dtypes are checked first; ``strict``: the names
+        must match both ways (else the target's names not in the set are refused, the set's others skipped).
+        Returns the tensors copied."""
+        target = _state_dict(module_or_dict)
+        entries = {name: (dtype, tuple(shape)) for name, dtype, shape, _s, _o, _c in self.manifest()}
+        unknown = sorted(set(target) - set(entries))
+        missing = sorted(set(entries) - set(target)) if strict else []
+        if unknown or missing:
+            raise ArgumentError(
+                f"weight set {self.name!r} generation {self.generation}: names differ "
+                f"(not in the set: {unknown[:5]}, not in the target: {missing[:5]})"
+            )
+        described = {}
+        for name, obj in target.items():
+            t = _describe_target(name, obj)
+            dtype, shape = entries[name]
+            if (t.dtype, t.shape) != (dtype, shape):
+                raise ArgumentError(
+                    f"tensor {name!r} is {t.dtype} {list(t.shape)} here, {dtype} {list(shape)} in the set"
+                )
+            described[name] = t
+        device = self._reader.device
+        on_device = []
+        for name, t in described.items():
+            if device is not None and t.device is not None:
+                if t.device != device:
+                    raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
+                on_device.append((name, t.ptr, t.nbytes))
+            else:
+                _fill_host(t, self._reader.read(name))
+        if on_device:
+            self._reader.copy_out(on_device, _stream_of(stream, device))
+        return len(described)
+
+    def close(self) -> None:
+        self._reader.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._reader.closed
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *_args: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Reader(name={self.name!r}, generation={self.generation})"
+
+
+def _describe_target(name: str, obj: Any) -> _Tensor:
+    """A tensor to copy into, in place: it must be contiguous (its own memory is written)."""
+    if _is_torch(obj):
+        if not obj.is_contiguous():
+            raise ArgumentError(f"tensor {name!r} is not contiguous: load_into writes tensors in place")
+        return _describe(name, obj)
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _describe(name, obj)
+    import numpy
+
+    if not isinstance(obj, numpy.ndarray) or not obj.flags.c_contiguous or not obj.flags.writeable:
+        raise ArgumentError(f"tensor {name!r}: load_into writes writable contiguous arrays in place")
+    return _Tensor(obj, obj.dtype.name, tuple(obj.shape), int(obj.ctypes.data), int(obj.nbytes), None)
+
+
+def _fill_host(t: _Tensor, data: bytes) -> None:
+    obj = t.obj
+    if _is_torch(obj):
+        import torch
+
+        if obj.numel():
+            src = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            with torch.no_grad():
+                obj.view(-1).view(torch.uint8).copy_(src.to(obj.device))
+        return
+    import numpy
+
+    obj.reshape(-1).view(numpy.uint8)[...] = numpy.frombuffer(data, dtype=numpy.uint8)
+
+
+def open(
+    socket: str | os.PathLike[str],
+    name: str,
+    backend: str | None = None,
+    timeout: float = 10.0,
+    device: int = 0,
+) -> Reader:
+    """Opens the weight set ``name`` served at ``socket`` and takes its newest generation (waiting up to ``timeout``
+    seconds for the first). ``backend``: the owner's (default: asked of it). ``device``: the GPU to map it on
+    (the set's device; another is refused with ``BackendError``). Raises ``NoOwner``, ``NotFound`` (no such set),
+    ``Timeout``, ``WireError`` (a manifest that fails its checks)."""
+    return Reader(WeightsReader(socket, name, backend=backend, device=device, timeout=timeout))

@@ -1,0 +1,277 @@
+"""Weight sets between processes (gpu_ipc.weights.publish / open) on the host backend: every tensor read in place,
+generations held while the owner publishes more, load_into in place, dead owners and readers, hostile input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import gpu_ipc
+import gpu_ipc.weights
+
+
+def state_dict(generation: int) -> dict[str, np.ndarray]:
+    """A small state_dict of mixed dtypes and shapes whose every element says its generation."""
+    return {
+        "embed.weight": np.full((16, 8), generation, dtype=np.float32),
+        "layers.0.norm": np.full((8,), generation, dtype=np.float16),
+        "layers.0.proj.weight": np.full((4, 8), generation % 127, dtype=np.int8),
+        "step": np.array(generation, dtype=np.int64),
+    }
+
+
+def assert_generation(tensors: dict[str, gpu_ipc.weights.WeightsTensor], generation: int) -> None:
+    for name, t in tensors.items():
+        a = np.from_dlpack(t)
+        want = state_dict(generation)[name]
+        assert a.shape == want.shape and a.dtype == want.dtype, name
+        assert np.array_equal(a, want), f"{name} of generation {generation}"
+
+
+def test_publish_open_read_every_tensor_in_place(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "llama", socket=sock, checksums=True) as pub:
+        assert pub.generation == 1 and pub.backend == "host"
+        with gpu_ipc.weights.open(sock, "llama") as r:
+            assert r.generation == 1 and r.latest() == 1
+            tensors = r.tensors()
+            assert sorted(tensors) == sorted(state_dict(1))
+            assert_generation(tensors, 1)
+            assert tensors["embed.weight"].dtype == "float32" and tensors["embed.weight"].shape == (16, 8)
+            assert np.from_dlpack(tensors["step"]).ctypes.data == tensors["step"].ptr  # no copy
+            assert r.verify() == 4
+            manifest = {name: (dtype, shape, offset) for name, dtype, shape, _s, offset, _c in r.manifest()}
+            assert manifest["layers.0.norm"][:2] == ("float16", [8])
+            assert all(offset % 256 == 0 for _d, _s, offset in manifest.values())
+
+
+def test_a_reader_keeps_its_generation_until_it_refreshes(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock) as pub:
+        r = gpu_ipc.weights.open(sock, "m")
+        held = r.tensors()
+        assert pub.update(state_dict(2)) == 2
+        assert pub.update(state_dict(3)) == 3
+        assert r.latest() == 3 and r.generation == 1
+        assert_generation(held, 1)  # generation 1 was retired while held: its bytes are intact
+        wait_for_readers(pub, 1)
+        assert pub.readers() == [(os.getpid(), 1)]
+        assert r.refresh() == 3
+        assert_generation(r.tensors(), 3)
+        assert_generation(held, 1)  # old views stay valid until dropped
+        assert sorted(pub.readers()) == [(os.getpid(), 1), (os.getpid(), 3)]
+        del held
+        assert pub.readers() == [(os.getpid(), 3)]
+        assert r.wait_for(3, timeout=0.01) == 3
+        with pytest.raises(gpu_ipc.Timeout):
+            r.wait_for(4, timeout=0.1)
+        r.close()
+        assert r.closed
+
+
+def test_stage_and_commit_write_in_place(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock) as pub:
+        staged = pub.stage()
+        for name, t in staged.items():
+            np.from_dlpack(t)[...] = state_dict(2)[name]
+        assert pub.commit() == 2
+        r = gpu_ipc.weights.open(sock, "m")
+        assert r.generation == 2
+        assert_generation(r.tensors(), 2)
+
+
+def test_load_into_copies_in_place_and_checks_shapes(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(5), "m", socket=sock) as pub:
+        r = gpu_ipc.weights.open(sock, "m")
+        target = {k: np.zeros_like(v) for k, v in state_dict(0).items()}
+        pointers = {k: v.ctypes.data for k, v in target.items()}
+        assert r.load_into(target) == 4
+        assert all(np.array_equal(target[k], v) for k, v in state_dict(5).items())
+        assert {k: v.ctypes.data for k, v in target.items()} == pointers
+        pub.update(state_dict(6))
+        r.refresh()
+        r.load_into(target)
+        assert all(np.array_equal(target[k], v) for k, v in state_dict(6).items())
+        wrong = dict(target, step=np.zeros((2,), dtype=np.int64))
+        with pytest.raises(gpu_ipc.ArgumentError, match="step"):
+            r.load_into(wrong)
+        with pytest.raises(gpu_ipc.ArgumentError, match="names differ"):
+            r.load_into({"ghost": np.zeros(1)})
+        partial = {"step": np.zeros((), dtype=np.int64)}
+        assert r.load_into(partial, strict=False) == 1 and int(partial["step"]) == 6
+
+
+def test_update_refuses_another_layout(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock) as pub:
+        with pytest.raises(gpu_ipc.ArgumentError, match="names differ"):
+            pub.update({"embed.weight": np.zeros((16, 8), dtype=np.float32)})
+        bad = dict(state_dict(2), step=np.zeros((3,), dtype=np.int64))
+        with pytest.raises(gpu_ipc.ArgumentError, match="step"):
+            pub.update(bad)
+        assert pub.generation == 1
+
+
+def test_a_wrong_name_and_no_owner_say_so(sock: str) -> None:
+    with pytest.raises(gpu_ipc.NoOwner):
+        gpu_ipc.weights.open(sock, "m", timeout=0.5)
+    with gpu_ipc.weights.publish(state_dict(1), "llama", socket=sock):
+        with pytest.raises(gpu_ipc.NotFound, match="publishes llama"):
+            gpu_ipc.weights.open(sock, "mistral")
+
+
+def test_the_owner_closing_raises_owner_gone_and_held_tensors_stay(sock: str) -> None:
+    pub = gpu_ipc.weights.publish(state_dict(1), "m", socket=sock)
+    r = gpu_ipc.weights.open(sock, "m")
+    tensors = r.tensors()
+    pub.close()
+    with pytest.raises(gpu_ipc.OwnerGone):
+        r.latest()
+    with pytest.raises(gpu_ipc.OwnerGone):
+        r.wait_for(2, timeout=5)
+    assert_generation(tensors, 1)
+
+
+READER = """
+import sys, time, numpy as np, gpu_ipc.weights
+r = gpu_ipc.weights.open(sys.argv[1], "m", timeout=10)
+mode = sys.argv[2]
+t = r.tensors()
+print("HELD", r.generation, flush=True)
+if mode == "hold":
+    sys.stdin.readline()
+    assert all(np.all(np.from_dlpack(v) == (r.generation % 127 if k.endswith("proj.weight") else r.generation))
+               for k, v in t.items())
+    held = r.generation
+    r.refresh()
+    print("MOVED", held, r.generation, flush=True)
+    sys.stdin.readline()
+elif mode == "sleep":
+    time.sleep(60)
+elif mode == "switch":
+    switches = mixed = 0
+    while r.generation < int(sys.argv[3]):
+        before = r.generation
+        if r.refresh() != before:
+            switches += 1
+        g = r.generation
+        for k, v in r.tensors().items():
+            want = g % 127 if k.endswith("proj.weight") else g
+            if not np.all(np.from_dlpack(v) == want):
+                mixed += 1
+        assert r.verify() == 4
+    print("RESULT", switches, mixed, flush=True)
+"""
+
+OWNER = """
+import sys, time, numpy as np, gpu_ipc.weights
+sd = {"w": np.full((64,), 1, dtype=np.float32), "b": np.full((8,), 1, dtype=np.int64)}
+pub = gpu_ipc.weights.publish(sd, "m", socket=sys.argv[1])
+print("PUBLISHED", pub.generation, flush=True)
+time.sleep(60)
+"""
+
+
+def spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+
+
+def wait_for_readers(pub: gpu_ipc.weights.Publisher, n: int) -> None:
+    """Until the owner's door has recorded ``n`` readers (a child says it opened a moment before that)."""
+    deadline = time.monotonic() + 10
+    while len({pid for pid, _g in pub.readers()}) < n:
+        assert time.monotonic() < deadline, pub.readers()
+        time.sleep(0.002)
+
+
+def expect(proc: subprocess.Popen[str], tag: str) -> list[str]:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"the child ended before {tag}"
+        if line.startswith(tag):
+            return line.split()[1:]
+
+
+def test_a_reader_process_holds_n_while_the_owner_publishes_n_plus_1_and_n_plus_2(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock) as pub:
+        child = spawn(READER, sock, "hold")
+        try:
+            assert expect(child, "HELD") == ["1"]
+            wait_for_readers(pub, 1)
+            pub.update(state_dict(2))
+            pub.update(state_dict(3))
+            assert pub.readers() == [(child.pid, 1)]
+            assert pub.arenas() == 3
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert expect(child, "MOVED") == ["1", "3"]
+            child.stdin.write("done\n")
+            child.stdin.flush()
+            assert child.wait(timeout=30) == 0
+        finally:
+            child.kill()
+        deadline = time.monotonic() + 2
+        while pub.readers() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pub.readers() == []
+        pub.update(state_dict(4))
+        assert pub.arenas() == 2
+
+
+def test_a_reader_killed_releases_its_generation(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock, keep=1, max_arenas=2) as pub:
+        child = spawn(READER, sock, "sleep")
+        try:
+            expect(child, "HELD")
+            wait_for_readers(pub, 1)
+            pub.update(state_dict(2))
+            with pytest.raises(gpu_ipc.PoolFull):
+                pub.update(state_dict(3))  # the reader holds 1, 2 is the newest: no third arena
+            assert pub.readers() == [(child.pid, 1)]
+            os.kill(child.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            child.wait()
+            while pub.readers():
+                assert time.monotonic() - killed < 1.0, "the dead reader's generation was not released"
+                time.sleep(0.005)
+            assert pub.update(state_dict(3)) == 3
+        finally:
+            child.kill()
+
+
+def test_the_owner_killed_is_seen_within_a_second(sock: str) -> None:
+    owner = spawn(OWNER, sock)
+    try:
+        expect(owner, "PUBLISHED")
+        r = gpu_ipc.weights.open(sock, "m")
+        tensors = r.tensors()
+        os.kill(owner.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        owner.wait()
+        with pytest.raises(gpu_ipc.OwnerGone):
+            r.wait_for(2, timeout=5)
+        assert time.monotonic() - killed < 1.0
+        assert np.all(np.from_dlpack(tensors["w"]) == 1) and np.all(np.from_dlpack(tensors["b"]) == 1)
+    finally:
+        owner.kill()
+
+
+def test_a_thousand_switches_show_no_mixed_generation(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock, checksums=True) as pub:
+        child = spawn(READER, sock, "switch", "1000")
+        try:
+            expect(child, "HELD")
+            while pub.generation < 1000:
+                pub.update(state_dict(pub.generation + 1))
+            switches, mixed = expect(child, "RESULT")
+            assert child.wait(timeout=60) == 0
+        finally:
+            child.kill()
+        assert int(mixed) == 0 and int(switches) >= 1
