@@ -8,7 +8,7 @@ use ipc_core::pool::layout::{BlockId, Geometry};
 use ipc_core::pool::{BLOCK_PIECES_BYTES, BlockPieces, BlockReply, BlockRequest, PoolOffer};
 use ipc_core::queue::QueueOffer;
 use ipc_core::queue::layout::Geometry as QueueGeometry;
-use ipc_core::semaphore::{OfferedCount, SemaphoreOffer};
+use ipc_core::semaphore::SemaphoreOffer;
 use ipc_core::weights::{Manifest, TensorEntry};
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Header,
@@ -202,15 +202,7 @@ fn queue_offer(backend: BackendKind) -> QueueOffer {
 }
 
 fn semaphore_offer() -> SemaphoreOffer {
-    SemaphoreOffer {
-        layout_version: 3,
-        record: 2,
-        epoch: 5,
-        max_peers: 32,
-        shared_bytes: 65_536,
-        generation: 9,
-        count: OfferedCount::Device { backend: BackendKind::Vmm, bytes: 2 << 20, legacy_mem_handle: None },
-    }
+    SemaphoreOffer { layout_version: 1, record: 2, epoch: 5, max_peers: 32, shared_bytes: 65_536, generation: 9 }
 }
 
 /// A weights manifest (`ipc_core::weights::Manifest::decode`) on the fuzzer's bytes: byte 0 picks the extent

@@ -17,7 +17,7 @@ use ipc_core::queue::QueueOffer;
 use ipc_core::queue::layout::Geometry as QueueGeometry;
 use ipc_core::ring::layout::{MAGIC as RING_MAGIC, header};
 use ipc_core::ring::{ControlBlock, LivenessPolicy, ProducerControl, RingConfig, RingLayout, SlotIndex};
-use ipc_core::semaphore::{OfferedCount, SemaphoreOffer};
+use ipc_core::semaphore::SemaphoreOffer;
 use ipc_core::sys::shm::SharedMemory;
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES,
@@ -208,15 +208,14 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
             Message::ObjectOffer(ObjectOffer {
                 kind: ObjectKind::Semaphore,
                 peer_id: 3,
-                fd_count: 2,
+                fd_count: 1,
                 body: SemaphoreOffer {
-                    layout_version: 3,
+                    layout_version: 2,
                     record: 3,
                     epoch: 7,
                     max_peers: 32,
                     shared_bytes: 65536,
                     generation: 0x1_8765_4321,
-                    count: OfferedCount::Device { backend: BackendKind::Vmm, bytes: 2 << 20, legacy_mem_handle: None },
                 }
                 .encode(),
             }),
