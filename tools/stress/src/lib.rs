@@ -51,7 +51,7 @@ use serde::Serialize;
 
 use containers::ContainerRun;
 use harness::mps::{MpsControl, MpsDaemon};
-use kernel_kills::KernelKillRun;
+use kernel_kills::{KernelKillRate, KernelKillRun};
 use outcome::{CellCounts, Check, Status, Trial, TrialOutcome};
 use procs::ChildEnv;
 use run::{Ctx, CyclesRun, FrontDoorRun, NamespaceRun};
@@ -127,7 +127,7 @@ pub struct StressArgs {
     /// Where the `producer` and `consumer` programs are [default: next to this program].
     #[arg(long, value_name = "DIR")]
     pub bin_dir: Option<PathBuf>,
-    /// Only this backend [default: legacy and vmm; mps-kills and soak: vmm]. `host` (no GPU) runs only the CPU cells
+    /// Only this backend [default: legacy and vmm; soak: vmm]. `host` (no GPU) runs only the CPU cells
     /// of `containers` and `soak --sync cpu-spin`: the harness's own check.
     #[arg(long, value_parser = ["legacy", "vmm", "host"])]
     pub backend: Option<String>,
@@ -141,6 +141,9 @@ pub struct StressArgs {
     /// Kills per matrix cell [default: 10; 3 with --quick].
     #[arg(long, value_name = "N")]
     pub kills: Option<u32>,
+    /// Trials per mps-kills cell, so that a fault is a rate, not an anecdote [default: 3].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub trials: Option<u32>,
     /// Attach/detach cycles per run [default: 1000; 200 with --quick].
     #[arg(long, value_name = "N")]
     pub cycles: Option<u64>,
@@ -203,7 +206,12 @@ impl StressArgs {
         BACKENDS.iter().copied().filter(|b| self.backend.as_deref().is_none_or(|x| x == *b)).collect()
     }
 
-    /// The one backend of mps-kills and the soak: `--backend`, else vmm.
+    /// Trials per mps-kills cell: `--trials`, else [`kernel_kills::DEFAULT_TRIALS`].
+    pub fn mps_kill_trials(&self) -> u32 {
+        self.trials.unwrap_or(kernel_kills::DEFAULT_TRIALS)
+    }
+
+    /// The one backend of the soak: `--backend`, else vmm.
     fn one_backend(&self) -> &'static str {
         self.backends().first().copied().filter(|_| self.backend.is_some()).unwrap_or("vmm")
     }
@@ -295,8 +303,10 @@ pub struct StressReport {
     pub container_proof: Option<String>,
     /// The containers' cells.
     pub containers: Vec<ContainerRun>,
-    /// The kills while a kernel waits, per MPS mode.
+    /// The kills while a kernel waits: every trial, per backend and MPS mode.
     pub mps_kills: Vec<KernelKillRun>,
+    /// The same, counted per cell: how often a kill faulted the other clients.
+    pub mps_kill_rates: Vec<KernelKillRate>,
     /// The soak (`null` unless `soak` ran).
     pub soak: Option<SoakReport>,
     /// Every check.
@@ -364,6 +374,7 @@ pub fn main(args: &StressArgs) -> u8 {
         container_proof: None,
         containers: Vec::new(),
         mps_kills: Vec::new(),
+        mps_kill_rates: Vec::new(),
         soak: None,
         checks: Vec::new(),
         passed: false,
@@ -495,11 +506,16 @@ pub fn list_cells(args: &StressArgs) -> String {
                 }
             }
             Part::MpsKills => {
-                for &mps in modes {
-                    for c in kernel_kills::cells(args.one_backend(), mps) {
-                        let must = kernel_kills::unavailable(c.kind, mps)
-                            .map_or(kernel_kills::EXPECTATION.to_owned(), |why| format!("not run: {why}"));
-                        line(&c.name(), &must);
+                let trials = args.mps_kill_trials();
+                for &backend in &backends {
+                    for &mps in modes {
+                        for c in kernel_kills::cells(backend, mps) {
+                            let must = kernel_kills::unavailable(c.kind, mps).map_or_else(
+                                || format!("{trials} trials: {}", kernel_kills::EXPECTATION),
+                                |why| format!("not run: {why}"),
+                            );
+                            line(&c.name(), &must);
+                        }
                     }
                 }
             }
@@ -618,7 +634,15 @@ mod tests {
             list.contains("mps-kills   vmm/persistent kernel/producer killed (no MPS): not run: needs MPS"),
             "{list}"
         );
-        assert!(list.contains("mps-kills   vmm/gpu-poll wait/consumer killed (MPS): no hang"), "{list}");
+        assert!(list.contains("mps-kills   vmm/gpu-poll wait/consumer killed (MPS): 3 trials: no hang"), "{list}");
+        assert!(
+            list.contains("mps-kills   legacy/persistent kernel/producer killed (MPS): 3 trials: no hang"),
+            "{list}"
+        );
+        let five = list_cells(&parse(&["mps-kills", "--backend", "vmm", "--trials", "5", "--list"]));
+        assert!(five.contains("vmm/frame graphs/producer killed (no MPS): 5 trials: no hang"), "{five}");
+        assert!(!five.contains("legacy/"), "{five}");
+        assert!(Cli::try_parse_from(["stress", "mps-kills", "--trials", "0"]).is_err());
         assert_eq!(main(&parse(&["soak", "--list"])), 0);
     }
 

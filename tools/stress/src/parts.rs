@@ -86,57 +86,77 @@ pub(crate) fn run_containers(ctx: &Ctx, backends: &[&'static str], args: &Stress
     }
 }
 
-/// The `mps-kills` part, on one backend (`--backend`, else vmm), in the MPS modes of `--mps`.
+/// The `mps-kills` part, on each backend of `--backend` (legacy and vmm by default), in the MPS modes of `--mps`,
+/// `--trials` trials per cell (each its own check), then one line per cell with its fault rate.
 pub(crate) fn run_mps_kills(ctx: &Ctx, args: &StressArgs, report: &mut StressReport) {
-    let backend = args.one_backend();
+    let trials = args.mps_kill_trials();
     let control = MpsControl::from_path();
-    for &mps in args.mps_modes() {
-        let mode = if mps { "MPS" } else { "no MPS" };
-        eprintln!("gpu-ipc-stress: kills while a kernel waits ({backend}, {mode}), with a bystander pair");
-        let mut daemon = None;
-        let mut cell_ctx = Ctx { mps, ..ctx.clone() };
-        if mps {
-            match start_mps(&control) {
-                Ok((d, env)) => {
-                    cell_ctx.env = env;
-                    daemon = Some(d);
-                }
-                Err(reason) => {
-                    let check = no_mps_check("mps-kills", "kills while a kernel waits", &reason, args.allow_no_mps);
-                    print_checks(std::slice::from_ref(&check));
-                    report.checks.push(check);
-                    continue;
-                }
-            }
-        }
-        for cell in kernel_kills::cells(backend, mps) {
-            let run = kernel_kills::trial(&cell_ctx, cell);
-            let check = Check::new("mps-kills", cell.name(), run.status, run.detail.clone());
-            print_checks(std::slice::from_ref(&check));
-            report.checks.push(check);
-            // After a fault (or anything wrong) under MPS, a fresh daemon, so that the next cell starts clean.
-            let spoiled = run.faulted > 0 || run.status == Status::Failed;
-            report.mps_kills.push(run);
-            if spoiled && let Some(d) = daemon.take() {
-                stop_mps(d, args, "mps-log-mps-kills-fault");
+    let first = report.mps_kills.len();
+    for backend in args.backends() {
+        for &mps in args.mps_modes() {
+            let mode = if mps { "MPS" } else { "no MPS" };
+            eprintln!(
+                "gpu-ipc-stress: kills while a kernel waits ({backend}, {mode}), {trials} trials per cell, with a \
+                 bystander pair"
+            );
+            let mut daemon = None;
+            let mut cell_ctx = Ctx { mps, ..ctx.clone() };
+            if mps {
                 match start_mps(&control) {
                     Ok((d, env)) => {
                         cell_ctx.env = env;
                         daemon = Some(d);
                     }
                     Err(reason) => {
-                        let check = no_mps_check("mps-kills", "restarting MPS after a fault", &reason, false);
+                        let check = no_mps_check("mps-kills", "kills while a kernel waits", &reason, args.allow_no_mps);
                         print_checks(std::slice::from_ref(&check));
                         report.checks.push(check);
-                        break;
+                        continue;
                     }
                 }
             }
-        }
-        if let Some(d) = daemon {
-            stop_mps(d, args, "mps-log-mps-kills");
+            'cells: for cell in kernel_kills::cells(backend, mps) {
+                for n in 1..=trials {
+                    let mut run = kernel_kills::trial(&cell_ctx, cell);
+                    run.trial = n;
+                    let not_run = run.status == Status::NotRun;
+                    let name = if not_run { cell.name() } else { format!("{} trial {n}/{trials}", cell.name()) };
+                    let check = Check::new("mps-kills", name, run.status, run.detail.clone());
+                    print_checks(std::slice::from_ref(&check));
+                    report.checks.push(check);
+                    // After a fault (or anything wrong) under MPS, a fresh daemon, so that the next trial starts
+                    // clean.
+                    let spoiled = run.faulted > 0 || run.status == Status::Failed;
+                    report.mps_kills.push(run);
+                    if not_run {
+                        continue 'cells;
+                    }
+                    if spoiled && let Some(d) = daemon.take() {
+                        stop_mps(d, args, "mps-log-mps-kills-fault");
+                        match start_mps(&control) {
+                            Ok((d, env)) => {
+                                cell_ctx.env = env;
+                                daemon = Some(d);
+                            }
+                            Err(reason) => {
+                                let check = no_mps_check("mps-kills", "restarting MPS after a fault", &reason, false);
+                                print_checks(std::slice::from_ref(&check));
+                                report.checks.push(check);
+                                break 'cells;
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some(d) = daemon {
+                stop_mps(d, args, "mps-log-mps-kills");
+            }
         }
     }
+    for rate in kernel_kills::rates(&report.mps_kills[first..]) {
+        eprintln!("gpu-ipc-stress: mps-kills rate: {}: {}", rate.cell.name(), rate.summary());
+    }
+    report.mps_kill_rates = kernel_kills::rates(&report.mps_kills);
 }
 
 /// `soak`: under a private MPS daemon unless `--mps off`.

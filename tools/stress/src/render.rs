@@ -233,16 +233,34 @@ fn mps_kills_table(md: &mut String, r: &StressReport) {
         super::kernel_kills::KILL_AFTER,
         super::kernel_kills::EXPECTATION
     );
-    md.push_str("| MPS | backend | kernel | victim | clients faulted | survivor ended after (s) | result | detail |\n|---|---|---|---|---:|---:|---|---|\n");
-    for k in &r.mps_kills {
-        let faulted = if k.status == Status::NotRun { "-".to_owned() } else { format!("{}/{}", k.faulted, k.clients) };
+    md.push_str("| MPS | backend | kernel | victim | trials run | with a fault | clients faulted | slowest survivor end (s) | failed |\n|---|---|---|---|---:|---:|---:|---:|---:|\n");
+    for k in &r.mps_kill_rates {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {faulted} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {}/{} | {} | {} |",
             if k.cell.mps { "yes" } else { "no" },
             k.cell.backend,
             k.cell.kind.name(),
             k.cell.victim.name(),
+            k.trials,
+            k.trials_with_fault,
+            k.clients_faulted,
+            k.clients,
+            k.survivor_end_max_s.map_or_else(|| "-".to_owned(), |s| format!("{s:.3}")),
+            k.failed
+        );
+    }
+    md.push_str("\nEvery trial:\n\n| MPS | backend | kernel | victim | trial | clients faulted | survivor ended after (s) | result | detail |\n|---|---|---|---|---:|---:|---:|---|---|\n");
+    for k in &r.mps_kills {
+        let faulted = if k.status == Status::NotRun { "-".to_owned() } else { format!("{}/{}", k.faulted, k.clients) };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {faulted} | {} | {} | {} |",
+            if k.cell.mps { "yes" } else { "no" },
+            k.cell.backend,
+            k.cell.kind.name(),
+            k.cell.victim.name(),
+            k.trial,
             k.survivor_end_s.map_or_else(|| "-".to_owned(), |s| format!("{s:.3}")),
             k.status.word(),
             cell(&k.detail)
@@ -455,6 +473,7 @@ mod tests {
             container_proof: Some("inside: pid 1".into()),
             containers: vec![],
             mps_kills: vec![],
+            mps_kill_rates: vec![],
             soak: None,
             checks: vec![
                 Check::new("hostile", "vmm: random bytes", Status::Passed, "6 clients"),
@@ -560,6 +579,7 @@ mod new_parts_tests {
         let cell = KernelCell { backend: "vmm", kind: KernelKind::GpuPoll, victim: Victim::Producer, mps: true };
         r.mps_kills = vec![KernelKillRun {
             cell,
+            trial: 1,
             status: Status::Finding,
             detail: "mps clients faulted: 3/3 (survivor FAULTED: ...)".into(),
             clients: 3,
@@ -568,6 +588,7 @@ mod new_parts_tests {
             killed_at_ms: Some(800.0),
             seconds: 4.0,
         }];
+        r.mps_kill_rates = crate::kernel_kills::rates(&r.mps_kills);
         r.soak = Some(SoakReport {
             backend: "vmm".into(),
             sync: "gpu-stream-ops".into(),
@@ -605,6 +626,7 @@ mod new_parts_tests {
             container_proof: None,
             containers: vec![],
             mps_kills: vec![],
+            mps_kill_rates: vec![],
             soak: None,
             checks: vec![],
             passed: true,
@@ -620,9 +642,12 @@ mod new_parts_tests {
         assert!(md.contains("| vmm/ipc-event ring | a consumer in a container verifies all 200 frames"), "{md}");
         assert!(md.contains("| 0 | 0 | 0.0 | FAILED | a raw CUDA error"), "{md}");
         assert!(
-            md.contains("| yes | vmm | gpu-poll wait | producer | 3/3 | 0.012 | finding | mps clients faulted: 3/3"),
+            md.contains(
+                "| yes | vmm | gpu-poll wait | producer | 1 | 3/3 | 0.012 | finding | mps clients faulted: 3/3"
+            ),
             "{md}"
         );
+        assert!(md.contains("| yes | vmm | gpu-poll wait | producer | 1 | 1 | 3/3 | 0.012 | 0 |"), "{md}");
         assert!(
             md.contains("| vmm | gpu-stream-ops | yes | 3840x2160 rgb8 | 10000000 | 62208000000000 | 0 | 200.0 | 50000 | 1244.2 | passed |"),
             "{md}"
@@ -635,6 +660,7 @@ mod new_parts_tests {
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["mps_kills"][0]["cell"]["kind"], "gpu-poll");
         assert_eq!(json["mps_kills"][0]["faulted"], 3);
+        assert_eq!(json["mps_kill_rates"][0]["trials_with_fault"], 1);
         assert_eq!(json["containers"][0]["sync"], "ipc-event");
         assert_eq!(json["soak"]["mismatched_words"], 0);
         assert_eq!(json["soak"]["frames"], 10_000_000);
