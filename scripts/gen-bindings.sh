@@ -44,7 +44,8 @@ FUNCTIONS=(
     cuMemAllocManaged cuMemHostAlloc cuMemGetAddressRange_v2 cuMemRetainAllocationHandle
     cuStreamBatchMemOp_v2 cuLaunchHostFunc
     cuStreamBeginCapture_v2 cuStreamEndCapture cuGraphInstantiateWithFlags cuGraphLaunch cuGraphExecDestroy
-    cuGraphDestroy
+    cuGraphDestroy cuStreamGetCaptureInfo_v2 cuStreamUpdateCaptureDependencies cuGraphAddBatchMemOpNode
+    cuGraphExecBatchMemOpNodeSetParams
 )
 ALLOW_FN="^($(IFS='|'; echo "${FUNCTIONS[*]}"))\$"
 
@@ -58,7 +59,7 @@ if ! {
     bindgen "$CUDA_INCLUDE/cuda.h" \
         --dynamic-loading CudaDriverApi \
         --allowlist-function "$ALLOW_FN" \
-        --allowlist-type '^(CUstreamWaitValue_flags|CUstreamWriteValue_flags|CUevent_flags|CUstream_flags|CUipcMem_flags|CUcomputemode|CUmemAllocationHandleType|CUmemLocationType|CUmemAllocationType|CUmemAllocationGranularity_flags|CUmemAccess_flags|CUpointer_attribute|CUdevice_attribute|CUfunction_attribute|CUmemAttach_flags|CUstreamBatchMemOpType|CUstreamCaptureMode)(_enum)?$' \
+        --allowlist-type '^(CUstreamWaitValue_flags|CUstreamWriteValue_flags|CUevent_flags|CUstream_flags|CUipcMem_flags|CUcomputemode|CUmemAllocationHandleType|CUmemLocationType|CUmemAllocationType|CUmemAllocationGranularity_flags|CUmemAccess_flags|CUpointer_attribute|CUdevice_attribute|CUfunction_attribute|CUmemAttach_flags|CUstreamBatchMemOpType|CUstreamCaptureMode|CUstreamCaptureStatus|CUstreamUpdateCaptureDependencies_flags)(_enum)?$' \
         --allowlist-var '^(CU_IPC_HANDLE_SIZE|CU_MEMHOSTREGISTER_.*|CU_MEMHOSTALLOC_.*|CU_TRSF_.*)$' \
         --newtype-enum 'cudaError_enum' \
         --default-enum-style consts \

@@ -2,8 +2,9 @@
 //! on its frame graphs (`capture_frame_graphs`: per slot one CUDA graph holding the ring's wait, the pattern kernel
 //! and the publish or release; a lap of the ring per `cuGraphLaunch` when the row is whole laps), so that no ring
 //! call is made on the CPU per frame. What they measure is the CPU's cost per frame of that mode and its rate
-//! beside the same ring driven call by call (`ours-BACKEND-STRATEGY-sN-c1`). The graphs' waits are kernels: the
-//! rows run under MPS only, as `gpu-poll` does. There is no latency figure: the CPU sees no frame.
+//! beside the same ring driven call by call (`ours-BACKEND-STRATEGY-sN-c1`). The row's name ends with how the graphs
+//! wait: `kernel-waits` (kernels that poll: under MPS only, as `gpu-poll`) or `stream-op-waits` (nodes of stream
+//! waits: with and without MPS). There is no latency figure: the CPU sees no frame.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use gpu_ipc::kernels::launch::KernelError;
 
 use super::consumer::{ConsumerGpu, ConsumerPlan, Setup, attach};
 use super::results::{ConsumerReport, Measurement};
-use super::rows::{RowSpec, graph_lap};
+use super::rows::{GraphWait, RowSpec, graph_lap};
 use super::run::{
     BenchGpu, RunConfig, base_plan, check_deadline, collect_reports, failed_row, frame_error, frame_geometry,
     measurement, socket_path, spawn_consumers, wait_for_consumers, wait_stream,
@@ -25,7 +26,8 @@ use super::run::{
 use super::shared::{PublishStamps, cpu_ns};
 use harness::ProbeError;
 
-/// Runs a frame-graph row: unavailable without MPS, else the producer here and one consumer process.
+/// Runs a frame-graph row: with kernel waits unavailable without MPS, else the producer here and one consumer
+/// process.
 pub(crate) fn row(
     gpu: &BenchGpu,
     cfg: &RunConfig,
@@ -33,14 +35,18 @@ pub(crate) fn row(
     backend: gpu_ipc::BackendKind,
     strategy: SyncStrategy,
     slots: u32,
+    waits: GraphWait,
 ) -> Result<Measurement, ProbeError> {
-    if let Some(why) = MpsEvidence::gather(gpu.context().device()).why_not() {
+    if waits == GraphWait::Kernels
+        && let Some(why) = MpsEvidence::gather(gpu.context().device()).why_not()
+    {
         return Err(ProbeError::Unavailable(format!(
-            "frame graphs wait for slots and frames in kernels, which without MPS hold their context's time slice: \
-             MPS is not running ({why})"
+            "these frame graphs wait for slots and frames in kernels, which without MPS hold their context's time \
+             slice: MPS is not running ({why}); the stream-op-waits rows run without it"
         )));
     }
-    gpu_ipc::dispatch_gpu(backend, GraphProducer { gpu, cfg, spec, strategy, slots }).unwrap_or_else(|e| Err(e.into()))
+    gpu_ipc::dispatch_gpu(backend, GraphProducer { gpu, cfg, spec, strategy, slots, waits })
+        .unwrap_or_else(|e| Err(e.into()))
 }
 
 /// A kernel's launch error where the graphs' recording wants a frame error.
@@ -61,6 +67,7 @@ struct GraphProducer<'a> {
     spec: RowSpec,
     strategy: SyncStrategy,
     slots: u32,
+    waits: GraphWait,
 }
 
 impl GpuBackendVisitor for GraphProducer<'_> {
@@ -80,7 +87,7 @@ impl GpuBackendVisitor for GraphProducer<'_> {
         let produced = (|| -> Result<(f64, u64), ProbeError> {
             wait_for_consumers(&mut producer, 1, &children)?;
             let kernels = gpu.kernels();
-            let options = GraphOptions::new(cfg.frame_timeout).frames_per_launch(lap);
+            let options = GraphOptions::new(cfg.frame_timeout).frames_per_launch(lap).waits(self.waits.waits());
             let mut graphs = producer
                 .capture_frame_graphs(&stream, options, |slot, s| {
                     kernels.fill_at(s, slot.span, slot.frame_state).map_err(kernel_error)
@@ -108,7 +115,13 @@ impl GpuBackendVisitor for GraphProducer<'_> {
         };
         let reports = collect_reports(&mut children)?;
         let notes = vec![format!(
-            "both sides on frame graphs, {lap} frame(s) per cuGraphLaunch; no latency figure (the CPU sees no frame)"
+            "both sides on frame graphs with {} ({}), {lap} frame(s) per cuGraphLaunch; no latency figure (the CPU \
+             sees no frame)",
+            self.waits.name(),
+            match self.waits {
+                GraphWait::Kernels => "kernels that poll the ring's words",
+                GraphWait::StreamOps => "batch memory operation nodes of stream waits, set at each launch",
+            }
         )];
         measurement(cfg, seconds, cpu, &reports, notes)
     }
@@ -125,7 +138,7 @@ impl GpuBackendVisitor for GraphConsumer<'_> {
 
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let plan = self.plan;
-        let RowSpec::Graphs { slots, .. } = plan.spec else {
+        let RowSpec::Graphs { slots, waits, .. } = plan.spec else {
             return Err(ProbeError::Other(format!("{} is not a frame-graph row", plan.spec.name())));
         };
         let gpu = ConsumerGpu::open(plan.device)?;
@@ -133,7 +146,7 @@ impl GpuBackendVisitor for GraphConsumer<'_> {
         let timeout = Duration::from_millis(plan.frame_timeout_ms);
         let measured = plan.frames_total.saturating_sub(plan.warmup);
         let lap = graph_lap(slots, measured, plan.warmup);
-        let options = GraphOptions::new(timeout).frames_per_launch(lap);
+        let options = GraphOptions::new(timeout).frames_per_launch(lap).waits(waits.waits());
         let (kernels, mismatches) = (&gpu.kernels, gpu.mismatches.span());
         let mut graphs = consumer
             .capture_frame_graphs(&gpu.stream, options, |slot, s| {

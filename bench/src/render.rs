@@ -147,7 +147,7 @@ fn graph_words(results: &PipelineResults) -> Option<String> {
         row.row,
         m.fps
     );
-    if let RowSpec::Graphs { backend, strategy, slots } = row.spec {
+    if let RowSpec::Graphs { backend, strategy, slots, .. } = row.spec {
         let calls = RowSpec::Ours { backend, strategy, slots, consumers: 1 };
         if let Some(c) = results.rows.iter().find(|r| r.spec == calls).and_then(RowResult::measured) {
             let _ = write!(line, " ({} call by call: {:.0} FPS)", calls.name(), c.fps);
@@ -337,6 +337,7 @@ pub fn write_charts(charts: &[LineChart], dir: &std::path::Path) -> Result<Vec<s
 mod tests {
     use super::*;
     use crate::results::{LatencySummary, Measurement};
+    use crate::rows::GraphWait;
 
     fn measured(fps: f64, latency: Option<(f64, f64, f64)>, mismatches: u64) -> RowOutcome {
         RowOutcome::Measured(Measurement {
@@ -437,7 +438,10 @@ mod tests {
                 m.producer_cpu_us_per_frame = cpu;
                 m.consumer_cpu_us_per_frame = vec![cpu + 0.5];
             }
-            row(RowSpec::Graphs { backend, strategy: SyncStrategy::GpuStreamOps, slots }, outcome)
+            row(
+                RowSpec::Graphs { backend, strategy: SyncStrategy::GpuStreamOps, slots, waits: GraphWait::Kernels },
+                outcome,
+            )
         };
         results.rows.push(graphs(4, 47_000.0, 1.4));
         results.rows.push(graphs(8, 48_000.0, 0.7));
@@ -447,7 +451,7 @@ mod tests {
             line,
             format!(
                 "On frame graphs (2 rows) the CPU spent at most 1.40 us per frame in the producer and 1.90 us in the \
-                 consumer; the fastest, graphs-{b}-gpu-stream-ops-s8, ran 48000 FPS (ours-{b}-gpu-stream-ops-s8-c1 \
+                 consumer; the fastest, graphs-{b}-gpu-stream-ops-s8-kernel-waits, ran 48000 FPS (ours-{b}-gpu-stream-ops-s8-c1 \
                  call by call: 56000 FPS)."
             )
         );

@@ -316,8 +316,8 @@ pub enum RowSpec {
     },
     /// As [`RowSpec::Ours`] with one consumer, both sides on frame graphs (`capture_frame_graphs`: one CUDA graph
     /// per slot holding the ring's wait, the pattern kernel and the publish or release; a lap of the ring per
-    /// `cuGraphLaunch`): the CPU's cost per frame when no ring call is made per frame. Under MPS only (the graphs'
-    /// waits are kernels).
+    /// `cuGraphLaunch`): the CPU's cost per frame when no ring call is made per frame. The row's name ends with
+    /// how the graphs wait: `kernel-waits` (MPS only) or `stream-op-waits` (both passes).
     Graphs {
         /// The backend.
         backend: BackendKind,
@@ -326,6 +326,9 @@ pub enum RowSpec {
         strategy: SyncStrategy,
         /// Ring slots.
         slots: u32,
+        /// How the graphs wait (absent in results from before stream-op waits: kernels).
+        #[serde(default)]
+        waits: GraphWait,
     },
     /// One pattern kernel alone, back to back in one process.
     Kernel {
@@ -355,8 +358,8 @@ impl RowSpec {
             }
             Self::Memory { test } => test.name().to_owned(),
             Self::Imported { backend, copy } => format!("memory-imported-{}-{}", backend.name(), copy.name()),
-            Self::Graphs { backend, strategy, slots } => {
-                format!("graphs-{}-{}-s{slots}", backend.name(), strategy.name())
+            Self::Graphs { backend, strategy, slots, waits } => {
+                format!("graphs-{}-{}-s{slots}-{}", backend.name(), strategy.name(), waits.name())
             }
             Self::Kernel { kernel } => kernel.name().to_owned(),
         }
@@ -387,6 +390,35 @@ impl RowSpec {
                 | Self::SingleProcessMemOps { .. }
                 | Self::Bandwidth
         )
+    }
+}
+
+/// How a frame-graph row's graphs wait (`gpu_ipc::core::frames::GraphWaits`), the end of its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GraphWait {
+    /// Kernels that poll the ring's words: under MPS only.
+    #[default]
+    Kernels,
+    /// Batch memory operation nodes of stream waits: with and without MPS.
+    StreamOps,
+}
+
+impl GraphWait {
+    /// Both, in the order the rows run.
+    pub const ALL: [GraphWait; 2] = [GraphWait::Kernels, GraphWait::StreamOps];
+
+    /// The library's choice this stands for.
+    pub fn waits(self) -> gpu_ipc::core::frames::GraphWaits {
+        match self {
+            Self::Kernels => gpu_ipc::core::frames::GraphWaits::Kernels,
+            Self::StreamOps => gpu_ipc::core::frames::GraphWaits::StreamOps,
+        }
+    }
+
+    /// `kernel-waits` or `stream-op-waits`.
+    pub fn name(self) -> &'static str {
+        self.waits().name()
     }
 }
 
@@ -424,7 +456,7 @@ pub fn paced_backend(backends: &[BackendKind]) -> Option<BackendKind> {
 /// Every row of a run, references first: the full grid, or with `quick` slots 1 and 4 and 4 consumers only at 4
 /// slots; then the three-stage rows (every backend and strategy at [`THREE_STAGE_SLOTS`] slots), the paced rows
 /// (every strategy at each of [`PACES`], [`paced_backend`], [`PACED_SLOTS`] slots, one consumer), the frame-graph
-/// rows ([`graph_strategies`] at [`GRAPH_SLOTS`], every backend), the memory benchmarks (the imported-buffer copies
+/// rows ([`graph_strategies`] at [`GRAPH_SLOTS`], every backend, both [`GraphWait`]s), the memory benchmarks (the imported-buffer copies
 /// for every backend) and the kernels alone, in both.
 pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
     let mut rows = vec![RowSpec::SingleProcess];
@@ -460,7 +492,9 @@ pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
     }
     for &backend in backends {
         for strategy in graph_strategies() {
-            rows.extend(GRAPH_SLOTS.iter().map(|&slots| RowSpec::Graphs { backend, strategy, slots }));
+            for waits in GraphWait::ALL {
+                rows.extend(GRAPH_SLOTS.iter().map(|&slots| RowSpec::Graphs { backend, strategy, slots, waits }));
+            }
         }
     }
     rows.extend(MemoryTest::ALL.iter().map(|&test| RowSpec::Memory { test }));

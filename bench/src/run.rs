@@ -121,7 +121,9 @@ pub fn run_row(gpu: &BenchGpu, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
         RowSpec::Memory { test } => super::memory::memory(gpu, cfg, test),
         RowSpec::Imported { backend, copy } => super::memory::imported(gpu, cfg, backend, copy),
         RowSpec::Kernel { kernel } => super::memory::kernel_alone(gpu, cfg, kernel),
-        RowSpec::Graphs { backend, strategy, slots } => super::graphs::row(gpu, cfg, spec, backend, strategy, slots),
+        RowSpec::Graphs { backend, strategy, slots, waits } => {
+            super::graphs::row(gpu, cfg, spec, backend, strategy, slots, waits)
+        }
     };
     // Leave nothing of a failed row queued for the next one.
     if let Err(e) = wait_stream(&gpu.ctx, &gpu.stream, cfg.frame_timeout) {

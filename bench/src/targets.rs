@@ -302,7 +302,7 @@ fn over_pipelined(mps: &PipelineResults) -> Judged {
         .collect();
     if !graphs.is_empty() {
         let (lo, hi) = range(graphs.iter().copied());
-        let _ = write!(measured, "; the same rings on frame graphs (both sides' waits in kernels): {lo:.2}x-{hi:.2}x");
+        let _ = write!(measured, "; the same rings on frame graphs: {lo:.2}x-{hi:.2}x");
     }
     Judged { target, measured, met: Some(below.is_empty()) }
 }

@@ -63,7 +63,7 @@ pub use context::Context;
 pub use device::{ComputeMode, Device, DeviceFeature, DeviceUuid, HandleTypes, InvalidDeviceUuid};
 pub use error::{DriverError, Result};
 pub use event::{Event, EventFlags, IpcEventHandle};
-pub use graph::Graph;
+pub use graph::{Graph, GraphCapture, MemOpNode};
 pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer, RegistrableHostMemory};
 pub use ipc::{
     IpcMapping, IpcMemHandle, pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable,

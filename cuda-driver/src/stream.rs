@@ -233,7 +233,7 @@ pub(super) fn chunks_of(n: usize) -> impl Iterator<Item = std::ops::Range<usize>
 const STACK_OPS: usize = 16;
 
 impl MemOp {
-    fn raw(self) -> sys::CUstreamBatchMemOpParams {
+    pub(super) fn raw(self) -> sys::CUstreamBatchMemOpParams {
         match self {
             Self::WaitU64 { address, value, condition } => sys::CUstreamBatchMemOpParams {
                 waitValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {

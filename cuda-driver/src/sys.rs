@@ -14,6 +14,7 @@ pub type CUfunction = *mut CUfunc_st;
 pub type CUevent = *mut CUevent_st;
 pub type CUstream = *mut CUstream_st;
 pub type CUgraph = *mut CUgraph_st;
+pub type CUgraphNode = *mut CUgraphNode_st;
 pub type CUgraphExec = *mut CUgraphExec_st;
 pub type CUmemoryPool = *mut CUmemPoolHandle_st;
 pub type CUuuid = CUuuid_st;
@@ -30,12 +31,16 @@ pub type CUstreamWriteValue_flags_enum = ::core::ffi::c_uint;
 pub type CUstreamBatchMemOpType_enum = ::core::ffi::c_uint;
 pub type CUstreamBatchMemOpParams_v1 = CUstreamBatchMemOpParams_union;
 pub type CUstreamBatchMemOpParams = CUstreamBatchMemOpParams_v1;
+pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v1 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st;
+pub type CUDA_BATCH_MEM_OP_NODE_PARAMS = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1;
+pub type CUstreamUpdateCaptureDependencies_flags_enum = ::core::ffi::c_uint;
 pub type CUdevice_attribute_enum = ::core::ffi::c_uint;
 pub type CUpointer_attribute_enum = ::core::ffi::c_uint;
 pub type CUfunction_attribute_enum = ::core::ffi::c_uint;
 pub type CUcomputemode_enum = ::core::ffi::c_uint;
 pub type CUjit_option_enum = ::core::ffi::c_uint;
 pub type CUhostFn = ::core::option::Option<unsafe extern "C" fn(userData: *mut ::core::ffi::c_void)>;
+pub type CUstreamCaptureStatus_enum = ::core::ffi::c_uint;
 pub type CUstreamCaptureMode_enum = ::core::ffi::c_uint;
 pub type CUoccupancyB2DSize = ::core::option::Option<unsafe extern "C" fn(blockSize: ::core::ffi::c_int) -> usize>;
 pub type CUmemGenericAllocationHandle_v1 = ::core::ffi::c_ulonglong;
@@ -83,6 +88,11 @@ pub struct CUstream_st {
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUgraph_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUgraphNode_st {
     _unused: [u8; 0],
 }
 #[repr(C)]
@@ -138,6 +148,14 @@ pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_s
 #[derive(Debug, Copy, Clone)]
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
     pub operation: CUstreamBatchMemOpType,
+    pub flags: ::core::ffi::c_uint,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st {
+    pub ctx: CUcontext,
+    pub count: ::core::ffi::c_uint,
+    pub paramArray: *mut CUstreamBatchMemOpParams,
     pub flags: ::core::ffi::c_uint,
 }
 #[repr(transparent)]
@@ -490,6 +508,26 @@ pub struct CudaDriverApi {
         Result<unsafe extern "C" fn(hStream: CUstream, mode: CUstreamCaptureMode) -> CUresult, ::libloading::Error>,
     pub cuStreamEndCapture:
         Result<unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult, ::libloading::Error>,
+    pub cuStreamGetCaptureInfo_v2: Result<
+        unsafe extern "C" fn(
+            hStream: CUstream,
+            captureStatus_out: *mut CUstreamCaptureStatus,
+            id_out: *mut cuuint64_t,
+            graph_out: *mut CUgraph,
+            dependencies_out: *mut *const CUgraphNode,
+            numDependencies_out: *mut usize,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamUpdateCaptureDependencies: Result<
+        unsafe extern "C" fn(
+            hStream: CUstream,
+            dependencies: *mut CUgraphNode,
+            numDependencies: usize,
+            flags: ::core::ffi::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuStreamQuery: Result<unsafe extern "C" fn(hStream: CUstream) -> CUresult, ::libloading::Error>,
     pub cuStreamSynchronize: Result<unsafe extern "C" fn(hStream: CUstream) -> CUresult, ::libloading::Error>,
     pub cuStreamDestroy_v2: Result<unsafe extern "C" fn(hStream: CUstream) -> CUresult, ::libloading::Error>,
@@ -584,6 +622,24 @@ pub struct CudaDriverApi {
         unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut ::core::ffi::c_void) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuGraphAddBatchMemOpNode: Result<
+        unsafe extern "C" fn(
+            phGraphNode: *mut CUgraphNode,
+            hGraph: CUgraph,
+            dependencies: *const CUgraphNode,
+            numDependencies: usize,
+            nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphExecBatchMemOpNodeSetParams: Result<
+        unsafe extern "C" fn(
+            hGraphExec: CUgraphExec,
+            hNode: CUgraphNode,
+            nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuGraphInstantiateWithFlags: Result<
         unsafe extern "C" fn(
             phGraphExec: *mut CUgraphExec,
@@ -652,6 +708,8 @@ pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType_enum = 4;
 pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType_enum = 5;
 pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType_enum = 6;
 pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType_enum = 3;
+pub const CU_STREAM_ADD_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum = 0;
+pub const CU_STREAM_SET_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum = 1;
 pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum = 1;
 pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: CUdevice_attribute_enum = 2;
 pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: CUdevice_attribute_enum = 3;
@@ -878,6 +936,9 @@ pub const CU_JIT_MIN_CTA_PER_SM: CUjit_option_enum = 31;
 pub const CU_JIT_MAX_THREADS_PER_BLOCK: CUjit_option_enum = 32;
 pub const CU_JIT_OVERRIDE_DIRECTIVE_VALUES: CUjit_option_enum = 33;
 pub const CU_JIT_NUM_OPTIONS: CUjit_option_enum = 34;
+pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus_enum = 0;
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus_enum = 1;
+pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus_enum = 2;
 pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode_enum = 0;
 pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode_enum = 1;
 pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode_enum = 2;
@@ -1112,6 +1173,8 @@ impl CudaDriverApi {
         let cuStreamWaitEvent = __library.get(b"cuStreamWaitEvent\0").map(|sym| *sym);
         let cuStreamBeginCapture_v2 = __library.get(b"cuStreamBeginCapture_v2\0").map(|sym| *sym);
         let cuStreamEndCapture = __library.get(b"cuStreamEndCapture\0").map(|sym| *sym);
+        let cuStreamGetCaptureInfo_v2 = __library.get(b"cuStreamGetCaptureInfo_v2\0").map(|sym| *sym);
+        let cuStreamUpdateCaptureDependencies = __library.get(b"cuStreamUpdateCaptureDependencies\0").map(|sym| *sym);
         let cuStreamQuery = __library.get(b"cuStreamQuery\0").map(|sym| *sym);
         let cuStreamSynchronize = __library.get(b"cuStreamSynchronize\0").map(|sym| *sym);
         let cuStreamDestroy_v2 = __library.get(b"cuStreamDestroy_v2\0").map(|sym| *sym);
@@ -1130,6 +1193,8 @@ impl CudaDriverApi {
         let cuFuncGetParamInfo = __library.get(b"cuFuncGetParamInfo\0").map(|sym| *sym);
         let cuLaunchKernel = __library.get(b"cuLaunchKernel\0").map(|sym| *sym);
         let cuLaunchHostFunc = __library.get(b"cuLaunchHostFunc\0").map(|sym| *sym);
+        let cuGraphAddBatchMemOpNode = __library.get(b"cuGraphAddBatchMemOpNode\0").map(|sym| *sym);
+        let cuGraphExecBatchMemOpNodeSetParams = __library.get(b"cuGraphExecBatchMemOpNodeSetParams\0").map(|sym| *sym);
         let cuGraphInstantiateWithFlags = __library.get(b"cuGraphInstantiateWithFlags\0").map(|sym| *sym);
         let cuGraphLaunch = __library.get(b"cuGraphLaunch\0").map(|sym| *sym);
         let cuGraphExecDestroy = __library.get(b"cuGraphExecDestroy\0").map(|sym| *sym);
@@ -1211,6 +1276,8 @@ impl CudaDriverApi {
             cuStreamWaitEvent,
             cuStreamBeginCapture_v2,
             cuStreamEndCapture,
+            cuStreamGetCaptureInfo_v2,
+            cuStreamUpdateCaptureDependencies,
             cuStreamQuery,
             cuStreamSynchronize,
             cuStreamDestroy_v2,
@@ -1229,6 +1296,8 @@ impl CudaDriverApi {
             cuFuncGetParamInfo,
             cuLaunchKernel,
             cuLaunchHostFunc,
+            cuGraphAddBatchMemOpNode,
+            cuGraphExecBatchMemOpNodeSetParams,
             cuGraphInstantiateWithFlags,
             cuGraphLaunch,
             cuGraphExecDestroy,
@@ -1658,6 +1727,38 @@ impl CudaDriverApi {
     pub unsafe fn cuStreamEndCapture(&self, hStream: CUstream, phGraph: *mut CUgraph) -> CUresult {
         (self.cuStreamEndCapture.as_ref().expect("Expected function, got error."))(hStream, phGraph)
     }
+    pub unsafe fn cuStreamGetCaptureInfo_v2(
+        &self,
+        hStream: CUstream,
+        captureStatus_out: *mut CUstreamCaptureStatus,
+        id_out: *mut cuuint64_t,
+        graph_out: *mut CUgraph,
+        dependencies_out: *mut *const CUgraphNode,
+        numDependencies_out: *mut usize,
+    ) -> CUresult {
+        (self.cuStreamGetCaptureInfo_v2.as_ref().expect("Expected function, got error."))(
+            hStream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            numDependencies_out,
+        )
+    }
+    pub unsafe fn cuStreamUpdateCaptureDependencies(
+        &self,
+        hStream: CUstream,
+        dependencies: *mut CUgraphNode,
+        numDependencies: usize,
+        flags: ::core::ffi::c_uint,
+    ) -> CUresult {
+        (self.cuStreamUpdateCaptureDependencies.as_ref().expect("Expected function, got error."))(
+            hStream,
+            dependencies,
+            numDependencies,
+            flags,
+        )
+    }
     pub unsafe fn cuStreamQuery(&self, hStream: CUstream) -> CUresult {
         (self.cuStreamQuery.as_ref().expect("Expected function, got error."))(hStream)
     }
@@ -1788,6 +1889,32 @@ impl CudaDriverApi {
     ) -> CUresult {
         (self.cuLaunchHostFunc.as_ref().expect("Expected function, got error."))(hStream, fn_, userData)
     }
+    pub unsafe fn cuGraphAddBatchMemOpNode(
+        &self,
+        phGraphNode: *mut CUgraphNode,
+        hGraph: CUgraph,
+        dependencies: *const CUgraphNode,
+        numDependencies: usize,
+        nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
+    ) -> CUresult {
+        (self.cuGraphAddBatchMemOpNode.as_ref().expect("Expected function, got error."))(
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+    pub unsafe fn cuGraphExecBatchMemOpNodeSetParams(
+        &self,
+        hGraphExec: CUgraphExec,
+        hNode: CUgraphNode,
+        nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
+    ) -> CUresult {
+        (self.cuGraphExecBatchMemOpNodeSetParams.as_ref().expect("Expected function, got error."))(
+            hGraphExec, hNode, nodeParams,
+        )
+    }
     pub unsafe fn cuGraphInstantiateWithFlags(
         &self,
         phGraphExec: *mut CUgraphExec,
@@ -1851,6 +1978,8 @@ pub use self::CUmemLocationType_enum as CUmemLocationType;
 pub use self::CUpointer_attribute_enum as CUpointer_attribute;
 pub use self::CUstreamBatchMemOpType_enum as CUstreamBatchMemOpType;
 pub use self::CUstreamCaptureMode_enum as CUstreamCaptureMode;
+pub use self::CUstreamCaptureStatus_enum as CUstreamCaptureStatus;
+pub use self::CUstreamUpdateCaptureDependencies_flags_enum as CUstreamUpdateCaptureDependencies_flags;
 pub use self::CUstreamWaitValue_flags_enum as CUstreamWaitValue_flags;
 pub use self::CUstreamWriteValue_flags_enum as CUstreamWriteValue_flags;
 pub use self::CUstream_flags_enum as CUstream_flags;

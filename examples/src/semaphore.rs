@@ -5,9 +5,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::driver::{Context, Stream, WaitCondition};
+use gpu_ipc::driver::{Context, Stream};
 use gpu_ipc::host::{HostContext, HostFake};
-use gpu_ipc::pool::{AttachOptions as PoolAttachOptions, PoolConfig, PoolError, PoolImporter, SharedPool};
 use gpu_ipc::semaphore::{AttachOptions, OwnerOptions, Semaphore, SemaphoreError, SemaphoreOwner};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
@@ -102,107 +101,6 @@ impl Device {
     }
 }
 
-/// The reference the stream round trip is compared with, measured in the same run: the same ping-pong through bare
-/// stream memory operations, as the ring signals (`cuStreamWriteValue64` of round `i` into the partner's word, then
-/// `cuStreamWaitValue64` until the partner's answer reaches `i`), on two words of one pool buffer both processes map
-/// ([`MEMOPS_BUFFER`]: the ping's word at byte 0, the pong's at byte 128).
-pub const MEMOPS_BUFFER: &str = "semaphore-bench-words";
-
-impl Device {
-    /// The reference's ping side: serves a pool at `socket` holding the two words, starts the partner with `spawn`,
-    /// and runs `rounds` rounds in batches of `batch`, queued on this device's stream; returns the time per round
-    /// of each batch and the partner's process.
-    ///
-    /// # Errors
-    /// The host backend (no stream), the pool's or the driver's error, or the partner not answering in `timeout`.
-    pub fn memops_ping(
-        &self,
-        socket: &Path,
-        rounds: u64,
-        batch: u64,
-        timeout: Duration,
-        spawn: &mut dyn FnMut() -> Result<std::process::Child, ExampleError>,
-    ) -> Result<(Vec<Duration>, std::process::Child), ExampleError> {
-        struct Ping<'a> {
-            ctx: &'a Context,
-            stream: &'a Stream,
-            socket: &'a Path,
-            rounds: u64,
-            batch: u64,
-            timeout: Duration,
-            spawn: &'a mut dyn FnMut() -> Result<std::process::Child, ExampleError>,
-        }
-        impl GpuBackendVisitor for Ping<'_> {
-            type Output = Result<(Vec<Duration>, std::process::Child), ExampleError>;
-            fn visit<B: GpuBackend>(self) -> Self::Output {
-                let pool = SharedPool::<B>::create(self.ctx, self.socket, PoolConfig::new(4 << 20))?;
-                let words = pool.alloc(MEMOPS_BUFFER, 256, 256, None)?;
-                let span = words.span()?;
-                span.write(0, &[0u64; 32])?;
-                let partner = (self.spawn)()?;
-                let mut times = Vec::new();
-                let mut done = 0;
-                while done < self.rounds {
-                    let n = self.batch.min(self.rounds - done);
-                    let t0 = Instant::now();
-                    for i in done + 1..=done + n {
-                        span.write_value_u64(self.stream, 0, i)?;
-                        span.wait_value_u64(self.stream, 128, i, WaitCondition::AtLeast)?;
-                    }
-                    if !stream_idle_within(self.stream, self.timeout)? {
-                        return Err(SemaphoreError::Timeout { waited: self.timeout }.into());
-                    }
-                    times.push(t0.elapsed() / n as u32);
-                    done += n;
-                }
-                Ok((times, partner))
-            }
-        }
-        let Some((ctx, stream)) = &self.gpu else { return Err(SemaphoreError::NoCudaContext.into()) };
-        let ping = Ping { ctx, stream, socket, rounds, batch, timeout, spawn };
-        gpu_ipc::dispatch_gpu(self.kind, ping).map_err(unavailable)?
-    }
-
-    /// The reference's pong side: attaches to the ping's pool at `socket` and answers `rounds` rounds.
-    ///
-    /// # Errors
-    /// As [`memops_ping`](Self::memops_ping).
-    pub fn memops_pong(&self, socket: &Path, rounds: u64, batch: u64, timeout: Duration) -> Result<(), ExampleError> {
-        struct Pong<'a> {
-            ctx: &'a Context,
-            stream: &'a Stream,
-            socket: &'a Path,
-            rounds: u64,
-            batch: u64,
-            timeout: Duration,
-        }
-        impl GpuBackendVisitor for Pong<'_> {
-            type Output = Result<(), ExampleError>;
-            fn visit<B: GpuBackend>(self) -> Self::Output {
-                let options = PoolAttachOptions { name: "semaphore-bench-pong".into(), ..PoolAttachOptions::default() };
-                let pool = PoolImporter::<B>::attach(self.ctx, self.socket, &options)?;
-                let view = pool.lookup(MEMOPS_BUFFER)?;
-                let span = view.span()?;
-                let mut done = 0;
-                while done < self.rounds {
-                    let n = self.batch.min(self.rounds - done);
-                    for i in done + 1..=done + n {
-                        span.wait_value_u64(self.stream, 0, i, WaitCondition::AtLeast)?;
-                        span.write_value_u64(self.stream, 128, i)?;
-                    }
-                    if !stream_idle_within(self.stream, self.timeout)? {
-                        return Err(SemaphoreError::Timeout { waited: self.timeout }.into());
-                    }
-                    done += n;
-                }
-                Ok(())
-            }
-        }
-        let Some((ctx, stream)) = &self.gpu else { return Err(SemaphoreError::NoCudaContext.into()) };
-        gpu_ipc::dispatch_gpu(self.kind, Pong { ctx, stream, socket, rounds, batch, timeout }).map_err(unavailable)?
-    }
-}
-
 /// What the program can fail with: the semaphore's errors, or a backend this build does not have.
 #[derive(Debug)]
 pub enum ExampleError {
@@ -210,14 +108,6 @@ pub enum ExampleError {
     Semaphore(SemaphoreError),
     /// A backend not compiled into this build.
     Backend(gpu_ipc::BackendUnavailable),
-    /// The pool the benchmark's reference round trip shares its two words through.
-    Pool(PoolError),
-}
-
-impl From<PoolError> for ExampleError {
-    fn from(e: PoolError) -> Self {
-        Self::Pool(e)
-    }
 }
 
 impl std::fmt::Display for ExampleError {
@@ -225,7 +115,6 @@ impl std::fmt::Display for ExampleError {
         match self {
             Self::Semaphore(e) => e.fmt(f),
             Self::Backend(e) => e.fmt(f),
-            Self::Pool(e) => write!(f, "the benchmark's reference pool: {e}"),
         }
     }
 }

@@ -14,7 +14,7 @@ use ipc_toolkit::pool::layout::{BlockId, Geometry};
 use ipc_toolkit::pool::{BLOCK_PIECES_BYTES, BlockPieces, BlockReply, BlockRequest, PoolOffer};
 use ipc_toolkit::queue::QueueOffer;
 use ipc_toolkit::queue::layout::Geometry as QueueGeometry;
-use ipc_toolkit::semaphore::{OfferedCount, SemaphoreOffer};
+use ipc_toolkit::semaphore::SemaphoreOffer;
 use ipc_toolkit::weights::{Manifest, TensorEntry};
 
 pub use ipc_toolkit::fuzzing::{pool_directory, queue_memory, semaphore_block};
@@ -203,15 +203,7 @@ fn queue_offer(backend: BackendKind) -> QueueOffer {
 }
 
 fn semaphore_offer() -> SemaphoreOffer {
-    SemaphoreOffer {
-        layout_version: 3,
-        record: 2,
-        epoch: 5,
-        max_peers: 32,
-        shared_bytes: 65_536,
-        generation: 9,
-        count: OfferedCount::Device { backend: BackendKind::Vmm, bytes: 2 << 20, legacy_mem_handle: None },
-    }
+    SemaphoreOffer { layout_version: 1, record: 2, epoch: 5, max_peers: 32, shared_bytes: 65_536, generation: 9 }
 }
 
 /// A weights manifest (`ipc_toolkit::weights::Manifest::decode`) on the fuzzer's bytes: byte 0 picks the extent

@@ -25,7 +25,7 @@ use ipc_toolkit::pool::layout::{BlockId, Geometry};
 use ipc_toolkit::pool::{BLOCK_PIECES_BYTES, BLOCK_REPLY_BYTES, BlockPieces, BlockReply, BlockRequest, PoolOffer};
 use ipc_toolkit::queue::QueueOffer;
 use ipc_toolkit::queue::layout::Geometry as QueueGeometry;
-use ipc_toolkit::semaphore::{OfferedCount, SemaphoreOffer};
+use ipc_toolkit::semaphore::SemaphoreOffer;
 
 fn doc(name: &str) -> String {
     let path = common::package_file(&format!("../docs/{name}"));
@@ -210,15 +210,14 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
             Message::ObjectOffer(ObjectOffer {
                 kind: ObjectKind::Semaphore,
                 peer_id: 3,
-                fd_count: 2,
+                fd_count: 1,
                 body: SemaphoreOffer {
-                    layout_version: 3,
+                    layout_version: 2,
                     record: 3,
                     epoch: 7,
                     max_peers: 32,
                     shared_bytes: 65536,
                     generation: 0x1_8765_4321,
-                    count: OfferedCount::Device { backend: BackendKind::Vmm, bytes: 2 << 20, legacy_mem_handle: None },
                 }
                 .encode(),
             }),

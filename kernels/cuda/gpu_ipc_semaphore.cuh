@@ -10,11 +10,10 @@
 //       ... use what the post announced ...
 //   }
 //
-// `status` is either the semaphore's own count (`StreamWait::status_word()` in Rust: on a GPU backend a word of
-// device memory the owner exported, which post kernels change with atomics; read with ld.acquire.sys) or the 8 bytes
-// `Semaphore::copy_status_on` copied, on the same stream, right after the wait; `ticket` is `StreamWait::ticket()`.
-// The real count of posts sits in the low 62 bits of the word and only grows; bit 62 is the poison. A post released
-// the wait iff the count passed the ticket. The kernels that change the count are in semaphore_count.cu.
+// `status` is either the semaphore's own `posted` word (`StreamWait::status_word()` in Rust: host memory registered
+// for the device, read with ld.acquire.sys) or the 8 bytes `Semaphore::copy_status_on` copied, on the same stream,
+// right after the wait; `ticket` is `StreamWait::ticket()`. The real count of posts sits in the low 62 bits of the
+// word and only grows; bit 62 is the poison. A post released the wait iff the count passed the ticket.
 
 #pragma once
 

@@ -90,3 +90,54 @@ extern "C" __global__ void gpu_ipc_graph_publish_frame(const gpu_ipc_ring_produc
     gpu_ipc_ring_publish_frame(ring, seq);
     state->sequence = seq + 1ull;
 }
+
+// ---- Stream-op waits (GraphWaits::StreamOps) ---------------------------------------------------------------------
+//
+// Without MPS a waiting kernel holds its context's time slice, so there the graphs wait with batch memory operation
+// nodes (cuStreamWaitValue64 GEQ on the control block's counters, values set by the host before each launch) and
+// these steps only judge what the wait let through: they never poll. A dead peer's counters hold the poison (bit
+// 62), which satisfies every GEQ wait: the survivor's watchdog releases the waits by writing it.
+
+// Consumer, after the graph's wait for published[slot] >= state->sequence + 1: valid := 1 when the frame is the
+// producer's (its stamp), else counts it in `skipped` (the wait was released by the poison of a dead producer, or
+// the side is aborting). A launch for the wrong slot raises the abort word. One thread.
+extern "C" __global__ void gpu_ipc_graph_check_frame(const gpu_ipc_ring_descriptor* ring, gpu_ipc_graph_frame* state,
+                                                     unsigned long long slot)
+{
+    if (threadIdx.x != 0 || blockIdx.x != 0) {
+        return;
+    }
+    const gpu_ipc_ring_u64 seq = state->sequence;
+    state->valid = 0;
+    if (seq % ring->slot_count != slot) {
+        gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)ring->abort, 1);
+        state->skipped += 1;
+        return;
+    }
+    const gpu_ipc_ring_u64 stamp = gpu_ipc_ring_load_acquire(gpu_ipc_ring_published_word(ring, seq));
+    if (!gpu_ipc_ring_aborted(ring) && gpu_ipc_ring_frame_valid(stamp, seq)) {
+        state->valid = 1;
+    } else {
+        state->skipped += 1;
+    }
+}
+
+// Producer, after the graph's waits for the consumers' releases of the slot's previous frame (the host chose whom
+// to wait for when it launched the graph, and moved next_sequence past the frame then): valid := 1 unless the
+// abort word is raised (the producer is being dropped: nothing is published from there on). A launch for the wrong
+// slot raises the abort word. One thread.
+extern "C" __global__ void gpu_ipc_graph_mark_slot(const gpu_ipc_ring_producer_descriptor* ring,
+                                                   gpu_ipc_graph_frame* state, unsigned long long slot)
+{
+    if (threadIdx.x != 0 || blockIdx.x != 0) {
+        return;
+    }
+    const gpu_ipc_ring_u64 seq = state->sequence;
+    if (seq % ring->slot_count != slot) {
+        state->valid = 0;
+        gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)ring->abort, 1);
+        return;
+    }
+    const bool aborted = gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)ring->abort) != 0;
+    state->valid = aborted ? 0ull : 1ull;
+}

@@ -189,7 +189,6 @@ pub fn semaphore_to_py(e: SemaphoreError) -> PyErr {
         | SemaphoreError::NoCudaContext
         | SemaphoreError::WrongContext
         | SemaphoreError::TooManyStreamWaits { .. }
-        | SemaphoreError::CountOnGpu { .. }
         | SemaphoreError::Full { .. } => ConfigError::new_err(message),
         _ => GpuIpcError::new_err(message),
     }

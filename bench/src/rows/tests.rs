@@ -13,7 +13,7 @@ fn others(backends: usize) -> usize {
         + 2
         + 6
         + PACES.len() * 5
-        + backends * graph_strategies().count() * GRAPH_SLOTS.len()
+        + backends * graph_strategies().count() * GRAPH_SLOTS.len() * GraphWait::ALL.len()
         + MemoryTest::ALL.len()
         + backends * 3
 }
@@ -216,7 +216,7 @@ fn selection_keeps_references_and_matches_every_part() {
     let paced = select(&rows, &["paced-60-".to_owned()]);
     assert_eq!(paced.len(), REFERENCES + 5, "one pace, every strategy");
     let graphs = select(&rows, &["graphs-".to_owned()]);
-    assert_eq!(graphs.len(), REFERENCES + gpu_ipc::COMPILED_GPU.len() * 4, "two strategies at two depths");
+    assert_eq!(graphs.len(), REFERENCES + gpu_ipc::COMPILED_GPU.len() * 8, "two strategies at two depths, two waits");
     assert_eq!(select(&rows, &[]).len(), rows.len());
 }
 
@@ -245,18 +245,36 @@ fn the_frame_graph_rows_and_their_laps() {
     let b = backend.name();
     for strategy in ["gpu-stream-ops", "gpu-poll"] {
         for slots in GRAPH_SLOTS {
-            let name = format!("graphs-{b}-{strategy}-s{slots}");
-            assert!(names.contains(&name), "{name}");
+            // Each with kernel waits (MPS) and with stream-op waits (both passes), the name saying which.
+            for waits in ["kernel-waits", "stream-op-waits"] {
+                let name = format!("graphs-{b}-{strategy}-s{slots}-{waits}");
+                assert!(names.contains(&name), "{name}");
+            }
             // Each beside the same ring driven call by call in the full grid.
             let calls = format!("ours-{b}-{strategy}-s{slots}-c1");
             assert!(all_rows(&[backend], false).iter().any(|r| r.name() == calls), "{calls}");
         }
     }
     assert!(names.iter().all(|n| !n.starts_with("graphs-") || !n.contains("cpu-")), "GPU-side strategies only");
-    let row = RowSpec::Graphs { backend: BackendKind::Vmm, strategy: SyncStrategy::GpuPoll, slots: 8 };
+    let row = RowSpec::Graphs {
+        backend: BackendKind::Vmm,
+        strategy: SyncStrategy::GpuPoll,
+        slots: 8,
+        waits: GraphWait::Kernels,
+    };
     let json = serde_json::to_string(&row).unwrap();
-    assert_eq!(json, r#"{"kind":"graphs","backend":"vmm","strategy":"gpu-poll","slots":8}"#);
+    assert_eq!(json, r#"{"kind":"graphs","backend":"vmm","strategy":"gpu-poll","slots":8,"waits":"kernels"}"#);
     assert_eq!(serde_json::from_str::<RowSpec>(&json).unwrap(), row);
+    // Results from before stream-op waits read as kernel waits.
+    let old = r#"{"kind":"graphs","backend":"vmm","strategy":"gpu-poll","slots":8}"#;
+    assert_eq!(serde_json::from_str::<RowSpec>(old).unwrap(), row);
+    let ops = RowSpec::Graphs {
+        backend: BackendKind::Vmm,
+        strategy: SyncStrategy::GpuPoll,
+        slots: 8,
+        waits: GraphWait::StreamOps,
+    };
+    assert_eq!(ops.name(), "graphs-vmm-gpu-poll-s8-stream-op-waits");
     assert!(!row.is_reference() && RowSpec::SingleProcessMemOps { slots: 8 }.is_reference());
     // A lap per launch when the warm-up and the window are whole laps, else one frame.
     assert_eq!(graph_lap(8, 2_000, 200), 8);

@@ -110,8 +110,7 @@ enum Cmd {
     Bench {
         #[arg(long, default_value_t = 10_000)]
         rounds: u64,
-        /// Which round trips: cpu, stream, memops (the reference: bare stream memory operations on two shared
-        /// words, as the ring signals), or both (all three on a GPU backend, cpu on the host backend).
+        /// Which round trips: cpu, stream, or both.
         #[arg(long, default_value = "both")]
         mode: String,
         /// Folder for the two sockets (default: the temporary folder).
@@ -346,41 +345,30 @@ fn bench(
     let modes: &[&str] = match mode {
         "cpu" => &["cpu"],
         "stream" => &["stream"],
-        "memops" => &["memops"],
-        _ if device.gpu.is_some() => &["cpu", "stream", "memops"],
+        _ if device.gpu.is_some() => &["cpu", "stream"],
         _ => &["cpu"],
     };
     for &mode in modes {
         let ping_path = dir.join(format!("gpu-ipc-sem-bench-{tag}-{mode}-ping.sock"));
         let pong_path = dir.join(format!("gpu-ipc-sem-bench-{tag}-{mode}-pong.sock"));
-        let exe = std::env::current_exe().map_err(|e| SemaphoreError::Thread { what: "bench partner", source: e })?;
-        let mut spawn = || -> Result<std::process::Child, ExampleError> {
-            Ok(Command::new(&exe)
-                .args(["--backend", args.backend.name(), "--device", &args.device.to_string(), "pong"])
-                .arg("--ping")
-                .arg(&ping_path)
-                .arg("--pong")
-                .arg(&pong_path)
-                .args(["--rounds", &rounds.to_string(), "--mode", mode])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()
-                .map_err(|e| SemaphoreError::Thread { what: "bench partner", source: e })?)
-        };
-        let timeout = Duration::from_secs(10);
-        if mode == "memops" {
-            let (mut times, mut partner) = device.memops_ping(&ping_path, rounds, STREAM_BATCH, timeout, &mut spawn)?;
-            let _ = partner.wait();
-            times.sort();
-            out.push(round_trip("memops<->memops, the reference (per round, batches of 50)", rounds, &times));
-            continue;
-        }
         let ping = device.create(&ping_path, &OwnerOptions::default())?;
-        let mut partner = spawn()?;
+        let exe = std::env::current_exe().map_err(|e| SemaphoreError::Thread { what: "bench partner", source: e })?;
+        let mut partner = Command::new(exe)
+            .args(["--backend", args.backend.name(), "--device", &args.device.to_string(), "pong"])
+            .arg("--ping")
+            .arg(&ping_path)
+            .arg("--pong")
+            .arg(&pong_path)
+            .args(["--rounds", &rounds.to_string(), "--mode", mode])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| SemaphoreError::Thread { what: "bench partner", source: e })?;
         let options = AttachOptions { name: "bench".into(), ..AttachOptions::default() };
         let pong = device.attach(&pong_path, &options, Duration::from_secs(30))?;
         let ping = ping.semaphore();
         let mut times = Vec::with_capacity(rounds as usize);
+        let timeout = Duration::from_secs(10);
         if mode == "cpu" {
             for _ in 0..rounds {
                 let t0 = Instant::now();
@@ -411,22 +399,17 @@ fn bench(
         }
         let _ = partner.wait();
         times.sort();
+        let mean = times.iter().sum::<Duration>().as_secs_f64() * 1e6 / times.len().max(1) as f64;
         let label = if mode == "cpu" { "cpu<->cpu" } else { "stream<->stream (per round, batches of 50)" };
-        out.push(round_trip(label, rounds, &times));
+        out.push(RoundTrip {
+            mode: label.to_owned(),
+            rounds,
+            p50_us: percentile_us(&times, 50.0),
+            p99_us: percentile_us(&times, 99.0),
+            mean_us: mean,
+        });
     }
     Ok(out)
-}
-
-/// A round trip's figures from its sorted times.
-fn round_trip(label: &str, rounds: u64, times: &[Duration]) -> RoundTrip {
-    let mean = times.iter().sum::<Duration>().as_secs_f64() * 1e6 / times.len().max(1) as f64;
-    RoundTrip {
-        mode: label.to_owned(),
-        rounds,
-        p50_us: percentile_us(times, 50.0),
-        p99_us: percentile_us(times, 99.0),
-        mean_us: mean,
-    }
 }
 
 fn pong_side(
@@ -436,10 +419,6 @@ fn pong_side(
     rounds: u64,
     mode: &str,
 ) -> Result<(), ExampleError> {
-    if mode == "memops" {
-        // The reference: the ping's pool is at `--ping`; nothing is served at `--pong`.
-        return device.memops_pong(ping, rounds, STREAM_BATCH, Duration::from_secs(10));
-    }
     let owner = device.create(pong, &OwnerOptions::default())?;
     let options = AttachOptions { name: "pong".into(), ..AttachOptions::default() };
     let ping = device.attach(ping, &options, Duration::from_secs(30))?;

@@ -8,15 +8,19 @@
 //! (`sequence`) and marks (`valid`), and the closing step advances. The application's kernels read it through
 //! [`GraphSlot::frame_state`]. The steps are the ring's device API (`kernels/cuda/ring_graph.cu`); they wait on the
 //! GPU, bounded by the per-frame timeout and the side's abort word, so the side's waits are kernels, as with
-//! `gpu-poll`: use frame graphs under MPS (without it a waiting kernel holds its context's time slice).
+//! `gpu-poll`: use them under MPS (without it a waiting kernel holds its context's time slice). Without MPS the
+//! opening step is a batch memory operation node of stream waits instead, whose values the host sets at each launch,
+//! then a kernel that judges the frame without polling ([`GraphWaits`], `graph_waits.rs`).
 
 use std::time::{Duration, Instant};
 
 use super::FrameError;
+use super::graph_waits::{self, GraphWaits, WaitOn};
 use super::ring_port::RingPort;
 use super::strategy::ring_module;
 use gpu_ipc_driver::{
-    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, Graph, KernelArg, LaunchConfig, Module, Stream,
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, Graph, KernelArg, LaunchConfig, MemOpBatch, MemOpNode,
+    MemOpScratch, Module, Stream,
 };
 
 /// Bytes of the frame state (`struct gpu_ipc_graph_frame`: sequence, valid, skipped, reserved).
@@ -76,12 +80,22 @@ pub struct GraphOptions {
     /// in batches of this many: a consumer that stops in the middle of a batch has launched its rest, and a
     /// producer publishes whole batches.
     pub frames_per_launch: u32,
+    /// How the opening steps wait: `None` (the default) chooses at capture by whether MPS runs
+    /// ([`GraphWaits::for_device`]: kernels under MPS, stream-op nodes without); [`FrameGraphs::waits`] says which.
+    pub waits: Option<GraphWaits>,
 }
 
 impl GraphOptions {
-    /// One frame per launch, each wait bounded by `per_frame`.
+    /// One frame per launch, each wait bounded by `per_frame`, the waits chosen by whether MPS runs.
     pub fn new(per_frame: Duration) -> Self {
-        Self { per_frame, frames_per_launch: 1 }
+        Self { per_frame, frames_per_launch: 1, waits: None }
+    }
+
+    /// Waits of this kind, whether MPS runs or not (see [`GraphOptions::waits`]).
+    #[must_use]
+    pub fn waits(mut self, waits: GraphWaits) -> Self {
+        self.waits = Some(waits);
+        self
     }
 
     /// `frames` frames per launch (see [`GraphOptions::frames_per_launch`]).
@@ -130,6 +144,14 @@ pub struct FrameGraphs {
     frames_per_launch: u64,
     /// The GPU's pace, as the naps saw it.
     pace: Pace,
+    /// How the opening steps wait.
+    waits: GraphWaits,
+    /// With stream-op waits: per graph, the wait node of each of its frames, in order.
+    wait_nodes: Vec<Vec<MemOpNode>>,
+    /// Waits in each frame's node (with stream-op waits).
+    waits_per_frame: usize,
+    scratch: MemOpScratch,
+    wants: Vec<WaitOn>,
 }
 
 impl std::fmt::Debug for FrameGraphs {
@@ -149,6 +171,16 @@ impl FrameGraphs {
         self.frames_per_launch
     }
 
+    /// Bound on each wait ([`GraphOptions::per_frame`]).
+    pub fn per_frame(&self) -> Duration {
+        self.per_frame
+    }
+
+    /// How the graphs' opening steps wait (chosen at capture, see [`GraphOptions::waits`]).
+    pub fn waits(&self) -> GraphWaits {
+        self.waits
+    }
+
     /// The frame state's counter of frames a consumer's graphs skipped (their wait gave up or their stamp was not
     /// the producer's: a dead producer's). Read it once the graphs are finished (a synchronous copy).
     ///
@@ -161,24 +193,35 @@ impl FrameGraphs {
     }
 }
 
-/// The two ring steps of a side, from the ring's program, and the threads of the opening one.
+/// The ring steps of a side, from the ring's program, and the threads of the opening one.
 pub(super) struct Steps {
     pub open: &'static str,
     pub close: &'static str,
     pub open_threads: u32,
+    /// With stream-op waits: the step after the wait node that judges the frame (one thread, no polling).
+    pub check: &'static str,
 }
 
 /// Consumer: wait for the frame, check its stamp; release it.
-pub(super) const CONSUMER_STEPS: Steps =
-    Steps { open: "gpu_ipc_graph_wait_frame", close: "gpu_ipc_graph_release_frame", open_threads: 1 };
+pub(super) const CONSUMER_STEPS: Steps = Steps {
+    open: "gpu_ipc_graph_wait_frame",
+    close: "gpu_ipc_graph_release_frame",
+    open_threads: 1,
+    check: "gpu_ipc_graph_check_frame",
+};
 /// Producer: wait for the slot (one warp); publish.
-pub(super) const PRODUCER_STEPS: Steps =
-    Steps { open: "gpu_ipc_graph_acquire_slot", close: "gpu_ipc_graph_publish_frame", open_threads: 32 };
+pub(super) const PRODUCER_STEPS: Steps = Steps {
+    open: "gpu_ipc_graph_acquire_slot",
+    close: "gpu_ipc_graph_publish_frame",
+    open_threads: 32,
+    check: "gpu_ipc_graph_mark_slot",
+};
 
 /// Captures one graph per slot: for each of `options.frames_per_launch` frames from that slot on, `steps.open`, then
 /// what `record` queues for the frame's slot, then `steps.close`. `descriptor` is the side's descriptor (its words,
 /// copied to device memory), `slots` each slot's frame, `owner` the side's abort-word address, `depth` the frames
-/// allowed in flight.
+/// allowed in flight, `waits_per_frame` the stream waits a frame may need (with stream-op waits: 1 for a consumer,
+/// the ring's consumer records for a producer).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn capture<'a>(
     ctx: &Context,
@@ -188,42 +231,72 @@ pub(super) fn capture<'a>(
     slots: &[DeviceSpan<'a>],
     owner: u64,
     depth: u64,
+    waits_per_frame: usize,
     options: GraphOptions,
     mut record: impl FnMut(&GraphSlot<'_>, &Stream) -> Result<(), FrameError>,
 ) -> Result<FrameGraphs, FrameError> {
-    let GraphOptions { per_frame, frames_per_launch } = options;
+    let GraphOptions { per_frame, frames_per_launch, waits } = options;
     if !(1..=MAX_FRAMES_PER_LAUNCH).contains(&frames_per_launch) {
         return Err(FrameError::Config(format!(
             "frames per launch must be 1 to {MAX_FRAMES_PER_LAUNCH}, not {frames_per_launch}"
         )));
     }
+    let waits = waits.unwrap_or_else(|| GraphWaits::for_device(ctx.device()));
+    waits.check(ctx.device())?;
+    if waits == GraphWaits::StreamOps && !(1..=gpu_ipc_driver::MAX_OPS_PER_CALL).contains(&waits_per_frame) {
+        return Err(FrameError::Config(format!(
+            "frame graphs with stream-op waits take rings of 1 to {} consumers, not {waits_per_frame}",
+            gpu_ipc_driver::MAX_OPS_PER_CALL
+        )));
+    }
     let n = slots.len() as u32;
     let module = ring_module(ctx, "frame graphs")?;
     let (open, close): (Function, Function) = (module.function(steps.open)?, module.function(steps.close)?);
+    let check = module.function(steps.check)?;
     let device_descriptor = DeviceBuffer::alloc(ctx, 8 * descriptor.len() as u64)?;
     device_descriptor.write(0, descriptor)?;
     let state = DeviceBuffer::alloc(ctx, STATE_BYTES)?;
     state.write(0, &[0u64; 4])?;
     let timeout_ns = u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX);
     let mut graphs = Vec::with_capacity(slots.len());
+    let mut wait_nodes = Vec::new();
+    let mut scratch = MemOpScratch::default();
     for first in 0..n {
-        let graph = Graph::capture(stream, |s| -> Result<(), FrameError> {
+        let mut nodes = Vec::new();
+        let graph = Graph::capture_with_nodes(stream, |capture| -> Result<(), FrameError> {
             let (d, st) = (device_descriptor.span(), state.span());
             for slot in (first..first + frames_per_launch).map(|k| k % n) {
-                let args = [
-                    KernelArg::Span(d),
-                    KernelArg::Span(st),
-                    KernelArg::U64(u64::from(slot)),
-                    KernelArg::U64(timeout_ns),
-                ];
-                open.launch_typed(s, LaunchConfig::linear(1, steps.open_threads), &args)?;
+                let s = capture.stream();
+                match waits {
+                    GraphWaits::Kernels => {
+                        let args = [
+                            KernelArg::Span(d),
+                            KernelArg::Span(st),
+                            KernelArg::U64(u64::from(slot)),
+                            KernelArg::U64(timeout_ns),
+                        ];
+                        open.launch_typed(s, LaunchConfig::linear(1, steps.open_threads), &args)?;
+                    }
+                    GraphWaits::StreamOps => {
+                        // Waits that hold at once until the host sets them before a launch.
+                        let mut batch = MemOpBatch::new(&mut scratch);
+                        graph_waits::frame_waits(&mut batch, &[], waits_per_frame, &st, &st)?;
+                        nodes.push(capture.add_mem_ops(&batch)?);
+                        let s = capture.stream();
+                        let args = [KernelArg::Span(d), KernelArg::Span(st), KernelArg::U64(u64::from(slot))];
+                        check.launch_typed(s, LaunchConfig::linear(1, 1), &args)?;
+                    }
+                }
+                let s = capture.stream();
                 record(&GraphSlot { slot, span: slots[slot as usize], frame_state: st }, s)?;
                 close.launch_typed(s, LaunchConfig::linear(1, 1), &[KernelArg::Span(d), KernelArg::Span(st)])?;
             }
             Ok(())
         })?;
         graphs.push(graph);
+        wait_nodes.push(nodes);
     }
+    tracing::debug!(slots = n, frames_per_launch, waits = waits.name(), "frame graphs captured");
     Ok(FrameGraphs {
         graphs,
         _module: module,
@@ -235,17 +308,35 @@ pub(super) fn capture<'a>(
         per_frame,
         frames_per_launch: u64::from(frames_per_launch),
         pace: Pace::default(),
+        waits,
+        wait_nodes,
+        waits_per_frame,
+        scratch,
+        wants: Vec::new(),
     })
 }
+
+/// What a side's launch needs for stream-op waits: its registration of the control block (the words waited on)
+/// and the waits of each frame, computed as the graph is launched (`graph_waits::consumer_wants`,
+/// `graph_waits::producer_wants`).
+pub(super) struct LaunchWaits<'a, 'f> {
+    pub control: Option<DeviceSpan<'a>>,
+    pub for_frame: &'f mut FrameWants<'f>,
+}
+
+/// Computes the waits of frame `seq` into the vector (cleared first).
+pub(super) type FrameWants<'f> = dyn FnMut(u64, &mut Vec<WaitOn>) -> Result<(), FrameError> + 'f;
 
 /// Launches the graph whose first frame is `seq` (it holds `frames_per_launch` frames) on `stream` after checking that `graphs` are this side's and that the GPU is
 /// no more than the depth behind (napping until it is, at most the per-frame timeout), then records the port's
 /// event after it. `gave_up` makes the error for a raised abort word (the side's peer died, or a step gave up).
+/// With stream-op waits, each frame's wait node is set first from `waits`.
 pub(super) fn launch(
     graphs: &mut FrameGraphs,
     port: &mut RingPort,
     seq: u64,
     stream: &Stream,
+    waits: LaunchWaits<'_, '_>,
     gave_up: impl FnOnce(Duration) -> FrameError,
 ) -> Result<(), FrameError> {
     if graphs.owner != port.word_addresses().0 {
@@ -289,12 +380,30 @@ pub(super) fn launch(
         std::thread::sleep(graphs.pace.nap(frames));
     }
     let slot = (seq % graphs.graphs.len() as u64) as usize;
+    if graphs.waits == GraphWaits::StreamOps {
+        set_waits(graphs, slot, seq, waits)?;
+    }
     graphs.graphs[slot].launch(stream)?;
     // The port's event after each launch: what `busy`, `finish` and teardown wait for. (A record node captured in
     // the graphs would spare the CPU this call, but the driver refuses `cuEventQuery` on an event whose last record
     // was captured: CUDA_ERROR_INVALID_VALUE, H100, driver 580.)
     port.record(stream)?;
     graphs.next = Some(seq + graphs.frames_per_launch);
+    Ok(())
+}
+
+/// Sets the wait node of each frame of graph `slot` (its first frame `seq`) from the waits the side computes now.
+fn set_waits(graphs: &mut FrameGraphs, slot: usize, seq: u64, waits: LaunchWaits<'_, '_>) -> Result<(), FrameError> {
+    let FrameGraphs { graphs, state, wait_nodes, waits_per_frame, scratch, wants, .. } = graphs;
+    let control =
+        waits.control.ok_or_else(|| FrameError::Config("no control block registered for the device".into()))?;
+    let always_met = state.span();
+    for (k, &node) in wait_nodes[slot].iter().enumerate() {
+        (waits.for_frame)(seq + k as u64, wants)?;
+        let mut batch = MemOpBatch::new(scratch);
+        graph_waits::frame_waits(&mut batch, wants, *waits_per_frame, &control, &always_met)?;
+        graphs[slot].set_mem_ops(node, &batch)?;
+    }
     Ok(())
 }
 

@@ -101,6 +101,7 @@ mod consumer;
 pub mod device_words;
 mod error;
 mod graph;
+mod graph_waits;
 mod producer;
 mod ring_port;
 mod run_ahead;
@@ -113,6 +114,7 @@ use crate::ring::{WaitMode, bounded_wait};
 pub use consumer::{AttachOptions, Consumer, Frame, FrameStamp, RingDescriptor, STAMP_MASK};
 pub use error::FrameError;
 pub use graph::{FrameGraphs, GraphOptions, GraphSlot};
+pub use graph_waits::GraphWaits;
 pub use producer::{Producer, ProducerConfig, ProducerRingDescriptor, SlotLease, SlowConsumerPolicy};
 /// How many frames a GPU-side end (gpu-stream-ops, gpu-poll) of a ring of `slots` slots may queue on its stream
 /// beyond what the stream has run (its run-ahead bound: twice the slots, at least 32). A producer killed with frames

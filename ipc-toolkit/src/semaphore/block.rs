@@ -1,15 +1,10 @@
 //! The shared block, validated, and the counting protocol over its atomics: posts, CPU takes, stream tickets,
 //! peer records, and what the owner does when a peer leaves.
 //!
-//! The count (posts so far, with the poison bit) is changed only by the count's operations: on a GPU backend the
-//! semaphore's kernels on a word of device memory ([`DeviceCount`]), on the host backend their model here, CPU
-//! atomics on word [`COUNT_WORD`] of the block. Each copies the count into `posted` (the mirror), again until
-//! the mirror holds the latest value; everything on the CPU reads the mirror.
-//!
 //! Memory ordering, in one place:
-//! - The count only grows (posts, refunds and the poison bit), except at the owner's reset. Posts add with
-//!   release semantics, the mirror is written with release and loaded with `Acquire`, so a taker that sees post
-//!   `t + 1` in the mirror also sees what the poster wrote before posting.
+//! - `posted` only grows (posts, refunds and the poison bit). Posts add with `Release`; takers load it with
+//!   `Acquire`, so a taker that sees post `t + 1` also sees what the poster wrote before posting (host memory; for
+//!   device memory the stream's own ordering does the rest: see `docs/semaphore.md`).
 //! - `taken` is changed only by compare-and-swap (`SeqCst`): a CPU take moves it from `t` to `t + 1` only after
 //!   seeing `posted > t`; a stream ticket moves it unconditionally, after marking its slot with [`TAKING`], so the
 //!   owner can tell a ticket taken by a peer that died in between.
@@ -25,14 +20,13 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::count::DeviceCount;
 use super::error::{PeerPid, SemaphoreError};
 use super::layout::{
-    BROKEN_PID_WORD, BROKEN_RECORD_WORD, COUNT_MASK, COUNT_PLACE_WORD, COUNT_WORD, CountPlace, DEAD_POSTER_WORD,
-    DeadPoster, FLAG_POSTED, GENERATION_WORD, LAYOUT_VERSION, MAGIC, MAGIC_WORD, MAX_PEERS, MAX_PEERS_WORD, MAX_POST,
-    OWNER_PID_WORD, POISON, POSTED_WORD, RECORD_FLAGS, RECORD_PID, RECORD_STATE, RECORD_TICKETS, RESET_FROM_WORD,
-    RESET_TO_WORD, RESETS_WORD, RecordState, SHARED_BYTES, STATE_WORD, SemaphoreState, SharedWords, TAKEN_WORD, TAKING,
-    TICKETS_PER_PEER, TOTAL_BYTES_WORD, VERSION_WORD, record_epoch, record_word, record_word_index,
+    BROKEN_PID_WORD, BROKEN_RECORD_WORD, COUNT_MASK, DEAD_POSTER_WORD, DeadPoster, FLAG_POSTED, GENERATION_WORD,
+    LAYOUT_VERSION, MAGIC, MAGIC_WORD, MAX_PEERS, MAX_PEERS_WORD, MAX_POST, OWNER_PID_WORD, POISON, POSTED_WORD,
+    RECORD_FLAGS, RECORD_PID, RECORD_STATE, RECORD_TICKETS, RESET_FROM_WORD, RESET_TO_WORD, RESETS_WORD, RecordState,
+    SHARED_BYTES, STATE_WORD, SemaphoreState, SharedWords, TAKEN_WORD, TAKING, TICKETS_PER_PEER, TOTAL_BYTES_WORD,
+    VERSION_WORD, record_epoch, record_word, record_word_index,
 };
 use ipc_core::shm::{SharedMemory, SharedObject};
 
@@ -78,13 +72,11 @@ pub enum Departure {
     Stale,
 }
 
-/// The shared block, validated: what the owner and every peer map; on a GPU backend with this process's handle on
-/// the count in device memory.
+/// The shared block, validated: what the owner and every peer map.
 #[derive(Debug, Clone)]
 pub struct SemaphoreBlock {
     object: Arc<SharedObject<SharedWords>>,
     max_peers: u32,
-    device: Option<Arc<DeviceCount>>,
 }
 
 impl SemaphoreBlock {
@@ -94,7 +86,7 @@ impl SemaphoreBlock {
             return Err(SemaphoreError::InvalidPost { count: initial, max: MAX_POST });
         }
         let memory = SharedMemory::create("gpu-ipc-semaphore", SHARED_BYTES)?;
-        let block = Self { object: Arc::new(SharedObject::new(memory)?), max_peers: MAX_PEERS, device: None };
+        let block = Self { object: Arc::new(SharedObject::new(memory)?), max_peers: MAX_PEERS };
         // Nobody else sees the memfd yet: Relaxed stores, then the magic with Release.
         block.word(VERSION_WORD).store(u64::from(LAYOUT_VERSION), Ordering::Relaxed);
         block.word(TOTAL_BYTES_WORD).store(SHARED_BYTES as u64, Ordering::Relaxed);
@@ -102,8 +94,6 @@ impl SemaphoreBlock {
         block.word(OWNER_PID_WORD).store(u64::from(rustix::process::getpid().as_raw_pid() as u32), Ordering::Relaxed);
         block.word(GENERATION_WORD).store(generation, Ordering::Relaxed);
         block.word(POSTED_WORD).store(initial, Ordering::Relaxed);
-        block.word(COUNT_WORD).store(initial, Ordering::Relaxed);
-        block.word(COUNT_PLACE_WORD).store(CountPlace::Block as u64, Ordering::Relaxed);
         block.word(STATE_WORD).store(SemaphoreState::Open as u64, Ordering::Relaxed);
         block.word(DEAD_POSTER_WORD).store(dead_poster as u64, Ordering::Relaxed);
         let owner = record_word_index(0);
@@ -146,101 +136,7 @@ impl SemaphoreBlock {
         if DeadPoster::from_raw(rule).is_none() {
             return Err(SemaphoreError::Corrupt { what: "dead_poster", value: rule });
         }
-        let place = words[COUNT_PLACE_WORD].load(Ordering::Relaxed);
-        if CountPlace::from_raw(place).is_none() {
-            return Err(SemaphoreError::Corrupt { what: "count place", value: place });
-        }
-        Ok(Self { object, max_peers, device: None })
-    }
-
-    /// Moves the count into device memory (the owner, before serving the block: `initial` posts there), or gives
-    /// this process its handle on the count there (an importer). Every change of the count then goes through
-    /// `device`'s kernels.
-    pub(crate) fn with_device_count(
-        mut self,
-        device: DeviceCount,
-        initial: Option<u64>,
-    ) -> Result<Self, SemaphoreError> {
-        if let Some(initial) = initial {
-            device.initialise(initial)?;
-            self.word(COUNT_WORD).store(0, Ordering::Relaxed);
-            self.word(COUNT_PLACE_WORD).store(CountPlace::Device as u64, Ordering::Release);
-        }
-        self.device = Some(Arc::new(device));
-        Ok(self)
-    }
-
-    /// Where the count lives.
-    pub fn count_place(&self) -> CountPlace {
-        // Validated at attach; a peer that rewrote it since gets the block's word (which then counts nothing).
-        CountPlace::from_raw(self.word(COUNT_PLACE_WORD).load(Ordering::Relaxed)).unwrap_or(CountPlace::Block)
-    }
-
-    /// This process's handle on the count in device memory (`None` on the host backend).
-    pub(crate) fn device_count(&self) -> Option<&Arc<DeviceCount>> {
-        self.device.as_ref()
-    }
-
-    /// The count's operations on a GPU backend: this process's device count, or why there is none.
-    fn on_device(&self) -> Result<Option<&DeviceCount>, SemaphoreError> {
-        match (self.count_place(), &self.device) {
-            (CountPlace::Block, _) => Ok(None),
-            (CountPlace::Device, Some(device)) => Ok(Some(device)),
-            (CountPlace::Device, None) => Err(SemaphoreError::NoCudaContext),
-        }
-    }
-
-    /// The host backend's model of the count kernels' mirror (`kernels/cuda/semaphore_count.cu`): writes `seen`
-    /// into `posted`, then the count's value again until the two agree.
-    fn model_mirror(&self, mut seen: u64) {
-        let (count, mirror) = (self.word(COUNT_WORD), self.word(POSTED_WORD));
-        loop {
-            mirror.store(seen, Ordering::Release);
-            let now = count.load(Ordering::Acquire);
-            if now == seen {
-                return;
-            }
-            seen = now;
-        }
-    }
-
-    /// Adds `n` to the count (0: mirrors it again), now: the post kernel, or its model.
-    fn count_add(&self, n: u64) -> Result<(), SemaphoreError> {
-        match self.on_device()? {
-            Some(device) => device.add(n),
-            None => {
-                let old = self.word(COUNT_WORD).fetch_add(n, Ordering::AcqRel);
-                self.model_mirror(old.wrapping_add(n));
-                Ok(())
-            }
-        }
-    }
-
-    /// ORs the poison into the count: the poison kernel, or its model. A failure is logged (the state word,
-    /// written first, already tells every CPU caller).
-    fn count_poison(&self) {
-        match self.on_device() {
-            Ok(Some(device)) => {
-                if let Err(error) = device.poison() {
-                    tracing::error!(%error, "semaphore: the poison kernel failed: GPU-side waits may stay queued");
-                }
-            }
-            Ok(None) => {
-                let old = self.word(COUNT_WORD).fetch_or(POISON, Ordering::AcqRel);
-                self.model_mirror(old | POISON);
-            }
-            Err(error) => tracing::error!(%error, "semaphore: cannot poison the count from this process"),
-        }
-    }
-
-    /// The count now, without the poison: read from the device (the mirror may lag a kernel in flight), or the
-    /// model's word; the mirror if the device cannot be read.
-    fn exact_posted(&self) -> u64 {
-        match self.on_device() {
-            Ok(Some(device)) => device.exact().map_or_else(|_| self.posted(), |c| c & COUNT_MASK),
-            Ok(None) => self.word(COUNT_WORD).load(Ordering::Acquire) & COUNT_MASK,
-            Err(_) => self.posted(),
-        }
+        Ok(Self { object, max_peers })
     }
 
     fn word(&self, index: usize) -> &AtomicU64 {
@@ -253,7 +149,7 @@ impl SemaphoreBlock {
         self.word(record_word_index(record.index) + field)
     }
 
-    /// The mapping, shareable: what a registration for the device and a queued host function keep alive.
+    /// The mapping, shareable: what a stream registration and a queued host function keep alive.
     pub fn shared(&self) -> &Arc<SharedObject<SharedWords>> {
         &self.object
     }
@@ -327,24 +223,17 @@ impl SemaphoreBlock {
             Err(SemaphoreError::PosterDied { .. }) => {}
             Err(other) => return Err(other),
         }
-        let taken = self.taken();
-        match self.on_device()? {
-            Some(device) => device.reset(taken)?,
-            None => {
-                // The model of the reset kernel.
-                let count = self.word(COUNT_WORD);
-                let mut word = count.load(Ordering::SeqCst);
-                let next = loop {
-                    let real = word & COUNT_MASK;
-                    // Tickets [real, taken) were released by the poison: `wait_status` keeps saying so.
-                    self.word(RESET_FROM_WORD).store(real, Ordering::SeqCst);
-                    self.word(RESET_TO_WORD).store(taken.max(real), Ordering::SeqCst);
-                    match count.compare_exchange(word, real.max(taken), Ordering::SeqCst, Ordering::SeqCst) {
-                        Ok(_) => break real.max(taken),
-                        Err(now) => word = now,
-                    }
-                };
-                self.model_mirror(next);
+        let posted = self.word(POSTED_WORD);
+        let mut word = posted.load(Ordering::SeqCst);
+        loop {
+            let count = word & COUNT_MASK;
+            let taken = self.taken();
+            // Tickets [count, taken) were released by the poison: `wait_status` keeps saying so.
+            self.word(RESET_FROM_WORD).store(count, Ordering::SeqCst);
+            self.word(RESET_TO_WORD).store(taken.max(count), Ordering::SeqCst);
+            match posted.compare_exchange(word, count.max(taken), Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => break,
+                Err(now) => word = now,
             }
         }
         self.word(RESETS_WORD).fetch_add(1, Ordering::SeqCst);
@@ -365,7 +254,7 @@ impl SemaphoreBlock {
             .word(STATE_WORD)
             .compare_exchange(SemaphoreState::Open as u64, reason as u64, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
-        self.count_poison();
+        self.word(POSTED_WORD).fetch_or(POISON, Ordering::SeqCst);
         ended
     }
 
@@ -395,7 +284,8 @@ impl SemaphoreBlock {
         check_count(count)?;
         self.check()?;
         self.mark_poster(record);
-        self.add_posts(count)
+        self.add_posts(count);
+        Ok(())
     }
 
     /// Marks `record`'s peer as one that has posted, before its first post can land (a crash in between leaves
@@ -415,20 +305,9 @@ impl SemaphoreBlock {
             && self.record_word(record, RECORD_FLAGS).load(Ordering::Acquire) & FLAG_POSTED != 0
     }
 
-    /// The addition itself, for a post already checked (on the host backend a stream's post runs it later, from a
-    /// host function).
-    ///
-    /// # Errors
-    /// On a GPU backend: the post kernel could not be launched or did not finish.
-    pub(crate) fn add_posts(&self, count: u64) -> Result<(), SemaphoreError> {
-        self.count_add(count)
-    }
-
-    /// Copies the count into the mirror again (after a poster may have died between its add and its copy).
-    pub(crate) fn refresh_mirror(&self) {
-        if let Err(error) = self.count_add(0) {
-            tracing::warn!(%error, "semaphore: refreshing the count's mirror failed");
-        }
+    /// The addition itself, for a post already checked (a stream's post runs it later, from a host function).
+    pub(crate) fn add_posts(&self, count: u64) {
+        self.word(POSTED_WORD).fetch_add(count, Ordering::Release);
     }
 
     /// Takes one post if one is there, without waiting. `Ok(false)`: none is (or GPU-side waits queued earlier
@@ -480,9 +359,7 @@ impl SemaphoreBlock {
     pub(crate) fn give_back(&self, record: PeerRecord, ticket: u64) {
         for slot in self.slots(record) {
             if slot.compare_exchange(ticket + 1, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                if let Err(error) = self.add_posts(1) {
-                    tracing::error!(%error, ticket, "semaphore: giving back an unused ticket failed: one post is lost");
-                }
+                self.add_posts(1);
                 return;
             }
         }
@@ -616,15 +493,9 @@ impl SemaphoreBlock {
             }
             Some(RecordState::Attached) => {
                 let posted = self.has_posted(record);
-                if posted {
-                    // It may have died between a post kernel's add and its copy into the mirror.
-                    self.refresh_mirror();
-                }
                 let refunded = self.unreached_tickets(record);
-                if refunded > 0
-                    && let Err(error) = self.add_posts(refunded)
-                {
-                    tracing::error!(%error, refunded, "semaphore: making good a departed peer's tickets failed");
+                if refunded > 0 {
+                    self.add_posts(refunded);
                 }
                 if posted { Departure::PosterDiedIgnored { refunded } } else { Departure::WaiterDied { refunded } }
             }
@@ -638,7 +509,7 @@ impl SemaphoreBlock {
     /// Tickets of a departed peer that no post has reached: each would swallow a post. At most `taken - posted`
     /// (only tickets handed out and unreached count), whatever the record holds.
     fn unreached_tickets(&self, record: PeerRecord) -> u64 {
-        let posted = self.exact_posted();
+        let posted = self.posted();
         let taken = self.taken();
         let mut tickets: Vec<u64> = Vec::with_capacity(TICKETS_PER_PEER);
         for slot in self.slots(record) {

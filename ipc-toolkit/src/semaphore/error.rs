@@ -140,39 +140,6 @@ pub enum SemaphoreError {
     /// Attaching through the socket failed.
     #[error(transparent)]
     Door(#[from] crate::door::DoorError),
-    /// The backend could not allocate, export or import the count's device memory.
-    #[error("the semaphore's count in device memory: {0}")]
-    Backend(#[from] ipc_core::backend::BackendError),
-    /// The semaphore's count kernels could not be loaded.
-    #[error(
-        "loading the semaphore's kernels ({image}) failed: {reason}; set GPU_IPC_FORCE_PTX=1 to try the PTX, or \
-         update the driver"
-    )]
-    Kernels {
-        /// The image tried.
-        image: &'static str,
-        /// Why it failed.
-        reason: String,
-    },
-    /// A change of the count (a kernel on the semaphore's own stream) did not finish in time: the GPU is busy or
-    /// broken.
-    #[error(
-        "the semaphore's count kernel did not finish within {waited:?}: the GPU is stuck or overloaded; check \
-         nvidia-smi and the other processes on it"
-    )]
-    GpuBusy {
-        /// How long it was waited for.
-        waited: Duration,
-    },
-    /// The semaphore counts in device memory, and this process attached without a CUDA context.
-    #[error(
-        "this semaphore counts in GPU memory ({backend} backend): attach with a context of that GPU, with the \
-         {backend} backend (the host backend cannot reach it)"
-    )]
-    CountOnGpu {
-        /// The owner's backend.
-        backend: ipc_core::wire::BackendKind,
-    },
     /// A thread could not be started.
     #[error("starting the semaphore's {what} thread failed: {source}")]
     Thread {

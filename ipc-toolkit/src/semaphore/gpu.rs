@@ -1,94 +1,82 @@
-//! The GPU side of a handle: stream waits and stream posts on the count in device memory ([`DeviceCount`]), and a
-//! mark (an event) after each, so that teardown never frees or unregisters memory a queued wait or post kernel
-//! may still use.
+//! The GPU side of a handle: the shared block registered for the device (so `cuStreamWaitValue64` can wait on
+//! `posted`), and a mark (an event) after each queued wait, so that teardown never unregisters memory a stream may
+//! still poll.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::block::SemaphoreBlock;
-use super::count::DeviceCount;
 use super::error::SemaphoreError;
-use gpu_ipc_driver::{DeviceFeature, DevicePtr, DeviceSpan, Event, EventFlags, Stream};
+use super::layout::{POSTED_OFFSET, SharedWords};
+use gpu_ipc_driver::{
+    Context, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, HostRegistration, Stream,
+    WaitCondition,
+};
+use ipc_core::shm::SharedObject;
 
-/// How long teardown waits for streams to pass the waits a post has reached and the posts they queued.
+/// How long teardown waits for streams to pass waits whose tickets a post has reached.
 const SETTLE: Duration = Duration::from_secs(1);
 
-/// A queued wait (its ticket) or post (`None`): the event recorded after it.
+/// A queued wait: the event recorded after it, and its ticket.
 struct Mark {
     event: Event,
-    ticket: Option<u64>,
+    ticket: u64,
 }
 
-/// This handle's queued stream operations on the count.
+/// This handle's registration of the shared block and its queued waits.
 pub(super) struct GpuSide {
-    count: Arc<DeviceCount>,
-    /// Whether the device's 64-bit stream waits were checked (on the first stream wait).
-    waits_checked: bool,
-    /// Marks the streams may not have passed, oldest first.
+    ctx: Context,
+    registration: Arc<HostRegistration<SharedObject<SharedWords>>>,
+    /// Marks of waits the stream may not have passed, oldest first.
     marks: VecDeque<Mark>,
     /// Events of passed marks, for reuse.
     spare: Vec<Event>,
 }
 
 impl GpuSide {
-    /// The GPU side over this process's count.
-    pub(super) fn new(count: Arc<DeviceCount>) -> Self {
-        Self { count, waits_checked: false, marks: VecDeque::new(), spare: Vec::new() }
+    /// Checks that the device can queue 64-bit stream waits and registers the block in `ctx`.
+    pub(super) fn new(ctx: &Context, block: &SemaphoreBlock) -> Result<Self, SemaphoreError> {
+        if !ctx.device().supports(DeviceFeature::StreamMemOps64)? {
+            return Err(SemaphoreError::NoStreamMemOps);
+        }
+        let registration = Arc::new(HostRegistration::new(ctx, Arc::clone(block.shared()))?);
+        Ok(Self { ctx: ctx.clone(), registration, marks: VecDeque::new(), spare: Vec::new() })
     }
 
-    /// The device address of the count in this process: what kernels after a wait read.
-    pub(super) fn status_word(&self) -> Result<DevicePtr, SemaphoreError> {
-        Ok(self.count.span()?.ptr())
+    /// The device address of `posted` in this side's context: what kernels after a wait read.
+    pub(super) fn status_word(&self) -> DevicePtr {
+        self.registration.device_ptr().offset(POSTED_OFFSET as u64)
     }
 
-    /// Queues on `stream` a copy of the count into `dst` (8 bytes of device memory): a stream-ordered snapshot,
-    /// taken once the stream's earlier work (a wait) is done, for kernels queued after it.
+    /// Queues on `stream` a copy of the `posted` word into `dst` (8 bytes of device memory): a stream-ordered
+    /// snapshot, taken once the stream's earlier work (a wait) is done, for kernels queued after it.
     pub(super) fn copy_status(&self, stream: &Stream, dst: &DeviceSpan<'_>) -> Result<(), SemaphoreError> {
-        self.count.copy_on(stream, dst)
+        let word = self.registration.span().slice(POSTED_OFFSET as u64, 8)?;
+        dst.copy_from_async(&word, stream)?;
+        Ok(())
     }
 
-    /// Whether `stream` belongs to the context the count is mapped in.
+    /// Whether `stream` belongs to this side's context.
     pub(super) fn same_context(&self, stream: &Stream) -> bool {
-        stream.context().as_raw() == self.count.context().as_raw()
+        stream.context().as_raw() == self.ctx.as_raw()
     }
 
-    /// Queues on `stream` a wait until the count passes `ticket`, then a mark.
+    /// Queues on `stream` a wait until `posted >= ticket + 1`, then a mark.
     pub(super) fn queue_wait(&mut self, stream: &Stream, ticket: u64) -> Result<(), SemaphoreError> {
-        if !self.waits_checked {
-            if !self.count.context().device().supports(DeviceFeature::StreamMemOps64)? {
-                return Err(SemaphoreError::NoStreamMemOps);
-            }
-            self.waits_checked = true;
-        }
         self.prune();
-        self.count.wait_on(stream, ticket + 1)?;
-        self.mark(stream, Some(ticket));
-        Ok(())
-    }
-
-    /// Queues on `stream` the post kernel adding `n`, then a mark.
-    pub(super) fn queue_post(&mut self, stream: &Stream, n: u64) -> Result<(), SemaphoreError> {
-        self.prune();
-        self.count.post_on(stream, n)?;
-        self.mark(stream, None);
-        Ok(())
-    }
-
-    fn mark(&mut self, stream: &Stream, ticket: Option<u64>) {
+        self.registration.wait_value_u64(stream, POSTED_OFFSET, ticket + 1, WaitCondition::AtLeast)?;
         let event = match self.spare.pop() {
-            Some(event) => Ok(event),
-            None => Event::new(self.count.context(), EventFlags::default()),
+            Some(event) => event,
+            None => Event::new(&self.ctx, EventFlags::default())?,
         };
-        // Without a mark teardown cannot tell when the operation is done: it then leaks the count's memory.
-        let recorded = event.and_then(|event| {
-            let recorded = event.record(stream);
-            self.marks.push_back(Mark { event, ticket });
-            recorded
-        });
+        // A failed record leaves the wait queued without a mark: teardown then leaks the registration.
+        let recorded = event.record(stream);
+        self.marks.push_back(Mark { event, ticket });
         if let Err(e) = recorded {
-            tracing::warn!(error = %e, "semaphore: recording the mark after a stream operation failed");
+            tracing::warn!(error = %e, "semaphore: recording the mark after a stream wait failed");
         }
+        Ok(())
     }
 
     /// Forgets the marks the streams have passed.
@@ -103,25 +91,22 @@ impl GpuSide {
         }
     }
 
-    /// Teardown: the count's memory may go once every queued operation is passed. Waits whose ticket a post has
-    /// reached, and posts, pass soon (waited for, up to [`SETTLE`]); any other wait may hold its stream until a
-    /// post or the poison, so the count's memory and registration are then leaked (kept mapped until the process
-    /// exits) rather than freed under a stream that still uses them.
+    /// Teardown: the registration may go once every queued wait is passed. Waits whose ticket a post has reached
+    /// pass soon (waited for, up to [`SETTLE`]); any other may hold its stream until a post or the poison, so the
+    /// registration is then leaked (64 KiB of page-locked host memory stays mapped) rather than unregistered under
+    /// a stream that still polls it.
     fn settle(&mut self, block: &SemaphoreBlock) {
         let deadline = Instant::now() + SETTLE;
         loop {
             self.prune();
-            if self.marks.is_empty() {
-                return;
-            }
-            let reached =
-                self.marks.iter().all(|mark| mark.ticket.is_none_or(|t| block.posted() > t) || block.check().is_err());
+            let Some(oldest) = self.marks.front() else { return };
+            let reached = self.marks.iter().all(|mark| block.posted() > mark.ticket || block.check().is_err());
             if !reached || Instant::now() >= deadline {
                 tracing::debug!(
-                    queued = self.marks.len(),
-                    "semaphore: a stream may still use the count: leaking this process's mapping of it"
+                    ticket = oldest.ticket,
+                    "semaphore: a stream may still wait on the shared block: leaking this handle's registration"
                 );
-                std::mem::forget(Arc::clone(&self.count));
+                std::mem::forget(Arc::clone(&self.registration));
                 return;
             }
             std::thread::sleep(Duration::from_micros(100));

@@ -11,8 +11,8 @@ use super::layout::{COUNT_MASK, RecordState, SemaphoreState};
 use super::owner::import_offer;
 use super::watchdog::Watchdog;
 use crate::door::{self, ObjectKind, OwnerLink};
-use crate::queue::QueueBackend;
-use gpu_ipc_driver::{DevicePtr, DeviceSpan, Stream};
+use gpu_ipc_driver::{Context, DevicePtr, DeviceSpan, Stream};
+use ipc_core::backend::Backend;
 use ipc_core::ring::{WaitMode, bounded_wait};
 
 /// How a CPU-side wait passes time: it spins first (lowest latency), then sleeps in short naps.
@@ -81,8 +81,8 @@ impl StreamWait {
         self.ticket
     }
 
-    /// The device address (in the context of the handle that queued the wait) of the semaphore's count, a word of
-    /// device memory, for the kernels queued after the wait: pass it and [`ticket`](Self::ticket) to them, and let them read the
+    /// The device address (in the context of the handle that queued the wait) of the semaphore's `posted` word,
+    /// for the kernels queued after the wait: pass it and [`ticket`](Self::ticket) to them, and let them read the
     /// word once (`ld.acquire.sys.u64`, or a `volatile` load) and go on only if
     /// [`released_by_post`](Self::released_by_post) holds for it; otherwise the poison released the wait (a poster
     /// died, the owner died or closed) and the kernel must not use the data the post would have announced. The
@@ -134,6 +134,7 @@ struct GpuState {
 /// [`SemaphoreOwner::semaphore`]: super::SemaphoreOwner::semaphore
 pub struct Semaphore {
     peer: Arc<PeerSide>,
+    cuda: Option<Context>,
     gpu: Mutex<GpuState>,
     watchdog: Option<Watchdog>,
     policy: WaitPolicy,
@@ -150,12 +151,12 @@ impl std::fmt::Debug for Semaphore {
 }
 
 impl Semaphore {
-    pub(super) fn new(peer: PeerSide, policy: WaitPolicy) -> Result<Self, SemaphoreError> {
+    pub(super) fn new(peer: PeerSide, cuda: Option<Context>, policy: WaitPolicy) -> Result<Self, SemaphoreError> {
         let watchdog = match &peer.link {
             Some(link) => Some(Watchdog::start(Arc::clone(link), peer.block.clone())?),
             None => None,
         };
-        Ok(Self { peer: Arc::new(peer), gpu: Mutex::default(), watchdog, policy })
+        Ok(Self { peer: Arc::new(peer), cuda, gpu: Mutex::default(), watchdog, policy })
     }
 
     /// Attaches to the semaphore served at `socket`. `ctx` is the CUDA context stream waits use (a GPU backend's;
@@ -164,18 +165,18 @@ impl Semaphore {
     /// # Errors
     /// [`SemaphoreError::Door`] (nothing listens there: start the owner first; refused; timed out), or an offer or
     /// shared block that is not a semaphore's.
-    pub fn attach<B: QueueBackend>(
+    pub fn attach<B: Backend>(
         ctx: &B::Context,
         socket: &Path,
         options: &AttachOptions,
     ) -> Result<Self, SemaphoreError> {
         let (mut peer, link) =
             door::attach(socket, ObjectKind::Semaphore, None, &options.name, options.timeout, |offer, fds| {
-                import_offer::<B>(ctx, offer, fds, options.posts)
+                import_offer(offer, fds, options.posts)
             })?;
         tracing::info!(socket = %socket.display(), record = peer.record.index, "attached to a semaphore");
         peer.link = Some(Arc::new(link));
-        let semaphore = Self::new(peer, options.wait)?;
+        let semaphore = Self::new(peer, B::cuda_context(ctx).cloned(), options.wait)?;
         // A semaphore a dead poster broke is still served (its owner may reset it): a newcomer learns why it
         // does not work, in the semaphore's words, and leaves cleanly (dropping the handle detaches).
         semaphore.peer.block.check()?;
@@ -281,21 +282,24 @@ impl Semaphore {
     /// now, so posts are served to CPU and stream waiters in the order they asked.
     ///
     /// # Errors
-    /// No CUDA context, or a semaphore of the host backend ([`SemaphoreError::NoCudaContext`]), a stream of
-    /// another context, a device without 64-bit stream memory operations, [`SemaphoreError::TooManyStreamWaits`],
-    /// a semaphore that no longer works, or the driver's error (the ticket is then given back).
+    /// No CUDA context ([`SemaphoreError::NoCudaContext`]), a stream of another context, a device without 64-bit
+    /// stream memory operations, [`SemaphoreError::TooManyStreamWaits`], a semaphore that no longer works, or the
+    /// driver's error (the ticket is then given back).
     pub fn wait_on(&self, stream: &Stream) -> Result<StreamWait, SemaphoreError> {
         self.liveness()?;
-        let mut gpu = self.gpu_side()?;
+        let Some(ctx) = &self.cuda else { return Err(SemaphoreError::NoCudaContext) };
+        let mut gpu = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
         let GpuState { side, hint } = &mut *gpu;
-        let Some(side) = side else { return Err(SemaphoreError::NoCudaContext) };
+        let side = match side {
+            Some(side) => side,
+            None => side.insert(GpuSide::new(ctx, &self.peer.block)?),
+        };
         if !side.same_context(stream) {
             return Err(SemaphoreError::WrongContext);
         }
-        let status_word = side.status_word()?;
         let block = &self.peer.block;
         let ticket = block.take_ticket(self.peer.record, hint)?;
-        let wait = StreamWait { ticket, status_word };
+        let wait = StreamWait { ticket, status_word: side.status_word() };
         if block.posted() > ticket {
             // Already posted, as the CPU sees (an acquire load): the stream needs no wait.
             return Ok(wait);
@@ -334,7 +338,7 @@ impl Semaphore {
         wait: &StreamWait,
         dst: &DeviceSpan<'_>,
     ) -> Result<(), SemaphoreError> {
-        let gpu = self.gpu_side()?;
+        let gpu = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(side) = &gpu.side else { return Err(SemaphoreError::NoCudaContext) };
         if !side.same_context(stream) {
             return Err(SemaphoreError::WrongContext);
@@ -343,47 +347,19 @@ impl Semaphore {
         side.copy_status(stream, dst)
     }
 
-    /// The GPU side, made on first use over this process's count in device memory (`side` stays `None` on the
-    /// host backend, whose count is in the shared block).
-    fn gpu_side(&self) -> Result<std::sync::MutexGuard<'_, GpuState>, SemaphoreError> {
-        let mut gpu = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
-        if gpu.side.is_none()
-            && let Some(count) = self.peer.block.device_count()
-        {
-            gpu.side = Some(GpuSide::new(Arc::clone(count)));
-        }
-        Ok(gpu)
-    }
-
-    /// Queues on `stream` a post of `count`: it lands once the stream's earlier work is done. On a GPU backend it
-    /// is a one-thread kernel (`gpu_ipc_semaphore_post`) doing a GPU atomic add on the count in device memory: no
-    /// CPU in between. On the host backend (no device memory; a stream of another library's context) a host
-    /// function (`cuLaunchHostFunc`) adds it from a driver thread. Returns at once; the handle may be dropped
-    /// before it lands.
+    /// Queues on `stream` a post of `count`: it lands once the stream's earlier work is done (a host function,
+    /// `cuLaunchHostFunc`, adds it from a driver thread). Returns at once; the handle may be dropped before it
+    /// lands (the connection to the owner then stays open until it has).
     ///
     /// # Errors
-    /// As [`post`](Self::post); a stream of another context than the semaphore's ([`SemaphoreError::WrongContext`]),
-    /// or the driver's error.
+    /// As [`post`](Self::post), or the driver's error.
     pub fn post_on(&self, stream: &Stream, count: u64) -> Result<(), SemaphoreError> {
         self.may_post(count)?;
         self.check()?;
-        let mut gpu = self.gpu_side()?;
-        if let Some(side) = &mut gpu.side {
-            if !side.same_context(stream) {
-                return Err(SemaphoreError::WrongContext);
-            }
-            // A poster from now on: if this process dies before the post lands, the post is owed.
-            self.peer.block.mark_poster(self.peer.record);
-            return side.queue_post(stream, count);
-        }
-        drop(gpu);
+        // A poster from now on: if this process dies before the post lands, the post is owed.
         self.peer.block.mark_poster(self.peer.record);
         let peer = Arc::clone(&self.peer);
-        stream.launch_host_fn(move || {
-            if let Err(error) = peer.block.add_posts(count) {
-                tracing::error!(%error, count, "semaphore: a stream post from a host function failed");
-            }
-        })?;
+        stream.launch_host_fn(move || peer.block.add_posts(count))?;
         Ok(())
     }
 }

@@ -21,9 +21,7 @@
 //! | 10 | resets so far (the owner's [`reset`](super::SemaphoreOwner::reset)) |
 //! | 11 | first ticket the last reset found unreached by a post (released by the poison) |
 //! | 12 | `taken` at the last reset: tickets `[word 11, word 12)` were released by the poison |
-//! | 13 | where the count lives ([`CountPlace`]): 0 word 24 of this block (host backend), 1 a device allocation |
-//! | 16 | `posted`, the mirror of the count CPU waiters read: posts so far (bit 62 = poison) |
-//! | 24 | the count, when it lives in this block (host backend; else unused) |
+//! | 16 | `posted`: posts so far (bit 62 = poison) |
 //! | 32 | `taken`: tickets handed out so far |
 //! | 48 + 128 r | record `r`: state word (`epoch << 8 \| RecordState`) |
 //! | 48 + 128 r + 1 | record `r`: pid |
@@ -35,9 +33,8 @@ use std::sync::atomic::AtomicU64;
 /// First header word: "GIPCSEMA" in little-endian bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GIPCSEMA");
 
-/// Version of this layout; bumped on any change to offsets or meanings (3: the count moved to its own word,
-/// device memory on a GPU backend, and `posted` became its mirror).
-pub const LAYOUT_VERSION: u32 = 3;
+/// Version of this layout; bumped on any change to offsets or meanings.
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Size of the memfd: 64 KiB, a whole number of pages on every Linux page size, as `cuMemHostRegister` wants.
 pub const SHARED_BYTES: usize = 64 * 1024;
@@ -79,46 +76,13 @@ pub const RESET_FROM_WORD: usize = 11;
 /// Header word: ... up to `taken` at the last reset (this word, excluded) were released by the poison.
 pub const RESET_TO_WORD: usize = 12;
 
-/// Header word: where the count lives, a [`CountPlace`] (written at creation, never changed).
-pub const COUNT_PLACE_WORD: usize = 13;
-
-/// Word of `posted`, the number of posts so far; bit 62 ([`POISON`]) once the semaphore is broken or closed. The
-/// mirror of the count: only the count's own operations write it (the semaphore's kernels on a GPU backend, their
-/// model on the host backend), with the count's latest value; CPU waiters read it.
+/// Word of `posted`, the number of posts so far; bit 62 ([`POISON`]) once the semaphore is broken or closed.
 pub const POSTED_WORD: usize = LINE_WORDS;
-/// Word of the count itself when it lives in this block ([`CountPlace::Block`], the host backend): the word the
-/// host backend's model of the GPU's atomics changes. On a GPU backend the count is word 0 of a device allocation.
-pub const COUNT_WORD: usize = LINE_WORDS + LINE_WORDS / 2;
 /// Word of `taken`, the number of tickets handed out so far (post `t + 1` is ticket `t`'s).
 pub const TAKEN_WORD: usize = 2 * LINE_WORDS;
 
-/// Byte offset of `posted`, the mirror: where the count's kernels copy the count.
+/// Byte offset of `posted`: what a stream's `cuStreamWaitValue64` waits on.
 pub const POSTED_OFFSET: usize = POSTED_WORD * 8;
-/// Byte offset of the reset's fence words (11 and 12), which the reset kernel writes.
-pub const RESET_FENCE_OFFSET: usize = RESET_FROM_WORD * 8;
-
-/// Where the count lives (header word [`COUNT_PLACE_WORD`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u64)]
-pub enum CountPlace {
-    /// Word [`COUNT_WORD`] of the shared block: the host backend, whose model of the count's kernels is CPU
-    /// atomics on it.
-    Block = 0,
-    /// Word 0 of a small device allocation the owner exports beside the block (a GPU backend): every change is a
-    /// GPU atomic there, stream waits wait there.
-    Device = 1,
-}
-
-impl CountPlace {
-    /// Decodes the header word; an unknown value is `None`.
-    pub const fn from_raw(raw: u64) -> Option<Self> {
-        match raw {
-            0 => Some(Self::Block),
-            1 => Some(Self::Device),
-            _ => None,
-        }
-    }
-}
 
 /// First word of record 0.
 pub const RECORDS_WORD: usize = 3 * LINE_WORDS;
@@ -260,8 +224,6 @@ pub const fn record_word_index(index: u32) -> usize {
 const _: () = {
     assert!(BROKEN_RECORD_WORD < LINE_WORDS);
     assert!(RESET_TO_WORD < LINE_WORDS);
-    assert!(COUNT_PLACE_WORD < LINE_WORDS);
-    assert!(COUNT_WORD * 8 == 192);
     assert!(POSTED_OFFSET == 128);
     assert!(TAKEN_WORD * 8 == 256);
     assert!(RECORDS_WORD * 8 == 384);

@@ -8,19 +8,18 @@
 //! **Counting.** Two monotonic counters: `posted` (posts so far) and `taken` (tickets handed out). Post `t + 1`
 //! belongs to ticket `t`. A CPU take moves `taken` from `t` to `t + 1` only when `posted > t`, so a CPU wait that
 //! times out leaves no trace. A stream wait cannot take conditionally: it takes ticket `t` at once and queues
-//! `cuStreamWaitValue64(count, t + 1, GEQ)` on the caller's stream; the stream goes on when post `t + 1` lands.
+//! `cuStreamWaitValue64(posted, t + 1, GEQ)` on the caller's stream (the coherency probe's rule for a host-side
+//! writer and a GPU waiter); the stream goes on when post `t + 1` lands.
 //!
-//! **Where the count lives.** On a GPU backend the count is a word of device memory the owner exports beside the
-//! block, and every change of it (a post, a refund, the poison, the owner's reset) is one of the semaphore's
-//! one-thread kernels doing a GPU atomic there: a GPU atomic on host memory is atomic with the CPU's only where
-//! the device reports `CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED` (not a PCIe GPU in an x86 machine), and
-//! CUDA 13.0 has no atomic-add stream memory operation. A stream post is that kernel queued on the caller's stream:
-//! no CPU in between. Each kernel copies the count into the block's `posted` word, the mirror CPU waiters read;
-//! stream waits wait on the count itself. The host backend models the same operations on a word of the block.
+//! **Stream posts.** A stream post must *add* to `posted` after the stream's earlier work: CUDA 12.9's stream
+//! memory operations only store values (no atomic add), and a GPU atomic on host memory is atomic with respect to
+//! the CPU's atomics only where the device reports `CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED` (not on a
+//! PCIe-attached GPU in an x86 machine). So a stream post is a host function (`cuLaunchHostFunc`) that does the
+//! CPU's `fetch_add`: correct on every platform, at the cost of a driver callback per post.
 //!
 //! **Dead peers.** A peer counts as a poster from its first post (it marks its record before the post can land).
 //! A poster that hangs up without detaching breaks the semaphore ([`DeadPoster::Poison`], the default): the owner
-//! writes the state `Broken` and ORs the poison `2^62` into the count, which releases every GPU-side wait, queued
+//! writes the state `Broken` and ORs the poison `2^62` into `posted`, which releases every GPU-side wait, queued
 //! or future; CPU waits return [`SemaphoreError::PosterDied`]; the owner can [`SemaphoreOwner::reset`] it. Under
 //! [`DeadPoster::Ignore`] (chosen at creation, kept in the shared block) the semaphore goes on. A peer that never
 //! posted and dies has its unreached tickets made good (they would swallow posts). The owner dying: each
@@ -32,7 +31,6 @@
 
 mod block;
 mod body;
-mod count;
 mod error;
 mod gpu;
 mod handle;
@@ -41,8 +39,8 @@ mod owner;
 mod watchdog;
 
 pub use block::{Departure, PeerRecord, SemaphoreBlock};
-pub use body::{OfferedCount, SEMAPHORE_OFFER_BYTES, SEMAPHORE_OFFER_FDS, SemaphoreOffer};
+pub use body::{SEMAPHORE_OFFER_BYTES, SEMAPHORE_OFFER_FDS, SemaphoreOffer};
 pub use error::{PeerPid, SemaphoreError};
 pub use handle::{AttachOptions, Semaphore, StreamWait, WaitPolicy};
-pub use layout::{COUNT_MASK, CountPlace, DeadPoster, MAX_PEERS, MAX_POST, POISON, SemaphoreState, TICKETS_PER_PEER};
+pub use layout::{COUNT_MASK, DeadPoster, MAX_PEERS, MAX_POST, POISON, SemaphoreState, TICKETS_PER_PEER};
 pub use owner::{OwnerOptions, SemaphoreOwner};

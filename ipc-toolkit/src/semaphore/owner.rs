@@ -9,14 +9,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::block::{Departure, PeerRecord, SemaphoreBlock};
-use super::body::{OfferedCount, SemaphoreOffer};
-use super::count::{COUNT_ALLOCATION_BYTES, CountExporter, DeviceCount};
+use super::body::{SEMAPHORE_OFFER_FDS, SemaphoreOffer};
 use super::error::SemaphoreError;
 use super::handle::{PeerSide, Semaphore, WaitPolicy};
-use super::layout::{CountPlace, DeadPoster, LAYOUT_VERSION, RecordState, SHARED_BYTES, SemaphoreState};
+use super::layout::{DeadPoster, LAYOUT_VERSION, RecordState, SHARED_BYTES, SemaphoreState};
 use crate::door::{DoorConfig, ObjectDoor, ObjectHost, ObjectKind, ObjectOffer, PeerInfo};
-use crate::queue::{QueueBackend, QueueMemory};
-use ipc_core::backend::ExportedHandle;
+use ipc_core::backend::Backend;
 use ipc_core::wire::{BackendKind, RefusalCode};
 
 /// How an owner creates its semaphore ([`SemaphoreOwner::create_with`]).
@@ -37,8 +35,6 @@ pub struct OwnerOptions {
 struct SemaphoreHost {
     block: SemaphoreBlock,
     backend: BackendKind,
-    /// Exports the count's device allocation for one offer (`None`: the count is in the block).
-    count: Option<CountExporter>,
     /// The record offered to each peer number, until the peer is gone.
     records: Mutex<HashMap<u32, PeerRecord>>,
 }
@@ -66,16 +62,6 @@ impl ObjectHost for SemaphoreHost {
             Err(ended) => return Err((RefusalCode::ShuttingDown, ended.to_string())),
         }
         let fd = self.block.shared().memory().try_clone_fd().map_err(|e| (RefusalCode::ShuttingDown, e.to_string()))?;
-        let mut fds = vec![fd];
-        let count = match &self.count {
-            None => OfferedCount::Block,
-            Some(export) => {
-                let handle = export().map_err(|e| (RefusalCode::ShuttingDown, e.to_string()))?;
-                let legacy_mem_handle = handle.bytes.as_slice().try_into().ok();
-                fds.extend(handle.fd);
-                OfferedCount::Device { backend: self.backend, bytes: handle.size, legacy_mem_handle }
-            }
-        };
         let record = self.block.claim_record(peer.pid).map_err(|e| (RefusalCode::RingFull, e.to_string()))?;
         self.records.lock().unwrap_or_else(PoisonError::into_inner).insert(peer.id, record);
         let body = SemaphoreOffer {
@@ -85,9 +71,8 @@ impl ObjectHost for SemaphoreHost {
             max_peers: self.block.max_peers(),
             shared_bytes: SHARED_BYTES as u64,
             generation: self.block.generation(),
-            count,
         };
-        Ok((body.encode(), fds))
+        Ok((body.encode(), vec![fd]))
     }
 
     fn attached(&self, peer: &PeerInfo) {
@@ -136,54 +121,25 @@ impl ObjectHost for SemaphoreHost {
     }
 }
 
-/// Reads a semaphore offer (the importer's side of [`crate::door::attach`]): the body, the fds, the shared block,
-/// the count (imported into `ctx` when it lives in device memory), and the record offered. `posts: false` only
-/// makes this handle refuse to post.
-pub(super) fn import_offer<B: QueueBackend>(
-    ctx: &B::Context,
-    offer: &ObjectOffer,
-    fds: Vec<OwnedFd>,
-    posts: bool,
-) -> Result<PeerSide, SemaphoreError> {
+/// Reads a semaphore offer (the importer's side of [`crate::door::attach`]): the body, the one fd, the shared
+/// block, and the record offered. `posts: false` only makes this handle refuse to post.
+pub(super) fn import_offer(offer: &ObjectOffer, fds: Vec<OwnedFd>, posts: bool) -> Result<PeerSide, SemaphoreError> {
     let body = SemaphoreOffer::decode(&offer.body)?;
     if body.layout_version != LAYOUT_VERSION {
         return Err(SemaphoreError::LayoutVersion { found: u64::from(body.layout_version), expected: LAYOUT_VERSION });
     }
-    if fds.len() != body.fd_count() {
+    if fds.len() != SEMAPHORE_OFFER_FDS {
         return Err(SemaphoreError::Corrupt { what: "offer fd count", value: fds.len() as u64 });
     }
     if body.shared_bytes != SHARED_BYTES as u64 {
         return Err(SemaphoreError::Corrupt { what: "offer shared_bytes", value: body.shared_bytes });
     }
-    let mut fds = fds.into_iter();
-    let Some(fd) = fds.next() else {
+    let Some(fd) = fds.into_iter().next() else {
         return Err(SemaphoreError::Corrupt { what: "offer fd count", value: 0 });
     };
-    let mut block = SemaphoreBlock::attach(fd)?;
+    let block = SemaphoreBlock::attach(fd)?;
     if body.max_peers != block.max_peers() || body.generation != block.generation() {
         return Err(SemaphoreError::Corrupt { what: "offer (max_peers or generation)", value: body.generation });
-    }
-    match (body.count, block.count_place()) {
-        (OfferedCount::Block, CountPlace::Block) => {}
-        (OfferedCount::Device { backend, bytes, legacy_mem_handle }, CountPlace::Device) => {
-            let Some(cuda) = B::cuda_context(ctx).filter(|_| backend == B::KIND) else {
-                return Err(SemaphoreError::CountOnGpu { backend });
-            };
-            let handle = ExportedHandle {
-                bytes: legacy_mem_handle.map(|h| h.to_vec()).unwrap_or_default(),
-                fd: fds.next(),
-                size: bytes,
-            };
-            let region: Arc<dyn QueueMemory> = Arc::new(B::import(ctx, handle)?);
-            let device = DeviceCount::new(cuda, region, block.shared())?;
-            block = block.with_device_count(device, None)?;
-        }
-        (_, place) => {
-            return Err(SemaphoreError::Corrupt {
-                what: "count place (block and offer disagree)",
-                value: place as u64,
-            });
-        }
     }
     let record = PeerRecord { index: body.record, epoch: body.epoch };
     if record.index == 0 || !block.record_is(record, RecordState::Offered) {
@@ -213,7 +169,7 @@ impl SemaphoreOwner {
     /// # Errors
     /// `initial` above [`MAX_POST`](super::MAX_POST); the shared memory could not be made; the socket could not be
     /// bound (another live owner there: [`SemaphoreError::Door`]).
-    pub fn create<B: QueueBackend>(ctx: &B::Context, socket: &Path, initial: u64) -> Result<Self, SemaphoreError> {
+    pub fn create<B: Backend>(ctx: &B::Context, socket: &Path, initial: u64) -> Result<Self, SemaphoreError> {
         Self::create_with::<B>(ctx, socket, &OwnerOptions { initial, ..OwnerOptions::default() })
     }
 
@@ -221,28 +177,17 @@ impl SemaphoreOwner {
     ///
     /// # Errors
     /// As [`create`](Self::create).
-    pub fn create_with<B: QueueBackend>(
+    pub fn create_with<B: Backend>(
         ctx: &B::Context,
         socket: &Path,
         options: &OwnerOptions,
     ) -> Result<Self, SemaphoreError> {
         let generation = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_nanos() as u64;
-        let mut block = SemaphoreBlock::create(options.initial, generation, options.dead_poster)?;
-        // On a GPU backend the count moves into a device allocation of the backend's, exported beside the block.
-        let count: Option<CountExporter> = match B::cuda_context(ctx) {
-            None => None,
-            Some(cuda) => {
-                let region = Arc::new(B::allocate(ctx, COUNT_ALLOCATION_BYTES)?);
-                let shared: Arc<dyn QueueMemory> = region.clone();
-                let device = DeviceCount::new(cuda, shared, block.shared())?;
-                block = block.with_device_count(device, Some(options.initial))?;
-                Some(Box::new(move || B::export(&region)))
-            }
-        };
-        let host = Arc::new(SemaphoreHost { block: block.clone(), backend: B::KIND, count, records: Mutex::default() });
+        let block = SemaphoreBlock::create(options.initial, generation, options.dead_poster)?;
+        let host = Arc::new(SemaphoreHost { block: block.clone(), backend: B::KIND, records: Mutex::default() });
         let door = ObjectDoor::open(socket, host, options.door.clone())?;
         let side = PeerSide { block, record: SemaphoreBlock::OWNER_RECORD, posts: true, link: None };
-        let semaphore = Semaphore::new(side, options.wait)?;
+        let semaphore = Semaphore::new(side, B::cuda_context(ctx).cloned(), options.wait)?;
         tracing::info!(
             socket = %door.path().display(),
             initial = options.initial,
@@ -299,61 +244,5 @@ impl Drop for SemaphoreOwner {
             tracing::info!("semaphore closed");
         }
         self.door = None;
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use crate::semaphore::layout::COUNT_PLACE_WORD;
-    use ipc_core::fake::{HostContext, HostFake};
-    use ipc_core::shm::SharedMemory;
-
-    /// A block whose count the owner moved to a GPU (as a vmm owner does), and the offer of its record 1.
-    fn gpu_owned(count: OfferedCount) -> (SemaphoreBlock, ObjectOffer, Vec<OwnedFd>) {
-        let block = SemaphoreBlock::create(0, 7, DeadPoster::Poison).unwrap();
-        let memory = block.shared().memory();
-        memory.write_bytes(8 * COUNT_PLACE_WORD, &(CountPlace::Device as u64).to_le_bytes()).unwrap();
-        let record = block.claim_record(Some(1)).unwrap();
-        let body = SemaphoreOffer {
-            layout_version: LAYOUT_VERSION,
-            record: record.index,
-            epoch: record.epoch,
-            max_peers: block.max_peers(),
-            shared_bytes: SHARED_BYTES as u64,
-            generation: block.generation(),
-            count,
-        };
-        let mut fds = vec![memory.try_clone_fd().unwrap()];
-        if body.fd_count() == 2 {
-            // Stands in for the count allocation's vmm fd; the importer never gets as far as mapping it.
-            fds.push(SharedMemory::create("count", 4096).unwrap().try_clone_fd().unwrap());
-        }
-        let fd_count = fds.len() as u16;
-        let offer = ObjectOffer { kind: ObjectKind::Semaphore, peer_id: 1, fd_count, body: body.encode() };
-        (block, offer, fds)
-    }
-
-    #[test]
-    fn a_host_backend_peer_of_a_gpu_semaphore_is_told_to_attach_with_the_owners_backend() {
-        let count = OfferedCount::Device { backend: BackendKind::Vmm, bytes: 2 << 20, legacy_mem_handle: None };
-        let (_block, offer, fds) = gpu_owned(count);
-        let err = import_offer::<HostFake>(&HostContext, &offer, fds, true).err().unwrap();
-        assert!(matches!(err, SemaphoreError::CountOnGpu { backend: BackendKind::Vmm }), "{err}");
-        assert!(err.to_string().contains("attach with a context of that GPU, with the vmm backend"), "{err}");
-    }
-
-    #[test]
-    fn an_offer_whose_count_place_disagrees_with_the_block_is_refused() {
-        let (_block, offer, fds) = gpu_owned(OfferedCount::Block);
-        let err = import_offer::<HostFake>(&HostContext, &offer, fds, true).err().unwrap();
-        assert!(matches!(err, SemaphoreError::Corrupt { what: "count place (block and offer disagree)", .. }), "{err}");
-        // An offer with the wrong number of fds for its count is refused before anything is mapped.
-        let count = OfferedCount::Device { backend: BackendKind::Vmm, bytes: 2 << 20, legacy_mem_handle: None };
-        let (_block, offer, mut fds) = gpu_owned(count);
-        fds.pop();
-        let err = import_offer::<HostFake>(&HostContext, &offer, fds, true).err().unwrap();
-        assert!(matches!(err, SemaphoreError::Corrupt { what: "offer fd count", value: 1 }), "{err}");
     }
 }

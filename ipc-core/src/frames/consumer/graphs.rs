@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::Consumer;
 use crate::backend::Backend;
-use crate::frames::graph::{self, CONSUMER_STEPS, FrameGraphs, GraphOptions, GraphSlot};
+use crate::frames::graph::{self, CONSUMER_STEPS, FrameGraphs, GraphOptions, GraphSlot, LaunchWaits};
+use crate::frames::graph_waits;
 use crate::frames::ring_port::open_port;
 use crate::frames::{FrameError, run_ahead};
 use gpu_ipc_driver::{DeviceMemory, Stream};
@@ -18,7 +19,8 @@ where
     /// `options.per_frame` and the abort word the watchdog raises when the producer dies) that checks its stamp, then what
     /// `record` queues for the slot (the application's kernels reading [`GraphSlot::span`]; they should do nothing
     /// when the frame state says the frame is not valid), then the frame's release. Nothing runs now: launch them
-    /// with [`Consumer::launch_frame_graph`]. Under MPS (the waits are kernels, as with gpu-poll).
+    /// with [`Consumer::launch_frame_graph`]. The wait is a kernel (under MPS) or a stream wait node (without it), as
+    /// `options.waits` says ([`crate::frames::GraphWaits`]).
     ///
     /// # Errors
     /// A strategy that does not register the control block ([`FrameError::StrategyUnavailable`]: use
@@ -50,6 +52,7 @@ where
             &slots,
             owner,
             depth,
+            1,
             options,
             record,
         )
@@ -69,7 +72,13 @@ where
         let Some(port) = self.port.as_mut() else {
             return Err(FrameError::Config("no frame graphs were captured by this consumer".into()));
         };
-        let launched = graph::launch(graphs, port, seq, stream, |waited| FrameError::GpuWaitGaveUp {
+        let ring = &self.shared.ring;
+        let mut for_frame = |frame: u64, wants: &mut Vec<_>| {
+            graph_waits::consumer_wants(ring, frame, wants);
+            Ok(())
+        };
+        let waits = LaunchWaits { control: self.sync.control_block(), for_frame: &mut for_frame };
+        let launched = graph::launch(graphs, port, seq, stream, waits, |waited| FrameError::GpuWaitGaveUp {
             what: format!("frame {seq} or one before it, in a frame graph (gpu_ipc_graph_wait_frame)"),
             waited,
         });

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::Producer;
 use crate::backend::Backend;
-use crate::frames::graph::{self, FrameGraphs, GraphOptions, GraphSlot, PRODUCER_STEPS};
+use crate::frames::graph::{self, FrameGraphs, GraphOptions, GraphSlot, LaunchWaits, PRODUCER_STEPS};
+use crate::frames::graph_waits;
 use crate::frames::ring_port::open_port;
 use crate::frames::{FrameError, run_ahead};
 use gpu_ipc_driver::{DeviceMemory, Stream};
@@ -22,7 +23,8 @@ where
     /// the frame the slot held (bounded by `options.per_frame` and the abort word, raised when the producer is dropped),
     /// then what `record` queues for the slot (the application's kernels writing [`GraphSlot::span`]; they should
     /// do nothing when the frame state says the slot is not valid), then the frame's publish. Nothing runs now:
-    /// launch them with [`Producer::launch_frame_graph`]. Under MPS (the waits are kernels, as with gpu-poll).
+    /// launch them with [`Producer::launch_frame_graph`]. The wait is a kernel (under MPS) or a node of stream waits
+    /// (without it), as `options.waits` says ([`crate::frames::GraphWaits`]).
     ///
     /// # Errors
     /// A strategy that does not register the control block ([`FrameError::StrategyUnavailable`]: use
@@ -52,6 +54,7 @@ where
             &slots,
             descriptor.abort,
             depth,
+            self.config.max_consumers as usize,
             options,
             record,
         )
@@ -75,7 +78,11 @@ where
         let Some(port) = self.port.as_mut() else {
             return Err(FrameError::Config("no frame graphs were captured by this producer".into()));
         };
-        graph::launch(graphs, port, seq, stream, |waited| FrameError::GpuWaitGaveUp {
+        let ring = &self.ring;
+        let give_up = std::time::Instant::now() + graphs.per_frame();
+        let mut for_frame = |frame: u64, wants: &mut Vec<_>| graph_waits::producer_wants(ring, frame, give_up, wants);
+        let waits = LaunchWaits { control: self.sync.control_block(), for_frame: &mut for_frame };
+        graph::launch(graphs, port, seq, stream, waits, |waited| FrameError::GpuWaitGaveUp {
             what: format!(
                 "the consumers to release the slot of frame {seq} or one before it, in a frame graph \
                  (gpu_ipc_graph_acquire_slot); nothing was published from there on: create the producer again"
