@@ -40,7 +40,7 @@ for pass in no-mps mps; do
     mkdir -p "$OUT/$pass"
     flags=()
     [ "$pass" = mps ] && flags=(--mps)
-    "$STAGE/bin/gpu-ipc" bench pipeline --rows "$ROWS" --out "$OUT/$pass" "${flags[@]}" 2>&1 |
+    "$STAGE/bin/gpu-ipc" bench pipeline --rows "$ROWS" --json --out "$OUT/$pass/bench.json" --markdown "$OUT/$pass/bench.md" "${flags[@]}" 2>&1 |
         tee "$OUT/$pass/bench.log"
     rc=${PIPESTATUS[0]}
     [ "$rc" -eq 0 ] || BENCH_RC=1

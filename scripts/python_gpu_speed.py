@@ -155,12 +155,15 @@ def describe_device(host: bool) -> str:
 
 
 def commit() -> str:
-    for cmd in (["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            pass
-    return (ROOT / "stage" / "COMMIT").read_text().strip() if (ROOT / "stage" / "COMMIT").exists() else "unknown"
+    """The commit that was built: stage/COMMIT when a staged build runs (the copy's git HEAD may be another), else git's."""
+    staged = ROOT / "stage" / "COMMIT"
+    if staged.exists():
+        return staged.read_text().strip()[:12]
+    try:
+        cmd = ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def table(rows: list[dict[str, Any]], device: str) -> str:
