@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates ipc-core/src/driver/sys.rs from the pinned cuda.h with bindgen.
+# Regenerates cuda-driver/src/sys.rs from the pinned cuda.h with bindgen.
 #   scripts/gen-bindings.sh          write the file
 #   scripts/gen-bindings.sh --check  fail if the committed file differs
 # Needs: bindgen-cli 0.72.1 (`cargo install bindgen-cli --version 0.72.1 --locked`),
@@ -7,7 +7,7 @@
 source "$(dirname "$0")/toolchain.sh"
 need_runtime_headers
 
-OUT="$ROOT/ipc-core/src/driver/sys.rs"
+OUT="$ROOT/cuda-driver/src/sys.rs"
 BINDGEN_VERSION="0.72.1"
 if ! bindgen --version 2>/dev/null | grep -q "bindgen $BINDGEN_VERSION"; then
     echo "gen-bindings: bindgen $BINDGEN_VERSION not found; install it with" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compiles kernels/cuda/*.cu with the pinned NVRTC (cubins, PTX, manifest.json): the ring's sync kernels
-# (kernels/cuda/ring_*.cu) into ipc-core/ring-kernels/ and the work queue's (queue_*.cu) into
-# ipc-core/queue-kernels/, which ipc-core embeds; all others into kernels/generated/.
+# (kernels/cuda/ring_*.cu) into ipc-core/ring-kernels/, which ipc-core embeds, the work queue's (queue_*.cu) into
+# ipc-toolkit/queue-kernels/, which ipc-toolkit embeds; all others into kernels/generated/.
 #   scripts/gen-kernels.sh          regenerate and replace both folders
 #   scripts/gen-kernels.sh --check  regenerate into a temp dir; fail if the committed files differ
 # Needs: python3 (3.11, standard library) with pip for the pinned wheel; no GPU and no CUDA toolkit.
@@ -11,7 +11,7 @@ need_nvrtc
 
 OUT="$ROOT/kernels/generated"
 RING_OUT="$ROOT/ipc-core/ring-kernels"
-QUEUE_OUT="$ROOT/ipc-core/queue-kernels"
+QUEUE_OUT="$ROOT/ipc-toolkit/queue-kernels"
 MODE="${1:-write}"
 case "$MODE" in
     write | --check) ;;
@@ -43,10 +43,10 @@ if [ "$MODE" = "--check" ]; then
         fi
     done
     if [ "$stale" = 1 ]; then
-        echo "  run scripts/gen-kernels.sh and commit kernels/generated/, ipc-core/ring-kernels/ and ipc-core/queue-kernels/" >&2
+        echo "  run scripts/gen-kernels.sh and commit kernels/generated/, ipc-core/ring-kernels/ and ipc-toolkit/queue-kernels/" >&2
         exit 1
     fi
-    echo "gen-kernels: kernels/generated/, ipc-core/ring-kernels/ and ipc-core/queue-kernels/ are up to date"
+    echo "gen-kernels: kernels/generated/, ipc-core/ring-kernels/ and ipc-toolkit/queue-kernels/ are up to date"
 else
     for pair in "$OUT:$TMP/generated" "$RING_OUT:$TMP/ring-kernels" "$QUEUE_OUT:$TMP/queue-kernels"; do
         committed="${pair%%:*}"

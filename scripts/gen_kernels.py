@@ -7,7 +7,7 @@ describing them:
   - the gpu-ipc-kernels crate's program, every kernels/cuda/*.cu except ring_*.cu and queue_*.cu, into --out;
   - the ring's sync kernels, kernels/cuda/ring_*.cu, into --ring-out, which ipc-core embeds (ipc-core cannot
     depend on the kernels crate, which depends on it);
-  - the work queue's kernels for the CPU side, kernels/cuda/queue_*.cu, into --queue-out, which ipc-core embeds.
+  - the work queue's kernels for the CPU side, kernels/cuda/queue_*.cu, into --queue-out, which ipc-toolkit embeds.
 The headers kernels/cuda/*.cuh are given to NVRTC by name, so a source's `#include "NAME.cuh"` finds them as nvcc
 would next to the file; a program's manifest lists the headers its sources include.
 Python 3.11 standard library only. The output is byte-for-byte deterministic: no paths, times or host names go

@@ -2,7 +2,7 @@
 # Frame graphs with and without MPS (issue 32, "frame graphs without MPS") on a GPU machine, from what
 # scripts/stage-gpu.sh staged (no Rust needed there):
 #   scripts/graphs-gpu.sh OUT_DIR
-# 1. the driver's GPU test of batch memory operation nodes (ipc-core's
+# 1. the driver's GPU test of batch memory operation nodes (gpu-ipc-driver's
 #    a_graph_waits_on_its_mem_op_node_with_the_values_set_before_each_launch) from the staged nextest archive,
 #    a few seconds;
 # 2. `gpu-ipc bench pipeline` on the frame-graph rows, their references and the same rings call by call,

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, HostRegistration, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
-use gpu_ipc::core::sys::shm::SharedMemory;
+use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::core::wire::WireError;
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, HostRegistration, Stream};
 use gpu_ipc::kernels::launch::PatternKernels;
 use gpu_ipc::kernels::pattern::xor_sequence;
 use serde::{Deserialize, Serialize};

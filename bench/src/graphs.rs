@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::mps::MpsEvidence;
-use gpu_ipc::core::driver::{DeviceMemory, Stream};
 use gpu_ipc::core::frames::{FrameError, GraphOptions, Producer, ProducerConfig};
 use gpu_ipc::core::wire::SyncStrategy;
+use gpu_ipc::driver::mps::MpsEvidence;
+use gpu_ipc::driver::{DeviceMemory, Stream};
 use gpu_ipc::kernels::launch::KernelError;
 
 use super::consumer::{ConsumerGpu, ConsumerPlan, Setup, attach};

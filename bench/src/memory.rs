@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, DeviceSpan, HostRegistration};
-use gpu_ipc::core::sys::shm::SharedMemory;
+use gpu_ipc::core::shm::SharedMemory;
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, DeviceSpan, HostRegistration};
 use serde::{Deserialize, Serialize};
 
 use super::consumer::BenchTask;

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, Event, EventFlags, Stream};
 use gpu_ipc::core::frames::{FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::SyncStrategy;
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, Event, EventFlags, Stream};
 use gpu_ipc::kernels::launch::PatternKernels;
 
 use super::consumer::{BenchTask, ConsumerMessage, ConsumerPlan, Setup};
@@ -216,8 +216,8 @@ fn single_process_pipelined(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Resu
 /// stream has released frame `seq - slots` (`released >= seq + 1 - slots`), then writes `published = seq + 1`;
 /// the verify waits for `published >= seq + 1`, then writes `released = seq + 1`.
 fn single_process_memops(gpu: &BenchGpu, cfg: &RunConfig, slots: u32) -> Result<Measurement, ProbeError> {
-    use gpu_ipc::core::driver::{HostRegistration, WaitCondition};
-    use gpu_ipc::core::sys::shm::SharedMemory;
+    use gpu_ipc::core::shm::SharedMemory;
+    use gpu_ipc::driver::{HostRegistration, WaitCondition};
     const PUBLISHED: usize = 0;
     const RELEASED: usize = 64;
     let bytes = cfg.frame_bytes();

@@ -6,8 +6,8 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::driver::{Context, Event, EventFlags, Stream};
-use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject, ShmError};
+use gpu_ipc::core::shm::{SharedMemory, SharedObject, ShmError};
+use gpu_ipc::driver::{Context, Event, EventFlags, Stream};
 use harness::ProbeError;
 
 /// Entries of the publish-time array: sequence `s` lives at `s % STAMP_SLOTS`. The producer is never more than 256
@@ -176,7 +176,7 @@ impl CompletionClock {
     ///
     /// # Errors
     /// Event creation failed.
-    pub fn new(ctx: &Context, depth: usize) -> Result<Self, gpu_ipc::core::driver::DriverError> {
+    pub fn new(ctx: &Context, depth: usize) -> Result<Self, gpu_ipc::driver::DriverError> {
         let events = (0..depth.max(1)).map(|_| Event::new(ctx, EventFlags::default())).collect::<Result<_, _>>()?;
         Ok(Self { events, pending: VecDeque::new(), next: 0 })
     }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{ProducerConfig, Stage, StageConfig, StageError, StageStep};
+use gpu_ipc::driver::{Context, Stream};
 use gpu_ipc::kernels::launch::PatternKernels;
 use serde::{Deserialize, Serialize};
 

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory, DeviceSpan, HostRegistration, Stream};
-use gpu_ipc::core::sys::shm::SharedMemory;
+use gpu_ipc::core::shm::SharedMemory;
+use gpu_ipc::driver::{DeviceBuffer, DeviceMemory, DeviceSpan, HostRegistration, Stream};
 
 use super::consumer::{ConsumerMessage, Setup};
 use super::results::Measurement;

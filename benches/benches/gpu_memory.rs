@@ -23,11 +23,11 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput};
-use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, Function, KernelArg, LaunchConfig, Stream, sys,
-};
 use gpu_ipc::core::frames::Consumer;
 use gpu_ipc::core::wire::SyncStrategy;
+use gpu_ipc::driver::{
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, Function, KernelArg, LaunchConfig, Stream,
+};
 use gpu_ipc::kernels::probe::{MEM_CHASE, MEM_READ, MEM_STORE_LATENCY, MEM_WRITE, ProbeKernels};
 use gpu_ipc::{BackendKind, legacy::Legacy, vmm::Vmm};
 use gpu_ipc_benches::harness;
@@ -58,7 +58,7 @@ struct Gpu {
 impl Gpu {
     fn new(ctx: &Context) -> Self {
         let kernels = ProbeKernels::load(ctx).expect("the probe kernels load");
-        let sms = ctx.device().attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).expect("SM count").max(1);
+        let sms = ctx.device().sm_count().expect("SM count");
         Self {
             ctx: ctx.clone(),
             stream: Stream::new(ctx).expect("stream"),
@@ -67,7 +67,7 @@ impl Gpu {
             chase: kernels.function(MEM_CHASE).expect("chase kernel"),
             store: kernels.function(MEM_STORE_LATENCY).expect("store kernel"),
             scratch: DeviceBuffer::alloc(ctx, 8 * (STEPS + 16)).expect("scratch"),
-            blocks: sms as u32 * 8,
+            blocks: sms * 8,
             start: Event::new(ctx, EventFlags::TIMING).expect("event"),
             end: Event::new(ctx, EventFlags::TIMING).expect("event"),
         }

@@ -35,10 +35,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode};
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::mps::MpsEvidence;
-use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+use gpu_ipc::driver::mps::MpsEvidence;
+use gpu_ipc::driver::{Context, Stream};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 use gpu_ipc_benches::harness::{self, record_one_by_one};
 use gpu_ipc_benches::peer::{self, Helper, Role, WAIT, attach_retrying, flat_geometry, socket_path};

@@ -13,9 +13,10 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use gpu_ipc_driver::DeviceUuid;
 use gpu_ipc_kernels::pattern::fill_pattern_host;
 use ipc_core::ring::{ConsumerControl, LivenessPolicy, ProducerControl, RingConfig, Sequence};
-use ipc_core::wire::{BackendKind, DeviceUuid, FrameGeometry, Message, PixelFormat, RingOffer, SyncStrategy};
+use ipc_core::wire::{BackendKind, FrameGeometry, Message, PixelFormat, RingOffer, SyncStrategy};
 
 fn ring_cycle(c: &mut Criterion) {
     let producer = ProducerControl::create(

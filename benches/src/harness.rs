@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::Criterion;
-use ipc_core::driver::Context;
+use gpu_ipc_driver::Context;
 
 use crate::report::{SAMPLES_DIR_ENV, SampleSet};
 use crate::stats::Distribution;

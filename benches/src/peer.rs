@@ -16,9 +16,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, SyncStrategy, WireError};
+use gpu_ipc::driver::{Context, Stream};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 use gpu_ipc_kernels::persistent::PersistentVerify;
 use serde::{Deserialize, Serialize};

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use gpu_ipc::core::door::{self, PeerStatus, StatusReport};
+use gpu_ipc::toolkit::door::{self, PeerStatus, StatusReport};
 use harness::exit::{EXIT_FAILED, EXIT_OK};
 use serde::Serialize;
 
@@ -122,7 +122,7 @@ fn age(d: Duration) -> String {
 mod tests {
     use super::*;
     use gpu_ipc::BackendKind;
-    use gpu_ipc::core::door::{ObjectKind, PeerState};
+    use gpu_ipc::toolkit::door::{ObjectKind, PeerState};
 
     #[test]
     fn the_table_names_each_peer_and_a_hidden_pid() {

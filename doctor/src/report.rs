@@ -485,7 +485,7 @@ pub(crate) fn sample_report() -> DoctorReport {
     let device = |ordinal: u32| DeviceReport {
         ordinal,
         name: "NVIDIA H100 80GB HBM3".to_owned(),
-        uuid: gpu_ipc::core::driver::DeviceUuid([
+        uuid: gpu_ipc::driver::DeviceUuid([
             0x5a,
             0x1c,
             0x9e,

@@ -17,9 +17,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::{BackendError, GpuBackend};
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, DriverError, Stream, sys};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy, WireError};
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceFeature, DeviceMemory, DriverError, Stream};
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
@@ -174,7 +174,7 @@ fn cpu_strategy() -> SyncStrategy {
 /// The strategies the self-test runs on this device: one CPU-side, and the GPU-side one where it is available.
 fn strategies(ctx: &Context) -> Vec<SyncStrategy> {
     let mut list = vec![cpu_strategy()];
-    if ctx.device().flag(sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS).unwrap_or(false) {
+    if ctx.device().supports(DeviceFeature::StreamMemOps64).unwrap_or(false) {
         list.push(SyncStrategy::GpuStreamOps);
     }
     list

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::PixelFormat;
+use gpu_ipc::driver::{Context, Stream};
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 
 pub mod exit;
@@ -113,7 +113,7 @@ pub const EXIT_PRODUCER_GONE: u8 = exit::EXIT_PEER_GONE;
 /// The exit status and the one line a program prints for `e`: [`EXIT_NO_DRIVER`] when the CUDA driver is missing
 /// (with the hint that `--backend host` runs without one), else [`EXIT_FAILURE`].
 pub fn exit_for(program: &str, e: &FrameError) -> (u8, String) {
-    use gpu_ipc::core::driver::DriverError;
+    use gpu_ipc::driver::DriverError;
     let no_driver = matches!(
         e,
         FrameError::Driver(DriverError::LibraryNotFound { .. })

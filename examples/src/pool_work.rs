@@ -4,9 +4,9 @@
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::driver::DriverError;
 use gpu_ipc::core::fake::HostFake;
-use gpu_ipc::core::pool::{AttachOptions, BufferHandle, BufferView, PoolError, PoolImporter};
+use gpu_ipc::driver::DriverError;
+use gpu_ipc::pool::{AttachOptions, BufferHandle, BufferView, PoolError, PoolImporter};
 
 /// Words of the pattern written at each end of a buffer (the whole of a small one): enough to see a wrong mapping
 /// or offset, cheap at 16 GiB.

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::{Context, Stream};
-use gpu_ipc::core::semaphore::{AttachOptions, OwnerOptions, Semaphore, SemaphoreError, SemaphoreOwner};
+use gpu_ipc::driver::{Context, Stream};
 use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::semaphore::{AttachOptions, OwnerOptions, Semaphore, SemaphoreError, SemaphoreOwner};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
 /// Exit status when the semaphore ended under the program (poisoned by a dead poster, the owner died, or it was
@@ -90,7 +90,7 @@ impl Device {
                 }
             };
             match attached {
-                Err(SemaphoreError::Door(gpu_ipc::core::door::DoorError::NoOwner { .. }))
+                Err(SemaphoreError::Door(gpu_ipc::toolkit::door::DoorError::NoOwner { .. }))
                     if Instant::now() < deadline =>
                 {
                     std::thread::sleep(Duration::from_millis(20));
@@ -127,8 +127,8 @@ impl From<SemaphoreError> for ExampleError {
     }
 }
 
-impl From<gpu_ipc::core::driver::DriverError> for ExampleError {
-    fn from(e: gpu_ipc::core::driver::DriverError) -> Self {
+impl From<gpu_ipc::driver::DriverError> for ExampleError {
+    fn from(e: gpu_ipc::driver::DriverError) -> Self {
         Self::Semaphore(e.into())
     }
 }

@@ -2,9 +2,9 @@
 //! CPU on the host backend's memory (the demo that runs on any Linux machine, without a GPU).
 
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::core::fake::{HostContext, HostFake};
 use gpu_ipc::core::frames::{Consumer, Frame, FrameError, FrameGraphs, GraphOptions, Producer, SlotLease, StageIo};
+use gpu_ipc::driver::{DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::kernels::launch::Stamp;
 use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_words_host};
 use gpu_ipc::kernels::persistent::{PersistentFill, PersistentResult, PersistentVerify};

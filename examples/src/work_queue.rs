@@ -4,11 +4,11 @@
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::{Context, DriverError, Stream};
-use gpu_ipc::core::queue::{QueueBackend, QueueError};
+use gpu_ipc::driver::{Context, DriverError, Stream};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::kernels::launch::KernelError;
 use gpu_ipc::kernels::work_queue::QueueDemoKernels;
+use gpu_ipc::queue::{QueueBackend, QueueError};
 
 /// Exit status when the queue ended under a worker (its owner died).
 pub const EXIT_OWNER_GONE: u8 = crate::exit::EXIT_PEER_GONE;

@@ -15,9 +15,9 @@ use std::path::PathBuf;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::kernels::launch::PatternKernels;
 use gpu_ipc::vmm::Vmm;
 

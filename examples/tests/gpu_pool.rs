@@ -14,12 +14,12 @@ use std::process::{Command, Stdio};
 
 use common::{exe, socket};
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::{
-    Context, Device, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, PoolAllocation, Stream, VmmAllocation,
-    VmmGranularity, VmmMapping, sys,
+use gpu_ipc::driver::{
+    Context, Device, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, HandleTypes, PoolAllocation, Stream,
+    VmmAllocation, VmmGranularity, VmmMapping,
 };
-use gpu_ipc::core::pool::{AttachOptions, DType, PoolConfig, PoolError, PoolImporter, SharedPool, TensorDesc};
 use gpu_ipc::legacy::Legacy;
+use gpu_ipc::pool::{AttachOptions, DType, PoolConfig, PoolError, PoolImporter, SharedPool, TensorDesc};
 use gpu_ipc::vmm::Vmm;
 use gpu_ipc_examples::pool_work::{checked_ranges, pattern_word, seed_of};
 
@@ -205,10 +205,9 @@ fn memory_that_cannot_be_shared_in_place_is_refused_with_the_reason() {
     let granularity = VmmGranularity::for_device(ctx.device()).unwrap();
     let plain = DeviceBuffer::alloc(&ctx, 1 << 20).unwrap();
     let vmm = VmmMapping::map(VmmAllocation::create(&ctx, granularity.minimum).unwrap()).unwrap();
-    let private = VmmMapping::map(
-        VmmAllocation::create_with_handle_types(&ctx, granularity.minimum, sys::CU_MEM_HANDLE_TYPE_NONE).unwrap(),
-    )
-    .unwrap();
+    let private =
+        VmmMapping::map(VmmAllocation::create_with_handle_types(&ctx, granularity.minimum, HandleTypes::NONE).unwrap())
+            .unwrap();
     let stream_ordered = PoolAllocation::alloc(&ctx, None, 1 << 20).unwrap();
 
     let e = refusal::<Vmm>(&ctx, plain.ptr(), 4096, "vmm-cumemalloc");
@@ -227,7 +226,7 @@ fn memory_that_cannot_be_shared_in_place_is_refused_with_the_reason() {
     // A range that runs from a shareable allocation into one side by side with it that is not: refused, naming why.
     let mixed = VmmMapping::map_side_by_side(vec![
         VmmAllocation::create(&ctx, granularity.minimum).unwrap(),
-        VmmAllocation::create_with_handle_types(&ctx, granularity.minimum, sys::CU_MEM_HANDLE_TYPE_NONE).unwrap(),
+        VmmAllocation::create_with_handle_types(&ctx, granularity.minimum, HandleTypes::NONE).unwrap(),
     ])
     .unwrap();
     let e = refusal::<Vmm>(&ctx, mixed.ptr().offset(4096), granularity.minimum, "vmm-into-private");

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::driver::{Context, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
+use gpu_ipc::driver::{Context, Stream};
 use gpu_ipc::vmm::Vmm;
 
 const T: Duration = Duration::from_secs(10);

@@ -94,7 +94,7 @@ fn after_a_producer_sigkill_the_consumer_says_it_died() {
 
 #[test]
 fn without_a_driver_a_gpu_backend_says_so_in_one_line_with_status_3() {
-    if gpu_ipc::core::driver::Driver::get().is_ok() {
+    if gpu_ipc::driver::Driver::get().is_ok() {
         return; // a machine with a driver: the GPU tests cover it
     }
     for program in ["producer", "consumer"] {

@@ -4,19 +4,20 @@
 //! description accepted that reaches outside the memory it describes. See `docs/fuzzing.md`.
 #![allow(clippy::expect_used)]
 
-use ipc_core::pool::layout::{BlockId, Geometry};
-use ipc_core::pool::{BLOCK_PIECES_BYTES, BlockPieces, BlockReply, BlockRequest, PoolOffer};
-use ipc_core::queue::QueueOffer;
-use ipc_core::queue::layout::Geometry as QueueGeometry;
-use ipc_core::semaphore::SemaphoreOffer;
-use ipc_core::weights::{Manifest, TensorEntry};
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::wire::{
-    Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Header,
+    Attached, BackendKind, ClientHello, DType, Detach, DetachReason, FrameGeometry, HandleType, Header,
     MAX_PAYLOAD_BYTES, Message, MessageType, ObjectKind, ObjectOffer, PROTOCOL_VERSION, PeerState, PeerStatus,
     PixelFormat, RefusalCode, Refused, RingOffer, SlotLayout, StatusReport, StatusRequest, SyncStrategy, TensorDesc,
 };
+use ipc_toolkit::pool::layout::{BlockId, Geometry};
+use ipc_toolkit::pool::{BLOCK_PIECES_BYTES, BlockPieces, BlockReply, BlockRequest, PoolOffer};
+use ipc_toolkit::queue::QueueOffer;
+use ipc_toolkit::queue::layout::Geometry as QueueGeometry;
+use ipc_toolkit::semaphore::SemaphoreOffer;
+use ipc_toolkit::weights::{Manifest, TensorEntry};
 
-pub use ipc_core::fuzzing::{pool_directory, queue_memory, semaphore_block};
+pub use ipc_toolkit::fuzzing::{pool_directory, queue_memory, semaphore_block};
 
 /// Every target, by the name of its binary and corpus folder.
 pub const TARGETS: [&str; 6] =
@@ -205,7 +206,7 @@ fn semaphore_offer() -> SemaphoreOffer {
     SemaphoreOffer { layout_version: 1, record: 2, epoch: 5, max_peers: 32, shared_bytes: 65_536, generation: 9 }
 }
 
-/// A weights manifest (`ipc_core::weights::Manifest::decode`) on the fuzzer's bytes: byte 0 picks the extent
+/// A weights manifest (`ipc_toolkit::weights::Manifest::decode`) on the fuzzer's bytes: byte 0 picks the extent
 /// mapped (its low bits shift a 64 GiB extent down). What decodes must encode back to the same bytes, and every
 /// entry must lie after the manifest and inside the arena, inside the mapped extent.
 ///
@@ -362,6 +363,6 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         .concat(),
     ];
     let mut all = vec![("wire_message", wire), ("object_offers", offers), ("weights_manifest", manifest_seeds())];
-    all.extend(ipc_core::fuzzing::seeds());
+    all.extend(ipc_toolkit::fuzzing::seeds());
     all
 }

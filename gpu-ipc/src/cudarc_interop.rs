@@ -38,8 +38,8 @@ use ipc_core::backend::GpuBackend;
 use ipc_core::frames::{Consumer, Frame, FrameError, Producer, SlotLease};
 
 /// The cudarc crate gpu-ipc was built against (0.19), so that versions match.
-pub use ipc_core::driver::cudarc::cudarc;
-pub use ipc_core::driver::cudarc::{SpanSlice, context, event, stream, to_cudarc_stream};
+pub use gpu_ipc_driver::cudarc::cudarc;
+pub use gpu_ipc_driver::cudarc::{SpanSlice, context, event, stream, to_cudarc_stream};
 
 /// `frame` as a cudarc slice of `T` (for kernel arguments: `.view()`), without a copy. It borrows the consumer
 /// and the frame, so it is gone before the frame can be released.

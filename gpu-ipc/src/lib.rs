@@ -7,13 +7,14 @@
 //! gpu-ipc = { path = "../gpu-ipc/gpu-ipc" }   # features: legacy, vmm (both by default), cudarc (interop)
 //! ```
 //!
-//! It re-exports the core ([`core`]: driver layer, backend trait, wire protocol, frame ring, and the toolkit's
-//! [`semaphore`], [`pool`], the memory pool with named buffers, whose [`SharedPool`] and [`PoolImporter`] are at the
-//! top too, and the work [`queue`]), the descriptions of what a ring's slots hold ([`SlotLayout`]: pixel frames or any
-//! tensor), the backends compiled in by Cargo feature (`legacy`, `vmm`; both by default, and [`host`], the
-//! host-memory fake that needs no GPU), the embedded kernels, and [`BackendKind`], the one name of a backend, with
-//! [`dispatch`] and [`dispatch_gpu`] to run code generic over the backend for a choice made at run time
-//! (`--backend`).
+//! It re-exports the driver layer ([`driver`]: CUDA contexts, streams, memory, device queries), the core
+//! ([`core`]: backend trait, wire protocol, frame ring), the toolkit ([`toolkit`]: the [`semaphore`], the [`pool`],
+//! the memory pool with named buffers, whose [`SharedPool`] and [`PoolImporter`] are at the top too, the work
+//! [`queue`], and the object door they are reached through), the descriptions of what a ring's slots hold
+//! ([`SlotLayout`]: pixel frames or any tensor), the backends compiled in by Cargo feature (`legacy`, `vmm`; both by
+//! default, and [`host`], the host-memory fake that needs no GPU), the embedded kernels, and [`BackendKind`], the one
+//! name of a backend, with [`dispatch`] and [`dispatch_gpu`] to run code generic over the backend for a choice made at
+//! run time (`--backend`).
 //!
 //! The library logs through [`tracing`](https://docs.rs/tracing): install a subscriber (for example
 //! `tracing_subscriber::fmt().init()`) to see what it says about consumers attaching, dying or being evicted.
@@ -36,25 +37,27 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub use gpu_ipc_driver as driver;
 pub use gpu_ipc_kernels as kernels;
 pub use ipc_core as core;
 pub use ipc_core::fake as host;
-pub use ipc_core::queue;
-pub use ipc_core::semaphore;
 #[cfg(feature = "legacy")]
 pub use ipc_legacy as legacy;
+pub use ipc_toolkit as toolkit;
+pub use ipc_toolkit::queue;
+pub use ipc_toolkit::semaphore;
 #[cfg(feature = "vmm")]
 pub use ipc_vmm as vmm;
 
-pub use ipc_core::pool;
-pub use ipc_core::pool::{PoolImporter, SharedPool};
-pub use ipc_core::weights;
-pub use ipc_core::weights::{WeightsOwner, WeightsReader};
 pub use ipc_core::wire::{BackendKind, SyncStrategy, UnknownName};
 /// What a ring's slots hold: pixel frames ([`FrameGeometry`]), any tensor ([`TensorDesc`], of a [`DType`]) or bare
 /// bytes, described by one [`SlotLayout`] (`ProducerConfig::new` takes any of them; `Consumer::slot_layout` says
 /// what a ring holds).
 pub use ipc_core::wire::{DType, FrameGeometry, PixelFormat, SlotLayout, TensorDesc};
+pub use ipc_toolkit::pool;
+pub use ipc_toolkit::pool::{PoolImporter, SharedPool};
+pub use ipc_toolkit::weights;
+pub use ipc_toolkit::weights::{WeightsOwner, WeightsReader};
 
 use ipc_core::backend::{Backend, GpuBackend};
 

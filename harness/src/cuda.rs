@@ -1,7 +1,7 @@
 //! The CUDA facts of a machine: the driver, and each device's identity and IPC-relevant attributes. The doctor
 //! reports them and every probe records them ([`crate::env`]), so they are read in one place.
 
-use gpu_ipc::core::driver::{self, Device, Driver, DriverError, VmmGranularity, sys};
+use gpu_ipc::driver::{self, Device, DeviceFeature, Driver, DriverError, VmmGranularity};
 
 use serde::{Deserialize, Serialize};
 
@@ -201,27 +201,26 @@ fn device_report(dev: Device) -> DeviceReport {
         note("compute mode", e);
         ComputeMode::Unknown(-1)
     });
-    let mut flag = |what: &str, attr: sys::CUdevice_attribute| match dev.flag(attr) {
+    let mut flag = |what: &str, feature: DeviceFeature| match dev.supports(feature) {
         Ok(v) => Some(v),
         Err(e) => {
             errors.push(format!("{what}: {e}"));
             None
         }
     };
-    let unified_addressing = flag("unified addressing", sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING);
-    let vmm_supported = flag("VMM", sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
-    let posix_fd_handles =
-        flag("POSIX fd handles", sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
-    let fabric_handles = flag("fabric handles", sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED);
-    let ipc_events = flag("IPC events", sys::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED);
+    let unified_addressing = flag("unified addressing", DeviceFeature::UnifiedAddressing);
+    let vmm_supported = flag("VMM", DeviceFeature::VirtualMemoryManagement);
+    let posix_fd_handles = flag("POSIX fd handles", DeviceFeature::PosixFdHandles);
+    let fabric_handles = flag("fabric handles", DeviceFeature::FabricHandles);
+    let ipc_events = flag("IPC events", DeviceFeature::IpcEvents);
     let stream_mem_ops = StreamMemOps {
-        ops_64_bit: flag("64-bit stream memory ops", sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS),
-        wait_value_nor: flag("stream wait value NOR", sys::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR),
-        flush_remote_writes: flag("flush remote writes", sys::CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES),
+        ops_64_bit: flag("64-bit stream memory ops", DeviceFeature::StreamMemOps64),
+        wait_value_nor: flag("stream wait value NOR", DeviceFeature::StreamWaitValueNor),
+        flush_remote_writes: flag("flush remote writes", DeviceFeature::FlushRemoteWrites),
     };
-    let memory_pools = flag("memory pools", sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED);
+    let memory_pools = flag("memory pools", DeviceFeature::MemoryPools);
     let can_use_host_pointer_for_registered_mem =
-        flag("host pointer for registered memory", sys::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM);
+        flag("host pointer for registered memory", DeviceFeature::HostPointerForRegisteredMemory);
     let vmm_granularity_bytes = if vmm_supported == Some(true) && posix_fd_handles == Some(true) {
         match VmmGranularity::for_device(dev) {
             Ok(g) => Some(Granularity { minimum_bytes: g.minimum, recommended_bytes: g.recommended }),

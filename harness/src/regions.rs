@@ -5,7 +5,7 @@ use std::os::fd::OwnedFd;
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::{Backend, BackendError, ExportedHandle};
-use gpu_ipc::core::driver::{Context, DeviceMemory, DeviceSpan};
+use gpu_ipc::driver::{Context, DeviceMemory, DeviceSpan};
 
 /// An exportable allocation made through one backend.
 #[derive(Debug)]

@@ -71,7 +71,7 @@ pub struct ProbeOutput<R> {
 pub enum ProbeError {
     /// A CUDA call failed.
     #[error(transparent)]
-    Driver(#[from] gpu_ipc::core::driver::DriverError),
+    Driver(#[from] gpu_ipc::driver::DriverError),
     /// A kernel could not be loaded or launched.
     #[error(transparent)]
     Kernel(#[from] gpu_ipc::kernels::launch::KernelError),
@@ -94,7 +94,7 @@ pub enum ProbeError {
     BackendUnavailable(#[from] gpu_ipc::BackendUnavailable),
     /// Shared host memory (a memfd) could not be made, sent or mapped.
     #[error(transparent)]
-    SharedMemory(#[from] gpu_ipc::core::sys::shm::ShmError),
+    SharedMemory(#[from] gpu_ipc::core::shm::ShmError),
     /// The frame API failed (producer or consumer).
     #[error("frame API: {0}")]
     Frames(#[from] gpu_ipc::core::frames::FrameError),

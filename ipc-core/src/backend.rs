@@ -3,8 +3,9 @@
 
 use std::os::fd::OwnedFd;
 
-use crate::driver::{Context, DeviceMemory, DevicePtr, DriverError};
+use crate::shm::SharedMemory;
 use crate::wire::BackendKind;
+use gpu_ipc_driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, DriverError};
 
 /// What travels from the exporting process to an importer for one allocation.
 #[derive(Debug)]
@@ -65,6 +66,28 @@ pub trait SharedRegion: Send + Sync {
     /// True for an empty range (backends never make one).
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// How this process reaches a region's bytes.
+#[derive(Debug, Clone, Copy)]
+pub enum MemoryAccess<'a> {
+    /// Host memory the CPU reaches with atomics (the host backend).
+    Host(&'a SharedMemory),
+    /// Device memory, reached through kernels.
+    Device(DeviceSpan<'a>),
+}
+
+/// A backend's region whose bytes this process can reach, in host or device memory: every backend's regions
+/// (legacy, vmm, host). What the toolkit's work queue lives in.
+pub trait ReachableRegion: SharedRegion + Sync {
+    /// How this process reaches it.
+    fn access(&self) -> MemoryAccess<'_>;
+}
+
+impl<T: DeviceMemory + SharedRegion + Sync> ReachableRegion for T {
+    fn access(&self) -> MemoryAccess<'_> {
+        MemoryAccess::Device(self.span())
     }
 }
 
@@ -151,7 +174,7 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// A backend on a real GPU: a CUDA [`Context`], and regions that lend their memory to kernels and copies as
-/// [`DeviceSpan`](crate::driver::DeviceSpan)s ([`DeviceMemory`]). Implemented for every backend that fits; the host
+/// [`DeviceSpan`]s ([`DeviceMemory`]). Implemented for every backend that fits; the host
 /// fake does not (its "device memory" is host memory).
 pub trait GpuBackend: Backend<Context = Context, Exported: DeviceMemory, Imported: DeviceMemory> {}
 

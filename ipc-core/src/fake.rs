@@ -11,11 +11,12 @@
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::backend::{
-    Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, SpanPiece, check_span, walk_allocations,
+    Backend, BackendError, ExistingExport, ExportedHandle, MemoryAccess, ReachableRegion, SharedRegion, SpanPiece,
+    check_span, walk_allocations,
 };
-use crate::driver::{DevicePtr, DriverError};
-use crate::sys::shm::SharedMemory;
+use crate::shm::SharedMemory;
 use crate::wire::BackendKind;
+use gpu_ipc_driver::{DevicePtr, DriverError};
 
 /// The host-memory fake backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -61,6 +62,12 @@ impl HostRegion {
     pub fn read(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<(), BackendError> {
         let offset = self.offset_of(ptr, dst.len())?;
         self.memory.read_bytes(offset, dst).map_err(|e| BackendError::Os { operation: "reading", source: e.into() })
+    }
+}
+
+impl ReachableRegion for HostRegion {
+    fn access(&self) -> MemoryAccess<'_> {
+        MemoryAccess::Host(self.memory())
     }
 }
 
@@ -133,7 +140,7 @@ impl Backend for HostFake {
     type Imported = HostRegion;
     const KIND: BackendKind = BackendKind::HostFake;
 
-    fn cuda_context(_ctx: &HostContext) -> Option<&crate::driver::Context> {
+    fn cuda_context(_ctx: &HostContext) -> Option<&gpu_ipc_driver::Context> {
         None
     }
 
@@ -279,7 +286,7 @@ impl HostEvent {
     /// The 64 bytes every host event is exported as.
     pub const HANDLE: [u8; 64] = *b"gpu-ipc host fake IPC event: complete once recorded.............";
 
-    /// Opens an exported host event, as [`Event::open_ipc`](crate::driver::Event::open_ipc) opens a CUDA one.
+    /// Opens an exported host event, as [`Event::open_ipc`](gpu_ipc_driver::Event::open_ipc) opens a CUDA one.
     ///
     /// # Errors
     /// [`DriverError::IpcEventUnreachable`] while [`set_ipc_events_openable`]`(false)` (or

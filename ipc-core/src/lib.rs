@@ -1,20 +1,13 @@
-//! Core of gpu-ipc: the CUDA driver layer, the backend trait, the wire protocol, the object door, the frame ring and
-//! its sync strategies, and the toolkit's other shared objects ([`semaphore`], [`pool`], [`queue`], [`weights`]). See `docs/` for
-//! the layering; only [`driver`] and [`sys`] (the OS shared-memory owner) contain `unsafe` code.
+//! Core of gpu-ipc: the backend trait, the wire protocol, the front door's admission, the frame ring and its sync
+//! strategies, on the CUDA driver layer of `gpu-ipc-driver`. The toolkit's other shared objects (pool, semaphore,
+//! work queue, weights) stand on it in `ipc-toolkit`. See `docs/layout.md` for the layering; only [`shm`] (the OS
+//! shared-memory owner) and the wire layer's `SO_PEERCRED` read contain `unsafe` code here.
 
 pub mod backend;
 pub mod door;
-#[allow(unsafe_code)]
-pub mod driver;
 pub mod fake;
 pub mod frames;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
-pub mod pool;
-pub mod queue;
 pub mod ring;
-pub mod semaphore;
 #[allow(unsafe_code)]
-pub mod sys;
-pub mod weights;
+pub mod shm;
 pub mod wire;

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ipc_core::driver::{
-    Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, HostRegistration, IpcMemHandle, Stream,
-    VmmAllocation, VmmGranularity, VmmMapping, WaitCondition, address_range, copy_from_device, copy_to_device,
-    pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, sys,
+use gpu_ipc_driver::{
+    Context, Device, DeviceBuffer, DeviceFeature, DeviceMemory, DeviceSpan, Event, EventFlags, HandleTypes,
+    HostRegistration, IpcMemHandle, Stream, VmmAllocation, VmmGranularity, VmmMapping, WaitCondition, address_range,
+    copy_from_device, copy_to_device, pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, raw::CUresult,
 };
-use ipc_core::sys::shm::{SharedMemory, SharedObject};
+use ipc_core::shm::{SharedMemory, SharedObject};
 
 fn ctx() -> Context {
     Context::for_ordinal(0).expect("device 0 and its primary context")
@@ -28,11 +28,13 @@ fn device_identity_and_attributes() {
     assert!((major, minor) >= (7, 5), "{name} is sm_{major}{minor}");
     assert_ne!(dev.uuid().unwrap().0, [0u8; 16]);
     assert!(dev.total_memory().unwrap() > 1 << 30);
-    assert!(dev.flag(sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING).unwrap());
+    assert!(dev.supports(DeviceFeature::UnifiedAddressing).unwrap());
     assert!(dev.pci_bus_id().unwrap().contains(':'));
-    // An unknown attribute is a typed error naming the call, not a panic.
-    let err = dev.attribute(1_000_000).unwrap_err();
-    assert!(err.to_string().starts_with("cuDeviceGetAttribute failed: CUDA_ERROR_INVALID_VALUE"), "{err}");
+    // Every GPU this project supports (sm_75 and newer) has dozens of SMs; an H200 has 132.
+    assert!(dev.sm_count().unwrap() >= 16, "{name}: {} SMs", dev.sm_count().unwrap());
+    if dev.supports(DeviceFeature::MemoryPools).unwrap() {
+        assert!(dev.memory_pool_handle_types().unwrap().contains(HandleTypes::POSIX_FD));
+    }
 }
 
 #[test]
@@ -198,12 +200,11 @@ fn vmm_allocation_exports_and_imports_through_an_fd() {
     // VMM memory is not legacy-IPC capable, and the driver refuses a legacy handle for it.
     assert!(!pointer_is_legacy_ipc_capable(exporter.ptr()).unwrap());
     assert_eq!(
-        pointer_allowed_handle_types(exporter.ptr()).unwrap()
-            & u64::from(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-        u64::from(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        pointer_allowed_handle_types(exporter.ptr()).unwrap() & HandleTypes::POSIX_FD.bits(),
+        HandleTypes::POSIX_FD.bits()
     );
     let err = IpcMemHandle::of(exporter.ptr()).unwrap_err();
-    assert!(err.is(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE), "{err}");
+    assert!(err.is(CUresult::CUDA_ERROR_INVALID_VALUE), "{err}");
 
     // A size that is not a multiple of the granularity is refused before the driver is called.
     assert!(VmmAllocation::create(&ctx, granularity.minimum + 1).is_err());

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::driver::DriverError;
+use gpu_ipc_driver::DriverError;
 use ipc_core::fake::{HostContext, HostEvent, HostFake, set_ipc_events_openable};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer};
 use ipc_core::wire::{
@@ -174,7 +174,7 @@ fn a_producer_too_old_to_run_without_events_is_refused_with_the_cause_and_the_fi
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
         p.admit_pending().unwrap();
-        let report = ipc_core::door::status(&path, T).unwrap();
+        let report = common::door_client::status(&path);
         if report.peers.iter().all(|peer| !matches!(peer.state, PeerState::Attached | PeerState::Joining)) {
             break;
         }

@@ -26,14 +26,15 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
 use ipc_core::ring::RingLayout;
 use ipc_core::ring::layout::ConsumerState;
 use ipc_core::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, Sequence};
 use ipc_core::wire::{
-    BackendKind, Detach, DetachReason, DeviceUuid, HandleType, Message, OfferFds, RefusalCode, Refused,
-    RendezvousListener, RingOffer, SyncStrategy, WireError,
+    BackendKind, Detach, DetachReason, HandleType, Message, OfferFds, RefusalCode, Refused, RendezvousListener,
+    RingOffer, SyncStrategy, WireError,
 };
 use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
 

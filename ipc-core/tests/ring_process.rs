@@ -13,7 +13,7 @@ use ipc_core::ring::{
     ConsumerControl, ConsumerId, GoneReason, LivenessPolicy, POISON, ProducerControl, RingConfig, RingError, Sequence,
     SlotIndex, WaitMode,
 };
-use ipc_core::sys::shm::{SharedMemory, SharedObject};
+use ipc_core::shm::{SharedMemory, SharedObject};
 use rustix::io::FdFlags;
 use rustix::process::Pid;
 

@@ -10,7 +10,7 @@ use ipc_core::ring::{
     ConsumerControl, ConsumerId, ControlBlock, GoneReason, LivenessPolicy, POISON, ProducerControl, ReleaseRequirement,
     RingConfig, RingError, Sequence, SlotIndex, WaitMode, WaitTarget,
 };
-use ipc_core::sys::shm::{SharedMemory, ShmError};
+use ipc_core::shm::{SharedMemory, ShmError};
 use rustix::process::getpid;
 
 fn producer(slots: u32, consumers: u32) -> ProducerControl {

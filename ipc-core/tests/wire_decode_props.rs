@@ -6,10 +6,11 @@ use std::net::Shutdown;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::wire::{
-    Attached, BackendKind, ClientHello, DType, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES,
-    HandleType, Header, Message, MessageReader, MessageType, PROTOCOL_VERSION, PixelFormat, RefusalCode, Refused,
-    RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError,
+    Attached, BackendKind, ClientHello, DType, Detach, DetachReason, FrameGeometry, HEADER_BYTES, HandleType, Header,
+    Message, MessageReader, MessageType, PROTOCOL_VERSION, PixelFormat, RefusalCode, Refused, RingOffer, SlotLayout,
+    SyncStrategy, TensorDesc, WireError,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;

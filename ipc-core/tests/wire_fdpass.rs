@@ -12,9 +12,10 @@ use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::wire::{
-    Attached, BackendKind, DeviceUuid, FrameGeometry, HandleType, MAX_FDS_PER_MESSAGE, Message, OfferFds,
-    PeerConnection, PixelFormat, RingOffer, SyncStrategy, WireError, recv_message, send_bytes, send_message,
+    Attached, BackendKind, FrameGeometry, HandleType, MAX_FDS_PER_MESSAGE, Message, OfferFds, PeerConnection,
+    PixelFormat, RingOffer, SyncStrategy, WireError, recv_message, send_bytes, send_message,
 };
 use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
 use rustix::io::{FdFlags, fcntl_getfd};

@@ -2,10 +2,11 @@
 //! specifies, and one specific error for each kind of malformed input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::wire::{
-    Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry, HEADER_BYTES, HandleType,
-    Header, MAGIC, MAX_PAYLOAD_BYTES, Message, MessageType, PROTOCOL_VERSION, PixelFormat, RING_OFFER_FIXED_BYTES,
-    RefusalCode, Refused, RingOffer, SyncStrategy, WireError,
+    Attached, BackendKind, ClientHello, Detach, DetachReason, FrameGeometry, HEADER_BYTES, HandleType, Header, MAGIC,
+    MAX_PAYLOAD_BYTES, Message, MessageType, PROTOCOL_VERSION, PixelFormat, RING_OFFER_FIXED_BYTES, RefusalCode,
+    Refused, RingOffer, SyncStrategy, WireError,
 };
 
 fn host_offer() -> RingOffer {

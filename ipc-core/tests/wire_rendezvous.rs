@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::wire::{
-    Attached, BackendKind, ClientHello, Detach, DetachReason, DeviceUuid, FrameGeometry, HandleType, Message, OfferFds,
+    Attached, BackendKind, ClientHello, Detach, DetachReason, FrameGeometry, HandleType, Message, OfferFds,
     PROTOCOL_VERSION, PeerConnection, PixelFormat, RefusalCode, RendezvousListener, RingOffer, SyncStrategy, WireError,
 };
 use rustix::fs::{MemfdFlags, SealFlags, memfd_create};

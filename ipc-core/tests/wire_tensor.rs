@@ -3,10 +3,11 @@
 //! "RingOffer (type 2), version 2").
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use gpu_ipc_driver::DeviceUuid;
 use ipc_core::wire::{
-    BackendKind, ClientHello, DType, DeviceUuid, FrameGeometry, HEADER_BYTES, HandleType, Header, LayoutError, Message,
-    ObjectKind, PROTOCOL_VERSION, PixelFormat, RING_OFFER_FIXED_BYTES, RING_OFFER_V2_FIXED_BYTES, RefusalCode, Refused,
-    RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError,
+    BackendKind, ClientHello, DType, FrameGeometry, HEADER_BYTES, HandleType, Header, LayoutError, Message, ObjectKind,
+    PROTOCOL_VERSION, PixelFormat, RING_OFFER_FIXED_BYTES, RING_OFFER_V2_FIXED_BYTES, RefusalCode, Refused, RingOffer,
+    SlotLayout, SyncStrategy, TensorDesc, WireError,
 };
 
 /// A host ring of 3 slots of 64 KiB, holding `layout`.

@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use ipc_core::backend::Backend;
-//! use ipc_core::driver::Context;
+//! use gpu_ipc_driver::Context;
 //! use ipc_legacy::Legacy;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -16,12 +16,12 @@
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
+use gpu_ipc_driver::{
+    Context, DeviceBuffer, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, address_range,
+    pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable,
+};
 use ipc_core::backend::{
     Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, SpanPiece, offset_in_allocation,
-};
-use ipc_core::driver::{
-    Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, IpcMapping, IpcMemHandle, address_range,
-    pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable, sys,
 };
 use ipc_core::wire::BackendKind;
 
@@ -122,7 +122,7 @@ impl Backend for Legacy {
 
     fn check_support(ctx: &Context) -> Result<(), BackendError> {
         let device = ctx.device();
-        if !device.flag(sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? {
+        if !device.supports(DeviceFeature::UnifiedAddressing)? {
             return Err(BackendError::Unsupported {
                 backend: Self::KIND.name(),
                 reason: format!("device {} has no unified addressing, which legacy IPC requires", device.ordinal()),
@@ -200,7 +200,7 @@ impl Backend for Legacy {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use ipc_core::driver::{Context, Stream};
+/// use gpu_ipc_driver::{Context, Stream};
 /// use ipc_legacy::frames::{AttachOptions, FrameGeometry, PixelFormat, ProducerConfig, SyncStrategy};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

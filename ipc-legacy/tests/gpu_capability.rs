@@ -2,8 +2,8 @@
 //! names the fix, before `cuIpcGetMemHandle` is tried. Ignored without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use gpu_ipc_driver::Context;
 use ipc_core::backend::{Backend, BackendError, SharedRegion};
-use ipc_core::driver::Context;
 use ipc_legacy::Legacy;
 use ipc_vmm::Vmm;
 

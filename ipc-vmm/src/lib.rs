@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! use ipc_core::backend::Backend;
-//! use ipc_core::driver::Context;
+//! use gpu_ipc_driver::Context;
 //! use ipc_vmm::Vmm;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,12 +17,12 @@
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
+use gpu_ipc_driver::{
+    Context, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, HandleTypes, VmmAllocation, VmmGranularity,
+    VmmMapping, address_range, pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable,
+};
 use ipc_core::backend::{
     Backend, BackendError, ExistingExport, ExportedHandle, SharedRegion, SpanPiece, check_span, walk_allocations,
-};
-use ipc_core::driver::{
-    Context, DeviceMemory, DevicePtr, DeviceSpan, VmmAllocation, VmmGranularity, VmmMapping, address_range,
-    pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable, sys,
 };
 use ipc_core::wire::BackendKind;
 
@@ -68,10 +68,10 @@ impl Backend for Vmm {
             reason,
             fix: "use the legacy backend, or a driver and GPU with VMM POSIX-fd support".into(),
         };
-        if !device.flag(sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)? {
+        if !device.supports(DeviceFeature::VirtualMemoryManagement)? {
             return Err(unsupported(format!("device {} does not support virtual memory management", device.ordinal())));
         }
-        if !device.flag(sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)? {
+        if !device.supports(DeviceFeature::PosixFdHandles)? {
             return Err(unsupported(format!(
                 "device {} cannot export memory as POSIX file descriptors",
                 device.ordinal()
@@ -106,7 +106,7 @@ impl Backend for Vmm {
     fn export_existing(ctx: &Context, ptr: DevicePtr, len: u64) -> Result<ExistingExport, BackendError> {
         ctx.bind()?;
         let allowed = pointer_allowed_handle_types(ptr)?;
-        if allowed & u64::from(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 {
+        if !HandleTypes::from_bits(allowed).contains(HandleTypes::POSIX_FD) {
             return Err(not_posix_fd_exportable(ptr, allowed));
         }
         // The attribute is only asked to name the cause; a driver that cannot answer it is not a refusal.
@@ -130,7 +130,7 @@ impl Backend for Vmm {
         let walk = walk_allocations(Self::KIND.name(), ptr, len, |at| {
             if at != ptr {
                 let allowed = pointer_allowed_handle_types(at)?;
-                if allowed & u64::from(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 {
+                if !HandleTypes::from_bits(allowed).contains(HandleTypes::POSIX_FD) {
                     return Err(not_posix_fd_exportable(at, allowed));
                 }
             }
@@ -202,7 +202,7 @@ fn not_posix_fd_exportable(ptr: DevicePtr, allowed: u64) -> BackendError {
         (
             format!(
                 "memory at {ptr} allows the handle types {allowed:#x} but not POSIX file descriptors ({:#x})",
-                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                HandleTypes::POSIX_FD.bits()
             ),
             "allocate it with cuMemCreate and the POSIX-fd handle type",
         )
@@ -215,7 +215,7 @@ fn not_posix_fd_exportable(ptr: DevicePtr, allowed: u64) -> BackendError {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use ipc_core::driver::{Context, Stream};
+/// use gpu_ipc_driver::{Context, Stream};
 /// use ipc_vmm::frames::{AttachOptions, FrameGeometry, PixelFormat, ProducerConfig, SyncStrategy};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -2,10 +2,10 @@
 //!
 //! `scripts/gen-kernels.sh` compiles `kernels/cuda/*.cu` with the pinned NVRTC into `kernels/generated/`: one
 //! cubin per architecture in [`IMAGES`] and one PTX for `compute_75`, described by [`MANIFEST`]. The image types
-//! and the rule that picks one for a device live in ipc-core's driver layer ([`ipc_core::driver::image`], shared
+//! and the rule that picks one for a device live in ipc-core's driver layer ([`gpu_ipc_driver::image`], shared
 //! with the ring's own kernels) and are re-exported here; [`select_image`] applies that rule to [`IMAGES`].
 
-pub use ipc_core::driver::image::{
+pub use gpu_ipc_driver::image::{
     ComputeCapability, FORCE_PTX_ENV, ImageKind, KernelImage, NoImageForDevice, force_ptx_from_env,
 };
 
@@ -24,14 +24,14 @@ pub static IMAGES: [KernelImage; 8] = [
     KernelImage::ptx(7, 5, "compute_75.ptx", concat!(include_str!("../generated/compute_75.ptx"), "\0").as_bytes()),
 ];
 
-/// Picks the embedded image to load on a device of capability `device`: [`ipc_core::driver::image::select_image`]
+/// Picks the embedded image to load on a device of capability `device`: [`gpu_ipc_driver::image::select_image`]
 /// over [`IMAGES`] (exact cubin, else the closest lower minor of the same major, else the PTX; only the PTX with
 /// `force_ptx`, see [`force_ptx_from_env`]).
 ///
 /// # Errors
 /// [`NoImageForDevice`] when the device is older than 7.5, for which nothing is compiled.
 pub fn select_image(device: ComputeCapability, force_ptx: bool) -> Result<&'static KernelImage, NoImageForDevice> {
-    ipc_core::driver::image::select_image(&IMAGES, device, force_ptx)
+    gpu_ipc_driver::image::select_image(&IMAGES, device, force_ptx)
 }
 
 #[cfg(test)]

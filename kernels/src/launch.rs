@@ -1,8 +1,8 @@
 //! Typed launchers of the embedded kernels: load the right image for the device, then fill and verify frames.
 
-use ipc_core::driver::{
+use gpu_ipc_driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, DriverError, Function, KernelArg, LaunchConfig, Module, Stream,
-    sys,
+    raw::CUresult,
 };
 
 use crate::image::{self, ComputeCapability, KernelImage, NoImageForDevice};
@@ -60,14 +60,14 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
     let (major, minor) = device.compute_capability()?;
     let image = image::select_image(ComputeCapability::new(major, minor), force_ptx)?;
     let module = Module::load(ctx, image.bytes).map_err(|source| {
-        let fix = if source.is(sys::cudaError_enum::CUDA_ERROR_UNSUPPORTED_PTX_VERSION) {
+        let fix = if source.is(CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION) {
             "the PTX is newer than this driver: update the NVIDIA driver"
-        } else if source.is(sys::cudaError_enum::CUDA_ERROR_NO_BINARY_FOR_GPU) {
+        } else if source.is(CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU) {
             "no code in the image runs on this GPU: rebuild the kernels for it (scripts/gen-kernels.sh)"
         } else {
             "report this with the output of `gpu-ipc doctor --json`"
         };
-        let driver = ipc_core::driver::Driver::load().map(|d| d.version().to_string()).unwrap_or_default();
+        let driver = gpu_ipc_driver::Driver::load().map(|d| d.version().to_string()).unwrap_or_default();
         KernelError::ImageRejected {
             image: image.file,
             driver,
@@ -85,7 +85,7 @@ pub fn load_module(ctx: &Context, force_ptx: bool) -> Result<(Module, &'static K
 ///
 /// ```no_run
 /// use gpu_ipc_kernels::launch::PatternKernels;
-/// use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, Stream};
+/// use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, Stream};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = Context::for_ordinal(0)?;
@@ -140,7 +140,7 @@ impl PatternKernels {
     pub fn load_image(ctx: &Context, force_ptx: bool) -> Result<Self, KernelError> {
         let (module, image) = load_module(ctx, force_ptx)?;
         let device = ctx.device();
-        let sms = device.attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let sms = device.sm_count()?;
         tracing::debug!(image = %image, "loaded the pattern kernels");
         Ok(Self {
             fill: module.function(FILL_PATTERN)?,

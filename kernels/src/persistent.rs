@@ -11,7 +11,7 @@
 //! use std::time::Duration;
 //! use gpu_ipc_kernels::persistent::PersistentVerify;
 //! use ipc_core::backend::GpuBackend;
-//! use ipc_core::driver::{Context, Stream};
+//! use gpu_ipc_driver::{Context, Stream};
 //! use ipc_core::frames::Consumer;
 //!
 //! fn check_frames<B: GpuBackend>(ctx: &Context, consumer: &mut Consumer<B>) -> Result<(), Box<dyn std::error::Error>> {
@@ -27,8 +27,8 @@
 
 use std::time::Duration;
 
+use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, Function, KernelArg, LaunchConfig, Stream};
 use ipc_core::backend::Backend;
-use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, Function, KernelArg, LaunchConfig, Stream};
 use ipc_core::frames::{Consumer, FrameError, Producer};
 
 use crate::launch::{KernelError, load_module};
@@ -175,7 +175,7 @@ impl PersistentVerify {
 /// use std::time::Duration;
 /// use gpu_ipc_kernels::persistent::PersistentFill;
 /// use ipc_core::backend::GpuBackend;
-/// use ipc_core::driver::{Context, Stream};
+/// use gpu_ipc_driver::{Context, Stream};
 /// use ipc_core::frames::Producer;
 ///
 /// fn publish_frames<B: GpuBackend>(ctx: &Context, producer: &mut Producer<B>) -> Result<(), Box<dyn std::error::Error>> {

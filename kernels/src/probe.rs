@@ -1,7 +1,7 @@
 //! The kernels of the research probes (`kernels/cuda/probe_*.cu`), by name, with the variants of the coherency
 //! probe as types, so a probe names the instruction it tests and never spells a kernel name by hand.
 
-use ipc_core::driver::{Context, Function, Module};
+use gpu_ipc_driver::{Context, Function, Module};
 
 use crate::image::{self, KernelImage};
 use crate::launch::{KernelError, load_module};

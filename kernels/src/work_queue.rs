@@ -1,7 +1,7 @@
 //! The work queue's demo kernels (`kernels/cuda/work_queue_demo.cu`), with launch helpers: a persistent worker
 //! that pops tasks, works on each and completes it, and a producer that pushes tasks from a kernel. Both take the
 //! queue and the process's worker slot as their first two arguments, which the queue handles' `launch` passes
-//! (`WorkQueue::launch`, `QueueWorker::launch` in `ipc_core::queue`); the helpers here give the rest.
+//! (`WorkQueue::launch`, `QueueWorker::launch` in `ipc_toolkit::queue`); the helpers here give the rest.
 //!
 //! A demo task's record is `record_bytes` long (a multiple of 8) and holds its value in every 64-bit word
 //! ([`demo_record`]); the worker checks that, and sums the values and their squares, so that a run can be checked
@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, Function, KernelArg, LaunchConfig, Stream, sys};
+use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, Function, KernelArg, LaunchConfig, Stream};
 
 use crate::launch::{KernelError, load_module};
 
@@ -104,7 +104,7 @@ impl QueueDemoKernels {
     /// [`KernelError::NoImage`] or [`KernelError::ImageRejected`].
     pub fn load(ctx: &Context) -> Result<Self, KernelError> {
         let (module, _) = load_module(ctx, crate::image::force_ptx_from_env())?;
-        let sms = ctx.device().attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let sms = ctx.device().sm_count()?;
         Ok(Self {
             worker: module.function(DEMO_WORKER)?,
             producer: module.function(DEMO_PRODUCER)?,

@@ -2,11 +2,11 @@
 //! against the host reference of the pattern. Ignored without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, DriverError, KernelArg, LaunchConfig, Module, Stream};
 use gpu_ipc_kernels::image::{ComputeCapability, ImageKind};
 use gpu_ipc_kernels::launch::PatternKernels;
 use gpu_ipc_kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_sequence};
 use gpu_ipc_kernels::{FILL_PATTERN, image};
-use ipc_core::driver::{Context, DeviceBuffer, DeviceMemory, DriverError, KernelArg, LaunchConfig, Module, Stream};
 
 /// A 4K RGB frame: 3840 x 2160 x 3 bytes.
 const FRAME_4K: u64 = 3840 * 2160 * 3;

@@ -10,7 +10,7 @@ use dlpark::ffi::DLDevice;
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::frames::{AttachOptions, Consumer as CoreConsumer, Frame as CoreFrame, FrameError};
 use gpu_ipc::core::ring::SlotIndex;
-use gpu_ipc::core::sys::shm::SharedMemory;
+use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::core::wire::{SyncStrategy, WireError};
 use gpu_ipc::host::{HostContext, HostFake, HostRegion};
 use gpu_ipc::legacy::Legacy;

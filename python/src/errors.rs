@@ -8,13 +8,13 @@
 //! ring, or a producer or consumer used after `close()`.
 
 use gpu_ipc::core::backend::BackendError as CoreBackendError;
-use gpu_ipc::core::door::DoorError;
-use gpu_ipc::core::driver::DriverError as CoreDriverError;
 use gpu_ipc::core::frames::FrameError;
-use gpu_ipc::core::pool::PoolError;
-use gpu_ipc::core::semaphore::SemaphoreError;
-use gpu_ipc::core::weights::WeightsError;
 use gpu_ipc::core::wire::WireError as CoreWireError;
+use gpu_ipc::driver::DriverError as CoreDriverError;
+use gpu_ipc::pool::PoolError;
+use gpu_ipc::semaphore::SemaphoreError;
+use gpu_ipc::toolkit::door::DoorError;
+use gpu_ipc::weights::WeightsError;
 use pyo3::prelude::*;
 use pyo3::{PyErr, import_exception};
 

@@ -5,9 +5,9 @@
 //! |---|---|
 //! | `Producer`, `Slot` | `gpu_ipc::core::frames::{Producer, SlotLease}` |
 //! | `Consumer`, `Frame` | `gpu_ipc::core::frames::{Consumer, Frame}` |
-//! | `SharedPool`, `SharedBuffer`, `PoolImporter`, `BufferView` | `gpu_ipc::core::pool::{SharedPool, BufferHandle, PoolImporter, BufferView}` |
-//! | `Semaphore`, `SemaphoreWait` | `gpu_ipc::core::semaphore::{SemaphoreOwner, Semaphore, StreamWait}` |
-//! | `WeightsOwner`, `WeightsReader`, `WeightsTensor` (under `gpu_ipc.weights`) | `gpu_ipc::core::weights::{WeightsOwner, WeightsReader, HeldGeneration}` |
+//! | `SharedPool`, `SharedBuffer`, `PoolImporter`, `BufferView` | `gpu_ipc::pool::{SharedPool, BufferHandle, PoolImporter, BufferView}` |
+//! | `Semaphore`, `SemaphoreWait` | `gpu_ipc::semaphore::{SemaphoreOwner, Semaphore, StreamWait}` |
+//! | `WeightsOwner`, `WeightsReader`, `WeightsTensor` (under `gpu_ipc.weights`) | `gpu_ipc::weights::{WeightsOwner, WeightsReader, HeldGeneration}` |
 //! | `testing.Pattern` | `gpu_ipc::kernels::{launch::PatternKernels, pattern}` |
 //! | `GpuIpcError` and its subclasses | `gpu_ipc::core::frames::FrameError`, `semaphore::SemaphoreError` |
 //!

@@ -16,7 +16,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use gpu_ipc::core::driver::Context;
+use gpu_ipc::driver::Context;
 
 use crate::ring::lock;
 

@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, Stream};
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, Stream};
 use gpu_ipc::host::HostRegion;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 use gpu_ipc::kernels::pattern::pattern_word;

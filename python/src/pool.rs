@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::BackendError as CoreBackendError;
-use gpu_ipc::core::door::DoorError;
-use gpu_ipc::core::driver::{DevicePtr, pointer_is_legacy_ipc_capable};
-use gpu_ipc::core::pool::{BufferHandle, PoolConfig, PoolError, ReclaimWatch, SharedPool as CorePool};
 use gpu_ipc::core::wire::{DType, TensorDesc, WireError as CoreWireError};
+use gpu_ipc::driver::{DevicePtr, pointer_is_legacy_ipc_capable};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
+use gpu_ipc::pool::{BufferHandle, PoolConfig, PoolError, ReclaimWatch, SharedPool as CorePool};
+use gpu_ipc::toolkit::door::DoorError;
 use gpu_ipc::vmm::Vmm;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::door::{self, DoorError};
-use gpu_ipc::core::pool::{AttachOptions, BufferView as CoreView, PoolError, PoolImporter as CoreImporter};
 use gpu_ipc::core::wire::ObjectKind;
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
+use gpu_ipc::pool::{AttachOptions, BufferView as CoreView, PoolError, PoolImporter as CoreImporter};
+use gpu_ipc::toolkit::door::{self, DoorError};
 use gpu_ipc::vmm::Vmm;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;

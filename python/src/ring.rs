@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::{Borrowed, Context, Stream};
 use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::{SyncSide, SyncStrategy};
+use gpu_ipc::driver::{Borrowed, Context, Stream};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 

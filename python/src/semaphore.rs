@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::door::DoorError;
-use gpu_ipc::core::semaphore::{
-    AttachOptions, DeadPoster, OwnerOptions, Semaphore as CoreSemaphore, SemaphoreError, SemaphoreOwner, StreamWait,
-};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
+use gpu_ipc::semaphore::{
+    AttachOptions, DeadPoster, OwnerOptions, Semaphore as CoreSemaphore, SemaphoreError, SemaphoreOwner, StreamWait,
+};
+use gpu_ipc::toolkit::door::DoorError;
 use gpu_ipc::vmm::Vmm;
 use pyo3::prelude::*;
 

@@ -3,7 +3,7 @@
 //! GPU-side strategies queue their waits and publishes on.
 
 use crate::errors::{ArgumentError, ArgumentTypeError};
-use gpu_ipc::core::driver::{Borrowed, Context, Stream, sys};
+use gpu_ipc::driver::{Borrowed, Context, Stream, raw};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -60,6 +60,6 @@ pub fn borrow<'a>(ctx: &Context, raw: u64) -> Borrowed<'a, Stream> {
     // destroyed by us. That the handle is a live stream of the device's primary context is the caller's word, as
     // with every CUDA library that takes raw handles (PyTorch's `ExternalStream`, CuPy's): the stubs say so.
     unsafe {
-        Stream::borrow_raw(ctx, raw as usize as sys::CUstream)
+        Stream::borrow_raw(ctx, raw as usize as raw::CUstream)
     }
 }

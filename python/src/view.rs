@@ -7,9 +7,9 @@ use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManag
 use dlpark::metadata::Dynamic;
 use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
-use gpu_ipc::core::driver::{Context, Event, EventFlags};
-use gpu_ipc::core::sys::shm::SharedMemory;
+use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::core::wire::{DType, PixelFormat, SlotLayout, TensorDesc};
+use gpu_ipc::driver::{Context, Event, EventFlags};
 use gpu_ipc::host::HostRegion;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -203,9 +203,7 @@ impl View {
         };
         let len = usize::try_from(self.layout.span_bytes).map_err(|_| ArgumentError::new_err("frame too large"))?;
         let mut bytes = vec![0u8; len];
-        region
-            .read(gpu_ipc::core::driver::DevicePtr(self.ptr), &mut bytes)
-            .map_err(|e| crate::errors::to_py(e.into()))?;
+        region.read(gpu_ipc::driver::DevicePtr(self.ptr), &mut bytes).map_err(|e| crate::errors::to_py(e.into()))?;
         let data = bytes.as_mut_ptr().cast();
         let metadata = Dynamic::new(self.layout.shape.clone(), self.layout.strides.clone());
         if max_version.is_some_and(|(major, _)| major >= 1) {

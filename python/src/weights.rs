@@ -8,16 +8,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::door::{self, DoorError};
-use gpu_ipc::core::driver::{DevicePtr, DeviceSpan};
-use gpu_ipc::core::pool::PoolError;
-use gpu_ipc::core::weights::{
-    HeldGeneration, WeightsError, WeightsOptions, WeightsOwner as CoreOwner, WeightsReader as CoreReader,
-};
 use gpu_ipc::core::wire::{DType, ObjectKind, TensorDesc};
+use gpu_ipc::driver::{DevicePtr, DeviceSpan};
 use gpu_ipc::host::{HostContext, HostFake};
 use gpu_ipc::legacy::Legacy;
+use gpu_ipc::pool::PoolError;
+use gpu_ipc::toolkit::door::{self, DoorError};
 use gpu_ipc::vmm::Vmm;
+use gpu_ipc::weights::{
+    HeldGeneration, WeightsError, WeightsOptions, WeightsOwner as CoreOwner, WeightsReader as CoreReader,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 

@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gpu_ipc::core::backend::Backend;
-use gpu_ipc::core::driver::Stream;
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError};
 use gpu_ipc::core::wire::PeerPolicy;
+use gpu_ipc::driver::Stream;
 use gpu_ipc::kernels::persistent::{PersistentOutcome, PersistentResult};
 use gpu_ipc_examples::work::{FrameWork, ProgramVisitor, run_with_backend};
 use gpu_ipc_examples::{

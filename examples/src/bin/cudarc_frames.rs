@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gpu_ipc::core::backend::GpuBackend;
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, KernelArg, LaunchConfig, Module, Stream};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, Frame, FrameError, Producer, ProducerConfig, SlotLease};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 use gpu_ipc::cudarc_interop::cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, PushKernelArg};
 use gpu_ipc::cudarc_interop::{self as interop, cudarc};
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, KernelArg, LaunchConfig, Module, Stream};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 use gpu_ipc_examples::{EXIT_PRODUCER_GONE, cpu_time, exit_for, fps, print_summary};
 
@@ -152,9 +152,9 @@ enum Kernels {
     },
     GpuIpc {
         stream: Stream,
-        fill: gpu_ipc::core::driver::Function,
-        check: gpu_ipc::core::driver::Function,
-        snapshot: gpu_ipc::core::driver::Function,
+        fill: gpu_ipc::driver::Function,
+        check: gpu_ipc::driver::Function,
+        snapshot: gpu_ipc::driver::Function,
     },
 }
 
@@ -472,8 +472,8 @@ fn main() -> ExitCode {
             }
             Err(other) => {
                 let no_driver = other
-                    .downcast_ref::<gpu_ipc::core::driver::DriverError>()
-                    .is_some_and(|d| matches!(d, gpu_ipc::core::driver::DriverError::LibraryNotFound { .. }));
+                    .downcast_ref::<gpu_ipc::driver::DriverError>()
+                    .is_some_and(|d| matches!(d, gpu_ipc::driver::DriverError::LibraryNotFound { .. }));
                 eprintln!("cudarc_frames: {other}");
                 ExitCode::from(if no_driver {
                     gpu_ipc_examples::EXIT_NO_DRIVER

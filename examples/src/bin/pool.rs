@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::driver::Context;
 use gpu_ipc::core::fake::{HostContext, HostFake};
-use gpu_ipc::core::pool::{DType, PoolConfig, PoolError, PoolStats, SharedPool, TensorDesc};
+use gpu_ipc::driver::Context;
+use gpu_ipc::pool::{DType, PoolConfig, PoolError, PoolStats, SharedPool, TensorDesc};
 use gpu_ipc_examples::pool_work::{
     GpuMemory, HostMemory, ImporterReport, PoolMemory, fill, no_driver, run_importer, seed_of,
 };
@@ -154,7 +154,7 @@ fn make_pool<B: Backend, M: PoolMemory<B>>(
     ctx: &B::Context,
     socket: &Path,
     args: &OwnerArgs,
-) -> Result<(SharedPool<B>, Vec<gpu_ipc::core::pool::BufferHandle<B>>), PoolError> {
+) -> Result<(SharedPool<B>, Vec<gpu_ipc::pool::BufferHandle<B>>), PoolError> {
     let capacity = args.capacity_mib << 20;
     let pool = SharedPool::<B>::create(ctx, socket, PoolConfig::new(capacity))?;
     let each = (capacity / args.buffers.max(1)) / 256 * 256;

@@ -30,8 +30,8 @@ use clap::{Parser, Subcommand};
 use gpu_ipc::BackendKind;
 use std::sync::atomic::Ordering;
 
-use gpu_ipc::core::driver::{DeviceBuffer, DeviceMemory};
-use gpu_ipc::core::semaphore::{AttachOptions, DeadPoster, OwnerOptions, Semaphore, SemaphoreError};
+use gpu_ipc::driver::{DeviceBuffer, DeviceMemory};
+use gpu_ipc::semaphore::{AttachOptions, DeadPoster, OwnerOptions, Semaphore, SemaphoreError};
 use gpu_ipc_examples::semaphore::{Device, ExampleError, exit_status, outcome_word, percentile_us, stream_idle_within};
 use gpu_ipc_examples::{print_summary, stdin_closed_flag};
 

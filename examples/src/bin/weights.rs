@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::Context;
 use gpu_ipc::core::fake::{HostContext, HostFake};
-use gpu_ipc::core::pool::PoolError;
+use gpu_ipc::driver::Context;
+use gpu_ipc::pool::PoolError;
 use gpu_ipc::weights::{ArenaBytes, DType, TensorDesc, WeightsError, WeightsOptions, WeightsOwner, WeightsReader};
 use gpu_ipc_examples::{EXIT_NO_DRIVER, print_summary};
 

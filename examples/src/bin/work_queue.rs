@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::queue::{QueueBackend, QueueConfig, QueueError, QueueStats, QueueWorker, WorkQueue, WorkerOptions};
 use gpu_ipc::kernels::work_queue::{DemoSums, demo_record};
+use gpu_ipc::queue::{QueueBackend, QueueConfig, QueueError, QueueStats, QueueWorker, WorkQueue, WorkerOptions};
 use gpu_ipc_examples::print_summary;
 use gpu_ipc_examples::work_queue::{
     ExampleError, Gpu, QueueProgram, exit_status, outcome_word, per_second, retry_until, run_queue_program,

@@ -26,8 +26,8 @@ pub fn without_mps() -> impl Iterator<Item = &'static str> {
 /// `#[ignore = "needs a CUDA GPU with MPS running ..."]`, which the MPS pass of scripts/gpu-suite.sh runs under its
 /// private daemon (and its pass without MPS leaves out); asked for without MPS, such a test fails, never passes.
 pub fn require_mps() {
-    let ctx = gpu_ipc::core::driver::Context::for_ordinal(0).expect("a CUDA device");
-    if let Some(why) = gpu_ipc::core::driver::mps::MpsEvidence::gather(ctx.device()).why_not() {
+    let ctx = gpu_ipc::driver::Context::for_ordinal(0).expect("a CUDA device");
+    if let Some(why) = gpu_ipc::driver::mps::MpsEvidence::gather(ctx.device()).why_not() {
         panic!(
             "this test needs MPS running for device 0 and it is not: {why}; run it in the MPS pass of \
              scripts/gpu-suite.sh (a private MPS daemon), or start nvidia-cuda-mps-control -d first"

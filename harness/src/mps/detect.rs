@@ -7,11 +7,11 @@ use serde::{Deserialize, Serialize};
 use crate::fact::Fact;
 
 /// The MPS pipe directory the CUDA driver uses when `CUDA_MPS_PIPE_DIRECTORY` is not set.
-pub use gpu_ipc::core::driver::mps::DEFAULT_PIPE_DIRECTORY as DEFAULT_MPS_PIPE_DIRECTORY;
+pub use gpu_ipc::driver::mps::DEFAULT_PIPE_DIRECTORY as DEFAULT_MPS_PIPE_DIRECTORY;
 /// One MPS process, and which binary it runs: ipc-core's, the one home of MPS detection.
-pub use gpu_ipc::core::driver::mps::{MpsProcess, MpsRole, mps_role};
+pub use gpu_ipc::driver::mps::{MpsProcess, MpsRole, mps_role};
 
-use gpu_ipc::core::driver::mps::{ControlPipe, PipeDirectory, mps_processes};
+use gpu_ipc::driver::mps::{ControlPipe, PipeDirectory, mps_processes};
 
 /// What the MPS (Multi-Process Service) probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,15 +9,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, ExportedHandle, SharedRegion};
-use crate::driver::{DeviceMemory, DevicePtr, DeviceSpan, Stream};
 use crate::frames::FrameError;
 use crate::frames::ring_port::{AbortWord, RingPort};
 use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex, WaitMode};
-use crate::sys::shm::SharedMemory;
+use crate::shm::SharedMemory;
 pub use device_ring::{FrameStamp, RingDescriptor, STAMP_MASK};
+use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan, Stream};
 
 use crate::wire::{
     Attached, ClientHello, Detach, DetachReason, FrameGeometry, Message, OfferFds, PROTOCOL_VERSION, PeerConnection,

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use crate::backend::BackendError;
-use crate::driver::DriverError;
 use crate::ring::RingError;
 use crate::wire::WireError;
+use gpu_ipc_driver::DriverError;
 
 /// What went wrong producing or consuming frames.
 #[derive(Debug, thiserror::Error)]

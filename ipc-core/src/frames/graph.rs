@@ -18,7 +18,7 @@ use super::FrameError;
 use super::graph_waits::{self, GraphWaits, WaitOn};
 use super::ring_port::RingPort;
 use super::strategy::ring_module;
-use crate::driver::{
+use gpu_ipc_driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, Graph, KernelArg, LaunchConfig, MemOpBatch, MemOpNode,
     MemOpScratch, Module, Stream,
 };
@@ -243,10 +243,10 @@ pub(super) fn capture<'a>(
     }
     let waits = waits.unwrap_or_else(|| GraphWaits::for_device(ctx.device()));
     waits.check(ctx.device())?;
-    if waits == GraphWaits::StreamOps && !(1..=crate::driver::MAX_OPS_PER_CALL).contains(&waits_per_frame) {
+    if waits == GraphWaits::StreamOps && !(1..=gpu_ipc_driver::MAX_OPS_PER_CALL).contains(&waits_per_frame) {
         return Err(FrameError::Config(format!(
             "frame graphs with stream-op waits take rings of 1 to {} consumers, not {waits_per_frame}",
-            crate::driver::MAX_OPS_PER_CALL
+            gpu_ipc_driver::MAX_OPS_PER_CALL
         )));
     }
     let n = slots.len() as u32;

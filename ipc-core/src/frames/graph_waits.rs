@@ -17,9 +17,9 @@
 //! the producer poisons a dead consumer's `released`. The step after the wait (`gpu_ipc_graph_check_frame`,
 //! `gpu_ipc_graph_mark_slot`) then computes `valid` on the GPU from the stamp and the abort word, without polling.
 
-use crate::driver::{DeviceSpan, MemOpBatch, WaitCondition, sys};
 use crate::frames::FrameError;
 use crate::ring::{ConsumerControl, ProducerControl, RingError, Sequence};
+use gpu_ipc_driver::{DeviceFeature, DeviceSpan, MemOpBatch, WaitCondition};
 
 /// How a frame graph's opening step waits ([`super::GraphOptions::waits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,8 +38,8 @@ pub enum GraphWaits {
 impl GraphWaits {
     /// The waits for a device: [`GraphWaits::Kernels`] where MPS runs (`MpsEvidence::running`), else
     /// [`GraphWaits::StreamOps`].
-    pub fn for_device(device: crate::driver::Device) -> Self {
-        if crate::driver::mps::MpsEvidence::gather(device).running() { Self::Kernels } else { Self::StreamOps }
+    pub fn for_device(device: gpu_ipc_driver::Device) -> Self {
+        if gpu_ipc_driver::mps::MpsEvidence::gather(device).running() { Self::Kernels } else { Self::StreamOps }
     }
 
     /// The name the bench and the logs use: `kernel-waits` or `stream-op-waits`.
@@ -55,8 +55,8 @@ impl GraphWaits {
     /// # Errors
     /// [`FrameError::StrategyUnavailable`] for stream-op waits on a device without 64-bit stream memory operations
     /// (the ring's counters are 64-bit); a driver error.
-    pub(super) fn check(self, device: crate::driver::Device) -> Result<(), FrameError> {
-        if self == Self::StreamOps && !device.flag(sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)? {
+    pub(super) fn check(self, device: gpu_ipc_driver::Device) -> Result<(), FrameError> {
+        if self == Self::StreamOps && !device.supports(DeviceFeature::StreamMemOps64)? {
             return Err(FrameError::StrategyUnavailable {
                 strategy: "frame graphs with stream-op waits".into(),
                 reason: "this device or driver does not offer 64-bit stream memory operations \

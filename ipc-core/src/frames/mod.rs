@@ -28,7 +28,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use ipc_core::backend::GpuBackend;
-//! use ipc_core::driver::{Context, DeviceSpan, Stream};
+//! use gpu_ipc_driver::{Context, DeviceSpan, Stream};
 //! use ipc_core::frames::{FrameError, Producer, ProducerConfig};
 //! use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 //!
@@ -61,7 +61,7 @@
 //! use std::path::Path;
 //! use std::time::Duration;
 //! use ipc_core::backend::GpuBackend;
-//! use ipc_core::driver::{Context, DeviceSpan, Stream};
+//! use gpu_ipc_driver::{Context, DeviceSpan, Stream};
 //! use ipc_core::frames::{AttachOptions, Consumer, FrameError};
 //!
 //! fn consume<B: GpuBackend>(
@@ -136,7 +136,7 @@ pub use stage::{DownstreamEmpty, Stage, StageConfig, StageError, StageIo, StageS
 /// process that dies before the recorded work completes never completes, so a stream or thread made to wait on it
 /// could never be freed. Polling keeps the survivor in control.
 fn wait_for_event(
-    event: &crate::driver::Event,
+    event: &gpu_ipc_driver::Event,
     deadline: std::time::Instant,
     nap: Option<std::time::Duration>,
     alive: impl Fn() -> bool,

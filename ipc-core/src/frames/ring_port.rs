@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::driver::{DeviceMemory, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream};
 use crate::frames::FrameError;
 use crate::ring::RingError;
-use crate::sys::shm::{SharedMemory, SharedObject};
+use crate::shm::{SharedMemory, SharedObject};
+use gpu_ipc_driver::{DeviceMemory, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream};
 
 /// Words of the port: the abort word, the progress word, then the descriptor.
 const ABORT: usize = 0;

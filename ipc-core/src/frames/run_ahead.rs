@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::driver::{
-    Context, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, MemOpBatch, Stream,
-};
 use crate::frames::FrameError;
 use crate::ring::RingError;
-use crate::sys::shm::{SharedMemory, SharedObject};
+use crate::shm::{SharedMemory, SharedObject};
+use gpu_ipc_driver::{
+    Context, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, MemOpBatch, Stream,
+};
 
 /// How long the CPU naps between looks at the stream's progress: the CPU is not on the per-frame path here, so
 /// it may as well sleep (the run-ahead depth keeps the GPU busy meanwhile).
@@ -274,7 +274,7 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn the_stream_reports_its_marks_and_the_bound_waits_for_them() {
-        use crate::driver::MemOpScratch;
+        use gpu_ipc_driver::MemOpScratch;
         let ctx = Context::for_ordinal(0).unwrap();
         let stream = Stream::new(&ctx).unwrap();
         let run_ahead = RunAhead::new(&ctx, 2).unwrap();

@@ -31,8 +31,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::driver::{DeviceMemory, DeviceSpan, Stream};
 use crate::frames::{AttachOptions, Consumer, Frame, FrameError, Producer, ProducerConfig, SlotLease};
+use gpu_ipc_driver::{DeviceMemory, DeviceSpan, Stream};
 
 /// An error of the caller's work on a frame, whatever its type (`?` converts any error).
 pub type WorkError = Box<dyn std::error::Error + Send + Sync>;

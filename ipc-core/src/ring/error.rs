@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::layout::{ConsumerId, ConsumerState, Sequence};
-use crate::sys::shm::ShmError;
+use crate::shm::ShmError;
 
 /// Why a peer is considered gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -344,8 +344,22 @@ impl WireError {
     }
 }
 
-impl From<crate::driver::InvalidDeviceUuid> for WireError {
-    fn from(e: crate::driver::InvalidDeviceUuid) -> Self {
+impl From<gpu_ipc_driver::InvalidDeviceUuid> for WireError {
+    fn from(e: gpu_ipc_driver::InvalidDeviceUuid) -> Self {
         Self::InvalidUuid { text: e.text }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_uuid_that_does_not_parse_is_the_wires_own_error() {
+        // Where the wire layer parses one, `?` turns the driver's error into the wire's own.
+        for bad in ["5d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8", "GPU-5d1a"] {
+            let error = bad.parse::<gpu_ipc_driver::DeviceUuid>().map_err(WireError::from);
+            assert!(matches!(&error, Err(WireError::InvalidUuid { text }) if text == bad), "{error:?}");
+        }
     }
 }

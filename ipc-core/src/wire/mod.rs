@@ -10,12 +10,14 @@
 mod error;
 mod fdpass;
 mod message;
+// The one socket option rustix cannot read soundly: the only `unsafe` of the wire layer.
+#[allow(unsafe_code)]
+mod peercred;
 mod rendezvous;
 mod slot;
 mod tensor;
 mod types;
 
-pub use crate::driver::DeviceUuid;
 pub use error::WireError;
 pub use fdpass::{
     MessageReader, OfferFds, ReceivedMessage, recv_bytes, recv_message, send_bytes, send_message, send_message_in,

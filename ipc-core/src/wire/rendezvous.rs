@@ -24,7 +24,7 @@ use rustix::process::geteuid;
 use super::error::WireError;
 use super::fdpass::{Deadline, ReceivedMessage, recv_message, send_message, send_message_in};
 use super::message::{Message, RefusalCode, Refused};
-use crate::sys::peercred::{RawPeerCred, peer_credentials};
+use super::peercred::{RawPeerCred, peer_credentials};
 
 /// Longest path `sockaddr_un` holds, without its terminating NUL.
 const MAX_SOCKET_PATH_BYTES: usize = 107;

@@ -6,7 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ipc_core::wire::{Message, RefusalCode};
+use ipc_core::wire::{Message, PeerConnection, RefusalCode, StatusReport, StatusRequest};
 
 /// How long a raw client waits for an answer.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -14,6 +14,16 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Open fds of this process.
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// The status report of the door at `path` (what `gpu-ipc ps` shows), asked on a raw connection.
+pub fn status(path: &Path) -> StatusReport {
+    let conn = PeerConnection::connect(path, TIMEOUT).unwrap();
+    conn.send(&Message::StatusRequest(StatusRequest), Vec::new(), TIMEOUT).unwrap();
+    match conn.recv(TIMEOUT).unwrap().message {
+        Message::StatusReport(report) => report,
+        other => panic!("the door answered a status request with {other:?}"),
+    }
 }
 
 /// A raw connection to the door at `path`.

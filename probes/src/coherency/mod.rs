@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use gpu_ipc::core::driver::{Context, DeviceBuffer};
+use gpu_ipc::driver::{Context, DeviceBuffer};
 use gpu_ipc::kernels::probe::{FlagLoad, FlagStore, PayloadLoad};
 use serde::{Deserialize, Serialize};
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::driver::{Context, DeviceBuffer, DeviceMemory, KernelArg, LaunchConfig, Stream, WaitCondition};
-use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject};
+use gpu_ipc::core::shm::{SharedMemory, SharedObject};
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, KernelArg, LaunchConfig, Stream, WaitCondition};
 use gpu_ipc::kernels::probe::{
     COH_PAYLOAD_CHECK, COH_PAYLOAD_WRITE, ProbeKernels, coherency_layout as layout, coherency_reader, coherency_writer,
 };

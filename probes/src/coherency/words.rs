@@ -5,10 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::driver::{
-    Context, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, Stream,
-};
-use gpu_ipc::core::sys::shm::{SharedMemory, SharedObject};
+use gpu_ipc::core::shm::{SharedMemory, SharedObject};
+use gpu_ipc::driver::{Context, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, Stream};
 use gpu_ipc::kernels::probe::coherency_layout as layout;
 
 use harness::ProbeError;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::GpuBackendVisitor;
 use gpu_ipc::core::backend::{ExportedHandle, GpuBackend};
-use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, KernelArg, LaunchConfig, Stream, WaitCondition, sys,
+use gpu_ipc::driver::{
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, KernelArg, LaunchConfig, Stream, WaitCondition,
 };
 use gpu_ipc::kernels::launch::PatternKernels;
 use gpu_ipc::kernels::pattern::count_mismatches_host;
@@ -143,7 +143,7 @@ struct Peer<B: GpuBackend> {
 impl<B: GpuBackend> Peer<B> {
     fn new(ctx: Context) -> Result<Self, ProbeError> {
         let probe_kernels = ProbeKernels::load(&ctx)?;
-        let sms = ctx.device().attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let sms = ctx.device().sm_count()?;
         Ok(Self {
             exported: None,
             imported: None,

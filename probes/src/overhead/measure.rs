@@ -5,8 +5,8 @@ use super::model::{AttachPoint, LINE, MIB, Measured};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, KernelArg, LaunchConfig, Stream, sys,
+use gpu_ipc::driver::{
+    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Event, EventFlags, KernelArg, LaunchConfig, Stream,
 };
 use gpu_ipc::kernels::probe::{MEM_CHASE, MEM_READ, MEM_STORE_LATENCY, MEM_WRITE, ProbeKernels};
 use serde::{Deserialize, Serialize};
@@ -136,10 +136,10 @@ pub(super) fn time_attach(
 pub(super) struct Bench {
     ctx: Context,
     stream: Stream,
-    read: gpu_ipc::core::driver::Function,
-    write: gpu_ipc::core::driver::Function,
-    chase: gpu_ipc::core::driver::Function,
-    store: gpu_ipc::core::driver::Function,
+    read: gpu_ipc::driver::Function,
+    write: gpu_ipc::driver::Function,
+    chase: gpu_ipc::driver::Function,
+    store: gpu_ipc::driver::Function,
     scratch: DeviceBuffer,
     blocks: u32,
     start: Event,
@@ -152,7 +152,7 @@ pub(super) const CHASE_STEPS: u64 = 4096;
 impl Bench {
     pub(super) fn new(ctx: &Context) -> Result<Self, ProbeError> {
         let kernels = ProbeKernels::load(ctx)?;
-        let sms = ctx.device().attribute(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let sms = ctx.device().sm_count()?;
         Ok(Self {
             ctx: ctx.clone(),
             stream: Stream::new(ctx)?,

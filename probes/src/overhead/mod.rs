@@ -16,7 +16,7 @@ mod verdict;
 
 use std::time::Duration;
 
-use gpu_ipc::core::driver::{Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan};
+use gpu_ipc::driver::{Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan};
 
 use harness::env::ProbeEnv;
 use harness::progress::Progress;

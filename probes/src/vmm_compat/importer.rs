@@ -4,7 +4,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::driver::{
+use gpu_ipc::driver::{
     Context, DeviceMemory, DeviceSpan, DriverError, Event, ImportedPoolPointer, IpcEventHandle, IpcMapping,
     IpcMemHandle, MemoryPool, PoolPointerExport, VmmAllocation, VmmMapping,
 };

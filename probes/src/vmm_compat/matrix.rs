@@ -5,10 +5,10 @@ use gpu_ipc::BackendKind;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use gpu_ipc::core::driver::{
-    Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, DriverError, Event, EventFlags, IpcMemHandle,
-    ManagedBuffer, MemoryPool, PinnedHostBuffer, PoolAllocation, Stream, VmmAllocation, VmmGranularity, VmmMapping,
-    address_range, pointer_allowed_handle_types, pointer_is_legacy_ipc_capable, sys,
+use gpu_ipc::driver::{
+    Context, DeviceBuffer, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, DriverError, Event, EventFlags,
+    HandleTypes, IpcMemHandle, ManagedBuffer, MemoryPool, PinnedHostBuffer, PoolAllocation, Stream, VmmAllocation,
+    VmmGranularity, VmmMapping, address_range, pointer_allowed_handle_types, pointer_is_legacy_ipc_capable,
 };
 
 use super::importer::{
@@ -36,19 +36,16 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Reads the device attributes that bear on sharing.
 pub fn device_attributes(ctx: &Context) -> DeviceAttributes {
     let dev = ctx.device();
-    let flag = |a| dev.flag(a).ok();
+    let flag = |feature| dev.supports(feature).ok();
     DeviceAttributes {
-        unified_addressing: flag(sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING),
-        virtual_memory_management: flag(sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
-        posix_fd_handles: flag(sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
-        fabric_handles: flag(sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED),
-        memory_pools: flag(sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED),
-        mempool_handle_types: dev
-            .attribute(sys::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)
-            .ok()
-            .map(|v| v.max(0) as u32),
-        ipc_events: flag(sys::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED),
-        managed_memory: flag(sys::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY),
+        unified_addressing: flag(DeviceFeature::UnifiedAddressing),
+        virtual_memory_management: flag(DeviceFeature::VirtualMemoryManagement),
+        posix_fd_handles: flag(DeviceFeature::PosixFdHandles),
+        fabric_handles: flag(DeviceFeature::FabricHandles),
+        memory_pools: flag(DeviceFeature::MemoryPools),
+        mempool_handle_types: dev.memory_pool_handle_types().ok().map(|types| types.bits() as u32),
+        ipc_events: flag(DeviceFeature::IpcEvents),
+        managed_memory: flag(DeviceFeature::ManagedMemory),
     }
 }
 
@@ -73,14 +70,14 @@ impl Owned {
                 Self::Pool(PoolAllocation::alloc(ctx, None, LARGE)?, pool)
             }
             AllocationKind::AsyncFdPool => {
-                let pool = MemoryPool::create(ctx, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)?;
+                let pool = MemoryPool::create(ctx, HandleTypes::POSIX_FD)?;
                 Self::Pool(PoolAllocation::alloc(ctx, Some(&pool), LARGE)?, pool)
             }
             AllocationKind::VmmNoHandle | AllocationKind::VmmPosixFd | AllocationKind::VmmFabric => {
                 let types = match kind {
-                    AllocationKind::VmmNoHandle => sys::CU_MEM_HANDLE_TYPE_NONE,
-                    AllocationKind::VmmPosixFd => sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                    _ => sys::CU_MEM_HANDLE_TYPE_FABRIC,
+                    AllocationKind::VmmNoHandle => HandleTypes::NONE,
+                    AllocationKind::VmmPosixFd => HandleTypes::POSIX_FD,
+                    _ => HandleTypes::FABRIC,
                 };
                 let size = VmmGranularity::for_device(ctx.device())?.round_up(LARGE);
                 Self::Vmm(VmmMapping::map(VmmAllocation::create_with_handle_types(ctx, size, types)?)?)

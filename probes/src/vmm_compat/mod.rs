@@ -13,7 +13,7 @@ pub mod model;
 pub mod render;
 pub mod verdict;
 
-use gpu_ipc::core::driver::Context;
+use gpu_ipc::driver::Context;
 use harness::child::{Channel, ChildTask};
 use harness::env::ProbeEnv;
 use harness::progress::Progress;

@@ -2,7 +2,7 @@
 //! disagrees, whether the backends' own checks agree with it, and the one-sentence answer.
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::driver::sys;
+use gpu_ipc::driver::HandleTypes;
 
 use super::model::{AllocationKind, CHILD_DIED, CHILD_TIMEOUT, Operation, Outcome, Results};
 use harness::Verdict;
@@ -44,8 +44,8 @@ pub struct Disagreement {
     pub matrix_works: bool,
 }
 
-fn has(mask: Option<u64>, bit: sys::CUmemAllocationHandleType) -> Option<bool> {
-    mask.map(|m| m & u64::from(bit) != 0)
+fn has(mask: Option<u64>, types: HandleTypes) -> Option<bool> {
+    mask.map(|m| HandleTypes::from_bits(m).contains(types))
 }
 
 fn and(a: Option<bool>, b: Option<bool>) -> Option<bool> {
@@ -64,7 +64,7 @@ fn and(a: Option<bool>, b: Option<bool>) -> Option<bool> {
 /// exports, the device attributes for the allocations themselves and for IPC events.
 pub fn predict(results: &Results, allocation: AllocationKind, operation: Operation) -> Option<bool> {
     let a = &results.attributes;
-    let posix = u64::from(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    let posix = HandleTypes::POSIX_FD.bits();
     if operation == Operation::Allocate {
         return match allocation {
             AllocationKind::MemAlloc | AllocationKind::MemAllocSmallPair | AllocationKind::PinnedHost => Some(true),
@@ -86,13 +86,13 @@ pub fn predict(results: &Results, allocation: AllocationKind, operation: Operati
     match operation {
         Operation::LegacyExport | Operation::LegacyImport | Operation::LegacyOpenTwice => facts.legacy_ipc_capable,
         Operation::FdExport | Operation::FdImport | Operation::FdImportTwice => {
-            and(has(allowed, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), a.posix_fd_handles.or(Some(true)))
+            and(has(allowed, HandleTypes::POSIX_FD), a.posix_fd_handles.or(Some(true)))
         }
         Operation::FabricExport | Operation::FabricImport => {
-            and(has(allowed, sys::CU_MEM_HANDLE_TYPE_FABRIC), a.fabric_handles.or(Some(true)))
+            and(has(allowed, HandleTypes::FABRIC), a.fabric_handles.or(Some(true)))
         }
         Operation::PoolExport | Operation::PoolExportPointer | Operation::PoolImport if allocation.is_pool() => {
-            has(allowed, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+            has(allowed, HandleTypes::POSIX_FD)
         }
         _ => None,
     }

@@ -1,8 +1,9 @@
 //! The producer's front door: a thread that owns the rendezvous socket and every handshake in flight, so that no
 //! client, slow, silent, refused or hostile, can stop the producer or delay a frame.
 //!
-//! One thread serves every connection with `poll` and a non-blocking reader ([`MessageReader`]), each handshake
-//! bounded by its own deadline (`ProducerConfig::handshake_timeout`, from `accept` to `Attached`). At most
+//! One thread serves every connection with `poll` and a non-blocking reader
+//! ([`MessageReader`](crate::wire::MessageReader)), each handshake bounded by its own deadline
+//! (`ProducerConfig::handshake_timeout`, from `accept` to `Attached`). At most
 //! `ProducerConfig::max_pending_handshakes` connections are in flight; when a new one arrives and there is no
 //! room, the oldest connection that has not yet said a valid hello is closed (a real consumer says hello right
 //! after connecting, so only silent clients are evicted). Open fds are thus bounded by that number, plus the
@@ -67,7 +68,7 @@ const SEND_TIMEOUT: Duration = Duration::from_millis(100);
 /// The owner's side of the records the front door hands out: what the socket serves, and how a record taken for a
 /// handshake that then failed is marked dead (a ring poisons the consumer's release counters; a toolkit object
 /// forgets the peer).
-pub(crate) trait Records: Send + Sync + 'static {
+pub trait Records: Send + Sync + 'static {
     /// A record: a ring's `ConsumerId`, a toolkit object's peer number.
     type Id: Copy + Eq + std::fmt::Debug + Send + 'static;
     /// What the socket serves; a hello that names another kind is refused (`WrongObject`).
@@ -91,7 +92,7 @@ pub(crate) trait Records: Send + Sync + 'static {
 }
 
 /// What the admission thread tells the producer.
-pub(crate) enum AdmissionEvent<I> {
+pub enum AdmissionEvent<I> {
     /// A consumer said a valid hello: the producer takes a record for it, makes its offer and hands both over
     /// with [`Admission::offer`] (or why it cannot).
     WantsOffer {
@@ -127,20 +128,20 @@ pub(crate) enum AdmissionEvent<I> {
 
 /// The producer's answer to [`AdmissionEvent::WantsOffer`]: the record it took (LIVE, joining at the producer's
 /// next frame), the offer and its fds; or the refusal to send instead.
-pub(crate) type OfferKit<I> = Result<(I, Message, Vec<OwnedFd>), (RefusalCode, String)>;
+pub type OfferKit<I> = Result<(I, Message, Vec<OwnedFd>), (RefusalCode, String)>;
 
 /// Settings of the admission thread.
-pub(crate) struct AdmissionConfig {
+pub struct AdmissionConfig {
     /// The backend of the ring (a hello that wants another is refused).
-    pub(crate) backend: BackendKind,
+    pub backend: BackendKind,
     /// Bound on one handshake, from accept to `Attached`.
-    pub(crate) handshake_timeout: Duration,
+    pub handshake_timeout: Duration,
     /// Connections in flight at most.
-    pub(crate) max_pending: usize,
+    pub max_pending: usize,
 }
 
 /// The producer's handle on its admission thread.
-pub(crate) struct Admission<R: Records> {
+pub struct Admission<R: Records> {
     /// In a mutex only so that the producer stays `Sync` (only its `&mut self` methods use it).
     events: Mutex<mpsc::Receiver<AdmissionEvent<R::Id>>>,
     offers: mpsc::Sender<(u64, OfferKit<R::Id>)>,
@@ -155,11 +156,7 @@ pub(crate) struct Admission<R: Records> {
 
 impl<R: Records> Admission<R> {
     /// Starts the thread; it owns `listener` (and so removes the socket file when it ends).
-    pub(crate) fn start(
-        listener: RendezvousListener,
-        records: Arc<R>,
-        config: AdmissionConfig,
-    ) -> std::io::Result<Self> {
+    pub fn start(listener: RendezvousListener, records: Arc<R>, config: AdmissionConfig) -> std::io::Result<Self> {
         let (events_tx, events) = mpsc::channel();
         let (offers, offers_rx) = mpsc::channel();
         let (wake, wake_rx) = UnixStream::pair()?;
@@ -193,9 +190,9 @@ impl<R: Records> Admission<R> {
         Ok(Self { events: Mutex::new(events), offers, wake, news, stop, gave_up, thread: Some(thread) })
     }
 
-    /// `Some(why)` once the thread gave up after [`MAX_PANICS`] panics, or ended in any other way while not told to
+    /// `Some(why)` once the thread gave up after `MAX_PANICS` (8) panics, or ended in any other way while not told to
     /// stop: no consumer can attach any more.
-    pub(crate) fn gave_up(&self) -> Option<String> {
+    pub fn gave_up(&self) -> Option<String> {
         let why = self.gave_up.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         why.or_else(|| {
             let ended = self.thread.as_ref().is_some_and(JoinHandle::is_finished) && !self.stop.load(Ordering::Acquire);
@@ -205,12 +202,12 @@ impl<R: Records> Admission<R> {
 
     /// A socket that turns readable when the thread sends an event: an owner that waits in `poll` for other
     /// things too (the object door) adds it to wake at once; [`Admission::try_next`] drains it.
-    pub(crate) fn news(&self) -> std::os::fd::BorrowedFd<'_> {
+    pub fn news(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.news)
     }
 
     /// The next event, without waiting.
-    pub(crate) fn try_next(&self) -> Option<AdmissionEvent<R::Id>> {
+    pub fn try_next(&self) -> Option<AdmissionEvent<R::Id>> {
         let mut sink = [0u8; 64];
         while matches!(rustix::net::recv(&self.news, &mut sink, rustix::net::RecvFlags::DONTWAIT), Ok((n, _)) if n > 0)
         {
@@ -221,7 +218,7 @@ impl<R: Records> Admission<R> {
     /// Hands the thread the answer to handshake `token`'s [`AdmissionEvent::WantsOffer`]. When the thread is gone
     /// nobody will send it: returns the record it held, which is then the caller's to give back.
     #[must_use = "a record returned here was never offered: give it back"]
-    pub(crate) fn offer(&self, token: u64, kit: OfferKit<R::Id>) -> Option<R::Id> {
+    pub fn offer(&self, token: u64, kit: OfferKit<R::Id>) -> Option<R::Id> {
         match self.offers.send((token, kit)) {
             Ok(()) => {
                 self.wake_up();
@@ -238,7 +235,7 @@ impl<R: Records> Admission<R> {
     }
 
     /// Stops the thread and waits for it (the socket file is gone when this returns).
-    pub(crate) fn stop(&mut self) {
+    pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
         self.wake_up();
         if let Some(thread) = self.thread.take() {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use super::{Consumer, Frame};
 use crate::backend::{Backend, SharedRegion};
-use crate::driver::{DevicePtr, DeviceSpan, Function, KernelArg, LaunchConfig, Stream};
 use crate::frames::FrameError;
 use crate::frames::ring_port::{RingPort, open_port};
+use gpu_ipc_driver::{DevicePtr, DeviceSpan, Function, KernelArg, LaunchConfig, Stream};
 
 /// Who needs the registered control block, and what to do without it (a consumer's kernel on the ring).
 const CONSUMER_KERNEL: (&str, &str) = ("a kernel on the ring reads", "start the producer");

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use super::Consumer;
 use crate::backend::Backend;
-use crate::driver::{DeviceMemory, Stream};
 use crate::frames::graph::{self, CONSUMER_STEPS, FrameGraphs, GraphOptions, GraphSlot, LaunchWaits};
 use crate::frames::graph_waits;
 use crate::frames::ring_port::open_port;
 use crate::frames::{FrameError, run_ahead};
+use gpu_ipc_driver::{DeviceMemory, Stream};
 
 impl<B: Backend> Consumer<B>
 where

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use super::Producer;
 use crate::backend::{Backend, SharedRegion};
-use crate::driver::{Function, KernelArg, LaunchConfig, Stream};
 use crate::frames::FrameError;
 use crate::frames::ring_port::{RingPort, open_port};
+use gpu_ipc_driver::{Function, KernelArg, LaunchConfig, Stream};
 
 /// Who needs the registered control block, and what to do without it (a producer's kernel on the ring).
 const PRODUCER_KERNEL: (&str, &str) = ("a kernel on the ring reads", "create the producer");

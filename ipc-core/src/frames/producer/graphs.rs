@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use super::Producer;
 use crate::backend::Backend;
-use crate::driver::{DeviceMemory, Stream};
 use crate::frames::graph::{self, FrameGraphs, GraphOptions, GraphSlot, LaunchWaits, PRODUCER_STEPS};
 use crate::frames::graph_waits;
 use crate::frames::ring_port::open_port;
 use crate::frames::{FrameError, run_ahead};
+use gpu_ipc_driver::{DeviceMemory, Stream};
 
 /// How often (in frames) launching frame graphs serves the front door (consumers that knock are admitted and join
 /// at the next frame the GPU publishes).

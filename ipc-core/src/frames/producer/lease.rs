@@ -1,7 +1,7 @@
 //! [`SlotLease`]: the right to write one slot and publish it once.
 
-use crate::driver::DevicePtr;
 use crate::ring::{Sequence, SlotIndex};
+use gpu_ipc_driver::DevicePtr;
 
 /// The right to write one slot and publish it once: frame [`seq`](Self::seq) goes to [`slot`](Self::slot), at
 /// [`ptr`](Self::ptr), [`bytes`](Self::bytes) long. [`Producer::publish`](super::Producer::publish) takes it by value, so a lease cannot be

@@ -17,14 +17,15 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, SharedRegion};
 use crate::door::admission::{Admission, AdmissionConfig};
-use crate::driver::{DeviceMemory, DeviceSpan, Stream};
 use crate::frames::FrameError;
 use crate::frames::ring_port::{AbortWord, RingPort};
 use crate::frames::strategy::{ProducerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, Sequence};
-use crate::wire::{Detach, DetachReason, DeviceUuid, Message, RendezvousListener, SlotLayout};
+use crate::wire::{Detach, DetachReason, Message, RendezvousListener, SlotLayout};
+use gpu_ipc_driver::DeviceUuid;
+use gpu_ipc_driver::{DeviceMemory, DeviceSpan, Stream};
 
 /// The producing end of a frame ring.
 pub struct Producer<B: Backend> {
@@ -411,7 +412,7 @@ where
     B::Exported: DeviceMemory,
 {
     /// The device memory of the slot in `lease`, bounds-checked, borrowed from the producer: what the caller's
-    /// kernel writes (with [`Function::launch_typed`](crate::driver::Function::launch_typed) or the span's own
+    /// kernel writes (with [`Function::launch_typed`](gpu_ipc_driver::Function::launch_typed) or the span's own
     /// copies). It cannot outlive the ring.
     ///
     /// # Errors

@@ -3,9 +3,9 @@
 use std::time::Instant;
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide};
-use crate::driver::{Event, EventFlags, Stream};
 use crate::frames::FrameError;
 use crate::ring::{ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
+use gpu_ipc_driver::{Event, EventFlags, Stream};
 
 /// Waits on the CPU until frame `seq`'s slot may be rewritten; a consumer found dead meanwhile stops counting.
 pub(crate) fn wait_reusable(

@@ -2,10 +2,10 @@
 
 use super::cpu::{CpuConsumer, CpuProducer};
 use super::{ConsumerSide, ProducerSide, Setup, Strategy};
-use crate::driver::Context;
 use crate::frames::FrameError;
 use crate::ring::WaitMode;
 use crate::wire::SyncStrategy;
+use gpu_ipc_driver::Context;
 
 /// The `CpuSleep` strategy.
 pub(crate) struct CpuSleep;

@@ -26,18 +26,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
-use crate::driver::image::{self, ComputeCapability, KernelImage};
-use crate::driver::mps::MpsEvidence;
-use crate::driver::{
-    Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module,
-    Stream, sys,
-};
 use crate::frames::run_ahead::{RunAhead, depth_for};
 use crate::frames::{FrameError, device_words};
 use crate::ring::layout::{MAX_CONSUMERS, MAX_SLOTS, RingLayout};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
-use crate::sys::shm::{SharedMemory, SharedObject};
+use crate::shm::{SharedMemory, SharedObject};
 use crate::wire::SyncStrategy;
+use gpu_ipc_driver::image::{self, ComputeCapability, KernelImage};
+use gpu_ipc_driver::mps::MpsEvidence;
+use gpu_ipc_driver::{
+    Context, DeviceBuffer, DeviceFeature, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg,
+    LaunchConfig, Module, Stream,
+};
 
 const KIND: SyncStrategy = SyncStrategy::GpuPoll;
 
@@ -125,11 +125,9 @@ impl Strategy for GpuPoll {
                 ),
             ));
         }
-        for (attribute, name) in [
-            (sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING"),
-            (sys::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, "CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY"),
-        ] {
-            if !device.flag(attribute)? {
+        for feature in [DeviceFeature::UnifiedAddressing, DeviceFeature::MapHostMemory] {
+            if !device.supports(feature)? {
+                let name = feature.name();
                 return Err(unavailable(
                     KIND,
                     format!(
@@ -593,7 +591,7 @@ impl ConsumerSide for PollConsumer {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::driver::image::ImageKind;
+    use gpu_ipc_driver::image::ImageKind;
 
     #[test]
     fn images_follow_the_kernels_crate_rule() {

@@ -16,14 +16,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
-use crate::driver::{
-    Context, DeviceMemory, DeviceSpan, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition, sys,
-};
 use crate::frames::FrameError;
 use crate::frames::run_ahead::{RunAhead, Tail, depth_for};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
-use crate::sys::shm::SharedMemory;
+use crate::shm::SharedMemory;
 use crate::wire::SyncStrategy;
+use gpu_ipc_driver::{
+    Context, DeviceFeature, DeviceMemory, DeviceSpan, HostRegistration, MemOpBatch, MemOpScratch, Stream, WaitCondition,
+};
 
 const KIND: SyncStrategy = SyncStrategy::GpuStreamOps;
 
@@ -39,7 +39,7 @@ impl Strategy for GpuStreamOps {
         let cuda = need_cuda(KIND, cuda)?;
         let device = cuda.device();
         // The ring's counters are 64-bit: 32-bit stream operations would compare only their low halves.
-        let ops = device.flag(sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)?;
+        let ops = device.supports(DeviceFeature::StreamMemOps64)?;
         if !ops {
             return Err(unavailable(
                 KIND,

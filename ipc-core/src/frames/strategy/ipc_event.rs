@@ -25,12 +25,12 @@ use std::time::Instant;
 
 use super::cpu::{CpuConsumer, wait_reusable};
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_stream};
-use crate::driver::{Context, DriverError, Event, EventFlags, IpcEventHandle, Stream};
 use crate::fake::HostEvent;
 use crate::frames::{FrameError, wait_for_event};
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerId, ProducerControl, Sequence, SlotIndex, WaitMode};
 use crate::wire::SyncStrategy;
+use gpu_ipc_driver::{Context, DriverError, Event, EventFlags, IpcEventHandle, Stream};
 
 const KIND: SyncStrategy = SyncStrategy::IpcEvent;
 

@@ -20,17 +20,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::driver::{Context, DeviceSpan, Stream};
 use crate::frames::FrameError;
 use crate::ring::{ConsumerControl, ConsumerId, ProducerControl, RingError, Sequence, SlotIndex, WaitMode};
 use crate::wire::SyncStrategy;
+use gpu_ipc_driver::{Context, DeviceSpan, Stream};
 
 /// What a strategy needs to set up either side.
 pub(crate) struct Setup<'a> {
     /// The CUDA context, for backends that have one.
     pub cuda: Option<&'a Context>,
     /// The ring's control block mapping (GPU-side strategies register it for the device).
-    pub block: Arc<crate::sys::shm::SharedMemory>,
+    pub block: Arc<crate::shm::SharedMemory>,
     /// Its byte layout: where each counter is, from the mapping's start.
     pub layout: crate::ring::RingLayout,
     /// Slots in the ring.

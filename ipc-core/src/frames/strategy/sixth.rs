@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use super::cpu::{CpuConsumer, CpuProducer};
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy};
-use crate::driver::Context;
 use crate::frames::FrameError;
 use crate::ring::{ConsumerControl, LivenessPolicy, ProducerControl, RingConfig, Sequence, WaitMode};
 use crate::wire::SyncStrategy;
+use gpu_ipc_driver::Context;
 
 /// The files a sixth strategy touches, each with what it adds there.
 pub(crate) const FILES_A_SIXTH_STRATEGY_TOUCHES: [(&str, &str); 3] = [

@@ -10,7 +10,7 @@ use crate::ring::layout::{
     ConsumerId, ConsumerState, MAGIC, MAX_CONSUMERS, MAX_SLOTS, POISON, ProducerState, RingLayout, Sequence, SlotIndex,
     header, state_epoch, state_word,
 };
-use crate::sys::shm::SharedMemory;
+use crate::shm::SharedMemory;
 
 /// The control block mapping, validated: what both sides share. Read-only queries live here.
 ///

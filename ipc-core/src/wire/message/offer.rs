@@ -2,11 +2,11 @@
 
 use super::codec::{Reader, len_u32, put_u16, put_u32, put_u64};
 use super::{IPC_HANDLE_BYTES, IpcHandleBytes, RefusalCode};
-use crate::wire::DeviceUuid;
 use crate::wire::error::WireError;
 use crate::wire::slot::SlotLayout;
 use crate::wire::tensor::{DType, LayoutError, MAX_TENSOR_DIMS, TensorDesc};
 use crate::wire::types::{BackendKind, FrameGeometry, HandleType, PixelFormat, SyncStrategy};
+use gpu_ipc_driver::DeviceUuid;
 
 /// Producer -> consumer: everything needed to import and use the ring.
 ///

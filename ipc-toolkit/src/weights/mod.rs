@@ -1,0 +1,44 @@
+//! Model weights between processes (layer 7, on the pool): a whole state_dict in **one arena per generation**,
+//! exported once, with a plain-data [`Manifest`] in front of the tensors; readers import the arena once and get
+//! every tensor, however many; the owner publishes generation N+1 into an arena no reader holds while readers keep
+//! using N, and a reader moves when it chooses.
+//!
+//! - [`WeightsOwner`]: [`create`](WeightsOwner::create) with the tensors' names and descriptions,
+//!   [`stage`](WeightsOwner::stage) (the next generation's arena, writable), [`commit`](WeightsOwner::commit),
+//!   [`update`](WeightsOwner::update) (both, from host bytes), [`readers`](WeightsOwner::readers).
+//! - [`WeightsReader`]: [`open`](WeightsReader::open), [`held`](WeightsReader::held) (the generation held, as a
+//!   [`HeldGeneration`] that keeps its arena pinned while it lives), [`latest`](WeightsReader::latest) (a word in
+//!   shared memory), [`refresh`](WeightsReader::refresh), [`wait_for`](WeightsReader::wait_for).
+//!
+//! How it works: the arenas are buffers of a [`SharedPool`](crate::pool::SharedPool) named `SET/GENERATION`, one
+//! block (one export) each unless arenas fit in freed room; the newest generation is the pool directory's note
+//! word; a reader's hold is the pool's pin of that buffer, dropped when the reader lets go, refreshes, closes or
+//! dies (its connection hangs up), so a generation's memory is reused only when no reader holds it. The manifest
+//! is decoded from a private copy and checked whole before a tensor is described. See `docs/weights.md`.
+
+mod error;
+mod io;
+pub mod manifest;
+mod owner;
+mod reader;
+
+pub use error::WeightsError;
+pub use io::ArenaBytes;
+pub use ipc_core::wire::{DType, TensorDesc};
+pub use manifest::{Manifest, ManifestError, TensorEntry};
+pub use owner::{ReaderHold, StagedGeneration, WeightsOptions, WeightsOwner};
+pub use reader::{HeldGeneration, WeightsReader};
+
+/// The pool buffer name of `set`'s arena of `generation`.
+fn arena_name(set: &str, generation: u64) -> String {
+    format!("{set}/{generation}")
+}
+
+/// The generation of `set` an arena name stands for, if it is one of that set's.
+fn generation_of(set: &str, buffer: &str) -> Option<u64> {
+    buffer.strip_prefix(set)?.strip_prefix('/')?.parse().ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

@@ -1,0 +1,319 @@
+//! The reader's side: [`WeightsReader`] holds one generation at a time ([`HeldGeneration`], which keeps its arena
+//! pinned while it lives) and moves to the newest when asked.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::arena_name;
+use super::error::WeightsError;
+use super::io::ArenaBytes;
+use super::manifest::{MANIFEST_HEADER_BYTES, Manifest, ManifestError, TensorEntry, checksum};
+use crate::pool::{AttachOptions, BufferView, PoolError, PoolImporter};
+use gpu_ipc_driver::{DevicePtr, DeviceSpan};
+use ipc_core::backend::GpuBackend;
+
+/// How often [`WeightsReader::wait_for`] looks at the published word.
+const POLL: Duration = Duration::from_micros(500);
+/// Times a reader tries to find the newest arena while the owner keeps publishing past it.
+const FIND_TRIES: u32 = 64;
+
+/// One generation of a weight set, as a reader holds it: the arena's view (pinned: its bytes are not reused while
+/// this lives, whatever the owner publishes) and its checked manifest. Shared by `Arc`: tensors made from it keep
+/// it alive.
+pub struct HeldGeneration<B: ArenaBytes> {
+    manifest: Manifest,
+    index: HashMap<String, usize>,
+    view: BufferView<B>,
+}
+
+impl<B: ArenaBytes> std::fmt::Debug for HeldGeneration<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldGeneration").field("manifest", &format_args!("{}", self.manifest)).finish_non_exhaustive()
+    }
+}
+
+impl<B: ArenaBytes> HeldGeneration<B> {
+    /// Its generation.
+    pub fn generation(&self) -> u64 {
+        self.manifest.generation
+    }
+
+    /// Its manifest, checked against the mapped arena.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The entry named `name`.
+    ///
+    /// # Errors
+    /// [`WeightsError::UnknownTensor`].
+    pub fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
+        self.index
+            .get(name)
+            .and_then(|i| self.manifest.entries.get(*i))
+            .ok_or_else(|| WeightsError::UnknownTensor { set: self.manifest.set_name.clone(), name: name.to_owned() })
+    }
+
+    /// The arena's view (its address in this process, its length).
+    pub fn view(&self) -> &BufferView<B> {
+        &self.view
+    }
+
+    /// The address of tensor `name`'s first element in this process (device memory on a GPU backend, host memory
+    /// on the host backend); its bytes are [`TensorEntry::span_bytes`] long and stay valid while `self` lives.
+    ///
+    /// # Errors
+    /// [`WeightsError::UnknownTensor`].
+    pub fn tensor_ptr(&self, name: &str) -> Result<DevicePtr, WeightsError> {
+        Ok(self.view.ptr().offset(self.entry(name)?.offset))
+    }
+
+    /// Copies tensor `name`'s whole byte span into `dst` (its length must be the span's).
+    ///
+    /// # Errors
+    /// [`WeightsError::UnknownTensor`]; [`WeightsError::Mismatch`] for another length; the copy's error.
+    pub fn read(&self, name: &str, dst: &mut [u8]) -> Result<(), WeightsError> {
+        let entry = self.entry(name)?;
+        if dst.len() as u64 != entry.span_bytes() {
+            let problem = format!("a {}-byte destination for {} bytes", dst.len(), entry.span_bytes());
+            return Err(WeightsError::mismatch(name, &entry.desc, problem));
+        }
+        Ok(B::read_viewed(&self.view, entry.offset, dst)?)
+    }
+
+    /// Checks every tensor's bytes against the checksums in the manifest; returns how many were checked (0 when
+    /// the owner published no checksums).
+    ///
+    /// # Errors
+    /// [`WeightsError::ChecksumMismatch`] for the first tensor that differs; a copy error.
+    pub fn verify(&self) -> Result<usize, WeightsError> {
+        let mut bytes = Vec::new();
+        let mut checked = 0;
+        for entry in &self.manifest.entries {
+            let Some(expected) = entry.checksum else { continue };
+            bytes.resize(usize::try_from(entry.span_bytes()).unwrap_or(usize::MAX), 0);
+            B::read_viewed(&self.view, entry.offset, &mut bytes)?;
+            let found = checksum(&bytes);
+            if found != expected {
+                return Err(WeightsError::ChecksumMismatch {
+                    set: self.manifest.set_name.clone(),
+                    generation: self.manifest.generation,
+                    name: entry.name.clone(),
+                    expected,
+                    found,
+                });
+            }
+            checked += 1;
+        }
+        Ok(checked)
+    }
+}
+
+impl<B: ArenaBytes + GpuBackend> HeldGeneration<B> {
+    /// Tensor `name`'s bytes in the arena, for kernels and copies (e.g. `cuMemcpyAsync` into a module's
+    /// parameter: what `load_into` does). Finish the work queued on it before `self` goes.
+    ///
+    /// # Errors
+    /// [`WeightsError::UnknownTensor`].
+    pub fn span_of(&self, name: &str) -> Result<DeviceSpan<'_>, WeightsError> {
+        let entry = self.entry(name)?;
+        let span = self.view.span()?;
+        span.slice(entry.offset, entry.span_bytes()).map_err(|e| WeightsError::Pool(PoolError::Backend(e.into())))
+    }
+}
+
+/// A reader of a weight set: attached once to the owner's socket, it holds one generation at a time and moves to
+/// the newest when it chooses. Old [`HeldGeneration`]s stay valid while something holds them.
+pub struct WeightsReader<B: ArenaBytes> {
+    set: String,
+    path: PathBuf,
+    held: Arc<HeldGeneration<B>>,
+    importer: PoolImporter<B>,
+}
+
+impl<B: ArenaBytes> std::fmt::Debug for WeightsReader<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightsReader")
+            .field("set", &self.set)
+            .field("path", &self.path)
+            .field("generation", &self.held.generation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: ArenaBytes> WeightsReader<B> {
+    /// Attaches to the owner at `socket` and takes the newest generation of `set` (waiting up to `timeout` for
+    /// the first to be published).
+    ///
+    /// # Errors
+    /// The pool's attach errors (no owner, refused, another device); [`WeightsError::NoSuchSet`];
+    /// [`WeightsError::Timeout`]; [`WeightsError::Manifest`] for an arena whose manifest fails its checks.
+    pub fn open(
+        ctx: &B::Context,
+        socket: impl AsRef<Path>,
+        set: &str,
+        timeout: Duration,
+    ) -> Result<Self, WeightsError> {
+        let path = socket.as_ref().to_path_buf();
+        let options = AttachOptions { name: format!("weights reader of {set}"), timeout };
+        let importer = PoolImporter::<B>::attach(ctx, &path, &options).map_err(|e| WeightsError::from_pool(set, e))?;
+        let started = Instant::now();
+        let generation = loop {
+            let published = importer.note();
+            if published > 0 {
+                break published;
+            }
+            if importer.owner_gone() {
+                return Err(WeightsError::OwnerGone { set: set.to_owned(), path, how: "hung up" });
+            }
+            if started.elapsed() >= timeout {
+                return Err(WeightsError::Timeout {
+                    set: set.to_owned(),
+                    wanted: 1,
+                    latest: 0,
+                    waited: started.elapsed(),
+                });
+            }
+            std::thread::sleep(POLL);
+        };
+        let held = Arc::new(load(&importer, set, &path, generation)?);
+        tracing::info!(set, generation = held.generation(), path = %path.display(), "weight set opened");
+        Ok(Self { set: set.to_owned(), path, held, importer })
+    }
+
+    /// The set's name.
+    pub fn set_name(&self) -> &str {
+        &self.set
+    }
+
+    /// The generation held now.
+    pub fn generation(&self) -> u64 {
+        self.held.generation()
+    }
+
+    /// The generation held now, to read tensors from (a clone of the `Arc`: it stays valid after a refresh).
+    pub fn held(&self) -> Arc<HeldGeneration<B>> {
+        self.held.clone()
+    }
+
+    /// The newest published generation: a word in shared memory, no round trip.
+    ///
+    /// # Errors
+    /// [`WeightsError::OwnerGone`] once the owner closed the set or its process ended (seen at once: its
+    /// connection hangs up).
+    pub fn latest(&self) -> Result<u64, WeightsError> {
+        if self.importer.owner_gone() {
+            return Err(WeightsError::OwnerGone { set: self.set.clone(), path: self.path.clone(), how: "hung up" });
+        }
+        Ok(self.importer.note())
+    }
+
+    /// Moves to the newest generation (nothing to do when it is held already) and returns it. What was held
+    /// before stays valid while something holds it.
+    ///
+    /// # Errors
+    /// As [`latest`](Self::latest); [`WeightsError::Manifest`] for a generation whose manifest fails its checks
+    /// (the reader keeps the one it held).
+    pub fn refresh(&mut self) -> Result<u64, WeightsError> {
+        let newest = self.latest()?;
+        if newest != self.held.generation() {
+            self.held = Arc::new(load(&self.importer, &self.set, &self.path, newest)?);
+        }
+        Ok(self.held.generation())
+    }
+
+    /// Waits until generation `generation` or a newer one is published (at most `timeout`; `None`: no bound) and
+    /// returns the newest. Does not move: call [`refresh`](Self::refresh).
+    ///
+    /// # Errors
+    /// [`WeightsError::Timeout`]; [`WeightsError::OwnerGone`].
+    pub fn wait_for(&self, generation: u64, timeout: Option<Duration>) -> Result<u64, WeightsError> {
+        let started = Instant::now();
+        loop {
+            let latest = self.latest()?;
+            if latest >= generation {
+                return Ok(latest);
+            }
+            let waited = started.elapsed();
+            if timeout.is_some_and(|t| waited >= t) {
+                return Err(WeightsError::Timeout { set: self.set.clone(), wanted: generation, latest, waited });
+            }
+            std::thread::sleep(timeout.map_or(POLL, |t| POLL.min(t.saturating_sub(waited))));
+        }
+    }
+
+    /// Whether the owner has closed the set or gone away.
+    pub fn owner_gone(&self) -> bool {
+        self.importer.owner_gone()
+    }
+}
+
+/// Finds the arena of `generation` (or a newer one, if the owner retired it meanwhile), copies its manifest out
+/// and checks it against the mapped extent.
+fn load<B: ArenaBytes>(
+    importer: &PoolImporter<B>,
+    set: &str,
+    path: &Path,
+    mut generation: u64,
+) -> Result<HeldGeneration<B>, WeightsError> {
+    let mut tries = 0;
+    let view = loop {
+        match importer.lookup(&arena_name(set, generation)) {
+            Ok(view) => break view,
+            Err(PoolError::NotFound { .. }) => {
+                let newest = importer.note();
+                tries += 1;
+                if newest == generation || tries >= FIND_TRIES {
+                    return Err(no_such_set(importer, set, path, generation));
+                }
+                generation = newest;
+            }
+            Err(e) => return Err(WeightsError::from_pool(set, e)),
+        }
+    };
+    let refused = |source| WeightsError::Manifest { set: set.to_owned(), generation, source };
+    let mut header = [0u8; MANIFEST_HEADER_BYTES];
+    if view.len() < header.len() as u64 {
+        return Err(refused(ManifestError::ArenaTooSmall { claimed: header.len() as u64, mapped: view.len() }));
+    }
+    B::read_viewed(&view, 0, &mut header)?;
+    let declared = Manifest::declared_len(&header).map_err(refused)?;
+    if declared > view.len() {
+        return Err(refused(ManifestError::ArenaTooSmall { claimed: declared, mapped: view.len() }));
+    }
+    let mut bytes = vec![0u8; usize::try_from(declared).unwrap_or(usize::MAX)];
+    B::read_viewed(&view, 0, &mut bytes)?;
+    let manifest = Manifest::decode(&bytes, view.len()).map_err(refused)?;
+    if manifest.set_name != set || manifest.generation != generation {
+        let problem = format!(
+            "the arena of {set} generation {generation} holds the manifest of {} generation {}",
+            manifest.set_name, manifest.generation
+        );
+        return Err(refused(ManifestError::BadField { field: "set name and generation".into(), problem }));
+    }
+    let index = manifest.entries.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
+    Ok(HeldGeneration { manifest, index, view })
+}
+
+/// `NoSuchSet`, naming the sets the owner does publish.
+fn no_such_set<B: ArenaBytes>(importer: &PoolImporter<B>, set: &str, path: &Path, generation: u64) -> WeightsError {
+    let mut sets: Vec<String> = importer
+        .list()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|info| {
+            let (name, tail) = info.name.rsplit_once('/')?;
+            tail.parse::<u64>().ok().map(|_| name.to_owned())
+        })
+        .collect();
+    sets.sort();
+    sets.dedup();
+    let detail = if sets.is_empty() {
+        format!("no arena of generation {generation}, and no weight set there (is it a weight set's socket?)")
+    } else {
+        format!("no arena of generation {generation}; the owner there publishes {}", sets.join(", "))
+    };
+    WeightsError::NoSuchSet { set: set.to_owned(), path: path.to_path_buf(), detail }
+}
