@@ -309,6 +309,10 @@ impl Manifest {
         if count > MAX_TENSORS {
             return Err(bad("tensor count", format!("{count}, more than {MAX_TENSORS}")));
         }
+        if count == 0 && flags & FLAG_CHECKSUMS != 0 {
+            // One encoding per manifest: an empty set has no checksums to flag (found by the fuzz target).
+            return Err(bad("flags", "the checksums bit on a manifest of no tensors".into()));
+        }
         let generation = r.u64("generation")?;
         if generation == 0 {
             return Err(bad("generation", "0 (generations start at 1)".into()));

@@ -294,6 +294,22 @@ fn refused(bytes: &[u8], mapped: u64) -> ManifestError {
 }
 
 #[test]
+fn a_manifest_of_no_tensors_with_the_checksums_bit_is_refused() {
+    // Found by the `weights_manifest` fuzz target: accepted, it encoded back without the bit (two encodings of one
+    // manifest).
+    let bytes: [u8; 72] = [
+        71, 73, 80, 67, 87, 71, 84, 83, 1, 0, 1, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 67, 0, 72, 0, 0, 0, 0, 0, 0, 0, 0, 7,
+        0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 8, 0, 0, 0, 0, 0, 0, 0, 18, 0, 0, 0, 115,
+        116, 101, 112,
+    ];
+    let e = refused(&bytes, u64::MAX);
+    assert!(matches!(e, ManifestError::BadField { .. }), "{e}");
+    let mut clear = bytes;
+    clear[10] = 0;
+    assert_eq!(Manifest::decode(&clear, u64::MAX).expect("the same manifest without the bit").encode(), clear);
+}
+
+#[test]
 fn hostile_manifests_are_refused_with_what_is_wrong() {
     let m = sample();
     let good = m.encode();
