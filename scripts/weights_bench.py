@@ -23,7 +23,7 @@ What one run measures, in this order (each part's rows go to OUT_DIR/weights.jso
             /dev/shm (unshare, root), only the socket shared.
 Writes OUT_DIR/weights.md (tables, device, date, commit from stage/COMMIT or git), weights.jsonl, weights.log.
 Exit status: 0 when every check passed (0 wrong tensors, 0 mixed reads, kills told within 1 s with tensors intact and
-memory back), 1 otherwise. Targets of issue 31 are printed beside the figures (met or not), never asserted.
+memory back), 1 otherwise. The goals are printed beside the figures (met or not), never asserted.
 """
 
 from __future__ import annotations
@@ -690,7 +690,7 @@ def report(run: Run, facts: dict[str, Any]) -> None:
             f"{m['seconds'] if m else float('nan'):.4f} | {b['seconds'] if b else float('nan'):.4f} | "
             f"{(m['seconds'] / g['seconds']) if m else float('nan'):.1f}x | "
             f"{(b['seconds'] / g['seconds']) if b else float('nan'):.2f}x | {wrong} |")
-    lines += ["", "Targets (issue 31): the ~19,000-tensor dict at least 20x faster than per-tensor handles "
+    lines += ["", "Goals: the ~19,000-tensor dict at least 20x faster than per-tensor handles "
               "(torch-mp / gpu-ipc >= 20) and no slower than the bucket (bucket / gpu-ipc >= 1).", "",
               "## Moving to the next generation", "",
               "| set | backend | update s | torch per-tensor copy s | one memcpy s | update / per-tensor | "
