@@ -18,6 +18,7 @@
 
 mod consumer;
 mod errors;
+mod frame;
 mod mapping;
 mod pattern;
 mod pool;
@@ -25,6 +26,7 @@ mod pool_import;
 mod producer;
 mod ring;
 mod semaphore;
+mod slot_arrays;
 mod stream;
 mod view;
 mod weights;
@@ -37,8 +39,8 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Producer>()?;
     m.add_class::<producer::Slot>()?;
     m.add_class::<consumer::Consumer>()?;
-    m.add_class::<consumer::Frame>()?;
-    m.add_class::<consumer::Stamp>()?;
+    m.add_class::<frame::Frame>()?;
+    m.add_class::<frame::Stamp>()?;
     m.add_class::<semaphore::Semaphore>()?;
     m.add_class::<pool::SharedPool>()?;
     m.add_class::<pool::SharedBuffer>()?;
