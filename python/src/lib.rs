@@ -58,5 +58,9 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LEGACY_DEFAULT_STREAM", stream::LEGACY_DEFAULT_STREAM)?;
     m.add("STAMP_MASK", gpu_ipc::core::frames::STAMP_MASK)?;
+    // The fork guard's process id, refreshed in a forked child (`ring::this_process`).
+    let hooks = pyo3::types::PyDict::new(m.py());
+    hooks.set_item("after_in_child", wrap_pyfunction!(ring::after_fork_in_child, m)?)?;
+    m.py().import("os")?.call_method("register_at_fork", (), Some(&hooks))?;
     Ok(())
 }
