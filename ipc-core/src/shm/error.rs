@@ -113,4 +113,3 @@ pub enum ShmError {
         align: usize,
     },
 }
-

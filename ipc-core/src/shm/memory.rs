@@ -103,7 +103,7 @@ impl SharedMemory {
 
     /// Start of the mapping (page aligned). For `cuMemHostRegister` and for computing device addresses as
     /// `base + offset`; reading or writing through it is the caller's responsibility, and must be done as aligned
-    /// 64-bit atomics (the only way this type and [`SharedObject`] touch the memory), or other threads' accesses
+    /// 64-bit atomics (the only way this type and [`SharedObject`](super::SharedObject) touch the memory), or other threads' accesses
     /// may race it.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr().cast()
@@ -137,7 +137,7 @@ impl SharedMemory {
     }
 
     /// Adds `F_SEAL_FUTURE_WRITE` (Linux 5.1): from now on nobody can map the memfd writable, so peers that
-    /// receive it can only read it ([`ReadOnlyMemory`]); mappings made before, this one included, stay writable.
+    /// receive it can only read it ([`ReadOnlyMemory`](super::ReadOnlyMemory)); mappings made before, this one included, stay writable.
     ///
     /// # Errors
     /// [`ShmError::Seal`] (`EINVAL` on a kernel older than 5.1).

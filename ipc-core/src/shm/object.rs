@@ -7,7 +7,6 @@ use std::sync::atomic::AtomicU64;
 use super::error::ShmError;
 use super::memory::SharedMemory;
 
-
 /// Types that may be laid over shared memory that other processes write concurrently.
 ///
 /// # Safety

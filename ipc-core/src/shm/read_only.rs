@@ -38,7 +38,7 @@ impl ReadOnlyMemory {
     /// sealed against shrinking and growing (a memfd sealed with `F_SEAL_FUTURE_WRITE` can only be mapped so).
     ///
     /// # Errors
-    /// As [`SharedMemory::from_fd`].
+    /// As [`SharedMemory::from_fd`](super::SharedMemory::from_fd).
     pub fn from_fd(fd: OwnedFd, expected_len: usize) -> Result<Self, ShmError> {
         check_received(&fd, expected_len)?;
         let ptr = map_shared(&fd, expected_len, ProtFlags::READ)?;

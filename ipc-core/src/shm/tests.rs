@@ -131,9 +131,8 @@ fn memfds_side_by_side_are_one_range_here_and_in_a_peer_that_maps_their_pieces()
 fn memfds_side_by_side_are_checked_one_by_one() {
     let page = rustix::param::page_size();
     let owner = SharedMemory::create_side_by_side("shm-side-check", &[page, page]).unwrap();
-    let pair = |a: usize, b: usize| {
-        vec![(owner.try_clone_piece_fd(0).unwrap(), a), (owner.try_clone_piece_fd(1).unwrap(), b)]
-    };
+    let pair =
+        |a: usize, b: usize| vec![(owner.try_clone_piece_fd(0).unwrap(), a), (owner.try_clone_piece_fd(1).unwrap(), b)];
     assert!(matches!(SharedMemory::side_by_side(pair(page, 2 * page)), Err(ShmError::SizeMismatch { .. })));
     assert!(matches!(SharedMemory::side_by_side(pair(page, 100)), Err(ShmError::NotWholePages { len: 100, .. })));
     assert!(matches!(SharedMemory::side_by_side(Vec::new()), Err(ShmError::ZeroLength { .. })));

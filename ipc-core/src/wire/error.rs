@@ -1,12 +1,14 @@
-//! Errors of the rendezvous and wire layer.
+//! Errors of the rendezvous and wire layer: [`WireError`], and [`LayoutError`], the rule a tensor or slot
+//! description breaks.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use rustix::io::Errno;
 
-use super::message::RefusalCode;
-use super::tensor::LayoutError;
+use super::codes::RefusalCode;
+use super::dtype::DType;
+use super::types::UnknownCode;
 
 /// Everything that can go wrong while encoding, decoding, sending or receiving a message, or
 /// while setting up the rendezvous socket. Each variant carries what a user needs to act on it.
@@ -46,7 +48,7 @@ pub enum WireError {
     PayloadTooLarge {
         /// Announced payload length.
         len: u32,
-        /// The cap ([`super::message::MAX_PAYLOAD_BYTES`]).
+        /// The cap (`MAX_PAYLOAD_BYTES`).
         max: u32,
     },
     /// Fewer bytes than the layout needs.
@@ -325,7 +327,7 @@ pub enum WireError {
          as one user (across user namespaces: map both to one uid), or allow the uid (producer: \
          `ProducerConfig::access`, e.g. `SocketAccess::users([{peer_uid}])`; consumer: `AttachOptions::producer`, \
          e.g. `PeerPolicy::Users(vec![{peer_uid}])`; `gpu-ipc doctor --check-socket PATH` checks a socket)",
-        super::rendezvous::describe_pid(*pid)
+        describe_pid(*pid)
     )]
     PeerUidMismatch {
         /// Peer's pid (`SO_PEERCRED`); `None` when it is in a PID namespace we cannot see.
@@ -337,10 +339,104 @@ pub enum WireError {
     },
 }
 
+/// Why a tensor or slot description is not valid: [`WireError::InvalidLayout`] carries one, with the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// More dimensions than `MAX_TENSOR_DIMS`.
+    #[error("{ndim} dimensions, at most {max}")]
+    TooManyDims {
+        /// Dimensions given.
+        ndim: usize,
+        /// The most allowed.
+        max: usize,
+    },
+    /// An extent of 0 (a ring of empty tensors carries nothing) or above `MAX_TENSOR_EXTENT`.
+    #[error("extent {extent} of dimension {dim} is not between 1 and 2^63 - 1")]
+    BadExtent {
+        /// Which dimension (0 = outermost).
+        dim: usize,
+        /// Its extent.
+        extent: u64,
+    },
+    /// Strides given for another number of dimensions than the shape has.
+    #[error("{strides} strides for {ndim} dimensions")]
+    StrideCount {
+        /// Strides given.
+        strides: usize,
+        /// Dimensions of the shape.
+        ndim: usize,
+    },
+    /// A stride above `MAX_TENSOR_EXTENT`.
+    #[error("stride {stride} of dimension {dim} is above 2^63 - 1")]
+    StrideTooLarge {
+        /// Which dimension.
+        dim: usize,
+        /// Its stride, in elements.
+        stride: u64,
+    },
+    /// The element count or the byte span overflows `MAX_TENSOR_EXTENT`.
+    #[error("a {dtype} tensor of shape {shape:?} spans more than 2^63 - 1 bytes")]
+    TooLarge {
+        /// Element type.
+        dtype: DType,
+        /// The shape.
+        shape: Vec<u64>,
+    },
+    /// A slot size of 0 or not a multiple of 4 (a slot is a whole number of 32-bit words, as a frame is).
+    #[error("a slot of {bytes} bytes: it must be more than 0 and a multiple of 4")]
+    SlotBytes {
+        /// The size given.
+        bytes: u64,
+    },
+    /// The tensor reaches past the end of the slot.
+    #[error("the tensor {tensor} spans {span} bytes, more than the slot's {bytes}")]
+    ExceedsSlot {
+        /// The tensor, as text.
+        tensor: String,
+        /// Bytes from its first element to the end of its last.
+        span: u64,
+        /// The slot's size.
+        bytes: u64,
+    },
+    /// A pixel-frame slot whose size or tensor differs from what its geometry says.
+    #[error("{what} differs from the pixel frame's ({found} where the geometry says {expected})")]
+    NotTheFrame {
+        /// Which part (`bytes`, `tensor`).
+        what: &'static str,
+        /// What the description says.
+        found: String,
+        /// What the geometry says.
+        expected: String,
+    },
+    /// Text that is not a tensor description (`DTYPE:D0xD1x...`, e.g. `f32:4x1024x1024`).
+    #[error("{text:?} is not a tensor description of the form DTYPE:SHAPE, e.g. f32:4x1024x1024 ({reason})")]
+    Syntax {
+        /// The text given.
+        text: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
 impl WireError {
     /// Wraps a bare OS error with the name of the call.
     pub(crate) fn os(op: &'static str) -> impl FnOnce(Errno) -> Self {
         move |source| Self::Os { op, source }
+    }
+}
+
+impl From<UnknownCode> for WireError {
+    fn from(e: UnknownCode) -> Self {
+        Self::UnknownCode { field: e.field, code: e.code }
+    }
+}
+
+/// A peer pid for messages: the number, or why there is none.
+pub(crate) fn describe_pid(pid: Option<u32>) -> String {
+    match pid {
+        Some(pid) => format!("pid {pid}"),
+        None => "pid unknown (in another PID namespace)".to_owned(),
     }
 }
 

@@ -21,9 +21,10 @@ use rustix::net::{
 };
 use rustix::process::geteuid;
 
+use super::codes::RefusalCode;
 use super::error::WireError;
 use super::fdpass::{Deadline, ReceivedMessage, recv_message, send_message, send_message_in};
-use super::message::{Message, RefusalCode, Refused};
+use super::message::{Message, Refused};
 use super::peercred::{RawPeerCred, peer_credentials};
 
 /// Longest path `sockaddr_un` holds, without its terminating NUL.
@@ -62,14 +63,6 @@ impl PeerCredentials {
             source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
         })?;
         Ok(Self::from_raw(raw))
-    }
-}
-
-/// A peer pid for messages: the number, or why there is none.
-pub(crate) fn describe_pid(pid: Option<u32>) -> String {
-    match pid {
-        Some(pid) => format!("pid {pid}"),
-        None => "pid unknown (in another PID namespace)".to_owned(),
     }
 }
 

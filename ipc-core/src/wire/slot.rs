@@ -4,9 +4,11 @@
 
 use std::fmt;
 
-use super::error::WireError;
-use super::tensor::{DType, LayoutError, TensorDesc};
-use super::types::{FrameGeometry, PixelFormat};
+use super::dtype::DType;
+use super::error::{LayoutError, WireError};
+use super::geometry::FrameGeometry;
+use super::tensor::TensorDesc;
+use super::types::PixelFormat;
 
 /// The oldest protocol version that can describe every slot layout: version 1 describes pixel frames only.
 const TENSOR_VERSION: u16 = 2;

@@ -9,8 +9,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::WireError;
-
 /// Which backend shares the frame memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -56,12 +54,12 @@ impl BackendKind {
     }
 
     /// Decodes a wire code; `field` names the message field for the error.
-    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, UnknownCode> {
         match code {
             1 => Ok(Self::Legacy),
             2 => Ok(Self::Vmm),
             3 => Ok(Self::HostFake),
-            _ => Err(WireError::UnknownCode { field, code: u32::from(code) }),
+            _ => Err(UnknownCode { field, code: u32::from(code) }),
         }
     }
 
@@ -141,8 +139,8 @@ impl ObjectKind {
     }
 
     /// Decodes a wire code; `field` names the message field for the error.
-    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
-        Self::ALL.into_iter().find(|k| k.code() == code).ok_or(WireError::UnknownCode { field, code: u32::from(code) })
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, UnknownCode> {
+        Self::ALL.into_iter().find(|k| k.code() == code).ok_or(UnknownCode { field, code: u32::from(code) })
     }
 }
 
@@ -162,6 +160,16 @@ pub struct UnknownName {
     pub given: String,
     /// The names there are.
     pub known: Vec<&'static str>,
+}
+
+/// A wire code that names nothing this version defines; `WireError::UnknownCode` carries it on (`?` converts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("field {field} holds unknown code {code}")]
+pub struct UnknownCode {
+    /// Which field.
+    pub field: &'static str,
+    /// The code received.
+    pub code: u32,
 }
 
 /// How the frame allocation travels to a consumer.
@@ -187,12 +195,12 @@ impl HandleType {
     }
 
     /// Decodes a wire code; `field` names the message field for the error.
-    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, UnknownCode> {
         match code {
             1 => Ok(Self::LegacyIpc),
             2 => Ok(Self::PosixFd),
             3 => Ok(Self::HostMemfd),
-            _ => Err(WireError::UnknownCode { field, code: u32::from(code) }),
+            _ => Err(UnknownCode { field, code: u32::from(code) }),
         }
     }
 
@@ -352,8 +360,8 @@ impl SyncStrategy {
     }
 
     /// Decodes a wire code; `field` names the message field for the error.
-    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
-        Self::ALL.into_iter().find(|s| s.code() == code).ok_or(WireError::UnknownCode { field, code: u32::from(code) })
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, UnknownCode> {
+        Self::ALL.into_iter().find(|s| s.code() == code).ok_or(UnknownCode { field, code: u32::from(code) })
     }
 }
 
@@ -411,7 +419,7 @@ impl PixelFormat {
     }
 
     /// Decodes a wire code; `field` names the message field for the error.
-    pub fn from_code(code: u16, field: &'static str) -> Result<Self, WireError> {
+    pub fn from_code(code: u16, field: &'static str) -> Result<Self, UnknownCode> {
         match code {
             1 => Ok(Self::Rgb8),
             2 => Ok(Self::Rgba8),
@@ -420,7 +428,7 @@ impl PixelFormat {
             5 => Ok(Self::Gray16),
             6 => Ok(Self::RgbaF16),
             7 => Ok(Self::RgbaF32),
-            _ => Err(WireError::UnknownCode { field, code: u32::from(code) }),
+            _ => Err(UnknownCode { field, code: u32::from(code) }),
         }
     }
 
@@ -450,126 +458,10 @@ impl PixelFormat {
     }
 }
 
-/// Size and layout of one frame; always valid once constructed.
-///
-/// Invariants (checked by [`FrameGeometry::with_pitch`] and on deserialisation): width and height
-/// are non-zero, `pitch_bytes >= width * bytes_per_pixel`, and `pitch_bytes` is a multiple of 4,
-/// so a frame (`pitch_bytes * height`) is a whole number of 32-bit words, which the verify
-/// kernels read; a frame is below 2^63 bytes (what DLPack's signed sizes count). A frame is also a
-/// tensor ([`FrameGeometry::tensor`]); [`SlotLayout`](super::SlotLayout) describes any slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "RawFrameGeometry")]
-pub struct FrameGeometry {
-    width: u32,
-    height: u32,
-    pitch_bytes: u32,
-    pixel_format: PixelFormat,
-}
-
-/// Unvalidated mirror of [`FrameGeometry`] so that deserialisation goes through validation.
-#[derive(Deserialize)]
-struct RawFrameGeometry {
-    width: u32,
-    height: u32,
-    pitch_bytes: u32,
-    pixel_format: PixelFormat,
-}
-
-impl TryFrom<RawFrameGeometry> for FrameGeometry {
-    type Error = WireError;
-
-    fn try_from(raw: RawFrameGeometry) -> Result<Self, Self::Error> {
-        Self::with_pitch(raw.width, raw.height, raw.pitch_bytes, raw.pixel_format)
-    }
-}
-
-impl FrameGeometry {
-    /// A tightly packed frame: the pitch is the row size rounded up to a multiple of 4.
-    pub fn new(width: u32, height: u32, pixel_format: PixelFormat) -> Result<Self, WireError> {
-        let row = u64::from(width) * u64::from(pixel_format.bytes_per_pixel());
-        let pitch = row.div_ceil(4) * 4;
-        let pitch = u32::try_from(pitch).map_err(|_| invalid_geometry("row of more than 4 GiB"))?;
-        Self::with_pitch(width, height, pitch, pixel_format)
-    }
-
-    /// A frame whose rows are `pitch_bytes` apart (e.g. a pitch from `cuMemAllocPitch`).
-    pub fn with_pitch(width: u32, height: u32, pitch_bytes: u32, pixel_format: PixelFormat) -> Result<Self, WireError> {
-        if width == 0 || height == 0 {
-            return Err(invalid_geometry("width and height must be non-zero"));
-        }
-        let row = u64::from(width) * u64::from(pixel_format.bytes_per_pixel());
-        if u64::from(pitch_bytes) < row {
-            return Err(WireError::InvalidField {
-                field: "geometry.pitch_bytes",
-                reason: format!("pitch {pitch_bytes} is less than width * bytes per pixel = {row}"),
-            });
-        }
-        if !pitch_bytes.is_multiple_of(4) {
-            return Err(WireError::InvalidField {
-                field: "geometry.pitch_bytes",
-                reason: format!("pitch {pitch_bytes} is not a multiple of 4"),
-            });
-        }
-        let frame_bytes = u64::from(pitch_bytes) * u64::from(height);
-        if frame_bytes > i64::MAX as u64 {
-            return Err(invalid_geometry("a frame of 2^63 bytes or more"));
-        }
-        Ok(Self { width, height, pitch_bytes, pixel_format })
-    }
-
-    /// Rows of `width` gray8 pixels, packed: the caller guarantees a width that is a multiple of 4 (at least 4), a
-    /// height of at least 1, and `width * height` below 2^63 (see `SlotLayout::pixel_view`).
-    pub(super) const fn gray8_rows(width: u32, height: u32) -> Self {
-        Self { width, height, pitch_bytes: width, pixel_format: PixelFormat::Gray8 }
-    }
-
-    /// Pixels per row.
-    pub const fn width(&self) -> u32 {
-        self.width
-    }
-
-    /// Rows per frame.
-    pub const fn height(&self) -> u32 {
-        self.height
-    }
-
-    /// Bytes from the start of one row to the start of the next.
-    pub const fn pitch_bytes(&self) -> u32 {
-        self.pitch_bytes
-    }
-
-    /// Layout of one pixel.
-    pub const fn pixel_format(&self) -> PixelFormat {
-        self.pixel_format
-    }
-
-    /// Bytes one frame occupies: `pitch_bytes * height`, a multiple of 4.
-    pub const fn frame_bytes(&self) -> u64 {
-        self.pitch_bytes as u64 * self.height as u64
-    }
-}
-
-fn invalid_geometry(reason: &str) -> WireError {
-    WireError::InvalidField { field: "geometry", reason: reason.to_owned() }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn geometry_packs_pitch_and_validates() {
-        let g = FrameGeometry::new(3, 2, PixelFormat::Rgb8).unwrap();
-        assert_eq!(g.pitch_bytes(), 12);
-        assert_eq!(g.frame_bytes(), 24);
-        let g = FrameGeometry::new(3840, 2160, PixelFormat::Rgba8).unwrap();
-        assert_eq!(g.frame_bytes(), 3840 * 4 * 2160);
-        assert!(FrameGeometry::with_pitch(4, 4, 15, PixelFormat::Rgba8).is_err());
-        assert!(FrameGeometry::with_pitch(4, 4, 18, PixelFormat::Rgba8).is_err());
-        assert!(FrameGeometry::with_pitch(0, 4, 16, PixelFormat::Rgba8).is_err());
-        assert_eq!(FrameGeometry::with_pitch(4, 4, 32, PixelFormat::Rgba8).unwrap().frame_bytes(), 128);
-    }
 
     #[test]
     fn codes_round_trip() {
@@ -584,13 +476,13 @@ mod tests {
             assert_eq!(s.name().parse::<SyncStrategy>().unwrap(), s);
         }
         assert_eq!((SyncStrategy::GpuPoll.code(), SyncStrategy::GpuPoll.to_string().as_str()), (5, "gpu-poll"));
-        assert!(matches!(SyncStrategy::from_code(6, "s"), Err(WireError::UnknownCode { field: "s", code: 6 })));
+        assert!(matches!(SyncStrategy::from_code(6, "s"), Err(UnknownCode { field: "s", code: 6 })));
         let codes: Vec<u16> = SyncStrategy::ALL.iter().map(|s| s.code()).collect();
         assert_eq!(codes, [1, 2, 3, 4, 5], "wire codes never change meaning");
         for code in 1..=7 {
             assert_eq!(PixelFormat::from_code(code, "p").unwrap().code(), code);
         }
-        assert!(matches!(PixelFormat::from_code(0, "p"), Err(WireError::UnknownCode { field: "p", code: 0 })));
+        assert!(matches!(PixelFormat::from_code(0, "p"), Err(UnknownCode { field: "p", code: 0 })));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The fixed 24-byte header in front of every payload.
 
 use super::codec::{Reader, put_u16, put_u32};
-use super::{MAGIC, MAX_PAYLOAD_BYTES, MessageType, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION};
+use super::constants::{MAGIC, MAX_PAYLOAD_BYTES, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION};
+use crate::wire::codes::MessageType;
 use crate::wire::error::WireError;
 
 /// The fixed 24-byte header in front of every payload.
@@ -18,7 +19,7 @@ pub struct Header {
 }
 
 impl Header {
-    /// Decodes and checks the first [`HEADER_BYTES`](super::HEADER_BYTES) of `bytes` (more may follow).
+    /// Decodes and checks the first [`HEADER_BYTES`](super::constants::HEADER_BYTES) of `bytes` (more may follow).
     ///
     /// Checks, in this order: length, magic, version, reserved bytes, message type, payload cap.
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
@@ -42,7 +43,8 @@ impl Header {
         if reserved != 0 {
             return Err(WireError::ReservedNotZero { field: "header.reserved" });
         }
-        let message_type = MessageType::from_code(type_code)?;
+        let message_type =
+            MessageType::from_code(type_code).map_err(|_| WireError::UnknownMessageType { code: type_code })?;
         if payload_len > MAX_PAYLOAD_BYTES {
             return Err(WireError::PayloadTooLarge { len: payload_len, max: MAX_PAYLOAD_BYTES });
         }

@@ -1,7 +1,8 @@
 //! What a consumer says: [`ClientHello`], [`Attached`], [`Detach`], and the hello's payload codec.
 
 use super::codec::{Reader, check_text, len_u16, put_u16, put_u32};
-use super::{DetachReason, MAX_CONSUMER_NAME_BYTES, PROTOCOL_VERSION};
+use super::constants::{MAX_CONSUMER_NAME_BYTES, PROTOCOL_VERSION};
+use crate::wire::codes::DetachReason;
 use crate::wire::error::WireError;
 use crate::wire::types::{BackendKind, ObjectKind};
 

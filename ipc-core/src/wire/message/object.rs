@@ -2,7 +2,7 @@
 //! valid hello with. The body is the object's own encoding, specified beside it in `docs/protocol.md`.
 
 use super::codec::{Reader, len_u32, put_u16, put_u32};
-use super::{MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES};
+use super::constants::{MAX_FDS_PER_MESSAGE, MAX_PAYLOAD_BYTES};
 use crate::wire::error::WireError;
 use crate::wire::types::ObjectKind;
 

@@ -1,11 +1,17 @@
 //! What the producer answers: [`RingOffer`] (with its validation and payload codec) or [`Refused`].
 
 use super::codec::{Reader, len_u32, put_u16, put_u32, put_u64};
-use super::{IPC_HANDLE_BYTES, IpcHandleBytes, RefusalCode};
+use super::constants::{
+    IPC_HANDLE_BYTES, IpcHandleBytes, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, RING_OFFER_FIXED_BYTES,
+};
+use crate::wire::codes::RefusalCode;
+use crate::wire::dtype::DType;
+use crate::wire::error::LayoutError;
 use crate::wire::error::WireError;
+use crate::wire::geometry::FrameGeometry;
 use crate::wire::slot::SlotLayout;
-use crate::wire::tensor::{DType, LayoutError, MAX_TENSOR_DIMS, TensorDesc};
-use crate::wire::types::{BackendKind, FrameGeometry, HandleType, PixelFormat, SyncStrategy};
+use crate::wire::tensor::{MAX_TENSOR_DIMS, TensorDesc};
+use crate::wire::types::{BackendKind, HandleType, PixelFormat, SyncStrategy};
 use gpu_ipc_driver::DeviceUuid;
 
 /// Producer -> consumer: everything needed to import and use the ring.
@@ -183,7 +189,7 @@ impl RingOffer {
 pub struct Refused {
     /// Why, as a code.
     pub code: RefusalCode,
-    /// Why, in words (at most [`MAX_REFUSAL_MESSAGE_BYTES`](super::MAX_REFUSAL_MESSAGE_BYTES) bytes of UTF-8).
+    /// Why, in words (at most [`MAX_REFUSAL_MESSAGE_BYTES`](super::constants::MAX_REFUSAL_MESSAGE_BYTES) bytes of UTF-8).
     pub message: String,
 }
 
@@ -194,8 +200,8 @@ impl Refused {
         match self.code {
             RefusalCode::UnsupportedVersion => WireError::VersionRefused {
                 message: self.message,
-                oldest: super::OLDEST_PROTOCOL_VERSION,
-                newest: super::PROTOCOL_VERSION,
+                oldest: OLDEST_PROTOCOL_VERSION,
+                newest: PROTOCOL_VERSION,
             },
             code => WireError::Refused { code, message: self.message },
         }
@@ -204,7 +210,7 @@ impl Refused {
 
 /// Fixed part of a version-2 [`RingOffer`] payload: the version-1 fields, then the slot layout's 16 fixed bytes;
 /// the shape and strides (8 bytes each per dimension) and the event handles follow it.
-pub const RING_OFFER_V2_FIXED_BYTES: usize = super::RING_OFFER_FIXED_BYTES + SLOT_LAYOUT_FIXED_BYTES;
+pub const RING_OFFER_V2_FIXED_BYTES: usize = RING_OFFER_FIXED_BYTES + SLOT_LAYOUT_FIXED_BYTES;
 /// The slot layout's fixed bytes in a version-2 offer: slot_bytes, dtype, ndim, tensor_flags, reserved.
 const SLOT_LAYOUT_FIXED_BYTES: usize = 16;
 /// `tensor_flags` bit 0: strides follow the shape.

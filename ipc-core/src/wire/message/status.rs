@@ -3,7 +3,7 @@
 //! hangs up.
 
 use super::codec::{Reader, check_text, put_u16, put_u32, put_u64};
-use super::{MAX_CONSUMER_NAME_BYTES, MAX_PAYLOAD_BYTES};
+use super::constants::{MAX_CONSUMER_NAME_BYTES, MAX_PAYLOAD_BYTES};
 use crate::wire::error::WireError;
 use crate::wire::types::{BackendKind, ObjectKind};
 

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::wire::error::WireError;
+use super::types::UnknownCode;
 
 /// Message type codes (header offset 10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -14,7 +14,7 @@ pub enum MessageType {
     RingOffer,
     /// Consumer -> producer: the ring is imported and the consumer is live.
     Attached,
-    /// Consumer -> producer: leaving (advisory; see [`Detach`](super::Detach)).
+    /// Consumer -> producer: leaving (advisory; see `Detach`).
     Detach,
     /// Producer -> consumer: not admitted.
     Refused,
@@ -47,7 +47,7 @@ impl MessageType {
     }
 
     /// Decodes a wire code.
-    pub fn from_code(code: u16) -> Result<Self, WireError> {
+    pub fn from_code(code: u16) -> Result<Self, UnknownCode> {
         match code {
             1 => Ok(Self::ClientHello),
             2 => Ok(Self::RingOffer),
@@ -58,7 +58,7 @@ impl MessageType {
             7 => Ok(Self::StatusRequest),
             8 => Ok(Self::StatusReport),
             9 => Ok(Self::AttachedWithoutEvents),
-            _ => Err(WireError::UnknownMessageType { code }),
+            _ => Err(UnknownCode { field: "header.message_type", code: u32::from(code) }),
         }
     }
 
@@ -108,14 +108,14 @@ impl DetachReason {
     }
 
     /// Decodes a wire code.
-    pub fn from_code(code: u16) -> Result<Self, WireError> {
+    pub fn from_code(code: u16) -> Result<Self, UnknownCode> {
         match code {
             1 => Ok(Self::ConsumerDone),
             2 => Ok(Self::ProducerShutdown),
             3 => Ok(Self::ImportFailed),
             4 => Ok(Self::TooSlow),
             5 => Ok(Self::ProtocolError),
-            _ => Err(WireError::UnknownCode { field: "Detach.reason", code: u32::from(code) }),
+            _ => Err(UnknownCode { field: "Detach.reason", code: u32::from(code) }),
         }
     }
 }
@@ -155,7 +155,7 @@ impl RefusalCode {
     }
 
     /// Decodes a wire code.
-    pub fn from_code(code: u16) -> Result<Self, WireError> {
+    pub fn from_code(code: u16) -> Result<Self, UnknownCode> {
         match code {
             1 => Ok(Self::UnsupportedVersion),
             2 => Ok(Self::BackendMismatch),
@@ -164,7 +164,7 @@ impl RefusalCode {
             5 => Ok(Self::ShuttingDown),
             6 => Ok(Self::MalformedHello),
             7 => Ok(Self::WrongObject),
-            _ => Err(WireError::UnknownCode { field: "Refused.code", code: u32::from(code) }),
+            _ => Err(UnknownCode { field: "Refused.code", code: u32::from(code) }),
         }
     }
 }
