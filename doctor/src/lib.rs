@@ -6,6 +6,7 @@
 //! findings and a verdict from them with pure functions, and [`render`] prints the result as text or JSON and maps
 //! the verdict to the exit code. `docs/doctor.md` explains every check and finding.
 
+pub mod finding;
 pub mod ps;
 pub mod render;
 pub mod report;

@@ -5,7 +5,8 @@
 
 use std::fmt::Write as _;
 
-use super::report::{DoctorReport, Finding, Overall, SelfTestResult, SelfTestVerdict, Severity, human_bytes};
+use super::finding::{Finding, Severity};
+use super::report::{DoctorReport, Overall, SelfTestResult, SelfTestVerdict, human_bytes};
 use super::system::{NamespaceInfo, SystemReport};
 use harness::cuda::{ComputeMode, DeviceReport, no_cuda_reason};
 use harness::exit::{EXIT_FAILED, EXIT_NO_CUDA, EXIT_OK};

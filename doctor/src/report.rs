@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use harness::cuda::{ComputeMode, DeviceReport, DriverSection};
 use harness::fact::Fact;
 
+pub use super::finding::{Finding, Severity};
 use super::system::SystemReport;
 
 /// Version of the JSON layout of [`DoctorReport`].
@@ -109,33 +110,6 @@ pub enum Overall {
     Fail,
     /// No usable CUDA driver, or no GPU: nothing could be tested.
     NoCuda,
-}
-
-/// One conclusion drawn from the facts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Finding {
-    /// A stable identifier for scripts, e.g. `compute-mode-prohibited` (listed in `docs/doctor.md`).
-    pub id: String,
-    /// How much it matters.
-    pub severity: Severity,
-    /// What was found, in one line.
-    pub what: String,
-    /// Why it matters.
-    pub why: String,
-    /// What to do about it, when something can be done.
-    pub fix: Option<String>,
-}
-
-/// How much a finding matters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Severity {
-    /// Worth knowing; nothing is broken.
-    Info,
-    /// Something may not work or may be slow.
-    Warn,
-    /// Something will not work.
-    Fail,
 }
 
 fn finding(id: &str, severity: Severity, what: String, why: &str, fix: Option<&str>) -> Finding {

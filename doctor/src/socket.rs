@@ -15,7 +15,7 @@ use gpu_ipc::core::wire::{Message, PeerConnection, PeerPolicy, WireError};
 use rustix::fs::{Access, AtFlags, CWD, accessat};
 use serde::Serialize;
 
-use super::report::{Finding, Severity};
+use super::finding::{Finding, Severity};
 
 /// How long to wait for a producer's immediate refusal after connecting.
 const REFUSAL_WAIT: Duration = Duration::from_millis(300);

@@ -11,7 +11,7 @@ use std::path::Path;
 use harness::fact::Fact;
 use serde::{Deserialize, Serialize};
 
-use crate::report::{Finding, Severity};
+use crate::finding::{Finding, Severity};
 
 /// The facts about this machine's network transports that decide what UCX can use.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
