@@ -16,31 +16,33 @@ use gpu_ipc::driver::mps::MpsEvidence;
 use gpu_ipc::driver::{DeviceMemory, Stream};
 use gpu_ipc::kernels::launch::KernelError;
 
-use super::consumer::{ConsumerGpu, ConsumerPlan, Setup, attach};
+use super::consumer::{ConsumerGpu, attach};
 use super::results::{ConsumerReport, Measurement};
-use super::rows::{GraphWait, RowSpec, graph_lap};
-use super::run::{
-    BenchGpu, RunConfig, base_plan, check_deadline, collect_reports, failed_row, frame_error, frame_geometry,
-    measurement, socket_path, spawn_consumers, wait_for_consumers, wait_stream,
+use super::rig::{
+    RunConfig, base_plan, check_deadline, collect_reports, failed_row, frame_error, frame_geometry, measurement,
+    socket_path, spawn_consumers, wait_for_consumers, wait_stream,
 };
+use super::rows::{GraphWait, RowSpec, graph_lap};
 use super::shared::{PublishStamps, cpu_ns};
-use harness::ProbeError;
+use super::tasks::{ConsumerPlan, Setup};
+use harness::MeasurementError;
+use harness::gpu::GpuSetup;
 
 /// Runs a frame-graph row: with kernel waits unavailable without MPS, else the producer here and one consumer
 /// process.
 pub(crate) fn row(
-    gpu: &BenchGpu,
+    gpu: &GpuSetup,
     cfg: &RunConfig,
     spec: RowSpec,
     backend: gpu_ipc::BackendKind,
     strategy: SyncStrategy,
     slots: u32,
     waits: GraphWait,
-) -> Result<Measurement, ProbeError> {
+) -> Result<Measurement, MeasurementError> {
     if waits == GraphWait::Kernels
         && let Some(why) = MpsEvidence::gather(gpu.context().device()).why_not()
     {
-        return Err(ProbeError::Unavailable(format!(
+        return Err(MeasurementError::Unavailable(format!(
             "these frame graphs wait for slots and frames in kernels, which without MPS hold their context's time \
              slice: MPS is not running ({why}); the stream-op-waits rows run without it"
         )));
@@ -62,7 +64,7 @@ fn finish_bound(per_frame: Duration) -> Duration {
 }
 
 struct GraphProducer<'a> {
-    gpu: &'a BenchGpu,
+    gpu: &'a GpuSetup,
     cfg: &'a RunConfig,
     spec: RowSpec,
     strategy: SyncStrategy,
@@ -71,7 +73,7 @@ struct GraphProducer<'a> {
 }
 
 impl GpuBackendVisitor for GraphProducer<'_> {
-    type Output = Result<Measurement, ProbeError>;
+    type Output = Result<Measurement, MeasurementError>;
 
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let (gpu, cfg) = (self.gpu, self.cfg);
@@ -84,7 +86,7 @@ impl GpuBackendVisitor for GraphProducer<'_> {
         let plan = base_plan(cfg, self.spec, Some(socket));
         let mut children = spawn_consumers(&plan, 1, &stamps, &Setup { handle: None }, &|| Ok(Vec::new()))?;
         let lap = graph_lap(self.slots, cfg.frames, cfg.warmup);
-        let produced = (|| -> Result<(f64, u64), ProbeError> {
+        let produced = (|| -> Result<(f64, u64), MeasurementError> {
             wait_for_consumers(&mut producer, 1, &children)?;
             let kernels = gpu.kernels();
             let options = GraphOptions::new(cfg.frame_timeout).frames_per_launch(lap).waits(self.waits.waits());
@@ -134,22 +136,22 @@ pub(crate) struct GraphConsumer<'a> {
 }
 
 impl GpuBackendVisitor for GraphConsumer<'_> {
-    type Output = Result<ConsumerReport, ProbeError>;
+    type Output = Result<ConsumerReport, MeasurementError>;
 
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let plan = self.plan;
         let RowSpec::Graphs { slots, waits, .. } = plan.spec else {
-            return Err(ProbeError::Other(format!("{} is not a frame-graph row", plan.spec.name())));
+            return Err(MeasurementError::Other(format!("{} is not a frame-graph row", plan.spec.name())));
         };
         let gpu = ConsumerGpu::open(plan.device)?;
-        let mut consumer = attach::<B>(&gpu.ctx, plan)?;
+        let mut consumer = attach::<B>(gpu.setup.context(), plan)?;
         let timeout = Duration::from_millis(plan.frame_timeout_ms);
         let measured = plan.frames_total.saturating_sub(plan.warmup);
         let lap = graph_lap(slots, measured, plan.warmup);
         let options = GraphOptions::new(timeout).frames_per_launch(lap).waits(waits.waits());
-        let (kernels, mismatches) = (&gpu.kernels, gpu.mismatches.span());
+        let (kernels, mismatches) = (gpu.setup.kernels(), gpu.mismatches.span());
         let mut graphs = consumer
-            .capture_frame_graphs(&gpu.stream, options, |slot, s| {
+            .capture_frame_graphs(gpu.setup.stream(), options, |slot, s| {
                 kernels.verify_at(s, slot.span, slot.frame_state, mismatches).map_err(kernel_error)
             })
             .map_err(frame_error)?;
@@ -159,14 +161,14 @@ impl GpuBackendVisitor for GraphConsumer<'_> {
             if launched >= plan.warmup && cpu_start.is_none() {
                 cpu_start = Some(cpu_ns());
             }
-            consumer.launch_frame_graph(&mut graphs, &gpu.stream).map_err(frame_error)?;
+            consumer.launch_frame_graph(&mut graphs, gpu.setup.stream()).map_err(frame_error)?;
             launched += u64::from(lap);
         }
         consumer.finish_frame_graphs(finish_bound(timeout)).map_err(frame_error)?;
         let cpu = cpu_start.map_or(0, |start| cpu_ns().saturating_sub(start));
         let skipped = graphs.skipped().map_err(frame_error)?;
         if skipped > 0 {
-            return Err(ProbeError::Other(format!(
+            return Err(MeasurementError::Other(format!(
                 "the consumer's graphs skipped {skipped} of {launched} frames with the producer alive"
             )));
         }

@@ -12,19 +12,23 @@
 //!    the memory benchmarks (pinned copies, kernels on mapped host memory, copies with an imported buffer) and
 //!    each kernel alone.
 //!
-//! Each row is its own set of processes: the producer is this process, each consumer a `gpu-ipc probe-child`
+//! Each row is its own set of processes: the producer is this process, each consumer a `gpu-ipc helper`
 //! with role `bench-consumer`, a three-stage row's middle stage one with role `bench-stage`, the exporter of an
 //! imported-buffer row one with role `bench-exporter`. Every wait is bounded; a row that fails or hangs is recorded
 //! as failed, with why, and the bench goes on.
 
 #![forbid(unsafe_code)] // Only ipc-core's driver and sys layers may contain `unsafe`.
 
+pub mod child;
 pub mod consumer;
 pub mod graphs;
 pub mod memory;
+pub mod ours;
 pub mod paced;
+pub mod references;
 pub mod render;
 pub mod results;
+pub mod rig;
 pub mod rows;
 pub mod run;
 pub mod shared;
@@ -32,6 +36,7 @@ pub mod stage;
 pub mod study;
 pub mod tables;
 pub mod targets;
+pub mod tasks;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -42,7 +47,7 @@ use gpu_ipc::BackendKind;
 
 use harness::child::{Channel, ChildTask};
 use harness::exit::{EXIT_FAILED, EXIT_OK};
-use harness::{CommonArgs, ProbeError};
+use harness::{CommonArgs, MeasurementError};
 use results::{PipelineResults, RowResult};
 use rows::RowSpec;
 
@@ -168,7 +173,7 @@ pub fn pipeline_main(args: &PipelineArgs) -> u8 {
         }
         return under_private_mps(args, selected.len());
     }
-    let cfg = run::RunConfig {
+    let cfg = rig::RunConfig {
         device: args.common.device,
         shape: FRAME_SHAPE,
         frames: args.frames(),
@@ -181,7 +186,7 @@ pub fn pipeline_main(args: &PipelineArgs) -> u8 {
         "bench-pipeline",
         &args.common,
         |_env, progress| {
-            let gpu = run::BenchGpu::open(cfg.device)?;
+            let gpu = harness::gpu::GpuSetup::open(cfg.device)?;
             let mut results = PipelineResults {
                 frame_bytes: cfg.frame_bytes(),
                 frame_shape: cfg.shape,
@@ -282,10 +287,10 @@ pub fn main(command: &BenchCommand) -> u8 {
     }
 }
 
-/// The bench's child processes (its roles, [`consumer::BenchTask`]).
+/// The bench's helper processes (its roles, [`tasks::BenchTask`]).
 ///
 /// # Errors
 /// A task that is not the bench's, or the role's failure.
-pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
-    consumer::child(task, channel)
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), MeasurementError> {
+    child::child(task, channel)
 }

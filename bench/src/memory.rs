@@ -12,41 +12,41 @@ use std::time::Duration;
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, DeviceSpan, HostRegistration};
-use serde::{Deserialize, Serialize};
 
-use super::consumer::BenchTask;
 use super::results::Measurement;
+use super::rig::{RunConfig, SETUP_TIMEOUT, in_process, wait_stream};
 use super::rows::{ImportedCopy, KernelAlone, MemoryTest};
-use super::run::{BenchGpu, RunConfig, SETUP_TIMEOUT, in_process, wait_stream};
-use harness::ProbeError;
+use super::tasks::{BenchTask, ExporterMessage, ExporterPlan};
+use harness::MeasurementError;
 use harness::child::{Channel, ChildProcess, ChildTask};
-use harness::regions::{ExportedRegion, HandleMessage, ImportedRegion};
+use harness::gpu::GpuSetup;
+use harness::regions::{ExportedRegion, ImportedRegion};
 
 /// The sequence whose pattern the copied frames hold.
 const SOURCE_SEQ: u64 = 1;
 
 /// Host memory page-locked and mapped for the device: a memfd registered with `cuMemHostRegister` (`DEVICEMAP`),
 /// the same kind of memory the study's pinned and mapped designs use.
-fn pinned_host(ctx: &Context, bytes: u64) -> Result<HostRegistration<SharedMemory>, ProbeError> {
-    let len = usize::try_from(bytes).map_err(|_| ProbeError::Other("frame too large".into()))?;
-    let memory = Arc::new(SharedMemory::create("gpu-ipc-bench-pinned", len).map_err(ProbeError::SharedMemory)?);
+fn pinned_host(ctx: &Context, bytes: u64) -> Result<HostRegistration<SharedMemory>, MeasurementError> {
+    let len = usize::try_from(bytes).map_err(|_| MeasurementError::Other("frame too large".into()))?;
+    let memory = Arc::new(SharedMemory::create("gpu-ipc-bench-pinned", len).map_err(MeasurementError::SharedMemory)?);
     Ok(HostRegistration::new(ctx, memory)?)
 }
 
 /// Times `count` back-to-back `copy`s of one frame from `src` to `dst` (warm-up first), then checks `dst` holds the
 /// source pattern.
 fn copies(
-    gpu: &BenchGpu,
+    gpu: &GpuSetup,
     cfg: &RunConfig,
     dst: DeviceSpan<'_>,
     src: DeviceSpan<'_>,
     note: String,
-) -> Result<Measurement, ProbeError> {
+) -> Result<Measurement, MeasurementError> {
     let counter = DeviceBuffer::alloc(gpu.context(), 8)?;
     counter.write(0, &[0u64])?;
     let stream = gpu.stream();
     gpu.kernels().fill(stream, src, SOURCE_SEQ)?;
-    let run = |from: u64, to: u64| -> Result<(), ProbeError> {
+    let run = |from: u64, to: u64| -> Result<(), MeasurementError> {
         for _ in from..to {
             dst.copy_from_async(&src, stream)?;
         }
@@ -67,7 +67,7 @@ fn read_and_written(m: &Measurement, bytes: u64) -> Option<f64> {
 }
 
 /// A memory benchmark of the research in this process.
-pub(crate) fn memory(gpu: &BenchGpu, cfg: &RunConfig, test: MemoryTest) -> Result<Measurement, ProbeError> {
+pub(crate) fn memory(gpu: &GpuSetup, cfg: &RunConfig, test: MemoryTest) -> Result<Measurement, MeasurementError> {
     let bytes = cfg.frame_bytes();
     let ctx = gpu.context();
     match test {
@@ -125,7 +125,11 @@ pub(crate) fn memory(gpu: &BenchGpu, cfg: &RunConfig, test: MemoryTest) -> Resul
 }
 
 /// One pattern kernel alone on a device buffer: generation only or processing only.
-pub(crate) fn kernel_alone(gpu: &BenchGpu, cfg: &RunConfig, kernel: KernelAlone) -> Result<Measurement, ProbeError> {
+pub(crate) fn kernel_alone(
+    gpu: &GpuSetup,
+    cfg: &RunConfig,
+    kernel: KernelAlone,
+) -> Result<Measurement, MeasurementError> {
     let frame = DeviceBuffer::alloc(gpu.context(), cfg.frame_bytes())?;
     let note = match kernel {
         KernelAlone::Fill => "generation only: the fill kernel on one frame buffer, back to back",
@@ -137,19 +141,19 @@ pub(crate) fn kernel_alone(gpu: &BenchGpu, cfg: &RunConfig, kernel: KernelAlone)
 /// Times `kernel` over `frame` back to back (the fill with each sequence, the verify of one filled frame), then
 /// checks the frame (after the fills: the last sequence's pattern).
 fn kernel_rows(
-    gpu: &BenchGpu,
+    gpu: &GpuSetup,
     cfg: &RunConfig,
     frame: DeviceSpan<'_>,
     kernel: KernelAlone,
     note: String,
-) -> Result<Measurement, ProbeError> {
+) -> Result<Measurement, MeasurementError> {
     let counter = DeviceBuffer::alloc(gpu.context(), 8)?;
     counter.write(0, &[0u64])?;
     let (kernels, stream) = (gpu.kernels(), gpu.stream());
     if kernel == KernelAlone::Verify {
         kernels.fill(stream, frame, SOURCE_SEQ)?;
     }
-    let run = |from: u64, to: u64| -> Result<(), ProbeError> {
+    let run = |from: u64, to: u64| -> Result<(), MeasurementError> {
         for seq in from..to {
             match kernel {
                 KernelAlone::Fill => kernels.fill(stream, frame, seq)?,
@@ -169,38 +173,12 @@ fn kernel_rows(
     Ok(m)
 }
 
-/// What a `bench-exporter` child is asked to do.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ExporterPlan {
-    /// The backend to allocate and export through.
-    pub backend: BackendKind,
-    /// The device.
-    pub device: i32,
-    /// Bytes to allocate (two frames).
-    pub bytes: u64,
-    /// How long it keeps the allocation for the bench process, in milliseconds, at most.
-    pub hold_ms: u64,
-}
-
-/// The exporter's and the bench process's messages.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "message", rename_all = "kebab-case")]
-pub enum ExporterMessage {
-    /// The exporter's handle (its fd, for VMM, beside the message).
-    Exported {
-        /// The handle.
-        handle: HandleMessage,
-    },
-    /// The bench process unmapped the buffer: the exporter may free it and exit.
-    Done,
-}
-
 /// Runs a `bench-exporter` child: allocates, exports, sends the handle, and keeps the allocation until the bench
 /// process says it is done (or hangs up, or `hold_ms` passes).
 ///
 /// # Errors
 /// Allocation, export or channel errors.
-pub fn exporter_child(plan: &ExporterPlan, channel: &Channel) -> Result<(), ProbeError> {
+pub fn exporter_child(plan: &ExporterPlan, channel: &Channel) -> Result<(), MeasurementError> {
     let ctx = Context::for_ordinal(plan.device)?;
     let region = ExportedRegion::allocate(plan.backend, &ctx, plan.bytes)?;
     let (handle, fd) = region.export()?;
@@ -217,11 +195,11 @@ pub fn exporter_child(plan: &ExporterPlan, channel: &Channel) -> Result<(), Prob
 /// A course-chapter copy with a buffer a `bench-exporter` child allocated through `backend` (two frames), imported
 /// here.
 pub(crate) fn imported(
-    gpu: &BenchGpu,
+    gpu: &GpuSetup,
     cfg: &RunConfig,
     backend: BackendKind,
     copy: ImportedCopy,
-) -> Result<Measurement, ProbeError> {
+) -> Result<Measurement, MeasurementError> {
     let bytes = cfg.frame_bytes();
     let plan = ExporterPlan {
         backend,
@@ -230,18 +208,22 @@ pub(crate) fn imported(
         hold_ms: u64::try_from(cfg.row_timeout.as_millis()).unwrap_or(u64::MAX),
     };
     let task = ChildTask::of(&BenchTask::Exporter(plan))
-        .map_err(|source| ProbeError::Malformed { what: "bench task".to_owned(), source })?;
+        .map_err(|source| MeasurementError::Malformed { what: "bench task".to_owned(), source })?;
     let mut child = ChildProcess::spawn(&task, &[], Duration::from_secs(30))?;
     let (value, mut fds): (serde_json::Value, _) = child.channel().recv(SETUP_TIMEOUT)?;
     if let Some(error) = value.get("error").and_then(serde_json::Value::as_str) {
-        return Err(ProbeError::Child { role: "bench-exporter".to_owned(), reason: error.to_owned() });
+        return Err(MeasurementError::Child { role: "bench-exporter".to_owned(), reason: error.to_owned() });
     }
     let handle = match serde_json::from_value(value)
-        .map_err(|source| ProbeError::Malformed { what: "exporter message".to_owned(), source })?
+        .map_err(|source| MeasurementError::Malformed { what: "exporter message".to_owned(), source })?
     {
         ExporterMessage::Exported { handle } => handle,
         ExporterMessage::Done => {
-            return Err(ProbeError::Unexpected { peer: "exporter", expected: "its handle", got: "done".to_owned() });
+            return Err(MeasurementError::Unexpected {
+                peer: "exporter",
+                expected: "its handle",
+                got: "done".to_owned(),
+            });
         }
     };
     let region = ImportedRegion::import(gpu.context(), &handle, fds.pop())?;
@@ -273,7 +255,7 @@ pub(crate) fn imported(
     let status = child.wait(Duration::from_secs(10))?;
     let mut m = measured?;
     if !status.success() {
-        return Err(ProbeError::Other(format!("the exporter exited with {status}")));
+        return Err(MeasurementError::Other(format!("the exporter exited with {status}")));
     }
     m.bandwidth_gb_s = read_and_written(&m, bytes);
     Ok(m)
@@ -301,18 +283,5 @@ mod tests {
         };
         assert_eq!(read_and_written(&m, 1_000_000), Some(4.0));
         assert_eq!(read_and_written(&Measurement { seconds: 0.0, ..m }, 1), None);
-    }
-
-    #[test]
-    fn exporter_messages_round_trip() {
-        let handle = HandleMessage { backend: BackendKind::Vmm, bytes: Vec::new(), size: 64 };
-        let json = serde_json::to_value(ExporterMessage::Exported { handle }).unwrap();
-        assert_eq!(json["message"], "exported");
-        assert!(json.get("error").is_none(), "never mistaken for a ChildFailure");
-        let back: ExporterMessage = serde_json::from_value(json).unwrap();
-        assert!(matches!(back, ExporterMessage::Exported { handle } if handle.size == 64));
-        let plan = ExporterPlan { backend: BackendKind::Legacy, device: 0, bytes: 2, hold_ms: 5 };
-        let back: ExporterPlan = serde_json::from_value(serde_json::to_value(&plan).unwrap()).unwrap();
-        assert_eq!((back.backend, back.bytes, back.hold_ms), (BackendKind::Legacy, 2, 5));
     }
 }

@@ -4,9 +4,9 @@
 use gpu_ipc::core::wire::SyncStrategy;
 use std::fmt::Write as _;
 
-use harness::ProbeError;
+use harness::MeasurementError;
 use harness::report::{LineChart, Series};
-use harness::{ProbeOutput, Verdict};
+use harness::{MeasurementOutput, Verdict};
 
 use super::results::{PipelineResults, RowOutcome, RowResult};
 use super::rows::{RowSpec, StudyDesign};
@@ -213,7 +213,7 @@ pub fn markdown_table(results: &PipelineResults) -> String {
 }
 
 /// The text `gpu-ipc bench pipeline` prints: where it ran, the table, the verdict.
-pub fn render_text(output: &ProbeOutput<PipelineResults>, device: i32) -> String {
+pub fn render_text(output: &MeasurementOutput<PipelineResults>, device: i32) -> String {
     let r = &output.results;
     format!(
         "gpu-ipc bench pipeline on {}\n{} frames of {}x{}x{} ({} bytes) per row after {} warm-up frames{}.\n\
@@ -320,13 +320,13 @@ pub fn charts(results: &PipelineResults) -> Vec<LineChart> {
 ///
 /// # Errors
 /// A chart that cannot be drawn or a file that cannot be written.
-pub fn write_charts(charts: &[LineChart], dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, ProbeError> {
-    std::fs::create_dir_all(dir).map_err(|source| ProbeError::Io { op: "create the charts folder", source })?;
+pub fn write_charts(charts: &[LineChart], dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, MeasurementError> {
+    std::fs::create_dir_all(dir).map_err(|source| MeasurementError::Io { op: "create the charts folder", source })?;
     let mut written = Vec::new();
     for chart in charts {
         let svg = harness::plot::render_svg(chart)?;
         let path = dir.join(format!("{}.svg", chart.file_stem));
-        std::fs::write(&path, svg).map_err(|source| ProbeError::Io { op: "write a chart", source })?;
+        std::fs::write(&path, svg).map_err(|source| MeasurementError::Io { op: "write a chart", source })?;
         written.push(path);
     }
     Ok(written)

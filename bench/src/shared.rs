@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::core::shm::{SharedMemory, SharedObject, ShmError};
 use gpu_ipc::driver::{Context, Event, EventFlags, Stream};
-use harness::ProbeError;
+use harness::MeasurementError;
 
 /// Entries of the publish-time array: sequence `s` lives at `s % STAMP_SLOTS`. The producer is never more than 256
 /// frames ahead of a consumer, so an entry is read long before it is reused.
@@ -109,7 +109,7 @@ impl StudyFlags {
     /// spins). Bounded by `timeout`; stops when the abort flag is set.
     ///
     /// # Errors
-    /// [`ProbeError::Wait`]: why it stopped waiting.
+    /// [`MeasurementError::Wait`]: why it stopped waiting.
     pub fn wait(
         &self,
         index: usize,
@@ -117,7 +117,7 @@ impl StudyFlags {
         equal: bool,
         nap: Option<Duration>,
         timeout: Duration,
-    ) -> Result<(), ProbeError> {
+    ) -> Result<(), MeasurementError> {
         let started = Instant::now();
         let mut polls = 0u32;
         loop {
@@ -128,10 +128,10 @@ impl StudyFlags {
             polls = polls.wrapping_add(1);
             if nap.is_some() || polls.is_multiple_of(256) {
                 if self.word(flag::ABORT).load(Ordering::Acquire) != 0 {
-                    return Err(ProbeError::Wait("the other side gave up".to_owned()));
+                    return Err(MeasurementError::Wait("the other side gave up".to_owned()));
                 }
                 if started.elapsed() >= timeout {
-                    return Err(ProbeError::Wait(format!(
+                    return Err(MeasurementError::Wait(format!(
                         "flag {index} stayed at {now}, not {value}, for {timeout:?}"
                     )));
                 }
@@ -192,7 +192,7 @@ impl CompletionClock {
         stream: &Stream,
         deadline: Instant,
         done: &mut impl FnMut(u64, u64),
-    ) -> Result<(), ProbeError> {
+    ) -> Result<(), MeasurementError> {
         if self.pending.len() == self.events.len() {
             self.wait_oldest(deadline, done)?;
         }
@@ -207,7 +207,7 @@ impl CompletionClock {
     ///
     /// # Errors
     /// Driver errors.
-    pub fn poll(&mut self, done: &mut impl FnMut(u64, u64)) -> Result<(), ProbeError> {
+    pub fn poll(&mut self, done: &mut impl FnMut(u64, u64)) -> Result<(), MeasurementError> {
         while let Some(&(seq, index)) = self.pending.front() {
             if !self.events[index].is_complete()? {
                 break;
@@ -222,20 +222,20 @@ impl CompletionClock {
     ///
     /// # Errors
     /// Driver errors; frames not done by `deadline`.
-    pub fn finish(&mut self, deadline: Instant, done: &mut impl FnMut(u64, u64)) -> Result<(), ProbeError> {
+    pub fn finish(&mut self, deadline: Instant, done: &mut impl FnMut(u64, u64)) -> Result<(), MeasurementError> {
         while !self.pending.is_empty() {
             self.wait_oldest(deadline, done)?;
         }
         Ok(())
     }
 
-    fn wait_oldest(&mut self, deadline: Instant, done: &mut impl FnMut(u64, u64)) -> Result<(), ProbeError> {
+    fn wait_oldest(&mut self, deadline: Instant, done: &mut impl FnMut(u64, u64)) -> Result<(), MeasurementError> {
         let Some(&(seq, index)) = self.pending.front() else { return Ok(()) };
         let mut polls = 0u32;
         while !self.events[index].is_complete()? {
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(64) && Instant::now() >= deadline {
-                return Err(ProbeError::Wait(format!("frame {seq}'s work was not done in time")));
+                return Err(MeasurementError::Wait(format!("frame {seq}'s work was not done in time")));
             }
             std::hint::spin_loop();
         }
@@ -273,11 +273,11 @@ mod tests {
         assert!(b.wait(flag::PUBLISHED, 2, true, Some(Duration::from_micros(1)), Duration::from_millis(20)).is_err());
         let started = Instant::now();
         let err = b.wait(flag::CONSUMED, 1, false, Some(Duration::from_micros(10)), Duration::from_millis(30));
-        assert!(matches!(err, Err(ProbeError::Wait(why)) if why.contains("stayed at 0")));
+        assert!(matches!(err, Err(MeasurementError::Wait(why)) if why.contains("stayed at 0")));
         assert!(started.elapsed() < Duration::from_secs(1));
         a.abort();
         let err = b.wait(flag::CONSUMED, 1, false, None, Duration::from_secs(10)).unwrap_err();
-        assert!(matches!(&err, ProbeError::Wait(why) if why == "the other side gave up"), "{err}");
+        assert!(matches!(&err, MeasurementError::Wait(why) if why == "the other side gave up"), "{err}");
     }
 
     #[test]

@@ -12,15 +12,16 @@ use gpu_ipc::BackendKind;
 use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::driver::{DeviceBuffer, DeviceMemory, DeviceSpan, HostRegistration, Stream};
 
-use super::consumer::{ConsumerMessage, Setup};
 use super::results::Measurement;
-use super::rows::{RowSpec, StudyDesign};
-use super::run::{
-    BenchGpu, RunConfig, SETUP_TIMEOUT, base_plan, check_deadline, collect_reports, failed_row, measurement,
-    recv_message, spawn_consumers,
+use super::rig::{
+    RunConfig, SETUP_TIMEOUT, base_plan, check_deadline, collect_reports, failed_row, measurement, recv_message,
+    spawn_consumers,
 };
+use super::rows::{RowSpec, StudyDesign};
 use super::shared::{PublishStamps, StudyFlags, cpu_ns, flag, monotonic_ns};
-use harness::ProbeError;
+use super::tasks::{ConsumerMessage, Setup};
+use harness::MeasurementError;
+use harness::gpu::GpuSetup;
 use harness::regions::ExportedRegion;
 
 /// How the design moves the frame, in the row's note.
@@ -43,14 +44,14 @@ fn how(design: StudyDesign) -> &'static str {
 
 /// A study design: the producer here, one consumer process, one frame buffer, CPU flags in a memfd.
 pub(crate) fn study(
-    gpu: &BenchGpu,
+    gpu: &GpuSetup,
     cfg: &RunConfig,
     spec: RowSpec,
     design: StudyDesign,
-) -> Result<Measurement, ProbeError> {
-    let shm_error = ProbeError::SharedMemory;
+) -> Result<Measurement, MeasurementError> {
+    let shm_error = MeasurementError::SharedMemory;
     let bytes = cfg.frame_bytes();
-    let host_bytes = usize::try_from(bytes).map_err(|_| ProbeError::Other("frame too large".into()))?;
+    let host_bytes = usize::try_from(bytes).map_err(|_| MeasurementError::Other("frame too large".into()))?;
     let deadline = Instant::now() + cfg.row_timeout;
     let stream = Stream::new(gpu.context())?;
     let flags = StudyFlags::create().map_err(shm_error)?;
@@ -74,7 +75,7 @@ pub(crate) fn study(
     } else {
         let legacy: BackendKind = "legacy"
             .parse()
-            .map_err(|e| ProbeError::Other(format!("the study's IPC designs need the legacy backend: {e}")))?;
+            .map_err(|e| MeasurementError::Other(format!("the study's IPC designs need the legacy backend: {e}")))?;
         let region = ExportedRegion::allocate(legacy, gpu.context(), bytes)?;
         let (message, _no_fd) = region.export()?;
         setup.handle = Some(message);
@@ -84,10 +85,10 @@ pub(crate) fn study(
         (Some(buffer), _, _) => buffer.span(),
         (None, Some(mapped), _) => mapped.span(),
         (None, None, Some(region)) => region.span(),
-        (None, None, None) => return Err(ProbeError::Missing("no frame buffer")),
+        (None, None, None) => return Err(MeasurementError::Missing("no frame buffer")),
     }
     .slice(0, bytes)?;
-    let extra = || -> Result<Vec<OwnedFd>, ProbeError> {
+    let extra = || -> Result<Vec<OwnedFd>, MeasurementError> {
         let mut fds = vec![flags.fd().map_err(shm_error)?];
         if let Some(memory) = &host {
             fds.push(memory.try_clone_fd().map_err(shm_error)?);
@@ -96,11 +97,11 @@ pub(crate) fn study(
     };
     let mut children = spawn_consumers(&base_plan(cfg, spec, None), 1, &stamps, &setup, &extra)?;
     let nap = design.poll_interval();
-    let produced = (|| -> Result<(f64, u64), ProbeError> {
+    let produced = (|| -> Result<(f64, u64), MeasurementError> {
         match recv_message(&children[0], SETUP_TIMEOUT)? {
             ConsumerMessage::Ready => {}
             ConsumerMessage::Report(_) => {
-                return Err(ProbeError::Unexpected {
+                return Err(MeasurementError::Unexpected {
                     peer: "consumer",
                     expected: "ready",
                     got: "its report".to_owned(),
@@ -130,7 +131,7 @@ pub(crate) fn study(
                         stream.synchronize()?;
                         frame.copy_to_host_memory(memory.as_ref(), 0)?;
                     }
-                    (None, _) => return Err(ProbeError::Missing("no host staging buffer")),
+                    (None, _) => return Err(MeasurementError::Missing("no host staging buffer")),
                 }
             } else {
                 stream.synchronize()?;

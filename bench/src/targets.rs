@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::results::{Measurement, PipelineResults, RowOutcome, RowResult};
 use super::rows::{ImportedCopy, KernelAlone, MemoryTest, RowSpec, StudyDesign};
 use super::tables::number;
-use harness::ProbeOutput;
+use harness::MeasurementOutput;
 
 /// With MPS: best of ours over the single-process limit, same run (the project's targets, docs/benchmarks.md).
 pub const BEST_MPS_RATIO: f64 = 0.90;
@@ -540,7 +540,7 @@ pub fn markdown(judged: &[Judged]) -> String {
 
 fn load(path: &Path, want_mps: bool) -> Result<PipelineResults, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let output: ProbeOutput<PipelineResults> =
+    let output: MeasurementOutput<PipelineResults> =
         serde_json::from_str(&text).map_err(|e| format!("{}: not a bench pipeline JSON: {e}", path.display()))?;
     if output.probe != "bench-pipeline" {
         return Err(format!("{}: the JSON of probe '{}', not of bench-pipeline", path.display(), output.probe));

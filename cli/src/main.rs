@@ -4,7 +4,7 @@
 //! when is a write seen by another process, what can be shared how, what survives a crash) and `gpu-ipc report`
 //! answers all four and writes the answers (the `probes` crate); `gpu-ipc bench ...` measures how fast frames move
 //! between processes (the `bench` crate). Helper processes of the probes and the
-//! benchmark are copies of this binary (`probe-child`, `harness::child`).
+//! benchmark are copies of this binary (`gpu-ipc helper`, `harness::child`).
 
 use std::process::ExitCode;
 
@@ -54,9 +54,10 @@ enum Command {
     /// run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Internal: a helper process of a probe or a benchmark.
-    #[command(hide = true)]
-    ProbeChild {
+    /// Internal: a helper process of a probe or a benchmark (started by `harness::child::ChildProcess`; its
+    /// first name, `probe-child`, still works).
+    #[command(hide = true, alias = "probe-child")]
+    Helper {
         /// The parent's channel socket.
         #[arg(long)]
         socket: std::path::PathBuf,
@@ -79,7 +80,7 @@ fn main() -> ExitCode {
         Command::Report(args) => probes::report::main(&args),
         Command::Bench(command) => bench::main(&command),
         Command::Ps(args) => doctor::ps::main(&args),
-        Command::ProbeChild { socket } => harness::run::serve(&socket, |task, channel| {
+        Command::Helper { socket } => harness::run::serve(&socket, |task, channel| {
             // A role is `<room>-<role>`: the benchmark's own, or a probe's.
             if task.role.starts_with(bench::ROLE_PREFIX) {
                 bench::child(task, channel)

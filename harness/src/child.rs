@@ -1,10 +1,11 @@
-//! The parent-child channel of a probe: JSON messages, each optionally carrying file descriptors (`SCM_RIGHTS`),
+//! The parent-child channel of a measurement (a probe or the benchmark): JSON messages, each optionally carrying file descriptors (`SCM_RIGHTS`),
 //! over a Unix stream socket, and the child processes that speak it.
 //!
-//! A probe that needs a second process (an exporter, an importer, a writer, an observer) starts a copy of this
-//! binary as `gpu-ipc probe-child --socket PATH`; the child connects, reads its [`ChildTask`] and then the two
-//! exchange whatever messages the probe defines. Every receive has a deadline and a child that outlives its
-//! deadline is killed, so no probe can hang on a child.
+//! A measurement that needs a second process (an exporter, an importer, a writer, an observer, a benchmark's
+//! consumer) starts a copy of this binary as `gpu-ipc helper --socket PATH` ([`ChildProcess::spawn`], the one way
+//! the harness starts a helper); the child connects, reads its [`ChildTask`] and then the two
+//! exchange whatever messages the measurement defines. Every receive has a deadline and a child that outlives its
+//! deadline is killed, so no measurement can hang on a child.
 //!
 //! Framing: a 4-byte little-endian length and a 4-byte fd count, then that many bytes of JSON; the first two fds ride
 //! on the first byte, any further ones on one-byte frames that follow, two at a time (the same raw layer as the
@@ -12,11 +13,13 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::wire::{WireError, recv_bytes, send_bytes};
+
+use crate::process::PrivateDir;
 use serde::{Deserialize, Serialize};
 
 use serde::de::DeserializeOwned;
@@ -25,23 +28,26 @@ use serde::de::DeserializeOwned;
 pub const MAX_MESSAGE_BYTES: u32 = 64 << 20;
 /// Most fds one message may carry.
 pub const MAX_FDS_PER_MESSAGE: u32 = 64;
+/// The hidden `gpu-ipc` subcommand a helper process runs (`gpu-ipc helper --socket PATH`); `probe-child`, its
+/// first name, stays an alias of it.
+pub const HELPER_COMMAND: &str = "helper";
 /// Fds per `sendmsg`: the raw layer's room (`ipc_core::wire::MAX_FDS_PER_MESSAGE`).
 pub const MAX_FDS_PER_FRAME: usize = gpu_ipc::core::wire::MAX_FDS_PER_MESSAGE;
 
-/// Why talking to a probe's child failed.
+/// Why talking to a helper process failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelError {
     /// A socket-level failure (including a hang-up: the peer died).
-    #[error("probe channel: {0}")]
+    #[error("helper channel: {0}")]
     Wire(#[from] WireError),
     /// The bytes were not the JSON expected.
-    #[error("probe channel: malformed message: {0}")]
+    #[error("helper channel: malformed message: {0}")]
     Json(#[from] serde_json::Error),
     /// A length beyond [`MAX_MESSAGE_BYTES`].
-    #[error("probe channel: a message of {0} bytes is too large")]
+    #[error("helper channel: a message of {0} bytes is too large")]
     TooLarge(u32),
     /// Setting up the socket or the child failed.
-    #[error("probe channel: {op}: {source}")]
+    #[error("helper channel: {op}: {source}")]
     Io {
         /// What was being done.
         op: &'static str,
@@ -49,7 +55,7 @@ pub enum ChannelError {
         source: std::io::Error,
     },
     /// The child did not connect or exit in time.
-    #[error("probe channel: the child process {what} within {after:?}")]
+    #[error("helper channel: the child process {what} within {after:?}")]
     Timeout {
         /// What it did not do.
         what: &'static str,
@@ -168,28 +174,28 @@ impl ChildTask {
     }
 }
 
-/// A child process of a probe with its channel; killed (and reaped) on drop if it is still running.
+/// A helper process of a measurement with its channel; killed (and reaped) on drop if it is still running.
 #[derive(Debug)]
 pub struct ChildProcess {
     child: Child,
     channel: Channel,
-    _dir: TempDir,
+    _dir: PrivateDir,
 }
 
 impl ChildProcess {
-    /// Starts `gpu-ipc probe-child` with `task`, with `env` added to its environment, and waits at most
+    /// Starts `gpu-ipc helper` with `task`, with `env` added to its environment, and waits at most
     /// `connect_timeout` for it to connect (CUDA is not touched before it connects, so this is quick).
     ///
     /// # Errors
     /// Failing to start the child, or a child that does not connect in time.
     pub fn spawn(task: &ChildTask, env: &[(&str, &str)], connect_timeout: Duration) -> Result<Self, ChannelError> {
-        let dir = TempDir::new()?;
-        let socket = dir.path().join("probe.sock");
+        let dir = PrivateDir::new("helper").map_err(|source| ChannelError::Io { op: "mkdir", source })?;
+        let socket = dir.path().join("helper.sock");
         let listener = UnixListener::bind(&socket).map_err(|source| ChannelError::Io { op: "bind", source })?;
         listener.set_nonblocking(true).map_err(|source| ChannelError::Io { op: "set_nonblocking", source })?;
         let exe = std::env::current_exe().map_err(|source| ChannelError::Io { op: "current_exe", source })?;
         let mut command = Command::new(exe);
-        command.arg("probe-child").arg("--socket").arg(&socket).stdin(Stdio::null());
+        command.arg(HELPER_COMMAND).arg("--socket").arg(&socket).stdin(Stdio::null());
         for (key, value) in env {
             command.env(key, value);
         }
@@ -224,7 +230,7 @@ impl ChildProcess {
         &self.channel
     }
 
-    /// Sends SIGKILL (a probe's crash cases; also what drop does to a child still running).
+    /// Sends SIGKILL (the crash probe's cases; also what drop does to a child still running).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
     }
@@ -256,39 +262,6 @@ impl Drop for ChildProcess {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
-    }
-}
-
-/// A private temporary directory (mode 0700), removed on drop.
-#[derive(Debug)]
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Result<Self, ChannelError> {
-        use std::os::unix::fs::DirBuilderExt;
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let base = std::env::temp_dir();
-        for _ in 0..100 {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let path = base.join(format!("gpu-ipc-probe-{}-{n}", std::process::id()));
-            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => return Ok(Self(path)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(source) => return Err(ChannelError::Io { op: "mkdir", source }),
-            }
-        }
-        Err(ChannelError::Io { op: "mkdir", source: std::io::Error::other("no free temporary directory name") })
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -379,7 +352,7 @@ mod tests {
     }
 
     fn tempfile_fd() -> std::fs::File {
-        let dir = TempDir::new().unwrap();
+        let dir = PrivateDir::new("helper-test").unwrap();
         let path = dir.path().join("f");
         let file = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).unwrap();
         drop(dir);

@@ -1,5 +1,5 @@
-//! Where a probe ran: device, driver, MPS, date, commit and command, recorded in every probe's JSON so a number
-//! can always be traced to what produced it; and the "no CUDA" exit every probe shares with the doctor.
+//! Where a measurement ran: device, driver, MPS, date, commit and command, recorded in every probe's and benchmark's
+//! JSON so a number can always be traced to what produced it; and the "no CUDA" exit they share with the doctor.
 
 use serde::{Deserialize, Serialize};
 
@@ -7,28 +7,28 @@ use crate::cuda::{self, DeviceReport};
 use crate::exit::EXIT_NO_CUDA;
 use crate::mps;
 
-/// The facts a probe's result is tied to.
+/// The facts a measurement's result is tied to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProbeEnv {
+pub struct MeasurementEnv {
     /// Every visible device (name, UUID, compute capability, IPC attributes), as the doctor reports them.
     pub devices: Vec<DeviceReport>,
     /// The driver's CUDA version, e.g. `13.0`.
     pub driver: String,
-    /// Whether an MPS daemon was running (or its control pipe existed) when the probe started.
+    /// Whether an MPS daemon was running (or its control pipe existed) when the measurement started.
     pub mps: bool,
-    /// UTC date and time the probe started, `YYYY-MM-DDTHH:MM:SSZ`.
+    /// UTC date and time the measurement started, `YYYY-MM-DDTHH:MM:SSZ`.
     pub date: String,
     /// The commit the binary was built from (`GPU_IPC_COMMIT`, set by the GPU suite from `stage/COMMIT`), or
     /// `unknown`.
     pub commit: String,
-    /// The command line that ran the probe.
+    /// The command line that ran the measurement.
     pub command: String,
     /// The host name.
     pub host: String,
 }
 
-impl ProbeEnv {
-    /// The device a probe ran on, by ordinal.
+impl MeasurementEnv {
+    /// The device a measurement ran on, by ordinal.
     pub fn device(&self, ordinal: i32) -> Option<&DeviceReport> {
         self.devices.iter().find(|d| i64::from(d.ordinal) == i64::from(ordinal))
     }
@@ -44,14 +44,14 @@ impl ProbeEnv {
 /// Collects the environment, or returns the one-line explanation and exit status when CUDA cannot be used here
 /// (no driver, no device): every subcommand stops there with the doctor's message in its own name, `command` (e.g.
 /// `gpu-ipc probe overhead: no CUDA driver: ...`), and exit status 3.
-pub fn collect(command: &str) -> Result<ProbeEnv, (String, u8)> {
+pub fn collect(command: &str) -> Result<MeasurementEnv, (String, u8)> {
     let driver = cuda::driver_section();
     let devices = cuda::devices();
     if let Some(reason) = cuda::no_cuda_reason(&driver, &devices) {
         return Err((format!("{command}: {reason}"), EXIT_NO_CUDA));
     }
     let mps = mps::active_here();
-    Ok(ProbeEnv {
+    Ok(MeasurementEnv {
         devices,
         driver: driver.driver_version.map_or_else(|| "unknown".to_owned(), |v| format!("{}.{}", v.major, v.minor)),
         mps,

@@ -1,6 +1,8 @@
 //! What the probes and the pipeline benchmark stand on, so that they share one way of doing each thing:
 //!
-//! - [`child`]: helper processes (a copy of the `gpu-ipc` binary started as `probe-child`) and the channel to them;
+//! - [`child`]: helper processes (a copy of the `gpu-ipc` binary started as `gpu-ipc helper`) and the channel to
+//!   them;
+//! - [`gpu`]: the GPU set-up every measuring process makes (a context, the pattern kernels, a stream);
 //! - [`env`](mod@env): where a measurement ran, from the machine's CUDA facts ([`cuda`]) and [`mps`];
 //! - [`run`]: the options, the JSON envelope and the run-and-print loop every probe and benchmark shares;
 //! - [`progress`], [`stats`], [`regions`]: progress on stderr, distributions, memory of either backend;
@@ -16,6 +18,7 @@ pub mod cuda;
 pub mod env;
 pub mod exit;
 pub mod fact;
+pub mod gpu;
 pub mod mps;
 pub mod plot;
 pub mod process;
@@ -25,4 +28,4 @@ pub mod report;
 pub mod run;
 pub mod stats;
 
-pub use run::{CommonArgs, ProbeError, ProbeOutput, SCHEMA_VERSION, Verdict, execute};
+pub use run::{CommonArgs, MeasurementError, MeasurementOutput, SCHEMA_VERSION, Verdict, execute};

@@ -1,7 +1,7 @@
 //! How one measurement runs, the same for every probe and the pipeline benchmark: the options they all take
-//! ([`CommonArgs`]), the JSON envelope they all write ([`ProbeOutput`] with its [`Verdict`]), why one could not
-//! finish ([`ProbeError`]), and [`execute`], which collects the environment, runs, writes and prints; [`serve`] is
-//! the same for a helper process.
+//! ([`CommonArgs`]), the JSON envelope they all write ([`MeasurementOutput`] with its [`Verdict`]), why one could
+//! not finish ([`MeasurementError`]), and [`execute`], which collects the environment, runs, writes and prints;
+//! [`serve`] is the same for a helper process (`gpu-ipc helper`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,14 +11,14 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::child::{Channel, ChannelError, ChildFailure, ChildTask};
-use crate::env::{self, ProbeEnv};
+use crate::env::{self, MeasurementEnv};
 use crate::exit::{EXIT_FAILED, EXIT_OK};
 use crate::progress;
 
-/// The version of the probes' JSON; bumped when a field changes meaning.
+/// The version of the measurements' JSON (probes and benchmark alike); bumped when a field changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// Options every probe takes.
+/// Options every measurement takes (every probe, and `gpu-ipc bench pipeline`).
 #[derive(Debug, Clone, Args)]
 pub struct CommonArgs {
     /// Print the result as JSON on stdout (the same document `--out` writes) instead of text.
@@ -38,7 +38,7 @@ pub struct CommonArgs {
     pub no_progress: bool,
 }
 
-/// A probe's verdict: the answer in one plain sentence, and the figure it rests on.
+/// A measurement's verdict: the answer in one plain sentence, and the figure it rests on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {
     /// The answer, in plain words, one sentence.
@@ -47,28 +47,29 @@ pub struct Verdict {
     pub key_figure: String,
 }
 
-/// The document every probe writes.
+/// The document every measurement writes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ProbeOutput<R> {
-    /// `overhead`, `coherency`, `vmm-compat` or `crash`.
+pub struct MeasurementOutput<R> {
+    /// What was measured: a probe (`overhead`, `coherency`, `vmm-compat`, `crash`) or a benchmark
+    /// (`bench-pipeline`, `bench-targets`). The field keeps its first name, `probe`, so recorded results still load.
     pub probe: String,
     /// [`SCHEMA_VERSION`].
     pub schema: u32,
     /// Whether `--quick` was given.
     pub quick: bool,
     /// Where it ran.
-    pub env: ProbeEnv,
-    /// Wall time of the whole probe, in seconds.
+    pub env: MeasurementEnv,
+    /// Wall time of the whole measurement, in seconds.
     pub seconds: f64,
-    /// The probe's own results.
+    /// The measurement's own results.
     pub results: R,
     /// The answer.
     pub verdict: Verdict,
 }
 
-/// Why a probe could not finish.
+/// Why a measurement (a probe, the benchmark, or one of their helper processes) could not finish.
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub enum MeasurementError {
     /// A CUDA call failed.
     #[error(transparent)]
     Driver(#[from] gpu_ipc::driver::DriverError),
@@ -145,13 +146,13 @@ pub enum ProbeError {
     Unavailable(String),
 }
 
-/// Runs one probe the way every probe runs: collect the environment (or stop with the doctor's message), run,
+/// Runs one measurement the way every probe and benchmark runs: collect the environment (or stop with the doctor's message), run,
 /// write the JSON, print JSON or text. Returns the exit status.
 pub fn execute<R: Serialize>(
     name: &str,
     common: &CommonArgs,
-    run: impl FnOnce(&ProbeEnv, &progress::Progress) -> Result<(R, Verdict), ProbeError>,
-    render_text: impl FnOnce(&ProbeOutput<R>) -> String,
+    run: impl FnOnce(&MeasurementEnv, &progress::Progress) -> Result<(R, Verdict), MeasurementError>,
+    render_text: impl FnOnce(&MeasurementOutput<R>) -> String,
 ) -> u8 {
     // Messages name the subcommand the user typed: `gpu-ipc probe overhead`, `gpu-ipc bench pipeline`.
     let command = match name.strip_prefix("bench-") {
@@ -176,7 +177,7 @@ pub fn execute<R: Serialize>(
         }
     };
     progress.finish();
-    let output = ProbeOutput {
+    let output = MeasurementOutput {
         probe: name.to_owned(),
         schema: SCHEMA_VERSION,
         quick: common.quick,
@@ -213,21 +214,21 @@ fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::write(path, format!("{text}\n"))
 }
 
-/// The helper process's side of `gpu-ipc probe-child --socket PATH`: connects, reads its task and hands it to
+/// The helper process's side of `gpu-ipc helper --socket PATH`: connects, reads its task and hands it to
 /// `run`, the command's dispatch to the room that owns the task. Returns the exit status (0 done, 1 failed; the
 /// failure is also reported over the channel where possible).
-pub fn serve(socket: &Path, run: impl FnOnce(ChildTask, &Channel) -> Result<(), ProbeError>) -> u8 {
+pub fn serve(socket: &Path, run: impl FnOnce(ChildTask, &Channel) -> Result<(), MeasurementError>) -> u8 {
     let channel = match Channel::connect(socket) {
         Ok(channel) => channel,
         Err(e) => {
-            eprintln!("gpu-ipc probe-child: {e}");
+            eprintln!("gpu-ipc helper: {e}");
             return EXIT_FAILED;
         }
     };
     let task: ChildTask = match channel.recv_plain(Duration::from_secs(30)) {
         Ok(task) => task,
         Err(e) => {
-            eprintln!("gpu-ipc probe-child: no task: {e}");
+            eprintln!("gpu-ipc helper: no task: {e}");
             return EXIT_FAILED;
         }
     };
@@ -236,7 +237,7 @@ pub fn serve(socket: &Path, run: impl FnOnce(ChildTask, &Channel) -> Result<(), 
     match result {
         Ok(()) => EXIT_OK,
         Err(e) => {
-            eprintln!("gpu-ipc probe-child ({role}): {e}");
+            eprintln!("gpu-ipc helper ({role}): {e}");
             let _ = channel.send(&ChildFailure { error: e.to_string() }, Vec::new());
             EXIT_FAILED
         }

@@ -5,7 +5,7 @@
 //! helper processes and the report find it there. A probe runs its exporter and importer in two processes (helper
 //! processes of the `gpu-ipc` binary, `harness::child`), records where it ran (`harness::env`) and reports
 //! distributions (`harness::stats`), as JSON and as text; every probe's JSON has the same envelope,
-//! `harness::ProbeOutput`. A probe measures the machine as it finds it: with MPS when a daemon runs, without
+//! `harness::MeasurementOutput`. A probe measures the machine as it finds it: with MPS when a daemon runs, without
 //! otherwise (its JSON says which). [`report`] runs every probe twice, without MPS and under a private MPS daemon,
 //! and assembles the answers.
 
@@ -19,7 +19,7 @@ pub mod report;
 pub mod vmm_compat;
 
 use clap::{ArgMatches, Command, FromArgMatches, Subcommand};
-use harness::ProbeError;
+use harness::MeasurementError;
 use harness::child::{Channel, ChildTask};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -181,14 +181,14 @@ pub fn owner_of_role(role: &str) -> Option<&'static dyn Probe> {
     PROBES.iter().copied().find(|probe| role.strip_prefix(probe.name()).is_some_and(|rest| rest.starts_with('-')))
 }
 
-/// Runs a probe's helper task in this process (the `probe-child` side).
+/// Runs a probe's helper task in this process (the `gpu-ipc helper` side).
 ///
 /// # Errors
 /// A role no probe owns, or the role's failure.
-pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), MeasurementError> {
     match owner_of_role(&task.role) {
         Some(probe) => probe.child(task, channel),
-        None => Err(ProbeError::UnknownRole(task.role)),
+        None => Err(MeasurementError::UnknownRole(task.role)),
     }
 }
 

@@ -5,7 +5,7 @@
 use clap::{ArgMatches, Args, Command, FromArgMatches};
 use harness::child::{Channel, ChildTask};
 use harness::report::{Plots, ReportSection};
-use harness::{ProbeError, ProbeOutput, Verdict};
+use harness::{MeasurementError, MeasurementOutput, Verdict};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -35,7 +35,7 @@ pub trait Probe: Sync {
     ///
     /// # Errors
     /// An unknown role, or the role's failure (reported to the parent by [`harness::run::serve`]).
-    fn child(&self, task: ChildTask, channel: &Channel) -> Result<(), ProbeError>;
+    fn child(&self, task: ChildTask, channel: &Channel) -> Result<(), MeasurementError>;
 
     /// The verdict this version draws from recorded `results`, so that a report rendered later from recorded JSON
     /// says what the current code concludes; `None` keeps the recorded verdict (the default).
@@ -49,8 +49,8 @@ pub trait Probe: Sync {
     /// `problems`. Usually [`typed_section`] of the probe's own typed renderer.
     fn report_section(
         &self,
-        no_mps: Option<&ProbeOutput<Value>>,
-        mps: Option<&ProbeOutput<Value>>,
+        no_mps: Option<&MeasurementOutput<Value>>,
+        mps: Option<&MeasurementOutput<Value>>,
         plots: &mut Plots,
         problems: &mut Vec<String>,
     ) -> ReportSection;
@@ -82,19 +82,20 @@ pub fn run_with<A: FromArgMatches>(matches: &ArgMatches, main: impl FnOnce(&A) -
 }
 
 /// A probe's section renderer, typed with its results.
-pub type TypedRenderer<R> = fn(Option<&ProbeOutput<R>>, Option<&ProbeOutput<R>>, &mut Plots) -> ReportSection;
+pub type TypedRenderer<R> =
+    fn(Option<&MeasurementOutput<R>>, Option<&MeasurementOutput<R>>, &mut Plots) -> ReportSection;
 
 /// The section of the probe `name`: each document's results typed as `R` (a document whose results do not fit is
 /// named in `problems` and left out), then `render`.
 pub fn typed_section<R: DeserializeOwned>(
     name: &str,
-    no_mps: Option<&ProbeOutput<Value>>,
-    mps: Option<&ProbeOutput<Value>>,
+    no_mps: Option<&MeasurementOutput<Value>>,
+    mps: Option<&MeasurementOutput<Value>>,
     plots: &mut Plots,
     problems: &mut Vec<String>,
     render: TypedRenderer<R>,
 ) -> ReportSection {
-    let mut convert = |suffix: &str, doc: Option<&ProbeOutput<Value>>| {
+    let mut convert = |suffix: &str, doc: Option<&MeasurementOutput<Value>>| {
         let doc = doc?;
         match typed_output::<R>(doc) {
             Ok(typed) => Some(typed),
@@ -114,8 +115,10 @@ pub fn typed_section<R: DeserializeOwned>(
 ///
 /// # Errors
 /// Results that do not deserialize as `R`.
-pub fn typed_output<R: DeserializeOwned>(doc: &ProbeOutput<Value>) -> Result<ProbeOutput<R>, serde_json::Error> {
-    Ok(ProbeOutput {
+pub fn typed_output<R: DeserializeOwned>(
+    doc: &MeasurementOutput<Value>,
+) -> Result<MeasurementOutput<R>, serde_json::Error> {
+    Ok(MeasurementOutput {
         probe: doc.probe.clone(),
         schema: doc.schema,
         quick: doc.quick,

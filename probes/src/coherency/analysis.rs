@@ -6,7 +6,7 @@ use gpu_ipc::kernels::probe::{FlagLoad, FlagStore, PayloadLoad};
 
 use harness::report::{Plots, ReportSection};
 use harness::stats::Distribution;
-use harness::{ProbeOutput, Verdict};
+use harness::{MeasurementOutput, Verdict};
 
 use super::*;
 
@@ -247,7 +247,7 @@ pub fn matrix_markdown(pairs: &[PairSummary]) -> String {
 }
 
 /// The result as text: the verdict, then the cross-process matrix and the control's.
-pub fn render_text(output: &ProbeOutput<Results>) -> String {
+pub fn render_text(output: &MeasurementOutput<Results>) -> String {
     let r = &output.results;
     let mut out = format!(
         "gpu-ipc probe coherency: {} handoffs per cell, {}-byte payload, poll deadline {} ms, {}\n\n",
@@ -269,8 +269,8 @@ pub fn render_text(output: &ProbeOutput<Results>) -> String {
 
 /// The report's section, from the runs without and with MPS.
 pub fn report_section(
-    no_mps: Option<&ProbeOutput<Results>>,
-    mps: Option<&ProbeOutput<Results>>,
+    no_mps: Option<&MeasurementOutput<Results>>,
+    mps: Option<&MeasurementOutput<Results>>,
     _plots: &mut Plots,
 ) -> ReportSection {
     let Some(main) = mps.or(no_mps) else { return ReportSection::missing("coherency") };

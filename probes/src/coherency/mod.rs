@@ -37,11 +37,11 @@ use serde::{Deserialize, Serialize};
 
 use harness::child::ChildFailure;
 use harness::child::{ChildProcess, ChildTask};
-use harness::env::ProbeEnv;
+use harness::env::MeasurementEnv;
 use harness::progress::Progress;
 use harness::regions::ExportedRegion;
 use harness::stats::Distribution;
-use harness::{CommonArgs, ProbeError, Verdict};
+use harness::{CommonArgs, MeasurementError, Verdict};
 
 /// Payload words (u32) per round: 16 lines of 128 bytes.
 pub const PAYLOAD_WORDS: u64 = 512;
@@ -257,7 +257,7 @@ pub fn main(args: &ProbeArgs) -> u8 {
     harness::execute("coherency", &args.common, |env, progress| run(args, env, progress), render_text)
 }
 
-fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results, Verdict), ProbeError> {
+fn run(args: &ProbeArgs, env: &MeasurementEnv, progress: &Progress) -> Result<(Results, Verdict), MeasurementError> {
     let rounds = args.rounds.unwrap_or(match (env.mps, args.common.quick) {
         (true, false) => 100_000,
         (true, true) => 10_000,
@@ -358,20 +358,22 @@ pub fn control_pairs() -> Vec<(Writer, Reader)> {
     writers.flat_map(|w| readers.iter().map(move |&r| (w, r))).collect()
 }
 
-fn spawn_writer(device: i32) -> Result<ChildProcess, ProbeError> {
+fn spawn_writer(device: i32) -> Result<ChildProcess, MeasurementError> {
     let task = ChildTask::of(&sides::CoherencyTask::Writer { device })
-        .map_err(|source| ProbeError::Malformed { what: "coherency task".to_owned(), source })?;
+        .map_err(|source| MeasurementError::Malformed { what: "coherency task".to_owned(), source })?;
     Ok(ChildProcess::spawn(&task, &[], Duration::from_secs(30))?)
 }
 
-fn expect_ready(child: &ChildProcess) -> Result<(), ProbeError> {
+fn expect_ready(child: &ChildProcess) -> Result<(), MeasurementError> {
     let reply: serde_json::Value = child.channel().recv_plain(Duration::from_secs(60))?;
     if let Ok(failure) = serde_json::from_value::<ChildFailure>(reply.clone()) {
-        return Err(ProbeError::Child { role: "coherency-writer".to_owned(), reason: failure.error });
+        return Err(MeasurementError::Child { role: "coherency-writer".to_owned(), reason: failure.error });
     }
     match serde_json::from_value::<FromWriter>(reply) {
         Ok(FromWriter::Ready) => Ok(()),
-        other => Err(ProbeError::Unexpected { peer: "coherency writer", expected: "ready", got: format!("{other:?}") }),
+        other => {
+            Err(MeasurementError::Unexpected { peer: "coherency writer", expected: "ready", got: format!("{other:?}") })
+        }
     }
 }
 /// The coherency probe, as [`crate::PROBES`] lists it.
@@ -404,7 +406,7 @@ impl crate::Probe for Coherency {
         &self,
         task: harness::child::ChildTask,
         channel: &harness::child::Channel,
-    ) -> Result<(), harness::ProbeError> {
+    ) -> Result<(), harness::MeasurementError> {
         child(task, channel)
     }
 
@@ -414,8 +416,8 @@ impl crate::Probe for Coherency {
 
     fn report_section(
         &self,
-        no_mps: Option<&harness::ProbeOutput<serde_json::Value>>,
-        mps: Option<&harness::ProbeOutput<serde_json::Value>>,
+        no_mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
+        mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
         plots: &mut harness::report::Plots,
         problems: &mut Vec<String>,
     ) -> harness::report::ReportSection {

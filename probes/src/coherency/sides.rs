@@ -12,7 +12,7 @@ use gpu_ipc::kernels::probe::{
 };
 use serde::{Deserialize, Serialize};
 
-use harness::ProbeError;
+use harness::MeasurementError;
 use harness::child::ChildFailure;
 use harness::child::{Channel, ChildProcess, ChildTask};
 use harness::regions::{HandleMessage, ImportedRegion};
@@ -72,7 +72,7 @@ pub(super) struct ReaderSide {
 }
 
 impl ReaderSide {
-    pub(super) fn new(ctx: &Context, rounds: u64) -> Result<Self, ProbeError> {
+    pub(super) fn new(ctx: &Context, rounds: u64) -> Result<Self, MeasurementError> {
         Ok(Self {
             ctx: ctx.clone(),
             kernels: ProbeKernels::load(ctx)?,
@@ -83,7 +83,7 @@ impl ReaderSide {
     }
 
     /// Zeroes the results and timestamps (bounded wait), before the writer starts.
-    pub(super) fn prepare(&self) -> Result<(), ProbeError> {
+    pub(super) fn prepare(&self) -> Result<(), MeasurementError> {
         self.results.fill_u32_async(0, &self.stream)?;
         self.seen_ts.fill_u32_async(0, &self.stream)?;
         wait_idle(&self.stream, Instant::now() + Duration::from_secs(10))
@@ -95,7 +95,7 @@ impl ReaderSide {
         reader: Reader,
         memory: &Memory<'_>,
         plan: CellPlan,
-    ) -> Result<Option<std::thread::JoinHandle<Result<(), String>>>, ProbeError> {
+    ) -> Result<Option<std::thread::JoinHandle<Result<(), String>>>, MeasurementError> {
         let owner = memory.device_words();
         match reader {
             Reader::Kernel { load, payload: payload_load, fence } => {
@@ -177,7 +177,7 @@ pub(super) struct RunningWriter {
 }
 
 impl WriterSide {
-    pub(super) fn new(ctx: &Context, memory: Option<OwnedMemory>) -> Result<Self, ProbeError> {
+    pub(super) fn new(ctx: &Context, memory: Option<OwnedMemory>) -> Result<Self, MeasurementError> {
         Ok(Self {
             ctx: ctx.clone(),
             kernels: ProbeKernels::load(ctx)?,
@@ -189,8 +189,8 @@ impl WriterSide {
 
     /// Starts the writer of `plan` on a thread: a kernel writer is one launch; a stream writer enqueues every round
     /// (which blocks while the stream's queue is full); the CPU writer spins through the rounds itself.
-    pub(super) fn start(&self, plan: CellPlan) -> Result<RunningWriter, ProbeError> {
-        let memory = self.memory.clone().ok_or_else(|| ProbeError::Missing("the writer has no memory"))?;
+    pub(super) fn start(&self, plan: CellPlan) -> Result<RunningWriter, MeasurementError> {
+        let memory = self.memory.clone().ok_or_else(|| MeasurementError::Missing("the writer has no memory"))?;
         self.results.fill_u32_async(0, &self.stream)?;
         wait_idle(&self.stream, Instant::now() + Duration::from_secs(10))?;
         let kernel = match plan.writer {
@@ -200,12 +200,12 @@ impl WriterSide {
         let payload_write = self.kernels.function(COH_PAYLOAD_WRITE)?;
         let (ctx, stream, results) = (self.ctx.clone(), self.stream.clone(), self.results.clone());
         let thread = std::thread::spawn(move || {
-            let run = || -> Result<WriterReport, ProbeError> {
+            let run = || -> Result<WriterReport, MeasurementError> {
                 ctx.bind()?;
                 match (&memory, plan.writer) {
                     (OwnedMemory::Host(block), Writer::Cpu) => Ok(cpu_writer(block.get(), plan)),
                     (OwnedMemory::Device(owner), Writer::Kernel { .. }) => {
-                        let kernel = kernel.ok_or_else(|| ProbeError::Missing("no writer kernel"))?;
+                        let kernel = kernel.ok_or_else(|| MeasurementError::Missing("no writer kernel"))?;
                         let words = Words::of(owner.span())?;
                         kernel.launch_typed(
                             &stream,
@@ -246,7 +246,7 @@ impl WriterSide {
                         }
                         Ok(WriterReport { rounds_done: plan.rounds, ..WriterReport::default() })
                     }
-                    _ => Err(ProbeError::Other(format!("writer {:?} does not run on this memory", plan.writer))),
+                    _ => Err(MeasurementError::Other(format!("writer {:?} does not run on this memory", plan.writer))),
                 }
             };
             run().unwrap_or_else(|e| WriterReport { error: Some(e.to_string()), ..WriterReport::default() })
@@ -381,7 +381,7 @@ pub(super) fn run_cell_inner(
     plan: CellPlan,
     reader_kind: Reader,
     cell: &mut Cell,
-) -> Result<(), ProbeError> {
+) -> Result<(), MeasurementError> {
     reader.ctx.bind()?;
     memory.reset(&reader.stream)?;
     reader.prepare()?;
@@ -392,7 +392,7 @@ pub(super) fn run_cell_inner(
             match recv_from_writer(child, Duration::from_secs(30))? {
                 FromWriter::Started => None,
                 other => {
-                    return Err(ProbeError::Unexpected {
+                    return Err(MeasurementError::Unexpected {
                         peer: "writer",
                         expected: "started",
                         got: format!("{other:?}"),
@@ -439,7 +439,7 @@ pub(super) fn run_cell_inner(
             match recv_from_writer(child, Duration::from_secs(60))? {
                 FromWriter::Finished(report) => report,
                 other => {
-                    return Err(ProbeError::Unexpected {
+                    return Err(MeasurementError::Unexpected {
                         peer: "writer",
                         expected: "finished",
                         got: format!("{other:?}"),
@@ -505,12 +505,12 @@ pub fn classify(cell: &Cell, aborted: bool) -> Outcome {
     }
 }
 
-pub(super) fn recv_from_writer(child: &ChildProcess, timeout: Duration) -> Result<FromWriter, ProbeError> {
+pub(super) fn recv_from_writer(child: &ChildProcess, timeout: Duration) -> Result<FromWriter, MeasurementError> {
     let reply: serde_json::Value = child.channel().recv_plain(timeout)?;
     if let Ok(failure) = serde_json::from_value::<ChildFailure>(reply.clone()) {
-        return Err(ProbeError::Child { role: "coherency-writer".to_owned(), reason: failure.error });
+        return Err(MeasurementError::Child { role: "coherency-writer".to_owned(), reason: failure.error });
     }
-    serde_json::from_value(reply).map_err(|source| ProbeError::Malformed { what: "writer".to_owned(), source })
+    serde_json::from_value(reply).map_err(|source| MeasurementError::Malformed { what: "writer".to_owned(), source })
 }
 
 /// What a coherency helper is asked to do (the envelope is [`ChildTask`]).
@@ -526,9 +526,9 @@ pub enum CoherencyTask {
 }
 
 /// The writer child: imports the memory it is sent, then runs cells on request.
-pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), MeasurementError> {
     let CoherencyTask::Writer { device } =
-        task.decode().map_err(|source| ProbeError::Malformed { what: "coherency task".to_owned(), source })?;
+        task.decode().map_err(|source| MeasurementError::Malformed { what: "coherency task".to_owned(), source })?;
     let ctx = Context::for_ordinal(device)?;
     let mut side = WriterSide::new(&ctx, None)?;
     let mut _imported: Option<WordsOwner> = None;
@@ -543,7 +543,7 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
                 channel.send(&FromWriter::Ready, Vec::new())?;
             }
             ToWriter::MapHost => {
-                let fd = fds.pop().ok_or_else(|| ProbeError::Missing("no memfd came with MapHost"))?;
+                let fd = fds.pop().ok_or_else(|| MeasurementError::Missing("no memfd came with MapHost"))?;
                 let memory = SharedMemory::from_fd(fd, HOST_WORDS * 8)?;
                 side.memory = Some(OwnedMemory::Host(Arc::new(SharedObject::new(memory)?)));
                 channel.send(&FromWriter::Ready, Vec::new())?;

@@ -9,7 +9,7 @@ use gpu_ipc::core::shm::{SharedMemory, SharedObject};
 use gpu_ipc::driver::{Context, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, Stream};
 use gpu_ipc::kernels::probe::coherency_layout as layout;
 
-use harness::ProbeError;
+use harness::MeasurementError;
 
 use super::*;
 
@@ -21,7 +21,7 @@ pub(super) struct HostShared {
 }
 
 impl HostShared {
-    pub(super) fn create(ctx: &Context) -> Result<Self, ProbeError> {
+    pub(super) fn create(ctx: &Context) -> Result<Self, MeasurementError> {
         let memory = SharedMemory::create("gpu-ipc-coherency", HOST_WORDS * 8)?;
         let block = Arc::new(SharedObject::new(memory)?);
         let registration = Arc::new(HostRegistration::new(ctx, block.clone())?);
@@ -88,7 +88,7 @@ impl Memory<'_> {
     }
 
     /// Zeroes flag, ack and payload (synchronously).
-    pub(super) fn reset(&self, stream: &Stream) -> Result<(), ProbeError> {
+    pub(super) fn reset(&self, stream: &Stream) -> Result<(), MeasurementError> {
         match self {
             Memory::Device(owner) => {
                 owner.span().slice(0, WRITE_TS_OFFSET)?.fill_u32_async(0, stream)?;
@@ -140,7 +140,7 @@ impl Throttle {
     }
 
     /// Call before queueing `round`.
-    pub(super) fn before(&mut self, stream: &Stream, round: u64) -> Result<(), ProbeError> {
+    pub(super) fn before(&mut self, stream: &Stream, round: u64) -> Result<(), MeasurementError> {
         if round.is_multiple_of(THROTTLE_EVERY) {
             let event = Event::new(&self.ctx, EventFlags::default())?;
             event.record(stream)?;
@@ -156,7 +156,7 @@ impl Throttle {
                 continue;
             }
             if Instant::now() > deadline {
-                return Err(ProbeError::Wait(format!(
+                return Err(MeasurementError::Wait(format!(
                     "round {queued} did not complete within 30 s while queueing round {round}"
                 )));
             }
@@ -167,12 +167,12 @@ impl Throttle {
 }
 
 /// Waits (bounded by `deadline`) until `stream` has no work left.
-pub(super) fn wait_idle(stream: &Stream, deadline: Instant) -> Result<(), ProbeError> {
+pub(super) fn wait_idle(stream: &Stream, deadline: Instant) -> Result<(), MeasurementError> {
     loop {
         match stream.is_idle()? {
             true => return Ok(()),
             false if Instant::now() < deadline => std::thread::sleep(Duration::from_micros(100)),
-            false => return Err(ProbeError::Wait("the GPU stream did not drain before the deadline".to_owned())),
+            false => return Err(MeasurementError::Wait("the GPU stream did not drain before the deadline".to_owned())),
         }
     }
 }

@@ -21,7 +21,7 @@ use super::protocol::{
     Command, CrashTask, FLAG_AREA_BYTES, FLAG_RELEASE, FLAG_VICTIM_TARGET, ObserverParams, Reply, SAMPLE_WORDS,
     SEQ_AFTER, SEQ_BEFORE, pattern_bytes,
 };
-use harness::ProbeError;
+use harness::MeasurementError;
 use harness::child::{Channel, ChildTask};
 
 /// How long a child waits for its next command (the parent settles memory readings between commands); a parent
@@ -39,9 +39,9 @@ const THREADS: u32 = 256;
 ///
 /// # Errors
 /// Unknown role or parameters, or a failure that ends the role (reported to the parent by `child_main`).
-pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), MeasurementError> {
     let what = format!("{} task", task.role);
-    match task.decode::<CrashTask>().map_err(|source| ProbeError::Malformed { what, source })? {
+    match task.decode::<CrashTask>().map_err(|source| MeasurementError::Malformed { what, source })? {
         CrashTask::Observer(params) => observer(params, channel),
         CrashTask::Exporter(params) | CrashTask::Importer(params) => {
             gpu_ipc::dispatch_gpu(params.backend, PeerRole { device: params.device, channel })
@@ -50,7 +50,7 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
     }
 }
 
-fn observer(params: ObserverParams, channel: &Channel) -> Result<(), ProbeError> {
+fn observer(params: ObserverParams, channel: &Channel) -> Result<(), MeasurementError> {
     let ctx = Context::for_ordinal(params.device)?;
     channel.send(&Reply::Ready { pid: std::process::id() }, Vec::new())?;
     loop {
@@ -65,7 +65,7 @@ fn observer(params: ObserverParams, channel: &Channel) -> Result<(), ProbeError>
                 return Ok(());
             }
             other => {
-                return Err(ProbeError::Unexpected {
+                return Err(MeasurementError::Unexpected {
                     peer: "parent",
                     expected: "an observer command",
                     got: format!("{other:?}"),
@@ -81,7 +81,7 @@ struct PeerRole<'a> {
 }
 
 impl GpuBackendVisitor for PeerRole<'_> {
-    type Output = Result<(), ProbeError>;
+    type Output = Result<(), MeasurementError>;
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let ctx = Context::for_ordinal(self.device)?;
         B::check_support(&ctx)?;
@@ -109,7 +109,7 @@ impl GpuBackendVisitor for PeerRole<'_> {
                     return Ok(());
                 }
                 Command::Measure => {
-                    return Err(ProbeError::Unexpected {
+                    return Err(MeasurementError::Unexpected {
                         peer: "parent",
                         expected: "an exporter or importer command",
                         got: "Measure".to_owned(),
@@ -141,7 +141,7 @@ struct Peer<B: GpuBackend> {
 }
 
 impl<B: GpuBackend> Peer<B> {
-    fn new(ctx: Context) -> Result<Self, ProbeError> {
+    fn new(ctx: Context) -> Result<Self, MeasurementError> {
         let probe_kernels = ProbeKernels::load(&ctx)?;
         let sms = ctx.device().sm_count()?;
         Ok(Self {
@@ -166,7 +166,7 @@ impl<B: GpuBackend> Peer<B> {
     /// Runs each kernel once on scratch memory, so that costs the driver charges to a context lazily (module
     /// data, local memory for the first launch) are paid before `Ready`, where the observer counts them as the
     /// context's and not as the shared allocation's.
-    fn warm_up(self) -> Result<Self, ProbeError> {
+    fn warm_up(self) -> Result<Self, MeasurementError> {
         self.kernels.fill(&self.stream, self.victim_marker.span(), SEQ_BEFORE)?;
         self.kernels.count_mismatches(&self.stream, self.victim_marker.span(), SEQ_BEFORE)?;
         self.hammer.launch_typed(
@@ -196,21 +196,21 @@ impl<B: GpuBackend> Peer<B> {
     }
 
     /// The shared memory, whichever side this is.
-    fn region(&self) -> Result<DeviceSpan<'_>, ProbeError> {
+    fn region(&self) -> Result<DeviceSpan<'_>, MeasurementError> {
         match (&self.exported, &self.imported) {
             (Some(r), _) => Ok(r.span()),
             (_, Some(r)) => Ok(r.span()),
-            _ => Err(ProbeError::Missing("no shared memory yet (allocate or import first)")),
+            _ => Err(MeasurementError::Missing("no shared memory yet (allocate or import first)")),
         }
     }
 
     /// The flag area after the pattern, whose first word is the flag.
-    fn flag(&self) -> Result<DeviceSpan<'_>, ProbeError> {
+    fn flag(&self) -> Result<DeviceSpan<'_>, MeasurementError> {
         let region = self.region()?;
         Ok(region.slice(pattern_bytes(region.len()), FLAG_AREA_BYTES)?)
     }
 
-    fn allocate(&mut self, bytes: u64) -> Result<(Reply, Vec<std::os::fd::OwnedFd>), ProbeError> {
+    fn allocate(&mut self, bytes: u64) -> Result<(Reply, Vec<std::os::fd::OwnedFd>), MeasurementError> {
         let region = B::allocate(&self.ctx, bytes.max(2 * FLAG_AREA_BYTES))?;
         let span = region.span();
         let pattern = pattern_bytes(span.len());
@@ -223,7 +223,7 @@ impl<B: GpuBackend> Peer<B> {
         Ok((Reply::Exported { handle: handle.bytes, size: handle.size }, handle.fd.into_iter().collect()))
     }
 
-    fn import(&mut self, handle: ExportedHandle) -> Result<Reply, ProbeError> {
+    fn import(&mut self, handle: ExportedHandle) -> Result<Reply, MeasurementError> {
         let started = Instant::now();
         let region = B::import(&self.ctx, handle)?;
         let import_ms = ms(started);
@@ -234,7 +234,7 @@ impl<B: GpuBackend> Peer<B> {
         Ok(Reply::Imported { mismatches, import_ms })
     }
 
-    fn hammer(&mut self, duration_ms: u64) -> Result<Reply, ProbeError> {
+    fn hammer(&mut self, duration_ms: u64) -> Result<Reply, MeasurementError> {
         let region = self.region()?;
         let pattern = region.slice(0, pattern_bytes(region.len()))?;
         self.hammer_stats.write(0, &[0u64; 2])?;
@@ -252,7 +252,7 @@ impl<B: GpuBackend> Peer<B> {
         Ok(Reply::Launched)
     }
 
-    fn hold_wait(&mut self, timeout_ms: u64) -> Result<Reply, ProbeError> {
+    fn hold_wait(&mut self, timeout_ms: u64) -> Result<Reply, MeasurementError> {
         let flag = self.flag()?;
         self.victim_wait_out.write(0, &[0u64; 3])?;
         self.wait_flag.launch_typed(
@@ -363,7 +363,7 @@ impl<B: GpuBackend> Peer<B> {
 
     /// Starts a polling kernel on the shared flag, then writes the release value from the host; returns how the
     /// kernel ended and how long it waited.
-    fn survivor_wait(&self, flag: DeviceSpan<'_>) -> Result<(WaitOutcome, Option<f64>), ProbeError> {
+    fn survivor_wait(&self, flag: DeviceSpan<'_>) -> Result<(WaitOutcome, Option<f64>), MeasurementError> {
         self.wait_out.write(0, &[0u64; 3])?;
         self.wait_flag.launch_typed(
             &self.stream,
@@ -387,13 +387,13 @@ impl<B: GpuBackend> Peer<B> {
         Ok(match out[0] {
             1 => (WaitOutcome::Released, waited),
             2 => (WaitOutcome::TimedOut, waited),
-            other => return Err(ProbeError::Other(format!("the wait kernel wrote state {other}"))),
+            other => return Err(MeasurementError::Other(format!("the wait kernel wrote state {other}"))),
         })
     }
 
     /// Releases any wait this process holds, waits for its streams (every kernel on them is bounded), and drops
     /// the memory. The context stays.
-    fn close(&mut self) -> Result<Reply, ProbeError> {
+    fn close(&mut self) -> Result<Reply, MeasurementError> {
         if self.holding_wait {
             self.flag()?.write(0, &[FLAG_RELEASE])?;
             self.holding_wait = false;
@@ -408,7 +408,7 @@ impl<B: GpuBackend> Peer<B> {
 }
 
 /// Polls `stream` until it is idle or `deadline` passes; `Ok(false)` on the deadline.
-fn poll_idle(stream: &Stream, deadline: Duration) -> Result<bool, ProbeError> {
+fn poll_idle(stream: &Stream, deadline: Duration) -> Result<bool, MeasurementError> {
     let started = Instant::now();
     loop {
         if stream.is_idle()? {

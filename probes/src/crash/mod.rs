@@ -31,10 +31,10 @@ use serde::{Deserialize, Serialize};
 
 use gpu_ipc::BackendKind;
 
-use harness::env::ProbeEnv;
+use harness::env::MeasurementEnv;
 use harness::progress::Progress;
 use harness::report::{Plots, ReportSection};
-use harness::{CommonArgs, ProbeError, ProbeOutput, Verdict};
+use harness::{CommonArgs, MeasurementError, MeasurementOutput, Verdict};
 
 pub use child::child;
 pub use model::{CrashCase, TrialRecord};
@@ -148,19 +148,19 @@ pub fn main(args: &ProbeArgs) -> u8 {
     harness::execute("crash", &args.common, |env, progress| run(args, env, progress), render_text)
 }
 
-fn backends(args: &ProbeArgs) -> Result<Vec<BackendKind>, ProbeError> {
+fn backends(args: &ProbeArgs) -> Result<Vec<BackendKind>, MeasurementError> {
     if args.backend.is_empty() {
         return Ok(gpu_ipc::COMPILED_GPU.to_vec());
     }
     match args.backend.iter().find(|backend| !gpu_ipc::COMPILED_GPU.contains(backend)) {
         Some(backend) => {
-            Err(ProbeError::Unavailable(format!("the {backend} backend is not a GPU backend of this build")))
+            Err(MeasurementError::Unavailable(format!("the {backend} backend is not a GPU backend of this build")))
         }
         None => Ok(args.backend.clone()),
     }
 }
 
-fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results, Verdict), ProbeError> {
+fn run(args: &ProbeArgs, env: &MeasurementEnv, progress: &Progress) -> Result<(Results, Verdict), MeasurementError> {
     let backends = backends(args)?;
     let repetitions = args.repetitions.unwrap_or(if args.common.quick { QUICK_REPETITIONS } else { FULL_REPETITIONS });
     let plan = trial::Plan { device: args.common.device, allocation_bytes: args.mib << 20, mps: env.mps };
@@ -251,8 +251,8 @@ fn run(args: &ProbeArgs, env: &ProbeEnv, progress: &Progress) -> Result<(Results
 
 /// The report's section, from the runs without and with MPS (see [`render::report_section`]).
 pub fn report_section(
-    no_mps: Option<&ProbeOutput<Results>>,
-    mps: Option<&ProbeOutput<Results>>,
+    no_mps: Option<&MeasurementOutput<Results>>,
+    mps: Option<&MeasurementOutput<Results>>,
     plots: &mut Plots,
 ) -> ReportSection {
     render::report_section(no_mps, mps, plots)
@@ -260,7 +260,7 @@ pub fn report_section(
 
 /// Starts a new observer after the old one lost its context: a few tries, since a server that is still tearing
 /// down its clients after a fault may refuse a new one for a moment.
-fn respawn_observer(device: i32, uuid: Option<&str>) -> Result<trial::Observer, ProbeError> {
+fn respawn_observer(device: i32, uuid: Option<&str>) -> Result<trial::Observer, MeasurementError> {
     let mut last = None;
     for attempt in 0..3 {
         if attempt > 0 {
@@ -271,7 +271,7 @@ fn respawn_observer(device: i32, uuid: Option<&str>) -> Result<trial::Observer, 
             Err(e) => last = Some(e),
         }
     }
-    Err(last.unwrap_or_else(|| ProbeError::Missing("the observer did not start")))
+    Err(last.unwrap_or_else(|| MeasurementError::Missing("the observer did not start")))
 }
 
 /// The crash probe, as [`crate::PROBES`] lists it.
@@ -303,14 +303,14 @@ impl crate::Probe for Crash {
         &self,
         task: harness::child::ChildTask,
         channel: &harness::child::Channel,
-    ) -> Result<(), harness::ProbeError> {
+    ) -> Result<(), harness::MeasurementError> {
         child(task, channel)
     }
 
     fn report_section(
         &self,
-        no_mps: Option<&harness::ProbeOutput<serde_json::Value>>,
-        mps: Option<&harness::ProbeOutput<serde_json::Value>>,
+        no_mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
+        mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
         plots: &mut harness::report::Plots,
         problems: &mut Vec<String>,
     ) -> harness::report::ReportSection {

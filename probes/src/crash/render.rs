@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use super::Results;
 use super::model::{self, MemoryReturn, WaitOutcome};
 use super::summary::{self, CellSummary};
-use harness::ProbeOutput;
+use harness::MeasurementOutput;
 use harness::report::{Plots, ReportSection};
 use harness::stats::Distribution;
 
@@ -14,7 +14,7 @@ pub const QUESTION: &str =
     "Does shared GPU memory survive the death of the process that exported it, or of one that imported it?";
 
 /// The result as text: the verdict, then a table of counts per backend and case, then the times.
-pub fn render_text(output: &ProbeOutput<Results>) -> String {
+pub fn render_text(output: &MeasurementOutput<Results>) -> String {
     let mut text = String::new();
     let device = output.env.headline(0);
     let _ = writeln!(text, "gpu-ipc probe crash on {device}{}", if output.quick { " (quick)" } else { "" });
@@ -141,11 +141,11 @@ fn dist_md(d: Option<&Distribution>) -> String {
 /// The report's section, from the runs without and with MPS (either may be missing). `plots` is not used: the
 /// answer is counts, which tables show better than charts.
 pub fn report_section(
-    no_mps: Option<&ProbeOutput<Results>>,
-    mps: Option<&ProbeOutput<Results>>,
+    no_mps: Option<&MeasurementOutput<Results>>,
+    mps: Option<&MeasurementOutput<Results>>,
     _plots: &mut Plots,
 ) -> ReportSection {
-    let runs: Vec<(&str, &ProbeOutput<Results>)> =
+    let runs: Vec<(&str, &MeasurementOutput<Results>)> =
         [("without MPS", no_mps), ("with MPS", mps)].into_iter().filter_map(|(l, r)| r.map(|r| (l, r))).collect();
     if runs.is_empty() {
         return ReportSection::missing("crash");

@@ -12,7 +12,7 @@ use gpu_ipc::core::wire::WireError;
 
 use super::model::{CrashCase, FailureKind, MemoryReading, MemoryTrace, SurvivorReport, TrialFailure, TrialRecord};
 use super::protocol::{Command, CrashTask, ObserverParams, PeerParams, Reply};
-use harness::ProbeError;
+use harness::MeasurementError;
 use harness::child::{ChannelError, ChildProcess, ChildTask};
 
 /// How long the survivor's hammer kernel runs across the death, in ms (the victim is reaped only once it ends,
@@ -114,12 +114,12 @@ impl Observer {
     ///
     /// # Errors
     /// The child could not start or create its context.
-    pub fn spawn(device: i32, device_uuid: Option<String>) -> Result<Self, ProbeError> {
+    pub fn spawn(device: i32, device_uuid: Option<String>) -> Result<Self, MeasurementError> {
         let task = ChildTask::of(&CrashTask::Observer(ObserverParams { device }))
-            .map_err(|source| ProbeError::Malformed { what: "observer task".to_owned(), source })?;
+            .map_err(|source| MeasurementError::Malformed { what: "observer task".to_owned(), source })?;
         let child = ChildProcess::spawn(&task, &[], CONNECT_TIMEOUT)?;
         let observer = Self { child, device, device_uuid, smi_answered: std::cell::Cell::new(false) };
-        observer.ready().map_err(|e| ProbeError::Child {
+        observer.ready().map_err(|e| MeasurementError::Child {
             role: "crash-observer".to_owned(),
             reason: match e {
                 AskError::Hung(d) | AskError::Failed(d) => d,

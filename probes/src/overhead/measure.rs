@@ -11,7 +11,7 @@ use gpu_ipc::driver::{
 use gpu_ipc::kernels::probe::{MEM_CHASE, MEM_READ, MEM_STORE_LATENCY, MEM_WRITE, ProbeKernels};
 use serde::{Deserialize, Serialize};
 
-use harness::ProbeError;
+use harness::MeasurementError;
 use harness::child::ChildFailure;
 use harness::child::{Channel, ChildProcess, ChildTask};
 use harness::regions::{ExportedRegion, HandleMessage, ImportedRegion};
@@ -54,34 +54,37 @@ pub enum OverheadTask {
     },
 }
 
-pub(super) fn spawn_child(task: OverheadTask) -> Result<ChildProcess, ProbeError> {
-    let task =
-        ChildTask::of(&task).map_err(|source| ProbeError::Malformed { what: "overhead task".to_owned(), source })?;
+pub(super) fn spawn_child(task: OverheadTask) -> Result<ChildProcess, MeasurementError> {
+    let task = ChildTask::of(&task)
+        .map_err(|source| MeasurementError::Malformed { what: "overhead task".to_owned(), source })?;
     Ok(ChildProcess::spawn(&task, &[], Duration::from_secs(30))?)
 }
 
-pub(super) fn recv_reply(child: &ChildProcess, timeout: Duration) -> Result<FromChild, ProbeError> {
+pub(super) fn recv_reply(child: &ChildProcess, timeout: Duration) -> Result<FromChild, MeasurementError> {
     let (reply, fds): (serde_json::Value, _) = child.channel().recv(timeout)?;
     drop(fds);
     if let Ok(failure) = serde_json::from_value::<ChildFailure>(reply.clone()) {
-        return Err(ProbeError::Child { role: "overhead".to_owned(), reason: failure.error });
+        return Err(MeasurementError::Child { role: "overhead".to_owned(), reason: failure.error });
     }
-    serde_json::from_value(reply).map_err(|source| ProbeError::Malformed { what: "overhead child".to_owned(), source })
+    serde_json::from_value(reply)
+        .map_err(|source| MeasurementError::Malformed { what: "overhead child".to_owned(), source })
 }
 
 pub(super) fn ask_export(
     exporter: &ChildProcess,
     backend: BackendKind,
     bytes: u64,
-) -> Result<(HandleMessage, Option<std::os::fd::OwnedFd>), ProbeError> {
+) -> Result<(HandleMessage, Option<std::os::fd::OwnedFd>), MeasurementError> {
     exporter.channel().send(&ToChild::Allocate { backend, bytes }, Vec::new())?;
     let (reply, mut fds): (serde_json::Value, _) = exporter.channel().recv(Duration::from_secs(120))?;
     if let Ok(failure) = serde_json::from_value::<ChildFailure>(reply.clone()) {
-        return Err(ProbeError::Child { role: "overhead-exporter".to_owned(), reason: failure.error });
+        return Err(MeasurementError::Child { role: "overhead-exporter".to_owned(), reason: failure.error });
     }
     match serde_json::from_value(reply) {
         Ok(FromChild::Exported(message)) => Ok((message, fds.pop())),
-        other => Err(ProbeError::Unexpected { peer: "exporter", expected: "its reply", got: format!("{other:?}") }),
+        other => {
+            Err(MeasurementError::Unexpected { peer: "exporter", expected: "its reply", got: format!("{other:?}") })
+        }
     }
 }
 
@@ -89,7 +92,7 @@ pub(super) fn peer_import(
     ctx: &Context,
     device: i32,
     bytes: u64,
-) -> Result<(ChildProcess, ImportedRegion), ProbeError> {
+) -> Result<(ChildProcess, ImportedRegion), MeasurementError> {
     let peer_device = if device == 0 { 1 } else { 0 };
     let peer = spawn_child(OverheadTask::Exporter { device: peer_device })?;
     #[cfg(feature = "legacy")]
@@ -108,14 +111,14 @@ pub(super) fn time_attach(
     message: &HandleMessage,
     fd: Option<std::os::fd::OwnedFd>,
     reps: u32,
-) -> Result<AttachPoint, ProbeError> {
+) -> Result<AttachPoint, MeasurementError> {
     let (mut attach, mut detach) = (Vec::new(), Vec::new());
     for _ in 0..reps {
         let dup = fd
             .as_ref()
             .map(std::os::fd::OwnedFd::try_clone)
             .transpose()
-            .map_err(|source| ProbeError::Io { op: "duplicate the fd", source })?;
+            .map_err(|source| MeasurementError::Io { op: "duplicate the fd", source })?;
         let started = Instant::now();
         let region = ImportedRegion::import(ctx, message, dup)?;
         attach.push(started.elapsed().as_secs_f64() * 1e3);
@@ -123,7 +126,7 @@ pub(super) fn time_attach(
         drop(region);
         detach.push(started.elapsed().as_secs_f64() * 1e3);
     }
-    let none = || ProbeError::Missing("no attach samples");
+    let none = || MeasurementError::Missing("no attach samples");
     Ok(AttachPoint {
         backend,
         bytes: message.size,
@@ -150,7 +153,7 @@ pub(super) struct Bench {
 pub(super) const CHASE_STEPS: u64 = 4096;
 
 impl Bench {
-    pub(super) fn new(ctx: &Context) -> Result<Self, ProbeError> {
+    pub(super) fn new(ctx: &Context) -> Result<Self, MeasurementError> {
         let kernels = ProbeKernels::load(ctx)?;
         let sms = ctx.device().sm_count()?;
         Ok(Self {
@@ -175,13 +178,13 @@ impl Bench {
         bytes: u64,
         runs: u32,
         write: bool,
-    ) -> Result<Measured, ProbeError> {
+    ) -> Result<Measured, MeasurementError> {
         let base = base.slice(0, bytes)?;
         let n_vec = bytes / 16;
         let blocks = (n_vec.div_ceil(256).min(u64::from(self.blocks)).max(1)) as u32;
         let config = LaunchConfig::linear(blocks, 256);
         let launches = (256 * MIB / bytes).clamp(4, 2000) as u32;
-        let launch = |i: u32| -> Result<(), ProbeError> {
+        let launch = |i: u32| -> Result<(), MeasurementError> {
             if write {
                 self.write.launch_typed(
                     &self.stream,
@@ -221,7 +224,7 @@ impl Bench {
     }
 
     /// ns per dependent load over a random cyclic chain of 128-byte lines spanning `bytes` at `base`.
-    pub(super) fn chase(&self, base: DeviceSpan<'_>, bytes: u64, runs: u32) -> Result<Measured, ProbeError> {
+    pub(super) fn chase(&self, base: DeviceSpan<'_>, bytes: u64, runs: u32) -> Result<Measured, MeasurementError> {
         let lines = (bytes / LINE).max(2);
         let chain = chain_words(lines, 0x5eed_0000 ^ bytes);
         let base = base.slice(0, lines * LINE)?;
@@ -256,7 +259,7 @@ impl Bench {
     }
 
     /// ns per store + `__threadfence()` over 1 MiB of lines at `base`.
-    pub(super) fn store_latency(&self, base: DeviceSpan<'_>, runs: u32) -> Result<Measured, ProbeError> {
+    pub(super) fn store_latency(&self, base: DeviceSpan<'_>, runs: u32) -> Result<Measured, MeasurementError> {
         let base = base.slice(0, MIB)?;
         let mut values = Vec::new();
         let mut pooled = Vec::new();
@@ -281,7 +284,7 @@ impl Bench {
 
     /// The per-step cycle counts the last chase or store kernel wrote, converted to ns with the kernel's own
     /// total cycles / total `%globaltimer` ns.
-    pub(super) fn read_cycles(&self) -> Result<Vec<f64>, ProbeError> {
+    pub(super) fn read_cycles(&self) -> Result<Vec<f64>, MeasurementError> {
         let mut words = vec![0u64; (CHASE_STEPS + 2) as usize];
         self.scratch.read(0, &mut words)?;
         let total_cycles = words[CHASE_STEPS as usize] as f64;
@@ -296,9 +299,9 @@ pub(super) fn median(samples: &[f64]) -> f64 {
     Distribution::from_samples(&mut copy).map_or(f64::NAN, |d| d.p50)
 }
 
-pub(super) fn measured(values: Vec<f64>, samples: Option<Distribution>) -> Result<Measured, ProbeError> {
+pub(super) fn measured(values: Vec<f64>, samples: Option<Distribution>) -> Result<Measured, MeasurementError> {
     let summary = Distribution::from_samples(&mut values.clone())
-        .ok_or_else(|| ProbeError::Missing("a measurement produced no value"))?;
+        .ok_or_else(|| MeasurementError::Missing("a measurement produced no value"))?;
     Ok(Measured { runs: values, summary, samples })
 }
 
@@ -325,10 +328,10 @@ pub fn chain_words(lines: u64, seed: u64) -> Vec<u64> {
 
 /// The child processes: `overhead-exporter` allocates and exports on request; `overhead-importer` is a fresh process
 /// whose first import is timed.
-pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), MeasurementError> {
     // Both roles serve the same requests; the importer is asked only to import.
     let (OverheadTask::Exporter { device } | OverheadTask::Importer { device }) =
-        task.decode().map_err(|source| ProbeError::Malformed { what: "overhead task".to_owned(), source })?;
+        task.decode().map_err(|source| MeasurementError::Malformed { what: "overhead task".to_owned(), source })?;
     let started = Instant::now();
     let ctx = Context::for_ordinal(device)?;
     let context_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -350,7 +353,7 @@ pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
                     .as_ref()
                     .map(std::os::fd::OwnedFd::try_clone)
                     .transpose()
-                    .map_err(|source| ProbeError::Io { op: "duplicate the fd", source })?;
+                    .map_err(|source| MeasurementError::Io { op: "duplicate the fd", source })?;
                 let t = Instant::now();
                 let first = ImportedRegion::import(&ctx, &handle, fd)?;
                 let first_ms = t.elapsed().as_secs_f64() * 1e3;

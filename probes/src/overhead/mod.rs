@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use gpu_ipc::driver::{Context, Device, DeviceBuffer, DeviceMemory, DeviceSpan};
 
-use harness::env::ProbeEnv;
+use harness::env::MeasurementEnv;
 use harness::progress::Progress;
 use harness::regions::{ExportedRegion, ImportedRegion};
 use harness::stats::Distribution;
-use harness::{CommonArgs, ProbeError, Verdict};
+use harness::{CommonArgs, MeasurementError, Verdict};
 
 use measure::*;
 pub use measure::{chain_words, child};
@@ -75,7 +75,11 @@ pub(super) fn working_sets(quick: bool) -> Vec<(u64, &'static str)> {
     sets
 }
 
-pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Results, Verdict), ProbeError> {
+pub(super) fn run(
+    args: &ProbeArgs,
+    _env: &MeasurementEnv,
+    progress: &Progress,
+) -> Result<(Results, Verdict), MeasurementError> {
     let quick = args.common.quick;
     let runs = args.runs.unwrap_or(if quick { 3 } else { 5 }).max(2);
     let attach_reps = args.attach_reps.unwrap_or(if quick { 20 } else { 200 }).max(1);
@@ -173,7 +177,7 @@ pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Res
                 .as_ref()
                 .map(std::os::fd::OwnedFd::try_clone)
                 .transpose()
-                .map_err(|source| ProbeError::Io { op: "duplicate the fd", source })?;
+                .map_err(|source| MeasurementError::Io { op: "duplicate the fd", source })?;
             importer.channel().send(&ToChild::Import(message.clone()), dup.into_iter().collect())?;
             match recv_reply(&importer, Duration::from_secs(60))? {
                 FromChild::Imported { context_ms, first_ms, second_ms } => {
@@ -182,7 +186,7 @@ pub(super) fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Res
                     second.push(second_ms);
                 }
                 other => {
-                    return Err(ProbeError::Unexpected {
+                    return Err(MeasurementError::Unexpected {
                         peer: "importer",
                         expected: "its reply",
                         got: format!("{other:?}"),
@@ -236,7 +240,7 @@ impl crate::Probe for Overhead {
         &self,
         task: harness::child::ChildTask,
         channel: &harness::child::Channel,
-    ) -> Result<(), harness::ProbeError> {
+    ) -> Result<(), harness::MeasurementError> {
         child(task, channel)
     }
 
@@ -246,8 +250,8 @@ impl crate::Probe for Overhead {
 
     fn report_section(
         &self,
-        no_mps: Option<&harness::ProbeOutput<serde_json::Value>>,
-        mps: Option<&harness::ProbeOutput<serde_json::Value>>,
+        no_mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
+        mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
         plots: &mut harness::report::Plots,
         problems: &mut Vec<String>,
     ) -> harness::report::ReportSection {

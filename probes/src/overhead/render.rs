@@ -3,11 +3,11 @@
 use super::model::{AttachPoint, Comparison, FirstImport, KindResults, Results, human};
 use super::verdict::FINDING_RULE;
 
-use harness::ProbeOutput;
+use harness::MeasurementOutput;
 use harness::report::{LineChart, Plots, ReportSection, Series};
 
 /// The result as text.
-pub fn render_text(output: &ProbeOutput<Results>) -> String {
+pub fn render_text(output: &MeasurementOutput<Results>) -> String {
     let r = &output.results;
     let mut out = format!("gpu-ipc probe overhead: {} ({} runs per measurement)\n\n", output.env.headline(0), r.runs);
     out.push_str(&format!("{}\n{}\n\n", output.verdict.answer, output.verdict.key_figure));
@@ -82,8 +82,8 @@ pub(super) fn attach_table(attach: &[AttachPoint], firsts: &[FirstImport]) -> St
 
 /// The report's section, from the runs without and with MPS.
 pub fn report_section(
-    no_mps: Option<&ProbeOutput<Results>>,
-    mps: Option<&ProbeOutput<Results>>,
+    no_mps: Option<&MeasurementOutput<Results>>,
+    mps: Option<&MeasurementOutput<Results>>,
     plots: &mut Plots,
 ) -> ReportSection {
     let Some(main) = no_mps.or(mps) else { return ReportSection::missing("overhead") };

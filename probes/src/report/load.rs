@@ -1,4 +1,4 @@
-//! Reading the probes' JSON for the report: every file first as a [`ProbeOutput`] of untyped results (for the
+//! Reading the probes' JSON for the report: every file first as a [`MeasurementOutput`] of untyped results (for the
 //! envelope: where it ran, how long it took, its verdict), then handed to the probe's own
 //! [`Probe::report_section`](crate::Probe::report_section), which types the results. A missing or unreadable file is a problem the report names, never a panic.
 
@@ -11,7 +11,7 @@ use super::Pass;
 use super::run::{RUN_LOG_FILE, RunLog, RunStatus};
 use crate::ProbeName;
 use harness::report::{Plots, ReportSection};
-use harness::{ProbeOutput, SCHEMA_VERSION};
+use harness::{MeasurementOutput, SCHEMA_VERSION};
 
 /// What the report is made from.
 #[derive(Debug)]
@@ -45,13 +45,13 @@ pub struct PassInput {
     /// The file it was read from.
     pub source: PathBuf,
     /// The document, or why there is none.
-    pub document: Result<ProbeOutput<Value>, String>,
+    pub document: Result<MeasurementOutput<Value>, String>,
     /// How its run ended, when the run log says.
     pub run: Option<RunStatus>,
 }
 
 impl PassInput {
-    pub(crate) fn doc(&self) -> Option<&ProbeOutput<Value>> {
+    pub(crate) fn doc(&self) -> Option<&MeasurementOutput<Value>> {
         self.document.as_ref().ok()
     }
 
@@ -71,7 +71,7 @@ impl PassInput {
 
 /// Reads `path` as a probe's document; `Err` names the file (as `shown_as`, so that a report reads the same
 /// wherever its documents were read from) and says what is wrong with it.
-pub fn load_document(path: &Path, shown_as: &str) -> Result<ProbeOutput<Value>, String> {
+pub fn load_document(path: &Path, shown_as: &str) -> Result<MeasurementOutput<Value>, String> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("{shown_as}: not found")),
@@ -96,7 +96,7 @@ pub fn read_run_log(dir: &Path) -> Option<RunLog> {
 /// The verdict of a recorded run as this version's verdict logic reads its results (the logic is a pure function of
 /// the results, so a report rendered later from recorded JSON says what the current code concludes). A document
 /// whose results do not fit keeps its recorded verdict (the section reports the mismatch).
-pub fn revise_verdict(probe: ProbeName, mut doc: ProbeOutput<Value>) -> ProbeOutput<Value> {
+pub fn revise_verdict(probe: ProbeName, mut doc: MeasurementOutput<Value>) -> MeasurementOutput<Value> {
     if let Some(verdict) = probe.probe().revise_verdict(&doc.results) {
         doc.verdict = verdict;
     }
@@ -149,8 +149,8 @@ pub trait SectionSource {
     fn section(
         &self,
         probe: ProbeName,
-        no_mps: Option<&ProbeOutput<Value>>,
-        mps: Option<&ProbeOutput<Value>>,
+        no_mps: Option<&MeasurementOutput<Value>>,
+        mps: Option<&MeasurementOutput<Value>>,
         plots: &mut Plots,
         problems: &mut Vec<String>,
     ) -> ReportSection;
@@ -164,8 +164,8 @@ impl SectionSource for TypedSections {
     fn section(
         &self,
         probe: ProbeName,
-        no_mps: Option<&ProbeOutput<Value>>,
-        mps: Option<&ProbeOutput<Value>>,
+        no_mps: Option<&MeasurementOutput<Value>>,
+        mps: Option<&MeasurementOutput<Value>>,
         plots: &mut Plots,
         problems: &mut Vec<String>,
     ) -> ReportSection {
@@ -179,8 +179,8 @@ impl SectionSource for TypedSections {
 pub fn section_or_problem(
     source: &dyn SectionSource,
     probe: ProbeName,
-    no_mps: Option<&ProbeOutput<Value>>,
-    mps: Option<&ProbeOutput<Value>>,
+    no_mps: Option<&MeasurementOutput<Value>>,
+    mps: Option<&MeasurementOutput<Value>>,
     plots: &mut Plots,
     problems: &mut Vec<String>,
 ) -> Option<ReportSection> {
@@ -224,7 +224,7 @@ pub fn section_or_problem(
 }
 
 /// Checks the envelope of a document that loaded: the right probe, a schema this version reads.
-pub fn envelope_problems(probe: ProbeName, pass: Pass, doc: &ProbeOutput<Value>) -> Vec<String> {
+pub fn envelope_problems(probe: ProbeName, pass: Pass, doc: &MeasurementOutput<Value>) -> Vec<String> {
     let file = pass.file_name(probe);
     let mut problems = Vec::new();
     if doc.probe != probe.name() {

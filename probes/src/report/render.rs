@@ -14,7 +14,7 @@ use super::load::{PassInput, ProbeInputs, ReportInputs, SectionSource, envelope_
 use super::run::{RUN_LOG_FILE, RunStatus};
 use crate::ProbeName;
 use harness::report::{LineChart, Plots, ReportSection};
-use harness::{ProbeOutput, plot};
+use harness::{MeasurementOutput, plot};
 
 /// The folder, inside the report's, that holds the probes' JSON and logs.
 pub const RAW_DIR: &str = "raw";
@@ -174,10 +174,10 @@ fn probe_section(inputs: &ProbeInputs, sections: &dyn SectionSource, plots: &mut
 /// A section made of the runs' own verdicts, for a probe whose module renders none.
 fn verdict_section(
     probe: ProbeName,
-    no_mps: Option<&ProbeOutput<Value>>,
-    mps: Option<&ProbeOutput<Value>>,
+    no_mps: Option<&MeasurementOutput<Value>>,
+    mps: Option<&MeasurementOutput<Value>>,
 ) -> ReportSection {
-    let verdict = |doc: &ProbeOutput<Value>| {
+    let verdict = |doc: &MeasurementOutput<Value>| {
         format!("{} ({})", doc.verdict.answer.trim().trim_end_matches('.'), doc.verdict.key_figure)
     };
     let answer = match (no_mps, mps) {
@@ -257,7 +257,7 @@ fn section_markdown(section: &ReportSection, inputs: &ProbeInputs, answer: Optio
 }
 
 fn header(inputs: &ReportInputs) -> String {
-    let docs: Vec<&ProbeOutput<Value>> =
+    let docs: Vec<&MeasurementOutput<Value>> =
         inputs.probes.iter().flat_map(|p| p.passes.iter().filter_map(PassInput::doc)).collect();
     let mut devices = BTreeSet::new();
     for doc in &docs {
@@ -269,7 +269,7 @@ fn header(inputs: &ReportInputs) -> String {
             ));
         }
     }
-    let distinct = |f: &dyn Fn(&ProbeOutput<Value>) -> String| -> String {
+    let distinct = |f: &dyn Fn(&MeasurementOutput<Value>) -> String| -> String {
         let set: BTreeSet<String> = docs.iter().map(|d| f(d)).collect();
         if set.is_empty() {
             "unknown (no probe produced a result)".to_owned()

@@ -11,7 +11,7 @@ use gpu_ipc::driver::{
 use serde::{Deserialize, Serialize};
 
 use super::model::SUCCESS;
-use harness::ProbeError;
+use harness::MeasurementError;
 use harness::child::ChildFailure;
 use harness::child::{Channel, ChildTask};
 
@@ -319,9 +319,9 @@ pub enum CompatTask {
 ///
 /// # Errors
 /// Malformed parameters, no context, or a channel failure.
-pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), MeasurementError> {
     let CompatTask::Importer { device } =
-        task.decode().map_err(|source| ProbeError::Malformed { what: "vmm-compat task".to_owned(), source })?;
+        task.decode().map_err(|source| MeasurementError::Malformed { what: "vmm-compat task".to_owned(), source })?;
     let ctx = Context::for_ordinal(device)?;
     loop {
         let (request, fds): (ImportRequest, _) = channel.recv(REQUEST_TIMEOUT)?;

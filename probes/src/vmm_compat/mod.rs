@@ -15,11 +15,11 @@ pub mod verdict;
 
 use gpu_ipc::driver::Context;
 use harness::child::{Channel, ChildTask};
-use harness::env::ProbeEnv;
+use harness::env::MeasurementEnv;
 use harness::progress::Progress;
-use harness::{CommonArgs, ProbeError, Verdict};
+use harness::{CommonArgs, MeasurementError, Verdict};
 
-use harness::ProbeOutput;
+use harness::MeasurementOutput;
 use harness::report::{Plots, ReportSection};
 pub use model::Results;
 pub use render::render_text;
@@ -37,7 +37,7 @@ pub fn main(args: &ProbeArgs) -> u8 {
     harness::execute("vmm-compat", &args.common, |env, progress| run(args, env, progress), render_text)
 }
 
-fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Results, Verdict), ProbeError> {
+fn run(args: &ProbeArgs, _env: &MeasurementEnv, progress: &Progress) -> Result<(Results, Verdict), MeasurementError> {
     let ctx = Context::for_ordinal(args.common.device)?;
     let results = matrix::run_matrix(&ctx, args.common.device, progress, true);
     let verdict = verdict::verdict(&results);
@@ -48,14 +48,14 @@ fn run(args: &ProbeArgs, _env: &ProbeEnv, progress: &Progress) -> Result<(Result
 ///
 /// # Errors
 /// A task that is not the importer's, or the importer's failure.
-pub fn child(task: ChildTask, channel: &Channel) -> Result<(), ProbeError> {
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), MeasurementError> {
     importer::child(task, channel)
 }
 
 /// The report's section, from the runs without and with MPS.
 pub fn report_section(
-    no_mps: Option<&ProbeOutput<Results>>,
-    mps: Option<&ProbeOutput<Results>>,
+    no_mps: Option<&MeasurementOutput<Results>>,
+    mps: Option<&MeasurementOutput<Results>>,
     plots: &mut Plots,
 ) -> ReportSection {
     render::report_section(no_mps, mps, plots)
@@ -90,14 +90,14 @@ impl crate::Probe for VmmCompat {
         &self,
         task: harness::child::ChildTask,
         channel: &harness::child::Channel,
-    ) -> Result<(), harness::ProbeError> {
+    ) -> Result<(), harness::MeasurementError> {
         child(task, channel)
     }
 
     fn report_section(
         &self,
-        no_mps: Option<&harness::ProbeOutput<serde_json::Value>>,
-        mps: Option<&harness::ProbeOutput<serde_json::Value>>,
+        no_mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
+        mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
         plots: &mut harness::report::Plots,
         problems: &mut Vec<String>,
     ) -> harness::report::ReportSection {

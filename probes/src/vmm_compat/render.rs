@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::model::{AllocationKind, Attempt, NOT_APPLICABLE, Operation, Outcome, Results, SUCCESS};
 use super::verdict::{backend_agreement, disagreements, predict, prediction};
-use harness::ProbeOutput;
+use harness::MeasurementOutput;
 use harness::report::{Plots, ReportSection};
 
 /// A result code, short: `ok` for success, the name without `CUDA_ERROR_` otherwise.
@@ -52,7 +52,7 @@ fn mark(results: &Results, allocation: AllocationKind, operation: Operation, att
 }
 
 /// The result as text: the device attributes, then one block per allocation with one line per operation.
-pub fn render_text(output: &ProbeOutput<Results>) -> String {
+pub fn render_text(output: &MeasurementOutput<Results>) -> String {
     let r = &output.results;
     let a = &r.attributes;
     let mut s = String::new();
@@ -189,8 +189,8 @@ fn differences(a: &Results, b: &Results) -> Vec<String> {
 
 /// The report's section, from the runs without and with MPS.
 pub fn report_section(
-    no_mps: Option<&ProbeOutput<Results>>,
-    mps: Option<&ProbeOutput<Results>>,
+    no_mps: Option<&MeasurementOutput<Results>>,
+    mps: Option<&MeasurementOutput<Results>>,
     _plots: &mut Plots,
 ) -> ReportSection {
     let Some(main) = no_mps.or(mps) else { return ReportSection::missing("vmm-compat") };
@@ -283,7 +283,7 @@ pub fn report_section(
         body,
         "\n**Method.** The exporter makes each allocation (2 MiB, the VMM granularity; 4 KiB for the pair; 64 KiB \
          host and managed), records its pointer attributes, writes a pattern, and runs each export; a child \
-         process (a fresh `gpu-ipc probe-child` per allocation) imports each handle (64 bytes as JSON, or the fd \
+         process (a fresh `gpu-ipc helper` per allocation) imports each handle (64 bytes as JSON, or the fd \
          with `SCM_RIGHTS`), checks the pattern, writes its own, synchronises and replies with per-operation result \
          codes; the exporter reads the child's pattern back as soon as the reply arrives, then writes its pattern \
          again and runs the same import in its own process (the control), read back the same way. Every wait has \

@@ -13,13 +13,13 @@ const CORRECTED: &str = include_str!("testdata/h100-run2-corrected.json");
 /// Test data: that run verbatim, with the four spurious `DATA_MISMATCH` cells.
 const RECORDED: &str = include_str!("testdata/h100-run2-recorded.json");
 
-fn load(json: &str) -> ProbeOutput<Results> {
-    let mut output: ProbeOutput<Results> = serde_json::from_str(json).unwrap();
+fn load(json: &str) -> MeasurementOutput<Results> {
+    let mut output: MeasurementOutput<Results> = serde_json::from_str(json).unwrap();
     output.verdict = verdict::verdict(&output.results);
     output
 }
 
-fn documented() -> ProbeOutput<Results> {
+fn documented() -> MeasurementOutput<Results> {
     load(CORRECTED)
 }
 
@@ -280,7 +280,7 @@ fn report_lists_cells_that_differ_under_mps() {
 fn results_survive_a_json_round_trip() {
     let output = documented();
     let json = serde_json::to_string(&output).unwrap();
-    let back: ProbeOutput<Results> = serde_json::from_str(&json).unwrap();
+    let back: MeasurementOutput<Results> = serde_json::from_str(&json).unwrap();
     assert_eq!(back.results, output.results);
     assert_eq!(back.verdict, output.verdict);
     assert!(json.contains("\"operation\":\"legacy-open-twice\""));

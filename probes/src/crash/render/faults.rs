@@ -6,7 +6,7 @@ use crate::crash::model::tests::mps_fault_run;
 use crate::crash::{CrashSettings, Results};
 use gpu_ipc::BackendKind;
 
-fn output(results: Results, mps: bool, seconds: f64) -> ProbeOutput<Results> {
+fn output(results: Results, mps: bool, seconds: f64) -> MeasurementOutput<Results> {
     super::tests::output_taking(results, mps, seconds)
 }
 
@@ -17,7 +17,7 @@ const RUN2_MPS: &str = include_str!("../testdata/run2-crash-mps.json");
 
 #[test]
 fn the_recorded_mps_fault_of_run_2_is_reported_as_a_fault_with_the_trials_that_could_not_run() {
-    let recorded: ProbeOutput<Results> = serde_json::from_str(RUN2_MPS).unwrap();
+    let recorded: MeasurementOutput<Results> = serde_json::from_str(RUN2_MPS).unwrap();
     assert!(recorded.env.mps);
     // As recorded: "Partly" with 18 setup failures, the fault not named.
     assert!(recorded.verdict.answer.starts_with("Partly: in 9 of 9"), "{}", recorded.verdict.answer);
@@ -96,7 +96,7 @@ fn a_fault_recorded_by_the_current_probe_is_stated_first_in_text_and_report() {
         section.body
     );
     // Reading the current probe's JSON back changes nothing.
-    let back: ProbeOutput<Results> = serde_json::from_str(&serde_json::to_string(&out).unwrap()).unwrap();
+    let back: MeasurementOutput<Results> = serde_json::from_str(&serde_json::to_string(&out).unwrap()).unwrap();
     assert_eq!(back.results.normalized(true), out.results);
 }
 

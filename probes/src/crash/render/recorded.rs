@@ -7,11 +7,11 @@ use crate::crash::model::tests::{healthy_run, trace};
 use crate::crash::model::{FailureKind, TrialFailure};
 use crate::crash::{CrashSettings, Results};
 use gpu_ipc::BackendKind;
-use harness::env::ProbeEnv;
+use harness::env::MeasurementEnv;
 
 const RECORDED: &str = include_str!("../testdata/recorded-quick.json");
 
-fn sample() -> ProbeOutput<Results> {
+fn sample() -> MeasurementOutput<Results> {
     let mut trials = healthy_run(3);
     for t in trials.iter_mut().filter(|t| t.backend == BackendKind::Vmm && t.case.exporter_dies()) {
         t.memory = Some(trace(t.case, MemoryReturn::AfterDeath));
@@ -34,11 +34,11 @@ fn sample() -> ProbeOutput<Results> {
     };
     let results = Results::from_trials(settings, trials, None);
     let verdict = results.verdict(false);
-    ProbeOutput {
+    MeasurementOutput {
         probe: "crash".into(),
         schema: harness::SCHEMA_VERSION,
         quick: true,
-        env: ProbeEnv {
+        env: MeasurementEnv {
             devices: Vec::new(),
             driver: "13.0".into(),
             mps: false,
@@ -62,7 +62,7 @@ fn write_recorded_fixture() {
 
 #[test]
 fn a_recorded_run_reads_back_and_its_counts_and_verdict_are_recomputed() {
-    let output: ProbeOutput<Results> = serde_json::from_str(RECORDED).unwrap();
+    let output: MeasurementOutput<Results> = serde_json::from_str(RECORDED).unwrap();
     assert_eq!(output.results.cells, summary::summarize(&output.results.trials));
     assert_eq!(output.verdict, output.results.verdict(false));
     assert!(

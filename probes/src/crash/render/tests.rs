@@ -5,20 +5,20 @@ use crate::crash::model::FailureKind;
 use crate::crash::model::tests::healthy_run;
 use crate::crash::{CrashSettings, Results};
 use gpu_ipc::BackendKind;
-use harness::env::ProbeEnv;
+use harness::env::MeasurementEnv;
 
-fn output(results: Results, mps: bool) -> ProbeOutput<Results> {
+fn output(results: Results, mps: bool) -> MeasurementOutput<Results> {
     output_taking(results, mps, 42.0)
 }
 
 /// A recorded-looking document of `results`, as the probe would write it after `seconds`.
-pub(super) fn output_taking(results: Results, mps: bool, seconds: f64) -> ProbeOutput<Results> {
+pub(super) fn output_taking(results: Results, mps: bool, seconds: f64) -> MeasurementOutput<Results> {
     let verdict = results.verdict(mps);
-    ProbeOutput {
+    MeasurementOutput {
         probe: "crash".into(),
         schema: harness::SCHEMA_VERSION,
         quick: true,
-        env: ProbeEnv {
+        env: MeasurementEnv {
             devices: Vec::new(),
             driver: "13.0".into(),
             mps,

@@ -39,14 +39,14 @@ impl SectionSource for FakeSections {
     fn section(
         &self,
         probe: ProbeName,
-        no_mps: Option<&ProbeOutput<Value>>,
-        mps: Option<&ProbeOutput<Value>>,
+        no_mps: Option<&MeasurementOutput<Value>>,
+        mps: Option<&MeasurementOutput<Value>>,
         plots: &mut Plots,
         problems: &mut Vec<String>,
     ) -> ReportSection {
         match probe.name() {
             "overhead" => {
-                let points = |doc: Option<&ProbeOutput<Value>>| -> Vec<(f64, f64)> {
+                let points = |doc: Option<&MeasurementOutput<Value>>| -> Vec<(f64, f64)> {
                     doc.and_then(|d| d.results["read_gbps"].as_array().cloned())
                         .unwrap_or_default()
                         .iter()

@@ -1,4 +1,4 @@
-//! Tests of `run.rs` (kept apart so that the module reads in one screenful more).
+//! Tests of `rig.rs` (kept apart so that the module reads in one screenful more).
 
 use super::*;
 
