@@ -9,7 +9,7 @@ use criterion::Criterion;
 use gpu_ipc_driver::Context;
 
 use crate::report::{SAMPLES_DIR_ENV, SampleSet};
-use crate::stats::Distribution;
+use ::harness::stats::Distribution;
 
 /// Set to `1` on the GPU machine: a GPU bench that finds no usable GPU fails instead of skipping.
 pub const REQUIRE_GPU_ENV: &str = "GPU_IPC_BENCH_REQUIRE_GPU";
@@ -78,7 +78,7 @@ pub fn record_one_by_one(id: &str, what: &str, mut samples_ns: Vec<f64>) {
         "{id}: {what}: p50 {} p99 {} p99.9 {} max {} ({} samples)",
         crate::report::format_ns(ns.p50),
         crate::report::format_ns(ns.p99),
-        crate::report::format_ns(ns.p999),
+        ns.p999.map_or_else(|| "-".to_owned(), crate::report::format_ns),
         crate::report::format_ns(ns.max),
         ns.count
     );

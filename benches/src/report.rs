@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::Distribution;
+use ::harness::stats::Distribution;
 
 /// Where the benches write their [`SampleSet`]s (one JSON file each); unset: they write none.
 pub const SAMPLES_DIR_ENV: &str = "GPU_IPC_BENCH_SAMPLES";
@@ -286,7 +286,7 @@ pub fn render_markdown(title: &str, context: &[String], results: &[BenchResult],
                 s.ns.count,
                 format_ns(s.ns.p50),
                 format_ns(s.ns.p99),
-                format_ns(s.ns.p999),
+                s.ns.p999.map_or_else(|| "-".to_owned(), format_ns),
                 format_ns(s.ns.max)
             ));
         }

@@ -345,7 +345,15 @@ mod tests {
     use crate::coherency::sides::classify;
 
     fn cell(writer: Writer, reader: Reader, placement: Placement, outcome: Outcome, stale: u64, p50: f64) -> Cell {
-        let latency = Distribution { count: 100, min: p50, p50, p99: p50 * 2.0, max: p50 * 3.0, mean: p50 };
+        let latency = Distribution {
+            count: 100,
+            min: p50,
+            p50,
+            p99: p50 * 2.0,
+            p999: Some(p50 * 3.0),
+            max: p50 * 3.0,
+            mean: p50,
+        };
         Cell {
             writer,
             reader,
