@@ -81,9 +81,11 @@ fn main() -> ExitCode {
         Command::Bench(command) => bench::main(&command),
         Command::Ps(args) => doctor::ps::main(&args),
         Command::Helper { socket } => harness::run::serve(&socket, |task, channel| {
-            // A role is `<room>-<role>`: the benchmark's own, or a probe's.
+            // A role is `<room>-<role>`: the benchmark's own, the doctor's, or a probe's.
             if task.role.starts_with(bench::ROLE_PREFIX) {
                 bench::child(task, channel)
+            } else if task.role.starts_with(doctor::selftest::ROLE_PREFIX) {
+                doctor::selftest::child(task, channel)
             } else {
                 probes::child(task, channel)
             }

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use clap::Args;
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::wire::SyncStrategy;
 use harness::cuda;
 use harness::exit::EXIT_NO_CUDA;
 
@@ -49,22 +48,10 @@ pub struct DoctorArgs {
     /// Time limit of each self-test, in seconds.
     #[arg(long, default_value_t = 30)]
     pub timeout: u64,
-    /// Internal: the child process of a self-test.
-    #[arg(long, hide = true, value_name = "BACKEND")]
-    pub self_test_child: Option<BackendKind>,
-    /// Internal: the sync strategy of a self-test's child.
-    #[arg(long, hide = true, value_name = "SYNC")]
-    pub self_test_sync: Option<SyncStrategy>,
-    /// Internal: the rendezvous socket of a self-test.
-    #[arg(long, hide = true)]
-    pub socket: Option<std::path::PathBuf>,
 }
 
 /// Runs `gpu-ipc doctor` with `args`; returns the exit status ([`harness::exit`]).
 pub fn main(args: &DoctorArgs) -> u8 {
-    if let Some(backend) = args.self_test_child {
-        return selftest::child_main(backend, args.self_test_sync, args.device, args.socket.as_deref());
-    }
     if let Some(path) = &args.check_socket {
         return check_socket(path, args.json);
     }

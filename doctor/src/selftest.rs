@@ -2,18 +2,16 @@
 //! `Producer`, `Consumer`, ring, watchdog and sync strategies an application uses.
 //!
 //! The parent creates a `Producer` (a 2048 x 2048 gray frame, two slots) on a fresh rendezvous socket in a private
-//! directory and starts a copy of this binary as the consumer (`gpu-ipc doctor --self-test-child BACKEND --socket
-//! PATH`). The child attaches with `Consumer::attach` (legacy: the 64-byte handle; VMM: the fd with `SCM_RIGHTS`),
+//! directory and starts a copy of this binary as the consumer, a helper process (`gpu-ipc helper`, role
+//! `doctor-self-test`, started by `harness::child` as every helper of the measurement tooling is). The child attaches with `Consumer::attach` (legacy: the 64-byte handle; VMM: the fd with `SCM_RIGHTS`),
 //! then checks every word of each of [`FRAMES`] frames with a kernel against the pattern of its sequence number and
 //! releases it; the parent fills each frame with a kernel and publishes it. This runs once with a CPU-side strategy
 //! (`cpu-spin`) and, where the device has 64-bit stream memory operations, once with the GPU-side one
-//! (`gpu-stream-ops`). The child prints one JSON line: frames, mismatched words, attach time, or its error with the
-//! fix, decided from the typed error (never from its text). Every step has a deadline: a child that hangs is killed
-//! and reported.
+//! (`gpu-stream-ops`). The child answers over the helper channel: frames, mismatched words, attach time, or its
+//! error with the fix, decided from the typed error (never from its text). Every step has a deadline: a child that
+//! hangs is killed and reported.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::{BackendError, GpuBackend};
@@ -22,6 +20,11 @@ use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy, WireError};
 use gpu_ipc::driver::{Context, DeviceBuffer, DeviceFeature, DeviceMemory, DriverError, Stream};
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
+use harness::MeasurementError;
+use harness::child::{Channel, ChannelError, ChildProcess, ChildTask};
+use harness::gpu::GpuSetup;
+use harness::process::PrivateDir;
+use serde::{Deserialize, Serialize};
 
 /// The frame: 2048 x 2048 bytes, two 2 MiB VMM granules.
 const SIDE: u32 = 2048;
@@ -77,6 +80,16 @@ impl From<KernelError> for Failure {
 impl From<DriverError> for Failure {
     fn from(e: DriverError) -> Self {
         Self { fix: fix_for_driver(&e).to_owned(), reason: e.to_string() }
+    }
+}
+
+impl From<ChannelError> for Failure {
+    fn from(e: ChannelError) -> Self {
+        Self::new(
+            format!("the self-test's child process: {e}"),
+            "a process of the self-test could not be started or stalled: check the temporary directory and \
+             `nvidia-smi` for stuck processes, and try again",
+        )
     }
 }
 
@@ -186,17 +199,17 @@ impl GpuBackendVisitor for Parent {
         let Parent { backend, ordinal, deadline } = self;
         let ctx = Context::for_ordinal(ordinal)?;
         B::check_support(&ctx).map_err(FrameError::from)?;
-        let kernels = PatternKernels::load(&ctx)?;
-        let stream = Stream::new(&ctx)?;
+        let gpu = GpuSetup::in_context(ctx)?;
         let geometry = FrameGeometry::new(SIDE, SIDE, PixelFormat::Gray8).map_err(FrameError::from)?;
-        let dir = PrivateDir::create()?;
+        let dir = PrivateDir::new("doctor")?;
         let mut lines = Vec::new();
-        for (i, sync) in strategies(&ctx).into_iter().enumerate() {
+        for (i, sync) in strategies(gpu.context()).into_iter().enumerate() {
             let socket = dir.path().join(format!("self-test-{i}.sock"));
             let config = ProducerConfig::new(&socket, geometry, SLOTS, sync);
-            let mut producer = Producer::<B>::create(&ctx, config)?;
-            let mut child = spawn_child(backend, ordinal, sync, &socket)?;
-            let moved = publish_frames(&mut producer, &kernels, &stream, deadline);
+            let mut producer = Producer::<B>::create(gpu.context(), config)?;
+            let task = DoctorTask::SelfTest { backend, sync, device: ordinal, socket };
+            let mut child = ChildProcess::spawn(&task.envelope()?, &[], remaining(deadline))?;
+            let moved = publish_frames(&mut producer, gpu.kernels(), gpu.stream(), deadline);
             let report = finish_child(&mut child, deadline);
             let report = match (moved, report) {
                 (_, Err(child_failure)) => return Err(child_failure),
@@ -245,25 +258,6 @@ fn publish_frames<B: GpuBackend>(
     Ok(())
 }
 
-fn spawn_child(backend: BackendKind, ordinal: i32, sync: SyncStrategy, socket: &Path) -> Result<Child, Failure> {
-    let exe = std::env::current_exe()?;
-    let child = Command::new(exe)
-        .arg("doctor")
-        .arg("--self-test-child")
-        .arg(backend.name())
-        .arg("--self-test-sync")
-        .arg(sync.name())
-        .arg("--device")
-        .arg(ordinal.to_string())
-        .arg("--socket")
-        .arg(socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    Ok(child)
-}
-
 /// The child's answer, as its one line of JSON.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(untagged)]
@@ -279,59 +273,75 @@ struct ChildReport {
     attach_ms: f64,
 }
 
-fn finish_child(child: &mut Child, deadline: Instant) -> Result<ChildReport, Failure> {
-    loop {
-        if let Some(status) = child.try_wait()? {
-            let (mut stdout, mut stderr) = (String::new(), String::new());
-            if let Some(mut pipe) = child.stdout.take() {
-                let _ = pipe.read_to_string(&mut stdout);
-            }
-            if let Some(mut pipe) = child.stderr.take() {
-                let _ = pipe.read_to_string(&mut stderr);
-            }
-            return match serde_json::from_str::<ChildLine>(stdout.trim()) {
-                Ok(ChildLine::Done(report)) if status.success() => Ok(report),
-                Ok(ChildLine::Failed(f)) => {
-                    Err(Failure::new(format!("in the child process ({status}): {}", f.reason), f.fix))
-                }
-                _ => Err(Failure::new(
-                    format!("the child process ended ({status}) without a readable report: {}", stderr.trim()),
-                    "the child is another version of gpu-ipc: rebuild and run again",
-                )),
-            };
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(Failure::new(
+fn finish_child(child: &mut ChildProcess, deadline: Instant) -> Result<ChildReport, Failure> {
+    let answer = child.channel().recv_plain::<ChildLine>(remaining(deadline));
+    let status = child.wait(remaining(deadline).max(Duration::from_secs(1)));
+    match (answer, status) {
+        (Ok(ChildLine::Done(report)), Ok(status)) if status.success() => Ok(report),
+        (Ok(ChildLine::Failed(f)), _) => Err(Failure::new(format!("in the child process: {}", f.reason), f.fix)),
+        (Ok(ChildLine::Done(_)), Ok(status)) => Err(Failure::new(
+            format!("the child process reported, then ended with {status}"),
+            "run with -v for details and report the output of `gpu-ipc doctor --json`",
+        )),
+        (Err(ChannelError::Wire(WireError::Timeout { .. })), _) | (_, Err(ChannelError::Timeout { .. })) => {
+            Err(Failure::new(
                 "the self-test timed out waiting for the child process",
                 "a process of the self-test stalled: check `nvidia-smi` for stuck processes and try again",
-            ));
+            ))
         }
-        std::thread::sleep(Duration::from_millis(2));
+        (Err(e), _) | (Ok(ChildLine::Done(_)), Err(e)) => Err(Failure::new(
+            format!("the child process ended without a readable report: {e}"),
+            "the child is another version of gpu-ipc: rebuild and run again",
+        )),
     }
 }
 
-/// The child side: `gpu-ipc doctor --self-test-child BACKEND --self-test-sync SYNC --socket PATH`. Prints one JSON
-/// line (its report, or its failure with the fix) and returns the process exit status.
-pub fn child_main(backend: BackendKind, sync: Option<SyncStrategy>, ordinal: i32, socket: Option<&Path>) -> u8 {
-    let Some(socket) = socket else {
-        eprintln!("gpu-ipc: --self-test-child is internal to `gpu-ipc doctor` and needs --socket");
-        return 2;
-    };
-    let sync = sync.unwrap_or_else(cpu_strategy);
-    let child = ChildSide { ordinal, sync, socket: socket.to_path_buf() };
-    let result = gpu_ipc::dispatch_gpu(backend, child)
-        .unwrap_or_else(|e| Err(Failure::new(e.to_string(), "choose a GPU backend compiled into this build")));
-    let (line, code) = match result {
-        Ok(report) => (ChildLine::Done(report), 0),
-        Err(f) => (ChildLine::Failed(f), 1),
-    };
-    match serde_json::to_string(&line) {
-        Ok(text) => println!("{text}"),
-        Err(e) => eprintln!("gpu-ipc: {e}"),
+/// What the doctor asks of a helper process (the envelope is [`ChildTask`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "role", content = "params")]
+enum DoctorTask {
+    /// The consumer of one self-test run.
+    #[serde(rename = "doctor-self-test")]
+    SelfTest {
+        /// The backend under test.
+        backend: BackendKind,
+        /// The run's strategy.
+        sync: SyncStrategy,
+        /// The device.
+        device: i32,
+        /// The producer's rendezvous socket.
+        socket: PathBuf,
+    },
+}
+
+impl DoctorTask {
+    fn envelope(&self) -> Result<ChildTask, Failure> {
+        ChildTask::of(self).map_err(|e| {
+            Failure::new(format!("the self-test's task: {e}"), "report this with the output of `gpu-ipc doctor --json`")
+        })
     }
-    code
+}
+
+/// The prefix of the doctor's helper roles (`doctor-self-test`).
+pub const ROLE_PREFIX: &str = "doctor-";
+
+/// The doctor's helper processes: the consumer of a self-test run. It answers over `channel` with its report, or
+/// with its failure and the fix (and then still exits 0: the answer is the outcome, not the exit status).
+///
+/// # Errors
+/// A task that is not the doctor's, or an answer that could not be sent.
+pub fn child(task: ChildTask, channel: &Channel) -> Result<(), MeasurementError> {
+    let DoctorTask::SelfTest { backend, sync, device, socket } =
+        task.decode().map_err(|source| MeasurementError::Malformed { what: "doctor task".to_owned(), source })?;
+    let side = ChildSide { ordinal: device, sync, socket };
+    let result = gpu_ipc::dispatch_gpu(backend, side)
+        .unwrap_or_else(|e| Err(Failure::new(e.to_string(), "choose a GPU backend compiled into this build")));
+    let line = match result {
+        Ok(report) => ChildLine::Done(report),
+        Err(f) => ChildLine::Failed(f),
+    };
+    channel.send(&line, Vec::new())?;
+    Ok(())
 }
 
 struct ChildSide {
@@ -344,15 +354,14 @@ impl GpuBackendVisitor for ChildSide {
     type Output = Result<ChildReport, Failure>;
     fn visit<B: GpuBackend>(self) -> Self::Output {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let ctx = Context::for_ordinal(self.ordinal)?;
-        let kernels = PatternKernels::load(&ctx)?;
-        let stream = Stream::new(&ctx)?;
-        let counter = DeviceBuffer::alloc(&ctx, 8)?;
+        let gpu = GpuSetup::open(self.ordinal)?;
+        let (ctx, kernels, stream) = (gpu.context(), gpu.kernels(), gpu.stream());
+        let counter = DeviceBuffer::alloc(ctx, 8)?;
         counter.write(0, &[0u64])?;
         let options = AttachOptions { name: "gpu-ipc doctor self-test".into(), ..AttachOptions::default() };
         let started = Instant::now();
         let mut consumer = loop {
-            match Consumer::<B>::attach(&ctx, &self.socket, &options) {
+            match Consumer::<B>::attach(ctx, &self.socket, &options) {
                 Ok(consumer) => break consumer,
                 Err(FrameError::Wire(WireError::NoProducer { .. })) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(5));
@@ -369,10 +378,10 @@ impl GpuBackendVisitor for ChildSide {
         }
         let mut frames = 0;
         while frames < FRAMES {
-            let frame = consumer.next_frame(Some(&stream), remaining(deadline))?;
+            let frame = consumer.next_frame(Some(stream), remaining(deadline))?;
             let span = consumer.frame_span(&frame)?;
-            kernels.verify(&stream, span, frame.seq().0, counter.span())?;
-            consumer.release(frame, Some(&stream))?;
+            kernels.verify(stream, span, frame.seq().0, counter.span())?;
+            consumer.release(frame, Some(stream))?;
             frames += 1;
         }
         stream.synchronize()?;
@@ -382,34 +391,6 @@ impl GpuBackendVisitor for ChildSide {
         Ok(ChildReport { frames, mismatches: mismatches[0], attach_ms })
     }
 }
-
-/// A directory only this user can enter, removed on drop: where the self-test's sockets live.
-struct PrivateDir(PathBuf);
-
-impl PrivateDir {
-    fn create() -> std::io::Result<Self> {
-        let base = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
-        let path = base.join(format!("gpu-ipc-doctor-{}-{}", std::process::id(), nanos()));
-        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        Ok(Self(path))
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for PrivateDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn nanos() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
-}
-
-use std::os::unix::fs::DirBuilderExt;
 
 #[cfg(test)]
 mod tests {
@@ -429,12 +410,15 @@ mod tests {
     }
 
     #[test]
-    fn strategies_round_trip_through_their_names() {
-        // The parent passes `sync.name()`; the child's `--self-test-sync` parses it back.
+    fn the_task_travels_as_the_doctors_role() {
         for sync in SyncStrategy::ALL {
-            assert_eq!(sync.name().parse::<SyncStrategy>().ok(), Some(sync));
+            let task = DoctorTask::SelfTest { backend: BackendKind::Vmm, sync, device: 1, socket: "/tmp/s".into() };
+            let envelope = task.envelope().unwrap_or_else(|f| panic!("{}", f.reason));
+            assert_eq!(envelope.role, "doctor-self-test");
+            assert!(envelope.role.starts_with(ROLE_PREFIX));
+            let DoctorTask::SelfTest { sync: back, device, .. } = envelope.decode().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!((back, device), (sync, 1));
         }
-        assert!("nonsense".parse::<SyncStrategy>().is_err());
     }
 
     #[test]

@@ -225,6 +225,11 @@ impl ChildProcess {
         Ok(process)
     }
 
+    /// The child's process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The channel to the child.
     pub fn channel(&self) -> &Channel {
         &self.channel
