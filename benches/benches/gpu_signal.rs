@@ -63,11 +63,12 @@ impl<B: GpuBackend> PingPong<B> {
     fn new(ctx: &Context, backend: BackendKind, sync: SyncStrategy) -> Result<Self, FrameError> {
         let (ping_path, pong_path) =
             (socket_path(&format!("ping-{backend}-{sync}")), socket_path(&format!("pong-{backend}-{sync}")));
-        let geometry = flat_geometry(256).map_err(FrameError::Config)?;
+        let geometry = flat_geometry(256)?;
         let mut ping = Producer::<B>::create(ctx, ProducerConfig::new(&ping_path, geometry, 1, sync))?;
         let role =
             Role::Echo { backend, sync, ping: ping_path, pong: pong_path.clone(), device: harness::device_ordinal() };
-        let helper = Helper::spawn(&format!("echo {backend} {sync}"), &role).map_err(FrameError::Config)?;
+        let helper =
+            Helper::spawn(&format!("echo {backend} {sync}"), &role).map_err(|e| FrameError::Config(e.to_string()))?;
         // The helper attaches to our ring first (we hand it its offer here), then we attach to its ring.
         ping.wait_for_consumers(1, WAIT)?;
         let pong = attach_retrying::<B>(ctx, &pong_path, "signal-bench")?;
@@ -159,10 +160,11 @@ impl<B: GpuBackend> PersistentPair<B> {
     fn new(ctx: &Context, backend: BackendKind, sync: SyncStrategy, both: bool) -> Result<Self, FrameError> {
         let tag = if both { "both" } else { "one" };
         let path = socket_path(&format!("persistent-{tag}-{backend}-{sync}"));
-        let geometry = flat_geometry(256).map_err(FrameError::Config)?;
+        let geometry = flat_geometry(256)?;
         let mut ping = Producer::<B>::create(ctx, ProducerConfig::new(&path, geometry, 1, sync))?;
         let role = Role::PersistentSink { backend, ping: path, device: harness::device_ordinal() };
-        let helper = Helper::spawn(&format!("persistent sink {backend} {sync}"), &role).map_err(FrameError::Config)?;
+        let helper = Helper::spawn(&format!("persistent sink {backend} {sync}"), &role)
+            .map_err(|e| FrameError::Config(e.to_string()))?;
         ping.wait_for_consumers(1, WAIT)?;
         let fill =
             if both { Some(PersistentFill::load(ctx).map_err(|e| FrameError::Config(e.to_string()))?) } else { None };

@@ -1,20 +1,19 @@
-//! The other process of a cross-process bench: the bench binary runs itself again with [`ROLE_ENV`] set to a
-//! [`Role`] (as JSON), the way the repository's cross-process tests re-run their own binary. A helper says
-//! `ready` on stdout once its socket exists, and leaves when its stdin closes (the bench ended or died).
+//! The other process of a cross-process bench: a helper process as every helper of the measurement tooling is
+//! started (`harness::child`): the bench binary runs itself again, told the parent's socket in [`SOCKET_ENV`],
+//! and receives its [`Role`] over the helper channel. A helper says [`HelperMessage::Ready`] once its socket
+//! exists, and leaves when the bench says [`HelperMessage::Leave`] or hangs up (it ended or died).
 //!
 //! Legacy CUDA IPC needs this: `cuIpcOpenMemHandle` refuses a handle exported by the calling process, so imported
 //! memory can only be measured against an allocation another process made. Both backends go through the same
 //! path (a [`Producer`] in the helper, a [`Consumer`] in the bench), so imported memory is measured as consumers
 //! see it.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ::harness::MeasurementError;
+use ::harness::child::{Channel, ChannelError, ChildProcess, ChildTask, HelperLaunch};
 use gpu_ipc::core::backend::{Backend, GpuBackend};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, SyncStrategy, WireError};
@@ -23,15 +22,15 @@ use gpu_ipc::{BackendKind, GpuBackendVisitor};
 use gpu_ipc_kernels::persistent::PersistentVerify;
 use serde::{Deserialize, Serialize};
 
-/// The environment variable that makes a bench binary a helper process.
-pub const ROLE_ENV: &str = "GPU_IPC_BENCH_ROLE";
+/// The environment variable that makes a bench binary a helper process: the path of its parent's socket.
+pub const SOCKET_ENV: &str = "GPU_IPC_BENCH_HELPER_SOCKET";
 
 /// Bound on each wait of a helper and of the bench's own calls against it.
 pub const WAIT: Duration = Duration::from_secs(30);
 
 /// What a helper process does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "role", rename_all = "kebab-case")]
+#[serde(tag = "role", content = "params", rename_all = "kebab-case")]
 pub enum Role {
     /// A producer that only admits consumers, as fast as it can: its ring is the imported memory the memory bench
     /// measures, and what the attach bench attaches to.
@@ -75,16 +74,66 @@ pub enum Role {
     },
 }
 
+impl Role {
+    fn backend(&self) -> BackendKind {
+        match self {
+            Self::Exporter { backend, .. } | Self::Echo { backend, .. } | Self::PersistentSink { backend, .. } => {
+                *backend
+            }
+        }
+    }
+}
+
+/// What a helper and the bench say to each other after the role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "message", rename_all = "kebab-case")]
+pub enum HelperMessage {
+    /// Helper -> bench: set up (its socket exists).
+    Ready,
+    /// Bench -> helper: done, leave.
+    Leave,
+}
+
+/// Why a helper could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// Starting it or talking to it failed (it died, or was not ready within [`WAIT`]).
+    #[error("{name}: {source}")]
+    Channel {
+        /// The helper's name.
+        name: String,
+        /// What failed.
+        source: ChannelError,
+    },
+    /// The role could not be encoded as a task.
+    #[error("{name}: its role: {source}")]
+    Task {
+        /// The helper's name.
+        name: String,
+        /// The encoding error.
+        source: serde_json::Error,
+    },
+    /// The helper said it failed (or something other than `ready`).
+    #[error("{name}: the helper failed: {said}")]
+    Failed {
+        /// The helper's name.
+        name: String,
+        /// What it said.
+        said: String,
+    },
+}
+
 /// A frame of `bytes` bytes (a multiple of 4): one row of RGBA pixels.
 ///
 /// # Errors
-/// A size that is 0, not a multiple of 4, or over 4 GiB.
-pub fn flat_geometry(bytes: u64) -> Result<FrameGeometry, String> {
+/// [`WireError::InvalidField`] for a size that is 0, not a multiple of 4, or over 16 GiB.
+pub fn flat_geometry(bytes: u64) -> Result<FrameGeometry, WireError> {
+    let invalid = |reason: String| WireError::InvalidField { field: "flat frame", reason };
     if bytes == 0 || !bytes.is_multiple_of(4) {
-        return Err(format!("a flat frame of {bytes} bytes: need a non-zero multiple of 4"));
+        return Err(invalid(format!("{bytes} bytes: need a non-zero multiple of 4")));
     }
-    let width = u32::try_from(bytes / 4).map_err(|_| format!("a flat frame of {bytes} bytes is over 16 GiB"))?;
-    FrameGeometry::new(width, 1, gpu_ipc::core::wire::PixelFormat::Rgba8).map_err(|e| e.to_string())
+    let width = u32::try_from(bytes / 4).map_err(|_| invalid(format!("{bytes} bytes is over 16 GiB")))?;
+    FrameGeometry::new(width, 1, gpu_ipc::core::wire::PixelFormat::Rgba8)
 }
 
 /// A socket path unique to this process and `tag`.
@@ -97,136 +146,88 @@ pub fn strategy_by_name(name: &str) -> Option<SyncStrategy> {
     name.parse().ok()
 }
 
-/// A running helper process; dropping it closes its stdin (which tells it to leave), then waits for it.
+/// A running helper process; dropping it tells it to leave, then waits (10 s at most) for it.
 pub struct Helper {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    process: ChildProcess,
     name: String,
 }
 
 impl Helper {
-    /// Starts this binary again as `role` and waits (up to [`WAIT`]) for it to say `ready`.
+    /// Starts this binary again as `role` and waits (up to [`WAIT`]) for it to say it is ready.
     ///
     /// # Errors
-    /// It could not start, died, or did not get ready in time (its stderr, inherited, says why).
-    pub fn spawn(name: &str, role: &Role) -> Result<Self, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("{name}: which binary am I? {e}"))?;
-        let json = serde_json::to_string(role).map_err(|e| format!("{name}: {e}"))?;
-        let mut child = Command::new(exe)
-            .env(ROLE_ENV, json)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("{name}: could not start the helper process: {e}"))?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        let mut helper = Self { child, stdin, name: name.to_owned() };
-        let (tx, rx) = mpsc::channel();
-        if let Some(stdout) = stdout {
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
+    /// It could not start, died, failed, or did not get ready in time (its stderr, inherited, says more).
+    pub fn spawn(name: &str, role: &Role) -> Result<Self, HelperError> {
+        let task = ChildTask::of(role).map_err(|source| HelperError::Task { name: name.to_owned(), source })?;
+        let channel_error = |source| HelperError::Channel { name: name.to_owned(), source };
+        let process =
+            ChildProcess::spawn_as(HelperLaunch::SocketInEnv(SOCKET_ENV), &task, &[], WAIT).map_err(channel_error)?;
+        let said: serde_json::Value = process.channel().recv_plain(WAIT).map_err(channel_error)?;
+        if serde_json::from_value::<HelperMessage>(said.clone()).ok() != Some(HelperMessage::Ready) {
+            return Err(HelperError::Failed { name: name.to_owned(), said: said.to_string() });
         }
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) if line == "ready" => return Ok(helper),
-                Ok(_) => {}
-                Err(_) => {
-                    let status = helper.child.try_wait().ok().flatten();
-                    helper.stop();
-                    return Err(match status {
-                        Some(status) => format!("{name}: the helper exited ({status}) before it was ready"),
-                        None => format!("{name}: the helper was not ready within {WAIT:?}"),
-                    });
-                }
-            }
-        }
+        Ok(Self { process, name: name.to_owned() })
     }
 
     /// The helper's pid.
     pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn stop(&mut self) {
-        drop(self.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                if !status.success() {
-                    eprintln!("{}: the helper exited with {status}", self.name);
-                }
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        eprintln!("{}: the helper did not leave within 10 s; killing it", self.name);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.id()
     }
 }
 
 impl Drop for Helper {
     fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// The role this process was started in, if it is a helper.
-///
-/// # Errors
-/// [`ROLE_ENV`] is set but not a role.
-pub fn role_from_env() -> Option<Result<Role, String>> {
-    let json = std::env::var(ROLE_ENV).ok()?;
-    Some(serde_json::from_str(&json).map_err(|e| format!("{ROLE_ENV}={json}: {e}")))
-}
-
-/// A bench binary's first step: when this process is a helper, play the role and exit; otherwise return.
-pub fn run_if_helper() {
-    if let Some(role) = role_from_env() {
-        let code = match role {
-            Ok(role) => run(role),
-            Err(e) => {
-                eprintln!("bench helper: {e}");
-                ExitCode::FAILURE
-            }
-        };
-        std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
-    }
-}
-
-/// Plays `role` until the bench closes this process's stdin.
-pub fn run(role: Role) -> ExitCode {
-    let backend = match &role {
-        Role::Exporter { backend, .. } | Role::Echo { backend, .. } | Role::PersistentSink { backend, .. } => *backend,
-    };
-    match gpu_ipc::dispatch_gpu(backend, Play(role))
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()))
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench helper: {e}");
-            ExitCode::FAILURE
+        // A helper that already left has hung up: nothing to tell it.
+        let _ = self.process.channel().send(&HelperMessage::Leave, Vec::new());
+        match self.process.wait(Duration::from_secs(10)) {
+            Ok(status) if !status.success() => eprintln!("{}: the helper exited with {status}", self.name),
+            Ok(_) => {}
+            Err(e) => eprintln!("{}: {e}; killed", self.name),
         }
     }
 }
 
-struct Play(Role);
+/// A bench binary's first step: when this process is a helper ([`SOCKET_ENV`] is set), play the role it is given
+/// and exit; otherwise return.
+pub fn run_if_helper() {
+    if let Some(socket) = std::env::var_os(SOCKET_ENV) {
+        let code = ::harness::run::serve(Path::new(&socket), play);
+        std::process::exit(i32::from(code));
+    }
+}
 
-impl GpuBackendVisitor for Play {
+/// Plays the role of `task` until the bench says leave or hangs up.
+fn play(task: ChildTask, channel: &Channel) -> Result<(), MeasurementError> {
+    let role: Role =
+        task.decode().map_err(|source| MeasurementError::Malformed { what: "bench helper role".to_owned(), source })?;
+    let (parent_gone, played) = (AtomicBool::new(false), AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        scope.spawn(|| watch_parent(channel, &parent_gone, &played));
+        let result = gpu_ipc::dispatch_gpu(role.backend(), Play { role, channel, parent_gone: &parent_gone })
+            .map_err(MeasurementError::from)
+            .and_then(|played| played.map_err(MeasurementError::from));
+        played.store(true, Ordering::Release);
+        result
+    })
+}
+
+struct Play<'a> {
+    role: Role,
+    channel: &'a Channel,
+    parent_gone: &'a AtomicBool,
+}
+
+impl GpuBackendVisitor for Play<'_> {
     type Output = Result<(), FrameError>;
     fn visit<B: GpuBackend>(self) -> Self::Output {
-        let parent_gone = watch_stdin();
-        match self.0 {
+        let Play { role, channel, parent_gone } = self;
+        let say_ready =
+            || channel.send(&HelperMessage::Ready, Vec::new()).map_err(|e| FrameError::Config(e.to_string()));
+        match role {
             Role::Exporter { sync, socket, geometry, slots, device, .. } => {
                 let ctx = Context::for_ordinal(device)?;
                 let mut producer = Producer::<B>::create(&ctx, ProducerConfig::new(socket, geometry, slots, sync))?;
-                say_ready();
+                say_ready()?;
                 // Offers are handed out in `admit_pending`: call it continuously, as a producer in its frame loop
                 // would, so an attach waits for the handshake and the import, not for a poll interval.
                 while !parent_gone.load(Ordering::Acquire) {
@@ -238,9 +239,9 @@ impl GpuBackendVisitor for Play {
             Role::Echo { sync, ping, pong, device, .. } => {
                 let ctx = Context::for_ordinal(device)?;
                 let stream = Stream::new(&ctx)?;
-                let geometry = flat_geometry(256).map_err(FrameError::Config)?;
+                let geometry = flat_geometry(256)?;
                 let mut answers = Producer::<B>::create(&ctx, ProducerConfig::new(pong, geometry, 1, sync))?;
-                say_ready();
+                say_ready()?;
                 let mut frames = attach_retrying::<B>(&ctx, &ping, "echo")?;
                 answers.wait_for_consumers(1, WAIT)?;
                 loop {
@@ -260,7 +261,7 @@ impl GpuBackendVisitor for Play {
                 let ctx = Context::for_ordinal(device)?;
                 let stream = Stream::new(&ctx)?;
                 let kernel = PersistentVerify::load(&ctx).map_err(|e| FrameError::Config(e.to_string()))?;
-                say_ready();
+                say_ready()?;
                 let mut frames = attach_retrying::<B>(&ctx, &ping, "persistent-sink")?;
                 // Until the bench's ring ends (the watchdog raises the kernel's abort word at the hang-up) or the
                 // bench is done (dropping the consumer raises it).
@@ -278,23 +279,19 @@ impl GpuBackendVisitor for Play {
     }
 }
 
-fn say_ready() {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "ready");
-    let _ = out.flush();
-}
-
-/// A flag that turns true when stdin closes: the bench that started this helper is done (or dead).
-fn watch_stdin() -> Arc<AtomicBool> {
-    let gone = Arc::new(AtomicBool::new(false));
-    let flag = gone.clone();
-    std::thread::spawn(move || {
-        let mut sink = [0u8; 64];
-        let mut stdin = std::io::stdin().lock();
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-        flag.store(true, Ordering::Release);
-    });
-    gone
+/// Sets `parent_gone` when the bench says leave or hangs up (it is done, or dead); returns once that happened or
+/// the role is `played`.
+fn watch_parent(channel: &Channel, parent_gone: &AtomicBool, played: &AtomicBool) {
+    while !played.load(Ordering::Acquire) {
+        match channel.recv_plain::<HelperMessage>(Duration::from_millis(200)) {
+            Err(ChannelError::Wire(WireError::Timeout { .. })) => {}
+            Ok(HelperMessage::Ready) => {}
+            Ok(HelperMessage::Leave) | Err(_) => {
+                parent_gone.store(true, Ordering::Release);
+                return;
+            }
+        }
+    }
 }
 
 /// Attaches to the producer at `socket`, retrying (up to [`WAIT`]) while none listens yet.
@@ -332,9 +329,11 @@ mod tests {
             pong: "/tmp/b.sock".into(),
             device: 0,
         };
-        let json = serde_json::to_string(&role).unwrap();
-        assert!(json.starts_with(r#"{"role":"echo","#), "{json}");
-        assert_eq!(serde_json::from_str::<Role>(&json).unwrap(), role);
+        let task = ChildTask::of(&role).unwrap();
+        assert_eq!((task.role.as_str(), task.params["device"].as_i64()), ("echo", Some(0)));
+        assert_eq!(task.decode::<Role>().unwrap(), role);
+        let leave = serde_json::to_value(HelperMessage::Leave).unwrap();
+        assert_eq!(leave, serde_json::json!({"message": "leave"}));
     }
 
     #[test]

@@ -174,6 +174,16 @@ impl ChildTask {
     }
 }
 
+/// How a helper process is started: always this binary again, told where the parent's socket is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HelperLaunch<'a> {
+    /// `gpu-ipc helper --socket PATH` ([`HELPER_COMMAND`]): this binary is the `gpu-ipc` command.
+    Subcommand,
+    /// This binary with no arguments and the socket's path in the environment variable named here: for binaries
+    /// whose command line is not ours (criterion's benches); the binary's first step serves the task when it is set.
+    SocketInEnv(&'a str),
+}
+
 /// A helper process of a measurement with its channel; killed (and reaped) on drop if it is still running.
 #[derive(Debug)]
 pub struct ChildProcess {
@@ -189,13 +199,30 @@ impl ChildProcess {
     /// # Errors
     /// Failing to start the child, or a child that does not connect in time.
     pub fn spawn(task: &ChildTask, env: &[(&str, &str)], connect_timeout: Duration) -> Result<Self, ChannelError> {
+        Self::spawn_as(HelperLaunch::Subcommand, task, env, connect_timeout)
+    }
+
+    /// As [`ChildProcess::spawn`], started the way `launch` says (this binary need not be the `gpu-ipc` command).
+    ///
+    /// # Errors
+    /// As [`ChildProcess::spawn`].
+    pub fn spawn_as(
+        launch: HelperLaunch<'_>,
+        task: &ChildTask,
+        env: &[(&str, &str)],
+        connect_timeout: Duration,
+    ) -> Result<Self, ChannelError> {
         let dir = PrivateDir::new("helper").map_err(|source| ChannelError::Io { op: "mkdir", source })?;
         let socket = dir.path().join("helper.sock");
         let listener = UnixListener::bind(&socket).map_err(|source| ChannelError::Io { op: "bind", source })?;
         listener.set_nonblocking(true).map_err(|source| ChannelError::Io { op: "set_nonblocking", source })?;
         let exe = std::env::current_exe().map_err(|source| ChannelError::Io { op: "current_exe", source })?;
         let mut command = Command::new(exe);
-        command.arg(HELPER_COMMAND).arg("--socket").arg(&socket).stdin(Stdio::null());
+        match launch {
+            HelperLaunch::Subcommand => command.arg(HELPER_COMMAND).arg("--socket").arg(&socket),
+            HelperLaunch::SocketInEnv(var) => command.env(var, &socket),
+        };
+        command.stdin(Stdio::null());
         for (key, value) in env {
             command.env(key, value);
         }
