@@ -250,21 +250,15 @@ fn under_private_mps(args: &PipelineArgs, rows: usize) -> u8 {
     }
     let limit = Duration::from_secs(args.row_timeout.max(1)) * u32::try_from(rows + 1).unwrap_or(u32::MAX);
     let code = match command.spawn() {
-        Ok(mut child) => {
-            let deadline = Instant::now() + limit;
-            loop {
-                match child.try_wait() {
-                    Ok(Some(status)) => break status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(EXIT_FAILED),
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-                    Ok(None) | Err(_) => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        eprintln!("gpu-ipc bench pipeline: the run under MPS passed its limit of {limit:?}; killed");
-                        break EXIT_FAILED;
-                    }
-                }
+        Ok(mut child) => match harness::process::wait_until(&mut child, Instant::now() + limit) {
+            Ok(Some(status)) => status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(EXIT_FAILED),
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                eprintln!("gpu-ipc bench pipeline: the run under MPS passed its limit of {limit:?}; killed");
+                EXIT_FAILED
             }
-        }
+        },
         Err(e) => {
             eprintln!("gpu-ipc bench pipeline: cannot start the run under MPS: {e}");
             EXIT_FAILED
