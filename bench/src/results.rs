@@ -2,6 +2,7 @@
 //! percentiles from an HDR histogram, CPU time per frame.
 
 use hdrhistogram::Histogram;
+pub use hdrhistogram::errors::CreationError;
 use serde::{Deserialize, Serialize};
 
 use super::rows::RowSpec;
@@ -20,9 +21,9 @@ impl LatencyHistogram {
     /// An empty histogram.
     ///
     /// # Errors
-    /// Never in practice (the bounds are constants); the crate's creation error in words.
-    pub fn new() -> Result<Self, String> {
-        Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).map(Self).map_err(|e| format!("latency histogram: {e}"))
+    /// Never in practice (the bounds are constants): the histogram crate's creation error.
+    pub fn new() -> Result<Self, CreationError> {
+        Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).map(Self)
     }
 
     /// Records one latency (clamped to 1 ns .. 60 s).
@@ -223,7 +224,7 @@ pub fn cpu_us_per_frame(cpu_ns: u64, frames: u64) -> f64 {
 ///
 /// # Errors
 /// The histogram could not be made.
-pub fn merge_consumers(reports: &[ConsumerReport]) -> Result<(LatencyHistogram, u64, Vec<f64>, u64), String> {
+pub fn merge_consumers(reports: &[ConsumerReport]) -> Result<(LatencyHistogram, u64, Vec<f64>, u64), CreationError> {
     let mut histogram = LatencyHistogram::new()?;
     let mut mismatches = 0;
     let mut missing = 0;

@@ -214,7 +214,8 @@ pub(crate) fn measurement(
     reports: &[ConsumerReport],
     mut notes: Vec<String>,
 ) -> Result<Measurement, MeasurementError> {
-    let (histogram, mismatches, consumer_cpu, missing) = merge_consumers(reports).map_err(MeasurementError::Other)?;
+    let (histogram, mismatches, consumer_cpu, missing) =
+        merge_consumers(reports).map_err(|e| MeasurementError::Other(format!("latency histogram: {e}")))?;
     if missing > 0 {
         notes.push(format!("{missing} frames had no publish time"));
     }

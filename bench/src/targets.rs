@@ -538,20 +538,57 @@ pub fn markdown(judged: &[Judged]) -> String {
     out
 }
 
-fn load(path: &Path, want_mps: bool) -> Result<PipelineResults, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let output: MeasurementOutput<PipelineResults> =
-        serde_json::from_str(&text).map_err(|e| format!("{}: not a bench pipeline JSON: {e}", path.display()))?;
+/// Why a run given to `gpu-ipc bench targets` could not be judged: each names the file and what to give instead.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetsError {
+    /// The file could not be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not a `gpu-ipc bench pipeline --json` document.
+    #[error("{}: not a bench pipeline JSON: {source}", path.display())]
+    NotPipelineJson {
+        /// The file.
+        path: PathBuf,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+    /// The file is another measurement's document.
+    #[error("{}: the JSON of probe '{found}', not of bench-pipeline", path.display())]
+    OtherMeasurement {
+        /// The file.
+        path: PathBuf,
+        /// What it measured.
+        found: String,
+    },
+    /// The run was (or was not) under MPS, and was given as the other one.
+    #[error(
+        "{}: that run was {} MPS, but it was given as the run {} MPS",
+        path.display(),
+        if *was_mps { "under" } else { "without" },
+        if *was_mps { "without" } else { "under" }
+    )]
+    WrongMps {
+        /// The file.
+        path: PathBuf,
+        /// Whether the run was under MPS.
+        was_mps: bool,
+    },
+}
+
+fn load(path: &Path, want_mps: bool) -> Result<PipelineResults, TargetsError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TargetsError::Read { path: path.to_owned(), source })?;
+    let output: MeasurementOutput<PipelineResults> = serde_json::from_str(&text)
+        .map_err(|source| TargetsError::NotPipelineJson { path: path.to_owned(), source })?;
     if output.probe != "bench-pipeline" {
-        return Err(format!("{}: the JSON of probe '{}', not of bench-pipeline", path.display(), output.probe));
+        return Err(TargetsError::OtherMeasurement { path: path.to_owned(), found: output.probe });
     }
     if output.env.mps != want_mps {
-        return Err(format!(
-            "{}: that run was {} MPS, but it was given as the run {} MPS",
-            path.display(),
-            if output.env.mps { "under" } else { "without" },
-            if want_mps { "under" } else { "without" }
-        ));
+        return Err(TargetsError::WrongMps { path: path.to_owned(), was_mps: output.env.mps });
     }
     Ok(output.results)
 }

@@ -123,18 +123,59 @@ struct RawSample {
     times: Vec<f64>,
 }
 
+/// Why a run's results could not be summarised: each names the file or directory (run the benches again, or point
+/// `--criterion`/`--samples` at the run's own directories).
+#[derive(Debug, thiserror::Error)]
+pub enum SummaryError {
+    /// A file is not what criterion (or the one-by-one benches) write.
+    #[error("{file}: {source}")]
+    Malformed {
+        /// Which file (`benchmark.json`, or a path).
+        file: String,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+    /// `sample.json` has another number of iteration counts than of times.
+    #[error("sample.json: {iters} iteration counts but {times} times")]
+    UnevenSample {
+        /// Iteration counts.
+        iters: usize,
+        /// Times.
+        times: usize,
+    },
+    /// A directory or file could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        /// What was read.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A benchmark's files, in the directory named, did not parse.
+    #[error("{}: {source}", dir.display())]
+    Benchmark {
+        /// The benchmark's `new/` directory.
+        dir: PathBuf,
+        /// What was wrong.
+        source: Box<SummaryError>,
+    },
+}
+
 /// One benchmark from the contents of its `benchmark.json`, `estimates.json` and (optional) `sample.json`.
 ///
 /// # Errors
 /// A file that is not what criterion writes, with which one.
-pub fn parse_benchmark(benchmark: &str, estimates: &str, sample: Option<&str>) -> Result<BenchResult, String> {
-    let b: RawBenchmark = serde_json::from_str(benchmark).map_err(|e| format!("benchmark.json: {e}"))?;
-    let e: RawEstimates = serde_json::from_str(estimates).map_err(|e| format!("estimates.json: {e}"))?;
+pub fn parse_benchmark(benchmark: &str, estimates: &str, sample: Option<&str>) -> Result<BenchResult, SummaryError> {
+    fn malformed(file: &'static str) -> impl FnOnce(serde_json::Error) -> SummaryError {
+        move |source| SummaryError::Malformed { file: file.to_owned(), source }
+    }
+    let b: RawBenchmark = serde_json::from_str(benchmark).map_err(malformed("benchmark.json"))?;
+    let e: RawEstimates = serde_json::from_str(estimates).map_err(malformed("estimates.json"))?;
     let sample_means = match sample {
         Some(text) => {
-            let s: RawSample = serde_json::from_str(text).map_err(|e| format!("sample.json: {e}"))?;
+            let s: RawSample = serde_json::from_str(text).map_err(malformed("sample.json"))?;
             if s.iters.len() != s.times.len() {
-                return Err(format!("sample.json: {} iteration counts but {} times", s.iters.len(), s.times.len()));
+                return Err(SummaryError::UnevenSample { iters: s.iters.len(), times: s.times.len() });
             }
             let mut means: Vec<f64> =
                 s.iters.iter().zip(&s.times).filter(|(i, _)| **i > 0.0).map(|(i, t)| t / i).collect();
@@ -158,12 +199,13 @@ pub fn parse_benchmark(benchmark: &str, estimates: &str, sample: Option<&str>) -
 ///
 /// # Errors
 /// A directory that cannot be read, or a benchmark whose files do not parse (named).
-pub fn collect_criterion(root: &Path) -> Result<Vec<BenchResult>, String> {
+pub fn collect_criterion(root: &Path) -> Result<Vec<BenchResult>, SummaryError> {
     if !root.exists() {
         return Ok(Vec::new());
     }
     let mut found = Vec::new();
-    find_files(root, "benchmark.json", &mut found).map_err(|e| format!("reading {}: {e}", root.display()))?;
+    find_files(root, "benchmark.json", &mut found)
+        .map_err(|source| SummaryError::Read { path: root.to_owned(), source })?;
     let mut results = Vec::new();
     for path in found {
         let Some(dir) = path.parent().filter(|d| d.file_name().is_some_and(|n| n == "new")) else { continue };
@@ -172,7 +214,7 @@ pub fn collect_criterion(root: &Path) -> Result<Vec<BenchResult>, String> {
         let sample = read("sample.json").ok();
         results.push(
             parse_benchmark(&benchmark, &estimates, sample.as_deref())
-                .map_err(|e| format!("{}: {e}", dir.display()))?,
+                .map_err(|e| SummaryError::Benchmark { dir: dir.to_owned(), source: Box::new(e) })?,
         );
     }
     results.sort_by(|a, b| a.id.cmp(&b.id));
@@ -183,14 +225,16 @@ pub fn collect_criterion(root: &Path) -> Result<Vec<BenchResult>, String> {
 ///
 /// # Errors
 /// A file that does not parse (named).
-pub fn collect_sample_sets(dir: &Path) -> Result<Vec<SampleSet>, String> {
+pub fn collect_sample_sets(dir: &Path) -> Result<Vec<SampleSet>, SummaryError> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Ok(Vec::new()) };
     let mut sets = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
         if path.extension().is_some_and(|e| e == "json") {
-            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            sets.push(serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?);
+            let text =
+                std::fs::read_to_string(&path).map_err(|source| SummaryError::Read { path: path.clone(), source })?;
+            let file = path.display().to_string();
+            sets.push(serde_json::from_str(&text).map_err(|source| SummaryError::Malformed { file, source })?);
         }
     }
     sets.sort_by(|a: &SampleSet, b| a.id.cmp(&b.id));
@@ -341,11 +385,11 @@ mod tests {
 
     #[test]
     fn malformed_files_say_which_file() {
-        assert!(parse_benchmark("{}", ESTIMATES, None).unwrap_err().starts_with("benchmark.json:"));
-        assert!(parse_benchmark(BENCHMARK, "[]", None).unwrap_err().starts_with("estimates.json:"));
+        assert!(parse_benchmark("{}", ESTIMATES, None).unwrap_err().to_string().starts_with("benchmark.json:"));
+        assert!(parse_benchmark(BENCHMARK, "[]", None).unwrap_err().to_string().starts_with("estimates.json:"));
         let uneven = r#"{"iters":[1.0],"times":[1.0,2.0]}"#;
         assert_eq!(
-            parse_benchmark(BENCHMARK, ESTIMATES, Some(uneven)).unwrap_err(),
+            parse_benchmark(BENCHMARK, ESTIMATES, Some(uneven)).unwrap_err().to_string(),
             "sample.json: 1 iteration counts but 2 times"
         );
         let r = parse_benchmark(BENCHMARK, ESTIMATES, None).unwrap();

@@ -309,3 +309,45 @@ fn frame_graphs_are_judged_on_both_sides_cpu_per_frame() {
     assert!(j.measured.ends_with("; not clean: graphs-vmm-gpu-poll-s4-kernel-waits"), "{}", j.measured);
     assert_eq!(graph_cpu(&results(vec![])).met, None);
 }
+
+#[test]
+fn a_file_that_is_not_the_run_it_was_given_as_is_refused_by_name() {
+    use harness::env::MeasurementEnv;
+    use harness::{MeasurementOutput, SCHEMA_VERSION, Verdict};
+    let dir = harness::process::PrivateDir::new("targets-test").unwrap();
+    let write = |name: &str, probe: &str, mps: bool| {
+        let env = MeasurementEnv {
+            devices: Vec::new(),
+            driver: "13.0".to_owned(),
+            mps,
+            date: "2026-11-28T00:00:00Z".to_owned(),
+            commit: "unknown".to_owned(),
+            command: "gpu-ipc bench pipeline".to_owned(),
+            host: "h".to_owned(),
+        };
+        let verdict = Verdict { answer: String::new(), key_figure: String::new() };
+        let output = MeasurementOutput {
+            probe: probe.to_owned(),
+            schema: SCHEMA_VERSION,
+            quick: true,
+            env,
+            seconds: 1.0,
+            results: mps_run(),
+            verdict,
+        };
+        let path = dir.path().join(name);
+        std::fs::write(&path, serde_json::to_string(&output).unwrap()).unwrap();
+        path
+    };
+    let no_mps = write("no-mps.json", "bench-pipeline", false);
+    assert_eq!(load(&no_mps, false).unwrap().rows.len(), mps_run().rows.len());
+    let err = load(&no_mps, true).unwrap_err();
+    assert!(matches!(err, TargetsError::WrongMps { was_mps: false, .. }), "{err}");
+    assert!(err.to_string().ends_with("that run was without MPS, but it was given as the run under MPS"), "{err}");
+    let overhead = write("overhead.json", "overhead", false);
+    assert!(matches!(load(&overhead, false), Err(TargetsError::OtherMeasurement { found, .. }) if found == "overhead"));
+    let text = dir.path().join("text.json");
+    std::fs::write(&text, "not json").unwrap();
+    assert!(matches!(load(&text, false), Err(TargetsError::NotPipelineJson { .. })));
+    assert!(matches!(load(&dir.path().join("none.json"), false), Err(TargetsError::Read { .. })));
+}
