@@ -38,6 +38,16 @@ pub fn find(name: &str) -> Option<&'static dyn Probe> {
 #[derive(Clone, Copy)]
 pub struct ProbeName(&'static dyn Probe);
 
+/// A name that names no probe; says which names there are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no probe is called {given:?} (there are: {})", known.join(", "))]
+pub struct UnknownProbe {
+    /// The name given.
+    pub given: String,
+    /// The probes' names, in report order.
+    pub known: Vec<&'static str>,
+}
+
 impl ProbeName {
     /// Every probe, in report order.
     pub fn all() -> Vec<Self> {
@@ -48,10 +58,10 @@ impl ProbeName {
     ///
     /// # Errors
     /// No probe is called `name`.
-    pub fn parse(name: &str) -> Result<Self, String> {
-        find(name).map(Self).ok_or_else(|| {
-            let names: Vec<&str> = PROBES.iter().map(|probe| probe.name()).collect();
-            format!("no probe is called {name:?} (there are: {})", names.join(", "))
+    pub fn parse(name: &str) -> Result<Self, UnknownProbe> {
+        find(name).map(Self).ok_or_else(|| UnknownProbe {
+            given: name.to_owned(),
+            known: PROBES.iter().map(|probe| probe.name()).collect(),
         })
     }
 
@@ -212,7 +222,7 @@ mod tests {
             assert_eq!(ProbeName::parse(name).unwrap().name(), name);
         }
         let err = ProbeName::parse("bandwidth").unwrap_err();
-        assert!(err.contains("overhead, coherency, vmm-compat, crash"), "{err}");
+        assert!(err.to_string().contains("overhead, coherency, vmm-compat, crash"), "{err}");
         assert!(test_name("overhead") < test_name("crash"));
     }
 

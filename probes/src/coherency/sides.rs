@@ -95,7 +95,7 @@ impl ReaderSide {
         reader: Reader,
         memory: &Memory<'_>,
         plan: CellPlan,
-    ) -> Result<Option<std::thread::JoinHandle<Result<(), String>>>, MeasurementError> {
+    ) -> Result<Option<std::thread::JoinHandle<Result<(), MeasurementError>>>, MeasurementError> {
         let owner = memory.device_words();
         match reader {
             Reader::Kernel { load, payload: payload_load, fence } => {
@@ -121,31 +121,26 @@ impl ReaderSide {
                 let check = self.kernels.function(COH_PAYLOAD_CHECK)?;
                 let (ctx, stream) = (self.ctx.clone(), self.stream.clone());
                 let (seen_ts, results) = (self.seen_ts.clone(), self.results.clone());
-                Ok(Some(std::thread::spawn(move || {
-                    ctx.bind().map_err(|e| e.to_string())?;
-                    let words = Words::of(owner.span()).map_err(|e| e.to_string())?;
+                Ok(Some(std::thread::spawn(move || -> Result<(), MeasurementError> {
+                    ctx.bind()?;
+                    let words = Words::of(owner.span())?;
                     let mut throttle = Throttle::new(&ctx);
                     for round in 1..=plan.rounds {
-                        throttle.before(&stream, round).map_err(|e| e.to_string())?;
-                        words
-                            .flag
-                            .wait_value_u64(&stream, 0, round, WaitCondition::AtLeast)
-                            .map_err(|e| e.to_string())?;
-                        check
-                            .launch_typed(
-                                &stream,
-                                LaunchConfig::linear(1, 32),
-                                &[
-                                    KernelArg::Span(words.flag),
-                                    KernelArg::Span(words.payload),
-                                    KernelArg::U64(PAYLOAD_WORDS),
-                                    KernelArg::U64(round),
-                                    KernelArg::Span(seen_ts.span()),
-                                    KernelArg::Span(results.span()),
-                                ],
-                            )
-                            .map_err(|e| e.to_string())?;
-                        words.ack.write_value_u64(&stream, 0, round).map_err(|e| e.to_string())?;
+                        throttle.before(&stream, round)?;
+                        words.flag.wait_value_u64(&stream, 0, round, WaitCondition::AtLeast)?;
+                        check.launch_typed(
+                            &stream,
+                            LaunchConfig::linear(1, 32),
+                            &[
+                                KernelArg::Span(words.flag),
+                                KernelArg::Span(words.payload),
+                                KernelArg::U64(PAYLOAD_WORDS),
+                                KernelArg::U64(round),
+                                KernelArg::Span(seen_ts.span()),
+                                KernelArg::Span(results.span()),
+                            ],
+                        )?;
+                        words.ack.write_value_u64(&stream, 0, round)?;
                     }
                     Ok(())
                 })))

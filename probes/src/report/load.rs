@@ -45,7 +45,7 @@ pub struct PassInput {
     /// The file it was read from.
     pub source: PathBuf,
     /// The document, or why there is none.
-    pub document: Result<MeasurementOutput<Value>, String>,
+    pub document: Result<MeasurementOutput<Value>, DocumentError>,
     /// How its run ended, when the run log says.
     pub run: Option<RunStatus>,
 }
@@ -69,15 +69,46 @@ impl PassInput {
     }
 }
 
+/// Why a probe's document could not be read; each names the file as the report shows it.
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    /// There is no such file (the probe did not run, or wrote elsewhere).
+    #[error("{shown_as}: not found")]
+    NotFound {
+        /// The file, as the report names it.
+        shown_as: String,
+    },
+    /// The file is there but could not be read.
+    #[error("{shown_as}: cannot be read: {source}")]
+    Unreadable {
+        /// The file, as the report names it.
+        shown_as: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not a probe's JSON document.
+    #[error("{shown_as}: not a probe's JSON document: {source}")]
+    NotProbeJson {
+        /// The file, as the report names it.
+        shown_as: String,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+}
+
 /// Reads `path` as a probe's document; `Err` names the file (as `shown_as`, so that a report reads the same
 /// wherever its documents were read from) and says what is wrong with it.
-pub fn load_document(path: &Path, shown_as: &str) -> Result<MeasurementOutput<Value>, String> {
+///
+/// # Errors
+/// A missing or unreadable file, or one that is not a probe's JSON document.
+pub fn load_document(path: &Path, shown_as: &str) -> Result<MeasurementOutput<Value>, DocumentError> {
+    let shown_as = shown_as.to_owned();
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("{shown_as}: not found")),
-        Err(e) => return Err(format!("{shown_as}: cannot be read: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(DocumentError::NotFound { shown_as }),
+        Err(source) => return Err(DocumentError::Unreadable { shown_as, source }),
     };
-    serde_json::from_str(&text).map_err(|e| format!("{shown_as}: not a probe's JSON document: {e}"))
+    serde_json::from_str(&text).map_err(|source| DocumentError::NotProbeJson { shown_as, source })
 }
 
 /// Reads `dir/runs.json`, the log of the report run that produced `dir`, when there is one.
@@ -253,9 +284,10 @@ mod tests {
         assert_eq!(doc.env.devices[0].name, "NVIDIA H100 80GB HBM3");
         assert!(!doc.env.mps);
         let missing = load_document(&dir.join("vmm-compat-mps.json"), "vmm-compat-mps.json").unwrap_err();
-        assert!(missing.ends_with("vmm-compat-mps.json: not found"), "{missing}");
+        assert!(matches!(&missing, DocumentError::NotFound { .. }), "{missing}");
+        assert!(missing.to_string().ends_with("vmm-compat-mps.json: not found"), "{missing}");
         let broken = load_document(&dir.join("crash-no-mps.json"), "crash-no-mps.json").unwrap_err();
-        assert!(broken.contains("crash-no-mps.json: not a probe's JSON document: "), "{broken}");
+        assert!(broken.to_string().contains("crash-no-mps.json: not a probe's JSON document: "), "{broken}");
     }
 
     #[test]
