@@ -206,7 +206,8 @@ impl GpuBackendVisitor for DeviceApiRoundTrips<'_> {
             return;
         }
         let mut group = self.c.benchmark_group(&group_name);
-        for sync in [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll] {
+        // The GPU-side strategies, as the strategy describes itself.
+        for sync in SyncStrategy::ALL.into_iter().filter(|s| s.is_gpu_side()) {
             for both in [false, true] {
                 let id = if both { format!("{sync}-both-persistent") } else { sync.to_string() };
                 let mut pair = match PersistentPair::<B>::new(self.ctx, self.backend, sync, both) {
