@@ -36,7 +36,7 @@ impl IpcMemHandle {
 /// Another process's allocation, opened with `cuIpcOpenMemHandle`; closed on drop.
 ///
 /// Its length is what the driver says the mapped allocation spans (`cuMemGetAddressRange`), never what the peer
-/// claims, so its [`DeviceSpan`] covers exactly the mapped memory.
+/// claims, so its [`DeviceSpan`](super::span::DeviceSpan) covers exactly the mapped memory.
 pub struct IpcMapping {
     ctx: Context,
     ptr: DevicePtr,
