@@ -1,5 +1,5 @@
 //! What every row's producer side stands on, written once: the row's configuration ([`RunConfig`]), bounded waits
-//! for the GPU and for a row's deadline, a reference row timed in this process ([`in_process`]), starting a row's
+//! for the GPU and for a row's deadline, a reference row timed in this process (`in_process`), starting a row's
 //! consumer processes and collecting their reports, and the row's measurement from them. Below every kind of row.
 
 use std::os::fd::OwnedFd;

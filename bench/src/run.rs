@@ -1,7 +1,7 @@
 //! Runs one row: the one place that knows which file plays which kind of row ([`run_row`]). The references are in
 //! [`super::references`], ours in [`super::ours`], the study's designs in [`super::study`], the memory benchmarks
 //! and the kernels alone in [`super::memory`], the frame-graph rows in [`super::graphs`]; what they all stand on in
-//! [`super::rig`]. The helper processes' side is [`super::child`].
+//! [`super::rig`]. The helper processes' side is [`mod@super::child`].
 
 use harness::MeasurementError;
 use harness::gpu::GpuSetup;

@@ -10,7 +10,7 @@ use super::results::ConsumerReport;
 use super::rows::RowSpec;
 use harness::regions::HandleMessage;
 
-/// What a helper of the bench is asked to do (the envelope is [`ChildTask`]).
+/// What a helper of the bench is asked to do (the envelope is [`harness::child::ChildTask`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "role", content = "params")]
 pub enum BenchTask {
