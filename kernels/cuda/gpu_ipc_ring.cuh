@@ -63,7 +63,7 @@ typedef unsigned long long gpu_ipc_ring_u64;
 #define GPU_IPC_RING_DESCRIPTOR_VERSION 2ull
 // The version of gpu_ipc_ring_producer_descriptor (ipc_core::frames::ProducerRingDescriptor::VERSION).
 #define GPU_IPC_RING_PRODUCER_DESCRIPTOR_VERSION 2ull
-// The device words' layout (ipc_core::frames::device_words): published[i] at 8 i, consumer c's released[i] at
+// The device words' layout (ipc_core::resident::device_words): published[i] at 8 i, consumer c's released[i] at
 // GPU_IPC_RING_DEVICE_RELEASED + c GPU_IPC_RING_DEVICE_RECORD + 8 i.
 #define GPU_IPC_RING_DEVICE_RELEASED 2048ull
 #define GPU_IPC_RING_DEVICE_RECORD 2048ull

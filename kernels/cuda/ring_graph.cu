@@ -1,4 +1,4 @@
-// The ring steps of frame graphs (ipc-core/src/frames/graph.rs): one CUDA graph per slot, captured once, holds the
+// The ring steps of frame graphs (ipc-core/src/resident/graph.rs): one CUDA graph per slot, captured once, holds the
 // step that opens the frame, the application's own kernels for the slot, and the step that closes it; each frame is
 // then one cuGraphLaunch. The steps are the ring's device API (gpu_ipc_ring.cuh) in kernels of one thread (one warp
 // for the producer's acquire), their descriptor and the frame state (struct gpu_ipc_graph_frame) in device memory.

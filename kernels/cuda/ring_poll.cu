@@ -1,6 +1,6 @@
 // Ring sync kernels of the gpu-poll strategy (ipc-core/src/frames/strategy/gpu_poll.rs): a one-thread kernel that
 // polls the ring's 64-bit counters until they reach a target, and a one-thread kernel that publishes a counter.
-// Each also stores the side's run-ahead mark when it is done (ipc-core/src/frames/run_ahead.rs): no stream memory
+// Each also stores the side's run-ahead mark when it is done (ipc-core/src/resident/run_ahead.rs): no stream memory
 // operation between the kernels.
 //
 // Files named ring_*.cu are not part of the gpu-ipc-kernels program: scripts/gen_kernels.py compiles them as their

@@ -14,10 +14,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::FrameError;
 use super::graph_waits::{self, GraphWaits, WaitOn};
+use super::ring_kernels::ring_module;
 use super::ring_port::RingPort;
-use super::strategy::ring_module;
+use crate::frames::FrameError;
 use gpu_ipc_driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, Graph, KernelArg, LaunchConfig, MemOpBatch, MemOpNode,
     MemOpScratch, Module, Stream,

@@ -1,14 +1,12 @@
-//! A consumer's frame graphs (`crate::frames::graph`): one graph per slot that waits for the frame and checks its
+//! A consumer's frame graphs (`crate::resident::graph`): one graph per slot that waits for the frame and checks its
 //! stamp, runs the application's kernels on it, and releases it; one `cuGraphLaunch` per frame.
 
 use std::time::Duration;
 
-use super::Consumer;
+use super::graph::{self, CONSUMER_STEPS, FrameGraphs, GraphOptions, GraphSlot, LaunchWaits};
+use super::{graph_waits, run_ahead};
 use crate::backend::Backend;
-use crate::frames::graph::{self, CONSUMER_STEPS, FrameGraphs, GraphOptions, GraphSlot, LaunchWaits};
-use crate::frames::graph_waits;
-use crate::frames::ring_port::open_port;
-use crate::frames::{FrameError, run_ahead};
+use crate::frames::{Consumer, FrameError};
 use gpu_ipc_driver::{DeviceMemory, Stream};
 
 impl<B: Backend> Consumer<B>
@@ -20,7 +18,7 @@ where
     /// `record` queues for the slot (the application's kernels reading [`GraphSlot::span`]; they should do nothing
     /// when the frame state says the frame is not valid), then the frame's release. Nothing runs now: launch them
     /// with [`Consumer::launch_frame_graph`]. The wait is a kernel (under MPS) or a stream wait node (without it), as
-    /// `options.waits` says ([`crate::frames::GraphWaits`]).
+    /// `options.waits` says ([`crate::resident::GraphWaits`]).
     ///
     /// # Errors
     /// A strategy that does not register the control block ([`FrameError::StrategyUnavailable`]: use
@@ -33,7 +31,7 @@ where
     ) -> Result<FrameGraphs, FrameError> {
         let registered = self.sync.control_block().is_some();
         let user = ("frame graphs wait on", "start the producer");
-        open_port(&mut self.port, registered, self.offer.sync, user, stream, &self.abort)?;
+        self.resident.open(registered, self.offer.sync, user, stream)?;
         self.check_no_ring_kernel()?;
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
         let owner = descriptor.abort;
@@ -69,7 +67,7 @@ where
     /// captured; a driver error.
     pub fn launch_frame_graph(&mut self, graphs: &mut FrameGraphs, stream: &Stream) -> Result<u64, FrameError> {
         let seq = self.next_seq;
-        let Some(port) = self.port.as_mut() else {
+        let Some(port) = self.resident.port.as_mut() else {
             return Err(FrameError::Config("no frame graphs were captured by this consumer".into()));
         };
         let ring = &self.shared.ring;

@@ -1,14 +1,12 @@
-//! A producer's frame graphs (`crate::frames::graph`): one graph per slot that waits until the slot is free, runs
+//! A producer's frame graphs (`crate::resident::graph`): one graph per slot that waits until the slot is free, runs
 //! the application's kernels that write the frame, and publishes it; one `cuGraphLaunch` per frame.
 
 use std::time::Duration;
 
-use super::Producer;
+use super::graph::{self, FrameGraphs, GraphOptions, GraphSlot, LaunchWaits, PRODUCER_STEPS};
+use super::{graph_waits, run_ahead};
 use crate::backend::Backend;
-use crate::frames::graph::{self, FrameGraphs, GraphOptions, GraphSlot, LaunchWaits, PRODUCER_STEPS};
-use crate::frames::graph_waits;
-use crate::frames::ring_port::open_port;
-use crate::frames::{FrameError, run_ahead};
+use crate::frames::{FrameError, Producer};
 use gpu_ipc_driver::{DeviceMemory, Stream};
 
 /// How often (in frames) launching frame graphs serves the front door (consumers that knock are admitted and join
@@ -24,7 +22,7 @@ where
     /// then what `record` queues for the slot (the application's kernels writing [`GraphSlot::span`]; they should
     /// do nothing when the frame state says the slot is not valid), then the frame's publish. Nothing runs now:
     /// launch them with [`Producer::launch_frame_graph`]. The wait is a kernel (under MPS) or a node of stream waits
-    /// (without it), as `options.waits` says ([`crate::frames::GraphWaits`]).
+    /// (without it), as `options.waits` says ([`crate::resident::GraphWaits`]).
     ///
     /// # Errors
     /// A strategy that does not register the control block ([`FrameError::StrategyUnavailable`]: use
@@ -37,7 +35,7 @@ where
     ) -> Result<FrameGraphs, FrameError> {
         let registered = self.sync.control_block().is_some();
         let user = ("frame graphs wait on", "create the producer");
-        open_port(&mut self.port, registered, self.strategy.kind(), user, stream, &self.abort)?;
+        self.resident.open(registered, self.strategy.kind(), user, stream)?;
         self.check_no_ring_kernel()?;
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
         let region = self.region.span();
@@ -75,7 +73,7 @@ where
         if seq % FRONT_DOOR_EVERY < graphs.frames_per_launch() {
             self.serve_front_door();
         }
-        let Some(port) = self.port.as_mut() else {
+        let Some(port) = self.resident.port.as_mut() else {
             return Err(FrameError::Config("no frame graphs were captured by this producer".into()));
         };
         let ring = &self.ring;

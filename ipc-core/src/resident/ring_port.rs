@@ -2,13 +2,13 @@
 //! launches them: page-locked words registered for the device that hold the abort word (non-zero: leave now), the
 //! progress word (the kernel's next frame) and the descriptor the kernel gets as its first argument, and the event
 //! that says when the kernel is done. Consumers (`Consumer::launch_on_ring`) and producers
-//! (`Producer::launch_on_ring`) share it.
+//! (`Producer::launch_on_ring`) share it; each keeps it in its [`ResidentSide`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::frames::FrameError;
+use crate::frames::{FrameError, wait_for_event};
 use crate::ring::RingError;
 use crate::shm::{SharedMemory, SharedObject};
 use gpu_ipc_driver::{DeviceMemory, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream};
@@ -26,7 +26,7 @@ const PORT_BYTES: usize = 64 * 1024;
 
 /// The abort word of a side's ring kernels, shared with its watchdog: set once the port exists.
 #[derive(Debug, Default)]
-pub(super) struct AbortWord(OnceLock<Arc<SharedObject<PortWords>>>);
+pub(crate) struct AbortWord(OnceLock<Arc<SharedObject<PortWords>>>);
 
 impl AbortWord {
     /// Tells every kernel on the ring to leave (nothing when none was ever launched).
@@ -37,30 +37,73 @@ impl AbortWord {
     }
 }
 
-/// Makes `port` ready for a kernel or frame graphs on the ring of a side whose strategy is `strategy`: the control
-/// block must be registered for the device (`registered`: the GPU-side strategies), else
-/// [`FrameError::StrategyUnavailable`] saying that `user` needs it and what to `fix`; the port is made at first use.
-pub(super) fn open_port(
-    port: &mut Option<RingPort>,
-    registered: bool,
-    strategy: impl std::fmt::Display,
-    (user, fix): (&str, &str),
-    stream: &Stream,
-    abort: &AbortWord,
-) -> Result<(), FrameError> {
-    if !registered {
-        return Err(FrameError::StrategyUnavailable {
-            strategy: strategy.to_string(),
-            reason: format!(
-                "{user} the control block registered for the device, which only gpu-stream-ops and gpu-poll do; \
-                 {fix} with one of them"
-            ),
-        });
+/// What a producer or consumer keeps for the work it launches on the ring (a kernel, frame graphs): the abort word,
+/// shared with its watchdog, and the port, made at the first launch.
+#[derive(Default)]
+pub(crate) struct ResidentSide {
+    pub(super) abort: Arc<AbortWord>,
+    pub(super) port: Option<RingPort>,
+}
+
+/// How the work launched on the ring ended at teardown ([`ResidentSide::leave`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Departure {
+    /// Nothing was ever launched.
+    NoneLaunched,
+    /// It left; the progress word: the first frame it did not publish or release.
+    Left(u64),
+    /// It did not leave by the deadline: its port is leaked (never unregistered under a running kernel), and so
+    /// must be the ring's memory it may still touch.
+    Stuck,
+}
+
+impl ResidentSide {
+    /// The abort word, for the side's watchdog to raise when the peer dies.
+    pub(crate) fn abort_word(&self) -> Arc<AbortWord> {
+        self.abort.clone()
     }
-    if port.is_none() {
-        *port = Some(RingPort::new(stream, abort)?);
+
+    /// Teardown: raises the abort word and waits, at most until `deadline`, for the work launched on the ring to
+    /// leave.
+    pub(crate) fn leave(&mut self, deadline: Instant) -> Departure {
+        let Some(mut port) = self.port.take() else { return Departure::NoneLaunched };
+        match port.finish(deadline, true) {
+            Ok(progress) => Departure::Left(progress),
+            Err(error) => {
+                tracing::error!(%error, "the work launched on the ring did not leave on its abort word");
+                std::mem::forget(port);
+                Departure::Stuck
+            }
+        }
     }
-    Ok(())
+}
+
+impl ResidentSide {
+    /// Makes the port ready for a kernel or frame graphs on the ring of a side whose strategy is `strategy`: the
+    /// control block must be registered for the device (`registered`: the GPU-side strategies), else
+    /// [`FrameError::StrategyUnavailable`] saying that `user` needs it and what to `fix`; the port is made at first
+    /// use.
+    pub(super) fn open(
+        &mut self,
+        registered: bool,
+        strategy: impl std::fmt::Display,
+        (user, fix): (&str, &str),
+        stream: &Stream,
+    ) -> Result<(), FrameError> {
+        if !registered {
+            return Err(FrameError::StrategyUnavailable {
+                strategy: strategy.to_string(),
+                reason: format!(
+                    "{user} the control block registered for the device, which only gpu-stream-ops and gpu-poll do; \
+                     {fix} with one of them"
+                ),
+            });
+        }
+        if self.port.is_none() {
+            self.port = Some(RingPort::new(stream, &self.abort)?);
+        }
+        Ok(())
+    }
 }
 
 /// A side's port for kernels on the ring: its host-registered words and the kernel (or frame graphs) running, if
@@ -150,7 +193,7 @@ impl RingPort {
             self.words.memory().get()[ABORT].store(1, Ordering::Release);
         }
         if let Some(event) = self.event.as_ref().filter(|_| self.running) {
-            super::wait_for_event(
+            wait_for_event(
                 event,
                 deadline,
                 Some(Duration::from_micros(50)),

@@ -11,15 +11,14 @@
 
 use std::time::{Duration, Instant};
 
-use super::Producer;
+use super::ring_port::{MAX_DESCRIPTOR_WORDS, RingPort};
 use crate::backend::{Backend, SharedRegion};
-use crate::frames::FrameError;
-use crate::frames::ring_port::{RingPort, open_port};
+use crate::frames::{FrameError, Producer};
+use crate::ring::layout::{RingLayout, SlotIndex};
 use gpu_ipc_driver::{Function, KernelArg, LaunchConfig, Stream};
 
 /// Who needs the registered control block, and what to do without it (a producer's kernel on the ring).
 const PRODUCER_KERNEL: (&str, &str) = ("a kernel on the ring reads", "create the producer");
-use crate::ring::layout::{RingLayout, SlotIndex};
 
 /// What a kernel needs to act on the ring as its producer, all `u64` and `#[repr(C)]`: the mirror of
 /// `struct gpu_ipc_ring_producer_descriptor` in `kernels/cuda/gpu_ipc_ring.cuh` (a test checks both agree, field by
@@ -64,7 +63,7 @@ pub struct ProducerRingDescriptor {
     pub abort: u64,
     /// Device address of the progress word: the first frame the kernel has not published (it stores it).
     pub progress: u64,
-    /// Device address of the ring's device words ([`crate::frames::device_words`]), 0 when the ring has none.
+    /// Device address of the ring's device words ([`crate::resident::device_words`]), 0 when the ring has none.
     pub device_words: u64,
 }
 
@@ -118,7 +117,7 @@ impl ProducerRingDescriptor {
 }
 
 const _: () = assert!(size_of::<ProducerRingDescriptor>() == 8 * ProducerRingDescriptor::WORDS);
-const _: () = assert!(ProducerRingDescriptor::WORDS <= crate::frames::ring_port::MAX_DESCRIPTOR_WORDS);
+const _: () = assert!(ProducerRingDescriptor::WORDS <= MAX_DESCRIPTOR_WORDS);
 // gpu_ipc_ring_acquire_slot gives each consumer record a lane of one warp.
 const _: () = assert!(crate::ring::layout::MAX_CONSUMERS <= 32);
 
@@ -142,7 +141,7 @@ impl<B: Backend> Producer<B> {
             released_offset,
             released_stride,
         ] = ProducerRingDescriptor::offsets(layout);
-        let (abort, progress) = self.port.as_ref().map_or((0, 0), RingPort::word_addresses);
+        let (abort, progress) = self.resident.port.as_ref().map_or((0, 0), RingPort::word_addresses);
         Some(ProducerRingDescriptor {
             version: ProducerRingDescriptor::VERSION,
             control: control.ptr().raw(),
@@ -162,7 +161,7 @@ impl<B: Backend> Producer<B> {
             first_sequence: self.next_seq,
             abort,
             progress,
-            device_words: if self.device_words == 0 || !crate::frames::device_words::enabled() {
+            device_words: if self.device_words == 0 || !crate::resident::device_words::enabled() {
                 0
             } else {
                 self.region.ptr().raw() + self.device_words
@@ -194,14 +193,14 @@ impl<B: Backend> Producer<B> {
         args: &[KernelArg<'_>],
     ) -> Result<(), FrameError> {
         let registered = self.sync.control_block().is_some();
-        open_port(&mut self.port, registered, self.strategy.kind(), PRODUCER_KERNEL, stream, &self.abort)?;
+        self.resident.open(registered, self.strategy.kind(), PRODUCER_KERNEL, stream)?;
         self.check_no_ring_kernel()?;
         self.serve_front_door();
         // The frames queued so far go through the stream before the kernel publishes the next ones.
         self.sync.drain(Some(stream), Instant::now() + self.config.gpu_timeout)?;
         // Both exist now: the control block was checked above, the port made.
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
-        let port = self.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;
+        let port = self.resident.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;
         port.launch(&descriptor.to_words(), descriptor.first_sequence, kernel, stream, config, args)
     }
 
@@ -217,7 +216,7 @@ impl<B: Backend> Producer<B> {
     pub fn finish_ring_kernel(&mut self, timeout: Duration) -> Result<u64, FrameError> {
         let deadline = Instant::now() + timeout;
         loop {
-            let Some(port) = self.port.as_mut() else { return Ok(self.next_seq) };
+            let Some(port) = self.resident.port.as_mut() else { return Ok(self.next_seq) };
             let step = (Instant::now() + FINISH_POLL).min(deadline);
             match port.finish(step, false) {
                 Ok(progress) => return Ok(self.take_ring_back(progress)),
@@ -234,7 +233,7 @@ impl<B: Backend> Producer<B> {
     /// Takes the ring back from the kernel (or frame graphs) that ended at `progress` (its progress word): the next
     /// sequence becomes the first frame not published, here and in the control block, where the kernel may have
     /// moved `next_sequence` ahead of its frames (gpu_ipc_ring_acquire_slot's view of the records).
-    pub(super) fn take_ring_back(&mut self, progress: u64) -> u64 {
+    pub(crate) fn take_ring_back(&mut self, progress: u64) -> u64 {
         self.next_seq = self.next_seq.max(progress);
         self.ring.rewind_next(crate::ring::Sequence(self.next_seq));
         self.next_seq
@@ -242,8 +241,8 @@ impl<B: Backend> Producer<B> {
 
     /// [`FrameError::Config`] while a kernel launched on the ring may still run: it owns the ring. One that has
     /// finished gives it back (as [`Producer::finish_ring_kernel`]).
-    pub(super) fn check_no_ring_kernel(&mut self) -> Result<(), FrameError> {
-        match &self.port {
+    pub(crate) fn check_no_ring_kernel(&mut self) -> Result<(), FrameError> {
+        match &self.resident.port {
             Some(port) if port.busy()? => Err(FrameError::Config(
                 "a kernel launched on the ring still publishes its frames: call finish_ring_kernel first".into(),
             )),
@@ -260,7 +259,7 @@ mod tests {
 
     #[test]
     fn the_descriptor_mirrors_the_cuda_header_field_by_field() {
-        let header = include_str!("../../../../kernels/cuda/gpu_ipc_ring.cuh");
+        let header = include_str!("../../../kernels/cuda/gpu_ipc_ring.cuh");
         let body = &header[header.find("struct gpu_ipc_ring_producer_descriptor {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
         let fields: Vec<&str> = body

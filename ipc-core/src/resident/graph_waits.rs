@@ -1,4 +1,4 @@
-//! How a frame graph waits (`crate::frames::graph`): with kernels of the ring's device API that poll the ring's
+//! How a frame graph waits (`crate::resident::graph`): with kernels of the ring's device API that poll the ring's
 //! words (the lowest latency, but only under MPS: without it a waiting kernel holds its context's time slice and the
 //! other process runs only between slices), or with **stream memory operations as graph nodes**
 //! (`cuGraphAddBatchMemOpNode`: 64-bit GEQ waits on the control block's counters, as the gpu-stream-ops strategy

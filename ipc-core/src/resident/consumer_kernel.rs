@@ -8,18 +8,17 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Consumer, Frame};
+use super::ring_port::{MAX_DESCRIPTOR_WORDS, RingPort};
 use crate::backend::{Backend, SharedRegion};
-use crate::frames::FrameError;
-use crate::frames::ring_port::{RingPort, open_port};
+use crate::frames::{Consumer, Frame, FrameError};
+use crate::ring::POISON;
+use crate::ring::layout::{RingLayout, SlotIndex};
 use gpu_ipc_driver::{DevicePtr, DeviceSpan, Function, KernelArg, LaunchConfig, Stream};
 
 /// Who needs the registered control block, and what to do without it (a consumer's kernel on the ring).
 const CONSUMER_KERNEL: (&str, &str) = ("a kernel on the ring reads", "start the producer");
-use crate::ring::POISON;
-use crate::ring::layout::{RingLayout, SlotIndex};
 
-/// Where a kernel finds frame `seq`'s stamp, and what it must hold: see [`Frame::stamp`](super::Frame::stamp).
+/// Where a kernel finds frame `seq`'s stamp, and what it must hold: see [`Frame::stamp`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FrameStamp {
     /// Device address (in this process) of the `published` word of the frame's slot: a 64-bit word of the
@@ -75,7 +74,7 @@ pub struct RingDescriptor {
     pub abort: u64,
     /// Device address of the progress word: the first frame the kernel has not released (it stores it).
     pub progress: u64,
-    /// Device address of the ring's device words ([`crate::frames::device_words`]) in this process's mapping, 0
+    /// Device address of the ring's device words ([`crate::resident::device_words`]) in this process's mapping, 0
     /// when the ring has none.
     pub device_words: u64,
 }
@@ -109,7 +108,7 @@ impl RingDescriptor {
 
     /// The layout part of a consumer's descriptor: offsets and strides from the block's layout's offset functions
     /// (128-byte strides in layout 1, 8-byte ones in layout 2: rings of more than 32 slots).
-    pub(super) fn offsets(layout: RingLayout, consumer_index: u32) -> [u64; 4] {
+    fn offsets(layout: RingLayout, consumer_index: u32) -> [u64; 4] {
         let published = layout.published_offset(SlotIndex(0)) as u64;
         let released = layout.released_offset(consumer_index, SlotIndex(0)) as u64;
         [
@@ -122,13 +121,10 @@ impl RingDescriptor {
 }
 
 const _: () = assert!(size_of::<RingDescriptor>() == 8 * RingDescriptor::WORDS);
+const _: () = assert!(RingDescriptor::WORDS <= MAX_DESCRIPTOR_WORDS);
 
 /// The span of frame stamps: the 8 bytes of `published[slot]` in `control`, a block of `layout`.
-pub(super) fn stamp_span<'a>(
-    control: DeviceSpan<'a>,
-    layout: RingLayout,
-    slot: SlotIndex,
-) -> Result<DeviceSpan<'a>, FrameError> {
+fn stamp_span<'a>(control: DeviceSpan<'a>, layout: RingLayout, slot: SlotIndex) -> Result<DeviceSpan<'a>, FrameError> {
     Ok(control.slice(layout.published_offset(slot) as u64, 8)?)
 }
 
@@ -155,7 +151,7 @@ impl<B: Backend> Consumer<B> {
         let layout = self.shared.ring.block().layout();
         let [published_offset, published_stride, released_offset, released_stride] =
             RingDescriptor::offsets(layout, index);
-        let (abort, progress) = self.port.as_ref().map_or((0, 0), RingPort::word_addresses);
+        let (abort, progress) = self.resident.port.as_ref().map_or((0, 0), RingPort::word_addresses);
         Some(RingDescriptor {
             version: RingDescriptor::VERSION,
             control: control.ptr().raw(),
@@ -196,12 +192,12 @@ impl<B: Backend> Consumer<B> {
         args: &[KernelArg<'_>],
     ) -> Result<(), FrameError> {
         let registered = self.sync.control_block().is_some();
-        open_port(&mut self.port, registered, self.offer.sync, CONSUMER_KERNEL, stream, &self.abort)?;
+        self.resident.open(registered, self.offer.sync, CONSUMER_KERNEL, stream)?;
         self.check_no_ring_kernel()?;
         self.check_producer()?;
         // Both exist now: the control block was checked above, the port made.
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
-        let port = self.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;
+        let port = self.resident.port.as_mut().ok_or_else(|| FrameError::Config("no ring port".into()))?;
         if port.aborted() {
             return Err(self.shared.gone("its connection hung up (the process exited or was killed)"));
         }
@@ -216,7 +212,7 @@ impl<B: Backend> Consumer<B> {
     /// [`FrameError::Timeout`] when the kernel is still running (call again, or drop the consumer, which raises
     /// the abort word first), a driver error.
     pub fn finish_ring_kernel(&mut self, timeout: Duration) -> Result<u64, FrameError> {
-        if let Some(port) = self.port.as_mut() {
+        if let Some(port) = self.resident.port.as_mut() {
             self.next_seq = self.next_seq.max(port.finish(Instant::now() + timeout, false)?);
         }
         Ok(self.next_seq)
@@ -224,8 +220,8 @@ impl<B: Backend> Consumer<B> {
 
     /// [`FrameError::Config`] while a kernel launched on the ring may still run: it owns the frames. One that has
     /// finished gives them back (as [`Consumer::finish_ring_kernel`]).
-    pub(super) fn check_no_ring_kernel(&mut self) -> Result<(), FrameError> {
-        match &self.port {
+    pub(crate) fn check_no_ring_kernel(&mut self) -> Result<(), FrameError> {
+        match &self.resident.port {
             Some(port) if port.busy()? => Err(FrameError::Config(
                 "a kernel launched on the ring still reads its frames: call finish_ring_kernel first".into(),
             )),
@@ -253,7 +249,7 @@ mod tests {
 
     #[test]
     fn the_descriptor_mirrors_the_cuda_header_field_by_field() {
-        let header = include_str!("../../../../kernels/cuda/gpu_ipc_ring.cuh");
+        let header = include_str!("../../../kernels/cuda/gpu_ipc_ring.cuh");
         let body = &header[header.find("struct gpu_ipc_ring_descriptor {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
         let fields: Vec<&str> = body
