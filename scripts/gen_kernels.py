@@ -2,12 +2,13 @@
 """Compiles kernels/cuda/*.cu with NVRTC (through ctypes) into the images gpu-ipc embeds.
 
 Called by scripts/gen-kernels.sh, which fetches the pinned NVRTC wheel and passes its library path. Three
-programs, each written as one cubin per architecture in CUBIN_ARCHS, one PTX for PTX_ARCH, and manifest.json
-describing them:
-  - the gpu-ipc-kernels crate's program, every kernels/cuda/*.cu except ring_*.cu and queue_*.cu, into --out;
-  - the ring's sync kernels, kernels/cuda/ring_*.cu, into --ring-out, which ipc-core embeds (ipc-core cannot
-    depend on the kernels crate, which depends on it);
-  - the work queue's kernels for the CPU side, kernels/cuda/queue_*.cu, into --queue-out, which ipc-toolkit embeds.
+programs, into one tree (--out, kernels/images/), a folder each, each written as one cubin per architecture in
+CUBIN_ARCHS, one PTX for PTX_ARCH, and manifest.json describing them (the crates embed a folder with the one table,
+gpu_ipc_driver::kernel_images!, whose architectures are these):
+  - kernels/: the gpu-ipc-kernels crate's program, every kernels/cuda/*.cu except ring_*.cu and queue_*.cu;
+  - ring/: the ring's own kernels, kernels/cuda/ring_*.cu, which ipc-core embeds (ipc-core cannot depend on the
+    kernels crate, which depends on it, and a ring need not load the kernels crate's larger program);
+  - queue/: the work queue's kernels for the CPU side, kernels/cuda/queue_*.cu, which ipc-toolkit embeds.
 The headers kernels/cuda/*.cuh are given to NVRTC by name, so a source's `#include "NAME.cuh"` finds them as nvcc
 would next to the file; a program's manifest lists the headers its sources include.
 Python 3.11 standard library only. The output is byte-for-byte deterministic: no paths, times or host names go
@@ -191,9 +192,7 @@ def main() -> int:
     parser.add_argument("--wheel", required=True, help="file name of the NVRTC wheel, for the manifest")
     parser.add_argument("--wheel-sha256", required=True, help="sha256 of the NVRTC wheel, for the manifest")
     parser.add_argument("--root", required=True, type=pathlib.Path, help="repository root")
-    parser.add_argument("--out", required=True, type=pathlib.Path, help="directory for the kernels crate's images")
-    parser.add_argument("--ring-out", required=True, type=pathlib.Path, help="directory for the ring's images")
-    parser.add_argument("--queue-out", required=True, type=pathlib.Path, help="directory for the work queue's images")
+    parser.add_argument("--out", required=True, type=pathlib.Path, help="the images tree: a folder per program")
     args = parser.parse_args()
 
     root = args.root.resolve()
@@ -215,9 +214,9 @@ def main() -> int:
             "wheel_sha256": args.wheel_sha256,
             "nvrtc_version": nvrtc.version(),
         }
-        build(nvrtc, root, sources, PROGRAM_NAME, args.out, toolchain)
-        build(nvrtc, root, ring_sources, RING_PROGRAM_NAME, args.ring_out, toolchain)
-        build(nvrtc, root, queue_sources, QUEUE_PROGRAM_NAME, args.queue_out, toolchain)
+        build(nvrtc, root, sources, PROGRAM_NAME, args.out / "kernels", toolchain)
+        build(nvrtc, root, ring_sources, RING_PROGRAM_NAME, args.out / "ring", toolchain)
+        build(nvrtc, root, queue_sources, QUEUE_PROGRAM_NAME, args.out / "queue", toolchain)
     except NvrtcError as e:
         print(f"gen_kernels: {e}", file=sys.stderr)
         return 1

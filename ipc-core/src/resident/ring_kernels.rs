@@ -1,32 +1,17 @@
 //! The ring's own kernels (`kernels/cuda/ring_*.cu`: the gpu-poll strategy's wait and release, the frame graphs'
-//! steps), compiled ahead of time by `scripts/gen-kernels.sh` into `ipc-core/ring-kernels/` and embedded here.
+//! steps), compiled ahead of time by `scripts/gen-kernels.sh` into `kernels/images/ring/` and embedded here.
 
 use crate::frames::FrameError;
-use gpu_ipc_driver::image::{self, ComputeCapability, KernelImage};
+use gpu_ipc_driver::image::{self, ComputeCapability, KernelImage, KernelImages};
 use gpu_ipc_driver::{Context, Module};
 
-/// The ring's kernels, from `ipc-core/ring-kernels/` (`scripts/gen-kernels.sh`): the cubins in ascending
-/// architecture order, then the PTX (the last resort).
-pub(crate) static IMAGES: [KernelImage; 8] = [
-    KernelImage::cubin(7, 5, "sm_75.cubin", include_bytes!("../../ring-kernels/sm_75.cubin")),
-    KernelImage::cubin(8, 0, "sm_80.cubin", include_bytes!("../../ring-kernels/sm_80.cubin")),
-    KernelImage::cubin(8, 6, "sm_86.cubin", include_bytes!("../../ring-kernels/sm_86.cubin")),
-    KernelImage::cubin(8, 9, "sm_89.cubin", include_bytes!("../../ring-kernels/sm_89.cubin")),
-    KernelImage::cubin(9, 0, "sm_90.cubin", include_bytes!("../../ring-kernels/sm_90.cubin")),
-    KernelImage::cubin(10, 0, "sm_100.cubin", include_bytes!("../../ring-kernels/sm_100.cubin")),
-    KernelImage::cubin(12, 0, "sm_120.cubin", include_bytes!("../../ring-kernels/sm_120.cubin")),
-    KernelImage::ptx(
-        7,
-        5,
-        "compute_75.ptx",
-        concat!(include_str!("../../ring-kernels/compute_75.ptx"), "\0").as_bytes(),
-    ),
-];
+/// The ring's kernels, from `kernels/images/ring/` (`scripts/gen-kernels.sh`).
+pub(crate) static IMAGES: KernelImages = gpu_ipc_driver::kernel_images!("../kernels/images/ring");
 
 /// The image for a device of compute capability `device`, by the one rule ([`image::select_image`], as for the
 /// kernels crate); `None` below 7.5.
 pub(crate) fn select_image(device: (u32, u32), force_ptx: bool) -> Option<&'static KernelImage> {
-    image::select_image(&IMAGES, ComputeCapability::new(device.0, device.1), force_ptx).ok()
+    IMAGES.select(ComputeCapability::new(device.0, device.1), force_ptx).ok()
 }
 
 /// Loads the ring's kernels in `cuda`: the gpu-poll strategy's and the frame graphs' steps. `what` names the user

@@ -550,7 +550,6 @@ impl ConsumerSide for PollConsumer {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use gpu_ipc_driver::image::ImageKind;
 
     #[test]
     fn images_follow_the_kernels_crate_rule() {
@@ -565,27 +564,17 @@ mod tests {
 
     #[test]
     fn the_embedded_images_are_what_the_manifest_lists() {
-        let manifest = include_str!("../../../ring-kernels/manifest.json");
-        for image in &crate::resident::RING_IMAGES {
-            let size = image.file_len();
-            let entry = format!("\"file\": \"{}\",", image.file);
-            let at = manifest.find(&entry).unwrap_or_else(|| panic!("{} is not in the manifest", image.file));
-            assert!(manifest[at..].contains(&format!("\"size\": {size},")), "{}: size {size}", image.file);
-            if image.kind == ImageKind::Cubin {
-                assert_eq!(&image.bytes[..4], b"\x7fELF", "{}", image.file);
-            }
-        }
-        assert!(manifest.contains("\"kernels/cuda/ring_poll.cu\""));
-        assert!(
-            manifest.contains(&format!("\"{RELEASE_KERNEL}\"")) && manifest.contains(&format!("\"{WAIT_KERNEL}\""))
-        );
+        let images = &crate::resident::RING_IMAGES;
+        assert_eq!(images.check_manifest(), Ok(()));
+        assert!(images.manifest.contains("\"kernels/cuda/ring_poll.cu\""));
+        assert!(images.lists_kernel(RELEASE_KERNEL) && images.lists_kernel(WAIT_KERNEL));
     }
 
     /// The coherency probe's rule: poll with ld.acquire.sys, publish with st.release.sys, bound by %globaltimer;
     /// and the comparison is unsigned, so POISON (2^62) satisfies every wait.
     #[test]
     fn the_kernels_use_the_rule_the_coherency_probe_established() {
-        let ptx = std::str::from_utf8(crate::resident::RING_IMAGES[7].bytes).unwrap();
+        let ptx = crate::resident::RING_IMAGES.ptx_text();
         let wait = &ptx[ptx.find(&format!(".entry {WAIT_KERNEL}(")).unwrap()..];
         let wait = &wait[..wait[1..].find(".entry").map_or(wait.len(), |end| end + 1)];
         assert!(wait.contains("ld.acquire.sys.global.u64"), "{wait}");
