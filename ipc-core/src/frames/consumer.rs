@@ -230,8 +230,10 @@ impl<B: Backend> Consumer<B> {
                             // What it really published, read before the poison hides it.
                             below.store(ring.highest_published().map_or(0, |s| s + 1), Ordering::Release);
                             flag.store(true, Ordering::Release);
-                            // A kernel launched on the ring leaves at once (docs/kernels.md, persistent kernels).
+                            // A kernel launched on the ring leaves at once (docs/kernels.md, persistent kernels),
+                            // and so does one the dead producer launched (docs/frames.md, "Kills under MPS").
                             abort.raise();
+                            ring.raise_producer_kernel_abort();
                         }
                         ring.poison_published();
                         // The producer's queued GPU stores of `published` may still land: repeat.

@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::KernelLease;
 use super::ring_port::{MAX_DESCRIPTOR_WORDS, RingPort};
 use crate::backend::{Backend, SharedRegion};
 use crate::frames::{Consumer, Frame, FrameError};
@@ -39,73 +40,51 @@ impl FrameStamp {
     }
 }
 
-/// What a kernel needs to act on the ring as one consumer, all `u64` and `#[repr(C)]`: the mirror of
-/// `struct gpu_ipc_ring_descriptor` in `kernels/cuda/gpu_ipc_ring.cuh` (a test checks both agree, field by field).
-/// Offsets and strides come from the layout's offset functions, so kernels need no layout constants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub struct RingDescriptor {
-    /// [`RingDescriptor::VERSION`].
-    pub version: u64,
-    /// Device address of the control block (host memory registered for the device).
-    pub control: u64,
-    /// Byte offset of `published[0]` in the control block.
-    pub published_offset: u64,
-    /// Bytes from `published[i]` to `published[i + 1]`.
-    pub published_stride: u64,
-    /// Byte offset of this consumer's `released[0]`.
-    pub released_offset: u64,
-    /// Bytes from its `released[i]` to `released[i + 1]`.
-    pub released_stride: u64,
-    /// Device address of slot 0's frame, in this process's mapping.
-    pub slots: u64,
-    /// Bytes from one slot to the next.
-    pub slot_stride: u64,
-    /// Bytes of a frame.
-    pub slot_bytes: u64,
-    /// Slots in the ring.
-    pub slot_count: u64,
-    /// This consumer's record index.
-    pub consumer_index: u64,
-    /// The first frame the kernel is to read: the consumer's next sequence when it launched the kernel.
-    pub first_sequence: u64,
-    /// Device address of the abort word: non-zero tells the kernel to leave (the host sets it when the producer
-    /// dies or the consumer is dropped).
-    pub abort: u64,
-    /// Device address of the progress word: the first frame the kernel has not released (it stores it).
-    pub progress: u64,
-    /// Device address of the ring's device words ([`crate::resident::device_words`]) in this process's mapping, 0
-    /// when the ring has none.
-    pub device_words: u64,
+device_struct! {
+    /// What a kernel needs to act on the ring as one consumer, all `u64` and `#[repr(C)]`: the mirror of
+    /// `struct gpu_ipc_ring_descriptor`, which `kernels/cuda/gpu_ipc_ring_layout.cuh` defines from this struct
+    /// ([`crate::resident::cuda_header`]).
+    /// Offsets and strides come from the layout's offset functions, so kernels need no layout constants.
+    pub struct RingDescriptor => "gpu_ipc_ring_descriptor" {
+        /// [`RingDescriptor::VERSION`].
+        pub version,
+        /// Device address of the control block (host memory registered for the device).
+        pub control,
+        /// Byte offset of `published[0]` in the control block.
+        pub published_offset,
+        /// Bytes from `published[i]` to `published[i + 1]`.
+        pub published_stride,
+        /// Byte offset of this consumer's `released[0]`.
+        pub released_offset,
+        /// Bytes from its `released[i]` to `released[i + 1]`.
+        pub released_stride,
+        /// Device address of slot 0's frame, in this process's mapping.
+        pub slots,
+        /// Bytes from one slot to the next.
+        pub slot_stride,
+        /// Bytes of a frame.
+        pub slot_bytes,
+        /// Slots in the ring.
+        pub slot_count,
+        /// This consumer's record index.
+        pub consumer_index,
+        /// The first frame the kernel is to read: the consumer's next sequence when it launched the kernel.
+        pub first_sequence,
+        /// Device address of the exit words (`struct gpu_ipc_ring_exit`), the abort word first: non-zero tells the
+        /// kernel to leave (the host sets it when the producer dies or the consumer is dropped); then the kernel
+        /// lease's heartbeat and the survivor's abort word ([`crate::resident::KernelLease`]).
+        pub abort,
+        /// Device address of the progress word: the first frame the kernel has not released (it stores it).
+        pub progress,
+        /// Device address of the ring's device words ([`crate::resident::device_words`]) in this process's mapping, 0
+        /// when the ring has none.
+        pub device_words,
+    }
 }
 
 impl RingDescriptor {
     /// `GPU_IPC_RING_DESCRIPTOR_VERSION` in the header.
-    pub const VERSION: u64 = 2;
-    /// Its size in 64-bit words.
-    pub const WORDS: usize = size_of::<Self>() / 8;
-
-    /// The fields in order, as the kernel reads them.
-    pub fn to_words(&self) -> [u64; Self::WORDS] {
-        [
-            self.version,
-            self.control,
-            self.published_offset,
-            self.published_stride,
-            self.released_offset,
-            self.released_stride,
-            self.slots,
-            self.slot_stride,
-            self.slot_bytes,
-            self.slot_count,
-            self.consumer_index,
-            self.first_sequence,
-            self.abort,
-            self.progress,
-            self.device_words,
-        ]
-    }
-
+    pub const VERSION: u64 = 3;
     /// The layout part of a consumer's descriptor: offsets and strides from the block's layout's offset functions
     /// (128-byte strides in layout 1, 8-byte ones in layout 2: rings of more than 32 slots).
     fn offsets(layout: RingLayout, consumer_index: u32) -> [u64; 4] {
@@ -120,7 +99,6 @@ impl RingDescriptor {
     }
 }
 
-const _: () = assert!(size_of::<RingDescriptor>() == 8 * RingDescriptor::WORDS);
 const _: () = assert!(RingDescriptor::WORDS <= MAX_DESCRIPTOR_WORDS);
 
 /// The span of frame stamps: the 8 bytes of `published[slot]` in `control`, a block of `layout`.
@@ -139,6 +117,26 @@ impl<B: Backend> Consumer<B> {
         self.check_owner(frame)?;
         let layout = self.shared.ring.block().layout();
         self.sync.control_block().map(|control| stamp_span(control, layout, frame.slot())).transpose()
+    }
+
+    /// How this consumer's kernels on the ring learn that its process is gone, from the next launch (or capture of
+    /// frame graphs) on ([`KernelLease`]; [`KernelLease::default`] at attach, which reads [`LEASE_ENV`](
+    /// crate::resident::LEASE_ENV)).
+    pub fn set_kernel_lease(&mut self, lease: KernelLease) {
+        self.resident.lease = lease;
+    }
+
+    /// The lease this consumer's kernels on the ring get ([`Consumer::set_kernel_lease`]).
+    pub fn kernel_lease(&self) -> KernelLease {
+        self.resident.lease
+    }
+
+    /// The device address of this consumer's kernel abort word in the control block (the producer raises it when
+    /// it declares this consumer dead), or `None` when the strategy does not register the control block.
+    pub(super) fn peer_abort_address(&self) -> Option<u64> {
+        let control = self.sync.control_block()?;
+        let layout = self.shared.ring.block().layout();
+        Some(control.ptr().raw() + layout.kernel_abort_offset(self.shared.ring.id().index()) as u64)
     }
 
     /// The descriptor a kernel launched now by [`Consumer::launch_on_ring`] gets: this consumer's counters, the
@@ -191,8 +189,8 @@ impl<B: Backend> Consumer<B> {
         config: LaunchConfig,
         args: &[KernelArg<'_>],
     ) -> Result<(), FrameError> {
-        let registered = self.sync.control_block().is_some();
-        self.resident.open(registered, self.offer.sync, CONSUMER_KERNEL, stream)?;
+        let peer_abort = self.peer_abort_address();
+        self.resident.open(peer_abort, self.offer.sync, CONSUMER_KERNEL, stream)?;
         self.check_no_ring_kernel()?;
         self.check_producer()?;
         // Both exist now: the control block was checked above, the port made.
@@ -245,61 +243,6 @@ mod tests {
         assert!(!stamp.matches(4 | POISON), "the slot's previous frame, then the poison: frame 7 never came");
         assert!(!stamp.matches(4), "not yet published");
         assert!(!stamp.matches(12), "overwritten by a later frame");
-    }
-
-    #[test]
-    fn the_descriptor_mirrors_the_cuda_header_field_by_field() {
-        let header = include_str!("../../../kernels/cuda/gpu_ipc_ring.cuh");
-        let body = &header[header.find("struct gpu_ipc_ring_descriptor {").unwrap()..];
-        let body = &body[..body.find("};").unwrap()];
-        let fields: Vec<&str> = body
-            .lines()
-            .skip(1)
-            .filter_map(|line| line.trim().strip_prefix("gpu_ipc_ring_u64 "))
-            .map(|rest| rest.split(';').next().unwrap().trim())
-            .collect();
-        assert_eq!(
-            fields,
-            [
-                "version",
-                "control",
-                "published_offset",
-                "published_stride",
-                "released_offset",
-                "released_stride",
-                "slots",
-                "slot_stride",
-                "slot_bytes",
-                "slot_count",
-                "consumer_index",
-                "first_sequence",
-                "abort",
-                "progress",
-                "device_words"
-            ]
-        );
-        assert_eq!(fields.len(), RingDescriptor::WORDS);
-        assert!(header.contains(&format!("#define GPU_IPC_RING_DESCRIPTOR_VERSION {}ull", RingDescriptor::VERSION)));
-        assert!(header.contains(&format!("#define GPU_IPC_RING_POISON (1ull << {})", POISON.trailing_zeros())));
-        // Each field lands where its name says: a descriptor of distinct values, in declaration order.
-        let d = RingDescriptor {
-            version: 0,
-            control: 1,
-            published_offset: 2,
-            published_stride: 3,
-            released_offset: 4,
-            released_stride: 5,
-            slots: 6,
-            slot_stride: 7,
-            slot_bytes: 8,
-            slot_count: 9,
-            consumer_index: 10,
-            first_sequence: 11,
-            abort: 12,
-            progress: 13,
-            device_words: 14,
-        };
-        assert_eq!(d.to_words().to_vec(), (0..15).collect::<Vec<u64>>());
     }
 
     #[test]

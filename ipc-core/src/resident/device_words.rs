@@ -10,7 +10,8 @@
 //! copy, poison). Host code never reads the device copy: the control block stays the ring's truth.
 //!
 //! Layout (docs/ring.md, "Device words"): `published[i]` at `8 i`, consumer `c`'s `released[i]` at
-//! `RELEASED + c * RECORD + 8 i`; `i < 256`, `c < 16`.
+//! `RELEASED + c * RECORD + 8 i`; `i < 256`, `c < 16`. The constants here are the definition: kernels get them from
+//! `kernels/cuda/gpu_ipc_ring_layout.cuh`, generated from them ([`super::cuda_header`]).
 
 use std::ffi::OsStr;
 
@@ -72,7 +73,7 @@ mod tests {
 
     #[test]
     fn the_layout_is_what_the_cuda_header_computes() {
-        let header = include_str!("../../../kernels/cuda/gpu_ipc_ring.cuh");
+        let header = include_str!("../../../kernels/cuda/gpu_ipc_ring_layout.cuh");
         assert!(header.contains(&format!("#define GPU_IPC_RING_DEVICE_RELEASED {RELEASED}ull")));
         assert!(header.contains(&format!("#define GPU_IPC_RING_DEVICE_RECORD {RECORD}ull")));
         assert_eq!(BYTES, 34_816);

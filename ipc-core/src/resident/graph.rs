@@ -23,8 +23,27 @@ use gpu_ipc_driver::{
     MemOpScratch, Module, Stream,
 };
 
-/// Bytes of the frame state (`struct gpu_ipc_graph_frame`: sequence, valid, skipped, reserved).
-const STATE_BYTES: u64 = 32;
+device_struct! {
+    /// The frame graphs' per-ring state in device memory: one CUDA graph per slot is captured once, its kernels'
+    /// arguments fixed, so the frame a graph launch is for lives here. The ring step that opens a frame
+    /// (gpu_ipc_graph_wait_frame, gpu_ipc_graph_acquire_slot) writes `valid`; the one that closes it advances
+    /// `sequence`. The application's kernels in the graph read `sequence` (which frame) and `valid`. The mirror of
+    /// `struct gpu_ipc_graph_frame`, which `kernels/cuda/gpu_ipc_ring_layout.cuh` defines from this struct.
+    pub(crate) struct GraphFrameState => "gpu_ipc_graph_frame" {
+        /// The frame the graph launched now is for.
+        pub sequence,
+        /// 1 when the slot may be used; 0: the wait gave up or the frame is not the producer's: do not read or write
+        /// the slot.
+        pub valid,
+        /// Frames whose wait gave up or whose stamp was not the producer's (consumer side).
+        pub skipped,
+        /// Always 0: what a stream-op wait that must hold at once waits on (0 >= 0).
+        pub reserved,
+    }
+}
+
+/// Bytes of the frame state.
+const STATE_BYTES: u64 = size_of::<GraphFrameState>() as u64;
 /// The shortest and the longest nap while the graphs launched are as far ahead of the GPU as allowed. Between them
 /// a nap lasts as long as the frames it waits for should take at the pace the GPU went at since the last one: every
 /// wake-up costs the CPU a few microseconds of system time, and a fixed 20 us nap (70 us with the kernel's timer
@@ -187,9 +206,9 @@ impl FrameGraphs {
     /// # Errors
     /// A driver error.
     pub fn skipped(&self) -> Result<u64, FrameError> {
-        let mut words = [0u64; 4];
+        let mut words = [0u64; GraphFrameState::WORDS];
         self.state.read(0, &mut words)?;
-        Ok(words[2])
+        Ok(words[std::mem::offset_of!(GraphFrameState, skipped) / 8])
     }
 }
 
@@ -256,7 +275,7 @@ pub(super) fn capture<'a>(
     let device_descriptor = DeviceBuffer::alloc(ctx, 8 * descriptor.len() as u64)?;
     device_descriptor.write(0, descriptor)?;
     let state = DeviceBuffer::alloc(ctx, STATE_BYTES)?;
-    state.write(0, &[0u64; 4])?;
+    state.write(0, &GraphFrameState::default().to_words())?;
     let timeout_ns = u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX);
     let mut graphs = Vec::with_capacity(slots.len());
     let mut wait_nodes = Vec::new();

@@ -83,7 +83,7 @@ pub(super) struct WaitOn {
 }
 
 /// Byte offset, in the frame state, of the word a wait that must hold at once is set on (`reserved`, always 0).
-pub(super) const ALWAYS_MET_OFFSET: u64 = 24;
+pub(super) const ALWAYS_MET_OFFSET: u64 = std::mem::offset_of!(super::graph::GraphFrameState, reserved) as u64;
 
 /// The `count` waits of one frame's node: `wants` (`Some`), then waits that hold at once (`None`) up to `count`.
 ///

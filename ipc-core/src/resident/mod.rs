@@ -22,11 +22,52 @@
 //! port, lease), the run-ahead bound its GPU-side strategies queue with, the device words' placement, and the
 //! ring's kernel images; `frames` re-exports the public items under their old paths (`ipc_core::frames::...`).
 
+/// Defines a `#[repr(C)]` struct of `u64` fields that kernels read (a descriptor, the port's exit words, the frame
+/// graphs' frame state), its size in words, `to_words` (the fields in order) and its [`cuda_header::DeviceStruct`]
+/// description: the CUDA struct's name and each field's name and doc lines, from which [`cuda_header`] writes the
+/// CUDA struct, so the two cannot differ.
+macro_rules! device_struct {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident => $c_name:literal {
+            $( $(#[doc = $doc:literal])+ pub $field:ident, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        #[repr(C)]
+        $vis struct $name {
+            $( $(#[doc = $doc])+ pub $field: u64, )+
+        }
+
+        impl $name {
+            /// Its size in 64-bit words.
+            pub const WORDS: usize = [$(stringify!($field)),+].len();
+
+            /// The fields in order, as the kernel reads them.
+            #[allow(dead_code, reason = "the exit words are written one by one, never as a whole")]
+            pub fn to_words(&self) -> [u64; Self::WORDS] {
+                [$(self.$field),+]
+            }
+        }
+
+        impl $crate::resident::cuda_header::DeviceStruct for $name {
+            const C_NAME: &'static str = $c_name;
+            const FIELDS: &'static [(&'static str, &'static str)] =
+                &[$((stringify!($field), concat!($($doc, "\n"),+))),+];
+        }
+
+        const _: () = assert!(size_of::<$name>() == 8 * $name::WORDS);
+    };
+}
+
 mod consumer_graphs;
 mod consumer_kernel;
+pub mod cuda_header;
 pub mod device_words;
 mod graph;
 mod graph_waits;
+mod lease;
 mod producer_graphs;
 mod producer_kernel;
 mod ring_kernels;
@@ -36,12 +77,13 @@ mod run_ahead;
 pub use consumer_kernel::{FrameStamp, RingDescriptor, STAMP_MASK};
 pub use graph::{FrameGraphs, GraphOptions, GraphSlot};
 pub use graph_waits::GraphWaits;
+pub use lease::{HEARTBEAT_PERIOD, KernelLease, LEASE_ENV};
 pub use producer_kernel::ProducerRingDescriptor;
 
 #[cfg(test)]
 pub(crate) use ring_kernels::IMAGES as RING_IMAGES;
 pub(crate) use ring_kernels::select_image as select_ring_image;
-pub(crate) use ring_port::{Departure, ResidentSide};
+pub(crate) use ring_port::{Departure, ExitWords, ResidentSide};
 pub(crate) use run_ahead::{RunAhead, Tail};
 
 /// How many frames a GPU-side end (gpu-stream-ops, gpu-poll) of a ring of `slots` slots may queue on its stream

@@ -33,9 +33,9 @@ where
         options: GraphOptions,
         record: impl FnMut(&GraphSlot<'_>, &Stream) -> Result<(), FrameError>,
     ) -> Result<FrameGraphs, FrameError> {
-        let registered = self.sync.control_block().is_some();
+        let peer_abort = self.peer_abort_address();
         let user = ("frame graphs wait on", "create the producer");
-        self.resident.open(registered, self.strategy.kind(), user, stream)?;
+        self.resident.open(peer_abort, self.strategy.kind(), user, stream)?;
         self.check_no_ring_kernel()?;
         let descriptor = self.ring_descriptor().ok_or_else(|| FrameError::Config("no ring descriptor".into()))?;
         let region = self.region.span();

@@ -11,6 +11,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::KernelLease;
 use super::ring_port::{MAX_DESCRIPTOR_WORDS, RingPort};
 use crate::backend::{Backend, SharedRegion};
 use crate::frames::{FrameError, Producer};
@@ -20,84 +21,57 @@ use gpu_ipc_driver::{Function, KernelArg, LaunchConfig, Stream};
 /// Who needs the registered control block, and what to do without it (a producer's kernel on the ring).
 const PRODUCER_KERNEL: (&str, &str) = ("a kernel on the ring reads", "create the producer");
 
-/// What a kernel needs to act on the ring as its producer, all `u64` and `#[repr(C)]`: the mirror of
-/// `struct gpu_ipc_ring_producer_descriptor` in `kernels/cuda/gpu_ipc_ring.cuh` (a test checks both agree, field by
-/// field). Offsets and strides come from the layout's offset functions, so kernels need no layout constants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub struct ProducerRingDescriptor {
-    /// [`ProducerRingDescriptor::VERSION`].
-    pub version: u64,
-    /// Device address of the control block (host memory registered for the device).
-    pub control: u64,
-    /// Byte offset of `published[0]` in the control block.
-    pub published_offset: u64,
-    /// Bytes from `published[i]` to `published[i + 1]`.
-    pub published_stride: u64,
-    /// Byte offset of `next_sequence` (the first frame not yet published).
-    pub next_sequence_offset: u64,
-    /// Byte offset of consumer record 0 (its state word).
-    pub records_offset: u64,
-    /// Bytes from one consumer record to the next.
-    pub record_stride: u64,
-    /// Bytes from a record's state word to its join sequence.
-    pub join_offset: u64,
-    /// Bytes from a record's state word to its `released[0]`.
-    pub released_offset: u64,
-    /// Bytes from a record's `released[i]` to `released[i + 1]`.
-    pub released_stride: u64,
-    /// Consumer records in use (the ring's max consumers).
-    pub consumer_records: u64,
-    /// Device address of slot 0's frame.
-    pub slots: u64,
-    /// Bytes from one slot to the next.
-    pub slot_stride: u64,
-    /// Bytes of a frame.
-    pub slot_bytes: u64,
-    /// Slots in the ring.
-    pub slot_count: u64,
-    /// The first frame the kernel is to publish: the producer's next sequence when it launched the kernel.
-    pub first_sequence: u64,
-    /// Device address of the abort word: non-zero tells the kernel to leave (the host sets it when the producer
-    /// is dropped).
-    pub abort: u64,
-    /// Device address of the progress word: the first frame the kernel has not published (it stores it).
-    pub progress: u64,
-    /// Device address of the ring's device words ([`crate::resident::device_words`]), 0 when the ring has none.
-    pub device_words: u64,
+device_struct! {
+    /// What a kernel needs to act on the ring as its producer, all `u64` and `#[repr(C)]`: the mirror of
+    /// `struct gpu_ipc_ring_producer_descriptor`, which `kernels/cuda/gpu_ipc_ring_layout.cuh` defines from this
+    /// struct ([`crate::resident::cuda_header`]). Offsets and strides come from the layout's offset functions, so kernels need no layout constants.
+    pub struct ProducerRingDescriptor => "gpu_ipc_ring_producer_descriptor" {
+        /// [`ProducerRingDescriptor::VERSION`].
+        pub version,
+        /// Device address of the control block (host memory registered for the device).
+        pub control,
+        /// Byte offset of `published[0]` in the control block.
+        pub published_offset,
+        /// Bytes from `published[i]` to `published[i + 1]`.
+        pub published_stride,
+        /// Byte offset of `next_sequence` (the first frame not yet published).
+        pub next_sequence_offset,
+        /// Byte offset of consumer record 0 (its state word).
+        pub records_offset,
+        /// Bytes from one consumer record to the next.
+        pub record_stride,
+        /// Bytes from a record's state word to its join sequence.
+        pub join_offset,
+        /// Bytes from a record's state word to its `released[0]`.
+        pub released_offset,
+        /// Bytes from a record's `released[i]` to `released[i + 1]`.
+        pub released_stride,
+        /// Consumer records in use (the ring's max consumers).
+        pub consumer_records,
+        /// Device address of slot 0's frame.
+        pub slots,
+        /// Bytes from one slot to the next.
+        pub slot_stride,
+        /// Bytes of a frame.
+        pub slot_bytes,
+        /// Slots in the ring.
+        pub slot_count,
+        /// The first frame the kernel is to publish: the producer's next sequence when it launched the kernel.
+        pub first_sequence,
+        /// Device address of the exit words (`struct gpu_ipc_ring_exit`), the abort word first: non-zero tells the
+        /// kernel to leave (the host sets it when the producer is dropped); then the kernel lease's heartbeat and the
+        /// survivor's abort word ([`crate::resident::KernelLease`]).
+        pub abort,
+        /// Device address of the progress word: the first frame the kernel has not published (it stores it).
+        pub progress,
+        /// Device address of the ring's device words ([`crate::resident::device_words`]), 0 when the ring has none.
+        pub device_words,
+    }
 }
 
 impl ProducerRingDescriptor {
     /// `GPU_IPC_RING_PRODUCER_DESCRIPTOR_VERSION` in the header.
-    pub const VERSION: u64 = 2;
-    /// Its size in 64-bit words.
-    pub const WORDS: usize = size_of::<Self>() / 8;
-
-    /// The fields in order, as the kernel reads them.
-    pub fn to_words(&self) -> [u64; Self::WORDS] {
-        [
-            self.version,
-            self.control,
-            self.published_offset,
-            self.published_stride,
-            self.next_sequence_offset,
-            self.records_offset,
-            self.record_stride,
-            self.join_offset,
-            self.released_offset,
-            self.released_stride,
-            self.consumer_records,
-            self.slots,
-            self.slot_stride,
-            self.slot_bytes,
-            self.slot_count,
-            self.first_sequence,
-            self.abort,
-            self.progress,
-            self.device_words,
-        ]
-    }
-
+    pub const VERSION: u64 = 3;
     /// The layout part: `[published_offset, published_stride, next_sequence_offset, records_offset, record_stride,
     /// join_offset, released_offset, released_stride]`, from the layout's offset functions.
     fn offsets(layout: RingLayout) -> [u64; 8] {
@@ -116,7 +90,6 @@ impl ProducerRingDescriptor {
     }
 }
 
-const _: () = assert!(size_of::<ProducerRingDescriptor>() == 8 * ProducerRingDescriptor::WORDS);
 const _: () = assert!(ProducerRingDescriptor::WORDS <= MAX_DESCRIPTOR_WORDS);
 // gpu_ipc_ring_acquire_slot gives each consumer record a lane of one warp.
 const _: () = assert!(crate::ring::layout::MAX_CONSUMERS <= 32);
@@ -125,6 +98,25 @@ const _: () = assert!(crate::ring::layout::MAX_CONSUMERS <= 32);
 const FINISH_POLL: Duration = Duration::from_micros(200);
 
 impl<B: Backend> Producer<B> {
+    /// How this producer's kernels on the ring learn that its process is gone, from the next launch (or capture of
+    /// frame graphs) on ([`KernelLease`]; [`KernelLease::default`] at creation, which reads [`LEASE_ENV`](
+    /// crate::resident::LEASE_ENV)).
+    pub fn set_kernel_lease(&mut self, lease: KernelLease) {
+        self.resident.lease = lease;
+    }
+
+    /// The lease this producer's kernels on the ring get ([`Producer::set_kernel_lease`]).
+    pub fn kernel_lease(&self) -> KernelLease {
+        self.resident.lease
+    }
+
+    /// The device address of the producer's kernel abort word in the control block (a consumer raises it when it
+    /// sees this producer's process gone), or `None` when the strategy does not register the control block.
+    pub(super) fn peer_abort_address(&self) -> Option<u64> {
+        let control = self.sync.control_block()?;
+        Some(control.ptr().raw() + self.ring.block().layout().producer_kernel_abort_offset() as u64)
+    }
+
     /// The descriptor a kernel launched now by [`Producer::launch_on_ring`] gets: the ring's counters, the slots,
     /// the next frame to publish. `None` when the strategy does not register the control block for the device
     /// (use `GpuStreamOps` or `GpuPoll`); the abort and progress words' addresses are 0 before the first launch.
@@ -192,8 +184,8 @@ impl<B: Backend> Producer<B> {
         config: LaunchConfig,
         args: &[KernelArg<'_>],
     ) -> Result<(), FrameError> {
-        let registered = self.sync.control_block().is_some();
-        self.resident.open(registered, self.strategy.kind(), PRODUCER_KERNEL, stream)?;
+        let peer_abort = self.peer_abort_address();
+        self.resident.open(peer_abort, self.strategy.kind(), PRODUCER_KERNEL, stream)?;
         self.check_no_ring_kernel()?;
         self.serve_front_door();
         // The frames queued so far go through the stream before the kernel publishes the next ones.
@@ -256,52 +248,6 @@ impl<B: Backend> Producer<B> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_descriptor_mirrors_the_cuda_header_field_by_field() {
-        let header = include_str!("../../../kernels/cuda/gpu_ipc_ring.cuh");
-        let body = &header[header.find("struct gpu_ipc_ring_producer_descriptor {").unwrap()..];
-        let body = &body[..body.find("};").unwrap()];
-        let fields: Vec<&str> = body
-            .lines()
-            .skip(1)
-            .filter_map(|line| line.trim().strip_prefix("gpu_ipc_ring_u64 "))
-            .map(|rest| rest.split(';').next().unwrap().trim())
-            .collect();
-        assert_eq!(
-            fields,
-            [
-                "version",
-                "control",
-                "published_offset",
-                "published_stride",
-                "next_sequence_offset",
-                "records_offset",
-                "record_stride",
-                "join_offset",
-                "released_offset",
-                "released_stride",
-                "consumer_records",
-                "slots",
-                "slot_stride",
-                "slot_bytes",
-                "slot_count",
-                "first_sequence",
-                "abort",
-                "progress",
-                "device_words"
-            ]
-        );
-        assert_eq!(fields.len(), ProducerRingDescriptor::WORDS);
-        assert!(header.contains(&format!(
-            "#define GPU_IPC_RING_PRODUCER_DESCRIPTOR_VERSION {}ull",
-            ProducerRingDescriptor::VERSION
-        )));
-        use crate::ring::layout::ConsumerState;
-        assert!(header.contains(&format!("#define GPU_IPC_RING_STATE_JOINING {}ull", ConsumerState::Joining as u64)));
-        assert!(header.contains(&format!("#define GPU_IPC_RING_STATE_LIVE {}ull", ConsumerState::Live as u64)));
-        assert!(header.contains(&format!("#define GPU_IPC_RING_STATE_MASK {:#x}ull", crate::ring::layout::STATE_MASK)));
-    }
 
     #[test]
     fn descriptor_offsets_land_on_the_layout_words() {

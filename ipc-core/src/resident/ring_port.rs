@@ -1,25 +1,56 @@
 //! The port of kernels launched on a ring (the device API of `kernels/cuda/gpu_ipc_ring.cuh`), one per side that
-//! launches them: page-locked words registered for the device that hold the abort word (non-zero: leave now), the
-//! progress word (the kernel's next frame) and the descriptor the kernel gets as its first argument, and the event
-//! that says when the kernel is done. Consumers (`Consumer::launch_on_ring`) and producers
-//! (`Producer::launch_on_ring`) share it; each keeps it in its [`ResidentSide`].
+//! launches them: page-locked words registered for the device that hold the exit words ([`ExitWords`]: the abort
+//! word, the heartbeat and lease of [`super::KernelLease`], the survivor's abort word's address), the progress word
+//! (the kernel's next frame) and the descriptor the kernel gets as its first argument, and the event that says when
+//! the kernel is done. Consumers (`Consumer::launch_on_ring`) and producers (`Producer::launch_on_ring`) share it;
+//! each keeps it in its [`ResidentSide`].
 
+use std::mem::offset_of;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::lease::{HeartbeatWord, KernelLease, keep_beating};
 use crate::frames::{FrameError, wait_for_event};
 use crate::ring::RingError;
 use crate::shm::{SharedMemory, SharedObject};
 use gpu_ipc_driver::{DeviceMemory, Event, EventFlags, Function, HostRegistration, KernelArg, LaunchConfig, Stream};
 
-/// Words of the port: the abort word, the progress word, then the descriptor.
-const ABORT: usize = 0;
-const PROGRESS: usize = 1;
-const DESCRIPTOR: usize = 2;
-/// Most words a descriptor may have (the producer's has 18, the consumer's 14).
+device_struct! {
+    /// The words a kernel on the ring watches to know it must leave, the first words of its side's port (whose
+    /// device address is the descriptor's `abort`), host memory this process owns: the mirror of
+    /// `struct gpu_ipc_ring_exit` (`gpu_ipc_ring_layout.cuh`, generated from this struct).
+    pub(crate) struct ExitWords => "gpu_ipc_ring_exit" {
+        /// Non-zero: leave now (the host raises it at teardown and when its watchdog sees the peer die; a ring step
+        /// that gives up raises it too, so the steps queued behind it leave).
+        pub abort,
+        /// Moved forward by this process's heartbeat thread every 10 ms while the process lives.
+        pub heartbeat,
+        /// 0: no lease. Else nanoseconds of %globaltimer: a kernel that sees `heartbeat` stand still that long takes
+        /// its process for gone and leaves (GPU_IPC_RING_ORPHANED).
+        pub lease_ns,
+        /// Device address of the word the survivor raises in the control block when it sees this side's process
+        /// gone (the producer's or this consumer's kernel abort word); 0: none. Non-zero there: leave now.
+        pub peer_abort,
+    }
+}
+
+/// Words of the port: the exit words, the progress word, then the descriptor.
+const ABORT: usize = offset_of!(ExitWords, abort) / 8;
+const HEARTBEAT: usize = offset_of!(ExitWords, heartbeat) / 8;
+const LEASE_NS: usize = offset_of!(ExitWords, lease_ns) / 8;
+const PEER_ABORT: usize = offset_of!(ExitWords, peer_abort) / 8;
+const PROGRESS: usize = ExitWords::WORDS;
+const DESCRIPTOR: usize = PROGRESS + 1;
+/// Most words a descriptor may have (the producer's has 19, the consumer's 15).
 pub(super) const MAX_DESCRIPTOR_WORDS: usize = 30;
 type PortWords = [AtomicU64; DESCRIPTOR + MAX_DESCRIPTOR_WORDS];
+
+impl HeartbeatWord for SharedObject<PortWords> {
+    fn heartbeat(&self) -> &AtomicU64 {
+        &self.get()[HEARTBEAT]
+    }
+}
 
 /// Bytes of the port's memfd: 64 KiB, whole pages on every Linux page size, as `cuMemHostRegister` wants.
 const PORT_BYTES: usize = 64 * 1024;
@@ -38,11 +69,18 @@ impl AbortWord {
 }
 
 /// What a producer or consumer keeps for the work it launches on the ring (a kernel, frame graphs): the abort word,
-/// shared with its watchdog, and the port, made at the first launch.
-#[derive(Default)]
+/// shared with its watchdog, the port, made at the first launch, and the kernel lease.
 pub(crate) struct ResidentSide {
     pub(super) abort: Arc<AbortWord>,
     pub(super) port: Option<RingPort>,
+    /// The lease the side's kernels get from the next launch on ([`KernelLease::default`] at first).
+    pub(super) lease: KernelLease,
+}
+
+impl Default for ResidentSide {
+    fn default() -> Self {
+        Self { abort: Arc::default(), port: None, lease: KernelLease::default() }
+    }
 }
 
 /// How the work launched on the ring ended at teardown ([`ResidentSide::leave`]).
@@ -79,18 +117,19 @@ impl ResidentSide {
 }
 
 impl ResidentSide {
-    /// Makes the port ready for a kernel or frame graphs on the ring of a side whose strategy is `strategy`: the
-    /// control block must be registered for the device (`registered`: the GPU-side strategies), else
-    /// [`FrameError::StrategyUnavailable`] saying that `user` needs it and what to `fix`; the port is made at first
-    /// use.
+    /// Makes the port ready for a kernel or frame graphs on the ring of a side whose strategy is `strategy`, with
+    /// the side's lease and `peer_abort` (the device address of its kernel abort word in the control block) in its
+    /// exit words: the control block must be registered for the device (`peer_abort` non-zero: the GPU-side
+    /// strategies), else [`FrameError::StrategyUnavailable`] saying that `user` needs it and what to `fix`; the port
+    /// is made at first use.
     pub(super) fn open(
         &mut self,
-        registered: bool,
+        peer_abort: Option<u64>,
         strategy: impl std::fmt::Display,
         (user, fix): (&str, &str),
         stream: &Stream,
     ) -> Result<(), FrameError> {
-        if !registered {
+        let Some(peer_abort) = peer_abort else {
             return Err(FrameError::StrategyUnavailable {
                 strategy: strategy.to_string(),
                 reason: format!(
@@ -98,9 +137,12 @@ impl ResidentSide {
                      {fix} with one of them"
                 ),
             });
-        }
+        };
         if self.port.is_none() {
             self.port = Some(RingPort::new(stream, &self.abort)?);
+        }
+        if let Some(port) = &self.port {
+            port.set_exit(self.lease, peer_abort);
         }
         Ok(())
     }
@@ -122,6 +164,8 @@ impl RingPort {
         let memory = SharedMemory::create("gpu-ipc-ring-port", PORT_BYTES).map_err(RingError::from)?;
         let object = Arc::new(SharedObject::<PortWords>::new(memory).map_err(RingError::from)?);
         let words = HostRegistration::new(stream.context(), object.clone())?;
+        let beating: Arc<dyn HeartbeatWord> = object.clone();
+        keep_beating(&beating);
         // One port per consumer (made at its first launch), so the watchdog's handle is still empty here.
         if abort.0.set(object).is_err() {
             tracing::debug!("ring port: the abort word was already handed to the watchdog");
@@ -150,12 +194,19 @@ impl RingPort {
         Ok(())
     }
 
+    /// Writes the lease and the survivor's abort word's address into the exit words (both 0 with the lease off).
+    fn set_exit(&self, lease: KernelLease, peer_abort: u64) {
+        let words = self.words.memory().get();
+        words[LEASE_NS].store(lease.lease_ns(), Ordering::Release);
+        words[PEER_ABORT].store(if lease.watches_peer() { peer_abort } else { 0 }, Ordering::Release);
+    }
+
     /// Stores `next` into the progress word (before work that starts from it is launched).
     pub fn set_progress(&self, next: u64) {
         self.words.memory().get()[PROGRESS].store(next, Ordering::Release);
     }
 
-    /// The descriptor's addresses of the abort and progress words.
+    /// The descriptor's addresses of the exit words (the abort word first) and of the progress word.
     pub fn word_addresses(&self) -> (u64, u64) {
         let base = self.words.device_ptr().raw();
         (base + 8 * ABORT as u64, base + 8 * PROGRESS as u64)

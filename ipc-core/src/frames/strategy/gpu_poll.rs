@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
 use crate::frames::FrameError;
-use crate::resident::{RunAhead, device_words, run_ahead_depth as depth_for, select_ring_image as select_image};
+use crate::resident::{
+    ExitWords, RunAhead, device_words, run_ahead_depth as depth_for, select_ring_image as select_image,
+};
 use crate::ring::layout::{MAX_CONSUMERS, MAX_SLOTS, RingLayout};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::shm::{SharedMemory, SharedObject};
@@ -48,7 +50,9 @@ const TIMED_OUT: u64 = 1 << 63;
 /// are in flight (512 at 256 slots: 4 KiB, inside the 64 KiB status memfd).
 const OUTCOME_WORDS: usize = 2 * MAX_SLOTS as usize;
 
-/// The index of the side's abort word, after the outcome words: non-zero makes every poll give up.
+/// The index of the side's abort word, after the outcome words: non-zero makes every poll give up. It is the first of
+/// the exit words the device API reads (`struct gpu_ipc_ring_exit`), whose others stay 0 here: no kernel lease and no
+/// survivor's abort word, since a poll ends by itself within its budget.
 const ABORT_WORD: usize = OUTCOME_WORDS;
 
 /// Bytes of the status words' memfd: 64 KiB, a whole number of pages on every Linux page size, as
@@ -136,7 +140,7 @@ fn first_timed_out(words: impl Iterator<Item = u64>) -> Option<u64> {
 
 /// The status words of one side, host memory registered for the device: an outcome word per frame in flight,
 /// where each poll stores whether it was satisfied, then the abort word. The CPU side reaches them only as atomics.
-type StatusWords = [AtomicU64; OUTCOME_WORDS + 1];
+type StatusWords = [AtomicU64; OUTCOME_WORDS + ExitWords::WORDS];
 
 const _: () = assert!(size_of::<StatusWords>() <= OUTCOME_BYTES);
 
@@ -293,7 +297,7 @@ impl Poller {
         let index = (seq % self.run_ahead.depth()) as usize;
         let status = self.status.span();
         let outcome = status.slice(index as u64 * 8, 8)?;
-        let abort = status.slice(ABORT_WORD as u64 * 8, 8)?;
+        let abort = status.slice(ABORT_WORD as u64 * 8, 8 * ExitWords::WORDS as u64)?;
         let budget = gpu_budget(deadline.saturating_duration_since(Instant::now()));
         self.budgets[index] = budget;
         let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
