@@ -225,8 +225,8 @@ static __device__ __forceinline__ bool gpu_ipc_ring_watch_due(const gpu_ipc_ring
     return gpu_ipc_ring_globaltimer() >= w->next_look;
 }
 
-// Whether the abort word at `exit` or the survivor's abort word it names is raised (one look, no lease: for a
-// kernel that checks once, as the frame graphs' judging steps do).
+// Whether the abort word at `exit` or the survivor's abort word it names is raised (one look, no lease; two reads
+// over the bus one after the other when the survivor's word is named).
 static __device__ __forceinline__ bool gpu_ipc_ring_exit_raised(const gpu_ipc_ring_u64* exit)
 {
     const gpu_ipc_ring_exit* words = (const gpu_ipc_ring_exit*)exit;
@@ -469,11 +469,11 @@ static __device__ __forceinline__ void gpu_ipc_ring_set_progress(const gpu_ipc_r
     gpu_ipc_ring_store_relaxed((gpu_ipc_ring_u64*)d->progress, next);
 }
 
-// Whether the kernel was asked to leave: by the host (a peer died, the consumer is being dropped) or by the producer,
-// which saw this consumer's process gone. One look, without the lease (gpu_ipc_ring_look keeps its clock).
+// Whether the host asked the kernel to leave (a peer died, the consumer is being dropped): the abort word alone, one
+// read over the bus (gpu_ipc_ring_exit_raised adds the survivor's word, gpu_ipc_ring_look the lease).
 static __device__ __forceinline__ bool gpu_ipc_ring_aborted(const gpu_ipc_ring_descriptor* d)
 {
-    return gpu_ipc_ring_exit_raised((const gpu_ipc_ring_u64*)d->abort);
+    return gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)d->abort) != 0;
 }
 
 // ---- The producer's side ----------------------------------------------------------------------------------------

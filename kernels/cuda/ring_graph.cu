@@ -8,7 +8,8 @@
 // A step that gives up (its deadline passed, or the kernel lease ran out: the launching process is gone) raises the
 // abort word: every step queued behind it returns at once, and the host reports the give-up at its next launch. A
 // graph launched for the wrong slot (not state->sequence's) raises it too. A step that finds the abort word raised
-// (the host raises it when the peer dies or the side is dropped), or the survivor's abort word, leaves `valid` at 0.
+// (the host raises it when the peer dies or the side is dropped; the waiting steps also watch the survivor's abort
+// word and the kernel lease) leaves `valid` at 0.
 
 #include "gpu_ipc_ring.cuh"
 
@@ -124,8 +125,7 @@ extern "C" __global__ void gpu_ipc_graph_check_frame(const gpu_ipc_ring_descript
 
 // Producer, after the graph's waits for the consumers' releases of the slot's previous frame (the host chose whom
 // to wait for when it launched the graph, and moved next_sequence past the frame then): valid := 1 unless the
-// abort word is raised (the producer is being dropped, or a consumer saw its process gone: nothing is published from
-// there on). A launch for the wrong
+// abort word is raised (the producer is being dropped: nothing is published from there on). A launch for the wrong
 // slot raises the abort word. One thread.
 extern "C" __global__ void gpu_ipc_graph_mark_slot(const gpu_ipc_ring_producer_descriptor* ring,
                                                    gpu_ipc_graph_frame* state, unsigned long long slot)
@@ -139,6 +139,7 @@ extern "C" __global__ void gpu_ipc_graph_mark_slot(const gpu_ipc_ring_producer_d
         gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)ring->abort, 1);
         return;
     }
-    const bool aborted = gpu_ipc_ring_exit_raised((const gpu_ipc_ring_u64*)ring->abort);
+    // The abort word alone (one read over the bus per frame): this step judges, it does not wait.
+    const bool aborted = gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)ring->abort) != 0;
     state->valid = aborted ? 0ull : 1ull;
 }

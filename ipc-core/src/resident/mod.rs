@@ -46,7 +46,7 @@ macro_rules! device_struct {
 
             /// The fields in order, as the kernel reads them.
             #[allow(dead_code, reason = "the exit words are written one by one, never as a whole")]
-            pub fn to_words(&self) -> [u64; Self::WORDS] {
+            pub fn to_words(self) -> [u64; Self::WORDS] {
                 [$(self.$field),+]
             }
         }

@@ -69,19 +69,16 @@ impl AbortWord {
 }
 
 /// What a producer or consumer keeps for the work it launches on the ring (a kernel, frame graphs): the abort word,
-/// shared with its watchdog, the port, made at the first launch, and the kernel lease.
+/// shared with its watchdog, the port, made at the first launch, and the kernel lease ([`KernelLease::default`] at
+/// first).
+#[derive(Default)]
 pub(crate) struct ResidentSide {
     pub(super) abort: Arc<AbortWord>,
     pub(super) port: Option<RingPort>,
-    /// The lease the side's kernels get from the next launch on ([`KernelLease::default`] at first).
+    /// The lease the side's kernels get from the next launch on.
     pub(super) lease: KernelLease,
 }
 
-impl Default for ResidentSide {
-    fn default() -> Self {
-        Self { abort: Arc::default(), port: None, lease: KernelLease::default() }
-    }
-}
 
 /// How the work launched on the ring ended at teardown ([`ResidentSide::leave`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
