@@ -75,7 +75,10 @@ fn a_persistent_consumer_whose_lease_runs_out_leaves_as_orphaned() {
     let (outcome, took) = wait_for_nothing(&ctx, &mut consumer, Duration::from_secs(5));
     assert_eq!(outcome, PersistentOutcome::Orphaned, "after {took:?}");
     assert!(took < Duration::from_secs(1), "orphaned after {took:?}, not within a few heartbeats");
-    println!("a 1 ms lease: the persistent consumer left as orphaned {:.1} ms after its launch", took.as_secs_f64() * 1e3);
+    println!(
+        "a 1 ms lease: the persistent consumer left as orphaned {:.1} ms after its launch",
+        took.as_secs_f64() * 1e3
+    );
 }
 
 #[test]

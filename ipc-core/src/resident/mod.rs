@@ -18,7 +18,7 @@
 //!
 //! Layer: it stands on the frame ring (`crate::frames`: the producer and consumer it adds methods to, their errors),
 //! the control block (`crate::ring`), shared memory (`crate::shm`) and the driver layer (`gpu_ipc_driver`). The
-//! host-driven ring in `crate::frames` uses only what this module exports: a side's [`ResidentSide`] (abort word,
+//! host-driven ring in `crate::frames` uses only what this module exports: a side's `ResidentSide` (abort word,
 //! port, lease), the run-ahead bound its GPU-side strategies queue with, the device words' placement, and the
 //! ring's kernel images; `frames` re-exports the public items under their old paths (`ipc_core::frames::...`).
 

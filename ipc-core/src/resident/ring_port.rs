@@ -79,7 +79,6 @@ pub(crate) struct ResidentSide {
     pub(super) lease: KernelLease,
 }
 
-
 /// How the work launched on the ring ended at teardown ([`ResidentSide::leave`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Departure {

@@ -616,7 +616,13 @@ esac
 
     #[test]
     fn rates_count_each_cells_trials_with_a_fault_and_leave_out_those_not_run() {
-        let cell = KernelCell { backend: "vmm", kind: KernelKind::Persistent, victim: Victim::Producer, mps: true, lease: true };
+        let cell = KernelCell {
+            backend: "vmm",
+            kind: KernelKind::Persistent,
+            victim: Victim::Producer,
+            mps: true,
+            lease: true,
+        };
         let other = KernelCell { backend: "legacy", ..cell };
         let run = |cell, trial, status, faulted, end| KernelKillRun {
             trial,
@@ -648,7 +654,8 @@ esac
     #[test]
     fn a_consumer_kill_trial_runs_with_its_bystanders_on_stand_ins() {
         let (dir, ctx) = stand_in_ctx("consumer");
-        let cell = KernelCell { backend: "vmm", kind: KernelKind::Graph, victim: Victim::Consumer, mps: false, lease: true };
+        let cell =
+            KernelCell { backend: "vmm", kind: KernelKind::Graph, victim: Victim::Consumer, mps: false, lease: true };
         let run = trial(&ctx, cell);
         assert_eq!(run.status, Status::Passed, "{run:?}");
         assert!(
@@ -668,7 +675,13 @@ esac
     #[test]
     fn a_producer_kill_trial_times_the_survivors_producer_gone_on_stand_ins() {
         let (dir, ctx) = stand_in_ctx("producer");
-        let cell = KernelCell { backend: "legacy", kind: KernelKind::Graph, victim: Victim::Producer, mps: false, lease: true };
+        let cell = KernelCell {
+            backend: "legacy",
+            kind: KernelKind::Graph,
+            victim: Victim::Producer,
+            mps: false,
+            lease: true,
+        };
         let run = trial(&ctx, cell);
         assert_eq!(run.status, Status::Passed, "{run:?}");
         assert!(run.survivor_end_s.is_some_and(|s| s < 2.0), "{run:?}");
