@@ -4,7 +4,7 @@
 //! `kernels/images/`, a folder per program (`kernels/`: the gpu-ipc-kernels crate's; `ring/`: the ring's own,
 //! which ipc-core embeds; `queue/`: the work queue's, which ipc-toolkit embeds), each holding one cubin per
 //! architecture of [`ARCHITECTURES`], one PTX for `compute_75` and a `manifest.json`. A crate embeds its program's
-//! folder with the one table, [`kernel_images!`], as a `static` [`KernelImages`].
+//! folder with the one table, [`kernel_images!`](crate::kernel_images), as a `static` [`KernelImages`].
 //! At run time [`select_image`] takes the exact cubin for the device, else the closest cubin of the same major
 //! version with a lower minor, else the PTX, which the driver compiles for the device when the module is loaded.
 //! [`force_ptx_from_env`] reads the one switch (`GPU_IPC_FORCE_PTX=1`) that skips the cubins for every image set.
@@ -180,7 +180,8 @@ pub const ARCHITECTURES: [(u32, u32); 7] = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 
 /// Images of one program: a cubin per entry of [`ARCHITECTURES`], then the PTX.
 pub const IMAGES_PER_PROGRAM: usize = ARCHITECTURES.len() + 1;
 
-/// One program's compiled images as a crate embeds them, from its folder of `kernels/images/` ([`kernel_images!`]).
+/// One program's compiled images as a crate embeds them, from its folder of `kernels/images/`
+/// ([`kernel_images!`](crate::kernel_images)).
 #[derive(Debug)]
 pub struct KernelImages {
     /// The folder it was embedded from, relative to the embedding crate (for messages).
