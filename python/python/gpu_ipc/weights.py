@@ -38,6 +38,7 @@ same layout. Non-contiguous tensors are published contiguous. One device per set
 from __future__ import annotations
 
 import importlib
+import operator
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -47,8 +48,35 @@ from gpu_ipc._gpu_ipc import ArgumentError, ArgumentTypeError, WeightsOwner, Wei
 
 __all__ = ["Publisher", "Reader", "WeightsTensor", "open", "publish"]
 
-# Tensors per native copy call: the GPU copies one batch while the next one's pointers are read.
+# Tensors per native copy call: the GPU copies one batch while the next one's pointers are read. The first batches
+# are smaller, so that the GPU starts early.
 _BATCH = 2048
+
+
+def _batches(count: int) -> list[tuple[int, int]]:
+    """``(first, end)`` of each batch of ``count`` tensors: 256, 512, 1024, then 2048 at a time."""
+    out, first, size = [], 0, 256
+    while first < count:
+        out.append((first, min(count, first + size)))
+        first, size = first + size, min(_BATCH, size * 2)
+    return out
+
+
+def _torch_pointers(torch: Any, tensors: list[Any], dtypes: list[Any], shapes: list[Any], device: int) -> Any:
+    """The ``data_ptr()`` of every tensor of ``tensors`` when all are torch tensors of ``dtypes`` and ``shapes`` (in
+    order) on CUDA device ``device``, contiguous: each check one C-level pass over the batch. ``None`` when any
+    is not (the caller then looks at them one by one)."""
+    if not all(issubclass(kind, torch.Tensor) for kind in set(map(type, tensors))):
+        return None
+    if list(map(_DTYPE, tensors)) != dtypes or list(map(_SHAPE, tensors)) != shapes:
+        return None
+    if set(map(torch.Tensor.get_device, tensors)) != {device} or not all(map(torch.Tensor.is_contiguous, tensors)):
+        return None
+    return list(map(torch.Tensor.data_ptr, tensors))
+
+
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
 
 # NumPy's names of the element types the manifest knows, from the typestr of __cuda_array_interface__ and
 # __array_interface__.
@@ -323,33 +351,27 @@ class Publisher:
             return tensors
         stream = _stream_of(stream, device)
         kept: list[Any] = []
-        for first in range(0, len(tensors), _BATCH):
-            ptrs = self._pointers(tensors, first, device, kept)
+        for first, end in _batches(len(tensors)):
+            ptrs = self._pointers(tensors, first, end, device, kept)
             self._owner.copy_in(ptrs, first, stream)
         return kept
 
-    def _pointers(self, tensors: list[Any], first: int, device: int, kept: list[Any]) -> list[int]:
-        """The device addresses of ``tensors[first:first + _BATCH]``, checked against the layout: a torch tensor
-        of the set's dtype, shape and device, contiguous, in a few attribute reads; anything else through
+    def _pointers(self, tensors: list[Any], first: int, end: int, device: int, kept: list[Any]) -> list[int]:
+        """The device addresses of ``tensors[first:end]``, checked against the layout: torch tensors of the set's
+        dtypes, shapes and device, contiguous, in a few C-level passes; anything else one by one through
         ``_describe`` (host memory written here, address 0)."""
         torch = _torch_module()
-        if torch is not None and self._torch_layout is None:
-            self._torch_layout = [(getattr(torch, d, None), s) for d, s in self._layout.values()]
-        fast = self._torch_layout if torch is not None else None
-        tensor_type = torch.Tensor if torch is not None else ()
+        batch = tensors[first:end]
+        if torch is not None:
+            if self._torch_layout is None:
+                self._torch_layout = [(getattr(torch, d, None), s) for d, s in self._layout.values()]
+            dtypes = [d for d, _ in self._torch_layout[first:end]]
+            shapes = [s for _, s in self._torch_layout[first:end]]
+            ptrs = _torch_pointers(torch, batch, dtypes, shapes, device)
+            if ptrs is not None:
+                return ptrs  # type: ignore[no-any-return]
         ptrs = []
-        for i in range(first, min(first + _BATCH, len(tensors))):
-            t = tensors[i]
-            if (
-                fast is not None
-                and isinstance(t, tensor_type)
-                and t.dtype is fast[i][0]
-                and t.shape == fast[i][1]
-                and t.get_device() == device
-                and t.is_contiguous()
-            ):
-                ptrs.append(t.data_ptr())
-                continue
+        for i, t in enumerate(batch, start=first):
             name = self._names[i]
             described = self._checked(name, _describe(name, t), device)
             kept.append(described)
@@ -580,8 +602,8 @@ class Reader:
             _fill_host(t, self._reader.read(name))
         if device is not None and any(ptrs):
             stream = _stream_of(stream, device)
-            for first in range(0, len(ptrs), _BATCH):
-                self._reader.copy_out(ptrs[first : first + _BATCH], first, stream)
+            for first, end in _batches(len(ptrs)):
+                self._reader.copy_out(ptrs[first:end], first, stream)
         return len(target)
 
     def close(self) -> None:
