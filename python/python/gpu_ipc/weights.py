@@ -569,23 +569,28 @@ class Reader:
             )
         device = self._reader.device
         torch = _torch_module()
-        tensor_type = torch.Tensor if torch is not None else ()
-        ptrs: list[int] = []
+        ptrs: list[int] | None = None
+        if device is not None and torch is not None and len(target) == len(manifest):
+            # Every tensor at once, in a few C-level passes (torch tensors of the set's dtypes and shapes, on its
+            # device, contiguous); else one by one below.
+            ptrs = _torch_pointers(
+                torch,
+                [target[m[0]] for m in manifest],
+                [getattr(torch, m[1], None) for m in manifest],
+                [tuple(m[2]) for m in manifest],
+                device,
+            )
+        if ptrs is not None:
+            stream = _stream_of(stream, device)
+            for first, end in _batches(len(ptrs)):
+                self._reader.copy_out(ptrs[first:end], first, stream)
+            return len(target)
+        ptrs = []
         kept, host = [], []
         for name, dtype, shape, _s, _o, _c in manifest:
             obj = target.get(name)
             if obj is None:
                 ptrs.append(0)
-                continue
-            if (
-                device is not None
-                and isinstance(obj, tensor_type)
-                and obj.get_device() == device
-                and obj.dtype is getattr(torch, dtype, None)
-                and obj.shape == tuple(shape)
-                and obj.is_contiguous()
-            ):
-                ptrs.append(obj.data_ptr())
                 continue
             t = _describe_target(name, obj)
             if (t.dtype, t.shape) != (dtype, tuple(shape)):
