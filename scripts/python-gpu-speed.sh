@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The Python package's own cost per frame and the stamp check after a producer SIGKILL, on the GPU machine, from a
-# staged tree (scripts/stage-gpu.sh: stage/wheels/ the wheel, stage/bin consumer_overhead):
+# The Python package's own cost per frame, a torch consumer against the Rust consumer (the same GPU work) and the stamp
+# check after a producer SIGKILL, on the GPU machine, from a staged tree (scripts/stage-gpu.sh: stage/wheels/ the
+# wheel, stage/bin consumer_overhead, producer, consumer):
 #   scripts/python-gpu-speed.sh OUT_DIR
 # Installs the staged wheel into a fresh virtual environment that sees the machine's torch (nothing system-wide) and
 # runs scripts/python_gpu_speed.py run OUT_DIR: OUT_DIR/python-speed.{md,json} (device, date, commit) and
-# python-speed.log. About 2-3 minutes on an H200. Exit status: 0 every row ok; 1 a row failed; 2 nothing staged.
+# python-speed.log, python-speed-pairs.log. About 3-4 minutes on an H200. Exit status: 0 every row ok; 1 a row
+# failed; 2 nothing staged.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"

@@ -1,7 +1,7 @@
 """The two ends of a row of scripts/python_gpu.py: a Python producer or consumer of gpu_ipc, one per process.
 
     python scripts/python_gpu_ends.py produce SOCK BACKEND SYNC FRAMES torch|numpy
-    python scripts/python_gpu_ends.py consume SOCK BACKEND FRAMES torch|torch-ops|cupy|jax|numpy
+    python scripts/python_gpu_ends.py consume SOCK BACKEND FRAMES torch|torch-array|torch-ops|cupy|jax|numpy|numpy-array
     python scripts/python_gpu_ends.py sem-owner SOCK BACKEND ROUNDS      (torch; SOCK and SOCK.pong)
     python scripts/python_gpu_ends.py sem-peer SOCK BACKEND ROUNDS
     python scripts/python_gpu_ends.py share-owner SOCK EXPECTED_BACKEND WORDS   (torch; SOCK.done: a semaphore)
@@ -169,6 +169,21 @@ class TorchCheck(Check):
         return TorchOpsCheck.after_close(self, kept)  # type: ignore[arg-type]
 
 
+class TorchArrayCheck(TorchCheck):
+    """TorchCheck taking each frame's tensor with `frame.array("torch")` (the slot's tensor, made once) instead of
+    `torch.from_dlpack(frame)`: the same GPU work per frame (scripts/python_gpu_speed.py compares the two)."""
+
+    def keep(self, frame: Any) -> Any:
+        return frame.array("torch")
+
+    def frame(self, frame: Any) -> None:
+        frame.array("torch")  # the tensor a torch program works on, no copy
+        self.pattern.verify(frame, stream=self.stream)
+
+    def zero_copy(self, frame: Any) -> dict[str, bool]:
+        return {"torch_array_is_the_frame": frame.array("torch").data_ptr() == frame.ptr}
+
+
 class TorchOpsCheck(Check):
     """A check written with torch's own operations: XOR, compare, count (three passes over the frame, twice the
     memory traffic of one fused kernel, and a 24 MB tensor written per frame)."""
@@ -313,7 +328,23 @@ class NumpyCheck(Check):
         return {"tensor_after_close_reads": True}
 
 
-CHECKS = {"torch": TorchCheck, "torch-ops": TorchOpsCheck, "cupy": CupyCheck, "jax": JaxCheck, "numpy": NumpyCheck}
+class NumpyArrayCheck(NumpyCheck):
+    """NumpyCheck reading each frame through `frame.array("numpy")` (the slot's array, made once)."""
+
+    def frame(self, frame: Any) -> None:
+        np = self.np
+        words = frame.array("numpy").reshape(-1).view(np.uint32)
+        self.counts.append((frame.seq, np.count_nonzero((words ^ self.base) != np.uint32(key(frame.seq)))))
+
+    def zero_copy(self, frame: Any) -> dict[str, bool]:
+        return {"numpy_array_is_the_frame": frame.array("numpy").ctypes.data == frame.ptr}
+
+    def keep(self, frame: Any) -> Any:
+        return frame.array("numpy")
+
+
+CHECKS = {"torch": TorchCheck, "torch-array": TorchArrayCheck, "torch-ops": TorchOpsCheck, "cupy": CupyCheck,
+          "jax": JaxCheck, "numpy": NumpyCheck, "numpy-array": NumpyArrayCheck}
 
 
 def consume(sock: str, backend: str, frames: int, kind: str) -> dict[str, Any]:

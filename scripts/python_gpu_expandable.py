@@ -30,13 +30,14 @@ import argparse
 import faulthandler
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from typing import IO, Any
+
+from linepipe import read_line, say
 
 LINE_TIMEOUT = 120.0  # seconds A waits for B's next line (a 1 GiB open and check included); --line-timeout
 STEP_TIMEOUT = 120.0  # seconds one step of A or B may take before its watchdog reports it and exits
@@ -46,19 +47,14 @@ STARTED = time.monotonic()
 ROLE = "main"
 
 
-def read_line(stream: IO[str], timeout: float = LINE_TIMEOUT, waiting_for: str = "the other process") -> str:
-    """The next line from `stream`, or an error naming what was awaited after `timeout` seconds or at its end."""
-    ready, _, _ = select.select([stream], [], [], timeout)
-    if not ready:
-        raise TimeoutError(f"no line from {waiting_for} within {timeout:.0f} s")
-    line = stream.readline()
-    if not line:
-        raise EOFError(f"{waiting_for} ended")
-    return line.strip()
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
+def wait_line(stream: IO[Any], timeout: float, waiting_for: str) -> str:
+    """The next line from `stream` (linepipe's bounded read), its errors naming what was awaited."""
+    try:
+        return read_line(stream, timeout)
+    except TimeoutError as e:
+        raise TimeoutError(f"no line from {waiting_for} within {timeout:.0f} s") from e
+    except EOFError as e:
+        raise EOFError(f"{waiting_for} ended") from e
 
 
 def progress(text: str) -> None:
@@ -129,7 +125,7 @@ def reader(sock: str) -> int:
     progress("B: ready; waiting for A's requests")
     rows: list[tuple[str, int, Any, Any]] = []
     while True:
-        line = read_line(sys.stdin, timeout=3600, waiting_for="A")  # A bounds its own steps; EOF when A ends
+        line = wait_line(sys.stdin, 3600, "A")  # A bounds its own steps; EOF when A ends
         if line.startswith("OPEN "):
             _, name, seed = line.split()
             step(f"B: opening and checking {name}")
@@ -225,13 +221,13 @@ def owner(max_mib: int, json_path: str | None, line_timeout: float) -> int:
         b.stdin.flush()
 
     try:
-        ready = read_line(b.stdout, line_timeout, "B starting (importing torch, setting CUDA up)")
+        ready = wait_line(b.stdout, line_timeout, "B starting (importing torch, setting CUDA up)")
         if ready != "READY":
             raise EOFError(f"B said {ready!r} instead of READY")
         for row in [r for r in rows if "shared" in r]:
             progress(f"A: asking B to open and check {row['name']}")
             tell(f"OPEN {row['name']} {row['seed']}")
-            answer = read_line(b.stdout, line_timeout, f"B opening and checking {row['name']}").split()
+            answer = wait_line(b.stdout, line_timeout, f"B opening and checking {row['name']}").split()
             if answer[:1] != ["CHECKED"] or answer[1] != row["name"]:
                 failures.append(f"{row['name']}: {' '.join(answer)}")
                 progress(f"A: {row['name']}: {' '.join(answer)}")
@@ -252,7 +248,7 @@ def owner(max_mib: int, json_path: str | None, line_timeout: float) -> int:
         progress("A: asking B to check every view again")
         tell("RECHECK")
         while True:
-            answer = read_line(b.stdout, line_timeout, "B checking its views again").split()
+            answer = wait_line(b.stdout, line_timeout, "B checking its views again").split()
             if answer == ["DONE"]:
                 break
             name = answer[1]

@@ -1,4 +1,5 @@
-//! `gpu_ipc.Consumer` and `gpu_ipc.Frame`: the consuming end of a ring, and the right to read one frame in place.
+//! `gpu_ipc.Consumer`: the consuming end of a ring (its frames, `gpu_ipc.Frame`, are in `crate::frame`; their
+//! cached arrays in `crate::slot_arrays`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,9 +7,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
-use dlpark::ffi::DLDevice;
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::frames::{AttachOptions, Consumer as CoreConsumer, Frame as CoreFrame, FrameError};
+use gpu_ipc::core::frames::{AttachOptions, Consumer as CoreConsumer, FrameError};
 use gpu_ipc::core::ring::SlotIndex;
 use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::core::wire::{SyncStrategy, WireError};
@@ -20,30 +20,18 @@ use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 
 use crate::each_backend;
-use crate::errors::{ClosedError, EndOfStream, ForeignToken, GpuIpcError, ReleasedError, to_py};
+use crate::errors::{EndOfStream, ForeignToken, GpuIpcError, ReleasedError, to_py};
+use crate::frame::{Frame, FrameToken, Token};
 use crate::mapping::MappingHold;
 use crate::ring::{
     Gpu, Held, PerBackend, SLICE, SlicedError, check_signals, interrupted, lock, parse_backend, seconds,
     wait_in_slices, waits_in_slices, waits_on_cpu,
 };
+use crate::slot_arrays::SlotArrays;
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
-use crate::view::{ArrayMemory, Layout, Memory, View, order_after};
-
-/// The layout of every frame's stamp word: one 0-d `int64`.
-static STAMP_LAYOUT: std::sync::LazyLock<Layout> = std::sync::LazyLock::new(Layout::word);
+use crate::view::{Layout, StreamOrder};
 
 type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<HostFake>>;
-
-/// A frame's token, shared by the `Frame` object and (for the frame iteration handed out last) the consumer.
-type Token = Arc<FrameToken>;
-
-/// The core's frame (until released) and the streams that took it through DLPack: its release is ordered after
-/// the work they queued, so a tensor read on another stream than the release's is never overwritten under it.
-#[derive(Default)]
-pub struct FrameToken {
-    frame: Mutex<Option<CoreFrame>>,
-    readers: Mutex<Vec<u64>>,
-}
 
 /// The consuming end of a frame ring: attaches once, then reads frames in place, in order.
 ///
@@ -68,14 +56,17 @@ pub struct Consumer {
     closed: AtomicBool,
     /// The process that made it (see `Drop`).
     pid: u32,
-    gpu: Option<Gpu>,
-    host: Option<HostRegion>,
+    /// The device (GPU backends).
+    pub(crate) gpu: Option<Gpu>,
+    /// The ring's memory (host backend).
+    pub(crate) host: Option<HostRegion>,
     /// The GPU backends' hold on the ring's mapping, which every frame shares (see `crate::mapping`); dropped at
     /// close, before the core's consumer, so that the core's teardown unmaps unless a tensor still holds it.
-    mapping: Mutex<Option<MappingHold>>,
+    mapping: Mutex<Option<Arc<MappingHold>>>,
     backend: BackendKind,
     sync: SyncStrategy,
-    layout: Layout,
+    /// What each slot is as an array.
+    pub(crate) layout: Layout,
     nbytes: u64,
     slots: u32,
     socket: PathBuf,
@@ -86,37 +77,11 @@ pub struct Consumer {
     end_of_stream: Mutex<Option<Py<PyAny>>>,
     /// The ring's control block in host memory and the offset there of each slot's `published` word (its frame's
     /// stamp, whatever the strategy): what `Frame.stamp` reads on the CPU.
-    stamp_words: (Arc<SharedMemory>, Vec<usize>),
-}
-
-/// The right to read one published frame in place, until it is released.
-///
-/// ``torch.from_dlpack(frame)``, ``cupy.from_dlpack(frame)``, ``jax.dlpack.from_dlpack(frame)``,
-/// ``numpy.from_dlpack(frame)`` (host backend): no copy. Once the frame is released (or its consumer closed) the
-/// slot is the producer's again: this object raises ``ReleasedError`` on ``ptr`` and the array protocols, but
-/// tensors already made from it still point at the slot and will see later frames: copy what you keep
-/// (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend. Such a tensor never points at unmapped
-/// memory: it (and this object) keeps the ring mapped in this process, even after the consumer closed, until the
-/// last of them is gone.
-///
-/// A frame is writable, and it is shared: its views are the slot itself, the memory every consumer of the ring
-/// reads that frame from. What one consumer writes into a frame (``numpy.from_dlpack(frame)[:] = 0``, an in-place
-/// torch op) the others read too, if they read it after the write; nothing marks the views read-only. Treat frames
-/// as read-only, or copy first (``tensor.clone()``) and change the copy.
-#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
-pub struct Frame {
-    token: Token,
-    consumer: Py<Consumer>,
-    seq: u64,
-    index: u32,
-    ptr: u64,
-    nbytes: u64,
-    /// The stream `next_frame` queued its wait on (GPU backends), the default of `release`.
-    stream: Option<u64>,
-    /// The device address of the frame's stamp word and the value it must hold (GPU-side strategies).
-    stamp: Option<(u64, u64)>,
-    /// Keeps the ring mapped while this object lives (GPU backends).
-    hold: Option<MappingHold>,
+    pub(crate) stamp_words: (Arc<SharedMemory>, Vec<usize>),
+    /// Each slot's array per library, made once (`Frame.array`).
+    pub(crate) arrays: SlotArrays,
+    /// Orders one stream after another (`Frame.array`, a release after the streams that took the frame).
+    pub(crate) order: StreamOrder,
 }
 
 impl Consumer {
@@ -169,6 +134,7 @@ impl Consumer {
         let end = py.detach(|| lock(&self.end).take("consumer"))?;
         self.closed.store(true, Ordering::Release);
         lock(&self.iterated).take();
+        self.arrays.clear();
         lock(&self.mapping).take();
         Ok(end)
     }
@@ -275,30 +241,29 @@ impl Consumer {
             stream: gpu.map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
             stamp: frame.stamp().map(|stamp| (stamp.device_ptr.raw(), stamp.expected)),
             hold: lock(&this.mapping).clone(),
-            token: Arc::new(FrameToken { frame: Mutex::new(Some(frame)), readers: Mutex::new(Vec::new()) }),
+            token: FrameToken::new(frame),
             consumer: slf.clone().unbind(),
         })
     }
 
     /// Gives `token`'s frame back on stream `raw`.
-    fn release_token(&self, py: Python<'_>, token: &Token, seq: u64, raw: Option<u64>) -> PyResult<()> {
-        self.open_end(py)?;
+    pub(crate) fn release_token(&self, py: Python<'_>, token: &Token, seq: u64, raw: Option<u64>) -> PyResult<()> {
         let gpu = self.gpu.as_ref();
-        if let Some(gpu) = gpu {
-            // Before the frame is taken: an error here leaves it to release again.
-            let release_stream = raw.unwrap_or(LEGACY_DEFAULT_STREAM);
-            for reader in lock(&token.readers).drain(..) {
-                order_after(&gpu.ctx, reader, release_stream)?;
-            }
-        }
-        let Some(frame) = lock(&token.frame).take() else {
-            return Err(ReleasedError::new_err(format!("frame {seq} was released already")));
-        };
         // A release does not wait: with the GIL held unless another thread holds the end.
         self.on_held(py, |held| {
-            let end = held
-                .get("consumer")
-                .map_err(|_| to_py(FrameError::Config("the consumer was closed by another thread".into())))?;
+            let end = held.get("consumer")?;
+            // Before the frame is taken: an error here leaves it to release again.
+            if let Some(gpu) = gpu {
+                let release_stream = raw.unwrap_or(LEGACY_DEFAULT_STREAM);
+                let mut readers = lock(&token.readers);
+                for &reader in readers.iter() {
+                    self.order.after(&gpu.ctx, reader, release_stream)?;
+                }
+                readers.clear();
+            }
+            let Some(frame) = lock(&token.frame).take() else {
+                return Err(ReleasedError::new_err(format!("frame {seq} was released already")));
+            };
             let s = gpu.map(|g| g.stream(raw));
             each_backend!(end, c => c.release(frame, s.as_deref())).map_err(to_py)
         })
@@ -372,8 +337,10 @@ impl Consumer {
             _ => host,
         };
         let mapping = match (&end, &gpu) {
-            (PerBackend::Legacy(c), Some(g)) => Some(MappingHold::new(c.shared_region(), Some(g.ctx.clone()))),
-            (PerBackend::Vmm(c), Some(g)) => Some(MappingHold::new(c.shared_region(), Some(g.ctx.clone()))),
+            (PerBackend::Legacy(c), Some(g)) => {
+                Some(Arc::new(MappingHold::new(c.shared_region(), Some(g.ctx.clone()))))
+            }
+            (PerBackend::Vmm(c), Some(g)) => Some(Arc::new(MappingHold::new(c.shared_region(), Some(g.ctx.clone())))),
             _ => None,
         };
         Ok(Self {
@@ -393,6 +360,8 @@ impl Consumer {
             iterated: Mutex::new(None),
             end_of_stream: Mutex::new(None),
             stamp_words,
+            arrays: SlotArrays::new(slots),
+            order: StreamOrder::default(),
         })
     }
 
@@ -478,7 +447,7 @@ impl Consumer {
     }
 
     #[getter]
-    fn closed(&self) -> bool {
+    pub(crate) fn closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
 
@@ -517,8 +486,9 @@ impl Consumer {
 impl Drop for Consumer {
     fn drop(&mut self) {
         if self.pid != std::process::id() {
-            // A forked child's copy: CUDA is not usable here, and the context is the parent's to release.
+            // A forked child's copy: CUDA is not usable here, and the context and event are the parent's to release.
             std::mem::forget(self.gpu.take());
+            std::mem::forget(std::mem::take(&mut self.order));
         }
         // Our hold goes first, so that the core's consumer (dropped next) is the last owner of the ring's memory
         // unless a tensor still holds it, and its own teardown frees it.
@@ -529,6 +499,8 @@ impl Drop for Consumer {
         }
     }
 }
+
+crate::ring_end_getters!(Consumer);
 
 /// How long `close()` and `detach()` wait for a GPU-side strategy's teardown before they leave it to finish in
 /// the background: long enough for a stream that is merely busy, short enough that a stream stuck on a quiet
@@ -555,231 +527,5 @@ fn spawn_teardown(finish: impl FnOnce() + Send + 'static) -> Option<Receiver<()>
             }
             None
         }
-    }
-}
-
-impl ArrayMemory for Frame {
-    fn layout(&self) -> &Layout {
-        &self.consumer.get().layout
-    }
-
-    fn device(&self) -> PyResult<DLDevice> {
-        self.usable()?;
-        Ok(match &self.consumer.get().gpu {
-            Some(gpu) => DLDevice::cuda(gpu.ordinal),
-            None => DLDevice::CPU,
-        })
-    }
-
-    fn view(&self) -> PyResult<View> {
-        self.usable()?;
-        let consumer = self.consumer.get();
-        let memory = match (&consumer.gpu, &self.hold, &consumer.host) {
-            (Some(gpu), Some(hold), _) => Memory::Cuda {
-                ctx: gpu.ctx.clone(),
-                ordinal: gpu.ordinal,
-                stream: self.stream.unwrap_or(LEGACY_DEFAULT_STREAM),
-                hold: hold.clone(),
-            },
-            (None, _, Some(host)) => Memory::Host(host.clone()),
-            _ => return Err(ClosedError::new_err("the consumer holds no memory")),
-        };
-        Ok(View { ptr: self.ptr, layout: consumer.layout.clone(), memory })
-    }
-
-    /// The frame's release waits for the work queued on `stream` (ordered after the frame's wait when it took it).
-    fn taken_on(&self, stream: u64) {
-        let mut readers = lock(&self.token.readers);
-        if !readers.contains(&stream) {
-            readers.push(stream);
-        }
-    }
-}
-
-crate::array_protocols!(Frame);
-
-impl Frame {
-    /// Raises `ReleasedError` once the frame is released or its consumer closed.
-    fn usable(&self) -> PyResult<()> {
-        if self.consumer.get().closed() {
-            return Err(ReleasedError::new_err(format!(
-                "frame {}: its consumer is closed, the ring is no longer mapped here",
-                self.seq
-            )));
-        }
-        if lock(&self.token.frame).is_none() {
-            return Err(ReleasedError::new_err(format!(
-                "frame {} was released: its slot is the producer's again",
-                self.seq
-            )));
-        }
-        Ok(())
-    }
-
-    fn release_here(&self, py: Python<'_>, raw: Option<u64>) -> PyResult<()> {
-        self.consumer.get().release_token(py, &self.token, self.seq, raw.or(self.stream))
-    }
-}
-
-#[pymethods]
-impl Frame {
-    #[getter]
-    pub(crate) fn seq(&self) -> u64 {
-        self.seq
-    }
-
-    #[getter]
-    fn slot(&self) -> u32 {
-        self.index
-    }
-
-    #[getter]
-    pub(crate) fn nbytes(&self) -> u64 {
-        self.nbytes
-    }
-
-    #[getter]
-    fn ptr(&self) -> PyResult<u64> {
-        self.view().map(|v| v.ptr)
-    }
-
-    /// The stream ``next_frame`` queued its wait on (GPU backends).
-    #[getter]
-    fn stream(&self) -> Option<u64> {
-        self.stream
-    }
-
-    /// Device address of the frame's stamp word (gpu-stream-ops, gpu-poll; ``None`` otherwise): check it in your
-    /// kernel before reading the frame (``(word & STAMP_MASK) == stamp_expected``, read with ld.acquire.sys); a dead
-    /// producer's poison releases the stream's wait for a frame it never wrote. Raises ``ReleasedError`` once the
-    /// frame is released or its consumer closed (the word is unregistered when the consumer closes).
-    #[getter]
-    fn stamp_ptr(&self) -> PyResult<Option<u64>> {
-        self.view()?;
-        Ok(self.stamp.map(|(ptr, _)| ptr))
-    }
-
-    /// The value the stamp word holds, under ``STAMP_MASK``, while the frame is the producer's: ``seq + 1``.
-    #[getter]
-    fn stamp_expected(&self) -> u64 {
-        self.seq + 1
-    }
-
-    /// The frame's stamp word as a 0-d ``int64`` array, no copy, to check on the device (no host sync) that the
-    /// frame is the producer's before using what was computed from it::
-    ///
-    ///     valid = (torch.from_dlpack(frame.stamp) & gpu_ipc.STAMP_MASK) == frame.stamp_expected
-    ///
-    /// With gpu-stream-ops and gpu-poll the word is device-readable host memory (a CUDA tensor; ordered after the
-    /// frame's wait like the frame); a dead producer's poison releases the stream's wait for a frame it never
-    /// wrote, and ``valid`` is then false. With the CPU strategies, ipc-event and the host backend it is the same
-    /// word read by the CPU (a CPU tensor, ``numpy.from_dlpack(frame.stamp)``): such a frame was seen published
-    /// before it was handed out, and its stamp matches until its slot carries a later frame. Read the array before
-    /// the frame is released (queue the comparison before ``release``): afterwards the word belongs to the next
-    /// frame of the slot, and with a GPU-side strategy it is unregistered when the consumer closes. Raises
-    /// ``ReleasedError`` once the frame is released or its consumer closed.
-    #[getter]
-    fn stamp(slf: &Bound<'_, Self>) -> PyResult<Stamp> {
-        slf.get().usable()?;
-        Ok(Stamp { frame: slf.clone().unbind() })
-    }
-
-    #[getter]
-    fn released(&self) -> bool {
-        lock(&self.token.frame).is_none()
-    }
-
-    /// ``consumer.release(self, stream)``.
-    #[pyo3(signature = (stream=None))]
-    fn release(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let raw = stream_handle(stream)?;
-        self.release_here(py, raw)
-    }
-
-    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
-        slf
-    }
-
-    /// Releases the frame unless it was released already (or its consumer closed); the end of the stream found by
-    /// the release (a frame queued past the end) is not an error here.
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        if self.released() || self.consumer.get().closed() {
-            return Ok(false);
-        }
-        match self.release_here(py, None) {
-            Err(e) if e.is_instance_of::<EndOfStream>(py) => Ok(false),
-            other => other.map(|()| false),
-        }
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "Frame(seq={}, slot={}, nbytes={}{})",
-            self.seq,
-            self.index,
-            self.nbytes,
-            if self.released() { ", released" } else { "" }
-        )
-    }
-}
-
-crate::ring_end_getters!(Consumer);
-
-/// A frame's stamp word, as an array (``Frame.stamp``): ``torch.from_dlpack(frame.stamp)``,
-/// ``cupy.from_dlpack(frame.stamp)``, ``numpy.from_dlpack(frame.stamp)`` give a 0-d ``int64`` view of it, no copy.
-/// ``(view & STAMP_MASK) == frame.stamp_expected`` says whether the frame is the producer's.
-#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
-pub struct Stamp {
-    frame: Py<Frame>,
-}
-
-impl ArrayMemory for Stamp {
-    fn layout(&self) -> &Layout {
-        &STAMP_LAYOUT
-    }
-
-    fn view(&self) -> PyResult<View> {
-        let frame = self.frame.get();
-        let memory = frame.view()?.memory;
-        Ok(match (memory, frame.stamp) {
-            (memory @ Memory::Cuda { .. }, Some((device_ptr, _))) => {
-                View { ptr: device_ptr, layout: STAMP_LAYOUT.clone(), memory }
-            }
-            _ => {
-                let (control, offsets) = &frame.consumer.get().stamp_words;
-                let offset = offsets.get(frame.index as usize).copied().ok_or_else(|| {
-                    GpuIpcError::new_err(format!("frame {}: slot {} is not in the ring", frame.seq, frame.index))
-                })?;
-                let ptr = control.as_ptr() as u64 + offset as u64;
-                View { ptr, layout: STAMP_LAYOUT.clone(), memory: Memory::Control(control.clone()) }
-            }
-        })
-    }
-
-    fn taken_on(&self, stream: u64) {
-        self.frame.get().taken_on(stream);
-    }
-}
-
-crate::array_protocols!(Stamp);
-
-#[pymethods]
-impl Stamp {
-    /// ``frame.stamp_expected``: the value the word holds, under ``STAMP_MASK``, while the frame is the producer's.
-    #[getter]
-    fn expected(&self) -> u64 {
-        self.frame.get().seq + 1
-    }
-
-    /// The word's address: a device address with gpu-stream-ops and gpu-poll (``Frame.stamp_ptr``), else a host
-    /// address. Raises ``ReleasedError`` once the frame is released or its consumer closed.
-    #[getter]
-    fn ptr(&self) -> PyResult<u64> {
-        self.view().map(|v| v.ptr)
-    }
-
-    fn __repr__(&self) -> String {
-        format!("Stamp(seq={}, expected={})", self.frame.get().seq, self.frame.get().seq + 1)
     }
 }

@@ -18,6 +18,7 @@
 
 mod consumer;
 mod errors;
+mod frame;
 mod mapping;
 mod pattern;
 mod pool;
@@ -25,6 +26,7 @@ mod pool_import;
 mod producer;
 mod ring;
 mod semaphore;
+mod slot_arrays;
 mod stream;
 mod view;
 mod weights;
@@ -37,8 +39,8 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Producer>()?;
     m.add_class::<producer::Slot>()?;
     m.add_class::<consumer::Consumer>()?;
-    m.add_class::<consumer::Frame>()?;
-    m.add_class::<consumer::Stamp>()?;
+    m.add_class::<frame::Frame>()?;
+    m.add_class::<frame::Stamp>()?;
     m.add_class::<semaphore::Semaphore>()?;
     m.add_class::<pool::SharedPool>()?;
     m.add_class::<pool::SharedBuffer>()?;
@@ -56,5 +58,9 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LEGACY_DEFAULT_STREAM", stream::LEGACY_DEFAULT_STREAM)?;
     m.add("STAMP_MASK", gpu_ipc::core::frames::STAMP_MASK)?;
+    // The fork guard's process id, refreshed in a forked child (`ring::this_process`).
+    let hooks = pyo3::types::PyDict::new(m.py());
+    hooks.set_item("after_in_child", wrap_pyfunction!(ring::after_fork_in_child, m)?)?;
+    m.py().import("os")?.call_method("register_at_fork", (), Some(&hooks))?;
     Ok(())
 }

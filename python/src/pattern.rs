@@ -11,8 +11,8 @@ use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 use gpu_ipc::kernels::pattern::pattern_word;
 use pyo3::prelude::*;
 
-use crate::consumer::Frame;
 use crate::errors::{ArgumentError, ArgumentTypeError, DriverError, driver_to_py};
+use crate::frame::Frame;
 use crate::pool::SharedBuffer;
 use crate::pool_import::BufferView;
 use crate::producer::Slot;

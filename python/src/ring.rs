@@ -81,8 +81,34 @@ impl<T> Drop for Held<T> {
     }
 }
 
+/// This process's id, as [`this_process`] returns it (0: not read yet).
+static THIS_PROCESS: AtomicU32 = AtomicU32::new(0);
+
+/// This process's id, as `std::process::id()` returns it but without a system call per look (`getpid` is one, and
+/// the fork guard of every call on a ring end looked twice per frame): read once, and again in a child after
+/// `fork()` by [`after_fork_in_child`], which the module registers with `os.register_at_fork` when it loads.
+/// CPython runs that hook in every forked child that goes on running Python, the only children in which this
+/// package's objects can be used.
+pub fn this_process() -> u32 {
+    match THIS_PROCESS.load(Ordering::Acquire) {
+        0 => {
+            let pid = std::process::id();
+            THIS_PROCESS.store(pid, Ordering::Release);
+            pid
+        }
+        pid => pid,
+    }
+}
+
+/// Run by Python in a child after `fork()` (`os.register_at_fork(after_in_child=...)`): the child's id from now
+/// on, so that the parent's objects refuse there.
+#[pyfunction]
+pub fn after_fork_in_child() {
+    THIS_PROCESS.store(std::process::id(), Ordering::Release);
+}
+
 fn check_pid(pid: u32, what: &str) -> PyResult<()> {
-    let now = std::process::id();
+    let now = this_process();
     if pid == now {
         Ok(())
     } else {

@@ -1,7 +1,7 @@
 //! A frame's or slot's memory as a tensor without a copy: DLPack (through `dlpark`) and, for the GPU backends,
 //! `__cuda_array_interface__` v3. What `Slot` and `Frame` share.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::metadata::Dynamic;
@@ -17,6 +17,8 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::{ArgumentError, driver_to_py};
 use crate::mapping::MappingHold;
+use crate::ring::lock;
+use crate::slot_arrays::same_stream;
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 
 /// How a slot (or a shared buffer) is laid out as an array: `shape` of one element type, `strides` in elements.
@@ -420,14 +422,44 @@ pub fn consumer_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64
     })
 }
 
-/// Makes stream `later` wait for the work queued so far on stream `earlier` (nothing when they are the same).
+/// The flags of the events that order one stream after another: no timing, no blocking.
+const ORDER_EVENT: EventFlags = EventFlags { timing: false, blocking_sync: false, interprocess: false };
+
+/// Makes stream `later` wait for the work queued so far on stream `earlier` (nothing when they are the same), with
+/// an event of its own.
 pub fn order_after(ctx: &Context, earlier: u64, later: u64) -> PyResult<()> {
-    let same = earlier == later || (earlier == 0 && later == LEGACY_DEFAULT_STREAM);
-    if same {
+    if same_stream(earlier, later) {
         return Ok(());
     }
-    let event = Event::new(ctx, EventFlags { timing: false, blocking_sync: false, interprocess: false })
-        .map_err(driver_to_py)?;
+    let event = Event::new(ctx, ORDER_EVENT).map_err(driver_to_py)?;
     event.record(&borrow(ctx, earlier)).map_err(driver_to_py)?;
     borrow(ctx, later).wait_event(&event).map_err(driver_to_py)
+}
+
+/// [`order_after`] with one event, made at first use and recorded again for every ordering: a stream's wait for an
+/// event waits for the record made before it (`cuStreamWaitEvent`), so recording it again later changes no wait
+/// queued already. Saves creating and destroying an event per call (what a consumer does for every frame taken on
+/// another stream than its wait's).
+#[derive(Default)]
+pub struct StreamOrder {
+    event: Mutex<Option<Event>>,
+}
+
+impl StreamOrder {
+    /// Makes stream `later` wait for the work queued so far on stream `earlier` (nothing when they are the same).
+    pub fn after(&self, ctx: &Context, earlier: u64, later: u64) -> PyResult<()> {
+        if same_stream(earlier, later) {
+            return Ok(());
+        }
+        // The record and the wait under one lock: another thread's record between them would move what we wait for.
+        let mut event = lock(&self.event);
+        let event = match &mut *event {
+            Some(event) => event,
+            none => none.insert(Event::new(ctx, ORDER_EVENT).map_err(driver_to_py)?),
+        };
+        // The legacy default stream's handle names the calling thread's current context's.
+        ctx.bind().map_err(driver_to_py)?;
+        event.record(&borrow(ctx, earlier)).map_err(driver_to_py)?;
+        borrow(ctx, later).wait_event(event).map_err(driver_to_py)
+    }
 }

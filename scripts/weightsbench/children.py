@@ -8,13 +8,14 @@ import argparse
 import json
 import os
 import pickle
-import select
 import subprocess
 import sys
 import time
 from multiprocessing.connection import Client
 from typing import IO, Any
 
+from linepipe import forget
+from linepipe import read_line as read_pipe_line
 from weightsbench.shapes import checksums
 
 LINE_TIMEOUT = 600.0
@@ -33,14 +34,15 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def read_line(stream: IO[str], timeout: float = LINE_TIMEOUT) -> str:
-    ready, _, _ = select.select([stream], [], [], timeout)
-    if not ready:
-        raise TimeoutError(f"no line within {timeout} s")
-    line = stream.readline()
-    if not line:
-        raise EOFError("the other process ended")
-    return line.strip()
+def read_line(stream: IO[Any], timeout: float = LINE_TIMEOUT) -> str:
+    """The next line another process wrote to `stream`, bounded (linepipe: never select() on a buffered stream)."""
+    return read_pipe_line(stream, timeout)
+
+
+def done_with(stream: IO[Any]) -> None:
+    """Forgets what was read past the last line of a child's pipe, and closes it."""
+    forget(stream)
+    stream.close()
 
 
 def reader_main(args: argparse.Namespace) -> int:
@@ -165,6 +167,9 @@ class Reader:
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
+        finally:
+            if self.proc.stdout is not None:
+                done_with(self.proc.stdout)
 
 
 def mixed_reader_main(args: argparse.Namespace) -> int:

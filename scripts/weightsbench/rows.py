@@ -17,7 +17,7 @@ import time
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
-from weightsbench.children import GIB, LINE_TIMEOUT, MIB, SCRIPT, Reader, read_line, say
+from weightsbench.children import GIB, LINE_TIMEOUT, MIB, SCRIPT, Reader, done_with, read_line, say
 from weightsbench.shapes import checksums, nbytes_of, random_state_dict, shapes_of
 
 
@@ -309,6 +309,7 @@ def part_mixed(run: Run, backend: str) -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
+        done_with(child.stdout)
         pub.close()
 
 
@@ -356,6 +357,8 @@ def part_kills(run: Run, backend: str, container: bool) -> None:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+                if p.stdout is not None:
+                    done_with(p.stdout)
         back = result.get("free_after", 0) >= result.get("free_before", 1) - 16 * MIB
         ok = result.get("told_seconds") is not None and result["told_seconds"] <= 1.0 and result.get("intact") and back
         if result.get("told_seconds") is not None:

@@ -20,8 +20,10 @@ Consumer, in another process::
     import torch, gpu_ipc
     with gpu_ipc.Consumer("/tmp/frames.sock", backend="vmm", wait_for_producer=10) as consumer:
         for frame in consumer:                      # ends cleanly at the end of the stream
-            image = torch.from_dlpack(frame)        # (height, width, 3) uint8 on the GPU, no copy
+            image = frame.array("torch")            # (height, width, 3) uint8 on the GPU, no copy
             print(frame.seq, image.float().mean())  # the frame is released when the next one is asked for
+
+``frame.array("torch")`` is what ``torch.from_dlpack(frame)`` gives, for less CPU: the slot's tensor, made once.
 
 Named buffers, without a ring: :func:`share` a tensor in one process (a PyTorch tensor its caching allocator made,
 in place), :func:`open` it by name in another::

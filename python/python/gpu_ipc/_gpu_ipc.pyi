@@ -366,12 +366,13 @@ class Frame:
     """The right to read one published frame in place, until it is released.
 
     ``torch.from_dlpack(frame)``, ``cupy.from_dlpack(frame)``, ``jax.dlpack.from_dlpack(frame)``,
-    ``numpy.from_dlpack(frame)`` (host backend): no copy. Once the frame is released (or its consumer closed) the
-    slot is the producer's again: this object raises ``ReleasedError`` on ``ptr`` and the array protocols, but
-    tensors already made from it still point at the slot and will see later frames: copy what you keep
-    (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend. Such a tensor never points at unmapped
-    memory: it (and this object) keeps the ring mapped in this process, even after the consumer closed, until the
-    last of them is gone.
+    ``numpy.from_dlpack(frame)`` (host backend): no copy. ``frame.array("torch")`` (``"cupy"``, ``"numpy"``) gives
+    the same array for a fraction of the cost: the slot's array, made once, handed out again. Once the frame is
+    released (or its consumer closed) the slot is the producer's again: this object raises ``ReleasedError`` on
+    ``ptr``, ``array`` and the array protocols, but tensors already made from it still point at the slot and will see
+    later frames: copy what you keep (``tensor.clone()``), or ``__dlpack__(copy=True)`` on the host backend. Such a
+    tensor never points at unmapped memory: it (and this object) keeps the ring mapped in this process, even after
+    the consumer closed, until the last of them is gone.
 
     A frame is writable, and it is shared: its views are the slot itself, the memory every consumer of the ring
     reads that frame from. What one consumer writes into a frame (``numpy.from_dlpack(frame)[:] = 0``, an in-place
@@ -394,6 +395,30 @@ class Frame:
     @property
     def stream(self) -> int | None:
         """The stream ``next_frame`` queued its wait on (GPU backends)."""
+    def array(self, library: str) -> Any:
+        """This frame as an array of ``library``: ``"torch"`` (a ``torch.Tensor``), ``"cupy"`` or ``"numpy"`` (host
+        backend). The same array as ``torch.from_dlpack(frame)`` (the frame in place, no copy), for a fraction of its
+        cost: a slot's memory never moves, so its array is made once (through DLPack, the first time a frame of that
+        slot is asked for as that library) and kept by the consumer, and each call hands out a new array object over
+        it (``Tensor.detach()``, ``ndarray.view()``): what you do to your array's shape or flags in place never
+        reaches the next frame.
+
+        Streams as with ``from_dlpack``: the library's current stream (``torch.cuda.current_stream()``) is ordered
+        after the stream the frame's wait was queued on (nothing to do when they are the same: pass your stream to
+        ``next_frame``), and the frame's release waits for the work queued on it.
+
+        The array is valid for this frame until the frame is released: afterwards it shows whatever the producer
+        writes into the slot next (copy what you keep, ``tensor.clone()``), and the array of the slot's next frame
+        is the same memory. Ask each frame for its own array: ``frame.array("torch")`` inside the loop, never one
+        kept from an earlier frame. Raises ``ReleasedError`` once the frame is released or its consumer closed;
+        ``ArgumentError`` for another library (JAX: its arrays are immutable; use ``jax.dlpack.from_dlpack(frame)``).
+
+        Example::
+
+            for frame in consumer:
+                image = frame.array("torch")      # (height, width, channels) uint8 on cuda, the frame in place
+                total += image.float().mean()
+        """
     @property
     def stamp_ptr(self) -> int | None:
         """Device address of the frame's stamp word (gpu-stream-ops, gpu-poll; ``None`` otherwise): check it in your
@@ -410,14 +435,16 @@ class Frame:
 
             valid = (torch.from_dlpack(frame.stamp) & gpu_ipc.STAMP_MASK) == frame.stamp_expected
 
-        With gpu-stream-ops and gpu-poll the word is device-readable host memory (a CUDA tensor; ordered after the
+        (or ``frame.stamp.array("torch")``, the slot's word as a cached array, as ``Frame.array``). With
+        gpu-stream-ops and gpu-poll the word is device-readable host memory (a CUDA tensor; ordered after the
         frame's wait like the frame); a dead producer's poison releases the stream's wait for a frame it never
         wrote, and ``valid`` is then false. With the CPU strategies, ipc-event and the host backend it is the same
         word read by the CPU (a CPU tensor, ``numpy.from_dlpack(frame.stamp)``): such a frame was seen published
         before it was handed out, and its stamp matches until its slot carries a later frame. Read the array before
         the frame is released (queue the comparison before ``release``): afterwards the word belongs to the next
         frame of the slot, and with a GPU-side strategy it is unregistered when the consumer closes. Raises
-        ``ReleasedError`` once the frame is released or its consumer closed."""
+        ``ReleasedError`` once the frame is released or its consumer closed.
+        """
     @property
     def released(self) -> bool: ...
     def release(self, stream: _StreamLike = None) -> None:
@@ -445,8 +472,9 @@ class Frame:
 @final
 class Stamp:
     """A frame's stamp word, as an array (``Frame.stamp``): ``torch.from_dlpack(frame.stamp)``,
-    ``cupy.from_dlpack(frame.stamp)``, ``numpy.from_dlpack(frame.stamp)`` give a 0-d ``int64`` view of it, no copy.
-    ``(view & STAMP_MASK) == frame.stamp_expected`` says whether the frame is the producer's.
+    ``cupy.from_dlpack(frame.stamp)``, ``numpy.from_dlpack(frame.stamp)`` give a 0-d ``int64`` view of it, no copy
+    (``frame.stamp.array("torch")`` the same, cached per slot). ``(view & STAMP_MASK) == frame.stamp_expected`` says
+    whether the frame is the producer's.
     """
 
     @property
@@ -456,6 +484,17 @@ class Stamp:
     def ptr(self) -> int:
         """The word's address: a device address with gpu-stream-ops and gpu-poll (``Frame.stamp_ptr``), else a host
         address. Raises ``ReleasedError`` once the frame is released or its consumer closed."""
+    def array(self, library: str) -> Any:
+        """The word as an array of ``library`` (``"torch"``, ``"cupy"``, ``"numpy"``), as ``Frame.array``: the slot's
+        word is made an array once and handed out again, ordered on the library's current stream after the frame's
+        wait. A CUDA tensor with gpu-stream-ops and gpu-poll, a CPU one otherwise (as ``from_dlpack(frame.stamp)``).
+        Valid until the frame is released (then it is the slot's next frame's word). Raises ``ReleasedError`` once
+        the frame is released or its consumer closed.
+
+        Example::
+
+            valid = (frame.stamp.array("torch") & gpu_ipc.STAMP_MASK) == frame.stamp_expected  # a CUDA bool
+        """
     @property
     def shape(self) -> tuple[int, ...]: ...
     @property

@@ -115,8 +115,12 @@ fn a_sixth_strategy_runs_a_ring_through_the_trait_alone() {
     assert_eq!(ring.block().next_sequence(), Sequence(6));
 }
 
+/// The workspace's root, found at run time (nextest's `--workspace-remap` sets CARGO_MANIFEST_DIR to the tree the
+/// tests run in, which may be another path than the one they were built at), else the build-time path.
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
+    let manifest =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    manifest.parent().map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
