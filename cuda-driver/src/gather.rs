@@ -121,6 +121,8 @@ impl GatherCopy {
     /// [`DriverError::InvalidArgument`] for a pair of different lengths (nothing queued); a failing
     /// `cuMemcpyHtoDAsync`, `cuLaunchKernel`, or wait for an earlier launch.
     pub fn copy(&mut self, copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)], stream: &Stream) -> Result<()> {
+        // The kernel's context current on this thread (the legacy default stream is the current context's).
+        self.ctx.bind()?;
         let mut words = std::mem::take(&mut self.words);
         let queued = gather_pieces(copies, &mut words)
             .and_then(|()| words.chunks(GATHER_TABLE_PIECES * WORDS).try_for_each(|batch| self.launch(batch, stream)));
