@@ -66,6 +66,25 @@ mod tests {
     use super::*;
     use gpu_ipc_driver::{DeviceBuffer, DeviceMemory, GATHER_PIECE_BYTES, GATHER_TABLE_PIECES};
 
+    #[test]
+    fn the_embedded_images_are_what_the_manifest_lists() {
+        let manifest = include_str!("../../weights-kernels/manifest.json");
+        for image in &IMAGES {
+            let size = image.bytes.len() - usize::from(image.kind == image::ImageKind::Ptx);
+            let entry = format!("\"file\": \"{}\"", image.file);
+            let at = manifest.find(&entry).unwrap_or_else(|| panic!("{} is not in the manifest", image.file));
+            assert!(manifest[at..].contains(&format!("\"size\": {size},")), "{}: size {size}", image.file);
+        }
+        assert!(manifest.contains(&format!("\"{GATHER_KERNEL}\"")), "the manifest lists {GATHER_KERNEL}");
+        assert!(manifest.contains("\"kernels/cuda/weights_gather.cu\""));
+    }
+
+    #[test]
+    fn the_ptx_copies_in_16_byte_units_with_streaming_hints() {
+        let ptx = include_str!("../../weights-kernels/compute_75.ptx");
+        assert!(ptx.contains("ld.global.cs.v4.u32") && ptx.contains("st.global.cs.v4.u32"), "16-byte loads and stores");
+    }
+
     /// Copies of every alignment (16, 8, 4, 2 and 1 byte), sizes from 1 byte to several pieces, and more pieces
     /// than one launch takes, checked byte for byte; then the same table region is reused by later calls.
     #[test]
