@@ -320,7 +320,8 @@ def main() -> int:
                "--line-timeout", str(args.line_timeout)]
     if args.json:
         command += ["--json", args.json]
-    progress(f"starting A (the owner) with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, at most {args.timeout:.0f} s")
+    progress(f"starting A (the owner) with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, at most "
+             f"{args.timeout:.0f} s")
     a = subprocess.Popen(command, env=env, start_new_session=True)  # its own group: B goes with it on a timeout
     try:
         rc = a.wait(timeout=args.timeout)

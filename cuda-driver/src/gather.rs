@@ -33,10 +33,11 @@ use super::stream::Stream;
 /// The gather kernel's name (`kernels/cuda/weights_gather.cu`); [`GatherCopy::new`] takes only a function of
 /// this name.
 pub const GATHER_KERNEL: &str = "gpu_ipc_gather_copy";
-/// Bytes of one piece at most: longer copies are split, so that one large tensor is copied by many blocks.
-pub const GATHER_PIECE_BYTES: u64 = 1 << 20;
-/// Pieces the device table holds: one launch copies at most this many (about 2 GiB at full pieces).
-pub const GATHER_TABLE_PIECES: usize = 1 << 15;
+/// Bytes of one piece at most: longer copies are split, so that one large tensor is copied by many blocks, and a
+/// launch has enough blocks (several waves of them) that its last, partly filled wave costs little.
+pub const GATHER_PIECE_BYTES: u64 = 256 << 10;
+/// Pieces the device table holds (3 MiB): one launch copies at most this many (32 GiB at full pieces).
+pub const GATHER_TABLE_PIECES: usize = 1 << 17;
 /// Threads of a gather block.
 const THREADS: u32 = 256;
 /// Words of one piece in the table: destination, source, bytes.

@@ -6,10 +6,10 @@
 // own program into ipc-toolkit/weights-kernels/, which ipc-toolkit embeds.
 //
 // The table holds one piece per block: three 64-bit words, the destination address, the source address and the
-// byte count (at most a few MiB: the host splits larger copies). Each block copies its piece in the widest unit
-// that divides both addresses and the count (16 bytes for tensors the caching allocators and the arena lay out),
-// four loads in flight per thread, with streaming cache hints (__ldcs, __stcs: every byte is touched once). Pieces
-// never overlap (distinct tensors), so their order does not matter.
+// byte count (at most GATHER_PIECE_BYTES, 256 KiB: the host splits larger copies). Each block copies its piece in
+// the widest unit that divides both addresses and the count (16 bytes for tensors the caching allocators and the
+// arena lay out), four loads in flight per thread, with streaming cache hints (__ldcs, __stcs: every byte is
+// touched once). Pieces never overlap (distinct tensors), so their order does not matter.
 
 typedef unsigned long long gpu_ipc_gather_u64;
 

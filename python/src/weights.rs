@@ -35,9 +35,9 @@ type Held = PerBackend<Arc<HeldGeneration<Legacy>>, Arc<HeldGeneration<Vmm>>, Ar
 
 /// One tensor's description as the Python layer gives it: name, element type name, shape.
 type TensorSpec = (String, String, Vec<u64>);
-/// One tensor of an arena as ``arena()`` gives it: name, element type name, shape, strides (elements), offset
-/// (bytes from the arena's first byte).
-type ArenaEntry = (String, &'static str, Vec<u64>, Vec<u64>, u64);
+/// A generation's tensors as ``arena()`` gives them, one list per field (no tuple per tensor): names, element type
+/// names, shapes, strides (elements), offsets (bytes from the arena's first byte), and whether each is contiguous.
+type ArenaColumns = (Vec<String>, Vec<&'static str>, Vec<Vec<u64>>, Vec<Vec<u64>>, Vec<u64>, Vec<bool>);
 
 fn gpu_of(gpu: Option<&Gpu>) -> PyResult<&Gpu> {
     gpu.ok_or_else(|| ArgumentError::new_err("this weight set is on the host backend: there is no device to copy on"))
@@ -88,14 +88,24 @@ fn arena_of(
     base: u64,
     ordinal: Option<i32>,
     hold: MappingHold,
-) -> PyResult<(WeightsTensor, Vec<ArenaEntry>)> {
-    let entries = manifest
-        .entries
-        .iter()
-        .map(|e| {
-            (e.name.clone(), e.desc.dtype().name(), e.desc.shape().to_vec(), e.desc.strides_or_contiguous(), e.offset)
-        })
-        .collect();
+) -> PyResult<(WeightsTensor, ArenaColumns)> {
+    let n = manifest.entries.len();
+    let mut columns: ArenaColumns = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for e in &manifest.entries {
+        columns.0.push(e.name.clone());
+        columns.1.push(e.desc.dtype().name());
+        columns.2.push(e.desc.shape().to_vec());
+        columns.3.push(e.desc.strides_or_contiguous());
+        columns.4.push(e.offset);
+        columns.5.push(e.desc.strides().is_none_or(|s| *s == *e.desc.strides_or_contiguous()));
+    }
     let arena = WeightsTensor {
         name: format!("{}/{}", manifest.set_name, manifest.generation),
         generation: manifest.generation,
@@ -104,7 +114,7 @@ fn arena_of(
         ordinal,
         hold,
     };
-    Ok((arena, entries))
+    Ok((arena, columns))
 }
 
 /// The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made.
@@ -228,8 +238,9 @@ impl WeightsOwner {
     }
 
     /// Makes (or returns) the next generation's arena and returns it whole, writable, as one ``uint8`` view, with
-    /// its tensors as ``(name, dtype, shape, strides, offset)``: one DLPack import for every tensor.
-    fn stage_arena(&self, py: Python<'_>) -> PyResult<(WeightsTensor, Vec<ArenaEntry>)> {
+    /// its tensors as ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each: one DLPack import
+    /// for every tensor.
+    fn stage_arena(&self, py: Python<'_>) -> PyResult<(WeightsTensor, ArenaColumns)> {
         let owner = self.owner()?;
         let ordinal = self.gpu.as_ref().map(|g| g.ordinal);
         let ctx = self.gpu.as_ref().map(|g| g.ctx.clone());
@@ -514,10 +525,10 @@ impl WeightsReader {
     }
 
     /// The held generation's whole arena as one ``uint8`` view (the manifest at byte 0), with its tensors as
-    /// ``(name, dtype, shape, strides, offset)`` (strides in elements, offset in bytes from the arena's first
-    /// byte, every entry checked against the mapped extent): one DLPack import for every tensor, which
-    /// ``gpu_ipc.weights`` cuts the tensors from. The view keeps the generation alive.
-    fn arena(&self) -> PyResult<(WeightsTensor, Vec<ArenaEntry>)> {
+    /// ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each (strides in elements, offsets in
+    /// bytes from the arena's first byte, every entry checked against the mapped extent): one DLPack import for
+    /// every tensor, which ``gpu_ipc.weights`` cuts the tensors from. The view keeps the generation alive.
+    fn arena(&self) -> PyResult<(WeightsTensor, ArenaColumns)> {
         let held = self.held()?;
         let ordinal = self.gpu.as_ref().map(|g| g.ordinal);
         let ctx = self.gpu.as_ref().map(|g| g.ctx.clone());

@@ -95,9 +95,11 @@ def test_tensors_of_a_framework_are_cut_from_one_import_of_the_arena(sock: str) 
             assert isinstance(a, np.ndarray) and a.dtype == want.dtype and a.shape == want.shape, name
             assert np.array_equal(a, want), name
             assert a.ctypes.data == views[name].ptr, f"{name}: a view in place, not a copy"
-        arena, entries = r._reader.arena()
-        assert arena.generation == 1 and arena.dtype == "uint8" and arena.shape[0] >= max(e[4] for e in entries)
-        assert [e[0] for e in entries] == list(state_dict(1))
+        arena, (names, dtypes, shapes, strides, offsets, contiguous) = r._reader.arena()
+        assert arena.generation == 1 and arena.dtype == "uint8" and arena.shape[0] > max(offsets)
+        assert names == list(state_dict(1)) and dtypes == [str(a.dtype) for a in state_dict(1).values()]
+        assert shapes == [list(a.shape) for a in state_dict(1).values()] and all(contiguous)
+        assert strides[0] == [8, 1] and all(o % 256 == 0 for o in offsets)
         del views
         # The cut arrays hold their generation: it stays intact while the owner publishes past it.
         pub.update(state_dict(2))

@@ -54,9 +54,9 @@ def cold_table(rows: list[dict[str, Any]]) -> list[str]:
             continue
         wrong = sum(r.get("wrong", 0) for r in by.values())
         lines.append(
-            f"| {key[0]} | {key[1]} | {g['tensors']} | {g['bytes'] / 1e9:.1f} | {_s(g):.4f} ({_s(g, 'open_seconds'):.4f}"
-            f" + {_s(g, 'tensors_seconds'):.4f}) | {_s(p):.4f} | {_s(m):.4f} | {_s(b):.4f} | {_s(m) / _s(g):.1f}x | "
-            f"{_s(b) / _s(g):.2f}x | {wrong} |")
+            f"| {key[0]} | {key[1]} | {g['tensors']} | {g['bytes'] / 1e9:.1f} | "
+            f"{_s(g):.4f} ({_s(g, 'open_seconds'):.4f} + {_s(g, 'tensors_seconds'):.4f}) | {_s(p):.4f} | "
+            f"{_s(m):.4f} | {_s(b):.4f} | {_s(m) / _s(g):.1f}x | {_s(b) / _s(g):.2f}x | {wrong} |")
     lines += ["", "Goals: the ~19,000-tensor dict at least 20x faster than per-tensor handles "
               "(torch-mp / gpu-ipc >= 20) and no slower than the bucket (bucket / gpu-ipc >= 1).", ""]
     return lines
@@ -64,8 +64,9 @@ def cold_table(rows: list[dict[str, Any]]) -> list[str]:
 
 def switch_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["## Moving to the next generation", "",
-             "`update()` of every tensor (the gather kernel, a launch per 2,048 tensors) against the issue's reference, "
-             "one device-to-device memcpy of the same total bytes, and torch's own copy per tensor.", "",
+             "`update()` of every tensor (the gather kernel, a launch per batch of up to 2,048 tensors) against "
+             "the goal's reference, one device-to-device memcpy of the same total bytes, and torch's own copy per "
+             "tensor.", "",
              "| set | backend | update s | one memcpy s | update / memcpy | torch per-tensor copy s | "
              "update / per-tensor | reader refresh + cut s | wrong |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in (r for r in rows if r["part"] == "switch"):
@@ -98,7 +99,8 @@ def report(run: Run, facts: dict[str, Any]) -> None:
         lines.append(f"| {r['backend']} | {r['switches']} | {r['refreshes']} | {r['generations_seen']} | "
                      f"{r['mixed']} |")
     lines += ["", "## The owner SIGKILLed while a reader holds a generation", "",
-              "| backend | reader in | trials | failed | told, median s | told, max s |", "|---|---|---:|---:|---:|---:|"]
+              "| backend | reader in | trials | failed | told, median s | told, max s |",
+              "|---|---|---:|---:|---:|---:|"]
     for r in (r for r in run.rows if r["part"] == "kills"):
         if "not_run" in r:
             lines.append(f"| {r['backend']} | {r['where']} | not run: {r['not_run']} | | | |")

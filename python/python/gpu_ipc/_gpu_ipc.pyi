@@ -893,9 +893,12 @@ class WeightsOwner:
         """The newest published generation (0 before the first commit)."""
     def stage(self) -> list[tuple[str, WeightsTensor]]:
         """Makes (or returns) the next generation's arena and returns its tensors, writable, as ``(name, view)`` pairs."""
-    def stage_arena(self) -> tuple[WeightsTensor, list[tuple[str, str, list[int], list[int], int]]]:
+    def stage_arena(
+        self,
+    ) -> tuple[WeightsTensor, tuple[list[str], list[str], list[list[int]], list[list[int]], list[int], list[bool]]]:
         """Makes (or returns) the next generation's arena and returns it whole, writable, as one ``uint8`` view, with
-        its tensors as ``(name, dtype, shape, strides, offset)``: one DLPack import for every tensor."""
+        its tensors as ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each: one DLPack import
+        for every tensor."""
     def copy_in(self, ptrs: Sequence[int], first: int = 0, stream: Any = None) -> None:
         """Copies the caller's device memory into the staged tensors, on ``stream`` (default: the legacy default
         stream) with a few launches of the gather kernel: ``ptrs[i]`` is the address of tensor ``first + i``'s
@@ -951,11 +954,13 @@ class WeightsReader:
         in 50 ms slices (Ctrl-C works); returns the newest. Raises ``Timeout``, ``OwnerGone``."""
     def tensors(self) -> list[tuple[str, WeightsTensor]]:
         """The held generation's tensors as ``(name, view)`` pairs; each view keeps the generation alive."""
-    def arena(self) -> tuple[WeightsTensor, list[tuple[str, str, list[int], list[int], int]]]:
+    def arena(
+        self,
+    ) -> tuple[WeightsTensor, tuple[list[str], list[str], list[list[int]], list[list[int]], list[int], list[bool]]]:
         """The held generation's whole arena as one ``uint8`` view (the manifest at byte 0), with its tensors as
-        ``(name, dtype, shape, strides, offset)`` (strides in elements, offset in bytes from the arena's first
-        byte, every entry checked against the mapped extent): one DLPack import for every tensor, which
-        ``gpu_ipc.weights`` cuts the tensors from. The view keeps the generation alive."""
+        ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each (strides in elements, offsets in
+        bytes from the arena's first byte, every entry checked against the mapped extent): one DLPack import for
+        every tensor, which ``gpu_ipc.weights`` cuts the tensors from. The view keeps the generation alive."""
     def manifest(self) -> list[tuple[str, str, list[int], list[int], int, int | None]]:
         """The held generation's manifest: ``(name, dtype, shape, strides, offset, checksum)`` per tensor."""
     def verify(self) -> int:

@@ -38,6 +38,7 @@ same layout. Non-contiguous tensors are published contiguous. One device per set
 from __future__ import annotations
 
 import importlib
+import math
 import operator
 import os
 import sys
@@ -238,73 +239,71 @@ def _framework_name(framework: Any) -> str:
     return name
 
 
-def _cut(arena: WeightsTensor, entries: list[Any], framework: Any, one_by_one: Any) -> dict[str, Any]:
-    """Every tensor of ``entries`` as a tensor of ``framework``, cut from one DLPack import of ``arena`` (the whole
-    arena as ``uint8``): one typed view per element type, then a strided view per tensor (offsets in elements).
-    A tensor whose type the framework lacks, and every tensor for a framework other than torch, NumPy and CuPy,
-    is made by ``framework.from_dlpack`` of its own view, which ``one_by_one()`` gives (name -> view)."""
+def _cut(arena: WeightsTensor, columns: Any, framework: Any, one_by_one: Any) -> dict[str, Any]:
+    """Every tensor of ``columns`` (names, dtypes, shapes, strides, offsets, contiguous: one list each) as a tensor of
+    ``framework``, cut from one DLPack import of ``arena`` (the whole arena as ``uint8``): one typed view per element
+    type, then a view per tensor. A tensor whose type the framework lacks, and every tensor for a framework other
+    than torch, NumPy and CuPy, is made by ``framework.from_dlpack`` of its own view, which ``one_by_one()`` gives
+    (name -> view)."""
+    names, dtypes, shapes, strides, offsets, contiguous = columns
     name = _framework_name(framework)
     module = framework if not isinstance(framework, str) else importlib.import_module(framework)
-    if name == "torch":
+    made: list[Any] = [None] * len(names)
+    if name in ("torch", "numpy", "cupy"):
         flat = module.from_dlpack(arena)
-        make = _torch_cutter(module, flat)
-    elif name in ("numpy", "cupy"):
-        flat = module.from_dlpack(arena)
-        make = _array_cutter(module, flat, on_device=name == "cupy")
-    else:
-        make = None
-    out: dict[str, Any] = {}
-    views: dict[str, WeightsTensor] | None = None
-    for tensor, dtype, shape, strides, offset in entries:
-        made = make(dtype, shape, strides, offset) if make is not None else None
-        if made is None:
-            if views is None:
-                views = one_by_one()
-            view = views[tensor]
+        groups: dict[str, list[int]] = {}
+        for i, dtype in enumerate(dtypes):
+            groups.setdefault(dtype, []).append(i)
+        cut = _cut_torch if name == "torch" else _cut_array
+        for dtype, indices in groups.items():
+            cut(module, flat, dtype, indices, shapes, strides, offsets, contiguous, made, name == "cupy")
+    missing = [i for i, t in enumerate(made) if t is None]
+    if missing:
+        views = one_by_one()
+        for i in missing:
+            view = views[names[i]]
             if view.generation != arena.generation:
-                raise ArgumentError(f"the generation moved while its tensors were made (tensor {tensor!r})")
-            made = module.from_dlpack(view)
-        out[tensor] = made
-    return out
+                raise ArgumentError(f"the generation moved while its tensors were made (tensor {names[i]!r})")
+            made[i] = module.from_dlpack(view)
+    return dict(zip(names, made))
 
 
-def _torch_cutter(torch: Any, flat: Any) -> Any:
-    typed: dict[str, Any] = {}
-
-    def make(dtype: str, shape: list[int], strides: list[int], offset: int) -> Any:
-        view = typed.get(dtype)
-        if view is None:
-            dt = getattr(torch, dtype, None)
-            if not isinstance(dt, torch.dtype):
-                view = typed[dtype] = False
-            else:
-                size = dt.itemsize
-                view = typed[dtype] = (flat[: flat.numel() // size * size].view(dt), size)
-        if view is False or offset % view[1]:
-            return None
-        return view[0].as_strided(shape, strides, offset // view[1])
-
-    return make
+def _cut_torch(torch: Any, flat: Any, dtype: str, indices: list[int], shapes: list[Any], strides: list[Any],
+               offsets: list[int], _contiguous: list[bool], made: list[Any], _on_device: bool) -> None:
+    """The tensors ``indices`` of element type ``dtype``: one typed view of the arena, then ``as_strided`` per tensor
+    (called from C through ``map``); left ``None`` when torch lacks the type or an offset is not a whole element."""
+    dt = getattr(torch, dtype, None)
+    if not isinstance(dt, torch.dtype):
+        return
+    size = dt.itemsize
+    ok = [i for i in indices if offsets[i] % size == 0]
+    typed = flat[: flat.numel() // size * size].view(dt)
+    views = map(typed.as_strided, [shapes[i] for i in ok], [strides[i] for i in ok], [offsets[i] // size for i in ok])
+    for i, view in zip(ok, views):
+        made[i] = view
 
 
-def _array_cutter(np: Any, flat: Any, on_device: bool) -> Any:
-    types: dict[str, Any] = {}
-
-    def make(dtype: str, shape: list[int], strides: list[int], offset: int) -> Any:
-        dt = types.get(dtype)
-        if dt is None:
-            try:
-                dt = types[dtype] = np.dtype(dtype)
-            except TypeError:
-                dt = types[dtype] = False
-        if dt is False:
-            return None
-        byte_strides = [s * dt.itemsize for s in strides]
+def _cut_array(np: Any, flat: Any, dtype: str, indices: list[int], shapes: list[Any], strides: list[Any],
+               offsets: list[int], contiguous: list[bool], made: list[Any], on_device: bool) -> None:
+    """As ``_cut_torch`` for NumPy (a contiguous tensor: a slice of the typed view, reshaped; else an ``ndarray`` over
+    the arena with byte strides) and CuPy (an ``ndarray`` at the arena's pointer plus the offset)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return
+    size = dt.itemsize
+    typed = flat[: flat.size // size * size].view(dt)
+    for i in indices:
+        offset, shape = offsets[i], shapes[i]
+        if offset % size:
+            continue
         if on_device:
-            return np.ndarray(shape, dt, memptr=flat.data + offset, strides=byte_strides)
-        return np.ndarray(shape, dt, buffer=flat, offset=offset, strides=byte_strides)
-
-    return make
+            made[i] = np.ndarray(shape, dt, memptr=flat.data + offset, strides=[s * size for s in strides[i]])
+        elif contiguous[i]:
+            start = offset // size
+            made[i] = typed[start : start + math.prod(shape)].reshape(shape)
+        else:
+            made[i] = np.ndarray(shape, dt, buffer=flat, offset=offset, strides=[s * size for s in strides[i]])
 
 
 def _torch_module() -> Any:
@@ -385,7 +384,9 @@ class Publisher:
     def _checked(self, name: str, t: _Tensor, device: int | None) -> _Tensor:
         dtype, shape = self._layout[name]
         if (t.dtype, t.shape) != (dtype, shape):
-            raise ArgumentError(f"tensor {name!r} is {t.dtype} {list(t.shape)}, the set has it as {dtype} {list(shape)}")
+            raise ArgumentError(
+                f"tensor {name!r} is {t.dtype} {list(t.shape)}, the set has it as {dtype} {list(shape)}"
+            )
         if device is not None and t.device is not None and t.device != device:
             raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
         return t
@@ -407,8 +408,8 @@ class Publisher:
         ``close()``."""
         if framework is None:
             return dict(self._owner.stage())
-        arena, entries = self._owner.stage_arena()
-        return _cut(arena, entries, framework, lambda: dict(self._owner.stage()))
+        arena, columns = self._owner.stage_arena()
+        return _cut(arena, columns, framework, lambda: dict(self._owner.stage()))
 
     def commit(self) -> int:
         """Publishes the staged generation (after the device's queued work finished) and returns it."""
@@ -526,8 +527,8 @@ class Reader:
         reader's."""
         if framework is None:
             return dict(self._reader.tensors())
-        arena, entries = self._reader.arena()
-        return _cut(arena, entries, framework, lambda: dict(self._reader.tensors()))
+        arena, columns = self._reader.arena()
+        return _cut(arena, columns, framework, lambda: dict(self._reader.tensors()))
 
     def manifest(self) -> list[tuple[str, str, list[int], list[int], int, int | None]]:
         """``(name, dtype, shape, strides, offset, checksum)`` of every tensor of the held generation."""
@@ -554,9 +555,9 @@ class Reader:
         """Copies the held generation into existing tensors in place (their pointers unchanged, so CUDA graphs that
         captured them stay valid): a module's ``state_dict()`` or a ``Mapping[str, tensor]``. On a GPU the copies
         are queued on ``stream`` (default: PyTorch's current stream) as a few launches of a gather kernel (one per
-        2,048 tensors), at the bandwidth of one memcpy; the held generation stays mapped until they are done. Shapes and dtypes are checked first; ``strict``: the names
-        must match both ways (else the target's names not in the set are refused, the set's others skipped).
-        Returns the tensors copied."""
+        batch of up to 2,048 tensors); the held generation stays mapped until they are done. Shapes and dtypes are
+        checked first; ``strict``: the names must match both ways (else the target's names not in the set are
+        refused, the set's others skipped). Returns the tensors copied."""
         target = _state_dict(module_or_dict)
         manifest = self.manifest()
         entries = {name: (dtype, tuple(shape)) for name, dtype, shape, _s, _o, _c in manifest}
@@ -594,7 +595,9 @@ class Reader:
                 continue
             t = _describe_target(name, obj)
             if (t.dtype, t.shape) != (dtype, tuple(shape)):
-                raise ArgumentError(f"tensor {name!r} is {t.dtype} {list(t.shape)} here, {dtype} {list(shape)} in the set")
+                raise ArgumentError(
+                    f"tensor {name!r} is {t.dtype} {list(t.shape)} here, {dtype} {list(shape)} in the set"
+                )
             if device is not None and t.device is not None:
                 if t.device != device:
                     raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
