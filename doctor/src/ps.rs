@@ -73,7 +73,9 @@ pub fn weight_sets(report: &StatusReport) -> Vec<WeightSet> {
     if report.kind != ObjectKind::Pool {
         return Vec::new();
     }
-    let mut sets: BTreeMap<String, (Option<u64>, BTreeMap<u64, Vec<Holder>>)> = BTreeMap::new();
+    /// Per set: the newest generation seen in a note, and the holders of each generation.
+    type Seen = (Option<u64>, BTreeMap<u64, Vec<Holder>>);
+    let mut sets: BTreeMap<String, Seen> = BTreeMap::new();
     for peer in &report.peers {
         let (note, holds) = match peer.detail.split_once("; ") {
             Some((note, rest)) if note.starts_with("note ") => (note["note ".len()..].parse::<u64>().ok(), rest),

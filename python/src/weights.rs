@@ -24,10 +24,10 @@ use pyo3::types::PyBytes;
 
 use crate::each_backend;
 use crate::errors::{ArgumentError, door_to_py, driver_to_py, weights_to_py};
-use crate::mapping::MappingHold;
+use crate::mapping::{MappingHold, pool_view};
 use crate::ring::{Gpu, PerBackend, SLICE, Shared, lock, parse_backend, seconds};
 use crate::stream::{borrow, stream_handle};
-use crate::view::{ArrayMemory, Layout, Memory, View};
+use crate::view::{ArrayMemory, Layout, View};
 
 type Owner = PerBackend<CoreOwner<Legacy>, CoreOwner<Vmm>, CoreOwner<HostFake>>;
 type Reader = PerBackend<CoreReader<Legacy>, CoreReader<Vmm>, CoreReader<HostFake>>;
@@ -678,8 +678,7 @@ impl ArrayMemory for WeightsTensor {
     }
 
     fn view(&self) -> PyResult<View> {
-        let memory = Memory::Pool { ordinal: self.ordinal, hold: self.hold.clone() };
-        Ok(View { ptr: self.ptr, layout: self.layout.clone(), memory })
+        Ok(pool_view(self.ptr, &self.layout, self.ordinal, self.hold.clone()))
     }
 }
 
