@@ -120,7 +120,7 @@ def test_other_frameworks_get_one_import_per_tensor(sock: str) -> None:
         calls = 0
 
         @classmethod
-        def from_dlpack(cls, x: object) -> np.ndarray:
+        def from_dlpack(cls, x: gpu_ipc.weights.WeightsTensor) -> np.ndarray:
             cls.calls += 1
             return np.from_dlpack(x)
 
