@@ -1,9 +1,9 @@
 """The bridge over NIXL between processes, on the host backend (DRAM through UCX: no GPU needed): ring A in this
 process -> `python -m gpu_ipc.bridge send` -> `python -m gpu_ipc.bridge receive` -> ring B -> a consumer here.
 
-Where NIXL cannot be loaded the tests that need it are reported by pytest as skipped, with the reason
-(scripts/python-test.sh installs the pinned wheel when it can fetch it); with GPU_IPC_TEST_NIXL=1 they fail
-instead, so a run that asked for NIXL never passes without it."""
+Where NIXL cannot be loaded the tests that need it are reported by pytest as skipped (a skipif marker with the
+reason; scripts/python-test.sh installs the pinned wheel when it can fetch it); with GPU_IPC_TEST_NIXL=1 they fail
+instead, so a run that asked for NIXL never passes without it. The tests of UCX's tables need no NIXL."""
 
 from __future__ import annotations
 
@@ -45,15 +45,19 @@ except NixlMissing as e:
 NIXL_ASKED = os.environ.get("GPU_IPC_TEST_NIXL") == "1"
 
 
+# Tests that run NIXL are marked: skipped with the reason where it cannot be loaded (pytest -rs lists it), never
+# passed; with GPU_IPC_TEST_NIXL=1 they run anyway and the `nixl` fixture fails them.
+needs_nixl = pytest.mark.skipif(
+    bool(NIXL_REASON) and not NIXL_ASKED,
+    reason=f"{NIXL_REASON} (scripts/python-test.sh installs the pinned wheel when it can fetch it; "
+           "GPU_IPC_TEST_NIXL=1 makes this a failure)")
+
+
 @pytest.fixture
 def nixl() -> None:
-    """NIXL loads, or the test is skipped saying why (failed with GPU_IPC_TEST_NIXL=1)."""
-    if not NIXL_REASON:
-        return
-    if NIXL_ASKED:
+    """NIXL loads, or (GPU_IPC_TEST_NIXL=1: asked for) the test fails saying why."""
+    if NIXL_REASON:
         pytest.fail(f"GPU_IPC_TEST_NIXL=1 asks for the NIXL tests and NIXL cannot be loaded: {NIXL_REASON}")
-    pytest.skip(f"{NIXL_REASON} (scripts/python-test.sh installs the pinned wheel when it can fetch it; "
-                "GPU_IPC_TEST_NIXL=1 makes this a failure)")
 
 
 def free_port() -> int:
@@ -147,6 +151,7 @@ def read_all(b: Bridge, delay: float, released: list[int]) -> tuple[int, int, in
         released[0] = read
 
 
+@needs_nixl
 @pytest.mark.parametrize("bridge", [(), ("--path", "direct"), ("--expect", "gpu-direct")],
                          ids=["auto", "direct", "expect-gpu-direct"], indirect=True)
 @pytest.mark.parametrize("delay", [0.0, 0.01], ids=["fast-reader", "slow-reader"])
@@ -183,6 +188,7 @@ def test_frames_cross_intact_with_back_pressure(bridge: Bridge, delay: float) ->
         assert max(ahead) >= 3 + window + 2 - 1, ahead
 
 
+@needs_nixl
 @pytest.mark.parametrize("victim", ["sender", "receiver"])
 def test_a_killed_end_is_an_error_on_the_other_within_a_second(bridge: Bridge, victim: str) -> None:
     stop, released = threading.Event(), [0]

@@ -103,7 +103,7 @@ def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAUL
             raise BridgeError(f"ring {socket} uses sync {consumer.sync!r}: the bridge reads frames when the CPU "
                               f"knows they are ready; start its producer with one of {', '.join(CPU_STRATEGIES)}")
         transport = NixlTransport(f"{name}.send", f"{name}.receive", memory, port, connect_to=connect, tables=tables,
-                                  staging=staging, lanes=max(1, consumer.slots))
+                                  staging=staging, lanes=max(1, consumer.slots))  # WRITEs in flight <= slots
         try:
             transport.connect(connect_timeout)
             end = SendingEnd(transport, consumer, 0 if backend == "host" else device, peer_timeout=peer_timeout,

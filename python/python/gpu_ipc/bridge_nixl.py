@@ -251,18 +251,22 @@ class ProtocolTables:
                 else:
                     os.write(self._saved, raw)
 
-    def mark(self, timeout: float = 1.0) -> int:
+    def mark(self, timeout: float = 1.0, keep_alive: Callable[[], None] | None = None) -> int:
         """The number of UCX lines read so far, counting every line written to stdout before this call (waits up
-        to ``timeout`` for the thread to read them)."""
+        to ``timeout`` for the thread to read them, calling ``keep_alive`` every 10 ms meanwhile)."""
         if not self.active:
             return len(self.lines)
         with self._lock:
             self._marks += 1
             mark = self._marks
         os.write(1, _MARK + b"%d\n" % mark)
-        with self._lock:
-            self._lock.wait_for(lambda: self._marks_seen >= mark, timeout)
-            return len(self.lines)
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._lock.wait_for(lambda: self._marks_seen >= mark, 0.01) or time.monotonic() > deadline:
+                    return len(self.lines)
+            if keep_alive is not None:
+                keep_alive()
 
     def tables(self, start: int = 0, end: int | None = None) -> list[ProtoTable]:
         """The tables in lines ``start`` to ``end`` (default: to the last)."""
@@ -451,7 +455,7 @@ class NixlTransport:
               notification: bytes, keep_alive: Callable[[], None]) -> PathReport:
         """:data:`PROBE_WRITES` WRITEs of the frame, one at a time, timed (the best counts: the first also maps the
         peer's memory); the path from the tables UCX printed meanwhile (:func:`path_verdict`)."""
-        before = self.tables.mark() if self.tables is not None else 0
+        before = self.tables.mark(keep_alive=keep_alive) if self.tables is not None else 0
         best = float("inf")
         for _ in range(PROBE_WRITES):
             started = time.perf_counter()
@@ -463,7 +467,7 @@ class NixlTransport:
         gbps = nbytes / best / 1e9 if best > 0 else 0.0
         if self.tables is None:
             return path_verdict([], [], nbytes, self.memory, gbps)
-        after = self.tables.mark()
+        after = self.tables.mark(keep_alive=keep_alive)
         self._probed, self._reported = after, 0
         report = path_verdict(self.tables.tables(before, after), self.tables.tables(0, before), nbytes, self.memory,
                               gbps)

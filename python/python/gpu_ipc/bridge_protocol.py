@@ -62,6 +62,7 @@ MAX_WINDOW = 64
 ACQUIRE_SLICE_S = 1e-3  # the landing path's wait for the ring's next slot, between looks at notifications
 PROBE_WRITES = 3  # WRITEs of the first frame per path probed
 REPORT_EVERY_S = 10.0  # how often the sending end reports its transport and rate during a run
+TIMES_KEPT = 8192  # the latest WRITE (and landing copy) times kept, for the medians: a long run stays bounded
 
 
 class BridgeError(GpuIpcError):
@@ -464,7 +465,7 @@ class SendingEnd:
         self.probes: list[dict[str, Any]] = []
         self.reports: list[dict[str, Any]] = []
         self.warning: str | None = None
-        self.write_s: list[float] = []  # each WRITE, from its start to its completion seen
+        self.write_s: deque[float] = deque(maxlen=TIMES_KEPT)  # the latest WRITEs, from start to completion seen
 
     def hello(self) -> None:
         """Tells the receiving end what each frame is, so that it makes its ring alike, and which path it wants."""
@@ -480,7 +481,7 @@ class SendingEnd:
                    path_report=report.as_dict() if report is not None else None,
                    transport=report.account() if report is not None else None, transport_warning=self.warning,
                    probes=self.probes, reports=self.reports,
-                   write_ms_p50=(_median(self.write_s) or 0.0) * 1e3)
+                   write_ms_p50=(_median(list(self.write_s)) or 0.0) * 1e3)
         return out
 
     def _quiet(self) -> None:
@@ -537,10 +538,9 @@ class SendingEnd:
         if not candidates:
             why = f" (landing buffers: {offer.landing_error})" if offer.landing_error else ""
             raise BridgeError(f"the receiving end offers no path for --path {self.path}{why}")
-        for region in offer.landing:
-            self.transport.learn(region.reach)
-        if offer.direct is not None:
-            self.transport.learn(offer.direct.reach)
+        for target in [*offer.landing, *([offer.direct] if offer.direct is not None else [])]:
+            self.transport.learn(target.reach)
+            self._quiet()  # each registration learnt may take a while on a busy machine: keep the peer informed
         if offer.landing_error:
             self.log(f"the receiving end has no landing buffers: {offer.landing_error}")
         chosen: tuple[str, PathReport] | None = None
@@ -601,8 +601,11 @@ class SendingEnd:
                 if grant.nbytes != pending.nbytes:
                     raise ProtocolError(f"granted {grant.nbytes} bytes for a frame of {pending.nbytes}")
                 note = encode(WRITTEN, _WRITTEN.pack(grant.seq, pending.seq))
+                # At most min(window, the source's slots) WRITEs in flight, each holding a frame: consecutive lanes
+                # modulo that are distinct among them.
+                lanes = max(1, min(self.window, int(self.source.slots)))
                 handle = self.transport.write(pending.ptr, pending.nbytes, self.device, grant.ptr, grant.device, note,
-                                              sent % self.window)
+                                              sent % lanes)
                 in_flight.append(_InFlight(pending, grant, handle, time.perf_counter()))
                 sent += 1
                 pending = None
@@ -629,7 +632,7 @@ class SendingEnd:
     def _report(self, now: float, last: tuple[float, int], nbytes: int) -> tuple[float, int]:
         """The run's report: frames, the rate since the last one, the WRITEs' time, the path, any change of it."""
         since, frames_then = last
-        recent = self.write_s[-max(1, self.stats.frames - frames_then):]
+        recent = list(self.write_s)[-max(1, min(self.stats.frames - frames_then, TIMES_KEPT)):]
         write_s = _median(recent)
         entry: dict[str, Any] = {
             "at_frame": self.stats.frames, "fps": (self.stats.frames - frames_then) / max(now - since, 1e-9),
@@ -798,8 +801,9 @@ class ReceivingEnd:
                 except BridgeError as e:
                     error = str(e)
                 else:
-                    regions = [Region(p, nbytes, device, self.transport.expose(p, nbytes, device))
-                               for p in self.landing.ptrs]
+                    for p in self.landing.ptrs:
+                        regions.append(Region(p, nbytes, device, self.transport.expose(p, nbytes, device)))
+                        self._expect_nothing()  # heartbeats between registrations
         self.live.send(encode_offer(Offer(self.window if regions else 0, direct, tuple(regions), error)))
         return held
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import ctypes
 import importlib
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gpu_ipc.bridge_protocol import BridgeError
+from gpu_ipc.bridge_protocol import TIMES_KEPT, BridgeError
 
 CU_STREAM_NON_BLOCKING = 1
 CU_EVENT_DEFAULT = 0
@@ -145,7 +146,7 @@ class DeviceLanding(_DeviceBuffers):
         self.begun: list[Any] = []
         self.ended: list[Any] = []
         self.pending = [False] * count
-        self.times_us: list[float] = []
+        self.times_us: deque[float] = deque(maxlen=TIMES_KEPT)
         super().__init__(nbytes, count, device)
         try:
             with self._current():
@@ -188,7 +189,7 @@ class DeviceLanding(_DeviceBuffers):
         return True
 
     def copy_times_us(self) -> list[float]:
-        """The GPU time of each copy done so far, in microseconds."""
+        """The GPU time of each copy done so far (the latest :data:`TIMES_KEPT`), in microseconds."""
         return list(self.times_us)
 
     def _release(self) -> None:
@@ -206,7 +207,7 @@ class HostLanding:
         self.nbytes = nbytes
         self._buffers = [ctypes.create_string_buffer(max(nbytes, 1)) for _ in range(count)]
         self.ptrs = [ctypes.addressof(b) for b in self._buffers]
-        self.times_us: list[float] = []
+        self.times_us: deque[float] = deque(maxlen=TIMES_KEPT)
 
     @property
     def stream_handle(self) -> None:
