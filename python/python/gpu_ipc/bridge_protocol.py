@@ -538,8 +538,9 @@ class SendingEnd:
         if not candidates:
             why = f" (landing buffers: {offer.landing_error})" if offer.landing_error else ""
             raise BridgeError(f"the receiving end offers no path for --path {self.path}{why}")
-        for target in [*offer.landing, *([offer.direct] if offer.direct is not None else [])]:
-            self.transport.learn(target.reach)
+        reaches = [r.reach for r in offer.landing] + ([offer.direct.reach] if offer.direct is not None else [])
+        for reach in reaches:
+            self.transport.learn(reach)
             self._quiet()  # each registration learnt may take a while on a busy machine: keep the peer informed
         if offer.landing_error:
             self.log(f"the receiving end has no landing buffers: {offer.landing_error}")
