@@ -23,31 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import subprocess
 import sys
 import tempfile
 import time
-from typing import IO, Any
+from typing import Any
+
+from linepipe import read_line, say
 
 LINE_TIMEOUT = 300.0  # seconds a process waits for the other's next line (1 GiB fills and checks included)
 CHUNK = 64 << 20  # bytes generated or compared at a time
 KIB, MIB = 1 << 10, 1 << 20
-
-
-def read_line(stream: IO[str], timeout: float = LINE_TIMEOUT) -> str:
-    """The next line from `stream`, or an error after `timeout` seconds or at its end."""
-    ready, _, _ = select.select([stream], [], [], timeout)
-    if not ready:
-        raise TimeoutError(f"no line within {timeout} s")
-    line = stream.readline()
-    if not line:
-        raise EOFError("the other process ended")
-    return line.strip()
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 def pattern(torch: Any, start: int, count: int, seed: int) -> Any:
@@ -99,7 +85,7 @@ def reader(sock: str) -> int:
 
     rows: list[tuple[str, int, Any, Any]] = []
     while True:
-        line = read_line(sys.stdin)
+        line = read_line(sys.stdin, LINE_TIMEOUT)
         if line.startswith("OPEN "):
             _, name, seed = line.split()
             started = time.perf_counter()
@@ -184,7 +170,7 @@ def owner(max_mib: int, json_path: str | None) -> int:
     try:
         for row in [r for r in rows if "shared" in r]:
             tell(f"OPEN {row['name']} {row['seed']}")
-            answer = read_line(b.stdout).split()
+            answer = read_line(b.stdout, LINE_TIMEOUT).split()
             if answer[:1] != ["CHECKED"] or answer[1] != row["name"]:
                 failures.append(f"{row['name']}: {' '.join(answer)}")
                 continue
@@ -200,7 +186,7 @@ def owner(max_mib: int, json_path: str | None) -> int:
         torch.cuda.synchronize()
         tell("RECHECK")
         while True:
-            answer = read_line(b.stdout).split()
+            answer = read_line(b.stdout, LINE_TIMEOUT).split()
             if answer == ["DONE"]:
                 break
             name = answer[1]

@@ -20,32 +20,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import subprocess
 import sys
 import tempfile
 import time
-from typing import IO, Any
+from typing import Any
+
+from linepipe import read_line, say
 
 LINE_TIMEOUT = 60.0  # seconds a process waits for the other's next line
 RECLAIM_WITHIN = 10.0  # seconds A polls for the reclaim after B let go
 VALUE = 1234
 OTHER = 9999
-
-
-def read_line(stream: IO[str], timeout: float = LINE_TIMEOUT) -> str:
-    """The next line from `stream`, or an error after `timeout` seconds or at its end."""
-    ready, _, _ = select.select([stream], [], [], timeout)
-    if not ready:
-        raise TimeoutError(f"no line within {timeout} s")
-    line = stream.readline()
-    if not line:
-        raise EOFError("the other process ended")
-    return line.strip()
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 def reader(sock: str) -> int:
@@ -59,7 +45,7 @@ def reader(sock: str) -> int:
     torch.cuda.synchronize()
     say(f"VIEWING {int(tensor.numel())} {int((tensor == VALUE).sum())}")
     while True:
-        request = read_line(sys.stdin)
+        request = read_line(sys.stdin, LINE_TIMEOUT)
         if request == "LOOKUP":
             try:
                 gpu_ipc.open(sock, "t")
@@ -113,10 +99,10 @@ def owner(backend: str, mib: int) -> int:
         assert b.stdin is not None and b.stdout is not None
         b.stdin.write(request + "\n")
         b.stdin.flush()
-        return read_line(b.stdout)
+        return read_line(b.stdout, LINE_TIMEOUT)
 
     try:
-        viewing = read_line(b.stdout).split()
+        viewing = read_line(b.stdout, LINE_TIMEOUT).split()
         check(viewing == ["VIEWING", str(n), str(n)], f"B views the tensor and reads {VALUE} everywhere: {viewing}")
         shared.free()
         check(ask("LOOKUP") == "LOOKUP refused", "B's new lookup after free is refused at once (NotFound)")

@@ -6,6 +6,7 @@ use super::context::Context;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
+use super::span::owned_device_range;
 use super::span::{DeviceMemory, DeviceSpan};
 use super::stream::{Stream, WaitCondition};
 use super::sys;
@@ -196,12 +197,6 @@ pub struct ManagedBuffer {
     len: u64,
 }
 
-impl std::fmt::Debug for ManagedBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ManagedBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
-    }
-}
-
 impl ManagedBuffer {
     /// Allocates `len` bytes of managed memory (`CU_MEM_ATTACH_GLOBAL`).
     ///
@@ -220,28 +215,9 @@ impl ManagedBuffer {
         d.check("cuMemAllocManaged", unsafe { f(&mut raw, len as usize, sys::CU_MEM_ATTACH_GLOBAL) })?;
         Ok(Self { ctx: ctx.clone(), ptr: DevicePtr(raw), len })
     }
-
-    /// The allocation's address (the same on the host and the device).
-    pub fn ptr(&self) -> DevicePtr {
-        self.ptr
-    }
-
-    /// Its size in bytes.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Always false: zero-byte allocations are refused.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
-impl DeviceMemory for ManagedBuffer {
-    fn span(&self) -> DeviceSpan<'_> {
-        DeviceSpan::of_owner(self.ptr, self.len)
-    }
-}
+owned_device_range!(ManagedBuffer, "the managed allocation (the same on the host and the device)");
 
 impl Drop for ManagedBuffer {
     fn drop(&mut self) {

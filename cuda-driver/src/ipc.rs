@@ -5,7 +5,7 @@ use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
 use super::memory::DevicePtr;
 use super::pool::address_range;
-use super::span::{DeviceMemory, DeviceSpan};
+use super::span::owned_device_range;
 use super::sys;
 
 /// The 64 opaque bytes that name a `cuMemAlloc` allocation in another process.
@@ -36,17 +36,11 @@ impl IpcMemHandle {
 /// Another process's allocation, opened with `cuIpcOpenMemHandle`; closed on drop.
 ///
 /// Its length is what the driver says the mapped allocation spans (`cuMemGetAddressRange`), never what the peer
-/// claims, so its [`DeviceSpan`] covers exactly the mapped memory.
+/// claims, so its [`DeviceSpan`](super::span::DeviceSpan) covers exactly the mapped memory.
 pub struct IpcMapping {
     ctx: Context,
     ptr: DevicePtr,
     len: u64,
-}
-
-impl std::fmt::Debug for IpcMapping {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcMapping").field("ptr", &self.ptr).field("len", &self.len).finish()
-    }
 }
 
 impl IpcMapping {
@@ -81,28 +75,9 @@ impl IpcMapping {
         mapping.len = end.0 - mapping.ptr.0;
         Ok(mapping)
     }
-
-    /// The address of the imported allocation in this process.
-    pub fn ptr(&self) -> DevicePtr {
-        self.ptr
-    }
-
-    /// The mapped allocation's size in bytes, as the driver reports it.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Always false: the driver maps no empty allocation.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
-impl DeviceMemory for IpcMapping {
-    fn span(&self) -> DeviceSpan<'_> {
-        DeviceSpan::of_owner(self.ptr, self.len)
-    }
-}
+owned_device_range!(IpcMapping, "the imported allocation (the mapped block, as the driver reports it)");
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {

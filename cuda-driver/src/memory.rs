@@ -4,7 +4,10 @@ use super::context::Context;
 use super::error::{DriverError, Result};
 use super::host::RegistrableHostMemory;
 use super::loader::{Driver, entry, release_quietly};
-use super::span::{DeviceMemory, DeviceSpan};
+use super::span::DeviceMemory;
+#[cfg(doc)]
+use super::span::DeviceSpan;
+use super::span::owned_device_range;
 use super::stream::Stream;
 use super::sys;
 
@@ -57,12 +60,6 @@ pub struct DeviceBuffer {
     len: u64,
 }
 
-impl std::fmt::Debug for DeviceBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
-    }
-}
-
 impl DeviceBuffer {
     /// Allocates `len` bytes of device memory (uninitialised).
     ///
@@ -79,21 +76,6 @@ impl DeviceBuffer {
         // SAFETY: the out-pointer is a valid local; the context is current.
         d.check("cuMemAlloc", unsafe { f(&mut raw, len as usize) })?;
         Ok(Self { ctx: ctx.clone(), ptr: DevicePtr(raw), len })
-    }
-
-    /// The allocation's device address.
-    pub fn ptr(&self) -> DevicePtr {
-        self.ptr
-    }
-
-    /// Its size in bytes.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Always false: zero-byte allocations are refused.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The context it was allocated in.
@@ -126,11 +108,7 @@ impl DeviceBuffer {
     }
 }
 
-impl DeviceMemory for DeviceBuffer {
-    fn span(&self) -> DeviceSpan<'_> {
-        DeviceSpan::of_owner(self.ptr, self.len)
-    }
-}
+owned_device_range!(DeviceBuffer, "the device allocation");
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {

@@ -256,6 +256,43 @@ fn host_bytes(len: u64, function: &'static str) -> Result<usize> {
     })
 }
 
+/// The parts every owned device range shares (a context, an address, a length): `Debug`, `ptr()`, `len()`,
+/// `is_empty()` and [`DeviceMemory`] over the whole range. `$what` names the range in the accessors' docs.
+/// The type keeps its own constructor and `Drop` (how the range is let go is what differs).
+macro_rules! owned_device_range {
+    ($ty:ident, $what:literal) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty)).field("ptr", &self.ptr).field("len", &self.len).finish()
+            }
+        }
+
+        impl $ty {
+            #[doc = concat!("The address of ", $what, " in this process.")]
+            pub fn ptr(&self) -> $crate::DevicePtr {
+                self.ptr
+            }
+
+            #[doc = concat!("The size of ", $what, " in bytes.")]
+            pub fn len(&self) -> u64 {
+                self.len
+            }
+
+            /// Always false: no empty range is made (zero-byte allocations are refused; the driver maps none).
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+        }
+
+        impl $crate::span::DeviceMemory for $ty {
+            fn span(&self) -> $crate::span::DeviceSpan<'_> {
+                $crate::span::DeviceSpan::of_owner(self.ptr, self.len)
+            }
+        }
+    };
+}
+pub(crate) use owned_device_range;
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
