@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import statistics
 import subprocess
@@ -46,6 +45,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import linepipe  # noqa: E402  (scripts/: the bounded line reads of the GPU check scripts)
+
 if "--host" in sys.argv:
     os.environ["PY_GPU_HOST_DRY_RUN"] = "1"
 
@@ -334,15 +335,20 @@ def kill_trial(victim: str, backend: str, log_path: Path, index: int, device_b: 
         procs = {"producer": spawn([*me, "plain-produce", a, backend, "1"], log),
                  **bridge_ends(a, b, backend, device_b, 1, log, {}, []),
                  "consumer": spawn([*me, "plain-consume", b, backend, "c", "--device", str(device_b)], log)}
+        consumer = procs["consumer"]
+        assert consumer.stderr is not None
+        fd = consumer.stderr.fileno()
         try:
-            consumer = procs["consumer"]
-            assert consumer.stderr is not None
             deadline = time.monotonic() + 60
             flowing = False
             while time.monotonic() < deadline and consumer.poll() is None:
-                ready, _, _ = select.select([consumer.stderr], [], [], 0.5)
-                if ready and "frame" in consumer.stderr.readline():
-                    flowing = True
+                try:
+                    if "frame" in linepipe.read_line(consumer.stderr, 0.5):
+                        flowing = True
+                        break
+                except TimeoutError:
+                    continue
+                except EOFError:
                     break
             if not flowing:
                 t.update(ok=False, detail="frames never reached ring B's consumer")
@@ -361,6 +367,7 @@ def kill_trial(victim: str, backend: str, log_path: Path, index: int, device_b: 
             t["ok"] = rc not in (0, None) and took < 1.0 and summary.get("outcome") == "error"
             return t
         finally:
+            linepipe._pending.pop(fd, None)  # what it held of this pipe: the fd number is reused by later trials
             for name, p in procs.items():
                 if p.poll() is None:
                     p.kill()
