@@ -58,6 +58,7 @@ SLOTS = 4
 WARMUP = 3 * SLOTS  # frames left out of the latency percentiles
 REPORT_EVERY = 0.25  # the sending end's reports during a row
 TARGET = 0.9  # the bridge's FPS against the plain ring's
+ROW_LIMIT_S = 75.0  # a row's processes all end within this (1,500 4K frames take a few seconds)
 
 
 def sync_for(backend: str) -> str:
@@ -254,7 +255,8 @@ def row(kind: str, backend: str, frames: int, log: Any, device_b: int = 0, send_
         for n in ("c1", "c2"):
             on = ["--device", str(device_b)] if kind == "bridge" and device_b else []
             procs[n] = spawn([*me, "consume", read_sock, backend, n, *on, *host], log)
-        results = {n: finish(p, log, 90, n) for n, p in procs.items()}
+        deadline = time.monotonic() + ROW_LIMIT_S  # one bound for the whole row: a hang costs a row, not the call
+        results = {n: finish(p, log, max(1.0, deadline - time.monotonic()), n) for n, p in procs.items()}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -460,6 +462,20 @@ def run(out: Path, host: bool) -> int:
         skipped.append(what)
         return False
 
+    def write(env: dict[str, str]) -> str:
+        """bridge.json and bridge.md as they stand (after each row too: a call cut short keeps its rows)."""
+        (out / "bridge.json").write_text(json.dumps({"env": env, "rows": rows, "refused": refused, "kills": kills,
+                                                     "skipped": skipped}, indent=1))
+        text = markdown(rows, refused, kills, env, skipped)
+        (out / "bridge.md").write_text(text)
+        return text
+
+    env = environment()
+    stage = os.environ.get("BRIDGE_STAGE_DIR")
+    if stage and (Path(stage) / "COMMIT").exists():
+        env["commit"] = (Path(stage) / "COMMIT").read_text().strip()[:12]
+    env["gpus"] = str(gpus)
+
     with open(out / "bridge.log", "w") as log:
         for backend in backends:
             if in_time(f"ring {backend}"):
@@ -475,6 +491,7 @@ def run(out: Path, host: bool) -> int:
                 rows.append(row("bridge", backend, frames, log, device_b=1))
             if backend != "host" and in_time(f"refused {backend}"):
                 refused.append(refused_row(backend, log))
+            write(env)
             mine = [r for r in [*rows, *refused] if r["backend"] == backend]
             print(f"bridge-gpu: {backend}: " + "; ".join(f"{r['row']}: {'ok' if r['ok'] else 'FAILED'}"
                                                        for r in mine), file=sys.stderr, flush=True)
@@ -497,16 +514,8 @@ def run(out: Path, host: bool) -> int:
                 part.unlink()
         print(f"bridge-gpu: kill trials: {sum(k['ok'] for k in kills)}/{len(kills)} ok", file=sys.stderr,
               flush=True)
-    env = environment()
-    stage = os.environ.get("BRIDGE_STAGE_DIR")
-    if stage and (Path(stage) / "COMMIT").exists():
-        env["commit"] = (Path(stage) / "COMMIT").read_text().strip()[:12]
     env["seconds"] = f"{time.monotonic() - began:.0f}"
-    env["gpus"] = str(gpus)
-    (out / "bridge.json").write_text(json.dumps({"env": env, "rows": rows, "refused": refused, "kills": kills,
-                                                 "skipped": skipped}, indent=1))
-    text = markdown(rows, refused, kills, env, skipped)
-    (out / "bridge.md").write_text(text)
+    text = write(env)
     print(text)
     ring_fps = {r["backend"]: r.get("fps") for r in rows if r["kind"] == "ring"}
     for r in rows:
