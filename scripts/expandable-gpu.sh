@@ -8,7 +8,8 @@
 #    staged nextest archive, about 30 s;
 # 2. scripts/python_gpu_expandable.py in a venv with the staged wheel: torch tensors of 4 KiB to 1 GiB made with
 #    expandable_segments:True, some straddling PyTorch's allocations, shared by name and read byte for byte by
-#    another process, again after the owner freed them; about 1 minute.
+#    another process, again after the owner freed them; about 1 minute, progress lines as it goes, every wait bounded
+#    and the whole run at most 300 s (it then says which step it was in).
 # OUT_DIR receives tests.log, expandable.log (the table), expandable.json and environment.txt. Exit status: 0 when
 # both pass, 1 otherwise, 2 when nothing is staged.
 set -uo pipefail
@@ -41,7 +42,7 @@ echo "expandable-gpu: [2/2] torch tensors with expandable segments (scripts/pyth
 WORK="$(mktemp -d /tmp/gpu-ipc-expandable-XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 if PYTHON="${PYTHON:-python3}" wheel_venv "$WORK/venv" "$WHEEL"; then
-    "$WORK/venv/bin/python" scripts/python_gpu_expandable.py --json "$OUT/expandable.json" 2>&1 |
+    "$WORK/venv/bin/python" -u scripts/python_gpu_expandable.py --json "$OUT/expandable.json" --timeout 300 2>&1 |
         tee "$OUT/expandable.log"
     PY_RC=${PIPESTATUS[0]}
 else

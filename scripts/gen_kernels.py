@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Compiles kernels/cuda/*.cu with NVRTC (through ctypes) into the images gpu-ipc embeds.
 
-Called by scripts/gen-kernels.sh, which fetches the pinned NVRTC wheel and passes its library path. Three
-programs, each written as one cubin per architecture in CUBIN_ARCHS, one PTX for PTX_ARCH, and manifest.json
-describing them:
-  - the gpu-ipc-kernels crate's program, every kernels/cuda/*.cu except ring_*.cu and queue_*.cu, into --out;
-  - the ring's sync kernels, kernels/cuda/ring_*.cu, into --ring-out, which ipc-core embeds (ipc-core cannot
-    depend on the kernels crate, which depends on it);
-  - the work queue's kernels for the CPU side, kernels/cuda/queue_*.cu, into --queue-out, which ipc-toolkit embeds.
+Called by scripts/gen-kernels.sh, which fetches the pinned NVRTC wheel and passes its library path. Four
+programs, into one tree (--out, kernels/images/), a folder each, each written as one cubin per architecture in
+CUBIN_ARCHS, one PTX for PTX_ARCH, and manifest.json describing them (the crates embed a folder with the one table,
+gpu_ipc_driver::kernel_images!, whose architectures are these):
+  - kernels/: the gpu-ipc-kernels crate's program, every kernels/cuda/*.cu but ring_*.cu, queue_*.cu, weights_*.cu;
+  - ring/: the ring's own kernels, kernels/cuda/ring_*.cu, which ipc-core embeds (ipc-core cannot depend on the
+    kernels crate, which depends on it, and a ring need not load the kernels crate's larger program);
+  - queue/: the work queue's kernels for the CPU side, kernels/cuda/queue_*.cu, which ipc-toolkit embeds;
+  - weights/: the weights' gather copy, kernels/cuda/weights_*.cu, which ipc-toolkit embeds.
 The headers kernels/cuda/*.cuh are given to NVRTC by name, so a source's `#include "NAME.cuh"` finds them as nvcc
 would next to the file; a program's manifest lists the headers its sources include.
 Python 3.11 standard library only. The output is byte-for-byte deterministic: no paths, times or host names go
@@ -35,6 +37,8 @@ RING_PROGRAM_NAME = "gpu_ipc_ring_kernels.cu"
 RING_PREFIX = "ring_"
 QUEUE_PREFIX = "queue_"
 QUEUE_PROGRAM_NAME = "gpu_ipc_queue_kernels.cu"
+WEIGHTS_PREFIX = "weights_"
+WEIGHTS_PROGRAM_NAME = "gpu_ipc_weights_kernels.cu"
 # A source's include of one of the project's headers.
 INCLUDE_RE = re.compile(rb'^#include "([\w.]+\.cuh)"', re.MULTILINE)
 # The kernels, read from the PTX the compiler made (so kernels that a macro defines are listed too).
@@ -191,17 +195,18 @@ def main() -> int:
     parser.add_argument("--wheel", required=True, help="file name of the NVRTC wheel, for the manifest")
     parser.add_argument("--wheel-sha256", required=True, help="sha256 of the NVRTC wheel, for the manifest")
     parser.add_argument("--root", required=True, type=pathlib.Path, help="repository root")
-    parser.add_argument("--out", required=True, type=pathlib.Path, help="directory for the kernels crate's images")
-    parser.add_argument("--ring-out", required=True, type=pathlib.Path, help="directory for the ring's images")
-    parser.add_argument("--queue-out", required=True, type=pathlib.Path, help="directory for the work queue's images")
+    parser.add_argument("--out", required=True, type=pathlib.Path, help="the images tree: a folder per program")
     args = parser.parse_args()
 
     root = args.root.resolve()
     every = sorted((root / "kernels" / "cuda").glob("*.cu"))
-    sources = [src for src in every if not src.name.startswith((RING_PREFIX, QUEUE_PREFIX))]
+    sources = [src for src in every if not src.name.startswith((RING_PREFIX, QUEUE_PREFIX, WEIGHTS_PREFIX))]
     ring_sources = [src for src in every if src.name.startswith(RING_PREFIX)]
     queue_sources = [src for src in every if src.name.startswith(QUEUE_PREFIX)]
-    for what, found in [("kernel", sources), (f"{RING_PREFIX}*", ring_sources), (f"{QUEUE_PREFIX}*", queue_sources)]:
+    weights_sources = [src for src in every if src.name.startswith(WEIGHTS_PREFIX)]
+    programs = [("kernel", sources), (f"{RING_PREFIX}*", ring_sources), (f"{QUEUE_PREFIX}*", queue_sources),
+                (f"{WEIGHTS_PREFIX}*", weights_sources)]
+    for what, found in programs:
         if not found:
             print(f"gen_kernels: no {what} .cu sources under {root / 'kernels' / 'cuda'}", file=sys.stderr)
             return 1
@@ -215,9 +220,10 @@ def main() -> int:
             "wheel_sha256": args.wheel_sha256,
             "nvrtc_version": nvrtc.version(),
         }
-        build(nvrtc, root, sources, PROGRAM_NAME, args.out, toolchain)
-        build(nvrtc, root, ring_sources, RING_PROGRAM_NAME, args.ring_out, toolchain)
-        build(nvrtc, root, queue_sources, QUEUE_PROGRAM_NAME, args.queue_out, toolchain)
+        build(nvrtc, root, sources, PROGRAM_NAME, args.out / "kernels", toolchain)
+        build(nvrtc, root, ring_sources, RING_PROGRAM_NAME, args.out / "ring", toolchain)
+        build(nvrtc, root, queue_sources, QUEUE_PROGRAM_NAME, args.out / "queue", toolchain)
+        build(nvrtc, root, weights_sources, WEIGHTS_PROGRAM_NAME, args.out / "weights", toolchain)
     except NvrtcError as e:
         print(f"gen_kernels: {e}", file=sys.stderr)
         return 1

@@ -45,3 +45,9 @@ def read_line(stream: IO[Any], timeout: float) -> str:
 def say(text: str) -> None:
     """Print one line at once (the other process waits for it)."""
     print(text, flush=True)
+
+
+def forget(stream: IO[Any]) -> None:
+    """Drops what was read past the last line of `stream` (call it when done with a pipe: its fd number may be
+    reused by the next one)."""
+    _pending.pop(stream.fileno(), None)

@@ -16,24 +16,58 @@ cuMemCreate allocations side by side, about 20 MiB each for large tensors, 2 MiB
 Prints a table (size, allocations, straddles, wrong bytes in both checks, open time) and `expandable: PASS|FAIL`.
 PASS needs 0 wrong bytes everywhere, every row opened, the 1 GiB row (or the largest, above 20 MiB) over several
 allocations, and at least one tensor of 20 MiB or less straddling a boundary. Exit status 0 only on PASS.
+
+Progress: each process prints every step as it starts (`[A 12.3 s] ...`, `[B 4.5 s] ...`) and every row as it is
+checked. Every wait is bounded: each step arms a watchdog (faulthandler) that, past the step's bound, prints the
+step, every thread's Python stack and exits; A waits for each of B's lines at most --line-timeout seconds; the
+whole run is bounded by --timeout (the owner is then killed, and the last step it printed says where it was).
+Expected: about 1 minute on an H200.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import IO, Any
 
 from linepipe import read_line, say
 
-LINE_TIMEOUT = 300.0  # seconds a process waits for the other's next line (1 GiB fills and checks included)
+LINE_TIMEOUT = 120.0  # seconds A waits for B's next line (a 1 GiB open and check included); --line-timeout
+STEP_TIMEOUT = 120.0  # seconds one step of A or B may take before its watchdog reports it and exits
 CHUNK = 64 << 20  # bytes generated or compared at a time
 KIB, MIB = 1 << 10, 1 << 20
+STARTED = time.monotonic()
+ROLE = "main"
+
+
+def wait_line(stream: IO[Any], timeout: float, waiting_for: str) -> str:
+    """The next line from `stream` (linepipe's bounded read), its errors naming what was awaited."""
+    try:
+        return read_line(stream, timeout)
+    except TimeoutError as e:
+        raise TimeoutError(f"no line from {waiting_for} within {timeout:.0f} s") from e
+    except EOFError as e:
+        raise EOFError(f"{waiting_for} ended") from e
+
+
+def progress(text: str) -> None:
+    """A progress line on stderr (B's stdout is its answers to A), with the process and the seconds since it began."""
+    print(f"[{ROLE} {time.monotonic() - STARTED:6.1f} s] {text}", file=sys.stderr, flush=True)
+
+
+def step(text: str, bound: float = STEP_TIMEOUT) -> None:
+    """Starts a step: says so and arms the watchdog, which past `bound` seconds prints this step and every
+    thread's stack, then exits (a blocking call in C included)."""
+    progress(f"{text} (at most {bound:.0f} s)")
+    faulthandler.cancel_dump_traceback_later()
+    faulthandler.dump_traceback_later(bound, exit=True)
 
 
 def pattern(torch: Any, start: int, count: int, seed: int) -> Any:
@@ -79,15 +113,22 @@ def allocations_over(cu: Any, ptr: int, nbytes: int) -> int:
 
 def reader(sock: str) -> int:
     """Process B: open each name A announces, check its bytes, answer on stdout; check again when asked."""
+    step("B: importing torch and gpu_ipc, setting CUDA up")
     import torch
 
     import gpu_ipc
 
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    faulthandler.cancel_dump_traceback_later()
+    say("READY")
+    progress("B: ready; waiting for A's requests")
     rows: list[tuple[str, int, Any, Any]] = []
     while True:
-        line = read_line(sys.stdin, LINE_TIMEOUT)
+        line = wait_line(sys.stdin, 3600, "A")  # A bounds its own steps; EOF when A ends
         if line.startswith("OPEN "):
             _, name, seed = line.split()
+            step(f"B: opening and checking {name}")
             started = time.perf_counter()
             try:
                 view = gpu_ipc.open(sock, name, wait_for_owner=10.0)
@@ -97,14 +138,17 @@ def reader(sock: str) -> int:
             except Exception as e:  # noqa: BLE001 - reported to the owner, who fails the row
                 say(f"ERROR {name} {type(e).__name__}: {e}".replace("\n", " "))
                 continue
+            faulthandler.cancel_dump_traceback_later()
             ms = (time.perf_counter() - started) * 1e3
             rows.append((name, int(seed), view, tensor))
             say(f"CHECKED {name} {tensor.numel()} {wrong} {ms:.2f}")
         elif line == "RECHECK":
+            step(f"B: checking the {len(rows)} views again")
             for name, seed, _, tensor in rows:
                 wrong = wrong_bytes(torch, tensor, seed)
                 torch.cuda.synchronize()
                 say(f"RECHECKED {name} {tensor.numel()} {wrong}")
+            faulthandler.cancel_dump_traceback_later()
             say("DONE")
         elif line == "BYE":
             return 0
@@ -113,8 +157,9 @@ def reader(sock: str) -> int:
             return 1
 
 
-def owner(max_mib: int, json_path: str | None) -> int:
+def owner(max_mib: int, json_path: str | None, line_timeout: float) -> int:
     """Process A: make, share and have B check the tensors; print the table and the verdict."""
+    step("A: importing torch, gpu_ipc and cuda-python, setting CUDA up")
     import torch
 
     import gpu_ipc
@@ -125,6 +170,7 @@ def owner(max_mib: int, json_path: str | None) -> int:
         return 1
     cu = driver()
     torch.cuda.init()
+    torch.zeros(1, device="cuda")
     sock = os.path.join(tempfile.mkdtemp(prefix="gpu-ipc-expandable-"), "pool.sock")
     sizes = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB]
     sizes = [s for s in sizes if s <= max_mib * MIB] or [4 * KIB]
@@ -139,10 +185,12 @@ def owner(max_mib: int, json_path: str | None) -> int:
         rows.append({"name": f"t{seed}", "kind": kind, "bytes": tensor.numel(), "seed": seed, "allocations": n,
                      "tensor": tensor})
 
+    step(f"A: making {len(sizes)} tensors of {sizes[0]} to {sizes[-1]} bytes, filled with their patterns")
     for size in sizes:
         add("size", torch.empty(size, dtype=torch.uint8, device="cuda"))
     # Tensors that straddle a boundary between PyTorch's allocations: one of the small pool (blocks up to 1 MiB, in
     # 2 MiB allocations) and one of the large pool (20 MiB allocations), found by allocating one after another.
+    step("A: looking for tensors that straddle PyTorch's allocations (64 tries each)")
     for kind, size in (("straddle-small", 768 * KIB), ("straddle-large", 12 * MIB)):
         for _ in range(64):
             t = torch.empty(size, dtype=torch.uint8, device="cuda")
@@ -151,16 +199,21 @@ def owner(max_mib: int, json_path: str | None) -> int:
                 break
             kept.append(t)
     failures: list[str] = []
+    step(f"A: sharing {len(rows)} tensors at {sock} (vmm)")
     for row in rows:
+        progress(f"A: share {row['name']}: {row['bytes']} bytes over {row['allocations']} allocation(s)")
         try:
             row["shared"] = gpu_ipc.share(row["tensor"], row["name"], sock, backend="vmm")
         except Exception as e:  # noqa: BLE001 - the row fails, with the reason
             failures.append(f"{row['name']} ({row['bytes']} bytes over {row['allocations']} allocations) not shared: "
                             f"{type(e).__name__}: {e}")
 
-    b = subprocess.Popen([sys.executable, __file__, "reader", sock], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
+    faulthandler.cancel_dump_traceback_later()  # from here on A waits on B with bounded reads
+    progress("A: starting B (the reader process)")
+    b = subprocess.Popen([sys.executable, "-u", __file__, "reader", sock], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
     assert b.stdin is not None and b.stdout is not None
+    progress(f"A: B is pid {b.pid}")
 
     def tell(line: str) -> None:
         assert b.stdin is not None
@@ -168,14 +221,21 @@ def owner(max_mib: int, json_path: str | None) -> int:
         b.stdin.flush()
 
     try:
+        ready = wait_line(b.stdout, line_timeout, "B starting (importing torch, setting CUDA up)")
+        if ready != "READY":
+            raise EOFError(f"B said {ready!r} instead of READY")
         for row in [r for r in rows if "shared" in r]:
+            progress(f"A: asking B to open and check {row['name']}")
             tell(f"OPEN {row['name']} {row['seed']}")
-            answer = read_line(b.stdout, LINE_TIMEOUT).split()
+            answer = wait_line(b.stdout, line_timeout, f"B opening and checking {row['name']}").split()
             if answer[:1] != ["CHECKED"] or answer[1] != row["name"]:
                 failures.append(f"{row['name']}: {' '.join(answer)}")
+                progress(f"A: {row['name']}: {' '.join(answer)}")
                 continue
             row["seen_bytes"], row["wrong"], row["open_check_ms"] = int(answer[2]), int(answer[3]), float(answer[4])
+            progress(f"A: {row['name']}: B saw {answer[2]} bytes, {answer[3]} wrong, in {answer[4]} ms")
         # A lets go of everything; what B views must stay as it was.
+        step("A: freeing every buffer and tensor, writing new tensors over the memory")
         for row in rows:
             if "shared" in row:
                 row.pop("shared").free()
@@ -184,9 +244,11 @@ def owner(max_mib: int, json_path: str | None) -> int:
         torch.cuda.empty_cache()
         fresh = [torch.full((row["bytes"],), 0xA5, dtype=torch.uint8, device="cuda") for row in rows]
         torch.cuda.synchronize()
+        faulthandler.cancel_dump_traceback_later()
+        progress("A: asking B to check every view again")
         tell("RECHECK")
         while True:
-            answer = read_line(b.stdout, LINE_TIMEOUT).split()
+            answer = wait_line(b.stdout, line_timeout, "B checking its views again").split()
             if answer == ["DONE"]:
                 break
             name = answer[1]
@@ -195,10 +257,11 @@ def owner(max_mib: int, json_path: str | None) -> int:
                     row["wrong_after_free"] = int(answer[3])
         del fresh
         tell("BYE")
-        if b.wait(timeout=LINE_TIMEOUT) != 0:
+        if b.wait(timeout=line_timeout) != 0:
             failures.append("B did not exit cleanly")
     except (TimeoutError, EOFError, subprocess.TimeoutExpired) as e:
-        failures.append(f"B: {e}")
+        failures.append(f"stopped waiting: {e}")
+        progress(f"A: stopped waiting: {e}")
     finally:
         if b.poll() is None:
             b.kill()
@@ -240,20 +303,35 @@ def main() -> int:
     parser.add_argument("arg", nargs="?", help="the socket (reader)")
     parser.add_argument("--max-mib", type=int, default=1024, help="the largest tensor, in MiB (default 1024)")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--line-timeout", type=float, default=LINE_TIMEOUT,
+                        help=f"seconds A waits for each answer of B (default {LINE_TIMEOUT:.0f})")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds the whole run may take (default 600)")
     args = parser.parse_args()
+    global ROLE  # noqa: PLW0603 - set once, for the progress lines
     if args.role == "reader":
+        ROLE = "B"
         return reader(args.arg)
     if args.role == "owner":
-        return owner(args.max_mib, args.json)
+        ROLE = "A"
+        return owner(args.max_mib, args.json, args.line_timeout)
     env = dict(os.environ)
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    command = [sys.executable, __file__, "owner", "--max-mib", str(args.max_mib)]
+    command = [sys.executable, "-u", __file__, "owner", "--max-mib", str(args.max_mib),
+               "--line-timeout", str(args.line_timeout)]
     if args.json:
         command += ["--json", args.json]
+    progress(f"starting A (the owner) with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, at most "
+             f"{args.timeout:.0f} s")
+    a = subprocess.Popen(command, env=env, start_new_session=True)  # its own group: B goes with it on a timeout
     try:
-        return subprocess.run(command, env=env, timeout=900).returncode
+        rc = a.wait(timeout=args.timeout)
+        progress(f"A exited with status {rc}" + ("" if rc in (0, 1) else " (its watchdog or a crash: see above)"))
+        return rc
     except subprocess.TimeoutExpired:
-        say("expandable: FAIL (timed out)")
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait()
+        say(f"expandable: FAIL (the run passed --timeout {args.timeout:.0f} s and was killed; A's last step line "
+            "above says where it was)")
         return 1
 
 

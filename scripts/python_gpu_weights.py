@@ -9,11 +9,15 @@ For each backend (default both), an owner process A (this one) and a reader proc
   2. B opens it (cold: attach, one import, manifest checked) and compares every byte of every tensor, read in place
      (torch.from_dlpack of r.tensors()), with the pattern it computes itself: `wrong` counts the differing bytes;
      r.verify() checks the manifest's checksums.
-  3. A updates to generation 2 while B holds 1: B's tensors of generation 1 must be unchanged; then B waits for 2,
-     refreshes (timed), checks every byte again.
-  4. B loads generation 2 into its own zero tensors with load_into (cuMemcpyAsync, timed): every byte right, and
-     every data_ptr unchanged.
-  5. A publishes generation 3 by writing the staged arena in place (stage() / commit()); B switches and checks.
+     B also cuts every tensor from one import of the arena (r.tensors(torch)): the same addresses, shapes, dtypes
+     and bytes as the per-tensor views; and with CuPy installed, r.tensors("cupy") the same addresses.
+  3. A updates to generation 2 while B holds 1, from sources of every kind update() takes: contiguous CUDA tensors
+     (the gather kernel), non-contiguous ones (copied contiguous first), CPU tensors (written from the host). B's
+     tensors of generation 1 must be unchanged; then B waits for 2, refreshes (timed), checks every byte again.
+  4. B loads generation 2 into its own zero tensors with load_into (the gather kernel, timed): every byte right,
+     and every data_ptr unchanged.
+  5. A publishes generation 3 by writing the staged arena in place (stage(torch) / commit()); B switches and
+     checks.
   6. A closes; B's wait_for raises OwnerGone within a second, and its held tensors still read right.
 Prints one `PASS` or `FAIL` line per backend (with the timings) and a last `weights: PASS|FAIL` line; exit status 0
 only if all pass. With --json, writes the rows there.
@@ -80,6 +84,23 @@ def state_dict(torch: Any, generation: int, mib: int) -> dict[str, Any]:
     }
 
 
+def mixed_sources(torch: Any, sd: dict[str, Any]) -> dict[str, Any]:
+    """The same values from every kind of source update() takes: every third matrix non-contiguous (a transposed
+    buffer's transpose), every fifth tensor on the CPU, the others as they are (contiguous, on the GPU)."""
+    out = {}
+    for i, (name, t) in enumerate(sd.items()):
+        if i % 3 == 0 and t.dim() == 2:
+            strided = torch.empty((t.shape[1], t.shape[0]), dtype=t.dtype, device=t.device).t()
+            strided.copy_(t)
+            assert not strided.is_contiguous()
+            out[name] = strided
+        elif i % 5 == 0:
+            out[name] = t.cpu()
+        else:
+            out[name] = t
+    return out
+
+
 def wrong_bytes(torch: Any, tensors: dict[str, Any], generation: int, mib: int) -> int:
     """Bytes of `tensors` (name -> torch tensor) that differ from generation `generation`'s pattern."""
     wrong = 0
@@ -110,12 +131,28 @@ def reader(sock: str, mib: int) -> int:
     cold_ms = (time.perf_counter() - started) * 1e3
     say(f"OPENED generation={r.generation} wrong={wrong_bytes(torch, tensors, 1, mib)} verified={r.verify()} "
         f"cold_ms={cold_ms:.2f}")
+    started = time.perf_counter()
+    cut = r.tensors(torch)
+    cut_ms = (time.perf_counter() - started) * 1e3
+    same = all(
+        cut[k].data_ptr() == t.data_ptr() and cut[k].shape == t.shape and cut[k].dtype == t.dtype
+        for k, t in tensors.items()
+    )
+    try:
+        import cupy  # type: ignore[import-not-found]
+
+        arrays = r.tensors(cupy)
+        cupy_same = str(int(all(arrays[k].data.ptr == t.data_ptr() for k, t in tensors.items())))
+    except ImportError:
+        cupy_same = "absent"
+    say(f"CUT wrong={wrong_bytes(torch, cut, 1, mib)} same={int(same)} cupy_same={cupy_same} cut_ms={cut_ms:.3f}")
+    del cut
     read_line(sys.stdin)  # A published 2
     held_wrong = wrong_bytes(torch, tensors, 1, mib)
     r.wait_for(2, timeout=30)
     started = time.perf_counter()
     r.refresh()
-    new = {k: torch.from_dlpack(v) for k, v in r.tensors().items()}
+    new = r.tensors(torch)
     torch.cuda.synchronize()
     refresh_ms = (time.perf_counter() - started) * 1e3
     say(f"REFRESHED generation={r.generation} held_wrong={held_wrong} wrong={wrong_bytes(torch, new, 2, mib)} "
@@ -135,7 +172,7 @@ def reader(sock: str, mib: int) -> int:
     read_line(sys.stdin)  # A published 3 in place
     r.wait_for(3, timeout=30)
     r.refresh()
-    third = {k: torch.from_dlpack(v) for k, v in r.tensors().items()}
+    third = r.tensors(torch)
     say(f"STAGED generation={r.generation} wrong={wrong_bytes(torch, third, 3, mib)} verified={r.verify()}")
     read_line(sys.stdin)  # A closes now
     t0 = time.monotonic()
@@ -176,8 +213,14 @@ def run_backend(backend: str, mib: int) -> dict[str, Any]:
         row["cold_open_ms"] = float(field(opened, "cold_ms"))
         if field(opened, "wrong") != "0" or field(opened, "verified") != str(TENSORS):
             problems.append(f"generation 1: {opened}")
+        cut = read_line(child.stdout)
+        row["cut_ms"], row["cupy_same"] = float(field(cut, "cut_ms")), field(cut, "cupy_same")
+        if (field(cut, "wrong"), field(cut, "same")) != ("0", "1") or field(cut, "cupy_same") == "0":
+            problems.append(f"tensors(torch) / tensors('cupy'): {cut}")
+        sources = mixed_sources(torch, state_dict(torch, 2, mib))
+        torch.cuda.synchronize()
         started = time.perf_counter()
-        pub.update(state_dict(torch, 2, mib))
+        pub.update(sources)
         row["update_ms"] = round((time.perf_counter() - started) * 1e3, 2)
         if pub.readers() != [(child.pid, 1)]:
             problems.append(f"readers() while B holds 1: {pub.readers()}")
@@ -191,9 +234,9 @@ def run_backend(backend: str, mib: int) -> dict[str, Any]:
         row["load_into_ms"], row["load_into_gbps"] = float(field(loaded, "load_ms")), float(field(loaded, "gbps"))
         if (field(loaded, "wrong"), field(loaded, "ptrs_same"), field(loaded, "copied")) != ("0", "1", str(TENSORS)):
             problems.append(f"load_into: {loaded}")
-        staged = pub.stage()
+        staged = pub.stage(torch)
         for i, (name, dtype, shape) in enumerate(layout(mib)):
-            torch.from_dlpack(staged[name]).copy_(expected(torch, 3, i, dtype, shape, "cuda"))
+            staged[name].copy_(expected(torch, 3, i, dtype, shape, "cuda"))
         pub.commit()
         del staged  # (stage views keep the owner alive: close() below must end it)
         child.stdin.write("published 3\n")

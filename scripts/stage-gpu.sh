@@ -12,6 +12,12 @@
 #                             default 3.12), reduced to its UCX backend (scripts/fetch-nixl.sh pack; about 9 MB),
 #                             which scripts/bridge-gpu.sh OUT_DIR unpacks onto PYTHONPATH
 # Then, on the GPU machine, from the project root: scripts/gpu-suite.sh OUT_DIR  (see docs/gpu-testing.md).
+#
+#   scripts/stage-gpu.sh --bridge   stages only what scripts/bridge-gpu.sh needs, in its own folder stage-bridge/
+#                                   (ignored by git; the device tool carries it alone: carry ["stage-bridge"]):
+#                                   stage-bridge/wheels/ (the wheel, release), stage-bridge/nixl.tar.xz (NIXL for
+#                                   CPython NIXL_PYVER, default 3.12), stage-bridge/COMMIT. No Rust binary: the
+#                                   bridge's harness runs Python ends only. About 15 MB; stage/ is left alone.
 # The project may sit at any path there: the tests find the files they read (docs/, ipc-core/tests/python/, testdata)
 # at run time through CARGO_MANIFEST_DIR, which `cargo-nextest nextest run --archive-file ... --workspace-remap .` sets
 # to the tree it runs in. A test binary run by hand from the archive needs CARGO_MANIFEST_DIR=TREE/<its package dir>.
@@ -21,6 +27,26 @@ cd "$ROOT"
 WITH_NIXL=0
 if [ "${1:-}" = "--nixl" ]; then
     WITH_NIXL=1
+fi
+if [ "${1:-}" = "--bridge" ]; then
+    BRIDGE_STAGE="$ROOT/stage-bridge"
+    rm -rf "$BRIDGE_STAGE"
+    mkdir -p "$BRIDGE_STAGE"
+    echo "stage-gpu: the bridge only, in stage-bridge/: the Python wheel (scripts/build-wheel.sh)" >&2
+    scripts/build-wheel.sh "$BRIDGE_STAGE/wheels" >/dev/null
+    echo "stage-gpu: NIXL for the bridge (scripts/fetch-nixl.sh pack)" >&2
+    scripts/fetch-nixl.sh pack "$BRIDGE_STAGE/nixl.tar.xz" "${NIXL_PYVER:-3.12}"
+    git rev-parse HEAD >"$BRIDGE_STAGE/COMMIT" 2>/dev/null || echo unknown >"$BRIDGE_STAGE/COMMIT"
+    STAGE_KIB=$(du -sk "$BRIDGE_STAGE" | cut -f1)
+    TREE_KIB=$(git ls-files -z 2>/dev/null | du -ck --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+    TREE_KIB=${TREE_KIB:-0}
+    ls -la "$BRIDGE_STAGE" "$BRIDGE_STAGE/wheels" >&2
+    echo "stage-gpu: stage-bridge/ $(( STAGE_KIB / 1024 )) MiB + tracked tree $(( TREE_KIB / 1024 )) MiB" >&2
+    if [ $(( STAGE_KIB + TREE_KIB )) -gt $(( 63 * 1024 )) ]; then
+        echo "stage-gpu: stage-bridge/ plus the working tree is over 63 MiB (the device tool carries 64 MiB)" >&2
+        exit 1
+    fi
+    exit 0
 fi
 STAGE="$ROOT/stage"
 rm -rf "$STAGE"

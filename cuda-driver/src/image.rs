@@ -1,8 +1,10 @@
 //! Compiled kernel images and the one rule that picks the image a device loads (docs/kernels.md).
 //!
-//! `scripts/gen-kernels.sh` compiles the project's CUDA sources with the pinned NVRTC into one cubin per
-//! architecture and one PTX for `compute_75`; each crate that ships kernels embeds its set as a `static` array of
-//! [`KernelImage`] (the kernels crate: `kernels/generated/`; the ring's `GpuPoll` kernels: `ipc-core/ring-kernels/`).
+//! `scripts/gen-kernels.sh` compiles the project's CUDA sources with the pinned NVRTC into one tree,
+//! `kernels/images/`, a folder per program (`kernels/`: the gpu-ipc-kernels crate's; `ring/`: the ring's own,
+//! which ipc-core embeds; `queue/`: the work queue's, which ipc-toolkit embeds), each holding one cubin per
+//! architecture of [`ARCHITECTURES`], one PTX for `compute_75` and a `manifest.json`. A crate embeds its program's
+//! folder with the one table, [`kernel_images!`](crate::kernel_images), as a `static` [`KernelImages`].
 //! At run time [`select_image`] takes the exact cubin for the device, else the closest cubin of the same major
 //! version with a lower minor, else the PTX, which the driver compiles for the device when the module is loaded.
 //! [`force_ptx_from_env`] reads the one switch (`GPU_IPC_FORCE_PTX=1`) that skips the cubins for every image set.
@@ -170,10 +172,156 @@ fn forces_ptx(value: Option<&OsStr>) -> bool {
     value.is_some_and(|value| value == "1")
 }
 
+/// The architectures every program is compiled for, in the order of [`KernelImages::images`]: one cubin for each
+/// `sm_XY` (major, minor), then one PTX for the first, the last resort (`scripts/gen_kernels.py`'s `CUBIN_ARCHS` and
+/// `PTX_ARCH`, which [`KernelImages::check_manifest`] holds them to).
+pub const ARCHITECTURES: [(u32, u32); 7] = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)];
+
+/// Images of one program: a cubin per entry of [`ARCHITECTURES`], then the PTX.
+pub const IMAGES_PER_PROGRAM: usize = ARCHITECTURES.len() + 1;
+
+/// One program's compiled images as a crate embeds them, from its folder of `kernels/images/`
+/// ([`kernel_images!`](crate::kernel_images)).
+#[derive(Debug)]
+pub struct KernelImages {
+    /// The folder it was embedded from, relative to the embedding crate (for messages).
+    pub folder: &'static str,
+    /// The cubins in the order of [`ARCHITECTURES`], then the PTX.
+    pub images: [KernelImage; IMAGES_PER_PROGRAM],
+    /// The folder's `manifest.json`: toolchain, flags, the sha256 of every source and image, the kernels.
+    pub manifest: &'static str,
+}
+
+impl KernelImages {
+    /// Picks the image to load on a device of capability `device`: [`select_image`] over [`KernelImages::images`].
+    ///
+    /// # Errors
+    /// [`NoImageForDevice`] when the device is older than 7.5, for which nothing is compiled.
+    pub fn select(
+        &'static self,
+        device: ComputeCapability,
+        force_ptx: bool,
+    ) -> Result<&'static KernelImage, NoImageForDevice> {
+        select_image(&self.images, device, force_ptx)
+    }
+
+    /// The PTX image (the last one), as text without its NUL.
+    pub fn ptx_text(&self) -> &'static str {
+        let bytes = self.images[IMAGES_PER_PROGRAM - 1].bytes;
+        std::str::from_utf8(&bytes[..bytes.len().saturating_sub(1)]).unwrap_or("")
+    }
+
+    /// Whether the manifest lists the program's kernel `name` (read from the PTX when it was generated).
+    pub fn lists_kernel(&self, name: &str) -> bool {
+        self.manifest.contains(&format!("\"{name}\""))
+    }
+
+    /// Checks the embedded images against the manifest generated beside them (each crate's tests call it): every
+    /// image listed under its file name with its size and architecture, in the order of [`ARCHITECTURES`], the PTX
+    /// last and NUL-terminated, every cubin a CUDA ELF file.
+    ///
+    /// # Errors
+    /// What differs, in words.
+    pub fn check_manifest(&self) -> Result<(), String> {
+        let folder = self.folder;
+        for (i, image) in self.images.iter().enumerate() {
+            let (kind, (major, minor)) = match ARCHITECTURES.get(i) {
+                Some(&arch) => (ImageKind::Cubin, arch),
+                None => (ImageKind::Ptx, ARCHITECTURES[0]),
+            };
+            if image.kind != kind || image.arch != ComputeCapability::new(major, minor) {
+                return Err(format!(
+                    "{folder}: image {i} is {} ({:?}), not {kind:?} {major}.{minor}",
+                    image.file, image.kind
+                ));
+            }
+            let entry = format!("\"file\": \"{}\",", image.file);
+            let at =
+                self.manifest.find(&entry).ok_or_else(|| format!("{folder}: {} is not in the manifest", image.file))?;
+            let rest = &self.manifest[at..];
+            let size = image.file_len();
+            if !rest.contains(&format!("\"size\": {size},"))
+                || !rest.contains(&format!("\"arch\": \"{}\",", image.arch_name()))
+            {
+                return Err(format!(
+                    "{folder}: {} is not listed with its size {size} and arch {}",
+                    image.file,
+                    image.arch_name()
+                ));
+            }
+            let well_formed = match image.kind {
+                ImageKind::Cubin => image.bytes.starts_with(b"\x7fELF"),
+                ImageKind::Ptx => image.bytes.last() == Some(&0),
+            };
+            if !well_formed {
+                return Err(format!("{folder}: {} is not a CUDA ELF cubin or a NUL-terminated PTX", image.file));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The one table of a program's images: `kernel_images!("../kernels/images/ring")` embeds the folder (relative to
+/// the calling crate's `Cargo.toml`) as a [`KernelImages`], a cubin per entry of [`ARCHITECTURES`] then the PTX
+/// (NUL-terminated, as the driver reads PTX).
+///
+/// ```ignore
+/// static RING: gpu_ipc_driver::image::KernelImages = gpu_ipc_driver::kernel_images!("../kernels/images/ring");
+/// ```
+#[macro_export]
+macro_rules! kernel_images {
+    ($folder:literal) => {
+        $crate::image::KernelImages {
+            folder: $folder,
+            images: [
+                $crate::kernel_images!(@cubin $folder, 7, 5, "sm_75.cubin"),
+                $crate::kernel_images!(@cubin $folder, 8, 0, "sm_80.cubin"),
+                $crate::kernel_images!(@cubin $folder, 8, 6, "sm_86.cubin"),
+                $crate::kernel_images!(@cubin $folder, 8, 9, "sm_89.cubin"),
+                $crate::kernel_images!(@cubin $folder, 9, 0, "sm_90.cubin"),
+                $crate::kernel_images!(@cubin $folder, 10, 0, "sm_100.cubin"),
+                $crate::kernel_images!(@cubin $folder, 12, 0, "sm_120.cubin"),
+                $crate::image::KernelImage::ptx(
+                    7,
+                    5,
+                    "compute_75.ptx",
+                    concat!(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $folder, "/compute_75.ptx")), "\0")
+                        .as_bytes(),
+                ),
+            ],
+            manifest: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $folder, "/manifest.json")),
+        }
+    };
+    (@cubin $folder:literal, $major:literal, $minor:literal, $file:literal) => {
+        $crate::image::KernelImage::cubin(
+            $major,
+            $minor,
+            $file,
+            include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $folder, "/", $file)),
+        )
+    };
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_names_every_architecture_in_order() {
+        // The macro's rows are written out (include_bytes! needs literals): they must be ARCHITECTURES, in order.
+        let source = include_str!("image.rs");
+        let rows: Vec<(u32, u32)> = source
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("$crate::kernel_images!(@cubin $folder, "))
+            .map(|rest| {
+                let mut parts = rest.split(',').map(|p| p.trim().parse::<u32>());
+                (parts.next().unwrap().unwrap(), parts.next().unwrap().unwrap())
+            })
+            .collect();
+        assert_eq!(rows, ARCHITECTURES);
+        assert!(source.contains("$crate::kernel_images!(@cubin $folder, 12, 0, \"sm_120.cubin\")"));
+    }
 
     /// A set shaped like the shipped ones (the bytes do not matter to the rule).
     static SET: [KernelImage; 8] = [

@@ -44,6 +44,7 @@ pub mod cudarc;
 mod device;
 mod error;
 mod event;
+mod gather;
 mod graph;
 mod host;
 pub mod image;
@@ -63,6 +64,7 @@ pub use context::Context;
 pub use device::{ComputeMode, Device, DeviceFeature, DeviceUuid, HandleTypes, InvalidDeviceUuid};
 pub use error::{DriverError, Result};
 pub use event::{Event, EventFlags, IpcEventHandle};
+pub use gather::{GATHER_KERNEL, GATHER_PIECE_BYTES, GATHER_TABLE_PIECES, GatherCopy, gather_pieces};
 pub use graph::{Graph, GraphCapture, MemOpNode};
 pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer, RegistrableHostMemory};
 pub use ipc::{

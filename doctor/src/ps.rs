@@ -1,11 +1,14 @@
 //! `gpu-ipc ps SOCKET`: who is attached to a ring, pool, semaphore or work queue, as its owner knows it. Asks the
-//! owner over its socket (a status request: no CUDA, no record taken) and prints a table or JSON.
+//! owner over its socket (a status request: no CUDA, no record taken) and prints a table or JSON. On a weight set's
+//! socket (a pool whose buffers are the arenas `SET/GENERATION`) it also lists the sets, the newest generation the
+//! owner published, and which reader holds which generation.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use gpu_ipc::toolkit::door::{self, PeerStatus, StatusReport};
+use gpu_ipc::toolkit::door::{self, ObjectKind, PeerStatus, StatusReport};
 use harness::exit::{EXIT_FAILED, EXIT_OK};
 use serde::Serialize;
 
@@ -15,7 +18,9 @@ pub struct PsArgs {
     /// The socket of the ring's producer or of the object's owner.
     pub socket: PathBuf,
     /// Print the report as JSON (`path`, `kind`, `backend`, `owner_pid`, `peers`: `id`, `pid` (null: another PID
-    /// namespace), `uid`, `gid`, `since_unix_ms`, `last_sign_ms` (null: none known), `state`, `name`, `detail`).
+    /// namespace), `uid`, `gid`, `since_unix_ms`, `last_sign_ms` (null: none known), `state`, `name`, `detail`;
+    /// on a weight set's socket `weight_sets`: `set`, `newest` (null: unknown), `generations`: `generation`,
+    /// `holders`: `peer`, `pid`).
     #[arg(long)]
     pub json: bool,
     /// How long to wait for the owner's answer, in seconds.
@@ -28,6 +33,73 @@ struct PsJson<'a> {
     path: &'a Path,
     #[serde(flatten)]
     report: &'a StatusReport,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    weight_sets: Vec<WeightSet>,
+}
+
+/// A weight set served at a pool's socket, as its readers' holds show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WeightSet {
+    /// The set's name.
+    pub set: String,
+    /// The newest generation the owner published (the pool's note word), when a reader's line carries it.
+    pub newest: Option<u64>,
+    /// The generations readers hold, oldest first, each with who holds it.
+    pub generations: Vec<HeldGeneration>,
+}
+
+/// One generation of a weight set and the readers that hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HeldGeneration {
+    /// The generation.
+    pub generation: u64,
+    /// Its holders.
+    pub holders: Vec<Holder>,
+}
+
+/// A reader holding a generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Holder {
+    /// Its peer number.
+    pub peer: u32,
+    /// Its pid (`None`: another PID namespace).
+    pub pid: Option<u32>,
+}
+
+/// The weight sets a pool's status shows: every pinned buffer named `SET/GENERATION` in a peer's detail (`note N;
+/// holds V views of B buffers: NAME, NAME`, as many names as fit its line), grouped by set; empty for any other
+/// object, or a pool whose buffers are not arenas.
+pub fn weight_sets(report: &StatusReport) -> Vec<WeightSet> {
+    if report.kind != ObjectKind::Pool {
+        return Vec::new();
+    }
+    /// Per set: the newest generation seen in a note, and the holders of each generation.
+    type Seen = (Option<u64>, BTreeMap<u64, Vec<Holder>>);
+    let mut sets: BTreeMap<String, Seen> = BTreeMap::new();
+    for peer in &report.peers {
+        let (note, holds) = match peer.detail.split_once("; ") {
+            Some((note, rest)) if note.starts_with("note ") => (note["note ".len()..].parse::<u64>().ok(), rest),
+            _ => (None, peer.detail.as_str()),
+        };
+        let Some((_, names)) = holds.split_once(" buffers: ") else { continue };
+        for name in names.split(", ") {
+            let Some((set, generation)) = name.rsplit_once('/') else { continue };
+            let Ok(generation) = generation.parse::<u64>() else { continue };
+            let (newest, generations) = sets.entry(set.to_owned()).or_default();
+            *newest = (*newest).max(note);
+            generations.entry(generation).or_default().push(Holder { peer: peer.id, pid: peer.pid });
+        }
+    }
+    sets.into_iter()
+        .map(|(set, (newest, generations))| WeightSet {
+            set,
+            newest,
+            generations: generations
+                .into_iter()
+                .map(|(generation, holders)| HeldGeneration { generation, holders })
+                .collect(),
+        })
+        .collect()
 }
 
 /// Runs `gpu-ipc ps`; returns the exit status: 0 the owner answered, 1 it could not be asked (nothing listens,
@@ -37,7 +109,8 @@ pub fn main(args: &PsArgs) -> u8 {
     match door::status(&args.socket, timeout) {
         Ok(report) => {
             if args.json {
-                match serde_json::to_string_pretty(&PsJson { path: &args.socket, report: &report }) {
+                let json = PsJson { path: &args.socket, report: &report, weight_sets: weight_sets(&report) };
+                match serde_json::to_string_pretty(&json) {
                     Ok(text) => println!("{text}"),
                     Err(e) => {
                         eprintln!("gpu-ipc ps: {e}");
@@ -83,6 +156,21 @@ pub fn render(path: &Path, report: &StatusReport, now: SystemTime) -> String {
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
+    for set in weight_sets(report) {
+        let newest = set.newest.map_or_else(|| "unknown".to_owned(), |n| n.to_string());
+        out.push_str(&format!("weight set {}: newest generation {newest}\n", set.set));
+        for held in &set.generations {
+            let holders: Vec<String> = held
+                .holders
+                .iter()
+                .map(|h| match h.pid {
+                    Some(pid) => format!("pid {pid} (peer {})", h.peer),
+                    None => format!("peer {} (other PID namespace)", h.peer),
+                })
+                .collect();
+            out.push_str(&format!("  generation {} held by {}\n", held.generation, holders.join(", ")));
+        }
+    }
     out
 }
 
@@ -122,7 +210,7 @@ fn age(d: Duration) -> String {
 mod tests {
     use super::*;
     use gpu_ipc::BackendKind;
-    use gpu_ipc::toolkit::door::{ObjectKind, PeerState};
+    use gpu_ipc::toolkit::door::PeerState;
 
     #[test]
     fn the_table_names_each_peer_and_a_hidden_pid() {
@@ -152,6 +240,91 @@ mod tests {
         assert!(lines[2].contains("attached") && lines[2].contains("120 ms ago"), "{text}");
         assert!(lines[3].contains("other PID namespace") && lines[3].contains("lost"), "{text}");
         assert_eq!(lines.len(), 4);
+    }
+
+    fn pool_peer(id: u32, pid: Option<u32>, detail: &str) -> PeerStatus {
+        PeerStatus {
+            id,
+            pid,
+            uid: 0,
+            gid: 0,
+            since_unix_ms: 0,
+            last_sign_ms: None,
+            state: PeerState::Attached,
+            name: "weights reader of llama".to_owned(),
+            detail: detail.to_owned(),
+        }
+    }
+
+    #[test]
+    fn weight_sets_are_read_from_the_readers_holds() {
+        let report = StatusReport {
+            kind: ObjectKind::Pool,
+            backend: BackendKind::Vmm,
+            owner_pid: 7,
+            peers: vec![
+                pool_peer(0, Some(100), "note 4; holds 2 views of 2 buffers: llama/3, mistral/9"),
+                pool_peer(1, None, "note 4; holds 1 views of 1 buffers: llama/4"),
+                pool_peer(2, Some(102), "holds 3 views of 1 buffers: llama/3"),
+                pool_peer(3, Some(103), "holds 0 views of 0 buffers"),
+                pool_peer(4, Some(104), "note 4; holds 1 views of 1 buffers: scratch, llama/x"),
+            ],
+        };
+        let sets = weight_sets(&report);
+        let holder = |peer, pid| Holder { peer, pid };
+        assert_eq!(
+            sets,
+            [
+                WeightSet {
+                    set: "llama".into(),
+                    newest: Some(4),
+                    generations: vec![
+                        HeldGeneration { generation: 3, holders: vec![holder(0, Some(100)), holder(2, Some(102))] },
+                        HeldGeneration { generation: 4, holders: vec![holder(1, None)] },
+                    ],
+                },
+                WeightSet {
+                    set: "mistral".into(),
+                    newest: Some(4),
+                    generations: vec![HeldGeneration { generation: 9, holders: vec![holder(0, Some(100))] }],
+                },
+            ]
+        );
+        let ring = StatusReport { kind: ObjectKind::Ring, ..report };
+        assert!(weight_sets(&ring).is_empty());
+    }
+
+    /// A weight set served on the host backend, a reader holding generation 1 while the owner publishes 2: `ps`
+    /// asks the owner's socket and names the set, the newest generation and who holds which.
+    #[test]
+    fn ps_on_a_weight_sets_socket_lists_the_sets_generations_and_holders() {
+        use gpu_ipc::host::{HostContext, HostFake};
+        use gpu_ipc::weights::{DType, TensorDesc, WeightsOptions, WeightsOwner, WeightsReader};
+
+        let socket = std::env::temp_dir().join(format!("gpu-ipc-ps-weights-{}.sock", std::process::id()));
+        let tensors = vec![("w".to_owned(), TensorDesc::contiguous(DType::F32, [4]).unwrap())];
+        let mut owner =
+            WeightsOwner::<HostFake>::create(&HostContext, &socket, "llama", tensors, WeightsOptions::default())
+                .unwrap();
+        owner.update(&[("w", &[1u8; 16][..])]).unwrap();
+        let reader = WeightsReader::<HostFake>::open(&HostContext, &socket, "llama", Duration::from_secs(5)).unwrap();
+        owner.update(&[("w", &[2u8; 16][..])]).unwrap();
+        // The owner records the reader's pin when its door has handled the attach: wait for it (bounded).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let report = loop {
+            let report = door::status(&socket, Duration::from_secs(2)).unwrap();
+            if !weight_sets(&report).is_empty() || std::time::Instant::now() > deadline {
+                break report;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let text = render(&socket, &report, SystemTime::now());
+        assert!(text.contains("weight set llama: newest generation 2"), "{text}");
+        let me = std::process::id();
+        assert!(text.contains(&format!("  generation 1 held by pid {me} (peer ")), "{text}");
+        assert_eq!(reader.generation(), 1);
+        drop(reader);
+        drop(owner);
     }
 
     #[test]

@@ -386,23 +386,31 @@ fn system_findings(report: &DoctorReport, found: &mut Vec<Finding>) {
     }
 }
 
-/// The warning while MPS runs: a SIGKILL of a process whose kernel polls shared memory (gpu-poll, persistent
-/// kernels, frame graphs' ring steps) can fault every MPS client on the GPU, and what to do about it.
+/// The warning while MPS runs: a SIGKILL of a process with a running persistent kernel (or another kernel that polls
+/// shared memory: gpu-poll, frame graphs' ring steps) can fault every MPS client on the GPU; what the library does
+/// about it (the kernel lease and the survivor's abort word, `ipc_core::resident::KernelLease`), and what is left to
+/// the user.
 pub fn mps_kill_warning() -> Finding {
     finding(
         "mps-persistent-kernels",
         Severity::Warn,
         "Under MPS, SIGKILL of a process whose kernel polls shared memory can fault every MPS client".to_owned(),
-        "the crash probe found that SIGKILLing a process whose kernel waited on memory shared with another process \
-         faulted the MPS server, and every client on the GPU with it (CUDA_ERROR_ILLEGAL_ADDRESS, error 700, in \
-         processes that never touched that memory); gpu-poll's polling kernels, persistent kernels on the ring's \
-         device API (gpu_ipc_ring.cuh, either side) and the ring steps of frame graphs are such kernels, while a \
-         pending cuStreamWaitValue64 (gpu-stream-ops) is not; `gpu-ipc-stress all --only mps-kills` measures it \
+        "the crash probe and the H200 stress run found that SIGKILLing a process whose kernel waited on memory shared \
+         with another process faulted the MPS server, and every client on the GPU with it \
+         (CUDA_ERROR_ILLEGAL_ADDRESS, error 700, in processes that never touched that memory), most often with a \
+         persistent kernel, which the server must tear down because it never ends; gpu-poll's polling kernels, \
+         persistent kernels on the ring's device API (gpu_ipc_ring.cuh, either side) and the ring steps of frame \
+         graphs are such kernels, while a pending cuStreamWaitValue64 (gpu-stream-ops) is not. gpu-ipc makes its \
+         kernels leave by themselves when their process is gone: the kernel lease (a heartbeat the process moves \
+         every 10 ms; a kernel that sees it stand still for 100 ms leaves) and the survivor's abort word (the peer \
+         raises it in the control block when it sees the process gone), both on by default and off with \
+         GPU_IPC_KERNEL_LEASE_MS=0; `gpu-ipc-stress all --only mps-kills` measures the faults with it on and off \
          (\"mps clients faulted: k/3\")",
         Some(
-            "Make every such kernel leave on the ring's abort word (launch_on_ring and frame graphs raise it at a \
-             peer's death and on drop), run them only in processes that are not SIGKILLed while they run, and prefer \
-             gpu-stream-ops (the driver's waits) wherever a process may be killed (docs/kernels.md)",
+            "Keep the kernel lease on (leave GPU_IPC_KERNEL_LEASE_MS unset), write your own persistent kernels on the \
+             device API's waits (they watch the abort word, the survivor's word and the lease), run them only in \
+             processes that are not SIGKILLed while they run where you can, and prefer gpu-stream-ops (the driver's \
+             waits) wherever a process may be killed (docs/frames.md, \"Kills under MPS\")",
         ),
     )
 }

@@ -1,8 +1,9 @@
 """Coverage-guided fuzzing (atheris, libFuzzer for Python) of the bridge's protocol decoders
-(python/python/gpu_ipc/bridge_protocol.py): a notification, a grant, a written or end notification and the sending
-end's hello, as the other end of a bridge (a peer across the network) can send them. The rule: any input decodes to a
-value that encodes back to the same bytes, or raises the protocol's own errors (`ProtocolError`, `PeerGone`), never
-anything else. See docs/fuzzing.md:
+(python/python/gpu_ipc/bridge_protocol.py): a notification, a grant, a written or end notification, the sending
+end's hello and choice, the receiving end's offer, as the other end of a bridge (a peer across the network) can send
+them. The rule: any input decodes to a value that encodes back to the same bytes (the JSON ones: to bytes that decode
+to the same value), or raises the protocol's own errors (`ProtocolError`, `PeerGone`), never anything else. See
+docs/fuzzing.md:
 
     python3 -m venv /tmp/atheris && /tmp/atheris/bin/pip install atheris==3.0.0
     /tmp/atheris/bin/python fuzz/python/bridge_protocol.py -max_total_time=60 fuzz/python/corpus
@@ -67,7 +68,7 @@ def one_input(data: bytes) -> None:
     # Byte 0 picks what the notification is fed to; the rest is the notification.
     if not data:
         return
-    which, message = data[0] % 4, data[1:]
+    which, message = data[0] % 5, data[1:]
     try:
         kind, body = bp.decode(message)
     except bp.ProtocolError:
@@ -97,6 +98,14 @@ def one_input(data: bytes) -> None:
         assert all(isinstance(d, int) and d >= 0 for d in layout["shape"]), layout
         assert isinstance(layout["dtype"], str) and isinstance(layout["slots"], int) and layout["slots"] >= 1
         assert isinstance(layout["nbytes"], int) and layout["nbytes"] >= 0
+    elif which == 4:
+        # The receiving end's offer (the addresses and reach the sending end writes to), the sending end's choice.
+        for decoder, encoder in ((bp.decode_offer, bp.encode_offer), (bp.decode_choice, bp.encode_choice)):
+            try:
+                value = decoder(body)
+            except bp.ProtocolError:
+                continue
+            assert decoder(bp.decode(encoder(value))[1]) == value
     else:
         # Liveness: a failure report or a beat, whatever its body.
         live = bp.Liveness(Mailbox([[message]]), "the peer", beat_interval=60, peer_timeout=60)

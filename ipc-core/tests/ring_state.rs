@@ -360,6 +360,40 @@ fn dead_consumer_stops_counting_and_is_poisoned() {
     assert!(matches!(err, RingError::NotLive { found: Some(ConsumerState::Dead), .. }), "{err}");
 }
 
+/// The survivor's abort words (docs/frames.md, "Kills under MPS"): kernels a dead peer launched on the ring watch them.
+#[test]
+fn a_peer_declared_dead_gets_its_kernel_abort_word_raised_and_a_newcomer_finds_it_lowered() {
+    for slots in [4, 64] {
+        let producer = producer(slots, 2);
+        let layout = producer.block().layout();
+        let a = join_consumer(&producer);
+        let b = join_consumer(&producer);
+        let word = |index: u32| {
+            producer.block().memory().words(layout.kernel_abort_offset(index) / 8, 1).unwrap()[0]
+                .load(Ordering::Acquire)
+        };
+        assert_eq!((word(0), word(1)), (0, 0));
+        let dead = a.id();
+        producer.mark_consumer_dead(dead).unwrap();
+        assert_eq!((word(0), word(1)), (1, 0), "only the dead consumer's word is raised");
+        assert_eq!(producer.block().record_at(0).unwrap().kernel_abort().load(Ordering::Acquire), 1);
+        drop(a);
+        producer.reclaim_consumer(dead).unwrap();
+        // The record's next owner starts with the word lowered, or its kernels would leave at once.
+        let c = join_consumer(&producer);
+        assert_eq!(c.id().index(), 0);
+        assert_eq!(word(0), 0);
+        // The producer's word, in the header: a consumer raises it when it sees the producer's process gone.
+        let header = |block: &ControlBlock| block.producer_kernel_abort().load(Ordering::Acquire);
+        assert_eq!(header(producer.block()), 0);
+        b.raise_producer_kernel_abort();
+        assert_eq!(header(producer.block()), 1);
+        let raw = producer.block().memory().words(layout.producer_kernel_abort_offset() / 8, 1).unwrap()[0]
+            .load(Ordering::Acquire);
+        assert_eq!(raw, 1, "at the offset the layout names");
+    }
+}
+
 #[test]
 fn sequences_beyond_u32() {
     let producer = producer(3, 2);

@@ -463,6 +463,7 @@ fn the_control_block_tables_are_the_offsets_the_code_uses() {
                 "header.producer_pid" => header::PRODUCER_PID,
                 "header.producer_state" => layout.producer_state_offset(),
                 "header.device_words" => header::DEVICE_WORDS,
+                "header.producer_kernel_abort" => layout.producer_kernel_abort_offset(),
                 "producer_heartbeat_ns" => layout.producer_heartbeat_offset(),
                 "next_sequence" => layout.next_sequence_offset(),
                 "published[i]" => layout.published_offset(slot),
@@ -472,6 +473,7 @@ fn the_control_block_tables_are_the_offsets_the_code_uses() {
                 }
                 "consumers[c].pid" => layout.consumer_pid_offset(c),
                 "consumers[c].join_sequence" => layout.join_sequence_offset(c),
+                "consumers[c].kernel_abort" => layout.kernel_abort_offset(c),
                 "consumers[c].heartbeat_ns" => layout.consumer_heartbeat_offset(c),
                 "consumers[c].released[i]" => layout.released_offset(c, slot),
                 other => panic!("ring.md {heading}: unknown field {other:?}"),
@@ -479,7 +481,7 @@ fn the_control_block_tables_are_the_offsets_the_code_uses() {
             assert_eq!(offset, expected, "ring.md {heading}: {field} at {:?}", cells[0]);
             fields.push(field);
         }
-        assert_eq!(fields.len(), 17, "ring.md {heading}: every field has its row: {fields:?}");
+        assert_eq!(fields.len(), 19, "ring.md {heading}: every field has its row: {fields:?}");
         // The table's header values are the layout's.
         let value_of = |field: &str| section.lines().find(|l| l.contains(&format!("`{field}`"))).unwrap().to_owned();
         assert!(value_of("header.layout_version").contains(&format!("| `{}` |", layout.version())), "{heading}");

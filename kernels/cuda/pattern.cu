@@ -249,15 +249,17 @@ extern "C" __global__ void gpu_ipc_xor_words(unsigned int* dst, const unsigned i
 }
 
 // Outcomes of gpu_ipc_persistent_verify, in result[2]: every frame done, or why it left early (the device API's
-// GPU_IPC_RING_TIMED_OUT and GPU_IPC_RING_ABORTED, or a frame whose stamp was not the producer's).
+// GPU_IPC_RING_TIMED_OUT, GPU_IPC_RING_ABORTED and GPU_IPC_RING_ORPHANED, or a frame whose stamp was not the
+// producer's).
 #define GPU_IPC_PERSISTENT_DONE 0ull
 #define GPU_IPC_PERSISTENT_STAMP_INVALID 3ull
 
 // A persistent consumer on the ring's device API (gpu_ipc_ring.cuh): one launch for `frames` frames from
 // ring->first_sequence on, no CPU work per frame. For each frame, thread 0 waits for it (bounded by `timeout_ns`
-// per frame and by the abort word) and checks its stamp; the block counts the words that differ from the pattern,
-// then thread 0 releases the frame and moves the progress word. It leaves at the first frame that does not come
-// (timed out, aborted) or whose stamp is not the producer's (it died), without touching that frame. Launch it with
+// per frame and by the exit words: the abort word, the survivor's, the kernel lease) and checks its stamp; the block
+// counts the words that differ from the pattern, then thread 0 releases the frame and moves the progress word. It
+// leaves at the first frame that does not come (timed out, aborted, orphaned) or whose stamp is not the producer's
+// (it died), without touching that frame. Launch it with
 // ONE block (of any size): the frame's release must follow every read of it, which a barrier gives within a block.
 // result[0] frames released, result[1] mismatched words, result[2] outcome (above), result[3] the frame it stopped at.
 extern "C" __global__ void gpu_ipc_persistent_verify(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
@@ -320,9 +322,9 @@ extern "C" __global__ void gpu_ipc_persistent_verify(const gpu_ipc_ring_descript
 
 // A persistent producer on the ring's device API (gpu_ipc_ring.cuh): one launch for `frames` frames from
 // ring->first_sequence on, no CPU work per frame. For each frame, the first warp waits until its slot is free (every live
-// consumer released the frame it held; bounded by `timeout_ns` per frame and by the abort word), the block writes
+// consumer released the frame it held; bounded by `timeout_ns` per frame and by the exit words), the block writes
 // the frame's pattern, then thread 0 publishes it. It leaves at the first slot that does not come free (timed out,
-// aborted). Launch it with ONE block of at least 32 threads (whole warps): the publish must follow every write of
+// aborted, orphaned). Launch it with ONE block of at least 32 threads (whole warps): the publish must follow every write of
 // the frame, which a barrier gives within a block. result[0] frames published, result[1] 0, result[2] outcome (as
 // gpu_ipc_persistent_verify's), result[3] the frame it stopped at (the first not published).
 extern "C" __global__ void gpu_ipc_persistent_fill(const gpu_ipc_ring_producer_descriptor* ring,

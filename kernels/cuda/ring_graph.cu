@@ -1,14 +1,15 @@
-// The ring steps of frame graphs (ipc-core/src/frames/graph.rs): one CUDA graph per slot, captured once, holds the
+// The ring steps of frame graphs (ipc-core/src/resident/graph.rs): one CUDA graph per slot, captured once, holds the
 // step that opens the frame, the application's own kernels for the slot, and the step that closes it; each frame is
 // then one cuGraphLaunch. The steps are the ring's device API (gpu_ipc_ring.cuh) in kernels of one thread (one warp
 // for the producer's acquire), their descriptor and the frame state (struct gpu_ipc_graph_frame) in device memory.
 // The frame a launch is for is state->sequence, advanced on the GPU by the closing step, so the graph's arguments
 // never change. Part of the ring program (files named ring_*.cu, which ipc-core embeds; see ring_poll.cu).
 //
-// A step that gives up (its deadline passed) raises the abort word: every step queued behind it returns at once,
-// and the host reports the give-up at its next launch. A graph launched for the wrong slot (not state->sequence's)
-// raises it too. A step that finds the abort word raised (the host raises it when the peer dies or the side is
-// dropped) leaves `valid` at 0.
+// A step that gives up (its deadline passed, or the kernel lease ran out: the launching process is gone) raises the
+// abort word: every step queued behind it returns at once, and the host reports the give-up at its next launch. A
+// graph launched for the wrong slot (not state->sequence's) raises it too. A step that finds the abort word raised
+// (the host raises it when the peer dies or the side is dropped; the waiting steps also watch the survivor's abort
+// word and the kernel lease) leaves `valid` at 0.
 
 #include "gpu_ipc_ring.cuh"
 
@@ -28,7 +29,7 @@ extern "C" __global__ void gpu_ipc_graph_wait_frame(const gpu_ipc_ring_descripto
     }
     gpu_ipc_ring_u64 stamp = 0;
     const int waited = gpu_ipc_ring_wait_frame(ring, seq, gpu_ipc_ring_deadline(timeout_ns), &stamp);
-    if (waited == GPU_IPC_RING_TIMED_OUT) {
+    if (waited == GPU_IPC_RING_TIMED_OUT || waited == GPU_IPC_RING_ORPHANED) {
         gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)ring->abort, 1);
     }
     if (waited == GPU_IPC_RING_OK && gpu_ipc_ring_frame_valid(stamp, seq)) {
@@ -72,7 +73,7 @@ extern "C" __global__ void gpu_ipc_graph_acquire_slot(const gpu_ipc_ring_produce
     const int acquired = gpu_ipc_ring_acquire_slot(ring, seq, gpu_ipc_ring_deadline(timeout_ns));
     if (threadIdx.x == 0) {
         state->valid = acquired == GPU_IPC_RING_OK ? 1ull : 0ull;
-        if (acquired == GPU_IPC_RING_TIMED_OUT) {
+        if (acquired == GPU_IPC_RING_TIMED_OUT || acquired == GPU_IPC_RING_ORPHANED) {
             gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)ring->abort, 1);
         }
     }
@@ -138,6 +139,7 @@ extern "C" __global__ void gpu_ipc_graph_mark_slot(const gpu_ipc_ring_producer_d
         gpu_ipc_ring_store_release((gpu_ipc_ring_u64*)ring->abort, 1);
         return;
     }
+    // The abort word alone (one read over the bus per frame): this step judges, it does not wait.
     const bool aborted = gpu_ipc_ring_load_acquire((const gpu_ipc_ring_u64*)ring->abort) != 0;
     state->valid = aborted ? 0ull : 1ull;
 }

@@ -1,6 +1,6 @@
 // Ring sync kernels of the gpu-poll strategy (ipc-core/src/frames/strategy/gpu_poll.rs): a one-thread kernel that
 // polls the ring's 64-bit counters until they reach a target, and a one-thread kernel that publishes a counter.
-// Each also stores the side's run-ahead mark when it is done (ipc-core/src/frames/run_ahead.rs): no stream memory
+// Each also stores the side's run-ahead mark when it is done (ipc-core/src/resident/run_ahead.rs): no stream memory
 // operation between the kernels.
 //
 // Files named ring_*.cu are not part of the gpu-ipc-kernels program: scripts/gen_kernels.py compiles them as their
@@ -25,16 +25,17 @@
 // Waits until counters[first_word + i * word_stride] >= target for every bit i set in `mask`, or until
 // %globaltimer has advanced `timeout_ns` past the kernel's start, or until *abort is non-zero (looked at once a poll
 // falls short: at once on the control block's copy, with the host copy every GPU_IPC_RING_HOST_CHECK polls on the
-// device copy; a wait already satisfied does not read it). Then stores into *outcome `outcome_value` when every
-// counter got there, or `outcome_value | 2^63` when it gave up; giving up also stores 1 into *abort, so the polls
-// queued behind this one give up within those polls (the host sets *abort too, at teardown). Only the first thread
-// of the first block works; launch it with one thread. The host checks that every word the mask can name lies inside
-// the span it passes as `counters`. The wait is the ring's device API (gpu_ipc_ring.cuh). `mirror` (null: none): the
-// device words; counter i's copy there is mirror[mirror_first_word + i * mirror_stride], and host_first[i] (device
-// memory the side keeps, zeroed) is the wait's choice of copy between launches. Last, `mark` is stored into
-// *progress (null: none) with st.release.sys, the side's run-ahead mark: one release orders the outcome before it
-// (the CPU reads an outcome only once the stream has passed its mark); without a progress word the outcome is stored
-// with st.release.sys itself.
+// device copy; a wait already satisfied does not read it). `abort` is the side's exit words (struct
+// gpu_ipc_ring_exit), whose lease and survivor's word are 0 here: a poll ends by itself within its budget. Then stores
+// into *outcome `outcome_value` when every counter got there, or `outcome_value | 2^63` when it gave up; giving up
+// also stores 1 into *abort, so the polls queued behind this one give up within those polls (the host sets *abort
+// too, at teardown). Only the first thread of the first block works; launch it with one thread. The host checks that
+// every word the mask can name lies inside the span it passes as `counters`. The wait is the ring's device API
+// (gpu_ipc_ring.cuh). `mirror` (null: none): the device words; counter i's copy there is
+// mirror[mirror_first_word + i * mirror_stride], and host_first[i] (device memory the side keeps, zeroed) is the
+// wait's choice of copy between launches. Last, `mark` is stored into *progress (null: none) with st.release.sys, the
+// side's run-ahead mark: one release orders the outcome before it (the CPU reads an outcome only once the stream has
+// passed its mark); without a progress word the outcome is stored with st.release.sys itself.
 
 extern "C" __global__ void gpu_ipc_ring_wait(const unsigned long long* counters, unsigned long long first_word,
                                              unsigned long long word_stride, unsigned int mask,

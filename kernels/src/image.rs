@@ -1,37 +1,32 @@
 //! The compiled kernel images embedded in the crate.
 //!
-//! `scripts/gen-kernels.sh` compiles `kernels/cuda/*.cu` with the pinned NVRTC into `kernels/generated/`: one
-//! cubin per architecture in [`IMAGES`] and one PTX for `compute_75`, described by [`MANIFEST`]. The image types
-//! and the rule that picks one for a device live in ipc-core's driver layer ([`gpu_ipc_driver::image`], shared
-//! with the ring's own kernels) and are re-exported here; [`select_image`] applies that rule to [`IMAGES`].
+//! `scripts/gen-kernels.sh` compiles `kernels/cuda/*.cu` with the pinned NVRTC into one tree, `kernels/images/`, a
+//! folder per program; this crate's program (every source but the ring's `ring_*.cu` and the work queue's
+//! `queue_*.cu`) is `kernels/images/kernels/`: one cubin per architecture and one PTX for `compute_75`, described by
+//! [`MANIFEST`], embedded by the one table ([`gpu_ipc_driver::kernel_images!`]) as [`PROGRAM`]. The image types and
+//! the rule that picks one for a device live in the driver layer ([`gpu_ipc_driver::image`], shared with the ring's
+//! and the work queue's kernels) and are re-exported here; [`select_image`] applies that rule to [`IMAGES`].
 
 pub use gpu_ipc_driver::image::{
-    ComputeCapability, FORCE_PTX_ENV, ImageKind, KernelImage, NoImageForDevice, force_ptx_from_env,
+    ComputeCapability, FORCE_PTX_ENV, ImageKind, KernelImage, KernelImages, NoImageForDevice, force_ptx_from_env,
 };
 
-/// The manifest written next to the images: toolchain, exact flags, and sha256 of every source and image.
-pub const MANIFEST: &str = include_str!("../generated/manifest.json");
+/// This crate's program, from `kernels/images/kernels/`.
+pub static PROGRAM: KernelImages = gpu_ipc_driver::kernel_images!("images/kernels");
 
 /// Every embedded image: the cubins in ascending architecture order, then the PTX (the last resort).
-pub static IMAGES: [KernelImage; 8] = [
-    KernelImage::cubin(7, 5, "sm_75.cubin", include_bytes!("../generated/sm_75.cubin")),
-    KernelImage::cubin(8, 0, "sm_80.cubin", include_bytes!("../generated/sm_80.cubin")),
-    KernelImage::cubin(8, 6, "sm_86.cubin", include_bytes!("../generated/sm_86.cubin")),
-    KernelImage::cubin(8, 9, "sm_89.cubin", include_bytes!("../generated/sm_89.cubin")),
-    KernelImage::cubin(9, 0, "sm_90.cubin", include_bytes!("../generated/sm_90.cubin")),
-    KernelImage::cubin(10, 0, "sm_100.cubin", include_bytes!("../generated/sm_100.cubin")),
-    KernelImage::cubin(12, 0, "sm_120.cubin", include_bytes!("../generated/sm_120.cubin")),
-    KernelImage::ptx(7, 5, "compute_75.ptx", concat!(include_str!("../generated/compute_75.ptx"), "\0").as_bytes()),
-];
+pub static IMAGES: &[KernelImage; gpu_ipc_driver::image::IMAGES_PER_PROGRAM] = &PROGRAM.images;
 
-/// Picks the embedded image to load on a device of capability `device`: [`gpu_ipc_driver::image::select_image`]
-/// over [`IMAGES`] (exact cubin, else the closest lower minor of the same major, else the PTX; only the PTX with
+/// The manifest written next to the images: toolchain, exact flags, and sha256 of every source and image.
+pub static MANIFEST: &str = PROGRAM.manifest;
+
+/// Picks the embedded image to load on a device of capability `device`: [`KernelImages::select`] over [`PROGRAM`] (exact cubin, else the closest lower minor of the same major, else the PTX; only the PTX with
 /// `force_ptx`, see [`force_ptx_from_env`]).
 ///
 /// # Errors
 /// [`NoImageForDevice`] when the device is older than 7.5, for which nothing is compiled.
 pub fn select_image(device: ComputeCapability, force_ptx: bool) -> Result<&'static KernelImage, NoImageForDevice> {
-    gpu_ipc_driver::image::select_image(&IMAGES, device, force_ptx)
+    PROGRAM.select(device, force_ptx)
 }
 
 #[cfg(test)]
@@ -106,7 +101,7 @@ mod tests {
     fn arch_names_follow_compiler_spelling() {
         let names: Vec<String> = IMAGES.iter().map(KernelImage::arch_name).collect();
         assert_eq!(names, ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "compute_75"]);
-        for image in &IMAGES {
+        for image in IMAGES.iter() {
             let stem = image.file.split('.').next().unwrap();
             assert_eq!(stem, image.arch_name());
         }
@@ -114,10 +109,11 @@ mod tests {
 
     #[test]
     fn manifest_lists_exactly_the_embedded_images() {
+        assert_eq!(PROGRAM.check_manifest(), Ok(()));
         let manifest: serde_json::Value = serde_json::from_str(MANIFEST).unwrap();
         let listed = manifest["images"].as_array().unwrap();
         assert_eq!(listed.len(), IMAGES.len());
-        for (entry, image) in listed.iter().zip(&IMAGES) {
+        for (entry, image) in listed.iter().zip(IMAGES.iter()) {
             assert_eq!(entry["file"], image.file);
             assert_eq!(entry["arch"], image.arch_name());
             let kind = match image.kind {

@@ -20,7 +20,7 @@ pub enum KernelError {
         "the CUDA driver {driver} rejected the kernel image {image} on a device of compute capability {device}: {source}; {fix}"
     )]
     ImageRejected {
-        /// The image that was tried (its file name in `kernels/generated/`).
+        /// The image that was tried (its file name in `kernels/images/kernels/`).
         image: &'static str,
         /// The driver's CUDA version.
         driver: String,

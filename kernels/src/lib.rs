@@ -1,7 +1,7 @@
 //! The CUDA kernels of gpu-ipc, compiled ahead of time and embedded in the crate.
 //!
 //! `cargo build` needs no CUDA toolkit: `scripts/gen-kernels.sh` compiles `kernels/cuda/*.cu` with a pinned
-//! NVRTC into `kernels/generated/` (one cubin per architecture and one PTX), the outputs are committed, and
+//! NVRTC into `kernels/images/kernels/` (one cubin per architecture and one PTX), the outputs are committed, and
 //! [`image`] embeds them and picks the one to load for a device. [`pattern`] is the host reference of the frame
 //! check pattern the kernels write and verify. See `docs/kernels.md`.
 //!

@@ -53,10 +53,14 @@ pub enum PersistentOutcome {
     Done,
     /// A frame did not come within the timeout per frame.
     TimedOut,
-    /// The host raised the abort word (the producer hung up, the consumer was dropped).
+    /// The host raised the abort word (the producer hung up, the consumer was dropped), or the peer raised the
+    /// survivor's abort word (it saw this process gone).
     Aborted,
     /// A frame's stamp was not the producer's: it died before it published that frame.
     StampInvalid,
+    /// The kernel lease ran out: this process's heartbeat stood still for the lease (it was stopped, or killed and
+    /// nobody reads this), `ipc_core::resident::KernelLease`.
+    Orphaned,
     /// A value the kernel does not write: the result was not written (the kernel did not run to its end).
     Unknown(u64),
 }
@@ -68,6 +72,7 @@ impl PersistentOutcome {
             1 => Self::TimedOut,
             2 => Self::Aborted,
             3 => Self::StampInvalid,
+            4 => Self::Orphaned,
             other => Self::Unknown(other),
         }
     }
@@ -262,5 +267,7 @@ mod tests {
         assert!(
             header.contains("#define GPU_IPC_RING_TIMED_OUT 1") && header.contains("#define GPU_IPC_RING_ABORTED 2")
         );
+        assert!(header.contains("#define GPU_IPC_RING_ORPHANED 4"));
+        assert_eq!(PersistentOutcome::from_raw(4), PersistentOutcome::Orphaned);
     }
 }

@@ -19,10 +19,10 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::each_backend;
 use crate::errors::{ArgumentError, ArgumentTypeError, BackendError, ReleasedError, WireError, pool_to_py, to_py};
-use crate::mapping::MappingHold;
+use crate::mapping::{MappingHold, pool_view};
 use crate::ring::{Gpu, PerBackend, Shared, lock, parse_backend};
 use crate::stream::{borrow, stream_handle};
-use crate::view::{ArrayMemory, Layout, Memory, View};
+use crate::view::{ArrayMemory, Layout, View};
 
 type Owner = PerBackend<CorePool<Legacy>, CorePool<Vmm>, CorePool<HostFake>>;
 type Handle = PerBackend<BufferHandle<Legacy>, BufferHandle<Vmm>, BufferHandle<HostFake>>;
@@ -432,11 +432,8 @@ impl ArrayMemory for SharedBuffer {
             )));
         }
         let gpu = self.pool.get().gpu.clone();
-        let memory = Memory::Pool {
-            ordinal: gpu.as_ref().map(|g| g.ordinal),
-            hold: MappingHold::new(handle, gpu.map(|g| g.ctx)),
-        };
-        Ok(View { ptr: self.ptr, layout: self.layout.clone(), memory })
+        let ordinal = gpu.as_ref().map(|g| g.ordinal);
+        Ok(pool_view(self.ptr, &self.layout, ordinal, MappingHold::new(handle, gpu.map(|g| g.ctx))))
     }
 }
 

@@ -17,9 +17,9 @@ use pyo3::types::PyTuple;
 
 use crate::each_backend;
 use crate::errors::{ReleasedError, door_to_py, pool_to_py};
-use crate::mapping::MappingHold;
+use crate::mapping::{MappingHold, pool_view};
 use crate::ring::{Gpu, PerBackend, SLICE, Shared, lock, parse_backend, seconds};
-use crate::view::{ArrayMemory, Layout, Memory, View};
+use crate::view::{ArrayMemory, Layout, View};
 
 type Importer = PerBackend<CoreImporter<Legacy>, CoreImporter<Vmm>, CoreImporter<HostFake>>;
 type Viewed = PerBackend<CoreView<Legacy>, CoreView<Vmm>, CoreView<HostFake>>;
@@ -205,11 +205,8 @@ impl ArrayMemory for BufferView {
 
     fn view(&self) -> PyResult<View> {
         let viewed = self.held()?;
-        let memory = Memory::Pool {
-            ordinal: self.gpu.as_ref().map(|g| g.ordinal),
-            hold: MappingHold::new(viewed, self.gpu.as_ref().map(|g| g.ctx.clone())),
-        };
-        Ok(View { ptr: self.ptr, layout: self.layout.clone(), memory })
+        let hold = MappingHold::new(viewed, self.gpu.as_ref().map(|g| g.ctx.clone()));
+        Ok(pool_view(self.ptr, &self.layout, self.gpu.as_ref().map(|g| g.ordinal), hold))
     }
 }
 

@@ -16,17 +16,18 @@ use gpu_ipc::pool::PoolError;
 use gpu_ipc::toolkit::door::{self, DoorError};
 use gpu_ipc::vmm::Vmm;
 use gpu_ipc::weights::{
-    HeldGeneration, WeightsError, WeightsOptions, WeightsOwner as CoreOwner, WeightsReader as CoreReader,
+    ArenaBytes, HeldGeneration, Manifest, TensorCopier, TensorEntry, WeightsError, WeightsOptions,
+    WeightsOwner as CoreOwner, WeightsReader as CoreReader,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::each_backend;
 use crate::errors::{ArgumentError, door_to_py, driver_to_py, weights_to_py};
-use crate::mapping::MappingHold;
+use crate::mapping::{MappingHold, pool_view};
 use crate::ring::{Gpu, PerBackend, SLICE, Shared, lock, parse_backend, seconds};
 use crate::stream::{borrow, stream_handle};
-use crate::view::{ArrayMemory, Layout, Memory, View};
+use crate::view::{ArrayMemory, Layout, View};
 
 type Owner = PerBackend<CoreOwner<Legacy>, CoreOwner<Vmm>, CoreOwner<HostFake>>;
 type Reader = PerBackend<CoreReader<Legacy>, CoreReader<Vmm>, CoreReader<HostFake>>;
@@ -34,6 +35,9 @@ type Held = PerBackend<Arc<HeldGeneration<Legacy>>, Arc<HeldGeneration<Vmm>>, Ar
 
 /// One tensor's description as the Python layer gives it: name, element type name, shape.
 type TensorSpec = (String, String, Vec<u64>);
+/// A generation's tensors as ``arena()`` gives them, one list per field (no tuple per tensor): names, element type
+/// names, shapes, strides (elements), offsets (bytes from the arena's first byte), and whether each is contiguous.
+type ArenaColumns = (Vec<String>, Vec<&'static str>, Vec<Vec<u64>>, Vec<Vec<u64>>, Vec<u64>, Vec<bool>);
 
 fn gpu_of(gpu: Option<&Gpu>) -> PyResult<&Gpu> {
     gpu.ok_or_else(|| ArgumentError::new_err("this weight set is on the host backend: there is no device to copy on"))
@@ -51,10 +55,74 @@ fn caller_span<'a>(ptr: u64, bytes: u64) -> DeviceSpan<'a> {
     }
 }
 
+/// The copies `ptrs` names: `ptrs[i]` is the caller's memory for tensor `first + i` of `entries` (its whole byte
+/// span), 0 for none.
+fn caller_copies(entries: &[TensorEntry], first: usize, ptrs: &[u64]) -> PyResult<Vec<(usize, DeviceSpan<'static>)>> {
+    if first.checked_add(ptrs.len()).is_none_or(|end| end > entries.len()) {
+        return Err(ArgumentError::new_err(format!(
+            "tensors {first}..{} asked of a set of {} tensors",
+            first.saturating_add(ptrs.len()),
+            entries.len()
+        )));
+    }
+    Ok(ptrs
+        .iter()
+        .zip(&entries[first..])
+        .enumerate()
+        .filter(|(_, (ptr, _))| **ptr != 0)
+        .map(|(i, (ptr, entry))| (first + i, caller_span(*ptr, entry.span_bytes())))
+        .collect())
+}
+
+/// `copier`, loaded in `gpu`'s context on first use.
+fn copier_of<'a>(copier: &'a mut Option<TensorCopier>, gpu: &Gpu) -> PyResult<&'a mut TensorCopier> {
+    Ok(match copier {
+        Some(c) => c,
+        None => copier.insert(TensorCopier::new(&gpu.ctx).map_err(weights_to_py)?),
+    })
+}
+
+/// The whole arena of a generation as one ``uint8`` view, named after its pool buffer, and its tensors.
+fn arena_of(
+    manifest: &Manifest,
+    base: u64,
+    ordinal: Option<i32>,
+    hold: MappingHold,
+) -> PyResult<(WeightsTensor, ArenaColumns)> {
+    let n = manifest.entries.len();
+    let mut columns: ArenaColumns = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for e in &manifest.entries {
+        columns.0.push(e.name.clone());
+        columns.1.push(e.desc.dtype().name());
+        columns.2.push(e.desc.shape().to_vec());
+        columns.3.push(e.desc.strides_or_contiguous());
+        columns.4.push(e.offset);
+        columns.5.push(e.desc.strides().is_none_or(|s| *s == *e.desc.strides_or_contiguous()));
+    }
+    let arena = WeightsTensor {
+        name: format!("{}/{}", manifest.set_name, manifest.generation),
+        generation: manifest.generation,
+        ptr: base,
+        layout: Layout::bytes(manifest.arena_bytes)?,
+        ordinal,
+        hold,
+    };
+    Ok((arena, columns))
+}
+
 /// The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct WeightsOwner {
     owner: Shared<Mutex<Owner>>,
+    /// The gather kernel, loaded by the first ``copy_in``.
+    copier: Mutex<Option<TensorCopier>>,
     gpu: Option<Gpu>,
     backend: BackendKind,
     socket: PathBuf,
@@ -115,7 +183,14 @@ impl WeightsOwner {
                 })
             })
             .map_err(weights_to_py)?;
-        Ok(Self { owner: Shared::new(Mutex::new(owner)), gpu, backend, socket, name: name.to_owned() })
+        Ok(Self {
+            owner: Shared::new(Mutex::new(owner)),
+            copier: Mutex::new(None),
+            gpu,
+            backend,
+            socket,
+            name: name.to_owned(),
+        })
     }
 
     /// The newest published generation (0 before the first commit).
@@ -162,35 +237,48 @@ impl WeightsOwner {
             .collect()
     }
 
-    /// Copies each ``(name, ptr, nbytes)``: ``nbytes`` of device memory at ``ptr`` (a tensor of the set's device)
-    /// into the staged tensor ``name``, on ``stream`` (``cuMemcpyAsync``, one call for the lot). Stages the next
+    /// Makes (or returns) the next generation's arena and returns it whole, writable, as one ``uint8`` view, with
+    /// its tensors as ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each: one DLPack import
+    /// for every tensor.
+    fn stage_arena(&self, py: Python<'_>) -> PyResult<(WeightsTensor, ArenaColumns)> {
+        let owner = self.owner()?;
+        let ordinal = self.gpu.as_ref().map(|g| g.ordinal);
+        let ctx = self.gpu.as_ref().map(|g| g.ctx.clone());
+        let (manifest, base) = py
+            .detach(|| {
+                each_backend!(&mut *lock(&*owner), o => o.stage().map(|s| (s.manifest().clone(), s.handle().ptr().0)))
+            })
+            .map_err(weights_to_py)?;
+        arena_of(&manifest, base, ordinal, MappingHold::new(owner, ctx))
+    }
+
+    /// Copies the caller's device memory into the staged tensors, on ``stream`` (default: the legacy default
+    /// stream) with a few launches of the gather kernel: ``ptrs[i]`` is the address of tensor ``first + i``'s
+    /// bytes (layout order; a tensor of the set's device, its whole byte span; 0: not copied). Stages the next
     /// generation first if none is.
-    #[pyo3(signature = (tensors, stream=None))]
-    fn copy_in(
-        &self,
-        py: Python<'_>,
-        tensors: Vec<(String, u64, u64)>,
-        stream: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
+    #[pyo3(signature = (ptrs, first=0, stream=None))]
+    fn copy_in(&self, py: Python<'_>, ptrs: Vec<u64>, first: usize, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let gpu = gpu_of(self.gpu.as_ref())?;
         let raw = stream_handle(stream)?.unwrap_or(crate::stream::LEGACY_DEFAULT_STREAM);
         let owner = self.owner()?;
-        py.detach(|| -> PyResult<()> {
-            let mut guard = lock(&*owner);
+        py.detach(|| {
             let stream = borrow(&gpu.ctx, raw);
-            macro_rules! copy_all {
-                ($o:expr) => {{
-                    let staged = $o.stage().map_err(weights_to_py)?;
-                    for (name, ptr, nbytes) in &tensors {
-                        let dst = staged.span_of(name).map_err(weights_to_py)?;
-                        dst.copy_from_async(&caller_span(*ptr, *nbytes), &stream).map_err(driver_to_py)?;
-                    }
-                    Ok(())
-                }};
+            let mut copier = lock(&self.copier);
+            let copier = copier_of(&mut copier, gpu)?;
+            fn copy<B: ArenaBytes + gpu_ipc::core::backend::GpuBackend>(
+                o: &mut CoreOwner<B>,
+                copier: &mut TensorCopier,
+                first: usize,
+                ptrs: &[u64],
+                stream: &gpu_ipc::driver::Stream,
+            ) -> PyResult<()> {
+                let staged = o.stage().map_err(weights_to_py)?;
+                let copies = caller_copies(&staged.manifest().entries, first, ptrs)?;
+                staged.copy_in(copier, &copies, stream).map_err(weights_to_py)
             }
-            match &mut *guard {
-                PerBackend::Legacy(o) => copy_all!(o),
-                PerBackend::Vmm(o) => copy_all!(o),
+            match &mut *lock(&*owner) {
+                PerBackend::Legacy(o) => copy(o, copier, first, &ptrs, &stream),
+                PerBackend::Vmm(o) => copy(o, copier, first, &ptrs, &stream),
                 PerBackend::Host(_) => Err(ArgumentError::new_err("copy_in is for GPU backends; use write")),
             }
         })
@@ -276,6 +364,7 @@ crate::closable!(WeightsOwner, owner, "Stops serving the set (readers keep what 
 impl Drop for WeightsOwner {
     fn drop(&mut self) {
         if self.owner.made_elsewhere() {
+            std::mem::forget(lock(&self.copier).take());
             std::mem::forget(self.gpu.take());
         }
     }
@@ -285,6 +374,8 @@ impl Drop for WeightsOwner {
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct WeightsReader {
     reader: Shared<Mutex<Reader>>,
+    /// The gather kernel, loaded by the first ``copy_out``.
+    copier: Mutex<Option<TensorCopier>>,
     gpu: Option<Gpu>,
     backend: BackendKind,
     socket: PathBuf,
@@ -350,7 +441,14 @@ impl WeightsReader {
                 })
             })
             .map_err(weights_to_py)?;
-        Ok(Self { reader: Shared::new(Mutex::new(reader)), gpu, backend, socket, name: name.to_owned() })
+        Ok(Self {
+            reader: Shared::new(Mutex::new(reader)),
+            copier: Mutex::new(None),
+            gpu,
+            backend,
+            socket,
+            name: name.to_owned(),
+        })
     }
 
     /// The generation held now.
@@ -426,6 +524,17 @@ impl WeightsReader {
         })
     }
 
+    /// The held generation's whole arena as one ``uint8`` view (the manifest at byte 0), with its tensors as
+    /// ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each (strides in elements, offsets in
+    /// bytes from the arena's first byte, every entry checked against the mapped extent): one DLPack import for
+    /// every tensor, which ``gpu_ipc.weights`` cuts the tensors from. The view keeps the generation alive.
+    fn arena(&self) -> PyResult<(WeightsTensor, ArenaColumns)> {
+        let held = self.held()?;
+        let ordinal = self.gpu.as_ref().map(|g| g.ordinal);
+        let ctx = self.gpu.as_ref().map(|g| g.ctx.clone());
+        each_backend!(held, h => arena_of(h.manifest(), h.view().ptr().0, ordinal, MappingHold::new(h.clone(), ctx)))
+    }
+
     /// The held generation's manifest: ``(name, dtype, shape, strides, offset, checksum)`` per tensor.
     #[allow(clippy::type_complexity)]
     fn manifest(&self) -> PyResult<Vec<(String, String, Vec<u64>, Vec<u64>, u64, Option<u64>)>> {
@@ -462,33 +571,39 @@ impl WeightsReader {
         Ok(PyBytes::new(py, &bytes))
     }
 
-    /// Copies each ``(name, ptr, nbytes)``: the held tensor ``name`` into ``nbytes`` of device memory at ``ptr``,
-    /// on ``stream`` (``cuMemcpyAsync``, one call for the lot): what ``load_into`` does. The held generation stays
-    /// mapped until the device's queued work is done, whatever ``refresh`` does meanwhile.
-    #[pyo3(signature = (tensors, stream=None))]
+    /// Copies the held tensors into the caller's device memory, on ``stream`` (default: the legacy default stream)
+    /// with a few launches of the gather kernel: ``ptrs[i]`` is the address of the destination of tensor
+    /// ``first + i`` (manifest order; its whole byte span, on the set's device; 0: not copied): what ``load_into``
+    /// does. The held generation stays mapped until the device's queued work is done, whatever ``refresh`` does
+    /// meanwhile.
+    #[pyo3(signature = (ptrs, first=0, stream=None))]
     fn copy_out(
         &self,
         py: Python<'_>,
-        tensors: Vec<(String, u64, u64)>,
+        ptrs: Vec<u64>,
+        first: usize,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let gpu = gpu_of(self.gpu.as_ref())?;
         let raw = stream_handle(stream)?.unwrap_or(crate::stream::LEGACY_DEFAULT_STREAM);
         let held = self.held()?;
-        let copied = py.detach(|| -> PyResult<()> {
+        let copied = py.detach(|| {
             let stream = borrow(&gpu.ctx, raw);
-            macro_rules! copy_all {
-                ($h:expr) => {{
-                    for (name, ptr, nbytes) in &tensors {
-                        let src = $h.span_of(name).map_err(weights_to_py)?;
-                        caller_span(*ptr, *nbytes).copy_from_async(&src, &stream).map_err(driver_to_py)?;
-                    }
-                    Ok(())
-                }};
+            let mut copier = lock(&self.copier);
+            let copier = copier_of(&mut copier, gpu)?;
+            fn copy<B: ArenaBytes + gpu_ipc::core::backend::GpuBackend>(
+                h: &HeldGeneration<B>,
+                copier: &mut TensorCopier,
+                first: usize,
+                ptrs: &[u64],
+                stream: &gpu_ipc::driver::Stream,
+            ) -> PyResult<()> {
+                let copies = caller_copies(&h.manifest().entries, first, ptrs)?;
+                h.copy_out(copier, &copies, stream).map_err(weights_to_py)
             }
             match &held {
-                PerBackend::Legacy(h) => copy_all!(h),
-                PerBackend::Vmm(h) => copy_all!(h),
+                PerBackend::Legacy(h) => copy(h, copier, first, &ptrs, &stream),
+                PerBackend::Vmm(h) => copy(h, copier, first, &ptrs, &stream),
                 PerBackend::Host(_) => Err(ArgumentError::new_err("copy_out is for GPU backends; use read")),
             }
         });
@@ -538,6 +653,7 @@ crate::closable!(WeightsReader, reader, "Lets go of the set (tensors already mad
 impl Drop for WeightsReader {
     fn drop(&mut self) {
         if self.reader.made_elsewhere() {
+            std::mem::forget(lock(&self.copier).take());
             std::mem::forget(self.gpu.take());
         }
     }
@@ -562,8 +678,7 @@ impl ArrayMemory for WeightsTensor {
     }
 
     fn view(&self) -> PyResult<View> {
-        let memory = Memory::Pool { ordinal: self.ordinal, hold: self.hold.clone() };
-        Ok(View { ptr: self.ptr, layout: self.layout.clone(), memory })
+        Ok(pool_view(self.ptr, &self.layout, self.ordinal, self.hold.clone()))
     }
 }
 

@@ -18,13 +18,21 @@ from gpu_ipc.bridge_protocol import (
     HELLO,
     MAGIC,
     WRITTEN,
+    Choice,
     Grant,
+    Offer,
+    PathReport,
     ProtocolError,
+    Region,
     decode,
+    decode_choice,
     decode_grant,
     decode_hello,
+    decode_offer,
     encode,
+    encode_choice,
     encode_grant,
+    encode_offer,
 )
 
 LAYOUT = {"shape": [4, 4], "dtype": "uint8", "nbytes": 16, "slots": 3}
@@ -33,6 +41,9 @@ SEEDS = [
     encode(WRITTEN, struct.pack("<QQ", 7, 3)),
     encode(END, struct.pack("<Q", 12)),
     encode(HELLO, json.dumps(LAYOUT).encode()),
+    encode_offer(Offer(2, Grant(0, 0, 0x7F00_0000_1000, 16, 0, b"slot"),
+                       (Region(0x7F00_0000_2000, 16, 0, b"r0"), Region(0x7F00_0000_3000, 16, 0, b"")))),
+    encode_choice(Choice("landing", PathReport(("cuda_ipc/cuda",), "zero-copy", True, "UCX", 150.0))),
 ]
 
 
@@ -50,6 +61,7 @@ SEEDS = [
     b'{"shape": [4, 4], "dtype": 7, "nbytes": 16, "slots": 3}',
     b'{"shape": [4, 4], "dtype": "uint8", "nbytes": 16, "slots": 0}',
     b'{"shape": [4, 4], "dtype": "uint8", "slots": 3}',
+    b'{"shape": [4, 4], "dtype": "uint8", "nbytes": 16, "slots": 3, "path": "tcp"}',
     b"[" * 100_000,
 ])
 def test_a_hello_that_is_not_a_frame_layout_is_a_protocol_error(body: bytes) -> None:
@@ -58,7 +70,40 @@ def test_a_hello_that_is_not_a_frame_layout_is_a_protocol_error(body: bytes) -> 
 
 
 def test_a_hello_with_a_layout_decodes_to_it() -> None:
-    assert decode_hello(json.dumps(LAYOUT).encode()) == LAYOUT
+    assert decode_hello(json.dumps(LAYOUT).encode()) == {**LAYOUT, "path": "auto"}
+
+
+@pytest.mark.parametrize("body", [
+    b"",
+    b"[]",
+    b'{"window": -1, "landing": []}',
+    b'{"window": 65, "landing": []}',
+    b'{"window": 1, "landing": [{"ptr": 1, "nbytes": 2, "device": 0, "reach": ""}, '
+    b'{"ptr": 1, "nbytes": 2, "device": 0, "reach": ""}]}',
+    b'{"window": 1, "landing": [{"ptr": 1, "nbytes": 2, "device": 0, "reach": 7}]}',
+    b'{"window": 1, "landing": [{"ptr": 18446744073709551616, "nbytes": 2, "device": 0, "reach": ""}]}',
+    b'{"window": 1, "landing": [{"ptr": 1, "nbytes": true, "device": 0, "reach": ""}]}',
+    b'{"window": 0, "landing": [], "direct": [1, 2]}',
+    b'{"window": 0, "landing": [], "landing_error": 3}',
+])
+def test_an_offer_that_is_not_one_is_a_protocol_error(body: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_offer(body)
+
+
+@pytest.mark.parametrize("body", [
+    # Found by the seeded mutations: a choice without gpu_direct (None by .get) passed, as did 1 for True.
+    b'{"path": "landing", "transports": [], "description": "", "how": "", "gbps": 1}',
+    b'{"path": "landing", "transports": [], "description": "", "gpu_direct": 1, "how": "", "gbps": 1}',
+    b'{"path": "landing", "transports": [], "description": "", "gpu_direct": null, "how": "", "gbps": NaN}',
+    b'{"path": "landing"}',
+    b'{"path": "landing", "transports": "tcp/lo", "description": "", "gpu_direct": null, "how": "", "gbps": 1}',
+    b'{"path": "landing", "transports": [], "description": "", "gpu_direct": "yes", "how": "", "gbps": 1}',
+    b'{"path": "landing", "transports": [], "description": "", "gpu_direct": null, "how": "", "gbps": "1"}',
+])
+def test_a_choice_that_is_not_one_is_a_protocol_error(body: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_choice(body)
 
 
 def _check(message: bytes) -> None:
@@ -67,13 +112,17 @@ def _check(message: bytes) -> None:
     except ProtocolError:
         return
     assert encode(kind, body) == message
-    for decoder in (decode_grant, decode_hello):
+    for decoder in (decode_grant, decode_hello, decode_offer, decode_choice):
         try:
             decoded = decoder(body)
         except ProtocolError:
             continue
         if isinstance(decoded, Grant):
             assert encode_grant(decoded) == encode(GRANT, body)
+        elif isinstance(decoded, Offer):
+            assert decode_offer(decode(encode_offer(decoded))[1]) == decoded
+        elif isinstance(decoded, Choice):
+            assert decode_choice(decode(encode_choice(decoded))[1]) == decoded
 
 
 def _mutate(rng: random.Random, data: bytes) -> bytes:

@@ -84,6 +84,78 @@ def test_stage_and_commit_write_in_place(sock: str) -> None:
         assert_generation(r.tensors(), 2)
 
 
+def test_tensors_of_a_framework_are_cut_from_one_import_of_the_arena(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock) as pub:
+        r = gpu_ipc.weights.open(sock, "m")
+        cut = r.tensors(np)
+        assert r.tensors("numpy").keys() == cut.keys() == state_dict(1).keys()
+        views = r.tensors()
+        for name, a in cut.items():
+            want = state_dict(1)[name]
+            assert isinstance(a, np.ndarray) and a.dtype == want.dtype and a.shape == want.shape, name
+            assert np.array_equal(a, want), name
+            assert a.ctypes.data == views[name].ptr, f"{name}: a view in place, not a copy"
+        arena, (names, dtypes, shapes, strides, offsets, contiguous) = r._reader.arena()
+        assert arena.generation == 1 and arena.dtype == "uint8" and arena.shape[0] > max(offsets)
+        assert names == list(state_dict(1)) and dtypes == [str(a.dtype) for a in state_dict(1).values()]
+        assert shapes == [list(a.shape) for a in state_dict(1).values()] and all(contiguous)
+        assert strides[0] == [8, 1] and all(o % 256 == 0 for o in offsets)
+        del views
+        # The cut arrays hold their generation: it stays intact while the owner publishes past it.
+        pub.update(state_dict(2))
+        pub.update(state_dict(3))
+        r.refresh()
+        wait_for_readers(pub, 1)
+        assert sorted(pub.readers()) == [(os.getpid(), 1), (os.getpid(), 3)]
+        assert all(np.array_equal(a, state_dict(1)[name]) for name, a in cut.items())
+        del cut, arena, a  # (a: the loop's last array)
+        assert pub.readers() == [(os.getpid(), 3)]
+
+
+def test_other_frameworks_get_one_import_per_tensor(sock: str) -> None:
+    """A framework without a cut (JAX, say) gets ``framework.from_dlpack`` of each tensor's own view."""
+
+    class Framework:
+        __name__ = "someframework"
+        calls = 0
+
+        @classmethod
+        def from_dlpack(cls, x: gpu_ipc.weights.WeightsTensor) -> np.ndarray:
+            cls.calls += 1
+            return np.from_dlpack(x)
+
+    with gpu_ipc.weights.publish(state_dict(4), "m", socket=sock):
+        r = gpu_ipc.weights.open(sock, "m")
+        got = r.tensors(Framework)
+        assert Framework.calls == 4
+        assert all(np.array_equal(a, state_dict(4)[name]) for name, a in got.items())
+        with pytest.raises(gpu_ipc.ArgumentTypeError, match="framework"):
+            r.tensors(42)
+
+
+def test_stage_of_a_framework_writes_in_place(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock) as pub:
+        staged = pub.stage(np)
+        for name, a in staged.items():
+            assert a.flags.writeable, name
+            a[...] = state_dict(7)[name]
+        del staged
+        assert pub.commit() == 2
+        with gpu_ipc.weights.open(sock, "m") as r:
+            assert_generation(r.tensors(), 7)
+
+
+def test_tensors_of_nineteen_thousand_cost_one_import(sock: str) -> None:
+    """A 19,000-tensor dict (the mixture-of-experts count): every tensor cut from the arena reads its own value."""
+    sd = {f"layers.{i // 384}.experts.{i % 384}.w": np.full((4, 2), i, dtype=np.int32) for i in range(19_000)}
+    with gpu_ipc.weights.publish(sd, "moe", socket=sock):
+        with gpu_ipc.weights.open(sock, "moe") as r:
+            cut = r.tensors(np)
+            assert len(cut) == 19_000
+            values = np.array([int(a[1, 1]) for a in cut.values()])
+            assert np.array_equal(values, np.arange(19_000))
+
+
 def test_load_into_copies_in_place_and_checks_shapes(sock: str) -> None:
     with gpu_ipc.weights.publish(state_dict(5), "m", socket=sock) as pub:
         r = gpu_ipc.weights.open(sock, "m")

@@ -171,6 +171,11 @@ fn under_mps_a_warning_says_a_kill_of_a_polling_process_can_fault_every_client_a
     }
     let fix = warning.fix.as_deref().unwrap();
     assert!(fix.contains("abort word") && fix.contains("prefer gpu-stream-ops"), "{fix}");
+    // What the library does about it, and how it is turned off.
+    for named in ["kernel lease", "survivor's abort word", "GPU_IPC_KERNEL_LEASE_MS=0", "mps-kills"] {
+        assert!(warning.why.contains(named), "{named} not in {}", warning.why);
+    }
+    assert!(fix.contains("Keep the kernel lease on"), "{fix}");
     // A warning does not fail the doctor by itself.
     assert_ne!(overall(&report, &all), Overall::Fail);
 }

@@ -1,8 +1,5 @@
 //! The consuming side of a frame ring.
 
-mod device_ring;
-mod graphs;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -10,13 +7,12 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, ExportedHandle, SharedRegion};
 use crate::frames::FrameError;
-use crate::frames::ring_port::{AbortWord, RingPort};
 use crate::frames::strategy::{Closed, ConsumerShared, ConsumerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
+use crate::resident::{FrameStamp, ResidentSide, device_words};
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerControl, LivenessPolicy, RingError, Sequence, SlotIndex, WaitMode};
 use crate::shm::SharedMemory;
-pub use device_ring::{FrameStamp, RingDescriptor, STAMP_MASK};
 use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan, Stream};
 
 use crate::wire::{
@@ -123,17 +119,20 @@ impl Frame {
 }
 
 /// The consuming end of a frame ring: attached once, then frames are read in place, in order.
+///
+/// The fields marked `pub(crate)` are what the GPU-resident path (`crate::resident`: kernels launched on the ring,
+/// frame graphs) reads and moves when it adds its methods to the consumer.
 pub struct Consumer<B: Backend> {
     watchdog: Watchdog,
-    sync: Box<dyn ConsumerSide>,
+    pub(crate) sync: Box<dyn ConsumerSide>,
     /// In an `Arc` so that teardown can leak it on purpose (see `Drop`) without `unsafe`.
-    region: Arc<B::Imported>,
-    shared: ConsumerShared,
+    pub(crate) region: Arc<B::Imported>,
+    pub(crate) shared: ConsumerShared,
     conn: PeerConnection,
-    offer: RingOffer,
+    pub(crate) offer: RingOffer,
     /// The protocol version agreed with the producer (its offer's): what this consumer's messages go out in.
     version: u16,
-    next_seq: u64,
+    pub(crate) next_seq: u64,
     /// Tells this consumer's frames from any other's.
     owner: u64,
     gpu_timeout: Duration,
@@ -141,13 +140,12 @@ pub struct Consumer<B: Backend> {
     sleep_interval: Duration,
     /// Set once teardown ran (by `detach`), so `Drop` does not run it again.
     left: bool,
-    /// The abort word of kernels launched on the ring, raised by the watchdog at the producer's hang-up.
-    abort: Arc<AbortWord>,
-    /// Where kernels launched on the ring find their descriptor (made at the first launch).
-    port: Option<RingPort>,
-    /// Byte offset of the ring's device words in the allocation ([`super::device_words`]), 0: none, or this
-    /// consumer is on another GPU than the ring.
-    device_words: u64,
+    /// The work launched on the ring ([`Consumer::launch_on_ring`], frame graphs): its abort word (raised by the
+    /// watchdog at the producer's hang-up) and port.
+    pub(crate) resident: ResidentSide,
+    /// Byte offset of the ring's device words in the allocation ([`device_words`]), 0: none, or this consumer is
+    /// on another GPU than the ring.
+    pub(crate) device_words: u64,
 }
 
 impl<B: Backend> Consumer<B> {
@@ -211,10 +209,10 @@ impl<B: Backend> Consumer<B> {
         let watchdog = Watchdog::start();
         let producer_hung_up = Arc::new(AtomicBool::new(false));
         let published_below_at_hang_up = Arc::new(AtomicU64::new(0));
-        let abort = Arc::new(AbortWord::default());
+        let resident = ResidentSide::default();
         {
             let (ring, flag, below) = (ring.clone(), producer_hung_up.clone(), published_below_at_hang_up.clone());
-            let abort = abort.clone();
+            let abort = resident.abort_word();
             let gpu_writes = strategy.gpu_writes_counters();
             watchdog
                 .watch(
@@ -232,8 +230,10 @@ impl<B: Backend> Consumer<B> {
                             // What it really published, read before the poison hides it.
                             below.store(ring.highest_published().map_or(0, |s| s + 1), Ordering::Release);
                             flag.store(true, Ordering::Release);
-                            // A kernel launched on the ring leaves at once (docs/kernels.md, persistent kernels).
+                            // A kernel launched on the ring leaves at once (docs/kernels.md, persistent kernels),
+                            // and so does one the dead producer launched (docs/frames.md, "Kills under MPS").
                             abort.raise();
+                            ring.raise_producer_kernel_abort();
                         }
                         ring.poison_published();
                         // The producer's queued GPU stores of `published` may still land: repeat.
@@ -258,8 +258,7 @@ impl<B: Backend> Consumer<B> {
             gpu_timeout: options.gpu_timeout,
             sleep_interval: options.sleep_interval,
             left: false,
-            abort,
-            port: None,
+            resident,
             device_words,
         })
     }
@@ -325,7 +324,7 @@ impl<B: Backend> Consumer<B> {
         let slots_end =
             offer.slot_stride_bytes.saturating_mul(u64::from(offer.slot_count)).saturating_add(offer.data_offset);
         if device_words != 0 {
-            super::device_words::check(device_words, slots_end, offer.allocation_bytes).map_err(|problem| {
+            device_words::check(device_words, slots_end, offer.allocation_bytes).map_err(|problem| {
                 FrameError::Config(format!("the producer's control block is malformed: {problem}"))
             })?;
         }
@@ -339,7 +338,7 @@ impl<B: Backend> Consumer<B> {
         // their stores and polls are scoped to it (gpu_ipc_ring.cuh), so a consumer on a peer GPU hands its kernels
         // none and they use the control block's copy.
         let same_gpu = cuda.and_then(|c| c.device().uuid().ok()) == Some(offer.device_uuid);
-        let device_words = if same_gpu && super::device_words::enabled() { device_words } else { 0 };
+        let device_words = if same_gpu && device_words::enabled() { device_words } else { 0 };
         let sync = strategy.consumer(
             Setup {
                 cuda,
@@ -514,7 +513,7 @@ impl<B: Backend> Consumer<B> {
     }
 
     /// [`FrameError::ForeignToken`] for a frame another consumer (or an earlier attachment) received.
-    fn check_owner(&self, frame: &Frame) -> Result<(), FrameError> {
+    pub(crate) fn check_owner(&self, frame: &Frame) -> Result<(), FrameError> {
         if frame.owner != self.owner {
             return Err(FrameError::ForeignToken {
                 token: "frame",
@@ -568,7 +567,7 @@ impl<B: Backend> Consumer<B> {
         self.left = true;
         let deadline = Instant::now() + self.gpu_timeout;
         // A kernel launched on the ring leaves on the abort word; the ring is freed only once it has.
-        let kernel_left = self.port.as_mut().is_none_or(|port| port.finish(deadline, true).is_ok());
+        let kernel_left = self.resident.leave(deadline) != crate::resident::Departure::Stuck;
         let settled = kernel_left && self.sync.settle(deadline);
         if settled {
             if let Err(error) = self.shared.ring.leave() {
@@ -583,7 +582,6 @@ impl<B: Backend> Consumer<B> {
             std::mem::forget(self.region.clone());
             std::mem::forget(self.shared.ring.clone());
             std::mem::forget(std::mem::replace(&mut self.sync, Box::new(Closed)));
-            std::mem::forget(self.port.take());
         }
         self.watchdog.stop();
         settled

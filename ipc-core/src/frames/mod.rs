@@ -22,6 +22,11 @@
 //! before it holds a consumer record; from then on (the moment its offer leaves) it counts in back-pressure like any
 //! consumer, and [`SlowConsumerPolicy`] says what the producer does about one that stops releasing.
 //!
+//! This module is the host-driven ring: the CPU calls `acquire`/`publish` and `next_frame`/`release` for each frame
+//! (the strategy decides whether the CPU or the GPU waits). What runs on the ring from the GPU with no call per
+//! frame (kernels launched on the ring, frame graphs) is the GPU-resident path, [`crate::resident`]; its public types
+//! are re-exported here.
+//!
 //! A pipeline [`Stage`] is the consumer of one ring and the producer of another: each frame it takes, the caller's
 //! work turns into a frame it publishes, and the end of the stream (or the upstream's death) travels on.
 //!
@@ -98,31 +103,22 @@
 //! ```
 
 mod consumer;
-pub mod device_words;
 mod error;
-mod graph;
-mod graph_waits;
 mod producer;
-mod ring_port;
-mod run_ahead;
 mod stage;
 mod strategy;
 mod watchdog;
 
 use crate::ring::{WaitMode, bounded_wait};
 
-pub use consumer::{AttachOptions, Consumer, Frame, FrameStamp, RingDescriptor, STAMP_MASK};
+pub use consumer::{AttachOptions, Consumer, Frame};
 pub use error::FrameError;
-pub use graph::{FrameGraphs, GraphOptions, GraphSlot};
-pub use graph_waits::GraphWaits;
-pub use producer::{Producer, ProducerConfig, ProducerRingDescriptor, SlotLease, SlowConsumerPolicy};
-/// How many frames a GPU-side end (gpu-stream-ops, gpu-poll) of a ring of `slots` slots may queue on its stream
-/// beyond what the stream has run (its run-ahead bound: twice the slots, at least 32). A producer killed with frames
-/// queued has told its consumers those frames were published (its count passed them as it queued them), though its
-/// stream never ran them: their stamps say so.
-pub const fn run_ahead_depth(slots: u32) -> usize {
-    run_ahead::depth_for(slots)
-}
+pub use producer::{Producer, ProducerConfig, SlotLease, SlowConsumerPolicy};
+// The GPU-resident path (kernels on the ring, frame graphs: `crate::resident`), under the paths it had here.
+pub use crate::resident::{
+    FrameGraphs, FrameStamp, GraphOptions, GraphSlot, GraphWaits, ProducerRingDescriptor, RingDescriptor, STAMP_MASK,
+    device_words, run_ahead_depth,
+};
 
 pub use stage::{DownstreamEmpty, Stage, StageConfig, StageError, StageIo, StageStep, WorkError};
 
@@ -135,7 +131,7 @@ pub use stage::{DownstreamEmpty, Stage, StageConfig, StageError, StageIo, StageS
 /// Why not `cuEventSynchronize` or `cuStreamWaitEvent`: neither has a timeout, and an IPC event recorded by a
 /// process that dies before the recorded work completes never completes, so a stream or thread made to wait on it
 /// could never be freed. Polling keeps the survivor in control.
-fn wait_for_event(
+pub(crate) fn wait_for_event(
     event: &gpu_ipc_driver::Event,
     deadline: std::time::Instant,
     nap: Option<std::time::Duration>,

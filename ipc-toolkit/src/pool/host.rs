@@ -83,14 +83,19 @@ impl<B: Backend> ObjectHost for PoolHost<B> {
 
     fn describe(&self, peer: &PeerInfo) -> String {
         let book = self.shared.book();
+        // The note word when the owner set one (a weight set's newest generation), first: the names may be cut.
+        let note = match super::directory::note(book.directory().words()) {
+            0 => String::new(),
+            n => format!("note {n}; "),
+        };
         match book.pins_of(peer.id) {
             // The names too (a weight set's arenas are `SET/GENERATION`: who holds which generation), as many as
             // fit the status line.
             Some((views, buffers)) if buffers > 0 => {
                 let names: Vec<String> = book.pinned_by(peer.id).into_iter().map(|(name, _)| name).collect();
-                format!("holds {views} views of {buffers} buffers: {}", names.join(", "))
+                format!("{note}holds {views} views of {buffers} buffers: {}", names.join(", "))
             }
-            Some((views, buffers)) => format!("holds {views} views of {buffers} buffers"),
+            Some((views, buffers)) => format!("{note}holds {views} views of {buffers} buffers"),
             None => String::new(),
         }
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::layout::{CELL_HEADER_BYTES, Geometry, cell};
 use super::ops::{Census, PushFlags, PushRequest, Reclaimed, Status, Swept, TaskData};
 use crate::queue::error::QueueError;
-use gpu_ipc_driver::image::{self, ComputeCapability, KernelImage};
+use gpu_ipc_driver::image::{self, ComputeCapability, KernelImages};
 use gpu_ipc_driver::{
     Context, DeviceBuffer, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg, LaunchConfig, Module,
     Stream,
@@ -19,23 +19,8 @@ use gpu_ipc_driver::{
 use ipc_core::ring::{WaitMode, bounded_wait};
 use ipc_core::shm::SharedMemory;
 
-/// The queue's kernels, from `ipc-toolkit/queue-kernels/` (`scripts/gen-kernels.sh`): the cubins in ascending
-/// architecture order, then the PTX (the last resort).
-static IMAGES: [KernelImage; 8] = [
-    KernelImage::cubin(7, 5, "sm_75.cubin", include_bytes!("../../queue-kernels/sm_75.cubin")),
-    KernelImage::cubin(8, 0, "sm_80.cubin", include_bytes!("../../queue-kernels/sm_80.cubin")),
-    KernelImage::cubin(8, 6, "sm_86.cubin", include_bytes!("../../queue-kernels/sm_86.cubin")),
-    KernelImage::cubin(8, 9, "sm_89.cubin", include_bytes!("../../queue-kernels/sm_89.cubin")),
-    KernelImage::cubin(9, 0, "sm_90.cubin", include_bytes!("../../queue-kernels/sm_90.cubin")),
-    KernelImage::cubin(10, 0, "sm_100.cubin", include_bytes!("../../queue-kernels/sm_100.cubin")),
-    KernelImage::cubin(12, 0, "sm_120.cubin", include_bytes!("../../queue-kernels/sm_120.cubin")),
-    KernelImage::ptx(
-        7,
-        5,
-        "compute_75.ptx",
-        concat!(include_str!("../../queue-kernels/compute_75.ptx"), "\0").as_bytes(),
-    ),
-];
+/// The queue's kernels, from `kernels/images/queue/` (`scripts/gen-kernels.sh`).
+static IMAGES: KernelImages = gpu_ipc_driver::kernel_images!("../kernels/images/queue");
 
 /// The kernels' names (`kernels/cuda/queue_host_ops.cu`).
 const KERNELS: [&str; 7] = [
@@ -91,7 +76,8 @@ impl GpuOps {
     pub(super) fn new(ctx: &Context, g: Geometry) -> Result<Self, QueueError> {
         let (major, minor) = ctx.device().compute_capability()?;
         let force_ptx = image::force_ptx_from_env();
-        let chosen = image::select_image(&IMAGES, ComputeCapability::new(major, minor), force_ptx)
+        let chosen = IMAGES
+            .select(ComputeCapability::new(major, minor), force_ptx)
             .map_err(|e| QueueError::Config(e.to_string()))?;
         let module =
             Module::load(ctx, chosen.bytes).map_err(|source| QueueError::Kernels { image: chosen.file, source })?;
@@ -456,23 +442,17 @@ mod tests {
 
     #[test]
     fn the_embedded_images_are_what_the_manifest_lists() {
-        let manifest = include_str!("../../queue-kernels/manifest.json");
-        for image in &IMAGES {
-            let size = image.bytes.len() - usize::from(image.kind == image::ImageKind::Ptx);
-            let entry = format!("\"file\": \"{}\"", image.file);
-            let at = manifest.find(&entry).unwrap_or_else(|| panic!("{} is not in the manifest", image.file));
-            assert!(manifest[at..].contains(&format!("\"size\": {size},")), "{}: size {size}", image.file);
-        }
+        assert_eq!(IMAGES.check_manifest(), Ok(()));
         for name in KERNELS {
-            assert!(manifest.contains(&format!("\"{name}\"")), "{name} is not in the manifest");
+            assert!(IMAGES.lists_kernel(name), "{name} is not in the manifest");
         }
-        assert!(manifest.contains("\"kernels/cuda/queue_host_ops.cu\""));
-        assert!(manifest.contains("\"kernels/cuda/work_queue.cuh\""));
+        assert!(IMAGES.manifest.contains("\"kernels/cuda/queue_host_ops.cu\""));
+        assert!(IMAGES.manifest.contains("\"kernels/cuda/work_queue.cuh\""));
     }
 
     #[test]
     fn the_ptx_follows_the_coherency_rule() {
-        let ptx = include_str!("../../queue-kernels/compute_75.ptx");
+        let ptx = IMAGES.ptx_text();
         assert!(ptx.contains("ld.acquire.sys"), "polls read with ld.acquire.sys");
         assert!(ptx.contains("atom.acq_rel.sys"), "state changes are acq_rel system-scope compare-and-swaps");
     }

@@ -9,6 +9,9 @@
 //! - [`WeightsReader`]: [`open`](WeightsReader::open), [`held`](WeightsReader::held) (the generation held, as a
 //!   [`HeldGeneration`] that keeps its arena pinned while it lives), [`latest`](WeightsReader::latest) (a word in
 //!   shared memory), [`refresh`](WeightsReader::refresh), [`wait_for`](WeightsReader::wait_for).
+//! - [`TensorCopier`]: on a GPU, a whole state_dict copied into a staged arena
+//!   ([`StagedGeneration::copy_in`]) or out of a held one ([`HeldGeneration::copy_out`]) with a few launches of
+//!   a gather kernel, at the bandwidth of one memcpy.
 //!
 //! How it works: the arenas are buffers of a [`SharedPool`](crate::pool::SharedPool) named `SET/GENERATION`, one
 //! block (one export) each unless arenas fit in freed room; the newest generation is the pool directory's note
@@ -16,12 +19,15 @@
 //! dies (its connection hangs up), so a generation's memory is reused only when no reader holds it. The manifest
 //! is decoded from a private copy and checked whole before a tensor is described. See `docs/weights.md`.
 
+mod arena;
+mod copy;
 mod error;
 mod io;
 pub mod manifest;
 mod owner;
 mod reader;
 
+pub use copy::TensorCopier;
 pub use error::WeightsError;
 pub use io::ArenaBytes;
 pub use ipc_core::wire::{DType, TensorDesc};

@@ -4,6 +4,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 
+use super::arena::Tensors;
+use super::copy::TensorCopier;
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{
@@ -11,9 +13,8 @@ use super::manifest::{
 };
 use super::{arena_name, generation_of};
 use crate::door::DoorConfig;
-use crate::pool::{BufferHandle, PoolConfig, PoolError, SharedPool};
-use gpu_ipc_driver::DeviceSpan;
-use gpu_ipc_driver::DeviceUuid;
+use crate::pool::{BufferHandle, PoolConfig, SharedPool};
+use gpu_ipc_driver::{DeviceSpan, DeviceUuid, Stream};
 use ipc_core::backend::GpuBackend;
 use ipc_core::wire::TensorDesc;
 
@@ -60,26 +61,25 @@ pub struct ReaderHold {
 ///
 /// Its bytes are what the arena held before (an older generation's, or zeros): write every tensor.
 pub struct StagedGeneration<B: ArenaBytes> {
-    manifest: Manifest,
-    index: HashMap<String, usize>,
+    tensors: Tensors,
     handle: BufferHandle<B>,
 }
 
 impl<B: ArenaBytes> std::fmt::Debug for StagedGeneration<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StagedGeneration").field("generation", &self.manifest.generation).finish_non_exhaustive()
+        f.debug_struct("StagedGeneration").field("generation", &self.generation()).finish_non_exhaustive()
     }
 }
 
 impl<B: ArenaBytes> StagedGeneration<B> {
     /// The generation it will be.
     pub fn generation(&self) -> u64 {
-        self.manifest.generation
+        self.tensors.manifest.generation
     }
 
     /// Its manifest (checksums are filled in at commit).
     pub fn manifest(&self) -> &Manifest {
-        &self.manifest
+        &self.tensors.manifest
     }
 
     /// The entry named `name`.
@@ -87,10 +87,7 @@ impl<B: ArenaBytes> StagedGeneration<B> {
     /// # Errors
     /// [`WeightsError::UnknownTensor`].
     pub fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
-        self.index
-            .get(name)
-            .and_then(|i| self.manifest.entries.get(*i))
-            .ok_or_else(|| WeightsError::UnknownTensor { set: self.manifest.set_name.clone(), name: name.to_owned() })
+        self.tensors.entry(name)
     }
 
     /// The arena's pool buffer (on a GPU, its span is the whole arena, manifest included).
@@ -119,9 +116,28 @@ impl<B: ArenaBytes + GpuBackend> StagedGeneration<B> {
     /// # Errors
     /// [`WeightsError::UnknownTensor`]; a freed arena (never, while staged).
     pub fn span_of(&self, name: &str) -> Result<DeviceSpan<'_>, WeightsError> {
-        let entry = self.entry(name)?;
-        let span = self.handle.span()?;
-        span.slice(entry.offset, entry.span_bytes()).map_err(|e| WeightsError::Pool(PoolError::Backend(e.into())))
+        Tensors::slice(&self.handle.span()?, self.entry(name)?)
+    }
+
+    /// Queues on `stream` the copy of each `(index, source)`: the device span `source` (the tensor's whole byte
+    /// span, as its description lays it out) into tensor `index` (manifest order), with `copier` (a few kernel
+    /// launches for any number of tensors). Finish the work queued on `stream` before
+    /// [`WeightsOwner::commit`].
+    ///
+    /// # Errors
+    /// An index past the last tensor, a source of another length (nothing queued); a failing launch.
+    pub fn copy_in(
+        &self,
+        copier: &mut TensorCopier,
+        sources: &[(usize, DeviceSpan<'_>)],
+        stream: &Stream,
+    ) -> Result<(), WeightsError> {
+        let arena = self.handle.span()?;
+        let copies = sources
+            .iter()
+            .map(|(i, src)| Ok((Tensors::slice(&arena, self.tensors.entry_at(*i)?)?, *src)))
+            .collect::<Result<Vec<_>, WeightsError>>()?;
+        copier.copy(&copies, stream)
     }
 }
 
@@ -284,7 +300,7 @@ impl<B: ArenaBytes> WeightsOwner<B> {
             let handle =
                 self.pool.alloc(&arena_name(&self.set, generation), manifest.arena_bytes, TENSOR_ALIGN, None)?;
             B::write_owned(&handle, 0, &manifest.encode())?;
-            self.staged = Some(StagedGeneration { manifest, index: self.index.clone(), handle });
+            self.staged = Some(StagedGeneration { tensors: Tensors::new(manifest), handle });
         }
         self.staged.as_ref().ok_or_else(|| WeightsError::Invalid("no staged generation".into()))
     }
@@ -305,14 +321,14 @@ impl<B: ArenaBytes> WeightsOwner<B> {
         };
         if self.options.checksums {
             let mut bytes = Vec::new();
-            for entry in &mut staged.manifest.entries {
+            for entry in &mut staged.tensors.manifest.entries {
                 bytes.resize(usize::try_from(entry.span_bytes()).unwrap_or(usize::MAX), 0);
                 B::read_owned(&staged.handle, entry.offset, &mut bytes)?;
                 entry.checksum = Some(checksum(&bytes));
             }
-            B::write_owned(&staged.handle, 0, &staged.manifest.encode())?;
+            B::write_owned(&staged.handle, 0, &staged.tensors.manifest.encode())?;
         }
-        let generation = staged.manifest.generation;
+        let generation = staged.generation();
         self.pool.set_note(generation);
         self.generation = generation;
         self.published.push_back((generation, staged.handle));

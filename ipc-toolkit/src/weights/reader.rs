@@ -1,17 +1,18 @@
 //! The reader's side: [`WeightsReader`] holds one generation at a time ([`HeldGeneration`], which keeps its arena
 //! pinned while it lives) and moves to the newest when asked.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::arena::Tensors;
 use super::arena_name;
+use super::copy::TensorCopier;
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{MANIFEST_HEADER_BYTES, Manifest, ManifestError, TensorEntry, checksum};
 use crate::pool::{AttachOptions, BufferView, PoolError, PoolImporter};
-use gpu_ipc_driver::{DevicePtr, DeviceSpan};
+use gpu_ipc_driver::{DevicePtr, DeviceSpan, Stream};
 use ipc_core::backend::GpuBackend;
 
 /// How often [`WeightsReader::wait_for`] looks at the published word.
@@ -23,26 +24,27 @@ const FIND_TRIES: u32 = 64;
 /// this lives, whatever the owner publishes) and its checked manifest. Shared by `Arc`: tensors made from it keep
 /// it alive.
 pub struct HeldGeneration<B: ArenaBytes> {
-    manifest: Manifest,
-    index: HashMap<String, usize>,
+    tensors: Tensors,
     view: BufferView<B>,
 }
 
 impl<B: ArenaBytes> std::fmt::Debug for HeldGeneration<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeldGeneration").field("manifest", &format_args!("{}", self.manifest)).finish_non_exhaustive()
+        f.debug_struct("HeldGeneration")
+            .field("manifest", &format_args!("{}", self.tensors.manifest))
+            .finish_non_exhaustive()
     }
 }
 
 impl<B: ArenaBytes> HeldGeneration<B> {
     /// Its generation.
     pub fn generation(&self) -> u64 {
-        self.manifest.generation
+        self.tensors.manifest.generation
     }
 
     /// Its manifest, checked against the mapped arena.
     pub fn manifest(&self) -> &Manifest {
-        &self.manifest
+        &self.tensors.manifest
     }
 
     /// The entry named `name`.
@@ -50,10 +52,7 @@ impl<B: ArenaBytes> HeldGeneration<B> {
     /// # Errors
     /// [`WeightsError::UnknownTensor`].
     pub fn entry(&self, name: &str) -> Result<&TensorEntry, WeightsError> {
-        self.index
-            .get(name)
-            .and_then(|i| self.manifest.entries.get(*i))
-            .ok_or_else(|| WeightsError::UnknownTensor { set: self.manifest.set_name.clone(), name: name.to_owned() })
+        self.tensors.entry(name)
     }
 
     /// The arena's view (its address in this process, its length).
@@ -91,15 +90,16 @@ impl<B: ArenaBytes> HeldGeneration<B> {
     pub fn verify(&self) -> Result<usize, WeightsError> {
         let mut bytes = Vec::new();
         let mut checked = 0;
-        for entry in &self.manifest.entries {
+        let manifest = &self.tensors.manifest;
+        for entry in &manifest.entries {
             let Some(expected) = entry.checksum else { continue };
             bytes.resize(usize::try_from(entry.span_bytes()).unwrap_or(usize::MAX), 0);
             B::read_viewed(&self.view, entry.offset, &mut bytes)?;
             let found = checksum(&bytes);
             if found != expected {
                 return Err(WeightsError::ChecksumMismatch {
-                    set: self.manifest.set_name.clone(),
-                    generation: self.manifest.generation,
+                    set: manifest.set_name.clone(),
+                    generation: manifest.generation,
                     name: entry.name.clone(),
                     expected,
                     found,
@@ -118,9 +118,28 @@ impl<B: ArenaBytes + GpuBackend> HeldGeneration<B> {
     /// # Errors
     /// [`WeightsError::UnknownTensor`].
     pub fn span_of(&self, name: &str) -> Result<DeviceSpan<'_>, WeightsError> {
-        let entry = self.entry(name)?;
-        let span = self.view.span()?;
-        span.slice(entry.offset, entry.span_bytes()).map_err(|e| WeightsError::Pool(PoolError::Backend(e.into())))
+        Tensors::slice(&self.view.span()?, self.entry(name)?)
+    }
+
+    /// Queues on `stream` the copy of each `(index, destination)`: tensor `index` (manifest order) into the device
+    /// span `destination` (of the tensor's byte span's length: e.g. a module's parameter, in place), with `copier`
+    /// (a few kernel launches for any number of tensors: what `load_into` does). Finish the work queued on
+    /// `stream` before `self` goes.
+    ///
+    /// # Errors
+    /// An index past the last tensor, a destination of another length (nothing queued); a failing launch.
+    pub fn copy_out(
+        &self,
+        copier: &mut TensorCopier,
+        destinations: &[(usize, DeviceSpan<'_>)],
+        stream: &Stream,
+    ) -> Result<(), WeightsError> {
+        let arena = self.view.span()?;
+        let copies = destinations
+            .iter()
+            .map(|(i, dst)| Ok((*dst, Tensors::slice(&arena, self.tensors.entry_at(*i)?)?)))
+            .collect::<Result<Vec<_>, WeightsError>>()?;
+        copier.copy(&copies, stream)
     }
 }
 
@@ -293,8 +312,7 @@ fn load<B: ArenaBytes>(
         );
         return Err(refused(ManifestError::BadField { field: "set name and generation".into(), problem }));
     }
-    let index = manifest.entries.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
-    Ok(HeldGeneration { manifest, index, view })
+    Ok(HeldGeneration { tensors: Tensors::new(manifest), view })
 }
 
 /// `NoSuchSet`, naming the sets the owner does publish.

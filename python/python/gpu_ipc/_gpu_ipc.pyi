@@ -893,9 +893,16 @@ class WeightsOwner:
         """The newest published generation (0 before the first commit)."""
     def stage(self) -> list[tuple[str, WeightsTensor]]:
         """Makes (or returns) the next generation's arena and returns its tensors, writable, as ``(name, view)`` pairs."""
-    def copy_in(self, tensors: Sequence[tuple[str, int, int]], stream: Any = None) -> None:
-        """Copies each ``(name, ptr, nbytes)``: ``nbytes`` of device memory at ``ptr`` (a tensor of the set's device)
-        into the staged tensor ``name``, on ``stream`` (``cuMemcpyAsync``, one call for the lot). Stages the next
+    def stage_arena(
+        self,
+    ) -> tuple[WeightsTensor, tuple[list[str], list[str], list[list[int]], list[list[int]], list[int], list[bool]]]:
+        """Makes (or returns) the next generation's arena and returns it whole, writable, as one ``uint8`` view, with
+        its tensors as ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each: one DLPack import
+        for every tensor."""
+    def copy_in(self, ptrs: Sequence[int], first: int = 0, stream: Any = None) -> None:
+        """Copies the caller's device memory into the staged tensors, on ``stream`` (default: the legacy default
+        stream) with a few launches of the gather kernel: ``ptrs[i]`` is the address of tensor ``first + i``'s
+        bytes (layout order; a tensor of the set's device, its whole byte span; 0: not copied). Stages the next
         generation first if none is."""
     def write(self, name: str, data: bytes) -> None:
         """Writes ``data`` (the tensor's bytes) into the staged tensor ``name`` (from host memory: ``cuMemcpyHtoD`` on
@@ -947,6 +954,13 @@ class WeightsReader:
         in 50 ms slices (Ctrl-C works); returns the newest. Raises ``Timeout``, ``OwnerGone``."""
     def tensors(self) -> list[tuple[str, WeightsTensor]]:
         """The held generation's tensors as ``(name, view)`` pairs; each view keeps the generation alive."""
+    def arena(
+        self,
+    ) -> tuple[WeightsTensor, tuple[list[str], list[str], list[list[int]], list[list[int]], list[int], list[bool]]]:
+        """The held generation's whole arena as one ``uint8`` view (the manifest at byte 0), with its tensors as
+        ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each (strides in elements, offsets in
+        bytes from the arena's first byte, every entry checked against the mapped extent): one DLPack import for
+        every tensor, which ``gpu_ipc.weights`` cuts the tensors from. The view keeps the generation alive."""
     def manifest(self) -> list[tuple[str, str, list[int], list[int], int, int | None]]:
         """The held generation's manifest: ``(name, dtype, shape, strides, offset, checksum)`` per tensor."""
     def verify(self) -> int:
@@ -954,10 +968,12 @@ class WeightsReader:
         (0 when the owner published none). Raises ``GpuIpcError`` naming the first that differs."""
     def read(self, name: str) -> bytes:
         """Tensor ``name``'s bytes, copied to host memory."""
-    def copy_out(self, tensors: Sequence[tuple[str, int, int]], stream: Any = None) -> None:
-        """Copies each ``(name, ptr, nbytes)``: the held tensor ``name`` into ``nbytes`` of device memory at ``ptr``,
-        on ``stream`` (``cuMemcpyAsync``, one call for the lot): what ``load_into`` does. The held generation stays
-        mapped until the device's queued work is done, whatever ``refresh`` does meanwhile."""
+    def copy_out(self, ptrs: Sequence[int], first: int = 0, stream: Any = None) -> None:
+        """Copies the held tensors into the caller's device memory, on ``stream`` (default: the legacy default stream)
+        with a few launches of the gather kernel: ``ptrs[i]`` is the address of the destination of tensor
+        ``first + i`` (manifest order; its whole byte span, on the set's device; 0: not copied): what ``load_into``
+        does. The held generation stays mapped until the device's queued work is done, whatever ``refresh`` does
+        meanwhile."""
     @property
     def owner_gone(self) -> bool:
         """Whether the owner closed the set or went away (what is held stays readable)."""

@@ -2,16 +2,20 @@
 
 Two ends, each its own process::
 
-    # on the machine of ring A (its producer runs with a CPU sync strategy: ipc-event, cpu-spin or cpu-sleep)
-    python -m gpu_ipc.bridge send --socket /tmp/a.sock --connect 10.0.0.2:5600
     # on the other machine: ring B, made alike, which local consumers attach to as usual
     python -m gpu_ipc.bridge receive --socket /tmp/b.sock --port 5600 --consumers 2
+    # on the machine of ring A (its producer runs with a CPU sync strategy: ipc-event, cpu-spin or cpu-sleep)
+    python -m gpu_ipc.bridge send --socket /tmp/a.sock --connect 10.0.0.2 --port 5600 --expect gpu-direct
 
-The sending end is an ordinary consumer of ring A; the receiving end is ring B's producer. Each frame is written by
-NIXL straight from A's slot into a slot of B that B's producer holds (granted for it), then published; A's frame is
-released once the write is complete, so a slow consumer of B slows A's producer, as a local consumer would. Agent
-metadata goes through NIXL's listener (the receiving end listens on ``--port``, TCP); frames and notifications go
-through UCX (CUDA IPC, RDMA, or TCP as a fallback: the sending end says which, and warns on TCP for GPU frames).
+The sending end is an ordinary consumer of ring A; the receiving end is ring B's producer. NIXL WRITEs each frame
+from A's slot into a place the receiving end granted: one of its landing buffers (its own ``cuMemAlloc`` memory,
+which UCX reaches over CUDA IPC or RDMA whatever the ring's backend; several frames in flight; one device copy
+into B's slot there) or B's slot itself (one frame at a time). A's frame is released once the write is complete
+and B's slot published once it holds the frame, so a slow consumer of B slows A's producer, as a local consumer
+would. Before the first frame the sending end probes the paths with it and takes the first that UCX put on a GPU
+path (``--path``); it says which, from UCX's own protocol table for those writes, and ``--expect gpu-direct``
+refuses anything else (exit 3). Agent metadata goes through NIXL's listener (the receiving end listens on
+``--port``, TCP); frames and notifications go through UCX.
 
 Failures: either end's death (or the network's) is an error on the other within ``--peer-timeout`` (heartbeats;
 at once when UCX reports the peer unreachable). The receiving end then exits without closing ring B, so B's
@@ -30,9 +34,23 @@ from typing import Any
 
 import gpu_ipc
 from gpu_ipc.bridge_nixl import NixlMissing, NixlTransport, ProtocolTables, transport_findings
-from gpu_ipc.bridge_protocol import BridgeError, PeerGone, ProtocolError, ReceivingEnd, SendingEnd, TransportError
+from gpu_ipc.bridge_protocol import (
+    DEFAULT_WINDOW,
+    EXPECTS,
+    PATHS,
+    REPORT_EVERY_S,
+    BridgeError,
+    PeerGone,
+    ProtocolError,
+    ReceivingEnd,
+    SendingEnd,
+    TransportError,
+    TransportRefused,
+)
+from gpu_ipc.bridge_staging import DeviceLanding, HostLanding
 
-__all__ = ["BridgeError", "NixlMissing", "PeerGone", "ProtocolError", "TransportError", "receive", "send"]
+__all__ = ["BridgeError", "NixlMissing", "PeerGone", "ProtocolError", "TransportError", "TransportRefused",
+           "receive", "send"]
 
 DEFAULT_PORT = 5600
 DEFAULT_NAME = "gpu-ipc-bridge"
@@ -61,12 +79,22 @@ def _log(side: str, text: str) -> None:
 
 def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, backend: str = "vmm",
          device: int = 0, wait_for_producer: float = 10.0, connect_timeout: float = 10.0,
-         peer_timeout: float = 0.6, tables: ProtocolTables | None = None, staging: str = "auto") -> dict[str, Any]:
+         peer_timeout: float = 0.6, tables: ProtocolTables | None = None, staging: str = "auto",
+         path: str = "auto", expect: str = "any", report_every: float = REPORT_EVERY_S) -> dict[str, Any]:
     """The sending end: attaches to ring ``socket`` as a consumer and writes every frame to the receiving end at
-    ``connect``:``port`` until the ring's end of stream. Returns a summary (frames, FPS, the UCX transports seen).
+    ``connect``:``port`` until the ring's end of stream. Returns a summary (frames, FPS, the path and the transport
+    its probe found, the run's reports).
+
+    Before the first frame it probes the paths the receiving end offers (``path``: ``auto``, ``landing``,
+    ``direct``) with that frame, and takes the transport from what UCX says of those WRITEs (``tables``: UCX's
+    protocol tables, read; without them, from the probe's rate). ``expect="gpu-direct"`` refuses a path that is not
+    CUDA IPC or RDMA for GPU frames (:class:`TransportRefused`, before the first frame is published on the other
+    side). ``staging``: copy frames through buffers of this process's own when UCX cannot register ring A's memory
+    (``auto``), ``always``, ``never``.
 
     Raises :class:`PeerGone` (the receiving end died, went silent or failed), :class:`TransportError`,
-    ``gpu_ipc.ProducerGone`` (ring's producer died: the receiving end is told), :class:`BridgeError`.
+    :class:`TransportRefused`, ``gpu_ipc.ProducerGone`` (ring's producer died: the receiving end is told),
+    :class:`BridgeError`.
     """
     memory = _memory(backend)
     with gpu_ipc.Consumer(socket, backend=backend, name="bridge-send", device=device,
@@ -75,34 +103,39 @@ def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAUL
             raise BridgeError(f"ring {socket} uses sync {consumer.sync!r}: the bridge reads frames when the CPU "
                               f"knows they are ready; start its producer with one of {', '.join(CPU_STRATEGIES)}")
         transport = NixlTransport(f"{name}.send", f"{name}.receive", memory, port, connect_to=connect, tables=tables,
-                                  staging=staging)
+                                  staging=staging, lanes=max(1, consumer.slots))  # WRITEs in flight <= slots
         try:
             transport.connect(connect_timeout)
-            end = SendingEnd(transport, consumer, 0 if backend == "host" else device, peer_timeout=peer_timeout)
+            end = SendingEnd(transport, consumer, 0 if backend == "host" else device, peer_timeout=peer_timeout,
+                             path=path, expect=expect, report_every=report_every,
+                             log=lambda text: _log("send", text))
             end.hello()
             _log("send", f"connected to {connect}:{port}; {consumer.nbytes} bytes a frame ({memory})")
             summary = end.run()
             summary["staged"] = transport.staging is not None
             if transport.staging is not None:
                 summary["staged_because"] = transport.staging_reason
+                summary["staging_copy_ms_mean"] = transport.staging.copy_s / max(transport.staging.copies, 1) * 1e3
         finally:
             transport.close()
     if tables is not None:
         writes = tables.write_transports()
-        account, warning = transport_findings(writes, memory)
         summary["ucx_writes"] = writes
-        summary["transport"] = account
-        summary["transport_warning"] = warning
+        summary["ucx_tables"] = transport_findings(writes, memory)[0]
     return summary
 
 
 def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, backend: str = "vmm", device: int = 0,
             slots: int | None = None, sync: str | None = None, consumers: int = 1, wait_for_sender: float = 60.0,
             wait_for_consumers: float = 60.0, peer_timeout: float = 0.6, stall_timeout: float = 30.0,
-            on_publish: Any = None) -> dict[str, Any]:
+            on_publish: Any = None, window: int = DEFAULT_WINDOW) -> dict[str, Any]:
     """The receiving end: listens on ``port`` for the sending end, makes ring ``socket`` like the sending end's
     (slots: ``slots`` or as many), admits ``consumers`` consumers, then publishes every frame written into it until
     the sending end's end of stream, and closes the ring (its consumers get ``EndOfStream``).
+
+    ``window``: landing buffers of this process's own (``cuMemAlloc``; host memory with the host backend) that the
+    sending end may write frames into, up to ``window`` at a time, each copied into the ring's slot here; 0: none
+    (frames only into the ring's slots, one at a time). The sending end chooses (see :func:`send`).
 
     On any failure (:class:`PeerGone` above all) ring ``socket`` is left open, not closed (kept alive in ``ABANDONED``): closing it would
     tell its consumers that the stream ended cleanly. End the process (the command does at once), so that they get
@@ -116,7 +149,15 @@ def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, bac
     try:
         _log("receive", f"NIXL listener on port {port}; waiting for agent {name}.send")
         transport.connect(wait_for_sender)
-        end = ReceivingEnd(transport, peer_timeout=peer_timeout, stall_timeout=stall_timeout)
+        ring_device = 0 if backend == "host" else device
+
+        def make_landing(nbytes: int, count: int) -> Any:
+            if backend == "host":
+                return HostLanding(nbytes, count)
+            return DeviceLanding(nbytes, count, ring_device)
+
+        end = ReceivingEnd(transport, peer_timeout=peer_timeout, stall_timeout=stall_timeout, window=window,
+                           make_landing=make_landing)
         end.on_publish = on_publish
         layout = end.wait_hello(wait_for_sender)
         producer = gpu_ipc.Producer(socket, shape=layout["shape"], dtype=layout["dtype"],
@@ -133,7 +174,8 @@ def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, bac
                         raise
                     for kind, _body in end.live.receive():
                         raise ProtocolError(f"the sending end sent {kind!r} before its first grant")
-            summary = end.run(producer, 0 if backend == "host" else device)
+            summary = end.run(producer, ring_device)
+            _log("receive", f"path {summary['path']} (window {summary['window']})")
         except BaseException:
             ABANDONED.append(producer)
             raise
@@ -164,9 +206,18 @@ def _parser() -> argparse.ArgumentParser:
     snd.add_argument("--staging", choices=["auto", "always", "never"], default="auto",
                      help="copy GPU frames through a buffer of this process's own before sending: when NIXL cannot "
                           "register ring A's memory (auto), always, or never")
-    snd.add_argument("--expect", choices=["gpu-direct", "any"], default="any",
-                     help="gpu-direct: fail (exit 3) when GPU frames went over TCP instead of CUDA IPC or RDMA")
+    snd.add_argument("--path", choices=list(PATHS), default="auto",
+                     help="where frames are written: the receiving end's landing buffers (several in flight, one "
+                          "copy there), its ring's slots (one at a time), or auto: landing if its probe goes over a "
+                          "GPU path, else direct if its does")
+    snd.add_argument("--expect", choices=list(EXPECTS), default="any",
+                     help="gpu-direct: refuse (exit 3, before the first frame) a path of GPU frames that is not CUDA "
+                          "IPC or RDMA, as UCX reports the probe's writes")
+    snd.add_argument("--report-every", type=float, default=REPORT_EVERY_S,
+                     help="seconds between reports of the rate and the transport during the run")
     rcv.add_argument("--slots", type=int, default=None, help="slots of the ring made (default: as the sender's)")
+    rcv.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                     help="landing buffers the sending end may write into, so frames in flight (0: none)")
     rcv.add_argument("--sync", default=None, choices=list(CPU_STRATEGIES))
     rcv.add_argument("--consumers", type=int, default=1, help="consumers to admit before the first frame")
     rcv.add_argument("--wait-for-sender", type=float, default=60.0)
@@ -179,7 +230,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The command: one JSON summary line on stdout, progress and errors on stderr. Exit 0: the end of the stream
     passed; 1: a failure (the message says which end and why); 2: NIXL missing or bad arguments; 3: ``--expect
-    gpu-direct`` and the frames went over something else."""
+    gpu-direct`` and UCX put the GPU frames on something else (refused before the first frame, or when UCX changed
+    its path during the run)."""
     args = _parser().parse_args(argv)
     tables = ProtocolTables()
     try:
@@ -188,19 +240,23 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 summary = send(args.socket, args.connect, args.port, args.name, args.backend, args.device,
                                args.wait_for_producer, args.connect_timeout, args.peer_timeout, tables,
-                               args.staging)
+                               args.staging, args.path, args.expect, args.report_every)
             finally:
                 tables.stop()
-            _log("send", f"UCX transports of the frame writes: {summary['transport']}")
+            _log("send", f"path {summary['path']} (window {summary['window']}): {summary['transport']}")
             if summary["transport_warning"]:
                 _log("send", f"WARNING: {summary['transport_warning']}")
         else:
             summary = receive(args.socket, args.port, args.name, args.backend, args.device, args.slots, args.sync,
                               args.consumers, args.wait_for_sender, args.wait_for_consumers, args.peer_timeout,
-                              args.stall_timeout)
+                              args.stall_timeout, window=args.window)
     except NixlMissing as e:
         _log(args.side, str(e))
         return 2
+    except TransportRefused as e:
+        _log(args.side, f"refused: {e}")
+        print(json.dumps({"side": args.side, "outcome": "refused", "error": f"TransportRefused: {e}"}), flush=True)
+        return 3
     except Exception as e:  # the command's boundary: every failure is reported the same way
         _log(args.side, f"error: {type(e).__name__}: {e}")
         print(json.dumps({"side": args.side, "outcome": "error", "error": f"{type(e).__name__}: {e}"}), flush=True)
@@ -210,8 +266,6 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(1)
         return 1
     print(json.dumps({"side": args.side, **summary}), flush=True)
-    if args.side == "send" and args.expect == "gpu-direct" and summary["transport_warning"]:
-        return 3
     return 0
 
 

@@ -13,10 +13,19 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from gpu_ipc.bridge_protocol import BridgeError, PeerGone, TransportError
+from gpu_ipc.bridge_protocol import (
+    POLL_S,
+    PROBE_WRITES,
+    BridgeError,
+    PathReport,
+    PeerGone,
+    TransportError,
+)
 from gpu_ipc.bridge_staging import DeviceStaging
 
 NIXL_MODULES = ("nixl_cu13", "nixl_cu12", "nixl")  # the CUDA wheels export the API themselves; `nixl` picks one
@@ -51,21 +60,166 @@ def load_nixl() -> ModuleType:
         "wheel on PYTHONPATH with NIXL_PLUGIN_DIR at its plugins (" + "; ".join(errors) + ")")
 
 
-_PREFIX = re.compile(r"^\[[0-9.]+\]\s+\[[^\]]*\]\s+")
+_PREFIX = re.compile(r"^\[[0-9.]+\]\s+\[([^\]]*)\]\s+")  # UCX's log prefix: [time] [host:pid:thread]
+_MARK = b"\x1egpu-ipc-bridge-mark "  # a line this process writes to its own stdout to know the pipe was read to it
+_TRANSPORT = re.compile(r"\b([a-z][a-z0-9_]*)/([A-Za-z0-9_:.\[\]-]+)")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# Descriptions of protocols that move GPU memory through host buffers even over an RDMA transport.
+_HOST_STAGED = ("copy-in", "copy-out", "bounce", "pipeline")
+# Below this a probe's WRITEs of GPU memory cannot have taken a GPU path (loopback TCP moved 4K frames at about
+# 0.4 GB/s on an H100; CUDA IPC, NVLink and 100 Gb/s RDMA move 12 GB/s or more): the verdict when UCX printed no table.
+GPU_PATH_GBPS = 5.0
+
+
+def _size(text: str) -> int | None:
+    """``8184``, ``64K``, ``inf`` (None) as UCX prints the bounds of a table's range."""
+    text = text.strip()
+    if text == "inf":
+        return None
+    m = re.fullmatch(r"([0-9]+)([KMGT]?)B?", text)
+    if m is None:
+        raise ValueError(text)
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+@dataclass
+class ProtoTable:
+    """One of UCX's protocol tables (``UCX_PROTO_INFO=y``): its scope (``<context> intra-node cfg#1``), its title
+    (``remote memory write by ucp_put*(multi) from cuda/GPU0 to cuda/dev[3]``) and its rows (first and last size,
+    ``None``: no end; the protocol's description; the transports' cell)."""
+
+    scope: str
+    title: str = ""
+    rows: list[tuple[int, int | None, str, str]] = field(default_factory=list)
+
+    @property
+    def reach(self) -> str:
+        """``intra-node``, ``inter-node`` or ``self`` (this process)."""
+        words = self.scope.split()
+        return words[-2] if len(words) >= 2 else self.scope
+
+    def is_remote_write(self) -> bool:
+        """A table of WRITEs to another process's memory (what the bridge's frames are)."""
+        return "remote memory write" in self.title and self.reach != "self"
+
+    def source(self) -> str:
+        """``cuda`` or ``host``: the memory written from (``from cuda/GPU0 ...``, ``from host memory ...``)."""
+        m = re.search(r"\bfrom (\S+)", self.title)
+        return "cuda" if m and m.group(1).startswith("cuda") else "host"
+
+    def row_for(self, nbytes: int) -> tuple[str, str] | None:
+        """``(description, transports cell)`` of the row whose range holds ``nbytes``."""
+        for low, high, description, config in self.rows:
+            if low <= nbytes and (high is None or nbytes <= high):
+                return description, config
+        return None
+
+    def key(self) -> str:
+        return f"{self.reach}: {self.title}"
+
+
+def parse_tables(lines: list[tuple[str, str]]) -> list[ProtoTable]:
+    """UCX's protocol tables from its log lines (``(thread, text)``, the prefix taken off), in the order they
+    began; the lines of tables printed by different threads at once are told apart by their thread."""
+    tables: list[ProtoTable] = []
+    current: dict[str, ProtoTable] = {}
+    for thread, line in lines:
+        text = line.strip()
+        if not text.startswith("|"):
+            continue  # a border, or not a table's line
+        cells = [c.strip() for c in text.strip("|").split("|")]
+        if len(cells) == 1:
+            if " cfg#" in cells[0]:
+                current[thread] = ProtoTable(cells[0])
+                tables.append(current[thread])
+            elif thread in current and not current[thread].title:
+                current[thread].title = cells[0]
+        elif len(cells) == 3 and thread in current and cells[0] != "Range":
+            low, _, high = cells[0].partition("..")
+            try:
+                first = _size(low) or 0
+                last = _size(high) if high else first
+            except ValueError:
+                continue
+            current[thread].rows.append((first, last, cells[1], cells[2]))
+    return tables
+
+
+def transports_of(cell: str) -> tuple[str, ...]:
+    """The transports a table's cell names: ``52% on tcp/lo and 48% on tcp/eth0`` -> ``(tcp/lo, tcp/eth0)``."""
+    found: list[str] = []
+    for m in _TRANSPORT.finditer(cell):
+        if m.group(0) not in found:
+            found.append(m.group(0))
+    return tuple(found)
+
+
+def is_gpu_direct(transports: tuple[str, ...], description: str) -> bool:
+    """Whether WRITEs of GPU memory over ``transports`` with protocol ``description`` stay on a GPU path: CUDA IPC,
+    or RDMA verbs reading GPU memory (not through host bounce buffers)."""
+    names = [t.split("/")[0] for t in transports]
+    return (bool(names) and all(n.startswith(GPU_DIRECT) for n in names)
+            and not any(word in description for word in _HOST_STAGED))
+
+
+def path_verdict(during: list[ProtoTable], before: list[ProtoTable], nbytes: int, memory: str,
+                 gbps: float) -> PathReport:
+    """Which path WRITEs of ``nbytes`` of ``memory`` (``VRAM`` / ``DRAM``) took, from the remote-write tables UCX
+    printed while they ran (``during``: UCX prints a table when it first chooses protocols for a configuration of
+    endpoint and remote key) or, if it printed none then (the same configuration chosen before), the last such table
+    of ``before``; from the rate ``gbps`` alone when there is no table at all (``UCX_PROTO_INFO`` set by the
+    user)."""
+    source = "cuda" if memory == "VRAM" else "host"
+
+    def relevant(tables: list[ProtoTable]) -> list[ProtoTable]:
+        return [t for t in tables if t.is_remote_write() and t.source() == source and t.row_for(nbytes)]
+
+    tables, how = relevant(during), "UCX's protocol table for the probe's WRITEs"
+    if not tables and relevant(before):
+        tables, how = relevant(before)[-1:], "UCX's protocol table of the same configuration, printed before the probe"
+    if not tables:
+        verdict = None if memory != "VRAM" else gbps >= GPU_PATH_GBPS
+        return PathReport((), "", verdict, f"the probe's rate alone (no UCX table; a GPU path moves >= "
+                          f"{GPU_PATH_GBPS:g} GB/s)", gbps)
+    transports: list[str] = []
+    descriptions: list[str] = []
+    verdicts = []
+    for t in tables:
+        row = t.row_for(nbytes)
+        assert row is not None
+        description, cell = row
+        names = transports_of(cell)
+        transports += [n for n in names if n not in transports]
+        if description not in descriptions:
+            descriptions.append(description)
+        verdicts.append(is_gpu_direct(names, description))
+    gpu_direct = all(verdicts) if memory == "VRAM" else None
+    detail = ""
+    if gpu_direct and gbps < GPU_PATH_GBPS:
+        detail = f"but the probe ran at {gbps:.2f} GB/s only (a busy GPU, or a slow link?)"
+    return PathReport(tuple(transports), "; ".join(descriptions), gpu_direct, how, gbps, detail)
 
 
 class ProtocolTables:
-    """Keeps UCX's protocol tables (``UCX_PROTO_INFO=y`` prints them on stdout when an endpoint is configured) out
-    of this process's stdout and reads from them which transports carry remote memory writes.
+    """Keeps UCX's protocol tables (``UCX_PROTO_INFO=y`` prints them on stdout when it chooses protocols) out of
+    this process's stdout and reads them: which transports carry the frames' WRITEs.
 
     Stdout (file descriptor 1) goes through a pipe; a thread passes every line through but the tables' own.
+    :meth:`mark` tells how many lines came so far, once the thread has read everything written before the call.
     """
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.lines: list[tuple[str, str]] = []  # (thread, text) of UCX's lines
         self._saved = -1
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._marks = 0
+        self._marks_seen = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether the tables are being read (False when the user set UCX_PROTO_INFO)."""
+        return self._saved >= 0
 
     def start(self) -> bool:
         """Turns the tables on (before NIXL creates its UCX context); False if the user set UCX_PROTO_INFO."""
@@ -84,12 +238,41 @@ class ProtocolTables:
     def _pass_through(self, fd: int) -> None:
         with os.fdopen(fd, "rb") as pipe:
             for raw in pipe:
-                line = raw.decode("utf-8", "replace")
-                if _PREFIX.match(line):
+                if raw.startswith(_MARK):
                     with self._lock:
-                        self.lines.append(_PREFIX.sub("", line).rstrip())
+                        self._marks_seen = max(self._marks_seen, int(raw[len(_MARK):]))
+                        self._lock.notify_all()
+                    continue
+                line = raw.decode("utf-8", "replace")
+                m = _PREFIX.match(line)
+                if m:
+                    with self._lock:
+                        self.lines.append((m.group(1), line[m.end():].rstrip()))
                 else:
                     os.write(self._saved, raw)
+
+    def mark(self, timeout: float = 1.0, keep_alive: Callable[[], None] | None = None) -> int:
+        """The number of UCX lines read so far, counting every line written to stdout before this call (waits up
+        to ``timeout`` for the thread to read them, calling ``keep_alive`` every 10 ms meanwhile)."""
+        if not self.active:
+            return len(self.lines)
+        with self._lock:
+            self._marks += 1
+            mark = self._marks
+        os.write(1, _MARK + b"%d\n" % mark)
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._lock.wait_for(lambda: self._marks_seen >= mark, 0.01) or time.monotonic() > deadline:
+                    return len(self.lines)
+            if keep_alive is not None:
+                keep_alive()
+
+    def tables(self, start: int = 0, end: int | None = None) -> list[ProtoTable]:
+        """The tables in lines ``start`` to ``end`` (default: to the last)."""
+        with self._lock:
+            lines = self.lines[start:end]
+        return parse_tables(lines)
 
     def stop(self) -> None:
         """Gives stdout back."""
@@ -104,40 +287,27 @@ class ProtocolTables:
 
     def write_transports(self) -> dict[str, list[str]]:
         """For each kind of remote memory write UCX configured towards another process (``intra-node`` /
-        ``inter-node``; not ``self``), the transports in its table: ``{"intra-node: from cuda memory to cuda":
-        ["cuda_ipc/cuda"]}``."""
-        with self._lock:
-            lines = list(self.lines)
+        ``inter-node``; not ``self``), the transports in its table: ``{"intra-node: remote memory write by ucp_put*
+        from cuda memory to cuda": ["cuda_ipc/cuda"]}`` (every row: all sizes)."""
         found: dict[str, list[str]] = {}
-        title = ""
-        scope = ""
-        for line in lines:
-            if line.lstrip().startswith("+"):  # a table's border
+        for t in self.tables():
+            if not t.is_remote_write():
                 continue
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 1 and cells[0]:
-                text = cells[0]
-                if " cfg#" in text:
-                    scope = text
-                elif "remote memory write" in text:
-                    title = text
-                else:
-                    title = ""
-            elif len(cells) == 3 and title and "self" not in scope.split()[1:2] and cells[2] and cells[0] != "Range":
-                key = f"{scope.split()[1] if len(scope.split()) > 1 else scope}: {title}"
-                found.setdefault(key, [])
-                if cells[2] not in found[key]:
-                    found[key].append(cells[2])
+            cells = found.setdefault(t.key(), [])
+            for _low, _high, _description, cell in t.rows:
+                if cell and cell not in cells:
+                    cells.append(cell)
         return found
 
 
 def transport_findings(writes: dict[str, list[str]], memory: str) -> tuple[str, str | None]:
-    """A one-line account of the transports that carry the frames, and a warning when VRAM goes over something
-    that is not GPU-direct (tcp: the silent fallback), or nothing was seen."""
+    """A one-line account of every remote-write table's transports (all sizes, all configurations: the run's
+    record; the path of the frames is the probe's :class:`PathReport`), and a warning when no table of GPU memory
+    names a GPU-direct transport at all, or nothing was seen."""
     if not writes:
         return "no UCX protocol table for remote writes was printed (UCX_PROTO_INFO set by the user?)", None
     account = "; ".join(f"{k} -> {', '.join(v)}" for k, v in sorted(writes.items()))
-    names = {t.split("/")[0] for v in writes.values() for t in v}
+    names = {t.split("/")[0] for v in writes.values() for cell in v for t in transports_of(cell)}
     if memory == "VRAM" and not any(n.startswith(GPU_DIRECT) for n in names):
         return account, (f"GPU frames travel over {', '.join(sorted(names))}, not CUDA IPC or RDMA: expect host "
                          "copies and a fraction of the bandwidth (check UCX_TLS, UCX_NET_DEVICES, the RDMA devices)")
@@ -149,11 +319,13 @@ class NixlTransport:
     exchanges metadata with the receiving end's listener (``ip``:``port``).
 
     ``memory``: ``"VRAM"`` (GPU rings) or ``"DRAM"`` (``backend="host"``). ``staging``: ``"auto"`` (copy frames
-    through a buffer of this process's own when NIXL cannot register the source memory), ``"always"``, ``"never"``.
+    through buffers of this process's own when NIXL cannot register the source memory), ``"always"``, ``"never"``;
+    ``lanes``: how many WRITEs may be in flight (staging buffers to make). ``tables``: UCX's protocol tables, read
+    (the sending end), which :meth:`probe` and :meth:`recheck` take the frames' path from.
     """
 
     def __init__(self, name: str, peer: str, memory: str, port: int, connect_to: str | None = None,
-                 tables: ProtocolTables | None = None, staging: str = "auto") -> None:
+                 tables: ProtocolTables | None = None, staging: str = "auto", lanes: int = 1) -> None:
         nixl = load_nixl()
         self.memory = memory
         self.name = name
@@ -180,6 +352,9 @@ class NixlTransport:
         self.staging_mode = staging
         self.staging: DeviceStaging | None = None
         self.staging_reason = ""
+        self.lanes = lanes  # WRITEs in flight at most: staging buffers to make
+        self._probed = 0  # UCX's lines up to the end of the last probe
+        self._reported = 0  # remote-write tables printed since, already reported by recheck
 
     def connect(self, timeout: float) -> None:
         """Exchanges agent metadata through NIXL's listener: the sending end fetches the receiving end's and sends
@@ -238,8 +413,9 @@ class NixlTransport:
             except Exception as e:
                 raise _failure("NIXL could not load the receiving end's new registration", e) from e
 
-    def write(self, ptr: int, nbytes: int, device: int, remote_ptr: int, remote_device: int,
-              notification: bytes) -> Any:
+    def _register_source(self, ptr: int, nbytes: int, device: int, lane: int) -> int:
+        """The address to WRITE frame memory ``[ptr, ptr + nbytes)`` from: itself, registered once, or (staging) a
+        staging buffer of this process's own for ``lane``, the frame copied into it."""
         if self.staging is None and (ptr, nbytes) not in self._local:
             try:
                 if self.staging_mode == "always" and self.memory == "VRAM":
@@ -248,12 +424,18 @@ class NixlTransport:
             except Exception as e:
                 if self.memory != "VRAM" or self.staging_mode == "never":
                     raise _failure(f"NIXL could not register {nbytes} bytes at {ptr:#x} (device {device})", e) from e
-                self.staging = DeviceStaging(nbytes, device)
+                self.staging = DeviceStaging(nbytes, device, self.lanes)
                 self.staging_reason = repr(e)
-                self._local[(self.staging.ptr, nbytes)] = self.agent.register_memory(
-                    [(self.staging.ptr, nbytes, device, "")], self.memory)
+                for buffer in self.staging.ptrs:
+                    self._local[(buffer, nbytes)] = self.agent.register_memory(
+                        [(buffer, nbytes, device, "")], self.memory)
         if self.staging is not None:
-            ptr = self.staging.copy_in(ptr, nbytes)
+            return self.staging.copy_in(ptr, nbytes, lane % len(self.staging.ptrs))
+        return ptr
+
+    def write(self, ptr: int, nbytes: int, device: int, remote_ptr: int, remote_device: int,
+              notification: bytes, lane: int = 0) -> Any:
+        ptr = self._register_source(ptr, nbytes, device, lane)
         try:
             key = (ptr, remote_ptr, nbytes)
             handle = self._handles.get(key)
@@ -268,6 +450,48 @@ class NixlTransport:
         if state == "ERR":
             raise TransportError(f"NIXL's WRITE of {nbytes} bytes to {self.peer!r} failed at once (peer gone?)")
         return handle
+
+    def probe(self, ptr: int, nbytes: int, device: int, remote_ptr: int, remote_device: int,
+              notification: bytes, keep_alive: Callable[[], None]) -> PathReport:
+        """:data:`PROBE_WRITES` WRITEs of the frame, one at a time, timed (the best counts: the first also maps the
+        peer's memory); the path from the tables UCX printed meanwhile (:func:`path_verdict`)."""
+        before = self.tables.mark(keep_alive=keep_alive) if self.tables is not None else 0
+        best = float("inf")
+        for _ in range(PROBE_WRITES):
+            started = time.perf_counter()
+            handle = self.write(ptr, nbytes, device, remote_ptr, remote_device, notification)
+            while not self.done(handle):
+                keep_alive()
+                time.sleep(POLL_S)
+            best = min(best, time.perf_counter() - started)
+        gbps = nbytes / best / 1e9 if best > 0 else 0.0
+        if self.tables is None:
+            return path_verdict([], [], nbytes, self.memory, gbps)
+        after = self.tables.mark(keep_alive=keep_alive)
+        self._probed, self._reported = after, 0
+        report = path_verdict(self.tables.tables(before, after), self.tables.tables(0, before), nbytes, self.memory,
+                              gbps)
+        if self.staging is not None:
+            report = PathReport(report.transports, report.description, report.gpu_direct, report.how, report.gbps,
+                                "; ".join(filter(None, [report.detail, "from a staging buffer of the sending end's "
+                                                        f"own ({self.staging_reason})"])))
+        return report
+
+    def recheck(self, nbytes: int) -> PathReport | None:
+        """A new account of the frames' path when UCX printed a new remote-write table of this memory since the
+        last look (it chose protocols anew: a new endpoint or remote key configuration). Does not wait for the
+        tables' reader: a table printed a moment ago is seen at the next look."""
+        if self.tables is None:
+            return None
+        source = "cuda" if self.memory == "VRAM" else "host"
+        found = [t for t in self.tables.tables(self._probed)
+                 if t.is_remote_write() and t.source() == source and t.row_for(nbytes)]
+        fresh, self._reported = found[self._reported:], len(found)
+        if not fresh:
+            return None
+        report = path_verdict(fresh, [], nbytes, self.memory, 0.0)
+        return PathReport(report.transports, report.description, report.gpu_direct,
+                          "UCX's protocol table printed during the run", 0.0, report.detail)
 
     def done(self, handle: Any) -> bool:
         try:

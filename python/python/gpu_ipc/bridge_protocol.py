@@ -2,13 +2,28 @@
 in-process fake in the tests).
 
 The receiving end owns a local ring as its producer; the sending end reads another ring as an ordinary consumer.
-Per frame: the receiving end acquires a free slot of its ring and *grants* it (a notification with the sequence
-number, slot index, address and size, plus what the transport needs to reach newly registered memory); the sending
-end waits for a frame of its ring, WRITEs it into the granted slot with a *written* notification attached to the
-transfer (delivered after the data), and releases its frame once the transfer is complete; the receiving end
-publishes the slot when the notification arrives. So a slot is written only while the receiving end holds it (no
-consumer reads it), a frame is released upstream only after it landed, and a slow consumer of the receiving ring
-slows the sending end (it gets no grant) and, through its held frame, the upstream producer.
+
+**Before the first frame.** The sending end says hello (its frame layout, and which path it wants). The receiving end
+makes its ring, admits its consumers and *offers* where frames may be written: the ring's first slot (the *direct*
+path) and ``window`` landing buffers of its own (the *landing* path: ordinary allocations UCX can reach over a GPU
+path where it cannot reach the ring's memory, each frame then copied into the ring's slot by the receiving end). The
+sending end waits for its ring's first frame and *probes* each path in turn with it: a few WRITEs of that frame,
+timed, and the transport's own account of how they went (UCX's protocol table for them). It takes the first path
+whose writes went over a GPU path (CUDA IPC or RDMA), or, if none did, the first path with a warning; with
+``expect="gpu-direct"`` it refuses instead (:class:`TransportRefused`), before any frame reaches the receiving ring.
+It tells the receiving end its *choice*.
+
+**Per frame.** The receiving end *grants* a place to write (a notification with the sequence number, the slot or
+buffer, its address and size, and what the transport needs to reach newly registered memory): on the direct path,
+the ring's next slot, one at a time (a ring's producer holds one slot at a time); on the landing path, each free
+landing buffer, up to ``window`` grants in flight. The sending end WRITEs a frame of its ring into each grant, with a
+*written* notification attached to the transfer (delivered after the data), and releases its frame once the transfer
+is complete. The receiving end publishes the slot (direct) or acquires the ring's next slot, copies the landing
+buffer into it and publishes it (landing) when the notification arrives, in order; a landing buffer is granted again
+once its copy is done. So a slot is written only while the receiving end holds it (no consumer reads it), a frame
+is released upstream only after it landed, and a slow consumer of the receiving ring slows the sending end (it gets
+no grant) and, through the frames it holds, the upstream producer: at most the upstream ring's slots, the window and
+the receiving ring's slots ahead of the slowest consumer.
 
 Liveness: each end sends a heartbeat when it has sent nothing for ``beat_interval`` and gives up on a peer it has not
 heard from for ``peer_timeout`` (or at once when the transport reports the peer unreachable). End of stream: the
@@ -18,7 +33,11 @@ failure, never as an end.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import math
+import statistics
 import struct
 import time
 from collections import deque
@@ -29,12 +48,21 @@ from typing import Any, Protocol
 
 from gpu_ipc._gpu_ipc import EndOfStream, GpuIpcError, Timeout
 
-MAGIC = b"gib1"  # every notification of the bridge starts with this (and names the protocol's version)
-HELLO, GRANT, WRITTEN, BEAT, END, FAIL = b"H", b"G", b"W", b"B", b"E", b"X"
-_GRANT = struct.Struct("<QIQQI")  # seq, slot, addr, nbytes, device
+MAGIC = b"gib2"  # every notification of the bridge starts with this (and names the protocol's version)
+HELLO, OFFER, CHOICE, GRANT, PROBE = b"H", b"O", b"C", b"G", b"P"
+WRITTEN, BEAT, END, FAIL = b"W", b"B", b"E", b"X"
+_GRANT = struct.Struct("<QIQQI")  # seq, slot (or landing buffer), addr, nbytes, device
 _WRITTEN = struct.Struct("<QQ")  # seq in the receiving ring, seq in the sending ring
 _END = struct.Struct("<Q")  # frames written
 POLL_S = 50e-6  # how long an end sleeps between polls of a transfer or of notifications
+PATHS = ("auto", "landing", "direct")  # what the sending end asks for; "auto": landing, else direct (see module doc)
+EXPECTS = ("any", "gpu-direct")
+DEFAULT_WINDOW = 3  # landing buffers, so grants in flight, of a receiving end
+MAX_WINDOW = 64
+ACQUIRE_SLICE_S = 1e-3  # the landing path's wait for the ring's next slot, between looks at notifications
+PROBE_WRITES = 3  # WRITEs of the first frame per path probed
+REPORT_EVERY_S = 10.0  # how often the sending end reports its transport and rate during a run
+TIMES_KEPT = 8192  # the latest WRITE (and landing copy) times kept, for the medians: a long run stays bounded
 
 
 class BridgeError(GpuIpcError):
@@ -57,8 +85,40 @@ class TransportError(BridgeError):
     """The transport (NIXL / UCX) failed: a transfer in error, a registration refused."""
 
 
+class TransportRefused(BridgeError):
+    """``expect="gpu-direct"`` and GPU frames would go (or went) over something else than CUDA IPC or RDMA: the
+    message names the transport UCX chose and where to look."""
+
+
+@dataclass(frozen=True)
+class PathReport:
+    """How the WRITEs of a probe (or of a run) went: the transports that carried them (``cuda_ipc/cuda``,
+    ``rc_mlx5/mlx5_0:1``, ``tcp/lo``), UCX's description of the protocol (``zero-copy``), whether that is a GPU path
+    (``None`` for host memory, where the question does not arise), how this is known, and the rate measured."""
+
+    transports: tuple[str, ...]
+    description: str
+    gpu_direct: bool | None
+    how: str
+    gbps: float
+    detail: str = ""
+
+    def account(self) -> str:
+        """One line: ``cuda_ipc/cuda (zero-copy), 142.1 GB/s; from UCX's protocol table for the probe``."""
+        over = ", ".join(self.transports) or "an unknown transport"
+        desc = f" ({self.description})" if self.description else ""
+        verdict = {True: "a GPU path", False: "NOT a GPU path", None: "host memory"}[self.gpu_direct]
+        extra = f"; {self.detail}" if self.detail else ""
+        return f"{over}{desc}, {self.gbps:.3g} GB/s: {verdict} (from {self.how}){extra}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"transports": list(self.transports), "description": self.description, "gpu_direct": self.gpu_direct,
+                "how": self.how, "gbps": self.gbps, "detail": self.detail}
+
+
 class Transport(Protocol):
-    """What the ends need from a transport: notifications both ways, memory the peer may write, one-sided WRITEs."""
+    """What the ends need from a transport: notifications both ways, memory the peer may write, one-sided WRITEs,
+    and an account of the path those WRITEs take."""
 
     def send(self, message: bytes) -> None:
         """Sends a notification to the peer; raises :class:`PeerGone` when the peer is unreachable."""
@@ -74,17 +134,28 @@ class Transport(Protocol):
         """Sending end: takes in what the peer's :meth:`expose` returned."""
 
     def write(self, ptr: int, nbytes: int, device: int, remote_ptr: int, remote_device: int,
-              notification: bytes) -> Any:
+              notification: bytes, lane: int = 0) -> Any:
         """Sending end: starts a WRITE of local ``[ptr, ptr + nbytes)`` to the peer's ``remote_ptr``; the peer
-        receives ``notification`` after the data. Returns a handle for :meth:`done`."""
+        receives ``notification`` after the data. ``lane``: which of the WRITEs in flight this is (``0 ..
+        window - 1``; no two in flight share one). Returns a handle for :meth:`done`."""
 
     def done(self, handle: Any) -> bool:
         """Whether the WRITE is complete; raises :class:`TransportError` when it failed."""
 
+    def probe(self, ptr: int, nbytes: int, device: int, remote_ptr: int, remote_device: int,
+              notification: bytes, keep_alive: Callable[[], None]) -> PathReport:
+        """Sending end: WRITEs ``[ptr, ptr + nbytes)`` to ``remote_ptr`` a few times (each with ``notification``),
+        calling ``keep_alive`` while it waits, and says which path they took."""
+
+    def recheck(self, nbytes: int) -> PathReport | None:
+        """Sending end, during a run: a new account of the path of frames of ``nbytes`` when the transport chose
+        a path anew since the last call (``None``: nothing new)."""
+
 
 @dataclass(frozen=True)
 class Grant:
-    """A slot of the receiving ring that the sending end may write once: frame ``seq`` of that ring."""
+    """A place of the receiving end that the sending end may write once: frame ``seq`` of the receiving ring, into
+    its slot (direct) or into landing buffer ``slot`` (landing)."""
 
     seq: int
     slot: int
@@ -92,6 +163,35 @@ class Grant:
     nbytes: int
     device: int
     reach: bytes = b""  # what the transport needs to reach this memory, the first time it is granted
+
+
+@dataclass(frozen=True)
+class Region:
+    """A landing buffer the receiving end offers: where it is and what the transport needs to reach it."""
+
+    ptr: int
+    nbytes: int
+    device: int
+    reach: bytes = b""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Where the receiving end may take frames: its ring's first slot (``direct``, granted already) and its landing
+    buffers (``landing``: ``window`` of them), and why there are none when there are none."""
+
+    window: int
+    direct: Grant | None
+    landing: tuple[Region, ...]
+    landing_error: str = ""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The path the sending end took and what its probe found."""
+
+    path: str
+    report: PathReport
 
 
 def encode(kind: bytes, body: bytes = b"") -> bytes:
@@ -117,23 +217,117 @@ def decode_grant(body: bytes) -> Grant:
     return Grant(seq, slot, ptr, nbytes, device, bytes(body[_GRANT.size:]))
 
 
-def decode_hello(body: bytes) -> dict[str, Any]:
-    """The sending end's layout (``shape``, ``dtype``, ``nbytes``, ``slots``) from its hello; :class:`ProtocolError`
-    for a body that is not that JSON object, whatever it holds (a ring is made from it)."""
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
-        layout = json.loads(body)
+        value = json.loads(body)
     except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON (both ValueErrors), or nesting too deep
-        raise ProtocolError(f"a hello that is not JSON: {e}") from None
-    if not isinstance(layout, dict):
-        raise ProtocolError(f"a hello that is not a JSON object: {bytes(body[:120])!r}")
+        raise ProtocolError(f"{what} that is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} that is not a JSON object: {bytes(body[:120])!r}")
+    return value
+
+
+def _is_count(value: Any, least: int = 0) -> bool:
+    return type(value) is int and value >= least
+
+
+def decode_hello(body: bytes) -> dict[str, Any]:
+    """The sending end's layout (``shape``, ``dtype``, ``nbytes``, ``slots``) and the path it asks for (``path``,
+    one of :data:`PATHS`; ``auto`` when absent) from its hello; :class:`ProtocolError` for a body that is not that
+    JSON object, whatever it holds (a ring is made from it)."""
+    layout = _json_object(body, "a hello")
     ok = (isinstance(layout.get("shape"), list)
-          and all(type(d) is int and d >= 0 for d in layout["shape"])
+          and all(_is_count(d) for d in layout["shape"])
           and isinstance(layout.get("dtype"), str)
-          and type(layout.get("nbytes")) is int and layout["nbytes"] >= 0
-          and type(layout.get("slots")) is int and layout["slots"] >= 1)
+          and _is_count(layout.get("nbytes"))
+          and _is_count(layout.get("slots"), 1))
     if not ok:
         raise ProtocolError(f"a hello without a frame layout (shape, dtype, nbytes, slots): {bytes(body[:120])!r}")
+    layout.setdefault("path", "auto")
+    if layout["path"] not in PATHS:
+        raise ProtocolError(f"a hello asking for path {layout['path']!r} (one of {', '.join(PATHS)})")
     return layout
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(value: Any, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise ProtocolError(f"{what}: reach that is not a string")
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as e:
+        raise ProtocolError(f"{what}: reach that is not base64: {e}") from None
+
+
+def encode_offer(o: Offer) -> bytes:
+    direct = None
+    if o.direct is not None:
+        g = o.direct
+        direct = {"seq": g.seq, "slot": g.slot, "ptr": g.ptr, "nbytes": g.nbytes, "device": g.device,
+                  "reach": _b64(g.reach)}
+    landing = [{"ptr": r.ptr, "nbytes": r.nbytes, "device": r.device, "reach": _b64(r.reach)} for r in o.landing]
+    body = {"window": o.window, "direct": direct, "landing": landing, "landing_error": o.landing_error}
+    return encode(OFFER, json.dumps(body).encode())
+
+
+def _counts(value: Any, keys: tuple[str, ...], what: str) -> tuple[list[int], Any]:
+    """The fields ``keys`` of JSON object ``value``, each an unsigned 64-bit count, and its ``reach``."""
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} that is not a JSON object: {str(value)[:120]}")
+    counts = [value.get(k) for k in keys]
+    if not all(type(c) is int and 0 <= c < 2**64 for c in counts):
+        raise ProtocolError(f"{what} without {', '.join(keys)} as counts: {str(value)[:120]}")
+    return [int(c) for c in counts if c is not None], value.get("reach")
+
+
+def decode_offer(body: bytes) -> Offer:
+    """The receiving end's offer; :class:`ProtocolError` for anything that is not one (each address and size an
+    unsigned 64-bit count, as many landing buffers as the window, at most :data:`MAX_WINDOW`)."""
+    o = _json_object(body, "an offer")
+    window, landing, error = o.get("window"), o.get("landing"), o.get("landing_error", "")
+    if (type(window) is not int or not 0 <= window <= MAX_WINDOW or not isinstance(landing, list)
+            or not isinstance(error, str)):
+        raise ProtocolError(f"an offer without a window (0..{MAX_WINDOW}), landing buffers and their error: "
+                            f"{bytes(body[:120])!r}")
+    if landing and len(landing) != window:
+        raise ProtocolError(f"an offer of {len(landing)} landing buffers for a window of {window}")
+    regions = []
+    for i, r in enumerate(landing):
+        (ptr, nbytes, device), reach = _counts(r, ("ptr", "nbytes", "device"), f"landing buffer {i}")
+        regions.append(Region(ptr, nbytes, device, _unb64(reach, f"landing buffer {i}")))
+    direct = None
+    if o.get("direct") is not None:
+        (seq, slot, ptr, nbytes, device), reach = _counts(o["direct"], ("seq", "slot", "ptr", "nbytes", "device"),
+                                                          "the direct slot")
+        direct = Grant(seq, slot, ptr, nbytes, device, _unb64(reach, "the direct slot"))
+    return Offer(window, direct, tuple(regions), error)
+
+
+def encode_choice(c: Choice) -> bytes:
+    return encode(CHOICE, json.dumps({"path": c.path, **c.report.as_dict()}).encode())
+
+
+def decode_choice(body: bytes) -> Choice:
+    """The sending end's choice; :class:`ProtocolError` for anything that is not one."""
+    c = _json_object(body, "a choice")
+    transports = c.get("transports")
+    if not isinstance(transports, list):
+        raise ProtocolError(f"a choice without the transports of its path: {bytes(body[:120])!r}")
+    ok = (c.get("path") in ("landing", "direct")
+          and all(isinstance(t, str) for t in transports)
+          and isinstance(c.get("description"), str)
+          and "gpu_direct" in c and (c["gpu_direct"] is None or type(c["gpu_direct"]) is bool)
+          and isinstance(c.get("how"), str)
+          and type(c.get("gbps")) in (int, float) and math.isfinite(c["gbps"]) and c["gbps"] >= 0
+          and isinstance(c.get("detail", ""), str))
+    if not ok:
+        raise ProtocolError(f"a choice without a path and its report: {bytes(body[:120])!r}")
+    report = PathReport(tuple(transports), c["description"], c["gpu_direct"], c["how"], float(c["gbps"]),
+                        c.get("detail", ""))
+    return Choice(c["path"], report)
 
 
 def _unpack(s: struct.Struct, body: bytes, what: str) -> tuple[int, ...]:
@@ -177,7 +371,7 @@ class Liveness:
                 f"it died or the network between the ends is down")
         if now - self.sent >= self.beat_interval:
             self.send(encode(BEAT))
-        return [(k, b) for k, b in messages if k != BEAT]
+        return [(k, b) for k, b in messages if k not in (BEAT, PROBE)]
 
     @contextmanager
     def failures(self, stats: Stats, side: str) -> Iterator[None]:
@@ -224,27 +418,76 @@ class Stats:
                 "fps": (self.frames - 1) / wall if wall > 0 else 0.0}
 
 
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass
+class _InFlight:
+    frame: Any
+    grant: Grant
+    handle: Any
+    started: float
+
+
 class SendingEnd:
     """Reads frames of a local ring (``source``: a ``gpu_ipc.Consumer`` with a CPU sync strategy) and writes each
-    into a slot the receiving end granted. :meth:`run` returns at the end of the source's stream, after telling the
-    receiving end; raises :class:`PeerGone`, :class:`TransportError`, or the source's ``ProducerGone`` (after telling
-    the receiving end)."""
+    into a place the receiving end granted, up to the offered window at a time.
+
+    ``path``: ``"auto"`` (the landing path if its probe went over a GPU path, else the direct path if its did, else
+    the first offered, with a warning), ``"landing"`` or ``"direct"``. ``expect``: ``"gpu-direct"`` refuses GPU
+    frames a path that is not a GPU path (:class:`TransportRefused`, before the first frame; during the run when
+    the transport changes its path). ``report_every``: seconds between the run's reports (``log``).
+    :meth:`run` returns at the end of the source's stream, after telling the receiving end; raises
+    :class:`PeerGone`, :class:`TransportError`, :class:`TransportRefused`, or the source's ``ProducerGone``
+    (after telling the receiving end)."""
 
     def __init__(self, transport: Transport, source: Any, device: int, beat_interval: float = 0.1,
-                 peer_timeout: float = 0.6, slice_s: float = 0.02) -> None:
+                 peer_timeout: float = 0.6, slice_s: float = 0.02, path: str = "auto", expect: str = "any",
+                 report_every: float = REPORT_EVERY_S, log: Callable[[str], None] | None = None) -> None:
+        if path not in PATHS:
+            raise BridgeError(f"path {path!r}: one of {', '.join(PATHS)}")
+        if expect not in EXPECTS:
+            raise BridgeError(f"expect {expect!r}: one of {', '.join(EXPECTS)}")
         self.transport = transport
         self.source = source
         self.device = device
         self.live = Liveness(transport, "the receiving end", beat_interval, peer_timeout)
         self.slice_s = slice_s
+        self.path = path
+        self.expect = expect
+        self.report_every = report_every
+        self.log = log or (lambda _text: None)
         self.grants: deque[Grant] = deque()
         self.stats = Stats()
+        self.chosen: Choice | None = None
+        self.window = 1
+        self.probes: list[dict[str, Any]] = []
+        self.reports: list[dict[str, Any]] = []
+        self.warning: str | None = None
+        self.write_s: deque[float] = deque(maxlen=TIMES_KEPT)  # the latest WRITEs, from start to completion seen
 
     def hello(self) -> None:
-        """Tells the receiving end what each frame is, so that it makes its ring alike."""
+        """Tells the receiving end what each frame is, so that it makes its ring alike, and which path it wants."""
         s = self.source
-        layout = {"shape": list(s.shape), "dtype": s.dtype, "nbytes": s.nbytes, "slots": s.slots}
+        layout = {"shape": list(s.shape), "dtype": s.dtype, "nbytes": s.nbytes, "slots": s.slots, "path": self.path}
         self.live.send(encode(HELLO, json.dumps(layout).encode()))
+
+    def summary(self) -> dict[str, Any]:
+        """The run so far: frames, FPS, outcome, the path, its probes and reports."""
+        out = self.stats.summary()
+        report = self.chosen.report if self.chosen is not None else None
+        out.update(path=self.chosen.path if self.chosen is not None else None, window=self.window,
+                   path_report=report.as_dict() if report is not None else None,
+                   transport=report.account() if report is not None else None, transport_warning=self.warning,
+                   probes=self.probes, reports=self.reports,
+                   write_ms_p50=(_median(list(self.write_s)) or 0.0) * 1e3)
+        return out
+
+    def _quiet(self) -> None:
+        """Liveness while nothing but heartbeats is expected."""
+        for kind, _body in self.live.receive():
+            raise ProtocolError(f"the receiving end sent {kind!r} before the sending end chose a path")
 
     def _pump(self) -> None:
         for kind, body in self.live.receive():
@@ -254,29 +497,164 @@ class SendingEnd:
             self.transport.learn(grant.reach)
             self.grants.append(grant)
 
+    def _wait_offer(self) -> Offer:
+        while True:
+            for kind, body in self.live.receive():
+                if kind != OFFER:
+                    raise ProtocolError(f"the receiving end sent {kind!r} where its offer was expected")
+                return decode_offer(body)
+            time.sleep(POLL_S)
+
+    def _first_frame(self) -> Any:
+        """The source's first frame, or None at the end of its stream."""
+        while True:
+            self._quiet()
+            try:
+                return self.source.next_frame(timeout=self.slice_s)
+            except Timeout:
+                continue
+            except EndOfStream:
+                return None
+
     def run(self) -> dict[str, Any]:
-        frame: Any = None
         with self.live.failures(self.stats, "the sending end"):
-            while True:
-                self._pump()
-                if frame is None:
-                    try:
-                        frame = self.source.next_frame(timeout=self.slice_s)
-                    except Timeout:
-                        continue
-                    except EndOfStream:
-                        self._finish()
-                        return self.stats.summary()
-                if not self.grants:
-                    time.sleep(POLL_S)
-                    continue
+            offer = self._wait_offer()
+            first = self._first_frame()
+            if first is None:
+                self._finish()
+                return self.summary()
+            self._choose(offer, first)
+            self._stream(first)
+            return self.summary()
+
+    def _choose(self, offer: Offer, frame: Any) -> None:
+        """Probes the offered paths with ``frame`` (still held, not yet counted), takes one, tells the receiving end;
+        :class:`TransportRefused` when ``expect`` is ``gpu-direct`` and no path is a GPU path."""
+        candidates: list[tuple[str, Grant | Region]] = []
+        if self.path in ("auto", "landing") and offer.landing:
+            candidates.append(("landing", offer.landing[0]))
+        if self.path in ("auto", "direct") and offer.direct is not None:
+            candidates.append(("direct", offer.direct))
+        if not candidates:
+            why = f" (landing buffers: {offer.landing_error})" if offer.landing_error else ""
+            raise BridgeError(f"the receiving end offers no path for --path {self.path}{why}")
+        reaches = [r.reach for r in offer.landing] + ([offer.direct.reach] if offer.direct is not None else [])
+        for reach in reaches:
+            self.transport.learn(reach)
+            self._quiet()  # each registration learnt may take a while on a busy machine: keep the peer informed
+        if offer.landing_error:
+            self.log(f"the receiving end has no landing buffers: {offer.landing_error}")
+        chosen: tuple[str, PathReport] | None = None
+        first: tuple[str, PathReport] | None = None
+        for name, target in candidates:
+            if target.nbytes != frame.nbytes:
+                raise ProtocolError(f"offered {target.nbytes} bytes ({name}) for frames of {frame.nbytes}")
+            report = self.transport.probe(frame.ptr, frame.nbytes, self.device, target.ptr, target.device,
+                                          encode(PROBE), self._quiet)
+            self.probes.append({"path": name, **report.as_dict()})
+            self.log(f"probe of the {name} path: {report.account()}")
+            first = first or (name, report)
+            if report.gpu_direct is not False:
+                chosen = (name, report)
+                break
+        assert first is not None
+        if chosen is None:
+            chosen = first
+            over = ", ".join(chosen[1].transports) or "an unknown transport"
+            self.warning = (f"GPU frames go over {over}, not CUDA IPC or RDMA, on every path offered "
+                            f"({', '.join(n for n, _ in candidates)}): expect host copies and a fraction of the "
+                            "bandwidth (check UCX_TLS, UCX_NET_DEVICES, the RDMA devices, nvidia-peermem)")
+            if self.expect == "gpu-direct":
+                raise TransportRefused(f"--expect gpu-direct: {self.warning}; refused before the first frame")
+            self.log(f"WARNING: {self.warning}")
+        self.chosen = Choice(*chosen)
+        self.window = offer.window if chosen[0] == "landing" else 1
+        self.live.send(encode_choice(self.chosen))
+        self.log(f"path {chosen[0]} (window {self.window}): {chosen[1].account()}")
+
+    def _stream(self, pending: Any) -> None:
+        """Writes ``pending`` and every later frame of the source, up to ``window`` WRITEs in flight."""
+        in_flight: deque[_InFlight] = deque()
+        sent = 0
+        next_report = time.monotonic() + self.report_every
+        last = (time.monotonic(), 0)
+        while True:
+            self._pump()
+            progressed = False
+            while in_flight and self.transport.done(in_flight[0].handle):
+                w = in_flight.popleft()
+                self.write_s.append(time.perf_counter() - w.started)
+                self.source.release(w.frame)
+                self.stats.count(w.grant.nbytes)
+                progressed = True
+            room = bool(self.grants) and len(in_flight) < self.window
+            if room and pending is None:
+                try:
+                    pending = self.source.next_frame(timeout=POLL_S if in_flight else self.slice_s)
+                except Timeout:
+                    pass
+                except EndOfStream:
+                    self._drain(in_flight)
+                    self._finish()
+                    return
+            if room and pending is not None:
                 grant = self.grants.popleft()
-                if grant.nbytes != frame.nbytes:
-                    raise ProtocolError(f"granted a slot of {grant.nbytes} bytes for a frame of {frame.nbytes}")
-                self._write(frame, grant)
-                self.source.release(frame)
-                frame = None
-                self.stats.count(grant.nbytes)
+                if grant.nbytes != pending.nbytes:
+                    raise ProtocolError(f"granted {grant.nbytes} bytes for a frame of {pending.nbytes}")
+                note = encode(WRITTEN, _WRITTEN.pack(grant.seq, pending.seq))
+                # At most min(window, the source's slots) WRITEs in flight, each holding a frame: consecutive lanes
+                # modulo that are distinct among them.
+                lanes = max(1, min(self.window, int(self.source.slots)))
+                handle = self.transport.write(pending.ptr, pending.nbytes, self.device, grant.ptr, grant.device, note,
+                                              sent % lanes)
+                in_flight.append(_InFlight(pending, grant, handle, time.perf_counter()))
+                sent += 1
+                pending = None
+                progressed = True
+            now = time.monotonic()
+            if now >= next_report:
+                last = self._report(now, last, pending.nbytes if pending is not None else self.source.nbytes)
+                next_report = now + self.report_every
+            if not progressed:
+                time.sleep(POLL_S)
+
+    def _drain(self, in_flight: deque[_InFlight]) -> None:
+        """Waits for the WRITEs in flight (the stream ended) and releases their frames."""
+        while in_flight:
+            self._pump()
+            if self.transport.done(in_flight[0].handle):
+                w = in_flight.popleft()
+                self.write_s.append(time.perf_counter() - w.started)
+                self.source.release(w.frame)
+                self.stats.count(w.grant.nbytes)
+            else:
+                time.sleep(POLL_S)
+
+    def _report(self, now: float, last: tuple[float, int], nbytes: int) -> tuple[float, int]:
+        """The run's report: frames, the rate since the last one, the WRITEs' time, the path, any change of it."""
+        since, frames_then = last
+        recent = list(self.write_s)[-max(1, min(self.stats.frames - frames_then, TIMES_KEPT)):]
+        write_s = _median(recent)
+        entry: dict[str, Any] = {
+            "at_frame": self.stats.frames, "fps": (self.stats.frames - frames_then) / max(now - since, 1e-9),
+            "write_ms_p50": write_s * 1e3 if write_s else None,
+            "write_gbps": nbytes / write_s / 1e9 if write_s else None,
+            "path": self.chosen.path if self.chosen else None}
+        changed = self.transport.recheck(nbytes)
+        if changed is not None:
+            entry["changed"] = changed.as_dict()
+            self.log(f"UCX chose a path anew: {changed.account()}")
+            if changed.gpu_direct is False:
+                self.warning = f"GPU frames now go over {', '.join(changed.transports)}, not CUDA IPC or RDMA"
+                if self.expect == "gpu-direct":
+                    raise TransportRefused(f"--expect gpu-direct: {self.warning} (after {self.stats.frames} frames)")
+                self.log(f"WARNING: {self.warning}")
+        self.reports.append(entry)
+        rate = f", WRITEs p50 {entry['write_ms_p50']:.3f} ms ({entry['write_gbps']:.1f} GB/s)" if write_s else ""
+        account = self.chosen.report.account() if self.chosen else "-"
+        self.log(f"{self.stats.frames} frames, {entry['fps']:.1f} FPS{rate}; path "
+                 f"{entry['path']} (window {self.window}) over {account}")
+        return now, self.stats.frames
 
     def _finish(self) -> None:
         """Passes the end of the stream and waits for the receiving end to have published every frame written
@@ -295,94 +673,279 @@ class SendingEnd:
                     raise ProtocolError(f"the receiving end sent {kind!r} after the end of the stream")
             time.sleep(POLL_S)
 
-    def _write(self, frame: Any, grant: Grant) -> None:
-        note = encode(WRITTEN, _WRITTEN.pack(grant.seq, frame.seq))
-        handle = self.transport.write(frame.ptr, frame.nbytes, self.device, grant.ptr, grant.device, note)
-        spins = 0
-        while not self.transport.done(handle):
-            spins += 1
-            if spins % 64 == 0:  # keep the heartbeats and the peer's failures coming during a long transfer
-                self._pump()
-            time.sleep(POLL_S)
+
+class Landing(Protocol):
+    """The receiving end's landing buffers (``gpu_ipc.bridge_staging``: device or host memory)."""
+
+    ptrs: list[int]
+
+    @property
+    def stream_handle(self) -> int | None:
+        """What the ring's publish waits for (the copies' stream); None: the copies are done when made."""
+
+    def copy_out(self, index: int, dst: int) -> None:
+        """Copies buffer ``index`` into ``dst`` (queued on ``stream_handle``, or done)."""
+
+    def done(self, index: int) -> bool:
+        """Whether buffer ``index`` may be written again."""
+
+    def copy_times_us(self) -> list[float]:
+        """How long each copy took."""
+
+    def close(self) -> None:
+        """Frees the buffers (after their copies)."""
 
 
 class ReceivingEnd:
     """Owns a local ring as its producer (``sink`` of :meth:`run`: a ``gpu_ipc.Producer`` with a CPU sync strategy,
-    made like the sending end's ring from :meth:`wait_hello`'s layout) and publishes each slot once the sending end
-    wrote it.
-    :meth:`run` returns after the sending end's end of stream (every frame written published); raises
-    :class:`PeerGone` (the caller decides what its own consumers see) or :class:`BridgeError` when its consumers
-    hold a slot longer than ``stall_timeout``."""
+    made like the sending end's ring from :meth:`wait_hello`'s layout) and publishes each frame the sending end
+    wrote, in order.
+
+    ``window``: landing buffers to offer (0: none, the direct path only); ``make_landing(nbytes, count)`` makes them
+    (a :class:`BridgeError` from it leaves the direct path only, and says why). :meth:`run` returns after the
+    sending end's end of stream (every frame written published); raises :class:`PeerGone` (the caller decides what
+    its own consumers see) or :class:`BridgeError` when its consumers hold a slot longer than ``stall_timeout``.
+    The landing buffers are freed when :meth:`run` returns, not when it raises (the peer may still be writing:
+    the process should end)."""
 
     def __init__(self, transport: Transport, beat_interval: float = 0.1, peer_timeout: float = 0.6,
-                 stall_timeout: float = 30.0, slice_s: float = 0.02) -> None:
+                 stall_timeout: float = 30.0, slice_s: float = 0.02, window: int = DEFAULT_WINDOW,
+                 make_landing: Callable[[int, int], Landing] | None = None) -> None:
+        if not 0 <= window <= MAX_WINDOW:
+            raise BridgeError(f"a window of {window}: 0 (no landing buffers) to {MAX_WINDOW}")
         self.transport = transport
         self.live = Liveness(transport, "the sending end", beat_interval, peer_timeout)
         self.stall_timeout = stall_timeout
         self.slice_s = slice_s
+        self.window = window
+        self.make_landing = make_landing
+        self.landing: Landing | None = None
+        self.layout: dict[str, Any] = {}
         self.sink: Any = None
         self.stats = Stats()
+        self.choice: Choice | None = None
         self.on_publish: Callable[[int], None] | None = None
+        self._written_total: int | None = None
+        self._ended = 0.0
 
     def wait_hello(self, timeout: float) -> dict[str, Any]:
-        """The sending end's description of its frames (``shape``, ``dtype``, ``nbytes``, ``slots``)."""
+        """The sending end's description of its frames (``shape``, ``dtype``, ``nbytes``, ``slots``, ``path``)."""
         deadline = time.monotonic() + timeout
         self.live.heard = time.monotonic() + timeout  # not silent before it said hello
         while time.monotonic() < deadline:
             for kind, body in self.live.receive():
                 if kind != HELLO:
                     raise ProtocolError(f"the sending end sent {kind!r} before its hello")
-                layout = decode_hello(body)
+                self.layout = decode_hello(body)
                 self.live.heard = time.monotonic()
-                return layout
+                return self.layout
             time.sleep(POLL_S)
         raise PeerGone(f"no hello from the sending end within {timeout} s: start it, pointed at this end")
 
+    def summary(self) -> dict[str, Any]:
+        out = self.stats.summary()
+        times = self.landing.copy_times_us() if self.landing is not None else []
+        out.update(path=self.choice.path if self.choice else None,
+                   window=(self.window if self.choice and self.choice.path == "landing" else 1),
+                   sender_report=self.choice.report.as_dict() if self.choice else None,
+                   landing_copy_us_p50=_median(times), landing_copies=len(times))
+        return out
+
     def run(self, sink: Any, device: int) -> dict[str, Any]:
         self.sink = sink
-        granted: Any = None
-        since = time.monotonic()
-        written_total: int | None = None
-        ended = 0.0
         with self.live.failures(self.stats, "the receiving end"):
-            while True:
-                for kind, body in self.live.receive():
-                    if kind == WRITTEN:
-                        seq, _upstream = _unpack(_WRITTEN, body, "written")
-                        if granted is None or seq != granted.seq:
-                            raise ProtocolError(f"frame {seq} written, but the slot granted is "
-                                                f"{None if granted is None else granted.seq}")
-                        sink.publish(granted)
-                        self.stats.count(granted.nbytes)
-                        if self.on_publish is not None:
-                            self.on_publish(seq)
-                        granted, since = None, time.monotonic()
-                    elif kind == END:
-                        (written_total,) = _unpack(_END, body, "end")
-                        ended = time.monotonic()
-                    else:
-                        raise ProtocolError(f"the sending end sent {kind!r} where frames were expected")
-                if written_total is not None:
-                    if self.stats.frames >= written_total:
-                        self.live.send(encode(END, _END.pack(self.stats.frames)))  # the sending end may go now
-                        self.stats.outcome = "end of stream"
-                        return self.stats.summary()
-                    if time.monotonic() - ended > self.live.peer_timeout:
-                        raise ProtocolError(f"the sending end wrote {written_total} frames but only "
-                                            f"{self.stats.frames} written notifications came")
-                    time.sleep(POLL_S)  # the last written notification is on its way
-                    continue
-                if granted is None:
-                    try:
-                        granted = sink.acquire(timeout=self.slice_s)
-                    except Timeout:
-                        if time.monotonic() - since > self.stall_timeout:
-                            raise BridgeError(
-                                f"this ring's consumers held slot {sink.next_sequence % sink.slots} for more than "
-                                f"{self.stall_timeout} s: a consumer is stuck (or raise --stall-timeout)") from None
-                        continue
-                    reach = self.transport.expose(granted.ptr, granted.nbytes, device)
-                    self.live.send(encode_grant(
-                        Grant(granted.seq, granted.slot, granted.ptr, granted.nbytes, device, reach)))
+            held = self._offer(sink, device)
+            self.choice = self._wait_choice()
+            if self.choice.path == "landing":
+                self._landing(sink, device, held)
+            else:
+                self._direct(sink, device, held)
+        if self.landing is not None:
+            self.landing.close()
+        return self.summary()
+
+    def _acquire(self, sink: Any, since: float, timeout: float) -> Any:
+        """The ring's next slot, or None after ``timeout``; :class:`BridgeError` once its consumers held it for
+        more than ``stall_timeout`` since ``since``."""
+        try:
+            return sink.acquire(timeout=timeout)
+        except Timeout:
+            if time.monotonic() - since > self.stall_timeout:
+                raise BridgeError(
+                    f"this ring's consumers held slot {sink.next_sequence % sink.slots} for more than "
+                    f"{self.stall_timeout} s: a consumer is stuck (or raise --stall-timeout)") from None
+            return None
+
+    def _offer(self, sink: Any, device: int) -> Any:
+        """Offers the ring's first slot (held: returned) and the landing buffers, as the hello asked."""
+        path = self.layout.get("path", "auto")
+        nbytes = int(sink.nbytes)
+        held = None
+        direct = None
+        if path in ("auto", "direct"):
+            since = time.monotonic()
+            while held is None:
+                self._expect_nothing()
+                held = self._acquire(sink, since, self.slice_s)
+            direct = Grant(held.seq, held.slot, held.ptr, nbytes, device,
+                           self.transport.expose(held.ptr, nbytes, device))
+        regions: list[Region] = []
+        error = ""
+        if path in ("auto", "landing"):
+            if self.window < 1:
+                error = "the receiving end runs with --window 0"
+            elif self.make_landing is None:
+                error = "the receiving end cannot make landing buffers"
+            else:
+                try:
+                    self.landing = self.make_landing(nbytes, self.window)
+                except BridgeError as e:
+                    error = str(e)
                 else:
-                    time.sleep(POLL_S)
+                    for p in self.landing.ptrs:
+                        regions.append(Region(p, nbytes, device, self.transport.expose(p, nbytes, device)))
+                        self._expect_nothing()  # heartbeats between registrations
+        self.live.send(encode_offer(Offer(self.window if regions else 0, direct, tuple(regions), error)))
+        return held
+
+    def _expect_nothing(self) -> None:
+        for kind, _body in self.live.receive():
+            raise ProtocolError(f"the sending end sent {kind!r} before the receiving end offered its paths")
+
+    def _wait_choice(self) -> Choice:
+        """The sending end's choice (it waits for its ring's first frame first: unbounded, heartbeats go on)."""
+        while True:
+            for kind, body in self.live.receive():
+                if kind == CHOICE:
+                    choice = decode_choice(body)
+                    if choice.path == "landing" and self.landing is None:
+                        raise ProtocolError("the sending end chose the landing path, which was not offered")
+                    return choice
+                if kind == END:
+                    (total,) = _unpack(_END, body, "end")
+                    if total:
+                        raise ProtocolError(f"the sending end wrote {total} frames before choosing a path")
+                    self._written_total, self._ended = 0, time.monotonic()  # its stream ended before a frame
+                    return Choice("direct", PathReport((), "", None, "no frame came", 0.0))
+                raise ProtocolError(f"the sending end sent {kind!r} where its choice of path was expected")
+            time.sleep(POLL_S)
+
+    def _messages(self, on_written: Callable[[int], None]) -> None:
+        """The sending end's notifications while frames flow: written frames (``on_written(seq)``) and the end."""
+        for kind, body in self.live.receive():
+            if kind == WRITTEN:
+                seq, _upstream = _unpack(_WRITTEN, body, "written")
+                on_written(seq)
+            elif kind == END:
+                (self._written_total,) = _unpack(_END, body, "end")
+                self._ended = time.monotonic()
+            else:
+                raise ProtocolError(f"the sending end sent {kind!r} where frames were expected")
+
+    def _ended_cleanly(self) -> bool:
+        """After the sending end's end: True once every frame it wrote is published (and acknowledged)."""
+        if self._written_total is None:
+            return False
+        if self.stats.frames >= self._written_total:
+            self.live.send(encode(END, _END.pack(self.stats.frames)))  # the sending end may go now
+            self.stats.outcome = "end of stream"
+            return True
+        if time.monotonic() - self._ended > self.live.peer_timeout:
+            raise ProtocolError(f"the sending end wrote {self._written_total} frames but only "
+                                f"{self.stats.frames} written notifications came")
+        return False
+
+    def _published(self, seq: int, nbytes: int) -> None:
+        self.stats.count(nbytes)
+        if self.on_publish is not None:
+            self.on_publish(seq)
+
+    def _direct(self, sink: Any, device: int, held: Any) -> None:
+        """The direct path: each slot of the ring granted as it is acquired, one at a time."""
+        nbytes = int(sink.nbytes)
+        granted: Any = held
+        is_granted = False
+        written: list[int] = []
+        since = time.monotonic()
+        while True:
+            self._messages(written.append)
+            for seq in written:
+                if granted is None or not is_granted or seq != granted.seq:
+                    raise ProtocolError(f"frame {seq} written, but the slot granted is "
+                                        f"{None if granted is None or not is_granted else granted.seq}")
+                sink.publish(granted)
+                self._published(seq, nbytes)
+                granted, is_granted, since = None, False, time.monotonic()
+            written.clear()
+            if self._ended_cleanly():
+                return
+            if self._written_total is not None:
+                time.sleep(POLL_S)  # the last written notification is on its way
+                continue
+            if granted is None:
+                granted = self._acquire(sink, since, self.slice_s)
+                if granted is None:
+                    continue
+            if not is_granted:
+                reach = self.transport.expose(granted.ptr, nbytes, device)
+                self.live.send(encode_grant(Grant(granted.seq, granted.slot, granted.ptr, nbytes, device, reach)))
+                is_granted = True
+            else:
+                time.sleep(POLL_S)
+
+    def _landing(self, sink: Any, device: int, held: Any) -> None:
+        """The landing path: every free landing buffer granted; each written one copied into the ring's next slot
+        and published, in order; a buffer granted again once its copy is done."""
+        landing = self.landing
+        assert landing is not None
+        nbytes = int(sink.nbytes)
+        free: deque[int] = deque(range(len(landing.ptrs)))
+        outstanding: dict[int, int] = {}  # seq -> landing buffer granted for it
+        written: dict[int, int] = {}  # seq -> landing buffer written, waiting for the ring's slot
+        copying: deque[int] = deque()  # landing buffers being copied out, oldest first
+        next_grant = next_publish = int(held.seq) if held is not None else int(sink.next_sequence)
+        since = time.monotonic()
+
+        def on_written(seq: int) -> None:
+            nonlocal since
+            if seq not in outstanding:
+                raise ProtocolError(f"frame {seq} written, but it was not granted (granted: {sorted(outstanding)})")
+            if not written:
+                since = time.monotonic()  # a frame waits for the ring's slot from now
+            written[seq] = outstanding.pop(seq)
+
+        while True:
+            self._messages(on_written)
+            progressed = False
+            while next_publish in written:
+                if held is None:
+                    held = self._acquire(sink, since, ACQUIRE_SLICE_S)
+                    if held is None:
+                        break
+                if held.seq != next_publish:
+                    raise BridgeError(f"the ring's next slot is for frame {held.seq}, the bridge's next is "
+                                      f"{next_publish}")
+                index = written.pop(next_publish)
+                landing.copy_out(index, held.ptr)
+                sink.publish(held, stream=landing.stream_handle)
+                held = None
+                copying.append(index)
+                self._published(next_publish, nbytes)
+                next_publish += 1
+                since = time.monotonic()
+                progressed = True
+            while copying and landing.done(copying[0]):
+                free.append(copying.popleft())
+            if self._ended_cleanly():
+                return
+            while free and self._written_total is None:
+                index = free.popleft()
+                self.live.send(encode_grant(Grant(next_grant, index, landing.ptrs[index], nbytes, device)))
+                outstanding[next_grant] = index
+                next_grant += 1
+                progressed = True
+            if written and time.monotonic() - since > self.stall_timeout:
+                raise BridgeError(f"this ring's consumers held slot {next_publish % sink.slots} for more than "
+                                  f"{self.stall_timeout} s: a consumer is stuck (or raise --stall-timeout)")
+            if not progressed:
+                time.sleep(POLL_S)

@@ -1,51 +1,77 @@
-"""A staging buffer for the sending end: device memory this process allocated itself, which frames are copied into
-(device to device) before NIXL writes them out.
+"""Buffers the bridge allocates itself, so that UCX can reach frames over a GPU path:
 
-The sending end reads ring A's slots in place, memory it imported from A's producer (CUDA IPC or VMM). UCX may be
-unable to register such memory for a transfer: CUDA cannot export an IPC handle of memory that was itself imported.
-Then, and with ``--staging always``, each frame takes one extra device-to-device copy, a small cost next to the
-transfer. It needs ``cuda-bindings`` (``pip install cuda-bindings``); the host backend never stages.
+- :class:`DeviceLanding` (the receiving end): the sending end WRITEs frames into these ordinary ``cuMemAlloc``
+  buffers, and the receiving end copies each one, device to device, into its ring's slot before publishing it.
+  UCX's ``cuda_ipc`` transport can export ``cuMemAlloc`` memory (a legacy IPC handle) but not memory that
+  ``cuMemCreate`` made for POSIX file descriptors only, which is what the vmm backend's ring is: without landing
+  buffers, UCX sends vmm frames over TCP. They are also the bridge's window: one buffer per frame in flight.
+- :class:`DeviceStaging` (the sending end): frames copied from ring A's slots into buffers of its own before NIXL
+  WRITEs them out, for when UCX refuses to register the imported memory of ring A (``--staging``).
+- :class:`HostLanding`: landing buffers in host memory, for the host backend (CI, no GPU).
+
+The device buffers need ``cuda-bindings`` (``pip install cuda-bindings``); calls go through the device's primary
+context, the one gpu_ipc uses.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
+import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gpu_ipc.bridge_protocol import BridgeError
+from gpu_ipc.bridge_protocol import TIMES_KEPT, BridgeError
+
+CU_STREAM_NON_BLOCKING = 1
+CU_EVENT_DEFAULT = 0
 
 
 def _driver() -> Any:
-    try:
-        return importlib.import_module("cuda.bindings.driver")
-    except ImportError as e:
-        raise BridgeError("staging frames through this process's own GPU memory needs cuda-bindings "
-                          f"(`pip install cuda-bindings`): {e}") from e
+    """cuda-python's driver module: cuda-bindings 12.x / 13.x, or the older ``cuda.cuda``."""
+    errors = []
+    for name in ("cuda.bindings.driver", "cuda.cuda"):
+        try:
+            return importlib.import_module(name)
+        except ImportError as e:
+            errors.append(f"{name}: {e}")
+    raise BridgeError("the bridge's own GPU buffers (landing and staging) need cuda-bindings "
+                      f"(`pip install cuda-bindings`): {'; '.join(errors)}")
 
 
-class DeviceStaging:
-    """One buffer of ``nbytes`` on ``device`` (``cuMemAlloc`` in the primary context, the one gpu_ipc uses) and a
-    stream of its own for the copies."""
+class _DeviceBuffers:
+    """``count`` buffers of ``nbytes`` on ``device`` in the primary context, and a stream of their own."""
 
-    def __init__(self, nbytes: int, device: int) -> None:
+    what = "buffer"
+
+    def __init__(self, nbytes: int, count: int, device: int) -> None:
+        if count < 1:
+            raise BridgeError(f"{count} {self.what}s: at least one is needed")
         self.drv = _driver()
         self.nbytes = nbytes
+        self.ptrs: list[int] = []
+        self.stream: Any = None
+        self._retained = False
         self._call("cuInit", 0)
         self.dev = self._call("cuDeviceGet", device)
         self.ctx = self._call("cuDevicePrimaryCtxRetain", self.dev)
-        self.ptr = 0
-        self.stream: Any = None
-        with self._current():
-            self.ptr = int(self._call("cuMemAlloc", nbytes))
-            self.stream = self._call("cuStreamCreate", 1)  # CU_STREAM_NON_BLOCKING
+        self._retained = True
+        try:
+            with self._current():
+                self.stream = self._call("cuStreamCreate", CU_STREAM_NON_BLOCKING)
+                for _ in range(count):
+                    self.ptrs.append(int(self._call("cuMemAlloc", nbytes)))
+        except BaseException:
+            self.close()
+            raise
 
     def _call(self, name: str, *args: Any) -> Any:
         result = getattr(self.drv, name)(*args)
         err = result[0]
         if err != self.drv.CUresult.CUDA_SUCCESS:
-            raise BridgeError(f"{name} failed with {err!r} (staging buffer of {self.nbytes} bytes)")
+            raise BridgeError(f"{name} failed with {err!r} ({self.what}s of {self.nbytes} bytes)")
         return result[1] if len(result) > 1 else None
 
     @contextmanager
@@ -57,22 +83,148 @@ class DeviceStaging:
         finally:
             self._call("cuCtxPopCurrent")
 
-    def copy_in(self, src: int, nbytes: int) -> int:
-        """Copies ``nbytes`` from device address ``src`` into the buffer, waits for it, returns the buffer's address."""
-        if nbytes > self.nbytes:
-            raise BridgeError(f"a frame of {nbytes} bytes for a staging buffer of {self.nbytes}")
-        with self._current():
-            self._call("cuMemcpyDtoDAsync", self.ptr, src, nbytes, self.stream)
-            self._call("cuStreamSynchronize", self.stream)
-        return self.ptr
+    def _release(self) -> None:
+        """Frees what subclasses hold besides the buffers (inside the pushed context)."""
 
     def close(self) -> None:
-        """Frees the buffer (after its stream's work) and gives the context back; idempotent."""
-        if not self.ptr:
+        """Waits for the stream's work, frees the buffers and gives the context back; idempotent."""
+        if not self._retained:
             return
         with self._current():
-            self._call("cuStreamSynchronize", self.stream)
-            self._call("cuStreamDestroy", self.stream)
-            self._call("cuMemFree", self.ptr)
-        self.ptr = 0
+            if self.stream is not None:
+                self._call("cuStreamSynchronize", self.stream)
+            self._release()
+            for ptr in self.ptrs:
+                self._call("cuMemFree", ptr)
+            if self.stream is not None:
+                self._call("cuStreamDestroy", self.stream)
+        self.ptrs = []
+        self.stream = None
         self._call("cuDevicePrimaryCtxRelease", self.dev)
+        self._retained = False
+
+
+class DeviceStaging(_DeviceBuffers):
+    """The sending end's staging buffers: one per frame in flight (``lanes``), each written by one device-to-device
+    copy that is waited for before NIXL reads it. Copies take ``copy_s`` seconds in all (measured on the CPU)."""
+
+    what = "staging buffer"
+
+    def __init__(self, nbytes: int, device: int, lanes: int = 1) -> None:
+        super().__init__(nbytes, lanes, device)
+        self.copies = 0
+        self.copy_s = 0.0
+
+    @property
+    def ptr(self) -> int:
+        """The first buffer's address."""
+        return self.ptrs[0]
+
+    def copy_in(self, src: int, nbytes: int, lane: int = 0) -> int:
+        """Copies ``nbytes`` from device address ``src`` into buffer ``lane``, waits for it, returns its address."""
+        if nbytes > self.nbytes:
+            raise BridgeError(f"a frame of {nbytes} bytes for a staging buffer of {self.nbytes}")
+        dst = self.ptrs[lane]
+        started = time.perf_counter()
+        with self._current():
+            self._call("cuMemcpyDtoDAsync", dst, src, nbytes, self.stream)
+            self._call("cuStreamSynchronize", self.stream)
+        self.copy_s += time.perf_counter() - started
+        self.copies += 1
+        return dst
+
+
+class DeviceLanding(_DeviceBuffers):
+    """The receiving end's landing buffers (``count``: the window). :meth:`copy_out` queues a buffer's copy into a
+    slot of the ring on this object's stream (``stream_handle``: publish the slot on it, so that the ring's
+    consumers see the frame only after the copy); :meth:`done` says when the buffer may be written again. Each
+    copy is timed on the GPU (a pair of events); :meth:`copy_times_us` has the times of the copies done."""
+
+    what = "landing buffer"
+
+    def __init__(self, nbytes: int, count: int, device: int) -> None:
+        self.begun: list[Any] = []
+        self.ended: list[Any] = []
+        self.pending = [False] * count
+        self.times_us: deque[float] = deque(maxlen=TIMES_KEPT)
+        super().__init__(nbytes, count, device)
+        try:
+            with self._current():
+                for _ in range(count):
+                    self.begun.append(self._call("cuEventCreate", CU_EVENT_DEFAULT))
+                    self.ended.append(self._call("cuEventCreate", CU_EVENT_DEFAULT))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def stream_handle(self) -> int:
+        """The raw ``CUstream`` of the copies (what ``Producer.publish(slot, stream=...)`` takes)."""
+        return int(self.stream)
+
+    def copy_out(self, index: int, dst: int) -> None:
+        """Queues the copy of buffer ``index`` into device address ``dst`` (a slot of the ring)."""
+        with self._current():
+            self._call("cuEventRecord", self.begun[index], self.stream)
+            self._call("cuMemcpyDtoDAsync", dst, self.ptrs[index], self.nbytes, self.stream)
+            self._call("cuEventRecord", self.ended[index], self.stream)
+        self.pending[index] = True
+
+    def done(self, index: int) -> bool:
+        """Whether buffer ``index``'s last copy is complete (its time noted then)."""
+        if not self.pending[index]:
+            return True
+        with self._current():
+            err = self.drv.cuEventQuery(self.ended[index])[0]
+            if err == self.drv.CUresult.CUDA_ERROR_NOT_READY:
+                return False
+            if err != self.drv.CUresult.CUDA_SUCCESS:
+                raise BridgeError(f"cuEventQuery failed with {err!r} (the copy out of landing buffer {index})")
+            # The copy's time, best effort (the name has had a _v2 spelling): a run never fails for a figure.
+            elapsed = getattr(self.drv, "cuEventElapsedTime", None) or getattr(self.drv, "cuEventElapsedTime_v2")
+            result = elapsed(self.begun[index], self.ended[index])
+        if result[0] == self.drv.CUresult.CUDA_SUCCESS:
+            self.times_us.append(float(result[1]) * 1e3)
+        self.pending[index] = False
+        return True
+
+    def copy_times_us(self) -> list[float]:
+        """The GPU time of each copy done so far (the latest :data:`TIMES_KEPT`), in microseconds."""
+        return list(self.times_us)
+
+    def _release(self) -> None:
+        for event in [*self.begun, *self.ended]:
+            self._call("cuEventDestroy", event)
+        self.begun, self.ended = [], []
+
+
+class HostLanding:
+    """Landing buffers in host memory (the host backend): the copy into the ring's slot is a ``memmove``."""
+
+    def __init__(self, nbytes: int, count: int) -> None:
+        if count < 1:
+            raise BridgeError(f"{count} landing buffers: at least one is needed")
+        self.nbytes = nbytes
+        self._buffers = [ctypes.create_string_buffer(max(nbytes, 1)) for _ in range(count)]
+        self.ptrs = [ctypes.addressof(b) for b in self._buffers]
+        self.times_us: deque[float] = deque(maxlen=TIMES_KEPT)
+
+    @property
+    def stream_handle(self) -> None:
+        """No stream: each copy is done when :meth:`copy_out` returns."""
+        return None
+
+    def copy_out(self, index: int, dst: int) -> None:
+        started = time.perf_counter()
+        ctypes.memmove(dst, self.ptrs[index], self.nbytes)
+        self.times_us.append((time.perf_counter() - started) * 1e6)
+
+    def done(self, index: int) -> bool:
+        return True
+
+    def copy_times_us(self) -> list[float]:
+        return list(self.times_us)
+
+    def close(self) -> None:
+        self._buffers = []
+        self.ptrs = []

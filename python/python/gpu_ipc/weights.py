@@ -22,7 +22,9 @@ engines) open the set by socket and name and get every tensor in place, whatever
 
 or, to read the arena's tensors directly (N processes on one GPU, one copy of the model)::
 
-    weights = {k: torch.from_dlpack(v) for k, v in r.tensors().items()}
+    weights = r.tensors(torch)        # every tensor cut from one DLPack import of the arena
+
+(``r.tensors()`` without a framework gives one DLPack-capable view per tensor, for any consumer.)
 
 A generation's memory is reused only when no reader holds it (a reader holds what it last opened or refreshed to,
 and what tensors made from it still reference); ``keep`` bounds the arenas kept without readers. The owner's death
@@ -35,13 +37,47 @@ same layout. Non-contiguous tensors are published contiguous. One device per set
 
 from __future__ import annotations
 
+import importlib
+import math
+import operator
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpu_ipc._gpu_ipc import ArgumentError, ArgumentTypeError, WeightsOwner, WeightsReader, WeightsTensor
 
 __all__ = ["Publisher", "Reader", "WeightsTensor", "open", "publish"]
+
+# Tensors per native copy call: the GPU copies one batch while the next one's pointers are read. The first batches
+# are smaller, so that the GPU starts early.
+_BATCH = 2048
+
+
+def _batches(count: int) -> list[tuple[int, int]]:
+    """``(first, end)`` of each batch of ``count`` tensors: 256, 512, 1024, then 2048 at a time."""
+    out, first, size = [], 0, 256
+    while first < count:
+        out.append((first, min(count, first + size)))
+        first, size = first + size, min(_BATCH, size * 2)
+    return out
+
+
+def _torch_pointers(torch: Any, tensors: list[Any], dtypes: list[Any], shapes: list[Any], device: int) -> Any:
+    """The ``data_ptr()`` of every tensor of ``tensors`` when all are torch tensors of ``dtypes`` and ``shapes`` (in
+    order) on CUDA device ``device``, contiguous: each check one C-level pass over the batch. ``None`` when any
+    is not (the caller then looks at them one by one)."""
+    if not all(issubclass(kind, torch.Tensor) for kind in set(map(type, tensors))):
+        return None
+    if list(map(_DTYPE, tensors)) != dtypes or list(map(_SHAPE, tensors)) != shapes:
+        return None
+    if set(map(torch.Tensor.get_device, tensors)) != {device} or not all(map(torch.Tensor.is_contiguous, tensors)):
+        return None
+    return list(map(torch.Tensor.data_ptr, tensors))
+
+
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
 
 # NumPy's names of the element types the manifest knows, from the typestr of __cuda_array_interface__ and
 # __array_interface__.
@@ -160,6 +196,21 @@ def _host_bytes(t: _Tensor) -> bytes:
     return numpy.ascontiguousarray(obj).view(numpy.uint8).tobytes()
 
 
+def _in_order(state_dict: Mapping[str, Any], names: list[str], differ: str) -> list[Any]:
+    """``state_dict``'s tensors in the order of ``names``; raises naming what is missing and what is unknown."""
+    if len(state_dict) == len(names):
+        try:
+            return [state_dict[n] for n in names]
+        except KeyError:
+            pass
+    missing = sorted(set(names) - set(state_dict))
+    extra = sorted(set(state_dict) - set(names))
+    raise ArgumentError(
+        f"{differ} (missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+        f"unknown {extra[:5]}{'...' if len(extra) > 5 else ''})"
+    )
+
+
 def _state_dict(obj: Any) -> Mapping[str, Any]:
     if hasattr(obj, "state_dict") and callable(obj.state_dict):
         return obj.state_dict()  # type: ignore[no-any-return]
@@ -181,13 +232,94 @@ def _stream_of(stream: Any, device: int | None) -> Any:
     return None
 
 
+def _framework_name(framework: Any) -> str:
+    name = framework if isinstance(framework, str) else getattr(framework, "__name__", None)
+    if not isinstance(name, str) or not name:
+        raise ArgumentTypeError(f"framework: a module (torch, numpy, cupy, jax.numpy) or its name, not {framework!r}")
+    return name
+
+
+def _cut(arena: WeightsTensor, columns: Any, framework: Any, one_by_one: Any) -> dict[str, Any]:
+    """Every tensor of ``columns`` (names, dtypes, shapes, strides, offsets, contiguous: one list each) as a tensor of
+    ``framework``, cut from one DLPack import of ``arena`` (the whole arena as ``uint8``): one typed view per element
+    type, then a view per tensor. A tensor whose type the framework lacks, and every tensor for a framework other
+    than torch, NumPy and CuPy, is made by ``framework.from_dlpack`` of its own view, which ``one_by_one()`` gives
+    (name -> view)."""
+    names, dtypes, shapes, strides, offsets, contiguous = columns
+    name = _framework_name(framework)
+    module = framework if not isinstance(framework, str) else importlib.import_module(framework)
+    made: list[Any] = [None] * len(names)
+    if name in ("torch", "numpy", "cupy"):
+        flat = module.from_dlpack(arena)
+        groups: dict[str, list[int]] = {}
+        for i, dtype in enumerate(dtypes):
+            groups.setdefault(dtype, []).append(i)
+        cut = _cut_torch if name == "torch" else _cut_array
+        for dtype, indices in groups.items():
+            cut(module, flat, dtype, indices, shapes, strides, offsets, contiguous, made, name == "cupy")
+    missing = [i for i, t in enumerate(made) if t is None]
+    if missing:
+        views = one_by_one()
+        for i in missing:
+            view = views[names[i]]
+            if view.generation != arena.generation:
+                raise ArgumentError(f"the generation moved while its tensors were made (tensor {names[i]!r})")
+            made[i] = module.from_dlpack(view)
+    return dict(zip(names, made))
+
+
+def _cut_torch(torch: Any, flat: Any, dtype: str, indices: list[int], shapes: list[Any], strides: list[Any],
+               offsets: list[int], _contiguous: list[bool], made: list[Any], _on_device: bool) -> None:
+    """The tensors ``indices`` of element type ``dtype``: one typed view of the arena, then ``as_strided`` per tensor
+    (called from C through ``map``); left ``None`` when torch lacks the type or an offset is not a whole element."""
+    dt = getattr(torch, dtype, None)
+    if not isinstance(dt, torch.dtype):
+        return
+    size = dt.itemsize
+    ok = [i for i in indices if offsets[i] % size == 0]
+    typed = flat[: flat.numel() // size * size].view(dt)
+    views = map(typed.as_strided, [shapes[i] for i in ok], [strides[i] for i in ok], [offsets[i] // size for i in ok])
+    for i, view in zip(ok, views):
+        made[i] = view
+
+
+def _cut_array(np: Any, flat: Any, dtype: str, indices: list[int], shapes: list[Any], strides: list[Any],
+               offsets: list[int], contiguous: list[bool], made: list[Any], on_device: bool) -> None:
+    """As ``_cut_torch`` for NumPy (a contiguous tensor: a slice of the typed view, reshaped; else an ``ndarray`` over
+    the arena with byte strides) and CuPy (an ``ndarray`` at the arena's pointer plus the offset)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return
+    size = dt.itemsize
+    typed = flat[: flat.size // size * size].view(dt)
+    for i in indices:
+        offset, shape = offsets[i], shapes[i]
+        if offset % size:
+            continue
+        if on_device:
+            made[i] = np.ndarray(shape, dt, memptr=flat.data + offset, strides=[s * size for s in strides[i]])
+        elif contiguous[i]:
+            start = offset // size
+            made[i] = typed[start : start + math.prod(shape)].reshape(shape)
+        else:
+            made[i] = np.ndarray(shape, dt, buffer=flat, offset=offset, strides=[s * size for s in strides[i]])
+
+
+def _torch_module() -> Any:
+    """PyTorch, when the caller has imported it (this module never imports it first)."""
+    return sys.modules.get("torch")
+
+
 class Publisher:
     """The owner of a weight set: ``publish`` makes one. Context manager; ``close()`` stops serving (readers keep
     what they hold)."""
 
     def __init__(self, owner: WeightsOwner, layout: list[tuple[str, str, tuple[int, ...]]]):
         self._owner = owner
+        self._names = [name for name, _, _ in layout]
         self._layout = {name: (dtype, tuple(shape)) for name, dtype, shape in layout}
+        self._torch_layout: list[tuple[Any, tuple[int, ...]]] | None = None
 
     @property
     def generation(self) -> int:
@@ -206,37 +338,58 @@ class Publisher:
     def backend(self) -> str:
         return self._owner.backend
 
-    def _copy(self, state_dict: Mapping[str, Any], stream: Any) -> list[_Tensor]:
+    def _copy(self, state_dict: Mapping[str, Any], stream: Any) -> list[Any]:
         """Queues the copies into the staged arena; returns the sources, to hold until ``commit`` (which waits for
         the device): a contiguous copy made here must not go back to its allocator under a queued copy."""
-        if set(state_dict) != set(self._layout):
-            missing = sorted(set(self._layout) - set(state_dict))
-            extra = sorted(set(state_dict) - set(self._layout))
-            raise ArgumentError(
-                f"weight set {self.name!r}: the state_dict's names differ from the published layout "
-                f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"unknown {extra[:5]}{'...' if len(extra) > 5 else ''})"
-            )
+        tensors = _in_order(state_dict, self._names, f"weight set {self.name!r}: the state_dict's names differ from "
+                            "the published layout")
         device = self._owner.device
-        sources = []
-        on_device = []
-        for name, obj in state_dict.items():
-            t = _describe(name, obj)
-            sources.append(t)
-            dtype, shape = self._layout[name]
-            if (t.dtype, t.shape) != (dtype, shape):
-                raise ArgumentError(
-                    f"tensor {name!r} is {t.dtype} {list(t.shape)}, the set has it as {dtype} {list(shape)}"
-                )
-            if device is not None and t.device is not None:
-                if t.device != device:
-                    raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
-                on_device.append((name, t.ptr, t.nbytes))
+        if device is None:
+            for name, obj in zip(self._names, tensors):
+                self._owner.write(name, _host_bytes(self._checked(name, _describe(name, obj), device)))
+            return tensors
+        stream = _stream_of(stream, device)
+        kept: list[Any] = []
+        for first, end in _batches(len(tensors)):
+            ptrs = self._pointers(tensors, first, end, device, kept)
+            self._owner.copy_in(ptrs, first, stream)
+        return kept
+
+    def _pointers(self, tensors: list[Any], first: int, end: int, device: int, kept: list[Any]) -> list[int]:
+        """The device addresses of ``tensors[first:end]``, checked against the layout: torch tensors of the set's
+        dtypes, shapes and device, contiguous, in a few C-level passes; anything else one by one through
+        ``_describe`` (host memory written here, address 0)."""
+        torch = _torch_module()
+        batch = tensors[first:end]
+        if torch is not None:
+            if self._torch_layout is None:
+                self._torch_layout = [(getattr(torch, d, None), s) for d, s in self._layout.values()]
+            dtypes = [d for d, _ in self._torch_layout[first:end]]
+            shapes = [s for _, s in self._torch_layout[first:end]]
+            ptrs = _torch_pointers(torch, batch, dtypes, shapes, device)
+            if ptrs is not None:
+                return ptrs  # type: ignore[no-any-return]
+        ptrs = []
+        for i, t in enumerate(batch, start=first):
+            name = self._names[i]
+            described = self._checked(name, _describe(name, t), device)
+            kept.append(described)
+            if described.device is None:
+                self._owner.write(name, _host_bytes(described))
+                ptrs.append(0)
             else:
-                self._owner.write(name, _host_bytes(t))
-        if on_device:
-            self._owner.copy_in(on_device, _stream_of(stream, device))
-        return sources
+                ptrs.append(described.ptr)
+        return ptrs
+
+    def _checked(self, name: str, t: _Tensor, device: int | None) -> _Tensor:
+        dtype, shape = self._layout[name]
+        if (t.dtype, t.shape) != (dtype, shape):
+            raise ArgumentError(
+                f"tensor {name!r} is {t.dtype} {list(t.shape)}, the set has it as {dtype} {list(shape)}"
+            )
+        if device is not None and t.device is not None and t.device != device:
+            raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
+        return t
 
     def update(self, state_dict: Mapping[str, Any] | Any, stream: Any = None) -> int:
         """Copies ``state_dict`` (same names, dtypes and shapes as published) into an arena no reader holds (or a new
@@ -247,11 +400,16 @@ class Publisher:
         del sources  # the device finished the copies (commit waited)
         return generation
 
-    def stage(self) -> dict[str, WeightsTensor]:
-        """The next generation's tensors, writable in place (``torch.from_dlpack(t).copy_(...)``); ``commit()``
-        publishes them. Write every tensor: the arena holds an older generation's bytes (or zeros). The views keep
-        the owner alive: drop them before ``close()``."""
-        return dict(self._owner.stage())
+    def stage(self, framework: Any = None) -> dict[str, Any]:
+        """The next generation's tensors, writable in place; ``commit()`` publishes them. Write every tensor: the
+        arena holds an older generation's bytes (or zeros). Without ``framework``, one DLPack-capable view per
+        tensor (``torch.from_dlpack(t).copy_(...)``); with one (``torch``, ``numpy``, ``cupy``, or its name), that
+        framework's tensors, cut from one import of the arena. They keep the owner alive: drop them before
+        ``close()``."""
+        if framework is None:
+            return dict(self._owner.stage())
+        arena, columns = self._owner.stage_arena()
+        return _cut(arena, columns, framework, lambda: dict(self._owner.stage()))
 
     def commit(self) -> int:
         """Publishes the staged generation (after the device's queued work finished) and returns it."""
@@ -359,11 +517,18 @@ class Reader:
     def owner_gone(self) -> bool:
         return self._reader.owner_gone
 
-    def tensors(self) -> dict[str, WeightsTensor]:
-        """The held generation's tensors, in place (``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack``,
-        ``numpy.from_dlpack`` on the host backend); each keeps its generation alive while it (or a tensor made from
-        it) lives. Read-only by convention: the owner's, and every reader's."""
-        return dict(self._reader.tensors())
+    def tensors(self, framework: Any = None) -> dict[str, Any]:
+        """The held generation's tensors, in place. Without ``framework``: one DLPack-capable view per tensor
+        (``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack``, ``numpy.from_dlpack`` on the host backend).
+        With one (``torch``, ``numpy``, ``cupy``, ``jax.numpy``, or its name): that framework's tensors; for torch,
+        NumPy and CuPy cut from **one** DLPack import of the arena (a view per element type, then a strided view
+        per tensor), much faster than one import per tensor when there are thousands. Each keeps its generation
+        alive while it (or a tensor made from it) lives. Read-only by convention: the owner's, and every
+        reader's."""
+        if framework is None:
+            return dict(self._reader.tensors())
+        arena, columns = self._reader.arena()
+        return _cut(arena, columns, framework, lambda: dict(self._reader.tensors()))
 
     def manifest(self) -> list[tuple[str, str, list[int], list[int], int, int | None]]:
         """``(name, dtype, shape, strides, offset, checksum)`` of every tensor of the held generation."""
@@ -389,40 +554,65 @@ class Reader:
     def load_into(self, module_or_dict: Any, stream: Any = None, strict: bool = True) -> int:
         """Copies the held generation into existing tensors in place (their pointers unchanged, so CUDA graphs that
         captured them stay valid): a module's ``state_dict()`` or a ``Mapping[str, tensor]``. On a GPU the copies
-        are queued on ``stream`` (default: PyTorch's current stream) with ``cuMemcpyAsync`` (copy engines); the
-        held generation stays mapped until they are done. Shapes and dtypes are checked first; ``strict``: the names
-        must match both ways (else the target's names not in the set are refused, the set's others skipped).
-        Returns the tensors copied."""
+        are queued on ``stream`` (default: PyTorch's current stream) as a few launches of a gather kernel (one per
+        batch of up to 2,048 tensors); the held generation stays mapped until they are done. Shapes and dtypes are
+        checked first; ``strict``: the names must match both ways (else the target's names not in the set are
+        refused, the set's others skipped). Returns the tensors copied."""
         target = _state_dict(module_or_dict)
-        entries = {name: (dtype, tuple(shape)) for name, dtype, shape, _s, _o, _c in self.manifest()}
-        unknown = sorted(set(target) - set(entries))
-        missing = sorted(set(entries) - set(target)) if strict else []
+        manifest = self.manifest()
+        entries = {name: (dtype, tuple(shape)) for name, dtype, shape, _s, _o, _c in manifest}
+        unknown = [name for name in target if name not in entries]
+        missing = [name for name in entries if name not in target] if strict else []
         if unknown or missing:
             raise ArgumentError(
                 f"weight set {self.name!r} generation {self.generation}: names differ "
-                f"(not in the set: {unknown[:5]}, not in the target: {missing[:5]})"
+                f"(not in the set: {sorted(unknown)[:5]}, not in the target: {sorted(missing)[:5]})"
             )
-        described = {}
-        for name, obj in target.items():
+        device = self._reader.device
+        torch = _torch_module()
+        ptrs: list[int] | None = None
+        if device is not None and torch is not None and len(target) == len(manifest):
+            # Every tensor at once, in a few C-level passes (torch tensors of the set's dtypes and shapes, on its
+            # device, contiguous); else one by one below.
+            ptrs = _torch_pointers(
+                torch,
+                [target[m[0]] for m in manifest],
+                [getattr(torch, m[1], None) for m in manifest],
+                [tuple(m[2]) for m in manifest],
+                device,
+            )
+        if ptrs is not None:
+            stream = _stream_of(stream, device)
+            for first, end in _batches(len(ptrs)):
+                self._reader.copy_out(ptrs[first:end], first, stream)
+            return len(target)
+        ptrs = []
+        kept, host = [], []
+        for name, dtype, shape, _s, _o, _c in manifest:
+            obj = target.get(name)
+            if obj is None:
+                ptrs.append(0)
+                continue
             t = _describe_target(name, obj)
-            dtype, shape = entries[name]
-            if (t.dtype, t.shape) != (dtype, shape):
+            if (t.dtype, t.shape) != (dtype, tuple(shape)):
                 raise ArgumentError(
                     f"tensor {name!r} is {t.dtype} {list(t.shape)} here, {dtype} {list(shape)} in the set"
                 )
-            described[name] = t
-        device = self._reader.device
-        on_device = []
-        for name, t in described.items():
             if device is not None and t.device is not None:
                 if t.device != device:
                     raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
-                on_device.append((name, t.ptr, t.nbytes))
+                ptrs.append(t.ptr)
+                kept.append(t)
             else:
-                _fill_host(t, self._reader.read(name))
-        if on_device:
-            self._reader.copy_out(on_device, _stream_of(stream, device))
-        return len(described)
+                host.append((name, t))
+                ptrs.append(0)
+        for name, t in host:  # every tensor checked first: nothing is written into a target that is refused
+            _fill_host(t, self._reader.read(name))
+        if device is not None and any(ptrs):
+            stream = _stream_of(stream, device)
+            for first, end in _batches(len(ptrs)):
+                self._reader.copy_out(ptrs[first:end], first, stream)
+        return len(target)
 
     def close(self) -> None:
         self._reader.close()

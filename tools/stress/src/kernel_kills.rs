@@ -16,6 +16,11 @@
 //! consumer lost) and the bystanders end cleanly, unless they faulted; a fault under MPS is a *finding* (recorded,
 //! said in the output), a fault without MPS or any other ending is a failure. Without MPS, persistent kernels and
 //! gpu-poll are *not run* (they need MPS: see [`unavailable`]); frame graphs (the driver's stream waits) run.
+//!
+//! The library's mitigation, the kernel lease and the survivor's abort word (`ipc_core::resident::KernelLease`: a
+//! kernel whose process is gone leaves by itself), is on in every cell; under MPS the persistent-kernel and
+//! frame-graph cells run a second time with it off (`GPU_IPC_KERNEL_LEASE_MS=0` in the pair's environment, the
+//! cell named `... (MPS, kernel lease off)`), so the rates show what it changes (`--kernel-lease on|off|both`).
 
 use std::time::{Duration, Instant};
 
@@ -97,7 +102,7 @@ pub fn unavailable(kind: KernelKind, mps: bool) -> Option<&'static str> {
     }
 }
 
-/// One cell: backend, kind, victim, MPS mode.
+/// One cell: backend, kind, victim, MPS mode, kernel lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct KernelCell {
     /// Backend.
@@ -108,22 +113,70 @@ pub struct KernelCell {
     pub victim: Victim,
     /// Under a private MPS daemon.
     pub mps: bool,
+    /// The library's mitigation on (its default): the kernel lease and the survivor's abort word. Off: the pair runs
+    /// with `GPU_IPC_KERNEL_LEASE_MS=0`.
+    pub lease: bool,
 }
 
 impl KernelCell {
-    /// `vmm/persistent kernel/producer killed (MPS)`.
+    /// `vmm/persistent kernel/producer killed (MPS)`, or `... (MPS, kernel lease off)`.
     pub fn name(&self) -> String {
         let mode = if self.mps { "MPS" } else { "no MPS" };
-        format!("{}/{}/{} killed ({mode})", self.backend, self.kind.name(), self.victim.name())
+        let lease = if self.lease { "" } else { ", kernel lease off" };
+        format!("{}/{}/{} killed ({mode}{lease})", self.backend, self.kind.name(), self.victim.name())
+    }
+
+    /// What the pair's environment adds for this cell: `GPU_IPC_KERNEL_LEASE_MS=0` with the lease off.
+    pub fn pair_env(&self) -> Option<(&'static str, &'static str)> {
+        (!self.lease).then_some((gpu_ipc::core::resident::LEASE_ENV, "0"))
     }
 }
 
-/// The cells of one MPS mode for `backend`: every kind x victim.
-pub fn cells(backend: &'static str, mps: bool) -> Vec<KernelCell> {
-    KernelKind::ALL
-        .into_iter()
-        .flat_map(|kind| [Victim::Producer, Victim::Consumer].map(|victim| KernelCell { backend, kind, victim, mps }))
-        .collect()
+/// Which cells run with the library's mitigation (the kernel lease) on, off, or both (`--kernel-lease`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LeaseModes {
+    /// With the lease only (the library's default).
+    On,
+    /// Without it only (`GPU_IPC_KERNEL_LEASE_MS=0`), where it could change anything.
+    Off,
+    /// Both.
+    Both,
+}
+
+impl LeaseModes {
+    fn has(self, lease: bool) -> bool {
+        match self {
+            Self::On => lease,
+            Self::Off => !lease,
+            Self::Both => true,
+        }
+    }
+}
+
+/// Whether turning the lease off could change what a kill does to `kind`: only under MPS (without it a killed
+/// process's kernels end with its context), and not for gpu-poll, whose polls have no lease (each ends within its
+/// budget).
+fn lease_matters(kind: KernelKind, mps: bool) -> bool {
+    mps && kind != KernelKind::GpuPoll
+}
+
+/// The cells of one MPS mode for `backend`: every kind x victim, with the lease as `leases` asks where it matters
+/// (with it on elsewhere).
+pub fn cells(backend: &'static str, mps: bool, leases: LeaseModes) -> Vec<KernelCell> {
+    let mut out = Vec::new();
+    for kind in KernelKind::ALL {
+        for lease in [true, false] {
+            let wanted = if lease_matters(kind, mps) { leases.has(lease) } else { lease };
+            if !wanted {
+                continue;
+            }
+            for victim in [Victim::Producer, Victim::Consumer] {
+                out.push(KernelCell { backend, kind, victim, mps, lease });
+            }
+        }
+    }
+    out
 }
 
 /// Trials per cell by default (`--trials`): enough for a rate, not an anecdote, in a few minutes per backend.
@@ -269,6 +322,11 @@ fn bystanders(ctx: &Ctx, backend: &str) -> Result<(Vec<Child>, std::path::PathBu
 
 /// The pair under test with the bystanders running; kills the victim; judges.
 fn pair(ctx: &Ctx, cell: KernelCell, (mut by, by_socket): (Vec<Child>, std::path::PathBuf)) -> KernelKillRun {
+    let mut pair_ctx = ctx.clone();
+    if let Some((name, value)) = cell.pair_env() {
+        pair_ctx.env.push((name.into(), value.into()));
+    }
+    let ctx = &pair_ctx;
     let socket = socket_path("kernel-kill");
     let (frames, every) = (TRIAL_FRAMES.to_string(), EVERY.to_string());
     let flag = cell.kind.flag();
@@ -313,7 +371,8 @@ fn pair(ctx: &Ctx, cell: KernelCell, (mut by, by_socket): (Vec<Child>, std::path
     let by_ends = finish_all(by, Instant::now() + ctx.hang_after, None);
     let _ = (std::fs::remove_file(&socket), std::fs::remove_file(&by_socket));
     let survivor_end = &ends[survivor];
-    let (status, detail, faulted) = judge(cell.mps, cell.victim, survivor_end, &by_ends, TRIAL_FRAMES, ctx.gone_bound);
+    let (status, detail, faulted) =
+        judge(cell.mps, cell.lease, cell.victim, survivor_end, &by_ends, TRIAL_FRAMES, ctx.gone_bound);
     KernelKillRun {
         cell,
         trial: 1,
@@ -348,11 +407,12 @@ fn client_end(p: &ProcEnd, fine: bool, what_was_expected: &str) -> ClientEnd {
 }
 
 /// The verdict of a trial: `survivor` (the side not killed, a consumer when the producer was the `victim`), the
-/// bystander pair's ends (producer, consumer), the trial's `frames`, the bound on `ProducerGone`. Returns the status,
-/// the detail (starting with `mps clients faulted: k/3` under MPS, `clients faulted: k/3 (no MPS)` without) and the
-/// count of faulted clients.
+/// bystander pair's ends (producer, consumer), the trial's `frames`, the bound on `ProducerGone`, whether the kernel
+/// `lease` was on. Returns the status, the detail (starting with `mps clients faulted: k/3` under MPS,
+/// `clients faulted: k/3 (no MPS)` without) and the count of faulted clients.
 pub fn judge(
     mps: bool,
+    lease: bool,
     victim: Victim,
     survivor: &ProcEnd,
     bystanders: &[ProcEnd],
@@ -412,12 +472,16 @@ pub fn judge(
     } else {
         Status::Passed
     };
-    let detail = if status == Status::Finding {
-        format!(
-            "{detail}; the known MPS effect of killing a process whose kernel waits on shared memory (recorded, not prevented)"
-        )
-    } else {
-        detail
+    let detail = match status {
+        Status::Finding if lease => format!(
+            "{detail}; a fault despite the kernel lease (the kernel of the killed process should have left by itself): \
+             the MPS effect of killing a process whose kernel waits on shared memory, recorded"
+        ),
+        Status::Finding => format!(
+            "{detail}; the known MPS effect of killing a process whose kernel waits on shared memory, with the kernel \
+             lease off (the comparison; recorded, not prevented)"
+        ),
+        _ => detail,
     };
     (status, detail, faulted)
 }
@@ -451,12 +515,12 @@ mod tests {
 
     #[test]
     fn a_clean_kill_passes_and_says_none_faulted() {
-        let (s, d, f) = judge(true, Victim::Producer, &gone(0.2), &fine_bystanders(), 100, B);
+        let (s, d, f) = judge(true, true, Victim::Producer, &gone(0.2), &fine_bystanders(), 100, B);
         assert_eq!((s, f), (Status::Passed, 0));
         assert!(d.starts_with("mps clients faulted: 0/3 (survivor fine; bystander producer fine"), "{d}");
         assert!(d.contains("ended 0.200 s after the kill"), "{d}");
         let producer = end("producer", Some(0), serde_json::json!({"frames": 100, "consumers_lost": 1}), "");
-        let (s, d, _) = judge(false, Victim::Consumer, &producer, &fine_bystanders(), 100, B);
+        let (s, d, _) = judge(false, true, Victim::Consumer, &producer, &fine_bystanders(), 100, B);
         assert_eq!(s, Status::Passed);
         assert!(d.starts_with("clients faulted: 0/3 (no MPS)"), "{d}");
     }
@@ -465,30 +529,33 @@ mod tests {
     fn faults_under_mps_are_findings_counted_and_without_mps_failures() {
         let faulted = end("consumer", Some(1), serde_json::json!({}), FAULT);
         let bys = vec![end("producer", Some(1), serde_json::json!({}), FAULT), faulted.clone()];
-        let (s, d, f) = judge(true, Victim::Producer, &faulted, &bys, 100, B);
+        let (s, d, f) = judge(true, true, Victim::Producer, &faulted, &bys, 100, B);
         assert_eq!((s, f), (Status::Finding, 3));
         assert!(d.starts_with("mps clients faulted: 3/3"), "{d}");
-        assert!(d.contains("recorded, not prevented"), "{d}");
+        assert!(d.contains("a fault despite the kernel lease"), "{d}");
+        let (s, d, _) = judge(true, false, Victim::Producer, &faulted, &bys, 100, B);
+        assert_eq!(s, Status::Finding);
+        assert!(d.contains("with the kernel lease off (the comparison; recorded, not prevented)"), "{d}");
         let (s, _, f) =
-            judge(true, Victim::Producer, &gone(0.3), &[fine_bystanders()[0].clone(), faulted.clone()], 100, B);
+            judge(true, true, Victim::Producer, &gone(0.3), &[fine_bystanders()[0].clone(), faulted.clone()], 100, B);
         assert_eq!((s, f), (Status::Finding, 1));
-        assert_eq!(judge(false, Victim::Producer, &faulted, &fine_bystanders(), 100, B).0, Status::Failed);
+        assert_eq!(judge(false, true, Victim::Producer, &faulted, &fine_bystanders(), 100, B).0, Status::Failed);
     }
 
     #[test]
     fn a_hang_a_slow_or_wrong_survivor_fails_even_under_mps() {
         let hung = ProcEnd { hung: true, exit: None, ..gone(0.0) };
-        let (s, d, _) = judge(true, Victim::Producer, &hung, &fine_bystanders(), 100, B);
+        let (s, d, _) = judge(true, true, Victim::Producer, &hung, &fine_bystanders(), 100, B);
         assert_eq!(s, Status::Failed);
         assert!(d.contains("survivor WRONG: HANG"), "{d}");
-        assert_eq!(judge(true, Victim::Producer, &gone(2.5), &fine_bystanders(), 100, B).0, Status::Failed);
+        assert_eq!(judge(true, true, Victim::Producer, &gone(2.5), &fine_bystanders(), 100, B).0, Status::Failed);
         let short = end("producer", Some(0), serde_json::json!({"frames": 90, "consumers_lost": 1}), "");
-        assert_eq!(judge(true, Victim::Consumer, &short, &fine_bystanders(), 100, B).0, Status::Failed);
+        assert_eq!(judge(true, true, Victim::Consumer, &short, &fine_bystanders(), 100, B).0, Status::Failed);
         let mismatched = ProcEnd {
             after_kill_s: Some(0.1),
             ..end("consumer", Some(4), serde_json::json!({"mismatched_words": 5, "skipped_frames": 0}), "")
         };
-        assert_eq!(judge(true, Victim::Producer, &mismatched, &fine_bystanders(), 100, B).0, Status::Failed);
+        assert_eq!(judge(true, true, Victim::Producer, &mismatched, &fine_bystanders(), 100, B).0, Status::Failed);
     }
 
     /// Stand-ins for the example programs (no GPU here): a producer that leaves its pid beside its socket and makes
@@ -549,7 +616,13 @@ esac
 
     #[test]
     fn rates_count_each_cells_trials_with_a_fault_and_leave_out_those_not_run() {
-        let cell = KernelCell { backend: "vmm", kind: KernelKind::Persistent, victim: Victim::Producer, mps: true };
+        let cell = KernelCell {
+            backend: "vmm",
+            kind: KernelKind::Persistent,
+            victim: Victim::Producer,
+            mps: true,
+            lease: true,
+        };
         let other = KernelCell { backend: "legacy", ..cell };
         let run = |cell, trial, status, faulted, end| KernelKillRun {
             trial,
@@ -581,7 +654,8 @@ esac
     #[test]
     fn a_consumer_kill_trial_runs_with_its_bystanders_on_stand_ins() {
         let (dir, ctx) = stand_in_ctx("consumer");
-        let cell = KernelCell { backend: "vmm", kind: KernelKind::Graph, victim: Victim::Consumer, mps: false };
+        let cell =
+            KernelCell { backend: "vmm", kind: KernelKind::Graph, victim: Victim::Consumer, mps: false, lease: true };
         let run = trial(&ctx, cell);
         assert_eq!(run.status, Status::Passed, "{run:?}");
         assert!(
@@ -601,7 +675,13 @@ esac
     #[test]
     fn a_producer_kill_trial_times_the_survivors_producer_gone_on_stand_ins() {
         let (dir, ctx) = stand_in_ctx("producer");
-        let cell = KernelCell { backend: "legacy", kind: KernelKind::Graph, victim: Victim::Producer, mps: false };
+        let cell = KernelCell {
+            backend: "legacy",
+            kind: KernelKind::Graph,
+            victim: Victim::Producer,
+            mps: false,
+            lease: true,
+        };
         let run = trial(&ctx, cell);
         assert_eq!(run.status, Status::Passed, "{run:?}");
         assert!(run.survivor_end_s.is_some_and(|s| s < 2.0), "{run:?}");
@@ -615,9 +695,25 @@ esac
         assert!(unavailable(KernelKind::GpuPoll, false).unwrap().contains("needs MPS"));
         assert_eq!(unavailable(KernelKind::Graph, false), None);
         assert!(KernelKind::ALL.iter().all(|&k| unavailable(k, true).is_none()));
-        let c = cells("vmm", true);
+        let c = cells("vmm", true, LeaseModes::On);
         assert_eq!(c.len(), 6);
         assert_eq!(c[0].name(), "vmm/persistent kernel/producer killed (MPS)");
-        assert_eq!(cells("legacy", false)[3].name(), "legacy/frame graphs/consumer killed (no MPS)");
+        assert_eq!(cells("legacy", false, LeaseModes::Both)[3].name(), "legacy/frame graphs/consumer killed (no MPS)");
+    }
+
+    #[test]
+    fn under_mps_the_lease_is_also_turned_off_where_it_could_change_the_outcome() {
+        let names = |mps, leases| cells("vmm", mps, leases).iter().map(KernelCell::name).collect::<Vec<_>>();
+        let both = names(true, LeaseModes::Both);
+        assert_eq!(both.len(), 10, "{both:?}");
+        assert!(both.contains(&"vmm/persistent kernel/producer killed (MPS, kernel lease off)".to_owned()));
+        assert!(both.contains(&"vmm/frame graphs/consumer killed (MPS, kernel lease off)".to_owned()));
+        assert!(!both.iter().any(|n| n.starts_with("vmm/gpu-poll") && n.contains("lease off")), "no lease there");
+        let off = names(true, LeaseModes::Off);
+        assert_eq!(off.len(), 6, "{off:?}: four without the lease, gpu-poll as it is");
+        assert_eq!(names(false, LeaseModes::Both), names(false, LeaseModes::On), "without MPS, no comparison");
+        let cell = cells("vmm", true, LeaseModes::Off)[0];
+        assert_eq!(cell.pair_env(), Some(("GPU_IPC_KERNEL_LEASE_MS", "0")));
+        assert_eq!(KernelCell { lease: true, ..cell }.pair_env(), None);
     }
 }

@@ -144,6 +144,10 @@ pub struct StressArgs {
     /// Trials per mps-kills cell, so that a fault is a rate, not an anecdote [default: 3].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub trials: Option<u32>,
+    /// mps-kills under MPS: the cells with the library's kernel lease (its default), the same cells with it off
+    /// (`GPU_IPC_KERNEL_LEASE_MS=0`: the comparison), or both.
+    #[arg(long, value_enum, default_value = "both")]
+    pub kernel_lease: kernel_kills::LeaseModes,
     /// Attach/detach cycles per run [default: 1000; 200 with --quick].
     #[arg(long, value_name = "N")]
     pub cycles: Option<u64>,
@@ -509,7 +513,7 @@ pub fn list_cells(args: &StressArgs) -> String {
                 let trials = args.mps_kill_trials();
                 for &backend in &backends {
                     for &mps in modes {
-                        for c in kernel_kills::cells(backend, mps) {
+                        for c in kernel_kills::cells(backend, mps, args.kernel_lease) {
                             let must = kernel_kills::unavailable(c.kind, mps).map_or_else(
                                 || format!("{trials} trials: {}", kernel_kills::EXPECTATION),
                                 |why| format!("not run: {why}"),

@@ -115,7 +115,7 @@ pub(crate) fn run_mps_kills(ctx: &Ctx, args: &StressArgs, report: &mut StressRep
                     }
                 }
             }
-            'cells: for cell in kernel_kills::cells(backend, mps) {
+            'cells: for cell in kernel_kills::cells(backend, mps, args.kernel_lease) {
                 for n in 1..=trials {
                     let mut run = kernel_kills::trial(&cell_ctx, cell);
                     run.trial = n;

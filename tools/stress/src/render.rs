@@ -229,16 +229,19 @@ fn mps_kills_table(md: &mut String, r: &StressReport) {
     let _ = writeln!(
         md,
         "## Kills while a kernel waits on shared memory\n\nThe side running the kernel is SIGKILLed once the other has \
-         reported {} frames; an unrelated cpu-spin ring pair streams beside them. Expectation: {}.\n",
+         reported {} frames; an unrelated cpu-spin ring pair streams beside them. Expectation: {}. The kernel lease \
+         (the library's default: a kernel whose process is gone leaves by itself) is on unless the row says off \
+         (`GPU_IPC_KERNEL_LEASE_MS=0`, under MPS, for the comparison).\n",
         super::kernel_kills::KILL_AFTER,
         super::kernel_kills::EXPECTATION
     );
-    md.push_str("| MPS | backend | kernel | victim | trials run | with a fault | clients faulted | slowest survivor end (s) | failed |\n|---|---|---|---|---:|---:|---:|---:|---:|\n");
+    md.push_str("| MPS | kernel lease | backend | kernel | victim | trials run | with a fault | clients faulted | slowest survivor end (s) | failed |\n|---|---|---|---|---|---:|---:|---:|---:|---:|\n");
     for k in &r.mps_kill_rates {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {}/{} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {}/{} | {} | {} |",
             if k.cell.mps { "yes" } else { "no" },
+            if k.cell.lease { "on" } else { "off" },
             k.cell.backend,
             k.cell.kind.name(),
             k.cell.victim.name(),
@@ -250,13 +253,14 @@ fn mps_kills_table(md: &mut String, r: &StressReport) {
             k.failed
         );
     }
-    md.push_str("\nEvery trial:\n\n| MPS | backend | kernel | victim | trial | clients faulted | survivor ended after (s) | result | detail |\n|---|---|---|---|---:|---:|---:|---|---|\n");
+    md.push_str("\nEvery trial:\n\n| MPS | kernel lease | backend | kernel | victim | trial | clients faulted | survivor ended after (s) | result | detail |\n|---|---|---|---|---|---:|---:|---:|---|---|\n");
     for k in &r.mps_kills {
         let faulted = if k.status == Status::NotRun { "-".to_owned() } else { format!("{}/{}", k.faulted, k.clients) };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {faulted} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {faulted} | {} | {} | {} |",
             if k.cell.mps { "yes" } else { "no" },
+            if k.cell.lease { "on" } else { "off" },
             k.cell.backend,
             k.cell.kind.name(),
             k.cell.victim.name(),
@@ -576,7 +580,8 @@ mod new_parts_tests {
         event.detail = "a raw CUDA error: consumer (container): exit 1: CUDA_ERROR_MAP_FAILED | x".into();
         r.containers = vec![event];
         r.container_proof = Some("inside: pid 1, ipc:[9]".into());
-        let cell = KernelCell { backend: "vmm", kind: KernelKind::GpuPoll, victim: Victim::Producer, mps: true };
+        let cell =
+            KernelCell { backend: "vmm", kind: KernelKind::GpuPoll, victim: Victim::Producer, mps: true, lease: true };
         r.mps_kills = vec![KernelKillRun {
             cell,
             trial: 1,
@@ -643,11 +648,11 @@ mod new_parts_tests {
         assert!(md.contains("| 0 | 0 | 0.0 | FAILED | a raw CUDA error"), "{md}");
         assert!(
             md.contains(
-                "| yes | vmm | gpu-poll wait | producer | 1 | 3/3 | 0.012 | finding | mps clients faulted: 3/3"
+                "| yes | on | vmm | gpu-poll wait | producer | 1 | 3/3 | 0.012 | finding | mps clients faulted: 3/3"
             ),
             "{md}"
         );
-        assert!(md.contains("| yes | vmm | gpu-poll wait | producer | 1 | 1 | 3/3 | 0.012 | 0 |"), "{md}");
+        assert!(md.contains("| yes | on | vmm | gpu-poll wait | producer | 1 | 1 | 3/3 | 0.012 | 0 |"), "{md}");
         assert!(
             md.contains("| vmm | gpu-stream-ops | yes | 3840x2160 rgb8 | 10000000 | 62208000000000 | 0 | 200.0 | 50000 | 1244.2 | passed |"),
             "{md}"

@@ -1,13 +1,10 @@
 //! The producing side of a frame ring.
 
 mod config;
-mod device_ring;
-mod graphs;
 mod lease;
 mod peers;
 
 pub use config::{ProducerConfig, SlowConsumerPolicy};
-pub use device_ring::ProducerRingDescriptor;
 pub use lease::SlotLease;
 
 use peers::{Hello, Peer, Retired, RingRecords};
@@ -18,9 +15,9 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, SharedRegion};
 use crate::door::admission::{Admission, AdmissionConfig};
 use crate::frames::FrameError;
-use crate::frames::ring_port::{AbortWord, RingPort};
 use crate::frames::strategy::{ProducerSide, Setup, Strategy};
 use crate::frames::watchdog::Watchdog;
+use crate::resident::{Departure, ResidentSide, device_words};
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, Sequence};
 use crate::wire::{Detach, DetachReason, Message, RendezvousListener, SlotLayout};
@@ -28,24 +25,27 @@ use gpu_ipc_driver::DeviceUuid;
 use gpu_ipc_driver::{DeviceMemory, DeviceSpan, Stream};
 
 /// The producing end of a frame ring.
+///
+/// The fields marked `pub(crate)` are what the GPU-resident path (`crate::resident`: kernels launched on the ring,
+/// frame graphs) reads and moves when it adds its methods to the producer.
 pub struct Producer<B: Backend> {
     /// Keeps the context alive as long as the ring.
     _ctx: B::Context,
     /// In an `Arc` so that teardown can leak it on purpose (see `Drop`) without `unsafe`.
-    region: Arc<B::Exported>,
-    ring: Arc<ProducerControl>,
+    pub(crate) region: Arc<B::Exported>,
+    pub(crate) ring: Arc<ProducerControl>,
     admission: Admission<RingRecords>,
     /// Shared with the admission thread: who took which record (status reports).
     records: Arc<RingRecords>,
     peers: Vec<Peer>,
     watchdog: Watchdog,
-    strategy: &'static dyn Strategy,
-    sync: Box<dyn ProducerSide>,
-    config: ProducerConfig,
-    stride: u64,
-    /// Byte offset of the ring's device words in the allocation ([`super::device_words`]), 0: none.
-    device_words: u64,
-    next_seq: u64,
+    pub(crate) strategy: &'static dyn Strategy,
+    pub(crate) sync: Box<dyn ProducerSide>,
+    pub(crate) config: ProducerConfig,
+    pub(crate) stride: u64,
+    /// Byte offset of the ring's device words in the allocation ([`device_words`]), 0: none.
+    pub(crate) device_words: u64,
+    pub(crate) next_seq: u64,
     /// Tells this producer's leases from any other's.
     owner: u64,
     generation: u64,
@@ -64,10 +64,8 @@ pub struct Producer<B: Backend> {
     /// Records offered whose handshake has not ended yet (no `Attached` or `Failed` from the admission thread): given
     /// back here should that thread end without ending them.
     offered: Vec<ConsumerId>,
-    /// The abort word of kernels launched on the ring ([`Producer::launch_on_ring`]).
-    abort: AbortWord,
-    /// Made at the first kernel launched on the ring.
-    port: Option<RingPort>,
+    /// The work launched on the ring ([`Producer::launch_on_ring`], frame graphs): its abort word and port.
+    pub(crate) resident: ResidentSide,
 }
 
 /// How often `acquire` serves the front door while consumers hold the slot it waits for (strategies whose wait can
@@ -96,11 +94,11 @@ impl<B: Backend> Producer<B> {
         let stride = super::slot_stride(config.slot_layout.bytes());
         let slots_end = stride * u64::from(config.slots);
         // Kernels on the ring (GPU-side strategies) poll the device copy of the counters: reserve and zero it.
-        let device_words = if strategy.gpu_writes_counters() { super::device_words::place(slots_end) } else { 0 };
-        let bytes = if device_words == 0 { slots_end } else { device_words + super::device_words::BYTES };
+        let device_words = if strategy.gpu_writes_counters() { device_words::place(slots_end) } else { 0 };
+        let bytes = if device_words == 0 { slots_end } else { device_words + device_words::BYTES };
         let region = Arc::new(B::allocate(ctx, bytes)?);
         if device_words != 0 {
-            B::zero(&region, device_words, super::device_words::BYTES)?;
+            B::zero(&region, device_words, device_words::BYTES)?;
             ring.set_device_words(device_words);
         }
         let device_uuid = match cuda {
@@ -114,7 +112,7 @@ impl<B: Backend> Producer<B> {
             slots: config.slots,
             max_consumers: config.max_consumers,
             sleep_interval: config.sleep_interval,
-            device_words: if device_words == 0 || !super::device_words::enabled() {
+            device_words: if device_words == 0 || !device_words::enabled() {
                 0
             } else {
                 region.ptr().raw() + device_words
@@ -164,8 +162,7 @@ impl<B: Backend> Producer<B> {
             holding_up: Vec::new(),
             hellos: Vec::new(),
             offered: Vec::new(),
-            abort: AbortWord::default(),
-            port: None,
+            resident: ResidentSide::default(),
         })
     }
 
@@ -427,19 +424,21 @@ impl<B: Backend> Drop for Producer<B> {
         self.admission.stop();
         // A kernel publishing on the ring leaves on the abort word; the ring is freed only once it has.
         let deadline = Instant::now() + self.config.gpu_timeout;
-        let finished = self.port.take().map(|mut port| port.finish(deadline, true).map_err(|_| port));
-        if let Some(Ok(progress)) = finished {
+        match self.resident.leave(deadline) {
+            Departure::NoneLaunched => {}
             // Consumers that see the ring closed take frames below next_sequence as published.
-            self.take_ring_back(progress);
-        } else if let Some(Err(port)) = finished {
-            tracing::error!("the kernel launched on the ring did not leave on its abort word: leaking the ring");
-            std::mem::forget(port);
-            self.ring.abandon();
-            std::mem::forget(self.ring.clone());
-            std::mem::forget(self.region.clone());
-            std::mem::forget(std::mem::replace(&mut self.sync, Box::new(super::strategy::Closed)));
-            self.watchdog.stop();
-            return;
+            Departure::Left(progress) => {
+                self.take_ring_back(progress);
+            }
+            Departure::Stuck => {
+                tracing::error!("the kernel launched on the ring did not leave on its abort word: leaking the ring");
+                self.ring.abandon();
+                std::mem::forget(self.ring.clone());
+                std::mem::forget(self.region.clone());
+                std::mem::forget(std::mem::replace(&mut self.sync, Box::new(super::strategy::Closed)));
+                self.watchdog.stop();
+                return;
+            }
         }
         // Every wait our stream holds on a consumer's counters completes once they are poisoned; then wait
         // (bounded) for the stream to pass what we queued on the ring before freeing what it uses.

@@ -91,7 +91,7 @@ impl<B: Backend> Producer<B> {
     }
 
     /// [`Producer::admit_pending`] without its verdict on the admission thread.
-    pub(super) fn serve_front_door(&mut self) {
+    pub(crate) fn serve_front_door(&mut self) {
         self.reap_dead_peers();
         // Read before the events: once the thread has ended, every event it sent is in the queue.
         let thread_ended = self.admission.gave_up().is_some();

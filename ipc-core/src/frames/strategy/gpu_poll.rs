@@ -26,13 +26,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
-use crate::frames::run_ahead::{RunAhead, depth_for};
-use crate::frames::{FrameError, device_words};
+use crate::frames::FrameError;
+use crate::resident::{
+    ExitWords, RunAhead, device_words, run_ahead_depth as depth_for, select_ring_image as select_image,
+};
 use crate::ring::layout::{MAX_CONSUMERS, MAX_SLOTS, RingLayout};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::shm::{SharedMemory, SharedObject};
 use crate::wire::SyncStrategy;
-use gpu_ipc_driver::image::{self, ComputeCapability, KernelImage};
+use gpu_ipc_driver::image;
 use gpu_ipc_driver::mps::MpsEvidence;
 use gpu_ipc_driver::{
     Context, DeviceBuffer, DeviceFeature, DeviceMemory, DeviceSpan, Function, HostRegistration, KernelArg,
@@ -48,7 +50,9 @@ const TIMED_OUT: u64 = 1 << 63;
 /// are in flight (512 at 256 slots: 4 KiB, inside the 64 KiB status memfd).
 const OUTCOME_WORDS: usize = 2 * MAX_SLOTS as usize;
 
-/// The index of the side's abort word, after the outcome words: non-zero makes every poll give up.
+/// The index of the side's abort word, after the outcome words: non-zero makes every poll give up. It is the first of
+/// the exit words the device API reads (`struct gpu_ipc_ring_exit`), whose others stay 0 here: no kernel lease and no
+/// survivor's abort word, since a poll ends by itself within its budget.
 const ABORT_WORD: usize = OUTCOME_WORDS;
 
 /// Bytes of the status words' memfd: 64 KiB, a whole number of pages on every Linux page size, as
@@ -62,47 +66,6 @@ const GRACE: Duration = Duration::from_secs(1);
 const WAIT_KERNEL: &str = "gpu_ipc_ring_wait";
 /// The release kernel (`kernels/cuda/ring_poll.cu`).
 const RELEASE_KERNEL: &str = "gpu_ipc_ring_release";
-
-/// The ring's kernels, from `ipc-core/ring-kernels/` (`scripts/gen-kernels.sh`): the cubins in ascending
-/// architecture order, then the PTX (the last resort).
-static IMAGES: [KernelImage; 8] = [
-    KernelImage::cubin(7, 5, "sm_75.cubin", include_bytes!("../../../ring-kernels/sm_75.cubin")),
-    KernelImage::cubin(8, 0, "sm_80.cubin", include_bytes!("../../../ring-kernels/sm_80.cubin")),
-    KernelImage::cubin(8, 6, "sm_86.cubin", include_bytes!("../../../ring-kernels/sm_86.cubin")),
-    KernelImage::cubin(8, 9, "sm_89.cubin", include_bytes!("../../../ring-kernels/sm_89.cubin")),
-    KernelImage::cubin(9, 0, "sm_90.cubin", include_bytes!("../../../ring-kernels/sm_90.cubin")),
-    KernelImage::cubin(10, 0, "sm_100.cubin", include_bytes!("../../../ring-kernels/sm_100.cubin")),
-    KernelImage::cubin(12, 0, "sm_120.cubin", include_bytes!("../../../ring-kernels/sm_120.cubin")),
-    KernelImage::ptx(
-        7,
-        5,
-        "compute_75.ptx",
-        concat!(include_str!("../../../ring-kernels/compute_75.ptx"), "\0").as_bytes(),
-    ),
-];
-
-/// The image for a device of compute capability `device`, by the one rule ([`image::select_image`], as for the
-/// kernels crate); `None` below 7.5.
-fn select_image(device: (u32, u32), force_ptx: bool) -> Option<&'static KernelImage> {
-    image::select_image(&IMAGES, ComputeCapability::new(device.0, device.1), force_ptx).ok()
-}
-
-/// Loads the ring's kernels (`ipc-core/ring-kernels/`) in `cuda`: the gpu-poll strategy's and the frame graphs'
-/// steps. `what` names the user in the error (`"gpu-poll"`, `"frame graphs"`).
-pub(crate) fn ring_module(cuda: &Context, what: &str) -> Result<Module, FrameError> {
-    let (major, minor) = cuda.device().compute_capability()?;
-    let image = select_image((major, minor), image::force_ptx_from_env()).ok_or_else(|| {
-        FrameError::Config(format!(
-            "{what}: no kernel image for compute capability {major}.{minor} (the ring's kernels need 7.5 or newer)"
-        ))
-    })?;
-    Module::load(cuda, image.bytes).map_err(|e| {
-        FrameError::Config(format!(
-            "{what}: loading the ring's kernels ({}) failed: {e}; update the driver",
-            image.file
-        ))
-    })
-}
 
 /// The `GpuPoll` strategy.
 pub(crate) struct GpuPoll;
@@ -177,7 +140,7 @@ fn first_timed_out(words: impl Iterator<Item = u64>) -> Option<u64> {
 
 /// The status words of one side, host memory registered for the device: an outcome word per frame in flight,
 /// where each poll stores whether it was satisfied, then the abort word. The CPU side reaches them only as atomics.
-type StatusWords = [AtomicU64; OUTCOME_WORDS + 1];
+type StatusWords = [AtomicU64; OUTCOME_WORDS + ExitWords::WORDS];
 
 const _: () = assert!(size_of::<StatusWords>() <= OUTCOME_BYTES);
 
@@ -334,7 +297,7 @@ impl Poller {
         let index = (seq % self.run_ahead.depth()) as usize;
         let status = self.status.span();
         let outcome = status.slice(index as u64 * 8, 8)?;
-        let abort = status.slice(ABORT_WORD as u64 * 8, 8)?;
+        let abort = status.slice(ABORT_WORD as u64 * 8, 8 * ExitWords::WORDS as u64)?;
         let budget = gpu_budget(deadline.saturating_duration_since(Instant::now()));
         self.budgets[index] = budget;
         let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
@@ -591,7 +554,6 @@ impl ConsumerSide for PollConsumer {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use gpu_ipc_driver::image::ImageKind;
 
     #[test]
     fn images_follow_the_kernels_crate_rule() {
@@ -606,27 +568,17 @@ mod tests {
 
     #[test]
     fn the_embedded_images_are_what_the_manifest_lists() {
-        let manifest = include_str!("../../../ring-kernels/manifest.json");
-        for image in &IMAGES {
-            let size = image.file_len();
-            let entry = format!("\"file\": \"{}\",", image.file);
-            let at = manifest.find(&entry).unwrap_or_else(|| panic!("{} is not in the manifest", image.file));
-            assert!(manifest[at..].contains(&format!("\"size\": {size},")), "{}: size {size}", image.file);
-            if image.kind == ImageKind::Cubin {
-                assert_eq!(&image.bytes[..4], b"\x7fELF", "{}", image.file);
-            }
-        }
-        assert!(manifest.contains("\"kernels/cuda/ring_poll.cu\""));
-        assert!(
-            manifest.contains(&format!("\"{RELEASE_KERNEL}\"")) && manifest.contains(&format!("\"{WAIT_KERNEL}\""))
-        );
+        let images = &crate::resident::RING_IMAGES;
+        assert_eq!(images.check_manifest(), Ok(()));
+        assert!(images.manifest.contains("\"kernels/cuda/ring_poll.cu\""));
+        assert!(images.lists_kernel(RELEASE_KERNEL) && images.lists_kernel(WAIT_KERNEL));
     }
 
     /// The coherency probe's rule: poll with ld.acquire.sys, publish with st.release.sys, bound by %globaltimer;
     /// and the comparison is unsigned, so POISON (2^62) satisfies every wait.
     #[test]
     fn the_kernels_use_the_rule_the_coherency_probe_established() {
-        let ptx = std::str::from_utf8(IMAGES[7].bytes).unwrap();
+        let ptx = crate::resident::RING_IMAGES.ptx_text();
         let wait = &ptx[ptx.find(&format!(".entry {WAIT_KERNEL}(")).unwrap()..];
         let wait = &wait[..wait[1..].find(".entry").map_or(wait.len(), |end| end + 1)];
         assert!(wait.contains("ld.acquire.sys.global.u64"), "{wait}");
@@ -643,7 +595,7 @@ mod tests {
 
     #[test]
     fn mirrors_are_where_the_device_words_keep_each_counter() {
-        use crate::frames::device_words::{BYTES, RECORD, RELEASED};
+        use crate::resident::device_words::{BYTES, RECORD, RELEASED};
         assert_eq!(Mirror::published(SlotIndex(5)), Mirror { first_word: 5, stride_words: 0 });
         let released = Mirror::released(2, 7);
         assert_eq!(released.first_word * 8, RELEASED + 2 * RECORD + 56);

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
 use crate::frames::FrameError;
-use crate::frames::run_ahead::{RunAhead, Tail, depth_for};
+use crate::resident::{RunAhead, Tail, run_ahead_depth as depth_for};
 use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
 use crate::shm::SharedMemory;
 use crate::wire::SyncStrategy;

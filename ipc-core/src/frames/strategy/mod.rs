@@ -10,7 +10,6 @@ mod cpu;
 mod cpu_sleep;
 mod cpu_spin;
 mod gpu_poll;
-pub(crate) use gpu_poll::ring_module;
 mod gpu_stream_ops;
 mod ipc_event;
 #[cfg(test)]
@@ -39,7 +38,7 @@ pub(crate) struct Setup<'a> {
     pub max_consumers: u32,
     /// Poll interval of `CpuSleep`.
     pub sleep_interval: Duration,
-    /// Device address of the ring's device words in this process ([`crate::frames::device_words`]), 0 when the
+    /// Device address of the ring's device words in this process ([`crate::resident::device_words`]), 0 when the
     /// ring has none or this side's GPU is not the ring's (kernels on the ring then use the control block only).
     pub device_words: u64,
 }

@@ -47,6 +47,12 @@ impl<'a> ConsumerRecord<'a> {
         self.block.word(self.block.layout.join_sequence_offset(self.index))
     }
 
+    /// The consumer's kernel abort word ([`RingLayout::kernel_abort_offset`]): raised by the producer when it
+    /// declares the consumer dead, so that kernels the consumer launched on the ring leave.
+    pub fn kernel_abort(&self) -> &'a AtomicU64 {
+        self.block.word(self.block.layout.kernel_abort_offset(self.index))
+    }
+
     /// `CLOCK_MONOTONIC` nanoseconds of the consumer's last sign of life.
     pub fn heartbeat_ns(&self) -> &'a AtomicU64 {
         self.block.word(self.block.layout.consumer_heartbeat_offset(self.index))
@@ -193,6 +199,12 @@ impl ControlBlock {
 
     pub(super) fn device_words_counter(&self) -> &AtomicU64 {
         self.word(header::DEVICE_WORDS)
+    }
+
+    /// The producer's kernel abort word ([`header::PRODUCER_KERNEL_ABORT`]): raised by a consumer that saw the
+    /// producer's process gone, so that kernels the producer launched on the ring leave.
+    pub fn producer_kernel_abort(&self) -> &AtomicU64 {
+        self.word(header::PRODUCER_KERNEL_ABORT)
     }
 
     /// The `next_sequence` word (see [`next_sequence`](Self::next_sequence)).

@@ -181,6 +181,12 @@ impl ConsumerControl {
             .map(|value| value - 1)
     }
 
+    /// Raises the producer's kernel abort word ([`ControlBlock::producer_kernel_abort`]): this consumer saw the
+    /// producer's process gone, and kernels it launched on the ring must leave rather than spin on.
+    pub fn raise_producer_kernel_abort(&self) {
+        self.block().producer_kernel_abort().store(1, Ordering::Release);
+    }
+
     /// Survivor duty after `ProducerGone`: writes [`POISON`] into every `published` counter, so GPU stream waits
     /// of every consumer on frames that will never come complete (their results are to be discarded).
     pub fn poison_published(&self) {

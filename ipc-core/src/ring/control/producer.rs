@@ -89,6 +89,8 @@ impl ProducerControl {
             }
             record.pid().store(pid as u64, Ordering::Relaxed);
             record.heartbeat_ns().store(monotonic_ns(), Ordering::Relaxed);
+            // The record's last owner may have died with its kernel abort word raised.
+            record.kernel_abort().store(0, Ordering::Relaxed);
             for counter in record.released_counters() {
                 counter.store(0, Ordering::Relaxed);
             }
@@ -300,6 +302,9 @@ impl ProducerControl {
             }
         }
         self.block.poison_released(record);
+        // Kernels the consumer launched on the ring leave: a dead process's kernel must not spin on (under MPS its
+        // teardown faults the server's other clients; docs/frames.md, "Kills under MPS").
+        record.kernel_abort().store(1, Ordering::Release);
         tracing::warn!(%consumer, pid = record.pid().load(Ordering::Relaxed), "consumer marked dead");
         Ok(())
     }

@@ -21,7 +21,7 @@ pub const MAX_SLOTS: u32 = 256;
 /// Most slots a ring of layout version 1 can have; a ring of more slots uses version 2.
 pub const LAYOUT_1_MAX_SLOTS: u32 = 32;
 
-/// Byte offsets of the header's words, the same in every layout (the first 72 bytes of the block).
+/// Byte offsets of the header's words, the same in every layout (the first 80 bytes of the block).
 pub mod header {
     /// [`MAGIC`](super::super::MAGIC), written last at creation with release ordering.
     pub const MAGIC: usize = 0;
@@ -43,6 +43,11 @@ pub mod header {
     /// consumer's `released` in device memory, for kernels on the ring); 0 when the ring has none. Written once by
     /// the producer before its first offer; a block made before the word existed holds 0 there.
     pub const DEVICE_WORDS: usize = 64;
+    /// The producer's kernel abort word: non-zero once a consumer saw the producer's process gone (its hang-up).
+    /// Kernels the producer launched on the ring watch it (`peer_abort` of their exit words) and leave, so that a
+    /// kernel whose process was killed does not spin on (docs/frames.md, "Kills under MPS"). A block made before
+    /// the word existed holds 0 there.
+    pub const PRODUCER_KERNEL_ABORT: usize = 72;
 }
 
 /// `producer_heartbeat_ns`: `CLOCK_MONOTONIC` ns of the producer's last sign of life, on its own line.
@@ -57,6 +62,8 @@ const RECORD_PREFIX: usize = 256;
 const RECORD_STATE: usize = 0;
 const RECORD_PID: usize = 8;
 const RECORD_JOIN: usize = 16;
+/// The consumer's kernel abort word, on the state line (written at registration and at the consumer's death only).
+const RECORD_KERNEL_ABORT: usize = 24;
 const RECORD_HEARTBEAT: usize = 128;
 
 /// One byte layout of the control block. [`RingLayout::for_slots`] picks it from the slot count; a block's header
@@ -179,6 +186,18 @@ impl RingLayout {
         self.consumer_record_offset(consumer_index) + RECORD_JOIN
     }
 
+    /// Byte offset of consumer `consumer_index`'s kernel abort word: 0 while it lives; the producer raises it when
+    /// it declares the consumer dead (and zeroes it when a new consumer takes the record). Kernels the consumer
+    /// launched on the ring watch it (`peer_abort` of their exit words) and leave.
+    pub const fn kernel_abort_offset(self, consumer_index: u32) -> usize {
+        self.consumer_record_offset(consumer_index) + RECORD_KERNEL_ABORT
+    }
+
+    /// Byte offset of the header's producer kernel abort word ([`header::PRODUCER_KERNEL_ABORT`]).
+    pub const fn producer_kernel_abort_offset(self) -> usize {
+        header::PRODUCER_KERNEL_ABORT
+    }
+
     /// Byte offset of consumer `consumer_index`'s heartbeat.
     pub const fn consumer_heartbeat_offset(self, consumer_index: u32) -> usize {
         self.consumer_record_offset(consumer_index) + RECORD_HEARTBEAT
@@ -277,7 +296,17 @@ mod tests {
                 // per-frame counter.
                 assert!(!lines.contains_key(&(layout.consumer_state_offset(c) / 128)), "{layout}: record {c}");
                 assert_eq!(layout.join_sequence_offset(c) / 128, layout.consumer_state_offset(c) / 128);
+                // The kernel abort word: on the state line, a word of its own.
+                let abort = layout.kernel_abort_offset(c);
+                assert_eq!(abort / 128, layout.consumer_state_offset(c) / 128);
+                let others =
+                    [layout.consumer_state_offset(c), layout.consumer_pid_offset(c), layout.join_sequence_offset(c)];
+                assert!(!others.contains(&abort) && !seen.contains(&abort), "{layout}: record {c}");
             }
+            // The producer's kernel abort word: in the header's line, after the last header word.
+            let abort = layout.producer_kernel_abort_offset();
+            assert!(abort > header::DEVICE_WORDS && abort + 8 <= layout.producer_heartbeat_offset());
+            assert!(!seen.contains(&abort));
         }
     }
 }

@@ -1,0 +1,242 @@
+//! Many device-to-device copies in one kernel launch: [`GatherCopy`] splits each copy into pieces, writes the
+//! pieces' table to the device and launches the gather kernel (`kernels/cuda/weights_gather.cu`, one block per
+//! piece) once per batch. A weight set's generation switch of 19,000 tensors is then a few launches at the
+//! bandwidth of one memcpy, where one `cuMemcpyAsync` per tensor costs microseconds each on the CPU and the GPU.
+//!
+//! ```no_run
+//! use gpu_ipc_driver::{Context, DeviceBuffer, DeviceMemory, GatherCopy, Module, Stream};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let image: &[u8] = &[];
+//! let ctx = Context::for_ordinal(0)?;
+//! let module = Module::load(&ctx, image)?; // an image of kernels/cuda/weights_gather.cu
+//! let mut gather = GatherCopy::new(&ctx, module.function(gpu_ipc_driver::GATHER_KERNEL)?)?;
+//! let (a, b) = (DeviceBuffer::alloc(&ctx, 1 << 20)?, DeviceBuffer::alloc(&ctx, 1 << 20)?);
+//! let stream = Stream::new(&ctx)?;
+//! let (src, dst) = (a.span(), b.span());
+//! gather.copy(&[(dst.slice(0, 4096)?, src.slice(8192, 4096)?), (dst.slice(4096, 64)?, src.slice(0, 64)?)], &stream)?;
+//! stream.synchronize()?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::VecDeque;
+
+use super::context::Context;
+use super::error::{DriverError, Result};
+use super::event::{Event, EventFlags};
+use super::loader::{Driver, entry};
+use super::memory::DeviceBuffer;
+use super::module::{Function, KernelParam, LaunchConfig};
+use super::span::DeviceSpan;
+use super::stream::Stream;
+
+/// The gather kernel's name (`kernels/cuda/weights_gather.cu`); [`GatherCopy::new`] takes only a function of
+/// this name.
+pub const GATHER_KERNEL: &str = "gpu_ipc_gather_copy";
+/// Bytes of one piece at most: longer copies are split, so that one large tensor is copied by many blocks, and a
+/// launch has enough blocks (several waves of them) that its last, partly filled wave costs little.
+pub const GATHER_PIECE_BYTES: u64 = 256 << 10;
+/// Pieces the device table holds (3 MiB): one launch copies at most this many (32 GiB at full pieces).
+pub const GATHER_TABLE_PIECES: usize = 1 << 17;
+/// Threads of a gather block.
+const THREADS: u32 = 256;
+/// Words of one piece in the table: destination, source, bytes.
+const WORDS: usize = 3;
+/// Launches whose table regions may still be read, at most, before the oldest is waited for.
+const MAX_IN_FLIGHT: usize = 64;
+
+/// The table words of `copies` split into pieces of at most [`GATHER_PIECE_BYTES`], in order (empty copies
+/// skipped): destination, source and byte count per piece.
+///
+/// # Errors
+/// [`DriverError::InvalidArgument`] naming the first pair whose source and destination lengths differ.
+pub fn gather_pieces(copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)], words: &mut Vec<u64>) -> Result<()> {
+    words.clear();
+    for (i, (dst, src)) in copies.iter().enumerate() {
+        if dst.len() != src.len() {
+            return Err(DriverError::InvalidArgument {
+                function: "gather copy",
+                problem: format!("copy {i}: a source of {} bytes into a destination of {} bytes", src.len(), dst.len()),
+            });
+        }
+        let mut at = 0;
+        while at < dst.len() {
+            let bytes = (dst.len() - at).min(GATHER_PIECE_BYTES);
+            words.extend_from_slice(&[dst.ptr().offset(at).0, src.ptr().offset(at).0, bytes]);
+            at += bytes;
+        }
+    }
+    Ok(())
+}
+
+/// Copies many device spans into others with one launch of the gather kernel per [`GATHER_TABLE_PIECES`] pieces,
+/// in stream order. Owns the device table the launches read (a ring: a region is rewritten only after the launch
+/// that read it has finished).
+pub struct GatherCopy {
+    function: Function,
+    /// `None` only once `Drop` leaked it.
+    table: Option<DeviceBuffer>,
+    words: Vec<u64>,
+    /// The next free piece of the table.
+    cursor: usize,
+    /// Launches that may still read the table: their regions (in pieces) and an event recorded after each.
+    in_flight: VecDeque<(usize, usize, Event)>,
+    ctx: Context,
+}
+
+impl std::fmt::Debug for GatherCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatherCopy").field("in_flight", &self.in_flight.len()).finish_non_exhaustive()
+    }
+}
+
+impl GatherCopy {
+    /// A gather copier in `ctx` launching `function`, which must be the gather kernel ([`GATHER_KERNEL`] of an
+    /// image of `kernels/cuda/weights_gather.cu`): it allocates the device table.
+    ///
+    /// # Errors
+    /// [`DriverError::KernelSignature`] for a function of another name; an allocation error.
+    pub fn new(ctx: &Context, function: Function) -> Result<Self> {
+        if function.name() != GATHER_KERNEL {
+            return Err(DriverError::KernelSignature {
+                kernel: function.name().to_owned(),
+                problem: format!("a gather copy launches {GATHER_KERNEL} only"),
+            });
+        }
+        let table = DeviceBuffer::alloc(ctx, (GATHER_TABLE_PIECES * WORDS * 8) as u64)?;
+        Ok(Self {
+            function,
+            table: Some(table),
+            words: Vec::new(),
+            cursor: 0,
+            in_flight: VecDeque::new(),
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// Queues on `stream` the copy of every `(destination, source)` pair (equal lengths; distinct, non-overlapping
+    /// destinations). Returns once the launches are queued; the copies run in stream order, and what happens to
+    /// the memory while they run is its owners' business, as for every span.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidArgument`] for a pair of different lengths (nothing queued); a failing
+    /// `cuMemcpyHtoDAsync`, `cuLaunchKernel`, or wait for an earlier launch.
+    pub fn copy(&mut self, copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)], stream: &Stream) -> Result<()> {
+        // The kernel's context current on this thread (the legacy default stream is the current context's).
+        self.ctx.bind()?;
+        let mut words = std::mem::take(&mut self.words);
+        let queued = gather_pieces(copies, &mut words)
+            .and_then(|()| words.chunks(GATHER_TABLE_PIECES * WORDS).try_for_each(|batch| self.launch(batch, stream)));
+        self.words = words;
+        queued
+    }
+
+    /// One launch of `batch` (whole pieces, at most the table's).
+    fn launch(&mut self, batch: &[u64], stream: &Stream) -> Result<()> {
+        let pieces = batch.len() / WORDS;
+        if self.cursor + pieces > GATHER_TABLE_PIECES {
+            self.cursor = 0;
+        }
+        let (start, end) = (self.cursor, self.cursor + pieces);
+        // Wait for every launch that may still read [start, end), and for the oldest beyond the bound.
+        let mut kept = VecDeque::with_capacity(self.in_flight.len());
+        for (s, e, event) in self.in_flight.drain(..) {
+            if s < end && start < e {
+                event.synchronize()?;
+            } else {
+                kept.push_back((s, e, event));
+            }
+        }
+        self.in_flight = kept;
+        while self.in_flight.len() >= MAX_IN_FLIGHT {
+            if let Some((_, _, event)) = self.in_flight.pop_front() {
+                event.synchronize()?;
+            }
+        }
+        let table = self.table.as_ref().ok_or_else(|| DriverError::InvalidArgument {
+            function: "gather copy",
+            problem: "the table was leaked".into(),
+        })?;
+        let region = table.ptr().offset((start * WORDS * 8) as u64);
+        let d = Driver::get()?;
+        let upload = entry!(d, cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync")?;
+        // SAFETY: the destination is [start, end) of the table this value owns, which no launch still reads (waited
+        // for above) and no Rust reference covers; the source is `batch`, whose bytes a pageable copy stages before
+        // the call returns; the stream is alive.
+        d.check("cuMemcpyHtoDAsync", unsafe {
+            upload(region.0, batch.as_ptr().cast(), std::mem::size_of_val(batch), stream.raw())
+        })?;
+        let config = LaunchConfig::linear(pieces as u32, THREADS);
+        let args = [KernelParam::Ptr(region), KernelParam::U32(pieces as u32)];
+        // SAFETY: the kernel is the gather kernel (its name checked in `new`; kernels are trusted code, as for
+        // `Function::launch_typed`): block i reads piece i of the table region just written and copies that piece's
+        // bytes, and every piece lies inside a destination and a source span the caller lent for this call (built by
+        // `gather_pieces` from the spans alone).
+        unsafe { self.function.launch(stream, config, &args)? };
+        let done = Event::new(&self.ctx, EventFlags { timing: false, blocking_sync: false, interprocess: false })?;
+        done.record(stream)?;
+        self.in_flight.push_back((start, end, done));
+        self.cursor = end;
+        Ok(())
+    }
+}
+
+impl Drop for GatherCopy {
+    fn drop(&mut self) {
+        // The table must outlive the launches that read it.
+        for (_, _, event) in self.in_flight.drain(..) {
+            if event.synchronize().is_err() {
+                tracing::error!("a gather copy did not finish: leaking its table rather than freeing it under it");
+                std::mem::forget(self.table.take());
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::super::memory::DevicePtr;
+    use super::*;
+
+    fn span(ptr: u64, len: u64) -> DeviceSpan<'static> {
+        DeviceSpan::of_owner(DevicePtr(ptr), len)
+    }
+
+    #[test]
+    fn copies_are_split_into_pieces_in_order() {
+        let big = 2 * GATHER_PIECE_BYTES + 48;
+        let copies = [(span(0x10_0000, 64), span(0x90_0000, 64)), (span(0x1000_0000, big), span(0x4000_0000, big))];
+        let mut words = Vec::new();
+        gather_pieces(&copies, &mut words).unwrap();
+        let p = GATHER_PIECE_BYTES;
+        assert_eq!(
+            words,
+            [
+                0x10_0000,
+                0x90_0000,
+                64,
+                0x1000_0000,
+                0x4000_0000,
+                p,
+                0x1000_0000 + p,
+                0x4000_0000 + p,
+                p,
+                0x1000_0000 + 2 * p,
+                0x4000_0000 + 2 * p,
+                48
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_copies_add_no_piece_and_unequal_lengths_are_refused() {
+        let mut words = vec![7];
+        gather_pieces(&[(span(0x1000, 0), span(0x2000, 0))], &mut words).unwrap();
+        assert!(words.is_empty());
+        let err = gather_pieces(&[(span(0x1000, 8), span(0x2000, 8)), (span(0x3000, 16), span(0x4000, 8))], &mut words)
+            .unwrap_err();
+        assert!(err.to_string().contains("copy 1: a source of 8 bytes into a destination of 16 bytes"), "{err}");
+    }
+}

@@ -1,0 +1,115 @@
+"""The benchmark's report: OUT_DIR/weights.md from the rows, with the goals beside the figures (met or not)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import TYPE_CHECKING, Any
+
+from weightsbench.children import GIB, say
+
+if TYPE_CHECKING:
+    from weightsbench.rows import Run
+
+
+def device_facts() -> dict[str, Any]:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    commit = ""
+    for path in ("stage/COMMIT",):
+        if os.path.exists(path):
+            commit = open(path).read().strip()
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    check=False).stdout.strip()
+        except OSError:
+            commit = "unknown"
+    return {"device": props.name, "memory_gib": round(props.total_memory / GIB, 1), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit[:12]}
+
+
+def _s(row: dict[str, Any] | None, key: str = "seconds") -> float:
+    return float(row[key]) if row and key in row else float("nan")
+
+
+def cold_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "## A reader gets every tensor (cold: a fresh process, CUDA set up before the clock)",
+        "",
+        "gpu-ipc: `open()` then `tensors(torch)` (every tensor cut from one DLPack import of the arena); "
+        "per-tensor: `open()` then `torch.from_dlpack` of each tensor's own view (the way before `tensors(torch)`).",
+        "",
+        "| set | backend | tensors | GB | gpu-ipc s (open + cut) | per-tensor s | torch-mp s | bucket s | "
+        "torch-mp / gpu-ipc | bucket / gpu-ipc | wrong |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    cold = [r for r in rows if r["part"] == "cold"]
+    for key in sorted({(r["set"], r["backend"]) for r in cold}):
+        by = {r["method"]: r for r in cold if (r["set"], r["backend"]) == key}
+        g, p, m, b = by.get("gpu-ipc"), by.get("gpu-ipc-per-tensor"), by.get("torch-mp"), by.get("bucket")
+        if not g:
+            continue
+        wrong = sum(r.get("wrong", 0) for r in by.values())
+        lines.append(
+            f"| {key[0]} | {key[1]} | {g['tensors']} | {g['bytes'] / 1e9:.1f} | "
+            f"{_s(g):.4f} ({_s(g, 'open_seconds'):.4f} + {_s(g, 'tensors_seconds'):.4f}) | {_s(p):.4f} | "
+            f"{_s(m):.4f} | {_s(b):.4f} | {_s(m) / _s(g):.1f}x | {_s(b) / _s(g):.2f}x | {wrong} |")
+    lines += ["", "Goals: the ~19,000-tensor dict at least 20x faster than per-tensor handles "
+              "(torch-mp / gpu-ipc >= 20) and no slower than the bucket (bucket / gpu-ipc >= 1).", ""]
+    return lines
+
+
+def switch_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["## Moving to the next generation", "",
+             "`update()` of every tensor (the gather kernel, a launch per batch of up to 2,048 tensors) against "
+             "the goal's reference, one device-to-device memcpy of the same total bytes, and torch's own copy per "
+             "tensor.", "",
+             "| set | backend | update s | one memcpy s | update / memcpy | torch per-tensor copy s | "
+             "update / per-tensor | reader refresh + cut s | wrong |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in (r for r in rows if r["part"] == "switch"):
+        lines.append(
+            f"| {r['set']} | {r['backend']} | {r['update_seconds']:.4f} | {r['torch_one_memcpy_seconds']:.4f} | "
+            f"{r['ratio_to_one_memcpy']:.2f} | {r['torch_copy_per_tensor_seconds']:.4f} | "
+            f"{r['ratio_to_per_tensor']:.2f} | {r['reader_refresh_seconds']:.4f} | {r['wrong']} |")
+    lines += ["", "Goal: a generation switch within 1.1x of a device-to-device copy of the changed bytes "
+              "(update / memcpy <= 1.1).", "", "## GPU memory given back after each part", "",
+              "| set | backend | free before, GiB | free after, GiB | back |", "|---|---|---:|---:|---|"]
+    for r in (r for r in rows if r["part"] == "memory"):
+        lines.append(f"| {r['set']} | {r['backend']} | {r['free_start_gib']} | {r['free_end_gib']} | {r['back']} |")
+    return lines + [""]
+
+
+def report(run: Run, facts: dict[str, Any]) -> None:
+    lines = [
+        "# Model weights between processes (scripts/weights_bench.py)",
+        "",
+        f"{facts['device']} ({facts['memory_gib']} GiB), torch {facts['torch']}, {facts['date']}, commit "
+        f"`{facts['commit']}`; command: `python scripts/weights_bench.py run OUT {' '.join(run.args.passthrough)}`"
+        f" ({run.seconds():.0f} s).",
+        "",
+        *cold_table(run.rows),
+        *switch_table(run.rows),
+        "## Mixed generations", "", "| backend | switches | reader refreshes | generations seen | mixed |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in (r for r in run.rows if r["part"] == "mixed"):
+        lines.append(f"| {r['backend']} | {r['switches']} | {r['refreshes']} | {r['generations_seen']} | "
+                     f"{r['mixed']} |")
+    lines += ["", "## The owner SIGKILLed while a reader holds a generation", "",
+              "| backend | reader in | trials | failed | told, median s | told, max s |",
+              "|---|---|---:|---:|---:|---:|"]
+    for r in (r for r in run.rows if r["part"] == "kills"):
+        if "not_run" in r:
+            lines.append(f"| {r['backend']} | {r['where']} | not run: {r['not_run']} | | | |")
+        else:
+            lines.append(f"| {r['backend']} | {r['where']} | {r['trials']} | {r['failed']} | "
+                         f"{r['told_median_seconds']} | {r['told_max_seconds']} |")
+    lines += ["", "A trial passes when the reader is told within 1 s, its tensors still read 7 everywhere, and the "
+              "GPU's free memory it sees is back to its level before the owner started (within 16 MiB) once it "
+              "closes.", "", f"Checks failed: {len(run.failures)}" + "".join(f"\n- {f}" for f in run.failures), ""]
+    with open(os.path.join(run.out, "weights.md"), "w") as f:
+        f.write("\n".join(lines))
+    say("\n".join(lines))
