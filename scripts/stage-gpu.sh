@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything the GPU machine runs and stages it, stripped, in stage/ (ignored by git):
-#   stage/gpu-tests.tar.zst   a nextest archive of every test binary of the workspace (profile `gpu`)
+#   stage/gpu-tests.tar.zst   a nextest archive of every test binary of the workspace (profile `gpu`; only the
+#                             packages named in GPU_IPC_STAGE_PACKAGES when it is set, e.g. "gpu-ipc-examples ipc-core")
 #   stage/bin/cargo-nextest   the standalone nextest runner (the GPU machine has no Rust toolchain)
 #   stage/bin/gpu-ipc         the CLI; stage/bin/gpu-ipc-stress: the stress run (tools/stress);
 #                             stage/bin/producer, consumer, pipeline, semaphore, pool, work_queue, consumer_overhead: the examples
@@ -53,7 +54,15 @@ rm -rf "$STAGE"
 mkdir -p "$STAGE/bin"
 
 echo "stage-gpu: building the test archive (profile gpu)" >&2
-cargo nextest archive --workspace --cargo-profile gpu --archive-file "$STAGE/gpu-tests.tar.zst" >&2
+# GPU_IPC_STAGE_PACKAGES="pkg ..." archives only those packages' tests (a smaller stage when the tree has grown and
+# only some GPU tests are to run: the archive of every package is about 45 MB of the 64 MiB that travels).
+ARCHIVE_SCOPE=(--workspace)
+if [ -n "${GPU_IPC_STAGE_PACKAGES:-}" ]; then
+    ARCHIVE_SCOPE=()
+    for package in $GPU_IPC_STAGE_PACKAGES; do ARCHIVE_SCOPE+=(-p "$package"); done
+    echo "stage-gpu: the test archive holds only: $GPU_IPC_STAGE_PACKAGES" >&2
+fi
+cargo nextest archive "${ARCHIVE_SCOPE[@]}" --cargo-profile gpu --archive-file "$STAGE/gpu-tests.tar.zst" >&2
 
 echo "stage-gpu: building the binaries (profile gpu)" >&2
 cargo build --profile gpu --workspace --bins >&2
