@@ -261,19 +261,7 @@ pub(crate) fn study_consumer(
 mod tests {
     use super::*;
 
-    fn plan(frames_total: u64, warmup: u64) -> ConsumerPlan {
-        ConsumerPlan {
-            spec: RowSpec::SingleProcess,
-            device: 0,
-            frame_bytes: 24_883_200,
-            frames_total,
-            warmup,
-            socket: None,
-            index: 0,
-            frame_timeout_ms: 1000,
-            expect_xor: None,
-        }
-    }
+    use crate::tasks::tests::plan;
 
     #[test]
     fn the_window_measures_only_after_the_warm_up_against_the_publish_stamps() {

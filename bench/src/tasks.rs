@@ -117,10 +117,11 @@ pub enum ExporterMessage {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn plan(frames_total: u64, warmup: u64) -> ConsumerPlan {
+    /// A single-process row's plan of 4K frames (shared with the consumer's tests).
+    pub(crate) fn plan(frames_total: u64, warmup: u64) -> ConsumerPlan {
         ConsumerPlan {
             spec: RowSpec::SingleProcess,
             device: 0,
