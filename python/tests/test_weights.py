@@ -95,11 +95,15 @@ def test_tensors_of_a_framework_are_cut_from_one_import_of_the_arena(sock: str) 
             assert isinstance(a, np.ndarray) and a.dtype == want.dtype and a.shape == want.shape, name
             assert np.array_equal(a, want), name
             assert a.ctypes.data == views[name].ptr, f"{name}: a view in place, not a copy"
-        arena, (names, dtypes, shapes, strides, offsets, contiguous) = r._reader.arena()
-        assert arena.generation == 1 and arena.dtype == "uint8" and arena.shape[0] > max(offsets)
-        assert names == list(state_dict(1)) and dtypes == [str(a.dtype) for a in state_dict(1).values()]
-        assert shapes == [list(a.shape) for a in state_dict(1).values()] and all(contiguous)
-        assert strides[0] == [8, 1] and all(o % 256 == 0 for o in offsets)
+        arena, (names, runs, order) = r._reader.arena()
+        assert arena.generation == 1 and arena.dtype == "uint8"
+        assert names == list(state_dict(1)) and sorted(order) == list(range(4))
+        # Four tensors of four element types: four runs of one, each at a whole 256 bytes inside the arena.
+        assert sorted((dtype, count, shape) for dtype, count, shape, _st, _o, _s in runs) == sorted(
+            (str(a.dtype), 1, list(a.shape)) for a in state_dict(1).values()
+        )
+        assert all(o % 256 == 0 and o < arena.shape[0] for _d, _c, _sh, _st, o, _s in runs)
+        assert [run[3] for run in runs if run[2] == [16, 8]] == [[8, 1]]
         del views
         # The cut arrays hold their generation: it stays intact while the owner publishes past it.
         pub.update(state_dict(2))

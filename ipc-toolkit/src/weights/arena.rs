@@ -2,22 +2,29 @@
 //! tensor's bytes as a slice of the arena's span.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::error::WeightsError;
 use super::manifest::{Manifest, TensorEntry};
 use crate::pool::PoolError;
 use gpu_ipc_driver::DeviceSpan;
 
-/// A generation's manifest and the index of its tensors by name.
+/// A generation's manifest and the index of its tensors by name (shared by every generation of an owner's set:
+/// their layout is the same).
 pub(super) struct Tensors {
     pub(super) manifest: Manifest,
-    index: HashMap<String, usize>,
+    index: Arc<HashMap<String, usize>>,
 }
 
 impl Tensors {
     /// Indexes `manifest` (its names are unique: the owner and the decoder check).
     pub(super) fn new(manifest: Manifest) -> Self {
         let index = manifest.entries.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
+        Self { manifest, index: Arc::new(index) }
+    }
+
+    /// `manifest` with `index`, the index of a manifest of the same names in the same order.
+    pub(super) fn with_index(manifest: Manifest, index: Arc<HashMap<String, usize>>) -> Self {
         Self { manifest, index }
     }
 

@@ -51,6 +51,9 @@ pub const MAX_TENSORS: u32 = 1 << 20;
 /// Alignment of every tensor's first byte in an arena (and of the end of the manifest).
 pub const TENSOR_ALIGN: u64 = 256;
 
+/// Where the generation lies in an encoded manifest (bytes 16..24 of the header).
+const GENERATION_BYTES: std::ops::Range<usize> = 16..24;
+
 const FLAG_CHECKSUMS: u16 = 1;
 const ENTRY_FLAG_STRIDES: u8 = 1;
 const ENTRY_FIXED_BYTES: usize = 16;
@@ -274,6 +277,23 @@ impl Manifest {
             out.extend_from_slice(entry.name.as_bytes());
         }
         out
+    }
+
+    /// Rewrites the generation of `encoded`, the bytes of an [`encode`](Self::encode)d manifest: an owner encodes
+    /// its layout once and stamps each generation's number into a copy.
+    ///
+    /// # Errors
+    /// [`ManifestError::Truncated`] for bytes shorter than the header.
+    pub fn set_encoded_generation(encoded: &mut [u8], generation: u64) -> Result<(), ManifestError> {
+        let len = encoded.len() as u64;
+        let field = encoded.get_mut(GENERATION_BYTES).ok_or(ManifestError::Truncated {
+            field: "generation",
+            start: GENERATION_BYTES.start as u64,
+            end: GENERATION_BYTES.end as u64,
+            len,
+        })?;
+        field.copy_from_slice(&generation.to_le_bytes());
+        Ok(())
     }
 
     /// Reads the declared length of the manifest at the start of `header` (at least [`MANIFEST_HEADER_BYTES`]

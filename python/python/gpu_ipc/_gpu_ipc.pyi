@@ -873,6 +873,19 @@ def default_sync(backend: str) -> str:
     """The strategy a ring made with ``backend`` uses when none is named: ``"gpu-stream-ops"`` where a GPU backend
     runs (the GPU waits, no MPS needed), ``"cpu-spin"`` with ``"host"``."""
 
+def _weights_read_sources(
+    tensors: dict[str, Any],
+    names: list[str],
+    first: int,
+    kind: type,
+    dtypes: list[Any],
+    shapes: list[tuple[int, ...]],
+    device: int,
+) -> tuple[list[int], int]:
+    """``_weights_read_sources(tensors, names, first, kind, dtypes, shapes, device)``: the addresses
+    ``Publisher.update`` would copy from, read the way it reads them, and the index of the first tensor that fails
+    a check (``len(names)`` when none does). For tests and measurements of that step without a GPU."""
+
 @final
 class WeightsOwner:
     """The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made."""
@@ -895,15 +908,32 @@ class WeightsOwner:
         """Makes (or returns) the next generation's arena and returns its tensors, writable, as ``(name, view)`` pairs."""
     def stage_arena(
         self,
-    ) -> tuple[WeightsTensor, tuple[list[str], list[str], list[list[int]], list[list[int]], list[int], list[bool]]]:
+    ) -> tuple[WeightsTensor, tuple[list[str], list[tuple[str, int, list[int], list[int], int, int]], list[int]]]:
         """Makes (or returns) the next generation's arena and returns it whole, writable, as one ``uint8`` view, with
-        its tensors as ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each: one DLPack import
-        for every tensor."""
+        its tensors as ``(names, runs, order)``: the names (layout order); the runs, ``(dtype, count, shape,
+        strides, offset, step)`` each (tensors of one element type, shape and strides, ``step`` bytes apart from
+        byte ``offset``; strides in elements); for each name, its place among the runs' tensors laid end to end."""
     def copy_in(self, ptrs: Sequence[int], first: int = 0, stream: Any = None) -> None:
         """Copies the caller's device memory into the staged tensors, on ``stream`` (default: the legacy default
         stream) with a few launches of the gather kernel: ``ptrs[i]`` is the address of tensor ``first + i``'s
         bytes (layout order; a tensor of the set's device, its whole byte span; 0: not copied). Stages the next
         generation first if none is."""
+    def copy_in_from(
+        self,
+        tensors: dict[str, Any],
+        names: list[str],
+        first: int,
+        kind: type,
+        dtypes: list[Any],
+        shapes: list[tuple[int, ...]],
+        stream: Any = None,
+    ) -> int:
+        """Copies ``tensors[names[i]]`` into staged tensor ``i`` for ``i`` from ``first`` on, while each is a ``kind``
+        (``torch.Tensor``) whose ``dtype`` is ``dtypes[i]`` (the same object), whose ``shape`` equals
+        ``shapes[i]``, on the set's device, contiguous: read and launched batch by batch on ``stream`` (the GPU
+        copies one batch while the next is read). Returns the index of the first tensor that is not (or missing),
+        after queueing those before it; ``len(names)`` when every one was. Stages the next generation first if
+        none is. The tensors must stay alive until ``commit``."""
     def write(self, name: str, data: bytes) -> None:
         """Writes ``data`` (the tensor's bytes) into the staged tensor ``name`` (from host memory: ``cuMemcpyHtoD`` on
         a GPU). Stages the next generation first if none is."""
@@ -956,11 +986,13 @@ class WeightsReader:
         """The held generation's tensors as ``(name, view)`` pairs; each view keeps the generation alive."""
     def arena(
         self,
-    ) -> tuple[WeightsTensor, tuple[list[str], list[str], list[list[int]], list[list[int]], list[int], list[bool]]]:
+    ) -> tuple[WeightsTensor, tuple[list[str], list[tuple[str, int, list[int], list[int], int, int]], list[int]]]:
         """The held generation's whole arena as one ``uint8`` view (the manifest at byte 0), with its tensors as
-        ``(names, dtypes, shapes, strides, offsets, contiguous)``, one list each (strides in elements, offsets in
-        bytes from the arena's first byte, every entry checked against the mapped extent): one DLPack import for
-        every tensor, which ``gpu_ipc.weights`` cuts the tensors from. The view keeps the generation alive."""
+        ``(names, runs, order)``: the names (manifest order); the runs, ``(dtype, count, shape, strides, offset,
+        step)`` each (tensors of one element type, shape and strides, ``step`` bytes apart from byte ``offset``;
+        strides in elements; every entry checked against the mapped extent); for each name, its place among the
+        runs' tensors laid end to end. One DLPack import for every tensor, which ``gpu_ipc.weights`` cuts the
+        tensors from, a strided view per run. The view keeps the generation alive."""
     def manifest(self) -> list[tuple[str, str, list[int], list[int], int, int | None]]:
         """The held generation's manifest: ``(name, dtype, shape, strides, offset, checksum)`` per tensor."""
     def verify(self) -> int:
@@ -974,6 +1006,22 @@ class WeightsReader:
         ``first + i`` (manifest order; its whole byte span, on the set's device; 0: not copied): what ``load_into``
         does. The held generation stays mapped until the device's queued work is done, whatever ``refresh`` does
         meanwhile."""
+    def copy_out_to(
+        self,
+        tensors: dict[str, Any],
+        names: list[str],
+        first: int,
+        kind: type,
+        dtypes: list[Any],
+        shapes: list[tuple[int, ...]],
+        stream: Any = None,
+    ) -> int:
+        """Copies held tensor ``i`` into ``tensors[names[i]]`` for every ``i`` from ``first`` on, on ``stream``, when
+        each is a ``kind`` (``torch.Tensor``) whose ``dtype`` is ``dtypes[i]`` (the same object), whose ``shape``
+        equals ``shapes[i]``, on the set's device, contiguous: every one is checked first, so nothing is written
+        unless all pass. Returns ``len(names)`` once the copies are queued, else the index of the first tensor that
+        does not pass (or is missing), with nothing queued. ``names`` must be the held generation's, in manifest
+        order."""
     @property
     def owner_gone(self) -> bool:
         """Whether the owner closed the set or went away (what is held stays readable)."""

@@ -38,11 +38,10 @@ same layout. Non-contiguous tensors are published contiguous. One device per set
 from __future__ import annotations
 
 import importlib
-import math
-import operator
 import os
 import sys
 from collections.abc import Iterable, Mapping
+from itertools import repeat
 from typing import Any
 
 from gpu_ipc._gpu_ipc import ArgumentError, ArgumentTypeError, WeightsOwner, WeightsReader, WeightsTensor
@@ -62,22 +61,6 @@ def _batches(count: int) -> list[tuple[int, int]]:
         first, size = first + size, min(_BATCH, size * 2)
     return out
 
-
-def _torch_pointers(torch: Any, tensors: list[Any], dtypes: list[Any], shapes: list[Any], device: int) -> Any:
-    """The ``data_ptr()`` of every tensor of ``tensors`` when all are torch tensors of ``dtypes`` and ``shapes`` (in
-    order) on CUDA device ``device``, contiguous: each check one C-level pass over the batch. ``None`` when any
-    is not (the caller then looks at them one by one)."""
-    if not all(issubclass(kind, torch.Tensor) for kind in set(map(type, tensors))):
-        return None
-    if list(map(_DTYPE, tensors)) != dtypes or list(map(_SHAPE, tensors)) != shapes:
-        return None
-    if set(map(torch.Tensor.get_device, tensors)) != {device} or not all(map(torch.Tensor.is_contiguous, tensors)):
-        return None
-    return list(map(torch.Tensor.data_ptr, tensors))
-
-
-_DTYPE = operator.attrgetter("dtype")
-_SHAPE = operator.attrgetter("shape")
 
 # NumPy's names of the element types the manifest knows, from the typestr of __cuda_array_interface__ and
 # __array_interface__.
@@ -239,26 +222,37 @@ def _framework_name(framework: Any) -> str:
     return name
 
 
-def _cut(arena: WeightsTensor, columns: Any, framework: Any, one_by_one: Any) -> dict[str, Any]:
-    """Every tensor of ``columns`` (names, dtypes, shapes, strides, offsets, contiguous: one list each) as a tensor of
-    ``framework``, cut from one DLPack import of ``arena`` (the whole arena as ``uint8``): one typed view per element
-    type, then a view per tensor. A tensor whose type the framework lacks, and every tensor for a framework other
-    than torch, NumPy and CuPy, is made by ``framework.from_dlpack`` of its own view, which ``one_by_one()`` gives
-    (name -> view)."""
-    names, dtypes, shapes, strides, offsets, contiguous = columns
+def _cut(arena: WeightsTensor, cut: Any, framework: Any, one_by_one: Any, writable: bool = False) -> dict[str, Any]:
+    """Every tensor of a generation as a tensor of ``framework``, cut from one DLPack import of ``arena`` (the whole
+    arena as ``uint8``): one typed view per element type, then one strided view per run (``cut``: the names, the
+    runs and each name's place among the runs' tensors, as ``arena()`` gives them), split into its tensors in C
+    (torch's ``unbind``, ``list()`` of a NumPy or CuPy array): no Python call per tensor. ``writable`` (the owner's
+    ``stage``): torch tensors are made one ``as_strided`` each (from C, through ``map``), since torch refuses an
+    in-place copy from a tensor that requires grad into a view ``unbind`` made. A run whose element type the
+    framework lacks, and every tensor for a framework other than torch, NumPy and CuPy, is made by
+    ``framework.from_dlpack`` of its own view, which ``one_by_one()`` gives (name -> view). The dict keeps the
+    names' order."""
+    names, runs, order = cut
     name = _framework_name(framework)
     module = framework if not isinstance(framework, str) else importlib.import_module(framework)
     made: list[Any] = [None] * len(names)
+    complete = False
     if name in ("torch", "numpy", "cupy"):
         flat = module.from_dlpack(arena)
-        groups: dict[str, list[int]] = {}
-        for i, dtype in enumerate(dtypes):
-            groups.setdefault(dtype, []).append(i)
-        cut = _cut_torch if name == "torch" else _cut_array
-        for dtype, indices in groups.items():
-            cut(module, flat, dtype, indices, shapes, strides, offsets, contiguous, made, name == "cupy")
-    missing = [i for i, t in enumerate(made) if t is None]
-    if missing:
+        run_cut = _run_torch if name == "torch" else _run_array
+        typed: dict[str, Any] = {}
+        laid: list[Any] = []
+        complete = True
+        for run in runs:
+            tensors = run_cut(module, flat, typed, run, writable, name == "cupy")
+            if tensors is None:
+                complete = False
+                laid.extend(repeat(None, run[1]))
+            else:
+                laid.extend(tensors)
+        made = list(map(laid.__getitem__, order))
+    if not complete:
+        missing = [i for i, t in enumerate(made) if t is None]
         views = one_by_one()
         for i in missing:
             view = views[names[i]]
@@ -268,42 +262,46 @@ def _cut(arena: WeightsTensor, columns: Any, framework: Any, one_by_one: Any) ->
     return dict(zip(names, made))
 
 
-def _cut_torch(torch: Any, flat: Any, dtype: str, indices: list[int], shapes: list[Any], strides: list[Any],
-               offsets: list[int], _contiguous: list[bool], made: list[Any], _on_device: bool) -> None:
-    """The tensors ``indices`` of element type ``dtype``: one typed view of the arena, then ``as_strided`` per tensor
-    (called from C through ``map``); left ``None`` when torch lacks the type or an offset is not a whole element."""
-    dt = getattr(torch, dtype, None)
-    if not isinstance(dt, torch.dtype):
-        return
-    size = dt.itemsize
-    ok = [i for i in indices if offsets[i] % size == 0]
-    typed = flat[: flat.numel() // size * size].view(dt)
-    views = map(typed.as_strided, [shapes[i] for i in ok], [strides[i] for i in ok], [offsets[i] // size for i in ok])
-    for i, view in zip(ok, views):
-        made[i] = view
+def _run_torch(torch: Any, flat: Any, typed: dict[str, Any], run: Any, writable: bool, _on_device: bool) -> Any:
+    """The tensors of ``run`` (``(dtype, count, shape, strides, offset, step)``; offsets and step in bytes, strides in
+    elements) from ``flat``, the arena as ``uint8``, through its typed view (made once per element type, kept in
+    ``typed``); ``None`` when torch lacks the type."""
+    dtype, count, shape, strides, offset, step = run
+    view = typed.get(dtype)
+    if view is None:
+        dt = getattr(torch, dtype, None)
+        if not isinstance(dt, torch.dtype):
+            return None
+        size = dt.itemsize
+        view = typed[dtype] = flat[: flat.numel() // size * size].view(dt)
+    size = view.element_size()
+    first = offset // size  # offsets are whole elements: the manifest's decoder checks
+    if count == 1:
+        return (view.as_strided(shape, strides, first),)
+    step //= size
+    if writable:
+        starts = range(first, first + count * step, step)
+        return list(map(view.as_strided, repeat(shape, count), repeat(strides, count), starts))
+    return view.as_strided([count, *shape], [step, *strides], first).unbind(0)
 
 
-def _cut_array(np: Any, flat: Any, dtype: str, indices: list[int], shapes: list[Any], strides: list[Any],
-               offsets: list[int], contiguous: list[bool], made: list[Any], on_device: bool) -> None:
-    """As ``_cut_torch`` for NumPy (a contiguous tensor: a slice of the typed view, reshaped; else an ``ndarray`` over
-    the arena with byte strides) and CuPy (an ``ndarray`` at the arena's pointer plus the offset)."""
+def _run_array(np: Any, flat: Any, _typed: dict[str, Any], run: Any, _writable: bool, on_device: bool) -> Any:
+    """As ``_run_torch`` for NumPy (an ``ndarray`` over the arena's buffer) and CuPy (an ``ndarray`` at the arena's
+    address plus the offset): one array of the whole run, listed."""
+    dtype, count, shape, strides, offset, step = run
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        return
+        return None
     size = dt.itemsize
-    typed = flat[: flat.size // size * size].view(dt)
-    for i in indices:
-        offset, shape = offsets[i], shapes[i]
-        if offset % size:
-            continue
-        if on_device:
-            made[i] = np.ndarray(shape, dt, memptr=flat.data + offset, strides=[s * size for s in strides[i]])
-        elif contiguous[i]:
-            start = offset // size
-            made[i] = typed[start : start + math.prod(shape)].reshape(shape)
-        else:
-            made[i] = np.ndarray(shape, dt, buffer=flat, offset=offset, strides=[s * size for s in strides[i]])
+    byte_strides = [step, *(s * size for s in strides)]
+    if on_device:
+        batched = np.ndarray((count, *shape), dt, memptr=flat.data + offset, strides=byte_strides)
+    else:
+        batched = np.ndarray((count, *shape), dt, buffer=flat, offset=offset, strides=byte_strides)
+    if not shape:  # listing a 1-d NumPy array makes scalars (copies): index 0-d views instead
+        return [batched[k, ...] for k in range(count)]
+    return list(batched)
 
 
 def _torch_module() -> Any:
@@ -319,7 +317,7 @@ class Publisher:
         self._owner = owner
         self._names = [name for name, _, _ in layout]
         self._layout = {name: (dtype, tuple(shape)) for name, dtype, shape in layout}
-        self._torch_layout: list[tuple[Any, tuple[int, ...]]] | None = None
+        self._torch_expected: tuple[Any, list[Any], list[tuple[int, ...]]] | None = None
 
     @property
     def generation(self) -> int:
@@ -340,39 +338,56 @@ class Publisher:
 
     def _copy(self, state_dict: Mapping[str, Any], stream: Any) -> list[Any]:
         """Queues the copies into the staged arena; returns the sources, to hold until ``commit`` (which waits for
-        the device): a contiguous copy made here must not go back to its allocator under a queued copy."""
-        tensors = _in_order(state_dict, self._names, f"weight set {self.name!r}: the state_dict's names differ from "
-                            "the published layout")
+        the device): a contiguous copy made here must not go back to its allocator under a queued copy.
+
+        On a GPU, torch tensors of the set's dtypes, shapes and device, contiguous, are checked and their
+        addresses read in native code, batch by batch, each batch launched as soon as it is read (the GPU copies
+        one while the next is read); anything else (another framework's tensors, host memory, a non-contiguous
+        tensor, a wrong one: the error names it) is taken one by one, 2,048 tensors at a time."""
+        names = self._names
+        differ = f"weight set {self.name!r}: the state_dict's names differ from the published layout"
         device = self._owner.device
         if device is None:
-            for name, obj in zip(self._names, tensors):
+            tensors = _in_order(state_dict, names, differ)
+            for name, obj in zip(names, tensors):
                 self._owner.write(name, _host_bytes(self._checked(name, _describe(name, obj), device)))
             return tensors
+        if len(state_dict) != len(names):
+            _in_order(state_dict, names, differ)  # raises, naming what is missing and what is unknown
+        sd = state_dict if isinstance(state_dict, dict) else dict(state_dict)
         stream = _stream_of(stream, device)
+        expected = self._expected(_torch_module())
         kept: list[Any] = []
-        for first, end in _batches(len(tensors)):
-            ptrs = self._pointers(tensors, first, end, device, kept)
-            self._owner.copy_in(ptrs, first, stream)
+        at, count = 0, len(names)
+        while at < count:
+            if expected is not None:
+                at = self._owner.copy_in_from(sd, names, at, *expected, stream)
+                if at == count:
+                    break
+            end = min(count, at + _BATCH)
+            if any(n not in sd for n in names[at:end]):
+                _in_order(state_dict, names, differ)
+            self._owner.copy_in(self._pointers(sd, at, end, device, kept), at, stream)
+            at = end
         return kept
 
-    def _pointers(self, tensors: list[Any], first: int, end: int, device: int, kept: list[Any]) -> list[int]:
-        """The device addresses of ``tensors[first:end]``, checked against the layout: torch tensors of the set's
-        dtypes, shapes and device, contiguous, in a few C-level passes; anything else one by one through
-        ``_describe`` (host memory written here, address 0)."""
-        torch = _torch_module()
-        batch = tensors[first:end]
-        if torch is not None:
-            if self._torch_layout is None:
-                self._torch_layout = [(getattr(torch, d, None), s) for d, s in self._layout.values()]
-            dtypes = [d for d, _ in self._torch_layout[first:end]]
-            shapes = [s for _, s in self._torch_layout[first:end]]
-            ptrs = _torch_pointers(torch, batch, dtypes, shapes, device)
-            if ptrs is not None:
-                return ptrs  # type: ignore[no-any-return]
+    def _expected(self, torch: Any) -> tuple[Any, list[Any], list[tuple[int, ...]]] | None:
+        """``(torch.Tensor, dtypes, shapes)``: what each tensor of an update must be, as the native copy compares it
+        (the dtype objects by identity), made once; ``None`` without torch."""
+        if torch is None:
+            return None
+        if self._torch_expected is None:
+            dtypes = [getattr(torch, dtype, None) for dtype, _shape in self._layout.values()]
+            shapes = [shape for _dtype, shape in self._layout.values()]
+            self._torch_expected = (torch.Tensor, dtypes, shapes)
+        return self._torch_expected
+
+    def _pointers(self, sd: Mapping[str, Any], first: int, end: int, device: int, kept: list[Any]) -> list[int]:
+        """The device addresses of tensors ``first..end`` of the layout, taken one by one through ``_describe`` and
+        checked against the layout (host memory written here, address 0)."""
         ptrs = []
-        for i, t in enumerate(batch, start=first):
-            name = self._names[i]
-            described = self._checked(name, _describe(name, t), device)
+        for name in self._names[first:end]:
+            described = self._checked(name, _describe(name, sd[name]), device)
             kept.append(described)
             if described.device is None:
                 self._owner.write(name, _host_bytes(described))
@@ -408,8 +423,8 @@ class Publisher:
         ``close()``."""
         if framework is None:
             return dict(self._owner.stage())
-        arena, columns = self._owner.stage_arena()
-        return _cut(arena, columns, framework, lambda: dict(self._owner.stage()))
+        arena, cut = self._owner.stage_arena()
+        return _cut(arena, cut, framework, lambda: dict(self._owner.stage()), writable=True)
 
     def commit(self) -> int:
         """Publishes the staged generation (after the device's queued work finished) and returns it."""
@@ -499,6 +514,19 @@ class Reader:
 
     def __init__(self, reader: WeightsReader):
         self._reader = reader
+        self._torch_expected: tuple[list[str], list[Any], list[tuple[int, ...]]] | None = None
+
+    def _expected(self, torch: Any) -> tuple[list[str], list[Any], list[tuple[int, ...]]]:
+        """The set's names, torch dtype objects and shapes (manifest order), made once: a set's layout is fixed
+        for its owner's life, and a reader reads from one owner."""
+        if self._torch_expected is None:
+            manifest = self.manifest()
+            self._torch_expected = (
+                [m[0] for m in manifest],
+                [getattr(torch, m[1], None) for m in manifest],
+                [tuple(m[2]) for m in manifest],
+            )
+        return self._torch_expected
 
     @property
     def generation(self) -> int:
@@ -527,8 +555,8 @@ class Reader:
         reader's."""
         if framework is None:
             return dict(self._reader.tensors())
-        arena, columns = self._reader.arena()
-        return _cut(arena, columns, framework, lambda: dict(self._reader.tensors()))
+        arena, cut = self._reader.arena()
+        return _cut(arena, cut, framework, lambda: dict(self._reader.tensors()))
 
     def manifest(self) -> list[tuple[str, str, list[int], list[int], int, int | None]]:
         """``(name, dtype, shape, strides, offset, checksum)`` of every tensor of the held generation."""
@@ -559,6 +587,18 @@ class Reader:
         checked first; ``strict``: the names must match both ways (else the target's names not in the set are
         refused, the set's others skipped). Returns the tensors copied."""
         target = _state_dict(module_or_dict)
+        device = self._reader.device
+        torch = _torch_module()
+        if device is not None and torch is not None and isinstance(target, dict):
+            # Every tensor checked and its address read in native code (torch tensors of the set's dtypes and
+            # shapes, on its device, contiguous), then copied; else (or at the first that is not) one by one below,
+            # where the error names what is wrong. Nothing is copied unless every tensor passed.
+            names, dtypes, shapes = self._expected(torch)
+            if len(target) == len(names):
+                stream = _stream_of(stream, device)
+                at = self._reader.copy_out_to(target, names, 0, torch.Tensor, dtypes, shapes, stream)
+                if at == len(names):
+                    return at
         manifest = self.manifest()
         entries = {name: (dtype, tuple(shape)) for name, dtype, shape, _s, _o, _c in manifest}
         unknown = [name for name in target if name not in entries]
@@ -568,24 +608,6 @@ class Reader:
                 f"weight set {self.name!r} generation {self.generation}: names differ "
                 f"(not in the set: {sorted(unknown)[:5]}, not in the target: {sorted(missing)[:5]})"
             )
-        device = self._reader.device
-        torch = _torch_module()
-        ptrs: list[int] | None = None
-        if device is not None and torch is not None and len(target) == len(manifest):
-            # Every tensor at once, in a few C-level passes (torch tensors of the set's dtypes and shapes, on its
-            # device, contiguous); else one by one below.
-            ptrs = _torch_pointers(
-                torch,
-                [target[m[0]] for m in manifest],
-                [getattr(torch, m[1], None) for m in manifest],
-                [tuple(m[2]) for m in manifest],
-                device,
-            )
-        if ptrs is not None:
-            stream = _stream_of(stream, device)
-            for first, end in _batches(len(ptrs)):
-                self._reader.copy_out(ptrs[first:end], first, stream)
-            return len(target)
         ptrs = []
         kept, host = [], []
         for name, dtype, shape, _s, _o, _c in manifest:

@@ -1,0 +1,327 @@
+//! `WeightsReader`: a reader of a weight set, under `gpu_ipc.weights.Reader`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use gpu_ipc::BackendKind;
+use gpu_ipc::core::backend::GpuBackend;
+use gpu_ipc::core::wire::ObjectKind;
+use gpu_ipc::driver::Stream;
+use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::legacy::Legacy;
+use gpu_ipc::pool::PoolError;
+use gpu_ipc::toolkit::door::{self, DoorError};
+use gpu_ipc::vmm::Vmm;
+use gpu_ipc::weights::{ArenaBytes, HeldGeneration, TensorCopier, WeightsError, WeightsReader as CoreReader};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyType};
+
+use super::sources::{Expected, read_all};
+use super::tensor::{ArenaCut, WeightsTensor, arena_of};
+use super::{Served, caller_copies, served_getters};
+use crate::each_backend;
+use crate::errors::{ArgumentError, door_to_py, weights_to_py};
+use crate::mapping::MappingHold;
+use crate::ring::{Gpu, PerBackend, SLICE, Shared, lock, parse_backend, seconds};
+use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
+use crate::view::Layout;
+
+type Reader = PerBackend<CoreReader<Legacy>, CoreReader<Vmm>, CoreReader<HostFake>>;
+type Held = PerBackend<Arc<HeldGeneration<Legacy>>, Arc<HeldGeneration<Vmm>>, Arc<HeldGeneration<HostFake>>>;
+
+/// Queues on `stream` the copies of `held`'s tensors `first..` into the caller's memory `ptrs` (0: none).
+fn copy_out_of(held: &Held, copier: &mut TensorCopier, first: usize, ptrs: &[u64], stream: &Stream) -> PyResult<()> {
+    fn copy<B: ArenaBytes + GpuBackend>(
+        h: &HeldGeneration<B>,
+        copier: &mut TensorCopier,
+        first: usize,
+        ptrs: &[u64],
+        stream: &Stream,
+    ) -> PyResult<()> {
+        let copies = caller_copies(&h.manifest().entries, first, ptrs)?;
+        h.copy_out(copier, &copies, stream).map_err(weights_to_py)
+    }
+    match held {
+        PerBackend::Legacy(h) => copy(h, copier, first, ptrs, stream),
+        PerBackend::Vmm(h) => copy(h, copier, first, ptrs, stream),
+        PerBackend::Host(_) => Err(ArgumentError::new_err("copy_out is for GPU backends; use read")),
+    }
+}
+
+/// A reader of a weight set (``gpu_ipc.weights.open`` makes one): holds one generation at a time.
+#[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
+pub struct WeightsReader {
+    reader: Shared<Mutex<Reader>>,
+    served: Served,
+}
+
+impl WeightsReader {
+    fn reader(&self) -> PyResult<Arc<Mutex<Reader>>> {
+        self.reader.get("weights reader")
+    }
+
+    fn held(&self) -> PyResult<Held> {
+        let reader = self.reader()?;
+        let guard = lock(&*reader);
+        Ok(match &*guard {
+            PerBackend::Legacy(r) => PerBackend::Legacy(r.held()),
+            PerBackend::Vmm(r) => PerBackend::Vmm(r.held()),
+            PerBackend::Host(r) => PerBackend::Host(r.held()),
+        })
+    }
+
+    /// Lets go of `held` through a mapping hold: when it is the last, the unmap waits for the device's queued work.
+    fn let_go(&self, held: Held) {
+        let ctx = self.served.ctx();
+        each_backend!(held, h => drop(MappingHold::new(h, ctx)));
+    }
+}
+
+#[pymethods]
+impl WeightsReader {
+    #[new]
+    #[pyo3(signature = (socket, name, backend=None, device=0, timeout=10.0))]
+    fn new(
+        py: Python<'_>,
+        socket: PathBuf,
+        name: &str,
+        backend: Option<&str>,
+        device: i32,
+        timeout: f64,
+    ) -> PyResult<Self> {
+        let timeout = seconds(timeout)?;
+        let backend = match backend {
+            Some(b) => parse_backend(b)?,
+            None => py.detach(|| door::status(&socket, timeout).map(|report| report.backend)).map_err(|e| match e {
+                DoorError::NoOwner { path, .. } => door_to_py(DoorError::NoOwner { path, kind: ObjectKind::Pool }),
+                other => door_to_py(other),
+            })?,
+        };
+        let gpu = Gpu::for_backend(py, backend, device)?;
+        let reader = py
+            .detach(|| -> Result<Reader, WeightsError> {
+                Ok(match (backend, &gpu) {
+                    (BackendKind::HostFake, _) => {
+                        PerBackend::Host(CoreReader::open(&HostContext, &socket, name, timeout)?)
+                    }
+                    (BackendKind::Legacy, Some(g)) => {
+                        PerBackend::Legacy(CoreReader::open(&g.ctx, &socket, name, timeout)?)
+                    }
+                    (_, Some(g)) => PerBackend::Vmm(CoreReader::open(&g.ctx, &socket, name, timeout)?),
+                    (other, None) => {
+                        return Err(WeightsError::Pool(PoolError::Unsupported(format!("backend {other} needs a GPU"))));
+                    }
+                })
+            })
+            .map_err(weights_to_py)?;
+        Ok(Self { reader: Shared::new(Mutex::new(reader)), served: Served::new(gpu, backend, socket, name) })
+    }
+
+    /// The generation held now.
+    #[getter]
+    fn generation(&self) -> PyResult<u64> {
+        Ok(each_backend!(&*lock(&*self.reader()?), r => r.generation()))
+    }
+
+    /// The newest published generation: a word in shared memory, no round trip. Raises ``OwnerGone``.
+    fn latest(&self) -> PyResult<u64> {
+        each_backend!(&*lock(&*self.reader()?), r => r.latest()).map_err(weights_to_py)
+    }
+
+    /// Moves to the newest generation and returns it; tensors of the old one stay valid until dropped.
+    fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
+        let reader = self.reader()?;
+        let old = self.held()?;
+        let moved = py.detach(|| each_backend!(&mut *lock(&*reader), r => r.refresh()));
+        self.let_go(old);
+        moved.map_err(weights_to_py)
+    }
+
+    /// Blocks until ``generation`` or a newer one is published (``timeout`` seconds at most, ``None``: no bound),
+    /// in 50 ms slices (Ctrl-C works); returns the newest. Raises ``Timeout``, ``OwnerGone``.
+    #[pyo3(signature = (generation, timeout=None))]
+    fn wait_for(&self, py: Python<'_>, generation: u64, timeout: Option<f64>) -> PyResult<u64> {
+        let reader = self.reader()?;
+        let bound = timeout.map(seconds).transpose()?;
+        let started = Instant::now();
+        loop {
+            let left = bound.map(|b| b.saturating_sub(started.elapsed()));
+            let slice = left.map_or(SLICE, |l| l.min(SLICE));
+            let waited = py.detach(|| each_backend!(&*lock(&*reader), r => r.wait_for(generation, Some(slice))));
+            match waited {
+                Err(WeightsError::Timeout { .. }) if left.is_none_or(|l| l > slice) => py.check_signals()?,
+                Err(WeightsError::Timeout { set, wanted, latest, .. }) => {
+                    return Err(weights_to_py(WeightsError::Timeout {
+                        set,
+                        wanted,
+                        latest,
+                        waited: started.elapsed(),
+                    }));
+                }
+                other => return other.map_err(weights_to_py),
+            }
+        }
+    }
+
+    /// The held generation's tensors as ``(name, view)`` pairs; each view keeps the generation alive.
+    fn tensors(&self) -> PyResult<Vec<(String, WeightsTensor)>> {
+        let held = self.held()?;
+        let ordinal = self.served.ordinal();
+        let ctx = self.served.ctx();
+        each_backend!(held, h => {
+            let base = h.view().ptr().0;
+            let generation = h.generation();
+            h.manifest()
+                .entries
+                .iter()
+                .map(|e| {
+                    let tensor = WeightsTensor {
+                        name: e.name.clone(),
+                        generation,
+                        ptr: base + e.offset,
+                        layout: Layout::of_tensor(&e.desc)?,
+                        ordinal,
+                        hold: MappingHold::new(h.clone(), ctx.clone()),
+                    };
+                    Ok((e.name.clone(), tensor))
+                })
+                .collect()
+        })
+    }
+
+    /// The held generation's whole arena as one ``uint8`` view (the manifest at byte 0), with its tensors as
+    /// ``(names, runs, order)``: the names (manifest order); the runs, ``(dtype, count, shape, strides, offset,
+    /// step)`` each (tensors of one element type, shape and strides, ``step`` bytes apart from byte ``offset``;
+    /// strides in elements; every entry checked against the mapped extent); for each name, its place among the
+    /// runs' tensors laid end to end. One DLPack import for every tensor, which ``gpu_ipc.weights`` cuts the
+    /// tensors from, a strided view per run. The view keeps the generation alive.
+    fn arena(&self) -> PyResult<(WeightsTensor, ArenaCut)> {
+        let held = self.held()?;
+        let (ordinal, ctx) = (self.served.ordinal(), self.served.ctx());
+        each_backend!(held, h => arena_of(h.manifest(), h.view().ptr().0, ordinal, MappingHold::new(h.clone(), ctx)))
+    }
+
+    /// The held generation's manifest: ``(name, dtype, shape, strides, offset, checksum)`` per tensor.
+    #[allow(clippy::type_complexity)]
+    fn manifest(&self) -> PyResult<Vec<(String, String, Vec<u64>, Vec<u64>, u64, Option<u64>)>> {
+        let held = self.held()?;
+        let entries = each_backend!(&held, h => h.manifest().entries.clone());
+        Ok(entries
+            .into_iter()
+            .map(|e| {
+                let strides = e.desc.strides_or_contiguous();
+                (e.name, e.desc.dtype().name().to_owned(), e.desc.shape().to_vec(), strides, e.offset, e.checksum)
+            })
+            .collect())
+    }
+
+    /// Checks the held generation's bytes against its manifest's checksums; returns how many tensors were checked
+    /// (0 when the owner published none). Raises ``GpuIpcError`` naming the first that differs.
+    fn verify(&self, py: Python<'_>) -> PyResult<usize> {
+        let held = self.held()?;
+        py.detach(|| each_backend!(&held, h => h.verify())).map_err(weights_to_py)
+    }
+
+    /// Tensor ``name``'s bytes, copied to host memory.
+    fn read<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let held = self.held()?;
+        let bytes = py
+            .detach(|| {
+                each_backend!(&held, h => {
+                    let len = h.entry(name)?.span_bytes();
+                    let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+                    h.read(name, &mut bytes).map(|()| bytes)
+                })
+            })
+            .map_err(weights_to_py)?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Copies the held tensors into the caller's device memory, on ``stream`` (default: the legacy default stream)
+    /// with a few launches of the gather kernel: ``ptrs[i]`` is the address of the destination of tensor
+    /// ``first + i`` (manifest order; its whole byte span, on the set's device; 0: not copied): what ``load_into``
+    /// does. The held generation stays mapped until the device's queued work is done, whatever ``refresh`` does
+    /// meanwhile.
+    #[pyo3(signature = (ptrs, first=0, stream=None))]
+    fn copy_out(
+        &self,
+        py: Python<'_>,
+        ptrs: Vec<u64>,
+        first: usize,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ctx = &self.served.gpu()?.ctx;
+        let raw = stream_handle(stream)?.unwrap_or(LEGACY_DEFAULT_STREAM);
+        let held = self.held()?;
+        let copied =
+            py.detach(|| self.served.with_copier(|copier| copy_out_of(&held, copier, first, &ptrs, &borrow(ctx, raw))));
+        self.let_go(held);
+        copied
+    }
+
+    /// Copies held tensor ``i`` into ``tensors[names[i]]`` for every ``i`` from ``first`` on, on ``stream``, when
+    /// each is a ``kind`` (``torch.Tensor``) whose ``dtype`` is ``dtypes[i]`` (the same object), whose ``shape``
+    /// equals ``shapes[i]``, on the set's device, contiguous: every one is checked first, so nothing is written
+    /// unless all pass. Returns ``len(names)`` once the copies are queued, else the index of the first tensor that
+    /// does not pass (or is missing), with nothing queued. ``names`` must be the held generation's, in manifest
+    /// order.
+    #[pyo3(signature = (tensors, names, first, kind, dtypes, shapes, stream=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn copy_out_to(
+        &self,
+        py: Python<'_>,
+        tensors: &Bound<'_, PyDict>,
+        names: &Bound<'_, PyList>,
+        first: usize,
+        kind: &Bound<'_, PyType>,
+        dtypes: &Bound<'_, PyList>,
+        shapes: &Bound<'_, PyList>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let gpu = self.served.gpu()?;
+        let raw = stream_handle(stream)?.unwrap_or(LEGACY_DEFAULT_STREAM);
+        let held = self.held()?;
+        let count = each_backend!(&held, h => h.manifest().entries.len());
+        if names.len() != count {
+            self.let_go(held);
+            return Err(ArgumentError::new_err(format!(
+                "{} names for a generation of {count} tensors: give the held generation's names",
+                names.len()
+            )));
+        }
+        let expected = Expected { kind, names, dtypes, shapes, device: i64::from(gpu.ordinal) };
+        let copied = read_all(tensors, first, &expected).and_then(|(ptrs, stop)| {
+            if stop < count {
+                return Ok(stop);
+            }
+            py.detach(|| {
+                self.served.with_copier(|copier| copy_out_of(&held, copier, first, &ptrs, &borrow(&gpu.ctx, raw)))
+            })?;
+            Ok(count)
+        });
+        self.let_go(held);
+        copied
+    }
+
+    /// Whether the owner closed the set or went away (what is held stays readable).
+    #[getter]
+    fn owner_gone(&self) -> PyResult<bool> {
+        Ok(each_backend!(&*lock(&*self.reader()?), r => r.owner_gone()))
+    }
+
+    fn __repr__(&self) -> String {
+        self.served.repr("WeightsReader", self.generation().unwrap_or(0))
+    }
+}
+
+served_getters!(WeightsReader);
+crate::closable!(WeightsReader, reader, "Lets go of the set (tensors already made stay valid). Idempotent.");
+
+impl Drop for WeightsReader {
+    fn drop(&mut self) {
+        if self.reader.made_elsewhere() {
+            self.served.forget();
+        }
+    }
+}
