@@ -55,6 +55,7 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<weights::WeightsReader>()?;
     m.add_class::<weights::WeightsTensor>()?;
     m.add_function(wrap_pyfunction!(weights::read_sources, m)?)?;
+    m.add_function(wrap_pyfunction!(weights::runs_of, m)?)?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LEGACY_DEFAULT_STREAM", stream::LEGACY_DEFAULT_STREAM)?;

@@ -9,6 +9,8 @@
 //! - [`WeightsReader`]: [`open`](WeightsReader::open), [`held`](WeightsReader::held) (the generation held, as a
 //!   [`HeldGeneration`] that keeps its arena pinned while it lives), [`latest`](WeightsReader::latest) (a word in
 //!   shared memory), [`refresh`](WeightsReader::refresh), [`wait_for`](WeightsReader::wait_for).
+//! - [`find_runs`]: a generation's tensors as [`Run`]s, tensors alike a constant step apart, which one strided view
+//!   cuts (the owner lays tensors alike out together, so an ordinary state_dict is a few dozen runs).
 //! - [`TensorCopier`]: on a GPU, a whole state_dict copied into a staged arena
 //!   ([`StagedGeneration::copy_in`]) or out of a held one ([`HeldGeneration::copy_out`]) with a few launches of
 //!   a gather kernel, at the bandwidth of one memcpy.
@@ -26,6 +28,7 @@ mod io;
 pub mod manifest;
 mod owner;
 mod reader;
+mod runs;
 
 pub use copy::TensorCopier;
 pub use error::WeightsError;
@@ -34,6 +37,7 @@ pub use ipc_core::wire::{DType, TensorDesc};
 pub use manifest::{Manifest, ManifestError, TensorEntry};
 pub use owner::{ReaderHold, StagedGeneration, WeightsOptions, WeightsOwner};
 pub use reader::{HeldGeneration, WeightsReader};
+pub use runs::{Run, find_runs};
 
 /// The pool buffer name of `set`'s arena of `generation`.
 fn arena_name(set: &str, generation: u64) -> String {

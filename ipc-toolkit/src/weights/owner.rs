@@ -12,12 +12,13 @@ use super::io::ArenaBytes;
 use super::manifest::{
     MAX_SET_NAME_BYTES, MAX_TENSOR_NAME_BYTES, MAX_TENSORS, Manifest, TENSOR_ALIGN, TensorEntry, checksum,
 };
+use super::runs::group_alike;
 use super::{arena_name, generation_of};
 use crate::door::DoorConfig;
 use crate::pool::{BufferHandle, PoolConfig, SharedPool};
 use gpu_ipc_driver::{DeviceSpan, DeviceUuid, Stream};
 use ipc_core::backend::GpuBackend;
-use ipc_core::wire::{DType, TensorDesc};
+use ipc_core::wire::TensorDesc;
 
 /// How a weight set is served.
 #[derive(Debug, Clone)]
@@ -428,16 +429,7 @@ fn lay_out(set: &str, tensors: Vec<(String, TensorDesc)>, checksums: bool) -> Re
         .map(|(name, desc)| TensorEntry { name, desc, offset: 0, checksum: checksums.then_some(0) })
         .collect();
     let header = Manifest::encoded_len(set, &entries, checksums) as u64;
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut group_of: HashMap<(DType, &[u64], Option<&[u64]>), usize> = HashMap::new();
-    for (i, e) in entries.iter().enumerate() {
-        let g = *group_of.entry((e.desc.dtype(), e.desc.shape(), e.desc.strides())).or_insert_with(|| {
-            groups.push(Vec::new());
-            groups.len() - 1
-        });
-        groups[g].push(i);
-    }
-    drop(group_of);
+    let groups = group_alike(&entries);
     let mut at = header.next_multiple_of(TENSOR_ALIGN);
     for i in groups.into_iter().flatten() {
         let entry = &mut entries[i];

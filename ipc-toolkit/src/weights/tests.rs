@@ -243,6 +243,69 @@ fn nineteen_thousand_tensors_round_trip_in_one_import() {
     assert!(manifest_bytes > 19_000 * (MANIFEST_HEADER_BYTES / 4));
 }
 
+#[test]
+fn tensors_alike_are_laid_out_together_a_constant_step_apart_in_the_given_order() {
+    // A mixture of experts' order: gate, up (alike) and down (another shape) interleaved, a scalar per layer, a
+    // norm; the last tensor has the first one's shape.
+    let mut tensors = vec![("embed".to_owned(), TensorDesc::contiguous(DType::BF16, [10, 8]).unwrap())];
+    for layer in 0..2 {
+        tensors.push((format!("{layer}.norm"), TensorDesc::contiguous(DType::F32, [8]).unwrap()));
+        for e in 0..3 {
+            for (proj, shape) in [("gate", [4, 8]), ("up", [4, 8]), ("down", [8, 4])] {
+                tensors.push((format!("{layer}.{e}.{proj}"), TensorDesc::contiguous(DType::BF16, shape).unwrap()));
+            }
+        }
+        tensors.push((format!("{layer}.step"), TensorDesc::contiguous(DType::I64, Vec::<u64>::new()).unwrap()));
+    }
+    tensors.push(("head".to_owned(), TensorDesc::contiguous(DType::BF16, [10, 8]).unwrap()));
+    let path = sock("grouped");
+    let owner =
+        WeightsOwner::<HostFake>::create(&HostContext, &path, "moe", tensors.clone(), WeightsOptions::default())
+            .unwrap();
+    let layout = owner.layout();
+    let names: Vec<&str> = layout.entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, tensors.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), "the given order");
+    let offsets = |pick: &dyn Fn(&str) -> bool| -> Vec<u64> {
+        layout.entries.iter().filter(|e| pick(&e.name)).map(|e| e.offset).collect()
+    };
+    let first = layout.entries[0].offset;
+    assert_eq!(first, (layout.encode().len() as u64).next_multiple_of(TENSOR_ALIGN));
+    // Groups in the order of their first tensor: embed and head, the norms, gate and up, down, the scalars.
+    assert_eq!(offsets(&|n| n == "embed" || n == "head"), [first, first + 256]);
+    assert_eq!(offsets(&|n| n.ends_with("norm")), [first + 512, first + 768]);
+    let alike = offsets(&|n| n.ends_with("gate") || n.ends_with("up"));
+    assert_eq!(alike, (0..12).map(|k| first + 1024 + 256 * k).collect::<Vec<_>>());
+    let down = offsets(&|n| n.ends_with("down"));
+    assert_eq!(down, (0..6).map(|k| first + 1024 + 12 * 256 + 256 * k).collect::<Vec<_>>());
+    assert_eq!(offsets(&|n| n.ends_with("step")), [first + 1024 + 18 * 256, first + 1024 + 19 * 256]);
+    assert_eq!(layout.arena_bytes, first + 1024 + 20 * 256);
+}
+
+#[test]
+fn every_generation_staged_in_a_reused_arena_carries_its_own_manifest() {
+    // keep 1: each update retires the one before, whose manifest the next generation reuses.
+    let path = sock("recycled");
+    let options = WeightsOptions { keep: 1, checksums: true, ..WeightsOptions::default() };
+    let mut owner = WeightsOwner::<HostFake>::create(&HostContext, &path, "m", tensors(), options).unwrap();
+    publish(&mut owner);
+    let mut reader = open(&path, "m");
+    for generation in 2..=6 {
+        assert_eq!(publish(&mut owner), generation);
+        assert_eq!(reader.refresh().unwrap(), generation);
+        let held = reader.held();
+        check_held(&held, generation);
+        let manifest = held.manifest();
+        assert_eq!(manifest.generation, generation);
+        let strip =
+            |m: &Manifest| m.entries.iter().map(|e| (e.name.clone(), e.desc.clone(), e.offset)).collect::<Vec<_>>();
+        assert_eq!(strip(manifest), strip(owner.layout()));
+        assert_eq!(held.verify().unwrap(), 4, "generation {generation}'s own checksums");
+        assert_eq!(owner.staged().map(StagedGeneration::generation), None);
+    }
+    let staged = owner.stage().unwrap();
+    assert!(staged.manifest().entries.iter().all(|e| e.checksum == Some(0)), "checksums are filled in at commit");
+}
+
 /// A valid manifest of a few tensors, to break.
 fn sample() -> Manifest {
     let mut m = Manifest {

@@ -886,6 +886,13 @@ def _weights_read_sources(
     ``Publisher.update`` would copy from, read the way it reads them, and the index of the first tensor that fails
     a check (``len(names)`` when none does). For tests and measurements of that step without a GPU."""
 
+def _weights_runs(
+    entries: list[tuple[str, list[int], list[int] | None, int]],
+) -> tuple[list[tuple[str, int, list[int], list[int], int, int]], list[int]]:
+    """``_weights_runs(entries)``: the runs ``arena()`` gives for a manifest of ``entries`` (``(dtype, shape, strides,
+    offset)`` each; strides in elements or ``None``, offsets in bytes, each a multiple of its element size), and each
+    entry's place among the runs' tensors. For tests of the cut on layouts no owner makes."""
+
 @final
 class WeightsOwner:
     """The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made."""

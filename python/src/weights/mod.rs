@@ -12,7 +12,7 @@
 
 mod owner;
 mod reader;
-pub mod runs;
+mod runs;
 mod sources;
 mod tensor;
 
@@ -26,6 +26,7 @@ use pyo3::prelude::*;
 
 pub use owner::WeightsOwner;
 pub use reader::WeightsReader;
+pub use runs::runs_of;
 pub use sources::read_sources;
 pub use tensor::WeightsTensor;
 

@@ -1,165 +1,45 @@
-//! Runs: tensors of one element type, shape and strides whose first bytes lie a constant step apart in an arena.
-//! One strided view of `(count, *shape)` with strides `(step, *strides)` holds a whole run, and splitting it along
-//! its first dimension (torch's `unbind(0)`, `list()` of a NumPy array) makes every tensor of the run in C, with
-//! no Python call per tensor: what makes `Reader.tensors(torch)` of a 19,000-tensor mixture of experts cheap.
-//!
-//! The owner lays the arena out so that an ordinary state_dict is a few dozen runs (tensors grouped by element
-//! type and shape, in first-appearance order, each padded alike); [`find_runs`] finds them in any manifest, old
-//! layouts included, so a manifest that is not laid out that way only makes more, shorter runs.
+//! The runs of a generation as the Python layer takes them (`ipc_toolkit::weights::find_runs`): what
+//! `arena()`'s cut is made of.
 
-use std::collections::HashMap;
+use gpu_ipc::core::wire::{DType, TensorDesc};
+use gpu_ipc::weights::{TensorEntry, find_runs};
+use pyo3::prelude::*;
 
-use gpu_ipc::core::wire::DType;
-use gpu_ipc::weights::TensorEntry;
+use crate::errors::ArgumentError;
 
-/// Tensors of one element type, shape and strides, `step` bytes apart: one strided view cuts them all.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Run {
-    /// The element type.
-    pub dtype: DType,
-    /// The shape of each tensor.
-    pub shape: Vec<u64>,
-    /// The strides of each tensor, in elements.
-    pub strides: Vec<u64>,
-    /// The byte offset of the first tensor's first element from the arena's first byte.
-    pub offset: u64,
-    /// Bytes from one tensor's first element to the next one's (0 for a run of one tensor).
-    pub step: u64,
-    /// How many tensors.
-    pub count: usize,
+/// One run as the Python layer takes it: element type name, tensor count, each tensor's shape and strides (in
+/// elements), the byte offset of the first one's first element, and the bytes from one tensor to the next.
+pub(crate) type RunSpec = (&'static str, usize, Vec<u64>, Vec<u64>, u64, u64);
+
+/// [`find_runs`] as the Python layer takes it: the runs as [`RunSpec`]s, and each entry's place among their tensors.
+pub(crate) fn run_specs(entries: &[TensorEntry]) -> (Vec<RunSpec>, Vec<usize>) {
+    let (runs, order) = find_runs(entries);
+    let specs = runs.into_iter().map(|r| (r.dtype.name(), r.count, r.shape, r.strides, r.offset, r.step)).collect();
+    (specs, order)
 }
 
-/// The runs of `entries` and, for each entry (manifest order), its place among the runs' tensors laid end to end
-/// (the runs in order, each run's tensors in offset order).
-///
-/// Entries are grouped by element type, shape and strides (first appearance first); each group, in offset order,
-/// is cut into maximal runs of a constant, non-zero step. Every entry is in exactly one run.
-pub fn find_runs(entries: &[TensorEntry]) -> (Vec<Run>, Vec<usize>) {
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut group_of: HashMap<(DType, &[u64], Option<&[u64]>), usize> = HashMap::new();
-    for (i, e) in entries.iter().enumerate() {
-        let key = (e.desc.dtype(), e.desc.shape(), e.desc.strides());
-        let g = *group_of.entry(key).or_insert_with(|| {
-            groups.push(Vec::new());
-            groups.len() - 1
-        });
-        groups[g].push(i);
-    }
-    let mut runs = Vec::new();
-    let mut order = vec![0; entries.len()];
-    let mut placed = 0;
-    for mut group in groups {
-        // Already in offset order for the owner's layout (a stable sort of a sorted list is one pass).
-        group.sort_by_key(|&i| entries[i].offset);
-        let offset_at = |k: usize| entries[group[k]].offset;
-        let mut k = 0;
-        while k < group.len() {
-            let offset = offset_at(k);
-            let step = if k + 1 < group.len() { offset_at(k + 1) - offset } else { 0 };
-            let mut end = k + 1;
-            if step > 0 {
-                while end < group.len() && offset_at(end) - offset_at(end - 1) == step {
-                    end += 1;
-                }
+/// One entry as ``_weights_runs`` takes it: element type name, shape, strides in elements (``None``: contiguous),
+/// byte offset.
+type EntrySpec = (String, Vec<u64>, Option<Vec<u64>>, u64);
+
+/// ``_weights_runs(entries)``: the runs ``arena()`` gives for a manifest of ``entries`` (``(dtype, shape, strides,
+/// offset)`` each; strides in elements or ``None``, offsets in bytes, each a multiple of its element size), and each
+/// entry's place among the runs' tensors. For tests of the cut on layouts no owner makes.
+#[pyfunction]
+#[pyo3(name = "_weights_runs")]
+pub fn runs_of(entries: Vec<EntrySpec>) -> PyResult<(Vec<RunSpec>, Vec<usize>)> {
+    let entries = entries
+        .into_iter()
+        .enumerate()
+        .map(|(i, (dtype, shape, strides, offset))| {
+            let invalid = |e: String| ArgumentError::new_err(format!("entry {i}: {e}"));
+            let dtype: DType = dtype.parse().map_err(|e| invalid(format!("{e}")))?;
+            let desc = TensorDesc::new(dtype, shape, strides).map_err(|e| invalid(e.to_string()))?;
+            if !offset.is_multiple_of(dtype.size_bytes().max(1)) {
+                return Err(invalid(format!("offset {offset} is not a whole number of {dtype} elements")));
             }
-            let first = &entries[group[k]].desc;
-            runs.push(Run {
-                dtype: first.dtype(),
-                shape: first.shape().to_vec(),
-                strides: first.strides_or_contiguous(),
-                offset,
-                step: if end - k > 1 { step } else { 0 },
-                count: end - k,
-            });
-            for (n, &i) in group[k..end].iter().enumerate() {
-                order[i] = placed + n;
-            }
-            placed += end - k;
-            k = end;
-        }
-    }
-    (runs, order)
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use gpu_ipc::weights::TensorDesc;
-
-    fn entry(name: &str, desc: TensorDesc, offset: u64) -> TensorEntry {
-        TensorEntry { name: name.to_owned(), desc, offset, checksum: None }
-    }
-
-    fn f32s(shape: &[u64]) -> TensorDesc {
-        TensorDesc::contiguous(DType::F32, shape.to_vec()).unwrap()
-    }
-
-    /// Where each entry's first element lies, as its run says: the run's offset plus its step times its place.
-    fn offsets_from_runs(runs: &[Run], order: &[usize]) -> Vec<u64> {
-        let mut laid = Vec::new();
-        for run in runs {
-            laid.extend((0..run.count as u64).map(|k| run.offset + k * run.step));
-        }
-        order.iter().map(|&p| laid[p]).collect()
-    }
-
-    #[test]
-    fn interleaved_shapes_make_one_run_per_shape_and_keep_every_offset() {
-        // Experts' gate, up and down, interleaved by name, laid out grouped (gate/up at 0.., down after them).
-        let (gu, down) = (f32s(&[4, 8]), f32s(&[8, 4]));
-        let mut entries = Vec::new();
-        for e in 0..3u64 {
-            entries.push(entry(&format!("e{e}.gate"), gu.clone(), 256 + 2 * e * 256));
-            entries.push(entry(&format!("e{e}.up"), gu.clone(), 256 + (2 * e + 1) * 256));
-            entries.push(entry(&format!("e{e}.down"), down.clone(), 256 + (6 + e) * 256));
-        }
-        let (runs, order) = find_runs(&entries);
-        assert_eq!(runs.len(), 2);
-        assert_eq!((runs[0].count, runs[0].step, runs[0].offset), (6, 256, 256));
-        assert_eq!((runs[1].count, runs[1].step, runs[1].offset, runs[1].shape.clone()), (3, 256, 1792, vec![8, 4]));
-        assert_eq!(runs[0].strides, vec![8, 1]);
-        assert_eq!(offsets_from_runs(&runs, &order), entries.iter().map(|e| e.offset).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn odd_entries_make_runs_of_one_and_every_entry_is_in_exactly_one_run() {
-        let scalar = TensorDesc::contiguous(DType::I64, Vec::<u64>::new()).unwrap();
-        let transposed = TensorDesc::strided(DType::F32, [3, 2], [1, 3]).unwrap();
-        let half = TensorDesc::contiguous(DType::F16, [3]).unwrap();
-        let entries = vec![
-            entry("a", f32s(&[2]), 512),
-            entry("scalar", scalar.clone(), 1024),
-            entry("b", f32s(&[2]), 768),
-            entry("t", transposed, 1280),
-            entry("c", f32s(&[2]), 1536),   // breaks a's and b's step of 256
-            entry("h", half.clone(), 1794), // an offset that is not a multiple of 256
-            entry("scalar2", scalar, 2048),
-            entry("h2", half, 2052),
-        ];
-        let (runs, order) = find_runs(&entries);
-        let mut seen = order.clone();
-        seen.sort_unstable();
-        assert_eq!(seen, (0..entries.len()).collect::<Vec<_>>(), "a permutation");
-        assert_eq!(runs.iter().map(|r| r.count).sum::<usize>(), entries.len());
-        assert_eq!(offsets_from_runs(&runs, &order), entries.iter().map(|e| e.offset).collect::<Vec<_>>());
-        let counts: Vec<usize> = runs.iter().map(|r| r.count).collect();
-        assert_eq!(counts, [2, 1, 2, 1, 2], "a+b, c; the scalars; t; the halves");
-        assert_eq!((runs[2].shape.clone(), runs[2].strides.clone(), runs[2].step), (vec![], vec![], 1024));
-        assert_eq!((runs[3].strides.clone(), runs[4].step), (vec![1, 3], 258));
-        assert!(runs.iter().filter(|r| r.count == 1).all(|r| r.step == 0));
-    }
-
-    #[test]
-    fn entries_out_of_offset_order_and_shared_offsets_still_land_right() {
-        let entries = vec![
-            entry("z", f32s(&[4]), 1024),
-            entry("y", f32s(&[4]), 512),
-            entry("x", f32s(&[4]), 768),
-            entry("alias", f32s(&[4]), 768), // another name for x's bytes: a step of 0 is no run
-        ];
-        let (runs, order) = find_runs(&entries);
-        assert_eq!(offsets_from_runs(&runs, &order), vec![1024, 512, 768, 768]);
-        assert!(runs.iter().all(|r| r.count == 1 || r.step > 0));
-    }
+            Ok(TensorEntry { name: format!("t{i}"), desc, offset, checksum: None })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(run_specs(&entries))
 }

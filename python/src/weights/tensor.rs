@@ -4,13 +4,9 @@
 use gpu_ipc::weights::Manifest;
 use pyo3::prelude::*;
 
-use super::runs::find_runs;
+use super::runs::{RunSpec, run_specs};
 use crate::mapping::{MappingHold, pool_view};
 use crate::view::{ArrayMemory, Layout, View};
-
-/// One run as the Python layer takes it: element type name, tensor count, each tensor's shape and strides (in
-/// elements), the byte offset of the first one's first element, and the bytes from one tensor to the next.
-pub(crate) type RunSpec = (&'static str, usize, Vec<u64>, Vec<u64>, u64, u64);
 
 /// A generation's tensors as ``arena()`` and ``stage_arena()`` give them: the names (manifest order), the runs,
 /// and for each name its place among the runs' tensors laid end to end.
@@ -24,8 +20,7 @@ pub(crate) fn arena_of(
     hold: MappingHold,
 ) -> PyResult<(WeightsTensor, ArenaCut)> {
     let names = manifest.entries.iter().map(|e| e.name.clone()).collect();
-    let (runs, order) = find_runs(&manifest.entries);
-    let runs = runs.into_iter().map(|r| (r.dtype.name(), r.count, r.shape, r.strides, r.offset, r.step)).collect();
+    let (runs, order) = run_specs(&manifest.entries);
     let arena = WeightsTensor {
         name: format!("{}/{}", manifest.set_name, manifest.generation),
         generation: manifest.generation,
