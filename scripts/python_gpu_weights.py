@@ -9,15 +9,15 @@ For each backend (default both), an owner process A (this one) and a reader proc
   2. B opens it (cold: attach, one import, manifest checked) and compares every byte of every tensor, read in place
      (torch.from_dlpack of r.tensors()), with the pattern it computes itself: `wrong` counts the differing bytes;
      r.verify() checks the manifest's checksums.
-     B also cuts every tensor from one import of the arena (r.tensors(torch)): the same addresses, shapes, dtypes
-     and bytes as the per-tensor views; and with CuPy installed, r.tensors("cupy") the same addresses.
+     B also cuts every tensor from one import of the arena (r.tensors(torch)): the same addresses, shapes, strides,
+     dtypes and bytes as the per-tensor views; and with CuPy installed, r.tensors("cupy") the same addresses.
   3. A updates to generation 2 while B holds 1, from sources of every kind update() takes: contiguous CUDA tensors
      (the gather kernel), non-contiguous ones (copied contiguous first), CPU tensors (written from the host). B's
      tensors of generation 1 must be unchanged; then B waits for 2, refreshes (timed), checks every byte again.
   4. B loads generation 2 into its own zero tensors with load_into (the gather kernel, timed): every byte right,
      and every data_ptr unchanged.
-  5. A publishes generation 3 by writing the staged arena in place (stage(torch) / commit()); B switches and
-     checks.
+  5. A publishes generation 3 by writing the staged arena in place (stage(torch) / commit(); the sources of
+     floating-point tensors require grad, as a trainer's parameters do); B switches and checks.
   6. A closes; B's wait_for raises OwnerGone within a second, and its held tensors still read right.
 Prints one `PASS` or `FAIL` line per backend (with the timings) and a last `weights: PASS|FAIL` line; exit status 0
 only if all pass. With --json, writes the rows there.
@@ -136,6 +136,7 @@ def reader(sock: str, mib: int) -> int:
     cut_ms = (time.perf_counter() - started) * 1e3
     same = all(
         cut[k].data_ptr() == t.data_ptr() and cut[k].shape == t.shape and cut[k].dtype == t.dtype
+        and cut[k].stride() == t.stride()
         for k, t in tensors.items()
     )
     try:
@@ -236,7 +237,10 @@ def run_backend(backend: str, mib: int) -> dict[str, Any]:
             problems.append(f"load_into: {loaded}")
         staged = pub.stage(torch)
         for i, (name, dtype, shape) in enumerate(layout(mib)):
-            staged[name].copy_(expected(torch, 3, i, dtype, shape, "cuda"))
+            source = expected(torch, 3, i, dtype, shape, "cuda")
+            if source.is_floating_point():  # as a trainer's parameters: the staged views take an in-place copy
+                source = source.clone().requires_grad_()
+            staged[name].copy_(source)
         pub.commit()
         del staged  # (stage views keep the owner alive: close() below must end it)
         child.stdin.write("published 3\n")

@@ -24,6 +24,7 @@ use std::collections::VecDeque;
 use super::context::Context;
 use super::error::{DriverError, Result};
 use super::event::{Event, EventFlags};
+use super::host::PinnedHostBuffer;
 use super::loader::{Driver, entry};
 use super::memory::DeviceBuffer;
 use super::module::{Function, KernelParam, LaunchConfig};
@@ -76,6 +77,11 @@ pub struct GatherCopy {
     function: Function,
     /// `None` only once `Drop` leaked it.
     table: Option<DeviceBuffer>,
+    /// The table's page-locked twin in host memory: each launch's region is written here and uploaded from here,
+    /// so that the upload is asynchronous (from pageable memory the driver stages the bytes and may hold the CPU
+    /// until the kernels queued before it have run, which would stop the CPU preparing the next batch while the
+    /// GPU copies this one). Rewritten under the same rule as the table. `None` only once `Drop` leaked it.
+    staging: Option<PinnedHostBuffer>,
     words: Vec<u64>,
     /// The next free piece of the table.
     cursor: usize,
@@ -104,9 +110,11 @@ impl GatherCopy {
             });
         }
         let table = DeviceBuffer::alloc(ctx, (GATHER_TABLE_PIECES * WORDS * 8) as u64)?;
+        let staging = PinnedHostBuffer::alloc(ctx, GATHER_TABLE_PIECES * WORDS * 8)?;
         Ok(Self {
             function,
             table: Some(table),
+            staging: Some(staging),
             words: Vec::new(),
             cursor: 0,
             in_flight: VecDeque::new(),
@@ -158,14 +166,24 @@ impl GatherCopy {
             problem: "the table was leaked".into(),
         })?;
         let region = table.ptr().offset((start * WORDS * 8) as u64);
+        let staging = self.staging.as_mut().ok_or_else(|| DriverError::InvalidArgument {
+            function: "gather copy",
+            problem: "the table's staging was leaked".into(),
+        })?;
+        let bytes = std::mem::size_of_val(batch);
+        let staged = &mut staging.as_mut_slice()[start * WORDS * 8..][..bytes];
+        for (to, word) in staged.chunks_exact_mut(8).zip(batch) {
+            to.copy_from_slice(&word.to_ne_bytes());
+        }
+        let source = staging.device_ptr().offset((start * WORDS * 8) as u64);
         let d = Driver::get()?;
         let upload = entry!(d, cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync")?;
         // SAFETY: the destination is [start, end) of the table this value owns, which no launch still reads (waited
-        // for above) and no Rust reference covers; the source is `batch`, whose bytes a pageable copy stages before
-        // the call returns; the stream is alive.
-        d.check("cuMemcpyHtoDAsync", unsafe {
-            upload(region.0, batch.as_ptr().cast(), std::mem::size_of_val(batch), stream.raw())
-        })?;
+        // for above) and no Rust reference covers; the source is the same region of the page-locked staging this
+        // value owns, just written, which no Rust reference covers once the slice above is gone and which is not
+        // rewritten until the event recorded after this launch has passed (the same rule as the table; `Drop` waits
+        // for those events before freeing it); the stream is alive.
+        d.check("cuMemcpyHtoDAsync", unsafe { upload(region.0, source.0 as *const _, bytes, stream.raw()) })?;
         let config = LaunchConfig::linear(pieces as u32, THREADS);
         let args = [KernelParam::Ptr(region), KernelParam::U32(pieces as u32)];
         // SAFETY: the kernel is the gather kernel (its name checked in `new`; kernels are trusted code, as for
@@ -188,6 +206,7 @@ impl Drop for GatherCopy {
             if event.synchronize().is_err() {
                 tracing::error!("a gather copy did not finish: leaking its table rather than freeing it under it");
                 std::mem::forget(self.table.take());
+                std::mem::forget(self.staging.take());
                 return;
             }
         }

@@ -143,13 +143,21 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
             # The switch: update() every tensor with new bytes (generation 2, while the reader holds 1: the owner
             # may need a second arena), the reader moves to 2, then update() again (generation 3: the steady state,
             # into the arena nobody holds any more); the old bytes come back as generation 3, so `sums` checks it.
+            # Then generation 4 (the new bytes again), the same update timed in its two parts: the CPU queueing
+            # every copy (what update() does before commit), then commit (which waits for the GPU).
             new = random_state_dict([(k, tuple(v.shape)) for k, v in sd.items()], seed=2)
             new_sums = checksums(new)
-            updates, switched = [], {}
-            for source, want in ((new, new_sums), (sd, sums)):
+            updates, switched, queued = [], {}, float("nan")
+            for source, want, split in ((new, new_sums, False), (sd, sums, False), (new, new_sums, True)):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                gen = pub.update(source)
+                if split:
+                    kept = pub._copy(source, None)  # noqa: SLF001 - update() without its commit, to time the parts
+                    queued = time.perf_counter() - t0
+                    gen = pub.commit()
+                    del kept
+                else:
+                    gen = pub.update(source)
                 torch.cuda.synchronize()
                 updates.append(time.perf_counter() - t0)
                 switched = reader.ask(op="refresh-gpu-ipc")
@@ -175,6 +183,7 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
     steady = updates[1]
     run.row(part="switch", set=set_name, backend=backend, method="gpu-ipc", tensors=len(sd), bytes=total,
             update_seconds=steady, first_update_seconds=updates[0], reader_refresh_seconds=switched["seconds"],
+            update_queue_seconds=queued, split_update_seconds=updates[2],
             torch_copy_per_tensor_seconds=per_tensor_s, torch_one_memcpy_seconds=one_copy_s,
             ratio_to_per_tensor=steady / per_tensor_s, ratio_to_one_memcpy=steady / one_copy_s,
             wrong=check["wrong"] + check["missing"])

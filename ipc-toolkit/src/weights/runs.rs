@@ -12,11 +12,14 @@ use std::collections::HashMap;
 use super::manifest::TensorEntry;
 use ipc_core::wire::DType;
 
+/// What makes tensors alike: element type, shape, explicit strides.
+type Kind<'a> = (DType, &'a [u64], Option<&'a [u64]>);
+
 /// The indices of `entries` grouped by element type, shape and strides: the groups in the order of their first
 /// entry, each group's indices in increasing order.
 pub(super) fn group_alike(entries: &[TensorEntry]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut group_of: HashMap<(DType, &[u64], Option<&[u64]>), usize> = HashMap::new();
+    let mut group_of: HashMap<Kind<'_>, usize> = HashMap::new();
     for (i, e) in entries.iter().enumerate() {
         let g = *group_of.entry((e.desc.dtype(), e.desc.shape(), e.desc.strides())).or_insert_with(|| {
             groups.push(Vec::new());
