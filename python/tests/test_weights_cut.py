@@ -156,7 +156,7 @@ def test_a_run_of_a_type_the_framework_lacks_falls_back_to_one_import_per_tensor
         def __dlpack_device__(self) -> Any:
             return arena.__dlpack_device__()
 
-    got = _cut(Arena(), (names, runs, order), framework, lambda: {n: View(n) for n in names})  # type: ignore[arg-type]
+    got = _cut(Arena(), (names, runs, order), framework, lambda: {n: View(n) for n in names})
     assert list(got) == names and got["a"] == "a" and got["c"] == "c" and asked == ["a", "c"]
     assert describe(got["b"]) == describe(per_tensor(arena, "float32", [2], None, 512))
 

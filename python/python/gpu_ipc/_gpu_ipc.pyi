@@ -105,6 +105,8 @@ __all__ = [
     "WeightsTensor",
     "WireError",
     "__version__",
+    "_weights_read_sources",
+    "_weights_runs",
     "default_sync",
     "sharing_backend",
     "sync_strategies",
@@ -879,7 +881,7 @@ def _weights_read_sources(
     first: int,
     kind: type,
     dtypes: list[Any],
-    shapes: list[tuple[int, ...]],
+    shapes: list[Any],
     device: int,
 ) -> tuple[list[int], int]:
     """``_weights_read_sources(tensors, names, first, kind, dtypes, shapes, device)``: the addresses
@@ -887,7 +889,7 @@ def _weights_read_sources(
     a check (``len(names)`` when none does). For tests and measurements of that step without a GPU."""
 
 def _weights_runs(
-    entries: list[tuple[str, list[int], list[int] | None, int]],
+    entries: Sequence[tuple[str, Sequence[int], Sequence[int] | None, int]],
 ) -> tuple[list[tuple[str, int, list[int], list[int], int, int]], list[int]]:
     """``_weights_runs(entries)``: the runs ``arena()`` gives for a manifest of ``entries`` (``(dtype, shape, strides,
     offset)`` each; strides in elements or ``None``, offsets in bytes, each a multiple of its element size), and each
@@ -932,7 +934,7 @@ class WeightsOwner:
         first: int,
         kind: type,
         dtypes: list[Any],
-        shapes: list[tuple[int, ...]],
+        shapes: list[Any],
         stream: Any = None,
     ) -> int:
         """Copies ``tensors[names[i]]`` into staged tensor ``i`` for ``i`` from ``first`` on, while each is a ``kind``
@@ -1020,7 +1022,7 @@ class WeightsReader:
         first: int,
         kind: type,
         dtypes: list[Any],
-        shapes: list[tuple[int, ...]],
+        shapes: list[Any],
         stream: Any = None,
     ) -> int:
         """Copies held tensor ``i`` into ``tensors[names[i]]`` for every ``i`` from ``first`` on, on ``stream``, when

@@ -222,9 +222,9 @@ def _framework_name(framework: Any) -> str:
     return name
 
 
-def _cut(arena: WeightsTensor, cut: Any, framework: Any, one_by_one: Any, writable: bool = False) -> dict[str, Any]:
+def _cut(arena: Any, cut: Any, framework: Any, one_by_one: Any, writable: bool = False) -> dict[str, Any]:
     """Every tensor of a generation as a tensor of ``framework``, cut from one DLPack import of ``arena`` (the whole
-    arena as ``uint8``): one typed view per element type, then one strided view per run (``cut``: the names, the
+    arena as ``uint8``, a ``WeightsTensor``): one typed view per element type, then one strided view per run (``cut``: the names, the
     runs and each name's place among the runs' tensors, as ``arena()`` gives them), split into its tensors in C
     (torch's ``unbind``, ``list()`` of a NumPy or CuPy array): no Python call per tensor. ``writable`` (the owner's
     ``stage``): torch tensors are made one ``as_strided`` each (from C, through ``map``), since torch refuses an
