@@ -223,14 +223,15 @@ def _framework_name(framework: Any) -> str:
 
 
 def _cut(arena: Any, cut: Any, framework: Any, one_by_one: Any, writable: bool = False) -> dict[str, Any]:
-    """Every tensor of a generation as a tensor of ``framework``, cut from one DLPack import of ``arena`` (the whole arena
-    as ``uint8``, a ``WeightsTensor``): one typed view per element type, then one strided view per run (``cut``: the
-    names, the runs and each name's place among the runs' tensors, as ``arena()`` gives them), split into its tensors in
-    C (torch's ``unbind``, ``list()`` of a NumPy or CuPy array): no Python call per tensor. ``writable`` (the owner's
-    ``stage``): torch tensors are made one ``as_strided`` each (from C, through ``map``), since torch refuses an
-    in-place copy from a tensor that requires grad into a view ``unbind`` made. A run whose element type the framework
-    lacks, and every tensor for a framework other than torch, NumPy and CuPy, is made by ``framework.from_dlpack`` of
-    its own view, which ``one_by_one()`` gives (name -> view). The dict keeps the names' order."""
+    """Every tensor of a generation as a tensor of ``framework``, cut from one DLPack import of ``arena`` (the whole
+    arena as ``uint8``, a ``WeightsTensor``): one typed view per element type, then one strided view per run
+    (``cut``: the names, the runs and each name's place among the runs' tensors, as ``arena()`` gives them), split
+    into its tensors in C (torch's ``unbind``, ``list()`` of a NumPy or CuPy array): no Python call per tensor.
+    ``writable`` (the owner's ``stage``): torch tensors are made one ``as_strided`` each (from C, through ``map``),
+    since torch refuses an in-place copy from a tensor that requires grad into a view ``unbind`` made. A run whose
+    element type the framework lacks, and every tensor for a framework other than torch, NumPy and CuPy, is made by
+    ``framework.from_dlpack`` of its own view, which ``one_by_one()`` gives (name -> view). The dict keeps the
+    names' order."""
     names, runs, order = cut
     name = _framework_name(framework)
     module = framework if not isinstance(framework, str) else importlib.import_module(framework)
