@@ -432,6 +432,35 @@ struct gpu_ipc_grid_scratch {
     unsigned long long done[GPU_IPC_RING_MAX_SLOTS];
 };
 
+// A 16-byte load and store in the global state space. The grid kernels find their frames through the ring's
+// descriptor, so the compiler sees generic pointers and would emit generic accesses; the one-shot kernels get theirs
+// as kernel parameters, global accesses: these keep the two the same instructions. Volatile with a memory clobber:
+// never merged or moved across the barriers between two frames of one slot.
+static __device__ __forceinline__ unsigned long long gpu_ipc_global_address(const void* p)
+{
+    unsigned long long g;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(p));
+    return g;
+}
+
+static __device__ __forceinline__ uint4 gpu_ipc_load_v4(const uint4* p)
+{
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(gpu_ipc_global_address(p))
+                 : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ void gpu_ipc_store_v4(uint4* p, uint4 v)
+{
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(gpu_ipc_global_address(p)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
 // Word i of dst := pattern(seq, i) for the words of [0, n_words) this thread owns in a grid-stride loop that starts
 // at `first` and steps by `stride` (in 16-byte vectors, then edge words).
 static __device__ __forceinline__ void gpu_ipc_fill_range(unsigned int* dst, unsigned long long n_words,
@@ -445,9 +474,10 @@ static __device__ __forceinline__ void gpu_ipc_fill_range(unsigned int* dst, uns
     uint4* bulk = (uint4*)(dst + head);
     for (unsigned long long v = first; v < n_vec; v += stride) {
         const unsigned int t0 = (unsigned int)(head + 4ull * v) * GPU_IPC_INDEX_MUL;
-        bulk[v] = make_uint4(gpu_ipc_mix(seq_term, t0), gpu_ipc_mix(seq_term, t0 + GPU_IPC_INDEX_MUL),
-                             gpu_ipc_mix(seq_term, t0 + 2u * GPU_IPC_INDEX_MUL),
-                             gpu_ipc_mix(seq_term, t0 + 3u * GPU_IPC_INDEX_MUL));
+        const uint4 w = make_uint4(gpu_ipc_mix(seq_term, t0), gpu_ipc_mix(seq_term, t0 + GPU_IPC_INDEX_MUL),
+                                   gpu_ipc_mix(seq_term, t0 + 2u * GPU_IPC_INDEX_MUL),
+                                   gpu_ipc_mix(seq_term, t0 + 3u * GPU_IPC_INDEX_MUL));
+        gpu_ipc_store_v4(&bulk[v], w);
     }
     const unsigned long long n_edge = n_words - 4ull * n_vec;
     for (unsigned long long k = first; k < n_edge; k += stride) {
@@ -488,7 +518,7 @@ static __device__ __forceinline__ unsigned long long gpu_ipc_count_range(const u
         uint4 w[4];
 #pragma unroll
         for (unsigned int k = 0; k < 4u; ++k) {
-            w[k] = bulk[v + k * stride];
+            w[k] = gpu_ipc_load_v4(&bulk[v + k * stride]);
         }
 #pragma unroll
         for (unsigned int k = 0; k < 4u; ++k) {
@@ -496,7 +526,7 @@ static __device__ __forceinline__ unsigned long long gpu_ipc_count_range(const u
         }
     }
     for (; v < n_vec; v += stride) {
-        bad += gpu_ipc_vec_mismatches(bulk[v], seq_term, head + 4ull * v);
+        bad += gpu_ipc_vec_mismatches(gpu_ipc_load_v4(&bulk[v]), seq_term, head + 4ull * v);
     }
     const unsigned long long n_edge = n_words - 4ull * n_vec;
     for (unsigned long long k = first; k < n_edge; k += stride) {
@@ -548,6 +578,81 @@ static __device__ __forceinline__ bool gpu_ipc_grid_count_out(gpu_ipc_grid_scrat
     }
     __threadfence();
     return true;
+}
+
+// Thread 0 of a worker, once the block's work on frame `seq` (its `done`-th of the launch) is behind a barrier: counts
+// the block out; the block that counts last does `last_out(seq)` (publish or release), notes the time and the frame.
+template <typename LastOut>
+static __device__ __forceinline__ void gpu_ipc_grid_frame_out(gpu_ipc_grid_scratch* s, unsigned long long seq,
+                                                              unsigned long long done, unsigned long long slot_count,
+                                                              unsigned long long* times, LastOut last_out)
+{
+    const unsigned long long workers = (unsigned long long)gridDim.x - 1ull;
+    if (!gpu_ipc_grid_count_out(s, gpu_ipc_ring_slot_of(seq, slot_count), done / slot_count, workers)) {
+        return;
+    }
+    last_out(seq);
+    if (times != 0) {
+        times[done] = gpu_ipc_ring_globaltimer();
+    }
+    atomicAdd(&s->completed, 1ull);
+}
+
+// A worker block's frames, `frames` from `first_sequence` on: for each, one thread waits for the gate, the block does
+// `work(seq)` (its share of the frame), and thread 0 counts the block out (gpu_ipc_grid_frame_out with `last_out`).
+// With two slots or more, thread 0 counts the block out of a frame right after the barrier that opens the next one,
+// while the other warps already work on it: the count's fence and atomic (a trip to L2 and back) are off the block's
+// path, and the gate is waited for by thread 32 meanwhile. A ring of one slot cannot: its next frame's gate waits for
+// that very count (the peer's next step needs it), so there thread 0 counts out behind a second barrier first.
+template <typename Work, typename LastOut>
+static __device__ __forceinline__ void gpu_ipc_grid_worker(gpu_ipc_grid_scratch* s, unsigned long long first_sequence,
+                                                           unsigned long long slot_count, unsigned long long frames,
+                                                           unsigned long long timeout_ns, unsigned long long* times,
+                                                           Work work, LastOut last_out)
+{
+    // `go` of frames done and done + 1 side by side: a thread reads its frame's after the barrier that opens it, and
+    // the gate's thread writes the next frame's before the next barrier, which no thread passes before it read.
+    __shared__ int go[2];
+    const bool overlap = slot_count >= 2ull && blockDim.x > 32u;
+    const unsigned int gate_thread = overlap ? 32u : 0u;
+    bool pending = false;
+    unsigned long long done = 0;
+    for (; done < frames; ++done) {
+        const unsigned long long seq = first_sequence + done;
+        if (threadIdx.x == gate_thread) {
+            const int waited = gpu_ipc_grid_wait_gate(&s->gate, seq,
+                                                      gpu_ipc_ring_deadline(gpu_ipc_grid_worker_timeout(timeout_ns)));
+            if (waited == GPU_IPC_RING_TIMED_OUT) {
+                s->worker_outcome = GPU_IPC_RING_TIMED_OUT;
+            }
+            go[done & 1ull] = waited == GPU_IPC_RING_OK;
+        }
+        // The block's work on the previous frame is done, and the gate's answer for this one is in.
+        __syncthreads();
+        if (pending && threadIdx.x == 0) {
+            gpu_ipc_grid_frame_out(s, seq - 1ull, done - 1ull, slot_count, times, last_out);
+        }
+        pending = false;
+        if (!go[done & 1ull]) {
+            break;
+        }
+        work(seq);
+        if (overlap) {
+            pending = true;
+        } else {
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                gpu_ipc_grid_frame_out(s, seq, done, slot_count, times, last_out);
+            }
+        }
+    }
+    if (pending) {
+        // The last frame: every frame asked for was worked, the last one not yet counted out.
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            gpu_ipc_grid_frame_out(s, first_sequence + done - 1ull, done - 1ull, slot_count, times, last_out);
+        }
+    }
 }
 
 // Every block at its end (all its threads): counts itself out; the last one writes the result words.
@@ -627,33 +732,16 @@ extern "C" __global__ void __launch_bounds__(GPU_IPC_GRID_THREADS, GPU_IPC_GRID_
         const unsigned long long stride = workers * blockDim.x;
         const unsigned long long n_words = d.slot_bytes / 4ull;
         unsigned long long bad = 0;
-        for (unsigned long long done = 0; done < frames; ++done) {
-            const unsigned long long seq = d.first_sequence + done;
-            if (threadIdx.x == 0) {
-                const int waited = gpu_ipc_grid_wait_gate(
-                    &scratch->gate, seq, gpu_ipc_ring_deadline(gpu_ipc_grid_worker_timeout(timeout_ns)));
-                if (waited == GPU_IPC_RING_TIMED_OUT) {
-                    scratch->worker_outcome = GPU_IPC_RING_TIMED_OUT;
-                }
-                go = waited == GPU_IPC_RING_OK;
-            }
-            __syncthreads();
-            if (!go) {
-                break;
-            }
-            bad += gpu_ipc_count_range((const unsigned int*)gpu_ipc_ring_frame(&d, seq), n_words, seq, first, stride);
-            // Every read of the block is done before thread 0 counts it out (and before it writes `go` again).
-            __syncthreads();
-            if (threadIdx.x == 0 &&
-                gpu_ipc_grid_count_out(scratch, gpu_ipc_ring_slot(&d, seq), done / d.slot_count, workers)) {
+        gpu_ipc_grid_worker(
+            scratch, d.first_sequence, d.slot_count, frames, timeout_ns, times,
+            [&](unsigned long long seq) {
+                bad += gpu_ipc_count_range((const unsigned int*)gpu_ipc_ring_frame(&d, seq), n_words, seq, first,
+                                           stride);
+            },
+            [&](unsigned long long seq) {
                 gpu_ipc_ring_release_frame(&d, seq);
                 gpu_ipc_ring_set_progress(&d, seq + 1ull);
-                if (times != 0) {
-                    times[done] = gpu_ipc_ring_globaltimer();
-                }
-                atomicAdd(&scratch->completed, 1ull);
-            }
-        }
+            });
         gpu_ipc_grid_add_mismatches(bad, &result[1]);
     }
     gpu_ipc_grid_leave(scratch, d.first_sequence, result);
@@ -701,32 +789,12 @@ extern "C" __global__ void __launch_bounds__(GPU_IPC_GRID_THREADS, GPU_IPC_GRID_
         const unsigned long long first = ((unsigned long long)blockIdx.x - 1ull) * blockDim.x + threadIdx.x;
         const unsigned long long stride = workers * blockDim.x;
         const unsigned long long n_words = d.slot_bytes / 4ull;
-        for (unsigned long long done = 0; done < frames; ++done) {
-            const unsigned long long seq = d.first_sequence + done;
-            if (threadIdx.x == 0) {
-                const int waited = gpu_ipc_grid_wait_gate(
-                    &scratch->gate, seq, gpu_ipc_ring_deadline(gpu_ipc_grid_worker_timeout(timeout_ns)));
-                if (waited == GPU_IPC_RING_TIMED_OUT) {
-                    scratch->worker_outcome = GPU_IPC_RING_TIMED_OUT;
-                }
-                go = waited == GPU_IPC_RING_OK;
-            }
-            __syncthreads();
-            if (!go) {
-                break;
-            }
-            gpu_ipc_fill_range((unsigned int*)gpu_ipc_ring_slot_to_write(&d, seq), n_words, seq, first, stride);
-            // Every write of the block is done before thread 0 counts it out (and before it writes `go` again).
-            __syncthreads();
-            if (threadIdx.x == 0 && gpu_ipc_grid_count_out(scratch, gpu_ipc_ring_slot_of(seq, d.slot_count),
-                                                           done / d.slot_count, workers)) {
-                gpu_ipc_ring_publish_frame(&d, seq);
-                if (times != 0) {
-                    times[done] = gpu_ipc_ring_globaltimer();
-                }
-                atomicAdd(&scratch->completed, 1ull);
-            }
-        }
+        gpu_ipc_grid_worker(
+            scratch, d.first_sequence, d.slot_count, frames, timeout_ns, times,
+            [&](unsigned long long seq) {
+                gpu_ipc_fill_range((unsigned int*)gpu_ipc_ring_slot_to_write(&d, seq), n_words, seq, first, stride);
+            },
+            [&](unsigned long long seq) { gpu_ipc_ring_publish_frame(&d, seq); });
     }
     gpu_ipc_grid_leave(scratch, d.first_sequence, result);
 }
