@@ -331,6 +331,11 @@ impl GpuBackendVisitor for ResidentConsumer<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod gpu_tests;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -1,9 +1,8 @@
 //! GPU tests of the grid persistent kernels the resident rows run (`gpu_ipc_persistent_fill_grid`,
 //! `gpu_ipc_persistent_verify_grid`): a producer and a consumer in this process, each kernel on its own stream of one
 //! context (kernels of one context run at once without MPS, so these need no MPS; the bench's rows, one process a
-//! side, do). Marked ignored: the GPU suite runs them (`scripts/gpu-suite.sh`, its first pass).
-
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! side, do). Marked ignored: the GPU suite runs them (`scripts/gpu-suite.sh`, its first pass). In the bench's unit
+//! tests rather than a test binary of their own: the staged archive of test binaries is near its size limit.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -71,9 +70,16 @@ fn grid_kernels_move_4k_frames_intact_and_time_every_frame() {
     let released = verify.grid().frame_times().unwrap();
     assert_eq!((published.len(), released.len()), (frames as usize, frames as usize));
     assert!(published.iter().chain(&released).all(|&t| t > 0), "every frame's time written");
-    // Frame s + 4 is published only after frame s was released (4 slots): the clocks of both kernels agree.
-    for s in 0..(frames as usize - 4) {
-        assert!(published[s + 4] >= released[s], "frame {}: {} < {}", s + 4, published[s + 4], released[s]);
+    // Each frame is released after it was published, well within its bound (the times are read just after the stores,
+    // so allow a few microseconds of their delays either way); frame s + 4 is published after frame s was released
+    // (4 slots), with the same allowance.
+    let slack = 50_000;
+    for s in 0..frames as usize {
+        assert!(released[s] + slack >= published[s], "frame {s}: released {} before published {}", released[s], published[s]);
+        assert!(released[s] - published[s].min(released[s]) < 2_000_000_000, "frame {s}");
+        if s + 4 < frames as usize {
+            assert!(published[s + 4] + slack >= released[s], "frame {}: published before frame {s}'s release", s + 4);
+        }
     }
     let window = released[frames as usize - 1] - released[0];
     let fps = (frames - 1) as f64 / (window as f64 / 1e9);
