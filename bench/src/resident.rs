@@ -53,8 +53,7 @@ pub(crate) fn row(
              once (each holds its context's time slice): MPS is not running ({why})"
         )));
     }
-    gpu_ipc::dispatch_gpu(backend, ResidentProducer { gpu, cfg, spec, slots, shape })
-        .unwrap_or_else(|e| Err(e.into()))
+    gpu_ipc::dispatch_gpu(backend, ResidentProducer { gpu, cfg, spec, slots, shape }).unwrap_or_else(|e| Err(e.into()))
 }
 
 /// How long a side's kernel may take for `frames` frames, each bounded by `per_frame` in the kernel: a frame every
@@ -367,7 +366,8 @@ mod tests {
 
     #[test]
     fn a_kernel_that_stopped_early_fails_the_row_with_where_and_why() {
-        let done = PersistentResult { frames: 10, mismatched_words: 0, outcome: PersistentOutcome::Done, stopped_at: 10 };
+        let done =
+            PersistentResult { frames: 10, mismatched_words: 0, outcome: PersistentOutcome::Done, stopped_at: 10 };
         assert!(check_done("producer", &done, 10).is_ok());
         let stopped = PersistentResult { frames: 4, outcome: PersistentOutcome::TimedOut, stopped_at: 4, ..done };
         let e = check_done("consumer", &stopped, 10).unwrap_err().to_string();

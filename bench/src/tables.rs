@@ -172,9 +172,8 @@ pub fn resident_table(results: &PipelineResults) -> Option<String> {
         let reference_cell = reference.map_or_else(|| "not measured".to_owned(), number);
         match &row.outcome {
             RowOutcome::Measured(m) => {
-                let ratio_cell = reference
-                    .and_then(|r| ratio(m.fps, r))
-                    .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.3}"));
+                let ratio_cell =
+                    reference.and_then(|r| ratio(m.fps, r)).map_or_else(|| "n/a".to_owned(), |x| format!("{x:.3}"));
                 let consumer = m.consumer_cpu_us_per_frame.iter().copied().reduce(f64::max);
                 let mismatches =
                     if m.mismatches == 0 { "0".to_owned() } else { format!("**{} (WRONG DATA)**", m.mismatches) };
@@ -409,8 +408,7 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("The device-side ring (both sides persistent kernels"), "{table}");
         assert_eq!(
-            lines[4],
-            "| resident-vmm-s2 | 60140 | 62000 | 0.970 | 25.0 / 31.0 / 44.0 | 1.00 / 1.00 | 0 |",
+            lines[4], "| resident-vmm-s2 | 60140 | 62000 | 0.970 | 25.0 / 31.0 / 44.0 | 1.00 / 1.00 | 0 |",
             "{table}"
         );
         assert_eq!(lines[5], "| resident-vmm-s4 | 61440 | 64000 | 0.960 | 40.0 / 52.0 / 61.0 | 1.00 / 1.00 | 0 |");

@@ -75,7 +75,12 @@ fn grid_kernels_move_4k_frames_intact_and_time_every_frame() {
     // (4 slots), with the same allowance.
     let slack = 50_000;
     for s in 0..frames as usize {
-        assert!(released[s] + slack >= published[s], "frame {s}: released {} before published {}", released[s], published[s]);
+        assert!(
+            released[s] + slack >= published[s],
+            "frame {s}: released {} before published {}",
+            released[s],
+            published[s]
+        );
         assert!(released[s] - published[s].min(released[s]) < 2_000_000_000, "frame {s}");
         if s + 4 < frames as usize {
             assert!(published[s + 4] + slack >= released[s], "frame {}: published before frame {s}'s release", s + 4);
