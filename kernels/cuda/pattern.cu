@@ -696,7 +696,6 @@ extern "C" __global__ void __launch_bounds__(GPU_IPC_GRID_THREADS, GPU_IPC_GRID_
                                    gpu_ipc_grid_scratch* scratch, unsigned long long* times)
 {
     __shared__ gpu_ipc_ring_descriptor d;
-    __shared__ int go;
     if (threadIdx.x == 0) {
         d = *ring;
     }
@@ -755,7 +754,6 @@ extern "C" __global__ void __launch_bounds__(GPU_IPC_GRID_THREADS, GPU_IPC_GRID_
                                  gpu_ipc_grid_scratch* scratch, unsigned long long* times)
 {
     __shared__ gpu_ipc_ring_producer_descriptor d;
-    __shared__ int go;
     if (threadIdx.x == 0) {
         d = *ring;
     }
