@@ -2,7 +2,7 @@
 //! `gpu_ipc_persistent_verify_grid`): a producer and a consumer in this process, each kernel on its own stream of one
 //! context (kernels of one context run at once without MPS, so these need no MPS; the bench's rows, one process a
 //! side, do). Marked ignored: the GPU suite runs them (`scripts/gpu-suite.sh`, its first pass). In the bench's unit
-//! tests rather than a test binary of their own: the staged archive of test binaries is near its size limit.
+//! tests rather than a test binary of their own: one binary less to build and stage.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
