@@ -9,7 +9,7 @@
 
 use super::consumer_kernel::RingDescriptor;
 use super::device_words;
-use super::graph::GraphFrameState;
+use super::frame_state::GraphFrameState;
 use super::producer_kernel::ProducerRingDescriptor;
 use super::ring_port::ExitWords;
 use crate::resident::STAMP_MASK;

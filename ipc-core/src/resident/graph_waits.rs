@@ -17,6 +17,7 @@
 //! the producer poisons a dead consumer's `released`. The step after the wait (`gpu_ipc_graph_check_frame`,
 //! `gpu_ipc_graph_mark_slot`) then computes `valid` on the GPU from the stamp and the abort word, without polling.
 
+use super::frame_state::ALWAYS_MET_OFFSET;
 use crate::frames::FrameError;
 use crate::ring::{ConsumerControl, ProducerControl, RingError, Sequence};
 use gpu_ipc_driver::{DeviceFeature, DeviceSpan, MemOpBatch, WaitCondition};
@@ -81,9 +82,6 @@ pub(super) struct WaitOn {
     pub offset: u64,
     pub at_least: u64,
 }
-
-/// Byte offset, in the frame state, of the word a wait that must hold at once is set on (`reserved`, always 0).
-pub(super) const ALWAYS_MET_OFFSET: u64 = std::mem::offset_of!(super::graph::GraphFrameState, reserved) as u64;
 
 /// The `count` waits of one frame's node: `wants` (`Some`), then waits that hold at once (`None`) up to `count`.
 ///
