@@ -133,3 +133,22 @@ pub fn typed_output<R: DeserializeOwned>(
 pub fn typed_verdict<R: DeserializeOwned>(results: &Value, verdict: fn(&R) -> Verdict) -> Option<Verdict> {
     serde_json::from_value::<R>(results.clone()).ok().map(|r| verdict(&r))
 }
+
+/// The file `relative` to this crate's directory, found at run time, so the tests built at one path run from a
+/// checkout at another (a nextest archive replayed with `--workspace-remap`, a copied tree): cargo test and
+/// cargo-nextest set `CARGO_MANIFEST_DIR` in the test process, and the path compiled in is only the fallback for a
+/// test binary run by hand. Fails the test, saying how to point it at a checkout, when the file is not there.
+#[cfg(test)]
+pub(crate) fn package_file(relative: &str) -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| {
+        panic!("CARGO_MANIFEST_DIR is not set: run the tests with cargo or cargo-nextest, or set it to CHECKOUT/probes")
+    }));
+    let path = dir.join(relative);
+    assert!(
+        path.exists(),
+        "{} does not exist: run the tests from a checkout of the project (cargo nextest run, or an archive with \
+         --workspace-remap CHECKOUT), or set CARGO_MANIFEST_DIR=CHECKOUT/probes for a test binary run by hand",
+        path.display()
+    );
+    path
+}

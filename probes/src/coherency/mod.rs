@@ -380,7 +380,7 @@ fn expect_ready(child: &ChildProcess) -> Result<(), MeasurementError> {
 #[derive(Debug, Clone, Copy)]
 pub struct Coherency;
 
-impl crate::Probe for Coherency {
+impl crate::probe::Probe for Coherency {
     fn name(&self) -> &'static str {
         "coherency"
     }
@@ -395,11 +395,11 @@ impl crate::Probe for Coherency {
     }
 
     fn command(&self) -> clap::Command {
-        crate::command_for::<ProbeArgs>(self.name(), self.question())
+        crate::probe::command_for::<ProbeArgs>(self.name(), self.question())
     }
 
     fn run(&self, matches: &clap::ArgMatches) -> u8 {
-        crate::run_with(matches, main)
+        crate::probe::run_with(matches, main)
     }
 
     fn child(
@@ -411,7 +411,7 @@ impl crate::Probe for Coherency {
     }
 
     fn revise_verdict(&self, results: &serde_json::Value) -> Option<harness::Verdict> {
-        crate::typed_verdict::<Results>(results, verdict)
+        crate::probe::typed_verdict::<Results>(results, verdict)
     }
 
     fn report_section(
@@ -421,6 +421,6 @@ impl crate::Probe for Coherency {
         plots: &mut harness::report::Plots,
         problems: &mut Vec<String>,
     ) -> harness::report::ReportSection {
-        crate::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
+        crate::probe::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
     }
 }

@@ -278,7 +278,7 @@ fn respawn_observer(device: i32, uuid: Option<&str>) -> Result<trial::Observer, 
 #[derive(Debug, Clone, Copy)]
 pub struct Crash;
 
-impl crate::Probe for Crash {
+impl crate::probe::Probe for Crash {
     fn name(&self) -> &'static str {
         "crash"
     }
@@ -292,11 +292,11 @@ impl crate::Probe for Crash {
     }
 
     fn command(&self) -> clap::Command {
-        crate::command_for::<ProbeArgs>(self.name(), self.question())
+        crate::probe::command_for::<ProbeArgs>(self.name(), self.question())
     }
 
     fn run(&self, matches: &clap::ArgMatches) -> u8 {
-        crate::run_with(matches, main)
+        crate::probe::run_with(matches, main)
     }
 
     fn child(
@@ -314,7 +314,7 @@ impl crate::Probe for Crash {
         plots: &mut harness::report::Plots,
         problems: &mut Vec<String>,
     ) -> harness::report::ReportSection {
-        crate::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
+        crate::probe::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
     }
 }
 

@@ -215,7 +215,7 @@ pub(super) fn run(
 #[derive(Debug, Clone, Copy)]
 pub struct Overhead;
 
-impl crate::Probe for Overhead {
+impl crate::probe::Probe for Overhead {
     fn name(&self) -> &'static str {
         "overhead"
     }
@@ -229,11 +229,11 @@ impl crate::Probe for Overhead {
     }
 
     fn command(&self) -> clap::Command {
-        crate::command_for::<ProbeArgs>(self.name(), self.question())
+        crate::probe::command_for::<ProbeArgs>(self.name(), self.question())
     }
 
     fn run(&self, matches: &clap::ArgMatches) -> u8 {
-        crate::run_with(matches, main)
+        crate::probe::run_with(matches, main)
     }
 
     fn child(
@@ -245,7 +245,7 @@ impl crate::Probe for Overhead {
     }
 
     fn revise_verdict(&self, results: &serde_json::Value) -> Option<harness::Verdict> {
-        crate::typed_verdict::<Results>(results, verdict)
+        crate::probe::typed_verdict::<Results>(results, verdict)
     }
 
     fn report_section(
@@ -255,7 +255,7 @@ impl crate::Probe for Overhead {
         plots: &mut harness::report::Plots,
         problems: &mut Vec<String>,
     ) -> harness::report::ReportSection {
-        crate::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
+        crate::probe::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
     }
 }
 

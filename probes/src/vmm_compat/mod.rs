@@ -65,7 +65,7 @@ pub fn report_section(
 #[derive(Debug, Clone, Copy)]
 pub struct VmmCompat;
 
-impl crate::Probe for VmmCompat {
+impl crate::probe::Probe for VmmCompat {
     fn name(&self) -> &'static str {
         "vmm-compat"
     }
@@ -79,11 +79,11 @@ impl crate::Probe for VmmCompat {
     }
 
     fn command(&self) -> clap::Command {
-        crate::command_for::<ProbeArgs>(self.name(), self.question())
+        crate::probe::command_for::<ProbeArgs>(self.name(), self.question())
     }
 
     fn run(&self, matches: &clap::ArgMatches) -> u8 {
-        crate::run_with(matches, main)
+        crate::probe::run_with(matches, main)
     }
 
     fn child(
@@ -101,7 +101,7 @@ impl crate::Probe for VmmCompat {
         plots: &mut harness::report::Plots,
         problems: &mut Vec<String>,
     ) -> harness::report::ReportSection {
-        crate::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
+        crate::probe::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
     }
 }
 
