@@ -19,7 +19,7 @@
 
 use super::frame_state::ALWAYS_MET_OFFSET;
 use crate::frames::FrameError;
-use crate::ring::{ConsumerControl, ProducerControl, RingError, Sequence};
+use crate::ring::{ConsumerControl, ProducerControl, Sequence};
 use gpu_ipc_driver::{DeviceFeature, DeviceSpan, MemOpBatch, WaitCondition};
 
 /// How a frame graph's opening step waits ([`super::GraphOptions::waits`]).
@@ -143,14 +143,7 @@ pub(super) fn producer_wants(
     out: &mut Vec<WaitOn>,
 ) -> Result<(), FrameError> {
     let mut pending = Vec::new();
-    loop {
-        pending.clear();
-        match ring.pending_releases(Sequence(seq), &mut pending) {
-            Ok(()) => break,
-            Err(RingError::JoinInProgress { .. }) if std::time::Instant::now() < give_up => std::thread::yield_now(),
-            Err(e) => return Err(e.into()),
-        }
-    }
+    ring.pending_releases_by(Sequence(seq), give_up, &mut pending)?;
     out.clear();
     out.extend(pending.iter().map(|need| WaitOn { offset: need.offset as u64, at_least: need.at_least }));
     ring.advance(Sequence(seq))?;

@@ -234,13 +234,10 @@ impl<B: Backend> Producer<B> {
     /// [`FrameError::Config`] while a kernel launched on the ring may still run: it owns the ring. One that has
     /// finished gives it back (as [`Producer::finish_ring_kernel`]).
     pub(crate) fn check_no_ring_kernel(&mut self) -> Result<(), FrameError> {
-        match &self.resident.port {
-            Some(port) if port.busy()? => Err(FrameError::Config(
-                "a kernel launched on the ring still publishes its frames: call finish_ring_kernel first".into(),
-            )),
-            Some(_) => self.finish_ring_kernel(Duration::ZERO).map(|_| ()),
-            None => Ok(()),
+        if self.resident.check_no_kernel_running("publishes its frames")? {
+            self.finish_ring_kernel(Duration::ZERO)?;
         }
+        Ok(())
     }
 }
 
