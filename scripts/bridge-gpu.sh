@@ -14,6 +14,8 @@
 #    (UCX_TLS=tcp,cuda_copy --expect gpu-direct: exit 3 before any frame), on two GPUs the bridge with ring B on GPU 1;
 #    then BRIDGE_KILLS (default 10) SIGKILLs of each end and each backend mid-stream, the other end's error timed
 #    (goal: within 1 s; ring B on GPU 1 when there are two).
+# BRIDGE_MPS=1: every process (the plain ring's too) under a private MPS daemon, started and stopped here (scripts/mps.sh;
+# the title of bridge.md says which); without it, the processes time-slice the GPU.
 # Writes OUT_DIR/bridge.md (the tables, with device, date and commit), bridge.json, bridge.log (every process's
 # output, the sending end's reports during each run). Exit status: 0 every row, refusal and kill trial as expected
 # and the default rows on a GPU path; 1 otherwise; 2 nothing staged.
@@ -58,4 +60,13 @@ if [ "${2:-}" != "--host" ]; then
         echo "bridge-gpu: WARNING: no cuda-bindings here: the receiving end cannot make landing buffers" >&2
 fi
 echo "bridge-gpu: $(basename "$WHEEL") and NIXL from $BRIDGE_STAGE in $WORK; results in $OUT" >&2
+if [ "${BRIDGE_MPS:-0}" = 1 ]; then
+    # shellcheck source=scripts/mps.sh
+    . "$ROOT/scripts/mps.sh"
+    mps_start || { echo "bridge-gpu: BRIDGE_MPS=1 but MPS does not start: $MPS_REASON" >&2; exit 1; }
+    "$VPY" scripts/bridge_gpu.py run "$OUT" "${@:2}"
+    RC=$?
+    mps_stop "$OUT/mps-log"
+    exit $RC
+fi
 "$VPY" scripts/bridge_gpu.py run "$OUT" "${@:2}"  # --host: the dry run on the host backend

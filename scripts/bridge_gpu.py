@@ -392,7 +392,7 @@ def markdown(rows: list[dict[str, Any]], refused: list[dict[str, Any]], kills: l
     from python_gpu_ends import HEIGHT, WIDTH
 
     lines = [f"# The bridge over NIXL: {env.get('device')}, driver {env.get('driver')}, {env.get('date')}, commit "
-             f"{env.get('commit')}", "",
+             f"{env.get('commit')}, {env.get('mps', 'no MPS')}", "",
              f"Both ends on this machine. {WIDTH}x{HEIGHT} RGB frames, two torch consumers checking every word; FPS "
              "over the consumers' span and its ratio to the plain ring of the same backend (target "
              f"{TARGET}x); latency from ring A's publish to the later consumer's done, past the first {WARMUP} "
@@ -475,6 +475,8 @@ def run(out: Path, host: bool) -> int:
     if stage and (Path(stage) / "COMMIT").exists():
         env["commit"] = (Path(stage) / "COMMIT").read_text().strip()[:12]
     env["gpus"] = str(gpus)
+    # bridge-gpu.sh with BRIDGE_MPS=1 runs every process under a private MPS daemon (the title says so).
+    env["mps"] = "under a private MPS daemon" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "no MPS"
 
     with open(out / "bridge.log", "w") as log:
         for backend in backends:
