@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::consumer::{OursConsumer, study_consumer};
 use super::graphs::GraphConsumer;
+use super::resident::ResidentConsumer;
 use super::rows::RowSpec;
 use super::shared::PublishStamps;
 use super::tasks::{BenchTask, ConsumerMessage, ConsumerPlan, Setup};
@@ -38,6 +39,9 @@ fn consumer_child(plan: ConsumerPlan, channel: &Channel) -> Result<(), Measureme
         }
         RowSpec::Graphs { backend, .. } => {
             gpu_ipc::dispatch_gpu(backend, GraphConsumer { plan: &plan }).unwrap_or_else(|e| Err(e.into()))?
+        }
+        RowSpec::Resident { backend, .. } => {
+            gpu_ipc::dispatch_gpu(backend, ResidentConsumer { plan: &plan }).unwrap_or_else(|e| Err(e.into()))?
         }
         RowSpec::Study { design } => study_consumer(&plan, design, &setup, fds, &stamps, channel)?,
         RowSpec::SingleProcess

@@ -106,6 +106,7 @@ impl<'a> Window<'a> {
             mismatches,
             latencies_ns: self.latencies_ns,
             missing_stamps: self.missing,
+            gpu_done_ns: Vec::new(),
         }
     }
 }

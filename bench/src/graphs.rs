@@ -181,6 +181,7 @@ impl GpuBackendVisitor for GraphConsumer<'_> {
             mismatches,
             latencies_ns: Vec::new(),
             missing_stamps: 0,
+            gpu_done_ns: Vec::new(),
         })
     }
 }

@@ -27,6 +27,7 @@ pub mod ours;
 pub mod paced;
 pub mod references;
 pub mod render;
+pub mod resident;
 pub mod results;
 pub mod rig;
 pub mod rows;

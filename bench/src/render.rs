@@ -10,7 +10,7 @@ use harness::{MeasurementOutput, Verdict};
 
 use super::results::{PipelineResults, RowOutcome, RowResult};
 use super::rows::{RowSpec, StudyDesign};
-use super::tables::{number, paced_table, research_table, verdict_words};
+use super::tables::{number, paced_table, research_table, resident_table, resident_words, verdict_words};
 
 /// The verdict: the best of ours against the single-process limit and the seed architecture (study d), and
 /// anything that failed or mismatched.
@@ -20,7 +20,7 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
     let best = results
         .rows
         .iter()
-        .filter(|r| matches!(r.spec, RowSpec::Ours { .. } | RowSpec::Graphs { .. }))
+        .filter(|r| matches!(r.spec, RowSpec::Ours { .. } | RowSpec::Graphs { .. } | RowSpec::Resident { .. }))
         .filter(clean)
         .filter_map(|r| r.measured().map(|m| (r, m)))
         .max_by(|a, b| a.1.fps.total_cmp(&b.1.fps));
@@ -76,6 +76,9 @@ pub fn verdict(results: &PipelineResults) -> Verdict {
         let _ = write!(answer, " {line}");
     }
     if let Some(line) = graph_words(results) {
+        let _ = write!(answer, " {line}");
+    }
+    if let Some(line) = resident_words(results) {
         let _ = write!(answer, " {line}");
     }
     for line in verdict_words(results) {
@@ -158,7 +161,7 @@ fn graph_words(results: &PipelineResults) -> Option<String> {
 }
 
 /// The results as a Markdown table, one line per row (GB/s: frame bytes x FPS), followed by the summary tables
-/// when their rows ran ([`paced_table`], [`research_table`]).
+/// when their rows ran ([`resident_table`], [`paced_table`], [`research_table`]).
 pub fn markdown_table(results: &PipelineResults) -> String {
     let mut out = String::new();
     out.push_str(
@@ -205,7 +208,7 @@ pub fn markdown_table(results: &PipelineResults) -> String {
             }
         }
     }
-    for table in [paced_table(results), research_table(results)].into_iter().flatten() {
+    for table in [resident_table(results), paced_table(results), research_table(results)].into_iter().flatten() {
         out.push('\n');
         out.push_str(&table);
     }

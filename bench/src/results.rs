@@ -83,6 +83,10 @@ pub struct ConsumerReport {
     pub latencies_ns: Vec<u64>,
     /// Measured frames whose publish time was not found (0 unless something is wrong).
     pub missing_stamps: u64,
+    /// Per frame (warm-up included): when the consumer's kernel released it, in ns of the GPU's `%globaltimer`
+    /// (the resident rows' grid kernels; empty for every other row).
+    #[serde(default)]
+    pub gpu_done_ns: Vec<u64>,
 }
 
 /// The figures of a row that ran.
@@ -175,6 +179,18 @@ impl PipelineResults {
     /// The single-process limit's FPS, if that row ran.
     pub fn single_process_fps(&self) -> Option<f64> {
         self.rows.iter().find(|r| r.spec == RowSpec::SingleProcess).and_then(RowResult::measured).map(|m| m.fps)
+    }
+
+    /// The FPS of the same kernels pipelined in one process through `slots` buffers
+    /// (`single-process-pipelined-sN`), if that row ran cleanly: the fair reference of a ring of `slots` slots.
+    pub fn pipelined_fps(&self, slots: u32) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| r.spec == RowSpec::SingleProcessPipelined { slots })
+            .and_then(RowResult::measured)
+            .filter(|m| m.mismatches == 0)
+            .map(|m| m.fps)
+            .filter(|fps| *fps > 0.0)
     }
 
     /// Fills in every measured row's ratio to the single-process limit.
@@ -302,6 +318,7 @@ mod tests {
             mismatches: 0,
             latencies_ns: vec![10_000; 100],
             missing_stamps: 0,
+            gpu_done_ns: Vec::new(),
         };
         let b = ConsumerReport { cpu_ns: 4_000_000, mismatches: 3, latencies_ns: vec![30_000; 100], ..a.clone() };
         let (h, mismatches, cpu, missing) = merge_consumers(&[a, b]).unwrap();

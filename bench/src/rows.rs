@@ -335,6 +335,20 @@ pub enum RowSpec {
         /// Which.
         kernel: KernelAlone,
     },
+    /// Both sides persistent kernels on the ring's device API, one launch each for the whole row (warm-up
+    /// included): the producer's kernel waits for each slot, writes the frame's pattern and publishes it; one
+    /// consumer process's kernel waits for each frame, checks every word and releases it. No CPU on the per-frame
+    /// path and no launch between frames; timed on the GPU's clock. Under MPS only (both kernels must run at once).
+    /// The ring's strategy is [`RESIDENT_STRATEGY`] (the kernels wait on the ring's words themselves).
+    Resident {
+        /// The backend.
+        backend: BackendKind,
+        /// Ring slots.
+        slots: u32,
+        /// How the kernels spread over the GPU.
+        #[serde(default)]
+        shape: ResidentShape,
+    },
 }
 
 impl RowSpec {
@@ -362,6 +376,9 @@ impl RowSpec {
                 format!("graphs-{}-{}-s{slots}-{}", backend.name(), strategy.name(), waits.name())
             }
             Self::Kernel { kernel } => kernel.name().to_owned(),
+            Self::Resident { backend, slots, shape } => {
+                format!("resident-{}-s{slots}{}", backend.name(), shape.suffix())
+            }
         }
     }
 
@@ -436,6 +453,44 @@ pub fn graph_lap(slots: u32, frames: u64, warmup: u64) -> u32 {
     if frames.is_multiple_of(lap) && warmup.is_multiple_of(lap) { slots.max(1) } else { 1 }
 }
 
+/// How the persistent kernels of a [`RowSpec::Resident`] row spread over the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResidentShape {
+    /// A leader block and a worker block per SM but one on each side
+    /// (`gpu_ipc_persistent_fill_grid` / `gpu_ipc_persistent_verify_grid`).
+    #[default]
+    Grid,
+    /// One block on each side (`gpu_ipc_persistent_fill` / `gpu_ipc_persistent_verify`, the device API's examples):
+    /// what a single SM's share of the memory bandwidth costs a 4K frame.
+    OneBlock,
+}
+
+impl ResidentShape {
+    /// The end of the row's name: nothing for the grid, `-one-block`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::Grid => "",
+            Self::OneBlock => "-one-block",
+        }
+    }
+}
+
+/// The ring's strategy in the resident rows: one that registers the control block for the device, which a kernel
+/// on the ring needs (`launch_on_ring`); its own waits are never used, the kernels wait on the ring's words.
+pub const RESIDENT_STRATEGY: SyncStrategy = SyncStrategy::GpuStreamOps;
+/// Ring depth of the one-block resident rows (one depth: they show the cost of one block, not of depth).
+pub const ONE_BLOCK_SLOTS: u32 = 4;
+
+/// The resident rows of `backend`: the grid kernels at each depth of the pipelined references (so that each has its
+/// reference at equal depth), and the one-block kernels at [`ONE_BLOCK_SLOTS`].
+pub fn resident_rows(backend: BackendKind) -> impl Iterator<Item = RowSpec> {
+    PIPELINED_SLOTS
+        .iter()
+        .map(move |&slots| RowSpec::Resident { backend, slots, shape: ResidentShape::Grid })
+        .chain(std::iter::once(RowSpec::Resident { backend, slots: ONE_BLOCK_SLOTS, shape: ResidentShape::OneBlock }))
+}
+
 /// Buffers of the pipelined single-process references (by events and by stream memory operations): the shallowest
 /// ring that overlaps a fill with a verify, the depth of the paced, three-stage and frame-graph rows, and the depth
 /// where the frame API's best rows are.
@@ -456,7 +511,8 @@ pub fn paced_backend(backends: &[BackendKind]) -> Option<BackendKind> {
 /// Every row of a run, references first: the full grid, or with `quick` slots 1 and 4 and 4 consumers only at 4
 /// slots; then the three-stage rows (every backend and strategy at [`THREE_STAGE_SLOTS`] slots), the paced rows
 /// (every strategy at each of [`PACES`], [`paced_backend`], [`PACED_SLOTS`] slots, one consumer), the frame-graph
-/// rows ([`graph_strategies`] at [`GRAPH_SLOTS`], every backend, both [`GraphWait`]s), the memory benchmarks (the imported-buffer copies
+/// rows ([`graph_strategies`] at [`GRAPH_SLOTS`], every backend, both [`GraphWait`]s), the resident rows
+/// ([`resident_rows`], every backend), the memory benchmarks (the imported-buffer copies
 /// for every backend) and the kernels alone, in both.
 pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
     let mut rows = vec![RowSpec::SingleProcess];
@@ -496,6 +552,9 @@ pub fn all_rows(backends: &[BackendKind], quick: bool) -> Vec<RowSpec> {
                 rows.extend(GRAPH_SLOTS.iter().map(|&slots| RowSpec::Graphs { backend, strategy, slots, waits }));
             }
         }
+    }
+    for &backend in backends {
+        rows.extend(resident_rows(backend));
     }
     rows.extend(MemoryTest::ALL.iter().map(|&test| RowSpec::Memory { test }));
     for &backend in backends {

@@ -1,6 +1,6 @@
 //! Runs one row: the one place that knows which file plays which kind of row ([`run_row`]). The references are in
 //! [`super::references`], ours in [`super::ours`], the study's designs in [`super::study`], the memory benchmarks
-//! and the kernels alone in [`super::memory`], the frame-graph rows in [`super::graphs`]; what they all stand on in
+//! and the kernels alone in [`super::memory`], the frame-graph rows in [`super::graphs`], the resident rows in [`super::resident`]; what they all stand on in
 //! [`super::rig`]. The helper processes' side is [`mod@super::child`].
 
 use harness::MeasurementError;
@@ -27,6 +27,7 @@ pub fn run_row(gpu: &GpuSetup, cfg: &RunConfig, spec: RowSpec) -> RowOutcome {
         RowSpec::Graphs { backend, strategy, slots, waits } => {
             super::graphs::row(gpu, cfg, spec, backend, strategy, slots, waits)
         }
+        RowSpec::Resident { backend, slots, shape } => super::resident::row(gpu, cfg, spec, backend, slots, shape),
     };
     // Leave nothing of a failed row queued for the next one.
     if let Err(e) = wait_stream(gpu.context(), gpu.stream(), cfg.frame_timeout) {

@@ -90,6 +90,7 @@ impl GpuBackendVisitor for MiddleStage<'_> {
             mismatches: 0,
             latencies_ns: Vec::new(),
             missing_stamps: 0,
+            gpu_done_ns: Vec::new(),
         })
     }
 }

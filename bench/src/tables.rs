@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use gpu_ipc::core::wire::SyncStrategy;
 
 use super::results::{Measurement, PipelineResults, RowOutcome, RowResult, ratio};
-use super::rows::{ImportedCopy, KernelAlone, MemoryTest, PACES, RowSpec};
+use super::rows::{ImportedCopy, KernelAlone, MemoryTest, PACES, ResidentShape, RowSpec};
 
 /// A number with the digits worth reading (as the row table prints them).
 pub fn number(x: f64) -> String {
@@ -151,6 +151,89 @@ pub fn research_table(results: &PipelineResults) -> Option<String> {
          |\n|---|---|\n{}\n",
         lines.join("\n")
     ))
+}
+
+/// The resident rows (both sides persistent kernels on the device-side ring) against the same kernels pipelined in
+/// one process through as many buffers as the ring has slots: FPS, that reference, the ratio, latency, CPU per frame
+/// and mismatches. `None` when no resident row ran.
+pub fn resident_table(results: &PipelineResults) -> Option<String> {
+    let rows: Vec<&RowResult> = results.rows.iter().filter(|r| matches!(r.spec, RowSpec::Resident { .. })).collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let mut out = String::from(
+        "The device-side ring (both sides persistent kernels, one launch each) against the same kernels pipelined in \
+         one process at the same depth:\n\n| row | FPS | single-process-pipelined-sN FPS | x pipelined | latency p50 / \
+         p99 / p99.9 (us) | CPU us/frame producer / consumer | mismatches |\n|---|---:|---:|---:|---|---|---:|\n",
+    );
+    for row in rows {
+        let RowSpec::Resident { slots, .. } = row.spec else { continue };
+        let reference = results.pipelined_fps(slots);
+        let reference_cell = reference.map_or_else(|| "not measured".to_owned(), number);
+        match &row.outcome {
+            RowOutcome::Measured(m) => {
+                let ratio_cell =
+                    reference.and_then(|r| ratio(m.fps, r)).map_or_else(|| "n/a".to_owned(), |x| format!("{x:.3}"));
+                let consumer = m.consumer_cpu_us_per_frame.iter().copied().reduce(f64::max);
+                let mismatches =
+                    if m.mismatches == 0 { "0".to_owned() } else { format!("**{} (WRONG DATA)**", m.mismatches) };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {reference_cell} | {ratio_cell} | {} | {} / {} | {mismatches} |",
+                    row.row,
+                    number(m.fps),
+                    latency_cell(Some(row)),
+                    number(m.producer_cpu_us_per_frame),
+                    consumer.map_or_else(|| "-".to_owned(), number),
+                );
+            }
+            RowOutcome::Failed { .. } | RowOutcome::Unavailable { .. } => {
+                let how = latency_cell(Some(row));
+                let _ = writeln!(out, "| {} | {how} | {reference_cell} | - | - | - | - |", row.row);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// What the verdict says of the resident rows: the fastest clean grid row against the pipelined reference at its
+/// depth, and the one-block rows beside it. `None` when no resident row ran cleanly.
+pub fn resident_words(results: &PipelineResults) -> Option<String> {
+    let clean = |r: &&RowResult| r.measured().is_some_and(|m| m.mismatches == 0);
+    let against = |row: &RowResult| -> Option<(f64, f64)> {
+        let RowSpec::Resident { slots, .. } = row.spec else { return None };
+        let m = row.measured()?;
+        Some((m.fps, ratio(m.fps, results.pipelined_fps(slots)?)?))
+    };
+    let is = |r: &&RowResult, want: ResidentShape| matches!(r.spec, RowSpec::Resident { shape, .. } if shape == want);
+    let best = results
+        .rows
+        .iter()
+        .filter(|r| is(r, ResidentShape::Grid))
+        .filter(clean)
+        .filter_map(|r| against(r).map(|figures| (r, figures)))
+        .max_by(|a, b| a.1.1.total_cmp(&b.1.1));
+    let one_block: Vec<String> = results
+        .rows
+        .iter()
+        .filter(|r| is(r, ResidentShape::OneBlock))
+        .filter(clean)
+        .filter_map(|r| against(r).map(|(fps, x)| format!("{} {fps:.0} FPS ({x:.2}x)", r.row)))
+        .collect();
+    let mut line = match best {
+        Some((row, (fps, x))) => format!(
+            "On the device-side ring (persistent kernels, one launch per side) the best, {}, ran {fps:.0} FPS, \
+             {x:.3}x the same kernels pipelined in one process at its depth",
+            row.row
+        ),
+        None if one_block.is_empty() => return None,
+        None => "No grid row of the device-side ring ran cleanly".to_owned(),
+    };
+    if !one_block.is_empty() {
+        let _ = write!(line, "; in one block per side: {}", one_block.join(", "));
+    }
+    line.push('.');
+    Some(line)
 }
 
 /// What the verdict says of the paced rows (the spread of p99.9 at the highest pace that ran) and of the study's
@@ -303,6 +386,53 @@ mod tests {
                 "Its basic design with 16 ms sleeps ran 31.0 FPS."
             ]
         );
+    }
+
+    #[test]
+    fn resident_rows_sit_beside_the_pipelined_reference_at_their_depth() {
+        let vmm = BackendKind::Vmm;
+        let resident = |slots, shape| RowSpec::Resident { backend: vmm, slots, shape };
+        let mut wrong = measured(70_000.0, Some((20.0, 30.0, 40.0)), None);
+        if let RowOutcome::Measured(m) = &mut wrong {
+            m.mismatches = 12;
+        }
+        let run = results(vec![
+            (RowSpec::SingleProcessPipelined { slots: 2 }, measured(62_000.0, None, None)),
+            (RowSpec::SingleProcessPipelined { slots: 4 }, measured(64_000.0, None, None)),
+            (resident(2, ResidentShape::Grid), measured(60_140.0, Some((25.0, 31.0, 44.0)), None)),
+            (resident(4, ResidentShape::Grid), measured(61_440.0, Some((40.0, 52.0, 61.0)), None)),
+            (resident(8, ResidentShape::Grid), wrong),
+            (resident(4, ResidentShape::OneBlock), measured(3_200.0, None, None)),
+        ]);
+        let table = resident_table(&run).unwrap();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("The device-side ring (both sides persistent kernels"), "{table}");
+        assert_eq!(
+            lines[4], "| resident-vmm-s2 | 60140 | 62000 | 0.970 | 25.0 / 31.0 / 44.0 | 1.00 / 1.00 | 0 |",
+            "{table}"
+        );
+        assert_eq!(lines[5], "| resident-vmm-s4 | 61440 | 64000 | 0.960 | 40.0 / 52.0 / 61.0 | 1.00 / 1.00 | 0 |");
+        assert_eq!(
+            lines[6],
+            "| resident-vmm-s8 | 70000 | not measured | n/a | WRONG DATA | 1.00 / 1.00 | **12 (WRONG DATA)** |"
+        );
+        assert_eq!(lines[7], "| resident-vmm-s4-one-block | 3200 | 64000 | 0.050 | - | 1.00 / 1.00 | 0 |");
+        assert!(resident_table(&results(Vec::new())).is_none());
+        assert_eq!(
+            resident_words(&run).unwrap(),
+            "On the device-side ring (persistent kernels, one launch per side) the best, resident-vmm-s2, ran 60140 \
+             FPS, 0.970x the same kernels pipelined in one process at its depth; in one block per side: \
+             resident-vmm-s4-one-block 3200 FPS (0.05x)."
+        );
+        let unavailable = results(vec![(
+            resident(4, ResidentShape::Grid),
+            RowOutcome::Unavailable { reason: "MPS is not running".into() },
+        )]);
+        assert_eq!(
+            resident_table(&unavailable).unwrap().lines().nth(4),
+            Some("| resident-vmm-s4 | unavailable | not measured | - | - | - | - |")
+        );
+        assert!(resident_words(&unavailable).is_none(), "nothing ran cleanly: nothing said");
     }
 
     #[test]

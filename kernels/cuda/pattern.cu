@@ -379,6 +379,424 @@ extern "C" __global__ void gpu_ipc_persistent_fill(const gpu_ipc_ring_producer_d
     }
 }
 
+// ---- Persistent kernels over the whole GPU ----------------------------------------------------------------------
+//
+// The two kernels above run in ONE block, which is what their handoff latency needs (a 256-byte frame) but not what
+// a 4K frame needs: one SM moves a small share of the GPU's memory bandwidth, so a 25 MB frame takes one block
+// many times longer than a full grid (the bench's rows `resident-BACKEND-sN-one-block` measure it). The two below
+// spread each frame over the GPU, still one launch for the whole run:
+//
+// - block 0 is the LEADER: its first warp (the producer's) or first thread (the consumer's) does the ring's waits
+//   with the device API, frame after frame, as far ahead as the ring allows, and opens each frame to the workers
+//   through the GATE word in device memory (st.release.gpu of seq + 1; GPU_IPC_GRID_STOP | seq when it stopped at
+//   frame seq: timed out, aborted, orphaned, or a stamp not the producer's);
+// - blocks 1 .. gridDim.x - 1 are WORKERS: thread 0 waits until the gate passes the frame (ld.acquire.gpu, bounded by
+//   twice the timeout per frame), the block writes (or checks) its share of the frame (grid-stride over the workers'
+//   threads), and thread 0 counts the block out of the frame (a fence, then an atomic add on the slot's counter);
+//   the block that counts last publishes (or releases) the frame, so the publish follows every block's writes (the
+//   release follows every block's reads), the pattern cooperative groups' grid barrier uses, without a barrier.
+//
+// No frame is opened to a worker before the ring let the leader have it, and the last worker's publish or release
+// is the only store the peer waits on. Every wait is bounded, so a grid that cannot be wholly resident (a worker
+// waits for a gate whose leader is not scheduled) leaves with GPU_IPC_RING_TIMED_OUT instead of hanging; launch it
+// with at most as many blocks as fit beside the peer's grid (the Rust launchers: one leader and a worker per SM but
+// one, GPU_IPC_GRID_THREADS each, so that one block of each side's grid fits on every SM together).
+//
+// Arguments after the descriptor, both sides: `frames`, `timeout_ns` (per frame), `result` (4 words, as the
+// one-block kernels': frames done, mismatched words, outcome, the frame it stopped at; written by the block that
+// leaves last), `scratch` (struct gpu_ipc_grid_scratch in device memory, zeroed before each launch) and `times`
+// (device memory, `frames` words, or null): times[i] := %globaltimer when frame first_sequence + i was published
+// (released), so a run is timed on the GPU's clock, the same in both processes.
+
+// Threads per block of the grid kernels, and blocks of them that __launch_bounds__ makes fit on one SM at once (at
+// most 64 registers a thread: 2 x 512 x 64 = the 64 K registers of an SM): one of the producer's and one of the
+// consumer's beside it.
+#define GPU_IPC_GRID_THREADS 512
+#define GPU_IPC_GRID_MIN_BLOCKS 2
+// The gate's flag: the leader stopped at the frame in the low bits.
+#define GPU_IPC_GRID_STOP (1ull << 63)
+// A worker that saw the gate stop before its frame (not an outcome of its own: the leader's is reported).
+#define GPU_IPC_GRID_STOPPED 5
+
+// The grid kernels' words in device memory (zeroed by the host before each launch): the gate alone on its line,
+// the outcomes and counts, and per slot the workers' count of blocks done with the slot's frames (it grows by the
+// number of workers per frame, so it needs no reset between the laps of the ring).
+struct gpu_ipc_grid_scratch {
+    unsigned long long gate;
+    unsigned long long gate_line[15];
+    unsigned long long leader_outcome;
+    unsigned long long worker_outcome;
+    unsigned long long completed;
+    unsigned long long exited;
+    unsigned long long counts_line[12];
+    unsigned long long done[GPU_IPC_RING_MAX_SLOTS];
+};
+
+// A 16-byte load and store in the global state space. The grid kernels find their frames through the ring's
+// descriptor, so the compiler sees generic pointers and would emit generic accesses; the one-shot kernels get theirs
+// as kernel parameters, global accesses: these keep the two the same instructions. Volatile with a memory clobber:
+// never merged or moved across the barriers between two frames of one slot.
+static __device__ __forceinline__ unsigned long long gpu_ipc_global_address(const void* p)
+{
+    unsigned long long g;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(p));
+    return g;
+}
+
+static __device__ __forceinline__ uint4 gpu_ipc_load_v4(const uint4* p)
+{
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(gpu_ipc_global_address(p))
+                 : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ void gpu_ipc_store_v4(uint4* p, uint4 v)
+{
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(gpu_ipc_global_address(p)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// Word i of dst := pattern(seq, i) for the words of [0, n_words) this thread owns in a grid-stride loop that starts
+// at `first` and steps by `stride` (in 16-byte vectors, then edge words).
+static __device__ __forceinline__ void gpu_ipc_fill_range(unsigned int* dst, unsigned long long n_words,
+                                                          unsigned long long seq, unsigned long long first,
+                                                          unsigned long long stride)
+{
+    const unsigned int seq_term = gpu_ipc_seq_term(seq);
+    unsigned long long head;
+    unsigned long long n_vec;
+    gpu_ipc_split(dst, n_words, &head, &n_vec);
+    uint4* bulk = (uint4*)(dst + head);
+    for (unsigned long long v = first; v < n_vec; v += stride) {
+        const unsigned int t0 = (unsigned int)(head + 4ull * v) * GPU_IPC_INDEX_MUL;
+        const uint4 w = make_uint4(gpu_ipc_mix(seq_term, t0), gpu_ipc_mix(seq_term, t0 + GPU_IPC_INDEX_MUL),
+                                   gpu_ipc_mix(seq_term, t0 + 2u * GPU_IPC_INDEX_MUL),
+                                   gpu_ipc_mix(seq_term, t0 + 3u * GPU_IPC_INDEX_MUL));
+        gpu_ipc_store_v4(&bulk[v], w);
+    }
+    const unsigned long long n_edge = n_words - 4ull * n_vec;
+    for (unsigned long long k = first; k < n_edge; k += stride) {
+        const unsigned long long i = gpu_ipc_edge_index(k, head, n_vec);
+        dst[i] = gpu_ipc_pattern(seq_term, i);
+    }
+}
+
+// Words of the 16-byte vector `w` at word `index` that differ from the pattern.
+static __device__ __forceinline__ unsigned int gpu_ipc_vec_mismatches(uint4 w, unsigned int seq_term,
+                                                                     unsigned long long index)
+{
+    const unsigned int t0 = (unsigned int)index * GPU_IPC_INDEX_MUL;
+    return (unsigned int)(w.x != gpu_ipc_mix(seq_term, t0)) +
+           (unsigned int)(w.y != gpu_ipc_mix(seq_term, t0 + GPU_IPC_INDEX_MUL)) +
+           (unsigned int)(w.z != gpu_ipc_mix(seq_term, t0 + 2u * GPU_IPC_INDEX_MUL)) +
+           (unsigned int)(w.w != gpu_ipc_mix(seq_term, t0 + 3u * GPU_IPC_INDEX_MUL));
+}
+
+// The words of [0, n_words) of src this thread owns (as gpu_ipc_fill_range) that differ from pattern(seq, i). Four
+// vectors are loaded before any is compared: a grid of one block per SM has a quarter of the threads of the
+// one-shot verify kernel's (8 blocks of 256 per SM), and so keeps as many bytes in flight per SM with the same
+// arithmetic per word.
+static __device__ __forceinline__ unsigned long long gpu_ipc_count_range(const unsigned int* src,
+                                                                        unsigned long long n_words,
+                                                                        unsigned long long seq,
+                                                                        unsigned long long first,
+                                                                        unsigned long long stride)
+{
+    const unsigned int seq_term = gpu_ipc_seq_term(seq);
+    unsigned long long head;
+    unsigned long long n_vec;
+    gpu_ipc_split(src, n_words, &head, &n_vec);
+    const uint4* bulk = (const uint4*)(src + head);
+    unsigned long long bad = 0;
+    unsigned long long v = first;
+    for (; v + 3ull * stride < n_vec; v += 4ull * stride) {
+        uint4 w[4];
+#pragma unroll
+        for (unsigned int k = 0; k < 4u; ++k) {
+            w[k] = gpu_ipc_load_v4(&bulk[v + k * stride]);
+        }
+#pragma unroll
+        for (unsigned int k = 0; k < 4u; ++k) {
+            bad += gpu_ipc_vec_mismatches(w[k], seq_term, head + 4ull * (v + k * stride));
+        }
+    }
+    for (; v < n_vec; v += stride) {
+        bad += gpu_ipc_vec_mismatches(gpu_ipc_load_v4(&bulk[v]), seq_term, head + 4ull * v);
+    }
+    const unsigned long long n_edge = n_words - 4ull * n_vec;
+    for (unsigned long long k = first; k < n_edge; k += stride) {
+        const unsigned long long i = gpu_ipc_edge_index(k, head, n_vec);
+        bad += (unsigned long long)(src[i] != gpu_ipc_pattern(seq_term, i));
+    }
+    return bad;
+}
+
+// Twice `timeout_ns`, saturating: a worker's bound on the gate, past the leader's own bound on the frame.
+static __device__ __forceinline__ unsigned long long gpu_ipc_grid_worker_timeout(unsigned long long timeout_ns)
+{
+    return timeout_ns > (~0ull >> 1) ? ~0ull : 2ull * timeout_ns;
+}
+
+// Thread 0 of a worker: waits until the leader opened frame `seq` (GPU_IPC_RING_OK), stopped before it
+// (GPU_IPC_GRID_STOPPED), or `deadline` passed (GPU_IPC_RING_TIMED_OUT). ld.acquire.gpu: the block's reads and writes
+// of the frame, after a barrier, follow the leader's acquire on the ring.
+static __device__ __forceinline__ int gpu_ipc_grid_wait_gate(const unsigned long long* gate, unsigned long long seq,
+                                                             unsigned long long deadline)
+{
+    for (unsigned int polls = 0;; ++polls) {
+        const unsigned long long g = gpu_ipc_ring_load_acquire_gpu(gate);
+        if ((g & GPU_IPC_GRID_STOP) != 0ull) {
+            return (g & ~GPU_IPC_GRID_STOP) > seq ? GPU_IPC_RING_OK : GPU_IPC_GRID_STOPPED;
+        }
+        if (g > seq) {
+            return GPU_IPC_RING_OK;
+        }
+        if (polls % 64u == 63u) {
+            if (gpu_ipc_ring_globaltimer() >= deadline) {
+                return GPU_IPC_RING_TIMED_OUT;
+            }
+            // Many workers poll one word while the peer is behind: spread their reads out a little.
+            __nanosleep(64);
+        }
+    }
+}
+
+// Thread 0 of a worker, after a barrier behind the block's work on the frame in `slot` (its `lap`-th frame there in
+// this launch): counts the block out; true for the block that counts last, which then sees every block's work.
+static __device__ __forceinline__ bool gpu_ipc_grid_count_out(gpu_ipc_grid_scratch* s, unsigned long long slot,
+                                                              unsigned long long lap, unsigned long long workers)
+{
+    __threadfence();
+    const unsigned long long before = atomicAdd(&s->done[slot], 1ull);
+    if (before != (lap + 1ull) * workers - 1ull) {
+        return false;
+    }
+    __threadfence();
+    return true;
+}
+
+// Thread 0 of a worker, once the block's work on frame `seq` (its `done`-th of the launch) is behind a barrier: counts
+// the block out; the block that counts last does `last_out(seq)` (publish or release), notes the time and the frame.
+template <typename LastOut>
+static __device__ __forceinline__ void gpu_ipc_grid_frame_out(gpu_ipc_grid_scratch* s, unsigned long long seq,
+                                                              unsigned long long done, unsigned long long slot_count,
+                                                              unsigned long long* times, LastOut last_out)
+{
+    const unsigned long long workers = (unsigned long long)gridDim.x - 1ull;
+    if (!gpu_ipc_grid_count_out(s, gpu_ipc_ring_slot_of(seq, slot_count), done / slot_count, workers)) {
+        return;
+    }
+    last_out(seq);
+    if (times != 0) {
+        times[done] = gpu_ipc_ring_globaltimer();
+    }
+    atomicAdd(&s->completed, 1ull);
+}
+
+// A worker block's frames, `frames` from `first_sequence` on: for each, one thread waits for the gate, the block does
+// `work(seq)` (its share of the frame), and thread 0 counts the block out (gpu_ipc_grid_frame_out with `last_out`).
+// With two slots or more, thread 0 counts the block out of a frame right after the barrier that opens the next one,
+// while the other warps already work on it: the count's fence and atomic (a trip to L2 and back) are off the block's
+// path, and the gate is waited for by thread 32 meanwhile. A ring of one slot cannot: its next frame's gate waits for
+// that very count (the peer's next step needs it), so there thread 0 counts out behind a second barrier first.
+template <typename Work, typename LastOut>
+static __device__ __forceinline__ void gpu_ipc_grid_worker(gpu_ipc_grid_scratch* s, unsigned long long first_sequence,
+                                                           unsigned long long slot_count, unsigned long long frames,
+                                                           unsigned long long timeout_ns, unsigned long long* times,
+                                                           Work work, LastOut last_out)
+{
+    // `go` of frames done and done + 1 side by side: a thread reads its frame's after the barrier that opens it, and
+    // the gate's thread writes the next frame's before the next barrier, which no thread passes before it read.
+    __shared__ int go[2];
+    const bool overlap = slot_count >= 2ull && blockDim.x > 32u;
+    const unsigned int gate_thread = overlap ? 32u : 0u;
+    bool pending = false;
+    unsigned long long done = 0;
+    for (; done < frames; ++done) {
+        const unsigned long long seq = first_sequence + done;
+        if (threadIdx.x == gate_thread) {
+            const int waited = gpu_ipc_grid_wait_gate(&s->gate, seq,
+                                                      gpu_ipc_ring_deadline(gpu_ipc_grid_worker_timeout(timeout_ns)));
+            if (waited == GPU_IPC_RING_TIMED_OUT) {
+                s->worker_outcome = GPU_IPC_RING_TIMED_OUT;
+            }
+            go[done & 1ull] = waited == GPU_IPC_RING_OK;
+        }
+        // The block's work on the previous frame is done, and the gate's answer for this one is in.
+        __syncthreads();
+        if (pending && threadIdx.x == 0) {
+            gpu_ipc_grid_frame_out(s, seq - 1ull, done - 1ull, slot_count, times, last_out);
+        }
+        pending = false;
+        if (!go[done & 1ull]) {
+            break;
+        }
+        work(seq);
+        if (overlap) {
+            pending = true;
+        } else {
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                gpu_ipc_grid_frame_out(s, seq, done, slot_count, times, last_out);
+            }
+        }
+    }
+    if (pending) {
+        // The last frame: every frame asked for was worked, the last one not yet counted out.
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            gpu_ipc_grid_frame_out(s, first_sequence + done - 1ull, done - 1ull, slot_count, times, last_out);
+        }
+    }
+}
+
+// Every block at its end (all its threads): counts itself out; the last one writes the result words.
+static __device__ __forceinline__ void gpu_ipc_grid_leave(gpu_ipc_grid_scratch* s, unsigned long long first_sequence,
+                                                          unsigned long long* result)
+{
+    __syncthreads();
+    if (threadIdx.x != 0) {
+        return;
+    }
+    __threadfence();
+    if (atomicAdd(&s->exited, 1ull) != (unsigned long long)gridDim.x - 1ull) {
+        return;
+    }
+    __threadfence();
+    const unsigned long long completed = atomicAdd(&s->completed, 0ull);
+    const unsigned long long leader = atomicAdd(&s->leader_outcome, 0ull);
+    const unsigned long long worker = atomicAdd(&s->worker_outcome, 0ull);
+    result[0] = completed;
+    result[2] = leader != GPU_IPC_PERSISTENT_DONE ? leader : worker;
+    result[3] = first_sequence + completed;
+    __threadfence_system();
+}
+
+// Adds every thread's count of mismatched words into *total (a warp sum, then one atomic per warp).
+static __device__ __forceinline__ void gpu_ipc_grid_add_mismatches(unsigned long long bad, unsigned long long* total)
+{
+    for (unsigned int offset = 16; offset > 0; offset >>= 1) {
+        bad += __shfl_down_sync(0xFFFFFFFFu, bad, offset);
+    }
+    if ((threadIdx.x & 31u) == 0u && bad != 0ull) {
+        atomicAdd(total, bad);
+    }
+}
+
+// The consumer's persistent kernel over the whole GPU (above): frames from ring->first_sequence on, each checked
+// word by word against its pattern and released. result[1]: mismatched words over every frame.
+extern "C" __global__ void __launch_bounds__(GPU_IPC_GRID_THREADS, GPU_IPC_GRID_MIN_BLOCKS)
+    gpu_ipc_persistent_verify_grid(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
+                                   unsigned long long timeout_ns, unsigned long long* result,
+                                   gpu_ipc_grid_scratch* scratch, unsigned long long* times)
+{
+    __shared__ gpu_ipc_ring_descriptor d;
+    if (threadIdx.x == 0) {
+        d = *ring;
+    }
+    __syncthreads();
+    if (blockIdx.x == 0) {
+        if (threadIdx.x == 0) {
+            gpu_ipc_ring_consumer_view view;
+            gpu_ipc_ring_consumer_view_init(&view);
+            unsigned long long outcome = GPU_IPC_PERSISTENT_DONE;
+            unsigned long long opened = 0;
+            for (; opened < frames; ++opened) {
+                const unsigned long long seq = d.first_sequence + opened;
+                unsigned long long stamp = 0;
+                const int waited = gpu_ipc_ring_wait_frame(&d, &view, seq, gpu_ipc_ring_deadline(timeout_ns), &stamp);
+                if (waited != GPU_IPC_RING_OK) {
+                    outcome = (unsigned long long)waited;
+                    break;
+                }
+                if (!gpu_ipc_ring_frame_valid(stamp, seq)) {
+                    outcome = GPU_IPC_PERSISTENT_STAMP_INVALID;
+                    break;
+                }
+                gpu_ipc_ring_store_release_gpu(&scratch->gate, seq + 1ull);
+            }
+            if (opened < frames) {
+                gpu_ipc_ring_store_release_gpu(&scratch->gate, GPU_IPC_GRID_STOP | (d.first_sequence + opened));
+            }
+            scratch->leader_outcome = outcome;
+        }
+    } else {
+        const unsigned long long workers = (unsigned long long)gridDim.x - 1ull;
+        const unsigned long long first = ((unsigned long long)blockIdx.x - 1ull) * blockDim.x + threadIdx.x;
+        const unsigned long long stride = workers * blockDim.x;
+        const unsigned long long n_words = d.slot_bytes / 4ull;
+        unsigned long long bad = 0;
+        gpu_ipc_grid_worker(
+            scratch, d.first_sequence, d.slot_count, frames, timeout_ns, times,
+            [&](unsigned long long seq) {
+                bad += gpu_ipc_count_range((const unsigned int*)gpu_ipc_ring_frame(&d, seq), n_words, seq, first,
+                                           stride);
+            },
+            [&](unsigned long long seq) {
+                gpu_ipc_ring_release_frame(&d, seq);
+                gpu_ipc_ring_set_progress(&d, seq + 1ull);
+            });
+        gpu_ipc_grid_add_mismatches(bad, &result[1]);
+    }
+    gpu_ipc_grid_leave(scratch, d.first_sequence, result);
+}
+
+// The producer's persistent kernel over the whole GPU (above): frames from ring->first_sequence on, each written with
+// its pattern once its slot is free, and published. result[1] stays 0.
+extern "C" __global__ void __launch_bounds__(GPU_IPC_GRID_THREADS, GPU_IPC_GRID_MIN_BLOCKS)
+    gpu_ipc_persistent_fill_grid(const gpu_ipc_ring_producer_descriptor* ring, unsigned long long frames,
+                                 unsigned long long timeout_ns, unsigned long long* result,
+                                 gpu_ipc_grid_scratch* scratch, unsigned long long* times)
+{
+    __shared__ gpu_ipc_ring_producer_descriptor d;
+    if (threadIdx.x == 0) {
+        d = *ring;
+    }
+    __syncthreads();
+    if (blockIdx.x == 0) {
+        if (threadIdx.x < 32u) {
+            // The first warp waits for the consumer records side by side, lane L for record L.
+            gpu_ipc_ring_producer_view view;
+            gpu_ipc_ring_producer_view_init(&view);
+            int outcome = GPU_IPC_RING_OK;
+            unsigned long long opened = 0;
+            for (; opened < frames; ++opened) {
+                const unsigned long long seq = d.first_sequence + opened;
+                outcome = gpu_ipc_ring_acquire_slot(&d, &view, seq, gpu_ipc_ring_deadline(timeout_ns));
+                if (outcome != GPU_IPC_RING_OK) {
+                    break;
+                }
+                if (threadIdx.x == 0) {
+                    gpu_ipc_ring_store_release_gpu(&scratch->gate, seq + 1ull);
+                }
+            }
+            if (threadIdx.x == 0) {
+                if (opened < frames) {
+                    gpu_ipc_ring_store_release_gpu(&scratch->gate, GPU_IPC_GRID_STOP | (d.first_sequence + opened));
+                }
+                scratch->leader_outcome = (unsigned long long)outcome;
+            }
+        }
+    } else {
+        const unsigned long long workers = (unsigned long long)gridDim.x - 1ull;
+        const unsigned long long first = ((unsigned long long)blockIdx.x - 1ull) * blockDim.x + threadIdx.x;
+        const unsigned long long stride = workers * blockDim.x;
+        const unsigned long long n_words = d.slot_bytes / 4ull;
+        gpu_ipc_grid_worker(
+            scratch, d.first_sequence, d.slot_count, frames, timeout_ns, times,
+            [&](unsigned long long seq) {
+                gpu_ipc_fill_range((unsigned int*)gpu_ipc_ring_slot_to_write(&d, seq), n_words, seq, first, stride);
+            },
+            [&](unsigned long long seq) { gpu_ipc_ring_publish_frame(&d, seq); });
+    }
+    gpu_ipc_grid_leave(scratch, d.first_sequence, result);
+}
+
 // The pattern kernels for frame graphs (docs/frames.md, "Frame graphs"), whose arguments are fixed when the graph is
 // captured: the sequence is read from the frame state (struct gpu_ipc_graph_frame, device memory) that the graph's
 // ring step wrote, and nothing is done when the state says the slot may not be used (valid == 0).

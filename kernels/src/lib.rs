@@ -18,6 +18,8 @@
 //!   (`kernels/cuda/gpu_ipc_ring.cuh`; launched by [`persistent`])
 //! - [`PERSISTENT_FILL`]`(const gpu_ipc_ring_producer_descriptor* ring, unsigned long long frames,
 //!   unsigned long long timeout_ns, unsigned long long* result)`, its producer's side
+//! - [`PERSISTENT_VERIFY_GRID`] and [`PERSISTENT_FILL_GRID`], the same two spread over the whole GPU (frames of
+//!   megabytes: one block moves a small share of the memory bandwidth)
 //! - [`FILL_PATTERN_AT`] and [`VERIFY_PATTERN_AT`], the fill and the check inside frame graphs
 //! - the work queue's demo worker and producer, [`work_queue::KERNELS`] (their device functions are in
 //!   `kernels/cuda/work_queue.cuh`, for your own kernels).
@@ -66,6 +68,17 @@ pub const PERSISTENT_VERIFY: &str = "gpu_ipc_persistent_verify";
 /// free, writes the frame's pattern and publishes `frames` frames on the ring's device API; see [`persistent`].
 pub const PERSISTENT_FILL: &str = "gpu_ipc_persistent_fill";
 
+/// `gpu_ipc_persistent_verify_grid(const gpu_ipc_ring_descriptor* ring, unsigned long long frames,
+/// unsigned long long timeout_ns, unsigned long long* result, gpu_ipc_grid_scratch* scratch,
+/// unsigned long long* times)`: [`PERSISTENT_VERIFY`] spread over the whole GPU (a leader block and worker blocks);
+/// see [`persistent::PersistentVerifyGrid`].
+pub const PERSISTENT_VERIFY_GRID: &str = "gpu_ipc_persistent_verify_grid";
+
+/// `gpu_ipc_persistent_fill_grid(const gpu_ipc_ring_producer_descriptor* ring, unsigned long long frames,
+/// unsigned long long timeout_ns, unsigned long long* result, gpu_ipc_grid_scratch* scratch,
+/// unsigned long long* times)`: [`PERSISTENT_FILL`] spread over the whole GPU; see [`persistent::PersistentFillGrid`].
+pub const PERSISTENT_FILL_GRID: &str = "gpu_ipc_persistent_fill_grid";
+
 /// `gpu_ipc_fill_pattern_at(unsigned int* dst, unsigned long long n_words, const gpu_ipc_graph_frame* state)`: as
 /// [`FILL_PATTERN`] for the frame `state->sequence`, nothing when `state->valid` is 0: the fill inside a frame graph
 /// (`ipc_core::frames::GraphSlot`), whose arguments are fixed when it is captured.
@@ -77,7 +90,7 @@ pub const FILL_PATTERN_AT: &str = "gpu_ipc_fill_pattern_at";
 pub const VERIFY_PATTERN_AT: &str = "gpu_ipc_verify_pattern_at";
 
 /// The frame-pattern kernels; [`probe::kernel_names`] lists the probes' kernels.
-pub const KERNELS: [&str; 9] = [
+pub const KERNELS: [&str; 11] = [
     FILL_PATTERN,
     VERIFY_PATTERN,
     XOR_WORDS,
@@ -85,6 +98,8 @@ pub const KERNELS: [&str; 9] = [
     VERIFY_STAMPED,
     PERSISTENT_VERIFY,
     PERSISTENT_FILL,
+    PERSISTENT_VERIFY_GRID,
+    PERSISTENT_FILL_GRID,
     FILL_PATTERN_AT,
     VERIFY_PATTERN_AT,
 ];

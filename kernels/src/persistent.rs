@@ -7,6 +7,12 @@
 //!   pattern and publishes it; launched through `Producer::launch_on_ring` (abort word raised when the producer is
 //!   dropped; consumers that die release its waits through their poisoned counters).
 //!
+//! Both run in ONE block: right for the handoff of small frames, slow for frames of megabytes (one SM moves a small
+//! share of the memory bandwidth). [`PersistentFillGrid`] and [`PersistentVerifyGrid`] are the same two spread over
+//! the whole GPU ([`GridShape`]: a leader block does the ring's waits and opens each frame to worker blocks, the last
+//! worker done with a frame publishes or releases it), still one launch for the whole run, and they time each frame
+//! on the GPU's clock ([`PersistentGrid::frame_times`]).
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use gpu_ipc_kernels::persistent::PersistentVerify;
@@ -32,7 +38,7 @@ use ipc_core::backend::Backend;
 use ipc_core::frames::{Consumer, FrameError, Producer};
 
 use crate::launch::{KernelError, load_module};
-use crate::{PERSISTENT_FILL, PERSISTENT_VERIFY};
+use crate::{PERSISTENT_FILL, PERSISTENT_FILL_GRID, PERSISTENT_VERIFY, PERSISTENT_VERIFY_GRID};
 
 /// Most threads of the kernel's one block.
 const MAX_THREADS: u32 = 1024;
@@ -237,6 +243,263 @@ impl PersistentFill {
     }
 }
 
+/// Threads per block of the grid kernels: `GPU_IPC_GRID_THREADS` of `kernels/cuda/pattern.cu`, whose
+/// `__launch_bounds__` keep a thread within 64 registers so that two such blocks (one of each side's grid) fit on one
+/// SM together.
+pub const GRID_THREADS: u32 = 512;
+
+/// Words of `struct gpu_ipc_grid_scratch`: 32 words of gate, outcomes and counts, then a counter per slot.
+const GRID_SCRATCH_WORDS: usize = 32 + ipc_core::ring::layout::MAX_SLOTS as usize;
+
+/// How a grid kernel spreads over the GPU: one leader block (the ring's waits) and `workers` worker blocks (the
+/// frame's words), [`GRID_THREADS`] threads each.
+///
+/// Every block of both sides' grids must be resident at once (a worker waits for its leader, a producer for its
+/// consumer): [`GridShape::per_sm`] gives each side one block per SM, which `__launch_bounds__` guarantees fit two
+/// by two, under MPS at 100% active threads (the default). A grid that cannot be wholly resident does not hang: its
+/// waits time out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct GridShape {
+    /// Worker blocks, at least 1.
+    pub workers: u32,
+}
+
+impl GridShape {
+    /// `workers` worker blocks for frames of `slot_bytes`, at most one per [`GRID_THREADS`] 16-byte vectors of the
+    /// frame (a small frame needs few), at least one.
+    pub fn new(slot_bytes: u64, workers: u32) -> Self {
+        let useful = slot_bytes.div_ceil(16).div_ceil(u64::from(GRID_THREADS)).max(1);
+        let workers = u64::from(workers).clamp(1, useful);
+        Self { workers: u32::try_from(workers).unwrap_or(u32::MAX) }
+    }
+
+    /// One block per SM on a device of `sms` SMs: the leader and a worker per SM but one ([`GridShape::new`]), so
+    /// that the producer's grid and the consumer's together hold two blocks per SM.
+    pub fn per_sm(slot_bytes: u64, sms: u32) -> Self {
+        Self::new(slot_bytes, sms.saturating_sub(1))
+    }
+
+    /// Blocks of the launch: the leader and the workers.
+    pub fn blocks(self) -> u32 {
+        self.workers.saturating_add(1)
+    }
+
+    fn config(self) -> LaunchConfig {
+        LaunchConfig::linear(self.blocks(), GRID_THREADS)
+    }
+}
+
+/// What both grid kernels share: the function, the result words, the scratch words (`struct gpu_ipc_grid_scratch`),
+/// and the frame times (`times`, one word per frame of the last launch).
+pub struct PersistentGrid {
+    kernel: Function,
+    result: DeviceBuffer,
+    scratch: DeviceBuffer,
+    times: Option<DeviceBuffer>,
+    /// Frames of the last launch (the words of `times` it writes).
+    frames: u64,
+    /// Launched and not yet seen finished: its words are in use.
+    running: bool,
+}
+
+impl PersistentGrid {
+    fn load(ctx: &Context, name: &str) -> Result<Self, KernelError> {
+        let (module, _) = load_module(ctx, crate::image::force_ptx_from_env())?;
+        Ok(Self {
+            kernel: module.function(name)?,
+            result: DeviceBuffer::alloc(ctx, 32)?,
+            scratch: DeviceBuffer::alloc(ctx, 8 * GRID_SCRATCH_WORDS as u64)?,
+            times: None,
+            frames: 0,
+            running: false,
+        })
+    }
+
+    /// Resets the result, scratch and time words for a launch of `frames` frames, refusing while the last launch
+    /// may still use them.
+    fn reset(&mut self, ctx: &Context, frames: u64) -> Result<(), FrameError> {
+        if self.running {
+            return Err(FrameError::Config(
+                "this grid kernel's last launch has not been finished: call finish first".into(),
+            ));
+        }
+        self.result.write(0, &[0u64, 0, u64::MAX, 0])?;
+        self.scratch.write(0, &[0u64; GRID_SCRATCH_WORDS])?;
+        let bytes = frames.max(1).saturating_mul(8);
+        if self.times.as_ref().is_none_or(|t| t.span().len() < bytes) {
+            self.times = Some(DeviceBuffer::alloc(ctx, bytes)?);
+        }
+        self.frames = frames;
+        Ok(())
+    }
+
+    /// The arguments after the ring's descriptor: `frames`, the timeout per frame in ns, the result, scratch and
+    /// time words.
+    fn args(&self, per_frame: Duration) -> [KernelArg<'_>; 5] {
+        let timeout_ns = u64::try_from(per_frame.as_nanos()).unwrap_or(u64::MAX);
+        let times = self.times.as_ref().map_or(KernelArg::U64(0), |t| KernelArg::Span(t.span()));
+        [
+            KernelArg::U64(self.frames),
+            KernelArg::U64(timeout_ns),
+            KernelArg::Span(self.result.span()),
+            KernelArg::Span(self.scratch.span()),
+            times,
+        ]
+    }
+
+    fn read(&mut self) -> Result<PersistentResult, FrameError> {
+        self.running = false;
+        let mut words = [0u64; 4];
+        self.result.read(0, &mut words)?;
+        Ok(PersistentResult {
+            frames: words[0],
+            mismatched_words: words[1],
+            outcome: PersistentOutcome::from_raw(words[2]),
+            stopped_at: words[3],
+        })
+    }
+
+    /// When each frame of the last launch was published (the producer's kernel) or released (the consumer's), in
+    /// ns of the GPU's `%globaltimer` (one clock for every process on the GPU): one word per frame of the launch,
+    /// meaningful for the frames it reported done. Read it after `finish`.
+    ///
+    /// # Errors
+    /// The kernel not finished, a driver error.
+    pub fn frame_times(&self) -> Result<Vec<u64>, FrameError> {
+        if self.running {
+            return Err(FrameError::Config("the grid kernel is still running: call finish first".into()));
+        }
+        let Some(times) = &self.times else { return Ok(Vec::new()) };
+        let mut words = vec![0u64; usize::try_from(self.frames).unwrap_or(0)];
+        times.read(0, &mut words)?;
+        Ok(words)
+    }
+}
+
+/// The consumer's persistent kernel over the whole GPU (`gpu_ipc_persistent_verify_grid`): as
+/// [`PersistentVerify`], each frame's words checked by every worker block.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use gpu_ipc_kernels::persistent::{GridShape, PersistentVerifyGrid};
+/// use ipc_core::backend::GpuBackend;
+/// use gpu_ipc_driver::{Context, Stream};
+/// use ipc_core::frames::Consumer;
+///
+/// fn check_frames<B: GpuBackend>(ctx: &Context, consumer: &mut Consumer<B>) -> Result<(), Box<dyn std::error::Error>> {
+///     let mut kernel = PersistentVerifyGrid::load(ctx)?;
+///     let stream = Stream::new(ctx)?;
+///     let shape = GridShape::per_sm(consumer.slot_layout().bytes(), ctx.device().sm_count()?);
+///     kernel.launch(consumer, &stream, 1000, Duration::from_secs(1), shape)?;
+///     let result = kernel.finish(consumer, Duration::from_secs(30))?;
+///     assert_eq!((result.frames, result.mismatched_words), (1000, 0));
+///     let released_ns = kernel.grid().frame_times()?;
+///     Ok(())
+/// }
+/// ```
+pub struct PersistentVerifyGrid(PersistentGrid);
+
+impl PersistentVerifyGrid {
+    /// Loads the image that suits the context's device (`GPU_IPC_FORCE_PTX=1` forces the PTX).
+    ///
+    /// # Errors
+    /// [`KernelError::NoImage`] or [`KernelError::ImageRejected`].
+    pub fn load(ctx: &Context) -> Result<Self, KernelError> {
+        Ok(Self(PersistentGrid::load(ctx, PERSISTENT_VERIFY_GRID)?))
+    }
+
+    /// Launches the kernel on the consumer's ring in `shape`: it verifies the next `frames` frames against their
+    /// pattern and releases each, its leader waiting at most `per_frame` for each (and leaving at once on the
+    /// abort word).
+    ///
+    /// # Errors
+    /// The last launch not finished, as `Consumer::launch_on_ring` (a strategy other than gpu-stream-ops or
+    /// gpu-poll, a kernel already on the ring, the producer gone), a driver error.
+    pub fn launch<B: Backend>(
+        &mut self,
+        consumer: &mut Consumer<B>,
+        stream: &Stream,
+        frames: u64,
+        per_frame: Duration,
+        shape: GridShape,
+    ) -> Result<(), FrameError> {
+        self.0.reset(stream.context(), frames)?;
+        consumer.launch_on_ring(&self.0.kernel, stream, shape.config(), &self.0.args(per_frame))?;
+        self.0.running = true;
+        Ok(())
+    }
+
+    /// Waits at most `timeout` for the kernel (`Consumer::finish_ring_kernel`), then reads what it reports.
+    ///
+    /// # Errors
+    /// [`FrameError::Timeout`] when it is still running, a driver error.
+    pub fn finish<B: Backend>(
+        &mut self,
+        consumer: &mut Consumer<B>,
+        timeout: Duration,
+    ) -> Result<PersistentResult, FrameError> {
+        consumer.finish_ring_kernel(timeout)?;
+        self.0.read()
+    }
+
+    /// The words it shares with the producer's grid kernel (its frame times).
+    pub fn grid(&self) -> &PersistentGrid {
+        &self.0
+    }
+}
+
+/// The producer's persistent kernel over the whole GPU (`gpu_ipc_persistent_fill_grid`): as [`PersistentFill`],
+/// each frame's words written by every worker block.
+pub struct PersistentFillGrid(PersistentGrid);
+
+impl PersistentFillGrid {
+    /// Loads the image that suits the context's device (`GPU_IPC_FORCE_PTX=1` forces the PTX).
+    ///
+    /// # Errors
+    /// [`KernelError::NoImage`] or [`KernelError::ImageRejected`].
+    pub fn load(ctx: &Context) -> Result<Self, KernelError> {
+        Ok(Self(PersistentGrid::load(ctx, PERSISTENT_FILL_GRID)?))
+    }
+
+    /// Launches the kernel on the producer's ring in `shape`: it publishes the next `frames` frames, each written
+    /// with its pattern once its slot is free, its leader waiting at most `per_frame` for each slot.
+    ///
+    /// # Errors
+    /// The last launch not finished, as `Producer::launch_on_ring`, a driver error.
+    pub fn launch<B: Backend>(
+        &mut self,
+        producer: &mut Producer<B>,
+        stream: &Stream,
+        frames: u64,
+        per_frame: Duration,
+        shape: GridShape,
+    ) -> Result<(), FrameError> {
+        self.0.reset(stream.context(), frames)?;
+        producer.launch_on_ring(&self.0.kernel, stream, shape.config(), &self.0.args(per_frame))?;
+        self.0.running = true;
+        Ok(())
+    }
+
+    /// Waits at most `timeout` for the kernel (`Producer::finish_ring_kernel`, which admits consumers meanwhile),
+    /// then reads what it reports.
+    ///
+    /// # Errors
+    /// [`FrameError::Timeout`] when it is still running, a driver error.
+    pub fn finish<B: Backend>(
+        &mut self,
+        producer: &mut Producer<B>,
+        timeout: Duration,
+    ) -> Result<PersistentResult, FrameError> {
+        producer.finish_ring_kernel(timeout)?;
+        self.0.read()
+    }
+
+    /// The words it shares with the consumer's grid kernel (its frame times).
+    pub fn grid(&self) -> &PersistentGrid {
+        &self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +510,34 @@ mod tests {
         assert_eq!(threads_for(4), 32);
         assert_eq!(threads_for(16 * 100), 128);
         assert_eq!(threads_for(640 * 360 * 3), 1024);
+    }
+
+    #[test]
+    fn a_grid_has_a_leader_and_a_worker_per_sm_but_one_and_no_idle_workers_on_small_frames() {
+        let frame = 3840 * 2160 * 3;
+        assert_eq!(GridShape::per_sm(frame, 132), GridShape { workers: 131 });
+        assert_eq!(GridShape::per_sm(frame, 132).blocks(), 132);
+        // 256 bytes are 16 vectors: one worker of 512 threads is more than enough.
+        assert_eq!(GridShape::per_sm(256, 132).workers, 1);
+        assert_eq!(GridShape::new(16 * u64::from(GRID_THREADS) * 3 + 1, 100).workers, 4);
+        assert_eq!(GridShape::per_sm(frame, 1).workers, 1, "a one-SM device still gets a worker");
+        assert_eq!(GridShape::per_sm(frame, 0).blocks(), 2);
+    }
+
+    #[test]
+    fn the_grid_constants_are_the_kernels() {
+        let source = include_str!("../cuda/pattern.cu");
+        assert!(source.contains(&format!("#define GPU_IPC_GRID_THREADS {GRID_THREADS}\n")));
+        assert!(source.contains("#define GPU_IPC_GRID_MIN_BLOCKS 2\n"));
+        // struct gpu_ipc_grid_scratch: 16 words of gate line, 16 of outcomes and counts, then the slots' counters.
+        assert!(source.contains("unsigned long long gate_line[15];"));
+        assert!(source.contains("unsigned long long counts_line[12];"));
+        assert!(source.contains("unsigned long long done[GPU_IPC_RING_MAX_SLOTS];"));
+        let ptx = crate::image::IMAGES.iter().find(|i| i.file.ends_with(".ptx")).map(|i| i.bytes);
+        let ptx = ptx.map(String::from_utf8_lossy).unwrap_or_default();
+        for kernel in [PERSISTENT_VERIFY_GRID, PERSISTENT_FILL_GRID] {
+            assert!(ptx.contains(&format!(".entry {kernel}(")), "{kernel}");
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ fn report(measured_frames: u64, missing_stamps: u64) -> ConsumerReport {
         mismatches: 0,
         latencies_ns: vec![40_000; (measured_frames - missing_stamps) as usize],
         missing_stamps,
+        gpu_done_ns: Vec::new(),
     }
 }
 

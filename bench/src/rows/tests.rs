@@ -7,13 +7,14 @@ use super::*;
 const REFERENCES: usize = 8;
 
 /// Rows besides ours and the three-stage ones: references, kernels alone, study designs, paced, frame graphs,
-/// memory.
+/// resident, memory.
 fn others(backends: usize) -> usize {
     REFERENCES
         + 2
         + 6
         + PACES.len() * 5
         + backends * graph_strategies().count() * GRAPH_SLOTS.len() * GraphWait::ALL.len()
+        + backends * (PIPELINED_SLOTS.len() + 1)
         + MemoryTest::ALL.len()
         + backends * 3
 }
@@ -282,4 +283,54 @@ fn the_frame_graph_rows_and_their_laps() {
     assert_eq!(graph_lap(8, 300, 40), 1);
     assert_eq!(graph_lap(4, 300, 40), 4);
     assert_eq!(graph_lap(0, 10, 10), 1);
+}
+
+#[test]
+fn the_resident_rows_sit_at_the_depths_of_the_pipelined_references_and_select_alone() {
+    let backends = gpu_ipc::COMPILED_GPU;
+    let backend = backends[0];
+    let mine: Vec<String> = resident_rows(backend).map(|r| r.name()).collect();
+    let b = backend.name();
+    assert_eq!(
+        mine,
+        [
+            format!("resident-{b}-s2"),
+            format!("resident-{b}-s4"),
+            format!("resident-{b}-s8"),
+            format!("resident-{b}-s{ONE_BLOCK_SLOTS}-one-block")
+        ]
+    );
+    for quick in [true, false] {
+        let rows = all_rows(backends, quick);
+        let picked = select(&rows, &["resident".to_owned()]);
+        assert_eq!(picked.len(), REFERENCES + backends.len() * 4, "{picked:?}");
+        // Each has its pipelined reference at the same depth among the references.
+        for row in &picked[REFERENCES..] {
+            let RowSpec::Resident { slots, .. } = *row else { panic!("{row:?}") };
+            assert!(picked[..REFERENCES].contains(&RowSpec::SingleProcessPipelined { slots }), "{row:?}");
+        }
+        // The other families' filters do not pick them.
+        for filter in ["graphs", "paced", "kernel", "memory", "gpu-stream-ops", "-c1", "three-stage"] {
+            let other = select(&rows, &[filter.to_owned()]);
+            assert!(!other.iter().any(|r| matches!(r, RowSpec::Resident { .. })), "{filter}");
+        }
+    }
+    let grid = select(&all_rows(backends, true), &[format!("resident-{b}-s4")]);
+    assert_eq!(grid.len(), REFERENCES + 2, "the grid row and the one-block row at 4 slots: {grid:?}");
+}
+
+#[test]
+fn resident_rows_round_trip_as_json_and_default_to_the_grid() {
+    let backend = gpu_ipc::COMPILED_GPU[0];
+    let row = RowSpec::Resident { backend, slots: 4, shape: ResidentShape::OneBlock };
+    let json = serde_json::to_value(row).unwrap();
+    assert_eq!(json["kind"], "resident");
+    assert_eq!(json["shape"], "one-block");
+    assert_eq!(serde_json::from_value::<RowSpec>(json.clone()).unwrap(), row);
+    let mut without = json;
+    without.as_object_mut().unwrap().remove("shape");
+    let back: RowSpec = serde_json::from_value(without).unwrap();
+    assert_eq!(back, RowSpec::Resident { backend, slots: 4, shape: ResidentShape::Grid });
+    assert_eq!(back.budget(2_000, 200), (2_000, 200), "the run's frames and warm-up");
+    assert!(!back.is_reference());
 }
