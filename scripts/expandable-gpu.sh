@@ -17,19 +17,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 # shellcheck source=scripts/unpack-stage.sh
 . "$ROOT/scripts/unpack-stage.sh"
-unpack_stage "$ROOT"
-OUT="${1:?usage: scripts/expandable-gpu.sh OUT_DIR}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-STAGE="$ROOT/stage"
-[ -x "$STAGE/bin/cargo-nextest" ] || { echo "expandable-gpu: nothing staged; run scripts/stage-gpu.sh first" >&2; exit 2; }
-WHEEL="$(ls "$STAGE"/wheels/gpu_ipc-*.whl 2>/dev/null | head -n1)"
-[ -n "$WHEEL" ] || { echo "expandable-gpu: no stage/wheels/gpu_ipc-*.whl; run scripts/stage-gpu.sh first" >&2; exit 2; }
-{
-    echo "date: $(date -u +%FT%TZ)"
-    echo "commit: $(cat "$STAGE/COMMIT")"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
-} >"$OUT/environment.txt"
+stage_preamble "$ROOT" expandable-gpu "${1:-}"
 
 echo "expandable-gpu: [1/2] the Rust GPU tests (examples/tests/gpu_pool.rs)" >&2
 FILTER='test(/side_by_side|shared_in_place|cannot_be_shared_in_place/)'

@@ -18,3 +18,26 @@ wheel_venv() {
     "$python" -c 'import site; print("\n".join(site.getsitepackages()))' >"$site/gpu-ipc-parent-site.pth" || return 1
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps "$wheel"
 }
+
+# The preamble of a GPU-machine script that runs the staged tests and the staged wheel, called with the repository
+# root, the script's name and its OUT_DIR argument: unpacks the stage, makes OUT_DIR and sets OUT (its absolute path),
+# STAGE (ROOT/stage) and WHEEL (the staged wheel); writes OUT/environment.txt (date, the staged commit, the GPUs).
+# Exits the script with status 2, saying why, without OUT_DIR or when nothing is staged.
+#   stage_preamble "$ROOT" weights-gpu "${1:-}"
+stage_preamble() {
+    local root="$1" name="$2"
+    OUT="${3:-}"
+    [ -n "$OUT" ] || { echo "usage: scripts/$name.sh OUT_DIR" >&2; exit 2; }
+    unpack_stage "$root"
+    mkdir -p "$OUT"
+    OUT="$(cd "$OUT" && pwd)"
+    STAGE="$root/stage"
+    [ -x "$STAGE/bin/cargo-nextest" ] || { echo "$name: nothing staged; run scripts/stage-gpu.sh first" >&2; exit 2; }
+    WHEEL="$(ls "$STAGE"/wheels/gpu_ipc-*.whl 2>/dev/null | head -n1)"
+    [ -n "$WHEEL" ] || { echo "$name: no stage/wheels/gpu_ipc-*.whl; run scripts/stage-gpu.sh first" >&2; exit 2; }
+    {
+        echo "date: $(date -u +%FT%TZ)"
+        echo "commit: $(cat "$STAGE/COMMIT")"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+    } >"$OUT/environment.txt"
+}

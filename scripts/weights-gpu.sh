@@ -20,19 +20,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 # shellcheck source=scripts/unpack-stage.sh
 . "$ROOT/scripts/unpack-stage.sh"
-unpack_stage "$ROOT"
-OUT="${1:?usage: scripts/weights-gpu.sh OUT_DIR}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-STAGE="$ROOT/stage"
-[ -x "$STAGE/bin/cargo-nextest" ] || { echo "weights-gpu: nothing staged; run scripts/stage-gpu.sh first" >&2; exit 2; }
-WHEEL="$(ls "$STAGE"/wheels/gpu_ipc-*.whl 2>/dev/null | head -n1)"
-[ -n "$WHEEL" ] || { echo "weights-gpu: no stage/wheels/gpu_ipc-*.whl; run scripts/stage-gpu.sh first" >&2; exit 2; }
-{
-    echo "date: $(date -u +%FT%TZ)"
-    echo "commit: $(cat "$STAGE/COMMIT")"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
-} >"$OUT/environment.txt"
+stage_preamble "$ROOT" weights-gpu "${1:-}"
 
 echo "weights-gpu: [1/4] the gather kernel and the weight sets' Rust GPU tests" >&2
 FILTER='test(/the_gather_copy_moves_every_byte|a_reader_process_verifies_every_generation/)'

@@ -17,10 +17,12 @@
 //! # Ok(()) }
 //! ```
 
+use super::address::DevicePtr;
 use super::error::Result;
-use super::memory::DevicePtr;
+use super::loader::{Driver, entry};
 use super::span::DeviceSpan;
 use super::stream::{Stream, WaitCondition};
+use super::sys;
 
 /// Operations one `cuStreamBatchMemOp` call takes at most (the driver requires fewer than 256); longer batches
 /// are queued as several calls, in order.
@@ -127,6 +129,87 @@ impl<'a> MemOpBatch<'a> {
     }
 }
 
+/// The index ranges of `n` operations queued [`MAX_OPS_PER_CALL`] at a time.
+pub(super) fn chunks_of(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..n).step_by(MAX_OPS_PER_CALL).map(move |start| start..n.min(start + MAX_OPS_PER_CALL))
+}
+
+/// Operations converted on the stack per driver call; longer chunks use a heap buffer.
+const STACK_OPS: usize = 16;
+
+impl MemOp {
+    pub(super) fn raw(self) -> sys::CUstreamBatchMemOpParams {
+        match self {
+            Self::WaitU64 { address, value, condition } => sys::CUstreamBatchMemOpParams {
+                waitValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
+                    operation: sys::CU_STREAM_MEM_OP_WAIT_VALUE_64,
+                    address: address.0,
+                    __bindgen_anon_1:
+                        sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
+                            value64: value,
+                        },
+                    flags: condition.flags(),
+                    alias: 0,
+                },
+            },
+            Self::WriteU64 { address, value } => sys::CUstreamBatchMemOpParams {
+                writeValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+                    operation: sys::CU_STREAM_MEM_OP_WRITE_VALUE_64,
+                    address: address.0,
+                    __bindgen_anon_1:
+                        sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+                            value64: value,
+                        },
+                    flags: sys::CU_STREAM_WRITE_VALUE_DEFAULT,
+                    alias: 0,
+                },
+            },
+        }
+    }
+}
+
+impl Stream {
+    /// Queues `ops` on the stream, in order, with one `cuStreamBatchMemOp` call per
+    /// [`MAX_OPS_PER_CALL`] operations (none when `ops` is empty). The safe form is
+    /// [`MemOpBatch`].
+    ///
+    /// # Errors
+    /// A failing `cuStreamBatchMemOp`; the calls before it stay queued.
+    ///
+    /// # Safety
+    /// Every address in `ops` must satisfy what [`Stream::wait_value_u64`] (for waits) and
+    /// [`Stream::write_value_u64`] (for writes) require, until the operation has run.
+    pub unsafe fn batch_mem_ops(&self, ops: &[MemOp]) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let d = Driver::get()?;
+        let f = entry!(d, cuStreamBatchMemOp_v2, "cuStreamBatchMemOp")?;
+        let empty = sys::CUstreamBatchMemOpParams { pad: [0; 6] };
+        let mut on_stack = [empty; STACK_OPS];
+        let mut on_heap = Vec::new();
+        for range in chunks_of(ops.len()) {
+            let chunk = &ops[range];
+            let params = if chunk.len() <= STACK_OPS {
+                &mut on_stack[..chunk.len()]
+            } else {
+                on_heap.resize(chunk.len(), empty);
+                &mut on_heap[..]
+            };
+            for (param, op) in params.iter_mut().zip(chunk) {
+                *param = op.raw();
+            }
+            // At most MAX_OPS_PER_CALL (255), so the count fits.
+            let count = params.len() as u32;
+            // SAFETY: the stream is alive; `params` holds `count` initialised operations for the duration of the
+            // call (the driver copies them); the caller vouches for every address, which only the GPU
+            // dereferences; flags must be 0.
+            d.check("cuStreamBatchMemOp", unsafe { f(self.raw(), count, params.as_mut_ptr(), 0) })?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -183,7 +266,7 @@ mod tests {
 
     #[test]
     fn long_batches_are_split_into_driver_calls_of_at_most_255_in_order() {
-        use super::super::stream::chunks_of;
+        use super::chunks_of;
         let bounds = |n| chunks_of(n).map(|r| (r.start, r.end)).collect::<Vec<_>>();
         assert!(bounds(0).is_empty(), "an empty batch makes no call");
         assert_eq!(bounds(1), [(0, 1)]);

@@ -215,3 +215,16 @@ impl Drop for Event {
         });
     }
 }
+
+impl Stream {
+    /// Makes later work on this stream wait for `event` (which may come from another process).
+    ///
+    /// # Errors
+    /// A failing `cuStreamWaitEvent`.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        let d = Driver::get()?;
+        let f = entry!(d, cuStreamWaitEvent, "cuStreamWaitEvent")?;
+        // SAFETY: both handles are alive for the borrows; flags must be 0.
+        d.check("cuStreamWaitEvent", unsafe { f(self.raw(), event.raw(), 0) })
+    }
+}

@@ -216,7 +216,7 @@ impl Drop for GatherCopy {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::super::memory::DevicePtr;
+    use super::super::address::DevicePtr;
     use super::*;
 
     fn span(ptr: u64, len: u64) -> DeviceSpan<'static> {

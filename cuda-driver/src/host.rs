@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
+use super::address::{DevicePtr, RegistrableHostMemory};
 use super::context::Context;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
-use super::memory::DevicePtr;
 use super::span::owned_device_range;
 use super::span::{DeviceMemory, DeviceSpan};
 use super::stream::{Stream, WaitCondition};
@@ -86,23 +86,6 @@ impl Drop for PinnedHostBuffer {
             // SAFETY: `ptr` came from cuMemAllocHost and is freed exactly once, here.
             d.check("cuMemFreeHost", unsafe { f(self.ptr.cast()) })
         });
-    }
-}
-
-/// Host memory that may be page-locked and mapped for the device by [`HostRegistration`].
-///
-/// # Safety
-/// `as_ptr()..as_ptr()+len()` must be a page-aligned, mapped range that stays mapped, at the same address, for as
-/// long as the implementing value lives, and that Rust code only accesses through atomics or raw pointers (the
-/// device may write it at any time).
-pub unsafe trait RegistrableHostMemory: Send + Sync {
-    /// Start of the range.
-    fn as_ptr(&self) -> *mut u8;
-    /// Length of the range in bytes.
-    fn len(&self) -> usize;
-    /// True for an empty range (which cannot be registered).
-    fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -1,9 +1,9 @@
 //! Legacy CUDA IPC: memory handles of `cuMemAlloc` allocations, and pointer capability queries.
 
+use super::address::DevicePtr;
 use super::context::Context;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
-use super::memory::DevicePtr;
 use super::pool::address_range;
 use super::span::owned_device_range;
 use super::sys;

@@ -36,9 +36,11 @@
 #[rustfmt::skip]
 mod sys;
 
+mod address;
 mod batch;
 mod borrowed;
 mod context;
+mod copy;
 #[cfg(feature = "cudarc")]
 pub mod cudarc;
 mod device;
@@ -58,23 +60,25 @@ mod span;
 mod stream;
 mod vmm;
 
+pub use address::{DeviceCopy, DevicePtr, RegistrableHostMemory};
 pub use batch::{MAX_OPS_PER_CALL, MemOp, MemOpBatch, MemOpScratch};
 pub use borrowed::Borrowed;
 pub use context::Context;
+pub use copy::{
+    copy_device_async, copy_device_to_host_memory, copy_from_device, copy_host_memory_to_device, copy_to_device,
+    fill_u32_async,
+};
 pub use device::{ComputeMode, Device, DeviceFeature, DeviceUuid, HandleTypes, InvalidDeviceUuid};
 pub use error::{DriverError, Result};
 pub use event::{Event, EventFlags, IpcEventHandle};
 pub use gather::{GATHER_KERNEL, GATHER_PIECE_BYTES, GATHER_TABLE_PIECES, GatherCopy, gather_pieces};
 pub use graph::{Graph, GraphCapture, MemOpNode};
-pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer, RegistrableHostMemory};
+pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer};
 pub use ipc::{
     IpcMapping, IpcMemHandle, pointer_allowed_handle_types, pointer_is_from_pool, pointer_is_legacy_ipc_capable,
 };
 pub use loader::{Driver, DriverVersion};
-pub use memory::{
-    DeviceBuffer, DeviceCopy, DevicePtr, copy_device_async, copy_device_to_host_memory, copy_from_device,
-    copy_host_memory_to_device, copy_to_device, fill_u32_async,
-};
+pub use memory::DeviceBuffer;
 pub use module::{Function, KernelArg, KernelParam, LaunchConfig, Module};
 pub use pool::{ImportedPoolPointer, MemoryPool, PoolAllocation, PoolPointerExport, address_range};
 pub use span::{DeviceMemory, DeviceSpan};

@@ -3,10 +3,10 @@
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
 
+use super::address::DevicePtr;
 use super::context::Context;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
-use super::memory::DevicePtr;
 use super::span::DeviceSpan;
 use super::stream::Stream;
 use super::sys;

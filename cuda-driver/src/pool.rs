@@ -8,11 +8,11 @@
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
+use super::address::DevicePtr;
 use super::context::Context;
 use super::device::HandleTypes;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
-use super::memory::DevicePtr;
 use super::span::{DeviceMemory, DeviceSpan};
 use super::stream::Stream;
 use super::sys;

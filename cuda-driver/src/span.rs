@@ -11,9 +11,9 @@
 
 use std::marker::PhantomData;
 
+use super::address::{DeviceCopy, DevicePtr, RegistrableHostMemory};
+use super::copy;
 use super::error::{DriverError, Result};
-use super::host::RegistrableHostMemory;
-use super::memory::{self, DeviceCopy, DevicePtr};
 use super::stream::{Stream, WaitCondition};
 
 /// A range of memory the GPU may read and write, borrowed from its owner for `'a`: an address and a length.
@@ -165,7 +165,7 @@ impl<'a> DeviceSpan<'a> {
     pub fn write<T: DeviceCopy>(&self, offset: u64, src: &[T]) -> Result<()> {
         self.check_fits("cuMemcpyHtoD", offset, std::mem::size_of_val(src) as u64)?;
         // SAFETY: the destination lies inside this span, whose owner guarantees no Rust reference covers it.
-        unsafe { memory::copy_to_device(self.ptr.offset(offset), src) }
+        unsafe { copy::copy_to_device(self.ptr.offset(offset), src) }
     }
 
     /// Copies from the span at byte `offset` into `dst` (synchronous, `cuMemcpyDtoH`).
@@ -175,7 +175,7 @@ impl<'a> DeviceSpan<'a> {
     pub fn read<T: DeviceCopy>(&self, offset: u64, dst: &mut [T]) -> Result<()> {
         self.check_fits("cuMemcpyDtoH", offset, std::mem::size_of_val(dst) as u64)?;
         // SAFETY: the source lies inside this span, whose owner guarantees no Rust reference covers it.
-        unsafe { memory::copy_from_device(dst, self.ptr.offset(offset)) }
+        unsafe { copy::copy_from_device(dst, self.ptr.offset(offset)) }
     }
 
     /// Fills the whole span with a 32-bit value on `stream` (`cuMemsetD32Async`; the length must be a multiple of 4).
@@ -184,7 +184,7 @@ impl<'a> DeviceSpan<'a> {
     /// A length not a multiple of 4, or a failing `cuMemsetD32Async`.
     pub fn fill_u32_async(&self, value: u32, stream: &Stream) -> Result<()> {
         // SAFETY: the whole range is this span, whose owner guarantees no Rust reference covers it.
-        unsafe { memory::fill_u32_async(self.ptr, self.len, value, stream) }
+        unsafe { copy::fill_u32_async(self.ptr, self.len, value, stream) }
     }
 
     /// Copies all of `src` into this span on `stream` (`cuMemcpyDtoDAsync`); the lengths must be equal.
@@ -199,7 +199,7 @@ impl<'a> DeviceSpan<'a> {
             });
         }
         // SAFETY: both ranges are whole spans, whose owners guarantee no Rust reference covers them.
-        unsafe { memory::copy_device_async(self.ptr, src.ptr, self.len, stream) }
+        unsafe { copy::copy_device_async(self.ptr, src.ptr, self.len, stream) }
     }
 
     /// Copies the whole span into `dst[offset..offset + len]` (synchronous, `cuMemcpyDtoH`), host memory that is
@@ -210,7 +210,7 @@ impl<'a> DeviceSpan<'a> {
     pub fn copy_to_host_memory<M: RegistrableHostMemory>(&self, dst: &M, offset: usize) -> Result<()> {
         let bytes = host_bytes(self.len, "cuMemcpyDtoH")?;
         // SAFETY: the source is this whole span, whose owner guarantees no Rust reference covers it.
-        unsafe { memory::copy_device_to_host_memory(dst, offset, self.ptr, bytes) }
+        unsafe { copy::copy_device_to_host_memory(dst, offset, self.ptr, bytes) }
     }
 
     /// Copies `src[offset..offset + len]`, host memory that is not Rust-owned, into the whole span
@@ -223,7 +223,7 @@ impl<'a> DeviceSpan<'a> {
     pub fn copy_from_host_memory<M: RegistrableHostMemory>(&self, src: &M, offset: usize) -> Result<()> {
         let bytes = host_bytes(self.len, "cuMemcpyHtoD")?;
         // SAFETY: the destination is this whole span, whose owner guarantees no Rust reference covers it.
-        unsafe { memory::copy_host_memory_to_device(self.ptr, src, offset, bytes) }
+        unsafe { copy::copy_host_memory_to_device(self.ptr, src, offset, bytes) }
     }
 
     /// Queues on `stream` a GPU-side wait until the aligned 64-bit word at byte `offset` of the span satisfies

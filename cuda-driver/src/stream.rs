@@ -1,12 +1,10 @@
 //! Streams, including the stream memory operations that let the GPU wait on and write 64-bit counters.
 
-use super::batch::{MAX_OPS_PER_CALL, MemOp};
+use super::address::DevicePtr;
 use super::borrowed::Borrowed;
 use super::context::Context;
 use super::error::Result;
-use super::event::Event;
 use super::loader::{Driver, entry, release_quietly};
-use super::memory::DevicePtr;
 use super::sys;
 
 /// A CUDA stream; destroyed on drop (after its queued work completes, as the driver does).
@@ -133,17 +131,6 @@ impl Stream {
         d.check("cuStreamQuery", rc).map(|()| true)
     }
 
-    /// Makes later work on this stream wait for `event` (which may come from another process).
-    ///
-    /// # Errors
-    /// A failing `cuStreamWaitEvent`.
-    pub fn wait_event(&self, event: &Event) -> Result<()> {
-        let d = Driver::get()?;
-        let f = entry!(d, cuStreamWaitEvent, "cuStreamWaitEvent")?;
-        // SAFETY: both handles are alive for the borrows; flags must be 0.
-        d.check("cuStreamWaitEvent", unsafe { f(self.raw, event.raw(), 0) })
-    }
-
     /// Queues a GPU-side wait until the 64-bit word at `addr` satisfies `condition` against `value`.
     ///
     /// No CPU takes part; a wait that is never satisfied blocks the stream, so whoever depends on it must be able
@@ -221,87 +208,6 @@ impl Stream {
             drop(unsafe { Box::from_raw(user_data) });
         }
         result
-    }
-}
-
-/// The index ranges of `n` operations queued [`MAX_OPS_PER_CALL`] at a time.
-pub(super) fn chunks_of(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    (0..n).step_by(MAX_OPS_PER_CALL).map(move |start| start..n.min(start + MAX_OPS_PER_CALL))
-}
-
-/// Operations converted on the stack per driver call; longer chunks use a heap buffer.
-const STACK_OPS: usize = 16;
-
-impl MemOp {
-    pub(super) fn raw(self) -> sys::CUstreamBatchMemOpParams {
-        match self {
-            Self::WaitU64 { address, value, condition } => sys::CUstreamBatchMemOpParams {
-                waitValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
-                    operation: sys::CU_STREAM_MEM_OP_WAIT_VALUE_64,
-                    address: address.0,
-                    __bindgen_anon_1:
-                        sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
-                            value64: value,
-                        },
-                    flags: condition.flags(),
-                    alias: 0,
-                },
-            },
-            Self::WriteU64 { address, value } => sys::CUstreamBatchMemOpParams {
-                writeValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
-                    operation: sys::CU_STREAM_MEM_OP_WRITE_VALUE_64,
-                    address: address.0,
-                    __bindgen_anon_1:
-                        sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
-                            value64: value,
-                        },
-                    flags: sys::CU_STREAM_WRITE_VALUE_DEFAULT,
-                    alias: 0,
-                },
-            },
-        }
-    }
-}
-
-impl Stream {
-    /// Queues `ops` on the stream, in order, with one `cuStreamBatchMemOp` call per
-    /// [`MAX_OPS_PER_CALL`](super::MAX_OPS_PER_CALL) operations (none when `ops` is empty). The safe form is
-    /// [`MemOpBatch`](super::MemOpBatch).
-    ///
-    /// # Errors
-    /// A failing `cuStreamBatchMemOp`; the calls before it stay queued.
-    ///
-    /// # Safety
-    /// Every address in `ops` must satisfy what [`Stream::wait_value_u64`] (for waits) and
-    /// [`Stream::write_value_u64`] (for writes) require, until the operation has run.
-    pub unsafe fn batch_mem_ops(&self, ops: &[MemOp]) -> Result<()> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let d = Driver::get()?;
-        let f = entry!(d, cuStreamBatchMemOp_v2, "cuStreamBatchMemOp")?;
-        let empty = sys::CUstreamBatchMemOpParams { pad: [0; 6] };
-        let mut on_stack = [empty; STACK_OPS];
-        let mut on_heap = Vec::new();
-        for range in chunks_of(ops.len()) {
-            let chunk = &ops[range];
-            let params = if chunk.len() <= STACK_OPS {
-                &mut on_stack[..chunk.len()]
-            } else {
-                on_heap.resize(chunk.len(), empty);
-                &mut on_heap[..]
-            };
-            for (param, op) in params.iter_mut().zip(chunk) {
-                *param = op.raw();
-            }
-            // At most MAX_OPS_PER_CALL (255), so the count fits.
-            let count = params.len() as u32;
-            // SAFETY: the stream is alive; `params` holds `count` initialised operations for the duration of the
-            // call (the driver copies them); the caller vouches for every address, which only the GPU
-            // dereferences; flags must be 0.
-            d.check("cuStreamBatchMemOp", unsafe { f(self.raw, count, params.as_mut_ptr(), 0) })?;
-        }
-        Ok(())
     }
 }
 

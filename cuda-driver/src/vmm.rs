@@ -3,11 +3,11 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+use super::address::DevicePtr;
 use super::context::Context;
 use super::device::{Device, HandleTypes};
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry, release_quietly};
-use super::memory::DevicePtr;
 use super::span::{DeviceMemory, DeviceSpan};
 use super::sys;
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use gpu_ipc::core::backend::{BackendError, GpuBackend};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy, WireError};
-use gpu_ipc::driver::{Context, DeviceBuffer, DeviceFeature, DeviceMemory, DriverError, Stream};
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, DriverError, Stream};
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 use harness::MeasurementError;
@@ -184,10 +184,11 @@ fn cpu_strategy() -> SyncStrategy {
     SyncStrategy::ALL.into_iter().find(|s| !s.is_gpu_side() && !s.needs_cuda()).unwrap_or(SyncStrategy::CpuSpin)
 }
 
-/// The strategies the self-test runs on this device: one CPU-side, and the GPU-side one where it is available.
+/// The strategies the self-test runs on this device: one CPU-side, and the GPU-side one where the strategy itself
+/// says it is available ([`SyncStrategy::check_available`]).
 fn strategies(ctx: &Context) -> Vec<SyncStrategy> {
     let mut list = vec![cpu_strategy()];
-    if ctx.device().supports(DeviceFeature::StreamMemOps64).unwrap_or(false) {
+    if SyncStrategy::GpuStreamOps.check_available(Some(ctx)).is_ok() {
         list.push(SyncStrategy::GpuStreamOps);
     }
     list

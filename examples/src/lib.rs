@@ -71,6 +71,36 @@ pub struct CommonArgs {
     pub json: bool,
 }
 
+/// The options every role of the pool and weights examples takes, after the role (`pool owner --backend host`):
+/// which backend (vmm by default) and device, how to report.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RoleArgs {
+    /// Backend: legacy, vmm, or host (host memory: no GPU needed).
+    #[arg(long, default_value = "vmm")]
+    pub backend: BackendKind,
+    /// CUDA device.
+    #[arg(long, default_value_t = 0)]
+    pub device: i32,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The options of the semaphore and work-queue examples, before or after the subcommand: which backend (host by
+/// default: host memory, the CPU's side only, no GPU needed) and device, how to report.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ObjectArgs {
+    /// Backend: legacy, vmm, or host (host memory: the CPU's side only, no GPU needed).
+    #[arg(long, global = true, default_value = "host")]
+    pub backend: BackendKind,
+    /// CUDA device.
+    #[arg(long, global = true, default_value_t = 0)]
+    pub device: i32,
+    /// Print the summary as one JSON object.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
 /// Parses a pixel format: `rgb8`, `rgba8`, `gray8`.
 ///
 /// # Errors

@@ -554,7 +554,7 @@ mod tests {
         assert_eq!(PersistentOutcome::from_raw(u64::MAX), PersistentOutcome::Unknown(u64::MAX));
         let source = include_str!("../cuda/pattern.cu");
         assert!(source.contains("#define GPU_IPC_PERSISTENT_STAMP_INVALID 3ull"));
-        let header = include_str!("../cuda/gpu_ipc_ring.cuh");
+        let header = include_str!("../cuda/gpu_ipc_ring_waits.cuh");
         assert!(
             header.contains("#define GPU_IPC_RING_TIMED_OUT 1") && header.contains("#define GPU_IPC_RING_ABORTED 2")
         );

@@ -56,6 +56,75 @@ pub trait Probe: Sync {
     ) -> ReportSection;
 }
 
+/// Implements [`Probe`] for a probe folder's type from the folder's parts, the way every probe does: its name, title
+/// and question; its clap `Args` type and `main` (the subcommand and its run, through [`command_for`] and
+/// [`run_with`]); its helper processes' `child`; its typed results and report section renderer (through
+/// [`typed_section`]); and, where the probe revises recorded verdicts, its `verdict` function (through
+/// [`typed_verdict`]). A probe whose part differs implements the trait by hand instead.
+macro_rules! impl_probe {
+    (
+        $probe:ty {
+            name: $name:literal,
+            title: $title:literal,
+            question: $question:literal,
+            args: $args:ty,
+            main: $main:path,
+            child: $child:path,
+            results: $results:ty,
+            section: $section:path
+            $(, verdict: $verdict:path)?
+            $(,)?
+        }
+    ) => {
+        impl $crate::probe::Probe for $probe {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn title(&self) -> &'static str {
+                $title
+            }
+
+            fn question(&self) -> &'static str {
+                $question
+            }
+
+            fn command(&self) -> clap::Command {
+                $crate::probe::command_for::<$args>(self.name(), self.question())
+            }
+
+            fn run(&self, matches: &clap::ArgMatches) -> u8 {
+                $crate::probe::run_with(matches, $main)
+            }
+
+            fn child(
+                &self,
+                task: harness::child::ChildTask,
+                channel: &harness::child::Channel,
+            ) -> Result<(), harness::MeasurementError> {
+                $child(task, channel)
+            }
+
+            $(
+                fn revise_verdict(&self, results: &serde_json::Value) -> Option<harness::Verdict> {
+                    $crate::probe::typed_verdict::<$results>(results, $verdict)
+                }
+            )?
+
+            fn report_section(
+                &self,
+                no_mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
+                mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
+                plots: &mut harness::report::Plots,
+                problems: &mut Vec<String>,
+            ) -> harness::report::ReportSection {
+                $crate::probe::typed_section::<$results>(self.name(), no_mps, mps, plots, problems, $section)
+            }
+        }
+    };
+}
+pub(crate) use impl_probe;
+
 /// The subcommand `name` with the options of `A` and `about` as its help.
 pub fn command_for<A: Args>(name: &'static str, about: &'static str) -> Command {
     // After the options: their struct's doc comment would otherwise be the subcommand's help.
@@ -132,4 +201,23 @@ pub fn typed_output<R: DeserializeOwned>(
 /// The verdict `verdict` draws from `results` typed as `R`; `None` when they do not fit.
 pub fn typed_verdict<R: DeserializeOwned>(results: &Value, verdict: fn(&R) -> Verdict) -> Option<Verdict> {
     serde_json::from_value::<R>(results.clone()).ok().map(|r| verdict(&r))
+}
+
+/// The file `relative` to this crate's directory, found at run time, so the tests built at one path run from a
+/// checkout at another (a nextest archive replayed with `--workspace-remap`, a copied tree): cargo test and
+/// cargo-nextest set `CARGO_MANIFEST_DIR` in the test process, and the path compiled in is only the fallback for a
+/// test binary run by hand. Fails the test, saying how to point it at a checkout, when the file is not there.
+#[cfg(test)]
+pub(crate) fn package_file(relative: &str) -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| {
+        panic!("CARGO_MANIFEST_DIR is not set: run the tests with cargo or cargo-nextest, or set it to CHECKOUT/probes")
+    }));
+    let path = dir.join(relative);
+    assert!(
+        path.exists(),
+        "{} does not exist: run the tests from a checkout of the project (cargo nextest run, or an archive with \
+         --workspace-remap CHECKOUT), or set CARGO_MANIFEST_DIR=CHECKOUT/probes for a test binary run by hand",
+        path.display()
+    );
+    path
 }

@@ -27,7 +27,7 @@ use gpu_ipc::pool::{DType, PoolConfig, PoolError, PoolStats, SharedPool, TensorD
 use gpu_ipc_examples::pool_work::{
     GpuMemory, HostMemory, ImporterReport, PoolMemory, fill, no_driver, run_importer, seed_of,
 };
-use gpu_ipc_examples::{EXIT_NO_DRIVER, print_summary, stdin_closed_flag};
+use gpu_ipc_examples::{EXIT_NO_DRIVER, RoleArgs, print_summary, stdin_closed_flag};
 
 /// Share named GPU buffers between processes through one pool.
 #[derive(Debug, Parser)]
@@ -35,20 +35,6 @@ use gpu_ipc_examples::{EXIT_NO_DRIVER, print_summary, stdin_closed_flag};
 struct Args {
     #[command(subcommand)]
     role: Role,
-}
-
-/// Options every role takes.
-#[derive(Debug, Clone, clap::Args)]
-struct Common {
-    /// Backend: legacy, vmm, or host (host memory: no GPU needed).
-    #[arg(long, default_value = "vmm")]
-    backend: BackendKind,
-    /// CUDA device.
-    #[arg(long, default_value_t = 0)]
-    device: i32,
-    /// Print the summary as one JSON object.
-    #[arg(long)]
-    json: bool,
 }
 
 /// What the owner makes.
@@ -78,7 +64,7 @@ enum Role {
     /// Make a pool, allocate and fill its buffers, serve importers until stdin closes or `--hold-secs` pass.
     Owner {
         #[command(flatten)]
-        common: Common,
+        common: RoleArgs,
         #[command(flatten)]
         owner: OwnerArgs,
         /// The pool's socket.
@@ -91,7 +77,7 @@ enum Role {
     /// Attach, check every buffer in place, time attaches and lookups.
     Importer {
         #[command(flatten)]
-        common: Common,
+        common: RoleArgs,
         #[command(flatten)]
         importer: ImporterArgs,
         /// The pool's socket.
@@ -101,7 +87,7 @@ enum Role {
     /// An owner here and an importer in a child process: the attach cost at this capacity, and the lookup cost.
     Bench {
         #[command(flatten)]
-        common: Common,
+        common: RoleArgs,
         #[command(flatten)]
         owner: OwnerArgs,
         #[command(flatten)]
@@ -208,7 +194,7 @@ impl Program for Importer {
 }
 
 struct Bench {
-    common: Common,
+    common: RoleArgs,
     owner: OwnerArgs,
     importer: ImporterArgs,
 }

@@ -27,13 +27,12 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use gpu_ipc::BackendKind;
 use std::sync::atomic::Ordering;
 
 use gpu_ipc::driver::{DeviceBuffer, DeviceMemory};
 use gpu_ipc::semaphore::{AttachOptions, DeadPoster, OwnerOptions, Semaphore, SemaphoreError};
 use gpu_ipc_examples::semaphore::{Device, ExampleError, exit_status, outcome_word, percentile_us, stream_idle_within};
-use gpu_ipc_examples::{print_summary, stdin_closed_flag};
+use gpu_ipc_examples::{ObjectArgs, print_summary, stdin_closed_flag};
 
 /// A cross-process counting semaphore.
 #[derive(Debug, Parser)]
@@ -41,15 +40,8 @@ use gpu_ipc_examples::{print_summary, stdin_closed_flag};
 struct Args {
     #[command(subcommand)]
     command: Cmd,
-    /// Backend: legacy, vmm, or host (CPU posts and waits only).
-    #[arg(long, global = true, default_value = "host")]
-    backend: BackendKind,
-    /// CUDA device.
-    #[arg(long, global = true, default_value_t = 0)]
-    device: i32,
-    /// Print the summary as one JSON object.
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    object: ObjectArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -164,7 +156,7 @@ struct RoundTrip {
 fn main() -> ExitCode {
     let args = Args::parse();
     let start = Instant::now();
-    let mut summary = Summary { backend: args.backend.name(), ..Summary::default() };
+    let mut summary = Summary { backend: args.object.backend.name(), ..Summary::default() };
     let result = run(&args, &mut summary);
     summary.outcome = outcome_word(&result);
     summary.message = result.as_ref().err().map(ToString::to_string);
@@ -172,7 +164,7 @@ fn main() -> ExitCode {
     if let Err(e) = &result {
         eprintln!("semaphore {}: {e}", summary.role);
     }
-    print_summary(args.json, &summary, |s| {
+    print_summary(args.object.json, &summary, |s| {
         let trips: Vec<String> = s
             .round_trips
             .iter()
@@ -196,7 +188,7 @@ fn run(args: &Args, summary: &mut Summary) -> Result<(), ExampleError> {
         Cmd::Bench { .. } => "bench",
         Cmd::Pong { .. } => "pong",
     };
-    let device = Device::open(args.backend, args.device)?;
+    let device = Device::open(args.object.backend, args.object.device)?;
     let patience = Duration::from_secs(10);
     match &args.command {
         Cmd::Owner { socket, initial, hold_secs, dead_poster, reset_when_poisoned } => {
@@ -354,7 +346,7 @@ fn bench(
         let ping = device.create(&ping_path, &OwnerOptions::default())?;
         let exe = std::env::current_exe().map_err(|e| SemaphoreError::Thread { what: "bench partner", source: e })?;
         let mut partner = Command::new(exe)
-            .args(["--backend", args.backend.name(), "--device", &args.device.to_string(), "pong"])
+            .args(["--backend", args.object.backend.name(), "--device", &args.object.device.to_string(), "pong"])
             .arg("--ping")
             .arg(&ping_path)
             .arg("--pong")

@@ -22,7 +22,7 @@ use gpu_ipc::core::fake::{HostContext, HostFake};
 use gpu_ipc::driver::Context;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::weights::{ArenaBytes, DType, TensorDesc, WeightsError, WeightsOptions, WeightsOwner, WeightsReader};
-use gpu_ipc_examples::{EXIT_NO_DRIVER, print_summary};
+use gpu_ipc_examples::{EXIT_NO_DRIVER, RoleArgs, print_summary};
 
 /// Share a set of tensors and its generations between processes.
 #[derive(Debug, Parser)]
@@ -32,27 +32,13 @@ struct Args {
     role: Role,
 }
 
-/// Options both roles take.
-#[derive(Debug, Clone, clap::Args)]
-struct Common {
-    /// Backend: legacy, vmm, or host (host memory: no GPU needed).
-    #[arg(long, default_value = "vmm")]
-    backend: BackendKind,
-    /// CUDA device.
-    #[arg(long, default_value_t = 0)]
-    device: i32,
-    /// Print the summary as one JSON object.
-    #[arg(long)]
-    json: bool,
-}
-
 #[derive(Debug, Subcommand)]
 enum Role {
     /// Publish `--generations` generations of a set of `--tensors` bf16 tensors (`--mib` MiB in all) while a reader
     /// child process follows them and verifies each.
     Bench {
         #[command(flatten)]
-        common: Common,
+        common: RoleArgs,
         #[arg(long, default_value_t = 291)]
         tensors: u64,
         #[arg(long, default_value_t = 64)]
@@ -63,7 +49,7 @@ enum Role {
     /// Open the set at `--socket`, follow it up to `--generations`, verify each generation taken.
     Reader {
         #[command(flatten)]
-        common: Common,
+        common: RoleArgs,
         #[arg(long)]
         socket: PathBuf,
         #[arg(long, default_value_t = 10)]
@@ -122,7 +108,7 @@ fn publish<B: ArenaBytes>(owner: &mut WeightsOwner<B>) -> Result<u64, WeightsErr
 
 fn bench<B: ArenaBytes>(
     ctx: &B::Context,
-    common: &Common,
+    common: &RoleArgs,
     n: u64,
     mib: u64,
     generations: u64,
@@ -254,7 +240,7 @@ trait GpuRun {
     fn run<B: gpu_ipc::core::backend::GpuBackend>(self, ctx: &Context) -> Result<Self::Output, WeightsError>;
 }
 
-struct BenchRun<'a>(&'a Common, u64, u64, u64);
+struct BenchRun<'a>(&'a RoleArgs, u64, u64, u64);
 impl GpuRun for BenchRun<'_> {
     type Output = BenchSummary;
     fn run<B: gpu_ipc::core::backend::GpuBackend>(self, ctx: &Context) -> Result<BenchSummary, WeightsError> {

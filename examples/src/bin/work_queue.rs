@@ -27,13 +27,12 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use gpu_ipc::BackendKind;
 use gpu_ipc::kernels::work_queue::{DemoSums, demo_record};
 use gpu_ipc::queue::{QueueBackend, QueueConfig, QueueError, QueueStats, QueueWorker, WorkQueue, WorkerOptions};
-use gpu_ipc_examples::print_summary;
 use gpu_ipc_examples::work_queue::{
     ExampleError, Gpu, QueueProgram, exit_status, outcome_word, per_second, retry_until, run_queue_program,
 };
+use gpu_ipc_examples::{ObjectArgs, print_summary};
 
 /// A work queue between processes.
 #[derive(Debug, Parser)]
@@ -41,15 +40,8 @@ use gpu_ipc_examples::work_queue::{
 struct Args {
     #[command(subcommand)]
     command: Cmd,
-    /// Backend: legacy, vmm, or host (CPU pushes and pops only).
-    #[arg(long, global = true, default_value = "host")]
-    backend: BackendKind,
-    /// CUDA device.
-    #[arg(long, global = true, default_value_t = 0)]
-    device: i32,
-    /// Print the summary as one JSON object.
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    object: ObjectArgs,
     /// Bound on the whole run, in seconds.
     #[arg(long, global = true, default_value_t = 120)]
     timeout_secs: u64,
@@ -174,20 +166,28 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let timeout = Duration::from_secs(args.timeout_secs);
     let started = Instant::now();
-    let mut summary = Summary { backend: args.backend.name(), ..Summary::default() };
+    let mut summary = Summary { backend: args.object.backend.name(), ..Summary::default() };
     let result = match args.command.clone() {
         Cmd::Owner { .. } => {
             summary.role = "owner";
-            run_queue_program(args.backend, args.device, Owner { args: &args, timeout, summary: &mut summary })
+            run_queue_program(
+                args.object.backend,
+                args.object.device,
+                Owner { args: &args, timeout, summary: &mut summary },
+            )
         }
         Cmd::Worker { .. } => {
             summary.role = "worker";
-            run_queue_program(args.backend, args.device, Worker { args: &args, timeout, summary: &mut summary })
+            run_queue_program(
+                args.object.backend,
+                args.object.device,
+                Worker { args: &args, timeout, summary: &mut summary },
+            )
         }
         Cmd::Bench { tasks, workers, record_bytes, warps_per_sm, work_rounds, dir } => {
             summary.role = "bench";
             let bench = Bench { args: &args, tasks, workers, record_bytes, warps_per_sm, work_rounds, dir, timeout };
-            run_queue_program(args.backend, args.device, bench).map(|rows| summary.rows = rows)
+            run_queue_program(args.object.backend, args.object.device, bench).map(|rows| summary.rows = rows)
         }
     };
     summary.outcome = outcome_word(&result);
@@ -198,7 +198,7 @@ fn main() -> ExitCode {
         eprintln!("work_queue {}: {e}", summary.role);
         summary.message = Some(e.to_string());
     }
-    print_summary(args.json, &summary, |s| match (s.role, &s.stats) {
+    print_summary(args.object.json, &summary, |s| match (s.role, &s.stats) {
         ("bench", _) => s.rows.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>().join("\n"),
         (_, Some(stats)) => {
             format!("{}: {} in {:.3} s ({:.0} tasks/s): {stats:?}", s.role, s.outcome, s.seconds, s.tasks_per_s)
@@ -457,10 +457,10 @@ impl Bench<'_> {
         for i in 0..workers {
             let child = Command::new(&exe)
                 .args(["worker", "--pop", "kernel", "--wait-go", "--json", "--name", &format!("bench-{i}")])
-                .args(["--socket", &socket.display().to_string(), "--backend", self.args.backend.name()])
+                .args(["--socket", &socket.display().to_string(), "--backend", self.args.object.backend.name()])
                 .args([
                     "--device",
-                    &self.args.device.to_string(),
+                    &self.args.object.device.to_string(),
                     "--timeout-secs",
                     &self.args.timeout_secs.to_string(),
                 ])

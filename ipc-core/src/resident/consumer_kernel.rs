@@ -219,13 +219,10 @@ impl<B: Backend> Consumer<B> {
     /// [`FrameError::Config`] while a kernel launched on the ring may still run: it owns the frames. One that has
     /// finished gives them back (as [`Consumer::finish_ring_kernel`]).
     pub(crate) fn check_no_ring_kernel(&mut self) -> Result<(), FrameError> {
-        match &self.resident.port {
-            Some(port) if port.busy()? => Err(FrameError::Config(
-                "a kernel launched on the ring still reads its frames: call finish_ring_kernel first".into(),
-            )),
-            Some(_) => self.finish_ring_kernel(Duration::ZERO).map(|_| ()),
-            None => Ok(()),
+        if self.resident.check_no_kernel_running("reads its frames")? {
+            self.finish_ring_kernel(Duration::ZERO)?;
         }
+        Ok(())
     }
 }
 

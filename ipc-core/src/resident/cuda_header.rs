@@ -9,7 +9,7 @@
 
 use super::consumer_kernel::RingDescriptor;
 use super::device_words;
-use super::graph::GraphFrameState;
+use super::frame_state::GraphFrameState;
 use super::producer_kernel::ProducerRingDescriptor;
 use super::ring_port::ExitWords;
 use crate::resident::STAMP_MASK;
@@ -186,7 +186,13 @@ mod tests {
 
     /// The committed files, embedded when the test is built (a change rebuilds it), so no path is needed at run time.
     const COMMITTED: &str = include_str!("../../../kernels/cuda/gpu_ipc_ring_layout.cuh");
-    const DEVICE_API: &str = include_str!("../../../kernels/cuda/gpu_ipc_ring.cuh");
+    /// The device API: the header users include, and the files it is split into (one a side, and what both stand on).
+    const DEVICE_API: [(&str, &str); 4] = [
+        ("gpu_ipc_ring.cuh", include_str!("../../../kernels/cuda/gpu_ipc_ring.cuh")),
+        ("gpu_ipc_ring_waits.cuh", include_str!("../../../kernels/cuda/gpu_ipc_ring_waits.cuh")),
+        ("gpu_ipc_ring_consumer.cuh", include_str!("../../../kernels/cuda/gpu_ipc_ring_consumer.cuh")),
+        ("gpu_ipc_ring_producer.cuh", include_str!("../../../kernels/cuda/gpu_ipc_ring_producer.cuh")),
+    ];
 
     #[test]
     fn the_committed_header_is_what_the_rust_definitions_generate() {
@@ -199,16 +205,23 @@ mod tests {
 
     #[test]
     fn the_device_api_includes_the_generated_header_and_defines_none_of_it_again() {
-        let api = DEVICE_API;
-        assert!(api.contains("#include \"gpu_ipc_ring_layout.cuh\""));
+        let [(_, api), (_, waits), (_, consumer), (_, producer)] = DEVICE_API;
+        assert!(waits.contains("#include \"gpu_ipc_ring_layout.cuh\""));
+        for side in [consumer, producer] {
+            assert!(side.contains("#include \"gpu_ipc_ring_waits.cuh\""));
+        }
+        assert!(api.contains("#include \"gpu_ipc_ring_consumer.cuh\""));
+        assert!(api.contains("#include \"gpu_ipc_ring_producer.cuh\""));
         let generated = render();
-        for line in generated.lines() {
-            if let Some(define) = line.strip_prefix("#define ") {
-                let name = define.split_whitespace().next().unwrap();
-                assert!(!api.contains(&format!("#define {name} ")), "{name} is defined in both headers");
-            }
-            if let Some(name) = line.strip_prefix("struct ") {
-                assert!(!api.contains(&format!("struct {name}")), "{name} is defined in both headers");
+        for (file, text) in DEVICE_API {
+            for line in generated.lines() {
+                if let Some(define) = line.strip_prefix("#define ") {
+                    let name = define.split_whitespace().next().unwrap();
+                    assert!(!text.contains(&format!("#define {name} ")), "{name} is defined in {file} too");
+                }
+                if let Some(name) = line.strip_prefix("struct ") {
+                    assert!(!text.contains(&format!("struct {name}")), "{name} is defined in {file} too");
+                }
             }
         }
     }

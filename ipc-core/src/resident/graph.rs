@@ -14,6 +14,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::frame_state::{GraphFrameState, STATE_BYTES};
 use super::graph_waits::{self, GraphWaits, WaitOn};
 use super::ring_kernels::ring_module;
 use super::ring_port::RingPort;
@@ -23,27 +24,6 @@ use gpu_ipc_driver::{
     MemOpScratch, Module, Stream,
 };
 
-device_struct! {
-    /// The frame graphs' per-ring state in device memory: one CUDA graph per slot is captured once, its kernels'
-    /// arguments fixed, so the frame a graph launch is for lives here. The ring step that opens a frame
-    /// (gpu_ipc_graph_wait_frame, gpu_ipc_graph_acquire_slot) writes `valid`; the one that closes it advances
-    /// `sequence`. The application's kernels in the graph read `sequence` (which frame) and `valid`. The mirror of
-    /// `struct gpu_ipc_graph_frame`, which `kernels/cuda/gpu_ipc_ring_layout.cuh` defines from this struct.
-    pub(crate) struct GraphFrameState => "gpu_ipc_graph_frame" {
-        /// The frame the graph launched now is for.
-        pub sequence,
-        /// 1 when the slot may be used; 0: the wait gave up or the frame is not the producer's: do not read or write
-        /// the slot.
-        pub valid,
-        /// Frames whose wait gave up or whose stamp was not the producer's (consumer side).
-        pub skipped,
-        /// Always 0: what a stream-op wait that must hold at once waits on (0 >= 0).
-        pub reserved,
-    }
-}
-
-/// Bytes of the frame state.
-const STATE_BYTES: u64 = size_of::<GraphFrameState>() as u64;
 /// The shortest and the longest nap while the graphs launched are as far ahead of the GPU as allowed. Between them
 /// a nap lasts as long as the frames it waits for should take at the pace the GPU went at since the last one: every
 /// wake-up costs the CPU a few microseconds of system time, and a fixed 20 us nap (70 us with the kernel's timer

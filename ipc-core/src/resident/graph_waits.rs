@@ -17,8 +17,9 @@
 //! the producer poisons a dead consumer's `released`. The step after the wait (`gpu_ipc_graph_check_frame`,
 //! `gpu_ipc_graph_mark_slot`) then computes `valid` on the GPU from the stamp and the abort word, without polling.
 
+use super::frame_state::ALWAYS_MET_OFFSET;
 use crate::frames::FrameError;
-use crate::ring::{ConsumerControl, ProducerControl, RingError, Sequence};
+use crate::ring::{ConsumerControl, ProducerControl, Sequence};
 use gpu_ipc_driver::{DeviceFeature, DeviceSpan, MemOpBatch, WaitCondition};
 
 /// How a frame graph's opening step waits ([`super::GraphOptions::waits`]).
@@ -82,9 +83,6 @@ pub(super) struct WaitOn {
     pub at_least: u64,
 }
 
-/// Byte offset, in the frame state, of the word a wait that must hold at once is set on (`reserved`, always 0).
-pub(super) const ALWAYS_MET_OFFSET: u64 = std::mem::offset_of!(super::graph::GraphFrameState, reserved) as u64;
-
 /// The `count` waits of one frame's node: `wants` (`Some`), then waits that hold at once (`None`) up to `count`.
 ///
 /// # Errors
@@ -145,14 +143,7 @@ pub(super) fn producer_wants(
     out: &mut Vec<WaitOn>,
 ) -> Result<(), FrameError> {
     let mut pending = Vec::new();
-    loop {
-        pending.clear();
-        match ring.pending_releases(Sequence(seq), &mut pending) {
-            Ok(()) => break,
-            Err(RingError::JoinInProgress { .. }) if std::time::Instant::now() < give_up => std::thread::yield_now(),
-            Err(e) => return Err(e.into()),
-        }
-    }
+    ring.pending_releases_by(Sequence(seq), give_up, &mut pending)?;
     out.clear();
     out.extend(pending.iter().map(|need| WaitOn { offset: need.offset as u64, at_least: need.at_least }));
     ring.advance(Sequence(seq))?;

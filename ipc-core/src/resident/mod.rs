@@ -65,6 +65,7 @@ mod consumer_graphs;
 mod consumer_kernel;
 pub mod cuda_header;
 pub mod device_words;
+mod frame_state;
 mod graph;
 mod graph_waits;
 mod lease;

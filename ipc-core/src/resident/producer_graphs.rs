@@ -7,6 +7,7 @@ use super::graph::{self, FrameGraphs, GraphOptions, GraphSlot, LaunchWaits, PROD
 use super::{graph_waits, run_ahead};
 use crate::backend::Backend;
 use crate::frames::{FrameError, Producer};
+use crate::ring::Sequence;
 use gpu_ipc_driver::{DeviceMemory, Stream};
 
 /// How often (in frames) launching frame graphs serves the front door (consumers that knock are admitted and join
@@ -69,7 +70,7 @@ where
     /// nothing was published from that frame on: drop the producer), graphs another producer captured, a driver
     /// error.
     pub fn launch_frame_graph(&mut self, graphs: &mut FrameGraphs, stream: &Stream) -> Result<u64, FrameError> {
-        let seq = self.next_seq;
+        let seq = self.next_seq.0;
         if seq % FRONT_DOOR_EVERY < graphs.frames_per_launch() {
             self.serve_front_door();
         }
@@ -87,7 +88,7 @@ where
             ),
             waited,
         })?;
-        self.next_seq = seq + graphs.frames_per_launch();
+        self.next_seq = Sequence(seq + graphs.frames_per_launch());
         Ok(seq)
     }
 

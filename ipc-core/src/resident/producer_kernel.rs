@@ -15,7 +15,7 @@ use super::KernelLease;
 use super::ring_port::{MAX_DESCRIPTOR_WORDS, RingPort};
 use crate::backend::{Backend, SharedRegion};
 use crate::frames::{FrameError, Producer};
-use crate::ring::layout::{RingLayout, SlotIndex};
+use crate::ring::layout::{RingLayout, Sequence, SlotIndex};
 use gpu_ipc_driver::{Function, KernelArg, LaunchConfig, Stream};
 
 /// Who needs the registered control block, and what to do without it (a producer's kernel on the ring).
@@ -150,7 +150,7 @@ impl<B: Backend> Producer<B> {
             slot_stride: self.stride,
             slot_bytes: self.config.slot_layout.bytes(),
             slot_count: u64::from(self.config.slots),
-            first_sequence: self.next_seq,
+            first_sequence: self.next_seq.0,
             abort,
             progress,
             device_words: if self.device_words == 0 || !crate::resident::device_words::enabled() {
@@ -208,13 +208,13 @@ impl<B: Backend> Producer<B> {
     pub fn finish_ring_kernel(&mut self, timeout: Duration) -> Result<u64, FrameError> {
         let deadline = Instant::now() + timeout;
         loop {
-            let Some(port) = self.resident.port.as_mut() else { return Ok(self.next_seq) };
+            let Some(port) = self.resident.port.as_mut() else { return Ok(self.next_seq.0) };
             let step = (Instant::now() + FINISH_POLL).min(deadline);
             match port.finish(step, false) {
                 Ok(progress) => return Ok(self.take_ring_back(progress)),
                 Err(FrameError::Timeout { .. }) if Instant::now() < deadline => {
                     // Retired records and new consumers are judged at the kernel's frame, not the host's last.
-                    self.next_seq = self.next_seq.max(port.progress());
+                    self.next_seq = self.next_seq.max(Sequence(port.progress()));
                     self.serve_front_door();
                 }
                 Err(e) => return Err(e),
@@ -226,21 +226,18 @@ impl<B: Backend> Producer<B> {
     /// sequence becomes the first frame not published, here and in the control block, where the kernel may have
     /// moved `next_sequence` ahead of its frames (gpu_ipc_ring_acquire_slot's view of the records).
     pub(crate) fn take_ring_back(&mut self, progress: u64) -> u64 {
-        self.next_seq = self.next_seq.max(progress);
-        self.ring.rewind_next(crate::ring::Sequence(self.next_seq));
-        self.next_seq
+        self.next_seq = self.next_seq.max(Sequence(progress));
+        self.ring.rewind_next(self.next_seq);
+        self.next_seq.0
     }
 
     /// [`FrameError::Config`] while a kernel launched on the ring may still run: it owns the ring. One that has
     /// finished gives it back (as [`Producer::finish_ring_kernel`]).
     pub(crate) fn check_no_ring_kernel(&mut self) -> Result<(), FrameError> {
-        match &self.resident.port {
-            Some(port) if port.busy()? => Err(FrameError::Config(
-                "a kernel launched on the ring still publishes its frames: call finish_ring_kernel first".into(),
-            )),
-            Some(_) => self.finish_ring_kernel(Duration::ZERO).map(|_| ()),
-            None => Ok(()),
+        if self.resident.check_no_kernel_running("publishes its frames")? {
+            self.finish_ring_kernel(Duration::ZERO)?;
         }
+        Ok(())
     }
 }
 

@@ -92,6 +92,23 @@ pub(crate) enum Departure {
 }
 
 impl ResidentSide {
+    /// The check both sides make before host-driven work on the ring: [`FrameError::Config`] while a kernel
+    /// launched on the ring may still run (`what` says what it does with the frames, e.g. "reads its frames"), as
+    /// it owns them. `Ok(true)`: one was launched and has finished, so the caller takes the frames back
+    /// (`finish_ring_kernel`); `Ok(false)`: none was launched.
+    ///
+    /// # Errors
+    /// As above; a driver error from the port's event.
+    pub(crate) fn check_no_kernel_running(&self, what: &str) -> Result<bool, FrameError> {
+        match &self.port {
+            Some(port) if port.busy()? => Err(FrameError::Config(format!(
+                "a kernel launched on the ring still {what}: call finish_ring_kernel first"
+            ))),
+            Some(_) => Ok(true),
+            None => Ok(false),
+        }
+    }
+
     /// The abort word, for the side's watchdog to raise when the peer dies.
     pub(crate) fn abort_word(&self) -> Arc<AbortWord> {
         self.abort.clone()

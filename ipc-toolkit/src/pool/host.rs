@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::layout::{LAYOUT_VERSION, PINS_MAGIC};
-use super::owner::PoolShared;
+use super::shared::PoolShared;
 use super::wire::PoolOffer;
 use crate::door::{ObjectHost, PeerInfo};
 use ipc_core::backend::Backend;

@@ -6,22 +6,21 @@
 //! visible, so the owner will see the pin before it reuses the bytes ([`super::book`] has the other half).
 
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
+use super::attachment::ImporterInner;
 use super::blocks::{BlockCache, BlockMiss};
-use super::directory::{
-    DirectoryProblem, block_record, check_header, entry_seq, find, live_entries, note, owner_state,
-};
+use super::directory::{block_record, check_header, entry_seq, find, live_entries, note, owner_state};
 use super::error::PoolError;
 use super::handle::BufferInfo;
-use super::layout::{BlockId, BlockKind, LAYOUT_VERSION, OwnerState, PINS_HEADER_WORDS, PINS_MAGIC};
+use super::layout::{BlockId, BlockKind, LAYOUT_VERSION, OwnerState, PINS_MAGIC};
 use super::owner::device_uuid;
 use super::view::BufferView;
 use super::wire::{CHANNEL_FD_INDEX, DIRECTORY_FD_INDEX, PINS_FD_INDEX, POOL_OFFER_FDS, PoolOffer};
-use crate::door::{ObjectKind, ObjectOffer, OwnerLink, attach};
+use crate::door::{ObjectKind, ObjectOffer, attach};
 use gpu_ipc_driver::DeviceUuid;
 use ipc_core::backend::Backend;
 use ipc_core::ring::monotonic_ns;
@@ -29,8 +28,6 @@ use ipc_core::shm::{ReadOnlyMemory, SharedMemory};
 
 /// Times a lookup starts over because the entry changed under it before it gives up.
 const LOOKUP_TRIES: u32 = 64;
-/// How often a lookup asks the connection whether the owner hung up (a directory marked closed is seen at once).
-const OWNER_CHECK_INTERVAL_NS: u64 = 1_000_000;
 
 /// How an importer attaches.
 #[derive(Debug, Clone)]
@@ -44,74 +41,6 @@ pub struct AttachOptions {
 impl Default for AttachOptions {
     fn default() -> Self {
         Self { name: format!("pool-importer-{}", std::process::id()), timeout: Duration::from_secs(5) }
-    }
-}
-
-/// What an importer holds, shared with its views.
-pub(crate) struct ImporterInner<B: Backend> {
-    pub(crate) path: PathBuf,
-    pub(crate) offer: PoolOffer,
-    pub(crate) directory: ReadOnlyMemory,
-    pins: SharedMemory,
-    pub(crate) blocks: BlockCache<B>,
-    link: OwnerLink,
-    last_owner_check_ns: AtomicU64,
-    owner_hung_up: AtomicBool,
-}
-
-impl<B: Backend> ImporterInner<B> {
-    fn pin_word(&self, slot: u32) -> Option<&std::sync::atomic::AtomicU64> {
-        self.pins.words(PINS_HEADER_WORDS + slot as usize, 1).ok()?.first()
-    }
-
-    /// Counts one more view of the buffer in `slot`.
-    fn pin(&self, slot: u32) {
-        if let Some(word) = self.pin_word(slot) {
-            word.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    /// Counts one more view of a slot already pinned (a clone of a view): no recheck needed.
-    pub(crate) fn pin_again(&self, slot: u32) {
-        if let Some(word) = self.pin_word(slot) {
-            word.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Counts one view fewer (never below zero).
-    pub(crate) fn unpin(&self, slot: u32) {
-        if let Some(word) = self.pin_word(slot) {
-            let _ = word.fetch_update(Ordering::Release, Ordering::Relaxed, |n| n.checked_sub(1));
-        }
-    }
-
-    /// Views of `slot` this importer holds (what the owner sees).
-    pub(crate) fn pins_of(&self, slot: u32) -> u64 {
-        self.pin_word(slot).map_or(0, |w| w.load(Ordering::Relaxed))
-    }
-
-    fn directory_error(&self, problem: DirectoryProblem) -> PoolError {
-        PoolError::Protocol { path: self.path.clone(), what: "directory", problem: problem.to_string() }
-    }
-
-    /// `OwnerGone` once the owner closed the pool or hung up (the connection is asked at most every millisecond).
-    fn check_owner(&self) -> Result<(), PoolError> {
-        if owner_state(&self.directory) == Some(OwnerState::Closed) {
-            return Err(PoolError::OwnerGone { path: self.path.clone(), how: "closed the pool" });
-        }
-        let now = monotonic_ns();
-        let last = self.last_owner_check_ns.load(Ordering::Relaxed);
-        if !self.owner_hung_up.load(Ordering::Relaxed)
-            && now.saturating_sub(last) >= OWNER_CHECK_INTERVAL_NS
-            && self.last_owner_check_ns.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-            && self.link.owner_gone()
-        {
-            self.owner_hung_up.store(true, Ordering::Relaxed);
-        }
-        if self.owner_hung_up.load(Ordering::Relaxed) {
-            return Err(PoolError::OwnerGone { path: self.path.clone(), how: "hung up" });
-        }
-        Ok(())
     }
 }
 

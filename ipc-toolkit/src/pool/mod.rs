@@ -16,6 +16,7 @@
 //! layout and messages: `docs/pool.md` and `docs/protocol.md`.
 
 mod alloc;
+mod attachment;
 mod blocks;
 mod book;
 mod directory;
@@ -25,9 +26,11 @@ pub(crate) mod fuzzing;
 mod handle;
 mod host;
 mod importer;
+mod inbox;
 pub mod layout;
 mod owner;
 mod server;
+mod shared;
 mod view;
 mod wire;
 

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use super::book::{Book, Fence, Limits, check_name};
@@ -10,8 +10,10 @@ use super::directory::DirectoryWriter;
 use super::error::PoolError;
 use super::handle::{BufferHandle, PoolStats};
 use super::host::PoolHost;
+use super::inbox::inbox;
 use super::layout::{Geometry, MAX_BLOCKS, MAX_ENTRY_SLOTS};
-use super::server::{BlockServer, ChannelSender, inbox};
+use super::server::BlockServer;
+use super::shared::PoolShared;
 use crate::door::{DoorConfig, ObjectDoor, PeerInfo};
 use gpu_ipc_driver::DeviceUuid;
 use gpu_ipc_driver::{DevicePtr, Event, EventFlags, Stream};
@@ -80,24 +82,6 @@ impl PoolConfig {
         }
         let entry_slots = (self.max_buffers + self.max_buffers / 3 + 1).next_power_of_two();
         Geometry { entry_slots, block_slots }.check().map_err(invalid)
-    }
-}
-
-/// What the pool's handle, its door host and its block channel thread share.
-pub(crate) struct PoolShared<B: Backend> {
-    pub(crate) ctx: B::Context,
-    pub(crate) pool_id: u64,
-    pub(crate) device_uuid: DeviceUuid,
-    pub(crate) max_importers: usize,
-    pub(crate) closing: AtomicBool,
-    pub(crate) channels: ChannelSender,
-    book: Mutex<Book<B>>,
-}
-
-impl<B: Backend> PoolShared<B> {
-    /// The owner's bookkeeping, locked (a panic while it was held leaves it usable: every change is whole).
-    pub(crate) fn book(&self) -> MutexGuard<'_, Book<B>> {
-        self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

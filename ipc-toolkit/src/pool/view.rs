@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
+use super::attachment::ImporterInner;
 use super::blocks::ImportedBlock;
 use super::directory::{EntryRecord, find};
 use super::error::PoolError;
 use super::handle::{BufferInfo, check_range, copy_from_region};
-use super::importer::ImporterInner;
 use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use ipc_core::backend::{Backend, GpuBackend, ReachableRegion};
 use ipc_core::fake::HostFake;

@@ -236,7 +236,7 @@ impl<'a> HostQueue<'a> {
             .collect()
     }
 
-    /// The owner's sweep (see [`Engine::sweep`](super::ops::Engine::sweep)): `seen` holds, per cell, the LEASED
+    /// The owner's sweep (see [`Engine::sweep`](super::engine::Engine::sweep)): `seen` holds, per cell, the LEASED
     /// word the last pass saw there and when it first saw it.
     pub(super) fn sweep(&self, seen: &mut Vec<(u64, Instant)>, lease: Duration, max: usize) -> Swept {
         let now = Instant::now();

@@ -4,8 +4,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::engine::Engine;
 use super::layout::Geometry;
-use super::ops::{Engine, PushFlags, PushRequest, Status, TaskData};
+use super::ops::{PushFlags, PushRequest, Status, TaskData};
 use super::task::{Lessor, Task};
 use super::{DeviceQueue, MemoryAccess, QueueMemory, QueueStats};
 use crate::queue::error::QueueError;

@@ -40,6 +40,7 @@
 //! ```
 
 mod body;
+mod engine;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub(crate) mod fuzzing;
@@ -50,6 +51,7 @@ mod local;
 mod ops;
 mod owner;
 mod reaper;
+mod shared;
 mod task;
 mod worker;
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::layout::{CLOSED, CellState, CellWord, OWNER_SLOT, TAKEN, cell, header, lap_delta};
 use super::ops::{Census, PushFlags, PushRequest, Status, TaskData, derived_stats};
-use super::owner::{Owner, Slot};
+use super::shared::{Owner, Slot};
 use super::task::{LostReason, LostTask};
 use super::{QueueBackend, QueueStats};
 use crate::queue::error::QueueError;

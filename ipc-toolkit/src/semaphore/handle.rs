@@ -1,16 +1,19 @@
-//! [`Semaphore`]: one process's handle (the owner's or an importer's): CPU and stream posts and waits.
+//! [`Semaphore`]: one process's handle (the owner's or an importer's): CPU and stream posts and waits; and the
+//! importer's reading of an offer (`import_offer`).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use std::os::fd::OwnedFd;
+
 use super::block::{PeerRecord, SemaphoreBlock, check_count};
+use super::body::{SEMAPHORE_OFFER_FDS, SemaphoreOffer};
 use super::error::SemaphoreError;
 use super::gpu::GpuSide;
-use super::layout::{COUNT_MASK, RecordState, SemaphoreState};
-use super::owner::import_offer;
+use super::layout::{COUNT_MASK, LAYOUT_VERSION, RecordState, SHARED_BYTES, SemaphoreState};
 use super::watchdog::Watchdog;
-use crate::door::{self, ObjectKind, OwnerLink};
+use crate::door::{self, ObjectKind, ObjectOffer, OwnerLink};
 use gpu_ipc_driver::{Context, DevicePtr, DeviceSpan, Stream};
 use ipc_core::backend::Backend;
 use ipc_core::ring::{WaitMode, bounded_wait};
@@ -374,4 +377,31 @@ impl Drop for Semaphore {
             side.close(&self.peer.block);
         }
     }
+}
+
+/// Reads a semaphore offer (the importer's side of [`crate::door::attach`]): the body, the one fd, the shared
+/// block, and the record offered. `posts: false` only makes this handle refuse to post.
+fn import_offer(offer: &ObjectOffer, fds: Vec<OwnedFd>, posts: bool) -> Result<PeerSide, SemaphoreError> {
+    let body = SemaphoreOffer::decode(&offer.body)?;
+    if body.layout_version != LAYOUT_VERSION {
+        return Err(SemaphoreError::LayoutVersion { found: u64::from(body.layout_version), expected: LAYOUT_VERSION });
+    }
+    if fds.len() != SEMAPHORE_OFFER_FDS {
+        return Err(SemaphoreError::Corrupt { what: "offer fd count", value: fds.len() as u64 });
+    }
+    if body.shared_bytes != SHARED_BYTES as u64 {
+        return Err(SemaphoreError::Corrupt { what: "offer shared_bytes", value: body.shared_bytes });
+    }
+    let Some(fd) = fds.into_iter().next() else {
+        return Err(SemaphoreError::Corrupt { what: "offer fd count", value: 0 });
+    };
+    let block = SemaphoreBlock::attach(fd)?;
+    if body.max_peers != block.max_peers() || body.generation != block.generation() {
+        return Err(SemaphoreError::Corrupt { what: "offer (max_peers or generation)", value: body.generation });
+    }
+    let record = PeerRecord { index: body.record, epoch: body.epoch };
+    if record.index == 0 || !block.record_is(record, RecordState::Offered) {
+        return Err(SemaphoreError::Corrupt { what: "offered record", value: u64::from(record.index) });
+    }
+    Ok(PeerSide { block, record, posts, link: None })
 }

@@ -1,6 +1,5 @@
 //! The owner's side: [`SemaphoreOwner`] creates the shared block and serves it through an object door; its
-//! [`ObjectHost`] claims a peer record per offer and decides what a departed peer's hang-up means. Also the
-//! importer's reading of an offer ([`import_offer`]).
+//! [`ObjectHost`] claims a peer record per offer and decides what a departed peer's hang-up means.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -9,11 +8,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::block::{Departure, PeerRecord, SemaphoreBlock};
-use super::body::{SEMAPHORE_OFFER_FDS, SemaphoreOffer};
+use super::body::SemaphoreOffer;
 use super::error::SemaphoreError;
 use super::handle::{PeerSide, Semaphore, WaitPolicy};
 use super::layout::{DeadPoster, LAYOUT_VERSION, RecordState, SHARED_BYTES, SemaphoreState};
-use crate::door::{DoorConfig, ObjectDoor, ObjectHost, ObjectKind, ObjectOffer, PeerInfo};
+use crate::door::{DoorConfig, ObjectDoor, ObjectHost, ObjectKind, PeerInfo};
 use ipc_core::backend::Backend;
 use ipc_core::wire::{BackendKind, RefusalCode};
 
@@ -119,33 +118,6 @@ impl ObjectHost for SemaphoreHost {
             departure => tracing::debug!(peer = peer.id, ?departure, "semaphore peer left"),
         }
     }
-}
-
-/// Reads a semaphore offer (the importer's side of [`crate::door::attach`]): the body, the one fd, the shared
-/// block, and the record offered. `posts: false` only makes this handle refuse to post.
-pub(super) fn import_offer(offer: &ObjectOffer, fds: Vec<OwnedFd>, posts: bool) -> Result<PeerSide, SemaphoreError> {
-    let body = SemaphoreOffer::decode(&offer.body)?;
-    if body.layout_version != LAYOUT_VERSION {
-        return Err(SemaphoreError::LayoutVersion { found: u64::from(body.layout_version), expected: LAYOUT_VERSION });
-    }
-    if fds.len() != SEMAPHORE_OFFER_FDS {
-        return Err(SemaphoreError::Corrupt { what: "offer fd count", value: fds.len() as u64 });
-    }
-    if body.shared_bytes != SHARED_BYTES as u64 {
-        return Err(SemaphoreError::Corrupt { what: "offer shared_bytes", value: body.shared_bytes });
-    }
-    let Some(fd) = fds.into_iter().next() else {
-        return Err(SemaphoreError::Corrupt { what: "offer fd count", value: 0 });
-    };
-    let block = SemaphoreBlock::attach(fd)?;
-    if body.max_peers != block.max_peers() || body.generation != block.generation() {
-        return Err(SemaphoreError::Corrupt { what: "offer (max_peers or generation)", value: body.generation });
-    }
-    let record = PeerRecord { index: body.record, epoch: body.epoch };
-    if record.index == 0 || !block.record_is(record, RecordState::Offered) {
-        return Err(SemaphoreError::Corrupt { what: "offered record", value: u64::from(record.index) });
-    }
-    Ok(PeerSide { block, record, posts, link: None })
 }
 
 /// The owner of a cross-process semaphore: the shared block, the door peers attach through, and the owner's own

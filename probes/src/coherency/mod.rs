@@ -380,47 +380,15 @@ fn expect_ready(child: &ChildProcess) -> Result<(), MeasurementError> {
 #[derive(Debug, Clone, Copy)]
 pub struct Coherency;
 
-impl crate::Probe for Coherency {
-    fn name(&self) -> &'static str {
-        "coherency"
-    }
-
-    fn title(&self) -> &'static str {
-        "Cross-process coherency"
-    }
-
-    fn question(&self) -> &'static str {
-        "When does one process's write become visible to another process's polling kernel, and which loads and \
-         fences are needed?"
-    }
-
-    fn command(&self) -> clap::Command {
-        crate::command_for::<ProbeArgs>(self.name(), self.question())
-    }
-
-    fn run(&self, matches: &clap::ArgMatches) -> u8 {
-        crate::run_with(matches, main)
-    }
-
-    fn child(
-        &self,
-        task: harness::child::ChildTask,
-        channel: &harness::child::Channel,
-    ) -> Result<(), harness::MeasurementError> {
-        child(task, channel)
-    }
-
-    fn revise_verdict(&self, results: &serde_json::Value) -> Option<harness::Verdict> {
-        crate::typed_verdict::<Results>(results, verdict)
-    }
-
-    fn report_section(
-        &self,
-        no_mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
-        mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
-        plots: &mut harness::report::Plots,
-        problems: &mut Vec<String>,
-    ) -> harness::report::ReportSection {
-        crate::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
-    }
-}
+crate::probe::impl_probe!(Coherency {
+    name: "coherency",
+    title: "Cross-process coherency",
+    question: "When does one process's write become visible to another process's polling kernel, and which loads and \
+            fences are needed?",
+    args: ProbeArgs,
+    main: main,
+    child: child,
+    results: Results,
+    section: report_section,
+    verdict: verdict,
+});

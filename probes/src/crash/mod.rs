@@ -278,45 +278,16 @@ fn respawn_observer(device: i32, uuid: Option<&str>) -> Result<trial::Observer, 
 #[derive(Debug, Clone, Copy)]
 pub struct Crash;
 
-impl crate::Probe for Crash {
-    fn name(&self) -> &'static str {
-        "crash"
-    }
-
-    fn title(&self) -> &'static str {
-        "Surviving a crash"
-    }
-
-    fn question(&self) -> &'static str {
-        "Does shared memory survive the death of the process that exported it, or of one that imported it?"
-    }
-
-    fn command(&self) -> clap::Command {
-        crate::command_for::<ProbeArgs>(self.name(), self.question())
-    }
-
-    fn run(&self, matches: &clap::ArgMatches) -> u8 {
-        crate::run_with(matches, main)
-    }
-
-    fn child(
-        &self,
-        task: harness::child::ChildTask,
-        channel: &harness::child::Channel,
-    ) -> Result<(), harness::MeasurementError> {
-        child(task, channel)
-    }
-
-    fn report_section(
-        &self,
-        no_mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
-        mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
-        plots: &mut harness::report::Plots,
-        problems: &mut Vec<String>,
-    ) -> harness::report::ReportSection {
-        crate::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
-    }
-}
+crate::probe::impl_probe!(Crash {
+    name: "crash",
+    title: "Surviving a crash",
+    question: "Does shared memory survive the death of the process that exported it, or of one that imported it?",
+    args: ProbeArgs,
+    main: main,
+    child: child,
+    results: Results,
+    section: report_section,
+});
 
 #[cfg(test)]
 mod tests {

@@ -215,49 +215,17 @@ pub(super) fn run(
 #[derive(Debug, Clone, Copy)]
 pub struct Overhead;
 
-impl crate::Probe for Overhead {
-    fn name(&self) -> &'static str {
-        "overhead"
-    }
-
-    fn title(&self) -> &'static str {
-        "Import overhead"
-    }
-
-    fn question(&self) -> &'static str {
-        "Is memory imported from another process slower for kernels than the process's own memory?"
-    }
-
-    fn command(&self) -> clap::Command {
-        crate::command_for::<ProbeArgs>(self.name(), self.question())
-    }
-
-    fn run(&self, matches: &clap::ArgMatches) -> u8 {
-        crate::run_with(matches, main)
-    }
-
-    fn child(
-        &self,
-        task: harness::child::ChildTask,
-        channel: &harness::child::Channel,
-    ) -> Result<(), harness::MeasurementError> {
-        child(task, channel)
-    }
-
-    fn revise_verdict(&self, results: &serde_json::Value) -> Option<harness::Verdict> {
-        crate::typed_verdict::<Results>(results, verdict)
-    }
-
-    fn report_section(
-        &self,
-        no_mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
-        mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
-        plots: &mut harness::report::Plots,
-        problems: &mut Vec<String>,
-    ) -> harness::report::ReportSection {
-        crate::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
-    }
-}
+crate::probe::impl_probe!(Overhead {
+    name: "overhead",
+    title: "Import overhead",
+    question: "Is memory imported from another process slower for kernels than the process's own memory?",
+    args: ProbeArgs,
+    main: main,
+    child: child,
+    results: Results,
+    section: report_section,
+    verdict: verdict,
+});
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -65,45 +65,16 @@ pub fn report_section(
 #[derive(Debug, Clone, Copy)]
 pub struct VmmCompat;
 
-impl crate::Probe for VmmCompat {
-    fn name(&self) -> &'static str {
-        "vmm-compat"
-    }
-
-    fn title(&self) -> &'static str {
-        "What can be shared how"
-    }
-
-    fn question(&self) -> &'static str {
-        "What can be shared how: legacy IPC and VMM handles against every kind of allocation?"
-    }
-
-    fn command(&self) -> clap::Command {
-        crate::command_for::<ProbeArgs>(self.name(), self.question())
-    }
-
-    fn run(&self, matches: &clap::ArgMatches) -> u8 {
-        crate::run_with(matches, main)
-    }
-
-    fn child(
-        &self,
-        task: harness::child::ChildTask,
-        channel: &harness::child::Channel,
-    ) -> Result<(), harness::MeasurementError> {
-        child(task, channel)
-    }
-
-    fn report_section(
-        &self,
-        no_mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
-        mps: Option<&harness::MeasurementOutput<serde_json::Value>>,
-        plots: &mut harness::report::Plots,
-        problems: &mut Vec<String>,
-    ) -> harness::report::ReportSection {
-        crate::typed_section::<Results>(self.name(), no_mps, mps, plots, problems, report_section)
-    }
-}
+crate::probe::impl_probe!(VmmCompat {
+    name: "vmm-compat",
+    title: "What can be shared how",
+    question: "What can be shared how: legacy IPC and VMM handles against every kind of allocation?",
+    args: ProbeArgs,
+    main: main,
+    child: child,
+    results: Results,
+    section: report_section,
+});
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

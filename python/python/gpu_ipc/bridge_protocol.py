@@ -33,12 +33,8 @@ failure, never as an end.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import math
 import statistics
-import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -46,294 +42,60 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpu_ipc._gpu_ipc import EndOfStream, GpuIpcError, Timeout
+from gpu_ipc._gpu_ipc import EndOfStream, Timeout
+from gpu_ipc.bridge_messages import (
+    _END,
+    _WRITTEN,
+    BEAT,
+    CHOICE,
+    END,
+    FAIL,
+    GRANT,
+    HELLO,
+    MAGIC,
+    MAX_WINDOW,
+    OFFER,
+    PROBE,
+    WRITTEN,
+    BridgeError,
+    Choice,
+    Grant,
+    Offer,
+    PathReport,
+    PeerGone,
+    ProtocolError,
+    Region,
+    TransportError,
+    TransportRefused,
+    _unpack,
+    decode,
+    decode_choice,
+    decode_grant,
+    decode_hello,
+    decode_offer,
+    encode,
+    encode_choice,
+    encode_grant,
+    encode_offer,
+)
+from gpu_ipc.bridge_paths import EXPECTS, PATHS, PROBE_WRITES, Transport, probe_paths
 
-MAGIC = b"gib2"  # every notification of the bridge starts with this (and names the protocol's version)
-HELLO, OFFER, CHOICE, GRANT, PROBE = b"H", b"O", b"C", b"G", b"P"
-WRITTEN, BEAT, END, FAIL = b"W", b"B", b"E", b"X"
-_GRANT = struct.Struct("<QIQQI")  # seq, slot (or landing buffer), addr, nbytes, device
-_WRITTEN = struct.Struct("<QQ")  # seq in the receiving ring, seq in the sending ring
-_END = struct.Struct("<Q")  # frames written
 POLL_S = 50e-6  # how long an end sleeps between polls of a transfer or of notifications
-PATHS = ("auto", "landing", "direct")  # what the sending end asks for; "auto": landing, else direct (see module doc)
-EXPECTS = ("any", "gpu-direct")
 DEFAULT_WINDOW = 3  # landing buffers, so grants in flight, of a receiving end
-MAX_WINDOW = 64
 ACQUIRE_SLICE_S = 1e-3  # the landing path's wait for the ring's next slot, between looks at notifications
-PROBE_WRITES = 3  # WRITEs of the first frame per path probed
 REPORT_EVERY_S = 10.0  # how often the sending end reports its transport and rate during a run
 TIMES_KEPT = 8192  # the latest WRITE (and landing copy) times kept, for the medians: a long run stays bounded
 
-
-class BridgeError(GpuIpcError):
-    """A bridge end cannot go on; the message says why and what to do."""
-
-
-class PeerGone(BridgeError):
-    """The other end of the bridge died, went silent, or reported a failure of its own (``reason``)."""
-
-    def __init__(self, message: str, reason: str = "") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class ProtocolError(BridgeError):
-    """The other end sent something this end does not expect (another program on the port, another version)."""
-
-
-class TransportError(BridgeError):
-    """The transport (NIXL / UCX) failed: a transfer in error, a registration refused."""
-
-
-class TransportRefused(BridgeError):
-    """``expect="gpu-direct"`` and GPU frames would go (or went) over something else than CUDA IPC or RDMA: the
-    message names the transport UCX chose and where to look."""
-
-
-@dataclass(frozen=True)
-class PathReport:
-    """How the WRITEs of a probe (or of a run) went: the transports that carried them (``cuda_ipc/cuda``,
-    ``rc_mlx5/mlx5_0:1``, ``tcp/lo``), UCX's description of the protocol (``zero-copy``), whether that is a GPU path
-    (``None`` for host memory, where the question does not arise), how this is known, and the rate measured."""
-
-    transports: tuple[str, ...]
-    description: str
-    gpu_direct: bool | None
-    how: str
-    gbps: float
-    detail: str = ""
-
-    def account(self) -> str:
-        """One line: ``cuda_ipc/cuda (zero-copy), 142.1 GB/s; from UCX's protocol table for the probe``."""
-        over = ", ".join(self.transports) or "an unknown transport"
-        desc = f" ({self.description})" if self.description else ""
-        verdict = {True: "a GPU path", False: "NOT a GPU path", None: "host memory"}[self.gpu_direct]
-        extra = f"; {self.detail}" if self.detail else ""
-        return f"{over}{desc}, {self.gbps:.3g} GB/s: {verdict} (from {self.how}){extra}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"transports": list(self.transports), "description": self.description, "gpu_direct": self.gpu_direct,
-                "how": self.how, "gbps": self.gbps, "detail": self.detail}
-
-
-class Transport(Protocol):
-    """What the ends need from a transport: notifications both ways, memory the peer may write, one-sided WRITEs,
-    and an account of the path those WRITEs take."""
-
-    def send(self, message: bytes) -> None:
-        """Sends a notification to the peer; raises :class:`PeerGone` when the peer is unreachable."""
-
-    def receive(self) -> list[bytes]:
-        """The notifications from the peer that arrived since the last call, in order (does not wait)."""
-
-    def expose(self, ptr: int, nbytes: int, device: int) -> bytes:
-        """Receiving end: makes ``[ptr, ptr + nbytes)`` writable by the peer (once per region) and returns what the
-        peer must learn to reach it (empty when nothing new)."""
-
-    def learn(self, info: bytes) -> None:
-        """Sending end: takes in what the peer's :meth:`expose` returned."""
-
-    def write(self, ptr: int, nbytes: int, device: int, remote_ptr: int, remote_device: int,
-              notification: bytes, lane: int = 0) -> Any:
-        """Sending end: starts a WRITE of local ``[ptr, ptr + nbytes)`` to the peer's ``remote_ptr``; the peer
-        receives ``notification`` after the data. ``lane``: which of the WRITEs in flight this is (``0 ..
-        window - 1``; no two in flight share one). Returns a handle for :meth:`done`."""
-
-    def done(self, handle: Any) -> bool:
-        """Whether the WRITE is complete; raises :class:`TransportError` when it failed."""
-
-    def probe(self, ptr: int, nbytes: int, device: int, remote_ptr: int, remote_device: int,
-              notification: bytes, keep_alive: Callable[[], None]) -> PathReport:
-        """Sending end: WRITEs ``[ptr, ptr + nbytes)`` to ``remote_ptr`` a few times (each with ``notification``),
-        calling ``keep_alive`` while it waits, and says which path they took."""
-
-    def recheck(self, nbytes: int) -> PathReport | None:
-        """Sending end, during a run: a new account of the path of frames of ``nbytes`` when the transport chose
-        a path anew since the last call (``None``: nothing new)."""
-
-
-@dataclass(frozen=True)
-class Grant:
-    """A place of the receiving end that the sending end may write once: frame ``seq`` of the receiving ring, into
-    its slot (direct) or into landing buffer ``slot`` (landing)."""
-
-    seq: int
-    slot: int
-    ptr: int
-    nbytes: int
-    device: int
-    reach: bytes = b""  # what the transport needs to reach this memory, the first time it is granted
-
-
-@dataclass(frozen=True)
-class Region:
-    """A landing buffer the receiving end offers: where it is and what the transport needs to reach it."""
-
-    ptr: int
-    nbytes: int
-    device: int
-    reach: bytes = b""
-
-
-@dataclass(frozen=True)
-class Offer:
-    """Where the receiving end may take frames: its ring's first slot (``direct``, granted already) and its landing
-    buffers (``landing``: ``window`` of them), and why there are none when there are none."""
-
-    window: int
-    direct: Grant | None
-    landing: tuple[Region, ...]
-    landing_error: str = ""
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The path the sending end took and what its probe found."""
-
-    path: str
-    report: PathReport
-
-
-def encode(kind: bytes, body: bytes = b"") -> bytes:
-    """A notification of the bridge: the magic, one byte of kind, the body."""
-    return MAGIC + kind + body
-
-
-def decode(message: bytes) -> tuple[bytes, bytes]:
-    """``(kind, body)`` of a notification; :class:`ProtocolError` for anything else."""
-    if len(message) < len(MAGIC) + 1 or not message.startswith(MAGIC):
-        raise ProtocolError(f"unexpected notification {message[:16]!r}: is the peer a gpu_ipc bridge of this version?")
-    return message[len(MAGIC):len(MAGIC) + 1], message[len(MAGIC) + 1:]
-
-
-def encode_grant(g: Grant) -> bytes:
-    return encode(GRANT, _GRANT.pack(g.seq, g.slot, g.ptr, g.nbytes, g.device) + g.reach)
-
-
-def decode_grant(body: bytes) -> Grant:
-    if len(body) < _GRANT.size:
-        raise ProtocolError(f"a grant of {len(body)} bytes (expected at least {_GRANT.size})")
-    seq, slot, ptr, nbytes, device = _GRANT.unpack_from(body)
-    return Grant(seq, slot, ptr, nbytes, device, bytes(body[_GRANT.size:]))
-
-
-def _json_object(body: bytes, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(body)
-    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON (both ValueErrors), or nesting too deep
-        raise ProtocolError(f"{what} that is not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ProtocolError(f"{what} that is not a JSON object: {bytes(body[:120])!r}")
-    return value
-
-
-def _is_count(value: Any, least: int = 0) -> bool:
-    return type(value) is int and value >= least
-
-
-def decode_hello(body: bytes) -> dict[str, Any]:
-    """The sending end's layout (``shape``, ``dtype``, ``nbytes``, ``slots``) and the path it asks for (``path``,
-    one of :data:`PATHS`; ``auto`` when absent) from its hello; :class:`ProtocolError` for a body that is not that
-    JSON object, whatever it holds (a ring is made from it)."""
-    layout = _json_object(body, "a hello")
-    ok = (isinstance(layout.get("shape"), list)
-          and all(_is_count(d) for d in layout["shape"])
-          and isinstance(layout.get("dtype"), str)
-          and _is_count(layout.get("nbytes"))
-          and _is_count(layout.get("slots"), 1))
-    if not ok:
-        raise ProtocolError(f"a hello without a frame layout (shape, dtype, nbytes, slots): {bytes(body[:120])!r}")
-    layout.setdefault("path", "auto")
-    if layout["path"] not in PATHS:
-        raise ProtocolError(f"a hello asking for path {layout['path']!r} (one of {', '.join(PATHS)})")
-    return layout
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(value: Any, what: str) -> bytes:
-    if not isinstance(value, str):
-        raise ProtocolError(f"{what}: reach that is not a string")
-    try:
-        return base64.b64decode(value.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError) as e:
-        raise ProtocolError(f"{what}: reach that is not base64: {e}") from None
-
-
-def encode_offer(o: Offer) -> bytes:
-    direct = None
-    if o.direct is not None:
-        g = o.direct
-        direct = {"seq": g.seq, "slot": g.slot, "ptr": g.ptr, "nbytes": g.nbytes, "device": g.device,
-                  "reach": _b64(g.reach)}
-    landing = [{"ptr": r.ptr, "nbytes": r.nbytes, "device": r.device, "reach": _b64(r.reach)} for r in o.landing]
-    body = {"window": o.window, "direct": direct, "landing": landing, "landing_error": o.landing_error}
-    return encode(OFFER, json.dumps(body).encode())
-
-
-def _counts(value: Any, keys: tuple[str, ...], what: str) -> tuple[list[int], Any]:
-    """The fields ``keys`` of JSON object ``value``, each an unsigned 64-bit count, and its ``reach``."""
-    if not isinstance(value, dict):
-        raise ProtocolError(f"{what} that is not a JSON object: {str(value)[:120]}")
-    counts = [value.get(k) for k in keys]
-    if not all(type(c) is int and 0 <= c < 2**64 for c in counts):
-        raise ProtocolError(f"{what} without {', '.join(keys)} as counts: {str(value)[:120]}")
-    return [int(c) for c in counts if c is not None], value.get("reach")
-
-
-def decode_offer(body: bytes) -> Offer:
-    """The receiving end's offer; :class:`ProtocolError` for anything that is not one (each address and size an
-    unsigned 64-bit count, as many landing buffers as the window, at most :data:`MAX_WINDOW`)."""
-    o = _json_object(body, "an offer")
-    window, landing, error = o.get("window"), o.get("landing"), o.get("landing_error", "")
-    if (type(window) is not int or not 0 <= window <= MAX_WINDOW or not isinstance(landing, list)
-            or not isinstance(error, str)):
-        raise ProtocolError(f"an offer without a window (0..{MAX_WINDOW}), landing buffers and their error: "
-                            f"{bytes(body[:120])!r}")
-    if landing and len(landing) != window:
-        raise ProtocolError(f"an offer of {len(landing)} landing buffers for a window of {window}")
-    regions = []
-    for i, r in enumerate(landing):
-        (ptr, nbytes, device), reach = _counts(r, ("ptr", "nbytes", "device"), f"landing buffer {i}")
-        regions.append(Region(ptr, nbytes, device, _unb64(reach, f"landing buffer {i}")))
-    direct = None
-    if o.get("direct") is not None:
-        (seq, slot, ptr, nbytes, device), reach = _counts(o["direct"], ("seq", "slot", "ptr", "nbytes", "device"),
-                                                          "the direct slot")
-        direct = Grant(seq, slot, ptr, nbytes, device, _unb64(reach, "the direct slot"))
-    return Offer(window, direct, tuple(regions), error)
-
-
-def encode_choice(c: Choice) -> bytes:
-    return encode(CHOICE, json.dumps({"path": c.path, **c.report.as_dict()}).encode())
-
-
-def decode_choice(body: bytes) -> Choice:
-    """The sending end's choice; :class:`ProtocolError` for anything that is not one."""
-    c = _json_object(body, "a choice")
-    transports = c.get("transports")
-    if not isinstance(transports, list):
-        raise ProtocolError(f"a choice without the transports of its path: {bytes(body[:120])!r}")
-    ok = (c.get("path") in ("landing", "direct")
-          and all(isinstance(t, str) for t in transports)
-          and isinstance(c.get("description"), str)
-          and "gpu_direct" in c and (c["gpu_direct"] is None or type(c["gpu_direct"]) is bool)
-          and isinstance(c.get("how"), str)
-          and type(c.get("gbps")) in (int, float) and math.isfinite(c["gbps"]) and c["gbps"] >= 0
-          and isinstance(c.get("detail", ""), str))
-    if not ok:
-        raise ProtocolError(f"a choice without a path and its report: {bytes(body[:120])!r}")
-    report = PathReport(tuple(transports), c["description"], c["gpu_direct"], c["how"], float(c["gbps"]),
-                        c.get("detail", ""))
-    return Choice(c["path"], report)
-
-
-def _unpack(s: struct.Struct, body: bytes, what: str) -> tuple[int, ...]:
-    if len(body) != s.size:
-        raise ProtocolError(f"a {what} notification of {len(body)} bytes (expected {s.size})")
-    return tuple(s.unpack(body))
+# The messages (gpu_ipc.bridge_messages) and the path probe (gpu_ipc.bridge_paths) are modules of their own; their
+# names are handed on from here, where the bridge's code and its tests have always found them.
+__all__ = [
+    "ACQUIRE_SLICE_S", "BEAT", "CHOICE", "DEFAULT_WINDOW", "END", "EXPECTS", "FAIL", "GRANT", "HELLO", "MAGIC",
+    "MAX_WINDOW", "OFFER", "PATHS", "POLL_S", "PROBE", "PROBE_WRITES", "REPORT_EVERY_S", "TIMES_KEPT", "WRITTEN",
+    "BridgeError", "Choice", "Grant", "Landing", "Liveness", "Offer", "PathReport", "PeerGone", "ProtocolError",
+    "ReceivingEnd", "Region", "SendingEnd", "Stats", "Transport", "TransportError", "TransportRefused", "decode",
+    "decode_choice", "decode_grant", "decode_hello", "decode_offer", "encode", "encode_choice", "encode_grant",
+    "encode_offer", "probe_paths",
+]
 
 
 @dataclass
@@ -530,47 +292,17 @@ class SendingEnd:
     def _choose(self, offer: Offer, frame: Any) -> None:
         """Probes the offered paths with ``frame`` (still held, not yet counted), takes one, tells the receiving end;
         :class:`TransportRefused` when ``expect`` is ``gpu-direct`` and no path is a GPU path."""
-        candidates: list[tuple[str, Grant | Region]] = []
-        if self.path in ("auto", "landing") and offer.landing:
-            candidates.append(("landing", offer.landing[0]))
-        if self.path in ("auto", "direct") and offer.direct is not None:
-            candidates.append(("direct", offer.direct))
-        if not candidates:
-            why = f" (landing buffers: {offer.landing_error})" if offer.landing_error else ""
-            raise BridgeError(f"the receiving end offers no path for --path {self.path}{why}")
-        reaches = [r.reach for r in offer.landing] + ([offer.direct.reach] if offer.direct is not None else [])
-        for reach in reaches:
-            self.transport.learn(reach)
-            self._quiet()  # each registration learnt may take a while on a busy machine: keep the peer informed
-        if offer.landing_error:
-            self.log(f"the receiving end has no landing buffers: {offer.landing_error}")
-        chosen: tuple[str, PathReport] | None = None
-        first: tuple[str, PathReport] | None = None
-        for name, target in candidates:
-            if target.nbytes != frame.nbytes:
-                raise ProtocolError(f"offered {target.nbytes} bytes ({name}) for frames of {frame.nbytes}")
-            report = self.transport.probe(frame.ptr, frame.nbytes, self.device, target.ptr, target.device,
-                                          encode(PROBE), self._quiet)
-            self.probes.append({"path": name, **report.as_dict()})
-            self.log(f"probe of the {name} path: {report.account()}")
-            first = first or (name, report)
-            if report.gpu_direct is not False:
-                chosen = (name, report)
-                break
-        assert first is not None
-        if chosen is None:
-            chosen = first
-            over = ", ".join(chosen[1].transports) or "an unknown transport"
-            self.warning = (f"GPU frames go over {over}, not CUDA IPC or RDMA, on every path offered "
-                            f"({', '.join(n for n, _ in candidates)}): expect host copies and a fraction of the "
-                            "bandwidth (check UCX_TLS, UCX_NET_DEVICES, the RDMA devices, nvidia-peermem)")
+        name, report, warning = probe_paths(self.transport, offer, frame, self.device, self.path, self._quiet,
+                                            self.log, self.probes)
+        if warning is not None:
+            self.warning = warning
             if self.expect == "gpu-direct":
                 raise TransportRefused(f"--expect gpu-direct: {self.warning}; refused before the first frame")
             self.log(f"WARNING: {self.warning}")
-        self.chosen = Choice(*chosen)
-        self.window = offer.window if chosen[0] == "landing" else 1
+        self.chosen = Choice(name, report)
+        self.window = offer.window if name == "landing" else 1
         self.live.send(encode_choice(self.chosen))
-        self.log(f"path {chosen[0]} (window {self.window}): {chosen[1].account()}")
+        self.log(f"path {name} (window {self.window}): {report.account()}")
 
     def _stream(self, pending: Any) -> None:
         """Writes ``pending`` and every later frame of the source, up to ``window`` WRITEs in flight."""

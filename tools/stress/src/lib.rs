@@ -34,6 +34,7 @@
 pub mod containers;
 pub mod hostile;
 pub mod kernel_kills;
+pub mod kill_rates;
 pub mod outcome;
 mod parts;
 pub mod procs;
@@ -51,7 +52,8 @@ use serde::Serialize;
 
 use containers::ContainerRun;
 use harness::mps::{MpsControl, MpsDaemon};
-use kernel_kills::{KernelKillRate, KernelKillRun};
+use kernel_kills::KernelKillRun;
+use kill_rates::KernelKillRate;
 use outcome::{CellCounts, Check, Status, Trial, TrialOutcome};
 use procs::ChildEnv;
 use run::{Ctx, CyclesRun, FrontDoorRun, NamespaceRun};

@@ -153,10 +153,10 @@ pub(crate) fn run_mps_kills(ctx: &Ctx, args: &StressArgs, report: &mut StressRep
             }
         }
     }
-    for rate in kernel_kills::rates(&report.mps_kills[first..]) {
+    for rate in kill_rates::rates(&report.mps_kills[first..]) {
         eprintln!("gpu-ipc-stress: mps-kills rate: {}: {}", rate.cell.name(), rate.summary());
     }
-    report.mps_kill_rates = kernel_kills::rates(&report.mps_kills);
+    report.mps_kill_rates = kill_rates::rates(&report.mps_kills);
 }
 
 /// `soak`: under a private MPS daemon unless `--mps off`.

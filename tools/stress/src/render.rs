@@ -593,7 +593,7 @@ mod new_parts_tests {
             killed_at_ms: Some(800.0),
             seconds: 4.0,
         }];
-        r.mps_kill_rates = crate::kernel_kills::rates(&r.mps_kills);
+        r.mps_kill_rates = crate::kill_rates::rates(&r.mps_kills);
         r.soak = Some(SoakReport {
             backend: "vmm".into(),
             sync: "gpu-stream-ops".into(),

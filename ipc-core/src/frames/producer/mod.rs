@@ -45,7 +45,7 @@ pub struct Producer<B: Backend> {
     pub(crate) stride: u64,
     /// Byte offset of the ring's device words in the allocation ([`device_words`]), 0: none.
     pub(crate) device_words: u64,
-    pub(crate) next_seq: u64,
+    pub(crate) next_seq: Sequence,
     /// Tells this producer's leases from any other's.
     owner: u64,
     generation: u64,
@@ -151,7 +151,7 @@ impl<B: Backend> Producer<B> {
             config,
             stride,
             device_words,
-            next_seq: 0,
+            next_seq: Sequence(0),
             owner: super::owner_token(),
             generation,
             device_uuid,
@@ -240,7 +240,7 @@ impl<B: Backend> Producer<B> {
 
     /// The sequence number the next [`Producer::acquire`] returns.
     pub fn next_sequence(&self) -> u64 {
-        self.next_seq
+        self.next_seq.0
     }
 
     /// Waits (on the CPU or, with GPU-side strategies, on `stream`) until the next frame's slot is free, and
@@ -256,7 +256,7 @@ impl<B: Backend> Producer<B> {
     pub fn acquire(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<SlotLease, FrameError> {
         self.check_no_ring_kernel()?;
         self.serve_front_door();
-        let seq = Sequence(self.next_seq);
+        let seq = self.next_seq;
         let started = Instant::now();
         let deadline = started + timeout;
         let evict_after = match self.config.slow_consumer {
@@ -352,7 +352,7 @@ impl<B: Backend> Producer<B> {
         let deadline = Instant::now() + timeout;
         // Frame `s` may be overwritten once `s - slots` is released: the next `slots` sequences cover every frame
         // still held.
-        for seq in self.next_seq..self.next_seq + u64::from(self.config.slots) {
+        for seq in self.next_seq.0..self.next_seq.0 + u64::from(self.config.slots) {
             self.sync.wait_slot_free(&self.ring, Sequence(seq), stream, deadline)?;
         }
         self.sync.drain(stream, deadline)
@@ -372,18 +372,18 @@ impl<B: Backend> Producer<B> {
                 problem: format!("frame {} is another producer's (or an earlier ring's)", lease.seq.0),
             });
         }
-        if lease.seq.0 != self.next_seq {
+        if lease.seq != self.next_seq {
             return Err(FrameError::ForeignToken {
                 token: "slot lease",
                 problem: format!(
                     "frame {} was published already with another lease; the next frame is {}",
-                    lease.seq.0, self.next_seq
+                    lease.seq.0, self.next_seq.0
                 ),
             });
         }
         let gpu_deadline = Instant::now() + self.config.gpu_timeout;
         self.sync.publish(&self.ring, lease.seq, lease.slot, stream, gpu_deadline)?;
-        self.next_seq = lease.seq.next().0;
+        self.next_seq = lease.seq.next();
         Ok(())
     }
 }

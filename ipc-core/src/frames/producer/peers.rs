@@ -107,7 +107,7 @@ impl<B: Backend> Producer<B> {
                 }
                 AdmissionEvent::Failed { id } => {
                     self.offered.retain(|&o| o != id);
-                    self.retired.push(Retired { id, left_at: Sequence(self.next_seq), watched: None });
+                    self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
                 }
             }
         }
@@ -185,7 +185,7 @@ impl<B: Backend> Producer<B> {
     /// nothing can write it, like a dead consumer's.
     pub(super) fn give_back(&mut self, id: ConsumerId) {
         let _ = self.ring.mark_consumer_dead(id);
-        self.retired.push(Retired { id, left_at: Sequence(self.next_seq), watched: None });
+        self.retired.push(Retired { id, left_at: self.next_seq, watched: None });
     }
 
     /// Takes a consumer record for a consumer that said a valid hello (it joins at the next frame) and makes its
@@ -261,7 +261,7 @@ impl<B: Backend> Producer<B> {
                     && !evicted.contains(&peer.id);
                 lost += usize::from(died);
                 tracing::info!(consumer = peer.id.index(), pid = peer.pid, died, "consumer gone");
-                retired.push(Retired { id: peer.id, left_at: Sequence(next_seq), watched: Some(peer.watched.clone()) });
+                retired.push(Retired { id: peer.id, left_at: next_seq, watched: Some(peer.watched.clone()) });
                 false
             }
         });

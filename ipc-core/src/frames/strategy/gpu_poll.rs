@@ -409,14 +409,7 @@ impl ProducerSide for PollProducer {
         ahead?;
         // Frame `seq - depth` and all before it have gone through the stream.
         self.done_below = self.done_below.max((seq.0 + 1).saturating_sub(self.poller.run_ahead.depth()));
-        loop {
-            self.pending.clear();
-            match ring.pending_releases(seq, &mut self.pending) {
-                Ok(()) => break,
-                Err(RingError::JoinInProgress { .. }) if Instant::now() < deadline => std::thread::yield_now(),
-                Err(e) => return Err(e.into()),
-            }
-        }
+        ring.pending_releases_by(seq, deadline, &mut self.pending)?;
         let Some(first) = self.pending.first() else { return Ok(()) };
         // Every pending requirement of one frame is for the same slot and value (the frame the slot held); the
         // consumers' counters are one record apart.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_cuda, need_stream, unavailable};
 use crate::frames::FrameError;
 use crate::resident::{RunAhead, Tail, run_ahead_depth as depth_for};
-use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, RingError, Sequence, SlotIndex};
+use crate::ring::{ConsumerId, ProducerControl, ReleaseRequirement, Sequence, SlotIndex};
 use crate::shm::SharedMemory;
 use crate::wire::SyncStrategy;
 use gpu_ipc_driver::{
@@ -190,14 +190,7 @@ impl ProducerSide for GpuProducer {
         let stream = need_stream(stream, KIND)?;
         self.run_ahead.before(seq.0, deadline)?;
         self.waits.passed(self.run_ahead.progress());
-        loop {
-            self.pending.clear();
-            match ring.pending_releases(seq, &mut self.pending) {
-                Ok(()) => break,
-                Err(RingError::JoinInProgress { .. }) if Instant::now() < deadline => std::thread::yield_now(),
-                Err(e) => return Err(e.into()),
-            }
-        }
+        ring.pending_releases_by(seq, deadline, &mut self.pending)?;
         if self.pending.is_empty() {
             // Every consumer already released the slot's previous frame, as the CPU sees: nothing to queue.
             return Ok(());

@@ -76,6 +76,20 @@ pub(crate) fn strategy(sync: SyncStrategy) -> &'static dyn Strategy {
     }
 }
 
+impl SyncStrategy {
+    /// Whether this strategy can run here, as the strategy itself judges it: the check `Producer::create` and
+    /// `Consumer::attach` make before anything is set up. `cuda` is the context a GPU backend runs in, `None` for a
+    /// backend without CUDA (the host backend). Ask this rather than restating what a strategy needs (a device
+    /// feature, MPS, a CUDA backend): the strategy's module is the one place that knows.
+    ///
+    /// # Errors
+    /// [`FrameError::StrategyUnavailable`] saying what is missing and what to use instead; a driver error from a
+    /// device query.
+    pub fn check_available(self, cuda: Option<&Context>) -> Result<(), FrameError> {
+        strategy(self).check(cuda)
+    }
+}
+
 /// The producer's half of a strategy.
 pub(crate) trait ProducerSide: Send + Sync {
     /// Makes the CPU, or `stream`, wait until frame `seq`'s slot may be written.
@@ -450,5 +464,19 @@ mod tests {
         assert!(strategy(SyncStrategy::CpuSleep).check(None).is_ok());
         // The host fake backend runs IpcEvent with stand-ins for the events (fake::HostEvent).
         assert!(strategy(SyncStrategy::IpcEvent).check(None).is_ok());
+    }
+
+    #[test]
+    fn the_availability_question_is_answered_by_the_strategy_itself() {
+        for sync in SyncStrategy::ALL {
+            let asked = sync.check_available(None).map_err(|e| e.to_string());
+            let checked = strategy(sync).check(None).map_err(|e| e.to_string());
+            assert_eq!(asked, checked, "{sync}");
+        }
+        assert!(SyncStrategy::CpuSpin.check_available(None).is_ok());
+        assert!(matches!(
+            SyncStrategy::GpuStreamOps.check_available(None),
+            Err(FrameError::StrategyUnavailable { .. })
+        ));
     }
 }

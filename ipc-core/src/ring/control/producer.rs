@@ -129,6 +129,27 @@ impl ProducerControl {
         })
     }
 
+    /// As [`pending_releases`](Self::pending_releases) into a cleared `out`, asking again while a consumer is
+    /// mid-registration (a join takes microseconds) until `deadline`: the one retry the GPU-side waits share (the
+    /// stream-op and polling strategies, frame graphs' stream-op waits).
+    ///
+    /// # Errors
+    /// `JoinInProgress` when a registration is still in progress at `deadline`; a frame out of order.
+    pub(crate) fn pending_releases_by(
+        &self,
+        seq: Sequence,
+        deadline: Instant,
+        out: &mut Vec<ReleaseRequirement>,
+    ) -> Result<(), RingError> {
+        loop {
+            out.clear();
+            match self.pending_releases(seq, out) {
+                Err(RingError::JoinInProgress { .. }) if Instant::now() < deadline => std::thread::yield_now(),
+                done => return done,
+            }
+        }
+    }
+
     /// Calls `on_pending` for each unsatisfied requirement while it returns true.
     fn scan_releases(
         &self,
@@ -369,5 +390,40 @@ impl Drop for ProducerControl {
         if !self.is_abandoned() {
             self.close();
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn pending_releases_by_asks_again_while_a_join_is_in_progress_and_gives_up_at_the_deadline() {
+        let config = RingConfig { slot_count: 2, max_consumers: 2, generation: 7 };
+        let producer = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
+        producer.publish(Sequence(0)).unwrap();
+        producer.publish(Sequence(1)).unwrap();
+        let record = producer.block().record_at(1).unwrap();
+        record.state().store(state_word(1, ConsumerState::Joining), Ordering::SeqCst);
+        let mut out =
+            vec![ReleaseRequirement { consumer: ConsumerId::new(0, 0), slot: SlotIndex(0), offset: 0, at_least: 0 }];
+        let start = Instant::now();
+        let err = producer.pending_releases_by(Sequence(2), start + Duration::from_millis(20), &mut out).unwrap_err();
+        assert!(matches!(err, RingError::JoinInProgress { index: 1 }), "{err}");
+        assert!(start.elapsed() >= Duration::from_millis(20), "it asked again until the deadline");
+        // The join settles while it asks: the answer is the releases still needed (none: no live consumer), in a
+        // cleared `out`.
+        let settle = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(5));
+                record.state().store(state_word(1, ConsumerState::Free), Ordering::SeqCst);
+            });
+            producer.pending_releases_by(Sequence(2), Instant::now() + Duration::from_secs(5), &mut out)
+        });
+        settle.unwrap();
+        assert!(out.is_empty(), "{out:?}");
     }
 }

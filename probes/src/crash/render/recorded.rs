@@ -56,7 +56,7 @@ fn sample() -> MeasurementOutput<Results> {
 #[test]
 #[ignore = "writes the fixture; run by hand after a schema change"]
 fn write_recorded_fixture() {
-    let path = crate::report::render::tests::package_file("src/crash/testdata/recorded-quick.json");
+    let path = crate::probe::package_file("src/crash/testdata/recorded-quick.json");
     std::fs::write(path, serde_json::to_string_pretty(&sample()).unwrap() + "\n").unwrap();
 }
 

@@ -3,27 +3,10 @@
 use std::path::PathBuf;
 
 use super::*;
+use crate::probe::package_file;
 use crate::report::load::{SectionSource, load_inputs, read_run_log};
 use harness::process::PrivateDir;
 use harness::{plot, report::Series};
-
-/// The file `relative` to this crate's directory, found at run time, so the tests built at one path run from a
-/// checkout at another (a nextest archive replayed with `--workspace-remap`, a copied tree): cargo test and
-/// cargo-nextest set `CARGO_MANIFEST_DIR` in the test process, and the path compiled in is only the fallback for a
-/// test binary run by hand. Fails the test, saying how to point it at a checkout, when the file is not there.
-pub(crate) fn package_file(relative: &str) -> PathBuf {
-    let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| {
-        panic!("CARGO_MANIFEST_DIR is not set: run the tests with cargo or cargo-nextest, or set it to CHECKOUT/probes")
-    }));
-    let path = dir.join(relative);
-    assert!(
-        path.exists(),
-        "{} does not exist: run the tests from a checkout of the project (cargo nextest run, or an archive with \
-         --workspace-remap CHECKOUT), or set CARGO_MANIFEST_DIR=CHECKOUT/probes for a test binary run by hand",
-        path.display()
-    );
-    path
-}
 
 /// The recorded documents: overhead and coherency in both passes, vmm-compat without MPS only (its MPS run
 /// timed out), crash's document without MPS truncated (its run failed) and its MPS run missing.
