@@ -600,10 +600,13 @@ static __device__ __forceinline__ void gpu_ipc_grid_frame_out(gpu_ipc_grid_scrat
 
 // A worker block's frames, `frames` from `first_sequence` on: for each, one thread waits for the gate, the block does
 // `work(seq)` (its share of the frame), and thread 0 counts the block out (gpu_ipc_grid_frame_out with `last_out`).
-// With two slots or more, thread 0 counts the block out of a frame right after the barrier that opens the next one,
+// With three slots or more, thread 0 counts the block out of a frame right after the barrier that opens the next one,
 // while the other warps already work on it: the count's fence and atomic (a trip to L2 and back) are off the block's
-// path, and the gate is waited for by thread 32 meanwhile. A ring of one slot cannot: its next frame's gate waits for
-// that very count (the peer's next step needs it), so there thread 0 counts out behind a second barrier first.
+// path, and the gate is waited for by thread 32 meanwhile. Fewer slots cannot: each side that overlaps holds a frame
+// one step longer, and with both sides doing it the producer's gate for frame s + 1 waits (through the consumer's
+// release of s - 1, its gate for s and the producer's publish of s) for its own gate: a cycle at two slots (measured:
+// the grid producer stopped at frame 2 of a 2-slot ring, H200, 2026-11-28), and at one slot the next frame's gate
+// waits for that very count. There thread 0 counts out behind a second barrier first.
 template <typename Work, typename LastOut>
 static __device__ __forceinline__ void gpu_ipc_grid_worker(gpu_ipc_grid_scratch* s, unsigned long long first_sequence,
                                                            unsigned long long slot_count, unsigned long long frames,
@@ -613,7 +616,7 @@ static __device__ __forceinline__ void gpu_ipc_grid_worker(gpu_ipc_grid_scratch*
     // `go` of frames done and done + 1 side by side: a thread reads its frame's after the barrier that opens it, and
     // the gate's thread writes the next frame's before the next barrier, which no thread passes before it read.
     __shared__ int go[2];
-    const bool overlap = slot_count >= 2ull && blockDim.x > 32u;
+    const bool overlap = slot_count >= 3ull && blockDim.x > 32u;
     const unsigned int gate_thread = overlap ? 32u : 0u;
     bool pending = false;
     unsigned long long done = 0;

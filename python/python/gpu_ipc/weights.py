@@ -227,8 +227,10 @@ def _cut(arena: Any, cut: Any, framework: Any, one_by_one: Any, writable: bool =
     arena as ``uint8``, a ``WeightsTensor``): one typed view per element type, then one strided view per run
     (``cut``: the names, the runs and each name's place among the runs' tensors, as ``arena()`` gives them), split
     into its tensors in C (torch's ``unbind``, ``list()`` of a NumPy or CuPy array): no Python call per tensor.
-    ``writable`` (the owner's ``stage``): torch tensors are made one ``as_strided`` each (from C, through ``map``),
-    since torch refuses an in-place copy from a tensor that requires grad into a view ``unbind`` made. A run whose
+    ``writable`` (the owner's ``stage``): every torch tensor is detached from the arena's view (``detach``, from C,
+    through ``map``), so each is a leaf of its own: torch refuses an in-place copy from a tensor that requires grad
+    (a trainer's parameter) into a view of a shared base (measured on the H200: "a leaf Variable that requires grad
+    is being used in an in-place operation"), and into any of the views ``unbind`` made. A run whose
     element type the framework lacks, and every tensor for a framework other than torch, NumPy and CuPy, is made by
     ``framework.from_dlpack`` of its own view, which ``one_by_one()`` gives (name -> view). The dict keeps the
     names' order."""
@@ -277,12 +279,11 @@ def _run_torch(torch: Any, flat: Any, typed: dict[str, Any], run: Any, writable:
     size = view.element_size()
     first = offset // size  # offsets are whole elements: the manifest's decoder checks
     if count == 1:
-        return (view.as_strided(shape, strides, first),)
+        one = view.as_strided(shape, strides, first)
+        return (one.detach(),) if writable else (one,)
     step //= size
-    if writable:
-        starts = range(first, first + count * step, step)
-        return list(map(view.as_strided, repeat(shape, count), repeat(strides, count), starts))
-    return view.as_strided([count, *shape], [step, *strides], first).unbind(0)
+    tensors = view.as_strided([count, *shape], [step, *strides], first).unbind(0)
+    return list(map(torch.Tensor.detach, tensors)) if writable else tensors
 
 
 def _run_array(np: Any, flat: Any, _typed: dict[str, Any], run: Any, _writable: bool, on_device: bool) -> Any:
