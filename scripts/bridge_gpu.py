@@ -12,7 +12,9 @@ backend in BRIDGE_BACKENDS (default legacy,vmm):
   bridge     a torch producer -> ring A -> `gpu_ipc.bridge send` -> NIXL -> `gpu_ipc.bridge receive` -> ring B -> two
              torch consumers, with the bridge's and UCX's defaults (--path auto: the path its probe found on a GPU
              path); then --path direct (frames into ring B's slots, one at a time: the comparison that says what the
-             landing buffers cost and bring; vmm: the TCP fallback the issue measured, a few frames)
+             landing buffers cost and bring; vmm: the TCP fallback the issue measured, a few frames); then the
+             default path with BRIDGE_WIDE_WINDOW (default 8; 0: no such row) landing buffers (`receive --window`):
+             frames in flight bound the landing path's rate by the window over a frame's round trip
   refused    UCX_TLS=tcp,cuda_copy and --expect gpu-direct: the sending end must exit 3 before ring B publishes a
              frame (its consumers read none), the receiving end 1
   on a machine with two GPUs: the bridge row again with ring B (the receiving end and its consumers) on GPU 1
@@ -54,6 +56,7 @@ KILLS = int(os.environ.get("BRIDGE_KILLS", "10"))
 KILL_PARALLEL = int(os.environ.get("BRIDGE_KILL_PARALLEL", "2"))
 BACKENDS = os.environ.get("BRIDGE_BACKENDS", "legacy,vmm").split(",")
 BUDGET_S = float(os.environ.get("BRIDGE_BUDGET_S", "270"))
+WIDE_WINDOW = int(os.environ.get("BRIDGE_WIDE_WINDOW", "8"))  # a row with this many landing buffers (0: none)
 SLOTS = 4
 WARMUP = 3 * SLOTS  # frames left out of the latency percentiles
 REPORT_EVERY = 0.25  # the sending end's reports during a row
@@ -217,18 +220,19 @@ def free_port() -> int:
 
 
 def bridge_ends(a: str, b: str, backend: str, device_b: int, consumers: int, log: Any, env: dict[str, str],
-                send_args: list[str]) -> dict[str, subprocess.Popen[str]]:
+                send_args: list[str], recv_args: tuple[str, ...] = ()) -> dict[str, subprocess.Popen[str]]:
     port = str(free_port())
     return {
         "receive": spawn([sys.executable, "-m", "gpu_ipc.bridge", "receive", "--socket", b, "--port", port,
-                          "--backend", backend, "--consumers", str(consumers), "--device", str(device_b)], log, env),
+                          "--backend", backend, "--consumers", str(consumers), "--device", str(device_b), *recv_args],
+                         log, env),
         "send": spawn([sys.executable, "-m", "gpu_ipc.bridge", "send", "--socket", a, "--connect", "127.0.0.1",
                        "--port", port, "--backend", backend, *send_args], log, env),
     }
 
 
 def row(kind: str, backend: str, frames: int, log: Any, device_b: int = 0, send_args: tuple[str, ...] = (),
-        ucx_env: dict[str, str] | None = None) -> dict[str, Any]:
+        ucx_env: dict[str, str] | None = None, recv_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """One measured row: the plain ring or the bridge, two checking consumers; ring B (the receiving end and its
     consumers) on GPU `device_b`, ring A on GPU 0."""
     me = [sys.executable, str(Path(__file__))]
@@ -236,11 +240,12 @@ def row(kind: str, backend: str, frames: int, log: Any, device_b: int = 0, send_
     tmp = tempfile.mkdtemp(prefix="gi-br-", dir="/tmp")
     a, b = f"{tmp}/a.sock", f"{tmp}/b.sock"
     label = (f"{kind} {backend}" + (f" {' '.join(send_args)}" if send_args else "")
+             + (f", receive {' '.join(recv_args)}" if recv_args else "")
              + (f", ring B on GPU {device_b}" if device_b else ""))
     log.write(f"\n=== {label}\n")
     procs: dict[str, subprocess.Popen[str]] = {}
     r: dict[str, Any] = {"row": label, "kind": kind, "backend": backend, "device_b": device_b,
-                         "send_args": list(send_args), "frames_asked": frames}
+                         "send_args": list(send_args), "recv_args": list(recv_args), "frames_asked": frames}
     results: dict[str, tuple[int, dict[str, Any]]] = {}
     started = time.monotonic()
     try:
@@ -250,7 +255,7 @@ def row(kind: str, backend: str, frames: int, log: Any, device_b: int = 0, send_
         else:
             procs["producer"] = spawn([*me, "produce", a, backend, str(frames), "1", *host], log)
             procs.update(bridge_ends(a, b, backend, device_b, 2, log, ucx_env or {},
-                                     [*send_args, "--report-every", str(REPORT_EVERY)]))
+                                     [*send_args, "--report-every", str(REPORT_EVERY)], recv_args))
             read_sock = b
         for n in ("c1", "c2"):
             on = ["--device", str(device_b)] if kind == "bridge" and device_b else []
@@ -484,6 +489,9 @@ def run(out: Path, host: bool) -> int:
                 rows.append(row("ring", backend, frames, log))
             if in_time(f"bridge {backend}"):
                 rows.append(row("bridge", backend, frames, log))
+            # The landing path's throughput is bounded by its window over the round trip of a frame: a wider one.
+            if WIDE_WINDOW and in_time(f"bridge {backend} --window {WIDE_WINDOW}"):
+                rows.append(row("bridge", backend, frames, log, recv_args=("--window", str(WIDE_WINDOW))))
             # The direct path: vmm's goes over TCP (UCX cannot reach cuMemCreate memory made for file descriptors
             # over CUDA IPC), a few frames show it.
             direct_frames = 30 if backend == "vmm" else frames
