@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::frames::FrameError;
 use crate::ring::RingError;
+use crate::ring::Sequence;
 use crate::shm::{SharedMemory, SharedObject};
 use gpu_ipc_driver::{
     Context, DeviceMemory, DeviceSpan, DriverError, Event, EventFlags, HostRegistration, MemOpBatch, Stream,
@@ -122,7 +123,7 @@ impl RunAhead {
     /// # Errors
     /// [`FrameError::Timeout`] at `deadline`: the stream is stuck behind a wait that nobody satisfies; a driver
     /// error when the context failed (e.g. a kernel's illegal address).
-    pub(crate) fn before(&self, seq: u64, deadline: Instant) -> Result<(), FrameError> {
+    pub(crate) fn before(&self, seq: Sequence, deadline: Instant) -> Result<(), FrameError> {
         // `frames[seq % depth]` holds frame `seq - depth`'s mark (0 for none: the first `depth` frames).
         let bound = self.frames[self.index(seq)].load(Ordering::Relaxed);
         if self.passed(bound) {
@@ -130,10 +131,10 @@ impl RunAhead {
         }
         // Here seq >= depth (a non-zero mark), so frame `seq - depth / 2` exists and was queued; an entry older
         // than the bound (a frame that was never marked) must not weaken it.
-        let half = seq - self.depth() / 2;
+        let half = Sequence(seq.0 - self.depth() / 2);
         let resume = self.frames[self.index(half)].load(Ordering::Relaxed).max(bound);
         self.wait_for(resume, deadline, || {
-            format!("the stream to finish frame {} (a GPU-side wait is not satisfied)", seq - self.depth())
+            format!("the stream to finish frame {} (a GPU-side wait is not satisfied)", seq.0 - self.depth())
         })
     }
 
@@ -148,7 +149,7 @@ impl RunAhead {
     }
 
     /// Records that `mark` ([`kernel_mark`](Self::kernel_mark)) was queued, as frame `frame`'s mark when given.
-    pub(crate) fn marked(&self, mark: u64, frame: Option<u64>) {
+    pub(crate) fn marked(&self, mark: u64, frame: Option<Sequence>) {
         self.record(mark, frame);
     }
 
@@ -160,7 +161,7 @@ impl RunAhead {
         Ok(())
     }
 
-    fn record(&self, mark: u64, frame: Option<u64>) {
+    fn record(&self, mark: u64, frame: Option<Sequence>) {
         self.queued.store(mark, Ordering::Relaxed);
         self.unmarked.store(false, Ordering::Relaxed);
         if let Some(seq) = frame {
@@ -177,7 +178,7 @@ impl RunAhead {
         &'a self,
         mut batch: MemOpBatch<'a>,
         stream: &Stream,
-        frame: Option<u64>,
+        frame: Option<Sequence>,
     ) -> Result<(), DriverError> {
         let mark = self.queued.load(Ordering::Relaxed) + 1;
         let span = self.progress.span();
@@ -217,8 +218,8 @@ impl RunAhead {
         Ok(if self.unmarked.load(Ordering::Relaxed) { Tail::UnmarkedWait } else { Tail::Clear })
     }
 
-    fn index(&self, seq: u64) -> usize {
-        (seq % self.frames.len() as u64) as usize
+    fn index(&self, seq: Sequence) -> usize {
+        (seq.0 % self.frames.len() as u64) as usize
     }
 
     /// Naps until the stream has passed `mark` (at once for mark 0, "nothing"), checking now and then that the
@@ -281,9 +282,9 @@ mod tests {
         let soon = || Instant::now() + Duration::from_secs(5);
         assert_eq!(run_ahead.settle(soon()).unwrap(), Tail::Clear);
         for seq in 0..6 {
-            run_ahead.before(seq, soon()).unwrap();
+            run_ahead.before(Sequence(seq), soon()).unwrap();
             let mut scratch = MemOpScratch::default();
-            run_ahead.submit(MemOpBatch::new(&mut scratch), &stream, Some(seq)).unwrap();
+            run_ahead.submit(MemOpBatch::new(&mut scratch), &stream, Some(Sequence(seq))).unwrap();
         }
         run_ahead.mark(&stream).unwrap();
         assert_eq!(run_ahead.next_mark(), 8);

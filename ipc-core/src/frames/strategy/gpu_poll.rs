@@ -339,7 +339,14 @@ impl Poller {
     /// Queues on `stream`, after its earlier work, a store of `value` into the counter at byte `offset` of the
     /// control block, and first into its copy among the device words (`mirror`, when the ring has them here); the
     /// kernel then stores frame `seq`'s run-ahead mark.
-    fn store(&self, stream: &Stream, offset: usize, mirror: Mirror, value: u64, seq: u64) -> Result<(), FrameError> {
+    fn store(
+        &self,
+        stream: &Stream,
+        offset: usize,
+        mirror: Mirror,
+        value: u64,
+        seq: Sequence,
+    ) -> Result<(), FrameError> {
         if !offset.is_multiple_of(8) {
             return Err(FrameError::Config(format!("gpu-poll: counter offset {offset} is not 8-byte aligned")));
         }
@@ -404,7 +411,7 @@ impl ProducerSide for PollProducer {
         deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        let ahead = self.poller.run_ahead.before(seq.0, deadline);
+        let ahead = self.poller.run_ahead.before(seq, deadline);
         self.check_polls()?;
         ahead?;
         // Frame `seq - depth` and all before it have gone through the stream.
@@ -441,7 +448,7 @@ impl ProducerSide for PollProducer {
         let stream = need_stream(stream, KIND)?;
         let offset = self.poller.layout.published_offset(slot);
         let mirror = Mirror::published(slot);
-        self.poller.store(stream, offset, mirror, seq.done_value(), seq.0)?;
+        self.poller.store(stream, offset, mirror, seq.done_value(), seq)?;
         Ok(ring.advance(seq)?)
     }
 
@@ -508,7 +515,7 @@ impl ConsumerSide for PollConsumer {
         deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        let ahead = self.poller.run_ahead.before(seq.0, deadline);
+        let ahead = self.poller.run_ahead.before(seq, deadline);
         self.check_polls(shared)?;
         ahead?;
         let offset = self.poller.layout.published_offset(slot);
@@ -527,7 +534,7 @@ impl ConsumerSide for PollConsumer {
         let consumer = shared.ring.id().index();
         let offset = self.poller.layout.released_offset(consumer, slot);
         let mirror = Mirror::released(consumer, slot.0);
-        self.poller.store(stream, offset, mirror, seq.done_value(), seq.0)?;
+        self.poller.store(stream, offset, mirror, seq.done_value(), seq)?;
         // The poll for this frame may have been satisfied by the poison written when the producer hung up, not by
         // the frame: say so, so the caller discards what it computed from it.
         shared.check_queued_frame(seq)?;

@@ -188,7 +188,7 @@ impl ProducerSide for GpuProducer {
         deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        self.run_ahead.before(seq.0, deadline)?;
+        self.run_ahead.before(seq, deadline)?;
         self.waits.passed(self.run_ahead.progress());
         ring.pending_releases_by(seq, deadline, &mut self.pending)?;
         if self.pending.is_empty() {
@@ -220,7 +220,7 @@ impl ProducerSide for GpuProducer {
         let mut batch = MemOpBatch::new(&mut self.scratch);
         let offset = ring.block().layout().published_offset(slot);
         batch.write_u64(&span, offset as u64, seq.done_value())?;
-        self.run_ahead.submit(batch, stream, Some(seq.0))?;
+        self.run_ahead.submit(batch, stream, Some(seq))?;
         self.trailing.clear();
         Ok(ring.advance(seq)?)
     }
@@ -272,7 +272,7 @@ impl ConsumerSide for GpuConsumer {
         deadline: Instant,
     ) -> Result<(), FrameError> {
         let stream = need_stream(stream, KIND)?;
-        self.run_ahead.before(seq.0, deadline)?;
+        self.run_ahead.before(seq, deadline)?;
         if matches!(shared.ring.is_published(seq), Ok(true)) {
             // Published already, as the CPU sees (an acquire load of the counter the producer's stream wrote after
             // a system-wide memory barrier): work queued from now on reads the frame, as with the CPU strategies.
@@ -301,7 +301,7 @@ impl ConsumerSide for GpuConsumer {
         let span = self.registration.span();
         let mut batch = MemOpBatch::new(&mut self.scratch);
         batch.write_u64(&span, offset as u64, seq.done_value())?;
-        self.run_ahead.submit(batch, stream, Some(seq.0))?;
+        self.run_ahead.submit(batch, stream, Some(seq))?;
         self.trailing.clear();
         // The stream's wait for this frame may have been satisfied by the poison written when the producer
         // died, not by the frame: say so, so the caller discards what it computed from it.
