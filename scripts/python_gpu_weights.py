@@ -18,7 +18,10 @@ For each backend (default both), an owner process A (this one) and a reader proc
      and every data_ptr unchanged.
   5. A publishes generation 3 by writing the staged arena in place (stage(torch) / commit(); the sources of
      floating-point tensors require grad, as a trainer's parameters do); B switches and checks.
-  6. A closes; B's wait_for raises OwnerGone within a second, and its held tensors still read right.
+  6. A refuses an update with a tensor of the wrong shape, then dtype (ArgumentError naming it, nothing
+     published), then publishes generations 4 and 5 with each way update() copies forced (torch's multi-tensor
+     copy, the gather kernel); B checks every byte of each.
+  7. A closes; B's wait_for raises OwnerGone within a second, and its held tensors still read right.
 Prints one `PASS` or `FAIL` line per backend (with the timings) and a last `weights: PASS|FAIL` line; exit status 0
 only if all pass. With --json, writes the rows there.
 """
@@ -37,6 +40,9 @@ from typing import IO, Any
 
 LINE_TIMEOUT = 120.0
 TENSORS = 24
+# Generations A publishes with one way of update()'s copying forced each (torch's multi-tensor copy, the gather
+# kernel), after checking that wrong tensors are refused.
+FORCED = {4: "foreach", 5: "gather"}
 
 
 def read_line(stream: IO[str], timeout: float = LINE_TIMEOUT) -> str:
@@ -175,16 +181,44 @@ def reader(sock: str, mib: int) -> int:
     r.refresh()
     third = r.tensors(torch)
     say(f"STAGED generation={r.generation} wrong={wrong_bytes(torch, third, 3, mib)} verified={r.verify()}")
+    for generation in FORCED:  # A published it with one way of copying forced
+        read_line(sys.stdin)
+        r.wait_for(generation, timeout=30)
+        r.refresh()
+        third = r.tensors(torch)
+        say(f"FORCED generation={r.generation} wrong={wrong_bytes(torch, third, generation, mib)} verified={r.verify()}")
     read_line(sys.stdin)  # A closes now
     t0 = time.monotonic()
     gone = "no"
     try:
-        r.wait_for(4, timeout=5)
+        r.wait_for(max(FORCED) + 1, timeout=5)
     except gpu_ipc.OwnerGone:
         gone = f"{(time.monotonic() - t0) * 1e3:.1f}ms"
     say(f"GONE seen={gone} held_wrong={wrong_bytes(torch, third, 3, mib)}")
     r.close()
     return 0
+
+
+def refusals(torch: Any, pub: Any, mib: int) -> list[str]:
+    """update() from a state_dict with one tensor of the wrong shape, then of the wrong dtype: each must raise
+    ArgumentError naming the tensor and publish nothing. Returns what went otherwise."""
+    import gpu_ipc
+
+    problems = []
+    before = pub.generation
+    for what in ("shape", "dtype"):
+        sd = state_dict(torch, 9, mib)
+        name = "layers.3.attn.weight"
+        sd[name] = sd[name][:-1] if what == "shape" else sd[name].float()
+        try:
+            pub.update(sd)
+            problems.append(f"a tensor of the wrong {what} was taken")
+        except gpu_ipc.ArgumentError as e:
+            if name not in str(e):
+                problems.append(f"the wrong {what}'s error does not name the tensor: {e}")
+        if pub.generation != before:
+            problems.append(f"a refused update (wrong {what}) published generation {pub.generation}")
+    return problems
 
 
 def field(line: str, key: str) -> str:
@@ -248,6 +282,20 @@ def run_backend(backend: str, mib: int) -> dict[str, Any]:
         third = read_line(child.stdout)
         if (field(third, "wrong"), field(third, "verified")) != ("0", str(TENSORS)):
             problems.append(f"generation 3 (stage/commit): {third}")
+        for generation, mode in FORCED.items():
+            refused = refusals(torch, pub, mib)
+            if refused:
+                problems.append(f"before generation {generation}: {refused}")
+            pub._copy_with = mode  # noqa: SLF001 - each way update() copies, forced
+            pub.update(state_dict(torch, generation, mib))
+            pub._copy_with = "auto"  # noqa: SLF001
+            child.stdin.write(f"published {generation}\n")
+            child.stdin.flush()
+            forced = read_line(child.stdout)
+            if (field(forced, "generation"), field(forced, "wrong"), field(forced, "verified")) != (
+                str(generation), "0", str(TENSORS)
+            ):
+                problems.append(f"generation {generation} ({mode}): {forced}")
         child.stdin.write("closing\n")
         child.stdin.flush()
         pub.close()

@@ -141,14 +141,21 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
             if check["wrong"] or check["missing"]:
                 run.fail(f"gpu-ipc {set_name} {backend}: {check['wrong']} wrong, {check['missing']} missing tensors")
             # The switch: update() every tensor with new bytes (generation 2, while the reader holds 1: the owner
-            # may need a second arena), the reader moves to 2, then update() again (generation 3: the steady state,
-            # into the arena nobody holds any more); the old bytes come back as generation 3, so `sums` checks it.
-            # Then generation 4 (the new bytes again), the same update timed in its two parts: the CPU queueing
-            # every copy (what update() does before commit), then commit (which waits for the GPU).
+            # may need a second arena), the reader moves to 2, then update() again (generation 3: into the arena
+            # nobody holds any more); the old bytes come back as generation 3, so `sums` checks it. Then generation
+            # 4 (the new bytes again), the same update timed in its two parts: the CPU queueing every copy (what
+            # update() does before commit), then commit (which waits for the GPU). Then three updates with each
+            # way of copying (update()'s default, the gather kernel, torch's multi-tensor copy), sources
+            # alternating, each read back by the reader; each way's best of 3, as torch's references below.
             new = random_state_dict([(k, tuple(v.shape)) for k, v in sd.items()], seed=2)
             new_sums = checksums(new)
-            updates, switched, queued = [], {}, float("nan")
-            for source, want, split in ((new, new_sums, False), (sd, sums, False), (new, new_sums, True)):
+            plan = [(new, new_sums, False, "auto"), (sd, sums, False, "auto"), (new, new_sums, True, "auto")]
+            for mode in ("auto", "gather", "foreach"):
+                plan += [(sd, sums, False, mode), (new, new_sums, False, mode), (sd, sums, False, mode)]
+            updates: list[tuple[str, float]] = []
+            switched, queued = {}, float("nan")
+            for source, want, split, mode in plan:
+                pub._copy_with = mode  # noqa: SLF001 - the way of copying, to time each
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 if split:
@@ -159,12 +166,13 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
                 else:
                     gen = pub.update(source)
                 torch.cuda.synchronize()
-                updates.append(time.perf_counter() - t0)
+                updates.append((mode, time.perf_counter() - t0))
                 switched = reader.ask(op="refresh-gpu-ipc")
                 check = reader.ask(op="check", sums=want)
                 if check["wrong"] or check["missing"] or switched["generation"] != gen:
-                    run.fail(f"gpu-ipc switch {set_name} {backend}: generation {switched['generation']} (want {gen}),"
-                             f" {check['wrong']} wrong, {check['missing']} missing")
+                    run.fail(f"gpu-ipc switch {set_name} {backend} ({mode}): generation {switched['generation']}"
+                             f" (want {gen}), {check['wrong']} wrong, {check['missing']} missing")
+            pub._copy_with = "auto"  # noqa: SLF001
             reader.ask(op="release")
         finally:
             reader.close()
@@ -180,10 +188,13 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
     one_copy_s = min(timed_flat_copy(flat_dst, flat_src) for _ in range(3))
     del flat_src, flat_dst
     torch.cuda.empty_cache()
-    steady = updates[1]
+    best = {m: min(t for mode, t in updates[3:] if mode == m) for m in ("auto", "gather", "foreach")}
+    steady = best["auto"]
     run.row(part="switch", set=set_name, backend=backend, method="gpu-ipc", tensors=len(sd), bytes=total,
-            update_seconds=steady, first_update_seconds=updates[0], reader_refresh_seconds=switched["seconds"],
-            update_queue_seconds=queued, split_update_seconds=updates[2],
+            update_seconds=steady, first_update_seconds=updates[0][1], second_update_seconds=updates[1][1],
+            gather_update_seconds=best["gather"], foreach_update_seconds=best["foreach"],
+            reader_refresh_seconds=switched["seconds"], update_queue_seconds=queued,
+            split_update_seconds=updates[2][1],
             torch_copy_per_tensor_seconds=per_tensor_s, torch_one_memcpy_seconds=one_copy_s,
             ratio_to_per_tensor=steady / per_tensor_s, ratio_to_one_memcpy=steady / one_copy_s,
             wrong=check["wrong"] + check["missing"])
