@@ -8,9 +8,11 @@
 #    timeout) from the staged nextest archive, a few seconds;
 # 2. `gpu-ipc bench pipeline --mps` on the resident rows (resident-<backend>-s2/-s4/-s8, both sides grid kernels;
 #    resident-<backend>-s4-one-block, the one-block kernels), their references (single-process-pipelined-s2/4/8 among
-#    them) and the frame graphs with kernel waits of the vmm backend (the best of ours so far), $RESIDENT_FRAMES frames
-#    a row (default 2000); the Markdown ends with the resident rows against the pipelined reference at equal depth;
-# 3. the same rows without MPS: the resident rows must say "unavailable" with the reason.
+#    them), the frame graphs of the vmm backend (kernel waits and stream-op waits) and the vmm rings frame by frame
+#    (ipc-event, gpu-stream-ops; 4 and 8 slots), $RESIDENT_FRAMES frames a row (default 2000); RESIDENT_ROWS replaces
+#    the row filter; the Markdown ends with the resident rows against the pipelined reference at equal depth;
+# 3. the same rows without MPS (the graph rows with stream-op waits run; the resident rows and kernel waits must say
+#    "unavailable" with the reason).
 # Not yet timed: about 3-4 minutes (2: about 20 rows of a few seconds each; 3: the references and the reasons).
 # OUT_DIR receives environment.txt, tests.log, mps/ and no-mps/ (bench.json, bench.md, bench.log). Exit status: 0 when
 # the tests passed and both passes ran, 1 otherwise, 2 when nothing is staged.
@@ -39,7 +41,7 @@ echo "resident-rows-gpu: [1/3] the grid persistent kernels' GPU tests" >&2
     --run-ignored all -E 'package(gpu-ipc-bench) & test(/resident::gpu_tests::/)' --no-capture 2>&1 | tee "$OUT/tests.log"
 TESTS_RC=${PIPESTATUS[0]}
 
-ROWS="resident,graphs-vmm-gpu-poll"
+ROWS="${RESIDENT_ROWS:-resident,graphs-vmm,ours-vmm-ipc-event-s4-c1,ours-vmm-ipc-event-s8-c1,ours-vmm-gpu-stream-ops-s4-c1,ours-vmm-gpu-stream-ops-s8-c1}"
 BENCH_RC=0
 for pass in mps no-mps; do
     echo "resident-rows-gpu: [$([ "$pass" = mps ] && echo 2 || echo 3)/3] gpu-ipc bench pipeline, $pass" >&2
