@@ -18,9 +18,10 @@ For each backend (default both), an owner process A (this one) and a reader proc
      and every data_ptr unchanged.
   5. A publishes generation 3 by writing the staged arena in place (stage(torch) / commit(); the sources of
      floating-point tensors require grad, as a trainer's parameters do); B switches and checks.
-  6. A refuses an update with a tensor of the wrong shape, then dtype (ArgumentError naming it, nothing
-     published), then publishes generations 4 and 5 with each way update() copies forced (torch's multi-tensor
-     copy, the gather kernel); B checks every byte of each.
+  6. A refuses an update (and a bind) with a tensor of the wrong shape, then dtype (ArgumentError naming it, nothing
+     published), a bind of a tensor that is not contiguous; then publishes generation 5 from sources bound once
+     (bind(), update(bound) making 4, the tensors rewritten in place, update(bound) again) and 6 by update(); B
+     checks every byte of 5 and 6.
   7. A closes; B's wait_for raises OwnerGone within a second, and its held tensors still read right.
 Prints one `PASS` or `FAIL` line per backend (with the timings) and a last `weights: PASS|FAIL` line; exit status 0
 only if all pass. With --json, writes the rows there.
@@ -40,9 +41,10 @@ from typing import IO, Any
 
 LINE_TIMEOUT = 120.0
 TENSORS = 24
-# Generations A publishes with one way of update()'s copying forced each (torch's multi-tensor copy, the gather
-# kernel), after checking that wrong tensors are refused.
-FORCED = {4: "foreach", 5: "gather"}
+# Generations A publishes after checking that wrong tensors are refused: 5 from sources bound once (bind(), then
+# update(bound) twice, the tensors rewritten in place between: the first makes generation 4, which B skips), 6 by
+# update() of a state_dict.
+FORCED = {5: "bound", 6: "update"}
 
 
 def read_line(stream: IO[str], timeout: float = LINE_TIMEOUT) -> str:
@@ -194,7 +196,7 @@ def reader(sock: str, mib: int) -> int:
         r.wait_for(max(FORCED) + 1, timeout=5)
     except gpu_ipc.OwnerGone:
         gone = f"{(time.monotonic() - t0) * 1e3:.1f}ms"
-    say(f"GONE seen={gone} held_wrong={wrong_bytes(torch, third, 3, mib)}")
+    say(f"GONE seen={gone} held_wrong={wrong_bytes(torch, third, max(FORCED), mib)}")
     r.close()
     return 0
 
@@ -218,6 +220,20 @@ def refusals(torch: Any, pub: Any, mib: int) -> list[str]:
                 problems.append(f"the wrong {what}'s error does not name the tensor: {e}")
         if pub.generation != before:
             problems.append(f"a refused update (wrong {what}) published generation {pub.generation}")
+        try:
+            pub.bind(sd)
+            problems.append(f"bind() took a tensor of the wrong {what}")
+        except gpu_ipc.ArgumentError as e:
+            if name not in str(e):
+                problems.append(f"bind()'s error for the wrong {what} does not name the tensor: {e}")
+    sd = state_dict(torch, 9, mib)
+    sd[name] = sd[name].t().contiguous().t()  # the right shape and dtype, not contiguous
+    try:
+        pub.bind(sd)
+        problems.append("bind() took a tensor that is not contiguous")
+    except gpu_ipc.ArgumentError as e:
+        if "contiguous" not in str(e):
+            problems.append(f"bind()'s error for a tensor that is not contiguous: {e}")
     return problems
 
 
@@ -286,9 +302,19 @@ def run_backend(backend: str, mib: int) -> dict[str, Any]:
             refused = refusals(torch, pub, mib)
             if refused:
                 problems.append(f"before generation {generation}: {refused}")
-            pub._copy_with = mode  # noqa: SLF001 - each way update() copies, forced
-            pub.update(state_dict(torch, generation, mib))
-            pub._copy_with = "auto"  # noqa: SLF001
+            if mode == "bound":
+                # The trainer's case: parameters written in place between updates. Bound while they hold another
+                # generation's values, published once so (a generation the reader skips), then rewritten in place
+                # to this generation's and published again: update(bound) reads them as they are then.
+                params = state_dict(torch, 8, mib)
+                bound = pub.bind(params)
+                pub.update(bound)
+                for t, new in zip(params.values(), state_dict(torch, generation, mib).values()):
+                    t.copy_(new)
+                if len(bound) != TENSORS or pub.update(bound) != generation:
+                    problems.append(f"bind: {len(bound)} tensors bound, generation {pub.generation} published")
+            else:
+                pub.update(state_dict(torch, generation, mib))
             child.stdin.write(f"published {generation}\n")
             child.stdin.flush()
             forced = read_line(child.stdout)

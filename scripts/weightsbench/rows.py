@@ -144,18 +144,22 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
             # may need a second arena), the reader moves to 2, then update() again (generation 3: into the arena
             # nobody holds any more); the old bytes come back as generation 3, so `sums` checks it. Then generation
             # 4 (the new bytes again), the same update timed in its two parts: the CPU queueing every copy (what
-            # update() does before commit), then commit (which waits for the GPU). Then three updates with each
-            # way of copying (update()'s default, the gather kernel, torch's multi-tensor copy), sources
-            # alternating, each read back by the reader; each way's best of 3, as torch's references below.
+            # update() does before commit), then commit (which waits for the GPU). Then three updates of each kind,
+            # sources alternating, each read back by the reader: update() of the state_dict, and update() of the
+            # sources bind() read once (a trainer's parameters, written in place between updates); each kind's best
+            # of 3, as torch's references below.
             new = random_state_dict([(k, tuple(v.shape)) for k, v in sd.items()], seed=2)
             new_sums = checksums(new)
-            plan = [(new, new_sums, False, "auto"), (sd, sums, False, "auto"), (new, new_sums, True, "auto")]
-            for mode in ("auto", "gather", "foreach"):
+            t0 = time.perf_counter()
+            bound_sd = pub.bind(sd)
+            bind_s = time.perf_counter() - t0
+            bound = {id(sd): bound_sd, id(new): pub.bind(new)}
+            plan = [(new, new_sums, False, "update"), (sd, sums, False, "update"), (new, new_sums, True, "update")]
+            for mode in ("update", "bound"):
                 plan += [(sd, sums, False, mode), (new, new_sums, False, mode), (sd, sums, False, mode)]
             updates: list[tuple[str, float]] = []
             switched, queued = {}, float("nan")
             for source, want, split, mode in plan:
-                pub._copy_with = mode  # noqa: SLF001 - the way of copying, to time each
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 if split:
@@ -164,7 +168,7 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
                     gen = pub.commit()
                     del kept
                 else:
-                    gen = pub.update(source)
+                    gen = pub.update(bound[id(source)] if mode == "bound" else source)
                 torch.cuda.synchronize()
                 updates.append((mode, time.perf_counter() - t0))
                 switched = reader.ask(op="refresh-gpu-ipc")
@@ -172,7 +176,7 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
                 if check["wrong"] or check["missing"] or switched["generation"] != gen:
                     run.fail(f"gpu-ipc switch {set_name} {backend} ({mode}): generation {switched['generation']}"
                              f" (want {gen}), {check['wrong']} wrong, {check['missing']} missing")
-            pub._copy_with = "auto"  # noqa: SLF001
+            del bound, bound_sd
             reader.ask(op="release")
         finally:
             reader.close()
@@ -188,11 +192,12 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
     one_copy_s = min(timed_flat_copy(flat_dst, flat_src) for _ in range(3))
     del flat_src, flat_dst
     torch.cuda.empty_cache()
-    best = {m: min(t for mode, t in updates[3:] if mode == m) for m in ("auto", "gather", "foreach")}
-    steady = best["auto"]
+    best = {m: min(t for mode, t in updates[3:] if mode == m) for m in ("update", "bound")}
+    steady = best["update"]
     run.row(part="switch", set=set_name, backend=backend, method="gpu-ipc", tensors=len(sd), bytes=total,
             update_seconds=steady, first_update_seconds=updates[0][1], second_update_seconds=updates[1][1],
-            gather_update_seconds=best["gather"], foreach_update_seconds=best["foreach"],
+            bound_update_seconds=best["bound"], bind_seconds=bind_s,
+            ratio_bound_to_one_memcpy=best["bound"] / one_copy_s,
             reader_refresh_seconds=switched["seconds"], update_queue_seconds=queued,
             split_update_seconds=updates[2][1],
             torch_copy_per_tensor_seconds=per_tensor_s, torch_one_memcpy_seconds=one_copy_s,

@@ -913,10 +913,6 @@ class WeightsOwner:
     @property
     def generation(self) -> int:
         """The newest published generation (0 before the first commit)."""
-    def stage_address(self) -> int:
-        """Makes (or returns) the next generation's arena and returns its address in this process: the key under which
-        the Python layer keeps the arena's tensors between generations (every arena of a set has the same layout, so
-        views made of the arena at this address stay right for whichever generation is staged there)."""
     def stage(self) -> list[tuple[str, WeightsTensor]]:
         """Makes (or returns) the next generation's arena and returns its tensors, writable, as ``(name, view)`` pairs."""
     def stage_arena(

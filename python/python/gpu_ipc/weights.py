@@ -41,14 +41,19 @@ import importlib
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from contextlib import nullcontext
 from itertools import repeat
-from operator import attrgetter
 from typing import Any
 
-from gpu_ipc._gpu_ipc import ArgumentError, ArgumentTypeError, WeightsOwner, WeightsReader, WeightsTensor
+from gpu_ipc._gpu_ipc import (
+    ArgumentError,
+    ArgumentTypeError,
+    WeightsOwner,
+    WeightsReader,
+    WeightsTensor,
+    _weights_read_sources,
+)
 
-__all__ = ["Publisher", "Reader", "WeightsTensor", "open", "publish"]
+__all__ = ["BoundSources", "Publisher", "Reader", "WeightsTensor", "open", "publish"]
 
 # Tensors per native copy call: the GPU copies one batch while the next one's pointers are read. The first batches
 # are smaller, so that the GPU starts early.
@@ -63,13 +68,6 @@ def _batches(count: int) -> list[tuple[int, int]]:
         first, size = first + size, min(_BATCH, size * 2)
     return out
 
-
-# ``Publisher.update`` uses torch's multi-tensor copy when the set's tensors average at most this many bytes: below
-# it, reading each tensor from Python costs more than copying it.
-_FOREACH_MEAN_BYTES = 16 << 20
-_DTYPE_OF = attrgetter("dtype")
-_SHAPE_OF = attrgetter("shape")
-_NO_CONTEXT = nullcontext()
 
 # NumPy's names of the element types the manifest knows, from the typestr of __cuda_array_interface__ and
 # __array_interface__.
@@ -328,14 +326,6 @@ class Publisher:
         self._names = [name for name, _, _ in layout]
         self._layout = {name: (dtype, tuple(shape)) for name, dtype, shape in layout}
         self._torch_expected: tuple[Any, list[Any], list[tuple[int, ...]]] | None = None
-        # The staged arena's torch tensors by its address (see ``_arena_views``), and the layout's indices grouped
-        # by element type (torch's multi-tensor copy takes one element type per call).
-        self._views: dict[int, list[Any]] = {}
-        self._dtype_groups: list[list[int]] | None = None
-        # How ``update`` copies torch tensors on a GPU: "auto" (torch's multi-tensor copy when the set's tensors
-        # are small on average, else the gather kernel), "foreach" or "gather" (for measurements).
-        self._copy_with = "auto"
-        self._mean: float | None = None
 
     @property
     def generation(self) -> int:
@@ -373,13 +363,8 @@ class Publisher:
         if len(state_dict) != len(names):
             _in_order(state_dict, names, differ)  # raises, naming what is missing and what is unknown
         sd = state_dict if isinstance(state_dict, dict) else dict(state_dict)
-        torch = _torch_module()
-        if torch is not None:
-            copied = self._copy_foreach(torch, sd, stream)
-            if copied is not None:
-                return copied
         stream = _stream_of(stream, device)
-        expected = self._expected(torch)
+        expected = self._expected(_torch_module())
         kept: list[Any] = []
         at, count = 0, len(names)
         while at < count:
@@ -393,68 +378,6 @@ class Publisher:
             self._owner.copy_in(self._pointers(sd, at, end, device, kept), at, stream)
             at = end
         return kept
-
-    def _copy_foreach(self, torch: Any, sd: dict[str, Any], stream: Any) -> list[Any] | None:
-        """Queues every copy with torch's multi-tensor copy (``torch._foreach_copy_``, one call per element type:
-        torch checks and reads every tensor in C++, and each launch copies many tensors) into the staged arena's
-        tensors, made once per arena (``_arena_views``); returns the sources. ``None`` (nothing queued) unless it
-        applies: every source a torch tensor of the set's dtype and shape, a stream that is torch's (or the
-        default: torch's current one), and (with ``_copy_with`` "auto") a set of small tensors, where reading each
-        tensor from Python, not the copy, would set the pace (about 1 us per tensor against 1 MiB copied in about
-        0.5 us). A source on another device, in host memory or not contiguous is still copied right, by torch's
-        per-tensor path (slower)."""
-        mode = self._copy_with
-        foreach = getattr(torch, "_foreach_copy_", None)
-        if mode == "gather" or foreach is None:
-            return None
-        if stream is not None and not isinstance(stream, torch.cuda.Stream):
-            return None
-        kind, dtypes, shapes = self._expected(torch)  # type: ignore[misc]
-        if mode == "auto" and self._mean_bytes(torch) > _FOREACH_MEAN_BYTES:
-            return None
-        try:
-            sources = list(map(sd.__getitem__, self._names))
-        except KeyError:
-            return None
-        if not all(map(isinstance, sources, repeat(kind))):
-            return None
-        if list(map(_DTYPE_OF, sources)) != dtypes or list(map(_SHAPE_OF, sources)) != shapes:
-            return None
-        views = self._arena_views(torch)
-        with torch.no_grad(), (torch.cuda.stream(stream) if stream is not None else _NO_CONTEXT):
-            groups = self._dtype_groups or []
-            if len(groups) == 1:
-                foreach(views, sources)
-            else:
-                for group in groups:
-                    foreach(list(map(views.__getitem__, group)), list(map(sources.__getitem__, group)))
-        return sources
-
-    def _mean_bytes(self, torch: Any) -> float:
-        """The set's bytes per tensor (of the types torch knows; the others count as one byte an element)."""
-        if self._mean is None:
-            sizes = [getattr(getattr(torch, dtype, None), "itemsize", 1) for dtype, _shape in self._layout.values()]
-            total = sum(size * _count(shape) for size, (_dtype, shape) in zip(sizes, self._layout.values()))
-            self._mean = total / max(1, len(sizes))
-        return self._mean
-
-    def _arena_views(self, torch: Any) -> list[Any]:
-        """The staged arena's tensors (torch, writable, layout order), made once per arena address and kept: every
-        arena has the set's layout, so the views of the arena at an address are right for any generation staged
-        there. At most four addresses are kept (``keep`` arenas and those readers hold come back)."""
-        base = self._owner.stage_address()
-        views = self._views.get(base)
-        if views is None:
-            views = list(self.stage(torch).values())
-            while len(self._views) >= 4:
-                self._views.pop(next(iter(self._views)))
-            self._views[base] = views
-        if self._dtype_groups is None:
-            groups: dict[Any, list[int]] = {}
-            for i, dtype in enumerate(self._expected(torch)[1]):  # type: ignore[index]
-                groups.setdefault(dtype, []).append(i)
-            self._dtype_groups = list(groups.values())
-        return views
 
     def _expected(self, torch: Any) -> tuple[Any, list[Any], list[tuple[int, ...]]] | None:
         """``(torch.Tensor, dtypes, shapes)``: what each tensor of an update must be, as the native copy compares it
@@ -491,14 +414,51 @@ class Publisher:
             raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
         return t
 
-    def update(self, state_dict: Mapping[str, Any] | Any, stream: Any = None) -> int:
+    def update(self, state_dict: Mapping[str, Any] | BoundSources | Any, stream: Any = None) -> int:
         """Copies ``state_dict`` (same names, dtypes and shapes as published) into an arena no reader holds (or a new
         one), device-to-device on ``stream`` (default: PyTorch's current stream), and publishes it; returns the new
-        generation. Readers keep the generation they hold until they refresh."""
+        generation. Readers keep the generation they hold until they refresh.
+
+        ``state_dict`` may be what ``bind()`` returned: then nothing is read per tensor (the copy's table was made
+        when bound), which is what keeps a switch of thousands of small tensors near the speed of one memcpy."""
+        if isinstance(state_dict, BoundSources):
+            if state_dict.publisher is not self:
+                raise ArgumentError(f"these sources were bound by another publisher than {self!r}")
+            device = self._owner.device
+            self._owner.copy_in(state_dict.addresses, 0, _stream_of(stream, device))
+            return self._owner.commit()  # waits for the copies: the bound tensors may change after it returns
         sources = self._copy(_state_dict(state_dict), stream)
         generation = self._owner.commit()
         del sources  # the device finished the copies (commit waited)
         return generation
+
+    def bind(self, state_dict: Mapping[str, Any] | Any) -> BoundSources:
+        """Reads once where every tensor of ``state_dict`` (or a module's ``state_dict()``) lives, and returns the
+        sources for ``update(bound)``, which then copies from those addresses without reading any tensor again: the
+        way to publish a trainer's parameters after every step, since an optimizer writes them in place. The
+        tensors must be torch tensors of the set's names, dtypes and shapes, on its device, contiguous (anything
+        else is refused, naming the tensor). The bound object keeps them alive, so their memory cannot go back to
+        the allocator under a copy; a tensor *replaced* in the module afterwards (``param.data = ...``, a new
+        ``nn.Parameter``) is not seen: bind again after such a change."""
+        torch = _torch_module()
+        device = self._owner.device
+        if device is None or torch is None:
+            raise ArgumentError("bind() is for torch tensors on a GPU; update() takes host arrays as they are")
+        sd = _state_dict(state_dict)
+        differ = f"weight set {self.name!r}: the state_dict's names differ from the published layout"
+        tensors = _in_order(sd, self._names, differ)
+        kind, dtypes, shapes = self._expected(torch)  # type: ignore[misc]
+        addresses, stop = _weights_read_sources(dict(zip(self._names, tensors)), self._names, 0, kind, dtypes,
+                                                shapes, device)
+        if stop < len(self._names):
+            name = self._names[stop]
+            if not isinstance(tensors[stop], kind):
+                raise ArgumentError(f"tensor {name!r} is a {type(tensors[stop]).__name__}: bind() takes torch tensors")
+            described = self._checked(name, _describe(name, tensors[stop]), device)  # raises for dtype, shape, device
+            if described.device is None:
+                raise ArgumentError(f"tensor {name!r} is in host memory: bind() takes tensors on cuda:{device}")
+            raise ArgumentError(f"tensor {name!r} is not contiguous: bind() copies from a tensor's own bytes")
+        return BoundSources(self, tensors, addresses)
 
     def stage(self, framework: Any = None) -> dict[str, Any]:
         """The next generation's tensors, writable in place; ``commit()`` publishes them. Write every tensor: the
@@ -525,7 +485,6 @@ class Publisher:
         return self._owner.arenas()
 
     def close(self) -> None:
-        self._views.clear()
         self._owner.close()
 
     @property
@@ -540,6 +499,24 @@ class Publisher:
 
     def __repr__(self) -> str:
         return f"Publisher(name={self.name!r}, socket={self.socket!r}, generation={self.generation})"
+
+
+class BoundSources:
+    """A state_dict's tensors as ``Publisher.bind()`` read them: their addresses, and the tensors themselves, kept
+    alive. ``Publisher.update(bound)`` copies from them as they are at that moment."""
+
+    __slots__ = ("publisher", "tensors", "addresses")
+
+    def __init__(self, publisher: Publisher, tensors: list[Any], addresses: list[int]):
+        self.publisher = publisher
+        self.tensors = tensors
+        self.addresses = addresses
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __repr__(self) -> str:
+        return f"BoundSources({len(self.tensors)} tensors of {self.publisher.name!r})"
 
 
 def publish(

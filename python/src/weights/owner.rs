@@ -127,15 +127,6 @@ impl WeightsOwner {
         Ok(each_backend!(&*lock(&*self.owner()?), o => o.generation()))
     }
 
-    /// Makes (or returns) the next generation's arena and returns its address in this process: the key under which
-    /// the Python layer keeps the arena's tensors between generations (every arena of a set has the same layout, so
-    /// views made of the arena at this address stay right for whichever generation is staged there).
-    fn stage_address(&self, py: Python<'_>) -> PyResult<u64> {
-        let owner = self.owner()?;
-        py.detach(|| each_backend!(&mut *lock(&*owner), o => o.stage().map(|s| s.handle().ptr().0)))
-            .map_err(weights_to_py)
-    }
-
     /// Makes (or returns) the next generation's arena and returns its tensors, writable, as ``(name, view)`` pairs.
     fn stage(&self, py: Python<'_>) -> PyResult<Vec<(String, WeightsTensor)>> {
         let owner = self.owner()?;
