@@ -21,7 +21,8 @@ For each backend (default both), an owner process A (this one) and a reader proc
   6. A refuses an update (and a bind) with a tensor of the wrong shape, then dtype (ArgumentError naming it, nothing
      published), a bind of a tensor that is not contiguous; then publishes generation 5 from sources bound once
      (bind(), update(bound) making 4, the tensors rewritten in place, update(bound) again) and 6 by update(); B
-     checks every byte of 5 and 6.
+     checks every byte of 5 and 6, in the arena and loaded into its own tensors through targets bound once
+     (Reader.bind(), load_into(bound): every byte right, every data_ptr unchanged; a bind of a wrong shape refused).
   7. A closes; B's wait_for raises OwnerGone within a second, and its held tensors still read right.
 Prints one `PASS` or `FAIL` line per backend (with the timings) and a last `weights: PASS|FAIL` line; exit status 0
 only if all pass. With --json, writes the rows there.
@@ -183,12 +184,25 @@ def reader(sock: str, mib: int) -> int:
     r.refresh()
     third = r.tensors(torch)
     say(f"STAGED generation={r.generation} wrong={wrong_bytes(torch, third, 3, mib)} verified={r.verify()}")
-    for generation in FORCED:  # A published it with one way of copying forced
+    bound = r.bind(target)  # the same tensors, read once: each generation below is loaded into them through it
+    wrong_shape = dict(target)
+    wrong_shape["layers.3.attn.weight"] = wrong_shape["layers.3.attn.weight"][:-1]
+    try:
+        r.bind(wrong_shape)
+        bind_refused = 0
+    except gpu_ipc.ArgumentError as e:
+        bind_refused = int("layers.3.attn.weight" in str(e))
+    for generation in FORCED:  # A published it one way or the other
         read_line(sys.stdin)
         r.wait_for(generation, timeout=30)
         r.refresh()
         third = r.tensors(torch)
-        say(f"FORCED generation={r.generation} wrong={wrong_bytes(torch, third, generation, mib)} verified={r.verify()}")
+        copied = r.load_into(bound)
+        torch.cuda.synchronize()
+        same = int(all(target[k].data_ptr() == p for k, p in pointers.items()))
+        say(f"FORCED generation={r.generation} wrong={wrong_bytes(torch, third, generation, mib)} verified={r.verify()}"
+            f" bound_copied={copied} bound_wrong={wrong_bytes(torch, target, generation, mib)} bound_ptrs_same={same}"
+            f" bind_refused={bind_refused}")
     read_line(sys.stdin)  # A closes now
     t0 = time.monotonic()
     gone = "no"
@@ -322,6 +336,9 @@ def run_backend(backend: str, mib: int) -> dict[str, Any]:
                 str(generation), "0", str(TENSORS)
             ):
                 problems.append(f"generation {generation} ({mode}): {forced}")
+            via = tuple(field(forced, k) for k in ("bound_copied", "bound_wrong", "bound_ptrs_same", "bind_refused"))
+            if via != (str(TENSORS), "0", "1", "1"):
+                problems.append(f"generation {generation}, B's load_into(bound): {forced}")
         child.stdin.write("closing\n")
         child.stdin.flush()
         pub.close()

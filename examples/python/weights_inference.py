@@ -3,7 +3,7 @@
     python examples/python/weights_trainer.py --socket /tmp/w.sock --steps 100
     python examples/python/weights_inference.py --socket /tmp/w.sock
 
-The model's own tensors are loaded in place (``load_into``: cuMemcpyAsync on the current stream, pointers unchanged,
+The model's own tensors are loaded in place (``load_into``: the gather kernel on the current stream, pointers unchanged,
 so a captured CUDA graph stays valid). The generation held is never half-updated: the trainer writes the next one
 into another arena. When the trainer ends, ``latest()`` raises ``OwnerGone`` and this process stops, its model
 intact. ``--no-copy`` reads the shared tensors directly instead (several readers on one GPU, one copy of the model).
@@ -32,13 +32,15 @@ def main() -> None:
     model = make_model().to(args.device).eval()
     x = torch.randn(8, 256, device=args.device)
     with gpu_ipc.weights.open(args.socket, args.name, timeout=30) as reader:
+        # On a GPU, where each of the model's tensors lives is read once: every generation is loaded into them.
+        targets = reader.bind(model) if reader.backend != "host" and not args.no_copy else model
 
         def take() -> None:
             if args.no_copy:
                 shared = {k: torch.from_dlpack(t) for k, t in reader.tensors().items()}
                 model.load_state_dict(shared, assign=True)  # the parameters are the shared tensors
             else:
-                reader.load_into(model)  # copies into the model's own tensors
+                reader.load_into(targets)  # copies into the model's own tensors
 
         take()
         while True:

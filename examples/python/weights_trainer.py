@@ -40,6 +40,9 @@ def main() -> None:
     backend = "host" if args.device == "cpu" else "vmm"
     with gpu_ipc.weights.publish(model.state_dict(), args.name, socket=args.socket, backend=backend) as pub:
         print(f"published {args.name} generation {pub.generation} at {args.socket}", flush=True)
+        # On a GPU, where each parameter lives is read once (the optimizer writes them in place), so an update reads
+        # nothing per tensor; on the host backend update() takes the module as it is.
+        sources = pub.bind(model) if backend != "host" else model
         for step in range(args.steps):
             x = torch.randn(64, 256, device=args.device)
             loss = model(x).pow(2).mean()
@@ -47,7 +50,7 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             started = time.perf_counter()
-            generation = pub.update(model.state_dict())  # waits for the copies, then publishes
+            generation = pub.update(sources)  # waits for the copies, then publishes
             took = (time.perf_counter() - started) * 1e3
             holders = sorted({g for _pid, g in pub.readers()})
             print(f"step {step}: loss {loss.item():.4f}, generation {generation} in {took:.2f} ms; readers hold {holders}", flush=True)

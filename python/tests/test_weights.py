@@ -191,9 +191,10 @@ def test_update_refuses_another_layout(sock: str) -> None:
         assert pub.generation == 1
 
 
-def test_bind_is_for_torch_tensors_on_a_gpu_and_bound_sources_stay_with_their_publisher(sock: str) -> None:
-    """bind() reads a GPU set's torch tensors once; on the host backend it refuses with what it is for, and
-    update() refuses sources another publisher bound (checked before anything is copied)."""
+def test_bind_is_for_torch_tensors_on_a_gpu_and_what_it_binds_stays_with_its_owner(sock: str) -> None:
+    """Publisher.bind() and Reader.bind() read a GPU set's torch tensors once; on the host backend each refuses with
+    what it is for, and update() / load_into() refuse what another publisher / reader bound (checked before anything
+    is copied)."""
     with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock) as pub:
         with pytest.raises(gpu_ipc.ArgumentError, match="bind\\(\\) is for torch tensors on a GPU"):
             pub.bind(state_dict(2))
@@ -202,6 +203,13 @@ def test_bind_is_for_torch_tensors_on_a_gpu_and_bound_sources_stay_with_their_pu
             with pytest.raises(gpu_ipc.ArgumentError, match="bound by another publisher"):
                 pub.update(foreign)
         assert pub.generation == 1
+        with gpu_ipc.weights.open(sock, "m") as r:
+            with pytest.raises(gpu_ipc.ArgumentError, match="bind\\(\\) is for torch tensors on a GPU"):
+                r.bind(state_dict(2))
+            with gpu_ipc.weights.open(sock, "m") as other_reader:
+                foreign_targets = gpu_ipc.weights.BoundTargets(other_reader, [], [])
+                with pytest.raises(gpu_ipc.ArgumentError, match="bound by another reader"):
+                    r.load_into(foreign_targets)
 
 
 def test_a_wrong_name_and_no_owner_say_so(sock: str) -> None:

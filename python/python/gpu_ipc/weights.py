@@ -53,7 +53,7 @@ from gpu_ipc._gpu_ipc import (
     _weights_read_sources,
 )
 
-__all__ = ["BoundSources", "Publisher", "Reader", "WeightsTensor", "open", "publish"]
+__all__ = ["BoundSources", "BoundTargets", "Publisher", "Reader", "WeightsTensor", "open", "publish"]
 
 # Tensors per native copy call: the GPU copies one batch while the next one's pointers are read. The first batches
 # are smaller, so that the GPU starts early.
@@ -519,6 +519,25 @@ class BoundSources:
         return f"BoundSources({len(self.tensors)} tensors of {self.publisher.name!r})"
 
 
+class BoundTargets:
+    """A module's (or dict's) tensors as ``Reader.bind()`` read them: their addresses, and the tensors themselves,
+    kept alive. ``Reader.load_into(bound)`` copies the held generation into them, whichever generation that is (a
+    set's layout is fixed)."""
+
+    __slots__ = ("reader", "tensors", "addresses")
+
+    def __init__(self, reader: Reader, tensors: list[Any], addresses: list[int]):
+        self.reader = reader
+        self.tensors = tensors
+        self.addresses = addresses
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __repr__(self) -> str:
+        return f"BoundTargets({len(self.tensors)} tensors of {self.reader.name!r})"
+
+
 def publish(
     state_dict: Mapping[str, Any] | Any,
     name: str,
@@ -642,13 +661,51 @@ class Reader:
         """Checks the held generation against its manifest's checksums; returns the tensors checked (0 without)."""
         return self._reader.verify()
 
+    def bind(self, module_or_dict: Any) -> BoundTargets:
+        """Reads once where every tensor of a module's ``state_dict()`` (or a ``Mapping[str, tensor]``) lives, and
+        returns the targets for ``load_into(bound)``, which then copies the held generation into those addresses
+        without reading any tensor again: for an engine that loads every new generation into the same parameters.
+        The tensors must be torch tensors of every one of the set's names, dtypes and shapes, on its device,
+        contiguous (anything else is refused, naming the tensor). The bound object keeps them alive; a tensor
+        *replaced* in the module afterwards is not seen: bind again after such a change."""
+        torch = _torch_module()
+        device = self._reader.device
+        if device is None or torch is None:
+            raise ArgumentError("bind() is for torch tensors on a GPU; load_into() takes host arrays as they are")
+        target = _state_dict(module_or_dict)
+        names, dtypes, shapes = self._expected(torch)
+        differ = f"weight set {self.name!r}: the target's names differ from the set's"
+        tensors = _in_order(target, names, differ)
+        addresses, stop = _weights_read_sources(dict(zip(names, tensors)), names, 0, torch.Tensor, dtypes, shapes,
+                                                device)
+        if stop < len(names):
+            name, obj = names[stop], tensors[stop]
+            if not isinstance(obj, torch.Tensor):
+                raise ArgumentError(f"tensor {name!r} is a {type(obj).__name__}: bind() takes torch tensors")
+            t = _describe_target(name, obj)  # raises for a tensor that is not contiguous
+            dtype, shape = str(dtypes[stop]).removeprefix("torch."), shapes[stop]
+            if (t.dtype, t.shape) != (dtype, shape):
+                raise ArgumentError(
+                    f"tensor {name!r} is {t.dtype} {list(t.shape)} here, {dtype} {list(shape)} in the set"
+                )
+            if t.device is None:
+                raise ArgumentError(f"tensor {name!r} is in host memory: bind() takes tensors on cuda:{device}")
+            raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
+        return BoundTargets(self, tensors, addresses)
+
     def load_into(self, module_or_dict: Any, stream: Any = None, strict: bool = True) -> int:
         """Copies the held generation into existing tensors in place (their pointers unchanged, so CUDA graphs that
         captured them stay valid): a module's ``state_dict()`` or a ``Mapping[str, tensor]``. On a GPU the copies
         are queued on ``stream`` (default: PyTorch's current stream) as a few launches of a gather kernel (one per
         batch of up to 2,048 tensors); the held generation stays mapped until they are done. Shapes and dtypes are
         checked first; ``strict``: the names must match both ways (else the target's names not in the set are
-        refused, the set's others skipped). Returns the tensors copied."""
+        refused, the set's others skipped). Returns the tensors copied. ``module_or_dict`` may be what ``bind()``
+        returned: then nothing is read per tensor."""
+        if isinstance(module_or_dict, BoundTargets):
+            if module_or_dict.reader is not self:
+                raise ArgumentError(f"these targets were bound by another reader than {self!r}")
+            self._reader.copy_out(module_or_dict.addresses, 0, _stream_of(stream, self._reader.device))
+            return len(module_or_dict)
         target = _state_dict(module_or_dict)
         device = self._reader.device
         torch = _torch_module()
