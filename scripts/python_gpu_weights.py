@@ -215,40 +215,35 @@ def reader(sock: str, mib: int) -> int:
     return 0
 
 
-def refusals(torch: Any, pub: Any, mib: int) -> list[str]:
-    """update() from a state_dict with one tensor of the wrong shape, then of the wrong dtype: each must raise
-    ArgumentError naming the tensor and publish nothing. Returns what went otherwise."""
+def refused(call: Any, arg: Any, says: str, what: str) -> str | None:
+    """``call(arg)`` must raise ArgumentError whose message contains ``says``; else what went otherwise."""
     import gpu_ipc
 
+    try:
+        call(arg)
+    except gpu_ipc.ArgumentError as e:
+        return None if says in str(e) else f"{what}: the error does not say {says!r}: {e}"
+    return f"{what}: taken"
+
+
+def refusals(torch: Any, pub: Any, mib: int) -> list[str]:
+    """update() and bind() from a state_dict with one tensor of the wrong shape, then of the wrong dtype: each must
+    raise ArgumentError naming the tensor, and update() publish nothing; bind() of a tensor that is not contiguous
+    must say so. Returns what went otherwise."""
     problems = []
     before = pub.generation
+    name = "layers.3.attn.weight"
     for what in ("shape", "dtype"):
         sd = state_dict(torch, 9, mib)
-        name = "layers.3.attn.weight"
         sd[name] = sd[name][:-1] if what == "shape" else sd[name].float()
-        try:
-            pub.update(sd)
-            problems.append(f"a tensor of the wrong {what} was taken")
-        except gpu_ipc.ArgumentError as e:
-            if name not in str(e):
-                problems.append(f"the wrong {what}'s error does not name the tensor: {e}")
+        problems.append(refused(pub.update, sd, name, f"update() of a tensor of the wrong {what}"))
         if pub.generation != before:
             problems.append(f"a refused update (wrong {what}) published generation {pub.generation}")
-        try:
-            pub.bind(sd)
-            problems.append(f"bind() took a tensor of the wrong {what}")
-        except gpu_ipc.ArgumentError as e:
-            if name not in str(e):
-                problems.append(f"bind()'s error for the wrong {what} does not name the tensor: {e}")
+        problems.append(refused(pub.bind, sd, name, f"bind() of a tensor of the wrong {what}"))
     sd = state_dict(torch, 9, mib)
     sd[name] = sd[name].t().contiguous().t()  # the right shape and dtype, not contiguous
-    try:
-        pub.bind(sd)
-        problems.append("bind() took a tensor that is not contiguous")
-    except gpu_ipc.ArgumentError as e:
-        if "contiguous" not in str(e):
-            problems.append(f"bind()'s error for a tensor that is not contiguous: {e}")
-    return problems
+    problems.append(refused(pub.bind, sd, "contiguous", "bind() of a tensor that is not contiguous"))
+    return [p for p in problems if p]
 
 
 def field(line: str, key: str) -> str:

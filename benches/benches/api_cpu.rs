@@ -1,5 +1,5 @@
 //! The per-frame CPU cost of the frame API itself, without a GPU: `Producer` and `Consumer` over the host-memory
-//! fake backend (`ipc_core::fake::HostFake`) with `cpu-spin`, the real control block, socket and watchdog. Runs in
+//! fake backend (`ipc_core::host::Host`) with `cpu-spin`, the real control block, socket and watchdog. Runs in
 //! CI (`cargo test --benches` runs it once; `cargo bench --bench api_cpu` measures).
 //!
 //! - `api-cpu-spin/same-thread`: acquire + publish + next_frame + release of one frame, all on one thread: the
@@ -19,30 +19,30 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use gpu_ipc_benches::harness;
 use gpu_ipc_benches::peer::{flat_geometry, socket_path};
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::SyncStrategy;
 
 const T: Duration = Duration::from_secs(10);
 
-fn producer(tag: &str, slots: u32) -> Producer<HostFake> {
+fn producer(tag: &str, slots: u32) -> Producer<Host> {
     let geometry = flat_geometry(4096).expect("geometry");
-    Producer::<HostFake>::create(
+    Producer::<Host>::create(
         &HostContext,
         ProducerConfig::new(socket_path(tag), geometry, slots, SyncStrategy::CpuSpin),
     )
     .expect("a fake-backend producer")
 }
 
-fn attach(tag: &str) -> Consumer<HostFake> {
-    Consumer::<HostFake>::attach(&HostContext, &socket_path(tag), &AttachOptions::default()).expect("attach")
+fn attach(tag: &str) -> Consumer<Host> {
+    Consumer::<Host>::attach(&HostContext, &socket_path(tag), &AttachOptions::default()).expect("attach")
 }
 
 fn same_thread(c: &mut Criterion) {
     let mut p = producer("api-same-thread", 1);
     let path = socket_path("api-same-thread");
     let attaching = thread::spawn(move || {
-        Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).expect("attach")
+        Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).expect("attach")
     });
     p.wait_for_consumers(1, T).expect("the consumer attaches");
     let mut consumer = attaching.join().expect("attach thread");

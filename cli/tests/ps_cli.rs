@@ -4,8 +4,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use gpu_ipc::core::fake::{HostContext, HostFake};
 use gpu_ipc::core::frames::{AttachOptions, Consumer, Producer, ProducerConfig};
+use gpu_ipc::core::host::{Host, HostContext};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 
 mod common;
@@ -17,12 +17,12 @@ fn ps_lists_a_rings_consumer_as_a_table_and_as_json() {
     let path = std::env::temp_dir().join(format!("gpu-ipc-ps-cli-{}.sock", std::process::id()));
     let geometry = FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap_or_else(|e| panic!("{e}"));
     let config = ProducerConfig::new(&path, geometry, 2, SyncStrategy::CpuSpin);
-    let mut producer = Producer::<HostFake>::create(&HostContext, config).unwrap_or_else(|e| panic!("{e}"));
+    let mut producer = Producer::<Host>::create(&HostContext, config).unwrap_or_else(|e| panic!("{e}"));
     let attacher = {
         let path = path.clone();
         std::thread::spawn(move || {
             let options = AttachOptions { name: "cli-viewer".into(), timeout: T, ..AttachOptions::default() };
-            Consumer::<HostFake>::attach(&HostContext, &path, &options).unwrap_or_else(|e| panic!("{e}"))
+            Consumer::<Host>::attach(&HostContext, &path, &options).unwrap_or_else(|e| panic!("{e}"))
         })
     };
     producer.wait_for_consumers(1, T).unwrap_or_else(|e| panic!("{e}"));

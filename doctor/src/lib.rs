@@ -61,7 +61,7 @@ pub fn main(args: &DoctorArgs) -> u8 {
             "gpu-ipc doctor: --backend {backend}: the doctor checks the GPU backends built here ({}); the {} backend \
              shares host memory and needs no check",
             names.join(", "),
-            gpu_ipc::BackendKind::HostFake
+            gpu_ipc::BackendKind::Host
         );
         return harness::exit::EXIT_USAGE;
     }

@@ -298,16 +298,15 @@ mod tests {
     /// asks the owner's socket and names the set, the newest generation and who holds which.
     #[test]
     fn ps_on_a_weight_sets_socket_lists_the_sets_generations_and_holders() {
-        use gpu_ipc::host::{HostContext, HostFake};
+        use gpu_ipc::host::{Host, HostContext};
         use gpu_ipc::weights::{DType, TensorDesc, WeightsOptions, WeightsOwner, WeightsReader};
 
         let socket = std::env::temp_dir().join(format!("gpu-ipc-ps-weights-{}.sock", std::process::id()));
         let tensors = vec![("w".to_owned(), TensorDesc::contiguous(DType::F32, [4]).unwrap())];
         let mut owner =
-            WeightsOwner::<HostFake>::create(&HostContext, &socket, "llama", tensors, WeightsOptions::default())
-                .unwrap();
+            WeightsOwner::<Host>::create(&HostContext, &socket, "llama", tensors, WeightsOptions::default()).unwrap();
         owner.update(&[("w", &[1u8; 16][..])]).unwrap();
-        let reader = WeightsReader::<HostFake>::open(&HostContext, &socket, "llama", Duration::from_secs(5)).unwrap();
+        let reader = WeightsReader::<Host>::open(&HostContext, &socket, "llama", Duration::from_secs(5)).unwrap();
         owner.update(&[("w", &[2u8; 16][..])]).unwrap();
         // The owner records the reader's pin when its door has handled the attach: wait for it (bounded).
         let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::fake::HostFake;
+use gpu_ipc::core::host::Host;
 use gpu_ipc::driver::DriverError;
 use gpu_ipc::pool::{AttachOptions, BufferHandle, BufferView, PoolError, PoolImporter};
 
@@ -54,13 +54,13 @@ impl<B: GpuBackend> PoolMemory<B> for GpuMemory {
 /// On the host backend: the CPU reads and writes the shared host memory.
 pub struct HostMemory;
 
-impl PoolMemory<HostFake> for HostMemory {
-    fn write(handle: &BufferHandle<HostFake>, first: u64, words: &[u32]) -> Result<(), PoolError> {
+impl PoolMemory<Host> for HostMemory {
+    fn write(handle: &BufferHandle<Host>, first: u64, words: &[u32]) -> Result<(), PoolError> {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         handle.write(first * 4, &bytes)
     }
 
-    fn read(view: &BufferView<HostFake>, first: u64, words: &mut [u32]) -> Result<(), PoolError> {
+    fn read(view: &BufferView<Host>, first: u64, words: &mut [u32]) -> Result<(), PoolError> {
         let mut bytes = vec![0u8; words.len() * 4];
         view.read(first * 4, &mut bytes)?;
         for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(4)) {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::driver::{Context, Stream};
-use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::semaphore::{AttachOptions, OwnerOptions, Semaphore, SemaphoreError, SemaphoreOwner};
 use gpu_ipc::{BackendKind, GpuBackendVisitor};
 
@@ -59,7 +59,7 @@ impl Device {
             }
         }
         match &self.gpu {
-            None => Ok(SemaphoreOwner::create_with::<HostFake>(&HostContext, socket, options)?),
+            None => Ok(SemaphoreOwner::create_with::<Host>(&HostContext, socket, options)?),
             Some((ctx, _)) => Ok(gpu_ipc::dispatch_gpu(self.kind, Create(ctx, socket, options)).map_err(unavailable)??),
         }
     }
@@ -84,7 +84,7 @@ impl Device {
         let deadline = Instant::now() + patience;
         loop {
             let attached = match &self.gpu {
-                None => Semaphore::attach::<HostFake>(&HostContext, socket, options),
+                None => Semaphore::attach::<Host>(&HostContext, socket, options),
                 Some((ctx, _)) => {
                     gpu_ipc::dispatch_gpu(self.kind, Attach(ctx, socket, options)).map_err(unavailable)?
                 }

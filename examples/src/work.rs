@@ -2,8 +2,8 @@
 //! CPU on the host backend's memory (the demo that runs on any Linux machine, without a GPU).
 
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::fake::{HostContext, HostFake};
 use gpu_ipc::core::frames::{Consumer, Frame, FrameError, FrameGraphs, GraphOptions, Producer, SlotLease, StageIo};
+use gpu_ipc::core::host::{Host, HostContext};
 use gpu_ipc::driver::{DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::kernels::launch::Stamp;
 use gpu_ipc::kernels::pattern::{count_mismatches_host, fill_pattern_host, xor_words_host};
@@ -357,7 +357,7 @@ pub struct HostWork {
     checked: Vec<(u64, u64)>,
 }
 
-impl FrameWork<HostFake> for HostWork {
+impl FrameWork<Host> for HostWork {
     fn open(_ordinal: i32) -> Result<Self, FrameError> {
         Ok(Self::default())
     }
@@ -370,13 +370,13 @@ impl FrameWork<HostFake> for HostWork {
         None
     }
 
-    fn fill(&mut self, producer: &Producer<HostFake>, lease: &SlotLease) -> Result<(), FrameError> {
+    fn fill(&mut self, producer: &Producer<Host>, lease: &SlotLease) -> Result<(), FrameError> {
         self.words.resize((lease.bytes() / 4) as usize, 0);
         fill_pattern_host(&mut self.words, lease.seq().0);
         self.write_words(producer, lease)
     }
 
-    fn verify_as(&mut self, consumer: &Consumer<HostFake>, frame: &Frame, expected: u64) -> Result<(), FrameError> {
+    fn verify_as(&mut self, consumer: &Consumer<Host>, frame: &Frame, expected: u64) -> Result<(), FrameError> {
         self.read_words(consumer, frame)?;
         let bad = count_mismatches_host(&self.words, expected);
         if bad != 0 {
@@ -385,7 +385,7 @@ impl FrameWork<HostFake> for HostWork {
         Ok(())
     }
 
-    fn first_word(&mut self, consumer: &Consumer<HostFake>, frame: &Frame) -> Result<u32, FrameError> {
+    fn first_word(&mut self, consumer: &Consumer<Host>, frame: &Frame) -> Result<u32, FrameError> {
         let mut word = [0u8; 4];
         consumer.region().read(frame.ptr(), &mut word)?;
         Ok(u32::from_le_bytes(word))
@@ -414,7 +414,7 @@ impl FrameWork<HostFake> for HostWork {
 
     fn run_persistent(
         &mut self,
-        _consumer: &mut Consumer<HostFake>,
+        _consumer: &mut Consumer<Host>,
         _frames: u64,
         _per_frame: std::time::Duration,
     ) -> Result<PersistentResult, FrameError> {
@@ -423,7 +423,7 @@ impl FrameWork<HostFake> for HostWork {
 
     fn run_persistent_fill(
         &mut self,
-        _producer: &mut Producer<HostFake>,
+        _producer: &mut Producer<Host>,
         _frames: u64,
         _per_frame: std::time::Duration,
     ) -> Result<PersistentResult, FrameError> {
@@ -432,7 +432,7 @@ impl FrameWork<HostFake> for HostWork {
 
     fn run_graph_fill(
         &mut self,
-        _producer: &mut Producer<HostFake>,
+        _producer: &mut Producer<Host>,
         _frames: u64,
         _per_frame: std::time::Duration,
         _progress_every: u64,
@@ -442,7 +442,7 @@ impl FrameWork<HostFake> for HostWork {
 
     fn run_graph_verify(
         &mut self,
-        _consumer: &mut Consumer<HostFake>,
+        _consumer: &mut Consumer<Host>,
         _frames: u64,
         _per_frame: std::time::Duration,
         _progress_every: u64,
@@ -453,7 +453,7 @@ impl FrameWork<HostFake> for HostWork {
 
 impl HostWork {
     /// Reads `frame` into `self.words` (little-endian 32-bit words).
-    fn read_words(&mut self, consumer: &Consumer<HostFake>, frame: &Frame) -> Result<(), FrameError> {
+    fn read_words(&mut self, consumer: &Consumer<Host>, frame: &Frame) -> Result<(), FrameError> {
         self.bytes.resize(frame.bytes() as usize, 0);
         consumer.region().read(frame.ptr(), &mut self.bytes)?;
         self.words.clear();
@@ -462,7 +462,7 @@ impl HostWork {
     }
 
     /// Writes `self.words` (little-endian) into `lease`'s slot, padded with zeros to the frame's size.
-    fn write_words(&mut self, producer: &Producer<HostFake>, lease: &SlotLease) -> Result<(), FrameError> {
+    fn write_words(&mut self, producer: &Producer<Host>, lease: &SlotLease) -> Result<(), FrameError> {
         self.bytes.clear();
         self.bytes.extend(self.words.iter().flat_map(|w| w.to_le_bytes()));
         self.bytes.resize(lease.bytes() as usize, 0);
@@ -492,7 +492,7 @@ pub fn run_with_backend<P: ProgramVisitor>(kind: gpu_ipc::BackendKind, program: 
         }
     }
     match kind {
-        gpu_ipc::BackendKind::HostFake => program.run::<HostFake, HostWork>(),
+        gpu_ipc::BackendKind::Host => program.run::<Host, HostWork>(),
         gpu => gpu_ipc::dispatch_gpu(gpu, Gpu(program)).map_err(|e| FrameError::Config(e.to_string()))?,
     }
 }
@@ -535,7 +535,7 @@ impl<U: GpuBackend, D: GpuBackend> StageWork<U, D> for GpuWork {
     }
 }
 
-impl StageWork<HostFake, HostFake> for HostWork {
+impl StageWork<Host, Host> for HostWork {
     fn open(_ordinal: i32) -> Result<Self, FrameError> {
         Ok(Self::default())
     }
@@ -548,7 +548,7 @@ impl StageWork<HostFake, HostFake> for HostWork {
         None
     }
 
-    fn xor(&self, io: &StageIo<'_, HostFake, HostFake>, mask: u32) -> Result<(), FrameError> {
+    fn xor(&self, io: &StageIo<'_, Host, Host>, mask: u32) -> Result<(), FrameError> {
         if io.input.bytes() != io.output.bytes() {
             return Err(FrameError::Config(format!(
                 "the upstream frame is {} bytes and the downstream slot {}: the XOR transform keeps the size; give \
@@ -587,7 +587,7 @@ pub fn run_with_stage_backends<P: StageVisitor>(
     downstream: gpu_ipc::BackendKind,
     program: P,
 ) -> Result<P::Output, FrameError> {
-    use gpu_ipc::BackendKind::HostFake as Host;
+    use gpu_ipc::BackendKind::Host as HostKind;
     struct Up<P>(P, gpu_ipc::BackendKind);
     struct Down<U, P>(P, std::marker::PhantomData<U>);
     impl<P: StageVisitor> gpu_ipc::GpuBackendVisitor for Up<P> {
@@ -604,8 +604,8 @@ pub fn run_with_stage_backends<P: StageVisitor>(
         }
     }
     match (upstream, downstream) {
-        (Host, Host) => program.run::<HostFake, HostFake, HostWork>(),
-        (Host, _) | (_, Host) => Err(FrameError::Config(format!(
+        (HostKind, HostKind) => program.run::<Host, Host, HostWork>(),
+        (HostKind, _) | (_, HostKind) => Err(FrameError::Config(format!(
             "a stage's two rings must both be on the host or both on the GPU (upstream {upstream}, downstream \
              {downstream}): its work reads one and writes the other"
         ))),

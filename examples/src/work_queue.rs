@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::driver::{Context, DriverError, Stream};
-use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::kernels::launch::KernelError;
 use gpu_ipc::kernels::work_queue::QueueDemoKernels;
 use gpu_ipc::queue::{QueueBackend, QueueError};
@@ -66,7 +66,7 @@ pub fn run_queue_program<P: QueueProgram>(
     program: P,
 ) -> Result<P::Output, ExampleError> {
     if !kind.is_gpu() {
-        return program.run::<HostFake>(&HostContext, None);
+        return program.run::<Host>(&HostContext, None);
     }
     let unavailable = || ExampleError::Usage(gpu_ipc::BackendUnavailable { kind, needs_gpu: true }.to_string());
     if !gpu_ipc::COMPILED_GPU.contains(&kind) {

@@ -158,7 +158,7 @@ pub fn object_offers(data: &[u8]) {
 /// A host ring offer of 2 slots of 1 MiB holding `layout`.
 fn ring_offer(layout: SlotLayout) -> RingOffer {
     RingOffer {
-        backend: BackendKind::HostFake,
+        backend: BackendKind::Host,
         handle_type: HandleType::HostMemfd,
         sync: SyncStrategy::CpuSpin,
         device_uuid: DeviceUuid([0; 16]),
@@ -180,7 +180,7 @@ fn ring_offer(layout: SlotLayout) -> RingOffer {
 fn pool_offer() -> PoolOffer {
     let geometry = Geometry { entry_slots: 64, block_slots: 4 };
     PoolOffer {
-        backend: BackendKind::HostFake,
+        backend: BackendKind::Host,
         owner_pid: 77,
         pool_id: 0x5eed,
         geometry,
@@ -290,7 +290,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         Message::StatusRequest(StatusRequest),
         Message::StatusReport(StatusReport {
             kind: ObjectKind::Semaphore,
-            backend: BackendKind::HostFake,
+            backend: BackendKind::Host,
             owner_pid: 10,
             peers: vec![PeerStatus {
                 id: 1,
@@ -314,7 +314,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
             kind: ObjectKind::WorkQueue,
             peer_id: 2,
             fd_count: 1,
-            body: queue_offer(BackendKind::HostFake).encode(),
+            body: queue_offer(BackendKind::Host).encode(),
         }),
         Message::ObjectOffer(ObjectOffer {
             kind: ObjectKind::Semaphore,
@@ -331,7 +331,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     let block = BlockId { index: 2, serial: 9 };
     let offers = vec![
         [&[0u8][..], &pool_offer().encode().expect("a valid pool offer")].concat(),
-        [&[1u8][..], &queue_offer(BackendKind::HostFake).encode()].concat(),
+        [&[1u8][..], &queue_offer(BackendKind::Host).encode()].concat(),
         [&[1u8][..], &queue_offer(BackendKind::Legacy).encode()].concat(),
         [&[2u8][..], &semaphore_offer().encode()].concat(),
         [&[3u8][..], &BlockRequest { block }.encode()[..]].concat(),

@@ -33,14 +33,14 @@
 //! let kind: BackendKind = "vmm".parse()?;
 //! assert_eq!(gpu_ipc::dispatch_gpu(kind, Name)?, "vmm");
 //! // The host backend shares host memory: code that needs a GPU is refused it, with the reason.
-//! assert!(gpu_ipc::dispatch_gpu(BackendKind::HostFake, Name).is_err());
+//! assert!(gpu_ipc::dispatch_gpu(BackendKind::Host, Name).is_err());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 pub use gpu_ipc_driver as driver;
 pub use gpu_ipc_kernels as kernels;
 pub use ipc_core as core;
-pub use ipc_core::fake as host;
+pub use ipc_core::host;
 #[cfg(feature = "legacy")]
 pub use ipc_legacy as legacy;
 pub use ipc_toolkit as toolkit;
@@ -118,7 +118,7 @@ pub const COMPILED: &[BackendKind] = &[
     BackendKind::Legacy,
     #[cfg(feature = "vmm")]
     BackendKind::Vmm,
-    BackendKind::HostFake,
+    BackendKind::Host,
 ];
 
 /// The GPU backends compiled into this build (`legacy`, `vmm`).
@@ -178,7 +178,7 @@ pub fn dispatch<V: BackendVisitor>(kind: BackendKind, visitor: V) -> Result<V::O
         BackendKind::Legacy => Ok(visitor.visit::<ipc_legacy::Legacy>()),
         #[cfg(feature = "vmm")]
         BackendKind::Vmm => Ok(visitor.visit::<ipc_vmm::Vmm>()),
-        BackendKind::HostFake => Ok(visitor.visit::<ipc_core::fake::HostFake>()),
+        BackendKind::Host => Ok(visitor.visit::<ipc_core::host::Host>()),
         _ => Err(BackendUnavailable { kind, needs_gpu: false }),
     }
 }
@@ -212,8 +212,8 @@ mod tests {
             assert_eq!(serde_json::from_str::<BackendKind>(&json).unwrap(), b);
         }
         // Names written before there was one word for a backend are still read.
-        assert_eq!(serde_json::from_str::<BackendKind>("\"HostFake\"").unwrap(), BackendKind::HostFake);
-        assert_eq!("host-fake".parse::<BackendKind>().unwrap(), BackendKind::HostFake);
+        assert_eq!(serde_json::from_str::<BackendKind>("\"HostFake\"").unwrap(), BackendKind::Host);
+        assert_eq!("host-fake".parse::<BackendKind>().unwrap(), BackendKind::Host);
         let err = "cuda9".parse::<BackendKind>().unwrap_err();
         assert_eq!(err.to_string(), "unknown backend `cuda9`; expected one of: legacy, vmm, host");
     }
@@ -251,8 +251,8 @@ mod tests {
         for &b in COMPILED_GPU {
             assert_eq!(dispatch_gpu(b, Name).unwrap(), b.name());
         }
-        let err = dispatch_gpu(BackendKind::HostFake, Name).unwrap_err();
+        let err = dispatch_gpu(BackendKind::Host, Name).unwrap_err();
         assert!(err.to_string().starts_with("the host backend shares host memory"), "{err}");
-        assert!(COMPILED.contains(&BackendKind::HostFake));
+        assert!(COMPILED.contains(&BackendKind::Host));
     }
 }

@@ -6,7 +6,10 @@
 
 pub mod backend;
 pub mod door;
-pub mod fake;
+pub mod host;
+/// The host backend's module before it was [`host`].
+#[doc(hidden)]
+pub use host as fake;
 pub mod frames;
 pub mod resident;
 pub mod ring;

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::python::PyScript;
 use common::{frame_bytes, producer, publish};
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::ring::RingLayout;
 use ipc_core::wire::{ClientHello, Message, ObjectKind, PROTOCOL_VERSION, RefusalCode, Refused, SyncStrategy};
 
@@ -28,7 +28,7 @@ fn sock(name: &str) -> PathBuf {
 
 /// The answer of the producer at socket `name` to a hello announcing `version` (encoded in version 1, as every
 /// client sends it), and its fds.
-fn answer_to(p: &mut Producer<HostFake>, name: &str, version: u16) -> (Message, Vec<OwnedFd>) {
+fn answer_to(p: &mut Producer<Host>, name: &str, version: u16) -> (Message, Vec<OwnedFd>) {
     let hello = ClientHello {
         protocol_version: version,
         client_pid: std::process::id(),
@@ -98,7 +98,7 @@ fn a_consumer_of_this_release_reads_every_frame_through_256_slots_with_each_cpu_
         // 256-frame bound.
         let (go, wait) = std::sync::mpsc::channel::<()>();
         let reader = thread::spawn(move || {
-            let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+            let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
             assert_eq!((c.protocol_version(), c.offer().slot_count), (PROTOCOL_VERSION, 256));
             let mut mismatched = 0;
             for n in 0..1000u64 {

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::{BackendKind, ClientHello, Message, PROTOCOL_VERSION, SyncStrategy, recv_message};
 
 /// How long the parent keeps spawning and killing.
@@ -52,7 +52,7 @@ fn bad_clients(socket: &Path, knocking: &AtomicBool, mut rng: Rng) -> u32 {
         object: Default::default(),
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
-        wanted_backend: Some(BackendKind::HostFake),
+        wanted_backend: Some(BackendKind::Host),
         consumer_name: "bad".into(),
     })
     .encode()
@@ -102,9 +102,9 @@ fn run_producer(
     let mut run = ProducerRun::default();
     let mut config = ProducerConfig::new(socket, geometry(), slots, sync);
     configure(&mut config);
-    let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, config).unwrap();
     let mut last = Instant::now();
-    let mut publish = |p: &mut Producer<HostFake>, run: &mut ProducerRun| -> Result<(), FrameError> {
+    let mut publish = |p: &mut Producer<Host>, run: &mut ProducerRun| -> Result<(), FrameError> {
         let lease = p.acquire(None, T)?;
         p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
         p.publish(lease, None)?;
@@ -222,7 +222,7 @@ fn chaos(sync: SyncStrategy, tag: &str) {
         .map(|_| {
             let socket = socket.clone();
             thread::spawn(move || -> Result<(), FrameError> {
-                let mut c = Consumer::<HostFake>::attach(&HostContext, &socket, &AttachOptions::default())?;
+                let mut c = Consumer::<Host>::attach(&HostContext, &socket, &AttachOptions::default())?;
                 for _ in 0..5 {
                     let frame = c.next_frame(None, T)?;
                     c.release(frame, None)?;

@@ -20,8 +20,8 @@ use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError};
+use ipc_core::host::{Host, HostContext};
 
 /// Not a test of its own: the body of the child processes the chaos tests start. Without the role variable (a
 /// normal test run) it returns at once.
@@ -32,10 +32,10 @@ fn child_process_entry_point() {
 }
 
 /// Attaches to the producer at `socket`, retrying (for up to `T`) while none listens there yet.
-fn attach_when_listening(socket: &Path) -> Result<Consumer<HostFake>, String> {
+fn attach_when_listening(socket: &Path) -> Result<Consumer<Host>, String> {
     let deadline = Instant::now() + T;
     loop {
-        match Consumer::<HostFake>::attach(&HostContext, socket, &AttachOptions::default()) {
+        match Consumer::<Host>::attach(&HostContext, socket, &AttachOptions::default()) {
             Ok(c) => return Ok(c),
             Err(FrameError::Wire(ipc_core::wire::WireError::NoProducer { .. })) if Instant::now() < deadline => {
                 thread::sleep(Duration::from_millis(2));

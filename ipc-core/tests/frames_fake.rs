@@ -13,8 +13,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ipc_core::backend::SharedRegion;
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::{Attached, ClientHello, Message, PROTOCOL_VERSION, PeerConnection, SyncStrategy};
 
 const T: Duration = Duration::from_secs(10);
@@ -23,7 +23,7 @@ fn sock(name: &str) -> PathBuf {
     common::sock("frames", name)
 }
 
-fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
+fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<Host> {
     common::producer(sock(name), sync, slots)
 }
 
@@ -31,7 +31,7 @@ fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
 fn spawn_consumer(name: &str, frames: u64) -> thread::JoinHandle<Result<(u64, u64, u64), FrameError>> {
     let path = sock(name);
     thread::spawn(move || {
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default())?;
         let first = c.next_sequence();
         let mut bad = 0;
         for _ in 0..frames {
@@ -48,7 +48,7 @@ fn spawn_consumer(name: &str, frames: u64) -> thread::JoinHandle<Result<(u64, u6
     })
 }
 
-fn produce(p: &mut Producer<HostFake>, frames: u64) {
+fn produce(p: &mut Producer<Host>, frames: u64) {
     for _ in 0..frames {
         let lease = p.acquire(None, T).unwrap();
         p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
@@ -79,7 +79,7 @@ fn a_slot_is_not_rewritten_before_every_consumer_released_it() {
     let path = sock("backpressure");
     let (tx, rx) = mpsc::channel();
     let slow = thread::spawn(move || {
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
         let frame = c.next_frame(None, T).unwrap();
         tx.send(()).unwrap();
         thread::sleep(Duration::from_millis(300)); // hold frame 0
@@ -119,7 +119,7 @@ fn a_consumer_that_vanishes_stops_counting() {
     let mut p = producer("vanish", SyncStrategy::CpuSpin, 2);
     let path = sock("vanish");
     let quitter = thread::spawn(move || {
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
         let _held = c.next_frame(None, T).unwrap();
         // Vanish while holding frame 0: no release, no detach; the connection closes when `c` drops.
         drop(c);
@@ -141,7 +141,7 @@ fn consumers_of_a_producer_that_closed_get_end_of_stream_quickly_and_never_a_dea
     let mut p = producer("gone", SyncStrategy::CpuSpin, 2);
     let path = sock("gone");
     let waiter = thread::spawn(move || {
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
         let frame = c.next_frame(None, T).unwrap();
         c.release(frame, None).unwrap();
         let waiting_since = Instant::now();
@@ -162,7 +162,7 @@ fn consumers_of_a_producer_that_closed_get_end_of_stream_quickly_and_never_a_dea
 
 #[test]
 fn attaching_without_a_producer_says_to_start_it() {
-    let err = Consumer::<HostFake>::attach(
+    let err = Consumer::<Host>::attach(
         &HostContext,
         &sock("nobody"),
         &AttachOptions { timeout: Duration::from_millis(200), ..AttachOptions::default() },
@@ -176,8 +176,7 @@ fn attaching_without_a_producer_says_to_start_it() {
 fn gpu_strategies_need_a_gpu_backend() {
     // IpcEvent runs on the host fake backend, with stand-ins for its events (tests/ipc_event_fallback.rs).
     for sync in [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll] {
-        let err =
-            Producer::<HostFake>::create(&HostContext, ProducerConfig::new(sock("nogpu"), geometry(), 2, sync)).err();
+        let err = Producer::<Host>::create(&HostContext, ProducerConfig::new(sock("nogpu"), geometry(), 2, sync)).err();
         assert!(matches!(err, Some(FrameError::StrategyUnavailable { .. })), "{sync}: {err:?}");
     }
 }
@@ -218,9 +217,9 @@ fn records_of_consumers_that_left_are_reused() {
 fn the_producer_stays_send_and_sync_and_the_consumer_send() {
     fn send<T: Send>() {}
     fn sync<T: Sync>() {}
-    send::<Producer<HostFake>>();
-    sync::<Producer<HostFake>>();
-    send::<Consumer<HostFake>>();
+    send::<Producer<Host>>();
+    sync::<Producer<Host>>();
+    send::<Consumer<Host>>();
 }
 
 #[test]
@@ -256,7 +255,7 @@ fn cpu_strategies_give_no_stamp_and_no_ring_descriptor() {
     let mut p = producer("stampless", SyncStrategy::CpuSpin, 2);
     let path = sock("stampless");
     let consumer = thread::spawn(move || {
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
         let frame = c.next_frame(None, T).unwrap();
         assert_eq!(frame.stamp(), None);
         assert!(c.stamp_span(&frame).unwrap().is_none());

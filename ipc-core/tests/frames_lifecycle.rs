@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::{
     Attached, ClientHello, FrameGeometry, Message, PROTOCOL_VERSION, PeerConnection, PixelFormat, RefusalCode,
     SyncStrategy, WireError,
@@ -33,7 +33,7 @@ fn config(name: &str, slots: u32) -> ProducerConfig {
 fn reader(name: &str, frames: u64) -> thread::JoinHandle<Result<u64, FrameError>> {
     let path = sock(name);
     thread::spawn(move || {
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default())?;
         for _ in 0..frames {
             let frame = c.next_frame(None, T)?;
             c.release(frame, None)?;
@@ -51,7 +51,7 @@ fn stuck(name: &str, go_on: std::sync::mpsc::Receiver<()>) -> thread::JoinHandle
         // A record freed moments ago may not be reclaimed yet: a refusal (ring full) is retried for a while.
         let deadline = Instant::now() + T;
         let mut c = loop {
-            match Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()) {
+            match Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()) {
                 Err(FrameError::Wire(WireError::Refused { code: RefusalCode::RingFull, .. }))
                     if Instant::now() < deadline =>
                 {
@@ -72,7 +72,7 @@ fn the_evict_policy_frees_the_ring_from_a_stuck_consumer_and_tells_it() {
     let mut cfg = config("policy", 2);
     // Long enough that a healthy consumer thread on a loaded CI machine is never taken for a stuck one.
     cfg.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(750) };
-    let mut p = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, cfg).unwrap();
     let (go_on, wait) = std::sync::mpsc::channel();
     let stuck = stuck("policy", wait);
     let healthy = reader("policy", 200);
@@ -95,7 +95,7 @@ fn the_evict_policy_frees_the_ring_from_a_stuck_consumer_and_tells_it() {
 
 #[test]
 fn block_waits_for_a_stuck_consumer_until_the_application_evicts_it() {
-    let mut p = Producer::<HostFake>::create(&HostContext, config("block", 1)).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, config("block", 1)).unwrap();
     let (go_on, wait) = std::sync::mpsc::channel();
     let stuck = stuck("block", wait);
     p.wait_for_consumers(1, T).unwrap();
@@ -118,10 +118,10 @@ fn block_waits_for_a_stuck_consumer_until_the_application_evicts_it() {
 
 #[test]
 fn frames_published_before_the_producer_closed_are_all_delivered() {
-    let mut p = Producer::<HostFake>::create(&HostContext, config("close", 16)).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, config("close", 16)).unwrap();
     let path = sock("close");
     let consumer = thread::spawn(move || {
-        let c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         (
             c.next_sequence(),
@@ -129,7 +129,7 @@ fn frames_published_before_the_producer_closed_are_all_delivered() {
             rx,
             {
                 // Wait until told that the producer is gone, then read everything.
-                move |c: &mut Consumer<HostFake>| {
+                move |c: &mut Consumer<Host>| {
                     let mut got = Vec::new();
                     loop {
                         match c.next_frame(None, Duration::from_secs(1)) {
@@ -165,7 +165,7 @@ fn a_killed_consumers_record_is_quarantined_while_the_watchdog_may_write_it() {
     // as the watchdog has acted on the hang-up; the next consumer gets clean counters.
     let mut cfg = config("quarantine", 1);
     cfg.max_consumers = 1;
-    let mut p = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, cfg).unwrap();
     for round in 0..20 {
         // A consumer that completes the handshake and vanishes without detaching. (The previous round's record
         // comes back within a few watchdog periods of its owner's hang-up: retry while the ring is full.)
@@ -234,7 +234,7 @@ fn consumers_attach_and_detach_while_the_producer_publishes_flat_out() {
     let producer = {
         let stop = stop.clone();
         thread::spawn(move || {
-            let mut p = Producer::<HostFake>::create(&HostContext, config("flat-out", 1)).unwrap();
+            let mut p = Producer::<Host>::create(&HostContext, config("flat-out", 1)).unwrap();
             ready_tx.send(()).unwrap();
             let mut published = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Acquire) {
@@ -250,8 +250,8 @@ fn consumers_attach_and_detach_while_the_producer_publishes_flat_out() {
     let mut slowest = Duration::ZERO;
     for cycle in 0..2000 {
         let started = Instant::now();
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options)
-            .unwrap_or_else(|e| panic!("attach {cycle}: {e}"));
+        let mut c =
+            Consumer::<Host>::attach(&HostContext, &path, &options).unwrap_or_else(|e| panic!("attach {cycle}: {e}"));
         slowest = slowest.max(started.elapsed());
         for _ in 0..4 {
             let frame = c.next_frame(None, T).unwrap();
@@ -273,13 +273,13 @@ fn a_consumer_attaches_while_the_producer_waits_for_a_slow_one() {
     // One slot, the default policy (wait for slow consumers): consumer A holds frame 0 for 3 s, so the producer's
     // `acquire` of frame 1 waits that long. Consumer B, allowed 1 s to attach, must get in meanwhile (the producer
     // serves the front door while it waits) and read from frame 1 on, once A lets go.
-    let mut p = Producer::<HostFake>::create(&HostContext, config("slow-a", 1)).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, config("slow-a", 1)).unwrap();
     let path = sock("slow-a");
     let (held_tx, held) = std::sync::mpsc::channel();
     let a = {
         let path = path.clone();
         thread::spawn(move || -> Result<(), FrameError> {
-            let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+            let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default())?;
             let frame = c.next_frame(None, T)?;
             held_tx.send(frame.seq().0).unwrap();
             thread::sleep(Duration::from_secs(3));
@@ -296,7 +296,7 @@ fn a_consumer_attaches_while_the_producer_waits_for_a_slow_one() {
     let b = thread::spawn(move || -> Result<(Duration, u64), FrameError> {
         let started = Instant::now();
         let options = AttachOptions { timeout: Duration::from_secs(1), ..AttachOptions::default() };
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options)?;
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &options)?;
         let attached_after = started.elapsed();
         let frame = c.next_frame(None, T)?;
         let seq = frame.seq().0;
@@ -318,13 +318,13 @@ fn a_client_evicted_before_it_attached_counts_as_evicted_not_lost() {
     // When it then says `Attached` and leaves, the producer counts one eviction and no loss.
     let mut cfg = config("evicted-early", 1);
     cfg.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(100) };
-    let mut p = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, cfg).unwrap();
     let conn = PeerConnection::connect(sock("evicted-early"), T).unwrap();
     let hello = ClientHello {
         object: Default::default(),
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
-        wanted_backend: Some(ipc_core::wire::BackendKind::HostFake),
+        wanted_backend: Some(ipc_core::wire::BackendKind::Host),
         consumer_name: "late".into(),
     };
     conn.send(&Message::ClientHello(hello), Vec::new(), T).unwrap();
@@ -344,7 +344,7 @@ fn a_client_evicted_before_it_attached_counts_as_evicted_not_lost() {
     assert_eq!(p.consumers_evicted(), 1);
     conn.send(&Message::Attached(Attached { consumer_id: offer.consumer_id }), Vec::new(), T).unwrap();
     // The producer takes the `Attached` (a dead record's consumer is not counted in), then the hang-up.
-    let publish_for = |p: &mut Producer<HostFake>, how_long: Duration| {
+    let publish_for = |p: &mut Producer<Host>, how_long: Duration| {
         let until = Instant::now() + how_long;
         while Instant::now() < until {
             publish(p, T).unwrap();
@@ -367,14 +367,14 @@ fn handshake_deadlines_as_short_as_an_attach_never_poison_the_ring() {
         let name = format!("deadline-race-{round}");
         let mut cfg = config(&name, 2);
         cfg.handshake_timeout = Duration::from_micros(100 + (round * 61) % 1900);
-        let mut p = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
+        let mut p = Producer::<Host>::create(&HostContext, cfg).unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let joiners: Vec<_> = (0..4)
             .map(|_| {
                 let (path, stop) = (sock(&name), stop.clone());
                 thread::spawn(move || {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        if let Ok(c) = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()) {
+                        if let Ok(c) = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()) {
                             thread::sleep(Duration::from_millis(3));
                             drop(c);
                         }
@@ -402,9 +402,9 @@ fn a_handshake_the_producer_drops_before_its_offer_tells_the_consumer_to_attach_
     cfg.handshake_timeout = Duration::from_millis(50);
     // This producer's thread never serves its front door, so it never makes the offer: its admission thread drops
     // the handshake at the deadline.
-    let producer = Producer::<HostFake>::create(&HostContext, cfg).unwrap();
+    let producer = Producer::<Host>::create(&HostContext, cfg).unwrap();
     let started = Instant::now();
-    let error = Consumer::<HostFake>::attach(&HostContext, &sock("drop-before-offer"), &AttachOptions::default())
+    let error = Consumer::<Host>::attach(&HostContext, &sock("drop-before-offer"), &AttachOptions::default())
         .err()
         .expect("no offer, no consumer");
     assert!(

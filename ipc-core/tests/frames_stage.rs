@@ -13,11 +13,11 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{
     AttachOptions, Consumer, DownstreamEmpty, FrameError, Producer, ProducerConfig, Stage, StageConfig, StageError,
     StageIo, StageStep, WorkError,
 };
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::SyncStrategy;
 
 const T: Duration = Duration::from_secs(10);
@@ -27,7 +27,7 @@ fn sock(name: &str) -> PathBuf {
 }
 
 /// The stage's work in these tests: every byte of the frame inverted.
-fn invert(io: StageIo<'_, HostFake, HostFake>) -> Result<(), WorkError> {
+fn invert(io: StageIo<'_, Host, Host>) -> Result<(), WorkError> {
     let mut bytes = vec![0u8; io.input.bytes() as usize];
     io.upstream.region().read(io.input.ptr(), &mut bytes)?;
     bytes.iter_mut().for_each(|b| *b = !*b);
@@ -44,7 +44,7 @@ fn start_stage(
     name: &str,
     sync: SyncStrategy,
     when_empty: DownstreamEmpty,
-) -> thread::JoinHandle<Result<Stage<HostFake, HostFake>, StageError>> {
+) -> thread::JoinHandle<Result<Stage<Host, Host>, StageError>> {
     let (a, b) = (sock(&format!("{name}-a")), sock(&format!("{name}-b")));
     thread::spawn(move || {
         let mut config = StageConfig::new(a, ProducerConfig::new(b, geometry(), 2, sync));
@@ -70,7 +70,7 @@ fn spawn_downstream(name: &str, first_upstream: u64) -> thread::JoinHandle<Seen>
     let path = sock(&format!("{name}-b"));
     thread::spawn(move || {
         let options = AttachOptions { wait_for_producer: T, ..AttachOptions::default() };
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options).unwrap();
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &options).unwrap();
         let first = c.next_sequence();
         let (mut frames, mut wrong) = (0, 0);
         let end = loop {
@@ -92,7 +92,7 @@ fn spawn_downstream(name: &str, first_upstream: u64) -> thread::JoinHandle<Seen>
     })
 }
 
-fn upstream(name: &str, sync: SyncStrategy) -> Producer<HostFake> {
+fn upstream(name: &str, sync: SyncStrategy) -> Producer<Host> {
     common::producer(sock(&format!("{name}-a")), sync, 2)
 }
 
@@ -164,7 +164,7 @@ fn a_producer_abandoned_gives_its_consumers_producer_gone_not_the_end_of_the_str
     let mut p = common::producer(sock("abandon"), SyncStrategy::CpuSpin, 2);
     let path = sock("abandon");
     let c = thread::spawn(move || {
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
         let mut frames = 0;
         loop {
             match c.next_frame(None, T) {
@@ -189,15 +189,12 @@ fn a_producer_abandoned_gives_its_consumers_producer_gone_not_the_end_of_the_str
 
 /// A stage (`when_empty`) whose one downstream consumer read frame 0 and detached; returns the upstream producer,
 /// the stage and the downstream socket.
-fn stage_whose_consumer_left(
-    name: &str,
-    when_empty: DownstreamEmpty,
-) -> (Producer<HostFake>, Stage<HostFake, HostFake>, PathBuf) {
+fn stage_whose_consumer_left(name: &str, when_empty: DownstreamEmpty) -> (Producer<Host>, Stage<Host, Host>, PathBuf) {
     let mut a = upstream(name, SyncStrategy::CpuSpin);
     let stage = start_stage(name, SyncStrategy::CpuSpin, when_empty);
     let path = sock(&format!("{name}-b"));
     let options = AttachOptions { wait_for_producer: T, ..AttachOptions::default() };
-    let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options).unwrap();
+    let mut c = Consumer::<Host>::attach(&HostContext, &path, &options).unwrap();
     a.wait_for_consumers(1, T).unwrap();
     let mut stage = stage.join().unwrap().unwrap();
     publish(&mut a, T).unwrap();
@@ -229,7 +226,7 @@ fn a_stage_told_to_wait_goes_on_with_a_new_downstream_consumer() {
     let replacement = thread::spawn(move || {
         thread::sleep(Duration::from_millis(200));
         let options = AttachOptions { wait_for_producer: T, ..AttachOptions::default() };
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options).unwrap();
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &options).unwrap();
         let frame = c.next_frame(None, T).unwrap();
         let mut got = vec![0u8; frame.bytes() as usize];
         c.region().read(frame.ptr(), &mut got).unwrap();
@@ -280,11 +277,11 @@ fn a_stage_without_its_upstream_says_so_and_abandons_its_downstream_ring() {
         let (a, b) = (sock(&format!("{name}-a")), b.clone());
         thread::spawn(move || {
             let config = StageConfig::new(a, ProducerConfig::new(b, geometry(), 2, SyncStrategy::CpuSpin));
-            Stage::<HostFake, HostFake>::start(&HostContext, &HostContext, config)
+            Stage::<Host, Host>::start(&HostContext, &HostContext, config)
         })
     };
     let options = AttachOptions { wait_for_producer: T, ..AttachOptions::default() };
-    let mut c = Consumer::<HostFake>::attach(&HostContext, &b, &options).unwrap();
+    let mut c = Consumer::<Host>::attach(&HostContext, &b, &options).unwrap();
     let error = stage.join().unwrap().err().unwrap();
     assert!(matches!(error, StageError::Upstream { source: FrameError::Wire(_), .. }), "{error}");
     assert!(error.to_string().contains("start the producer first"), "{error}");

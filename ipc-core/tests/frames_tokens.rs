@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::Duration;
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::ring::Sequence;
 use ipc_core::wire::{SyncStrategy, WireError};
 
@@ -22,7 +22,7 @@ fn sock(name: &str) -> PathBuf {
     common::sock("tokens", name)
 }
 
-fn producer(name: &str, sync: SyncStrategy) -> Producer<HostFake> {
+fn producer(name: &str, sync: SyncStrategy) -> Producer<Host> {
     common::producer(sock(name), sync, 2)
 }
 
@@ -62,7 +62,7 @@ fn a_frame_of_another_consumer_is_refused() {
     let path = sock("frame-other");
     let attach = || {
         let path = path.clone();
-        thread::spawn(move || Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap())
+        thread::spawn(move || Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap())
     };
     let (t1, t2) = (attach(), attach());
     p.wait_for_consumers(2, T).unwrap();
@@ -85,7 +85,7 @@ fn reading_until_the_producer_goes_ends_with_end_of_stream_and_every_frame() {
         let mut p = producer(&name, sync);
         let path = sock(&name);
         let reader = thread::spawn(move || {
-            let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+            let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
             let (mut read, mut bad) = (0u64, 0u64);
             let end = loop {
                 let frame = match c.next_frame(None, T) {
@@ -119,14 +119,14 @@ fn a_consumer_may_wait_for_its_producer_to_appear() {
     let path = sock("late-producer");
     let _ = std::fs::remove_file(&path);
     // By default it does not wait: "start the producer first", at once.
-    let err = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).err().unwrap();
+    let err = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).err().unwrap();
     assert!(matches!(err, FrameError::Wire(WireError::NoProducer { .. })), "{err}");
     let waiting = {
         let path = path.clone();
         thread::spawn(move || {
             let options = AttachOptions { wait_for_producer: Duration::from_secs(10), ..AttachOptions::default() };
             // Returned, not dropped: it stays attached until the producer has counted it.
-            Consumer::<HostFake>::attach(&HostContext, &path, &options)
+            Consumer::<Host>::attach(&HostContext, &path, &options)
         })
     };
     thread::sleep(Duration::from_millis(300));

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer};
+use ipc_core::host::{Host, HostContext};
 
 const SOCKET: &str = "GPU_IPC_HANG_UP_SOCKET";
 
@@ -41,7 +41,7 @@ fn a_producer_that_dies_before_its_offer_is_not_said_to_have_dropped_the_handsha
         std::thread::sleep(Duration::from_millis(5));
     }
     let options = AttachOptions { timeout: Duration::from_secs(3), ..AttachOptions::default() };
-    let error = Consumer::<HostFake>::attach(&HostContext, &path, &options).map(drop).unwrap_err().to_string();
+    let error = Consumer::<Host>::attach(&HostContext, &path, &options).map(drop).unwrap_err().to_string();
     // Reaped only now: until then the dead producer is a zombie, which `kill(pid, 0)` still finds.
     let status = child.wait().unwrap();
     let _ = std::fs::remove_file(&path);

@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::{
     BackendKind, ClientHello, Message, PROTOCOL_VERSION, RefusalCode, SyncStrategy, WireError, recv_message, send_bytes,
 };
@@ -86,7 +86,7 @@ impl Rig {
             let run = move || -> Result<u64, FrameError> {
                 let mut config = ProducerConfig::new(&path, geometry(), 4, SyncStrategy::CpuSleep);
                 configure(&mut config);
-                let created = Producer::<HostFake>::create(&HostContext, config);
+                let created = Producer::<Host>::create(&HostContext, config);
                 ready_tx.send(()).unwrap();
                 let mut p = created?;
                 p.wait_for_consumers(1, T)?;
@@ -114,7 +114,7 @@ impl Rig {
         let streamer = {
             let (path, streamed) = (path.clone(), streamed.clone());
             thread::spawn(move || {
-                let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+                let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default())?;
                 let (mut frames, mut bad) = (0, 0);
                 loop {
                     let frame = match c.next_frame(None, T) {
@@ -174,7 +174,7 @@ impl Rig {
 /// A real consumer attaches, reads `frames` frames intact, and detaches.
 fn real_consumer_reads(path: &Path, frames: u64) {
     let options = AttachOptions { timeout: Duration::from_secs(5), ..AttachOptions::default() };
-    let mut c = Consumer::<HostFake>::attach(&HostContext, path, &options)
+    let mut c = Consumer::<Host>::attach(&HostContext, path, &options)
         .unwrap_or_else(|e| panic!("a real consumer could not attach: {e}"));
     for _ in 0..frames {
         let frame = c.next_frame(None, T).unwrap();
@@ -217,7 +217,7 @@ fn hello_bytes() -> Vec<u8> {
         object: Default::default(),
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
-        wanted_backend: Some(BackendKind::HostFake),
+        wanted_backend: Some(BackendKind::Host),
         consumer_name: "hostile".into(),
     };
     Message::ClientHello(hello).encode().unwrap()
@@ -476,7 +476,7 @@ fn a_consumer_the_producer_cannot_see_attaches_streams_and_detaches() {
 /// The child of the test above: publishes until its one consumer has come and gone.
 fn produce_for_one_consumer(path: &Path) {
     let config = ProducerConfig::new(path, geometry(), 4, SyncStrategy::CpuSleep);
-    let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, config).unwrap();
     p.wait_for_consumers(1, T).unwrap();
     let deadline = Instant::now() + T;
     while p.consumers() > 0 {

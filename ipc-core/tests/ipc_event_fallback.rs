@@ -2,7 +2,7 @@
 //! `cuIpcOpenEventHandle` fails with `CUDA_ERROR_MAP_FAILED`) still reads an `ipc-event` ring: it says so at the
 //! handshake (`AttachedWithoutEvents`, protocol version 4) and runs the ring on its counters; a producer too old to be
 //! told is refused in words that name the cause and the fixes, and is not left waiting. Run on the host fake backend,
-//! whose stand-in events fail to open on a thread that asked (`fake::set_ipc_events_openable(false)`). The same code
+//! whose stand-in events fail to open on a thread that asked (`host::set_ipc_events_openable(false)`). The same code
 //! on a GPU, across a real IPC namespace: `tools/stress` (its container cells) and `docs/containers.md`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,8 +15,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use gpu_ipc_driver::DriverError;
-use ipc_core::fake::{HostContext, HostEvent, HostFake, set_ipc_events_openable};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer};
+use ipc_core::host::{Host, HostContext, HostEvent, set_ipc_events_openable};
 use ipc_core::wire::{
     Attached, DetachReason, Header, Message, MessageType, PeerConnection, PeerState, RendezvousListener, SyncStrategy,
     WITHOUT_EVENTS_VERSION, WireError,
@@ -43,7 +43,7 @@ fn spawn_consumer(path: &Path, events_open: bool, frames: u64) -> thread::JoinHa
     let path = path.to_path_buf();
     thread::spawn(move || {
         set_ipc_events_openable(events_open);
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default())?;
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default())?;
         let read = Read { without_events: c.without_ipc_events(), first: c.next_sequence(), frames, bad: 0 };
         let mut bad = 0;
         for _ in 0..frames {
@@ -58,7 +58,7 @@ fn spawn_consumer(path: &Path, events_open: bool, frames: u64) -> thread::JoinHa
     })
 }
 
-fn produce(p: &mut Producer<HostFake>, frames: u64) {
+fn produce(p: &mut Producer<Host>, frames: u64) {
     for _ in 0..frames {
         common::publish(p, T).unwrap();
     }
@@ -141,7 +141,7 @@ fn a_producer_too_old_to_run_without_events_is_refused_with_the_cause_and_the_fi
         let front = front.clone();
         thread::spawn(move || {
             set_ipc_events_openable(false);
-            Consumer::<HostFake>::attach(&HostContext, &front, &AttachOptions::default()).map(|_| ())
+            Consumer::<Host>::attach(&HostContext, &front, &AttachOptions::default()).map(|_| ())
         })
     };
     while !old.is_finished() {

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::{PeerPolicy, RefusalCode, RendezvousListener, SocketAccess, SyncStrategy, WireError};
 
 const NOBODY: u32 = 65534;
@@ -100,7 +100,7 @@ fn child_process_entry_point() {
 
 /// Attaches, reads 100 frames checking each, detaches.
 fn read_frames(socket: &Path, options: &AttachOptions) -> Result<(u64, u64), FrameError> {
-    let mut c = Consumer::<HostFake>::attach(&HostContext, socket, options)?;
+    let mut c = Consumer::<Host>::attach(&HostContext, socket, options)?;
     let mut bad = 0;
     for _ in 0..100 {
         let frame = c.next_frame(None, T)?;
@@ -119,7 +119,7 @@ fn as_nobody(role: &str, access: SocketAccess, name: &str) -> String {
     let socket = sock(name);
     let mut config = ProducerConfig::new(&socket, geometry(), 2, SyncStrategy::CpuSpin);
     config.access = access;
-    let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, config).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let child = {
         let (binary, socket, role, stop) = (common::binary_for_nobody(), socket.clone(), role.to_owned(), stop.clone());

@@ -1,5 +1,5 @@
 //! The protocol is implementable from its documentation alone: `tests/python/consumer.py`, a consumer in pure
-//! Python written only from `docs/protocol.md` and `docs/ring.md`, attaches to a real `Producer<HostFake>` of this
+//! Python written only from `docs/protocol.md` and `docs/ring.md`, attaches to a real `Producer<Host>` of this
 //! process as a separate process, reads frames with cpu-spin and cpu-sleep, checks every 8-byte word, and leaves
 //! cleanly (the producer counts nobody lost); it exits 4 when the producer goes away while it waits, 2 when offered
 //! a strategy it does not implement (telling the producer with `Detach`, reason import failed), and 3 when refused.
@@ -27,8 +27,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use gpu_ipc_driver::DeviceUuid;
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig, SlowConsumerPolicy};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::ring::RingLayout;
 use ipc_core::ring::layout::ConsumerState;
 use ipc_core::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, Sequence};
@@ -45,7 +45,7 @@ fn sock(name: &str) -> PathBuf {
     common::sock("py", name)
 }
 
-fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
+fn producer(name: &str, sync: SyncStrategy, slots: u32) -> Producer<Host> {
     common::producer(sock(name), sync, slots)
 }
 
@@ -66,7 +66,7 @@ fn py_consumer_with(python: &str, socket: &Path, name: &str, options: &[&str]) -
 }
 
 /// `wait_for_consumers`, reporting the Python consumers' output when they do not attach in time.
-fn wait_for(p: &mut Producer<HostFake>, consumers: &mut [&mut PyScript]) {
+fn wait_for(p: &mut Producer<Host>, consumers: &mut [&mut PyScript]) {
     if let Err(err) = p.wait_for_consumers(consumers.len(), T) {
         let outputs: Vec<String> = consumers.iter_mut().map(|c| c.wait(Duration::ZERO).describe()).collect();
         panic!("python consumers did not attach: {err}\n{}", outputs.join("\n"));
@@ -74,7 +74,7 @@ fn wait_for(p: &mut Producer<HostFake>, consumers: &mut [&mut PyScript]) {
 }
 
 /// Publishes frames until every consumer has left (bounded), so each can read as many as it wants.
-fn publish_until_all_left(p: &mut Producer<HostFake>, limit: Duration) -> u64 {
+fn publish_until_all_left(p: &mut Producer<Host>, limit: Duration) -> u64 {
     let deadline = Instant::now() + limit;
     let mut published = 0;
     while p.consumers() > 0 {
@@ -94,7 +94,7 @@ fn assert_read_everything(run: &Finished, frames: u64) {
 }
 
 /// The producer's view once the consumers have left: nobody attached, nobody lost.
-fn assert_left_cleanly(p: &mut Producer<HostFake>) {
+fn assert_left_cleanly(p: &mut Producer<Host>) {
     let deadline = Instant::now() + T;
     while p.consumers() != 0 {
         assert!(Instant::now() < deadline, "{} consumers still counted after they left", p.consumers());
@@ -205,7 +205,7 @@ fn a_python_consumer_that_stops_releasing_is_evicted_and_exits_5_while_another_r
     let python = python();
     let mut config = ProducerConfig::new(sock("evict"), geometry(), SLOTS as u32, SyncStrategy::CpuSpin);
     config.slow_consumer = SlowConsumerPolicy::Evict { after: Duration::from_millis(200) };
-    let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, config).unwrap();
     let stall = STALL_AFTER.to_string();
     let mut stalled = py_consumer_with(&python, &sock("evict"), "stalled", &["--frames", "0", "--stall-after", &stall]);
     let mut reader = py_consumer(&python, &sock("evict"), 200, "reader");
@@ -264,7 +264,7 @@ fn sealed_memfd(size: u64) -> OwnedFd {
 /// A well-formed host-fake offer of a two-slot ring (8192 bytes of data) for a hand-made producer.
 fn host_fake_offer(sync: SyncStrategy, generation: u64, consumer_id: u32) -> RingOffer {
     RingOffer {
-        backend: BackendKind::HostFake,
+        backend: BackendKind::Host,
         handle_type: HandleType::HostMemfd,
         sync,
         device_uuid: DeviceUuid([0; 16]),
@@ -288,7 +288,7 @@ fn accept_hello(listener: &RendezvousListener, name: &str) -> ipc_core::wire::Pe
     let connection = listener.accept(T).unwrap();
     match connection.recv(T).unwrap().message {
         Message::ClientHello(hello) => {
-            assert_eq!(hello.wanted_backend, Some(BackendKind::HostFake));
+            assert_eq!(hello.wanted_backend, Some(BackendKind::Host));
             assert_eq!(hello.consumer_name, name);
         }
         other => panic!("expected a ClientHello, got {other:?}"),
@@ -298,7 +298,7 @@ fn accept_hello(listener: &RendezvousListener, name: &str) -> ipc_core::wire::Pe
 
 #[test]
 fn a_python_consumer_offered_a_gpu_strategy_says_import_failed_and_exits_2() {
-    // `Producer<HostFake>` cannot run a GPU strategy (it refuses to be created), so the producer here is
+    // `Producer<Host>` cannot run a GPU strategy (it refuses to be created), so the producer here is
     // hand-made from the wire layer: a well-formed host-fake offer naming gpu-stream-ops.
     let python = python();
     let path = sock("gpu-strategy");
@@ -363,7 +363,7 @@ fn offer_then_hang_up(name: &str, shutting_down: bool) -> (Result<(), FrameError
     let listener = RendezvousListener::bind(&path).unwrap();
     let consumer = thread::spawn(move || {
         let options = AttachOptions { name: "dropped".into(), ..AttachOptions::default() };
-        Consumer::<HostFake>::attach(&HostContext, &path, &options).map(|_| ())
+        Consumer::<Host>::attach(&HostContext, &path, &options).map(|_| ())
     });
     let config = RingConfig { slot_count: 2, max_consumers: 16, generation: 1 };
     let ring = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
@@ -426,7 +426,7 @@ fn consumers_refuse_a_control_block_that_is_not_the_offered_ring() {
     let listener = RendezvousListener::bind(&path).unwrap();
     let consumer = thread::spawn(move || {
         let options = AttachOptions { name: "generation".into(), ..AttachOptions::default() };
-        Consumer::<HostFake>::attach(&HostContext, &path, &options).map(|_| ())
+        Consumer::<Host>::attach(&HostContext, &path, &options).map(|_| ())
     });
     offer_another_generation(&listener, "generation");
     match consumer.join().unwrap() {
@@ -456,7 +456,7 @@ fn a_handshake_dropped_after_the_consumers_attached_was_sent_does_not_poison_the
     let consumer = {
         let path = path.clone();
         thread::spawn(move || {
-            let c = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default());
+            let c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default());
             // Keep it (and its watchdog) alive while the producer hangs up.
             thread::sleep(Duration::from_millis(200));
             c.map(|_| ())
@@ -488,7 +488,7 @@ fn a_consumer_that_reads_its_given_back_record_is_told_its_handshake_was_dropped
     let ring = ProducerControl::create(config, LivenessPolicy::default()).unwrap();
     let consumer = {
         let path = path.clone();
-        thread::spawn(move || Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).map(|_| ()))
+        thread::spawn(move || Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).map(|_| ()))
     };
     let connection = accept_hello(&listener, "consumer");
     let id = ring.register_consumer(None).unwrap();

@@ -1,6 +1,6 @@
 //! The producer side of the protocol is implementable from its documentation alone, and the Rust consumer copes
 //! with a producer it did not write: `tests/python/producer.py`, a host-fake producer in pure Python written only
-//! from `docs/protocol.md` and `docs/ring.md`, runs as a separate process and `Consumer<HostFake>`s attach to it.
+//! from `docs/protocol.md` and `docs/ring.md`, runs as a separate process and `Consumer<Host>`s attach to it.
 //! Two consumers read every frame intact and detach cleanly; a consumer process SIGKILLed while it holds a frame
 //! is declared lost and the producer finishes for the other one; consumers of a SIGKILLed producer get
 //! `ProducerGone` within 2 s; and a consumer behind a producer that closes cleanly reads every frame published
@@ -21,8 +21,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError};
+use ipc_core::host::{Host, HostContext};
 
 const T: Duration = Duration::from_secs(10);
 const SCRIPT: &str = "producer.py";
@@ -68,12 +68,12 @@ impl PyProducer {
     }
 }
 
-fn attach(socket: &Path) -> Result<Consumer<HostFake>, FrameError> {
-    Consumer::<HostFake>::attach(&HostContext, socket, &AttachOptions::default())
+fn attach(socket: &Path) -> Result<Consumer<Host>, FrameError> {
+    Consumer::<Host>::attach(&HostContext, socket, &AttachOptions::default())
 }
 
 /// Reads `frames` frames, checking every byte; returns (first seq, frames read, bad frames, last seq).
-fn read_frames(c: &mut Consumer<HostFake>, frames: u64) -> Result<(u64, u64, u64, Option<u64>), FrameError> {
+fn read_frames(c: &mut Consumer<Host>, frames: u64) -> Result<(u64, u64, u64, Option<u64>), FrameError> {
     let first = c.next_sequence();
     let (mut bad, mut last) = (0, None);
     for _ in 0..frames {

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::Duration;
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::{
     ClientHello, DType, HEADER_BYTES, Header, MAGIC, Message, ObjectKind, PROTOCOL_VERSION, PixelFormat, RefusalCode,
     Refused, RendezvousListener, RingOffer, SlotLayout, SyncStrategy, TensorDesc, WireError, send_bytes,
@@ -44,7 +44,7 @@ fn v1_hello_bytes(name: &str) -> Vec<u8> {
 }
 
 /// The raw answer of the producer at socket `name` to `hello` (see [`common::raw_answer`]).
-fn raw_answer(p: &mut Producer<HostFake>, name: &str, hello: &[u8]) -> (Vec<u8>, Vec<OwnedFd>, UnixStream) {
+fn raw_answer(p: &mut Producer<Host>, name: &str, hello: &[u8]) -> (Vec<u8>, Vec<OwnedFd>, UnixStream) {
     common::raw_answer(p, &sock(name), hello)
 }
 
@@ -81,7 +81,7 @@ fn a_version_1_client_attaches_to_a_ring_of_pixel_frames_exactly_as_before() {
 #[test]
 fn a_version_1_client_at_a_ring_of_tensors_is_refused_with_code_1_and_told_why() {
     let config = ProducerConfig::new(sock("v1-tensors"), tensor(), 2, SyncStrategy::CpuSleep);
-    let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, config).unwrap();
     let (bytes, fds, _stream) = raw_answer(&mut p, "v1-tensors", &v1_hello_bytes("old"));
     assert!(fds.is_empty());
     assert_eq!(Header::decode(&bytes).unwrap().version, 1, "told in the version it speaks");
@@ -98,10 +98,10 @@ fn a_version_1_client_at_a_ring_of_tensors_is_refused_with_code_1_and_told_why()
 fn a_consumer_of_this_release_reads_a_ring_of_tensors() {
     let layout = SlotLayout::tensors_in(64, tensor()).unwrap();
     let config = ProducerConfig::new(sock("tensors"), layout.clone(), 2, SyncStrategy::CpuSpin);
-    let mut p = Producer::<HostFake>::create(&HostContext, config).unwrap();
+    let mut p = Producer::<Host>::create(&HostContext, config).unwrap();
     assert_eq!(p.slot_layout(), &layout);
     let consumer = thread::spawn(|| {
-        let mut c = Consumer::<HostFake>::attach(&HostContext, &sock("tensors"), &AttachOptions::default()).unwrap();
+        let mut c = Consumer::<Host>::attach(&HostContext, &sock("tensors"), &AttachOptions::default()).unwrap();
         let seen = (c.slot_layout().clone(), c.protocol_version(), c.geometry());
         let mut frames = Vec::new();
         for _ in 0..5 {
@@ -163,7 +163,7 @@ fn a_consumer_refused_for_its_protocol_version_says_what_to_do() {
         conn.send(&Message::Refused(refused), Vec::new(), T).unwrap();
         conn.discard_unread();
     });
-    let error = Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()).err().unwrap();
+    let error = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).err().unwrap();
     producer.join().unwrap();
     let FrameError::Wire(WireError::VersionRefused { message, oldest, newest }) = &error else {
         panic!("expected VersionRefused, got {error}")

@@ -26,7 +26,7 @@ const TYPES: [MessageType; 5] = [
 /// A host ring of 2 slots of 1 MiB holding `layout`.
 fn offer(layout: SlotLayout) -> RingOffer {
     RingOffer {
-        backend: BackendKind::HostFake,
+        backend: BackendKind::Host,
         handle_type: HandleType::HostMemfd,
         sync: SyncStrategy::CpuSpin,
         device_uuid: DeviceUuid([0; 16]),

@@ -55,7 +55,7 @@ fn read_fd(fd: &OwnedFd, len: usize) -> Vec<u8> {
 
 fn host_offer() -> RingOffer {
     RingOffer {
-        backend: BackendKind::HostFake,
+        backend: BackendKind::Host,
         handle_type: HandleType::HostMemfd,
         sync: SyncStrategy::CpuSleep,
         device_uuid: DeviceUuid([1; 16]),

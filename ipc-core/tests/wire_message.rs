@@ -11,7 +11,7 @@ use ipc_core::wire::{
 
 fn host_offer() -> RingOffer {
     RingOffer {
-        backend: BackendKind::HostFake,
+        backend: BackendKind::Host,
         handle_type: HandleType::HostMemfd,
         sync: SyncStrategy::CpuSpin,
         device_uuid: DeviceUuid([7; 16]),

@@ -62,7 +62,7 @@ fn memfd_with(bytes: &[u8], size: u64) -> OwnedFd {
 
 fn offer_for(consumer_id: u32) -> RingOffer {
     RingOffer {
-        backend: BackendKind::HostFake,
+        backend: BackendKind::Host,
         handle_type: HandleType::HostMemfd,
         sync: SyncStrategy::CpuSpin,
         device_uuid: DeviceUuid([3; 16]),
@@ -91,7 +91,7 @@ fn consume(path: &Path, name: &str) -> u64 {
                 object: Default::default(),
                 protocol_version: PROTOCOL_VERSION,
                 client_pid: std::process::id(),
-                wanted_backend: Some(BackendKind::HostFake),
+                wanted_backend: Some(BackendKind::Host),
                 consumer_name: name.to_owned(),
             }),
             Vec::new(),

@@ -13,7 +13,7 @@ use ipc_core::wire::{
 /// A host ring of 3 slots of 64 KiB, holding `layout`.
 fn offer(layout: SlotLayout) -> RingOffer {
     RingOffer {
-        backend: BackendKind::HostFake,
+        backend: BackendKind::Host,
         handle_type: HandleType::HostMemfd,
         sync: SyncStrategy::CpuSleep,
         device_uuid: DeviceUuid([0; 16]),

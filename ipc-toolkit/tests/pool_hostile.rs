@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::shm::SharedMemory;
 use ipc_core::wire::{
     BackendKind, ClientHello, Message, PROTOCOL_VERSION, RefusalCode, WireError, recv_bytes, send_bytes,
@@ -48,11 +48,10 @@ fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 }
 
 /// Runs `bad_clients` against a pool and checks what the module comment says.
-fn survives(name: &str, bad_clients: impl FnOnce(&SharedPool<HostFake>)) {
+fn survives(name: &str, bad_clients: impl FnOnce(&SharedPool<Host>)) {
     let _turn = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let pool =
-        SharedPool::<HostFake>::create(&HostContext, common::sock("pool-hostile", name), PoolConfig::new(1 << 20))
-            .unwrap();
+        SharedPool::<Host>::create(&HostContext, common::sock("pool-hostile", name), PoolConfig::new(1 << 20)).unwrap();
     let baseline = open_fds();
     bad_clients(&pool);
     let started = Instant::now();
@@ -60,7 +59,7 @@ fn survives(name: &str, bad_clients: impl FnOnce(&SharedPool<HostFake>)) {
     after.write(0, &[0x5a; 4096]).unwrap();
     assert!(started.elapsed() < MAX_CALL, "an alloc took {:?}", started.elapsed());
     {
-        let importer = PoolImporter::<HostFake>::attach(&HostContext, pool.path(), &AttachOptions::default())
+        let importer = PoolImporter::<Host>::attach(&HostContext, pool.path(), &AttachOptions::default())
             .unwrap_or_else(|e| panic!("a real importer could not attach: {e}"));
         let view = importer.lookup("after-the-attack").unwrap();
         let mut bytes = vec![0u8; 4096];
@@ -104,13 +103,13 @@ fn garbage_a_ring_hello_and_the_wrong_backend_are_refused_with_the_reason() {
     survives("refusals", |pool| {
         random_bytes_are_refused(pool.path());
         let (code, message) =
-            refused_with(&answer_to(pool.path(), &hello(ObjectKind::Ring, BackendKind::HostFake))).unwrap();
+            refused_with(&answer_to(pool.path(), &hello(ObjectKind::Ring, BackendKind::Host))).unwrap();
         assert_eq!(code, RefusalCode::WrongObject);
         assert!(message.contains("pool"), "{message}");
         let (code, _) = refused_with(&answer_to(pool.path(), &hello(ObjectKind::Pool, BackendKind::Vmm))).unwrap();
         assert_eq!(code, RefusalCode::BackendMismatch);
         // Half a hello, then a hang-up.
-        let mut half = hello(ObjectKind::Pool, BackendKind::HostFake);
+        let mut half = hello(ObjectKind::Pool, BackendKind::Host);
         half.truncate(30);
         drop({
             let mut stream = connect(pool.path());
@@ -127,7 +126,7 @@ fn silent_clients_and_a_thousand_rapid_connections_keep_no_importer_out() {
         for _ in 0..1000 {
             drop(UnixStream::connect(pool.path()).unwrap());
         }
-        let importer = PoolImporter::<HostFake>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap();
+        let importer = PoolImporter::<Host>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap();
         assert_eq!(importer.mapped_blocks(), 1);
         drop(silent);
     });
@@ -135,7 +134,7 @@ fn silent_clients_and_a_thousand_rapid_connections_keep_no_importer_out() {
 
 /// Attaches by hand and keeps the offer's fds: directory, pin table, block channel.
 fn attach_raw(path: &Path) -> (PoolOffer, Vec<OwnedFd>, ipc_toolkit::door::OwnerLink) {
-    let (made, link) = attach(path, ObjectKind::Pool, Some(BackendKind::HostFake), "raw", T, |offer, fds| {
+    let (made, link) = attach(path, ObjectKind::Pool, Some(BackendKind::Host), "raw", T, |offer, fds| {
         Ok::<_, DoorError>((PoolOffer::decode(&offer.body).unwrap(), fds))
     })
     .unwrap();
@@ -146,7 +145,7 @@ fn attach_raw(path: &Path) -> (PoolOffer, Vec<OwnedFd>, ipc_toolkit::door::Owner
 fn a_client_that_takes_the_offer_and_never_confirms_is_dropped() {
     survives("no-attached", |pool| {
         let stream = connect(pool.path());
-        send_bytes(stream.as_fd(), &hello(ObjectKind::Pool, BackendKind::HostFake), Vec::new(), T).unwrap();
+        send_bytes(stream.as_fd(), &hello(ObjectKind::Pool, BackendKind::Host), Vec::new(), T).unwrap();
         let offer = ipc_core::wire::recv_message(stream.as_fd(), T).unwrap();
         assert!(matches!(offer.message, Message::ObjectOffer(_)));
         assert_eq!(offer.fds.len(), 3);
@@ -160,7 +159,7 @@ fn a_client_that_takes_the_offer_and_never_confirms_is_dropped() {
 #[test]
 fn garbage_on_the_block_channel_ends_that_importer_only() {
     survives("channel", |pool| {
-        let honest = PoolImporter::<HostFake>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap();
+        let honest = PoolImporter::<Host>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap();
         let (_offer, fds, link) = attach_raw(pool.path());
         let channel = &fds[2];
         // A request for a block that does not exist is answered "gone".

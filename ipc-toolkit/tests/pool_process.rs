@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_toolkit::pool::{AttachOptions, BufferHandle, BufferView, PoolConfig, PoolError, PoolImporter, SharedPool};
 
 const ROLE: &str = "GPU_IPC_POOL_CHILD";
@@ -62,7 +62,7 @@ fn fill(generation: u64, writer: u64, len: usize) -> Vec<u8> {
 }
 
 /// The owner's initial content of a new buffer: its words, then the ready word, with a fence between.
-fn initialise(handle: &BufferHandle<HostFake>) {
+fn initialise(handle: &BufferHandle<Host>) {
     let len = handle.len() as usize;
     handle.write(8, &fill(handle.generation(), 0, len - 8)).unwrap();
     fence(Ordering::Release);
@@ -86,7 +86,7 @@ fn check(bytes: &[u8], generation: u64) -> Result<(), String> {
 }
 
 /// Whether the owner has finished filling the buffer behind `view` (then an acquire fence orders what follows).
-fn ready(view: &BufferView<HostFake>) -> bool {
+fn ready(view: &BufferView<Host>) -> bool {
     let mut first = [0u8; 8];
     view.read(0, &mut first).unwrap();
     let ready = first == word(view.generation(), READY);
@@ -120,7 +120,7 @@ fn child_process_entry_point() {
     let path = PathBuf::from(std::env::var(SOCKET).unwrap());
     let writer: u64 = std::env::var(WRITER).unwrap().parse().unwrap();
     let options = AttachOptions { name: format!("{role}-{writer}"), timeout: Duration::from_secs(10) };
-    let pool = PoolImporter::<HostFake>::attach(&HostContext, &path, &options).unwrap();
+    let pool = PoolImporter::<Host>::attach(&HostContext, &path, &options).unwrap();
     match role.as_str() {
         "churn" => churn_importer(&pool, writer),
         "pinner" => {
@@ -134,11 +134,11 @@ fn child_process_entry_point() {
 
 /// Looks up random names until the owner allocates [`STOP`]: checks every word, writes its own quarter, checks
 /// again, and keeps some views a while to see them go stale.
-fn churn_importer(pool: &PoolImporter<HostFake>, writer: u64) {
+fn churn_importer(pool: &PoolImporter<Host>, writer: u64) {
     let mut rng = Rng(0x5151_0000 + writer);
-    let mut held: Vec<BufferView<HostFake>> = Vec::new();
+    let mut held: Vec<BufferView<Host>> = Vec::new();
     let (mut lookups, mut not_found, mut not_ready, mut stale, mut bytes_checked) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    let read_check = |view: &BufferView<HostFake>| {
+    let read_check = |view: &BufferView<Host>| {
         if !ready(view) {
             return 0;
         }
@@ -200,7 +200,7 @@ fn churn_importer(pool: &PoolImporter<HostFake>, writer: u64) {
 #[test]
 fn churn_with_four_importer_processes_keeps_every_buffer_intact_and_leaks_nothing() {
     let path = sock("churn");
-    let pool = SharedPool::<HostFake>::create(&HostContext, &path, PoolConfig::new(256 * 1024)).unwrap();
+    let pool = SharedPool::<Host>::create(&HostContext, &path, PoolConfig::new(256 * 1024)).unwrap();
     let baseline = open_fds();
     let children: Vec<Child> = (1..=IMPORTERS).map(|k| spawn_child("churn", &path, k)).collect();
     let start = Instant::now();
@@ -209,9 +209,9 @@ fn churn_with_four_importer_processes_keeps_every_buffer_intact_and_leaks_nothin
         std::thread::sleep(Duration::from_millis(5));
     }
     let mut rng = Rng(0x0123_4567_89ab_cdef);
-    let mut live: HashMap<u64, BufferHandle<HostFake>> = HashMap::new();
+    let mut live: HashMap<u64, BufferHandle<Host>> = HashMap::new();
     let (mut allocs, mut frees, mut out_of_memory, mut stale_refused) = (0u64, 0u64, 0u64, 0u64);
-    let owner_check = |handle: &BufferHandle<HostFake>| {
+    let owner_check = |handle: &BufferHandle<Host>| {
         let mut bytes = vec![0u8; handle.len() as usize];
         handle.read(0, &mut bytes).unwrap();
         check(&bytes, handle.generation()).unwrap_or_else(|e| panic!("owner, `{}`: {e}", handle.name()));
@@ -295,7 +295,7 @@ fn churn_with_four_importer_processes_keeps_every_buffer_intact_and_leaks_nothin
 #[test]
 fn an_importer_killed_while_it_pins_a_freed_buffer_releases_it_within_a_second() {
     let path = sock("sigkill");
-    let pool = SharedPool::<HostFake>::create(&HostContext, &path, PoolConfig::new(64 * 1024)).unwrap();
+    let pool = SharedPool::<Host>::create(&HostContext, &path, PoolConfig::new(64 * 1024)).unwrap();
     let victim = pool.alloc("victim", 64 * 1024, 256, None).unwrap();
     let mut child = spawn_child("pinner", &path, 1);
     let mut stdout = BufReader::new(child.stdout.take().unwrap());

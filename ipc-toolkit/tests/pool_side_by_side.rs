@@ -1,6 +1,6 @@
 //! Memory shared in place over several allocations side by side (what PyTorch's expandable segments make on a GPU),
 //! between real processes on the host backend: the owner in the test process maps 20 allocations side by side
-//! (`HostFake::allocate_side_by_side`), shares ranges inside one, over two, over twelve (more than one message of
+//! (`Host::allocate_side_by_side`), shares ranges inside one, over two, over twelve (more than one message of
 //! fds) and over all of them; an importer child started from this test binary checks every byte of each, the owner
 //! lets go of the memory and frees the buffers while the child holds its views, the child checks every byte again,
 //! and once it is gone nothing stays shared and no fd is left open.
@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ipc_core::backend::SharedRegion;
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_toolkit::pool::{AttachOptions, PoolConfig, PoolImporter, SharedPool};
 
 const ROLE: &str = "GPU_IPC_SIDE_BY_SIDE_CHILD";
@@ -54,7 +54,7 @@ fn child_process_entry_point() {
     }
     let path = PathBuf::from(std::env::var(SOCKET).unwrap());
     let options = AttachOptions { name: "side-by-side".into(), timeout: Duration::from_secs(10) };
-    let pool = PoolImporter::<HostFake>::attach(&HostContext, &path, &options).unwrap();
+    let pool = PoolImporter::<Host>::attach(&HostContext, &path, &options).unwrap();
     let views: Vec<_> =
         ranges().into_iter().map(|(name, offset, len)| (pool.lookup(name).unwrap(), offset, len)).collect();
     let check = |round: &str| {
@@ -74,10 +74,10 @@ fn child_process_entry_point() {
 #[test]
 fn ranges_over_allocations_side_by_side_are_read_by_another_process_byte_for_byte_and_outlive_their_allocator() {
     let path = std::env::temp_dir().join(format!("gpu-ipc-side-by-side-{}.sock", std::process::id()));
-    let pool = SharedPool::<HostFake>::create(&HostContext, &path, PoolConfig::sharing_only()).unwrap();
+    let pool = SharedPool::<Host>::create(&HostContext, &path, PoolConfig::sharing_only()).unwrap();
     let fds_before = open_fds();
     let sizes = vec![PAGES_EACH * page(); ALLOCATIONS as usize];
-    let region = HostFake::allocate_side_by_side(&HostContext, &sizes).unwrap();
+    let region = Host::allocate_side_by_side(&HostContext, &sizes).unwrap();
     let all: Vec<u8> = (0..region.len()).map(byte).collect();
     region.write(region.ptr(), &all).unwrap();
     let handles: Vec<_> = ranges()

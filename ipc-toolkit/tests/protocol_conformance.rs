@@ -159,7 +159,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
         (
             "ring-offer-v2-frames",
             Message::RingOffer(RingOffer {
-                backend: BackendKind::HostFake,
+                backend: BackendKind::Host,
                 handle_type: HandleType::HostMemfd,
                 sync: SyncStrategy::CpuSpin,
                 device_uuid: DeviceUuid([0; 16]),

@@ -8,24 +8,24 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::RefusalCode;
 use ipc_toolkit::door::DoorError;
 use ipc_toolkit::queue::{LostReason, QueueConfig, QueueError, QueueWorker, WorkQueue, WorkerOptions};
 
 const T: Duration = Duration::from_secs(5);
 
-fn owner(name: &str, config: QueueConfig) -> WorkQueue<HostFake> {
-    WorkQueue::<HostFake>::create(&HostContext, common::sock("queue", name), config).unwrap()
+fn owner(name: &str, config: QueueConfig) -> WorkQueue<Host> {
+    WorkQueue::<Host>::create(&HostContext, common::sock("queue", name), config).unwrap()
 }
 
 fn fast(capacity: u64, record_bytes: u32) -> QueueConfig {
     QueueConfig { reclaim_after: Duration::from_millis(50), ..QueueConfig::new(capacity, record_bytes) }
 }
 
-fn worker(queue: &WorkQueue<HostFake>, name: &str) -> QueueWorker<HostFake> {
+fn worker(queue: &WorkQueue<Host>, name: &str) -> QueueWorker<Host> {
     let options = WorkerOptions { name: name.into(), ..WorkerOptions::default() };
-    QueueWorker::<HostFake>::attach(&HostContext, queue.socket(), &options).unwrap()
+    QueueWorker::<Host>::attach(&HostContext, queue.socket(), &options).unwrap()
 }
 
 #[test]
@@ -134,7 +134,7 @@ fn the_workers_slot_is_given_to_the_next_one_once_its_tasks_are_back() {
     let queue = owner("slots", QueueConfig { max_workers: 2, ..fast(8, 8) });
     let only = worker(&queue, "only");
     let options = WorkerOptions { name: "second".into(), ..WorkerOptions::default() };
-    let refused = QueueWorker::<HostFake>::attach(&HostContext, queue.socket(), &options).unwrap_err();
+    let refused = QueueWorker::<Host>::attach(&HostContext, queue.socket(), &options).unwrap_err();
     match refused {
         QueueError::Door(DoorError::Refused { code: RefusalCode::RingFull, message }) => {
             assert!(message.contains("worker slots"), "{message}");
@@ -145,7 +145,7 @@ fn the_workers_slot_is_given_to_the_next_one_once_its_tasks_are_back() {
     drop(only);
     let start = Instant::now();
     let next = loop {
-        match QueueWorker::<HostFake>::attach(&HostContext, queue.socket(), &options) {
+        match QueueWorker::<Host>::attach(&HostContext, queue.socket(), &options) {
             Ok(worker) => break worker,
             Err(_) if start.elapsed() < T => std::thread::sleep(Duration::from_millis(10)),
             Err(e) => panic!("{e}"),
@@ -183,30 +183,30 @@ fn the_owners_end_is_an_error_for_a_waiting_worker_within_a_second() {
 #[test]
 fn a_worker_of_another_backend_or_before_the_owner_is_told_why() {
     let path = common::sock("queue", "nobody");
-    let error = QueueWorker::<HostFake>::attach(&HostContext, &path, &WorkerOptions::default()).unwrap_err();
+    let error = QueueWorker::<Host>::attach(&HostContext, &path, &WorkerOptions::default()).unwrap_err();
     assert!(error.to_string().contains("start the process that creates the work-queue first"), "{error}");
     // Waiting for the owner: it comes up a little later.
     let owner_thread = {
         let path = path.clone();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
-            let queue = WorkQueue::<HostFake>::create(&HostContext, &path, fast(4, 8)).unwrap();
+            let queue = WorkQueue::<Host>::create(&HostContext, &path, fast(4, 8)).unwrap();
             std::thread::sleep(Duration::from_millis(300));
             queue.stats().unwrap()
         })
     };
     let options = WorkerOptions { wait_for_owner: T, ..WorkerOptions::default() };
-    let w = QueueWorker::<HostFake>::attach(&HostContext, &path, &options).unwrap();
+    let w = QueueWorker::<Host>::attach(&HostContext, &path, &options).unwrap();
     assert!(w.worker() >= 1);
     owner_thread.join().unwrap();
     assert!(matches!(
-        WorkQueue::<HostFake>::create(&HostContext, common::sock("queue", "bad"), QueueConfig::new(3, 8)),
+        WorkQueue::<Host>::create(&HostContext, common::sock("queue", "bad"), QueueConfig::new(3, 8)),
         Err(QueueError::Config(_))
     ));
     let error = queue_error_kernel(&w);
     assert!(error.contains("needs a GPU backend"), "{error}");
 }
 
-fn queue_error_kernel(w: &QueueWorker<HostFake>) -> String {
+fn queue_error_kernel(w: &QueueWorker<Host>) -> String {
     w.device_queue().unwrap_err().to_string()
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, Message, ObjectKind, PROTOCOL_VERSION, RefusalCode, recv_message, send_bytes,
 };
@@ -54,7 +54,7 @@ fn open_files() -> usize {
 
 /// An owner pushing tasks (its record: the task's number) and a worker streaming them.
 struct Rig {
-    queue: Arc<WorkQueue<HostFake>>,
+    queue: Arc<WorkQueue<Host>>,
     path: PathBuf,
     stop: Arc<AtomicBool>,
     done: Arc<AtomicU64>,
@@ -73,7 +73,7 @@ impl Rig {
             door,
             ..QueueConfig::new(256, 8)
         };
-        let queue = Arc::new(WorkQueue::<HostFake>::create(&HostContext, &path, config).unwrap());
+        let queue = Arc::new(WorkQueue::<Host>::create(&HostContext, &path, config).unwrap());
         let stop = Arc::new(AtomicBool::new(false));
         let (done, longest_gap_us) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let pusher = {
@@ -93,7 +93,7 @@ impl Rig {
             let (path, done, longest_gap_us) = (path.clone(), done.clone(), longest_gap_us.clone());
             thread::spawn(move || {
                 let options = WorkerOptions { name: "streamer".into(), ..WorkerOptions::default() };
-                let worker = QueueWorker::<HostFake>::attach(&HostContext, &path, &options)?;
+                let worker = QueueWorker::<Host>::attach(&HostContext, &path, &options)?;
                 let mut last = Instant::now();
                 let mut completed = 0u64;
                 loop {
@@ -157,10 +157,10 @@ fn slots_come_back(rig: &Rig) -> u64 {
     }
     let options = WorkerOptions { name: "late".into(), ..WorkerOptions::default() };
     // A slot offered to a client that has not hung up yet comes back when its handshake times out.
-    let late: Vec<QueueWorker<HostFake>> = (0..SLOTS - 2)
+    let late: Vec<QueueWorker<Host>> = (0..SLOTS - 2)
         .map(|i| {
             loop {
-                match QueueWorker::<HostFake>::attach(&HostContext, &rig.path, &options) {
+                match QueueWorker::<Host>::attach(&HostContext, &rig.path, &options) {
                     Ok(worker) => break worker,
                     Err(e) if Instant::now() < deadline => {
                         assert!(e.to_string().contains("worker slots"), "late worker {i}: {e}");
@@ -257,7 +257,7 @@ fn silent_and_idle_connections_do_not_keep_a_worker_out() {
         let idle: Vec<UnixStream> = (0..100).map(|_| connect(path)).collect();
         let started = Instant::now();
         let options = WorkerOptions { name: "among idle".into(), ..WorkerOptions::default() };
-        let worker = QueueWorker::<HostFake>::attach(&HostContext, path, &options).unwrap();
+        let worker = QueueWorker::<Host>::attach(&HostContext, path, &options).unwrap();
         assert!(started.elapsed() < Duration::from_secs(3), "attaching took {:?}", started.elapsed());
         drop(worker);
         thread::sleep(Duration::from_millis(600));
@@ -274,7 +274,7 @@ fn offers_taken_and_abandoned_give_their_slots_back() {
             let deadline = Instant::now() + T;
             loop {
                 let stream = connect(path);
-                let hello = hello(ObjectKind::WorkQueue, Some(BackendKind::HostFake));
+                let hello = hello(ObjectKind::WorkQueue, Some(BackendKind::Host));
                 send_bytes(stream.as_fd(), &hello, Vec::new(), T).unwrap();
                 let received = recv_message(stream.as_fd(), T).unwrap_or_else(|e| panic!("round {round}: {e}"));
                 match received.message {

@@ -9,25 +9,25 @@ mod common;
 
 use std::time::Duration;
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_toolkit::queue::{LostReason, QueueConfig, QueueError, QueueWorker, WorkQueue, WorkerOptions};
 
 const T: Duration = Duration::from_secs(5);
 
 /// Sweeps every 10 ms; leases of `lease`.
-fn owner(name: &str, lease: Duration) -> WorkQueue<HostFake> {
+fn owner(name: &str, lease: Duration) -> WorkQueue<Host> {
     let config = QueueConfig {
         reclaim_after: Duration::from_millis(50),
         lease,
         sweep_every: Duration::from_millis(10),
         ..QueueConfig::new(16, 8)
     };
-    WorkQueue::<HostFake>::create(&HostContext, common::sock("queue-lease", name), config).unwrap()
+    WorkQueue::<Host>::create(&HostContext, common::sock("queue-lease", name), config).unwrap()
 }
 
-fn worker(queue: &WorkQueue<HostFake>, name: &str) -> QueueWorker<HostFake> {
+fn worker(queue: &WorkQueue<Host>, name: &str) -> QueueWorker<Host> {
     let options = WorkerOptions { name: name.into(), ..WorkerOptions::default() };
-    QueueWorker::<HostFake>::attach(&HostContext, queue.socket(), &options).unwrap()
+    QueueWorker::<Host>::attach(&HostContext, queue.socket(), &options).unwrap()
 }
 
 #[test]
@@ -46,7 +46,7 @@ fn a_task_dropped_in_a_live_worker_goes_back_to_the_queue() {
 
 #[test]
 fn a_task_given_back_is_handed_to_the_next_pop_and_counts_as_a_delivery() {
-    let queue = WorkQueue::<HostFake>::create(
+    let queue = WorkQueue::<Host>::create(
         &HostContext,
         common::sock("queue-lease", "give-back"),
         QueueConfig { max_deliveries: 2, sweep_every: Duration::from_millis(10), ..QueueConfig::new(8, 8) },
@@ -144,7 +144,7 @@ fn leases_and_sweeps_of_zero_are_refused() {
         QueueConfig { lease: Duration::ZERO, ..QueueConfig::new(8, 8) },
         QueueConfig { sweep_every: Duration::ZERO, ..QueueConfig::new(8, 8) },
     ] {
-        let error = WorkQueue::<HostFake>::create(&HostContext, common::sock("queue-lease", "zero"), config);
+        let error = WorkQueue::<Host>::create(&HostContext, common::sock("queue-lease", "zero"), config);
         assert!(matches!(error, Err(QueueError::Config(_))), "{error:?}");
     }
 }

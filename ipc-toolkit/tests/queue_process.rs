@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::shm::SharedMemory;
 use ipc_toolkit::queue::{QueueConfig, QueueError, QueueWorker, WorkQueue, WorkerOptions};
 use rustix::io::FdFlags;
@@ -62,7 +62,7 @@ fn child_process_entry_point() {
     let tally = SharedMemory::from_fd(OwnedFd::from(file), TASKS as usize * 8).unwrap();
     let tally = tally.words(0, TASKS as usize).unwrap();
     let options = WorkerOptions { name: role.clone(), ..WorkerOptions::default() };
-    let worker = QueueWorker::<HostFake>::attach(&HostContext, std::env::var(SOCKET).unwrap(), &options).unwrap();
+    let worker = QueueWorker::<Host>::attach(&HostContext, std::env::var(SOCKET).unwrap(), &options).unwrap();
     let work = |record: &[u8], attempt: u32| {
         let value = u64::from_le_bytes(record.try_into().unwrap());
         tally[value as usize].fetch_add(1 + u64::from(attempt) * ONE_ATTEMPT, Ordering::Relaxed);
@@ -118,7 +118,7 @@ fn a_million_tasks_through_four_worker_processes_exactly_once_with_one_killed() 
     let tally_memory = SharedMemory::create("queue-tally", TASKS as usize * 8).unwrap();
     let socket = common::sock("queue-process", "million");
     let config = QueueConfig { reclaim_after: Duration::from_millis(200), max_workers: 8, ..QueueConfig::new(4096, 8) };
-    let queue = WorkQueue::<HostFake>::create(&HostContext, &socket, config).unwrap();
+    let queue = WorkQueue::<Host>::create(&HostContext, &socket, config).unwrap();
     let fd = inheritable(&tally_memory);
     let sock = socket.to_str().unwrap();
     let mut victim = spawn_child("victim", sock, fd.as_raw_fd());

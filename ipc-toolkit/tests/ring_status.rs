@@ -7,8 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{AttachOptions, Consumer};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::{BackendKind, RefusalCode, SyncStrategy};
 use ipc_toolkit::door::{self, DoorError, ObjectKind, PeerState};
 
@@ -22,7 +22,7 @@ fn a_ring_reports_its_consumers_by_name_with_the_frames_they_released() {
         let path = path.clone();
         std::thread::spawn(move || {
             let options = AttachOptions { name: "viewer".into(), timeout: T, ..AttachOptions::default() };
-            let mut c = Consumer::<HostFake>::attach(&HostContext, &path, &options).unwrap();
+            let mut c = Consumer::<Host>::attach(&HostContext, &path, &options).unwrap();
             for _ in 0..3 {
                 let frame = c.next_frame(None, T).unwrap();
                 c.release(frame, None).unwrap();
@@ -48,7 +48,7 @@ fn a_ring_reports_its_consumers_by_name_with_the_frames_they_released() {
     }
     assert_eq!(
         (report.kind, report.backend, report.owner_pid),
-        (ObjectKind::Ring, BackendKind::HostFake, std::process::id())
+        (ObjectKind::Ring, BackendKind::Host, std::process::id())
     );
     assert_eq!(report.peers.len(), 1, "{report:?}");
     let peer = report.peers.first().unwrap();

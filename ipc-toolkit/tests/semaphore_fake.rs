@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_toolkit::door::DoorError;
 use ipc_toolkit::semaphore::{AttachOptions, Semaphore, SemaphoreError, SemaphoreOwner, SemaphoreState};
 
@@ -17,7 +17,7 @@ fn sock(name: &str) -> PathBuf {
 
 fn attach(owner: &SemaphoreOwner, posts: bool) -> Semaphore {
     let options = AttachOptions { name: format!("peer-{posts}"), posts, ..AttachOptions::default() };
-    Semaphore::attach::<HostFake>(&HostContext, owner.path(), &options).unwrap()
+    Semaphore::attach::<Host>(&HostContext, owner.path(), &options).unwrap()
 }
 
 /// Waits up to 5 s for `condition`.
@@ -31,7 +31,7 @@ fn eventually(what: &str, condition: impl Fn() -> bool) {
 
 #[test]
 fn posts_from_one_peer_are_taken_by_another_and_a_timed_out_wait_takes_nothing() {
-    let owner = SemaphoreOwner::create::<HostFake>(&HostContext, &sock("count"), 2).unwrap();
+    let owner = SemaphoreOwner::create::<Host>(&HostContext, &sock("count"), 2).unwrap();
     let poster = attach(&owner, true);
     let waiter = attach(&owner, false);
     eventually("two peers listed", || owner.peers().len() == 2);
@@ -55,7 +55,7 @@ fn posts_from_one_peer_are_taken_by_another_and_a_timed_out_wait_takes_nothing()
 
 #[test]
 fn the_owner_tells_who_is_attached_and_in_which_role() {
-    let owner = SemaphoreOwner::create::<HostFake>(&HostContext, &sock("status"), 0).unwrap();
+    let owner = SemaphoreOwner::create::<Host>(&HostContext, &sock("status"), 0).unwrap();
     let poster = attach(&owner, true);
     let _waiter = attach(&owner, true);
     poster.post(1).unwrap(); // a poster from its first post on
@@ -71,7 +71,7 @@ fn the_owner_tells_who_is_attached_and_in_which_role() {
 
 #[test]
 fn a_waiter_blocked_in_wait_is_released_by_a_post_from_another_thread() {
-    let owner = SemaphoreOwner::create::<HostFake>(&HostContext, &sock("release"), 0).unwrap();
+    let owner = SemaphoreOwner::create::<Host>(&HostContext, &sock("release"), 0).unwrap();
     let waiter = Arc::new(attach(&owner, false));
     let blocked = {
         let waiter = Arc::clone(&waiter);
@@ -89,7 +89,7 @@ fn a_waiter_blocked_in_wait_is_released_by_a_post_from_another_thread() {
 #[test]
 fn many_threads_of_many_peers_take_each_post_exactly_once() {
     const POSTS: u64 = 4_000;
-    let owner = SemaphoreOwner::create::<HostFake>(&HostContext, &sock("many"), 0).unwrap();
+    let owner = SemaphoreOwner::create::<Host>(&HostContext, &sock("many"), 0).unwrap();
     let taken = AtomicU64::new(0);
     std::thread::scope(|s| {
         for _ in 0..2 {
@@ -121,7 +121,7 @@ fn many_threads_of_many_peers_take_each_post_exactly_once() {
 
 #[test]
 fn the_owner_closing_ends_every_peer_wait_at_once() {
-    let owner = SemaphoreOwner::create::<HostFake>(&HostContext, &sock("close"), 0).unwrap();
+    let owner = SemaphoreOwner::create::<Host>(&HostContext, &sock("close"), 0).unwrap();
     let waiter = Arc::new(attach(&owner, false));
     let blocked = {
         let waiter = Arc::clone(&waiter);
@@ -143,7 +143,7 @@ fn the_owner_closing_ends_every_peer_wait_at_once() {
 #[test]
 fn attaching_where_nothing_listens_says_to_start_the_owner() {
     let missing = sock("missing");
-    let err = Semaphore::attach::<HostFake>(&HostContext, &missing, &AttachOptions::default()).unwrap_err();
+    let err = Semaphore::attach::<Host>(&HostContext, &missing, &AttachOptions::default()).unwrap_err();
     assert!(matches!(err, SemaphoreError::Door(DoorError::NoOwner { .. })), "{err}");
     assert!(err.to_string().contains("start the process that creates the semaphore first"), "{err}");
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::shm::SharedMemory;
 use ipc_core::wire::{
     Attached, BackendKind, ClientHello, Message, ObjectKind, PROTOCOL_VERSION, RefusalCode, recv_message, send_bytes,
@@ -59,7 +59,7 @@ fn fds_at_most() -> usize {
 
 fn peer(path: &Path, name: &str, posts: bool) -> Semaphore {
     let options = AttachOptions { name: name.into(), posts, timeout: T, ..AttachOptions::default() };
-    Semaphore::attach::<HostFake>(&HostContext, path, &options).unwrap_or_else(|e| panic!("{name}: {e}"))
+    Semaphore::attach::<Host>(&HostContext, path, &options).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// An owner, a poster posting every millisecond and a waiter taking the posts.
@@ -76,7 +76,7 @@ impl Rig {
             door: DoorConfig { handshake_timeout: HANDSHAKE, ..DoorConfig::default() },
             ..OwnerOptions::default()
         };
-        let owner = SemaphoreOwner::create_with::<HostFake>(&HostContext, &sock(name), &options).unwrap();
+        let owner = SemaphoreOwner::create_with::<Host>(&HostContext, &sock(name), &options).unwrap();
         let (stop, took) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
         let poster = peer(owner.path(), "rig-poster", true);
         let waiter = peer(owner.path(), "rig-waiter", false);
@@ -251,7 +251,7 @@ fn waiters_that_attach_scribble_over_their_record_and_die_break_nothing() {
 #[test]
 fn a_poster_that_hangs_up_without_detaching_breaks_the_semaphore_for_every_peer() {
     let _turn = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let owner = SemaphoreOwner::create::<HostFake>(&HostContext, &sock("poster-dies"), 0).unwrap();
+    let owner = SemaphoreOwner::create::<Host>(&HostContext, &sock("poster-dies"), 0).unwrap();
     let waiter = Arc::new(peer(owner.path(), "waiter", false));
     let blocked = {
         let waiter = Arc::clone(&waiter);
@@ -273,7 +273,7 @@ fn a_poster_that_hangs_up_without_detaching_breaks_the_semaphore_for_every_peer(
     assert!(after < Duration::from_secs(1), "the waiter learnt it after {after:?}");
     assert!(matches!(owner.semaphore().check(), Err(SemaphoreError::PosterDied { .. })));
     // Newcomers are told why, in the semaphore's words (not a ring's "producer shutting down").
-    let err = Semaphore::attach::<HostFake>(&HostContext, owner.path(), &AttachOptions::default()).unwrap_err();
+    let err = Semaphore::attach::<Host>(&HostContext, owner.path(), &AttachOptions::default()).unwrap_err();
     assert!(matches!(err, SemaphoreError::PosterDied { record, .. } if record == body.record), "{err}");
     assert!(err.to_string().contains("poisoned by a dead poster"), "{err}");
     // The owner resets it: the peer attached before and newcomers work again.

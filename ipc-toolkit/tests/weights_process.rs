@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_toolkit::weights::{
     DType, HeldGeneration, TensorDesc, WeightsError, WeightsOptions, WeightsOwner, WeightsReader,
 };
@@ -46,7 +46,7 @@ fn pattern(generation: u64, index: usize, len: u64) -> Vec<u8> {
     (0..len).map(|k| (generation as u8) ^ (index as u8).wrapping_mul(31) ^ (k as u8)).collect()
 }
 
-fn publish(owner: &mut WeightsOwner<HostFake>) -> u64 {
+fn publish(owner: &mut WeightsOwner<Host>) -> u64 {
     let generation = owner.generation() + 1;
     let staged = owner.stage().unwrap();
     let entries = staged.manifest().entries.clone();
@@ -57,7 +57,7 @@ fn publish(owner: &mut WeightsOwner<HostFake>) -> u64 {
 }
 
 /// Every tensor of `held` holds its generation's pattern: `Err` names the first that does not.
-fn check(held: &HeldGeneration<HostFake>) -> Result<(), String> {
+fn check(held: &HeldGeneration<Host>) -> Result<(), String> {
     for (i, e) in held.manifest().entries.iter().enumerate() {
         let mut bytes = vec![0u8; e.span_bytes() as usize];
         held.read(&e.name, &mut bytes).map_err(|x| x.to_string())?;
@@ -96,7 +96,7 @@ fn expect_line(out: &mut BufReader<ChildStdout>, tag: &str) -> String {
 
 /// Waits until the owner's door has recorded `n` readers as attached (a child says it opened the set a moment
 /// before the door's thread sees its `Attached`).
-fn wait_for_readers(owner: &WeightsOwner<HostFake>, n: usize) {
+fn wait_for_readers(owner: &WeightsOwner<Host>, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while owner.readers().len() < n {
         assert!(Instant::now() < deadline, "{} readers attached, {n} expected", owner.readers().len());
@@ -117,13 +117,13 @@ fn child_process_entry_point() {
     let path = PathBuf::from(std::env::var(SOCKET).unwrap());
     if role == "owner" {
         let options = WeightsOptions { checksums: true, ..WeightsOptions::default() };
-        let mut owner = WeightsOwner::<HostFake>::create(&HostContext, &path, SET, tensors(), options).unwrap();
+        let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, SET, tensors(), options).unwrap();
         publish(&mut owner);
         println!("PUBLISHED generation=1");
         std::thread::sleep(Duration::from_secs(60));
         return;
     }
-    let mut reader = WeightsReader::<HostFake>::open(&HostContext, &path, SET, Duration::from_secs(10)).unwrap();
+    let mut reader = WeightsReader::<Host>::open(&HostContext, &path, SET, Duration::from_secs(10)).unwrap();
     match role.as_str() {
         "holder" => {
             let held = reader.held();
@@ -167,7 +167,7 @@ fn child_process_entry_point() {
 fn a_reader_process_holds_its_generation_while_the_owner_publishes_two_more() {
     let path = sock("holder");
     let mut owner =
-        WeightsOwner::<HostFake>::create(&HostContext, &path, SET, tensors(), WeightsOptions::default()).unwrap();
+        WeightsOwner::<Host>::create(&HostContext, &path, SET, tensors(), WeightsOptions::default()).unwrap();
     publish(&mut owner);
     let (mut child, mut out) = spawn_child("holder", &path);
     assert_eq!(field(&expect_line(&mut out, "HELD"), "generation"), 1);
@@ -202,7 +202,7 @@ fn a_reader_process_holds_its_generation_while_the_owner_publishes_two_more() {
 fn a_reader_killed_while_it_holds_a_retired_generation_releases_it_within_a_second() {
     let path = sock("sigkill-reader");
     let options = WeightsOptions { keep: 1, max_arenas: 2, ..WeightsOptions::default() };
-    let mut owner = WeightsOwner::<HostFake>::create(&HostContext, &path, SET, tensors(), options).unwrap();
+    let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, SET, tensors(), options).unwrap();
     publish(&mut owner);
     let (mut child, mut out) = spawn_child("pinner", &path);
     expect_line(&mut out, "HELD");
@@ -227,7 +227,7 @@ fn the_owner_killed_is_seen_within_a_second_and_held_tensors_still_read() {
     let path = sock("sigkill-owner");
     let (mut child, mut out) = spawn_child("owner", &path);
     expect_line(&mut out, "PUBLISHED");
-    let reader = WeightsReader::<HostFake>::open(&HostContext, &path, SET, Duration::from_secs(10)).unwrap();
+    let reader = WeightsReader::<Host>::open(&HostContext, &path, SET, Duration::from_secs(10)).unwrap();
     let held = reader.held();
     check(&held).unwrap();
     assert_eq!(reader.latest().unwrap(), 1);
@@ -252,7 +252,7 @@ fn the_owner_killed_is_seen_within_a_second_and_held_tensors_still_read() {
 fn a_thousand_generations_switched_by_a_reader_process_show_no_mixed_read() {
     let path = sock("switches");
     let options = WeightsOptions { checksums: true, ..WeightsOptions::default() };
-    let mut owner = WeightsOwner::<HostFake>::create(&HostContext, &path, SET, tensors(), options).unwrap();
+    let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, SET, tensors(), options).unwrap();
     publish(&mut owner);
     let (mut child, mut out) = spawn_child("switcher", &path);
     let started = Instant::now();

@@ -12,7 +12,7 @@ use gpu_ipc::core::frames::{AttachOptions, Consumer as CoreConsumer, FrameError}
 use gpu_ipc::core::ring::SlotIndex;
 use gpu_ipc::core::shm::SharedMemory;
 use gpu_ipc::core::wire::{SyncStrategy, WireError};
-use gpu_ipc::host::{HostContext, HostFake, HostRegion};
+use gpu_ipc::host::{Host, HostContext, HostRegion};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
 use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
@@ -31,7 +31,7 @@ use crate::slot_arrays::SlotArrays;
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
 use crate::view::{Layout, StreamOrder};
 
-type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<HostFake>>;
+type End = PerBackend<CoreConsumer<Legacy>, CoreConsumer<Vmm>, CoreConsumer<Host>>;
 
 /// The consuming end of a frame ring: attaches once, then reads frames in place, in order.
 ///
@@ -304,8 +304,8 @@ impl Consumer {
             };
             let attached = py.detach(|| -> Result<End, FrameError> {
                 Ok(match (backend, &gpu) {
-                    (BackendKind::HostFake, _) => {
-                        PerBackend::Host(CoreConsumer::<HostFake>::attach(&HostContext, &socket, &options)?)
+                    (BackendKind::Host, _) => {
+                        PerBackend::Host(CoreConsumer::<Host>::attach(&HostContext, &socket, &options)?)
                     }
                     (BackendKind::Legacy, Some(g)) => {
                         PerBackend::Legacy(CoreConsumer::<Legacy>::attach(&g.ctx, &socket, &options)?)

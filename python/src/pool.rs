@@ -9,7 +9,7 @@ use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::BackendError as CoreBackendError;
 use gpu_ipc::core::wire::{DType, TensorDesc, WireError as CoreWireError};
 use gpu_ipc::driver::{DevicePtr, pointer_is_legacy_ipc_capable};
-use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::{BufferHandle, PoolConfig, PoolError, ReclaimWatch, SharedPool as CorePool};
 use gpu_ipc::toolkit::door::DoorError;
@@ -24,8 +24,8 @@ use crate::ring::{Gpu, PerBackend, Shared, lock, parse_backend};
 use crate::stream::{borrow, stream_handle};
 use crate::view::{ArrayMemory, Layout, View};
 
-type Owner = PerBackend<CorePool<Legacy>, CorePool<Vmm>, CorePool<HostFake>>;
-type Handle = PerBackend<BufferHandle<Legacy>, BufferHandle<Vmm>, BufferHandle<HostFake>>;
+type Owner = PerBackend<CorePool<Legacy>, CorePool<Vmm>, CorePool<Host>>;
+type Handle = PerBackend<BufferHandle<Legacy>, BufferHandle<Vmm>, BufferHandle<Host>>;
 
 /// The owner of a pool of named buffers, served at ``socket``: other processes find each buffer by name
 /// (``gpu_ipc.open`` or ``PoolImporter``) and read it in place, with no copy.
@@ -127,7 +127,7 @@ impl SharedPool {
         let pool = py
             .detach(|| -> Result<Owner, PoolError> {
                 Ok(match (backend, &gpu) {
-                    (BackendKind::HostFake, _) => PerBackend::Host(CorePool::create(&HostContext, &socket, config)?),
+                    (BackendKind::Host, _) => PerBackend::Host(CorePool::create(&HostContext, &socket, config)?),
                     (BackendKind::Legacy, Some(g)) => PerBackend::Legacy(CorePool::create(&g.ctx, &socket, config)?),
                     (_, Some(g)) => PerBackend::Vmm(CorePool::create(&g.ctx, &socket, config)?),
                     (other, None) => return Err(PoolError::Unsupported(format!("backend {other} needs a GPU"))),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::wire::ObjectKind;
-use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::{AttachOptions, BufferView as CoreView, PoolError, PoolImporter as CoreImporter};
 use gpu_ipc::toolkit::door::{self, DoorError};
@@ -21,8 +21,8 @@ use crate::mapping::{MappingHold, pool_view};
 use crate::ring::{Gpu, PerBackend, SLICE, Shared, lock, parse_backend, seconds};
 use crate::view::{ArrayMemory, Layout, View};
 
-type Importer = PerBackend<CoreImporter<Legacy>, CoreImporter<Vmm>, CoreImporter<HostFake>>;
-type Viewed = PerBackend<CoreView<Legacy>, CoreView<Vmm>, CoreView<HostFake>>;
+type Importer = PerBackend<CoreImporter<Legacy>, CoreImporter<Vmm>, CoreImporter<Host>>;
+type Viewed = PerBackend<CoreView<Legacy>, CoreView<Vmm>, CoreView<Host>>;
 
 /// One process's attachment to a pool: finds its buffers by name, with no round trip to the owner.
 ///
@@ -79,9 +79,7 @@ impl PoolImporter {
         let importer = loop {
             let attached = py.detach(|| -> Result<Importer, PoolError> {
                 Ok(match (backend, &gpu) {
-                    (BackendKind::HostFake, _) => {
-                        PerBackend::Host(CoreImporter::attach(&HostContext, &socket, &options)?)
-                    }
+                    (BackendKind::Host, _) => PerBackend::Host(CoreImporter::attach(&HostContext, &socket, &options)?),
                     (BackendKind::Legacy, Some(g)) => {
                         PerBackend::Legacy(CoreImporter::attach(&g.ctx, &socket, &options)?)
                     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::frames::{FrameError, Producer as CoreProducer, ProducerConfig, SlotLease};
 use gpu_ipc::core::wire::{DType, FrameGeometry, SlotLayout, SyncStrategy, TensorDesc, UnknownName};
-use gpu_ipc::host::{HostContext, HostFake, HostRegion};
+use gpu_ipc::host::{Host, HostContext, HostRegion};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::vmm::Vmm;
 use pyo3::prelude::*;
@@ -23,7 +23,7 @@ use crate::ring::{
 use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
 use crate::view::{ArrayMemory, Layout, Memory, View, order_after, parse_format};
 
-type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<HostFake>>;
+type End = PerBackend<CoreProducer<Legacy>, CoreProducer<Vmm>, CoreProducer<Host>>;
 
 /// The producing end of a frame ring: publishes frames into ``slots`` slots of one shared allocation.
 ///
@@ -156,8 +156,8 @@ impl Producer {
         }
         let made = py.detach(|| -> Result<(End, Option<Gpu>, Option<HostRegion>), FrameError> {
             Ok(match backend {
-                BackendKind::HostFake => {
-                    let p = CoreProducer::<HostFake>::create(&HostContext, config)?;
+                BackendKind::Host => {
+                    let p = CoreProducer::<Host>::create(&HostContext, config)?;
                     let host = p.region().clone();
                     (PerBackend::Host(p), None, Some(host))
                 }

@@ -389,10 +389,10 @@ const _: () = {
     const fn send<T: Send>() {}
     send::<gpu_ipc::core::frames::Producer<gpu_ipc::legacy::Legacy>>();
     send::<gpu_ipc::core::frames::Producer<gpu_ipc::vmm::Vmm>>();
-    send::<gpu_ipc::core::frames::Producer<gpu_ipc::host::HostFake>>();
+    send::<gpu_ipc::core::frames::Producer<gpu_ipc::host::Host>>();
     send::<gpu_ipc::core::frames::Consumer<gpu_ipc::legacy::Legacy>>();
     send::<gpu_ipc::core::frames::Consumer<gpu_ipc::vmm::Vmm>>();
-    send::<gpu_ipc::core::frames::Consumer<gpu_ipc::host::HostFake>>();
+    send::<gpu_ipc::core::frames::Consumer<gpu_ipc::host::Host>>();
 };
 
 /// The read-only description a `Producer` and a `Consumer` share (backend, sync, socket, slots, device, shape, dtype,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_ipc::BackendKind;
-use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::semaphore::{
     AttachOptions, DeadPoster, OwnerOptions, Semaphore as CoreSemaphore, SemaphoreError, SemaphoreOwner, StreamWait,
@@ -122,7 +122,7 @@ impl Semaphore {
         // Attaching is tried again while nobody listens yet, in slices, so that Ctrl-C works meanwhile.
         let handle = loop {
             let attached = py.detach(|| match (backend, &gpu) {
-                (BackendKind::HostFake, _) => CoreSemaphore::attach::<HostFake>(&HostContext, &socket, &options),
+                (BackendKind::Host, _) => CoreSemaphore::attach::<Host>(&HostContext, &socket, &options),
                 (BackendKind::Legacy, Some(g)) => CoreSemaphore::attach::<Legacy>(&g.ctx, &socket, &options),
                 (_, Some(g)) => CoreSemaphore::attach::<Vmm>(&g.ctx, &socket, &options),
                 (_, None) => Err(SemaphoreError::NoCudaContext),
@@ -165,7 +165,7 @@ impl Semaphore {
         let options = OwnerOptions { initial, dead_poster, ..OwnerOptions::default() };
         let owner = py
             .detach(|| match (backend, &gpu) {
-                (BackendKind::HostFake, _) => SemaphoreOwner::create_with::<HostFake>(&HostContext, &socket, &options),
+                (BackendKind::Host, _) => SemaphoreOwner::create_with::<Host>(&HostContext, &socket, &options),
                 (BackendKind::Legacy, Some(g)) => SemaphoreOwner::create_with::<Legacy>(&g.ctx, &socket, &options),
                 (_, Some(g)) => SemaphoreOwner::create_with::<Vmm>(&g.ctx, &socket, &options),
                 (_, None) => Err(SemaphoreError::NoCudaContext),

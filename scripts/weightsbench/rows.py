@@ -177,6 +177,13 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
                 if check["wrong"] or check["missing"] or switched["generation"] != gen:
                     run.fail(f"gpu-ipc switch {set_name} {backend} ({mode}): generation {switched['generation']}"
                              f" (want {gen}), {check['wrong']} wrong, {check['missing']} missing")
+            # One more bound update timed in its parts, to say where its time goes: staging the arena and queueing
+            # the gather (the CPU, until copy_in returns), the copy itself (until the device is idle), and commit.
+            parts = bound_parts(torch, pub, bound[id(sd)])
+            switched = reader.ask(op="refresh-gpu-ipc")
+            check = reader.ask(op="check", sums=sums)
+            if check["wrong"] or check["missing"]:
+                run.fail(f"gpu-ipc switch {set_name} {backend} (bound, in parts): {check['wrong']} wrong")
             del bound, bound_sd
             reader.ask(op="release")
         finally:
@@ -197,7 +204,7 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
     steady = best["update"]
     run.row(part="switch", set=set_name, backend=backend, method="gpu-ipc", tensors=len(sd), bytes=total,
             update_seconds=steady, first_update_seconds=updates[0][1], second_update_seconds=updates[1][1],
-            bound_update_seconds=best["bound"], bind_seconds=bind_s,
+            bound_update_seconds=best["bound"], bind_seconds=bind_s, **parts,
             ratio_bound_to_one_memcpy=best["bound"] / one_copy_s,
             reader_refresh_seconds=switched["seconds"], update_queue_seconds=queued,
             split_update_seconds=updates[2][1],
@@ -205,6 +212,22 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
             ratio_to_per_tensor=steady / per_tensor_s, ratio_to_one_memcpy=steady / one_copy_s,
             wrong=check["wrong"] + check["missing"])
     return new_sums
+
+
+def bound_parts(torch: Any, pub: Any, bound: Any) -> dict[str, float]:
+    """A bound update (``update(bound)``) done by hand in its three parts, each timed: ``copy_in`` (stages the next
+    arena if none is, then queues the gather: CPU), the device finishing the copies, ``commit`` (publishes)."""
+    device = pub._owner.device  # noqa: SLF001 - the parts of update(bound), to time them
+    stream = torch.cuda.current_stream(device).cuda_stream
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    pub._owner.copy_in(bound.addresses, 0, stream)  # noqa: SLF001
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    pub._owner.commit()  # noqa: SLF001
+    t3 = time.perf_counter()
+    return {"bound_queue_seconds": t1 - t0, "bound_copy_seconds": t2 - t1, "bound_commit_seconds": t3 - t2}
 
 
 def torch_mp_row(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums: dict[str, int]) -> None:

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gpu_ipc::core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
 use gpu_ipc::core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
-use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::host::{Host, HostContext};
 
 /// Measure the Rust consumer's CPU time per `next_frame` and `release` (host backend, no waiting).
 #[derive(Debug, Clone, Parser)]
@@ -64,10 +64,9 @@ fn measure(args: &Args) -> Result<Costs, FrameError> {
     let format = PixelFormat::Rgb8;
     let layout = FrameGeometry::new(args.width, args.height, format)?;
     let config = ProducerConfig::new(&socket, layout, args.slots, args.sync);
-    let mut producer = Producer::<HostFake>::create(&HostContext, config)?;
+    let mut producer = Producer::<Host>::create(&HostContext, config)?;
     let path = socket.clone();
-    let attach =
-        std::thread::spawn(move || Consumer::<HostFake>::attach(&HostContext, &path, &AttachOptions::default()));
+    let attach = std::thread::spawn(move || Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()));
     producer.wait_for_consumers(1, Duration::from_secs(10))?;
     let mut consumer = attach.join().map_err(|_| FrameError::Config("the attaching thread panicked".into()))??;
     let timeout = Duration::from_secs(5);

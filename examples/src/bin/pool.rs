@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::{Backend, GpuBackend};
-use gpu_ipc::core::fake::{HostContext, HostFake};
+use gpu_ipc::core::host::{Host, HostContext};
 use gpu_ipc::driver::Context;
 use gpu_ipc::pool::{DType, PoolConfig, PoolError, PoolStats, SharedPool, TensorDesc};
 use gpu_ipc_examples::pool_work::{
@@ -130,7 +130,7 @@ fn with_backend<P: Program>(kind: BackendKind, device: i32, program: P) -> Resul
         }
     }
     match kind {
-        BackendKind::HostFake => program.run::<HostFake, HostMemory>(HostContext),
+        BackendKind::Host => program.run::<Host, HostMemory>(HostContext),
         gpu => gpu_ipc::dispatch_gpu(gpu, Gpu(program, device)).map_err(|e| PoolError::Config(e.to_string()))?,
     }
 }

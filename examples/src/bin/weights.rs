@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use gpu_ipc::BackendKind;
-use gpu_ipc::core::fake::{HostContext, HostFake};
+use gpu_ipc::core::host::{Host, HostContext};
 use gpu_ipc::driver::Context;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::weights::{ArenaBytes, DType, TensorDesc, WeightsError, WeightsOptions, WeightsOwner, WeightsReader};
@@ -219,7 +219,7 @@ fn with_backend<G: GpuRun>(
     gpu: G,
 ) -> Result<G::Output, WeightsError> {
     match kind {
-        BackendKind::HostFake => host(&HostContext),
+        BackendKind::Host => host(&HostContext),
         other => {
             let ctx = Context::for_ordinal(device).map_err(|e| WeightsError::Pool(PoolError::Backend(e.into())))?;
             struct Visit<'a, G>(G, &'a Context);
@@ -266,7 +266,7 @@ fn main() -> ExitCode {
         Role::Bench { common, tensors, mib, generations } => with_backend(
             common.backend,
             common.device,
-            |ctx| bench::<HostFake>(ctx, common, *tensors, *mib, *generations),
+            |ctx| bench::<Host>(ctx, common, *tensors, *mib, *generations),
             BenchRun(common, *tensors, *mib, *generations),
         )
         .map(|s| {
@@ -285,7 +285,7 @@ fn main() -> ExitCode {
         Role::Reader { common, socket, generations } => with_backend(
             common.backend,
             common.device,
-            |ctx| reader::<HostFake>(ctx, socket, *generations),
+            |ctx| reader::<Host>(ctx, socket, *generations),
             ReaderRun(socket, *generations),
         )
         .map(|r| print_summary(common.json, &r, |r| format!("{r:?}"))),

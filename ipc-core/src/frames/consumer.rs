@@ -59,9 +59,9 @@ impl Default for AttachOptions {
 ///
 /// ```compile_fail,E0382
 /// # use std::time::Duration;
-/// # use ipc_core::fake::HostFake;
+/// # use ipc_core::host::Host;
 /// # use ipc_core::frames::{Consumer, FrameError};
-/// # fn twice(consumer: &mut Consumer<HostFake>) -> Result<(), FrameError> {
+/// # fn twice(consumer: &mut Consumer<Host>) -> Result<(), FrameError> {
 /// let frame = consumer.next_frame(None, Duration::from_secs(1))?;
 /// consumer.release(frame, None)?;
 /// println!("{}", frame.seq()); // error[E0382]: borrow of moved value: `frame`

@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use ipc_core::fake::{HostContext, HostFake};
+//! use ipc_core::host::{HostContext, Host};
 //! use ipc_core::frames::{ProducerConfig, Stage, StageConfig};
 //! use ipc_core::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 //!
@@ -13,7 +13,7 @@
 //! let geometry = FrameGeometry::new(640, 480, PixelFormat::Rgb8)?;
 //! let downstream = ProducerConfig::new("/tmp/b.sock", geometry, 4, SyncStrategy::CpuSpin);
 //! let mut stage =
-//!     Stage::<HostFake, HostFake>::start(&HostContext, &HostContext, StageConfig::new("/tmp/a.sock", downstream))?;
+//!     Stage::<Host, Host>::start(&HostContext, &HostContext, StageConfig::new("/tmp/a.sock", downstream))?;
 //! let mut pixels = Vec::new();
 //! stage.run(None, |io| {
 //!     // Host memory here; with a GPU backend, `io.input_span()?` and `io.output_span()?` for your kernel.

@@ -22,26 +22,31 @@ pub enum BackendKind {
     /// Host memory in a memfd: lets the ring and protocol run without a GPU, with the CPU sync strategies
     /// (name `host`; `host-fake` is accepted too).
     #[serde(rename = "host", alias = "HostFake", alias = "host-fake")]
-    HostFake,
+    Host,
 }
 
 impl BackendKind {
+    /// The host backend's name before it was [`BackendKind::Host`].
+    #[deprecated(since = "0.1.0", note = "renamed `BackendKind::Host`")]
+    #[allow(non_upper_case_globals)]
+    pub const HostFake: BackendKind = BackendKind::Host;
+
     /// Every backend, in wire-code order. Whether one is compiled into an application is the `gpu-ipc` crate's
     /// business (its Cargo features); this type names them all.
-    pub const ALL: [BackendKind; 3] = [Self::Legacy, Self::Vmm, Self::HostFake];
+    pub const ALL: [BackendKind; 3] = [Self::Legacy, Self::Vmm, Self::Host];
 
     /// The name the command line, JSON reports and logs use: `legacy`, `vmm`, `host`.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Legacy => "legacy",
             Self::Vmm => "vmm",
-            Self::HostFake => "host",
+            Self::Host => "host",
         }
     }
 
     /// Whether the backend shares GPU memory (legacy, vmm); the host fake shares host memory.
     pub const fn is_gpu(self) -> bool {
-        !matches!(self, Self::HostFake)
+        !matches!(self, Self::Host)
     }
 
     /// Stable wire code.
@@ -49,7 +54,7 @@ impl BackendKind {
         match self {
             Self::Legacy => 1,
             Self::Vmm => 2,
-            Self::HostFake => 3,
+            Self::Host => 3,
         }
     }
 
@@ -58,7 +63,7 @@ impl BackendKind {
         match code {
             1 => Ok(Self::Legacy),
             2 => Ok(Self::Vmm),
-            3 => Ok(Self::HostFake),
+            3 => Ok(Self::Host),
             _ => Err(UnknownCode { field, code: u32::from(code) }),
         }
     }
@@ -68,7 +73,7 @@ impl BackendKind {
         match self {
             Self::Legacy => HandleType::LegacyIpc,
             Self::Vmm => HandleType::PosixFd,
-            Self::HostFake => HandleType::HostMemfd,
+            Self::Host => HandleType::HostMemfd,
         }
     }
 }
@@ -85,7 +90,7 @@ impl FromStr for BackendKind {
     /// Parses a name as [`BackendKind::name`] spells it (`host-fake` is accepted for `host`).
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         if text == "host-fake" {
-            return Ok(Self::HostFake);
+            return Ok(Self::Host);
         }
         Self::ALL.into_iter().find(|b| b.name() == text).ok_or_else(|| UnknownName {
             what: "backend",
@@ -465,7 +470,7 @@ mod tests {
 
     #[test]
     fn codes_round_trip() {
-        for b in [BackendKind::Legacy, BackendKind::Vmm, BackendKind::HostFake] {
+        for b in [BackendKind::Legacy, BackendKind::Vmm, BackendKind::Host] {
             assert_eq!(BackendKind::from_code(b.code(), "b").unwrap(), b);
         }
         for h in [HandleType::LegacyIpc, HandleType::PosixFd, HandleType::HostMemfd] {
@@ -508,6 +513,6 @@ mod tests {
         assert_eq!((d.waits, d.needs_mps, d.isolated_container), (SyncSide::Gpu, false, true));
         assert_eq!(SyncStrategy::default_for(BackendKind::Vmm), SyncStrategy::DEFAULT);
         assert_eq!(SyncStrategy::default_for(BackendKind::Legacy), SyncStrategy::DEFAULT);
-        assert_eq!(SyncStrategy::default_for(BackendKind::HostFake), SyncStrategy::CpuSpin);
+        assert_eq!(SyncStrategy::default_for(BackendKind::Host), SyncStrategy::CpuSpin);
     }
 }

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::Duration;
 
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 
 use super::{frame_bytes, geometry};
 use ipc_core::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
@@ -106,7 +106,7 @@ pub fn child(role: Role, socket: &Path, frames: u64) -> Result<String, FrameErro
     let mut attempts = 0;
     let mut c = loop {
         attempts += 1;
-        match Consumer::<HostFake>::attach(&HostContext, socket, &options) {
+        match Consumer::<Host>::attach(&HostContext, socket, &options) {
             Err(FrameError::Config(message)) if message.contains("dropped this handshake") && attempts < 5 => {}
             other => break other?,
         }
@@ -159,7 +159,7 @@ pub fn child_producer() {
         _ => SyncStrategy::CpuSpin,
     };
     let slots = if std::process::id().is_multiple_of(2) { 1 } else { 2 };
-    let mut p = Producer::<HostFake>::create(&HostContext, ProducerConfig::new(&socket, geometry(), slots, sync))
+    let mut p = Producer::<Host>::create(&HostContext, ProducerConfig::new(&socket, geometry(), slots, sync))
         .unwrap_or_else(|e| {
             println!("CHILD error: {e}");
             std::process::exit(1)

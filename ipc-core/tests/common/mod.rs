@@ -12,8 +12,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ipc_core::fake::{HostContext, HostFake};
 use ipc_core::frames::{FrameError, Producer, ProducerConfig};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::{FrameGeometry, HEADER_BYTES, Header, PixelFormat, SyncStrategy, recv_bytes, send_bytes};
 
 /// The file `relative` to ipc-core's directory (`tests/python/consumer.py`, `../docs/protocol.md`), found at run time,
@@ -63,12 +63,12 @@ pub fn frame_bytes(seq: u64, len: usize) -> Vec<u8> {
 }
 
 /// A producer of [`geometry`] frames on the fake backend.
-pub fn producer(path: PathBuf, sync: SyncStrategy, slots: u32) -> Producer<HostFake> {
-    Producer::<HostFake>::create(&HostContext, ProducerConfig::new(path, geometry(), slots, sync)).unwrap()
+pub fn producer(path: PathBuf, sync: SyncStrategy, slots: u32) -> Producer<Host> {
+    Producer::<Host>::create(&HostContext, ProducerConfig::new(path, geometry(), slots, sync)).unwrap()
 }
 
 /// Acquires the next slot, writes [`frame_bytes`] into it and publishes it; returns its sequence number.
-pub fn publish(p: &mut Producer<HostFake>, timeout: Duration) -> Result<u64, FrameError> {
+pub fn publish(p: &mut Producer<Host>, timeout: Duration) -> Result<u64, FrameError> {
     let lease = p.acquire(None, timeout)?;
     p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
     let seq = lease.seq().0;
@@ -78,7 +78,7 @@ pub fn publish(p: &mut Producer<HostFake>, timeout: Duration) -> Result<u64, Fra
 
 /// Connects to the producer's socket `path`, sends the raw `hello`, and reads the raw answer (header and payload) and
 /// its fds while the producer serves its front door; the stream stays open for what the test sends next.
-pub fn raw_answer(p: &mut Producer<HostFake>, path: &Path, hello: &[u8]) -> (Vec<u8>, Vec<OwnedFd>, UnixStream) {
+pub fn raw_answer(p: &mut Producer<Host>, path: &Path, hello: &[u8]) -> (Vec<u8>, Vec<OwnedFd>, UnixStream) {
     let timeout = Duration::from_secs(10);
     let stream = UnixStream::connect(path).unwrap();
     send_bytes(stream.as_fd(), hello, Vec::new(), timeout).unwrap();

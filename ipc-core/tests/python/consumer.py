@@ -56,7 +56,7 @@ DETACHED word does the same while you are attached"). The atomics, like the prot
 are in gpuipc_wire.py, next to this file, which producer.py shares.
 
 cuda_consumer.py, next to this file, reuses this module (handshake, frame waits, leaving) for the legacy and vmm
-backends: it passes its own importer to `run` (see `HostFakeImport` for what one provides).
+backends: it passes its own importer to `run` (see `HostImport` for what one provides).
 """
 
 import argparse
@@ -200,7 +200,7 @@ class HostFrames:
         self.map.close()
 
 
-class HostFakeImport:
+class HostImport:
     """What attach needs to know of the backend: which offers it takes, and how it imports the frame memory."""
 
     wanted_backend = BACKEND_HOST_FAKE
@@ -236,7 +236,7 @@ def import_offer(offer, fds, atomics, importer):
     return control, frames, epoch, join_sequence
 
 
-def attach(socket_path, name, timeout_s, atomics, importer=HostFakeImport):
+def attach(socket_path, name, timeout_s, atomics, importer=HostImport):
     """Connect, hello, offer, import, Attached: the whole handshake, bounded by `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -503,7 +503,7 @@ def print_summary(session, progress):
     print(json.dumps(summary), flush=True)
 
 
-def run(args, importer=HostFakeImport):
+def run(args, importer=HostImport):
     """Attach, read, leave; returns the exit code. The summary is printed for exit 0, 4 and 5."""
     atomics = make_atomics(lambda text: print(f"consumer: {text}", file=sys.stderr), ProtocolError)
     session = attach(args.socket, args.name, args.timeout, atomics, importer)

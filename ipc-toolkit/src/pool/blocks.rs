@@ -200,7 +200,7 @@ mod tests {
 
     use super::*;
     use crate::pool::wire::{BLOCK_REQUEST_BYTES, BlockPieces};
-    use ipc_core::fake::{HostContext, HostFake};
+    use ipc_core::host::{Host, HostContext};
     use ipc_core::shm::SharedMemory;
 
     const ID: BlockId = BlockId { index: 1, serial: 5 };
@@ -242,7 +242,7 @@ mod tests {
             theirs // kept open until the importer is done
         });
         let cache =
-            BlockCache::<HostFake>::new(HostContext, Path::new("hostile.sock"), Duration::from_secs(2), ours.into());
+            BlockCache::<Host>::new(HostContext, Path::new("hostile.sock"), Duration::from_secs(2), ours.into());
         let outcome = match cache.import(ID) {
             Ok(block) => Ok(block.len()),
             Err(BlockMiss::Gone) => Err("gone".to_owned()),

@@ -4,23 +4,23 @@
 use super::*;
 use crate::pool::directory::find;
 use crate::pool::layout::{Geometry, entry};
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 
-fn book() -> Book<HostFake> {
+fn book() -> Book<Host> {
     let geometry = Geometry { entry_slots: 8, block_slots: 2 };
     let limits = Limits { max_pool_blocks: 1, grow_bytes: 1 << 16, max_buffers: 6, max_existing: 1 };
     let mut book = Book::new(DirectoryWriter::create(geometry, 5).unwrap(), limits);
-    book.add_pool_block(HostFake::allocate(&HostContext, 1 << 16).unwrap()).unwrap();
+    book.add_pool_block(Host::allocate(&HostContext, 1 << 16).unwrap()).unwrap();
     book
 }
 
-fn state(book: &Book<HostFake>, slot: u32) -> EntryState {
+fn state(book: &Book<Host>, slot: u32) -> EntryState {
     let word = book.directory.geometry().entry_word(slot) + entry::STATE;
     EntryState::from_code(book.directory.words()[word].load(Ordering::Relaxed)).unwrap()
 }
 
 /// Three names whose probes start at the same slot, so they sit side by side.
-fn colliding(book: &Book<HostFake>) -> (u32, [String; 3]) {
+fn colliding(book: &Book<Host>) -> (u32, [String; 3]) {
     let geometry = book.directory.geometry();
     let home = |n: &String| geometry.home_slot(name_hash(n.as_bytes()));
     let names: Vec<String> = (0..).map(|i| format!("n{i}")).filter(|n| home(n) == 5).take(3).collect();

@@ -10,7 +10,7 @@ use super::directory::{DirectoryWriter, find};
 use super::error::PoolError;
 use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use ipc_core::backend::{Backend, GpuBackend, MemoryAccess, ReachableRegion};
-use ipc_core::fake::HostFake;
+use ipc_core::host::Host;
 use ipc_core::wire::TensorDesc;
 
 /// Where one buffer is in its life, shared by its [`BufferHandle`], the owner's book and any [`ReclaimWatch`].
@@ -229,7 +229,7 @@ impl<B: GpuBackend> BufferHandle<B> {
     }
 }
 
-impl BufferHandle<HostFake> {
+impl BufferHandle<Host> {
     /// Writes `src` at byte `offset` of the buffer (the host backend's stand-in for a kernel).
     ///
     /// # Errors

@@ -6,19 +6,19 @@ use std::time::{Duration, Instant};
 use super::*;
 use gpu_ipc_driver::DevicePtr;
 use ipc_core::backend::Backend;
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 use ipc_core::wire::RefusalCode;
 
 fn sock(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("gpu-ipc-pool-unit-{}-{name}.sock", std::process::id()))
 }
 
-fn pool(name: &str, config: PoolConfig) -> SharedPool<HostFake> {
-    SharedPool::<HostFake>::create(&HostContext, sock(name), config).unwrap()
+fn pool(name: &str, config: PoolConfig) -> SharedPool<Host> {
+    SharedPool::<Host>::create(&HostContext, sock(name), config).unwrap()
 }
 
-fn importer(pool: &SharedPool<HostFake>) -> PoolImporter<HostFake> {
-    PoolImporter::<HostFake>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap()
+fn importer(pool: &SharedPool<Host>) -> PoolImporter<Host> {
+    PoolImporter::<Host>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap()
 }
 
 /// Polls `condition` for up to two seconds.
@@ -163,7 +163,7 @@ fn a_handle_kept_after_its_buffer_was_freed_refuses_every_use_and_holds_the_byte
 fn a_freed_buffer_is_not_found_at_once_and_goes_back_only_when_unpinned_and_its_handle_is_gone() {
     let pool = pool("reclaim", PoolConfig::sharing_only());
     let imp = importer(&pool);
-    let region = HostFake::allocate(&HostContext, 4096).unwrap();
+    let region = Host::allocate(&HostContext, 4096).unwrap();
     let base = ipc_core::backend::SharedRegion::ptr(&region);
     region.write(base.offset(64), b"held").unwrap();
     let shared = pool.share_existing("t", base.offset(64), 4, None).unwrap();
@@ -191,8 +191,8 @@ fn a_freed_buffer_is_not_found_at_once_and_goes_back_only_when_unpinned_and_its_
 #[test]
 fn an_importer_refuses_a_pool_on_another_device_naming_both() {
     let other = gpu_ipc_driver::DeviceUuid([7; 16]);
-    let pool = SharedPool::<HostFake>::create_on(&HostContext, &sock("uuid"), PoolConfig::new(4096), other).unwrap();
-    let err = PoolImporter::<HostFake>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap_err();
+    let pool = SharedPool::<Host>::create_on(&HostContext, &sock("uuid"), PoolConfig::new(4096), other).unwrap();
+    let err = PoolImporter::<Host>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap_err();
     match &err {
         PoolError::WrongDevice { offered, here, .. } => {
             assert_eq!((*offered, *here), (other, gpu_ipc_driver::DeviceUuid::default()));
@@ -234,7 +234,7 @@ fn the_pool_grows_by_blocks_up_to_its_limit_and_importers_map_new_blocks_on_firs
 fn existing_allocations_are_shared_in_place_one_export_per_allocation() {
     let pool = pool("existing", PoolConfig::sharing_only());
     let imp = importer(&pool);
-    let region = HostFake::allocate(&HostContext, 8192).unwrap();
+    let region = Host::allocate(&HostContext, 8192).unwrap();
     let base = ipc_core::backend::SharedRegion::ptr(&region);
     region.write(base.offset(100), b"tensor-one").unwrap();
     region.write(base.offset(5000), b"tensor-two").unwrap();
@@ -278,7 +278,7 @@ fn a_range_over_several_allocations_side_by_side_is_shared_as_one_span_and_read_
     let imp = importer(&pool);
     // Four allocations side by side, as an expandable segment maps them: 2, 1, 3 and 2 pages.
     let sizes = [2 * page, page, 3 * page, 2 * page];
-    let region = HostFake::allocate_side_by_side(&HostContext, &sizes).unwrap();
+    let region = Host::allocate_side_by_side(&HostContext, &sizes).unwrap();
     let base = ipc_core::backend::SharedRegion::ptr(&region);
     let mut all: Vec<u8> = (0..8 * page as usize).map(span_byte).collect();
     region.write(base, &all).unwrap();
@@ -326,16 +326,15 @@ fn a_range_over_several_allocations_side_by_side_is_shared_as_one_span_and_read_
 #[test]
 fn an_importer_refuses_a_span_whose_pieces_overlap_leave_gaps_do_not_fit_or_are_too_many() {
     let page = rustix::param::page_size() as u64;
-    let region = HostFake::allocate_side_by_side(&HostContext, &[page, page]).unwrap();
-    let export =
-        HostFake::export_existing(&HostContext, ipc_core::backend::SharedRegion::ptr(&region), 2 * page).unwrap();
+    let region = Host::allocate_side_by_side(&HostContext, &[page, page]).unwrap();
+    let export = Host::export_existing(&HostContext, ipc_core::backend::SharedRegion::ptr(&region), 2 * page).unwrap();
     assert_eq!((export.pieces.len(), export.span_bytes(), export.offset), (2, 2 * page, 0));
     let fd = |i: usize| region.memory().try_clone_piece_fd(i).unwrap();
     let piece = |i: usize, offset: u64, size: u64| ipc_core::backend::SpanPiece {
         offset,
         handle: ipc_core::backend::ExportedHandle { bytes: Vec::new(), fd: Some(fd(i)), size },
     };
-    let refusal = |pieces| HostFake::import_span(&HostContext, pieces).unwrap_err().to_string();
+    let refusal = |pieces| Host::import_span(&HostContext, pieces).unwrap_err().to_string();
     assert!(refusal(vec![piece(0, 0, page), piece(1, page / 2, page)]).contains("overlaps"));
     assert!(refusal(vec![piece(0, 0, page), piece(1, 2 * page, page)]).contains("gap"));
     // A size that is not the memfd's, and one that is not whole pages.
@@ -347,7 +346,7 @@ fn an_importer_refuses_a_span_whose_pieces_overlap_leave_gaps_do_not_fit_or_are_
     no_fd[1].handle.fd = None;
     assert!(refusal(no_fd).contains("no fd"));
     // And the right pieces map.
-    let span = HostFake::import_span(&HostContext, vec![piece(0, 0, page), piece(1, page, page)]).unwrap();
+    let span = Host::import_span(&HostContext, vec![piece(0, 0, page), piece(1, page, page)]).unwrap();
     assert_eq!(ipc_core::backend::SharedRegion::len(&span), 2 * page);
 }
 
@@ -394,7 +393,7 @@ fn names_descriptions_and_limits_are_checked_with_the_reason() {
     let _z = pool.alloc("z", 8, 8, None).unwrap();
     assert!(matches!(pool.alloc("w", 8, 8, None), Err(PoolError::DirectoryFull { limit: 3 })));
     let _first = importer(&pool);
-    let err = PoolImporter::<HostFake>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap_err();
+    let err = PoolImporter::<Host>::attach(&HostContext, pool.path(), &AttachOptions::default()).unwrap_err();
     match err {
         PoolError::Door(crate::door::DoorError::Refused { code, message }) => {
             assert_eq!(code, RefusalCode::RingFull);
@@ -403,7 +402,7 @@ fn names_descriptions_and_limits_are_checked_with_the_reason() {
         other => panic!("{other}"),
     }
     let err =
-        SharedPool::<HostFake>::create(&HostContext, sock("bad"), PoolConfig { max_buffers: 0, ..PoolConfig::new(8) })
+        SharedPool::<Host>::create(&HostContext, sock("bad"), PoolConfig { max_buffers: 0, ..PoolConfig::new(8) })
             .unwrap_err();
     assert!(err.to_string().contains("max_buffers 0"), "{err}");
 }
@@ -461,8 +460,8 @@ proptest::proptest! {
         use std::collections::HashMap;
         let pool = pool("model", PoolConfig::new(64 * 1024));
         let imp = importer(&pool);
-        let mut live: HashMap<u8, BufferHandle<HostFake>> = HashMap::new();
-        let mut views: Vec<BufferView<HostFake>> = Vec::new();
+        let mut live: HashMap<u8, BufferHandle<Host>> = HashMap::new();
+        let mut views: Vec<BufferView<Host>> = Vec::new();
         for op in ops {
             match op {
                 Op::Alloc { name, len, align_log2 } => {
@@ -523,10 +522,10 @@ proptest::proptest! {
 #[test]
 fn the_pool_types_can_be_shared_between_threads() {
     fn send_sync<T: Send + Sync>() {}
-    send_sync::<SharedPool<HostFake>>();
-    send_sync::<PoolImporter<HostFake>>();
-    send_sync::<BufferView<HostFake>>();
-    send_sync::<BufferHandle<HostFake>>();
+    send_sync::<SharedPool<Host>>();
+    send_sync::<PoolImporter<Host>>();
+    send_sync::<BufferView<Host>>();
+    send_sync::<BufferHandle<Host>>();
     send_sync::<ReclaimWatch>();
     send_sync::<PoolStats>();
 }

@@ -9,7 +9,7 @@ use super::error::PoolError;
 use super::handle::{BufferInfo, check_range, copy_from_region};
 use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan};
 use ipc_core::backend::{Backend, GpuBackend, ReachableRegion};
-use ipc_core::fake::HostFake;
+use ipc_core::host::Host;
 use ipc_core::wire::TensorDesc;
 
 /// A buffer an importer looked up: its address in this process, its length, tensor description and generation.
@@ -158,7 +158,7 @@ where
     }
 }
 
-impl BufferView<HostFake> {
+impl BufferView<Host> {
     /// Reads `dst.len()` bytes at byte `offset` of the buffer (the host backend's stand-in for a kernel).
     ///
     /// # Errors

@@ -360,7 +360,7 @@ mod tests {
     fn host_offer() -> PoolOffer {
         let geometry = Geometry { entry_slots: 8, block_slots: 2 };
         PoolOffer {
-            backend: BackendKind::HostFake,
+            backend: BackendKind::Host,
             owner_pid: 7,
             pool_id: 0x0102_0304_0506_0708,
             geometry,

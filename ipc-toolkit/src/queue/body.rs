@@ -189,7 +189,7 @@ mod tests {
 
     #[test]
     fn arbitrary_bytes_never_panic() {
-        let good = offer(BackendKind::HostFake).encode();
+        let good = offer(BackendKind::Host).encode();
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
         for _ in 0..20_000 {
             let mut bytes = good.clone();

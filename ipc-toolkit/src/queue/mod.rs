@@ -23,16 +23,16 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use ipc_core::fake::{HostContext, HostFake};
+//! use ipc_core::host::{HostContext, Host};
 //! use ipc_toolkit::queue::{QueueConfig, QueueWorker, WorkQueue, WorkerOptions};
 //!
 //! # fn main() -> Result<(), ipc_toolkit::queue::QueueError> {
 //! // The owner.
-//! let queue = WorkQueue::<HostFake>::create(&HostContext, "/tmp/tasks.sock", QueueConfig::new(1024, 16))?;
+//! let queue = WorkQueue::<Host>::create(&HostContext, "/tmp/tasks.sock", QueueConfig::new(1024, 16))?;
 //! queue.push(&42u64.to_le_bytes(), Duration::from_secs(1))?;
 //! queue.close()?;
 //! // A worker (in another process).
-//! let worker = QueueWorker::<HostFake>::attach(&HostContext, "/tmp/tasks.sock", &WorkerOptions::default())?;
+//! let worker = QueueWorker::<Host>::attach(&HostContext, "/tmp/tasks.sock", &WorkerOptions::default())?;
 //! let task = worker.pop(Duration::from_secs(1))?;
 //! assert_eq!(task.record(), 42u64.to_le_bytes());
 //! task.complete()?;

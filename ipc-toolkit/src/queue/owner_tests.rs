@@ -8,18 +8,18 @@ use super::*;
 use crate::queue::host_ops::HostQueue;
 use crate::queue::ops::{PushFlags, PushRequest, Status};
 use crate::queue::{MemoryAccess, QueueWorker, WorkerOptions};
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 
 const T: Duration = Duration::from_secs(5);
 
-fn owner(name: &str) -> WorkQueue<HostFake> {
+fn owner(name: &str) -> WorkQueue<Host> {
     let socket = std::env::temp_dir().join(format!("gpu-ipc-queue-owner-{}-{name}.sock", std::process::id()));
     let config = QueueConfig { reclaim_after: Duration::from_millis(20), ..QueueConfig::new(16, 8) };
-    WorkQueue::<HostFake>::create(&HostContext, socket, config).unwrap()
+    WorkQueue::<Host>::create(&HostContext, socket, config).unwrap()
 }
 
 /// The owner's queue memory, as the host state machine sees it.
-fn words<R>(queue: &WorkQueue<HostFake>, f: impl FnOnce(&HostQueue<'_>) -> R) -> R {
+fn words<R>(queue: &WorkQueue<Host>, f: impl FnOnce(&HostQueue<'_>) -> R) -> R {
     let MemoryAccess::Host(memory) = queue.owner.local.access() else { panic!("the host fake's memory") };
     f(&HostQueue::new(memory, queue.owner.local.g).unwrap())
 }
@@ -27,7 +27,7 @@ fn words<R>(queue: &WorkQueue<HostFake>, f: impl FnOnce(&HostQueue<'_>) -> R) ->
 #[test]
 fn a_worker_killed_between_marking_done_and_counting_still_lets_the_owner_finish() {
     let queue = owner("done-not-counted");
-    let worker = QueueWorker::<HostFake>::attach(&HostContext, queue.socket(), &WorkerOptions::default()).unwrap();
+    let worker = QueueWorker::<Host>::attach(&HostContext, queue.socket(), &WorkerOptions::default()).unwrap();
     for i in 0..3u8 {
         queue.push(&[i; 8], T).unwrap();
     }

@@ -150,7 +150,7 @@ impl<B: ArenaBytes + GpuBackend> StagedGeneration<B> {
 /// descriptions are fixed when the set is made; each generation holds new bytes for all of them.
 ///
 /// ```
-/// use ipc_core::fake::{HostContext, HostFake};
+/// use ipc_core::host::{HostContext, Host};
 /// use ipc_toolkit::weights::{DType, TensorDesc, WeightsOptions, WeightsOwner, WeightsReader};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -159,10 +159,10 @@ impl<B: ArenaBytes + GpuBackend> StagedGeneration<B> {
 ///     ("layer0.weight".to_owned(), TensorDesc::contiguous(DType::F32, [4, 4])?),
 ///     ("layer0.bias".to_owned(), TensorDesc::contiguous(DType::F32, [4])?),
 /// ];
-/// let mut owner = WeightsOwner::<HostFake>::create(&HostContext, &socket, "model", tensors, WeightsOptions::default())?;
+/// let mut owner = WeightsOwner::<Host>::create(&HostContext, &socket, "model", tensors, WeightsOptions::default())?;
 /// owner.update(&[("layer0.weight", &[1u8; 64][..]), ("layer0.bias", &[2u8; 16][..])])?; // generation 1
 ///
-/// let mut reader = WeightsReader::<HostFake>::open(&HostContext, &socket, "model", std::time::Duration::from_secs(5))?;
+/// let mut reader = WeightsReader::<Host>::open(&HostContext, &socket, "model", std::time::Duration::from_secs(5))?;
 /// let held = reader.held();
 /// let mut bias = [0u8; 16];
 /// held.read("layer0.bias", &mut bias)?;

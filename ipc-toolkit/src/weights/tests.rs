@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::manifest::{MANIFEST_HEADER_BYTES, TENSOR_ALIGN};
 use super::*;
 use gpu_ipc_driver::DeviceUuid;
-use ipc_core::fake::{HostContext, HostFake};
+use ipc_core::host::{Host, HostContext};
 
 fn sock(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("gpu-ipc-weights-{}-{name}.sock", std::process::id()))
@@ -35,7 +35,7 @@ fn bytes_for(layout: &Manifest, generation: u64) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn publish(owner: &mut WeightsOwner<HostFake>) -> u64 {
+fn publish(owner: &mut WeightsOwner<Host>) -> u64 {
     let next = owner.generation() + 1;
     let data = bytes_for(owner.layout(), next);
     let refs: Vec<(&str, &[u8])> = data.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
@@ -43,7 +43,7 @@ fn publish(owner: &mut WeightsOwner<HostFake>) -> u64 {
 }
 
 /// Checks that every tensor of `held` holds `generation`'s bytes.
-fn check_held(held: &HeldGeneration<HostFake>, generation: u64) {
+fn check_held(held: &HeldGeneration<Host>, generation: u64) {
     assert_eq!(held.generation(), generation);
     for (name, want) in bytes_for(held.manifest(), generation) {
         let mut got = vec![0u8; want.len()];
@@ -52,15 +52,15 @@ fn check_held(held: &HeldGeneration<HostFake>, generation: u64) {
     }
 }
 
-fn open(path: &PathBuf, set: &str) -> WeightsReader<HostFake> {
-    WeightsReader::<HostFake>::open(&HostContext, path, set, Duration::from_secs(5)).unwrap()
+fn open(path: &PathBuf, set: &str) -> WeightsReader<Host> {
+    WeightsReader::<Host>::open(&HostContext, path, set, Duration::from_secs(5)).unwrap()
 }
 
 #[test]
 fn a_reader_gets_every_tensor_and_moves_only_when_it_refreshes() {
     let path = sock("basic");
     let options = WeightsOptions { checksums: true, ..WeightsOptions::default() };
-    let mut owner = WeightsOwner::<HostFake>::create(&HostContext, &path, "model", tensors(), options).unwrap();
+    let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, "model", tensors(), options).unwrap();
     assert_eq!(publish(&mut owner), 1);
     let mut reader = open(&path, "model");
     let first = reader.held();
@@ -114,7 +114,7 @@ fn a_reader_gets_every_tensor_and_moves_only_when_it_refreshes() {
 fn stage_and_commit_publish_what_was_written_in_place() {
     let path = sock("stage");
     let mut owner =
-        WeightsOwner::<HostFake>::create(&HostContext, &path, "m", tensors(), WeightsOptions::default()).unwrap();
+        WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), WeightsOptions::default()).unwrap();
     let staged = owner.stage().unwrap();
     assert_eq!(staged.generation(), 1);
     for (name, bytes) in bytes_for(staged.manifest(), 1) {
@@ -133,7 +133,7 @@ fn stage_and_commit_publish_what_was_written_in_place() {
 fn update_refuses_missing_unknown_and_repeated_tensors() {
     let path = sock("update");
     let mut owner =
-        WeightsOwner::<HostFake>::create(&HostContext, &path, "m", tensors(), WeightsOptions::default()).unwrap();
+        WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), WeightsOptions::default()).unwrap();
     let data = bytes_for(owner.layout(), 1);
     let mut refs: Vec<(&str, &[u8])> = data.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
     let all = refs.clone();
@@ -150,9 +150,9 @@ fn update_refuses_missing_unknown_and_repeated_tensors() {
 fn a_wrong_set_name_is_refused_naming_the_set_served() {
     let path = sock("wrong-name");
     let mut owner =
-        WeightsOwner::<HostFake>::create(&HostContext, &path, "llama", tensors(), WeightsOptions::default()).unwrap();
+        WeightsOwner::<Host>::create(&HostContext, &path, "llama", tensors(), WeightsOptions::default()).unwrap();
     publish(&mut owner);
-    let e = WeightsReader::<HostFake>::open(&HostContext, &path, "mistral", Duration::from_secs(2)).unwrap_err();
+    let e = WeightsReader::<Host>::open(&HostContext, &path, "mistral", Duration::from_secs(2)).unwrap_err();
     assert!(matches!(e, WeightsError::NoSuchSet { .. }), "{e}");
     assert!(e.to_string().contains("publishes llama"), "{e}");
 }
@@ -161,7 +161,7 @@ fn a_wrong_set_name_is_refused_naming_the_set_served() {
 fn the_owner_closing_is_seen_and_held_generations_stay_readable() {
     let path = sock("owner-gone");
     let mut owner =
-        WeightsOwner::<HostFake>::create(&HostContext, &path, "m", tensors(), WeightsOptions::default()).unwrap();
+        WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), WeightsOptions::default()).unwrap();
     publish(&mut owner);
     let mut reader = open(&path, "m");
     let held = reader.held();
@@ -178,7 +178,7 @@ fn the_owner_closing_is_seen_and_held_generations_stay_readable() {
 fn a_thousand_switches_never_show_a_mix_of_two_generations() {
     let path = sock("switches");
     let options = WeightsOptions { checksums: true, keep: 2, ..WeightsOptions::default() };
-    let mut owner = WeightsOwner::<HostFake>::create(&HostContext, &path, "m", tensors(), options).unwrap();
+    let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), options).unwrap();
     publish(&mut owner);
     let reader_path = path.clone();
     let reader = std::thread::spawn(move || {
@@ -218,7 +218,7 @@ fn nineteen_thousand_tensors_round_trip_in_one_import() {
         .collect();
     let options = WeightsOptions { max_arenas: 4, ..WeightsOptions::default() };
     let started = Instant::now();
-    let mut owner = WeightsOwner::<HostFake>::create(&HostContext, &path, "moe", tensors, options).unwrap();
+    let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, "moe", tensors, options).unwrap();
     let staged = owner.stage().unwrap();
     let names: Vec<String> = staged.manifest().entries.iter().map(|e| e.name.clone()).collect();
     for (i, name) in names.iter().enumerate() {
@@ -260,8 +260,7 @@ fn tensors_alike_are_laid_out_together_a_constant_step_apart_in_the_given_order(
     tensors.push(("head".to_owned(), TensorDesc::contiguous(DType::BF16, [10, 8]).unwrap()));
     let path = sock("grouped");
     let owner =
-        WeightsOwner::<HostFake>::create(&HostContext, &path, "moe", tensors.clone(), WeightsOptions::default())
-            .unwrap();
+        WeightsOwner::<Host>::create(&HostContext, &path, "moe", tensors.clone(), WeightsOptions::default()).unwrap();
     let layout = owner.layout();
     let names: Vec<&str> = layout.entries.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, tensors.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), "the given order");
@@ -286,7 +285,7 @@ fn every_generation_staged_in_a_reused_arena_carries_its_own_manifest() {
     // keep 1: each update retires the one before, whose manifest the next generation reuses.
     let path = sock("recycled");
     let options = WeightsOptions { keep: 1, checksums: true, ..WeightsOptions::default() };
-    let mut owner = WeightsOwner::<HostFake>::create(&HostContext, &path, "m", tensors(), options).unwrap();
+    let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), options).unwrap();
     publish(&mut owner);
     let mut reader = open(&path, "m");
     for generation in 2..=6 {
@@ -443,7 +442,7 @@ fn hostile_manifests_are_refused_with_what_is_wrong() {
 fn a_hostile_arena_is_refused_and_the_reader_keeps_what_it_held() {
     let path = sock("hostile-arena");
     let mut owner =
-        WeightsOwner::<HostFake>::create(&HostContext, &path, "m", tensors(), WeightsOptions::default()).unwrap();
+        WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), WeightsOptions::default()).unwrap();
     publish(&mut owner);
     let mut reader = open(&path, "m");
     // The owner (or whatever wrote the arena) puts a tensor past the arena's end.

@@ -422,7 +422,7 @@ class Publisher:
         ``state_dict`` may be what ``bind()`` returned: then nothing is read per tensor (the copy's table was made
         when bound), which is what keeps a switch of thousands of small tensors near the speed of one memcpy."""
         if isinstance(state_dict, BoundSources):
-            if state_dict.publisher is not self:
+            if state_dict.owner is not self:
                 raise ArgumentError(f"these sources were bound by another publisher than {self!r}")
             device = self._owner.device
             self._owner.copy_in(state_dict.addresses, 0, _stream_of(stream, device))
@@ -501,14 +501,14 @@ class Publisher:
         return f"Publisher(name={self.name!r}, socket={self.socket!r}, generation={self.generation})"
 
 
-class BoundSources:
-    """A state_dict's tensors as ``Publisher.bind()`` read them: their addresses, and the tensors themselves, kept
-    alive. ``Publisher.update(bound)`` copies from them as they are at that moment."""
+class _Bound:
+    """Tensors as a ``bind()`` read them: their addresses (layout order), and the tensors themselves, kept alive;
+    ``owner``: the publisher or reader that bound them, the only one that takes them."""
 
-    __slots__ = ("publisher", "tensors", "addresses")
+    __slots__ = ("owner", "tensors", "addresses")
 
-    def __init__(self, publisher: Publisher, tensors: list[Any], addresses: list[int]):
-        self.publisher = publisher
+    def __init__(self, owner: Publisher | Reader, tensors: list[Any], addresses: list[int]):
+        self.owner = owner
         self.tensors = tensors
         self.addresses = addresses
 
@@ -516,26 +516,21 @@ class BoundSources:
         return len(self.tensors)
 
     def __repr__(self) -> str:
-        return f"BoundSources({len(self.tensors)} tensors of {self.publisher.name!r})"
+        return f"{type(self).__name__}({len(self.tensors)} tensors of {self.owner.name!r})"
 
 
-class BoundTargets:
-    """A module's (or dict's) tensors as ``Reader.bind()`` read them: their addresses, and the tensors themselves,
-    kept alive. ``Reader.load_into(bound)`` copies the held generation into them, whichever generation that is (a
-    set's layout is fixed)."""
+class BoundSources(_Bound):
+    """A state_dict's tensors as ``Publisher.bind()`` read them. ``Publisher.update(bound)`` copies from them as
+    they are at that moment."""
 
-    __slots__ = ("reader", "tensors", "addresses")
+    __slots__ = ()
 
-    def __init__(self, reader: Reader, tensors: list[Any], addresses: list[int]):
-        self.reader = reader
-        self.tensors = tensors
-        self.addresses = addresses
 
-    def __len__(self) -> int:
-        return len(self.tensors)
+class BoundTargets(_Bound):
+    """A module's (or dict's) tensors as ``Reader.bind()`` read them. ``Reader.load_into(bound)`` copies the held
+    generation into them, whichever generation that is (a set's layout is fixed)."""
 
-    def __repr__(self) -> str:
-        return f"BoundTargets({len(self.tensors)} tensors of {self.reader.name!r})"
+    __slots__ = ()
 
 
 def publish(
@@ -702,7 +697,7 @@ class Reader:
         refused, the set's others skipped). Returns the tensors copied. ``module_or_dict`` may be what ``bind()``
         returned: then nothing is read per tensor."""
         if isinstance(module_or_dict, BoundTargets):
-            if module_or_dict.reader is not self:
+            if module_or_dict.owner is not self:
                 raise ArgumentError(f"these targets were bound by another reader than {self!r}")
             self._reader.copy_out(module_or_dict.addresses, 0, _stream_of(stream, self._reader.device))
             return len(module_or_dict)

@@ -7,7 +7,7 @@ use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::core::wire::{DType, TensorDesc};
 use gpu_ipc::driver::Stream;
-use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::vmm::Vmm;
@@ -25,7 +25,7 @@ use crate::ring::{Gpu, PerBackend, Shared, lock, parse_backend};
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 use crate::view::Layout;
 
-type Owner = PerBackend<CoreOwner<Legacy>, CoreOwner<Vmm>, CoreOwner<HostFake>>;
+type Owner = PerBackend<CoreOwner<Legacy>, CoreOwner<Vmm>, CoreOwner<Host>>;
 
 /// One tensor's description as the Python layer gives it: name, element type name, shape.
 type TensorSpec = (String, String, Vec<u64>);
@@ -105,7 +105,7 @@ impl WeightsOwner {
         let owner = py
             .detach(|| -> Result<Owner, WeightsError> {
                 Ok(match (backend, &gpu) {
-                    (BackendKind::HostFake, _) => {
+                    (BackendKind::Host, _) => {
                         PerBackend::Host(CoreOwner::create(&HostContext, &socket, name, tensors, options)?)
                     }
                     (BackendKind::Legacy, Some(g)) => {

@@ -8,7 +8,7 @@ use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::core::wire::ObjectKind;
 use gpu_ipc::driver::Stream;
-use gpu_ipc::host::{HostContext, HostFake};
+use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::toolkit::door::{self, DoorError};
@@ -27,8 +27,8 @@ use crate::ring::{Gpu, PerBackend, SLICE, Shared, lock, parse_backend, seconds};
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 use crate::view::Layout;
 
-type Reader = PerBackend<CoreReader<Legacy>, CoreReader<Vmm>, CoreReader<HostFake>>;
-type Held = PerBackend<Arc<HeldGeneration<Legacy>>, Arc<HeldGeneration<Vmm>>, Arc<HeldGeneration<HostFake>>>;
+type Reader = PerBackend<CoreReader<Legacy>, CoreReader<Vmm>, CoreReader<Host>>;
+type Held = PerBackend<Arc<HeldGeneration<Legacy>>, Arc<HeldGeneration<Vmm>>, Arc<HeldGeneration<Host>>>;
 
 /// Queues on `stream` the copies of `held`'s tensors `first..` into the caller's memory `ptrs` (0: none).
 fn copy_out_of(held: &Held, copier: &mut TensorCopier, first: usize, ptrs: &[u64], stream: &Stream) -> PyResult<()> {
@@ -102,9 +102,7 @@ impl WeightsReader {
         let reader = py
             .detach(|| -> Result<Reader, WeightsError> {
                 Ok(match (backend, &gpu) {
-                    (BackendKind::HostFake, _) => {
-                        PerBackend::Host(CoreReader::open(&HostContext, &socket, name, timeout)?)
-                    }
+                    (BackendKind::Host, _) => PerBackend::Host(CoreReader::open(&HostContext, &socket, name, timeout)?),
                     (BackendKind::Legacy, Some(g)) => {
                         PerBackend::Legacy(CoreReader::open(&g.ctx, &socket, name, timeout)?)
                     }

@@ -4,26 +4,26 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::MAX_PANICS;
-use crate::fake::{HostContext, HostFake};
 use crate::frames::{AttachOptions, Consumer, FrameError, Producer, ProducerConfig};
+use crate::host::{Host, HostContext};
 use crate::wire::{FrameGeometry, PixelFormat, SyncStrategy};
 
 /// A consumer of this name makes the admission thread panic on its hello (test builds only).
 pub(crate) const PANIC_NAME: &str = "panic-the-admission-thread";
 
-fn producer(tag: &str) -> (Producer<HostFake>, PathBuf) {
+fn producer(tag: &str) -> (Producer<Host>, PathBuf) {
     let path = std::env::temp_dir().join(format!("gpu-ipc-admission-{tag}-{}.sock", std::process::id()));
     let geometry = FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap();
     let config = ProducerConfig::new(&path, geometry, 2, SyncStrategy::CpuSpin);
-    (Producer::<HostFake>::create(&HostContext, config).unwrap(), path)
+    (Producer::<Host>::create(&HostContext, config).unwrap(), path)
 }
 
 /// Attaches as `name` on another thread; the producer admits meanwhile, for at most `limit`.
-fn attach_as(producer: &mut Producer<HostFake>, path: &Path, name: &str, limit: Duration) -> Result<(), String> {
+fn attach_as(producer: &mut Producer<Host>, path: &Path, name: &str, limit: Duration) -> Result<(), String> {
     let (path, name) = (path.to_path_buf(), name.to_owned());
     let attacher = std::thread::spawn(move || {
         let options = AttachOptions { name, timeout: Duration::from_secs(2), ..AttachOptions::default() };
-        Consumer::<HostFake>::attach(&HostContext, &path, &options).map(drop).map_err(|e| e.to_string())
+        Consumer::<Host>::attach(&HostContext, &path, &options).map(drop).map_err(|e| e.to_string())
     });
     let end = Instant::now() + limit;
     while !attacher.is_finished() && Instant::now() < end {
@@ -103,7 +103,7 @@ fn records_offered_when_the_thread_gives_up_are_given_back() {
         let geometry = FrameGeometry::new(64, 16, PixelFormat::Rgba8).unwrap();
         let mut config = ProducerConfig::new(&path, geometry, 2, SyncStrategy::CpuSpin);
         config.max_pending_handshakes = 128;
-        let mut producer = Producer::<HostFake>::create(&HostContext, config).unwrap();
+        let mut producer = Producer::<Host>::create(&HostContext, config).unwrap();
         for _ in 0..MAX_PANICS - 1 {
             assert!(attach_as(&mut producer, &path, PANIC_NAME, Duration::from_secs(5)).is_err());
         }

@@ -9,9 +9,9 @@ use gpu_ipc_driver::DevicePtr;
 ///
 /// ```compile_fail,E0382
 /// # use std::time::Duration;
-/// # use ipc_core::fake::HostFake;
+/// # use ipc_core::host::Host;
 /// # use ipc_core::frames::{FrameError, Producer};
-/// # fn twice(producer: &mut Producer<HostFake>) -> Result<(), FrameError> {
+/// # fn twice(producer: &mut Producer<Host>) -> Result<(), FrameError> {
 /// let lease = producer.acquire(None, Duration::from_secs(1))?;
 /// producer.publish(lease, None)?;
 /// producer.publish(lease, None)?; // error[E0382]: use of moved value: `lease`

@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use super::cpu::{CpuConsumer, wait_reusable};
 use super::{ConsumerShared, ConsumerSide, ProducerSide, Setup, Strategy, need_stream};
-use crate::fake::HostEvent;
 use crate::frames::{FrameError, wait_for_event};
+use crate::host::HostEvent;
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerId, ProducerControl, Sequence, SlotIndex, WaitMode};
 use crate::wire::SyncStrategy;

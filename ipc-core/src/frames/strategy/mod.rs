@@ -462,7 +462,7 @@ mod tests {
             }
         }
         assert!(strategy(SyncStrategy::CpuSleep).check(None).is_ok());
-        // The host fake backend runs IpcEvent with stand-ins for the events (fake::HostEvent).
+        // The host fake backend runs IpcEvent with stand-ins for the events (host::HostEvent).
         assert!(strategy(SyncStrategy::IpcEvent).check(None).is_ok());
     }
 

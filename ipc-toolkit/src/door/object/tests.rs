@@ -37,7 +37,7 @@ impl ObjectHost for Recorder {
     }
 
     fn backend(&self) -> BackendKind {
-        BackendKind::HostFake
+        BackendKind::Host
     }
 
     fn offer(&self, peer: &PeerInfo) -> Result<(Vec<u8>, Vec<OwnedFd>), (RefusalCode, String)> {
@@ -79,12 +79,11 @@ fn a_peer_attaches_is_listed_and_its_end_is_reported() {
     let (_dir, path) = socket("pool.sock");
     let host = Recorder::new(ObjectKind::Pool);
     let door = ObjectDoor::open(&path, host.clone(), DoorConfig::default()).unwrap();
-    let (text, link) =
-        attach(&path, ObjectKind::Pool, Some(BackendKind::HostFake), "reader", LIMIT, |offer, mut fds| {
-            assert_eq!(offer.body, offer.peer_id.to_le_bytes());
-            Ok::<_, DoorError>(read_memfd(fds.remove(0)))
-        })
-        .unwrap();
+    let (text, link) = attach(&path, ObjectKind::Pool, Some(BackendKind::Host), "reader", LIMIT, |offer, mut fds| {
+        assert_eq!(offer.body, offer.peer_id.to_le_bytes());
+        Ok::<_, DoorError>(read_memfd(fds.remove(0)))
+    })
+    .unwrap();
     assert_eq!(text, "hello");
     assert!(!link.owner_gone());
     let start = Instant::now();
@@ -181,7 +180,7 @@ fn a_status_request_lists_the_attached_peers_and_takes_no_record() {
     let report = status(&path, LIMIT).unwrap();
     assert_eq!(
         (report.kind, report.backend, report.owner_pid),
-        (ObjectKind::Semaphore, BackendKind::HostFake, std::process::id())
+        (ObjectKind::Semaphore, BackendKind::Host, std::process::id())
     );
     assert_eq!(report.peers.len(), 1, "{report:?}");
     let peer = report.peers.first().unwrap();

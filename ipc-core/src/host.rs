@@ -18,9 +18,13 @@ use crate::shm::SharedMemory;
 use crate::wire::BackendKind;
 use gpu_ipc_driver::{DevicePtr, DriverError};
 
-/// The host-memory fake backend.
+/// The host backend: "device" memory in shared host memory (a memfd), so that the API runs without a GPU.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct HostFake;
+pub struct Host;
+
+/// The host backend's type before it was [`Host`].
+#[deprecated(since = "0.1.0", note = "renamed `Host`")]
+pub type HostFake = Host;
 
 /// A mapping of fake "device" memory (in the exporter or an importer).
 #[derive(Debug, Clone)]
@@ -41,7 +45,7 @@ impl HostRegion {
             .and_then(|o| usize::try_from(o).ok())
             .filter(|o| o.checked_add(bytes).is_some_and(|end| end <= self.memory.len()))
             .ok_or_else(|| BackendError::MalformedHandle {
-                backend: HostFake::KIND.name(),
+                backend: Host::KIND.name(),
                 problem: format!("{bytes} bytes at {ptr} are outside the region"),
             })
     }
@@ -80,7 +84,7 @@ impl SharedRegion for HostRegion {
     }
 }
 
-/// Every region [`HostFake::allocate`] and [`HostFake::allocate_side_by_side`] made that is still alive: the fake's
+/// Every region [`Host::allocate`] and [`Host::allocate_side_by_side`] made that is still alive: the fake's
 /// stand-in for what the driver knows about the allocations of a process, so that [`Backend::export_existing`] can
 /// find the one that holds an address (each memfd of a region made side by side is an allocation of its own).
 static ALLOCATIONS: Mutex<Vec<Weak<SharedMemory>>> = Mutex::new(Vec::new());
@@ -106,7 +110,7 @@ fn allocation_holding(ptr: DevicePtr) -> Option<HeldAllocation> {
     })
 }
 
-impl HostFake {
+impl Host {
     /// Allocates one region made of several allocations side by side, one per size (each a whole number of pages),
     /// in one contiguous range: the host's model of what PyTorch's expandable segments make on a GPU (many
     /// `cuMemCreate` allocations mapped one after the other), so that sharing a range over several allocations
@@ -134,11 +138,11 @@ impl HostFake {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostContext;
 
-impl Backend for HostFake {
+impl Backend for Host {
     type Context = HostContext;
     type Exported = HostRegion;
     type Imported = HostRegion;
-    const KIND: BackendKind = BackendKind::HostFake;
+    const KIND: BackendKind = BackendKind::Host;
 
     fn cuda_context(_ctx: &HostContext) -> Option<&gpu_ipc_driver::Context> {
         None
@@ -166,8 +170,8 @@ impl Backend for HostFake {
         let walk = walk_allocations(Self::KIND.name(), ptr, len, |at| {
             let held = allocation_holding(at).ok_or_else(|| BackendError::Unsupported {
                 backend: Self::KIND.name(),
-                reason: format!("no live region made by HostFake::allocate holds the address {at}"),
-                fix: "share memory the host backend allocated (HostFake::allocate)".into(),
+                reason: format!("no live region made by Host::allocate holds the address {at}"),
+                fix: "share memory the host backend allocated (Host::allocate)".into(),
             })?;
             // Regions the fake made separately may lie side by side by chance (mmap places them as it likes): the
             // fake walks only the allocations of one region, its model of one reserved range, so that what it
