@@ -120,8 +120,11 @@ fn ranges_over_allocations_side_by_side_are_read_by_another_process_byte_for_byt
     assert!(child.wait().unwrap().success());
     drop((child, lines));
 
+    // The pool's threads see the importer's hang-up and let go on their own time: wait for both (the shares, then
+    // the fds: the connection's is closed after the last share goes), as the other pool tests wait for theirs.
     let start = Instant::now();
-    while pool.stats().shared_allocations != 0 && start.elapsed() < Duration::from_secs(5) {
+    while (pool.stats().shared_allocations != 0 || open_fds() != fds_before) && start.elapsed() < Duration::from_secs(5)
+    {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(pool.stats().shared_allocations, 0, "nothing stays shared once the importer is gone");
