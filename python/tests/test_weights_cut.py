@@ -15,7 +15,7 @@ import pytest
 import gpu_ipc
 import gpu_ipc.weights
 from gpu_ipc import _gpu_ipc
-from gpu_ipc.weights import _cut
+from gpu_ipc._weights_tensors import _cut
 
 
 def moe_like() -> dict[str, np.ndarray]:
