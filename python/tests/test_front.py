@@ -30,6 +30,7 @@ def test_testing_is_an_attribute_after_import_gpu_ipc() -> None:
 
 def test_open_is_not_in_all_and_still_there() -> None:
     assert "open" not in gpu_ipc.__all__
+    assert "open" not in gpu_ipc.weights.__all__ and callable(gpu_ipc.weights.open)
     namespace: dict[str, object] = {}
     exec("from gpu_ipc import *", namespace)
     assert "open" not in namespace and "share" in namespace

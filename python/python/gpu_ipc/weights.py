@@ -66,7 +66,9 @@ from gpu_ipc._weights_tensors import (
     _torch_module,
 )
 
-__all__ = ["BoundSources", "BoundTargets", "Publisher", "Reader", "WeightsTensor", "open", "publish"]
+# ``open`` is left out, as from ``gpu_ipc.__all__``: ``from gpu_ipc.weights import *`` keeps the built-in ``open``;
+# call it ``gpu_ipc.weights.open``.
+__all__ = ["BoundSources", "BoundTargets", "Publisher", "Reader", "WeightsTensor", "publish"]
 
 
 class Publisher:
