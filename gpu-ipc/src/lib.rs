@@ -219,6 +219,16 @@ mod tests {
     }
 
     #[test]
+    #[allow(deprecated)]
+    fn the_host_backends_old_names_still_compile_and_mean_the_host_backend() {
+        assert_eq!(BackendKind::HostFake, BackendKind::Host);
+        assert!(matches!(BackendKind::Host, BackendKind::HostFake));
+        let old: Option<crate::host::HostFake> = Some(crate::host::Host);
+        assert!(old.is_some());
+        let _context: crate::core::fake::HostContext = crate::host::HostContext;
+    }
+
+    #[test]
     fn every_strategy_round_trips_through_its_cli_name_and_serde() {
         for s in SyncStrategy::ALL {
             assert_eq!(s.name().parse::<SyncStrategy>().unwrap(), s);
