@@ -155,7 +155,12 @@ fn an_upstream_that_dies_ends_the_downstream_ring_as_a_death_not_an_end() {
     assert!(noticed < Duration::from_secs(1), "the stage noticed after {noticed:?}");
     let seen = c.join().unwrap();
     assert!(matches!(seen.end, FrameError::ProducerGone { .. }), "{seen:?}");
-    assert_eq!((seen.frames, seen.wrong), (frames, 0), "{seen:?}");
+    // The consumer read what the stage moved, but for the frames the stage had published and the consumer not yet
+    // read when the stage, its upstream dead, let go of its ring (a death too: those slots are poisoned, at most
+    // the ring's 2). Under load that is one frame now and then (it once failed here: 299 read of 300 moved).
+    assert_eq!(seen.wrong, 0, "{seen:?}");
+    assert!(seen.frames <= frames && frames - seen.frames <= 2, "{seen:?} of {frames} moved");
+    // Frames the upstream published but the stage had not taken when it died may be lost the same way.
     assert!(frames <= 300);
 }
 

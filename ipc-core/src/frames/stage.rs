@@ -356,15 +356,16 @@ impl<U: Backend, D: Backend> Stage<U, D> {
             self.pending = Some(Pending { frame: pending.frame, lease: None, worked: false });
             return Err(self.downstream_error(source));
         }
+        // Published downstream: the frame has moved through, whatever its release upstream says.
+        self.frames += 1;
         match self.upstream.release(pending.frame, stream) {
             Ok(()) => {}
-            Err(FrameError::EndOfStream { published, .. }) => {
-                self.frames += 1;
-                return Ok(self.ended(published));
-            }
+            Err(FrameError::EndOfStream { published, .. }) => return Ok(self.ended(published)),
+            // The upstream producer died after publishing this frame: what it published before dying still goes
+            // through (the next call takes it), and its death is reported where no frame is left to take.
+            Err(FrameError::ProducerGone { .. }) => {}
             Err(source) => return Err(self.upstream_error(source)),
         }
-        self.frames += 1;
         Ok(StageStep::Frame { upstream: upstream_seq, downstream: downstream_seq })
     }
 
