@@ -470,7 +470,7 @@ impl HostWork {
     }
 }
 
-/// Runs `f` with the program's backend: the host fake, or a GPU backend compiled in (through
+/// Runs `f` with the program's backend: the host backend, or a GPU backend compiled in (through
 /// [`gpu_ipc::dispatch_gpu`]).
 pub trait ProgramVisitor {
     /// What the program returns.
@@ -577,7 +577,7 @@ pub trait StageVisitor {
     fn run<U: Backend, D: Backend, W: StageWork<U, D>>(self) -> Result<Self::Output, FrameError>;
 }
 
-/// Runs `program` with the backends `upstream` and `downstream` name: both the host fake, or both GPU backends
+/// Runs `program` with the backends `upstream` and `downstream` name: both the host backend, or both GPU backends
 /// compiled in (the two may differ: legacy upstream, vmm downstream).
 ///
 /// # Errors

@@ -12,7 +12,7 @@
 //! the memory pool with named buffers, whose [`SharedPool`] and [`PoolImporter`] are at the top too, the work
 //! [`queue`], and the object door they are reached through), the descriptions of what a ring's slots hold
 //! ([`SlotLayout`]: pixel frames or any tensor), the backends compiled in by Cargo feature (`legacy`, `vmm`; both by
-//! default, and [`host`], the host-memory fake that needs no GPU), the embedded kernels, and [`BackendKind`], the one
+//! default, and [`host`], the host backend that needs no GPU), the embedded kernels, and [`BackendKind`], the one
 //! name of a backend, with [`dispatch`] and [`dispatch_gpu`] to run code generic over the backend for a choice made at
 //! run time (`--backend`).
 //!
@@ -112,7 +112,7 @@ pub struct WorkQueueDocTests;
 #[doc = include_str!("../../docs/interop.md")]
 pub struct InteropDocTests;
 
-/// Every backend compiled into this build, the host fake last (it is always there).
+/// Every backend compiled into this build, the host backend last (it is always there).
 pub const COMPILED: &[BackendKind] = &[
     #[cfg(feature = "legacy")]
     BackendKind::Legacy,
@@ -129,7 +129,7 @@ pub const COMPILED_GPU: &[BackendKind] = &[
     BackendKind::Vmm,
 ];
 
-/// Code generic over the backend, the host fake included, run for a [`BackendKind`] chosen at run time.
+/// Code generic over the backend, the host backend included, run for a [`BackendKind`] chosen at run time.
 pub trait BackendVisitor {
     /// What the code returns.
     type Output;
@@ -146,7 +146,7 @@ pub trait GpuBackendVisitor {
     fn visit<B: GpuBackend>(self) -> Self::Output;
 }
 
-/// A backend this build cannot run for the code asked: not compiled in, or the host fake where a GPU is needed.
+/// A backend this build cannot run for the code asked: not compiled in, or the host backend where a GPU is needed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", unavailable_message(*.kind, *.needs_gpu))]
 pub struct BackendUnavailable {
@@ -186,7 +186,7 @@ pub fn dispatch<V: BackendVisitor>(kind: BackendKind, visitor: V) -> Result<V::O
 /// Runs `visitor` with `kind`'s backend type, a GPU backend.
 ///
 /// # Errors
-/// [`BackendUnavailable`] for the host fake, or a backend not compiled into this build.
+/// [`BackendUnavailable`] for the host backend, or a backend not compiled into this build.
 pub fn dispatch_gpu<V: GpuBackendVisitor>(kind: BackendKind, visitor: V) -> Result<V::Output, BackendUnavailable> {
     match kind {
         #[cfg(feature = "legacy")]

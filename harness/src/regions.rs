@@ -112,7 +112,7 @@ impl DeviceMemory for ImportedRegion {
     }
 }
 
-/// A backend the probes cannot run: the host fake, or one not compiled in.
+/// A backend the probes cannot run: the host backend, or one not compiled in.
 fn not_gpu(kind: BackendKind) -> BackendError {
     BackendError::Unsupported {
         backend: kind.name(),

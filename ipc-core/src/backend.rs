@@ -46,7 +46,7 @@ pub struct ExistingExport {
     /// Where the range starts, from `base`.
     pub offset: u64,
     /// What keeps the allocations alive for importers even if their allocator frees them here (VMM: retained
-    /// allocation handles; host fake: the mappings); dropped with the export.
+    /// allocation handles; host backend: the mappings); dropped with the export.
     pub keep_alive: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
@@ -94,7 +94,7 @@ impl<T: DeviceMemory + SharedRegion + Sync> ReachableRegion for T {
 /// A way of sharing device memory between processes.
 pub trait Backend: Send + Sync + 'static {
     /// What allocations are made in: a CUDA [`Context`] for the GPU backends, nothing
-    /// for the host-memory fake.
+    /// for the host backend.
     type Context: Clone + Send + Sync;
     /// The producer's allocation.
     type Exported: SharedRegion;
@@ -104,7 +104,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Which backend this is: its wire code and its name (`B::KIND.name()`, as `--backend` spells it).
     const KIND: BackendKind;
 
-    /// The CUDA context behind `ctx`; `None` for the host fake, which therefore runs only the CPU sync strategies.
+    /// The CUDA context behind `ctx`; `None` for the host backend, which therefore runs only the CPU sync strategies.
     fn cuda_context(ctx: &Self::Context) -> Option<&Context>;
 
     /// Checks, without allocating, that the context's device supports this backend; the error names the missing
@@ -135,10 +135,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Exports, in place and without a copy, memory that another allocator made: the allocation that holds the
     /// `len` bytes at `ptr` (e.g. a tensor of PyTorch's caching allocator). Legacy: a `cuMemAlloc` allocation
     /// (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`); vmm: a `cuMemCreate` allocation made with the POSIX-fd
-    /// handle type (`CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`), retained by address; host fake: a region made by
+    /// handle type (`CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`), retained by address; host backend: a region made by
     /// its `allocate`. A range over several allocations mapped side by side (PyTorch's expandable segments) is
     /// exported as one piece per allocation where the backend can map them side by side again in an importer
-    /// ([`import_span`](Self::import_span): vmm, host fake); legacy refuses it ([`walk_allocations`] walks them).
+    /// ([`import_span`](Self::import_span): vmm, host backend); legacy refuses it ([`walk_allocations`] walks them).
     ///
     /// # Errors
     /// [`BackendError::Unsupported`] naming why this memory cannot be exported by this backend and what to do
@@ -211,7 +211,7 @@ pub enum BackendError {
     /// A driver call failed.
     #[error(transparent)]
     Driver(#[from] DriverError),
-    /// An operating-system call failed (shared memory of the host fake).
+    /// An operating-system call failed (shared memory of the host backend).
     #[error("{operation}: {source}")]
     Os {
         /// What was being done.

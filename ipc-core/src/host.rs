@@ -1,4 +1,4 @@
-//! A host-memory fake backend, so the ring, the protocol and the frame API run end to end on machines without a
+//! A host backend, so the ring, the protocol and the frame API run end to end on machines without a
 //! GPU (CI). "Device memory" is a sealed memfd mapped `MAP_SHARED`; its "device pointer" is the host address of
 //! the mapping; export passes the memfd with `SCM_RIGHTS`, like the VMM backend passes its fd.
 //!
@@ -303,7 +303,7 @@ impl HostEvent {
         if *handle != Self::HANDLE {
             return Err(DriverError::InvalidArgument {
                 function: "HostEvent::open_ipc",
-                problem: "the handle is not a host fake event's".into(),
+                problem: "the handle is not a host backend event's".into(),
             });
         }
         Ok(Self)

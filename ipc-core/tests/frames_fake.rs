@@ -1,4 +1,4 @@
-//! The frame-sharing API end to end without a GPU: the host-memory fake backend behind the same `Producer` and
+//! The frame-sharing API end to end without a GPU: the host backend behind the same `Producer` and
 //! `Consumer`, the real rendezvous socket, `SCM_RIGHTS`, control block and watchdog. Consumers run on threads of
 //! this process (the GPU suite runs the same API across processes with real backends).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -174,7 +174,7 @@ fn attaching_without_a_producer_says_to_start_it() {
 
 #[test]
 fn gpu_strategies_need_a_gpu_backend() {
-    // IpcEvent runs on the host fake backend, with stand-ins for its events (tests/ipc_event_fallback.rs).
+    // IpcEvent runs on the host backend, with stand-ins for its events (tests/ipc_event_fallback.rs).
     for sync in [SyncStrategy::GpuStreamOps, SyncStrategy::GpuPoll] {
         let err = Producer::<Host>::create(&HostContext, ProducerConfig::new(sock("nogpu"), geometry(), 2, sync)).err();
         assert!(matches!(err, Some(FrameError::StrategyUnavailable { .. })), "{sync}: {err:?}");

@@ -1,4 +1,4 @@
-//! A pipeline stage on the host fake: a producer, a `Stage` (a consumer of its ring and the producer of another)
+//! A pipeline stage on the host backend: a producer, a `Stage` (a consumer of its ring and the producer of another)
 //! and a consumer of the second ring, on threads of this process, with the real sockets, control blocks and
 //! watchdogs. The end of the stream travels through the stage; an upstream that dies ends the downstream ring as a
 //! death; a downstream consumer that leaves stops the stage (or is waited for); work that fails is retried on the

@@ -1,4 +1,4 @@
-//! Careless and hostile clients at the producer's front door, on the host-memory fake backend.
+//! Careless and hostile clients at the producer's front door, on the host backend.
 //!
 //! Each test starts a producer publishing a frame every millisecond to a real consumer that streams and checks
 //! every byte, lets one kind of bad client loose on the socket, and then asserts that: the producer never went

@@ -1,7 +1,7 @@
 //! A consumer that cannot open the producer's IPC events (in a container with its own IPC namespace,
 //! `cuIpcOpenEventHandle` fails with `CUDA_ERROR_MAP_FAILED`) still reads an `ipc-event` ring: it says so at the
 //! handshake (`AttachedWithoutEvents`, protocol version 4) and runs the ring on its counters; a producer too old to be
-//! told is refused in words that name the cause and the fixes, and is not left waiting. Run on the host fake backend,
+//! told is refused in words that name the cause and the fixes, and is not left waiting. Run on the host backend,
 //! whose stand-in events fail to open on a thread that asked (`host::set_ipc_events_openable(false)`). The same code
 //! on a GPU, across a real IPC namespace: `tools/stress` (its container cells) and `docs/containers.md`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

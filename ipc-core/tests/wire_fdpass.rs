@@ -200,7 +200,7 @@ fn a_memfd_of_another_size_than_announced_is_rejected() {
     producer.send(&Message::RingOffer(host_offer()), vec![memfd_with(b"c", 100), memfd_with(b"d", 4096)], T).unwrap();
     let error = consumer.recv(T).unwrap_err();
     assert!(matches!(error, WireError::FdWrongSize { index: 0, size: 100, expected: 512 }), "{error:?}");
-    // Larger is wrong too: the control block's size is exact, and so is the host fake's data.
+    // Larger is wrong too: the control block's size is exact, and so is the host backend's data.
     producer.send(&Message::RingOffer(host_offer()), vec![memfd_with(b"c", 512), memfd_with(b"d", 8192)], T).unwrap();
     let error = consumer.recv(T).unwrap_err();
     assert!(matches!(error, WireError::FdWrongSize { index: 1, size: 8192, expected: 4096 }), "{error:?}");

@@ -1,4 +1,4 @@
-//! The work queue through its door on the host-memory fake, owner and workers in one process: round trips, the
+//! The work queue through its door on the host backend, owner and workers in one process: round trips, the
 //! owner's accounting when a worker goes holding tasks (handed out again, then reported lost), the owner's end,
 //! closing, slots running out, and malformed calls.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

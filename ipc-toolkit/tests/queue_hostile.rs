@@ -1,4 +1,4 @@
-//! Careless and hostile clients at a work queue's socket, on the host-memory fake backend.
+//! Careless and hostile clients at a work queue's socket, on the host backend.
 //!
 //! Each test starts an owner that keeps the queue topped up and a real worker that pops, checks and completes
 //! every task, lets one kind of bad client loose on the socket, and then asserts that: the worker never went

@@ -1,4 +1,4 @@
-//! The work queue's leases on the host-memory fake, owner and workers in one process: a `Task` dropped in a live
+//! The work queue's leases on the host backend, owner and workers in one process: a `Task` dropped in a live
 //! worker goes back to the queue, an explicit give-back, a lease that expires is handed out again and its late
 //! completion refused (one completion counts), give-backs count towards `max_deliveries`, a task given back after
 //! `close` is still handed out before the queue ends, and the owner's timeout says what is in flight.

@@ -1,4 +1,4 @@
-//! The work queue between real processes on the host-memory fake: the owner (this test) pushes a million tasks
+//! The work queue between real processes on the host backend: the owner (this test) pushes a million tasks
 //! through four worker processes started from this very test binary (`GPU_IPC_QUEUE_CHILD` selects the role), one
 //! of which is SIGKILLed while it holds tasks, half of them worked on. Every task's work is tallied by value in a
 //! shared memfd, with the attempt it came with, so the test can tell "exactly once", "handed out again after its

@@ -211,7 +211,7 @@ fn reader<B: ArenaBytes>(ctx: &B::Context, socket: &Path, generations: u64) -> R
     })
 }
 
-/// Runs `run` with the backend's context: the host fake's, or device `device`'s for a GPU backend.
+/// Runs `run` with the backend's context: the host backend's, or device `device`'s for a GPU backend.
 fn with_backend<G: GpuRun>(
     kind: BackendKind,
     device: i32,

@@ -197,7 +197,7 @@ impl SharedMemory {
         unsafe { &*self.ptr.as_ptr().cast::<AtomicU64>().add(index) }
     }
 
-    /// Copies `src` into the mapping at `offset` (the host fake backend's "device write").
+    /// Copies `src` into the mapping at `offset` (the host backend's "device write").
     ///
     /// The bytes are stored as relaxed atomic writes of the aligned 64-bit words they fall in (a partial word is
     /// merged with a compare-and-swap, leaving its other bytes as they are), so a concurrent reader or writer, in

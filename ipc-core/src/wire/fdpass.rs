@@ -163,7 +163,7 @@ pub fn send_bytes(socket: BorrowedFd<'_>, bytes: &[u8], fds: Vec<OwnedFd>, timeo
 /// Checks, beyond [`Message::decode_payload`]: the fds received are exactly the number the
 /// header announces (fds beyond [`MAX_FDS_PER_MESSAGE`] are cut off by the kernel and reported
 /// as [`WireError::FdsTruncated`]); fds arrive close-on-exec (`MSG_CMSG_CLOEXEC`); for a
-/// [`RingOffer`], the control fd (and the data fd of the host fake) is a memfd exactly as large
+/// [`RingOffer`], the control fd (and the data fd of the host backend) is a memfd exactly as large
 /// as the offer says, sealed against resizing. On any error, every fd that did arrive is closed.
 pub fn recv_message(socket: BorrowedFd<'_>, timeout: Duration) -> Result<ReceivedMessage, WireError> {
     let deadline = Deadline::after(timeout);

@@ -44,7 +44,7 @@ impl BackendKind {
         }
     }
 
-    /// Whether the backend shares GPU memory (legacy, vmm); the host fake shares host memory.
+    /// Whether the backend shares GPU memory (legacy, vmm); the host backend shares host memory.
     pub const fn is_gpu(self) -> bool {
         !matches!(self, Self::Host)
     }

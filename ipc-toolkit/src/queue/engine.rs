@@ -1,4 +1,4 @@
-//! The queue's operations, whoever does them: the CPU on host memory ([`HostQueue`], the host fake), or the GPU
+//! The queue's operations, whoever does them: the CPU on host memory ([`HostQueue`], the host backend), or the GPU
 //! on device memory ([`GpuOps`], which launches the queue's own kernels), behind one [`Engine`]. What they say is
 //! in `ops.rs`, below both.
 

@@ -124,7 +124,7 @@ pub enum QueueError {
     /// A CUDA call failed.
     #[error(transparent)]
     Driver(#[from] DriverError),
-    /// Shared memory (the host fake's, or a staging area) failed.
+    /// Shared memory (the host backend's, or a staging area) failed.
     #[error(transparent)]
     Shm(#[from] ShmError),
     /// A thread could not start.

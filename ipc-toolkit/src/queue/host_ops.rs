@@ -1,4 +1,4 @@
-//! The queue's operations done by the CPU on memory it can reach with atomics: the host fake's "device memory".
+//! The queue's operations done by the CPU on memory it can reach with atomics: the host backend's "device memory".
 //! The same state machine as the kernels' (`kernels/cuda/work_queue.cuh`), transition for transition; see
 //! `docs/work-queue.md` for why each step is a compare-and-swap.
 

@@ -1,4 +1,4 @@
-//! The work queue's shared layout: one allocation of device memory (host memory for the host fake) holding a
+//! The work queue's shared layout: one allocation of device memory (host memory for the host backend) holding a
 //! header, a table of per-worker counters, and `capacity` cells, each a 64-bit state word, the task's id, attempt
 //! and length, and the record. Every offset here is also in `kernels/cuda/work_queue.cuh` (the kernels' side) and
 //! in `docs/work-queue.md` (for peers in other languages); `the_header_offsets_match_the_cuda_header` checks the

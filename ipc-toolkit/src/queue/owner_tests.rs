@@ -20,7 +20,7 @@ fn owner(name: &str) -> WorkQueue<Host> {
 
 /// The owner's queue memory, as the host state machine sees it.
 fn words<R>(queue: &WorkQueue<Host>, f: impl FnOnce(&HostQueue<'_>) -> R) -> R {
-    let MemoryAccess::Host(memory) = queue.owner.local.access() else { panic!("the host fake's memory") };
+    let MemoryAccess::Host(memory) = queue.owner.local.access() else { panic!("the host backend's memory") };
     f(&HostQueue::new(memory, queue.owner.local.g).unwrap())
 }
 

@@ -5,7 +5,7 @@ use crate::pool::{BufferHandle, BufferView, PoolError};
 use ipc_core::backend::{Backend, ReachableRegion};
 
 /// A backend whose arenas the weights owner and reader can write and read from the host. Implemented for every
-/// GPU backend and for the host fake.
+/// GPU backend and for the host backend.
 pub trait ArenaBytes: Backend + Sized {
     /// Copies `src` into the owner's buffer at byte `offset`.
     ///

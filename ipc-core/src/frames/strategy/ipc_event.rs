@@ -18,7 +18,7 @@
 //! older release cannot do that: the consumer refuses the ring then, with the cause and the fixes
 //! (`docs/containers.md`).
 //!
-//! With the host fake backend (no CUDA context, no streams) the events are [`HostEvent`]s, complete once recorded:
+//! With the host backend (no CUDA context, no streams) the events are [`HostEvent`]s, complete once recorded:
 //! what runs is the strategy's handshake, fallback included.
 
 use std::time::Instant;
@@ -53,7 +53,7 @@ impl Strategy for IpcEvent {
     }
 
     fn check(&self, _cuda: Option<&Context>) -> Result<(), FrameError> {
-        // Every CUDA backend has IPC events; the host fake backend has its stand-ins.
+        // Every CUDA backend has IPC events; the host backend has its stand-ins.
         Ok(())
     }
 
@@ -96,14 +96,14 @@ impl Strategy for IpcEvent {
     }
 }
 
-/// Where this side's events come from: CUDA IPC events, or the host fake backend's stand-ins.
+/// Where this side's events come from: CUDA IPC events, or the host backend's stand-ins.
 enum Events {
     Cuda(Context),
     Host,
 }
 
 impl Events {
-    /// A CUDA backend has a context; only the host fake backend has none.
+    /// A CUDA backend has a context; only the host backend has none.
     fn of(cuda: Option<&Context>) -> Self {
         cuda.map_or(Self::Host, |ctx| Self::Cuda(ctx.clone()))
     }
@@ -124,7 +124,7 @@ impl Events {
         }
     }
 
-    /// The stream a CUDA side records on; the host fake backend has none (its work is done when the call returns).
+    /// The stream a CUDA side records on; the host backend has none (its work is done when the call returns).
     fn stream<'s>(&self, stream: Option<&'s Stream>) -> Result<Option<&'s Stream>, FrameError> {
         match self {
             Self::Cuda(_) => need_stream(stream, KIND).map(Some),
@@ -140,7 +140,7 @@ enum RingEvent {
 }
 
 impl RingEvent {
-    /// Records the event after the work queued on `stream` (`None` only with the host fake backend).
+    /// Records the event after the work queued on `stream` (`None` only with the host backend).
     fn record(&self, stream: Option<&Stream>) -> Result<(), FrameError> {
         match (self, stream) {
             (Self::Cuda(event), Some(stream)) => Ok(event.record(stream)?),

@@ -462,7 +462,7 @@ mod tests {
             }
         }
         assert!(strategy(SyncStrategy::CpuSleep).check(None).is_ok());
-        // The host fake backend runs IpcEvent with stand-ins for the events (host::HostEvent).
+        // The host backend runs IpcEvent with stand-ins for the events (host::HostEvent).
         assert!(strategy(SyncStrategy::IpcEvent).check(None).is_ok());
     }
 

@@ -18,7 +18,7 @@ use gpu_ipc_driver::DeviceUuid;
 ///
 /// Sent with file descriptors, in this order: index 0 the control block's memfd (always),
 /// index 1 the data allocation's fd when [`HandleType::carries_data_fd`] (VMM: the
-/// `cuMemExportToShareableHandle` fd; host fake: a memfd). Legacy sends only the control memfd
+/// `cuMemExportToShareableHandle` fd; host backend: a memfd). Legacy sends only the control memfd
 /// and puts the data handle in [`RingOffer::legacy_mem_handle`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingOffer {
