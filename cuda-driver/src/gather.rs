@@ -39,8 +39,10 @@ pub const GATHER_KERNEL: &str = "gpu_ipc_gather_copy";
 pub const GATHER_PIECE_BYTES: u64 = 256 << 10;
 /// Pieces the device table holds (3 MiB): one launch copies at most this many (32 GiB at full pieces).
 pub const GATHER_TABLE_PIECES: usize = 1 << 17;
-/// Threads of a gather block.
-const THREADS: u32 = 256;
+/// Threads of a gather block: 512 copied the benchmark's 19,000-tensor state_dict 3% faster than 256 on an H200
+/// (tools/scripts/gather-variants.py, 2026-11-29: 11.30 against 11.65 ms for 22.4 GB; pieces of 64 KiB to 1 MiB,
+/// 8 loads in flight instead of 4 and a persistent grid all within 2% of these).
+const THREADS: u32 = 512;
 /// Words of one piece in the table: destination, source, bytes.
 const WORDS: usize = 3;
 /// Launches whose table regions may still be read, at most, before the oldest is waited for.
@@ -68,6 +70,54 @@ pub fn gather_pieces(copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)], words: &mut Ve
         }
     }
     Ok(())
+}
+
+/// A gather copy prepared once and launched many times: its pieces' table written to the device when made, so
+/// that a launch costs the CPU one `cuLaunchKernel` and a comparison of the copies, however many pieces they are
+/// (a weight set's generation switch from tensors bound once: splitting and uploading the 85,000 pieces of a
+/// 19,000-tensor state_dict took about 4.8 ms of CPU per switch before the table was kept). Made by
+/// [`GatherCopy::prepare`], launched by [`GatherCopy::launch_prepared`] with the same copies lent again.
+pub struct PreparedGather {
+    /// `None` only once `Drop` leaked it.
+    table: Option<DeviceBuffer>,
+    pieces: u32,
+    /// The copies it was made from: destination, source, bytes.
+    copies: Vec<[u64; 3]>,
+    /// Recorded after the last launch on each stream that read the table: `Drop` waits for them before freeing it.
+    launched: Vec<(usize, Event)>,
+}
+
+impl std::fmt::Debug for PreparedGather {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedGather").field("pieces", &self.pieces).finish_non_exhaustive()
+    }
+}
+
+impl PreparedGather {
+    /// Pieces one launch copies.
+    pub fn pieces(&self) -> u32 {
+        self.pieces
+    }
+
+    /// Whether `copies` are the copies it was made from (the same addresses and lengths, in the same order).
+    pub fn matches(&self, copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)]) -> bool {
+        self.copies.len() == copies.len()
+            && self.copies.iter().zip(copies).all(|(k, (dst, src))| *k == [dst.ptr().0, src.ptr().0, dst.len()])
+    }
+}
+
+impl Drop for PreparedGather {
+    fn drop(&mut self) {
+        for (_, event) in self.launched.drain(..) {
+            if event.synchronize().is_err() {
+                tracing::error!(
+                    "a prepared gather copy did not finish: leaking its table rather than freeing it under it"
+                );
+                std::mem::forget(self.table.take());
+                return;
+            }
+        }
+    }
 }
 
 /// Copies many device spans into others with one launch of the gather kernel per [`GATHER_TABLE_PIECES`] pieces,
@@ -137,6 +187,75 @@ impl GatherCopy {
             .and_then(|()| words.chunks(GATHER_TABLE_PIECES * WORDS).try_for_each(|batch| self.launch(batch, stream)));
         self.words = words;
         queued
+    }
+
+    /// Splits `copies` into pieces as [`copy`](Self::copy) does and writes their table to a device buffer of its
+    /// own, for [`launch_prepared`](Self::launch_prepared) to copy them again and again. Nothing is copied here.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidArgument`] for a pair of different lengths, or more pieces than one launch takes
+    /// (2^31 - 1); an allocation or upload error.
+    pub fn prepare(&mut self, copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)]) -> Result<PreparedGather> {
+        let mut words = Vec::new();
+        gather_pieces(copies, &mut words)?;
+        let pieces = u32::try_from(words.len() / WORDS).ok().filter(|&p| p <= i32::MAX as u32).ok_or_else(|| {
+            DriverError::InvalidArgument {
+                function: "gather copy",
+                problem: format!("{} pieces: one launch takes 2^31 - 1 at most", words.len() / WORDS),
+            }
+        })?;
+        let table = DeviceBuffer::alloc(&self.ctx, (words.len().max(WORDS) * 8) as u64)?;
+        table.write(0, &words)?;
+        let copies = copies.iter().map(|(dst, src)| [dst.ptr().0, src.ptr().0, dst.len()]).collect();
+        Ok(PreparedGather { table: Some(table), pieces, copies, launched: Vec::new() })
+    }
+
+    /// Queues on `stream` `copies`, which must be those `prepared` was made from ([`PreparedGather::matches`]),
+    /// lent again for this call, with one launch of the table `prepare` kept. The same rules as
+    /// [`copy`](Self::copy).
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidArgument`] for copies other than those prepared, or a table made by another gather
+    /// copy (nothing queued); a failing `cuLaunchKernel` or event record.
+    pub fn launch_prepared(
+        &mut self,
+        prepared: &mut PreparedGather,
+        copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)],
+        stream: &Stream,
+    ) -> Result<()> {
+        if !prepared.matches(copies) {
+            return Err(DriverError::InvalidArgument {
+                function: "gather copy",
+                problem: "the copies differ from those the gather was prepared for: prepare them again".into(),
+            });
+        }
+        if prepared.pieces == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        let table = prepared.table.as_ref().ok_or_else(|| DriverError::InvalidArgument {
+            function: "gather copy",
+            problem: "the prepared table was leaked".into(),
+        })?;
+        if table.context().as_raw() != self.ctx.as_raw() {
+            return Err(DriverError::InvalidArgument {
+                function: "gather copy",
+                problem: "a gather prepared in another context".into(),
+            });
+        }
+        let config = LaunchConfig::linear(prepared.pieces, THREADS);
+        let args = [KernelParam::Ptr(table.ptr()), KernelParam::U32(prepared.pieces)];
+        // SAFETY: the gather kernel (its name checked in `new`): block i copies piece i of the prepared table, which
+        // `prepare` split from copies with the addresses and lengths of `copies` (checked above), spans the caller
+        // lends for this call as for `copy`; the table is alive (freed only after the launches that read it) and
+        // only read.
+        unsafe { self.function.launch(stream, config, &args)? };
+        let done = Event::new(&self.ctx, EventFlags { timing: false, blocking_sync: false, interprocess: false })?;
+        done.record(stream)?;
+        let key = stream.raw() as usize;
+        prepared.launched.retain(|(s, _)| *s != key);
+        prepared.launched.push((key, done));
+        Ok(())
     }
 
     /// One launch of `batch` (whole pieces, at most the table's).

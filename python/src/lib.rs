@@ -52,6 +52,7 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<semaphore::SemaphoreWait>()?;
     m.add_class::<pattern::Pattern>()?;
     m.add_class::<weights::WeightsOwner>()?;
+    m.add_class::<weights::WeightsBound>()?;
     m.add_class::<weights::WeightsReader>()?;
     m.add_class::<weights::WeightsTensor>()?;
     m.add_function(wrap_pyfunction!(weights::read_sources, m)?)?;

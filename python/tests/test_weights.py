@@ -199,7 +199,7 @@ def test_bind_is_for_torch_tensors_on_a_gpu_and_what_it_binds_stays_with_its_own
         with pytest.raises(gpu_ipc.ArgumentError, match="bind\\(\\) is for torch tensors on a GPU"):
             pub.bind(state_dict(2))
         with gpu_ipc.weights.publish(state_dict(1), "other", socket=sock + ".2") as other:
-            foreign = gpu_ipc.weights.BoundSources(other, [], [])
+            foreign = gpu_ipc.weights.BoundSources(other, [], [], None)
             with pytest.raises(gpu_ipc.ArgumentError, match="bound by another publisher"):
                 pub.update(foreign)
         assert pub.generation == 1
@@ -207,7 +207,7 @@ def test_bind_is_for_torch_tensors_on_a_gpu_and_what_it_binds_stays_with_its_own
             with pytest.raises(gpu_ipc.ArgumentError, match="bind\\(\\) is for torch tensors on a GPU"):
                 r.bind(state_dict(2))
             with gpu_ipc.weights.open(sock, "m") as other_reader:
-                foreign_targets = gpu_ipc.weights.BoundTargets(other_reader, [], [])
+                foreign_targets = gpu_ipc.weights.BoundTargets(other_reader, [], [], None)
                 with pytest.raises(gpu_ipc.ArgumentError, match="bound by another reader"):
                     r.load_into(foreign_targets)
 

@@ -13,7 +13,8 @@
 //!   cuts (the owner lays tensors alike out together, so an ordinary state_dict is a few dozen runs).
 //! - [`TensorCopier`]: on a GPU, a whole state_dict copied into a staged arena
 //!   ([`StagedGeneration::copy_in`]) or out of a held one ([`HeldGeneration::copy_out`]) with a few launches of
-//!   a gather kernel, at the bandwidth of one memcpy.
+//!   a gather kernel, at the bandwidth of one memcpy; [`BoundCopies`]: the same copies again and again (a
+//!   trainer's parameters bound once, published after every step), one launch each.
 //!
 //! How it works: the arenas are buffers of a [`SharedPool`](crate::pool::SharedPool) named `SET/GENERATION`, one
 //! block (one export) each unless arenas fit in freed room; the newest generation is the pool directory's note
@@ -30,7 +31,7 @@ mod owner;
 mod reader;
 mod runs;
 
-pub use copy::TensorCopier;
+pub use copy::{BoundCopies, CopyDirection, TensorCopier};
 pub use error::WeightsError;
 pub use io::ArenaBytes;
 pub use ipc_core::wire::{DType, TensorDesc};

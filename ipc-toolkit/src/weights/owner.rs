@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::arena::Tensors;
-use super::copy::TensorCopier;
+use super::copy::{BoundCopies, CopyDirection, TensorCopier};
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{
@@ -140,6 +140,24 @@ impl<B: ArenaBytes + GpuBackend> StagedGeneration<B> {
             .map(|(i, src)| Ok((Tensors::slice(&arena, self.tensors.entry_at(*i)?)?, *src)))
             .collect::<Result<Vec<_>, WeightsError>>()?;
         copier.copy(&copies, stream)
+    }
+}
+
+impl<B: ArenaBytes + GpuBackend> StagedGeneration<B> {
+    /// Queues on `stream` the copies `bound` names (made [`CopyDirection::IntoArena`]) into this arena, with one
+    /// launch: the gather's table prepared once per arena and kept (see [`BoundCopies`]). Finish the work queued on
+    /// `stream` before [`WeightsOwner::commit`].
+    ///
+    /// # Errors
+    /// Copies bound the other way; an index past the last tensor, a source of another length (nothing queued);
+    /// a failing launch.
+    pub fn copy_in_bound(
+        &self,
+        copier: &mut TensorCopier,
+        bound: &mut BoundCopies<'_>,
+        stream: &Stream,
+    ) -> Result<(), WeightsError> {
+        bound.run(copier, CopyDirection::IntoArena, &self.handle.span()?, &self.tensors, stream)
     }
 }
 

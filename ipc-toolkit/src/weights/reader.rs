@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::arena::Tensors;
 use super::arena_name;
-use super::copy::TensorCopier;
+use super::copy::{BoundCopies, CopyDirection, TensorCopier};
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{MANIFEST_HEADER_BYTES, Manifest, ManifestError, TensorEntry, checksum};
@@ -140,6 +140,25 @@ impl<B: ArenaBytes + GpuBackend> HeldGeneration<B> {
             .map(|(i, dst)| Ok((*dst, Tensors::slice(&arena, self.tensors.entry_at(*i)?)?)))
             .collect::<Result<Vec<_>, WeightsError>>()?;
         copier.copy(&copies, stream)
+    }
+}
+
+impl<B: ArenaBytes + GpuBackend> HeldGeneration<B> {
+    /// Queues on `stream` the copies `bound` names (made [`CopyDirection::OutOfArena`]) out of this arena into the
+    /// caller's memory, with one launch: the gather's table prepared once per arena and kept (see
+    /// [`BoundCopies`]); what `load_into` of targets bound once does. Finish the work queued on `stream` before
+    /// `self` goes.
+    ///
+    /// # Errors
+    /// Copies bound the other way; an index past the last tensor, a destination of another length (nothing
+    /// queued); a failing launch.
+    pub fn copy_out_bound(
+        &self,
+        copier: &mut TensorCopier,
+        bound: &mut BoundCopies<'_>,
+        stream: &Stream,
+    ) -> Result<(), WeightsError> {
+        bound.run(copier, CopyDirection::OutOfArena, &self.view.span()?, &self.tensors, stream)
     }
 }
 

@@ -100,6 +100,7 @@ __all__ = [
     "Stamp",
     "StrategyUnavailable",
     "Timeout",
+    "WeightsBound",
     "WeightsOwner",
     "WeightsReader",
     "WeightsTensor",
@@ -927,6 +928,14 @@ class WeightsOwner:
         stream) with a few launches of the gather kernel: ``ptrs[i]`` is the address of tensor ``first + i``'s
         bytes (layout order; a tensor of the set's device, its whole byte span; 0: not copied). Stages the next
         generation first if none is."""
+    def bind_sources(self, ptrs: Sequence[int]) -> WeightsBound:
+        """Binds the caller's device memory for ``copy_in_bound``: ``ptrs[i]`` is the address of tensor ``i``'s source
+        (layout order; its whole byte span, on the set's device; 0: not copied). That memory must stay the caller's
+        while the result lives (``Publisher.bind`` keeps the tensors beside it)."""
+    def copy_in_bound(self, bound: WeightsBound, stream: Any = None) -> None:
+        """Queues on ``stream`` (default: the legacy default stream) the copies ``bound`` names into the staged tensors
+        with one launch of the gather kernel (its table prepared once per arena), staging the next generation first
+        if none is."""
     def copy_in_from(
         self,
         tensors: dict[str, Any],
@@ -968,6 +977,16 @@ class WeightsOwner:
     def closed(self) -> bool: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class WeightsBound:
+    """Tensors bound once for a weight set's copies (``gpu_ipc.weights`` keeps one in ``BoundSources`` and
+    ``BoundTargets``, beside the tensors it names, which must stay alive while it does)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def prepared_arenas(self) -> int:
+        """Arenas whose copies are prepared (their tables kept on the device; at most 8)."""
 
 @final
 class WeightsReader:
@@ -1015,6 +1034,15 @@ class WeightsReader:
         ``first + i`` (manifest order; its whole byte span, on the set's device; 0: not copied): what ``load_into``
         does. The held generation stays mapped until the device's queued work is done, whatever ``refresh`` does
         meanwhile."""
+    def bind_targets(self, ptrs: Sequence[int]) -> WeightsBound:
+        """Binds the caller's device memory for ``copy_out_bound``: ``ptrs[i]`` is the address of the destination of
+        tensor ``i`` (the held generation's manifest order; its whole byte span, on the set's device; 0: not
+        copied). That memory must stay the caller's while the result lives (``Reader.bind`` keeps the tensors
+        beside it)."""
+    def copy_out_bound(self, bound: WeightsBound, stream: Any = None) -> None:
+        """Queues on ``stream`` (default: the legacy default stream) the copies ``bound`` names out of the held
+        generation with one launch of the gather kernel (its table prepared once per arena). The held generation
+        stays mapped until the device's queued work is done, whatever ``refresh`` does meanwhile."""
     def copy_out_to(
         self,
         tensors: dict[str, Any],

@@ -174,12 +174,12 @@ class Publisher:
         generation. Readers keep the generation they hold until they refresh.
 
         ``state_dict`` may be what ``bind()`` returned: then nothing is read per tensor (the copy's table was made
-        when bound), which is what keeps a switch of thousands of small tensors near the speed of one memcpy."""
+        when bound, and its table kept on the device for each arena), which is what keeps a switch of thousands of
+        small tensors near the speed of one memcpy: one kernel launch however many tensors."""
         if isinstance(state_dict, BoundSources):
             if state_dict.owner is not self:
                 raise ArgumentError(f"these sources were bound by another publisher than {self!r}")
-            device = self._owner.device
-            self._owner.copy_in(state_dict.addresses, 0, _stream_of(stream, device))
+            self._owner.copy_in_bound(state_dict.native, _stream_of(stream, self._owner.device))
             return self._owner.commit()  # waits for the copies: the bound tensors may change after it returns
         sources = self._copy(_state_dict(state_dict), stream)
         generation = self._owner.commit()
@@ -212,7 +212,7 @@ class Publisher:
             if described.device is None:
                 raise ArgumentError(f"tensor {name!r} is in host memory: bind() takes tensors on cuda:{device}")
             raise ArgumentError(f"tensor {name!r} is not contiguous: bind() copies from a tensor's own bytes")
-        return BoundSources(self, tensors, addresses)
+        return BoundSources(self, tensors, addresses, self._owner.bind_sources(addresses))
 
     def stage(self, framework: Any = None) -> dict[str, Any]:
         """The next generation's tensors, writable in place; ``commit()`` publishes them. Write every tensor: the
@@ -256,15 +256,17 @@ class Publisher:
 
 
 class _Bound:
-    """Tensors as a ``bind()`` read them: their addresses (layout order), and the tensors themselves, kept alive;
-    ``owner``: the publisher or reader that bound them, the only one that takes them."""
+    """Tensors as a ``bind()`` read them: their addresses (layout order), the tensors themselves, kept alive, and
+    the native copies bound to them (the gather's table prepared once per arena and kept on the device, so that
+    each switch is one launch); ``owner``: the publisher or reader that bound them, the only one that takes them."""
 
-    __slots__ = ("owner", "tensors", "addresses")
+    __slots__ = ("owner", "tensors", "addresses", "native")
 
-    def __init__(self, owner: Publisher | Reader, tensors: list[Any], addresses: list[int]):
+    def __init__(self, owner: Publisher | Reader, tensors: list[Any], addresses: list[int], native: Any):
         self.owner = owner
         self.tensors = tensors
         self.addresses = addresses
+        self.native = native
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -440,7 +442,7 @@ class Reader:
             if t.device is None:
                 raise ArgumentError(f"tensor {name!r} is in host memory: bind() takes tensors on cuda:{device}")
             raise ArgumentError(f"tensor {name!r} is on cuda:{t.device}, the set on cuda:{device}")
-        return BoundTargets(self, tensors, addresses)
+        return BoundTargets(self, tensors, addresses, self._reader.bind_targets(addresses))
 
     def load_into(self, module_or_dict: Any, stream: Any = None, strict: bool = True) -> int:
         """Copies the held generation into existing tensors in place (their pointers unchanged, so CUDA graphs that
@@ -453,7 +455,7 @@ class Reader:
         if isinstance(module_or_dict, BoundTargets):
             if module_or_dict.owner is not self:
                 raise ArgumentError(f"these targets were bound by another reader than {self!r}")
-            self._reader.copy_out(module_or_dict.addresses, 0, _stream_of(stream, self._reader.device))
+            self._reader.copy_out_bound(module_or_dict.native, _stream_of(stream, self._reader.device))
             return len(module_or_dict)
         target = _state_dict(module_or_dict)
         device = self._reader.device

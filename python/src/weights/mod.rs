@@ -5,11 +5,13 @@
 //!
 //! - [`owner`]: `WeightsOwner` (stage, copy in, write, commit); [`reader`]: `WeightsReader` (hold, refresh, copy
 //!   out, read); [`tensor`]: `WeightsTensor` and the whole arena as one view with the runs it is cut by.
+//! - [`bound`]: `WeightsBound`, a caller's tensors bound once (`bind()`), copied with one launch per switch.
 //! - [`runs`]: tensors of one element type, shape and strides a constant step apart, cut by one strided view.
 //! - [`sources`]: a state_dict's torch tensors checked and their addresses read in one native call, each batch's
 //!   copies launched as soon as it is read.
 //! - Here: what the owner and the reader share (the device, the gather kernel, their getters).
 
+mod bound;
 mod owner;
 mod reader;
 mod runs;
@@ -24,6 +26,7 @@ use gpu_ipc::driver::{Context, DevicePtr, DeviceSpan};
 use gpu_ipc::weights::{TensorCopier, TensorEntry};
 use pyo3::prelude::*;
 
+pub use bound::WeightsBound;
 pub use owner::WeightsOwner;
 pub use reader::WeightsReader;
 pub use runs::runs_of;

@@ -11,10 +11,13 @@ use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::vmm::Vmm;
-use gpu_ipc::weights::{ArenaBytes, TensorCopier, WeightsError, WeightsOptions, WeightsOwner as CoreOwner};
+use gpu_ipc::weights::{
+    ArenaBytes, BoundCopies, CopyDirection, TensorCopier, WeightsError, WeightsOptions, WeightsOwner as CoreOwner,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyType};
 
+use super::bound::WeightsBound;
 use super::sources::{Expected, copy_batches};
 use super::tensor::{ArenaCut, WeightsTensor, arena_of};
 use super::{Served, caller_copies, served_getters};
@@ -188,6 +191,46 @@ impl WeightsOwner {
         py.detach(|| {
             self.served
                 .with_copier(|copier| copy_into_staged(&mut lock(&*owner), copier, first, &ptrs, &borrow(ctx, raw)))
+        })
+    }
+
+    /// Binds the caller's device memory for ``copy_in_bound``: ``ptrs[i]`` is the address of tensor ``i``'s source
+    /// (layout order; its whole byte span, on the set's device; 0: not copied). That memory must stay the
+    /// caller's while the result lives (``Publisher.bind`` keeps the tensors beside it).
+    fn bind_sources(&self, ptrs: Vec<u64>) -> PyResult<WeightsBound> {
+        self.served.gpu()?;
+        let owner = self.owner()?;
+        let guard = lock(&*owner);
+        let spans = each_backend!(&*guard, o => caller_copies(&o.layout().entries, 0, &ptrs))?;
+        Ok(WeightsBound::new(CopyDirection::IntoArena, spans))
+    }
+
+    /// Queues on ``stream`` (default: the legacy default stream) the copies ``bound`` names into the staged tensors
+    /// with one launch of the gather kernel (its table prepared once per arena), staging the next generation first
+    /// if none is.
+    #[pyo3(signature = (bound, stream=None))]
+    fn copy_in_bound(&self, py: Python<'_>, bound: &WeightsBound, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        fn copy<B: ArenaBytes + GpuBackend>(
+            o: &mut CoreOwner<B>,
+            copier: &mut TensorCopier,
+            bound: &mut BoundCopies<'_>,
+            stream: &Stream,
+        ) -> PyResult<()> {
+            let staged = o.stage().map_err(weights_to_py)?;
+            staged.copy_in_bound(copier, bound, stream).map_err(weights_to_py)
+        }
+        let ctx = &self.served.gpu()?.ctx;
+        let raw = stream_handle(stream)?.unwrap_or(LEGACY_DEFAULT_STREAM);
+        let owner = self.owner()?;
+        py.detach(|| {
+            self.served.with_copier(|copier| {
+                let (mut guard, mut copies, stream) = (lock(&*owner), lock(&bound.copies), borrow(ctx, raw));
+                match &mut *guard {
+                    PerBackend::Legacy(o) => copy(o, copier, &mut copies, &stream),
+                    PerBackend::Vmm(o) => copy(o, copier, &mut copies, &stream),
+                    PerBackend::Host(_) => Err(ArgumentError::new_err("copy_in_bound is for GPU backends; use write")),
+                }
+            })
         })
     }
 

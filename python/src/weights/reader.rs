@@ -13,10 +13,13 @@ use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::toolkit::door::{self, DoorError};
 use gpu_ipc::vmm::Vmm;
-use gpu_ipc::weights::{ArenaBytes, HeldGeneration, TensorCopier, WeightsError, WeightsReader as CoreReader};
+use gpu_ipc::weights::{
+    ArenaBytes, BoundCopies, CopyDirection, HeldGeneration, TensorCopier, WeightsError, WeightsReader as CoreReader,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 
+use super::bound::WeightsBound;
 use super::sources::{Expected, read_all};
 use super::tensor::{ArenaCut, WeightsTensor, arena_of};
 use super::{Served, caller_copies, served_getters};
@@ -254,6 +257,48 @@ impl WeightsReader {
         let held = self.held()?;
         let copied =
             py.detach(|| self.served.with_copier(|copier| copy_out_of(&held, copier, first, &ptrs, &borrow(ctx, raw))));
+        self.let_go(held);
+        copied
+    }
+
+    /// Binds the caller's device memory for ``copy_out_bound``: ``ptrs[i]`` is the address of the destination of
+    /// tensor ``i`` (the held generation's manifest order; its whole byte span, on the set's device; 0: not
+    /// copied). That memory must stay the caller's while the result lives (``Reader.bind`` keeps the tensors
+    /// beside it).
+    fn bind_targets(&self, ptrs: Vec<u64>) -> PyResult<WeightsBound> {
+        self.served.gpu()?;
+        let held = self.held()?;
+        let spans = each_backend!(&held, h => caller_copies(&h.manifest().entries, 0, &ptrs));
+        self.let_go(held);
+        Ok(WeightsBound::new(CopyDirection::OutOfArena, spans?))
+    }
+
+    /// Queues on ``stream`` (default: the legacy default stream) the copies ``bound`` names out of the held
+    /// generation with one launch of the gather kernel (its table prepared once per arena). The held generation
+    /// stays mapped until the device's queued work is done, whatever ``refresh`` does meanwhile.
+    #[pyo3(signature = (bound, stream=None))]
+    fn copy_out_bound(&self, py: Python<'_>, bound: &WeightsBound, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        fn copy<B: ArenaBytes + GpuBackend>(
+            h: &HeldGeneration<B>,
+            copier: &mut TensorCopier,
+            bound: &mut BoundCopies<'_>,
+            stream: &Stream,
+        ) -> PyResult<()> {
+            h.copy_out_bound(copier, bound, stream).map_err(weights_to_py)
+        }
+        let ctx = &self.served.gpu()?.ctx;
+        let raw = stream_handle(stream)?.unwrap_or(LEGACY_DEFAULT_STREAM);
+        let held = self.held()?;
+        let copied = py.detach(|| {
+            self.served.with_copier(|copier| {
+                let (mut copies, stream) = (lock(&bound.copies), borrow(ctx, raw));
+                match &held {
+                    PerBackend::Legacy(h) => copy(h, copier, &mut copies, &stream),
+                    PerBackend::Vmm(h) => copy(h, copier, &mut copies, &stream),
+                    PerBackend::Host(_) => Err(ArgumentError::new_err("copy_out_bound is for GPU backends; use read")),
+                }
+            })
+        });
         self.let_go(held);
         copied
     }
