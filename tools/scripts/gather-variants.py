@@ -91,6 +91,9 @@ class MemcpyAttributes(ctypes.Structure):
                 ("dstType", ctypes.c_int), ("dstId", ctypes.c_int), ("flags", ctypes.c_uint)]
 
 
+keep: list[Any] = []
+
+
 def batch_fn(dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray) -> Any:
     lib = ctypes.CDLL("libcuda.so.1")
     fn = getattr(lib, "cuMemcpyBatchAsync_v2", None)
@@ -100,7 +103,11 @@ def batch_fn(dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray) -> Any:
     z = (ctypes.c_size_t * n)(*sizes.tolist())
     attrs = MemcpyAttributes(1, 1, torch.cuda.current_device(), 1, torch.cuda.current_device(), 0)  # STREAM, device
     idx = (ctypes.c_size_t * 1)(0)
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    # The batched copy refuses the legacy NULL stream (CUDA_ERROR_INVALID_VALUE, as measured 2026-11-29): a
+    # stream of its own, which the timing's device-wide synchronize waits for too.
+    own = torch.cuda.Stream()
+    stream = ctypes.c_void_p(own.cuda_stream)
+    keep.append(own)
     if fn is not None:
         fn.restype = ctypes.c_int
 
@@ -159,7 +166,7 @@ def main() -> int:
         kern = mod.get_function(("p" if persistent else "g") + str(unroll))
         blocks = min(pieces, sms * (2048 // threads)) if persistent else pieces
         tab = cupy.asarray(table)
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)  # noqa: the deprecated spelling works in every CuPy
 
         def launch() -> None:
             with stream:
@@ -192,7 +199,7 @@ def main() -> int:
                                       np.array([flat_src.data_ptr()], dtype=np.int64), one, piece)).cuda()
     tab, pieces = cupy.asarray(table), table.numel() // 3
     kern = mod.get_function("g4")
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)  # noqa: the deprecated spelling works in every CuPy
 
     def flat_kernel() -> None:
         with stream:

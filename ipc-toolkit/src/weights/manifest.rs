@@ -52,7 +52,7 @@ pub const MAX_TENSORS: u32 = 1 << 20;
 pub const TENSOR_ALIGN: u64 = 256;
 
 /// Where the generation lies in an encoded manifest (bytes 16..24 of the header).
-const GENERATION_BYTES: std::ops::Range<usize> = 16..24;
+pub(super) const GENERATION_BYTES: std::ops::Range<usize> = 16..24;
 
 const FLAG_CHECKSUMS: u16 = 1;
 const ENTRY_FLAG_STRIDES: u8 = 1;
