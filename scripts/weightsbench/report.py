@@ -87,11 +87,13 @@ def switch_table(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['reader_refresh_seconds']:.4f} | {r['wrong']} |")
     lines += ["", "A bound update in its parts (one more, timed by hand): staging the arena (CPU), launching the "
               "gather (CPU), the device finishing the copies, commit.", "",
-              "| set | backend | stage s | launch s | copy s | commit s |", "|---|---|---:|---:|---:|---:|"]
+              "| set | backend | stage s | launch s | copy s | commit s | tables prepared (bound updates) |",
+              "|---|---|---:|---:|---:|---:|---:|"]
     for r in (r for r in rows if r["part"] == "switch"):
         lines.append(f"| {r['set']} | {r['backend']} | {_s(r, 'bound_stage_seconds'):.4f} | "
                      f"{_s(r, 'bound_queue_seconds'):.4f} | {_s(r, 'bound_copy_seconds'):.4f} | "
-                     f"{_s(r, 'bound_commit_seconds'):.4f} |")
+                     f"{_s(r, 'bound_commit_seconds'):.4f} | {r.get('bound_preparations', '-')} "
+                     f"({r.get('bound_updates', '-')}) |")
     lines += ["", "Goal: a generation switch within 1.1x of a device-to-device copy of the changed bytes "
               "(update / memcpy or bound / memcpy <= 1.1).", "", "## GPU memory given back after each part", "",
               "| set | backend | free before, GiB | free after, GiB | back |", "|---|---|---:|---:|---|"]

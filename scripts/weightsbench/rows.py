@@ -185,7 +185,10 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
                              f" (want {gen}), {check['wrong']} wrong, {check['missing']} missing")
             # One more bound update timed in its parts, to say where its time goes: staging the arena and queueing
             # the gather (the CPU, until copy_in returns), the copy itself (until the device is idle), and commit.
+            prepared = {k: b.native.preparations for k, b in bound.items()}
             parts = bound_parts(torch, pub, bound[id(sd)])
+            parts["bound_preparations"] = sum(prepared.values())
+            parts["bound_updates"] = sum(1 for _s, _w, _x, mode in plan if mode.startswith("bound"))
             switched = reader.ask(op="refresh-gpu-ipc")
             check = reader.ask(op="check", sums=sums)
             if check["wrong"] or check["missing"]:

@@ -74,6 +74,8 @@ pub struct BoundCopies<'a> {
     spans: Vec<(usize, DeviceSpan<'a>)>,
     /// Most recently used last.
     prepared: Vec<Prepared>,
+    /// Tables prepared so far.
+    preparations: u64,
 }
 
 /// One arena's prepared copies.
@@ -97,7 +99,7 @@ impl<'a> BoundCopies<'a> {
     /// `spans[k] = (index, span)`: tensor `index` (manifest order) and the caller's memory it is copied from or into
     /// (its whole byte span's length). Nothing is checked or prepared until the first copy.
     pub fn new(direction: CopyDirection, spans: Vec<(usize, DeviceSpan<'a>)>) -> Self {
-        Self { direction, spans, prepared: Vec::new() }
+        Self { direction, spans, prepared: Vec::new(), preparations: 0 }
     }
 
     /// Which way it copies.
@@ -118,6 +120,12 @@ impl<'a> BoundCopies<'a> {
     /// Arenas it holds prepared copies for (at most 8).
     pub fn prepared_arenas(&self) -> usize {
         self.prepared.len()
+    }
+
+    /// Tables it has prepared so far (one per arena met, and one more each time an arena's tensors moved): a
+    /// count that stops growing once every arena was met.
+    pub fn preparations(&self) -> u64 {
+        self.preparations
     }
 
     /// Queues on `stream` the copies between `arena` (a whole arena's span) laid out as `tensors` and the bound
@@ -151,11 +159,13 @@ impl<'a> BoundCopies<'a> {
                 if self.prepared.len() >= MAX_PREPARED {
                     self.prepared.remove(0);
                 }
+                self.preparations += 1;
                 Prepared { arena: key, gather: copier.gather.prepare(&copies).map_err(backend)? }
             }
         };
         if !prepared.gather.matches(&copies) {
             // The same arena laid out otherwise (a reader's new generation from an owner that changed it).
+            self.preparations += 1;
             prepared.gather = copier.gather.prepare(&copies).map_err(backend)?;
         }
         let launched = copier.gather.launch_prepared(&mut prepared.gather, &copies, stream);
@@ -252,7 +262,7 @@ mod tests {
                 stream.synchronize().unwrap();
                 expect(arena, &tensors, &format!("round {round}, arena {k}"));
             }
-            assert_eq!(bound.prepared_arenas(), 2, "one table per arena, kept");
+            assert_eq!((bound.prepared_arenas(), bound.preparations()), (2, 2), "one table per arena, kept");
         }
         // The same arena, its tensors 256 bytes further on: prepared anew, copied to the new offsets.
         let moved = manifest_of(&sizes, 4096 + 256);
@@ -260,6 +270,7 @@ mod tests {
         bound.run(&mut copier, CopyDirection::IntoArena, &arenas[0].span(), &moved, &stream).unwrap();
         stream.synchronize().unwrap();
         expect(&arenas[0], &moved, "moved tensors");
+        assert_eq!((bound.prepared_arenas(), bound.preparations()), (2, 3), "prepared anew, in the same place");
         let err = bound.run(&mut copier, CopyDirection::OutOfArena, &arenas[0].span(), &moved, &stream).unwrap_err();
         assert!(err.to_string().contains("bind the tensors again"), "{err}");
         // Out of an arena into the caller's memory.

@@ -987,6 +987,10 @@ class WeightsBound:
     @property
     def prepared_arenas(self) -> int:
         """Arenas whose copies are prepared (their tables kept on the device; at most 8)."""
+    @property
+    def preparations(self) -> int:
+        """Tables prepared so far (one per arena met, one more when an arena's tensors moved): stops growing once
+        every arena was met."""
 
 @final
 class WeightsReader:

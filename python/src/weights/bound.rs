@@ -36,6 +36,13 @@ impl WeightsBound {
         lock(&self.copies).prepared_arenas()
     }
 
+    /// Tables prepared so far (one per arena met, one more when an arena's tensors moved): stops growing once
+    /// every arena was met.
+    #[getter]
+    fn preparations(&self) -> u64 {
+        lock(&self.copies).preparations()
+    }
+
     fn __repr__(&self) -> String {
         let copies = lock(&self.copies);
         let way = match copies.direction() {
