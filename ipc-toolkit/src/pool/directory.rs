@@ -454,8 +454,12 @@ mod tests {
         };
         let reader =
             ReadOnlyMemory::from_fd(writer.memory().try_clone_fd().unwrap(), geometry.directory_bytes()).unwrap();
+        // At least 300 ms and 100 reads (a loaded 2-core machine gave 62 reads in 300 ms of a writer that never
+        // pauses: a reader may retry many times), at most 10 s.
         let (mut reads, start) = (0u64, Instant::now());
-        while start.elapsed() < Duration::from_millis(300) {
+        while (start.elapsed() < Duration::from_millis(300) || reads <= 100)
+            && start.elapsed() < Duration::from_secs(10)
+        {
             let (_, raw) = read_raw(&reader, geometry, 0).unwrap();
             if raw.state() == Some(EntryState::Empty) {
                 continue;
