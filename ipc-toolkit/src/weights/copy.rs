@@ -197,6 +197,14 @@ mod tests {
         assert!(ptx.contains("ld.global.cs.v4.u32") && ptx.contains("st.global.cs.v4.u32"), "16-byte loads and stores");
     }
 
+    /// Device 0's context, a stream and a gather copier in it.
+    fn on_gpu() -> (Context, Stream, TensorCopier) {
+        let ctx = Context::for_ordinal(0).unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let copier = TensorCopier::new(&ctx).unwrap();
+        (ctx, stream, copier)
+    }
+
     /// A manifest of `sizes` (bytes, as u8 tensors) laid end to end from `first`, 256-byte aligned.
     fn manifest_of(sizes: &[u64], first: u64) -> Tensors {
         use super::super::manifest::{Manifest, TENSOR_ALIGN, TensorEntry};
@@ -226,9 +234,7 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn bound_copies_are_prepared_once_per_arena_and_copy_every_byte_again() {
-        let ctx = Context::for_ordinal(0).unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let mut copier = TensorCopier::new(&ctx).unwrap();
+        let (ctx, stream, mut copier) = on_gpu();
         let sizes: Vec<u64> =
             (0..300u64).map(|i| if i % 50 == 7 { GATHER_PIECE_BYTES * 2 + 48 } else { 16 + 64 * i }).collect();
         let tensors = manifest_of(&sizes, 4096);
@@ -298,9 +304,7 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn the_gather_copy_moves_every_byte_of_every_alignment() {
-        let ctx = Context::for_ordinal(0).unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let mut copier = TensorCopier::new(&ctx).unwrap();
+        let (ctx, stream, mut copier) = on_gpu();
         let size: u64 = 64 << 20;
         let (src, dst) = (DeviceBuffer::alloc(&ctx, size).unwrap(), DeviceBuffer::alloc(&ctx, size).unwrap());
         let pattern: Vec<u8> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
