@@ -20,6 +20,7 @@
 //! ```
 
 use std::collections::VecDeque;
+use std::marker::PhantomData;
 
 use super::context::Context;
 use super::error::{DriverError, Result};
@@ -72,41 +73,47 @@ pub fn gather_pieces(copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)], words: &mut Ve
     Ok(())
 }
 
-/// A gather copy prepared once and launched many times: its pieces' table written to the device when made, so
-/// that a launch costs the CPU one `cuLaunchKernel` and a comparison of the copies, however many pieces they are
-/// (a weight set's generation switch from tensors bound once: splitting and uploading the 85,000 pieces of a
-/// 19,000-tensor state_dict took about 4.8 ms of CPU per switch before the table was kept). Made by
-/// [`GatherCopy::prepare`], launched by [`GatherCopy::launch_prepared`] with the same copies lent again.
-pub struct PreparedGather {
+/// A gather copy between one span (an *arena*) and many spans of the caller's, prepared once and launched many
+/// times: its pieces' table written to the device when made, so that a launch costs the CPU one `cuLaunchKernel`
+/// and a comparison of the arena's address, however many pieces it copies (a weight set's generation switch from
+/// tensors bound once: splitting and uploading the 85,000 pieces of a 19,000-tensor state_dict took about 4.8 ms of
+/// CPU per switch before the table was kept). It borrows the caller's spans for `'a`; the arena is lent again at
+/// each launch. Made by [`GatherCopy::prepare`], launched by [`GatherCopy::launch_prepared`].
+pub struct PreparedGather<'a> {
     /// `None` only once `Drop` leaked it.
     table: Option<DeviceBuffer>,
     pieces: u32,
-    /// The copies it was made from: destination, source, bytes.
-    copies: Vec<[u64; 3]>,
+    /// The arena's address, and how far into it the pieces reach.
+    arena: u64,
+    extent: u64,
     /// Recorded after the last launch on each stream that read the table: `Drop` waits for them before freeing it.
     launched: Vec<(usize, Event)>,
+    _spans: PhantomData<DeviceSpan<'a>>,
 }
 
-impl std::fmt::Debug for PreparedGather {
+impl std::fmt::Debug for PreparedGather<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PreparedGather").field("pieces", &self.pieces).finish_non_exhaustive()
+        f.debug_struct("PreparedGather")
+            .field("pieces", &self.pieces)
+            .field("extent", &self.extent)
+            .finish_non_exhaustive()
     }
 }
 
-impl PreparedGather {
+impl PreparedGather<'_> {
     /// Pieces one launch copies.
     pub fn pieces(&self) -> u32 {
         self.pieces
     }
 
-    /// Whether `copies` are the copies it was made from (the same addresses and lengths, in the same order).
-    pub fn matches(&self, copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)]) -> bool {
-        self.copies.len() == copies.len()
-            && self.copies.iter().zip(copies).all(|(k, (dst, src))| *k == [dst.ptr().0, src.ptr().0, dst.len()])
+    /// Whether `arena` is a span it may copy between: at the address it was prepared for, and reaching as far as
+    /// its pieces do.
+    pub fn fits(&self, arena: &DeviceSpan<'_>) -> bool {
+        arena.ptr().0 == self.arena && arena.len() >= self.extent
     }
 }
 
-impl Drop for PreparedGather {
+impl Drop for PreparedGather<'_> {
     fn drop(&mut self) {
         for (_, event) in self.launched.drain(..) {
             if event.synchronize().is_err() {
@@ -118,6 +125,15 @@ impl Drop for PreparedGather {
             }
         }
     }
+}
+
+/// Which way a prepared gather copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArenaSide {
+    /// From the caller's spans into the arena.
+    Destination,
+    /// From the arena into the caller's spans.
+    Source,
 }
 
 /// Copies many device spans into others with one launch of the gather kernel per [`GATHER_TABLE_PIECES`] pieces,
@@ -189,15 +205,32 @@ impl GatherCopy {
         queued
     }
 
-    /// Splits `copies` into pieces as [`copy`](Self::copy) does and writes their table to a device buffer of its
-    /// own, for [`launch_prepared`](Self::launch_prepared) to copy them again and again. Nothing is copied here.
+    /// Prepares the copies between `arena` and the caller's spans: `copies[k] = (offset, span)` copies `span`
+    /// into `arena` at `offset` (`side` [`ArenaSide::Destination`]) or the same bytes of `arena` into `span`
+    /// ([`ArenaSide::Source`]); split into pieces as [`copy`](Self::copy) does, their table written to a device
+    /// buffer of its own for [`launch_prepared`](Self::launch_prepared). Nothing is copied here.
     ///
     /// # Errors
-    /// [`DriverError::InvalidArgument`] for a pair of different lengths, or more pieces than one launch takes
-    /// (2^31 - 1); an allocation or upload error.
-    pub fn prepare(&mut self, copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)]) -> Result<PreparedGather> {
+    /// [`DriverError::InvalidArgument`] for a copy that does not fit in `arena`, or more pieces than one launch
+    /// takes (2^31 - 1); an allocation or upload error.
+    pub fn prepare<'a>(
+        &mut self,
+        arena: &DeviceSpan<'_>,
+        copies: &[(u64, DeviceSpan<'a>)],
+        side: ArenaSide,
+    ) -> Result<PreparedGather<'a>> {
+        let mut pairs = Vec::with_capacity(copies.len());
+        let mut extent = 0;
+        for &(offset, span) in copies {
+            let inside = arena.slice(offset, span.len())?;
+            extent = extent.max(offset + span.len());
+            pairs.push(match side {
+                ArenaSide::Destination => (inside, span),
+                ArenaSide::Source => (span, inside),
+            });
+        }
         let mut words = Vec::new();
-        gather_pieces(copies, &mut words)?;
+        gather_pieces(&pairs, &mut words)?;
         let pieces = u32::try_from(words.len() / WORDS).ok().filter(|&p| p <= i32::MAX as u32).ok_or_else(|| {
             DriverError::InvalidArgument {
                 function: "gather copy",
@@ -206,27 +239,39 @@ impl GatherCopy {
         })?;
         let table = DeviceBuffer::alloc(&self.ctx, (words.len().max(WORDS) * 8) as u64)?;
         table.write(0, &words)?;
-        let copies = copies.iter().map(|(dst, src)| [dst.ptr().0, src.ptr().0, dst.len()]).collect();
-        Ok(PreparedGather { table: Some(table), pieces, copies, launched: Vec::new() })
+        Ok(PreparedGather {
+            table: Some(table),
+            pieces,
+            arena: arena.ptr().0,
+            extent,
+            launched: Vec::new(),
+            _spans: PhantomData,
+        })
     }
 
-    /// Queues on `stream` `copies`, which must be those `prepared` was made from ([`PreparedGather::matches`]),
-    /// lent again for this call, with one launch of the table `prepare` kept. The same rules as
-    /// [`copy`](Self::copy).
+    /// Queues on `stream` the copies `prepared` holds, between the caller's spans it borrows and `arena`, lent again
+    /// for this call, which must [fit](PreparedGather::fits) (the address it was prepared for, as long), with one
+    /// launch of the kept table. The rules of [`copy`](Self::copy).
     ///
     /// # Errors
-    /// [`DriverError::InvalidArgument`] for copies other than those prepared, or a table made by another gather
-    /// copy (nothing queued); a failing `cuLaunchKernel` or event record.
+    /// [`DriverError::InvalidArgument`] for an arena that does not fit, or a table made in another context
+    /// (nothing queued); a failing `cuLaunchKernel` or event record.
     pub fn launch_prepared(
         &mut self,
-        prepared: &mut PreparedGather,
-        copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)],
+        prepared: &mut PreparedGather<'_>,
+        arena: &DeviceSpan<'_>,
         stream: &Stream,
     ) -> Result<()> {
-        if !prepared.matches(copies) {
+        if !prepared.fits(arena) {
             return Err(DriverError::InvalidArgument {
                 function: "gather copy",
-                problem: "the copies differ from those the gather was prepared for: prepare them again".into(),
+                problem: format!(
+                    "a gather prepared for {} bytes at {:#x} launched on {} bytes at {:#x}: prepare it again",
+                    prepared.extent,
+                    prepared.arena,
+                    arena.len(),
+                    arena.ptr().0
+                ),
             });
         }
         if prepared.pieces == 0 {
@@ -246,9 +291,10 @@ impl GatherCopy {
         let config = LaunchConfig::linear(prepared.pieces, THREADS);
         let args = [KernelParam::Ptr(table.ptr()), KernelParam::U32(prepared.pieces)];
         // SAFETY: the gather kernel (its name checked in `new`): block i copies piece i of the prepared table, which
-        // `prepare` split from copies with the addresses and lengths of `copies` (checked above), spans the caller
-        // lends for this call as for `copy`; the table is alive (freed only after the launches that read it) and
-        // only read.
+        // `prepare` split from copies between the caller's spans, which `prepared` borrows for as long as it lives,
+        // and ranges of an arena at `arena`'s address that reach no further than `arena` (checked above), a span
+        // the caller lends for this call as for `copy`; the table is alive (freed only after the launches that read
+        // it) and only read.
         unsafe { self.function.launch(stream, config, &args)? };
         let done = Event::new(&self.ctx, EventFlags { timing: false, blocking_sync: false, interprocess: false })?;
         done.record(stream)?;

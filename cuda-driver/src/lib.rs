@@ -71,7 +71,9 @@ pub use copy::{
 pub use device::{ComputeMode, Device, DeviceFeature, DeviceUuid, HandleTypes, InvalidDeviceUuid};
 pub use error::{DriverError, Result};
 pub use event::{Event, EventFlags, IpcEventHandle};
-pub use gather::{GATHER_KERNEL, GATHER_PIECE_BYTES, GATHER_TABLE_PIECES, GatherCopy, PreparedGather, gather_pieces};
+pub use gather::{
+    ArenaSide, GATHER_KERNEL, GATHER_PIECE_BYTES, GATHER_TABLE_PIECES, GatherCopy, PreparedGather, gather_pieces,
+};
 pub use graph::{Graph, GraphCapture, MemOpNode};
 pub use host::{HostRegistration, ManagedBuffer, PinnedHostBuffer};
 pub use ipc::{

@@ -23,9 +23,16 @@ impl Tensors {
         Self { manifest, index: Arc::new(index) }
     }
 
-    /// `manifest` with `index`, the index of a manifest of the same names in the same order.
+    /// `manifest` with `index`, the index of a manifest of the same layout: the same names, descriptions and
+    /// offsets in the same order (an owner's generations: [`BoundCopies`](super::BoundCopies) takes a shared index
+    /// for a layout unchanged, without comparing the entries).
     pub(super) fn with_index(manifest: Manifest, index: Arc<HashMap<String, usize>>) -> Self {
         Self { manifest, index }
+    }
+
+    /// The index of its names (shared by every generation of one owner's layout).
+    pub(super) fn index(&self) -> &Arc<HashMap<String, usize>> {
+        &self.index
     }
 
     /// The entry named `name`.

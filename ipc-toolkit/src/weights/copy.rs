@@ -8,7 +8,10 @@ use super::arena::Tensors;
 use super::error::WeightsError;
 use crate::pool::PoolError;
 use gpu_ipc_driver::image::{self, ComputeCapability, KernelImages};
-use gpu_ipc_driver::{Context, DeviceSpan, GATHER_KERNEL, GatherCopy, Module, PreparedGather, Stream};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpu_ipc_driver::{ArenaSide, Context, DeviceSpan, GATHER_KERNEL, GatherCopy, Module, PreparedGather, Stream};
 
 /// The gather kernel, from `kernels/images/weights/` (`scripts/gen-kernels.sh`).
 static IMAGES: KernelImages = gpu_ipc_driver::kernel_images!("../kernels/images/weights");
@@ -67,22 +70,25 @@ const MAX_PREPARED: usize = 8;
 /// costs the CPU one launch however many tensors move (instead of splitting and uploading every tensor's pieces
 /// each time: about 4.8 ms for the benchmark's 19,000 tensors on an H200).
 ///
-/// A prepared table is used again only for the same copies: an arena at the same address whose tensors the copies
-/// name lie at the same offsets with the same lengths (checked at every launch); otherwise it is prepared anew.
+/// A prepared table is used again only for an arena at the same address, as long, whose tensors the copies name lie
+/// at the same offsets with the same lengths (checked at every launch: at once for an owner's generations, which
+/// share one layout, entry by entry for a reader's); otherwise it is prepared anew.
 pub struct BoundCopies<'a> {
     direction: CopyDirection,
     spans: Vec<(usize, DeviceSpan<'a>)>,
     /// Most recently used last.
-    prepared: Vec<Prepared>,
+    prepared: Vec<Prepared<'a>>,
     /// Tables prepared so far.
     preparations: u64,
 }
 
-/// One arena's prepared copies.
-struct Prepared {
-    /// The arena's address and length.
-    arena: (u64, u64),
-    gather: PreparedGather,
+/// One arena's prepared copies, and the layout they were prepared for.
+struct Prepared<'a> {
+    /// The offset and byte length of each bound tensor, in `spans` order.
+    layout: Vec<(u64, u64)>,
+    /// The layout's index when prepared: a generation sharing it shares the layout (an owner's).
+    index: Arc<HashMap<String, usize>>,
+    gather: PreparedGather<'a>,
 }
 
 impl std::fmt::Debug for BoundCopies<'_> {
@@ -144,31 +150,48 @@ impl<'a> BoundCopies<'a> {
                 self.direction
             )));
         }
-        let mut copies = Vec::with_capacity(self.spans.len());
-        for (i, span) in &self.spans {
-            let inside = Tensors::slice(arena, tensors.entry_at(*i)?)?;
-            copies.push(match self.direction {
-                CopyDirection::IntoArena => (inside, *span),
-                CopyDirection::OutOfArena => (*span, inside),
-            });
-        }
-        let key = (arena.ptr().0, arena.len());
-        let mut prepared = match self.prepared.iter().position(|p| p.arena == key) {
+        let (spans, direction) = (&self.spans, self.direction);
+        let same_layout = |p: &Prepared<'a>| {
+            Arc::ptr_eq(&p.index, tensors.index())
+                || (p.layout.len() == spans.len()
+                    && spans.iter().zip(&p.layout).all(|((i, _), at)| {
+                        tensors.manifest.entries.get(*i).is_some_and(|e| (e.offset, e.span_bytes()) == *at)
+                    }))
+        };
+        let found = self.prepared.iter().position(|p| p.gather.fits(arena) && same_layout(p));
+        let mut prepared = match found {
             Some(at) => self.prepared.remove(at),
             None => {
+                // Not met yet, or met with its tensors elsewhere (a reader's new generation from an owner that laid
+                // them out otherwise): prepared anew, in place of the table for the same address if there is one.
+                self.prepared.retain(|p| !p.gather.fits(arena));
                 if self.prepared.len() >= MAX_PREPARED {
                     self.prepared.remove(0);
                 }
+                let mut layout = Vec::with_capacity(spans.len());
+                let mut copies = Vec::with_capacity(spans.len());
+                for (i, span) in spans {
+                    let entry = tensors.entry_at(*i)?;
+                    if entry.span_bytes() != span.len() {
+                        return Err(WeightsError::mismatch(
+                            &entry.name,
+                            &entry.desc,
+                            format!("{} bytes bound, {} in the arena", span.len(), entry.span_bytes()),
+                        ));
+                    }
+                    layout.push((entry.offset, entry.span_bytes()));
+                    copies.push((entry.offset, *span));
+                }
+                let side = match direction {
+                    CopyDirection::IntoArena => ArenaSide::Destination,
+                    CopyDirection::OutOfArena => ArenaSide::Source,
+                };
                 self.preparations += 1;
-                Prepared { arena: key, gather: copier.gather.prepare(&copies).map_err(backend)? }
+                let gather = copier.gather.prepare(arena, &copies, side).map_err(backend)?;
+                Prepared { layout, index: tensors.index().clone(), gather }
             }
         };
-        if !prepared.gather.matches(&copies) {
-            // The same arena laid out otherwise (a reader's new generation from an owner that changed it).
-            self.preparations += 1;
-            prepared.gather = copier.gather.prepare(&copies).map_err(backend)?;
-        }
-        let launched = copier.gather.launch_prepared(&mut prepared.gather, &copies, stream);
+        let launched = copier.gather.launch_prepared(&mut prepared.gather, arena, stream);
         self.prepared.push(prepared);
         launched.map_err(backend)
     }
@@ -270,6 +293,17 @@ mod tests {
             }
             assert_eq!((bound.prepared_arenas(), bound.preparations()), (2, 2), "one table per arena, kept");
         }
+        // The same layout in another manifest (a reader's next generation): compared entry by entry, not prepared.
+        let same = manifest_of(&sizes, 4096);
+        bound.run(&mut copier, CopyDirection::IntoArena, &arenas[1].span(), &same, &stream).unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(bound.preparations(), 2, "an unchanged layout is not prepared again");
+        // A table is launched only on the arena it was prepared for.
+        let spans_only: Vec<_> = spans.iter().map(|(i, span)| (tensors.manifest.entries[*i].offset, *span)).collect();
+        let mut prepared = copier.gather.prepare(&arenas[0].span(), &spans_only, ArenaSide::Destination).unwrap();
+        let err = copier.gather.launch_prepared(&mut prepared, &arenas[1].span(), &stream).unwrap_err();
+        assert!(err.to_string().contains("prepare it again"), "{err}");
+        drop(prepared);
         // The same arena, its tensors 256 bytes further on: prepared anew, copied to the new offsets.
         let moved = manifest_of(&sizes, 4096 + 256);
         arenas[0].span().write(0, &vec![0u8; arena_bytes as usize]).unwrap();
