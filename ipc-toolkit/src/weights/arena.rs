@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use super::error::WeightsError;
 use super::manifest::{Manifest, TensorEntry};
-use crate::pool::PoolError;
 use gpu_ipc_driver::DeviceSpan;
 
 /// A generation's manifest and the index of its tensors by name (shared by every generation of an owner's set:
@@ -56,6 +55,6 @@ impl Tensors {
 
     /// `entry`'s bytes inside `arena`, the span of the whole arena.
     pub(super) fn slice<'a>(arena: &DeviceSpan<'a>, entry: &TensorEntry) -> Result<DeviceSpan<'a>, WeightsError> {
-        arena.slice(entry.offset, entry.span_bytes()).map_err(|e| WeightsError::Pool(PoolError::Backend(e.into())))
+        arena.slice(entry.offset, entry.span_bytes()).map_err(WeightsError::driver)
     }
 }

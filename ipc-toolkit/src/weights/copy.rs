@@ -6,7 +6,6 @@
 
 use super::arena::Tensors;
 use super::error::WeightsError;
-use crate::pool::PoolError;
 use gpu_ipc_driver::image::{self, ComputeCapability, KernelImages};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,8 +28,7 @@ impl TensorCopier {
     /// # Errors
     /// A `Backend` pool error naming the image when no image loads (a driver too old for the PTX, say).
     pub fn new(ctx: &Context) -> Result<Self, WeightsError> {
-        let failed = |e: gpu_ipc_driver::DriverError| WeightsError::Pool(PoolError::Backend(e.into()));
-        let (major, minor) = ctx.device().compute_capability().map_err(failed)?;
+        let (major, minor) = ctx.device().compute_capability().map_err(WeightsError::driver)?;
         let chosen = IMAGES
             .select(ComputeCapability::new(major, minor), image::force_ptx_from_env())
             .map_err(|e| WeightsError::Invalid(format!("the weights' gather kernel: {e}")))?;
@@ -38,7 +36,7 @@ impl TensorCopier {
             .and_then(|module| module.function(GATHER_KERNEL))
             .map_err(|e| WeightsError::Invalid(format!("the weights' gather kernel ({}): {e}", chosen.file)))?;
         tracing::debug!(image = chosen.file, "weights gather kernel loaded");
-        Ok(Self { gather: GatherCopy::new(ctx, loaded).map_err(failed)? })
+        Ok(Self { gather: GatherCopy::new(ctx, loaded).map_err(WeightsError::driver)? })
     }
 
     /// Queues every `(destination, source)` copy on `stream` (equal lengths, distinct destinations).
@@ -46,7 +44,7 @@ impl TensorCopier {
     /// # Errors
     /// Unequal lengths (nothing queued); a failing launch.
     pub fn copy(&mut self, copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)], stream: &Stream) -> Result<(), WeightsError> {
-        self.gather.copy(copies, stream).map_err(|e| WeightsError::Pool(PoolError::Backend(e.into())))
+        self.gather.copy(copies, stream).map_err(WeightsError::driver)
     }
 }
 
@@ -187,18 +185,14 @@ impl<'a> BoundCopies<'a> {
                     CopyDirection::OutOfArena => ArenaSide::Source,
                 };
                 self.preparations += 1;
-                let gather = copier.gather.prepare(arena, &copies, side).map_err(backend)?;
+                let gather = copier.gather.prepare(arena, &copies, side).map_err(WeightsError::driver)?;
                 Prepared { layout, index: tensors.index().clone(), gather }
             }
         };
         let launched = copier.gather.launch_prepared(&mut prepared.gather, arena, stream);
         self.prepared.push(prepared);
-        launched.map_err(backend)
+        launched.map_err(WeightsError::driver)
     }
-}
-
-fn backend(e: gpu_ipc_driver::DriverError) -> WeightsError {
-    WeightsError::Pool(PoolError::Backend(e.into()))
 }
 
 #[cfg(test)]

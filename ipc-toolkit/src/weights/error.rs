@@ -106,6 +106,11 @@ impl WeightsError {
         }
     }
 
+    /// A driver error of a copy or a span, as the pool's `Backend` error.
+    pub(crate) fn driver(error: gpu_ipc_driver::DriverError) -> Self {
+        Self::Pool(PoolError::Backend(error.into()))
+    }
+
     /// A `Mismatch` between a tensor's description and data given for it.
     pub(crate) fn mismatch(name: &str, desc: &TensorDesc, problem: impl std::fmt::Display) -> Self {
         Self::Mismatch { name: name.to_owned(), problem: format!("{problem} (the set has it as {desc})") }
