@@ -152,8 +152,8 @@ def read_all(b: Bridge, delay: float, released: list[int]) -> tuple[int, int, in
 
 
 @needs_nixl
-@pytest.mark.parametrize("bridge", [(), ("--path", "direct"), ("--expect", "gpu-direct")],
-                         ids=["auto", "direct", "expect-gpu-direct"], indirect=True)
+@pytest.mark.parametrize("bridge", [(), ("--path", "direct"), ("--expect", "gpu-direct"), ("--nixl-progress-thread",)],
+                         ids=["auto", "direct", "expect-gpu-direct", "progress-thread"], indirect=True)
 @pytest.mark.parametrize("delay", [0.0, 0.01], ids=["fast-reader", "slow-reader"])
 def test_frames_cross_intact_with_back_pressure(bridge: Bridge, delay: float) -> None:
     frames, released, stop = 60, [0], threading.Event()
@@ -169,6 +169,11 @@ def test_frames_cross_intact_with_back_pressure(bridge: Bridge, delay: float) ->
     assert rc_r == 0, err_r
     assert sent["frames"] == frames and sent["outcome"] == "end of stream"
     assert got["frames"] == frames and got["outcome"] == "end of stream"
+    # Each end's CPU time per frame while frames flowed: the process's (NIXL's threads too) and its own thread's.
+    for summary in (sent, got):
+        assert 0 < summary["thread_cpu_us_per_frame"] <= summary["cpu_us_per_frame"], summary
+    assert sent["nixl_progress_thread"] == ("--nixl-progress-thread" in bridge.send_args)
+    assert got["nixl_progress_thread"] is False
     direct = "direct" in bridge.send_args
     window = 1 if direct else WINDOW
     assert sent["path"] == got["path"] == ("direct" if direct else "landing")

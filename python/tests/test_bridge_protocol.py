@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 import time
 from collections import deque
@@ -21,6 +22,7 @@ import gpu_ipc
 from gpu_ipc.bridge_protocol import (
     BEAT,
     GRANT,
+    WRITTEN,
     BridgeError,
     Choice,
     Grant,
@@ -41,6 +43,7 @@ from gpu_ipc.bridge_protocol import (
     encode_grant,
     encode_offer,
 )
+from gpu_ipc.bridge_messages import grant_message, written_message
 from gpu_ipc.bridge_staging import HostLanding
 
 GPU_PATH = PathReport(("cuda_ipc/cuda",), "zero-copy", True, "a fake table", 150.0)
@@ -235,6 +238,10 @@ def test_frames_arrive_intact_through_landing_buffers_and_the_end_passes(tmp_pat
     assert len(r["link"].probes) == 1 and r["link"].probes[0] in r["send_transport"].landing
     assert r["send"]["probes"] == [{"path": "landing", **GPU_PATH.as_dict()}]
     assert r["receive"]["sender_report"] == GPU_PATH.as_dict()
+    # Each end's CPU time per frame while frames flowed: its own thread's, within this process's (all threads).
+    for side in ("send", "receive"):
+        own, process = r[side]["thread_cpu_us_per_frame"], r[side]["cpu_us_per_frame"]
+        assert 0 < own <= process, (side, own, process)
 
 
 def test_the_direct_path_writes_the_rings_slots_one_at_a_time(tmp_path: Any) -> None:
@@ -314,7 +321,10 @@ def test_the_run_reports_its_rate_and_path(tmp_path: Any) -> None:
     reports = r["send"]["reports"]
     assert reports and all(rep["path"] == "landing" and rep["fps"] >= 0 for rep in reports)
     assert any(rep["fps"] > 0 and rep["write_ms_p50"] is not None for rep in reports)
+    assert any(rep["cpu_us_per_frame"] is not None and rep["cpu_us_per_frame"] > 0 for rep in reports)
+    assert all(rep["cpu_us_per_frame"] is None for rep in reports if rep["fps"] == 0)  # no frame: no figure
     assert any("FPS" in line and "cuda_ipc/cuda" in line for line in r["logged"])
+    assert any("CPU" in line and "us/frame" in line for line in r["logged"])
 
 
 def test_without_landing_buffers_auto_takes_the_direct_path_and_says_why(tmp_path: Any) -> None:
@@ -387,6 +397,9 @@ def test_messages_round_trip_and_garbage_is_refused() -> None:
     choice = Choice("landing", GPU_PATH)
     assert decode_choice(decode(encode_choice(choice))[1]) == choice
     assert decode(encode(BEAT)) == (BEAT, b"")
+    # The per-frame messages made without a Grant are the same bytes.
+    assert grant_message(7, 1, 0xDEAD000, 4096, 3, b"md") == encode_grant(g)
+    assert written_message(9, 4) == encode(WRITTEN, struct.pack("<QQ", 9, 4))
     with pytest.raises(ProtocolError, match="gpu_ipc bridge"):
         decode(b"hello")
     with pytest.raises(ProtocolError, match="gpu_ipc bridge"):

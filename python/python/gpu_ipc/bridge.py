@@ -80,7 +80,8 @@ def _log(side: str, text: str) -> None:
 def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, backend: str = "vmm",
          device: int = 0, wait_for_producer: float = 10.0, connect_timeout: float = 10.0,
          peer_timeout: float = 0.6, tables: ProtocolTables | None = None, staging: str = "auto",
-         path: str = "auto", expect: str = "any", report_every: float = REPORT_EVERY_S) -> dict[str, Any]:
+         path: str = "auto", expect: str = "any", report_every: float = REPORT_EVERY_S,
+         progress_thread: bool = False) -> dict[str, Any]:
     """The sending end: attaches to ring ``socket`` as a consumer and writes every frame to the receiving end at
     ``connect``:``port`` until the ring's end of stream. Returns a summary (frames, FPS, the path and the transport
     its probe found, the run's reports).
@@ -90,7 +91,9 @@ def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAUL
     protocol tables, read; without them, from the probe's rate). ``expect="gpu-direct"`` refuses a path that is not
     CUDA IPC or RDMA for GPU frames (:class:`TransportRefused`, before the first frame is published on the other
     side). ``staging``: copy frames through buffers of this process's own when UCX cannot register ring A's memory
-    (``auto``), ``always``, ``never``.
+    (``auto``), ``always``, ``never``. ``progress_thread``: run NIXL's progress thread (off: this end's own calls
+    move UCX; see :class:`gpu_ipc.bridge_nixl.NixlTransport`). The summary's ``cpu_us_per_frame`` is this process's
+    CPU time while frames flowed over the frames (``thread_cpu_us_per_frame``: the end's own thread's).
 
     Raises :class:`PeerGone` (the receiving end died, went silent or failed), :class:`TransportError`,
     :class:`TransportRefused`, ``gpu_ipc.ProducerGone`` (ring's producer died: the receiving end is told),
@@ -103,7 +106,8 @@ def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAUL
             raise BridgeError(f"ring {socket} uses sync {consumer.sync!r}: the bridge reads frames when the CPU "
                               f"knows they are ready; start its producer with one of {', '.join(CPU_STRATEGIES)}")
         transport = NixlTransport(f"{name}.send", f"{name}.receive", memory, port, connect_to=connect, tables=tables,
-                                  staging=staging, lanes=max(1, consumer.slots))  # WRITEs in flight <= slots
+                                  staging=staging, lanes=max(1, consumer.slots),  # WRITEs in flight <= slots
+                                  progress_thread=progress_thread)
         try:
             transport.connect(connect_timeout)
             end = SendingEnd(transport, consumer, 0 if backend == "host" else device, peer_timeout=peer_timeout,
@@ -113,6 +117,7 @@ def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAUL
             _log("send", f"connected to {connect}:{port}; {consumer.nbytes} bytes a frame ({memory})")
             summary = end.run()
             summary["staged"] = transport.staging is not None
+            summary["nixl_progress_thread"] = progress_thread
             if transport.staging is not None:
                 summary["staged_because"] = transport.staging_reason
                 summary["staging_copy_ms_mean"] = transport.staging.copy_s / max(transport.staging.copies, 1) * 1e3
@@ -128,7 +133,7 @@ def send(socket: str, connect: str, port: int = DEFAULT_PORT, name: str = DEFAUL
 def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, backend: str = "vmm", device: int = 0,
             slots: int | None = None, sync: str | None = None, consumers: int = 1, wait_for_sender: float = 60.0,
             wait_for_consumers: float = 60.0, peer_timeout: float = 0.6, stall_timeout: float = 30.0,
-            on_publish: Any = None, window: int = DEFAULT_WINDOW) -> dict[str, Any]:
+            on_publish: Any = None, window: int = DEFAULT_WINDOW, progress_thread: bool = False) -> dict[str, Any]:
     """The receiving end: listens on ``port`` for the sending end, makes ring ``socket`` like the sending end's
     (slots: ``slots`` or as many), admits ``consumers`` consumers, then publishes every frame written into it until
     the sending end's end of stream, and closes the ring (its consumers get ``EndOfStream``).
@@ -136,6 +141,7 @@ def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, bac
     ``window``: landing buffers of this process's own (``cuMemAlloc``; host memory with the host backend) that the
     sending end may write frames into, up to ``window`` at a time, each copied into the ring's slot here; 0: none
     (frames only into the ring's slots, one at a time). The sending end chooses (see :func:`send`).
+    ``progress_thread`` and the summary's ``cpu_us_per_frame``: as for :func:`send`.
 
     On any failure (:class:`PeerGone` above all) ring ``socket`` is left open, not closed (kept alive in ``ABANDONED``): closing it would
     tell its consumers that the stream ended cleanly. End the process (the command does at once), so that they get
@@ -145,7 +151,8 @@ def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, bac
     if sync not in CPU_STRATEGIES:
         raise BridgeError(f"sync {sync!r}: the receiving end publishes on the CPU; use one of "
                           f"{', '.join(CPU_STRATEGIES)}")
-    transport = NixlTransport(f"{name}.receive", f"{name}.send", _memory(backend), port)
+    transport = NixlTransport(f"{name}.receive", f"{name}.send", _memory(backend), port,
+                              progress_thread=progress_thread)
     try:
         _log("receive", f"NIXL listener on port {port}; waiting for agent {name}.send")
         transport.connect(wait_for_sender)
@@ -175,6 +182,7 @@ def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, bac
                     for kind, _body in end.live.receive():
                         raise ProtocolError(f"the sending end sent {kind!r} before its first grant")
             summary = end.run(producer, ring_device)
+            summary["nixl_progress_thread"] = progress_thread
             _log("receive", f"path {summary['path']} (window {summary['window']})")
         except BaseException:
             ABANDONED.append(producer)
@@ -199,6 +207,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--backend", default="vmm", choices=["vmm", "legacy", "host"])
         s.add_argument("--device", type=int, default=0)
         s.add_argument("--peer-timeout", type=float, default=0.6, help="seconds of silence that mean the peer died")
+        s.add_argument("--nixl-progress-thread", action="store_true",
+                       help="run NIXL's progress thread (it spins: a core's worth of CPU); by default this end's "
+                            "own polls move UCX")
     snd, rcv = sub.choices["send"], sub.choices["receive"]
     snd.add_argument("--connect", required=True, help="the receiving end's address (IP or host name)")
     snd.add_argument("--wait-for-producer", type=float, default=10.0)
@@ -240,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 summary = send(args.socket, args.connect, args.port, args.name, args.backend, args.device,
                                args.wait_for_producer, args.connect_timeout, args.peer_timeout, tables,
-                               args.staging, args.path, args.expect, args.report_every)
+                               args.staging, args.path, args.expect, args.report_every,
+                               progress_thread=args.nixl_progress_thread)
             finally:
                 tables.stop()
             _log("send", f"path {summary['path']} (window {summary['window']}): {summary['transport']}")
@@ -249,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             summary = receive(args.socket, args.port, args.name, args.backend, args.device, args.slots, args.sync,
                               args.consumers, args.wait_for_sender, args.wait_for_consumers, args.peer_timeout,
-                              args.stall_timeout, window=args.window)
+                              args.stall_timeout, window=args.window, progress_thread=args.nixl_progress_thread)
     except NixlMissing as e:
         _log(args.side, str(e))
         return 2

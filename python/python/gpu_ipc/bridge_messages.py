@@ -119,6 +119,11 @@ class Choice:
     report: PathReport
 
 
+_KIND_AT = len(MAGIC)  # the kind's byte; the body follows it
+# The per-frame notifications' first bytes, made once (the ends send one of each per frame).
+_GRANT_HEAD, _WRITTEN_HEAD = MAGIC + GRANT, MAGIC + WRITTEN
+
+
 def encode(kind: bytes, body: bytes = b"") -> bytes:
     """A notification of the bridge: the magic, one byte of kind, the body."""
     return MAGIC + kind + body
@@ -126,13 +131,25 @@ def encode(kind: bytes, body: bytes = b"") -> bytes:
 
 def decode(message: bytes) -> tuple[bytes, bytes]:
     """``(kind, body)`` of a notification; :class:`ProtocolError` for anything else."""
-    if len(message) < len(MAGIC) + 1 or not message.startswith(MAGIC):
+    if len(message) <= _KIND_AT or message[:_KIND_AT] != MAGIC:
         raise ProtocolError(f"unexpected notification {message[:16]!r}: is the peer a gpu_ipc bridge of this version?")
-    return message[len(MAGIC):len(MAGIC) + 1], message[len(MAGIC) + 1:]
+    return message[_KIND_AT:_KIND_AT + 1], message[_KIND_AT + 1:]
 
 
 def encode_grant(g: Grant) -> bytes:
-    return encode(GRANT, _GRANT.pack(g.seq, g.slot, g.ptr, g.nbytes, g.device) + g.reach)
+    return grant_message(g.seq, g.slot, g.ptr, g.nbytes, g.device, g.reach)
+
+
+def grant_message(seq: int, slot: int, ptr: int, nbytes: int, device: int, reach: bytes = b"") -> bytes:
+    """:func:`encode_grant` of these fields, without making a :class:`Grant` (the receiving end's per-frame
+    grant)."""
+    return _GRANT_HEAD + _GRANT.pack(seq, slot, ptr, nbytes, device) + reach
+
+
+def written_message(seq: int, upstream: int) -> bytes:
+    """The written notification of frame ``seq`` of the receiving ring (``upstream``: its sequence in the sending
+    ring): ``encode(WRITTEN, _WRITTEN.pack(seq, upstream))``."""
+    return _WRITTEN_HEAD + _WRITTEN.pack(seq, upstream)
 
 
 def decode_grant(body: bytes) -> Grant:

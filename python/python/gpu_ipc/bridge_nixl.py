@@ -33,6 +33,7 @@ NIXL_MODULES = ("nixl_cu13", "nixl_cu12", "nixl")  # the CUDA wheels export the 
 # with GPUDirect, across nodes). A VRAM WRITE over anything else (tcp) is the silent fallback worth a warning.
 GPU_DIRECT = ("cuda_ipc", "rc", "dc", "ud", "gdr", "srd")
 RETRY_S = 0.5  # how often the sending end asks the receiving end's listener again while it has no answer
+SETTLE_S = 0.02  # how long :meth:`NixlTransport.close` moves UCX along, without a progress thread, before tearing down
 
 
 def _failure(what: str, e: Exception) -> BridgeError:
@@ -322,18 +323,26 @@ class NixlTransport:
     through buffers of this process's own when NIXL cannot register the source memory), ``"always"``, ``"never"``;
     ``lanes``: how many WRITEs may be in flight (staging buffers to make). ``tables``: UCX's protocol tables, read
     (the sending end), which :meth:`probe` and :meth:`recheck` take the frames' path from.
+
+    ``progress_thread``: NIXL's own thread that moves UCX along. Off by default: NIXL's Python API starts it with no
+    delay between polls, so it spins, and contends with the end for UCX's worker on every call (on 2 cores, host
+    memory: 150-390 us of CPU per frame for that thread alone, and the frames slower). Without it, UCX moves when
+    this end calls NIXL (reading notifications, looking at a WRITE), which its loop does continuously while frames
+    flow, and at least every ``slice_s`` (20 ms) while it waits.
     """
 
     def __init__(self, name: str, peer: str, memory: str, port: int, connect_to: str | None = None,
-                 tables: ProtocolTables | None = None, staging: str = "auto", lanes: int = 1) -> None:
+                 tables: ProtocolTables | None = None, staging: str = "auto", lanes: int = 1,
+                 progress_thread: bool = False) -> None:
         nixl = load_nixl()
         self.memory = memory
         self.name = name
         self.peer = peer
         self.tables = tables
+        self.progress_thread = progress_thread
         listen_port = 0 if connect_to is not None else port
-        config = nixl.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=True, listen_port=listen_port,
-                                        backends=["UCX"])
+        config = nixl.nixl_agent_config(enable_prog_thread=progress_thread, enable_listen_thread=True,
+                                        listen_port=listen_port, backends=["UCX"])
         try:
             self.agent: Any = nixl.nixl_agent(name, config)
         except Exception as e:  # NIXL's own exception classes: the boundary of a foreign library
@@ -342,6 +351,10 @@ class NixlTransport:
         if "UCX" not in self.agent.backends:
             raise TransportError(f"NIXL has no UCX backend (plugins found: {self.agent.plugin_list}); set "
                                  "NIXL_PLUGIN_DIR to the wheel's plugins directory")
+        # Called once or more per frame: looked up once.
+        self._notifs = self.agent.get_new_notifs
+        self._state = self.agent.check_xfer_state
+        self._post = self.agent.transfer
         self.connect_to = connect_to
         self.port = port
         self._local: dict[tuple[int, int], Any] = {}  # (ptr, nbytes) -> registration
@@ -389,10 +402,11 @@ class NixlTransport:
 
     def receive(self) -> list[bytes]:
         try:
-            notifs = self.agent.get_new_notifs()
+            notifs = self._notifs()
         except Exception as e:
             raise _failure("NIXL could not read notifications", e) from e
-        return list(notifs.get(self.peer, []))
+        received: list[bytes] = notifs.get(self.peer) or []  # a fresh dict of fresh lists at each call: no copy
+        return received
 
     def expose(self, ptr: int, nbytes: int, device: int) -> bytes:
         if (ptr, nbytes) in self._exposed:
@@ -444,7 +458,7 @@ class NixlTransport:
                 remote = self.agent.get_xfer_descs([(remote_ptr, nbytes, remote_device)], self.memory)
                 handle = self.agent.initialize_xfer("WRITE", local, remote, self.peer, notification)
                 self._handles[key] = handle
-            state = self.agent.transfer(handle, notification)
+            state = self._post(handle, notification)
         except Exception as e:
             raise _failure(f"NIXL could not start a WRITE of {nbytes} bytes to {self.peer!r}", e) from e
         if state == "ERR":
@@ -495,7 +509,7 @@ class NixlTransport:
 
     def done(self, handle: Any) -> bool:
         try:
-            state = self.agent.check_xfer_state(handle)
+            state = self._state(handle)
         except Exception as e:
             raise _failure(f"NIXL could not tell the state of a WRITE to {self.peer!r}", e) from e
         if state == "ERR":
@@ -504,7 +518,17 @@ class NixlTransport:
         return bool(state == "DONE")
 
     def close(self) -> None:
-        """Releases the transfers and registrations (best effort: the peer may be gone)."""
+        """Releases the transfers and registrations (best effort: the peer may be gone). Without a progress
+        thread, first moves UCX along for :data:`SETTLE_S`, so that a notification still queued (the receiving
+        end's acknowledgement of the end of the stream) goes out."""
+        if not self.progress_thread:
+            until = time.monotonic() + SETTLE_S
+            while time.monotonic() < until:
+                try:
+                    self._notifs()
+                except Exception:  # the peer may be gone: nothing left to deliver
+                    break
+                time.sleep(POLL_S)
         for handle in self._handles.values():
             try:
                 self.agent.release_xfer_handle(handle)

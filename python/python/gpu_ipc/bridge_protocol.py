@@ -34,13 +34,14 @@ failure, never as an end.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gpu_ipc._gpu_ipc import EndOfStream, Timeout
 from gpu_ipc.bridge_messages import (
@@ -77,10 +78,17 @@ from gpu_ipc.bridge_messages import (
     encode_choice,
     encode_grant,
     encode_offer,
+    grant_message,
+    written_message,
 )
 from gpu_ipc.bridge_paths import EXPECTS, PATHS, PROBE_WRITES, Transport, probe_paths
 
 POLL_S = 50e-6  # how long an end sleeps between polls of a transfer or of notifications
+# While frames flow, an end that made no progress yields the CPU (os.sched_yield) instead of sleeping, for up to
+# SPIN_S after its last progress: a sleep of POLL_S lasts 100 us or more (the kernel's timer slack), about a frame's
+# time at thousands of frames per second, and each frame's round trip (grant, WRITE, written, publish) crosses both
+# ends' loops. After SPIN_S without progress the end sleeps between polls again.
+SPIN_S = 1e-3
 DEFAULT_WINDOW = 3  # landing buffers, so grants in flight, of a receiving end
 ACQUIRE_SLICE_S = 1e-3  # the landing path's wait for the ring's next slot, between looks at notifications
 REPORT_EVERY_S = 10.0  # how often the sending end reports its transport and rate during a run
@@ -90,7 +98,8 @@ TIMES_KEPT = 8192  # the latest WRITE (and landing copy) times kept, for the med
 # names are handed on from here, where the bridge's code and its tests have always found them.
 __all__ = [
     "ACQUIRE_SLICE_S", "BEAT", "CHOICE", "DEFAULT_WINDOW", "END", "EXPECTS", "FAIL", "GRANT", "HELLO", "MAGIC",
-    "MAX_WINDOW", "OFFER", "PATHS", "POLL_S", "PROBE", "PROBE_WRITES", "REPORT_EVERY_S", "TIMES_KEPT", "WRITTEN",
+    "MAX_WINDOW", "OFFER", "PATHS", "POLL_S", "PROBE", "PROBE_WRITES", "REPORT_EVERY_S", "SPIN_S", "TIMES_KEPT",
+    "WRITTEN",
     "BridgeError", "Choice", "Grant", "Landing", "Liveness", "Offer", "PathReport", "PeerGone", "ProtocolError",
     "ReceivingEnd", "Region", "SendingEnd", "Stats", "Transport", "TransportError", "TransportRefused", "decode",
     "decode_choice", "decode_grant", "decode_hello", "decode_offer", "encode", "encode_choice", "encode_grant",
@@ -119,21 +128,25 @@ class Liveness:
 
     def receive(self) -> list[tuple[bytes, bytes]]:
         """The peer's notifications, decoded; fails on a peer that reported a failure or went silent."""
+        # Called on every turn of an end's loop, mostly to find nothing: that case does no more than it must.
         now = self.clock()
-        messages = [decode(m) for m in self.transport.receive()]
-        if messages:
+        raw = self.transport.receive()
+        out: list[tuple[bytes, bytes]] = []
+        if raw:
             self.heard = now
-        for kind, body in messages:
-            if kind == FAIL:
-                reason = body.decode("utf-8", "replace")
-                raise PeerGone(f"{self.peer} failed: {reason}", reason)
+            messages = [decode(m) for m in raw]
+            for kind, body in messages:
+                if kind == FAIL:
+                    reason = body.decode("utf-8", "replace")
+                    raise PeerGone(f"{self.peer} failed: {reason}", reason)
+            out = [(k, b) for k, b in messages if k != BEAT and k != PROBE]
         if now - self.heard > self.peer_timeout:
             raise PeerGone(
                 f"{self.peer} has been silent for {now - self.heard:.2f} s (heartbeats every {self.beat_interval} s): "
                 f"it died or the network between the ends is down")
         if now - self.sent >= self.beat_interval:
-            self.send(encode(BEAT))
-        return [(k, b) for k, b in messages if k not in (BEAT, PROBE)]
+            self.send(_BEAT_MESSAGE)
+        return out
 
     @contextmanager
     def failures(self, stats: Stats, side: str) -> Iterator[None]:
@@ -156,15 +169,35 @@ class Liveness:
             pass
 
 
+_BEAT_MESSAGE = encode(BEAT)
+
+
+def cpu_clocks() -> tuple[float, float]:
+    """This process's CPU seconds (every thread: NIXL's and UCX's too) and the calling thread's."""
+    return time.process_time(), time.thread_time()
+
+
 @dataclass
 class Stats:
-    """What an end did: frames, bytes, seconds from the first frame to the last."""
+    """What an end did: frames, bytes, seconds from the first frame to the last, and the CPU time its streaming
+    took (:meth:`streaming` to :meth:`streamed`: the process's, and the end's own thread's)."""
 
     frames: int = 0
     bytes: int = 0
     first: float | None = None
     last: float = 0.0
     outcome: str = "running"
+    cpu_from: tuple[float, float] | None = None
+    cpu_to: tuple[float, float] | None = None
+
+    def streaming(self) -> None:
+        """Frames begin to flow (the path chosen): the CPU time per frame counts from here."""
+        self.cpu_from = cpu_clocks()
+
+    def streamed(self) -> None:
+        """Frames stopped flowing (the end of the stream, or a failure)."""
+        if self.cpu_from is not None and self.cpu_to is None:
+            self.cpu_to = cpu_clocks()
 
     def count(self, nbytes: int) -> None:
         now = time.perf_counter()
@@ -175,17 +208,24 @@ class Stats:
         self.bytes += nbytes
 
     def summary(self) -> dict[str, Any]:
+        """Frames, bytes, outcome, FPS; ``cpu_us_per_frame``: the process's CPU time while frames flowed (its
+        polls and NIXL's threads included) over the frames, ``thread_cpu_us_per_frame``: the end's own thread's
+        (None before a frame)."""
         wall = (self.last - self.first) if self.first is not None else 0.0
+        cpu: list[float | None] = [None, None]
+        if self.cpu_from is not None and self.frames:
+            to = self.cpu_to or cpu_clocks()
+            cpu = [(to[i] - self.cpu_from[i]) / self.frames * 1e6 for i in (0, 1)]
         return {"frames": self.frames, "bytes": self.bytes, "outcome": self.outcome,
-                "fps": (self.frames - 1) / wall if wall > 0 else 0.0}
+                "fps": (self.frames - 1) / wall if wall > 0 else 0.0,
+                "cpu_us_per_frame": cpu[0], "thread_cpu_us_per_frame": cpu[1]}
 
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-@dataclass
-class _InFlight:
+class _InFlight(NamedTuple):
     frame: Any
     grant: Grant
     handle: Any
@@ -286,7 +326,11 @@ class SendingEnd:
                 self._finish()
                 return self.summary()
             self._choose(offer, first)
-            self._stream(first)
+            self.stats.streaming()
+            try:
+                self._stream(first)
+            finally:
+                self.stats.streamed()
             return self.summary()
 
     def _choose(self, offer: Offer, frame: Any) -> None:
@@ -306,23 +350,31 @@ class SendingEnd:
 
     def _stream(self, pending: Any) -> None:
         """Writes ``pending`` and every later frame of the source, up to ``window`` WRITEs in flight."""
+        # The loop runs once or more per frame: what it calls is looked up once, here.
+        transport, source, stats, grants, write_s = self.transport, self.source, self.stats, self.grants, self.write_s
+        done, write, next_frame, release = transport.done, transport.write, source.next_frame, source.release
+        pump, clock, monotonic, device, window = self._pump, time.perf_counter, time.monotonic, self.device, self.window
         in_flight: deque[_InFlight] = deque()
         sent = 0
-        next_report = time.monotonic() + self.report_every
-        last = (time.monotonic(), 0)
+        # At most min(window, the source's slots) WRITEs in flight, each holding a frame: consecutive lanes modulo
+        # that are distinct among them.
+        lanes = max(1, min(window, int(source.slots)))
+        next_report = monotonic() + self.report_every
+        last = (monotonic(), 0, time.process_time())
+        calm, sleep, yield_cpu = clock(), time.sleep, os.sched_yield  # calm: the last progress
         while True:
-            self._pump()
+            pump()
             progressed = False
-            while in_flight and self.transport.done(in_flight[0].handle):
+            while in_flight and done(in_flight[0].handle):
                 w = in_flight.popleft()
-                self.write_s.append(time.perf_counter() - w.started)
-                self.source.release(w.frame)
-                self.stats.count(w.grant.nbytes)
+                write_s.append(clock() - w.started)
+                release(w.frame)
+                stats.count(w.grant.nbytes)
                 progressed = True
-            room = bool(self.grants) and len(in_flight) < self.window
+            room = bool(grants) and len(in_flight) < window
             if room and pending is None:
                 try:
-                    pending = self.source.next_frame(timeout=POLL_S if in_flight else self.slice_s)
+                    pending = next_frame(timeout=POLL_S if in_flight else self.slice_s)
                 except Timeout:
                     pass
                 except EndOfStream:
@@ -330,25 +382,26 @@ class SendingEnd:
                     self._finish()
                     return
             if room and pending is not None:
-                grant = self.grants.popleft()
-                if grant.nbytes != pending.nbytes:
-                    raise ProtocolError(f"granted {grant.nbytes} bytes for a frame of {pending.nbytes}")
-                note = encode(WRITTEN, _WRITTEN.pack(grant.seq, pending.seq))
-                # At most min(window, the source's slots) WRITEs in flight, each holding a frame: consecutive lanes
-                # modulo that are distinct among them.
-                lanes = max(1, min(self.window, int(self.source.slots)))
-                handle = self.transport.write(pending.ptr, pending.nbytes, self.device, grant.ptr, grant.device, note,
-                                              sent % lanes)
-                in_flight.append(_InFlight(pending, grant, handle, time.perf_counter()))
+                grant = grants.popleft()
+                nbytes = pending.nbytes
+                if grant.nbytes != nbytes:
+                    raise ProtocolError(f"granted {grant.nbytes} bytes for a frame of {nbytes}")
+                handle = write(pending.ptr, nbytes, device, grant.ptr, grant.device,
+                               written_message(grant.seq, pending.seq), sent % lanes)
+                in_flight.append(_InFlight(pending, grant, handle, clock()))
                 sent += 1
                 pending = None
                 progressed = True
-            now = time.monotonic()
+            now = monotonic()
             if now >= next_report:
-                last = self._report(now, last, pending.nbytes if pending is not None else self.source.nbytes)
+                last = self._report(now, last, pending.nbytes if pending is not None else source.nbytes)
                 next_report = now + self.report_every
-            if not progressed:
-                time.sleep(POLL_S)
+            if progressed:
+                calm = clock()
+            elif clock() - calm < SPIN_S:
+                yield_cpu()
+            else:
+                sleep(POLL_S)
 
     def _drain(self, in_flight: deque[_InFlight]) -> None:
         """Waits for the WRITEs in flight (the stream ended) and releases their frames."""
@@ -362,15 +415,19 @@ class SendingEnd:
             else:
                 time.sleep(POLL_S)
 
-    def _report(self, now: float, last: tuple[float, int], nbytes: int) -> tuple[float, int]:
-        """The run's report: frames, the rate since the last one, the WRITEs' time, the path, any change of it."""
-        since, frames_then = last
+    def _report(self, now: float, last: tuple[float, int, float], nbytes: int) -> tuple[float, int, float]:
+        """The run's report: frames, the rate since the last one, the WRITEs' time, this process's CPU time per
+        frame since the last one, the path, any change of it."""
+        since, frames_then, cpu_then = last
+        cpu = time.process_time()
         recent = list(self.write_s)[-max(1, min(self.stats.frames - frames_then, TIMES_KEPT)):]
         write_s = _median(recent)
+        frames = self.stats.frames - frames_then
         entry: dict[str, Any] = {
-            "at_frame": self.stats.frames, "fps": (self.stats.frames - frames_then) / max(now - since, 1e-9),
+            "at_frame": self.stats.frames, "fps": frames / max(now - since, 1e-9),
             "write_ms_p50": write_s * 1e3 if write_s else None,
             "write_gbps": nbytes / write_s / 1e9 if write_s else None,
+            "cpu_us_per_frame": (cpu - cpu_then) / frames * 1e6 if frames else None,
             "path": self.chosen.path if self.chosen else None}
         changed = self.transport.recheck(nbytes)
         if changed is not None:
@@ -383,10 +440,12 @@ class SendingEnd:
                 self.log(f"WARNING: {self.warning}")
         self.reports.append(entry)
         rate = f", WRITEs p50 {entry['write_ms_p50']:.3f} ms ({entry['write_gbps']:.1f} GB/s)" if write_s else ""
+        if frames:
+            rate += f", CPU {entry['cpu_us_per_frame']:.1f} us/frame"
         account = self.chosen.report.account() if self.chosen else "-"
         self.log(f"{self.stats.frames} frames, {entry['fps']:.1f} FPS{rate}; path "
                  f"{entry['path']} (window {self.window}) over {account}")
-        return now, self.stats.frames
+        return now, self.stats.frames, cpu
 
     def _finish(self) -> None:
         """Passes the end of the stream and waits for the receiving end to have published every frame written
@@ -488,10 +547,14 @@ class ReceivingEnd:
         with self.live.failures(self.stats, "the receiving end"):
             held = self._offer(sink, device)
             self.choice = self._wait_choice()
-            if self.choice.path == "landing":
-                self._landing(sink, device, held)
-            else:
-                self._direct(sink, device, held)
+            self.stats.streaming()
+            try:
+                if self.choice.path == "landing":
+                    self._landing(sink, device, held)
+                else:
+                    self._direct(sink, device, held)
+            finally:
+                self.stats.streamed()
         if self.landing is not None:
             self.landing.close()
         return self.summary()
@@ -620,7 +683,7 @@ class ReceivingEnd:
                     continue
             if not is_granted:
                 reach = self.transport.expose(granted.ptr, nbytes, device)
-                self.live.send(encode_grant(Grant(granted.seq, granted.slot, granted.ptr, nbytes, device, reach)))
+                self.live.send(grant_message(granted.seq, granted.slot, granted.ptr, nbytes, device, reach))
                 is_granted = True
             else:
                 time.sleep(POLL_S)
@@ -637,17 +700,22 @@ class ReceivingEnd:
         copying: deque[int] = deque()  # landing buffers being copied out, oldest first
         next_grant = next_publish = int(held.seq) if held is not None else int(sink.next_sequence)
         since = time.monotonic()
+        # The loop runs once or more per frame: what it calls is looked up once, here.
+        ptrs, stream, copy_out, copy_done = landing.ptrs, landing.stream_handle, landing.copy_out, landing.done
+        publish, send, messages, published = sink.publish, self.live.send, self._messages, self._published
+        monotonic, clock, sleep, yield_cpu = time.monotonic, time.perf_counter, time.sleep, os.sched_yield
+        calm = clock()  # the last progress
 
         def on_written(seq: int) -> None:
             nonlocal since
             if seq not in outstanding:
                 raise ProtocolError(f"frame {seq} written, but it was not granted (granted: {sorted(outstanding)})")
             if not written:
-                since = time.monotonic()  # a frame waits for the ring's slot from now
+                since = monotonic()  # a frame waits for the ring's slot from now
             written[seq] = outstanding.pop(seq)
 
         while True:
-            self._messages(on_written)
+            messages(on_written)
             progressed = False
             while next_publish in written:
                 if held is None:
@@ -658,26 +726,30 @@ class ReceivingEnd:
                     raise BridgeError(f"the ring's next slot is for frame {held.seq}, the bridge's next is "
                                       f"{next_publish}")
                 index = written.pop(next_publish)
-                landing.copy_out(index, held.ptr)
-                sink.publish(held, stream=landing.stream_handle)
+                copy_out(index, held.ptr)
+                publish(held, stream=stream)
                 held = None
                 copying.append(index)
-                self._published(next_publish, nbytes)
+                published(next_publish, nbytes)
                 next_publish += 1
-                since = time.monotonic()
+                since = monotonic()
                 progressed = True
-            while copying and landing.done(copying[0]):
+            while copying and copy_done(copying[0]):
                 free.append(copying.popleft())
-            if self._ended_cleanly():
+            if self._written_total is not None and self._ended_cleanly():
                 return
             while free and self._written_total is None:
                 index = free.popleft()
-                self.live.send(encode_grant(Grant(next_grant, index, landing.ptrs[index], nbytes, device)))
+                send(grant_message(next_grant, index, ptrs[index], nbytes, device))
                 outstanding[next_grant] = index
                 next_grant += 1
                 progressed = True
-            if written and time.monotonic() - since > self.stall_timeout:
+            if written and monotonic() - since > self.stall_timeout:
                 raise BridgeError(f"this ring's consumers held slot {next_publish % sink.slots} for more than "
                                   f"{self.stall_timeout} s: a consumer is stuck (or raise --stall-timeout)")
-            if not progressed:
-                time.sleep(POLL_S)
+            if progressed:
+                calm = clock()
+            elif clock() - calm < SPIN_S:
+                yield_cpu()
+            else:
+                sleep(POLL_S)
