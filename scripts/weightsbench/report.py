@@ -94,8 +94,22 @@ def switch_table(rows: list[dict[str, Any]]) -> list[str]:
                      f"{_s(r, 'bound_queue_seconds'):.4f} | {_s(r, 'bound_copy_seconds'):.4f} | "
                      f"{_s(r, 'bound_commit_seconds'):.4f} | {r.get('bound_preparations', '-')} "
                      f"({r.get('bound_updates', '-')}) |")
+    lines += ["", "The owner that makes its tensors in the arena, no copy: `stage(torch)` (the next arena's tensors, "
+              "writable), the owner's own writes into them (`normal_` of every tensor, standing for a trainer's last "
+              "step writing its outputs there), `commit()`; the switch is stage + commit. The same writes into "
+              "private tensors say what the arena adds to them. Each the best of 3; the reader refreshed and checked "
+              "every tensor after each.", "",
+              "| set | backend | switch s (stage + commit) | stage s | commit s | switch / memcpy | owner's writes "
+              "in the arena s | the same writes, private s | reader refresh + cut s | wrong |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in (r for r in rows if r["part"] == "switch-in-place"):
+        lines.append(f"| {r['set']} | {r['backend']} | {r['switch_seconds']:.4f} | {r['stage_seconds']:.4f} | "
+                     f"{r['commit_seconds']:.4f} | {r['ratio_to_one_memcpy']:.2f} | "
+                     f"{r['owner_writes_in_arena_seconds']:.4f} | {r['owner_writes_private_seconds']:.4f} | "
+                     f"{r['reader_refresh_seconds']:.4f} | {r['wrong']} |")
     lines += ["", "Goal: a generation switch within 1.1x of a device-to-device copy of the changed bytes "
-              "(update / memcpy or bound / memcpy <= 1.1).", "", "## GPU memory given back after each part", "",
+              "(update / memcpy or bound / memcpy <= 1.1), or no copy where the owner allocates in the arena "
+              "(the in-place table).", "", "## GPU memory given back after each part", "",
               "| set | backend | free before, GiB | free after, GiB | back |", "|---|---|---:|---:|---|"]
     for r in (r for r in rows if r["part"] == "memory"):
         lines.append(f"| {r['set']} | {r['backend']} | {r['free_start_gib']} | {r['free_end_gib']} | {r['back']} |")

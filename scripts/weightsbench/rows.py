@@ -194,6 +194,7 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
             if check["wrong"] or check["missing"]:
                 run.fail(f"gpu-ipc switch {set_name} {backend} (bound, in parts): {check['wrong']} wrong")
             del bound, bound_sd
+            in_place = in_place_parts(run, torch, pub, reader, sd, f"{set_name} {backend}")
             reader.ask(op="release")
         finally:
             reader.close()
@@ -220,7 +221,53 @@ def gpu_ipc_rows(run: Run, backend: str, set_name: str, sd: dict[str, Any], sums
             torch_copy_per_tensor_seconds=per_tensor_s, torch_one_memcpy_seconds=one_copy_s,
             ratio_to_per_tensor=steady / per_tensor_s, ratio_to_one_memcpy=steady / one_copy_s,
             wrong=check["wrong"] + check["missing"])
+    run.row(part="switch-in-place", set=set_name, backend=backend, tensors=len(sd), bytes=total, **in_place,
+            torch_one_memcpy_seconds=one_copy_s, ratio_to_one_memcpy=in_place["switch_seconds"] / one_copy_s)
     return new_sums
+
+
+def in_place_parts(run: Run, torch: Any, pub: Any, reader: Reader, sd: dict[str, Any], what: str) -> dict[str, Any]:
+    """The owner that makes its tensors in the arena (the issue's "no copy where the owner allocates in the arena"):
+    ``stage(torch)`` (the next arena's tensors, writable), the owner's own writes into them (``normal_`` of every
+    tensor, standing for the trainer's last step writing its outputs there), ``commit()``; the reader refreshes and
+    checks every tensor. The same writes into private tensors (``sd``, whose bytes are not needed any more) say what
+    writing in the arena adds. The switch is stage + commit: no copy. Each the best of 3."""
+    g = torch.Generator(device="cuda")
+    trials: list[dict[str, float]] = []
+    wrong = 0
+    for trial in range(3):
+        g.manual_seed(10 + trial)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        staged = pub.stage(torch)
+        t1 = time.perf_counter()
+        for t in staged.values():
+            t.normal_(generator=g)
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        gen = pub.commit()
+        t3 = time.perf_counter()
+        want = checksums(staged)
+        del staged, t
+        switched = reader.ask(op="refresh-gpu-ipc")
+        check = reader.ask(op="check", sums=want)
+        wrong += check["wrong"] + check["missing"]
+        if check["wrong"] or check["missing"] or switched["generation"] != gen:
+            run.fail(f"gpu-ipc switch {what} (in place): generation {switched['generation']} (want {gen}), "
+                     f"{check['wrong']} wrong, {check['missing']} missing")
+        g.manual_seed(10 + trial)
+        torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        for t in sd.values():
+            t.normal_(generator=g)
+        torch.cuda.synchronize()
+        t5 = time.perf_counter()
+        trials.append({"stage": t1 - t0, "writes": t2 - t1, "commit": t3 - t2, "switch": (t1 - t0) + (t3 - t2),
+                       "private": t5 - t4, "refresh": switched["seconds"]})
+    best = {k: min(t[k] for t in trials) for k in trials[0]}
+    return {"stage_seconds": best["stage"], "commit_seconds": best["commit"], "switch_seconds": best["switch"],
+            "owner_writes_in_arena_seconds": best["writes"], "owner_writes_private_seconds": best["private"],
+            "reader_refresh_seconds": best["refresh"], "wrong": wrong}
 
 
 def bound_parts(torch: Any, pub: Any, bound: Any) -> dict[str, float]:
