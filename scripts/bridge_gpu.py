@@ -13,8 +13,9 @@ backend in BRIDGE_BACKENDS (default legacy,vmm):
              torch consumers, with the bridge's and UCX's defaults (--path auto: the path its probe found on a GPU
              path); then --path direct (frames into ring B's slots, one at a time: the comparison that says what the
              landing buffers cost and bring; vmm: the TCP fallback the issue measured, a few frames); then the
-             default path with BRIDGE_WIDE_WINDOW (default 8; 0: no such row) landing buffers (`receive --window`):
-             frames in flight bound the landing path's rate by the window over a frame's round trip
+             default path with BRIDGE_ALT_WINDOW (default 3, the default before 2026-11-29; 0: no such row) landing
+             buffers (`receive --window`): frames in flight bound the landing path's rate by the window over a
+             frame's round trip
   refused    UCX_TLS=tcp,cuda_copy and --expect gpu-direct: the sending end must exit 3 before ring B publishes a
              frame (its consumers read none), the receiving end 1
   on a machine with two GPUs: the bridge row again with ring B (the receiving end and its consumers) on GPU 1
@@ -56,7 +57,10 @@ KILLS = int(os.environ.get("BRIDGE_KILLS", "10"))
 KILL_PARALLEL = int(os.environ.get("BRIDGE_KILL_PARALLEL", "2"))
 BACKENDS = os.environ.get("BRIDGE_BACKENDS", "legacy,vmm").split(",")
 BUDGET_S = float(os.environ.get("BRIDGE_BUDGET_S", "270"))
-WIDE_WINDOW = int(os.environ.get("BRIDGE_WIDE_WINDOW", "8"))  # a row with this many landing buffers (0: none)
+ALT_WINDOW = int(os.environ.get("BRIDGE_ALT_WINDOW", "3"))  # a row with this many landing buffers (0: none)
+# Frames per row: BRIDGE_FRAMES, default 1,500, and 6,000 under MPS (where a row runs 13,000-22,000 FPS: 1,500 frames
+# are a tenth of a second, too short a span to compare rows by).
+FRAMES = int(os.environ.get("BRIDGE_FRAMES", "0"))
 SLOTS = 4
 WARMUP = 3 * SLOTS  # frames left out of the latency percentiles
 REPORT_EVERY = 0.25  # the sending end's reports during a row
@@ -454,7 +458,7 @@ def run(out: Path, host: bool) -> int:
     began = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     backends = ["host"] if host else BACKENDS
-    frames = 200 if host else 1500
+    frames = 200 if host else FRAMES or (6000 if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else 1500)
     gpus = 1 if host else gpu_count()
     rows: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []
@@ -489,9 +493,9 @@ def run(out: Path, host: bool) -> int:
                 rows.append(row("ring", backend, frames, log))
             if in_time(f"bridge {backend}"):
                 rows.append(row("bridge", backend, frames, log))
-            # The landing path's throughput is bounded by its window over the round trip of a frame: a wider one.
-            if WIDE_WINDOW and in_time(f"bridge {backend} --window {WIDE_WINDOW}"):
-                rows.append(row("bridge", backend, frames, log, recv_args=("--window", str(WIDE_WINDOW))))
+            # The landing path's throughput is bounded by its window over the round trip of a frame: another one.
+            if ALT_WINDOW and in_time(f"bridge {backend} --window {ALT_WINDOW}"):
+                rows.append(row("bridge", backend, frames, log, recv_args=("--window", str(ALT_WINDOW))))
             # The direct path: vmm's goes over TCP (UCX cannot reach cuMemCreate memory made for file descriptors
             # over CUDA IPC), a few frames show it.
             direct_frames = 30 if backend == "vmm" else frames

@@ -35,6 +35,7 @@ from gpu_ipc.bridge_nixl import (
     transport_findings,
     transports_of,
 )
+from gpu_ipc.bridge_protocol import DEFAULT_WINDOW
 
 try:
     load_nixl()
@@ -66,7 +67,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-WINDOW = 3  # the receiving end's landing buffers (its default)
+WINDOW = DEFAULT_WINDOW  # the receiving end's landing buffers (its default)
 
 
 class Bridge:

@@ -149,6 +149,27 @@ def test_stage_of_a_framework_writes_in_place(sock: str) -> None:
             assert_generation(r.tensors(), 7)
 
 
+def test_stage_of_a_framework_keeps_each_arenas_tensors(sock: str) -> None:
+    """An arena staged again gives the tensors cut at its first use (the same objects, at the same addresses), and
+    every generation written through them reads back right, while a reader holds the previous one."""
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock, keep=2) as pub:
+        with gpu_ipc.weights.open(sock, "m") as r:
+            seen: dict[int, dict[str, np.ndarray]] = {}
+            for generation in range(2, 9):
+                staged = pub.stage(np)
+                base = staged["embed.weight"].ctypes.data
+                if base in seen:
+                    assert all(staged[k] is seen[base][k] for k in staged), "an arena's tensors were cut again"
+                seen[base] = staged
+                for name, a in staged.items():
+                    a[...] = state_dict(generation)[name]
+                assert pub.commit() == generation
+                assert r.refresh() == generation
+                assert_generation(r.tensors(), generation)
+            assert 2 <= len(seen) <= 3, f"{len(seen)} arenas for 7 generations, one reader"
+            assert pub.stage(np) is not pub.stage(np), "a new dict each time (the caller may change it)"
+
+
 def test_tensors_of_nineteen_thousand_cost_one_import(sock: str) -> None:
     """A 19,000-tensor dict (the mixture-of-experts count): every tensor cut from the arena reads its own value."""
     sd = {f"layers.{i // 384}.experts.{i % 384}.w": np.full((4, 2), i, dtype=np.int32) for i in range(19_000)}

@@ -916,6 +916,9 @@ class WeightsOwner:
         """The newest published generation (0 before the first commit)."""
     def stage(self) -> list[tuple[str, WeightsTensor]]:
         """Makes (or returns) the next generation's arena and returns its tensors, writable, as ``(name, view)`` pairs."""
+    def stage_extent(self) -> tuple[int, int]:
+        """Makes (or returns) the next generation's arena and returns where it lies, ``(address, bytes)``: what
+        ``stage_arena`` gives without describing the tensors (``Publisher.stage`` keeps its cuts per arena)."""
     def stage_arena(
         self,
     ) -> tuple[WeightsTensor, tuple[list[str], list[tuple[str, int, list[int], list[int], int, int]], list[int]]]:

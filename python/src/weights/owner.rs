@@ -165,6 +165,16 @@ impl WeightsOwner {
             .collect()
     }
 
+    /// Makes (or returns) the next generation's arena and returns where it lies, ``(address, bytes)``: what
+    /// ``stage_arena`` gives without describing the tensors (``Publisher.stage`` keeps its cuts per arena).
+    fn stage_extent(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        let owner = self.owner()?;
+        py.detach(|| {
+            each_backend!(&mut *lock(&*owner), o => o.stage().map(|s| (s.handle().ptr().0, s.manifest().arena_bytes)))
+        })
+        .map_err(weights_to_py)
+    }
+
     /// Makes (or returns) the next generation's arena and returns it whole, writable, as one ``uint8`` view, with
     /// its tensors as ``(names, runs, order)``: the names (layout order); the runs, ``(dtype, count, shape,
     /// strides, offset, step)`` each (tensors of one element type, shape and strides, ``step`` bytes apart from
