@@ -58,8 +58,8 @@ KILL_PARALLEL = int(os.environ.get("BRIDGE_KILL_PARALLEL", "2"))
 BACKENDS = os.environ.get("BRIDGE_BACKENDS", "legacy,vmm").split(",")
 BUDGET_S = float(os.environ.get("BRIDGE_BUDGET_S", "270"))
 ALT_WINDOW = int(os.environ.get("BRIDGE_ALT_WINDOW", "3"))  # a row with this many landing buffers (0: none)
-# Frames per row: BRIDGE_FRAMES, default 1,500, and 6,000 under MPS (where a row runs 13,000-22,000 FPS: 1,500 frames
-# are a tenth of a second, too short a span to compare rows by).
+# Frames per row: BRIDGE_FRAMES, default 1,500, and 4,000 under MPS (where a row runs 13,000-22,000 FPS: 1,500 frames
+# are a tenth of a second, too short a span to compare rows by). At most 4,096: the consumers' pattern counts that many.
 FRAMES = int(os.environ.get("BRIDGE_FRAMES", "0"))
 SLOTS = 4
 WARMUP = 3 * SLOTS  # frames left out of the latency percentiles
@@ -458,7 +458,7 @@ def run(out: Path, host: bool) -> int:
     began = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     backends = ["host"] if host else BACKENDS
-    frames = 200 if host else FRAMES or (6000 if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else 1500)
+    frames = 200 if host else FRAMES or (4000 if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else 1500)
     gpus = 1 if host else gpu_count()
     rows: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []
