@@ -16,7 +16,8 @@ What one run measures, in this order (each part's rows go to OUT_DIR/weights.jso
   switch    moving to the next generation: the owner's `update()` of every tensor (new random bytes; the gather
             kernel), the reader's `refresh()` + tensors(torch), against the goal's reference, one device-to-device
             memcpy of the same total bytes, and torch's own copy per tensor; the reader checks the new
-            generation's checksums.
+            generation's checksums. Then the owner that makes its tensors in the arena (stage(torch), its own
+            writes there, commit: no copy), beside the same writes into private tensors.
   memory    after each shape's part (its publisher closed, its readers gone, torch's cache and its CUDA IPC
             blocks collected), the GPU's free memory must be back where it started (within 512 MiB).
   mixed     `--switches` generations published back to back while a reader refreshes and checks, on every refresh,
@@ -26,7 +27,8 @@ What one run measures, in this order (each part's rows go to OUT_DIR/weights.jso
             GPU's free memory seen by the reader back to its level before the owner started once it closes.
             With --container the reader runs in its own PID, IPC, network and mount namespaces with a private
             /dev/shm (unshare, root), only the socket shared.
-Writes OUT_DIR/weights.md (tables, device, date, commit from stage/COMMIT or git, the run's time), weights.jsonl.
+Writes OUT_DIR/weights.md (tables, device, date, commit from GPU_IPC_COMMIT, stage/COMMIT or git, the run's time),
+weights.jsonl.
 Expected to take under 5 minutes on an H200 with the defaults and --backend both (not timed yet: the report says
 how long the run took; most of it is starting reader processes and making random weights).
 Modules: scripts/weightsbench/ (shapes, children: the reader/owner processes, rows: the parts, report).
