@@ -13,9 +13,8 @@ backend in BRIDGE_BACKENDS (default legacy,vmm):
              torch consumers, with the bridge's and UCX's defaults (--path auto: the path its probe found on a GPU
              path); then --path direct (frames into ring B's slots, one at a time: the comparison that says what the
              landing buffers cost and bring; vmm: the TCP fallback the issue measured, a few frames); then the
-             default path with BRIDGE_ALT_WINDOW (default 3, the default before 2026-11-29; 0: no such row) landing
-             buffers (`receive --window`): frames in flight bound the landing path's rate by the window over a
-             frame's round trip
+             default path with BRIDGE_ALT_WINDOW (default 8; 0: no such row) landing buffers (`receive --window`):
+             frames in flight bound the landing path's rate by the window over a frame's round trip
   refused    UCX_TLS=tcp,cuda_copy and --expect gpu-direct: the sending end must exit 3 before ring B publishes a
              frame (its consumers read none), the receiving end 1
   on a machine with two GPUs: the bridge row again with ring B (the receiving end and its consumers) on GPU 1
@@ -57,7 +56,7 @@ KILLS = int(os.environ.get("BRIDGE_KILLS", "10"))
 KILL_PARALLEL = int(os.environ.get("BRIDGE_KILL_PARALLEL", "2"))
 BACKENDS = os.environ.get("BRIDGE_BACKENDS", "legacy,vmm").split(",")
 BUDGET_S = float(os.environ.get("BRIDGE_BUDGET_S", "270"))
-ALT_WINDOW = int(os.environ.get("BRIDGE_ALT_WINDOW", "3"))  # a row with this many landing buffers (0: none)
+ALT_WINDOW = int(os.environ.get("BRIDGE_ALT_WINDOW", "8"))  # a row with this many landing buffers (0: none)
 # Frames per row: BRIDGE_FRAMES, default 1,500, and 4,000 under MPS (where a row runs 13,000-22,000 FPS: 1,500 frames
 # are a tenth of a second, too short a span to compare rows by). At most 4,096: the consumers' pattern counts that many.
 FRAMES = int(os.environ.get("BRIDGE_FRAMES", "0"))

@@ -89,10 +89,10 @@ POLL_S = 50e-6  # how long an end sleeps between polls of a transfer or of notif
 # time at thousands of frames per second, and each frame's round trip (grant, WRITE, written, publish) crosses both
 # ends' loops. After SPIN_S without progress the end sleeps between polls again.
 SPIN_S = 1e-3
-# Landing buffers, so grants in flight, of a receiving end. 8 (3 before 2026-11-29): on one H200 under MPS, 4K frames,
-# legacy rings went from 0.86x to 1.08x the plain ring's FPS, vmm from 12,466 to 13,290 FPS; without MPS either
-# way within 3% (docs/beyond-one-machine.md). Each buffer is a frame of the receiving GPU's memory.
-DEFAULT_WINDOW = 8
+# Landing buffers, so grants in flight, of a receiving end. Measured on one H200 (2026-11-29, 4K frames): 8 against 3
+# within 3% with and without MPS once rows ran 4,000 frames (1,500-frame rows under MPS had said 1.08x against 0.86x:
+# a tenth of a second is too short a span), so 3: each buffer is a frame of the receiving GPU's memory.
+DEFAULT_WINDOW = 3
 ACQUIRE_SLICE_S = 1e-3  # the landing path's wait for the ring's next slot, between looks at notifications
 REPORT_EVERY_S = 10.0  # how often the sending end reports its transport and rate during a run
 TIMES_KEPT = 8192  # the latest WRITE (and landing copy) times kept, for the medians: a long run stays bounded
