@@ -24,7 +24,7 @@ import atheris
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "python" / "gpu_ipc"
 
 
-def _load() -> types.ModuleType:
+def _load() -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
     package = types.ModuleType("gpu_ipc")
     package.__path__ = [str(PACKAGE)]  # a namespace for the one module: the package's __init__ needs the native one
     native = types.ModuleType("gpu_ipc._gpu_ipc")
@@ -40,14 +40,16 @@ def _load() -> types.ModuleType:
 
     native.GpuIpcError, native.Timeout, native.EndOfStream = GpuIpcError, Timeout, EndOfStream
     sys.modules["gpu_ipc"], sys.modules["gpu_ipc._gpu_ipc"] = package, native
+    import gpu_ipc.bridge_messages as bm
     import gpu_ipc.bridge_protocol as bp
+    import gpu_ipc.bridge_receive as br
 
-    # Every function of the module (and of what it uses: json, struct), for coverage.
+    # Every function of the modules (and of what they use: json, struct), for coverage.
     atheris.instrument_all()
-    return bp
+    return bm, bp, br
 
 
-bp = _load()
+bm, bp, br = _load()
 
 
 class Mailbox:
@@ -81,15 +83,15 @@ def one_input(data: bytes) -> None:
             return
         assert bp.encode_grant(grant) == bp.encode(bp.GRANT, body)
     elif which == 1:
-        for s, what in ((bp._WRITTEN, "written"), (bp._END, "end")):
+        for s, what in ((bm._WRITTEN, "written"), (bm._END, "end")):
             try:
-                fields = bp._unpack(s, body, what)
+                fields = bm._unpack(s, body, what)
             except bp.ProtocolError:
                 continue
             assert s.pack(*fields) == body
     elif which == 2:
         # The receiving end's first read: the sending end's hello (a layout the ring is made from).
-        end = bp.ReceivingEnd(Mailbox([[message]]), peer_timeout=60)
+        end = br.ReceivingEnd(Mailbox([[message]]), peer_timeout=60)
         try:
             layout = end.wait_hello(0.001)
         except (bp.ProtocolError, bp.PeerGone):

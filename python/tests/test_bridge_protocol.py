@@ -30,7 +30,6 @@ from gpu_ipc.bridge_protocol import (
     PathReport,
     PeerGone,
     ProtocolError,
-    ReceivingEnd,
     Region,
     SendingEnd,
     TransportRefused,
@@ -44,6 +43,7 @@ from gpu_ipc.bridge_protocol import (
     encode_offer,
 )
 from gpu_ipc.bridge_messages import grant_message, written_message
+from gpu_ipc.bridge_receive import ReceivingEnd
 from gpu_ipc.bridge_staging import HostLanding
 
 GPU_PATH = PathReport(("cuda_ipc/cuda",), "zero-copy", True, "a fake table", 150.0)

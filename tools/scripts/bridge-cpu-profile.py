@@ -45,9 +45,10 @@ from typing import Any
 
 import gpu_ipc
 from gpu_ipc import bridge_protocol as bp
+from gpu_ipc import bridge_receive as br
 from gpu_ipc.bridge_staging import HostLanding
 
-LOOPS = {"send": (bp.SendingEnd, ("_stream",)), "receive": (bp.ReceivingEnd, ("_landing", "_direct"))}
+LOOPS = {"send": (bp.SendingEnd, ("_stream",)), "receive": (br.ReceivingEnd, ("_landing", "_direct"))}
 
 
 def _threads() -> dict[str, float]:
@@ -301,7 +302,7 @@ def run_fake(args: argparse.Namespace, profile: bool) -> dict[str, Any]:
                 _host_pair(f"{tmp}/b.sock", args, 2, "reader") as (producer_b, reader):
             send_end = bp.SendingEnd(FakeTransport(boxes, "send"), source, 0, path=args.path,
                                      report_every=args.report_every)
-            recv_end = bp.ReceivingEnd(FakeTransport(boxes, "receive"), window=args.window,
+            recv_end = br.ReceivingEnd(FakeTransport(boxes, "receive"), window=args.window,
                                        make_landing=lambda nbytes, count: HostLanding(nbytes, count))
 
             def sending() -> None:

@@ -42,11 +42,11 @@ from gpu_ipc.bridge_protocol import (
     BridgeError,
     PeerGone,
     ProtocolError,
-    ReceivingEnd,
     SendingEnd,
     TransportError,
     TransportRefused,
 )
+from gpu_ipc.bridge_receive import ReceivingEnd
 from gpu_ipc.bridge_staging import DeviceLanding, HostLanding
 
 __all__ = ["BridgeError", "NixlMissing", "PeerGone", "ProtocolError", "TransportError", "TransportRefused",
