@@ -192,6 +192,15 @@ def test_the_owner_resets_a_poisoned_semaphore(sock: str) -> None:
         try:
             owner.wait(timeout=5)
             _kill(child)
+            # The death is seen when the owner's door reads the hang-up, a moment after the kill: until then the post
+            # the child left may still be taken (a race this test lost once in CI-like runs, 2026-11-29). Wait for it.
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                try:
+                    owner.check()
+                except gpu_ipc.PosterDied:
+                    break
+                time.sleep(0.01)
             with pytest.raises(gpu_ipc.PosterDied):
                 peer.wait(timeout=10)
             with pytest.raises(gpu_ipc.ConfigError, match="only the semaphore's owner"):
