@@ -292,7 +292,8 @@ def row(kind: str, backend: str, frames: int, log: Any, device_b: int = 0, send_
                  probe_gbps=report.get("gbps"), probes=sent.get("probes"), reports=sent.get("reports"),
                  transport_warning=sent.get("transport_warning"), staged=sent.get("staged"),
                  staged_because=sent.get("staged_because"), ucx_writes=sent.get("ucx_writes"),
-                 landing_copy_us_p50=got.get("landing_copy_us_p50"), write_ms_p50=sent.get("write_ms_p50"))
+                 landing_copy_us_p50=got.get("landing_copy_us_p50"), write_ms_p50=sent.get("write_ms_p50"),
+                 ends_us=[(e.get("cpu_us_per_frame"), e.get("busy_us_per_frame")) for e in (sent, got)])
     r["ok"] = bool(ok and r["mismatched_words"] == 0)
     return r
 
@@ -407,10 +408,13 @@ def markdown(rows: list[dict[str, Any]], refused: list[dict[str, Any]], kills: l
              "frames. Path: where the sending end writes (landing: the receiving end's own buffers, a window of "
              "frames in flight, one device copy into ring B's slot each; direct: ring B's slots, one at a time), "
              "chosen by its probe of the first frame. Transport: what UCX's protocol table says of the probe's "
-             "WRITEs (bridge.json has every table row), and the probe's rate.", "",
+             "WRITEs (bridge.json has every table row), and the probe's rate. CPU (busy): each end's CPU time per "
+             "frame while frames flowed (it spins then: about its wall time per frame) and the wall time of its "
+             "loop's turns that moved a frame on (near the time per frame: that end sets the pace).", "",
              "| row | ok | frames | FPS | x ring | p50 ms | p99 ms | mismatched words | path (window) | transport "
-             "of the frames (probe) | GPU path | landing copy us p50 | reports during the run |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "of the frames (probe) | GPU path | landing copy us p50 | send / receive: CPU (busy) us a frame | "
+             "reports during the run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ring_fps = {r["backend"]: r.get("fps") for r in rows if r["kind"] == "ring"}
     for r in rows:
         ratio = (f"{r['fps'] / ring_fps[r['backend']]:.2f}" if r.get("fps") and ring_fps.get(r["backend"])
@@ -426,10 +430,11 @@ def markdown(rows: list[dict[str, Any]], refused: list[dict[str, Any]], kills: l
         reports = r.get("reports") or []
         rep = (f"{len(reports)}, last {fmt(reports[-1].get('fps'), 0)} FPS, WRITEs p50 "
                f"{fmt(reports[-1].get('write_ms_p50'), 3)} ms" if reports else "-")
+        ends = " / ".join(f"{fmt(c, 0)} ({fmt(b, 0)})" for c, b in r["ends_us"]) if r.get("ends_us") else "-"
         ok = "yes" if r["ok"] else "NO " + json.dumps(r.get("exit_codes"))
         lines.append(f"| {r['row']} | {ok} | {r.get('frames', '-')} | {fmt(r.get('fps'))} | {ratio} | "
                      f"{fmt(r.get('p50_ms'))} | {fmt(r.get('p99_ms'))} | {r.get('mismatched_words')} | {path} | "
-                     f"{transport} | {gpu} | {fmt(r.get('landing_copy_us_p50'), 1)} | {rep} |")
+                     f"{transport} | {gpu} | {fmt(r.get('landing_copy_us_p50'), 1)} | {ends} | {rep} |")
     lines += ["", "| refused row | ok | sending end exit | outcome | ended after (s, from its start) | frames ring B's "
               "consumers read | message |", "|---|---|---|---|---|---|---|"]
     for r in refused:

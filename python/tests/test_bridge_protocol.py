@@ -242,6 +242,10 @@ def test_frames_arrive_intact_through_landing_buffers_and_the_end_passes(tmp_pat
     for side in ("send", "receive"):
         own, process = r[side]["thread_cpu_us_per_frame"], r[side]["cpu_us_per_frame"]
         assert 0 < own <= process, (side, own, process)
+        # The loop's turns that moved a frame on: some time, and no more than the stream lasted (100 ms of slack for
+        # the turns before the first frame counted).
+        busy, frames, fps = r[side]["busy_us_per_frame"], r[side]["frames"], r[side]["fps"]
+        assert 0 < busy * frames <= frames / fps * 1e6 + 100_000, (side, busy, frames, fps)
 
 
 def test_the_direct_path_writes_the_rings_slots_one_at_a_time(tmp_path: Any) -> None:

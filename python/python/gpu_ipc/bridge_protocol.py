@@ -191,6 +191,7 @@ class Stats:
     outcome: str = "running"
     cpu_from: tuple[float, float] | None = None
     cpu_to: tuple[float, float] | None = None
+    busy_s: float = 0.0  # the wall time of the streaming loop's turns that moved a frame on (its other turns wait)
 
     def streaming(self) -> None:
         """Frames begin to flow (the path chosen): the CPU time per frame counts from here."""
@@ -212,7 +213,9 @@ class Stats:
     def summary(self) -> dict[str, Any]:
         """Frames, bytes, outcome, FPS; ``cpu_us_per_frame``: the process's CPU time while frames flowed (its
         polls and NIXL's threads included) over the frames, ``thread_cpu_us_per_frame``: the end's own thread's
-        (None before a frame)."""
+        (None before a frame); ``busy_us_per_frame``: the wall time of the streaming loop's turns that moved a
+        frame on, over the frames (an end spins while frames flow, so its CPU time is its wall time: this says how
+        much of it was work; near the wall time per frame, the end sets the pace)."""
         wall = (self.last - self.first) if self.first is not None else 0.0
         cpu: list[float | None] = [None, None]
         if self.cpu_from is not None and self.frames:
@@ -220,7 +223,8 @@ class Stats:
             cpu = [(to[i] - self.cpu_from[i]) / self.frames * 1e6 for i in (0, 1)]
         return {"frames": self.frames, "bytes": self.bytes, "outcome": self.outcome,
                 "fps": (self.frames - 1) / wall if wall > 0 else 0.0,
-                "cpu_us_per_frame": cpu[0], "thread_cpu_us_per_frame": cpu[1]}
+                "cpu_us_per_frame": cpu[0], "thread_cpu_us_per_frame": cpu[1],
+                "busy_us_per_frame": self.busy_s / self.frames * 1e6 if self.frames else None}
 
 
 def _median(values: list[float]) -> float | None:
@@ -365,6 +369,7 @@ class SendingEnd:
         last = (monotonic(), 0, time.process_time())
         calm, sleep, yield_cpu = clock(), time.sleep, os.sched_yield  # calm: the last progress
         while True:
+            turn = clock()
             pump()
             progressed = False
             while in_flight and done(in_flight[0].handle):
@@ -400,6 +405,7 @@ class SendingEnd:
                 next_report = now + self.report_every
             if progressed:
                 calm = clock()
+                stats.busy_s += calm - turn
             elif clock() - calm < SPIN_S:
                 yield_cpu()
             else:

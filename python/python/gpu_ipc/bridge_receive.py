@@ -287,7 +287,7 @@ class ReceivingEnd:
         ptrs, stream, copy_out, copy_done = landing.ptrs, landing.stream_handle, landing.copy_out, landing.done
         publish, send, messages, published = sink.publish, self.live.send, self._messages, self._published
         monotonic, clock, sleep, yield_cpu = time.monotonic, time.perf_counter, time.sleep, os.sched_yield
-        calm = clock()  # the last progress
+        calm, stats = clock(), self.stats  # calm: the last progress
 
         def on_written(seq: int) -> None:
             nonlocal since
@@ -298,6 +298,7 @@ class ReceivingEnd:
             written[seq] = outstanding.pop(seq)
 
         while True:
+            turn = clock()
             messages(on_written)
             progressed = False
             while next_publish in written:
@@ -332,6 +333,7 @@ class ReceivingEnd:
                                   f"{self.stall_timeout} s: a consumer is stuck (or raise --stall-timeout)")
             if progressed:
                 calm = clock()
+                stats.busy_s += calm - turn
             elif clock() - calm < SPIN_S:
                 yield_cpu()
             else:
