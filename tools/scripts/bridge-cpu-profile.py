@@ -340,6 +340,8 @@ def _line(side: str, r: dict[str, Any], transport: str) -> str:
            f"sys {loop['sys_us_per_frame']:.1f}), " if transport == "nixl" else "")
     reported = s.get("cpu_us_per_frame")
     extra = f"; the summary's cpu_us_per_frame {reported:.1f}" if isinstance(reported, (int, float)) else ""
+    busy = s.get("busy_us_per_frame")
+    extra += f", busy_us_per_frame {busy:.1f}" if isinstance(busy, (int, float)) else ""
     threads = ""
     if transport == "nixl":
         threads = "\n         threads (us/frame): " + ", ".join(

@@ -102,7 +102,7 @@ __all__ = [
     "ACQUIRE_SLICE_S", "BEAT", "CHOICE", "DEFAULT_WINDOW", "END", "EXPECTS", "FAIL", "GRANT", "HELLO", "MAGIC",
     "MAX_WINDOW", "OFFER", "PATHS", "POLL_S", "PROBE", "PROBE_WRITES", "REPORT_EVERY_S", "SPIN_S", "TIMES_KEPT",
     "WRITTEN",
-    "BridgeError", "Choice", "Grant", "Liveness", "Offer", "PathReport", "PeerGone", "ProtocolError",
+    "BridgeError", "Choice", "Grant", "Liveness", "Offer", "Pace", "PathReport", "PeerGone", "ProtocolError",
     "Region", "SendingEnd", "Stats", "Transport", "TransportError", "TransportRefused", "decode",
     "decode_choice", "decode_grant", "decode_hello", "decode_offer", "encode", "encode_choice", "encode_grant",
     "encode_offer", "probe_paths",
@@ -225,6 +225,27 @@ class Stats:
                 "fps": (self.frames - 1) / wall if wall > 0 else 0.0,
                 "cpu_us_per_frame": cpu[0], "thread_cpu_us_per_frame": cpu[1],
                 "busy_us_per_frame": self.busy_s / self.frames * 1e6 if self.frames else None}
+
+
+class Pace:
+    """How an end's streaming loop ends a turn: a turn that moved a frame on counts its wall time as busy
+    (``Stats.busy_s``) and starts the calm; a turn without progress yields the CPU for up to :data:`SPIN_S` of calm,
+    then sleeps :data:`POLL_S`. ``turn(began, progressed)``, ``began`` the turn's ``time.perf_counter()``."""
+
+    __slots__ = ("calm", "stats")
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self.calm = time.perf_counter()  # the last progress
+
+    def turn(self, began: float, progressed: bool) -> None:
+        if progressed:
+            self.calm = now = time.perf_counter()
+            self.stats.busy_s += now - began
+        elif time.perf_counter() - self.calm < SPIN_S:
+            os.sched_yield()
+        else:
+            time.sleep(POLL_S)
 
 
 def _median(values: list[float]) -> float | None:
@@ -367,9 +388,9 @@ class SendingEnd:
         lanes = max(1, min(window, int(source.slots)))
         next_report = monotonic() + self.report_every
         last = (monotonic(), 0, time.process_time())
-        calm, sleep, yield_cpu = clock(), time.sleep, os.sched_yield  # calm: the last progress
+        end_turn = Pace(stats).turn
         while True:
-            turn = clock()
+            began = clock()
             pump()
             progressed = False
             while in_flight and done(in_flight[0].handle):
@@ -403,13 +424,7 @@ class SendingEnd:
             if now >= next_report:
                 last = self._report(now, last, pending.nbytes if pending is not None else source.nbytes)
                 next_report = now + self.report_every
-            if progressed:
-                calm = clock()
-                stats.busy_s += calm - turn
-            elif clock() - calm < SPIN_S:
-                yield_cpu()
-            else:
-                sleep(POLL_S)
+            end_turn(began, progressed)
 
     def _drain(self, in_flight: deque[_InFlight]) -> None:
         """Waits for the WRITEs in flight (the stream ended) and releases their frames."""

@@ -4,7 +4,6 @@ turn and publishes every frame written, in order."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,8 +38,8 @@ from gpu_ipc.bridge_protocol import (
     ACQUIRE_SLICE_S,
     DEFAULT_WINDOW,
     POLL_S,
-    SPIN_S,
     Liveness,
+    Pace,
     Stats,
     _median,
 )
@@ -286,8 +285,7 @@ class ReceivingEnd:
         # The loop runs once or more per frame: what it calls is looked up once, here.
         ptrs, stream, copy_out, copy_done = landing.ptrs, landing.stream_handle, landing.copy_out, landing.done
         publish, send, messages, published = sink.publish, self.live.send, self._messages, self._published
-        monotonic, clock, sleep, yield_cpu = time.monotonic, time.perf_counter, time.sleep, os.sched_yield
-        calm, stats = clock(), self.stats  # calm: the last progress
+        monotonic, clock, end_turn = time.monotonic, time.perf_counter, Pace(self.stats).turn
 
         def on_written(seq: int) -> None:
             nonlocal since
@@ -298,7 +296,7 @@ class ReceivingEnd:
             written[seq] = outstanding.pop(seq)
 
         while True:
-            turn = clock()
+            began = clock()
             messages(on_written)
             progressed = False
             while next_publish in written:
@@ -331,10 +329,4 @@ class ReceivingEnd:
             if written and monotonic() - since > self.stall_timeout:
                 raise BridgeError(f"this ring's consumers held slot {next_publish % sink.slots} for more than "
                                   f"{self.stall_timeout} s: a consumer is stuck (or raise --stall-timeout)")
-            if progressed:
-                calm = clock()
-                stats.busy_s += calm - turn
-            elif clock() - calm < SPIN_S:
-                yield_cpu()
-            else:
-                sleep(POLL_S)
+            end_turn(began, progressed)
