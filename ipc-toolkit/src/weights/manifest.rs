@@ -296,6 +296,18 @@ impl Manifest {
         Ok(())
     }
 
+    /// The generation `bytes` name when they are `known`'s bytes but for the generation field: a later generation
+    /// of a layout decoded and checked before, which needs no decoding again. `None` when they differ anywhere else
+    /// (or the generation is 0).
+    pub(super) fn same_but_generation(known: &[u8], bytes: &[u8]) -> Option<u64> {
+        let same = known.len() == bytes.len()
+            && known.get(..GENERATION_BYTES.start) == bytes.get(..GENERATION_BYTES.start)
+            && known.get(GENERATION_BYTES.end..) == bytes.get(GENERATION_BYTES.end..);
+        let field: [u8; 8] = bytes.get(GENERATION_BYTES)?.try_into().ok()?;
+        let generation = u64::from_le_bytes(field);
+        (same && generation > 0).then_some(generation)
+    }
+
     /// Reads the declared length of the manifest at the start of `header` (at least [`MANIFEST_HEADER_BYTES`]
     /// bytes), after checking the magic and version: how many bytes a reader copies before it decodes.
     ///

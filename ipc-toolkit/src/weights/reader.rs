@@ -37,6 +37,12 @@ impl<B: ArenaBytes> std::fmt::Debug for HeldGeneration<B> {
 }
 
 impl<B: ArenaBytes> HeldGeneration<B> {
+    /// Whether `other` took this one's checked entries and index (a later generation of the same layout).
+    #[cfg(test)]
+    pub(super) fn shares_layout_with(&self, other: &Self) -> bool {
+        Arc::ptr_eq(self.tensors.index(), other.tensors.index())
+    }
+
     /// Its generation.
     pub fn generation(&self) -> u64 {
         self.tensors.manifest.generation
@@ -168,6 +174,9 @@ pub struct WeightsReader<B: ArenaBytes> {
     set: String,
     path: PathBuf,
     held: Arc<HeldGeneration<B>>,
+    /// The held generation's manifest as its arena holds it: a later generation whose manifest is the same but for
+    /// its generation (an owner's layout is fixed) shares the held one's checked entries and index, undecoded.
+    encoded: Vec<u8>,
     importer: PoolImporter<B>,
 }
 
@@ -216,9 +225,10 @@ impl<B: ArenaBytes> WeightsReader<B> {
             }
             std::thread::sleep(POLL);
         };
-        let held = Arc::new(load(&importer, set, &path, generation)?);
+        let (held, encoded) = load(&importer, set, &path, generation, None)?;
+        let held = Arc::new(held);
         tracing::info!(set, generation = held.generation(), path = %path.display(), "weight set opened");
-        Ok(Self { set: set.to_owned(), path, held, importer })
+        Ok(Self { set: set.to_owned(), path, held, encoded, importer })
     }
 
     /// The set's name.
@@ -257,7 +267,10 @@ impl<B: ArenaBytes> WeightsReader<B> {
     pub fn refresh(&mut self) -> Result<u64, WeightsError> {
         let newest = self.latest()?;
         if newest != self.held.generation() {
-            self.held = Arc::new(load(&self.importer, &self.set, &self.path, newest)?);
+            let known = (self.encoded.as_slice(), &self.held.tensors);
+            let (held, encoded) = load(&self.importer, &self.set, &self.path, newest, Some(known))?;
+            self.held = Arc::new(held);
+            self.encoded = encoded;
         }
         Ok(self.held.generation())
     }
@@ -289,13 +302,16 @@ impl<B: ArenaBytes> WeightsReader<B> {
 }
 
 /// Finds the arena of `generation` (or a newer one, if the owner retired it meanwhile), copies its manifest out
-/// and checks it against the mapped extent.
+/// and checks it against the mapped extent; returns it with the manifest's bytes. `known`: a generation held
+/// before and its bytes: a manifest equal to them but for the generation takes their checked entries and index
+/// (the bytes are compared, so nothing unchecked is taken).
 fn load<B: ArenaBytes>(
     importer: &PoolImporter<B>,
     set: &str,
     path: &Path,
     mut generation: u64,
-) -> Result<HeldGeneration<B>, WeightsError> {
+    known: Option<(&[u8], &Tensors)>,
+) -> Result<(HeldGeneration<B>, Vec<u8>), WeightsError> {
     let mut tries = 0;
     let view = loop {
         match importer.lookup(&arena_name(set, generation)) {
@@ -323,7 +339,20 @@ fn load<B: ArenaBytes>(
     }
     let mut bytes = vec![0u8; usize::try_from(declared).unwrap_or(usize::MAX)];
     B::read_viewed(&view, 0, &mut bytes)?;
-    let manifest = Manifest::decode(&bytes, view.len()).map_err(refused)?;
+    let tensors = match known.and_then(|(k, t)| Some((Manifest::same_but_generation(k, &bytes)?, t))) {
+        // What decode checks of the mapped extent: the arena inside it (the rest is in the bytes compared).
+        Some((_, known)) if known.manifest.arena_bytes > view.len() => {
+            let (claimed, mapped) = (known.manifest.arena_bytes, view.len());
+            return Err(refused(ManifestError::ArenaTooSmall { claimed, mapped }));
+        }
+        Some((decoded, known)) => {
+            let mut manifest = known.manifest.clone();
+            manifest.generation = decoded;
+            Tensors::with_index(manifest, known.index().clone())
+        }
+        None => Tensors::new(Manifest::decode(&bytes, view.len()).map_err(refused)?),
+    };
+    let manifest = &tensors.manifest;
     if manifest.set_name != set || manifest.generation != generation {
         let problem = format!(
             "the arena of {set} generation {generation} holds the manifest of {} generation {}",
@@ -331,7 +360,7 @@ fn load<B: ArenaBytes>(
         );
         return Err(refused(ManifestError::BadField { field: "set name and generation".into(), problem }));
     }
-    Ok(HeldGeneration { tensors: Tensors::new(manifest), view })
+    Ok((HeldGeneration { tensors, view }, bytes))
 }
 
 /// `NoSuchSet`, naming the sets the owner does publish.

@@ -305,6 +305,44 @@ fn every_generation_staged_in_a_reused_arena_carries_its_own_manifest() {
     assert!(staged.manifest().entries.iter().all(|e| e.checksum == Some(0)), "checksums are filled in at commit");
 }
 
+#[test]
+fn a_readers_later_generations_of_one_layout_take_the_checked_entries_and_a_changed_manifest_is_decoded() {
+    let path = sock("same-layout");
+    let mut owner =
+        WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), WeightsOptions::default()).unwrap();
+    publish(&mut owner);
+    let mut reader = open(&path, "m");
+    let first = reader.held();
+    for generation in 2..=5 {
+        assert_eq!(publish(&mut owner), generation);
+        assert_eq!(reader.refresh().unwrap(), generation);
+        let held = reader.held();
+        check_held(&held, generation);
+        assert_eq!(held.manifest().generation, generation);
+        assert!(held.shares_layout_with(&first), "generation {generation} decoded again");
+    }
+    // The owner (or whatever wrote the arena) moves a tensor inside the arena: other bytes, so decoded and checked
+    // anew, and its own index.
+    let staged = owner.stage().unwrap();
+    let mut moved = staged.manifest().clone();
+    moved.entries[1].offset += moved.entries[1].desc.dtype().size_bytes();
+    staged.handle().write(0, &moved.encode()).unwrap();
+    let generation = owner.commit().unwrap();
+    assert_eq!(reader.refresh().unwrap(), generation);
+    let held = reader.held();
+    assert!(!held.shares_layout_with(&first));
+    assert_eq!(held.manifest().entries[1].offset, moved.entries[1].offset);
+    // The same bytes but generation 0 are decoded, and refused.
+    let staged = owner.stage().unwrap();
+    let mut encoded = staged.manifest().encode();
+    Manifest::set_encoded_generation(&mut encoded, 0).unwrap();
+    staged.handle().write(0, &encoded).unwrap();
+    owner.commit().unwrap();
+    let e = reader.refresh().unwrap_err();
+    assert!(matches!(e, WeightsError::Manifest { source: ManifestError::BadField { .. }, .. }), "{e}");
+    assert_eq!(reader.generation(), generation);
+}
+
 /// A valid manifest of a few tensors, to break.
 fn sample() -> Manifest {
     let mut m = Manifest {
