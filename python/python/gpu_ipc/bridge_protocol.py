@@ -214,7 +214,7 @@ class Stats:
         """Frames, bytes, outcome, FPS; ``cpu_us_per_frame``: the process's CPU time while frames flowed (its
         polls and NIXL's threads included) over the frames, ``thread_cpu_us_per_frame``: the end's own thread's
         (None before a frame); ``busy_us_per_frame``: the wall time of the streaming loop's turns that moved a
-        frame on, over the frames (an end spins while frames flow, so its CPU time is its wall time: this says how
+        frame on, over the frames (None where the loop is not timed: the receiving end's direct path) (an end spins while frames flow, so its CPU time is its wall time: this says how
         much of it was work; near the wall time per frame, the end sets the pace)."""
         wall = (self.last - self.first) if self.first is not None else 0.0
         cpu: list[float | None] = [None, None]
@@ -224,7 +224,7 @@ class Stats:
         return {"frames": self.frames, "bytes": self.bytes, "outcome": self.outcome,
                 "fps": (self.frames - 1) / wall if wall > 0 else 0.0,
                 "cpu_us_per_frame": cpu[0], "thread_cpu_us_per_frame": cpu[1],
-                "busy_us_per_frame": self.busy_s / self.frames * 1e6 if self.frames else None}
+                "busy_us_per_frame": self.busy_s / self.frames * 1e6 if self.frames and self.busy_s else None}
 
 
 class Pace:
