@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::manifest::{MANIFEST_HEADER_BYTES, TENSOR_ALIGN};
 use super::*;
+use crate::pool::{PoolConfig, SharedPool};
 use gpu_ipc_driver::DeviceUuid;
 use ipc_core::host::{Host, HostContext};
 
@@ -341,6 +342,29 @@ fn a_readers_later_generations_of_one_layout_take_the_checked_entries_and_a_chan
     let e = reader.refresh().unwrap_err();
     assert!(matches!(e, WeightsError::Manifest { source: ManifestError::BadField { .. }, .. }), "{e}");
     assert_eq!(reader.generation(), generation);
+}
+
+#[test]
+fn a_later_arena_too_small_for_the_held_layout_is_refused_though_its_manifest_is_the_same() {
+    // A hostile owner with a pool of its own: generation 1 a proper arena, generation 2 the same manifest (but for
+    // the generation) in an arena too small for the tensors it describes.
+    let path = sock("small-arena");
+    let layout = sample();
+    let pool = SharedPool::<Host>::create(&HostContext, &path, PoolConfig::new(layout.arena_bytes * 4)).unwrap();
+    let mut first = layout.clone();
+    first.generation = 1;
+    pool.alloc(&arena_name("m", 1), layout.arena_bytes, TENSOR_ALIGN, None).unwrap().write(0, &first.encode()).unwrap();
+    pool.set_note(1);
+    let mut reader = open(&path, "m");
+    let mut second = layout.clone();
+    second.generation = 2;
+    let encoded = second.encode();
+    let small = pool.alloc(&arena_name("m", 2), encoded.len() as u64, TENSOR_ALIGN, None).unwrap();
+    small.write(0, &encoded).unwrap();
+    pool.set_note(2);
+    let e = reader.refresh().unwrap_err();
+    assert!(matches!(e, WeightsError::Manifest { source: ManifestError::ArenaTooSmall { .. }, .. }), "{e}");
+    assert_eq!(reader.generation(), 1);
 }
 
 /// A valid manifest of a few tensors, to break.
