@@ -67,13 +67,13 @@ from gpu_ipc._weights_tensors import (
     _torch_module,
 )
 
-# ``open`` is left out, as from ``gpu_ipc.__all__``: ``from gpu_ipc.weights import *`` keeps the built-in ``open``;
-# call it ``gpu_ipc.weights.open``.
 # stage(framework) keeps the tensors it cut for the last _CUTS_KEPT arenas (an owner stages into two or three in
 # turn), for the frameworks whose tensors are cut in one go.
 _CUTS_KEPT = 4
 _CUT_KEPT_FOR = ("torch", "numpy", "cupy")
 
+# ``open`` is left out, as from ``gpu_ipc.__all__``: ``from gpu_ipc.weights import *`` keeps the built-in ``open``;
+# call it ``gpu_ipc.weights.open``.
 __all__ = ["BoundSources", "BoundTargets", "Publisher", "Reader", "WeightsTensor", "publish"]
 
 
