@@ -269,3 +269,62 @@ fn cpu_strategies_give_no_stamp_and_no_ring_descriptor() {
     p.drain(None, T).unwrap();
     consumer.join().unwrap();
 }
+
+/// A producer holding several slots at once (`acquire_after`), writing them out of order and publishing in order:
+/// every frame intact, with every strategy whose waits are on the CPU; and the slot of a frame a consumer still
+/// holds is waited for as by `acquire`.
+#[test]
+fn several_slots_held_at_once_are_written_in_any_order_and_read_intact() {
+    for (name, sync) in [
+        ("ahead-spin", SyncStrategy::CpuSpin),
+        ("ahead-sleep", SyncStrategy::CpuSleep),
+        ("ahead-event", SyncStrategy::IpcEvent),
+    ] {
+        let mut p = producer(name, sync, 4);
+        let a = spawn_consumer(name, 900);
+        let b = spawn_consumer(name, 900);
+        p.wait_for_consumers(2, T).unwrap();
+        for _ in 0..300 {
+            let first = p.acquire(None, T).unwrap();
+            let second = p.acquire_after(&first, None, T).unwrap();
+            let third = p.acquire_after(&second, None, T).unwrap();
+            assert_eq!((second.seq().0, third.seq().0), (first.seq().0 + 1, first.seq().0 + 2), "{name}");
+            assert_ne!(first.slot(), second.slot(), "{name}");
+            for lease in [&third, &first, &second] {
+                p.region().write(lease.ptr(), &frame_bytes(lease.seq().0, lease.bytes() as usize)).unwrap();
+            }
+            for lease in [first, second, third] {
+                p.publish(lease, None).unwrap();
+            }
+        }
+        p.drain(None, T).unwrap();
+        for c in [a, b] {
+            assert_eq!(c.join().unwrap().unwrap(), (0, 900, 0), "{name}");
+        }
+    }
+}
+
+#[test]
+fn a_slot_held_ahead_waits_for_the_consumer_that_holds_its_last_frame() {
+    let name = "ahead-wait";
+    let mut p = producer(name, SyncStrategy::CpuSpin, 2);
+    let path = sock(name);
+    let reader = thread::spawn(move || {
+        let mut c = Consumer::<Host>::attach(&HostContext, &path, &AttachOptions::default()).unwrap();
+        let held = c.next_frame(None, T).unwrap(); // frame 0, held
+        thread::sleep(Duration::from_millis(400));
+        c.release(held, None).unwrap();
+        c
+    });
+    p.wait_for_consumers(1, T).unwrap();
+    let lease = p.acquire(None, T).unwrap();
+    p.publish(lease, None).unwrap();
+    let one = p.acquire(None, T).unwrap(); // slot 1: free
+    let short = p.acquire_after(&one, None, Duration::from_millis(50)).unwrap_err();
+    assert!(matches!(short, FrameError::Timeout { .. }), "frame 2 takes slot 0, still held: {short}");
+    let two = p.acquire_after(&one, None, T).unwrap();
+    assert_eq!((two.seq().0, two.slot().0), (2, 0));
+    p.publish(one, None).unwrap();
+    p.publish(two, None).unwrap();
+    drop(reader.join().unwrap());
+}

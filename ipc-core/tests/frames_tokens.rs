@@ -134,3 +134,32 @@ fn a_consumer_may_wait_for_its_producer_to_appear() {
     p.wait_for_consumers(1, T).unwrap();
     assert_eq!(waiting.join().unwrap().unwrap().next_sequence(), 0);
 }
+
+#[test]
+fn frames_held_ahead_are_published_in_order_and_never_take_a_slot_still_held() {
+    let mut p = producer("ahead", SyncStrategy::CpuSpin);
+    let first = p.acquire(None, T).unwrap();
+    let second = p.acquire_after(&first, None, T).unwrap();
+    assert_eq!(second.seq(), Sequence(1));
+    // Two slots, both held: frame 2 would take frame 0's.
+    let err = p.acquire_after(&second, None, T).unwrap_err();
+    assert!(matches!(err, FrameError::Config(_)), "{err}");
+    assert!(err.to_string().contains("holds unpublished"), "{err}");
+    // Out of order: refused, nothing published.
+    let err = p.publish(second, None).unwrap_err();
+    assert!(matches!(err, FrameError::ForeignToken { token: "slot lease", .. }), "{err}");
+    assert!(err.to_string().contains("publish the frames in order"), "{err}");
+    assert_eq!(p.next_sequence(), 0);
+    // The refused lease is gone (publish took it): frame 1 is acquired again after frame 0, and both go out.
+    let again = p.acquire_after(&first, None, T).unwrap();
+    assert_eq!(again.seq(), Sequence(1));
+    p.publish(first, None).unwrap();
+    p.publish(again, None).unwrap();
+    assert_eq!(p.next_sequence(), 2);
+    // Another producer's lease is refused.
+    let mut other = producer("ahead-other", SyncStrategy::CpuSpin);
+    let theirs = other.acquire(None, T).unwrap();
+    let err = p.acquire_after(&theirs, None, T).unwrap_err();
+    assert!(err.to_string().contains("another producer's"), "{err}");
+    other.publish(theirs, None).unwrap();
+}

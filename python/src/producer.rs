@@ -87,6 +87,22 @@ pub struct Slot {
 }
 
 impl Producer {
+    /// The Python object of `lease`, acquired with `raw` (the stream its waits were queued on, GPU backends).
+    fn slot_of(slf: &Bound<'_, Self>, lease: SlotLease, raw: Option<u64>) -> Slot {
+        let this = slf.get();
+        Slot {
+            seq: lease.seq().0,
+            index: lease.slot().0,
+            ptr: lease.ptr().0,
+            nbytes: lease.bytes(),
+            stream: this.gpu.as_ref().map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
+            lease: Mutex::new(Some(lease)),
+            producer: slf.clone().unbind(),
+            writers: Mutex::new(Vec::new()),
+            hold: lock(&this.mapping).clone(),
+        }
+    }
+
     /// Whether the end is still open (and this process's). The lock is taken with the GIL released: another
     /// thread may hold it for a whole call of the core.
     fn open_end(&self, py: Python<'_>) -> PyResult<()> {
@@ -206,17 +222,41 @@ impl Producer {
             let s = gpu.map(|g| g.stream(raw));
             each_backend!(end, p => p.acquire(s.as_deref(), t))
         })?;
-        Ok(Slot {
-            seq: lease.seq().0,
-            index: lease.slot().0,
-            ptr: lease.ptr().0,
-            nbytes: lease.bytes(),
-            stream: gpu.map(|_| raw.unwrap_or(LEGACY_DEFAULT_STREAM)),
-            lease: Mutex::new(Some(lease)),
-            producer: slf.clone().unbind(),
-            writers: Mutex::new(Vec::new()),
-            hold: lock(&this.mapping).clone(),
-        })
+        Ok(Self::slot_of(slf, lease, raw))
+    }
+
+    /// Waits until the slot of the frame after ``slot``'s is free and returns it, while ``slot`` is still held: a
+    /// producer may hold the next frame and up to ``slots - 1`` more at once (written in parallel or out of order),
+    /// and publishes them in order (``publish`` refuses a frame before the ones it follows). Strategies whose
+    /// waits are on the CPU (``cpu-spin``, ``cpu-sleep``, ``ipc-event``) only, for now. Raises ``Timeout``;
+    /// ``ConfigError`` when that frame would take the slot of one this producer still holds, or for a GPU-side
+    /// strategy; ``ForeignToken`` for another producer's slot; ``ReleasedError`` for a slot already published.
+    #[pyo3(signature = (slot, timeout=1.0, stream=None))]
+    fn acquire_after(
+        slf: &Bound<'_, Self>,
+        slot: &Bound<'_, Slot>,
+        timeout: f64,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Slot> {
+        let this = slf.get();
+        let held = slot.get();
+        if !held.producer.bind(slf.py()).is(slf) {
+            return Err(ForeignToken::new_err(format!("slot (frame {}) is another producer's", held.seq)));
+        }
+        let raw = stream_handle(stream)?;
+        let gpu = this.gpu.as_ref();
+        let timeout = seconds(timeout)?;
+        // Taken out while the wait lasts (it lets the GIL go between slices: another thread's publish of this slot
+        // must not wait on its lock while holding the GIL), then put back.
+        let Some(after) = lock(&held.lease).take() else {
+            return Err(ReleasedError::new_err(format!("slot (frame {}) was published already", held.seq)));
+        };
+        let acquired = this.with_end(slf.py(), timeout, waits_in_slices(this.sync), |end, t| {
+            let s = gpu.map(|g| g.stream(raw));
+            each_backend!(end, p => p.acquire_after(&after, s.as_deref(), t))
+        });
+        *lock(&held.lease) = Some(after);
+        Ok(Self::slot_of(slf, acquired?, raw))
     }
 
     /// Publishes ``slot`` once the work queued on ``stream`` (default: the stream ``acquire`` used) is done.
@@ -232,6 +272,16 @@ impl Producer {
             return Err(ForeignToken::new_err(format!("slot (frame {}) is another producer's", slot.seq)));
         }
         this.open_end(slf.py())?;
+        // Before anything is taken: a frame held ahead (``acquire_after``) published before the ones it follows is
+        // refused and stays to publish in its turn.
+        let next =
+            this.with_end(slf.py(), Duration::ZERO, false, |end, _| Ok(each_backend!(end, p => p.next_sequence())))?;
+        if slot.seq > next {
+            return Err(ForeignToken::new_err(format!(
+                "frame {} comes after frame {next}, not published yet: publish the frames in order",
+                slot.seq
+            )));
+        }
         let raw = stream_handle(stream)?.or(slot.stream);
         let gpu = this.gpu.as_ref();
         if let Some(gpu) = gpu {

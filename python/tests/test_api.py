@@ -130,6 +130,44 @@ def test_a_slot_array_outlives_its_producer(sock: str) -> None:
     assert int(array[1:].sum()) == 9 * array[1:].size and tuple(array[0, 0]) == (1, 2, 3)
 
 
+def test_several_slots_held_at_once_go_out_in_order(sock: str) -> None:
+    """acquire_after: three frames held at once, written last first, published in order; the consumer reads each
+    intact. Out of order, every slot held, another producer's slot, a published one: refused, nothing lost."""
+    producer, consumer = host_pair(sock, slots=4)
+    first = producer.acquire()
+    second = producer.acquire_after(first)
+    third = producer.acquire_after(second)
+    assert (second.seq, third.seq) == (first.seq + 1, first.seq + 2)
+    assert len({first.slot, second.slot, third.slot}) == 3
+    for slot in (third, first, second):
+        np.from_dlpack(slot).reshape(-1)[:] = pattern(slot.seq, slot.nbytes)
+    with pytest.raises(gpu_ipc.ForeignToken, match="publish the frames in order"):
+        producer.publish(second)  # refused before anything is taken: it goes out in its turn below
+    assert not second.published
+    fourth = producer.acquire_after(third)
+    with pytest.raises(gpu_ipc.ConfigError, match="holds unpublished"):
+        producer.acquire_after(fourth)  # frame 4 would take frame 0's slot
+    np.from_dlpack(fourth).reshape(-1)[:] = pattern(fourth.seq, fourth.nbytes)
+    for slot in (first, second, third, fourth):
+        producer.publish(slot)
+    with pytest.raises(gpu_ipc.ReleasedError):
+        producer.acquire_after(first)
+    for seq in range(4):
+        frame = consumer.next_frame(timeout=5)
+        assert frame.seq == seq
+        assert np.array_equal(np.from_dlpack(frame).reshape(-1), pattern(seq, frame.nbytes))
+        consumer.release(frame)
+    other, other_consumer = host_pair(sock + "2")
+    theirs = other.acquire()
+    with pytest.raises(gpu_ipc.ForeignToken):
+        producer.acquire_after(theirs)
+    other.publish(theirs)
+    for p in (producer, other):
+        p.close()
+    for c in (consumer, other_consumer):
+        c.close()
+
+
 def test_foreign_frames_and_slots_are_refused(sock: str) -> None:
     producer, consumer = host_pair(sock)
     other_sock = sock + "2"

@@ -166,6 +166,13 @@ class Producer:
 
         With a GPU-side strategy the wait is queued on ``stream`` and this returns at once. Raises ``Timeout``.
         """
+    def acquire_after(self, slot: Slot, timeout: float = 1.0, stream: _StreamLike = None) -> Slot:
+        """Waits until the slot of the frame after ``slot``'s is free and returns it, while ``slot`` is still held: a
+        producer may hold the next frame and up to ``slots - 1`` more at once (written in parallel or out of order),
+        and publishes them in order (``publish`` refuses a frame before the ones it follows). Strategies whose
+        waits are on the CPU (``cpu-spin``, ``cpu-sleep``, ``ipc-event``) only, for now. Raises ``Timeout``;
+        ``ConfigError`` when that frame would take the slot of one this producer still holds, or for a GPU-side
+        strategy; ``ForeignToken`` for another producer's slot; ``ReleasedError`` for a slot already published."""
     def publish(self, slot: Slot, stream: _StreamLike = None) -> None:
         """Publishes ``slot`` once the work queued on ``stream`` (default: the stream ``acquire`` used) is done.
 

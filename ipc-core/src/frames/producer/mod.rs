@@ -20,7 +20,7 @@ use crate::frames::watchdog::Watchdog;
 use crate::resident::{Departure, ResidentSide, device_words};
 use crate::ring::layout::ConsumerState;
 use crate::ring::{ConsumerId, LivenessPolicy, ProducerControl, RingConfig, Sequence};
-use crate::wire::{Detach, DetachReason, Message, RendezvousListener, SlotLayout};
+use crate::wire::{Detach, DetachReason, Message, RendezvousListener, SlotLayout, SyncSide};
 use gpu_ipc_driver::DeviceUuid;
 use gpu_ipc_driver::{DeviceMemory, DeviceSpan, Stream};
 
@@ -255,8 +255,74 @@ impl<B: Backend> Producer<B> {
     /// [`FrameError::Timeout`] when consumers do not release in time, driver errors.
     pub fn acquire(&mut self, stream: Option<&Stream>, timeout: Duration) -> Result<SlotLease, FrameError> {
         self.check_no_ring_kernel()?;
+        self.acquire_seq(self.next_seq, stream, timeout)
+    }
+
+    /// Waits until the slot of the frame after `after`'s is free and returns it, while `after` is still held: a
+    /// producer may hold the next frame and up to `slots - 1` more at once (written in parallel, or by someone else
+    /// in turn: the bridge's receiving end lets several frames be written into its ring's slots at once), and
+    /// publishes them in order ([`Producer::publish`] refuses a frame before the ones it follows, and the lease it
+    /// took is spent: acquire that frame again after the one before it; [`Producer::next_sequence`] says which
+    /// frame goes next). A lease dropped unpublished holds up every later one: acquire its frame again
+    /// ([`Producer::acquire`] gives the next frame's slot) and publish it. The waits are [`Producer::acquire`]'s. Strategies whose waits are on the CPU
+    /// (`cpu-spin`, `cpu-sleep`, `ipc-event`) only, for now.
+    ///
+    /// # Errors
+    /// [`FrameError::ForeignToken`] for another producer's lease, or one whose frame was published;
+    /// [`FrameError::Config`] when the frame after `after` would take the slot of a frame this producer still holds
+    /// (it holds every slot), or with a strategy whose waits are on the GPU; as [`Producer::acquire`].
+    pub fn acquire_after(
+        &mut self,
+        after: &SlotLease,
+        stream: Option<&Stream>,
+        timeout: Duration,
+    ) -> Result<SlotLease, FrameError> {
+        self.check_no_ring_kernel()?;
+        let traits = self.config.sync.traits();
+        if !matches!(traits.waits, SyncSide::Cpu) {
+            return Err(FrameError::Config(format!(
+                "acquire_after: the ring's strategy {} waits on the GPU; it takes one slot at a time (use one whose \
+                 waits are on the CPU: cpu-spin, cpu-sleep, ipc-event)",
+                traits.name
+            )));
+        }
+        if after.owner != self.owner {
+            return Err(FrameError::ForeignToken {
+                token: "slot lease",
+                problem: format!("frame {} is another producer's (or an earlier ring's)", after.seq.0),
+            });
+        }
+        if after.seq < self.next_seq {
+            return Err(FrameError::ForeignToken {
+                token: "slot lease",
+                problem: format!("frame {} was published already; the next frame is {}", after.seq.0, self.next_seq.0),
+            });
+        }
+        let seq = after.seq.next();
+        let ahead = seq.0 - self.next_seq.0;
+        if ahead >= u64::from(self.config.slots) {
+            return Err(FrameError::Config(format!(
+                "acquire_after: frame {} takes the slot of frame {}, which this producer holds unpublished: {} slots \
+                 hold frames {} to {} (publish frame {} first)",
+                seq.0,
+                seq.0 - u64::from(self.config.slots),
+                self.config.slots,
+                self.next_seq.0,
+                seq.0 - 1,
+                self.next_seq.0
+            )));
+        }
+        self.acquire_seq(seq, stream, timeout)
+    }
+
+    /// [`Producer::acquire`]'s wait and lease for frame `seq` (the next one, or one after a frame held).
+    fn acquire_seq(
+        &mut self,
+        seq: Sequence,
+        stream: Option<&Stream>,
+        timeout: Duration,
+    ) -> Result<SlotLease, FrameError> {
         self.serve_front_door();
-        let seq = self.next_seq;
         let started = Instant::now();
         let deadline = started + timeout;
         let evict_after = match self.config.slow_consumer {
@@ -370,6 +436,15 @@ impl<B: Backend> Producer<B> {
             return Err(FrameError::ForeignToken {
                 token: "slot lease",
                 problem: format!("frame {} is another producer's (or an earlier ring's)", lease.seq.0),
+            });
+        }
+        if lease.seq > self.next_seq {
+            return Err(FrameError::ForeignToken {
+                token: "slot lease",
+                problem: format!(
+                    "frame {} comes after frame {}, not published yet: publish the frames in order",
+                    lease.seq.0, self.next_seq.0
+                ),
             });
         }
         if lease.seq != self.next_seq {
