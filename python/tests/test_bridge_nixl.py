@@ -74,13 +74,14 @@ class Bridge:
     """Ring A (a host producer in this process, 3 slots), both ends of the bridge as processes, ring B's socket;
     ``send_args``: more arguments of the sending end (``--path direct``)."""
 
-    def __init__(self, tmp: str, send_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: str, send_args: tuple[str, ...] = (), slots_b: int = 2) -> None:
         self.sock_a, self.sock_b, self.port = f"{tmp}/a.sock", f"{tmp}/b.sock", free_port()
         self.send_args = send_args
         self.producer = gpu_ipc.Producer(self.sock_a, width=WIDTH, height=HEIGHT, slots=3, backend="host")
         common = ["--backend", "host", "--port", str(self.port), "--peer-timeout", "0.5"]
         self.receiver = subprocess.Popen(
-            [sys.executable, "-m", "gpu_ipc.bridge", "receive", "--socket", self.sock_b, "--slots", "2", *common],
+            [sys.executable, "-m", "gpu_ipc.bridge", "receive", "--socket", self.sock_b, "--slots", str(slots_b),
+             *common],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.sender = subprocess.Popen(
             [sys.executable, "-m", "gpu_ipc.bridge", "send", "--socket", self.sock_a, "--connect", "127.0.0.1",
@@ -194,6 +195,28 @@ def test_frames_cross_intact_with_back_pressure(bridge: Bridge, delay: float) ->
     assert max(ahead) <= 3 + window + 2, ahead
     if delay:
         assert max(ahead) >= 3 + window + 2 - 1, ahead
+
+
+@needs_nixl
+def test_the_direct_path_writes_several_slots_at_once(nixl: None, tmp_path: Any) -> None:
+    """Ring B of 4 slots: its producer holds 3 at once, granted together; every frame crosses intact."""
+    b = Bridge(str(tmp_path), ("--path", "direct"), slots_b=4)
+    try:
+        frames, released, stop = 60, [0], threading.Event()
+        t = threading.Thread(target=feed, args=(b, frames, [], released, stop))
+        t.start()
+        read, bad, published = read_all(b, 0.0, released)
+        t.join(20)
+        assert (read, bad, published) == (frames, 0, frames)
+        rc_s, sent, err_s = b.result(b.sender)
+        rc_r, got, err_r = b.result(b.receiver)
+        assert rc_s == 0, err_s
+        assert rc_r == 0, err_r
+        assert sent["path"] == got["path"] == "direct"
+        assert sent["window"] == got["window"] == min(DEFAULT_WINDOW, 4 - 1)
+        assert got["landing_copies"] == 0
+    finally:
+        b.close()
 
 
 @needs_nixl

@@ -152,10 +152,10 @@ def landing_maker(send_transport: FakeTransport, fail: str = "") -> Callable[[in
 def run_bridge(sock_a: str, sock_b: str, frames: int, read_delay: float = 0.0, path: str = "auto",
                window: int = 2, expect: str = "any", paths: dict[str, PathReport] | None = None, delay: int = 0,
                landing_fails: str = "", changes: list[PathReport] | None = None,
-               report_every: float = 10.0) -> dict[str, Any]:
+               report_every: float = 10.0, slots_b: int = 2) -> dict[str, Any]:
     """Ring A (3 slots) -> sending end -> fake link -> receiving end -> ring B (2 slots) -> a checking consumer."""
     producer_a, source = host_pair(sock_a, slots=3, name="bridge-send")
-    producer_b, consumer_b = host_pair(sock_b, slots=2, name="reader")
+    producer_b, consumer_b = host_pair(sock_b, slots=slots_b, name="reader")
     link = FakeLink()
     send_transport = FakeTransport(link, "send", paths, delay, changes)
     logged: list[str] = []
@@ -264,6 +264,18 @@ def test_the_landing_path_keeps_a_window_of_writes_in_flight(tmp_path: Any) -> N
     assert (r["read"], r["published"], r["bad"]) == (30, 30, 0)
     assert r["link"].most_in_flight == 3
     assert set(r["send_transport"].lanes) == {0, 1, 2}  # each WRITE in flight on a lane of its own
+
+
+def test_the_direct_path_keeps_several_of_the_rings_slots_in_flight(tmp_path: Any) -> None:
+    # Ring B of 4 slots: its producer holds 3 at once (acquire_after), each granted as it is acquired, published in
+    # order; each WRITE completes after 20 polls, so the sending end starts the next ones meanwhile.
+    r = run_bridge(str(tmp_path / "a.sock"), str(tmp_path / "b.sock"), frames=30, path="direct", window=3, delay=20,
+                   slots_b=4)
+    assert (r["read"], r["published"], r["bad"]) == (30, 30, 0)
+    assert r["send"]["path"] == "direct" and r["send"]["window"] == r["receive"]["window"] == 3
+    assert r["link"].most_in_flight == 3
+    assert r["receive"]["landing_copies"] == 0
+    assert len(r["link"].exposed) == 4  # ring B's four slots, each registered once; no landing buffers were made
 
 
 @pytest.mark.parametrize("path, window", [("direct", 1), ("landing", 2), ("landing", 3)])

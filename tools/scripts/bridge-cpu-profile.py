@@ -6,7 +6,7 @@
 
 Run it with the Python that has the gpu_ipc wheel (and NIXL): ``target/py-test/venv/bin/python``, which
 ``scripts/python-test.sh`` makes. Ring A (host memory, 3 slots) is fed by this process as fast as the bridge takes
-frames, ring B (2 slots) read by it as fast as they come; nothing fills or checks the frames' bytes.
+frames, ring B (2 slots, or --slots-b) read by it as fast as they come; nothing fills or checks the frames' bytes.
 
 - ``nixl`` (the default when NIXL loads): each end its own process, as ``python -m gpu_ipc.bridge`` runs them
   (``gpu_ipc.bridge.send`` / ``receive``, UCX over DRAM between processes). Its figures are the whole process's CPU
@@ -176,7 +176,8 @@ def _child(args: argparse.Namespace) -> None:
         finally:
             tables.stop()
     else:
-        summary = bridge.receive(args.sock_b, args.port, args.name, "host", slots=2, sync=args.sync, consumers=1,
+        summary = bridge.receive(args.sock_b, args.port, args.name, "host", slots=args.slots_b, sync=args.sync,
+                                 consumers=1,
                                  window=args.window, **extra)
     result = {"summary": summary, "loop": meter.result(int(summary["frames"]), args.top)}
     with open(args.out, "w") as f:
@@ -299,7 +300,7 @@ def run_fake(args: argparse.Namespace, profile: bool) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="gi-cpu-", dir="/tmp") as tmp, \
                 _host_pair(f"{tmp}/a.sock", args, 3, "bridge-send") as (producer_a, source), \
-                _host_pair(f"{tmp}/b.sock", args, 2, "reader") as (producer_b, reader):
+                _host_pair(f"{tmp}/b.sock", args, args.slots_b, "reader") as (producer_b, reader):
             send_end = bp.SendingEnd(FakeTransport(boxes, "send"), source, 0, path=args.path,
                                      report_every=args.report_every)
             recv_end = br.ReceivingEnd(FakeTransport(boxes, "receive"), window=args.window,
@@ -359,6 +360,7 @@ def main() -> int:
     p.add_argument("--transport", choices=["auto", "nixl", "fake"], default="auto")
     p.add_argument("--path", choices=list(bp.PATHS), default="auto")
     p.add_argument("--window", type=int, default=bp.DEFAULT_WINDOW)
+    p.add_argument("--slots-b", type=int, default=2, help="ring B's slots (the direct path holds up to slots - 1)")
     p.add_argument("--sync", choices=["cpu-sleep", "cpu-spin"], default="cpu-sleep",
                    help="both rings' strategy (cpu-spin spins in every wait: its CPU counts as the end's)")
     p.add_argument("--width", type=int, default=64)

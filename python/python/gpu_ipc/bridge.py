@@ -140,7 +140,8 @@ def receive(socket: str, port: int = DEFAULT_PORT, name: str = DEFAULT_NAME, bac
 
     ``window``: landing buffers of this process's own (``cuMemAlloc``; host memory with the host backend) that the
     sending end may write frames into, up to ``window`` at a time, each copied into the ring's slot here; 0: none
-    (frames only into the ring's slots, one at a time). The sending end chooses (see :func:`send`).
+    (frames only into the ring's slots). On the direct path the ring's slots themselves, up to ``window`` (at least
+    one, at most all but one) held and granted at once. The sending end chooses (see :func:`send`).
     ``progress_thread`` and the summary's ``cpu_us_per_frame``: as for :func:`send`.
 
     On any failure (:class:`PeerGone` above all) ring ``socket`` is left open, not closed (kept alive in ``ABANDONED``): closing it would
@@ -219,7 +220,7 @@ def _parser() -> argparse.ArgumentParser:
                           "register ring A's memory (auto), always, or never")
     snd.add_argument("--path", choices=list(PATHS), default="auto",
                      help="where frames are written: the receiving end's landing buffers (several in flight, one "
-                          "copy there), its ring's slots (one at a time), or auto: landing if its probe goes over a "
+                          "copy there), its ring's slots (several in flight, no copy), or auto: landing if its probe goes over a "
                           "GPU path, else direct if its does")
     snd.add_argument("--expect", choices=list(EXPECTS), default="any",
                      help="gpu-direct: refuse (exit 3, before the first frame) a path of GPU frames that is not CUDA "

@@ -103,12 +103,14 @@ class Region:
 @dataclass(frozen=True)
 class Offer:
     """Where the receiving end may take frames: its ring's first slot (``direct``, granted already) and its landing
-    buffers (``landing``: ``window`` of them), and why there are none when there are none."""
+    buffers (``landing``: ``window`` of them), and why there are none when there are none. ``direct_window``: the
+    ring's slots it grants at once on the direct path (1 from a receiving end that says nothing of it)."""
 
     window: int
     direct: Grant | None
     landing: tuple[Region, ...]
     landing_error: str = ""
+    direct_window: int = 1
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,8 @@ def encode_offer(o: Offer) -> bytes:
         direct = {"seq": g.seq, "slot": g.slot, "ptr": g.ptr, "nbytes": g.nbytes, "device": g.device,
                   "reach": _b64(g.reach)}
     landing = [{"ptr": r.ptr, "nbytes": r.nbytes, "device": r.device, "reach": _b64(r.reach)} for r in o.landing]
-    body = {"window": o.window, "direct": direct, "landing": landing, "landing_error": o.landing_error}
+    body = {"window": o.window, "direct": direct, "landing": landing, "landing_error": o.landing_error,
+            "direct_window": o.direct_window}
     return encode(OFFER, json.dumps(body).encode())
 
 
@@ -230,10 +233,11 @@ def decode_offer(body: bytes) -> Offer:
     unsigned 64-bit count, as many landing buffers as the window, at most :data:`MAX_WINDOW`)."""
     o = _json_object(body, "an offer")
     window, landing, error = o.get("window"), o.get("landing"), o.get("landing_error", "")
+    direct_window = o.get("direct_window", 1)
     if (type(window) is not int or not 0 <= window <= MAX_WINDOW or not isinstance(landing, list)
-            or not isinstance(error, str)):
-        raise ProtocolError(f"an offer without a window (0..{MAX_WINDOW}), landing buffers and their error: "
-                            f"{bytes(body[:120])!r}")
+            or not isinstance(error, str) or type(direct_window) is not int or not 1 <= direct_window <= MAX_WINDOW):
+        raise ProtocolError(f"an offer without a window (0..{MAX_WINDOW}), landing buffers and their error, or a "
+                            f"direct window (1..{MAX_WINDOW}): {bytes(body[:120])!r}")
     if landing and len(landing) != window:
         raise ProtocolError(f"an offer of {len(landing)} landing buffers for a window of {window}")
     regions = []
@@ -245,7 +249,7 @@ def decode_offer(body: bytes) -> Offer:
         (seq, slot, ptr, nbytes, device), reach = _counts(o["direct"], ("seq", "slot", "ptr", "nbytes", "device"),
                                                           "the direct slot")
         direct = Grant(seq, slot, ptr, nbytes, device, _unb64(reach, "the direct slot"))
-    return Offer(window, direct, tuple(regions), error)
+    return Offer(window, direct, tuple(regions), error, direct_window)
 
 
 def encode_choice(c: Choice) -> bytes:

@@ -15,7 +15,8 @@ It tells the receiving end its *choice*.
 
 **Per frame.** The receiving end *grants* a place to write (a notification with the sequence number, the slot or
 buffer, its address and size, and what the transport needs to reach newly registered memory): on the direct path,
-the ring's next slot, one at a time (a ring's producer holds one slot at a time); on the landing path, each free
+the ring's next slots, each as its producer acquires it, up to the offer's ``direct_window`` held at once (a
+producer whose waits are on the CPU holds several: ``acquire_after``; 1 otherwise); on the landing path, each free
 landing buffer, up to ``window`` grants in flight. The sending end WRITEs a frame of its ring into each grant, with a
 *written* notification attached to the transfer (delivered after the data), and releases its frame once the transfer
 is complete. The receiving end publishes the slot (direct) or acquires the ring's next slot, copies the landing
@@ -214,8 +215,8 @@ class Stats:
         """Frames, bytes, outcome, FPS; ``cpu_us_per_frame``: the process's CPU time while frames flowed (its
         polls and NIXL's threads included) over the frames, ``thread_cpu_us_per_frame``: the end's own thread's
         (None before a frame); ``busy_us_per_frame``: the wall time of the streaming loop's turns that moved a
-        frame on, over the frames (None where the loop is not timed: the receiving end's direct path) (an end spins while frames flow, so its CPU time is its wall time: this says how
-        much of it was work; near the wall time per frame, the end sets the pace)."""
+        frame on, over the frames (an end spins while frames flow, so its CPU time is its wall time: this says how
+        much of it was work; near the wall time per frame, the end sets the pace; None before a timed turn)."""
         wall = (self.last - self.first) if self.first is not None else 0.0
         cpu: list[float | None] = [None, None]
         if self.cpu_from is not None and self.frames:
@@ -371,7 +372,7 @@ class SendingEnd:
                 raise TransportRefused(f"--expect gpu-direct: {self.warning}; refused before the first frame")
             self.log(f"WARNING: {self.warning}")
         self.chosen = Choice(name, report)
-        self.window = offer.window if name == "landing" else 1
+        self.window = offer.window if name == "landing" else offer.direct_window
         self.live.send(encode_choice(self.chosen))
         self.log(f"path {name} (window {self.window}): {report.account()}")
 

@@ -44,7 +44,11 @@ from gpu_ipc.bridge_protocol import (
     _median,
 )
 
-__all__ = ["Landing", "ReceivingEnd"]
+__all__ = ["CPU_WAITS", "Landing", "ReceivingEnd"]
+
+# The strategies whose waits are on the CPU (gpu_ipc.sync_strategies(): "waits": "cpu"), where a ring's producer may
+# hold several slots at once (Producer.acquire_after): the direct path then grants that many.
+CPU_WAITS = ("cpu-spin", "cpu-sleep", "ipc-event")
 
 
 class Landing(Protocol):
@@ -91,6 +95,7 @@ class ReceivingEnd:
         self.stall_timeout = stall_timeout
         self.slice_s = slice_s
         self.window = window
+        self.direct_window = 1  # the ring's slots granted at once on the direct path (set by the offer)
         self.make_landing = make_landing
         self.landing: Landing | None = None
         self.layout: dict[str, Any] = {}
@@ -119,7 +124,7 @@ class ReceivingEnd:
         out = self.stats.summary()
         times = self.landing.copy_times_us() if self.landing is not None else []
         out.update(path=self.choice.path if self.choice else None,
-                   window=(self.window if self.choice and self.choice.path == "landing" else 1),
+                   window=(self.window if self.choice and self.choice.path == "landing" else self.direct_window),
                    sender_report=self.choice.report.as_dict() if self.choice else None,
                    landing_copy_us_p50=_median(times), landing_copies=len(times))
         return out
@@ -182,7 +187,13 @@ class ReceivingEnd:
                     for p in self.landing.ptrs:
                         regions.append(Region(p, nbytes, device, self.transport.expose(p, nbytes, device)))
                         self._expect_nothing()  # heartbeats between registrations
-        self.live.send(encode_offer(Offer(self.window if regions else 0, direct, tuple(regions), error)))
+        if direct is not None:
+            # The ring's slots granted at once on the direct path: as many as the window, leaving the ring's
+            # consumers a slot, where the ring lets its producer hold several (strategies that wait on the CPU).
+            if callable(getattr(sink, "acquire_after", None)) and getattr(sink, "sync", None) in CPU_WAITS:
+                self.direct_window = max(1, min(max(self.window, 1), int(sink.slots) - 1))
+        self.live.send(encode_offer(Offer(self.window if regions else 0, direct, tuple(regions), error,
+                                          self.direct_window)))
         return held
 
     def _expect_nothing(self) -> None:
@@ -238,37 +249,58 @@ class ReceivingEnd:
             self.on_publish(seq)
 
     def _direct(self, sink: Any, device: int, held: Any) -> None:
-        """The direct path: each slot of the ring granted as it is acquired, one at a time."""
-        nbytes = int(sink.nbytes)
-        granted: Any = held
-        is_granted = False
-        written: list[int] = []
+        """The direct path: the ring's slots granted as they are acquired, up to ``direct_window`` at once (the
+        ring's producer holds them: ``acquire_after``); each published, in order, once its written notification
+        came."""
+        nbytes, window = int(sink.nbytes), self.direct_window
+        granted: deque[Any] = deque()  # slots held and granted, in order
+        waiting: Any = held  # a slot held, not granted yet
+        written: set[int] = set()
         since = time.monotonic()
+        clock, end_turn = time.perf_counter, Pace(self.stats).turn
+
+        def on_written(seq: int) -> None:
+            if not any(slot.seq == seq for slot in granted):
+                raise ProtocolError(f"frame {seq} written, but the slots granted are {[s.seq for s in granted]}")
+            written.add(seq)
+
         while True:
-            self._messages(written.append)
-            for seq in written:
-                if granted is None or not is_granted or seq != granted.seq:
-                    raise ProtocolError(f"frame {seq} written, but the slot granted is "
-                                        f"{None if granted is None or not is_granted else granted.seq}")
-                sink.publish(granted)
-                self._published(seq, nbytes)
-                granted, is_granted, since = None, False, time.monotonic()
-            written.clear()
+            began = clock()
+            self._messages(on_written)
+            progressed = False
+            while granted and granted[0].seq in written:
+                slot = granted.popleft()
+                written.discard(slot.seq)
+                sink.publish(slot)
+                self._published(slot.seq, nbytes)
+                since, progressed = time.monotonic(), True
             if self._ended_cleanly():
                 return
             if self._written_total is not None:
-                time.sleep(POLL_S)  # the last written notification is on its way
+                end_turn(began, progressed)  # the last written notifications are on their way
                 continue
-            if granted is None:
-                granted = self._acquire(sink, since, self.slice_s)
-                if granted is None:
-                    continue
-            if not is_granted:
-                reach = self.transport.expose(granted.ptr, nbytes, device)
-                self.live.send(grant_message(granted.seq, granted.slot, granted.ptr, nbytes, device, reach))
-                is_granted = True
-            else:
-                time.sleep(POLL_S)
+            if waiting is None and len(granted) < window:
+                if granted:
+                    waiting = self._acquire_after(sink, granted[-1], since)
+                else:
+                    waiting = self._acquire(sink, since, ACQUIRE_SLICE_S)
+            if waiting is not None:
+                reach = self.transport.expose(waiting.ptr, nbytes, device)
+                self.live.send(grant_message(waiting.seq, waiting.slot, waiting.ptr, nbytes, device, reach))
+                granted.append(waiting)
+                waiting, progressed = None, True
+            end_turn(began, progressed)
+
+    def _acquire_after(self, sink: Any, after: Any, since: float) -> Any:
+        """The ring's slot after ``after`` (held), or None after a slice; as :meth:`_acquire` for a stuck ring."""
+        try:
+            return sink.acquire_after(after, timeout=ACQUIRE_SLICE_S)
+        except Timeout:
+            if time.monotonic() - since > self.stall_timeout:
+                raise BridgeError(
+                    f"this ring's consumers held slot {(after.seq + 1) % sink.slots} for more than "
+                    f"{self.stall_timeout} s: a consumer is stuck (or raise --stall-timeout)") from None
+            return None
 
     def _landing(self, sink: Any, device: int, held: Any) -> None:
         """The landing path: every free landing buffer granted; each written one copied into the ring's next slot
