@@ -6,6 +6,7 @@ failures."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import struct
 import threading
@@ -427,6 +428,12 @@ def test_messages_round_trip_and_garbage_is_refused() -> None:
     with pytest.raises(ProtocolError, match="not base64"):
         decode_offer(b'{"window": 0, "landing": [], "direct": {"seq": 0, "slot": 0, "ptr": 1, "nbytes": 1, '
                      b'"device": 0, "reach": "%%"}}')
+    for direct_window in (0, 65, -1, "3", 2.5, None):
+        with pytest.raises(ProtocolError, match="a direct window"):
+            decode_offer(json.dumps({"window": 0, "landing": [], "direct_window": direct_window}).encode())
+    # A receiving end that says nothing of it grants one slot at a time.
+    assert decode_offer(b'{"window": 0, "landing": []}').direct_window == 1
+    assert decode_offer(encode_offer(Offer(0, None, (), "", 3))[len(b"gib2O"):]).direct_window == 3
     with pytest.raises(ProtocolError, match="a choice without"):
         decode_choice(b'{"path": "tcp"}')
 
