@@ -146,15 +146,17 @@ class ReceivingEnd:
             self.landing.close()
         return self.summary()
 
-    def _acquire(self, sink: Any, since: float, timeout: float) -> Any:
-        """The ring's next slot, or None after ``timeout``; :class:`BridgeError` once its consumers held it for
-        more than ``stall_timeout`` since ``since``."""
+    def _acquire(self, sink: Any, since: float, timeout: float, after: Any = None) -> Any:
+        """The ring's next slot (or, ``after`` a slot held, the one after it: ``acquire_after``), or None after
+        ``timeout``; :class:`BridgeError` once its consumers held it for more than ``stall_timeout`` since
+        ``since``."""
         try:
-            return sink.acquire(timeout=timeout)
+            return sink.acquire(timeout=timeout) if after is None else sink.acquire_after(after, timeout=timeout)
         except Timeout:
             if time.monotonic() - since > self.stall_timeout:
+                seq = sink.next_sequence if after is None else after.seq + 1
                 raise BridgeError(
-                    f"this ring's consumers held slot {sink.next_sequence % sink.slots} for more than "
+                    f"this ring's consumers held slot {seq % sink.slots} for more than "
                     f"{self.stall_timeout} s: a consumer is stuck (or raise --stall-timeout)") from None
             return None
 
@@ -280,27 +282,13 @@ class ReceivingEnd:
                 end_turn(began, progressed)  # the last written notifications are on their way
                 continue
             if waiting is None and len(granted) < window:
-                if granted:
-                    waiting = self._acquire_after(sink, granted[-1], since)
-                else:
-                    waiting = self._acquire(sink, since, ACQUIRE_SLICE_S)
+                waiting = self._acquire(sink, since, ACQUIRE_SLICE_S, granted[-1] if granted else None)
             if waiting is not None:
                 reach = self.transport.expose(waiting.ptr, nbytes, device)
                 self.live.send(grant_message(waiting.seq, waiting.slot, waiting.ptr, nbytes, device, reach))
                 granted.append(waiting)
                 waiting, progressed = None, True
             end_turn(began, progressed)
-
-    def _acquire_after(self, sink: Any, after: Any, since: float) -> Any:
-        """The ring's slot after ``after`` (held), or None after a slice; as :meth:`_acquire` for a stuck ring."""
-        try:
-            return sink.acquire_after(after, timeout=ACQUIRE_SLICE_S)
-        except Timeout:
-            if time.monotonic() - since > self.stall_timeout:
-                raise BridgeError(
-                    f"this ring's consumers held slot {(after.seq + 1) % sink.slots} for more than "
-                    f"{self.stall_timeout} s: a consumer is stuck (or raise --stall-timeout)") from None
-            return None
 
     def _landing(self, sink: Any, device: int, held: Any) -> None:
         """The landing path: every free landing buffer granted; each written one copied into the ring's next slot
