@@ -229,7 +229,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds between reports of the rate and the transport during the run")
     rcv.add_argument("--slots", type=int, default=None, help="slots of the ring made (default: as the sender's)")
     rcv.add_argument("--window", type=int, default=DEFAULT_WINDOW,
-                     help="landing buffers the sending end may write into, so frames in flight (0: none)")
+                     help="landing buffers the sending end may write into, so frames in flight (0: none); on the "
+                          "direct path, the ring's slots granted at once (at most all but one)")
     rcv.add_argument("--sync", default=None, choices=list(CPU_STRATEGIES))
     rcv.add_argument("--consumers", type=int, default=1, help="consumers to admit before the first frame")
     rcv.add_argument("--wait-for-sender", type=float, default=60.0)
