@@ -80,6 +80,8 @@ pub struct Slot {
     nbytes: u64,
     /// The stream `acquire` queued its wait on (GPU backends), the default of `publish`.
     stream: Option<u64>,
+    /// Made by ``acquire_after``: a frame past the next, which ``publish`` checks is its turn before taking it.
+    ahead: bool,
     /// Other streams that took the slot through DLPack: the publish is ordered after the work they queued.
     writers: Mutex<Vec<u64>>,
     /// Keeps the ring's allocation alive while this object lives (GPU backends).
@@ -88,9 +90,10 @@ pub struct Slot {
 
 impl Producer {
     /// The Python object of `lease`, acquired with `raw` (the stream its waits were queued on, GPU backends).
-    fn slot_of(slf: &Bound<'_, Self>, lease: SlotLease, raw: Option<u64>) -> Slot {
+    fn slot_of(slf: &Bound<'_, Self>, lease: SlotLease, raw: Option<u64>, ahead: bool) -> Slot {
         let this = slf.get();
         Slot {
+            ahead,
             seq: lease.seq().0,
             index: lease.slot().0,
             ptr: lease.ptr().0,
@@ -222,7 +225,7 @@ impl Producer {
             let s = gpu.map(|g| g.stream(raw));
             each_backend!(end, p => p.acquire(s.as_deref(), t))
         })?;
-        Ok(Self::slot_of(slf, lease, raw))
+        Ok(Self::slot_of(slf, lease, raw, false))
     }
 
     /// Waits until the slot of the frame after ``slot``'s is free and returns it, while ``slot`` is still held: a
@@ -256,7 +259,7 @@ impl Producer {
             each_backend!(end, p => p.acquire_after(&after, s.as_deref(), t))
         });
         *lock(&held.lease) = Some(after);
-        Ok(Self::slot_of(slf, acquired?, raw))
+        Ok(Self::slot_of(slf, acquired?, raw, true))
     }
 
     /// Publishes ``slot`` once the work queued on ``stream`` (default: the stream ``acquire`` used) is done.
@@ -273,9 +276,12 @@ impl Producer {
         }
         this.open_end(slf.py())?;
         // Before anything is taken: a frame held ahead (``acquire_after``) published before the ones it follows is
-        // refused and stays to publish in its turn.
-        let next =
-            this.with_end(slf.py(), Duration::ZERO, false, |end, _| Ok(each_backend!(end, p => p.next_sequence())))?;
+        // refused and stays to publish in its turn. (An ``acquire`` slot is never ahead: no look for it.)
+        let next = if slot.ahead {
+            this.with_end(slf.py(), Duration::ZERO, false, |end, _| Ok(each_backend!(end, p => p.next_sequence())))?
+        } else {
+            slot.seq
+        };
         if slot.seq > next {
             return Err(ForeignToken::new_err(format!(
                 "frame {} comes after frame {next}, not published yet: publish the frames in order",
