@@ -9,4 +9,5 @@ pub mod fuzzing;
 pub mod pool;
 pub mod queue;
 pub mod semaphore;
+mod stream_marks;
 pub mod weights;

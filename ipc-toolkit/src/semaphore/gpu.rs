@@ -2,36 +2,27 @@
 //! `posted`), and a mark (an event) after each queued wait, so that teardown never unregisters memory a stream may
 //! still poll.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::block::SemaphoreBlock;
 use super::error::SemaphoreError;
 use super::layout::{POSTED_OFFSET, SharedWords};
+use crate::stream_marks::StreamMarks;
 use gpu_ipc_driver::{
-    Context, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, Event, EventFlags, HostRegistration, Stream,
-    WaitCondition,
+    Context, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, HostRegistration, Stream, WaitCondition,
 };
 use ipc_core::shm::SharedObject;
 
 /// How long teardown waits for streams to pass waits whose tickets a post has reached.
 const SETTLE: Duration = Duration::from_secs(1);
 
-/// A queued wait: the event recorded after it, and its ticket.
-struct Mark {
-    event: Event,
-    ticket: u64,
-}
-
 /// This handle's registration of the shared block and its queued waits.
 pub(super) struct GpuSide {
     ctx: Context,
     registration: Arc<HostRegistration<SharedObject<SharedWords>>>,
-    /// Marks of waits the stream may not have passed, oldest first.
-    marks: VecDeque<Mark>,
-    /// Events of passed marks, for reuse.
-    spare: Vec<Event>,
+    /// Marks of waits the stream may not have passed (their ticket as target).
+    marks: StreamMarks,
 }
 
 impl GpuSide {
@@ -41,7 +32,7 @@ impl GpuSide {
             return Err(SemaphoreError::NoStreamMemOps);
         }
         let registration = Arc::new(HostRegistration::new(ctx, Arc::clone(block.shared()))?);
-        Ok(Self { ctx: ctx.clone(), registration, marks: VecDeque::new(), spare: Vec::new() })
+        Ok(Self { ctx: ctx.clone(), registration, marks: StreamMarks::new(ctx) })
     }
 
     /// The device address of `posted` in this side's context: what kernels after a wait read.
@@ -64,31 +55,9 @@ impl GpuSide {
 
     /// Queues on `stream` a wait until `posted >= ticket + 1`, then a mark.
     pub(super) fn queue_wait(&mut self, stream: &Stream, ticket: u64) -> Result<(), SemaphoreError> {
-        self.prune();
         self.registration.wait_value_u64(stream, POSTED_OFFSET, ticket + 1, WaitCondition::AtLeast)?;
-        let event = match self.spare.pop() {
-            Some(event) => event,
-            None => Event::new(&self.ctx, EventFlags::default())?,
-        };
-        // A failed record leaves the wait queued without a mark: teardown then leaks the registration.
-        let recorded = event.record(stream);
-        self.marks.push_back(Mark { event, ticket });
-        if let Err(e) = recorded {
-            tracing::warn!(error = %e, "semaphore: recording the mark after a stream wait failed");
-        }
+        self.marks.record(stream, ticket, "semaphore")?;
         Ok(())
-    }
-
-    /// Forgets the marks the streams have passed.
-    fn prune(&mut self) {
-        while let Some(mark) = self.marks.front() {
-            if !matches!(mark.event.is_complete(), Ok(true)) {
-                break;
-            }
-            if let Some(mark) = self.marks.pop_front() {
-                self.spare.push(mark.event);
-            }
-        }
     }
 
     /// Teardown: the registration may go once every queued wait is passed. Waits whose ticket a post has reached
@@ -96,20 +65,9 @@ impl GpuSide {
     /// registration is then leaked (64 KiB of page-locked host memory stays mapped) rather than unregistered under
     /// a stream that still polls it.
     fn settle(&mut self, block: &SemaphoreBlock) {
-        let deadline = Instant::now() + SETTLE;
-        loop {
-            self.prune();
-            let Some(oldest) = self.marks.front() else { return };
-            let reached = self.marks.iter().all(|mark| block.posted() > mark.ticket || block.check().is_err());
-            if !reached || Instant::now() >= deadline {
-                tracing::debug!(
-                    ticket = oldest.ticket,
-                    "semaphore: a stream may still wait on the shared block: leaking this handle's registration"
-                );
-                std::mem::forget(Arc::clone(&self.registration));
-                return;
-            }
-            std::thread::sleep(Duration::from_micros(100));
+        let reached = |ticket| block.posted() > ticket || block.check().is_err();
+        if !self.marks.settle(SETTLE, reached, "semaphore") {
+            std::mem::forget(Arc::clone(&self.registration));
         }
     }
 
