@@ -7,6 +7,8 @@
 //!   second.
 //! - The owner SIGKILLed while a reader holds a generation: the reader is told within a second, its tensors still
 //!   read correctly.
+//! - The owner SIGKILLed while a wait for the next generation is armed on the reader's stream gate: the wait is
+//!   released, as "owner gone", within a second.
 //! - 1,000 generations published while a reader process switches and checks every tensor and checksum: 0 mixed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use ipc_core::host::{Host, HostContext};
 use ipc_toolkit::weights::{
-    DType, HeldGeneration, TensorDesc, WeightsError, WeightsOptions, WeightsOwner, WeightsReader,
+    DType, GenerationWaitStatus, HeldGeneration, TensorDesc, WeightsError, WeightsOptions, WeightsOwner, WeightsReader,
 };
 
 const ROLE: &str = "GPU_IPC_WEIGHTS_CHILD";
@@ -246,6 +248,28 @@ fn the_owner_killed_is_seen_within_a_second_and_held_tensors_still_read() {
     assert!(matches!(reader.latest(), Err(WeightsError::OwnerGone { .. })));
     check(&held).unwrap();
     assert_eq!(held.verify().unwrap(), 24);
+}
+
+#[test]
+fn the_owner_killed_releases_a_pending_generation_wait_as_gone_within_a_second() {
+    let path = sock("sigkill-owner-gate");
+    let (mut child, mut out) = spawn_child("owner", &path);
+    expect_line(&mut out, "PUBLISHED");
+    let reader = WeightsReader::<Host>::open(&HostContext, &path, SET, Duration::from_secs(10)).unwrap();
+    let wait = reader.watch(2).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(reader.wait_status(&wait), GenerationWaitStatus::Waiting);
+    child.kill().unwrap(); // SIGKILL
+    let killed = Instant::now();
+    child.wait().unwrap();
+    while reader.wait_status(&wait) == GenerationWaitStatus::Waiting {
+        assert!(killed.elapsed() < Duration::from_secs(1), "the wait was not released by the owner's death");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    eprintln!("the pending wait was released {:?} after the SIGKILL", killed.elapsed());
+    assert_eq!(reader.wait_status(&wait), GenerationWaitStatus::OwnerGone { newest: 1 });
+    drop(reader);
+    assert_eq!(wait.word().load() & !ipc_toolkit::weights::GONE_BIT, 1, "the word outlives the reader");
 }
 
 #[test]

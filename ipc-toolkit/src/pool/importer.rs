@@ -181,6 +181,12 @@ impl<B: Backend> PoolImporter<B> {
         note(&self.inner.directory)
     }
 
+    /// Another handle on this same attachment (one connection, one peer; it ends when the last handle goes): for a
+    /// helper thread that reads the directory beside the handle's owner.
+    pub(crate) fn share(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+
     /// The pool instance's id (changes when the owner makes the pool anew).
     pub fn pool_id(&self) -> u64 {
         self.inner.offer.pool_id

@@ -89,6 +89,30 @@ pub enum WeightsError {
         /// The checksum of the bytes.
         found: u64,
     },
+    /// A stream wait was asked of a reader without a CUDA context (the host backend).
+    #[error(
+        "weight set `{set}`: stream waits need a GPU backend (legacy or vmm): this reader has no CUDA context; wait on the CPU (wait_for), or watch the status word"
+    )]
+    NoCudaContext {
+        /// The set.
+        set: String,
+    },
+    /// The device cannot queue 64-bit stream waits (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` is 0).
+    #[error(
+        "weight set `{set}`: this device cannot queue 64-bit stream waits (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0): wait on the CPU (wait_for), or let kernels read the status word of watch()"
+    )]
+    NoStreamMemOps {
+        /// The set.
+        set: String,
+    },
+    /// The reader's stream gate (its status word, its registration, its thread) could not be made.
+    #[error("weight set `{set}`: the reader's stream gate: {problem}")]
+    StreamGate {
+        /// The set.
+        set: String,
+        /// What failed.
+        problem: String,
+    },
     /// A call out of order or an invalid argument (no staged generation to commit, a bad set name, ...).
     #[error("{0}")]
     Invalid(String),

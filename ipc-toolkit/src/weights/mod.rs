@@ -8,7 +8,9 @@
 //!   [`update`](WeightsOwner::update) (both, from host bytes), [`readers`](WeightsOwner::readers).
 //! - [`WeightsReader`]: [`open`](WeightsReader::open), [`held`](WeightsReader::held) (the generation held, as a
 //!   [`HeldGeneration`] that keeps its arena pinned while it lives), [`latest`](WeightsReader::latest) (a word in
-//!   shared memory), [`refresh`](WeightsReader::refresh), [`wait_for`](WeightsReader::wait_for).
+//!   shared memory), [`refresh`](WeightsReader::refresh), [`wait_for`](WeightsReader::wait_for) (on the CPU),
+//!   [`wait_on`](WeightsReader::wait_on) (a CUDA stream waits for a generation, released by the owner's end too)
+//!   and [`watch`](WeightsReader::watch) (the same status word, for kernels to read).
 //! - [`find_runs`]: a generation's tensors as [`Run`]s, tensors alike a constant step apart, which one strided view
 //!   cuts (the owner lays tensors alike out together, so an ordinary state_dict is a few dozen runs).
 //! - [`TensorCopier`]: on a GPU, a whole state_dict copied into a staged arena
@@ -25,20 +27,24 @@
 mod arena;
 mod copy;
 mod error;
+mod gate;
 mod io;
 pub mod manifest;
 mod owner;
 mod reader;
 mod runs;
+mod stream_wait;
 
 pub use copy::{BoundCopies, CopyDirection, TensorCopier};
 pub use error::WeightsError;
+pub use gate::{GONE_BIT, MAX_GENERATION, StatusWord};
 pub use io::ArenaBytes;
 pub use ipc_core::wire::{DType, TensorDesc};
 pub use manifest::{Manifest, ManifestError, TensorEntry};
 pub use owner::{ReaderHold, StagedGeneration, WeightsOptions, WeightsOwner};
 pub use reader::{HeldGeneration, WeightsReader};
 pub use runs::{Run, find_runs};
+pub use stream_wait::{GenerationWait, GenerationWaitStatus};
 
 /// The pool buffer name of `set`'s arena of `generation`.
 fn arena_name(set: &str, generation: u64) -> String {
@@ -50,6 +56,9 @@ fn generation_of(set: &str, buffer: &str) -> Option<u64> {
     buffer.strip_prefix(set)?.strip_prefix('/')?.parse().ok()
 }
 
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod stream_wait_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests;

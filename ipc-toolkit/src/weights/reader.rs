@@ -11,8 +11,9 @@ use super::copy::{BoundCopies, CopyDirection, TensorCopier};
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{MANIFEST_HEADER_BYTES, Manifest, ManifestError, TensorEntry, checksum};
+use super::stream_wait::GateSlot;
 use crate::pool::{AttachOptions, BufferView, PoolError, PoolImporter};
-use gpu_ipc_driver::{DevicePtr, DeviceSpan, Stream};
+use gpu_ipc_driver::{Context, DevicePtr, DeviceSpan, Stream};
 use ipc_core::backend::GpuBackend;
 
 /// How often [`WeightsReader::wait_for`] looks at the published word.
@@ -169,8 +170,14 @@ impl<B: ArenaBytes + GpuBackend> HeldGeneration<B> {
 }
 
 /// A reader of a weight set: attached once to the owner's socket, it holds one generation at a time and moves to
-/// the newest when it chooses. Old [`HeldGeneration`]s stay valid while something holds them.
+/// the newest when it chooses ([`latest`](Self::latest), [`wait_for`](Self::wait_for) on the CPU,
+/// [`wait_on`](Self::wait_on) a CUDA stream). Old [`HeldGeneration`]s stay valid while something holds them.
 pub struct WeightsReader<B: ArenaBytes> {
+    /// The stream gate, made at the first `watch` or `wait_on`; closed first (it stops its thread and waits for
+    /// the streams to pass what it released).
+    gate: GateSlot,
+    /// The CUDA context stream waits use (`None` on the host backend).
+    cuda: Option<Context>,
     set: String,
     path: PathBuf,
     held: Arc<HeldGeneration<B>>,
@@ -228,7 +235,8 @@ impl<B: ArenaBytes> WeightsReader<B> {
         let (held, encoded) = load(&importer, set, &path, generation, None)?;
         let held = Arc::new(held);
         tracing::info!(set, generation = held.generation(), path = %path.display(), "weight set opened");
-        Ok(Self { set: set.to_owned(), path, held, encoded, importer })
+        let cuda = B::cuda_context(ctx).cloned();
+        Ok(Self { gate: GateSlot::default(), cuda, set: set.to_owned(), path, held, encoded, importer })
     }
 
     /// The set's name.
@@ -298,6 +306,18 @@ impl<B: ArenaBytes> WeightsReader<B> {
     /// Whether the owner has closed the set or gone away.
     pub fn owner_gone(&self) -> bool {
         self.importer.owner_gone()
+    }
+
+    pub(super) fn cuda(&self) -> Option<&Context> {
+        self.cuda.as_ref()
+    }
+
+    pub(super) fn gate_slot(&self) -> &GateSlot {
+        &self.gate
+    }
+
+    pub(super) fn importer(&self) -> &PoolImporter<B> {
+        &self.importer
     }
 }
 

@@ -11,11 +11,11 @@ use crate::pool::{PoolConfig, SharedPool};
 use gpu_ipc_driver::DeviceUuid;
 use ipc_core::host::{Host, HostContext};
 
-fn sock(name: &str) -> PathBuf {
+pub(super) fn sock(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("gpu-ipc-weights-{}-{name}.sock", std::process::id()))
 }
 
-fn tensors() -> Vec<(String, TensorDesc)> {
+pub(super) fn tensors() -> Vec<(String, TensorDesc)> {
     vec![
         ("embed.weight".into(), TensorDesc::contiguous(DType::BF16, [16, 8]).unwrap()),
         ("layers.0.norm".into(), TensorDesc::contiguous(DType::F32, [8]).unwrap()),
@@ -36,7 +36,7 @@ fn bytes_for(layout: &Manifest, generation: u64) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn publish(owner: &mut WeightsOwner<Host>) -> u64 {
+pub(super) fn publish(owner: &mut WeightsOwner<Host>) -> u64 {
     let next = owner.generation() + 1;
     let data = bytes_for(owner.layout(), next);
     let refs: Vec<(&str, &[u8])> = data.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
@@ -53,7 +53,7 @@ fn check_held(held: &HeldGeneration<Host>, generation: u64) {
     }
 }
 
-fn open(path: &PathBuf, set: &str) -> WeightsReader<Host> {
+pub(super) fn open(path: &PathBuf, set: &str) -> WeightsReader<Host> {
     WeightsReader::<Host>::open(&HostContext, path, set, Duration::from_secs(5)).unwrap()
 }
 
