@@ -5,7 +5,13 @@
 //! ```text
 //! weights bench --backend vmm --tensors 291 --mib 1024 --generations 20 --json
 //! weights bench --backend host --tensors 19000 --mib 64        # no GPU needed
+//! weights owner --backend vmm --socket /tmp/w.sock              # publishes 1, then one more per line on stdin
+//! weights stream-wait --backend vmm --socket /tmp/w.sock --generation 2
 //! ```
+//! `stream-wait` queues on a CUDA stream a wait for a generation (`WeightsReader::wait_on`) and, right after it, a
+//! copy of the reader's status word into device memory (what a kernel queued after the wait would read); it prints
+//! what released the stream, as the GPU saw it and as the CPU is told, and how long the reader took to close
+//! (`--close-after-ms`: the reader closes while the stream still waits, which must release it).
 //! Exit status: 0 every generation the reader took verified; 1 a mismatch or another error; 3 no CUDA driver (use
 //! `--backend host`).
 
@@ -19,9 +25,11 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::host::{Host, HostContext};
-use gpu_ipc::driver::Context;
+use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, Stream};
 use gpu_ipc::pool::PoolError;
-use gpu_ipc::weights::{ArenaBytes, DType, TensorDesc, WeightsError, WeightsOptions, WeightsOwner, WeightsReader};
+use gpu_ipc::weights::{
+    ArenaBytes, DType, GenerationWaitStatus, TensorDesc, WeightsError, WeightsOptions, WeightsOwner, WeightsReader,
+};
 use gpu_ipc_examples::{EXIT_NO_DRIVER, RoleArgs, print_summary};
 
 /// Share a set of tensors and its generations between processes.
@@ -55,6 +63,46 @@ enum Role {
         #[arg(long, default_value_t = 10)]
         generations: u64,
     },
+    /// Publish generation 1 of a small set at `--socket`, then one more generation per line read on stdin; end at
+    /// the end of stdin.
+    Owner {
+        #[command(flatten)]
+        common: RoleArgs,
+        #[arg(long)]
+        socket: PathBuf,
+    },
+    /// Queue on a CUDA stream a wait for `--generation` (and a copy of the status word after it), then report what
+    /// released the stream (at most `--timeout-ms`). GPU backends only.
+    StreamWait {
+        #[command(flatten)]
+        common: RoleArgs,
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        generation: u64,
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
+        /// Close the reader this long after queueing, while the stream may still wait.
+        #[arg(long)]
+        close_after_ms: Option<u64>,
+    },
+}
+
+#[derive(Debug, serde::Serialize)]
+struct StreamWaitReport {
+    role: &'static str,
+    backend: &'static str,
+    generation: u64,
+    /// The status word as the stream's copy after the wait saw it.
+    gpu_word: u64,
+    /// What released the wait by that word: "published" or "gone".
+    gpu_status: &'static str,
+    /// What `wait_status` said once the stream was idle (`None` when the reader was closed first).
+    cpu_status: Option<String>,
+    /// Milliseconds from queueing the wait to the stream found idle.
+    released_after_ms: f64,
+    /// Milliseconds the reader took to close (`--close-after-ms`).
+    close_ms: Option<f64>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -211,6 +259,75 @@ fn reader<B: ArenaBytes>(ctx: &B::Context, socket: &Path, generations: u64) -> R
     })
 }
 
+/// The `owner` role: generation 1, then one more per line on stdin.
+fn owner<B: ArenaBytes>(ctx: &B::Context, socket: &Path) -> Result<(), WeightsError> {
+    let mut owner = WeightsOwner::<B>::create(ctx, socket, "model", tensors(8, 1)?, WeightsOptions::default())?;
+    eprintln!("weights owner: published {}", publish(&mut owner)?);
+    for line in std::io::stdin().lock().lines() {
+        if line.is_err() {
+            break;
+        }
+        eprintln!("weights owner: published {}", publish(&mut owner)?);
+    }
+    Ok(())
+}
+
+/// The `stream-wait` role (see the module docs).
+fn stream_wait<B: ArenaBytes>(
+    ctx: &Context,
+    b_ctx: &B::Context,
+    socket: &Path,
+    generation: u64,
+    timeout: Duration,
+    close_after: Option<Duration>,
+) -> Result<StreamWaitReport, WeightsError> {
+    let driver = |e: gpu_ipc::driver::DriverError| WeightsError::Pool(PoolError::Backend(e.into()));
+    let reader = WeightsReader::<B>::open(b_ctx, socket, "model", Duration::from_secs(30))?;
+    let stream = Stream::new(ctx).map_err(driver)?;
+    // Freed only once the stream is idle: on an early return it is left allocated (8 bytes, in a process about to
+    // exit) rather than freed under a copy still queued.
+    let snapshot = std::mem::ManuallyDrop::new(DeviceBuffer::alloc(ctx, 8).map_err(driver)?);
+    let queued = Instant::now();
+    let wait = reader.wait_on(generation, &stream)?;
+    reader.copy_status_on(&stream, &wait, &snapshot.span())?;
+    eprintln!("weights stream-wait: stream wait for generation {generation} queued");
+    let mut close_ms = None;
+    let mut reader = Some(reader);
+    if let Some(after) = close_after {
+        std::thread::sleep(after);
+        let started = Instant::now();
+        drop(reader.take());
+        close_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+        eprintln!("weights stream-wait: reader closed in {:.3} ms", close_ms.unwrap_or(0.0));
+    }
+    let deadline = queued + timeout;
+    while !stream.is_idle().map_err(driver)? {
+        if Instant::now() >= deadline {
+            return Err(WeightsError::Invalid(format!("the stream still waits after {timeout:?}")));
+        }
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    let released_after_ms = queued.elapsed().as_secs_f64() * 1e3;
+    let mut word = [0u64; 1];
+    snapshot.span().read(0, &mut word).map_err(driver)?;
+    drop(std::mem::ManuallyDrop::into_inner(snapshot));
+    let gpu_status = match wait.status_of(word[0]) {
+        GenerationWaitStatus::Published { .. } => "published",
+        GenerationWaitStatus::OwnerGone { .. } => "gone",
+        GenerationWaitStatus::Waiting => "waiting",
+    };
+    Ok(StreamWaitReport {
+        role: "stream-wait",
+        backend: B::KIND.name(),
+        generation,
+        gpu_word: word[0],
+        gpu_status,
+        cpu_status: reader.as_ref().map(|r| format!("{:?}", r.wait_status(&wait))),
+        released_after_ms,
+        close_ms,
+    })
+}
+
 /// Runs `run` with the backend's context: the host backend's, or device `device`'s for a GPU backend.
 fn with_backend<G: GpuRun>(
     kind: BackendKind,
@@ -256,6 +373,22 @@ impl GpuRun for ReaderRun<'_> {
     }
 }
 
+struct OwnerRun<'a>(&'a Path);
+impl GpuRun for OwnerRun<'_> {
+    type Output = ();
+    fn run<B: gpu_ipc::core::backend::GpuBackend>(self, ctx: &Context) -> Result<(), WeightsError> {
+        owner::<B>(ctx, self.0)
+    }
+}
+
+struct StreamWaitRun<'a>(&'a Path, u64, Duration, Option<Duration>);
+impl GpuRun for StreamWaitRun<'_> {
+    type Output = StreamWaitReport;
+    fn run<B: gpu_ipc::core::backend::GpuBackend>(self, ctx: &Context) -> Result<StreamWaitReport, WeightsError> {
+        stream_wait::<B>(ctx, ctx, self.0, self.1, self.2, self.3)
+    }
+}
+
 fn no_driver(e: &WeightsError) -> bool {
     e.to_string().contains("libcuda")
 }
@@ -287,6 +420,16 @@ fn main() -> ExitCode {
             common.device,
             |ctx| reader::<Host>(ctx, socket, *generations),
             ReaderRun(socket, *generations),
+        )
+        .map(|r| print_summary(common.json, &r, |r| format!("{r:?}"))),
+        Role::Owner { common, socket } => {
+            with_backend(common.backend, common.device, |ctx| owner::<Host>(ctx, socket), OwnerRun(socket))
+        }
+        Role::StreamWait { common, socket, generation, timeout_ms, close_after_ms } => with_backend(
+            common.backend,
+            common.device,
+            |_| Err(WeightsError::NoCudaContext { set: "model".into() }),
+            StreamWaitRun(socket, *generation, Duration::from_millis(*timeout_ms), close_after_ms.map(Duration::from_millis)),
         )
         .map(|r| print_summary(common.json, &r, |r| format!("{r:?}"))),
     };
