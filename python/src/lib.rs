@@ -55,6 +55,7 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<weights::WeightsBound>()?;
     m.add_class::<weights::WeightsReader>()?;
     m.add_class::<weights::WeightsTensor>()?;
+    m.add_class::<weights::GenerationWait>()?;
     m.add_function(wrap_pyfunction!(weights::read_sources, m)?)?;
     m.add_function(wrap_pyfunction!(weights::runs_of, m)?)?;
     errors::register(m)?;

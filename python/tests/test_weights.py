@@ -393,3 +393,94 @@ def test_a_thousand_switches_show_no_mixed_generation(sock: str) -> None:
         finally:
             child.kill()
         assert int(mixed) == 0 and int(switches) >= 1
+
+
+def test_a_watched_generation_is_seen_in_the_status_word_and_the_owners_end_releases_it(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock) as pub:
+        r = gpu_ipc.weights.open(sock, "m")
+        done = r.watch(1)
+        assert done.generation == 1 and r.wait_status(done) == ("published", 1)
+        word = np.from_dlpack(done)  # the host backend's status word: host memory, no copy
+        assert word.shape == () and word.dtype == np.int64 and int(word) == 1
+        assert word.ctypes.data == done.status_word
+        wait = r.watch(2)
+        time.sleep(0.02)
+        assert r.wait_status(wait) == ("waiting", 0) and wait.status_of(int(word)) == "waiting"
+        pub.update(state_dict(2))
+        deadline = time.monotonic() + 1.0
+        while r.wait_status(wait)[0] == "waiting":
+            assert time.monotonic() < deadline, "the status word did not follow the publication"
+            time.sleep(0.0005)
+        assert r.wait_status(wait) == ("published", 2) and int(word) == 2
+        pending = r.watch(3)
+    deadline = time.monotonic() + 1.0  # the owner closed: the pending wait is released as gone
+    while r.wait_status(pending)[0] == "waiting":
+        assert time.monotonic() < deadline, "the owner's end did not release the wait"
+        time.sleep(0.0005)
+    assert r.wait_status(pending) == ("gone", 2)
+    assert int(word) == gpu_ipc.weights.GenerationWait.GONE_BIT | 2 and pending.status_of(int(word)) == "gone"
+    r.close()
+    assert int(word) & ~gpu_ipc.weights.GenerationWait.GONE_BIT == 2  # the array keeps the word
+
+
+def test_stream_waits_refuse_the_host_backend_generation_0_and_a_closed_reader(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock):
+        r = gpu_ipc.weights.open(sock, "m")
+        with pytest.raises(gpu_ipc.GpuIpcError, match="GPU backend"):
+            r.wait_on(2)
+        with pytest.raises(gpu_ipc.ArgumentError, match="generations run from 1"):
+            r.watch(0)
+        with pytest.raises(OverflowError):
+            r.watch(-1)
+        r.close()
+        with pytest.raises(gpu_ipc.GpuIpcError):
+            r.watch(2)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="needs a GPU and torch")
+@pytest.mark.parametrize("backend", ["legacy", "vmm"])
+def test_a_torch_stream_waits_for_the_next_generation_and_for_the_owners_end(sock: str, backend: str) -> None:
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    def weights(g: float) -> dict[str, object]:
+        return {"w": torch.full((1024,), g, device="cuda"), "b": torch.full((8,), g, device="cuda")}
+
+    def idle_within(stream: object, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not stream.query():  # type: ignore[attr-defined]
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+        return True
+
+    pub = gpu_ipc.weights.publish(weights(1.0), "m", socket=sock, backend=backend)
+    r = gpu_ipc.weights.open(sock, "m")
+    s = torch.cuda.Stream()  # a non-blocking stream: the publisher's copies on the default stream do not wait for it
+    wait = r.wait_on(2, stream=s)
+    with torch.cuda.stream(s):
+        seen = torch.from_dlpack(wait).clone()  # queued after the wait: the word as it released the stream
+    assert not idle_within(s, 0.2), "the stream did not wait for generation 2"
+    assert r.wait_status(wait) == ("waiting", 0)
+    pub.update(weights(2.0))
+    assert idle_within(s, 1.0), "the publication did not release the stream"
+    assert int(seen) == 2 and r.wait_status(wait) == ("published", 2)
+    assert r.refresh() == 2
+    target = weights(0.0)
+    r.load_into(target)
+    assert bool((target["w"] == 2.0).all())  # type: ignore[attr-defined]
+    gone = r.wait_on(3, stream=s)
+    with torch.cuda.stream(s):
+        seen = torch.from_dlpack(gone).clone()
+    assert not idle_within(s, 0.1)
+    pub.close()
+    assert idle_within(s, 1.0), "the owner's end did not release the stream within a second"
+    assert int(seen) == gpu_ipc.weights.GenerationWait.GONE_BIT | 2 and r.wait_status(gone) == ("gone", 2)
+    r.close()

@@ -70,6 +70,7 @@ __all__ = [
     "Evicted",
     "ForeignToken",
     "Frame",
+    "GenerationWait",
     "GpuIpcError",
     "GpuWaitGaveUp",
     "LEGACY_DEFAULT_STREAM",
@@ -1024,6 +1025,21 @@ class WeightsReader:
     def wait_for(self, generation: int, timeout: float | None = None) -> int:
         """Blocks until ``generation`` or a newer one is published (``timeout`` seconds at most, ``None``: no bound),
         in 50 ms slices (Ctrl-C works); returns the newest. Raises ``Timeout``, ``OwnerGone``."""
+    def wait_on(self, generation: int, stream: Any = None) -> GenerationWait:
+        """Makes ``stream`` (default: the legacy default stream) wait until ``generation`` or a newer one is
+        published, or the owner is gone, or this reader closes (a stream wait cannot time out: the end releases it),
+        and returns at once: the wait, for ``wait_status`` and for the kernels queued after it (its status word).
+        Does not move the reader: call ``refresh`` when the CPU sees the generation. Raises ``GpuIpcError`` on the
+        host backend (use ``wait_for`` or ``watch``), ``ArgumentError`` for generation 0, ``OwnerGone``."""
+    def watch(self, generation: int) -> GenerationWait:
+        """Makes the reader's status word follow the published generation until ``generation`` or a newer one is
+        published or the owner is gone, without a stream wait; returns the wait (read its word on the device, or
+        ask ``wait_status``). Works on every backend (on the host backend the word is host memory). Raises
+        ``ArgumentError`` for generation 0, ``OwnerGone``."""
+    def wait_status(self, wait: GenerationWait) -> tuple[str, int]:
+        """How ``wait`` stands: ``("published", newest)`` (the generation or a newer one is published),
+        ``("gone", newest)`` (released by the owner's end, or this reader's close, before it came), or
+        ``("waiting", 0)``."""
     def tensors(self) -> list[tuple[str, WeightsTensor]]:
         """The held generation's tensors as ``(name, view)`` pairs; each view keeps the generation alive."""
     def arena(
@@ -1090,6 +1106,48 @@ class WeightsReader:
     def closed(self) -> bool: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class GenerationWait:
+    """A wait for a generation of a weight set (``Reader.wait_on``, ``Reader.watch``). ``Reader.wait_status(wait)``
+    says how it stands; on the device, read the status word (``torch.from_dlpack(wait)``, a 0-d ``int64``, no
+    copy; ordered on the stream you queue the read on, so queue it after the wait): the generation is published
+    iff ``(word & ~GONE_BIT) >= wait.generation``; else ``word & GONE_BIT`` says the owner is gone (or the reader
+    closed). The word stays allocated (and registered) while this object or an array made from it lives."""
+
+    GONE_BIT: int
+    @property
+    def generation(self) -> int:
+        """The generation waited for."""
+    @property
+    def status_word(self) -> int:
+        """The status word's address for kernels (read-only for them): a device address on a GPU backend, a host
+        address on the host backend."""
+    def status_of(self, word: int) -> str:
+        """What ``word`` (a value read at ``status_word``) says of this wait: ``"published"``, ``"gone"`` or
+        ``"waiting"``."""
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Its shape as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's (``(nbytes,)``
+        for bare bytes)."""
+    @property
+    def dtype(self) -> str:
+        """The element type's NumPy name (``"uint8"``, ``"float32"``, ``"bfloat16"``, ...)."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of the memory, no copy; the consumer's ``stream`` is ordered after the stream the
+        memory is ready on."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)`` (kDLCUDA) on a GPU, ``(1, 0)`` (kDLCPU) in host memory."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream``; absent (``AttributeError``) in host memory."""
 
 @final
 class WeightsTensor:

@@ -46,6 +46,7 @@ from typing import Any
 from gpu_ipc._gpu_ipc import (
     ArgumentError,
     ArgumentTypeError,
+    GenerationWait,
     WeightsOwner,
     WeightsReader,
     WeightsTensor,
@@ -74,7 +75,7 @@ _CUT_KEPT_FOR = ("torch", "numpy", "cupy")
 
 # ``open`` is left out, as from ``gpu_ipc.__all__``: ``from gpu_ipc.weights import *`` keeps the built-in ``open``;
 # call it ``gpu_ipc.weights.open``.
-__all__ = ["BoundSources", "BoundTargets", "Publisher", "Reader", "WeightsTensor", "publish"]
+__all__ = ["BoundSources", "BoundTargets", "GenerationWait", "Publisher", "Reader", "WeightsTensor", "publish"]
 
 
 class Publisher:
@@ -431,6 +432,28 @@ class Reader:
         """Blocks until ``generation`` or newer is published (Ctrl-C-able); returns the newest. Does not move: call
         ``refresh()``. Raises ``Timeout``, ``OwnerGone``."""
         return self._reader.wait_for(generation, timeout)
+
+    def wait_on(self, generation: int, stream: Any = None) -> GenerationWait:
+        """Makes ``stream`` (default: PyTorch's current stream on the set's device) wait on the GPU until
+        ``generation`` or a newer one is published, or the owner is gone (it closed the set or died), or this reader
+        closes: a stream wait cannot time out, so the end releases it. Returns at once, with the wait: the kernels
+        queued after it read its status word (``torch.from_dlpack(wait)``, a 0-d ``int64`` CUDA tensor, no copy,
+        no host sync): the generation is published iff ``(word & ~GenerationWait.GONE_BIT) >= wait.generation``.
+        Does not move the reader: call ``refresh()`` and ``load_into(...)`` when the CPU sees the generation
+        (``wait_status``). Raises ``GpuIpcError`` on the host backend (use ``wait_for`` or ``watch``),
+        ``ArgumentError`` for generation 0, ``OwnerGone``. See docs/weights.md, "Waiting on a stream"."""
+        return self._reader.wait_on(generation, _stream_of(stream, self._reader.device))
+
+    def watch(self, generation: int) -> GenerationWait:
+        """The status word of ``wait_on`` without a stream wait: it follows the published generation until
+        ``generation`` or newer is published or the owner is gone, for kernels that read it themselves (a CUDA
+        graph that must not block) or the CPU (``wait_status``). Works on the host backend too."""
+        return self._reader.watch(generation)
+
+    def wait_status(self, wait: GenerationWait) -> tuple[str, int]:
+        """How ``wait`` stands: ``("published", newest)``, ``("gone", newest)`` (the owner's end or this reader's
+        close released it before the generation came) or ``("waiting", 0)``."""
+        return self._reader.wait_status(wait)
 
     def verify(self) -> int:
         """Checks the held generation against its manifest's checksums; returns the tensors checked (0 without)."""

@@ -17,6 +17,7 @@ mod reader;
 mod runs;
 mod sources;
 mod tensor;
+mod wait;
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -32,6 +33,7 @@ pub use reader::WeightsReader;
 pub use runs::runs_of;
 pub use sources::read_sources;
 pub use tensor::WeightsTensor;
+pub use wait::GenerationWait;
 
 use crate::errors::{ArgumentError, weights_to_py};
 use crate::ring::{Gpu, lock};

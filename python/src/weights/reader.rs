@@ -22,6 +22,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 use super::bound::WeightsBound;
 use super::sources::{Expected, read_all};
 use super::tensor::{ArenaCut, WeightsTensor, arena_of};
+use super::wait::{GenerationWait, status_tuple};
 use super::{Served, caller_copies, served_getters};
 use crate::each_backend;
 use crate::errors::{ArgumentError, door_to_py, weights_to_py};
@@ -163,6 +164,43 @@ impl WeightsReader {
                 other => return other.map_err(weights_to_py),
             }
         }
+    }
+
+    /// Makes ``stream`` (default: the legacy default stream) wait until ``generation`` or a newer one is published,
+    /// or the owner is gone, or this reader closes (a stream wait cannot time out: the end releases it), and
+    /// returns at once: the wait, for ``wait_status`` and for the kernels queued after it (its status word). Does
+    /// not move the reader: call ``refresh`` when the CPU sees the generation. Raises ``GpuIpcError`` on the host
+    /// backend (use ``wait_for`` or ``watch``), ``ArgumentError`` for generation 0, ``OwnerGone``.
+    #[pyo3(signature = (generation, stream=None))]
+    fn wait_on(&self, py: Python<'_>, generation: u64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<GenerationWait> {
+        let reader = self.reader()?;
+        let raw = stream_handle(stream)?.unwrap_or(LEGACY_DEFAULT_STREAM);
+        let Some(gpu) = self.served.gpu.as_ref() else {
+            let set = each_backend!(&*lock(&*reader), r => r.set_name().to_owned());
+            return Err(weights_to_py(WeightsError::NoCudaContext { set }));
+        };
+        let wait = py
+            .detach(|| each_backend!(&*lock(&*reader), r => r.wait_on(generation, &borrow(&gpu.ctx, raw))))
+            .map_err(weights_to_py)?;
+        Ok(GenerationWait { wait, ordinal: Some(gpu.ordinal), ctx: Some(gpu.ctx.clone()) })
+    }
+
+    /// Makes the reader's status word follow the published generation until ``generation`` or a newer one is
+    /// published or the owner is gone, without a stream wait; returns the wait (read its word on the device, or
+    /// ask ``wait_status``). Works on every backend (on the host backend the word is host memory). Raises
+    /// ``ArgumentError`` for generation 0, ``OwnerGone``.
+    fn watch(&self, generation: u64) -> PyResult<GenerationWait> {
+        let reader = self.reader()?;
+        let wait = each_backend!(&*lock(&*reader), r => r.watch(generation)).map_err(weights_to_py)?;
+        Ok(GenerationWait { wait, ordinal: self.served.ordinal(), ctx: self.served.ctx() })
+    }
+
+    /// How ``wait`` stands: ``("published", newest)`` (the generation or a newer one is published),
+    /// ``("gone", newest)`` (released by the owner's end, or this reader's close, before it came), or
+    /// ``("waiting", 0)``.
+    fn wait_status(&self, wait: &GenerationWait) -> PyResult<(&'static str, u64)> {
+        let reader = self.reader()?;
+        Ok(status_tuple(each_backend!(&*lock(&*reader), r => r.wait_status(&wait.wait))))
     }
 
     /// The held generation's tensors as ``(name, view)`` pairs; each view keeps the generation alive.
