@@ -27,7 +27,7 @@ fn released_within(
 
 fn owner(name: &str) -> WeightsOwner<Host> {
     let mut owner =
-        WeightsOwner::<Host>::create(&HostContext, &sock(name), "model", tensors(), WeightsOptions::default()).unwrap();
+        WeightsOwner::<Host>::create(&HostContext, sock(name), "model", tensors(), WeightsOptions::default()).unwrap();
     publish(&mut owner);
     owner
 }
