@@ -21,6 +21,9 @@ class CUresult(Enum):
     CUDA_ERROR_NOT_READY = 600
 
 
+PRIMARY = 0xC7  # the fake's primary context
+
+
 class FakeDriver:
     """cuda.bindings.driver's functions used by the staging buffer: `(err, value)` tuples, host memory for device."""
 
@@ -34,6 +37,12 @@ class FakeDriver:
         self.events: dict[int, str] = {}  # event -> "created" / "recorded" / "done"
         self.streams: set[int] = set()
         self.ready = True  # whether recorded events are complete when queried
+        self.current: Any = None  # the context cuCtxSetCurrent made current
+
+    @property
+    def in_context(self) -> bool:
+        """Whether the device's primary context is current: pushed, or set for the thread."""
+        return self.depth == 1 or self.current == PRIMARY
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -52,8 +61,15 @@ class FakeDriver:
         return CUresult.CUDA_SUCCESS, ctypes.addressof(buf)
 
     def _cuMemcpyDtoDAsync(self, dst: int, src: int, n: int, stream: Any) -> tuple[Any, ...]:
-        assert self.depth == 1, "a copy outside the pushed context"
+        assert self.in_context, "a copy outside the primary context"
         ctypes.memmove(dst, src, n)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def _cuDevicePrimaryCtxRetain(self, dev: Any) -> tuple[Any, ...]:
+        return CUresult.CUDA_SUCCESS, PRIMARY
+
+    def _cuCtxSetCurrent(self, ctx: Any) -> tuple[Any, ...]:
+        self.current = ctx
         return (CUresult.CUDA_SUCCESS,)
 
     def _cuCtxPushCurrent(self, ctx: Any) -> tuple[Any, ...]:
@@ -83,7 +99,7 @@ class FakeDriver:
         return CUresult.CUDA_SUCCESS, handle
 
     def _cuEventRecord(self, event: int, stream: int) -> tuple[Any, ...]:
-        assert self.depth == 1 and stream in self.streams
+        assert self.in_context and stream in self.streams
         self.events[event] = "recorded"
         return (CUresult.CUDA_SUCCESS,)
 
@@ -130,6 +146,8 @@ def test_landing_buffers_are_copied_into_the_slot_on_their_stream_and_timed(monk
     ctypes.memmove(landing.ptrs[2], frame.ctypes.data, 64)  # what the sending end WRITEs
     slot = np.zeros(64, dtype=np.uint8)
     drv.ready = False
+    landing.enter()  # the streaming thread: the primary context current, no push per copy
+    pushes = drv.calls.count("cuCtxPushCurrent")
     landing.copy_out(2, slot.ctypes.data)
     assert slot.tobytes() == frame.tobytes()
     # Queued, not waited for on the CPU: the ring's publish goes on the same stream after it.
@@ -137,6 +155,13 @@ def test_landing_buffers_are_copied_into_the_slot_on_their_stream_and_timed(monk
     assert not landing.done(2)  # the copy still runs: not to be granted again yet
     drv.ready = True
     assert landing.done(2) and landing.copy_times_us() == [250.0]
+    assert drv.calls.count("cuCtxPushCurrent") == pushes  # a frame's calls push no context
+    # One copy in TIME_EVERY is timed: the first was; the next TIME_EVERY - 1 are not, the one after is.
+    for _ in range(bridge_staging.TIME_EVERY):
+        landing.copy_out(0, slot.ctypes.data)
+        assert landing.done(0)
+    assert landing.copy_times_us() == [250.0, 250.0]
+    assert drv.calls.count("cuEventRecord") == 2 * 2 + (bridge_staging.TIME_EVERY - 1)
     landing.close()
     assert drv.buffers == {} and drv.events == {} and drv.streams == set() and drv.depth == 0
 

@@ -60,6 +60,9 @@ class Landing(Protocol):
     def stream_handle(self) -> int | None:
         """What the ring's publish waits for (the copies' stream); None: the copies are done when made."""
 
+    def enter(self) -> None:
+        """Readies the calling thread for :meth:`copy_out` and :meth:`done` (the thread that streams calls it)."""
+
     def copy_out(self, index: int, dst: int) -> None:
         """Copies buffer ``index`` into ``dst`` (queued on ``stream_handle``, or done)."""
 
@@ -67,7 +70,7 @@ class Landing(Protocol):
         """Whether buffer ``index`` may be written again."""
 
     def copy_times_us(self) -> list[float]:
-        """How long each copy took."""
+        """How long the copies took (each, or a sample of them)."""
 
     def close(self) -> None:
         """Frees the buffers (after their copies)."""
@@ -303,6 +306,7 @@ class ReceivingEnd:
         next_grant = next_publish = int(held.seq) if held is not None else int(sink.next_sequence)
         since = time.monotonic()
         # The loop runs once or more per frame: what it calls is looked up once, here.
+        landing.enter()
         ptrs, stream, copy_out, copy_done = landing.ptrs, landing.stream_handle, landing.copy_out, landing.done
         publish, send, messages, published = sink.publish, self.live.send, self._messages, self._published
         monotonic, clock, end_turn = time.monotonic, time.perf_counter, Pace(self.stats).turn

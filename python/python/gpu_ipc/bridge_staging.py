@@ -27,6 +27,8 @@ from gpu_ipc.bridge_protocol import TIMES_KEPT, BridgeError
 
 CU_STREAM_NON_BLOCKING = 1
 CU_EVENT_DEFAULT = 0
+TIME_EVERY = 8  # one landing copy in this many is timed (one more event on the stream)
+TIME_KEPT = max(1, TIMES_KEPT // TIME_EVERY)
 
 
 def _driver() -> Any:
@@ -137,8 +139,12 @@ class DeviceStaging(_DeviceBuffers):
 class DeviceLanding(_DeviceBuffers):
     """The receiving end's landing buffers (``count``: the window). :meth:`copy_out` queues a buffer's copy into a
     slot of the ring on this object's stream (``stream_handle``: publish the slot on it, so that the ring's
-    consumers see the frame only after the copy); :meth:`done` says when the buffer may be written again. Each
-    copy is timed on the GPU (a pair of events); :meth:`copy_times_us` has the times of the copies done."""
+    consumers see the frame only after the copy); :meth:`done` says when the buffer may be written again. One copy
+    in :data:`TIME_EVERY` is timed on the GPU (a pair of events); :meth:`copy_times_us` has those times.
+
+    The per-frame calls (:meth:`copy_out`, :meth:`done`) run once or more per frame, so they push no context: call
+    :meth:`enter` first, on the thread that makes them (it makes the primary context current there, as gpu_ipc's
+    own calls leave it)."""
 
     what = "landing buffer"
 
@@ -146,7 +152,9 @@ class DeviceLanding(_DeviceBuffers):
         self.begun: list[Any] = []
         self.ended: list[Any] = []
         self.pending = [False] * count
-        self.times_us: deque[float] = deque(maxlen=TIMES_KEPT)
+        self.timed = [False] * count  # whether the buffer's pending copy is one of the timed ones
+        self.copies = 0
+        self.times_us: deque[float] = deque(maxlen=TIME_KEPT)
         super().__init__(nbytes, count, device)
         try:
             with self._current():
@@ -156,40 +164,57 @@ class DeviceLanding(_DeviceBuffers):
         except BaseException:
             self.close()
             raise
+        drv = self.drv
+        # Looked up once: the driver's calls a frame makes.
+        self._record, self._copy, self._query = drv.cuEventRecord, drv.cuMemcpyDtoDAsync, drv.cuEventQuery
+        self._ok, self._not_ready = drv.CUresult.CUDA_SUCCESS, drv.CUresult.CUDA_ERROR_NOT_READY
 
     @property
     def stream_handle(self) -> int:
         """The raw ``CUstream`` of the copies (what ``Producer.publish(slot, stream=...)`` takes)."""
         return int(self.stream)
 
+    def enter(self) -> None:
+        """Makes the device's primary context current on the calling thread, for :meth:`copy_out` and :meth:`done`."""
+        self._call("cuCtxSetCurrent", self.ctx)
+
+    def _check(self, result: Any, what: str) -> None:
+        if result[0] != self._ok:
+            raise BridgeError(f"{what} failed with {result[0]!r} (landing buffers of {self.nbytes} bytes; the "
+                              "thread's current context is the device's primary one? see DeviceLanding.enter)")
+
     def copy_out(self, index: int, dst: int) -> None:
         """Queues the copy of buffer ``index`` into device address ``dst`` (a slot of the ring)."""
-        with self._current():
-            self._call("cuEventRecord", self.begun[index], self.stream)
-            self._call("cuMemcpyDtoDAsync", dst, self.ptrs[index], self.nbytes, self.stream)
-            self._call("cuEventRecord", self.ended[index], self.stream)
+        timed = self.copies % TIME_EVERY == 0
+        self.copies += 1
+        if timed:
+            self._check(self._record(self.begun[index], self.stream), "cuEventRecord")
+        self._check(self._copy(dst, self.ptrs[index], self.nbytes, self.stream), "cuMemcpyDtoDAsync")
+        self._check(self._record(self.ended[index], self.stream), "cuEventRecord")
         self.pending[index] = True
+        self.timed[index] = timed
 
     def done(self, index: int) -> bool:
-        """Whether buffer ``index``'s last copy is complete (its time noted then)."""
+        """Whether buffer ``index``'s last copy is complete (its time noted then, for a timed one)."""
         if not self.pending[index]:
             return True
-        with self._current():
-            err = self.drv.cuEventQuery(self.ended[index])[0]
-            if err == self.drv.CUresult.CUDA_ERROR_NOT_READY:
-                return False
-            if err != self.drv.CUresult.CUDA_SUCCESS:
-                raise BridgeError(f"cuEventQuery failed with {err!r} (the copy out of landing buffer {index})")
+        err = self._query(self.ended[index])[0]
+        if err == self._not_ready:
+            return False
+        if err != self._ok:
+            raise BridgeError(f"cuEventQuery failed with {err!r} (the copy out of landing buffer {index})")
+        if self.timed[index]:
             # The copy's time, best effort (the name has had a _v2 spelling): a run never fails for a figure.
             elapsed = getattr(self.drv, "cuEventElapsedTime", None) or getattr(self.drv, "cuEventElapsedTime_v2")
             result = elapsed(self.begun[index], self.ended[index])
-        if result[0] == self.drv.CUresult.CUDA_SUCCESS:
-            self.times_us.append(float(result[1]) * 1e3)
+            if result[0] == self._ok:
+                self.times_us.append(float(result[1]) * 1e3)
         self.pending[index] = False
         return True
 
     def copy_times_us(self) -> list[float]:
-        """The GPU time of each copy done so far (the latest :data:`TIMES_KEPT`), in microseconds."""
+        """The GPU time of the timed copies done so far (one in :data:`TIME_EVERY`, the latest kept), in
+        microseconds."""
         return list(self.times_us)
 
     def _release(self) -> None:
@@ -213,6 +238,9 @@ class HostLanding:
     def stream_handle(self) -> None:
         """No stream: each copy is done when :meth:`copy_out` returns."""
         return None
+
+    def enter(self) -> None:
+        """Nothing to ready: host copies."""
 
     def copy_out(self, index: int, dst: int) -> None:
         started = time.perf_counter()
