@@ -11,8 +11,9 @@ backend in BRIDGE_BACKENDS (default legacy,vmm):
   ring       a torch producer -> ring A -> two torch consumers (the plain one-machine ring: the reference)
   bridge     a torch producer -> ring A -> `gpu_ipc.bridge send` -> NIXL -> `gpu_ipc.bridge receive` -> ring B -> two
              torch consumers, with the bridge's and UCX's defaults (--path auto: the path its probe found on a GPU
-             path); then --path direct (frames into ring B's slots, one at a time: the comparison that says what the
-             landing buffers cost and bring; vmm: the TCP fallback the issue measured, a few frames); then the
+             path); then --path direct (frames into ring B's slots, as many at once as the receiving end's window
+             grants: the comparison that says what the landing buffers cost and bring; vmm: the TCP fallback the
+             issue measured, a few frames, in the first round only); then the
              default path with BRIDGE_ALT_WINDOW (default 8; 0: no such row) landing buffers (`receive --window`):
              frames in flight bound the landing path's rate by the window over a frame's round trip
   refused    UCX_TLS=tcp,cuda_copy and --expect gpu-direct: the sending end must exit 3 before ring B publishes a
@@ -21,7 +22,10 @@ backend in BRIDGE_BACKENDS (default legacy,vmm):
 Every torch consumer checks every word of every frame on the GPU (scripts/python_gpu_ends.py's checks) and notes when
 it was done with each (time.monotonic: one clock for the processes of a machine); the producer notes each publish.
 Latency: A's publish to the later of the two consumers' done, p50 / p99 past a warm-up; FPS: frames over the
-consumers' span, and its ratio to the plain ring's (target: 0.9x). The sending end reports its rate and path every
+consumers' span, and its ratio to the plain ring's (target: 0.9x). A row's FPS moves from one run to the next
+(the plain ring under MPS: 15,000-21,500 FPS in runs minutes apart), so the rows run in BRIDGE_ROUNDS rounds (default
+3; 1 with --host), each round the ring then the bridge rows, and the summary compares the medians of the rounds
+(and gives each round's own ratio, against the ring of its round). The sending end reports its rate and path every
 REPORT_EVERY seconds during the run (bridge.log); the table has the path its probe found (UCX's table for the probe).
 Then the kill trials (BRIDGE_KILLS, default 10, of each end and each backend; ring B on GPU 1 when there are two):
 plain producer -> send -> receive -> plain consumer; once frames flow, SIGKILL the sending (receiving) end and time
@@ -57,9 +61,11 @@ KILL_PARALLEL = int(os.environ.get("BRIDGE_KILL_PARALLEL", "2"))
 BACKENDS = os.environ.get("BRIDGE_BACKENDS", "legacy,vmm").split(",")
 BUDGET_S = float(os.environ.get("BRIDGE_BUDGET_S", "270"))
 ALT_WINDOW = int(os.environ.get("BRIDGE_ALT_WINDOW", "8"))  # a row with this many landing buffers (0: none)
-# Frames per row: BRIDGE_FRAMES, default 1,500, and 4,000 under MPS (where a row runs 13,000-22,000 FPS: 1,500 frames
-# are a tenth of a second, too short a span to compare rows by). At most 4,096: the consumers' pattern counts that many.
+# Frames per row: BRIDGE_FRAMES, default 3,000, and 12,000 under MPS (where a row runs 13,000-22,000 FPS: fewer frames
+# are a tenth of a second, too short a span to compare rows by). At most MAX_FRAMES: the consumers count that many.
 FRAMES = int(os.environ.get("BRIDGE_FRAMES", "0"))
+MAX_FRAMES = 16384
+ROUNDS = int(os.environ.get("BRIDGE_ROUNDS", "0"))  # 0: 3 on a GPU, 1 with --host
 SLOTS = 4
 WARMUP = 3 * SLOTS  # frames left out of the latency percentiles
 REPORT_EVERY = 0.25  # the sending end's reports during a row
@@ -114,7 +120,7 @@ def consume(sock: str, backend: str, name: str, device: int = 0) -> dict[str, An
         import torch
 
         torch.cuda.set_device(device)  # the check's stream and tensors on the ring's GPU
-    check = CHECKS["numpy" if backend == "host" else "torch"](0)
+    check = CHECKS["numpy" if backend == "host" else "torch"](MAX_FRAMES)
     done: list[float] = []
     published = -1
     error = ""
@@ -396,6 +402,41 @@ def fmt(value: Any, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
+def _median_of(values: list[Any]) -> float | None:
+    got = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(got) if got else None
+
+
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row label's rounds summed up, in the order the labels first ran: the median FPS, its ratio to the
+    median of the plain ring's rounds (same backend), each round's own ratio (against its round's ring), the
+    mismatched words of all rounds, the path, the ends' CPU medians."""
+    labels: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        labels.setdefault(r["row"], []).append(r)
+    ring = {r["backend"]: _median_of([x.get("fps") for x in rs]) for r, rs in
+            ((rs[0], rs) for rs in labels.values()) if r["kind"] == "ring"}
+    ring_round = {(r["backend"], r.get("round")): r.get("fps") for r in rows if r["kind"] == "ring"}
+    out = []
+    for label, rs in labels.items():
+        first = rs[0]
+        fps = _median_of([r.get("fps") for r in rs])
+        base = ring.get(first["backend"])
+        ratios = [r["fps"] / ring_round[(r["backend"], r.get("round"))] for r in rs
+                  if r["kind"] == "bridge" and r.get("fps") and ring_round.get((r["backend"], r.get("round")))]
+        words = [r.get("mismatched_words") for r in rs]
+        paths = sorted({f"{r['path']} ({r['window']})" for r in rs if r.get("path")})
+        ends = [r["ends_us"] for r in rs if r.get("ends_us")]
+        out.append({"row": label, "kind": first["kind"], "backend": first["backend"],
+                    "send_args": first["send_args"], "rounds": len(rs), "fps": fps,
+                    "ratio": fps / base if fps and base and first["kind"] == "bridge" else None,
+                    "ratios": ratios, "mismatched_words": sum(w for w in words if w is not None)
+                    if None not in words else None, "path": ", ".join(paths) or None,
+                    "ends_us": [(_median_of([e[i][0] for e in ends]), _median_of([e[i][1] for e in ends]))
+                                for i in range(2)] if ends else None})
+    return out
+
+
 def markdown(rows: list[dict[str, Any]], refused: list[dict[str, Any]], kills: list[dict[str, Any]],
              env: dict[str, str], skipped: list[str]) -> str:
     from python_gpu_ends import HEIGHT, WIDTH
@@ -410,15 +451,26 @@ def markdown(rows: list[dict[str, Any]], refused: list[dict[str, Any]], kills: l
              "chosen by its probe of the first frame. Transport: what UCX's protocol table says of the probe's "
              "WRITEs (bridge.json has every table row), and the probe's rate. CPU (busy): each end's CPU time per "
              "frame while frames flowed (it spins then: about its wall time per frame) and the wall time of its "
-             "loop's turns that moved a frame on (near the time per frame: that end sets the pace).", "",
+             "loop's turns that moved a frame on (near the time per frame: that end sets the pace). A row's FPS moves "
+             "from one run to the next, so the rows ran in rounds (#n: the round; a round's ratio is against the "
+             "ring of its round), and the first table compares the medians of the rounds.", "",
+             "| row | rounds | FPS, median | x ring (medians) | x ring, each round | mismatched words | path (window) "
+             "| send / receive: CPU (busy) us a frame, medians |", "|---|---|---|---|---|---|---|---|"]
+    for m in medians(rows):
+        each = ", ".join(f"{x:.2f}" for x in m["ratios"]) or "-"
+        ends = " / ".join(f"{fmt(c, 0)} ({fmt(b, 0)})" for c, b in m["ends_us"]) if m.get("ends_us") else "-"
+        lines.append(f"| {m['row']} | {m['rounds']} | {fmt(m.get('fps'))} | {fmt(m.get('ratio'))} | {each} | "
+                     f"{m['mismatched_words']} | {m.get('path') or '-'} | {ends} |")
+    lines += ["",
              "| row | ok | frames | FPS | x ring | p50 ms | p99 ms | mismatched words | path (window) | transport "
              "of the frames (probe) | GPU path | landing copy us p50 | send / receive: CPU (busy) us a frame | "
              "reports during the run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    ring_fps = {r["backend"]: r.get("fps") for r in rows if r["kind"] == "ring"}
+    ring_fps = {(r["backend"], r.get("round")): r.get("fps") for r in rows if r["kind"] == "ring"}
+    rounds = max((r.get("round", 1) for r in rows), default=1)
     for r in rows:
-        ratio = (f"{r['fps'] / ring_fps[r['backend']]:.2f}" if r.get("fps") and ring_fps.get(r["backend"])
-                 and r["kind"] == "bridge" else "-")
+        ring = ring_fps.get((r["backend"], r.get("round")))
+        ratio = f"{r['fps'] / ring:.2f}" if r.get("fps") and ring and r["kind"] == "bridge" else "-"
         path = f"{r['path']} ({r['window']})" if r.get("path") else "-"
         transport = ", ".join(r.get("transports") or []) or "-"
         if r.get("path"):
@@ -432,7 +484,8 @@ def markdown(rows: list[dict[str, Any]], refused: list[dict[str, Any]], kills: l
                f"{fmt(reports[-1].get('write_ms_p50'), 3)} ms" if reports else "-")
         ends = " / ".join(f"{fmt(c, 0)} ({fmt(b, 0)})" for c, b in r["ends_us"]) if r.get("ends_us") else "-"
         ok = "yes" if r["ok"] else "NO " + json.dumps(r.get("exit_codes"))
-        lines.append(f"| {r['row']} | {ok} | {r.get('frames', '-')} | {fmt(r.get('fps'))} | {ratio} | "
+        name = f"{r['row']} #{r.get('round', 1)}" if rounds > 1 else r["row"]
+        lines.append(f"| {name} | {ok} | {r.get('frames', '-')} | {fmt(r.get('fps'))} | {ratio} | "
                      f"{fmt(r.get('p50_ms'))} | {fmt(r.get('p99_ms'))} | {r.get('mismatched_words')} | {path} | "
                      f"{transport} | {gpu} | {fmt(r.get('landing_copy_us_p50'), 1)} | {ends} | {rep} |")
     lines += ["", "| refused row | ok | sending end exit | outcome | ended after (s, from its start) | frames ring B's "
@@ -462,7 +515,11 @@ def run(out: Path, host: bool) -> int:
     began = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     backends = ["host"] if host else BACKENDS
-    frames = 200 if host else FRAMES or (4000 if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else 1500)
+    frames = 200 if host else FRAMES or (12000 if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else 3000)
+    if not 1 <= frames <= MAX_FRAMES:
+        print(f"bridge-gpu: BRIDGE_FRAMES={frames}: 1 to {MAX_FRAMES}", file=sys.stderr)
+        return 2
+    rounds = ROUNDS or (1 if host else 3)
     gpus = 1 if host else gpu_count()
     rows: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []
@@ -477,11 +534,17 @@ def run(out: Path, host: bool) -> int:
 
     def write(env: dict[str, str]) -> str:
         """bridge.json and bridge.md as they stand (after each row too: a call cut short keeps its rows)."""
-        (out / "bridge.json").write_text(json.dumps({"env": env, "rows": rows, "refused": refused, "kills": kills,
-                                                     "skipped": skipped}, indent=1))
+        (out / "bridge.json").write_text(json.dumps({"env": env, "rows": rows, "medians": medians(rows),
+                                                     "refused": refused, "kills": kills, "skipped": skipped}, indent=1))
         text = markdown(rows, refused, kills, env, skipped)
         (out / "bridge.md").write_text(text)
         return text
+
+    def measured(log: Any, backend: str, n: int, kind: str, row_frames: int = 0, **kw: Any) -> None:
+        """A row of round ``n`` (``row_frames``: the row's frames, default the run's), unless time is out."""
+        label = f"{kind} {backend}" + (f" {' '.join(kw['send_args'])}" if kw.get("send_args") else "")
+        if in_time(f"{label} (round {n})"):
+            rows.append({**row(kind, backend, row_frames or frames, log, **kw), "round": n})
 
     env = environment()
     stage = os.environ.get("BRIDGE_STAGE_DIR")
@@ -493,20 +556,21 @@ def run(out: Path, host: bool) -> int:
 
     with open(out / "bridge.log", "w") as log:
         for backend in backends:
-            if in_time(f"ring {backend}"):
-                rows.append(row("ring", backend, frames, log))
-            if in_time(f"bridge {backend}"):
-                rows.append(row("bridge", backend, frames, log))
-            # The landing path's throughput is bounded by its window over the round trip of a frame: another one.
-            if ALT_WINDOW and in_time(f"bridge {backend} --window {ALT_WINDOW}"):
-                rows.append(row("bridge", backend, frames, log, recv_args=("--window", str(ALT_WINDOW))))
-            # The direct path: vmm's goes over TCP (UCX cannot reach cuMemCreate memory made for file descriptors
-            # over CUDA IPC), a few frames show it.
-            direct_frames = 30 if backend == "vmm" else frames
-            if in_time(f"bridge {backend} --path direct"):
-                rows.append(row("bridge", backend, direct_frames, log, send_args=("--path", "direct")))
-            if gpus > 1 and in_time(f"bridge {backend}, ring B on GPU 1"):
-                rows.append(row("bridge", backend, frames, log, device_b=1))
+            for n in range(1, rounds + 1):
+                measured(log, backend, n, "ring")
+                measured(log, backend, n, "bridge")
+                # The landing path's throughput is bounded by its window over the round trip of a frame: another.
+                if ALT_WINDOW and n == 1:
+                    measured(log, backend, n, "bridge", recv_args=("--window", str(ALT_WINDOW)))
+                # The direct path: vmm's goes over TCP (UCX cannot reach cuMemCreate memory made for file
+                # descriptors over CUDA IPC), a few frames in the first round show it.
+                if backend != "vmm":
+                    measured(log, backend, n, "bridge", send_args=("--path", "direct"))
+                elif n == 1:
+                    measured(log, backend, n, "bridge", 30, send_args=("--path", "direct"))
+                if gpus > 1:
+                    measured(log, backend, n, "bridge", device_b=1)
+                write(env)
             if backend != "host" and in_time(f"refused {backend}"):
                 refused.append(refused_row(backend, log))
             write(env)
@@ -535,12 +599,10 @@ def run(out: Path, host: bool) -> int:
     env["seconds"] = f"{time.monotonic() - began:.0f}"
     text = write(env)
     print(text)
-    ring_fps = {r["backend"]: r.get("fps") for r in rows if r["kind"] == "ring"}
-    for r in rows:
-        if r["kind"] == "bridge" and not r["send_args"] and r.get("fps") and ring_fps.get(r["backend"]):
-            ratio = r["fps"] / ring_fps[r["backend"]]
-            print(f"bridge-gpu: {r['row']}: {ratio:.2f}x the plain ring ({'meets' if ratio >= TARGET else 'MISSES'} "
-                  f"the {TARGET}x target), path {r.get('path')} over {', '.join(r.get('transports') or [])}",
+    for m in medians(rows):
+        if not m["send_args"] and m.get("ratio") is not None:
+            print(f"bridge-gpu: {m['row']}: {m['ratio']:.2f}x the plain ring, medians of {m['rounds']} rounds "
+                  f"({'meets' if m['ratio'] >= TARGET else 'MISSES'} the {TARGET}x target), path {m.get('path')}",
                   file=sys.stderr)
     # Pass: every row correct, the default rows on a GPU path (GPU frames), every refusal and kill trial as
     # expected, nothing left out for time. The FPS ratio is reported, not judged here.
