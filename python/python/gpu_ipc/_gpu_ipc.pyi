@@ -1128,11 +1128,10 @@ class GenerationWait:
         ``"waiting"``."""
     @property
     def shape(self) -> tuple[int, ...]:
-        """Its shape as an array: ``(height, width, channels)`` of a pixel frame, else the tensor's (``(nbytes,)``
-        for bare bytes)."""
+        """``()``: the status word as a 0-d array."""
     @property
     def dtype(self) -> str:
-        """The element type's NumPy name (``"uint8"``, ``"float32"``, ``"bfloat16"``, ...)."""
+        """``"int64"`` (the word's bits; the gone bit is below the sign)."""
     def __dlpack__(
         self,
         *,
