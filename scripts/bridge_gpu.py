@@ -3,6 +3,7 @@
     python scripts/bridge_gpu.py run OUT_DIR [--host]      every row, then OUT_DIR/bridge.md and bridge.json
     python scripts/bridge_gpu.py produce SOCK BACKEND FRAMES CONSUMERS         (torch: every word of a pattern)
     python scripts/bridge_gpu.py consume SOCK BACKEND NAME [--device N]        (torch: checks every word)
+    python scripts/bridge_gpu.py light-consume SOCK BACKEND NAME             (torch: a 16-byte copy a frame)
     python scripts/bridge_gpu.py plain-produce SOCK BACKEND CONSUMERS          (no torch, no writes: kill trials)
     python scripts/bridge_gpu.py plain-consume SOCK BACKEND NAME [--device N]  (no torch: reads, says "frame N")
 
@@ -16,6 +17,10 @@ backend in BRIDGE_BACKENDS (default legacy,vmm):
              issue measured, a few frames, in the first round only); then the
              default path with BRIDGE_ALT_WINDOW (default 8; 0: no such row) landing buffers (`receive --window`):
              frames in flight bound the landing path's rate by the window over a frame's round trip
+  control    with BRIDGE_CONTROL=1: the plain ring with two more processes each making one small GPU operation per
+             frame (`light-consume`: what the bridge's two ends add to the GPU's time slices without MPS, without
+             moving the frame), and the direct path with ring B published by a CPU store (`receive --sync cpu-spin`:
+             the receiving end then puts no work on the GPU)
   refused    UCX_TLS=tcp,cuda_copy and --expect gpu-direct: the sending end must exit 3 before ring B publishes a
              frame (its consumers read none), the receiving end 1
   on a machine with two GPUs: the bridge row again with ring B (the receiving end and its consumers) on GPU 1
@@ -66,6 +71,7 @@ ALT_WINDOW = int(os.environ.get("BRIDGE_ALT_WINDOW", "8"))  # a row with this ma
 FRAMES = int(os.environ.get("BRIDGE_FRAMES", "0"))
 MAX_FRAMES = 16384
 ROUNDS = int(os.environ.get("BRIDGE_ROUNDS", "0"))  # 0: 3 on a GPU, 1 with --host
+CONTROL = os.environ.get("BRIDGE_CONTROL", "0") == "1"  # the control rows (below)
 SLOTS = 4
 WARMUP = 3 * SLOTS  # frames left out of the latency percentiles
 REPORT_EVERY = 0.25  # the sending end's reports during a row
@@ -143,6 +149,40 @@ def consume(sock: str, backend: str, name: str, device: int = 0) -> dict[str, An
         mismatched = check.total(published) if published >= 0 else 0
     return {"role": "consumer", "name": name, "frames": len(done), "published": published,
             "mismatched_words": mismatched, "done": done, "error": error}
+
+
+def light_consume(sock: str, backend: str, name: str) -> dict[str, Any]:
+    """The control row's extra process: reads every frame with one small GPU operation of its own (a copy of the
+    frame's first 16 bytes, on its stream, waited for), as each end of the bridge adds a GPU operation per frame
+    (the NIXL copy, the landing copy); checks nothing."""
+    import gpu_ipc
+
+    frames = 0
+    if backend == "host":
+        import numpy as np
+
+        def touch(frame: Any) -> None:
+            np.from_dlpack(frame).reshape(-1)[:16].copy()
+        stream: Any = None
+    else:
+        import torch
+
+        stream = torch.cuda.Stream()
+
+        def touch(frame: Any) -> None:
+            with torch.cuda.stream(stream):
+                torch.from_dlpack(frame).view(-1)[:16].clone()
+            stream.synchronize()
+    with gpu_ipc.Consumer(sock, backend=backend, name=name, wait_for_producer=60, timeout=60) as consumer:
+        while True:
+            try:
+                frame = consumer.next_frame(timeout=30, stream=stream)
+            except gpu_ipc.EndOfStream:
+                break
+            touch(frame)
+            consumer.release(frame, stream=stream)
+            frames += 1
+    return {"role": "light consumer", "name": name, "frames": frames}
 
 
 def plain_produce(sock: str, backend: str, consumers: int) -> dict[str, Any]:
@@ -248,7 +288,8 @@ def row(kind: str, backend: str, frames: int, log: Any, device_b: int = 0, send_
     host = ["--host"] if backend == "host" else []
     tmp = tempfile.mkdtemp(prefix="gi-br-", dir="/tmp")
     a, b = f"{tmp}/a.sock", f"{tmp}/b.sock"
-    label = (f"{kind} {backend}" + (f" {' '.join(send_args)}" if send_args else "")
+    label = ((f"ring {backend} + 2 light readers" if kind == "control" else f"{kind} {backend}")
+             + (f" {' '.join(send_args)}" if send_args else "")
              + (f", receive {' '.join(recv_args)}" if recv_args else "")
              + (f", ring B on GPU {device_b}" if device_b else ""))
     log.write(f"\n=== {label}\n")
@@ -258,8 +299,11 @@ def row(kind: str, backend: str, frames: int, log: Any, device_b: int = 0, send_
     results: dict[str, tuple[int, dict[str, Any]]] = {}
     started = time.monotonic()
     try:
-        if kind == "ring":
-            procs["producer"] = spawn([*me, "produce", a, backend, str(frames), "2", *host], log)
+        if kind in ("ring", "control"):
+            light = 2 if kind == "control" else 0
+            procs["producer"] = spawn([*me, "produce", a, backend, str(frames), str(2 + light), *host], log)
+            for i in range(light):
+                procs[f"light{i}"] = spawn([*me, "light-consume", a, backend, f"light{i}", *host], log)
             read_sock = a
         else:
             procs["producer"] = spawn([*me, "produce", a, backend, str(frames), "1", *host], log)
@@ -423,13 +467,13 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         fps = _median_of([r.get("fps") for r in rs])
         base = ring.get(first["backend"])
         ratios = [r["fps"] / ring_round[(r["backend"], r.get("round"))] for r in rs
-                  if r["kind"] == "bridge" and r.get("fps") and ring_round.get((r["backend"], r.get("round")))]
+                  if r["kind"] != "ring" and r.get("fps") and ring_round.get((r["backend"], r.get("round")))]
         words = [r.get("mismatched_words") for r in rs]
         paths = sorted({f"{r['path']} ({r['window']})" for r in rs if r.get("path")})
         ends = [r["ends_us"] for r in rs if r.get("ends_us")]
         out.append({"row": label, "kind": first["kind"], "backend": first["backend"],
                     "send_args": first["send_args"], "rounds": len(rs), "fps": fps,
-                    "ratio": fps / base if fps and base and first["kind"] == "bridge" else None,
+                    "ratio": fps / base if fps and base and first["kind"] != "ring" else None,
                     "ratios": ratios, "mismatched_words": sum(w for w in words if w is not None)
                     if None not in words else None, "path": ", ".join(paths) or None,
                     "ends_us": [(_median_of([e[i][0] for e in ends]), _median_of([e[i][1] for e in ends]))
@@ -470,7 +514,7 @@ def markdown(rows: list[dict[str, Any]], refused: list[dict[str, Any]], kills: l
     rounds = max((r.get("round", 1) for r in rows), default=1)
     for r in rows:
         ring = ring_fps.get((r["backend"], r.get("round")))
-        ratio = f"{r['fps'] / ring:.2f}" if r.get("fps") and ring and r["kind"] == "bridge" else "-"
+        ratio = f"{r['fps'] / ring:.2f}" if r.get("fps") and ring and r["kind"] != "ring" else "-"
         path = f"{r['path']} ({r['window']})" if r.get("path") else "-"
         transport = ", ".join(r.get("transports") or []) or "-"
         if r.get("path"):
@@ -558,6 +602,8 @@ def run(out: Path, host: bool) -> int:
         for backend in backends:
             for n in range(1, rounds + 1):
                 measured(log, backend, n, "ring")
+                if CONTROL:  # what two more processes with a GPU operation per frame cost the plain ring
+                    measured(log, backend, n, "control")
                 measured(log, backend, n, "bridge")
                 # The landing path's throughput is bounded by its window over the round trip of a frame: another.
                 if ALT_WINDOW and n == 1:
@@ -566,6 +612,9 @@ def run(out: Path, host: bool) -> int:
                 # descriptors over CUDA IPC), a few frames in the first round show it.
                 if backend != "vmm":
                     measured(log, backend, n, "bridge", send_args=("--path", "direct"))
+                    if CONTROL:  # the direct path with ring B published by a CPU store: no GPU work at that end
+                        measured(log, backend, n, "bridge", send_args=("--path", "direct"),
+                                 recv_args=("--sync", "cpu-spin"))
                 elif n == 1:
                     measured(log, backend, n, "bridge", 30, send_args=("--path", "direct"))
                 if gpus > 1:
@@ -600,7 +649,7 @@ def run(out: Path, host: bool) -> int:
     text = write(env)
     print(text)
     for m in medians(rows):
-        if not m["send_args"] and m.get("ratio") is not None:
+        if m["kind"] == "bridge" and not m["send_args"] and m.get("ratio") is not None:
             print(f"bridge-gpu: {m['row']}: {m['ratio']:.2f}x the plain ring, medians of {m['rounds']} rounds "
                   f"({'meets' if m['ratio'] >= TARGET else 'MISSES'} the {TARGET}x target), path {m.get('path')}",
                   file=sys.stderr)
@@ -623,6 +672,8 @@ def main() -> int:
         return run(Path(args[1]), "--host" in sys.argv)
     if args[0] == "produce":
         result = produce(args[1], args[2], int(args[3]), int(args[4]))
+    elif args[0] == "light-consume":
+        result = light_consume(args[1], args[2], args[3])
     elif args[0] == "consume":
         result = consume(args[1], args[2], args[3], device)
     elif args[0] == "plain-produce":
