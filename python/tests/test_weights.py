@@ -512,3 +512,70 @@ def test_a_torch_stream_waits_for_the_next_generation_and_for_the_owners_end(soc
         r.close()
     finally:
         owner.kill()
+
+
+def test_create_serves_a_layout_and_the_first_generation_is_written_in_the_arena(sock: str) -> None:
+    """create(): nothing published until the owner writes the first generation in the arena and commits it."""
+    layout = [(name, a.dtype, a.shape) for name, a in state_dict(1).items()]
+    with gpu_ipc.weights.create(layout, "m", socket=sock, backend="host") as pub:
+        assert pub.generation == 0 and pub.backend == "host"
+        with pytest.raises(gpu_ipc.Timeout):
+            gpu_ipc.weights.open(sock, "m", timeout=0.2)  # nothing published yet
+        staged = pub.stage(np)
+        for name, a in staged.items():
+            a[...] = state_dict(1)[name]
+        assert pub.commit() == 1
+        with gpu_ipc.weights.open(sock, "m") as r:
+            assert r.generation == 1
+            assert_generation(r.tensors(), 1)
+        assert pub.update(state_dict(2)) == 2  # then as any set
+    # A layout given as arrays (their values unused) makes the same set; the backend follows host arrays.
+    with gpu_ipc.weights.create(state_dict(7), "m2", socket=sock + "2") as pub:
+        assert pub.backend == "host" and pub.generation == 0
+        assert pub.update(state_dict(3)) == 1
+        with gpu_ipc.weights.open(sock + "2", "m2") as r:
+            assert_generation(r.tensors(), 3)
+
+
+def test_create_refuses_layouts_that_say_nothing_or_the_wrong_thing(sock: str) -> None:
+    with pytest.raises(gpu_ipc.ArgumentError, match="empty"):
+        gpu_ipc.weights.create([], "m", socket=sock, backend="host")
+    with pytest.raises(gpu_ipc.ArgumentTypeError, match=r"\(name, dtype, shape\)"):
+        gpu_ipc.weights.create([("w", "float32")], "m", socket=sock, backend="host")
+    with pytest.raises(gpu_ipc.ArgumentTypeError, match="layout"):
+        gpu_ipc.weights.create(42, "m", socket=sock, backend="host")
+    with pytest.raises(gpu_ipc.ArgumentError, match="negative"):
+        gpu_ipc.weights.create([("w", "float32", (4, -1))], "m", socket=sock, backend="host")
+    with pytest.raises(gpu_ipc.GpuIpcError, match="quaternion"):
+        gpu_ipc.weights.create([("w", "quaternion", (4,))], "m", socket=sock, backend="host")
+    # Nothing was left serving: the socket is free for a set that is right.
+    with gpu_ipc.weights.create([("w", np.float32, [4])], "m", socket=sock, backend="host") as pub:
+        assert pub.generation == 0
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="needs a GPU and torch")
+def test_a_meta_model_is_loaded_straight_into_the_arena_and_runs_on_it(sock: str) -> None:
+    """The model's shapes from a meta module (no memory), its values written into generation 1's arena, the
+    owner's module then aliasing the arena (load_state_dict(assign=True)): one copy of the weights in GPU memory."""
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    with torch.device("meta"):
+        model = torch.nn.Linear(256, 128)
+    with gpu_ipc.weights.create(model, "m", socket=sock) as pub:
+        assert pub.backend == "vmm" and pub.generation == 0
+        staged = pub.stage(torch)
+        checkpoint = {"weight": torch.randn(128, 256), "bias": torch.randn(128)}  # as a loader reads it
+        for name, t in checkpoint.items():
+            staged[name].copy_(t)
+        assert pub.commit() == 1
+        model.load_state_dict(staged, assign=True)
+        assert model.weight.data_ptr() == staged["weight"].data_ptr()  # the module runs on the arena
+        x = torch.randn(4, 256, device="cuda")
+        expected = x @ checkpoint["weight"].cuda().T + checkpoint["bias"].cuda()
+        assert torch.allclose(model(x), expected, atol=1e-4)
+        with gpu_ipc.weights.open(sock, "m") as r:
+            got = r.tensors(torch)
+            assert torch.equal(got["weight"].cpu(), checkpoint["weight"])
+            assert torch.equal(got["bias"].cpu(), checkpoint["bias"])
+        del staged, got
+        model = None  # noqa: F841  (its parameters are the arena's tensors: drop them before close)

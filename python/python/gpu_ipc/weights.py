@@ -34,7 +34,9 @@ is seen by readers at once (``latest()``, ``wait_for`` raise ``OwnerGone``); wha
 they let go. ``backend="host"`` runs the same API on shared host memory (NumPy arrays) without a GPU.
 
 The tensors' names, dtypes and shapes are fixed when the set is published: ``update`` takes a ``state_dict`` of the
-same layout. Non-contiguous tensors are published contiguous. One device per set for now.
+same layout. Non-contiguous tensors are published contiguous. One device per set for now. ``create(layout, ...)``
+serves a set from its layout alone (a ``meta`` module will do), for an owner that writes generation 1 in the arena
+itself (``stage``, ``commit``): the model is then in GPU memory once.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from gpu_ipc._weights_tensors import (
     _fill_host,
     _host_bytes,
     _in_order,
+    _is_torch,
     _state_dict,
     _stream_of,
     _Tensor,
@@ -75,7 +78,8 @@ _CUT_KEPT_FOR = ("torch", "numpy", "cupy")
 
 # ``open`` is left out, as from ``gpu_ipc.__all__``: ``from gpu_ipc.weights import *`` keeps the built-in ``open``;
 # call it ``gpu_ipc.weights.open``.
-__all__ = ["BoundSources", "BoundTargets", "GenerationWait", "Publisher", "Reader", "WeightsTensor", "publish"]
+__all__ = ["BoundSources", "BoundTargets", "GenerationWait", "Publisher", "Reader", "WeightsTensor", "create",
+           "publish"]
 
 
 class Publisher:
@@ -337,6 +341,74 @@ def publish(
         raise ArgumentError("the state_dict is empty")
     described = {k: _describe(k, v) for k, v in sd.items()}
     devices = {t.device for t in described.values() if t.device is not None}
+    layout = [(k, t.dtype, t.shape) for k, t in described.items()]
+    publisher = _serve(layout, devices, name, socket, backend or ("vmm" if devices else "host"), keep, checksums,
+                       device, max_arenas)
+    try:
+        publisher.update(sd)
+    except BaseException:
+        publisher.close()
+        raise
+    return publisher
+
+
+def create(
+    layout: Mapping[str, Any] | Any,
+    name: str,
+    socket: str | os.PathLike[str],
+    backend: str | None = None,
+    keep: int = 2,
+    checksums: bool = False,
+    device: int | None = None,
+    max_arenas: int | None = None,
+) -> Publisher:
+    """Serves the weight set ``name`` at ``socket`` with nothing published yet (``generation`` 0; readers' ``open``
+    waits for the first): make the first generation in the arena itself, ``staged = pub.stage(torch)``, write every
+    tensor (a checkpoint read straight into ``staged[name]``), ``pub.commit()``. No copy of the whole model is made
+    and none needs to exist beside the arena, so loading a model this way peaks at one copy of it in GPU memory
+    (``publish`` needs the tensors first, then copies them).
+
+    ``layout``: what each tensor is, never its values: a ``Mapping[str, tensor]`` or a module (PyTorch tensors on any
+    device, ``meta`` included: ``with torch.device("meta"): model = Model()`` allocates nothing; CuPy, NumPy arrays),
+    or an iterable of ``(name, dtype, shape)`` (``dtype``: a name such as ``"bfloat16"``, a ``torch.dtype`` or a
+    NumPy dtype). ``backend``: ``"vmm"`` (default, unless the layout's tensors are host arrays: ``"host"``),
+    ``"legacy"`` or ``"host"``; ``device``: the GPU (default: the layout's CUDA tensors', else 0). The rest as for
+    :func:`publish`.
+    """
+    entries: list[tuple[str, str, tuple[int, ...]]] = []
+    devices: set[int] = set()
+    on_host = 0
+    items = _state_dict(layout).items() if isinstance(layout, Mapping) or hasattr(layout, "state_dict") else None
+    if items is not None:
+        for k, v in items:
+            entry, where = _layout_entry(k, v)
+            entries.append(entry)
+            if isinstance(where, int):
+                devices.add(where)
+            on_host += where == "host"
+    else:
+        try:
+            given = list(layout)
+        except TypeError as e:
+            raise ArgumentTypeError(f"layout: a Mapping[str, tensor], a module or (name, dtype, shape) tuples, got "
+                                    f"{type(layout).__name__}") from e
+        for item in given:
+            if not isinstance(item, (tuple, list)) or len(item) != 3:
+                raise ArgumentTypeError(f"layout entry {item!r}: a (name, dtype, shape) tuple")
+            k, dtype, shape = item
+            entries.append((str(k), _dtype_name(str(k), dtype), _shape_of(str(k), shape)))
+    if not entries:
+        raise ArgumentError("the layout is empty")
+    if backend is None:
+        backend = "host" if on_host == len(entries) else "vmm"
+    return _serve(entries, devices, name, socket, backend, keep, checksums, device, max_arenas)
+
+
+def _serve(layout: list[tuple[str, str, tuple[int, ...]]], devices: set[int], name: str,
+           socket: str | os.PathLike[str], backend: str, keep: int, checksums: bool, device: int | None,
+           max_arenas: int | None) -> Publisher:
+    """The owner of a set of ``layout`` at ``socket``, nothing published; ``devices``: the CUDA devices its tensors
+    were found on (one at most)."""
     if len(devices) > 1:
         raise ArgumentError(
             f"the state_dict spans devices {sorted(devices)}: publish one set per device for now "
@@ -344,9 +416,6 @@ def publish(
         )
     if device is None:
         device = next(iter(devices)) if devices else 0
-    if backend is None:
-        backend = "vmm" if devices else "host"
-    layout = [(k, t.dtype, t.shape) for k, t in described.items()]
     owner = WeightsOwner(
         socket,
         name,
@@ -357,13 +426,43 @@ def publish(
         checksums=checksums,
         max_arenas=max_arenas,
     )
-    publisher = Publisher(owner, layout)
+    return Publisher(owner, layout)
+
+
+def _layout_entry(name: str, t: Any) -> tuple[tuple[str, str, tuple[int, ...]], int | str | None]:
+    """``(name, dtype, shape)`` of a tensor of a layout, and where it is: a CUDA ordinal, ``"host"`` (a host array),
+    or None (a ``meta`` or CPU torch tensor: says nothing of the backend)."""
+    if _is_torch(t) and t.device.type == "meta":
+        return (name, str(t.dtype).removeprefix("torch."), tuple(int(d) for d in t.shape)), None
+    described = _describe(name, t)
+    if described.device is not None:
+        return (name, described.dtype, described.shape), described.device
+    return (name, described.dtype, described.shape), None if _is_torch(t) else "host"
+
+
+def _dtype_name(name: str, dtype: Any) -> str:
+    """A layout entry's dtype as the set names it: a name (``"bfloat16"``), a ``torch.dtype``, a NumPy dtype."""
+    if isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text.removeprefix("torch.")
     try:
-        publisher.update(sd)
-    except BaseException:
-        owner.close()
-        raise
-    return publisher
+        import numpy
+
+        return str(numpy.dtype(dtype).name)
+    except (ImportError, TypeError) as e:
+        raise ArgumentTypeError(f"tensor {name!r}: dtype {dtype!r} is not a name, a torch.dtype or a NumPy dtype") from e
+
+
+def _shape_of(name: str, shape: Any) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except TypeError as e:
+        raise ArgumentTypeError(f"tensor {name!r}: shape {shape!r} is not a sequence of integers") from e
+    if any(d < 0 for d in dims):
+        raise ArgumentError(f"tensor {name!r}: shape {dims} has a negative size")
+    return dims
 
 
 class Reader:
