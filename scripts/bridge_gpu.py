@@ -23,7 +23,8 @@ backend in BRIDGE_BACKENDS (default legacy,vmm):
              the receiving end then puts no work on the GPU)
   refused    UCX_TLS=tcp,cuda_copy and --expect gpu-direct: the sending end must exit 3 before ring B publishes a
              frame (its consumers read none), the receiving end 1
-  on a machine with two GPUs: the bridge row again with ring B (the receiving end and its consumers) on GPU 1
+  on a machine with two GPUs: the bridge row again with ring B (the receiving end and its consumers) on GPU 1 (only
+             it and the ring with BRIDGE_ROWS=gpu1)
 Every torch consumer checks every word of every frame on the GPU (scripts/python_gpu_ends.py's checks) and notes when
 it was done with each (time.monotonic: one clock for the processes of a machine); the producer notes each publish.
 Latency: A's publish to the later of the two consumers' done, p50 / p99 past a warm-up; FPS: frames over the
@@ -72,6 +73,9 @@ FRAMES = int(os.environ.get("BRIDGE_FRAMES", "0"))
 MAX_FRAMES = 16384
 ROUNDS = int(os.environ.get("BRIDGE_ROUNDS", "0"))  # 0: 3 on a GPU, 1 with --host
 CONTROL = os.environ.get("BRIDGE_CONTROL", "0") == "1"  # the control rows (below)
+# BRIDGE_ROWS=gpu1 on a machine with two GPUs: only the plain ring and the rows with ring B on GPU 1 (then the kill
+# trials), for a short call; default all.
+ROWS = os.environ.get("BRIDGE_ROWS", "all")
 SLOTS = 4
 WARMUP = 3 * SLOTS  # frames left out of the latency percentiles
 REPORT_EVERY = 0.25  # the sending end's reports during a row
@@ -603,6 +607,10 @@ def run(out: Path, host: bool) -> int:
         for backend in backends:
             for n in range(1, rounds + 1):
                 measured(log, backend, n, "ring")
+                if ROWS == "gpu1" and gpus > 1:
+                    measured(log, backend, n, "bridge", device_b=1)
+                    write(env)
+                    continue
                 if CONTROL:  # what two more processes with a GPU operation per frame cost the plain ring
                     measured(log, backend, n, "control")
                 measured(log, backend, n, "bridge")
@@ -621,7 +629,7 @@ def run(out: Path, host: bool) -> int:
                 if gpus > 1:
                     measured(log, backend, n, "bridge", device_b=1)
                 write(env)
-            if backend != "host" and in_time(f"refused {backend}"):
+            if backend != "host" and not (ROWS == "gpu1" and gpus > 1) and in_time(f"refused {backend}"):
                 refused.append(refused_row(backend, log))
             write(env)
             mine = [r for r in [*rows, *refused] if r["backend"] == backend]
