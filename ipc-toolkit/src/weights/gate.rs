@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::stream_marks::StreamMarks;
 use gpu_ipc_driver::{DevicePtr, HostRegistration};
 use ipc_core::shm::{SharedMemory, SharedObject};
 
@@ -203,6 +204,54 @@ fn follow(word: &StatusWord, shared: &Shared, source: &impl GateSource) {
         }
         refresh(word.word(), source);
         std::thread::sleep(GATE_POLL);
+    }
+}
+
+/// How long a reader's teardown waits for its streams to pass the waits its gate released.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// A reader's gate and, on a GPU backend, the marks after the stream waits queued on its word.
+pub(super) struct StreamGate {
+    pub(super) gate: Gate,
+    pub(super) marks: Option<StreamMarks>,
+    /// Whether the device can queue 64-bit stream waits (asked once, at the first `wait_on`).
+    pub(super) mem_ops: Option<bool>,
+}
+
+impl StreamGate {
+    /// A gate with no stream wait queued yet.
+    pub(super) fn new(gate: Gate) -> Self {
+        Self { gate, marks: None, mem_ops: None }
+    }
+
+    /// Teardown: the gate marks its word gone (every queued wait is then released), then the streams get up to
+    /// [`SETTLE`] to pass them; if one has not (a stream held behind other work), the word stays registered and
+    /// mapped for good rather than be unregistered under a stream that may still poll it.
+    fn close(mut self) {
+        self.gate.close();
+        let Some(mut marks) = self.marks.take() else { return };
+        let word = Arc::clone(self.gate.word());
+        if !marks.settle(SETTLE, |generation| released(word.load(), generation), "weights reader") {
+            std::mem::forget(word);
+        }
+    }
+}
+
+/// The reader's stream-gate slot: the gate made at the first wait, and closed (settled) when the reader goes.
+#[derive(Default)]
+pub(super) struct GateSlot(std::sync::Mutex<Option<StreamGate>>);
+
+impl GateSlot {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Option<StreamGate>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for GateSlot {
+    fn drop(&mut self) {
+        if let Some(gate) = self.0.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
+            gate.close();
+        }
     }
 }
 

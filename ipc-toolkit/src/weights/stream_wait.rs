@@ -8,20 +8,16 @@
 //! only: its thread copies the note into it while a wait is pending and marks it gone when the owner hangs up or the
 //! reader closes.
 
-use std::sync::{Arc, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::Arc;
 
 use super::error::WeightsError;
-use super::gate::{GONE_BIT, Gate, GateSource, MAX_GENERATION, StatusWord, released};
+use super::gate::{GONE_BIT, Gate, GateSource, MAX_GENERATION, StatusWord, StreamGate, released};
 use super::io::ArenaBytes;
 use super::reader::WeightsReader;
 use crate::pool::PoolImporter;
 use crate::stream_marks::StreamMarks;
 use gpu_ipc_driver::{DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, Stream, WaitCondition};
 use ipc_core::backend::Backend;
-
-/// How long a reader's teardown waits for its streams to pass the waits its gate released.
-const SETTLE: Duration = Duration::from_secs(1);
 
 /// A wait for a generation ([`WeightsReader::wait_on`] queued on a stream, or [`WeightsReader::watch`]): the
 /// generation and the reader's status word, which it keeps allocated (and registered) while it lives.
@@ -97,46 +93,6 @@ impl<B: Backend> GateSource for PoolImporter<B> {
     }
     fn owner_gone(&self) -> bool {
         PoolImporter::owner_gone(self)
-    }
-}
-
-/// A reader's gate and, on a GPU backend, the marks after the stream waits queued on its word.
-pub(super) struct StreamGate {
-    gate: Gate,
-    marks: Option<StreamMarks>,
-    /// Whether the device can queue 64-bit stream waits (asked once, at the first `wait_on`).
-    mem_ops: Option<bool>,
-}
-
-impl StreamGate {
-    /// Teardown: the gate marks its word gone (every queued wait is then released), then the streams get up to
-    /// [`SETTLE`] to pass them; if one has not (a stream held behind other work), the word stays registered and
-    /// mapped for good rather than be unregistered under a stream that may still poll it.
-    fn close(mut self) {
-        self.gate.close();
-        let Some(mut marks) = self.marks.take() else { return };
-        let word = Arc::clone(self.gate.word());
-        if !marks.settle(SETTLE, |generation| released(word.load(), generation), "weights reader") {
-            std::mem::forget(word);
-        }
-    }
-}
-
-/// The reader's stream-gate slot: the gate made at the first wait, and closed (settled) when the reader goes.
-#[derive(Default)]
-pub(super) struct GateSlot(std::sync::Mutex<Option<StreamGate>>);
-
-impl GateSlot {
-    fn lock(&self) -> MutexGuard<'_, Option<StreamGate>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Drop for GateSlot {
-    fn drop(&mut self) {
-        if let Some(gate) = self.0.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
-            gate.close();
-        }
     }
 }
 
@@ -271,7 +227,7 @@ impl<B: ArenaBytes> WeightsReader<B> {
             Some(gate) => gate,
             None => {
                 let gate = Gate::new(self.cuda(), self.importer().share()).map_err(|p| self.gate_error(p))?;
-                slot.insert(StreamGate { gate, marks: None, mem_ops: None })
+                slot.insert(StreamGate::new(gate))
             }
         };
         gate.gate.arm(generation, self.importer());
