@@ -196,7 +196,15 @@ impl Frame {
         frame.usable()?;
         let consumer = frame.consumer.get();
         let ready = consumer.gpu.as_ref().map(|gpu| (gpu, frame.stream.unwrap_or(LEGACY_DEFAULT_STREAM)));
-        slot_array(slf.as_any(), consumer, library, SlotWord::Frame, frame.index, ready, |s| frame.taken_on(s))
+        slot_array(
+            slf.as_any(),
+            (&consumer.arrays, &consumer.order),
+            library,
+            SlotWord::Frame,
+            frame.index,
+            ready,
+            |s| frame.taken_on(s),
+        )
     }
 
     /// Device address of the frame's stamp word (gpu-stream-ops, gpu-poll; ``None`` otherwise): check it in your
@@ -347,7 +355,15 @@ impl Stamp {
             (Some(gpu), Some(_)) => Some((gpu, frame.stream.unwrap_or(LEGACY_DEFAULT_STREAM))),
             _ => None,
         };
-        slot_array(slf.as_any(), consumer, library, SlotWord::Stamp, frame.index, ready, |s| frame.taken_on(s))
+        slot_array(
+            slf.as_any(),
+            (&consumer.arrays, &consumer.order),
+            library,
+            SlotWord::Stamp,
+            frame.index,
+            ready,
+            |s| frame.taken_on(s),
+        )
     }
 
     fn __repr__(&self) -> String {

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use gpu_ipc::driver::Context;
 
 use crate::ring::lock;
-use crate::view::{Layout, Memory, View};
 
 /// One owner of a GPU mapping: cloned into every capsule and every frame or slot object.
 pub struct MappingHold(Box<dyn Holder>);
@@ -43,12 +42,6 @@ impl MappingHold {
     pub fn new<T: Send + Sync + 'static>(region: Arc<T>, ctx: Option<Context>) -> Self {
         Self(Box::new(Hold { region: Some(region), ctx, pid: std::process::id() }))
     }
-}
-
-/// The view of pool memory (a pool buffer, a weight set's tensor or arena) at `ptr`, laid out as `layout` and kept
-/// mapped by `hold`: on device `ordinal`, or host memory (`None`). What every pool-backed array object exports.
-pub fn pool_view(ptr: u64, layout: &Layout, ordinal: Option<i32>, hold: MappingHold) -> View {
-    View { ptr, layout: layout.clone(), memory: Memory::Pool { ordinal, hold } }
 }
 
 impl Clone for MappingHold {

@@ -19,9 +19,10 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::each_backend;
 use crate::errors::{ArgumentError, ArgumentTypeError, BackendError, ReleasedError, WireError, pool_to_py, to_py};
-use crate::mapping::{MappingHold, pool_view};
+use crate::mapping::MappingHold;
 use crate::ring::{Gpu, PerBackend, Shared, lock, parse_backend};
 use crate::stream::{borrow, stream_handle};
+use crate::view::pool_view;
 use crate::view::{ArrayMemory, Layout, View};
 
 type Owner = PerBackend<CorePool<Legacy>, CorePool<Vmm>, CorePool<Host>>;

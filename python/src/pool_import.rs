@@ -17,8 +17,9 @@ use pyo3::types::PyTuple;
 
 use crate::each_backend;
 use crate::errors::{ReleasedError, door_to_py, pool_to_py};
-use crate::mapping::{MappingHold, pool_view};
+use crate::mapping::MappingHold;
 use crate::ring::{Gpu, PerBackend, SLICE, Shared, lock, parse_backend, seconds};
+use crate::view::pool_view;
 use crate::view::{ArrayMemory, Layout, View};
 
 type Importer = PerBackend<CoreImporter<Legacy>, CoreImporter<Vmm>, CoreImporter<Host>>;

@@ -25,10 +25,10 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 
-use crate::consumer::Consumer;
 use crate::errors::ArgumentError;
 use crate::ring::{Gpu, lock};
-use crate::stream::{LEGACY_DEFAULT_STREAM, stream_handle};
+use crate::stream::{LEGACY_DEFAULT_STREAM, same_stream, stream_handle};
+use crate::view::StreamOrder;
 
 /// An array library `Frame.array` hands frames out as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,20 +216,13 @@ impl SlotArrays {
     }
 }
 
-/// Whether two raw stream handles name the same stream: the NULL stream (0) is the legacy default stream here, as in
-/// the driver API and PyTorch's `from_dlpack` (which passes 1 for its default stream).
-pub fn same_stream(a: u64, b: u64) -> bool {
-    let legacy = |s: u64| if s == 0 { LEGACY_DEFAULT_STREAM } else { s };
-    legacy(a) == legacy(b)
-}
-
 /// `Frame.array` and `Stamp.array`: slot `index`'s array of `word` as `library`, a new alias of the array kept for
 /// the slot; the first time, made from `owner` (the `Frame` or `Stamp`) through the library's `from_dlpack`.
 /// `ready`: the device and the stream the memory is ready on (GPU memory); the library's current stream is ordered
 /// after it and passed to `taken_on` (the frame's release then waits for its work too).
 pub fn slot_array(
     owner: &Bound<'_, PyAny>,
-    consumer: &Consumer,
+    (arrays, order): (&SlotArrays, &StreamOrder),
     library: &str,
     word: SlotWord,
     index: u32,
@@ -238,14 +231,14 @@ pub fn slot_array(
 ) -> PyResult<Py<PyAny>> {
     let py = owner.py();
     let library = Library::parse(library)?;
-    let (glue, made) = consumer.arrays.lookup(py, library, word, index)?;
+    let (glue, made) = arrays.lookup(py, library, word, index)?;
     let array = match made {
         Some(array) => {
             if let Some((gpu, ready_on)) = ready
                 && let Some(current) = glue.current_stream(py, gpu.ordinal)?
                 && !same_stream(ready_on, current)
             {
-                consumer.order.after(&gpu.ctx, ready_on, current)?;
+                order.after(&gpu.ctx, ready_on, current)?;
                 taken_on(current);
             }
             array
@@ -254,7 +247,7 @@ pub fn slot_array(
             // Exactly `library.from_dlpack(owner)`: its `__dlpack__(stream=)` orders the library's current stream
             // after the frame's and notes it as a reader.
             let array = glue.from_dlpack.bind(py).call1((owner,))?.unbind();
-            consumer.arrays.keep(library, word, index, array.clone_ref(py));
+            arrays.keep(library, word, index, array.clone_ref(py));
             array
         }
     };

@@ -63,3 +63,10 @@ pub fn borrow<'a>(ctx: &Context, raw: u64) -> Borrowed<'a, Stream> {
         Stream::borrow_raw(ctx, raw as usize as raw::CUstream)
     }
 }
+
+/// Whether two raw stream handles name the same stream: the NULL stream (0) is the legacy default stream here, as in
+/// the driver API and PyTorch's `from_dlpack` (which passes 1 for its default stream).
+pub fn same_stream(a: u64, b: u64) -> bool {
+    let legacy = |s: u64| if s == 0 { LEGACY_DEFAULT_STREAM } else { s };
+    legacy(a) == legacy(b)
+}

@@ -18,8 +18,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::errors::{ArgumentError, driver_to_py};
 use crate::mapping::MappingHold;
 use crate::ring::lock;
-use crate::slot_arrays::same_stream;
-use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
+use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, same_stream, stream_handle};
 
 /// How a slot (or a shared buffer) is laid out as an array: `shape` of one element type, `strides` in elements.
 #[derive(Debug, Clone)]
@@ -462,4 +461,10 @@ impl StreamOrder {
         event.record(&borrow(ctx, earlier)).map_err(driver_to_py)?;
         borrow(ctx, later).wait_event(event).map_err(driver_to_py)
     }
+}
+
+/// The view of pool memory (a pool buffer, a weight set's tensor or arena) at `ptr`, laid out as `layout` and kept
+/// mapped by `hold`: on device `ordinal`, or host memory (`None`). What every pool-backed array object exports.
+pub fn pool_view(ptr: u64, layout: &Layout, ordinal: Option<i32>, hold: MappingHold) -> View {
+    View { ptr, layout: layout.clone(), memory: Memory::Pool { ordinal, hold } }
 }

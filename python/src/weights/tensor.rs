@@ -5,7 +5,8 @@ use gpu_ipc::weights::Manifest;
 use pyo3::prelude::*;
 
 use super::runs::{RunSpec, run_specs};
-use crate::mapping::{MappingHold, pool_view};
+use crate::mapping::MappingHold;
+use crate::view::pool_view;
 use crate::view::{ArrayMemory, Layout, View};
 
 /// A generation's tensors as ``arena()`` and ``stage_arena()`` give them: the names (manifest order), the runs,

@@ -7,7 +7,8 @@ use gpu_ipc::driver::Context;
 use gpu_ipc::weights::{GONE_BIT, GenerationWait as CoreWait, GenerationWaitStatus};
 use pyo3::prelude::*;
 
-use crate::mapping::{MappingHold, pool_view};
+use crate::mapping::MappingHold;
+use crate::view::pool_view;
 use crate::view::{ArrayMemory, Layout, View};
 
 static WORD_LAYOUT: LazyLock<Layout> = LazyLock::new(Layout::word);
