@@ -272,6 +272,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     let mut messages = vec![
         Message::ClientHello(ClientHello {
             object: ObjectKind::Ring,
+            part: 0,
             protocol_version: PROTOCOL_VERSION,
             client_pid: 42,
             wanted_backend: None,
@@ -279,6 +280,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         }),
         Message::ClientHello(ClientHello {
             object: ObjectKind::Pool,
+            part: 0,
             protocol_version: PROTOCOL_VERSION,
             client_pid: 43,
             wanted_backend: Some(BackendKind::Vmm),
@@ -327,6 +329,16 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     let mut wire: Vec<Vec<u8>> = messages.iter().map(|m| m.encode().expect("a valid message")).collect();
     // Version 2 (deep rings, tensor layouts) too.
     wire.extend(layouts.into_iter().map(|l| Message::RingOffer(ring_offer(l)).encode_in(2).expect("v2 offer")));
+    // A reader's hello for part 2 of a pool made of parts (a weight set on several devices).
+    let part_hello = Message::ClientHello(ClientHello {
+        object: ObjectKind::Pool,
+        part: 2,
+        protocol_version: PROTOCOL_VERSION,
+        client_pid: 44,
+        wanted_backend: Some(BackendKind::Vmm),
+        consumer_name: "weights reader".into(),
+    });
+    wire.push(part_hello.encode().expect("a valid hello"));
 
     let block = BlockId { index: 2, serial: 9 };
     let offers = vec![

@@ -20,7 +20,7 @@ use super::layout::{BlockId, BlockKind, LAYOUT_VERSION, OwnerState, PINS_MAGIC};
 use super::owner::device_uuid;
 use super::view::BufferView;
 use super::wire::{CHANNEL_FD_INDEX, DIRECTORY_FD_INDEX, PINS_FD_INDEX, POOL_OFFER_FDS, PoolOffer};
-use crate::door::{ObjectKind, ObjectOffer, attach};
+use crate::door::{ObjectKind, ObjectOffer, attach_part};
 use gpu_ipc_driver::DeviceUuid;
 use ipc_core::backend::Backend;
 use ipc_core::ring::monotonic_ns;
@@ -82,10 +82,26 @@ impl<B: Backend> PoolImporter<B> {
     /// backend, another user, too many importers); [`PoolError::Protocol`] for an offer that does not add up;
     /// the backend's import error.
     pub fn attach(ctx: &B::Context, socket: impl AsRef<Path>, options: &AttachOptions) -> Result<Self, PoolError> {
+        Self::attach_part(ctx, socket, options, 0)
+    }
+
+    /// [`attach`](Self::attach) to part `part` of a pool made of parts (a weight set on several devices: one part
+    /// per device, served through one socket); part 0 is what `attach` asks for. Every part is an ordinary pool
+    /// once attached: its own directory, note word and blocks.
+    ///
+    /// # Errors
+    /// As [`attach`](Self::attach); [`PoolError::Door`] with the owner's refusal when it has no part `part` (code
+    /// 7) or is of a release before parts (code 6, a malformed hello: it never serves part 0 instead).
+    pub fn attach_part(
+        ctx: &B::Context,
+        socket: impl AsRef<Path>,
+        options: &AttachOptions,
+        part: u32,
+    ) -> Result<Self, PoolError> {
         let path = socket.as_ref();
         let import = |offer: &ObjectOffer, fds: Vec<OwnedFd>| import::<B>(ctx, path, options.timeout, offer, fds);
         let ((offer, directory, pins, blocks), link) =
-            attach(path, ObjectKind::Pool, Some(B::KIND), &options.name, options.timeout, import)?;
+            attach_part(path, ObjectKind::Pool, Some(B::KIND), &options.name, part, options.timeout, import)?;
         let inner = ImporterInner {
             path: path.to_path_buf(),
             offer,
