@@ -15,7 +15,7 @@ use ipc_toolkit::pool::{BLOCK_PIECES_BYTES, BlockPieces, BlockReply, BlockReques
 use ipc_toolkit::queue::QueueOffer;
 use ipc_toolkit::queue::layout::Geometry as QueueGeometry;
 use ipc_toolkit::semaphore::SemaphoreOffer;
-use ipc_toolkit::weights::{Manifest, TensorEntry};
+use ipc_toolkit::weights::{Manifest, SetParts, TensorEntry};
 
 pub use ipc_toolkit::fuzzing::{pool_directory, queue_memory, semaphore_block};
 
@@ -250,6 +250,7 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
                         checksum: checksums.then_some(0x1234),
                     })
                     .collect(),
+                parts: None,
             };
             let mut at = (manifest.encode().len() as u64).next_multiple_of(256);
             for entry in &mut manifest.entries {
@@ -259,7 +260,31 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
             manifest.arena_bytes = at;
             [&[0u8][..], &manifest.encode()].concat()
         })
+        .chain(std::iter::once(part_manifest_seed(&tensors)))
         .collect()
+}
+
+/// A part's manifest (format version 2): part 1 of a set on 2 devices, its tensors at places 2, 0 and 4 of 5.
+fn part_manifest_seed(tensors: &[(&str, TensorDesc)]) -> Vec<u8> {
+    let devices = vec![DeviceUuid([3; 16]), DeviceUuid([4; 16])];
+    let mut manifest = Manifest {
+        set_name: "llama".into(),
+        generation: 7,
+        device_uuid: DeviceUuid([4; 16]),
+        arena_bytes: 0,
+        entries: tensors
+            .iter()
+            .map(|(name, desc)| TensorEntry { name: (*name).to_owned(), desc: desc.clone(), offset: 0, checksum: None })
+            .collect(),
+        parts: Some(SetParts { part: 1, devices, set_tensors: 5, positions: vec![2, 0, 4] }),
+    };
+    let mut at = (manifest.encode().len() as u64).next_multiple_of(256);
+    for entry in &mut manifest.entries {
+        entry.offset = at;
+        at = (at + entry.span_bytes()).next_multiple_of(256);
+    }
+    manifest.arena_bytes = at;
+    [&[0u8][..], &manifest.encode()].concat()
 }
 
 /// Valid encodings of every message and body, made by the encoders: the seed corpus.

@@ -38,6 +38,7 @@ pub use error::PoolError;
 pub use handle::{BufferHandle, BufferInfo, PoolStats, ReclaimWatch};
 pub use importer::{AttachOptions, PoolImporter};
 pub use ipc_core::wire::{DType, TensorDesc};
+pub(crate) use owner::device_uuid_of;
 pub use owner::{PoolConfig, SharedPool};
 pub use view::BufferView;
 pub use wire::{

@@ -403,6 +403,13 @@ impl<B: GpuBackend> SharedPool<B> {
     }
 }
 
+/// The UUID of the device `ctx` is on, after the backend's support check on it: what a part of a pool made of
+/// parts names (all zeros for the host backend).
+pub(crate) fn device_uuid_of<B: Backend>(ctx: &B::Context) -> Result<DeviceUuid, PoolError> {
+    B::check_support(ctx)?;
+    device_uuid::<B>(ctx)
+}
+
 /// The UUID of the device `ctx` is on (all zeros for the host backend).
 pub(super) fn device_uuid<B: Backend>(ctx: &B::Context) -> Result<DeviceUuid, PoolError> {
     match B::cuda_context(ctx) {

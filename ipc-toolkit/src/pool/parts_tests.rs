@@ -42,6 +42,11 @@ fn each_importer_is_served_the_part_it_names_through_one_socket() {
     }
     // Each part lists its own peers; the door's status lists them all, each with its part.
     for (i, pool) in pools.iter().enumerate() {
+        // The door records an attach after the importer's `Attached`, on its own thread.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while pool.peers().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
         let names: Vec<String> = pool.peers().into_iter().map(|p| p.name).collect();
         assert_eq!(names, [format!("part-{i}")]);
     }
