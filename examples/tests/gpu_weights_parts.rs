@@ -106,14 +106,19 @@ fn publish_to_a_reader_process<B: ArenaBytes + GpuBackend<Context = Context>>(ba
     assert!(child.wait().unwrap().success());
 }
 
-#[test]
-#[ignore = "needs two GPUs: a weight set with a part on cuda:0 and one on cuda:1"]
-fn a_set_on_two_gpus_is_read_by_another_process_each_tensor_on_its_device_legacy() {
-    publish_to_a_reader_process::<Legacy>("legacy");
-}
+/// Tests that need two GPUs (scripts/gpu-suite.sh runs the `two_gpus` modules where it finds two).
+mod two_gpus {
+    use super::*;
 
-#[test]
-#[ignore = "needs two GPUs: a weight set with a part on cuda:0 and one on cuda:1"]
-fn a_set_on_two_gpus_is_read_by_another_process_each_tensor_on_its_device_vmm() {
-    publish_to_a_reader_process::<Vmm>("vmm");
+    #[test]
+    #[ignore = "needs two CUDA GPUs: a weight set with a part on cuda:0 and one on cuda:1"]
+    fn a_set_on_two_gpus_is_read_by_another_process_each_tensor_on_its_device_legacy() {
+        publish_to_a_reader_process::<Legacy>("legacy");
+    }
+
+    #[test]
+    #[ignore = "needs two CUDA GPUs: a weight set with a part on cuda:0 and one on cuda:1"]
+    fn a_set_on_two_gpus_is_read_by_another_process_each_tensor_on_its_device_vmm() {
+        publish_to_a_reader_process::<Vmm>("vmm");
+    }
 }
