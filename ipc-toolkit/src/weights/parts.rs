@@ -81,9 +81,15 @@ impl<B: ArenaBytes> WeightsPartsOwner<B> {
         Self::create_on(contexts, devices.clone(), devices, socket.as_ref(), set, tensors, options)
     }
 
-    /// [`create`](Self::create) with the device UUIDs the manifests name apart from those the pools' offers name
-    /// (tests give the host backend's parts distinct ones, which its importers could not attach to).
-    pub(crate) fn create_on(
+    /// [`create`](Self::create) with the device UUIDs the manifests name apart from those the pools' offers name:
+    /// for tests only (this crate's, and the Python package's host tests), which give the host backend's parts
+    /// distinct made-up UUIDs, since its pools all say the host's. A set served this way on a GPU would send readers
+    /// to the wrong devices: use [`create`](Self::create).
+    ///
+    /// # Errors
+    /// As [`create`](Self::create).
+    #[doc(hidden)]
+    pub fn create_on(
         contexts: Vec<B::Context>,
         pool_devices: Vec<DeviceUuid>,
         devices: Vec<DeviceUuid>,

@@ -337,7 +337,7 @@ fn refuse_parts<B: ArenaBytes>(held: &HeldGeneration<B>, path: &Path) -> Result<
             path: path.to_path_buf(),
             detail: format!(
                 "the set lies on {} devices, one part each; this reader reads a set on one device: open it with \
-                 WeightsPartsReader (Rust; gpu_ipc.weights does not read sets of parts yet)",
+                 WeightsPartsReader (in Python, gpu_ipc.weights.open reads either kind)",
                 parts.devices.len()
             ),
         }),
