@@ -68,6 +68,21 @@ impl Device {
         Ok(Self { ordinal, raw })
     }
 
+    /// The device whose UUID is `uuid` among those this process sees (`CUDA_VISIBLE_DEVICES` may number them
+    /// otherwise than another process does; the UUID names the same device in both), or `None`.
+    ///
+    /// # Errors
+    /// As [`count`](Self::count), [`get`](Self::get) and [`uuid`](Self::uuid).
+    pub fn with_uuid(uuid: DeviceUuid) -> Result<Option<Self>> {
+        for ordinal in 0..Self::count()? {
+            let device = Self::get(ordinal)?;
+            if device.uuid()? == uuid {
+                return Ok(Some(device));
+            }
+        }
+        Ok(None)
+    }
+
     /// The ordinal this device was opened with.
     pub fn ordinal(self) -> i32 {
         self.ordinal

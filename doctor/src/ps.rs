@@ -77,9 +77,15 @@ pub fn weight_sets(report: &StatusReport) -> Vec<WeightSet> {
     type Seen = (Option<u64>, BTreeMap<u64, Vec<Holder>>);
     let mut sets: BTreeMap<String, Seen> = BTreeMap::new();
     for peer in &report.peers {
-        let (note, holds) = match peer.detail.split_once("; ") {
+        // A reader of a set on several devices is one peer per part, each detail after `part K: `: every part's
+        // reader is listed as a holder, and the note is part 0's and the others' alike (they publish together).
+        let detail = match peer.detail.strip_prefix("part ").and_then(|rest| rest.split_once(": ")) {
+            Some((part, rest)) if part.parse::<u32>().is_ok() => rest,
+            _ => peer.detail.as_str(),
+        };
+        let (note, holds) = match detail.split_once("; ") {
             Some((note, rest)) if note.starts_with("note ") => (note["note ".len()..].parse::<u64>().ok(), rest),
-            _ => (None, peer.detail.as_str()),
+            _ => (None, detail),
         };
         let Some((_, names)) = holds.split_once(" buffers: ") else { continue };
         for name in names.split(", ") {
@@ -270,6 +276,26 @@ mod tests {
                 pool_peer(4, Some(104), "note 4; holds 1 views of 1 buffers: scratch, llama/x"),
             ],
         };
+        // A set of parts: the same reader as one peer per part, each detail naming its part.
+        let parts = StatusReport {
+            peers: vec![
+                pool_peer(5, Some(105), "part 0: note 6; holds 1 views of 1 buffers: moe/6"),
+                pool_peer(6, Some(105), "part 1: note 6; holds 1 views of 1 buffers: moe/6"),
+            ],
+            ..report.clone()
+        };
+        let holder = |peer, pid| Holder { peer, pid };
+        assert_eq!(
+            weight_sets(&parts),
+            [WeightSet {
+                set: "moe".into(),
+                newest: Some(6),
+                generations: vec![HeldGeneration {
+                    generation: 6,
+                    holders: vec![holder(5, Some(105)), holder(6, Some(105))]
+                }],
+            }]
+        );
         let sets = weight_sets(&report);
         let holder = |peer, pid| Holder { peer, pid };
         assert_eq!(

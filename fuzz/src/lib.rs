@@ -15,7 +15,7 @@ use ipc_toolkit::pool::{BLOCK_PIECES_BYTES, BlockPieces, BlockReply, BlockReques
 use ipc_toolkit::queue::QueueOffer;
 use ipc_toolkit::queue::layout::Geometry as QueueGeometry;
 use ipc_toolkit::semaphore::SemaphoreOffer;
-use ipc_toolkit::weights::{Manifest, TensorEntry};
+use ipc_toolkit::weights::{Manifest, SetParts, TensorEntry};
 
 pub use ipc_toolkit::fuzzing::{pool_directory, queue_memory, semaphore_block};
 
@@ -250,6 +250,7 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
                         checksum: checksums.then_some(0x1234),
                     })
                     .collect(),
+                parts: None,
             };
             let mut at = (manifest.encode().len() as u64).next_multiple_of(256);
             for entry in &mut manifest.entries {
@@ -259,7 +260,31 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
             manifest.arena_bytes = at;
             [&[0u8][..], &manifest.encode()].concat()
         })
+        .chain(std::iter::once(part_manifest_seed(&tensors)))
         .collect()
+}
+
+/// A part's manifest (format version 2): part 1 of a set on 2 devices, its tensors at places 2, 0 and 4 of 5.
+fn part_manifest_seed(tensors: &[(&str, TensorDesc)]) -> Vec<u8> {
+    let devices = vec![DeviceUuid([3; 16]), DeviceUuid([4; 16])];
+    let mut manifest = Manifest {
+        set_name: "llama".into(),
+        generation: 7,
+        device_uuid: DeviceUuid([4; 16]),
+        arena_bytes: 0,
+        entries: tensors
+            .iter()
+            .map(|(name, desc)| TensorEntry { name: (*name).to_owned(), desc: desc.clone(), offset: 0, checksum: None })
+            .collect(),
+        parts: Some(SetParts { part: 1, devices, set_tensors: 5, positions: vec![2, 0, 4] }),
+    };
+    let mut at = (manifest.encode().len() as u64).next_multiple_of(256);
+    for entry in &mut manifest.entries {
+        entry.offset = at;
+        at = (at + entry.span_bytes()).next_multiple_of(256);
+    }
+    manifest.arena_bytes = at;
+    [&[0u8][..], &manifest.encode()].concat()
 }
 
 /// Valid encodings of every message and body, made by the encoders: the seed corpus.
@@ -272,6 +297,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     let mut messages = vec![
         Message::ClientHello(ClientHello {
             object: ObjectKind::Ring,
+            part: 0,
             protocol_version: PROTOCOL_VERSION,
             client_pid: 42,
             wanted_backend: None,
@@ -279,6 +305,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         }),
         Message::ClientHello(ClientHello {
             object: ObjectKind::Pool,
+            part: 0,
             protocol_version: PROTOCOL_VERSION,
             client_pid: 43,
             wanted_backend: Some(BackendKind::Vmm),
@@ -327,6 +354,16 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     let mut wire: Vec<Vec<u8>> = messages.iter().map(|m| m.encode().expect("a valid message")).collect();
     // Version 2 (deep rings, tensor layouts) too.
     wire.extend(layouts.into_iter().map(|l| Message::RingOffer(ring_offer(l)).encode_in(2).expect("v2 offer")));
+    // A reader's hello for part 2 of a pool made of parts (a weight set on several devices).
+    let part_hello = Message::ClientHello(ClientHello {
+        object: ObjectKind::Pool,
+        part: 2,
+        protocol_version: PROTOCOL_VERSION,
+        client_pid: 44,
+        wanted_backend: Some(BackendKind::Vmm),
+        consumer_name: "weights reader".into(),
+    });
+    wire.push(part_hello.encode().expect("a valid hello"));
 
     let block = BlockId { index: 2, serial: 9 };
     let offers = vec![

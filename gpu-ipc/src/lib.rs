@@ -57,7 +57,7 @@ pub use ipc_core::wire::{DType, FrameGeometry, PixelFormat, SlotLayout, TensorDe
 pub use ipc_toolkit::pool;
 pub use ipc_toolkit::pool::{PoolImporter, SharedPool};
 pub use ipc_toolkit::weights;
-pub use ipc_toolkit::weights::{WeightsOwner, WeightsReader};
+pub use ipc_toolkit::weights::{WeightsOwner, WeightsPartsOwner, WeightsPartsReader, WeightsReader};
 
 use ipc_core::backend::{Backend, GpuBackend};
 

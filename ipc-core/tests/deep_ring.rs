@@ -35,6 +35,7 @@ fn answer_to(p: &mut Producer<Host>, name: &str, version: u16) -> (Message, Vec<
         wanted_backend: None,
         consumer_name: format!("speaks-{version}"),
         object: ObjectKind::Ring,
+        part: 0,
     };
     let (bytes, fds, _stream) = common::raw_answer(p, &sock(name), &Message::ClientHello(hello).encode().unwrap());
     (Message::decode(&bytes).unwrap(), fds)

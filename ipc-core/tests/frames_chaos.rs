@@ -50,6 +50,7 @@ fn bad_clients(socket: &Path, knocking: &AtomicBool, mut rng: Rng) -> u32 {
     use std::os::unix::net::UnixStream;
     let hello = Message::ClientHello(ClientHello {
         object: Default::default(),
+        part: 0,
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: Some(BackendKind::Host),

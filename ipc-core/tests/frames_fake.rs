@@ -231,6 +231,7 @@ fn a_consumer_slow_to_import_still_attaches_within_the_default_deadline() {
         let conn = PeerConnection::connect(&path, T).unwrap();
         let hello = ClientHello {
             object: Default::default(),
+            part: 0,
             protocol_version: PROTOCOL_VERSION,
             client_pid: std::process::id(),
             wanted_backend: None,

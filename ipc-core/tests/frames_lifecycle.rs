@@ -174,6 +174,7 @@ fn a_killed_consumers_record_is_quarantined_while_the_watchdog_may_write_it() {
             let conn = PeerConnection::connect(sock("quarantine"), T).unwrap();
             let hello = ClientHello {
                 object: Default::default(),
+                part: 0,
                 protocol_version: PROTOCOL_VERSION,
                 client_pid: std::process::id(),
                 wanted_backend: None,
@@ -322,6 +323,7 @@ fn a_client_evicted_before_it_attached_counts_as_evicted_not_lost() {
     let conn = PeerConnection::connect(sock("evicted-early"), T).unwrap();
     let hello = ClientHello {
         object: Default::default(),
+        part: 0,
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: Some(ipc_core::wire::BackendKind::Host),

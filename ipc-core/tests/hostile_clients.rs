@@ -215,6 +215,7 @@ fn survives(name: &str, bad_clients: impl FnOnce(&Path)) {
 fn hello_bytes() -> Vec<u8> {
     let hello = ClientHello {
         object: Default::default(),
+        part: 0,
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: Some(BackendKind::Host),

@@ -139,6 +139,7 @@ fn a_hello_encoded_in_version_2_gets_a_version_2_offer_of_pixel_frames() {
         wanted_backend: None,
         consumer_name: "new".into(),
         object: ObjectKind::Ring,
+        part: 0,
     };
     let (bytes, fds, _stream) = raw_answer(&mut p, "v2-pixels", &Message::ClientHello(hello).encode_in(2).unwrap());
     let header = Header::decode(&bytes).unwrap();

@@ -63,10 +63,19 @@ fn samples() -> Vec<Vec<u8>> {
     [
         Message::ClientHello(ClientHello {
             object: Default::default(),
+            part: 0,
             protocol_version: PROTOCOL_VERSION,
             client_pid: 42,
             wanted_backend: None,
             consumer_name: "viewer".into(),
+        }),
+        Message::ClientHello(ClientHello {
+            object: ipc_core::wire::ObjectKind::Pool,
+            part: 2,
+            protocol_version: PROTOCOL_VERSION,
+            client_pid: 42,
+            wanted_backend: None,
+            consumer_name: "weights reader".into(),
         }),
         Message::Attached(Attached { consumer_id: 3 }),
         Message::Detach(Detach { consumer_id: 3, reason: DetachReason::ImportFailed }),

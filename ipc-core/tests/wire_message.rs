@@ -61,6 +61,7 @@ fn samples() -> Vec<Message> {
     vec![
         Message::ClientHello(ClientHello {
             object: Default::default(),
+            part: 0,
             protocol_version: 1,
             client_pid: 1234,
             wanted_backend: Some(BackendKind::Vmm),
@@ -68,10 +69,19 @@ fn samples() -> Vec<Message> {
         }),
         Message::ClientHello(ClientHello {
             object: Default::default(),
+            part: 0,
             protocol_version: 1,
             client_pid: 0,
             wanted_backend: None,
             consumer_name: String::new(),
+        }),
+        Message::ClientHello(ClientHello {
+            object: ipc_core::wire::ObjectKind::Pool,
+            part: 3,
+            protocol_version: PROTOCOL_VERSION,
+            client_pid: 7,
+            wanted_backend: None,
+            consumer_name: "weights reader".to_owned(),
         }),
         Message::RingOffer(host_offer()),
         Message::RingOffer(legacy_offer()),
@@ -172,6 +182,7 @@ fn attached() -> Vec<u8> {
 fn hello() -> Vec<u8> {
     encoded(Message::ClientHello(ClientHello {
         object: Default::default(),
+        part: 0,
         protocol_version: 1,
         client_pid: 5,
         wanted_backend: None,
@@ -373,6 +384,7 @@ fn decoding_never_panics_on_prefixes_or_byte_flips() {
 fn encoding_refuses_what_decoding_would_refuse() {
     let long_name = Message::ClientHello(ClientHello {
         object: Default::default(),
+        part: 0,
         protocol_version: 1,
         client_pid: 1,
         wanted_backend: None,
@@ -393,4 +405,47 @@ fn encoding_refuses_what_decoding_would_refuse() {
     });
     assert!(matches!(huge.encode(), Err(WireError::PayloadTooLarge { .. })));
     assert_eq!(MessageType::from_code(2).unwrap(), MessageType::RingOffer);
+}
+
+/// A hello that names a part of a pool carries it as 4 bytes after the name, and only then: a hello of part 0 is
+/// what releases before parts send, byte for byte, and a release before parts reads a part's hello as a hello with
+/// trailing bytes, which it refuses (it never serves part 0 in its place).
+#[test]
+fn a_hello_names_its_part_after_the_name_and_older_decoders_refuse_it() {
+    let pool_hello = |part| ClientHello {
+        object: ipc_core::wire::ObjectKind::Pool,
+        part,
+        protocol_version: 1,
+        client_pid: 5,
+        wanted_backend: None,
+        consumer_name: "abc".to_owned(),
+    };
+    let whole = Message::ClientHello(pool_hello(0)).encode().unwrap();
+    let part = Message::ClientHello(pool_hello(2)).encode().unwrap();
+    assert_eq!(part.len(), whole.len() + 4);
+    assert_eq!(&part[HEADER_BYTES..part.len() - 4], &whole[HEADER_BYTES..], "the same fields, then the part");
+    assert_eq!(&part[part.len() - 4..], &2u32.to_le_bytes());
+    assert_eq!(Message::decode(&part).unwrap(), Message::ClientHello(pool_hello(2)));
+
+    // Part 0 written out is a second encoding of a plain hello: refused.
+    let mut zero = whole.clone();
+    zero.extend_from_slice(&0u32.to_le_bytes());
+    let zero = fix_len(zero);
+    assert!(matches!(Message::decode(&zero), Err(WireError::InvalidField { field: "ClientHello.part", .. })));
+
+    // Only a pool is made of parts: a ring hello with a part is refused both ways.
+    let ring = ClientHello { object: ipc_core::wire::ObjectKind::Ring, ..pool_hello(1) };
+    assert!(matches!(
+        Message::ClientHello(ring.clone()).encode(),
+        Err(WireError::InvalidField { field: "ClientHello.part", .. })
+    ));
+    let mut ring_bytes = Message::ClientHello(ClientHello { part: 0, ..ring }).encode().unwrap();
+    ring_bytes.extend_from_slice(&1u32.to_le_bytes());
+    let ring_bytes = fix_len(ring_bytes);
+    assert!(matches!(Message::decode(&ring_bytes), Err(WireError::InvalidField { field: "ClientHello.part", .. })));
+
+    // Other lengths after the name are trailing bytes, as before.
+    let mut odd = whole;
+    odd.extend_from_slice(&[1, 0, 0]);
+    assert!(matches!(Message::decode(&fix_len(odd)), Err(WireError::TrailingBytes { .. })));
 }

@@ -89,6 +89,7 @@ fn consume(path: &Path, name: &str) -> u64 {
         .send(
             &Message::ClientHello(ClientHello {
                 object: Default::default(),
+                part: 0,
                 protocol_version: PROTOCOL_VERSION,
                 client_pid: std::process::id(),
                 wanted_backend: Some(BackendKind::Host),
@@ -235,6 +236,7 @@ fn child_process_entry_point() {
             assert_eq!(connection.peer().uid, rustix::process::geteuid().as_raw());
             let hello = ClientHello {
                 object: Default::default(),
+                part: 0,
                 protocol_version: PROTOCOL_VERSION,
                 client_pid: std::process::id(),
                 wanted_backend: None,

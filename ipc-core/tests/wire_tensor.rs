@@ -85,6 +85,7 @@ fn the_agreed_version_is_the_older_of_the_two() {
         wanted_backend: None,
         consumer_name: "c".into(),
         object: ObjectKind::Ring,
+        part: 0,
     };
     assert_eq!([1, 2, 7].map(|v| hello(v).agreed_version()), [1, 2, PROTOCOL_VERSION]);
     // A hello may be encoded in any version it announces, never in a newer one.

@@ -76,6 +76,7 @@ fn survives(name: &str, bad_clients: impl FnOnce(&SharedPool<Host>)) {
 fn hello(object: ObjectKind, backend: BackendKind) -> Vec<u8> {
     let hello = ClientHello {
         object,
+        part: 0,
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: Some(backend),

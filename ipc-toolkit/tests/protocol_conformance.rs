@@ -67,6 +67,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
             "client-hello",
             Message::ClientHello(ClientHello {
                 object: Default::default(),
+                part: 0,
                 protocol_version: 1,
                 wanted_backend: Some(BackendKind::Vmm),
                 client_pid: 4242,
@@ -119,6 +120,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
             "client-hello-v2",
             Message::ClientHello(ClientHello {
                 object: ObjectKind::Ring,
+                part: 0,
                 protocol_version: 2,
                 wanted_backend: Some(BackendKind::Vmm),
                 client_pid: 4242,
@@ -129,6 +131,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
             "client-hello-v3",
             Message::ClientHello(ClientHello {
                 object: ObjectKind::Ring,
+                part: 0,
                 protocol_version: 3,
                 wanted_backend: Some(BackendKind::Vmm),
                 client_pid: 4242,
@@ -181,6 +184,7 @@ fn golden_messages() -> BTreeMap<&'static str, Message> {
             "client-hello-pool",
             Message::ClientHello(ClientHello {
                 object: ObjectKind::Pool,
+                part: 0,
                 protocol_version: 1,
                 wanted_backend: Some(BackendKind::Vmm),
                 client_pid: 4242,

@@ -201,6 +201,7 @@ fn fds_back_to(baseline: usize, what: &str) {
 fn hello(object: ObjectKind, backend: Option<BackendKind>) -> Vec<u8> {
     let hello = ClientHello {
         object,
+        part: 0,
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: backend,

@@ -166,6 +166,7 @@ fn hello(object: ObjectKind, wanted_backend: Option<BackendKind>) -> Vec<u8> {
         wanted_backend,
         consumer_name: "hostile".into(),
         object,
+        part: 0,
     };
     Message::ClientHello(hello).encode().unwrap()
 }

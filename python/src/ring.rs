@@ -133,6 +133,12 @@ impl<T: Send + Sync> Shared<T> {
         Self { inner: Mutex::new(Some(Arc::new(value))), pid: std::process::id() }
     }
 
+    /// Holds `value`, made by this process, shared with other holders (each closes its own hold; the value goes
+    /// with the last).
+    pub fn sharing(value: Arc<T>) -> Self {
+        Self { inner: Mutex::new(Some(value)), pid: std::process::id() }
+    }
+
     /// The value for one call, or the error that says why there is none (`what` names the object).
     pub fn get(&self, what: &str) -> PyResult<Arc<T>> {
         check_pid(self.pid, what)?;

@@ -163,6 +163,7 @@ impl<B: Backend> Consumer<B> {
         let left = || deadline.saturating_duration_since(Instant::now());
         let hello = ClientHello {
             object: crate::wire::ObjectKind::Ring,
+            part: 0,
             protocol_version: PROTOCOL_VERSION,
             client_pid: std::process::id(),
             wanted_backend: Some(B::KIND),

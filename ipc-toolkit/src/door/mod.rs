@@ -5,4 +5,6 @@
 mod object;
 
 pub use ipc_core::wire::{ObjectKind, ObjectOffer, PeerState, PeerStatus, StatusReport};
-pub use object::{DoorConfig, DoorError, ObjectDoor, ObjectHost, OwnerLink, PeerInfo, WATCH_INTERVAL, attach, status};
+pub use object::{
+    DoorConfig, DoorError, ObjectDoor, ObjectHost, OwnerLink, PeerInfo, WATCH_INTERVAL, attach, attach_part, status,
+};

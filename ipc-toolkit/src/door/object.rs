@@ -42,6 +42,9 @@ pub struct PeerInfo {
     pub name: String,
     /// When it said its hello.
     pub since: SystemTime,
+    /// The part it asked for, at the socket of a pool made of parts (a weight set on several devices); 0 everywhere
+    /// else. A host that is not made of parts refuses any other.
+    pub part: u32,
 }
 
 /// What an object's owner tells its door. Every method runs on the door's service thread: none may block (make
@@ -285,12 +288,12 @@ fn handle(
     event: AdmissionEvent<u32>,
 ) {
     match event {
-        AdmissionEvent::WantsOffer { token, name, peer, .. } => {
+        AdmissionEvent::WantsOffer { token, name, peer, part, .. } => {
             let info = {
                 let mut registry = registry.lock().unwrap_or_else(PoisonError::into_inner);
                 let id = registry.next_id;
                 registry.next_id = registry.next_id.wrapping_add(1);
-                PeerInfo { id, pid: peer.pid, uid: peer.uid, gid: peer.gid, name, since: SystemTime::now() }
+                PeerInfo { id, pid: peer.pid, uid: peer.uid, gid: peer.gid, name, since: SystemTime::now(), part }
             };
             let kit = offer_for(host, &info);
             if kit.is_ok() {
@@ -421,6 +424,25 @@ pub fn attach<T, E: From<DoorError>>(
     timeout: Duration,
     import: impl FnOnce(&ObjectOffer, Vec<OwnedFd>) -> Result<T, E>,
 ) -> Result<(T, OwnerLink), E> {
+    attach_part(path, kind, wanted_backend, name, 0, timeout, import)
+}
+
+/// [`attach`] to part `part` of a pool made of parts (a weight set on several devices: one part per device, one
+/// socket); part 0 is what [`attach`] asks for. The hello names the part (`ClientHello::part`); an owner that has
+/// no such part refuses ([`DoorError::Refused`], code 7), and an owner of a release before parts refuses the
+/// hello as malformed (code 6): neither serves another part in its place.
+///
+/// # Errors
+/// As [`attach`].
+pub fn attach_part<T, E: From<DoorError>>(
+    path: &Path,
+    kind: ObjectKind,
+    wanted_backend: Option<BackendKind>,
+    name: &str,
+    part: u32,
+    timeout: Duration,
+    import: impl FnOnce(&ObjectOffer, Vec<OwnedFd>) -> Result<T, E>,
+) -> Result<(T, OwnerLink), E> {
     let deadline = Instant::now() + timeout;
     let left = || deadline.saturating_duration_since(Instant::now());
     let conn = PeerConnection::connect(path, timeout).map_err(|source| match source {
@@ -433,6 +455,7 @@ pub fn attach<T, E: From<DoorError>>(
         wanted_backend,
         consumer_name: name.to_owned(),
         object: kind,
+        part,
     };
     let sent = conn.send(&Message::ClientHello(hello), Vec::new(), left());
     let answer = match (sent, conn.recv(left())) {

@@ -45,6 +45,32 @@ impl<B: Backend> ObjectHost for PoolHost<B> {
     }
 
     fn offer(&self, peer: &PeerInfo) -> Result<(Vec<u8>, Vec<OwnedFd>), (RefusalCode, String)> {
+        if self.shared.closing.load(Ordering::Acquire) {
+            return Err((RefusalCode::ShuttingDown, "the pool is closing".into()));
+        }
+        if peer.part != 0 {
+            let message = format!(
+                "part {} asked of a pool served whole (it is not made of parts): attach without a part",
+                peer.part
+            );
+            return Err((RefusalCode::WrongObject, message));
+        }
+        self.offer_part(peer)
+    }
+
+    fn describe(&self, peer: &PeerInfo) -> String {
+        self.describe_part(peer)
+    }
+
+    fn gone(&self, peer: &PeerInfo) {
+        self.gone_part(peer);
+    }
+}
+
+impl<B: Backend> PoolHost<B> {
+    /// The offer for `peer`, whatever part it asked for: what a pool served whole offers, and what the host of a
+    /// pool made of parts offers for this part.
+    pub(crate) fn offer_part(&self, peer: &PeerInfo) -> Result<(Vec<u8>, Vec<OwnedFd>), (RefusalCode, String)> {
         let failed = |what: &str, e: String| (RefusalCode::ShuttingDown, format!("the pool could not {what}: {e}"));
         if self.shared.closing.load(Ordering::Acquire) {
             return Err((RefusalCode::ShuttingDown, "the pool is closing".into()));
@@ -81,7 +107,8 @@ impl<B: Backend> ObjectHost for PoolHost<B> {
         Ok((body, vec![directory_fd, pins_fd, OwnedFd::from(theirs)]))
     }
 
-    fn describe(&self, peer: &PeerInfo) -> String {
+    /// What `gpu-ipc ps` says of `peer` (its note, the buffers it pins).
+    pub(crate) fn describe_part(&self, peer: &PeerInfo) -> String {
         let book = self.shared.book();
         // The note word when the owner set one (a weight set's newest generation), first: the names may be cut.
         let note = match super::directory::note(book.directory().words()) {
@@ -100,9 +127,62 @@ impl<B: Backend> ObjectHost for PoolHost<B> {
         }
     }
 
-    fn gone(&self, peer: &PeerInfo) {
+    /// `peer` is gone: its pins are dropped.
+    pub(crate) fn gone_part(&self, peer: &PeerInfo) {
         if self.shared.book().remove_importer(peer.id) {
             tracing::info!(peer = peer.id, pid = peer.pid, name = %peer.name, "pool importer gone; its pins are dropped");
+        }
+    }
+}
+
+/// The door's view of a pool made of parts (a weight set on several devices, one part per device): one socket,
+/// each peer served by the part its hello names; a part that does not exist is refused, never replaced by another.
+pub(crate) struct PartsHost<B: Backend> {
+    parts: Vec<PoolHost<B>>,
+}
+
+impl<B: Backend> PartsHost<B> {
+    pub(crate) fn new(parts: Vec<PoolHost<B>>) -> Self {
+        Self { parts }
+    }
+
+    fn part(&self, peer: &PeerInfo) -> Option<&PoolHost<B>> {
+        self.parts.get(usize::try_from(peer.part).ok()?)
+    }
+}
+
+impl<B: Backend> ObjectHost for PartsHost<B> {
+    fn kind(&self) -> ObjectKind {
+        ObjectKind::Pool
+    }
+
+    fn backend(&self) -> BackendKind {
+        B::KIND
+    }
+
+    fn offer(&self, peer: &PeerInfo) -> Result<(Vec<u8>, Vec<OwnedFd>), (RefusalCode, String)> {
+        match self.part(peer) {
+            Some(part) => part.offer_part(peer),
+            None => Err((
+                RefusalCode::WrongObject,
+                format!(
+                    "part {} asked of a pool of {} parts (0 to {}): the reader and the set disagree, or the hello is \
+                     not a weights reader's",
+                    peer.part,
+                    self.parts.len(),
+                    self.parts.len().saturating_sub(1)
+                ),
+            )),
+        }
+    }
+
+    fn describe(&self, peer: &PeerInfo) -> String {
+        self.part(peer).map(|part| format!("part {}: {}", peer.part, part.describe_part(peer))).unwrap_or_default()
+    }
+
+    fn gone(&self, peer: &PeerInfo) {
+        if let Some(part) = self.part(peer) {
+            part.gone_part(peer);
         }
     }
 }

@@ -20,7 +20,7 @@ use super::layout::{BlockId, BlockKind, LAYOUT_VERSION, OwnerState, PINS_MAGIC};
 use super::owner::device_uuid;
 use super::view::BufferView;
 use super::wire::{CHANNEL_FD_INDEX, DIRECTORY_FD_INDEX, PINS_FD_INDEX, POOL_OFFER_FDS, PoolOffer};
-use crate::door::{ObjectKind, ObjectOffer, attach};
+use crate::door::{ObjectKind, ObjectOffer, attach_part};
 use gpu_ipc_driver::DeviceUuid;
 use ipc_core::backend::Backend;
 use ipc_core::ring::monotonic_ns;
@@ -82,10 +82,42 @@ impl<B: Backend> PoolImporter<B> {
     /// backend, another user, too many importers); [`PoolError::Protocol`] for an offer that does not add up;
     /// the backend's import error.
     pub fn attach(ctx: &B::Context, socket: impl AsRef<Path>, options: &AttachOptions) -> Result<Self, PoolError> {
+        Self::attach_part(ctx, socket, options, 0)
+    }
+
+    /// [`attach`](Self::attach) to part `part` of a pool made of parts (a weight set on several devices: one part
+    /// per device, served through one socket); part 0 is what `attach` asks for. Every part is an ordinary pool
+    /// once attached: its own directory, note word and blocks.
+    ///
+    /// # Errors
+    /// As [`attach`](Self::attach); [`PoolError::Door`] with the owner's refusal when it has no part `part` (code
+    /// 7) or is of a release before parts (code 6, a malformed hello: it never serves part 0 instead).
+    pub fn attach_part(
+        ctx: &B::Context,
+        socket: impl AsRef<Path>,
+        options: &AttachOptions,
+        part: u32,
+    ) -> Result<Self, PoolError> {
+        Self::attach_part_on(socket, options, part, |_| Ok(ctx.clone()))
+    }
+
+    /// [`attach_part`](Self::attach_part) on the context `context_for` gives for the device the offer names (its
+    /// UUID): a reader of a set on several devices learns each part's device from the owner. The context's device
+    /// must be that device (it is checked, as `attach` checks).
+    ///
+    /// # Errors
+    /// As [`attach_part`](Self::attach_part); whatever `context_for` returns.
+    pub fn attach_part_on(
+        socket: impl AsRef<Path>,
+        options: &AttachOptions,
+        part: u32,
+        context_for: impl FnOnce(DeviceUuid) -> Result<B::Context, PoolError>,
+    ) -> Result<Self, PoolError> {
         let path = socket.as_ref();
-        let import = |offer: &ObjectOffer, fds: Vec<OwnedFd>| import::<B>(ctx, path, options.timeout, offer, fds);
+        let import =
+            |offer: &ObjectOffer, fds: Vec<OwnedFd>| import::<B>(context_for, path, options.timeout, offer, fds);
         let ((offer, directory, pins, blocks), link) =
-            attach(path, ObjectKind::Pool, Some(B::KIND), &options.name, options.timeout, import)?;
+            attach_part(path, ObjectKind::Pool, Some(B::KIND), &options.name, part, options.timeout, import)?;
         let inner = ImporterInner {
             path: path.to_path_buf(),
             offer,
@@ -206,7 +238,7 @@ impl<B: Backend> PoolImporter<B> {
 /// The import step of the handshake: checks the offer, maps the directory and the pin table, keeps the block
 /// channel. Any error here is told to the owner (`Detach`, import failed), which then drops this importer.
 fn import<B: Backend>(
-    ctx: &B::Context,
+    context_for: impl FnOnce(DeviceUuid) -> Result<B::Context, PoolError>,
     path: &Path,
     timeout: Duration,
     offer: &ObjectOffer,
@@ -218,7 +250,8 @@ fn import<B: Backend>(
     if body.backend != B::KIND {
         return Err(protocol("offer", format!("it offers a {} pool, this importer is {}", body.backend, B::KIND)));
     }
-    check_device(path, body.device_uuid, device_uuid::<B>(ctx)?)?;
+    let ctx = context_for(body.device_uuid)?;
+    check_device(path, body.device_uuid, device_uuid::<B>(&ctx)?)?;
     let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
     if fds.len() != POOL_OFFER_FDS {
         return Err(protocol("offer", format!("{} fds came with it, a pool sends {POOL_OFFER_FDS}", fds.len())));
@@ -243,7 +276,7 @@ fn import<B: Backend>(
     if !is_socket {
         return Err(protocol("offer", "its block channel fd is not a socket".into()));
     }
-    let blocks = BlockCache::new(ctx.clone(), path, timeout, channel);
+    let blocks = BlockCache::new(ctx, path, timeout, channel);
     Ok((body, directory, pins, blocks))
 }
 

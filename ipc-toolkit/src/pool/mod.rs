@@ -38,6 +38,7 @@ pub use error::PoolError;
 pub use handle::{BufferHandle, BufferInfo, PoolStats, ReclaimWatch};
 pub use importer::{AttachOptions, PoolImporter};
 pub use ipc_core::wire::{DType, TensorDesc};
+pub(crate) use owner::device_uuid_of;
 pub use owner::{PoolConfig, SharedPool};
 pub use view::BufferView;
 pub use wire::{
@@ -45,6 +46,9 @@ pub use wire::{
     PIECES_PER_MESSAGE, POOL_OFFER_BYTES, POOL_OFFER_FDS, PoolOffer,
 };
 
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod parts_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests;

@@ -9,7 +9,7 @@ use super::book::{Book, Fence, Limits, check_name};
 use super::directory::DirectoryWriter;
 use super::error::PoolError;
 use super::handle::{BufferHandle, PoolStats};
-use super::host::PoolHost;
+use super::host::{PartsHost, PoolHost};
 use super::inbox::inbox;
 use super::layout::{Geometry, MAX_BLOCKS, MAX_ENTRY_SLOTS};
 use super::server::BlockServer;
@@ -111,7 +111,12 @@ impl PoolConfig {
 /// ```
 pub struct SharedPool<B: Backend> {
     shared: Arc<PoolShared<B>>,
-    door: Option<ObjectDoor>,
+    /// The socket's door: this pool's own, or (a pool made of parts) the one every part shares, opened with part
+    /// 0 and closed with the last part dropped.
+    door: Option<Arc<ObjectDoor>>,
+    /// Which part of a pool made of parts this is (0 for a pool served whole): its peers are the door's peers
+    /// that asked for it.
+    part: u32,
     server: BlockServer,
 }
 
@@ -119,7 +124,7 @@ impl<B: Backend> std::fmt::Debug for SharedPool<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedPool")
             .field("backend", &B::KIND)
-            .field("path", &self.door.as_ref().map(ObjectDoor::path))
+            .field("path", &self.door.as_deref().map(ObjectDoor::path))
             .field("pool_id", &self.shared.pool_id)
             .finish_non_exhaustive()
     }
@@ -143,6 +148,70 @@ impl<B: Backend> SharedPool<B> {
         config: PoolConfig,
         device_uuid: DeviceUuid,
     ) -> Result<Self, PoolError> {
+        let door_config = config.door.clone();
+        let (shared, server) = Self::build(ctx, config, device_uuid)?;
+        let door = ObjectDoor::open(socket, Arc::new(PoolHost::new(shared.clone())), door_config)?;
+        tracing::info!(path = %door.path().display(), backend = %B::KIND, "pool open");
+        Ok(Self { shared, door: Some(Arc::new(door)), part: 0, server })
+    }
+
+    /// A pool made of parts served through one socket at `socket`: one pool per `(context, configuration)` (each
+    /// on its context's device, with its own memory, directory and note word), and one door (the first part's door
+    /// settings) that serves each peer the part its hello names
+    /// ([`PoolImporter::attach_part`](super::PoolImporter::attach_part)). A weight set on several devices is one,
+    /// one part per device. Returns the parts in order; the socket closes when the last of them is dropped.
+    ///
+    /// # Errors
+    /// No parts, or more than `u16::MAX`; as [`create`](Self::create) for each part.
+    pub fn create_parts(
+        socket: impl AsRef<Path>,
+        parts: Vec<(B::Context, PoolConfig)>,
+    ) -> Result<Vec<Self>, PoolError> {
+        let mut described = Vec::with_capacity(parts.len());
+        for (ctx, config) in parts {
+            B::check_support(&ctx)?;
+            let uuid = device_uuid::<B>(&ctx)?;
+            described.push((ctx, config, uuid));
+        }
+        Self::create_parts_on(socket.as_ref(), described)
+    }
+
+    /// [`create_parts`](Self::create_parts) with the device UUID each part's offers name (tests give the host
+    /// backend's parts distinct ones): one pool per `(context, configuration, device UUID)`, each with its own memory, directory and note word, and one door (the first part's door
+    /// settings) that serves each peer the part its hello names ([`PoolImporter::attach_part`](super::PoolImporter::attach_part)).
+    /// A weight set on several devices is one (one part per device). Returns the parts in order; the door closes
+    /// when the last of them is dropped.
+    ///
+    /// # Errors
+    /// No parts, or more than `u16::MAX`; as [`create`](Self::create) for each part.
+    pub(crate) fn create_parts_on(
+        socket: &Path,
+        parts: Vec<(B::Context, PoolConfig, DeviceUuid)>,
+    ) -> Result<Vec<Self>, PoolError> {
+        if parts.is_empty() || parts.len() > usize::from(u16::MAX) {
+            return Err(PoolError::Config(format!("{} parts: 1 to {}", parts.len(), u16::MAX)));
+        }
+        let door_config = parts.first().map(|(_, config, _)| config.door.clone()).unwrap_or_default();
+        let mut built = Vec::with_capacity(parts.len());
+        for (ctx, config, uuid) in parts {
+            built.push(Self::build(&ctx, config, uuid)?);
+        }
+        let hosts = built.iter().map(|(shared, _)| PoolHost::new(shared.clone())).collect();
+        let door = Arc::new(ObjectDoor::open(socket, Arc::new(PartsHost::new(hosts)), door_config)?);
+        tracing::info!(path = %door.path().display(), backend = %B::KIND, parts = built.len(), "pool of parts open");
+        Ok(built
+            .into_iter()
+            .zip(0u32..)
+            .map(|((shared, server), part)| Self { shared, door: Some(door.clone()), part, server })
+            .collect())
+    }
+
+    /// The pool's state and its block channel thread, without a door.
+    fn build(
+        ctx: &B::Context,
+        config: PoolConfig,
+        device_uuid: DeviceUuid,
+    ) -> Result<(Arc<PoolShared<B>>, BlockServer), PoolError> {
         let geometry = config.geometry()?;
         let pool_id = pool_id();
         let limits = Limits {
@@ -167,9 +236,8 @@ impl<B: Backend> SharedPool<B> {
         });
         let server = BlockServer::start(shared.clone(), server_end)
             .map_err(|e| PoolError::Unsupported(format!("starting the pool's block channel thread: {e}")))?;
-        let door = ObjectDoor::open(socket, Arc::new(PoolHost::new(shared.clone())), config.door)?;
-        tracing::info!(path = %door.path().display(), backend = %B::KIND, capacity = config.capacity, "pool open");
-        Ok(Self { shared, door: Some(door), server })
+        tracing::debug!(backend = %B::KIND, capacity = config.capacity, "pool made");
+        Ok((shared, server))
     }
 
     /// Allocates a buffer of `bytes` bytes aligned to `align` (a power of two; every buffer is aligned to at least
@@ -272,12 +340,20 @@ impl<B: Backend> SharedPool<B> {
 
     /// The socket importers attach to.
     pub fn path(&self) -> &Path {
-        self.door.as_ref().map_or(Path::new(""), ObjectDoor::path)
+        self.door.as_deref().map_or(Path::new(""), ObjectDoor::path)
     }
 
-    /// The importers attached now (what `gpu-ipc ps` lists).
+    /// The importers attached now (what `gpu-ipc ps` lists); of a part of a pool made of parts, those attached to
+    /// this part.
     pub fn peers(&self) -> Vec<PeerInfo> {
-        self.door.as_ref().map(ObjectDoor::peers).unwrap_or_default()
+        let mut peers = self.door.as_deref().map(ObjectDoor::peers).unwrap_or_default();
+        peers.retain(|p| p.part == self.part);
+        peers
+    }
+
+    /// Which part of a pool made of parts this is (0 for a pool served whole).
+    pub fn part(&self) -> u32 {
+        self.part
     }
 
     /// The UUID of the device the pool's memory is on, as its offers name it (zeros on the host backend).
@@ -325,6 +401,13 @@ impl<B: GpuBackend> SharedPool<B> {
             }
         }
     }
+}
+
+/// The UUID of the device `ctx` is on, after the backend's support check on it: what a part of a pool made of
+/// parts names (all zeros for the host backend).
+pub(crate) fn device_uuid_of<B: Backend>(ctx: &B::Context) -> Result<DeviceUuid, PoolError> {
+    B::check_support(ctx)?;
+    device_uuid::<B>(ctx)
 }
 
 /// The UUID of the device `ctx` is on (all zeros for the host backend).

@@ -242,7 +242,14 @@ mod tests {
             })
             .collect();
         let set_name = "bound".into();
-        Tensors::new(Manifest { set_name, generation: 1, device_uuid: DeviceUuid([0; 16]), arena_bytes: at, entries })
+        Tensors::new(Manifest {
+            set_name,
+            generation: 1,
+            device_uuid: DeviceUuid([0; 16]),
+            arena_bytes: at,
+            entries,
+            parts: None,
+        })
     }
 
     /// Bound copies into two arenas and out of one, each checked byte for byte: the table is prepared once per

@@ -45,6 +45,17 @@ pub enum WeightsError {
         #[source]
         source: ManifestError,
     },
+    /// A reader of one part opened a set on several devices (or the parts disagree with each other): nothing of
+    /// it was described.
+    #[error("weight set `{set}` at {}: {detail}", path.display())]
+    Parts {
+        /// The set.
+        set: String,
+        /// The socket.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        detail: String,
+    },
     /// A wait ran out of time.
     #[error("weight set `{set}`: generation {wanted} not published after {waited:?} (newest is {latest})")]
     Timeout {

@@ -3,13 +3,13 @@
 //! in the arena itself, in front of the tensors, so that a reader's one import brings the tensors and their
 //! description together, and a generation's manifest can never describe another generation's bytes.
 //!
-//! The format (version 1, every integer little-endian), specified for clients in other languages in
-//! `docs/weights.md`:
+//! The format (version 1 for a set on one device, version 2 for one part of a set of parts, every integer
+//! little-endian), specified for clients in other languages in `docs/weights.md`:
 //!
 //! | bytes | field |
 //! |---:|---|
 //! | 0..8 | magic `GIPCWGTS` |
-//! | 8..10 | format version, 1 |
+//! | 8..10 | format version: 1, or 2 for a part of a set of parts |
 //! | 10..12 | flags: bit 0, every entry carries a checksum |
 //! | 12..16 | tensor count |
 //! | 16..24 | generation (at least 1) |
@@ -18,7 +18,13 @@
 //! | 40..56 | device UUID (zeros on the host backend) |
 //! | 56..58 | set name length in bytes (1 to [`MAX_SET_NAME_BYTES`]) |
 //! | 58..64 | zero |
-//! | 64.. | the set name, UTF-8; then the entries, one after the other |
+//! | 64.. | the set name, UTF-8; then (version 2 only) the parts section; then the entries, one after the other |
+//!
+//! The parts section (version 2: a set on several devices, one part per device, each its own arena and manifest):
+//! this part's number (u16), the number of parts (u16, 2 to [`MAX_PARTS`]), the tensors of the whole set (u32),
+//! every part's device UUID (16 bytes each, in part order), then each entry's place in the whole set (u32 each, in
+//! entry order: the publisher's order of the tensors). A reader of version 1 refuses a part's manifest by its
+//! version, so it can never take one part for the whole set.
 //!
 //! An entry: name length (u16, 1 to [`MAX_TENSOR_NAME_BYTES`]), element type code (u16, the codes of
 //! [`DType::code`]), dimensions (u8, at most 8), entry flags (u8: bit 0 explicit strides), 2 zero bytes, the byte
@@ -38,8 +44,12 @@ use ipc_core::wire::{DType, MAX_TENSOR_DIMS, TensorDesc};
 
 /// First eight bytes of a manifest: "GIPCWGTS".
 pub const MANIFEST_MAGIC: [u8; 8] = *b"GIPCWGTS";
-/// The format version this build writes and reads.
+/// The format version of a set on one device, which this build writes and reads.
 pub const MANIFEST_VERSION: u16 = 1;
+/// The format version of a part of a set of parts (one per device), which this build writes and reads too.
+pub const MANIFEST_PARTS_VERSION: u16 = 2;
+/// Most parts (devices) of one set.
+pub const MAX_PARTS: usize = 256;
 /// Bytes of the fixed header.
 pub const MANIFEST_HEADER_BYTES: usize = 64;
 /// Longest set name, in bytes.
@@ -97,6 +107,29 @@ pub struct Manifest {
     pub arena_bytes: u64,
     /// The tensors, in the order the owner gave them.
     pub entries: Vec<TensorEntry>,
+    /// For a part of a set on several devices: which part, every part's device and each entry's place in the
+    /// whole set (format version 2); `None` for a set on one device (version 1).
+    pub parts: Option<SetParts>,
+}
+
+/// What a part's manifest says of the set it is a part of (a set on several devices, one part per device).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetParts {
+    /// This part's number (0 is the part whose note word is the set's published generation).
+    pub part: u16,
+    /// Every part's device UUID, in part order (at least 2, at most [`MAX_PARTS`]).
+    pub devices: Vec<DeviceUuid>,
+    /// The tensors of the whole set, all parts together.
+    pub set_tensors: u32,
+    /// Each entry's place among the whole set's tensors (the publisher's order), in entry order.
+    pub positions: Vec<u32>,
+}
+
+impl SetParts {
+    /// Bytes of the encoded section.
+    fn encoded_len(&self) -> usize {
+        8 + 16 * self.devices.len() + 4 * self.positions.len()
+    }
 }
 
 /// Why bytes are not a valid manifest; each names what to look at.
@@ -123,7 +156,7 @@ pub enum ManifestError {
     },
     /// A version this build does not read.
     #[error(
-        "manifest format version {found}; this build reads version {MANIFEST_VERSION}: use the same gpu-ipc release on both sides"
+        "manifest format version {found}; this build reads versions {MANIFEST_VERSION} (a set on one device) and {MANIFEST_PARTS_VERSION} (a part of a set on several devices): use the same gpu-ipc release on both sides"
     )]
     UnsupportedVersion {
         /// The version found.
@@ -226,13 +259,23 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 }
 
 impl Manifest {
-    /// Bytes [`encode`](Self::encode) makes for these entries, before padding.
+    /// Bytes [`encode`](Self::encode) makes for these entries (of a set on one device), before padding.
     pub fn encoded_len(set_name: &str, entries: &[TensorEntry], checksums: bool) -> usize {
         let per_entry = |e: &TensorEntry| {
             let dims = e.desc.ndim() * if e.desc.strides().is_some() { 16 } else { 8 };
             ENTRY_FIXED_BYTES + dims + if checksums { 8 } else { 0 } + e.name.len()
         };
         MANIFEST_HEADER_BYTES + set_name.len() + entries.iter().map(per_entry).sum::<usize>()
+    }
+
+    /// Bytes [`encode`](Self::encode) makes for these entries and parts section, before padding.
+    pub fn encoded_len_with(
+        set_name: &str,
+        entries: &[TensorEntry],
+        checksums: bool,
+        parts: Option<&SetParts>,
+    ) -> usize {
+        Self::encoded_len(set_name, entries, checksums) + parts.map_or(0, SetParts::encoded_len)
     }
 
     /// Whether every entry carries a checksum.
@@ -244,10 +287,11 @@ impl Manifest {
     /// entry has one.
     pub fn encode(&self) -> Vec<u8> {
         let checksums = self.has_checksums();
-        let len = Self::encoded_len(&self.set_name, &self.entries, checksums);
+        let len = Self::encoded_len_with(&self.set_name, &self.entries, checksums, self.parts.as_ref());
         let mut out = Vec::with_capacity(len);
         out.extend_from_slice(&MANIFEST_MAGIC);
-        out.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        let version = if self.parts.is_some() { MANIFEST_PARTS_VERSION } else { MANIFEST_VERSION };
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&(if checksums { FLAG_CHECKSUMS } else { 0 }).to_le_bytes());
         out.extend_from_slice(&u32::try_from(self.entries.len()).unwrap_or(u32::MAX).to_le_bytes());
         out.extend_from_slice(&self.generation.to_le_bytes());
@@ -257,6 +301,17 @@ impl Manifest {
         out.extend_from_slice(&u16::try_from(self.set_name.len()).unwrap_or(u16::MAX).to_le_bytes());
         out.extend_from_slice(&[0; 6]);
         out.extend_from_slice(self.set_name.as_bytes());
+        if let Some(parts) = &self.parts {
+            out.extend_from_slice(&parts.part.to_le_bytes());
+            out.extend_from_slice(&u16::try_from(parts.devices.len()).unwrap_or(u16::MAX).to_le_bytes());
+            out.extend_from_slice(&parts.set_tensors.to_le_bytes());
+            for device in &parts.devices {
+                out.extend_from_slice(&device.0);
+            }
+            for position in &parts.positions {
+                out.extend_from_slice(&position.to_le_bytes());
+            }
+        }
         for entry in &self.entries {
             let strides = entry.desc.strides();
             out.extend_from_slice(&u16::try_from(entry.name.len()).unwrap_or(u16::MAX).to_le_bytes());
@@ -316,7 +371,7 @@ impl Manifest {
     /// length shorter than the header.
     pub fn declared_len(header: &[u8]) -> Result<u64, ManifestError> {
         let mut r = Reader { bytes: header, at: 0 };
-        check_magic(&mut r)?;
+        let _version = check_magic(&mut r)?;
         r.at = 24;
         let len = r.u64("manifest bytes")?;
         if len < MANIFEST_HEADER_BYTES as u64 {
@@ -332,7 +387,7 @@ impl Manifest {
     /// A [`ManifestError`] naming the first problem found.
     pub fn decode(bytes: &[u8], mapped_bytes: u64) -> Result<Self, ManifestError> {
         let mut r = Reader { bytes, at: 0 };
-        check_magic(&mut r)?;
+        let version = check_magic(&mut r)?;
         let flags = r.u16("flags")?;
         if flags & !FLAG_CHECKSUMS != 0 {
             return Err(bad("flags", format!("unknown bits {flags:#x}")));
@@ -376,6 +431,9 @@ impl Manifest {
             return Err(bad("set name length", format!("{name_len}: 1 to {MAX_SET_NAME_BYTES}")));
         }
         let set_name = utf8(r.take("set name", name_len)?, "set name")?;
+        let device_uuid = DeviceUuid(uuid);
+        let parts =
+            if version == MANIFEST_PARTS_VERSION { Some(read_parts(&mut r, count, device_uuid)?) } else { None };
         // Tensors start after the manifest, on the alignment the owner uses.
         let start = declared.next_multiple_of(TENSOR_ALIGN);
         let checksums = flags & FLAG_CHECKSUMS != 0;
@@ -402,7 +460,7 @@ impl Manifest {
         if r.at != bytes.len() {
             return Err(ManifestError::TrailingBytes { extra: (bytes.len() - r.at) as u64, declared });
         }
-        Ok(Self { set_name, generation, device_uuid: DeviceUuid(uuid), arena_bytes, entries })
+        Ok(Self { set_name, generation, device_uuid, arena_bytes, entries, parts })
     }
 
     /// The entry named `name`.
@@ -482,17 +540,56 @@ fn utf8(bytes: &[u8], field: &str) -> Result<String, ManifestError> {
     std::str::from_utf8(bytes).map(str::to_owned).map_err(|e| bad(field, format!("not UTF-8 ({e})")))
 }
 
-fn check_magic(r: &mut Reader<'_>) -> Result<(), ManifestError> {
+/// Checks the magic and returns the format version (1 or 2).
+fn check_magic(r: &mut Reader<'_>) -> Result<u16, ManifestError> {
     let mut found = [0u8; 8];
     found.copy_from_slice(r.take("magic", 8)?);
     if found != MANIFEST_MAGIC {
         return Err(ManifestError::BadMagic { found });
     }
     let version = r.u16("format version")?;
-    if version != MANIFEST_VERSION {
+    if version != MANIFEST_VERSION && version != MANIFEST_PARTS_VERSION {
         return Err(ManifestError::UnsupportedVersion { found: version });
     }
-    Ok(())
+    Ok(version)
+}
+
+/// The parts section of a version-2 manifest of `count` entries on device `device`, every rule checked: a part
+/// among 2 to [`MAX_PARTS`], this part's device where the header says, places distinct and inside the set.
+fn read_parts(r: &mut Reader<'_>, count: u32, device: DeviceUuid) -> Result<SetParts, ManifestError> {
+    let part = r.u16("part")?;
+    let part_count = usize::from(r.u16("part count")?);
+    if !(2..=MAX_PARTS).contains(&part_count) {
+        return Err(bad("part count", format!("{part_count}: 2 to {MAX_PARTS} (a set on one device has no parts)")));
+    }
+    if usize::from(part) >= part_count {
+        return Err(bad("part", format!("{part} of a set of {part_count} parts")));
+    }
+    let set_tensors = r.u32("set tensors")?;
+    if set_tensors > MAX_TENSORS || set_tensors < count {
+        return Err(bad("set tensors", format!("{set_tensors}: this part alone has {count}, at most {MAX_TENSORS}")));
+    }
+    let devices: Vec<DeviceUuid> = r
+        .take("part devices", 16 * part_count)?
+        .chunks_exact(16)
+        .map(|c| DeviceUuid(c.try_into().unwrap_or_default()))
+        .collect();
+    if devices.get(usize::from(part)) != Some(&device) {
+        return Err(bad("part devices", format!("part {part}'s device is not the header's device UUID")));
+    }
+    let places = r.take("tensor places", 4 * count as usize)?;
+    let positions: Vec<u32> =
+        places.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+    let mut seen = std::collections::HashSet::with_capacity(positions.len());
+    for (index, &place) in positions.iter().enumerate() {
+        if place >= set_tensors || !seen.insert(place) {
+            return Err(bad(
+                &format!("tensor {index} place"),
+                format!("{place}: beyond the set's {set_tensors} tensors, or given to two tensors"),
+            ));
+        }
+    }
+    Ok(SetParts { part, devices, set_tensors, positions })
 }
 
 fn read_entry(

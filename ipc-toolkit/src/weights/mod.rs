@@ -31,6 +31,8 @@ mod gate;
 mod io;
 pub mod manifest;
 mod owner;
+mod parts;
+mod parts_reader;
 mod reader;
 mod runs;
 mod stream_wait;
@@ -40,8 +42,10 @@ pub use error::WeightsError;
 pub use gate::{GONE_BIT, MAX_GENERATION, StatusWord};
 pub use io::ArenaBytes;
 pub use ipc_core::wire::{DType, TensorDesc};
-pub use manifest::{Manifest, ManifestError, TensorEntry};
+pub use manifest::{Manifest, ManifestError, SetParts, TensorEntry};
 pub use owner::{ReaderHold, StagedGeneration, WeightsOptions, WeightsOwner};
+pub use parts::WeightsPartsOwner;
+pub use parts_reader::{HeldParts, WeightsPartsReader};
 pub use reader::{HeldGeneration, WeightsReader};
 pub use runs::{Run, find_runs};
 pub use stream_wait::{GenerationWait, GenerationWaitStatus};
@@ -56,6 +60,9 @@ fn generation_of(set: &str, buffer: &str) -> Option<u64> {
     buffer.strip_prefix(set)?.strip_prefix('/')?.parse().ok()
 }
 
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod parts_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod stream_wait_tests;

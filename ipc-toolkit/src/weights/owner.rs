@@ -10,8 +10,8 @@ use super::copy::{BoundCopies, CopyDirection, TensorCopier};
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{
-    GENERATION_BYTES, MAX_SET_NAME_BYTES, MAX_TENSOR_NAME_BYTES, MAX_TENSORS, Manifest, TENSOR_ALIGN, TensorEntry,
-    checksum,
+    GENERATION_BYTES, MAX_SET_NAME_BYTES, MAX_TENSOR_NAME_BYTES, MAX_TENSORS, Manifest, SetParts, TENSOR_ALIGN,
+    TensorEntry, checksum,
 };
 use super::runs::group_alike;
 use super::{arena_name, generation_of};
@@ -244,44 +244,19 @@ impl<B: ArenaBytes> WeightsOwner<B> {
         tensors: Vec<(String, TensorDesc)>,
         options: WeightsOptions,
     ) -> Result<Self, WeightsError> {
-        let invalid = |what: String| WeightsError::Invalid(what);
-        if set.is_empty() || set.len() > MAX_SET_NAME_BYTES {
-            return Err(invalid(format!("set name {set:?}: 1 to {MAX_SET_NAME_BYTES} bytes")));
-        }
-        if tensors.is_empty() || tensors.len() > MAX_TENSORS as usize {
-            return Err(invalid(format!("{} tensors: 1 to {MAX_TENSORS}", tensors.len())));
-        }
-        if options.keep == 0 || options.max_arenas < 2 || options.max_arenas as usize <= options.keep {
-            return Err(invalid(format!(
-                "keep {} and max_arenas {}: keep at least 1, max_arenas more than keep",
-                options.keep, options.max_arenas
-            )));
-        }
-        let mut index = HashMap::with_capacity(tensors.len());
-        for (i, (name, _)) in tensors.iter().enumerate() {
-            if name.is_empty() || name.len() > MAX_TENSOR_NAME_BYTES {
-                return Err(invalid(format!("tensor name {name:?}: 1 to {MAX_TENSOR_NAME_BYTES} bytes")));
-            }
-            if index.insert(name.clone(), i).is_some() {
-                return Err(invalid(format!("tensor name {name:?} given twice")));
-            }
-        }
-        let layout = lay_out(set, tensors, options.checksums)?;
+        let mut plan = Plan::new(set, tensors, &options, None)?;
+        let pool = SharedPool::<B>::create(ctx, socket, plan.pool_config(&options))?;
+        plan.layout.device_uuid = pool_device(&pool);
+        Ok(Self::serve(set, plan, pool, options))
+    }
+
+    /// The owner of one part of a set on several devices: `plan` made for it, `pool` its part of the pool made of
+    /// parts (see [`WeightsPartsOwner`](super::WeightsPartsOwner)).
+    pub(super) fn serve(set: &str, plan: Plan, pool: SharedPool<B>, options: WeightsOptions) -> Self {
+        let Plan { layout, index } = plan;
         let encoded_layout = layout.encode();
-        let config = PoolConfig {
-            capacity: layout.arena_bytes,
-            max_blocks: options.max_arenas,
-            grow_bytes: layout.arena_bytes,
-            max_buffers: options.max_arenas.saturating_mul(2),
-            max_shared_allocations: 0,
-            max_importers: options.max_readers,
-            door: options.door.clone(),
-        };
-        let pool = SharedPool::<B>::create(ctx, socket, config)?;
-        let mut layout = layout;
-        layout.device_uuid = pool_device(&pool);
-        tracing::info!(set, tensors = layout.entries.len(), arena_bytes = layout.arena_bytes, path = %pool.path().display(), "weight set open");
-        Ok(Self {
+        tracing::info!(set, tensors = layout.entries.len(), arena_bytes = layout.arena_bytes, part = pool.part(), path = %pool.path().display(), "weight set open");
+        Self {
             set: set.to_owned(),
             options,
             layout,
@@ -293,7 +268,7 @@ impl<B: ArenaBytes> WeightsOwner<B> {
             generation: 0,
             pool,
             manifests_at: Vec::new(),
-        })
+        }
     }
 
     /// The set's name.
@@ -448,6 +423,65 @@ impl<B: ArenaBytes + GpuBackend> WeightsOwner<B> {
     }
 }
 
+/// A set's (or a part's) layout, checked, before its pool is made.
+pub(super) struct Plan {
+    /// Generation 0's manifest (its device UUID is filled in once the device is known).
+    pub(super) layout: Manifest,
+    index: HashMap<String, usize>,
+}
+
+impl Plan {
+    /// Checks the names and options and lays the tensors out; `parts`: what the manifest of a part of a set on
+    /// several devices says of the set.
+    ///
+    /// # Errors
+    /// [`WeightsError::Invalid`] for a bad set name, no tensors, a tensor name empty, too long or given twice.
+    pub(super) fn new(
+        set: &str,
+        tensors: Vec<(String, TensorDesc)>,
+        options: &WeightsOptions,
+        parts: Option<SetParts>,
+    ) -> Result<Self, WeightsError> {
+        let invalid = |what: String| WeightsError::Invalid(what);
+        if set.is_empty() || set.len() > MAX_SET_NAME_BYTES {
+            return Err(invalid(format!("set name {set:?}: 1 to {MAX_SET_NAME_BYTES} bytes")));
+        }
+        if tensors.is_empty() || tensors.len() > MAX_TENSORS as usize {
+            return Err(invalid(format!("{} tensors: 1 to {MAX_TENSORS}", tensors.len())));
+        }
+        if options.keep == 0 || options.max_arenas < 2 || options.max_arenas as usize <= options.keep {
+            return Err(invalid(format!(
+                "keep {} and max_arenas {}: keep at least 1, max_arenas more than keep",
+                options.keep, options.max_arenas
+            )));
+        }
+        let mut index = HashMap::with_capacity(tensors.len());
+        for (i, (name, _)) in tensors.iter().enumerate() {
+            if name.is_empty() || name.len() > MAX_TENSOR_NAME_BYTES {
+                return Err(invalid(format!("tensor name {name:?}: 1 to {MAX_TENSOR_NAME_BYTES} bytes")));
+            }
+            if index.insert(name.clone(), i).is_some() {
+                return Err(invalid(format!("tensor name {name:?} given twice")));
+            }
+        }
+        let layout = lay_out(set, tensors, options.checksums, parts)?;
+        Ok(Self { layout, index })
+    }
+
+    /// The pool this layout's arenas need.
+    pub(super) fn pool_config(&self, options: &WeightsOptions) -> PoolConfig {
+        PoolConfig {
+            capacity: self.layout.arena_bytes,
+            max_blocks: options.max_arenas,
+            grow_bytes: self.layout.arena_bytes,
+            max_buffers: options.max_arenas.saturating_mul(2),
+            max_shared_allocations: 0,
+            max_importers: options.max_readers,
+            door: options.door.clone(),
+        }
+    }
+}
+
 /// The device UUID the pool's offers name (zeros on the host backend).
 fn pool_device<B: ArenaBytes>(pool: &SharedPool<B>) -> DeviceUuid {
     pool.device_uuid()
@@ -458,12 +492,17 @@ fn pool_device<B: ArenaBytes>(pool: &SharedPool<B>) -> DeviceUuid {
 /// so that the tensors of a group lie a constant step apart and a reader cuts them all with one strided view (a
 /// mixture of experts' 19,000 tensors are then a few dozen runs). The entries keep the given order; each names
 /// its own offset, so a reader that cuts tensor by tensor reads the same tensors.
-fn lay_out(set: &str, tensors: Vec<(String, TensorDesc)>, checksums: bool) -> Result<Manifest, WeightsError> {
+fn lay_out(
+    set: &str,
+    tensors: Vec<(String, TensorDesc)>,
+    checksums: bool,
+    parts: Option<SetParts>,
+) -> Result<Manifest, WeightsError> {
     let mut entries: Vec<TensorEntry> = tensors
         .into_iter()
         .map(|(name, desc)| TensorEntry { name, desc, offset: 0, checksum: checksums.then_some(0) })
         .collect();
-    let header = Manifest::encoded_len(set, &entries, checksums) as u64;
+    let header = Manifest::encoded_len_with(set, &entries, checksums, parts.as_ref()) as u64;
     let groups = group_alike(&entries);
     let mut at = header.next_multiple_of(TENSOR_ALIGN);
     for i in groups.into_iter().flatten() {
@@ -480,5 +519,6 @@ fn lay_out(set: &str, tensors: Vec<(String, TensorDesc)>, checksums: bool) -> Re
         device_uuid: DeviceUuid::default(),
         arena_bytes: at,
         entries,
+        parts,
     })
 }

@@ -49,6 +49,11 @@ impl<B: ArenaBytes> HeldGeneration<B> {
         self.tensors.manifest.generation
     }
 
+    /// Its checked entries and index, for a later generation of the same layout.
+    pub(super) fn tensors(&self) -> &Tensors {
+        &self.tensors
+    }
+
     /// Its manifest, checked against the mapped arena.
     pub fn manifest(&self) -> &Manifest {
         &self.tensors.manifest
@@ -233,6 +238,7 @@ impl<B: ArenaBytes> WeightsReader<B> {
             std::thread::sleep(POLL);
         };
         let (held, encoded) = load(&importer, set, &path, generation, None)?;
+        refuse_parts(&held, &path)?;
         let held = Arc::new(held);
         tracing::info!(set, generation = held.generation(), path = %path.display(), "weight set opened");
         let cuda = B::cuda_context(ctx).cloned();
@@ -277,6 +283,7 @@ impl<B: ArenaBytes> WeightsReader<B> {
         if newest != self.held.generation() {
             let known = (self.encoded.as_slice(), &self.held.tensors);
             let (held, encoded) = load(&self.importer, &self.set, &self.path, newest, Some(known))?;
+            refuse_parts(&held, &self.path)?;
             self.held = Arc::new(held);
             self.encoded = encoded;
         }
@@ -321,6 +328,22 @@ impl<B: ArenaBytes> WeightsReader<B> {
     }
 }
 
+/// A reader of one device refuses a part of a set on several devices: it would read one part for the whole set.
+fn refuse_parts<B: ArenaBytes>(held: &HeldGeneration<B>, path: &Path) -> Result<(), WeightsError> {
+    match &held.manifest().parts {
+        None => Ok(()),
+        Some(parts) => Err(WeightsError::Parts {
+            set: held.manifest().set_name.clone(),
+            path: path.to_path_buf(),
+            detail: format!(
+                "the set lies on {} devices, one part each; this reader reads a set on one device: open it with \
+                 WeightsPartsReader (in Python, gpu_ipc.weights.open reads either kind)",
+                parts.devices.len()
+            ),
+        }),
+    }
+}
+
 /// Finds the arena of `generation` (or a newer one, if the owner retired it meanwhile), copies its manifest out
 /// and checks it against the mapped extent; returns it with the manifest's bytes. `known`: a generation held
 /// before and its bytes: a manifest equal to them but for the generation takes their checked entries and index
@@ -347,6 +370,34 @@ fn load<B: ArenaBytes>(
             Err(e) => return Err(WeightsError::from_pool(set, e)),
         }
     };
+    held_of(view, set, generation, known)
+}
+
+/// A generation loaded, with its manifest's bytes.
+pub(super) type Loaded<B> = (HeldGeneration<B>, Vec<u8>);
+
+/// The arena of exactly `generation`, its manifest checked (see [`load`]); `None` when the owner has retired it
+/// (a part of a set on several devices, which a reader loads at one generation on every part).
+pub(super) fn load_exact<B: ArenaBytes>(
+    importer: &PoolImporter<B>,
+    set: &str,
+    generation: u64,
+    known: Option<(&[u8], &Tensors)>,
+) -> Result<Option<Loaded<B>>, WeightsError> {
+    match importer.lookup(&arena_name(set, generation)) {
+        Ok(view) => held_of(view, set, generation, known).map(Some),
+        Err(PoolError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(WeightsError::from_pool(set, e)),
+    }
+}
+
+/// The generation `view` (the arena of `generation`) holds, its manifest copied out and checked.
+fn held_of<B: ArenaBytes>(
+    view: BufferView<B>,
+    set: &str,
+    generation: u64,
+    known: Option<(&[u8], &Tensors)>,
+) -> Result<(HeldGeneration<B>, Vec<u8>), WeightsError> {
     let refused = |source| WeightsError::Manifest { set: set.to_owned(), generation, source };
     let mut header = [0u8; MANIFEST_HEADER_BYTES];
     if view.len() < header.len() as u64 {
@@ -384,7 +435,12 @@ fn load<B: ArenaBytes>(
 }
 
 /// `NoSuchSet`, naming the sets the owner does publish.
-fn no_such_set<B: ArenaBytes>(importer: &PoolImporter<B>, set: &str, path: &Path, generation: u64) -> WeightsError {
+pub(super) fn no_such_set<B: ArenaBytes>(
+    importer: &PoolImporter<B>,
+    set: &str,
+    path: &Path,
+    generation: u64,
+) -> WeightsError {
     let mut sets: Vec<String> = importer
         .list()
         .unwrap_or_default()

@@ -378,6 +378,7 @@ fn sample() -> Manifest {
             .into_iter()
             .map(|(name, desc)| TensorEntry { name, desc, offset: 0, checksum: Some(9) })
             .collect(),
+        parts: None,
     };
     let mut at = (m.encode().len() as u64).next_multiple_of(TENSOR_ALIGN);
     for e in &mut m.entries {
@@ -445,7 +446,7 @@ fn hostile_manifests_are_refused_with_what_is_wrong() {
     let show = |e: ManifestError| e.to_string();
 
     assert!(matches!(refused(&put(0, b"PICKLE!!"), u64::MAX), ManifestError::BadMagic { .. }));
-    assert!(matches!(refused(&put(8, &2u16.to_le_bytes()), u64::MAX), ManifestError::UnsupportedVersion { found: 2 }));
+    assert!(matches!(refused(&put(8, &3u16.to_le_bytes()), u64::MAX), ManifestError::UnsupportedVersion { found: 3 }));
     // An arena larger than what is mapped.
     let e = refused(&good, m.arena_bytes - 1);
     assert!(matches!(e, ManifestError::ArenaTooSmall { .. }), "{e}");

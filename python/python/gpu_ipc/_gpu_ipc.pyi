@@ -906,7 +906,9 @@ def _weights_runs(
 
 @final
 class WeightsOwner:
-    """The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made."""
+    """The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made. For
+    a set on several devices (``WeightsOwner.parts``), one handle per part: each stages, copies and describes its
+    part's tensors on its device; ``commit``, ``generation`` and ``close`` are the set's."""
 
     def __new__(
         cls,
@@ -919,6 +921,24 @@ class WeightsOwner:
         checksums: bool = False,
         max_arenas: int | None = None,
     ) -> Self: ...
+    @staticmethod
+    def parts(
+        socket: str | os.PathLike[str],
+        name: str,
+        layout: Sequence[tuple[str, str, Sequence[int], int]],
+        devices: Sequence[int],
+        backend: str = "vmm",
+        keep: int = 2,
+        checksums: bool = False,
+        max_arenas: int | None = None,
+    ) -> list[WeightsOwner]:
+        """Serves a set on several devices, one part per CUDA device of ``devices`` (part order): ``layout`` gives
+        each tensor's ``(name, dtype, shape, part)`` in the publisher's order; every part holds at least one.
+        Returns one handle per part. On the host backend (tests: there are no devices), ``devices`` only counts the
+        parts, and their manifests name made-up distinct device UUIDs."""
+    @property
+    def part(self) -> int:
+        """The part this handle stands for (0 for a set on one device)."""
     @property
     def generation(self) -> int:
         """The newest published generation (0 before the first commit)."""
@@ -1005,7 +1025,9 @@ class WeightsBound:
 
 @final
 class WeightsReader:
-    """A reader of a weight set (``gpu_ipc.weights.open`` makes one): holds one generation at a time."""
+    """A reader of a weight set (``gpu_ipc.weights.open`` makes one): holds one generation at a time. A set on
+    several devices is read whole (every part at one generation); the handle made stands for part 0, ``part_of(k)``
+    gives part ``k``'s (its tensors, on its device); the generation, ``refresh`` and the owner's end are the set's."""
 
     def __new__(
         cls,
@@ -1015,6 +1037,16 @@ class WeightsReader:
         device: int = 0,
         timeout: float = 10.0,
     ) -> Self: ...
+    @property
+    def part_count(self) -> int:
+        """The number of parts the set lies in (1: one device)."""
+    @property
+    def part(self) -> int:
+        """The part this handle stands for (0 for a set on one device)."""
+    def part_of(self, part: int) -> WeightsReader:
+        """A handle of the same reader for part ``part``: its tensors, on its device."""
+    def order(self) -> list[tuple[int, int]]:
+        """The set's tensors in the publisher's order: ``(part, index in that part's manifest)`` each."""
     @property
     def generation(self) -> int:
         """The generation held now."""

@@ -303,3 +303,28 @@ def _fill_host(t: _Tensor, data: bytes) -> None:
     import numpy
 
     obj.reshape(-1).view(numpy.uint8)[...] = numpy.frombuffer(data, dtype=numpy.uint8)
+
+
+def _dtype_name(name: str, dtype: Any) -> str:
+    """A layout entry's dtype as the set names it: a name (``"bfloat16"``), a ``torch.dtype``, a NumPy dtype."""
+    if isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text.removeprefix("torch.")
+    try:
+        import numpy
+
+        return str(numpy.dtype(dtype).name)
+    except (ImportError, TypeError) as e:
+        raise ArgumentTypeError(f"tensor {name!r}: dtype {dtype!r} is not a name, a torch.dtype or a NumPy dtype") from e
+
+
+def _shape_of(name: str, shape: Any) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except TypeError as e:
+        raise ArgumentTypeError(f"tensor {name!r}: shape {shape!r} is not a sequence of integers") from e
+    if any(d < 0 for d in dims):
+        raise ArgumentError(f"tensor {name!r}: shape {dims} has a negative size")
+    return dims

@@ -34,9 +34,17 @@ is seen by readers at once (``latest()``, ``wait_for`` raise ``OwnerGone``); wha
 they let go. ``backend="host"`` runs the same API on shared host memory (NumPy arrays) without a GPU.
 
 The tensors' names, dtypes and shapes are fixed when the set is published: ``update`` takes a ``state_dict`` of the
-same layout. Non-contiguous tensors are published contiguous. One device per set for now. ``create(layout, ...)``
+same layout. Non-contiguous tensors are published contiguous. ``create(layout, ...)``
 serves a set from its layout alone (a ``meta`` module will do), for an owner that writes generation 1 in the arena
 itself (``stage``, ``commit``): the model is then in GPU memory once.
+
+A state_dict spread over several GPUs (a device map) is published as one set in **parts**, one per device, behind
+the one socket: each part is a one-device set on its device, all parts published together (part 0 last: its
+generation is the set's). ``open`` reads either kind without being told; a reader holds one generation of every
+part, never a mix, and gets each tensor on its device (``Reader.parts``, ``Reader.placement()``). ``update`` and
+``load_into`` copy each part on its device's current stream. Not for parts yet: ``wait_on``, ``watch``. Tested on
+the host backend (split into parts by the test-only ``_parts=``); not yet run on two GPUs. See docs/weights.md,
+"Several devices".
 """
 
 from __future__ import annotations
@@ -60,12 +68,14 @@ from gpu_ipc._weights_tensors import (
     _cut,
     _describe,
     _describe_target,
+    _dtype_name,
     _framework_name,
     _fill_host,
     _host_bytes,
     _in_order,
     _is_torch,
     _state_dict,
+    _shape_of,
     _stream_of,
     _Tensor,
     _torch_module,
@@ -100,6 +110,11 @@ class Publisher:
     def generation(self) -> int:
         """The newest published generation."""
         return self._owner.generation
+
+    @property
+    def parts(self) -> int:
+        """The devices (parts) the set lies on: 1, or one per CUDA device of a state_dict spread over several."""
+        return 1
 
     @property
     def name(self) -> str:
@@ -327,6 +342,7 @@ def publish(
     checksums: bool = False,
     device: int | None = None,
     max_arenas: int | None = None,
+    _parts: Mapping[str, int] | None = None,
 ) -> Publisher:
     """Publishes ``state_dict`` (a ``Mapping[str, tensor]`` of PyTorch / CuPy / JAX / NumPy tensors, or a module) as
     generation 1 of the weight set ``name``, served at ``socket``.
@@ -335,15 +351,20 @@ def publish(
     ``keep``: arenas kept without readers (the newest and older ones; at least 1). ``checksums``: a checksum of every
     tensor in each manifest (computed from the arena: a read-back on the GPU), which ``Reader.verify()`` checks.
     ``device``: the GPU (default: the tensors'). ``max_arenas``: arenas at most, held by readers or not.
+
+    A state_dict whose tensors lie on several GPUs (a model loaded with a device map) is published as a set of
+    parts, one per device (in ordinal order), each tensor staying on its device; readers get every tensor on its
+    device, never a mix of generations (``device`` must be left ``None``). ``_parts``, for tests only: splits a host
+    set into parts (``name -> part``), since the host backend has no devices.
     """
     sd = _state_dict(state_dict)
     if not sd:
         raise ArgumentError("the state_dict is empty")
     described = {k: _describe(k, v) for k, v in sd.items()}
-    devices = {t.device for t in described.values() if t.device is not None}
+    where = {k: t.device for k, t in described.items() if t.device is not None}
     layout = [(k, t.dtype, t.shape) for k, t in described.items()]
-    publisher = _serve(layout, devices, name, socket, backend or ("vmm" if devices else "host"), keep, checksums,
-                       device, max_arenas)
+    publisher = _serve(layout, where, name, socket, backend or ("vmm" if where else "host"), keep, checksums,
+                       device, max_arenas, _parts)
     try:
         publisher.update(sd)
     except BaseException:
@@ -361,6 +382,7 @@ def create(
     checksums: bool = False,
     device: int | None = None,
     max_arenas: int | None = None,
+    _parts: Mapping[str, int] | None = None,
 ) -> Publisher:
     """Serves the weight set ``name`` at ``socket`` with nothing published yet (``generation`` 0; readers' ``open``
     waits for the first): make the first generation in the arena itself, ``staged = pub.stage(torch)``, write every
@@ -372,20 +394,21 @@ def create(
     device, ``meta`` included: ``with torch.device("meta"): model = Model()`` allocates nothing; CuPy, NumPy arrays),
     or an iterable of ``(name, dtype, shape)`` (``dtype``: a name such as ``"bfloat16"``, a ``torch.dtype`` or a
     NumPy dtype). ``backend``: ``"vmm"`` (default, unless the layout's tensors are host arrays: ``"host"``),
-    ``"legacy"`` or ``"host"``; ``device``: the GPU (default: the layout's CUDA tensors', else 0). The rest as for
+    ``"legacy"`` or ``"host"``; ``device``: the GPU (default: the layout's CUDA tensors', else 0). A layout of CUDA
+    tensors on several devices serves a set of parts, one per device, as :func:`publish` does. The rest as for
     :func:`publish`.
     """
     entries: list[tuple[str, str, tuple[int, ...]]] = []
-    devices: set[int] = set()
+    where: dict[str, int] = {}
     on_host = 0
     items = _state_dict(layout).items() if isinstance(layout, Mapping) or hasattr(layout, "state_dict") else None
     if items is not None:
         for k, v in items:
-            entry, where = _layout_entry(k, v)
+            entry, place = _layout_entry(k, v)
             entries.append(entry)
-            if isinstance(where, int):
-                devices.add(where)
-            on_host += where == "host"
+            if isinstance(place, int):
+                where[k] = place
+            on_host += place == "host"
     else:
         try:
             given = list(layout)
@@ -401,19 +424,24 @@ def create(
         raise ArgumentError("the layout is empty")
     if backend is None:
         backend = "host" if on_host == len(entries) else "vmm"
-    return _serve(entries, devices, name, socket, backend, keep, checksums, device, max_arenas)
+    return _serve(entries, where, name, socket, backend, keep, checksums, device, max_arenas, _parts)
 
 
-def _serve(layout: list[tuple[str, str, tuple[int, ...]]], devices: set[int], name: str,
+def _serve(layout: list[tuple[str, str, tuple[int, ...]]], where: dict[str, int], name: str,
            socket: str | os.PathLike[str], backend: str, keep: int, checksums: bool, device: int | None,
-           max_arenas: int | None) -> Publisher:
-    """The owner of a set of ``layout`` at ``socket``, nothing published; ``devices``: the CUDA devices its tensors
-    were found on (one at most)."""
+           max_arenas: int | None, parts: Mapping[str, int] | None = None) -> Publisher:
+    """The owner of a set of ``layout`` at ``socket``, nothing published; ``where``: the CUDA device each tensor was
+    found on (if any); tensors on several devices make a set of parts, one per device (``parts``: a host set split
+    in parts, for tests)."""
+    devices = set(where.values())
+    if parts is not None or (len(devices) > 1 and device is None):
+        from gpu_ipc._weights_parts import part_of_each, serve_parts
+
+        parts, ordinals = part_of_each(layout, where, backend, parts)
+        return serve_parts(layout, parts, ordinals, name, socket, backend, keep, checksums, max_arenas)
     if len(devices) > 1:
-        raise ArgumentError(
-            f"the state_dict spans devices {sorted(devices)}: publish one set per device for now "
-            "(e.g. one per tensor-parallel rank)"
-        )
+        raise ArgumentError(f"the state_dict spans devices {sorted(devices)} and device={device} was given: leave "
+                            "device=None to publish a set of parts, one per device")
     if device is None:
         device = next(iter(devices)) if devices else 0
     owner = WeightsOwner(
@@ -438,31 +466,6 @@ def _layout_entry(name: str, t: Any) -> tuple[tuple[str, str, tuple[int, ...]], 
     if described.device is not None:
         return (name, described.dtype, described.shape), described.device
     return (name, described.dtype, described.shape), None if _is_torch(t) else "host"
-
-
-def _dtype_name(name: str, dtype: Any) -> str:
-    """A layout entry's dtype as the set names it: a name (``"bfloat16"``), a ``torch.dtype``, a NumPy dtype."""
-    if isinstance(dtype, str):
-        return dtype
-    text = str(dtype)
-    if text.startswith("torch."):
-        return text.removeprefix("torch.")
-    try:
-        import numpy
-
-        return str(numpy.dtype(dtype).name)
-    except (ImportError, TypeError) as e:
-        raise ArgumentTypeError(f"tensor {name!r}: dtype {dtype!r} is not a name, a torch.dtype or a NumPy dtype") from e
-
-
-def _shape_of(name: str, shape: Any) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(d) for d in shape)
-    except TypeError as e:
-        raise ArgumentTypeError(f"tensor {name!r}: shape {shape!r} is not a sequence of integers") from e
-    if any(d < 0 for d in dims):
-        raise ArgumentError(f"tensor {name!r}: shape {dims} has a negative size")
-    return dims
 
 
 class Reader:
@@ -501,6 +504,18 @@ class Reader:
     @property
     def owner_gone(self) -> bool:
         return self._reader.owner_gone
+
+    @property
+    def parts(self) -> int:
+        """The devices (parts) the set lies on: 1, or one per CUDA device the publisher's state_dict was spread over."""
+        return 1
+
+    def placement(self) -> dict[str, tuple[int, int | None]]:
+        """Where each tensor lies, in the publisher's order: ``name -> (part, CUDA device ordinal)`` (the ordinal is
+        ``None`` on the host backend; a set on one device has part 0 only). ``manifest()``'s offsets are in the
+        arena of the tensor's part."""
+        device = self._reader.device
+        return {m[0]: (0, device) for m in self.manifest()}
 
     def tensors(self, framework: Any = None) -> dict[str, Any]:
         """The held generation's tensors, in place. Without ``framework``: one DLPack-capable view per tensor
@@ -679,6 +694,12 @@ def open(
 ) -> Reader:
     """Opens the weight set ``name`` served at ``socket`` and takes its newest generation (waiting up to ``timeout``
     seconds for the first). ``backend``: the owner's (default: asked of it). ``device``: the GPU to map it on
-    (the set's device; another is refused with ``BackendError``). Raises ``NoOwner``, ``NotFound`` (no such set),
+    (the set's device; another is refused with ``BackendError``). A set on several devices (parts) is opened whole,
+    each part on the device its manifest names (``device`` is not needed): ``Reader.parts``, ``placement()``. Raises ``NoOwner``, ``NotFound`` (no such set),
     ``Timeout``, ``WireError`` (a manifest that fails its checks)."""
-    return Reader(WeightsReader(socket, name, backend=backend, device=device, timeout=timeout))
+    native = WeightsReader(socket, name, backend=backend, device=device, timeout=timeout)
+    if native.part_count == 1:
+        return Reader(native)
+    from gpu_ipc._weights_parts import PartsReader
+
+    return PartsReader([native] + [native.part_of(k) for k in range(1, native.part_count)])

@@ -15,6 +15,7 @@ mod bound;
 mod owner;
 mod reader;
 mod runs;
+mod sets;
 mod sources;
 mod tensor;
 mod wait;

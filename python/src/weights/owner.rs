@@ -7,17 +7,20 @@ use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::core::wire::{DType, TensorDesc};
 use gpu_ipc::driver::Stream;
+use gpu_ipc::driver::{Context, DeviceUuid};
 use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::vmm::Vmm;
 use gpu_ipc::weights::{
     ArenaBytes, BoundCopies, CopyDirection, TensorCopier, WeightsError, WeightsOptions, WeightsOwner as CoreOwner,
+    WeightsPartsOwner as CoreParts,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyType};
 
 use super::bound::WeightsBound;
+use super::sets::OwnedSet;
 use super::sources::{Expected, copy_batches};
 use super::tensor::{ArenaCut, WeightsTensor, arena_of};
 use super::{Served, caller_copies, served_getters};
@@ -28,7 +31,7 @@ use crate::ring::{Gpu, PerBackend, Shared, lock, parse_backend};
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 use crate::view::Layout;
 
-type Owner = PerBackend<CoreOwner<Legacy>, CoreOwner<Vmm>, CoreOwner<Host>>;
+type Owner = PerBackend<OwnedSet<Legacy>, OwnedSet<Vmm>, OwnedSet<Host>>;
 
 /// One tensor's description as the Python layer gives it: name, element type name, shape.
 type TensorSpec = (String, String, Vec<u64>);
@@ -37,33 +40,41 @@ type TensorSpec = (String, String, Vec<u64>);
 /// staged arena, staging one first if none is.
 fn copy_into_staged(
     owner: &mut Owner,
+    part: usize,
     copier: &mut TensorCopier,
     first: usize,
     ptrs: &[u64],
     stream: &Stream,
 ) -> PyResult<()> {
     fn copy<B: ArenaBytes + GpuBackend>(
-        o: &mut CoreOwner<B>,
+        o: &mut OwnedSet<B>,
+        part: usize,
         copier: &mut TensorCopier,
         first: usize,
         ptrs: &[u64],
         stream: &Stream,
     ) -> PyResult<()> {
-        let staged = o.stage().map_err(weights_to_py)?;
+        let staged = o.stage(part).map_err(weights_to_py)?;
         let copies = caller_copies(&staged.manifest().entries, first, ptrs)?;
         staged.copy_in(copier, &copies, stream).map_err(weights_to_py)
     }
     match owner {
-        PerBackend::Legacy(o) => copy(o, copier, first, ptrs, stream),
-        PerBackend::Vmm(o) => copy(o, copier, first, ptrs, stream),
+        PerBackend::Legacy(o) => copy(o, part, copier, first, ptrs, stream),
+        PerBackend::Vmm(o) => copy(o, part, copier, first, ptrs, stream),
         PerBackend::Host(_) => Err(ArgumentError::new_err("copy_in is for GPU backends; use write")),
     }
 }
 
-/// The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made.
+/// The owner of a weight set (``gpu_ipc.weights.publish`` makes one): its tensors' layout is fixed when made. For
+/// a set on several devices (``WeightsOwner.parts``), one handle per part: each stages, copies and describes its
+/// part's tensors on its device; ``commit``, ``generation`` and ``close`` are the set's.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct WeightsOwner {
     owner: Shared<Mutex<Owner>>,
+    /// The part this handle stands for (0 for a set on one device).
+    part: usize,
+    /// Every part's context (a set on one device: its own), synchronized before a commit.
+    contexts: Vec<Context>,
     served: Served,
 }
 
@@ -92,36 +103,110 @@ impl WeightsOwner {
         let backend = parse_backend(backend)?;
         let tensors = layout
             .into_iter()
-            .map(|(tensor, dtype, shape)| {
-                let dtype: DType =
-                    dtype.parse().map_err(|e| ArgumentError::new_err(format!("tensor {tensor:?}: {e}")))?;
-                let desc = TensorDesc::contiguous(dtype, shape)
-                    .map_err(|e| ArgumentError::new_err(format!("tensor {tensor:?}: {e}")))?;
-                Ok((tensor, desc))
-            })
+            .map(|(tensor, dtype, shape)| tensor_desc(tensor, &dtype, shape))
             .collect::<PyResult<Vec<_>>>()?;
-        let default = WeightsOptions::default();
-        let keep = keep.max(1);
-        let max_arenas = max_arenas.unwrap_or_else(|| default.max_arenas.max(keep as u32 + 4));
-        let options = WeightsOptions { keep, checksums, max_arenas, ..default };
+        let options = options_of(keep, checksums, max_arenas);
         let gpu = Gpu::for_backend(py, backend, device)?;
         let owner = py
             .detach(|| -> Result<Owner, WeightsError> {
                 Ok(match (backend, &gpu) {
-                    (BackendKind::Host, _) => {
-                        PerBackend::Host(CoreOwner::create(&HostContext, &socket, name, tensors, options)?)
-                    }
+                    (BackendKind::Host, _) => PerBackend::Host(OwnedSet::Whole(CoreOwner::create(
+                        &HostContext,
+                        &socket,
+                        name,
+                        tensors,
+                        options,
+                    )?)),
                     (BackendKind::Legacy, Some(g)) => {
-                        PerBackend::Legacy(CoreOwner::create(&g.ctx, &socket, name, tensors, options)?)
+                        PerBackend::Legacy(OwnedSet::Whole(CoreOwner::create(&g.ctx, &socket, name, tensors, options)?))
                     }
-                    (_, Some(g)) => PerBackend::Vmm(CoreOwner::create(&g.ctx, &socket, name, tensors, options)?),
+                    (_, Some(g)) => {
+                        PerBackend::Vmm(OwnedSet::Whole(CoreOwner::create(&g.ctx, &socket, name, tensors, options)?))
+                    }
                     (other, None) => {
                         return Err(WeightsError::Pool(PoolError::Unsupported(format!("backend {other} needs a GPU"))));
                     }
                 })
             })
             .map_err(weights_to_py)?;
-        Ok(Self { owner: Shared::new(Mutex::new(owner)), served: Served::new(gpu, backend, socket, name) })
+        let contexts = gpu.iter().map(|g| g.ctx.clone()).collect();
+        let owner = Shared::new(Mutex::new(owner));
+        Ok(Self { owner, part: 0, contexts, served: Served::new(gpu, backend, socket, name) })
+    }
+
+    /// Serves a set on several devices, one part per CUDA device of ``devices`` (part order): ``layout`` gives
+    /// each tensor's ``(name, dtype, shape, part)`` in the publisher's order; every part holds at least one.
+    /// Returns one handle per part. On the host backend (tests: there are no devices), ``devices`` only counts the
+    /// parts, and their manifests name made-up distinct device UUIDs.
+    #[staticmethod]
+    #[pyo3(signature = (socket, name, layout, devices, backend="vmm", keep=2, checksums=false, max_arenas=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn parts(
+        py: Python<'_>,
+        socket: PathBuf,
+        name: &str,
+        layout: Vec<(String, String, Vec<u64>, usize)>,
+        devices: Vec<i32>,
+        backend: &str,
+        keep: usize,
+        checksums: bool,
+        max_arenas: Option<u32>,
+    ) -> PyResult<Vec<Self>> {
+        let backend = parse_backend(backend)?;
+        let tensors = layout
+            .into_iter()
+            .map(|(tensor, dtype, shape, part)| {
+                let (tensor, desc) = tensor_desc(tensor, &dtype, shape)?;
+                Ok((tensor, desc, part))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let options = options_of(keep, checksums, max_arenas);
+        let gpus = devices.iter().map(|&d| Gpu::for_backend(py, backend, d)).collect::<PyResult<Vec<_>>>()?;
+        let contexts: Vec<Context> = gpus.iter().flatten().map(|g| g.ctx.clone()).collect();
+        let owner = py
+            .detach(|| -> Result<Owner, WeightsError> {
+                Ok(match backend {
+                    BackendKind::Host => {
+                        let n = devices.len();
+                        let made_up = (0..n).map(|k| DeviceUuid([0xd0 ^ (k as u8); 16])).collect();
+                        let (ctxs, pools) = (vec![HostContext; n], vec![DeviceUuid::default(); n]);
+                        let parts = CoreParts::create_on(ctxs, pools, made_up, &socket, name, tensors, options)?;
+                        PerBackend::Host(OwnedSet::Parts(parts))
+                    }
+                    BackendKind::Legacy => PerBackend::Legacy(OwnedSet::Parts(CoreParts::create(
+                        contexts.clone(),
+                        &socket,
+                        name,
+                        tensors,
+                        options,
+                    )?)),
+                    _ => PerBackend::Vmm(OwnedSet::Parts(CoreParts::create(
+                        contexts.clone(),
+                        &socket,
+                        name,
+                        tensors,
+                        options,
+                    )?)),
+                })
+            })
+            .map_err(weights_to_py)?;
+        let owner = Arc::new(Mutex::new(owner));
+        Ok(gpus
+            .into_iter()
+            .enumerate()
+            .map(|(part, gpu)| Self {
+                owner: Shared::sharing(owner.clone()),
+                part,
+                contexts: contexts.clone(),
+                served: Served::new(gpu, backend, socket.clone(), name),
+            })
+            .collect())
+    }
+
+    /// The part this handle stands for (0 for a set on one device).
+    #[getter]
+    fn part(&self) -> usize {
+        self.part
     }
 
     /// The newest published generation (0 before the first commit).
@@ -137,7 +222,7 @@ impl WeightsOwner {
             .detach(|| -> Result<Vec<(String, TensorDesc, u64, u64)>, WeightsError> {
                 let mut guard = lock(&*owner);
                 each_backend!(&mut *guard, o => {
-                    let staged = o.stage()?;
+                    let staged = o.stage(self.part)?;
                     let base = staged.handle().ptr().0;
                     let generation = staged.generation();
                     Ok(staged
@@ -170,7 +255,7 @@ impl WeightsOwner {
     fn stage_extent(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
         let owner = self.owner()?;
         py.detach(|| {
-            each_backend!(&mut *lock(&*owner), o => o.stage().map(|s| (s.handle().ptr().0, s.manifest().arena_bytes)))
+            each_backend!(&mut *lock(&*owner), o => o.stage(self.part).map(|s| (s.handle().ptr().0, s.manifest().arena_bytes)))
         })
         .map_err(weights_to_py)
     }
@@ -183,7 +268,7 @@ impl WeightsOwner {
         let owner = self.owner()?;
         let (manifest, base) = py
             .detach(|| {
-                each_backend!(&mut *lock(&*owner), o => o.stage().map(|s| (s.manifest().clone(), s.handle().ptr().0)))
+                each_backend!(&mut *lock(&*owner), o => o.stage(self.part).map(|s| (s.manifest().clone(), s.handle().ptr().0)))
             })
             .map_err(weights_to_py)?;
         arena_of(&manifest, base, self.served.ordinal(), MappingHold::new(owner, self.served.ctx()))
@@ -199,8 +284,9 @@ impl WeightsOwner {
         let raw = stream_handle(stream)?.unwrap_or(LEGACY_DEFAULT_STREAM);
         let owner = self.owner()?;
         py.detach(|| {
-            self.served
-                .with_copier(|copier| copy_into_staged(&mut lock(&*owner), copier, first, &ptrs, &borrow(ctx, raw)))
+            self.served.with_copier(|copier| {
+                copy_into_staged(&mut lock(&*owner), self.part, copier, first, &ptrs, &borrow(ctx, raw))
+            })
         })
     }
 
@@ -211,7 +297,7 @@ impl WeightsOwner {
         self.served.gpu()?;
         let owner = self.owner()?;
         let guard = lock(&*owner);
-        let spans = each_backend!(&*guard, o => caller_copies(&o.layout().entries, 0, &ptrs))?;
+        let spans = each_backend!(&*guard, o => caller_copies(&o.part(self.part).layout().entries, 0, &ptrs))?;
         Ok(WeightsBound::new(CopyDirection::IntoArena, spans))
     }
 
@@ -221,12 +307,13 @@ impl WeightsOwner {
     #[pyo3(signature = (bound, stream=None))]
     fn copy_in_bound(&self, py: Python<'_>, bound: &WeightsBound, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         fn copy<B: ArenaBytes + GpuBackend>(
-            o: &mut CoreOwner<B>,
+            o: &mut OwnedSet<B>,
+            part: usize,
             copier: &mut TensorCopier,
             bound: &mut BoundCopies<'_>,
             stream: &Stream,
         ) -> PyResult<()> {
-            let staged = o.stage().map_err(weights_to_py)?;
+            let staged = o.stage(part).map_err(weights_to_py)?;
             staged.copy_in_bound(copier, bound, stream).map_err(weights_to_py)
         }
         let ctx = &self.served.gpu()?.ctx;
@@ -236,8 +323,8 @@ impl WeightsOwner {
             self.served.with_copier(|copier| {
                 let (mut guard, mut copies, stream) = (lock(&*owner), lock(&bound.copies), borrow(ctx, raw));
                 match &mut *guard {
-                    PerBackend::Legacy(o) => copy(o, copier, &mut copies, &stream),
-                    PerBackend::Vmm(o) => copy(o, copier, &mut copies, &stream),
+                    PerBackend::Legacy(o) => copy(o, self.part, copier, &mut copies, &stream),
+                    PerBackend::Vmm(o) => copy(o, self.part, copier, &mut copies, &stream),
                     PerBackend::Host(_) => Err(ArgumentError::new_err("copy_in_bound is for GPU backends; use write")),
                 }
             })
@@ -270,7 +357,7 @@ impl WeightsOwner {
         copy_batches(tensors, first, &expected, |at, ptrs| {
             py.detach(|| {
                 self.served.with_copier(|copier| {
-                    copy_into_staged(&mut lock(&*owner), copier, at, ptrs, &borrow(&gpu.ctx, raw))
+                    copy_into_staged(&mut lock(&*owner), self.part, copier, at, ptrs, &borrow(&gpu.ctx, raw))
                 })
             })
         })
@@ -282,17 +369,17 @@ impl WeightsOwner {
         let owner = self.owner()?;
         py.detach(|| {
             let mut guard = lock(&*owner);
-            each_backend!(&mut *guard, o => o.stage().and_then(|s| s.write(name, data)))
+            each_backend!(&mut *guard, o => o.stage(self.part).and_then(|s| s.write(name, data)))
         })
         .map_err(weights_to_py)
     }
 
-    /// Publishes the staged generation, after the device's queued work (the copies) has finished; returns it.
+    /// Publishes the staged generation (of every part), after the devices' queued work (the copies) has
+    /// finished; returns it.
     fn commit(&self, py: Python<'_>) -> PyResult<u64> {
         let owner = self.owner()?;
-        let ctx = self.served.ctx();
         py.detach(|| {
-            if let Some(ctx) = &ctx {
+            for ctx in &self.contexts {
                 ctx.synchronize().map_err(driver_to_py)?;
             }
             let mut guard = lock(&*owner);
@@ -300,23 +387,24 @@ impl WeightsOwner {
         })
     }
 
-    /// The readers attached now: ``(pid, generations held)`` each (pid ``None`` in another PID namespace).
+    /// The readers attached now (to this part): ``(pid, generations held)`` each (pid ``None`` in another PID
+    /// namespace).
     fn readers(&self) -> PyResult<Vec<(Option<u32>, Vec<u64>)>> {
         let owner = self.owner()?;
-        let holds = each_backend!(&*lock(&*owner), o => o.readers());
+        let holds = each_backend!(&*lock(&*owner), o => o.part(self.part).readers());
         Ok(holds.into_iter().map(|h| (h.pid, h.generations)).collect())
     }
 
-    /// Arenas made and not reused yet (published, staged, retired but held by readers).
+    /// Arenas made and not reused yet (published, staged, retired but held by readers), of this part.
     fn arenas(&self) -> PyResult<usize> {
-        Ok(each_backend!(&*lock(&*self.owner()?), o => o.arenas()))
+        Ok(each_backend!(&*lock(&*self.owner()?), o => o.part(self.part).arenas()))
     }
 
-    /// The set's tensors: ``(name, dtype, shape)`` each, in order.
+    /// The set's (this part's) tensors: ``(name, dtype, shape)`` each, in order.
     fn layout(&self) -> PyResult<Vec<TensorSpec>> {
         let owner = self.owner()?;
         let guard = lock(&*owner);
-        let entries = each_backend!(&*guard, o => o.layout().entries.clone());
+        let entries = each_backend!(&*guard, o => o.part(self.part).layout().entries.clone());
         Ok(entries.into_iter().map(|e| (e.name, e.desc.dtype().name().to_owned(), e.desc.shape().to_vec())).collect())
     }
 
@@ -334,4 +422,20 @@ impl Drop for WeightsOwner {
             self.served.forget();
         }
     }
+}
+
+/// A tensor of a layout as the Python layer gives it, described.
+fn tensor_desc(tensor: String, dtype: &str, shape: Vec<u64>) -> PyResult<(String, TensorDesc)> {
+    let dtype: DType = dtype.parse().map_err(|e| ArgumentError::new_err(format!("tensor {tensor:?}: {e}")))?;
+    let desc =
+        TensorDesc::contiguous(dtype, shape).map_err(|e| ArgumentError::new_err(format!("tensor {tensor:?}: {e}")))?;
+    Ok((tensor, desc))
+}
+
+/// The options a Python caller's `keep`, `checksums` and `max_arenas` make.
+fn options_of(keep: usize, checksums: bool, max_arenas: Option<u32>) -> WeightsOptions {
+    let default = WeightsOptions::default();
+    let keep = keep.max(1);
+    let max_arenas = max_arenas.unwrap_or_else(|| default.max_arenas.max(keep as u32 + 4));
+    WeightsOptions { keep, checksums, max_arenas, ..default }
 }

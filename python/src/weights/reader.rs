@@ -8,18 +8,21 @@ use gpu_ipc::BackendKind;
 use gpu_ipc::core::backend::GpuBackend;
 use gpu_ipc::core::wire::ObjectKind;
 use gpu_ipc::driver::Stream;
+use gpu_ipc::driver::{Context, Device, DeviceUuid};
 use gpu_ipc::host::{Host, HostContext};
 use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::toolkit::door::{self, DoorError};
 use gpu_ipc::vmm::Vmm;
 use gpu_ipc::weights::{
-    ArenaBytes, BoundCopies, CopyDirection, HeldGeneration, TensorCopier, WeightsError, WeightsReader as CoreReader,
+    ArenaBytes, BoundCopies, CopyDirection, HeldGeneration, TensorCopier, WeightsError,
+    WeightsPartsReader as CoreReaderParts, WeightsReader as CoreReader,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 
 use super::bound::WeightsBound;
+use super::sets::ReadSet;
 use super::sources::{Expected, read_all};
 use super::tensor::{ArenaCut, WeightsTensor, arena_of};
 use super::wait::{GenerationWait, status_tuple};
@@ -31,7 +34,7 @@ use crate::ring::{Gpu, PerBackend, SLICE, Shared, lock, parse_backend, seconds};
 use crate::stream::{LEGACY_DEFAULT_STREAM, borrow, stream_handle};
 use crate::view::Layout;
 
-type Reader = PerBackend<CoreReader<Legacy>, CoreReader<Vmm>, CoreReader<Host>>;
+type Reader = PerBackend<ReadSet<Legacy>, ReadSet<Vmm>, ReadSet<Host>>;
 type Held = PerBackend<Arc<HeldGeneration<Legacy>>, Arc<HeldGeneration<Vmm>>, Arc<HeldGeneration<Host>>>;
 
 /// Queues on `stream` the copies of `held`'s tensors `first..` into the caller's memory `ptrs` (0: none).
@@ -53,10 +56,16 @@ fn copy_out_of(held: &Held, copier: &mut TensorCopier, first: usize, ptrs: &[u64
     }
 }
 
-/// A reader of a weight set (``gpu_ipc.weights.open`` makes one): holds one generation at a time.
+/// A reader of a weight set (``gpu_ipc.weights.open`` makes one): holds one generation at a time. A set on
+/// several devices is read whole (every part at one generation); the handle made stands for part 0, ``part_of(k)``
+/// gives part ``k``'s (its tensors, on its device); the generation, ``refresh`` and the owner's end are the set's.
 #[pyclass(frozen, module = "gpu_ipc._gpu_ipc")]
 pub struct WeightsReader {
     reader: Shared<Mutex<Reader>>,
+    /// The part this handle stands for (0 for a set on one device).
+    part: usize,
+    /// Every part's CUDA device ordinal (`None` on the host backend; one entry for a set on one device).
+    ordinals: Vec<Option<i32>>,
     served: Served,
 }
 
@@ -69,9 +78,9 @@ impl WeightsReader {
         let reader = self.reader()?;
         let guard = lock(&*reader);
         Ok(match &*guard {
-            PerBackend::Legacy(r) => PerBackend::Legacy(r.held()),
-            PerBackend::Vmm(r) => PerBackend::Vmm(r.held()),
-            PerBackend::Host(r) => PerBackend::Host(r.held()),
+            PerBackend::Legacy(r) => PerBackend::Legacy(r.held(self.part)),
+            PerBackend::Vmm(r) => PerBackend::Vmm(r.held(self.part)),
+            PerBackend::Host(r) => PerBackend::Host(r.held(self.part)),
         })
     }
 
@@ -103,21 +112,72 @@ impl WeightsReader {
             })?,
         };
         let gpu = Gpu::for_backend(py, backend, device)?;
-        let reader = py
-            .detach(|| -> Result<Reader, WeightsError> {
-                Ok(match (backend, &gpu) {
-                    (BackendKind::Host, _) => PerBackend::Host(CoreReader::open(&HostContext, &socket, name, timeout)?),
-                    (BackendKind::Legacy, Some(g)) => {
-                        PerBackend::Legacy(CoreReader::open(&g.ctx, &socket, name, timeout)?)
-                    }
-                    (_, Some(g)) => PerBackend::Vmm(CoreReader::open(&g.ctx, &socket, name, timeout)?),
-                    (other, None) => {
-                        return Err(WeightsError::Pool(PoolError::Unsupported(format!("backend {other} needs a GPU"))));
-                    }
-                })
+        let whole = py.detach(|| -> Result<Reader, WeightsError> {
+            Ok(match (backend, &gpu) {
+                (BackendKind::Host, _) => {
+                    PerBackend::Host(ReadSet::Whole(CoreReader::open(&HostContext, &socket, name, timeout)?))
+                }
+                (BackendKind::Legacy, Some(g)) => {
+                    PerBackend::Legacy(ReadSet::Whole(CoreReader::open(&g.ctx, &socket, name, timeout)?))
+                }
+                (_, Some(g)) => PerBackend::Vmm(ReadSet::Whole(CoreReader::open(&g.ctx, &socket, name, timeout)?)),
+                (other, None) => {
+                    return Err(WeightsError::Pool(PoolError::Unsupported(format!("backend {other} needs a GPU"))));
+                }
             })
-            .map_err(weights_to_py)?;
-        Ok(Self { reader: Shared::new(Mutex::new(reader)), served: Served::new(gpu, backend, socket, name) })
+        });
+        let (reader, ordinals) = match whole {
+            Ok(reader) => (reader, vec![gpu.as_ref().map(|g| g.ordinal)]),
+            // A set on several devices (its part 0 may lie on another device than `device`): read whole.
+            Err(e @ (WeightsError::Parts { .. } | WeightsError::Pool(PoolError::WrongDevice { .. }))) => {
+                match py.detach(|| open_parts(backend, &socket, name, timeout)) {
+                    Ok(opened) => opened,
+                    Err(WeightsError::Parts { .. }) => return Err(weights_to_py(e)), // one device after all
+                    Err(other) => return Err(weights_to_py(other)),
+                }
+            }
+            Err(e) => return Err(weights_to_py(e)),
+        };
+        let gpu = match ordinals.first().copied().flatten() {
+            Some(ordinal) if gpu.as_ref().is_none_or(|g| g.ordinal != ordinal) => {
+                Gpu::for_backend(py, backend, ordinal)?
+            }
+            _ => gpu,
+        };
+        let served = Served::new(gpu, backend, socket, name);
+        Ok(Self { reader: Shared::new(Mutex::new(reader)), part: 0, ordinals, served })
+    }
+
+    /// The number of parts the set lies in (1: one device).
+    #[getter]
+    fn part_count(&self) -> usize {
+        self.ordinals.len()
+    }
+
+    /// The part this handle stands for (0 for a set on one device).
+    #[getter]
+    fn part(&self) -> usize {
+        self.part
+    }
+
+    /// A handle of the same reader for part ``part``: its tensors, on its device.
+    #[pyo3(name = "part_of")]
+    fn part_handle(&self, py: Python<'_>, part: usize) -> PyResult<Self> {
+        let Some(&ordinal) = self.ordinals.get(part) else {
+            return Err(ArgumentError::new_err(format!("part {part} of a set of {} parts", self.ordinals.len())));
+        };
+        let reader = self.reader()?;
+        let gpu = match ordinal {
+            Some(ordinal) => Gpu::for_backend(py, self.served.backend, ordinal)?,
+            None => None,
+        };
+        let served = Served::new(gpu, self.served.backend, self.served.socket.clone(), &self.served.name);
+        Ok(Self { reader: Shared::sharing(reader), part, ordinals: self.ordinals.clone(), served })
+    }
+
+    /// The set's tensors in the publisher's order: ``(part, index in that part's manifest)`` each.
+    fn order(&self) -> PyResult<Vec<(usize, usize)>> {
+        Ok(each_backend!(&*lock(&*self.reader()?), r => r.order()))
     }
 
     /// The generation held now.
@@ -180,7 +240,9 @@ impl WeightsReader {
             return Err(weights_to_py(WeightsError::NoCudaContext { set }));
         };
         let wait = py
-            .detach(|| each_backend!(&*lock(&*reader), r => r.wait_on(generation, &borrow(&gpu.ctx, raw))))
+            .detach(|| {
+                each_backend!(&*lock(&*reader), r => r.whole("wait_on")?.wait_on(generation, &borrow(&gpu.ctx, raw)))
+            })
             .map_err(weights_to_py)?;
         Ok(GenerationWait { wait, ordinal: Some(gpu.ordinal), ctx: Some(gpu.ctx.clone()) })
     }
@@ -191,7 +253,8 @@ impl WeightsReader {
     /// ``ArgumentError`` for generation 0, ``OwnerGone``.
     fn watch(&self, generation: u64) -> PyResult<GenerationWait> {
         let reader = self.reader()?;
-        let wait = each_backend!(&*lock(&*reader), r => r.watch(generation)).map_err(weights_to_py)?;
+        let wait = each_backend!(&*lock(&*reader), r => r.whole("watch").and_then(|r| r.watch(generation)))
+            .map_err(weights_to_py)?;
         Ok(GenerationWait { wait, ordinal: self.served.ordinal(), ctx: self.served.ctx() })
     }
 
@@ -200,7 +263,8 @@ impl WeightsReader {
     /// ``("waiting", 0)``.
     fn wait_status(&self, wait: &GenerationWait) -> PyResult<(&'static str, u64)> {
         let reader = self.reader()?;
-        Ok(status_tuple(each_backend!(&*lock(&*reader), r => r.wait_status(&wait.wait))))
+        let status = each_backend!(&*lock(&*reader), r => r.whole("wait_status").map(|r| r.wait_status(&wait.wait)));
+        Ok(status_tuple(status.map_err(weights_to_py)?))
     }
 
     /// The held generation's tensors as ``(name, view)`` pairs; each view keeps the generation alive.
@@ -405,4 +469,44 @@ impl Drop for WeightsReader {
             self.served.forget();
         }
     }
+}
+
+/// Opens a set on several devices: each part on the device whose UUID its manifest names (on the host backend, the
+/// host). Returns the reader and every part's device ordinal (`None` on the host backend).
+fn open_parts(
+    backend: BackendKind,
+    socket: &std::path::Path,
+    name: &str,
+    timeout: std::time::Duration,
+) -> Result<(Reader, Vec<Option<i32>>), WeightsError> {
+    let mut devices: Vec<(DeviceUuid, i32)> = Vec::new();
+    let mut on_device = |uuid: DeviceUuid| -> Result<Context, PoolError> {
+        let device = Device::with_uuid(uuid).map_err(|e| PoolError::Backend(e.into()))?.ok_or_else(|| {
+            PoolError::Unsupported(format!(
+                "a part of weight set `{name}` lies on device {uuid}, which this process does not see: make it \
+                 visible (CUDA_VISIBLE_DEVICES)"
+            ))
+        })?;
+        let ctx = Context::for_ordinal(device.ordinal()).map_err(|e| PoolError::Backend(e.into()))?;
+        devices.push((uuid, device.ordinal()));
+        Ok(ctx)
+    };
+    let reader = match backend {
+        BackendKind::Host => {
+            let reader = CoreReaderParts::<Host>::open(socket, name, |_| Ok(HostContext), timeout)?;
+            let parts = reader.part_count();
+            return Ok((PerBackend::Host(ReadSet::Parts(reader)), vec![None; parts]));
+        }
+        BackendKind::Legacy => {
+            PerBackend::Legacy(ReadSet::Parts(CoreReaderParts::open(socket, name, &mut on_device, timeout)?))
+        }
+        _ => PerBackend::Vmm(ReadSet::Parts(CoreReaderParts::open(socket, name, &mut on_device, timeout)?)),
+    };
+    let uuids = each_backend!(&reader, r => match r {
+        ReadSet::Parts(p) => p.held().parts().iter().map(|h| h.manifest().device_uuid).collect::<Vec<_>>(),
+        ReadSet::Whole(_) => Vec::new(),
+    });
+    let ordinals =
+        uuids.iter().map(|uuid| devices.iter().find(|(u, _)| u == uuid).map(|&(_, ordinal)| ordinal)).collect();
+    Ok((reader, ordinals))
 }

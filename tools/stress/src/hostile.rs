@@ -45,6 +45,7 @@ fn connect(path: &Path) -> Result<UnixStream, String> {
 pub fn hello_bytes() -> Vec<u8> {
     let hello = ClientHello {
         object: Default::default(),
+        part: 0,
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: None,

@@ -293,7 +293,8 @@ impl<R: Records> FrontDoor<R> {
                 if let Some(handshake) = self.pending.get_mut(index) {
                     handshake.stage = Stage::Offer(token);
                 }
-                self.announce(AdmissionEvent::WantsOffer { token, pid, name: hello.consumer_name, peer });
+                let part = hello.part;
+                self.announce(AdmissionEvent::WantsOffer { token, pid, name: hello.consumer_name, peer, part });
                 Ok(false)
             }
             (Stage::Attached(id), Message::Attached(Attached { consumer_id })) if consumer_id == R::wire_id(id) => {

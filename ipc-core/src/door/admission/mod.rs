@@ -104,6 +104,8 @@ pub enum AdmissionEvent<I> {
         name: String,
         /// Its credentials (`SO_PEERCRED`).
         peer: PeerCredentials,
+        /// The part of a pool made of parts it asked for (`ClientHello::part`; 0 for everything else).
+        part: u32,
     },
     /// The handshake is complete: the consumer is attached. Keep `conn` open for its lifetime.
     Attached {

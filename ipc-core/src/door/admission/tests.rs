@@ -79,6 +79,7 @@ fn say_hello(conn: &crate::wire::PeerConnection, name: &str) {
     use crate::wire::{ClientHello, Message, PROTOCOL_VERSION};
     let hello = ClientHello {
         object: Default::default(),
+        part: 0,
         protocol_version: PROTOCOL_VERSION,
         client_pid: std::process::id(),
         wanted_backend: None,

@@ -97,7 +97,7 @@ impl<B: Backend> Producer<B> {
         let thread_ended = self.admission.gave_up().is_some();
         while let Some(event) = self.admission.try_next() {
             match event {
-                AdmissionEvent::WantsOffer { token, pid, name, peer } => {
+                AdmissionEvent::WantsOffer { token, pid, name, peer, .. } => {
                     self.hellos.push(Hello { token, pid, name, peer, since: Instant::now() });
                 }
                 AdmissionEvent::Attached { id, pid, conn, without_events } => {

@@ -22,6 +22,12 @@ pub struct ClientHello {
     /// What the client expects the socket to serve (a ring unless it says otherwise; the field was a reserved
     /// zero before the toolkit's other objects existed, so every older ring consumer says "ring").
     pub object: ObjectKind,
+    /// Which part of a pool made of parts the client asks for (a weight set on several devices serves one part per
+    /// device through one socket); 0 for a pool of one part and for every other object. Encoded only when it is
+    /// not 0, as 4 bytes after the name, so a hello of part 0 is byte for byte what older releases send; an owner
+    /// of an older release refuses a hello that names a part (its bytes after the name are a malformed hello,
+    /// code 6) rather than serve part 0 in its place.
+    pub part: u32,
 }
 
 impl ClientHello {
@@ -67,6 +73,15 @@ pub(super) fn encode_hello(hello: &ClientHello, out: &mut Vec<u8>) -> Result<(),
     put_u16(out, len_u16(hello.consumer_name.len()));
     put_u16(out, hello.object.code());
     out.extend_from_slice(hello.consumer_name.as_bytes());
+    if hello.part != 0 {
+        if hello.object != ObjectKind::Pool {
+            return Err(WireError::InvalidField {
+                field: "ClientHello.part",
+                reason: format!("part {} of a {}: only a pool is made of parts", hello.part, hello.object),
+            });
+        }
+        put_u32(out, hello.part);
+    }
     Ok(())
 }
 
@@ -92,5 +107,26 @@ pub(super) fn decode_hello(r: &mut Reader<'_>) -> Result<ClientHello, WireError>
         });
     }
     let consumer_name = r.text(name_len, "ClientHello.consumer_name")?;
-    Ok(ClientHello { protocol_version, client_pid, wanted_backend, consumer_name, object })
+    // The part, when 4 bytes follow the name (other lengths are trailing bytes, refused by the caller's finish).
+    let part = if r.remaining() == 4 {
+        match r.u32()? {
+            // One encoding per hello: part 0 is said by no bytes at all.
+            0 => {
+                return Err(WireError::InvalidField {
+                    field: "ClientHello.part",
+                    reason: "0 written out (part 0 is sent as no bytes)".to_owned(),
+                });
+            }
+            part => part,
+        }
+    } else {
+        0
+    };
+    if part != 0 && object != ObjectKind::Pool {
+        return Err(WireError::InvalidField {
+            field: "ClientHello.part",
+            reason: format!("part {part} of a {object}: only a pool is made of parts"),
+        });
+    }
+    Ok(ClientHello { protocol_version, client_pid, wanted_backend, consumer_name, object, part })
 }

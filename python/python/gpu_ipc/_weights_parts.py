@@ -1,0 +1,198 @@
+"""A weight set on several devices (a state_dict spread over GPUs), under ``gpu_ipc.weights``: one part per device,
+each an ordinary one-device set (its arenas on its device), all served through one socket and published together.
+
+``publish`` and ``create`` make a ``PartsPublisher`` when the tensors lie on several CUDA devices; ``open`` makes a
+``PartsReader`` when the set it opens has parts. Both are a ``Publisher`` / ``Reader``: each part is handled by
+the one-device code (a ``Publisher`` / ``Reader`` per part, on that part's native handle), and what is the set's
+(publishing, the generation, ``refresh``, the owner's end) goes through part 0's handle, whose native set is the
+whole one. Tests split a host set into parts with ``publish(..., _parts={name: part})``: the host backend has no
+devices, so its parts' manifests name made-up device UUIDs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from gpu_ipc._gpu_ipc import ArgumentError, WeightsOwner, WeightsReader
+from gpu_ipc._weights_tensors import _in_order, _state_dict, _stream_of
+from gpu_ipc.weights import BoundSources, BoundTargets, Publisher, Reader
+
+Layout = list[tuple[str, str, tuple[int, ...]]]
+
+
+def serve_parts(layout: Layout, part_of: Mapping[str, int], devices: list[int], name: str,
+                socket: str | os.PathLike[str], backend: str, keep: int, checksums: bool,
+                max_arenas: int | None) -> PartsPublisher:
+    """The owner of a set of ``layout`` in parts (``part_of``: each tensor's part; ``devices``: each part's CUDA
+    device, or on the host backend just as many entries as parts), nothing published."""
+    owners = WeightsOwner.parts(socket, name, [(k, d, list(s), part_of[k]) for k, d, s in layout], devices,
+                                backend=backend, keep=keep, checksums=checksums, max_arenas=max_arenas)
+    return PartsPublisher(owners, layout, part_of)
+
+
+def part_of_each(layout: Layout, where: Mapping[str, int], backend: str,
+                 parts: Mapping[str, int] | None) -> tuple[Mapping[str, int], list[int]]:
+    """Each tensor's part and each part's CUDA device: one part per device of ``where`` (each tensor's device), in
+    ordinal order; or, for tests, ``parts`` as given, splitting a host set."""
+    if parts is not None:
+        if backend != "host" or set(parts) != {k for k, _d, _s in layout}:
+            raise ArgumentError("_parts (tests only) splits a host set: a part for every tensor, backend 'host'")
+        return parts, list(range(max(parts.values()) + 1))
+    ordinals = sorted(set(where.values()))
+    nowhere = [k for k, _d, _s in layout if k not in where]
+    if nowhere:
+        raise ArgumentError(f"the state_dict spans devices {ordinals} and tensor {nowhere[0]!r} is on none of them: "
+                            "move it to one")
+    return {k: ordinals.index(where[k]) for k, _d, _s in layout}, ordinals
+
+
+def _split(names: list[str], tensors: list[Any], parts: list[list[str]]) -> list[dict[str, Any]]:
+    by_name = dict(zip(names, tensors))
+    return [{n: by_name[n] for n in part} for part in parts]
+
+
+class PartsPublisher(Publisher):
+    """The owner of a weight set on several devices (``publish`` makes one for a state_dict spread over GPUs): each
+    part's tensors are copied on its device (on that device's current stream), every part published at once."""
+
+    def __init__(self, owners: list[WeightsOwner], layout: Layout, part_of: Mapping[str, int]):
+        super().__init__(owners[0], layout)
+        self._parts = [Publisher(o, [e for e in layout if part_of[e[0]] == k]) for k, o in enumerate(owners)]
+
+    @property
+    def parts(self) -> int:
+        return len(self._parts)
+
+    def _differ(self) -> str:
+        return f"weight set {self.name!r}: the state_dict's names differ from the published layout"
+
+    def update(self, state_dict: Mapping[str, Any] | BoundSources | Any, stream: Any = None) -> int:
+        """As ``Publisher.update``; each part's tensors are copied on its device's current stream (``stream`` must
+        be ``None``: one stream cannot serve several devices)."""
+        if stream is not None:
+            raise ArgumentError(f"weight set {self.name!r} lies on {self.parts} devices: update() copies each "
+                                "part on its device's current stream; pass stream=None")
+        if isinstance(state_dict, BoundSources):
+            if state_dict.owner is not self:
+                raise ArgumentError(f"these sources were bound by another publisher than {self!r}")
+            for part, bound in zip(self._parts, state_dict.native):
+                part._owner.copy_in_bound(bound.native, _stream_of(None, part._owner.device))
+            return self._owner.commit()
+        tensors = _in_order(_state_dict(state_dict), self._names, self._differ())
+        sources = [part._copy(sd, None) for part, sd in zip(self._parts, self._split(tensors))]
+        generation = self._owner.commit()  # every part's, part 0 last, after every device's copies
+        del sources
+        return generation
+
+    def _split(self, tensors: list[Any]) -> list[dict[str, Any]]:
+        return _split(self._names, tensors, [part._names for part in self._parts])
+
+    def bind(self, state_dict: Mapping[str, Any] | Any) -> BoundSources:
+        tensors = _in_order(_state_dict(state_dict), self._names, self._differ())
+        bounds = [part.bind(sd) for part, sd in zip(self._parts, self._split(tensors))]
+        address = {n: a for part, b in zip(self._parts, bounds) for n, a in zip(part._names, b.addresses)}
+        return BoundSources(self, tensors, [address[n] for n in self._names], bounds)
+
+    def stage(self, framework: Any = None) -> dict[str, Any]:
+        """As ``Publisher.stage``: one dict, in the publisher's order, each tensor on its device."""
+        merged: dict[str, Any] = {}
+        for part in self._parts:
+            merged.update(part.stage(framework))
+        return {n: merged[n] for n in self._names}
+
+    def arenas(self) -> int:
+        """Arenas in use, on every part."""
+        return sum(part.arenas() for part in self._parts)
+
+    def close(self) -> None:
+        for part in self._parts:
+            part.close()
+        super().close()
+
+
+class PartsReader(Reader):
+    """A reader of a weight set on several devices (``open`` makes one for a set with parts): it holds one
+    generation of every part, never a mix; each tensor is on its part's device. ``refresh`` and the reads of
+    several parts are serialized here, so a dict of tensors is always one generation's."""
+
+    def __init__(self, natives: list[WeightsReader]):
+        super().__init__(natives[0])
+        self._parts = [Reader(n) for n in natives]
+        self._lock = threading.Lock()
+        names = [[m[0] for m in part.manifest()] for part in self._parts]
+        self._part_names = names
+        self._names = [names[p][i] for p, i in natives[0].order()]  # the publisher's order (a set's is fixed)
+        self._part_of = {n: k for k, part in enumerate(names) for n in part}
+
+    @property
+    def parts(self) -> int:
+        return len(self._parts)
+
+    def placement(self) -> dict[str, tuple[int, int | None]]:
+        return {n: (k, self._parts[k]._reader.device) for n in self._names for k in (self._part_of[n],)}
+
+    def refresh(self) -> int:
+        with self._lock:
+            return self._reader.refresh()
+
+    def tensors(self, framework: Any = None) -> dict[str, Any]:
+        """As ``Reader.tensors``: every part's tensors of the generation held, in the publisher's order."""
+        merged: dict[str, Any] = {}
+        with self._lock:
+            for part in self._parts:
+                merged.update(part.tensors(framework))
+        return {n: merged[n] for n in self._names}
+
+    def manifest(self) -> list[tuple[str, str, list[int], list[int], int, int | None]]:
+        """As ``Reader.manifest``, in the publisher's order; offsets are in the tensor's part's arena (``placement``
+        says which part and device)."""
+        with self._lock:
+            entries = {m[0]: m for part in self._parts for m in part.manifest()}
+        return [entries[n] for n in self._names]
+
+    def verify(self) -> int:
+        with self._lock:
+            return sum(part.verify() for part in self._parts)
+
+    def bind(self, module_or_dict: Any) -> BoundTargets:
+        differ = f"weight set {self.name!r}: the target's names differ from the set's"
+        tensors = _in_order(_state_dict(module_or_dict), self._names, differ)
+        bounds = [part.bind(sd) for part, sd in zip(self._parts, _split(self._names, tensors, self._part_names))]
+        address = {n: a for names, b in zip(self._part_names, bounds) for n, a in zip(names, b.addresses)}
+        return BoundTargets(self, tensors, [address[n] for n in self._names], bounds)
+
+    def load_into(self, module_or_dict: Any, stream: Any = None, strict: bool = True) -> int:
+        """As ``Reader.load_into``; each part's tensors are copied on its device's current stream (``stream`` must be
+        ``None``)."""
+        if stream is not None:
+            raise ArgumentError(f"weight set {self.name!r} lies on {self.parts} devices: load_into() copies each "
+                                "part on its device's current stream; pass stream=None")
+        if isinstance(module_or_dict, BoundTargets):
+            if module_or_dict.owner is not self:
+                raise ArgumentError(f"these targets were bound by another reader than {self!r}")
+            with self._lock:
+                for part, bound in zip(self._parts, module_or_dict.native):
+                    part.load_into(bound)
+            return len(module_or_dict)
+        target = _state_dict(module_or_dict)
+        unknown = [n for n in target if n not in self._part_of]
+        missing = [n for n in self._names if n not in target] if strict else []
+        if unknown or missing:
+            raise ArgumentError(
+                f"weight set {self.name!r} generation {self.generation}: names differ "
+                f"(not in the set: {sorted(unknown)[:5]}, not in the target: {sorted(missing)[:5]})"
+            )
+        with self._lock:
+            return sum(part.load_into({n: target[n] for n in names if n in target}, strict=False)
+                       for part, names in zip(self._parts, self._part_names))
+
+    def close(self) -> None:
+        for part in self._parts:
+            part.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"Reader(name={self.name!r}, parts={self.parts}, generation={self.generation})"

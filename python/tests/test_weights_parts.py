@@ -1,0 +1,250 @@
+"""A weight set on several devices (parts) from Python: published, opened by name without saying it has parts, read
+whole in the publisher's order, never a mix of two generations, held by a reader process while the owner moves on,
+and the owner's death seen. The host backend has no devices: ``_parts=`` (tests only) splits a host set into parts,
+whose manifests name made-up device UUIDs. The torch test on cuda:0 and cuda:1 needs two GPUs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gpu_ipc
+import gpu_ipc.weights
+
+# The publisher's order interleaves the parts: a reader must give it back, not part 0's tensors then part 1's.
+PARTS = {"embed.weight": 0, "layers.0.norm": 1, "layers.0.proj.weight": 0, "layers.1.proj.weight": 1, "step": 1}
+
+
+def state_dict(generation: int) -> dict[str, np.ndarray]:
+    """Every element says its generation (and, in the low byte of the ints, which tensor it is)."""
+    return {
+        "embed.weight": np.full((16, 8), generation, dtype=np.float32),
+        "layers.0.norm": np.full((8,), generation, dtype=np.float16),
+        "layers.0.proj.weight": np.full((4, 8), generation, dtype=np.int32),
+        "layers.1.proj.weight": np.full((3,), generation * 256 + 1, dtype=np.int64),
+        "step": np.array(generation, dtype=np.int64),
+    }
+
+
+def generation_of(tensors: dict[str, Any]) -> set[int]:
+    """The generations the tensors say (one: no mix)."""
+    seen = set()
+    for name, t in tensors.items():
+        a = np.from_dlpack(t)
+        want = state_dict(0)[name]
+        assert a.shape == want.shape and a.dtype == want.dtype, name
+        values = a // 256 if name == "layers.1.proj.weight" else a
+        seen |= {int(v) for v in np.unique(values)}
+    return seen
+
+
+def publish(sock: str, generation: int = 1, **kw: Any) -> gpu_ipc.weights.Publisher:
+    return gpu_ipc.weights.publish(state_dict(generation), "model", socket=sock, _parts=PARTS, **kw)
+
+
+def test_a_set_of_two_parts_is_opened_by_name_and_read_whole_in_the_publishers_order(sock: str) -> None:
+    with publish(sock, checksums=True) as pub:
+        assert (pub.parts, pub.generation, pub.backend) == (2, 1, "host")
+        with gpu_ipc.weights.open(sock, "model") as r:  # nothing says it has parts
+            assert (r.parts, r.generation, r.latest()) == (2, 1, 1)
+            for framework in (None, np):
+                tensors = r.tensors(framework)
+                assert list(tensors) == list(state_dict(1))
+                for name, t in tensors.items():
+                    assert np.array_equal(np.from_dlpack(t), state_dict(1)[name]), name
+            assert r.placement() == {name: (part, None) for name, part in PARTS.items()}
+            assert [m[0] for m in r.manifest()] == list(state_dict(1))
+            assert r.verify() == 5
+            target = {k: np.zeros_like(v) for k, v in state_dict(1).items()}
+            assert r.load_into(target) == 5
+            assert all(np.array_equal(target[k], v) for k, v in state_dict(1).items())
+            with pytest.raises(gpu_ipc.ArgumentError, match="not for sets of parts yet"):
+                r.watch(2)
+            assert r.owner_gone is False
+
+
+def test_update_and_stage_commit_through_generations_while_a_reader_refreshes_never_mix(sock: str) -> None:
+    with publish(sock, keep=1) as pub, gpu_ipc.weights.open(sock, "model") as r:
+        stop = threading.Event()
+        seen: list[set[int]] = []
+        errors: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                while not stop.is_set():
+                    r.refresh()
+                    seen.append(generation_of(r.tensors(np)))
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            while pub.generation < 300:
+                g = pub.generation + 1
+                if g % 2:
+                    assert pub.update(state_dict(g)) == g
+                else:
+                    staged = pub.stage(np)
+                    assert list(staged) == list(state_dict(g))
+                    for name, value in state_dict(g).items():
+                        staged[name][...] = value
+                    assert pub.commit() == g
+        finally:
+            stop.set()
+            reader.join()
+        assert not errors, errors
+        assert len({min(s) for s in seen}) >= 3, "the reader saw too few generations to test anything"
+        assert all(len(s) == 1 for s in seen), [s for s in seen if len(s) != 1][:3]
+        assert r.refresh() == 300 and generation_of(r.tensors()) == {300}
+
+
+READER = """
+import sys, numpy as np, gpu_ipc.weights
+r = gpu_ipc.weights.open(sys.argv[1], "model", timeout=10)
+t = r.tensors(np)
+print("HELD", r.parts, r.generation, flush=True)
+sys.stdin.readline()
+ok = all(np.all(v[...] == (r.generation * 256 + 1 if k == "layers.1.proj.weight" else r.generation)) for k, v in t.items())
+held = r.generation
+print("MOVED", held, r.refresh(), ok, list(r.tensors()) == list(t), flush=True)
+"""
+
+OWNER = """
+import sys, time, numpy as np, gpu_ipc.weights
+sd = {"a": np.full((64,), 1, dtype=np.float32), "b": np.full((8,), 1, dtype=np.int64), "c": np.full((3,), 1, dtype=np.int8)}
+pub = gpu_ipc.weights.publish(sd, "model", socket=sys.argv[1], _parts={"a": 0, "b": 1, "c": 1})
+print("PUBLISHED", pub.generation, flush=True)
+time.sleep(60)
+"""
+
+
+def spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+
+
+def expect(proc: subprocess.Popen[str], tag: str) -> list[str]:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"the child ended before {tag}"
+        if line.startswith(tag):
+            return line.split()[1:]
+
+
+def test_a_reader_process_holds_generation_n_of_every_part_while_the_owner_moves_on(sock: str) -> None:
+    with publish(sock) as pub:
+        child = spawn(READER, sock)
+        try:
+            assert expect(child, "HELD") == ["2", "1"]
+            deadline = time.monotonic() + 10
+            while len(pub.readers()) < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.002)
+            pub.update(state_dict(2))
+            pub.update(state_dict(3))
+            assert pub.readers() == [(child.pid, 1)]
+            assert pub.arenas() == 6  # 1 (held), 2 and 3, on each part
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert expect(child, "MOVED") == ["1", "3", "True", "True"]
+            assert child.wait(timeout=30) == 0
+        finally:
+            child.kill()
+
+
+def test_the_owner_killed_is_seen_within_a_second_and_held_tensors_stay_readable(sock: str) -> None:
+    owner = spawn(OWNER, sock)
+    try:
+        expect(owner, "PUBLISHED")
+        r = gpu_ipc.weights.open(sock, "model")
+        assert r.parts == 2 and list(r.placement().values()) == [(0, None), (1, None), (1, None)]
+        tensors = r.tensors(np)
+        os.kill(owner.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        owner.wait()
+        with pytest.raises(gpu_ipc.OwnerGone):
+            r.wait_for(2, timeout=5)
+        assert time.monotonic() - killed < 1.0
+        assert r.owner_gone
+        assert list(tensors) == ["a", "b", "c"] and all(np.all(v == 1) for v in tensors.values())
+    finally:
+        owner.kill()
+
+
+def test_parts_are_refused_when_they_say_nothing_right(sock: str) -> None:
+    with pytest.raises(gpu_ipc.ArgumentError, match="_parts"):
+        gpu_ipc.weights.publish(state_dict(1), "model", socket=sock, _parts={"step": 0})
+    with pytest.raises(gpu_ipc.ArgumentError, match="part 1 holds no tensor"):
+        gpu_ipc.weights.publish(state_dict(1), "model", socket=sock, _parts={k: 0 if k != "step" else 2
+                                                                                   for k in PARTS})
+    with publish(sock) as pub:
+        with pytest.raises(gpu_ipc.ArgumentError, match="names differ"):
+            pub.update({"step": np.array(2, dtype=np.int64)})
+        with pytest.raises(gpu_ipc.ArgumentError, match="stream=None"):
+            pub.update(state_dict(2), stream=object())
+        assert pub.generation == 1
+
+
+def _two_gpus() -> bool:
+    try:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available() and torch.cuda.device_count() >= 2)
+
+
+TORCH_READER = """
+import sys, torch, gpu_ipc.weights
+r = gpu_ipc.weights.open(sys.argv[1], "model", timeout=20)
+g = r.generation
+t = r.tensors(torch)
+ok = all(v.device.index == int(k.split(".")[1]) and bool((v == g + int(k.split(".")[2])).all()) for k, v in t.items())
+target = {k: torch.zeros_like(v) for k, v in t.items()}
+r.load_into(target)
+torch.cuda.synchronize(0); torch.cuda.synchronize(1)
+ok = ok and all(bool((target[k] == v).all()) and target[k].device == v.device for k, v in t.items())
+print("READ", r.parts, g, list(t) == sys.argv[2].split(","), ok, flush=True)
+"""
+
+
+@pytest.mark.skipif(not _two_gpus(), reason="needs two GPUs and torch")
+@pytest.mark.parametrize("backend", ["legacy", "vmm"])
+def test_a_torch_state_dict_on_two_gpus_is_read_in_another_process_each_tensor_on_its_device(
+    sock: str, backend: str
+) -> None:
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    def weights(g: int) -> dict[str, Any]:
+        # "t.DEVICE.I": on cuda:DEVICE, every element g + I; the devices interleaved in the state_dict's order.
+        return {f"t.{i % 2}.{i}": torch.full((1000 + i,), float(g + i), device=f"cuda:{i % 2}") for i in range(12)}
+
+    with gpu_ipc.weights.publish(weights(1), "model", socket=sock, backend=backend) as pub:
+        assert pub.parts == 2
+        assert pub.update(weights(2)) == 2
+        staged = pub.stage(torch)
+        assert all(v.device.index == int(k.split(".")[1]) for k, v in staged.items())
+        for k, v in weights(3).items():
+            staged[k].copy_(v)
+        assert pub.commit() == 3
+        child = subprocess.run([sys.executable, "-c", TORCH_READER, sock, ",".join(weights(3))],
+                               capture_output=True, text=True, timeout=120)
+        assert child.returncode == 0, child.stderr
+        assert expect_line(child.stdout, "READ") == ["2", "3", "True", "True"]
+
+
+def expect_line(out: str, tag: str) -> list[str]:
+    lines = [line for line in out.splitlines() if line.startswith(tag)]
+    assert lines, out
+    return lines[0].split()[1:]
