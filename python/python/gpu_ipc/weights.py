@@ -38,13 +38,10 @@ same layout. Non-contiguous tensors are published contiguous. ``create(layout, .
 serves a set from its layout alone (a ``meta`` module will do), for an owner that writes generation 1 in the arena
 itself (``stage``, ``commit``): the model is then in GPU memory once.
 
-A state_dict spread over several GPUs (a device map) is published as one set in **parts**, one per device, behind
-the one socket: each part is a one-device set on its device, all parts published together (part 0 last: its
-generation is the set's). ``open`` reads either kind without being told; a reader holds one generation of every
-part, never a mix, and gets each tensor on its device (``Reader.parts``, ``Reader.placement()``). ``update`` and
-``load_into`` copy each part on its device's current stream. Not for parts yet: ``wait_on``, ``watch``. Tested on
-the host backend (split into parts by the test-only ``_parts=``); not yet run on two GPUs. See docs/weights.md,
-"Several devices".
+A state_dict spread over several GPUs is published as one set in **parts**, one per device, behind the one socket
+(part 0 published last); ``open`` reads either kind, holds one generation of every part, never a mix, and gives each
+tensor on its device (``Reader.placement()``). Not for parts yet: ``wait_on``, ``watch``. Host-tested; not yet run
+on two GPUs: docs/weights.md, "Several devices".
 """
 
 from __future__ import annotations
