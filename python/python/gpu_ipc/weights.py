@@ -33,15 +33,12 @@ and what tensors made from it still reference); ``keep`` bounds the arenas kept 
 is seen by readers at once (``latest()``, ``wait_for`` raise ``OwnerGone``); what they hold stays readable until
 they let go. ``backend="host"`` runs the same API on shared host memory (NumPy arrays) without a GPU.
 
-The tensors' names, dtypes and shapes are fixed when the set is published: ``update`` takes a ``state_dict`` of the
-same layout. Non-contiguous tensors are published contiguous. ``create(layout, ...)``
-serves a set from its layout alone (a ``meta`` module will do), for an owner that writes generation 1 in the arena
-itself (``stage``, ``commit``): the model is then in GPU memory once.
-
-A state_dict spread over several GPUs is published as one set in **parts**, one per device, behind the one socket
-(part 0 published last); ``open`` reads either kind, holds one generation of every part, never a mix, and gives each
-tensor on its device (``Reader.placement()``). Not for parts yet: ``wait_on``, ``watch``. Host-tested; not yet run
-on two GPUs: docs/weights.md, "Several devices".
+The layout (names, dtypes, shapes) is fixed when the set is published; non-contiguous tensors are published
+contiguous. ``create(layout, ...)`` serves a set from its layout alone (a ``meta`` module will do) for an owner that
+writes generation 1 in the arena itself (``stage``, ``commit``): the model is then in GPU memory once. A state_dict
+spread over several GPUs is one set in **parts**, one per device, behind the one socket (part 0 published last);
+``open`` reads either kind, holds one generation of every part, never a mix, each tensor on its device
+(``Reader.placement()``). Not for parts yet: ``wait_on``, ``watch``. Not yet run on two GPUs (docs/weights.md).
 """
 
 from __future__ import annotations
