@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{SetParts, TensorEntry};
-use super::reader::{HeldGeneration, load_exact, no_such_set};
+use super::reader::{HeldGeneration, load_exact, no_such_set, wait_until};
 use crate::pool::{AttachOptions, PoolError, PoolImporter};
 use gpu_ipc_driver::DeviceUuid;
 
@@ -229,18 +229,7 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
     /// # Errors
     /// [`WeightsError::Timeout`]; [`WeightsError::OwnerGone`].
     pub fn wait_for(&self, generation: u64, timeout: Option<Duration>) -> Result<u64, WeightsError> {
-        let started = Instant::now();
-        loop {
-            let latest = self.latest()?;
-            if latest >= generation {
-                return Ok(latest);
-            }
-            let waited = started.elapsed();
-            if timeout.is_some_and(|t| waited >= t) {
-                return Err(WeightsError::Timeout { set: self.set.clone(), wanted: generation, latest, waited });
-            }
-            std::thread::sleep(timeout.map_or(POLL, |t| POLL.min(t.saturating_sub(waited))));
-        }
+        wait_until(&self.set, generation, timeout, || self.latest())
     }
 
     /// Whether the owner has closed the set or gone away (seen on any part).

@@ -296,18 +296,7 @@ impl<B: ArenaBytes> WeightsReader<B> {
     /// # Errors
     /// [`WeightsError::Timeout`]; [`WeightsError::OwnerGone`].
     pub fn wait_for(&self, generation: u64, timeout: Option<Duration>) -> Result<u64, WeightsError> {
-        let started = Instant::now();
-        loop {
-            let latest = self.latest()?;
-            if latest >= generation {
-                return Ok(latest);
-            }
-            let waited = started.elapsed();
-            if timeout.is_some_and(|t| waited >= t) {
-                return Err(WeightsError::Timeout { set: self.set.clone(), wanted: generation, latest, waited });
-            }
-            std::thread::sleep(timeout.map_or(POLL, |t| POLL.min(t.saturating_sub(waited))));
-        }
+        wait_until(&self.set, generation, timeout, || self.latest())
     }
 
     /// Whether the owner has closed the set or gone away.
@@ -341,6 +330,28 @@ fn refuse_parts<B: ArenaBytes>(held: &HeldGeneration<B>, path: &Path) -> Result<
                 parts.devices.len()
             ),
         }),
+    }
+}
+
+/// Polls `latest` until it says `generation` or a newer one (at most `timeout`; `None`: no bound) and returns the
+/// newest: a one-device reader's and a set of parts' `wait_for`.
+pub(super) fn wait_until(
+    set: &str,
+    generation: u64,
+    timeout: Option<Duration>,
+    latest: impl Fn() -> Result<u64, WeightsError>,
+) -> Result<u64, WeightsError> {
+    let started = Instant::now();
+    loop {
+        let latest = latest()?;
+        if latest >= generation {
+            return Ok(latest);
+        }
+        let waited = started.elapsed();
+        if timeout.is_some_and(|t| waited >= t) {
+            return Err(WeightsError::Timeout { set: set.to_owned(), wanted: generation, latest, waited });
+        }
+        std::thread::sleep(timeout.map_or(POLL, |t| POLL.min(t.saturating_sub(waited))));
     }
 }
 
