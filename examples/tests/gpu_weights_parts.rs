@@ -1,7 +1,9 @@
-//! A weight set on two GPUs (one part per device, one socket), legacy and vmm: the owner publishes 3 generations
-//! of 40 tensors spread over cuda:0 and cuda:1 while a reader process (this test binary again, selected by
-//! `GPU_IPC_WEIGHTS_PARTS_CHILD`) opens the set with each part on the device whose UUID its manifest names, checks
-//! every tensor's bytes and device for each generation, and reports. Ignored without two GPUs.
+//! A weight set in two parts (one socket), legacy and vmm: the owner publishes 3 generations of 40 tensors spread
+//! over the parts while a reader process (this test binary again, selected by `GPU_IPC_WEIGHTS_PARTS_CHILD`) opens
+//! the set with each part on the device whose UUID its manifest names, checks every tensor's bytes and device for
+//! each generation, and reports. With two GPUs the parts lie on cuda:0 and cuda:1 (the `two_gpus` tests); on one GPU
+//! both parts lie on cuda:0, which runs the same protocol (two pools, two attaches, one generation on every part)
+//! on the one device a machine of one GPU has.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -20,6 +22,8 @@ use gpu_ipc::weights::{ArenaBytes, DType, TensorDesc, WeightsOptions, WeightsPar
 
 const ROLE: &str = "GPU_IPC_WEIGHTS_PARTS_CHILD";
 const SOCKET: &str = "GPU_IPC_WEIGHTS_PARTS_SOCKET";
+/// Each part's device ordinal in the owner, comma-separated (the reader checks the UUIDs its manifests name).
+const ORDINALS: &str = "GPU_IPC_WEIGHTS_PARTS_ORDINALS";
 
 /// 40 tensors, tensor i on device i % 2.
 fn tensors() -> Vec<(String, TensorDesc, usize)> {
@@ -39,15 +43,15 @@ fn context_for(uuid: gpu_ipc::driver::DeviceUuid) -> Result<Context, PoolError> 
     Context::for_ordinal(device.ordinal()).map_err(|e| PoolError::Unsupported(e.to_string()))
 }
 
-fn read_generations<B: ArenaBytes + GpuBackend<Context = Context>>(path: &std::path::Path) {
+fn read_generations<B: ArenaBytes + GpuBackend<Context = Context>>(path: &std::path::Path, ordinals: &[i32]) {
     let mut reader = WeightsPartsReader::<B>::open(path, "model", context_for, Duration::from_secs(20)).unwrap();
-    let devices: Vec<_> = (0..2).map(|o| Device::get(o).unwrap().uuid().unwrap()).collect();
+    let devices: Vec<_> = ordinals.iter().map(|&o| Device::get(o).unwrap().uuid().unwrap()).collect();
     for generation in 1..=3u64 {
         reader.wait_for(generation, Some(Duration::from_secs(20))).unwrap();
         reader.refresh().unwrap();
         let held = reader.held();
         for (k, part) in held.parts().iter().enumerate() {
-            assert_eq!(part.manifest().device_uuid, devices[k], "part {k} on cuda:{k}");
+            assert_eq!(part.manifest().device_uuid, devices[k], "part {k} on cuda:{}", ordinals[k]);
         }
         for (i, (name, desc, device)) in tensors().iter().enumerate() {
             let (part, _) = held.entry(name).unwrap();
@@ -65,23 +69,27 @@ fn read_generations<B: ArenaBytes + GpuBackend<Context = Context>>(path: &std::p
 fn child_process_entry_point() {
     let Ok(backend) = std::env::var(ROLE) else { return };
     let path = std::path::PathBuf::from(std::env::var(SOCKET).unwrap());
+    let ordinals: Vec<i32> = std::env::var(ORDINALS).unwrap().split(',').map(|o| o.parse().unwrap()).collect();
     match backend.as_str() {
-        "legacy" => read_generations::<Legacy>(&path),
-        _ => read_generations::<Vmm>(&path),
+        "legacy" => read_generations::<Legacy>(&path, &ordinals),
+        _ => read_generations::<Vmm>(&path, &ordinals),
     }
 }
 
-fn publish_to_a_reader_process<B: ArenaBytes + GpuBackend<Context = Context>>(backend: &str) {
+/// Serves the set with part k on cuda:`ordinals[k]` and checks that a reader process reads 3 generations whole.
+fn publish_to_a_reader_process<B: ArenaBytes + GpuBackend<Context = Context>>(backend: &str, ordinals: [i32; 2]) {
     let count = Device::count().unwrap();
-    assert!(count >= 2, "this test needs two GPUs; this machine has {count}");
-    let contexts = vec![Context::for_ordinal(0).unwrap(), Context::for_ordinal(1).unwrap()];
-    let path = socket(&format!("weights-parts-{backend}"));
+    let needs = ordinals.iter().max().unwrap() + 1;
+    assert!(count >= needs, "this test needs {needs} GPU(s); this machine has {count}");
+    let contexts: Vec<Context> = ordinals.iter().map(|&o| Context::for_ordinal(o).unwrap()).collect();
+    let path = socket(&format!("weights-parts-{backend}-{}{}", ordinals[0], ordinals[1]));
     let mut owner =
         WeightsPartsOwner::<B>::create(contexts, &path, "model", tensors(), WeightsOptions::default()).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
         .env(ROLE, backend)
         .env(SOCKET, &path)
+        .env(ORDINALS, ordinals.map(|o| o.to_string()).join(","))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -113,12 +121,24 @@ mod two_gpus {
     #[test]
     #[ignore = "needs two CUDA GPUs: a weight set with a part on cuda:0 and one on cuda:1"]
     fn a_set_on_two_gpus_is_read_by_another_process_each_tensor_on_its_device_legacy() {
-        publish_to_a_reader_process::<Legacy>("legacy");
+        publish_to_a_reader_process::<Legacy>("legacy", [0, 1]);
     }
 
     #[test]
     #[ignore = "needs two CUDA GPUs: a weight set with a part on cuda:0 and one on cuda:1"]
     fn a_set_on_two_gpus_is_read_by_another_process_each_tensor_on_its_device_vmm() {
-        publish_to_a_reader_process::<Vmm>("vmm");
+        publish_to_a_reader_process::<Vmm>("vmm", [0, 1]);
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: a weight set in two parts, both on cuda:0"]
+fn a_set_in_two_parts_on_one_gpu_is_read_by_another_process_legacy() {
+    publish_to_a_reader_process::<Legacy>("legacy", [0, 0]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: a weight set in two parts, both on cuda:0"]
+fn a_set_in_two_parts_on_one_gpu_is_read_by_another_process_vmm() {
+    publish_to_a_reader_process::<Vmm>("vmm", [0, 0]);
 }

@@ -1,7 +1,8 @@
 """A weight set on several devices (parts) from Python: published, opened by name without saying it has parts, read
 whole in the publisher's order, never a mix of two generations, held by a reader process while the owner moves on,
 and the owner's death seen. The host backend has no devices: ``_parts=`` (tests only) splits a host set into parts,
-whose manifests name made-up device UUIDs. The torch test on cuda:0 and cuda:1 needs two GPUs."""
+whose manifests name made-up device UUIDs. The torch tests: on cuda:0 and cuda:1 (two GPUs), and a set on one GPU split
+in two parts there (one GPU)."""
 
 from __future__ import annotations
 
@@ -197,12 +198,16 @@ def test_parts_are_refused_when_they_say_nothing_right(sock: str) -> None:
         assert pub.generation == 1
 
 
-def _two_gpus() -> bool:
+def _gpus() -> int:
     try:
         import torch  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
-        return False
-    return bool(torch.cuda.is_available() and torch.cuda.device_count() >= 2)
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _two_gpus() -> bool:
+    return _gpus() >= 2
 
 
 TORCH_READER = """
@@ -213,7 +218,7 @@ t = r.tensors(torch)
 ok = all(v.device.index == int(k.split(".")[1]) and bool((v == g + int(k.split(".")[2])).all()) for k, v in t.items())
 target = {k: torch.zeros_like(v) for k, v in t.items()}
 r.load_into(target)
-torch.cuda.synchronize(0); torch.cuda.synchronize(1)
+for d in range(torch.cuda.device_count()): torch.cuda.synchronize(d)
 ok = ok and all(bool((target[k] == v).all()) and target[k].device == v.device for k, v in t.items())
 print("READ", r.parts, g, list(t) == sys.argv[2].split(","), ok, flush=True)
 """
@@ -235,6 +240,32 @@ def test_a_torch_state_dict_on_two_gpus_is_read_in_another_process_each_tensor_o
         assert pub.update(weights(2)) == 2
         staged = pub.stage(torch)
         assert all(v.device.index == int(k.split(".")[1]) for k, v in staged.items())
+        for k, v in weights(3).items():
+            staged[k].copy_(v)
+        assert pub.commit() == 3
+        child = subprocess.run([sys.executable, "-c", TORCH_READER, sock, ",".join(weights(3))],
+                               capture_output=True, text=True, timeout=120)
+        assert child.returncode == 0, child.stderr
+        assert expect_line(child.stdout, "READ") == ["2", "3", "True", "True"]
+
+
+@pytest.mark.skipif(_gpus() < 1, reason="needs a GPU and torch")
+@pytest.mark.parametrize("backend", ["legacy", "vmm"])
+def test_a_torch_state_dict_split_in_two_parts_on_one_gpu_is_read_whole_in_another_process(
+    sock: str, backend: str
+) -> None:
+    # What a machine of one GPU can run of the parts: both parts on cuda:0 (``_parts``, tests only), the same
+    # protocol (two pools behind one socket, part 0 published last, one generation on every part).
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    def weights(g: int) -> dict[str, Any]:
+        return {f"t.0.{i}": torch.full((1000 + i,), float(g + i), device="cuda:0") for i in range(12)}
+
+    split = {f"t.0.{i}": i % 2 for i in range(12)}
+    with gpu_ipc.weights.publish(weights(1), "model", socket=sock, backend=backend, _parts=split) as pub:
+        assert pub.parts == 2
+        assert pub.update(weights(2)) == 2
+        staged = pub.stage(torch)
         for k, v in weights(3).items():
             staged[k].copy_(v)
         assert pub.commit() == 3

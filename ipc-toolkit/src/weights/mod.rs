@@ -11,6 +11,8 @@
 //!   shared memory), [`refresh`](WeightsReader::refresh), [`wait_for`](WeightsReader::wait_for) (on the CPU),
 //!   [`wait_on`](WeightsReader::wait_on) (a CUDA stream waits for a generation, released by the owner's end too)
 //!   and [`watch`](WeightsReader::watch) (the same status word, for kernels to read).
+//! - [`WeightsPartsOwner`] / [`WeightsPartsReader`]: a set on several devices, one part each behind one socket;
+//!   [`OpenedSet::open`] opens a set of either kind by name, attaching once.
 //! - [`find_runs`]: a generation's tensors as [`Run`]s, tensors alike a constant step apart, which one strided view
 //!   cuts (the owner lays tensors alike out together, so an ordinary state_dict is a few dozen runs).
 //! - [`TensorCopier`]: on a GPU, a whole state_dict copied into a staged arena
@@ -30,6 +32,7 @@ mod error;
 mod gate;
 mod io;
 pub mod manifest;
+mod open;
 mod owner;
 mod parts;
 mod parts_reader;
@@ -43,6 +46,7 @@ pub use gate::{GONE_BIT, MAX_GENERATION, StatusWord};
 pub use io::ArenaBytes;
 pub use ipc_core::wire::{DType, TensorDesc};
 pub use manifest::{Manifest, ManifestError, SetParts, TensorEntry};
+pub use open::OpenedSet;
 pub use owner::{ReaderHold, StagedGeneration, WeightsOptions, WeightsOwner};
 pub use parts::WeightsPartsOwner;
 pub use parts_reader::{HeldParts, WeightsPartsReader};

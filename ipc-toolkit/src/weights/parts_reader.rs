@@ -3,17 +3,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{SetParts, TensorEntry};
-use super::reader::{HeldGeneration, load_exact, no_such_set, wait_until};
+use super::reader::{HeldGeneration, Loaded, load, load_exact, no_such_set, wait_first, wait_until};
 use crate::pool::{AttachOptions, PoolError, PoolImporter};
 use gpu_ipc_driver::DeviceUuid;
 
-/// How often [`WeightsPartsReader::wait_for`] looks at the published word.
-const POLL: Duration = Duration::from_micros(500);
 /// Times a reader tries to load one generation on every part while the owner keeps publishing past it.
 const LOAD_TRIES: u32 = 64;
 
@@ -138,39 +136,43 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
         timeout: Duration,
     ) -> Result<Self, WeightsError> {
         let path = socket.as_ref().to_path_buf();
-        let options = |part: usize| AttachOptions { name: format!("weights reader of {set} part {part}"), timeout };
-        let attach0 = PoolImporter::<B>::attach_part_on(&path, &options(0), 0, &mut context_for);
+        // Part 0's connection is named as a one-device reader's (`OpenedSet::open` names it before it knows the kind).
+        let options = AttachOptions { name: format!("weights reader of {set}"), timeout };
+        let attach0 = PoolImporter::<B>::attach_part_on(&path, &options, 0, &mut context_for);
         let first = attach0.map_err(|e| WeightsError::from_pool(set, e))?;
-        let started = Instant::now();
-        while first.note() == 0 {
-            if first.owner_gone() {
-                return Err(WeightsError::OwnerGone { set: set.to_owned(), path, how: "hung up" });
-            }
-            if started.elapsed() >= timeout {
-                let waited = started.elapsed();
-                return Err(WeightsError::Timeout { set: set.to_owned(), wanted: 1, latest: 0, waited });
-            }
-            std::thread::sleep(POLL);
-        }
+        let generation = wait_first(&first, set, &path, timeout)?;
+        let part0 = load(&first, set, &path, generation, None)?;
+        Self::open_from(first, part0, path, set, context_for, timeout)
+    }
+
+    /// The rest of [`open`](Self::open), once part 0 is attached (`first`) and a generation of it loaded (`part0`,
+    /// whose manifest names the other parts' devices).
+    pub(super) fn open_from(
+        first: PoolImporter<B>,
+        part0: Loaded<B>,
+        path: PathBuf,
+        set: &str,
+        mut context_for: impl FnMut(DeviceUuid) -> Result<B::Context, PoolError>,
+        timeout: Duration,
+    ) -> Result<Self, WeightsError> {
+        let options = |part: usize| AttachOptions { name: format!("weights reader of {set} part {part}"), timeout };
         let mut reader = Self {
             set: set.to_owned(),
             path,
             links: vec![PartLink { importer: first, encoded: Vec::new() }],
             held: Arc::new(HeldParts { parts: Vec::new(), order: Vec::new() }),
         };
-        let generation = reader.links[0].importer.note();
-        let (parts, encoded) = reader.load(generation, false)?;
-        let Some(set_parts) = parts.first().and_then(|p| p.manifest().parts.clone()) else {
+        let Some(set_parts) = part0.0.manifest().parts.clone() else {
             return Err(reader.disagree("the set lies on one device: open it with WeightsReader".into()));
         };
-        // Attach to every other part on its device, then load the set again: all parts at one generation.
+        drop(part0);
+        // Attach to every other part on its device, then load the set: all parts at one generation.
         for (part, device) in set_parts.devices.iter().enumerate().skip(1) {
             let ctx = context_for(*device).map_err(|e| WeightsError::from_pool(set, e))?;
             let importer = PoolImporter::<B>::attach_part(&ctx, &reader.path, &options(part), part as u32)
                 .map_err(|e| WeightsError::from_pool(set, e))?;
             reader.links.push(PartLink { importer, encoded: Vec::new() });
         }
-        drop((parts, encoded));
         let generation = reader.links[0].importer.note();
         let (parts, encoded) = reader.load(generation, false)?;
         reader.take(parts, encoded)?;

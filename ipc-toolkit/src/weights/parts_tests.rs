@@ -136,7 +136,9 @@ fn sets_of_two_and_three_parts_are_read_whole_each_tensor_on_its_part_in_the_pub
         for (k, part) in holds.iter().enumerate() {
             assert_eq!(part.len(), 1, "part {k}: {part:?}");
             assert_eq!(part[0].generations, [1, 2], "part {k}");
-            assert_eq!(part[0].name, format!("weights reader of model part {k}"));
+            let name =
+                if k == 0 { "weights reader of model".to_owned() } else { format!("weights reader of model part {k}") };
+            assert_eq!(part[0].name, name);
         }
     }
 }
@@ -341,4 +343,44 @@ fn a_parts_manifest_round_trips_and_every_broken_parts_section_is_refused() {
     assert!(broken(&|p, _| p.positions = vec![5, 0]).contains("beyond the set's 5 tensors"));
     assert!(broken(&|p, _| p.set_tensors = 1).contains("this part alone has 2"));
     assert!(broken(&|_, m| m.device_uuid = device(0)).contains("not the header's device UUID"));
+}
+
+#[test]
+fn a_set_opened_without_saying_its_kind_is_attached_once_whole_or_in_parts() {
+    // A set of parts: part 0 attached once (a reader that tried it as one device first would show twice).
+    let tensors = spread(9, 3);
+    let mut owner = make("opened-parts", tensors.clone(), 3, 2);
+    publish(&mut owner, &tensors);
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    let lookup = move |uuid| {
+        seen.lock().unwrap().push(uuid);
+        Ok(HostContext)
+    };
+    let OpenedSet::Parts(reader) = OpenedSet::<Host>::open(owner.path(), "model", lookup, T).unwrap() else {
+        panic!("a set of 3 parts opened as one device");
+    };
+    check_whole(&reader.held(), &tensors);
+    // Asked once for each part: part 0's device as its offer names it (the host pool's), then parts 1 and 2 as the
+    // manifest names them.
+    assert_eq!(*asked.lock().unwrap(), [DeviceUuid::default(), device(1), device(2)]);
+    until(|| owner.readers().iter().all(|part| part.len() == 1));
+    std::thread::sleep(Duration::from_millis(20)); // a second attach, if any, would show by now
+    assert!(owner.readers().iter().all(|part| part.len() == 1), "{:?}", owner.readers());
+    drop(reader);
+
+    // A set on one device: a one-device reader, on the one attachment.
+    let path = super::tests::sock("opened-whole");
+    let mut whole =
+        WeightsOwner::<Host>::create(&HostContext, &path, "model", super::tests::tensors(), WeightsOptions::default())
+            .unwrap();
+    super::tests::publish(&mut whole);
+    let OpenedSet::Whole(reader) = OpenedSet::<Host>::open(&path, "model", |_| Ok(HostContext), T).unwrap() else {
+        panic!("a set on one device opened as parts");
+    };
+    assert_eq!(reader.generation(), 1);
+    until(|| whole.readers().len() == 1);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(whole.readers().len(), 1);
+    assert_eq!(whole.readers()[0].name, "weights reader of model");
 }

@@ -218,30 +218,23 @@ impl<B: ArenaBytes> WeightsReader<B> {
         let path = socket.as_ref().to_path_buf();
         let options = AttachOptions { name: format!("weights reader of {set}"), timeout };
         let importer = PoolImporter::<B>::attach(ctx, &path, &options).map_err(|e| WeightsError::from_pool(set, e))?;
-        let started = Instant::now();
-        let generation = loop {
-            let published = importer.note();
-            if published > 0 {
-                break published;
-            }
-            if importer.owner_gone() {
-                return Err(WeightsError::OwnerGone { set: set.to_owned(), path, how: "hung up" });
-            }
-            if started.elapsed() >= timeout {
-                return Err(WeightsError::Timeout {
-                    set: set.to_owned(),
-                    wanted: 1,
-                    latest: 0,
-                    waited: started.elapsed(),
-                });
-            }
-            std::thread::sleep(POLL);
-        };
+        let generation = wait_first(&importer, set, &path, timeout)?;
         let (held, encoded) = load(&importer, set, &path, generation, None)?;
+        Self::opened(B::cuda_context(ctx).cloned(), importer, path, set, (held, encoded))
+    }
+
+    /// The reader of a set whose first generation `importer` (attached to part 0) has loaded: refuses a part of a
+    /// set on several devices.
+    pub(super) fn opened(
+        cuda: Option<Context>,
+        importer: PoolImporter<B>,
+        path: PathBuf,
+        set: &str,
+        (held, encoded): Loaded<B>,
+    ) -> Result<Self, WeightsError> {
         refuse_parts(&held, &path)?;
         let held = Arc::new(held);
         tracing::info!(set, generation = held.generation(), path = %path.display(), "weight set opened");
-        let cuda = B::cuda_context(ctx).cloned();
         Ok(Self { gate: GateSlot::default(), cuda, set: set.to_owned(), path, held, encoded, importer })
     }
 
@@ -355,11 +348,36 @@ pub(super) fn wait_until(
     }
 }
 
+/// Waits until the owner behind `importer` has published a first generation (at most `timeout`) and returns the
+/// newest: what a reader of either kind does right after attaching.
+pub(super) fn wait_first<B: ArenaBytes>(
+    importer: &PoolImporter<B>,
+    set: &str,
+    path: &Path,
+    timeout: Duration,
+) -> Result<u64, WeightsError> {
+    let started = Instant::now();
+    loop {
+        let published = importer.note();
+        if published > 0 {
+            return Ok(published);
+        }
+        if importer.owner_gone() {
+            return Err(WeightsError::OwnerGone { set: set.to_owned(), path: path.to_path_buf(), how: "hung up" });
+        }
+        let waited = started.elapsed();
+        if waited >= timeout {
+            return Err(WeightsError::Timeout { set: set.to_owned(), wanted: 1, latest: 0, waited });
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
 /// Finds the arena of `generation` (or a newer one, if the owner retired it meanwhile), copies its manifest out
 /// and checks it against the mapped extent; returns it with the manifest's bytes. `known`: a generation held
 /// before and its bytes: a manifest equal to them but for the generation takes their checked entries and index
 /// (the bytes are compared, so nothing unchecked is taken).
-fn load<B: ArenaBytes>(
+pub(super) fn load<B: ArenaBytes>(
     importer: &PoolImporter<B>,
     set: &str,
     path: &Path,

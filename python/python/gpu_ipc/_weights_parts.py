@@ -5,8 +5,8 @@ each an ordinary one-device set (its arenas on its device), all served through o
 ``PartsReader`` when the set it opens has parts. Both are a ``Publisher`` / ``Reader``: each part is handled by
 the one-device code (a ``Publisher`` / ``Reader`` per part, on that part's native handle), and what is the set's
 (publishing, the generation, ``refresh``, the owner's end) goes through part 0's handle, whose native set is the
-whole one. Tests split a host set into parts with ``publish(..., _parts={name: part})``: the host backend has no
-devices, so its parts' manifests name made-up device UUIDs.
+whole one. Tests split a set into parts with ``publish(..., _parts={name: part})``: on the host backend, which has
+no devices, its parts' manifests name made-up device UUIDs; on a GPU, every part lies on the tensors' one device.
 """
 
 from __future__ import annotations
@@ -36,11 +36,18 @@ def serve_parts(layout: Layout, part_of: Mapping[str, int], devices: list[int], 
 def part_of_each(layout: Layout, where: Mapping[str, int], backend: str,
                  parts: Mapping[str, int] | None) -> tuple[Mapping[str, int], list[int]]:
     """Each tensor's part and each part's CUDA device: one part per device of ``where`` (each tensor's device), in
-    ordinal order; or, for tests, ``parts`` as given, splitting a host set."""
+    ordinal order; or, for tests, ``parts`` as given: a host set split in parts, or a set on one GPU split in parts
+    that all lie on that GPU (what a machine of one GPU can run of the parts' protocol)."""
     if parts is not None:
-        if backend != "host" or set(parts) != {k for k, _d, _s in layout}:
-            raise ArgumentError("_parts (tests only) splits a host set: a part for every tensor, backend 'host'")
-        return parts, list(range(max(parts.values()) + 1))
+        if set(parts) != {k for k, _d, _s in layout}:
+            raise ArgumentError("_parts (tests only) splits a set: give a part for every tensor")
+        count = max(parts.values()) + 1
+        if backend == "host":
+            return parts, list(range(count))
+        ordinals = sorted(set(where.values()))
+        if len(ordinals) != 1 or len(where) != len(layout):
+            raise ArgumentError("_parts (tests only) splits a set on one GPU: every tensor on the same device")
+        return parts, ordinals * count
     ordinals = sorted(set(where.values()))
     nowhere = [k for k, _d, _s in layout if k not in where]
     if nowhere:

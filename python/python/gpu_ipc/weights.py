@@ -348,8 +348,9 @@ def publish(
 
     A state_dict whose tensors lie on several GPUs (a model loaded with a device map) is published as a set of
     parts, one per device (in ordinal order), each tensor staying on its device; readers get every tensor on its
-    device, never a mix of generations (``device`` must be left ``None``). ``_parts``, for tests only: splits a host
-    set into parts (``name -> part``), since the host backend has no devices.
+    device, never a mix of generations (``device`` must be left ``None``). ``_parts``, for tests only: splits a set
+    into parts (``name -> part``): a host set (the host backend has no devices), or a set on one GPU, every part on
+    that GPU.
     """
     sd = _state_dict(state_dict)
     if not sd:

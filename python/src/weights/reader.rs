@@ -14,10 +14,7 @@ use gpu_ipc::legacy::Legacy;
 use gpu_ipc::pool::PoolError;
 use gpu_ipc::toolkit::door::{self, DoorError};
 use gpu_ipc::vmm::Vmm;
-use gpu_ipc::weights::{
-    ArenaBytes, BoundCopies, CopyDirection, HeldGeneration, TensorCopier, WeightsError,
-    WeightsPartsReader as CoreReaderParts, WeightsReader as CoreReader,
-};
+use gpu_ipc::weights::{ArenaBytes, BoundCopies, CopyDirection, HeldGeneration, OpenedSet, TensorCopier, WeightsError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 
@@ -112,32 +109,8 @@ impl WeightsReader {
             })?,
         };
         let gpu = Gpu::for_backend(py, backend, device)?;
-        let whole = py.detach(|| -> Result<Reader, WeightsError> {
-            Ok(match (backend, &gpu) {
-                (BackendKind::Host, _) => {
-                    PerBackend::Host(ReadSet::Whole(CoreReader::open(&HostContext, &socket, name, timeout)?))
-                }
-                (BackendKind::Legacy, Some(g)) => {
-                    PerBackend::Legacy(ReadSet::Whole(CoreReader::open(&g.ctx, &socket, name, timeout)?))
-                }
-                (_, Some(g)) => PerBackend::Vmm(ReadSet::Whole(CoreReader::open(&g.ctx, &socket, name, timeout)?)),
-                (other, None) => {
-                    return Err(WeightsError::Pool(PoolError::Unsupported(format!("backend {other} needs a GPU"))));
-                }
-            })
-        });
-        let (reader, ordinals) = match whole {
-            Ok(reader) => (reader, vec![gpu.as_ref().map(|g| g.ordinal)]),
-            // A set on several devices (its part 0 may lie on another device than `device`): read whole.
-            Err(e @ (WeightsError::Parts { .. } | WeightsError::Pool(PoolError::WrongDevice { .. }))) => {
-                match py.detach(|| open_parts(backend, &socket, name, timeout)) {
-                    Ok(opened) => opened,
-                    Err(WeightsError::Parts { .. }) => return Err(weights_to_py(e)), // one device after all
-                    Err(other) => return Err(weights_to_py(other)),
-                }
-            }
-            Err(e) => return Err(weights_to_py(e)),
-        };
+        let (reader, ordinals) =
+            py.detach(|| open_set(backend, gpu.as_ref(), &socket, name, timeout)).map_err(weights_to_py)?;
         let gpu = match ordinals.first().copied().flatten() {
             Some(ordinal) if gpu.as_ref().is_none_or(|g| g.ordinal != ordinal) => {
                 Gpu::for_backend(py, backend, ordinal)?
@@ -471,16 +444,34 @@ impl Drop for WeightsReader {
     }
 }
 
-/// Opens a set on several devices: each part on the device whose UUID its manifest names (on the host backend, the
-/// host). Returns the reader and every part's device ordinal (`None` on the host backend).
-fn open_parts(
+/// Opens a set of either kind, attaching once: a set on one device on `gpu` (another device is refused, as
+/// `WeightsReader::open` refuses it), a set of parts each part on the device whose UUID its manifest names (on the
+/// host backend, the host). Returns the reader and every part's device ordinal (`None` on the host backend).
+fn open_set(
     backend: BackendKind,
+    gpu: Option<&Gpu>,
     socket: &std::path::Path,
     name: &str,
     timeout: std::time::Duration,
 ) -> Result<(Reader, Vec<Option<i32>>), WeightsError> {
-    let mut devices: Vec<(DeviceUuid, i32)> = Vec::new();
+    let Some(gpu) = gpu else {
+        if backend.is_gpu() {
+            return Err(WeightsError::Pool(PoolError::Unsupported(format!("backend {backend} needs a GPU"))));
+        }
+        return Ok(match OpenedSet::<Host>::open(socket, name, |_| Ok(HostContext), timeout)? {
+            OpenedSet::Whole(r) => (PerBackend::Host(ReadSet::Whole(r)), vec![None]),
+            OpenedSet::Parts(p) => {
+                let parts = p.part_count();
+                (PerBackend::Host(ReadSet::Parts(p)), vec![None; parts])
+            }
+        });
+    };
+    let here = gpu.ctx.device().uuid().map_err(|e| WeightsError::Pool(PoolError::Backend(e.into())))?;
+    let mut devices: Vec<(DeviceUuid, i32)> = vec![(here, gpu.ordinal)];
     let mut on_device = |uuid: DeviceUuid| -> Result<Context, PoolError> {
+        if uuid == here {
+            return Ok(gpu.ctx.clone());
+        }
         let device = Device::with_uuid(uuid).map_err(|e| PoolError::Backend(e.into()))?.ok_or_else(|| {
             PoolError::Unsupported(format!(
                 "a part of weight set `{name}` lies on device {uuid}, which this process does not see: make it \
@@ -492,20 +483,26 @@ fn open_parts(
         Ok(ctx)
     };
     let reader = match backend {
-        BackendKind::Host => {
-            let reader = CoreReaderParts::<Host>::open(socket, name, |_| Ok(HostContext), timeout)?;
-            let parts = reader.part_count();
-            return Ok((PerBackend::Host(ReadSet::Parts(reader)), vec![None; parts]));
-        }
-        BackendKind::Legacy => {
-            PerBackend::Legacy(ReadSet::Parts(CoreReaderParts::open(socket, name, &mut on_device, timeout)?))
-        }
-        _ => PerBackend::Vmm(ReadSet::Parts(CoreReaderParts::open(socket, name, &mut on_device, timeout)?)),
+        BackendKind::Legacy => match OpenedSet::<Legacy>::open(socket, name, &mut on_device, timeout)? {
+            OpenedSet::Whole(r) => PerBackend::Legacy(ReadSet::Whole(r)),
+            OpenedSet::Parts(p) => PerBackend::Legacy(ReadSet::Parts(p)),
+        },
+        _ => match OpenedSet::<Vmm>::open(socket, name, &mut on_device, timeout)? {
+            OpenedSet::Whole(r) => PerBackend::Vmm(ReadSet::Whole(r)),
+            OpenedSet::Parts(p) => PerBackend::Vmm(ReadSet::Parts(p)),
+        },
     };
     let uuids = each_backend!(&reader, r => match r {
         ReadSet::Parts(p) => p.held().parts().iter().map(|h| h.manifest().device_uuid).collect::<Vec<_>>(),
         ReadSet::Whole(_) => Vec::new(),
     });
+    if uuids.is_empty() {
+        // A set on one device: refused on another device than the one asked for (part 0 was attached there).
+        if let Some(&(offered, _)) = devices.get(1) {
+            return Err(WeightsError::Pool(PoolError::WrongDevice { path: socket.to_path_buf(), offered, here }));
+        }
+        return Ok((reader, vec![Some(gpu.ordinal)]));
+    }
     let ordinals =
         uuids.iter().map(|uuid| devices.iter().find(|(u, _)| u == uuid).map(|&(_, ordinal)| ordinal)).collect();
     Ok((reader, ordinals))
