@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::WeightsError;
+use super::gate::{GateSlot, GateSlots};
 use super::io::ArenaBytes;
 use super::manifest::{SetParts, TensorEntry};
 use super::reader::{HeldGeneration, load_exact, no_such_set, wait_until};
 use crate::pool::{AttachOptions, PoolError, PoolImporter};
-use gpu_ipc_driver::DeviceUuid;
+use gpu_ipc_driver::{Context, DeviceUuid};
 
 /// How often [`WeightsPartsReader::wait_for`] looks at the published word.
 const POLL: Duration = Duration::from_micros(500);
@@ -90,10 +91,12 @@ impl<B: ArenaBytes> HeldParts<B> {
 /// Every part of one generation loaded, with their manifests' bytes, in part order.
 pub(super) type LoadedParts<B> = (Vec<HeldGeneration<B>>, Vec<Vec<u8>>);
 
-/// A part being read: its connection, and the manifest bytes of the generation held (a later generation's
-/// manifest equal to them but for the generation is not decoded again).
+/// A part being read: its connection, the CUDA context it is attached on (`None` on the host backend), and the
+/// manifest bytes of the generation held (a later generation's manifest equal to them but for the generation is not
+/// decoded again).
 struct PartLink<B: ArenaBytes> {
     importer: PoolImporter<B>,
+    cuda: Option<Context>,
     encoded: Vec<u8>,
 }
 
@@ -101,8 +104,12 @@ struct PartLink<B: ArenaBytes> {
 /// every part through the one socket, each on a context of that part's device, it holds one generation of every
 /// part at once and moves when it chooses. The set's published generation is part 0's note word; a reader loads
 /// exactly that generation on every part (if a part has retired it meanwhile, the newer one), so what it holds is
-/// never a mix of two generations. The owner's end is seen on any part's connection.
+/// never a mix of two generations. The owner's end is seen on any part's connection. A CUDA stream on a part's
+/// device can wait for a generation of the set ([`wait_on`](Self::wait_on), [`watch`](Self::watch)).
 pub struct WeightsPartsReader<B: ArenaBytes> {
+    /// The stream gates, one a part, each made at the first wait on that part; closed first (every gate marked gone,
+    /// then each settled).
+    gates: GateSlots,
     set: String,
     path: PathBuf,
     links: Vec<PartLink<B>>,
@@ -139,7 +146,12 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
     ) -> Result<Self, WeightsError> {
         let path = socket.as_ref().to_path_buf();
         let options = |part: usize| AttachOptions { name: format!("weights reader of {set} part {part}"), timeout };
-        let attach0 = PoolImporter::<B>::attach_part_on(&path, &options(0), 0, &mut context_for);
+        let mut cuda0 = None;
+        let attach0 = PoolImporter::<B>::attach_part_on(&path, &options(0), 0, |uuid| {
+            let ctx = context_for(uuid)?;
+            cuda0 = B::cuda_context(&ctx).cloned();
+            Ok(ctx)
+        });
         let first = attach0.map_err(|e| WeightsError::from_pool(set, e))?;
         let started = Instant::now();
         while first.note() == 0 {
@@ -153,9 +165,10 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
             std::thread::sleep(POLL);
         }
         let mut reader = Self {
+            gates: GateSlots::new(0),
             set: set.to_owned(),
             path,
-            links: vec![PartLink { importer: first, encoded: Vec::new() }],
+            links: vec![PartLink { importer: first, cuda: cuda0, encoded: Vec::new() }],
             held: Arc::new(HeldParts { parts: Vec::new(), order: Vec::new() }),
         };
         let generation = reader.links[0].importer.note();
@@ -168,8 +181,9 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
             let ctx = context_for(*device).map_err(|e| WeightsError::from_pool(set, e))?;
             let importer = PoolImporter::<B>::attach_part(&ctx, &reader.path, &options(part), part as u32)
                 .map_err(|e| WeightsError::from_pool(set, e))?;
-            reader.links.push(PartLink { importer, encoded: Vec::new() });
+            reader.links.push(PartLink { importer, cuda: B::cuda_context(&ctx).cloned(), encoded: Vec::new() });
         }
+        reader.gates = GateSlots::new(reader.links.len());
         drop((parts, encoded));
         let generation = reader.links[0].importer.note();
         let (parts, encoded) = reader.load(generation, false)?;
@@ -235,6 +249,22 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
     /// Whether the owner has closed the set or gone away (seen on any part).
     pub fn owner_gone(&self) -> bool {
         self.links.iter().any(|l| l.importer.owner_gone())
+    }
+
+    /// Part `part`'s stream-gate slot and the CUDA context its word is registered for (`None` on the host
+    /// backend), or `None` for a part the set does not have.
+    pub(super) fn part_gate(&self, part: usize) -> Option<(&GateSlot, Option<&Context>)> {
+        Some((self.gates.get(part)?, self.links.get(part)?.cuda.as_ref()))
+    }
+
+    /// Every part's CUDA context, in part order (`None` on the host backend).
+    pub(super) fn part_contexts(&self) -> impl Iterator<Item = Option<&Context>> + '_ {
+        self.links.iter().map(|l| l.cuda.as_ref())
+    }
+
+    /// A handle of its own on every part's connection, in part order: what the stream gates follow.
+    pub(super) fn share_importers(&self) -> Vec<PoolImporter<B>> {
+        self.links.iter().map(|l| l.importer.share()).collect()
     }
 
     /// Loads `generation` on every part attached, or, when a part no longer has it (the owner retired it), the
