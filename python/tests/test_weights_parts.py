@@ -19,6 +19,7 @@ import pytest
 
 import gpu_ipc
 import gpu_ipc.weights
+from gpu_ipc._weights_parts import PartsReader
 
 # The publisher's order interleaves the parts: a reader must give it back, not part 0's tensors then part 1's.
 PARTS = {"embed.weight": 0, "layers.0.norm": 1, "layers.0.proj.weight": 0, "layers.1.proj.weight": 1, "step": 1}
@@ -67,9 +68,57 @@ def test_a_set_of_two_parts_is_opened_by_name_and_read_whole_in_the_publishers_o
             target = {k: np.zeros_like(v) for k, v in state_dict(1).items()}
             assert r.load_into(target) == 5
             assert all(np.array_equal(target[k], v) for k, v in state_dict(1).items())
-            with pytest.raises(gpu_ipc.ArgumentError, match="not for sets of parts yet"):
-                r.watch(2)
             assert r.owner_gone is False
+
+
+def released(r: gpu_ipc.weights.Reader, wait: gpu_ipc.weights.GenerationWait) -> tuple[str, int]:
+    """``wait``'s status once it is no longer waiting (within a second)."""
+    deadline = time.monotonic() + 1.0
+    while r.wait_status(wait)[0] == "waiting":
+        assert time.monotonic() < deadline, f"the wait for {wait.generation} was not released within a second"
+        time.sleep(0.0005)
+    return r.wait_status(wait)
+
+
+def test_a_watch_follows_the_sets_generation_on_every_part_and_the_owners_end_releases_it(sock: str) -> None:
+    with publish(sock) as pub:
+        r = gpu_ipc.weights.open(sock, "model")
+        assert isinstance(r, PartsReader)
+        done = r.watch(1)
+        assert done.generation == 1 and r.wait_status(done) == ("published", 1)
+        word = np.from_dlpack(done)  # part 0's status word: host memory on the host backend, no copy
+        assert word.shape == () and word.dtype == np.int64 and word.ctypes.data == done.status_word
+        wait = r.watch(2)
+        assert wait.status_word == done.status_word  # one word per part
+        other = r._reader.part_of(1).watch(2)  # part 1's own word, which follows the set's generation too
+        assert other.status_word != wait.status_word
+        time.sleep(0.02)
+        assert r.wait_status(wait) == ("waiting", 0) and r.wait_status(other) == ("waiting", 0) and int(word) == 1
+        pub.update(state_dict(2))
+        assert released(r, wait) == ("published", 2) and released(r, other) == ("published", 2) and int(word) == 2
+        with pytest.raises(gpu_ipc.ArgumentError, match="device 0 holds no part"):
+            r.watch(3, device=0)
+        with pytest.raises(gpu_ipc.GpuIpcError, match="GPU backend"):
+            r.wait_on(3)  # a stream wait needs CUDA: on the host backend, watch
+        with pytest.raises(gpu_ipc.ArgumentError, match="generations run from 1"):
+            r.watch(0)
+        pending = [r.watch(3), r._reader.part_of(1).watch(3)]
+    for wait in pending:  # the owner closed: released as gone, the newest generation kept
+        assert released(r, wait) == ("gone", 2)
+    assert int(word) == gpu_ipc.weights.GenerationWait.GONE_BIT | 2
+    with pytest.raises(gpu_ipc.OwnerGone):
+        r.watch(4)
+    r.close()
+
+
+def test_closing_a_parts_reader_releases_its_pending_waits(sock: str) -> None:
+    with publish(sock):
+        r = gpu_ipc.weights.open(sock, "model")
+        pending = r.watch(5)
+        started = time.monotonic()
+        r.close()
+        assert time.monotonic() - started < 0.5
+        assert pending.status_of(int(np.from_dlpack(pending))) == "gone"  # the wait keeps the word
 
 
 def test_update_and_stage_commit_through_generations_while_a_reader_refreshes_never_mix(sock: str) -> None:

@@ -245,11 +245,46 @@ impl GateSlot {
     pub(super) fn lock(&self) -> MutexGuard<'_, Option<StreamGate>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The gate, taken out for teardown.
+    fn take(&mut self) -> Option<StreamGate> {
+        self.0.get_mut().unwrap_or_else(PoisonError::into_inner).take()
+    }
 }
 
 impl Drop for GateSlot {
     fn drop(&mut self) {
-        if let Some(gate) = self.0.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(gate) = self.take() {
+            gate.close();
+        }
+    }
+}
+
+/// A set of parts' stream-gate slots, one a part (each gate's word is registered for that part's device).
+pub(super) struct GateSlots(Vec<GateSlot>);
+
+impl GateSlots {
+    /// `parts` empty slots: each gate is made at the first wait on its part.
+    pub(super) fn new(parts: usize) -> Self {
+        Self((0..parts).map(|_| GateSlot::default()).collect())
+    }
+
+    /// Part `part`'s slot.
+    pub(super) fn get(&self, part: usize) -> Option<&GateSlot> {
+        self.0.get(part)
+    }
+}
+
+impl Drop for GateSlots {
+    /// Every gate is marked gone before any is settled: a stream on one part's device may wait behind a stream
+    /// waiting on another part's word, and settling one gate while another still holds its waits would wait out
+    /// [`SETTLE`] and leak the word for nothing.
+    fn drop(&mut self) {
+        let mut gates: Vec<StreamGate> = self.0.iter_mut().filter_map(GateSlot::take).collect();
+        for gate in &mut gates {
+            gate.gate.close();
+        }
+        for gate in gates {
             gate.close();
         }
     }

@@ -11,8 +11,10 @@
 //!   shared memory), [`refresh`](WeightsReader::refresh), [`wait_for`](WeightsReader::wait_for) (on the CPU),
 //!   [`wait_on`](WeightsReader::wait_on) (a CUDA stream waits for a generation, released by the owner's end too)
 //!   and [`watch`](WeightsReader::watch) (the same status word, for kernels to read).
-//! - [`WeightsPartsOwner`] / [`WeightsPartsReader`]: a set on several devices, one part each behind one socket;
-//!   [`OpenedSet::open`] opens a set of either kind by name, attaching once.
+//! - [`WeightsPartsOwner`], [`WeightsPartsReader`]: a set on several devices, one part (an ordinary one-device set)
+//!   per device, read whole at one generation; the parts reader's [`wait_on`](WeightsPartsReader::wait_on) and
+//!   [`watch`](WeightsPartsReader::watch) wait for the set's generation on a part's device. [`OpenedSet::open`]
+//!   opens a set of either kind by name, attaching once.
 //! - [`find_runs`]: a generation's tensors as [`Run`]s, tensors alike a constant step apart, which one strided view
 //!   cuts (the owner lays tensors alike out together, so an ordinary state_dict is a few dozen runs).
 //! - [`TensorCopier`]: on a GPU, a whole state_dict copied into a staged arena
@@ -36,6 +38,7 @@ mod open;
 mod owner;
 mod parts;
 mod parts_reader;
+mod parts_wait;
 mod reader;
 mod runs;
 mod stream_wait;
@@ -67,6 +70,9 @@ fn generation_of(set: &str, buffer: &str) -> Option<u64> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod parts_tests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod parts_wait_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod stream_wait_tests;

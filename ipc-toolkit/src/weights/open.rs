@@ -45,10 +45,10 @@ impl<B: ArenaBytes> OpenedSet<B> {
         .map_err(|e| WeightsError::from_pool(set, e))?;
         let generation = wait_first(&first, set, &path, timeout)?;
         let loaded = load(&first, set, &path, generation, None)?;
+        let cuda = part0_context.as_ref().and_then(B::cuda_context).cloned();
         if loaded.0.manifest().parts.is_none() {
-            let cuda = part0_context.as_ref().and_then(B::cuda_context).cloned();
             return WeightsReader::opened(cuda, first, path, set, loaded).map(Self::Whole);
         }
-        WeightsPartsReader::open_from(first, loaded, path, set, context_for, timeout).map(Self::Parts)
+        WeightsPartsReader::open_from((first, cuda), loaded, path, set, context_for, timeout).map(Self::Parts)
     }
 }

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::WeightsError;
+use super::gate::{GateSlot, GateSlots};
 use super::io::ArenaBytes;
 use super::manifest::{SetParts, TensorEntry};
 use super::reader::{HeldGeneration, Loaded, load, load_exact, no_such_set, wait_first, wait_until};
 use crate::pool::{AttachOptions, PoolError, PoolImporter};
-use gpu_ipc_driver::DeviceUuid;
+use gpu_ipc_driver::{Context, DeviceUuid};
 
 /// Times a reader tries to load one generation on every part while the owner keeps publishing past it.
 const LOAD_TRIES: u32 = 64;
@@ -88,10 +89,12 @@ impl<B: ArenaBytes> HeldParts<B> {
 /// Every part of one generation loaded, with their manifests' bytes, in part order.
 pub(super) type LoadedParts<B> = (Vec<HeldGeneration<B>>, Vec<Vec<u8>>);
 
-/// A part being read: its connection, and the manifest bytes of the generation held (a later generation's
-/// manifest equal to them but for the generation is not decoded again).
+/// A part being read: its connection, the CUDA context it is attached on (`None` on the host backend), and the
+/// manifest bytes of the generation held (a later generation's manifest equal to them but for the generation is not
+/// decoded again).
 struct PartLink<B: ArenaBytes> {
     importer: PoolImporter<B>,
+    cuda: Option<Context>,
     encoded: Vec<u8>,
 }
 
@@ -99,8 +102,12 @@ struct PartLink<B: ArenaBytes> {
 /// every part through the one socket, each on a context of that part's device, it holds one generation of every
 /// part at once and moves when it chooses. The set's published generation is part 0's note word; a reader loads
 /// exactly that generation on every part (if a part has retired it meanwhile, the newer one), so what it holds is
-/// never a mix of two generations. The owner's end is seen on any part's connection.
+/// never a mix of two generations. The owner's end is seen on any part's connection. A CUDA stream on a part's
+/// device can wait for a generation of the set ([`wait_on`](Self::wait_on), [`watch`](Self::watch)).
 pub struct WeightsPartsReader<B: ArenaBytes> {
+    /// The stream gates, one a part, each made at the first wait on that part; closed first (every gate marked gone,
+    /// then each settled).
+    gates: GateSlots,
     set: String,
     path: PathBuf,
     links: Vec<PartLink<B>>,
@@ -138,17 +145,22 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
         let path = socket.as_ref().to_path_buf();
         // Part 0's connection is named as a one-device reader's (`OpenedSet::open` names it before it knows the kind).
         let options = AttachOptions { name: format!("weights reader of {set}"), timeout };
-        let attach0 = PoolImporter::<B>::attach_part_on(&path, &options, 0, &mut context_for);
+        let mut cuda0 = None;
+        let attach0 = PoolImporter::<B>::attach_part_on(&path, &options, 0, |uuid| {
+            let ctx = context_for(uuid)?;
+            cuda0 = B::cuda_context(&ctx).cloned();
+            Ok(ctx)
+        });
         let first = attach0.map_err(|e| WeightsError::from_pool(set, e))?;
         let generation = wait_first(&first, set, &path, timeout)?;
         let part0 = load(&first, set, &path, generation, None)?;
-        Self::open_from(first, part0, path, set, context_for, timeout)
+        Self::open_from((first, cuda0), part0, path, set, context_for, timeout)
     }
 
-    /// The rest of [`open`](Self::open), once part 0 is attached (`first`) and a generation of it loaded (`part0`,
-    /// whose manifest names the other parts' devices).
+    /// The rest of [`open`](Self::open), once part 0 is attached (`first`, with its CUDA context: `None` on the host
+    /// backend) and a generation of it loaded (`part0`, whose manifest names the other parts' devices).
     pub(super) fn open_from(
-        first: PoolImporter<B>,
+        (first, cuda0): (PoolImporter<B>, Option<Context>),
         part0: Loaded<B>,
         path: PathBuf,
         set: &str,
@@ -157,9 +169,10 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
     ) -> Result<Self, WeightsError> {
         let options = |part: usize| AttachOptions { name: format!("weights reader of {set} part {part}"), timeout };
         let mut reader = Self {
+            gates: GateSlots::new(0),
             set: set.to_owned(),
             path,
-            links: vec![PartLink { importer: first, encoded: Vec::new() }],
+            links: vec![PartLink { importer: first, cuda: cuda0, encoded: Vec::new() }],
             held: Arc::new(HeldParts { parts: Vec::new(), order: Vec::new() }),
         };
         let Some(set_parts) = part0.0.manifest().parts.clone() else {
@@ -171,8 +184,9 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
             let ctx = context_for(*device).map_err(|e| WeightsError::from_pool(set, e))?;
             let importer = PoolImporter::<B>::attach_part(&ctx, &reader.path, &options(part), part as u32)
                 .map_err(|e| WeightsError::from_pool(set, e))?;
-            reader.links.push(PartLink { importer, encoded: Vec::new() });
+            reader.links.push(PartLink { importer, cuda: B::cuda_context(&ctx).cloned(), encoded: Vec::new() });
         }
+        reader.gates = GateSlots::new(reader.links.len());
         let generation = reader.links[0].importer.note();
         let (parts, encoded) = reader.load(generation, false)?;
         reader.take(parts, encoded)?;
@@ -237,6 +251,22 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
     /// Whether the owner has closed the set or gone away (seen on any part).
     pub fn owner_gone(&self) -> bool {
         self.links.iter().any(|l| l.importer.owner_gone())
+    }
+
+    /// Part `part`'s stream-gate slot and the CUDA context its word is registered for (`None` on the host
+    /// backend), or `None` for a part the set does not have.
+    pub(super) fn part_gate(&self, part: usize) -> Option<(&GateSlot, Option<&Context>)> {
+        Some((self.gates.get(part)?, self.links.get(part)?.cuda.as_ref()))
+    }
+
+    /// Every part's CUDA context, in part order (`None` on the host backend).
+    pub(super) fn part_contexts(&self) -> impl Iterator<Item = Option<&Context>> + '_ {
+        self.links.iter().map(|l| l.cuda.as_ref())
+    }
+
+    /// A handle of its own on every part's connection, in part order: what the stream gates follow.
+    pub(super) fn share_importers(&self) -> Vec<PoolImporter<B>> {
+        self.links.iter().map(|l| l.importer.share()).collect()
     }
 
     /// Loads `generation` on every part attached, or, when a part no longer has it (the owner retired it), the

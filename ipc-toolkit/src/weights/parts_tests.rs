@@ -22,7 +22,7 @@ fn device(part: usize) -> DeviceUuid {
 
 /// `n` tensors of assorted shapes, spread over `parts` parts unevenly (tensor i on part `i * 7 % parts`, and
 /// tensor k on part k for the first parts, so that none is empty).
-fn spread(n: usize, parts: usize) -> Vec<(String, TensorDesc, usize)> {
+pub(super) fn spread(n: usize, parts: usize) -> Vec<(String, TensorDesc, usize)> {
     (0..n)
         .map(|i| {
             let desc = match i % 3 {
@@ -36,7 +36,12 @@ fn spread(n: usize, parts: usize) -> Vec<(String, TensorDesc, usize)> {
         .collect()
 }
 
-fn make(name: &str, tensors: Vec<(String, TensorDesc, usize)>, parts: usize, keep: usize) -> WeightsPartsOwner<Host> {
+pub(super) fn make(
+    name: &str,
+    tensors: Vec<(String, TensorDesc, usize)>,
+    parts: usize,
+    keep: usize,
+) -> WeightsPartsOwner<Host> {
     let options = WeightsOptions { keep, max_arenas: keep as u32 + 4, ..WeightsOptions::default() };
     WeightsPartsOwner::<Host>::create_on(
         vec![HostContext; parts],
@@ -56,7 +61,7 @@ fn pattern(index: usize, generation: u64, len: u64) -> Vec<u8> {
     word.iter().copied().cycle().take(len as usize).collect()
 }
 
-fn publish(owner: &mut WeightsPartsOwner<Host>, tensors: &[(String, TensorDesc, usize)]) -> u64 {
+pub(super) fn publish(owner: &mut WeightsPartsOwner<Host>, tensors: &[(String, TensorDesc, usize)]) -> u64 {
     let next = owner.generation() + 1;
     let data: Vec<Vec<u8>> =
         tensors.iter().enumerate().map(|(i, (_, d, _))| pattern(i, next, d.span_bytes())).collect();
@@ -91,7 +96,7 @@ fn until(condition: impl Fn() -> bool) {
 }
 
 /// Opens the set, recording the device UUIDs the context lookup is asked for.
-fn open(owner: &WeightsPartsOwner<Host>) -> (WeightsPartsReader<Host>, Vec<DeviceUuid>) {
+pub(super) fn open(owner: &WeightsPartsOwner<Host>) -> (WeightsPartsReader<Host>, Vec<DeviceUuid>) {
     let asked = Arc::new(Mutex::new(Vec::new()));
     let seen = asked.clone();
     let reader = WeightsPartsReader::<Host>::open(

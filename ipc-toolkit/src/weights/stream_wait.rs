@@ -1,6 +1,8 @@
 //! The stream-ordered wait for a generation: [`WeightsReader::wait_on`] (a CUDA stream holds until a generation is
 //! published or the owner is gone), [`WeightsReader::watch`] (the same word, no stream wait: for kernels and CUDA
-//! graphs that read it), [`WeightsReader::wait_status`] and [`WeightsReader::copy_status_on`].
+//! graphs that read it), [`WeightsReader::wait_status`] and [`WeightsReader::copy_status_on`]; and the code they
+//! share with a set of parts' (`parts_wait.rs`): [`arm`], [`queue_wait`], and `wait_status` and `copy_status_on`
+//! themselves (one macro for both readers).
 //!
 //! Why a word of the reader's own, not the owner's note word: importers map the pool directory read-only (a reader
 //! must never write what other readers read), and a stream wait cannot time out, so something must release it when
@@ -13,10 +15,11 @@ use std::sync::Arc;
 use super::error::WeightsError;
 use super::gate::{GONE_BIT, Gate, GateSource, MAX_GENERATION, StatusWord, StreamGate, released};
 use super::io::ArenaBytes;
+use super::parts_reader::WeightsPartsReader;
 use super::reader::WeightsReader;
 use crate::pool::PoolImporter;
 use crate::stream_marks::StreamMarks;
-use gpu_ipc_driver::{DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, Stream, WaitCondition};
+use gpu_ipc_driver::{Context, DeviceFeature, DeviceMemory, DevicePtr, DeviceSpan, Stream, WaitCondition};
 use ipc_core::backend::Backend;
 
 /// A wait for a generation ([`WeightsReader::wait_on`] queued on a stream, or [`WeightsReader::watch`]): the
@@ -106,8 +109,7 @@ impl<B: ArenaBytes> WeightsReader<B> {
     /// A generation outside `1..=MAX_GENERATION`; [`WeightsError::OwnerGone`]; [`WeightsError::StreamGate`] (the
     /// word or its thread could not be made).
     pub fn watch(&self, generation: u64) -> Result<GenerationWait, WeightsError> {
-        let mut slot = self.gate_slot().lock();
-        self.arm(&mut slot, generation)
+        arm(self, &mut self.gate_slot().lock(), self.cuda(), generation)
     }
 
     /// Queues on `stream` a wait for generation `generation` (or a newer one) to be published: the stream's later
@@ -160,81 +162,124 @@ impl<B: ArenaBytes> WeightsReader<B> {
                 ctx.device().ordinal()
             )));
         }
-        let mut slot = self.gate_slot().lock();
-        let wait = self.arm(&mut slot, generation)?;
-        let Some(gate) = slot.as_mut() else { return Err(self.gate_error("it was not made".into())) };
-        let mem_ops = match gate.mem_ops {
-            Some(known) => known,
-            None => *gate
-                .mem_ops
-                .insert(ctx.device().supports(DeviceFeature::StreamMemOps64).map_err(WeightsError::driver)?),
-        };
-        if !mem_ops {
-            return Err(WeightsError::NoStreamMemOps { set: self.set_name().to_owned() });
-        }
-        if released(wait.word.load(), generation) {
-            // Published already (or the end came): the stream needs no wait; the word says which.
-            return Ok(wait);
-        }
-        let Some(registration) = wait.word.registration() else {
-            return Err(self.gate_error("no registration".into()));
-        };
-        registration.wait_value_u64(stream, 0, generation, WaitCondition::AtLeast).map_err(WeightsError::driver)?;
-        let marks = gate.marks.get_or_insert_with(|| StreamMarks::new(ctx));
-        // A mark that could not be made: the wait is queued all the same; teardown then keeps the word for good.
-        if let Err(e) = marks.record(stream, generation, "weights reader") {
-            tracing::warn!(error = %e, "weights reader: no mark after a stream wait: its word will not be unregistered");
-            std::mem::forget(Arc::clone(&wait.word));
-        }
-        Ok(wait)
+        queue_wait(self, &mut self.gate_slot().lock(), ctx, generation, stream)
     }
+}
 
-    /// How `wait` stands now: released by the generation, by the end, or still waiting (the word as the CPU reads it;
-    /// once the stream has passed the wait it says what released it).
-    pub fn wait_status(&self, wait: &GenerationWait) -> GenerationWaitStatus {
-        wait.status_of(wait.word.load())
-    }
-
-    /// Queues on `stream` a copy of `wait`'s status word into `dst` (8 bytes of device memory in the reader's
-    /// context): a snapshot taken once the stream's earlier work (the wait) is done, for kernels queued after it,
-    /// which then read ordinary device memory. Queue it right after [`wait_on`](Self::wait_on) on the same stream.
-    ///
-    /// # Errors
-    /// [`WeightsError::NoCudaContext`] (the host backend); `dst` not 8 bytes; the driver's error.
-    pub fn copy_status_on(
-        &self,
-        stream: &Stream,
-        wait: &GenerationWait,
-        dst: &DeviceSpan<'_>,
-    ) -> Result<(), WeightsError> {
-        let Some(registration) = wait.word.registration() else {
-            return Err(WeightsError::NoCudaContext { set: self.set_name().to_owned() });
-        };
-        let word = registration.span().slice(0, 8).map_err(WeightsError::driver)?;
-        dst.copy_from_async(&word, stream).map_err(WeightsError::driver)
-    }
-
-    /// Makes the gate if there is none yet and arms it for `generation`.
-    fn arm(&self, slot: &mut Option<StreamGate>, generation: u64) -> Result<GenerationWait, WeightsError> {
-        if generation == 0 || generation > MAX_GENERATION {
-            return Err(WeightsError::Invalid(format!(
-                "weight set `{}`: cannot wait for generation {generation}: generations run from 1 to {MAX_GENERATION}",
-                self.set_name()
-            )));
-        }
-        self.latest()?;
-        let gate = match slot {
-            Some(gate) => gate,
-            None => {
-                let gate = Gate::new(self.cuda(), self.importer().share()).map_err(|p| self.gate_error(p))?;
-                slot.insert(StreamGate::new(gate))
+/// A reader's `wait_status` and `copy_status_on`, written once for both readers: what they do depends on the wait
+/// alone (its word, registered for the context of the gate it was armed on).
+macro_rules! wait_status_methods {
+    ($reader:ident) => {
+        impl<B: ArenaBytes> $reader<B> {
+            /// How `wait` stands now: released by the generation, by the end, or still waiting (the word as the CPU
+            /// reads it; once the stream has passed the wait it says what released it).
+            pub fn wait_status(&self, wait: &GenerationWait) -> GenerationWaitStatus {
+                wait.status_of(wait.word.load())
             }
-        };
-        gate.gate.arm(generation, self.importer());
-        Ok(GenerationWait { generation, word: Arc::clone(gate.gate.word()) })
-    }
 
-    fn gate_error(&self, problem: String) -> WeightsError {
-        WeightsError::StreamGate { set: self.set_name().to_owned(), problem }
+            /// Queues on `stream` a copy of `wait`'s status word into `dst` (8 bytes of device memory in the context
+            /// the wait's word is registered for: the reader's, or for a set of parts the part's the wait is on): a
+            /// snapshot taken once the stream's earlier work (the wait) is done, for kernels queued after it, which
+            /// then read ordinary device memory. Queue it right after [`wait_on`](Self::wait_on) on the same stream.
+            ///
+            /// # Errors
+            /// [`WeightsError::NoCudaContext`] (the host backend); `dst` not 8 bytes; the driver's error.
+            pub fn copy_status_on(
+                &self,
+                stream: &Stream,
+                wait: &GenerationWait,
+                dst: &DeviceSpan<'_>,
+            ) -> Result<(), WeightsError> {
+                let Some(registration) = wait.word.registration() else {
+                    return Err(WeightsError::NoCudaContext { set: self.set_name().to_owned() });
+                };
+                let word = registration.span().slice(0, 8).map_err(WeightsError::driver)?;
+                dst.copy_from_async(&word, stream).map_err(WeightsError::driver)
+            }
+        }
+    };
+}
+
+wait_status_methods!(WeightsReader);
+wait_status_methods!(WeightsPartsReader);
+
+/// What the shared code of `watch` and `wait_on` asks of a reader: [`WeightsReader`] (one gate) and
+/// [`WeightsPartsReader`](super::WeightsPartsReader) (a gate a part, each following the set's generation).
+pub(super) trait GatedReader {
+    /// What a gate's thread follows.
+    type Source: GateSource;
+    /// The set's name, for errors.
+    fn set_name(&self) -> &str;
+    /// The newest published generation: [`WeightsError::OwnerGone`] once the owner is gone.
+    fn latest(&self) -> Result<u64, WeightsError>;
+    /// A handle of its own on what the gates follow (for a gate's thread, or one look).
+    fn gate_source(&self) -> Self::Source;
+}
+
+/// `watch`, on the gate in `slot` (made first if there is none, its word registered for `cuda` when given): arms
+/// it for `generation` and returns the wait.
+pub(super) fn arm<R: GatedReader>(
+    reader: &R,
+    slot: &mut Option<StreamGate>,
+    cuda: Option<&Context>,
+    generation: u64,
+) -> Result<GenerationWait, WeightsError> {
+    if generation == 0 || generation > MAX_GENERATION {
+        return Err(WeightsError::Invalid(format!(
+            "weight set `{}`: cannot wait for generation {generation}: generations run from 1 to {MAX_GENERATION}",
+            reader.set_name()
+        )));
     }
+    reader.latest()?;
+    let gate = match slot {
+        Some(gate) => gate,
+        None => {
+            let gate = Gate::new(cuda, reader.gate_source()).map_err(|p| gate_error(reader, p))?;
+            slot.insert(StreamGate::new(gate))
+        }
+    };
+    gate.gate.arm(generation, &reader.gate_source());
+    Ok(GenerationWait { generation, word: Arc::clone(gate.gate.word()) })
+}
+
+/// `wait_on`, once the caller has checked that `stream` is of `ctx`, the context of the gate in `slot`: arms the
+/// gate ([`arm`]), checks (once per gate) that the device can queue 64-bit stream waits, queues
+/// `cuStreamWaitValue64` unless the wait is released already, and records the mark teardown settles by.
+pub(super) fn queue_wait<R: GatedReader>(
+    reader: &R,
+    slot: &mut Option<StreamGate>,
+    ctx: &Context,
+    generation: u64,
+    stream: &Stream,
+) -> Result<GenerationWait, WeightsError> {
+    let wait = arm(reader, slot, Some(ctx), generation)?;
+    let Some(gate) = slot.as_mut() else { return Err(gate_error(reader, "it was not made".into())) };
+    let mem_ops = match gate.mem_ops {
+        Some(known) => known,
+        None => {
+            *gate.mem_ops.insert(ctx.device().supports(DeviceFeature::StreamMemOps64).map_err(WeightsError::driver)?)
+        }
+    };
+    if !mem_ops {
+        return Err(WeightsError::NoStreamMemOps { set: reader.set_name().to_owned() });
+    }
+    if released(wait.word.load(), generation) {
+        // Published already (or the end came): the stream needs no wait; the word says which.
+        return Ok(wait);
+    }
+    let Some(registration) = wait.word.registration() else {
+        return Err(gate_error(reader, "no registration".into()));
+    };
+    registration.wait_value_u64(stream, 0, generation, WaitCondition::AtLeast).map_err(WeightsError::driver)?;
+    let marks = gate.marks.get_or_insert_with(|| StreamMarks::new(ctx));
+    // A mark that could not be made: the wait is queued all the same; teardown then keeps the word for good.
+    if let Err(e) = marks.record(stream, generation, "weights reader") {
+        tracing::warn!(error = %e, "weights reader: no mark after a stream wait: its word will not be unregistered");
+        std::mem::forget(Arc::clone(&wait.word));
+    }
+    Ok(wait)
+}
+
+fn gate_error<R: GatedReader>(reader: &R, problem: String) -> WeightsError {
+    WeightsError::StreamGate { set: reader.set_name().to_owned(), problem }
 }

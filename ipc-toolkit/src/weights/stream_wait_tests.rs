@@ -8,15 +8,16 @@ use super::tests::{open, publish, sock, tensors};
 use super::*;
 use ipc_core::host::{Host, HostContext};
 
-/// Polls `wait`'s status until it is no longer `Waiting` (at most `within`); returns it and the time it took.
-fn released_within(
-    reader: &WeightsReader<Host>,
+/// Polls `wait`'s status (`status`: a reader's `wait_status`) until it is no longer `Waiting` (at most `within`);
+/// returns it and the time it took.
+pub(super) fn released_within(
+    status: impl Fn(&GenerationWait) -> GenerationWaitStatus,
     wait: &GenerationWait,
     within: Duration,
 ) -> (GenerationWaitStatus, Duration) {
     let started = Instant::now();
     loop {
-        let status = reader.wait_status(wait);
+        let status = status(wait);
         if status != GenerationWaitStatus::Waiting {
             return (status, started.elapsed());
         }
@@ -43,7 +44,7 @@ fn a_wait_armed_before_the_next_generation_is_released_by_its_publication() {
     assert_eq!(reader.wait_status(&wait), GenerationWaitStatus::Waiting);
     let word = wait.status_word().raw();
     assert_eq!(publish(&mut owner), 2);
-    let (status, took) = released_within(&reader, &wait, Duration::from_secs(1));
+    let (status, took) = released_within(|w| reader.wait_status(w), &wait, Duration::from_secs(1));
     eprintln!("released {took:?} after the publication");
     assert_eq!(status, GenerationWaitStatus::Published { newest: 2 });
     // One word per reader, whatever the wait; an old generation is released at once.
@@ -61,7 +62,7 @@ fn a_wait_pending_when_the_owner_closes_is_released_as_gone_within_a_second() {
     drop(owner);
     let closed = Instant::now();
     for wait in &waits {
-        let (status, _) = released_within(&reader, wait, Duration::from_secs(1));
+        let (status, _) = released_within(|w| reader.wait_status(w), wait, Duration::from_secs(1));
         assert_eq!(status, GenerationWaitStatus::OwnerGone { newest: 1 });
         assert_eq!(wait.status_of(GONE_BIT | 1), status);
     }

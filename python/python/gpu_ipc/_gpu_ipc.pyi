@@ -1061,12 +1061,15 @@ class WeightsReader:
         """Makes ``stream`` (default: the legacy default stream) wait until ``generation`` or a newer one is
         published, or the owner is gone, or this reader closes (a stream wait cannot time out: the end releases it),
         and returns at once: the wait, for ``wait_status`` and for the kernels queued after it (its status word).
-        Does not move the reader: call ``refresh`` when the CPU sees the generation. Raises ``GpuIpcError`` on the
-        host backend (use ``wait_for`` or ``watch``), ``ArgumentError`` for generation 0, ``OwnerGone``."""
+        Does not move the reader: call ``refresh`` when the CPU sees the generation. ``stream`` is a stream of this
+        handle's device (for a set of parts, part ``part``'s: the wait uses the word of the first part on that
+        device, which follows the set's generation). Raises ``GpuIpcError`` on the host backend (use ``wait_for``
+        or ``watch``), ``ArgumentError`` for generation 0, ``OwnerGone``."""
     def watch(self, generation: int) -> GenerationWait:
         """Makes the reader's status word follow the published generation until ``generation`` or a newer one is
         published or the owner is gone, without a stream wait; returns the wait (read its word on the device, or
-        ask ``wait_status``). Works on every backend (on the host backend the word is host memory). Raises
+        ask ``wait_status``). For a set of parts, the word of this handle's part (on its device), following the
+        set's generation. Works on every backend (on the host backend the word is host memory). Raises
         ``ArgumentError`` for generation 0, ``OwnerGone``."""
     def wait_status(self, wait: GenerationWait) -> tuple[str, int]:
         """How ``wait`` stands: ``("published", newest)`` (the generation or a newer one is published),

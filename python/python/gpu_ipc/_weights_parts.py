@@ -12,11 +12,12 @@ no devices, its parts' manifests name made-up device UUIDs; on a GPU, every part
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_ipc._gpu_ipc import ArgumentError, WeightsOwner, WeightsReader
+from gpu_ipc._gpu_ipc import ArgumentError, GenerationWait, WeightsOwner, WeightsReader
 from gpu_ipc._weights_tensors import _in_order, _state_dict, _stream_of
 from gpu_ipc.weights import BoundSources, BoundTargets, Publisher, Reader
 
@@ -141,6 +142,36 @@ class PartsReader(Reader):
     def placement(self) -> dict[str, tuple[int, int | None]]:
         return {n: (k, self._parts[k]._reader.device) for n in self._names for k in (self._part_of[n],)}
 
+    def wait_on(self, generation: int, stream: Any = None) -> GenerationWait:
+        """As ``Reader.wait_on``, for the set's generation, on a stream of a device that holds a part: ``stream``'s
+        device when it says one (a torch stream's ``device_index``, a CuPy stream's ``device_id``), else the
+        current device (torch's, else CuPy's) if it holds a part, else part 0's; ``stream=None``: that device's
+        current torch stream (as ``Reader.wait_on``). The wait's status word is on that device. Raises
+        ``ArgumentError`` for a stream of a device that holds no part."""
+        device = _stream_device(stream)
+        if device is None:
+            current = _current_device()
+            device = current if current is not None and current in self._devices() else None
+        return self._parts[self._part_on(device)].wait_on(generation, stream)
+
+    def watch(self, generation: int, device: int | None = None) -> GenerationWait:
+        """As ``Reader.watch``: the status word on CUDA device ``device`` (``None``: part 0's; on the host backend,
+        host memory), following the set's generation. Raises ``ArgumentError`` for a device that holds no part."""
+        return self._parts[self._part_on(device)].watch(generation)
+
+    def _devices(self) -> list[int | None]:
+        return [part._reader.device for part in self._parts]
+
+    def _part_on(self, device: int | None) -> int:
+        """The first part on CUDA device ``device`` (``None``: part 0)."""
+        devices = self._devices()
+        if device is None:
+            return 0
+        if device not in devices:
+            where = f"devices {devices}" if devices[0] is not None else "no CUDA device (the host backend): pass None"
+            raise ArgumentError(f"weight set {self.name!r}: device {device} holds no part; its parts lie on {where}")
+        return devices.index(device)
+
     def refresh(self) -> int:
         with self._lock:
             return self._reader.refresh()
@@ -203,3 +234,24 @@ class PartsReader(Reader):
 
     def __repr__(self) -> str:
         return f"Reader(name={self.name!r}, parts={self.parts}, generation={self.generation})"
+
+
+def _stream_device(stream: Any) -> int | None:
+    """The CUDA device a stream object says it is of (torch's ``device_index``, CuPy's ``device_id``); ``None`` for
+    ``None``, a raw handle or another object."""
+    for attribute in ("device_index", "device_id"):
+        value = getattr(stream, attribute, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _current_device() -> int | None:
+    """The current CUDA device of torch, else of CuPy, when one is loaded; ``None`` otherwise."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return int(torch.cuda.current_device())
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        return int(cupy.cuda.runtime.getDevice())
+    return None

@@ -202,8 +202,10 @@ impl WeightsReader {
     /// Makes ``stream`` (default: the legacy default stream) wait until ``generation`` or a newer one is published,
     /// or the owner is gone, or this reader closes (a stream wait cannot time out: the end releases it), and
     /// returns at once: the wait, for ``wait_status`` and for the kernels queued after it (its status word). Does
-    /// not move the reader: call ``refresh`` when the CPU sees the generation. Raises ``GpuIpcError`` on the host
-    /// backend (use ``wait_for`` or ``watch``), ``ArgumentError`` for generation 0, ``OwnerGone``.
+    /// not move the reader: call ``refresh`` when the CPU sees the generation. ``stream`` is a stream of this
+    /// handle's device (for a set of parts, part ``part``'s: the wait uses the word of the first part on that
+    /// device, which follows the set's generation). Raises ``GpuIpcError`` on the host backend (use ``wait_for``
+    /// or ``watch``), ``ArgumentError`` for generation 0, ``OwnerGone``.
     #[pyo3(signature = (generation, stream=None))]
     fn wait_on(&self, py: Python<'_>, generation: u64, stream: Option<&Bound<'_, PyAny>>) -> PyResult<GenerationWait> {
         let reader = self.reader()?;
@@ -213,21 +215,19 @@ impl WeightsReader {
             return Err(weights_to_py(WeightsError::NoCudaContext { set }));
         };
         let wait = py
-            .detach(|| {
-                each_backend!(&*lock(&*reader), r => r.whole("wait_on")?.wait_on(generation, &borrow(&gpu.ctx, raw)))
-            })
+            .detach(|| each_backend!(&*lock(&*reader), r => r.wait_on(generation, &borrow(&gpu.ctx, raw))))
             .map_err(weights_to_py)?;
         Ok(GenerationWait { wait, ordinal: Some(gpu.ordinal), ctx: Some(gpu.ctx.clone()) })
     }
 
     /// Makes the reader's status word follow the published generation until ``generation`` or a newer one is
     /// published or the owner is gone, without a stream wait; returns the wait (read its word on the device, or
-    /// ask ``wait_status``). Works on every backend (on the host backend the word is host memory). Raises
+    /// ask ``wait_status``). For a set of parts, the word of this handle's part (on its device), following the
+    /// set's generation. Works on every backend (on the host backend the word is host memory). Raises
     /// ``ArgumentError`` for generation 0, ``OwnerGone``.
     fn watch(&self, generation: u64) -> PyResult<GenerationWait> {
         let reader = self.reader()?;
-        let wait = each_backend!(&*lock(&*reader), r => r.whole("watch").and_then(|r| r.watch(generation)))
-            .map_err(weights_to_py)?;
+        let wait = each_backend!(&*lock(&*reader), r => r.watch(generation, self.part)).map_err(weights_to_py)?;
         Ok(GenerationWait { wait, ordinal: self.served.ordinal(), ctx: self.served.ctx() })
     }
 
@@ -236,8 +236,7 @@ impl WeightsReader {
     /// ``("waiting", 0)``.
     fn wait_status(&self, wait: &GenerationWait) -> PyResult<(&'static str, u64)> {
         let reader = self.reader()?;
-        let status = each_backend!(&*lock(&*reader), r => r.whole("wait_status").map(|r| r.wait_status(&wait.wait)));
-        Ok(status_tuple(status.map_err(weights_to_py)?))
+        Ok(status_tuple(each_backend!(&*lock(&*reader), r => r.wait_status(&wait.wait))))
     }
 
     /// The held generation's tensors as ``(name, view)`` pairs; each view keeps the generation alive.

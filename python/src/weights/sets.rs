@@ -5,9 +5,11 @@
 
 use std::sync::Arc;
 
+use gpu_ipc::driver::Stream;
 use gpu_ipc::weights::{
-    ArenaBytes, HeldGeneration, StagedGeneration, WeightsError, WeightsOwner as CoreOwner,
-    WeightsPartsOwner as CoreParts, WeightsPartsReader as CoreReaderParts, WeightsReader as CoreReader,
+    ArenaBytes, GenerationWait, GenerationWaitStatus, HeldGeneration, StagedGeneration, WeightsError,
+    WeightsOwner as CoreOwner, WeightsPartsOwner as CoreParts, WeightsPartsReader as CoreReaderParts,
+    WeightsReader as CoreReader,
 };
 
 /// An owner's set: on one device, or in parts.
@@ -83,15 +85,26 @@ impl<B: ArenaBytes> ReadSet<B> {
         }
     }
 
-    /// The reader of one device, or the error that says a set of parts has no such thing (`what` the call).
-    pub(crate) fn whole(&self, what: &str) -> Result<&CoreReader<B>, WeightsError> {
+    /// Arms the status word of part `part` (the only one, for a set on one device) for `generation`.
+    pub(crate) fn watch(&self, generation: u64, part: usize) -> Result<GenerationWait, WeightsError> {
         match self {
-            Self::Whole(r) => Ok(r),
-            Self::Parts(r) => Err(WeightsError::Invalid(format!(
-                "weight set `{}` lies on {} devices: {what} is not for sets of parts yet (use wait_for, latest)",
-                r.set_name(),
-                r.part_count()
-            ))),
+            Self::Whole(r) => r.watch(generation),
+            Self::Parts(r) => r.watch(generation, part),
+        }
+    }
+
+    /// Queues on `stream` a wait for `generation` (a set of parts: on the gate of the part on the stream's device).
+    pub(crate) fn wait_on(&self, generation: u64, stream: &Stream) -> Result<GenerationWait, WeightsError> {
+        match self {
+            Self::Whole(r) => r.wait_on(generation, stream),
+            Self::Parts(r) => r.wait_on(generation, stream),
+        }
+    }
+
+    pub(crate) fn wait_status(&self, wait: &GenerationWait) -> GenerationWaitStatus {
+        match self {
+            Self::Whole(r) => r.wait_status(wait),
+            Self::Parts(r) => r.wait_status(wait),
         }
     }
 
