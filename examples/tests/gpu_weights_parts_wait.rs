@@ -55,6 +55,16 @@ impl GpuBackendVisitor for WaitForGeneration2 {
         println!("QUEUED");
         std::thread::sleep(Duration::from_millis(100));
         assert!(!stream.is_idle().unwrap(), "the stream did not wait for generation 2");
+        // Never wait for good: a stream still held 10 s after the owner's move is reported (what the CPU sees of the
+        // word says whether the gate marked it or the device did not see the mark).
+        let started = Instant::now();
+        while !stream.is_idle().unwrap() {
+            if started.elapsed() > Duration::from_secs(10) {
+                println!("STUCK cpu_word={:#x} status={:?}", wait.word().load(), reader.wait_status(&wait));
+                std::process::exit(3);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         stream.synchronize().unwrap();
         let mut word = [0u64; 1];
         snapshot.span().read(0, &mut word).unwrap();
@@ -70,19 +80,22 @@ fn child_process_entry_point() {
     gpu_ipc::dispatch_gpu(backend.parse().unwrap(), WaitForGeneration2(socket.into())).unwrap();
 }
 
-/// The line of `out` that starts with `tag` (the reader must print it within a minute).
+/// The line of `out` that says `tag`, from `tag` on (the reader must print it within a minute). The child's first
+/// line follows libtest's "test child_process_entry_point ... " on the same line, so a tag is looked for anywhere.
 fn line_of(out: &mut BufReader<ChildStdout>, tag: &str) -> String {
     let started = Instant::now();
     let mut line = String::new();
-    while !line.starts_with(tag) {
+    loop {
+        assert!(!line.contains("STUCK"), "the reader's stream was not released: {}", line.trim());
+        if let Some(at) = line.find(tag) {
+            return line[at..].trim().to_owned();
+        }
         assert!(started.elapsed() < Duration::from_secs(60), "no {tag} line from the reader");
         line.clear();
         assert!(out.read_line(&mut line).unwrap() > 0, "the reader ended before its {tag} line");
     }
-    line.trim().to_owned()
 }
 
-/// What the owner does once the reader's stream waits for generation 2.
 #[derive(Clone, Copy)]
 enum Ending {
     /// Publishes generation 2.
@@ -120,7 +133,14 @@ impl GpuBackendVisitor for Scenario {
                 "RELEASED gpu_word=2 status=Published { newest: 2 }".to_owned()
             }
             Ending::OwnerDropped => {
-                drop(owner);
+                // Dropped on a thread: a drop that blocks fails the test instead of hanging it.
+                let (done, dropped) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    drop(owner);
+                    let _ = done.send(());
+                });
+                dropped.recv_timeout(Duration::from_secs(10)).expect("dropping the owner did not return within 10 s");
+                eprintln!("{backend}: the owner dropped in {:?}", ended.elapsed());
                 format!("RELEASED gpu_word={} status=OwnerGone {{ newest: 1 }}", GONE_BIT | 1)
             }
         };

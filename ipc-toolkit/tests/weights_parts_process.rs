@@ -3,7 +3,7 @@
 //! generation of every part: the reader is told within a second and every tensor it holds still reads correctly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -59,7 +59,82 @@ fn child_process_entry_point() {
     let refs: Vec<(&str, &[u8])> = data.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
     owner.update(&refs).unwrap();
     println!("PUBLISHED generation=1");
+    if _role != "stepping" {
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    // Stepped by the test through stdin: "next" publishes the next generation, "end" drops the owner.
+    for line in std::io::stdin().lines() {
+        match line.unwrap().trim() {
+            "next" => {
+                let next = owner.generation() + 1;
+                let data: Vec<(String, Vec<u8>)> = tensors()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (n, d, _))| (n, pattern(next, i, d.span_bytes())))
+                    .collect();
+                let refs: Vec<(&str, &[u8])> = data.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+                owner.update(&refs).unwrap();
+                println!("PUBLISHED generation={next}");
+            }
+            _ => break,
+        }
+    }
+    drop(owner);
+    println!("DROPPED");
     std::thread::sleep(Duration::from_secs(60));
+}
+
+/// Polls `word` until `condition` holds, for at most a second; returns how long it took.
+fn within_a_second(what: &str, word: impl Fn() -> u64, condition: impl Fn(u64) -> bool) -> Duration {
+    let started = Instant::now();
+    while !condition(word()) {
+        assert!(started.elapsed() < Duration::from_secs(1), "{what}: the word is still {:#x} after a second", word());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    started.elapsed()
+}
+
+#[test]
+fn a_watch_on_every_part_follows_the_owner_process_and_is_marked_gone_when_it_drops_the_set() {
+    let path = std::env::temp_dir().join(format!("gpu-ipc-weights-parts-watch-{}.sock", std::process::id()));
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_process_entry_point", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(ROLE, "stepping")
+        .env(SOCKET, &path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut said = |tag: &str| {
+        let mut line = String::new();
+        while !line.contains(tag) {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the owner ended before saying {tag}");
+        }
+    };
+    said("PUBLISHED generation=1");
+    let reader = WeightsPartsReader::<Host>::open(&path, SET, |_| Ok(HostContext), Duration::from_secs(10)).unwrap();
+    let waits: Vec<_> = (0..PARTS).map(|part| reader.watch(2, part).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(waits.iter().all(|w| w.word().load() == 1), "a word moved before generation 2");
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "next").unwrap();
+    said("PUBLISHED generation=2");
+    for wait in &waits {
+        within_a_second("generation 2", || wait.word().load(), |w| w == 2);
+    }
+    let waits: Vec<_> = (0..PARTS).map(|part| reader.watch(3, part).unwrap()).collect();
+    writeln!(stdin, "end").unwrap();
+    said("DROPPED");
+    for wait in &waits {
+        let took =
+            within_a_second("the owner's end", || wait.word().load(), |w| w & ipc_toolkit::weights::GONE_BIT != 0);
+        eprintln!("marked gone {took:?} after the owner said it dropped the set");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 #[test]
