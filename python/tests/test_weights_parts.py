@@ -244,7 +244,19 @@ def test_parts_are_refused_when_they_say_nothing_right(sock: str) -> None:
             pub.update({"step": np.array(2, dtype=np.int64)})
         with pytest.raises(gpu_ipc.ArgumentError, match="stream=None"):
             pub.update(state_dict(2), stream=object())
+        with pytest.raises(gpu_ipc.ArgumentError, match="one stream per part"):
+            pub.update(state_dict(2), stream=[None])
+        with pytest.raises(gpu_ipc.ArgumentError, match="no stream for device"):
+            pub.update(state_dict(2), stream={0: None})
         assert pub.generation == 1
+        # One stream per part (the host backend's parts have no device: their copies take no stream).
+        assert pub.update(state_dict(2), stream=[None, None]) == 2
+        with gpu_ipc.weights.open(sock, "model") as r:
+            target = {k: np.zeros_like(v) for k, v in state_dict(2).items()}
+            assert r.load_into(target, stream=[None, None]) == len(target)
+            assert all(np.array_equal(target[k], v) for k, v in state_dict(2).items())
+            with pytest.raises(gpu_ipc.ArgumentError, match="one stream per part"):
+                r.load_into(target, stream=(None, None, None))
 
 
 def _gpus() -> int:

@@ -57,6 +57,26 @@ def part_of_each(layout: Layout, where: Mapping[str, int], backend: str,
     return {k: ordinals.index(where[k]) for k, _d, _s in layout}, ordinals
 
 
+def _part_streams(name: str, devices: list[int | None], stream: Any) -> list[Any]:
+    """Each part's stream for a copy on a set of parts: ``None`` (each device's current stream), a mapping of CUDA
+    ordinal to stream (every part's device given), or a sequence of one stream per part, in part order."""
+    if stream is None:
+        return [None] * len(devices)
+    if isinstance(stream, Mapping):
+        missing = sorted({d for d in devices if d not in stream}, key=str)
+        if missing:
+            raise ArgumentError(f"weight set {name!r} lies on devices {sorted(set(devices), key=str)}: the streams "
+                                f"given name no stream for device {missing[0]}")
+        return [stream[d] for d in devices]
+    if isinstance(stream, (list, tuple)):
+        if len(stream) != len(devices):
+            raise ArgumentError(f"weight set {name!r} lies in {len(devices)} parts: give one stream per part "
+                                f"(got {len(stream)})")
+        return list(stream)
+    raise ArgumentError(f"weight set {name!r} lies on {len(devices)} devices: one stream cannot serve them; pass "
+                        "stream=None (each device's current stream), {device: stream}, or one stream per part")
+
+
 def _split(names: list[str], tensors: list[Any], parts: list[list[str]]) -> list[dict[str, Any]]:
     by_name = dict(zip(names, tensors))
     return [{n: by_name[n] for n in part} for part in parts]
@@ -78,19 +98,18 @@ class PartsPublisher(Publisher):
         return f"weight set {self.name!r}: the state_dict's names differ from the published layout"
 
     def update(self, state_dict: Mapping[str, Any] | BoundSources | Any, stream: Any = None) -> int:
-        """As ``Publisher.update``; each part's tensors are copied on its device's current stream (``stream`` must
-        be ``None``: one stream cannot serve several devices)."""
-        if stream is not None:
-            raise ArgumentError(f"weight set {self.name!r} lies on {self.parts} devices: update() copies each "
-                                "part on its device's current stream; pass stream=None")
+        """As ``Publisher.update``; each part's tensors are copied on its device: ``stream=None``, on that device's
+        current stream; else ``{cuda_ordinal: stream}`` or one stream per part (one stream cannot serve several
+        devices)."""
+        streams = _part_streams(self.name, [part._owner.device for part in self._parts], stream)
         if isinstance(state_dict, BoundSources):
             if state_dict.owner is not self:
                 raise ArgumentError(f"these sources were bound by another publisher than {self!r}")
-            for part, bound in zip(self._parts, state_dict.native):
-                part._owner.copy_in_bound(bound.native, _stream_of(None, part._owner.device))
+            for part, bound, on in zip(self._parts, state_dict.native, streams):
+                part._owner.copy_in_bound(bound.native, _stream_of(on, part._owner.device))
             return self._owner.commit()
         tensors = _in_order(_state_dict(state_dict), self._names, self._differ())
-        sources = [part._copy(sd, None) for part, sd in zip(self._parts, self._split(tensors))]
+        sources = [part._copy(sd, on) for part, sd, on in zip(self._parts, self._split(tensors), streams)]
         generation = self._owner.commit()  # every part's, part 0 last, after every device's copies
         del sources
         return generation
@@ -203,17 +222,15 @@ class PartsReader(Reader):
         return BoundTargets(self, tensors, [address[n] for n in self._names], bounds)
 
     def load_into(self, module_or_dict: Any, stream: Any = None, strict: bool = True) -> int:
-        """As ``Reader.load_into``; each part's tensors are copied on its device's current stream (``stream`` must be
-        ``None``)."""
-        if stream is not None:
-            raise ArgumentError(f"weight set {self.name!r} lies on {self.parts} devices: load_into() copies each "
-                                "part on its device's current stream; pass stream=None")
+        """As ``Reader.load_into``; each part's tensors are copied on its device: ``stream=None``, on that device's
+        current stream; else ``{cuda_ordinal: stream}`` or one stream per part."""
+        streams = _part_streams(self.name, [part._reader.device for part in self._parts], stream)
         if isinstance(module_or_dict, BoundTargets):
             if module_or_dict.owner is not self:
                 raise ArgumentError(f"these targets were bound by another reader than {self!r}")
             with self._lock:
-                for part, bound in zip(self._parts, module_or_dict.native):
-                    part.load_into(bound)
+                for part, bound, on in zip(self._parts, module_or_dict.native, streams):
+                    part.load_into(bound, stream=on)
             return len(module_or_dict)
         target = _state_dict(module_or_dict)
         unknown = [n for n in target if n not in self._part_of]
@@ -224,8 +241,8 @@ class PartsReader(Reader):
                 f"(not in the set: {sorted(unknown)[:5]}, not in the target: {sorted(missing)[:5]})"
             )
         with self._lock:
-            return sum(part.load_into({n: target[n] for n in names if n in target}, strict=False)
-                       for part, names in zip(self._parts, self._part_names))
+            return sum(part.load_into({n: target[n] for n in names if n in target}, stream=on, strict=False)
+                       for part, names, on in zip(self._parts, self._part_names, streams))
 
     def close(self) -> None:
         for part in self._parts:
