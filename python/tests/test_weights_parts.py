@@ -340,3 +340,83 @@ def expect_line(out: str, tag: str) -> list[str]:
     lines = [line for line in out.splitlines() if line.startswith(tag)]
     assert lines, out
     return lines[0].split()[1:]
+
+
+PARTS_TORCH_OWNER = """
+import sys, torch, gpu_ipc.weights
+def weights(g):
+    return {"w": torch.full((1024,), g, device="cuda:0"), "b": torch.full((8,), g, device="cuda:0")}
+pub = gpu_ipc.weights.publish(weights(1.0), "m", socket=sys.argv[1], backend=sys.argv[2], _parts={"w": 0, "b": 1})
+print("PUBLISHED", pub.generation, flush=True)
+for line in sys.stdin:
+    if line.strip() == "close":
+        pub.close()
+        print("CLOSED", flush=True)
+    else:
+        print("PUBLISHED", pub.update(weights(float(pub.generation + 1))), flush=True)
+"""
+
+
+@pytest.mark.skipif(_gpus() < 1, reason="needs a GPU and torch")
+@pytest.mark.parametrize("backend", ["legacy", "vmm"])
+def test_a_torch_stream_waits_for_a_set_of_parts_next_generation_and_for_the_owners_end(
+    sock: str, backend: str
+) -> None:
+    """Both parts on cuda:0 (``_parts``): the wait is on a part's word, released by the set's publication (part 0's,
+    committed last) and by the owner's end. The owner is another process (its commit waits for its whole device)."""
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    def idle_within(stream: Any, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not stream.query():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+        return True
+
+    owner = subprocess.Popen([sys.executable, "-c", PARTS_TORCH_OWNER, sock, backend], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+
+    def tell(line: str) -> None:
+        assert owner.stdin is not None
+        owner.stdin.write(line + "\n")
+        owner.stdin.flush()
+
+    def said(tag: str) -> list[str]:
+        assert owner.stdout is not None
+        while True:
+            line = owner.stdout.readline()
+            assert line, f"the owner ended before {tag}"
+            if line.startswith(tag):
+                return line.split()[1:]
+
+    try:
+        assert said("PUBLISHED") == ["1"]
+        r = gpu_ipc.weights.open(sock, "m")
+        assert r.parts == 2
+        s = torch.cuda.Stream()
+        wait = r.wait_on(2, stream=s)
+        with torch.cuda.stream(s):
+            seen = torch.from_dlpack(wait).clone()  # queued after the wait: the word as it released the stream
+        assert not idle_within(s, 0.2), "the stream did not wait for generation 2"
+        assert r.wait_status(wait) == ("waiting", 0)
+        tell("publish")
+        assert said("PUBLISHED") == ["2"]
+        assert idle_within(s, 1.0), "the publication did not release the stream"
+        assert int(seen) == 2 and r.wait_status(wait) == ("published", 2)
+        assert r.refresh() == 2
+        target = {"w": torch.zeros(1024, device="cuda:0"), "b": torch.zeros(8, device="cuda:0")}
+        r.load_into(target, stream={0: s})
+        s.synchronize()
+        assert bool((target["w"] == 2.0).all()) and bool((target["b"] == 2.0).all())
+        gone = r.wait_on(3, stream=s)
+        with torch.cuda.stream(s):
+            seen = torch.from_dlpack(gone).clone()
+        assert not idle_within(s, 0.1)
+        tell("close")
+        said("CLOSED")
+        assert idle_within(s, 1.0), "the owner's end did not release the stream within a second"
+        assert int(seen) == gpu_ipc.weights.GenerationWait.GONE_BIT | 2 and r.wait_status(gone) == ("gone", 2)
+        r.close()
+    finally:
+        owner.kill()
