@@ -16,6 +16,7 @@ import pytest
 
 import gpu_ipc
 import gpu_ipc.weights
+from weights_torch import check_stream_waits, cuda_devices
 
 
 def state_dict(generation: int) -> dict[str, np.ndarray]:
@@ -439,79 +440,10 @@ def test_stream_waits_refuse_the_host_backend_generation_0_and_a_closed_reader(s
             r.watch(2)
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
-TORCH_OWNER = """
-import sys, torch, gpu_ipc.weights
-def weights(g):
-    return {"w": torch.full((1024,), g, device="cuda"), "b": torch.full((8,), g, device="cuda")}
-pub = gpu_ipc.weights.publish(weights(1.0), "m", socket=sys.argv[1], backend=sys.argv[2])
-print("PUBLISHED", pub.generation, flush=True)
-for line in sys.stdin:
-    if line.strip() == "close":
-        pub.close()
-        print("CLOSED", flush=True)
-    else:
-        print("PUBLISHED", pub.update(weights(float(pub.generation + 1))), flush=True)
-"""
-
-
-@pytest.mark.skipif(not _cuda_available(), reason="needs a GPU and torch")
+@pytest.mark.skipif(cuda_devices() < 1, reason="needs a GPU and torch")
 @pytest.mark.parametrize("backend", ["legacy", "vmm"])
 def test_a_torch_stream_waits_for_the_next_generation_and_for_the_owners_end(sock: str, backend: str) -> None:
-    """The owner is another process: an owner's commit waits for its whole device, so in the reader's process it
-    would wait for the very stream that waits for its publication."""
-    import torch  # type: ignore[import-not-found, unused-ignore]
-
-    def idle_within(stream: Any, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while not stream.query():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.0005)
-        return True
-
-    def tell(line: str) -> None:
-        assert owner.stdin is not None
-        owner.stdin.write(line + "\n")
-        owner.stdin.flush()
-
-    owner = spawn(TORCH_OWNER, sock, backend)
-    try:
-        assert expect(owner, "PUBLISHED") == ["1"]
-        r = gpu_ipc.weights.open(sock, "m")
-        s = torch.cuda.Stream()
-        wait = r.wait_on(2, stream=s)
-        with torch.cuda.stream(s):
-            seen = torch.from_dlpack(wait).clone()  # queued after the wait: the word as it released the stream
-        assert not idle_within(s, 0.2), "the stream did not wait for generation 2"
-        assert r.wait_status(wait) == ("waiting", 0)
-        tell("publish")
-        assert expect(owner, "PUBLISHED") == ["2"]
-        assert idle_within(s, 1.0), "the publication did not release the stream"
-        assert int(seen) == 2 and r.wait_status(wait) == ("published", 2)
-        assert r.refresh() == 2
-        target = {"w": torch.zeros(1024, device="cuda"), "b": torch.zeros(8, device="cuda")}
-        r.load_into(target)
-        torch.cuda.synchronize()
-        assert bool((target["w"] == 2.0).all())
-        gone = r.wait_on(3, stream=s)
-        with torch.cuda.stream(s):
-            seen = torch.from_dlpack(gone).clone()
-        assert not idle_within(s, 0.1)
-        tell("close")
-        expect(owner, "CLOSED")
-        assert idle_within(s, 1.0), "the owner's end did not release the stream within a second"
-        assert int(seen) == gpu_ipc.weights.GenerationWait.GONE_BIT | 2 and r.wait_status(gone) == ("gone", 2)
-        r.close()
-    finally:
-        owner.kill()
+    check_stream_waits(sock, backend)
 
 
 def test_create_serves_a_layout_and_the_first_generation_is_written_in_the_arena(sock: str) -> None:
@@ -553,7 +485,7 @@ def test_create_refuses_layouts_that_say_nothing_or_the_wrong_thing(sock: str) -
         assert pub.generation == 0
 
 
-@pytest.mark.skipif(not _cuda_available(), reason="needs a GPU and torch")
+@pytest.mark.skipif(cuda_devices() < 1, reason="needs a GPU and torch")
 def test_a_meta_model_is_loaded_straight_into_the_arena_and_runs_on_it(sock: str) -> None:
     """The model's shapes from a meta module (no memory), its values written into generation 1's arena, the
     owner's module then aliasing the arena (load_state_dict(assign=True)): one copy of the weights in GPU memory."""

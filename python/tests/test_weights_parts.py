@@ -20,6 +20,7 @@ import pytest
 import gpu_ipc
 import gpu_ipc.weights
 from gpu_ipc._weights_parts import PartsReader
+from weights_torch import check_stream_waits, cuda_devices
 
 # The publisher's order interleaves the parts: a reader must give it back, not part 0's tensors then part 1's.
 PARTS = {"embed.weight": 0, "layers.0.norm": 1, "layers.0.proj.weight": 0, "layers.1.proj.weight": 1, "step": 1}
@@ -259,18 +260,6 @@ def test_parts_are_refused_when_they_say_nothing_right(sock: str) -> None:
                 r.load_into(target, stream=(None, None, None))
 
 
-def _gpus() -> int:
-    try:
-        import torch  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _two_gpus() -> bool:
-    return _gpus() >= 2
-
-
 TORCH_READER = """
 import sys, torch, gpu_ipc.weights
 r = gpu_ipc.weights.open(sys.argv[1], "model", timeout=20)
@@ -285,18 +274,18 @@ print("READ", r.parts, g, list(t) == sys.argv[2].split(","), ok, flush=True)
 """
 
 
-@pytest.mark.skipif(not _two_gpus(), reason="needs two GPUs and torch")
-@pytest.mark.parametrize("backend", ["legacy", "vmm"])
-def test_a_torch_state_dict_on_two_gpus_is_read_in_another_process_each_tensor_on_its_device(
-    sock: str, backend: str
-) -> None:
+def publish_three_and_read_them_in_another_process(sock: str, backend: str, devices: int,
+                                                   parts: dict[str, int] | None = None) -> None:
+    """Publishes generations 1-3 of 12 torch tensors "t.DEVICE.I" (on cuda:DEVICE, every element g + I; the devices
+    interleaved in the state_dict's order when ``devices`` is 2) by ``update`` and by ``stage(torch)``+``commit``;
+    a reader process opens the set, checks every tensor's device and value, and ``load_into``."""
     import torch  # type: ignore[import-not-found, unused-ignore]
 
     def weights(g: int) -> dict[str, Any]:
-        # "t.DEVICE.I": on cuda:DEVICE, every element g + I; the devices interleaved in the state_dict's order.
-        return {f"t.{i % 2}.{i}": torch.full((1000 + i,), float(g + i), device=f"cuda:{i % 2}") for i in range(12)}
+        return {f"t.{i % devices}.{i}": torch.full((1000 + i,), float(g + i), device=f"cuda:{i % devices}")
+                for i in range(12)}
 
-    with gpu_ipc.weights.publish(weights(1), "model", socket=sock, backend=backend) as pub:
+    with gpu_ipc.weights.publish(weights(1), "model", socket=sock, backend=backend, _parts=parts) as pub:
         assert pub.parts == 2
         assert pub.update(weights(2)) == 2
         staged = pub.stage(torch)
@@ -310,30 +299,23 @@ def test_a_torch_state_dict_on_two_gpus_is_read_in_another_process_each_tensor_o
         assert expect_line(child.stdout, "READ") == ["2", "3", "True", "True"]
 
 
-@pytest.mark.skipif(_gpus() < 1, reason="needs a GPU and torch")
+@pytest.mark.skipif(cuda_devices() < 2, reason="needs two GPUs and torch")
+@pytest.mark.parametrize("backend", ["legacy", "vmm"])
+def test_a_torch_state_dict_on_two_gpus_is_read_in_another_process_each_tensor_on_its_device(
+    sock: str, backend: str
+) -> None:
+    publish_three_and_read_them_in_another_process(sock, backend, devices=2)
+
+
+@pytest.mark.skipif(cuda_devices() < 1, reason="needs a GPU and torch")
 @pytest.mark.parametrize("backend", ["legacy", "vmm"])
 def test_a_torch_state_dict_split_in_two_parts_on_one_gpu_is_read_whole_in_another_process(
     sock: str, backend: str
 ) -> None:
     # What a machine of one GPU can run of the parts: both parts on cuda:0 (``_parts``, tests only), the same
     # protocol (two pools behind one socket, part 0 published last, one generation on every part).
-    import torch  # type: ignore[import-not-found, unused-ignore]
-
-    def weights(g: int) -> dict[str, Any]:
-        return {f"t.0.{i}": torch.full((1000 + i,), float(g + i), device="cuda:0") for i in range(12)}
-
-    split = {f"t.0.{i}": i % 2 for i in range(12)}
-    with gpu_ipc.weights.publish(weights(1), "model", socket=sock, backend=backend, _parts=split) as pub:
-        assert pub.parts == 2
-        assert pub.update(weights(2)) == 2
-        staged = pub.stage(torch)
-        for k, v in weights(3).items():
-            staged[k].copy_(v)
-        assert pub.commit() == 3
-        child = subprocess.run([sys.executable, "-c", TORCH_READER, sock, ",".join(weights(3))],
-                               capture_output=True, text=True, timeout=120)
-        assert child.returncode == 0, child.stderr
-        assert expect_line(child.stdout, "READ") == ["2", "3", "True", "True"]
+    publish_three_and_read_them_in_another_process(sock, backend, devices=1,
+                                                   parts={f"t.0.{i}": i % 2 for i in range(12)})
 
 
 def expect_line(out: str, tag: str) -> list[str]:
@@ -342,81 +324,11 @@ def expect_line(out: str, tag: str) -> list[str]:
     return lines[0].split()[1:]
 
 
-PARTS_TORCH_OWNER = """
-import sys, torch, gpu_ipc.weights
-def weights(g):
-    return {"w": torch.full((1024,), g, device="cuda:0"), "b": torch.full((8,), g, device="cuda:0")}
-pub = gpu_ipc.weights.publish(weights(1.0), "m", socket=sys.argv[1], backend=sys.argv[2], _parts={"w": 0, "b": 1})
-print("PUBLISHED", pub.generation, flush=True)
-for line in sys.stdin:
-    if line.strip() == "close":
-        pub.close()
-        print("CLOSED", flush=True)
-    else:
-        print("PUBLISHED", pub.update(weights(float(pub.generation + 1))), flush=True)
-"""
-
-
-@pytest.mark.skipif(_gpus() < 1, reason="needs a GPU and torch")
+@pytest.mark.skipif(cuda_devices() < 1, reason="needs a GPU and torch")
 @pytest.mark.parametrize("backend", ["legacy", "vmm"])
 def test_a_torch_stream_waits_for_a_set_of_parts_next_generation_and_for_the_owners_end(
     sock: str, backend: str
 ) -> None:
     """Both parts on cuda:0 (``_parts``): the wait is on a part's word, released by the set's publication (part 0's,
-    committed last) and by the owner's end. The owner is another process (its commit waits for its whole device)."""
-    import torch  # type: ignore[import-not-found, unused-ignore]
-
-    def idle_within(stream: Any, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while not stream.query():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.0005)
-        return True
-
-    owner = subprocess.Popen([sys.executable, "-c", PARTS_TORCH_OWNER, sock, backend], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-
-    def tell(line: str) -> None:
-        assert owner.stdin is not None
-        owner.stdin.write(line + "\n")
-        owner.stdin.flush()
-
-    def said(tag: str) -> list[str]:
-        assert owner.stdout is not None
-        while True:
-            line = owner.stdout.readline()
-            assert line, f"the owner ended before {tag}"
-            if line.startswith(tag):
-                return line.split()[1:]
-
-    try:
-        assert said("PUBLISHED") == ["1"]
-        r = gpu_ipc.weights.open(sock, "m")
-        assert r.parts == 2
-        s = torch.cuda.Stream()
-        wait = r.wait_on(2, stream=s)
-        with torch.cuda.stream(s):
-            seen = torch.from_dlpack(wait).clone()  # queued after the wait: the word as it released the stream
-        assert not idle_within(s, 0.2), "the stream did not wait for generation 2"
-        assert r.wait_status(wait) == ("waiting", 0)
-        tell("publish")
-        assert said("PUBLISHED") == ["2"]
-        assert idle_within(s, 1.0), "the publication did not release the stream"
-        assert int(seen) == 2 and r.wait_status(wait) == ("published", 2)
-        assert r.refresh() == 2
-        target = {"w": torch.zeros(1024, device="cuda:0"), "b": torch.zeros(8, device="cuda:0")}
-        r.load_into(target, stream={0: s})
-        s.synchronize()
-        assert bool((target["w"] == 2.0).all()) and bool((target["b"] == 2.0).all())
-        gone = r.wait_on(3, stream=s)
-        with torch.cuda.stream(s):
-            seen = torch.from_dlpack(gone).clone()
-        assert not idle_within(s, 0.1)
-        tell("close")
-        said("CLOSED")
-        assert idle_within(s, 1.0), "the owner's end did not release the stream within a second"
-        assert int(seen) == gpu_ipc.weights.GenerationWait.GONE_BIT | 2 and r.wait_status(gone) == ("gone", 2)
-        r.close()
-    finally:
-        owner.kill()
+    committed last) and by the owner's end."""
+    check_stream_waits(sock, backend, parts={"w": 0, "b": 1})

@@ -9,7 +9,8 @@ use super::error::WeightsError;
 use super::gate::{GateSlot, GateSlots};
 use super::io::ArenaBytes;
 use super::manifest::{SetParts, TensorEntry};
-use super::reader::{HeldGeneration, Loaded, load, load_exact, no_such_set, wait_first, wait_until};
+use super::open::OpenedSet;
+use super::reader::{HeldGeneration, Loaded, load_exact, no_such_set, wait_until};
 use crate::pool::{AttachOptions, PoolError, PoolImporter};
 use gpu_ipc_driver::{Context, DeviceUuid};
 
@@ -139,22 +140,18 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
     pub fn open(
         socket: impl AsRef<Path>,
         set: &str,
-        mut context_for: impl FnMut(DeviceUuid) -> Result<B::Context, PoolError>,
+        context_for: impl FnMut(DeviceUuid) -> Result<B::Context, PoolError>,
         timeout: Duration,
     ) -> Result<Self, WeightsError> {
-        let path = socket.as_ref().to_path_buf();
-        // Part 0's connection is named as a one-device reader's (`OpenedSet::open` names it before it knows the kind).
-        let options = AttachOptions { name: format!("weights reader of {set}"), timeout };
-        let mut cuda0 = None;
-        let attach0 = PoolImporter::<B>::attach_part_on(&path, &options, 0, |uuid| {
-            let ctx = context_for(uuid)?;
-            cuda0 = B::cuda_context(&ctx).cloned();
-            Ok(ctx)
-        });
-        let first = attach0.map_err(|e| WeightsError::from_pool(set, e))?;
-        let generation = wait_first(&first, set, &path, timeout)?;
-        let part0 = load(&first, set, &path, generation, None)?;
-        Self::open_from((first, cuda0), part0, path, set, context_for, timeout)
+        // One way in for both kinds: part 0 attached once, its manifest says which (`OpenedSet::open`).
+        match OpenedSet::open(socket.as_ref(), set, context_for, timeout)? {
+            OpenedSet::Parts(reader) => Ok(reader),
+            OpenedSet::Whole(_) => Err(WeightsError::Parts {
+                set: set.to_owned(),
+                path: socket.as_ref().to_path_buf(),
+                detail: "the set lies on one device: open it with WeightsReader".into(),
+            }),
+        }
     }
 
     /// The rest of [`open`](Self::open), once part 0 is attached (`first`, with its CUDA context: `None` on the host
