@@ -52,3 +52,33 @@ impl<B: ArenaBytes> OpenedSet<B> {
         WeightsPartsReader::open_from((first, cuda), loaded, path, set, context_for, timeout).map(Self::Parts)
     }
 }
+
+/// Here beside [`OpenedSet::open`], which it goes through.
+impl<B: ArenaBytes> WeightsPartsReader<B> {
+    /// Attaches to every part of the set `set` served at `socket` and takes the newest generation (waiting up to
+    /// `timeout` for the first). `context_for` gives the context of the device with a UUID (part 0's device as its
+    /// offer names it, then each other part's as part 0's manifest names it): on a GPU, the device of this process
+    /// with that UUID (`CUDA_VISIBLE_DEVICES` may number devices otherwise here; `Device::with_uuid` finds it); on
+    /// the host backend, the host context.
+    ///
+    /// # Errors
+    /// The pool's attach errors; [`WeightsError::Parts`] for a set on one device (open it with
+    /// [`WeightsReader`](super::WeightsReader)) or parts that disagree; [`WeightsError::NoSuchSet`];
+    /// [`WeightsError::Timeout`]; [`WeightsError::Manifest`]; whatever `context_for` returns.
+    pub fn open(
+        socket: impl AsRef<Path>,
+        set: &str,
+        context_for: impl FnMut(DeviceUuid) -> Result<B::Context, PoolError>,
+        timeout: Duration,
+    ) -> Result<Self, WeightsError> {
+        // One way in for both kinds: part 0 attached once, its manifest says which (`OpenedSet::open`).
+        match OpenedSet::open(socket.as_ref(), set, context_for, timeout)? {
+            OpenedSet::Parts(reader) => Ok(reader),
+            OpenedSet::Whole(_) => Err(WeightsError::Parts {
+                set: set.to_owned(),
+                path: socket.as_ref().to_path_buf(),
+                detail: "the set lies on one device: open it with WeightsReader".into(),
+            }),
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! The reader of a weight set on several devices: [`WeightsPartsReader`] attaches to every part through the one
 //! socket and holds one generation of all of them at once ([`HeldParts`]), never a mix of two.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +9,6 @@ use super::error::WeightsError;
 use super::gate::{GateSlot, GateSlots};
 use super::io::ArenaBytes;
 use super::manifest::{SetParts, TensorEntry};
-use super::open::OpenedSet;
 use super::reader::{HeldGeneration, Loaded, load_exact, no_such_set, wait_until};
 use crate::pool::{AttachOptions, PoolError, PoolImporter};
 use gpu_ipc_driver::{Context, DeviceUuid};
@@ -127,33 +126,6 @@ impl<B: ArenaBytes> std::fmt::Debug for WeightsPartsReader<B> {
 }
 
 impl<B: ArenaBytes> WeightsPartsReader<B> {
-    /// Attaches to every part of the set `set` served at `socket` and takes the newest generation (waiting up to
-    /// `timeout` for the first). `context_for` gives the context of the device with a UUID (part 0's device as its
-    /// offer names it, then each other part's as part 0's manifest names it): on a GPU, the device of this process
-    /// with that UUID (`CUDA_VISIBLE_DEVICES` may number devices otherwise here; `Device::with_uuid` finds it); on
-    /// the host backend, the host context.
-    ///
-    /// # Errors
-    /// The pool's attach errors; [`WeightsError::Parts`] for a set on one device (open it with
-    /// [`WeightsReader`](super::WeightsReader)) or parts that disagree; [`WeightsError::NoSuchSet`];
-    /// [`WeightsError::Timeout`]; [`WeightsError::Manifest`]; whatever `context_for` returns.
-    pub fn open(
-        socket: impl AsRef<Path>,
-        set: &str,
-        context_for: impl FnMut(DeviceUuid) -> Result<B::Context, PoolError>,
-        timeout: Duration,
-    ) -> Result<Self, WeightsError> {
-        // One way in for both kinds: part 0 attached once, its manifest says which (`OpenedSet::open`).
-        match OpenedSet::open(socket.as_ref(), set, context_for, timeout)? {
-            OpenedSet::Parts(reader) => Ok(reader),
-            OpenedSet::Whole(_) => Err(WeightsError::Parts {
-                set: set.to_owned(),
-                path: socket.as_ref().to_path_buf(),
-                detail: "the set lies on one device: open it with WeightsReader".into(),
-            }),
-        }
-    }
-
     /// The rest of [`open`](Self::open), once part 0 is attached (`first`, with its CUDA context: `None` on the host
     /// backend) and a generation of it loaded (`part0`, whose manifest names the other parts' devices).
     pub(super) fn open_from(

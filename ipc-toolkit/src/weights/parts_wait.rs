@@ -10,9 +10,9 @@ use super::error::WeightsError;
 use super::gate::GateSource;
 use super::io::ArenaBytes;
 use super::parts_reader::WeightsPartsReader;
-use super::stream_wait::{GatedReader, GenerationWait, arm, queue_wait};
+use super::stream_wait::{GatedReader, GenerationWait, GenerationWaitStatus, arm, queue_wait, wait_status_methods};
 use crate::pool::PoolImporter;
-use gpu_ipc_driver::Stream;
+use gpu_ipc_driver::{DeviceMemory, DeviceSpan, Stream};
 use ipc_core::backend::Backend;
 
 /// What a set of parts' gates follow: part 0's note word and every part's connection (a handle of its own on each).
@@ -106,3 +106,5 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
         queue_wait(self, &mut slot.lock(), ctx, generation, stream)
     }
 }
+
+wait_status_methods!(WeightsPartsReader);

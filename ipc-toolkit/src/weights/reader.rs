@@ -12,7 +12,6 @@ use super::error::WeightsError;
 use super::gate::GateSlot;
 use super::io::ArenaBytes;
 use super::manifest::{MANIFEST_HEADER_BYTES, Manifest, ManifestError, TensorEntry, checksum};
-use super::stream_wait::GatedReader;
 use crate::pool::{AttachOptions, BufferView, PoolError, PoolImporter};
 use gpu_ipc_driver::{Context, DevicePtr, DeviceSpan, Stream};
 use ipc_core::backend::GpuBackend;
@@ -305,19 +304,10 @@ impl<B: ArenaBytes> WeightsReader<B> {
     pub(super) fn gate_slot(&self) -> &GateSlot {
         &self.gate
     }
-}
 
-/// Its one gate follows its importer's note word and connection.
-impl<B: ArenaBytes> GatedReader for WeightsReader<B> {
-    type Source = PoolImporter<B>;
-    fn set_name(&self) -> &str {
-        &self.set
-    }
-    fn latest(&self) -> Result<u64, WeightsError> {
-        WeightsReader::latest(self)
-    }
-    fn gate_source(&self) -> PoolImporter<B> {
-        self.importer.share()
+    /// Its attachment to the owner (what its gate follows).
+    pub(super) fn importer(&self) -> &PoolImporter<B> {
+        &self.importer
     }
 }
 

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use super::error::WeightsError;
 use super::gate::{GONE_BIT, Gate, GateSource, MAX_GENERATION, StatusWord, StreamGate, released};
 use super::io::ArenaBytes;
-use super::parts_reader::WeightsPartsReader;
 use super::reader::WeightsReader;
 use crate::pool::PoolImporter;
 use crate::stream_marks::StreamMarks;
@@ -174,7 +173,7 @@ macro_rules! wait_status_methods {
             /// How `wait` stands now: released by the generation, by the end, or still waiting (the word as the CPU
             /// reads it; once the stream has passed the wait it says what released it).
             pub fn wait_status(&self, wait: &GenerationWait) -> GenerationWaitStatus {
-                wait.status_of(wait.word.load())
+                wait.status_of(wait.word().load())
             }
 
             /// Queues on `stream` a copy of `wait`'s status word into `dst` (8 bytes of device memory in the context
@@ -190,7 +189,7 @@ macro_rules! wait_status_methods {
                 wait: &GenerationWait,
                 dst: &DeviceSpan<'_>,
             ) -> Result<(), WeightsError> {
-                let Some(registration) = wait.word.registration() else {
+                let Some(registration) = wait.word().registration() else {
                     return Err(WeightsError::NoCudaContext { set: self.set_name().to_owned() });
                 };
                 let word = registration.span().slice(0, 8).map_err(WeightsError::driver)?;
@@ -200,11 +199,26 @@ macro_rules! wait_status_methods {
     };
 }
 
+pub(super) use wait_status_methods;
+
 wait_status_methods!(WeightsReader);
-wait_status_methods!(WeightsPartsReader);
+
+/// Its one gate follows its importer's note word and connection.
+impl<B: ArenaBytes> GatedReader for WeightsReader<B> {
+    type Source = PoolImporter<B>;
+    fn set_name(&self) -> &str {
+        WeightsReader::set_name(self)
+    }
+    fn latest(&self) -> Result<u64, WeightsError> {
+        WeightsReader::latest(self)
+    }
+    fn gate_source(&self) -> PoolImporter<B> {
+        self.importer().share()
+    }
+}
 
 /// What the shared code of `watch` and `wait_on` asks of a reader: [`WeightsReader`] (one gate) and
-/// [`WeightsPartsReader`](super::WeightsPartsReader) (a gate a part, each following the set's generation).
+/// [`WeightsPartsReader`](super::WeightsPartsReader) (a gate a part, each following the set's generation; its methods in `parts_wait.rs`).
 pub(super) trait GatedReader {
     /// What a gate's thread follows.
     type Source: GateSource;
