@@ -19,7 +19,7 @@ from typing import Any
 
 from gpu_ipc._gpu_ipc import ArgumentError, GenerationWait, WeightsOwner, WeightsReader
 from gpu_ipc._weights_tensors import _in_order, _state_dict, _stream_of
-from gpu_ipc.weights import BoundSources, BoundTargets, Publisher, Reader
+from gpu_ipc._weights_sets import BoundSources, BoundTargets, Publisher, Reader
 
 Layout = list[tuple[str, str, tuple[int, ...]]]
 
