@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
-from typing import Any
 
 import numpy as np
 import pytest
 
 import gpu_ipc
 import gpu_ipc.weights
-from weights_torch import check_stream_waits, cuda_devices
+from weights_torch import check_stream_waits, cuda_devices, expect, spawn
 
 
 def state_dict(generation: int) -> dict[str, np.ndarray]:
@@ -296,27 +293,12 @@ time.sleep(60)
 """
 
 
-def spawn(code: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-
-
 def wait_for_readers(pub: gpu_ipc.weights.Publisher, n: int) -> None:
     """Until the owner's door has recorded ``n`` readers (a child says it opened a moment before that)."""
     deadline = time.monotonic() + 10
     while len({pid for pid, _g in pub.readers()}) < n:
         assert time.monotonic() < deadline, pub.readers()
         time.sleep(0.002)
-
-
-def expect(proc: subprocess.Popen[str], tag: str) -> list[str]:
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        assert line, f"the child ended before {tag}"
-        if line.startswith(tag):
-            return line.split()[1:]
 
 
 def test_a_reader_process_holds_n_while_the_owner_publishes_n_plus_1_and_n_plus_2(sock: str) -> None:

@@ -20,7 +20,7 @@ import pytest
 import gpu_ipc
 import gpu_ipc.weights
 from gpu_ipc._weights_parts import PartsReader
-from weights_torch import check_stream_waits, cuda_devices
+from weights_torch import check_stream_waits, cuda_devices, expect, spawn
 
 # The publisher's order interleaves the parts: a reader must give it back, not part 0's tensors then part 1's.
 PARTS = {"embed.weight": 0, "layers.0.norm": 1, "layers.0.proj.weight": 0, "layers.1.proj.weight": 1, "step": 1}
@@ -176,21 +176,6 @@ pub = gpu_ipc.weights.publish(sd, "model", socket=sys.argv[1], _parts={"a": 0, "
 print("PUBLISHED", pub.generation, flush=True)
 time.sleep(60)
 """
-
-
-def spawn(code: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-
-
-def expect(proc: subprocess.Popen[str], tag: str) -> list[str]:
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        assert line, f"the child ended before {tag}"
-        if line.startswith(tag):
-            return line.split()[1:]
 
 
 def test_a_reader_process_holds_generation_n_of_every_part_while_the_owner_moves_on(sock: str) -> None:

@@ -1,5 +1,6 @@
-"""What the weights' torch tests share (not a test module): the count of CUDA devices torch sees, and the stream
-wait checked against an owner in another process, for a set on one device and for a set of parts."""
+"""What the weights' tests share (not a test module): a child Python process and its tagged lines, the count of CUDA
+devices torch sees, and the stream wait checked against an owner in another process, for a set on one device and for
+a set of parts."""
 
 from __future__ import annotations
 
@@ -30,6 +31,23 @@ for line in sys.stdin:
 """
 
 
+def spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    """A child Python running ``code`` with ``args``, its stdin and stdout piped (text)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+
+
+def expect(proc: subprocess.Popen[str], tag: str) -> list[str]:
+    """The words after ``tag`` on the child's next line that starts with it (the child must not end first)."""
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"the child ended before {tag}"
+        if line.startswith(tag):
+            return line.split()[1:]
+
+
 def cuda_devices() -> int:
     """The CUDA devices torch sees (0 without torch or a GPU)."""
     try:
@@ -57,24 +75,15 @@ def check_stream_waits(sock: str, backend: str, parts: dict[str, int] | None = N
     import torch  # type: ignore[import-not-found, unused-ignore]
 
     args = [sock, backend] + ([json.dumps(parts)] if parts is not None else [])
-    owner = subprocess.Popen([sys.executable, "-c", TORCH_OWNER, *args], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    owner = spawn(TORCH_OWNER, *args)
 
     def tell(line: str) -> None:
         assert owner.stdin is not None
         owner.stdin.write(line + "\n")
         owner.stdin.flush()
 
-    def said(tag: str) -> list[str]:
-        assert owner.stdout is not None
-        while True:
-            line = owner.stdout.readline()
-            assert line, f"the owner ended before {tag}"
-            if line.startswith(tag):
-                return line.split()[1:]
-
     try:
-        assert said("PUBLISHED") == ["1"]
+        assert expect(owner, "PUBLISHED") == ["1"]
         r = gpu_ipc.weights.open(sock, "m")
         assert r.parts == (1 if parts is None else max(parts.values()) + 1)
         s = torch.cuda.Stream()
@@ -84,7 +93,7 @@ def check_stream_waits(sock: str, backend: str, parts: dict[str, int] | None = N
         assert not idle_within(s, 0.2), "the stream did not wait for generation 2"
         assert r.wait_status(wait) == ("waiting", 0)
         tell("publish")
-        assert said("PUBLISHED") == ["2"]
+        assert expect(owner, "PUBLISHED") == ["2"]
         assert idle_within(s, 1.0), "the publication did not release the stream"
         assert int(seen) == 2 and r.wait_status(wait) == ("published", 2)
         assert r.refresh() == 2
@@ -97,7 +106,7 @@ def check_stream_waits(sock: str, backend: str, parts: dict[str, int] | None = N
             seen = torch.from_dlpack(gone).clone()
         assert not idle_within(s, 0.1)
         tell("close")
-        said("CLOSED")
+        expect(owner, "CLOSED")
         assert idle_within(s, 1.0), "the owner's end did not release the stream within a second"
         assert int(seen) == gpu_ipc.weights.GenerationWait.GONE_BIT | 2 and r.wait_status(gone) == ("gone", 2)
         r.close()
