@@ -36,6 +36,7 @@ use pyo3::prelude::*;
 /// The module `gpu_ipc._gpu_ipc`.
 #[pymodule]
 fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    log_from_env();
     m.add_class::<producer::Producer>()?;
     m.add_class::<producer::Slot>()?;
     m.add_class::<consumer::Consumer>()?;
@@ -67,4 +68,18 @@ fn _gpu_ipc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     hooks.set_item("after_in_child", wrap_pyfunction!(ring::after_fork_in_child, m)?)?;
     m.py().import("os")?.call_method("register_at_fork", (), Some(&hooks))?;
     Ok(())
+}
+
+/// `GPU_IPC_LOG` (a filter as `RUST_LOG` takes it: `debug`, `ipc_toolkit=debug,info`): the library's log on
+/// stderr, timestamped to the microsecond, for finding where an attach or an open spends its time. Unset: no log.
+/// A malformed filter is said once on stderr and ignored.
+fn log_from_env() {
+    let Ok(filter) = std::env::var("GPU_IPC_LOG") else { return };
+    match tracing_subscriber::EnvFilter::try_new(&filter) {
+        Ok(filter) => {
+            // Another subscriber already set (an embedding application's) wins.
+            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        }
+        Err(e) => eprintln!("gpu_ipc: GPU_IPC_LOG={filter:?} ignored: {e}"),
+    }
 }

@@ -141,8 +141,10 @@ impl<B: Backend> BlockCache<B> {
                     fd: fds.pop(),
                     size: bytes,
                 };
+                let started = std::time::Instant::now();
                 let region = B::import(&self.ctx, handle).map_err(PoolError::Backend)?;
-                tracing::debug!(block = id.index, serial = id.serial, bytes, "imported a pool block");
+                let import_us = started.elapsed().as_micros();
+                tracing::debug!(block = id.index, serial = id.serial, bytes, import_us, "imported a pool block");
                 Ok(ImportedBlock { id, region })
             }
             other => Err(self.protocol(format!("asked for {id}, got an answer about {other:?}")).into()),

@@ -37,14 +37,25 @@ impl<B: ArenaBytes> OpenedSet<B> {
         let path = socket.as_ref().to_path_buf();
         let options = AttachOptions { name: format!("weights reader of {set}"), timeout };
         let mut part0_context = None;
+        let started = std::time::Instant::now();
         let first = PoolImporter::<B>::attach_part_on(&path, &options, 0, |uuid| {
             let ctx = context_for(uuid)?;
             part0_context = Some(ctx.clone());
             Ok(ctx)
         })
         .map_err(|e| WeightsError::from_pool(set, e))?;
+        let attached = started.elapsed();
         let generation = wait_first(&first, set, &path, timeout)?;
+        let waited = started.elapsed();
         let loaded = load(&first, set, &path, generation, None)?;
+        tracing::debug!(
+            set,
+            generation,
+            attach_us = attached.as_micros(),
+            first_generation_us = (waited - attached).as_micros(),
+            load_us = (started.elapsed() - waited).as_micros(),
+            "weight set's part 0 attached and loaded"
+        );
         let cuda = part0_context.as_ref().and_then(B::cuda_context).cloned();
         if loaded.0.manifest().parts.is_none() {
             return WeightsReader::opened(cuda, first, path, set, loaded).map(Self::Whole);

@@ -386,6 +386,7 @@ pub(super) fn load<B: ArenaBytes>(
     known: Option<(&[u8], &Tensors)>,
 ) -> Result<(HeldGeneration<B>, Vec<u8>), WeightsError> {
     let mut tries = 0;
+    let started = Instant::now();
     let view = loop {
         match importer.lookup(&arena_name(set, generation)) {
             Ok(view) => break view,
@@ -400,7 +401,16 @@ pub(super) fn load<B: ArenaBytes>(
             Err(e) => return Err(WeightsError::from_pool(set, e)),
         }
     };
-    held_of(view, set, generation, known)
+    let found = started.elapsed();
+    let held = held_of(view, set, generation, known);
+    tracing::debug!(
+        set,
+        generation,
+        lookup_us = found.as_micros(),
+        manifest_us = (started.elapsed() - found).as_micros(),
+        "weight set's arena found and its manifest read"
+    );
+    held
 }
 
 /// A generation loaded, with its manifest's bytes.
