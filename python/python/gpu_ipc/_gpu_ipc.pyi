@@ -1034,7 +1034,7 @@ class WeightsReader:
         socket: str | os.PathLike[str],
         name: str,
         backend: str | None = None,
-        device: int = 0,
+        device: int | None = None,
         timeout: float = 10.0,
     ) -> Self: ...
     @property

@@ -210,13 +210,15 @@ def open(
     name: str,
     backend: str | None = None,
     timeout: float = 10.0,
-    device: int = 0,
+    device: int | None = None,
 ) -> Reader:
     """Opens the weight set ``name`` served at ``socket`` and takes its newest generation (waiting up to ``timeout``
-    seconds for the first). ``backend``: the owner's (default: asked of it). ``device``: the GPU to map it on
-    (the set's device; another is refused with ``BackendError``). A set on several devices (parts) is opened whole,
-    each part on the device its manifest names (``device`` is not needed): ``Reader.parts``, ``placement()``. Raises ``NoOwner``, ``NotFound`` (no such set),
-    ``Timeout``, ``WireError`` (a manifest that fails its checks)."""
+    seconds for the first). ``backend``: the owner's (default: asked of it). ``device``: the CUDA ordinal to map
+    it on; ``None`` (the default): the set's own device, found in this process by the UUID its owner names (so
+    ``CUDA_VISIBLE_DEVICES`` may number it otherwise here); another device than the set's is refused with
+    ``BackendError``. A set on several devices (parts) is opened whole, each part on the device its manifest names:
+    ``Reader.parts``, ``placement()``. Raises ``NoOwner``, ``NotFound`` (no such set), ``Timeout``, ``WireError``
+    (a manifest that fails its checks), ``BackendError`` (the set's device is not visible here)."""
     native = WeightsReader(socket, name, backend=backend, device=device, timeout=timeout)
     if native.part_count == 1:
         return Reader(native)

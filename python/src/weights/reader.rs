@@ -91,13 +91,13 @@ impl WeightsReader {
 #[pymethods]
 impl WeightsReader {
     #[new]
-    #[pyo3(signature = (socket, name, backend=None, device=0, timeout=10.0))]
+    #[pyo3(signature = (socket, name, backend=None, device=None, timeout=10.0))]
     fn new(
         py: Python<'_>,
         socket: PathBuf,
         name: &str,
         backend: Option<&str>,
-        device: i32,
+        device: Option<i32>,
         timeout: f64,
     ) -> PyResult<Self> {
         let timeout = seconds(timeout)?;
@@ -108,7 +108,11 @@ impl WeightsReader {
                 other => door_to_py(other),
             })?,
         };
-        let gpu = Gpu::for_backend(py, backend, device)?;
+        // No device asked for: the set's own (each part's, for a set of parts), found by the UUID its owner names.
+        let gpu = match device {
+            Some(ordinal) => Gpu::for_backend(py, backend, ordinal)?,
+            None => None,
+        };
         let (reader, ordinals) =
             py.detach(|| open_set(backend, gpu.as_ref(), &socket, name, timeout)).map_err(weights_to_py)?;
         let gpu = match ordinals.first().copied().flatten() {
@@ -453,10 +457,7 @@ fn open_set(
     name: &str,
     timeout: std::time::Duration,
 ) -> Result<(Reader, Vec<Option<i32>>), WeightsError> {
-    let Some(gpu) = gpu else {
-        if backend.is_gpu() {
-            return Err(WeightsError::Pool(PoolError::Unsupported(format!("backend {backend} needs a GPU"))));
-        }
+    if !backend.is_gpu() {
         return Ok(match OpenedSet::<Host>::open(socket, name, |_| Ok(HostContext), timeout)? {
             OpenedSet::Whole(r) => (PerBackend::Host(ReadSet::Whole(r)), vec![None]),
             OpenedSet::Parts(p) => {
@@ -465,11 +466,17 @@ fn open_set(
             }
         });
     };
-    let here = gpu.ctx.device().uuid().map_err(|e| WeightsError::Pool(PoolError::Backend(e.into())))?;
-    let mut devices: Vec<(DeviceUuid, i32)> = vec![(here, gpu.ordinal)];
+    // The device asked for, if any: its UUID, ordinal and context.
+    let asked = match gpu {
+        Some(g) => Some((g.ctx.device().uuid().map_err(|e| WeightsError::Pool(PoolError::Backend(e.into())))?, g)),
+        None => None,
+    };
+    let mut devices: Vec<(DeviceUuid, i32)> = asked.iter().map(|(uuid, g)| (*uuid, g.ordinal)).collect();
     let mut on_device = |uuid: DeviceUuid| -> Result<Context, PoolError> {
-        if uuid == here {
-            return Ok(gpu.ctx.clone());
+        if let Some((here, g)) = &asked
+            && *here == uuid
+        {
+            return Ok(g.ctx.clone());
         }
         let device = Device::with_uuid(uuid).map_err(|e| PoolError::Backend(e.into()))?.ok_or_else(|| {
             PoolError::Unsupported(format!(
@@ -496,11 +503,15 @@ fn open_set(
         ReadSet::Whole(_) => Vec::new(),
     });
     if uuids.is_empty() {
-        // A set on one device: refused on another device than the one asked for (part 0 was attached there).
-        if let Some(&(offered, _)) = devices.get(1) {
-            return Err(WeightsError::Pool(PoolError::WrongDevice { path: socket.to_path_buf(), offered, here }));
-        }
-        return Ok((reader, vec![Some(gpu.ordinal)]));
+        // A set on one device: refused on another device than the one asked for (part 0 was attached there); with
+        // none asked for, on its own.
+        return match asked {
+            Some((here, _)) if devices.len() > 1 => {
+                let offered = devices[1].0;
+                Err(WeightsError::Pool(PoolError::WrongDevice { path: socket.to_path_buf(), offered, here }))
+            }
+            _ => Ok((reader, vec![devices.first().map(|&(_, ordinal)| ordinal)])),
+        };
     }
     let ordinals =
         uuids.iter().map(|uuid| devices.iter().find(|(u, _)| u == uuid).map(|&(_, ordinal)| ordinal)).collect();
