@@ -140,13 +140,12 @@ impl Backend for Legacy {
 
     fn allocate(ctx: &Context, min_bytes: u64) -> Result<Self::Exported, BackendError> {
         Self::check_support(ctx)?;
-        let bytes = min_bytes.max(1).checked_next_multiple_of(ALLOCATION_GRANULE).ok_or_else(|| {
-            BackendError::Unsupported {
+        let bytes =
+            min_bytes.max(1).checked_next_multiple_of(ALLOCATION_GRANULE).ok_or_else(|| BackendError::Unsupported {
                 backend: Self::KIND.name(),
                 reason: format!("{min_bytes} bytes cannot be allocated"),
                 fix: "ask for less memory".into(),
-            }
-        })?;
+            })?;
         Ok(LegacyAllocation { buffer: DeviceBuffer::alloc(ctx, bytes)? })
     }
 
