@@ -4,7 +4,7 @@
 
 use gpu_ipc_driver::Context;
 use ipc_core::backend::{Backend, BackendError, SharedRegion};
-use ipc_legacy::Legacy;
+use ipc_legacy::{ALLOCATION_GRANULE, Legacy};
 use ipc_vmm::Vmm;
 
 #[test]
@@ -18,10 +18,24 @@ fn vmm_memory_is_refused_by_the_legacy_backend_with_the_fix() {
     assert!(text.contains("VMM (cuMemCreate) allocation"), "{text}");
     assert!(text.ends_with("use the vmm backend"), "{text}");
 
-    // And legacy memory exports: 64 bytes, no fd.
+    // And legacy memory exports: 64 bytes, no fd, its size rounded up to the granule (2 MiB).
     let legacy = Legacy::allocate(&ctx, 1 << 20).unwrap();
     let handle = Legacy::export(&legacy).unwrap();
     assert_eq!(handle.bytes.len(), 64);
     assert!(handle.fd.is_none());
-    assert_eq!(handle.size, 1 << 20);
+    assert_eq!(handle.size, ALLOCATION_GRANULE);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn legacy_allocations_are_rounded_up_to_the_granule_and_exported_whole() {
+    let ctx = Context::for_ordinal(0).unwrap();
+    for (asked, expected) in [(1, ALLOCATION_GRANULE), (3 * ALLOCATION_GRANULE + 256, 4 * ALLOCATION_GRANULE)] {
+        let region = Legacy::allocate(&ctx, asked).unwrap();
+        assert_eq!(region.len(), expected, "{asked} bytes asked");
+        // The driver's own view of the allocation agrees: the handle covers all of it.
+        let (base, size) = gpu_ipc_driver::address_range(region.ptr()).unwrap();
+        assert_eq!((base, size), (region.ptr(), expected));
+        assert_eq!(Legacy::export(&region).unwrap().size, expected);
+    }
 }
