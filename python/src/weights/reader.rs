@@ -480,8 +480,8 @@ fn open_set(
         }
         let device = Device::with_uuid(uuid).map_err(|e| PoolError::Backend(e.into()))?.ok_or_else(|| {
             PoolError::Unsupported(format!(
-                "a part of weight set `{name}` lies on device {uuid}, which this process does not see: make it \
-                 visible (CUDA_VISIBLE_DEVICES)"
+                "weight set `{name}` (or a part of it) lies on device {uuid}, which this process does not see: \
+                 make it visible (CUDA_VISIBLE_DEVICES)"
             ))
         })?;
         let ctx = Context::for_ordinal(device.ordinal()).map_err(|e| PoolError::Backend(e.into()))?;
