@@ -4,10 +4,9 @@
 //! ([`HeldGeneration::copy_out`](super::HeldGeneration::copy_out)) with a few launches, at the bandwidth of one
 //! memcpy, instead of one `cuMemcpyAsync` per tensor.
 
-use super::arena::Tensors;
+use super::arena::{NameIndex, Tensors};
 use super::error::WeightsError;
 use gpu_ipc_driver::image::{self, ComputeCapability, KernelImages};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use gpu_ipc_driver::{ArenaSide, Context, DeviceSpan, GATHER_KERNEL, GatherCopy, Module, PreparedGather, Stream};
@@ -85,7 +84,7 @@ struct Prepared<'a> {
     /// The offset and byte length of each bound tensor, in `spans` order.
     layout: Vec<(u64, u64)>,
     /// The layout's index when prepared: a generation sharing it shares the layout (an owner's).
-    index: Arc<HashMap<String, usize>>,
+    index: Arc<NameIndex>,
     gather: PreparedGather<'a>,
 }
 

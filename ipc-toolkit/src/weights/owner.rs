@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::arena::Tensors;
+use super::arena::{NameIndex, Tensors};
 use super::copy::{BoundCopies, CopyDirection, TensorCopier};
 use super::error::WeightsError;
 use super::io::ArenaBytes;
@@ -204,7 +204,7 @@ pub struct WeightsOwner<B: ArenaBytes> {
     /// `layout` encoded, which each generation's manifest is a copy of with its number stamped in.
     encoded_layout: Vec<u8>,
     /// The tensors by name, shared by every generation's manifest.
-    index: Arc<HashMap<String, usize>>,
+    index: Arc<NameIndex>,
     /// Published generations (their arenas and manifests), oldest first.
     published: VecDeque<StagedGeneration<B>>,
     /// The manifest of the last generation retired, reused for the next one staged (a copy of the layout costs
@@ -261,7 +261,7 @@ impl<B: ArenaBytes> WeightsOwner<B> {
             options,
             layout,
             encoded_layout,
-            index: Arc::new(index),
+            index: Arc::new(NameIndex::built(index)),
             published: VecDeque::new(),
             spare: None,
             staged: None,
@@ -373,7 +373,7 @@ impl<B: ArenaBytes> WeightsOwner<B> {
     pub fn update(&mut self, tensors: &[(&str, &[u8])]) -> Result<u64, WeightsError> {
         let mut given = vec![false; self.layout.entries.len()];
         for (name, _) in tensors {
-            let Some(&i) = self.index.get(*name) else {
+            let Some(&i) = self.index.of(&self.layout.entries).get(*name) else {
                 return Err(WeightsError::UnknownTensor { set: self.set.clone(), name: (*name).to_owned() });
             };
             if std::mem::replace(&mut given[i], true) {
