@@ -137,6 +137,37 @@ def test_other_frameworks_get_one_import_per_tensor(sock: str) -> None:
             r.tensors(42)
 
 
+def test_the_garbage_collector_is_held_off_while_a_generation_is_cut_and_left_as_it_was(sock: str) -> None:
+    """Thousands of tensor objects made at once would start collections over the whole process: the cut holds the
+    collector off while it makes them, then enables it again, and leaves a disabled one disabled."""
+    import gc
+
+    class Framework:
+        __name__ = "someframework"
+        enabled: list[bool] = []
+
+        @classmethod
+        def from_dlpack(cls, x: gpu_ipc.weights.WeightsTensor) -> np.ndarray:
+            cls.enabled.append(gc.isenabled())
+            return np.from_dlpack(x)
+
+    with gpu_ipc.weights.publish(state_dict(4), "m", socket=sock):
+        r = gpu_ipc.weights.open(sock, "m")
+        assert gc.isenabled()
+        r.tensors(Framework)
+        assert Framework.enabled == [False] * 4
+        assert gc.isenabled()
+        with pytest.raises(gpu_ipc.ArgumentTypeError):
+            r.tensors(42)  # refused: the collector enabled again all the same
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            r.tensors(Framework)
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+
+
 def test_stage_of_a_framework_writes_in_place(sock: str) -> None:
     with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock) as pub:
         staged = pub.stage(np)
