@@ -182,8 +182,10 @@ fn a_thousand_switches_never_show_a_mix_of_two_generations() {
     let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), options).unwrap();
     publish(&mut owner);
     let reader_path = path.clone();
+    let (opened_tx, opened) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut reader = open(&reader_path, "m");
+        let _ = opened_tx.send(());
         let (mut switches, mut checked) = (0u64, 0u64);
         while reader.generation() < 1000 {
             let before = reader.generation();
@@ -198,6 +200,9 @@ fn a_thousand_switches_never_show_a_mix_of_two_generations() {
         }
         (switches, checked)
     });
+    // The reader attaches before the owner runs through its generations (a loaded machine let the owner reach 1,000
+    // first: 0 switches to check).
+    opened.recv_timeout(Duration::from_secs(10)).expect("the reader opened the set");
     while owner.generation() < 1000 {
         publish(&mut owner);
     }
