@@ -263,11 +263,14 @@ impl<B: Backend> Book<B> {
         if !align.is_power_of_two() {
             return Err(invalid(format!("alignment {align} is not a power of two")));
         }
-        let slot = self.admit(name, bytes, desc.as_ref())?;
+        let mut slot = self.admit(name, bytes, desc.as_ref())?;
         let align = align.max(MIN_ALIGN);
         let reserved = bytes.checked_next_multiple_of(MIN_ALIGN).ok_or_else(|| invalid("too large".into()))?;
         let mut placed = self.place(reserved, align);
         if placed.is_none() && self.reclaim() > 0 {
+            // The reclaim may have emptied slots before the one chosen (a retired buffer's, now a tombstone followed
+            // by an empty slot): chosen again, or the entry would lie past an empty slot, where no probe reaches it.
+            slot = self.admit(name, bytes, desc.as_ref())?;
             placed = self.place(reserved, align);
         }
         if placed.is_none() && self.pool_blocks() < self.limits.max_pool_blocks {
@@ -493,10 +496,9 @@ impl<B: Backend> Book<B> {
 
     /// Gives a retired buffer's bytes back and makes its slot vacant (empty, where no probe needs it).
     fn vacate(&mut self, slot: u32) {
-        let Some(Slot::Used(used)) = self.slots.get_mut(slot as usize).map(|s| std::mem::replace(s, Slot::Vacant))
-        else {
-            return;
-        };
+        // Only a used slot becomes vacant (an empty one stays empty: tombstones are only where entries were).
+        let Some(place) = self.slots.get_mut(slot as usize).filter(|s| matches!(s, Slot::Used(_))) else { return };
+        let Slot::Used(used) = std::mem::replace(place, Slot::Vacant) else { return };
         self.tally.pending_buffers -= 1;
         self.tally.pending_bytes -= used.reserved;
         used.life.mark_reclaimed();

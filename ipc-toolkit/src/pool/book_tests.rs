@@ -92,3 +92,29 @@ fn a_pinned_slot_waits_and_a_dropped_importer_releases_it() {
     assert!(book.alloc("b", 1 << 16, 256, None, |_| unreachable!()).is_ok());
     assert!(!book.remove_importer(3));
 }
+
+#[test]
+fn a_buffer_allocated_while_its_alloc_reclaims_stays_findable() {
+    // The weights' thousand-switch test once read "no arena of generation 221" while the directory listed it: the
+    // alloc chose a slot past a retired buffer's, then reclaimed that buffer to find room, which emptied its slot
+    // (a tombstone followed by an empty slot): the new entry lay past an empty slot, where no probe reaches.
+    let mut book = book();
+    let (home, [a, b, _]) = colliding(&book);
+    let pins = SharedMemory::create("pins", book.directory.geometry().pins_bytes()).unwrap();
+    let held = book.alloc(&a, 1 << 16, 256, None, |_| unreachable!()).unwrap();
+    assert_eq!(held.slot(), home);
+    let pin = PINS_HEADER_WORDS + home as usize;
+    pins.words(pin, 1).unwrap()[0].store(1, Ordering::SeqCst);
+    book.add_importer(3, pins);
+    let generation = held.generation();
+    drop(held);
+    book.free(&a, Some(generation), Fence::Done).unwrap();
+    assert_eq!((state(&book, home), book.pending()), (EntryState::Retired, 1), "pinned: retired, not reused");
+    // The importer lets go (it moved on), and nothing reclaims until the next alloc needs the bytes.
+    book.importers.get(&3).unwrap().words(pin, 1).unwrap()[0].store(0, Ordering::SeqCst);
+    let new = book.alloc(&b, 1 << 16, 256, None, |_| unreachable!()).unwrap();
+    let geometry = book.directory.geometry();
+    let found = find(book.directory.words(), geometry, &b).unwrap();
+    assert_eq!(found.map(|(slot, _, record)| (slot, record.name)), Some((new.slot(), b.clone())), "found by its probe");
+    assert_eq!(new.slot(), home, "the reclaimed slot, first of the probe");
+}
