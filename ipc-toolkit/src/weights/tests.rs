@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::manifest::{MANIFEST_HEADER_BYTES, TENSOR_ALIGN};
 use super::*;
-use crate::pool::{PoolConfig, SharedPool};
+use crate::pool::{PoolConfig, PoolError, SharedPool};
 use gpu_ipc_driver::DeviceUuid;
 use ipc_core::host::{Host, HostContext};
 
@@ -533,4 +533,68 @@ fn a_hostile_arena_is_refused_and_the_reader_keeps_what_it_held() {
     let e = reader.refresh().unwrap_err();
     assert!(matches!(e, WeightsError::Manifest { source: ManifestError::BadMagic { .. }, .. }), "{e}");
     let _ = Arc::strong_count(&reader.held());
+}
+
+#[test]
+fn random_publications_refreshes_and_holds_never_reuse_a_held_arena() {
+    // A model check of generations and their arenas: 3 readers, each holding up to 3 generations it took, and an
+    // owner publishing, in 3 x 3,000 random steps. After every step every held generation still reads its own
+    // bytes (an arena reused while held would read another's), each reader's refresh lands on the newest, and the
+    // owner's arenas stay within what is held plus what it keeps; when readers hold too many, the owner's refusal
+    // (`max_arenas`) is the only error, and it passes once they let go.
+    for seed in [0x1234_5678_9abc_def1u64, 0x0f0f_1e1e_2d2d_3c3c, 0x7777_3333_5555_1111] {
+        let path = sock(&format!("model-{seed:x}"));
+        let options = WeightsOptions { keep: 2, max_arenas: 6, ..WeightsOptions::default() };
+        let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), options).unwrap();
+        publish(&mut owner);
+        let mut readers: Vec<WeightsReader<Host>> = (0..3).map(|_| open(&path, "m")).collect();
+        let mut holds: Vec<Vec<Arc<HeldGeneration<Host>>>> = vec![Vec::new(); 3];
+        let mut state = seed;
+        let mut random = move |below: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % below
+        };
+        let mut refused = 0;
+        for step in 0..3_000 {
+            let k = random(3) as usize;
+            match random(4) {
+                0 => {
+                    let next = owner.generation() + 1;
+                    let data = bytes_for(owner.layout(), next);
+                    let refs: Vec<(&str, &[u8])> = data.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+                    match owner.update(&refs) {
+                        Ok(generation) => assert_eq!(generation, next, "seed {seed:#x}, step {step}"),
+                        // Every arena it may make is held: refused until a reader lets go.
+                        Err(WeightsError::Pool(PoolError::OutOfMemory { .. })) => refused += 1,
+                        Err(e) => panic!("seed {seed:#x}, step {step}: {e}"),
+                    }
+                }
+                1 => {
+                    assert_eq!(readers[k].refresh().unwrap(), owner.generation(), "seed {seed:#x}, step {step}");
+                }
+                2 if holds[k].len() < 3 => holds[k].push(readers[k].held()),
+                _ => {
+                    if !holds[k].is_empty() {
+                        let at = random(holds[k].len() as u64) as usize;
+                        holds[k].remove(at);
+                    }
+                }
+            }
+            for held in holds.iter().flatten() {
+                check_held(held, held.generation());
+            }
+            let mut held: Vec<u64> = holds.iter().flatten().map(|h| h.generation()).collect();
+            held.extend(readers.iter().map(WeightsReader::generation));
+            held.sort_unstable();
+            held.dedup();
+            assert!(owner.arenas() <= held.len() + 2, "seed {seed:#x}, step {step}: {} arenas", owner.arenas());
+        }
+        assert!(owner.generation() > 100, "seed {seed:#x}: only {} generations", owner.generation());
+        println!(
+            "seed {seed:#x}: {} generations, {refused} refused while readers held every arena",
+            owner.generation()
+        );
+    }
 }
