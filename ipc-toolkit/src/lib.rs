@@ -10,4 +10,6 @@ pub mod pool;
 pub mod queue;
 pub mod semaphore;
 mod stream_marks;
+#[cfg(test)]
+mod test_random;
 pub mod weights;

@@ -134,13 +134,7 @@ fn random_steps(seed: u64, steps: u32) {
     let mut book = book();
     let geometry = book.directory.geometry();
     book.add_importer(3, SharedMemory::create("pins", geometry.pins_bytes()).unwrap());
-    let mut state = seed;
-    let mut random = move |below: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % below
-    };
+    let mut random = crate::test_random::below(seed);
     let names: Vec<String> = (0..12).map(|i| format!("b{i}")).collect();
     let mut live: std::collections::HashMap<String, (u32, u64)> = std::collections::HashMap::new();
     for step in 0..steps {

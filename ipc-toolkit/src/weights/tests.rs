@@ -549,13 +549,7 @@ fn random_publications_refreshes_and_holds_never_reuse_a_held_arena() {
         publish(&mut owner);
         let mut readers: Vec<WeightsReader<Host>> = (0..3).map(|_| open(&path, "m")).collect();
         let mut holds: Vec<Vec<Arc<HeldGeneration<Host>>>> = vec![Vec::new(); 3];
-        let mut state = seed;
-        let mut random = move |below: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % below
-        };
+        let mut random = crate::test_random::below(seed);
         let mut refused = 0;
         for step in 0..3_000 {
             let k = random(3) as usize;
