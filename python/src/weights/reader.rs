@@ -111,7 +111,13 @@ impl WeightsReader {
         // No device asked for: the set's own (each part's, for a set of parts), found by the UUID its owner names.
         let gpu = match device {
             Some(ordinal) => Gpu::for_backend(py, backend, ordinal)?,
-            None => None,
+            None => {
+                // As `Gpu::for_backend` does before any CUDA call: a forked child is refused in words.
+                if backend.is_gpu() {
+                    Gpu::not_in_forked_child()?;
+                }
+                None
+            }
         };
         let (reader, ordinals) =
             py.detach(|| open_set(backend, gpu.as_ref(), &socket, name, timeout)).map_err(weights_to_py)?;
