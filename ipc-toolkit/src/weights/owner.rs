@@ -10,8 +10,7 @@ use super::copy::{BoundCopies, CopyDirection, TensorCopier};
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{
-    GENERATION_BYTES, MAX_SET_NAME_BYTES, MAX_TENSOR_NAME_BYTES, MAX_TENSORS, Manifest, SetParts, TENSOR_ALIGN,
-    TensorEntry, checksum,
+    MAX_SET_NAME_BYTES, MAX_TENSOR_NAME_BYTES, MAX_TENSORS, Manifest, SetParts, TENSOR_ALIGN, TensorEntry, checksum,
 };
 use super::runs::group_alike;
 use super::{arena_name, generation_of};
@@ -201,7 +200,7 @@ pub struct WeightsOwner<B: ArenaBytes> {
     options: WeightsOptions,
     /// Generation 0's manifest: the layout every generation shares.
     layout: Manifest,
-    /// `layout` encoded, which each generation's manifest is a copy of with its number stamped in.
+    /// `layout` encoded, stamped with the number of the generation staged last: each generation's manifest.
     encoded_layout: Vec<u8>,
     /// The tensors by name, shared by every generation's manifest.
     index: Arc<NameIndex>,
@@ -213,11 +212,6 @@ pub struct WeightsOwner<B: ArenaBytes> {
     staged: Option<StagedGeneration<B>>,
     generation: u64,
     pool: SharedPool<B>,
-    /// Where arenas whose whole manifest was written lie (their addresses), none overlapped by a later arena
-    /// elsewhere: an arena staged at one of them again holds the layout's manifest but for the generation, so
-    /// only the header is written (the pool's blocks live as long as the pool, so the bytes are still there). The
-    /// whole manifest is 1.5 MB for 19,000 tensors, written before a switch's first copy.
-    manifests_at: Vec<u64>,
 }
 
 impl<B: ArenaBytes> std::fmt::Debug for WeightsOwner<B> {
@@ -267,7 +261,6 @@ impl<B: ArenaBytes> WeightsOwner<B> {
             staged: None,
             generation: 0,
             pool,
-            manifests_at: Vec::new(),
         }
     }
 
@@ -314,20 +307,12 @@ impl<B: ArenaBytes> WeightsOwner<B> {
             manifest.entries.iter_mut().for_each(|e| e.checksum = layout_checksum);
             let handle =
                 self.pool.alloc(&arena_name(&self.set, generation), manifest.arena_bytes, TENSOR_ALIGN, None)?;
-            let at = handle.ptr().0;
-            let len = manifest.arena_bytes;
-            let written = self.manifests_at.contains(&at);
-            // An arena elsewhere that overlaps this one may have lost its manifest to this one's tensors.
-            self.manifests_at.retain(|&other| other == at || other.abs_diff(at) >= len);
-            let head =
-                if written && !self.options.checksums { GENERATION_BYTES.end } else { self.encoded_layout.len() };
-            let mut encoded = self.encoded_layout.get(..head).unwrap_or_default().to_vec();
-            Manifest::set_encoded_generation(&mut encoded, generation)
+            // The whole manifest, every time: a reader maps the arena writable (a GPU mapping cannot be made
+            // read-only for it), so bytes left from an earlier generation in this arena are not trusted, or one
+            // reader's write would reach every later generation staged there. 1.5 MB for 19,000 tensors.
+            Manifest::set_encoded_generation(&mut self.encoded_layout, generation)
                 .map_err(|e| WeightsError::Invalid(format!("the layout's encoded manifest: {e}")))?;
-            B::write_owned(&handle, 0, &encoded)?;
-            if !written {
-                self.manifests_at.push(at);
-            }
+            B::write_owned(&handle, 0, &self.encoded_layout)?;
             self.staged = Some(StagedGeneration { tensors: Tensors::with_index(manifest, self.index.clone()), handle });
         }
         self.staged.as_ref().ok_or_else(|| WeightsError::Invalid("no staged generation".into()))

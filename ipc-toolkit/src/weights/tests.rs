@@ -312,6 +312,36 @@ fn every_generation_staged_in_a_reused_arena_carries_its_own_manifest() {
 }
 
 #[test]
+fn a_manifest_a_reader_overwrote_does_not_outlive_its_generation() {
+    // A reader's mapping of an arena is writable (a GPU mapping cannot be made read-only for it): one writes its
+    // generation's manifest with two tensors' offsets swapped, a manifest that still decodes, and leaves. With keep
+    // 1 the arenas alternate, so later generations are staged in that arena again: each must carry the owner's
+    // manifest, not the one the reader left there.
+    let path = sock("overwritten");
+    let options = WeightsOptions { keep: 1, ..WeightsOptions::default() };
+    let mut owner = WeightsOwner::<Host>::create(&HostContext, &path, "m", tensors(), options).unwrap();
+    publish(&mut owner);
+    let hostile = open(&path, "m");
+    let held = hostile.held();
+    let mut swapped = held.manifest().clone();
+    let (a, b) = (swapped.entries[0].offset, swapped.entries[1].offset);
+    (swapped.entries[0].offset, swapped.entries[1].offset) = (b, a);
+    held.view().write(0, &swapped.encode()).unwrap();
+    drop(held);
+    drop(hostile);
+    let strip = |m: &Manifest| m.entries.iter().map(|e| (e.name.clone(), e.desc.clone(), e.offset)).collect::<Vec<_>>();
+    publish(&mut owner);
+    let mut reader = open(&path, "m");
+    for generation in 3..=6 {
+        assert_eq!(publish(&mut owner), generation);
+        assert_eq!(reader.refresh().unwrap(), generation);
+        let held = reader.held();
+        assert_eq!(strip(held.manifest()), strip(owner.layout()), "generation {generation}'s manifest");
+        check_held(&held, generation);
+    }
+}
+
+#[test]
 fn a_readers_later_generations_of_one_layout_take_the_checked_entries_and_a_changed_manifest_is_decoded() {
     let path = sock("same-layout");
     let mut owner =
