@@ -248,15 +248,7 @@ pub enum ManifestError {
     },
 }
 
-/// 64-bit FNV-1a of `bytes`: the checksum of a tensor's bytes in a manifest.
-pub fn checksum(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
-}
+pub use super::checksum::checksum;
 
 impl Manifest {
     /// Bytes [`encode`](Self::encode) makes for these entries (of a set on one device), before padding.
@@ -371,13 +363,35 @@ impl Manifest {
     /// length shorter than the header.
     pub fn declared_len(header: &[u8]) -> Result<u64, ManifestError> {
         let mut r = Reader { bytes: header, at: 0 };
-        let _version = check_magic(&mut r)?;
+        let version = check_magic(&mut r)?;
+        r.at = 12;
+        let count = r.u32("tensor count")?;
+        if count > MAX_TENSORS {
+            return Err(bad("tensor count", format!("{count}, more than {MAX_TENSORS}")));
+        }
         r.at = 24;
         let len = r.u64("manifest bytes")?;
         if len < MANIFEST_HEADER_BYTES as u64 {
             return Err(bad("manifest bytes", format!("{len}, shorter than the {MANIFEST_HEADER_BYTES}-byte header")));
         }
+        let most = Self::most_bytes(version, count);
+        if len > most {
+            return Err(bad(
+                "manifest bytes",
+                format!("{len}, more than a manifest of {count} tensors can take ({most} at most)"),
+            ));
+        }
         Ok(len)
+    }
+
+    /// The longest encoding a manifest of format `version` with `count` entries can have: every name and dimension
+    /// at its limit, strides and checksums present. A reader copies no more than this out of an arena, whatever
+    /// the header claims.
+    pub fn most_bytes(version: u16, count: u32) -> u64 {
+        let entry = (ENTRY_FIXED_BYTES + 16 * MAX_TENSOR_DIMS + 8 + MAX_TENSOR_NAME_BYTES) as u64;
+        let parts =
+            if version == MANIFEST_PARTS_VERSION { 8 + 16 * MAX_PARTS as u64 + 4 * u64::from(count) } else { 0 };
+        (MANIFEST_HEADER_BYTES + MAX_SET_NAME_BYTES) as u64 + parts + entry * u64::from(count)
     }
 
     /// Decodes and checks a manifest read from an arena of which `mapped_bytes` are mapped: every entry lies

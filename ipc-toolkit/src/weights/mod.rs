@@ -29,6 +29,7 @@
 //! is decoded from a private copy and checked whole before a tensor is described. See `docs/weights.md`.
 
 mod arena;
+mod checksum;
 mod copy;
 mod error;
 mod gate;

@@ -6,11 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::arena::{NameIndex, Tensors};
+use super::checksum::checksum_in_chunks;
 use super::copy::{BoundCopies, CopyDirection, TensorCopier};
 use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::manifest::{
-    MAX_SET_NAME_BYTES, MAX_TENSOR_NAME_BYTES, MAX_TENSORS, Manifest, SetParts, TENSOR_ALIGN, TensorEntry, checksum,
+    MAX_SET_NAME_BYTES, MAX_TENSOR_NAME_BYTES, MAX_TENSORS, Manifest, SetParts, TENSOR_ALIGN, TensorEntry,
 };
 use super::runs::group_alike;
 use super::{arena_name, generation_of};
@@ -333,11 +334,12 @@ impl<B: ArenaBytes> WeightsOwner<B> {
             return Err(WeightsError::Invalid(format!("weight set `{}`: nothing staged to commit", self.set)));
         };
         if self.options.checksums {
-            let mut bytes = Vec::new();
+            let mut chunk = Vec::new();
             for entry in &mut staged.tensors.manifest.entries {
-                bytes.resize(usize::try_from(entry.span_bytes()).unwrap_or(usize::MAX), 0);
-                B::read_owned(&staged.handle, entry.offset, &mut bytes)?;
-                entry.checksum = Some(checksum(&bytes));
+                let sum = checksum_in_chunks(entry.offset, entry.span_bytes(), &mut chunk, |at, dst| {
+                    B::read_owned(&staged.handle, at, dst)
+                })?;
+                entry.checksum = Some(sum);
             }
             B::write_owned(&staged.handle, 0, &staged.tensors.manifest.encode())?;
         }

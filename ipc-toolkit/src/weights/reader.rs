@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use super::arena::Tensors;
 use super::arena_name;
+use super::checksum::checksum_in_chunks;
 use super::copy::{BoundCopies, CopyDirection, TensorCopier};
 use super::error::WeightsError;
 use super::gate::GateSlot;
 use super::io::ArenaBytes;
-use super::manifest::{MANIFEST_HEADER_BYTES, Manifest, ManifestError, TensorEntry, checksum};
+use super::manifest::{MANIFEST_HEADER_BYTES, Manifest, ManifestError, TensorEntry};
 use crate::pool::{AttachOptions, BufferView, PoolError, PoolImporter};
 use gpu_ipc_driver::{Context, DevicePtr, DeviceSpan, Stream};
 use ipc_core::backend::GpuBackend;
@@ -100,14 +101,14 @@ impl<B: ArenaBytes> HeldGeneration<B> {
     /// # Errors
     /// [`WeightsError::ChecksumMismatch`] for the first tensor that differs; a copy error.
     pub fn verify(&self) -> Result<usize, WeightsError> {
-        let mut bytes = Vec::new();
+        let mut chunk = Vec::new();
         let mut checked = 0;
         let manifest = &self.tensors.manifest;
         for entry in &manifest.entries {
             let Some(expected) = entry.checksum else { continue };
-            bytes.resize(usize::try_from(entry.span_bytes()).unwrap_or(usize::MAX), 0);
-            B::read_viewed(&self.view, entry.offset, &mut bytes)?;
-            let found = checksum(&bytes);
+            let found = checksum_in_chunks(entry.offset, entry.span_bytes(), &mut chunk, |at, dst| {
+                B::read_viewed(&self.view, at, dst)
+            })?;
             if found != expected {
                 return Err(WeightsError::ChecksumMismatch {
                     set: manifest.set_name.clone(),
@@ -448,7 +449,9 @@ fn held_of<B: ArenaBytes>(
     if declared > view.len() {
         return Err(refused(ManifestError::ArenaTooSmall { claimed: declared, mapped: view.len() }));
     }
-    let mut bytes = vec![0u8; usize::try_from(declared).unwrap_or(usize::MAX)];
+    let mut bytes = host_bytes(declared).map_err(|problem| {
+        refused(ManifestError::BadField { field: "manifest bytes".into(), problem: format!("{declared}: {problem}") })
+    })?;
     B::read_viewed(&view, 0, &mut bytes)?;
     let tensors = match known.and_then(|(k, t)| Some((Manifest::same_but_generation(k, &bytes)?, t))) {
         // What decode checks of the mapped extent: the arena inside it (the rest is in the bytes compared).
@@ -472,6 +475,16 @@ fn held_of<B: ArenaBytes>(
         return Err(refused(ManifestError::BadField { field: "set name and generation".into(), problem }));
     }
     Ok((HeldGeneration { tensors, view }, bytes))
+}
+
+/// `len` zero bytes on the host, or why not (an allocation that fails is an error here, not an abort: the length
+/// comes from another process's bytes).
+fn host_bytes(len: u64) -> Result<Vec<u8>, String> {
+    let len = usize::try_from(len).map_err(|_| "more than this process can address".to_owned())?;
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len).map_err(|e| format!("cannot allocate that much host memory ({e})"))?;
+    bytes.resize(len, 0);
+    Ok(bytes)
 }
 
 /// `NoSuchSet`, naming the sets the owner does publish.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::manifest::{MANIFEST_HEADER_BYTES, TENSOR_ALIGN};
+use super::manifest::{MANIFEST_HEADER_BYTES, MAX_TENSORS, TENSOR_ALIGN};
 use super::*;
 use crate::pool::{PoolConfig, PoolError, SharedPool};
 use gpu_ipc_driver::DeviceUuid;
@@ -467,6 +467,32 @@ fn a_manifest_of_no_tensors_with_the_checksums_bit_is_refused() {
     let mut clear = bytes;
     clear[10] = 0;
     assert_eq!(Manifest::decode(&clear, u64::MAX).expect("the same manifest without the bit").encode(), clear);
+}
+
+#[test]
+fn a_declared_length_no_manifest_of_its_count_can_have_is_refused_before_anything_is_copied() {
+    // A hostile owner's header claiming 64 GiB of manifest in an arena as large: a reader copied (allocated) the
+    // whole claim before decoding it, and an allocation that large aborted the process.
+    let m = sample();
+    let good = m.encode();
+    let header = &good[..MANIFEST_HEADER_BYTES];
+    assert_eq!(Manifest::declared_len(header).unwrap(), good.len() as u64);
+    let count = m.entries.len() as u32;
+    let most = Manifest::most_bytes(1, count);
+    assert!(most >= good.len() as u64);
+    for claim in [most + 1, 64 << 30, u64::MAX] {
+        let mut h = header.to_vec();
+        h[24..32].copy_from_slice(&claim.to_le_bytes());
+        let e = Manifest::declared_len(&h).unwrap_err();
+        assert!(e.to_string().contains("more than a manifest of"), "{e}");
+    }
+    let mut h = header.to_vec();
+    h[24..32].copy_from_slice(&most.to_le_bytes());
+    assert_eq!(Manifest::declared_len(&h).unwrap(), most);
+    // The largest manifest of the most tensors, every name and dimension at its limit, is about 1.2 GB.
+    assert!(Manifest::most_bytes(2, MAX_TENSORS) < 5 << 29);
+    h[COUNT_AT..COUNT_AT + 4].copy_from_slice(&(MAX_TENSORS + 1).to_le_bytes());
+    assert!(matches!(Manifest::declared_len(&h), Err(ManifestError::BadField { .. })));
 }
 
 #[test]

@@ -315,7 +315,13 @@ impl WeightsReader {
             .detach(|| {
                 each_backend!(&held, h => {
                     let len = h.entry(name)?.span_bytes();
-                    let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+                    let mut bytes = Vec::new();
+                    let n = usize::try_from(len).ok().filter(|&n| bytes.try_reserve_exact(n).is_ok());
+                    let Some(n) = n else {
+                        let problem = format!("tensor {name:?}: {len} bytes: cannot allocate that much host memory");
+                        return Err(WeightsError::Invalid(problem));
+                    };
+                    bytes.resize(n, 0);
                     h.read(name, &mut bytes).map(|()| bytes)
                 })
             })
