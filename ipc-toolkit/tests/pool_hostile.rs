@@ -133,6 +133,53 @@ fn silent_clients_and_a_thousand_rapid_connections_keep_no_importer_out() {
     });
 }
 
+#[test]
+fn a_flood_of_hellos_that_never_confirm_keeps_no_importer_out() {
+    // One thread keeps 64 connections that each say a valid hello and then nothing, opening a new one as soon as
+    // the owner drops one. An importer's connection used to be closed as "silent" the moment it was accepted (its
+    // hello unread yet), every time; now it waits its turn in the listener's backlog.
+    survives("hello-flood", |pool| {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut held: Vec<UnixStream> = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    held.retain_mut(|s| !closed_by_peer(s));
+                    while held.len() < 64 {
+                        let Ok(s) = UnixStream::connect(pool.path()) else { break };
+                        let hello = hello(ObjectKind::Pool, BackendKind::Host);
+                        if send_bytes(s.as_fd(), &hello, Vec::new(), T).is_ok() && s.set_nonblocking(true).is_ok() {
+                            held.push(s);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            for round in 0..3 {
+                let started = Instant::now();
+                let attached = PoolImporter::<Host>::attach(&HostContext, pool.path(), &AttachOptions::default());
+                let importer = attached.unwrap_or_else(|e| panic!("round {round}: {e} after {:?}", started.elapsed()));
+                assert_eq!(importer.mapped_blocks(), 1);
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    });
+}
+
+/// Whether the owner closed `stream` (a non-blocking one): what it sent is read and dropped, fds and all.
+fn closed_by_peer(stream: &mut UnixStream) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        match std::io::Read::read(stream, &mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
 /// Attaches by hand and keeps the offer's fds: directory, pin table, block channel.
 fn attach_raw(path: &Path) -> (PoolOffer, Vec<OwnedFd>, ipc_toolkit::door::OwnerLink) {
     let (made, link) = attach(path, ObjectKind::Pool, Some(BackendKind::Host), "raw", T, |offer, fds| {

@@ -15,7 +15,7 @@ use rustix::process::Pid;
 use super::handshake::{Failure, Handshake, Stage, read_failure, truncate};
 use super::{
     ACCEPT_BACKOFF, ACCEPT_ERROR_BACKOFF, ACCEPTS_PER_ROUND, AdmissionConfig, AdmissionEvent, IDLE_POLL, MAX_PANICS,
-    OfferKit, PANIC_WINDOW, Records, SEND_TIMEOUT,
+    OfferKit, PANIC_WINDOW, Records, SEND_TIMEOUT, SILENT_GRACE,
 };
 use crate::wire::{
     Attached, ClientHello, MAX_REFUSAL_MESSAGE_BYTES, Message, ObjectKind, PeerCredentials, RefusalCode, Refused,
@@ -192,13 +192,18 @@ impl<R: Records> FrontDoor<R> {
         }
     }
 
-    /// Closes the oldest connection that has not said a valid hello; false when there is none.
+    /// Closes the oldest connection that has not said a valid hello in [`SILENT_GRACE`]; false when there is none.
+    /// A connection accepted moments ago may have its hello waiting unread (it was accepted in this round, before a
+    /// `poll` could show it): evicting it made a flood of clients that said hello and went quiet lock every new
+    /// client out, each closed the instant after it was accepted. Until one is old enough, new connections wait in
+    /// the listener's backlog.
     fn evict_oldest_silent(&mut self) -> bool {
+        let now = Instant::now();
         let oldest = self
             .pending
             .iter()
             .enumerate()
-            .filter(|(_, h)| h.stage == Stage::Hello)
+            .filter(|(_, h)| h.stage == Stage::Hello && now.duration_since(h.accepted) >= SILENT_GRACE)
             .min_by_key(|(_, h)| h.accepted)
             .map(|(index, _)| index);
         match oldest {

@@ -5,8 +5,9 @@
 //! ([`MessageReader`](crate::wire::MessageReader)), each handshake bounded by its own deadline
 //! (`ProducerConfig::handshake_timeout`, from `accept` to `Attached`). At most
 //! `ProducerConfig::max_pending_handshakes` connections are in flight; when a new one arrives and there is no
-//! room, the oldest connection that has not yet said a valid hello is closed (a real consumer says hello right
-//! after connecting, so only silent clients are evicted). Open fds are thus bounded by that number, plus the
+//! room, the oldest connection that has not said a valid hello in 100 ms is closed (a real consumer says hello
+//! right after connecting, so only silent clients are evicted); until one has, new connections wait in the
+//! listener's backlog. Open fds are thus bounded by that number, plus the
 //! listener and one wake-up socket.
 //!
 //! The thread never touches the GPU, nor the consumer records: once a hello is valid it asks the producer for the offer
@@ -61,6 +62,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// Connections accepted per wake-up, so that a flood of connections cannot starve the handshakes in flight.
 const ACCEPTS_PER_ROUND: usize = 32;
+/// How long a connection may go without a valid hello before it can be closed to make room for a new one (a real
+/// client says hello as soon as it connects).
+const SILENT_GRACE: Duration = Duration::from_millis(100);
 /// Bound on sending the offer or a refusal: the peer's receive buffer is empty at that point (we sent nothing
 /// before), so this only matters for a peer that vanished.
 const SEND_TIMEOUT: Duration = Duration::from_millis(100);
