@@ -235,6 +235,7 @@ pub fn weights_to_py(e: WeightsError) -> PyErr {
     let message = e.to_string();
     match e {
         WeightsError::Pool(pool) => pool_to_py(pool),
+        WeightsError::ArenasHeld { .. } => PoolFull::new_err(message),
         WeightsError::OwnerGone { .. } => OwnerGone::new_err(message),
         WeightsError::Timeout { waited, .. } => with_attrs(
             Timeout::new_err(message),

@@ -366,8 +366,9 @@ def test_a_reader_killed_releases_its_generation(sock: str) -> None:
             expect(child, "HELD")
             wait_for_readers(pub, 1)
             pub.update(state_dict(2))
-            with pytest.raises(gpu_ipc.PoolFull):
+            with pytest.raises(gpu_ipc.PoolFull, match=r"max_arenas.*holds \[1\]") as full:
                 pub.update(state_dict(3))  # the reader holds 1, 2 is the newest: no third arena
+            assert f"pid {child.pid}" in str(full.value), full.value
             assert pub.readers() == [(child.pid, 1)]
             os.kill(child.pid, signal.SIGKILL)
             killed = time.monotonic()

@@ -234,7 +234,15 @@ impl BlockReply {
         let pieces = r.u32()?;
         r.reserved_u32("BlockReply.reserved")?;
         let handle: IpcHandleBytes = r.array()?;
-        if fd_count != fds || fd_count > 1 {
+        if fd_count > 1 {
+            // A reply carries one fd at most: the count field itself is what is wrong, whatever arrived.
+            return Err(WireError::FdCountMismatch {
+                message: "BlockReply (its fd_count field)",
+                expected: 1,
+                received: fd_count,
+            });
+        }
+        if fd_count != fds {
             return Err(WireError::FdCountMismatch { message: "BlockReply", expected: fd_count, received: fds });
         }
         if flags & !1 != 0 || (flags == 0 && handle != [0; IPC_HANDLE_BYTES]) {

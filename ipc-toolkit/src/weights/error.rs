@@ -124,6 +124,23 @@ pub enum WeightsError {
         /// What failed.
         problem: String,
     },
+    /// Every arena the owner may have is held (by readers, or published and kept): the next generation has no
+    /// room until a reader lets go.
+    #[error(
+        "weight set `{set}`: no arena free for the next generation: {arenas} arenas of at most {max_arenas} (max_arenas) are published, kept or held ({holds}); a generation's arena is reused once no reader holds it: readers let go when they refresh past it or close and drop its tensors (or die); raise max_arenas for more room ({source})"
+    )]
+    ArenasHeld {
+        /// The set.
+        set: String,
+        /// Arenas made and not reused.
+        arenas: usize,
+        /// [`WeightsOptions::max_arenas`](super::WeightsOptions::max_arenas).
+        max_arenas: u32,
+        /// Who holds which generation, in words.
+        holds: String,
+        /// The pool's refusal.
+        source: crate::pool::PoolError,
+    },
     /// A call out of order or an invalid argument (no staged generation to commit, a bad set name, ...).
     #[error("{0}")]
     Invalid(String),

@@ -24,8 +24,9 @@
 //!
 //! How it works: the arenas are buffers of a [`SharedPool`](crate::pool::SharedPool) named `SET/GENERATION`, one
 //! block (one export) each unless arenas fit in freed room; the newest generation is the pool directory's note
-//! word; a reader's hold is the pool's pin of that buffer, dropped when the reader lets go, refreshes, closes or
-//! dies (its connection hangs up), so a generation's memory is reused only when no reader holds it. The manifest
+//! word; a reader's hold is the pool's pin of that buffer, dropped once the reader has refreshed past it or closed
+//! and what it took of it (`held()`) is gone, or when it dies (its connection hangs up), so a generation's memory
+//! is reused only when no reader holds it. The manifest
 //! is decoded from a private copy and checked whole before a tensor is described. See `docs/weights.md`.
 
 mod arena;

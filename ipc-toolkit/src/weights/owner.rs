@@ -16,7 +16,7 @@ use super::manifest::{
 use super::runs::group_alike;
 use super::{arena_name, generation_of};
 use crate::door::DoorConfig;
-use crate::pool::{BufferHandle, PoolConfig, SharedPool};
+use crate::pool::{BufferHandle, PoolConfig, PoolError, SharedPool};
 use gpu_ipc_driver::{DeviceSpan, DeviceUuid, Stream};
 use ipc_core::backend::GpuBackend;
 use ipc_core::wire::TensorDesc;
@@ -30,7 +30,7 @@ pub struct WeightsOptions {
     /// is reused once no reader holds it.
     pub keep: usize,
     /// Arenas at most, held by readers or not (bounds the memory: each is one export); staging one more while
-    /// readers hold this many fails with the pool's `OutOfMemory`.
+    /// readers hold this many fails with [`WeightsError::ArenasHeld`].
     pub max_arenas: u32,
     /// Whether each generation's manifest carries a checksum of every tensor (computed at commit from the
     /// arena's bytes: a read-back of the whole arena on a GPU).
@@ -290,7 +290,7 @@ impl<B: ArenaBytes> WeightsOwner<B> {
     /// [`WeightsOptions::keep`] are retired first (the newest published never is).
     ///
     /// # Errors
-    /// The pool's `OutOfMemory` when readers hold [`WeightsOptions::max_arenas`] arenas; a backend error.
+    /// [`WeightsError::ArenasHeld`] when readers hold [`WeightsOptions::max_arenas`] arenas (who holds which, in its words); a backend error.
     pub fn stage(&mut self) -> Result<&StagedGeneration<B>, WeightsError> {
         if self.staged.is_none() {
             while self.published.len() >= self.options.keep && self.published.len() > 1 {
@@ -307,7 +307,17 @@ impl<B: ArenaBytes> WeightsOwner<B> {
             let layout_checksum = self.options.checksums.then_some(0);
             manifest.entries.iter_mut().for_each(|e| e.checksum = layout_checksum);
             let handle =
-                self.pool.alloc(&arena_name(&self.set, generation), manifest.arena_bytes, TENSOR_ALIGN, None)?;
+                match self.pool.alloc(&arena_name(&self.set, generation), manifest.arena_bytes, TENSOR_ALIGN, None) {
+                    Ok(handle) => handle,
+                    Err(source @ PoolError::OutOfMemory { .. }) => {
+                        self.spare = Some(manifest);
+                        return Err(self.arenas_held(source));
+                    }
+                    Err(e) => {
+                        self.spare = Some(manifest);
+                        return Err(e.into());
+                    }
+                };
             // The whole manifest, every time: a reader maps the arena writable (a GPU mapping cannot be made
             // read-only for it), so bytes left from an earlier generation in this arena are not trusted, or one
             // reader's write would reach every later generation staged there. 1.5 MB for 19,000 tensors.
@@ -394,6 +404,31 @@ impl<B: ArenaBytes> WeightsOwner<B> {
                 ReaderHold { peer: peer.id, pid: peer.pid, name: peer.name, generations }
             })
             .collect()
+    }
+
+    /// The error of a stage that found every arena held: who holds which generation.
+    fn arenas_held(&self, source: PoolError) -> WeightsError {
+        let holds: Vec<String> = self
+            .readers()
+            .into_iter()
+            .filter(|r| !r.generations.is_empty())
+            .map(|r| {
+                let pid = r.pid.map_or_else(|| "pid unknown".to_owned(), |p| format!("pid {p}"));
+                format!("reader {} `{}` ({pid}) holds {:?}", r.peer, r.name, r.generations)
+            })
+            .collect();
+        let published: Vec<u64> = self.published.iter().map(StagedGeneration::generation).collect();
+        let holds = format!(
+            "published and kept: {published:?}; {}",
+            if holds.is_empty() { "no reader holds any".to_owned() } else { holds.join(", ") }
+        );
+        WeightsError::ArenasHeld {
+            set: self.set.clone(),
+            arenas: self.arenas(),
+            max_arenas: self.options.max_arenas,
+            holds,
+            source,
+        }
     }
 
     /// Arenas made and not reused yet: published, staged, and retired ones readers still hold.

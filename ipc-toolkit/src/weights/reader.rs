@@ -447,7 +447,8 @@ fn held_of<B: ArenaBytes>(
     B::read_viewed(&view, 0, &mut header)?;
     let declared = Manifest::declared_len(&header).map_err(refused)?;
     if declared > view.len() {
-        return Err(refused(ManifestError::ArenaTooSmall { claimed: declared, mapped: view.len() }));
+        let problem = format!("{declared}, more than the {} bytes of the arena mapped", view.len());
+        return Err(refused(ManifestError::BadField { field: "manifest bytes".into(), problem }));
     }
     let mut bytes = host_bytes(declared).map_err(|problem| {
         refused(ManifestError::BadField { field: "manifest bytes".into(), problem: format!("{declared}: {problem}") })
