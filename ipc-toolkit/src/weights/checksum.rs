@@ -76,6 +76,7 @@ fn checksum_in_pieces<E>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -139,7 +139,7 @@ pub enum WeightsError {
         /// Who holds which generation, in words.
         holds: String,
         /// The pool's refusal.
-        source: crate::pool::PoolError,
+        source: Box<crate::pool::PoolError>,
     },
     /// A call out of order or an invalid argument (no staged generation to commit, a bad set name, ...).
     #[error("{0}")]

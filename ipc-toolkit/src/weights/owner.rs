@@ -427,7 +427,7 @@ impl<B: ArenaBytes> WeightsOwner<B> {
             arenas: self.arenas(),
             max_arenas: self.options.max_arenas,
             holds,
-            source,
+            source: Box::new(source),
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::manifest::{MANIFEST_HEADER_BYTES, MAX_TENSORS, TENSOR_ALIGN};
 use super::*;
-use crate::pool::{PoolConfig, PoolError, SharedPool};
+use crate::pool::{PoolConfig, SharedPool};
 use gpu_ipc_driver::DeviceUuid;
 use ipc_core::host::{Host, HostContext};
 
