@@ -211,7 +211,7 @@ fn a_reader_killed_while_it_holds_a_retired_generation_releases_it_within_a_seco
     wait_for_readers(&owner, 1);
     publish(&mut owner);
     // Two arenas at most: the reader holds 1, 2 is the newest; a third cannot be staged while it lives.
-    assert!(matches!(owner.stage(), Err(WeightsError::Pool(_))));
+    assert!(matches!(owner.stage(), Err(WeightsError::ArenasHeld { .. })));
     assert_eq!(owner.readers()[0].generations, vec![1]);
     child.kill().unwrap(); // SIGKILL
     let killed = Instant::now();

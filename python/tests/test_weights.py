@@ -272,6 +272,21 @@ def test_a_wrong_name_and_no_owner_say_so(sock: str) -> None:
             gpu_ipc.weights.open(sock, "mistral")
 
 
+def test_max_readers_bounds_the_readers_attached_at_once(sock: str) -> None:
+    with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock, max_readers=2) as pub:
+        first, second = gpu_ipc.weights.open(sock, "m"), gpu_ipc.weights.open(sock, "m")
+        with pytest.raises(gpu_ipc.GpuIpcError, match="at most 2"):
+            gpu_ipc.weights.open(sock, "m", timeout=2)
+        first.close()
+        deadline = time.monotonic() + 3
+        while len(pub.readers()) > 1:
+            assert time.monotonic() < deadline, pub.readers()
+            time.sleep(0.01)
+        with gpu_ipc.weights.open(sock, "m") as third:
+            assert_generation(third.tensors(), 1)
+        second.close()
+
+
 def test_the_owner_closing_raises_owner_gone_and_held_tensors_stay(sock: str) -> None:
     pub = gpu_ipc.weights.publish(state_dict(1), "m", socket=sock)
     r = gpu_ipc.weights.open(sock, "m")

@@ -22,7 +22,7 @@ pub enum OpenedSet<B: ArenaBytes> {
 
 impl<B: ArenaBytes> OpenedSet<B> {
     /// Opens the weight set `set` served at `socket`, whichever kind it is, and takes its newest generation
-    /// (waiting up to `timeout` for the first): one attachment to part 0 (on the context `context_for` gives for
+    /// (`timeout` bounds the whole open, the wait for the first generation included): one attachment to part 0 (on the context `context_for` gives for
     /// the device its offer names), then, for a set of parts, one to each other part, as
     /// [`WeightsPartsReader::open`] does. What the set's first manifest says decides; nothing is attached twice.
     ///
@@ -60,7 +60,9 @@ impl<B: ArenaBytes> OpenedSet<B> {
         if loaded.0.manifest().parts.is_none() {
             return WeightsReader::opened(cuda, first, path, set, loaded).map(Self::Whole);
         }
-        WeightsPartsReader::open_from((first, cuda), loaded, path, set, context_for, timeout).map(Self::Parts)
+        // One bound for the whole open: the other parts get what part 0 left of it.
+        let left = timeout.saturating_sub(started.elapsed());
+        WeightsPartsReader::open_from((first, cuda), loaded, path, set, context_for, left).map(Self::Parts)
     }
 }
 

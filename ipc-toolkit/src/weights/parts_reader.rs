@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::error::WeightsError;
 use super::gate::{GateSlot, GateSlots};
@@ -136,7 +136,19 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
         mut context_for: impl FnMut(DeviceUuid) -> Result<B::Context, PoolError>,
         timeout: Duration,
     ) -> Result<Self, WeightsError> {
-        let options = |part: usize| AttachOptions { name: format!("weights reader of {set} part {part}"), timeout };
+        // `timeout` bounds every part's attachment together: a slow owner of many parts cannot stretch it.
+        let deadline = Instant::now() + timeout;
+        let options = |part: usize| -> Result<AttachOptions, WeightsError> {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let waited = timeout;
+                return Err(WeightsError::Pool(PoolError::Timeout {
+                    what: "attaching to every part of a weight set",
+                    waited,
+                }));
+            }
+            Ok(AttachOptions { name: format!("weights reader of {set} part {part}"), timeout: left })
+        };
         let mut reader = Self {
             gates: GateSlots::new(0),
             set: set.to_owned(),
@@ -151,7 +163,7 @@ impl<B: ArenaBytes> WeightsPartsReader<B> {
         // Attach to every other part on its device, then load the set: all parts at one generation.
         for (part, device) in set_parts.devices.iter().enumerate().skip(1) {
             let ctx = context_for(*device).map_err(|e| WeightsError::from_pool(set, e))?;
-            let importer = PoolImporter::<B>::attach_part(&ctx, &reader.path, &options(part), part as u32)
+            let importer = PoolImporter::<B>::attach_part(&ctx, &reader.path, &options(part)?, part as u32)
                 .map_err(|e| WeightsError::from_pool(set, e))?;
             reader.links.push(PartLink { importer, cuda: B::cuda_context(&ctx).cloned(), encoded: Vec::new() });
         }

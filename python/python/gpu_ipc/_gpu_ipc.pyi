@@ -920,6 +920,7 @@ class WeightsOwner:
         keep: int = 2,
         checksums: bool = False,
         max_arenas: int | None = None,
+        max_readers: int | None = None,
     ) -> Self: ...
     @staticmethod
     def parts(
@@ -931,6 +932,7 @@ class WeightsOwner:
         keep: int = 2,
         checksums: bool = False,
         max_arenas: int | None = None,
+        max_readers: int | None = None,
     ) -> list[WeightsOwner]:
         """Serves a set on several devices, one part per CUDA device of ``devices`` (part order): ``layout`` gives
         each tensor's ``(name, dtype, shape, part)`` in the publisher's order; every part holds at least one.

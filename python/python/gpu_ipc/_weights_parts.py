@@ -26,11 +26,12 @@ Layout = list[tuple[str, str, tuple[int, ...]]]
 
 def serve_parts(layout: Layout, part_of: Mapping[str, int], devices: list[int], name: str,
                 socket: str | os.PathLike[str], backend: str, keep: int, checksums: bool,
-                max_arenas: int | None) -> PartsPublisher:
+                max_arenas: int | None, max_readers: int | None = None) -> PartsPublisher:
     """The owner of a set of ``layout`` in parts (``part_of``: each tensor's part; ``devices``: each part's CUDA
     device, or on the host backend just as many entries as parts), nothing published."""
     owners = WeightsOwner.parts(socket, name, [(k, d, list(s), part_of[k]) for k, d, s in layout], devices,
-                                backend=backend, keep=keep, checksums=checksums, max_arenas=max_arenas)
+                                backend=backend, keep=keep, checksums=checksums, max_arenas=max_arenas,
+                                max_readers=max_readers)
     return PartsPublisher(owners, layout, part_of)
 
 

@@ -80,6 +80,7 @@ def publish(
     checksums: bool = False,
     device: int | None = None,
     max_arenas: int | None = None,
+    max_readers: int | None = None,
     _parts: Mapping[str, int] | None = None,
 ) -> Publisher:
     """Publishes ``state_dict`` (a ``Mapping[str, tensor]`` of PyTorch / CuPy / JAX / NumPy tensors, or a module) as
@@ -89,6 +90,7 @@ def publish(
     ``keep``: arenas kept without readers (the newest and older ones; at least 1). ``checksums``: a checksum of every
     tensor in each manifest (computed from the arena: a read-back on the GPU), which ``Reader.verify()`` checks.
     ``device``: the GPU (default: the tensors'). ``max_arenas``: arenas at most, held by readers or not.
+    ``max_readers``: readers attached at once, at most (default 64); one more is refused (``Refused``).
 
     A state_dict whose tensors lie on several GPUs (a model loaded with a device map) is published as a set of
     parts, one per device (in ordinal order), each tensor staying on its device; readers get every tensor on its
@@ -103,7 +105,7 @@ def publish(
     where = {k: t.device for k, t in described.items() if t.device is not None}
     layout = [(k, t.dtype, t.shape) for k, t in described.items()]
     publisher = _serve(layout, where, name, socket, backend or ("vmm" if where else "host"), keep, checksums,
-                       device, max_arenas, _parts)
+                       device, max_arenas, _parts, max_readers)
     try:
         publisher.update(sd)
     except BaseException:
@@ -121,6 +123,7 @@ def create(
     checksums: bool = False,
     device: int | None = None,
     max_arenas: int | None = None,
+    max_readers: int | None = None,
     _parts: Mapping[str, int] | None = None,
 ) -> Publisher:
     """Serves the weight set ``name`` at ``socket`` with nothing published yet (``generation`` 0; readers' ``open``
@@ -163,19 +166,21 @@ def create(
         raise ArgumentError("the layout is empty")
     if backend is None:
         backend = "host" if on_host == len(entries) else "vmm"
-    return _serve(entries, where, name, socket, backend, keep, checksums, device, max_arenas, _parts)
+    return _serve(entries, where, name, socket, backend, keep, checksums, device, max_arenas, _parts, max_readers)
 
 
 def _serve(layout: list[tuple[str, str, tuple[int, ...]]], where: dict[str, int], name: str,
            socket: str | os.PathLike[str], backend: str, keep: int, checksums: bool, device: int | None,
-           max_arenas: int | None, parts: Mapping[str, int] | None = None) -> Publisher:
+           max_arenas: int | None, parts: Mapping[str, int] | None = None,
+           max_readers: int | None = None) -> Publisher:
     """The owner of a set of ``layout`` at ``socket``, nothing published; ``where``: the CUDA device each tensor was
     found on (if any); tensors on several devices make a set of parts, one per device (``parts``: a host set split
     in parts, for tests)."""
     devices = set(where.values())
     if parts is not None or (len(devices) > 1 and device is None):
         parts, ordinals = part_of_each(layout, where, backend, parts)
-        return serve_parts(layout, parts, ordinals, name, socket, backend, keep, checksums, max_arenas)
+        return serve_parts(layout, parts, ordinals, name, socket, backend, keep, checksums, max_arenas,
+                           max_readers)
     if len(devices) > 1:
         raise ArgumentError(f"the state_dict spans devices {sorted(devices)} and device={device} was given: leave "
                             "device=None to publish a set of parts, one per device")
@@ -190,6 +195,7 @@ def _serve(layout: list[tuple[str, str, tuple[int, ...]]], where: dict[str, int]
         keep=keep,
         checksums=checksums,
         max_arenas=max_arenas,
+        max_readers=max_readers,
     )
     return Publisher(owner, layout)
 

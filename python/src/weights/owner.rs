@@ -87,7 +87,7 @@ impl WeightsOwner {
 #[pymethods]
 impl WeightsOwner {
     #[new]
-    #[pyo3(signature = (socket, name, layout, backend="vmm", device=0, keep=2, checksums=false, max_arenas=None))]
+    #[pyo3(signature = (socket, name, layout, backend="vmm", device=0, keep=2, checksums=false, max_arenas=None, max_readers=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -99,13 +99,14 @@ impl WeightsOwner {
         keep: usize,
         checksums: bool,
         max_arenas: Option<u32>,
+        max_readers: Option<u32>,
     ) -> PyResult<Self> {
         let backend = parse_backend(backend)?;
         let tensors = layout
             .into_iter()
             .map(|(tensor, dtype, shape)| tensor_desc(tensor, &dtype, shape))
             .collect::<PyResult<Vec<_>>>()?;
-        let options = options_of(keep, checksums, max_arenas);
+        let options = options_of(keep, checksums, max_arenas, max_readers);
         let gpu = Gpu::for_backend(py, backend, device)?;
         let owner = py
             .detach(|| -> Result<Owner, WeightsError> {
@@ -139,7 +140,7 @@ impl WeightsOwner {
     /// Returns one handle per part. On the host backend (tests: there are no devices), ``devices`` only counts the
     /// parts, and their manifests name made-up distinct device UUIDs.
     #[staticmethod]
-    #[pyo3(signature = (socket, name, layout, devices, backend="vmm", keep=2, checksums=false, max_arenas=None))]
+    #[pyo3(signature = (socket, name, layout, devices, backend="vmm", keep=2, checksums=false, max_arenas=None, max_readers=None))]
     #[allow(clippy::too_many_arguments)]
     fn parts(
         py: Python<'_>,
@@ -151,6 +152,7 @@ impl WeightsOwner {
         keep: usize,
         checksums: bool,
         max_arenas: Option<u32>,
+        max_readers: Option<u32>,
     ) -> PyResult<Vec<Self>> {
         let backend = parse_backend(backend)?;
         let tensors = layout
@@ -160,7 +162,7 @@ impl WeightsOwner {
                 Ok((tensor, desc, part))
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let options = options_of(keep, checksums, max_arenas);
+        let options = options_of(keep, checksums, max_arenas, max_readers);
         let gpus = devices.iter().map(|&d| Gpu::for_backend(py, backend, d)).collect::<PyResult<Vec<_>>>()?;
         let contexts: Vec<Context> = gpus.iter().flatten().map(|g| g.ctx.clone()).collect();
         let owner = py
@@ -432,10 +434,11 @@ fn tensor_desc(tensor: String, dtype: &str, shape: Vec<u64>) -> PyResult<(String
     Ok((tensor, desc))
 }
 
-/// The options a Python caller's `keep`, `checksums` and `max_arenas` make.
-fn options_of(keep: usize, checksums: bool, max_arenas: Option<u32>) -> WeightsOptions {
+/// The options a Python caller's `keep`, `checksums`, `max_arenas` and `max_readers` make.
+fn options_of(keep: usize, checksums: bool, max_arenas: Option<u32>, max_readers: Option<u32>) -> WeightsOptions {
     let default = WeightsOptions::default();
     let keep = keep.max(1);
     let max_arenas = max_arenas.unwrap_or_else(|| default.max_arenas.max(keep as u32 + 4));
-    WeightsOptions { keep, checksums, max_arenas, ..default }
+    let max_readers = max_readers.unwrap_or(default.max_readers);
+    WeightsOptions { keep, checksums, max_arenas, max_readers, ..default }
 }
