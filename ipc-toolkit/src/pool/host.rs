@@ -77,7 +77,11 @@ impl<B: Backend> PoolHost<B> {
         }
         let mut book = self.shared.book();
         if book.importer_count() >= self.shared.max_importers {
-            let message = format!("the pool serves at most {} importers at once", self.shared.max_importers);
+            let message = format!(
+                "the pool serves at most {} importers at once, attached or being attached (PoolConfig::max_importers; \
+                 a weight set's max_readers): try again once one leaves",
+                self.shared.max_importers
+            );
             return Err((RefusalCode::RingFull, message));
         }
         let geometry = book.directory().geometry();

@@ -127,7 +127,7 @@ pub enum WeightsError {
     /// Every arena the owner may have is held (by readers, or published and kept): the next generation has no
     /// room until a reader lets go.
     #[error(
-        "weight set `{set}`: no arena free for the next generation: {arenas} arenas of at most {max_arenas} (max_arenas) are published, kept or held ({holds}); a generation's arena is reused once no reader holds it: readers let go when they refresh past it or close and drop its tensors (or die); raise max_arenas for more room ({source})"
+        "weight set `{set}`: no arena free for the next generation: {arenas} arenas of at most {max_arenas} (max_arenas) are published, kept or held ({holds}); a generation's arena is reused once no reader holds it: readers let go when they refresh past it or close and drop its tensors (or die); raise max_arenas for more room"
     )]
     ArenasHeld {
         /// The set.

@@ -101,6 +101,8 @@ impl WeightsReader {
         timeout: f64,
     ) -> PyResult<Self> {
         let timeout = seconds(timeout)?;
+        // `timeout` bounds the whole open: the status request (the backend's, when none is given) and the open.
+        let started = std::time::Instant::now();
         let backend = match backend {
             Some(b) => parse_backend(b)?,
             None => py.detach(|| door::status(&socket, timeout).map(|report| report.backend)).map_err(|e| match e {
@@ -119,8 +121,9 @@ impl WeightsReader {
                 None
             }
         };
+        let left = timeout.saturating_sub(started.elapsed());
         let (reader, ordinals) =
-            py.detach(|| open_set(backend, gpu.as_ref(), &socket, name, timeout)).map_err(weights_to_py)?;
+            py.detach(|| open_set(backend, gpu.as_ref(), &socket, name, left)).map_err(weights_to_py)?;
         let gpu = match ordinals.first().copied().flatten() {
             Some(ordinal) if gpu.as_ref().is_none_or(|g| g.ordinal != ordinal) => {
                 Gpu::for_backend(py, backend, ordinal)?
