@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 
@@ -272,18 +273,20 @@ def test_a_wrong_name_and_no_owner_say_so(sock: str) -> None:
             gpu_ipc.weights.open(sock, "mistral")
 
 
-def test_max_readers_bounds_the_readers_attached_at_once(sock: str) -> None:
+def test_max_readers_bounds_the_readers_attached_at_once_and_a_reader_waits_its_turn(sock: str) -> None:
     with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock, max_readers=2) as pub:
         first, second = gpu_ipc.weights.open(sock, "m"), gpu_ipc.weights.open(sock, "m")
+        started = time.monotonic()
         with pytest.raises(gpu_ipc.GpuIpcError, match="at most 2"):
-            gpu_ipc.weights.open(sock, "m", timeout=2)
-        first.close()
-        deadline = time.monotonic() + 3
-        while len(pub.readers()) > 1:
-            assert time.monotonic() < deadline, pub.readers()
-            time.sleep(0.01)
-        with gpu_ipc.weights.open(sock, "m") as third:
+            gpu_ipc.weights.open(sock, "m", timeout=0.5)  # asked again until its timeout, then refused
+        assert 0.4 < time.monotonic() - started < 3.0
+        # A reader that waits gets in as soon as one leaves.
+        threading.Timer(0.3, first.close).start()
+        started = time.monotonic()
+        with gpu_ipc.weights.open(sock, "m", timeout=5) as third:
+            assert 0.2 < time.monotonic() - started < 4.0
             assert_generation(third.tensors(), 1)
+        assert len(pub.readers()) <= 2
         second.close()
 
 

@@ -8,8 +8,13 @@ use super::error::WeightsError;
 use super::io::ArenaBytes;
 use super::parts_reader::WeightsPartsReader;
 use super::reader::{WeightsReader, load, wait_first};
+use crate::door::DoorError;
 use crate::pool::{AttachOptions, PoolError, PoolImporter};
 use gpu_ipc_driver::DeviceUuid;
+use ipc_core::wire::RefusalCode;
+
+/// How long a reader refused by a full pool waits before it asks again.
+const FULL_RETRY: Duration = Duration::from_millis(20);
 
 /// A weight set opened by [`OpenedSet::open`]: a reader of a set on one device, or of a set on several.
 #[derive(Debug)]
@@ -38,12 +43,23 @@ impl<B: ArenaBytes> OpenedSet<B> {
         let options = AttachOptions { name: format!("weights reader of {set}"), timeout };
         let mut part0_context = None;
         let started = std::time::Instant::now();
-        let first = PoolImporter::<B>::attach_part_on(&path, &options, 0, |uuid| {
-            let ctx = context_for(uuid)?;
-            part0_context = Some(ctx.clone());
-            Ok(ctx)
-        })
-        .map_err(|e| WeightsError::from_pool(set, e))?;
+        // A pool full of readers (attached, or handshakes not finished yet) refuses with RingFull: tried again until
+        // `timeout`, as a reader that waits its turn, since a place frees as soon as one leaves or times out.
+        let first = loop {
+            let attached = PoolImporter::<B>::attach_part_on(&path, &options, 0, |uuid| {
+                let ctx = context_for(uuid)?;
+                part0_context = Some(ctx.clone());
+                Ok(ctx)
+            });
+            match attached {
+                Err(PoolError::Door(DoorError::Refused { code: RefusalCode::RingFull, .. }))
+                    if started.elapsed() + FULL_RETRY < timeout =>
+                {
+                    std::thread::sleep(FULL_RETRY);
+                }
+                other => break other.map_err(|e| WeightsError::from_pool(set, e))?,
+            }
+        };
         let attached = started.elapsed();
         let generation = wait_first(&first, set, &path, timeout)?;
         let waited = started.elapsed();
