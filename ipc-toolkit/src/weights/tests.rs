@@ -53,6 +53,11 @@ fn check_held(held: &HeldGeneration<Host>, generation: u64) {
     }
 }
 
+/// Each tensor's name, description and offset: a manifest without its generation and checksums.
+fn placement(m: &Manifest) -> Vec<(String, TensorDesc, u64)> {
+    m.entries.iter().map(|e| (e.name.clone(), e.desc.clone(), e.offset)).collect()
+}
+
 pub(super) fn open(path: &PathBuf, set: &str) -> WeightsReader<Host> {
     WeightsReader::<Host>::open(&HostContext, path, set, Duration::from_secs(5)).unwrap()
 }
@@ -301,9 +306,7 @@ fn every_generation_staged_in_a_reused_arena_carries_its_own_manifest() {
         check_held(&held, generation);
         let manifest = held.manifest();
         assert_eq!(manifest.generation, generation);
-        let strip =
-            |m: &Manifest| m.entries.iter().map(|e| (e.name.clone(), e.desc.clone(), e.offset)).collect::<Vec<_>>();
-        assert_eq!(strip(manifest), strip(owner.layout()));
+        assert_eq!(placement(manifest), placement(owner.layout()));
         assert_eq!(held.verify().unwrap(), 4, "generation {generation}'s own checksums");
         assert_eq!(owner.staged().map(StagedGeneration::generation), None);
     }
@@ -329,14 +332,13 @@ fn a_manifest_a_reader_overwrote_does_not_outlive_its_generation() {
     held.view().write(0, &swapped.encode()).unwrap();
     drop(held);
     drop(hostile);
-    let strip = |m: &Manifest| m.entries.iter().map(|e| (e.name.clone(), e.desc.clone(), e.offset)).collect::<Vec<_>>();
     publish(&mut owner);
     let mut reader = open(&path, "m");
     for generation in 3..=6 {
         assert_eq!(publish(&mut owner), generation);
         assert_eq!(reader.refresh().unwrap(), generation);
         let held = reader.held();
-        assert_eq!(strip(held.manifest()), strip(owner.layout()), "generation {generation}'s manifest");
+        assert_eq!(placement(held.manifest()), placement(owner.layout()), "generation {generation}'s manifest");
         check_held(&held, generation);
     }
 }
