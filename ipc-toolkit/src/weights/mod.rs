@@ -32,6 +32,7 @@
 mod arena;
 mod checksum;
 mod copy;
+mod entries;
 mod error;
 mod gate;
 mod io;
