@@ -39,8 +39,7 @@ pub(super) fn read_entries(
             .map(|first| {
                 let last = (first + per).min(known);
                 let (bytes, at, to) = (r.bytes, starts[first], starts[last]);
-                // A thread that cannot be made (a process at its limit) leaves its chunk empty: decoded in order.
-                std::thread::Builder::new().name("gpu-ipc-manifest".into()).spawn_scoped(scope, move || {
+                scope.spawn(move || {
                     let mut chunk = Reader { bytes, at };
                     let entries = (first..last)
                         .map(|i| read_entry(&mut chunk, i as u32, checksums, start, end))
@@ -51,19 +50,15 @@ pub(super) fn read_entries(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.ok().and_then(|h| h.join().ok()).unwrap_or_else(|| Ok(Vec::new()))).collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Ok(Vec::new()))).collect()
     });
     let mut entries = Vec::with_capacity(count as usize);
     for chunk in chunks {
-        match chunk {
-            // Every chunk holds at least one entry: an empty one is a thread not made, or a length the quick pass
-            // got wrong (a bug). Every entry again, in order, here, before any later chunk's error is believed.
-            Ok(chunk) if chunk.is_empty() => {
-                return (0..count).map(|index| read_entry(r, index, checksums, start, end)).collect();
-            }
-            Ok(chunk) => entries.extend(chunk),
-            Err(e) => return Err(e),
-        }
+        entries.extend(chunk?);
+    }
+    if entries.len() != known {
+        // Not expected (see above): every entry again, in order, on this thread.
+        return (0..count).map(|index| read_entry(r, index, checksums, start, end)).collect();
     }
     // The entries past the first whose shape the quick pass could not follow (a hostile or truncated manifest):
     // in order, so that the error is the one a decode in order reports.
