@@ -65,8 +65,8 @@ pub const TENSOR_ALIGN: u64 = 256;
 pub(super) const GENERATION_BYTES: std::ops::Range<usize> = 16..24;
 
 const FLAG_CHECKSUMS: u16 = 1;
-pub(super) const ENTRY_FLAG_STRIDES: u8 = 1;
-pub(super) const ENTRY_FIXED_BYTES: usize = 16;
+const ENTRY_FLAG_STRIDES: u8 = 1;
+const ENTRY_FIXED_BYTES: usize = 16;
 
 /// One tensor of a generation: its name, what it is, and where its bytes lie in the arena.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -462,7 +462,10 @@ impl Manifest {
                 len: bytes.len() as u64,
             });
         }
-        let entries = super::entries::read_entries(&mut r, count, checksums, start, arena_bytes)?;
+        let mut entries = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            entries.push(read_entry(&mut r, index, checksums, start, arena_bytes)?);
+        }
         if r.at != bytes.len() {
             return Err(ManifestError::TrailingBytes { extra: (bytes.len() - r.at) as u64, declared });
         }
@@ -501,9 +504,9 @@ impl fmt::Display for Manifest {
     }
 }
 
-pub(super) struct Reader<'a> {
-    pub(super) bytes: &'a [u8],
-    pub(super) at: usize,
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -605,7 +608,7 @@ fn read_parts(r: &mut Reader<'_>, count: u32, device: DeviceUuid) -> Result<SetP
     Ok(SetParts { part, devices, set_tensors, positions })
 }
 
-pub(super) fn read_entry(
+fn read_entry(
     r: &mut Reader<'_>,
     index: u32,
     checksums: bool,

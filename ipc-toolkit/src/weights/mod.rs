@@ -32,7 +32,6 @@
 mod arena;
 mod checksum;
 mod copy;
-mod entries;
 mod error;
 mod gate;
 mod io;
