@@ -26,10 +26,12 @@ pub enum OpenedSet<B: ArenaBytes> {
 }
 
 impl<B: ArenaBytes> OpenedSet<B> {
-    /// Opens the weight set `set` served at `socket`, whichever kind it is, and takes its newest generation
-    /// (`timeout` bounds the whole open, the wait for the first generation included): one attachment to part 0 (on the context `context_for` gives for
-    /// the device its offer names), then, for a set of parts, one to each other part, as
-    /// [`WeightsPartsReader::open`] does. What the set's first manifest says decides; nothing is attached twice.
+    /// Opens the weight set `set` served at `socket`, whichever kind it is, and takes its newest generation:
+    /// one attachment to part 0 (on the context `context_for` gives for the device its offer names), then, for a
+    /// set of parts, one to each other part, as [`WeightsPartsReader::open`] does. What the set's first manifest
+    /// says decides; nothing is attached twice. `timeout` bounds the attachments (asked again while the set is full
+    /// of readers) and the wait for the first generation together; each block request after the handshake has the
+    /// whole `timeout` of its own.
     ///
     /// # Errors
     /// As [`WeightsReader::open`] and [`WeightsPartsReader::open`]; whatever `context_for` returns.
@@ -61,7 +63,7 @@ impl<B: ArenaBytes> OpenedSet<B> {
             }
         };
         let attached = started.elapsed();
-        let generation = wait_first(&first, set, &path, timeout)?;
+        let generation = wait_first(&first, set, &path, timeout.saturating_sub(attached))?;
         let waited = started.elapsed();
         let loaded = load(&first, set, &path, generation, None)?;
         tracing::debug!(

@@ -290,7 +290,8 @@ impl<B: ArenaBytes> WeightsOwner<B> {
     /// [`WeightsOptions::keep`] are retired first (the newest published never is).
     ///
     /// # Errors
-    /// [`WeightsError::ArenasHeld`] when readers hold [`WeightsOptions::max_arenas`] arenas (who holds which, in its words); a backend error.
+    /// [`WeightsError::ArenasHeld`] when readers hold [`WeightsOptions::max_arenas`] arenas (its words say who holds
+    /// which); a backend error.
     pub fn stage(&mut self) -> Result<&StagedGeneration<B>, WeightsError> {
         if self.staged.is_none() {
             while self.published.len() >= self.options.keep && self.published.len() > 1 {

@@ -218,13 +218,15 @@ def open(
     timeout: float = 10.0,
     device: int | None = None,
 ) -> Reader:
-    """Opens the weight set ``name`` served at ``socket`` and takes its newest generation (waiting up to ``timeout``
-    seconds for the first). ``backend``: the owner's (default: asked of it). ``device``: the CUDA ordinal to map
-    it on; ``None`` (the default): the set's own device, found in this process by the UUID its owner names (so
-    ``CUDA_VISIBLE_DEVICES`` may number it otherwise here); another device than the set's is refused with
-    ``BackendError``. A set on several devices (parts) is opened whole, each part on the device its manifest names:
-    ``Reader.parts``, ``placement()``. Raises ``NoOwner``, ``NotFound`` (no such set), ``Timeout``, ``WireError``
-    (a manifest that fails its checks), ``BackendError`` (the set's device is not visible here)."""
+    """Opens the weight set ``name`` served at ``socket`` and takes its newest generation. ``timeout`` (seconds) bounds
+    the whole open: asking the owner's backend, attaching (asked again every 20 ms while the set already serves
+    ``max_readers`` readers) and waiting for the first generation. ``backend``: the owner's (default: asked of it).
+    ``device``: the CUDA ordinal to map it on; ``None`` (the default): the set's own device, found in this process
+    by the UUID its owner names (so ``CUDA_VISIBLE_DEVICES`` may number it otherwise here); another device than the
+    set's is refused with ``BackendError``. A set on several devices (parts) is opened whole, each part on the
+    device its manifest names: ``Reader.parts``, ``placement()``. Raises ``NoOwner``, ``NotFound`` (no such set),
+    ``Timeout``, ``Refused`` (still full at the timeout), ``WireError`` (a manifest that fails its checks),
+    ``BackendError`` (the set's device is not visible here)."""
     native = WeightsReader(socket, name, backend=backend, device=device, timeout=timeout)
     if native.part_count == 1:
         return Reader(native)
