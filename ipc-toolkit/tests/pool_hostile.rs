@@ -167,6 +167,36 @@ fn a_flood_of_hellos_that_never_confirm_keeps_no_importer_out() {
     });
 }
 
+#[test]
+fn attached_peers_that_send_a_byte_at_a_time_do_not_slow_an_attach() {
+    // 60 attached importers each send one byte every 2 ms (never a whole message). The owner's watch of attached
+    // peers waited up to 1 ms for the rest of a message on each, every round: new attaches took 45-62 ms.
+    survives("dribble", |pool| {
+        let links: Vec<_> = (0..60).map(|_| attach_raw(pool.path())).collect();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (_, _, link) in &links {
+                        let _ = rustix::net::send(link, &[0x47], rustix::net::SendFlags::DONTWAIT);
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            let started = Instant::now();
+            for _ in 0..20 {
+                let importer = PoolImporter::<Host>::attach(&HostContext, pool.path(), &AttachOptions::default());
+                drop(importer.unwrap());
+            }
+            let took = started.elapsed();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert!(took < Duration::from_millis(600), "20 attaches took {took:?}");
+        });
+        drop(links);
+    });
+}
+
 /// Whether the owner closed `stream` (a non-blocking one): what it sent is read and dropped, fds and all.
 fn closed_by_peer(stream: &mut UnixStream) -> bool {
     let mut buf = [0u8; 4096];
