@@ -274,6 +274,8 @@ def test_a_wrong_name_and_no_owner_say_so(sock: str) -> None:
 
 
 def test_max_readers_bounds_the_readers_attached_at_once_and_a_reader_waits_its_turn(sock: str) -> None:
+    with pytest.raises(gpu_ipc.ArgumentError, match="max_readers: at least 1"):
+        gpu_ipc.weights.publish(state_dict(1), "m", socket=sock, max_readers=0)
     with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock, max_readers=2) as pub:
         first, second = gpu_ipc.weights.open(sock, "m"), gpu_ipc.weights.open(sock, "m")
         started = time.monotonic()

@@ -106,7 +106,7 @@ impl WeightsOwner {
             .into_iter()
             .map(|(tensor, dtype, shape)| tensor_desc(tensor, &dtype, shape))
             .collect::<PyResult<Vec<_>>>()?;
-        let options = options_of(keep, checksums, max_arenas, max_readers);
+        let options = options_of(keep, checksums, max_arenas, max_readers)?;
         let gpu = Gpu::for_backend(py, backend, device)?;
         let owner = py
             .detach(|| -> Result<Owner, WeightsError> {
@@ -162,7 +162,7 @@ impl WeightsOwner {
                 Ok((tensor, desc, part))
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let options = options_of(keep, checksums, max_arenas, max_readers);
+        let options = options_of(keep, checksums, max_arenas, max_readers)?;
         let gpus = devices.iter().map(|&d| Gpu::for_backend(py, backend, d)).collect::<PyResult<Vec<_>>>()?;
         let contexts: Vec<Context> = gpus.iter().flatten().map(|g| g.ctx.clone()).collect();
         let owner = py
@@ -435,10 +435,18 @@ fn tensor_desc(tensor: String, dtype: &str, shape: Vec<u64>) -> PyResult<(String
 }
 
 /// The options a Python caller's `keep`, `checksums`, `max_arenas` and `max_readers` make.
-fn options_of(keep: usize, checksums: bool, max_arenas: Option<u32>, max_readers: Option<u32>) -> WeightsOptions {
+fn options_of(
+    keep: usize,
+    checksums: bool,
+    max_arenas: Option<u32>,
+    max_readers: Option<u32>,
+) -> PyResult<WeightsOptions> {
+    if max_readers == Some(0) {
+        return Err(ArgumentError::new_err("max_readers: at least 1 (readers attached at once)"));
+    }
     let default = WeightsOptions::default();
     let keep = keep.max(1);
     let max_arenas = max_arenas.unwrap_or_else(|| default.max_arenas.max(keep as u32 + 4));
     let max_readers = max_readers.unwrap_or(default.max_readers);
-    WeightsOptions { keep, checksums, max_arenas, max_readers, ..default }
+    Ok(WeightsOptions { keep, checksums, max_arenas, max_readers, ..default })
 }
