@@ -40,14 +40,32 @@ impl Context {
     /// A failing `cuDevicePrimaryCtxRetain` (for example when the compute mode forbids contexts) or
     /// `cuCtxSetCurrent`.
     pub fn primary(device: Device) -> Result<Self> {
+        let ctx = Self::retain(device)?;
+        ctx.bind()?;
+        Ok(ctx)
+    }
+
+    /// Retains the primary context of `device` without touching the calling thread's current context: what a
+    /// library does, which [`enter`](Self::enter)s it around its own calls and leaves its caller's current device
+    /// alone.
+    ///
+    /// # Errors
+    /// A failing `cuDevicePrimaryCtxRetain`.
+    pub fn retain(device: Device) -> Result<Self> {
         let d = Driver::get()?;
         let f = entry!(d, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")?;
         let mut raw: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: the out-pointer is a valid local; the device came from cuDeviceGet.
         d.check("cuDevicePrimaryCtxRetain", unsafe { f(&mut raw, device.raw()) })?;
-        let ctx = Self { inner: Arc::new(Retained { device, raw }) };
-        ctx.bind()?;
-        Ok(ctx)
+        Ok(Self { inner: Arc::new(Retained { device, raw }) })
+    }
+
+    /// Whether the calling thread has a current context (any: this library's, PyTorch's, another's).
+    ///
+    /// # Errors
+    /// A failing `cuCtxGetCurrent`.
+    pub fn any_current() -> Result<bool> {
+        Ok(!current_raw()?.is_null())
     }
 
     /// Opens device `ordinal` and retains its primary context: the usual first line of a CUDA program.
@@ -67,6 +85,38 @@ impl Context {
         let f = entry!(d, cuCtxSetCurrent, "cuCtxSetCurrent")?;
         // SAFETY: the context is retained for as long as `self` lives.
         d.check("cuCtxSetCurrent", unsafe { f(self.inner.raw) })
+    }
+
+    /// Makes this context current on the calling thread; when another context was current (another device's),
+    /// dropping the returned guard makes that one current again: work on one device among several without moving
+    /// the thread off the caller's. PyTorch and the CUDA runtime read the current device from the current context,
+    /// so a library that [`bind`](Self::bind)s a context and leaves it would move its caller's current device. On a
+    /// thread with no current context this context stays current after the guard (as [`bind`](Self::bind)): nobody's
+    /// device moves, and the thread's later calls that use the current context (a synchronous copy) find it.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpu_ipc_driver::Result<()> {
+    /// use gpu_ipc_driver::Context;
+    /// let gpu0 = Context::for_ordinal(0)?; // current now
+    /// let gpu1 = Context::for_ordinal(1)?; // current now
+    /// gpu0.bind()?;
+    /// {
+    ///     let _on_gpu1 = gpu1.enter()?;
+    ///     // ... copies and launches here run in GPU 1's context ...
+    /// }
+    /// // GPU 0's context is current again.
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A failing `cuCtxGetCurrent` or `cuCtxSetCurrent`.
+    pub fn enter(&self) -> Result<Entered> {
+        let before = current_raw()?;
+        if before != self.inner.raw {
+            self.bind()?;
+        }
+        let switched = !before.is_null() && before != self.inner.raw;
+        Ok(Entered { before: switched.then_some(before), _thread: std::marker::PhantomData })
     }
 
     /// The raw `CUcontext` (the device's primary context), for code built on other CUDA libraries. It stays
@@ -101,11 +151,7 @@ impl Context {
     /// [`DriverError::NoCurrentContext`](super::DriverError) when the thread has none, else as
     /// [`Context::from_raw_primary`].
     pub fn current() -> Result<Self> {
-        let d = Driver::get()?;
-        let f = entry!(d, cuCtxGetCurrent, "cuCtxGetCurrent")?;
-        let mut raw: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: the out-pointer is a valid local.
-        d.check("cuCtxGetCurrent", unsafe { f(&mut raw) })?;
+        let raw = current_raw()?;
         if raw.is_null() {
             return Err(super::DriverError::NoCurrentContext);
         }
@@ -122,7 +168,7 @@ impl Context {
     /// # Errors
     /// A failing `cuCtxSynchronize`, which also reports earlier asynchronous errors (e.g. an illegal address).
     pub fn synchronize(&self) -> Result<()> {
-        self.bind()?;
+        let _entered = self.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuCtxSynchronize, "cuCtxSynchronize")?;
         // SAFETY: no arguments; the context is current.
@@ -134,7 +180,7 @@ impl Context {
     /// # Errors
     /// A failing `cuMemGetInfo`.
     pub fn memory_info(&self) -> Result<(u64, u64)> {
-        self.bind()?;
+        let _entered = self.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemGetInfo_v2, "cuMemGetInfo")?;
         let (mut free, mut total) = (0usize, 0usize);
@@ -149,7 +195,7 @@ impl Context {
     /// # Errors
     /// A failing `cuCtxEnablePeerAccess`, e.g. `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`.
     pub fn enable_peer_access(&self, peer: &Context) -> Result<()> {
-        self.bind()?;
+        let _entered = self.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess")?;
         // SAFETY: the peer context is retained by `peer`; flags must be 0.
@@ -158,6 +204,44 @@ impl Context {
             return Ok(());
         }
         d.check("cuCtxEnablePeerAccess", rc)
+    }
+}
+
+/// The context current on the calling thread, null when none is.
+fn current_raw() -> Result<sys::CUcontext> {
+    let d = Driver::get()?;
+    let f = entry!(d, cuCtxGetCurrent, "cuCtxGetCurrent")?;
+    let mut raw: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the out-pointer is a valid local.
+    d.check("cuCtxGetCurrent", unsafe { f(&mut raw) })?;
+    Ok(raw)
+}
+
+/// A context made current by [`Context::enter`]; dropping it makes current again what was before. It belongs to
+/// the thread that entered (the current context is the thread's), so it is neither `Send` nor `Sync`.
+#[must_use = "the context stays current only while the guard lives"]
+pub struct Entered {
+    /// What was current before, when it was another context; `None` when it was this one or none.
+    before: Option<sys::CUcontext>,
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for Entered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entered").field("switched", &self.before.is_some()).finish()
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        if let Some(before) = self.before {
+            release_quietly("making the previous context current again", |d| {
+                let f = entry!(d, cuCtxSetCurrent, "cuCtxSetCurrent")?;
+                // SAFETY: `before` was current on this thread when the guard was made; it is the caller's, who
+                // keeps it alive around the scope that entered another context.
+                d.check("cuCtxSetCurrent", unsafe { f(before) })
+            });
+        }
     }
 }
 

@@ -2,9 +2,12 @@
 //! number. The safe, bounds-checked forms are [`DeviceSpan`](super::DeviceSpan)'s methods.
 
 use super::address::{DeviceCopy, DevicePtr, RegistrableHostMemory};
+use super::context::Context;
+use super::device::Device;
 use super::error::{DriverError, Result};
 use super::loader::{Driver, entry};
 use super::stream::Stream;
+use super::sys;
 
 fn byte_len<T: DeviceCopy>(items: &[T]) -> usize {
     std::mem::size_of_val(items)
@@ -21,11 +24,42 @@ fn byte_len<T: DeviceCopy>(items: &[T]) -> usize {
 /// copy runs: device memory, or host memory Rust reaches only through atomics or raw pointers (under unified
 /// addressing a host address is a valid `dst`, and the driver would write through it).
 pub unsafe fn copy_to_device<T: DeviceCopy>(dst: DevicePtr, src: &[T]) -> Result<()> {
+    in_reach(dst, |d| {
+        let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
+        // SAFETY: the source is a live slice readable for its byte length; the caller vouches for the destination.
+        d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().cast(), byte_len(src)) })?;
+        finish_default_stream(d)
+    })
+}
+
+/// Runs `copy`, a synchronous copy to or from device memory at `ptr`, in the current context; when the driver
+/// refuses it there as an invalid value or context (VMM memory is mapped for its own device only: a copy made from
+/// another device's context is `CUDA_ERROR_INVALID_VALUE`; a thread may have no current context), runs it once more
+/// in the primary context of the device `ptr` lies on, and puts the caller's context back after. A copy the current
+/// context reaches costs nothing more.
+fn in_reach(ptr: DevicePtr, copy: impl Fn(&Driver) -> Result<()>) -> Result<()> {
     let d = Driver::get()?;
-    let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
-    // SAFETY: the source is a live slice readable for its byte length; the caller vouches for the destination.
-    d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().cast(), byte_len(src)) })?;
-    finish_default_stream(d)
+    let refused = match copy(d) {
+        Err(e) if matches!(e.cuda_code(), Some(c) if c == INVALID_VALUE || c == INVALID_CONTEXT) => e,
+        done => return done,
+    };
+    let Some(ordinal) = pointer_device(d, ptr) else { return Err(refused) };
+    let ctx = Context::retain(Device::get(ordinal)?)?;
+    let _entered = ctx.enter()?;
+    copy(d)
+}
+
+const INVALID_VALUE: u32 = sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE.0;
+const INVALID_CONTEXT: u32 = sys::cudaError_enum::CUDA_ERROR_INVALID_CONTEXT.0;
+
+/// The ordinal of the device whose memory `ptr` is (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); `None` when the driver
+/// does not know it (not device memory).
+fn pointer_device(d: &Driver, ptr: DevicePtr) -> Option<i32> {
+    let f = entry!(d, cuPointerGetAttribute, "cuPointerGetAttribute").ok()?;
+    let mut ordinal: i32 = -1;
+    // SAFETY: this attribute writes one int into the valid local.
+    let rc = unsafe { f((&mut ordinal as *mut i32).cast(), sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr.0) };
+    (d.check("cuPointerGetAttribute", rc).is_ok() && ordinal >= 0).then_some(ordinal)
 }
 
 /// Waits for the legacy default stream, where `cuMemcpyHtoD` runs: from pageable memory that call returns once the
@@ -51,11 +85,13 @@ fn finish_default_stream(d: &Driver) -> Result<()> {
 /// reference while the copy runs (device memory, or host memory Rust reaches only through atomics or raw
 /// pointers), and it must not overlap `dst`.
 pub unsafe fn copy_from_device<T: DeviceCopy>(dst: &mut [T], src: DevicePtr) -> Result<()> {
-    let d = Driver::get()?;
-    let f = entry!(d, cuMemcpyDtoH_v2, "cuMemcpyDtoH")?;
-    // SAFETY: the destination is a live, exclusively borrowed slice writable for its byte length, and every bit
-    // pattern is a valid `T` (DeviceCopy is sealed to plain numbers); the caller vouches for the source.
-    d.check("cuMemcpyDtoH", unsafe { f(dst.as_mut_ptr().cast(), src.0, byte_len(dst)) })
+    let (to, len) = (dst.as_mut_ptr(), byte_len(dst));
+    in_reach(src, |d| {
+        let f = entry!(d, cuMemcpyDtoH_v2, "cuMemcpyDtoH")?;
+        // SAFETY: the destination is a live, exclusively borrowed slice writable for its byte length, and every bit
+        // pattern is a valid `T` (DeviceCopy is sealed to plain numbers); the caller vouches for the source.
+        d.check("cuMemcpyDtoH", unsafe { f(to.cast(), src.0, len) })
+    })
 }
 
 /// Copies `bytes` from device address `src` into `dst[offset..offset + bytes]`, host memory that is not Rust-owned
@@ -75,12 +111,13 @@ pub unsafe fn copy_device_to_host_memory<M: RegistrableHostMemory>(
     bytes: usize,
 ) -> Result<()> {
     check_host_range(dst, offset, bytes, "cuMemcpyDtoH")?;
-    let d = Driver::get()?;
-    let f = entry!(d, cuMemcpyDtoH_v2, "cuMemcpyDtoH")?;
-    // SAFETY: the range was checked to lie inside `dst`, which the trait keeps mapped while it lives and which Rust
-    // code reaches only through raw pointers or atomics, so a byte-wise write there breaks no aliasing rule; the
-    // caller vouches for the source.
-    d.check("cuMemcpyDtoH", unsafe { f(dst.as_ptr().add(offset).cast(), src.0, bytes) })
+    in_reach(src, |d| {
+        let f = entry!(d, cuMemcpyDtoH_v2, "cuMemcpyDtoH")?;
+        // SAFETY: the range was checked to lie inside `dst`, which the trait keeps mapped while it lives and which
+        // Rust code reaches only through raw pointers or atomics, so a byte-wise write there breaks no aliasing
+        // rule; the caller vouches for the source.
+        d.check("cuMemcpyDtoH", unsafe { f(dst.as_ptr().add(offset).cast(), src.0, bytes) })
+    })
 }
 
 /// Copies `src[offset..offset + bytes]`, host memory that is not Rust-owned (a shared-memory mapping), to device
@@ -100,12 +137,13 @@ pub unsafe fn copy_host_memory_to_device<M: RegistrableHostMemory>(
     bytes: usize,
 ) -> Result<()> {
     check_host_range(src, offset, bytes, "cuMemcpyHtoD")?;
-    let d = Driver::get()?;
-    let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
-    // SAFETY: the range was checked to lie inside `src`, which the trait keeps mapped while it lives; it is only
-    // read; the caller vouches for the destination.
-    d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().add(offset).cast(), bytes) })?;
-    finish_default_stream(d)
+    in_reach(dst, |d| {
+        let f = entry!(d, cuMemcpyHtoD_v2, "cuMemcpyHtoD")?;
+        // SAFETY: the range was checked to lie inside `src`, which the trait keeps mapped while it lives; it is only
+        // read; the caller vouches for the destination.
+        d.check("cuMemcpyHtoD", unsafe { f(dst.0, src.as_ptr().add(offset).cast(), bytes) })?;
+        finish_default_stream(d)
+    })
 }
 
 fn check_host_range<M: RegistrableHostMemory>(

@@ -72,7 +72,7 @@ impl Event {
     /// # Errors
     /// A failing `cuEventCreate` (e.g. `CUDA_ERROR_INVALID_VALUE` for timing + interprocess).
     pub fn new(ctx: &Context, flags: EventFlags) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuEventCreate, "cuEventCreate")?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
@@ -186,7 +186,7 @@ impl Event {
     /// (this process is in another IPC namespace than the exporter, e.g. a container's own); any other failing
     /// `cuIpcOpenEventHandle` (e.g. the exporter is gone, or is this very process).
     pub fn open_ipc(ctx: &Context, handle: IpcEventHandle) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuIpcOpenEventHandle, "cuIpcOpenEventHandle")?;
         let mut raw: sys::CUevent = std::ptr::null_mut();

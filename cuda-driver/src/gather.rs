@@ -197,7 +197,7 @@ impl GatherCopy {
     /// `cuMemcpyHtoDAsync`, `cuLaunchKernel`, or wait for an earlier launch.
     pub fn copy(&mut self, copies: &[(DeviceSpan<'_>, DeviceSpan<'_>)], stream: &Stream) -> Result<()> {
         // The kernel's context current on this thread (the legacy default stream is the current context's).
-        self.ctx.bind()?;
+        let _entered = self.ctx.enter()?;
         let mut words = std::mem::take(&mut self.words);
         let queued = gather_pieces(copies, &mut words)
             .and_then(|()| words.chunks(GATHER_TABLE_PIECES * WORDS).try_for_each(|batch| self.launch(batch, stream)));
@@ -277,7 +277,7 @@ impl GatherCopy {
         if prepared.pieces == 0 {
             return Ok(());
         }
-        self.ctx.bind()?;
+        let _entered = self.ctx.enter()?;
         let table = prepared.table.as_ref().ok_or_else(|| DriverError::InvalidArgument {
             function: "gather copy",
             problem: "the prepared table was leaked".into(),

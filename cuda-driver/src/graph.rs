@@ -149,7 +149,7 @@ impl Graph {
         record: impl FnOnce(&mut GraphCapture<'_>) -> std::result::Result<(), E>,
     ) -> std::result::Result<Self, E> {
         let ctx = stream.context().clone();
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let begin = entry!(d, cuStreamBeginCapture_v2, "cuStreamBeginCapture")?;
         let end = entry!(d, cuStreamEndCapture, "cuStreamEndCapture")?;

@@ -37,7 +37,7 @@ impl PinnedHostBuffer {
         if len == 0 {
             return Err(DriverError::InvalidArgument { function: "cuMemAllocHost", problem: "zero bytes".into() });
         }
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemAllocHost_v2, "cuMemAllocHost")?;
         let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -81,7 +81,7 @@ impl PinnedHostBuffer {
 impl Drop for PinnedHostBuffer {
     fn drop(&mut self) {
         release_quietly("freeing pinned host memory", |d| {
-            self.ctx.bind()?;
+            let _entered = self.ctx.enter()?;
             let f = entry!(d, cuMemFreeHost, "cuMemFreeHost")?;
             // SAFETY: `ptr` came from cuMemAllocHost and is freed exactly once, here.
             d.check("cuMemFreeHost", unsafe { f(self.ptr.cast()) })
@@ -107,7 +107,7 @@ impl<M: RegistrableHostMemory> HostRegistration<M> {
     /// A failing `cuMemHostRegister` (e.g. `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, or
     /// `CUDA_ERROR_NOT_PERMITTED` where locking memory is not allowed) or `cuMemHostGetDevicePointer`.
     pub fn new(ctx: &Context, memory: Arc<M>) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let register = entry!(d, cuMemHostRegister_v2, "cuMemHostRegister")?;
         let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
@@ -161,7 +161,7 @@ impl<M: RegistrableHostMemory> DeviceMemory for HostRegistration<M> {
 impl<M: RegistrableHostMemory> Drop for HostRegistration<M> {
     fn drop(&mut self) {
         release_quietly("unregistering host memory", |d| {
-            self.ctx.bind()?;
+            let _entered = self.ctx.enter()?;
             let f = entry!(d, cuMemHostUnregister, "cuMemHostUnregister")?;
             // SAFETY: the range was registered in `new` and is unregistered exactly once, before `memory` drops.
             d.check("cuMemHostUnregister", unsafe { f(self.memory.as_ptr().cast()) })
@@ -190,7 +190,7 @@ impl ManagedBuffer {
         if len == 0 {
             return Err(DriverError::InvalidArgument { function: "cuMemAllocManaged", problem: "zero bytes".into() });
         }
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemAllocManaged, "cuMemAllocManaged")?;
         let mut raw: sys::CUdeviceptr = 0;
@@ -205,7 +205,7 @@ owned_device_range!(ManagedBuffer, "the managed allocation (the same on the host
 impl Drop for ManagedBuffer {
     fn drop(&mut self) {
         release_quietly("freeing managed memory", |d| {
-            self.ctx.bind()?;
+            let _entered = self.ctx.enter()?;
             let f = entry!(d, cuMemFree_v2, "cuMemFree")?;
             // SAFETY: `ptr` came from cuMemAllocManaged in this context and is freed exactly once, here.
             d.check("cuMemFree", unsafe { f(self.ptr.0) })

@@ -51,7 +51,7 @@ impl IpcMapping {
     /// comes from this same process or its exporter freed the memory, `CUDA_ERROR_MAP_FAILED` and others; a
     /// failing `cuMemGetAddressRange` on the mapping (which is then closed again).
     pub fn open(ctx: &Context, handle: IpcMemHandle) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle")?;
         let mut ptr: sys::CUdeviceptr = 0;
@@ -82,7 +82,7 @@ owned_device_range!(IpcMapping, "the imported allocation (the mapped block, as t
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         release_quietly("closing an IPC mapping", |d| {
-            self.ctx.bind()?;
+            let _entered = self.ctx.enter()?;
             let f = entry!(d, cuIpcCloseMemHandle, "cuIpcCloseMemHandle")?;
             // SAFETY: the mapping was opened in `open` and is closed exactly once, here.
             d.check("cuIpcCloseMemHandle", unsafe { f(self.ptr.0) })

@@ -63,7 +63,7 @@ mod vmm;
 pub use address::{DeviceCopy, DevicePtr, RegistrableHostMemory};
 pub use batch::{MAX_OPS_PER_CALL, MemOp, MemOpBatch, MemOpScratch};
 pub use borrowed::Borrowed;
-pub use context::Context;
+pub use context::{Context, Entered};
 pub use copy::{
     copy_device_async, copy_device_to_host_memory, copy_from_device, copy_host_memory_to_device, copy_to_device,
     fill_u32_async,

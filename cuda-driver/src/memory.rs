@@ -25,7 +25,7 @@ impl DeviceBuffer {
         if len == 0 {
             return Err(DriverError::InvalidArgument { function: "cuMemAlloc", problem: "zero bytes".into() });
         }
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemAlloc_v2, "cuMemAlloc")?;
         let mut raw: sys::CUdeviceptr = 0;
@@ -69,7 +69,7 @@ owned_device_range!(DeviceBuffer, "the device allocation");
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         release_quietly("freeing device memory", |d| {
-            self.ctx.bind()?;
+            let _entered = self.ctx.enter()?;
             let f = entry!(d, cuMemFree_v2, "cuMemFree")?;
             // SAFETY: `ptr` came from cuMemAlloc in this context and is freed exactly once, here.
             d.check("cuMemFree", unsafe { f(self.ptr.0) })

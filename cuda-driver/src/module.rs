@@ -42,7 +42,7 @@ impl Module {
     /// A failing `cuModuleLoadDataEx`: `CUDA_ERROR_NO_BINARY_FOR_GPU` for a cubin of another architecture,
     /// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` for PTX newer than the driver, `CUDA_ERROR_INVALID_IMAGE` otherwise.
     pub fn load(ctx: &Context, image: &[u8]) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuModuleLoadDataEx, "cuModuleLoadDataEx")?;
         // PTX is text and must be NUL-terminated; a cubin is an ELF image, passed as is.
@@ -311,7 +311,7 @@ impl Function {
 impl Drop for Loaded {
     fn drop(&mut self) {
         release_quietly("unloading a module", |d| {
-            self.ctx.bind()?;
+            let _entered = self.ctx.enter()?;
             let f = entry!(d, cuModuleUnload, "cuModuleUnload")?;
             // SAFETY: the module was loaded by us and is unloaded exactly once, when its last owner drops.
             d.check("cuModuleUnload", unsafe { f(self.raw) })

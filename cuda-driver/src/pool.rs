@@ -49,7 +49,7 @@ impl MemoryPool {
     /// # Errors
     /// A failing `cuDeviceGetDefaultMemPool` (e.g. `CUDA_ERROR_NOT_SUPPORTED` without memory-pool support).
     pub fn device_default(ctx: &Context) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool")?;
         let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
@@ -64,7 +64,7 @@ impl MemoryPool {
     /// # Errors
     /// A failing `cuMemPoolCreate` (e.g. `CUDA_ERROR_NOT_SUPPORTED` for a handle type the device lacks).
     pub fn create(ctx: &Context, handle_types: HandleTypes) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemPoolCreate, "cuMemPoolCreate")?;
         let props = sys::CUmemPoolProps {
@@ -116,7 +116,7 @@ impl MemoryPool {
     /// # Errors
     /// A failing `cuMemPoolImportFromShareableHandle`.
     pub fn import_fd(ctx: &Context, fd: BorrowedFd<'_>) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemPoolImportFromShareableHandle, "cuMemPoolImportFromShareableHandle")?;
         let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
@@ -140,7 +140,7 @@ impl Drop for PoolInner {
             return;
         }
         release_quietly("destroying a memory pool", |d| {
-            self.ctx.bind()?;
+            let _entered = self.ctx.enter()?;
             let f = entry!(d, cuMemPoolDestroy, "cuMemPoolDestroy")?;
             // SAFETY: the pool was created or imported by us and is destroyed exactly once, here, after every
             // allocation from it (each holds a clone of the Arc) is gone.
@@ -245,7 +245,7 @@ impl DeviceMemory for PoolAllocation {
 impl Drop for PoolAllocation {
     fn drop(&mut self) {
         release_quietly("freeing a stream-ordered allocation", |d| {
-            self.stream.context().bind()?;
+            let _entered = self.stream.context().enter()?;
             let f = entry!(d, cuMemFreeAsync, "cuMemFreeAsync")?;
             // SAFETY: `ptr` came from cuMemAllocAsync/cuMemAllocFromPoolAsync and is freed exactly once, here.
             d.check("cuMemFreeAsync", unsafe { f(self.ptr.0, self.stream.raw()) })?;
@@ -274,7 +274,7 @@ impl ImportedPoolPointer {
     /// # Errors
     /// A failing `cuMemPoolImportPointer`.
     pub fn import(pool: &MemoryPool, data: PoolPointerExport) -> Result<Self> {
-        pool.inner.ctx.bind()?;
+        let _entered = pool.inner.ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemPoolImportPointer, "cuMemPoolImportPointer")?;
         let mut raw: sys::CUdeviceptr = 0;
@@ -310,7 +310,7 @@ impl ImportedPoolPointer {
 impl Drop for ImportedPoolPointer {
     fn drop(&mut self) {
         release_quietly("freeing an imported pool allocation", |d| {
-            self.pool.inner.ctx.bind()?;
+            let _entered = self.pool.inner.ctx.enter()?;
             let f = entry!(d, cuMemFree_v2, "cuMemFree")?;
             // SAFETY: the pointer was imported by `import` and is freed exactly once, here (cuMemFree is the
             // documented way to release an imported pool pointer).

@@ -51,7 +51,7 @@ impl Stream {
     /// # Errors
     /// A failing `cuStreamCreate`.
     pub fn new(ctx: &Context) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuStreamCreate, "cuStreamCreate")?;
         let mut raw: sys::CUstream = std::ptr::null_mut();

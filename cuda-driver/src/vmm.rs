@@ -110,7 +110,7 @@ impl VmmAllocation {
                 ),
             });
         }
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemCreate, "cuMemCreate")?;
         let prop = allocation_props(ctx.device(), handle_types.raw());
@@ -151,7 +151,7 @@ impl VmmAllocation {
     /// A failing `cuMemImportFromShareableHandle` (e.g. `CUDA_ERROR_INVALID_VALUE` for an fd that is not a CUDA
     /// allocation).
     pub fn import_fd(ctx: &Context, fd: BorrowedFd<'_>, size: u64) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle")?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
@@ -190,7 +190,7 @@ impl VmmAllocation {
     /// # Errors
     /// A failing `cuMemImportFromShareableHandle`.
     pub fn import_fabric(ctx: &Context, handle: &[u8; 64], size: u64) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle")?;
         let mut raw: sys::CUmemGenericAllocationHandle = 0;
@@ -210,7 +210,7 @@ impl VmmAllocation {
     /// A failing `cuMemRetainAllocationHandle`: memory that is not mapped from a VMM allocation (`cuMemAlloc`,
     /// pool, host or managed memory) is refused, typically with `CUDA_ERROR_INVALID_VALUE`.
     pub fn retain(ctx: &Context, ptr: DevicePtr, size: u64) -> Result<Self> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle")?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
@@ -229,7 +229,7 @@ impl VmmAllocation {
 impl Drop for VmmAllocation {
     fn drop(&mut self) {
         release_quietly("releasing a VMM allocation", |d| {
-            self.ctx.bind()?;
+            let _entered = self.ctx.enter()?;
             let f = entry!(d, cuMemRelease, "cuMemRelease")?;
             // SAFETY: the handle came from cuMemCreate/cuMemImportFromShareableHandle and is released once, here.
             d.check("cuMemRelease", unsafe { f(self.handle) })
@@ -285,7 +285,7 @@ impl VmmMapping {
         if allocations.iter().any(|a| a.ctx.as_raw() != ctx.as_raw()) {
             return Err(invalid("allocations of several contexts cannot be mapped side by side".into()));
         }
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let d = Driver::get()?;
         let granularity = VmmGranularity::for_device(ctx.device())?;
         let mut offsets = Vec::with_capacity(allocations.len());
@@ -362,14 +362,14 @@ impl Drop for VmmMapping {
     fn drop(&mut self) {
         for (offset, allocation) in self.allocations.iter().take(self.mapped) {
             release_quietly("unmapping a VMM range", |d| {
-                self.ctx.bind()?;
+                let _entered = self.ctx.enter()?;
                 let f = entry!(d, cuMemUnmap, "cuMemUnmap")?;
                 // SAFETY: this piece was mapped by `map_side_by_side` and is unmapped exactly once, here.
                 d.check("cuMemUnmap", unsafe { f(self.base.0 + offset, allocation.size as usize) })
             });
         }
         release_quietly("freeing a VMM address range", |d| {
-            self.ctx.bind()?;
+            let _entered = self.ctx.enter()?;
             let f = entry!(d, cuMemAddressFree, "cuMemAddressFree")?;
             // SAFETY: the range was reserved by `map_side_by_side` and is freed exactly once, after unmapping.
             d.check("cuMemAddressFree", unsafe { f(self.base.0, self.size as usize) })

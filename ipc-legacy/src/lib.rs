@@ -159,7 +159,7 @@ impl Backend for Legacy {
     }
 
     fn export_existing(ctx: &Context, ptr: DevicePtr, len: u64) -> Result<ExistingExport, BackendError> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let bytes = Self::export_ptr(ptr)?;
         // The handle names the whole cuMemAlloc allocation; an importer maps all of it, at its base.
         let (base, size) = address_range(ptr)?;

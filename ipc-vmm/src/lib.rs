@@ -104,7 +104,7 @@ impl Backend for Vmm {
     }
 
     fn export_existing(ctx: &Context, ptr: DevicePtr, len: u64) -> Result<ExistingExport, BackendError> {
-        ctx.bind()?;
+        let _entered = ctx.enter()?;
         let allowed = pointer_allowed_handle_types(ptr)?;
         if !HandleTypes::from_bits(allowed).contains(HandleTypes::POSIX_FD) {
             return Err(not_posix_fd_exportable(ptr, allowed));

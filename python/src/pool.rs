@@ -544,7 +544,7 @@ pub fn sharing_backend(py: Python<'_>, obj: &Bound<'_, PyAny>, device: i32) -> P
     let gpu = py.detach(|| Gpu::open(device)).map_err(to_py)?;
     let ptr = DevicePtr(described.ptr);
     let legacy = py
-        .detach(|| gpu.ctx.bind().and_then(|()| pointer_is_legacy_ipc_capable(ptr)))
+        .detach(|| gpu.ctx.enter().and_then(|_entered| pointer_is_legacy_ipc_capable(ptr)))
         .map_err(crate::errors::driver_to_py)?;
     Ok(if legacy { "legacy" } else { "vmm" })
 }

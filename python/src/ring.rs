@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use gpu_ipc::BackendKind;
 use gpu_ipc::core::frames::FrameError;
 use gpu_ipc::core::wire::{SyncSide, SyncStrategy};
-use gpu_ipc::driver::{Borrowed, Context, Stream};
+use gpu_ipc::driver::{Borrowed, Context, Device, Stream};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -313,7 +313,13 @@ impl Gpu {
     /// Opens device `ordinal`. Call [`Gpu::not_in_forked_child`] first (with the GIL), so that a forked child hears
     /// why CUDA fails there.
     pub fn open(ordinal: i32) -> Result<Self, FrameError> {
-        let ctx = Context::for_ordinal(ordinal)?;
+        // A context the caller made current (PyTorch's, CuPy's: the runtime reads the current device from it) stays
+        // current: opening device 1 must not move a torch program's current device off 0. The package's calls enter
+        // their device's context themselves. A thread with none gets this one, as before.
+        let ctx = Context::retain(Device::get(ordinal)?)?;
+        if !Context::any_current()? {
+            ctx.bind()?;
+        }
         let _ = CUDA_OPENED_BY.compare_exchange(0, std::process::id(), Ordering::AcqRel, Ordering::Acquire);
         Ok(Self { ctx, ordinal })
     }

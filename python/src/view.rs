@@ -457,7 +457,7 @@ impl StreamOrder {
             none => none.insert(Event::new(ctx, ORDER_EVENT).map_err(driver_to_py)?),
         };
         // The legacy default stream's handle names the calling thread's current context's.
-        ctx.bind().map_err(driver_to_py)?;
+        let _entered = ctx.enter().map_err(driver_to_py)?;
         event.record(&borrow(ctx, earlier)).map_err(driver_to_py)?;
         borrow(ctx, later).wait_event(event).map_err(driver_to_py)
     }

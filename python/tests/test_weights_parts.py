@@ -261,6 +261,8 @@ target = {k: torch.zeros_like(v) for k, v in t.items()}
 r.load_into(target)
 for d in range(torch.cuda.device_count()): torch.cuda.synchronize(d)
 ok = ok and all(bool((target[k] == v).all()) and target[k].device == v.device for k, v in t.items())
+# The package left torch's current device where it was (cuda:0), though it used every device's context.
+ok = ok and torch.cuda.current_device() == 0
 print("READ", r.parts, g, list(t) == sys.argv[2].split(","), ok, flush=True)
 """
 
@@ -276,6 +278,7 @@ def publish_three_and_read_them_in_another_process(sock: str, backend: str, devi
         return {f"t.{i % devices}.{i}": torch.full((1000 + i,), float(g + i), device=f"cuda:{i % devices}")
                 for i in range(12)}
 
+    torch.cuda.set_device(0)
     with gpu_ipc.weights.publish(weights(1), "model", socket=sock, backend=backend, _parts=parts) as pub:
         assert pub.parts == 2
         assert pub.update(weights(2)) == 2
@@ -284,6 +287,8 @@ def publish_three_and_read_them_in_another_process(sock: str, backend: str, devi
         for k, v in weights(3).items():
             staged[k].copy_(v)
         assert pub.commit() == 3
+        # Every part's device was used; torch's current device is still the one the caller set.
+        assert torch.cuda.current_device() == 0
         child = subprocess.run([sys.executable, "-c", TORCH_READER, sock, ",".join(weights(3))],
                                capture_output=True, text=True, timeout=120)
         assert child.returncode == 0, child.stderr

@@ -65,6 +65,11 @@ pub(crate) struct BlockCache<B: Backend> {
 }
 
 impl<B: Backend> BlockCache<B> {
+    /// The importer's context, which its blocks are mapped in.
+    pub(crate) fn context(&self) -> &B::Context {
+        &self.ctx
+    }
+
     pub(crate) fn new(ctx: B::Context, path: &Path, timeout: Duration, channel: OwnedFd) -> Self {
         Self {
             ctx,

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::directory::{DirectoryWriter, find};
 use super::error::PoolError;
-use gpu_ipc_driver::{DeviceMemory, DevicePtr, DeviceSpan};
+use gpu_ipc_driver::{Context, DeviceMemory, DevicePtr, DeviceSpan, Entered};
 use ipc_core::backend::{Backend, GpuBackend, MemoryAccess, ReachableRegion};
 use ipc_core::host::Host;
 use ipc_core::wire::TensorDesc;
@@ -100,6 +100,10 @@ pub struct BufferHandle<B: Backend> {
     life: Arc<BufferLife>,
     /// The pool's directory, to say which generation the name holds once this one is stale.
     directory: Arc<DirectoryWriter>,
+    /// The pool's CUDA context (`None` on the host backend), entered around copies from and to the host: the
+    /// device's memory may not be reachable from the context current on the calling thread (VMM memory is mapped
+    /// for its own device only).
+    ctx: Option<Context>,
 }
 
 impl<B: Backend> std::fmt::Debug for BufferHandle<B> {
@@ -127,7 +131,13 @@ impl<B: Backend> BufferHandle<B> {
         directory: Arc<DirectoryWriter>,
     ) -> (Self, Arc<BufferLife>) {
         let life = Arc::new(BufferLife::new(region.is_some()));
-        (Self { name, generation, slot, ptr, len, desc, region, life: life.clone(), directory }, life)
+        (Self { name, generation, slot, ptr, len, desc, region, life: life.clone(), directory, ctx: None }, life)
+    }
+
+    /// The handle, its copies from and to the host made in `ctx` (the pool's CUDA context).
+    pub(crate) fn in_context(mut self, ctx: Option<&Context>) -> Self {
+        self.ctx = ctx.cloned();
+        self
     }
 
     /// `Ok` while the buffer is live; [`PoolError::StaleBuffer`] (with the generation its name holds now, if
@@ -260,20 +270,22 @@ where
     /// tensors with).
     pub(crate) fn write_from_host(&self, offset: u64, src: &[u8]) -> Result<(), PoolError> {
         let region = self.pool_region()?;
-        copy_into_region(region, &self.name, self.ptr, self.len, offset, src)
+        copy_into_region(region, self.ctx.as_ref(), &self.name, self.ptr, self.len, offset, src)
     }
 
     /// Copies the buffer's bytes at byte `offset` into `dst`, on any backend.
     pub(crate) fn read_to_host(&self, offset: u64, dst: &mut [u8]) -> Result<(), PoolError> {
         let region = self.pool_region()?;
-        copy_from_region(region, &self.name, self.ptr, self.len, offset, dst)
+        copy_from_region(region, self.ctx.as_ref(), &self.name, self.ptr, self.len, offset, dst)
     }
 }
 
 /// Writes `src` at byte `offset` of the buffer of `len` bytes at `ptr` in `region`: through its device span in GPU
-/// memory, through the shared mapping in the host backend's.
+/// memory (with `ctx`, the context the region's device is reached from, current meanwhile), through the shared
+/// mapping in the host backend's.
 pub(crate) fn copy_into_region<R: ReachableRegion>(
     region: &R,
+    ctx: Option<&Context>,
     name: &str,
     ptr: DevicePtr,
     len: u64,
@@ -282,9 +294,8 @@ pub(crate) fn copy_into_region<R: ReachableRegion>(
 ) -> Result<(), PoolError> {
     check_range(name, len, offset, src.len())?;
     match region.access() {
-        MemoryAccess::Device(span) => span
-            .sub_span_at(ptr, len)
-            .and_then(|buffer| buffer.write(offset, src))
+        MemoryAccess::Device(span) => entered(ctx)
+            .and_then(|_entered| span.sub_span_at(ptr, len).and_then(|buffer| buffer.write(offset, src)))
             .map_err(|e| PoolError::Backend(e.into())),
         MemoryAccess::Host(memory) => Ok(memory.write_bytes(host_offset(memory, name, ptr, offset)?, src)?),
     }
@@ -293,6 +304,7 @@ pub(crate) fn copy_into_region<R: ReachableRegion>(
 /// Reads `dst.len()` bytes at byte `offset` of the buffer of `len` bytes at `ptr` in `region`.
 pub(crate) fn copy_from_region<R: ReachableRegion>(
     region: &R,
+    ctx: Option<&Context>,
     name: &str,
     ptr: DevicePtr,
     len: u64,
@@ -301,12 +313,16 @@ pub(crate) fn copy_from_region<R: ReachableRegion>(
 ) -> Result<(), PoolError> {
     check_range(name, len, offset, dst.len())?;
     match region.access() {
-        MemoryAccess::Device(span) => span
-            .sub_span_at(ptr, len)
-            .and_then(|buffer| buffer.read(offset, dst))
+        MemoryAccess::Device(span) => entered(ctx)
+            .and_then(|_entered| span.sub_span_at(ptr, len).and_then(|buffer| buffer.read(offset, dst)))
             .map_err(|e| PoolError::Backend(e.into())),
         MemoryAccess::Host(memory) => Ok(memory.read_bytes(host_offset(memory, name, ptr, offset)?, dst)?),
     }
+}
+
+/// `ctx` made current on the calling thread until the guard drops (nothing when `None`).
+fn entered(ctx: Option<&Context>) -> gpu_ipc_driver::Result<Option<Entered>> {
+    ctx.map(Context::enter).transpose()
 }
 
 /// Where byte `offset` of the buffer at `ptr` lies in the host backend's mapping (its "device addresses" are the

@@ -256,7 +256,8 @@ impl<B: Backend> SharedPool<B> {
         desc: Option<TensorDesc>,
     ) -> Result<BufferHandle<B>, PoolError> {
         let ctx = &self.shared.ctx;
-        self.shared.book().alloc(name, bytes, align, desc, |size| B::allocate(ctx, size))
+        let handle = self.shared.book().alloc(name, bytes, align, desc, |size| B::allocate(ctx, size))?;
+        Ok(handle.in_context(B::cuda_context(ctx)))
     }
 
     /// Shares, in place and without a copy, `bytes` bytes at `ptr` of memory another allocator made (e.g. a

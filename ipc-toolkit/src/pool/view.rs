@@ -154,7 +154,8 @@ where
 {
     /// Copies the buffer's bytes at byte `offset` into `dst`, on any backend (what the weights reader reads with).
     pub(crate) fn read_to_host(&self, offset: u64, dst: &mut [u8]) -> Result<(), PoolError> {
-        copy_from_region(&self.block.region, &self.info.name, self.ptr, self.info.len, offset, dst)
+        let ctx = B::cuda_context(self.importer.blocks.context());
+        copy_from_region(&self.block.region, ctx, &self.info.name, self.ptr, self.info.len, offset, dst)
     }
 }
 
