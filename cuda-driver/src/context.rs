@@ -60,6 +60,21 @@ impl Context {
         Ok(Self { inner: Arc::new(Retained { device, raw }) })
     }
 
+    /// Retains the primary context of `device` as a library does: a context the caller made current (PyTorch's,
+    /// CuPy's: the CUDA runtime reads the current device from it) stays current, so opening device 1 does not move
+    /// a program's current device off 0; a thread with none gets this one (as [`primary`](Self::primary)), for its
+    /// later calls that use the current context. This library's own calls [`enter`](Self::enter) their context.
+    ///
+    /// # Errors
+    /// A failing `cuDevicePrimaryCtxRetain`, `cuCtxGetCurrent` or `cuCtxSetCurrent`.
+    pub fn keeping_current(device: Device) -> Result<Self> {
+        let ctx = Self::retain(device)?;
+        if !Self::any_current()? {
+            ctx.bind()?;
+        }
+        Ok(ctx)
+    }
+
     /// Whether the calling thread has a current context (any: this library's, PyTorch's, another's).
     ///
     /// # Errors
@@ -136,7 +151,7 @@ impl Context {
     /// errors.
     pub fn from_raw_primary(raw: sys::CUcontext) -> Result<Self> {
         for ordinal in 0..Device::count()? {
-            let ctx = Self::for_ordinal(ordinal)?;
+            let ctx = Self::retain(Device::get(ordinal)?)?;
             if ctx.inner.raw == raw {
                 return Ok(ctx);
             }

@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use gpu_ipc::driver::{Context, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, Stream};
+use gpu_ipc::driver::{Context, Device, DeviceBuffer, DeviceMemory, DevicePtr, DeviceSpan, Stream};
 use gpu_ipc::host::HostRegion;
 use gpu_ipc::kernels::launch::{KernelError, PatternKernels};
 use gpu_ipc::kernels::pattern::pattern_word;
@@ -183,9 +183,11 @@ impl Pattern {
     ) -> PyResult<()> {
         let (ctx, ordinal, ready) = match &view.memory {
             Memory::Cuda { ctx, ordinal, stream, .. } => (ctx.clone(), *ordinal, Some(*stream)),
-            Memory::Pool { ordinal: Some(ordinal), .. } => {
-                (Context::for_ordinal(*ordinal).map_err(driver_to_py)?, *ordinal, None)
-            }
+            Memory::Pool { ordinal: Some(ordinal), .. } => (
+                Context::keeping_current(Device::get(*ordinal).map_err(driver_to_py)?).map_err(driver_to_py)?,
+                *ordinal,
+                None,
+            ),
             Memory::Host(_) | Memory::Pool { ordinal: None, .. } | Memory::Control(_) => {
                 return Err(ArgumentError::new_err(
                     "Pattern checks frames and slots of the host backend, not its pool buffers: read those with numpy.from_dlpack",

@@ -313,13 +313,8 @@ impl Gpu {
     /// Opens device `ordinal`. Call [`Gpu::not_in_forked_child`] first (with the GIL), so that a forked child hears
     /// why CUDA fails there.
     pub fn open(ordinal: i32) -> Result<Self, FrameError> {
-        // A context the caller made current (PyTorch's, CuPy's: the runtime reads the current device from it) stays
-        // current: opening device 1 must not move a torch program's current device off 0. The package's calls enter
-        // their device's context themselves. A thread with none gets this one, as before.
-        let ctx = Context::retain(Device::get(ordinal)?)?;
-        if !Context::any_current()? {
-            ctx.bind()?;
-        }
+        // The caller's current context (torch's) stays current: opening device 1 must not move its device off 0.
+        let ctx = Context::keeping_current(Device::get(ordinal)?)?;
         let _ = CUDA_OPENED_BY.compare_exchange(0, std::process::id(), Ordering::AcqRel, Ordering::Acquire);
         Ok(Self { ctx, ordinal })
     }

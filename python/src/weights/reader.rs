@@ -499,7 +499,8 @@ fn open_set(
                  make it visible (CUDA_VISIBLE_DEVICES)"
             ))
         })?;
-        let ctx = Context::for_ordinal(device.ordinal()).map_err(|e| PoolError::Backend(e.into()))?;
+        // The caller's current context (torch's) stays current: a part on device 1 must not move its device off 0.
+        let ctx = Context::keeping_current(device).map_err(|e| PoolError::Backend(e.into()))?;
         devices.push((uuid, device.ordinal()));
         Ok(ctx)
     };
