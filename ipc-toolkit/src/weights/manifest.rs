@@ -546,6 +546,14 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(self.take(field, 8)?);
         Ok(u64::from_le_bytes(a))
     }
+
+    /// `n` u64s (at most [`MAX_TENSOR_DIMS`]: the caller checks), in a vector of exactly `n`.
+    fn u64s(&mut self, field: &'static str, n: usize) -> Result<Vec<u64>, ManifestError> {
+        let bytes = self.take(field, 8 * n)?;
+        let mut out = Vec::with_capacity(n);
+        out.extend(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())));
+        Ok(out)
+    }
 }
 
 fn bad(field: &str, problem: String) -> ManifestError {
@@ -631,17 +639,17 @@ fn read_entry(
         return Err(bad(&field("dimensions"), format!("{ndim}, more than {MAX_TENSOR_DIMS}")));
     }
     let offset = r.u64("tensor offset")?;
-    let shape = (0..ndim).map(|_| r.u64("tensor shape")).collect::<Result<Vec<_>, _>>()?;
-    let strides = if flags & ENTRY_FLAG_STRIDES != 0 {
-        Some((0..ndim).map(|_| r.u64("tensor strides")).collect::<Result<Vec<_>, _>>()?)
-    } else {
-        None
-    };
+    // Exactly as long as needed: the description keeps the vector as it is (a collect would allocate more, then
+    // shrink it: an allocation per entry more, measured in `benches/benches/weights_manifest.rs`).
+    let shape = r.u64s("tensor shape", ndim)?;
+    let strides = if flags & ENTRY_FLAG_STRIDES != 0 { Some(r.u64s("tensor strides", ndim)?) } else { None };
     let checksum = if checksums { Some(r.u64("tensor checksum")?) } else { None };
     if name_len == 0 || name_len > MAX_TENSOR_NAME_BYTES {
         return Err(bad(&field("name length"), format!("{name_len}: 1 to {MAX_TENSOR_NAME_BYTES}")));
     }
-    let name = utf8(r.take("tensor name", name_len)?, &field("name"))?;
+    let name = std::str::from_utf8(r.take("tensor name", name_len)?)
+        .map(str::to_owned)
+        .map_err(|e| bad(&field("name"), format!("not UTF-8 ({e})")))?;
     let dtype =
         DType::from_code(code, "dtype").map_err(|_| ManifestError::UnknownDType { index, name: name.clone(), code })?;
     let desc = TensorDesc::new(dtype, shape, strides).map_err(|e| ManifestError::BadTensor {

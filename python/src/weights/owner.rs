@@ -273,7 +273,7 @@ impl WeightsOwner {
                 each_backend!(&mut *lock(&*owner), o => o.stage(self.part).map(|s| (s.manifest().clone(), s.handle().ptr().0)))
             })
             .map_err(weights_to_py)?;
-        arena_of(&manifest, base, self.served.ordinal(), MappingHold::new(owner, self.served.ctx()))
+        arena_of(py, &manifest, base, self.served.ordinal(), MappingHold::new(owner, self.served.ctx()))
     }
 
     /// Copies the caller's device memory into the staged tensors, on ``stream`` (default: the legacy default

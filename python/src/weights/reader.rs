@@ -284,10 +284,10 @@ impl WeightsReader {
     /// strides in elements; every entry checked against the mapped extent); for each name, its place among the
     /// runs' tensors laid end to end. One DLPack import for every tensor, which ``gpu_ipc.weights`` cuts the
     /// tensors from, a strided view per run. The view keeps the generation alive.
-    fn arena(&self) -> PyResult<(WeightsTensor, ArenaCut)> {
+    fn arena(&self, py: Python<'_>) -> PyResult<(WeightsTensor, ArenaCut)> {
         let held = self.held()?;
         let (ordinal, ctx) = (self.served.ordinal(), self.served.ctx());
-        each_backend!(held, h => arena_of(h.manifest(), h.view().ptr().0, ordinal, MappingHold::new(h.clone(), ctx)))
+        each_backend!(held, h => arena_of(py, h.manifest(), h.view().ptr().0, ordinal, MappingHold::new(h.clone(), ctx)))
     }
 
     /// The held generation's manifest: ``(name, dtype, shape, strides, offset, checksum)`` per tensor.

@@ -3,6 +3,7 @@
 
 use gpu_ipc::weights::Manifest;
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
 use super::runs::{RunSpec, run_specs};
 use crate::mapping::MappingHold;
@@ -11,16 +12,18 @@ use crate::view::{ArrayMemory, Layout, View};
 
 /// A generation's tensors as ``arena()`` and ``stage_arena()`` give them: the names (manifest order), the runs,
 /// and for each name its place among the runs' tensors laid end to end.
-pub(crate) type ArenaCut = (Vec<String>, Vec<RunSpec>, Vec<usize>);
+pub(crate) type ArenaCut = (Py<PyList>, Vec<RunSpec>, Vec<usize>);
 
 /// The whole arena of a generation as one ``uint8`` view, named after its pool buffer, and its tensors as runs.
 pub(crate) fn arena_of(
+    py: Python<'_>,
     manifest: &Manifest,
     base: u64,
     ordinal: Option<i32>,
     hold: MappingHold,
 ) -> PyResult<(WeightsTensor, ArenaCut)> {
-    let names = manifest.entries.iter().map(|e| e.name.clone()).collect();
+    // Python strings straight from the manifest's names (no copy of each as a String first).
+    let names = PyList::new(py, manifest.entries.iter().map(|e| e.name.as_str()))?.unbind();
     let (runs, order) = run_specs(&manifest.entries);
     let arena = WeightsTensor {
         name: format!("{}/{}", manifest.set_name, manifest.generation),
