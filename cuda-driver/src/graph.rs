@@ -175,6 +175,8 @@ impl Graph {
     /// # Errors
     /// A failing `cuGraphLaunch`.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
+        // In the stream's context (the legacy default stream is the current context's), and the caller's back after.
+        let _entered = stream.context().enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuGraphLaunch, "cuGraphLaunch")?;
         // SAFETY: both handles are alive for the borrows.

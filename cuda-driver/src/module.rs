@@ -281,6 +281,8 @@ impl Function {
     /// Rust reference (where it reads): under unified addressing a host address is a valid kernel pointer.
     pub unsafe fn launch(&self, stream: &Stream, config: LaunchConfig, args: &[KernelParam]) -> Result<()> {
         self.check_args(args)?;
+        // In the stream's context (the legacy default stream is the current context's), and the caller's back after.
+        let _entered = stream.context().enter()?;
         let d = Driver::get()?;
         let f = entry!(d, cuLaunchKernel, "cuLaunchKernel")?;
         let mut storage: Vec<u64> = args.iter().map(KernelParam::storage).collect();
