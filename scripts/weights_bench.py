@@ -2,7 +2,7 @@
 
 Run on the GPU machine with the wheel installed (any python3 that imports torch and gpu_ipc):
     python scripts/weights_bench.py run OUT_DIR [--backend vmm|legacy|both] [--sets llama8b,moe] [--switches 1000]
-                                                [--kills 10] [--container] [--quick]
+                                                [--kills 10] [--container] [--quick] [--cold-repeats 3]
 What one run measures, in this order (each part's rows go to OUT_DIR/weights.jsonl as they finish):
   cold      for each state_dict shape (`llama8b`: the 291 bf16 tensors of Llama-3-8B, about 16 GB; `moe`: 48 layers x
             128 experts x 3 expert matrices plus attention, about 18,800 bf16 tensors, expert sizes scaled so two
@@ -12,7 +12,8 @@ What one run measures, in this order (each part's rows go to OUT_DIR/weights.jso
             view), `torch-mp` (one CUDA IPC handle per tensor, torch.multiprocessing's reduce_tensor as the RL
             frameworks and vLLM's IPC transfer use it), `bucket` (the tensors copied into one flat buffer, one
             handle, views made by offsets). Every tensor's exact checksum (its bits summed as integers) is checked
-            in the reader: 0 wrong tensors expected.
+            in the reader: 0 wrong tensors expected. gpu-ipc, torch-mp and bucket take `--cold-repeats` fresh readers
+            each (default 3): the median is reported with the range, and the ratios of the medians with theirs.
   switch    moving to the next generation: the owner's `update()` of every tensor (new random bytes; the gather
             kernel), the reader's `refresh()` + tensors(torch), against the goal's reference, one device-to-device
             memcpy of the same total bytes, and torch's own copy per tensor; the reader checks the new
@@ -61,6 +62,9 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--container", action="store_true", help="also run the kill trials with the reader in a container")
     p.add_argument("--quick", action="store_true", help="every tensor at most 1 Mi elements (checks the script)")
+    p.add_argument("--cold-repeats", type=int, default=3,
+                   help="fresh readers per cold method (gpu-ipc, torch-mp, bucket): the tables give the median and "
+                        "the range (default 3)")
     sub.add_parser("_reader")
     m = sub.add_parser("_mixed_reader")
     m.add_argument("socket")

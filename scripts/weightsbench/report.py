@@ -35,12 +35,31 @@ def _s(row: dict[str, Any] | None, key: str = "seconds") -> float:
     return float(row[key]) if row and key in row else float("nan")
 
 
+def _range(row: dict[str, Any] | None) -> str:
+    """` [min-max]` of a row's samples (fresh readers, `--cold-repeats`), empty for one sample."""
+    samples = (row or {}).get("samples") or []
+    return f" [{min(samples):.4f}-{max(samples):.4f}]" if len(samples) > 1 else ""
+
+
+def _ratio(theirs: dict[str, Any] | None, ours: dict[str, Any] | None, digits: int) -> str:
+    """theirs / ours of the medians, then the range every pairing of samples gives (worst: their fastest against
+    our slowest)."""
+    text = f"{_s(theirs) / _s(ours):.{digits}f}x"
+    t, o = (theirs or {}).get("samples") or [], (ours or {}).get("samples") or []
+    if len(t) > 1 or len(o) > 1:
+        t, o = t or [_s(theirs)], o or [_s(ours)]
+        text += f" ({min(t) / max(o):.{digits}f}-{max(t) / min(o):.{digits}f})"
+    return text
+
+
 def cold_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "## A reader gets every tensor (cold: a fresh process, CUDA set up before the clock)",
         "",
         "gpu-ipc: `open()` then `tensors(torch)` (every tensor cut from one DLPack import of the arena); "
-        "per-tensor: `open()` then `torch.from_dlpack` of each tensor's own view (the way before `tensors(torch)`).",
+        "per-tensor: `open()` then `torch.from_dlpack` of each tensor's own view (the way before `tensors(torch)`). "
+        "gpu-ipc, torch-mp and bucket: the median of `--cold-repeats` fresh readers [their range]; the ratios are "
+        "of the medians (the range every pairing of samples gives, from their fastest against our slowest).",
         "",
         "| set | backend | tensors | GB | gpu-ipc s (open + cut) | per-tensor s | torch-mp s | bucket s | "
         "torch-mp / gpu-ipc | bucket / gpu-ipc | wrong |",
@@ -55,8 +74,8 @@ def cold_table(rows: list[dict[str, Any]]) -> list[str]:
         wrong = sum(r.get("wrong", 0) for r in by.values())
         lines.append(
             f"| {key[0]} | {key[1]} | {g['tensors']} | {g['bytes'] / 1e9:.1f} | "
-            f"{_s(g):.4f} ({_s(g, 'open_seconds'):.4f} + {_s(g, 'tensors_seconds'):.4f}) | {_s(p):.4f} | "
-            f"{_s(m):.4f} | {_s(b):.4f} | {_s(m) / _s(g):.1f}x | {_s(b) / _s(g):.2f}x | {wrong} |")
+            f"{_s(g):.4f} ({_s(g, 'open_seconds'):.4f} + {_s(g, 'tensors_seconds'):.4f}){_range(g)} | {_s(p):.4f} | "
+            f"{_s(m):.4f}{_range(m)} | {_s(b):.4f}{_range(b)} | {_ratio(m, g, 1)} | {_ratio(b, g, 2)} | {wrong} |")
     lines += ["", "Goals: the ~19,000-tensor dict at least 20x faster than per-tensor handles "
               "(torch-mp / gpu-ipc >= 20) and no slower than the bucket (bucket / gpu-ipc >= 1).", ""]
     return lines
