@@ -53,7 +53,7 @@ del held, again, flat, arena
 r.close()
 """
 
-DEBUG = re.compile(r"(attach_us|first_generation_us|load_us|import_us|lookup_us|manifest_us)=(\d+)")
+DEBUG = re.compile(r"(attach_us|first_generation_us|load_us|import_us|lookup_us|manifest_us|copy_us|decode_us)=(\d+)")
 
 
 def main() -> int:

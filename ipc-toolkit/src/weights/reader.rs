@@ -450,10 +450,12 @@ fn held_of<B: ArenaBytes>(
         let problem = format!("{declared}, more than the {} bytes of the arena mapped", view.len());
         return Err(refused(ManifestError::BadField { field: "manifest bytes".into(), problem }));
     }
+    let started = Instant::now();
     let mut bytes = host_bytes(declared).map_err(|problem| {
         refused(ManifestError::BadField { field: "manifest bytes".into(), problem: format!("{declared}: {problem}") })
     })?;
     B::read_viewed(&view, 0, &mut bytes)?;
+    let copied = started.elapsed();
     let tensors = match known.and_then(|(k, t)| Some((Manifest::same_but_generation(k, &bytes)?, t))) {
         // What decode checks of the mapped extent: the arena inside it (the rest is in the bytes compared).
         Some((_, known)) if known.manifest.arena_bytes > view.len() => {
@@ -467,6 +469,14 @@ fn held_of<B: ArenaBytes>(
         }
         None => Tensors::new(Manifest::decode(&bytes, view.len()).map_err(refused)?),
     };
+    tracing::debug!(
+        set,
+        generation,
+        bytes = declared,
+        copy_us = copied.as_micros(),
+        decode_us = (started.elapsed() - copied).as_micros(),
+        "manifest copied to the host and checked"
+    );
     let manifest = &tensors.manifest;
     if manifest.set_name != set || manifest.generation != generation {
         let problem = format!(
