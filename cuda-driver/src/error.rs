@@ -93,6 +93,12 @@ impl DriverError {
         self.cuda_code() == Some(sys::cudaError_enum::CUDA_ERROR_NO_DEVICE.0)
     }
 
+    /// True when the driver said the context is invalid (`CUDA_ERROR_INVALID_CONTEXT`), which
+    /// `cuIpcOpenMemHandle` also answers for a handle exported by the calling process itself.
+    pub fn is_invalid_context(&self) -> bool {
+        self.cuda_code() == Some(sys::cudaError_enum::CUDA_ERROR_INVALID_CONTEXT.0)
+    }
+
     /// True when the failing call returned `code`.
     pub fn is(&self, code: sys::CUresult) -> bool {
         self.cuda_code() == Some(code.0)

@@ -192,7 +192,23 @@ impl Backend for Legacy {
                 problem: "a file descriptor came with a legacy handle; the producer uses the vmm backend".into(),
             });
         }
-        let mapping = IpcMapping::open(ctx, IpcMemHandle(bytes))?;
+        let mapping = IpcMapping::open(ctx, IpcMemHandle(bytes)).map_err(|e| {
+            if e.is_invalid_context() {
+                // What the driver answers for a handle this same process exported: say so, rather than leave the
+                // caller to look for a context problem it does not have.
+                BackendError::Unsupported {
+                    backend: Self::KIND.name(),
+                    reason: format!(
+                        "{e}: the driver's answer to a handle exported by this same process (cuIpcOpenMemHandle \
+                         opens only another process's memory), or to one whose exporter has freed it"
+                    ),
+                    fix: "open it from another process, or use the vmm backend, which also works within one process"
+                        .into(),
+                }
+            } else {
+                e.into()
+            }
+        })?;
         if handle.size > mapping.len() {
             return Err(BackendError::MalformedHandle {
                 backend: Self::KIND.name(),

@@ -1,5 +1,6 @@
-//! The capability checks before a legacy export, on a real GPU: VMM memory is refused with a typed error that
-//! names the fix, before `cuIpcGetMemHandle` is tried. Ignored without a GPU.
+//! The capability checks of the legacy backend, on a real GPU: VMM memory is refused with a typed error that
+//! names the fix, before `cuIpcGetMemHandle` is tried; a handle of this same process, which `cuIpcOpenMemHandle`
+//! refuses, is named for what it is. Ignored without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use gpu_ipc_driver::Context;
@@ -24,6 +25,20 @@ fn vmm_memory_is_refused_by_the_legacy_backend_with_the_fix() {
     assert_eq!(handle.bytes.len(), 64);
     assert!(handle.fd.is_none());
     assert_eq!(handle.size, ALLOCATION_GRANULE);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_handle_of_this_same_process_is_refused_saying_so() {
+    // cuIpcOpenMemHandle opens only another process's memory; its own handle comes back as
+    // CUDA_ERROR_INVALID_CONTEXT, which the backend names for what it is, with the way out.
+    let ctx = Context::for_ordinal(0).unwrap();
+    let region = Legacy::allocate(&ctx, 1 << 20).unwrap();
+    let err = Legacy::import(&ctx, Legacy::export(&region).unwrap()).expect_err("an import of its own handle");
+    assert!(matches!(err, BackendError::Unsupported { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("CUDA_ERROR_INVALID_CONTEXT") && text.contains("this same process"), "{text}");
+    assert!(text.ends_with("use the vmm backend, which also works within one process"), "{text}");
 }
 
 #[test]

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 
 import numpy as np
@@ -545,3 +546,66 @@ def test_a_meta_model_is_loaded_straight_into_the_arena_and_runs_on_it(sock: str
             assert torch.equal(got["bias"].cpu(), checkpoint["bias"])
         del staged, got
         model = None  # noqa: F841  (its parameters are the arena's tensors: drop them before close)
+
+
+def _current_context(cuda: Any) -> int:
+    """The calling thread's current CUDA context (0: none), through the driver (ctypes, no other package)."""
+    import ctypes
+
+    ctx = ctypes.c_void_p()
+    assert cuda.cuCtxGetCurrent(ctypes.byref(ctx)) == 0
+    return int(ctx.value or 0)
+
+
+@pytest.mark.skipif(cuda_devices() < 1, reason="needs a GPU and torch")
+@pytest.mark.parametrize("backend", ["legacy", "vmm"])
+def test_owner_and_reader_leave_the_callers_current_context_as_they_found_it(sock: str, backend: str) -> None:
+    """A caller whose current context is its own (made with cuCtxCreate, not the device's primary one, which the
+    library works in) keeps it current through publish, open, tensors, update, verify and close: the library
+    enters its context for each call and puts the caller's back (on two GPUs the same rule keeps torch's current
+    device). A thread with no context current keeps the one the library made current. The legacy backend cannot
+    open a set its own process serves (cuIpcOpenMemHandle opens only another process's memory): refused, saying
+    so, and the caller's context still kept."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    assert cuda.cuInit(0) == 0
+    dev, own = ctypes.c_int(), ctypes.c_void_p()
+    assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cuda.cuCtxCreate_v2(ctypes.byref(own), 0, dev) == 0  # pushed: current on this thread
+    try:
+        mine = int(own.value or 0)
+        assert mine and _current_context(cuda) == mine
+        with gpu_ipc.weights.publish(state_dict(1), "m", socket=sock, backend=backend, device=0,
+                                      checksums=True) as pub:
+            assert _current_context(cuda) == mine, "publish"
+            assert pub.update(state_dict(2)) == 2
+            assert _current_context(cuda) == mine, "update"
+            if backend == "legacy":
+                with pytest.raises(gpu_ipc.BackendError, match="this same process"):
+                    gpu_ipc.weights.open(sock, "m")
+                assert _current_context(cuda) == mine, "a refused open"
+            else:
+                with gpu_ipc.weights.open(sock, "m") as r:
+                    assert _current_context(cuda) == mine, "open"
+                    assert r.generation == 2 and len(r.tensors()) == len(state_dict(2))
+                    assert _current_context(cuda) == mine, "tensors"
+                    assert r.verify() == len(state_dict(2))  # checksums read back from the arena on the GPU
+                    assert _current_context(cuda) == mine, "verify"
+                    assert pub.update(state_dict(3)) == 3 and r.refresh() == 3
+                    assert _current_context(cuda) == mine, "refresh"
+
+                seen: list[int] = []
+
+                def fresh_thread() -> None:
+                    with gpu_ipc.weights.open(sock, "m") as other:
+                        assert other.generation == 3
+                    seen.append(_current_context(cuda))
+
+                t = threading.Thread(target=fresh_thread)
+                t.start()
+                t.join(30)
+                assert seen and seen[0] not in (0, mine), "a thread with none keeps the library's (the primary)"
+        assert _current_context(cuda) == mine, "close"
+    finally:
+        assert cuda.cuCtxDestroy_v2(own) == 0
