@@ -38,7 +38,7 @@ contiguous. ``create(layout, ...)`` serves a set from its layout alone (a ``meta
 writes generation 1 in the arena itself (``stage``, ``commit``): the model is then in GPU memory once. A state_dict
 spread over several GPUs is one set in **parts**, one per device, behind the one socket (part 0 published last);
 ``open`` reads either kind, holds one generation of every part, never a mix, each tensor on its device
-(``Reader.placement()``); ``wait_on`` and ``watch`` on a part's device. Not yet run on two GPUs (docs/weights.md).
+(``Reader.placement()``); ``wait_on`` and ``watch`` on a part's device (what has run on two GPUs: docs/weights.md).
 """
 
 from __future__ import annotations
